@@ -1,0 +1,74 @@
+"""tencache_ds: tensor caching and migration for DeepSpeed ZeRO-3 / ZeRO-Infinity offload.
+
+A training script needs only ``import tencache_ds`` and a top-level ``"tencache": {...}`` block in its DeepSpeed
+config: importing the package puts tencache's swappers where DeepSpeed looks them up (as soon as DeepSpeed is
+imported, before or after this package), and they fall back to stock DeepSpeed for any config without an enabled
+block. ``tencache_ds.initialize`` wraps ``deepspeed.initialize``; ``tencache_ds.stats(engine)`` reports memory and
+I/O. Importing this package does not import DeepSpeed or initialise CUDA by itself.
+"""
+import importlib.abc
+import importlib.machinery
+import os
+import sys
+
+from .config import TencacheConfig, parse_config
+from .errors import (StaleFileError, TencacheConfigError, TencacheError, TencacheOutOfMemory,
+                     TencacheResourceError)
+
+__version__ = "0.1.0"
+__all__ = ["install", "uninstall", "initialize", "stats", "TencacheConfig", "parse_config", "TencacheError",
+           "TencacheConfigError", "TencacheResourceError", "TencacheOutOfMemory", "StaleFileError"]
+
+
+def install() -> None:
+    """Put tencache's swappers in DeepSpeed (imports DeepSpeed). Idempotent; done automatically on import."""
+    from .integrations.deepspeed.install import install as _install
+    _install()
+
+
+def uninstall() -> None:
+    """Give DeepSpeed its own swappers back for models built from now on."""
+    from .integrations.deepspeed.install import uninstall as _uninstall
+    _uninstall()
+
+
+def initialize(*args, **kwargs):
+    """``deepspeed.initialize`` with tencache installed first; same arguments, same return value."""
+    install()
+    import deepspeed
+    return deepspeed.initialize(*args, **kwargs)
+
+
+def stats(engine) -> dict:
+    """A flat dict about ``engine``'s swappers: pinned_bytes_reserved, pinned_bytes_peak_in_use, nvme_read_bytes,
+    nvme_write_bytes, stock_pinned_bytes_estimate (what stock DeepSpeed locks for the same config), and more."""
+    from .integrations.deepspeed.stats import engine_stats
+    return engine_stats(engine)
+
+
+class _InstallAfterDeepSpeedImport(importlib.abc.MetaPathFinder):
+    """Runs install() right after the top-level ``deepspeed`` package finishes importing, so that
+    ``import tencache_ds`` stays cheap (the CLI, the planner) and still activates for training scripts."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != "deepspeed":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None:
+            return spec
+        original_exec = spec.loader.exec_module
+
+        def exec_module(module):
+            original_exec(module)
+            install()
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+if os.environ.get("TENCACHE_NO_AUTO_INSTALL") != "1":
+    if "deepspeed" in sys.modules:
+        install()
+    elif not any(isinstance(finder, _InstallAfterDeepSpeedImport) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _InstallAfterDeepSpeedImport())

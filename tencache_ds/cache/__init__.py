@@ -1,0 +1,1 @@
+"""Where offloaded tensors live between uses: host buffers and their swap files."""

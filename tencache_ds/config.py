@@ -1,0 +1,95 @@
+"""The "tencache" block of a DeepSpeed config. Owns: keys, defaults, validation. Does not own: machine facts
+(resolving "auto" needs the host's memory, which plan/budget.py reads) or where the block comes from
+(integrations/deepspeed/config_bridge.py). Leaf module: imports neither torch nor deepspeed.
+
+The block sits at the top level of ds_config.json, beside DeepSpeed's own sections (DeepSpeed keeps unknown
+top-level keys and ignores them, but rejects extra keys inside its own sections):
+
+    "tencache": {"enabled": true, "host_cache_bytes": "auto", "device_cache_bytes": "auto",
+                 "metrics_path": "runs/tencache-metrics.jsonl", "profile_path": "runs/profile.json"}
+"""
+from typing import Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from .errors import TencacheConfigError
+from .units import parse_bytes
+
+CONFIG_KEY = "tencache"
+AUTO = "auto"
+
+ByteBudget = Union[int, Literal["auto"]]
+
+
+class TencacheConfig(BaseModel):
+    """Validated "tencache" block. Every field has a default that needs no tuning."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, populate_by_name=True)
+
+    version: Literal[1] = 1
+    """Version of this block's schema; saved profiles record it."""
+
+    enabled: bool = True
+    """Replace DeepSpeed's NVMe swappers with tencache's. True when the block is present; false runs stock DeepSpeed."""
+
+    host_cache_bytes: ByteBudget = AUTO
+    """Pinned host memory for caching offloaded tensors beyond the minimum needed to stream them. An integer or a
+    size string ("4GiB"), "auto" (sized from the machine's available memory), or 0 for pure streaming."""
+
+    device_cache_bytes: ByteBudget = AUTO
+    """The same budget for accelerator memory. "auto" sizes it from free device memory; 0 turns the device tier off.
+    Ignored on the CPU accelerator."""
+
+    metrics_path: Optional[str] = None
+    """Where per-step metrics are appended as JSON lines (one object per optimizer step). None: no file."""
+
+    profile_path: Optional[str] = None
+    """Where the execution profile (tensor sizes and access order) is saved and reused. None: kept in memory only."""
+
+    pin_memory: Literal["best_effort", "required"] = "best_effort"
+    """What to do when pages cannot be locked (memlock limit too low): "best_effort" warns once and uses unlocked
+    memory; "required" stops with an error that names the limit and how to raise it."""
+
+    log_stats: bool = True
+    """Log tencache_ds.stats() once at start-up on rank 0."""
+
+    @field_validator("host_cache_bytes", "device_cache_bytes", mode="before")
+    @classmethod
+    def _parse_budget(cls, value: Any):
+        if value == AUTO:
+            return AUTO
+        return parse_bytes(value)
+
+
+def parse_config(block: Any) -> TencacheConfig:
+    """Validate a raw "tencache" block. Raises TencacheConfigError naming the offending key."""
+    if block is None:
+        return TencacheConfig(enabled=False)
+    if isinstance(block, bool):  # "tencache": true is a natural shorthand
+        return TencacheConfig(enabled=block)
+    if not isinstance(block, dict):
+        raise TencacheConfigError(f'"{CONFIG_KEY}" must be an object, got {type(block).__name__}: {block!r}')
+    try:
+        return TencacheConfig.model_validate(block)
+    except ValidationError as err:
+        problems = []
+        for item in err.errors():
+            key = ".".join(str(part) for part in item["loc"] if not str(part).startswith(("int", "literal")))
+            problem = "unknown key" if item["type"] == "extra_forbidden" else item["msg"]
+            problems.append(f'{CONFIG_KEY}.{key}: {problem} (got {item.get("input")!r})')
+        allowed = ", ".join(TencacheConfig.model_fields)
+        raise TencacheConfigError("invalid \"tencache\" block:\n  " + "\n  ".join(problems) +
+                                  f"\n  allowed keys: {allowed}") from None
+
+
+def block_from_ds_config(ds_config: Any) -> Any:
+    """The raw "tencache" block of a DeepSpeed config given as a dict, a JSON path, or None."""
+    if ds_config is None:
+        return None
+    if isinstance(ds_config, str):
+        import json
+        with open(ds_config) as fh:
+            ds_config = json.load(fh)
+    if isinstance(ds_config, dict):
+        return ds_config.get(CONFIG_KEY)
+    return None

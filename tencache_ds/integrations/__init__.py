@@ -1,0 +1,1 @@
+"""Adapters to training frameworks. Only this package imports them."""

@@ -1,0 +1,47 @@
+"""Putting tencache's swappers where DeepSpeed looks them up. Owns: the name rebinding and its undo.
+
+DeepSpeed builds its swappers by module-global name at call time (deepspeed-integration.md, b):
+``partition_parameters.AsyncPartitionedParameterSwapper`` in zero.Init, and ``stage3.PartitionedOptimizerSwapper``
+/ ``stage3.PipelinedOptimizerSwapper`` in the ZeRO-3 optimizer. Rebinding those names reaches every path that
+builds ZeRO-3 parameters: a user's zero.Init, Hugging Face's from_pretrained/from_config under ZeRO-3, and the
+engine's own conversion of a model built outside zero.Init. Our classes return the stock ones when a config has
+no enabled "tencache" block, so installing changes nothing for such runs.
+"""
+import threading
+
+import deepspeed.runtime.zero.partition_parameters as _partition_parameters
+import deepspeed.runtime.zero.stage3 as _stage3
+
+from .optimizer_swapper import TencacheOptimizerSwapper
+from .param_swapper import TencacheParamSwapper
+
+_REBINDINGS = (
+    (_partition_parameters, "AsyncPartitionedParameterSwapper", TencacheParamSwapper),
+    (_stage3, "PartitionedOptimizerSwapper", TencacheOptimizerSwapper),
+    (_stage3, "PipelinedOptimizerSwapper", TencacheOptimizerSwapper),
+)
+_originals = {}
+_lock = threading.Lock()
+
+
+def install() -> None:
+    """Rebind DeepSpeed's swapper names to tencache's classes. Idempotent."""
+    with _lock:
+        for module, name, ours in _REBINDINGS:
+            current = getattr(module, name)
+            if current is not ours:
+                _originals[(module.__name__, name)] = current
+                setattr(module, name, ours)
+
+
+def uninstall() -> None:
+    """Restore DeepSpeed's own classes (for tests and for users who want stock back in-process)."""
+    with _lock:
+        for module, name, _ours in _REBINDINGS:
+            original = _originals.pop((module.__name__, name), None)
+            if original is not None:
+                setattr(module, name, original)
+
+
+def is_installed() -> bool:
+    return all(getattr(module, name) is ours for module, name, ours in _REBINDINGS)

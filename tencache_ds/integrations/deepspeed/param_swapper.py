@@ -1,0 +1,222 @@
+"""DeepSpeed's parameter swapper, backed by tencache's TensorStore. Owns: translating the calls ZeRO-3 makes on
+``param.nvme_swapper`` (deepspeed-integration.md, a.3) into TensorStore calls, and keeping DeepSpeed's view of
+each partition (``ds_tensor.data`` and ``ds_tensor.status``) consistent. Logic lives in cache/tensor_store.py.
+
+Differences from stock that users see: no `Not enough buffers` assertion (a shortage waits for writes, then
+falls back to pageable memory); slots sized per partition size instead of `buffer_count x buffer_size`; the
+fp16 write-back after each optimizer step is asynchronous; one swapper per (nvme_path, dtype, rank), so two
+engines sharing an nvme_path do not delete each other's files.
+"""
+import os
+import threading
+import weakref
+
+import torch
+from deepspeed import comm as dist
+from deepspeed.runtime.swap_tensor.partitioned_param_swapper import (AsyncPartitionedParameterSwapper,
+                                                                     PartitionedParamStatus)
+
+from ...cache.tensor_store import TensorStore
+from ...errors import TencacheConfigError
+from ...io.direct_io import DirectFileIO
+from .config_bridge import MIN_SWAPPABLE_BYTES, config_from_ds_config, io_aligned_numel, prepare_swap_folder
+
+NVME_PATH_KEY = "zero_optimization.offload_param.nvme_path"
+
+
+class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
+    """Drop-in for AsyncPartitionedParameterSwapper (subclass, so DeepSpeed's isinstance checks hold).
+
+    Construction returns the stock class when the config has no enabled "tencache" block, and returns the
+    existing instance for a (swap folder) it already serves.
+    """
+
+    _instances = weakref.WeakValueDictionary()  # swap folder -> live swapper
+    _instances_lock = threading.Lock()
+
+    def __new__(cls, ds_config, model_dtype):
+        config = config_from_ds_config(ds_config)
+        if not config.enabled:
+            return AsyncPartitionedParameterSwapper(ds_config, model_dtype)
+        folder = _swap_folder(ds_config, model_dtype)
+        with cls._instances_lock:
+            swapper = cls._instances.get(folder)
+            if swapper is None:
+                swapper = super().__new__(cls)
+                swapper._constructed = False
+                cls._instances[folder] = swapper
+            return swapper
+
+    def __init__(self, ds_config, model_dtype):  # pylint: disable=super-init-not-called
+        # Stock __init__ is not called on purpose: it locks buffer_count x buffer_size of memory up front.
+        if self._constructed:
+            return
+        self._constructed = True
+        self.config = config_from_ds_config(ds_config)
+        self.dtype = model_dtype
+        self.swap_config = ds_config.zero_config.offload_param
+        self.aio_config = ds_config.aio_config
+        if self.aio_config.get("use_gds"):
+            raise TencacheConfigError('"aio.use_gds" puts swap buffers on the GPU, which tencache does not manage: '
+                                      'remove it, or set "tencache": {"enabled": false}')
+        self.use_gds = False
+        self.swap_folder = _swap_folder(ds_config, model_dtype)
+        self.swap_element_size = torch.empty((), dtype=model_dtype).element_size()
+        intra_op = int(self.aio_config.get("intra_op_parallelism", 1))
+        self.min_aio_bytes = max(MIN_SWAPPABLE_BYTES, int(self.aio_config.get("block_size", 0)))
+        self.numel_alignment = io_aligned_numel(1, model_dtype, intra_op)
+        self.elements_per_buffer = self.swap_config.buffer_size
+        self.param_buffer_count = self.swap_config.buffer_count
+        self.invalid_buffer = torch.tensor(1).half()
+        self.largest_partition_numels = []   # the largest sub-group's partitions (reserve_partitioned_swap_space)
+
+        # Our own folder, emptied once per process like stock does, so no stale file is ever read.
+        import shutil
+        shutil.rmtree(self.swap_folder, ignore_errors=True)
+        prepare_swap_folder(self.swap_folder, self.swap_config.nvme_path, NVME_PATH_KEY)
+        self.io = DirectFileIO(num_threads=max(2, intra_op), name="tencache-param-io")
+        self.store = TensorStore(self.swap_folder, model_dtype,
+                                 aligned_numel=lambda numel: io_aligned_numel(numel, model_dtype, intra_op),
+                                 slots_per_class=max(1, int(self.param_buffer_count)), lock=self.config.pin_memory,
+                                 io=self.io)
+        self._lock = threading.RLock()
+        self._in_flight = {}  # ds_id -> param marked INFLIGHT, in issue order
+
+    # ------------------------------------------------------------------------------ queries DeepSpeed makes
+    def swappable_tensor(self, param=None, numel=None):
+        if param is not None:
+            numel = param.ds_tensor.ds_numel
+        if numel is None:
+            raise ValueError("swappable_tensor needs a param or a numel")
+        return self.min_aio_bytes <= numel * self.swap_element_size
+
+    def get_path(self, param, must_exist=False):
+        record = self.store.record(param.ds_id, _numel(param))
+        if must_exist:
+            # A reader outside the swapper (offload_optimizer.fast_init) opens the file itself.
+            self.store.wait_write(param.ds_id)
+        return record.path
+
+    def available_swap_in_buffers(self):
+        # The coordinator issues at most this many NVMe prefetches per call: free slots, never a promise we break
+        # (a read beyond it gets a fallback buffer rather than an assertion).
+        self.store.plan()
+        return self.store.pool.free_slots()
+
+    # -------------------------------------------------------------------------------- creation (zero.Init)
+    def get_buffer(self, param, numel):
+        return self.store.staging_view(param.ds_id, numel)
+
+    def swap_out_and_release(self, params, async_op=False, force_buffer_release=False):
+        # Always synchronous: this is zero.Init's one-time write of each new partition (and zenflow's release).
+        with self._lock:
+            self.store.write_and_release([param.ds_id for param in params])
+            for param in params:
+                self._mark_on_file(param)
+
+    # ------------------------------------------------------------------------------------------ swap in
+    def swap_in(self, params, async_op=True, swap_in_buffers=None):
+        with self._lock:
+            self.store.plan()
+            for index, param in enumerate(params):
+                assert param.ds_tensor.status == PartitionedParamStatus.NOT_AVAILABLE, \
+                    f"param {param.ds_id} is already available or in flight"
+                self.store.record(param.ds_id, _numel(param))
+                into = None if swap_in_buffers is None else swap_in_buffers[index]
+                self.store.start_read(param.ds_id, into=into)
+                param.ds_tensor.status = PartitionedParamStatus.INFLIGHT
+                self._in_flight[param.ds_id] = param
+            if not async_op:
+                self.synchronize_reads()
+
+    def synchronize_reads(self):
+        # Postcondition (stock): every INFLIGHT param is AVAILABLE.
+        with self._lock:
+            in_flight, self._in_flight = self._in_flight, {}
+            for param in in_flight.values():
+                param.ds_tensor.data = self.store.wait_read(param.ds_id).data
+                param.ds_tensor.status = PartitionedParamStatus.AVAILABLE
+
+    def swap_into_buffer(self, param, dest_buffer):
+        assert param.ds_tensor.status == PartitionedParamStatus.NOT_AVAILABLE, \
+            f"param {param.ds_id} is already available or inflight"
+        with self._lock:
+            self.store.plan()
+            self.store.record(param.ds_id, _numel(param))
+            self.store.read_into(param.ds_id, dest_buffer.narrow(0, 0, _numel(param)))
+            self._mark_on_file(param)
+
+    def remove_partition_and_release_buffers(self, params):
+        with self._lock:
+            for param in params:
+                self._in_flight.pop(param.ds_id, None)
+                self.store.release(param.ds_id)
+                self._mark_on_file(param)
+
+    # ---------------------------------------------------------------------- write-back after optimizer step
+    def reserve_partitioned_swap_space(self, partition_num_elems):
+        # Stock locks a staging copy of the largest sub-group here; we stage each partition through a slot of
+        # its own size class instead, so only the sizes are kept (for stats' stock estimate).
+        self.largest_partition_numels = list(partition_num_elems)
+        self.store.plan()
+
+    def swap_out_partitioned_params(self, dst_fp16_params, src_fp32_params):
+        if len(dst_fp16_params) != len(src_fp32_params):
+            raise ValueError(f"{len(dst_fp16_params)} params for {len(src_fp32_params)} fp32 sources")
+        with self._lock:
+            self.store.plan()
+            for param, source in zip(dst_fp16_params, src_fp32_params):
+                self.store.write_from(param.ds_id, source)
+                param.ds_tensor.status = PartitionedParamStatus.NOT_AVAILABLE
+
+    def reserve_available_buffers(self):
+        # fast_init lends these to the optimizer swapper as fp16 staging; tencache's optimizer swapper reads the
+        # fp16 files itself (optimizer_swapper.initialize_from_swapped_fp16_params), so nothing is lent.
+        return []
+
+    def release_reserved_buffers(self):
+        pass
+
+    def synchronize_writes(self):
+        self.store.wait_writes()
+
+    # ---------------------------------------------------------------------------------------------- stats
+    def stats(self) -> dict:
+        counters = self.io.counters()
+        stats = {f"param_{key}": value for key, value in self.store.stats().items()}
+        stats.update(param_nvme_read_bytes=counters.read_bytes, param_nvme_write_bytes=counters.write_bytes,
+                     stock_param_pinned_bytes_estimate=self.stock_pinned_bytes_estimate())
+        return stats
+
+    def stock_pinned_bytes_estimate(self) -> int:
+        """What AsyncPartitionedParameterSwapper locks for the same config: its slot pool plus the write-back
+        staging area of the largest sub-group (partitioned_param_swapper.py _configure_aio and
+        reserve_partitioned_swap_space)."""
+        intra_op = int(self.aio_config.get("intra_op_parallelism", 1))
+        slots = self.param_buffer_count * io_aligned_numel(int(self.elements_per_buffer), self.dtype, intra_op)
+        staging = sum(io_aligned_numel(numel, self.dtype, intra_op) for numel in self.largest_partition_numels)
+        return (slots + staging) * self.swap_element_size
+
+    # -------------------------------------------------------------------------------------------- private
+    def _mark_on_file(self, param):
+        param.ds_tensor.data = self.invalid_buffer.data
+        param.ds_tensor.status = PartitionedParamStatus.NOT_AVAILABLE
+
+
+def _numel(param) -> int:
+    return param.ds_tensor.ds_numel
+
+
+def _swap_folder(ds_config, model_dtype) -> str:
+    dtype_name = str(model_dtype).split(".")[1]
+    return os.path.join(ds_config.zero_config.offload_param.nvme_path, "zero_stage_3", f"{dtype_name}params",
+                        f"rank{dist.get_rank()}")
+
+
+def dtype_of_swap_file(path: str) -> torch.dtype:
+    """The element type of a partition file written by one of our live swappers (for fast_init's reader)."""
+    folder = os.path.dirname(path)
+    for swapper in list(TencacheParamSwapper._instances.values()):
+        if swapper.swap_folder == folder:
+            return swapper.dtype
+    raise FileNotFoundError(f"{path} does not belong to a live tencache parameter swapper")

@@ -1,0 +1,81 @@
+"""CUDA registration of host memory. Owns: cudaHostRegister/cudaHostUnregister of whole arena regions and the
+degrade-with-a-warning policy when that fails. Does not own: mapping or page-locking (csrc/arena.c).
+
+Registering a region makes every tensor viewed over it report is_pinned() and lets H2D/D2H copies from it
+run asynchronously at full PCIe speed. Without it, copies still work but are staged and synchronous.
+Registration is done once per region, after the arena is built and outside any arena lock: it pins every
+page and can take hundreds of milliseconds per GiB (see Note [Pinned arena design] in csrc/arena.c).
+"""
+import logging
+import warnings
+from typing import List, Sequence, Tuple
+
+from ..units import fmt_bytes
+
+logger = logging.getLogger(__name__)
+
+_CUDA_HOST_REGISTER_DEFAULT = 0  # flags: plain page-locked host memory for the current context
+
+
+def cuda_available() -> bool:
+    """True when torch is importable and sees a CUDA device (does not create a CUDA context)."""
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def _code(result) -> int:
+    # torch returns a pybind11 cudaError enum; int() gives the raw code (torch/cuda/_pin_memory_utils.py does so).
+    return int(result)
+
+
+def host_register(base: int, nbytes: int) -> Tuple[bool, str]:
+    """cudaHostRegister(base, nbytes, 0). Returns (ok, error text); never raises for a CUDA error code."""
+    import torch
+    cudart = torch.cuda.cudart()
+    result = cudart.cudaHostRegister(base, nbytes, _CUDA_HOST_REGISTER_DEFAULT)
+    if _code(result) == 0:
+        return True, ""
+    try:
+        text = cudart.cudaGetErrorString(result)
+    except Exception:  # a code the binding cannot name; the number is still useful
+        text = "unknown"
+    return False, f"cudaError {_code(result)} ({text})"
+
+
+def host_unregister(base: int) -> bool:
+    """cudaHostUnregister(base). Returns False (and logs) on a CUDA error instead of raising: it runs at close."""
+    import torch
+    code = _code(torch.cuda.cudart().cudaHostUnregister(base))
+    if code != 0:
+        logger.warning("cudaHostUnregister(0x%x) failed with cudaError %d", base, code)
+    return code == 0
+
+
+def register_regions(regions: Sequence[Tuple[int, int]], name: str) -> List[Tuple[int, int]]:
+    """Register each (base, nbytes) region with CUDA; returns those that succeeded.
+
+    Warns once (for all the regions that failed): the arena still works, but copies from the failed
+    regions are synchronous and slower.
+    """
+    registered, failures = [], []
+    for base, nbytes in regions:
+        ok, error = host_register(base, nbytes)
+        if ok:
+            registered.append((base, nbytes))
+        else:
+            failures.append(f"{fmt_bytes(nbytes)} at 0x{base:x}: {error}")
+    if failures:
+        warnings.warn(
+            f"{name}: cudaHostRegister failed for {len(failures)} of {len(regions)} regions "
+            f"({'; '.join(failures)}). Transfers from those slots still work but are synchronous and slower.",
+            RuntimeWarning, stacklevel=3)
+    return registered
+
+
+def unregister_regions(regions: Sequence[Tuple[int, int]]) -> None:
+    """Undo register_regions; to be called before the regions are unmapped."""
+    for base, _nbytes in regions:
+        host_unregister(base)

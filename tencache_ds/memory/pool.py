@@ -1,0 +1,144 @@
+"""Host buffers for swapped tensors. Owns: handing out 4 KiB-aligned buffers that never run out: a slot of the
+native arena when one of a fitting size class is free, otherwise pageable fallback memory (counted). Does not
+own: how many slots of each size exist (plan/size_classes.py) or when buffers are released (the swappers).
+
+Why a fallback instead of an error: DeepSpeed's retention and prefetch decide how many partitions are resident
+at once, not us; stock DeepSpeed asserts ("Not enough buffers 0 for swapping 1") when that exceeds its slots.
+A fallback buffer is slower to move to a GPU (not pinned) but keeps training; stats report how often it
+happened and how many bytes it peaked at, so a plan that is too small is visible.
+"""
+import bisect
+import dataclasses
+import mmap
+import threading
+from typing import Dict, List, Optional
+
+import torch
+
+from .arena import ArenaSlot, PinnedArena
+
+
+@dataclasses.dataclass(eq=False)
+class HostBuffer:
+    """One buffer handed out by a BufferPool: ``capacity_bytes`` usable bytes at the 4 KiB-aligned ``ptr``."""
+
+    ptr: int
+    capacity_bytes: int
+    is_locked: bool
+    slot: Optional[ArenaSlot] = None       # set when the buffer is an arena slot
+    _base: Optional[torch.Tensor] = None   # uint8 view over the whole buffer (keeps fallback memory alive)
+
+    def view(self, dtype: torch.dtype, numel: int) -> torch.Tensor:
+        """A tensor of ``numel`` elements of ``dtype`` over the start of the buffer (no copy)."""
+        nbytes = numel * torch.empty((), dtype=dtype).element_size()
+        assert nbytes <= self.capacity_bytes, (nbytes, self.capacity_bytes)
+        return self._base[:nbytes].view(dtype)
+
+
+def _uint8_over(slot: ArenaSlot) -> torch.Tensor:
+    return slot.as_tensor(torch.uint8, slot.slot_bytes)
+
+
+class BufferPool:
+    """Arena slots first, pageable fallback second. Thread-safe.
+
+    Invariant: every live HostBuffer is in exactly one of ``_live_arena`` / ``_live_fallback`` (keyed by ptr);
+    ``stats()['fallback_bytes_in_use']`` is the sum of the live fallback capacities.
+    """
+
+    def __init__(self, name: str, lock: str):
+        self.name = name
+        self._lock_mode = lock
+        self._arenas: List[PinnedArena] = []
+        self._mutex = threading.Lock()
+        self._live: Dict[int, HostBuffer] = {}
+        self._ranges: List[tuple] = []  # sorted (start, end) of every region and live fallback buffer
+        self._fallbacks = 0             # COUNT: buffers that came from pageable memory
+        self._fallback_in_use = 0       # bytes, current
+        self._fallback_peak = 0         # bytes, PEAK
+
+    def add_classes(self, class_counts: Dict[int, int]) -> None:
+        """Reserve a new arena with ``class_counts`` (slot bytes -> count); earlier arenas stay."""
+        counts = {size: count for size, count in class_counts.items() if count > 0}
+        if not counts:
+            return
+        arena = PinnedArena(counts, lock=self._lock_mode, name=self.name)
+        with self._mutex:
+            self._arenas.append(arena)
+            for base, nbytes in arena.regions():
+                bisect.insort(self._ranges, (base, base + nbytes))
+
+    def try_acquire(self, nbytes: int) -> Optional[HostBuffer]:
+        """An arena slot of at least ``nbytes``, or None when every fitting class is in use."""
+        with self._mutex:
+            for arena in self._arenas:
+                slot = arena.alloc(nbytes)
+                if slot is not None:
+                    buffer = HostBuffer(slot.ptr, slot.slot_bytes, slot.locked, slot, _uint8_over(slot))
+                    self._live[buffer.ptr] = buffer
+                    return buffer
+        return None
+
+    def acquire(self, nbytes: int) -> HostBuffer:
+        """An arena slot if one fits, else a pageable fallback buffer. Never fails short of host OOM."""
+        buffer = self.try_acquire(nbytes)
+        return buffer if buffer is not None else self._acquire_fallback(nbytes)
+
+    def release(self, buffer: HostBuffer) -> None:
+        with self._mutex:
+            assert self._live.pop(buffer.ptr, None) is buffer, f"{self.name}: release of a buffer not handed out"
+            if buffer.slot is not None:
+                buffer.slot.arena.free(buffer.slot)
+            else:
+                self._fallback_in_use -= buffer.capacity_bytes
+                self._ranges.remove((buffer.ptr, buffer.ptr + buffer.capacity_bytes))
+
+    def owns(self, tensor: torch.Tensor) -> bool:
+        """True when all of ``tensor``'s bytes lie in memory this pool handed out or reserved."""
+        if tensor.device.type != "cpu" or tensor.numel() == 0:
+            return False
+        start = tensor.data_ptr()
+        end = start + tensor.numel() * tensor.element_size()
+        with self._mutex:
+            index = bisect.bisect_right(self._ranges, (start, float("inf"))) - 1
+            return index >= 0 and self._ranges[index][0] <= start and end <= self._ranges[index][1]
+
+    def free_slots(self) -> int:
+        with self._mutex:
+            return sum(arena.free_slots() for arena in self._arenas)
+
+    def stats(self) -> Dict[str, int]:
+        """Flat numbers: the arenas' totals plus the fallback counters."""
+        totals = {"reserved_bytes": 0, "locked_bytes": 0, "in_use_bytes": 0, "peak_in_use_bytes": 0,
+                  "requested_in_use_bytes": 0, "lock_fallbacks": 0, "num_classes": 0}
+        with self._mutex:
+            for arena in self._arenas:
+                arena_stats = arena.stats()
+                for key in totals:
+                    if key == "num_classes":
+                        totals[key] += len(arena.classes)
+                    else:
+                        totals[key] += int(arena_stats.get(key, 0))
+            totals.update(buffer_fallbacks=self._fallbacks, fallback_bytes_in_use=self._fallback_in_use,
+                          fallback_bytes_peak=self._fallback_peak)
+        return totals
+
+    def close(self) -> None:
+        with self._mutex:
+            arenas, self._arenas = self._arenas, []
+        for arena in arenas:
+            arena.close()
+
+    # ---------------------------------------------------------------------------------------------- private
+    def _acquire_fallback(self, nbytes: int) -> HostBuffer:
+        # An anonymous mapping is page-aligned (O_DIRECT-safe) and zero-filled, like a fresh arena slot.
+        capacity = max(mmap.PAGESIZE, -(-nbytes // mmap.PAGESIZE) * mmap.PAGESIZE)
+        base = torch.frombuffer(mmap.mmap(-1, capacity), dtype=torch.uint8)
+        buffer = HostBuffer(base.data_ptr(), capacity, False, None, base)
+        with self._mutex:
+            self._live[buffer.ptr] = buffer
+            bisect.insort(self._ranges, (buffer.ptr, buffer.ptr + capacity))
+            self._fallbacks += 1
+            self._fallback_in_use += capacity
+            self._fallback_peak = max(self._fallback_peak, self._fallback_in_use)
+        return buffer

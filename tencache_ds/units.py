@@ -1,0 +1,55 @@
+"""Byte sizes as users write them ("4GiB", 1e9, "auto") and as we print them. Leaf module: no torch."""
+import re
+
+_UNIT_BYTES = {
+    "": 1, "b": 1,
+    "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3, "t": 1000**4, "tb": 1000**4,
+    "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4,
+}
+_SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+
+PAGE_BYTES = 4096  # O_DIRECT-safe alignment for addresses, sizes and file offsets
+
+
+def parse_bytes(value) -> int:
+    """Parse ``value`` into a number of bytes.
+
+    Accepts an int, a float that is a whole number (``1e9``), or a string with an optional unit
+    (``"512MiB"``, ``"1.5GB"``, ``"2e9"``). Raises ValueError naming the value otherwise.
+    """
+    if isinstance(value, bool):
+        raise ValueError(f"expected a byte size, got a boolean {value!r}")
+    if isinstance(value, int):
+        number, unit = value, ""
+    elif isinstance(value, float):
+        number, unit = value, ""
+    elif isinstance(value, str):
+        match = _SIZE_RE.match(value)
+        if not match:
+            raise ValueError(f"cannot read {value!r} as a byte size (examples: 1073741824, \"1GiB\", \"512MB\")")
+        number, unit = float(match.group(1)), match.group(2).lower()
+        if unit not in _UNIT_BYTES:
+            raise ValueError(f"unknown unit {match.group(2)!r} in {value!r} (use B, KB, MB, GB, KiB, MiB, GiB, TiB)")
+    else:
+        raise ValueError(f"expected a byte size, got {type(value).__name__} {value!r}")
+    nbytes = number * _UNIT_BYTES[unit]
+    if nbytes < 0:
+        raise ValueError(f"a byte size cannot be negative: {value!r}")
+    if float(nbytes) != float(int(nbytes)):
+        raise ValueError(f"a byte size must be a whole number of bytes: {value!r}")
+    return int(nbytes)
+
+
+def fmt_bytes(nbytes: float) -> str:
+    """Human form with binary units, e.g. 1536 -> '1.50 KiB'."""
+    value = float(nbytes)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.2f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def round_up(nbytes: int, alignment: int = PAGE_BYTES) -> int:
+    """Round ``nbytes`` up to a multiple of ``alignment``, e.g. 5000 -> 8192 for 4 KiB."""
+    return -(-nbytes // alignment) * alignment
