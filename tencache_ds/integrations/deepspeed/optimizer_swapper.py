@@ -21,7 +21,7 @@ from ...io.direct_io import DirectFileIO
 from ...memory.pool import BufferPool
 from .aio_adapter import AioHandleAdapter
 from .config_bridge import MIN_SWAPPABLE_BYTES, find_stage3_ds_config, io_aligned_numel, prepare_swap_folder
-from . import param_swapper
+from . import param_swapper, reporting
 
 NVME_PATH_KEY = "zero_optimization.offload_optimizer.nvme_path"
 # Adam needs the fp32 param, two moments and the gradient of one sub-group at once (deepspeed-integration.md a.7).
@@ -102,8 +102,23 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
                                                    timers=timers)
         self.timers = timers
         self.timer_names = set()
+        self._started = False  # a backward has begun: log_timers() calls from now on end training steps
         self.print_exclude_list = ["optimizer", "swap_buffer_manager", "swap_params_info", "timers", "timer_names",
                                    "aio_handle", "gradient_swapper", "print_exclude_list", "io", "pool", "config"]
+
+    # ------------------------------------------------------------------ step boundaries: logging, metrics
+    def pre_backward(self):
+        super().pre_backward()
+        if not self._started:
+            self._started = True
+            reporting.log_startup_stats(param_swapper.live_swappers(), self)
+
+    def log_timers(self):
+        # DeepSpeed calls this at the end of every optimizer step (stage3 _post_step), and once after building
+        # the optimizer states, before the first backward: that one is not a training step.
+        super().log_timers()
+        if self._started:
+            reporting.write_step_metrics(self.config, param_swapper.live_swappers(), self)
 
     # Stock PipelinedOptimizerSwapper has no default for async_parameter; the Muon path calls without it.
     def swap_in_optimizer_state(self, parameter, async_parameter=None):

@@ -213,6 +213,11 @@ def _swap_folder(ds_config, model_dtype) -> str:
                         f"rank{dist.get_rank()}")
 
 
+def live_swappers():
+    """Every live TencacheParamSwapper (usually one: one per nvme_path, dtype and rank)."""
+    return list(TencacheParamSwapper._instances.values())
+
+
 def dtype_of_swap_file(path: str) -> torch.dtype:
     """The element type of a partition file written by one of our live swappers (for fast_init's reader)."""
     folder = os.path.dirname(path)

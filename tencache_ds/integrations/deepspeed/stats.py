@@ -2,8 +2,6 @@
 Owns: finding the swappers of an engine and combining their numbers under stable key names."""
 from typing import Dict, Optional
 
-from .optimizer_swapper import TencacheOptimizerSwapper
-from .param_swapper import TencacheParamSwapper
 
 # Running totals that per-step metrics turn into deltas.
 COUNTER_KEYS = ("nvme_read_bytes", "nvme_write_bytes", "buffer_fallbacks", "waits_for_slots")
@@ -28,15 +26,14 @@ def engine_stats(engine) -> Dict[str, object]:
 def combined_stats(param_swapper, optimizer_swapper) -> Dict[str, object]:
     """The headline keys first (pinned_bytes_reserved, pinned_bytes_peak_in_use, nvme_read_bytes,
     nvme_write_bytes, stock_pinned_bytes_estimate), then every component's own numbers."""
-    ours = [s for s in (param_swapper, optimizer_swapper)
-            if isinstance(s, (TencacheParamSwapper, TencacheOptimizerSwapper))]
+    # tencache's swappers are the ones that report their own stats (stock ones are read from outside).
+    ours = [s for s in (param_swapper, optimizer_swapper) if hasattr(s, "stock_pinned_bytes_estimate")]
     if not ours:
         return _stock_stats(param_swapper, optimizer_swapper)
     detail: Dict[str, object] = {}
     for swapper in ours:
         detail.update(swapper.stats())
     stock_estimate = sum(s.stock_pinned_bytes_estimate() for s in ours)
-    stock_estimate += _stock_locked_bytes(param_swapper if param_swapper not in ours else None, None)
     headline = {
         "tencache_enabled": 1,
         "pinned_bytes_reserved": int(detail.get("param_locked_bytes", 0)) + int(detail.get("optimizer_locked_bytes", 0)),

@@ -1,0 +1,712 @@
+"""`tencache-ds doctor`: is this machine ready for ZeRO-Infinity with tencache_ds? Owns: the environment checks
+(versions, accelerator, libaio, DeepSpeed's async_io op, the native arena, memlock, host, GPUs, the NVMe path and its
+bandwidth, what "auto" budgets resolve to) and their report, one OK/WARN/FAIL line each. Does not own: budget
+arithmetic (plan/budget.py) or the arena (memory/).
+
+Everything that imports torch or DeepSpeed runs in a child process (the "probe", `_probe_main`) with a timeout:
+loading the async_io op may JIT-build it for minutes, and a broken op can abort the process that loads it (a failed
+aio read ends in "terminate called without an active exception"). The doctor process itself never imports them,
+so a crash there becomes a FAIL line, and `--json` output is not interleaved with DeepSpeed's log lines.
+
+Test hook: ``TENCACHE_DOCTOR_FORCE_NO_AIO=1`` (read only in `_probe_env`) runs the real probe with ``CC`` pointing at a
+compiler that does not exist, so DeepSpeed's own libaio link test (``has_function("io_submit", ("aio",))``) fails
+and the op refuses to JIT-load -- the path a machine without libaio-dev takes.
+"""
+import contextlib
+import dataclasses
+import errno
+import json
+import mmap
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from ..units import fmt_bytes
+
+OK, WARN, FAIL = "OK", "WARN", "FAIL"
+STATUS_ORDER = (OK, WARN, FAIL)
+
+DEFAULT_NVME_PATH = "/tmp/tencache-bench-nvme"  # also the default of `tencache-ds bench --nvme-path`
+EXPECTED_DEEPSPEED_VERSION = "0.19.8"
+FORCE_NO_AIO_ENV = "TENCACHE_DOCTOR_FORCE_NO_AIO"
+MISSING_COMPILER = "/nonexistent/tencache-doctor-forced-no-aio/cc"
+
+MIN_MEMLOCK_BYTES = 1 << 30        # 1 GiB: below this, stock DeepSpeed's default pinned pools already do not fit
+MIN_NVME_FREE_BYTES = 10 << 30     # 10 GiB: a 1B-parameter model's fp32 masters + Adam moments are 12 GB
+BANDWIDTH_FILE_BYTES = 256 << 20   # large enough to leave the drive's write cache, small enough to take < 1 s on NVMe
+BANDWIDTH_CHUNK_BYTES = 32 << 20   # one aio request; also the most locked memory the measurement takes
+BANDWIDTH_DEADLINE_S = 4.0         # per direction; on a slow disk we report what was done by then
+PROBE_TIMEOUT_S = 180.0            # a first JIT build of async_io takes 1-2 minutes on 2 cores
+PROBE_MARKER = "TENCACHE_DOCTOR_PROBE "
+CAP_IPC_LOCK_BIT = 14              # linux/capability.h
+
+
+@dataclasses.dataclass
+class CheckResult:
+    """One line of the report. ``details`` holds the raw numbers for --json."""
+
+    name: str
+    status: str
+    message: str
+    details: Dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def to_dict(self) -> Dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def line(self) -> str:
+        return f"{self.status:<4}  {self.name:<16} {self.message}"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The probe: a child process that imports torch/DeepSpeed, loads async_io and measures aio bandwidth
+# ----------------------------------------------------------------------------------------------------------------
+def _emit(**facts: Any) -> None:
+    """Report facts to the parent as they are learned, so a crash later still leaves the earlier ones."""
+    sys.stdout.write(PROBE_MARKER + json.dumps(facts) + "\n")
+    sys.stdout.flush()
+
+
+def _probe_main(argv: Sequence[str]) -> None:
+    """Entry point of the probe process. argv: [--aio] [--bandwidth-dir DIR --bandwidth-bytes N]."""
+    args = list(argv)
+    want_aio = "--aio" in args
+    bandwidth_dir = args[args.index("--bandwidth-dir") + 1] if "--bandwidth-dir" in args else None
+    bandwidth_bytes = int(args[args.index("--bandwidth-bytes") + 1]) if "--bandwidth-bytes" in args else 0
+    try:
+        import torch
+        import deepspeed
+    except Exception as err:  # report any import failure; the parent turns it into a FAIL line
+        _emit(import_error=f"{type(err).__name__}: {err}")
+        return
+    _emit(versions={"torch": torch.__version__, "deepspeed": deepspeed.__version__})
+    try:
+        from deepspeed.accelerator import get_accelerator
+        accelerator = get_accelerator()
+        _emit(accelerator={"device_name": accelerator.device_name(), "name": accelerator._name,
+                           "communication_backend": accelerator.communication_backend_name(),
+                           "device_count": accelerator.device_count()})
+    except Exception as err:
+        _emit(accelerator_error=f"{type(err).__name__}: {err}")
+    if not want_aio:
+        return
+    from deepspeed.ops.op_builder import AsyncIOBuilder
+    started = time.perf_counter()
+    try:
+        compatible = bool(AsyncIOBuilder().is_compatible())
+    except Exception as err:
+        _emit(aio_compatible=False, aio_compatible_error=f"{type(err).__name__}: {err}")
+        return
+    _emit(aio_compatible=compatible, aio_compatible_s=time.perf_counter() - started)
+    if not compatible:
+        return
+    started = time.perf_counter()
+    try:
+        module = AsyncIOBuilder().load(verbose=False)
+    except Exception as err:
+        _emit(aio_loaded=False, aio_load_error=f"{type(err).__name__}: {err}")
+        return
+    _emit(aio_loaded=True, aio_module=getattr(module, "__file__", str(module)), aio_load_s=time.perf_counter() - started)
+    if bandwidth_dir and bandwidth_bytes > 0:
+        try:
+            _emit(bandwidth=_aio_bandwidth(torch, module, bandwidth_dir, bandwidth_bytes))
+        except Exception as err:
+            _emit(bandwidth_error=f"{type(err).__name__}: {err}")
+
+
+def _aio_bandwidth(torch, module, directory: str, total_bytes: int) -> Dict[str, Any]:
+    """Sequential write then read of one ``total_bytes`` file through DeepSpeed's aio handle (O_DIRECT), in
+    BANDWIDTH_CHUNK_BYTES requests; each chunk is checked on read-back. Stops a direction at its deadline."""
+    # aio_handle(block_size, queue_depth, single_submit, overlap_events, intra_op_parallelism): DeepSpeed's defaults
+    # for swapping (aio_config.py), so the number is what its swapper would see.
+    handle = module.aio_handle(1 << 20, 8, False, True, 1)
+    chunk_bytes = min(BANDWIDTH_CHUNK_BYTES, total_bytes)
+    try:
+        buffer = handle.new_cpu_locked_tensor(chunk_bytes, torch.empty(0, dtype=torch.uint8))
+        locked = True
+    except Exception:  # memlock too low: DeepSpeed bounces through its own pinned buffer instead
+        buffer = torch.empty(chunk_bytes, dtype=torch.uint8)
+        locked = False
+    path = os.path.join(directory, f"tencache-doctor-{os.getpid()}.bin")
+    try:
+        num_chunks = total_bytes // chunk_bytes
+        started = time.perf_counter()
+        written = 0
+        for index in range(num_chunks):
+            buffer.fill_(index % 251)
+            if handle.sync_pwrite(buffer, path, index * chunk_bytes) < 0:
+                raise OSError(f"aio write of {fmt_bytes(chunk_bytes)} at offset {index * chunk_bytes} to {path} failed")
+            written += 1
+            if time.perf_counter() - started > BANDWIDTH_DEADLINE_S:
+                break
+        write_s = time.perf_counter() - started
+        started = time.perf_counter()
+        read = 0
+        for index in range(written):
+            if handle.sync_pread(buffer, path, index * chunk_bytes) < 0:
+                raise OSError(f"aio read of {fmt_bytes(chunk_bytes)} at offset {index * chunk_bytes} from {path} failed")
+            if int(buffer[0]) != index % 251 or int(buffer[-1]) != index % 251:
+                raise OSError(f"read-back of chunk {index} of {path} returned other bytes than were written")
+            read += 1
+            if time.perf_counter() - started > BANDWIDTH_DEADLINE_S:
+                break
+        read_s = time.perf_counter() - started
+    finally:
+        if locked:
+            handle.free_cpu_locked_tensor(buffer)
+        with contextlib.suppress(OSError):
+            os.remove(path)
+    return {"method": "DeepSpeed aio (O_DIRECT)", "buffer_locked": locked,
+            "write_bytes": written * chunk_bytes, "write_s": write_s,
+            "read_bytes": read * chunk_bytes, "read_s": read_s}
+
+
+def _probe_env() -> Tuple[Dict[str, str], bool]:
+    """The probe's environment and whether the aio op is forced missing (the one place FORCE_NO_AIO_ENV is read)."""
+    env = dict(os.environ)
+    package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
+    forced = env.get(FORCE_NO_AIO_ENV, "") not in ("", "0")
+    if forced:
+        env["CC"] = MISSING_COMPILER  # DeepSpeed's libaio link test then fails, exactly as without libaio-dev
+    return env, forced
+
+
+class Probe:
+    """The probe process, started early and collected late so the doctor's own checks overlap with it."""
+
+    def __init__(self, want_aio: bool, bandwidth_dir: Optional[str], bandwidth_bytes: int,
+                 timeout_s: float = PROBE_TIMEOUT_S):
+        env, self.forced_no_aio = _probe_env()
+        argv = ["--aio"] if want_aio else []
+        if bandwidth_dir:
+            argv += ["--bandwidth-dir", bandwidth_dir, "--bandwidth-bytes", str(bandwidth_bytes)]
+        code = "import sys; from tencache_ds.cli.doctor import _probe_main; _probe_main(sys.argv[1:])"
+        self.timeout_s = timeout_s
+        self.started = time.perf_counter()
+        self._process = subprocess.Popen([sys.executable, "-c", code, *argv], env=env, stdout=subprocess.PIPE,
+                                         stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        self._facts: Optional[Dict[str, Any]] = None
+
+    def facts(self) -> Dict[str, Any]:
+        """What the probe reported, plus "returncode", "timed_out", "output_tail" and "elapsed_s"."""
+        if self._facts is not None:
+            return self._facts
+        remaining_s = max(1.0, self.timeout_s - (time.perf_counter() - self.started))
+        timed_out = False
+        try:
+            output, _ = self._process.communicate(timeout=remaining_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self._process.pid, 9)
+            output, _ = self._process.communicate()
+        facts: Dict[str, Any] = {}
+        other_lines = []
+        for line in (output or "").splitlines():
+            if line.startswith(PROBE_MARKER):
+                with contextlib.suppress(json.JSONDecodeError):
+                    facts.update(json.loads(line[len(PROBE_MARKER):]))
+            elif line.strip():
+                other_lines.append(line)
+        facts.update(returncode=self._process.returncode, timed_out=timed_out,
+                     output_tail="\n".join(other_lines[-8:]), elapsed_s=time.perf_counter() - self.started)
+        self._facts = facts
+        return facts
+
+    def crash_text(self) -> str:
+        facts = self.facts()
+        if facts["timed_out"]:
+            return f"the probe process did not finish in {self.timeout_s:.0f} s"
+        code = facts["returncode"]
+        how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
+        tail = facts["output_tail"].strip().splitlines()
+        return f"the probe process {how}" + (f" ({tail[-1].strip()[:200]})" if tail else "")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Checks that read the probe's facts
+# ----------------------------------------------------------------------------------------------------------------
+def check_versions(probe: Probe) -> CheckResult:
+    facts = probe.facts()
+    python = platform.python_version()
+    if "versions" not in facts:
+        reason = facts.get("import_error") or probe.crash_text()
+        return CheckResult("versions", FAIL, f"cannot import torch/deepspeed: {reason}", {"python": python})
+    versions = dict(facts["versions"], python=python)
+    text = f"python {python}, torch {versions['torch']}, deepspeed {versions['deepspeed']}"
+    if versions["deepspeed"] != EXPECTED_DEEPSPEED_VERSION:
+        return CheckResult("versions", WARN, f"{text}; tencache_ds is written against deepspeed "
+                           f"{EXPECTED_DEEPSPEED_VERSION} (pip install deepspeed=={EXPECTED_DEEPSPEED_VERSION})", versions)
+    return CheckResult("versions", OK, text, versions)
+
+
+def check_accelerator(probe: Probe) -> CheckResult:
+    facts = probe.facts()
+    if "accelerator" not in facts:
+        reason = facts.get("accelerator_error") or facts.get("import_error") or probe.crash_text()
+        return CheckResult("accelerator", FAIL, f"deepspeed.accelerator.get_accelerator() failed: {reason}")
+    accel = facts["accelerator"]
+    text = (f"{accel['device_name']} (DeepSpeed accelerator '{accel['name']}', {accel['device_count']} device(s), "
+            f"comm backend {accel['communication_backend']})")
+    return CheckResult("accelerator", OK, text, accel)
+
+
+def check_async_io(probe: Probe) -> CheckResult:
+    facts = probe.facts()
+    forced = " [forced by TENCACHE_DOCTOR_FORCE_NO_AIO=1]" if probe.forced_no_aio else ""
+    details = {key: facts.get(key) for key in ("aio_compatible", "aio_loaded", "aio_module", "aio_load_error",
+                                               "aio_compatible_s", "aio_load_s")}
+    details["forced_missing"] = probe.forced_no_aio
+    if "aio_compatible" not in facts:
+        reason = facts.get("import_error") or probe.crash_text()
+        return CheckResult("async_io op", FAIL, f"could not check DeepSpeed's async_io op: {reason}{forced}", details)
+    if not facts["aio_compatible"]:
+        extra = f" ({facts['aio_compatible_error']})" if facts.get("aio_compatible_error") else ""
+        return CheckResult("async_io op", FAIL,
+                           "DeepSpeed's async_io op is not compatible: its link test against libaio (io_submit) "
+                           f"failed{extra}; install libaio-dev (apt-get install libaio-dev / yum install "
+                           f"libaio-devel) or point CFLAGS/LDFLAGS at libaio{forced}", details)
+    if not facts.get("aio_loaded"):
+        reason = facts.get("aio_load_error") or probe.crash_text()
+        return CheckResult("async_io op", FAIL, f"DeepSpeed's async_io op does not load: {reason[:300]}{forced}",
+                           details)
+    return CheckResult("async_io op", OK, f"loads ({facts['aio_module']}, {facts.get('aio_load_s', 0):.1f} s)", details)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Checks done in this process
+# ----------------------------------------------------------------------------------------------------------------
+def check_libaio() -> CheckResult:
+    import ctypes.util
+    library = ctypes.util.find_library("aio")
+    header = "/usr/include/libaio.h"
+    has_header = os.path.exists(header)
+    details = {"library": library, "header": header if has_header else None}
+    if library is None:
+        return CheckResult("libaio", FAIL, "libaio not found (ctypes.util.find_library('aio')); install it: "
+                           "apt-get install libaio-dev (Debian/Ubuntu), yum install libaio-devel (RHEL)", details)
+    if not has_header:
+        return CheckResult("libaio", WARN, f"{library} found but {header} is missing; DeepSpeed needs it to build "
+                           "async_io: apt-get install libaio-dev", details)
+    return CheckResult("libaio", OK, f"{library}, {header}", details)
+
+
+def check_native_arena() -> CheckResult:
+    try:
+        from ..memory import native_available, native_unavailable_reason
+    except ImportError as err:
+        return CheckResult("native arena", FAIL, f"cannot import tencache_ds.memory: {err}")
+    if native_available():
+        return CheckResult("native arena", OK, "native pinned arena loads", {"native": True})
+    reason = native_unavailable_reason()
+    return CheckResult("native arena", WARN, f"native arena unavailable, the pure-Python arena is used: {reason}",
+                       {"native": False, "reason": reason})
+
+
+def has_cap_ipc_lock() -> bool:
+    """Whether this process may lock memory beyond RLIMIT_MEMLOCK (CAP_IPC_LOCK in its effective set)."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("CapEff:"):
+                    return bool(int(line.split()[1], 16) >> CAP_IPC_LOCK_BIT & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
+
+
+def check_memlock() -> CheckResult:
+    from ..plan.budget import UNLIMITED, memlock_limit_bytes
+    limit = memlock_limit_bytes()
+    capable = has_cap_ipc_lock()
+    details = {"memlock_limit_bytes": limit, "cap_ipc_lock": capable}
+    if limit == UNLIMITED:
+        return CheckResult("memlock", OK, "unlimited (ulimit -l)", details)
+    if limit >= MIN_MEMLOCK_BYTES:
+        return CheckResult("memlock", OK, f"{fmt_bytes(limit)} (ulimit -l)", details)
+    fix = ("raise it: `ulimit -l unlimited` in the launching shell, '* - memlock unlimited' in "
+           "/etc/security/limits.conf, or `docker run --ulimit memlock=-1`")
+    if capable:
+        return CheckResult("memlock", WARN, f"{fmt_bytes(limit)} (ulimit -l); this process has CAP_IPC_LOCK so "
+                           f"locking still works, but \"auto\" host budgets are capped at the limit; {fix}", details)
+    return CheckResult("memlock", WARN, f"{fmt_bytes(limit)} (ulimit -l) is below {fmt_bytes(MIN_MEMLOCK_BYTES)}: "
+                       f"pinned buffers beyond it cannot be locked; {fix}", details)
+
+
+def describe_host() -> Dict[str, Any]:
+    """RAM, CPU brand and core counts (py-cpuinfo brand; psutil counts)."""
+    import psutil
+    memory = psutil.virtual_memory()
+    brand = None
+    try:
+        import cpuinfo
+        brand = cpuinfo.get_cpu_info().get("brand_raw")
+    except Exception:  # py-cpuinfo can fail on unusual /proc/cpuinfo; the brand is cosmetic
+        pass
+    return {"cpu_brand": brand or platform.processor() or "unknown", "logical_cores": psutil.cpu_count(logical=True),
+            "physical_cores": psutil.cpu_count(logical=False), "ram_total_bytes": memory.total,
+            "ram_available_bytes": memory.available}
+
+
+def check_host(host: Dict[str, Any]) -> CheckResult:
+    text = (f"{fmt_bytes(host['ram_total_bytes'])} RAM ({fmt_bytes(host['ram_available_bytes'])} available); "
+            f"{host['cpu_brand']}, {host['logical_cores']} logical / {host['physical_cores']} physical cores")
+    return CheckResult("host", OK, text, host)
+
+
+def probe_gpus() -> Tuple[List[Dict[str, Any]], Optional[str]]:
+    """NVIDIA GPUs through NVML: ([{index, name, total_bytes, free_bytes}], why none were listed or None)."""
+    try:
+        import pynvml
+    except ImportError:
+        return [], "nvidia-ml-py is not installed"
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as err:
+        return [], f"no NVIDIA driver ({err})"
+    try:
+        gpus = []
+        for index in range(pynvml.nvmlDeviceGetCount()):
+            device = pynvml.nvmlDeviceGetHandleByIndex(index)
+            name = pynvml.nvmlDeviceGetName(device)
+            memory = pynvml.nvmlDeviceGetMemoryInfo(device)
+            gpus.append({"index": index, "name": name.decode() if isinstance(name, bytes) else name,
+                         "total_bytes": int(memory.total), "free_bytes": int(memory.free)})
+        return gpus, None if gpus else "NVML sees no devices"
+    except pynvml.NVMLError as err:
+        return [], f"NVML query failed ({err})"
+    finally:
+        with contextlib.suppress(Exception):
+            pynvml.nvmlShutdown()
+
+
+def check_gpus(gpus: List[Dict[str, Any]], why_none: Optional[str]) -> CheckResult:
+    if not gpus:
+        return CheckResult("gpus", OK, f"none ({why_none}); DeepSpeed runs on its CPU accelerator", {"gpus": []})
+    text = "; ".join(f"{gpu['index']}: {gpu['name']}, {fmt_bytes(gpu['free_bytes'])} free of "
+                     f"{fmt_bytes(gpu['total_bytes'])}" for gpu in gpus)
+    return CheckResult("gpus", OK, text, {"gpus": gpus})
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The NVMe path
+# ----------------------------------------------------------------------------------------------------------------
+def _unescape_mount(field: str) -> str:
+    r"""/proc/mounts writes space, tab, newline and backslash as octal escapes (\040 ...)."""
+    for escape, char in (("\\040", " "), ("\\011", "\t"), ("\\012", "\n"), ("\\134", "\\")):
+        field = field.replace(escape, char)
+    return field
+
+
+def mount_of(path: str, mounts_text: Optional[str] = None) -> Optional[Dict[str, str]]:
+    """The /proc/mounts entry whose mount point is the longest prefix of ``path`` (already resolved)."""
+    if mounts_text is None:
+        try:
+            with open("/proc/mounts") as fh:
+                mounts_text = fh.read()
+        except OSError:
+            return None
+    best = None
+    for line in mounts_text.splitlines():
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        device, mount_point, fs_type = _unescape_mount(fields[0]), _unescape_mount(fields[1]), fields[2]
+        prefix = mount_point.rstrip("/") + "/"
+        if (path == mount_point or path.startswith(prefix) or mount_point == "/") and \
+                (best is None or len(mount_point) >= len(best["mount_point"])):
+            best = {"device": device, "mount_point": mount_point, "fs_type": fs_type}
+    return best
+
+
+def _o_direct_works(directory: str) -> Tuple[bool, str]:
+    """Write one page with O_DIRECT (what DeepSpeed's aio does to swap files). (works, error text)."""
+    path = os.path.join(directory, f".tencache-doctor-odirect-{os.getpid()}")
+    page = mmap.mmap(-1, mmap.PAGESIZE)  # page-aligned, as O_DIRECT requires
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_DIRECT", 0), 0o600)
+        try:
+            os.write(fd, page)
+        finally:
+            os.close(fd)
+        return True, ""
+    except OSError as err:
+        return False, err.strerror or str(err)
+    finally:
+        page.close()
+        with contextlib.suppress(OSError):
+            os.remove(path)
+
+
+def plain_io_bandwidth(directory: str, total_bytes: int) -> Dict[str, Any]:
+    """Sequential write then read of one file with plain os.write/os.readv: O_DIRECT where the filesystem allows
+    it, else buffered writes + fsync and reads after dropping the file from the page cache."""
+    chunk_bytes = min(BANDWIDTH_CHUNK_BYTES // 4, total_bytes)
+    buffer = mmap.mmap(-1, chunk_bytes)
+    path = os.path.join(directory, f"tencache-doctor-{os.getpid()}.bin")
+    direct = getattr(os, "O_DIRECT", 0)
+    method = "plain file I/O (O_DIRECT)"
+    try:
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | direct, 0o600)
+            os.write(fd, buffer)  # some filesystems accept O_DIRECT at open and refuse it here
+            os.lseek(fd, 0, os.SEEK_SET)
+        except OSError as err:
+            if err.errno != errno.EINVAL:
+                raise
+            with contextlib.suppress(NameError, OSError):
+                os.close(fd)
+            direct = 0
+            method = "plain file I/O (buffered; fsync, then page cache dropped before reading)"
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        started = time.perf_counter()
+        written = 0
+        try:
+            for index in range(total_bytes // chunk_bytes):
+                buffer[0] = index % 251
+                os.write(fd, buffer)
+                written += 1
+                if time.perf_counter() - started > BANDWIDTH_DEADLINE_S:
+                    break
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        write_s = time.perf_counter() - started
+        fd = os.open(path, os.O_RDONLY | direct)
+        try:
+            if not direct and hasattr(os, "posix_fadvise"):
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            started = time.perf_counter()
+            read = 0
+            for index in range(written):
+                if os.readv(fd, [buffer]) != chunk_bytes or buffer[0] != index % 251:
+                    raise OSError(f"read-back of chunk {index} of {path} returned other bytes than were written")
+                read += 1
+                if time.perf_counter() - started > BANDWIDTH_DEADLINE_S:
+                    break
+            read_s = time.perf_counter() - started
+        finally:
+            os.close(fd)
+    finally:
+        buffer.close()
+        with contextlib.suppress(OSError):
+            os.remove(path)
+    return {"method": method, "write_bytes": written * chunk_bytes, "write_s": write_s,
+            "read_bytes": read * chunk_bytes, "read_s": read_s}
+
+
+@dataclasses.dataclass
+class NvmePathState:
+    """What the path checks found; ``usable`` means writable, so the bandwidth can be measured there."""
+
+    path: str
+    checks: List[CheckResult]
+    usable: bool = False
+    enough_space_for_bandwidth: bool = False
+    created_root: Optional[str] = None  # the top-most folder the doctor created; removed at the end
+
+    def cleanup(self) -> None:
+        if self.created_root:
+            shutil.rmtree(self.created_root, ignore_errors=True)
+
+
+def check_nvme_path(path: str, source: str) -> NvmePathState:
+    """Exists or creatable, writable, free space, filesystem (and O_DIRECT). ``source`` says where the path came
+    from, for the messages."""
+    path = os.path.abspath(os.path.expanduser(path))
+    state = NvmePathState(path, [])
+    fix = "choose a folder on a local SSD/NVMe that this user can write, with --nvme-path"
+    if os.path.exists(path) and not os.path.isdir(path):
+        state.checks.append(CheckResult("nvme path", FAIL, f"{path} ({source}) exists and is not a directory; {fix}",
+                                        {"path": path}))
+        return state
+    if os.path.isdir(path):
+        state.checks.append(CheckResult("nvme path", OK, f"{path} ({source}) exists", {"path": path, "created": False}))
+    else:
+        missing = path
+        while not os.path.exists(os.path.dirname(missing)) and os.path.dirname(missing) != missing:
+            missing = os.path.dirname(missing)
+        try:
+            os.makedirs(path)
+        except OSError as err:
+            state.checks.append(CheckResult("nvme path", FAIL, f"cannot create {path} ({source}): "
+                                            f"{err.strerror or err}; {fix}", {"path": path, "errno": err.errno}))
+            return state
+        state.created_root = missing
+        state.checks.append(CheckResult("nvme path", OK, f"{path} ({source}) did not exist; created for the checks "
+                                        "and removed afterwards", {"path": path, "created": True}))
+    try:
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".tencache-doctor-") as fh:
+            fh.write(b"\0" * 4096)
+            fh.flush()
+            os.fsync(fh.fileno())
+    except OSError as err:
+        state.checks.append(CheckResult("nvme writable", FAIL, f"{path} is not writable: {err.strerror or err}; {fix}",
+                                        {"path": path, "errno": err.errno}))
+        return state
+    state.usable = True
+    state.checks.append(CheckResult("nvme writable", OK, f"{path} is writable"))
+    usage = shutil.disk_usage(path)
+    space = {"free_bytes": usage.free, "total_bytes": usage.total}
+    state.enough_space_for_bandwidth = usage.free > 2 * BANDWIDTH_FILE_BYTES
+    if usage.free < MIN_NVME_FREE_BYTES:
+        state.checks.append(CheckResult("nvme free space", WARN, f"{fmt_bytes(usage.free)} free of "
+                                        f"{fmt_bytes(usage.total)}, below {fmt_bytes(MIN_NVME_FREE_BYTES)}; swap files "
+                                        "take ~16 bytes per parameter (fp32 masters + Adam moments) plus the bf16 "
+                                        "parameters", space))
+    else:
+        state.checks.append(CheckResult("nvme free space", OK, f"{fmt_bytes(usage.free)} free of "
+                                        f"{fmt_bytes(usage.total)}", space))
+    mount = mount_of(os.path.realpath(path)) or {"device": "?", "mount_point": "?", "fs_type": "unknown"}
+    direct_ok, direct_error = _o_direct_works(path)
+    details = dict(mount, o_direct=direct_ok)
+    where = f"{mount['fs_type']} on {mount['device']} (mounted at {mount['mount_point']})"
+    if direct_ok:
+        state.checks.append(CheckResult("nvme filesystem", OK, f"{where}; O_DIRECT works", details))
+    else:
+        state.checks.append(CheckResult("nvme filesystem", FAIL, f"{where}; O_DIRECT fails ({direct_error}), and "
+                                        f"DeepSpeed opens swap files with O_DIRECT; {fix}", details))
+    return state
+
+
+def bandwidth_check(result: Optional[Dict[str, Any]], error: Optional[str]) -> CheckResult:
+    if result is None:
+        return CheckResult("nvme bandwidth", WARN, f"not measured: {error}")
+    write_gbps = result["write_bytes"] / max(result["write_s"], 1e-9) / 1e9
+    read_gbps = result["read_bytes"] / max(result["read_s"], 1e-9) / 1e9
+    details = dict(result, write_gb_per_s=write_gbps, read_gb_per_s=read_gbps)
+    text = (f"write {write_gbps:.2f} GB/s, read {read_gbps:.2f} GB/s ({fmt_bytes(result['write_bytes'])} sequential, "
+            f"{result['method']})")
+    return CheckResult("nvme bandwidth", OK, text, details)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Config and budgets
+# ----------------------------------------------------------------------------------------------------------------
+def load_ds_config(path: Optional[str]) -> Tuple[Optional[Dict[str, Any]], Optional[CheckResult]]:
+    """(the ds_config dict or None, a FAIL result when it cannot be read)."""
+    if path is None:
+        return None, None
+    try:
+        with open(path) as fh:
+            config = json.load(fh)
+    except OSError as err:
+        return None, CheckResult("config", FAIL, f"cannot read {path}: {err.strerror or err}")
+    except json.JSONDecodeError as err:
+        return None, CheckResult("config", FAIL, f"{path} is not valid JSON: {err}")
+    if not isinstance(config, dict):
+        return None, CheckResult("config", FAIL, f"{path} holds a {type(config).__name__}, not a JSON object")
+    return config, CheckResult("config", OK, f"{path}: {'has a' if 'tencache' in config else 'no'} \"tencache\" block")
+
+
+def nvme_path_from_config(config: Optional[Dict[str, Any]]) -> Optional[str]:
+    zero = (config or {}).get("zero_optimization") or {}
+    for section in ("offload_param", "offload_optimizer"):
+        block = zero.get(section) or {}
+        if isinstance(block, dict) and block.get("device") == "nvme" and block.get("nvme_path"):
+            return str(block["nvme_path"])
+    return None
+
+
+def check_budgets(config: Optional[Dict[str, Any]], device_free_bytes: int) -> CheckResult:
+    from ..config import CONFIG_KEY, parse_config
+    from ..errors import TencacheConfigError
+    from ..plan.budget import UNLIMITED, MachineResources, resolve_budgets
+    block = (config or {}).get(CONFIG_KEY, {}) if config is not None else {}
+    origin = "the config's \"tencache\" block" if config is not None and CONFIG_KEY in config else "defaults"
+    try:
+        parsed = parse_config(block if block is not None else {})
+    except TencacheConfigError as err:
+        return CheckResult("budgets", FAIL, str(err).replace("\n", " "))
+    machine = MachineResources.probe(device_free_bytes=device_free_bytes)
+    budgets = resolve_budgets(parsed, machine)
+    details = dataclasses.asdict(budgets)
+    details.update(machine=dataclasses.asdict(machine), origin=origin, enabled=parsed.enabled)
+    memlock = ("unlimited" if machine.memlock_limit_bytes == UNLIMITED else fmt_bytes(machine.memlock_limit_bytes))
+    text = (f"host_cache_bytes={budgets.host_cache_bytes} ({fmt_bytes(budgets.host_cache_bytes)}, "
+            f"{budgets.host_source}), device_cache_bytes={budgets.device_cache_bytes} "
+            f"({fmt_bytes(budgets.device_cache_bytes)}, {budgets.device_source}) from {origin}; host available "
+            f"{fmt_bytes(machine.host_available_bytes)}, memlock {memlock}, device free "
+            f"{fmt_bytes(machine.device_free_bytes)}")
+    if not parsed.enabled:
+        text += "; the block has enabled=false, so the run would be stock DeepSpeed"
+    return CheckResult("budgets", OK, text, details)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The command
+# ----------------------------------------------------------------------------------------------------------------
+def run_checks(nvme_path: Optional[str] = None, config_path: Optional[str] = None,
+               probe_timeout_s: float = PROBE_TIMEOUT_S) -> List[CheckResult]:
+    """All checks, in report order. Never raises for a machine problem; each becomes a FAIL or WARN line."""
+    config, config_check = load_ds_config(config_path)
+    if nvme_path is not None:
+        path, source = nvme_path, "--nvme-path"
+    elif nvme_path_from_config(config):
+        path, source = nvme_path_from_config(config), f"nvme_path in {config_path}"
+    else:
+        path, source = DEFAULT_NVME_PATH, "default"
+    state = check_nvme_path(path, source)
+    try:
+        measure_here = state.usable and state.enough_space_for_bandwidth
+        probe = Probe(want_aio=True, bandwidth_dir=state.path if measure_here else None,
+                      bandwidth_bytes=BANDWIDTH_FILE_BYTES, timeout_s=probe_timeout_s)
+        # These run while the probe imports torch and DeepSpeed.
+        libaio = check_libaio()
+        native = check_native_arena()
+        memlock = check_memlock()
+        host = check_host(describe_host())
+        gpus, why_none = probe_gpus()
+        gpu_check = check_gpus(gpus, why_none)
+        budgets = check_budgets(config, gpus[0]["free_bytes"] if gpus else 0) if config_check is None or \
+            config_check.status != FAIL else CheckResult("budgets", FAIL, "not resolved: the config cannot be read")
+
+        facts = probe.facts()
+        if not state.usable:
+            bandwidth = bandwidth_check(None, "the NVMe path is not writable")
+        elif not state.enough_space_for_bandwidth:
+            bandwidth = bandwidth_check(None, f"less than {fmt_bytes(2 * BANDWIDTH_FILE_BYTES)} free")
+        elif "bandwidth" in facts:
+            bandwidth = bandwidth_check(facts["bandwidth"], None)
+        else:
+            # The aio op is unusable (its own line says why): measure with plain file I/O instead.
+            try:
+                bandwidth = bandwidth_check(plain_io_bandwidth(state.path, BANDWIDTH_FILE_BYTES), None)
+                if facts.get("bandwidth_error"):
+                    bandwidth.message += f" [aio measurement failed: {facts['bandwidth_error'][:200]}]"
+            except OSError as err:
+                bandwidth = CheckResult("nvme bandwidth", FAIL, f"sequential I/O in {state.path} failed: {err}")
+    finally:
+        state.cleanup()
+    checks = [check_versions(probe), check_accelerator(probe), libaio, check_async_io(probe), native, memlock, host,
+              gpu_check]
+    if config_check is not None:
+        checks.append(config_check)
+    checks += state.checks + [bandwidth, budgets]
+    return checks
+
+
+def render(checks: Sequence[CheckResult], elapsed_s: float) -> str:
+    counts = {status: sum(check.status == status for check in checks) for status in STATUS_ORDER}
+    lines = [check.line() for check in checks]
+    lines.append(f"doctor: {counts[OK]} OK, {counts[WARN]} WARN, {counts[FAIL]} FAIL ({elapsed_s:.1f} s)")
+    return "\n".join(lines)
+
+
+def run(args) -> int:
+    """`tencache-ds doctor`. Exit code 1 when any check FAILs, else 0."""
+    started = time.perf_counter()
+    # Keep stdout for the report alone (a library may print while we check).
+    with contextlib.redirect_stdout(sys.stderr):
+        checks = run_checks(nvme_path=args.nvme_path, config_path=args.config)
+    elapsed_s = time.perf_counter() - started
+    if args.json:
+        print(json.dumps([check.to_dict() for check in checks], indent=1, default=str))
+    else:
+        print(render(checks, elapsed_s))
+    return 1 if any(check.status == FAIL for check in checks) else 0

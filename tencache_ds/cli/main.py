@@ -1,0 +1,119 @@
+"""`tencache-ds` argument parsing and dispatch. Owns: the subcommands and their options (frozen by
+tests/cli/test_cli.py). Does not own: what the subcommands do (doctor.py, bench.py, imported only when run, so
+`--help` stays fast and imports neither torch nor deepspeed).
+
+    tencache-ds doctor [--nvme-path PATH] [--config ds_config.json] [--json]
+    tencache-ds bench  [--model gpt2-tiny] [--steps 6] [--warmup 2] [--repeats 1] ... [--out bench-out]
+
+Also runnable as `python -m tencache_ds.cli.main ...`.
+"""
+import argparse
+import shlex
+import sys
+from typing import List, NoReturn, Optional, Sequence
+
+DOCTOR_HELP = "check this machine for ZeRO-Infinity with tencache_ds (like ds_report); exit 1 on any FAIL"
+BENCH_HELP = "train one model under stock ZeRO-Infinity and under tencache_ds and compare them"
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
+
+
+def _budget(text: str) -> str:
+    """'auto' or a byte size ('4GiB', 1073741824); returned as given, validated here so typos fail before a run."""
+    if text == "auto":
+        return text
+    from ..units import parse_bytes
+    try:
+        parse_bytes(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return text
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full parser. Defaults of `bench` are the embedded benchmark (about a minute on a 2-core CPU machine)."""
+    from .doctor import DEFAULT_NVME_PATH
+
+    parser = argparse.ArgumentParser(
+        prog="tencache-ds",
+        description="tencache_ds: tensor caching for DeepSpeed ZeRO-3 / ZeRO-Infinity offload.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    subcommands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    subcommands.required = True
+
+    doctor = subcommands.add_parser(
+        "doctor", help=DOCTOR_HELP, description=DOCTOR_HELP + ". One OK/WARN/FAIL line per check.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    doctor.add_argument("--nvme-path", default=None,
+                        help=f"folder for swap files to check (default: nvme_path of --config, else {DEFAULT_NVME_PATH})")
+    doctor.add_argument("--config", default=None, metavar="DS_CONFIG_JSON",
+                        help="DeepSpeed config whose \"tencache\" block (and nvme_path) to check; default: the "
+                        "block's defaults")
+    doctor.add_argument("--json", action="store_true", help="print the checks as a JSON list instead of lines")
+
+    bench = subcommands.add_parser(
+        "bench", help=BENCH_HELP,
+        description=BENCH_HELP + ". Both runs use the same DeepSpeed config except the top-level \"tencache\" "
+        "block; results, logs, bench.json, bench.md and plots go to --out.",
+        epilog="The training script is scripts/train.py next to the package (override with the environment "
+        "variable TENCACHE_BENCH_TRAIN_SCRIPT).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    bench.add_argument("--model", default="gpt2-tiny", help="name in configs/models/ (or a HF config JSON path)")
+    bench.add_argument("--steps", type=_positive_int, default=6, help="optimizer steps per run, warm-up included")
+    bench.add_argument("--warmup", type=_non_negative_int, default=2, help="first steps of each run left out of medians")
+    bench.add_argument("--repeats", type=_positive_int, default=1,
+                       help="runs per arm, interleaved: stock, tencache, stock, tencache, ...")
+    bench.add_argument("--micro-batch", type=_positive_int, default=2, help="train_micro_batch_size_per_gpu")
+    bench.add_argument("--seq-len", type=_positive_int, default=64, help="tokens per sample")
+    bench.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16", help="training dtype")
+    bench.add_argument("--offload", choices=["nvme", "cpu"], default="nvme",
+                       help="which default config to use: configs/stock-nvme.json or configs/stock-cpu.json "
+                       "(ignored with --config)")
+    bench.add_argument("--host-cache-bytes", type=_budget, default=None, metavar="auto|N",
+                       help="tencache host_cache_bytes (default: the config's \"tencache\" block, else auto)")
+    bench.add_argument("--device-cache-bytes", type=_budget, default=None, metavar="auto|N",
+                       help="tencache device_cache_bytes (default: the config's \"tencache\" block, else auto)")
+    bench.add_argument("--nvme-path", default=DEFAULT_NVME_PATH,
+                       help="folder for swap files; each run uses (and empties) its own subfolder")
+    bench.add_argument("--config", default=None, metavar="DS_CONFIG_JSON",
+                       help="DeepSpeed config for both runs (default: per --offload)")
+    bench.add_argument("--out", default="bench-out", help="output folder")
+    bench.add_argument("--launcher", choices=["deepspeed", "python"], default="deepspeed",
+                       help="start each run with the deepspeed launcher or as a plain python process")
+    bench.add_argument("--no-plots", action="store_true", help="do not write PNG plots")
+    return parser
+
+
+def run(argv: Optional[Sequence[str]] = None) -> int:
+    """Parse ``argv`` (default: sys.argv[1:]) and run the subcommand. Returns the exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    args.command_line = shlex.join(["tencache-ds"] + argv)
+    if args.command == "doctor":
+        from . import doctor
+        return doctor.run(args)
+    if args.command == "bench":
+        from . import bench
+        return bench.run(args)
+    raise AssertionError(f"unhandled command {args.command!r}")
+
+
+def main(argv: Optional[List[str]] = None) -> NoReturn:
+    """Console-script entry point (`tencache-ds`): runs and exits with the subcommand's exit code."""
+    sys.exit(run(argv))
+
+
+if __name__ == "__main__":
+    main()

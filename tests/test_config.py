@@ -1,0 +1,70 @@
+"""The "tencache" block: defaults, units, and errors that name the key."""
+import pytest
+
+from tencache_ds.config import TencacheConfig, block_from_ds_config, parse_config
+from tencache_ds.errors import TencacheConfigError
+from tencache_ds.plan.budget import UNLIMITED, MachineResources, resolve_budgets
+from tencache_ds.units import fmt_bytes, parse_bytes, round_up
+
+
+def test_defaults_need_no_tuning():
+    config = parse_config({})
+    assert config.enabled and config.host_cache_bytes == "auto" and config.device_cache_bytes == "auto"
+    assert config.metrics_path is None and config.profile_path is None
+
+
+def test_absent_block_means_disabled_and_bool_shorthand():
+    assert parse_config(None).enabled is False
+    assert parse_config(False).enabled is False
+    assert parse_config(True).enabled is True
+
+
+@pytest.mark.parametrize("value, expected", [(0, 0), ("0", 0), ("1GiB", 1 << 30), ("512MB", 512 * 10**6),
+                                             (1e9, 10**9), ("2e9", 2 * 10**9), ("auto", "auto")])
+def test_budget_units(value, expected):
+    assert parse_config({"host_cache_bytes": value}).host_cache_bytes == expected
+
+
+@pytest.mark.parametrize("block, key", [({"host_cache": 1}, "tencache.host_cache"),
+                                        ({"host_cache_bytes": "lots"}, "tencache.host_cache_bytes"),
+                                        ({"host_cache_bytes": -5}, "tencache.host_cache_bytes"),
+                                        ({"device_cache_bytes": True}, "tencache.device_cache_bytes"),
+                                        ({"pin_memory": "sometimes"}, "tencache.pin_memory"),
+                                        ({"enabled": "maybe"}, "tencache.enabled")])
+def test_bad_input_names_the_key(block, key):
+    with pytest.raises(TencacheConfigError) as err:
+        parse_config(block)
+    assert key in str(err.value)
+
+
+def test_block_must_be_an_object():
+    with pytest.raises(TencacheConfigError, match="must be an object"):
+        parse_config([1, 2])
+
+
+def test_block_from_ds_config_dict_and_file(tmp_path):
+    path = tmp_path / "ds.json"
+    path.write_text('{"train_batch_size": 1, "tencache": {"host_cache_bytes": 0}}')
+    assert block_from_ds_config(str(path)) == {"host_cache_bytes": 0}
+    assert block_from_ds_config({"train_batch_size": 1}) is None
+
+
+def test_units():
+    assert parse_bytes("1.5KiB") == 1536
+    assert fmt_bytes(1536) == "1.50 KiB"
+    assert round_up(5000) == 8192 and round_up(4096) == 4096
+    with pytest.raises(ValueError):
+        parse_bytes("1.5")  # not a whole number of bytes
+
+
+def test_auto_budgets_follow_the_machine():
+    machine = MachineResources(host_total_bytes=32 << 30, host_available_bytes=16 << 30,
+                               memlock_limit_bytes=UNLIMITED, device_free_bytes=8 << 30)
+    budgets = resolve_budgets(TencacheConfig(), machine)
+    assert budgets.host_cache_bytes == 4 << 30 and budgets.device_cache_bytes == 4 << 30
+    assert budgets.host_source == "auto"
+    # a memlock limit caps what "auto" may lock, after what streaming already locks
+    limited = MachineResources(32 << 30, 16 << 30, memlock_limit_bytes=1 << 30)
+    assert resolve_budgets(TencacheConfig(), limited, stream_min_bytes=256 << 20).host_cache_bytes == 768 << 20
+    explicit = resolve_budgets(TencacheConfig(host_cache_bytes=0, device_cache_bytes=0), machine)
+    assert (explicit.host_cache_bytes, explicit.device_cache_bytes, explicit.host_source) == (0, 0, "config")
