@@ -37,6 +37,8 @@ NVME_READ_KEY = "nvme_read_bytes"
 NVME_WRITE_KEY = "nvme_write_bytes"
 FIXED_STATS_KEYS = frozenset({PINNED_RESERVED_KEY, PINNED_PEAK_KEY, NVME_READ_KEY, NVME_WRITE_KEY})
 METRICS_STEP_KEY = "step"  # the step number in a metrics row; not a metric
+# Wall-clock stamps in metrics rows ("time_unix_s"): neither comparable between runs nor worth a plot.
+TIMESTAMP_KEY = re.compile(r"unix|timestamp|wall_clock", re.IGNORECASE)
 
 Value = Union[float, int, str, None]
 
@@ -204,7 +206,7 @@ def run_series(run: BenchRun) -> Dict[str, List[Optional[float]]]:
             series[name] = per_step_deltas(series[f"stats.{key}"])
     metrics_rows = _aligned_metrics(run)
     metrics_keys = sorted({key for row in metrics_rows if row for key, value in row.items()
-                           if is_number(value) and key != METRICS_STEP_KEY})
+                           if is_number(value) and key != METRICS_STEP_KEY and not TIMESTAMP_KEY.search(key)})
     for key in metrics_keys:
         series[f"metrics.{key}"] = field(key, metrics_rows)
     return series
@@ -399,9 +401,11 @@ def compare(runs: Sequence[BenchRun], warmup_steps: int) -> Comparison:
         stock_value, tencache_value = both(lambda rs: _arm_final(rs, key))
         unit = "text" if isinstance(stock_value, str) or isinstance(tencache_value, str) else unit_of_key(key)
         rows.append(_numeric_row(f"stats.{key} (after last step)", unit, stock_value, tencache_value))
-    # Every metrics key: the median over measured steps.
+    # Every metrics key the stats do not already show (metrics rows usually repeat the stats and add per-step
+    # values): the median over measured steps.
+    all_stats_keys = set(stats_keys) | FIXED_STATS_KEYS
     metrics_keys = sorted({name[len("metrics."):] for run in runs for name in run_series(run)
-                           if name.startswith("metrics.")})
+                           if name.startswith("metrics.") and name[len("metrics."):] not in all_stats_keys})
     for key in metrics_keys:
         rows.append(_numeric_row(f"metrics.{key} (median/step)", unit_of_key(key),
                                  *both(lambda rs: _median(_pooled(rs, f"metrics.{key}", warmup_steps)))))
@@ -595,8 +599,10 @@ def write_plots(runs: Sequence[BenchRun], out_dir: str, warmup_steps: int) -> Li
         title = "disk bytes per step (/proc/self/io)"
     plot("nvme_bytes.png", title, "MiB", runs, nvme_series, warmup_steps, scale=MIB)
 
-    other = sorted({name for run in runs for name in run_series(run)
-                    if name.startswith(("stats.", "metrics.")) and name not in FIXED_PLOT_SERIES})
+    names = {name for run in runs for name in run_series(run)}
+    stats_keys = {name[len("stats."):] for name in names if name.startswith("stats.")} | FIXED_STATS_KEYS
+    other = sorted(name for name in names if name not in FIXED_PLOT_SERIES and (
+        name.startswith("stats.") or (name.startswith("metrics.") and name[len("metrics."):] not in stats_keys)))
     for name in other:
         scale = MIB if unit_of_key(name) == "bytes" else 1.0
         plot(os.path.join("metrics", _safe_name(name) + ".png"), name, "MiB" if scale == MIB else "value", runs,

@@ -44,6 +44,7 @@ BANDWIDTH_DEADLINE_S = 4.0         # per direction; on a slow disk we report wha
 PROBE_TIMEOUT_S = 180.0            # a first JIT build of async_io takes 1-2 minutes on 2 cores
 PROBE_MARKER = "TENCACHE_DOCTOR_PROBE "
 CAP_IPC_LOCK_BIT = 14              # linux/capability.h
+RAM_FILESYSTEMS = frozenset({"tmpfs", "ramfs"})
 
 
 @dataclasses.dataclass
@@ -566,7 +567,11 @@ def check_nvme_path(path: str, source: str) -> NvmePathState:
     direct_ok, direct_error = _o_direct_works(path)
     details = dict(mount, o_direct=direct_ok)
     where = f"{mount['fs_type']} on {mount['device']} (mounted at {mount['mount_point']})"
-    if direct_ok:
+    if direct_ok and mount["fs_type"] in RAM_FILESYSTEMS:
+        state.checks.append(CheckResult("nvme filesystem", WARN, f"{where}; O_DIRECT works, but {mount['fs_type']} "
+                                        "lives in RAM: swap files there compete with the host cache for memory and "
+                                        "say nothing about NVMe speed", details))
+    elif direct_ok:
         state.checks.append(CheckResult("nvme filesystem", OK, f"{where}; O_DIRECT works", details))
     else:
         state.checks.append(CheckResult("nvme filesystem", FAIL, f"{where}; O_DIRECT fails ({direct_error}), and "

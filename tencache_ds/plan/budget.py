@@ -36,10 +36,28 @@ class MachineResources:
                    memlock_limit_bytes=memlock_limit_bytes(), device_free_bytes=device_free_bytes)
 
 
+CAP_IPC_LOCK = 14  # linux/capability.h: a process with it may lock memory past RLIMIT_MEMLOCK
+
+
 def memlock_limit_bytes() -> int:
-    """The soft RLIMIT_MEMLOCK of this process, or UNLIMITED."""
+    """How much this process may page-lock: UNLIMITED when RLIMIT_MEMLOCK is infinite or the process holds
+    CAP_IPC_LOCK (root in most containers, where `ulimit -l` shows a limit that does not apply), else the soft
+    limit."""
     soft, _hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
-    return UNLIMITED if soft == resource.RLIM_INFINITY else int(soft)
+    if soft == resource.RLIM_INFINITY or has_ipc_lock_capability():
+        return UNLIMITED
+    return int(soft)
+
+
+def has_ipc_lock_capability() -> bool:
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("CapEff:"):
+                    return bool(int(line.split()[1], 16) >> CAP_IPC_LOCK & 1)
+    except OSError:
+        pass
+    return False
 
 
 @dataclasses.dataclass(frozen=True)

@@ -56,3 +56,26 @@ def streaming_slot_counts(histogram: Dict[int, int], slots_per_class: int) -> Di
 def class_bytes(class_counts: Dict[int, int]) -> int:
     """Total bytes reserved by ``class_counts``."""
     return sum(size * count for size, count in class_counts.items())
+
+
+def cache_slot_counts(histogram: Dict[int, int], streaming: Dict[int, int], budget_bytes: int) -> Dict[int, int]:
+    """Extra slots that keep clean copies of tensors in host memory, within ``budget_bytes``.
+
+    Every class gets the same fraction of the tensors streaming slots do not already cover, so the cache holds
+    the same share of each size (10Cache's size-distribution-proportional pools, paper digest 5.2); budget left
+    by rounding down buys single slots, smallest classes first. E.g. {4 MiB: 10, 1 MiB: 10}, streaming 2 each,
+    budget 20 MiB -> 0.5 of the rest: {4 MiB: 4, 1 MiB: 4}, then 0 MiB left.
+    """
+    remaining = {size: count - streaming.get(size, 0) for size, count in histogram.items()}
+    remaining = {size: count for size, count in remaining.items() if count > 0}
+    wanted_bytes = class_bytes(remaining)
+    if budget_bytes <= 0 or wanted_bytes == 0:
+        return {}
+    fraction = min(1.0, budget_bytes / wanted_bytes)
+    counts = {size: int(count * fraction) for size, count in remaining.items()}
+    left = budget_bytes - class_bytes(counts)
+    for size in sorted(remaining):
+        while counts[size] < remaining[size] and size <= left:
+            counts[size] += 1
+            left -= size
+    return {size: count for size, count in counts.items() if count > 0}

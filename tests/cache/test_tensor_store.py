@@ -75,3 +75,53 @@ def test_caller_buffer_read(store):
     store.start_read("c", into=into)
     assert torch.equal(store.wait_read("c"), expected)
     store.release("c")
+
+
+@pytest.fixture
+def caching_store(tmp_path):
+    io = DirectFileIO(num_threads=2)
+    store = TensorStore(str(tmp_path), torch.float32, aligned, slots_per_class=1, lock="best_effort", io=io,
+                        cache_budget_bytes=2 * aligned(300_000) * 4 + 4096)
+    yield store
+    store.close()
+    io.close()
+
+
+def test_cache_hits_need_no_io_and_evict_least_recently_used(caching_store):
+    """4 tensors, 1 streaming slot + room for ~2 cached copies: the second pass hits for the recent ones."""
+    store = caching_store
+    expected = {key: create(store, key, 300_000, seed=key) for key in range(4)}
+    store.plan()
+    for key in range(4):  # first pass: all misses, each released into the cache
+        store.start_read(key)
+        assert torch.equal(store.wait_read(key), expected[key])
+        store.release(key)
+    assert store.cache_misses == 4 and store.evictions >= 1
+    reads_before = store._io.counters().read_requests
+    store.start_read(3)  # most recently used: still cached
+    assert torch.equal(store.wait_read(3), expected[3])
+    store.release(3)
+    assert store.cache_hits == 1 and store._io.counters().read_requests == reads_before
+    store.start_read(0)  # least recently used: evicted, read again from file, bytes still right
+    assert torch.equal(store.wait_read(0), expected[0])
+    store.release(0)
+    assert store.cache_misses == 5
+    assert store.pool.stats()["buffer_fallbacks"] == 0
+
+
+def test_write_through_keeps_the_cached_copy_current(caching_store):
+    store = caching_store
+    create(store, "p", 300_000, seed=5)
+    store.plan()
+    store.start_read("p")
+    store.wait_read("p")
+    store.release("p")  # now cached
+    new = torch.randn(300_000)
+    store.write_from("p", new)
+    store.start_read("p")  # hit: the cached copy was updated, not just the file
+    assert torch.equal(store.wait_read("p"), new) and store.cache_hits == 1
+    store.release("p")
+    store.wait_writes()
+    dest = torch.empty(300_000)
+    store._io.read(dest, store.record("p").path, nbytes=300_000 * 4).result()
+    assert torch.equal(dest, new)  # and the file has the same bytes

@@ -19,6 +19,7 @@ from deepspeed.runtime.swap_tensor.partitioned_param_swapper import (AsyncPartit
 from ...cache.tensor_store import TensorStore
 from ...errors import TencacheConfigError
 from ...io.direct_io import DirectFileIO
+from ...plan.budget import MachineResources, resolve_budgets
 from .config_bridge import MIN_SWAPPABLE_BYTES, config_from_ds_config, io_aligned_numel, prepare_swap_folder
 
 NVME_PATH_KEY = "zero_optimization.offload_param.nvme_path"
@@ -74,11 +75,12 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
         import shutil
         shutil.rmtree(self.swap_folder, ignore_errors=True)
         prepare_swap_folder(self.swap_folder, self.swap_config.nvme_path, NVME_PATH_KEY)
+        self.budgets = resolve_budgets(self.config, MachineResources.probe())
         self.io = DirectFileIO(num_threads=max(2, intra_op), name="tencache-param-io")
         self.store = TensorStore(self.swap_folder, model_dtype,
                                  aligned_numel=lambda numel: io_aligned_numel(numel, model_dtype, intra_op),
                                  slots_per_class=max(1, int(self.param_buffer_count)), lock=self.config.pin_memory,
-                                 io=self.io)
+                                 io=self.io, cache_budget_bytes=self.budgets.host_cache_bytes)
         self._lock = threading.RLock()
         self._in_flight = {}  # ds_id -> param marked INFLIGHT, in issue order
 
@@ -185,6 +187,7 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
         counters = self.io.counters()
         stats = {f"param_{key}": value for key, value in self.store.stats().items()}
         stats.update(param_nvme_read_bytes=counters.read_bytes, param_nvme_write_bytes=counters.write_bytes,
+                     host_cache_budget_bytes=self.budgets.host_cache_bytes,
                      stock_param_pinned_bytes_estimate=self.stock_pinned_bytes_estimate())
         return stats
 

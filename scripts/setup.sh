@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Set up this machine for tencache_ds and run the main job (the default stock-vs-tencache bench).
+#   bash scripts/setup.sh            # install everything, then `tencache-ds bench`
+#   bash scripts/setup.sh --no-bench # install only (used by scripts/test.sh)
+# Idempotent: each step checks first and is skipped when already done.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+RUN_BENCH=1
+[ "${1:-}" = "--no-bench" ] && RUN_BENCH=0
+say() { printf '\n== %s\n' "$*"; }
+
+# 1. libaio headers, for DeepSpeed's async_io op (stock ZeRO-Infinity's NVMe engine, which we compare against).
+if [ ! -e /usr/include/libaio.h ]; then
+  say "installing libaio-dev"
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq && $SUDO apt-get install -y -qq libaio-dev
+fi
+
+# 2. torch. Never let pip resolve a bare "torch" on a machine without one: it would pull several GB of CUDA
+#    wheels. Without a GPU we install the CPU build this machine kind provides; with one, the default build.
+if ! $PY -c "import torch" 2>/dev/null; then
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    say "installing torch (CUDA build: a GPU is present)"; $PY -m pip install -q torch
+  else
+    say "installing torch==2.13.0 (CPU build: no GPU)"; $PY -m pip install -q torch==2.13.0
+  fi
+fi
+
+# 3. The package with its native arena and the bench/test extras. torch is already satisfied, so nothing
+#    here can pull another torch build.
+if ! $PY -c "import tencache_ds.memory as m, transformers, matplotlib, pytest; assert m.native_available()" 2>/dev/null \
+   || ! command -v tencache-ds >/dev/null 2>&1; then
+  say "installing tencache-ds (editable, with its native arena)"
+  $PY -m pip install -q -e ".[bench,test]"
+fi
+
+# 4. DeepSpeed JIT-builds its ops on first use (minutes on 2 cores): build them now, once (cached under
+#    ~/.cache/torch_extensions), so that the first training run does not pay for it.
+say "pre-building DeepSpeed ops (async_io, cpu_adam, shm_comm); cached after the first time"
+$PY - <<'PYEOF'
+import warnings
+warnings.filterwarnings("ignore")
+from deepspeed.accelerator import get_accelerator
+from deepspeed.ops.op_builder import AsyncIOBuilder, CPUAdamBuilder
+builders = [AsyncIOBuilder(), CPUAdamBuilder()]
+if get_accelerator().device_name() == "cpu":
+    from deepspeed.ops.op_builder import ShareMemCommBuilder
+    builders.append(ShareMemCommBuilder())
+for builder in builders:
+    builder.load(verbose=False)
+    print(f"  {builder.name}: ok")
+PYEOF
+
+if [ "$RUN_BENCH" = 1 ]; then
+  say "main job: tencache-ds bench (stock ZeRO-Infinity vs tencache, embedded default)"
+  tencache-ds bench
+fi

@@ -1,0 +1,304 @@
+"""`tencache-ds bench`: train one model under stock ZeRO-Infinity and under tencache_ds and compare them.
+Owns: the run plan (interleaved repeats), the child command lines, their logs and progress, and writing the
+outputs. Does not own: training (scripts/train.py, run as a child process through the `deepspeed` launcher or plain
+python) or the comparison itself (tencache_ds/bench/report.py).
+
+Both arms get the same DeepSpeed config file; the stock run passes ``--tencache-block none`` and the tencache run a
+block built from the config's own "tencache" block (if any) and --host-cache-bytes/--device-cache-bytes. Each run
+has its own swap subfolder under --nvme-path (emptied before and removed after it) and its own files in --out:
+
+    <out>/<label>.log  <out>/<label>.result.json  <out>/<label>.metrics.jsonl   (label = stock-1, tencache-1, ...)
+    <out>/bench.json   <out>/bench.md   <out>/plots/*.png
+"""
+import contextlib
+import dataclasses
+import json
+import os
+import platform
+import re
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+from ..bench import report
+from ..config import AUTO, CONFIG_KEY, parse_config
+from ..errors import TencacheConfigError
+from ..units import fmt_bytes, parse_bytes
+
+TRAIN_SCRIPT_ENV = "TENCACHE_BENCH_TRAIN_SCRIPT"
+# What scripts/train.py prints after every optimizer step: "step 3 loss 497.5228 time 0.37s".
+STEP_LINE = re.compile(r"^step\s+(?P<step>\d+)\s+loss\s+(?P<loss>\S+)\s+time\s+(?P<time>[0-9.eE+-]+)s\b")
+LOG_TAIL_LINES = 25
+
+
+@dataclasses.dataclass
+class RunSpec:
+    """One child training run and where its files go."""
+
+    arm: str
+    repeat: int
+    command: List[str]
+    env: Dict[str, str]
+    log_path: str
+    result_path: str
+    metrics_path: Optional[str]
+    nvme_dir: str
+    returncode: Optional[int] = None
+    wall_s: Optional[float] = None
+
+    @property
+    def label(self) -> str:
+        return f"{self.arm}-{self.repeat}"
+
+
+class BenchError(RuntimeError):
+    """The benchmark cannot run or a run failed; the message says which and where its log is."""
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Inputs
+# ----------------------------------------------------------------------------------------------------------------
+def locate_train_script() -> Tuple[str, str]:
+    """(repo root, scripts/train.py). TENCACHE_BENCH_TRAIN_SCRIPT wins; else next to the package, else under the
+    current directory."""
+    override = os.environ.get(TRAIN_SCRIPT_ENV)
+    if override:
+        script = os.path.abspath(override)
+        if not os.path.isfile(script):
+            raise BenchError(f"{TRAIN_SCRIPT_ENV}={override} is not a file")
+        return os.path.dirname(os.path.dirname(script)), script
+    package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    for root in (package_root, os.getcwd()):
+        script = os.path.join(root, "scripts", "train.py")
+        if os.path.isfile(script):
+            return root, script
+    raise BenchError(f"scripts/train.py not found under {package_root} or {os.getcwd()}; run from a checkout of "
+                     f"tencache_ds or set {TRAIN_SCRIPT_ENV}")
+
+
+def load_ds_config(path: str) -> Dict[str, Any]:
+    try:
+        with open(path) as fh:
+            config = json.load(fh)
+    except OSError as err:
+        raise BenchError(f"cannot read the DeepSpeed config {path}: {err.strerror or err}") from None
+    except json.JSONDecodeError as err:
+        raise BenchError(f"the DeepSpeed config {path} is not valid JSON: {err}") from None
+    if not isinstance(config, dict):
+        raise BenchError(f"the DeepSpeed config {path} holds a {type(config).__name__}, not an object")
+    return config
+
+
+def tencache_block(ds_config: Dict[str, Any], host_cache_bytes: Optional[str], device_cache_bytes: Optional[str],
+                   metrics_path: Optional[str]) -> Dict[str, Any]:
+    """The block for the tencache run: the config's own block (if any), enabled, with the budget options applied
+    (None keeps the config's value, else "auto") and this run's metrics file. Validated here, before any run.
+
+    Raises:
+        TencacheConfigError: the resulting block is invalid (the message names the key).
+    """
+    base = ds_config.get(CONFIG_KEY)
+    block = dict(base) if isinstance(base, dict) else {}
+    block["enabled"] = True
+    for key, option in (("host_cache_bytes", host_cache_bytes), ("device_cache_bytes", device_cache_bytes)):
+        if option is not None:
+            block[key] = AUTO if option == AUTO else parse_bytes(option)
+        block.setdefault(key, AUTO)
+    if metrics_path:
+        block["metrics_path"] = metrics_path
+    parse_config(block)
+    return block
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def resolve_launcher(requested: str) -> str:
+    """The launcher to use: the deepspeed one needs deepspeed.launcher.runner importable; else plain python."""
+    if requested == "deepspeed":
+        import importlib.util
+        if importlib.util.find_spec("deepspeed") is None or \
+                importlib.util.find_spec("deepspeed.launcher.runner") is None:
+            print("bench: deepspeed.launcher.runner not found; falling back to --launcher python", file=sys.stderr)
+            return "python"
+    return requested
+
+
+def build_runs(args, repo_root: str, train_script: str, config_path: str, ds_config: Dict[str, Any],
+               out_dir: str, launcher: str) -> List[RunSpec]:
+    """The interleaved run plan: stock-1, tencache-1, stock-2, tencache-2, ..."""
+    specs = []
+    for repeat in range(1, args.repeats + 1):
+        for arm in report.ARMS:
+            label = f"{arm}-{repeat}"
+            metrics_path = os.path.join(out_dir, f"{label}.metrics.jsonl") if arm == report.TENCACHE else None
+            block = "none" if arm == report.STOCK else json.dumps(
+                tencache_block(ds_config, args.host_cache_bytes, args.device_cache_bytes, metrics_path))
+            nvme_dir = os.path.join(os.path.abspath(args.nvme_path), label)
+            result_path = os.path.join(out_dir, f"{label}.result.json")
+            train_args = [train_script, "--deepspeed_config", config_path, "--model", args.model,
+                          "--steps", str(args.steps), "--micro-batch", str(args.micro_batch),
+                          "--seq-len", str(args.seq_len), "--dtype", args.dtype, "--nvme-path", nvme_dir,
+                          "--tencache-block", block, "--result-file", result_path, "--label", label]
+            port = free_port()
+            env = dict(os.environ, PYTHONUNBUFFERED="1")
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [repo_root, env.get("PYTHONPATH")]))
+            if launcher == "deepspeed":
+                # On the CPU accelerator the launcher needs nothing more: one local process, gloo (checked with
+                # deepspeed 0.19.8). --num_gpus 1 keeps a multi-GPU machine to one rank as well.
+                command = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "1",
+                           "--master_port", str(port)] + train_args
+            else:
+                command = [sys.executable, "-u"] + train_args
+                env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+            specs.append(RunSpec(arm, repeat, command, env, os.path.join(out_dir, f"{label}.log"), result_path,
+                                 metrics_path, nvme_dir))
+    return specs
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Running
+# ----------------------------------------------------------------------------------------------------------------
+def _log_tail(path: str, num_lines: int = LOG_TAIL_LINES) -> str:
+    with contextlib.suppress(OSError):
+        with open(path, errors="replace") as fh:
+            return "".join(fh.readlines()[-num_lines:])
+    return ""
+
+
+def execute(spec: RunSpec, progress) -> None:
+    """Run one child to completion, its output to spec.log_path, each "step N ..." line advancing ``progress``.
+
+    Raises:
+        BenchError: the child exited non-zero or wrote no result file (the message holds its log's tail).
+    """
+    for path in (spec.result_path, spec.metrics_path):
+        if path and os.path.exists(path):
+            os.remove(path)
+    shutil.rmtree(spec.nvme_dir, ignore_errors=True)
+    os.makedirs(spec.nvme_dir, exist_ok=True)
+    progress.set_description(f"{spec.label} (starting)")
+    started = time.perf_counter()
+    with open(spec.log_path, "w") as log:
+        log.write("# " + shlex.join(spec.command) + "\n")
+        log.flush()
+        process = subprocess.Popen(spec.command, env=spec.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                   text=True, errors="replace", bufsize=1, start_new_session=True)
+        try:
+            for line in process.stdout:
+                log.write(line)
+                match = STEP_LINE.match(line.strip())
+                if match:
+                    progress.set_description(spec.label)
+                    progress.set_postfix(step=match["step"], loss=match["loss"], time_s=match["time"])
+                    progress.update(1)
+            process.wait()
+        except BaseException:  # Ctrl-C or anything else: do not leave the run (and its launcher's child) behind
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, 9)
+            process.wait()
+            raise
+    spec.returncode = process.returncode
+    spec.wall_s = time.perf_counter() - started
+    shutil.rmtree(spec.nvme_dir, ignore_errors=True)
+    if process.returncode != 0:
+        raise BenchError(f"{spec.label} failed with exit code {process.returncode}; last lines of {spec.log_path}:\n"
+                         + _log_tail(spec.log_path))
+    if not os.path.exists(spec.result_path):
+        raise BenchError(f"{spec.label} exited 0 but wrote no {spec.result_path}; see {spec.log_path}")
+
+
+def describe_machine(nvme_path: str) -> Dict[str, str]:
+    """CPU, cores, RAM, accelerator and versions for bench.md (the accelerator through doctor's probe process)."""
+    from .doctor import Probe, describe_host, mount_of, probe_gpus
+    probe = Probe(want_aio=False, bandwidth_dir=None, bandwidth_bytes=0, timeout_s=120)
+    host = describe_host()
+    gpus, why_none = probe_gpus()
+    facts = probe.facts()
+    accel = facts.get("accelerator") or {}
+    versions = facts.get("versions") or {}
+    mount = mount_of(os.path.realpath(nvme_path)) or {}
+    machine = {
+        "CPU": f"{host['cpu_brand']}, {host['logical_cores']} logical / {host['physical_cores']} physical cores",
+        "RAM": f"{fmt_bytes(host['ram_total_bytes'])} ({fmt_bytes(host['ram_available_bytes'])} available at start)",
+        "accelerator": (f"{accel['device_name']} (DeepSpeed '{accel['name']}', comm {accel['communication_backend']})"
+                        if accel else f"unknown ({facts.get('accelerator_error') or facts.get('import_error')})"),
+        "GPUs": "; ".join(f"{gpu['name']} ({fmt_bytes(gpu['total_bytes'])})" for gpu in gpus) or f"none ({why_none})",
+        "NVMe path": f"{nvme_path} on {mount.get('fs_type', '?')} {mount.get('device', '?')}",
+        "software": (f"python {platform.python_version()}, torch {versions.get('torch', '?')}, "
+                     f"deepspeed {versions.get('deepspeed', '?')}, Linux {platform.release()}"),
+    }
+    return machine
+
+
+def _print_outputs(out_dir: str, specs: List[RunSpec], plot_paths: List[str]) -> None:
+    plots = f", {len(plot_paths)} plots in plots/" if plot_paths else ""
+    print(f"\nwritten to {out_dir}: bench.json, bench.md, " +
+          ", ".join(os.path.basename(spec.log_path) for spec in specs) + plots)
+
+
+def run(args) -> int:
+    """`tencache-ds bench`. Exit code 0 when all runs finished (whether or not they match), 1 on failure."""
+    try:
+        return _run(args)
+    except (BenchError, TencacheConfigError, ValueError) as err:
+        print(f"bench: {err}", file=sys.stderr)
+        return 1
+
+
+def _run(args) -> int:
+    if args.warmup >= args.steps:
+        raise BenchError(f"--warmup {args.warmup} leaves no measured step of --steps {args.steps}")
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        raise BenchError("bench needs tqdm (pip install tqdm)") from None
+    repo_root, train_script = locate_train_script()
+    config_path = os.path.abspath(args.config or os.path.join(repo_root, "configs", f"stock-{args.offload}.json"))
+    ds_config = load_ds_config(config_path)
+    out_dir = os.path.abspath(args.out)
+    os.makedirs(out_dir, exist_ok=True)
+    launcher = resolve_launcher(args.launcher)
+    specs = build_runs(args, repo_root, train_script, config_path, ds_config, out_dir, launcher)
+    machine = describe_machine(args.nvme_path)
+    machine["launcher"] = launcher
+
+    started = time.perf_counter()
+    with tqdm(total=len(specs) * args.steps, unit="step", dynamic_ncols=True, file=sys.stderr) as progress:
+        for spec in specs:
+            execute(spec, progress)
+    total_s = time.perf_counter() - started
+
+    runs = [report.BenchRun(spec.arm, spec.repeat, report.load_result(spec.result_path),
+                            report.load_metrics_rows(spec.metrics_path)) for spec in specs]
+    comparison = report.compare(runs, args.warmup)
+    plot_paths: List[str] = []
+    if not args.no_plots:
+        plot_paths = report.write_plots(runs, os.path.join(out_dir, "plots"), args.warmup)
+    child_commands = [shlex.join(spec.command) for spec in specs]
+
+    print(report.render_table(comparison))
+    bench_json = os.path.join(out_dir, "bench.json")
+    with open(bench_json, "w") as fh:
+        json.dump({"command_line": args.command_line, "machine": machine, "total_wall_s": total_s,
+                   "settings": {key: value for key, value in vars(args).items() if key != "command_line"},
+                   "config_path": config_path, "train_script": train_script,
+                   "runs": [{"label": spec.label, "arm": spec.arm, "repeat": spec.repeat, "command": spec.command,
+                             "log": spec.log_path, "result": spec.result_path, "metrics": spec.metrics_path,
+                             "wall_s": spec.wall_s, "returncode": spec.returncode} for spec in specs],
+                   "comparison": comparison.to_dict(),
+                   "plots": [os.path.relpath(path, out_dir) for path in plot_paths]}, fh, indent=1, default=str)
+    bench_md = os.path.join(out_dir, "bench.md")
+    with open(bench_md, "w") as fh:
+        fh.write(report.render_markdown(comparison, args.command_line, machine,
+                                        [os.path.relpath(path, out_dir) for path in plot_paths], child_commands))
+    _print_outputs(out_dir, specs, plot_paths)
+    print(f"bench: {len(specs)} runs in {total_s:.0f} s")
+    return 0
