@@ -518,46 +518,60 @@ def render_markdown(comparison: Comparison, command_line: str, machine: Dict[str
 # Plots
 # ----------------------------------------------------------------------------------------------------------------
 ARM_COLORS = {STOCK: "tab:blue", TENCACHE: "tab:orange"}
-REPEAT_STYLES = ("-", "--", ":", "-.")
+SERIES_STYLES = ("-", "--", ":", "-.")   # one per series drawn in the same panel
+REPEAT_MARKERS = ("o", "s", "^", "x", "d")
 MIB = 1024 ** 2
 FIXED_PLOT_SERIES = frozenset({f"stats.{key}" for key in FIXED_STATS_KEYS})
+
+
+@dataclasses.dataclass(frozen=True)
+class Panel:
+    """One subplot: the series to draw for every run, each as (series name, legend suffix)."""
+
+    title: str
+    ylabel: str
+    series: Tuple[Tuple[str, str], ...]
+    scale: float = 1.0
 
 
 def _safe_name(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_") or "metric"
 
 
-def _draw(path: str, title: str, ylabel: str, runs: Sequence[BenchRun], series_names: Sequence[Tuple[str, str]],
-          warmup_steps: int, scale: float = 1.0) -> bool:
-    """One PNG: for each run and each (series, legend suffix) a line over steps. False (nothing written) when no
-    run has any value of those series."""
+def _draw(path: str, runs: Sequence[BenchRun], panels: Sequence[Panel], warmup_steps: int) -> bool:
+    """One PNG with the panels stacked; every run is a line per series (arm = colour, series = line style,
+    repeat = marker). Returns False, writing nothing, when no run has a value of any of the series."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    figure = Figure(figsize=(6.4, 3.6), dpi=100)
+    series_by_run = [(run, run_series(run)) for run in runs]
+    figure = Figure(figsize=(6.4, 1.0 + 2.6 * len(panels)), dpi=100)
     FigureCanvasAgg(figure)
-    axes = figure.add_subplot(1, 1, 1)
-    drawn = False
-    for run in runs:
-        all_series = run_series(run)
-        for series_index, (name, suffix) in enumerate(series_names):
-            values = all_series.get(name)
-            if not values or all(value is None for value in values):
-                continue
-            points = [(index, value / scale) for index, value in enumerate(values) if value is not None]
-            style = REPEAT_STYLES[(run.repeat - 1 + series_index) % len(REPEAT_STYLES)]
-            axes.plot([p[0] for p in points], [p[1] for p in points], style, marker="o", markersize=3,
-                      color=ARM_COLORS.get(run.arm), label=f"{run.label}{suffix}")
-            drawn = True
-    if not drawn:
+    drawn_any = False
+    for panel_index, panel in enumerate(panels):
+        axes = figure.add_subplot(len(panels), 1, panel_index + 1)
+        drawn = False
+        for run, all_series in series_by_run:
+            for series_index, (name, suffix) in enumerate(panel.series):
+                values = all_series.get(name)
+                if not values or all(value is None for value in values):
+                    continue
+                points = [(index, value / panel.scale) for index, value in enumerate(values) if value is not None]
+                axes.plot([p[0] for p in points], [p[1] for p in points], SERIES_STYLES[series_index % 4],
+                          marker=REPEAT_MARKERS[(run.repeat - 1) % len(REPEAT_MARKERS)], markersize=3,
+                          color=ARM_COLORS.get(run.arm), label=f"{run.label}{suffix}")
+                drawn = True
+        if drawn and warmup_steps > 0:
+            axes.axvspan(-0.5, warmup_steps - 0.5, color="0.9", label="warm-up")
+        axes.set_title(panel.title, fontsize="medium")
+        axes.set_xlabel("step")
+        axes.set_ylabel(panel.ylabel)
+        axes.grid(True, alpha=0.3)
+        if drawn:
+            axes.legend(fontsize="x-small")
+        drawn_any = drawn_any or drawn
+    if not drawn_any:
         return False
-    if warmup_steps > 0:
-        axes.axvspan(-0.5, warmup_steps - 0.5, color="0.9", label="warm-up")
-    axes.set_title(title)
-    axes.set_xlabel("step")
-    axes.set_ylabel(ylabel)
-    axes.grid(True, alpha=0.3)
-    axes.legend(fontsize="small")
     figure.tight_layout()
     figure.savefig(path)
     return True
@@ -565,8 +579,8 @@ def _draw(path: str, title: str, ylabel: str, runs: Sequence[BenchRun], series_n
 
 def write_plots(runs: Sequence[BenchRun], out_dir: str, warmup_steps: int) -> List[str]:
     """Write the PNG plots into ``out_dir`` and return their paths: step_time.png, peak_rss.png, pinned_memory.png,
-    nvme_bytes.png, and metrics/<name>.png for every other numeric per-step series (stats.* and metrics.*). A plot
-    whose series no run has is skipped.
+    nvme_bytes.png, and metrics/<name>.png for every other numeric per-step series (stats.*, and metrics.* keys
+    the stats do not have). A plot whose series no run has is skipped.
 
     Raises:
         ImportError: matplotlib is not installed (the message says how to install it or skip plots).
@@ -578,33 +592,28 @@ def write_plots(runs: Sequence[BenchRun], out_dir: str, warmup_steps: int) -> Li
     os.makedirs(out_dir, exist_ok=True)
     written: List[str] = []
 
-    def plot(filename: str, *args, **kwargs) -> None:
+    def plot(filename: str, *panels: Panel) -> None:
         path = os.path.join(out_dir, filename)
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        if _draw(path, *args, **kwargs):
+        if _draw(path, runs, panels, warmup_steps):
             written.append(path)
 
-    plot("step_time.png", "step time", "seconds", runs, [("step_time_s", "")], warmup_steps)
-    plot("peak_rss.png", "peak RSS", "MiB", runs, [("peak_rss_bytes", "")], warmup_steps, scale=MIB)
-    plot("pinned_memory.png", "pinned host memory (tencache_ds.stats)", "MiB", runs,
-         [(f"stats.{PINNED_RESERVED_KEY}", " reserved"), (f"stats.{PINNED_PEAK_KEY}", " peak in use")],
-         warmup_steps, scale=MIB)
-    has_stats_nvme = any("nvme_read_bytes_per_step" in run_series(run) for run in runs)
-    if has_stats_nvme:
-        nvme_series = [("nvme_read_bytes_per_step", " read"), ("nvme_write_bytes_per_step", " write"),
-                       ("io_read_bytes", " read (/proc io)"), ("io_write_bytes", " write (/proc io)")]
-        title = "NVMe bytes per step (stats; /proc/self/io where absent)"
-    else:
-        nvme_series = [("io_read_bytes", " read"), ("io_write_bytes", " write")]
-        title = "disk bytes per step (/proc/self/io)"
-    plot("nvme_bytes.png", title, "MiB", runs, nvme_series, warmup_steps, scale=MIB)
+    plot("step_time.png", Panel("step time", "seconds", (("step_time_s", ""),)))
+    plot("peak_rss.png", Panel("peak RSS", "MiB", (("peak_rss_bytes", ""),), MIB))
+    plot("pinned_memory.png", Panel("pinned host memory (tencache_ds.stats)", "MiB",
+                                    ((f"stats.{PINNED_RESERVED_KEY}", " reserved"),
+                                     (f"stats.{PINNED_PEAK_KEY}", " peak in use")), MIB))
+    plot("nvme_bytes.png", *[
+        Panel(f"NVMe {direction} bytes per step", "MiB",
+              ((f"nvme_{direction}_bytes_per_step", " (stats)"), (f"io_{direction}_bytes", " (/proc/self/io)")), MIB)
+        for direction in ("read", "write")])
 
     names = {name for run in runs for name in run_series(run)}
     stats_keys = {name[len("stats."):] for name in names if name.startswith("stats.")} | FIXED_STATS_KEYS
     other = sorted(name for name in names if name not in FIXED_PLOT_SERIES and (
         name.startswith("stats.") or (name.startswith("metrics.") and name[len("metrics."):] not in stats_keys)))
     for name in other:
-        scale = MIB if unit_of_key(name) == "bytes" else 1.0
-        plot(os.path.join("metrics", _safe_name(name) + ".png"), name, "MiB" if scale == MIB else "value", runs,
-             [(name, "")], warmup_steps, scale=scale)
+        is_bytes = unit_of_key(name) == "bytes"
+        plot(os.path.join("metrics", _safe_name(name) + ".png"),
+             Panel(name, "MiB" if is_bytes else "value", ((name, ""),), MIB if is_bytes else 1.0))
     return written

@@ -81,6 +81,7 @@ class TensorStore:
         self._writing: Dict[object, TensorRecord] = {}
         self._unplanned_nbytes: List[int] = []
         self._cache_budget_left = cache_budget_bytes
+        self.cache_bytes_reserved = 0  # SUM: arena bytes planned for cached copies beyond streaming
         self.caching = cache_budget_bytes > 0
         self._lock = threading.RLock()
         # COUNT stats, protected by _lock
@@ -115,6 +116,7 @@ class TensorStore:
             counts = streaming_slot_counts(histogram, self._slots_per_class)
             extra = cache_slot_counts(histogram, counts, self._cache_budget_left)
             self._cache_budget_left -= class_bytes(extra)
+            self.cache_bytes_reserved += class_bytes(extra)
             for size, count in extra.items():
                 counts[size] += count
             self.pool.add_classes(counts)

@@ -10,6 +10,8 @@ What changes for users:
 - A shortage of buffers (stock: `assert pinned_buffers is not None`, or "PipelinedOptimizerSwapper ran out of
   swap buffers" below 12 buffers) takes more pageable memory instead of failing.
 """
+import os
+
 import torch
 from deepspeed.runtime.swap_tensor.async_swapper import AsyncTensorSwapper
 from deepspeed.runtime.swap_tensor.partitioned_optimizer_swapper import PartitionedOptimizerSwapper
@@ -17,7 +19,10 @@ from deepspeed.runtime.swap_tensor.pipelined_optimizer_swapper import PipelinedO
 from deepspeed import comm as dist
 
 from ...config import parse_config, CONFIG_KEY
+from ...cache.file_cache import FileCache
+from ...cache.host_budget import HostBudget
 from ...io.direct_io import DirectFileIO
+from ...plan.budget import MachineResources, resolve_budgets
 from ...memory.pool import BufferPool
 from .aio_adapter import AioHandleAdapter
 from .config_bridge import MIN_SWAPPABLE_BYTES, find_stage3_ds_config, io_aligned_numel, prepare_swap_folder
@@ -79,7 +84,6 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         # pylint: disable=super-init-not-called
         # The stock constructors lock buffer_count x largest_numel through DeepSpeed's aio handle; everything
         # else they set up is reproduced here, with our engine in place of the handle.
-        import os
         intra_op = int(aio_config.get("intra_op_parallelism", 1))
         self.swap_config = swap_config
         self.aio_config = aio_config
@@ -95,7 +99,8 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         self.dtype = dtype
         self.io = DirectFileIO(num_threads=max(2, intra_op), name="tencache-optim-io")
         self.pool = BufferPool("optimizer", lock="off")
-        self.aio_handle = AioHandleAdapter(self.io, self.pool)
+        self.file_cache = self._make_file_cache()
+        self.aio_handle = AioHandleAdapter(self.io, self.pool, self.file_cache)
         self.swap_buffer_manager = PoolSwapBufferManager(self.largest_numel, max(MIN_BUFFERS, swap_config.buffer_count),
                                                          dtype, self.pool)
         self.gradient_swapper = AsyncTensorSwapper(aio_handle=self.aio_handle, numel_alignment=self.numel_alignment,
@@ -105,6 +110,26 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         self._started = False  # a backward has begun: log_timers() calls from now on end training steps
         self.print_exclude_list = ["optimizer", "swap_buffer_manager", "swap_params_info", "timers", "timer_names",
                                    "aio_handle", "gradient_swapper", "print_exclude_list", "io", "pool", "config"]
+
+    def _make_file_cache(self):
+        """The host cache's share left after the parameter cache (planned now, so the split is deterministic:
+        parameters first, as each cached parameter byte saves a read in forward and one in backward)."""
+        budgets = resolve_budgets(self.config, MachineResources.probe())
+        param_reserved = 0
+        for swapper in param_swapper.live_swappers():
+            swapper.store.plan()
+            param_reserved += swapper.store.cache_bytes_reserved
+        remaining = budgets.host_cache_bytes - param_reserved
+        if remaining <= 0:
+            return None
+        # DeepSpeed never copies gradient fragments into checkpoints: those are written back, not through.
+        return FileCache(HostBudget(remaining), self.io, write_back=lambda path: "_gradient_" in os.path.basename(path))
+
+    def purge_state(self):
+        # Checkpoint load: DeepSpeed replaces the swap files and forgets its state; so do we.
+        super().purge_state()
+        if self.file_cache is not None:
+            self.file_cache.clear()
 
     # ------------------------------------------------------------------ step boundaries: logging, metrics
     def pre_backward(self):
@@ -151,6 +176,8 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
     def stats(self) -> dict:
         counters = self.io.counters()
         stats = {f"optimizer_{key}": value for key, value in self.pool.stats().items()}
+        if self.file_cache is not None:
+            stats.update({f"optimizer_cache_{key}": value for key, value in self.file_cache.stats().items()})
         stats.update(optimizer_nvme_read_bytes=counters.read_bytes, optimizer_nvme_write_bytes=counters.write_bytes,
                      stock_optimizer_pinned_bytes_estimate=self.stock_pinned_bytes_estimate())
         return stats

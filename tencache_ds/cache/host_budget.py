@@ -1,0 +1,39 @@
+"""One process-wide host-memory budget for caching (config "host_cache_bytes"), shared by the parameter cache
+(reserved when its slots are planned) and the optimizer-file cache (reserved entry by entry). Owns: the
+arithmetic only."""
+import threading
+
+
+class HostBudget:
+    """``try_reserve(n)`` takes n bytes if that many are left; ``release(n)`` gives them back."""
+
+    def __init__(self, total_bytes: int):
+        self.total_bytes = max(0, int(total_bytes))
+        self._used = 0
+        self._peak = 0
+        self._lock = threading.Lock()
+
+    def try_reserve(self, nbytes: int) -> bool:
+        with self._lock:
+            if self._used + nbytes > self.total_bytes:
+                return False
+            self._used += nbytes
+            self._peak = max(self._peak, self._used)
+            return True
+
+    def release(self, nbytes: int) -> None:
+        with self._lock:
+            assert nbytes <= self._used, (nbytes, self._used)
+            self._used -= nbytes
+
+    def available(self) -> int:
+        with self._lock:
+            return self.total_bytes - self._used
+
+    @property
+    def used_bytes(self) -> int:
+        return self._used
+
+    @property
+    def peak_bytes(self) -> int:
+        return self._peak
