@@ -124,8 +124,11 @@ def resolve_launcher(requested: str) -> str:
     """The launcher to use: the deepspeed one needs deepspeed.launcher.runner importable; else plain python."""
     if requested == "deepspeed":
         import importlib.util
-        if importlib.util.find_spec("deepspeed") is None or \
-                importlib.util.find_spec("deepspeed.launcher.runner") is None:
+        # find_spec("deepspeed.launcher.runner") would import deepspeed here (and its log lines would reach our
+        # stdout); look for the file instead.
+        spec = importlib.util.find_spec("deepspeed")
+        folders = list(spec.submodule_search_locations or []) if spec else []
+        if not any(os.path.isfile(os.path.join(folder, "launcher", "runner.py")) for folder in folders):
             print("bench: deepspeed.launcher.runner not found; falling back to --launcher python", file=sys.stderr)
             return "python"
     return requested

@@ -43,7 +43,6 @@ BANDWIDTH_CHUNK_BYTES = 32 << 20   # one aio request; also the most locked memor
 BANDWIDTH_DEADLINE_S = 4.0         # per direction; on a slow disk we report what was done by then
 PROBE_TIMEOUT_S = 180.0            # a first JIT build of async_io takes 1-2 minutes on 2 cores
 PROBE_MARKER = "TENCACHE_DOCTOR_PROBE "
-CAP_IPC_LOCK_BIT = 14              # linux/capability.h
 RAM_FILESYSTEMS = frozenset({"tmpfs", "ramfs"})
 
 
@@ -309,34 +308,27 @@ def check_native_arena() -> CheckResult:
                        {"native": False, "reason": reason})
 
 
-def has_cap_ipc_lock() -> bool:
-    """Whether this process may lock memory beyond RLIMIT_MEMLOCK (CAP_IPC_LOCK in its effective set)."""
-    try:
-        with open("/proc/self/status") as fh:
-            for line in fh:
-                if line.startswith("CapEff:"):
-                    return bool(int(line.split()[1], 16) >> CAP_IPC_LOCK_BIT & 1)
-    except (OSError, ValueError, IndexError):
-        pass
-    return False
-
-
 def check_memlock() -> CheckResult:
-    from ..plan.budget import UNLIMITED, memlock_limit_bytes
-    limit = memlock_limit_bytes()
-    capable = has_cap_ipc_lock()
-    details = {"memlock_limit_bytes": limit, "cap_ipc_lock": capable}
-    if limit == UNLIMITED:
+    """The soft RLIMIT_MEMLOCK as `ulimit -l` shows it, and whether CAP_IPC_LOCK makes it moot (root in most
+    containers). plan/budget.py's memlock_limit_bytes() already folds the capability in, so read the raw limit here."""
+    import resource
+    from ..plan.budget import has_ipc_lock_capability
+    soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    capable = has_ipc_lock_capability()
+    unlimited = soft == resource.RLIM_INFINITY
+    details = {"soft_limit_bytes": None if unlimited else soft,
+               "hard_limit_bytes": None if hard == resource.RLIM_INFINITY else hard, "cap_ipc_lock": capable}
+    if unlimited:
         return CheckResult("memlock", OK, "unlimited (ulimit -l)", details)
-    if limit >= MIN_MEMLOCK_BYTES:
-        return CheckResult("memlock", OK, f"{fmt_bytes(limit)} (ulimit -l)", details)
-    fix = ("raise it: `ulimit -l unlimited` in the launching shell, '* - memlock unlimited' in "
-           "/etc/security/limits.conf, or `docker run --ulimit memlock=-1`")
+    if soft >= MIN_MEMLOCK_BYTES:
+        return CheckResult("memlock", OK, f"{fmt_bytes(soft)} (ulimit -l)", details)
     if capable:
-        return CheckResult("memlock", WARN, f"{fmt_bytes(limit)} (ulimit -l); this process has CAP_IPC_LOCK so "
-                           f"locking still works, but \"auto\" host budgets are capped at the limit; {fix}", details)
-    return CheckResult("memlock", WARN, f"{fmt_bytes(limit)} (ulimit -l) is below {fmt_bytes(MIN_MEMLOCK_BYTES)}: "
-                       f"pinned buffers beyond it cannot be locked; {fix}", details)
+        return CheckResult("memlock", OK, f"{fmt_bytes(soft)} (ulimit -l), but this process has CAP_IPC_LOCK, so "
+                           "the limit does not apply (a run without that capability would be held to it)", details)
+    return CheckResult("memlock", WARN, f"{fmt_bytes(soft)} (ulimit -l) is below {fmt_bytes(MIN_MEMLOCK_BYTES)}: "
+                       "pinned buffers beyond it cannot be locked and \"auto\" host budgets are capped at it; raise "
+                       "it: `ulimit -l unlimited` in the launching shell, '* - memlock unlimited' in "
+                       "/etc/security/limits.conf, or `docker run --ulimit memlock=-1`", details)
 
 
 def describe_host() -> Dict[str, Any]:
@@ -632,7 +624,8 @@ def check_budgets(config: Optional[Dict[str, Any]], device_free_bytes: int) -> C
     budgets = resolve_budgets(parsed, machine)
     details = dataclasses.asdict(budgets)
     details.update(machine=dataclasses.asdict(machine), origin=origin, enabled=parsed.enabled)
-    memlock = ("unlimited" if machine.memlock_limit_bytes == UNLIMITED else fmt_bytes(machine.memlock_limit_bytes))
+    memlock = ("unlimited for this process" if machine.memlock_limit_bytes == UNLIMITED
+               else fmt_bytes(machine.memlock_limit_bytes))
     text = (f"host_cache_bytes={budgets.host_cache_bytes} ({fmt_bytes(budgets.host_cache_bytes)}, "
             f"{budgets.host_source}), device_cache_bytes={budgets.device_cache_bytes} "
             f"({fmt_bytes(budgets.device_cache_bytes)}, {budgets.device_source}) from {origin}; host available "

@@ -1,0 +1,57 @@
+"""Runs scripts/train.py (the real user script: real DeepSpeed engine on the CPU accelerator, real swap files)
+in a fresh process per training run, and reads its result JSON."""
+import json
+import os
+import subprocess
+import sys
+import uuid
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TRAIN = os.path.join(REPO, "scripts", "train.py")
+
+
+class TrainRun:
+    def __init__(self, result, output, returncode):
+        self.result, self.output, self.returncode = result, output, returncode
+
+    @property
+    def loss_bits(self):
+        return [step["loss_bits"] for step in self.result["steps"]]
+
+    @property
+    def last_stats(self):
+        return self.result["steps"][-1]["stats"]
+
+
+@pytest.fixture
+def train(tmp_path):
+    """train(config="stock-nvme.json", block=None | dict, launcher="python" | "deepspeed", **options)."""
+
+    def run(config="stock-nvme.json", block=None, launcher="python", expect_failure=False, **options):
+        name = uuid.uuid4().hex[:8]
+        result_file = tmp_path / f"{name}.json"
+        args = ["--deepspeed_config", os.path.join(REPO, "configs", config),
+                "--nvme-path", options.pop("nvme_path", str(tmp_path / f"nvme-{name}")),
+                "--tencache-block", "none" if block is None else json.dumps(block),
+                "--result-file", str(result_file)]
+        options.setdefault("model", "gpt2-tiny")
+        options.setdefault("steps", 3)
+        for key, value in options.items():
+            args += [f"--{key.replace('_', '-')}", str(value)]
+        if launcher == "deepspeed":
+            command = ["deepspeed", "--num_gpus", "1", "--master_port", str(29700 + os.getpid() % 200), TRAIN] + args
+        else:
+            command = [sys.executable, TRAIN] + args
+        env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        proc = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+        output = proc.stdout + proc.stderr
+        if expect_failure:
+            assert proc.returncode != 0, output[-3000:]
+            return TrainRun(None, output, proc.returncode)
+        assert proc.returncode == 0, output[-5000:]
+        with open(result_file) as handle:
+            return TrainRun(json.load(handle), output, proc.returncode)
+
+    return run
