@@ -1,0 +1,507 @@
+#!/usr/bin/env python
+"""Train a decoder-only Hugging Face model with DeepSpeed ZeRO-3 on synthetic tokens and record what happened.
+
+A plain DeepSpeed training script, used by hand and by the comparison harness (stock DeepSpeed against the
+tencache_ds plugin). Runs are deterministic: the same arguments give the same weights, batches and losses, so two
+result files can be compared bit for bit.
+
+    deepspeed --num_gpus 1 scripts/train.py --deepspeed_config configs/stock-nvme.json --model gpt2-tiny --steps 3
+    python scripts/train.py --deepspeed_config configs/tencache-auto.json --model gpt2-tiny --result-file out.json
+    python scripts/train.py --list-models          # parameter counts of configs/models/*.json (meta device)
+
+Flow: parse args -> load ds_config and apply CLI overrides -> seed -> build the model (--init zero|hf|convert)
+-> deepspeed.initialize -> per optimizer step: grad_accum micro steps of forward/backward/step, record loss (and
+its fp32 bit pattern), time, peak RSS, /proc/self/io deltas and tencache_ds.stats(engine) -> gather the fp32 master
+weights (SHA-256, optionally saved) -> write the result JSON on rank 0. See scripts/README.md.
+"""
+import argparse
+import contextlib
+import copy
+import hashlib
+import json
+import os
+import resource
+import socket
+import sys
+import time
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODELS_DIR = os.path.join(REPO_ROOT, "configs", "models")
+if REPO_ROOT not in sys.path:  # so `import tencache_ds` works from a checkout without `pip install -e .`
+    sys.path.insert(0, REPO_ROOT)
+
+import torch  # noqa: E402
+import deepspeed  # noqa: E402
+import tencache_ds  # noqa: E402,F401  (activates itself from the "tencache" block of the ds_config)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Command line
+# ----------------------------------------------------------------------------------------------------------------
+def parse_args(argv=None):
+    """The command line (also accepts the --local_rank the DeepSpeed launcher appends)."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--deepspeed_config", "--deepspeed-config", dest="ds_config_path",
+                   help="ds_config JSON file (e.g. configs/stock-nvme.json)")
+    p.add_argument("--model", default="gpt2-tiny", help="name in configs/models/ or a path to a HF config JSON")
+    p.add_argument("--steps", type=int, default=6, help="optimizer steps")
+    p.add_argument("--micro-batch", type=int, default=None, help="train_micro_batch_size_per_gpu (default: config)")
+    p.add_argument("--grad-accum", type=int, default=None, help="gradient_accumulation_steps (default: config)")
+    p.add_argument("--seq-len", type=int, default=64)
+    p.add_argument("--dtype", choices=["bf16", "fp32"], default=None, help="default: what the ds_config says")
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--nvme-path", default=None, help="replaces nvme_path in offload_param/offload_optimizer")
+    p.add_argument("--init", choices=["zero", "hf", "convert"], default="zero",
+                   help="zero: under deepspeed.zero.Init; hf: HfDeepSpeedConfig + from_config; "
+                   "convert: plain model converted by deepspeed.initialize")
+    p.add_argument("--tencache-block", default=None,
+                   help='JSON for the top-level "tencache" key, or "none" to remove it')
+    p.add_argument("--result-file", default=None, help="write the result JSON here (rank 0)")
+    p.add_argument("--save-weights", action="store_true", help="also torch.save fp32 weights to RESULT.weights.pt")
+    p.add_argument("--weights-gather", choices=["public", "grouped", "none"], default="public",
+                   help="how to read the fp32 master weights at the end (see gather_fp32_weights); none: no hash")
+    p.add_argument("--label", default=None, help="free-form label stored in the result (default: config name)")
+    p.add_argument("--list-models", action="store_true", help="print a table of configs/models/* and exit")
+    p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if not args.list_models and not args.ds_config_path:
+        p.error("--deepspeed_config is required")
+    if args.save_weights and not args.result_file:
+        p.error("--save-weights needs --result-file")
+    if args.save_weights and args.weights_gather == "none":
+        p.error("--save-weights needs --weights-gather public|grouped")
+    return args
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Distributed environment
+# ----------------------------------------------------------------------------------------------------------------
+def free_port():
+    """A TCP port nobody listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ensure_dist_env(local_rank=None):
+    """Defaults for a plain `python scripts/train.py` run (one process); the launcher sets these itself."""
+    os.environ.setdefault("RANK", "0")
+    os.environ.setdefault("LOCAL_RANK", str(local_rank if local_rank is not None else 0))
+    os.environ.setdefault("WORLD_SIZE", "1")
+    os.environ.setdefault("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"])
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(free_port()))
+
+
+def rank():
+    return int(os.environ.get("RANK", "0"))
+
+
+def world_size():
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def log0(msg):
+    if rank() == 0:
+        print(msg, flush=True)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Configs
+# ----------------------------------------------------------------------------------------------------------------
+def load_ds_config(path, args):
+    """The ds_config dict with the CLI overrides applied. Only keys DeepSpeed knows go into its own sections."""
+    with open(path) as fh:
+        cfg = json.load(fh)
+    micro = args.micro_batch if args.micro_batch is not None else cfg.get("train_micro_batch_size_per_gpu", 1)
+    ga = args.grad_accum if args.grad_accum is not None else cfg.get("gradient_accumulation_steps", 1)
+    cfg["train_micro_batch_size_per_gpu"] = micro
+    cfg["gradient_accumulation_steps"] = ga
+    cfg["train_batch_size"] = micro * ga * world_size()
+    if args.dtype == "bf16":
+        cfg["bf16"] = {"enabled": True}
+        cfg.pop("fp16", None)
+    elif args.dtype == "fp32":
+        cfg.pop("bf16", None)
+        cfg.pop("fp16", None)
+    if args.nvme_path:
+        zero = cfg.get("zero_optimization", {})
+        for section in ("offload_param", "offload_optimizer"):
+            block = zero.get(section)
+            if isinstance(block, dict) and (block.get("device") == "nvme" or "nvme_path" in block):
+                block["nvme_path"] = args.nvme_path
+    if args.tencache_block is not None:
+        if args.tencache_block.strip().lower() == "none":
+            cfg.pop("tencache", None)
+        else:
+            cfg["tencache"] = json.loads(args.tencache_block)
+    return cfg
+
+
+def load_model_config(name):
+    """A transformers config from configs/models/<name>.json (or a JSON path). Returns (name, config)."""
+    path = name if name.endswith(".json") and os.path.exists(name) else os.path.join(MODELS_DIR, name + ".json")
+    if not os.path.exists(path):
+        known = sorted(f[:-5] for f in os.listdir(MODELS_DIR) if f.endswith(".json"))
+        raise SystemExit(f"unknown model {name!r}; known: {', '.join(known)}")
+    with open(path) as fh:
+        d = json.load(fh)
+    from transformers import AutoConfig
+    return os.path.basename(path)[:-5], AutoConfig.for_model(**d)
+
+
+def max_positions(cfg):
+    """The longest sequence the model's position table allows (None: unbounded, e.g. ALiBi/RoPE)."""
+    for key in ("n_positions", "max_position_embeddings"):
+        if getattr(cfg, key, None):
+            return getattr(cfg, key)
+    return None
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Model
+# ----------------------------------------------------------------------------------------------------------------
+def seed_everything(seed):
+    """Seed python, numpy and torch before the model is built so weights are identical between runs."""
+    from deepspeed.runtime.utils import set_random_seed
+    set_random_seed(seed)
+    torch.manual_seed(seed)
+
+
+def build_model(mode, model_cfg, ds_config):
+    """The model, built one of three ways. Returns (model, keepalive); keep `keepalive` until training ends
+    (HfDeepSpeedConfig is held by a weak reference inside transformers)."""
+    from transformers import AutoModelForCausalLM
+    preimport_model_code(model_cfg)
+    if mode == "zero":
+        with contextlib.ExitStack() as stack:
+            for ctx in hf_zero3_build_contexts():
+                stack.enter_context(ctx)
+            stack.enter_context(deepspeed.zero.Init(config_dict_or_path=ds_config))
+            model = AutoModelForCausalLM.from_config(model_cfg)
+        hf_init_weights_zero3(model)
+        return model, None
+    if mode == "hf":
+        from transformers.integrations import HfDeepSpeedConfig
+        keepalive = HfDeepSpeedConfig(ds_config)  # makes from_config build under zero.Init itself
+        return AutoModelForCausalLM.from_config(model_cfg), keepalive
+    if mode == "convert":
+        return AutoModelForCausalLM.from_config(model_cfg), None  # deepspeed.initialize partitions it
+    raise ValueError(mode)
+
+
+def preimport_model_code(model_cfg):
+    """Import the model's modeling module (and torch._dynamo) before zero.Init is entered. transformers imports
+    modeling code lazily; importing torch._dynamo while zero.Init has patched tensor construction fails with
+    "TypeError: Signature mismatch between ...new_tensor and tensor_pynew"."""
+    import torch._dynamo  # noqa: F401
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+    return MODEL_FOR_CAUSAL_LM_MAPPING[type(model_cfg)]
+
+
+def hf_zero3_build_contexts():
+    """The contexts transformers itself wraps around zero.Init (--init hf), for use around ours (--init zero):
+    skip weight init while params are empty partitions (OPT's padding_idx init would index an empty tensor), and
+    keep torch.arange (RoPE inv_freq buffers) out of zero.Init's cast to bf16."""
+    contexts = []
+    try:
+        from transformers.initialization import no_init_weights
+        contexts.append(no_init_weights())
+    except ImportError:  # transformers < 5
+        from transformers.modeling_utils import no_init_weights
+        contexts.append(no_init_weights())
+    try:
+        from transformers.integrations.deepspeed import prevent_arange_dtype_change
+        contexts.append(prevent_arange_dtype_change())
+    except ImportError:
+        pass
+    return contexts
+
+
+def hf_init_weights_zero3(model):
+    """Apply the model's own (Hugging Face) weight init to a model built under our zero.Init, as transformers does
+    after its own zero.Init: gather each module's params (written back to their partition / NVMe afterwards) and
+    run the init on rank 0."""
+    try:
+        from transformers.integrations.deepspeed import initialize_weights_zero3  # transformers >= 5
+    except ImportError:
+        initialize_weights_zero3 = None
+    if initialize_weights_zero3 is not None:
+        initialize_weights_zero3(model)
+    else:
+        with torch.no_grad(), deepspeed.zero.GatheredParameters(list(model.parameters()), modifier_rank=0):
+            if rank() == 0:
+                model.init_weights()
+    model.tie_weights()
+
+
+def count_params(model):
+    """Parameter count; under ZeRO-3 the partitioned params carry their full size in ds_numel."""
+    return sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Measurements
+# ----------------------------------------------------------------------------------------------------------------
+def read_proc_io():
+    """read_bytes/write_bytes of this process (all threads, storage layer, O_DIRECT included)."""
+    out = {}
+    try:
+        with open("/proc/self/io") as fh:
+            for line in fh:
+                key, _, value = line.partition(":")
+                out[key.strip()] = int(value)
+    except OSError:
+        pass
+    return {"read_bytes": out.get("read_bytes", 0), "write_bytes": out.get("write_bytes", 0)}
+
+
+def peak_rss_bytes():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # ru_maxrss is KiB on Linux
+
+
+def loss_bits(loss):
+    """The exact fp32 bit pattern of a loss as '0x%08x'."""
+    bits = torch.tensor(loss, dtype=torch.float32).view(torch.int32).item() & 0xFFFFFFFF
+    return f"0x{bits:08x}"
+
+
+def plugin_stats(engine):
+    """tencache_ds.stats(engine) if the plugin has that API (a flat dict), else None."""
+    fn = getattr(tencache_ds, "stats", None)
+    if fn is None:
+        return None
+    try:
+        return fn(engine)
+    except Exception as err:  # the run's losses are still valid; record the failure instead of dying
+        return {"stats_error": f"{type(err).__name__}: {err}"}
+
+
+def nvme_usage(ds_config):
+    """Swap files DeepSpeed/tencache left under each nvme_path: {path: {"files": n, "bytes": b}}."""
+    paths = set()
+    for section in ("offload_param", "offload_optimizer"):
+        block = ds_config.get("zero_optimization", {}).get(section) or {}
+        if block.get("device") == "nvme" and block.get("nvme_path"):
+            paths.add(block["nvme_path"])
+    usage = {}
+    for root in sorted(paths):
+        files = total = 0
+        for dirpath, _, names in os.walk(root):
+            for n in names:
+                try:
+                    total += os.path.getsize(os.path.join(dirpath, n))
+                    files += 1
+                except OSError:
+                    pass
+        usage[root] = {"files": files, "bytes": total}
+    return usage
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Training
+# ----------------------------------------------------------------------------------------------------------------
+def synthetic_batches(vocab, micro, seq_len, seed):
+    """An endless stream of (micro, seq_len) token batches from a generator seeded with `seed`."""
+    g = torch.Generator().manual_seed(seed)
+    while True:
+        yield torch.randint(0, vocab, (micro, seq_len), generator=g)
+
+
+def train_step(engine, batches, grad_accum):
+    """One optimizer step = grad_accum micro steps. Returns the mean fp32 loss (over micro steps and ranks)."""
+    losses = []
+    for _ in range(grad_accum):
+        x = next(batches).to(engine.device)
+        loss = engine(input_ids=x, labels=x).loss
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.detach().float().cpu())
+    mean = torch.stack(losses).mean()
+    if world_size() > 1:  # the loss over all ranks' batches (identity for one rank)
+        mean = mean.to(engine.device)
+        deepspeed.comm.all_reduce(mean)
+        mean = (mean / world_size()).cpu()
+    return mean
+
+
+def run_steps(engine, batches, steps, grad_accum):
+    """The training loop with per-step measurements."""
+    records = []
+    for step in range(steps):
+        io0 = read_proc_io()
+        t0 = time.perf_counter()
+        loss = train_step(engine, batches, grad_accum)
+        elapsed = time.perf_counter() - t0
+        io1 = read_proc_io()
+        value = loss.item()
+        records.append({
+            "step": step,
+            "loss": value,
+            "loss_bits": loss_bits(value),
+            "time_s": elapsed,
+            "peak_rss_bytes": peak_rss_bytes(),
+            "io_read_bytes": io1["read_bytes"] - io0["read_bytes"],
+            "io_write_bytes": io1["write_bytes"] - io0["write_bytes"],
+            "stats": plugin_stats(engine),
+        })
+        log0(f"step {step} loss {value:.4f} time {elapsed:.2f}s")
+    return records
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Weights
+# ----------------------------------------------------------------------------------------------------------------
+def gather_fp32_weights(engine, how="public"):
+    """{name: full fp32 master weight on CPU}, in name order. Collective: every rank must call it.
+
+    how="public": deepspeed.utils.safe_get_full_fp32_param(p) per parameter, DeepSpeed's public API. With an
+      NVMe-offloaded optimizer every call swaps in (and releases) the parameter's whole optimizer sub-group, so the
+      cost is (number of params) x (sub-group bytes): ~6 s for gpt2-tiny, ~2 min for gpt2-small.
+    how="grouped": the same reads, hoisted: each optimizer sub-group is swapped in once (through the ZeRO-3
+      optimizer's own swap-in/release methods, i.e. through whatever optimizer swapper is installed) and all its
+      params are read from it. Same result; falls back to "public" when the optimizer lacks those methods."""
+    named = sorted(engine.module.named_parameters(), key=lambda kv: kv[0])
+    if how == "grouped" and _has_grouped_fp32_access(engine.optimizer):
+        weights = _gather_fp32_grouped(engine.optimizer, named)
+    else:
+        from deepspeed.utils import safe_get_full_fp32_param
+        weights = {}
+        for name, p in named:
+            full = safe_get_full_fp32_param(p)
+            weights[name] = (p.detach() if full is None else full).detach().float().cpu().contiguous()
+    return {name: weights[name] for name, _ in named}
+
+
+_GROUPED_ATTRS = ("grad_position", "get_param_id", "fp32_partitioned_groups_flat", "_swappable_optimizer_subgroup",
+                  "_optimizer_states_and_gradient_swap_in", "_release_swap_buffers", "_fp32_state_allgather")
+
+
+def _has_grouped_fp32_access(optimizer):
+    return all(hasattr(optimizer, a) for a in _GROUPED_ATTRS)
+
+
+def _gather_fp32_grouped(opt, named):
+    """One swap-in per optimizer sub-group (what DeepSpeedZeroOptimizer_Stage3.get_full_hp_param does per param)."""
+    by_group = {}
+    for name, p in named:
+        group_idx, offset, numel = opt.grad_position[opt.get_param_id(p)]
+        by_group.setdefault(group_idx, []).append((name, p, offset, numel))
+    weights = {}
+    for group_idx in sorted(by_group):
+        swapped = opt._swappable_optimizer_subgroup(group_idx)
+        if swapped:
+            opt._optimizer_states_and_gradient_swap_in(group_idx)
+        flat = opt.fp32_partitioned_groups_flat[group_idx]
+        for name, p, offset, numel in by_group[group_idx]:
+            weights[name] = opt._fp32_state_allgather(p, flat.narrow(0, offset, numel)).float().cpu().clone()
+        if swapped:
+            opt._release_swap_buffers(group_idx)
+    return weights
+
+
+def weights_sha256(weights):
+    """SHA-256 over the raw bytes of each tensor, concatenated in name order."""
+    h = hashlib.sha256()
+    for name in sorted(weights):
+        h.update(weights[name].numpy().tobytes())
+    return h.hexdigest()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Model table (--list-models)
+# ----------------------------------------------------------------------------------------------------------------
+def list_models():
+    """Print a markdown table of configs/models/*.json with parameter counts computed on the meta device."""
+    from transformers import AutoModelForCausalLM
+    print("| model | model_type | parameters | layers | hidden | heads | vocab | largest tensor | smallest matrix |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for fname in sorted(os.listdir(MODELS_DIR)):
+        if not fname.endswith(".json"):
+            continue
+        name, cfg = load_model_config(fname[:-5])
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(cfg)
+        params = list(model.parameters())  # tied weights counted once
+        n = sum(p.numel() for p in params)
+        largest = max(p.numel() for p in params)
+        smallest = min(p.numel() for p in params if p.dim() == 2)
+        human = f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.1f} M"
+        print(f"| {name} | {cfg.model_type} | {n:,} ({human}) | {cfg.num_hidden_layers} | {cfg.hidden_size} | "
+              f"{cfg.num_attention_heads} | {cfg.vocab_size:,} | {largest:,} | {smallest:,} |")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Main
+# ----------------------------------------------------------------------------------------------------------------
+def write_result(path, result):
+    tmp = path + ".tmp"
+    with open(tmp, "w") as fh:
+        json.dump(result, fh, indent=1)
+    os.replace(tmp, path)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.list_models:
+        list_models()
+        return 0
+    ensure_dist_env(args.local_rank)
+    deepspeed.init_distributed()
+
+    ds_config = load_ds_config(args.ds_config_path, args)
+    recorded_config = copy.deepcopy(ds_config)  # DeepSpeed may edit the dict it is given
+    model_name, model_cfg = load_model_config(args.model)
+    limit = max_positions(model_cfg)
+    if limit is not None and args.seq_len > limit:
+        raise SystemExit(f"--seq-len {args.seq_len} exceeds {model_name}'s {limit} positions")
+
+    t_init = time.perf_counter()
+    seed_everything(args.seed)
+    model, keepalive = build_model(args.init, model_cfg, ds_config)
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config)
+    init_time = time.perf_counter() - t_init
+    num_params = count_params(engine.module)
+    log0(f"model {model_name} params {num_params:,} init {args.init} ({init_time:.1f}s) "
+         f"config {os.path.basename(args.ds_config_path)} tencache={'tencache' in ds_config}")
+
+    batches = synthetic_batches(model_cfg.vocab_size, ds_config["train_micro_batch_size_per_gpu"], args.seq_len,
+                                args.seed + rank())  # rank 0 of any world size sees the same batches
+    records = run_steps(engine, batches, args.steps, ds_config["gradient_accumulation_steps"])
+
+    sha, gather_time = None, None
+    if args.weights_gather != "none":
+        t0 = time.perf_counter()
+        weights = gather_fp32_weights(engine, args.weights_gather)
+        gather_time = time.perf_counter() - t0
+        sha = weights_sha256(weights)
+        log0(f"weights sha256 {sha} ({args.weights_gather}, {gather_time:.1f}s)")
+        if rank() == 0 and args.save_weights:
+            torch.save(weights, args.result_file + ".weights.pt")
+        del weights
+
+    if rank() == 0 and args.result_file:
+        write_result(args.result_file, {
+            "label": args.label or os.path.splitext(os.path.basename(args.ds_config_path))[0],
+            "model": model_name,
+            "num_params": num_params,
+            "init": args.init,
+            "seed": args.seed,
+            "seq_len": args.seq_len,
+            "world_size": world_size(),
+            "ds_config": recorded_config,
+            "init_time_s": init_time,
+            "steps": records,
+            "weights_sha256": sha,
+            "weights_gather": args.weights_gather,
+            "weights_gather_time_s": gather_time,
+            "nvme_usage": nvme_usage(recorded_config),
+            "torch_version": torch.__version__,
+            "deepspeed_version": deepspeed.__version__,
+        })
+    del keepalive
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
