@@ -24,7 +24,8 @@ ByteBudget = Union[int, Literal["auto"]]
 class TencacheConfig(BaseModel):
     """Validated "tencache" block. Every field has a default that needs no tuning."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, populate_by_name=True,
+                              use_attribute_docstrings=True)
 
     version: Literal[1] = 1
     """Version of this block's schema; saved profiles record it."""
@@ -33,18 +34,21 @@ class TencacheConfig(BaseModel):
     """Replace DeepSpeed's NVMe swappers with tencache's. True when the block is present; false runs stock DeepSpeed."""
 
     host_cache_bytes: ByteBudget = AUTO
-    """Pinned host memory for caching offloaded tensors beyond the minimum needed to stream them. An integer or a
-    size string ("4GiB"), "auto" (sized from the machine's available memory), or 0 for pure streaming."""
+    """Host memory for caching offloaded tensors beyond the minimum needed to stream them: clean copies of parameter
+    partitions first (pinned slots: each cached byte saves a read in forward and one in backward), then the
+    optimizer's swap files (pageable). An integer or a size string ("4GiB"); "auto" = 25% of the memory available
+    at start-up, capped by the memlock limit; 0 = pure streaming (every use reads NVMe, as stock does)."""
 
     device_cache_bytes: ByteBudget = AUTO
-    """The same budget for accelerator memory. "auto" sizes it from free device memory; 0 turns the device tier off.
-    Ignored on the CPU accelerator."""
+    """The same budget for accelerator memory ("auto" = 50% of free device memory, 0 = off). Validated and reported;
+    the device tier that uses it is not built yet, so no accelerator memory is taken today."""
 
     metrics_path: Optional[str] = None
     """Where per-step metrics are appended as JSON lines (one object per optimizer step). None: no file."""
 
     profile_path: Optional[str] = None
-    """Where the execution profile (tensor sizes and access order) is saved and reused. None: kept in memory only."""
+    """Where the execution profile (partition sizes and the order of their first training step) is saved and reused
+    on the next run; a profile of another model or config is reported as stale and replaced. None: memory only."""
 
     pin_memory: Literal["best_effort", "required"] = "best_effort"
     """What to do when pages cannot be locked (memlock limit too low): "best_effort" warns once and uses unlocked
@@ -93,3 +97,21 @@ def block_from_ds_config(ds_config: Any) -> Any:
     if isinstance(ds_config, dict):
         return ds_config.get(CONFIG_KEY)
     return None
+
+
+def config_reference_markdown() -> str:
+    """docs/configuration.md, generated from the model above (tests/test_config.py keeps the file current)."""
+    lines = ["# The \"tencache\" block: configuration reference", "",
+             "Generated from `tencache_ds/config.py` by `tencache-ds config-reference > docs/configuration.md`.", "",
+             "The block sits at the top level of the DeepSpeed config, beside DeepSpeed's own sections (DeepSpeed",
+             "keeps unknown top-level keys and ignores them; it rejects extra keys inside its own sections). An",
+             "unknown key or an invalid value stops the run with an error that names the key.", "",
+             "```json", '"tencache": {"enabled": true, "host_cache_bytes": "auto", "device_cache_bytes": "auto"}',
+             "```", "", "| key | type | default | meaning |", "| --- | --- | --- | --- |"]
+    for name, field in TencacheConfig.model_fields.items():
+        annotation = str(field.annotation).replace("typing.", "").replace("<class '", "").replace("'>", "")
+        description = " ".join((field.description or "").split())
+        lines.append(f"| `{name}` | `{annotation}` | `{field.default!r}` | {description} |")
+    lines += ["", "Byte sizes accept integers (`1073741824`), floats that are whole numbers (`1e9`) and strings with "
+              "units (`\"512MiB\"`, `\"1.5GB\"`).", ""]
+    return "\n".join(lines)

@@ -68,3 +68,12 @@ def test_auto_budgets_follow_the_machine():
     assert resolve_budgets(TencacheConfig(), limited, stream_min_bytes=256 << 20).host_cache_bytes == 768 << 20
     explicit = resolve_budgets(TencacheConfig(host_cache_bytes=0, device_cache_bytes=0), machine)
     assert (explicit.host_cache_bytes, explicit.device_cache_bytes, explicit.host_source) == (0, 0, "config")
+
+
+def test_configuration_reference_is_current():
+    import os
+    from tencache_ds.config import config_reference_markdown
+    path = os.path.join(os.path.dirname(__file__), "..", "docs", "configuration.md")
+    with open(path) as handle:
+        assert handle.read() == config_reference_markdown(), \
+            "docs/configuration.md is stale: tencache-ds config-reference > docs/configuration.md"

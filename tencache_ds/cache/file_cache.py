@@ -22,6 +22,8 @@ from typing import Callable, Optional, Tuple
 import torch
 
 from ..io.direct_io import DirectFileIO
+from ..plan.next_use import NextUseIndex, choose_victim
+from ..profile.recorder import StepRecorder
 from .host_budget import HostBudget
 
 
@@ -55,11 +57,16 @@ class FileCache:
         self._files: "collections.OrderedDict[str, CachedFile]" = collections.OrderedDict()
         self._lock = threading.RLock()
         self.hits = self.misses = self.evictions = self.writes_avoided = 0  # COUNT
+        # Reads repeat in the same order every step (sub-group 0, 1, ...): a cyclic scan, where least recently
+        # used is the worst choice; once the order is known, evict the file needed farthest ahead (Belady).
+        self.recorder = StepRecorder()
+        self.next_use: Optional[NextUseIndex] = None
 
     def read(self, path: str, dest: torch.Tensor) -> bool:
         """Copy the first bytes of ``path`` into ``dest`` if held (True), else False (caller reads storage)."""
         nbytes = dest.numel() * dest.element_size()
         with self._lock:
+            self.recorder.touch(path)
             entry = self._files.get(path)
             if entry is not None and not entry.dirty and entry.write is not None and entry.write.done():
                 entry.write.result()  # surface a failed write-through instead of serving bytes storage lacks
@@ -126,7 +133,8 @@ class FileCache:
         while not self._budget.try_reserve(nbytes):
             if not self._files:
                 return False  # the rest of the budget is held by others (the parameter cache)
-            path, entry = next(iter(self._files.items()))
+            path = choose_victim(list(self._files), self.next_use, self.recorder.position)
+            entry = self._files[path]
             self._flush(path, entry)
             self._drop(path)
             self.evictions += 1

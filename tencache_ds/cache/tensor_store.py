@@ -29,6 +29,8 @@ import torch
 
 from ..io.direct_io import DirectFileIO
 from ..memory.pool import BufferPool, HostBuffer
+from ..profile.recorder import StepRecorder
+from ..plan.next_use import NextUseIndex, choose_victim
 from ..plan.size_classes import (cache_slot_counts, class_bytes, merge_close_classes, size_histogram,
                                  streaming_slot_counts)
 
@@ -83,6 +85,10 @@ class TensorStore:
         self._cache_budget_left = cache_budget_bytes
         self.cache_bytes_reserved = 0  # SUM: arena bytes planned for cached copies beyond streaming
         self.caching = cache_budget_bytes > 0
+        # Which cached copy to give up: farthest next use in the profiled order (Belady) once it is known,
+        # least recently used before that.
+        self.recorder = StepRecorder()
+        self.next_use: Optional[NextUseIndex] = None
         self._lock = threading.RLock()
         # COUNT stats, protected by _lock
         self.cache_hits = 0
@@ -101,6 +107,11 @@ class TensorStore:
                 self._records[key] = record
                 self._unplanned_nbytes.append(self.swap_nbytes(numel))
             return record
+
+    def numels(self) -> List[tuple]:
+        """(key, numel) of every registered tensor, sorted: what a profile of this store is recorded for."""
+        with self._lock:
+            return sorted((key, record.numel) for key, record in self._records.items())
 
     def swap_nbytes(self, numel: int) -> int:
         return self._aligned_numel(numel) * self.element_size
@@ -153,6 +164,7 @@ class TensorStore:
         with self._lock:
             record = self._records[key]
             assert not record.in_use and record.read is None, f"tensor {key} is already resident or in flight"
+            self.recorder.touch(key)
             if record.buffer is not None:
                 self.cache_hits += 1
                 self._cached.pop(key, None)
@@ -272,7 +284,8 @@ class TensorStore:
         if not fitting:
             return False
         smallest = min(r.buffer.capacity_bytes for r in fitting)
-        victim = next(r for r in fitting if r.buffer.capacity_bytes == smallest)  # LRU among best-fitting
+        best_fitting = [r.key for r in fitting if r.buffer.capacity_bytes == smallest]  # in LRU order
+        victim = self._records[choose_victim(best_fitting, self.next_use, self.recorder.position)]
         del self._cached[victim.key]
         self._wait_write(victim)
         self._drop_buffer(victim)

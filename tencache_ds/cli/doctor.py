@@ -37,7 +37,7 @@ FORCE_NO_AIO_ENV = "TENCACHE_DOCTOR_FORCE_NO_AIO"
 MISSING_COMPILER = "/nonexistent/tencache-doctor-forced-no-aio/cc"
 
 MIN_MEMLOCK_BYTES = 1 << 30        # 1 GiB: below this, stock DeepSpeed's default pinned pools already do not fit
-MIN_NVME_FREE_BYTES = 10 << 30     # 10 GiB: a 1B-parameter model's fp32 masters + Adam moments are 12 GB
+MIN_NVME_FREE_BYTES = 10 << 30     # 10 GiB: less than a 1B-parameter model swaps (fp32 masters + Adam: 12 GB)
 BANDWIDTH_FILE_BYTES = 256 << 20   # large enough to leave the drive's write cache, small enough to take < 1 s on NVMe
 BANDWIDTH_CHUNK_BYTES = 32 << 20   # one aio request; also the most locked memory the measurement takes
 BANDWIDTH_DEADLINE_S = 4.0         # per direction; on a slow disk we report what was done by then
@@ -110,7 +110,8 @@ def _probe_main(argv: Sequence[str]) -> None:
     except Exception as err:
         _emit(aio_loaded=False, aio_load_error=f"{type(err).__name__}: {err}")
         return
-    _emit(aio_loaded=True, aio_module=getattr(module, "__file__", str(module)), aio_load_s=time.perf_counter() - started)
+    _emit(aio_loaded=True, aio_module=getattr(module, "__file__", str(module)),
+          aio_load_s=time.perf_counter() - started)
     if bandwidth_dir and bandwidth_bytes > 0:
         try:
             _emit(bandwidth=_aio_bandwidth(torch, module, bandwidth_dir, bandwidth_bytes))
@@ -139,7 +140,8 @@ def _aio_bandwidth(torch, module, directory: str, total_bytes: int) -> Dict[str,
         for index in range(num_chunks):
             buffer.fill_(index % 251)
             if handle.sync_pwrite(buffer, path, index * chunk_bytes) < 0:
-                raise OSError(f"aio write of {fmt_bytes(chunk_bytes)} at offset {index * chunk_bytes} to {path} failed")
+                raise OSError(f"aio write of {fmt_bytes(chunk_bytes)} at offset {index * chunk_bytes} to {path} "
+                              "failed")
             written += 1
             if time.perf_counter() - started > BANDWIDTH_DEADLINE_S:
                 break
@@ -148,7 +150,8 @@ def _aio_bandwidth(torch, module, directory: str, total_bytes: int) -> Dict[str,
         read = 0
         for index in range(written):
             if handle.sync_pread(buffer, path, index * chunk_bytes) < 0:
-                raise OSError(f"aio read of {fmt_bytes(chunk_bytes)} at offset {index * chunk_bytes} from {path} failed")
+                raise OSError(f"aio read of {fmt_bytes(chunk_bytes)} at offset {index * chunk_bytes} from {path} "
+                              "failed")
             if int(buffer[0]) != index % 251 or int(buffer[-1]) != index % 251:
                 raise OSError(f"read-back of chunk {index} of {path} returned other bytes than were written")
             read += 1
@@ -187,6 +190,7 @@ class Probe:
             argv += ["--bandwidth-dir", bandwidth_dir, "--bandwidth-bytes", str(bandwidth_bytes)]
         code = "import sys; from tencache_ds.cli.doctor import _probe_main; _probe_main(sys.argv[1:])"
         self.timeout_s = timeout_s
+        self._bandwidth_dir = bandwidth_dir
         self.started = time.perf_counter()
         self._process = subprocess.Popen([sys.executable, "-c", code, *argv], env=env, stdout=subprocess.PIPE,
                                          stderr=subprocess.STDOUT, text=True, start_new_session=True)
@@ -196,7 +200,7 @@ class Probe:
         """What the probe reported, plus "returncode", "timed_out", "output_tail" and "elapsed_s"."""
         if self._facts is not None:
             return self._facts
-        remaining_s = max(1.0, self.timeout_s - (time.perf_counter() - self.started))
+        remaining_s = max(0.1, self.timeout_s - (time.perf_counter() - self.started))
         timed_out = False
         try:
             output, _ = self._process.communicate(timeout=remaining_s)
@@ -205,6 +209,9 @@ class Probe:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self._process.pid, 9)
             output, _ = self._process.communicate()
+        if self._bandwidth_dir:  # the probe removes its file itself, unless it was killed or crashed mid-way
+            with contextlib.suppress(OSError):
+                os.remove(os.path.join(self._bandwidth_dir, f"tencache-doctor-{self._process.pid}.bin"))
         facts: Dict[str, Any] = {}
         other_lines = []
         for line in (output or "").splitlines():
@@ -221,7 +228,7 @@ class Probe:
     def crash_text(self) -> str:
         facts = self.facts()
         if facts["timed_out"]:
-            return f"the probe process did not finish in {self.timeout_s:.0f} s"
+            return f"the probe process did not finish in {self.timeout_s:g} s"
         code = facts["returncode"]
         how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
         tail = facts["output_tail"].strip().splitlines()
@@ -236,12 +243,14 @@ def check_versions(probe: Probe) -> CheckResult:
     python = platform.python_version()
     if "versions" not in facts:
         reason = facts.get("import_error") or probe.crash_text()
-        return CheckResult("versions", FAIL, f"cannot import torch/deepspeed: {reason}", {"python": python})
+        return CheckResult("versions", FAIL, f"could not read the torch/deepspeed versions: {reason}",
+                           {"python": python})
     versions = dict(facts["versions"], python=python)
     text = f"python {python}, torch {versions['torch']}, deepspeed {versions['deepspeed']}"
     if versions["deepspeed"] != EXPECTED_DEEPSPEED_VERSION:
         return CheckResult("versions", WARN, f"{text}; tencache_ds is written against deepspeed "
-                           f"{EXPECTED_DEEPSPEED_VERSION} (pip install deepspeed=={EXPECTED_DEEPSPEED_VERSION})", versions)
+                           f"{EXPECTED_DEEPSPEED_VERSION} (pip install deepspeed=={EXPECTED_DEEPSPEED_VERSION})",
+                           versions)
     return CheckResult("versions", OK, text, versions)
 
 
@@ -262,8 +271,11 @@ def check_async_io(probe: Probe) -> CheckResult:
     details = {key: facts.get(key) for key in ("aio_compatible", "aio_loaded", "aio_module", "aio_load_error",
                                                "aio_compatible_s", "aio_load_s")}
     details["forced_missing"] = probe.forced_no_aio
-    if "aio_compatible" not in facts:
+    if "aio_compatible" not in facts or (facts["timed_out"] and not facts.get("aio_loaded")):
         reason = facts.get("import_error") or probe.crash_text()
+        if facts["timed_out"]:
+            reason += (" (a first JIT build of async_io takes minutes: build it once with `python -c \"from "
+                       "deepspeed.ops.op_builder import AsyncIOBuilder; AsyncIOBuilder().load()\"`, then rerun)")
         return CheckResult("async_io op", FAIL, f"could not check DeepSpeed's async_io op: {reason}{forced}", details)
     if not facts["aio_compatible"]:
         extra = f" ({facts['aio_compatible_error']})" if facts.get("aio_compatible_error") else ""
@@ -549,9 +561,9 @@ def check_nvme_path(path: str, source: str) -> NvmePathState:
     state.enough_space_for_bandwidth = usage.free > 2 * BANDWIDTH_FILE_BYTES
     if usage.free < MIN_NVME_FREE_BYTES:
         state.checks.append(CheckResult("nvme free space", WARN, f"{fmt_bytes(usage.free)} free of "
-                                        f"{fmt_bytes(usage.total)}, below {fmt_bytes(MIN_NVME_FREE_BYTES)}; swap files "
-                                        "take ~16 bytes per parameter (fp32 masters + Adam moments) plus the bf16 "
-                                        "parameters", space))
+                                        f"{fmt_bytes(usage.total)}, below {fmt_bytes(MIN_NVME_FREE_BYTES)}; NVMe offload "
+                                        "swaps ~18 bytes per parameter (fp32 masters, Adam moments and gradients, "
+                                        "bf16 parameters)", space))
     else:
         state.checks.append(CheckResult("nvme free space", OK, f"{fmt_bytes(usage.free)} free of "
                                         f"{fmt_bytes(usage.total)}", space))
@@ -666,7 +678,7 @@ def run_checks(nvme_path: Optional[str] = None, config_path: Optional[str] = Non
 
         facts = probe.facts()
         if not state.usable:
-            bandwidth = bandwidth_check(None, "the NVMe path is not writable")
+            bandwidth = bandwidth_check(None, "the NVMe path is unusable (see above)")
         elif not state.enough_space_for_bandwidth:
             bandwidth = bandwidth_check(None, f"less than {fmt_bytes(2 * BANDWIDTH_FILE_BYTES)} free")
         elif "bandwidth" in facts:

@@ -16,6 +16,15 @@ DOCTOR_HELP = "check this machine for ZeRO-Infinity with tencache_ds (like ds_re
 BENCH_HELP = "train one model under stock ZeRO-Infinity and under tencache_ds and compare them"
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows "(default: X)" unless the default is None/False or the help already says what the default is."""
+
+    def _get_help_string(self, action):
+        if action.default in (None, False, argparse.SUPPRESS) or "default" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
 def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -49,15 +58,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tencache-ds",
         description="tencache_ds: tensor caching for DeepSpeed ZeRO-3 / ZeRO-Infinity offload.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=_HelpFormatter)
     subcommands = parser.add_subparsers(dest="command", metavar="COMMAND")
     subcommands.required = True
 
     doctor = subcommands.add_parser(
         "doctor", help=DOCTOR_HELP, description=DOCTOR_HELP + ". One OK/WARN/FAIL line per check.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=_HelpFormatter)
     doctor.add_argument("--nvme-path", default=None,
-                        help=f"folder for swap files to check (default: nvme_path of --config, else {DEFAULT_NVME_PATH})")
+                        help="folder for swap files to check (default: nvme_path of --config, else "
+                        f"{DEFAULT_NVME_PATH})")
     doctor.add_argument("--config", default=None, metavar="DS_CONFIG_JSON",
                         help="DeepSpeed config whose \"tencache\" block (and nvme_path) to check; default: the "
                         "block's defaults")
@@ -69,17 +79,18 @@ def build_parser() -> argparse.ArgumentParser:
         "block; results, logs, bench.json, bench.md and plots go to --out.",
         epilog="The training script is scripts/train.py next to the package (override with the environment "
         "variable TENCACHE_BENCH_TRAIN_SCRIPT).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=_HelpFormatter)
     bench.add_argument("--model", default="gpt2-tiny", help="name in configs/models/ (or a HF config JSON path)")
     bench.add_argument("--steps", type=_positive_int, default=6, help="optimizer steps per run, warm-up included")
-    bench.add_argument("--warmup", type=_non_negative_int, default=2, help="first steps of each run left out of medians")
+    bench.add_argument("--warmup", type=_non_negative_int, default=2,
+                       help="first steps of each run left out of medians")
     bench.add_argument("--repeats", type=_positive_int, default=1,
                        help="runs per arm, interleaved: stock, tencache, stock, tencache, ...")
     bench.add_argument("--micro-batch", type=_positive_int, default=2, help="train_micro_batch_size_per_gpu")
     bench.add_argument("--seq-len", type=_positive_int, default=64, help="tokens per sample")
     bench.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16", help="training dtype")
     bench.add_argument("--offload", choices=["nvme", "cpu"], default="nvme",
-                       help="which default config to use: configs/stock-nvme.json or configs/stock-cpu.json "
+                       help="where ZeRO offloads to: picks configs/stock-nvme.json or configs/stock-cpu.json "
                        "(ignored with --config)")
     bench.add_argument("--host-cache-bytes", type=_budget, default=None, metavar="auto|N",
                        help="tencache host_cache_bytes (default: the config's \"tencache\" block, else auto)")

@@ -25,6 +25,7 @@ from ...io.direct_io import DirectFileIO
 from ...plan.budget import MachineResources, resolve_budgets
 from ...memory.pool import BufferPool
 from .aio_adapter import AioHandleAdapter
+from .profiling import ProfiledOrder, rank_profile_path
 from .config_bridge import MIN_SWAPPABLE_BYTES, find_stage3_ds_config, io_aligned_numel, prepare_swap_folder
 from . import param_swapper, reporting
 
@@ -100,6 +101,11 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         self.io = DirectFileIO(num_threads=max(2, intra_op), name="tencache-optim-io")
         self.pool = BufferPool("optimizer", lock="off")
         self.file_cache = self._make_file_cache()
+        # The optimizer's swap files are read in the same order every step. log_timers() ends each step; the
+        # first call ends initialisation, the second the first training step.
+        self.profile = ProfiledOrder(rank_profile_path(self.config.profile_path), "optimizer",
+                                     training_step_index=1, to_file=os.path.basename,
+                                     from_file=lambda name: os.path.join(self.swap_folder, name))
         self.aio_handle = AioHandleAdapter(self.io, self.pool, self.file_cache)
         self.swap_buffer_manager = PoolSwapBufferManager(self.largest_numel, max(MIN_BUFFERS, swap_config.buffer_count),
                                                          dtype, self.pool)
@@ -107,6 +113,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
                                                    timers=timers)
         self.timers = timers
         self.timer_names = set()
+        self._profile_looked_up = False
         self._started = False  # a backward has begun: log_timers() calls from now on end training steps
         self.print_exclude_list = ["optimizer", "swap_buffer_manager", "swap_params_info", "timers", "timer_names",
                                    "aio_handle", "gradient_swapper", "print_exclude_list", "io", "pool", "config"]
@@ -142,6 +149,13 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         # DeepSpeed calls this at the end of every optimizer step (stage3 _post_step), and once after building
         # the optimizer states, before the first backward: that one is not a training step.
         super().log_timers()
+        if self.file_cache is not None:
+            if not self._profile_looked_up:  # the first call ends initialisation: every sub-group is known
+                self._profile_looked_up = True
+                self.file_cache.next_use = self.profile.load(
+                    sorted((key, info.numel()) for key, info in self.swap_params_info.items()), str(self.dtype),
+                    dist.get_world_size())
+            self.file_cache.next_use = self.profile.end_step(self.file_cache.recorder.end_step())
         if self._started:
             reporting.write_step_metrics(self.config, param_swapper.live_swappers(), self)
 
@@ -176,6 +190,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
     def stats(self) -> dict:
         counters = self.io.counters()
         stats = {f"optimizer_{key}": value for key, value in self.pool.stats().items()}
+        stats["optimizer_profile"] = self.profile.source
         if self.file_cache is not None:
             stats.update({f"optimizer_cache_{key}": value for key, value in self.file_cache.stats().items()})
         stats.update(optimizer_nvme_read_bytes=counters.read_bytes, optimizer_nvme_write_bytes=counters.write_bytes,

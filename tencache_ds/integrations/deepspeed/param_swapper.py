@@ -20,6 +20,7 @@ from ...cache.tensor_store import TensorStore
 from ...errors import TencacheConfigError
 from ...io.direct_io import DirectFileIO
 from ...plan.budget import MachineResources, resolve_budgets
+from .profiling import ProfiledOrder, rank_profile_path
 from .config_bridge import MIN_SWAPPABLE_BYTES, config_from_ds_config, io_aligned_numel, prepare_swap_folder
 
 NVME_PATH_KEY = "zero_optimization.offload_param.nvme_path"
@@ -81,6 +82,11 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
                                  aligned_numel=lambda numel: io_aligned_numel(numel, model_dtype, intra_op),
                                  slots_per_class=max(1, int(self.param_buffer_count)), lock=self.config.pin_memory,
                                  io=self.io, cache_budget_bytes=self.budgets.host_cache_bytes)
+        # Step boundaries: the fp16 write-back after each optimizer step. The first segment is initialisation
+        # (stage 3 reads every partition to build the fp32 masters), the second is the first training step.
+        self.profile = ProfiledOrder(rank_profile_path(self.config.profile_path), "params", training_step_index=1)
+        self._reads_since_write_back = False
+        self._profile_looked_up = False
         self._lock = threading.RLock()
         self._in_flight = {}  # ds_id -> param marked INFLIGHT, in issue order
 
@@ -102,7 +108,7 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
     def available_swap_in_buffers(self):
         # The coordinator issues at most this many NVMe prefetches per call: free slots, never a promise we break
         # (a read beyond it gets a fallback buffer rather than an assertion).
-        self.store.plan()
+        self._plan()
         return self.store.pool.free_slots()
 
     # -------------------------------------------------------------------------------- creation (zero.Init)
@@ -119,7 +125,8 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
     # ------------------------------------------------------------------------------------------ swap in
     def swap_in(self, params, async_op=True, swap_in_buffers=None):
         with self._lock:
-            self.store.plan()
+            self._plan()
+            self._reads_since_write_back = True
             for index, param in enumerate(params):
                 assert param.ds_tensor.status == PartitionedParamStatus.NOT_AVAILABLE, \
                     f"param {param.ds_id} is already available or in flight"
@@ -143,7 +150,8 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
         assert param.ds_tensor.status == PartitionedParamStatus.NOT_AVAILABLE, \
             f"param {param.ds_id} is already available or inflight"
         with self._lock:
-            self.store.plan()
+            self._plan()
+            self._reads_since_write_back = True
             self.store.record(param.ds_id, _numel(param))
             self.store.read_into(param.ds_id, dest_buffer.narrow(0, 0, _numel(param)))
             self._mark_on_file(param)
@@ -160,13 +168,16 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
         # Stock locks a staging copy of the largest sub-group here; we stage each partition through a slot of
         # its own size class instead, so only the sizes are kept (for stats' stock estimate).
         self.largest_partition_numels = list(partition_num_elems)
-        self.store.plan()
+        self._plan()
 
     def swap_out_partitioned_params(self, dst_fp16_params, src_fp32_params):
         if len(dst_fp16_params) != len(src_fp32_params):
             raise ValueError(f"{len(dst_fp16_params)} params for {len(src_fp32_params)} fp32 sources")
         with self._lock:
-            self.store.plan()
+            self._plan()
+            if self._reads_since_write_back:
+                self._reads_since_write_back = False
+                self.store.next_use = self.profile.end_step(self.store.recorder.end_step())
             for param, source in zip(dst_fp16_params, src_fp32_params):
                 self.store.write_from(param.ds_id, source)
                 param.ds_tensor.status = PartitionedParamStatus.NOT_AVAILABLE
@@ -186,6 +197,7 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
     def stats(self) -> dict:
         counters = self.io.counters()
         stats = {f"param_{key}": value for key, value in self.store.stats().items()}
+        stats["param_profile"] = self.profile.source
         stats.update(param_nvme_read_bytes=counters.read_bytes, param_nvme_write_bytes=counters.write_bytes,
                      host_cache_budget_bytes=self.budgets.host_cache_bytes,
                      stock_param_pinned_bytes_estimate=self.stock_pinned_bytes_estimate())
@@ -201,6 +213,13 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
         return (slots + staging) * self.swap_element_size
 
     # -------------------------------------------------------------------------------------------- private
+    def _plan(self):
+        """Reserve slots for newly seen partitions; the first time, also look for a saved profile of them."""
+        self.store.plan()
+        if not self._profile_looked_up:
+            self._profile_looked_up = True
+            self.store.next_use = self.profile.load(self.store.numels(), str(self.dtype), dist.get_world_size())
+
     def _mark_on_file(self, param):
         param.ds_tensor.data = self.invalid_buffer.data
         param.ds_tensor.status = PartitionedParamStatus.NOT_AVAILABLE

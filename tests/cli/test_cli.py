@@ -1,0 +1,280 @@
+"""The `tencache-ds` command line: help on every subcommand, the frozen option sets, `doctor` on good and broken
+environments (real checks, real probe process), `bench` argument errors, and one real `bench` run end to end."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from tencache_ds.cli import doctor
+from tencache_ds.cli.main import build_parser
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# The CLI surface. Changing it is a user-visible change: update this list, the README and the changelog together.
+FROZEN_OPTIONS = {
+    "doctor": ["--config", "--help", "--json", "--nvme-path", "-h"],
+    "bench": ["--config", "--device-cache-bytes", "--dtype", "--help", "--host-cache-bytes", "--launcher",
+              "--micro-batch", "--model", "--no-plots", "--nvme-path", "--offload", "--out", "--repeats",
+              "--seq-len", "--steps", "--warmup", "-h"],
+}
+
+
+def run_cli(*args, env_extra=None, timeout=300):
+    """`tencache-ds ARGS` as a user runs it: a fresh interpreter calling main()."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO_ROOT, env.get("PYTHONPATH")]))
+    env.update(env_extra or {})
+    return subprocess.run([sys.executable, "-c", "from tencache_ds.cli.main import main; main()", *args],
+                          cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def status_lines(stdout):
+    """{check name: (status, message)} from doctor's text output."""
+    found = {}
+    for line in stdout.splitlines():  # "STATUS  name-padded-to-16 message", as CheckResult.line() writes it
+        status, name, message = line[:4].strip(), line[6:22].strip(), line[23:]
+        if status in (doctor.OK, doctor.WARN, doctor.FAIL):
+            found[name] = (status, message)
+    return found
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Help and the frozen surface
+# ----------------------------------------------------------------------------------------------------------------
+def test_top_level_help_lists_the_subcommands():
+    result = run_cli("--help")
+    assert result.returncode == 0, result.stderr
+    assert "doctor" in result.stdout and "bench" in result.stdout
+
+
+@pytest.mark.parametrize("command", sorted(FROZEN_OPTIONS))
+def test_subcommand_help_shows_every_option(command):
+    result = run_cli(command, "--help")
+    assert result.returncode == 0, result.stderr
+    for option in FROZEN_OPTIONS[command]:
+        assert option in result.stdout, f"{option} missing from `tencache-ds {command} --help`"
+
+
+@pytest.mark.parametrize("command", sorted(FROZEN_OPTIONS))
+def test_option_sets_are_frozen(command):
+    parser = build_parser()
+    subparsers = next(action for action in parser._actions if action.dest == "command")
+    options = sorted(flag for action in subparsers.choices[command]._actions for flag in action.option_strings)
+    assert options == sorted(FROZEN_OPTIONS[command])
+
+
+def test_no_command_is_an_error_and_module_entry_point_works():
+    result = run_cli()
+    assert result.returncode == 2 and "COMMAND" in result.stderr
+    module = subprocess.run([sys.executable, "-m", "tencache_ds.cli.main", "doctor", "--help"], cwd=REPO_ROOT,
+                            capture_output=True, text=True, timeout=60)
+    assert module.returncode == 0 and "--nvme-path" in module.stdout
+
+
+def test_help_imports_neither_torch_nor_deepspeed():
+    code = ("import sys\nfrom tencache_ds.cli.main import build_parser\nbuild_parser().format_help()\n"
+            "print(sorted(m for m in ('torch', 'deepspeed') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# doctor
+# ----------------------------------------------------------------------------------------------------------------
+def test_doctor_on_a_good_folder_passes(tmp_path):
+    """Scenario: a fresh folder on a local disk, on a machine with DeepSpeed's async_io op built."""
+    # Step 1: run doctor on a folder that does not exist yet (it must be created for the checks and removed).
+    nvme = tmp_path / "nvme" / "swap"
+    result = run_cli("doctor", "--nvme-path", str(nvme))
+    lines = status_lines(result.stdout)
+    # Step 2: every check answered, none failed, and the exit code says so.
+    assert not [name for name, (status, _) in lines.items() if status == doctor.FAIL], result.stdout
+    assert result.returncode == 0, result.stdout + result.stderr
+    for name in ("versions", "accelerator", "libaio", "async_io op", "native arena", "memlock", "host", "gpus",
+                 "nvme path", "nvme writable", "nvme free space", "nvme filesystem", "nvme bandwidth", "budgets"):
+        assert name in lines, f"no {name!r} line in:\n{result.stdout}"
+    assert lines["async_io op"][0] == doctor.OK
+    assert lines["nvme writable"] == (doctor.OK, f"{nvme} is writable")
+    # Step 3: the bandwidth was measured through DeepSpeed's aio handle, and the folder is gone again.
+    assert lines["nvme bandwidth"][0] == doctor.OK and "DeepSpeed aio" in lines["nvme bandwidth"][1]
+    assert not (tmp_path / "nvme").exists()
+    assert result.stdout.splitlines()[-1].startswith("doctor: ")
+    assert "Traceback" not in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("kind", ["file_in_the_way", "under_proc", "is_a_file"])
+def test_doctor_fails_on_an_unusable_nvme_path(tmp_path, kind):
+    """Scenario: the NVMe path cannot hold swap files (as root, permissions do not stop us, so the path is made
+    unusable structurally: a file where a folder must be, a folder under /proc, or a plain file)."""
+    # Step 1: build the unusable path.
+    blocker = tmp_path / "blocker"
+    blocker.write_text("not a folder")
+    path = {"file_in_the_way": str(blocker / "swap"), "under_proc": "/proc/tencache-doctor-test/swap",
+            "is_a_file": str(blocker)}[kind]
+    # Step 2: doctor --json names the path in a FAIL entry and exits non-zero, without a traceback.
+    result = run_cli("doctor", "--nvme-path", path, "--json")
+    assert result.returncode == 1, result.stdout + result.stderr
+    checks = json.loads(result.stdout)
+    failures = [check for check in checks if check["status"] == doctor.FAIL]
+    assert [check["name"] for check in failures] == ["nvme path"]
+    assert path in failures[0]["message"]
+    assert {check["status"] for check in checks} <= {doctor.OK, doctor.WARN, doctor.FAIL}
+    assert "Traceback" not in result.stdout + result.stderr
+    # Step 3: the same in text form (once; each doctor run takes seconds): a FAIL line naming the path.
+    if kind == "file_in_the_way":
+        text = run_cli("doctor", "--nvme-path", path)
+        assert text.returncode == 1
+        assert any(line.startswith("FAIL") and path in line for line in text.stdout.splitlines()), text.stdout
+        assert "Traceback" not in text.stdout + text.stderr
+
+
+def test_doctor_fails_when_the_aio_op_is_missing(tmp_path):
+    """Scenario: DeepSpeed's async_io op cannot be built (its libaio link test fails, forced through the
+    documented test hook); doctor says so in a FAIL line and still measures bandwidth with plain file I/O."""
+    result = run_cli("doctor", "--nvme-path", str(tmp_path), env_extra={doctor.FORCE_NO_AIO_ENV: "1"})
+    assert result.returncode == 1, result.stdout + result.stderr
+    lines = status_lines(result.stdout)
+    assert lines["async_io op"][0] == doctor.FAIL
+    assert "not compatible" in lines["async_io op"][1] and "libaio" in lines["async_io op"][1]
+    assert lines["nvme bandwidth"][0] == doctor.OK and "plain file I/O" in lines["nvme bandwidth"][1]
+    assert [name for name, (status, _) in lines.items() if status == doctor.FAIL] == ["async_io op"]
+    assert "Traceback" not in result.stdout + result.stderr
+
+
+def test_doctor_reports_a_bad_tencache_block_and_an_unreadable_config(tmp_path):
+    config = tmp_path / "ds_config.json"
+    config.write_text(json.dumps({"tencache": {"host_cache_bytes": "lots"},
+                                  "zero_optimization": {"offload_param": {"device": "nvme", "nvme_path": "/proc/x"}}}))
+    result = run_cli("doctor", "--config", str(config), "--json")
+    checks = {check["name"]: check for check in json.loads(result.stdout)}
+    assert result.returncode == 1
+    assert checks["budgets"]["status"] == doctor.FAIL and "host_cache_bytes" in checks["budgets"]["message"]
+    # the nvme_path comes from the config when --nvme-path is not given
+    assert checks["nvme path"]["status"] == doctor.FAIL and "/proc/x" in checks["nvme path"]["message"]
+    missing = run_cli("doctor", "--config", str(tmp_path / "missing.json"), "--nvme-path", "/proc/x")
+    assert missing.returncode == 1
+    assert status_lines(missing.stdout)["config"][0] == doctor.FAIL
+    assert "Traceback" not in missing.stdout + missing.stderr
+
+
+def test_doctor_survives_a_probe_that_does_not_finish(tmp_path):
+    """Scenario: the probe (torch/DeepSpeed import, async_io load) outlives its timeout, as a first JIT build of the
+    op does. The checks that need it FAIL with the reason, the rest still run, and nothing raises."""
+    # Step 1: a timeout far shorter than importing torch takes.
+    checks = {check.name: check for check in doctor.run_checks(nvme_path=str(tmp_path), probe_timeout_s=0.3)}
+    # Step 2: the probe's checks fail and say why, with the fix for the JIT case.
+    assert checks["async_io op"].status == doctor.FAIL
+    assert "did not finish in 0.3 s" in checks["async_io op"].message
+    assert "AsyncIOBuilder().load()" in checks["async_io op"].message
+    assert checks["versions"].status == doctor.FAIL
+    # Step 3: the bandwidth is measured without DeepSpeed, and the probe left no file behind.
+    assert checks["nvme bandwidth"].status == doctor.OK and "plain file I/O" in checks["nvme bandwidth"].message
+    assert checks["host"].status == doctor.OK
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs setpriv (util-linux) to drop CAP_IPC_LOCK")
+def test_doctor_warns_on_a_low_memlock_limit_with_the_fix():
+    """Scenario: `ulimit -l` is 64 KiB and the process cannot lock past it (no CAP_IPC_LOCK; as root the
+    capability would make any limit moot, so the child is started without it)."""
+    code = ("import json, resource\n"
+            "resource.setrlimit(resource.RLIMIT_MEMLOCK, (65536, 65536))\n"
+            "from tencache_ds.cli.doctor import check_memlock\n"
+            "print(json.dumps(check_memlock().to_dict()))")
+    result = subprocess.run(["setpriv", "--bounding-set=-ipc_lock", "--", sys.executable, "-c", code], cwd=REPO_ROOT,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    check = json.loads(result.stdout)
+    assert check["status"] == doctor.WARN and check["details"]["cap_ipc_lock"] is False
+    assert "64.00 KiB" in check["message"] and "ulimit -l unlimited" in check["message"]
+
+
+def test_mount_of_picks_the_longest_mount_point():
+    mounts = ("/dev/vda / ext4 rw 0 0\n"
+              "tmpfs /tmp tmpfs rw 0 0\n"
+              "/dev/nvme0n1 /tmp/fast\\040disk xfs rw 0 0\n")
+    assert doctor.mount_of("/tmp/fast disk/swap", mounts)["fs_type"] == "xfs"
+    assert doctor.mount_of("/tmp/fastdisk", mounts)["fs_type"] == "tmpfs"  # a prefix of a name is not a parent
+    assert doctor.mount_of("/home/x", mounts)["mount_point"] == "/"
+
+
+def test_plain_io_bandwidth_measures_and_cleans_up(tmp_path):
+    result = doctor.plain_io_bandwidth(str(tmp_path), 8 << 20)
+    assert result["write_bytes"] == 8 << 20 and result["read_bytes"] == 8 << 20
+    assert result["write_s"] > 0 and result["read_s"] > 0
+    assert list(tmp_path.iterdir()) == []
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# bench
+# ----------------------------------------------------------------------------------------------------------------
+def test_bench_rejects_bad_arguments_before_running(tmp_path):
+    no_measured = run_cli("bench", "--steps", "2", "--warmup", "2", "--out", str(tmp_path / "out"))
+    assert no_measured.returncode == 1 and "--warmup 2 leaves no measured step" in no_measured.stderr
+    bad_budget = run_cli("bench", "--host-cache-bytes", "lots")
+    assert bad_budget.returncode == 2 and "lots" in bad_budget.stderr
+    missing_config = run_cli("bench", "--config", str(tmp_path / "nope.json"), "--out", str(tmp_path / "out"))
+    assert missing_config.returncode == 1 and "nope.json" in missing_config.stderr
+    assert "Traceback" not in no_measured.stderr + bad_budget.stderr + missing_config.stderr
+
+
+def test_bench_run_plan_interleaves_repeats_and_differs_only_in_the_tencache_block(tmp_path):
+    """Scenario: --repeats 2 with an explicit host budget; the plan is built but nothing is launched."""
+    from tencache_ds.cli import bench
+    # Step 1: parse the options as the CLI does and build the plan for the deepspeed launcher.
+    args = build_parser().parse_args(["bench", "--repeats", "2", "--host-cache-bytes", "1GiB", "--nvme-path",
+                                      str(tmp_path / "nvme"), "--out", str(tmp_path / "out")])
+    ds_config = {"zero_optimization": {"stage": 3}, "tencache": {"device_cache_bytes": 0}}
+    specs = bench.build_runs(args, REPO_ROOT, os.path.join(REPO_ROOT, "scripts", "train.py"), "/cfg.json",
+                             ds_config, str(tmp_path / "out"), "deepspeed")
+    # Step 2: stock and tencache alternate, each with its own swap folder, result file and log.
+    assert [spec.label for spec in specs] == ["stock-1", "tencache-1", "stock-2", "tencache-2"]
+    assert len({spec.nvme_dir for spec in specs}) == len({spec.result_path for spec in specs}) == 4
+    # Step 3: the command lines are identical except the tencache block, the per-run paths, label and port.
+    def block_of(spec):
+        return spec.command[spec.command.index("--tencache-block") + 1]
+    assert block_of(specs[0]) == "none"
+    block = json.loads(block_of(specs[1]))
+    assert block == {"enabled": True, "device_cache_bytes": 0, "host_cache_bytes": 1 << 30,
+                     "metrics_path": str(tmp_path / "out" / "tencache-1.metrics.jsonl")}
+    varying = {"--tencache-block", "--nvme-path", "--result-file", "--label", "--master_port"}
+    def fixed_part(spec):
+        return [arg for index, arg in enumerate(spec.command) if index == 0 or spec.command[index - 1] not in varying]
+    assert fixed_part(specs[0]) == fixed_part(specs[1])
+    assert specs[0].command[1:4] == ["-m", "deepspeed.launcher.runner", "--num_gpus"]
+
+
+def test_bench_rejects_an_invalid_tencache_block_before_running():
+    from tencache_ds.cli import bench
+    from tencache_ds.errors import TencacheConfigError
+    with pytest.raises(TencacheConfigError, match="no_such_key"):
+        bench.tencache_block({"tencache": {"no_such_key": 1}}, None, None, None)
+
+
+@pytest.mark.slow
+@pytest.mark.deepspeed
+def test_bench_end_to_end(tmp_path):
+    """Scenario: the real benchmark, shortened (3 steps, 1 warm-up) through the deepspeed launcher: stock and
+    tencache runs of gpt2-tiny on NVMe offload, compared."""
+    out = tmp_path / "out"
+    result = run_cli("bench", "--steps", "3", "--warmup", "1", "--out", str(out), "--nvme-path",
+                     str(tmp_path / "nvme"), timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    # The table went to stdout, with both arms and the equality rows.
+    assert "median step time (s)" in result.stdout and "losses identical" in result.stdout
+    bench = json.loads((out / "bench.json").read_text())
+    assert [run["label"] for run in bench["runs"]] == ["stock-1", "tencache-1"]
+    assert bench["comparison"]["num_measured_steps"] == {"stock": 2, "tencache": 2}
+    # Stock and tencache train the same model identically.
+    assert bench["comparison"]["losses_identical"], bench["comparison"]["losses_detail"]
+    assert bench["comparison"]["weights_identical"], bench["comparison"]["weights_detail"]
+    markdown = (out / "bench.md").read_text()
+    assert "tencache-ds bench --steps 3" in markdown and "accelerator" in markdown
+    for name in ("stock-1.log", "tencache-1.log", "plots/step_time.png", "plots/nvme_bytes.png"):
+        assert (out / name).is_file(), name
+    assert "step 2 loss" in (out / "tencache-1.log").read_text()
+    assert not (tmp_path / "nvme" / "stock-1").exists()  # each run's swap folder is removed after it
