@@ -76,3 +76,32 @@ def test_memory_and_io_are_reported_and_smaller_than_stock(train):
         assert key in stats, key
     assert 0 < stats["pinned_bytes_reserved"] <= 0.5 * stats["stock_pinned_bytes_estimate"]
     assert stats["buffer_fallbacks"] == 0
+
+
+def test_profile_is_recorded_then_reused_and_stays_bit_identical(train, tmp_path):
+    """A host cache smaller than the model forces evictions, so the profiled (Belady) choices matter."""
+    block = {"host_cache_bytes": 40_000_000, "profile_path": str(tmp_path / "profile.json")}
+    stock = train(block=None)
+    first = train(block=block)
+    second = train(block=block)
+    assert (first.last_stats["param_profile"], second.last_stats["param_profile"]) == ("recorded", "loaded")
+    assert second.last_stats["optimizer_profile"] == "loaded"
+    assert second.last_stats["optimizer_cache_evictions"] > 0
+    assert_identical(stock, first)
+    assert_identical(stock, second)
+    # the same profile for another model is stale: reported, replaced, never used
+    other = train(block=block, model="opt-tiny", steps=2)
+    assert "is stale" in other.output and other.last_stats["param_profile"] == "recorded"
+
+
+def test_unknown_key_stops_with_an_error_naming_it(train):
+    failed = train(block={"host_cache": 0}, expect_failure=True, steps=1)
+    assert "tencache.host_cache: unknown key" in failed.output
+
+
+def test_unusable_nvme_path_stops_with_an_error_naming_the_key(train, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    failed = train(block=STREAMING, nvme_path=str(blocker / "nvme"), expect_failure=True, steps=1)
+    assert "zero_optimization.offload_param.nvme_path" in failed.output
+    assert "TencacheResourceError" in failed.output
