@@ -93,8 +93,8 @@ class FileCache:
             old = self._files.pop(path, None)
             if old is not None:
                 self._drop_entry(old)
-            if not self._make_room(nbytes):
-                return self._io.write(source, path)  # too big to hold: plain write
+            if not self._make_room(nbytes, path):
+                return self._io.write(source, path)  # not worth holding (or too big): plain write
             data = torch.empty(nbytes, dtype=torch.uint8)
             data.copy_(source.reshape(-1).view(torch.uint8))
             entry = CachedFile(data)
@@ -127,15 +127,21 @@ class FileCache:
         if future.exception() is None:
             entry.on_storage = _file_identity(path)
 
-    def _make_room(self, nbytes: int) -> bool:
+    def _make_room(self, nbytes: int, incoming: str) -> bool:
+        """Reserve ``nbytes`` for ``incoming``, evicting as needed; False if it should not be held. With the
+        order known, a file is only admitted in place of one needed later than it (Belady with bypass: in a
+        cyclic scan the cache then keeps a fixed share of the files instead of cycling all of them out)."""
         if nbytes > self._budget.total_bytes:
             return False
+        position = self.recorder.position
         while not self._budget.try_reserve(nbytes):
             if not self._files:
                 return False  # the rest of the budget is held by others (the parameter cache)
-            path = choose_victim(list(self._files), self.next_use, self.recorder.position)
-            entry = self._files[path]
-            self._flush(path, entry)
+            path = choose_victim(list(self._files), self.next_use, position)
+            if self.next_use is not None and \
+                    self.next_use.distance(path, position) <= self.next_use.distance(incoming, position):
+                return False
+            self._flush(path, self._files[path])
             self._drop(path)
             self.evictions += 1
         return True

@@ -113,6 +113,11 @@ class TensorStore:
         with self._lock:
             return sorted((key, record.numel) for key, record in self._records.items())
 
+    def active_count(self) -> int:
+        """Tensors in use or being read (cached copies and writes in flight do not count)."""
+        with self._lock:
+            return sum(1 for record in self._records.values() if record.in_use or record.read is not None)
+
     def swap_nbytes(self, numel: int) -> int:
         return self._aligned_numel(numel) * self.element_size
 

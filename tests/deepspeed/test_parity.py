@@ -105,3 +105,31 @@ def test_unusable_nvme_path_stops_with_an_error_naming_the_key(train, tmp_path):
     failed = train(block=STREAMING, nvme_path=str(blocker / "nvme"), expect_failure=True, steps=1)
     assert "zero_optimization.offload_param.nvme_path" in failed.output
     assert "TencacheResourceError" in failed.output
+
+
+def run_two_engines(tmp_path, mode, which):
+    import json
+    import os
+    import subprocess
+    import sys
+    script = os.path.join(os.path.dirname(__file__), "two_engines.py")
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, PYTHONPATH=repo)
+    proc = subprocess.run([sys.executable, script, str(tmp_path / f"nvme-{mode}-{which}"), mode, which],
+                          capture_output=True, text=True, timeout=600, env=env)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    return proc, (json.loads(lines[-1][len("RESULT "):]) if lines else None)
+
+
+def test_two_engines_sharing_an_nvme_path_keep_their_files(tmp_path):
+    """Stock: the second zero.Init deletes the first model's swap files, so the first engine cannot train.
+    tencache: one swapper per (nvme_path, dtype, rank); both train, and the first engine's losses are the
+    bits it gets when it trains alone under stock."""
+    stock_proc, _ = run_two_engines(tmp_path, "stock", "both")
+    assert stock_proc.returncode != 0
+    alone_proc, alone = run_two_engines(tmp_path, "stock", "first-only")
+    assert alone_proc.returncode == 0, alone_proc.stderr[-3000:]
+    ours_proc, ours = run_two_engines(tmp_path, "tencache", "both")
+    assert ours_proc.returncode == 0, ours_proc.stderr[-3000:]
+    assert ours["first"] == alone["first"]
+    assert len(ours["second"]) == 3

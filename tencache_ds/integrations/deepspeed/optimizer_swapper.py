@@ -124,7 +124,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         budgets = resolve_budgets(self.config, MachineResources.probe())
         param_reserved = 0
         for swapper in param_swapper.live_swappers():
-            swapper.store.plan()
+            swapper.plan()
             param_reserved += swapper.store.cache_bytes_reserved
         remaining = budgets.host_cache_bytes - param_reserved
         if remaining <= 0:

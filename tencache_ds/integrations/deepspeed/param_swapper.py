@@ -8,6 +8,7 @@ fp16 write-back after each optimizer step is asynchronous; one swapper per (nvme
 engines sharing an nvme_path do not delete each other's files.
 """
 import os
+import shutil
 import threading
 import weakref
 
@@ -20,8 +21,8 @@ from ...cache.tensor_store import TensorStore
 from ...errors import TencacheConfigError
 from ...io.direct_io import DirectFileIO
 from ...plan.budget import MachineResources, resolve_budgets
-from .profiling import ProfiledOrder, rank_profile_path
 from .config_bridge import MIN_SWAPPABLE_BYTES, config_from_ds_config, io_aligned_numel, prepare_swap_folder
+from .profiling import ProfiledOrder, rank_profile_path
 
 NVME_PATH_KEY = "zero_optimization.offload_param.nvme_path"
 
@@ -73,7 +74,6 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
         self.largest_partition_numels = []   # the largest sub-group's partitions (reserve_partitioned_swap_space)
 
         # Our own folder, emptied once per process like stock does, so no stale file is ever read.
-        import shutil
         shutil.rmtree(self.swap_folder, ignore_errors=True)
         prepare_swap_folder(self.swap_folder, self.swap_config.nvme_path, NVME_PATH_KEY)
         self.budgets = resolve_budgets(self.config, MachineResources.probe())
@@ -106,10 +106,12 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
         return record.path
 
     def available_swap_in_buffers(self):
-        # The coordinator issues at most this many NVMe prefetches per call: free slots, never a promise we break
-        # (a read beyond it gets a fallback buffer rather than an assertion).
-        self._plan()
-        return self.store.pool.free_slots()
+        # The coordinator issues at most this many NVMe prefetches per call, so this sets the prefetch depth.
+        # Stock's answer: buffer_count minus the partitions resident or in flight. Every class has
+        # min(count, buffer_count) slots, so prefetches within this bound always find a slot of their size.
+        # (Summing free slots over classes would let the prefetcher run ahead into a class that has none.)
+        self.plan()
+        return max(0, int(self.param_buffer_count) - self.store.active_count())
 
     # -------------------------------------------------------------------------------- creation (zero.Init)
     def get_buffer(self, param, numel):
@@ -125,7 +127,7 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
     # ------------------------------------------------------------------------------------------ swap in
     def swap_in(self, params, async_op=True, swap_in_buffers=None):
         with self._lock:
-            self._plan()
+            self.plan()
             self._reads_since_write_back = True
             for index, param in enumerate(params):
                 assert param.ds_tensor.status == PartitionedParamStatus.NOT_AVAILABLE, \
@@ -150,7 +152,7 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
         assert param.ds_tensor.status == PartitionedParamStatus.NOT_AVAILABLE, \
             f"param {param.ds_id} is already available or inflight"
         with self._lock:
-            self._plan()
+            self.plan()
             self._reads_since_write_back = True
             self.store.record(param.ds_id, _numel(param))
             self.store.read_into(param.ds_id, dest_buffer.narrow(0, 0, _numel(param)))
@@ -168,13 +170,13 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
         # Stock locks a staging copy of the largest sub-group here; we stage each partition through a slot of
         # its own size class instead, so only the sizes are kept (for stats' stock estimate).
         self.largest_partition_numels = list(partition_num_elems)
-        self._plan()
+        self.plan()
 
     def swap_out_partitioned_params(self, dst_fp16_params, src_fp32_params):
         if len(dst_fp16_params) != len(src_fp32_params):
             raise ValueError(f"{len(dst_fp16_params)} params for {len(src_fp32_params)} fp32 sources")
         with self._lock:
-            self._plan()
+            self.plan()
             if self._reads_since_write_back:
                 self._reads_since_write_back = False
                 self.store.next_use = self.profile.end_step(self.store.recorder.end_step())
@@ -212,14 +214,15 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
         staging = sum(io_aligned_numel(numel, self.dtype, intra_op) for numel in self.largest_partition_numels)
         return (slots + staging) * self.swap_element_size
 
-    # -------------------------------------------------------------------------------------------- private
-    def _plan(self):
+    # ------------------------------------------------------------------------------------------- planning
+    def plan(self):
         """Reserve slots for newly seen partitions; the first time, also look for a saved profile of them."""
         self.store.plan()
         if not self._profile_looked_up:
             self._profile_looked_up = True
             self.store.next_use = self.profile.load(self.store.numels(), str(self.dtype), dist.get_world_size())
 
+    # -------------------------------------------------------------------------------------------- private
     def _mark_on_file(self, param):
         param.ds_tensor.data = self.invalid_buffer.data
         param.ds_tensor.status = PartitionedParamStatus.NOT_AVAILABLE

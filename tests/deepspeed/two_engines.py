@@ -1,0 +1,55 @@
+"""Two DeepSpeed engines in one process sharing one nvme_path (an RLHF actor and critic, say), trained in turns.
+
+Stock DeepSpeed's second zero.Init deletes the first model's swap files (its constructor empties
+<nvme_path>/zero_stage_3/<dtype>params/rank<r>). Prints one JSON line: the losses of each engine.
+Usage: python two_engines.py NVME_PATH {tencache|stock} {both|first-only}
+"""
+import json
+import os
+import socket
+import sys
+
+with socket.socket() as probe:
+    probe.bind(("127.0.0.1", 0))
+    os.environ.setdefault("MASTER_PORT", str(probe.getsockname()[1]))
+for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
+    os.environ.setdefault(key, value)
+
+import torch  # noqa: E402
+import tencache_ds  # noqa: E402,F401
+import deepspeed  # noqa: E402
+
+nvme_path, mode, which = sys.argv[1:4]
+HIDDEN = 768  # 768 x 768 fp32 = 2.25 MiB: above DeepSpeed's 1 MiB swap threshold
+config = {"train_micro_batch_size_per_gpu": 2, "steps_per_print": 10**6, "gradient_clipping": 1.0,
+          "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+          "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0,
+                                "stage3_max_reuse_distance": 0,
+                                "offload_param": {"device": "nvme", "nvme_path": nvme_path, "max_in_cpu": 0,
+                                                  "buffer_size": HIDDEN * HIDDEN},
+                                "offload_optimizer": {"device": "nvme", "nvme_path": nvme_path}}}
+if mode == "tencache":
+    config["tencache"] = {"host_cache_bytes": 0}
+
+
+def build(seed):
+    torch.manual_seed(seed)
+    with deepspeed.zero.Init(config_dict_or_path=config):
+        model = torch.nn.Sequential(*[torch.nn.Linear(HIDDEN, HIDDEN, bias=False) for _ in range(3)])
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+    return engine
+
+
+engines = {"first": build(1)}
+if which == "both":
+    engines["second"] = build(2)
+losses = {name: [] for name in engines}
+data = torch.Generator().manual_seed(3)
+for step in range(3):
+    batch = torch.randn(2, HIDDEN, generator=data)
+    for name, engine in engines.items():
+        loss = engine(batch).float().pow(2).mean()
+        engine.backward(loss)
+        engine.step()
+        losses[name].append(loss.float().view(torch.int32).item())
+print("RESULT " + json.dumps(losses))
