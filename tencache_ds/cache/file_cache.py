@@ -14,8 +14,10 @@ replaced it (a checkpoint load copies files over the swap folder), the copy is d
 """
 import collections
 import dataclasses
+import functools
 import os
 import threading
+import weakref
 from concurrent.futures import Future
 from typing import Callable, Optional, Tuple
 
@@ -44,6 +46,12 @@ def _file_identity(path: str) -> Optional[Tuple[int, int, int]]:
     except FileNotFoundError:
         return None
     return (st.st_size, st.st_ino, st.st_mtime_ns)
+
+
+def _note_on_storage(entry_ref, path: str, future: Future) -> None:
+    entry = entry_ref()
+    if entry is not None and future.exception() is None:
+        entry.on_storage = _file_identity(path)
 
 
 class FileCache:
@@ -93,6 +101,7 @@ class FileCache:
             old = self._files.pop(path, None)
             if old is not None:
                 self._drop_entry(old)
+                del old  # free the old bytes before allocating the new ones
             if not self._make_room(nbytes, path):
                 return self._io.write(source, path)  # not worth holding (or too big): plain write
             data = torch.empty(nbytes, dtype=torch.uint8)
@@ -106,7 +115,9 @@ class FileCache:
                 done.set_result(nbytes)
                 return done
             entry.write = self._io.write(source, path)
-            entry.write.add_done_callback(lambda f, e=entry, p=path: self._note_on_storage(e, p, f))
+            # A weak reference: entry -> future -> callback -> entry would be a cycle that keeps each replaced
+            # file's bytes alive until the garbage collector happens to run.
+            entry.write.add_done_callback(functools.partial(_note_on_storage, weakref.ref(entry), path))
             return entry.write
 
     def clear(self) -> None:
@@ -123,10 +134,6 @@ class FileCache:
                     "bytes": sum(e.data.numel() for e in self._files.values())}
 
     # ------------------------------------------------------------------------------------------- private
-    def _note_on_storage(self, entry: CachedFile, path: str, future: Future) -> None:
-        if future.exception() is None:
-            entry.on_storage = _file_identity(path)
-
     def _make_room(self, nbytes: int, incoming: str) -> bool:
         """Reserve ``nbytes`` for ``incoming``, evicting as needed; False if it should not be held. With the
         order known, a file is only admitted in place of one needed later than it (Belady with bypass: in a
