@@ -104,6 +104,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--launcher", choices=["deepspeed", "python"], default="deepspeed",
                        help="start each run with the deepspeed launcher or as a plain python process")
     bench.add_argument("--no-plots", action="store_true", help="do not write PNG plots")
+
+    subcommands.add_parser(
+        "config-reference", help="print the \"tencache\" block's reference (Markdown) from the config model",
+        description="Print docs/configuration.md: every key of the \"tencache\" block, its type, default and "
+        "meaning, generated from tencache_ds/config.py.", formatter_class=_HelpFormatter)
     return parser
 
 
@@ -118,6 +123,10 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
     if args.command == "bench":
         from . import bench
         return bench.run(args)
+    if args.command == "config-reference":
+        from ..config import config_reference_markdown
+        print(config_reference_markdown(), end="")
+        return 0
     raise AssertionError(f"unhandled command {args.command!r}")
 
 

@@ -19,6 +19,7 @@ FROZEN_OPTIONS = {
     "bench": ["--config", "--device-cache-bytes", "--dtype", "--help", "--host-cache-bytes", "--launcher",
               "--micro-batch", "--model", "--no-plots", "--nvme-path", "--offload", "--out", "--repeats",
               "--seq-len", "--steps", "--warmup", "-h"],
+    "config-reference": ["--help", "-h"],
 }
 
 

@@ -1,0 +1,58 @@
+"""Dependency rules: `import tencache_ds` stays light, and only the DeepSpeed adapters import DeepSpeed."""
+import ast
+import os
+import subprocess
+import sys
+
+PACKAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tencache_ds")
+
+
+def imported_modules(path):
+    with open(path) as handle:
+        tree = ast.parse(handle.read())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            yield node.module
+
+
+def test_only_the_deepspeed_adapters_import_deepspeed():
+    offenders = []
+    for folder, _dirs, files in os.walk(PACKAGE):
+        for name in files:
+            path = os.path.join(folder, name)
+            relative = os.path.relpath(path, PACKAGE)
+            if not name.endswith(".py") or relative.startswith(os.path.join("integrations", "deepspeed")):
+                continue
+            if relative.startswith("cli"):
+                continue  # doctor probes DeepSpeed in a child process; it may name it
+            if any(module == "deepspeed" or module.startswith("deepspeed.") for module in imported_modules(path)):
+                offenders.append(relative)
+    assert offenders == []
+
+
+def test_pure_layers_import_neither_torch_nor_deepspeed():
+    for layer in ("config.py", "units.py", "errors.py", "plan", "profile"):
+        root = os.path.join(PACKAGE, layer)
+        paths = [root] if root.endswith(".py") else [os.path.join(root, n) for n in os.listdir(root) if n.endswith(".py")]
+        for path in paths:
+            heavy = [m for m in imported_modules(path) if m.split(".")[0] in ("torch", "deepspeed")]
+            assert heavy == [], (path, heavy)
+
+
+def test_importing_the_package_loads_neither_deepspeed_nor_cuda():
+    code = ("import sys, tencache_ds; "
+            "print('deepspeed' in sys.modules, 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=os.path.dirname(PACKAGE)).stdout.split()
+    assert out == ["False", "False"]
+
+
+def test_importing_deepspeed_afterwards_installs_the_swappers():
+    code = ("import tencache_ds, deepspeed.runtime.zero.partition_parameters as pp, deepspeed.runtime.zero.stage3 as s3; "
+            "print(pp.AsyncPartitionedParameterSwapper.__name__, s3.PartitionedOptimizerSwapper.__name__, "
+            "s3.PipelinedOptimizerSwapper.__name__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=os.path.dirname(PACKAGE)).stdout.split()
+    assert out[-3:] == ["TencacheParamSwapper", "TencacheOptimizerSwapper", "TencacheOptimizerSwapper"]
