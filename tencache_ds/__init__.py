@@ -34,9 +34,8 @@ def uninstall() -> None:
 
 def initialize(*args, **kwargs):
     """``deepspeed.initialize`` with tencache installed first; same arguments, same return value."""
-    install()
-    import deepspeed
-    return deepspeed.initialize(*args, **kwargs)
+    from .integrations.deepspeed.install import initialize as _initialize
+    return _initialize(*args, **kwargs)
 
 
 def stats(engine) -> dict:

@@ -25,11 +25,24 @@ class TrainRun:
         return self.result["steps"][-1]["stats"]
 
 
+_STOCK_RUNS = {}  # stock runs are deterministic: one per distinct command line serves every test that needs it
+
+
 @pytest.fixture
-def train(tmp_path):
+def train(tmp_path_factory):
     """train(config="stock-nvme.json", block=None | dict, launcher="python" | "deepspeed", **options)."""
+    tmp_path = tmp_path_factory.mktemp("train")
 
     def run(config="stock-nvme.json", block=None, launcher="python", expect_failure=False, **options):
+        memo_key = json.dumps([config, launcher, expect_failure, sorted(options.items())]) if block is None else None
+        if memo_key in _STOCK_RUNS:
+            return _STOCK_RUNS[memo_key]
+        result = _run(config, block, launcher, expect_failure, **options)
+        if memo_key is not None:
+            _STOCK_RUNS[memo_key] = result
+        return result
+
+    def _run(config, block, launcher, expect_failure, **options):
         name = uuid.uuid4().hex[:8]
         result_file = tmp_path / f"{name}.json"
         args = ["--deepspeed_config", os.path.join(REPO, "configs", config),

@@ -9,6 +9,7 @@ import pytest
 pytestmark = pytest.mark.deepspeed
 
 STREAMING = {"host_cache_bytes": 0, "device_cache_bytes": 0}
+BASE = dict(dtype="bf16", grad_accum=1, steps=3)  # shared by several tests, so their stock run is made once
 AUTO = {}  # every key at its default: "auto" budgets
 
 
@@ -26,13 +27,21 @@ def assert_identical(stock, ours):
     ("fp32", 2, AUTO),
 ])
 def test_bit_identical_to_stock(train, dtype, grad_accum, block):
-    options = dict(dtype=dtype, grad_accum=grad_accum, steps=3)
+    options = dict(BASE, dtype=dtype, grad_accum=grad_accum)
     stock = train(block=None, **options)
     ours = train(block=block, **options)
     assert_identical(stock, ours)
     # gradient clipping is on in the config, and the runs really used NVMe
     assert stock.result["ds_config"]["gradient_clipping"] > 0
     assert ours.last_stats["nvme_write_bytes"] > 0
+    stats = ours.last_stats
+    for key in ("pinned_bytes_reserved", "pinned_bytes_peak_in_use", "nvme_read_bytes", "nvme_write_bytes",
+                "stock_pinned_bytes_estimate"):
+        assert key in stats, key
+    if block is STREAMING:  # the foundation target: pinned memory at most half of stock's for the same config
+        assert 0 < stats["pinned_bytes_reserved"] <= 0.5 * stats["stock_pinned_bytes_estimate"]
+        assert stats["buffer_fallbacks"] == 0
+        assert stats["nvme_read_bytes"] > 0
 
 
 def test_bit_identical_through_the_deepspeed_launcher(train):
@@ -54,10 +63,10 @@ def test_stock_crash_config_trains_under_tencache(train):
     """Regression test: `Not enough buffers 0 for swapping 1` (buffer_count 3 with a large
     stage3_max_reuse_distance, DeepSpeed #3062). Stock dies at step 1; tencache trains, and its losses equal
     stock's on the same model with enough buffers (buffer_count and reuse distance change retention, not math)."""
-    crashed = train(config="stock-crash.json", block=None, expect_failure=True, steps=3)
+    crashed = train(config="stock-crash.json", block=None, expect_failure=True, **BASE)
     assert "Not enough buffers" in crashed.output
-    ours = train(config="stock-crash.json", block=STREAMING, steps=3)
-    reference = train(config="stock-nvme.json", block=None, steps=3)
+    ours = train(config="stock-crash.json", block=STREAMING, **BASE)
+    reference = train(config="stock-nvme.json", block=None, **BASE)
     assert ours.loss_bits == reference.loss_bits
     assert ours.result["weights_sha256"] == reference.result["weights_sha256"]
 
@@ -68,25 +77,16 @@ def test_disabled_block_is_stock(train):
     assert "[tencache]" not in run.output
 
 
-def test_memory_and_io_are_reported_and_smaller_than_stock(train):
-    ours = train(block=STREAMING, steps=2)
-    stats = ours.last_stats
-    for key in ("pinned_bytes_reserved", "pinned_bytes_peak_in_use", "nvme_read_bytes", "nvme_write_bytes",
-                "stock_pinned_bytes_estimate"):
-        assert key in stats, key
-    assert 0 < stats["pinned_bytes_reserved"] <= 0.5 * stats["stock_pinned_bytes_estimate"]
-    assert stats["buffer_fallbacks"] == 0
-
-
 def test_profile_is_recorded_then_reused_and_stays_bit_identical(train, tmp_path):
     """A host cache smaller than the model forces evictions, so the profiled (Belady) choices matter."""
     block = {"host_cache_bytes": 40_000_000, "profile_path": str(tmp_path / "profile.json")}
-    stock = train(block=None)
-    first = train(block=block)
-    second = train(block=block)
+    stock = train(block=None, **BASE)
+    first = train(block=block, **BASE)
+    second = train(block=block, **BASE)
     assert (first.last_stats["param_profile"], second.last_stats["param_profile"]) == ("recorded", "loaded")
     assert second.last_stats["optimizer_profile"] == "loaded"
-    assert second.last_stats["optimizer_cache_evictions"] > 0
+    # the optimizer files did not all fit: the profiled policy chose which to keep
+    assert second.last_stats["optimizer_cache_hits"] > 0 and second.last_stats["optimizer_cache_misses"] > 0
     assert_identical(stock, first)
     assert_identical(stock, second)
     # the same profile for another model is stale: reported, replaced, never used

@@ -43,5 +43,12 @@ def uninstall() -> None:
                 setattr(module, name, original)
 
 
+def initialize(*args, **kwargs):
+    """``deepspeed.initialize`` after install(); same arguments, same return value."""
+    install()
+    import deepspeed
+    return deepspeed.initialize(*args, **kwargs)
+
+
 def is_installed() -> bool:
     return all(getattr(module, name) is ours for module, name, ours in _REBINDINGS)
