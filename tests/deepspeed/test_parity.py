@@ -133,3 +133,18 @@ def test_two_engines_sharing_an_nvme_path_keep_their_files(tmp_path):
     assert ours_proc.returncode == 0, ours_proc.stderr[-3000:]
     assert ours["first"] == alone["first"]
     assert len(ours["second"]) == 3
+
+
+def test_bit_identical_with_offload_optimizer_fast_init(train, tmp_path):
+    """fast_init builds the fp32 master files straight from the fp16 partition files
+    (initialize_from_swapped_fp16_params, reading get_path(param, must_exist=True))."""
+    import json
+    import os
+    with open(os.path.join(os.path.dirname(__file__), "..", "..", "configs", "stock-nvme.json")) as handle:
+        config = json.load(handle)
+    config["zero_optimization"]["offload_optimizer"]["fast_init"] = True
+    path = tmp_path / "fast-init.json"
+    path.write_text(json.dumps(config))
+    stock = train(config=str(path), block=None, steps=2)
+    ours = train(config=str(path), block=STREAMING, steps=2)
+    assert_identical(stock, ours)

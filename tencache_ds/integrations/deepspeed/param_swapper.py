@@ -186,8 +186,9 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
 
     def reserve_available_buffers(self):
         # fast_init lends these to the optimizer swapper as fp16 staging; tencache's optimizer swapper reads the
-        # fp16 files itself (optimizer_swapper.initialize_from_swapped_fp16_params), so nothing is lent.
-        return []
+        # fp16 files itself (optimizer_swapper.initialize_from_swapped_fp16_params) and ignores them, but stage 3
+        # asserts that the list is not empty: hand it a placeholder, not memory.
+        return [self.invalid_buffer]
 
     def release_reserved_buffers(self):
         pass
