@@ -8,14 +8,6 @@ import torch
 
 from tencache_ds.cache.file_cache import FileCache
 from tencache_ds.cache.host_budget import HostBudget
-from tencache_ds.io.direct_io import DirectFileIO
-
-
-@pytest.fixture
-def io():
-    engine = DirectFileIO(num_threads=2)
-    yield engine
-    engine.close()
 
 
 def test_write_through_then_hit(io, tmp_path):

@@ -5,15 +5,7 @@ import pytest
 import torch
 
 from tencache_ds.errors import StaleFileError, TencacheResourceError
-from tencache_ds.io.direct_io import DirectFileIO
 from tencache_ds.memory.pool import BufferPool
-
-
-@pytest.fixture
-def io():
-    engine = DirectFileIO(num_threads=2)
-    yield engine
-    engine.close()
 
 
 def test_aligned_round_trip_and_counters(io, tmp_path):
