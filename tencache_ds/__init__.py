@@ -47,20 +47,36 @@ def stats(engine) -> dict:
 
 class _InstallAfterDeepSpeedImport(importlib.abc.MetaPathFinder):
     """Runs install() right after the top-level ``deepspeed`` package finishes importing, so that
-    ``import tencache_ds`` stays cheap (the CLI, the planner) and still activates for training scripts."""
+    ``import tencache_ds`` stays cheap (the CLI, the planner) and still activates for training scripts.
+
+    A look-up is not an import: transformers and accelerate call ``importlib.util.find_spec("deepspeed")`` to
+    see whether it is there. So the hook stays in place until DeepSpeed's module actually executes, and asks the
+    other finders for the spec (whatever installed DeepSpeed: site-packages, an editable install, a zip)."""
 
     def find_spec(self, fullname, path=None, target=None):
         if fullname != "deepspeed":
             return None
-        sys.meta_path.remove(self)
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-        if spec is None or spec.loader is None:
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        if spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
-        original_exec = spec.loader.exec_module
+        original_exec, hook = spec.loader.exec_module, self
 
         def exec_module(module):
             original_exec(module)
-            install()
+            if hook in sys.meta_path:
+                sys.meta_path.remove(hook)
+            try:
+                install()
+            except Exception as err:  # never break `import deepspeed` because of us
+                import warnings
+                warnings.warn(f"tencache_ds could not install its swappers ({err!r}); DeepSpeed runs stock")
 
         spec.loader.exec_module = exec_module
         return spec

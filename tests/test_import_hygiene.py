@@ -56,3 +56,14 @@ def test_importing_deepspeed_afterwards_installs_the_swappers():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=os.path.dirname(PACKAGE)).stdout.split()
     assert out[-3:] == ["TencacheParamSwapper", "TencacheOptimizerSwapper", "TencacheOptimizerSwapper"]
+
+
+def test_a_lookup_of_deepspeed_is_not_mistaken_for_its_import():
+    """Regression test: transformers/accelerate call find_spec("deepspeed") before DeepSpeed is imported; the
+    install hook must survive that and still install on the real import."""
+    code = ("import importlib.util, tencache_ds; importlib.util.find_spec('deepspeed'); "
+            "importlib.util.find_spec('deepspeed'); import deepspeed; "
+            "from tencache_ds.integrations.deepspeed.install import is_installed; print(is_installed())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=os.path.dirname(PACKAGE)).stdout.split()
+    assert out[-1] == "True"

@@ -48,6 +48,7 @@ class TensorRecord:
     buffer_pool: Optional[BufferPool] = None
     keep_buffer: bool = False
     in_use: bool = False
+    stale_when_released: bool = False  # its owner may have changed the bytes in place: do not cache them
     read: Optional[Future] = None
     write: Optional[Future] = None
 
@@ -193,7 +194,11 @@ class TensorStore:
             record = self._records[key]
             assert record.read is not None, f"tensor {key} has no read in flight"
             future, record.read = record.read, None
-            future.result()
+            try:
+                future.result()
+            except BaseException:
+                self._drop_buffer(record)  # partial bytes must never be served as a cached copy
+                raise
             record.in_use = True
             return future.target.narrow(0, 0, record.numel)
 
@@ -204,18 +209,30 @@ class TensorStore:
             dest.copy_(self.wait_read(key))
             self.release(key)
 
-    def release(self, key) -> None:
+    def release(self, key, fence=None) -> None:
         """The caller is done with ``key``'s bytes: keep them as a cached copy or let the buffer go. Idempotent;
-        waits for a read still in flight."""
+        waits for a read still in flight. ``fence`` (a CUDA event) marks the end of device copies that read the
+        bytes: the buffer is not overwritten before it has passed."""
         with self._lock:
             record = self._records.get(key)
             if record is None:
                 return
             if record.read is not None:
                 future, record.read = record.read, None
-                future.result()
+                try:
+                    future.result()
+                except BaseException:
+                    self._drop_buffer(record)
+                    raise
             record.in_use = False
-            if record.buffer is not None and record.keep_buffer:
+            if record.buffer is not None and fence is not None:
+                record.buffer.fence = fence
+            if record.stale_when_released:
+                record.stale_when_released = False
+                if record.write is None:
+                    self._cached.pop(key, None)
+                    self._drop_buffer(record)
+            elif record.buffer is not None and record.keep_buffer:
                 self._cached[key] = record
                 self._cached.move_to_end(key)
             elif record.write is None:
@@ -227,16 +244,28 @@ class TensorStore:
         else into a slot, then to the file in the background (any later read from file waits for it)."""
         with self._lock:
             record = self._records[key]
-            assert not record.in_use, f"tensor {key} is in use; its owner updates it in place"
+            assert not record.in_use and record.read is None, f"tensor {key} is in use or being read"
             self._wait_write(record)
             if record.buffer is None:
                 self._attach(record, *self._acquire(self.swap_nbytes(record.numel), for_write=True))
+            elif record.buffer.fence is not None:  # a device copy may still be reading the old bytes
+                record.buffer.fence.synchronize()
+                record.buffer.fence = None
             record.buffer.view(self.dtype, record.numel).copy_(source)
             record.write = self._io.write(self._swap_view(record), record.path)
             self._writing[key] = record
             if record.keep_buffer:
                 self._cached[key] = record
                 self._cached.move_to_end(key)
+
+    def mark_resident_stale(self) -> None:
+        """The tensors in use now may be changed in place by their owner (DeepSpeed's optimizer step copies new
+        weights into partitions that are resident, without writing their files, and stock DeepSpeed then drops
+        those bytes at release): drop them at release too, so later reads see what stock would."""
+        with self._lock:
+            for record in self._records.values():
+                if record.in_use:
+                    record.stale_when_released = True
 
     def wait_writes(self) -> None:
         """Complete every write in flight."""

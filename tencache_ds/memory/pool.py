@@ -27,6 +27,7 @@ class HostBuffer:
     is_locked: bool
     slot: Optional[ArenaSlot] = None       # set when the buffer is an arena slot
     _base: Optional[torch.Tensor] = None   # uint8 view over the whole buffer (keeps fallback memory alive)
+    fence: Optional[object] = None         # a CUDA event after the last device copy that reads the buffer
 
     def view(self, dtype: torch.dtype, numel: int) -> torch.Tensor:
         """A tensor of ``numel`` elements of ``dtype`` over the start of the buffer (no copy)."""
@@ -53,6 +54,7 @@ class BufferPool:
         self._mutex = threading.Lock()
         self._live: Dict[int, HostBuffer] = {}
         self._ranges: List[tuple] = []  # sorted (start, end) of every region and live fallback buffer
+        self._fences: Dict[int, object] = {}  # slot address -> CUDA event to wait for before reusing it
         self._fallbacks = 0             # COUNT: buffers that came from pageable memory
         self._fallback_in_use = 0       # bytes, current
         self._fallback_peak = 0         # bytes, PEAK
@@ -62,7 +64,9 @@ class BufferPool:
         counts = {size: count for size, count in class_counts.items() if count > 0}
         if not counts:
             return
-        arena = PinnedArena(counts, lock=self._lock_mode, name=self.name)
+        # A pool that is not locked is not pinned either: registering it with CUDA would page-lock it anyway.
+        arena = PinnedArena(counts, lock=self._lock_mode, register_with_cuda=self._lock_mode != "off",
+                            name=self.name)
         with self._mutex:
             self._arenas.append(arena)
             for base, nbytes in arena.regions():
@@ -76,8 +80,15 @@ class BufferPool:
                 if slot is not None:
                     buffer = HostBuffer(slot.ptr, slot.slot_bytes, slot.locked, slot, _uint8_over(slot))
                     self._live[buffer.ptr] = buffer
-                    return buffer
-        return None
+                    fence = self._fences.pop(buffer.ptr, None)
+                    break
+            else:
+                return None
+        if fence is not None:
+            # DeepSpeed copies a partition to the device with non_blocking=True and may release it right after;
+            # over registered memory that copy really is asynchronous, so wait before anything overwrites it.
+            fence.synchronize()
+        return buffer
 
     def acquire(self, nbytes: int) -> HostBuffer:
         """An arena slot if one fits, else a pageable fallback buffer. Never fails short of host OOM."""
@@ -88,6 +99,8 @@ class BufferPool:
         with self._mutex:
             assert self._live.pop(buffer.ptr, None) is buffer, f"{self.name}: release of a buffer not handed out"
             if buffer.slot is not None:
+                if buffer.fence is not None:
+                    self._fences[buffer.ptr] = buffer.fence
                 buffer.slot.arena.free(buffer.slot)
             else:
                 self._fallback_in_use -= buffer.capacity_bytes
@@ -109,8 +122,8 @@ class BufferPool:
 
     def stats(self) -> Dict[str, int]:
         """Flat numbers: the arenas' totals plus the fallback counters."""
-        totals = {"reserved_bytes": 0, "locked_bytes": 0, "in_use_bytes": 0, "peak_in_use_bytes": 0,
-                  "requested_in_use_bytes": 0, "lock_fallbacks": 0, "num_classes": 0}
+        totals = {"reserved_bytes": 0, "locked_bytes": 0, "registered_bytes": 0, "in_use_bytes": 0,
+                  "peak_in_use_bytes": 0, "requested_in_use_bytes": 0, "lock_fallbacks": 0, "num_classes": 0}
         with self._mutex:
             for arena in self._arenas:
                 arena_stats = arena.stats()

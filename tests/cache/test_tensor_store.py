@@ -125,3 +125,30 @@ def test_write_through_keeps_the_cached_copy_current(caching_store):
     dest = torch.empty(300_000)
     store._io.read(dest, store.record("p").path, nbytes=300_000 * 4).result()
     assert torch.equal(dest, new)  # and the file has the same bytes
+
+
+def test_bytes_changed_in_place_while_resident_are_not_cached(caching_store):
+    """Stage 3 copies new weights into resident partitions without writing their files (and stock DeepSpeed drops
+    them at release): a copy that may have changed in place must not be served later as clean."""
+    store = caching_store
+    expected = create(store, "r", 300_000, seed=9)
+    store.plan()
+    store.start_read("r")
+    view = store.wait_read("r")
+    store.mark_resident_stale()
+    view.fill_(0.0)          # the owner writes in place
+    store.release("r")
+    store.start_read("r")    # a miss: bytes come from the file, as in stock
+    assert torch.equal(store.wait_read("r"), expected) and store.cache_hits == 0
+    store.release("r")
+
+
+def test_a_failed_read_leaves_no_partial_copy_behind(store):
+    import os
+    create(store, "f", 100_000, seed=4)
+    store.plan()
+    os.remove(store.record("f").path)
+    store.start_read("f")
+    with pytest.raises(Exception, match="missing"):
+        store.wait_read("f")
+    assert store.record("f").buffer is None and store.pool.stats()["in_use_bytes"] == 0

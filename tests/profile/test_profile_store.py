@@ -45,3 +45,12 @@ def test_recorder_cuts_steps():
         recorder.touch(key)
     assert recorder.position == 3
     assert recorder.end_step() == ["a", "b", "c"] and recorder.position == 0
+
+
+def test_recorder_gives_up_on_endless_steps(monkeypatch):
+    from tencache_ds.profile import recorder as recorder_module
+    monkeypatch.setattr(recorder_module, "MAX_STEP_ACCESSES", 3)
+    recorder = StepRecorder()
+    for key in range(5):
+        recorder.touch(key)
+    assert recorder.position == 5 and recorder.end_step() is None

@@ -54,7 +54,6 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
         # Stock __init__ is not called on purpose: it locks buffer_count x buffer_size of memory up front.
         if self._constructed:
             return
-        self._constructed = True
         self.config = config_from_ds_config(ds_config)
         self.dtype = model_dtype
         self.swap_config = ds_config.zero_config.offload_param
@@ -89,6 +88,7 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
         self._profile_looked_up = False
         self._lock = threading.RLock()
         self._in_flight = {}  # ds_id -> param marked INFLIGHT, in issue order
+        self._constructed = True  # last: a constructor that raised is run again in full next time
 
     # ------------------------------------------------------------------------------ queries DeepSpeed makes
     def swappable_tensor(self, param=None, numel=None):
@@ -143,9 +143,11 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
     def synchronize_reads(self):
         # Postcondition (stock): every INFLIGHT param is AVAILABLE.
         with self._lock:
-            in_flight, self._in_flight = self._in_flight, {}
-            for param in in_flight.values():
-                param.ds_tensor.data = self.store.wait_read(param.ds_id).data
+            for key in list(self._in_flight):
+                param = self._in_flight[key]
+                data = self.store.wait_read(key)  # on an I/O error the rest stay INFLIGHT, consistently
+                del self._in_flight[key]
+                param.ds_tensor.data = data.data
                 param.ds_tensor.status = PartitionedParamStatus.AVAILABLE
 
     def swap_into_buffer(self, param, dest_buffer):
@@ -159,10 +161,11 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
             self._mark_on_file(param)
 
     def remove_partition_and_release_buffers(self, params):
+        fence = _device_copy_fence()
         with self._lock:
             for param in params:
                 self._in_flight.pop(param.ds_id, None)
-                self.store.release(param.ds_id)
+                self.store.release(param.ds_id, fence=fence)
                 self._mark_on_file(param)
 
     # ---------------------------------------------------------------------- write-back after optimizer step
@@ -180,6 +183,12 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
             if self._reads_since_write_back:
                 self._reads_since_write_back = False
                 self.store.next_use = self.profile.end_step(self.store.recorder.end_step())
+            # Resident partitions get their new weights in place from stage 3 (not through us): see
+            # TensorStore.mark_resident_stale. A partition still being prefetched is finished and released first.
+            self.store.mark_resident_stale()
+            for param in dst_fp16_params:
+                if self._in_flight.pop(param.ds_id, None) is not None:
+                    self.store.release(param.ds_id)
             for param, source in zip(dst_fp16_params, src_fp32_params):
                 self.store.write_from(param.ds_id, source)
                 param.ds_tensor.status = PartitionedParamStatus.NOT_AVAILABLE
@@ -227,6 +236,16 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
     def _mark_on_file(self, param):
         param.ds_tensor.data = self.invalid_buffer.data
         param.ds_tensor.status = PartitionedParamStatus.NOT_AVAILABLE
+
+
+def _device_copy_fence():
+    """A CUDA event after the copies queued so far on the current stream (None without CUDA). DeepSpeed copies
+    a partition to the device with non_blocking=True; over registered memory that copy is truly asynchronous."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        event = torch.cuda.Event()
+        event.record()
+        return event
+    return None
 
 
 def _numel(param) -> int:

@@ -36,7 +36,7 @@ def combined_stats(param_swapper, optimizer_swapper) -> Dict[str, object]:
     stock_estimate = sum(s.stock_pinned_bytes_estimate() for s in ours)
     headline = {
         "tencache_enabled": 1,
-        "pinned_bytes_reserved": int(detail.get("param_locked_bytes", 0)) + int(detail.get("optimizer_locked_bytes", 0)),
+        "pinned_bytes_reserved": _pinned(detail, "param") + _pinned(detail, "optimizer"),
         "pinned_bytes_peak_in_use": _locked_peak(detail, "param") + _locked_peak(detail, "optimizer"),
         "host_bytes_reserved": int(detail.get("param_reserved_bytes", 0)) + int(detail.get("optimizer_reserved_bytes", 0)),
         "nvme_read_bytes": int(detail.get("param_nvme_read_bytes", 0)) + int(detail.get("optimizer_nvme_read_bytes", 0)),
@@ -49,9 +49,14 @@ def combined_stats(param_swapper, optimizer_swapper) -> Dict[str, object]:
     return headline
 
 
+def _pinned(detail, prefix) -> int:
+    """Page-locked bytes: by mlock, or by cudaHostRegister (which locks pages itself)."""
+    return max(int(detail.get(f"{prefix}_locked_bytes", 0)), int(detail.get(f"{prefix}_registered_bytes", 0)))
+
+
 def _locked_peak(detail, prefix) -> int:
     reserved = int(detail.get(f"{prefix}_reserved_bytes", 0))
-    locked = int(detail.get(f"{prefix}_locked_bytes", 0))
+    locked = _pinned(detail, prefix)
     peak = int(detail.get(f"{prefix}_peak_in_use_bytes", 0))
     return peak if reserved and locked == reserved else min(peak, locked)
 
