@@ -52,4 +52,7 @@ for step in range(3):
         engine.backward(loss)
         engine.step()
         losses[name].append(loss.float().view(torch.int32).item())
-print("RESULT " + json.dumps(losses))
+print("RESULT " + json.dumps(losses), flush=True)
+# Stock DeepSpeed's aio handles sometimes abort the interpreter's teardown ("terminate called without an active
+# exception"); the run is over, so leave without it.
+os._exit(0)
