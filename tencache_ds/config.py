@@ -10,7 +10,7 @@ top-level keys and ignores them, but rejects extra keys inside its own sections)
 """
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from .errors import TencacheConfigError
 from .units import parse_bytes

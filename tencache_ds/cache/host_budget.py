@@ -1,6 +1,6 @@
-"""One process-wide host-memory budget for caching (config "host_cache_bytes"), shared by the parameter cache
-(reserved when its slots are planned) and the optimizer-file cache (reserved entry by entry). Owns: the
-arithmetic only."""
+"""A host-memory budget that a cache reserves from entry by entry. Owns: the arithmetic only. The optimizer-file
+cache gets what "host_cache_bytes" leaves after the parameter cache planned its slots
+(optimizer_swapper._make_file_cache)."""
 import threading
 
 

@@ -134,30 +134,20 @@ def _aio_bandwidth(torch, module, directory: str, total_bytes: int) -> Dict[str,
         locked = False
     path = os.path.join(directory, f"tencache-doctor-{os.getpid()}.bin")
     try:
-        num_chunks = total_bytes // chunk_bytes
-        started = time.perf_counter()
-        written = 0
-        for index in range(num_chunks):
+        def write_chunk(index):
             buffer.fill_(index % 251)
             if handle.sync_pwrite(buffer, path, index * chunk_bytes) < 0:
                 raise OSError(f"aio write of {fmt_bytes(chunk_bytes)} at offset {index * chunk_bytes} to {path} "
                               "failed")
-            written += 1
-            if time.perf_counter() - started > BANDWIDTH_DEADLINE_S:
-                break
-        write_s = time.perf_counter() - started
-        started = time.perf_counter()
-        read = 0
-        for index in range(written):
+
+        def read_chunk(index):
             if handle.sync_pread(buffer, path, index * chunk_bytes) < 0:
                 raise OSError(f"aio read of {fmt_bytes(chunk_bytes)} at offset {index * chunk_bytes} from {path} "
                               "failed")
-            if int(buffer[0]) != index % 251 or int(buffer[-1]) != index % 251:
-                raise OSError(f"read-back of chunk {index} of {path} returned other bytes than were written")
-            read += 1
-            if time.perf_counter() - started > BANDWIDTH_DEADLINE_S:
-                break
-        read_s = time.perf_counter() - started
+            return int(buffer[0]) == index % 251 and int(buffer[-1]) == index % 251
+
+        written, write_s, read, read_s = _timed_write_then_read(total_bytes // chunk_bytes, write_chunk,
+                                                                read_chunk, path)
     finally:
         if locked:
             handle.free_cpu_locked_tensor(buffer)
@@ -448,6 +438,31 @@ def _o_direct_works(directory: str) -> Tuple[bool, str]:
             os.remove(path)
 
 
+def _timed_write_then_read(num_chunks, write_chunk, read_chunk, path, after_writes=None):
+    """Write chunks 0.. then read them back, each direction stopping at BANDWIDTH_DEADLINE_S; ``read_chunk``
+    returns whether the bytes are the ones written. ``after_writes`` (flush, reopen) counts as write time.
+    Returns (chunks written, write seconds, chunks read, read seconds)."""
+    started = time.perf_counter()
+    written = 0
+    for index in range(num_chunks):
+        write_chunk(index)
+        written += 1
+        if time.perf_counter() - started > BANDWIDTH_DEADLINE_S:
+            break
+    if after_writes is not None:
+        after_writes()
+    write_s = time.perf_counter() - started
+    started = time.perf_counter()
+    read = 0
+    for index in range(written):
+        if not read_chunk(index):
+            raise OSError(f"read-back of chunk {index} of {path} returned other bytes than were written")
+        read += 1
+        if time.perf_counter() - started > BANDWIDTH_DEADLINE_S:
+            break
+    return written, write_s, read, time.perf_counter() - started
+
+
 def plain_io_bandwidth(directory: str, total_bytes: int) -> Dict[str, Any]:
     """Sequential write then read of one file with plain os.write/os.readv: O_DIRECT where the filesystem allows
     it, else buffered writes + fsync and reads after dropping the file from the page cache."""
@@ -469,34 +484,31 @@ def plain_io_bandwidth(directory: str, total_bytes: int) -> Dict[str, Any]:
             direct = 0
             method = "plain file I/O (buffered; fsync, then page cache dropped before reading)"
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        started = time.perf_counter()
-        written = 0
-        try:
-            for index in range(total_bytes // chunk_bytes):
-                buffer[0] = index % 251
-                os.write(fd, buffer)
-                written += 1
-                if time.perf_counter() - started > BANDWIDTH_DEADLINE_S:
-                    break
+        read_fd = None
+
+        def write_chunk(index):
+            buffer[0] = index % 251
+            os.write(fd, buffer)
+
+        def after_writes():
+            nonlocal fd, read_fd
             os.fsync(fd)
-        finally:
             os.close(fd)
-        write_s = time.perf_counter() - started
-        fd = os.open(path, os.O_RDONLY | direct)
-        try:
+            fd = None
+            read_fd = os.open(path, os.O_RDONLY | direct)
             if not direct and hasattr(os, "posix_fadvise"):
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            started = time.perf_counter()
-            read = 0
-            for index in range(written):
-                if os.readv(fd, [buffer]) != chunk_bytes or buffer[0] != index % 251:
-                    raise OSError(f"read-back of chunk {index} of {path} returned other bytes than were written")
-                read += 1
-                if time.perf_counter() - started > BANDWIDTH_DEADLINE_S:
-                    break
-            read_s = time.perf_counter() - started
+                os.posix_fadvise(read_fd, 0, 0, os.POSIX_FADV_DONTNEED)
+
+        def read_chunk(index):
+            return os.readv(read_fd, [buffer]) == chunk_bytes and buffer[0] == index % 251
+
+        try:
+            written, write_s, read, read_s = _timed_write_then_read(total_bytes // chunk_bytes, write_chunk,
+                                                                    read_chunk, path, after_writes)
         finally:
-            os.close(fd)
+            for descriptor in (fd, read_fd):
+                with contextlib.suppress(OSError, TypeError):
+                    os.close(descriptor)
     finally:
         buffer.close()
         with contextlib.suppress(OSError):

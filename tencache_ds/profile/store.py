@@ -12,7 +12,7 @@ import os
 import tempfile
 import threading
 import time
-from typing import Hashable, List, Optional, Tuple
+from typing import Hashable, List, Optional
 
 from ..log import logger
 

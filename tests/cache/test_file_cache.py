@@ -3,7 +3,6 @@ behind the cache's back are not served."""
 import os
 import shutil
 
-import pytest
 import torch
 
 from tencache_ds.cache.file_cache import FileCache

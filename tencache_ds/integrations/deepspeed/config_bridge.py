@@ -7,7 +7,7 @@ from typing import Any, Optional
 import torch
 
 from ...config import CONFIG_KEY, TencacheConfig, parse_config
-from ...errors import TencacheConfigError, TencacheResourceError
+from ...errors import TencacheResourceError
 
 # DeepSpeed pads every swapped tensor to `1024 bytes x aio.intra_op_parallelism` (swap_tensor/utils.py
 # AIO_ALIGNED_BYTES); our files keep that layout so DeepSpeed code that reads them (offload_optimizer.fast_init)
@@ -61,4 +61,4 @@ def prepare_swap_folder(folder: str, nvme_path: str, config_key: str) -> None:
 
 
 __all__ = ["config_from_ds_config", "find_stage3_ds_config", "io_aligned_numel", "prepare_swap_folder",
-           "TencacheConfigError", "MIN_SWAPPABLE_BYTES"]
+           "MIN_SWAPPABLE_BYTES"]
