@@ -1,6 +1,5 @@
-"""A host-memory budget that a cache reserves from entry by entry. Owns: the arithmetic only. The optimizer-file
-cache gets what "host_cache_bytes" leaves after the parameter cache planned its slots
-(optimizer_swapper._make_file_cache)."""
+"""A host-memory budget that a cache reserves from entry by entry. Owns: the arithmetic only. How one host tier's
+bytes are split between parameter partitions and optimizer state is plan/host_tier.py's."""
 import threading
 
 

@@ -28,6 +28,7 @@ class HostBuffer:
     slot: Optional[ArenaSlot] = None       # set when the buffer is an arena slot
     _base: Optional[torch.Tensor] = None   # uint8 view over the whole buffer (keeps fallback memory alive)
     fence: Optional[object] = None         # a CUDA event after the last device copy that reads the buffer
+    counted_as_fallback: bool = True       # pageable buffers only: a missing slot (True) or pageable by design
 
     def view(self, dtype: torch.dtype, numel: int) -> torch.Tensor:
         """A tensor of ``numel`` elements of ``dtype`` over the start of the buffer (no copy)."""
@@ -58,6 +59,7 @@ class BufferPool:
         self._fallbacks = 0             # COUNT: buffers that came from pageable memory
         self._fallback_in_use = 0       # bytes, current
         self._fallback_peak = 0         # bytes, PEAK
+        self._pageable_in_use = 0       # bytes, current: pageable by design (acquire_pageable)
 
     def add_classes(self, class_counts: Dict[int, int]) -> None:
         """Reserve a new arena with ``class_counts`` (slot bytes -> count); earlier arenas stay."""
@@ -72,11 +74,23 @@ class BufferPool:
             for base, nbytes in arena.regions():
                 bisect.insort(self._ranges, (base, base + nbytes))
 
-    def try_acquire(self, nbytes: int) -> Optional[HostBuffer]:
-        """An arena slot of at least ``nbytes``, or None when every fitting class is in use."""
+    def class_bytes(self, nbytes: int) -> Optional[int]:
+        """The slot size of the smallest class that fits ``nbytes`` (its own class), None if none fits."""
+        with self._mutex:
+            return min((size for arena in self._arenas for size, _count in arena.classes if size >= nbytes),
+                       default=None)
+
+    def try_acquire(self, nbytes: int, own_class_only: bool = False) -> Optional[HostBuffer]:
+        """An arena slot of at least ``nbytes``, or None when every fitting class is in use. With
+        ``own_class_only`` only a slot of ``nbytes``' own class (``class_bytes``) will do: a small tensor that took
+        a larger class's slot would leave the largest tensor without one (it would fall back to pageable memory)."""
+        own = self.class_bytes(nbytes) if own_class_only else None
         with self._mutex:
             for arena in self._arenas:
                 slot = arena.alloc(nbytes)
+                if slot is not None and own is not None and slot.slot_bytes != own:
+                    arena.free(slot)
+                    slot = None
                 if slot is not None:
                     buffer = HostBuffer(slot.ptr, slot.slot_bytes, slot.locked, slot, _uint8_over(slot))
                     self._live[buffer.ptr] = buffer
@@ -95,6 +109,11 @@ class BufferPool:
         buffer = self.try_acquire(nbytes)
         return buffer if buffer is not None else self._acquire_fallback(nbytes)
 
+    def acquire_pageable(self, nbytes: int, count_as_fallback: bool = True) -> HostBuffer:
+        """A page-aligned pageable buffer outside the arena (zero-filled). ``count_as_fallback`` False for memory
+        that is pageable by design (optimizer state), so the fallback counters keep meaning "a slot was missing"."""
+        return self._acquire_fallback(nbytes, count_as_fallback)
+
     def release(self, buffer: HostBuffer) -> None:
         with self._mutex:
             assert self._live.pop(buffer.ptr, None) is buffer, f"{self.name}: release of a buffer not handed out"
@@ -103,7 +122,10 @@ class BufferPool:
                     self._fences[buffer.ptr] = buffer.fence
                 buffer.slot.arena.free(buffer.slot)
             else:
-                self._fallback_in_use -= buffer.capacity_bytes
+                if buffer.counted_as_fallback:
+                    self._fallback_in_use -= buffer.capacity_bytes
+                else:
+                    self._pageable_in_use -= buffer.capacity_bytes
                 self._ranges.remove((buffer.ptr, buffer.ptr + buffer.capacity_bytes))
 
     def owns(self, tensor: torch.Tensor) -> bool:
@@ -133,8 +155,14 @@ class BufferPool:
                     else:
                         totals[key] += int(arena_stats.get(key, 0))
             totals.update(buffer_fallbacks=self._fallbacks, fallback_bytes_in_use=self._fallback_in_use,
-                          fallback_bytes_peak=self._fallback_peak)
+                          fallback_bytes_peak=self._fallback_peak, pageable_bytes_in_use=self._pageable_in_use)
         return totals
+
+    def validate(self) -> None:
+        """Check every arena's native invariants (raises AssertionError on a bug)."""
+        with self._mutex:
+            for arena in self._arenas:
+                arena.validate()
 
     def close(self) -> None:
         with self._mutex:
@@ -143,15 +171,18 @@ class BufferPool:
             arena.close()
 
     # ---------------------------------------------------------------------------------------------- private
-    def _acquire_fallback(self, nbytes: int) -> HostBuffer:
+    def _acquire_fallback(self, nbytes: int, count_as_fallback: bool = True) -> HostBuffer:
         # An anonymous mapping is page-aligned (O_DIRECT-safe) and zero-filled, like a fresh arena slot.
         capacity = max(mmap.PAGESIZE, -(-nbytes // mmap.PAGESIZE) * mmap.PAGESIZE)
         base = torch.frombuffer(mmap.mmap(-1, capacity), dtype=torch.uint8)
-        buffer = HostBuffer(base.data_ptr(), capacity, False, None, base)
+        buffer = HostBuffer(base.data_ptr(), capacity, False, None, base, counted_as_fallback=count_as_fallback)
         with self._mutex:
             self._live[buffer.ptr] = buffer
             bisect.insort(self._ranges, (buffer.ptr, buffer.ptr + capacity))
-            self._fallbacks += 1
-            self._fallback_in_use += capacity
-            self._fallback_peak = max(self._fallback_peak, self._fallback_in_use)
+            if count_as_fallback:
+                self._fallbacks += 1
+                self._fallback_in_use += capacity
+                self._fallback_peak = max(self._fallback_peak, self._fallback_in_use)
+            else:
+                self._pageable_in_use += capacity
         return buffer

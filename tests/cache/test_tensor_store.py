@@ -1,22 +1,50 @@
-"""TensorStore on real files and real arena slots: bytes survive every path; shortage waits or falls back."""
+"""TensorStore (parameter partitions) on real files and real arena slots: bytes survive every path; a shortage
+evicts, waits for one write or falls back; the defects of the flags-plus-futures store stay fixed. Every test runs
+with the store's invariant checks after each call (TENCACHE_DEBUG_CHECKS)."""
+import contextlib
+import os
+import threading
+
 import pytest
 import torch
 
+from tencache_ds.cache.entry import EntryState
+from tencache_ds.cache.host_budget import HostBudget
 from tencache_ds.cache.tensor_store import TensorStore
 from tencache_ds.io.direct_io import DirectFileIO
+
+
+@pytest.fixture(autouse=True)
+def debug_checks(monkeypatch):
+    monkeypatch.setenv("TENCACHE_DEBUG_CHECKS", "1")
 
 
 def aligned(numel):  # DeepSpeed's 1 KiB alignment for fp32
     return -(-numel // 256) * 256
 
 
+def make_store(tmp_path, slots_per_class=2, cache_bytes=0):
+    io = DirectFileIO(num_threads=2)
+    store = TensorStore(str(tmp_path), torch.float32, aligned, slots_per_class=slots_per_class, lock="best_effort",
+                        io=io, cache_budget=HostBudget(cache_bytes))
+    store.test_io = io
+    return store
+
+
 @pytest.fixture
 def store(tmp_path):
-    io = DirectFileIO(num_threads=2)
-    store = TensorStore(str(tmp_path), torch.float32, aligned, slots_per_class=2, lock="best_effort", io=io)
+    store = make_store(tmp_path)
     yield store
     store.close()
-    io.close()
+    store.test_io.close()
+
+
+@pytest.fixture
+def caching_store(tmp_path):
+    store = make_store(tmp_path, slots_per_class=1, cache_bytes=2 * aligned(300_000) * 4 + 4096)
+    yield store
+    store.close()
+    store.test_io.close()
 
 
 def create(store, key, numel, seed):
@@ -28,6 +56,13 @@ def create(store, key, numel, seed):
     return expected
 
 
+def read(store, key):
+    store.start_read(key)
+    value = store.wait_read(key).clone()
+    store.release(key)
+    return value
+
+
 def test_create_read_release_round_trip(store):
     expected = {key: create(store, key, 300_000 + key, seed=key) for key in range(5)}
     store.plan()
@@ -37,7 +72,7 @@ def test_create_read_release_round_trip(store):
     for key in range(5):  # 5 reads with 2 slots per class: the rest fall back, nothing asserts
         assert torch.equal(store.wait_read(key), expected[key])
     stats = store.stats()
-    assert stats["buffer_fallbacks"] >= 1 and stats["resident_tensors"] == 5
+    assert stats["buffer_fallbacks"] >= 1 and stats["resident_tensors"] == 5 and store.lent_or_reading() == 5
     for key in range(5):
         store.release(key)
         store.release(key)  # idempotent
@@ -48,20 +83,18 @@ def test_write_from_is_visible_to_the_next_read(store):
     create(store, "w", 100_000, seed=1)
     store.plan()
     new = torch.randn(100_000, dtype=torch.float64)
-    store.write_from("w", new)          # cast to fp32, asynchronous
-    store.start_read("w")               # must wait for the write
-    assert torch.equal(store.wait_read("w"), new.float())
-    store.release("w")
+    store.write_from("w", new)          # cast to fp32; streaming: written at once, asynchronously
+    assert torch.equal(read(store, "w"), new.float())
 
 
-def test_writes_hold_slots_until_done_then_give_them_back(store):
+def test_streaming_writes_hold_slots_until_done_then_give_them_back(store):
     for key in range(4):
         create(store, key, 200_000, seed=key)
     store.plan()
     for key in range(4):
         store.write_from(key, torch.full((200_000,), float(key)))
-    assert store.waits_for_slots >= 1          # 2 slots, 4 writes: later ones waited for earlier ones
-    store.wait_writes()
+    assert store.counters.fallbacks == 0  # 2 slots, 4 writes: later ones waited for (or reaped) earlier ones
+    store.flush()
     assert store.pool.stats()["in_use_bytes"] == 0
     for key in range(4):
         dest = torch.empty(200_000)
@@ -75,80 +108,180 @@ def test_caller_buffer_read(store):
     store.start_read("c", into=into)
     assert torch.equal(store.wait_read("c"), expected)
     store.release("c")
+    assert store.state("c") == EntryState.ON_FILE
 
 
-@pytest.fixture
-def caching_store(tmp_path):
-    io = DirectFileIO(num_threads=2)
-    store = TensorStore(str(tmp_path), torch.float32, aligned, slots_per_class=1, lock="best_effort", io=io,
-                        cache_budget_bytes=2 * aligned(300_000) * 4 + 4096)
-    yield store
-    store.close()
-    io.close()
-
-
-def test_cache_hits_need_no_io_and_evict_least_recently_used(caching_store):
-    """4 tensors, 1 streaming slot + room for ~2 cached copies: the second pass hits for the recent ones."""
+def test_cache_hits_are_zero_copy_and_evict_least_recently_used(caching_store):
+    """4 tensors, 1 streaming slot + room for ~2 cached copies: the second pass hits for the recent ones, and a
+    hit lends the cached buffer itself."""
     store = caching_store
     expected = {key: create(store, key, 300_000, seed=key) for key in range(4)}
     store.plan()
     for key in range(4):  # first pass: all misses, each released into the cache
-        store.start_read(key)
-        assert torch.equal(store.wait_read(key), expected[key])
-        store.release(key)
-    assert store.cache_misses == 4 and store.evictions >= 1
-    reads_before = store._io.counters().read_requests
+        assert torch.equal(read(store, key), expected[key])
+    assert store.counters.misses == 4 and store.counters.evictions >= 1
+    reads_before = store.test_io.counters().read_requests
     store.start_read(3)  # most recently used: still cached
-    assert torch.equal(store.wait_read(3), expected[3])
+    first = store.wait_read(3)
     store.release(3)
-    assert store.cache_hits == 1 and store._io.counters().read_requests == reads_before
-    store.start_read(0)  # least recently used: evicted, read again from file, bytes still right
-    assert torch.equal(store.wait_read(0), expected[0])
-    store.release(0)
-    assert store.cache_misses == 5
+    store.start_read(3)
+    assert store.wait_read(3).data_ptr() == first.data_ptr()  # the same memory: no copy
+    store.release(3)
+    assert store.counters.hits == 2 and store.test_io.counters().read_requests == reads_before
+    assert torch.equal(read(store, 0), expected[0])  # least recently used: evicted, read again, bytes right
+    assert store.counters.misses == 5
     assert store.pool.stats()["buffer_fallbacks"] == 0
 
 
-def test_write_through_keeps_the_cached_copy_current(caching_store):
+def test_write_back_keeps_new_bytes_in_memory_until_evicted(caching_store):
     store = caching_store
     create(store, "p", 300_000, seed=5)
+    for key in range(3):
+        create(store, key, 300_000, seed=10 + key)
     store.plan()
-    store.start_read("p")
-    store.wait_read("p")
-    store.release("p")  # now cached
+    read(store, "p")  # now cached
+    writes_before = store.test_io.counters().write_requests
     new = torch.randn(300_000)
     store.write_from("p", new)
-    store.start_read("p")  # hit: the cached copy was updated, not just the file
-    assert torch.equal(store.wait_read("p"), new) and store.cache_hits == 1
-    store.release("p")
-    store.wait_writes()
-    dest = torch.empty(300_000)
-    store._io.read(dest, store.record("p").path, nbytes=300_000 * 4).result()
-    assert torch.equal(dest, new)  # and the file has the same bytes
+    assert store.state("p") == EntryState.DIRTY
+    assert store.test_io.counters().write_requests == writes_before  # nothing reached the file yet
+    assert torch.equal(read(store, "p"), new) and store.counters.hits == 1
+    for key in range(3):  # push "p" out: its bytes are written on eviction
+        read(store, key)
+    assert store.state("p") == EntryState.ON_FILE
+    assert torch.equal(read(store, "p"), new)
 
 
-def test_bytes_changed_in_place_while_resident_are_not_cached(caching_store):
-    """Stage 3 copies new weights into resident partitions without writing their files (and stock DeepSpeed drops
-    them at release): a copy that may have changed in place must not be served later as clean."""
+def test_bytes_changed_in_place_while_lent_are_the_newest_and_reach_the_file(caching_store):
+    """Defect: a partition that stage 3 updated in place while its write was still attached stayed cached as a
+    clean copy whose bytes the file did not have; once evicted, the older file bytes came back. Now the lent bytes
+    are marked changed, kept dirty, and written when evicted."""
     store = caching_store
-    expected = create(store, "r", 300_000, seed=9)
+    create(store, "r", 300_000, seed=9)
+    for key in range(3):
+        create(store, key, 300_000, seed=key)
     store.plan()
+    store.write_from("r", torch.randn(300_000))  # new weights...
+    store.flush()                                 # ...on file, and the cached copy clean
     store.start_read("r")
     view = store.wait_read("r")
-    store.mark_resident_stale()
-    view.fill_(0.0)          # the owner writes in place
+    store.mark_all_lent_changed()
+    view.fill_(3.0)  # the owner writes in place
     store.release("r")
-    store.start_read("r")    # a miss: bytes come from the file, as in stock
-    assert torch.equal(store.wait_read("r"), expected) and store.cache_hits == 0
-    store.release("r")
+    store.flush()
+    on_file = torch.empty(300_000)
+    store.test_io.read(on_file, store.path_of("r")).result()
+    assert torch.all(on_file == 3.0)  # the file agrees with what is served
+    for key in range(3):
+        read(store, key)
+    assert torch.all(read(store, "r") == 3.0)
+
+
+def test_a_failed_write_on_eviction_keeps_the_bytes_and_the_slot_accounted(caching_store, tmp_path):
+    """Defect: an eviction whose write failed orphaned the slot and dropped the only copy of the new bytes."""
+    store = caching_store
+    create(store, "e", 300_000, seed=1)
+    for key in range(3):
+        create(store, key, 300_000, seed=key)
+    store.plan()
+    new = torch.randn(300_000)
+    store.write_from("e", new)
+    path = store.path_of("e")
+    os.remove(path)
+    os.mkdir(path)  # writes to the file now fail (EISDIR)
+    with pytest.raises(OSError):
+        for key in range(3):
+            read(store, key)
+    assert store.state("e") == EntryState.DIRTY
+    store.check_invariants()
+    os.rmdir(path)  # the disk is fixed: the bytes were never lost
+    store.flush()
+    assert torch.equal(read(store, "e"), new)
 
 
 def test_a_failed_read_leaves_no_partial_copy_behind(store):
-    import os
     create(store, "f", 100_000, seed=4)
     store.plan()
-    os.remove(store.record("f").path)
+    os.remove(store.path_of("f"))
     store.start_read("f")
     with pytest.raises(Exception, match="missing"):
         store.wait_read("f")
-    assert store.record("f").buffer is None and store.pool.stats()["in_use_bytes"] == 0
+    assert store.state("f") == EntryState.ON_FILE and store.pool.stats()["in_use_bytes"] == 0
+    assert store.lent_or_reading() == 0
+
+
+def test_a_small_tensor_never_takes_a_larger_class_slot(tmp_path):
+    """Defect: with its own class full, a small partition got the large class's slot, and the largest partition
+    then fell back to pageable (unpinned) memory."""
+    store = make_store(tmp_path, slots_per_class=1)
+    try:
+        for key, numel in (("s1", 20_000), ("s2", 20_000), ("big", 400_000)):
+            create(store, key, numel, seed=1)
+        store.plan()
+        for key in ("s1", "s2", "big"):
+            store.start_read(key)
+        stats = store.pool.stats()
+        assert stats["buffer_fallbacks"] == 1
+        assert stats["fallback_bytes_peak"] < aligned(400_000) * 4  # the small one fell back, not the big one
+        for key in ("s1", "s2", "big"):
+            store.wait_read(key)
+            store.release(key)
+    finally:
+        store.close()
+        store.test_io.close()
+
+
+def _blocked_fifo(path):
+    """Replace ``path`` with a FIFO: I/O on it blocks until the other end is opened."""
+    os.remove(path)
+    os.mkfifo(path)
+
+
+def test_waiting_for_a_read_does_not_hold_the_store_lock(store):
+    """Defect: wait_read held the store's lock while waiting for I/O, so every other call (another thread's
+    prefetch, stats) stalled behind it."""
+    create(store, "slow", 50_000, seed=1)
+    create(store, "other", 50_000, seed=2)
+    store.plan()
+    path = store.path_of("slow")
+    _blocked_fifo(path)
+    store.start_read("slow")
+    waiter = threading.Thread(target=lambda: pytest.raises(Exception, store.wait_read, "slow"), daemon=True)
+    waiter.start()
+    done = threading.Event()
+
+    def other_call():
+        read(store, "other")
+        done.set()
+
+    threading.Thread(target=other_call, daemon=True).start()
+    try:
+        assert done.wait(10), "another tensor's read waited for the lock held across I/O"
+    finally:
+        with contextlib.suppress(BrokenPipeError), open(path, "wb") as fifo:  # unblock the slow read (it fails)
+            fifo.write(b"\0" * 4096)
+        waiter.join(10)
+
+
+def test_a_shortage_waits_for_the_one_write_that_frees_a_slot(tmp_path):
+    """Defect: a reader short of a slot waited for *all* writes in flight, however unrelated."""
+    store = make_store(tmp_path, slots_per_class=1)
+    try:
+        create(store, "big", 400_000, seed=1)
+        create(store, "small", 20_000, seed=2)
+        create(store, "small2", 20_000, seed=3)
+        store.plan()
+        _blocked_fifo(store.path_of("big"))
+        store.write_from("big", torch.zeros(400_000))     # its write blocks until the FIFO is read
+        store.write_from("small", torch.ones(20_000))     # holds the only small slot until written
+        done = threading.Event()
+        threading.Thread(target=lambda: (read(store, "small2"), done.set()), daemon=True).start()
+        try:
+            assert done.wait(10), "the read waited for an unrelated write"
+        finally:
+            with open(store.path_of("big"), "rb") as fifo:
+                fifo.read()
+        assert torch.all(read(store, "small") == 1.0)
+    finally:
+        store.close()
+        store.test_io.close()

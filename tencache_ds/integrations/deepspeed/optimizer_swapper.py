@@ -1,74 +1,50 @@
-"""DeepSpeed's optimizer swapper over tencache's buffer pool and I/O engine. Owns: construction (config lookup,
-stock fallback) and the buffer manager; the swapping logic is DeepSpeed's own (PartitionedOptimizerSwapper and
-OptimizerSwapper), run unchanged through AioHandleAdapter, so optimizer math and file layout are stock.
+"""DeepSpeed's optimizer swapper over tencache's host tier. Owns: translating the calls ZeRO-3 makes on its
+optimizer swapper (deepspeed-integration.md, a.6) into EntryStore calls, and keeping DeepSpeed's view of each
+sub-group consistent (the ``.data`` of its fp32 master and state tensors, ``.grad``, ``swap_params_info``). Entry
+states, I/O and eviction live in cache/entry_store.py.
 
 What changes for users:
-- The fp32 master weights, Adam moments and gradients of a sub-group are only ever touched by the CPU optimizer
-  and by file I/O, never by the accelerator, so their buffers are 4 KiB-aligned *pageable* memory: stock locks
-  `buffer_count x largest sub-group x 4 B` (a gigabyte or more) only because its I/O engine bounces anything it
-  did not lock itself.
-- A shortage of buffers (stock: `assert pinned_buffers is not None`, or "PipelinedOptimizerSwapper ran out of
-  swap buffers" below 12 buffers) takes more pageable memory instead of failing.
+- Zero copies on a hit: a swap-in lends the held buffers themselves as the sub-group's fp32 master, Adam moments
+  and gradient; a swap-out takes them back, changed. When the tier holds everything, a step moves the bytes stock
+  CPU offload moves (one copy of each gradient fragment into its sub-group's gradient buffer, and nothing else).
+- Write-back: changed state reaches its file when evicted, when a checkpoint is saved (the engine reads
+  ``swap_folder`` just before it copies the folder: the property flushes first), when a checkpoint is loaded,
+  and at close. In steady state with everything held, nothing is written per step (stock: all optimizer state).
+- File layout is stock's (``<ds_id>.tensor.swp``, ``<state>-<ds_id>.tensor.swp``), so checkpoints copy it file by
+  file; a sub-group's gradient fragments share one file (``<ds_id>_gradient_0_<numel>.tensor.swp``), which
+  checkpoints skip as they skip stock's.
+- Buffers are 4 KiB-aligned *pageable* memory (only the CPU optimizer and file I/O touch them); beyond the budget a
+  sub-group is served from a transient buffer, never from an assertion (stock: `assert pinned_buffers is not
+  None`, or "PipelinedOptimizerSwapper ran out of swap buffers" below 12 buffers).
+- The next sub-group (``async_parameter``) is read ahead while the current one steps.
 """
 import os
 
 import torch
-from deepspeed.runtime.swap_tensor.async_swapper import AsyncTensorSwapper
+from deepspeed.runtime.swap_tensor.optimizer_utils import OptimizerStateSwapInfo, OptimizerSwapper
 from deepspeed.runtime.swap_tensor.partitioned_optimizer_swapper import PartitionedOptimizerSwapper
 from deepspeed.runtime.swap_tensor.pipelined_optimizer_swapper import PipelinedOptimizerSwapper
 from deepspeed import comm as dist
 
 from ...config import parse_config, CONFIG_KEY
-from ...cache.file_cache import FileCache
+from ...cache.entry_store import BudgetedPageable, EntryStore
+from ...cache.entry import EntryState
 from ...cache.host_budget import HostBudget
 from ...io.direct_io import DirectFileIO
-from ...plan.budget import MachineResources, resolve_budgets
 from ...memory.pool import BufferPool
-from .aio_adapter import AioHandleAdapter
+from ...plan.budget import MachineResources, resolve_budgets
+from ...plan.host_tier import (OPTIMIZER_BYTES_PER_ELEMENT, OPTIMIZER_IO_BYTES_PER_HELD_BYTE,
+                               PARAM_IO_BYTES_PER_HELD_BYTE, TierDemand, split_host_budget)
 from .profiling import ProfiledOrder, rank_profile_path
 from .config_bridge import MIN_SWAPPABLE_BYTES, find_stage3_ds_config, io_aligned_numel, prepare_swap_folder
 from . import param_swapper, reporting
 
 NVME_PATH_KEY = "zero_optimization.offload_optimizer.nvme_path"
-# Adam needs the fp32 param, two moments and the gradient of one sub-group at once (deepspeed-integration.md a.7).
-MIN_BUFFERS = 4
-
-
-class PoolSwapBufferManager:
-    """DeepSpeed's SwapBufferManager interface (allocate / allocate_all / free) over a BufferPool. Buffers hold
-    ``num_elems`` elements (the largest sub-group); ``allocate`` never returns None."""
-
-    def __init__(self, num_elems: int, count: int, dtype: torch.dtype, pool: BufferPool):
-        self.num_elems = num_elems
-        self.count = count
-        self.dtype = dtype
-        self._nbytes = num_elems * torch.empty((), dtype=dtype).element_size()
-        self._pool = pool
-        self._pool.add_classes({self._nbytes: count})
-        self._lent = {}  # id(view handed out) -> HostBuffer; DeepSpeed frees by the same view objects
-
-    def allocate(self, num_elems, count, dtype):
-        if dtype != self.dtype or num_elems > self.num_elems:
-            raise ValueError(f"buffer request {count} x {num_elems} {dtype} exceeds {self.num_elems} {self.dtype}")
-        views = []
-        for _ in range(count):
-            buffer = self._pool.acquire(self._nbytes)
-            view = buffer.view(self.dtype, self.num_elems).narrow(0, 0, num_elems)
-            self._lent[id(view)] = buffer
-            views.append(view)
-        return views
-
-    def allocate_all(self, num_elems, dtype):
-        # Stock lends every free buffer (gradient staging, initialisation); at least one keeps them moving.
-        return self.allocate(num_elems=num_elems, count=max(1, self._pool.free_slots()), dtype=dtype)
-
-    def free(self, buffers):
-        for view in buffers:
-            self._pool.release(self._lent.pop(id(view)))
 
 
 class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
-    """Stands in for both PartitionedOptimizerSwapper and PipelinedOptimizerSwapper in stage3's namespace."""
+    """Stands in for both PartitionedOptimizerSwapper and PipelinedOptimizerSwapper in stage3's namespace
+    (subclass: stage 3 calls ``OptimizerSwapper.parameter_id`` through the base class)."""
 
     def __new__(cls, swap_config, aio_config, base_folder, optimizer, largest_numel, device, dtype, timers):
         raw = find_stage3_ds_config()
@@ -83,15 +59,15 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
 
     def __init__(self, swap_config, aio_config, base_folder, optimizer, largest_numel, device, dtype, timers):
         # pylint: disable=super-init-not-called
-        # The stock constructors lock buffer_count x largest_numel through DeepSpeed's aio handle; everything
-        # else they set up is reproduced here, with our engine in place of the handle.
+        # The stock constructors lock buffer_count x largest_numel through DeepSpeed's aio handle; what else they
+        # set up (the attributes the base class's helpers read) is set here.
         intra_op = int(aio_config.get("intra_op_parallelism", 1))
         self.swap_config = swap_config
         self.aio_config = aio_config
         self.swap_params_info = {}
         self.swap_element_size = torch.empty((), dtype=dtype).element_size()
-        self.swap_folder = os.path.join(base_folder, "optimizer", f"rank{dist.get_rank()}")
-        prepare_swap_folder(self.swap_folder, swap_config.nvme_path, NVME_PATH_KEY)
+        self._folder = os.path.join(base_folder, "optimizer", f"rank{dist.get_rank()}")
+        prepare_swap_folder(self._folder, swap_config.nvme_path, NVME_PATH_KEY)
         self.optimizer = optimizer
         self.min_aio_bytes = max(MIN_SWAPPABLE_BYTES, int(aio_config.get("block_size", 0)))
         self.aligned_bytes = 1024 * intra_op
@@ -100,43 +76,161 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         self.dtype = dtype
         self.io = DirectFileIO(num_threads=max(2, intra_op), name="tencache-optim-io")
         self.pool = BufferPool("optimizer", lock="off")
-        self.file_cache = self._make_file_cache()
-        # The optimizer's swap files are read in the same order every step. log_timers() ends each step; the
-        # first call ends initialisation, the second the first training step.
+        self.budget = HostBudget(self._host_tier_share())
+        self.store = EntryStore("optimizer", dtype, lambda numel: io_aligned_numel(numel, dtype, intra_op), self.io,
+                                BudgetedPageable(self.pool, self.budget))
+        # The optimizer's tensors are used in the same order every step. log_timers() ends each step; the first
+        # call ends initialisation, the second the first training step.
         self.profile = ProfiledOrder(rank_profile_path(self.config.profile_path), "optimizer",
                                      training_step_index=1, to_file=os.path.basename,
-                                     from_file=lambda name: os.path.join(self.swap_folder, name))
-        self.aio_handle = AioHandleAdapter(self.io, self.pool, self.file_cache)
-        self.swap_buffer_manager = PoolSwapBufferManager(self.largest_numel, max(MIN_BUFFERS, swap_config.buffer_count),
-                                                         dtype, self.pool)
-        self.gradient_swapper = AsyncTensorSwapper(aio_handle=self.aio_handle, numel_alignment=self.numel_alignment,
-                                                   timers=timers)
+                                     from_file=lambda name: os.path.join(self._folder, name))
         self.timers = timers
         self.timer_names = set()
+        self._lent = {}        # sub-group id -> keys of the entries lent as its tensors (and gradient)
+        self._read_ahead = {}  # sub-group id -> keys whose reads were started for it (async_parameter)
         self._profile_looked_up = False
         self._started = False  # a backward has begun: log_timers() calls from now on end training steps
-        self.print_exclude_list = ["optimizer", "swap_buffer_manager", "swap_params_info", "timers", "timer_names",
-                                   "aio_handle", "gradient_swapper", "print_exclude_list", "io", "pool", "config"]
+        self.closed = False
+        self.print_exclude_list = ["optimizer", "swap_params_info", "timers", "timer_names", "print_exclude_list",
+                                   "io", "pool", "config", "store", "budget"]
 
-    def _make_file_cache(self):
-        """The host cache's share left after the parameter cache (planned now, so the split is deterministic:
-        parameters first, as each cached parameter byte saves a read in forward and one in backward)."""
+    def _host_tier_share(self) -> int:
+        """This swapper's bytes of the host tier: what the split by I/O saved per byte (plan/host_tier.py) leaves
+        after the parameter partitions, whose cache slots are planned now so the split is deterministic."""
         budgets = resolve_budgets(self.config, MachineResources.probe())
-        param_reserved = 0
+        param_bytes = param_elements = 0
         for swapper in param_swapper.live_swappers():
             swapper.plan()
-            param_reserved += swapper.store.cache_bytes_reserved
-        remaining = budgets.host_cache_bytes - param_reserved
-        if remaining <= 0:
-            return None
-        # DeepSpeed never copies gradient fragments into checkpoints: those are written back, not through.
-        return FileCache(HostBudget(remaining), self.io, write_back=lambda path: "_gradient_" in os.path.basename(path))
+            param_bytes += swapper.store.cache_bytes_reserved
+        for group in getattr(self.optimizer, "param_groups", []):
+            param_elements += sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel() for p in group["params"])
+        shares = split_host_budget(budgets.host_cache_bytes, [
+            TierDemand("params", param_bytes, PARAM_IO_BYTES_PER_HELD_BYTE),
+            TierDemand("optimizer", max(param_elements * OPTIMIZER_BYTES_PER_ELEMENT, budgets.host_cache_bytes),
+                       OPTIMIZER_IO_BYTES_PER_HELD_BYTE)])
+        return shares["optimizer"]
+
+    # ------------------------------------------------------------------------------ the checkpoint contract
+    @property
+    def swap_folder(self) -> str:
+        """The folder of the swap files. The engine reads this attribute right before it copies the folder into a
+        checkpoint (engine.py save_checkpoint) or copies a checkpoint over it (load_checkpoint): under write-back
+        the files must hold the newest bytes then, so reading it flushes the changed state first."""
+        if not self.closed:
+            self.store.flush()
+        return self._folder
+
+    def _create_param_swap_info(self, parameter, numel):
+        # The base class passes self.swap_folder, which would flush: use the folder directly.
+        param_id = OptimizerSwapper.parameter_id(parameter)
+        assert param_id not in self.swap_params_info, f"sub-group {param_id} is registered twice"
+        swap_info = OptimizerStateSwapInfo(parameter=parameter, numel=numel, base_folder=self._folder,
+                                           aio_handle=_PoolView(self.pool))
+        self.swap_params_info[param_id] = swap_info
+        self._update_param_state_info(swap_info, parameter)
+        return swap_info
+
+    # ------------------------------------------------------------------------------------- initialisation
+    def initialize_parameters(self, parameters, src_tensors):
+        paths = self._get_swap_paths(parameters=parameters, num_elems=[src.numel() for src in src_tensors])
+        for path, source in zip(paths, src_tensors):
+            self._store_new(path, source)
+
+    def initialize_from_swapped_fp16_params(self, fp16_partitions_info, fp16_num_elems, fp16_pinned_buffers,
+                                            fp32_parameters):
+        """offload_optimizer.fast_init: build each fp32 master straight from the fp16 partitions (in memory or in
+        the param swapper's files) without the lent staging buffers stock needs."""
+        paths = self._get_swap_paths(parameters=fp32_parameters, num_elems=fp16_num_elems)
+        for partitions, numel, path in zip(fp16_partitions_info, fp16_num_elems, paths):
+            master = self.store.lend_new(path, numel, path)
+            offset = 0
+            for tensor, partition_numel, partition_path in partitions:
+                destination = master.narrow(0, offset, partition_numel)
+                if partition_path is None:
+                    destination.copy_(tensor.data)
+                else:
+                    low = torch.empty(partition_numel, dtype=param_swapper.dtype_of_swap_file(partition_path))
+                    self.io.read(low, partition_path).result()
+                    destination.copy_(low)
+                offset += partition_numel
+            self.store.release(path, changed=True)
+
+    # ------------------------------------------------------------------------------------ swap in and out
+    def swap_in_optimizer_state(self, parameter, async_parameter=None):
+        # async_parameter defaults to None: the Muon path calls without it (stock Pipelined has no default).
+        swap_info = self._get_param_swap_info(parameter)
+        if swap_info is None:
+            return
+        group = OptimizerSwapper.parameter_id(parameter)
+        read_ahead = self._read_ahead.pop(group, ())
+        keys = []
+        for context in swap_info.tensors:
+            view = self._lend(context.swap_path, swap_info.numel(), read_ahead)
+            context.compute_tensor.data = view.data
+            context.swap_tensor.data = view.data
+            keys.append(context.swap_path)
+        if swap_info.has_gradients():
+            path = self._gradient_path(swap_info)
+            parameter.grad = self._lend(path, swap_info.numel(), read_ahead)
+            keys.append(path)
+        self._lent[group] = keys
+        if async_parameter is not None:
+            self._start_read_ahead(async_parameter)
+
+    def swap_out_optimizer_state(self, parameter, async_swap=False):
+        # The step changed the master and state tensors in place; new state tensors (Adam's moments on its first
+        # step) are the optimizer's own allocations and are stored once.
+        self._give_back(parameter, states_changed=True, gradient_changed=True)
+
+    def release_swap_buffers(self, parameter):
+        self._give_back(parameter, states_changed=False, gradient_changed=False)
+
+    def writeback_optimizer_state_and_gradients(self, parameter, write_opt_state, write_gradients):
+        self._give_back(parameter, states_changed=write_opt_state, gradient_changed=write_gradients)
+
+    def swap_out_gradients(self, parameter, gradient_offsets, gradient_tensors):
+        """Copy the sub-group's fp32 gradient fragments into its gradient entry (the one copy stock CPU offload
+        makes too); they reach the file only if the entry is evicted."""
+        swap_info = self.swap_params_info.get(OptimizerSwapper.parameter_id(parameter))
+        if swap_info is None:
+            return
+        if not swap_info.swapped_gradients:
+            swap_info.get_or_create_gradient_paths([0], [swap_info.numel()])
+        path = self._gradient_path(swap_info)
+        if self.store.knows(path):
+            gradient = self.store.lend(path)
+        else:
+            gradient = self.store.lend_new(path, swap_info.numel(), path)
+            gradient.zero_()
+        for offset, tensor in zip(gradient_offsets, gradient_tensors):
+            gradient.narrow(0, offset, tensor.numel()).copy_(tensor.reshape(-1))
+        self.store.release(path, changed=True)
+
+    def flush_gradients(self):
+        pass  # nothing is staged: swap_out_gradients stores into the entries directly
 
     def purge_state(self):
-        # Checkpoint load: DeepSpeed replaces the swap files and forgets its state; so do we.
+        """Checkpoint load: DeepSpeed forgets the state-tensor registrations and will copy the checkpoint's files
+        over the folder; the tier writes what it owes first (a load without optimizer files then still finds every
+        file current) and forgets every entry, so nothing from before the load is served. Gradients do not survive
+        a load (stock's checkpoints skip them too)."""
         super().purge_state()
-        if self.file_cache is not None:
-            self.file_cache.clear()
+        self._release_read_ahead()
+        self.store.flush()
+        self.store.forget_all()
+        for swap_info in self.swap_params_info.values():
+            swap_info.swapped_gradients = {}
+            swap_info.unswapped_gradients = {}
+
+    def close(self):
+        """Write what the tier owes to the files, then give back buffers and I/O threads."""
+        if self.closed:
+            return
+        self._release_read_ahead()
+        self.store.flush()
+        self.store.close()
+        self.io.close()
+        self.closed = True
 
     # ------------------------------------------------------------------ step boundaries: logging, metrics
     def pre_backward(self):
@@ -149,54 +243,90 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         # DeepSpeed calls this at the end of every optimizer step (stage3 _post_step), and once after building
         # the optimizer states, before the first backward: that one is not a training step.
         super().log_timers()
-        if self.file_cache is not None:
-            if not self._profile_looked_up:  # the first call ends initialisation: every sub-group is known
-                self._profile_looked_up = True
-                self.file_cache.next_use = self.profile.load(
-                    sorted((key, info.numel()) for key, info in self.swap_params_info.items()), str(self.dtype),
-                    dist.get_world_size())
-            self.file_cache.next_use = self.profile.end_step(self.file_cache.recorder.end_step())
+        if not self._profile_looked_up:  # the first call ends initialisation: every sub-group is known
+            self._profile_looked_up = True
+            self.store.next_use = self.profile.load(self.store.numels(), str(self.dtype), dist.get_world_size())
+        self.store.next_use = self.profile.end_step(self.store.recorder.end_step())
         if self._started:
             reporting.write_step_metrics(self.config, param_swapper.live_swappers(), self)
 
-    # Stock PipelinedOptimizerSwapper has no default for async_parameter; the Muon path calls without it.
-    def swap_in_optimizer_state(self, parameter, async_parameter=None):
-        return super().swap_in_optimizer_state(parameter, async_parameter=async_parameter)
-
-    def swap_out_optimizer_state(self, parameter, async_swap=False):
-        return super().swap_out_optimizer_state(parameter, async_swap=async_swap)
-
-    def initialize_from_swapped_fp16_params(self, fp16_partitions_info, fp16_num_elems, fp16_pinned_buffers,
-                                            fp32_parameters):
-        """offload_optimizer.fast_init: build each fp32 master file straight from the fp16 partitions (in memory
-        or in the param swapper's files) without the lent staging buffers stock needs."""
-        fp32_paths = self._get_swap_paths(parameters=fp32_parameters, num_elems=fp16_num_elems)
-        for partitions, numel, fp32_path in zip(fp16_partitions_info, fp16_num_elems, fp32_paths):
-            [fp32_view] = self.swap_buffer_manager.allocate(num_elems=self._io_aligned_numel(numel), count=1,
-                                                            dtype=self.dtype)
-            offset = 0
-            for tensor, partition_numel, path in partitions:
-                destination = fp32_view.narrow(0, offset, partition_numel)
-                if path is None:
-                    destination.copy_(tensor.data)
-                else:
-                    low = torch.empty(partition_numel, dtype=param_swapper.dtype_of_swap_file(path))
-                    self.io.read(low, path).result()
-                    destination.copy_(low)
-                offset += partition_numel
-            self.io.write(fp32_view, fp32_path).result()
-            self.swap_buffer_manager.free([fp32_view])
-
+    # --------------------------------------------------------------------------------------------- stats
     def stats(self) -> dict:
         counters = self.io.counters()
         stats = {f"optimizer_{key}": value for key, value in self.pool.stats().items()}
         stats["optimizer_profile"] = self.profile.source
-        if self.file_cache is not None:
-            stats.update({f"optimizer_cache_{key}": value for key, value in self.file_cache.stats().items()})
-        stats.update(optimizer_nvme_read_bytes=counters.read_bytes, optimizer_nvme_write_bytes=counters.write_bytes,
+        stats.update({f"optimizer_cache_{key}": value for key, value in self.store.stats().items()})
+        stats.update(optimizer_cache_budget_bytes=self.budget.total_bytes,
+                     optimizer_nvme_read_bytes=counters.read_bytes, optimizer_nvme_write_bytes=counters.write_bytes,
                      stock_optimizer_pinned_bytes_estimate=self.stock_pinned_bytes_estimate())
         return stats
 
     def stock_pinned_bytes_estimate(self) -> int:
         """SwapBufferManager's lock: buffer_count buffers of the largest sub-group (optimizer_utils.py)."""
         return int(self.swap_config.buffer_count) * self.largest_numel * self.swap_element_size
+
+    # ------------------------------------------------------------------------------------------- private
+    @staticmethod
+    def _gradient_path(swap_info) -> str:
+        [fragment] = swap_info.swapped_gradients.values()
+        return fragment.path
+
+    def _lend(self, path, numel, read_ahead):
+        if path in read_ahead:
+            return self.store.wait_read(path)
+        self.store.add(path, numel, path)  # after a checkpoint load the entry is new and its file current
+        return self.store.lend(path)
+
+    def _store_new(self, path, source):
+        view = self.store.lend_new(path, source.numel(), path)
+        view.copy_(source.data.reshape(-1))
+        self.store.release(path, changed=True)
+
+    def _give_back(self, parameter, states_changed: bool, gradient_changed: bool) -> None:
+        swap_info = self._get_param_swap_info(parameter)  # also registers state tensors the step just created
+        if swap_info is None:
+            return
+        lent = set(self._lent.pop(OptimizerSwapper.parameter_id(parameter), ()))
+        for context in swap_info.tensors:
+            path = context.swap_path
+            if path in lent:
+                self.store.release(path, changed=states_changed)
+            elif context.compute_tensor.numel() > 0:  # created by the optimizer: its first bytes
+                self._store_new(path, context.compute_tensor)
+        if swap_info.has_gradients():
+            path = self._gradient_path(swap_info)
+            if path in lent:
+                self.store.release(path, changed=gradient_changed)
+        swap_info.release_memory()
+
+    def _start_read_ahead(self, parameter) -> None:
+        """Start reading the next sub-group's entries that are on file (held ones need no read)."""
+        swap_info = self._get_param_swap_info(parameter)
+        group = OptimizerSwapper.parameter_id(parameter)
+        if swap_info is None or group in self._lent or group in self._read_ahead:
+            return
+        paths = [context.swap_path for context in swap_info.tensors]
+        if swap_info.has_gradients():
+            paths.append(self._gradient_path(swap_info))
+        started = []
+        for path in paths:
+            if self.store.state(path) == EntryState.ON_FILE:
+                self.store.start_read(path)
+                started.append(path)
+        self._read_ahead[group] = started
+
+    def _release_read_ahead(self) -> None:
+        for paths in self._read_ahead.values():
+            for path in paths:
+                self.store.release(path)
+        self._read_ahead = {}
+
+
+class _PoolView:
+    """What OptimizerStateSwapInfo asks of an aio handle (``is_pinned``: does a tensor need a bounce copy)."""
+
+    def __init__(self, pool: BufferPool):
+        self._pool = pool
+
+    def is_pinned(self, tensor: torch.Tensor) -> bool:
+        return self._pool.owns(tensor)

@@ -2,10 +2,13 @@
 ``param.nvme_swapper`` (deepspeed-integration.md, a.3) into TensorStore calls, and keeping DeepSpeed's view of
 each partition (``ds_tensor.data`` and ``ds_tensor.status``) consistent. Logic lives in cache/tensor_store.py.
 
-Differences from stock that users see: no `Not enough buffers` assertion (a shortage waits for writes, then
-falls back to pageable memory); slots sized per partition size instead of `buffer_count x buffer_size`; the
-fp16 write-back after each optimizer step is asynchronous; one swapper per (nvme_path, dtype, rank), so two
-engines sharing an nvme_path do not delete each other's files.
+Differences from stock that users see: no `Not enough buffers` assertion (a shortage evicts, waits for one write,
+then falls back to pageable memory); slots sized per partition size instead of `buffer_count x buffer_size`; with a
+host cache, a cached partition is lent without a copy and the new weights after each optimizer step stay in host
+memory until evicted (write-back: DeepSpeed never reads the partition files except through this swapper); one
+swapper per (nvme_path, dtype, rank), so two engines sharing an nvme_path do not delete each other's files; a
+swap-in of a partition that is already resident or in flight (the coordinator's prefetch at several ranks) is not
+an error.
 """
 import os
 import shutil
@@ -17,6 +20,7 @@ from deepspeed import comm as dist
 from deepspeed.runtime.swap_tensor.partitioned_param_swapper import (AsyncPartitionedParameterSwapper,
                                                                      PartitionedParamStatus)
 
+from ...cache.host_budget import HostBudget
 from ...cache.tensor_store import TensorStore
 from ...errors import TencacheConfigError
 from ...io.direct_io import DirectFileIO
@@ -80,7 +84,7 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
         self.store = TensorStore(self.swap_folder, model_dtype,
                                  aligned_numel=lambda numel: io_aligned_numel(numel, model_dtype, intra_op),
                                  slots_per_class=max(1, int(self.param_buffer_count)), lock=self.config.pin_memory,
-                                 io=self.io, cache_budget_bytes=self.budgets.host_cache_bytes)
+                                 io=self.io, cache_budget=HostBudget(self.budgets.host_cache_bytes))
         # Step boundaries: the fp16 write-back after each optimizer step. The first segment is initialisation
         # (stage 3 reads every partition to build the fp32 masters), the second is the first training step.
         self.profile = ProfiledOrder(rank_profile_path(self.config.profile_path), "params", training_step_index=1)
@@ -88,6 +92,7 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
         self._profile_looked_up = False
         self._lock = threading.RLock()
         self._in_flight = {}  # ds_id -> param marked INFLIGHT, in issue order
+        self.closed = False
         self._constructed = True  # last: a constructor that raised is run again in full next time
 
     # ------------------------------------------------------------------------------ queries DeepSpeed makes
@@ -99,11 +104,10 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
         return self.min_aio_bytes <= numel * self.swap_element_size
 
     def get_path(self, param, must_exist=False):
-        record = self.store.record(param.ds_id, _numel(param))
         if must_exist:
             # A reader outside the swapper (offload_optimizer.fast_init) opens the file itself.
-            self.store.wait_write(param.ds_id)
-        return record.path
+            self.store.flush_key(param.ds_id)
+        return self.store.path_of(param.ds_id)
 
     def available_swap_in_buffers(self):
         # The coordinator issues at most this many NVMe prefetches per call, so this sets the prefetch depth.
@@ -111,7 +115,7 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
         # min(count, buffer_count) slots, so prefetches within this bound always find a slot of their size.
         # (Summing free slots over classes would let the prefetcher run ahead into a class that has none.)
         self.plan()
-        return max(0, int(self.param_buffer_count) - self.store.active_count())
+        return max(0, int(self.param_buffer_count) - self.store.lent_or_reading())
 
     # -------------------------------------------------------------------------------- creation (zero.Init)
     def get_buffer(self, param, numel):
@@ -130,9 +134,10 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
             self.plan()
             self._reads_since_write_back = True
             for index, param in enumerate(params):
-                assert param.ds_tensor.status == PartitionedParamStatus.NOT_AVAILABLE, \
-                    f"param {param.ds_id} is already available or in flight"
-                self.store.record(param.ds_id, _numel(param))
+                if param.ds_tensor.status != PartitionedParamStatus.NOT_AVAILABLE:
+                    # Resident or already being read: with several ranks the coordinator's NVMe prefetch asks again
+                    # for partitions it already asked for (stock asserts here). The bytes are, or will be, there.
+                    continue
                 into = None if swap_in_buffers is None else swap_in_buffers[index]
                 self.store.start_read(param.ds_id, into=into)
                 param.ds_tensor.status = PartitionedParamStatus.INFLIGHT
@@ -156,7 +161,6 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
         with self._lock:
             self.plan()
             self._reads_since_write_back = True
-            self.store.record(param.ds_id, _numel(param))
             self.store.read_into(param.ds_id, dest_buffer.narrow(0, 0, _numel(param)))
             self._mark_on_file(param)
 
@@ -183,9 +187,9 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
             if self._reads_since_write_back:
                 self._reads_since_write_back = False
                 self.store.next_use = self.profile.end_step(self.store.recorder.end_step())
-            # Resident partitions get their new weights in place from stage 3 (not through us): see
-            # TensorStore.mark_resident_stale. A partition still being prefetched is finished and released first.
-            self.store.mark_resident_stale()
+            # Resident partitions get their new weights in place from stage 3 (not through us): those bytes are
+            # now the newest, owed to the file. A partition still being prefetched is finished and released first.
+            self.store.mark_all_lent_changed()
             for param in dst_fp16_params:
                 if self._in_flight.pop(param.ds_id, None) is not None:
                     self.store.release(param.ds_id)
@@ -203,7 +207,18 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
         pass
 
     def synchronize_writes(self):
-        self.store.wait_writes()
+        self.store.flush()
+
+    def close(self):
+        """Wait for I/O in flight and give back slots, pinned memory and I/O threads. Dirty partitions are not
+        written: DeepSpeed rebuilds partition files from the fp32 masters on every load."""
+        with self._lock:
+            with TencacheParamSwapper._instances_lock:
+                if TencacheParamSwapper._instances.get(self.swap_folder) is self:
+                    del TencacheParamSwapper._instances[self.swap_folder]
+            self.store.close()
+            self.io.close()
+            self.closed = True
 
     # ---------------------------------------------------------------------------------------------- stats
     def stats(self) -> dict:

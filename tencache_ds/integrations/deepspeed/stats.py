@@ -38,11 +38,13 @@ def combined_stats(param_swapper, optimizer_swapper) -> Dict[str, object]:
         "tencache_enabled": 1,
         "pinned_bytes_reserved": _pinned(detail, "param") + _pinned(detail, "optimizer"),
         "pinned_bytes_peak_in_use": _locked_peak(detail, "param") + _locked_peak(detail, "optimizer"),
-        "host_bytes_reserved": int(detail.get("param_reserved_bytes", 0)) + int(detail.get("optimizer_reserved_bytes", 0)),
+        "host_bytes_reserved": int(detail.get("param_reserved_bytes", 0))
+        + int(detail.get("optimizer_pageable_bytes_in_use", 0)),
         "nvme_read_bytes": int(detail.get("param_nvme_read_bytes", 0)) + int(detail.get("optimizer_nvme_read_bytes", 0)),
         "nvme_write_bytes": int(detail.get("param_nvme_write_bytes", 0)) + int(detail.get("optimizer_nvme_write_bytes", 0)),
         "buffer_fallbacks": int(detail.get("param_buffer_fallbacks", 0)) + int(detail.get("optimizer_buffer_fallbacks", 0)),
-        "waits_for_slots": int(detail.get("param_waits_for_slots", 0)),
+        "waits_for_slots": int(detail.get("param_waits_for_slots", 0))
+        + int(detail.get("optimizer_cache_waits_for_slots", 0)),
         "stock_pinned_bytes_estimate": stock_estimate,
     }
     headline.update(detail)

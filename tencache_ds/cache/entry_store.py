@@ -1,0 +1,617 @@
+"""One host tier of swapped tensors: their files and the host buffers that hold their bytes. Owns: each entry's
+state (the machine in cache/entry.py), the reads and writes between buffer and file, which entries stay in host
+memory between uses, and which gives its buffer up when another needs one (Belady over the profiled order, least
+recently used before the order is known). Does not own: where buffers come from (a ``BufferSource``: arena slots
+for parameter partitions, budgeted pageable memory for optimizer state; both below) or when tensors are needed
+(DeepSpeed, through integrations/deepspeed).
+
+Zero-copy: a swap-in of a held entry lends its buffer itself (no memcpy); the borrower hands it back with
+``release(key, changed=...)``. Write-back: changed bytes reach the file only when the entry is evicted, flushed
+(checkpoint, close) or cannot be kept (no room); reads of an entry being written wait for that write alone.
+
+Plain class: torch, not DeepSpeed, so it is tested on its own (tests/cache/test_entry_store.py).
+
+Locking: one lock guards every entry; it is never held while waiting for I/O. A wait releases it, and the state
+is looked at again afterwards (another thread may have moved the entry meanwhile).
+"""
+import collections
+import dataclasses
+import os
+import threading
+from concurrent.futures import Future
+from typing import Callable, Dict, Hashable, Iterable, List, Optional
+
+import torch
+
+from ..io.direct_io import DirectFileIO
+from ..log import logger
+from ..memory.pool import BufferPool, HostBuffer
+from ..plan.next_use import NextUseIndex, choose_victim
+from ..profile.recorder import StepRecorder
+from ..units import PAGE_BYTES, round_up
+from .entry import (CACHED, HOLDS_BUFFER, IO_IN_FLIGHT, LENT, OWES_FILE, EntryState, check_transition, lent_state,
+                    released)
+from .host_budget import HostBudget
+
+S = EntryState
+DEBUG_CHECKS_ENV = "TENCACHE_DEBUG_CHECKS"  # "1": check_invariants() after every public call (tests turn it on)
+
+
+# ------------------------------------------------------------------------------------------------ buffer sources
+class ArenaSlots:
+    """Parameter partitions: pinned arena slots, one size class per partition size. A partition takes a slot of its
+    own class only (never a larger class's, which the largest tensor would then lack); with none free it is
+    served from pageable fallback memory, counted, and not kept. ``caching``: slots stay as cached copies after
+    use (the host cache is on)."""
+
+    bypass = False  # a partition is needed now: evict for it rather than serve it unpinned
+
+    def __init__(self, pool: BufferPool, caching: bool):
+        self.pool = pool
+        self.caching = caching
+
+    def try_acquire(self, nbytes: int) -> Optional[HostBuffer]:
+        return self.pool.try_acquire(nbytes, own_class_only=True)
+
+    def fallback(self, nbytes: int) -> HostBuffer:
+        return self.pool.acquire_pageable(nbytes)
+
+    def keeps(self, buffer: HostBuffer) -> bool:
+        return self.caching and buffer.slot is not None
+
+    def frees_room_for(self, buffer: HostBuffer, nbytes: int) -> bool:
+        return buffer.slot is not None and buffer.capacity_bytes == self.pool.class_bytes(nbytes)
+
+    def release(self, buffer: HostBuffer) -> None:
+        self.pool.release(buffer)
+
+
+class BudgetedPageable:
+    """Optimizer state: page-aligned pageable memory (only the CPU optimizer and file I/O touch it, so nothing is
+    gained by locking it), kept between uses while ``budget`` has room. Beyond the budget an entry is served from
+    a transient buffer that goes back after use. ``bypass``: once the access order is known, an incoming entry that
+    is needed later than every candidate victim is not admitted (Belady with bypass: in the cyclic order of
+    optimizer sub-groups the tier then keeps a fixed share instead of cycling everything through)."""
+
+    bypass = True
+
+    def __init__(self, pool: BufferPool, budget: HostBudget):
+        self.pool = pool
+        self.budget = budget
+        self._budgeted: Dict[int, int] = {}  # ptr -> bytes reserved from the budget
+
+    def try_acquire(self, nbytes: int) -> Optional[HostBuffer]:
+        capacity = round_up(nbytes, PAGE_BYTES)
+        if not self.budget.try_reserve(capacity):
+            return None
+        buffer = self.pool.acquire_pageable(capacity, count_as_fallback=False)
+        self._budgeted[buffer.ptr] = capacity
+        return buffer
+
+    def fallback(self, nbytes: int) -> HostBuffer:
+        return self.pool.acquire_pageable(nbytes, count_as_fallback=False)
+
+    def keeps(self, buffer: HostBuffer) -> bool:
+        return buffer.ptr in self._budgeted
+
+    def frees_room_for(self, buffer: HostBuffer, nbytes: int) -> bool:
+        return buffer.ptr in self._budgeted
+
+    def release(self, buffer: HostBuffer) -> None:
+        reserved = self._budgeted.pop(buffer.ptr, None)
+        self.pool.release(buffer)
+        if reserved is not None:
+            self.budget.release(reserved)
+
+
+# ----------------------------------------------------------------------------------------------------- entries
+@dataclasses.dataclass(eq=False)
+class Entry:
+    """One swapped tensor. ``buffer`` is set in every state but ON_FILE; ``io`` is the read or write in flight
+    (READING, WRITING); ``kept``: the buffer may stay after use (else it goes back once the bytes are safe);
+    ``evicting``: a WRITING entry gives its buffer up when the write is done (else it stays CLEAN)."""
+
+    key: Hashable
+    numel: int
+    path: str
+    state: EntryState = S.ON_FILE
+    buffer: Optional[HostBuffer] = None
+    kept: bool = False
+    io: Optional[Future] = None
+    evicting: bool = False
+    staged: bool = False  # the buffer is a one-time staging buffer (lend_new(staging=True))
+
+
+@dataclasses.dataclass
+class StoreCounters:
+    """COUNT since start, protected by the store's lock."""
+
+    hits: int = 0            # a lend served from a held buffer: no I/O, no copy
+    misses: int = 0          # a lend that read the file
+    evictions: int = 0       # held buffers given up for another entry
+    written_back: int = 0    # writes of changed bytes (evictions, flushes, entries that could not be kept)
+    bypassed: int = 0        # entries not admitted (served transiently) because every victim was needed sooner
+    waits_for_slots: int = 0  # acquisitions that waited for one write to free a buffer
+    fallbacks: int = 0       # entries served from a transient buffer
+    write_errors: int = 0    # writes that failed (the entry kept its bytes, DIRTY)
+
+
+class EntryStore:
+    """Files plus host buffers for tensors of one dtype, each an ``Entry`` in the state machine of cache/entry.py.
+
+    Args:
+        name: for messages.
+        dtype: element type of every tensor.
+        aligned_numel: rounds a numel up to the I/O alignment; files and buffers use the rounded length.
+        io: the I/O engine.
+        source: where buffers come from (``ArenaSlots`` or ``BudgetedPageable``).
+    """
+
+    def __init__(self, name: str, dtype: torch.dtype, aligned_numel: Callable[[int], int], io: DirectFileIO,
+                 source):
+        self.name = name
+        self.dtype = dtype
+        self.element_size = torch.empty((), dtype=dtype).element_size()
+        self._aligned_numel = aligned_numel
+        self._io = io
+        self.source = source
+        self._staging = BufferPool(f"{name}-staging", lock="off")  # first bytes of new tensors, before any plan
+        self._entries: Dict[Hashable, Entry] = {}
+        self._count = collections.Counter()  # EntryState -> entries in it (no scans on hot paths)
+        self._cached: "collections.OrderedDict[Hashable, Entry]" = collections.OrderedDict()  # kept, not lent; LRU
+        self._writing: Dict[Hashable, Entry] = {}
+        self._external_reads: Dict[Hashable, Future] = {}  # reads into a caller's buffer (no entry buffer)
+        self.recorder = StepRecorder()
+        self.next_use: Optional[NextUseIndex] = None
+        self.counters = StoreCounters()
+        self.debug_checks = os.environ.get(DEBUG_CHECKS_ENV) == "1"
+        self._lock = threading.Lock()
+
+    # --------------------------------------------------------------------------------------------- registry
+    def add(self, key, numel: int, path: str) -> None:
+        """Register ``key`` whose bytes are already on file at ``path`` (no-op if known)."""
+        with self._lock:
+            if key not in self._entries:
+                self._new_entry(key, numel, path, S.ON_FILE)
+
+    def knows(self, key) -> bool:
+        with self._lock:
+            return key in self._entries
+
+    def state(self, key) -> Optional[EntryState]:
+        with self._lock:
+            entry = self._entries.get(key)
+            return None if entry is None else entry.state
+
+    def path(self, key) -> str:
+        with self._lock:
+            return self._entries[key].path
+
+    def numels(self) -> List[tuple]:
+        """(key, numel) of every entry, sorted: what a profile of this store is recorded for."""
+        with self._lock:
+            return sorted(((key, entry.numel) for key, entry in self._entries.items()), key=repr)
+
+    def lent_or_reading(self) -> int:
+        """Entries lent out or being read (a counter, not a scan: the coordinator asks on every module fetch)."""
+        with self._lock:
+            return self._count[S.LENT_CLEAN] + self._count[S.LENT_DIRTY] + self._count[S.READING]
+
+    def swap_nbytes(self, numel: int) -> int:
+        return self._aligned_numel(numel) * self.element_size
+
+    # ------------------------------------------------------------------------------------------ lending
+    def lend_new(self, key, numel: int, path: str, staging: bool = False) -> torch.Tensor:
+        """A buffer for ``key``'s new bytes, whole (the old ones, if any, are not read): the caller fills it and
+        releases it with ``changed=True``. ``staging``: a one-time pageable buffer (zero.Init's first write of each
+        partition, before any size is planned). Returns a view of exactly ``numel`` elements."""
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                entry = self._new_entry(key, numel, path, S.ON_FILE)
+            self._settle(entry)
+            if entry.state in LENT or entry.state == S.READING:
+                raise RuntimeError(f"{self.name}: tensor {key} is already lent or being read")
+            if entry.state == S.ON_FILE:
+                if staging:
+                    self._attach(entry, self._staging.acquire_pageable(self.swap_nbytes(numel), False), False)
+                    entry.staged = True
+                else:
+                    self._attach(entry, *self._acquire(self.swap_nbytes(numel), key))
+            else:
+                self._cached.pop(key, None)
+                self._fence(entry.buffer)
+            self._set(entry, S.LENT_DIRTY)
+            view = self._compute_view(entry)
+            self._checked()
+            return view
+
+    def start_read(self, key, into: Optional[torch.Tensor] = None) -> None:
+        """Begin lending ``key``: a held entry is a hit (no I/O); otherwise its file is read into a buffer of ours,
+        or into the caller's ``into`` (aligned length; the entry then stays on file). ``wait_read`` finishes."""
+        with self._lock:
+            entry = self._entries[key]
+            self._settle(entry)
+            self.recorder.touch(key)
+            if entry.state in LENT or entry.state == S.READING or key in self._external_reads:
+                raise RuntimeError(f"{self.name}: tensor {key} is already lent or being read")
+            if entry.state in CACHED:
+                self.counters.hits += 1
+                if into is not None:  # the caller wants its own copy; ours stays cached
+                    into.narrow(0, 0, entry.numel).copy_(self._compute_view(entry))
+                    self._external_reads[key] = _done(into)
+                else:
+                    self._cached.pop(key)
+                    self._set(entry, lent_state(entry.state))
+                self._checked()
+                return
+            self.counters.misses += 1
+            if into is not None:
+                self._external_reads[key] = self._io.read(into, entry.path, nbytes=self.swap_nbytes(entry.numel))
+                self._external_reads[key].target = into
+                return
+            self._attach(entry, *self._acquire(self.swap_nbytes(entry.numel), key))
+            entry.io = self._io.read(self._swap_view(entry), entry.path)
+            self._set(entry, S.READING)
+            self._checked()
+
+    def wait_read(self, key) -> torch.Tensor:
+        """Finish lending ``key``; returns the lent view of exactly ``numel`` elements. A failed read raises its
+        error and leaves the entry on file (partial bytes are never served)."""
+        with self._lock:
+            external = self._external_reads.pop(key, None)
+            if external is not None:
+                error = self._wait_unlocked(external)
+                if error is not None:
+                    raise error
+                return external.target.narrow(0, 0, self._entries[key].numel)
+            entry = self._entries[key]
+            if entry.state == S.READING:
+                self._wait_unlocked(entry.io)
+                self._finish_io(entry)  # raises the read's error, entry back ON_FILE
+            if entry.state not in LENT:
+                raise RuntimeError(f"{self.name}: tensor {key} has no read in flight ({entry.state.value})")
+            view = self._compute_view(entry)
+            self._checked()
+            return view
+
+    def lend(self, key) -> torch.Tensor:
+        self.start_read(key)
+        return self.wait_read(key)
+
+    def read_into(self, key, dest: torch.Tensor) -> None:
+        """Copy ``key``'s newest bytes into ``dest`` (``numel`` elements of any CPU tensor) without lending."""
+        self.start_read(key)
+        dest.copy_(self.wait_read(key))
+        self.release(key)
+
+    def release(self, key, changed: bool = False, fence=None) -> None:
+        """The borrower is done with ``key`` (``changed``: it wrote to the bytes). The entry stays held if its
+        buffer may be kept, else its bytes go to the file first when they are owed. Idempotent; a read still in
+        flight is finished first. ``fence`` (a CUDA event) marks the end of device copies reading the bytes."""
+        with self._lock:
+            external = self._external_reads.pop(key, None)
+            if external is not None:
+                self._wait_unlocked(external)
+            entry = self._entries.get(key)
+            if entry is None:
+                return
+            if entry.state == S.READING:
+                self._wait_unlocked(entry.io)
+                self._finish_io(entry)
+            if entry.state not in LENT:
+                return
+            if changed and entry.state == S.LENT_CLEAN:
+                self._set(entry, S.LENT_DIRTY)
+            if fence is not None:
+                entry.buffer.fence = fence
+            if entry.kept:
+                self._set(entry, released(entry.state))
+            elif entry.state == S.LENT_CLEAN:
+                self._drop(entry, S.ON_FILE)
+            else:
+                self._start_write(entry, evicting=True)  # no room to keep it: to the file, then the buffer goes
+            self._checked()
+
+    def mark_changed(self, key) -> None:
+        """The borrower changed ``key``'s lent bytes (they are now the newest)."""
+        with self._lock:
+            entry = self._entries[key]
+            if entry.state == S.LENT_CLEAN:
+                self._set(entry, S.LENT_DIRTY)
+
+    def mark_all_lent_changed(self) -> None:
+        """Every lent entry may have been changed in place by its borrower (stage 3 copies new weights into
+        partitions it holds at the optimizer step without calling us): treat their bytes as the newest."""
+        with self._lock:
+            for entry in self._entries.values():
+                if entry.state == S.LENT_CLEAN:
+                    self._set(entry, S.LENT_DIRTY)
+
+    # ---------------------------------------------------------------------------------------------- writing
+    def store(self, key, source: torch.Tensor) -> None:
+        """``source`` (cast to our dtype) becomes ``key``'s newest bytes: into its held buffer or a new one, kept
+        dirty (write-back), or written now when it cannot be kept."""
+        with self._lock:
+            entry = self._entries[key]
+            self._settle(entry)
+            if entry.state in LENT or entry.state == S.READING:
+                raise RuntimeError(f"{self.name}: tensor {key} is lent or being read")
+            if entry.state == S.ON_FILE:
+                self._attach(entry, *self._acquire(self.swap_nbytes(entry.numel), key))
+            else:
+                self._cached.pop(key, None)
+                self._fence(entry.buffer)
+            self._set(entry, S.LENT_DIRTY)  # held by us for the copy
+        self._compute_view(entry).copy_(source)
+        self.release(key)
+
+    def write_and_release(self, keys: Iterable) -> None:
+        """Write each lent key's bytes (new, or changed by the borrower) to its file, wait, and let the buffers go
+        (zero.Init's first write of a partition, and its re-partitioning after a gathered parameter was modified)."""
+        with self._lock:
+            entries = [self._entries[key] for key in keys]
+            for entry in entries:
+                if entry.state == S.READING:
+                    self._wait_unlocked(entry.io)
+                    self._finish_io(entry)
+                if entry.state not in LENT:
+                    raise RuntimeError(f"{self.name}: tensor {entry.key} is not lent ({entry.state.value})")
+                if entry.state == S.LENT_CLEAN:
+                    self._set(entry, S.LENT_DIRTY)
+                self._start_write(entry, evicting=True)
+            for entry in entries:
+                self._wait_write(entry)
+            self._checked()
+
+    def flush(self) -> int:
+        """Write every dirty held entry to its file and wait; they stay held, clean. Returns how many were
+        written. Lent entries must have been released (a checkpoint is taken between steps)."""
+        with self._lock:
+            lent_dirty = [entry.key for entry in self._entries.values() if entry.state == S.LENT_DIRTY]
+            if lent_dirty:
+                raise RuntimeError(f"{self.name}: cannot flush while tensors {lent_dirty[:5]} are lent and changed")
+            dirty = [entry for entry in self._entries.values() if entry.state == S.DIRTY]
+            for entry in dirty:
+                self._start_write(entry, evicting=False)
+            for entry in list(self._writing.values()):
+                self._wait_write(entry)
+            self._checked()
+            return len(dirty)
+
+    def flush_key(self, key) -> None:
+        """Make ``key``'s file hold its newest bytes (a reader outside the store is about to open it)."""
+        with self._lock:
+            entry = self._entries[key]
+            if entry.state == S.LENT_DIRTY:
+                raise RuntimeError(f"{self.name}: cannot flush tensor {key} while it is lent and changed")
+            if entry.state == S.DIRTY:
+                self._start_write(entry, evicting=False)
+            self._wait_write(entry)
+
+    def forget_all(self) -> None:
+        """Drop every entry without writing (the files were replaced, e.g. by a checkpoint load)."""
+        with self._lock:
+            for entry in list(self._writing.values()):
+                self._wait_unlocked(entry.io)
+            for entry in list(self._entries.values()):
+                if entry.state in LENT:
+                    raise RuntimeError(f"{self.name}: cannot forget tensor {entry.key}: it is lent")
+                if entry.state in IO_IN_FLIGHT:
+                    self._wait_unlocked(entry.io)
+                if entry.buffer is not None:
+                    self._release_buffer(entry)
+            self._entries.clear()
+            self._count.clear()
+            self._cached.clear()
+            self._writing.clear()
+
+    # ---------------------------------------------------------------------------------------------- checks
+    def check_invariants(self) -> None:
+        """Raise AssertionError if any invariant of the store is broken (tests run it after every call)."""
+        with self._lock:
+            self._check_invariants_locked()
+
+    def _check_invariants_locked(self) -> None:
+        counts = collections.Counter(entry.state for entry in self._entries.values())
+        assert counts == +self._count, (dict(counts), dict(self._count))
+        for key, entry in self._entries.items():
+            assert (entry.buffer is not None) == (entry.state in HOLDS_BUFFER), (key, entry.state)
+            assert (entry.io is not None) == (entry.state in IO_IN_FLIGHT), (key, entry.state)
+            assert (key in self._cached) == (entry.state in CACHED), (key, entry.state, entry.kept)
+            assert (key in self._writing) == (entry.state == S.WRITING), (key, entry.state)
+            if entry.state in CACHED:
+                assert entry.kept, (key, "a buffer that may not be kept is held between uses")
+            if entry.buffer is not None:
+                assert entry.buffer.capacity_bytes >= self.swap_nbytes(entry.numel), key
+        if isinstance(self.source, ArenaSlots):
+            self.source.pool.validate()
+
+    # ----------------------------------------------------------------------------------------------- stats
+    def stats(self) -> Dict[str, int]:
+        with self._lock:
+            held = [entry for entry in self._entries.values() if entry.state in CACHED]
+            return {"hits": self.counters.hits, "misses": self.counters.misses,
+                    "evictions": self.counters.evictions, "written_back": self.counters.written_back,
+                    "bypassed": self.counters.bypassed, "waits_for_slots": self.counters.waits_for_slots,
+                    "transient_buffers": self.counters.fallbacks, "write_errors": self.counters.write_errors,
+                    "num_tensors": len(self._entries), "cached_tensors": len(held),
+                    "cached_bytes": sum(entry.buffer.capacity_bytes for entry in held),
+                    "dirty_tensors": self._count[S.DIRTY] + self._count[S.LENT_DIRTY],
+                    "resident_tensors": self._count[S.LENT_CLEAN] + self._count[S.LENT_DIRTY]}
+
+    def close(self) -> None:
+        """Wait for I/O in flight and give every buffer back (dirty bytes are not written: flush first)."""
+        self.forget_all()
+        self._staging.close()
+
+    # ---------------------------------------------------------------------------------------------- private
+    def _new_entry(self, key, numel: int, path: str, state: EntryState) -> Entry:
+        entry = Entry(key, numel, path, state)
+        self._entries[key] = entry
+        self._count[state] += 1
+        return entry
+
+    def _set(self, entry: Entry, new: EntryState) -> None:
+        old = entry.state
+        check_transition(entry.key, old, new)
+        entry.state = new
+        self._count[old] -= 1
+        self._count[new] += 1
+        if new in CACHED:
+            self._cached[entry.key] = entry
+            self._cached.move_to_end(entry.key)
+        else:
+            self._cached.pop(entry.key, None)
+        if new == S.WRITING:
+            self._writing[entry.key] = entry
+        else:
+            self._writing.pop(entry.key, None)
+
+    def _checked(self) -> None:
+        if self.debug_checks:
+            self._check_invariants_locked()
+
+    def _swap_view(self, entry: Entry) -> torch.Tensor:
+        return entry.buffer.view(self.dtype, self._aligned_numel(entry.numel))
+
+    def _compute_view(self, entry: Entry) -> torch.Tensor:
+        return entry.buffer.view(self.dtype, entry.numel)
+
+    def _attach(self, entry: Entry, buffer: HostBuffer, kept: bool) -> None:
+        entry.buffer, entry.kept = buffer, kept
+
+    def _release_buffer(self, entry: Entry) -> None:
+        buffer, staged = entry.buffer, entry.staged
+        entry.buffer, entry.kept, entry.staged = None, False, False
+        (self._staging if staged else self.source).release(buffer)
+
+    def _drop(self, entry: Entry, new: EntryState) -> None:
+        self._release_buffer(entry)
+        entry.io, entry.evicting = None, False
+        self._set(entry, new)
+
+    @staticmethod
+    def _fence(buffer: HostBuffer) -> None:
+        if buffer.fence is not None:  # a device copy may still be reading the old bytes
+            buffer.fence.synchronize()
+            buffer.fence = None
+
+    def _start_write(self, entry: Entry, evicting: bool) -> None:
+        self._fence(entry.buffer)
+        entry.io = self._io.write(self._swap_view(entry), entry.path)
+        entry.evicting = evicting
+        self.counters.written_back += 1
+        self._set(entry, S.WRITING)
+
+    def _wait_write(self, entry: Entry) -> None:
+        """Wait for ``entry``'s write (lock released meanwhile) and apply its outcome; raises a failed write's
+        error with the entry DIRTY again (its bytes are kept, still owed to the file)."""
+        if entry.state != S.WRITING:
+            return
+        self._wait_unlocked(entry.io)
+        self._finish_io(entry)
+
+    def _finish_io(self, entry: Entry, raise_error: bool = True) -> None:
+        """Apply the outcome of ``entry``'s finished read or write (no-op if another thread already did). A failed
+        write leaves the entry DIRTY (retried at its next eviction or flush); ``raise_error`` False when the caller
+        is not the one that needed the write (the error is logged and counted, and raised by that retry)."""
+        if entry.state not in IO_IN_FLIGHT or not entry.io.done():
+            return
+        error = entry.io.exception()
+        if entry.state == S.READING:
+            if error is not None:
+                self._drop(entry, S.ON_FILE)
+                raise error
+            entry.io = None
+            self._set(entry, S.LENT_CLEAN)
+            return
+        if error is not None:
+            entry.io, entry.evicting = None, False
+            if not entry.kept:  # a transient buffer holding owed bytes: keep it, counted as held
+                entry.kept = True
+            self._set(entry, S.DIRTY)
+            self.counters.write_errors += 1
+            if raise_error:
+                raise error
+            logger.warning("%s: writing %s failed (%s); its bytes stay in host memory and the write is retried "
+                           "when it is evicted or flushed", self.name, entry.path, error)
+            return
+        if entry.evicting or not entry.kept:
+            self._drop(entry, S.ON_FILE)
+        else:
+            entry.io = None
+            self._set(entry, S.CLEAN)
+
+    def _settle(self, entry: Entry) -> None:
+        """Before using ``entry``: finish its write if one is in flight (reads of it wait for that write only)."""
+        if entry.state == S.WRITING:
+            self._wait_write(entry)
+
+    def _reap_writes(self) -> None:
+        """Apply the outcome of writes that finished on their own (frees their buffers); never waits."""
+        for entry in [entry for entry in self._writing.values() if entry.io.done()]:
+            self._finish_io(entry, raise_error=False)
+
+    def _wait_unlocked(self, future: Future) -> Optional[BaseException]:
+        if not future.done():
+            self._lock.release()
+            try:
+                _wait_quietly(future)
+            finally:
+                self._lock.acquire()
+        return future.exception()
+
+    def _acquire(self, nbytes: int, incoming) -> tuple:
+        """(buffer, kept) for ``nbytes`` of entry ``incoming``: a free buffer from the source; else a held entry
+        gives its buffer up (Belady victim; a dirty one is written first, and only its write is waited for);
+        else a write in flight that frees a fitting buffer is waited for; else a transient buffer."""
+        self._reap_writes()
+        while True:
+            buffer = self.source.try_acquire(nbytes)
+            if buffer is not None:
+                return buffer, self.source.keeps(buffer)
+            victim = self._choose_victim(nbytes, incoming)
+            if victim is not None:
+                self.counters.evictions += 1
+                if victim.state == S.CLEAN:
+                    self._drop(victim, S.ON_FILE)
+                else:
+                    self._start_write(victim, evicting=True)
+                    self.counters.waits_for_slots += 1
+                    self._wait_write(victim)
+                continue
+            pending = next((entry for entry in self._writing.values()
+                            if entry.evicting and self.source.frees_room_for(entry.buffer, nbytes)), None)
+            if pending is not None:
+                self.counters.waits_for_slots += 1
+                self._wait_write(pending)
+                continue
+            self.counters.fallbacks += 1
+            return self.source.fallback(nbytes), False
+
+    def _choose_victim(self, nbytes: int, incoming) -> Optional[Entry]:
+        fitting = [entry.key for entry in self._cached.values() if self.source.frees_room_for(entry.buffer, nbytes)]
+        if not fitting:
+            return None
+        position = self.recorder.position
+        key = choose_victim(fitting, self.next_use, position)
+        if self.source.bypass and self.next_use is not None and incoming in self.next_use and \
+                self.next_use.distance(key, position) <= self.next_use.distance(incoming, position):
+            self.counters.bypassed += 1
+            return None
+        return self._entries[key]
+
+
+def _wait_quietly(future: Future) -> None:
+    try:
+        future.result()
+    except BaseException:  # the caller reads future.exception() and decides
+        pass
+
+
+def _done(target: torch.Tensor) -> Future:
+    future = Future()
+    future.set_result(None)
+    future.target = target
+    return future

@@ -1,0 +1,110 @@
+"""EntryStore over budgeted pageable memory (the optimizer's host tier) and the entry state machine: zero-copy
+lending, write-back, Belady admission with bypass, forgetting on checkpoint load. Real files, real I/O; the
+store's invariants are checked after every call."""
+import pytest
+import torch
+
+from tencache_ds.cache.entry import LEGAL_TRANSITIONS, EntryState, IllegalTransition, check_transition
+from tencache_ds.cache.entry_store import BudgetedPageable, EntryStore
+from tencache_ds.cache.host_budget import HostBudget
+from tencache_ds.memory.pool import BufferPool
+from tencache_ds.plan.next_use import NextUseIndex
+
+NUMEL = 100_000
+NBYTES = NUMEL * 4  # page-aligned already: 400000 -> 401408 after rounding
+
+
+@pytest.fixture(autouse=True)
+def debug_checks(monkeypatch):
+    monkeypatch.setenv("TENCACHE_DEBUG_CHECKS", "1")
+
+
+def make(tmp_path, io, budget_bytes):
+    pool = BufferPool("optimizer", lock="off")
+    return EntryStore("optimizer", torch.float32, lambda n: -(-n // 256) * 256, io,
+                      BudgetedPageable(pool, HostBudget(budget_bytes)))
+
+
+def put(store, tmp_path, key, value):
+    view = store.lend_new(key, NUMEL, str(tmp_path / f"{key}.swp"))
+    view.fill_(value)
+    store.release(key, changed=True)
+
+
+def test_every_transition_in_the_table_is_legal_and_nothing_else():
+    for old in EntryState:
+        for new in EntryState:
+            if new in LEGAL_TRANSITIONS[old]:
+                check_transition("k", old, new)
+            else:
+                with pytest.raises(IllegalTransition):
+                    check_transition("k", old, new)
+
+
+def test_a_held_entry_is_lent_without_copy_and_written_only_when_flushed(tmp_path, io):
+    store = make(tmp_path, io, budget_bytes=10 * NBYTES)
+    put(store, tmp_path, "m", 1.0)
+    assert io.counters().write_requests == 0  # write-back: nothing on file yet
+    first = store.lend("m")
+    first.add_(1.0)  # the optimizer steps in place
+    store.release("m", changed=True)
+    second = store.lend("m")
+    assert second.data_ptr() == first.data_ptr() and torch.all(second == 2.0)
+    store.release("m")
+    assert store.state("m") == EntryState.DIRTY and io.counters().read_requests == 0
+    assert store.flush() == 1 and store.state("m") == EntryState.CLEAN
+    on_file = torch.empty(NUMEL)
+    io.read(on_file, store.path("m")).result()
+    assert torch.all(on_file == 2.0)
+    store.close()
+
+
+def test_beyond_the_budget_entries_are_served_transiently_and_written_through(tmp_path, io):
+    store = make(tmp_path, io, budget_bytes=0)
+    put(store, tmp_path, "t", 5.0)
+    assert store.state("t") in (EntryState.WRITING, EntryState.ON_FILE)
+    assert torch.all(store.lend("t") == 5.0)  # waits for that write, then reads it back
+    store.release("t")
+    assert store.state("t") == EntryState.ON_FILE and store.counters.fallbacks >= 2
+    store.close()
+
+
+def test_cyclic_order_keeps_a_fixed_share_instead_of_cycling_everything(tmp_path, io):
+    """Belady with bypass: 4 sub-groups read in the same order every step, room for 2. LRU would miss every
+    time; with the order known the first two stay and the others stream."""
+    store = make(tmp_path, io, budget_bytes=2 * 401408)
+    keys = ["a", "b", "c", "d"]
+    for index, key in enumerate(keys):
+        put(store, tmp_path, key, float(index))
+    store.flush()
+    store.next_use = NextUseIndex(keys)
+    for _step in range(3):
+        for index, key in enumerate(keys):
+            assert torch.all(store.lend(key) == float(index))
+            store.release(key)
+        store.recorder.end_step()
+    assert store.counters.hits >= 4 and store.counters.bypassed > 0
+    store.close()
+
+
+def test_forget_all_drops_every_entry_and_reads_files_anew(tmp_path, io):
+    store = make(tmp_path, io, budget_bytes=10 * NBYTES)
+    put(store, tmp_path, "x", 1.0)
+    store.flush()
+    replacement = torch.full((NUMEL,), 7.0)
+    io.write(replacement, store.path("x")).result()  # a checkpoint load copies files over the folder
+    store.forget_all()
+    store.add("x", NUMEL, str(tmp_path / "x.swp"))
+    assert torch.all(store.lend("x") == 7.0)
+    store.release("x")
+    store.close()
+
+
+def test_lending_twice_is_an_error_not_a_silent_alias(tmp_path, io):
+    store = make(tmp_path, io, budget_bytes=10 * NBYTES)
+    put(store, tmp_path, "y", 1.0)
+    store.lend("y")
+    with pytest.raises(RuntimeError, match="already lent"):
+        store.lend("y")
+    store.release("y")
+    store.close()
