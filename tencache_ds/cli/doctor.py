@@ -352,8 +352,11 @@ def check_native_arena() -> CheckResult:
         return CheckResult("native arena", FAIL, f"cannot import tencache_ds.memory: {err}")
     if native_available():
         return CheckResult("native arena", OK, "native pinned arena loads", {"native": True})
-    reason = native_unavailable_reason()
-    return CheckResult("native arena", WARN, f"native arena unavailable, the pure-Python arena is used: {reason}",
+    reason = native_unavailable_reason() or "it does not load"
+    # There is no pure-Python arena: a run with an enabled "tencache" block cannot start without this library.
+    remedy = "" if "pip install -e ." in reason else "; reinstall the package: `pip install -e .` builds csrc/"
+    return CheckResult("native arena", FAIL, f"the native pinned arena is unavailable, and tencache_ds has no other "
+                       f"arena, so a run with an enabled \"tencache\" block would fail: {reason}{remedy}",
                        {"native": False, "reason": reason})
 
 

@@ -233,6 +233,29 @@ def test_a_probe_killed_mid_build_leaves_no_build_lock(tmp_path, monkeypatch):
     assert ext_lock.kill_session(probe._process.pid, wait_s=0) == 0
 
 
+def test_doctor_fails_when_the_native_arena_does_not_load(tmp_path):
+    """Scenario: the package's native library is not a usable arena build (here: another shared object in its
+    place, found before any installed copy). There is no other arena, so a tencache run would fail: doctor FAILs
+    and says how to build it."""
+    # Step 1: a copy of the package whose _tencache_arena library is some other real shared object (_ctypes).
+    import _ctypes
+    import importlib.machinery
+    package = tmp_path / "tencache_ds"
+    shutil.copytree(os.path.join(REPO_ROOT, "tencache_ds"), package,
+                    ignore=shutil.ignore_patterns("*.so", "__pycache__"))
+    shutil.copy(_ctypes.__file__, package / ("_tencache_arena" + importlib.machinery.EXTENSION_SUFFIXES[0]))
+    code = ("import json\nfrom tencache_ds.cli.doctor import check_native_arena\n"
+            "print(json.dumps(check_native_arena().to_dict()))")
+    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(tmp_path)),
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    # Step 2: FAIL, with the remedy, and no talk of a fallback that does not exist.
+    check = json.loads(result.stdout.splitlines()[-1])
+    assert check["status"] == doctor.FAIL and check["details"]["native"] is False, check
+    assert "pip install -e ." in check["message"]
+    assert "pure-Python" not in check["message"]
+
+
 @pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs setpriv (util-linux) to drop CAP_IPC_LOCK")
 def test_doctor_warns_on_a_low_memlock_limit_with_the_fix():
     """Scenario: `ulimit -l` is 64 KiB and the process cannot lock past it (no CAP_IPC_LOCK; as root the
