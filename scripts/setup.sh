@@ -36,17 +36,26 @@ if ! $PY -c "import tencache_ds.memory as m, transformers, matplotlib, pytest; a
 fi
 
 # 4. DeepSpeed JIT-builds its ops on first use (minutes on 2 cores): build them now, once (cached under
-#    ~/.cache/torch_extensions), so that the first training run does not pay for it.
+#    ~/.cache/torch_extensions), so that the first training run does not pay for it. A build killed earlier
+#    (Ctrl-C here, a timed-out doctor) can leave a stale `lock` in an op's build folder, on which load() would
+#    wait forever without a word: check for one first and stop with the path and the `rm` that fixes it.
 say "pre-building DeepSpeed ops (async_io, cpu_adam, shm_comm); cached after the first time"
 $PY - <<'PYEOF'
+import sys
 import warnings
 warnings.filterwarnings("ignore")
 from deepspeed.accelerator import get_accelerator
 from deepspeed.ops.op_builder import AsyncIOBuilder, CPUAdamBuilder
+from tencache_ds import ext_lock
+from tencache_ds.errors import TencacheResourceError
 builders = [AsyncIOBuilder(), CPUAdamBuilder()]
 if get_accelerator().device_name() == "cpu":
     from deepspeed.ops.op_builder import ShareMemCommBuilder
     builders.append(ShareMemCommBuilder())
+try:
+    ext_lock.raise_if_stale_locks(ops=[builder.name for builder in builders])
+except TencacheResourceError as err:
+    sys.exit(f"setup.sh: cannot pre-build DeepSpeed's ops: {err}")
 for builder in builders:
     builder.load(verbose=False)
     print(f"  {builder.name}: ok")

@@ -8,6 +8,12 @@ loading the async_io op may JIT-build it for minutes, and a broken op can abort 
 aio read ends in "terminate called without an active exception"). The doctor process itself never imports them,
 so a crash there becomes a FAIL line, and `--json` output is not interleaved with DeepSpeed's log lines.
 
+The probe must never leave torch's extension build lock behind (ext_lock.py says why that hangs every later
+DeepSpeed process on the machine): it runs in its own session and process group; on timeout everything in that
+session is killed (ninja's compilers included) and the locks it was building under are removed. A stale lock found
+before the probe starts is reported, and the probe then does not load the op behind it (it would only wait on that
+lock until its timeout).
+
 Test hook: ``TENCACHE_DOCTOR_FORCE_NO_AIO=1`` (read only in `_probe_env`) runs the real probe with ``CC`` pointing at a
 compiler that does not exist, so DeepSpeed's own libaio link test (``has_function("io_submit", ("aio",))``) fails
 and the op refuses to JIT-load -- the path a machine without libaio-dev takes.
@@ -26,6 +32,7 @@ import tempfile
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from .. import ext_lock
 from ..units import fmt_bytes
 
 OK, WARN, FAIL = "OK", "WARN", "FAIL"
@@ -43,6 +50,7 @@ BANDWIDTH_CHUNK_BYTES = 32 << 20   # one aio request; also the most locked memor
 BANDWIDTH_DEADLINE_S = 4.0         # per direction; on a slow disk we report what was done by then
 PROBE_TIMEOUT_S = 180.0            # a first JIT build of async_io takes 1-2 minutes on 2 cores
 PROBE_MARKER = "TENCACHE_DOCTOR_PROBE "
+AIO_OP = "async_io"                # DeepSpeed's op name = its build folder in torch's extension cache
 RAM_FILESYSTEMS = frozenset({"tmpfs", "ramfs"})
 
 
@@ -173,15 +181,21 @@ class Probe:
     """The probe process, started early and collected late so the doctor's own checks overlap with it."""
 
     def __init__(self, want_aio: bool, bandwidth_dir: Optional[str], bandwidth_bytes: int,
-                 timeout_s: float = PROBE_TIMEOUT_S):
+                 timeout_s: float = PROBE_TIMEOUT_S, skip_aio_reason: Optional[str] = None):
         env, self.forced_no_aio = _probe_env()
+        self.skip_aio_reason = skip_aio_reason  # why async_io is not loaded although it was wanted
+        want_aio = want_aio and skip_aio_reason is None
         argv = ["--aio"] if want_aio else []
         if bandwidth_dir:
             argv += ["--bandwidth-dir", bandwidth_dir, "--bandwidth-bytes", str(bandwidth_bytes)]
         code = "import sys; from tencache_ds.cli.doctor import _probe_main; _probe_main(sys.argv[1:])"
         self.timeout_s = timeout_s
         self._bandwidth_dir = bandwidth_dir
+        # A lock present now is not ours to remove, whatever happens to the probe.
+        self.extensions_root = ext_lock.extensions_root(env)
+        self._locks_before = set(ext_lock.find_locks(self.extensions_root))
         self.started = time.perf_counter()
+        # start_new_session: the probe leads its own session and process group, so a timeout can kill all it started.
         self._process = subprocess.Popen([sys.executable, "-c", code, *argv], env=env, stdout=subprocess.PIPE,
                                          stderr=subprocess.STDOUT, text=True, start_new_session=True)
         self._facts: Optional[Dict[str, Any]] = None
@@ -192,17 +206,24 @@ class Probe:
             return self._facts
         remaining_s = max(0.1, self.timeout_s - (time.perf_counter() - self.started))
         timed_out = False
+        facts: Dict[str, Any] = {"removed_build_locks": [], "kept_build_locks": []}
         try:
             output, _ = self._process.communicate(timeout=remaining_s)
         except subprocess.TimeoutExpired:
             timed_out = True
+            # Which new build locks is the probe building under? Asked before the kill: afterwards nobody holds them.
+            new_locks = set(ext_lock.find_locks(self.extensions_root)) - self._locks_before
+            ours = ext_lock.locks_used_by_session(self._process.pid, sorted(new_locks))
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self._process.pid, 9)
+            # ninja's compilers each lead a process group of their own, outside the killpg above, but stay in the
+            # probe's session: kill that too, so no orphan compiler writes into the build folder after we unlock it.
+            ext_lock.kill_session(self._process.pid)
             output, _ = self._process.communicate()
+            facts["removed_build_locks"], facts["kept_build_locks"] = ext_lock.remove_abandoned_locks(ours)
         if self._bandwidth_dir:  # the probe removes its file itself, unless it was killed or crashed mid-way
             with contextlib.suppress(OSError):
                 os.remove(os.path.join(self._bandwidth_dir, f"tencache-doctor-{self._process.pid}.bin"))
-        facts: Dict[str, Any] = {}
         other_lines = []
         for line in (output or "").splitlines():
             if line.startswith(PROBE_MARKER):
@@ -218,7 +239,14 @@ class Probe:
     def crash_text(self) -> str:
         facts = self.facts()
         if facts["timed_out"]:
-            return f"the probe process did not finish in {self.timeout_s:g} s"
+            text = f"the probe process did not finish in {self.timeout_s:g} s"
+            if facts["removed_build_locks"]:
+                text += (f"; it was killed mid-build, and the build lock(s) it left were removed "
+                         f"({', '.join(facts['removed_build_locks'])})")
+            if facts["kept_build_locks"]:
+                text += (f"; build lock(s) it created are still in use by another process and were kept "
+                         f"({', '.join(facts['kept_build_locks'])})")
+            return text
         code = facts["returncode"]
         how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
         tail = facts["output_tail"].strip().splitlines()
@@ -261,6 +289,8 @@ def check_async_io(probe: Probe) -> CheckResult:
     details = {key: facts.get(key) for key in ("aio_compatible", "aio_loaded", "aio_module", "aio_load_error",
                                                "aio_compatible_s", "aio_load_s")}
     details["forced_missing"] = probe.forced_no_aio
+    if probe.skip_aio_reason:
+        return CheckResult("async_io op", FAIL, f"not loaded: {probe.skip_aio_reason}", details)
     if "aio_compatible" not in facts or (facts["timed_out"] and not facts.get("aio_loaded")):
         reason = facts.get("import_error") or probe.crash_text()
         if facts["timed_out"]:
@@ -278,6 +308,23 @@ def check_async_io(probe: Probe) -> CheckResult:
         return CheckResult("async_io op", FAIL, f"DeepSpeed's async_io op does not load: {reason[:300]}{forced}",
                            details)
     return CheckResult("async_io op", OK, f"loads ({facts['aio_module']}, {facts.get('aio_load_s', 0):.1f} s)", details)
+
+
+def check_build_locks(probe: Probe) -> CheckResult:
+    """Stale `lock` files in torch's extension cache (ext_lock.py has the rule), looked for after the probe, so a
+    build the probe did finishes first and one it left when killed is already removed."""
+    root = probe.extensions_root
+    stale = ext_lock.find_stale_locks(root)
+    removed = probe.facts()["removed_build_locks"]
+    details = {"extensions_root": root, "stale": [dataclasses.asdict(lock) for lock in stale],
+               "removed_after_probe_timeout": removed}
+    if stale:
+        return CheckResult("ext build lock", FAIL, f"torch extension build lock: {len(stale)} stale: "
+                           + "; ".join(lock.describe() for lock in stale), details)
+    text = f"torch extension build lock: none stale in {root}"
+    if removed:
+        text += f" (removed the one(s) the timed-out probe left: {', '.join(removed)})"
+    return CheckResult("ext build lock", OK, text, details)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -305,8 +352,11 @@ def check_native_arena() -> CheckResult:
         return CheckResult("native arena", FAIL, f"cannot import tencache_ds.memory: {err}")
     if native_available():
         return CheckResult("native arena", OK, "native pinned arena loads", {"native": True})
-    reason = native_unavailable_reason()
-    return CheckResult("native arena", WARN, f"native arena unavailable, the pure-Python arena is used: {reason}",
+    reason = native_unavailable_reason() or "it does not load"
+    # There is no pure-Python arena: a run with an enabled "tencache" block cannot start without this library.
+    remedy = "" if "pip install -e ." in reason else "; reinstall the package: `pip install -e .` builds csrc/"
+    return CheckResult("native arena", FAIL, f"the native pinned arena is unavailable, and tencache_ds has no other "
+                       f"arena, so a run with an enabled \"tencache\" block would fail: {reason}{remedy}",
                        {"native": False, "reason": reason})
 
 
@@ -676,8 +726,12 @@ def run_checks(nvme_path: Optional[str] = None, config_path: Optional[str] = Non
     state = check_nvme_path(path, source)
     try:
         measure_here = state.usable and state.enough_space_for_bandwidth
+        # Loading async_io past a stale lock of its build folder would wait until the probe's timeout.
+        aio_locks = ext_lock.find_stale_locks(ops=[AIO_OP])
+        skip_aio = (f"its build lock {aio_locks[0].path} is stale, so loading it would wait forever (see the ext "
+                    f"build lock line); remedy: {aio_locks[0].remedy}, then rerun") if aio_locks else None
         probe = Probe(want_aio=True, bandwidth_dir=state.path if measure_here else None,
-                      bandwidth_bytes=BANDWIDTH_FILE_BYTES, timeout_s=probe_timeout_s)
+                      bandwidth_bytes=BANDWIDTH_FILE_BYTES, timeout_s=probe_timeout_s, skip_aio_reason=skip_aio)
         # These run while the probe imports torch and DeepSpeed.
         libaio = check_libaio()
         native = check_native_arena()
@@ -705,8 +759,8 @@ def run_checks(nvme_path: Optional[str] = None, config_path: Optional[str] = Non
                 bandwidth = CheckResult("nvme bandwidth", FAIL, f"sequential I/O in {state.path} failed: {err}")
     finally:
         state.cleanup()
-    checks = [check_versions(probe), check_accelerator(probe), libaio, check_async_io(probe), native, memlock, host,
-              gpu_check]
+    checks = [check_versions(probe), check_accelerator(probe), libaio, check_async_io(probe),
+              check_build_locks(probe), native, memlock, host, gpu_check]
     if config_check is not None:
         checks.append(config_check)
     checks += state.checks + [bandwidth, budgets]

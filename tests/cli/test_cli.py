@@ -5,9 +5,11 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 
+from tencache_ds import ext_lock
 from tencache_ds.cli import doctor
 from tencache_ds.cli.main import build_parser
 
@@ -95,8 +97,9 @@ def test_doctor_on_a_good_folder_passes(tmp_path):
     # Step 2: every check answered, none failed, and the exit code says so.
     assert not [name for name, (status, _) in lines.items() if status == doctor.FAIL], result.stdout
     assert result.returncode == 0, result.stdout + result.stderr
-    for name in ("versions", "accelerator", "libaio", "async_io op", "native arena", "memlock", "host", "gpus",
-                 "nvme path", "nvme writable", "nvme free space", "nvme filesystem", "nvme bandwidth", "budgets"):
+    for name in ("versions", "accelerator", "libaio", "async_io op", "ext build lock", "native arena", "memlock",
+                 "host", "gpus", "nvme path", "nvme writable", "nvme free space", "nvme filesystem", "nvme bandwidth",
+                 "budgets"):
         assert name in lines, f"no {name!r} line in:\n{result.stdout}"
     assert lines["async_io op"][0] == doctor.OK
     assert lines["nvme writable"] == (doctor.OK, f"{nvme} is writable")
@@ -176,6 +179,81 @@ def test_doctor_survives_a_probe_that_does_not_finish(tmp_path):
     assert checks["nvme bandwidth"].status == doctor.OK and "plain file I/O" in checks["nvme bandwidth"].message
     assert checks["host"].status == doctor.OK
     assert list(tmp_path.iterdir()) == []
+
+
+def test_doctor_fails_on_a_stale_build_lock_with_the_remedy(tmp_path):
+    """Scenario: a killed JIT build left async_io's `lock` in torch's extension cache, so every DeepSpeed process
+    that loads the op would wait forever. doctor names the lock and the fix, does not wait on it itself, and does
+    not remove a lock that is not its own."""
+    # Step 1: the lock of a dead build, in the extension cache TORCH_EXTENSIONS_DIR names.
+    build_dir = tmp_path / "torch_extensions" / "async_io"
+    build_dir.mkdir(parents=True)
+    lock = build_dir / "lock"
+    os.close(os.open(lock, os.O_CREAT | os.O_EXCL))
+    # Step 2: doctor FAILs the build-lock line with the path and `rm <path>`, and the async_io line says why it did
+    # not load the op (stock doctor would wait on the lock until its probe timeout).
+    result = run_cli("doctor", "--nvme-path", str(tmp_path / "nvme"), timeout=150,
+                     env_extra={"TORCH_EXTENSIONS_DIR": str(tmp_path / "torch_extensions")})
+    assert result.returncode == 1, result.stdout + result.stderr
+    lines = status_lines(result.stdout)
+    assert lines["ext build lock"][0] == doctor.FAIL, result.stdout
+    assert str(lock) in lines["ext build lock"][1] and f"rm {lock}" in lines["ext build lock"][1]
+    assert lines["async_io op"][0] == doctor.FAIL and f"rm {lock}" in lines["async_io op"][1]
+    assert lines["versions"][0] == doctor.OK  # the probe ran; only the op behind the lock was skipped
+    assert sorted(name for name, (status, _) in lines.items() if status == doctor.FAIL) == \
+        ["async_io op", "ext build lock"]
+    assert lock.exists()
+    assert "Traceback" not in result.stdout + result.stderr
+
+
+def test_a_probe_killed_mid_build_leaves_no_build_lock(tmp_path, monkeypatch):
+    """Regression test: doctor's probe timing out during a first JIT build of async_io left the build `lock`
+    behind, and every later DeepSpeed process on the machine waited on it forever."""
+    # Step 1: an empty extension cache, so the probe has to build async_io from scratch.
+    root = tmp_path / "torch_extensions"
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(root))
+    lock = root / "async_io" / "lock"
+    probe = doctor.Probe(want_aio=True, bandwidth_dir=None, bandwidth_bytes=0, timeout_s=600)
+    # Step 2: wait until the build holds its lock (imports and the libaio link test come first).
+    deadline = time.monotonic() + 240
+    while not lock.exists():
+        assert probe._process.poll() is None, f"the probe ended before building: {probe.facts()}"
+        assert time.monotonic() < deadline, "the probe did not start building async_io in 240 s"
+        time.sleep(0.05)
+    # Step 3: time the probe out now, mid-build: the group is killed and its lock removed, and the report says so.
+    probe.timeout_s = 0.0
+    facts = probe.facts()
+    assert facts["timed_out"] and facts["removed_build_locks"] == [str(lock)]
+    assert not lock.exists()
+    assert ext_lock.find_locks(str(root)) == []
+    assert "build lock(s) it left were removed" in doctor.check_async_io(probe).message
+    locks_line = doctor.check_build_locks(probe)
+    assert locks_line.status == doctor.OK and str(lock) in locks_line.message
+    # Step 4: nothing of the killed build still runs: ninja's compilers (each in a process group of its own) too.
+    assert ext_lock.kill_session(probe._process.pid, wait_s=0) == 0
+
+
+def test_doctor_fails_when_the_native_arena_does_not_load(tmp_path):
+    """Scenario: the package's native library is not a usable arena build (here: another shared object in its
+    place, found before any installed copy). There is no other arena, so a tencache run would fail: doctor FAILs
+    and says how to build it."""
+    # Step 1: a copy of the package whose _tencache_arena library is some other real shared object (_ctypes).
+    import _ctypes
+    import importlib.machinery
+    package = tmp_path / "tencache_ds"
+    shutil.copytree(os.path.join(REPO_ROOT, "tencache_ds"), package,
+                    ignore=shutil.ignore_patterns("*.so", "__pycache__"))
+    shutil.copy(_ctypes.__file__, package / ("_tencache_arena" + importlib.machinery.EXTENSION_SUFFIXES[0]))
+    code = ("import json\nfrom tencache_ds.cli.doctor import check_native_arena\n"
+            "print(json.dumps(check_native_arena().to_dict()))")
+    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(tmp_path)),
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    # Step 2: FAIL, with the remedy, and no talk of a fallback that does not exist.
+    check = json.loads(result.stdout.splitlines()[-1])
+    assert check["status"] == doctor.FAIL and check["details"]["native"] is False, check
+    assert "pip install -e ." in check["message"]
+    assert "pure-Python" not in check["message"]
 
 
 @pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs setpriv (util-linux) to drop CAP_IPC_LOCK")
