@@ -113,7 +113,8 @@ def device_4kn(monkeypatch):
 
 def aligned_bytes(pool, nbytes, fill_seed):
     buffer = pool.acquire(nbytes).view(torch.uint8, nbytes)
-    buffer.copy_(torch.randint(0, 256, (nbytes,), dtype=torch.uint8, generator=torch.Generator().manual_seed(fill_seed)))
+    generator = torch.Generator().manual_seed(fill_seed)
+    buffer.copy_(torch.randint(0, 256, (nbytes,), dtype=torch.uint8, generator=generator))
     return buffer
 
 

@@ -172,5 +172,6 @@ def prepare_swap_folder(folder: str, nvme_path: str, config_key: str) -> None:
                                     f"{err.strerror or err}") from None
 
 
-__all__ = ["config_from_ds_config", "validate_ds_config", "ds_config_of_initialize_call", "find_stage3_ds_config", "io_aligned_numel", "prepare_swap_folder",
+__all__ = ["config_from_ds_config", "validate_ds_config", "ds_config_of_initialize_call", "find_stage3_ds_config",
+           "io_aligned_numel", "prepare_swap_folder",
            "MIN_SWAPPABLE_BYTES"]
