@@ -10,13 +10,14 @@ top-level keys and ignores them, but rejects extra keys inside its own sections)
 """
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, StrictBool, ValidationError, field_validator
 
 from .errors import TencacheConfigError
 from .units import parse_bytes
 
 CONFIG_KEY = "tencache"
 AUTO = "auto"
+SCHEMA_VERSION = 1
 
 ByteBudget = Union[int, Literal["auto"]]
 
@@ -27,10 +28,11 @@ class TencacheConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, populate_by_name=True,
                               use_attribute_docstrings=True)
 
-    version: Literal[1] = 1
+    version: Literal[1] = SCHEMA_VERSION
     """Version of this block's schema; saved profiles record it."""
 
-    enabled: bool = True
+    # Strict: pydantic's lax bool would read "enabled": "no", 0 or "off" as false and silently run stock.
+    enabled: StrictBool = True
     """Replace DeepSpeed's NVMe swappers with tencache's. True when the block is present; false runs stock DeepSpeed."""
 
     host_cache_bytes: ByteBudget = AUTO
@@ -54,8 +56,17 @@ class TencacheConfig(BaseModel):
     """What to do when pages cannot be locked (memlock limit too low): "best_effort" warns once and uses unlocked
     memory; "required" stops with an error that names the limit and how to raise it."""
 
-    log_stats: bool = True
+    log_stats: StrictBool = True
     """Log tencache_ds.stats() once at start-up on rank 0."""
+
+    @field_validator("version", mode="before")
+    @classmethod
+    def _check_version(cls, value: Any):
+        # `type is int`: JSON true would otherwise pass as 1.
+        if type(value) is not int or value != SCHEMA_VERSION:
+            raise ValueError(f"unsupported version: this tencache_ds reads version {SCHEMA_VERSION} of the block "
+                             f"(docs/configuration.md); set \"version\": {SCHEMA_VERSION} or leave the key out")
+        return value
 
     @field_validator("host_cache_bytes", "device_cache_bytes", mode="before")
     @classmethod
@@ -63,6 +74,10 @@ class TencacheConfig(BaseModel):
         if value == AUTO:
             return AUTO
         return parse_bytes(value)
+
+
+# pydantic's wording where it does not say what JSON to write
+_PROBLEMS = {"extra_forbidden": "unknown key", "bool_type": "must be true or false"}
 
 
 def parse_config(block: Any) -> TencacheConfig:
@@ -79,11 +94,12 @@ def parse_config(block: Any) -> TencacheConfig:
         problems = []
         for item in err.errors():
             key = ".".join(str(part) for part in item["loc"] if not str(part).startswith(("int", "literal")))
-            problem = "unknown key" if item["type"] == "extra_forbidden" else item["msg"]
+            problem = _PROBLEMS.get(item["type"], item["msg"])
+            problem = problem.removeprefix("Value error, ")  # our validators' own words are enough
             problems.append(f'{CONFIG_KEY}.{key}: {problem} (got {item.get("input")!r})')
-        allowed = ", ".join(TencacheConfig.model_fields)
-        raise TencacheConfigError("invalid \"tencache\" block:\n  " + "\n  ".join(problems) +
-                                  f"\n  allowed keys: {allowed}") from None
+        if any(item["type"] == "extra_forbidden" for item in err.errors()):
+            problems.append(f"allowed keys: {', '.join(TencacheConfig.model_fields)}")
+        raise TencacheConfigError("invalid \"tencache\" block:\n  " + "\n  ".join(problems)) from None
 
 
 def block_from_ds_config(ds_config: Any) -> Any:

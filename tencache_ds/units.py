@@ -1,4 +1,5 @@
 """Byte sizes as users write them ("4GiB", 1e9, "auto") and as we print them. Leaf module: no torch."""
+import math
 import re
 
 _UNIT_BYTES = {
@@ -33,9 +34,11 @@ def parse_bytes(value) -> int:
     else:
         raise ValueError(f"expected a byte size, got {type(value).__name__} {value!r}")
     nbytes = number * _UNIT_BYTES[unit]
+    if isinstance(nbytes, float) and not math.isfinite(nbytes):  # "1e400", float("inf"), NaN
+        raise ValueError(f"a byte size must be a finite number: {value!r}")
     if nbytes < 0:
         raise ValueError(f"a byte size cannot be negative: {value!r}")
-    if float(nbytes) != float(int(nbytes)):
+    if isinstance(nbytes, float) and nbytes != int(nbytes):
         raise ValueError(f"a byte size must be a whole number of bytes: {value!r}")
     return int(nbytes)
 

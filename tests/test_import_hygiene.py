@@ -33,7 +33,7 @@ def test_only_the_deepspeed_adapters_import_deepspeed():
 
 
 def test_pure_layers_import_neither_torch_nor_deepspeed():
-    for layer in ("config.py", "units.py", "errors.py", "plan", "profile"):
+    for layer in ("config.py", "config_checks.py", "units.py", "errors.py", "plan", "profile"):
         root = os.path.join(PACKAGE, layer)
         paths = [root] if root.endswith(".py") else [os.path.join(root, n) for n in os.listdir(root) if n.endswith(".py")]
         for path in paths:

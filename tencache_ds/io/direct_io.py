@@ -9,8 +9,11 @@ pages. So this engine reads straight into any 4 KiB-aligned buffer (locked or no
 ``os.preadv``/``os.pwritev`` on a small thread pool (the GIL is released during the system call), and every
 request has its own future, so waiting for one tensor never waits for a prefetch far in the future.
 
-Requests that are not O_DIRECT-compatible (unaligned address or length, or a file system without O_DIRECT such
-as tmpfs) use ordinary buffered I/O on the same files; Linux keeps the two coherent.
+O_DIRECT needs the address, length and file offset aligned to what the folder's file system and device need
+(alignment.py reads it once per folder: 512 B on most disks, 4 KiB on 4Kn drives). A request that is not aligned
+uses ordinary buffered I/O on the same file (Linux keeps the two coherent); a request that starts aligned but
+ends in a partial sector moves the aligned part with O_DIRECT and the tail buffered. A file system without
+O_DIRECT (EINVAL at open), or a device stricter than it said (EINVAL on the transfer), turns the folder buffered.
 """
 import ctypes
 import dataclasses
@@ -19,12 +22,20 @@ import os
 import shutil
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Optional
 
 from ..errors import StaleFileError, TencacheResourceError
+from ..log import logger
 from ..units import fmt_bytes
+from .alignment import NO_DIRECT_IO, direct_io_alignment
 
-DIRECT_ALIGN_BYTES = 512          # logical block size O_DIRECT needs for address, length and offset
 CHUNK_BYTES = 16 * 1024 * 1024    # one system call moves at most this much; keeps each call short
+# Forces the O_DIRECT alignment of every folder (bytes, a power of two), e.g. 4096 to act like a 4Kn drive in tests.
+ALIGN_ENV = "TENCACHE_DIRECT_ALIGN_BYTES"
+
+
+class _DirectRefused(Exception):
+    """The device refused an O_DIRECT transfer (EINVAL): stricter than the alignment we were told."""
 
 
 @dataclasses.dataclass
@@ -44,11 +55,19 @@ class DirectFileIO:
     the tensor it was given, so the memory cannot be freed under it).
     """
 
-    def __init__(self, num_threads: int = 2, name: str = "tencache-io"):
+    def __init__(self, num_threads: int = 2, name: str = "tencache-io", align_bytes: Optional[int] = None):
+        """``align_bytes`` forces the O_DIRECT alignment of every folder (tests, or a device that misreports it);
+        None reads it per folder (alignment.py), unless the TENCACHE_DIRECT_ALIGN_BYTES variable is set."""
+        if align_bytes is None and os.environ.get(ALIGN_ENV):
+            align_bytes = int(os.environ[ALIGN_ENV])
+        if align_bytes is not None and (align_bytes <= 0 or align_bytes & (align_bytes - 1)):
+            raise ValueError(f"O_DIRECT alignment must be a power of two, got {align_bytes} "
+                             f"(align_bytes or {ALIGN_ENV})")
         self._pool = ThreadPoolExecutor(max_workers=max(1, num_threads), thread_name_prefix=name)
         self._lock = threading.Lock()
         self._counters = IoCounters()
-        self._no_direct_dirs = set()  # folders whose file system refused O_DIRECT
+        self._forced_align = align_bytes
+        self._align_by_dir = {}  # folder -> O_DIRECT alignment in bytes; NO_DIRECT_IO (0): buffered only
 
     # ----------------------------------------------------------------------------------------------- public
     def read(self, tensor, path: str, nbytes: int = None, file_offset: int = 0) -> Future:
@@ -58,6 +77,15 @@ class DirectFileIO:
     def write(self, tensor, path: str, nbytes: int = None, file_offset: int = 0) -> Future:
         """Write ``nbytes`` (default: the whole tensor) of ``tensor`` to ``path`` at ``file_offset``."""
         return self._submit(True, tensor, path, nbytes, file_offset)
+
+    def alignment_for(self, path: str) -> int:
+        """The O_DIRECT alignment used for files in ``path``'s folder (0: buffered only), read once per folder."""
+        folder = os.path.dirname(os.path.abspath(path))
+        align = self._align_by_dir.get(folder)
+        if align is None:
+            align = self._forced_align if self._forced_align is not None else direct_io_alignment(path)[0]
+            self._align_by_dir[folder] = align  # a race only repeats the look-up
+        return align
 
     def counters(self) -> IoCounters:
         with self._lock:
@@ -79,25 +107,15 @@ class DirectFileIO:
     def _run(self, is_write: bool, tensor, address: int, nbytes: int, path: str, file_offset: int) -> int:
         del tensor  # held by the submitted call only to keep the memory alive until the request ran
         view = memoryview((ctypes.c_char * nbytes).from_address(address)).cast("B") if nbytes else memoryview(b"")
-        fd = self._open(path, is_write, self._direct_ok(address, nbytes, file_offset))
-        try:
-            done = 0
-            while done < nbytes:
-                chunk = view[done:done + CHUNK_BYTES]
-                if is_write:
-                    moved = os.pwritev(fd, [chunk], file_offset + done)
-                else:
-                    moved = os.preadv(fd, [chunk], file_offset + done)
-                    if moved == 0:
-                        size = os.fstat(fd).st_size
-                        raise StaleFileError(
-                            f"swap file {path} holds {size} bytes but {file_offset + nbytes} were expected: it was "
-                            f"truncated or written by another run; delete the swap folder and restart")
-                done += moved
-        except OSError as err:
-            raise self._explain(err, path, nbytes, is_write) from err
-        finally:
-            os.close(fd)
+        direct_bytes = self._direct_bytes(path, address, nbytes, file_offset)
+        if direct_bytes:
+            try:
+                self._move(view, 0, direct_bytes, path, file_offset, is_write, direct=True)
+            except _DirectRefused:
+                self._stop_direct(path)
+                direct_bytes = 0  # correctness first: all of it again, buffered
+        if direct_bytes < nbytes or nbytes == 0:  # the unaligned tail, or all of an unaligned request
+            self._move(view, direct_bytes, nbytes, path, file_offset, is_write, direct=False)
         with self._lock:
             if is_write:
                 self._counters.write_bytes += nbytes
@@ -107,20 +125,55 @@ class DirectFileIO:
                 self._counters.read_requests += 1
         return nbytes
 
-    def _direct_ok(self, address: int, nbytes: int, file_offset: int) -> bool:
-        return (address % DIRECT_ALIGN_BYTES == 0 and nbytes % DIRECT_ALIGN_BYTES == 0
-                and file_offset % DIRECT_ALIGN_BYTES == 0)
+    def _direct_bytes(self, path: str, address: int, nbytes: int, file_offset: int) -> int:
+        """How many leading bytes of the request may use O_DIRECT: the whole aligned part when the address and
+        the file offset are aligned, else none."""
+        align = self.alignment_for(path)
+        if align == NO_DIRECT_IO or address % align or file_offset % align:
+            return 0
+        return nbytes - nbytes % align
+
+    def _move(self, view, start: int, end: int, path: str, file_offset: int, is_write: bool, direct: bool) -> None:
+        """Move ``view[start:end]`` to or from ``path`` at ``file_offset + start``."""
+        fd = self._open(path, is_write, direct)
+        try:
+            done = start
+            while done < end:
+                chunk = view[done:min(done + CHUNK_BYTES, end)]
+                if is_write:
+                    moved = os.pwritev(fd, [chunk], file_offset + done)
+                else:
+                    moved = os.preadv(fd, [chunk], file_offset + done)
+                    if moved < len(chunk) and os.fstat(fd).st_size < file_offset + len(view):
+                        size = os.fstat(fd).st_size
+                        raise StaleFileError(
+                            f"swap file {path} holds {size} bytes but {file_offset + len(view)} were expected: it "
+                            f"was truncated or written by another run; delete the swap folder and restart")
+                done += moved
+        except OSError as err:
+            if direct and err.errno == errno.EINVAL:
+                raise _DirectRefused() from err
+            raise self._explain(err, path, end - start, is_write) from err
+        finally:
+            os.close(fd)
+
+    def _stop_direct(self, path: str) -> None:
+        folder = os.path.dirname(os.path.abspath(path))
+        if self._align_by_dir.get(folder) != NO_DIRECT_IO:
+            logger.warning("O_DIRECT transfers in %s fail with EINVAL at %d-byte alignment; using buffered I/O "
+                           "there (set %s to the device's logical sector size to keep O_DIRECT)",
+                           folder, self._align_by_dir.get(folder, 0), ALIGN_ENV)
+        self._align_by_dir[folder] = NO_DIRECT_IO
 
     def _open(self, path: str, is_write: bool, direct: bool) -> int:
         flags = (os.O_WRONLY | os.O_CREAT) if is_write else os.O_RDONLY
-        folder = os.path.dirname(path)
-        if direct and folder not in self._no_direct_dirs:
+        if direct:
             try:
                 return os.open(path, flags | os.O_DIRECT, 0o644)
             except OSError as err:
-                if err.errno != errno.EINVAL:  # EINVAL: this file system has no O_DIRECT (tmpfs)
+                if err.errno != errno.EINVAL:  # EINVAL: this file system has no O_DIRECT (older tmpfs)
                     raise self._explain(err, path, 0, is_write) from err
-                self._no_direct_dirs.add(folder)
+                self._align_by_dir[os.path.dirname(os.path.abspath(path))] = NO_DIRECT_IO
         try:
             return os.open(path, flags, 0o644)
         except OSError as err:

@@ -1,10 +1,19 @@
-"""The I/O engine on real files: aligned (O_DIRECT) and unaligned requests, errors that name the problem."""
+"""The I/O engine on real files: aligned (O_DIRECT) and unaligned requests, the O_DIRECT alignment of a folder
+(detected or forced), errors that name the problem."""
+import ctypes
+import errno
+import fcntl
 import os
+import platform
+import tempfile
 
 import pytest
 import torch
 
 from tencache_ds.errors import StaleFileError, TencacheResourceError
+from tencache_ds.io import alignment
+from tencache_ds.io.alignment import direct_io_alignment
+from tencache_ds.io.direct_io import ALIGN_ENV, DirectFileIO
 from tencache_ds.memory.pool import BufferPool
 
 
@@ -47,3 +56,128 @@ def test_full_device_names_the_path_and_the_key(io):
         pytest.skip("no /dev/full")
     with pytest.raises(TencacheResourceError, match="nvme_path"):
         io.write(torch.ones(8192, dtype=torch.uint8), "/dev/full").result()
+
+
+# ------------------------------------------------------------------------------------------- O_DIRECT alignment
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def is_power_of_two(value):
+    return value > 0 and value & (value - 1) == 0
+
+
+@pytest.mark.parametrize("folder", [tempfile.gettempdir(), REPO], ids=["tmp", "repo"])
+def test_alignment_is_read_from_the_real_file_system(folder):
+    align, source = direct_io_alignment(folder)
+    assert is_power_of_two(align) and align >= 512, (align, source)
+    with tempfile.NamedTemporaryFile(dir=folder) as existing:  # a regular file: statx may answer for it
+        file_align, file_source = direct_io_alignment(existing.name)
+        assert is_power_of_two(file_align) and file_align >= 512, (file_align, file_source)
+        assert DirectFileIO(align_bytes=None).alignment_for(existing.name) in (align, file_align)
+
+
+def test_statx_through_the_raw_system_call_agrees_with_libc(monkeypatch, tmp_path):
+    if platform.machine() not in alignment._SYS_STATX:
+        pytest.skip(f"no statx number for {platform.machine()}")
+    path = tmp_path / "f"
+    path.write_bytes(b"x")
+    expected = alignment.statx_dio_align(str(path))
+
+    class LibcWithoutStatx:  # glibc < 2.28: only syscall()
+        syscall = ctypes.CDLL(None).syscall
+    monkeypatch.setattr(alignment.ctypes, "CDLL", lambda *args, **kwargs: LibcWithoutStatx())
+    monkeypatch.setattr(alignment, "_statx", "unresolved")
+    assert alignment.statx_dio_align(str(path)) == expected
+
+
+@pytest.fixture
+def device_4kn(monkeypatch):
+    """The kernel's rule on a drive with 4 KiB logical sectors: an O_DIRECT transfer whose address, length or file
+    offset is not a multiple of 4096 fails with EINVAL. Returns the list of (direct?, offset, length) transfers."""
+    transfers = []
+
+    def strict(original):
+        def transfer(fd, buffers, offset):
+            direct = bool(fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT)
+            [buffer] = buffers
+            address = ctypes.addressof(ctypes.c_char.from_buffer(buffer))
+            transfers.append((direct, offset, len(buffer)))
+            if direct and (address % 4096 or offset % 4096 or len(buffer) % 4096):
+                raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))
+            return original(fd, buffers, offset)
+        return transfer
+    monkeypatch.setattr(os, "preadv", strict(os.preadv))
+    monkeypatch.setattr(os, "pwritev", strict(os.pwritev))
+    return transfers
+
+
+def aligned_bytes(pool, nbytes, fill_seed):
+    buffer = pool.acquire(nbytes).view(torch.uint8, nbytes)
+    generator = torch.Generator().manual_seed(fill_seed)
+    buffer.copy_(torch.randint(0, 256, (nbytes,), dtype=torch.uint8, generator=generator))
+    return buffer
+
+
+def test_forced_4k_alignment_sends_a_1k_aligned_request_through_the_page_cache(device_4kn, tmp_path):
+    io = DirectFileIO(align_bytes=4096)
+    try:
+        pool = BufferPool("t", lock="off")
+        source = aligned_bytes(pool, 16384, fill_seed=1)[1024:1024 + 8192]  # address 1 KiB past a 4 KiB boundary
+        path = str(tmp_path / "k.swp")
+        io.write(source, path, file_offset=1024).result()
+        back = pool.acquire(16384).view(torch.uint8, 16384)[1024:1024 + 8192]
+        io.read(back, path, file_offset=1024).result()
+        assert torch.equal(back, source)
+        assert device_4kn and not any(direct for direct, _offset, _length in device_4kn)
+        # a 4 KiB-aligned request in the same folder still uses O_DIRECT
+        whole = aligned_bytes(pool, 8192, fill_seed=2)
+        io.write(whole, str(tmp_path / "w.swp")).result()
+        assert device_4kn[-1] == (True, 0, 8192)
+    finally:
+        io.close()
+
+
+def test_an_unaligned_tail_goes_buffered_after_an_aligned_direct_body(device_4kn, tmp_path):
+    io = DirectFileIO(align_bytes=4096)
+    try:
+        pool = BufferPool("t", lock="off")
+        nbytes = 3 * 4096 + 100
+        source = aligned_bytes(pool, 4 * 4096, fill_seed=3)[:nbytes]
+        path = str(tmp_path / "tail.swp")
+        io.write(source, path).result()
+        assert device_4kn == [(True, 0, 3 * 4096), (False, 3 * 4096, 100)]
+        assert os.path.getsize(path) == nbytes
+        back = pool.acquire(4 * 4096).view(torch.uint8, 4 * 4096)[:nbytes]
+        io.read(back, path).result()
+        assert torch.equal(back, source)
+        assert device_4kn[2:] == [(True, 0, 3 * 4096), (False, 3 * 4096, 100)]
+    finally:
+        io.close()
+
+
+def test_a_device_stricter_than_reported_falls_back_to_buffered(device_4kn, tmp_path):
+    """The folder says 512 bytes, the device wants 4 KiB: the EINVAL transfer is redone buffered, and the folder
+    stays buffered (correct bytes first)."""
+    io = DirectFileIO(align_bytes=512)
+    try:
+        pool = BufferPool("t", lock="off")
+        source = aligned_bytes(pool, 8192, fill_seed=4)[512:512 + 4096]
+        path = str(tmp_path / "s.swp")
+        io.write(source, path, file_offset=512).result()
+        back = torch.empty(4096, dtype=torch.uint8)
+        io.read(back, path, file_offset=512).result()
+        assert torch.equal(back, source)
+        assert device_4kn[0][0] is True and io.alignment_for(path) == 0
+        assert not any(direct for direct, _offset, _length in device_4kn[1:])
+    finally:
+        io.close()
+
+
+def test_alignment_can_be_forced_from_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv(ALIGN_ENV, "4096")
+    io = DirectFileIO()
+    assert io.alignment_for(str(tmp_path / "x.swp")) == 4096
+    io.close()
+    monkeypatch.setenv(ALIGN_ENV, "1000")
+    with pytest.raises(ValueError, match=ALIGN_ENV):
+        DirectFileIO()

@@ -1,13 +1,17 @@
-"""Where the "tencache" block comes from inside DeepSpeed. Owns: pulling it out of DeepSpeed's config objects and
-the facts about DeepSpeed's swap layout that both swappers share. Does not own: validation (config.py)."""
+"""Where the "tencache" block comes from inside DeepSpeed. Owns: pulling it out of DeepSpeed's config objects, the
+checks of the block against DeepSpeed's own sections (validate_ds_config), and the facts about DeepSpeed's swap
+layout that both swappers share. Does not own: the block's keys and types (config.py) or checks against the
+machine alone (config_checks.py)."""
 import os
 import sys
-from typing import Any, Optional
+from typing import Any, List, Optional, Tuple
 
 import torch
 
 from ...config import CONFIG_KEY, TencacheConfig, parse_config
-from ...errors import TencacheResourceError
+from ...config_checks import check_host_budget, check_output_paths, check_swap_folder
+from ...errors import TencacheConfigError, TencacheResourceError
+from ...plan.budget import MachineResources
 
 # DeepSpeed pads every swapped tensor to `1024 bytes x aio.intra_op_parallelism` (swap_tensor/utils.py
 # AIO_ALIGNED_BYTES); our files keep that layout so DeepSpeed code that reads them (offload_optimizer.fast_init)
@@ -20,6 +24,114 @@ def config_from_ds_config(ds_config: Any) -> TencacheConfig:
     """The validated block from a DeepSpeedConfig object (its kept user dict) or from a raw dict."""
     raw = getattr(ds_config, "_param_dict", ds_config)
     return parse_config(raw.get(CONFIG_KEY) if isinstance(raw, dict) else None)
+
+
+# DeepSpeed's sections that reject unknown keys (pydantic extra="forbid"), or ignore them ("aio"): a "tencache"
+# block there is a misplaced top-level block (deepspeed-integration.md, e).
+NESTED_BLOCK_SECTIONS = ("zero_optimization", "zero_optimization.offload_param",
+                         "zero_optimization.offload_optimizer", "aio")
+OFFLOAD_SECTIONS = ("offload_param", "offload_optimizer")
+DISABLE_HINT = 'or set "tencache": {"enabled": false} to run stock DeepSpeed'
+
+
+def validate_ds_config(ds_config: Any, machine: Optional[MachineResources] = None) -> TencacheConfig:
+    """The validated "tencache" block of a DeepSpeed config, after every check that can be made before a file is
+    written. Raises TencacheConfigError (a wrong or conflicting key) or TencacheResourceError (a path this user
+    cannot write), each naming the key as a dotted path and the remedy.
+
+    ``ds_config`` is a raw dict or a DeepSpeedConfig (its kept user dict is read); anything else means "no
+    block". ``machine`` defaults to this host's (tests pass a fixed one). A disabled or absent block is only
+    parsed: such a run is stock DeepSpeed, whatever its other sections say.
+    """
+    raw = getattr(ds_config, "_param_dict", ds_config)
+    if not isinstance(raw, dict):
+        return parse_config(None)
+    _reject_nested_blocks(raw)
+    config = parse_config(raw.get(CONFIG_KEY))
+    if not config.enabled:
+        return config
+    zero = raw.get("zero_optimization")
+    zero = zero if isinstance(zero, dict) else {"stage": _legacy_stage(zero)}
+    _check_stage(zero.get("stage", 0))
+    nvme_sections = _nvme_offload_sections(zero)
+    aio = raw.get("aio") if isinstance(raw.get("aio"), dict) else {}
+    if aio.get("use_gds"):
+        raise TencacheConfigError(f'aio.use_gds: true puts swap buffers in GPU memory, which tencache does not '
+                                  f'manage: remove it, {DISABLE_HINT}')
+    for key, section in nvme_sections:
+        check_swap_folder(f"{key}.nvme_path", section.get("nvme_path"))
+    check_host_budget(config, machine or MachineResources.probe())
+    check_output_paths(config)
+    return config
+
+
+def _reject_nested_blocks(raw: dict) -> None:
+    for dotted in NESTED_BLOCK_SECTIONS:
+        section = raw
+        for part in dotted.split("."):
+            section = section.get(part) if isinstance(section, dict) else None
+        if isinstance(section, dict) and CONFIG_KEY in section:
+            ignored = " (DeepSpeed would silently ignore it there)" if dotted == "aio" else ""
+            raise TencacheConfigError(
+                f'{dotted}.{CONFIG_KEY}: the "{CONFIG_KEY}" block belongs at the top level of the DeepSpeed '
+                f'config, beside "zero_optimization", not inside "{dotted.split(".")[-1]}"{ignored}: move it up')
+
+
+def _legacy_stage(value: Any) -> Any:
+    # DeepSpeed still reads "zero_optimization": true/false as stage 1/0 (read_zero_config_deprecated).
+    if isinstance(value, bool):
+        return int(value)
+    return 0 if value is None else value
+
+
+def _check_stage(stage: Any) -> None:
+    try:
+        number = int(stage)
+    except (TypeError, ValueError):
+        number = None
+    if number != 3:
+        raise TencacheConfigError(
+            f'zero_optimization.stage: tencache needs ZeRO stage 3 (got {stage!r}): it replaces the swappers that '
+            f'only ZeRO-3 offload uses; set "stage": 3, {DISABLE_HINT}')
+
+
+def _nvme_offload_sections(zero: dict) -> List[Tuple[str, dict]]:
+    """The offload sections that put tensors on NVMe, as (dotted key, section); at least one is required."""
+    found, devices = [], []
+    for name in OFFLOAD_SECTIONS:
+        section = zero.get(name)
+        device = section.get("device", "none") if isinstance(section, dict) else "none"
+        device = str(getattr(device, "value", device))  # OffloadDeviceEnum in a dict built from DeepSpeed's models
+        devices.append(f"{name}.device = {device!r}" if isinstance(section, dict) else f"no {name}")
+        if device == "nvme":
+            found.append((f"zero_optimization.{name}", section))
+    if not found:
+        raise TencacheConfigError(
+            f'zero_optimization.offload_param.device / zero_optimization.offload_optimizer.device: tencache is '
+            f'enabled but nothing is offloaded to NVMe ({", ".join(devices)}), so it would have nothing to do and '
+            f'the run would silently be stock DeepSpeed; set "device": "nvme" and "nvme_path" in one of them, '
+            f'{DISABLE_HINT}')
+    return found
+
+
+def ds_config_of_initialize_call(bound_arguments: dict) -> Optional[dict]:
+    """The raw config dict a ``deepspeed.initialize`` call will use, resolved as DeepSpeed does (``config``, else
+    ``config_params``, else ``args.deepspeed_config``/``args.deepscale_config``; a dict, a JSON/HJSON path or
+    base64). None when there is none or it cannot be read: DeepSpeed then raises its own error for it."""
+    config = bound_arguments.get("config")
+    if config is None:
+        config = bound_arguments.get("config_params")
+    for name in ("deepspeed_config", "deepscale_config"):
+        if config is None:
+            config = getattr(bound_arguments.get("args"), name, None)
+    if config is None or isinstance(config, dict):
+        return config
+    try:
+        from deepspeed.runtime.tensor_parallel.init_utils import load_ds_config  # DeepSpeed's own reader
+        loaded = load_ds_config(config)
+    except Exception:  # pylint: disable=broad-except  # unreadable: DeepSpeed says why, in its own words
+        return None
+    return loaded if isinstance(loaded, dict) else None
 
 
 def find_stage3_ds_config() -> Optional[dict]:
@@ -60,5 +172,6 @@ def prepare_swap_folder(folder: str, nvme_path: str, config_key: str) -> None:
                                     f"{err.strerror or err}") from None
 
 
-__all__ = ["config_from_ds_config", "find_stage3_ds_config", "io_aligned_numel", "prepare_swap_folder",
+__all__ = ["config_from_ds_config", "validate_ds_config", "ds_config_of_initialize_call", "find_stage3_ds_config",
+           "io_aligned_numel", "prepare_swap_folder",
            "MIN_SWAPPABLE_BYTES"]

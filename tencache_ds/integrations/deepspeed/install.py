@@ -1,4 +1,5 @@
-"""Putting tencache's swappers where DeepSpeed looks them up. Owns: the name rebinding and its undo.
+"""Putting tencache's swappers where DeepSpeed looks them up. Owns: the name rebinding and its undo, and the
+config check at ``deepspeed.initialize``.
 
 DeepSpeed builds its swappers by module-global name at call time (deepspeed-integration.md, b):
 ``partition_parameters.AsyncPartitionedParameterSwapper`` in zero.Init, and ``stage3.PartitionedOptimizerSwapper``
@@ -6,19 +7,46 @@ DeepSpeed builds its swappers by module-global name at call time (deepspeed-inte
 builds ZeRO-3 parameters: a user's zero.Init, Hugging Face's from_pretrained/from_config under ZeRO-3, and the
 engine's own conversion of a model built outside zero.Init. Our classes return the stock ones when a config has
 no enabled "tencache" block, so installing changes nothing for such runs.
+
+``deepspeed.initialize`` is wrapped too, to validate the config before DeepSpeed reads it: a block that can
+never take effect (ZeRO stage 1/2, or nothing offloaded to NVMe) means no swapper is ever built, so without this
+check the run would silently be stock DeepSpeed; and our message for a block misplaced inside
+"zero_optimization" comes before DeepSpeed's pydantic one.
 """
+import functools
+import inspect
 import threading
 
+import deepspeed
 import deepspeed.runtime.zero.partition_parameters as _partition_parameters
 import deepspeed.runtime.zero.stage3 as _stage3
 
+from .config_bridge import ds_config_of_initialize_call, validate_ds_config
 from .optimizer_swapper import TencacheOptimizerSwapper
 from .param_swapper import TencacheParamSwapper
+
+
+def _validating(initialize):
+    signature = inspect.signature(initialize)
+
+    @functools.wraps(initialize)
+    def validating_initialize(*args, **kwargs):
+        try:
+            bound = signature.bind_partial(*args, **kwargs).arguments
+        except TypeError:  # DeepSpeed reports a bad call itself
+            bound = {}
+        validate_ds_config(ds_config_of_initialize_call(bound))
+        return initialize(*args, **kwargs)
+
+    return validating_initialize
+
 
 _REBINDINGS = (
     (_partition_parameters, "AsyncPartitionedParameterSwapper", TencacheParamSwapper),
     (_stage3, "PartitionedOptimizerSwapper", TencacheOptimizerSwapper),
     (_stage3, "PipelinedOptimizerSwapper", TencacheOptimizerSwapper),
+    # `deepspeed.initialize` is looked up at call time by user scripts, Hugging Face's Trainer and Accelerate.
+    (deepspeed, "initialize", _validating(deepspeed.initialize)),
 )
 _originals = {}
 _lock = threading.Lock()
@@ -46,7 +74,6 @@ def uninstall() -> None:
 def initialize(*args, **kwargs):
     """``deepspeed.initialize`` after install(); same arguments, same return value."""
     install()
-    import deepspeed
     return deepspeed.initialize(*args, **kwargs)
 
 

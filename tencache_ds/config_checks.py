@@ -1,0 +1,88 @@
+"""Checks of a parsed "tencache" block against the machine it will run on. Owns: "can this budget or path work
+here?" answered without writing anything (no folder created, no probe file). Does not own: the block's own keys
+and types (config.py) or DeepSpeed's sections (integrations/deepspeed/config_bridge.py, which calls these).
+
+Leaf module: imports neither torch nor deepspeed, so `tencache-ds doctor` can use it too.
+"""
+import os
+from typing import Optional
+
+from .config import AUTO, CONFIG_KEY, TencacheConfig
+from .errors import TencacheConfigError, TencacheResourceError
+from .plan.budget import MachineResources
+from .units import fmt_bytes
+
+
+def check_host_budget(config: TencacheConfig, machine: MachineResources) -> None:
+    """An explicit host_cache_bytes above the machine's physical memory is a typo (a unit, a zero too many), not
+    a plan: nothing could ever hold it, and the run would instead swap or be killed by the OOM killer."""
+    budget = config.host_cache_bytes
+    if budget != AUTO and budget > machine.host_total_bytes:
+        raise TencacheConfigError(
+            f"{CONFIG_KEY}.host_cache_bytes = {budget} ({fmt_bytes(budget)}) is more than this machine's physical "
+            f"memory ({fmt_bytes(machine.host_total_bytes)}): use \"auto\" (25% of the memory available at "
+            f"start-up) or a size well below the physical memory")
+
+
+def check_output_paths(config: TencacheConfig) -> None:
+    """metrics_path and profile_path: files tencache creates (with their folders) during the run."""
+    for key in ("metrics_path", "profile_path"):
+        path = getattr(config, key)
+        if path:
+            check_output_file(f"{CONFIG_KEY}.{key}", path)
+    if config.metrics_path and config.profile_path and \
+            os.path.abspath(config.metrics_path) == os.path.abspath(config.profile_path):
+        raise TencacheConfigError(
+            f"{CONFIG_KEY}.metrics_path and {CONFIG_KEY}.profile_path are the same file ({config.metrics_path!r}): "
+            f"the metrics lines would corrupt the profile; give them different names")
+
+
+def check_output_file(key: str, path: str) -> None:
+    """``path`` is a file we may create or append to (its missing folders are created by the writer)."""
+    absolute = os.path.abspath(path)
+    if os.path.isdir(absolute):
+        raise TencacheResourceError(f"{key} = {path!r} is a folder; name a file inside it, "
+                                    f"e.g. {os.path.join(path, 'tencache.json')!r}")
+    if os.path.exists(absolute):
+        if not os.access(absolute, os.W_OK):
+            raise TencacheResourceError(f"{key} = {path!r} exists and is not writable by this user: "
+                                        f"fix its permissions or choose another path")
+        return
+    _check_creatable(key, path, os.path.dirname(absolute))
+
+
+def check_swap_folder(key: str, path: Optional[str]) -> None:
+    """``path`` is an nvme_path: a folder (created if missing) that will hold the swap files."""
+    if path is None or str(path) == "":
+        raise TencacheConfigError(f"{key} is missing: \"device\": \"nvme\" needs a folder on the NVMe drive for "
+                                  f"the swap files, e.g. \"nvme_path\": \"/local_nvme\"")
+    path = str(path)
+    absolute = os.path.abspath(path)
+    if os.path.exists(absolute) and not os.path.isdir(absolute):
+        raise TencacheResourceError(f"{key} = {path!r} is a file, not a folder: point it at a folder on the NVMe "
+                                    f"drive")
+    if os.path.isdir(absolute):
+        _check_writable_folder(key, path, absolute)
+    else:
+        _check_creatable(key, path, absolute)
+
+
+def _check_creatable(key: str, path: str, folder: str) -> None:
+    """``folder`` exists and is writable, or can be created: its nearest existing ancestor is a writable folder."""
+    ancestor = folder
+    while not os.path.exists(ancestor):
+        ancestor = os.path.dirname(ancestor)
+    if not os.path.isdir(ancestor):
+        raise TencacheResourceError(f"{key} = {path!r} cannot be created: {ancestor} is a file, not a "
+                                    f"folder; choose a path inside a folder")
+    _check_writable_folder(key, path, ancestor)
+
+
+def _check_writable_folder(key: str, path: str, folder: str) -> None:
+    # access() answers for this process's user, and reports a read-only file system even to root (EROFS).
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise TencacheResourceError(f"{key} = {path!r} is not usable: this user cannot create files in {folder} "
+                                    f"(permissions or a read-only file system); choose a writable location")
+
+
+__all__ = ["check_host_budget", "check_output_paths", "check_output_file", "check_swap_folder"]

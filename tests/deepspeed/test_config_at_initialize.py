@@ -1,0 +1,70 @@
+"""The config check at ``deepspeed.initialize`` (integrations/deepspeed/install.py): it runs before DeepSpeed reads
+the config, so a block that could never take effect stops the run instead of leaving it silently stock."""
+import argparse
+import json
+import os
+
+import pytest
+import torch
+
+pytest.importorskip("deepspeed")
+import deepspeed  # noqa: E402
+from deepspeed.runtime.zero.config import DeepSpeedZeroConfig  # noqa: E402
+
+import tencache_ds  # noqa: E402
+from tencache_ds.errors import TencacheConfigError  # noqa: E402
+
+CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "configs")
+
+
+def cpu_offload_config(**block):
+    with open(os.path.join(CONFIGS, "stock-cpu.json")) as handle:
+        config = json.load(handle)
+    config["tencache"] = block
+    return config
+
+
+def test_deepspeed_rejects_a_block_inside_zero_optimization_itself():
+    """What a zero.Init that comes before deepspeed.initialize shows (docs/reliability.md)."""
+    with pytest.raises(Exception) as err:
+        DeepSpeedZeroConfig(stage=3, tencache={})
+    assert "tencache" in str(err.value) and "Extra inputs are not permitted" in str(err.value)
+
+
+def test_initialize_names_a_misplaced_block_before_deepspeed_does():
+    config = cpu_offload_config()
+    config["zero_optimization"]["tencache"] = config.pop("tencache")
+    with pytest.raises(TencacheConfigError, match="zero_optimization.tencache: .* top level"):
+        deepspeed.initialize(model=torch.nn.Linear(2, 2), config=config)
+
+
+@pytest.mark.parametrize("how", ["config", "config_params", "args"])
+def test_initialize_refuses_a_block_with_nothing_on_nvme(how, tmp_path):
+    config = cpu_offload_config()
+    if how == "args":
+        path = tmp_path / "ds.json"
+        path.write_text(json.dumps(config))
+        kwargs = {"args": argparse.Namespace(deepspeed_config=str(path))}
+    else:
+        kwargs = {how: config}
+    with pytest.raises(TencacheConfigError, match="zero_optimization.offload_param.device"):
+        deepspeed.initialize(model=torch.nn.Linear(2, 2), **kwargs)
+
+
+def test_uninstall_gives_deepspeed_its_initialize_back():
+    assert tencache_ds.integrations.deepspeed.install.is_installed()
+    wrapped = deepspeed.initialize
+    tencache_ds.uninstall()
+    try:
+        assert deepspeed.initialize is not wrapped and deepspeed.initialize is wrapped.__wrapped__
+    finally:
+        tencache_ds.install()
+    assert deepspeed.initialize is wrapped
+
+
+@pytest.mark.deepspeed
+def test_block_without_nvme_offload_stops_the_training_script(train):
+    """End to end through scripts/train.py: "tencache": {} with params and optimizer offloaded to CPU."""
+    failed = train(config="stock-cpu.json", block={}, expect_failure=True, steps=1)
+    assert "TencacheConfigError" in failed.output
+    assert "zero_optimization.offload_param.device / zero_optimization.offload_optimizer.device" in failed.output
