@@ -18,6 +18,9 @@ from ...plan.budget import MachineResources
 # still finds each tensor at offset 0 with the length it expects.
 AIO_ALIGNED_BYTES = 1024
 MIN_SWAPPABLE_BYTES = 1024 * 1024
+# DeepSpeed ops a ZeRO-Infinity run loads (cpu_adam in deepspeed.initialize, async_io by stock swappers): a stale
+# build lock of either makes the run wait forever, silently (ext_lock.py).
+DEEPSPEED_OPS = ("cpu_adam", "async_io")
 
 
 def config_from_ds_config(ds_config: Any) -> TencacheConfig:

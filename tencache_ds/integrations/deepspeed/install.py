@@ -21,7 +21,8 @@ import deepspeed
 import deepspeed.runtime.zero.partition_parameters as _partition_parameters
 import deepspeed.runtime.zero.stage3 as _stage3
 
-from .config_bridge import ds_config_of_initialize_call, validate_ds_config
+from ...ext_lock import raise_if_stale_locks
+from .config_bridge import DEEPSPEED_OPS, ds_config_of_initialize_call, validate_ds_config
 from .optimizer_swapper import TencacheOptimizerSwapper
 from .param_swapper import TencacheParamSwapper
 
@@ -35,7 +36,8 @@ def _validating(initialize):
             bound = signature.bind_partial(*args, **kwargs).arguments
         except TypeError:  # DeepSpeed reports a bad call itself
             bound = {}
-        validate_ds_config(ds_config_of_initialize_call(bound))
+        if validate_ds_config(ds_config_of_initialize_call(bound)).enabled:
+            raise_if_stale_locks(ops=DEEPSPEED_OPS)  # cpu_adam loads below, before any swapper exists
         return initialize(*args, **kwargs)
 
     return validating_initialize

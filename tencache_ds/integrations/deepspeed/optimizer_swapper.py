@@ -26,7 +26,7 @@ from deepspeed.runtime.swap_tensor.partitioned_optimizer_swapper import Partitio
 from deepspeed.runtime.swap_tensor.pipelined_optimizer_swapper import PipelinedOptimizerSwapper
 from deepspeed import comm as dist
 
-from ...config import parse_config, CONFIG_KEY
+from ...ext_lock import raise_if_stale_locks
 from ...cache.entry_store import BudgetedPageable, EntryStore
 from ...cache.entry import EntryState
 from ...cache.host_budget import HostBudget
@@ -36,7 +36,8 @@ from ...plan.budget import MachineResources, resolve_budgets
 from ...plan.host_tier import (OPTIMIZER_BYTES_PER_ELEMENT, OPTIMIZER_IO_BYTES_PER_HELD_BYTE,
                                PARAM_IO_BYTES_PER_HELD_BYTE, TierDemand, split_host_budget)
 from .profiling import ProfiledOrder, rank_profile_path
-from .config_bridge import MIN_SWAPPABLE_BYTES, find_stage3_ds_config, io_aligned_numel, prepare_swap_folder
+from .config_bridge import (DEEPSPEED_OPS, MIN_SWAPPABLE_BYTES, find_stage3_ds_config, io_aligned_numel,
+                            prepare_swap_folder, validate_ds_config)
 from . import param_swapper, reporting
 
 NVME_PATH_KEY = "zero_optimization.offload_optimizer.nvme_path"
@@ -47,8 +48,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
     (subclass: stage 3 calls ``OptimizerSwapper.parameter_id`` through the base class)."""
 
     def __new__(cls, swap_config, aio_config, base_folder, optimizer, largest_numel, device, dtype, timers):
-        raw = find_stage3_ds_config()
-        config = parse_config(raw.get(CONFIG_KEY) if isinstance(raw, dict) else None)
+        config = validate_ds_config(find_stage3_ds_config())  # before any folder is written
         if not config.enabled:
             stock = PipelinedOptimizerSwapper if swap_config.pipeline else PartitionedOptimizerSwapper
             return stock(swap_config=swap_config, aio_config=aio_config, base_folder=base_folder,
@@ -61,6 +61,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         # pylint: disable=super-init-not-called
         # The stock constructors lock buffer_count x largest_numel through DeepSpeed's aio handle; what else they
         # set up (the attributes the base class's helpers read) is set here.
+        raise_if_stale_locks(ops=DEEPSPEED_OPS)
         intra_op = int(aio_config.get("intra_op_parallelism", 1))
         self.swap_config = swap_config
         self.aio_config = aio_config

@@ -22,10 +22,11 @@ from deepspeed.runtime.swap_tensor.partitioned_param_swapper import (AsyncPartit
 
 from ...cache.host_budget import HostBudget
 from ...cache.tensor_store import TensorStore
-from ...errors import TencacheConfigError
 from ...io.direct_io import DirectFileIO
 from ...plan.budget import MachineResources, resolve_budgets
-from .config_bridge import MIN_SWAPPABLE_BYTES, config_from_ds_config, io_aligned_numel, prepare_swap_folder
+from ...ext_lock import raise_if_stale_locks
+from .config_bridge import (DEEPSPEED_OPS, MIN_SWAPPABLE_BYTES, config_from_ds_config, io_aligned_numel,
+                            prepare_swap_folder, validate_ds_config)
 from .profiling import ProfiledOrder, rank_profile_path
 
 NVME_PATH_KEY = "zero_optimization.offload_param.nvme_path"
@@ -42,7 +43,7 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
     _instances_lock = threading.Lock()
 
     def __new__(cls, ds_config, model_dtype):
-        config = config_from_ds_config(ds_config)
+        config = validate_ds_config(ds_config)  # before any folder is emptied or written
         if not config.enabled:
             return AsyncPartitionedParameterSwapper(ds_config, model_dtype)
         folder = _swap_folder(ds_config, model_dtype)
@@ -58,14 +59,12 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
         # Stock __init__ is not called on purpose: it locks buffer_count x buffer_size of memory up front.
         if self._constructed:
             return
-        self.config = config_from_ds_config(ds_config)
+        self.config = config_from_ds_config(ds_config)  # validated in __new__
+        raise_if_stale_locks(ops=DEEPSPEED_OPS)
         self.dtype = model_dtype
         self.swap_config = ds_config.zero_config.offload_param
         self.aio_config = ds_config.aio_config
-        if self.aio_config.get("use_gds"):
-            raise TencacheConfigError('"aio.use_gds" puts swap buffers on the GPU, which tencache does not manage: '
-                                      'remove it, or set "tencache": {"enabled": false}')
-        self.use_gds = False
+        self.use_gds = False  # validate_ds_config rejects aio.use_gds
         self.swap_folder = _swap_folder(ds_config, model_dtype)
         self.swap_element_size = torch.empty((), dtype=model_dtype).element_size()
         intra_op = int(self.aio_config.get("intra_op_parallelism", 1))
