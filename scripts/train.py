@@ -61,6 +61,15 @@ def parse_args(argv=None):
     p.add_argument("--weights-gather", choices=["public", "grouped", "none"], default="public",
                    help="how to read the fp32 master weights at the end (see gather_fp32_weights); none: no hash")
     p.add_argument("--label", default=None, help="free-form label stored in the result (default: config name)")
+    p.add_argument("--offload-device", choices=["cpu", "nvme"], default=None,
+                   help="replaces offload_param/offload_optimizer device (cpu: stock CPU offload, same config else)")
+    p.add_argument("--reuse-distance", type=float, default=None, help="zero_optimization.stage3_max_reuse_distance")
+    p.add_argument("--checkpoint-dir", default=None, help="where --save-after and --resume keep the checkpoint")
+    p.add_argument("--save-after", type=int, default=None,
+                   help="engine.save_checkpoint(checkpoint-dir) after this many optimizer steps, then train on")
+    p.add_argument("--resume", action="store_true",
+                   help="engine.load_checkpoint(checkpoint-dir) before training; the data stream skips the steps "
+                        "the checkpoint has seen")
     p.add_argument("--list-models", action="store_true", help="print a table of configs/models/* and exit")
     p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -68,6 +77,8 @@ def parse_args(argv=None):
         p.error("--deepspeed_config is required")
     if args.save_weights and not args.result_file:
         p.error("--save-weights needs --result-file")
+    if (args.save_after is not None or args.resume) and not args.checkpoint_dir:
+        p.error("--save-after and --resume need --checkpoint-dir")
     if args.save_weights and args.weights_gather == "none":
         p.error("--save-weights needs --weights-gather public|grouped")
     return args
@@ -130,6 +141,18 @@ def load_ds_config(path, args):
             block = zero.get(section)
             if isinstance(block, dict) and (block.get("device") == "nvme" or "nvme_path" in block):
                 block["nvme_path"] = args.nvme_path
+    zero = cfg.setdefault("zero_optimization", {})
+    if args.offload_device:
+        for section in ("offload_param", "offload_optimizer"):
+            block = zero.get(section)
+            if isinstance(block, dict) and block.get("device") in ("cpu", "nvme"):
+                block["device"] = args.offload_device
+                if args.offload_device == "cpu":
+                    for key in ("nvme_path", "buffer_count", "buffer_size", "max_in_cpu", "pipeline_read",
+                                "pipeline_write"):
+                        block.pop(key, None)
+    if args.reuse_distance is not None:
+        zero["stage3_max_reuse_distance"] = args.reuse_distance
     if args.tencache_block is not None:
         if args.tencache_block.strip().lower() == "none":
             cfg.pop("tencache", None)
@@ -325,10 +348,13 @@ def train_step(engine, batches, grad_accum):
     return mean
 
 
-def run_steps(engine, batches, steps, grad_accum):
-    """The training loop with per-step measurements."""
+def run_steps(engine, batches, steps, grad_accum, first_step=0, save_after=None, checkpoint_dir=None):
+    """The training loop with per-step measurements; saves a checkpoint after ``save_after`` steps if asked."""
     records = []
-    for step in range(steps):
+    for step in range(first_step, first_step + steps):
+        if save_after is not None and step == save_after:
+            engine.save_checkpoint(checkpoint_dir, tag="ckpt")
+            log0(f"saved checkpoint after step {step} to {checkpoint_dir}")
         io0 = read_proc_io()
         t0 = time.perf_counter()
         loss = train_step(engine, batches, grad_accum)
@@ -467,7 +493,17 @@ def main(argv=None):
 
     batches = synthetic_batches(model_cfg.vocab_size, ds_config["train_micro_batch_size_per_gpu"], args.seq_len,
                                 args.seed + rank())  # rank 0 of any world size sees the same batches
-    records = run_steps(engine, batches, args.steps, ds_config["gradient_accumulation_steps"])
+    first_step = 0
+    if args.resume:
+        load_path, client_state = engine.load_checkpoint(args.checkpoint_dir, tag="ckpt")
+        if load_path is None:
+            raise SystemExit(f"no checkpoint in {args.checkpoint_dir}")
+        first_step = engine.global_steps
+        for _ in range(first_step * ds_config["gradient_accumulation_steps"]):
+            next(batches)  # the same data the uninterrupted run sees next
+        log0(f"resumed from {load_path} at step {first_step}")
+    records = run_steps(engine, batches, args.steps, ds_config["gradient_accumulation_steps"], first_step,
+                        args.save_after, args.checkpoint_dir)
 
     sha, gather_time = None, None
     if args.weights_gather != "none":

@@ -29,6 +29,9 @@ from ..units import fmt_bytes
 STOCK = "stock"
 TENCACHE = "tencache"
 ARMS = (STOCK, TENCACHE)
+# Optional third arm (`bench --compare cpu`): stock DeepSpeed with offload device "cpu", same config otherwise --
+# what a user whose host memory holds the model would pick. Its bits must equal stock NVMe's.
+STOCK_CPU = "stock-cpu"
 
 # Stats keys that have their own rows (and plots); every other key gets a generic row.
 PINNED_RESERVED_KEY = "pinned_bytes_reserved"
@@ -378,8 +381,17 @@ def compare(runs: Sequence[BenchRun], warmup_steps: int) -> Comparison:
             rows.append(_numeric_row(f"process disk {direction} bytes/step (/proc/self/io, median)", "bytes",
                                      *both(lambda rs: _median(_pooled(rs, f"io_{direction}_bytes", warmup_steps)))))
 
-    losses_identical, losses_detail = compare_losses(list(stock) + list(tencache))
-    weights_identical, weights_detail = compare_weights(list(stock) + list(tencache))
+    stock_cpu = [run for run in runs if run.arm == STOCK_CPU]
+    if stock_cpu:
+        cpu_time = _median(_pooled(stock_cpu, "step_time_s", warmup_steps))
+        tencache_time = _median(_pooled(tencache, "step_time_s", warmup_steps))
+        rows.insert(1, ComparisonRow("median step time vs stock CPU offload (s)", "s", cpu_time, tencache_time,
+                                     tencache_time / cpu_time if is_number(cpu_time) and cpu_time else None,
+                                     note="stock column: stock DeepSpeed with offload device cpu"))
+        rows.insert(2, _numeric_row("peak RSS vs stock CPU offload", "bytes", _all_steps_max(stock_cpu, "peak_rss_bytes"),
+                                    _all_steps_max(tencache, "peak_rss_bytes")))
+    losses_identical, losses_detail = compare_losses(list(stock) + list(tencache) + stock_cpu)
+    weights_identical, weights_detail = compare_weights(list(stock) + list(tencache) + stock_cpu)
     rows.append(ComparisonRow("losses identical (all steps, loss_bits)", "text",
                               _final_loss_bits(stock[0]), _final_loss_bits(tencache[0]), None,
                               "yes" if losses_identical else "NO", losses_detail))
@@ -416,6 +428,8 @@ def compare(runs: Sequence[BenchRun], warmup_steps: int) -> Comparison:
     run_dicts = [{"label": run.label, "arm": run.arm, "repeat": run.repeat, "model": run.result.get("model"),
                   "num_params": run.result.get("num_params"), "num_steps": len(run.steps)} for run in runs]
     measured = {arm: sum(max(0, len(run.steps) - warmup_steps) for run in by_arm[arm]) for arm in ARMS}
+    if stock_cpu:
+        measured[STOCK_CPU] = sum(max(0, len(run.steps) - warmup_steps) for run in stock_cpu)
     return Comparison(rows, warmup_steps, measured, losses_identical, losses_detail, weights_identical,
                       weights_detail, run_dicts, notes)
 

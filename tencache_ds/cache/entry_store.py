@@ -389,6 +389,29 @@ class EntryStore:
                 self._start_write(entry, evicting=False)
             self._wait_write(entry)
 
+    def forget(self, key) -> None:
+        """Drop ``key``'s entry without writing (its file was replaced by someone else); unknown keys are ignored."""
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                return
+            if entry.state in LENT:
+                raise RuntimeError(f"{self.name}: cannot forget tensor {key}: it is lent")
+            if entry.state in IO_IN_FLIGHT:
+                self._wait_unlocked(entry.io)
+            if entry.buffer is not None:
+                self._release_buffer(entry)
+            self._cached.pop(key, None)
+            self._writing.pop(key, None)
+            self._count[entry.state] -= 1
+            del self._entries[key]
+            self._checked()
+
+    def held_keys(self) -> List[Hashable]:
+        """Keys whose bytes are in host memory and not lent (clean or dirty copies)."""
+        with self._lock:
+            return list(self._cached)
+
     def forget_all(self) -> None:
         """Drop every entry without writing (the files were replaced, e.g. by a checkpoint load)."""
         with self._lock:

@@ -137,13 +137,14 @@ def resolve_launcher(requested: str) -> str:
 
 def build_runs(args, repo_root: str, train_script: str, config_path: str, ds_config: Dict[str, Any],
                out_dir: str, launcher: str) -> List[RunSpec]:
-    """The interleaved run plan: stock-1, tencache-1, stock-2, tencache-2, ..."""
+    """The interleaved run plan: stock-1, tencache-1[, stock-cpu-1], stock-2, tencache-2, ..."""
     specs = []
+    arms = report.ARMS + ((report.STOCK_CPU,) if getattr(args, "compare", None) == "cpu" else ())
     for repeat in range(1, args.repeats + 1):
-        for arm in report.ARMS:
+        for arm in arms:
             label = f"{arm}-{repeat}"
             metrics_path = os.path.join(out_dir, f"{label}.metrics.jsonl") if arm == report.TENCACHE else None
-            block = "none" if arm == report.STOCK else json.dumps(
+            block = "none" if arm != report.TENCACHE else json.dumps(
                 tencache_block(ds_config, args.host_cache_bytes, args.device_cache_bytes, metrics_path))
             nvme_dir = os.path.join(os.path.abspath(args.nvme_path), label)
             result_path = os.path.join(out_dir, f"{label}.result.json")
@@ -154,6 +155,8 @@ def build_runs(args, repo_root: str, train_script: str, config_path: str, ds_con
                           # the same fp32-weights hash as the public per-parameter API, without re-reading every
                           # optimizer group once per parameter (minutes on gpt2-small)
                           "--weights-gather", "grouped"]
+            if arm == report.STOCK_CPU:
+                train_args += ["--offload-device", "cpu"]
             port = free_port()
             env = dict(os.environ, PYTHONUNBUFFERED="1")
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [repo_root, env.get("PYTHONPATH")]))

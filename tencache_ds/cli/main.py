@@ -104,6 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--launcher", choices=["deepspeed", "python"], default="deepspeed",
                        help="start each run with the deepspeed launcher or as a plain python process")
     bench.add_argument("--no-plots", action="store_true", help="do not write PNG plots")
+    bench.add_argument("--compare", choices=["cpu"], default=None,
+                       help="cpu: add a third arm, stock DeepSpeed with offload device cpu (same config otherwise): "
+                            "the reference for a machine whose host memory holds the model")
 
     subcommands.add_parser(
         "config-reference", help="print the \"tencache\" block's reference (Markdown) from the config model",

@@ -51,10 +51,15 @@ def train(tmp_path_factory):
                 "--result-file", str(result_file)]
         options.setdefault("model", "gpt2-tiny")
         options.setdefault("steps", 3)
+        num_ranks = options.pop("num_ranks", 1)
         for key, value in options.items():
-            args += [f"--{key.replace('_', '-')}", str(value)]
+            if value is True:
+                args.append(f"--{key.replace('_', '-')}")
+            else:
+                args += [f"--{key.replace('_', '-')}", str(value)]
         if launcher == "deepspeed":
-            command = ["deepspeed", "--num_gpus", "1", "--master_port", str(29700 + os.getpid() % 200), TRAIN] + args
+            command = ["deepspeed", "--num_gpus", str(num_ranks), "--master_port", str(29700 + os.getpid() % 200),
+                       TRAIN] + args
         else:
             command = [sys.executable, TRAIN] + args
         env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))

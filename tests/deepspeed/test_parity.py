@@ -78,8 +78,9 @@ def test_disabled_block_is_stock(train):
 
 
 def test_profile_is_recorded_then_reused_and_stays_bit_identical(train, tmp_path):
-    """A host cache smaller than the model forces evictions, so the profiled (Belady) choices matter."""
-    block = {"host_cache_bytes": 40_000_000, "profile_path": str(tmp_path / "profile.json")}
+    """A host cache smaller than the model forces evictions, so the profiled (Belady) choices matter: gpt2-tiny's
+    one optimizer sub-group has four 60 MB tensors (master, two moments, gradient), and 150 MB holds two."""
+    block = {"host_cache_bytes": 150_000_000, "profile_path": str(tmp_path / "profile.json")}
     stock = train(block=None, **BASE)
     first = train(block=block, **BASE)
     second = train(block=block, **BASE)

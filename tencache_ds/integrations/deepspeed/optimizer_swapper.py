@@ -89,6 +89,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         self.timer_names = set()
         self._lent = {}        # sub-group id -> keys of the entries lent as its tensors (and gradient)
         self._read_ahead = {}  # sub-group id -> keys whose reads were started for it (async_parameter)
+        self._held_files_at_folder_access = None  # {path: file identity} when swap_folder was last read
         self._profile_looked_up = False
         self._started = False  # a backward has begun: log_timers() calls from now on end training steps
         self.closed = False
@@ -119,7 +120,16 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         the files must hold the newest bytes then, so reading it flushes the changed state first."""
         if not self.closed:
             self.store.flush()
+            # On a load the engine then copies the checkpoint's files over these: remember what each held file
+            # looks like now, and let the next swap-in drop the copies whose files changed (a save changes none).
+            self._held_files_at_folder_access = {key: _file_identity(key) for key in self.store.held_keys()}
         return self._folder
+
+    def _drop_copies_of_replaced_files(self) -> None:
+        snapshot, self._held_files_at_folder_access = self._held_files_at_folder_access, None
+        for path, identity in (snapshot or {}).items():
+            if _file_identity(path) != identity:
+                self.store.forget(path)
 
     def _create_param_swap_info(self, parameter, numel):
         # The base class passes self.swap_folder, which would flush: use the folder directly.
@@ -159,6 +169,8 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
     # ------------------------------------------------------------------------------------ swap in and out
     def swap_in_optimizer_state(self, parameter, async_parameter=None):
         # async_parameter defaults to None: the Muon path calls without it (stock Pipelined has no default).
+        if self._held_files_at_folder_access is not None:
+            self._drop_copies_of_replaced_files()
         swap_info = self._get_param_swap_info(parameter)
         if swap_info is None:
             return
@@ -246,7 +258,9 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         super().log_timers()
         if not self._profile_looked_up:  # the first call ends initialisation: every sub-group is known
             self._profile_looked_up = True
-            self.store.next_use = self.profile.load(self.store.numels(), str(self.dtype), dist.get_world_size())
+            # keyed by file name, not path: the same run in another nvme_path has the same profile
+            tensors = sorted((os.path.basename(key), numel) for key, numel in self.store.numels())
+            self.store.next_use = self.profile.load(tensors, str(self.dtype), dist.get_world_size())
         self.store.next_use = self.profile.end_step(self.store.recorder.end_step())
         if self._started:
             reporting.write_step_metrics(self.config, param_swapper.live_swappers(), self)
@@ -321,6 +335,16 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             for path in paths:
                 self.store.release(path)
         self._read_ahead = {}
+
+
+def _file_identity(path: str):
+    """What changes whenever anyone writes a file: inode, size and ctime (which no user-space call can set; a
+    copy with shutil.copy2 resets mtime but not ctime)."""
+    try:
+        status = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return status.st_ino, status.st_size, status.st_ctime_ns
 
 
 class _PoolView:
