@@ -69,7 +69,8 @@ class ArenaSlots:
 class BudgetedPageable:
     """Optimizer state: page-aligned pageable memory (only the CPU optimizer and file I/O touch it, so nothing is
     gained by locking it), kept between uses while ``budget`` has room. Beyond the budget an entry is served from
-    a transient buffer that goes back after use. ``bypass``: once the access order is known, an incoming entry that
+    a transient buffer that goes back after use: a streaming slot of the pool's arena (the caller reserves them,
+    as many as one sub-group needs at once), else fresh memory. ``bypass``: once the access order is known, an incoming entry that
     is needed later than every candidate victim is not admitted (Belady with bypass: in the cyclic order of
     optimizer sub-groups the tier then keeps a fixed share instead of cycling everything through)."""
 
@@ -89,7 +90,10 @@ class BudgetedPageable:
         return buffer
 
     def fallback(self, nbytes: int) -> HostBuffer:
-        return self.pool.acquire_pageable(nbytes, count_as_fallback=False)
+        # A streaming slot of the pool's arena when one fits (reused memory: a fresh mapping of a sub-group's size
+        # would be zero-filled by page faults on every use), else a fresh mapping.
+        slot = self.pool.try_acquire(nbytes)
+        return slot if slot is not None else self.pool.acquire_pageable(nbytes, count_as_fallback=False)
 
     def keeps(self, buffer: HostBuffer) -> bool:
         return buffer.ptr in self._budgeted

@@ -41,6 +41,7 @@ from .config_bridge import (DEEPSPEED_OPS, MIN_SWAPPABLE_BYTES, find_stage3_ds_c
 from . import param_swapper, reporting
 
 NVME_PATH_KEY = "zero_optimization.offload_optimizer.nvme_path"
+STREAMING_BUFFERS = 8  # one sub-group in use (4) and the next one read ahead (4)
 
 
 class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
@@ -77,6 +78,11 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         self.dtype = dtype
         self.io = DirectFileIO(num_threads=max(2, intra_op), name="tencache-optim-io")
         self.pool = BufferPool("optimizer", lock="off")
+        # Streaming slots for sub-groups the host tier does not hold: reused between steps, never locked. Adam
+        # needs the master, two moments and the gradient of one sub-group at once (deepspeed-integration.md a.7),
+        # and as many for the next sub-group, read ahead meanwhile.
+        self.pool.add_classes({self.largest_numel * self.swap_element_size:
+                               max(STREAMING_BUFFERS, int(swap_config.buffer_count))})
         self.budget = HostBudget(self._host_tier_share())
         self.store = EntryStore("optimizer", dtype, lambda numel: io_aligned_numel(numel, dtype, intra_op), self.io,
                                 BudgetedPageable(self.pool, self.budget))
