@@ -1,5 +1,5 @@
-"""Where a training step's time goes: runs scripts/train.py in this process under cProfile and prints the time
-spent (cumulative, per measured step) in each phase DeepSpeed's ZeRO-3 step is made of. Used for the
+"""Where a training step's time goes: runs scripts/train.py in this process, its training steps under cProfile,
+and prints the time spent (cumulative, and per step) in each phase DeepSpeed's ZeRO-3 step is made of. Used for the
 "where the time went" tables in docs/benchmarks.md; a diagnostic, not a benchmark (cProfile slows Python code).
 
     python scripts/profile_phases.py [train.py arguments...]     # e.g. --deepspeed_config configs/stock-nvme.json
@@ -30,9 +30,17 @@ PHASES = {
 
 def main(argv):
     profiler = cProfile.Profile()
-    profiler.enable()
+    run_steps = train.run_steps
+
+    def profiled_run_steps(*args, **kwargs):  # the training steps only: not start-up, not the weights' gather
+        profiler.enable()
+        try:
+            return run_steps(*args, **kwargs)
+        finally:
+            profiler.disable()
+
+    train.run_steps = profiled_run_steps
     train.main(argv)
-    profiler.disable()
     stats = pstats.Stats(profiler)
     steps = int(argv[argv.index("--steps") + 1]) if "--steps" in argv else 6
     print(f"\nphase: cumulative seconds over {steps} steps (cProfile), seconds per step")

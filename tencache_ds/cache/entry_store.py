@@ -187,6 +187,12 @@ class EntryStore:
             entry = self._entries.get(key)
             return None if entry is None else entry.state
 
+    def kept(self, key) -> bool:
+        """Does ``key``'s buffer stay in host memory after use (False: transient, or no buffer)?"""
+        with self._lock:
+            entry = self._entries.get(key)
+            return entry is not None and entry.buffer is not None and entry.kept
+
     def path(self, key) -> str:
         with self._lock:
             return self._entries[key].path

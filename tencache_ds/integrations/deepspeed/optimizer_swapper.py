@@ -198,8 +198,13 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
 
     def swap_out_optimizer_state(self, parameter, async_swap=False):
         # The step changed the master and state tensors in place; new state tensors (Adam's moments on its first
-        # step) are the optimizer's own allocations and are stored once.
-        self._give_back(parameter, states_changed=True, gradient_changed=True)
+        # step) are the optimizer's own allocations and are stored once. The step also scaled the gradient in
+        # place, but it is dead now: a held copy keeps the scaled bytes (they are what DeepSpeed last saw), a
+        # transient one is not written again (the file keeps the fragments as stored, as stock's does).
+        swap_info = self.swap_params_info.get(OptimizerSwapper.parameter_id(parameter))
+        gradient_held = swap_info is not None and swap_info.has_gradients() and \
+            self.store.kept(self._gradient_path(swap_info))
+        self._give_back(parameter, states_changed=True, gradient_changed=gradient_held)
 
     def release_swap_buffers(self, parameter):
         self._give_back(parameter, states_changed=False, gradient_changed=False)
@@ -216,9 +221,9 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         if not swap_info.swapped_gradients:
             swap_info.get_or_create_gradient_paths([0], [swap_info.numel()])
         path = self._gradient_path(swap_info)
-        if self.store.knows(path):
-            gradient = self.store.lend(path)
-        else:
+        if self.store.state(path) in (EntryState.CLEAN, EntryState.DIRTY):
+            gradient = self.store.lend(path)  # held: no copy, no I/O
+        else:  # the fragments below replace it: its old bytes are not read
             gradient = self.store.lend_new(path, swap_info.numel(), path)
             gradient.zero_()
         for offset, tensor in zip(gradient_offsets, gradient_tensors):
