@@ -217,6 +217,9 @@ class EntryStore:
         partition, before any size is planned). Returns a view of exactly ``numel`` elements."""
         with self._lock:
             entry = self._entries.get(key)
+            if entry is not None and (entry.numel, entry.path) != (numel, path):
+                self._forget_locked(entry)  # a new tensor under an old key (a rebuilt model): the old bytes go
+                entry = None
             if entry is None:
                 entry = self._new_entry(key, numel, path, S.ON_FILE)
             self._settle(entry)
@@ -403,19 +406,21 @@ class EntryStore:
         """Drop ``key``'s entry without writing (its file was replaced by someone else); unknown keys are ignored."""
         with self._lock:
             entry = self._entries.get(key)
-            if entry is None:
-                return
-            if entry.state in LENT:
-                raise RuntimeError(f"{self.name}: cannot forget tensor {key}: it is lent")
-            if entry.state in IO_IN_FLIGHT:
-                self._wait_unlocked(entry.io)
-            if entry.buffer is not None:
-                self._release_buffer(entry)
-            self._cached.pop(key, None)
-            self._writing.pop(key, None)
-            self._count[entry.state] -= 1
-            del self._entries[key]
-            self._checked()
+            if entry is not None:
+                self._forget_locked(entry)
+                self._checked()
+
+    def _forget_locked(self, entry: Entry) -> None:
+        if entry.state in LENT:
+            raise RuntimeError(f"{self.name}: cannot forget tensor {entry.key}: it is lent")
+        if entry.state in IO_IN_FLIGHT:
+            self._wait_unlocked(entry.io)
+        if entry.buffer is not None:
+            self._release_buffer(entry)
+        self._cached.pop(entry.key, None)
+        self._writing.pop(entry.key, None)
+        self._count[entry.state] -= 1
+        del self._entries[entry.key]
 
     def held_keys(self) -> List[Hashable]:
         """Keys whose bytes are in host memory and not lent (clean or dirty copies)."""

@@ -108,3 +108,17 @@ def test_lending_twice_is_an_error_not_a_silent_alias(tmp_path, io):
         store.lend("y")
     store.release("y")
     store.close()
+
+
+def test_a_new_tensor_under_an_old_key_replaces_the_entry(tmp_path, io):
+    """A rebuilt model may reuse a key with another size: its first bytes get a fresh entry of the new size."""
+    store = make(tmp_path, io, budget_bytes=10 * NBYTES)
+    put(store, tmp_path, "k", 1.0)
+    view = store.lend_new("k", NUMEL // 2, str(tmp_path / "k.swp"))
+    assert view.numel() == NUMEL // 2
+    view.fill_(2.0)
+    store.release("k", changed=True)
+    lent = store.lend("k")
+    assert lent.numel() == NUMEL // 2 and torch.all(lent == 2.0)
+    store.release("k")
+    store.close()

@@ -43,12 +43,42 @@ def _validating(initialize):
     return validating_initialize
 
 
+def _closing_swappers(destroy):
+    @functools.wraps(destroy)
+    def destroy_and_close_swappers(self, *args, **kwargs):
+        try:
+            return destroy(self, *args, **kwargs)
+        finally:
+            close_swappers_of(self)
+
+    return destroy_and_close_swappers
+
+
+def close_swappers_of(optimizer) -> None:
+    """Close the tencache swappers a ZeRO-3 optimizer used: its optimizer swapper, and its parameters' swappers
+    once no other zero.Init model uses them (stock DeepSpeed leaves its swappers to the garbage collector; ours
+    hold I/O threads, pinned memory and host-tier bytes, which a rebuilt engine in the same process needs)."""
+    swapper = getattr(optimizer, "optimizer_swapper", None)
+    if isinstance(swapper, TencacheOptimizerSwapper):
+        swapper.close()
+    param_swappers = {}
+    for group in getattr(optimizer, "fp16_groups", None) or []:
+        for param in group:
+            candidate = getattr(param, "nvme_swapper", None)
+            if isinstance(candidate, TencacheParamSwapper):
+                param_swappers[id(candidate)] = candidate
+    for candidate in param_swappers.values():
+        candidate.release_user()
+
+
 _REBINDINGS = (
     (_partition_parameters, "AsyncPartitionedParameterSwapper", TencacheParamSwapper),
     (_stage3, "PartitionedOptimizerSwapper", TencacheOptimizerSwapper),
     (_stage3, "PipelinedOptimizerSwapper", TencacheOptimizerSwapper),
     # `deepspeed.initialize` is looked up at call time by user scripts, Hugging Face's Trainer and Accelerate.
     (deepspeed, "initialize", _validating(deepspeed.initialize)),
+    # engine.destroy() -> optimizer.destroy(): our swappers are closed with the engine.
+    (_stage3.DeepSpeedZeroOptimizer_Stage3, "destroy", _closing_swappers(_stage3.DeepSpeedZeroOptimizer_Stage3.destroy)),
 )
 _originals = {}
 _lock = threading.Lock()

@@ -281,6 +281,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         counters = self.io.counters()
         stats = {f"optimizer_{key}": value for key, value in self.pool.stats().items()}
         stats["optimizer_profile"] = self.profile.source
+        stats["optimizer_swapper_closed"] = int(self.closed)
         stats.update({f"optimizer_cache_{key}": value for key, value in self.store.stats().items()})
         stats.update(optimizer_cache_budget_bytes=self.budget.total_bytes,
                      optimizer_nvme_read_bytes=counters.read_bytes, optimizer_nvme_write_bytes=counters.write_bytes,

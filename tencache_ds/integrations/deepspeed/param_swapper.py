@@ -58,6 +58,7 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
     def __init__(self, ds_config, model_dtype):  # pylint: disable=super-init-not-called
         # Stock __init__ is not called on purpose: it locks buffer_count x buffer_size of memory up front.
         if self._constructed:
+            self._users += 1  # another zero.Init model in the same swap folder
             return
         self.config = config_from_ds_config(ds_config)  # validated in __new__
         raise_if_stale_locks(ops=DEEPSPEED_OPS)
@@ -92,6 +93,7 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
         self._lock = threading.RLock()
         self._in_flight = {}  # ds_id -> param marked INFLIGHT, in issue order
         self.closed = False
+        self._users = 1  # zero.Init models using this swapper; the last engine destroyed closes it
         self._constructed = True  # last: a constructor that raised is run again in full next time
 
     # ------------------------------------------------------------------------------ queries DeepSpeed makes
@@ -208,6 +210,13 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
     def synchronize_writes(self):
         self.store.flush()
 
+    def release_user(self):
+        """An engine over this swapper's partitions was destroyed: close once no other model uses it."""
+        with self._lock:
+            self._users -= 1
+            if self._users <= 0:
+                self.close()
+
     def close(self):
         """Wait for I/O in flight and give back slots, pinned memory and I/O threads. Dirty partitions are not
         written: DeepSpeed rebuilds partition files from the fp32 masters on every load."""
@@ -215,6 +224,8 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
             with TencacheParamSwapper._instances_lock:
                 if TencacheParamSwapper._instances.get(self.swap_folder) is self:
                     del TencacheParamSwapper._instances[self.swap_folder]
+            if self.closed:
+                return
             self.store.close()
             self.io.close()
             self.closed = True
@@ -224,6 +235,7 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
         counters = self.io.counters()
         stats = {f"param_{key}": value for key, value in self.store.stats().items()}
         stats["param_profile"] = self.profile.source
+        stats["param_swapper_closed"] = int(self.closed)
         stats.update(param_nvme_read_bytes=counters.read_bytes, param_nvme_write_bytes=counters.write_bytes,
                      host_cache_budget_bytes=self.budgets.host_cache_bytes,
                      stock_param_pinned_bytes_estimate=self.stock_pinned_bytes_estimate())

@@ -1,0 +1,33 @@
+"""An engine destroyed and rebuilt in one process (DeepSpeed's own NVMe checkpoint tests do this): tencache
+trains through it for every offload pair, gives stock's losses before and after the reload, and closes its
+swappers with the engine."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = [pytest.mark.deepspeed, pytest.mark.slow]
+SCRIPT = os.path.join(os.path.dirname(__file__), "rebuild.py")
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def rebuild(tmp_path, mode, param_device, optimizer_device):
+    name = f"{mode}-{param_device}-{optimizer_device}"
+    proc = subprocess.run([sys.executable, SCRIPT, mode, str(tmp_path / f"nvme-{name}"), str(tmp_path / f"ckpt-{name}"),
+                           param_device, optimizer_device], capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, PYTHONPATH=REPO))
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert lines, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+@pytest.mark.parametrize("param_device, optimizer_device",
+                         [("nvme", "nvme"), ("nvme", "cpu"), ("nvme", "none"), ("cpu", "nvme"), ("none", "nvme")])
+def test_rebuilt_engine_trains_with_stocks_losses_and_closes_its_swappers(tmp_path, param_device, optimizer_device):
+    stock = rebuild(tmp_path, "stock", param_device, optimizer_device)
+    ours = rebuild(tmp_path, "tencache", param_device, optimizer_device)
+    assert (ours["losses"], ours["before"], ours["after"]) == (stock["losses"], stock["before"], stock["after"])
+    expected_closed = [1 if param_device == "nvme" else None, 1 if optimizer_device == "nvme" else None]
+    assert ours["closed"] == expected_closed
