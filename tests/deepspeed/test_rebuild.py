@@ -23,8 +23,10 @@ def rebuild(tmp_path, mode, param_device, optimizer_device):
     return json.loads(lines[-1][len("RESULT "):])
 
 
-@pytest.mark.parametrize("param_device, optimizer_device",
-                         [("nvme", "nvme"), ("nvme", "cpu"), ("nvme", "none"), ("cpu", "nvme"), ("none", "nvme")])
+# Parameters on NVMe with the optimizer on cpu or none: stock DeepSpeed 0.19.8 itself fails in load_checkpoint
+# (stage3 _rigid_load_state_dict: `'NoneType' object has no attribute 'data'`, bf16), and so does tencache, in
+# the same DeepSpeed line; those pairs are left out here (docs/reliability.md).
+@pytest.mark.parametrize("param_device, optimizer_device", [("nvme", "nvme"), ("cpu", "nvme"), ("none", "nvme")])
 def test_rebuilt_engine_trains_with_stocks_losses_and_closes_its_swappers(tmp_path, param_device, optimizer_device):
     stock = rebuild(tmp_path, "stock", param_device, optimizer_device)
     ours = rebuild(tmp_path, "tencache", param_device, optimizer_device)
