@@ -231,10 +231,30 @@ def test_a_small_tensor_never_takes_a_larger_class_slot(tmp_path):
         store.test_io.close()
 
 
+def _wait_for_state(store, key, state, timeout):
+    """Wait until ``key``'s write outcome is applied (its failed write leaves it DIRTY)."""
+    import time
+    deadline = time.monotonic() + timeout
+    while store.state(key) != state and time.monotonic() < deadline:
+        with contextlib.suppress(OSError):
+            store.flush_key(key)
+        time.sleep(0.05)
+
+
 def _blocked_fifo(path):
     """Replace ``path`` with a FIFO: I/O on it blocks until the other end is opened."""
     os.remove(path)
     os.mkfifo(path)
+
+
+def _unblock(path, wait_for_io):
+    """Open the FIFO at both ends (never blocks), so the I/O blocked on it gets past open() (and then fails: a
+    FIFO cannot be read or written at an offset); keep it open until ``wait_for_io`` returns."""
+    fd = os.open(path, os.O_RDWR | os.O_NONBLOCK)
+    try:
+        wait_for_io(10)
+    finally:
+        os.close(fd)
 
 
 def test_waiting_for_a_read_does_not_hold_the_store_lock(store):
@@ -258,9 +278,7 @@ def test_waiting_for_a_read_does_not_hold_the_store_lock(store):
     try:
         assert done.wait(10), "another tensor's read waited for the lock held across I/O"
     finally:
-        with contextlib.suppress(BrokenPipeError), open(path, "wb") as fifo:  # unblock the slow read (it fails)
-            fifo.write(b"\0" * 4096)
-        waiter.join(10)
+        _unblock(path, waiter.join)
 
 
 def test_a_shortage_waits_for_the_one_write_that_frees_a_slot(tmp_path):
@@ -279,8 +297,7 @@ def test_a_shortage_waits_for_the_one_write_that_frees_a_slot(tmp_path):
         try:
             assert done.wait(10), "the read waited for an unrelated write"
         finally:
-            with open(store.path_of("big"), "rb") as fifo:
-                fifo.read()
+            _unblock(store.path_of("big"), lambda timeout: _wait_for_state(store, "big", EntryState.DIRTY, timeout))
         assert torch.all(read(store, "small") == 1.0)
     finally:
         store.close()
