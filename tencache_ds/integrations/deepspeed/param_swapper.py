@@ -150,9 +150,14 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
         # Postcondition (stock): every INFLIGHT param is AVAILABLE.
         with self._lock:
             for key in list(self._in_flight):
-                param = self._in_flight[key]
-                data = self.store.wait_read(key)  # on an I/O error the rest stay INFLIGHT, consistently
-                del self._in_flight[key]
+                param = self._in_flight.pop(key)
+                try:
+                    data = self.store.wait_read(key)
+                except BaseException:
+                    # The store left the partition on file (no partial bytes); DeepSpeed sees it NOT_AVAILABLE, so
+                    # a retry reads it again instead of finding "no read in flight". The rest stay INFLIGHT.
+                    self._mark_on_file(param)
+                    raise
                 param.ds_tensor.data = data.data
                 param.ds_tensor.status = PartitionedParamStatus.AVAILABLE
 
