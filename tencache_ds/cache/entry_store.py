@@ -430,19 +430,9 @@ class EntryStore:
     def forget_all(self) -> None:
         """Drop every entry without writing (the files were replaced, e.g. by a checkpoint load)."""
         with self._lock:
-            for entry in list(self._writing.values()):
-                self._wait_unlocked(entry.io)
             for entry in list(self._entries.values()):
-                if entry.state in LENT:
-                    raise RuntimeError(f"{self.name}: cannot forget tensor {entry.key}: it is lent")
-                if entry.state in IO_IN_FLIGHT:
-                    self._wait_unlocked(entry.io)
-                if entry.buffer is not None:
-                    self._release_buffer(entry)
-            self._entries.clear()
-            self._count.clear()
-            self._cached.clear()
-            self._writing.clear()
+                self._forget_locked(entry)
+            self._checked()
 
     # ---------------------------------------------------------------------------------------------- checks
     def check_invariants(self) -> None:
