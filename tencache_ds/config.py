@@ -36,9 +36,10 @@ class TencacheConfig(BaseModel):
     """Replace DeepSpeed's NVMe swappers with tencache's. True when the block is present; false runs stock DeepSpeed."""
 
     host_cache_bytes: ByteBudget = AUTO
-    """Host memory for caching offloaded tensors beyond the minimum needed to stream them: clean copies of parameter
-    partitions first (pinned slots: each cached byte saves a read in forward and one in backward), then the
-    optimizer's swap files (pageable). An integer or a size string ("4GiB"); "auto" = 25% of the memory available
+    """Host memory for holding offloaded tensors beyond the minimum needed to stream them, lent to DeepSpeed without
+    copies and written back to NVMe only when evicted or checkpointed: parameter partitions first (pinned slots:
+    each held byte saves a read in forward, one in backward and a write after the step), then optimizer state
+    (pageable: each held byte saves a read and a write). An integer or a size string ("4GiB"); "auto" = 25% of the memory available
     at start-up, capped by the memlock limit; 0 = pure streaming (every use reads NVMe, as stock does)."""
 
     device_cache_bytes: ByteBudget = AUTO

@@ -29,8 +29,7 @@ from ..memory.pool import BufferPool, HostBuffer
 from ..plan.next_use import NextUseIndex, choose_victim
 from ..profile.recorder import StepRecorder
 from ..units import PAGE_BYTES, round_up
-from .entry import (CACHED, HOLDS_BUFFER, IO_IN_FLIGHT, LENT, OWES_FILE, EntryState, check_transition, lent_state,
-                    released)
+from .entry import (CACHED, HOLDS_BUFFER, IO_IN_FLIGHT, LENT, EntryState, check_transition, lent_state, released)
 from .host_budget import HostBudget
 
 S = EntryState
@@ -136,7 +135,7 @@ class StoreCounters:
     written_back: int = 0    # writes of changed bytes (evictions, flushes, entries that could not be kept)
     bypassed: int = 0        # entries not admitted (served transiently) because every victim was needed sooner
     waits_for_slots: int = 0  # acquisitions that waited for one write to free a buffer
-    fallbacks: int = 0       # entries served from a transient buffer
+    transient_buffers: int = 0  # entries served from a transient buffer (not kept after use)
     write_errors: int = 0    # writes that failed (the entry kept its bytes, DIRTY)
 
 
@@ -462,7 +461,7 @@ class EntryStore:
             return {"hits": self.counters.hits, "misses": self.counters.misses,
                     "evictions": self.counters.evictions, "written_back": self.counters.written_back,
                     "bypassed": self.counters.bypassed, "waits_for_slots": self.counters.waits_for_slots,
-                    "transient_buffers": self.counters.fallbacks, "write_errors": self.counters.write_errors,
+                    "transient_buffers": self.counters.transient_buffers, "write_errors": self.counters.write_errors,
                     "num_tensors": len(self._entries), "cached_tensors": len(held),
                     "cached_bytes": sum(entry.buffer.capacity_bytes for entry in held),
                     "dirty_tensors": self._count[S.DIRTY] + self._count[S.LENT_DIRTY],
@@ -615,7 +614,7 @@ class EntryStore:
                 self.counters.waits_for_slots += 1
                 self._wait_write(pending)
                 continue
-            self.counters.fallbacks += 1
+            self.counters.transient_buffers += 1
             return self.source.fallback(nbytes), False
 
     def _choose_victim(self, nbytes: int, incoming) -> Optional[Entry]:

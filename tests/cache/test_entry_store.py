@@ -65,7 +65,7 @@ def test_beyond_the_budget_entries_are_served_transiently_and_written_through(tm
     assert store.state("t") in (EntryState.WRITING, EntryState.ON_FILE)
     assert torch.all(store.lend("t") == 5.0)  # waits for that write, then reads it back
     store.release("t")
-    assert store.state("t") == EntryState.ON_FILE and store.counters.fallbacks >= 2
+    assert store.state("t") == EntryState.ON_FILE and store.counters.transient_buffers >= 2
     store.close()
 
 

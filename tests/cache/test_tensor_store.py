@@ -4,6 +4,7 @@ with the store's invariant checks after each call (TENCACHE_DEBUG_CHECKS)."""
 import contextlib
 import os
 import threading
+import time
 
 import pytest
 import torch
@@ -93,7 +94,7 @@ def test_streaming_writes_hold_slots_until_done_then_give_them_back(store):
     store.plan()
     for key in range(4):
         store.write_from(key, torch.full((200_000,), float(key)))
-    assert store.counters.fallbacks == 0  # 2 slots, 4 writes: later ones waited for (or reaped) earlier ones
+    assert store.counters.transient_buffers == 0  # 2 slots, 4 writes: later ones waited for (or reaped) earlier ones
     store.flush()
     assert store.pool.stats()["in_use_bytes"] == 0
     for key in range(4):
@@ -233,7 +234,6 @@ def test_a_small_tensor_never_takes_a_larger_class_slot(tmp_path):
 
 def _wait_for_state(store, key, state, timeout):
     """Wait until ``key``'s write outcome is applied (its failed write leaves it DIRTY)."""
-    import time
     deadline = time.monotonic() + timeout
     while store.state(key) != state and time.monotonic() < deadline:
         with contextlib.suppress(OSError):

@@ -247,12 +247,13 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             swap_info.unswapped_gradients = {}
 
     def close(self):
-        """Write what the tier owes to the files, then give back buffers and I/O threads."""
+        """Write what the tier owes to the files, then give back buffers, the streaming arena and I/O threads."""
         if self.closed:
             return
         self._release_read_ahead()
         self.store.flush()
         self.store.close()
+        self.pool.close()  # the streaming slots' arena
         self.io.close()
         self.closed = True
 
