@@ -70,6 +70,11 @@ def parse_args(argv=None):
     p.add_argument("--resume", action="store_true",
                    help="engine.load_checkpoint(checkpoint-dir) before training; the data stream skips the steps "
                         "the checkpoint has seen")
+    p.add_argument("--eval-every", type=int, default=None,
+                   help="after every K-th optimizer step, one evaluation forward pass (model.eval(), no_grad) on a "
+                        "batch of its own: the access sequence diverges from the training profile")
+    p.add_argument("--checkpointing-from-step", type=int, default=None,
+                   help="turn on Hugging Face activation checkpointing before this step: the sequence changes mid-run")
     p.add_argument("--list-models", action="store_true", help="print a table of configs/models/* and exit")
     p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -348,13 +353,30 @@ def train_step(engine, batches, grad_accum):
     return mean
 
 
-def run_steps(engine, batches, steps, grad_accum, first_step=0, save_after=None, checkpoint_dir=None):
-    """The training loop with per-step measurements; saves a checkpoint after ``save_after`` steps if asked."""
+def eval_loss(engine, batches):
+    """One evaluation forward pass (no gradients) on the next batch of ``batches``; the model is put back in
+    training mode."""
+    engine.module.eval()
+    with torch.no_grad():
+        x = next(batches).to(engine.device)
+        loss = engine(input_ids=x, labels=x).loss.float()
+    engine.module.train()
+    return loss.item()
+
+
+def run_steps(engine, batches, steps, grad_accum, first_step=0, save_after=None, checkpoint_dir=None,
+              eval_every=None, eval_batches=None, checkpointing_from_step=None):
+    """The training loop with per-step measurements; saves a checkpoint after ``save_after`` steps if asked, runs
+    an evaluation pass after every ``eval_every`` steps and turns activation checkpointing on at
+    ``checkpointing_from_step``."""
     records = []
     for step in range(first_step, first_step + steps):
         if save_after is not None and step == save_after:
             engine.save_checkpoint(checkpoint_dir, tag="ckpt")
             log0(f"saved checkpoint after step {step} to {checkpoint_dir}")
+        if checkpointing_from_step is not None and step == checkpointing_from_step:
+            engine.module.gradient_checkpointing_enable()
+            log0(f"activation checkpointing on from step {step}")
         io0 = read_proc_io()
         t0 = time.perf_counter()
         loss = train_step(engine, batches, grad_accum)
@@ -372,6 +394,10 @@ def run_steps(engine, batches, steps, grad_accum, first_step=0, save_after=None,
             "stats": plugin_stats(engine),
         })
         log0(f"step {step} loss {value:.4f} time {elapsed:.2f}s")
+        if eval_every and (step + 1) % eval_every == 0:
+            value = eval_loss(engine, eval_batches)
+            records[-1]["eval_loss_bits"] = loss_bits(value)
+            log0(f"eval after step {step} loss {value:.4f}")
     return records
 
 
@@ -502,8 +528,11 @@ def main(argv=None):
         for _ in range(first_step * ds_config["gradient_accumulation_steps"]):
             next(batches)  # the same data the uninterrupted run sees next
         log0(f"resumed from {load_path} at step {first_step}")
+    eval_batches = synthetic_batches(model_cfg.vocab_size, ds_config["train_micro_batch_size_per_gpu"],
+                                     args.seq_len, args.seed + 1000 + rank())
     records = run_steps(engine, batches, args.steps, ds_config["gradient_accumulation_steps"], first_step,
-                        args.save_after, args.checkpoint_dir)
+                        args.save_after, args.checkpoint_dir, args.eval_every, eval_batches,
+                        args.checkpointing_from_step)
 
     sha, gather_time = None, None
     if args.weights_gather != "none":

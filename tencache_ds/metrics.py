@@ -1,33 +1,117 @@
-"""Per-step metrics as JSON lines. Owns: the file format and turning running counters into per-step deltas."""
+"""Per-step metrics. Owns: the schema (one typed record per optimizer step, versioned), turning running totals
+into per-step numbers, and the JSON-lines file. Pure: the numbers come from integrations/deepspeed/stats.py.
+
+One line per optimizer step at the config's ``metrics_path``, and the latest one in ``tencache_ds.stats(engine)``:
+
+    {"schema": "tencache.metrics/1", "step": 12, "step_time_s": 1.93, "fetch_wait_s": 0.004, "device_hit_rate": 0.98,
+     "host_hit_rate": 1.0, "nvme_read_bytes": 0, "nvme_write_bytes": 0, "prefetch_issued": 0, "prefetch_late": 0,
+     "pinned_bytes_reserved": ..., "pinned_bytes_in_use": ..., "host_cache_bytes_in_use": ...,
+     "device_cache_bytes_in_use": ...}
+
+``nvme_*_bytes``, ``prefetch_*`` and ``fetch_wait_s`` are this step's; the ``*_bytes_*`` gauges are their values at
+the step's end; a hit rate is None when the step made no such access.
+"""
+import dataclasses
 import json
 import os
 import time
-from typing import Dict, Iterable, Optional
+from typing import Callable, Dict, Optional
+
+SCHEMA = "tencache.metrics/1"
+
+
+@dataclasses.dataclass(frozen=True)
+class RunningTotals:
+    """What the swappers and the coordinator have counted since they were built (only ever grows)."""
+
+    fetch_wait_s: float = 0.0    # time the training thread was blocked on parameter / optimizer-state I/O
+    device_fetches: int = 0      # parameters a module asked for (non-persistent)
+    device_hits: int = 0         # ... already gathered on the device
+    host_hits: int = 0           # tensor uses served from the host tier without I/O
+    host_misses: int = 0         # ... that had to be read from NVMe
+    nvme_read_bytes: int = 0
+    nvme_write_bytes: int = 0
+    prefetch_issued: int = 0     # reads started ahead of their use
+    prefetch_late: int = 0       # ... not finished when their use came
+
+    def minus(self, earlier: "RunningTotals") -> "RunningTotals":
+        return RunningTotals(**{field.name: getattr(self, field.name) - getattr(earlier, field.name)
+                                for field in dataclasses.fields(self)})
+
+
+@dataclasses.dataclass(frozen=True)
+class Gauges:
+    """Memory at a moment."""
+
+    pinned_bytes_reserved: int = 0
+    pinned_bytes_in_use: int = 0
+    host_cache_bytes_in_use: int = 0
+    device_cache_bytes_in_use: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class StepMetrics:
+    """One optimizer step. ``flat()`` is the JSON line; its key set is the schema (tests/test_metrics.py)."""
+
+    step: int
+    step_time_s: float
+    fetch_wait_s: float
+    device_hit_rate: Optional[float]
+    host_hit_rate: Optional[float]
+    nvme_read_bytes: int
+    nvme_write_bytes: int
+    prefetch_issued: int
+    prefetch_late: int
+    pinned_bytes_reserved: int
+    pinned_bytes_in_use: int
+    host_cache_bytes_in_use: int
+    device_cache_bytes_in_use: int
+    schema: str = SCHEMA
+
+    def flat(self) -> Dict[str, object]:
+        return dataclasses.asdict(self)
+
+
+def _rate(hits: int, total: int) -> Optional[float]:
+    return hits / total if total > 0 else None
+
+
+class StepMeter:
+    """``step_end(totals, gauges)`` at the end of each optimizer step returns that step's StepMetrics: the totals'
+    increase since the previous call (since the meter was built, for the first) and the time since then."""
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter, start: RunningTotals = RunningTotals()):
+        self._clock = clock
+        self._last_time = clock()
+        self._last_totals = start
+        self._steps = 0
+        self.latest: Optional[StepMetrics] = None
+
+    def step_end(self, totals: RunningTotals, gauges: Gauges) -> StepMetrics:
+        now = self._clock()
+        delta = totals.minus(self._last_totals)
+        self.latest = StepMetrics(
+            step=self._steps, step_time_s=now - self._last_time, fetch_wait_s=delta.fetch_wait_s,
+            device_hit_rate=_rate(delta.device_hits, delta.device_fetches),
+            host_hit_rate=_rate(delta.host_hits, delta.host_hits + delta.host_misses),
+            nvme_read_bytes=delta.nvme_read_bytes, nvme_write_bytes=delta.nvme_write_bytes,
+            prefetch_issued=delta.prefetch_issued, prefetch_late=delta.prefetch_late,
+            **dataclasses.asdict(gauges))
+        self._steps += 1
+        self._last_time, self._last_totals = now, totals
+        return self.latest
 
 
 class MetricsWriter:
-    """Appends one flat JSON object per optimizer step to ``path``. Keys listed in ``counter_keys`` are running
-    totals; each line carries their increase since the previous line as ``<key>_per_step``."""
+    """Appends one StepMetrics per line to ``path`` (line-buffered: a killed run keeps every finished step)."""
 
-    def __init__(self, path: str, counter_keys: Iterable[str]):
+    def __init__(self, path: str):
         self.path = path
-        self._counter_keys = tuple(counter_keys)
-        self._previous: Optional[Dict[str, float]] = None
-        self._step = 0
-        folder = os.path.dirname(os.path.abspath(path))
-        os.makedirs(folder, exist_ok=True)
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         self._handle = open(path, "a", buffering=1)
 
-    def write(self, stats: Dict[str, object]) -> None:
-        line = {"step": self._step, "time_unix_s": time.time()}
-        line.update(stats)
-        for key in self._counter_keys:
-            if key in stats and isinstance(stats[key], (int, float)):
-                before = self._previous.get(key, 0) if self._previous else 0
-                line[f"{key}_per_step"] = stats[key] - before
-        self._previous = {key: stats[key] for key in self._counter_keys if key in stats}
-        self._handle.write(json.dumps(line, sort_keys=True) + "\n")
-        self._step += 1
+    def write(self, metrics: StepMetrics) -> None:
+        self._handle.write(json.dumps(metrics.flat(), sort_keys=True) + "\n")
 
     def close(self) -> None:
         self._handle.close()

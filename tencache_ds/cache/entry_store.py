@@ -18,8 +18,9 @@ import collections
 import dataclasses
 import os
 import threading
+import time
 from concurrent.futures import Future
-from typing import Callable, Dict, Hashable, Iterable, List, Optional
+from typing import Callable, Dict, Hashable, Iterable, List, Optional, Set
 
 import torch
 
@@ -137,6 +138,9 @@ class StoreCounters:
     waits_for_slots: int = 0  # acquisitions that waited for one write to free a buffer
     transient_buffers: int = 0  # entries served from a transient buffer (not kept after use)
     write_errors: int = 0    # writes that failed (the entry kept its bytes, DIRTY)
+    io_wait_s: float = 0.0   # time callers were blocked on this store's reads and writes
+    prefetch_issued: int = 0  # reads started ahead of their use (start_read(prefetch=True) of a miss)
+    prefetch_late: int = 0   # ... not finished when wait_read came
 
 
 class EntryStore:
@@ -167,6 +171,7 @@ class EntryStore:
         self.recorder = StepRecorder()
         self.next_use: Optional[NextUseIndex] = None
         self.counters = StoreCounters()
+        self._prefetched: Set[Hashable] = set()  # prefetch reads not yet waited for
         self.debug_checks = os.environ.get(DEBUG_CHECKS_ENV) == "1"
         self._lock = threading.Lock()
 
@@ -238,9 +243,10 @@ class EntryStore:
             self._checked()
             return view
 
-    def start_read(self, key, into: Optional[torch.Tensor] = None) -> None:
+    def start_read(self, key, into: Optional[torch.Tensor] = None, prefetch: bool = False) -> None:
         """Begin lending ``key``: a held entry is a hit (no I/O); otherwise its file is read into a buffer of ours,
-        or into the caller's ``into`` (aligned length; the entry then stays on file). ``wait_read`` finishes."""
+        or into the caller's ``into`` (aligned length; the entry then stays on file). ``wait_read`` finishes.
+        ``prefetch``: the use is still ahead (counted as a prefetch, and as late if wait_read has to wait)."""
         with self._lock:
             entry = self._entries[key]
             self._settle(entry)
@@ -258,6 +264,9 @@ class EntryStore:
                 self._checked()
                 return
             self.counters.misses += 1
+            if prefetch:
+                self.counters.prefetch_issued += 1
+                self._prefetched.add(key)
             if into is not None:
                 self._external_reads[key] = self._io.read(into, entry.path, nbytes=self.swap_nbytes(entry.numel))
                 self._external_reads[key].target = into
@@ -271,6 +280,10 @@ class EntryStore:
         """Finish lending ``key``; returns the lent view of exactly ``numel`` elements. A failed read raises its
         error and leaves the entry on file (partial bytes are never served)."""
         with self._lock:
+            if key in self._prefetched:
+                self._prefetched.discard(key)
+                in_flight = self._external_reads.get(key) or self._entries[key].io
+                self.counters.prefetch_late += in_flight is not None and not in_flight.done()
             external = self._external_reads.pop(key, None)
             if external is not None:
                 error = self._wait_unlocked(external)
@@ -302,6 +315,7 @@ class EntryStore:
         buffer may be kept, else its bytes go to the file first when they are owed. Idempotent; a read still in
         flight is finished first. ``fence`` (a CUDA event) marks the end of device copies reading the bytes."""
         with self._lock:
+            self._prefetched.discard(key)  # released unused: neither used nor late
             external = self._external_reads.pop(key, None)
             if external is not None:
                 self._wait_unlocked(external)
@@ -412,6 +426,7 @@ class EntryStore:
     def _forget_locked(self, entry: Entry) -> None:
         if entry.state in LENT:
             raise RuntimeError(f"{self.name}: cannot forget tensor {entry.key}: it is lent")
+        self._prefetched.discard(entry.key)
         if entry.state in IO_IN_FLIGHT:
             self._wait_unlocked(entry.io)
         if entry.buffer is not None:
@@ -458,12 +473,17 @@ class EntryStore:
     def stats(self) -> Dict[str, int]:
         with self._lock:
             held = [entry for entry in self._entries.values() if entry.state in CACHED]
+            kept_bytes = sum(entry.buffer.capacity_bytes for entry in self._entries.values()
+                             if entry.buffer is not None and entry.kept)
             return {"hits": self.counters.hits, "misses": self.counters.misses,
                     "evictions": self.counters.evictions, "written_back": self.counters.written_back,
                     "bypassed": self.counters.bypassed, "waits_for_slots": self.counters.waits_for_slots,
                     "transient_buffers": self.counters.transient_buffers, "write_errors": self.counters.write_errors,
+                    "io_wait_s": self.counters.io_wait_s, "prefetch_issued": self.counters.prefetch_issued,
+                    "prefetch_late": self.counters.prefetch_late,
                     "num_tensors": len(self._entries), "cached_tensors": len(held),
                     "cached_bytes": sum(entry.buffer.capacity_bytes for entry in held),
+                    "kept_bytes": kept_bytes,  # held or lent from a buffer the tier keeps
                     "dirty_tensors": self._count[S.DIRTY] + self._count[S.LENT_DIRTY],
                     "resident_tensors": self._count[S.LENT_CLEAN] + self._count[S.LENT_DIRTY]}
 
@@ -582,11 +602,13 @@ class EntryStore:
 
     def _wait_unlocked(self, future: Future) -> Optional[BaseException]:
         if not future.done():
+            started = time.perf_counter()
             self._lock.release()
             try:
                 _wait_quietly(future)
             finally:
                 self._lock.acquire()
+                self.counters.io_wait_s += time.perf_counter() - started
         return future.exception()
 
     def _acquire(self, nbytes: int, incoming) -> tuple:

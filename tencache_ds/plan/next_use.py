@@ -18,6 +18,15 @@ class NextUseIndex:
         for position, key in enumerate(order):
             self._positions.setdefault(key, []).append(position)
 
+    @classmethod
+    def from_positions(cls, positions: Dict[Hashable, List[int]], length: int) -> "NextUseIndex":
+        """An index where a key may be used several times at one position (e.g. all parameters of one module are
+        used at that module's step): ``positions[key]`` lists the positions of its uses, ``length`` is the step's."""
+        index = cls(())
+        index.length = length
+        index._positions = {key: sorted(set(uses)) for key, uses in positions.items()}
+        return index
+
     def distance(self, key: Hashable, position: int) -> float:
         """Accesses from ``position`` until ``key`` is used again (0: used at ``position``); inf if never."""
         positions = self._positions.get(key)

@@ -18,11 +18,14 @@ import inspect
 import threading
 
 import deepspeed
+import deepspeed.runtime.zero.parameter_offload as _parameter_offload
 import deepspeed.runtime.zero.partition_parameters as _partition_parameters
 import deepspeed.runtime.zero.stage3 as _stage3
 
 from ...ext_lock import raise_if_stale_locks
+from . import reporting
 from .config_bridge import DEEPSPEED_OPS, ds_config_of_initialize_call, validate_ds_config
+from .coordinator import TencacheCoordinator, coordinator_of
 from .optimizer_swapper import TencacheOptimizerSwapper
 from .param_swapper import TencacheParamSwapper
 
@@ -61,14 +64,55 @@ def close_swappers_of(optimizer) -> None:
     swapper = getattr(optimizer, "optimizer_swapper", None)
     if isinstance(swapper, TencacheOptimizerSwapper):
         swapper.close()
-    param_swappers = {}
-    for group in getattr(optimizer, "fp16_groups", None) or []:
-        for param in group:
-            candidate = getattr(param, "nvme_swapper", None)
-            if isinstance(candidate, TencacheParamSwapper):
-                param_swappers[id(candidate)] = candidate
-    for candidate in param_swappers.values():
+    for candidate in reporting.param_swappers_of_optimizer(optimizer):
         candidate.release_user()
+
+
+def _metering(init):
+    @functools.wraps(init)
+    def init_and_attach_meter(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        reporting.attach_step_meter(self)
+
+    return init_and_attach_meter
+
+
+_IN_STEP = "_tencache_in_step"
+
+
+def _marking_step(step):
+    @functools.wraps(step)
+    def step_marked(self, *args, **kwargs):
+        setattr(self, _IN_STEP, True)
+        try:
+            return step(self, *args, **kwargs)
+        finally:
+            setattr(self, _IN_STEP, False)
+
+    return step_marked
+
+
+def _keeping_device_tier(partition_all_parameters):
+    """stage 3's step() partitions every parameter before updating them; our coordinator keeps its device tier
+    through that one call (checkpoints and the other callers still partition everything)."""
+    @functools.wraps(partition_all_parameters)
+    def partition_all_parameters_but_device_tier(self, *args, **kwargs):
+        coordinator = coordinator_of(self)
+        if coordinator is None or not getattr(self, _IN_STEP, False):
+            return partition_all_parameters(self, *args, **kwargs)
+        return coordinator.release_for_optimizer_step(self.parameter_offload.module)
+
+    return partition_all_parameters_but_device_tier
+
+
+def _ending_steps(post_step):
+    @functools.wraps(post_step)
+    def post_step_and_end_step(self, *args, **kwargs):
+        result = post_step(self, *args, **kwargs)
+        reporting.on_optimizer_step_end(self)
+        return result
+
+    return post_step_and_end_step
 
 
 _REBINDINGS = (
@@ -79,6 +123,14 @@ _REBINDINGS = (
     (deepspeed, "initialize", _validating(deepspeed.initialize)),
     # engine.destroy() -> optimizer.destroy(): our swappers are closed with the engine.
     (_stage3.DeepSpeedZeroOptimizer_Stage3, "destroy", _closing_swappers(_stage3.DeepSpeedZeroOptimizer_Stage3.destroy)),
+    # The coordinator with the device tier (stock until it sees a tencache-swapped parameter).
+    (_parameter_offload, "PartitionedParameterCoordinator", TencacheCoordinator),
+    # Step boundaries: metering starts once the optimizer is built; every _post_step ends a step.
+    (_stage3.DeepSpeedZeroOptimizer_Stage3, "__init__", _metering(_stage3.DeepSpeedZeroOptimizer_Stage3.__init__)),
+    (_stage3.DeepSpeedZeroOptimizer_Stage3, "_post_step", _ending_steps(_stage3.DeepSpeedZeroOptimizer_Stage3._post_step)),
+    (_stage3.DeepSpeedZeroOptimizer_Stage3, "step", _marking_step(_stage3.DeepSpeedZeroOptimizer_Stage3.step)),
+    (_stage3.DeepSpeedZeroOptimizer_Stage3, "_partition_all_parameters",
+     _keeping_device_tier(_stage3.DeepSpeedZeroOptimizer_Stage3._partition_all_parameters)),
 )
 _originals = {}
 _lock = threading.Lock()

@@ -274,8 +274,6 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             tensors = sorted((os.path.basename(key), numel) for key, numel in self.store.numels())
             self.store.next_use = self.profile.load(tensors, str(self.dtype), dist.get_world_size())
         self.store.next_use = self.profile.end_step(self.store.recorder.end_step())
-        if self._started:
-            reporting.write_step_metrics(self.config, param_swapper.live_swappers(), self)
 
     # --------------------------------------------------------------------------------------------- stats
     def stats(self) -> dict:
@@ -339,7 +337,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         started = []
         for path in paths:
             if self.store.state(path) == EntryState.ON_FILE:
-                self.store.start_read(path)
+                self.store.start_read(path, prefetch=True)
                 started.append(path)
         self._read_ahead[group] = started
 

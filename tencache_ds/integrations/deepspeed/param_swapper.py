@@ -140,7 +140,8 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
                     # for partitions it already asked for (stock asserts here). The bytes are, or will be, there.
                     continue
                 into = None if swap_in_buffers is None else swap_in_buffers[index]
-                self.store.start_read(param.ds_id, into=into)
+                # async: the coordinator's NVMe prefetch; a synchronous swap-in is a use now
+                self.store.start_read(param.ds_id, into=into, prefetch=async_op)
                 param.ds_tensor.status = PartitionedParamStatus.INFLIGHT
                 self._in_flight[param.ds_id] = param
             if not async_op:
@@ -190,18 +191,28 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
             raise ValueError(f"{len(dst_fp16_params)} params for {len(src_fp32_params)} fp32 sources")
         with self._lock:
             self.plan()
-            if self._reads_since_write_back:
-                self._reads_since_write_back = False
-                self.store.next_use = self.profile.end_step(self.store.recorder.end_step())
-            # Resident partitions get their new weights in place from stage 3 (not through us): those bytes are
-            # now the newest, owed to the file. A partition still being prefetched is finished and released first.
-            self.store.mark_all_lent_changed()
+            self._end_step_segment()
             for param in dst_fp16_params:
                 if self._in_flight.pop(param.ds_id, None) is not None:
                     self.store.release(param.ds_id)
             for param, source in zip(dst_fp16_params, src_fp32_params):
                 self.store.write_from(param.ds_id, source)
                 param.ds_tensor.status = PartitionedParamStatus.NOT_AVAILABLE
+
+    def end_optimizer_step(self):
+        """After every optimizer step (stage 3's _post_step). When every partition was resident (kept by the device
+        tier), stage 3 wrote all new weights in place and never called swap_out_partitioned_params."""
+        with self._lock:
+            self._end_step_segment()
+
+    def _end_step_segment(self):
+        if self._reads_since_write_back:
+            self._reads_since_write_back = False
+            self.store.next_use = self.profile.end_step(self.store.recorder.end_step())
+        # Resident partitions get their new weights in place from stage 3 (not through us): those bytes are now
+        # the newest, owed to the file. (A partition still being prefetched is finished and released by the
+        # caller of swap_out_partitioned_params.)
+        self.store.mark_all_lent_changed()
 
     def reserve_available_buffers(self):
         # fast_init lends these to the optimizer swapper as fp16 staging; tencache's optimizer swapper reads the
@@ -254,6 +265,14 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
         slots = self.param_buffer_count * io_aligned_numel(int(self.elements_per_buffer), self.dtype, intra_op)
         staging = sum(io_aligned_numel(numel, self.dtype, intra_op) for numel in self.largest_partition_numels)
         return (slots + staging) * self.swap_element_size
+
+    def host_param_capacity(self) -> int:
+        """Bytes of partitions the host tier can keep lent at once without starving the rest: all of its slots when
+        every partition fits in them (nothing else needs one), else the cache slots beyond streaming."""
+        self.plan()  # every partition size is known by the first complete trace
+        reserved = int(self.store.pool.stats()["reserved_bytes"])
+        needed = sum(self.store.swap_nbytes(numel) for _key, numel in self.store.numels())
+        return reserved if reserved >= needed else self.store.cache_bytes_reserved
 
     # ------------------------------------------------------------------------------------------- planning
     def plan(self):

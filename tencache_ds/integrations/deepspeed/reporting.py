@@ -1,11 +1,14 @@
-"""Start-up log line and per-step metrics file for tencache's swappers. Owns: when and where stats are emitted.
-The numbers themselves come from stats.combined_stats."""
+"""Start-up log line, step boundaries and the per-step metrics file. Owns: what happens at the end of every
+optimizer step (the parameter swappers' step boundary, one metrics record) and where stats are emitted. The numbers
+themselves come from stats.py."""
 from deepspeed import comm as dist
 
 from ...log import logger
-from ...metrics import MetricsWriter
+from ...metrics import MetricsWriter, StepMeter
 from ...units import fmt_bytes
-from .stats import COUNTER_KEYS, combined_stats
+from .coordinator import coordinator_of
+from .param_swapper import TencacheParamSwapper
+from .stats import METRICS_METER_ATTRIBUTE, combined_stats, gauges, running_totals
 
 _writers = {}  # metrics path -> MetricsWriter (one file per path for the whole process)
 
@@ -21,10 +24,52 @@ def log_startup_stats(param_swappers, optimizer_swapper) -> None:
                 fmt_bytes(stats["host_bytes_reserved"]), fmt_bytes(stats.get("host_cache_budget_bytes", 0)))
 
 
-def write_step_metrics(config, param_swappers, optimizer_swapper) -> None:
+def param_swappers_of_optimizer(optimizer):
+    """The tencache parameter swappers of a ZeRO-3 optimizer's parameters (usually one)."""
+    found = {}
+    for group in getattr(optimizer, "fp16_groups", None) or []:
+        for param in group:
+            swapper = getattr(param, "nvme_swapper", None)
+            if isinstance(swapper, TencacheParamSwapper):
+                found[id(swapper)] = swapper
+    return list(found.values())
+
+
+def _components(optimizer):
+    param_swappers = param_swappers_of_optimizer(optimizer)
+    return (param_swappers[0] if param_swappers else None), optimizer_swapper_of_optimizer(optimizer), \
+        coordinator_of(optimizer)
+
+
+def optimizer_swapper_of_optimizer(optimizer):
+    swapper = getattr(optimizer, "optimizer_swapper", None)
+    return swapper if hasattr(swapper, "stock_pinned_bytes_estimate") else None
+
+
+def attach_step_meter(optimizer) -> None:
+    """A built ZeRO-3 optimizer: start metering its steps if tencache swaps any of its tensors (from now on, so
+    that the first step's numbers do not include building the engine)."""
+    param_swapper, optimizer_swapper, coordinator = _components(optimizer)
+    if param_swapper is None and optimizer_swapper is None:
+        return
+    setattr(optimizer, METRICS_METER_ATTRIBUTE,
+            StepMeter(start=running_totals(param_swapper, optimizer_swapper, coordinator)))
+
+
+def on_optimizer_step_end(optimizer) -> None:
+    """Stage 3 finished an optimizer step (its _post_step)."""
+    meter = getattr(optimizer, METRICS_METER_ATTRIBUTE, None)
+    if meter is None:
+        return
+    for swapper in param_swappers_of_optimizer(optimizer):
+        swapper.end_optimizer_step()
+    param_swapper, optimizer_swapper, coordinator = _components(optimizer)
+    metrics = meter.step_end(running_totals(param_swapper, optimizer_swapper, coordinator),
+                             gauges(param_swapper, optimizer_swapper, coordinator))
+    config = (param_swapper or optimizer_swapper).config
     if not config.metrics_path or dist.get_rank() != 0:
         return
     writer = _writers.get(config.metrics_path)
     if writer is None:
-        writer = _writers[config.metrics_path] = MetricsWriter(config.metrics_path, COUNTER_KEYS)
-    writer.write(combined_stats(param_swappers[0] if param_swappers else None, optimizer_swapper))
+        writer = _writers[config.metrics_path] = MetricsWriter(config.metrics_path)
+    writer.write(metrics)

@@ -1,10 +1,12 @@
 """tencache_ds.stats(engine): one flat dict about the swappers of a DeepSpeed engine, tencache's or stock's.
-Owns: finding the swappers of an engine and combining their numbers under stable key names."""
+Owns: finding the swappers and the coordinator of an engine, and reading their numbers into stable key names and
+into the typed running totals and gauges that per-step metrics (tencache_ds/metrics.py) are made of."""
 from typing import Dict, Optional
 
+from ...metrics import Gauges, RunningTotals
+from .coordinator import coordinator_of
 
-# Running totals that per-step metrics turn into deltas.
-COUNTER_KEYS = ("nvme_read_bytes", "nvme_write_bytes", "buffer_fallbacks", "waits_for_slots")
+METRICS_METER_ATTRIBUTE = "_tencache_step_meter"  # on the ZeRO-3 optimizer: its StepMeter (reporting.py)
 
 
 def param_swapper_of(engine) -> Optional[object]:
@@ -20,7 +22,55 @@ def optimizer_swapper_of(engine) -> Optional[object]:
 
 
 def engine_stats(engine) -> Dict[str, object]:
-    return combined_stats(param_swapper_of(engine), optimizer_swapper_of(engine))
+    """combined_stats, the coordinator's device tier, and the latest step's metrics (the metrics file's last line,
+    under the schema's keys; ``nvme_*_bytes`` stay running totals here, the step's are ``step_nvme_*_bytes``)."""
+    optimizer = getattr(engine, "optimizer", None)
+    param_swapper, optimizer_swapper = param_swapper_of(engine), optimizer_swapper_of(engine)
+    stats = combined_stats(param_swapper, optimizer_swapper)
+    coordinator = coordinator_of(optimizer)
+    if coordinator is not None and coordinator.tier is not None:
+        stats.update(device_cache_budget_bytes=coordinator.tier.budget_bytes,
+                     device_cache_bytes_in_use=coordinator.device_cache_bytes_in_use(),
+                     device_param_fetches=coordinator.param_fetches, device_hits=coordinator.device_hits,
+                     device_tier_admitted=coordinator.tier.admitted, device_tier_evicted=coordinator.tier.evicted)
+    meter = getattr(optimizer, METRICS_METER_ATTRIBUTE, None)
+    if meter is not None and meter.latest is not None:
+        latest = meter.latest.flat()
+        latest["step_nvme_read_bytes"] = latest.pop("nvme_read_bytes")
+        latest["step_nvme_write_bytes"] = latest.pop("nvme_write_bytes")
+        latest["metrics_schema"] = latest.pop("schema")
+        stats.update(latest)
+    return stats
+
+
+def running_totals(param_swapper, optimizer_swapper, coordinator) -> RunningTotals:
+    """The typed running totals of tencache's components (zeros for a component that is absent or stock)."""
+    totals = {"fetch_wait_s": 0.0, "host_hits": 0, "host_misses": 0, "nvme_read_bytes": 0, "nvme_write_bytes": 0,
+              "prefetch_issued": 0, "prefetch_late": 0}
+    for swapper in (param_swapper, optimizer_swapper):
+        store = getattr(swapper, "store", None)
+        if store is None or not hasattr(swapper, "stock_pinned_bytes_estimate"):
+            continue
+        counters, io = store.counters, swapper.io.counters()
+        totals["fetch_wait_s"] += counters.io_wait_s
+        totals["host_hits"] += counters.hits
+        totals["host_misses"] += counters.misses
+        totals["prefetch_issued"] += counters.prefetch_issued
+        totals["prefetch_late"] += counters.prefetch_late
+        totals["nvme_read_bytes"] += io.read_bytes
+        totals["nvme_write_bytes"] += io.write_bytes
+    if coordinator is not None:
+        totals.update(device_fetches=coordinator.param_fetches, device_hits=coordinator.device_hits)
+    return RunningTotals(**totals)
+
+
+def gauges(param_swapper, optimizer_swapper, coordinator) -> Gauges:
+    stats = combined_stats(param_swapper, optimizer_swapper)
+    return Gauges(pinned_bytes_reserved=int(stats.get("pinned_bytes_reserved", 0)),
+                  pinned_bytes_in_use=int(stats.get("param_in_use_bytes", 0)) + int(stats.get("optimizer_in_use_bytes", 0)),
+                  host_cache_bytes_in_use=int(stats.get("param_kept_bytes", 0))
+                  + int(stats.get("optimizer_cache_kept_bytes", 0)),
+                  device_cache_bytes_in_use=coordinator.device_cache_bytes_in_use() if coordinator is not None else 0)
 
 
 def combined_stats(param_swapper, optimizer_swapper) -> Dict[str, object]:

@@ -1,0 +1,122 @@
+"""The device tier's policy: Belady admission/eviction under a byte budget, its budget rule, and its invariant."""
+import itertools
+import random
+
+import pytest
+
+from tencache_ds.plan.device_tier import DeviceTier, device_tier_budget
+from tencache_ds.plan.next_use import NextUseIndex
+
+# A 4-layer model's module steps: forward 0..3, backward 3..0 (the coordinator's trace), one param per layer.
+LAYERS = ["l0", "l1", "l2", "l3"]
+POSITIONS = {key: [i, 7 - i] for i, key in enumerate(LAYERS)}
+
+
+def tier(budget):
+    t = DeviceTier(budget)
+    t.set_index(NextUseIndex.from_positions(POSITIONS, 8))
+    return t
+
+
+def always(_key):
+    return True
+
+
+def test_from_positions_collapses_uses_at_one_position():
+    index = NextUseIndex.from_positions({"a": [2, 2, 5], "b": [0]}, 8)
+    assert index.distance("a", 3) == 2
+    assert index.distance("a", 6) == 8 - 6 + 2
+    assert index.distance("b", 1) == 7
+
+
+def test_keeps_everything_that_fits():
+    t = tier(400)
+    for position, key in enumerate(LAYERS, start=1):
+        assert t.on_release(key, 100, position, always) == (True, [])
+    assert t.resident_bytes == 400
+    t.check()
+
+
+def test_last_forward_layers_are_kept_for_the_backward():
+    # Budget for two layers: releasing l2 and l3 after the forward, Belady keeps those used first in backward.
+    t = tier(200)
+    t.on_release("l0", 100, 1, always)
+    t.on_release("l1", 100, 2, always)
+    keep, victims = t.on_release("l2", 100, 3, always)
+    assert keep and victims == ["l0"]  # l0 is used last (position 7)
+    keep, victims = t.on_release("l3", 100, 4, always)
+    assert keep and victims == ["l1"]
+    assert sorted(t.resident_keys()) == ["l2", "l3"]
+    t.check()
+
+
+def test_newcomer_used_later_than_all_residents_is_not_kept():
+    t = tier(200)
+    t.on_release("l2", 100, 3, always)
+    t.on_release("l3", 100, 4, always)
+    # at position 4, l1 is next used at 6: later than l3 (4) and l2 (5)
+    assert t.on_release("l1", 100, 4, always) == (False, [])
+    assert sorted(t.resident_keys()) == ["l2", "l3"]
+
+
+def test_a_resident_in_use_is_never_a_victim():
+    t = tier(200)
+    t.on_release("l0", 100, 1, always)
+    t.on_release("l1", 100, 2, always)
+    keep, victims = t.on_release("l2", 100, 3, lambda key: key != "l0")
+    assert keep and victims == ["l1"]
+    assert "l0" in t
+
+
+def test_no_index_keeps_nothing_and_dropping_the_index_drains():
+    t = DeviceTier(1000)
+    assert t.on_release("l0", 100, 1, always) == (False, [])
+    t = tier(1000)
+    t.on_release("l0", 100, 1, always)
+    t.on_release("l1", 100, 2, always)
+    assert sorted(t.set_index(None)) == ["l0", "l1"]
+    assert t.resident_bytes == 0 and t.on_release("l2", 100, 3, always) == (False, [])
+
+
+def test_unknown_key_and_oversized_key_are_not_kept():
+    t = tier(1000)
+    assert t.on_release("not-in-profile", 10, 0, always) == (False, [])
+    assert t.on_release("l0", 2000, 1, always) == (False, [])
+    assert t.resident_bytes == 0
+
+
+def test_zero_budget_is_demand_fetching():
+    t = tier(0)
+    assert all(t.on_release(key, 1, 1, always) == (False, []) for key in LAYERS)
+
+
+def test_invariant_holds_under_random_releases():
+    rng = random.Random(7)
+    keys = [f"p{i}" for i in range(30)]
+    length = 60
+    positions = {key: sorted(rng.sample(range(length), 3)) for key in keys}
+    sizes = {key: rng.randint(1, 50) for key in keys}
+    t = DeviceTier(200)
+    t.set_index(NextUseIndex.from_positions(positions, length))
+    resident = set()
+    for step, key in zip(itertools.count(), (rng.choice(keys) for _ in range(2000))):
+        busy = set(rng.sample(keys, 3))
+        keep, victims = t.on_release(key, sizes[key], step % length, lambda k: k not in busy)
+        assert not (set(victims) & busy)
+        resident -= set(victims)
+        resident.discard(key)
+        if keep:
+            resident.add(key)
+        assert set(t.resident_keys()) == resident
+        t.check()
+
+
+@pytest.mark.parametrize("configured, device_is_host, share, free, expected", [
+    ("auto", True, 500, 0, 500),      # CPU accelerator: the params' host-cache share, counted once
+    (300, True, 500, 0, 300),         # a configured size within the share
+    (900, True, 500, 0, 500),         # ... capped by it: never more host memory than the host tier's
+    ("auto", False, 500, 1000, 500),  # accelerator: a fraction of its free memory
+    (0, False, 500, 1000, 0),         # off
+])
+def test_budget_rule(configured, device_is_host, share, free, expected):
+    assert device_tier_budget(configured, device_is_host, share, free, auto_fraction=0.5) == expected

@@ -1,0 +1,54 @@
+"""The per-step metrics schema: its key set (what users' dashboards read), deltas of running totals, rates."""
+import json
+
+from tencache_ds.metrics import SCHEMA, Gauges, MetricsWriter, RunningTotals, StepMeter
+
+SCHEMA_KEYS = {"schema", "step", "step_time_s", "fetch_wait_s", "device_hit_rate", "host_hit_rate",
+               "nvme_read_bytes", "nvme_write_bytes", "prefetch_issued", "prefetch_late", "pinned_bytes_reserved",
+               "pinned_bytes_in_use", "host_cache_bytes_in_use", "device_cache_bytes_in_use"}
+
+
+class Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_key_set_is_the_schema():
+    meter = StepMeter(clock=Clock())
+    assert set(meter.step_end(RunningTotals(), Gauges()).flat()) == SCHEMA_KEYS
+    assert SCHEMA == "tencache.metrics/1"
+
+
+def test_steps_report_increases_since_the_previous_step():
+    clock = Clock()
+    meter = StepMeter(clock=clock, start=RunningTotals(nvme_read_bytes=1000, host_hits=5))
+    clock.now += 2.0
+    first = meter.step_end(RunningTotals(nvme_read_bytes=1500, host_hits=8, host_misses=1, device_fetches=10,
+                                         device_hits=9, fetch_wait_s=0.5, prefetch_issued=4, prefetch_late=1),
+                           Gauges(pinned_bytes_reserved=64, device_cache_bytes_in_use=32))
+    assert (first.step, first.step_time_s, first.nvme_read_bytes, first.fetch_wait_s) == (0, 2.0, 500, 0.5)
+    assert first.host_hit_rate == 3 / 4 and first.device_hit_rate == 0.9
+    assert (first.prefetch_issued, first.prefetch_late) == (4, 1)
+    assert (first.pinned_bytes_reserved, first.device_cache_bytes_in_use) == (64, 32)
+    clock.now += 1.0
+    second = meter.step_end(RunningTotals(nvme_read_bytes=1500, host_hits=8, host_misses=1, device_fetches=10,
+                                          device_hits=9, fetch_wait_s=0.5, prefetch_issued=4, prefetch_late=1),
+                            Gauges())
+    assert (second.step, second.step_time_s, second.nvme_read_bytes, second.fetch_wait_s) == (1, 1.0, 0, 0.0)
+    assert second.host_hit_rate is None and second.device_hit_rate is None  # no accesses: no rate, not 0
+    assert meter.latest is second
+
+
+def test_writer_appends_one_json_line_per_step(tmp_path):
+    path = tmp_path / "runs" / "metrics.jsonl"
+    writer = MetricsWriter(str(path))
+    meter = StepMeter(clock=Clock())
+    for _ in range(3):
+        writer.write(meter.step_end(RunningTotals(), Gauges()))
+    writer.close()
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [line["step"] for line in lines] == [0, 1, 2]
+    assert all(set(line) == SCHEMA_KEYS for line in lines)
