@@ -1,7 +1,8 @@
 """Comparison of stock DeepSpeed and tencache_ds runs. Owns: per-step series from result dicts, their aggregation
-over measured steps and repeats, the comparison table (text, markdown, JSON) and the plots. Does not own: launching
-runs, reading the machine or choosing configs (tencache_ds/cli/bench.py). Pure apart from write_plots, which writes
-PNG files; imports neither torch nor deepspeed (matplotlib only inside write_plots).
+over measured steps and repeats, the I/O-compute bound, and the comparison's text, markdown and JSON forms (a
+headline of at most 12 rows, then the full table). Does not own: launching runs, reading the machine, measuring
+the NVMe path (tencache_ds/cli/bench.py) or the figure (bench/dashboard.py). Pure; imports neither torch nor
+deepspeed.
 
 The inputs follow the result contract of scripts/train.py:
 
@@ -13,8 +14,12 @@ The inputs follow the result contract of scripts/train.py:
   and the like) are totals since the engine started (a Counter's ``total``, style.md 8.6), so a step's value is the
   difference from the previous step; the first step's difference includes what engine start-up did.
 - metrics rows (the JSON lines the tencache block writes to ``metrics_path``) are one flat dict per optimizer step.
+  Rows with ``"schema": "tencache.metrics/1"`` carry ``nvme_read_bytes``/``nvme_write_bytes`` per step (older rows
+  carry running totals there and the per-step value as ``nvme_*_bytes_per_step``), and the per-step
+  ``fetch_wait_s``, ``device_hit_rate`` and ``host_hit_rate``.
 
-Warm-up steps are the first ``warmup_steps`` entries of each run; they are excluded from medians but drawn in plots.
+Warm-up steps are the first ``warmup_steps`` entries of each run; they are excluded from medians but drawn in the
+figure. A value that does not exist for an arm (stock has no hit rates) is None and shows as "–".
 """
 import dataclasses
 import json
@@ -22,7 +27,7 @@ import math
 import os
 import re
 import statistics
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 from ..units import fmt_bytes
 
@@ -32,16 +37,44 @@ ARMS = (STOCK, TENCACHE)
 # Optional third arm (`bench --compare cpu`): stock DeepSpeed with offload device "cpu", same config otherwise --
 # what a user whose host memory holds the model would pick. Its bits must equal stock NVMe's.
 STOCK_CPU = "stock-cpu"
+MISSING = "–"  # the cell of a value an arm does not have
 
-# Stats keys that have their own rows (and plots); every other key gets a generic row.
-PINNED_RESERVED_KEY = "pinned_bytes_reserved"
+# The per-step quantities of the headline and the figure (step_series), one name each.
+STEP_TIME = "step_time_s"
+NVME_READ = "nvme_read_bytes"        # bytes read from NVMe in the step
+NVME_WRITE = "nvme_write_bytes"      # bytes written to NVMe in the step
+PINNED = "pinned_bytes_reserved"     # pinned host memory (for stock: what DeepSpeed locks, from tencache_ds.stats)
+PEAK_RSS = "peak_rss_bytes"          # the process's peak RSS so far
+DEVICE_HIT = "device_hit_rate"
+HOST_HIT = "host_hit_rate"
+FETCH_WAIT = "fetch_wait_s"          # time the step waited for tensors to arrive
+STEP_SERIES = (STEP_TIME, NVME_READ, NVME_WRITE, PINNED, PEAK_RSS, DEVICE_HIT, HOST_HIT, FETCH_WAIT)
+
+METRICS_SCHEMA_KEY = "schema"
+METRICS_SCHEMA_PREFIX = "tencache.metrics/"  # "tencache.metrics/1": nvme_*_bytes are per step
 PINNED_PEAK_KEY = "pinned_bytes_peak_in_use"
-NVME_READ_KEY = "nvme_read_bytes"
-NVME_WRITE_KEY = "nvme_write_bytes"
-FIXED_STATS_KEYS = frozenset({PINNED_RESERVED_KEY, PINNED_PEAK_KEY, NVME_READ_KEY, NVME_WRITE_KEY})
+# Stats/metrics keys the headline (or a fixed row) already shows; the generic rows of the full table skip them.
+FIXED_KEYS = frozenset(STEP_SERIES) | {PINNED_PEAK_KEY, "nvme_read_bytes_per_step", "nvme_write_bytes_per_step"}
 METRICS_STEP_KEY = "step"  # the step number in a metrics row; not a metric
-# Wall-clock stamps in metrics rows ("time_unix_s"): neither comparable between runs nor worth a plot.
+# Wall-clock stamps in metrics rows ("time_unix_s"): not comparable between runs.
 TIMESTAMP_KEY = re.compile(r"unix|timestamp|wall_clock", re.IGNORECASE)
+
+# Headline row names (render order). At most 12 rows: what a user reads at a glance.
+ROW_STEP_TIME = "step time (s, median)"
+ROW_BOUND = "bound (s)"
+ROW_VS_BOUND = "step time / bound"
+ROW_PINNED = "pinned host memory (max)"
+ROW_PEAK_RSS = "peak host RSS"
+ROW_NVME_READ = "NVMe read / step (median)"
+ROW_NVME_WRITE = "NVMe written / step (median)"
+ROW_DEVICE_HIT = "device hit rate (median)"
+ROW_HOST_HIT = "host hit rate (median)"
+ROW_FETCH_WAIT = "fetch wait (s/step, median)"
+ROW_FETCH_SHARE = "fetch wait (% of step time)"
+ROW_IDENTICAL = "identical losses / weights"
+HEADLINE_ROWS = (ROW_STEP_TIME, ROW_BOUND, ROW_VS_BOUND, ROW_PINNED, ROW_PEAK_RSS, ROW_NVME_READ, ROW_NVME_WRITE,
+                 ROW_DEVICE_HIT, ROW_HOST_HIT, ROW_FETCH_WAIT, ROW_FETCH_SHARE, ROW_IDENTICAL)
+MAX_HEADLINE_ROWS = 12
 
 Value = Union[float, int, str, None]
 
@@ -66,8 +99,9 @@ class BenchRun:
 
 @dataclasses.dataclass(frozen=True)
 class ComparisonRow:
-    """One line of the comparison. ``unit`` is "s", "bytes", "count" or "text". ``verdict`` replaces the ratio cell
-    for rows that compare equality (losses, weights)."""
+    """One line of the comparison. ``unit`` is "s", "bytes", "count", "fraction" (shown as %), "percent", "times"
+    or "text". ``verdict`` replaces the ratio cell for rows that compare equality (losses, weights). ``stock_cpu``
+    is the third arm's value (None when that arm did not run or has no such value)."""
 
     name: str
     unit: str
@@ -76,18 +110,108 @@ class ComparisonRow:
     ratio: Optional[float] = None
     verdict: Optional[str] = None
     note: str = ""
+    stock_cpu: Value = None
 
-    def cells(self) -> Tuple[str, str, str, str]:
+    def cells(self, with_stock_cpu: bool = False) -> Tuple[str, ...]:
+        """(name, stock, tencache, tencache/stock[, stock-cpu]) as displayed."""
         ratio_cell = self.verdict if self.verdict is not None else format_ratio(self.ratio)
-        return self.name, format_value(self.stock, self.unit), format_value(self.tencache, self.unit), ratio_cell
+        cells = (self.name, format_value(self.stock, self.unit), format_value(self.tencache, self.unit), ratio_cell)
+        return cells + ((format_value(self.stock_cpu, self.unit),) if with_stock_cpu else ())
+
+    def to_dict(self, with_stock_cpu: bool) -> Dict[str, Any]:
+        cells = self.cells(with_stock_cpu)
+        row = {"name": self.name, "unit": self.unit, "stock": self.stock, "tencache": self.tencache,
+               "ratio": self.ratio, "verdict": self.verdict, "note": self.note,
+               "cells": dict(zip((STOCK, TENCACHE, "ratio", STOCK_CPU), cells[1:]))}
+        if with_stock_cpu:
+            row[STOCK_CPU] = self.stock_cpu
+        return row
+
+
+@dataclasses.dataclass(frozen=True)
+class NvmeBandwidth:
+    """Sequential bandwidth of the NVMe path in bytes per second: measured by the bench as `tencache-ds doctor`
+    measures it, or given with --nvme-bandwidth (then read = write). ``source`` says which, for the report."""
+
+    read_bytes_per_s: float
+    write_bytes_per_s: float
+    source: str
+
+    def speeds(self) -> str:
+        if self.read_bytes_per_s == self.write_bytes_per_s:
+            return f"{self.read_bytes_per_s / 1e9:.2f} GB/s"
+        return f"read {self.read_bytes_per_s / 1e9:.2f} GB/s, write {self.write_bytes_per_s / 1e9:.2f} GB/s"
+
+    def describe(self) -> str:
+        return f"{self.speeds()} ({self.source})"
+
+
+@dataclasses.dataclass(frozen=True)
+class Bound:
+    """The I/O-compute bound on tencache's step time: the larger of ``compute_s``, the step time of stock CPU
+    offload (the same work with no NVMe at all; None when that arm did not run), and ``io_s``, the time the NVMe
+    path needs for the bytes tencache moves per step (median read / read bandwidth + median written / write
+    bandwidth: reads and writes share the drive; None without a bandwidth). A step cannot beat either part, so
+    ``step time / bound`` near 1 means nothing is left to win on this machine."""
+
+    compute_s: Optional[float]
+    io_s: Optional[float]
+    bandwidth: Optional[NvmeBandwidth]
+    read_bytes: Optional[float] = None
+    write_bytes: Optional[float] = None
+
+    @property
+    def seconds(self) -> Optional[float]:
+        parts = [part for part in (self.compute_s, self.io_s) if part is not None]
+        return max(parts) if parts else None
+
+    @property
+    def limited_by(self) -> Optional[str]:
+        if self.seconds is None:
+            return None
+        return "NVMe" if self.io_s is not None and self.io_s >= (self.compute_s or 0.0) else "compute"
+
+    def describe(self) -> str:
+        """One line: the bound and its two parts, or why it is missing (bench.md names the bandwidth's source)."""
+        parts = [f"compute {self.compute_s:.3f} s (the stock-cpu step)" if self.compute_s is not None
+                 else "compute: unknown (run with --compare cpu)"]
+        if self.io_s is not None:
+            parts.append(f"NVMe {self.io_s:.3f} s ({fmt_bytes(self.read_bytes or 0)} read + "
+                         f"{fmt_bytes(self.write_bytes or 0)} written per step at {self.bandwidth.speeds()})")
+        elif self.bandwidth is None:
+            parts.append("NVMe: no bandwidth (not measured; pass --nvme-bandwidth)")
+        else:
+            parts.append("NVMe: tencache's bytes per step are unknown")
+        if self.seconds is None:
+            return "no bound: " + "; ".join(parts)
+        return f"{self.seconds:.3f} s, limited by {self.limited_by}; " + "; ".join(parts)
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"seconds": self.seconds, "limited_by": self.limited_by, "compute_s": self.compute_s,
+                "io_s": self.io_s, "read_bytes_per_step": self.read_bytes, "write_bytes_per_step": self.write_bytes,
+                "bandwidth": dataclasses.asdict(self.bandwidth) if self.bandwidth else None,
+                "text": self.describe()}
+
+
+def compute_bound(read_bytes: Optional[float], write_bytes: Optional[float], bandwidth: Optional[NvmeBandwidth],
+                  compute_s: Optional[float]) -> Bound:
+    """The Bound for tencache moving ``read_bytes``/``write_bytes`` per step; e.g. 2 GB read + 1 GB written at
+    2 GB/s each -> io_s 1.5 s, and with a 1.2 s stock CPU offload step the bound is 1.5 s (NVMe-limited)."""
+    io_s = None
+    if bandwidth is not None and is_number(read_bytes) and is_number(write_bytes):
+        io_s = read_bytes / bandwidth.read_bytes_per_s + write_bytes / bandwidth.write_bytes_per_s
+    return Bound(compute_s, io_s, bandwidth, read_bytes, write_bytes)
 
 
 @dataclasses.dataclass(frozen=True)
 class Comparison:
-    """Everything the table, markdown and JSON outputs show. ``losses_identical``/``weights_identical`` cover every
-    run of both arms (so repeats of one arm are checked against each other too)."""
+    """Everything the table, markdown and JSON outputs show: ``headline`` (HEADLINE_ROWS, in that order) and
+    ``details`` (every other row). ``losses_identical``/``weights_identical`` cover every run of every arm (so
+    repeats of one arm are checked against each other too)."""
 
-    rows: List[ComparisonRow]
+    headline: List[ComparisonRow]
+    details: List[ComparisonRow]
+    bound: Bound
     warmup_steps: int
     num_measured_steps: Dict[str, int]
     losses_identical: bool
@@ -97,6 +221,14 @@ class Comparison:
     runs: List[Dict[str, Any]]
     notes: List[str]
 
+    @property
+    def has_stock_cpu(self) -> bool:
+        return STOCK_CPU in self.num_measured_steps
+
+    @property
+    def rows(self) -> List[ComparisonRow]:
+        return self.headline + self.details
+
     def row(self, name: str) -> ComparisonRow:
         for row in self.rows:
             if row.name == name:
@@ -104,16 +236,12 @@ class Comparison:
         raise KeyError(f"no row named {name!r}; rows: {[r.name for r in self.rows]}")
 
     def to_dict(self) -> Dict[str, Any]:
-        rows = []
-        for row in self.rows:
-            _, stock_cell, tencache_cell, ratio_cell = row.cells()
-            rows.append({"name": row.name, "unit": row.unit, "stock": row.stock, "tencache": row.tencache,
-                         "ratio": row.ratio, "verdict": row.verdict, "note": row.note,
-                         "cells": {"stock": stock_cell, "tencache": tencache_cell, "ratio": ratio_cell}})
         return {"warmup_steps": self.warmup_steps, "num_measured_steps": self.num_measured_steps,
                 "losses_identical": self.losses_identical, "losses_detail": self.losses_detail,
                 "weights_identical": self.weights_identical, "weights_detail": self.weights_detail,
-                "runs": self.runs, "notes": self.notes, "rows": rows}
+                "bound": self.bound.to_dict(), "runs": self.runs, "notes": self.notes,
+                "headline": [row.to_dict(self.has_stock_cpu) for row in self.headline],
+                "details": [row.to_dict(self.has_stock_cpu) for row in self.details]}
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -182,36 +310,68 @@ def _aligned_metrics(run: BenchRun) -> List[Optional[Dict[str, Any]]]:
     return [rows[index] if index < len(rows) else None for index in range(len(steps))]
 
 
+def _stats_rows(run: BenchRun) -> List[Optional[Dict[str, Any]]]:
+    return [step.get("stats") if isinstance(step.get("stats"), dict) else None for step in run.steps]
+
+
+def _field(name: str, source: Iterable[Optional[Dict[str, Any]]]) -> List[Optional[float]]:
+    return [float(row[name]) if row and is_number(row.get(name)) else None for row in source]
+
+
+def _has_values(values: Sequence[Optional[float]]) -> bool:
+    return any(value is not None for value in values)
+
+
+def _is_schema_row(row: Optional[Dict[str, Any]]) -> bool:
+    return bool(row) and str(row.get(METRICS_SCHEMA_KEY, "")).startswith(METRICS_SCHEMA_PREFIX)
+
+
+def nvme_per_step(run: BenchRun, direction: str) -> Tuple[List[Optional[float]], str]:
+    """The NVMe bytes a run read ("read") or wrote ("write") in each step, and where they come from: the metrics
+    rows (per step), else the differences of the stats' running totals, else what the kernel saw the process do
+    (/proc/self/io; stock DeepSpeed has no counters of its own)."""
+    key = f"nvme_{direction}_bytes"
+    metrics = _aligned_metrics(run)
+    per_step = _field(key, [row if _is_schema_row(row) else None for row in metrics])
+    if not _has_values(per_step):  # rows older than the schema: totals under key, the step's part as <key>_per_step
+        per_step = _field(f"{key}_per_step", metrics)
+    if _has_values(per_step):
+        return per_step, "metrics"
+    totals = _field(key, _stats_rows(run))
+    if _has_values(totals):
+        return per_step_deltas(totals), "stats"
+    return _field(f"io_{direction}_bytes", run.steps), "/proc/self/io"
+
+
+def step_series(run: BenchRun) -> Dict[str, List[Optional[float]]]:
+    """The headline quantities (STEP_SERIES) per step, each as long as the run's step list, None where the run has
+    no such value. Step time and peak RSS come from the result (train.py measures every arm alike); NVMe bytes from
+    nvme_per_step; the rest from the metrics rows, else from the stats of the same name."""
+    metrics, stats = _aligned_metrics(run), _stats_rows(run)
+    series = {STEP_TIME: _field("time_s", run.steps), PEAK_RSS: _field(PEAK_RSS, run.steps),
+              NVME_READ: nvme_per_step(run, "read")[0], NVME_WRITE: nvme_per_step(run, "write")[0]}
+    for key in (PINNED, DEVICE_HIT, HOST_HIT, FETCH_WAIT):
+        from_metrics = _field(key, metrics)
+        series[key] = from_metrics if _has_values(from_metrics) else _field(key, stats)
+    return {key: series[key] for key in STEP_SERIES}
+
+
 def run_series(run: BenchRun) -> Dict[str, List[Optional[float]]]:
-    """Every per-step numeric series of a run, each as long as the run's step list (None where missing).
-
-    Names: "step_time_s", "peak_rss_bytes", "io_read_bytes", "io_write_bytes"; "nvme_read_bytes_per_step" and
-    "nvme_write_bytes_per_step" (differences of the stats counters, when present); "stats.<key>" for every numeric
-    stats key (the value after the step) and "metrics.<key>" for every numeric metrics key.
-    """
-    steps = run.steps
-
-    def field(name: str, source: Iterable[Optional[Dict[str, Any]]]) -> List[Optional[float]]:
-        return [float(row[name]) if row and is_number(row.get(name)) else None for row in source]
-
+    """Every per-step numeric series of a run for the full table, each as long as the run's step list (None where
+    missing): "io_read_bytes", "io_write_bytes", "stats.<key>" for every numeric stats key (the value after the
+    step) and "metrics.<key>" for every numeric metrics key."""
     series: Dict[str, List[Optional[float]]] = {
-        "step_time_s": field("time_s", steps),
-        "peak_rss_bytes": field("peak_rss_bytes", steps),
-        "io_read_bytes": field("io_read_bytes", steps),
-        "io_write_bytes": field("io_write_bytes", steps),
+        "io_read_bytes": _field("io_read_bytes", run.steps),
+        "io_write_bytes": _field("io_write_bytes", run.steps),
     }
-    stats_rows = [step.get("stats") if isinstance(step.get("stats"), dict) else None for step in steps]
-    stats_keys = sorted({key for row in stats_rows if row for key, value in row.items() if is_number(value)})
-    for key in stats_keys:
-        series[f"stats.{key}"] = field(key, stats_rows)
-    for key, name in ((NVME_READ_KEY, "nvme_read_bytes_per_step"), (NVME_WRITE_KEY, "nvme_write_bytes_per_step")):
-        if f"stats.{key}" in series:
-            series[name] = per_step_deltas(series[f"stats.{key}"])
+    stats_rows = _stats_rows(run)
+    for key in sorted({key for row in stats_rows if row for key, value in row.items() if is_number(value)}):
+        series[f"stats.{key}"] = _field(key, stats_rows)
     metrics_rows = _aligned_metrics(run)
     metrics_keys = sorted({key for row in metrics_rows if row for key, value in row.items()
                            if is_number(value) and key != METRICS_STEP_KEY and not TIMESTAMP_KEY.search(key)})
     for key in metrics_keys:
-        series[f"metrics.{key}"] = field(key, metrics_rows)
+        series[f"metrics.{key}"] = _field(key, metrics_rows)
     return series
 
 
@@ -219,21 +379,13 @@ def _measured(values: Sequence[Optional[float]], warmup_steps: int) -> List[floa
     return [value for value in values[warmup_steps:] if value is not None]
 
 
-def _pooled(runs: Sequence[BenchRun], name: str, warmup_steps: int) -> List[float]:
-    """The measured (post-warm-up) values of series ``name`` from all ``runs`` together."""
-    pooled: List[float] = []
-    for run in runs:
-        pooled.extend(_measured(run_series(run).get(name, []), warmup_steps))
-    return pooled
-
-
-def _all_steps_max(runs: Sequence[BenchRun], name: str) -> Optional[float]:
-    values = [value for run in runs for value in run_series(run).get(name, []) if value is not None]
-    return max(values) if values else None
-
-
 def _median(values: Sequence[float]) -> Optional[float]:
     return statistics.median(values) if values else None
+
+
+def _max(values: Iterable[Optional[float]]) -> Optional[float]:
+    present = [value for value in values if value is not None]
+    return max(present) if present else None
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -284,17 +436,16 @@ def ratio(stock: Value, tencache: Value) -> Optional[float]:
     return float(tencache) / float(stock)
 
 
-def _numeric_row(name: str, unit: str, stock: Value, tencache: Value, note: str = "") -> ComparisonRow:
-    return ComparisonRow(name, unit, stock, tencache, ratio(stock, tencache), None, note)
-
-
 def unit_of_key(key: str) -> str:
-    """Display unit guessed from a metric name: "..._bytes..." -> bytes, "..._s" -> seconds, else a count."""
+    """Display unit guessed from a metric name: "..._bytes..." -> bytes, "..._s" -> seconds, "..._rate" -> a
+    fraction (shown as %), else a count."""
     lowered = key.lower()
     if "bytes" in lowered:
         return "bytes"
     if lowered.endswith("_s") or lowered.endswith("_seconds"):
         return "s"
+    if lowered.endswith("_rate"):
+        return "fraction"
     return "count"
 
 
@@ -328,151 +479,168 @@ def _nvme_footprint(run: BenchRun) -> Optional[float]:
     return float(sum(entry.get("bytes", 0) for entry in usage.values() if isinstance(entry, dict)))
 
 
-def compare(runs: Sequence[BenchRun], warmup_steps: int) -> Comparison:
-    """Aggregate stock and tencache runs into the comparison table.
+def _share_percent(part: Value, whole: Value) -> Optional[float]:
+    return 100.0 * float(part) / float(whole) if is_number(part) and is_number(whole) and whole else None
 
-    Per arm: step time and per-step bytes are the median of all measured steps of all its repeats; peaks are the
-    maximum over all steps; stats keys without a row of their own show the median over repeats of the value after
-    the last step; metrics keys show the median over measured steps.
+
+def _final_loss_bits(runs: Sequence[BenchRun]) -> Optional[str]:
+    steps = runs[0].steps if runs else []
+    return steps[-1].get("loss_bits") if steps else None
+
+
+def _yes_no(identical: bool) -> str:
+    return "yes" if identical else "NO"
+
+
+def compare(runs: Sequence[BenchRun], warmup_steps: int, nvme_bandwidth: Optional[NvmeBandwidth] = None
+            ) -> Comparison:
+    """Aggregate the runs of each arm (stock, tencache, and stock-cpu when it ran) into the comparison.
+
+    Per arm: step time, per-step bytes, hit rates and fetch waits are the median of all measured steps of all its
+    repeats; peaks (pinned memory, RSS) are the maximum over all steps; stats keys without a row of their own show
+    the median over repeats of the value after the last step; metrics keys show the median over measured steps.
+    The bound uses ``nvme_bandwidth`` (None: its NVMe part is missing) and the stock-cpu step time.
 
     Raises:
-        ValueError: no run of an arm, or warm-up leaves no measured step.
+        ValueError: no run of stock or tencache, or warm-up leaves a run no measured step.
     """
-    by_arm = {arm: [run for run in runs if run.arm == arm] for arm in ARMS}
-    for arm, arm_runs in by_arm.items():
-        if not arm_runs:
+    by_arm = {arm: [run for run in runs if run.arm == arm] for arm in ARMS + (STOCK_CPU,)}
+    for arm in ARMS:
+        if not by_arm[arm]:
             raise ValueError(f"no {arm} run to compare (runs: {[run.label for run in runs]})")
-        for run in arm_runs:
+    arms = ARMS + ((STOCK_CPU,) if by_arm[STOCK_CPU] else ())
+    for arm in arms:
+        for run in by_arm[arm]:
             if len(run.steps) <= warmup_steps:
                 raise ValueError(f"{run.label} has {len(run.steps)} steps, all within the {warmup_steps} warm-up "
                                  "steps; run more steps or lower --warmup")
-    stock, tencache = by_arm[STOCK], by_arm[TENCACHE]
-    notes: List[str] = []
-    rows: List[ComparisonRow] = []
+    series = {run.label: dict(step_series(run), **run_series(run)) for run in runs}
 
-    def both(fn) -> Tuple[Value, Value]:
-        return fn(stock), fn(tencache)
+    def median_of(name: str) -> Callable[[Sequence[BenchRun]], Optional[float]]:
+        return lambda arm_runs: _median([value for run in arm_runs
+                                         for value in _measured(series[run.label].get(name, []), warmup_steps)])
 
-    rows.append(_numeric_row("median step time (s)", "s",
-                             *both(lambda rs: _median(_pooled(rs, "step_time_s", warmup_steps)))))
-    rows.append(_numeric_row("peak RSS", "bytes", *both(lambda rs: _all_steps_max(rs, "peak_rss_bytes"))))
-    rows.append(_numeric_row("pinned bytes reserved (stats, max)", "bytes",
-                             *both(lambda rs: _all_steps_max(rs, f"stats.{PINNED_RESERVED_KEY}"))))
-    rows.append(_numeric_row("pinned bytes peak in use (stats, max)", "bytes",
-                             *both(lambda rs: _all_steps_max(rs, f"stats.{PINNED_PEAK_KEY}"))))
+    def max_of(name: str) -> Callable[[Sequence[BenchRun]], Optional[float]]:
+        return lambda arm_runs: _max(value for run in arm_runs for value in series[run.label].get(name, []))
 
-    # NVMe traffic: the plugin's counters where the arm has them, else what the kernel saw the process do.
-    any_stats_nvme = False
-    for direction in ("read", "write"):
-        values, sources = [], []
-        for arm_runs in (stock, tencache):
-            from_stats = _pooled(arm_runs, f"nvme_{direction}_bytes_per_step", warmup_steps)
-            if from_stats:
-                values.append(_median(from_stats))
-                sources.append("stats")
-                any_stats_nvme = True
-            else:
-                values.append(_median(_pooled(arm_runs, f"io_{direction}_bytes", warmup_steps)))
-                sources.append("/proc/self/io")
-        rows.append(_numeric_row(f"NVMe {direction} bytes/step (median)", "bytes", values[0], values[1],
-                                 note=f"stock: {sources[0]}; tencache: {sources[1]}"))
-    if any_stats_nvme:  # the kernel's view too, measured the same way for both arms
+    def per_arm(fn: Callable[[Sequence[BenchRun]], Value]) -> Dict[str, Value]:
+        return {arm: fn(by_arm[arm]) for arm in arms}
+
+    def make_row(name: str, unit: str, values: Dict[str, Value], note: str = "") -> ComparisonRow:
+        return ComparisonRow(name, unit, values[STOCK], values[TENCACHE], ratio(values[STOCK], values[TENCACHE]),
+                             None, note, values.get(STOCK_CPU))
+
+    # ---- the headline
+    step_time = per_arm(median_of(STEP_TIME))
+    nvme = {direction: per_arm(median_of(key)) for direction, key in (("read", NVME_READ), ("write", NVME_WRITE))}
+    nvme_sources = "; ".join(f"{arm}: {nvme_per_step(by_arm[arm][0], 'read')[1]}" for arm in arms)
+    fetch_wait = per_arm(median_of(FETCH_WAIT))
+    bound = compute_bound(nvme["read"][TENCACHE], nvme["write"][TENCACHE], nvme_bandwidth, step_time.get(STOCK_CPU))
+    vs_bound = (step_time[TENCACHE] / bound.seconds if bound.seconds and is_number(step_time[TENCACHE]) else None)
+    losses_identical, losses_detail = compare_losses([run for arm in arms for run in by_arm[arm]])
+    weights_identical, weights_detail = compare_weights([run for arm in arms for run in by_arm[arm]])
+    headline = [
+        make_row(ROW_STEP_TIME, "s", step_time),
+        ComparisonRow(ROW_BOUND, "s", None, bound.seconds, note=bound.describe()),
+        ComparisonRow(ROW_VS_BOUND, "times", None, vs_bound),
+        make_row(ROW_PINNED, "bytes", per_arm(max_of(PINNED))),
+        make_row(ROW_PEAK_RSS, "bytes", per_arm(max_of(PEAK_RSS))),
+        make_row(ROW_NVME_READ, "bytes", nvme["read"], note=f"from {nvme_sources}"),
+        make_row(ROW_NVME_WRITE, "bytes", nvme["write"]),
+        make_row(ROW_DEVICE_HIT, "fraction", per_arm(median_of(DEVICE_HIT))),
+        make_row(ROW_HOST_HIT, "fraction", per_arm(median_of(HOST_HIT))),
+        make_row(ROW_FETCH_WAIT, "s", fetch_wait),
+        make_row(ROW_FETCH_SHARE, "percent", {arm: _share_percent(fetch_wait[arm], step_time[arm]) for arm in arms},
+                 note="the median fetch wait over the median step time"),
+        ComparisonRow(ROW_IDENTICAL, "text", _final_loss_bits(by_arm[STOCK]), _final_loss_bits(by_arm[TENCACHE]),
+                      verdict=f"{_yes_no(losses_identical)} / {_yes_no(weights_identical)}",
+                      stock_cpu=_final_loss_bits(by_arm[STOCK_CPU])),
+    ]
+    assert [row.name for row in headline] == list(HEADLINE_ROWS) and len(headline) <= MAX_HEADLINE_ROWS
+
+    # ---- the full table: everything else
+    details = [make_row("pinned bytes peak in use (stats, max)", "bytes", per_arm(max_of(f"stats.{PINNED_PEAK_KEY}")))]
+    if any(nvme_per_step(run, "read")[1] != "/proc/self/io" for run in runs):  # the kernel's view, alike for all arms
         for direction in ("read", "write"):
-            rows.append(_numeric_row(f"process disk {direction} bytes/step (/proc/self/io, median)", "bytes",
-                                     *both(lambda rs: _median(_pooled(rs, f"io_{direction}_bytes", warmup_steps)))))
-
-    stock_cpu = [run for run in runs if run.arm == STOCK_CPU]
-    if stock_cpu:
-        cpu_time = _median(_pooled(stock_cpu, "step_time_s", warmup_steps))
-        tencache_time = _median(_pooled(tencache, "step_time_s", warmup_steps))
-        rows.insert(1, ComparisonRow("median step time vs stock CPU offload (s)", "s", cpu_time, tencache_time,
-                                     tencache_time / cpu_time if is_number(cpu_time) and cpu_time else None,
-                                     note="stock column: stock DeepSpeed with offload device cpu"))
-        rows.insert(2, _numeric_row("peak RSS vs stock CPU offload", "bytes", _all_steps_max(stock_cpu, "peak_rss_bytes"),
-                                    _all_steps_max(tencache, "peak_rss_bytes")))
-    losses_identical, losses_detail = compare_losses(list(stock) + list(tencache) + stock_cpu)
-    weights_identical, weights_detail = compare_weights(list(stock) + list(tencache) + stock_cpu)
-    rows.append(ComparisonRow("losses identical (all steps, loss_bits)", "text",
-                              _final_loss_bits(stock[0]), _final_loss_bits(tencache[0]), None,
-                              "yes" if losses_identical else "NO", losses_detail))
-    rows.append(ComparisonRow("final weights identical (sha256)", "text",
-                              _short_digest(stock[0]), _short_digest(tencache[0]), None,
-                              "yes" if weights_identical else "NO", weights_detail))
-
+            details.append(make_row(f"process disk {direction} bytes/step (/proc/self/io, median)", "bytes",
+                                    per_arm(median_of(f"io_{direction}_bytes"))))
     if any(is_number(run.result.get("init_time_s")) for run in runs):
-        rows.append(_numeric_row("engine start-up (s)", "s", *both(lambda rs: _arm_top_level(rs, "init_time_s"))))
+        details.append(make_row("engine start-up (s)", "s", per_arm(lambda rs: _arm_top_level(rs, "init_time_s"))))
     if any(_nvme_footprint(run) is not None for run in runs):
-        rows.append(_numeric_row("swap files on NVMe after the run", "bytes",
-                                 *both(lambda rs: _median([v for v in map(_nvme_footprint, rs) if v is not None]))))
-
+        details.append(make_row("swap files on NVMe after the run", "bytes", per_arm(
+            lambda rs: _median([value for value in map(_nvme_footprint, rs) if value is not None]))))
     # Every other stats key, whatever features add later: the value after the last step.
-    stats_keys = sorted({key for run in runs for step in run.steps if isinstance(step.get("stats"), dict)
-                         for key, value in step["stats"].items()
-                         if (is_number(value) or isinstance(value, str)) and key not in FIXED_STATS_KEYS})
+    stats_keys = sorted({key for run in runs for stats in _stats_rows(run) if stats for key, value in stats.items()
+                         if (is_number(value) or isinstance(value, str)) and key not in FIXED_KEYS})
     for key in stats_keys:
-        stock_value, tencache_value = both(lambda rs: _arm_final(rs, key))
-        unit = "text" if isinstance(stock_value, str) or isinstance(tencache_value, str) else unit_of_key(key)
-        rows.append(_numeric_row(f"stats.{key} (after last step)", unit, stock_value, tencache_value))
+        values = per_arm(lambda rs: _arm_final(rs, key))
+        unit = "text" if any(isinstance(value, str) for value in values.values()) else unit_of_key(key)
+        details.append(make_row(f"stats.{key} (after last step)", unit, values))
     # Every metrics key the stats do not already show (metrics rows usually repeat the stats and add per-step
     # values): the median over measured steps.
-    all_stats_keys = set(stats_keys) | FIXED_STATS_KEYS
-    metrics_keys = sorted({name[len("metrics."):] for run in runs for name in run_series(run)
-                           if name.startswith("metrics.") and name[len("metrics."):] not in all_stats_keys})
+    shown = set(stats_keys) | FIXED_KEYS
+    metrics_keys = sorted({name[len("metrics."):] for run in runs for name in series[run.label]
+                           if name.startswith("metrics.") and name[len("metrics."):] not in shown})
     for key in metrics_keys:
-        rows.append(_numeric_row(f"metrics.{key} (median/step)", unit_of_key(key),
-                                 *both(lambda rs: _median(_pooled(rs, f"metrics.{key}", warmup_steps)))))
+        details.append(make_row(f"metrics.{key} (median/step)", unit_of_key(key), per_arm(median_of(f"metrics.{key}"))))
 
-    if any(run.result.get("steps") and all(step.get("stats") is None for step in run.steps) for run in runs):
-        notes.append("stats is null in some runs (stock DeepSpeed has no tencache_ds.stats); their stats rows read n/a")
+    notes: List[str] = []
+    if any(run.result.get("steps") and all(stats is None for stats in _stats_rows(run)) for run in runs):
+        notes.append(f"stats is null in some runs (stock DeepSpeed has no tencache_ds.stats); their stats rows read "
+                     f"{MISSING}")
     notes.append(f"medians exclude the first {warmup_steps} (warm-up) steps of each run; peaks cover all steps")
     run_dicts = [{"label": run.label, "arm": run.arm, "repeat": run.repeat, "model": run.result.get("model"),
                   "num_params": run.result.get("num_params"), "num_steps": len(run.steps)} for run in runs]
-    measured = {arm: sum(max(0, len(run.steps) - warmup_steps) for run in by_arm[arm]) for arm in ARMS}
-    if stock_cpu:
-        measured[STOCK_CPU] = sum(max(0, len(run.steps) - warmup_steps) for run in stock_cpu)
-    return Comparison(rows, warmup_steps, measured, losses_identical, losses_detail, weights_identical,
-                      weights_detail, run_dicts, notes)
-
-
-def _final_loss_bits(run: BenchRun) -> Optional[str]:
-    steps = run.steps
-    return f"last {steps[-1].get('loss_bits')}" if steps else None
-
-
-def _short_digest(run: BenchRun) -> Optional[str]:
-    digest = run.result.get("weights_sha256")
-    return f"{digest[:12]}…" if digest else None
+    measured = {arm: sum(max(0, len(run.steps) - warmup_steps) for run in by_arm[arm]) for arm in arms}
+    return Comparison(headline, details, bound, warmup_steps, measured, losses_identical, losses_detail,
+                      weights_identical, weights_detail, run_dicts, notes)
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # Rendering
 # ----------------------------------------------------------------------------------------------------------------
 def format_value(value: Value, unit: str) -> str:
-    """A cell: bytes in binary units, seconds with 3 decimals, counts with separators, None as n/a."""
+    """A cell: bytes in binary units, seconds with 3 decimals, fractions and percents as %, counts with
+    separators, None as "–"."""
     if value is None:
-        return "n/a"
+        return MISSING
     if isinstance(value, str) or unit == "text":
         return str(value)
     if unit == "bytes":
         return fmt_bytes(value)
     if unit == "s":
         return f"{value:.3f}"
+    if unit == "fraction":
+        return f"{100 * value:.1f} %"
+    if unit == "percent":
+        return f"{value:.1f} %"
+    if unit == "times":
+        return f"{value:.2f}×"
     if float(value).is_integer():
         return f"{int(value):,}"
     return f"{value:.4g}"
 
 
 def format_ratio(value: Optional[float]) -> str:
-    return "—" if value is None else f"{value:.3f}"
+    return MISSING if value is None else f"{value:.3f}"
 
 
 HEADER = ("metric", STOCK, TENCACHE, "tencache/stock")
 
 
+def _header(comparison: Comparison) -> Tuple[str, ...]:
+    return HEADER + ((STOCK_CPU,) if comparison.has_stock_cpu else ())
+
+
+def _row_notes(rows: Sequence[ComparisonRow]) -> List[str]:
+    return [f"{row.name}: {row.note}" for row in rows if row.note and row.verdict is None]
+
+
 def render_table(comparison: Comparison) -> str:
-    """A plain-text table for the terminal, with the equality details and notes below it."""
-    lines_cells = [HEADER] + [row.cells() for row in comparison.rows]
-    widths = [max(len(cells[column]) for cells in lines_cells) for column in range(4)]
+    """The terminal's view: the headline table (at most 12 rows), the equality details and the notes below it.
+    The full table is in bench.md."""
+    lines_cells = [_header(comparison)] + [row.cells(comparison.has_stock_cpu) for row in comparison.headline]
+    widths = [max(len(cells[column]) for cells in lines_cells) for column in range(len(lines_cells[0]))]
     lines = []
     for index, cells in enumerate(lines_cells):
         first = cells[0].ljust(widths[0])
@@ -483,9 +651,7 @@ def render_table(comparison: Comparison) -> str:
     lines.append("")
     lines.append(f"losses:  {comparison.losses_detail}")
     lines.append(f"weights: {comparison.weights_detail}")
-    for row in comparison.rows:
-        if row.note and row.verdict is None:
-            lines.append(f"{row.name}: {row.note}")
+    lines.extend(_row_notes(comparison.headline))
     lines.extend(f"note: {note}" for note in comparison.notes)
     return "\n".join(lines)
 
@@ -494,140 +660,54 @@ def _md_escape(text: str) -> str:
     return text.replace("|", "\\|")
 
 
+def _md_table(comparison: Comparison, rows: Sequence[ComparisonRow]) -> List[str]:
+    header = _header(comparison)
+    out = ["| " + " | ".join(header) + " |", "| --- |" + " ---: |" * (len(header) - 1)]
+    out.extend("| " + " | ".join(_md_escape(cell) for cell in row.cells(comparison.has_stock_cpu)) + " |"
+               for row in rows)
+    return out
+
+
 def render_markdown(comparison: Comparison, command_line: str, machine: Dict[str, str],
-                    plot_paths: Sequence[str] = (), child_commands: Sequence[str] = ()) -> str:
-    """bench.md: how it was produced (command line, machine), the table, the equality details and the plots.
+                    child_commands: Sequence[str] = (), figure_path: Optional[str] = None,
+                    figure_note: str = "", constants: Sequence[str] = ()) -> str:
+    """bench.md: how it was produced (command line, machine), the headline table, the equality details, the
+    figure, the full table and the training commands.
 
     Args:
         command_line: the exact command that produced the report.
         machine: label -> description (CPU, cores, RAM, accelerator, versions).
-        plot_paths: PNG paths relative to the markdown file.
         child_commands: the training commands that were run, in order.
+        figure_path: the dashboard PNG relative to the markdown file, or None when none was written.
+        figure_note: why there is no figure (with figure_path None), or a remark about it.
+        constants: the series the figure leaves out because they are constant, with their values.
     """
     models = sorted({str(run.get("model")) for run in comparison.runs})
+    measured = ", ".join(f"{arm} {count}" for arm, count in comparison.num_measured_steps.items())
     out = ["# tencache_ds vs stock DeepSpeed", "",
            "Produced by:", "", "```", command_line, "```", "", "## Machine", ""]
     out.extend(f"- **{_md_escape(key)}**: {_md_escape(str(value))}" for key, value in machine.items())
     out += ["", "## Results", "",
             f"Model: {', '.join(models)}; runs: {', '.join(run['label'] for run in comparison.runs)}; "
-            f"measured steps: stock {comparison.num_measured_steps[STOCK]}, "
-            f"tencache {comparison.num_measured_steps[TENCACHE]} (after {comparison.warmup_steps} warm-up steps "
-            "per run).", "",
-            "| " + " | ".join(HEADER) + " |", "| --- | ---: | ---: | ---: |"]
-    out.extend("| " + " | ".join(_md_escape(cell) for cell in row.cells()) + " |" for row in comparison.rows)
+            f"measured steps: {measured} (after {comparison.warmup_steps} warm-up steps per run).", ""]
+    out += _md_table(comparison, comparison.headline)
     out += ["", f"- Losses: {_md_escape(comparison.losses_detail)}",
             f"- Weights: {_md_escape(comparison.weights_detail)}"]
-    out.extend(f"- {_md_escape(row.name)}: {_md_escape(row.note)}" for row in comparison.rows
-               if row.note and row.verdict is None)
-    out.extend(f"- {_md_escape(note)}" for note in comparison.notes)
+    out.extend(f"- {_md_escape(note)}" for note in _row_notes(comparison.headline) + comparison.notes)
+    out += ["", "## Figure", ""]
+    if figure_path:
+        out.append(f"![dashboard]({figure_path})")
+    if figure_note:
+        out += ["", figure_note] if figure_path else [figure_note]
+    if constants:
+        out += ["", "Constant over all steps in every arm, so not drawn:", ""]
+        out.extend(f"- {_md_escape(text)}" for text in constants)
+    out += ["", "## Full table", ""]
+    out += _md_table(comparison, comparison.details)
+    notes = _row_notes(comparison.details)
+    if notes:
+        out.append("")
+        out.extend(f"- {_md_escape(note)}" for note in notes)
     if child_commands:
         out += ["", "## Training runs", "", "```"] + list(child_commands) + ["```"]
-    if plot_paths:
-        out += ["", "## Plots", ""]
-        out.extend(f"![{os.path.splitext(os.path.basename(path))[0]}]({path})" for path in plot_paths)
     return "\n".join(out) + "\n"
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Plots
-# ----------------------------------------------------------------------------------------------------------------
-ARM_COLORS = {STOCK: "tab:blue", TENCACHE: "tab:orange"}
-SERIES_STYLES = ("-", "--", ":", "-.")   # one per series drawn in the same panel
-REPEAT_MARKERS = ("o", "s", "^", "x", "d")
-MIB = 1024 ** 2
-FIXED_PLOT_SERIES = frozenset({f"stats.{key}" for key in FIXED_STATS_KEYS})
-
-
-@dataclasses.dataclass(frozen=True)
-class Panel:
-    """One subplot: the series to draw for every run, each as (series name, legend suffix)."""
-
-    title: str
-    ylabel: str
-    series: Tuple[Tuple[str, str], ...]
-    scale: float = 1.0
-
-
-def _safe_name(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_") or "metric"
-
-
-def _draw(path: str, runs: Sequence[BenchRun], panels: Sequence[Panel], warmup_steps: int) -> bool:
-    """One PNG with the panels stacked; every run is a line per series (arm = colour, series = line style,
-    repeat = marker). Returns False, writing nothing, when no run has a value of any of the series."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    series_by_run = [(run, run_series(run)) for run in runs]
-    figure = Figure(figsize=(6.4, 1.0 + 2.6 * len(panels)), dpi=100)
-    FigureCanvasAgg(figure)
-    drawn_any = False
-    for panel_index, panel in enumerate(panels):
-        axes = figure.add_subplot(len(panels), 1, panel_index + 1)
-        drawn = False
-        for run, all_series in series_by_run:
-            for series_index, (name, suffix) in enumerate(panel.series):
-                values = all_series.get(name)
-                if not values or all(value is None for value in values):
-                    continue
-                points = [(index, value / panel.scale) for index, value in enumerate(values) if value is not None]
-                axes.plot([p[0] for p in points], [p[1] for p in points], SERIES_STYLES[series_index % 4],
-                          marker=REPEAT_MARKERS[(run.repeat - 1) % len(REPEAT_MARKERS)], markersize=3,
-                          color=ARM_COLORS.get(run.arm), label=f"{run.label}{suffix}")
-                drawn = True
-        if drawn and warmup_steps > 0:
-            axes.axvspan(-0.5, warmup_steps - 0.5, color="0.9", label="warm-up")
-        axes.set_title(panel.title, fontsize="medium")
-        axes.set_xlabel("step")
-        axes.set_ylabel(panel.ylabel)
-        axes.grid(True, alpha=0.3)
-        if drawn:
-            axes.legend(fontsize="x-small")
-        drawn_any = drawn_any or drawn
-    if not drawn_any:
-        return False
-    figure.tight_layout()
-    figure.savefig(path)
-    return True
-
-
-def write_plots(runs: Sequence[BenchRun], out_dir: str, warmup_steps: int) -> List[str]:
-    """Write the PNG plots into ``out_dir`` and return their paths: step_time.png, peak_rss.png, pinned_memory.png,
-    nvme_bytes.png, and metrics/<name>.png for every other numeric per-step series (stats.*, and metrics.* keys
-    the stats do not have). A plot whose series no run has is skipped.
-
-    Raises:
-        ImportError: matplotlib is not installed (the message says how to install it or skip plots).
-    """
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError as err:
-        raise ImportError("plots need matplotlib: pip install matplotlib (or pass --no-plots)") from err
-    os.makedirs(out_dir, exist_ok=True)
-    written: List[str] = []
-
-    def plot(filename: str, *panels: Panel) -> None:
-        path = os.path.join(out_dir, filename)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        if _draw(path, runs, panels, warmup_steps):
-            written.append(path)
-
-    plot("step_time.png", Panel("step time", "seconds", (("step_time_s", ""),)))
-    plot("peak_rss.png", Panel("peak RSS", "MiB", (("peak_rss_bytes", ""),), MIB))
-    plot("pinned_memory.png", Panel("pinned host memory (tencache_ds.stats)", "MiB",
-                                    ((f"stats.{PINNED_RESERVED_KEY}", " reserved"),
-                                     (f"stats.{PINNED_PEAK_KEY}", " peak in use")), MIB))
-    plot("nvme_bytes.png", *[
-        Panel(f"NVMe {direction} bytes per step", "MiB",
-              ((f"nvme_{direction}_bytes_per_step", " (stats)"), (f"io_{direction}_bytes", " (/proc/self/io)")), MIB)
-        for direction in ("read", "write")])
-
-    names = {name for run in runs for name in run_series(run)}
-    stats_keys = {name[len("stats."):] for name in names if name.startswith("stats.")} | FIXED_STATS_KEYS
-    other = sorted(name for name in names if name not in FIXED_PLOT_SERIES and (
-        name.startswith("stats.") or (name.startswith("metrics.") and name[len("metrics."):] not in stats_keys)))
-    for name in other:
-        is_bytes = unit_of_key(name) == "bytes"
-        plot(os.path.join("metrics", _safe_name(name) + ".png"),
-             Panel(name, "MiB" if is_bytes else "value", ((name, ""),), MIB if is_bytes else 1.0))
-    return written

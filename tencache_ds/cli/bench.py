@@ -8,10 +8,15 @@ block built from the config's own "tencache" block (if any) and --host-cache-byt
 has its own swap subfolder under --nvme-path (emptied before and removed after it) and its own files in --out:
 
     <out>/<label>.log  <out>/<label>.result.json  <out>/<label>.metrics.jsonl   (label = stock-1, tencache-1, ...)
-    <out>/bench.json   <out>/bench.md   <out>/plots/*.png
+    <out>/bench.json   <out>/bench.md   <out>/dashboard.png (with matplotlib)
+
+Before launching anything the bench checks that the modules the runs need are importable (a missing one would
+otherwise surface as a traceback inside the first training run), and measures the sequential bandwidth of
+--nvme-path the way `tencache-ds doctor` does (unless --nvme-bandwidth gives it), for the I/O part of the bound.
 """
 import contextlib
 import dataclasses
+import importlib.util
 import json
 import os
 import platform
@@ -23,9 +28,9 @@ import socket
 import subprocess
 import sys
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from ..bench import report
+from ..bench import dashboard, report
 from ..config import AUTO, CONFIG_KEY, parse_config
 from ..errors import TencacheConfigError
 from ..units import fmt_bytes, parse_bytes
@@ -34,6 +39,16 @@ TRAIN_SCRIPT_ENV = "TENCACHE_BENCH_TRAIN_SCRIPT"
 # What scripts/train.py prints after every optimizer step: "step 3 loss 497.5228 time 0.37s".
 STEP_LINE = re.compile(r"^step\s+(?P<step>\d+)\s+loss\s+(?P<loss>\S+)\s+time\s+(?P<time>[0-9.eE+-]+)s\b")
 LOG_TAIL_LINES = 25
+DASHBOARD_FILE = "dashboard.png"
+# The pyproject.toml `bench` extra (pip name = module name; tests/cli/test_cli.py checks this against the file):
+# transformers and accelerate for scripts/train.py (accelerate for transformers' DeepSpeed integration), tqdm for the
+# progress bar, matplotlib for the figure. Only matplotlib is optional: without it there is no figure.
+BENCH_EXTRA = ("transformers", "accelerate", "tqdm", "matplotlib")
+OPTIONAL_MODULES = ("matplotlib",)
+# What scripts/train.py imports besides the extra: deepspeed is a dependency of tencache-ds; torch is not (pip would
+# pick a multi-GB CUDA build), so scripts/setup.sh installs the right build first.
+TRAIN_MODULES = ("torch", "deepspeed")
+REQUIRED_MODULES = TRAIN_MODULES + tuple(name for name in BENCH_EXTRA if name not in OPTIONAL_MODULES)
 
 
 @dataclasses.dataclass
@@ -113,6 +128,39 @@ def tencache_block(ds_config: Dict[str, Any], host_cache_bytes: Optional[str], d
         block["metrics_path"] = metrics_path
     parse_config(block)
     return block
+
+
+def missing_modules(names: Sequence[str]) -> List[str]:
+    """The top-level modules in ``names`` that cannot be imported here (looked up, not imported)."""
+    missing = []
+    for name in names:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except ValueError:  # imported already, without a __spec__: it is there
+            found = True
+        if not found:
+            missing.append(name)
+    return missing
+
+
+def check_dependencies(required: Sequence[str] = REQUIRED_MODULES) -> None:
+    """Raise BenchError naming every module of ``required`` that is missing and the command that installs it.
+
+    Raises:
+        BenchError: a module is missing (message: the names, ``pip install -e '.[bench]'`` and
+            ``pip install <names>``; torch gets its own sentence).
+    """
+    missing = missing_modules(required)
+    if not missing:
+        return
+    installable = [name for name in missing if name != "torch"]
+    advice = []
+    if installable:
+        advice.append(f"install them with `pip install -e '.[bench]'` in the tencache_ds checkout, or "
+                      f"`pip install {' '.join(installable)}`")
+    if "torch" in missing:
+        advice.append("install torch for this machine first (scripts/setup.sh picks the CPU or CUDA build)")
+    raise BenchError(f"the benchmark needs {', '.join(missing)}, not importable here; " + "; ".join(advice))
 
 
 def free_port() -> int:
@@ -237,10 +285,49 @@ def _finished_but_teardown_aborted(spec: RunSpec) -> bool:
         return "terminate called without an active exception" in log.read()
 
 
-def describe_machine(nvme_path: str) -> Dict[str, str]:
+def start_probe(nvme_path: str, measure_bandwidth: bool) -> Tuple[Any, Optional[str]]:
+    """doctor's probe process (torch, DeepSpeed, the accelerator), measuring the sequential bandwidth of
+    ``nvme_path`` (created if missing) when asked and there is room for its file; returns the probe and why it does
+    not measure (None when it does or was not asked to)."""
+    from . import doctor
+    why_not = None
+    if measure_bandwidth:
+        os.makedirs(nvme_path, exist_ok=True)
+        free = shutil.disk_usage(nvme_path).free
+        if free <= 2 * doctor.BANDWIDTH_FILE_BYTES:
+            why_not = f"{fmt_bytes(free)} free in {nvme_path}, less than {fmt_bytes(2 * doctor.BANDWIDTH_FILE_BYTES)}"
+    measure_here = measure_bandwidth and why_not is None
+    probe = doctor.Probe(want_aio=measure_here, bandwidth_dir=nvme_path if measure_here else None,
+                         bandwidth_bytes=doctor.BANDWIDTH_FILE_BYTES,
+                         skip_aio_reason=doctor.aio_skip_reason() if measure_here else None)
+    return probe, why_not
+
+
+def nvme_bandwidth(nvme_path: str, probe, given: Optional[int], why_not: Optional[str]
+                   ) -> Tuple[Optional[report.NvmeBandwidth], Dict[str, Any]]:
+    """The bandwidth for the bound, and what bench.json records about it: ``given`` (--nvme-bandwidth) as is, else
+    what doctor's measurement on ``nvme_path`` found (the probe's DeepSpeed aio, else plain file I/O). None, with
+    the reason in the record, when it could not be measured."""
+    from . import doctor
+    if given is not None:
+        return report.NvmeBandwidth(float(given), float(given), "--nvme-bandwidth"), {"given_bytes_per_s": given}
+    if why_not is not None:
+        return None, {"error": why_not}
+    try:
+        measurement, aio_error = doctor.nvme_bandwidth(os.path.abspath(nvme_path), probe.facts())
+    except OSError as err:
+        return None, {"error": f"sequential I/O in {nvme_path} failed: {err}"}
+    read_bytes_per_s, write_bytes_per_s = doctor.bytes_per_s(measurement)
+    if not (read_bytes_per_s > 0 and write_bytes_per_s > 0):
+        return None, {"error": "the measurement moved no bytes", "measurement": measurement}
+    source = f"measured on {nvme_path}, {fmt_bytes(measurement['write_bytes'])} sequential, {measurement['method']}"
+    record = {"measurement": measurement, "aio_error": aio_error}
+    return report.NvmeBandwidth(read_bytes_per_s, write_bytes_per_s, source), record
+
+
+def describe_machine(nvme_path: str, probe) -> Dict[str, str]:
     """CPU, cores, RAM, accelerator and versions for bench.md (the accelerator through doctor's probe process)."""
-    from .doctor import Probe, describe_host, mount_of, probe_gpus
-    probe = Probe(want_aio=False, bandwidth_dir=None, bandwidth_bytes=0, timeout_s=120)
+    from .doctor import describe_host, mount_of, probe_gpus
     host = describe_host()
     gpus, why_none = probe_gpus()
     facts = probe.facts()
@@ -264,10 +351,28 @@ def _raise_keyboard_interrupt(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def _print_outputs(out_dir: str, specs: List[RunSpec], plot_paths: List[str]) -> None:
-    plots = f", {len(plot_paths)} plots in plots/" if plot_paths else ""
-    print(f"\nwritten to {out_dir}: bench.json, bench.md, " +
-          ", ".join(os.path.basename(spec.log_path) for spec in specs) + plots)
+def write_figure(args, runs: List[report.BenchRun], out_dir: str, title: str
+                 ) -> Tuple[Optional[str], str, Tuple[str, ...]]:
+    """The dashboard, unless --no-plots or matplotlib is missing. Returns (its path or None, what to say about it,
+    the constant series it leaves out)."""
+    plan = dashboard.plan_dashboard(runs)
+    if args.no_plots:
+        return None, "No figure (--no-plots).", plan.constants
+    if not dashboard.matplotlib_available():
+        return None, ("No figure: matplotlib is not installed (`pip install matplotlib`, part of the bench extra: "
+                      "`pip install -e '.[bench]'`)."), plan.constants
+    path = os.path.join(out_dir, DASHBOARD_FILE)
+    if not dashboard.write_dashboard(plan, runs, path, args.warmup, title):
+        return None, "No figure: no run has a per-step value to draw.", plan.constants
+    return path, "", plan.constants
+
+
+def _print_outputs(out_dir: str, specs: List[RunSpec], figure_path: Optional[str], figure_note: str) -> None:
+    figure = f", {os.path.basename(figure_path)}" if figure_path else ""
+    print(f"\nwritten to {out_dir}: bench.json, bench.md{figure}, " +
+          ", ".join(os.path.basename(spec.log_path) for spec in specs))
+    if figure_note:
+        print(f"bench: {figure_note}")
 
 
 def run(args) -> int:
@@ -285,10 +390,8 @@ def run(args) -> int:
 def _run(args) -> int:
     if args.warmup >= args.steps:
         raise BenchError(f"--warmup {args.warmup} leaves no measured step of --steps {args.steps}")
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        raise BenchError("bench needs tqdm (pip install tqdm)") from None
+    check_dependencies()
+    from tqdm import tqdm
     repo_root, train_script = locate_train_script()
     config_path = os.path.abspath(args.config or os.path.join(repo_root, "configs", f"stock-{args.offload}.json"))
     ds_config = load_ds_config(config_path)
@@ -296,8 +399,12 @@ def _run(args) -> int:
     os.makedirs(out_dir, exist_ok=True)
     launcher = resolve_launcher(args.launcher)
     specs = build_runs(args, repo_root, train_script, config_path, ds_config, out_dir, launcher)
-    machine = describe_machine(args.nvme_path)
+    given_bandwidth = getattr(args, "nvme_bandwidth", None)
+    probe, why_not_measured = start_probe(args.nvme_path, measure_bandwidth=given_bandwidth is None)
+    machine = describe_machine(args.nvme_path, probe)
     machine["launcher"] = launcher
+    bandwidth, bandwidth_record = nvme_bandwidth(args.nvme_path, probe, given_bandwidth, why_not_measured)
+    machine["NVMe bandwidth"] = bandwidth.describe() if bandwidth else f"not measured ({bandwidth_record['error']})"
 
     started = time.perf_counter()
     # SIGTERM (a CI timeout, `kill`) takes the same path as Ctrl-C, so the running child is stopped, not orphaned.
@@ -312,10 +419,8 @@ def _run(args) -> int:
 
     runs = [report.BenchRun(spec.arm, spec.repeat, report.load_result(spec.result_path),
                             report.load_metrics_rows(spec.metrics_path)) for spec in specs]
-    comparison = report.compare(runs, args.warmup)
-    plot_paths: List[str] = []
-    if not args.no_plots:
-        plot_paths = report.write_plots(runs, os.path.join(out_dir, "plots"), args.warmup)
+    comparison = report.compare(runs, args.warmup, bandwidth)
+    figure_path, figure_note, constants = write_figure(args, runs, out_dir, f"{args.model}: tencache vs stock")
     child_commands = [shlex.join(spec.command) for spec in specs]
 
     print(report.render_table(comparison))
@@ -327,12 +432,15 @@ def _run(args) -> int:
                    "runs": [{"label": spec.label, "arm": spec.arm, "repeat": spec.repeat, "command": spec.command,
                              "log": spec.log_path, "result": spec.result_path, "metrics": spec.metrics_path,
                              "wall_s": spec.wall_s, "returncode": spec.returncode} for spec in specs],
+                   "nvme_bandwidth": dict(bandwidth_record, **(dataclasses.asdict(bandwidth) if bandwidth else {})),
                    "comparison": comparison.to_dict(),
-                   "plots": [os.path.relpath(path, out_dir) for path in plot_paths]}, fh, indent=1, default=str)
+                   "figure": os.path.relpath(figure_path, out_dir) if figure_path else None,
+                   "figure_note": figure_note, "constant_series": list(constants)}, fh, indent=1, default=str)
     bench_md = os.path.join(out_dir, "bench.md")
     with open(bench_md, "w") as fh:
-        fh.write(report.render_markdown(comparison, args.command_line, machine,
-                                        [os.path.relpath(path, out_dir) for path in plot_paths], child_commands))
-    _print_outputs(out_dir, specs, plot_paths)
+        fh.write(report.render_markdown(comparison, args.command_line, machine, child_commands,
+                                        os.path.relpath(figure_path, out_dir) if figure_path else None,
+                                        figure_note, constants))
+    _print_outputs(out_dir, specs, figure_path, figure_note)
     print(f"bench: {len(specs)} runs in {total_s:.0f} s")
     return 0

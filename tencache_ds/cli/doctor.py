@@ -645,11 +645,44 @@ def check_nvme_path(path: str, source: str) -> NvmePathState:
     return state
 
 
+def nvme_bandwidth(path: str, facts: Dict[str, Any]) -> Tuple[Dict[str, Any], Optional[str]]:
+    """The sequential bandwidth of ``path``: the probe's DeepSpeed-aio measurement when it made one (the probe was
+    started with ``bandwidth_dir=path``), else plain file I/O there. Shared by doctor and `tencache-ds bench`.
+
+    Returns:
+        (measurement, aio_error): the measurement as _aio_bandwidth/plain_io_bandwidth return it, and why the aio
+        measurement failed when it was tried and did (else None).
+
+    Raises:
+        OSError: the plain file I/O failed.
+    """
+    if "bandwidth" in facts:
+        return facts["bandwidth"], None
+    return plain_io_bandwidth(path, BANDWIDTH_FILE_BYTES), facts.get("bandwidth_error")
+
+
+def bytes_per_s(measurement: Dict[str, Any]) -> Tuple[float, float]:
+    """(read, write) bytes per second of a bandwidth measurement."""
+    return (measurement["read_bytes"] / max(measurement["read_s"], 1e-9),
+            measurement["write_bytes"] / max(measurement["write_s"], 1e-9))
+
+
+def aio_skip_reason() -> Optional[str]:
+    """Why the probe must not load async_io (a stale lock of its build folder, which it would wait on until its
+    timeout), or None."""
+    aio_locks = ext_lock.find_stale_locks(ops=[AIO_OP])
+    if not aio_locks:
+        return None
+    return (f"its build lock {aio_locks[0].path} is stale, so loading it would wait forever (see the ext build lock "
+            f"line); remedy: {aio_locks[0].remedy}, then rerun")
+
+
 def bandwidth_check(result: Optional[Dict[str, Any]], error: Optional[str]) -> CheckResult:
     if result is None:
         return CheckResult("nvme bandwidth", WARN, f"not measured: {error}")
-    write_gbps = result["write_bytes"] / max(result["write_s"], 1e-9) / 1e9
-    read_gbps = result["read_bytes"] / max(result["read_s"], 1e-9) / 1e9
+    read_bytes_per_s, write_bytes_per_s = bytes_per_s(result)
+    write_gbps = write_bytes_per_s / 1e9
+    read_gbps = read_bytes_per_s / 1e9
     details = dict(result, write_gb_per_s=write_gbps, read_gb_per_s=read_gbps)
     text = (f"write {write_gbps:.2f} GB/s, read {read_gbps:.2f} GB/s ({fmt_bytes(result['write_bytes'])} sequential, "
             f"{result['method']})")
@@ -726,12 +759,9 @@ def run_checks(nvme_path: Optional[str] = None, config_path: Optional[str] = Non
     state = check_nvme_path(path, source)
     try:
         measure_here = state.usable and state.enough_space_for_bandwidth
-        # Loading async_io past a stale lock of its build folder would wait until the probe's timeout.
-        aio_locks = ext_lock.find_stale_locks(ops=[AIO_OP])
-        skip_aio = (f"its build lock {aio_locks[0].path} is stale, so loading it would wait forever (see the ext "
-                    f"build lock line); remedy: {aio_locks[0].remedy}, then rerun") if aio_locks else None
         probe = Probe(want_aio=True, bandwidth_dir=state.path if measure_here else None,
-                      bandwidth_bytes=BANDWIDTH_FILE_BYTES, timeout_s=probe_timeout_s, skip_aio_reason=skip_aio)
+                      bandwidth_bytes=BANDWIDTH_FILE_BYTES, timeout_s=probe_timeout_s,
+                      skip_aio_reason=aio_skip_reason())
         # These run while the probe imports torch and DeepSpeed.
         libaio = check_libaio()
         native = check_native_arena()
@@ -747,14 +777,13 @@ def run_checks(nvme_path: Optional[str] = None, config_path: Optional[str] = Non
             bandwidth = bandwidth_check(None, "the NVMe path is unusable (see above)")
         elif not state.enough_space_for_bandwidth:
             bandwidth = bandwidth_check(None, f"less than {fmt_bytes(2 * BANDWIDTH_FILE_BYTES)} free")
-        elif "bandwidth" in facts:
-            bandwidth = bandwidth_check(facts["bandwidth"], None)
         else:
-            # The aio op is unusable (its own line says why): measure with plain file I/O instead.
+            # Without the probe's aio measurement (the aio op is unusable; its own line says why): plain file I/O.
             try:
-                bandwidth = bandwidth_check(plain_io_bandwidth(state.path, BANDWIDTH_FILE_BYTES), None)
-                if facts.get("bandwidth_error"):
-                    bandwidth.message += f" [aio measurement failed: {facts['bandwidth_error'][:200]}]"
+                measurement, aio_error = nvme_bandwidth(state.path, facts)
+                bandwidth = bandwidth_check(measurement, None)
+                if aio_error:
+                    bandwidth.message += f" [aio measurement failed: {aio_error[:200]}]"
             except OSError as err:
                 bandwidth = CheckResult("nvme bandwidth", FAIL, f"sequential I/O in {state.path} failed: {err}")
     finally:

@@ -51,6 +51,18 @@ def _budget(text: str) -> str:
     return text
 
 
+def _bytes_per_s(text: str) -> int:
+    """A positive byte count per second ('2e9', '2GB', '1.5GiB'), validated here so typos fail before a run."""
+    from ..units import parse_bytes
+    try:
+        value = parse_bytes(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0 bytes per second, got {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The full parser. Defaults of `bench` are the embedded benchmark (about a minute on a 2-core CPU machine)."""
     from .doctor import DEFAULT_NVME_PATH
@@ -76,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench = subcommands.add_parser(
         "bench", help=BENCH_HELP,
         description=BENCH_HELP + ". Both runs use the same DeepSpeed config except the top-level \"tencache\" "
-        "block; results, logs, bench.json, bench.md and plots go to --out.",
+        "block; results, logs, bench.json, bench.md and dashboard.png go to --out.",
         epilog="The training script is scripts/train.py next to the package (override with the environment "
         "variable TENCACHE_BENCH_TRAIN_SCRIPT).",
         formatter_class=_HelpFormatter)
@@ -103,7 +115,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--out", default="bench-out", help="output folder")
     bench.add_argument("--launcher", choices=["deepspeed", "python"], default="deepspeed",
                        help="start each run with the deepspeed launcher or as a plain python process")
-    bench.add_argument("--no-plots", action="store_true", help="do not write PNG plots")
+    bench.add_argument("--nvme-bandwidth", type=_bytes_per_s, default=None, metavar="BYTES_PER_S",
+                       help="sequential bandwidth of --nvme-path for the I/O-compute bound, e.g. 2GB (default: "
+                       "measured there before the runs, a few seconds, as `tencache-ds doctor` does)")
+    bench.add_argument("--no-plots", action="store_true", help="do not draw the figure (dashboard.png)")
     bench.add_argument("--compare", choices=["cpu"], default=None,
                        help="cpu: add a third arm, stock DeepSpeed with offload device cpu (same config otherwise): "
                             "the reference for a machine whose host memory holds the model")

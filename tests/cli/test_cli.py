@@ -19,8 +19,8 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__fi
 FROZEN_OPTIONS = {
     "doctor": ["--config", "--help", "--json", "--nvme-path", "-h"],
     "bench": ["--compare", "--config", "--device-cache-bytes", "--dtype", "--help", "--host-cache-bytes",
-              "--launcher", "--micro-batch", "--model", "--no-plots", "--nvme-path", "--offload", "--out", "--repeats",
-              "--seq-len", "--steps", "--warmup", "-h"],
+              "--launcher", "--micro-batch", "--model", "--no-plots", "--nvme-bandwidth", "--nvme-path", "--offload",
+              "--out", "--repeats", "--seq-len", "--steps", "--warmup", "-h"],
     "config-reference": ["--help", "-h"],
 }
 
@@ -299,6 +299,98 @@ def test_bench_rejects_bad_arguments_before_running(tmp_path):
     missing_config = run_cli("bench", "--config", str(tmp_path / "nope.json"), "--out", str(tmp_path / "out"))
     assert missing_config.returncode == 1 and "nope.json" in missing_config.stderr
     assert "Traceback" not in no_measured.stderr + bad_budget.stderr + missing_config.stderr
+    for bad in ("0", "fast"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["bench", "--nvme-bandwidth", bad])
+    assert build_parser().parse_args(["bench", "--nvme-bandwidth", "2GB"]).nvme_bandwidth == 2 * 10 ** 9
+
+
+def test_bench_dependency_check_names_the_missing_modules_and_the_install_command():
+    from tencache_ds.cli import bench
+    # Real look-ups: a module that exists and two that do not.
+    assert bench.missing_modules(["json", "tencache_no_such_module", "tencache_nor_this"]) == \
+        ["tencache_no_such_module", "tencache_nor_this"]
+    bench.check_dependencies(["json"])  # nothing missing: no error
+    with pytest.raises(bench.BenchError) as raised:
+        bench.check_dependencies(["json", "tencache_no_such_module"])
+    message = str(raised.value)
+    assert "tencache_no_such_module" in message and "json" not in message.split(";")[0]
+    assert "pip install -e '.[bench]'" in message and "pip install tencache_no_such_module" in message
+    # By default it checks what scripts/train.py imports and the required part of the bench extra.
+    assert set(bench.REQUIRED_MODULES) == {"torch", "deepspeed", "transformers", "accelerate", "tqdm"}
+
+
+def test_bench_without_transformers_stops_before_launching_anything(tmp_path):
+    """Regression test: without the `bench` extra, `tencache-ds bench` died inside the first training run with
+    `ModuleNotFoundError: No module named 'transformers'`. Now it says what to install before starting a run."""
+    # Step 1: a bench process in which transformers cannot be imported (None in sys.modules is how Python
+    # spells "not importable": import raises ModuleNotFoundError and find_spec returns None).
+    out = tmp_path / "out"
+    code = ("import sys; sys.modules['transformers'] = None\n"
+            "from tencache_ds.cli.main import main; main()")
+    result = subprocess.run([sys.executable, "-c", code, "bench", "--out", str(out), "--nvme-path",
+                             str(tmp_path / "nvme")], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
+                            env=dict(os.environ, PYTHONPATH=REPO_ROOT))
+    # Step 2: exit 1, the module and both install commands named, no traceback.
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "transformers" in result.stderr and "pip install -e '.[bench]'" in result.stderr
+    assert "pip install transformers" in result.stderr
+    assert "Traceback" not in result.stderr
+    # Step 3: nothing was launched or written.
+    assert not out.exists() and not (tmp_path / "nvme").exists()
+
+
+def test_bench_extra_list_matches_pyproject():
+    """bench.BENCH_EXTRA restates the `bench` extra of pyproject.toml (for the install advice); keep them equal."""
+    import re
+    import tomllib
+    from tencache_ds.cli import bench
+    with open(os.path.join(REPO_ROOT, "pyproject.toml"), "rb") as fh:
+        extra = tomllib.load(fh)["project"]["optional-dependencies"]["bench"]
+    assert sorted(re.split(r"[<>=!~ \[]", requirement)[0] for requirement in extra) == sorted(bench.BENCH_EXTRA)
+
+
+def synthetic_runs():
+    """Two runs as scripts/train.py would record them (see tests/cli/test_report.py for the contract)."""
+    from tencache_ds.bench.report import BenchRun
+
+    def result(times):
+        steps = [{"step": step, "loss": 7.0, "loss_bits": "0x40e00000", "time_s": time_s,
+                  "peak_rss_bytes": (100 + step) << 20, "io_read_bytes": 4096 * step, "io_write_bytes": 0,
+                  "stats": {"pinned_bytes_reserved": 1 << 20}} for step, time_s in enumerate(times)]
+        return {"model": "gpt2-tiny", "steps": steps, "weights_sha256": "a" * 64}
+    return [BenchRun("stock", 1, result([3.0, 1.0, 1.2])), BenchRun("tencache", 1, result([3.0, 0.5, 0.6]))]
+
+
+def test_bench_writes_one_dashboard_and_no_per_stat_pngs(tmp_path):
+    """The output stage of `tencache-ds bench`: one dashboard.png in --out, nothing else drawn; the constant
+    pinned memory is named instead of plotted."""
+    pytest.importorskip("matplotlib")
+    from tencache_ds.cli import bench
+    args = build_parser().parse_args(["bench", "--out", str(tmp_path)])
+    path, note, constants = bench.write_figure(args, synthetic_runs(), str(tmp_path), "gpt2-tiny")
+    assert path == str(tmp_path / "dashboard.png") and note == ""
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["dashboard.png"]
+    assert any("pinned" in text for text in constants)
+    # --no-plots: no figure, and the reason for bench.md
+    args = build_parser().parse_args(["bench", "--no-plots"])
+    path, note, _ = bench.write_figure(args, synthetic_runs(), str(tmp_path / "none"), "")
+    assert (path, note) == (None, "No figure (--no-plots).")
+
+
+def test_bench_without_matplotlib_writes_no_figure_and_says_so(tmp_path):
+    code = ("import sys; sys.modules['matplotlib'] = None\n"
+            "sys.path.insert(0, 'tests/cli')\n"
+            "from test_cli import synthetic_runs\n"
+            "import json\nfrom tencache_ds.cli import bench\nfrom tencache_ds.cli.main import build_parser\n"
+            "args = build_parser().parse_args(['bench'])\n"
+            f"print(json.dumps(bench.write_figure(args, synthetic_runs(), {str(tmp_path)!r}, 't')[:2]))")
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60,
+                            env=dict(os.environ, PYTHONPATH=REPO_ROOT))
+    assert result.returncode == 0, result.stderr
+    path, note = json.loads(result.stdout)
+    assert path is None and note.startswith("No figure: matplotlib is not installed") and "pip install" in note
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_bench_run_plan_interleaves_repeats_and_differs_only_in_the_tencache_block(tmp_path):
@@ -343,17 +435,24 @@ def test_bench_end_to_end(tmp_path):
     result = run_cli("bench", "--steps", "3", "--warmup", "1", "--out", str(out), "--nvme-path",
                      str(tmp_path / "nvme"), timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    # The table went to stdout, with both arms and the equality rows.
-    assert "median step time (s)" in result.stdout and "losses identical" in result.stdout
+    # The headline went to stdout, with both arms, the bound and the equality row; the full table did not.
+    assert "step time (s, median)" in result.stdout and "identical losses / weights" in result.stdout
+    assert "step time / bound" in result.stdout and "stats.param_hits" not in result.stdout
     bench = json.loads((out / "bench.json").read_text())
     assert [run["label"] for run in bench["runs"]] == ["stock-1", "tencache-1"]
     assert bench["comparison"]["num_measured_steps"] == {"stock": 2, "tencache": 2}
     # Stock and tencache train the same model identically.
     assert bench["comparison"]["losses_identical"], bench["comparison"]["losses_detail"]
     assert bench["comparison"]["weights_identical"], bench["comparison"]["weights_detail"]
+    # The NVMe path's bandwidth was measured once, before the runs, and is in bench.json with the bound.
+    assert bench["nvme_bandwidth"]["read_bytes_per_s"] > 0 and bench["nvme_bandwidth"]["measurement"]
+    assert bench["comparison"]["bound"]["io_s"] is not None
     markdown = (out / "bench.md").read_text()
-    assert "tencache-ds bench --steps 3" in markdown and "accelerator" in markdown
-    for name in ("stock-1.log", "tencache-1.log", "plots/step_time.png", "plots/nvme_bytes.png"):
+    assert "tencache-ds bench --steps 3" in markdown and "accelerator" in markdown and "## Full table" in markdown
+    for name in ("stock-1.log", "tencache-1.log"):
         assert (out / name).is_file(), name
+    # One figure, no per-stat PNGs.
+    pngs = sorted(str(path.relative_to(out)) for path in out.rglob("*.png"))
+    assert pngs == (["dashboard.png"] if bench["figure"] else []), pngs
     assert "step 2 loss" in (out / "tencache-1.log").read_text()
     assert not (tmp_path / "nvme" / "stock-1").exists()  # each run's swap folder is removed after it

@@ -1,10 +1,12 @@
-"""tencache_ds/bench/report.py on hand-made result dicts (the scripts/train.py result contract): medians leave out
-warm-up steps, ratios, loss/weight equality, generic stats and metrics rows, rendering and plots. No DeepSpeed."""
+"""tencache_ds/bench/report.py and bench/dashboard.py on hand-made result dicts (the scripts/train.py result
+contract): medians leave out warm-up steps, ratios, loss/weight equality, the headline and its bound, the stock-cpu
+column, old and new metrics files, generic stats and metrics rows, rendering and the figure. No DeepSpeed."""
+import dataclasses
 import json
 
 import pytest
 
-from tencache_ds.bench import report
+from tencache_ds.bench import dashboard, report
 from tencache_ds.bench.report import BenchRun, compare
 
 
@@ -29,20 +31,20 @@ def test_median_excludes_warmup_steps():
     tencache = BenchRun("tencache", 1, make_result([20.0, 20.0, 0.5, 1.0, 1.5]))
     # Step 2: with warmup 2, only steps 2..4 count: medians 2.0 and 1.0 (with warm-up they would be 3.0 and 1.5).
     comparison = compare([stock, tencache], warmup_steps=2)
-    row = comparison.row("median step time (s)")
+    row = comparison.row(report.ROW_STEP_TIME)
     assert row.stock == 2.0 and row.tencache == 1.0
     # Step 3: the ratio is tencache / stock.
     assert row.ratio == pytest.approx(0.5)
     assert comparison.num_measured_steps == {"stock": 3, "tencache": 3}
     # Step 4: with no warm-up the slow steps do count.
-    assert compare([stock, tencache], warmup_steps=0).row("median step time (s)").stock == 3.0
+    assert compare([stock, tencache], warmup_steps=0).row(report.ROW_STEP_TIME).stock == 3.0
 
 
 def test_repeats_are_pooled_per_arm():
     """Scenario: two repeats of each arm; the median is over all measured steps of the arm's repeats."""
     runs = [BenchRun("stock", 1, make_result([9.0, 1.0, 1.0])), BenchRun("tencache", 1, make_result([9.0, 4.0, 4.0])),
             BenchRun("stock", 2, make_result([9.0, 3.0, 3.0])), BenchRun("tencache", 2, make_result([9.0, 6.0, 6.0]))]
-    row = compare(runs, warmup_steps=1).row("median step time (s)")
+    row = compare(runs, warmup_steps=1).row(report.ROW_STEP_TIME)
     # stock pooled [1, 1, 3, 3] -> 2; tencache pooled [4, 4, 6, 6] -> 5
     assert (row.stock, row.tencache) == (2.0, 5.0)
     assert row.ratio == pytest.approx(2.5)
@@ -54,7 +56,7 @@ def test_ratio_math():
     assert report.ratio(0, 4) is None          # no ratio to a zero
     assert report.ratio(None, 4) is None
     assert report.ratio(4, "native") is None
-    assert report.format_ratio(0.5) == "0.500" and report.format_ratio(None) == "—"
+    assert report.format_ratio(0.5) == "0.500" and report.format_ratio(None) == "–"
 
 
 def test_identical_loss_bits_and_weights_are_detected():
@@ -62,8 +64,7 @@ def test_identical_loss_bits_and_weights_are_detected():
     runs = [BenchRun("stock", 1, make_result([1.0] * 4)), BenchRun("tencache", 1, make_result([1.0] * 4))]
     comparison = compare(runs, warmup_steps=1)
     assert comparison.losses_identical and comparison.weights_identical
-    assert comparison.row("losses identical (all steps, loss_bits)").verdict == "yes"
-    assert comparison.row("final weights identical (sha256)").verdict == "yes"
+    assert comparison.row(report.ROW_IDENTICAL).verdict == "yes / yes"
 
 
 def test_different_loss_bits_are_detected_and_located():
@@ -77,7 +78,7 @@ def test_different_loss_bits_are_detected_and_located():
     # Step 2: the comparison says NO and names the run and the step.
     comparison = compare(runs, warmup_steps=3)
     assert not comparison.losses_identical
-    assert comparison.row("losses identical (all steps, loss_bits)").verdict == "NO"
+    assert comparison.row(report.ROW_IDENTICAL).verdict == "NO / yes"
     assert "tencache-1 step 2" in comparison.losses_detail
 
 
@@ -108,16 +109,17 @@ def test_unknown_stats_and_metrics_keys_get_rows():
     # Step 2: every new stats key has a row with the value after the last step; units follow the name.
     assert comparison.row("stats.brand_new_counter (after last step)").tencache == 2
     fancy = comparison.row("stats.fancy_cache_bytes (after last step)")
-    assert fancy.tencache == 3072 and fancy.cells()[2] == "3.00 KiB" and fancy.cells()[1] == "n/a"
+    assert fancy.tencache == 3072 and fancy.cells()[2] == "3.00 KiB" and fancy.cells()[1] == "–"
     assert comparison.row("stats.arena_backend (after last step)").tencache == "native"
     # Step 3: a metrics-only key has a median-per-step row (steps 1, 2 -> 10, 20 -> 15); keys the stats already
     # show and wall-clock stamps do not get a second row.
     assert comparison.row("metrics.prefetch_late_per_step (median/step)").tencache == 15
     assert "metrics.brand_new_counter (median/step)" not in names
     assert not any("time_unix" in name for name in names)
-    # Step 4: the new keys reach the rendered table too.
-    table = report.render_table(comparison)
-    assert "stats.brand_new_counter" in table and "metrics.prefetch_late_per_step" in table
+    # Step 4: the new keys reach bench.md's full table, not the terminal's headline.
+    markdown = report.render_markdown(comparison, "tencache-ds bench", {})
+    assert "stats.brand_new_counter" in markdown and "metrics.prefetch_late_per_step" in markdown
+    assert "brand_new_counter" not in report.render_table(comparison)
 
 
 def test_nvme_bytes_per_step_from_cumulative_stats_else_proc_io():
@@ -127,11 +129,11 @@ def test_nvme_bytes_per_step_from_cumulative_stats_else_proc_io():
     runs = [BenchRun("stock", 1, make_result([1.0] * 4, io_read=[5, 7, 9, 11], io_write=[1, 1, 1, 1])),
             BenchRun("tencache", 1, make_result([1.0] * 4, stats=stats))]
     comparison = compare(runs, warmup_steps=1)
-    read = comparison.row("NVMe read bytes/step (median)")
+    read = comparison.row(report.ROW_NVME_READ)
     # Step 2: stock from /proc/self/io (median of 7, 9, 11), tencache from the stats deltas.
     assert (read.stock, read.tencache) == (9.0, 300.0)
-    assert read.note == "stock: /proc/self/io; tencache: stats"
-    assert comparison.row("NVMe write bytes/step (median)").tencache == 600.0
+    assert read.note == "from stock: /proc/self/io; tencache: stats"
+    assert comparison.row(report.ROW_NVME_WRITE).tencache == 600.0
     # Step 3: the kernel's view is shown for both arms as well.
     assert comparison.row("process disk read bytes/step (/proc/self/io, median)").tencache == 1000.0
 
@@ -145,9 +147,9 @@ def test_peaks_and_pinned_memory_cover_all_steps():
     stats = [{"pinned_bytes_reserved": value, "pinned_bytes_peak_in_use": value // 2} for value in (900, 100, 100)]
     runs = [BenchRun("stock", 1, make_result([1.0] * 3)), BenchRun("tencache", 1, make_result([1.0] * 3, stats=stats))]
     comparison = compare(runs, warmup_steps=2)
-    assert comparison.row("pinned bytes reserved (stats, max)").tencache == 900
-    assert comparison.row("pinned bytes reserved (stats, max)").stock is None
-    assert comparison.row("peak RSS").stock == 102 << 20
+    assert comparison.row(report.ROW_PINNED).tencache == 900
+    assert comparison.row(report.ROW_PINNED).stock is None
+    assert comparison.row(report.ROW_PEAK_RSS).stock == 102 << 20
 
 
 def test_compare_rejects_runs_without_measured_steps_or_without_an_arm():
@@ -164,18 +166,26 @@ def test_markdown_json_and_table_rendering():
             BenchRun("tencache", 1, make_result([2.0] * 3, stats=stats, init_time_s=3.0))]
     comparison = compare(runs, warmup_steps=1)
     markdown = report.render_markdown(comparison, "tencache-ds bench --steps 3", {"CPU": "Test CPU, 2 cores"},
-                                      ["plots/step_time.png"], ["python train.py --label stock-1"])
+                                      ["python train.py --label stock-1"], "dashboard.png", "",
+                                      ["host memory, pinned: stock 1.00 GiB"])
     assert "```\ntencache-ds bench --steps 3\n```" in markdown
     assert "- **CPU**: Test CPU, 2 cores" in markdown
-    assert "| median step time (s) | 1.000 | 2.000 | 2.000 |" in markdown
+    assert "| step time (s, median) | 1.000 | 2.000 | 2.000 |" in markdown
     assert "odd\\|key_bytes" in markdown  # a pipe in a key does not break the table
-    assert "![step_time](plots/step_time.png)" in markdown
+    assert "![dashboard](dashboard.png)" in markdown and "- host memory, pinned: stock 1.00 GiB" in markdown
+    # the headline table comes first, the full table after it
+    assert markdown.index("| step time (s, median) |") < markdown.index("## Full table") < \
+        markdown.index("| engine start-up (s) |")
     assert comparison.row("engine start-up (s)").ratio == pytest.approx(1 / 3)
     decoded = json.loads(json.dumps(comparison.to_dict()))
     assert decoded["losses_identical"] is True
-    assert {row["name"] for row in decoded["rows"]} >= {"median step time (s)", "peak RSS"}
+    assert [row["name"] for row in decoded["headline"]] == list(report.HEADLINE_ROWS)
+    assert "engine start-up (s)" in {row["name"] for row in decoded["details"]}
     table = report.render_table(comparison)
     assert table.splitlines()[0].split() == ["metric", "stock", "tencache", "tencache/stock"]
+    # no figure: bench.md says why
+    assert "No figure: matplotlib is not installed" in report.render_markdown(
+        comparison, "x", {}, figure_note="No figure: matplotlib is not installed")
 
 
 def test_load_result_and_metrics_errors_name_the_file(tmp_path):
@@ -193,23 +203,153 @@ def test_load_result_and_metrics_errors_name_the_file(tmp_path):
     assert report.load_metrics_rows(str(tmp_path / "missing.jsonl")) == ()
 
 
-def test_plots_are_written_as_png(tmp_path):
-    """Scenario: the four fixed plots plus one per other numeric series, all real PNG files."""
-    stats = [{"pinned_bytes_reserved": 1 << 20, "pinned_bytes_peak_in_use": 1 << 19, "nvme_read_bytes": 100 * step,
-              "nvme_write_bytes": 50 * step, "cache_hits": step} for step in range(4)]
-    metrics = tuple({"step": step, "prefetch_late_per_step": step} for step in range(4))
-    runs = [BenchRun("stock", 1, make_result([1.0, 0.5, 0.5, 0.5])),
-            BenchRun("tencache", 1, make_result([1.0, 0.4, 0.4, 0.4], stats=stats), metrics)]
-    written = report.write_plots(runs, str(tmp_path), warmup_steps=1)
-    names = sorted(str(path.relative_to(tmp_path)) for path in tmp_path.rglob("*.png"))
-    assert names == sorted(["step_time.png", "peak_rss.png", "pinned_memory.png", "nvme_bytes.png",
-                            "metrics/stats.cache_hits.png", "metrics/metrics.prefetch_late_per_step.png"])
-    assert sorted(written) == sorted(str(tmp_path / name) for name in names)
-    for path in tmp_path.rglob("*.png"):
-        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", path
+# ----------------------------------------------------------------------------------------------------------------
+# The headline, the bound and the stock-cpu column
+# ----------------------------------------------------------------------------------------------------------------
+GB = 10 ** 9
 
 
-def test_plots_without_stats_skip_the_pinned_plot(tmp_path):
-    runs = [BenchRun("stock", 1, make_result([1.0] * 3)), BenchRun("tencache", 1, make_result([1.0] * 3))]
-    written = report.write_plots(runs, str(tmp_path), warmup_steps=1)
-    assert sorted(p.rsplit("/", 1)[-1] for p in written) == ["nvme_bytes.png", "peak_rss.png", "step_time.png"]
+def schema_rows(num_steps, read=(0,), write=(0,), device_hit=(0.9,), host_hit=(1.0,), fetch_wait=(0.1,),
+                pinned=(1 << 20,)):
+    """Metrics rows as the tencache block writes them under schema "tencache.metrics/1" (per-step NVMe bytes);
+    each tuple is cycled over the steps."""
+    def at(values, step):
+        return values[step % len(values)]
+    return tuple({"schema": "tencache.metrics/1", "step": step, "step_time_s": 1.0, "time_unix_s": 1.7e9 + step,
+                  "nvme_read_bytes": at(read, step), "nvme_write_bytes": at(write, step),
+                  "device_hit_rate": at(device_hit, step), "host_hit_rate": at(host_hit, step),
+                  "fetch_wait_s": at(fetch_wait, step), "prefetch_issued": 10, "prefetch_late": 1,
+                  "pinned_bytes_reserved": at(pinned, step), "pinned_bytes_in_use": 1 << 19,
+                  "host_cache_bytes_in_use": 1 << 30, "device_cache_bytes_in_use": 0} for step in range(num_steps))
+
+
+def three_arms(stock_cpu_times=(1.5, 1.5, 1.5, 1.5)):
+    """stock (3 s steps), tencache (2 s steps, 1 GB read + 0.5 GB written per step, new metrics) and stock-cpu."""
+    stats = [{"pinned_bytes_reserved": 64 << 20} for _ in range(4)]
+    return [BenchRun("stock", 1, make_result([9.0, 3.0, 3.0, 3.0], stats=[{"pinned_bytes_reserved": 2 << 30}] * 4,
+                                             io_read=[5 * GB] * 4, io_write=[4 * GB] * 4)),
+            BenchRun("tencache", 1, make_result([9.0, 2.0, 2.0, 2.0], stats=stats),
+                     schema_rows(4, read=(GB,), write=(GB // 2,), fetch_wait=(0.5,))),
+            BenchRun("stock-cpu", 1, make_result([9.0] + list(stock_cpu_times[1:]), io_read=[0] * 4,
+                                                 io_write=[0] * 4))]
+
+
+def test_headline_has_at_most_12_rows_and_the_named_ones():
+    """Scenario: a three-arm comparison; the terminal shows the headline only, bench.md the rest too."""
+    # Step 1: the headline rows, in order, and no more than 12 of them.
+    comparison = compare(three_arms(), warmup_steps=1, nvme_bandwidth=report.NvmeBandwidth(GB, GB, "test"))
+    names = [row.name for row in comparison.headline]
+    assert names == list(report.HEADLINE_ROWS) and len(names) <= 12
+    assert {"step time (s, median)", "bound (s)", "step time / bound", "pinned host memory (max)", "peak host RSS",
+            "NVMe read / step (median)", "NVMe written / step (median)", "device hit rate (median)",
+            "host hit rate (median)", "fetch wait (s/step, median)", "fetch wait (% of step time)",
+            "identical losses / weights"} == set(names)
+    # Step 2: the terminal table is the header, a rule and exactly those rows; no full-table row reaches it.
+    table = report.render_table(comparison).split("\n\n")[0].splitlines()
+    assert len(table) == 2 + len(names)
+    assert [line.split("  ")[0].strip() for line in table[2:]] == names
+    assert "engine start-up" not in report.render_table(comparison)
+    # Step 3: the new per-step metrics: medians over measured steps; stock has none of them ("–").
+    assert comparison.row(report.ROW_DEVICE_HIT).tencache == pytest.approx(0.9)
+    assert comparison.row(report.ROW_DEVICE_HIT).cells(True)[1:] == ("–", "90.0 %", "–", "–")
+    assert comparison.row(report.ROW_FETCH_WAIT).tencache == pytest.approx(0.5)
+    assert comparison.row(report.ROW_FETCH_SHARE).tencache == pytest.approx(25.0)  # 0.5 s of a 2 s step
+    assert comparison.row(report.ROW_NVME_READ).tencache == GB  # per step in schema rows, not a running total
+    # the plugin's pinned memory from its metrics; stock's estimate from its stats
+    assert (comparison.row(report.ROW_PINNED).stock, comparison.row(report.ROW_PINNED).tencache) == (2 << 30, 1 << 20)
+
+
+def test_stock_cpu_column():
+    """Scenario: --compare cpu adds a stock-cpu column to every table, with that arm's own values."""
+    comparison = compare(three_arms(), warmup_steps=1)
+    assert comparison.has_stock_cpu and comparison.num_measured_steps == {"stock": 3, "tencache": 3, "stock-cpu": 3}
+    header = report.render_table(comparison).splitlines()[0].split()
+    assert header == ["metric", "stock", "tencache", "tencache/stock", "stock-cpu"]
+    assert comparison.row(report.ROW_STEP_TIME).cells(True) == ("step time (s, median)", "3.000", "2.000", "0.667",
+                                                                "1.500")
+    assert comparison.row(report.ROW_NVME_READ).stock_cpu == 0
+    markdown = report.render_markdown(comparison, "x", {})
+    assert "| metric | stock | tencache | tencache/stock | stock-cpu |" in markdown
+    assert "| step time (s, median) | 3.000 | 2.000 | 0.667 | 1.500 |" in markdown
+    # Without the third arm there is no such column.
+    two = compare(three_arms()[:2], warmup_steps=1)
+    assert not two.has_stock_cpu and "stock-cpu" not in report.render_table(two)
+    assert len(two.row(report.ROW_STEP_TIME).cells(two.has_stock_cpu)) == 4
+
+
+def test_bound_is_the_slower_of_compute_and_nvme():
+    """Scenario: tencache reads 1 GB and writes 0.5 GB per step; its step takes 2 s."""
+    # Step 1: the arithmetic: 1 GB / 1 GB/s + 0.5 GB / 0.5 GB/s = 2 s of NVMe per step.
+    bandwidth = report.NvmeBandwidth(read_bytes_per_s=GB, write_bytes_per_s=GB / 2, source="test")
+    assert report.compute_bound(GB, GB / 2, bandwidth, None).io_s == pytest.approx(2.0)
+    assert report.compute_bound(GB, GB / 2, None, 1.25).seconds == 1.25  # no bandwidth: compute only
+    assert report.compute_bound(GB, GB / 2, None, None).seconds is None
+    # Step 2: NVMe-limited: 2 s of I/O beats the 1.5 s stock CPU offload step; step time / bound = 2 / 2.
+    comparison = compare(three_arms(), warmup_steps=1, nvme_bandwidth=bandwidth)
+    assert comparison.bound.seconds == pytest.approx(2.0) and comparison.bound.limited_by == "NVMe"
+    assert comparison.row(report.ROW_BOUND).tencache == pytest.approx(2.0)
+    assert comparison.row(report.ROW_VS_BOUND).tencache == pytest.approx(1.0)
+    assert comparison.row(report.ROW_VS_BOUND).cells()[1:3] == ("–", "1.00×")
+    # Step 3: compute-limited: a faster drive (4 GB/s both ways: 0.375 s) leaves the 1.5 s CPU-offload step.
+    fast = compare(three_arms(), warmup_steps=1, nvme_bandwidth=report.NvmeBandwidth(4 * GB, 4 * GB, "given"))
+    assert fast.bound.seconds == pytest.approx(1.5) and fast.bound.limited_by == "compute"
+    assert fast.row(report.ROW_VS_BOUND).tencache == pytest.approx(2.0 / 1.5)
+    # Step 4: it reaches bench.json with its parts, and the terminal explains it.
+    bound = json.loads(json.dumps(fast.to_dict()))["bound"]
+    assert bound["io_s"] == pytest.approx(0.375) and bound["compute_s"] == 1.5
+    assert bound["bandwidth"]["read_bytes_per_s"] == 4 * GB
+    assert "bound (s): 1.500 s, limited by compute" in report.render_table(fast)
+    # Step 5: neither part (two arms, no bandwidth): no bound, and the table says "–" rather than inventing one.
+    none = compare(three_arms()[:2], warmup_steps=1)
+    assert none.bound.seconds is None and none.row(report.ROW_VS_BOUND).tencache is None
+    assert "no bound" in none.row(report.ROW_BOUND).note and "--compare cpu" in none.row(report.ROW_BOUND).note
+
+
+def test_old_metrics_files_still_give_per_step_nvme_bytes():
+    """Regression guard: metrics rows from before schema "tencache.metrics/1" hold running totals under
+    nvme_*_bytes and the step's part as nvme_*_bytes_per_step; the headline must not take the totals."""
+    old_rows = tuple({"step": step, "nvme_read_bytes": 100 * (step + 1), "nvme_read_bytes_per_step": 100,
+                      "nvme_write_bytes": 7, "nvme_write_bytes_per_step": 7 if step == 0 else 0}
+                     for step in range(4))
+    runs = [BenchRun("stock", 1, make_result([1.0] * 4)), BenchRun("tencache", 1, make_result([1.0] * 4), old_rows)]
+    comparison = compare(runs, warmup_steps=1)
+    assert comparison.row(report.ROW_NVME_READ).tencache == 100
+    assert comparison.row(report.ROW_NVME_WRITE).tencache == 0
+    assert comparison.row(report.ROW_DEVICE_HIT).tencache is None  # an old file has no hit rates: "–"
+    assert not any("nvme_read_bytes_per_step" in row.name for row in comparison.details)  # the headline has it
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The figure
+# ----------------------------------------------------------------------------------------------------------------
+def test_dashboard_leaves_out_constant_series_and_empty_panels():
+    """Scenario: pinned memory and the host hit rate never change; stock has no hit rates at all."""
+    # Step 1: tencache's pinned memory is 1 MiB at every step, stock's 2 GiB at every step; the host hit rate is
+    # always 100 %, the device hit rate varies.
+    runs = three_arms()
+    runs[1] = dataclasses.replace(runs[1], metrics_rows=schema_rows(4, read=(GB, 2 * GB), device_hit=(0.5, 0.8)))
+    plan = dashboard.plan_dashboard(runs)
+    drawn = {planned.panel.title: [series.key for series in planned.drawn] for planned in plan.panels}
+    # Step 2: the constant series are not drawn, and their values are named, per arm.
+    assert report.PINNED not in drawn["host memory"] and report.PEAK_RSS in drawn["host memory"]
+    # (the fetch wait is 0.1 s per step, but its share of the 9 s warm-up step differs, so it is drawn)
+    assert drawn["hit rates and fetch wait"] == [report.DEVICE_HIT, dashboard.FETCH_SHARE]
+    # stock-cpu has no pinned value at all, so the text does not name it
+    assert "host memory, pinned: stock 2.00 GiB, tencache 1.00 MiB" in plan.constants
+    assert "hit rates and fetch wait, host hit rate: tencache 100.0 %" in plan.constants
+    # Step 3: a panel with nothing to draw is left out: runs without plugin metrics have no hit rates.
+    stock_only = [runs[0], dataclasses.replace(runs[0], arm="tencache")]
+    titles = [planned.panel.title for planned in dashboard.plan_dashboard(stock_only).panels]
+    assert "hit rates and fetch wait" not in titles and "step time per step" in titles
+
+
+def test_dashboard_png_is_one_file(tmp_path):
+    pytest.importorskip("matplotlib")
+    runs = three_arms()
+    plan = dashboard.plan_dashboard(runs)
+    assert dashboard.write_dashboard(plan, runs, str(tmp_path / "dashboard.png"), warmup_steps=1, title="t")
+    assert [path.name for path in tmp_path.iterdir()] == ["dashboard.png"]
+    assert (tmp_path / "dashboard.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # nothing to draw: no file
+    assert not dashboard.write_dashboard(dashboard.DashboardPlan((), ()), runs, str(tmp_path / "none.png"), 1)
+    assert not (tmp_path / "none.png").exists()
