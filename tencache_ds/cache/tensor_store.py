@@ -12,7 +12,9 @@ from typing import Callable, List, Optional
 import torch
 
 from ..io.direct_io import DirectFileIO
+from ..log import logger
 from ..memory.pool import BufferPool
+from ..plan.budget import UNLIMITED, cache_lock_room, lockable_bytes_now
 from ..plan.size_classes import (cache_slot_counts, class_bytes, merge_close_classes, size_histogram,
                                  streaming_slot_counts)
 from .entry_store import ArenaSlots, EntryStore
@@ -31,11 +33,15 @@ class TensorStore(EntryStore):
         io: the I/O engine.
         cache_budget: the host tier's budget; this store reserves its cache slots from it when it plans. None or
             an empty budget: pure streaming (no copy is kept between uses, changed bytes are written at once).
+        lockable_bytes: how many more bytes this process may page-lock now (plan/budget.py; tests pass their own):
+            cache slots never take the streaming slots' share of the memlock limit.
     """
 
     def __init__(self, folder: str, dtype: torch.dtype, aligned_numel: Callable[[int], int], slots_per_class: int,
                  lock: str, io: DirectFileIO, cache_budget: Optional[HostBudget] = None,
-                 file_suffix: str = "_param.tensor.swp"):
+                 file_suffix: str = "_param.tensor.swp", lockable_bytes: Callable[[], int] = lockable_bytes_now):
+        self._lock_mode = lock
+        self._lockable_bytes = lockable_bytes
         self._budget = cache_budget if cache_budget is not None else HostBudget(0)
         super().__init__("params", dtype, aligned_numel, io,
                          ArenaSlots(BufferPool("params", lock=lock), caching=self._budget.total_bytes > 0))
@@ -64,13 +70,32 @@ class TensorStore(EntryStore):
         histogram = merge_close_classes(size_histogram(self._unplanned_nbytes))
         self._unplanned_nbytes = []
         counts = streaming_slot_counts(histogram, self._slots_per_class)
-        extra = cache_slot_counts(histogram, counts, self._budget.available())
+        extra = cache_slot_counts(histogram, counts, self._cache_room(class_bytes(counts)))
         if extra and not self._budget.try_reserve(class_bytes(extra)):
             extra = {}
         self.cache_bytes_reserved += class_bytes(extra)
         for size, count in extra.items():
             counts[size] += count
         self.pool.add_classes(counts)
+
+    @property
+    def streaming_bytes_reserved(self) -> int:
+        """Arena bytes planned for streaming (locked whatever the host cache)."""
+        return self.pool.stats()["reserved_bytes"] - self.cache_bytes_reserved
+
+    def _cache_room(self, streaming_bytes: int) -> int:
+        """The budget left, cut to what the memlock limit leaves after the streaming slots (logged when it cuts)."""
+        room = self._budget.available()
+        if self._lock_mode == "off" or room <= 0:
+            return room
+        lockable = self._lockable_bytes()
+        lock_room = cache_lock_room(lockable, streaming_bytes)
+        if lock_room != UNLIMITED and lock_room < room:
+            logger.warning("%s: the host cache gets %d of its %d bytes: the memlock limit lets this process lock %d "
+                           "more bytes and the streaming slots take %d (raise `ulimit -l` for more)",
+                           self.name, lock_room, room, lockable, streaming_bytes)
+            room = lock_room
+        return room
 
     def write_from(self, key, source: torch.Tensor) -> None:
         """New weights after an optimizer step (cast to our dtype): kept dirty in the cached slot (write-back), or

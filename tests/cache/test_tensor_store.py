@@ -302,3 +302,23 @@ def test_a_shortage_waits_for_the_one_write_that_frees_a_slot(tmp_path):
     finally:
         store.close()
         store.test_io.close()
+
+
+def test_cache_slots_fit_the_memlock_limit_after_the_streaming_slots(tmp_path):
+    """4 partitions of 1.2 MB, 1 streaming slot, a budget for all of them, but the process may lock only one
+    streaming slot plus one more: the plan keeps the streaming slot and one cache slot, and says why."""
+    slot = aligned(300_000) * 4
+    slot = -(-slot // 4096) * 4096
+    io = DirectFileIO(num_threads=2)
+    store = TensorStore(str(tmp_path), torch.float32, aligned, slots_per_class=1, lock="best_effort", io=io,
+                        cache_budget=HostBudget(10 * slot), lockable_bytes=lambda: 2 * slot + 100)
+    try:
+        for key in range(4):
+            create(store, key, 300_000, seed=key)
+        store.plan()
+        assert store.streaming_bytes_reserved == slot
+        assert store.cache_bytes_reserved == slot
+        assert store.pool.stats()["reserved_bytes"] == 2 * slot
+    finally:
+        store.close()
+        io.close()
