@@ -21,6 +21,7 @@ import hashlib
 import json
 import os
 import resource
+import signal
 import socket
 import sys
 import time
@@ -70,6 +71,9 @@ def parse_args(argv=None):
     p.add_argument("--resume", action="store_true",
                    help="engine.load_checkpoint(checkpoint-dir) before training; the data stream skips the steps "
                         "the checkpoint has seen")
+    p.add_argument("--kill-after-step", type=int, default=None,
+                   help="SIGKILL this process right after that step's optimizer step (0-based), before anything is "
+                        "flushed or saved: a crash test")
     p.add_argument("--list-models", action="store_true", help="print a table of configs/models/* and exit")
     p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -348,8 +352,10 @@ def train_step(engine, batches, grad_accum):
     return mean
 
 
-def run_steps(engine, batches, steps, grad_accum, first_step=0, save_after=None, checkpoint_dir=None):
-    """The training loop with per-step measurements; saves a checkpoint after ``save_after`` steps if asked."""
+def run_steps(engine, batches, steps, grad_accum, first_step=0, save_after=None, checkpoint_dir=None,
+              kill_after_step=None):
+    """The training loop with per-step measurements; saves a checkpoint after ``save_after`` steps if asked, and
+    kills the process with SIGKILL right after step ``kill_after_step``'s optimizer step if asked."""
     records = []
     for step in range(first_step, first_step + steps):
         if save_after is not None and step == save_after:
@@ -358,6 +364,9 @@ def run_steps(engine, batches, steps, grad_accum, first_step=0, save_after=None,
         io0 = read_proc_io()
         t0 = time.perf_counter()
         loss = train_step(engine, batches, grad_accum)
+        if step == kill_after_step:
+            log0(f"step {step} loss {loss.item():.4f}: killing this process (SIGKILL)")
+            os.kill(os.getpid(), signal.SIGKILL)
         elapsed = time.perf_counter() - t0
         io1 = read_proc_io()
         value = loss.item()
@@ -503,7 +512,7 @@ def main(argv=None):
             next(batches)  # the same data the uninterrupted run sees next
         log0(f"resumed from {load_path} at step {first_step}")
     records = run_steps(engine, batches, args.steps, ds_config["gradient_accumulation_steps"], first_step,
-                        args.save_after, args.checkpoint_dir)
+                        args.save_after, args.checkpoint_dir, args.kill_after_step)
 
     sha, gather_time = None, None
     if args.weights_gather != "none":
