@@ -64,6 +64,8 @@ def parse_args(argv=None):
     p.add_argument("--label", default=None, help="free-form label stored in the result (default: config name)")
     p.add_argument("--offload-device", choices=["cpu", "nvme"], default=None,
                    help="replaces offload_param/offload_optimizer device (cpu: stock CPU offload, same config else)")
+    p.add_argument("--optimizer-offload-device", choices=["cpu", "nvme"], default=None,
+                   help="replaces the device of offload_optimizer only (after --offload-device)")
     p.add_argument("--reuse-distance", type=float, default=None, help="zero_optimization.stage3_max_reuse_distance")
     p.add_argument("--checkpoint-dir", default=None, help="where --save-after and --resume keep the checkpoint")
     p.add_argument("--save-after", type=int, default=None,
@@ -155,6 +157,12 @@ def load_ds_config(path, args):
                     for key in ("nvme_path", "buffer_count", "buffer_size", "max_in_cpu", "pipeline_read",
                                 "pipeline_write"):
                         block.pop(key, None)
+    optimizer_block = zero.get("offload_optimizer")
+    if args.optimizer_offload_device and isinstance(optimizer_block, dict):
+        optimizer_block["device"] = args.optimizer_offload_device
+        if args.optimizer_offload_device == "cpu":
+            for key in ("nvme_path", "buffer_count", "pipeline_read", "pipeline_write"):
+                optimizer_block.pop(key, None)
     if args.reuse_distance is not None:
         zero["stage3_max_reuse_distance"] = args.reuse_distance
     if args.tencache_block is not None:
