@@ -66,6 +66,8 @@ def parse_args(argv=None):
                    help="replaces offload_param/offload_optimizer device (cpu: stock CPU offload, same config else)")
     p.add_argument("--optimizer-offload-device", choices=["cpu", "nvme"], default=None,
                    help="replaces the device of offload_optimizer only (after --offload-device)")
+    p.add_argument("--max-in-cpu", type=float, default=None,
+                   help="offload_param.max_in_cpu: parameter elements stage 3 moves into its own CPU buffer")
     p.add_argument("--reuse-distance", type=float, default=None, help="zero_optimization.stage3_max_reuse_distance")
     p.add_argument("--checkpoint-dir", default=None, help="where --save-after and --resume keep the checkpoint")
     p.add_argument("--save-after", type=int, default=None,
@@ -163,6 +165,8 @@ def load_ds_config(path, args):
         if args.optimizer_offload_device == "cpu":
             for key in ("nvme_path", "buffer_count", "pipeline_read", "pipeline_write"):
                 optimizer_block.pop(key, None)
+    if args.max_in_cpu is not None and isinstance(zero.get("offload_param"), dict):
+        zero["offload_param"]["max_in_cpu"] = int(args.max_in_cpu)
     if args.reuse_distance is not None:
         zero["stage3_max_reuse_distance"] = args.reuse_distance
     if args.tencache_block is not None:

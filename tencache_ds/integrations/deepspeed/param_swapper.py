@@ -171,6 +171,7 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
             self._reads_since_write_back = True
             self.store.read_into(param.ds_id, dest_buffer.narrow(0, 0, _numel(param)))
             self._mark_on_file(param)
+            self.store.hand_over(param.ds_id)  # stage 3 keeps it in its max_in_cpu buffer: no copy of ours stays
 
     def remove_partition_and_release_buffers(self, params):
         fence = _device_copy_fence()
