@@ -21,6 +21,7 @@ import hashlib
 import json
 import os
 import resource
+import signal
 import socket
 import sys
 import time
@@ -63,6 +64,10 @@ def parse_args(argv=None):
     p.add_argument("--label", default=None, help="free-form label stored in the result (default: config name)")
     p.add_argument("--offload-device", choices=["cpu", "nvme"], default=None,
                    help="replaces offload_param/offload_optimizer device (cpu: stock CPU offload, same config else)")
+    p.add_argument("--optimizer-offload-device", choices=["cpu", "nvme"], default=None,
+                   help="replaces the device of offload_optimizer only (after --offload-device)")
+    p.add_argument("--max-in-cpu", type=float, default=None,
+                   help="offload_param.max_in_cpu: parameter elements stage 3 moves into its own CPU buffer")
     p.add_argument("--reuse-distance", type=float, default=None, help="zero_optimization.stage3_max_reuse_distance")
     p.add_argument("--checkpoint-dir", default=None, help="where --save-after and --resume keep the checkpoint")
     p.add_argument("--save-after", type=int, default=None,
@@ -75,6 +80,9 @@ def parse_args(argv=None):
                         "batch of its own: the access sequence diverges from the training profile")
     p.add_argument("--checkpointing-from-step", type=int, default=None,
                    help="turn on Hugging Face activation checkpointing before this step: the sequence changes mid-run")
+    p.add_argument("--kill-after-step", type=int, default=None,
+                   help="SIGKILL this process right after that step's optimizer step (0-based), before anything is "
+                        "flushed or saved: a crash test")
     p.add_argument("--list-models", action="store_true", help="print a table of configs/models/* and exit")
     p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -156,6 +164,14 @@ def load_ds_config(path, args):
                     for key in ("nvme_path", "buffer_count", "buffer_size", "max_in_cpu", "pipeline_read",
                                 "pipeline_write"):
                         block.pop(key, None)
+    optimizer_block = zero.get("offload_optimizer")
+    if args.optimizer_offload_device and isinstance(optimizer_block, dict):
+        optimizer_block["device"] = args.optimizer_offload_device
+        if args.optimizer_offload_device == "cpu":
+            for key in ("nvme_path", "buffer_count", "pipeline_read", "pipeline_write"):
+                optimizer_block.pop(key, None)
+    if args.max_in_cpu is not None and isinstance(zero.get("offload_param"), dict):
+        zero["offload_param"]["max_in_cpu"] = int(args.max_in_cpu)
     if args.reuse_distance is not None:
         zero["stage3_max_reuse_distance"] = args.reuse_distance
     if args.tencache_block is not None:
@@ -365,10 +381,11 @@ def eval_loss(engine, batches):
 
 
 def run_steps(engine, batches, steps, grad_accum, first_step=0, save_after=None, checkpoint_dir=None,
-              eval_every=None, eval_batches=None, checkpointing_from_step=None):
+              eval_every=None, eval_batches=None, checkpointing_from_step=None, kill_after_step=None):
     """The training loop with per-step measurements; saves a checkpoint after ``save_after`` steps if asked, runs
-    an evaluation pass after every ``eval_every`` steps and turns activation checkpointing on at
-    ``checkpointing_from_step``."""
+    an evaluation pass after every ``eval_every`` steps, turns activation checkpointing on at
+    ``checkpointing_from_step``, and kills the process with SIGKILL right after step ``kill_after_step``'s
+    optimizer step if asked."""
     records = []
     for step in range(first_step, first_step + steps):
         if save_after is not None and step == save_after:
@@ -380,6 +397,9 @@ def run_steps(engine, batches, steps, grad_accum, first_step=0, save_after=None,
         io0 = read_proc_io()
         t0 = time.perf_counter()
         loss = train_step(engine, batches, grad_accum)
+        if step == kill_after_step:
+            log0(f"step {step} loss {loss.item():.4f}: killing this process (SIGKILL)")
+            os.kill(os.getpid(), signal.SIGKILL)
         elapsed = time.perf_counter() - t0
         io1 = read_proc_io()
         value = loss.item()
@@ -532,7 +552,7 @@ def main(argv=None):
                                      args.seq_len, args.seed + 1000 + rank())
     records = run_steps(engine, batches, args.steps, ds_config["gradient_accumulation_steps"], first_step,
                         args.save_after, args.checkpoint_dir, args.eval_every, eval_batches,
-                        args.checkpointing_from_step)
+                        args.checkpointing_from_step, args.kill_after_step)
 
     sha, gather_time = None, None
     if args.weights_gather != "none":

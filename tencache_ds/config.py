@@ -39,8 +39,9 @@ class TencacheConfig(BaseModel):
     """Host memory for holding offloaded tensors beyond the minimum needed to stream them, lent to DeepSpeed without
     copies and written back to NVMe only when evicted or checkpointed: parameter partitions first (pinned slots:
     each held byte saves a read in forward, one in backward and a write after the step), then optimizer state
-    (pageable: each held byte saves a read and a write). An integer or a size string ("4GiB"); "auto" = 25% of the memory available
-    at start-up, capped by the memlock limit; 0 = pure streaming (every use reads NVMe, as stock does)."""
+    (pageable: each held byte saves a read and a write). Per rank. An integer or a size string ("4GiB"); "auto" = 25% of the
+    memory available at start-up divided between the ranks of the node (LOCAL_WORLD_SIZE), capped by the memlock limit
+    (per process) minus the streaming slots; 0 = pure streaming (every use reads NVMe, as stock does)."""
 
     device_cache_bytes: ByteBudget = AUTO
     """The same budget for accelerator memory ("auto" = 50% of free device memory, 0 = off). Validated and reported;

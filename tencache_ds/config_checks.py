@@ -9,19 +9,44 @@ from typing import Optional
 
 from .config import AUTO, CONFIG_KEY, TencacheConfig
 from .errors import TencacheConfigError, TencacheResourceError
-from .plan.budget import MachineResources
+from .plan.budget import UNLIMITED, MachineResources
 from .units import fmt_bytes
 
 
 def check_host_budget(config: TencacheConfig, machine: MachineResources) -> None:
-    """An explicit host_cache_bytes above the machine's physical memory is a typo (a unit, a zero too many), not
-    a plan: nothing could ever hold it, and the run would instead swap or be killed by the OOM killer."""
+    """An explicit host_cache_bytes is per rank, and the ranks of a node share its memory. Above the node's
+    physical memory it is a typo (a unit, a zero too many), not a plan: nothing could ever hold it, and the run
+    would instead swap or be killed by the OOM killer. With "pin_memory": "required" the budget must also fit
+    what the machine has now: this rank's share of the available memory, and the memlock limit (per process),
+    since any of it may become pinned parameter slots. (With "best_effort" resolve_budgets and the parameter
+    store lower it instead, and log why.)"""
     budget = config.host_cache_bytes
-    if budget != AUTO and budget > machine.host_total_bytes:
+    if budget == AUTO:
+        return
+    ranks = max(1, machine.local_world_size)
+    node = budget * ranks
+    per_node = "" if ranks == 1 else f" per rank, x {ranks} ranks on this node = {node} ({fmt_bytes(node)}),"
+    if node > machine.host_total_bytes:
         raise TencacheConfigError(
-            f"{CONFIG_KEY}.host_cache_bytes = {budget} ({fmt_bytes(budget)}) is more than this machine's physical "
-            f"memory ({fmt_bytes(machine.host_total_bytes)}): use \"auto\" (25% of the memory available at "
-            f"start-up) or a size well below the physical memory")
+            f"{CONFIG_KEY}.host_cache_bytes = {budget} ({fmt_bytes(budget)}){per_node} is more than this machine's "
+            f"physical memory ({fmt_bytes(machine.host_total_bytes)}): use \"auto\" (25% of the memory available "
+            f"at start-up, shared by the ranks of a node) or a size well below the physical memory")
+    if config.pin_memory != "required":
+        return
+    if node > machine.host_available_bytes:
+        raise TencacheResourceError(
+            f"{CONFIG_KEY}.host_cache_bytes = {budget} ({fmt_bytes(budget)}){per_node} is more than the memory "
+            f"available now ({machine.host_available_bytes} bytes, {fmt_bytes(machine.host_available_bytes)}) and "
+            f"\"pin_memory\" is \"required\": lower it to at most {machine.host_available_per_rank_bytes} bytes "
+            f"per rank, use \"auto\", or set \"pin_memory\": \"best_effort\" (the budget is then lowered to fit)")
+    limit = machine.memlock_limit_bytes
+    if limit != UNLIMITED and budget > limit:
+        raise TencacheResourceError(
+            f"{CONFIG_KEY}.host_cache_bytes = {budget} ({fmt_bytes(budget)}) is more than this process may "
+            f"page-lock (memlock limit {limit} bytes, {fmt_bytes(limit)}, `ulimit -l`, per process) and "
+            f"\"pin_memory\" is \"required\": raise the limit (`ulimit -l unlimited`, docker --ulimit "
+            f"memlock=-1), lower the budget below {fmt_bytes(limit)} minus the streaming slots, or set "
+            f"\"pin_memory\": \"best_effort\" (the cache is then fitted to the limit)")
 
 
 def check_output_paths(config: TencacheConfig) -> None:

@@ -24,6 +24,8 @@ TMP = "<tmp>"  # stands for the test's scratch folder in the documented messages
 
 # A fixed machine, so the documented messages do not depend on the host that generated them.
 MACHINE = MachineResources(host_total_bytes=64 << 30, host_available_bytes=48 << 30, memlock_limit_bytes=UNLIMITED)
+FOUR_RANKS = dataclasses.replace(MACHINE, local_world_size=4)
+LOW_MEMLOCK = dataclasses.replace(MACHINE, memlock_limit_bytes=64 << 20)
 UNWRITABLE_DIR = "/proc/sys"  # a folder nobody may create files in, root included
 
 
@@ -47,6 +49,7 @@ class Case:
     edit: Callable[[dict, str], None]   # edits valid_config(tmp) in place; tmp is the scratch folder
     key: str                            # the message must name this key
     error: type = TencacheConfigError
+    machine: MachineResources = MACHINE  # the machine the config is checked against
 
 
 def block(**keys):
@@ -106,6 +109,12 @@ CASES = [
     # --- the block against the machine (config_checks.py)
     Case("budget-over-ram", "host_cache_bytes above physical memory (64 GiB here)", block(host_cache_bytes="1TiB"),
          "tencache.host_cache_bytes"),
+    Case("budget-over-node", "host_cache_bytes x 4 ranks on the node above physical memory",
+         block(host_cache_bytes="20GiB"), "tencache.host_cache_bytes", machine=FOUR_RANKS),
+    Case("budget-over-available", 'host_cache_bytes above available memory (48 GiB) with "pin_memory": "required"',
+         block(host_cache_bytes="56GiB", pin_memory="required"), "tencache.host_cache_bytes", TencacheResourceError),
+    Case("budget-over-memlock", 'host_cache_bytes above a 64 MiB memlock limit with "pin_memory": "required"',
+         block(pin_memory="required"), "tencache.host_cache_bytes", TencacheResourceError, machine=LOW_MEMLOCK),
     Case("metrics-under-file", "metrics_path inside a file",
          lambda config, tmp: config["tencache"].update(metrics_path=os.path.join(a_file(tmp), "m.jsonl")),
          "tencache.metrics_path", TencacheResourceError),
@@ -164,7 +173,7 @@ def error_of(case: Case, tmp: str) -> Exception:
     config = build(case, tmp)
     before = files_under(tmp)
     with pytest.raises(case.error) as err:
-        validate_ds_config(config, machine=MACHINE)
+        validate_ds_config(config, machine=case.machine)
     assert files_under(tmp) == before, "validation must not write anything"
     return err.value
 
@@ -186,6 +195,16 @@ def test_invalid_config_names_the_key_before_writing_anything(case, tmp_path):
 
 def test_at_least_twenty_cases():
     assert len(CASES) >= 20 and len({case.id for case in CASES}) == len(CASES)
+
+
+@pytest.mark.parametrize("case_id", ["budget-over-available", "budget-over-memlock"])
+def test_best_effort_accepts_a_budget_the_machine_cannot_hold_now(case_id, tmp_path):
+    """"best_effort": the same budgets pass validation; resolve_budgets and the parameter store lower them to fit
+    (tests/plan/test_budget.py, tests/cache/test_tensor_store.py)."""
+    case = next(case for case in CASES if case.id == case_id)
+    config = build(case, str(tmp_path))
+    config["tencache"]["pin_memory"] = "best_effort"
+    assert validate_ds_config(config, machine=case.machine).enabled
 
 
 def test_a_disabled_block_is_only_parsed(tmp_path):

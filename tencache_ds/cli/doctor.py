@@ -728,7 +728,7 @@ def check_budgets(config: Optional[Dict[str, Any]], device_free_bytes: int) -> C
     except TencacheConfigError as err:
         return CheckResult("budgets", FAIL, str(err).replace("\n", " "))
     machine = MachineResources.probe(device_free_bytes=device_free_bytes)
-    budgets = resolve_budgets(parsed, machine)
+    budgets = resolve_budgets(parsed, machine, stream_min_bytes=0)  # no model here: no streaming slots yet
     details = dataclasses.asdict(budgets)
     details.update(machine=dataclasses.asdict(machine), origin=origin, enabled=parsed.enabled)
     memlock = ("unlimited for this process" if machine.memlock_limit_bytes == UNLIMITED

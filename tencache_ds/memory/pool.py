@@ -165,8 +165,13 @@ class BufferPool:
                 arena.validate()
 
     def close(self) -> None:
+        """Unmap every arena (no slot may be in use). The pool stays usable: add_classes maps new arenas."""
         with self._mutex:
             arenas, self._arenas = self._arenas, []
+            regions = {(base, base + nbytes) for arena in arenas for base, nbytes in arena.regions()}
+            self._ranges = [span for span in self._ranges if span not in regions]
+            self._fences = {ptr: fence for ptr, fence in self._fences.items()
+                            if not any(start <= ptr < end for start, end in regions)}
         for arena in arenas:
             arena.close()
 

@@ -1,13 +1,22 @@
-"""Byte budgets per tier. Owns: turning "auto" into numbers from machine facts. Does not own: probing devices
-beyond what the standard library and psutil can see (the accelerator's free memory is passed in).
+"""Byte budgets per tier. Owns: turning "auto" into numbers from machine facts, and fitting a host budget to the
+node's memory (shared by the node's ranks) and to the process's memlock limit (after the streaming slots). Does
+not own: probing devices beyond what the standard library and psutil can see (the accelerator's free memory is
+passed in).
+
+Host memory is a node's: "auto" and the "fits the machine" checks divide it between the ranks of the node
+(``LOCAL_WORLD_SIZE``, set by the deepspeed launcher and torchrun). RLIMIT_MEMLOCK is a process's: each rank
+may lock up to the whole limit, so it is never divided.
 
 Imports neither torch nor deepspeed, so it is testable anywhere and usable by `tencache-ds doctor`.
 """
 import dataclasses
+import os
 import resource
-from typing import Optional
+from typing import Tuple
 
 from ..config import AUTO, TencacheConfig
+from ..log import logger
+from ..units import fmt_bytes
 
 # "auto" takes this share of the host memory that is available when the run starts. The rest stays for the
 # model's activations, DeepSpeed's own CPU buffers and the page cache that NVMe reads go through.
@@ -16,24 +25,59 @@ AUTO_HOST_CACHE_FRACTION = 0.25
 AUTO_DEVICE_CACHE_FRACTION = 0.5
 
 UNLIMITED = -1
+LOCAL_WORLD_SIZE_ENV = "LOCAL_WORLD_SIZE"  # ranks on this node (deepspeed launcher, torchrun)
 
 
 @dataclasses.dataclass(frozen=True)
 class MachineResources:
-    """What the planner needs to know about the machine, in bytes. ``memlock_limit_bytes`` is UNLIMITED (-1) when
-    there is no limit; ``device_free_bytes`` is 0 without an accelerator."""
+    """What the planner needs to know about the machine, in bytes. Host memory is the node's (all its ranks
+    share it); ``memlock_limit_bytes`` is this process's, UNLIMITED (-1) when there is no limit;
+    ``device_free_bytes`` is 0 without an accelerator; ``local_world_size``: ranks on this node."""
 
     host_total_bytes: int
     host_available_bytes: int
     memlock_limit_bytes: int
     device_free_bytes: int = 0
+    local_world_size: int = 1
 
     @classmethod
     def probe(cls, device_free_bytes: int = 0) -> "MachineResources":
         import psutil
         memory = psutil.virtual_memory()
         return cls(host_total_bytes=memory.total, host_available_bytes=memory.available,
-                   memlock_limit_bytes=memlock_limit_bytes(), device_free_bytes=device_free_bytes)
+                   memlock_limit_bytes=memlock_limit_bytes(), device_free_bytes=device_free_bytes,
+                   local_world_size=local_world_size())
+
+    @property
+    def host_available_per_rank_bytes(self) -> int:
+        """This rank's share of the node's available memory."""
+        return self.host_available_bytes // max(1, self.local_world_size)
+
+
+def local_world_size() -> int:
+    """Ranks on this node: ``LOCAL_WORLD_SIZE`` when a launcher set it (deepspeed, torchrun), else 1."""
+    try:
+        return max(1, int(os.environ.get(LOCAL_WORLD_SIZE_ENV, "1")))
+    except ValueError:
+        return 1
+
+
+def locked_bytes_now() -> int:
+    """Bytes this process has page-locked now (``VmLck`` in /proc/self/status; 0 where it cannot be read)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmLck:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def lockable_bytes_now() -> int:
+    """How many more bytes this process may page-lock: UNLIMITED, or its memlock limit minus what it has locked."""
+    limit = memlock_limit_bytes()
+    return UNLIMITED if limit == UNLIMITED else max(0, limit - locked_bytes_now())
 
 
 CAP_IPC_LOCK = 14  # linux/capability.h: a process with it may lock memory past RLIMIT_MEMLOCK
@@ -62,27 +106,69 @@ def has_ipc_lock_capability() -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class ResolvedBudgets:
-    """The two cache budgets with "auto" resolved; ``*_source`` says "auto" or "config"."""
+    """The two cache budgets with "auto" resolved; ``*_source`` says "auto" or "config". ``adjustments``: why the
+    host budget is below what was asked (empty when it is not), one sentence each with the numbers."""
 
     host_cache_bytes: int
     device_cache_bytes: int
     host_source: str
     device_source: str
+    adjustments: Tuple[str, ...] = ()
 
 
-def resolve_budgets(config: TencacheConfig, machine: MachineResources,
-                    stream_min_bytes: Optional[int] = None) -> ResolvedBudgets:
-    """Resolve "auto" budgets. ``stream_min_bytes`` is what the streaming pools already lock, so that an automatic
-    host cache never pushes locked memory past the memlock limit."""
+def resolve_budgets(config: TencacheConfig, machine: MachineResources, *,
+                    stream_min_bytes: int) -> ResolvedBudgets:
+    """Resolve "auto" budgets and fit the host budget to this rank's share of the node and to its memlock limit.
+
+    ``stream_min_bytes``: what this process page-locks for streaming whatever the cache (the parameter swapper's
+    streaming slots; 0 when none are planned yet). Every caller passes it, so that the host cache never pushes
+    locked memory past the memlock limit.
+
+    "auto" is ``AUTO_HOST_CACHE_FRACTION`` of the node's available memory divided by the ranks on the node, at
+    most the memlock limit minus ``stream_min_bytes`` (per process: not divided). An explicit budget above this
+    rank's share of the available memory is lowered to that share, and the reason logged. An explicit budget is
+    not cut to the memlock limit here: only its parameter part is locked, and the parameter store fits that to
+    the limit when it plans its slots (``cache_lock_room``). With "pin_memory": "required",
+    config_checks.check_host_budget rejects a budget that does not fit before anything is written.
+    """
+    adjustments = []
+    ranks = max(1, machine.local_world_size)
+    per_rank = machine.host_available_per_rank_bytes
     if config.host_cache_bytes == AUTO:
-        host = int(machine.host_available_bytes * AUTO_HOST_CACHE_FRACTION)
-        if machine.memlock_limit_bytes != UNLIMITED:
-            host = max(0, min(host, machine.memlock_limit_bytes - (stream_min_bytes or 0)))
-        host_source = AUTO
+        host, host_source = int(per_rank * AUTO_HOST_CACHE_FRACTION), AUTO
     else:
         host, host_source = int(config.host_cache_bytes), "config"
+        if host > per_rank:
+            adjustments.append(
+                f"host_cache_bytes {fmt_bytes(host)} is more than this rank's share of the available memory "
+                f"({fmt_bytes(machine.host_available_bytes)} available / {ranks} rank(s) on this node = "
+                f"{fmt_bytes(per_rank)}): lowered to {fmt_bytes(per_rank)}")
+            host = per_rank
+    if host_source == AUTO and machine.memlock_limit_bytes != UNLIMITED:
+        host = min(host, max(0, machine.memlock_limit_bytes - max(0, int(stream_min_bytes))))
     if config.device_cache_bytes == AUTO:
         device, device_source = int(machine.device_free_bytes * AUTO_DEVICE_CACHE_FRACTION), AUTO
     else:
         device, device_source = int(config.device_cache_bytes), "config"
-    return ResolvedBudgets(host, device, host_source, device_source)
+    budgets = ResolvedBudgets(host, device, host_source, device_source, tuple(adjustments))
+    for reason in adjustments:
+        _log_once(reason)
+    return budgets
+
+
+def cache_lock_room(lockable_bytes: int, streaming_bytes: int) -> int:
+    """Bytes of cache slots a store may lock on top of ``streaming_bytes`` of streaming slots it is about to lock,
+    when the process may lock ``lockable_bytes`` more (UNLIMITED: no limit). E.g. 1 GiB lockable, 256 MiB of
+    streaming slots: 768 MiB of cache slots; 100 MiB lockable: none (and the streaming slots are short)."""
+    if lockable_bytes == UNLIMITED:
+        return UNLIMITED
+    return max(0, int(lockable_bytes) - max(0, int(streaming_bytes)))
+
+
+_logged = set()
+
+
+def _log_once(message: str) -> None:
+    if message not in _logged:
+        _logged.add(message)
+        logger.warning("host budget adapted to this machine: %s", message)

@@ -302,3 +302,55 @@ def test_a_shortage_waits_for_the_one_write_that_frees_a_slot(tmp_path):
     finally:
         store.close()
         store.test_io.close()
+
+
+def test_cache_slots_fit_the_memlock_limit_after_the_streaming_slots(tmp_path):
+    """4 partitions of 1.2 MB, 1 streaming slot, a budget for all of them, but the process may lock only one
+    streaming slot plus one more: the plan keeps the streaming slot and one cache slot, and says why."""
+    slot = aligned(300_000) * 4
+    slot = -(-slot // 4096) * 4096
+    io = DirectFileIO(num_threads=2)
+    store = TensorStore(str(tmp_path), torch.float32, aligned, slots_per_class=1, lock="best_effort", io=io,
+                        cache_budget=HostBudget(10 * slot), lockable_bytes=lambda: 2 * slot + 100)
+    try:
+        for key in range(4):
+            create(store, key, 300_000, seed=key)
+        store.plan()
+        assert store.streaming_bytes_reserved == slot
+        assert store.cache_bytes_reserved == slot
+        assert store.pool.stats()["reserved_bytes"] == 2 * slot
+    finally:
+        store.close()
+        io.close()
+
+
+def test_a_partition_handed_over_to_deepspeed_keeps_no_copy_and_no_slot(tmp_path):
+    """stage 3 moves partitions into its own CPU buffer (max_in_cpu) after zero.Init planned slots for all: the
+    handed-over ones leave no cached copy, the arena is planned again for the rest only, and handing over the
+    last one gives back every slot and the cache budget."""
+    budget = HostBudget(64 << 20)
+    io = DirectFileIO(num_threads=2)
+    store = TensorStore(str(tmp_path), torch.float32, aligned, slots_per_class=1, lock="best_effort", io=io,
+                        cache_budget=budget)
+    try:
+        expected = {key: create(store, key, 300_000 if key < 3 else 100_000, seed=key) for key in range(4)}
+        store.plan()
+        for key in range(4):
+            read(store, key)  # zero.Init's gathers: every partition now has a cached copy
+        assert store.stats()["cached_bytes"] > 0 and budget.used_bytes > 0
+        for key in range(3):  # the 1.2 MB partitions go to DeepSpeed's buffer
+            dest = torch.empty(300_000)
+            store.read_into(key, dest)
+            store.hand_over(key)
+            assert torch.equal(dest, expected[key]) and not store.knows(key)
+        stats = store.stats()
+        assert stats["cached_bytes"] == 0 and stats["in_use_bytes"] == 0 and stats["reserved_bytes"] == 0
+        assert budget.used_bytes == 0
+        store.plan()  # slots for the one partition still swapped, of its own size only
+        assert store.pool.stats()["reserved_bytes"] == store.pool.class_bytes(store.swap_nbytes(100_000))
+        assert torch.equal(read(store, 3), expected[3])
+        store.hand_over(3)
+        assert store.pool.stats()["reserved_bytes"] == 0 and budget.used_bytes == 0
+    finally:
+        store.close()
+        io.close()

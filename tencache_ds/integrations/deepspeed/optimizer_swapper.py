@@ -105,11 +105,12 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
     def _host_tier_share(self) -> int:
         """This swapper's bytes of the host tier: what the split by I/O saved per byte (plan/host_tier.py) leaves
         after the parameter partitions, whose cache slots are planned now so the split is deterministic."""
-        budgets = resolve_budgets(self.config, MachineResources.probe())
-        param_bytes = param_elements = 0
+        param_bytes = param_elements = streaming_bytes = 0
         for swapper in param_swapper.live_swappers():
             swapper.plan()
             param_bytes += swapper.store.cache_bytes_reserved
+            streaming_bytes += swapper.store.streaming_bytes_reserved
+        budgets = resolve_budgets(self.config, MachineResources.probe(), stream_min_bytes=streaming_bytes)
         for group in getattr(self.optimizer, "param_groups", []):
             param_elements += sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel() for p in group["params"])
         shares = split_host_budget(budgets.host_cache_bytes, [

@@ -79,7 +79,9 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
         # Our own folder, emptied once per process like stock does, so no stale file is ever read.
         shutil.rmtree(self.swap_folder, ignore_errors=True)
         prepare_swap_folder(self.swap_folder, self.swap_config.nvme_path, NVME_PATH_KEY)
-        self.budgets = resolve_budgets(self.config, MachineResources.probe())
+        # No streaming slot is planned yet (zero.Init registers the partitions next); TensorStore.plan fits the
+        # cache slots to the memlock limit after the streaming slots once their sizes are known.
+        self.budgets = resolve_budgets(self.config, MachineResources.probe(), stream_min_bytes=0)
         self.io = DirectFileIO(num_threads=max(2, intra_op), name="tencache-param-io")
         self.store = TensorStore(self.swap_folder, model_dtype,
                                  aligned_numel=lambda numel: io_aligned_numel(numel, model_dtype, intra_op),
@@ -170,6 +172,7 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
             self._reads_since_write_back = True
             self.store.read_into(param.ds_id, dest_buffer.narrow(0, 0, _numel(param)))
             self._mark_on_file(param)
+            self.store.hand_over(param.ds_id)  # stage 3 keeps it in its max_in_cpu buffer: no copy of ours stays
 
     def remove_partition_and_release_buffers(self, params):
         fence = _device_copy_fence()

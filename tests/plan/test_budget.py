@@ -1,0 +1,61 @@
+"""Host budgets per node and per process (plan/budget.py, pure): "auto" shares the node's memory between its
+ranks; the memlock limit, which is per process, is never divided and always leaves room for the streaming slots."""
+import pytest
+
+from tencache_ds.config import TencacheConfig
+from tencache_ds.plan.budget import (AUTO_HOST_CACHE_FRACTION, UNLIMITED, MachineResources, cache_lock_room,
+                                     local_world_size, resolve_budgets)
+
+GiB, MiB = 1 << 30, 1 << 20
+
+
+def node(ranks, available=64 * GiB, memlock=UNLIMITED, total=128 * GiB):
+    return MachineResources(host_total_bytes=total, host_available_bytes=available, memlock_limit_bytes=memlock,
+                            local_world_size=ranks)
+
+
+def auto_host(machine, stream_min_bytes=0):
+    return resolve_budgets(TencacheConfig(), machine, stream_min_bytes=stream_min_bytes).host_cache_bytes
+
+
+def test_auto_is_shared_by_the_ranks_of_a_node():
+    assert auto_host(node(1)) == 16 * GiB
+    assert auto_host(node(8)) == 2 * GiB
+    # the node's ranks together claim the auto fraction of its memory, not ranks x that fraction
+    assert 8 * auto_host(node(8)) <= AUTO_HOST_CACHE_FRACTION * 64 * GiB
+
+
+def test_local_world_size_comes_from_the_launcher(monkeypatch):
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert local_world_size() == 1
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    assert local_world_size() == 8 and MachineResources.probe().local_world_size == 8
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "garbage")
+    assert local_world_size() == 1
+
+
+def test_memlock_is_per_process_and_leaves_the_streaming_slots_their_share():
+    # 4 ranks, 16 GiB auto share each, 1 GiB memlock per process, 256 MiB locked for streaming
+    machine = node(4, memlock=1 * GiB)
+    assert auto_host(machine, stream_min_bytes=256 * MiB) == 768 * MiB  # not divided by the 4 ranks
+    assert auto_host(machine, stream_min_bytes=2 * GiB) == 0            # streaming alone is over the limit
+
+
+def test_every_caller_says_what_streaming_locks():
+    with pytest.raises(TypeError):
+        resolve_budgets(TencacheConfig(), node(1))  # pylint: disable=missing-kwoa
+
+
+def test_an_explicit_budget_above_this_ranks_share_of_available_memory_is_lowered_and_says_why():
+    budgets = resolve_budgets(TencacheConfig(host_cache_bytes=10 * GiB), node(8, available=40 * GiB),
+                              stream_min_bytes=0)
+    assert budgets.host_cache_bytes == 5 * GiB and budgets.host_source == "config"
+    assert len(budgets.adjustments) == 1 and "8 rank(s)" in budgets.adjustments[0]
+    fits = resolve_budgets(TencacheConfig(host_cache_bytes=5 * GiB), node(8, available=40 * GiB), stream_min_bytes=0)
+    assert fits.host_cache_bytes == 5 * GiB and fits.adjustments == ()
+
+
+def test_cache_lock_room_subtracts_the_streaming_slots():
+    assert cache_lock_room(UNLIMITED, 123) == UNLIMITED
+    assert cache_lock_room(1 * GiB, 256 * MiB) == 768 * MiB
+    assert cache_lock_room(100 * MiB, 256 * MiB) == 0
