@@ -27,6 +27,7 @@ from ..io.direct_io import DirectFileIO
 from ..log import logger
 from ..memory.pool import BufferPool, HostBuffer
 from ..plan.next_use import NextUseIndex, choose_victim
+from ..plan.prefetch import worth_evicting
 from ..profile.recorder import StepRecorder
 from ..units import PAGE_BYTES, round_up
 from .entry import (CACHED, HOLDS_BUFFER, IO_IN_FLIGHT, LENT, EntryState, check_transition, lent_state, released)
@@ -244,7 +245,7 @@ class EntryStore:
         with self._lock:
             entry = self._entries[key]
             self._settle(entry)
-            self.recorder.touch(key)
+            access = self.recorder.touch(key, self.swap_nbytes(entry.numel))
             if entry.state in LENT or entry.state == S.READING or key in self._external_reads:
                 raise RuntimeError(f"{self.name}: tensor {key} is already lent or being read")
             if entry.state in CACHED:
@@ -259,11 +260,15 @@ class EntryStore:
                 return
             self.counters.misses += 1
             if into is not None:
+                timer = self.recorder.read_timer(access)
                 self._external_reads[key] = self._io.read(into, entry.path, nbytes=self.swap_nbytes(entry.numel))
                 self._external_reads[key].target = into
+                self._external_reads[key].add_done_callback(timer)
                 return
             self._attach(entry, *self._acquire(self.swap_nbytes(entry.numel), key))
+            timer = self.recorder.read_timer(access)  # after _acquire: its waits are stalls, not read time
             entry.io = self._io.read(self._swap_view(entry), entry.path)
+            entry.io.add_done_callback(timer)
             self._set(entry, S.READING)
             self._checked()
 
@@ -582,11 +587,13 @@ class EntryStore:
 
     def _wait_unlocked(self, future: Future) -> Optional[BaseException]:
         if not future.done():
+            started = self.recorder.clock()
             self._lock.release()
             try:
                 _wait_quietly(future)
             finally:
                 self._lock.acquire()
+            self.recorder.stalled(self.recorder.clock() - started)  # the profile's compute excludes I/O waits
         return future.exception()
 
     def _acquire(self, nbytes: int, incoming) -> tuple:
@@ -622,9 +629,10 @@ class EntryStore:
         if not fitting:
             return None
         position = self.recorder.position
-        key = choose_victim(fitting, self.next_use, position)
-        if self.source.bypass and self.next_use is not None and incoming in self.next_use and \
-                self.next_use.distance(key, position) <= self.next_use.distance(incoming, position):
+        index = self.next_use if self.recorder.on_track else None  # a step that left the profile: LRU
+        key = choose_victim(fitting, index, position)
+        if self.source.bypass and index is not None and incoming in index and \
+                not worth_evicting(index.distance(key, position), index.distance(incoming, position)):
             self.counters.bypassed += 1
             return None
         return self._entries[key]
