@@ -28,6 +28,7 @@ from ..io.direct_io import DirectFileIO
 from ..log import logger
 from ..memory.pool import BufferPool, HostBuffer
 from ..plan.next_use import NextUseIndex, choose_victim
+from ..plan.prefetch import worth_evicting
 from ..profile.recorder import StepRecorder
 from ..units import PAGE_BYTES, round_up
 from .entry import (CACHED, HOLDS_BUFFER, IO_IN_FLIGHT, LENT, EntryState, check_transition, lent_state, released)
@@ -172,6 +173,8 @@ class EntryStore:
         self.next_use: Optional[NextUseIndex] = None
         self.counters = StoreCounters()
         self._prefetched: Set[Hashable] = set()  # prefetch reads not yet waited for
+        # prefetched keys not yet used -> [read issued at, read done at] (clock; None: no read, a hit)
+        self._deferred_uses: Dict[Hashable, Optional[list]] = {}
         self.debug_checks = os.environ.get(DEBUG_CHECKS_ENV) == "1"
         self._lock = threading.Lock()
 
@@ -250,9 +253,13 @@ class EntryStore:
         with self._lock:
             entry = self._entries[key]
             self._settle(entry)
-            self.recorder.touch(key)
             if entry.state in LENT or entry.state == S.READING or key in self._external_reads:
                 raise RuntimeError(f"{self.name}: tensor {key} is already lent or being read")
+            # The profile records uses: a prefetch is recorded when wait_read hands it over, so reading ahead
+            # never changes the recorded order.
+            access = None if prefetch else self.recorder.touch(key, self.swap_nbytes(entry.numel))
+            if prefetch:
+                self._deferred_uses[key] = None
             if entry.state in CACHED:
                 self.counters.hits += 1
                 if into is not None:  # the caller wants its own copy; ours stays cached
@@ -268,11 +275,15 @@ class EntryStore:
                 self.counters.prefetch_issued += 1
                 self._prefetched.add(key)
             if into is not None:
+                timer = self._read_timer(key, access)
                 self._external_reads[key] = self._io.read(into, entry.path, nbytes=self.swap_nbytes(entry.numel))
                 self._external_reads[key].target = into
+                self._external_reads[key].add_done_callback(timer)
                 return
             self._attach(entry, *self._acquire(self.swap_nbytes(entry.numel), key))
+            timer = self._read_timer(key, access)  # after _acquire: its waits are stalls, not read time
             entry.io = self._io.read(self._swap_view(entry), entry.path)
+            entry.io.add_done_callback(timer)
             self._set(entry, S.READING)
             self._checked()
 
@@ -284,21 +295,24 @@ class EntryStore:
                 self._prefetched.discard(key)
                 in_flight = self._external_reads.get(key) or self._entries[key].io
                 self.counters.prefetch_late += in_flight is not None and not in_flight.done()
-            external = self._external_reads.pop(key, None)
-            if external is not None:
-                error = self._wait_unlocked(external)
-                if error is not None:
-                    raise error
-                return external.target.narrow(0, 0, self._entries[key].numel)
-            entry = self._entries[key]
-            if entry.state == S.READING:
-                self._wait_unlocked(entry.io)
-                self._finish_io(entry)  # raises the read's error, entry back ON_FILE
-            if entry.state not in LENT:
-                raise RuntimeError(f"{self.name}: tensor {key} has no read in flight ({entry.state.value})")
-            view = self._compute_view(entry)
-            self._checked()
-            return view
+            try:
+                external = self._external_reads.pop(key, None)
+                if external is not None:
+                    error = self._wait_unlocked(external)
+                    if error is not None:
+                        raise error
+                    return external.target.narrow(0, 0, self._entries[key].numel)
+                entry = self._entries[key]
+                if entry.state == S.READING:
+                    self._wait_unlocked(entry.io)
+                    self._finish_io(entry)  # raises the read's error, entry back ON_FILE
+                if entry.state not in LENT:
+                    raise RuntimeError(f"{self.name}: tensor {key} has no read in flight ({entry.state.value})")
+                view = self._compute_view(entry)
+                self._checked()
+                return view
+            finally:
+                self._record_deferred_use(key)
 
     def lend(self, key) -> torch.Tensor:
         self.start_read(key)
@@ -315,7 +329,8 @@ class EntryStore:
         buffer may be kept, else its bytes go to the file first when they are owed. Idempotent; a read still in
         flight is finished first. ``fence`` (a CUDA event) marks the end of device copies reading the bytes."""
         with self._lock:
-            self._prefetched.discard(key)  # released unused: neither used nor late
+            self._prefetched.discard(key)  # released unused: neither used nor late, nor recorded
+            self._deferred_uses.pop(key, None)
             external = self._external_reads.pop(key, None)
             if external is not None:
                 self._wait_unlocked(external)
@@ -427,6 +442,7 @@ class EntryStore:
         if entry.state in LENT:
             raise RuntimeError(f"{self.name}: cannot forget tensor {entry.key}: it is lent")
         self._prefetched.discard(entry.key)
+        self._deferred_uses.pop(entry.key, None)
         if entry.state in IO_IN_FLIGHT:
             self._wait_unlocked(entry.io)
         if entry.buffer is not None:
@@ -600,15 +616,39 @@ class EntryStore:
         for entry in [entry for entry in self._writing.values() if entry.io.done()]:
             self._finish_io(entry, raise_error=False)
 
+    def _read_timer(self, key, access: Optional[int]) -> Callable[[Future], None]:
+        """The done-callback that times ``key``'s read: into the recorded access, or, for a prefetch whose use is
+        recorded later, into its deferred-use record."""
+        if access is not None:
+            return self.recorder.read_timer(access)
+        clock, times = self.recorder.clock, [self.recorder.clock(), None]
+        self._deferred_uses[key] = times
+
+        def finished(future: Future) -> None:
+            times[1] = clock()  # one list element: atomic under the GIL, read under the lock at use
+        return finished
+
+    def _record_deferred_use(self, key) -> None:
+        if key not in self._deferred_uses:
+            return
+        times = self._deferred_uses.pop(key)
+        entry = self._entries.get(key)
+        access = self.recorder.touch(key, self.swap_nbytes(entry.numel) if entry is not None else 0)
+        if times is not None:
+            done = times[1] if times[1] is not None else self.recorder.clock()
+            self.recorder.read_took(access, done - times[0])
+
     def _wait_unlocked(self, future: Future) -> Optional[BaseException]:
         if not future.done():
-            started = time.perf_counter()
+            started = self.recorder.clock()
             self._lock.release()
             try:
                 _wait_quietly(future)
             finally:
                 self._lock.acquire()
-                self.counters.io_wait_s += time.perf_counter() - started
+            waited = self.recorder.clock() - started
+            self.counters.io_wait_s += waited
+            self.recorder.stalled(waited)  # the profile's compute excludes I/O waits
         return future.exception()
 
     def _acquire(self, nbytes: int, incoming) -> tuple:
@@ -644,9 +684,10 @@ class EntryStore:
         if not fitting:
             return None
         position = self.recorder.position
-        key = choose_victim(fitting, self.next_use, position)
-        if self.source.bypass and self.next_use is not None and incoming in self.next_use and \
-                self.next_use.distance(key, position) <= self.next_use.distance(incoming, position):
+        index = self.next_use if self.recorder.on_track else None  # a step that left the profile: LRU
+        key = choose_victim(fitting, index, position)
+        if self.source.bypass and index is not None and incoming in index and \
+                not worth_evicting(index.distance(key, position), index.distance(incoming, position)):
             self.counters.bypassed += 1
             return None
         return self._entries[key]

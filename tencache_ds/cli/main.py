@@ -1,9 +1,12 @@
 """`tencache-ds` argument parsing and dispatch. Owns: the subcommands and their options (frozen by
-tests/cli/test_cli.py). Does not own: what the subcommands do (doctor.py, bench.py, imported only when run, so
-`--help` stays fast and imports neither torch nor deepspeed).
+tests/cli/test_cli.py, tests/cli/test_inspect.py). Does not own: what the subcommands do (doctor.py, bench.py,
+inspect_profile.py, imported only when run, so `--help` stays fast and imports neither torch nor deepspeed).
 
     tencache-ds doctor [--nvme-path PATH] [--config ds_config.json] [--json]
     tencache-ds bench  [--model gpt2-tiny] [--steps 6] [--warmup 2] [--repeats 1] ... [--out bench-out]
+    tencache-ds profile show PATH [--first 10] [--json]
+    tencache-ds plan PATH [--host-cache-bytes 0] [--read-bandwidth BYTES/S] [--in-flight-bytes N] [--first 10]
+                          [--json]
 
 Also runnable as `python -m tencache_ds.cli.main ...`.
 """
@@ -14,6 +17,8 @@ from typing import List, NoReturn, Optional, Sequence
 
 DOCTOR_HELP = "check this machine for ZeRO-Infinity with tencache_ds (like ds_report); exit 1 on any FAIL"
 BENCH_HELP = "train one model under stock ZeRO-Infinity and under tencache_ds and compare them"
+PROFILE_HELP = "read a saved execution profile (config \"profile_path\")"
+PLAN_HELP = "what a saved profile predicts under given budgets: host-tier residency, prefetch leads, step time"
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -51,16 +56,20 @@ def _budget(text: str) -> str:
     return text
 
 
-def _bytes_per_s(text: str) -> int:
-    """A positive byte count per second ('2e9', '2GB', '1.5GiB'), validated here so typos fail before a run."""
+def _byte_size(text: str) -> int:
     from ..units import parse_bytes
     try:
-        value = parse_bytes(text)
+        return parse_bytes(text)
     except ValueError as err:
         raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def _bandwidth(text: str) -> float:
+    """Bytes per second: a byte size, optionally followed by "/s" ("3GB/s", "2GiB", 2e9)."""
+    value = _byte_size(text[:-2] if text.lower().endswith("/s") else text)
     if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be more than 0 bytes per second, got {text!r}")
-    return value
+        raise argparse.ArgumentTypeError(f"a bandwidth must be positive, got {text!r}")
+    return float(value)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -115,13 +124,41 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--out", default="bench-out", help="output folder")
     bench.add_argument("--launcher", choices=["deepspeed", "python"], default="deepspeed",
                        help="start each run with the deepspeed launcher or as a plain python process")
-    bench.add_argument("--nvme-bandwidth", type=_bytes_per_s, default=None, metavar="BYTES_PER_S",
+    bench.add_argument("--nvme-bandwidth", type=_bandwidth, default=None, metavar="BYTES_PER_S",
                        help="sequential bandwidth of --nvme-path for the I/O-compute bound, e.g. 2GB (default: "
                        "measured there before the runs, a few seconds, as `tencache-ds doctor` does)")
     bench.add_argument("--no-plots", action="store_true", help="do not draw the figure (dashboard.png)")
     bench.add_argument("--compare", choices=["cpu"], default=None,
                        help="cpu: add a third arm, stock DeepSpeed with offload device cpu (same config otherwise): "
                             "the reference for a machine whose host memory holds the model")
+
+    profile = subcommands.add_parser(
+        "profile", help=PROFILE_HELP, description=PROFILE_HELP + ".", formatter_class=_HelpFormatter)
+    profile_actions = profile.add_subparsers(dest="profile_action", metavar="ACTION")
+    profile_actions.required = True
+    show = profile_actions.add_parser(
+        "show", help="per section: the access sequence, tensor sizes and the step's timings",
+        description="Per section (params, optimizer): the access sequence (accesses, distinct tensors, the first "
+        "keys), the histogram of tensor sizes, and the recorded step's timings (step, compute, I/O wait, NVMe reads "
+        "and their bandwidth, bytes per step).", formatter_class=_HelpFormatter)
+    show.add_argument("path", metavar="PATH", help="the profile file")
+    show.add_argument("--first", type=_non_negative_int, default=10, help="keys listed per section")
+    show.add_argument("--json", action="store_true", help="print JSON instead of text")
+
+    plan = subcommands.add_parser(
+        "plan", help=PLAN_HELP,
+        description=PLAN_HELP + ". The host tier is split between sections by NVMe bytes saved per byte held; "
+        "within a section the store's policy (Belady over the profile) decides which tensors stay; the reads left "
+        "get prefetch leads (accesses ahead) that fit the in-flight budget.", formatter_class=_HelpFormatter)
+    plan.add_argument("path", metavar="PATH", help="the profile file")
+    plan.add_argument("--host-cache-bytes", type=_byte_size, default=0, metavar="N",
+                      help="host tier for params and optimizer state together (e.g. 8GiB)")
+    plan.add_argument("--read-bandwidth", type=_bandwidth, default=None, metavar="BYTES/S",
+                      help="NVMe read bandwidth, e.g. 3GB/s (default: each section's measured reads)")
+    plan.add_argument("--in-flight-bytes", type=_byte_size, default=None, metavar="N",
+                      help="buffer bytes for reads issued ahead and not yet used (default: unbounded)")
+    plan.add_argument("--first", type=_non_negative_int, default=10, help="keys and leads listed per section")
+    plan.add_argument("--json", action="store_true", help="print JSON instead of text")
 
     subcommands.add_parser(
         "config-reference", help="print the \"tencache\" block's reference (Markdown) from the config model",
@@ -141,6 +178,9 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
     if args.command == "bench":
         from . import bench
         return bench.run(args)
+    if args.command in ("profile", "plan"):
+        from . import inspect_profile
+        return inspect_profile.show(args) if args.command == "profile" else inspect_profile.plan(args)
     if args.command == "config-reference":
         from ..config import config_reference_markdown
         print(config_reference_markdown(), end="")

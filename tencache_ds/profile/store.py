@@ -1,57 +1,92 @@
 """The profile file (config "profile_path"). Owns: its JSON format, fingerprints, atomic replacement, staleness.
 
-One file holds one section per recorder ("params", "optimizer"); each section carries the fingerprint of what it
-describes (tensor sizes, dtype, world size), so a profile recorded for another model or config is recognised as
-stale, reported, and replaced after the new run's first step, never used.
+One file holds one section per store ("params", "optimizer"); each section is one step (profile/step_profile.py)
+and the fingerprint of what it describes (tensor sizes, dtype, world size, the config facts that change the
+access sequence), so a profile recorded for another model or config is recognised as stale, reported, and
+replaced once the new run has recorded its own, never used. ``facts`` repeats the readable part of what was
+fingerprinted, for `tencache-ds profile show`.
 
-    {"version": 1, "sections": {"params": {"fingerprint": "9f2c...", "order": [12, 13, ...], "recorded_unix": ...}}}
+    {"version": 2, "sections": {"params": {"fingerprint": "9f2c...", "recorded_unix": 1.7e9, "facts": {...},
+                                           "step": {"keys": [12, 13, ...], "nbytes": [...], "offset_s": [...],
+                                                    "read_s": [...], "stall_s": [...], "step_s": 0.41}}}}
+
+Version 1 files (order only, no timings) are reported and re-recorded, never read.
 """
+import dataclasses
 import hashlib
 import json
 import os
 import tempfile
 import threading
 import time
-from typing import Hashable, List, Optional
+from typing import Dict, Optional
 
 from ..log import logger
+from .step_profile import StepProfile
 
-PROFILE_VERSION = 1
+PROFILE_VERSION = 2
 _lock = threading.Lock()
 
 
+@dataclasses.dataclass(frozen=True)
+class SavedSection:
+    step: StepProfile
+    fingerprint: str
+    facts: dict
+    recorded_unix: Optional[float]
+
+
 def fingerprint(*facts) -> str:
-    """A stable hash of JSON-able facts, e.g. fingerprint(sorted(numel by key), "bfloat16", world_size)."""
+    """A stable hash of JSON-able facts, e.g. fingerprint(sorted(numel by key), {"dtype": "bfloat16", ...})."""
     return hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def load_section(path: str, section: str, expected_fingerprint: str) -> Optional[List[Hashable]]:
-    """The order saved in ``section`` if the file has one recorded for ``expected_fingerprint``; else None, with
-    a warning that says why (missing file: silent)."""
+def read_sections(path: str) -> Dict[str, SavedSection]:
+    """Every section of the file. Raises OSError if it cannot be read, ValueError if it is not a version-2
+    profile (the message says why)."""
+    with open(path) as handle:
+        data = json.load(handle)
+    if not isinstance(data, dict):
+        raise ValueError("not a profile (the top level is not an object)")
+    if data.get("version") != PROFILE_VERSION:
+        raise ValueError(f"profile format version {data.get('version')} (this tencache reads {PROFILE_VERSION})")
+    sections = data.get("sections")
+    if not isinstance(sections, dict):
+        raise ValueError("no \"sections\" object")
+    try:
+        return {name: SavedSection(StepProfile.from_json(entry["step"]), str(entry["fingerprint"]),
+                                   dict(entry.get("facts") or {}), entry.get("recorded_unix"))
+                for name, entry in sections.items()}
+    except (KeyError, TypeError, AttributeError) as err:
+        raise ValueError(f"malformed section ({type(err).__name__}: {err})") from None
+
+
+def load_section(path: Optional[str], section: str, expected_fingerprint: str) -> Optional[StepProfile]:
+    """The step saved in ``section`` if the file has one recorded for ``expected_fingerprint``; else None, with a
+    warning that says why (missing file or section: silent). Never raises for a bad file."""
     if not path or not os.path.exists(path):
         return None
     try:
-        with open(path) as handle:
-            data = json.load(handle)
-        entry = data["sections"][section]
-        if data.get("version") != PROFILE_VERSION:
-            raise ValueError(f"profile version {data.get('version')} (this tencache writes {PROFILE_VERSION})")
-    except KeyError:
+        sections = read_sections(path)
+    except (OSError, ValueError) as err:
+        logger.warning("profile %s is unusable (%s): re-profiling; it will be replaced once a training step is "
+                       "recorded", path, err)
         return None
-    except (OSError, ValueError, TypeError) as err:
-        logger.warning("profile %s is unreadable (%s): re-profiling; it will be replaced after the first step",
-                       path, err)
+    entry = sections.get(section)
+    if entry is None:
         return None
-    if entry.get("fingerprint") != expected_fingerprint:
+    if entry.fingerprint != expected_fingerprint:
         logger.warning("profile %s [%s] is stale: it was recorded for another model or config (fingerprint %s, this "
-                       "run %s); re-profiling, it will be replaced after the first step", path, section,
-                       entry.get("fingerprint"), expected_fingerprint)
+                       "run %s); re-profiling, it will be replaced once a training step is recorded", path, section,
+                       entry.fingerprint, expected_fingerprint)
         return None
-    return entry["order"]
+    return entry.step
 
 
-def save_section(path: str, section: str, section_fingerprint: str, order: List[Hashable]) -> None:
-    """Replace ``section`` in the profile file atomically (write a temporary file, then rename)."""
+def save_section(path: Optional[str], section: str, section_fingerprint: str, step: StepProfile,
+                 facts: Optional[dict] = None) -> None:
+    """Replace ``section`` in the profile file atomically (write a temporary file, then rename). Sections of
+    another format version are dropped."""
     if not path:
         return
     with _lock:
@@ -59,15 +94,19 @@ def save_section(path: str, section: str, section_fingerprint: str, order: List[
         try:
             with open(path) as handle:
                 existing = json.load(handle)
-            if existing.get("version") == PROFILE_VERSION:
-                data["sections"] = dict(existing.get("sections", {}))
-        except (OSError, ValueError):
+            if existing.get("version") == PROFILE_VERSION and isinstance(existing.get("sections"), dict):
+                data["sections"] = dict(existing["sections"])
+        except (OSError, ValueError, AttributeError):
             pass
-        data["sections"][section] = {"fingerprint": section_fingerprint, "order": order,
-                                     "recorded_unix": time.time()}
+        data["sections"][section] = {"fingerprint": section_fingerprint, "recorded_unix": time.time(),
+                                     "facts": dict(facts or {}), "step": step.to_json()}
         folder = os.path.dirname(os.path.abspath(path))
         os.makedirs(folder, exist_ok=True)
         descriptor, temporary = tempfile.mkstemp(dir=folder, prefix=".profile-")
-        with os.fdopen(descriptor, "w") as handle:
-            json.dump(data, handle)
-        os.replace(temporary, path)
+        try:
+            with os.fdopen(descriptor, "w") as handle:
+                json.dump(data, handle)
+            os.replace(temporary, path)
+        except BaseException:
+            os.unlink(temporary)
+            raise

@@ -1,12 +1,15 @@
 """EntryStore over budgeted pageable memory (the optimizer's host tier) and the entry state machine: zero-copy
 lending, write-back, Belady admission with bypass, forgetting on checkpoint load. Real files, real I/O; the
 store's invariants are checked after every call."""
+import time
+
 import pytest
 import torch
 
 from tencache_ds.cache.entry import LEGAL_TRANSITIONS, EntryState, IllegalTransition, check_transition
 from tencache_ds.cache.entry_store import BudgetedPageable, EntryStore
 from tencache_ds.cache.host_budget import HostBudget
+from tencache_ds.io.direct_io import DirectFileIO
 from tencache_ds.memory.pool import BufferPool
 from tencache_ds.plan.next_use import NextUseIndex
 
@@ -121,4 +124,89 @@ def test_a_new_tensor_under_an_old_key_replaces_the_entry(tmp_path, io):
     lent = store.lend("k")
     assert lent.numel() == NUMEL // 2 and torch.all(lent == 2.0)
     store.release("k")
+    store.close()
+
+
+class SlowReads(DirectFileIO):
+    """Real reads that each take at least READ_DELAY_S (a slow device), so waits for them are measurable."""
+
+    def _run(self, is_write, *args):
+        if not is_write:
+            time.sleep(READ_DELAY_S)
+        return super()._run(is_write, *args)
+
+
+READ_DELAY_S = 0.05
+
+
+def test_the_store_records_each_access_with_its_size_read_time_and_wait(tmp_path):
+    """The profile's timings come from here: a miss's read is timed from issue to completion, the wait for it is
+    a stall (not compute), a hit has no read."""
+    slow = SlowReads(num_threads=1)
+    store = make(tmp_path, slow, budget_bytes=10 * NBYTES)
+    put(store, tmp_path, "a", 1.0)
+    store.flush()
+    store.forget_all()  # the next lend reads the file
+    store.add("a", NUMEL, str(tmp_path / "a.swp"))
+    store.recorder.end_step()
+    store.lend("a")  # miss: read, and wait for it
+    store.release("a")
+    store.lend("a")  # hit: no read
+    store.release("a")
+    step = store.recorder.end_step()
+    assert step.keys == ("a", "a") and step.nbytes == (store.swap_nbytes(NUMEL),) * 2
+    assert step.read_s[0] >= READ_DELAY_S and step.read_s[1] is None
+    assert step.stall_s[1] >= 0.8 * READ_DELAY_S  # the wait came after access 0, before access 1
+    assert step.compute_s < step.step_s
+    store.close()
+    slow.close()
+
+
+def test_a_prefetch_is_recorded_where_it_is_used_with_its_read_time(tmp_path):
+    """Reading ahead must not change the profile's order: the prefetched tensor is recorded when wait_read hands it
+    over, with the duration of its read; a prefetch released unused is not recorded at all."""
+    slow = SlowReads(num_threads=2)
+    store = make(tmp_path, slow, budget_bytes=10 * NBYTES)
+    for key in "abc":
+        put(store, tmp_path, key, 1.0)
+    store.flush()
+    store.forget_all()
+    for key in "abc":
+        store.add(key, NUMEL, str(tmp_path / f"{key}.swp"))
+    store.recorder.end_step()
+    store.start_read("b", prefetch=True)
+    store.start_read("c", prefetch=True)
+    store.lend("a")
+    store.release("a")
+    store.wait_read("b")
+    store.release("b")
+    store.release("c")  # never used
+    step = store.recorder.end_step()
+    assert step.keys == ("a", "b")
+    assert step.read_s[1] >= READ_DELAY_S
+    assert store.counters.prefetch_issued == 2
+    store.close()
+    slow.close()
+
+
+@pytest.mark.parametrize("on_track, evicted", [(True, "b"), (False, "a")])
+def test_a_step_that_left_the_profile_evicts_least_recently_used(tmp_path, io, on_track, evicted):
+    """Room for two; a and b held (a the older). The profile says c, then a, then c, then b: Belady evicts b
+    (needed last). A step that diverged from the profile gets no index: LRU evicts a."""
+    store = make(tmp_path, io, budget_bytes=2 * 401408)
+    for key in "ab":
+        put(store, tmp_path, key, 1.0)
+    store.flush()
+    path = str(tmp_path / "c.swp")
+    io.write(torch.full((store.swap_nbytes(NUMEL) // 4,), 2.0), path).result()  # c: on file only
+    store.add("c", NUMEL, path)
+    assert store.kept("a") and store.kept("b") and not store.kept("c")
+    order = ["c", "a", "c", "b"]
+    store.next_use = NextUseIndex(order)
+    store.recorder.end_step()
+    store.recorder.expect(order if on_track else ["x"] + order[1:])  # "x": an eval pass started this step
+    store.lend("c")
+    store.release("c")
+    assert store.recorder.on_track is on_track
+    assert not store.kept(evicted) and store.kept("c")
     store.close()

@@ -1,56 +1,86 @@
-"""The profile file: saved and loaded by fingerprint, stale or corrupt ones reported and never used."""
+"""The profile file: saved and loaded by fingerprint with its timings, stale, corrupt or version-1 files reported
+and never used (and never a crash), the step profile's JSON form."""
 import json
 import logging
 
-from tencache_ds.profile.recorder import StepRecorder
-from tencache_ds.profile.store import fingerprint, load_section, save_section
+import pytest
+
+from tencache_ds.profile.step_profile import StepProfile
+from tencache_ds.profile.store import PROFILE_VERSION, fingerprint, load_section, read_sections, save_section
+
+TIMED = StepProfile(keys=(1, 2, 1), nbytes=(4096, 8192, 4096), offset_s=(0.1, 0.3, 0.6),
+                    read_s=(0.05, None, 0.02), stall_s=(0.0, 0.05, 0.0, 0.02), step_s=0.7)
 
 
-def test_round_trip_and_sections_are_independent(tmp_path):
-    path = str(tmp_path / "p.json")
-    save_section(path, "params", fingerprint([(1, 10)], "bf16"), [1, 2, 1])
-    save_section(path, "optimizer", fingerprint(["g"]), ["x", "y"])
-    assert load_section(path, "params", fingerprint([(1, 10)], "bf16")) == [1, 2, 1]
-    assert load_section(path, "optimizer", fingerprint(["g"])) == ["x", "y"]
-    assert load_section(str(tmp_path / "absent.json"), "params", "f") is None
-
-
-def test_stale_profile_is_reported_and_not_used(tmp_path):
-    path = str(tmp_path / "p.json")
-    save_section(path, "params", fingerprint([(1, 10)], "bf16"), [1])
-    messages = []
+@pytest.fixture
+def messages():
+    seen = []
     handler = logging.Handler()
-    handler.emit = lambda record: messages.append(record.getMessage())
+    handler.emit = lambda record: seen.append(record.getMessage())
     logger = logging.getLogger("tencache_ds")
     logger.addHandler(handler)
-    try:
-        assert load_section(path, "params", fingerprint([(1, 12)], "bf16")) is None  # the model changed
-    finally:
-        logger.removeHandler(handler)
+    yield seen
+    logger.removeHandler(handler)
+
+
+def test_round_trip_with_timings_and_sections_are_independent(tmp_path):
+    path = str(tmp_path / "p.json")
+    save_section(path, "params", fingerprint([(1, 10)], "bf16"), TIMED, facts={"dtype": "bf16"})
+    save_section(path, "optimizer", fingerprint(["g"]), StepProfile.untimed(["x", "y"], [1, 2]))
+    assert load_section(path, "params", fingerprint([(1, 10)], "bf16")) == TIMED
+    assert load_section(path, "optimizer", fingerprint(["g"])).keys == ("x", "y")
+    assert load_section(str(tmp_path / "absent.json"), "params", "f") is None
+    sections = read_sections(path)
+    assert sections["params"].facts == {"dtype": "bf16"} and sections["params"].recorded_unix > 0
+    assert json.loads(open(path).read())["version"] == PROFILE_VERSION == 2
+
+
+def test_stale_profile_is_reported_and_not_used(tmp_path, messages):
+    path = str(tmp_path / "p.json")
+    save_section(path, "params", fingerprint([(1, 10)], "bf16"), TIMED)
+    assert load_section(path, "params", fingerprint([(1, 12)], "bf16")) is None  # the model changed
     assert any("stale" in message and path in message for message in messages)
 
 
-def test_corrupt_profile_is_not_used(tmp_path):
+def test_version_1_file_is_reported_not_used_and_replaced(tmp_path, messages):
     path = tmp_path / "p.json"
-    path.write_text("{not json")
+    path.write_text(json.dumps({"version": 1, "sections": {"params": {"fingerprint": "f", "order": [1, 2]}}}))
     assert load_section(str(path), "params", "f") is None
-    save_section(str(path), "params", "f", [3])  # and replacing it works
-    assert json.loads(path.read_text())["sections"]["params"]["order"] == [3]
+    assert any("version 1" in message and "re-profiling" in message for message in messages)
+    save_section(str(path), "params", "f", TIMED)
+    assert load_section(str(path), "params", "f") == TIMED
 
 
-def test_recorder_cuts_steps():
-    recorder = StepRecorder()
-    assert recorder.end_step() is None
-    for key in "abc":
-        recorder.touch(key)
-    assert recorder.position == 3
-    assert recorder.end_step() == ["a", "b", "c"] and recorder.position == 0
+@pytest.mark.parametrize("content", [
+    "{not json",
+    "[1, 2]",
+    json.dumps({"version": 2, "sections": []}),
+    json.dumps({"version": 2, "sections": {"params": {"fingerprint": "f"}}}),  # no step
+    json.dumps({"version": 2, "sections": {"params": {"fingerprint": "f", "step": {
+        "keys": [1, 2], "nbytes": [1], "offset_s": [0, 0], "read_s": [None, None], "stall_s": [0, 0, 0],
+        "step_s": 0}}}}),  # columns of different lengths
+])
+def test_corrupt_profile_is_reported_not_used_and_replaced(tmp_path, messages, content):
+    path = tmp_path / "p.json"
+    path.write_text(content)
+    assert load_section(str(path), "params", "f") is None
+    assert any("unusable" in message for message in messages)
+    save_section(str(path), "params", "f", TIMED)  # and replacing it works
+    assert load_section(str(path), "params", "f") == TIMED
 
 
-def test_recorder_gives_up_on_endless_steps(monkeypatch):
-    from tencache_ds.profile import recorder as recorder_module
-    monkeypatch.setattr(recorder_module, "MAX_STEP_ACCESSES", 3)
-    recorder = StepRecorder()
-    for key in range(5):
-        recorder.touch(key)
-    assert recorder.position == 5 and recorder.end_step() is None
+def test_step_profile_json_round_trip_keeps_tuple_keys_and_missing_reads():
+    step = StepProfile.untimed([("0_27", "exp_avg"), 3], [8, 9])
+    assert StepProfile.from_json(json.loads(json.dumps(step.to_json()))) == step
+
+
+def test_step_profile_rejects_columns_of_different_lengths():
+    with pytest.raises(ValueError, match="stalls"):
+        StepProfile(("a",), (1,), (0.0,), (None,), (0.0,), 1.0)
+
+
+def test_compute_never_goes_negative_when_clocks_disagree():
+    """The stall is measured by the store around its wait, the gap by the recorder: a stall a hair longer than
+    its gap must not make compute negative."""
+    step = StepProfile(("a",), (1,), (0.1,), (None,), (0.0, 0.2), 0.25)
+    assert step.gap_compute_s() == [0.1, 0.0]

@@ -35,7 +35,8 @@ from ...memory.pool import BufferPool
 from ...plan.budget import MachineResources, resolve_budgets
 from ...plan.host_tier import (OPTIMIZER_BYTES_PER_ELEMENT, OPTIMIZER_IO_BYTES_PER_HELD_BYTE,
                                PARAM_IO_BYTES_PER_HELD_BYTE, TierDemand, split_host_budget)
-from .profiling import ProfiledOrder, rank_profile_path
+from ...profile.lifecycle import ProfileLifecycle
+from .profiling import rank_profile_path
 from .config_bridge import (DEEPSPEED_OPS, MIN_SWAPPABLE_BYTES, find_stage3_ds_config, io_aligned_numel,
                             prepare_swap_folder, validate_ds_config)
 from . import param_swapper, reporting
@@ -88,9 +89,9 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
                                 BudgetedPageable(self.pool, self.budget))
         # The optimizer's tensors are used in the same order every step. log_timers() ends each step; the first
         # call ends initialisation, the second the first training step.
-        self.profile = ProfiledOrder(rank_profile_path(self.config.profile_path), "optimizer",
-                                     training_step_index=1, to_file=os.path.basename,
-                                     from_file=lambda name: os.path.join(self._folder, name))
+        self.profile = ProfileLifecycle(self.store.recorder, rank_profile_path(self.config.profile_path),
+                                        "optimizer", first_training_step=1, to_file=os.path.basename,
+                                        from_file=lambda name: os.path.join(self._folder, name))
         self.timers = timers
         self.timer_names = set()
         self._lent = {}        # sub-group id -> keys of the entries lent as its tensors (and gradient)
@@ -273,8 +274,9 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             self._profile_looked_up = True
             # keyed by file name, not path: the same run in another nvme_path has the same profile
             tensors = sorted((os.path.basename(key), numel) for key, numel in self.store.numels())
-            self.store.next_use = self.profile.load(tensors, str(self.dtype), dist.get_world_size())
-        self.store.next_use = self.profile.end_step(self.store.recorder.end_step())
+            # one pass over the sub-groups per step whatever gradient accumulation or checkpointing do
+            self.store.next_use = self.profile.load(tensors, dtype=str(self.dtype), world_size=dist.get_world_size())
+        self.store.next_use = self.profile.end_step()
 
     # --------------------------------------------------------------------------------------------- stats
     def stats(self) -> dict:

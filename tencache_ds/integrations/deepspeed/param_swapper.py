@@ -24,10 +24,11 @@ from ...cache.host_budget import HostBudget
 from ...cache.tensor_store import TensorStore
 from ...io.direct_io import DirectFileIO
 from ...plan.budget import MachineResources, resolve_budgets
+from ...profile.lifecycle import ProfileLifecycle
 from ...ext_lock import raise_if_stale_locks
 from .config_bridge import (DEEPSPEED_OPS, MIN_SWAPPABLE_BYTES, config_from_ds_config, io_aligned_numel,
                             prepare_swap_folder, validate_ds_config)
-from .profiling import ProfiledOrder, rank_profile_path
+from .profiling import param_sequence_facts, rank_profile_path
 
 NVME_PATH_KEY = "zero_optimization.offload_param.nvme_path"
 
@@ -89,7 +90,9 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
                                  io=self.io, cache_budget=HostBudget(self.budgets.host_cache_bytes))
         # Step boundaries: the fp16 write-back after each optimizer step. The first segment is initialisation
         # (stage 3 reads every partition to build the fp32 masters), the second is the first training step.
-        self.profile = ProfiledOrder(rank_profile_path(self.config.profile_path), "params", training_step_index=1)
+        self.profile = ProfileLifecycle(self.store.recorder, rank_profile_path(self.config.profile_path), "params",
+                                        first_training_step=1)
+        self._sequence_facts = param_sequence_facts(ds_config)
         self._reads_since_write_back = False
         self._profile_looked_up = False
         self._lock = threading.RLock()
@@ -211,7 +214,7 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
     def _end_step_segment(self):
         if self._reads_since_write_back:
             self._reads_since_write_back = False
-            self.store.next_use = self.profile.end_step(self.store.recorder.end_step())
+            self.store.next_use = self.profile.end_step()
         # Resident partitions get their new weights in place from stage 3 (not through us): those bytes are now
         # the newest, owed to the file. (A partition still being prefetched is finished and released by the
         # caller of swap_out_partitioned_params.)
@@ -283,7 +286,8 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
         self.store.plan()
         if not self._profile_looked_up:
             self._profile_looked_up = True
-            self.store.next_use = self.profile.load(self.store.numels(), str(self.dtype), dist.get_world_size())
+            self.store.next_use = self.profile.load(self.store.numels(), dtype=str(self.dtype),
+                                                    world_size=dist.get_world_size(), **self._sequence_facts)
 
     # -------------------------------------------------------------------------------------------- private
     def _mark_on_file(self, param):

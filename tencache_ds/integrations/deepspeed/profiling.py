@@ -1,12 +1,10 @@
-"""Profiles for the swappers: which file a rank uses and when a step's order becomes the profile. Owns: the glue
-between the stores' StepRecorders and profile/store.py. Logic (recording, Belady) lives in the stores."""
+"""Profiles for the swappers: what needs DeepSpeed. Owns: which profile file a rank uses and which DeepSpeed
+config facts change the access sequence. The lifecycle itself (recording, divergence, saving) is
+profile/lifecycle.py."""
 import os
-from typing import Callable, Hashable, List, Optional
+from typing import Optional
 
 from deepspeed import comm as dist
-
-from ...plan.next_use import NextUseIndex
-from ...profile import store as profile_store
 
 
 def rank_profile_path(profile_path: Optional[str]) -> Optional[str]:
@@ -17,41 +15,13 @@ def rank_profile_path(profile_path: Optional[str]) -> Optional[str]:
     return f"{root}.rank{dist.get_rank()}{ext}"
 
 
-class ProfiledOrder:
-    """The access order one store uses for eviction: loaded from the profile file when it was recorded for the
-    same tensors, else recorded during the first training step and saved.
-
-    ``end_step(order)`` is called with each finished step's order; ``training_step_index`` says which of those
-    is the first real training step (earlier ones are initialisation)."""
-
-    def __init__(self, path: Optional[str], section: str, training_step_index: int,
-                 to_file: Callable[[Hashable], Hashable] = lambda key: key,
-                 from_file: Callable[[Hashable], Hashable] = lambda key: key):
-        self._path = path
-        self._section = section
-        self._training_step_index = training_step_index
-        self._to_file, self._from_file = to_file, from_file
-        self._steps_ended = 0
-        self._fingerprint: Optional[str] = None
-        self.index: Optional[NextUseIndex] = None
-        self.source = "none"  # "loaded", "recorded" or "none"
-
-    def load(self, *facts) -> Optional[NextUseIndex]:
-        """Fingerprint the tensors (``facts``) and use a saved order recorded for the same ones, if any."""
-        self._fingerprint = profile_store.fingerprint(*facts)
-        order = profile_store.load_section(self._path, self._section, self._fingerprint)
-        if order is not None:
-            self.index = NextUseIndex([self._from_file(key) for key in order])
-            self.source = "loaded"
-        return self.index
-
-    def end_step(self, order: Optional[List[Hashable]]) -> Optional[NextUseIndex]:
-        step, self._steps_ended = self._steps_ended, self._steps_ended + 1
-        if step != self._training_step_index or not order or self.source == "loaded":
-            return self.index
-        self.index = NextUseIndex(order)
-        self.source = "recorded"
-        if self._fingerprint is not None:
-            profile_store.save_section(self._path, self._section, self._fingerprint,
-                                       [self._to_file(key) for key in order])
-        return self.index
+def param_sequence_facts(ds_config) -> dict:
+    """The DeepSpeed settings that change the order in which parameter partitions are fetched in a step, for the
+    profile's fingerprint: gradient accumulation (forward and backward repeat per micro step) and DeepSpeed's
+    activation checkpointing block (recomputed forwards fetch again). Activation checkpointing switched on in the
+    model itself (e.g. Hugging Face ``gradient_checkpointing_enable()``) is not visible to the swapper: a change
+    there shows up as a divergence at run time (profile/lifecycle.py), and the profile is then re-recorded."""
+    raw = getattr(ds_config, "_param_dict", ds_config) or {}
+    return {"gradient_accumulation_steps": getattr(ds_config, "gradient_accumulation_steps",
+                                                   raw.get("gradient_accumulation_steps")),
+            "activation_checkpointing": raw.get("activation_checkpointing")}

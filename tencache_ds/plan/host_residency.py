@@ -1,0 +1,68 @@
+"""Which tensors a host tier of a given size keeps, step after step. Owns: replaying a repeating access sequence
+through a byte budget under the store's policy (cache/entry_store.py: Belady eviction over the profiled order,
+and no admission when every possible victim is needed sooner than the newcomer). Pure.
+
+It counts bytes, not slots: the parameter store's arena has a slot per size class, so it may keep a little less
+than predicted here. Used by `tencache-ds plan` and to tell the prefetch planner which accesses read NVMe.
+"""
+import dataclasses
+from typing import Dict, FrozenSet, Hashable, List, Sequence, Set
+
+from .next_use import NextUseIndex
+from .prefetch import worth_evicting
+
+
+@dataclasses.dataclass(frozen=True)
+class Residency:
+    """One step in steady state: ``misses`` (positions that read NVMe) and ``held`` (keys every access of which
+    is a hit: they stay in the tier)."""
+
+    misses: FrozenSet[int]
+    held: FrozenSet[Hashable]
+
+    def read_bytes(self, nbytes: Sequence[int]) -> int:
+        return sum(nbytes[position] for position in self.misses)
+
+
+def steady_state(keys: Sequence[Hashable], tensor_nbytes: Dict[Hashable, int], capacity_bytes: int) -> Residency:
+    """Replay ``keys`` twice through ``capacity_bytes``; the second pass is the steady state.
+
+    E.g. keys [a, b, c, a, b, c] of 1 byte each, capacity 2: Belady keeps a and b, c is read both times
+    (misses {2, 5}); LRU would miss all six.
+    """
+    index = NextUseIndex(keys)
+    held: Dict[Hashable, int] = {}
+    used = 0
+    misses: Set[int] = set()
+    hit_keys: Set[Hashable] = set()
+    missed_keys: Set[Hashable] = set()
+    for lap in range(2):
+        for position, key in enumerate(keys):
+            after = position + 1  # the store asks with the recorder's position, just past this access
+            if key in held:
+                if lap:
+                    hit_keys.add(key)
+                continue
+            if lap:
+                misses.add(position)
+                missed_keys.add(key)
+            size = tensor_nbytes[key]
+            if size > capacity_bytes:
+                continue
+            victims: List[Hashable] = []
+            free = capacity_bytes - used
+            by_distance = sorted(held, key=lambda other: -index.distance(other, after))
+            for other in by_distance:
+                if free >= size:
+                    break
+                if not worth_evicting(index.distance(other, after), index.distance(key, after)):
+                    break
+                victims.append(other)
+                free += held[other]
+            if free < size:
+                continue  # bypass: not kept, the victims stay
+            for other in victims:
+                used -= held.pop(other)
+            held[key] = size
+            used += size
+    return Residency(frozenset(misses), frozenset(hit_keys - missed_keys))
