@@ -94,6 +94,13 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
                                         from_file=lambda name: os.path.join(self._folder, name))
         self.timers = timers
         self.timer_names = set()
+        # pipeline_read / pipeline_write: stock picks its pipelined swapper with them. Here reading ahead (the first
+        # sub-group's state during backward, the next sub-group's during each update) and writing behind (the
+        # update's writes finish during the next forward) are on unless the config explicitly turns them off.
+        # Either way the bytes are the same; only when the I/O happens changes.
+        explicit = getattr(swap_config, "model_fields_set", set())
+        self.reads_ahead = bool(swap_config.pipeline_read) or "pipeline_read" not in explicit
+        self.writes_behind = bool(swap_config.pipeline_write) or "pipeline_write" not in explicit
         self._lent = {}        # sub-group id -> keys of the entries lent as its tensors (and gradient)
         self._read_ahead = {}  # sub-group id -> keys whose reads were started for it (async_parameter)
         self._held_files_at_folder_access = None  # {path: file identity} when swap_folder was last read
@@ -195,7 +202,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             parameter.grad = self._lend(path, swap_info.numel(), read_ahead)
             keys.append(path)
         self._lent[group] = keys
-        if async_parameter is not None:
+        if async_parameter is not None and self.reads_ahead:
             self._start_read_ahead(async_parameter)
 
     def swap_out_optimizer_state(self, parameter, async_swap=False):
@@ -207,6 +214,9 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         gradient_held = swap_info is not None and swap_info.has_gradients() and \
             self.store.kept(self._gradient_path(swap_info))
         self._give_back(parameter, states_changed=True, gradient_changed=gradient_held)
+        if not self.writes_behind and swap_info is not None:
+            for context in swap_info.tensors:  # pipeline_write false: the update's writes end with it
+                self.store.flush_key(context.swap_path)
 
     def release_swap_buffers(self, parameter):
         self._give_back(parameter, states_changed=False, gradient_changed=False)
@@ -265,6 +275,17 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         if not self._started:
             self._started = True
             reporting.log_startup_stats(param_swapper.live_swappers(), self)
+        if self.reads_ahead:
+            self._read_first_sub_group_ahead()
+
+    def _read_first_sub_group_ahead(self) -> None:
+        """The update starts with the first sub-group: read its state (master weights and moments; its gradient
+        is being produced by this backward) while the backward computes."""
+        if self._held_files_at_folder_access is not None:  # a checkpoint was loaded: drop replaced copies first
+            self._drop_copies_of_replaced_files()
+        first = next(iter(self.swap_params_info.values()), None)
+        if first is not None and first.param_id not in self._lent:
+            self._start_read_ahead_of(first, with_gradient=False)
 
     def log_timers(self):
         # DeepSpeed calls this at the end of every optimizer step (stage3 _post_step), and once after building
@@ -331,18 +352,18 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
     def _start_read_ahead(self, parameter) -> None:
         """Start reading the next sub-group's entries that are on file (held ones need no read)."""
         swap_info = self._get_param_swap_info(parameter)
-        group = OptimizerSwapper.parameter_id(parameter)
-        if swap_info is None or group in self._lent or group in self._read_ahead:
-            return
+        if swap_info is not None and OptimizerSwapper.parameter_id(parameter) not in self._lent:
+            self._start_read_ahead_of(swap_info, with_gradient=True)
+
+    def _start_read_ahead_of(self, swap_info, with_gradient: bool) -> None:
         paths = [context.swap_path for context in swap_info.tensors]
-        if swap_info.has_gradients():
+        if with_gradient and swap_info.has_gradients():
             paths.append(self._gradient_path(swap_info))
-        started = []
+        started = self._read_ahead.setdefault(swap_info.param_id, [])
         for path in paths:
-            if self.store.state(path) == EntryState.ON_FILE:
+            if path not in started and self.store.knows(path) and self.store.state(path) == EntryState.ON_FILE:
                 self.store.start_read(path, prefetch=True)
                 started.append(path)
-        self._read_ahead[group] = started
 
     def _release_read_ahead(self) -> None:
         for paths in self._read_ahead.values():
