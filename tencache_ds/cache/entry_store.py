@@ -287,6 +287,37 @@ class EntryStore:
             self._set(entry, S.READING)
             self._checked()
 
+    def prefetch_if_free(self, key) -> bool:
+        """Start reading ``key`` ahead of its use if it is on file and a buffer is free right now: never waits,
+        never evicts (a prefetch must not stall the caller or push out what is needed sooner). False if not
+        started. The use that follows is ``wait_read`` (the profile records it then)."""
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None or entry.state != S.ON_FILE or key in self._external_reads:
+                return False
+            self._reap_writes()
+            buffer = self.source.try_acquire(self.swap_nbytes(entry.numel))
+            if buffer is None:
+                return False
+            self.counters.misses += 1
+            self.counters.prefetch_issued += 1
+            self._prefetched.add(key)
+            self._attach(entry, buffer, self.source.keeps(buffer))
+            timer = self._read_timer(key, None)
+            entry.io = self._io.read(self._swap_view(entry), entry.path)
+            entry.io.add_done_callback(timer)
+            self._set(entry, S.READING)
+            self._checked()
+            return True
+
+    def read_done(self, key) -> bool:
+        """True unless a read of ``key`` is still in flight."""
+        with self._lock:
+            entry = self._entries.get(key)
+            future = self._external_reads.get(key) or (entry.io if entry is not None and entry.state == S.READING
+                                                       else None)
+            return future is None or future.done()
+
     def wait_read(self, key) -> torch.Tensor:
         """Finish lending ``key``; returns the lent view of exactly ``numel`` elements. A failed read raises its
         error and leaves the entry on file (partial bytes are never served)."""

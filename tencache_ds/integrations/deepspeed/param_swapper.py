@@ -24,7 +24,8 @@ from ...cache.host_budget import HostBudget
 from ...cache.tensor_store import TensorStore
 from ...io.direct_io import DirectFileIO
 from ...plan.budget import MachineResources, resolve_budgets
-from ...profile.lifecycle import ProfileLifecycle
+from ...plan.prefetch import PrefetchSchedule
+from ...profile.lifecycle import Phase, ProfileLifecycle
 from ...ext_lock import raise_if_stale_locks
 from .config_bridge import (DEEPSPEED_OPS, MIN_SWAPPABLE_BYTES, config_from_ds_config, io_aligned_numel,
                             prepare_swap_folder, validate_ds_config)
@@ -97,6 +98,15 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
         self._profile_looked_up = False
         self._lock = threading.RLock()
         self._in_flight = {}  # ds_id -> param marked INFLIGHT, in issue order
+        # Reads ahead planned from the profile (plan/prefetch.py): started in the store without telling DeepSpeed
+        # (no INFLIGHT status, so its wait-for-all synchronize_reads never waits for a read needed much later);
+        # DeepSpeed's swap-in of the partition then waits for that read only.
+        self._params = weakref.WeakValueDictionary()  # ds_id -> param, to check a target's DeepSpeed status
+        self._ahead = set()            # ds_ids read ahead by the schedule, not yet asked for
+        self._scheduled_in_flight = set()  # ... asked for, not yet waited for (late feedback)
+        self._schedule = None
+        self._schedule_generation = -1
+        self.scheduled_reads = 0  # COUNT: reads started ahead by the schedule
         self.closed = False
         self._users = 1  # zero.Init models using this swapper; the last engine destroyed closes it
         self._constructed = True  # last: a constructor that raised is run again in full next time
@@ -132,6 +142,7 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
         with self._lock:
             self.store.write_and_release([param.ds_id for param in params])
             for param in params:
+                self._params[param.ds_id] = param
                 self._mark_on_file(param)
 
     # ------------------------------------------------------------------------------------------ swap in
@@ -140,23 +151,36 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
             self.plan()
             self._reads_since_write_back = True
             for index, param in enumerate(params):
+                self._params[param.ds_id] = param
                 if param.ds_tensor.status != PartitionedParamStatus.NOT_AVAILABLE:
                     # Resident or already being read: with several ranks the coordinator's NVMe prefetch asks again
                     # for partitions it already asked for (stock asserts here). The bytes are, or will be, there.
                     continue
                 into = None if swap_in_buffers is None else swap_in_buffers[index]
-                # async: the coordinator's NVMe prefetch; a synchronous swap-in is a use now
-                self.store.start_read(param.ds_id, into=into, prefetch=async_op)
+                if param.ds_id in self._ahead:
+                    self._ahead.discard(param.ds_id)
+                    if into is None:  # our read ahead is in flight or done: wait for it at synchronize_reads
+                        self._scheduled_in_flight.add(param.ds_id)
+                    else:  # the caller wants the bytes in its own buffer
+                        self.store.release(param.ds_id)
+                        self.store.start_read(param.ds_id, into=into)
+                else:
+                    # async: the coordinator's NVMe prefetch; a synchronous swap-in is a use now
+                    self.store.start_read(param.ds_id, into=into, prefetch=async_op)
                 param.ds_tensor.status = PartitionedParamStatus.INFLIGHT
                 self._in_flight[param.ds_id] = param
             if not async_op:
                 self.synchronize_reads()
+            else:
+                self._read_ahead_by_schedule()
 
     def synchronize_reads(self):
         # Postcondition (stock): every INFLIGHT param is AVAILABLE.
         with self._lock:
             for key in list(self._in_flight):
                 param = self._in_flight.pop(key)
+                late = key in self._scheduled_in_flight and not self.store.read_done(key)
+                self._scheduled_in_flight.discard(key)
                 try:
                     data = self.store.wait_read(key)
                 except BaseException:
@@ -166,6 +190,9 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
                     raise
                 param.ds_tensor.data = data.data
                 param.ds_tensor.status = PartitionedParamStatus.AVAILABLE
+                if late and self._schedule is not None:
+                    self._schedule.late(self.store.recorder.position - 1)  # its use was just recorded
+            self._read_ahead_by_schedule()
 
     def swap_into_buffer(self, param, dest_buffer):
         assert param.ds_tensor.status == PartitionedParamStatus.NOT_AVAILABLE, \
@@ -173,6 +200,9 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
         with self._lock:
             self.plan()
             self._reads_since_write_back = True
+            if param.ds_id in self._ahead:  # read ahead into our buffer; the caller wants its own copy
+                self._ahead.discard(param.ds_id)
+                self.store.release(param.ds_id)
             self.store.read_into(param.ds_id, dest_buffer.narrow(0, 0, _numel(param)))
             self._mark_on_file(param)
             self.store.hand_over(param.ds_id)  # stage 3 keeps it in its max_in_cpu buffer: no copy of ours stays
@@ -212,6 +242,10 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
             self._end_step_segment()
 
     def _end_step_segment(self):
+        # Reads ahead nobody asked for (the sequence diverged): the step is about to write new weights.
+        for key in self._ahead:
+            self.store.release(key)
+        self._ahead.clear()
         if self._reads_since_write_back:
             self._reads_since_write_back = False
             self.store.next_use = self.profile.end_step()
@@ -257,6 +291,9 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
         counters = self.io.counters()
         stats = {f"param_{key}": value for key, value in self.store.stats().items()}
         stats["param_profile"] = self.profile.source
+        stats["param_profile_phase"] = self.profile.phase.value
+        stats["param_profile_divergences"] = self.profile.divergences
+        stats["param_scheduled_reads"] = self.scheduled_reads
         stats["param_swapper_closed"] = int(self.closed)
         stats.update(param_nvme_read_bytes=counters.read_bytes, param_nvme_write_bytes=counters.write_bytes,
                      host_cache_budget_bytes=self.budgets.host_cache_bytes,
@@ -288,6 +325,37 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
             self._profile_looked_up = True
             self.store.next_use = self.profile.load(self.store.numels(), dtype=str(self.dtype),
                                                     world_size=dist.get_world_size(), **self._sequence_facts)
+
+    # ---------------------------------------------------------------------------------------- read ahead
+    def _current_schedule(self):
+        """The prefetch schedule of the current profile while it predicts this step (else None: demand only)."""
+        lifecycle = self.profile
+        if lifecycle.phase is not Phase.PREDICTING or lifecycle.profile is None:
+            return None
+        if self._schedule_generation != lifecycle.generation:
+            self._schedule_generation = lifecycle.generation
+            profile = lifecycle.profile
+            # No read in the profile (everything held): nothing to plan. Reads' times come from the profile.
+            self._schedule = PrefetchSchedule.from_profile(profile) \
+                if profile.measured_read_bytes_per_s is not None else None
+        return self._schedule
+
+    def _read_ahead_by_schedule(self):
+        """Start the reads the schedule says are due at the current access (only this step's: the optimizer
+        step rewrites every partition before the next), where a buffer is free now."""
+        schedule = self._current_schedule()
+        if schedule is None:
+            return
+        position, keys = self.store.recorder.position, self.profile.profile.keys
+        for target in schedule.to_issue(position):
+            key = keys[target]
+            param = self._params.get(key)
+            if target < position or key in self._ahead or param is None or \
+                    param.ds_tensor.status != PartitionedParamStatus.NOT_AVAILABLE:
+                continue
+            if self.store.prefetch_if_free(key):
+                self._ahead.add(key)
+                self.scheduled_reads += 1
 
     # -------------------------------------------------------------------------------------------- private
     def _mark_on_file(self, param):

@@ -1,0 +1,26 @@
+"""The profile-driven prefetch on the real engine: with every partition read from NVMe (no host cache, no device
+tier) the schedule reads partitions ahead of their use, and stays bit-identical through an evaluation pass between
+steps and activation checkpointing switched on mid-run (the sequence diverges from the profile: demand fetching
+for that pass, then a new profile)."""
+import pytest
+
+pytestmark = pytest.mark.deepspeed
+
+STREAMING = {"host_cache_bytes": 0, "device_cache_bytes": 0}
+FAST = dict(dtype="bf16", weights_gather="grouped")
+
+
+def test_scheduled_reads_ahead_through_eval_and_a_changed_sequence(train):
+    """Reference: stock with offload device "cpu" (stock NVMe departs from it once checkpointing is switched on,
+    docs/reliability.md)."""
+    options = dict(steps=7, eval_every=2, checkpointing_from_step=4, **FAST)
+    reference = train(block=None, offload_device="cpu", **options)
+    ours = train(block=STREAMING, **options)
+    assert ours.last_stats["tencache_enabled"] == 1
+    assert ours.loss_bits == reference.loss_bits
+    assert ours.result["weights_sha256"] == reference.result["weights_sha256"]
+    assert [s.get("eval_loss_bits") for s in ours.result["steps"]] == \
+        [s.get("eval_loss_bits") for s in reference.result["steps"]]
+    steps = ours.result["steps"]
+    assert steps[3]["stats"]["param_scheduled_reads"] > 0  # the schedule read ahead before the change
+    assert ours.last_stats["param_profile_divergences"] > 0  # and the change was seen as a divergence
