@@ -74,12 +74,32 @@ class _InstallAfterDeepSpeedImport(importlib.abc.MetaPathFinder):
                 sys.meta_path.remove(hook)
             try:
                 install()
-            except Exception as err:  # never break `import deepspeed` because of us
-                import warnings
-                warnings.warn(f"tencache_ds could not install its swappers ({err!r}); DeepSpeed runs stock")
+            except Exception as err:  # never break `import deepspeed` because of us ...
+                if _install_module_is_being_imported():
+                    return  # the adapters' own import is what imported DeepSpeed: it installs when it finishes
+                _refuse_tencache_configs(err)  # ... but never run stock where a config asks for tencache
 
         spec.loader.exec_module = exec_module
         return spec
+
+
+_INSTALL_MODULE = __name__ + ".integrations.deepspeed.install"
+
+
+def _install_module_is_being_imported() -> bool:
+    module = sys.modules.get(_INSTALL_MODULE)
+    spec = getattr(module, "__spec__", None)
+    return module is not None and getattr(spec, "_initializing", False)
+
+
+def _refuse_tencache_configs(err: Exception) -> None:
+    """The swappers could not be installed: say so, and make ``deepspeed.initialize`` refuse configs that enable
+    tencache (integrations/deepspeed/refusal.py) instead of letting them train stock."""
+    import warnings
+    warnings.warn(f"tencache_ds could not install its swappers ({err!r}); DeepSpeed runs stock, and a config with "
+                  f'an enabled "tencache" block will be refused')
+    from .integrations.deepspeed.refusal import refuse_tencache_configs
+    refuse_tencache_configs(err)
 
 
 if os.environ.get("TENCACHE_NO_AUTO_INSTALL") != "1":

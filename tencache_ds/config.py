@@ -44,15 +44,21 @@ class TencacheConfig(BaseModel):
     (per process) minus the streaming slots; 0 = pure streaming (every use reads NVMe, as stock does)."""
 
     device_cache_bytes: ByteBudget = AUTO
-    """The same budget for accelerator memory ("auto" = 50% of free device memory, 0 = off). Validated and reported;
-    the device tier that uses it is not built yet, so no accelerator memory is taken today."""
+    """Accelerator memory for gathered parameters kept between uses (the device tier): chosen by next use over the
+    profiled sequence, so the last layers of the forward stay for the backward and, when the gathered tensor is the
+    partition itself, across the optimizer step. "auto" = 50% of the accelerator's free memory; on DeepSpeed's CPU
+    accelerator the device is host memory, so the tier is carved out of the parameters' share of host_cache_bytes
+    (counted once; a size given here is capped by that share); 0 = off (DeepSpeed's own release rules)."""
 
     metrics_path: Optional[str] = None
-    """Where per-step metrics are appended as JSON lines (one object per optimizer step). None: no file."""
+    """Where per-step metrics are appended as JSON lines, one object per optimizer step (schema "tencache.metrics/1":
+    step time, fetch wait, device and host hit rates, NVMe bytes, prefetches, memory); tencache_ds.stats(engine)
+    returns the latest. None: no file."""
 
     profile_path: Optional[str] = None
-    """Where the execution profile (partition sizes and the order of their first training step) is saved and reused
-    on the next run; a profile of another model or config is reported as stale and replaced. None: memory only."""
+    """Where the execution profile (the steady training step's access order, tensor sizes, compute time between
+    accesses and NVMe read times) is saved and reused on the next run; a profile of another model or config is
+    reported as stale and replaced. `tencache-ds profile show` / `tencache-ds plan` read it. None: memory only."""
 
     pin_memory: Literal["best_effort", "required"] = "best_effort"
     """What to do when pages cannot be locked (memlock limit too low): "best_effort" warns once and uses unlocked

@@ -67,3 +67,29 @@ def test_a_lookup_of_deepspeed_is_not_mistaken_for_its_import():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=os.path.dirname(PACKAGE)).stdout.split()
     assert out[-1] == "True"
+
+
+def test_importing_the_adapters_directly_installs_the_swappers():
+    """`import tencache_ds.integrations.deepspeed.install` imports DeepSpeed from inside a module still being
+    imported, where the import hook cannot install: the module installs when its own import finishes."""
+    code = ("import warnings; warnings.simplefilter('error', UserWarning); "
+            "import tencache_ds.integrations.deepspeed.install as install; print(install.is_installed())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=os.path.dirname(PACKAGE)).stdout.split()
+    assert out[-1] == "True"
+
+
+def test_a_failed_install_refuses_a_tencache_config_instead_of_training_stock():
+    """If the swappers cannot be installed when DeepSpeed is imported (here: the adapters' module cannot be
+    imported), a run whose config enables tencache stops at deepspeed.initialize with the reason; a config
+    without the block still runs stock."""
+    code = ("import sys; sys.modules['tencache_ds.integrations.deepspeed.install'] = None; "
+            "import tencache_ds, deepspeed, torch\n"
+            "try:\n"
+            "    deepspeed.initialize(model=torch.nn.Linear(2, 2), config={'train_batch_size': 1, 'tencache': {}})\n"
+            "except tencache_ds.TencacheError as err:\n"
+            "    print('REFUSED', 'could not install' in str(err))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=os.path.dirname(PACKAGE))
+    assert "REFUSED True" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "could not install its swappers" in proc.stderr  # and it said so at import

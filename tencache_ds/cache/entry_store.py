@@ -18,7 +18,6 @@ import collections
 import dataclasses
 import os
 import threading
-import time
 from concurrent.futures import Future
 from typing import Callable, Dict, Hashable, Iterable, List, Optional, Set
 

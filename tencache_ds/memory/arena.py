@@ -11,6 +11,7 @@ import warnings
 from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 from ..errors import TencacheConfigError, TencacheOutOfMemory, TencacheResourceError
+from ..plan.budget import locked_bytes_now
 from ..units import fmt_bytes, round_up
 from . import _native, pinning
 
@@ -290,21 +291,9 @@ def _fmt_limit(value: int) -> str:
     return "unlimited" if value == resource.RLIM_INFINITY else f"{fmt_bytes(value)} ({value} bytes)"
 
 
-def _locked_by_process_bytes() -> Optional[int]:
-    """VmLck of this process (memory it has locked already, which counts against the limit), if readable."""
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith("VmLck:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
 def _memlock_message(name: str, nbytes: int, what: str, fix: str) -> str:
     soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
-    locked = _locked_by_process_bytes()
+    locked = locked_bytes_now()
     already = "" if locked is None else f"; this process already has {fmt_bytes(locked)} locked"
     if soft == resource.RLIM_INFINITY:  # then the limit is not why mlock failed: the host lacks free memory
         fix = "free host memory or lower \"tencache\": {\"host_cache_bytes\": ...}"

@@ -12,7 +12,7 @@ Imports neither torch nor deepspeed, so it is testable anywhere and usable by `t
 import dataclasses
 import os
 import resource
-from typing import Tuple
+from typing import Optional, Tuple
 
 from ..config import AUTO, TencacheConfig
 from ..log import logger
@@ -62,8 +62,9 @@ def local_world_size() -> int:
         return 1
 
 
-def locked_bytes_now() -> int:
-    """Bytes this process has page-locked now (``VmLck`` in /proc/self/status; 0 where it cannot be read)."""
+def locked_bytes_now() -> Optional[int]:
+    """Bytes this process has page-locked now (``VmLck`` in /proc/self/status), which count against its memlock
+    limit; None where it cannot be read."""
     try:
         with open("/proc/self/status") as status:
             for line in status:
@@ -71,13 +72,13 @@ def locked_bytes_now() -> int:
                     return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         pass
-    return 0
+    return None
 
 
 def lockable_bytes_now() -> int:
     """How many more bytes this process may page-lock: UNLIMITED, or its memlock limit minus what it has locked."""
     limit = memlock_limit_bytes()
-    return UNLIMITED if limit == UNLIMITED else max(0, limit - locked_bytes_now())
+    return UNLIMITED if limit == UNLIMITED else max(0, limit - (locked_bytes_now() or 0))
 
 
 CAP_IPC_LOCK = 14  # linux/capability.h: a process with it may lock memory past RLIMIT_MEMLOCK

@@ -13,9 +13,22 @@ BASE = dict(dtype="bf16", grad_accum=1, steps=3)  # shared by several tests, so 
 AUTO = {}  # every key at its default: "auto" budgets
 
 
+def assert_same_bits(reference, ours):
+    """ours gives reference's per-step loss bits, evaluation loss bits and final fp32 weights (reference: any run,
+    e.g. stock with offload device "cpu" where stock NVMe departs from it)."""
+    assert ours.last_stats["tencache_enabled"] == 1, "tencache did not replace the swappers"
+    assert ours.loss_bits == reference.loss_bits
+    assert ours.result["weights_sha256"] == reference.result["weights_sha256"]
+    assert [step.get("eval_loss_bits") for step in ours.result["steps"]] == \
+        [step.get("eval_loss_bits") for step in reference.result["steps"]]
+
+
 def assert_identical(stock, ours):
     assert ours.last_stats["tencache_enabled"] == 1, "tencache did not replace the swappers"
     assert stock.last_stats["tencache_enabled"] == 0
+    assert ours.last_stats["param_swapper_class"] == "TencacheParamSwapper"
+    assert ours.last_stats["optimizer_swapper_class"] == "TencacheOptimizerSwapper"
+    assert stock.last_stats["param_swapper_class"] == "AsyncPartitionedParameterSwapper"
     assert ours.loss_bits == stock.loss_bits
     assert ours.result["weights_sha256"] == stock.result["weights_sha256"]
 
@@ -134,6 +147,14 @@ def test_two_engines_sharing_an_nvme_path_keep_their_files(tmp_path):
     assert ours_proc.returncode == 0, ours_proc.stderr[-3000:]
     assert ours["first"] == alone["first"]
     assert len(ours["second"]) == 3
+
+
+def test_a_second_model_with_another_tencache_block_in_the_same_nvme_path_is_refused(tmp_path):
+    """The two models share one parameter swapper (one per nvme_path, dtype and rank), so the second cannot have
+    its own budget: an error names the keys instead of silently running with the first model's settings."""
+    proc, _ = run_two_engines(tmp_path, "tencache-mismatch", "both")
+    assert proc.returncode != 0
+    assert "tencache.host_cache_bytes" in proc.stderr and "nvme_path" in proc.stderr, proc.stderr[-3000:]
 
 
 def test_bit_identical_with_offload_optimizer_fast_init(train, tmp_path):

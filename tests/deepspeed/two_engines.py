@@ -2,7 +2,8 @@
 
 Stock DeepSpeed's second zero.Init deletes the first model's swap files (its constructor empties
 <nvme_path>/zero_stage_3/<dtype>params/rank<r>). Prints one JSON line: the losses of each engine.
-Usage: python two_engines.py NVME_PATH {tencache|stock} {both|first-only}
+Usage: python two_engines.py NVME_PATH {tencache|tencache-mismatch|stock} {both|first-only}
+(tencache-mismatch: the second model's "tencache" block differs from the first's.)
 """
 import json
 import os
@@ -28,11 +29,13 @@ config = {"train_micro_batch_size_per_gpu": 2, "steps_per_print": 10**6, "gradie
                                 "offload_param": {"device": "nvme", "nvme_path": nvme_path, "max_in_cpu": 0,
                                                   "buffer_size": HIDDEN * HIDDEN},
                                 "offload_optimizer": {"device": "nvme", "nvme_path": nvme_path}}}
-if mode == "tencache":
+if mode.startswith("tencache"):
     config["tencache"] = {"host_cache_bytes": 0}
 
 
 def build(seed):
+    if mode == "tencache-mismatch" and seed == 2:
+        config["tencache"] = {"host_cache_bytes": "64MiB"}
     torch.manual_seed(seed)
     with deepspeed.zero.Init(config_dict_or_path=config):
         model = torch.nn.Sequential(*[torch.nn.Linear(HIDDEN, HIDDEN, bias=False) for _ in range(3)])

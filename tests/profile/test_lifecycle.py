@@ -2,7 +2,6 @@
 the rest of the step), and replacement of the profile only when a new sequence repeats. Real files, real
 recorder; each scenario narrates its steps."""
 import json
-import logging
 
 import pytest
 
@@ -29,15 +28,6 @@ def run_step(lifecycle, keys, check=None):
     return lifecycle.end_step()
 
 
-@pytest.fixture
-def messages():
-    seen = []
-    handler = logging.Handler()
-    handler.emit = lambda record: seen.append(record.getMessage())
-    logger = logging.getLogger("tencache_ds")
-    logger.addHandler(handler)
-    yield seen
-    logger.removeHandler(handler)
 
 
 def test_transition_table_is_the_documented_machine():

@@ -1,7 +1,6 @@
 """The profile file: saved and loaded by fingerprint with its timings, stale, corrupt or version-1 files reported
 and never used (and never a crash), the step profile's JSON form."""
 import json
-import logging
 
 import pytest
 
@@ -12,15 +11,6 @@ TIMED = StepProfile(keys=(1, 2, 1), nbytes=(4096, 8192, 4096), offset_s=(0.1, 0.
                     read_s=(0.05, None, 0.02), stall_s=(0.0, 0.05, 0.0, 0.02), step_s=0.7)
 
 
-@pytest.fixture
-def messages():
-    seen = []
-    handler = logging.Handler()
-    handler.emit = lambda record: seen.append(record.getMessage())
-    logger = logging.getLogger("tencache_ds")
-    logger.addHandler(handler)
-    yield seen
-    logger.removeHandler(handler)
 
 
 def test_round_trip_with_timings_and_sections_are_independent(tmp_path):

@@ -2,8 +2,10 @@
 checks of the block against DeepSpeed's own sections (validate_ds_config), and the facts about DeepSpeed's swap
 layout that both swappers share. Does not own: the block's keys and types (config.py) or checks against the
 machine alone (config_checks.py)."""
+import contextlib
 import os
 import sys
+import threading
 from typing import Any, List, Optional, Tuple
 
 import torch
@@ -137,14 +139,32 @@ def ds_config_of_initialize_call(bound_arguments: dict) -> Optional[dict]:
     return loaded if isinstance(loaded, dict) else None
 
 
+_building = threading.local()  # the raw config of the ZeRO-3 optimizer this thread is building (install.py)
+
+
+@contextlib.contextmanager
+def building_stage3(ds_config):
+    """While DeepSpeedZeroOptimizer_Stage3.__init__ runs with ``ds_config`` (install.py wraps it): the config
+    find_stage3_ds_config returns. Nested builds restore the outer one."""
+    outer = getattr(_building, "config", None)
+    _building.config = getattr(ds_config, "_param_dict", ds_config)
+    try:
+        yield
+    finally:
+        _building.config = outer
+
+
 def find_stage3_ds_config() -> Optional[dict]:
     """The raw DeepSpeed config dict of the ZeRO-3 optimizer that is being built, or None.
 
     DeepSpeed builds the optimizer swapper inside DeepSpeedZeroOptimizer_Stage3.__init__ ->
-    _configure_tensor_swapping and passes it no config (deepspeed-integration.md, b). The engine hands that
-    __init__ its raw config dict as ``ds_config``, so we read it from that frame instead of patching DeepSpeed
-    a second time. tests/deepspeed/test_parity.py fails if a DeepSpeed release moves it.
+    _configure_tensor_swapping and passes it no config (deepspeed-integration.md, b). install.py wraps that
+    __init__ and names its ``ds_config`` argument (building_stage3); an optimizer built without the wrapper (a
+    subclass that does not call it) is found by its ``ds_config`` local in the calling frames.
     """
+    config = getattr(_building, "config", None)
+    if config is not None:
+        return config
     frame = sys._getframe(1)
     while frame is not None:
         if frame.f_code.co_name == "__init__" and "ds_config" in frame.f_locals:
@@ -175,6 +195,6 @@ def prepare_swap_folder(folder: str, nvme_path: str, config_key: str) -> None:
                                     f"{err.strerror or err}") from None
 
 
-__all__ = ["config_from_ds_config", "validate_ds_config", "ds_config_of_initialize_call", "find_stage3_ds_config",
+__all__ = ["config_from_ds_config", "validate_ds_config", "ds_config_of_initialize_call", "find_stage3_ds_config", "building_stage3",
            "io_aligned_numel", "prepare_swap_folder",
            "MIN_SWAPPABLE_BYTES"]

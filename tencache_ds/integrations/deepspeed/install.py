@@ -14,17 +14,20 @@ check the run would silently be stock DeepSpeed; and our message for a block mis
 "zero_optimization" comes before DeepSpeed's pydantic one.
 """
 import functools
+import os
 import inspect
 import threading
 
 import deepspeed
+import deepspeed.runtime.engine as _engine
 import deepspeed.runtime.zero.parameter_offload as _parameter_offload
 import deepspeed.runtime.zero.partition_parameters as _partition_parameters
 import deepspeed.runtime.zero.stage3 as _stage3
 
 from ...ext_lock import raise_if_stale_locks
 from . import reporting
-from .config_bridge import DEEPSPEED_OPS, ds_config_of_initialize_call, validate_ds_config
+from .checkpoint import restore_optimizer_scalars
+from .config_bridge import DEEPSPEED_OPS, building_stage3, ds_config_of_initialize_call, validate_ds_config
 from .coordinator import TencacheCoordinator, coordinator_of
 from .optimizer_swapper import TencacheOptimizerSwapper
 from .param_swapper import TencacheParamSwapper
@@ -68,13 +71,19 @@ def close_swappers_of(optimizer) -> None:
         candidate.release_user()
 
 
-def _metering(init):
+def _building_with_config(init):
+    """The ZeRO-3 optimizer's __init__ with its config named for the optimizer swapper it builds (config_bridge.
+    building_stage3), then metering of its steps from there on."""
+    signature = inspect.signature(init)
+
     @functools.wraps(init)
-    def init_and_attach_meter(self, *args, **kwargs):
-        init(self, *args, **kwargs)
+    def init_with_config_and_meter(self, *args, **kwargs):
+        ds_config = signature.bind_partial(self, *args, **kwargs).arguments.get("ds_config")
+        with building_stage3(ds_config):
+            init(self, *args, **kwargs)
         reporting.attach_step_meter(self)
 
-    return init_and_attach_meter
+    return init_with_config_and_meter
 
 
 _IN_STEP = "_tencache_in_step"
@@ -105,6 +114,23 @@ def _keeping_device_tier(partition_all_parameters):
     return partition_all_parameters_but_device_tier
 
 
+def _restoring_optimizer_scalars(load_checkpoint):
+    """engine.load_checkpoint, then the optimizer scalars stock's NVMe load path skips (checkpoint.py)."""
+    signature = inspect.signature(load_checkpoint)
+
+    @functools.wraps(load_checkpoint)
+    def load_checkpoint_exactly(self, *args, **kwargs):
+        result = load_checkpoint(self, *args, **kwargs)
+        bound = signature.bind(self, *args, **kwargs)
+        bound.apply_defaults()
+        arguments = bound.arguments
+        restore_optimizer_scalars(self, arguments["load_dir"], result[0], arguments["load_optimizer_states"],
+                                  arguments["load_module_only"])
+        return result
+
+    return load_checkpoint_exactly
+
+
 def _ending_steps(post_step):
     @functools.wraps(post_step)
     def post_step_and_end_step(self, *args, **kwargs):
@@ -125,10 +151,12 @@ _REBINDINGS = (
     (_stage3.DeepSpeedZeroOptimizer_Stage3, "destroy", _closing_swappers(_stage3.DeepSpeedZeroOptimizer_Stage3.destroy)),
     # The coordinator with the device tier (stock until it sees a tencache-swapped parameter).
     (_parameter_offload, "PartitionedParameterCoordinator", TencacheCoordinator),
-    # Step boundaries: metering starts once the optimizer is built; every _post_step ends a step.
-    (_stage3.DeepSpeedZeroOptimizer_Stage3, "__init__", _metering(_stage3.DeepSpeedZeroOptimizer_Stage3.__init__)),
+    # The optimizer's config for its swapper; metering starts once it is built; every _post_step ends a step.
+    (_stage3.DeepSpeedZeroOptimizer_Stage3, "__init__", _building_with_config(_stage3.DeepSpeedZeroOptimizer_Stage3.__init__)),
     (_stage3.DeepSpeedZeroOptimizer_Stage3, "_post_step", _ending_steps(_stage3.DeepSpeedZeroOptimizer_Stage3._post_step)),
     (_stage3.DeepSpeedZeroOptimizer_Stage3, "step", _marking_step(_stage3.DeepSpeedZeroOptimizer_Stage3.step)),
+    # Exact resume with the optimizer on NVMe (checkpoint.py).
+    (_engine.DeepSpeedEngine, "load_checkpoint", _restoring_optimizer_scalars(_engine.DeepSpeedEngine.load_checkpoint)),
     (_stage3.DeepSpeedZeroOptimizer_Stage3, "_partition_all_parameters",
      _keeping_device_tier(_stage3.DeepSpeedZeroOptimizer_Stage3._partition_all_parameters)),
 )
@@ -163,3 +191,10 @@ def initialize(*args, **kwargs):
 
 def is_installed() -> bool:
     return all(getattr(module, name) is ours for module, name, ours in _REBINDINGS)
+
+
+# Importing this module directly (``import tencache_ds.integrations.deepspeed.install`` before DeepSpeed) imports
+# DeepSpeed above, whose import hook (tencache_ds/__init__.py) cannot install from a module still being imported:
+# install here instead, as ``import tencache_ds`` promises.
+if os.environ.get("TENCACHE_NO_AUTO_INSTALL") != "1":
+    install()

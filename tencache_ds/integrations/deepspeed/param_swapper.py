@@ -26,6 +26,7 @@ from ...io.direct_io import DirectFileIO
 from ...plan.budget import MachineResources, resolve_budgets
 from ...plan.prefetch import PrefetchSchedule
 from ...profile.lifecycle import Phase, ProfileLifecycle
+from ...errors import TencacheConfigError
 from ...ext_lock import raise_if_stale_locks
 from .config_bridge import (DEEPSPEED_OPS, MIN_SWAPPABLE_BYTES, config_from_ds_config, io_aligned_numel,
                             prepare_swap_folder, validate_ds_config)
@@ -60,7 +61,16 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
     def __init__(self, ds_config, model_dtype):  # pylint: disable=super-init-not-called
         # Stock __init__ is not called on purpose: it locks buffer_count x buffer_size of memory up front.
         if self._constructed:
-            self._users += 1  # another zero.Init model in the same swap folder
+            # another zero.Init model in the same swap folder shares this swapper, so it must ask for the same
+            config = config_from_ds_config(ds_config)
+            if config != self.config:
+                changed = sorted(key for key in type(config).model_fields
+                                 if getattr(config, key) != getattr(self.config, key))
+                raise TencacheConfigError(
+                    f"a second zero.Init model uses {self.swap_folder} (offload_param.nvme_path) with a different "
+                    f'"tencache" block ({", ".join(f"tencache.{key}" for key in changed)}) while the first one is '
+                    f"alive; give it its own nvme_path, the same block, or destroy the first engine first")
+            self._users += 1
             return
         self.config = config_from_ds_config(ds_config)  # validated in __new__
         raise_if_stale_locks(ops=DEEPSPEED_OPS)

@@ -27,6 +27,9 @@ def engine_stats(engine) -> Dict[str, object]:
     optimizer = getattr(engine, "optimizer", None)
     param_swapper, optimizer_swapper = param_swapper_of(engine), optimizer_swapper_of(engine)
     stats = combined_stats(param_swapper, optimizer_swapper)
+    # which classes really swap this engine's tensors (a half-stock engine shows here, not just in the numbers)
+    stats.update(param_swapper_class=type(param_swapper).__name__ if param_swapper is not None else None,
+                 optimizer_swapper_class=type(optimizer_swapper).__name__ if optimizer_swapper is not None else None)
     coordinator = coordinator_of(optimizer)
     if coordinator is not None and coordinator.tier is not None:
         stats.update(device_cache_budget_bytes=coordinator.tier.budget_bytes,

@@ -1,0 +1,69 @@
+"""Exact resume with the optimizer on NVMe. Owns: restoring the optimizer state that stock DeepSpeed's NVMe load
+path skips — Adam's step counts, and the registration of the moments whose bytes the swap folder holds — from
+the checkpoint it already wrote.
+
+Why stock's resume is not exact (DeepSpeed 0.19.8, engine.py ``load_checkpoint``): with ``offload_optimizer``
+on NVMe the engine does not call ``_load_zero_checkpoint`` (the ZeRO optimizer's state dict is not loaded); it
+copies ``offloaded_tensors/`` over the swap folder instead. The folder holds tensors only (fp32 masters, Adam's
+moments), and the optimizer's ``state`` dict, which the checkpoint saves (the ZeRO file's
+``optimizer_state_dict``), is not loaded. In a fresh engine that dict is empty (Adam creates its state at the
+first step), so the first resumed update starts Adam over: step count 0 and zero moments, which then overwrite the
+loaded moment files. In a continued engine the step count is the engine's own. Either way the first resumed loss
+is right (computed before that update) and the next is not. With the optimizer on ``cpu`` the state dict is
+loaded and resume is exact.
+
+After the engine's load, tencache copies the saved scalars (``step``) into the live state, restores tensors that
+were kept in memory, and gives each swapped tensor the live state lacks a placeholder of its size: the swapper
+registers it (``<name>-<ds_id>.tensor.swp``, stock's naming) and reads the loaded file at the next swap-in.
+"""
+import itertools
+import os
+
+import torch
+from deepspeed.checkpoint.constants import OPTIMIZER_STATE_DICT
+from deepspeed.runtime.swap_tensor.optimizer_utils import OptimizerSwapper
+
+from ...log import logger
+from .optimizer_swapper import TencacheOptimizerSwapper
+
+
+def restore_optimizer_scalars(engine, load_dir, load_path, load_optimizer_states=True, load_module_only=False) -> int:
+    """After ``engine.load_checkpoint`` returned ``load_path``: copy the optimizer's saved scalar state into the
+    live state when tencache swaps the optimizer. Returns how many entries were restored."""
+    optimizer = getattr(engine, "optimizer", None)
+    swapper = getattr(optimizer, "optimizer_swapper", None)
+    if not isinstance(swapper, TencacheOptimizerSwapper):
+        return 0
+    if load_path is None or not load_optimizer_states or load_module_only:
+        return 0
+    tag = os.path.basename(os.path.dirname(load_path))
+    zero_file = engine._get_zero_ckpt_name(load_dir, tag)
+    zero_state = engine.checkpoint_engine.load(zero_file, map_location="cpu").get(OPTIMIZER_STATE_DICT) or {}
+    saved = zero_state.get(OPTIMIZER_STATE_DICT)  # stage 3's dict holds the torch optimizer's under the same key
+    if not saved or "state" not in saved:
+        return 0
+    optimizer._set_fp32_optimizer_param_groups()
+    try:
+        live_groups = optimizer.optimizer.param_groups
+        # torch's own rule (Optimizer.load_state_dict): saved ids and live params pair up in group order
+        by_saved_id = dict(zip(itertools.chain.from_iterable(group["params"] for group in saved["param_groups"]),
+                               itertools.chain.from_iterable(group["params"] for group in live_groups)))
+        restored = 0
+        for saved_id, saved_state in saved["state"].items():
+            param = by_saved_id[saved_id]
+            live = optimizer.optimizer.state[param]
+            swap_info = swapper.swap_params_info.get(OptimizerSwapper.parameter_id(param))
+            for key, value in saved_state.items():
+                if torch.is_tensor(value) and value.dim() > 0 and value.numel() == 0:
+                    # swapped out when saved: its bytes are in the loaded swap folder
+                    if key not in live and swap_info is not None:
+                        live[key] = torch.empty(swap_info.numel(), dtype=value.dtype)  # untouched: no memory
+                        restored += 1
+                    continue
+                live[key] = value.clone() if torch.is_tensor(value) else value
+                restored += 1
+    finally:
+        optimizer._clear_fp32_optimizer_param_groups()
+    logger.info("restored %d optimizer state entries (Adam's step counts and moments) from %s, which stock "
+                "DeepSpeed's NVMe load skips", restored, zero_file)
+    return restored
