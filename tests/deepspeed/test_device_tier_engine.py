@@ -13,29 +13,32 @@ pytestmark = pytest.mark.deepspeed
 FAST = dict(dtype="bf16", weights_gather="grouped")
 # gpt2-tiny: ~30 MB of bf16 partitions in 10 swapped tensors; a third of that makes the tier choose.
 TIGHT = {"device_cache_bytes": 10_000_000}
+# shared with test_prefetch_engine.py, so the stock CPU offload reference is trained once
+SEQUENCE_CHANGES = dict(steps=6, eval_every=2, checkpointing_from_step=3, **FAST)
 
 
-@pytest.fixture
-def metrics_block(tmp_path):
-    def block(**keys):
-        return dict(keys, metrics_path=str(tmp_path / f"metrics-{len(keys)}-{sorted(keys)}.jsonl"))
-    return block
-
-
-def test_device_tier_keeps_everything_and_gives_stocks_bits(train, metrics_block):
+def test_device_tier_keeps_everything_gives_stocks_bits_and_reports_each_step(train, tmp_path):
+    block = {"metrics_path": str(tmp_path / "metrics.jsonl")}
     stock = train(block=None, steps=4, **FAST)
-    ours = train(block=metrics_block(), steps=4, **FAST)
+    ours = train(block=block, steps=4, **FAST)
     assert_identical(stock, ours)
     stats = ours.last_stats
     assert stats["device_cache_budget_bytes"] > 0 and stats["device_cache_bytes_in_use"] > 0
     # steady state: every parameter a module asks for is already gathered, no parameter or optimizer I/O waited
     assert stats["device_hit_rate"] == 1.0
     assert stats["fetch_wait_s"] == 0.0
+    # one metrics line per optimizer step, in the schema; stats(engine) carries the last line's numbers
+    with open(block["metrics_path"]) as handle:
+        lines = [json.loads(line) for line in handle]
+    assert [line["step"] for line in lines] == [0, 1, 2, 3]
+    assert {line["schema"] for line in lines} == {"tencache.metrics/1"}
+    assert stats["device_hit_rate"] == lines[-1]["device_hit_rate"]
+    assert stats["step_nvme_read_bytes"] == lines[-1]["nvme_read_bytes"] == 0
 
 
-def test_tight_device_budget_chooses_and_gives_stocks_bits(train, metrics_block):
+def test_tight_device_budget_chooses_and_gives_stocks_bits(train):
     stock = train(block=None, steps=4, **FAST)
-    ours = train(block=metrics_block(**TIGHT), steps=4, **FAST)
+    ours = train(block=TIGHT, steps=4, **FAST)
     assert_identical(stock, ours)
     stats = ours.last_stats
     assert 0 < stats["device_cache_bytes_in_use"] <= stats["device_cache_budget_bytes"]
@@ -43,41 +46,21 @@ def test_tight_device_budget_chooses_and_gives_stocks_bits(train, metrics_block)
     assert 0 < stats["device_hit_rate"] < 1.0
 
 
-def test_eval_pass_and_checkpointing_switched_on_mid_run_give_stocks_bits(train, metrics_block):
+def test_eval_pass_and_checkpointing_switched_on_mid_run_give_stocks_bits(train):
     """The reference is stock with offload device "cpu": stock NVMe itself departs from it here (step 4's loss
     7.1925 instead of 7.1915 in bf16, docs/reliability.md), while tencache gives stock CPU offload's bits."""
-    options = dict(steps=6, eval_every=2, checkpointing_from_step=3, **FAST)
-    reference = train(block=None, offload_device="cpu", **options)
-    ours = train(block=metrics_block(), **options)
+    reference = train(block=None, offload_device="cpu", **SEQUENCE_CHANGES)
+    ours = train(block={}, **SEQUENCE_CHANGES)
     assert_same_bits(reference, ours)
-    steps = ours.result["steps"]
-    assert steps[2]["stats"]["device_hit_rate"] == 1.0  # the tier was on before the sequence changed
+    assert ours.result["steps"][2]["stats"]["device_hit_rate"] == 1.0  # the tier was on before the change
 
 
-def test_device_tier_off_keeps_nothing(train, metrics_block):
-    ours = train(block=metrics_block(device_cache_bytes=0), steps=3, **FAST)
-    stats = ours.last_stats
-    assert stats["device_cache_budget_bytes"] == 0 and stats["device_tier_admitted"] == 0
-
-
-def test_metrics_file_has_one_line_per_step_in_the_schema(train, metrics_block):
-    block = metrics_block()
-    ours = train(block=block, steps=3, **FAST)
-    with open(block["metrics_path"]) as handle:
-        lines = [json.loads(line) for line in handle]
-    assert [line["step"] for line in lines] == [0, 1, 2]
-    assert {line["schema"] for line in lines} == {"tencache.metrics/1"}
-    last = ours.last_stats  # tencache_ds.stats(engine) carries the last line's numbers
-    assert last["device_hit_rate"] == lines[-1]["device_hit_rate"]
-    assert last["step_nvme_read_bytes"] == lines[-1]["nvme_read_bytes"]
-
-
-def test_kept_parameters_updated_in_place_reach_the_file(train, metrics_block, tmp_path):
+def test_kept_parameters_updated_in_place_reach_the_file(train, tmp_path):
     """No host cache, device tier on: the kept partitions are updated in place by every optimizer step (stage 3
     never hands them to the swapper); a checkpoint mid-run releases them, and the next forward reads them back
     from their files, which must hold the new weights."""
     options = dict(steps=4, save_after=2, **FAST)
     stock = train(block=None, checkpoint_dir=str(tmp_path / "stock"), **options)
-    ours = train(block=metrics_block(host_cache_bytes=0), checkpoint_dir=str(tmp_path / "ours"), **options)
+    ours = train(block={"host_cache_bytes": 0}, checkpoint_dir=str(tmp_path / "ours"), **options)
     assert_identical(stock, ours)
     assert ours.result["steps"][1]["stats"]["device_cache_bytes_in_use"] > 0  # kept when the save came

@@ -4,21 +4,21 @@ steps and activation checkpointing switched on mid-run (the sequence diverges fr
 for that pass, then a new profile)."""
 import pytest
 
-from test_parity import assert_same_bits  # tests/deepspeed is on sys.path (pytest rootdir-relative imports)
+from test_device_tier_engine import SEQUENCE_CHANGES  # tests/deepspeed is on sys.path (rootdir-relative imports)
+from test_parity import assert_same_bits
 
 pytestmark = pytest.mark.deepspeed
 
 STREAMING = {"host_cache_bytes": 0, "device_cache_bytes": 0}
-FAST = dict(dtype="bf16", weights_gather="grouped")
 
 
 def test_scheduled_reads_ahead_through_eval_and_a_changed_sequence(train):
     """Reference: stock with offload device "cpu" (stock NVMe departs from it once checkpointing is switched on,
     docs/reliability.md)."""
-    options = dict(steps=7, eval_every=2, checkpointing_from_step=4, **FAST)
-    reference = train(block=None, offload_device="cpu", **options)
-    ours = train(block=STREAMING, **options)
+    reference = train(block=None, offload_device="cpu", **SEQUENCE_CHANGES)
+    ours = train(block=STREAMING, **SEQUENCE_CHANGES)
     assert_same_bits(reference, ours)
     steps = ours.result["steps"]
-    assert steps[3]["stats"]["param_scheduled_reads"] > 0  # the schedule read ahead before the change
+    assert steps[2]["stats"]["param_scheduled_reads"] > 0  # the schedule read ahead before the change
     assert ours.last_stats["param_profile_divergences"] > 0  # and the change was seen as a divergence
+    assert ours.last_stats["device_tier_admitted"] == 0  # device_cache_bytes 0: the tier kept nothing

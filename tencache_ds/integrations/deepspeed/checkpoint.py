@@ -53,10 +53,17 @@ def restore_optimizer_scalars(engine, load_dir, load_path, load_optimizer_states
             param = by_saved_id[saved_id]
             live = optimizer.optimizer.state[param]
             swap_info = swapper.swap_params_info.get(OptimizerSwapper.parameter_id(param))
+            swapped = {key: value for key, value in saved_state.items() if _swapped_when_saved(value)}
+            missing = [key for key in swapped if key not in live and not _loaded_file_exists(swapper, swap_info, key)]
+            if missing:
+                # The loaded folder has no file for this sub-group's state (its tensors were renamed: a model rebuilt
+                # in the same process gets new ids): leave its state as stock does (Adam starts over).
+                logger.warning("optimizer sub-group %s: no loaded swap file for %s; its optimizer state is not "
+                               "restored (as in stock DeepSpeed)", OptimizerSwapper.parameter_id(param), missing)
+                continue
             for key, value in saved_state.items():
-                if torch.is_tensor(value) and value.dim() > 0 and value.numel() == 0:
-                    # swapped out when saved: its bytes are in the loaded swap folder
-                    if key not in live and swap_info is not None:
+                if key in swapped:  # its bytes are in the loaded swap folder
+                    if key not in live:
                         live[key] = torch.empty(swap_info.numel(), dtype=value.dtype)  # untouched: no memory
                         restored += 1
                     continue
@@ -67,3 +74,17 @@ def restore_optimizer_scalars(engine, load_dir, load_path, load_optimizer_states
     logger.info("restored %d optimizer state entries (Adam's step counts and moments) from %s, which stock "
                 "DeepSpeed's NVMe load skips", restored, zero_file)
     return restored
+
+
+def _swapped_when_saved(value) -> bool:
+    """Stage 3 saves a swapped-out state tensor as an empty placeholder."""
+    return torch.is_tensor(value) and value.dim() > 0 and value.numel() == 0
+
+
+def _loaded_file_exists(swapper, swap_info, key: str) -> bool:
+    """The swap file stock's naming gives state tensor ``key`` of this sub-group (``<key>-<ds_id>.tensor.swp``,
+    optimizer_utils._get_state_tensors) is in the swap folder."""
+    if swap_info is None:
+        return False
+    folder = os.path.dirname(swap_info.tensors[0].swap_path)
+    return os.path.exists(os.path.join(folder, f"{key}-{swap_info.param_id}.tensor.swp"))

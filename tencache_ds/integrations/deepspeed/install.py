@@ -52,6 +52,11 @@ def _validating(initialize):
 def _closing_swappers(destroy):
     @functools.wraps(destroy)
     def destroy_and_close_swappers(self, *args, **kwargs):
+        # Parameters the device tier keeps gathered hold lent host buffers: partition them while the engine's
+        # structures still exist, so the swappers close with nothing lent.
+        coordinator = coordinator_of(self)
+        if coordinator is not None and coordinator.tier is not None:
+            coordinator.release_and_reset_all(self.parameter_offload.module)
         try:
             return destroy(self, *args, **kwargs)
         finally:
