@@ -1,6 +1,6 @@
 """An engine destroyed and rebuilt in one process (DeepSpeed's own NVMe checkpoint tests do this): tencache
-trains through it for every offload pair, gives stock's losses before and after the reload, and closes its
-swappers with the engine."""
+trains through it for every offload pair, gives stock's losses before the reload and the checkpoint's after it
+(stock does not: it never reads the loaded optimizer files), and closes its swappers with the engine."""
 import json
 import os
 import subprocess
@@ -27,9 +27,15 @@ def rebuild(tmp_path, mode, param_device, optimizer_device):
 # (stage3 _rigid_load_state_dict: `'NoneType' object has no attribute 'data'`, bf16), and so does tencache, in
 # the same DeepSpeed line; those pairs are left out here (docs/reliability.md).
 @pytest.mark.parametrize("param_device, optimizer_device", [("nvme", "nvme"), ("cpu", "nvme"), ("none", "nvme")])
-def test_rebuilt_engine_trains_with_stocks_losses_and_closes_its_swappers(tmp_path, param_device, optimizer_device):
+def test_rebuilt_engine_trains_with_stocks_losses_resumes_exactly_and_closes_its_swappers(tmp_path, param_device,
+                                                                                         optimizer_device):
+    """The rebuilt model's sub-groups get new ids, so the loaded swap files have other names than its own: stock
+    never reads them and trains on from its fresh initialisation (its first loss after the load differs from the
+    same step's before the rebuild); tencache adopts them (integrations/deepspeed/checkpoint.py) and gives the
+    step's loss exactly."""
     stock = rebuild(tmp_path, "stock", param_device, optimizer_device)
     ours = rebuild(tmp_path, "tencache", param_device, optimizer_device)
-    assert (ours["losses"], ours["before"], ours["after"]) == (stock["losses"], stock["before"], stock["after"])
+    assert (ours["losses"], ours["before"]) == (stock["losses"], stock["before"])
+    assert ours["after"] == ours["before"]
     expected_closed = [1 if param_device == "nvme" else None, 1 if optimizer_device == "nvme" else None]
     assert ours["closed"] == expected_closed

@@ -15,9 +15,17 @@ loaded and resume is exact.
 After the engine's load, tencache copies the saved scalars (``step``) into the live state, restores tensors that
 were kept in memory, and gives each swapped tensor the live state lacks a placeholder of its size: the swapper
 registers it (``<name>-<ds_id>.tensor.swp``, stock's naming) and reads the loaded file at the next swap-in.
+
+A model rebuilt in the same process (destroy, a new ``zero.Init``, ``initialize``, ``load_checkpoint``: DeepSpeed's
+own NVMe checkpoint tests do this) gets new parameter ids, so its sub-groups' swap files have other names than the
+checkpoint's (``29_56.tensor.swp`` for the saved ``0_27.tensor.swp``): stock copies the checkpoint's files next to
+its own and never reads them, and trains on from its fresh initialisation. tencache gives the loaded files the
+current names, sub-group by sub-group in order (the same model has the same sub-groups), and rebuilds the
+parameters from them (stage 3's ``reset_swap_buffers``, as the engine's load does).
 """
 import itertools
 import os
+import re
 
 import torch
 from deepspeed.checkpoint.constants import OPTIMIZER_STATE_DICT
@@ -25,6 +33,62 @@ from deepspeed.runtime.swap_tensor.optimizer_utils import OptimizerSwapper
 
 from ...log import logger
 from .optimizer_swapper import TencacheOptimizerSwapper
+
+
+_STATE_FILE = re.compile(r"^(?:(?P<state>[A-Za-z_]+)-)?(?P<id>\d+_\d+)\.tensor\.swp$")
+
+
+def adopt_loaded_files(engine, load_dir, load_path) -> int:
+    """After ``engine.load_checkpoint``: when the checkpoint's sub-group ids are not this engine's (a rebuilt
+    model), rename the loaded swap files to this engine's ids and rebuild the parameters from them. Returns the
+    number of files renamed (0: the ids matched, or nothing to do)."""
+    optimizer = getattr(engine, "optimizer", None)
+    swapper = getattr(optimizer, "optimizer_swapper", None)
+    if not isinstance(swapper, TencacheOptimizerSwapper) or load_path is None:
+        return 0
+    loaded_dir = _rank_dir(os.path.dirname(load_path), swapper.files_folder)
+    if loaded_dir is None:
+        return 0
+    loaded = {}
+    for name in os.listdir(loaded_dir):
+        match = _STATE_FILE.match(name)
+        if match:
+            loaded.setdefault(match["id"], []).append(match["state"])
+    current = list(swapper.swap_params_info)  # sub-group order
+    if not loaded or set(loaded) == set(current):
+        return 0
+    if len(loaded) != len(current):
+        logger.warning("the checkpoint in %s has %d optimizer sub-groups, this engine %d: its swap files are not "
+                       "adopted (as in stock DeepSpeed)", loaded_dir, len(loaded), len(current))
+        return 0
+    renamed = 0
+    for old, new in zip(sorted(loaded, key=_id_order), sorted(current, key=_id_order)):
+        for state in loaded[old]:
+            prefix = f"{state}-" if state else ""
+            source = os.path.join(swapper.files_folder, f"{prefix}{old}.tensor.swp")
+            target = os.path.join(swapper.files_folder, f"{prefix}{new}.tensor.swp")
+            swapper.store.forget(target)  # a copy of this engine's own state: the loaded file replaces it
+            os.replace(source, target)
+            renamed += 1
+    optimizer.reset_swap_buffers()  # read the adopted masters, rebuild the parameters from them
+    logger.info("adopted %d loaded swap files from %s under this engine's sub-group ids", renamed, loaded_dir)
+    return renamed
+
+
+def _id_order(sub_group_id: str):
+    return tuple(int(part) for part in sub_group_id.split("_"))
+
+
+def _rank_dir(tag_dir: str, files_folder: str):
+    """The checkpoint's offloaded_tensors/rank<NN> folder for this rank (DeepSpeed pads the rank: rank00)."""
+    rank = int(os.path.basename(files_folder).removeprefix("rank"))
+    folder = os.path.join(tag_dir, "offloaded_tensors")
+    if not os.path.isdir(folder):
+        return None
+    for name in os.listdir(folder):
+        if name.startswith("rank") and name[4:].isdigit() and int(name[4:]) == rank:
+            return os.path.join(folder, name)
+    return None
 
 
 def restore_optimizer_scalars(engine, load_dir, load_path, load_optimizer_states=True, load_module_only=False) -> int:

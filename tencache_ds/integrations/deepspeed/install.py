@@ -26,7 +26,7 @@ import deepspeed.runtime.zero.stage3 as _stage3
 
 from ...ext_lock import raise_if_stale_locks
 from . import reporting
-from .checkpoint import restore_optimizer_scalars
+from .checkpoint import adopt_loaded_files, restore_optimizer_scalars
 from .config_bridge import DEEPSPEED_OPS, building_stage3, ds_config_of_initialize_call, validate_ds_config
 from .coordinator import TencacheCoordinator, coordinator_of
 from .optimizer_swapper import TencacheOptimizerSwapper
@@ -120,7 +120,8 @@ def _keeping_device_tier(partition_all_parameters):
 
 
 def _restoring_optimizer_scalars(load_checkpoint):
-    """engine.load_checkpoint, then the optimizer scalars stock's NVMe load path skips (checkpoint.py)."""
+    """engine.load_checkpoint, then what stock's NVMe load path misses (checkpoint.py): the checkpoint's swap files
+    under a rebuilt model's ids, and the optimizer's scalar state."""
     signature = inspect.signature(load_checkpoint)
 
     @functools.wraps(load_checkpoint)
@@ -129,6 +130,8 @@ def _restoring_optimizer_scalars(load_checkpoint):
         bound = signature.bind(self, *args, **kwargs)
         bound.apply_defaults()
         arguments = bound.arguments
+        if not arguments["load_module_only"]:
+            adopt_loaded_files(self, arguments["load_dir"], result[0])
         restore_optimizer_scalars(self, arguments["load_dir"], result[0], arguments["load_optimizer_states"],
                                   arguments["load_module_only"])
         return result

@@ -110,6 +110,11 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         self.print_exclude_list = ["optimizer", "swap_params_info", "timers", "timer_names", "print_exclude_list",
                                    "io", "pool", "config", "store", "budget"]
 
+    @property
+    def files_folder(self) -> str:
+        """The swap files' folder, without the checkpoint flush of ``swap_folder``."""
+        return self._folder
+
     def _host_tier_share(self) -> int:
         """This swapper's bytes of the host tier: what the split by I/O saved per byte (plan/host_tier.py) leaves
         after the parameter partitions, whose cache slots are planned now so the split is deterministic."""
