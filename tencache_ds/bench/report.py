@@ -162,7 +162,8 @@ class Bound:
 
     @property
     def seconds(self) -> Optional[float]:
-        parts = [part for part in (self.compute_s, self.io_s) if part is not None]
+        # No NVMe bytes and no compute arm bound nothing: "0 s" would read as a bound the step cannot reach.
+        parts = [part for part in (self.compute_s, self.io_s) if part is not None and part > 0]
         return max(parts) if parts else None
 
     @property

@@ -284,6 +284,7 @@ def test_bound_is_the_slower_of_compute_and_nvme():
     assert report.compute_bound(GB, GB / 2, bandwidth, None).io_s == pytest.approx(2.0)
     assert report.compute_bound(GB, GB / 2, None, 1.25).seconds == 1.25  # no bandwidth: compute only
     assert report.compute_bound(GB, GB / 2, None, None).seconds is None
+    assert report.compute_bound(0, 0, bandwidth, None).seconds is None  # nothing moved, compute unknown: no bound
     # Step 2: NVMe-limited: 2 s of I/O beats the 1.5 s stock CPU offload step; step time / bound = 2 / 2.
     comparison = compare(three_arms(), warmup_steps=1, nvme_bandwidth=bandwidth)
     assert comparison.bound.seconds == pytest.approx(2.0) and comparison.bound.limited_by == "NVMe"
