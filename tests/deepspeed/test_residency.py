@@ -59,7 +59,7 @@ def test_checkpoint_saved_under_write_back_resumes_as_stock_cpu_offload_does(tra
     Stock's resume with the optimizer on NVMe loses Adam's state (step counts and moments: the engine skips the
     optimizer's state dict on its NVMe load path, integrations/deepspeed/checkpoint.py); tencache restores it and
     resumes with the bits of stock CPU offload's resume (which loads that dict). The checkpoints are
-    interchangeable: each engine resumes the other's with the losses of its own resume."""
+    interchangeable: stock resumes tencache's with the losses of its own resume."""
     runs = {}
     for name, block, device in (("stock", None, "nvme"), ("ours", AUTO, "nvme"), ("cpu", None, "cpu")):
         folder = str(tmp_path / f"ckpt-{name}")
@@ -68,13 +68,10 @@ def test_checkpoint_saved_under_write_back_resumes_as_stock_cpu_offload_does(tra
                                         checkpoint_dir=folder, **FAST)
     runs["stock-resumes-ours"] = train(block=None, steps=2, resume=True, checkpoint_dir=str(tmp_path / "ckpt-ours"),
                                        **FAST)
-    runs["ours-resumes-stock"] = train(block=AUTO, steps=2, resume=True, checkpoint_dir=str(tmp_path / "ckpt-stock"),
-                                       **FAST)
     assert_identical(runs["stock"], runs["ours"])
     assert runs["ours-resumed"].loss_bits == runs["cpu-resumed"].loss_bits
     assert runs["ours-resumed"].result["weights_sha256"] == runs["cpu-resumed"].result["weights_sha256"]
     assert runs["stock-resumes-ours"].loss_bits == runs["stock-resumed"].loss_bits
-    assert runs["ours-resumes-stock"].loss_bits == runs["ours-resumed"].loss_bits
 
 
 @pytest.mark.slow
