@@ -69,6 +69,10 @@ def parse_args(argv=None):
     p.add_argument("--max-in-cpu", type=float, default=None,
                    help="offload_param.max_in_cpu: parameter elements stage 3 moves into its own CPU buffer")
     p.add_argument("--reuse-distance", type=float, default=None, help="zero_optimization.stage3_max_reuse_distance")
+    p.add_argument("--sub-group-size", type=float, default=None,
+                   help="zero_optimization.sub_group_size: parameter elements per optimizer sub-group")
+    p.add_argument("--reduce-bucket-size", type=float, default=None,
+                   help="zero_optimization.reduce_bucket_size: gradient elements reduced (and swapped out) at once")
     p.add_argument("--checkpoint-dir", default=None, help="where --save-after and --resume keep the checkpoint")
     p.add_argument("--save-after", type=int, default=None,
                    help="engine.save_checkpoint(checkpoint-dir) after this many optimizer steps, then train on")
@@ -174,6 +178,10 @@ def load_ds_config(path, args):
         zero["offload_param"]["max_in_cpu"] = int(args.max_in_cpu)
     if args.reuse_distance is not None:
         zero["stage3_max_reuse_distance"] = args.reuse_distance
+    if args.sub_group_size is not None:
+        zero["sub_group_size"] = int(args.sub_group_size)
+    if args.reduce_bucket_size is not None:
+        zero["reduce_bucket_size"] = int(args.reduce_bucket_size)
     if args.tencache_block is not None:
         if args.tencache_block.strip().lower() == "none":
             cfg.pop("tencache", None)

@@ -102,6 +102,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         self.reads_ahead = bool(swap_config.pipeline_read) or "pipeline_read" not in explicit
         self.writes_behind = bool(swap_config.pipeline_write) or "pipeline_write" not in explicit
         self._lent = {}        # sub-group id -> keys of the entries lent as its tensors (and gradient)
+        self._gradients_begun = set()  # sub-group ids with gradient fragments stored since their last update
         self._read_ahead = {}  # sub-group id -> keys whose reads were started for it (async_parameter)
         self._held_files_at_folder_access = None  # {path: file identity} when swap_folder was last read
         self._profile_looked_up = False
@@ -195,6 +196,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         if swap_info is None:
             return
         group = OptimizerSwapper.parameter_id(parameter)
+        self._gradients_begun.discard(group)  # the update uses the gradient: the next backward starts a new one
         read_ahead = self._read_ahead.pop(group, ())
         keys = []
         for context in swap_info.tensors:
@@ -231,18 +233,22 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
 
     def swap_out_gradients(self, parameter, gradient_offsets, gradient_tensors):
         """Copy the sub-group's fp32 gradient fragments into its gradient entry (the one copy stock CPU offload
-        makes too); they reach the file only if the entry is evicted."""
-        swap_info = self.swap_params_info.get(OptimizerSwapper.parameter_id(parameter))
+        makes too); they reach the file only if the entry is evicted. Stage 3 calls this once per reduce bucket,
+        so a sub-group that spans several buckets gets its fragments in several calls: after the first call of a
+        backward the entry holds fragments still to be used (read back from the file if it was not kept)."""
+        group = OptimizerSwapper.parameter_id(parameter)
+        swap_info = self.swap_params_info.get(group)
         if swap_info is None:
             return
         if not swap_info.swapped_gradients:
             swap_info.get_or_create_gradient_paths([0], [swap_info.numel()])
         path = self._gradient_path(swap_info)
-        if self.store.state(path) in (EntryState.CLEAN, EntryState.DIRTY):
-            gradient = self.store.lend(path)  # held: no copy, no I/O
-        else:  # the fragments below replace it: its old bytes are not read
+        if group in self._gradients_begun or self.store.state(path) in (EntryState.CLEAN, EntryState.DIRTY):
+            gradient = self.store.lend(path)  # held: no copy, no I/O; else the earlier fragments, read back
+        else:  # the first fragments since the last update replace the dead gradient: its old bytes are not read
             gradient = self.store.lend_new(path, swap_info.numel(), path)
             gradient.zero_()
+        self._gradients_begun.add(group)
         for offset, tensor in zip(gradient_offsets, gradient_tensors):
             gradient.narrow(0, offset, tensor.numel()).copy_(tensor.reshape(-1))
         self.store.release(path, changed=True)
@@ -262,6 +268,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         for swap_info in self.swap_params_info.values():
             swap_info.swapped_gradients = {}
             swap_info.unswapped_gradients = {}
+        self._gradients_begun.clear()
 
     def close(self):
         """Write what the tier owes to the files, then give back buffers, the streaming arena and I/O threads."""
