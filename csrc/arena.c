@@ -16,9 +16,15 @@
  *   munmap run only in create/destroy, which are never concurrent with other calls on the arena, so no
  *   syscall that can take milliseconds runs under the mutex. cudaHostRegister is done from Python over whole
  *   regions, after create and outside the mutex.
- * Limitations: no growth and no splitting. A request larger than every class fails (TC_EEMPTY); a request
- *   whose class is full takes a slot of a larger class (more waste, visible in requested_in_use). Regions
- *   are MADV_DONTFORK: a fork()ed child does not have them (touching a slot there faults).
+ * Giving memory back: tc_arena_retire takes free slots off their free list and returns their pages to the
+ *   kernel (munlock, then madvise MADV_DONTNEED), keeping the address range; tc_arena_restore locks them
+ *   again and puts them back. A host under memory pressure gets the memory of a shrunk cache while the
+ *   regions (and any CUDA registration of other classes) stay where they are. The syscalls run outside the
+ *   mutex: a slot is marked retired (or restoring) first, so no alloc can hand it out meanwhile.
+ * Limitations: no growth beyond the created slots and no splitting. A request larger than every class fails
+ *   (TC_EEMPTY); a request whose class is full takes a slot of a larger class (more waste, visible in
+ *   requested_in_use). Regions are MADV_DONTFORK: a fork()ed child does not have them (touching a slot there
+ *   faults).
  */
 #define _DEFAULT_SOURCE /* MAP_ANONYMOUS and madvise are not in strict C11 + POSIX */
 
@@ -29,6 +35,10 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <sys/mman.h>
+
+/* in_use[] per slot. */
+enum { SLOT_FREE = 0, SLOT_HANDED_OUT = 1, SLOT_LISTED = 2 /* validate's mark */, SLOT_RETIRED = 3,
+       SLOT_RESTORING = 4 /* retired, being locked again outside the mutex */ };
 
 #ifdef TC_DEBUG
 #include <stdio.h>
@@ -44,17 +54,19 @@ typedef struct {
     /* LOCK: the rest is protected by tc_arena_s.mutex. */
     uint32_t* free_stack;       /* free slot indices; free_stack[n_free - 1] goes out next */
     uint64_t n_free;            /* COUNT: entries on free_stack */
-    uint8_t* in_use;            /* per slot: 1 while handed out, else 0 */
+    uint8_t* in_use;            /* per slot: SLOT_HANDED_OUT while handed out, SLOT_RETIRED / SLOT_RESTORING
+                                 * while its pages are given back, else SLOT_FREE */
     uint64_t* requested;        /* per slot: nbytes asked for while handed out, else 0 */
-    uint64_t peak_slots_in_use; /* PEAK: of slot_count - n_free */
+    uint64_t peak_slots_in_use; /* PEAK: of slot_count - n_free - n_retired */
+    uint64_t n_retired;         /* COUNT: slots whose pages were given back (SLOT_RETIRED or SLOT_RESTORING) */
 } tc_class_t;
 
 struct tc_arena_s {
     pthread_mutex_t mutex;
     uint32_t n_classes;
     tc_class_t classes[TC_MAX_CLASSES]; /* ascending, distinct slot_bytes */
-    /* reserved, locked, lock_fallbacks, n_regions, n_classes are fixed after create;
-     * LOCK: the other fields are protected by mutex. */
+    /* reserved, lock_fallbacks, n_regions, n_classes are fixed after create;
+     * LOCK: the other fields (locked and retired change with retire/restore) are protected by mutex. */
     tc_stats_t stats;
 };
 
@@ -193,10 +205,10 @@ int tc_arena_alloc(tc_arena_t* arena, uint64_t nbytes, void** out_ptr, uint32_t*
         tc_class_t* c = &arena->classes[i];
         if (c->slot_bytes < nbytes || c->n_free == 0) continue;
         const uint32_t idx = c->free_stack[--c->n_free];
-        assert(idx < c->slot_count && c->in_use[idx] == 0);
-        c->in_use[idx] = 1;
+        assert(idx < c->slot_count && c->in_use[idx] == SLOT_FREE);
+        c->in_use[idx] = SLOT_HANDED_OUT;
         c->requested[idx] = nbytes;
-        const uint64_t slots_in_use = c->slot_count - c->n_free;
+        const uint64_t slots_in_use = c->slot_count - c->n_free - c->n_retired;
         if (slots_in_use > c->peak_slots_in_use) c->peak_slots_in_use = slots_in_use;
         tc_stats_t* s = &arena->stats;
         s->in_use += c->slot_bytes;
@@ -224,12 +236,12 @@ int tc_arena_free(tc_arena_t* arena, void* ptr) {
         if ((p - base) % c->slot_bytes != 0) return TC_ENOTOWNED; /* inside a slot, not its start */
         const uint64_t idx = (p - base) / c->slot_bytes;
         arena_lock(arena);
-        if (c->in_use[idx] == 0) { /* double free */
+        if (c->in_use[idx] != SLOT_HANDED_OUT) { /* double free, or a retired slot */
             arena_unlock(arena);
             return TC_ENOTOWNED;
         }
         assert(c->n_free < c->slot_count);
-        c->in_use[idx] = 0;
+        c->in_use[idx] = SLOT_FREE;
         arena->stats.in_use -= c->slot_bytes;
         arena->stats.requested_in_use -= c->requested[idx];
         arena->stats.frees++;
@@ -239,6 +251,67 @@ int tc_arena_free(tc_arena_t* arena, void* ptr) {
         return TC_OK;
     }
     return TC_ENOTOWNED; /* NULL, or an address in no region */
+}
+
+int tc_arena_retire(tc_arena_t* arena, uint32_t cls, uint64_t max_slots, uint64_t* out_n) {
+    if (out_n != NULL) *out_n = 0;
+    if (arena == NULL || out_n == NULL || cls >= arena->n_classes) return TC_EINVAL;
+    tc_class_t* c = &arena->classes[cls];
+    for (uint64_t k = 0; k < max_slots; k++) {
+        arena_lock(arena);
+        if (c->n_free == 0) {
+            arena_unlock(arena);
+            break;
+        }
+        /* The bottom of the LIFO stack: the slot unused for longest, the coldest in cache and TLB. */
+        const uint32_t idx = c->free_stack[0];
+        c->free_stack[0] = c->free_stack[--c->n_free];
+        c->in_use[idx] = SLOT_RETIRED;
+        c->n_retired++;
+        arena->stats.retired += c->slot_bytes;
+        if (c->locked) arena->stats.locked -= c->slot_bytes;
+        arena_unlock(arena);
+        uint8_t* slot = c->base + (uint64_t)idx * c->slot_bytes;
+        /* A locked range cannot be dropped (EINVAL): unlock it first. Neither call fails on a range we mapped. */
+        if (c->locked) (void)munlock(slot, (size_t)c->slot_bytes);
+        (void)madvise(slot, (size_t)c->slot_bytes, MADV_DONTNEED);
+        (*out_n)++;
+    }
+    return TC_OK;
+}
+
+int tc_arena_restore(tc_arena_t* arena, uint32_t cls, uint64_t max_slots, uint64_t* out_n) {
+    if (out_n != NULL) *out_n = 0;
+    if (arena == NULL || out_n == NULL || cls >= arena->n_classes) return TC_EINVAL;
+    tc_class_t* c = &arena->classes[cls];
+    uint64_t scan = 0; /* retired slots are found by a scan: restoring is rare (memory came back) */
+    for (uint64_t k = 0; k < max_slots; k++) {
+        arena_lock(arena);
+        while (scan < c->slot_count && c->in_use[scan] != SLOT_RETIRED) scan++;
+        if (scan == c->slot_count) {
+            arena_unlock(arena);
+            break;
+        }
+        const uint64_t idx = scan;
+        c->in_use[idx] = SLOT_RESTORING;
+        arena_unlock(arena);
+        uint8_t* slot = c->base + idx * c->slot_bytes;
+        const int relocked = !c->locked || mlock(slot, (size_t)c->slot_bytes) == 0;
+        arena_lock(arena);
+        if (!relocked) {
+            c->in_use[idx] = SLOT_RETIRED;
+            arena_unlock(arena);
+            return TC_ELOCK;
+        }
+        c->in_use[idx] = SLOT_FREE;
+        c->free_stack[c->n_free++] = (uint32_t)idx;
+        c->n_retired--;
+        arena->stats.retired -= c->slot_bytes;
+        if (c->locked) arena->stats.locked += c->slot_bytes;
+        arena_unlock(arena);
+        (*out_n)++;
+    }
+    return TC_OK;
 }
 
 int tc_arena_stats(const tc_arena_t* arena, tc_stats_t* out) {
@@ -255,9 +328,10 @@ int tc_arena_class_stats(const tc_arena_t* arena, uint32_t cls, tc_class_stats_t
     arena_lock(arena);
     out->slot_bytes = c->slot_bytes;
     out->slot_count = c->slot_count;
-    out->slots_in_use = c->slot_count - c->n_free;
+    out->slots_in_use = c->slot_count - c->n_free - c->n_retired;
     out->peak_slots_in_use = c->peak_slots_in_use;
     out->locked = (uint64_t)c->locked;
+    out->slots_retired = c->n_retired;
     arena_unlock(arena);
     return TC_OK;
 }
@@ -286,37 +360,44 @@ int tc_arena_region(const tc_arena_t* arena, uint32_t i, void** base, uint64_t* 
 #endif
 
 /* Check one class under the arena mutex; add its live slots to the running sums. Free-stack entries are
- * marked 2 in in_use for the duplicate check and reset to 0 by the second loop, whatever the outcome. */
+ * marked SLOT_LISTED in in_use for the duplicate check and reset to SLOT_FREE by the second loop, whatever the
+ * outcome. */
 static int validate_class(const tc_class_t* c, uint64_t* live_slots, uint64_t* live_bytes, uint64_t* requested) {
     int ok = 1;
     TC_VCHECK(c->base != NULL && (uintptr_t)c->base % TC_SLOT_ALIGN_BYTES == 0);
     TC_VCHECK(c->slot_bytes > 0 && c->slot_bytes % TC_SLOT_ALIGN_BYTES == 0);
     TC_VCHECK(c->region_bytes == c->slot_bytes * c->slot_count);
-    TC_VCHECK(c->n_free <= c->slot_count);
+    TC_VCHECK(c->n_free + c->n_retired <= c->slot_count);
     if (!ok) return 0;
     for (uint64_t k = 0; k < c->n_free; k++) {
         const uint32_t idx = c->free_stack[k];
-        TC_VCHECK(idx < c->slot_count && c->in_use[idx] == 0); /* a 2 here is a slot listed twice */
+        TC_VCHECK(idx < c->slot_count && c->in_use[idx] == SLOT_FREE); /* SLOT_LISTED: a slot listed twice */
         if (!ok) break;
-        c->in_use[idx] = 2;
+        c->in_use[idx] = SLOT_LISTED;
     }
-    uint64_t live = 0;
+    uint64_t live = 0, retired = 0;
     for (uint64_t s = 0; s < c->slot_count; s++) {
         switch (c->in_use[s]) {
-        case 1:
+        case SLOT_HANDED_OUT:
             live++;
             TC_VCHECK(c->requested[s] > 0 && c->requested[s] <= c->slot_bytes);
             *requested += c->requested[s];
             break;
-        case 2:
-            c->in_use[s] = 0;
+        case SLOT_LISTED:
+            c->in_use[s] = SLOT_FREE;
+            TC_VCHECK(c->requested[s] == 0);
+            break;
+        case SLOT_RETIRED:
+        case SLOT_RESTORING:
+            retired++;
             TC_VCHECK(c->requested[s] == 0);
             break;
         default:
-            TC_VCHECK(0 && "slot neither handed out nor on the free stack");
+            TC_VCHECK(0 && "slot neither handed out, nor on the free stack, nor retired");
         }
     }
-    TC_VCHECK(live == c->slot_count - c->n_free);
+    TC_VCHECK(retired == c->n_retired);
+    TC_VCHECK(live == c->slot_count - c->n_free - c->n_retired);
     TC_VCHECK(c->peak_slots_in_use >= live && c->peak_slots_in_use <= c->slot_count);
     *live_slots += live;
     *live_bytes += live * c->slot_bytes;
@@ -326,7 +407,7 @@ static int validate_class(const tc_class_t* c, uint64_t* live_slots, uint64_t* l
 int tc_arena_validate(const tc_arena_t* arena) {
     if (arena == NULL) return TC_EINVAL;
     int ok = 1;
-    uint64_t live_slots = 0, live_bytes = 0, requested = 0, reserved = 0, locked = 0;
+    uint64_t live_slots = 0, live_bytes = 0, requested = 0, reserved = 0, locked = 0, retired = 0;
     arena_lock(arena);
     const tc_stats_t* s = &arena->stats;
     TC_VCHECK(arena->n_classes >= 1 && arena->n_classes <= TC_MAX_CLASSES);
@@ -336,11 +417,14 @@ int tc_arena_validate(const tc_arena_t* arena) {
         TC_VCHECK(i == 0 || c->slot_bytes > arena->classes[i - 1].slot_bytes);
         if (!validate_class(c, &live_slots, &live_bytes, &requested)) ok = 0;
         reserved += c->region_bytes;
-        if (c->locked) locked += c->region_bytes;
+        retired += c->n_retired * c->slot_bytes;
+        if (c->locked) locked += c->region_bytes - c->n_retired * c->slot_bytes;
     }
     if (ok) {
         TC_VCHECK(s->reserved == reserved && s->locked == locked && s->locked <= s->reserved);
+        TC_VCHECK(s->retired == retired && s->retired <= s->reserved);
         TC_VCHECK(s->in_use == live_bytes && s->peak_in_use >= s->in_use && s->peak_in_use <= s->reserved);
+        TC_VCHECK(s->in_use + s->retired <= s->reserved);
         TC_VCHECK(s->requested_in_use == requested && s->requested_in_use <= s->in_use);
         TC_VCHECK(s->allocs >= s->frees && s->allocs - s->frees == live_slots);
         TC_VCHECK(s->lock_fallbacks <= s->n_regions);

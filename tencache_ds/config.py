@@ -51,8 +51,9 @@ class TencacheConfig(BaseModel):
     (counted once; a size given here is capped by that share); 0 = off (DeepSpeed's own release rules)."""
 
     metrics_path: Optional[str] = None
-    """Where per-step metrics are appended as JSON lines, one object per optimizer step (schema "tencache.metrics/1":
-    step time, fetch wait, device and host hit rates, NVMe bytes, prefetches, memory); tencache_ds.stats(engine)
+    """Where per-step metrics are appended as JSON lines, one object per optimizer step (schema "tencache.metrics/2":
+    step time, fetch wait, device and host hit rates, NVMe bytes, prefetches, memory, the host cache budget and the
+    host memory reading it follows); tencache_ds.stats(engine)
     returns the latest. None: no file."""
 
     profile_path: Optional[str] = None

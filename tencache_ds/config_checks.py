@@ -28,8 +28,8 @@ def check_host_budget(config: TencacheConfig, machine: MachineResources) -> None
     per_node = "" if ranks == 1 else f" per rank, x {ranks} ranks on this node = {node} ({fmt_bytes(node)}),"
     if node > machine.host_total_bytes:
         raise TencacheConfigError(
-            f"{CONFIG_KEY}.host_cache_bytes = {budget} ({fmt_bytes(budget)}){per_node} is more than this machine's "
-            f"physical memory ({fmt_bytes(machine.host_total_bytes)}): use \"auto\" (25% of the memory available "
+            f"{CONFIG_KEY}.host_cache_bytes = {budget} ({fmt_bytes(budget)}){per_node} is more than "
+            f"{machine.host_memory_name} ({fmt_bytes(machine.host_total_bytes)}): use \"auto\" (25% of the memory available "
             f"at start-up, shared by the ranks of a node) or a size well below the physical memory")
     if config.pin_memory != "required":
         return

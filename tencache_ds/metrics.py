@@ -3,13 +3,18 @@ into per-step numbers, and the JSON-lines file. Pure: the numbers come from inte
 
 One line per optimizer step at the config's ``metrics_path``, and the latest one in ``tencache_ds.stats(engine)``:
 
-    {"schema": "tencache.metrics/1", "step": 12, "step_time_s": 1.93, "fetch_wait_s": 0.004, "device_hit_rate": 0.98,
+    {"schema": "tencache.metrics/2", "step": 12, "step_time_s": 1.93, "fetch_wait_s": 0.004, "device_hit_rate": 0.98,
      "host_hit_rate": 1.0, "nvme_read_bytes": 0, "nvme_write_bytes": 0, "prefetch_issued": 0, "prefetch_late": 0,
      "pinned_bytes_reserved": ..., "pinned_bytes_in_use": ..., "host_cache_bytes_in_use": ...,
-     "device_cache_bytes_in_use": ...}
+     "device_cache_bytes_in_use": ..., "host_cache_budget_bytes": ..., "host_memory_available_bytes": ...,
+     "host_step_rise_bytes": ...}
 
 ``nvme_*_bytes``, ``prefetch_*`` and ``fetch_wait_s`` are this step's; the ``*_bytes_*`` gauges are their values at
-the step's end; a hit rate is None when the step made no such access.
+the step's end; a hit rate is None when the step made no such access. ``host_memory_available_bytes`` and
+``host_step_rise_bytes`` are the host-memory reading taken before the step's first forward pass (what the host
+tier's budget under memory pressure is decided from, integrations/deepspeed/memory_pressure.py).
+
+Schema history: 2 added ``host_cache_budget_bytes``, ``host_memory_available_bytes``, ``host_step_rise_bytes``.
 """
 import dataclasses
 import json
@@ -17,7 +22,7 @@ import os
 import time
 from typing import Callable, Dict, Optional
 
-SCHEMA = "tencache.metrics/1"
+SCHEMA = "tencache.metrics/2"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +52,9 @@ class Gauges:
     pinned_bytes_in_use: int = 0
     host_cache_bytes_in_use: int = 0
     device_cache_bytes_in_use: int = 0
+    host_cache_budget_bytes: int = 0      # the host tier's budget now (lowered under memory pressure)
+    host_memory_available_bytes: int = 0  # node or cgroup memory available at the last reading
+    host_step_rise_bytes: int = 0         # how far a step rises above its level between steps (measured)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +74,9 @@ class StepMetrics:
     pinned_bytes_in_use: int
     host_cache_bytes_in_use: int
     device_cache_bytes_in_use: int
+    host_cache_budget_bytes: int
+    host_memory_available_bytes: int
+    host_step_rise_bytes: int
     schema: str = SCHEMA
 
     def flat(self) -> Dict[str, object]:

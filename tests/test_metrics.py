@@ -5,7 +5,8 @@ from tencache_ds.metrics import SCHEMA, Gauges, MetricsWriter, RunningTotals, St
 
 SCHEMA_KEYS = {"schema", "step", "step_time_s", "fetch_wait_s", "device_hit_rate", "host_hit_rate",
                "nvme_read_bytes", "nvme_write_bytes", "prefetch_issued", "prefetch_late", "pinned_bytes_reserved",
-               "pinned_bytes_in_use", "host_cache_bytes_in_use", "device_cache_bytes_in_use"}
+               "pinned_bytes_in_use", "host_cache_bytes_in_use", "device_cache_bytes_in_use",
+               "host_cache_budget_bytes", "host_memory_available_bytes", "host_step_rise_bytes"}  # 2: memory pressure
 
 
 class Clock:
@@ -19,7 +20,7 @@ class Clock:
 def test_key_set_is_the_schema():
     meter = StepMeter(clock=Clock())
     assert set(meter.step_end(RunningTotals(), Gauges()).flat()) == SCHEMA_KEYS
-    assert SCHEMA == "tencache.metrics/1"
+    assert SCHEMA == "tencache.metrics/2"
 
 
 def test_steps_report_increases_since_the_previous_step():

@@ -173,6 +173,65 @@ static void test_lock_best_effort_reports_locked_bytes(void) {
     tc_arena_destroy(a);
 }
 
+static void test_retire_and_restore(void) {
+    tc_class_spec_t spec[] = {{4 * KiB, 4}, {8 * KiB, 1}};
+    tc_arena_t* a = NULL;
+    CHECK(tc_arena_create(spec, 2, TC_LOCK_BEST_EFFORT, &a) == TC_OK);
+    if (a == NULL) return;
+    tc_stats_t before, s;
+    tc_arena_stats(a, &before);
+    void *held, *p;
+    CHECK(tc_arena_alloc(a, 4096, &held, NULL) == TC_OK);
+    /* Fill the free slots with a pattern, so that dropped pages show as zeros. */
+    uint8_t* region = NULL;
+    uint64_t region_bytes = 0;
+    tc_arena_region(a, 0, (void**)&region, &region_bytes);
+    for (uint64_t off = 0; off < region_bytes; off += 4096) {
+        if (region + off != held) memset(region + off, 0x5a, 4096);
+    }
+    uint64_t n = 99;
+    /* Only free slots are retired, however many are asked for; the held one keeps its bytes. */
+    memset(held, 0x77, 4096);
+    CHECK(tc_arena_retire(a, 0, 10, &n) == TC_OK && n == 3);
+    CHECK(((uint8_t*)held)[4095] == 0x77);
+    for (uint64_t off = 0; off < region_bytes; off += 4096) {
+        if (region + off != held) CHECK(region[off] == 0 && region[off + 4095] == 0); /* pages given back */
+    }
+    tc_arena_stats(a, &s);
+    CHECK(s.retired == 3 * 4096 && s.in_use == 4096);
+    CHECK(s.locked == (before.locked ? before.locked - 3 * 4096 : 0));
+    tc_class_stats_t c;
+    tc_arena_class_stats(a, 0, &c);
+    CHECK(c.slots_retired == 3 && c.slots_in_use == 1);
+    /* A retired slot is neither handed out nor freeable; class 0 is full, so 4 KiB spill into class 1. */
+    CHECK(tc_arena_free(a, region + (region == held ? 4096 : 0)) == TC_ENOTOWNED);
+    uint32_t cls = 9;
+    CHECK(tc_arena_alloc(a, 4096, &p, &cls) == TC_OK && cls == 1);
+    CHECK(tc_arena_alloc(a, 4096, &p, NULL) == TC_EEMPTY);
+    CHECK(tc_arena_validate(a) == TC_OK);
+    /* Restore two: they come back free (locked again if the class is) and can be handed out. */
+    CHECK(tc_arena_restore(a, 0, 2, &n) == TC_OK && n == 2);
+    void *r1, *r2;
+    CHECK(tc_arena_alloc(a, 100, &r1, &cls) == TC_OK && cls == 0);
+    CHECK(tc_arena_alloc(a, 100, &r2, &cls) == TC_OK && cls == 0);
+    memset(r1, 1, 4096);
+    memset(r2, 2, 4096);
+    tc_arena_stats(a, &s);
+    CHECK(s.retired == 4096 && s.locked == (before.locked ? before.locked - 4096 : 0));
+    CHECK(tc_arena_validate(a) == TC_OK);
+    /* Restoring more than are retired restores what there is; retiring with nothing free retires nothing. */
+    CHECK(tc_arena_restore(a, 0, 5, &n) == TC_OK && n == 1);
+    CHECK(tc_arena_restore(a, 0, 5, &n) == TC_OK && n == 0);
+    CHECK(tc_arena_alloc(a, 4096, &p, NULL) == TC_OK);
+    CHECK(tc_arena_retire(a, 0, 1, &n) == TC_OK && n == 0);
+    CHECK(tc_arena_retire(a, 2, 1, &n) == TC_EINVAL && n == 0);
+    CHECK(tc_arena_restore(NULL, 0, 1, &n) == TC_EINVAL);
+    tc_arena_stats(a, &s);
+    CHECK(s.retired == 0 && s.locked == before.locked);
+    CHECK(tc_arena_validate(a) == TC_OK);
+    tc_arena_destroy(a);
+}
+
 static void test_strerror(void) {
     for (int code = TC_OK; code <= TC_ENOTOWNED; code++) CHECK(tc_strerror(code) != NULL);
     CHECK(strcmp(tc_strerror(12345), "unknown tencache arena error") == 0);
@@ -225,13 +284,35 @@ static void* stress_thread(void* argp) {
     return NULL;
 }
 
+/* Retires and restores slots of every class while the stress threads allocate: a slot retired while handed out
+ * would have its tag zeroed (its pages dropped) and show up as an error in the thread that holds it. */
+static volatile int stress_done = 0;
+
+static void* retire_thread(void* argp) {
+    stress_arg_t* arg = argp;
+    while (!stress_done) {
+        uint64_t n;
+        uint32_t cls = xorshift(&arg->seed) % 3;
+        int rc = (xorshift(&arg->seed) & 1) ? tc_arena_retire(arg->arena, cls, 2, &n)
+                                            : tc_arena_restore(arg->arena, cls, 3, &n);
+        if (rc != TC_OK) arg->errors++;
+    }
+    for (uint32_t cls = 0; cls < 3; cls++) {
+        uint64_t n;
+        if (tc_arena_restore(arg->arena, cls, 100, &n) != TC_OK) arg->errors++;
+    }
+    return NULL;
+}
+
 static void test_threads(void) {
     /* Fewer slots than 4 threads x 8 held, so TC_EEMPTY and class spill-over both happen. */
     tc_class_spec_t spec[] = {{4 * KiB, 6}, {8 * KiB, 6}, {32 * KiB, 6}};
     tc_arena_t* a = make(spec, 3);
     if (a == NULL) return;
-    pthread_t threads[STRESS_THREADS];
-    stress_arg_t args[STRESS_THREADS];
+    pthread_t threads[STRESS_THREADS], retirer;
+    stress_arg_t args[STRESS_THREADS], retire_arg = {a, 88172645u, 0};
+    stress_done = 0;
+    pthread_create(&retirer, NULL, retire_thread, &retire_arg);
     for (int t = 0; t < STRESS_THREADS; t++) {
         args[t] = (stress_arg_t){a, 2463534242u + 7919u * (uint32_t)t, 0};
         pthread_create(&threads[t], NULL, stress_thread, &args[t]);
@@ -241,10 +322,12 @@ static void test_threads(void) {
         pthread_join(threads[t], NULL);
         errors += args[t].errors;
     }
-    CHECK(errors == 0);
+    stress_done = 1;
+    pthread_join(retirer, NULL);
+    CHECK(errors == 0 && retire_arg.errors == 0);
     tc_stats_t s;
     tc_arena_stats(a, &s);
-    CHECK(s.in_use == 0 && s.requested_in_use == 0 && s.allocs == s.frees && s.allocs > 0);
+    CHECK(s.in_use == 0 && s.requested_in_use == 0 && s.allocs == s.frees && s.allocs > 0 && s.retired == 0);
     CHECK(s.failed_allocs > 0);
     CHECK(tc_arena_validate(a) == TC_OK);
     tc_arena_destroy(a);
@@ -258,6 +341,7 @@ int main(void) {
     test_reuse_and_bad_frees();
     test_stats();
     test_lock_best_effort_reports_locked_bytes();
+    test_retire_and_restore();
     test_strerror();
     test_threads();
     printf("%d passed, %d failed\n", n_passed, n_failed);

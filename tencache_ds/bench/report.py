@@ -14,7 +14,7 @@ The inputs follow the result contract of scripts/train.py:
   and the like) are totals since the engine started (a Counter's ``total``, style.md 8.6), so a step's value is the
   difference from the previous step; the first step's difference includes what engine start-up did.
 - metrics rows (the JSON lines the tencache block writes to ``metrics_path``) are one flat dict per optimizer step.
-  Rows with ``"schema": "tencache.metrics/1"`` carry ``nvme_read_bytes``/``nvme_write_bytes`` per step (older rows
+  Rows with ``"schema": "tencache.metrics/N"`` (N >= 1) carry ``nvme_read_bytes``/``nvme_write_bytes`` per step (older rows
   carry running totals there and the per-step value as ``nvme_*_bytes_per_step``), and the per-step
   ``fetch_wait_s``, ``device_hit_rate`` and ``host_hit_rate``.
 
@@ -51,7 +51,7 @@ FETCH_WAIT = "fetch_wait_s"          # time the step waited for tensors to arriv
 STEP_SERIES = (STEP_TIME, NVME_READ, NVME_WRITE, PINNED, PEAK_RSS, DEVICE_HIT, HOST_HIT, FETCH_WAIT)
 
 METRICS_SCHEMA_KEY = "schema"
-METRICS_SCHEMA_PREFIX = "tencache.metrics/"  # "tencache.metrics/1": nvme_*_bytes are per step
+METRICS_SCHEMA_PREFIX = "tencache.metrics/"  # "tencache.metrics/1" and later: nvme_*_bytes are per step
 PINNED_PEAK_KEY = "pinned_bytes_peak_in_use"
 # Stats/metrics keys the headline (or a fixed row) already shows; the generic rows of the full table skip them.
 FIXED_KEYS = frozenset(STEP_SERIES) | {PINNED_PEAK_KEY, "nvme_read_bytes_per_step", "nvme_write_bytes_per_step"}

@@ -70,9 +70,10 @@ class BudgetedPageable:
     """Optimizer state: page-aligned pageable memory (only the CPU optimizer and file I/O touch it, so nothing is
     gained by locking it), kept between uses while ``budget`` has room. Beyond the budget an entry is served from
     a transient buffer that goes back after use: a streaming slot of the pool's arena (the caller reserves them,
-    as many as one sub-group needs at once), else fresh memory. ``bypass``: once the access order is known, an incoming entry that
-    is needed later than every candidate victim is not admitted (Belady with bypass: in the cyclic order of
-    optimizer sub-groups the tier then keeps a fixed share instead of cycling everything through)."""
+    as many as one sub-group needs at once, and may keep them retired until needed: one is brought back when
+    none is free), else fresh memory. ``bypass``: once the access order is known, an incoming entry that is
+    needed later than every candidate victim is not admitted (Belady with bypass: in the cyclic order of optimizer
+    sub-groups the tier then keeps a fixed share instead of cycling everything through)."""
 
     bypass = True
 
@@ -93,6 +94,9 @@ class BudgetedPageable:
         # A streaming slot of the pool's arena when one fits (reused memory: a fresh mapping of a sub-group's size
         # would be zero-filled by page faults on every use), else a fresh mapping.
         slot = self.pool.try_acquire(nbytes)
+        size = self.pool.class_bytes(nbytes) if slot is None else None
+        if size is not None and self.pool.restore(size, 1):  # a retired slot: memory only once it is needed
+            slot = self.pool.try_acquire(nbytes)
         return slot if slot is not None else self.pool.acquire_pageable(nbytes, count_as_fallback=False)
 
     def keeps(self, buffer: HostBuffer) -> bool:
@@ -459,6 +463,54 @@ class EntryStore:
             if entry.state == S.DIRTY:
                 self._start_write(entry, evicting=False)
             self._wait_write(entry)
+
+    # ------------------------------------------------------------------------------------ giving memory back
+    def kept_bytes(self) -> int:
+        """Bytes of buffers the tier keeps between uses (held now, or lent and to be held again at release)."""
+        with self._lock:
+            return self._kept_bytes_locked()
+
+    def trim_kept(self, target_bytes: int) -> int:
+        """Keep at most ``target_bytes`` of buffers from now on (memory pressure): held entries go, the one needed
+        farthest ahead first (least recently used before the order is known), dirty ones written first; if that is
+        not enough, lent entries are no longer kept and go when released. Returns the kept bytes left."""
+        with self._lock:
+            self._reap_writes()
+            excess = self._kept_bytes_locked() - max(0, int(target_bytes))
+            excess -= self._evict_held_locked(excess, lambda buffer: True)
+            lent = [entry for entry in self._entries.values() if entry.state in LENT and entry.kept]
+            while excess > 0 and lent:
+                entry = lent.pop()
+                entry.kept = False  # released into a write and a drop, not into the cache
+                excess -= entry.buffer.capacity_bytes
+            self._checked()
+            return self._kept_bytes_locked()
+
+    def _evict_held_locked(self, nbytes: int, may_give_back: Callable[[HostBuffer], bool]) -> int:
+        """Evict held entries whose buffers ``may_give_back`` until at least ``nbytes`` of buffers are freed (fewer
+        when there are not enough): farthest next use first; the dirty ones' writes run together and are waited
+        for. Returns the bytes freed."""
+        candidates = [entry.key for entry in self._cached.values() if may_give_back(entry.buffer)]
+        index = self.next_use if self.recorder.on_track else None
+        victims, freed = [], 0
+        while freed < nbytes and candidates:
+            key = choose_victim(candidates, index, self.recorder.position)
+            candidates.remove(key)
+            victims.append(self._entries[key])
+            freed += self._entries[key].buffer.capacity_bytes
+        for victim in victims:
+            self.counters.evictions += 1
+            if victim.state == S.CLEAN:
+                self._drop(victim, S.ON_FILE)
+            else:
+                self._start_write(victim, evicting=True)
+        for victim in victims:
+            self._wait_write(victim)
+        return freed
+
+    def _kept_bytes_locked(self) -> int:
+        return sum(entry.buffer.capacity_bytes for entry in self._entries.values()
+                   if entry.buffer is not None and entry.kept)
 
     def forget(self, key) -> None:
         """Drop ``key``'s entry without writing (its file was replaced by someone else); unknown keys are ignored."""

@@ -4,7 +4,8 @@ import threading
 
 
 class HostBudget:
-    """``try_reserve(n)`` takes n bytes if that many are left; ``release(n)`` gives them back."""
+    """``try_reserve(n)`` takes n bytes if that many are left; ``release(n)`` gives them back. Invariant: 0 <= used;
+    used <= total except after a ``resize`` below it, until enough is released."""
 
     def __init__(self, total_bytes: int):
         self.total_bytes = max(0, int(total_bytes))
@@ -20,6 +21,12 @@ class HostBudget:
             self._peak = max(self._peak, self._used)
             return True
 
+    def resize(self, total_bytes: int) -> None:
+        """A new total (memory pressure, or memory back). What is reserved stays reserved until released: a total
+        below it lets nothing new in until enough is released."""
+        with self._lock:
+            self.total_bytes = max(0, int(total_bytes))
+
     def release(self, nbytes: int) -> None:
         with self._lock:
             assert nbytes <= self._used, (nbytes, self._used)
@@ -27,7 +34,7 @@ class HostBudget:
 
     def available(self) -> int:
         with self._lock:
-            return self.total_bytes - self._used
+            return max(0, self.total_bytes - self._used)
 
     @property
     def used_bytes(self) -> int:

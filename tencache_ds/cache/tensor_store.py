@@ -51,7 +51,8 @@ class TensorStore(EntryStore):
         self._slots_per_class = slots_per_class
         self._file_suffix = file_suffix
         self._unplanned: Dict[Hashable, int] = {}  # key -> swap bytes, registered since the last plan
-        self.cache_bytes_reserved = 0  # SUM: arena bytes planned for cached copies beyond streaming
+        self._cache_slots: Dict[int, int] = {}  # slot bytes -> slots planned for cached copies beyond streaming
+        self.cache_bytes_reserved = 0  # SUM: bytes of those slots not retired (memory the cache has to give back)
 
     # ------------------------------------------------------------------------------------------- registry
     def path_of(self, key) -> str:
@@ -77,6 +78,7 @@ class TensorStore(EntryStore):
         self.cache_bytes_reserved += class_bytes(extra)
         for size, count in extra.items():
             counts[size] += count
+            self._cache_slots[size] = self._cache_slots.get(size, 0) + count
         self.pool.add_classes(counts)
 
     def hand_over(self, key) -> None:
@@ -97,16 +99,86 @@ class TensorStore(EntryStore):
             self._checked()
             if self.pool.stats()["in_use_bytes"]:
                 return
-            self.pool.close()
-            if self.cache_bytes_reserved:
-                self._budget.release(self.cache_bytes_reserved)
-                self.cache_bytes_reserved = 0
+            self._close_pool()
             self._unplanned = {other: self.swap_nbytes(entry.numel) for other, entry in self._entries.items()}
 
     @property
     def streaming_bytes_reserved(self) -> int:
         """Arena bytes planned for streaming (locked whatever the host cache)."""
-        return self.pool.stats()["reserved_bytes"] - self.cache_bytes_reserved
+        stats = self.pool.stats()
+        return stats["reserved_bytes"] - stats["retired_bytes"] - self.cache_bytes_reserved
+
+    @property
+    def reducible_cache_bytes(self) -> int:
+        """Cache bytes ``resize_cache`` could give back to the kernel: none where CUDA registered the arena."""
+        return self.cache_bytes_reserved if self.pool.can_retire else 0
+
+    @property
+    def planned_cache_bytes(self) -> int:
+        """Bytes of the cache slots planned (retired or not): the most ``resize_cache`` can commit."""
+        return class_bytes(self._cache_slots)
+
+    def resize_cache(self, target_bytes: int) -> int:
+        """Commit ``target_bytes`` of cache slots from now on (memory pressure, or memory back), within what was
+        planned: shrinking retires free cache slots (their memory goes back to the kernel), evicting held
+        partitions of those classes first when too few are free (farthest next use first, dirty ones written);
+        growing brings retired slots back. Lent partitions keep their slots (released ones are retired at the next
+        call). Streaming slots are never touched. Returns the cache bytes committed afterwards: above the target
+        when slots are lent, or when the arena cannot give pages back (registered with CUDA: then nothing is
+        evicted either, since it would free no memory)."""
+        target = max(0, int(target_bytes))
+        with self._lock:
+            if target < self.cache_bytes_reserved and not self.pool.can_retire:
+                return self.cache_bytes_reserved
+            self._budget.resize(target)
+            if target < self.cache_bytes_reserved:
+                self._retire_cache_slots(target)
+                excess = self.cache_bytes_reserved - target
+                if excess > 0:
+                    retirable = self._retirable_slots()
+                    self._evict_held_locked(excess, lambda buffer: retirable.get(buffer.capacity_bytes, 0) > 0)
+                    self._retire_cache_slots(target)
+            elif target > self.cache_bytes_reserved:
+                self._restore_cache_slots(target)
+            self._checked()
+            return self.cache_bytes_reserved
+
+    def _retirable_slots(self) -> Dict[int, int]:
+        """slot bytes -> cache slots of that size not retired yet."""
+        slots = self.pool.class_slots()
+        return {size: count - slots[size]["retired"] for size, count in self._cache_slots.items()
+                if count > slots[size]["retired"]}
+
+    def _retire_cache_slots(self, target: int) -> None:
+        """Retire free cache slots until at most ``target`` bytes are committed: the largest that fit the excess
+        first, then the smallest that covers what is left (overshooting by less than one slot)."""
+        while self.cache_bytes_reserved > target:
+            excess = self.cache_bytes_reserved - target
+            sizes = sorted(self._retirable_slots())
+            fitting = [size for size in sizes if size <= excess]
+            covering = [size for size in sizes if size > excess]
+            retired = 0
+            for size in list(reversed(fitting)) + covering:
+                retired = self.pool.retire_free(size, min(self._retirable_slots()[size], max(1, excess // size)))
+                if retired:
+                    self.cache_bytes_reserved -= retired * size
+                    self._budget.release(retired * size)
+                    break
+            if not retired:
+                return  # no free slot in a class with cache slots left: lent, or not retirable (CUDA)
+
+    def _restore_cache_slots(self, target: int) -> None:
+        """Bring retired cache slots back while they fit ``target``, smallest first."""
+        slots = self.pool.class_slots()
+        for size in sorted(self._cache_slots):
+            while slots[size]["retired"] > 0 and self.cache_bytes_reserved + size <= target:
+                if not self._budget.try_reserve(size):
+                    return
+                if not self.pool.restore(size, 1):  # the memlock limit stops it: keep what is back
+                    self._budget.release(size)
+                    return
+                slots[size]["retired"] -= 1
+                self.cache_bytes_reserved += size
 
     def _cache_room(self, streaming_bytes: int) -> int:
         """The budget left, cut to what the memlock limit leaves after the streaming slots (logged when it cuts)."""
@@ -135,7 +207,11 @@ class TensorStore(EntryStore):
 
     def close(self) -> None:
         super().close()
+        self._close_pool()
+
+    def _close_pool(self) -> None:
         self.pool.close()
         if self.cache_bytes_reserved:
             self._budget.release(self.cache_bytes_reserved)
             self.cache_bytes_reserved = 0
+        self._cache_slots = {}

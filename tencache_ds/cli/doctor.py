@@ -736,11 +736,18 @@ def check_budgets(config: Optional[Dict[str, Any]], device_free_bytes: int) -> C
     text = (f"host_cache_bytes={budgets.host_cache_bytes} ({fmt_bytes(budgets.host_cache_bytes)}, "
             f"{budgets.host_source}), device_cache_bytes={budgets.device_cache_bytes} "
             f"({fmt_bytes(budgets.device_cache_bytes)}, {budgets.device_source}) from {origin}; host available "
-            f"{fmt_bytes(machine.host_available_bytes)}, memlock {memlock}, device free "
+            f"{fmt_bytes(machine.host_available_bytes)}{_cgroup_note(machine)}, memlock {memlock}, device free "
             f"{fmt_bytes(machine.device_free_bytes)}")
     if not parsed.enabled:
         text += "; the block has enabled=false, so the run would be stock DeepSpeed"
     return CheckResult("budgets", OK, text, details)
+
+
+def _cgroup_note(machine) -> str:
+    """Where a container's memory cgroup bounds the host memory, say so (its limit is what "auto" shares)."""
+    if machine.host_bound_by == "node":
+        return ""
+    return f" of {fmt_bytes(machine.host_total_bytes)} (the limit of memory cgroup {machine.host_bound_by})"
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from typing import Optional
 logger = logging.getLogger(__name__)
 
 MODULE_NAME = "tencache_ds._tencache_arena"
-ABI_VERSION = 1  # = TC_ARENA_ABI_VERSION in csrc/include/tencache/arena.h
+ABI_VERSION = 2  # = TC_ARENA_ABI_VERSION in csrc/include/tencache/arena.h
 
 # Error codes (enum in arena.h).
 TC_OK = 0
@@ -40,12 +40,12 @@ class TcClassSpec(ctypes.Structure):
 class TcStats(ctypes.Structure):
     _fields_ = [(name, ctypes.c_uint64) for name in (
         "reserved", "locked", "in_use", "peak_in_use", "requested_in_use", "allocs", "frees", "failed_allocs",
-        "lock_fallbacks", "n_regions", "n_classes")]
+        "lock_fallbacks", "n_regions", "n_classes", "retired")]
 
 
 class TcClassStats(ctypes.Structure):
     _fields_ = [(name, ctypes.c_uint64) for name in (
-        "slot_bytes", "slot_count", "slots_in_use", "peak_slots_in_use", "locked")]
+        "slot_bytes", "slot_count", "slots_in_use", "peak_slots_in_use", "locked", "slots_retired")]
 
 
 _arena_p = ctypes.c_void_p  # opaque tc_arena_t*
@@ -56,6 +56,9 @@ _SIGNATURES = {
     "tc_arena_alloc": (ctypes.c_int, [_arena_p, ctypes.c_uint64, ctypes.POINTER(ctypes.c_void_p),
                                       ctypes.POINTER(ctypes.c_uint32)]),
     "tc_arena_free": (ctypes.c_int, [_arena_p, ctypes.c_void_p]),
+    "tc_arena_retire": (ctypes.c_int, [_arena_p, ctypes.c_uint32, ctypes.c_uint64, ctypes.POINTER(ctypes.c_uint64)]),
+    "tc_arena_restore": (ctypes.c_int, [_arena_p, ctypes.c_uint32, ctypes.c_uint64,
+                                        ctypes.POINTER(ctypes.c_uint64)]),
     "tc_arena_stats": (ctypes.c_int, [_arena_p, ctypes.POINTER(TcStats)]),
     "tc_arena_class_stats": (ctypes.c_int, [_arena_p, ctypes.c_uint32, ctypes.POINTER(TcClassStats)]),
     "tc_arena_region": (ctypes.c_int, [_arena_p, ctypes.c_uint32, ctypes.POINTER(ctypes.c_void_p),

@@ -173,6 +173,39 @@ class PinnedArena:
         assert code == _native.TC_OK, _native.strerror(code)
         slot._live = False
 
+    # -- giving memory back -----------------------------------------------------------------------------
+
+    @property
+    def can_retire(self) -> bool:
+        """False when the regions are registered with CUDA: the driver holds its own references to their pages, so
+        dropping them would free nothing and leave device copies reading other pages than the host writes."""
+        return not self._registered
+
+    def retire(self, size_class: int, count: int) -> int:
+        """Give up to ``count`` free slots of class index ``size_class`` back to the kernel (unlocked, pages
+        dropped; the addresses stay reserved). Returns how many; 0 when ``can_retire`` is False."""
+        if count <= 0 or not self.can_retire:
+            return 0
+        done = ctypes.c_uint64()
+        code = self._lib.tc_arena_retire(self._live_handle(), size_class, count, ctypes.byref(done))
+        if code != _native.TC_OK:
+            raise ValueError(f"{self.name}: cannot retire slots of class {size_class}: {_native.strerror(code)}")
+        return int(done.value)
+
+    def restore(self, size_class: int, count: int) -> int:
+        """Put up to ``count`` retired slots of class index ``size_class`` back in use (locked again where the
+        class is). Returns how many; fewer than asked when no more are retired or the memlock limit stops it."""
+        if count <= 0:
+            return 0
+        done = ctypes.c_uint64()
+        code = self._lib.tc_arena_restore(self._live_handle(), size_class, count, ctypes.byref(done))
+        if code not in (_native.TC_OK, _native.TC_ELOCK):
+            raise ValueError(f"{self.name}: cannot restore slots of class {size_class}: {_native.strerror(code)}")
+        return int(done.value)
+
+    def retired_slots(self, size_class: int) -> int:
+        return int(self._class_stats(size_class).slots_retired)
+
     # -- introspection ----------------------------------------------------------------------------------
 
     @property
@@ -195,18 +228,20 @@ class PinnedArena:
         return regions
 
     def free_slots(self) -> int:
-        """Slots not handed out now, over all classes."""
-        return sum(c.slot_count - c.slots_in_use for c in map(self._class_stats, range(len(self._classes))))
+        """Slots that can be handed out now (neither in use nor retired), over all classes."""
+        return sum(c.slot_count - c.slots_in_use - c.slots_retired
+                   for c in map(self._class_stats, range(len(self._classes))))
 
     def stats(self) -> Dict[str, int]:
         """Counters as a flat dict (bytes are ``*_bytes``); per class ``class.<slot_bytes>.{slots,in_use,
-        peak_in_use}`` in slots. ``registered_bytes`` is what cudaHostRegister accepted."""
+        peak_in_use,retired}`` in slots. ``registered_bytes`` is what cudaHostRegister accepted; ``retired_bytes``
+        the slots whose pages were given back (reserved addresses, no memory)."""
         s = self._native_stats()
         out = {
             "reserved_bytes": s.reserved, "locked_bytes": s.locked, "in_use_bytes": s.in_use,
             "peak_in_use_bytes": s.peak_in_use, "requested_in_use_bytes": s.requested_in_use,
             "allocs": s.allocs, "frees": s.frees, "failed_allocs": s.failed_allocs,
-            "lock_fallbacks": s.lock_fallbacks,
+            "lock_fallbacks": s.lock_fallbacks, "retired_bytes": s.retired,
             "registered_bytes": sum(nbytes for _base, nbytes in self._registered),
         }
         for cls, (slot_bytes, _count) in enumerate(self._classes):
@@ -214,6 +249,7 @@ class PinnedArena:
             out[f"class.{slot_bytes}.slots"] = c.slot_count
             out[f"class.{slot_bytes}.in_use"] = c.slots_in_use
             out[f"class.{slot_bytes}.peak_in_use"] = c.peak_slots_in_use
+            out[f"class.{slot_bytes}.retired"] = c.slots_retired
         return out
 
     def validate(self) -> None:

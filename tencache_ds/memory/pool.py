@@ -138,6 +138,33 @@ class BufferPool:
             index = bisect.bisect_right(self._ranges, (start, float("inf"))) - 1
             return index >= 0 and self._ranges[index][0] <= start and end <= self._ranges[index][1]
 
+    def retire_free(self, slot_bytes: int, count: int) -> int:
+        """Give up to ``count`` free slots of ``slot_bytes`` back to the kernel (memory pressure): they stop being
+        handed out and their memory is returned (memory/arena.py ``retire``). Returns how many."""
+        return self._each_class_of(slot_bytes, count, PinnedArena.retire)
+
+    def restore(self, slot_bytes: int, count: int) -> int:
+        """Bring up to ``count`` retired slots of ``slot_bytes`` back. Returns how many."""
+        return self._each_class_of(slot_bytes, count, PinnedArena.restore)
+
+    @property
+    def can_retire(self) -> bool:
+        """Whether slots can give their memory back (not where CUDA registered the regions: memory/arena.py)."""
+        with self._mutex:
+            return all(arena.can_retire for arena in self._arenas)
+
+    def class_slots(self) -> Dict[int, Dict[str, int]]:
+        """slot bytes -> {"slots", "in_use", "retired"} over every arena."""
+        out: Dict[int, Dict[str, int]] = {}
+        with self._mutex:
+            for arena in self._arenas:
+                stats = arena.stats()
+                for size, _count in arena.classes:
+                    totals = out.setdefault(size, {"slots": 0, "in_use": 0, "retired": 0})
+                    for key in totals:
+                        totals[key] += int(stats[f"class.{size}.{key}"])
+        return out
+
     def free_slots(self) -> int:
         with self._mutex:
             return sum(arena.free_slots() for arena in self._arenas)
@@ -145,7 +172,8 @@ class BufferPool:
     def stats(self) -> Dict[str, int]:
         """Flat numbers: the arenas' totals plus the fallback counters."""
         totals = {"reserved_bytes": 0, "locked_bytes": 0, "registered_bytes": 0, "in_use_bytes": 0,
-                  "peak_in_use_bytes": 0, "requested_in_use_bytes": 0, "lock_fallbacks": 0, "num_classes": 0}
+                  "peak_in_use_bytes": 0, "requested_in_use_bytes": 0, "lock_fallbacks": 0, "num_classes": 0,
+                  "retired_bytes": 0}
         with self._mutex:
             for arena in self._arenas:
                 arena_stats = arena.stats()
@@ -176,6 +204,15 @@ class BufferPool:
             arena.close()
 
     # ---------------------------------------------------------------------------------------------- private
+    def _each_class_of(self, slot_bytes: int, count: int, operation) -> int:
+        done = 0
+        with self._mutex:
+            for arena in self._arenas:
+                for index, (size, _count) in enumerate(arena.classes):
+                    if size == slot_bytes and done < count:
+                        done += operation(arena, index, count - done)
+        return done
+
     def _acquire_fallback(self, nbytes: int, count_as_fallback: bool = True) -> HostBuffer:
         # An anonymous mapping is page-aligned (O_DIRECT-safe) and zero-filled, like a fresh arena slot.
         capacity = max(mmap.PAGESIZE, -(-nbytes // mmap.PAGESIZE) * mmap.PAGESIZE)

@@ -4,10 +4,11 @@ not own: probing devices beyond what the standard library and psutil can see (th
 passed in).
 
 Host memory is a node's: "auto" and the "fits the machine" checks divide it between the ranks of the node
-(``LOCAL_WORLD_SIZE``, set by the deepspeed launcher and torchrun). RLIMIT_MEMLOCK is a process's: each rank
-may lock up to the whole limit, so it is never divided.
+(``LOCAL_WORLD_SIZE``, set by the deepspeed launcher and torchrun). In a container it is the container's: the
+node's memory bounded by the memory cgroup's limit (plan/host_memory.py). RLIMIT_MEMLOCK is a process's: each
+rank may lock up to the whole limit, so it is never divided.
 
-Imports neither torch nor deepspeed, so it is testable anywhere and usable by `tencache-ds doctor`.
+Imports neither torch nor deepspeed (nor psutil), so it is testable anywhere and usable by `tencache-ds doctor`.
 """
 import dataclasses
 import os
@@ -17,6 +18,7 @@ from typing import Optional, Tuple
 from ..config import AUTO, TencacheConfig
 from ..log import logger
 from ..units import fmt_bytes
+from .host_memory import read_host_memory
 
 # "auto" takes this share of the host memory that is available when the run starts. The rest stays for the
 # model's activations, DeepSpeed's own CPU buffers and the page cache that NVMe reads go through.
@@ -30,23 +32,30 @@ LOCAL_WORLD_SIZE_ENV = "LOCAL_WORLD_SIZE"  # ranks on this node (deepspeed launc
 
 @dataclasses.dataclass(frozen=True)
 class MachineResources:
-    """What the planner needs to know about the machine, in bytes. Host memory is the node's (all its ranks
-    share it); ``memlock_limit_bytes`` is this process's, UNLIMITED (-1) when there is no limit;
-    ``device_free_bytes`` is 0 without an accelerator; ``local_world_size``: ranks on this node."""
+    """What the planner needs to know about the machine, in bytes. Host memory is the node's, or its memory
+    cgroup's when that is smaller (all its ranks share it); ``memlock_limit_bytes`` is this process's, UNLIMITED
+    (-1) when there is no limit; ``device_free_bytes`` is 0 without an accelerator; ``local_world_size``: ranks on
+    this node."""
 
     host_total_bytes: int
     host_available_bytes: int
     memlock_limit_bytes: int
     device_free_bytes: int = 0
     local_world_size: int = 1
+    host_bound_by: str = "node"  # or the memory cgroup folder whose limit bounds the host memory (for messages)
 
     @classmethod
     def probe(cls, device_free_bytes: int = 0) -> "MachineResources":
-        import psutil
-        memory = psutil.virtual_memory()
-        return cls(host_total_bytes=memory.total, host_available_bytes=memory.available,
+        memory = read_host_memory()
+        return cls(host_total_bytes=memory.total_bytes, host_available_bytes=memory.available_bytes,
                    memlock_limit_bytes=memlock_limit_bytes(), device_free_bytes=device_free_bytes,
-                   local_world_size=local_world_size())
+                   local_world_size=local_world_size(), host_bound_by=memory.bound_by)
+
+    @property
+    def host_memory_name(self) -> str:
+        """How messages name the host memory: the machine's, or its container's."""
+        return "this machine's physical memory" if self.host_bound_by == "node" else \
+            f"the memory limit of this process's cgroup ({self.host_bound_by})"
 
     @property
     def host_available_per_rank_bytes(self) -> int:

@@ -36,7 +36,8 @@ class DeviceTier:
     ``index`` knows each key's next use (positions in the step's use sequence, cyclic across steps); without one
     (no complete trace yet, or the live sequence diverged from it) nothing is kept: demand fetching.
 
-    Invariant (``check``): ``resident_bytes`` is the sum of the residents' sizes and never exceeds the budget.
+    Invariant (``check``): ``resident_bytes`` is the sum of the residents' sizes and never exceeds the budget, except
+    after a ``resize`` while a resident that must go is in use (it goes at its release).
     """
 
     def __init__(self, budget_bytes: int):
@@ -91,6 +92,28 @@ class DeviceTier:
         self.resident_bytes += nbytes
         self.admitted += 1
         return True, victims
+
+    def resize(self, budget_bytes: int, position: int, evictable: Callable[[Hashable], bool]) -> List[Hashable]:
+        """A new budget (the host tier it is carved from shrank or grew). Returns the residents to release so that
+        the rest fits: those used farthest from ``position`` first, each ``evictable`` (one that is not stays, over
+        the budget, until it is released)."""
+        self.budget_bytes = max(0, int(budget_bytes))
+        excess = self.resident_bytes - self.budget_bytes
+        if excess <= 0:
+            return []
+        order = [key for key in self._resident if evictable(key)]
+        if self.index is not None:
+            order.sort(key=lambda key: -self.index.distance(key, position))
+        victims = []
+        for key in order:
+            if excess <= 0:
+                break
+            excess -= self._resident[key]
+            victims.append(key)
+        for key in victims:
+            self._forget(key)
+            self.evicted += 1
+        return victims
 
     def forget(self, key: Hashable) -> None:
         """``key`` was released or re-partitioned by someone else: no longer ours to account."""

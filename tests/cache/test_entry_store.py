@@ -90,6 +90,34 @@ def test_cyclic_order_keeps_a_fixed_share_instead_of_cycling_everything(tmp_path
     store.close()
 
 
+def test_trimming_keeps_what_is_needed_soonest_writes_dirty_bytes_and_lets_lent_ones_go_at_release(tmp_path, io):
+    """Memory pressure: 4 held sub-group tensors, the order known; trimming to two keeps the two needed soonest and
+    gives the others' memory back, a dirty one written first; a lent one is no longer kept and goes when released."""
+    store = make(tmp_path, io, budget_bytes=10 * NBYTES)
+    keys = ["a", "b", "c", "d"]
+    for index, key in enumerate(keys):
+        put(store, tmp_path, key, float(index))  # all dirty (write-back)
+    store.next_use = NextUseIndex(keys)
+    capacity = -(-NBYTES // 4096) * 4096
+    assert store.kept_bytes() == 4 * capacity
+    assert store.trim_kept(2 * capacity) == 2 * capacity
+    assert sorted(store.held_keys()) == ["a", "b"]  # at position 0 "c" and "d" are needed last
+    for index, key in enumerate("cd", start=2):
+        on_file = torch.empty(NUMEL)
+        io.read(on_file, store.path(key)).result()
+        assert torch.all(on_file == float(index))  # written before their buffers went
+    lent = store.lend("a")
+    assert store.trim_kept(0) == 0                 # "b" goes now; "a" is lent: not kept any more
+    assert store.held_keys() == [] and store.state("a") == EntryState.LENT_DIRTY
+    lent.fill_(9.0)
+    store.release("a", changed=True)               # written, then its buffer goes
+    store.flush()
+    assert store.state("a") == EntryState.ON_FILE and store.kept_bytes() == 0
+    assert torch.all(store.lend("a") == 9.0)
+    store.release("a")
+    store.close()
+
+
 def test_forget_all_drops_every_entry_and_reads_files_anew(tmp_path, io):
     store = make(tmp_path, io, budget_bytes=10 * NBYTES)
     put(store, tmp_path, "x", 1.0)

@@ -354,3 +354,54 @@ def test_a_partition_handed_over_to_deepspeed_keeps_no_copy_and_no_slot(tmp_path
     finally:
         store.close()
         io.close()
+
+
+def test_a_smaller_cache_retires_its_slots_and_gives_the_memory_back_then_takes_it_again(tmp_path):
+    """Memory pressure (integrations/deepspeed/memory_pressure.py): 6 partitions, 1 streaming slot, cache slots for
+    all of them. Shrinking to two cache slots retires free ones first, then evicts held partitions (a dirty one is
+    written first: its new bytes are on file afterwards), never a lent one and never the streaming slot; growing
+    brings the slots back. Every byte read afterwards is the newest."""
+    slot = -(-aligned(300_000) * 4 // 4096) * 4096
+    io = DirectFileIO(num_threads=2)
+    store = TensorStore(str(tmp_path), torch.float32, aligned, slots_per_class=1, lock="best_effort", io=io,
+                        cache_budget=HostBudget(5 * slot))
+    try:
+        expected = {key: create(store, key, 300_000, seed=key) for key in range(6)}
+        store.plan()
+        assert store.cache_bytes_reserved == store.planned_cache_bytes == 5 * slot
+        for key in range(4):
+            read(store, key)                      # 0..3 held clean
+        new = torch.randn(300_000)
+        store.write_from(3, new)                  # 3 held dirty (write-back)
+        expected[3] = new
+        store.start_read(5)
+        lent = store.wait_read(5)                 # 5 lent (its slot cannot go now)
+        resident = store.pool.stats()["reserved_bytes"] - store.pool.stats()["retired_bytes"]
+
+        assert store.resize_cache(2 * slot) == 2 * slot
+        assert store.pool.stats()["retired_bytes"] == 3 * slot
+        assert store._budget.used_bytes == 2 * slot and store._budget.total_bytes == 2 * slot
+        assert store.streaming_bytes_reserved == slot
+        assert store.state(5) == EntryState.LENT_CLEAN and torch.equal(lent, expected[5])
+        assert len(store.held_keys()) == 2         # 5 partitions need slots: 3 of them in files now
+        on_file = torch.empty(aligned(300_000))
+        io.read(on_file, store.path_of(3)).result()
+        if store.state(3) == EntryState.ON_FILE:  # evicted: its new bytes were written first
+            assert torch.equal(on_file[:300_000], new)
+        assert resident - (store.pool.stats()["reserved_bytes"] - store.pool.stats()["retired_bytes"]) == 3 * slot
+        store.release(5)
+
+        assert store.resize_cache(0) == 0          # everything but the streaming slot (which may hold a copy)
+        assert store.pool.stats()["retired_bytes"] == 5 * slot and len(store.held_keys()) <= 1
+        for key in range(6):                       # streaming through one slot: every byte still right
+            assert torch.equal(read(store, key), expected[key])
+
+        assert store.resize_cache(10 * slot) == 5 * slot  # never past what was planned
+        assert store.pool.stats()["retired_bytes"] == 0
+        for key in range(6):
+            assert torch.equal(read(store, key), expected[key])
+        assert len(store.held_keys()) == 6 and store.counters.transient_buffers == 0
+        store.check_invariants()
+    finally:
+        store.close()
+        io.close()

@@ -30,7 +30,10 @@ _STOCK_RUNS = {}  # stock runs are deterministic: one per distinct command line 
 
 @pytest.fixture
 def train(tmp_path_factory):
-    """train(config="stock-nvme.json", block=None | dict, launcher="python" | "deepspeed", **options)."""
+    """train(config="stock-nvme.json", block=None | dict, launcher="python" | "deepspeed", **options).
+
+    ``script``: another script taking train.py's arguments (a test helper around it); ``cgroup``: a memory cgroup
+    folder the run starts in (the launcher and every rank with it); ``env``: variables to add to its environment."""
     tmp_path = tmp_path_factory.mktemp("train")
 
     def run(config="stock-nvme.json", block=None, launcher="python", expect_failure=False, **options):
@@ -52,6 +55,9 @@ def train(tmp_path_factory):
         options.setdefault("model", "gpt2-tiny")
         options.setdefault("steps", 3)
         num_ranks = options.pop("num_ranks", 1)
+        script = options.pop("script", TRAIN)
+        cgroup = options.pop("cgroup", None)
+        extra_env = options.pop("env", {})
         for key, value in options.items():
             if value is True:
                 args.append(f"--{key.replace('_', '-')}")
@@ -59,10 +65,12 @@ def train(tmp_path_factory):
                 args += [f"--{key.replace('_', '-')}", str(value)]
         if launcher == "deepspeed":
             command = ["deepspeed", "--num_gpus", str(num_ranks), "--master_port", str(29700 + os.getpid() % 200),
-                       TRAIN] + args
+                       script] + args
         else:
-            command = [sys.executable, TRAIN] + args
-        env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+            command = [sys.executable, script] + args
+        if cgroup is not None:  # the shell moves itself into the cgroup, then becomes the command
+            command = ["sh", "-c", f'echo $$ > "{cgroup}/cgroup.procs" && exec "$@"', "sh"] + command
+        env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""), **extra_env)
         proc = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
         output = proc.stdout + proc.stderr
         if expect_failure:

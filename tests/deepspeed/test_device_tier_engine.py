@@ -31,7 +31,7 @@ def test_device_tier_keeps_everything_gives_stocks_bits_and_reports_each_step(tr
     with open(block["metrics_path"]) as handle:
         lines = [json.loads(line) for line in handle]
     assert [line["step"] for line in lines] == [0, 1, 2, 3]
-    assert {line["schema"] for line in lines} == {"tencache.metrics/1"}
+    assert {line["schema"] for line in lines} == {"tencache.metrics/2"}
     assert stats["device_hit_rate"] == lines[-1]["device_hit_rate"]
     assert stats["step_nvme_read_bytes"] == lines[-1]["nvme_read_bytes"] == 0
 

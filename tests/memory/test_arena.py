@@ -278,6 +278,53 @@ def test_lock_required_locks_every_region(make_arena):
     assert arena.alloc(1).locked is True
 
 
+def _status_bytes(field):
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise KeyError(field)
+
+
+def test_retired_slots_give_their_memory_back_and_restored_ones_take_it_again(make_arena):
+    """Memory pressure (cache/tensor_store.py resize_cache): free slots leave the arena's use and their pages go
+    back to the kernel, locked pages unlocked first; the process's locked and resident memory drop by them."""
+    lock = "best_effort"
+    arena = make_arena({8 * MiB: 4, 4 * KiB: 2}, lock=lock)
+    locked = arena.stats()["locked_bytes"] == arena.stats()["reserved_bytes"]
+    held = arena.alloc(8 * MiB)
+    held.as_tensor(torch.uint8, 8 * MiB).fill_(7)
+    size_class = held.size_class
+    locked_before, resident_before = _status_bytes("VmLck"), _status_bytes("VmRSS")
+    assert arena.retire(size_class, 10) == 3  # only the free ones
+    assert arena.retired_slots(size_class) == 3 and arena.free_slots() == 2  # the two 4 KiB slots
+    assert arena.alloc(8 * MiB) is None  # retired slots are not handed out (the 8 MiB class is full)
+    assert _status_bytes("VmRSS") <= resident_before - 20 * MiB
+    if locked:
+        assert _status_bytes("VmLck") == locked_before - 24 * MiB
+    stats = arena.stats()
+    assert stats["retired_bytes"] == 24 * MiB and stats[f"class.{8 * MiB}.retired"] == 3
+    assert stats["locked_bytes"] == (stats["reserved_bytes"] - 24 * MiB if locked else 0)
+    assert torch.all(held.as_tensor(torch.uint8, 8 * MiB) == 7)  # a slot in use keeps its bytes
+    arena.validate()
+
+    assert arena.restore(size_class, 2) == 2
+    again = [arena.alloc(8 * MiB) for _ in range(2)]
+    assert all(slot is not None for slot in again) and arena.alloc(8 * MiB) is None
+    if locked:
+        assert _status_bytes("VmLck") == locked_before - 8 * MiB
+    assert arena.restore(size_class, 5) == 1 and arena.stats()["retired_bytes"] == 0
+    arena.validate()
+
+
+def test_retiring_is_refused_where_cuda_registered_the_pages(make_arena):
+    arena = make_arena({4 * KiB: 2})
+    arena._registered = [(0, 1)]  # what register_regions leaves when CUDA accepted a region (no GPU here)
+    try:
+        assert not arena.can_retire and arena.retire(0, 2) == 0 and arena.free_slots() == 2
+    finally:
+        arena._registered = []
+
+
 # The child lowers RLIMIT_MEMLOCK to 64 KiB and asks for a 1 MiB region. As root, CAP_IPC_LOCK would ignore
 # the limit, so the child drops that capability first (capset through ctypes).
 _MEMLOCK_CHILD = textwrap.dedent("""

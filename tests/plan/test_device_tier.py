@@ -50,6 +50,22 @@ def test_last_forward_layers_are_kept_for_the_backward():
     t.check()
 
 
+def test_a_smaller_budget_releases_the_residents_used_farthest_ahead_but_not_one_in_use():
+    """Memory pressure where the device is host memory: the tier is refitted to the parameters' new share."""
+    t = tier(400)
+    for position, key in enumerate(LAYERS, start=1):
+        t.on_release(key, 100, position, always)
+    # at position 4 (backward starts with l3): l0 is used farthest ahead, then l1
+    assert t.resize(200, 4, always) == ["l0", "l1"]
+    assert sorted(t.resident_keys()) == ["l2", "l3"] and t.evicted == 2
+    t.check()
+    assert t.resize(0, 4, lambda key: key != "l3") == ["l2"]  # l3 is in use: it stays until released
+    assert t.resident_keys() == ["l3"] and t.budget_bytes == 0
+    t.forget("l3")
+    t.check()
+    assert t.resize(400, 4, always) == [] and t.budget_bytes == 400  # memory back: nothing to release
+
+
 def test_newcomer_used_later_than_all_residents_is_not_kept():
     t = tier(200)
     t.on_release("l2", 100, 3, always)

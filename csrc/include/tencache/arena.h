@@ -13,7 +13,8 @@
  *   region of class c:  | slot 0 | slot 1 | ... | slot slot_count-1 |     each slot: slot_bytes
  *
  * Errors are returned as TC_* codes (tc_strerror names them); nothing in this library aborts or prints.
- * Thread safety: alloc, free, stats, class_stats and validate may be called from any thread at once.
+ * Thread safety: alloc, free, retire, restore, stats, class_stats and validate may be called from any thread
+ * at once.
  * create and destroy must not race with any other call on the same arena.
  *
  * Build (plain C11, no libtorch, no CUDA): see setup.py; the C tests: csrc/tests/test_arena.c.
@@ -36,7 +37,7 @@ extern "C" {
 
 #define TC_SLOT_ALIGN_BYTES 4096u /* 4 KiB; = O_DIRECT alignment; slot_bytes is rounded up to it */
 #define TC_MAX_CLASSES 64u        /* free() finds the class by a linear scan over the classes */
-#define TC_ARENA_ABI_VERSION 1u   /* bump when a struct below or a signature changes (ctypes mirrors them) */
+#define TC_ARENA_ABI_VERSION 2u   /* bump when a struct below or a signature changes (ctypes mirrors them) */
 
 typedef struct tc_arena_s tc_arena_t;
 
@@ -47,7 +48,7 @@ typedef struct {
 
 typedef struct {
     uint64_t reserved;         /* SUM (bytes): all regions */
-    uint64_t locked;           /* SUM (bytes): regions actually page-locked */
+    uint64_t locked;           /* SUM (bytes): page-locked now (locked regions less their retired slots) */
     uint64_t in_use;           /* SUM (bytes): slot bytes of the slots handed out */
     uint64_t peak_in_use;      /* PEAK (bytes): of in_use */
     uint64_t requested_in_use; /* SUM (bytes): requested nbytes of the slots handed out; in_use - this = waste */
@@ -57,6 +58,7 @@ typedef struct {
     uint64_t lock_fallbacks;   /* COUNT: regions left unlocked under TC_LOCK_BEST_EFFORT */
     uint64_t n_regions;        /* COUNT: regions (= n_classes) */
     uint64_t n_classes;        /* COUNT: size classes after rounding and merging */
+    uint64_t retired;          /* SUM (bytes): slots whose pages were given back (tc_arena_retire) */
 } tc_stats_t;
 
 typedef struct {
@@ -65,6 +67,7 @@ typedef struct {
     uint64_t slots_in_use;      /* COUNT: slots handed out now */
     uint64_t peak_slots_in_use; /* PEAK: of slots_in_use */
     uint64_t locked;            /* 1 if this class's region is page-locked, else 0 */
+    uint64_t slots_retired;     /* COUNT: slots whose pages were given back (neither free nor in use) */
 } tc_class_stats_t;
 
 enum {
@@ -92,6 +95,17 @@ TC_API int tc_arena_alloc(tc_arena_t* arena, uint64_t nbytes, void** out_ptr, ui
 
 /* Give a slot back. TC_ENOTOWNED for a pointer that is not the start of a handed-out slot. O(n_classes). */
 TC_API int tc_arena_free(tc_arena_t* arena, void* ptr);
+
+/* Give up to max_slots free slots of class cls back to the kernel: they leave the free list and their pages are
+ * unlocked and dropped (munlock, madvise MADV_DONTNEED); the address range stays reserved. *out_n: how many.
+ * Never on a region registered with CUDA: the driver holds its own references to the pages, so dropping them
+ * would not free memory and would leave device copies reading other pages than the host writes. */
+TC_API int tc_arena_retire(tc_arena_t* arena, uint32_t cls, uint64_t max_slots, uint64_t* out_n);
+
+/* Put up to max_slots retired slots of class cls back on its free list, page-locked again if the class is
+ * (mlock; the pages are zero-filled on first touch). TC_ELOCK when a slot cannot be locked: it stays retired,
+ * and *out_n counts those restored before it. */
+TC_API int tc_arena_restore(tc_arena_t* arena, uint32_t cls, uint64_t max_slots, uint64_t* out_n);
 
 TC_API int tc_arena_stats(const tc_arena_t* arena, tc_stats_t* out);
 TC_API int tc_arena_class_stats(const tc_arena_t* arena, uint32_t cls, tc_class_stats_t* out);

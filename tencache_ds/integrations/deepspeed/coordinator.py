@@ -121,6 +121,16 @@ class TencacheCoordinator(PartitionedParameterCoordinator):
                 if param.ds_id not in stay and param.ds_status != ZeroParamStatus.NOT_AVAILABLE:
                     raise RuntimeError(f"{param.ds_summary()} expected to be released")
 
+    def resize_device_tier(self, host_param_capacity_bytes: int) -> None:
+        """The parameters' share of the host tier changed (memory pressure). Where the device is host memory the
+        tier is carved from that share: refit its budget, and release the residents that no longer fit (before
+        the parameter store gives their slots back). On an accelerator its budget is not host memory: unchanged."""
+        if self.tier is None or self.swapper is None or not _device_is_host():
+            return
+        with self._tier_lock:
+            budget = _device_budget(self.swapper, host_param_capacity_bytes)
+            self._release_keys(self.tier.resize(budget, self._step_id(), self._evictable))
+
     def device_cache_bytes_in_use(self) -> int:
         return self.tier.resident_bytes if self.tier is not None else 0
 
@@ -181,12 +191,16 @@ def _gathered_is_partition(param) -> bool:
     return param.data.untyped_storage().data_ptr() == param.ds_tensor.data.untyped_storage().data_ptr()
 
 
-def _device_budget(swapper: TencacheParamSwapper) -> int:
-    accelerator = get_accelerator()
-    device_is_host = accelerator.device_name() == "cpu"
-    device_free = 0 if device_is_host else int(accelerator.available_memory())
-    return device_tier_budget(swapper.config.device_cache_bytes, device_is_host, swapper.host_param_capacity(),
-                              device_free, AUTO_DEVICE_CACHE_FRACTION)
+def _device_is_host() -> bool:
+    return get_accelerator().device_name() == "cpu"
+
+
+def _device_budget(swapper: TencacheParamSwapper, host_param_capacity_bytes: Optional[int] = None) -> int:
+    device_is_host = _device_is_host()
+    device_free = 0 if device_is_host else int(get_accelerator().available_memory())
+    capacity = swapper.host_param_capacity() if host_param_capacity_bytes is None else host_param_capacity_bytes
+    return device_tier_budget(swapper.config.device_cache_bytes, device_is_host, capacity, device_free,
+                              AUTO_DEVICE_CACHE_FRACTION)
 
 
 def coordinator_of(optimizer) -> Optional[TencacheCoordinator]:

@@ -29,6 +29,7 @@ from . import reporting
 from .checkpoint import adopt_loaded_files, restore_optimizer_scalars
 from .config_bridge import DEEPSPEED_OPS, building_stage3, ds_config_of_initialize_call, validate_ds_config
 from .coordinator import TencacheCoordinator, coordinator_of
+from .memory_pressure import governor_of
 from .optimizer_swapper import TencacheOptimizerSwapper
 from .param_swapper import TencacheParamSwapper
 
@@ -69,6 +70,9 @@ def close_swappers_of(optimizer) -> None:
     """Close the tencache swappers a ZeRO-3 optimizer used: its optimizer swapper, and its parameters' swappers
     once no other zero.Init model uses them (stock DeepSpeed leaves its swappers to the garbage collector; ours
     hold I/O threads, pinned memory and host-tier bytes, which a rebuilt engine in the same process needs)."""
+    governor = governor_of(optimizer)
+    if governor is not None:
+        governor.close()
     swapper = getattr(optimizer, "optimizer_swapper", None)
     if isinstance(swapper, TencacheOptimizerSwapper):
         swapper.close()
@@ -139,6 +143,19 @@ def _restoring_optimizer_scalars(load_checkpoint):
     return load_checkpoint_exactly
 
 
+def _governing_host_memory(forward):
+    """engine.forward after a reading of the host's memory (memory_pressure.py): between two steps, the host tier
+    gives memory back or takes it again, or the run stops with the numbers before the next step is started."""
+    @functools.wraps(forward)
+    def forward_within_host_memory(self, *args, **kwargs):
+        governor = governor_of(getattr(self, "optimizer", None))
+        if governor is not None:
+            governor.before_forward()
+        return forward(self, *args, **kwargs)
+
+    return forward_within_host_memory
+
+
 def _ending_steps(post_step):
     @functools.wraps(post_step)
     def post_step_and_end_step(self, *args, **kwargs):
@@ -163,6 +180,8 @@ _REBINDINGS = (
     (_stage3.DeepSpeedZeroOptimizer_Stage3, "__init__", _building_with_config(_stage3.DeepSpeedZeroOptimizer_Stage3.__init__)),
     (_stage3.DeepSpeedZeroOptimizer_Stage3, "_post_step", _ending_steps(_stage3.DeepSpeedZeroOptimizer_Stage3._post_step)),
     (_stage3.DeepSpeedZeroOptimizer_Stage3, "step", _marking_step(_stage3.DeepSpeedZeroOptimizer_Stage3.step)),
+    # Memory pressure: the host tier is refitted to the host's memory before every forward pass.
+    (_engine.DeepSpeedEngine, "forward", _governing_host_memory(_engine.DeepSpeedEngine.forward)),
     # Exact resume with the optimizer on NVMe (checkpoint.py).
     (_engine.DeepSpeedEngine, "load_checkpoint", _restoring_optimizer_scalars(_engine.DeepSpeedEngine.load_checkpoint)),
     (_stage3.DeepSpeedZeroOptimizer_Stage3, "_partition_all_parameters",

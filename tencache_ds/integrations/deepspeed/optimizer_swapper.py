@@ -36,6 +36,7 @@ from ...plan.budget import MachineResources, resolve_budgets
 from ...plan.host_tier import (OPTIMIZER_BYTES_PER_ELEMENT, OPTIMIZER_IO_BYTES_PER_HELD_BYTE,
                                PARAM_IO_BYTES_PER_HELD_BYTE, TierDemand, split_host_budget)
 from ...profile.lifecycle import ProfileLifecycle
+from ...units import PAGE_BYTES, round_up
 from .profiling import rank_profile_path
 from .config_bridge import (DEEPSPEED_OPS, MIN_SWAPPABLE_BYTES, find_stage3_ds_config, io_aligned_numel,
                             prepare_swap_folder, validate_ds_config)
@@ -81,9 +82,13 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         self.pool = BufferPool("optimizer", lock="off")
         # Streaming slots for sub-groups the host tier does not hold: reused between steps, never locked. Adam
         # needs the master, two moments and the gradient of one sub-group at once (deepspeed-integration.md a.7),
-        # and as many for the next sub-group, read ahead meanwhile.
-        self.pool.add_classes({self.largest_numel * self.swap_element_size:
-                               max(STREAMING_BUFFERS, int(swap_config.buffer_count))})
+        # and as many for the next sub-group, read ahead meanwhile. They start retired (no memory) and come back
+        # one by one as a tensor first has to stream (BudgetedPageable.fallback): a tier that holds everything
+        # never commits them, and one that holds everything again gives them back (resize_host_footprint).
+        self._streaming_slot_bytes = round_up(self.largest_numel * self.swap_element_size, PAGE_BYTES)  # its class
+        streaming_slots = max(STREAMING_BUFFERS, int(swap_config.buffer_count))
+        self.pool.add_classes({self._streaming_slot_bytes: streaming_slots})
+        self.pool.retire_free(self._streaming_slot_bytes, streaming_slots)
         self.budget = HostBudget(self._host_tier_share())
         self.store = EntryStore("optimizer", dtype, lambda numel: io_aligned_numel(numel, dtype, intra_op), self.io,
                                 BudgetedPageable(self.pool, self.budget))
@@ -280,6 +285,43 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         self.pool.close()  # the streaming slots' arena
         self.io.close()
         self.closed = True
+
+    # ---------------------------------------------------------------------------------- memory pressure
+    def host_footprint_bytes(self) -> int:
+        """Host memory the tier holds for optimizer state now: buffers kept between uses, and streaming slots
+        brought into use."""
+        stats = self.pool.stats()
+        return self.budget.used_bytes + stats["reserved_bytes"] - stats["retired_bytes"]
+
+    def least_host_footprint_bytes(self) -> int:
+        """The footprint when the tier keeps nothing: the streaming slots one update uses at once (a sub-group's
+        master, moments and gradient; the next sub-group's too when it is read ahead)."""
+        per_sub_group = OPTIMIZER_BYTES_PER_ELEMENT // self.swap_element_size  # fp32: master, 2 moments, gradient
+        tensors = per_sub_group * (2 if self.reads_ahead and len(self.swap_params_info) > 1 else 1)
+        slots = self.pool.class_slots().get(self._streaming_slot_bytes, {}).get("slots", 0)
+        return min(tensors, slots) * self._streaming_slot_bytes
+
+    def resize_host_footprint(self, target_bytes: int) -> None:
+        """Hold about ``target_bytes`` of host memory for optimizer state from now on (memory pressure, or memory
+        back: integrations/deepspeed/memory_pressure.py): a budget for kept buffers that leaves room for the
+        streaming slots, since whatever is not kept streams through them; all of it for kept buffers when that
+        holds the whole state (nothing streams: the streaming slots are given back)."""
+        everything = target_bytes >= self.state_bytes()
+        budget = target_bytes if everything else max(0, target_bytes - self.least_host_footprint_bytes())
+        self.budget.resize(budget)
+        self.store.trim_kept(budget)
+        if everything:
+            self.pool.retire_free(self._streaming_slot_bytes, 1 << 32)
+
+    def planned_host_footprint_bytes(self) -> int:
+        """The footprint the budget plans for: the budget, and the streaming slots when it cannot keep everything."""
+        streams = self.budget.total_bytes < self.state_bytes()
+        return self.budget.total_bytes + (self.least_host_footprint_bytes() if streams else 0)
+
+    def state_bytes(self) -> int:
+        """Every sub-group's master, moments and gradient (what keeping everything takes)."""
+        elements = sum(info.numel() for info in self.swap_params_info.values())
+        return elements * OPTIMIZER_BYTES_PER_ELEMENT
 
     # ------------------------------------------------------------------ step boundaries: logging, metrics
     def pre_backward(self):

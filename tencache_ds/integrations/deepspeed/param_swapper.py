@@ -319,13 +319,15 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
         staging = sum(io_aligned_numel(numel, self.dtype, intra_op) for numel in self.largest_partition_numels)
         return (slots + staging) * self.swap_element_size
 
-    def host_param_capacity(self) -> int:
+    def host_param_capacity(self, cache_bytes=None) -> int:
         """Bytes of partitions the host tier can keep lent at once without starving the rest: all of its slots when
-        every partition fits in them (nothing else needs one), else the cache slots beyond streaming."""
+        every partition fits in them (nothing else needs one), else the cache slots beyond streaming. ``cache_bytes``:
+        for a cache of that size instead of the current one (a resize about to happen)."""
         self.plan()  # every partition size is known by the first complete trace
-        reserved = int(self.store.pool.stats()["reserved_bytes"])
+        cache = self.store.cache_bytes_reserved if cache_bytes is None else int(cache_bytes)
+        committed = self.store.streaming_bytes_reserved + cache
         needed = sum(self.store.swap_nbytes(numel) for _key, numel in self.store.numels())
-        return reserved if reserved >= needed else self.store.cache_bytes_reserved
+        return committed if committed >= needed else cache
 
     # ------------------------------------------------------------------------------------------- planning
     def plan(self):

@@ -7,6 +7,7 @@ from ...log import logger
 from ...metrics import MetricsWriter, StepMeter
 from ...units import fmt_bytes
 from .coordinator import coordinator_of
+from .memory_pressure import GOVERNOR_ATTRIBUTE, HostTierGovernor, governor_of
 from .param_swapper import TencacheParamSwapper
 from .stats import METRICS_METER_ATTRIBUTE, combined_stats, gauges, running_totals
 
@@ -47,13 +48,16 @@ def optimizer_swapper_of_optimizer(optimizer):
 
 
 def attach_step_meter(optimizer) -> None:
-    """A built ZeRO-3 optimizer: start metering its steps if tencache swaps any of its tensors (from now on, so
-    that the first step's numbers do not include building the engine)."""
+    """A built ZeRO-3 optimizer: start metering its steps, and governing its host tier under memory pressure, if
+    tencache swaps any of its tensors (from now on, so that the first step's numbers do not include building the
+    engine)."""
     param_swapper, optimizer_swapper, coordinator = _components(optimizer)
     if param_swapper is None and optimizer_swapper is None:
         return
     setattr(optimizer, METRICS_METER_ATTRIBUTE,
             StepMeter(start=running_totals(param_swapper, optimizer_swapper, coordinator)))
+    setattr(optimizer, GOVERNOR_ATTRIBUTE,
+            HostTierGovernor(param_swappers_of_optimizer(optimizer), optimizer_swapper, coordinator))
 
 
 def on_optimizer_step_end(optimizer) -> None:
@@ -65,7 +69,7 @@ def on_optimizer_step_end(optimizer) -> None:
         swapper.end_optimizer_step()
     param_swapper, optimizer_swapper, coordinator = _components(optimizer)
     metrics = meter.step_end(running_totals(param_swapper, optimizer_swapper, coordinator),
-                             gauges(param_swapper, optimizer_swapper, coordinator))
+                             gauges(param_swapper, optimizer_swapper, coordinator, governor_of(optimizer)))
     config = (param_swapper or optimizer_swapper).config
     if not config.metrics_path or dist.get_rank() != 0:
         return

@@ -5,6 +5,7 @@ from typing import Dict, Optional
 
 from ...metrics import Gauges, RunningTotals
 from .coordinator import coordinator_of
+from .memory_pressure import governor_of
 
 METRICS_METER_ATTRIBUTE = "_tencache_step_meter"  # on the ZeRO-3 optimizer: its StepMeter (reporting.py)
 
@@ -36,6 +37,10 @@ def engine_stats(engine) -> Dict[str, object]:
                      device_cache_bytes_in_use=coordinator.device_cache_bytes_in_use(),
                      device_param_fetches=coordinator.param_fetches, device_hits=coordinator.device_hits,
                      device_tier_admitted=coordinator.tier.admitted, device_tier_evicted=coordinator.tier.evicted)
+    governor = governor_of(optimizer)
+    if governor is not None:
+        stats.update(host_pressure_shrinks=governor.shrinks, host_pressure_grows=governor.grows,
+                     host_memory_bound_by=governor.last_memory.bound_by if governor.last_memory else None)
     meter = getattr(optimizer, METRICS_METER_ATTRIBUTE, None)
     if meter is not None and meter.latest is not None:
         latest = meter.latest.flat()
@@ -67,13 +72,18 @@ def running_totals(param_swapper, optimizer_swapper, coordinator) -> RunningTota
     return RunningTotals(**totals)
 
 
-def gauges(param_swapper, optimizer_swapper, coordinator) -> Gauges:
+def gauges(param_swapper, optimizer_swapper, coordinator, governor=None) -> Gauges:
     stats = combined_stats(param_swapper, optimizer_swapper)
+    memory = governor.last_memory if governor is not None else None
     return Gauges(pinned_bytes_reserved=int(stats.get("pinned_bytes_reserved", 0)),
                   pinned_bytes_in_use=int(stats.get("param_in_use_bytes", 0)) + int(stats.get("optimizer_in_use_bytes", 0)),
                   host_cache_bytes_in_use=int(stats.get("param_kept_bytes", 0))
                   + int(stats.get("optimizer_cache_kept_bytes", 0)),
-                  device_cache_bytes_in_use=coordinator.device_cache_bytes_in_use() if coordinator is not None else 0)
+                  device_cache_bytes_in_use=coordinator.device_cache_bytes_in_use() if coordinator is not None else 0,
+                  host_cache_budget_bytes=governor.budget_bytes if governor is not None
+                  else int(stats.get("host_cache_budget_bytes", 0)),
+                  host_memory_available_bytes=memory.available_bytes if memory is not None else 0,
+                  host_step_rise_bytes=governor.policy.step_rise_bytes if governor is not None else 0)
 
 
 def combined_stats(param_swapper, optimizer_swapper) -> Dict[str, object]:

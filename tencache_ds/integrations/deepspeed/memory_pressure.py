@@ -1,0 +1,151 @@
+"""The host tier while the host's memory changes under a running job. Owns: reading the host's memory at the start
+of every forward pass (between steps: nothing of the next step is allocated yet, and the engine's own bookkeeping
+of the last step is done), applying what plan/memory_pressure.py decides to the stores, and stopping the run with
+TencacheOutOfMemory when nothing is left to give and the next step cannot fit. The numbers come from
+plan/host_memory.py and memory/footprint.py; the stores do the evicting (cache/).
+
+What the tier can give back: the parameter cache's slots, and the optimizer state it keeps beyond the streaming
+slots one update needs anyway (whatever it stops keeping streams through those). It fills with parameter
+partitions first (plan/host_tier.py: they save more I/O per byte), so it gives back optimizer state first and takes
+parameter slots back first. Where the device is host memory (the CPU accelerator) the device tier's residents are
+partitions the parameter store has lent: the tier is refitted before the store shrinks, and after it grows.
+"""
+import logging
+from typing import Callable, List, Optional
+
+from ...errors import TencacheOutOfMemory
+from ...log import logger
+from ...memory.footprint import StepRiseMeter
+from ...plan.budget import local_world_size
+from ...plan.host_memory import HostMemory, read_host_memory
+from ...plan.memory_pressure import Action, MemoryPressurePolicy
+from ...units import fmt_bytes
+
+GOVERNOR_ATTRIBUTE = "_tencache_host_governor"  # on the ZeRO-3 optimizer: its HostTierGovernor (reporting.py)
+REMEDY = ("free memory on this node, lower the micro batch size, or turn on activation checkpointing; the engine "
+          "is between two steps: a checkpoint saved now (engine.save_checkpoint) is complete")
+
+
+class HostTierGovernor:
+    """Keeps one engine's host tier (its parameter stores, its optimizer store, its device tier) within what the
+    host's memory allows, reading it before every forward pass.
+
+    Args:
+        param_swappers: tencache's parameter swappers of the engine (none when parameters are not on NVMe).
+        optimizer_swapper: tencache's optimizer swapper, or None.
+        coordinator: the engine's TencacheCoordinator, or None.
+    """
+
+    def __init__(self, param_swappers: List, optimizer_swapper, coordinator,
+                 read_memory: Callable[[], HostMemory] = read_host_memory):
+        self._param_swappers = list(param_swappers)
+        self._optimizer = optimizer_swapper
+        self._coordinator = coordinator
+        self._read_memory = read_memory
+        self.policy = MemoryPressurePolicy(local_world_size())
+        self.meter = StepRiseMeter()
+        self.last_memory: Optional[HostMemory] = None
+        self.given_back_bytes = 0      # SUM: net bytes given back so far (what growing may take again)
+        self.start_budget_bytes: Optional[int] = None  # at the first reading, once every slot is planned
+        self._optimizer_target = self._optimizer_start = 0  # the optimizer's footprint: as last set, at start-up
+        self.shrinks = 0  # COUNT: readings that gave memory back
+        self.grows = 0    # COUNT: readings that took memory again
+
+    @property
+    def budget_bytes(self) -> int:
+        """The host tier's cache budget now: parameter cache slots plus the optimizer's budget for kept state."""
+        budget = sum(swapper.store.cache_bytes_reserved for swapper in self._param_swappers)
+        return budget + (self._optimizer.budget.total_bytes if self._optimizer is not None else 0)
+
+    def reducible_bytes(self) -> int:
+        """What the tier can give back: committed parameter cache slots, and optimizer memory above the least it
+        streams an update through."""
+        reducible = sum(swapper.store.reducible_cache_bytes for swapper in self._param_swappers)
+        if self._optimizer is not None:
+            reducible += max(0, self._optimizer.host_footprint_bytes() - self._optimizer.least_host_footprint_bytes())
+        return reducible
+
+    def before_forward(self) -> None:
+        """A reading, and what follows from it. Raises TencacheOutOfMemory when the next step cannot fit."""
+        if self.start_budget_bytes is None:
+            self._start()
+        self.policy.observe_step_rise(self.meter.boundary())
+        memory = self._read_memory()
+        decision = self.policy.decide(memory.total_bytes, memory.available_bytes, self.reducible_bytes(),
+                                      self.given_back_bytes)
+        if decision.action is not Action.HOLD:
+            self._give_back(decision.nbytes) if decision.action is Action.SHRINK else self._take(decision.nbytes)
+            level = logging.WARNING if decision.action is Action.SHRINK else logging.INFO
+            logger.log(level, "tencache: host memory %s (%s): %s; host cache budget now %s",
+                       "pressure" if decision.action is Action.SHRINK else "back", _where(memory), decision.reason,
+                       fmt_bytes(self.budget_bytes))
+            memory = self._read_memory()
+        self.last_memory = memory
+        if memory.available_bytes < self.policy.reserve_bytes(memory.total_bytes):
+            reason = self.policy.exhausted(memory.total_bytes, memory.allocatable_bytes, self.reducible_bytes(),
+                                           self.start_budget_bytes)
+            if reason is not None:
+                raise TencacheOutOfMemory(f"{reason} ({_where(memory)}). To go on: {REMEDY}")
+
+    def close(self) -> None:
+        self.meter.close()
+
+    # ------------------------------------------------------------------------------------------- private
+    def _start(self) -> None:
+        for swapper in self._param_swappers:
+            swapper.plan()  # every partition size is known by the first forward pass
+        self.start_budget_bytes = self.budget_bytes
+        if self._optimizer is not None:
+            self._optimizer_start = self._optimizer_target = self._optimizer.planned_host_footprint_bytes()
+
+    def _give_back(self, nbytes: int) -> None:
+        """Optimizer state first (it saves less I/O per byte held), then parameter cache slots."""
+        before = self._planned_bytes()
+        left = nbytes
+        if self._optimizer is not None:
+            footprint = self._optimizer.host_footprint_bytes()
+            cut = min(left, max(0, footprint - self._optimizer.least_host_footprint_bytes()))
+            if cut > 0:
+                self._optimizer_target = footprint - cut
+                self._optimizer.resize_host_footprint(self._optimizer_target)
+                left -= cut
+        for swapper in self._param_swappers:
+            cut = min(left, swapper.store.reducible_cache_bytes)
+            if cut <= 0:
+                continue
+            cache = swapper.store.cache_bytes_reserved
+            self._refit_device_tier(swapper, cache - cut)  # its residents hold lent partitions: released first
+            left -= cache - swapper.store.resize_cache(cache - cut)
+        self.given_back_bytes += max(0, before - self._planned_bytes())
+        self.shrinks += 1
+
+    def _take(self, nbytes: int) -> None:
+        """Parameter cache slots first, then optimizer state, never past what was given back."""
+        before = self._planned_bytes()
+        left = min(nbytes, self.given_back_bytes)
+        for swapper in self._param_swappers:
+            cache = swapper.store.cache_bytes_reserved
+            grown = swapper.store.resize_cache(min(swapper.store.planned_cache_bytes, cache + left))
+            self._refit_device_tier(swapper, grown)
+            left -= grown - cache
+        if self._optimizer is not None and left > 0:
+            self._optimizer_target = min(self._optimizer_start, self._optimizer_target + left)
+            self._optimizer.resize_host_footprint(self._optimizer_target)
+        self.given_back_bytes = max(0, self.given_back_bytes - (self._planned_bytes() - before))
+        self.grows += 1
+
+    def _planned_bytes(self) -> int:
+        """What the tier plans to hold: parameter cache slots committed, the optimizer's footprint as set."""
+        return sum(swapper.store.cache_bytes_reserved for swapper in self._param_swappers) + self._optimizer_target
+
+    def _refit_device_tier(self, swapper, cache_bytes: int) -> None:
+        if self._coordinator is not None and self._coordinator.swapper is swapper:
+            self._coordinator.resize_device_tier(swapper.host_param_capacity(cache_bytes))
+
+
+def _where(memory: HostMemory) -> str:
+    return "this node" if memory.bound_by == "node" else f"cgroup {memory.bound_by}"
+
+
+def governor_of(optimizer) -> Optional[HostTierGovernor]:
+    return getattr(optimizer, GOVERNOR_ATTRIBUTE, None)

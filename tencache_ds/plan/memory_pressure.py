@@ -1,0 +1,135 @@
+"""The host tier's budget while memory changes under a running job. Owns: the rule that turns a reading of the
+host's memory into memory to give back or to take again, or into "exhausted". Pure: readings come from
+plan/host_memory.py and memory/footprint.py; integrations/deepspeed/memory_pressure.py applies the decisions to the
+stores.
+
+At start-up the host tier is fitted to the memory available then (plan/budget.py). Memory can shrink later:
+another job on the node grows, a container's limit is lowered. Without a reaction the kernel's OOM killer ends the
+run with SIGKILL: no message, and everything since the last checkpoint lost. The host tier is the one part of a
+training process's memory that can be given back without changing a result (its bytes are also on file), so it
+gives back first; when nothing is left to give and the next step cannot fit, the run stops with the numbers,
+between two steps, where a checkpoint can still be saved.
+
+The rule, at every reading (the start of each forward pass: between steps, nothing of the next step allocated):
+
+- ``reserve = floor + ranks × 1.5 × step_rise``: what must stay available on the node so that the next step of
+  each of its ranks fits (``step_rise``: how far this process's anonymous memory rose above its level at a step
+  boundary, the most of the last few steps; 1.5: measurement margin) plus a floor for everything else on the
+  node (``RESERVE_FLOOR_FRACTION`` of its memory, at least ``RESERVE_FLOOR_MIN_BYTES``).
+- ``available < reserve``: give back the shortfall up to ``1.5 × reserve`` (each rank its share), at most what the
+  tier can give (``reducible``: its memory above the least it needs to stream a step), so that one decision is
+  enough and the next reading lands inside the band ``[reserve, 2 × reserve)``.
+- ``available ≥ 2 × reserve`` and the tier gave memory back earlier: take back the excess over ``1.5 × reserve``
+  (each rank its share), at most what it gave. Both land in the middle of the band, so the next reading holds:
+  shrink and growth never alternate.
+- otherwise hold.
+- exhausted: after giving back, the tier has nothing left to give and even with all page cache reclaimed less than
+  ``ranks × step_rise`` can be allocated (``allocatable``): the next step would end with the OOM killer. Never on
+  the first measured step (it creates the optimizer's state, a rise that does not repeat).
+
+E.g. a 3 GiB cgroup, one rank, a 200 MiB step rise: reserve = 64 MiB floor + 1.5 x 200 MiB = 364 MiB. With 100
+MiB available and 800 MiB reducible: give back 1.5 x 364 - 100 = 446 MiB. Had only 300 MiB been reducible, it gives
+back those, and if then only 150 MiB can be allocated, 150 < 200: exhausted.
+"""
+import collections
+import dataclasses
+import enum
+from typing import Deque, Optional
+
+from ..units import fmt_bytes
+
+RESERVE_FLOOR_FRACTION = 0.02            # of the node's (or cgroup's) memory, for everything else running there
+RESERVE_FLOOR_MIN_BYTES = 64 * 1024**2   # 64 MiB
+STEP_RISE_MARGIN = 1.5                   # a step's rise varies (sequence lengths, allocator): a margin over the most
+STEP_RISE_WINDOW = 4                     # steps whose rise counts (the most of them); covers gradient accumulation
+BAND_MIDDLE = 1.5                        # decisions aim at available = 1.5 x reserve: inside [reserve, 2 x reserve)
+
+
+class Action(enum.Enum):
+    HOLD = "hold"
+    SHRINK = "shrink"
+    GROW = "grow"
+
+
+@dataclasses.dataclass(frozen=True)
+class PressureDecision:
+    """What to do with this rank's host tier: give back (SHRINK) or take again (GROW) ``nbytes``, and why."""
+
+    action: Action
+    nbytes: int = 0
+    reason: str = ""
+
+
+HOLD = PressureDecision(Action.HOLD)
+
+
+class MemoryPressurePolicy:
+    """Decides how much host memory the tier gives back or takes again, from readings of the host's memory.
+
+    Args:
+        local_world_size: ranks on this node, which share its memory and each give back their share.
+    """
+
+    def __init__(self, local_world_size: int = 1):
+        self.ranks = max(1, int(local_world_size))
+        self._rises: Deque[int] = collections.deque(maxlen=STEP_RISE_WINDOW)
+        self._measured_steps = 0
+
+    def observe_step_rise(self, rise_bytes: Optional[int]) -> None:
+        """How far anonymous memory rose during the step that just ended (None: not measured). The first measured
+        step is the optimizer's first, whose state creation does not repeat: it is not kept."""
+        if rise_bytes is None:
+            return
+        self._measured_steps += 1
+        if self._measured_steps > 1:
+            self._rises.append(max(0, int(rise_bytes)))
+
+    @property
+    def step_rise_bytes(self) -> int:
+        """The most any of the last steps rose (0 before one is measured)."""
+        return max(self._rises, default=0)
+
+    def reserve_bytes(self, total_bytes: int) -> int:
+        floor = max(RESERVE_FLOOR_MIN_BYTES, int(total_bytes * RESERVE_FLOOR_FRACTION))
+        return floor + int(self.ranks * STEP_RISE_MARGIN * self.step_rise_bytes)
+
+    def decide(self, total_bytes: int, available_bytes: int, reducible_bytes: int,
+               given_back_bytes: int) -> PressureDecision:
+        """After a reading of ``available_bytes`` of the node's (or cgroup's) ``total_bytes``, with this rank's
+        tier able to give back ``reducible_bytes`` and having given back ``given_back_bytes`` net so far."""
+        reserve = self.reserve_bytes(total_bytes)
+        middle = int(BAND_MIDDLE * reserve)
+        if available_bytes < reserve:
+            give = min(max(0, reducible_bytes), -(-(middle - available_bytes) // self.ranks))
+            if give <= 0:
+                return HOLD
+            return PressureDecision(Action.SHRINK, give, self._describe(
+                f"{fmt_bytes(available_bytes)} of {fmt_bytes(total_bytes)} available, below the "
+                f"{fmt_bytes(reserve)} kept available for the next step and the rest of the node", "gives back", give))
+        if available_bytes >= 2 * reserve and given_back_bytes > 0:
+            take = min(given_back_bytes, (available_bytes - middle) // self.ranks)
+            if take > 0:
+                return PressureDecision(Action.GROW, take, self._describe(
+                    f"{fmt_bytes(available_bytes)} of {fmt_bytes(total_bytes)} available again", "takes back", take))
+        return HOLD
+
+    def exhausted(self, total_bytes: int, allocatable_bytes: int, reducible_bytes: int,
+                  start_budget_bytes: int) -> Optional[str]:
+        """Why the next step cannot fit, or None: the tier has nothing more to give and less than a step's rise
+        (each rank's) can be allocated even with all page cache reclaimed."""
+        if reducible_bytes > 0 or not self._rises:
+            return None
+        needed = self.ranks * self.step_rise_bytes
+        if allocatable_bytes >= needed:
+            return None
+        per_rank = "" if self.ranks == 1 else f" x {self.ranks} ranks on this node"
+        return (f"host memory: {fmt_bytes(allocatable_bytes)} of {fmt_bytes(total_bytes)} can be allocated (page "
+                f"cache included), but a training step needs {fmt_bytes(self.step_rise_bytes)}{per_rank} above its "
+                f"level between steps (measured); tencache's host tier has nothing more to give back (its budget: "
+                f"{fmt_bytes(start_budget_bytes)} at start-up; what is left streams one step), so the next step "
+                f"would end with the OOM killer")
+
+    def _describe(self, why: str, verb: str, nbytes: int) -> str:
+        rise = f"; a step rises {fmt_bytes(self.step_rise_bytes)}" if self.step_rise_bytes else ""
+        ranks = "" if self.ranks == 1 else f" (this rank's share of {self.ranks})"
+        return f"{why}{rise}: the host tier {verb} {fmt_bytes(nbytes)}{ranks}"

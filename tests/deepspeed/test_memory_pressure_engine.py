@@ -1,0 +1,87 @@
+"""Host memory that shrinks under a running job: the run goes on with stock's bits while tencache gives its host
+tier back, or stops between two steps with the numbers; never the OOM killer. Real engine, real files, a real
+memory cgroup whose limit tests/deepspeed/memory_squeeze.py lowers mid-run (as a container resize would)."""
+import os
+import signal
+import time
+import uuid
+
+import pytest
+
+from test_parity import assert_same_bits  # tests/deepspeed is on sys.path (pytest rootdir-relative imports)
+from test_residency import FAST, SUB_GROUPS
+from tencache_ds.plan.host_memory import memory_cgroup_folder
+
+pytestmark = [pytest.mark.deepspeed, pytest.mark.slow]
+
+SQUEEZE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "memory_squeeze.py")
+MiB = 1 << 20
+# glibc keeps freed blocks below its dynamic mmap threshold (up to 32 MiB) in its heap, so gpt2-tiny's small
+# activations would stay allocated between steps and a step would need no new memory. A fixed 64 KiB threshold
+# hands every freed activation back at once, as glibc does for the large activations of a real model: each step
+# then rises and falls by what it needs (about 90 MiB here), which is what tencache measures and plans around.
+STEPS_THAT_ALLOCATE = {"MALLOC_MMAP_THRESHOLD_": "65536"}
+
+
+@pytest.fixture
+def memory_cgroup():
+    """A memory cgroup of its own under this process's, for one training run; removed afterwards."""
+    folder, _root, version = memory_cgroup_folder()
+    if folder is None:
+        pytest.skip("this process sees no memory cgroup (the cgroup file system is not mounted)")
+    path = os.path.join(folder, f"tencache-test-{os.getpid()}-{uuid.uuid4().hex[:6]}")
+    limit_file = os.path.join(path, "memory.limit_in_bytes" if version == 1 else "memory.max")
+    try:
+        os.mkdir(path)
+        with open(limit_file, "w") as handle:
+            handle.write("-1" if version == 1 else "max")
+    except OSError as err:
+        pytest.skip(f"cannot make a memory cgroup with a limit under {folder} ({err}): needs root and a writable "
+                    f"cgroup file system with the memory controller")
+    yield path
+    for _attempt in range(100):  # the run's processes may take a moment to leave it
+        try:
+            os.rmdir(path)
+            return
+        except OSError:
+            time.sleep(0.1)
+
+
+def test_memory_taken_away_mid_run_is_given_back_then_taken_again_with_stocks_bits(train, memory_cgroup):
+    """8 optimizer sub-groups, all held in host memory ("auto"). After step 2 the container's limit drops to what
+    the job uses plus less than tencache's reserve (but enough for a step): before step 3 tencache gives back the
+    optimizer state it holds beyond the streaming slots one update needs, and the container's working set falls by
+    about that much. After step 3 the limit is lifted: before step 4 tencache takes the memory again. Training goes
+    on throughout with stock's losses and fp32 weights. Through the deepspeed launcher. Without the reaction the
+    working set stays where it was."""
+    reference = train(block=None, **SUB_GROUPS)  # 15.2 M parameters: 8 sub-groups of 30 MiB of state
+    ours = train(block={}, launcher="deepspeed", script=SQUEEZE, cgroup=memory_cgroup, env=STEPS_THAT_ALLOCATE,
+                 squeeze_after=2, squeeze_to="window", release_after=3, **SUB_GROUPS)
+    assert_same_bits(reference, ours)
+    steps = [step["stats"] for step in ours.result["steps"]]
+    assert [stats["host_pressure_shrinks"] for stats in steps] == [0, 0, 0, 1, 1]
+    assert [stats["host_pressure_grows"] for stats in steps] == [0, 0, 0, 0, 1]
+    assert steps[3]["host_memory_bound_by"] == memory_cgroup and "host memory pressure" in ours.output
+    given_back = steps[2]["host_cache_bytes_in_use"] - steps[3]["host_cache_bytes_in_use"]
+    assert given_back > 100 * MiB, steps[3]  # of about 230 MiB held; the streaming slots take about 90 MiB back
+    # ...and the memory went back to the container: its working set after step 3 is lower by more than half of it
+    working_sets = ours.result["working_set_bytes"]
+    assert working_sets[3] < working_sets[2] - given_back // 2, (working_sets, given_back)
+    # memory back: the tier holds what it held before the squeeze again, with no streaming slots left in use
+    assert steps[4]["host_cache_bytes_in_use"] == steps[2]["host_cache_bytes_in_use"]
+    assert steps[4]["optimizer_retired_bytes"] == steps[2]["optimizer_retired_bytes"] > 0
+
+
+def test_memory_that_cannot_fit_the_next_step_stops_the_run_with_the_numbers_not_the_oom_killer(train,
+                                                                                                 memory_cgroup):
+    """Streaming (nothing to give back), and after step 2 the limit leaves half of what a step needs: the run stops
+    before step 3 with TencacheOutOfMemory naming the numbers. Without the check the kernel's OOM killer ends the
+    process (SIGKILL) in the middle of step 3."""
+    failed = train(block={"host_cache_bytes": 0}, script=SQUEEZE, cgroup=memory_cgroup, env=STEPS_THAT_ALLOCATE,
+                   squeeze_after=2, squeeze_to="short", steps=4, expect_failure=True, **FAST)
+    assert failed.returncode == 1, (failed.returncode, failed.output[-3000:])
+    assert failed.returncode != -signal.SIGKILL
+    assert "TencacheOutOfMemory: host memory:" in failed.output, failed.output[-3000:]
+    assert "can be allocated (page cache included), but a training step needs" in failed.output
+    assert memory_cgroup in failed.output
+    assert "step 2 loss" in failed.output and "step 3 loss" not in failed.output

@@ -1,0 +1,57 @@
+"""StepRiseMeter (memory/footprint.py) on this process's real resident set: a step that allocates and frees
+memory shows its rise; memory a step leaves allocated is not a rise; the sampling thread ends with the meter."""
+import gc
+import time
+
+import torch
+
+from tencache_ds.memory.footprint import StepRiseMeter
+
+MiB = 1 << 20
+
+
+def touch(nbytes):
+    """Resident memory: zero-filled pages that are written (an empty tensor's pages would stay untouched)."""
+    tensor = torch.empty(nbytes, dtype=torch.uint8)
+    tensor.fill_(1)
+    return tensor
+
+
+def test_a_step_that_frees_its_temporaries_rises_by_them():
+    meter = StepRiseMeter()
+    try:
+        assert meter.boundary() is None  # the first boundary has no step before it
+        temporaries = touch(256 * MiB)
+        time.sleep(0.1)  # a step lasts far longer than the sampling interval
+        del temporaries
+        rise = meter.boundary()
+        assert 200 * MiB < rise < 400 * MiB, rise
+        assert meter.boundary() < 64 * MiB  # a step that allocates nothing
+    finally:
+        meter.close()
+
+
+def test_memory_a_step_keeps_is_its_new_level_not_a_rise():
+    meter = StepRiseMeter()
+    try:
+        meter.boundary()
+        kept = touch(256 * MiB)  # e.g. a cache filling: the next step starts from here
+        time.sleep(0.1)
+        assert meter.boundary() < 64 * MiB
+        del kept
+    finally:
+        meter.close()
+
+
+def test_the_thread_ends_at_close_and_with_an_unclosed_meter():
+    meter = StepRiseMeter()
+    assert meter.running
+    meter.close()
+    meter.close()  # idempotent
+    assert not meter.running and meter.boundary() is None
+    forgotten = StepRiseMeter()
+    thread = forgotten._thread
+    del forgotten
+    gc.collect()
+    thread.join(timeout=5)
+    assert not thread.is_alive()

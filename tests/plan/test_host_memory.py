@@ -1,0 +1,128 @@
+"""Reading the host's memory (plan/host_memory.py): the node's, bounded by every memory cgroup around the process
+(v1 and v2, limits set on a parent, memory.high, reclaimable page cache). The layouts are written as files the way
+the kernel shows them; the last test reads this machine itself."""
+import os
+
+import pytest
+
+from tencache_ds.plan.budget import MachineResources
+from tencache_ds.plan.host_memory import (anonymous_resident_bytes, cgroup_levels, memory_cgroup_folder,
+                                          read_host_memory)
+
+GiB, MiB = 1 << 30, 1 << 20
+V1_NO_LIMIT = 9223372036854771712
+
+
+def write(path, text):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as handle:
+        handle.write(text)
+
+
+def fake_proc(tmp_path, cgroup_lines, mounts, total=64 * GiB, available=48 * GiB):
+    """A /proc with this process's cgroup memberships and mounts, and the node's meminfo."""
+    proc = tmp_path / "proc"
+    write(str(proc / "meminfo"), f"MemTotal: {total // 1024} kB\nMemFree: 1 kB\nMemAvailable: {available // 1024} kB\n")
+    write(str(proc / "self" / "cgroup"), "".join(line + "\n" for line in cgroup_lines))
+    write(str(proc / "self" / "mountinfo"), "".join(
+        f"{30 + i} 23 0:{28 + i} {root} {point} rw,relatime - {fstype} {fstype} {options}\n"
+        for i, (root, point, fstype, options) in enumerate(mounts)))
+    return str(proc)
+
+
+def v1_group(folder, limit, usage, inactive_file=0, active_file=0):
+    write(os.path.join(folder, "memory.limit_in_bytes"), f"{limit}\n")
+    write(os.path.join(folder, "memory.usage_in_bytes"), f"{usage}\n")
+    write(os.path.join(folder, "memory.stat"), f"cache 1\ninactive_file 3\ntotal_inactive_file {inactive_file}\n"
+                                               f"total_active_file {active_file}\nrss 2\n")
+
+
+def v2_group(folder, limit, usage, inactive_file=0, high="max", active_file=0):
+    write(os.path.join(folder, "memory.max"), f"{limit}\n")
+    write(os.path.join(folder, "memory.high"), f"{high}\n")
+    write(os.path.join(folder, "memory.current"), f"{usage}\n")
+    write(os.path.join(folder, "memory.stat"), f"anon 5\ninactive_file {inactive_file}\nactive_file {active_file}\n")
+
+
+def test_no_cgroup_limit_is_the_node(tmp_path):
+    mount = tmp_path / "cg" / "memory"
+    v1_group(str(mount), V1_NO_LIMIT, 3 * GiB)
+    v1_group(str(mount / "job"), V1_NO_LIMIT, 2 * GiB)
+    proc = fake_proc(tmp_path, ["4:memory:/job", "0::/"], [("/", str(mount), "cgroup", "rw,memory")])
+    assert memory_cgroup_folder(proc) == (str(mount / "job"), str(mount), 1)
+    assert cgroup_levels(proc) == []
+    memory = read_host_memory(proc)
+    assert (memory.total_bytes, memory.available_bytes, memory.bound_by) == (64 * GiB, 48 * GiB, "node")
+
+
+def test_a_v1_limit_on_a_parent_bounds_the_child_and_page_cache_counts_as_free(tmp_path):
+    mount = tmp_path / "cg" / "memory"
+    v1_group(str(mount), V1_NO_LIMIT, 10 * GiB)
+    v1_group(str(mount / "pod"), 4 * GiB, 3 * GiB, inactive_file=512 * MiB, active_file=256 * MiB)  # the limit
+    v1_group(str(mount / "pod" / "ctr"), V1_NO_LIMIT, 2 * GiB)                 # the container: no limit of its own
+    proc = fake_proc(tmp_path, ["7:cpu,cpuacct:/pod/ctr", "4:memory:/pod/ctr"],
+                     [("/", str(tmp_path / "cg" / "cpu"), "cgroup", "rw,cpu,cpuacct"),
+                      ("/", str(mount), "cgroup", "rw,memory")])
+    memory = read_host_memory(proc)
+    assert memory.total_bytes == 4 * GiB
+    assert memory.available_bytes == 4 * GiB - (3 * GiB - 512 * MiB)      # inactive page cache is free to take
+    assert memory.allocatable_bytes == 4 * GiB - (3 * GiB - 768 * MiB)    # before the OOM killer: all page cache
+    assert memory.bound_by == str(mount / "pod")
+    # MachineResources at start-up sees the container, and messages name it
+    assert "cgroup" in MachineResources(memory.total_bytes, memory.available_bytes, -1,
+                                        host_bound_by=memory.bound_by).host_memory_name
+
+
+def test_v2_takes_the_tightest_of_max_and_high_at_every_level(tmp_path):
+    mount = tmp_path / "unified"
+    write(str(mount / "cgroup.controllers"), "cpu memory\n")  # the root has no memory.max
+    v2_group(str(mount / "slice"), 8 * GiB, 5 * GiB, high=str(6 * GiB))
+    v2_group(str(mount / "slice" / "job"), "max", 4 * GiB, inactive_file=1 * GiB)
+    proc = fake_proc(tmp_path, ["0::/slice/job"], [("/", str(mount), "cgroup2", "rw,nsdelegate")])
+    assert memory_cgroup_folder(proc) == (str(mount / "slice" / "job"), str(mount), 2)
+    [slice_level] = cgroup_levels(proc)  # "max" is no limit
+    assert slice_level.limit_bytes == 6 * GiB and slice_level.headroom_bytes == 1 * GiB
+    memory = read_host_memory(proc)
+    assert (memory.total_bytes, memory.available_bytes) == (6 * GiB, 1 * GiB)
+
+
+def test_a_node_tighter_than_its_cgroup_is_the_bound(tmp_path):
+    mount = tmp_path / "unified"
+    v2_group(str(mount / "job"), 32 * GiB, 1 * GiB)
+    proc = fake_proc(tmp_path, ["0::/job"], [("/", str(mount), "cgroup2", "rw")], total=16 * GiB,
+                     available=2 * GiB)
+    memory = read_host_memory(proc)
+    assert (memory.total_bytes, memory.available_bytes, memory.bound_by) == (16 * GiB, 2 * GiB, "node")
+    assert memory.allocatable_bytes == 2 * GiB
+
+
+def test_a_namespaced_mount_shows_the_process_cgroup_as_its_root(tmp_path):
+    """Inside a cgroup namespace (docker, Kubernetes) /proc/self/cgroup says "/" and the mount's root is the
+    container's own cgroup: its limit is read at the mount point."""
+    mount = tmp_path / "unified"
+    v2_group(str(mount), 2 * GiB, 1536 * MiB)
+    proc = fake_proc(tmp_path, ["0::/"], [("/", str(mount), "cgroup2", "rw")])
+    memory = read_host_memory(proc)
+    assert (memory.total_bytes, memory.available_bytes) == (2 * GiB, 512 * MiB)
+
+
+def test_no_memory_cgroup_mounted_or_unreadable_proc_is_the_node(tmp_path):
+    proc = fake_proc(tmp_path, ["4:memory:/job"], [("/", str(tmp_path / "cpu"), "cgroup", "rw,cpu")])
+    assert memory_cgroup_folder(proc) == (None, None, 0)
+    assert read_host_memory(proc).bound_by == "node"
+    os.remove(os.path.join(proc, "self", "mountinfo"))
+    assert cgroup_levels(proc) == []
+
+
+def test_this_machine():
+    memory = read_host_memory()
+    assert 0 < memory.available_bytes <= memory.total_bytes
+    probe = MachineResources.probe()
+    assert probe.host_total_bytes == memory.total_bytes
+    assert 0 < anonymous_resident_bytes() < memory.total_bytes
+
+
+@pytest.mark.parametrize("line", ["0::/", "0::/user.slice/session-1.scope"])
+def test_v2_membership_without_a_mount_is_ignored(tmp_path, line):
+    proc = fake_proc(tmp_path, [line], [])
+    assert memory_cgroup_folder(proc) == (None, None, 0)

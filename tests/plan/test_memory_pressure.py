@@ -1,0 +1,111 @@
+"""The host tier under memory pressure (plan/memory_pressure.py, pure): give back the shortfall, hold inside the
+band, take memory back only well above it and never more than was given, and call the run exhausted only when
+nothing is left to give and the next step cannot fit."""
+import random
+
+from tencache_ds.plan.memory_pressure import (RESERVE_FLOOR_MIN_BYTES, STEP_RISE_MARGIN, Action,
+                                              MemoryPressurePolicy)
+
+GiB, MiB = 1 << 30, 1 << 20
+TOTAL = 3 * GiB  # floor: max(64 MiB, 2% of 3 GiB = 61 MiB) = 64 MiB
+
+
+def policy_with_rise(rise, ranks=1):
+    policy = MemoryPressurePolicy(ranks)
+    policy.observe_step_rise(10 * GiB)  # the first measured step creates the optimizer's state: not counted
+    policy.observe_step_rise(rise)
+    return policy
+
+
+def test_the_reserve_is_a_floor_plus_the_measured_step_rise_of_every_rank_on_the_node():
+    assert MemoryPressurePolicy().reserve_bytes(TOTAL) == RESERVE_FLOOR_MIN_BYTES  # nothing measured yet
+    assert policy_with_rise(200 * MiB).reserve_bytes(TOTAL) == 64 * MiB + int(STEP_RISE_MARGIN * 200 * MiB)
+    assert policy_with_rise(200 * MiB, ranks=4).reserve_bytes(TOTAL) == 64 * MiB + int(4 * 1.5 * 200 * MiB)
+    # on a large node the floor is a share of its memory
+    assert MemoryPressurePolicy().reserve_bytes(100 * GiB) == 2 * GiB
+
+
+def test_the_first_measured_step_does_not_count_and_the_rise_is_the_most_of_the_last_few():
+    policy = MemoryPressurePolicy()
+    policy.observe_step_rise(None)  # not measured (the first boundary)
+    policy.observe_step_rise(5 * GiB)
+    assert policy.step_rise_bytes == 0
+    for rise in (100 * MiB, 300 * MiB, 120 * MiB):
+        policy.observe_step_rise(rise)
+    assert policy.step_rise_bytes == 300 * MiB
+    for _ in range(4):
+        policy.observe_step_rise(100 * MiB)
+    assert policy.step_rise_bytes == 100 * MiB  # the 300 MiB step fell out of the window
+
+
+def test_plenty_of_memory_holds():
+    assert policy_with_rise(200 * MiB).decide(TOTAL, 2 * GiB, 1 * GiB, 0).action is Action.HOLD
+
+
+def test_a_shortfall_is_given_back_up_to_the_middle_of_the_band():
+    policy = policy_with_rise(200 * MiB)  # reserve 364 MiB
+    decision = policy.decide(TOTAL, 100 * MiB, reducible_bytes=800 * MiB, given_back_bytes=0)
+    assert decision.action is Action.SHRINK and decision.nbytes == int(1.5 * (364 * MiB)) - 100 * MiB
+    assert "100.00 MiB of 3.00 GiB available" in decision.reason and "gives back 446.00 MiB" in decision.reason
+
+
+def test_each_rank_of_the_node_gives_back_its_share():
+    decision = policy_with_rise(100 * MiB, ranks=4).decide(TOTAL, 50 * MiB, GiB, 0)
+    reserve = 64 * MiB + 4 * 150 * MiB
+    assert decision.nbytes == -(-(int(1.5 * reserve) - 50 * MiB) // 4)
+    assert "this rank's share of 4" in decision.reason
+
+
+def test_no_more_is_given_back_than_the_tier_can_give():
+    decision = policy_with_rise(200 * MiB).decide(TOTAL, 10 * MiB, reducible_bytes=100 * MiB, given_back_bytes=0)
+    assert decision.action is Action.SHRINK and decision.nbytes == 100 * MiB
+    assert policy_with_rise(200 * MiB).decide(TOTAL, 10 * MiB, 0, 0).action is Action.HOLD
+
+
+def test_memory_back_is_taken_again_to_the_middle_of_the_band_never_more_than_was_given():
+    policy = policy_with_rise(200 * MiB)  # reserve 364 MiB, band [364, 728) MiB, middle 546 MiB
+    assert policy.decide(TOTAL, 700 * MiB, 0, given_back_bytes=GiB).action is Action.HOLD
+    decision = policy.decide(TOTAL, 746 * MiB, 0, given_back_bytes=GiB)
+    assert decision.action is Action.GROW and decision.nbytes == 200 * MiB
+    assert policy.decide(TOTAL, 3 * GiB, 0, given_back_bytes=100 * MiB).nbytes == 100 * MiB
+    assert policy.decide(TOTAL, 3 * GiB, 0, given_back_bytes=0).action is Action.HOLD
+
+
+def test_inside_the_band_neither_shrinks_nor_grows():
+    policy = policy_with_rise(200 * MiB)  # band [364, 728) MiB
+    for available in (364 * MiB, 500 * MiB, 727 * MiB):
+        assert policy.decide(TOTAL, available, GiB, GiB).action is Action.HOLD
+
+
+def test_exhausted_only_with_nothing_left_to_give_and_a_step_that_does_not_fit():
+    policy = policy_with_rise(200 * MiB)
+    assert policy.exhausted(TOTAL, 150 * MiB, 0, GiB) is not None
+    assert policy.exhausted(TOTAL, 150 * MiB, 1, GiB) is None   # something to give back first
+    assert policy.exhausted(TOTAL, 250 * MiB, 0, GiB) is None   # the step fits (tightly)
+    message = policy.exhausted(TOTAL, 150 * MiB, 0, GiB)
+    assert "150.00 MiB of 3.00 GiB can be allocated" in message and "200.00 MiB" in message
+    assert "OOM killer" in message and "1.00 GiB at start-up" in message
+    # before a steady step is measured (the first one only creates the optimizer's state) nothing is exhausted
+    fresh = MemoryPressurePolicy()
+    fresh.observe_step_rise(2 * GiB)
+    assert fresh.exhausted(TOTAL, 1 * MiB, 0, GiB) is None
+    assert "x 2 ranks" in policy_with_rise(200 * MiB, ranks=2).exhausted(TOTAL, 150 * MiB, 0, GiB)
+
+
+def test_random_pressure_never_oscillates_and_never_takes_back_more_than_it_gave():
+    """A simulated node: other processes' memory moves at random; the tier holds its start budget less what it gave
+    back. After any decision the next reading with unchanged neighbours holds (one decision is enough: no
+    shrink-grow flapping), and what it holds stays within [0, start]. Seeded: the same 500 readings every run."""
+    rng = random.Random(7)
+    start, rise = 1 * GiB, 150 * MiB
+    policy = policy_with_rise(rise)
+    given = 0
+    for _ in range(500):
+        held = start - given
+        others = rng.randrange(0, TOTAL - held + 1)  # what the node's other processes use now
+        decision = policy.decide(TOTAL, TOTAL - others - held, held, given)
+        given += decision.nbytes if decision.action is Action.SHRINK else -decision.nbytes
+        assert 0 <= given <= start
+        held = start - given
+        again = policy.decide(TOTAL, TOTAL - others - held, held, given)
+        assert again.action is Action.HOLD, (decision, again, others)
