@@ -34,11 +34,18 @@
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/mman.h>
 
 /* in_use[] per slot. */
-enum { SLOT_FREE = 0, SLOT_HANDED_OUT = 1, SLOT_LISTED = 2 /* validate's mark */, SLOT_RETIRED = 3,
-       SLOT_RESTORING = 4 /* retired, being locked again outside the mutex */ };
+enum {
+    SLOT_FREE = 0,
+    SLOT_HANDED_OUT = 1,
+    SLOT_LISTED = 2,    /* validate's mark for a free-stack entry */
+    SLOT_RETIRING = 3,  /* taken off the free stack; its pages are being given back outside the mutex */
+    SLOT_RETIRED = 4,   /* its pages are given back */
+    SLOT_RESTORING = 5  /* retired, being locked again outside the mutex */
+};
 
 #ifdef TC_DEBUG
 #include <stdio.h>
@@ -58,7 +65,7 @@ typedef struct {
                                  * while its pages are given back, else SLOT_FREE */
     uint64_t* requested;        /* per slot: nbytes asked for while handed out, else 0 */
     uint64_t peak_slots_in_use; /* PEAK: of slot_count - n_free - n_retired */
-    uint64_t n_retired;         /* COUNT: slots whose pages were given back (SLOT_RETIRED or SLOT_RESTORING) */
+    uint64_t n_retired;         /* COUNT: slots neither free nor handed out (SLOT_RETIRING, _RETIRED, _RESTORING) */
 } tc_class_t;
 
 struct tc_arena_s {
@@ -265,16 +272,29 @@ int tc_arena_retire(tc_arena_t* arena, uint32_t cls, uint64_t max_slots, uint64_
         }
         /* The bottom of the LIFO stack: the slot unused for longest, the coldest in cache and TLB. */
         const uint32_t idx = c->free_stack[0];
-        c->free_stack[0] = c->free_stack[--c->n_free];
-        c->in_use[idx] = SLOT_RETIRED;
+        c->n_free--;
+        memmove(c->free_stack, c->free_stack + 1, (size_t)c->n_free * sizeof(uint32_t));
+        c->in_use[idx] = SLOT_RETIRING; /* neither handed out nor restored while its pages go */
         c->n_retired++;
+        arena_unlock(arena);
+        uint8_t* slot = c->base + (uint64_t)idx * c->slot_bytes;
+        /* A locked range cannot be dropped (madvise: EINVAL): unlock it first. munlock splits the mapping, which
+         * fails (ENOMEM) at vm.max_map_count; the slot then stays in use, locked, and the caller hears of it. */
+        const int unlocked = !c->locked || munlock(slot, (size_t)c->slot_bytes) == 0;
+        const int dropped = unlocked && madvise(slot, (size_t)c->slot_bytes, MADV_DONTNEED) == 0;
+        if (unlocked && !dropped && c->locked) (void)mlock(slot, (size_t)c->slot_bytes); /* as it was */
+        arena_lock(arena);
+        if (!dropped) {
+            c->in_use[idx] = SLOT_FREE;
+            c->free_stack[c->n_free++] = idx;
+            c->n_retired--;
+            arena_unlock(arena);
+            return TC_ERELEASE;
+        }
+        c->in_use[idx] = SLOT_RETIRED;
         arena->stats.retired += c->slot_bytes;
         if (c->locked) arena->stats.locked -= c->slot_bytes;
         arena_unlock(arena);
-        uint8_t* slot = c->base + (uint64_t)idx * c->slot_bytes;
-        /* A locked range cannot be dropped (EINVAL): unlock it first. Neither call fails on a range we mapped. */
-        if (c->locked) (void)munlock(slot, (size_t)c->slot_bytes);
-        (void)madvise(slot, (size_t)c->slot_bytes, MADV_DONTNEED);
         (*out_n)++;
     }
     return TC_OK;
@@ -297,6 +317,10 @@ int tc_arena_restore(tc_arena_t* arena, uint32_t cls, uint64_t max_slots, uint64
         arena_unlock(arena);
         uint8_t* slot = c->base + idx * c->slot_bytes;
         const int relocked = !c->locked || mlock(slot, (size_t)c->slot_bytes) == 0;
+        if (!relocked) { /* mlock may have locked and faulted in part of the range before it failed: undo */
+            (void)munlock(slot, (size_t)c->slot_bytes);
+            (void)madvise(slot, (size_t)c->slot_bytes, MADV_DONTNEED);
+        }
         arena_lock(arena);
         if (!relocked) {
             c->in_use[idx] = SLOT_RETIRED;
@@ -362,7 +386,8 @@ int tc_arena_region(const tc_arena_t* arena, uint32_t i, void** base, uint64_t* 
 /* Check one class under the arena mutex; add its live slots to the running sums. Free-stack entries are
  * marked SLOT_LISTED in in_use for the duplicate check and reset to SLOT_FREE by the second loop, whatever the
  * outcome. */
-static int validate_class(const tc_class_t* c, uint64_t* live_slots, uint64_t* live_bytes, uint64_t* requested) {
+static int validate_class(const tc_class_t* c, uint64_t* live_slots, uint64_t* live_bytes, uint64_t* requested,
+                          uint64_t* retired_bytes) {
     int ok = 1;
     TC_VCHECK(c->base != NULL && (uintptr_t)c->base % TC_SLOT_ALIGN_BYTES == 0);
     TC_VCHECK(c->slot_bytes > 0 && c->slot_bytes % TC_SLOT_ALIGN_BYTES == 0);
@@ -375,7 +400,7 @@ static int validate_class(const tc_class_t* c, uint64_t* live_slots, uint64_t* l
         if (!ok) break;
         c->in_use[idx] = SLOT_LISTED;
     }
-    uint64_t live = 0, retired = 0;
+    uint64_t live = 0, unavailable = 0;
     for (uint64_t s = 0; s < c->slot_count; s++) {
         switch (c->in_use[s]) {
         case SLOT_HANDED_OUT:
@@ -389,14 +414,17 @@ static int validate_class(const tc_class_t* c, uint64_t* live_slots, uint64_t* l
             break;
         case SLOT_RETIRED:
         case SLOT_RESTORING:
-            retired++;
+            (*retired_bytes) += c->slot_bytes;
+            /* fall through */
+        case SLOT_RETIRING: /* its pages still count as locked and not retired, until they are given back */
+            unavailable++;
             TC_VCHECK(c->requested[s] == 0);
             break;
         default:
             TC_VCHECK(0 && "slot neither handed out, nor on the free stack, nor retired");
         }
     }
-    TC_VCHECK(retired == c->n_retired);
+    TC_VCHECK(unavailable == c->n_retired);
     TC_VCHECK(live == c->slot_count - c->n_free - c->n_retired);
     TC_VCHECK(c->peak_slots_in_use >= live && c->peak_slots_in_use <= c->slot_count);
     *live_slots += live;
@@ -415,10 +443,10 @@ int tc_arena_validate(const tc_arena_t* arena) {
     for (uint32_t i = 0; ok && i < arena->n_classes; i++) {
         const tc_class_t* c = &arena->classes[i];
         TC_VCHECK(i == 0 || c->slot_bytes > arena->classes[i - 1].slot_bytes);
-        if (!validate_class(c, &live_slots, &live_bytes, &requested)) ok = 0;
+        const uint64_t retired_before = retired;
+        if (!validate_class(c, &live_slots, &live_bytes, &requested, &retired)) ok = 0;
         reserved += c->region_bytes;
-        retired += c->n_retired * c->slot_bytes;
-        if (c->locked) locked += c->region_bytes - c->n_retired * c->slot_bytes;
+        if (c->locked) locked += c->region_bytes - (retired - retired_before);
     }
     if (ok) {
         TC_VCHECK(s->reserved == reserved && s->locked == locked && s->locked <= s->reserved);
@@ -448,6 +476,8 @@ const char* tc_strerror(int code) {
     case TC_ELOCK: return "could not page-lock a region (mlock failed; see RLIMIT_MEMLOCK) and locking is required";
     case TC_EEMPTY: return "no size class that fits has a free slot";
     case TC_ENOTOWNED: return "pointer is not a slot handed out by this arena (foreign pointer or double free)";
+    case TC_ERELEASE:
+        return "the kernel did not take a slot's pages back (munlock or madvise failed, e.g. at vm.max_map_count)";
     default: return "unknown tencache arena error";
     }
 }

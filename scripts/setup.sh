@@ -29,7 +29,7 @@ fi
 
 # 3. The package with its native arena and the bench/test extras. torch is already satisfied, so nothing
 #    here can pull another torch build.
-if ! $PY -c "import tencache_ds.memory as m, transformers, matplotlib, pytest; assert m.native_available()" 2>/dev/null \
+if ! $PY -c "import tencache_ds.memory as m, transformers, matplotlib, pytest, xdist; assert m.native_available()" 2>/dev/null \
    || ! command -v tencache-ds >/dev/null 2>&1; then
   say "installing tencache-ds (editable, with its native arena)"
   $PY -m pip install -q -e ".[bench,test]"
@@ -39,6 +39,9 @@ fi
 #    ~/.cache/torch_extensions), so that the first training run does not pay for it. A build killed earlier
 #    (Ctrl-C here, a timed-out doctor) can leave a stale `lock` in an op's build folder, on which load() would
 #    wait forever without a word: check for one first and stop with the path and the `rm` that fixes it.
+#    (DeepSpeed's ahead-of-time build, `DS_BUILD_AIO=1 DS_BUILD_CPU_ADAM=1 pip install deepspeed`, would need no
+#    JIT lock at all; tried with deepspeed 0.19.8 here, its async_io op then fails to import with "undefined
+#    symbol: io_submit" (not linked against libaio), so the ops are JIT-built once, here.)
 say "pre-building DeepSpeed ops (async_io, cpu_adam, shm_comm); cached after the first time"
 $PY - <<'PYEOF'
 import sys

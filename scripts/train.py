@@ -17,6 +17,7 @@ weights (SHA-256, optionally saved) -> write the result JSON on rank 0. See scri
 import argparse
 import contextlib
 import copy
+import functools
 import hashlib
 import json
 import os
@@ -31,6 +32,21 @@ MODELS_DIR = os.path.join(REPO_ROOT, "configs", "models")
 if REPO_ROOT not in sys.path:  # so `import tencache_ds` works from a checkout without `pip install -e .`
     sys.path.insert(0, REPO_ROOT)
 
+
+def ask_cpuinfo_once():
+    """DeepSpeed's op builders ask py-cpuinfo about the CPU each time they load an op (cpu_arch and simd_width for
+    async_io, cpu_adam and, on the CPU accelerator, shm_comm): about 1.2 s a question, since py-cpuinfo starts a
+    subprocess, 5 to 7 s for every training process. The CPU does not change while the process runs: answer the
+    later questions from the first. Stock and tencache runs alike; only start-up is faster."""
+    try:
+        import cpuinfo
+    except ImportError:  # DeepSpeed falls back to lscpu then
+        return
+    if not hasattr(cpuinfo.get_cpu_info, "cache_info"):
+        cpuinfo.get_cpu_info = functools.lru_cache(maxsize=1)(cpuinfo.get_cpu_info)
+
+
+ask_cpuinfo_once()  # before deepspeed is imported, so every op load finds the cached answer
 import torch  # noqa: E402
 import deepspeed  # noqa: E402
 import tencache_ds  # noqa: E402,F401  (activates itself from the "tencache" block of the ds_config)

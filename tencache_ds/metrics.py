@@ -11,8 +11,8 @@ One line per optimizer step at the config's ``metrics_path``, and the latest one
 
 ``nvme_*_bytes``, ``prefetch_*`` and ``fetch_wait_s`` are this step's; the ``*_bytes_*`` gauges are their values at
 the step's end; a hit rate is None when the step made no such access. ``host_memory_available_bytes`` and
-``host_step_rise_bytes`` are the host-memory reading taken before the step's first forward pass (what the host
-tier's budget under memory pressure is decided from, integrations/deepspeed/memory_pressure.py).
+``host_step_rise_bytes`` are the last host-memory reading (taken before the step's last forward pass, after
+whatever it decided: integrations/deepspeed/memory_pressure.py).
 
 Schema history: 2 added ``host_cache_budget_bytes``, ``host_memory_available_bytes``, ``host_step_rise_bytes``.
 """

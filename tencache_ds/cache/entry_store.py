@@ -464,6 +464,14 @@ class EntryStore:
                 self._start_write(entry, evicting=False)
             self._wait_write(entry)
 
+    def wait_writes(self) -> None:
+        """Wait for the writes in flight (none is started): the transient buffers they were writing from go back.
+        Raises a failed write's error (its bytes stay held, owed to the file)."""
+        with self._lock:
+            for entry in list(self._writing.values()):
+                self._wait_write(entry)
+            self._checked()
+
     # ------------------------------------------------------------------------------------ giving memory back
     def kept_bytes(self) -> int:
         """Bytes of buffers the tier keeps between uses (held now, or lent and to be held again at release)."""
@@ -478,11 +486,13 @@ class EntryStore:
             self._reap_writes()
             excess = self._kept_bytes_locked() - max(0, int(target_bytes))
             excess -= self._evict_held_locked(excess, lambda buffer: True)
-            lent = [entry for entry in self._entries.values() if entry.state in LENT and entry.kept]
+            lent = [entry.key for entry in self._entries.values() if entry.state in LENT and entry.kept]
+            index = self.next_use if self.recorder.on_track else None
             while excess > 0 and lent:
-                entry = lent.pop()
-                entry.kept = False  # released into a write and a drop, not into the cache
-                excess -= entry.buffer.capacity_bytes
+                key = choose_victim(lent, index, self.recorder.position)
+                lent.remove(key)
+                self._entries[key].kept = False  # released into a write and a drop, not into the cache
+                excess -= self._entries[key].buffer.capacity_bytes
             self._checked()
             return self._kept_bytes_locked()
 

@@ -125,23 +125,28 @@ class TensorStore(EntryStore):
         growing brings retired slots back. Lent partitions keep their slots (released ones are retired at the next
         call). Streaming slots are never touched. Returns the cache bytes committed afterwards: above the target
         when slots are lent, or when the arena cannot give pages back (registered with CUDA: then nothing is
-        evicted either, since it would free no memory)."""
+        evicted either, since it would free no memory).
+
+        Locking: shrinking holds the store's lock throughout (a slot freed for retiring must not be taken
+        meanwhile); growing does not take it (mlock faults the slots' pages in, milliseconds per 100 MiB, and a
+        slot brought back is usable by anyone at once)."""
         target = max(0, int(target_bytes))
         with self._lock:
-            if target < self.cache_bytes_reserved and not self.pool.can_retire:
-                return self.cache_bytes_reserved
-            self._budget.resize(target)
             if target < self.cache_bytes_reserved:
-                self._retire_cache_slots(target)
-                excess = self.cache_bytes_reserved - target
-                if excess > 0:
-                    retirable = self._retirable_slots()
-                    self._evict_held_locked(excess, lambda buffer: retirable.get(buffer.capacity_bytes, 0) > 0)
+                if self.pool.can_retire:
+                    self._budget.resize(target)  # a later plan (new partition sizes) adds no cache slots beyond it
                     self._retire_cache_slots(target)
-            elif target > self.cache_bytes_reserved:
-                self._restore_cache_slots(target)
-            self._checked()
-            return self.cache_bytes_reserved
+                    excess = self.cache_bytes_reserved - target
+                    if excess > 0:
+                        retirable = self._retirable_slots()
+                        self._evict_held_locked(excess, lambda buffer: retirable.get(buffer.capacity_bytes, 0) > 0)
+                        self._retire_cache_slots(target)
+                    self._checked()
+                return self.cache_bytes_reserved
+        if target > self.cache_bytes_reserved:
+            self._budget.resize(max(self._budget.total_bytes, target))
+            self._restore_cache_slots(target)
+        return self.cache_bytes_reserved
 
     def _retirable_slots(self) -> Dict[int, int]:
         """slot bytes -> cache slots of that size not retired yet."""

@@ -25,6 +25,7 @@ TC_ENOMEM = 2
 TC_ELOCK = 3
 TC_EEMPTY = 4
 TC_ENOTOWNED = 5
+TC_ERELEASE = 6
 
 # Lock modes, by the names the Python API and the config use.
 LOCK_MODES = {"off": 0, "best_effort": 1, "required": 2}

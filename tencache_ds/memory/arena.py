@@ -6,6 +6,7 @@ checks, TC_* codes -> exceptions with the numbers, the memlock messages, CUDA re
 what to do when no slot fits (the caller: wait, evict or fall back).
 """
 import ctypes
+import logging
 import resource
 import warnings
 from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
@@ -18,6 +19,7 @@ from . import _native, pinning
 if TYPE_CHECKING:  # torch is imported only when a tensor view is asked for
     import torch
 
+logger = logging.getLogger(__name__)
 MEMLOCK_RAISE = "raise it with `ulimit -l unlimited`, or --ulimit memlock=-1 in docker"
 MEMLOCK_FIX = MEMLOCK_RAISE + ", or set \"tencache\": {\"pin_memory\": \"best_effort\"}"
 
@@ -188,7 +190,10 @@ class PinnedArena:
             return 0
         done = ctypes.c_uint64()
         code = self._lib.tc_arena_retire(self._live_handle(), size_class, count, ctypes.byref(done))
-        if code != _native.TC_OK:
+        if code == _native.TC_ERELEASE:  # the slot stays in use, as it was: less memory goes back than asked
+            logger.warning("%s: %d of %d slots of %s given back, then the kernel refused (%s)", self.name,
+                           done.value, count, fmt_bytes(self._classes[size_class][0]), _native.strerror(code))
+        elif code != _native.TC_OK:
             raise ValueError(f"{self.name}: cannot retire slots of class {size_class}: {_native.strerror(code)}")
         return int(done.value)
 
@@ -199,7 +204,11 @@ class PinnedArena:
             return 0
         done = ctypes.c_uint64()
         code = self._lib.tc_arena_restore(self._live_handle(), size_class, count, ctypes.byref(done))
-        if code not in (_native.TC_OK, _native.TC_ELOCK):
+        if code == _native.TC_ELOCK:
+            logger.warning("%s: %d of %d slots of %s brought back, then mlock failed: %s", self.name, done.value,
+                           count, fmt_bytes(self._classes[size_class][0]), _memlock_message(
+                               self.name, self._classes[size_class][0], "could not page-lock", MEMLOCK_RAISE))
+        elif code != _native.TC_OK:
             raise ValueError(f"{self.name}: cannot restore slots of class {size_class}: {_native.strerror(code)}")
         return int(done.value)
 

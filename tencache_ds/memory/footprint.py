@@ -9,11 +9,14 @@ reads /proc/self/status every ``SAMPLE_INTERVAL_S`` (tens of microseconds a read
 keeps the highest value;
 activations and gradients live for a large part of a step, far longer than one interval.
 """
+import logging
 import threading
 import weakref
 from typing import Callable, Optional
 
 from ..plan.host_memory import anonymous_resident_bytes
+
+logger = logging.getLogger(__name__)
 
 SAMPLE_INTERVAL_S = 0.02
 
@@ -73,6 +76,8 @@ def _sample(meter_ref, stop: threading.Event, interval_s: float) -> None:
             return
         try:
             meter._take_sample()
-        except OSError:  # /proc unreadable (should not happen): no more samples, the rise reads lower
+        except OSError as err:  # /proc unreadable (should not happen)
+            logger.warning("tencache: cannot read this process's memory (%s): a step's rise is measured at step "
+                           "boundaries only from now on, and may read lower than it is", err)
             return
         del meter

@@ -205,12 +205,15 @@ class BufferPool:
 
     # ---------------------------------------------------------------------------------------------- private
     def _each_class_of(self, slot_bytes: int, count: int, operation) -> int:
-        done = 0
+        # Outside the pool's mutex: munlock/madvise/mlock of large slots take milliseconds, and the arena is
+        # thread-safe on its own. (close() must not race with this, as with every arena call.)
         with self._mutex:
-            for arena in self._arenas:
-                for index, (size, _count) in enumerate(arena.classes):
-                    if size == slot_bytes and done < count:
-                        done += operation(arena, index, count - done)
+            arenas = list(self._arenas)
+        done = 0
+        for arena in arenas:
+            for index, (size, _count) in enumerate(arena.classes):
+                if size == slot_bytes and done < count:
+                    done += operation(arena, index, count - done)
         return done
 
     def _acquire_fallback(self, nbytes: int, count_as_fallback: bool = True) -> HostBuffer:

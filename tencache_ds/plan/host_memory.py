@@ -20,7 +20,7 @@ Reads small files only (microseconds); imports neither torch nor deepspeed.
 """
 import dataclasses
 import os
-from typing import List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 # v1 reports "no limit" as the largest page-aligned signed 64-bit number; anything this large is no limit.
 _UNLIMITED_THRESHOLD = 1 << 60
@@ -164,15 +164,10 @@ def cgroup_usage(folder: str, version: int) -> Optional[Tuple[int, int]]:
     usage = _read_int(folder, "memory.usage_in_bytes" if version == 1 else "memory.current")
     if usage is None:
         return None
-    return (max(0, usage - _file_cache(folder, version, active=False)),
-            max(0, usage - _file_cache(folder, version, active=True)))
-
-
-def _file_cache(folder: str, version: int, active: bool) -> int:
-    """Inactive (and with ``active``, also active) page cache of the cgroup and its descendants."""
-    prefix = "total_" if version == 1 else ""
-    kinds = ("inactive_file", "active_file") if active else ("inactive_file",)
-    return sum(_stat_value(folder, prefix + kind) or 0 for kind in kinds)
+    prefix = "total_" if version == 1 else ""  # v1: the cgroup and its descendants
+    stat = _stat_values(folder, (prefix + "inactive_file", prefix + "active_file"))
+    inactive, active = (stat.get(prefix + key, 0) for key in ("inactive_file", "active_file"))
+    return max(0, usage - inactive), max(0, usage - inactive - active)
 
 
 def _read_level(folder: str, version: int) -> Optional[CgroupLevel]:
@@ -198,13 +193,15 @@ def _read_int(folder: str, name: str) -> Optional[int]:
     return None if text == "max" else int(text)
 
 
-def _stat_value(folder: str, key: str) -> Optional[int]:
+def _stat_values(folder: str, keys) -> Dict[str, int]:
+    """The ``keys`` of the cgroup's memory.stat that are there (one read)."""
+    values = {}
     try:
         with open(os.path.join(folder, "memory.stat")) as handle:
             for line in handle:
                 name, _, value = line.partition(" ")
-                if name == key:
-                    return int(value)
+                if name in keys:
+                    values[name] = int(value)
     except (OSError, ValueError):
         pass
-    return None
+    return values

@@ -13,8 +13,8 @@ between two steps, where a checkpoint can still be saved.
 The rule, at every reading (the start of each forward pass: between steps, nothing of the next step allocated):
 
 - ``reserve = floor + ranks × 1.5 × step_rise``: what must stay available on the node so that the next step of
-  each of its ranks fits (``step_rise``: how far this process's anonymous memory rose above its level at a step
-  boundary, the most of the last few steps; 1.5: measurement margin) plus a floor for everything else on the
+  each of its ranks fits (``step_rise``: how far this process's anonymous memory rose above its level between
+  forward passes, the most over the last few optimizer steps; 1.5: measurement margin) plus a floor for everything else on the
   node (``RESERVE_FLOOR_FRACTION`` of its memory, at least ``RESERVE_FLOOR_MIN_BYTES``).
 - ``available < reserve``: give back the shortfall up to ``1.5 × reserve`` (each rank its share), at most what the
   tier can give (``reducible``: its memory above the least it needs to stream a step), so that one decision is
@@ -41,7 +41,7 @@ from ..units import fmt_bytes
 RESERVE_FLOOR_FRACTION = 0.02            # of the node's (or cgroup's) memory, for everything else running there
 RESERVE_FLOOR_MIN_BYTES = 64 * 1024**2   # 64 MiB
 STEP_RISE_MARGIN = 1.5                   # a step's rise varies (sequence lengths, allocator): a margin over the most
-STEP_RISE_WINDOW = 4                     # steps whose rise counts (the most of them); covers gradient accumulation
+STEP_RISE_WINDOW = 4                     # optimizer steps whose rise counts (the most of them)
 BAND_MIDDLE = 1.5                        # decisions aim at available = 1.5 x reserve: inside [reserve, 2 x reserve)
 
 

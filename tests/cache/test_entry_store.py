@@ -238,3 +238,41 @@ def test_a_step_that_left_the_profile_evicts_least_recently_used(tmp_path, io, o
     assert store.recorder.on_track is on_track
     assert not store.kept(evicted) and store.kept("c")
     store.close()
+
+
+class SlowWrites(DirectFileIO):
+    """Real writes that each take at least WRITE_DELAY_S (a busy device), so they are still in flight when the
+    caller goes on."""
+
+    def _run(self, is_write, *args):
+        if is_write:
+            time.sleep(WRITE_DELAY_S)
+        return super()._run(is_write, *args)
+
+
+WRITE_DELAY_S = 0.2
+
+
+def test_waiting_for_writes_in_flight_gives_their_streaming_slots_back(tmp_path):
+    """Regression test: memory back after pressure, the tier holds everything again and gives its streaming slots
+    back; a slot still writing out the last sub-group was not free then and stayed in memory. wait_writes lets
+    those writes finish (starting none), so every slot is free to go."""
+    slow = SlowWrites(num_threads=2)
+    pool = BufferPool("optimizer", lock="off")
+    slot_bytes = -(-NBYTES // 4096) * 4096
+    pool.add_classes({slot_bytes: 2})
+    store = EntryStore("optimizer", torch.float32, lambda n: -(-n // 256) * 256, slow,
+                       BudgetedPageable(pool, HostBudget(0)))  # nothing kept: entries stream through the slots
+    put(store, tmp_path, "a", 1.0)
+    assert store.state("a") == EntryState.WRITING
+    assert pool.retire_free(slot_bytes, 2) == 1  # the writing slot is not free
+    store.wait_writes()
+    assert store.state("a") == EntryState.ON_FILE
+    assert pool.retire_free(slot_bytes, 2) == 1  # now it is
+    assert pool.class_slots()[slot_bytes]["retired"] == 2
+    on_file = torch.empty(NUMEL)
+    slow.read(on_file, store.path("a")).result()
+    assert torch.all(on_file == 1.0)
+    store.close()
+    pool.close()
+    slow.close()

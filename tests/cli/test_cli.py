@@ -432,7 +432,7 @@ def test_bench_end_to_end(tmp_path):
     """Scenario: the real benchmark, shortened (3 steps, 1 warm-up) through the deepspeed launcher: stock and
     tencache runs of gpt2-tiny on NVMe offload, compared."""
     out = tmp_path / "out"
-    result = run_cli("bench", "--steps", "3", "--warmup", "1", "--out", str(out), "--nvme-path",
+    result = run_cli("bench", "--steps", "3", "--warmup", "1", "--dtype", "fp32", "--out", str(out), "--nvme-path",
                      str(tmp_path / "nvme"), timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     # The headline went to stdout, with both arms, the bound and the equality row; the full table did not.

@@ -2,6 +2,8 @@
 in a fresh process per training run, and reads its result JSON."""
 import json
 import os
+import shutil
+import socket
 import subprocess
 import sys
 import uuid
@@ -23,6 +25,13 @@ class TrainRun:
     @property
     def last_stats(self):
         return self.result["steps"][-1]["stats"]
+
+
+def free_port():
+    """A port nothing listens on now, for the launcher's rendezvous (test workers run launchers side by side)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 _STOCK_RUNS = {}  # stock runs are deterministic: one per distinct command line serves every test that needs it
@@ -48,8 +57,10 @@ def train(tmp_path_factory):
     def _run(config, block, launcher, expect_failure, **options):
         name = uuid.uuid4().hex[:8]
         result_file = tmp_path / f"{name}.json"
+        own_nvme = "nvme_path" not in options
+        nvme_path = options.pop("nvme_path", str(tmp_path / f"nvme-{name}"))
         args = ["--deepspeed_config", os.path.join(REPO, "configs", config),
-                "--nvme-path", options.pop("nvme_path", str(tmp_path / f"nvme-{name}")),
+                "--nvme-path", nvme_path,
                 "--tencache-block", "none" if block is None else json.dumps(block),
                 "--result-file", str(result_file)]
         options.setdefault("model", "gpt2-tiny")
@@ -64,14 +75,18 @@ def train(tmp_path_factory):
             else:
                 args += [f"--{key.replace('_', '-')}", str(value)]
         if launcher == "deepspeed":
-            command = ["deepspeed", "--num_gpus", str(num_ranks), "--master_port", str(29700 + os.getpid() % 200),
+            command = ["deepspeed", "--num_gpus", str(num_ranks), "--master_port", str(free_port()),
                        script] + args
         else:
             command = [sys.executable, script] + args
         if cgroup is not None:  # the shell moves itself into the cgroup, then becomes the command
             command = ["sh", "-c", f'echo $$ > "{cgroup}/cgroup.procs" && exec "$@"', "sh"] + command
         env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""), **extra_env)
-        proc = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+        try:
+            proc = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+        finally:
+            if own_nvme:  # a run's swap files are hundreds of MiB and nothing reads them after it: a whole suite
+                shutil.rmtree(nvme_path, ignore_errors=True)  # of them would fill a CI disk
         output = proc.stdout + proc.stderr
         if expect_failure:
             assert proc.returncode != 0, output[-3000:]

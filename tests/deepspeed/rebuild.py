@@ -20,7 +20,7 @@ OFFLOAD_ONLY_KEYS = ("nvme_path", "buffer_count", "buffer_size", "max_in_cpu", "
 def config(mode, nvme, param_device, optimizer_device):
     args = train.parse_args(["--deepspeed_config", os.path.join(REPO, "configs", "stock-nvme.json"),
                              "--nvme-path", nvme, "--tencache-block", "none" if mode == "stock" else "{}",
-                             "--dtype", "bf16"])
+                             "--dtype", "fp32"])  # fp32: see test_residency.py
     cfg = train.load_ds_config(args.ds_config_path, args)
     zero = cfg["zero_optimization"]
     for section, device in (("offload_param", param_device), ("offload_optimizer", optimizer_device)):

@@ -12,8 +12,8 @@ pytestmark = [pytest.mark.deepspeed, pytest.mark.slow]
 
 AUTO = {}
 QUARTER = {"host_cache_bytes": 70_000_000}  # evictions write back during the step that is killed
-FAST = dict(dtype="bf16", weights_gather="grouped")
-GARBAGE = b"\x7f\xc0" * 2048  # bf16 NaN (and an fp32 NaN): any stale byte that is used shows in the loss
+from test_residency import FAST  # fp32 (why: there)
+GARBAGE = b"\x7f\xc0" * 2048  # about -4.0 read as bf16 or fp32: any stale byte that is used shows in the loss
 
 
 def swap_files(folder):

@@ -10,9 +10,9 @@ from test_parity import assert_identical, assert_same_bits  # tests/deepspeed is
 
 pytestmark = pytest.mark.deepspeed
 
-FAST = dict(dtype="bf16", weights_gather="grouped")
-# gpt2-tiny: ~30 MB of bf16 partitions in 10 swapped tensors; a third of that makes the tier choose.
-TIGHT = {"device_cache_bytes": 10_000_000}
+from test_residency import FAST  # fp32 (why: there)
+# gpt2-tiny: ~60 MB of fp32 partitions in 10 swapped tensors; a third of that makes the tier choose.
+TIGHT = {"device_cache_bytes": 20_000_000}
 # shared with test_prefetch_engine.py, so the stock CPU offload reference is trained once
 SEQUENCE_CHANGES = dict(steps=6, eval_every=2, checkpointing_from_step=3, **FAST)
 

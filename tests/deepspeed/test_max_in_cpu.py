@@ -9,7 +9,7 @@ from test_parity import assert_identical  # tests/deepspeed is on sys.path (pyte
 pytestmark = [pytest.mark.deepspeed, pytest.mark.slow]  # two short training runs, 30-60 s
 
 AUTO = {}
-FAST = dict(dtype="bf16", weights_gather="grouped", steps=2)
+FAST = dict(dtype="fp32", weights_gather="grouped", steps=2)  # fp32: see test_residency.py
 
 
 def test_partitions_stage3_keeps_in_cpu_leave_no_copy_and_no_slot_behind(train):
@@ -17,7 +17,7 @@ def test_partitions_stage3_keeps_in_cpu_leave_no_copy_and_no_slot_behind(train):
     ours = train(block=AUTO, max_in_cpu=1e9, **FAST)
     assert_identical(stock, ours)
     stats = ours.last_stats
-    partition_bytes = 2 * ours.result["num_params"]  # bf16
+    partition_bytes = 4 * ours.result["num_params"]  # fp32
     assert stats["param_cached_bytes"] == 0 and stats["param_in_use_bytes"] == 0
     # what is left is the slots of the partitions stage 3 still swaps (gpt2-tiny: one of 10, 1.5 MiB)
     assert stats["param_reserved_bytes"] < partition_bytes // 10, stats["param_reserved_bytes"]

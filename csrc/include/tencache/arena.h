@@ -67,7 +67,7 @@ typedef struct {
     uint64_t slots_in_use;      /* COUNT: slots handed out now */
     uint64_t peak_slots_in_use; /* PEAK: of slots_in_use */
     uint64_t locked;            /* 1 if this class's region is page-locked, else 0 */
-    uint64_t slots_retired;     /* COUNT: slots whose pages were given back (neither free nor in use) */
+    uint64_t slots_retired;     /* COUNT: slots retired (neither free nor in use), or being retired or restored */
 } tc_class_stats_t;
 
 enum {
@@ -76,7 +76,8 @@ enum {
     TC_ENOMEM = 2,   /* mmap (or the bookkeeping allocation) failed */
     TC_ELOCK = 3,    /* mlock failed and the lock mode is TC_LOCK_REQUIRED */
     TC_EEMPTY = 4,   /* no class that fits has a free slot */
-    TC_ENOTOWNED = 5 /* free of a pointer the arena did not hand out, or a double free */
+    TC_ENOTOWNED = 5, /* free of a pointer the arena did not hand out, or a double free */
+    TC_ERELEASE = 6   /* munlock or madvise refused to give a slot's pages back (tc_arena_retire) */
 };
 
 enum {
@@ -98,6 +99,7 @@ TC_API int tc_arena_free(tc_arena_t* arena, void* ptr);
 
 /* Give up to max_slots free slots of class cls back to the kernel: they leave the free list and their pages are
  * unlocked and dropped (munlock, madvise MADV_DONTNEED); the address range stays reserved. *out_n: how many.
+ * TC_ERELEASE when the kernel refuses (the slot stays free and locked; *out_n counts those retired before).
  * Never on a region registered with CUDA: the driver holds its own references to the pages, so dropping them
  * would not free memory and would leave device copies reading other pages than the host writes. */
 TC_API int tc_arena_retire(tc_arena_t* arena, uint32_t cls, uint64_t max_slots, uint64_t* out_n);

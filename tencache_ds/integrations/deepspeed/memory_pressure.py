@@ -45,6 +45,7 @@ class HostTierGovernor:
         self.policy = MemoryPressurePolicy(local_world_size())
         self.meter = StepRiseMeter()
         self.last_memory: Optional[HostMemory] = None
+        self._rise_since_step: Optional[int] = None  # the most any reading since the last optimizer step rose
         self.given_back_bytes = 0      # SUM: net bytes given back so far (what growing may take again)
         self.start_budget_bytes: Optional[int] = None  # at the first reading, once every slot is planned
         self._optimizer_target = self._optimizer_start = 0  # the optimizer's footprint: as last set, at start-up
@@ -69,7 +70,9 @@ class HostTierGovernor:
         """A reading, and what follows from it. Raises TencacheOutOfMemory when the next step cannot fit."""
         if self.start_budget_bytes is None:
             self._start()
-        self.policy.observe_step_rise(self.meter.boundary())
+        rise = self.meter.boundary()
+        if rise is not None:
+            self._rise_since_step = max(self._rise_since_step or 0, rise)
         memory = self._read_memory()
         decision = self.policy.decide(memory.total_bytes, memory.available_bytes, self.reducible_bytes(),
                                       self.given_back_bytes)
@@ -87,6 +90,12 @@ class HostTierGovernor:
             if reason is not None:
                 raise TencacheOutOfMemory(f"{reason} ({_where(memory)}). To go on: {REMEDY}")
 
+    def end_optimizer_step(self) -> None:
+        """An optimizer step ended (stage 3's _post_step): its rise, the most over its forward passes' readings
+        (the reading after the step's last backward and update comes with the next step's first forward)."""
+        self.policy.observe_step_rise(self._rise_since_step)
+        self._rise_since_step = None
+
     def close(self) -> None:
         self.meter.close()
 
@@ -100,7 +109,6 @@ class HostTierGovernor:
 
     def _give_back(self, nbytes: int) -> None:
         """Optimizer state first (it saves less I/O per byte held), then parameter cache slots."""
-        before = self._planned_bytes()
         left = nbytes
         if self._optimizer is not None:
             footprint = self._optimizer.host_footprint_bytes()
@@ -116,12 +124,11 @@ class HostTierGovernor:
             cache = swapper.store.cache_bytes_reserved
             self._refit_device_tier(swapper, cache - cut)  # its residents hold lent partitions: released first
             left -= cache - swapper.store.resize_cache(cache - cut)
-        self.given_back_bytes += max(0, before - self._planned_bytes())
+        self.given_back_bytes += nbytes - left
         self.shrinks += 1
 
     def _take(self, nbytes: int) -> None:
         """Parameter cache slots first, then optimizer state, never past what was given back."""
-        before = self._planned_bytes()
         left = min(nbytes, self.given_back_bytes)
         for swapper in self._param_swappers:
             cache = swapper.store.cache_bytes_reserved
@@ -129,14 +136,12 @@ class HostTierGovernor:
             self._refit_device_tier(swapper, grown)
             left -= grown - cache
         if self._optimizer is not None and left > 0:
-            self._optimizer_target = min(self._optimizer_start, self._optimizer_target + left)
-            self._optimizer.resize_host_footprint(self._optimizer_target)
-        self.given_back_bytes = max(0, self.given_back_bytes - (self._planned_bytes() - before))
+            target = min(self._optimizer_start, self._optimizer_target + left)
+            left -= target - self._optimizer_target
+            self._optimizer_target = target
+            self._optimizer.resize_host_footprint(target)
+        self.given_back_bytes -= min(nbytes, self.given_back_bytes) - left
         self.grows += 1
-
-    def _planned_bytes(self) -> int:
-        """What the tier plans to hold: parameter cache slots committed, the optimizer's footprint as set."""
-        return sum(swapper.store.cache_bytes_reserved for swapper in self._param_swappers) + self._optimizer_target
 
     def _refit_device_tier(self, swapper, cache_bytes: int) -> None:
         if self._coordinator is not None and self._coordinator.swapper is swapper:

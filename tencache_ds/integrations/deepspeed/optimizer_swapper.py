@@ -107,7 +107,6 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         self.reads_ahead = bool(swap_config.pipeline_read) or "pipeline_read" not in explicit
         self.writes_behind = bool(swap_config.pipeline_write) or "pipeline_write" not in explicit
         self._lent = {}        # sub-group id -> keys of the entries lent as its tensors (and gradient)
-        self._gradients_begun = set()  # sub-group ids with gradient fragments stored since their last update
         self._read_ahead = {}  # sub-group id -> keys whose reads were started for it (async_parameter)
         self._held_files_at_folder_access = None  # {path: file identity} when swap_folder was last read
         self._profile_looked_up = False
@@ -201,7 +200,6 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         if swap_info is None:
             return
         group = OptimizerSwapper.parameter_id(parameter)
-        self._gradients_begun.discard(group)  # the update uses the gradient: the next backward starts a new one
         read_ahead = self._read_ahead.pop(group, ())
         keys = []
         for context in swap_info.tensors:
@@ -237,23 +235,33 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         self._give_back(parameter, states_changed=write_opt_state, gradient_changed=write_gradients)
 
     def swap_out_gradients(self, parameter, gradient_offsets, gradient_tensors):
-        """Copy the sub-group's fp32 gradient fragments into its gradient entry (the one copy stock CPU offload
-        makes too); they reach the file only if the entry is evicted. Stage 3 calls this once per reduce bucket,
-        so a sub-group that spans several buckets gets its fragments in several calls: after the first call of a
-        backward the entry holds fragments still to be used (read back from the file if it was not kept)."""
-        group = OptimizerSwapper.parameter_id(parameter)
-        swap_info = self.swap_params_info.get(group)
+        """Store the sub-group's fp32 gradient fragments as stock does: each at its offset of the sub-group's
+        gradient, the bytes between them left as they were. Stage 3 calls this once per reduce bucket, so a
+        sub-group that spans several buckets gets its fragments in several calls.
+
+        Held in host memory: copied into the held buffer (the one copy stock CPU offload makes too), which reaches
+        the file only if evicted. On file: written to their offsets in the file (nothing read back). The first
+        gradient of a sub-group: a new entry, zeros between the fragments (stock's new file is sparse)."""
+        swap_info = self.swap_params_info.get(OptimizerSwapper.parameter_id(parameter))
         if swap_info is None:
             return
         if not swap_info.swapped_gradients:
             swap_info.get_or_create_gradient_paths([0], [swap_info.numel()])
         path = self._gradient_path(swap_info)
-        if group in self._gradients_begun or self.store.state(path) in (EntryState.CLEAN, EntryState.DIRTY):
-            gradient = self.store.lend(path)  # held: no copy, no I/O; else the earlier fragments, read back
-        else:  # the first fragments since the last update replace the dead gradient: its old bytes are not read
+        if self.store.state(path) == EntryState.WRITING:
+            self.store.flush_key(path)  # the last call's bytes reach the file before these are placed
+        state = self.store.state(path)
+        if state == EntryState.ON_FILE:
+            writes = [self.io.write(tensor.reshape(-1).contiguous(), path, file_offset=offset * self.swap_element_size)
+                      for offset, tensor in zip(gradient_offsets, gradient_tensors)]
+            for write in writes:
+                write.result()  # raises a failed write's error: the gradient is owed to the update
+            return
+        if state in (EntryState.CLEAN, EntryState.DIRTY):
+            gradient = self.store.lend(path)  # held: no copy, no I/O
+        else:
             gradient = self.store.lend_new(path, swap_info.numel(), path)
             gradient.zero_()
-        self._gradients_begun.add(group)
         for offset, tensor in zip(gradient_offsets, gradient_tensors):
             gradient.narrow(0, offset, tensor.numel()).copy_(tensor.reshape(-1))
         self.store.release(path, changed=True)
@@ -273,7 +281,6 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         for swap_info in self.swap_params_info.values():
             swap_info.swapped_gradients = {}
             swap_info.unswapped_gradients = {}
-        self._gradients_begun.clear()
 
     def close(self):
         """Write what the tier owes to the files, then give back buffers, the streaming arena and I/O threads."""
@@ -310,7 +317,8 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         budget = target_bytes if everything else max(0, target_bytes - self.least_host_footprint_bytes())
         self.budget.resize(budget)
         self.store.trim_kept(budget)
-        if everything:
+        if everything:  # a slot still writing out the last update's sub-group is not free: wait for it first
+            self.store.wait_writes()
             self.pool.retire_free(self._streaming_slot_bytes, 1 << 32)
 
     def planned_host_footprint_bytes(self) -> int:
@@ -319,9 +327,10 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         return self.budget.total_bytes + (self.least_host_footprint_bytes() if streams else 0)
 
     def state_bytes(self) -> int:
-        """Every sub-group's master, moments and gradient (what keeping everything takes)."""
-        elements = sum(info.numel() for info in self.swap_params_info.values())
-        return elements * OPTIMIZER_BYTES_PER_ELEMENT
+        """Every sub-group's master, moments and gradient, in the page-rounded buffers keeping them takes."""
+        per_sub_group = OPTIMIZER_BYTES_PER_ELEMENT // self.swap_element_size
+        return sum(per_sub_group * round_up(self.store.swap_nbytes(info.numel()), PAGE_BYTES)
+                   for info in self.swap_params_info.values())
 
     # ------------------------------------------------------------------ step boundaries: logging, metrics
     def pre_backward(self):

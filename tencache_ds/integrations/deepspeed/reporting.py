@@ -67,9 +67,12 @@ def on_optimizer_step_end(optimizer) -> None:
         return
     for swapper in param_swappers_of_optimizer(optimizer):
         swapper.end_optimizer_step()
+    governor = governor_of(optimizer)
+    if governor is not None:
+        governor.end_optimizer_step()
     param_swapper, optimizer_swapper, coordinator = _components(optimizer)
     metrics = meter.step_end(running_totals(param_swapper, optimizer_swapper, coordinator),
-                             gauges(param_swapper, optimizer_swapper, coordinator, governor_of(optimizer)))
+                             gauges(param_swapper, optimizer_swapper, coordinator, governor))
     config = (param_swapper or optimizer_swapper).config
     if not config.metrics_path or dist.get_rank() != 0:
         return
