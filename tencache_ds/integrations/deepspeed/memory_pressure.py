@@ -45,7 +45,8 @@ class HostTierGovernor:
         self.policy = MemoryPressurePolicy(local_world_size())
         self.meter = StepRiseMeter()
         self.last_memory: Optional[HostMemory] = None
-        self._rise_since_step: Optional[int] = None  # the most any reading since the last optimizer step rose
+        self._step_rise: Optional[int] = None  # the most any reading of the current optimizer step rose
+        self._step_ended = False  # an optimizer step ended; the next reading still belongs to it
         self.given_back_bytes = 0      # SUM: net bytes given back so far (what growing may take again)
         self.start_budget_bytes: Optional[int] = None  # at the first reading, once every slot is planned
         self._optimizer_target = self._optimizer_start = 0  # the optimizer's footprint: as last set, at start-up
@@ -70,9 +71,12 @@ class HostTierGovernor:
         """A reading, and what follows from it. Raises TencacheOutOfMemory when the next step cannot fit."""
         if self.start_budget_bytes is None:
             self._start()
-        rise = self.meter.boundary()
+        rise = self.meter.boundary()  # since the last forward pass: its backward, and an update if one ran
         if rise is not None:
-            self._rise_since_step = max(self._rise_since_step or 0, rise)
+            self._step_rise = max(self._step_rise or 0, rise)
+        if self._step_ended:  # this reading covered the end of the step: the step's rise is complete
+            self.policy.observe_step_rise(self._step_rise)
+            self._step_rise, self._step_ended = None, False
         memory = self._read_memory()
         decision = self.policy.decide(memory.total_bytes, memory.available_bytes, self.reducible_bytes(),
                                       self.given_back_bytes)
@@ -91,10 +95,11 @@ class HostTierGovernor:
                 raise TencacheOutOfMemory(f"{reason} ({_where(memory)}). To go on: {REMEDY}")
 
     def end_optimizer_step(self) -> None:
-        """An optimizer step ended (stage 3's _post_step): its rise, the most over its forward passes' readings
-        (the reading after the step's last backward and update comes with the next step's first forward)."""
-        self.policy.observe_step_rise(self._rise_since_step)
-        self._rise_since_step = None
+        """An optimizer step ended (stage 3's _post_step). Its rise is the most over the readings from its second
+        forward pass to the next step's first, which covers its last backward and its update: so the optimizer's
+        first update, which creates its state once, falls in the first step measured (which the policy drops),
+        whatever the gradient accumulation."""
+        self._step_ended = True
 
     def close(self) -> None:
         self.meter.close()

@@ -252,7 +252,10 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             self.store.flush_key(path)  # the last call's bytes reach the file before these are placed
         state = self.store.state(path)
         if state == EntryState.ON_FILE:
-            writes = [self.io.write(tensor.reshape(-1).contiguous(), path, file_offset=offset * self.swap_element_size)
+            # On a GPU the fragments are device tensors: the file is written from a host copy (the copy stock's
+            # swap-out makes into its pinned buffers); on the CPU accelerator that is the fragment itself.
+            writes = [self.io.write(tensor.reshape(-1).to(device="cpu", dtype=self.dtype).contiguous(), path,
+                                    file_offset=offset * self.swap_element_size)
                       for offset, tensor in zip(gradient_offsets, gradient_tensors)]
             for write in writes:
                 write.result()  # raises a failed write's error: the gradient is owed to the update

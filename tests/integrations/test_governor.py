@@ -1,0 +1,47 @@
+"""The host-tier governor's bookkeeping between steps (integrations/deepspeed/memory_pressure.py, without DeepSpeed:
+it only calls the swappers' plain methods): which readings make up an optimizer step's rise."""
+from tencache_ds.integrations.deepspeed.memory_pressure import HostTierGovernor
+from tencache_ds.plan.host_memory import HostMemory
+
+GiB, MiB = 1 << 30, 1 << 20
+
+
+class ScriptedMeter:
+    """Stands in for StepRiseMeter: boundary() returns the rises listed, in order (None: the first boundary)."""
+
+    def __init__(self, rises):
+        self._rises = list(rises)
+
+    def boundary(self):
+        return self._rises.pop(0)
+
+    def close(self):
+        pass
+
+
+def governor_with(rises):
+    governor = HostTierGovernor([], None, None, read_memory=lambda: HostMemory(64 * GiB, 48 * GiB))
+    governor.meter.close()
+    governor.meter = ScriptedMeter(rises)
+    return governor
+
+
+def test_the_first_update_is_left_out_of_the_step_rise_with_gradient_accumulation():
+    """Regression test: with 2 micro-batches a step, the reading that covers the optimizer's first update (which
+    creates its state, once: 5 GiB here) was counted as the second step's rise, and the reserve stayed 5 GiB too
+    large for a few steps. The reading after a step's last backward and update belongs to that step."""
+    governor = governor_with([None, 100 * MiB, 5 * GiB, 110 * MiB, 120 * MiB, 90 * MiB, 130 * MiB])
+    for step in range(3):
+        governor.before_forward()  # micro-batch 0
+        governor.before_forward()  # micro-batch 1
+        governor.end_optimizer_step()
+    governor.before_forward()  # the next step's first reading completes step 2
+    assert governor.policy.step_rise_bytes == 130 * MiB  # steps 1 and 2 (120 and 130 MiB); step 0 is left out
+
+
+def test_the_first_update_is_left_out_of_the_step_rise_without_accumulation():
+    governor = governor_with([None, 5 * GiB, 200 * MiB, 150 * MiB])
+    for step in range(4):
+        governor.before_forward()
+        governor.end_optimizer_step()
+    assert governor.policy.step_rise_bytes == 200 * MiB
