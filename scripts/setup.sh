@@ -29,7 +29,8 @@ fi
 
 # 3. The package with its native arena and the bench/test extras. torch is already satisfied, so nothing
 #    here can pull another torch build.
-if ! $PY -c "import tencache_ds.memory as m, transformers, matplotlib, pytest, xdist; assert m.native_available()" 2>/dev/null \
+if ! $PY -c "import tencache_ds.memory as m, transformers, matplotlib, pytest, xdist
+assert m.native_available()" 2>/dev/null \
    || ! command -v tencache-ds >/dev/null 2>&1; then
   say "installing tencache-ds (editable, with its native arena)"
   $PY -m pip install -q -e ".[bench,test]"

@@ -234,7 +234,8 @@ static void test_retire_and_restore(void) {
 }
 
 static void test_strerror(void) {
-    for (int code = TC_OK; code <= TC_ERELEASE; code++) CHECK(strcmp(tc_strerror(code), "unknown tencache arena error") != 0);
+    for (int code = TC_OK; code <= TC_ERELEASE; code++)
+        CHECK(strcmp(tc_strerror(code), "unknown tencache arena error") != 0);
     CHECK(strcmp(tc_strerror(12345), "unknown tencache arena error") == 0);
     CHECK(tc_arena_abi_version() == TC_ARENA_ABI_VERSION);
 }

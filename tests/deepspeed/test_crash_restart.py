@@ -8,11 +8,12 @@ import signal
 
 import pytest
 
+from test_residency import FAST  # fp32 (why: there); tests/deepspeed is on sys.path (rootdir-relative imports)
+
 pytestmark = [pytest.mark.deepspeed, pytest.mark.slow]
 
 AUTO = {}
 QUARTER = {"host_cache_bytes": 70_000_000}  # evictions write back during the step that is killed
-from test_residency import FAST  # fp32 (why: there)
 GARBAGE = b"\x7f\xc0" * 2048  # about -4.0 read as bf16 or fp32: any stale byte that is used shows in the loss
 
 

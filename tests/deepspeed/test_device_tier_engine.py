@@ -6,11 +6,12 @@ import json
 
 import pytest
 
-from test_parity import assert_identical, assert_same_bits  # tests/deepspeed is on sys.path (pytest rootdir-relative imports)
+# tests/deepspeed is on sys.path (pytest rootdir-relative imports)
+from test_parity import assert_identical, assert_same_bits
+from test_residency import FAST  # fp32 (why: there)
 
 pytestmark = pytest.mark.deepspeed
 
-from test_residency import FAST  # fp32 (why: there)
 # gpt2-tiny: ~60 MB of fp32 partitions in 10 swapped tensors; a third of that makes the tier choose.
 TIGHT = {"device_cache_bytes": 20_000_000}
 # shared with test_prefetch_engine.py, so the stock CPU offload reference is trained once

@@ -3,6 +3,7 @@ trains through it for every offload pair, gives stock's losses before the reload
 (stock does not: it never reads the loaded optimizer files), and closes its swappers with the engine."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -18,6 +19,7 @@ def rebuild(tmp_path, mode, param_device, optimizer_device):
     proc = subprocess.run([sys.executable, SCRIPT, mode, str(tmp_path / f"nvme-{name}"), str(tmp_path / f"ckpt-{name}"),
                            param_device, optimizer_device], capture_output=True, text=True, timeout=600,
                           env=dict(os.environ, PYTHONPATH=REPO))
+    shutil.rmtree(tmp_path / f"nvme-{name}", ignore_errors=True)  # hundreds of MiB nothing reads afterwards
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert lines, proc.stdout[-2000:] + proc.stderr[-4000:]
     return json.loads(lines[-1][len("RESULT "):])
