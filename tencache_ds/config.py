@@ -46,12 +46,17 @@ class TencacheConfig(BaseModel):
     device_cache_bytes: ByteBudget = AUTO
     """Accelerator memory for gathered parameters kept between uses (the device tier): chosen by next use over the
     profiled sequence, so the last layers of the forward stay for the backward and, when the gathered tensor is the
-    partition itself, across the optimizer step. "auto" = 50% of the accelerator's free memory; on DeepSpeed's CPU
-    accelerator the device is host memory, so the tier is carved out of the parameters' share of host_cache_bytes
-    (counted once; a size given here is capped by that share); 0 = off (DeepSpeed's own release rules)."""
+    partition itself, across the optimizer step; otherwise each parameter is gathered once per optimizer step (its
+    first use after the update) and kept for the step's other uses. "auto" = 50% of the memory the gathered
+    parameters live in that is free (plus what the tier holds), less a step's activation rise, re-read at every
+    forward pass. On DeepSpeed's CPU accelerator that memory is the host's: at one rank a gathered parameter is its
+    partition, so the tier is carved out of the parameters' share of host_cache_bytes (counted once; a size given
+    here is capped by that share); at several ranks it is this rank's share of the available host memory. Ranks use
+    the smallest budget any of them has (which parameters are kept decides which all-gathers run). 0 = off
+    (DeepSpeed's own release rules)."""
 
     metrics_path: Optional[str] = None
-    """Where per-step metrics are appended as JSON lines, one object per optimizer step (schema "tencache.metrics/2":
+    """Where per-step metrics are appended as JSON lines, one object per optimizer step (schema "tencache.metrics/3":
     step time, fetch wait, device and host hit rates, NVMe bytes, prefetches, memory, the host cache budget and the
     host memory reading it follows); tencache_ds.stats(engine)
     returns the latest. None: no file."""

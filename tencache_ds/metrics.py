@@ -3,18 +3,30 @@ into per-step numbers, and the JSON-lines file. Pure: the numbers come from inte
 
 One line per optimizer step at the config's ``metrics_path``, and the latest one in ``tencache_ds.stats(engine)``:
 
-    {"schema": "tencache.metrics/2", "step": 12, "step_time_s": 1.93, "fetch_wait_s": 0.004, "device_hit_rate": 0.98,
-     "host_hit_rate": 1.0, "nvme_read_bytes": 0, "nvme_write_bytes": 0, "prefetch_issued": 0, "prefetch_late": 0,
-     "pinned_bytes_reserved": ..., "pinned_bytes_in_use": ..., "host_cache_bytes_in_use": ...,
-     "device_cache_bytes_in_use": ..., "host_cache_budget_bytes": ..., "host_memory_available_bytes": ...,
-     "host_step_rise_bytes": ...}
+    {"schema": "tencache.metrics/3", "step": 12, "step_time_s": 1.93, "fetch_wait_s": 0.004,
+     "param_nvme_wait_s": 0.003, "optimizer_nvme_wait_s": 0.001, "device_fetch_s": 0.41,
+     "device_fetch_bytes": 248512512, "device_hit_rate": 0.87, "host_hit_rate": 1.0, "nvme_read_bytes": 0,
+     "nvme_write_bytes": 0, "prefetch_issued": 0, "prefetch_late": 0, "pinned_bytes_reserved": ...,
+     "pinned_bytes_in_use": ..., "host_cache_bytes_in_use": ..., "device_cache_bytes_in_use": ...,
+     "host_cache_budget_bytes": ..., "host_memory_available_bytes": ..., "host_step_rise_bytes": ...}
 
-``nvme_*_bytes``, ``prefetch_*`` and ``fetch_wait_s`` are this step's; the ``*_bytes_*`` gauges are their values at
-the step's end; a hit rate is None when the step made no such access. ``host_memory_available_bytes`` and
-``host_step_rise_bytes`` are the last host-memory reading (taken before the step's last forward pass, after
-whatever it decided: integrations/deepspeed/memory_pressure.py).
+What each per-step number means (this step's, not a running total):
+- ``param_nvme_wait_s`` / ``optimizer_nvme_wait_s``: time the training thread was blocked on NVMe for parameter
+  partitions / optimizer state; ``fetch_wait_s`` is their sum.
+- ``device_fetch_s``: time the training thread spent gathering parameters for modules (DeepSpeed's
+  fetch_sub_module: all-gathers, host-to-device copies, and the parameter NVMe waits inside them).
+- ``device_fetch_bytes``: bytes of gathered parameters produced for the step's uses (all-gather output on CPU
+  ranks, host-to-device copies on a GPU); ``device_hit_rate``: uses of a parameter served without a fetch over all
+  uses. Both are None where a gather is a view of the partition (one rank on DeepSpeed's CPU accelerator: nothing is
+  moved, so a "hit" saves nothing), and when the step used no parameter.
+- ``nvme_*_bytes``, ``prefetch_*``: this step's; the ``*_bytes_*`` gauges are their values at the step's end; a hit
+  rate is None when the step made no such access. ``host_memory_available_bytes`` and ``host_step_rise_bytes`` are
+  the last host-memory reading (taken before the step's last forward pass, after whatever it decided:
+  integrations/deepspeed/memory_pressure.py).
 
-Schema history: 2 added ``host_cache_budget_bytes``, ``host_memory_available_bytes``, ``host_step_rise_bytes``.
+Schema history: 2 added ``host_cache_budget_bytes``, ``host_memory_available_bytes``, ``host_step_rise_bytes``;
+3 added ``param_nvme_wait_s``, ``optimizer_nvme_wait_s``, ``device_fetch_s``, ``device_fetch_bytes``, and made
+``device_hit_rate`` None where the device tier cannot apply.
 """
 import dataclasses
 import json
@@ -22,16 +34,19 @@ import os
 import time
 from typing import Callable, Dict, Optional
 
-SCHEMA = "tencache.metrics/2"
+SCHEMA = "tencache.metrics/3"
 
 
 @dataclasses.dataclass(frozen=True)
 class RunningTotals:
     """What the swappers and the coordinator have counted since they were built (only ever grows)."""
 
-    fetch_wait_s: float = 0.0    # time the training thread was blocked on parameter / optimizer-state I/O
-    device_fetches: int = 0      # parameters a module asked for (non-persistent)
+    param_nvme_wait_s: float = 0.0      # time the training thread was blocked on parameter partition reads
+    optimizer_nvme_wait_s: float = 0.0  # ... on optimizer-state reads
+    device_fetches: int = 0      # uses of a parameter: a module asked for it (non-persistent)
     device_hits: int = 0         # ... already gathered on the device
+    device_fetch_bytes: int = 0  # gathered bytes produced for the other uses
+    device_fetch_s: float = 0.0  # time in DeepSpeed's fetch_sub_module
     host_hits: int = 0           # tensor uses served from the host tier without I/O
     host_misses: int = 0         # ... that had to be read from NVMe
     nvme_read_bytes: int = 0
@@ -64,6 +79,10 @@ class StepMetrics:
     step: int
     step_time_s: float
     fetch_wait_s: float
+    param_nvme_wait_s: float
+    optimizer_nvme_wait_s: float
+    device_fetch_s: float
+    device_fetch_bytes: Optional[int]
     device_hit_rate: Optional[float]
     host_hit_rate: Optional[float]
     nvme_read_bytes: int
@@ -98,12 +117,18 @@ class StepMeter:
         self._steps = 0
         self.latest: Optional[StepMetrics] = None
 
-    def step_end(self, totals: RunningTotals, gauges: Gauges) -> StepMetrics:
+    def step_end(self, totals: RunningTotals, gauges: Gauges, device_tier_applies: bool = True) -> StepMetrics:
+        """``device_tier_applies``: False where a gather is a view of the partition (the device numbers are None)."""
         now = self._clock()
         delta = totals.minus(self._last_totals)
+        device_used = device_tier_applies and delta.device_fetches > 0
         self.latest = StepMetrics(
-            step=self._steps, step_time_s=now - self._last_time, fetch_wait_s=delta.fetch_wait_s,
-            device_hit_rate=_rate(delta.device_hits, delta.device_fetches),
+            step=self._steps, step_time_s=now - self._last_time,
+            fetch_wait_s=delta.param_nvme_wait_s + delta.optimizer_nvme_wait_s,
+            param_nvme_wait_s=delta.param_nvme_wait_s, optimizer_nvme_wait_s=delta.optimizer_nvme_wait_s,
+            device_fetch_s=delta.device_fetch_s,
+            device_fetch_bytes=delta.device_fetch_bytes if device_used else None,
+            device_hit_rate=_rate(delta.device_hits, delta.device_fetches) if device_tier_applies else None,
             host_hit_rate=_rate(delta.host_hits, delta.host_hits + delta.host_misses),
             nvme_read_bytes=delta.nvme_read_bytes, nvme_write_bytes=delta.nvme_write_bytes,
             prefetch_issued=delta.prefetch_issued, prefetch_late=delta.prefetch_late,

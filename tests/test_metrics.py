@@ -6,7 +6,8 @@ from tencache_ds.metrics import SCHEMA, Gauges, MetricsWriter, RunningTotals, St
 SCHEMA_KEYS = {"schema", "step", "step_time_s", "fetch_wait_s", "device_hit_rate", "host_hit_rate",
                "nvme_read_bytes", "nvme_write_bytes", "prefetch_issued", "prefetch_late", "pinned_bytes_reserved",
                "pinned_bytes_in_use", "host_cache_bytes_in_use", "device_cache_bytes_in_use",
-               "host_cache_budget_bytes", "host_memory_available_bytes", "host_step_rise_bytes"}  # 2: memory pressure
+               "host_cache_budget_bytes", "host_memory_available_bytes", "host_step_rise_bytes",  # 2: memory pressure
+               "param_nvme_wait_s", "optimizer_nvme_wait_s", "device_fetch_s", "device_fetch_bytes"}  # 3: honest device
 
 
 class Clock:
@@ -20,7 +21,7 @@ class Clock:
 def test_key_set_is_the_schema():
     meter = StepMeter(clock=Clock())
     assert set(meter.step_end(RunningTotals(), Gauges()).flat()) == SCHEMA_KEYS
-    assert SCHEMA == "tencache.metrics/2"
+    assert SCHEMA == "tencache.metrics/3"
 
 
 def test_steps_report_increases_since_the_previous_step():
@@ -28,19 +29,36 @@ def test_steps_report_increases_since_the_previous_step():
     meter = StepMeter(clock=clock, start=RunningTotals(nvme_read_bytes=1000, host_hits=5))
     clock.now += 2.0
     first = meter.step_end(RunningTotals(nvme_read_bytes=1500, host_hits=8, host_misses=1, device_fetches=10,
-                                         device_hits=9, fetch_wait_s=0.5, prefetch_issued=4, prefetch_late=1),
+                                         device_hits=9, param_nvme_wait_s=0.375, optimizer_nvme_wait_s=0.125,
+                                         prefetch_issued=4, prefetch_late=1, device_fetch_bytes=4096,
+                                         device_fetch_s=0.25),
                            Gauges(pinned_bytes_reserved=64, device_cache_bytes_in_use=32))
     assert (first.step, first.step_time_s, first.nvme_read_bytes, first.fetch_wait_s) == (0, 2.0, 500, 0.5)
+    assert (first.param_nvme_wait_s, first.optimizer_nvme_wait_s) == (0.375, 0.125)
+    assert (first.device_fetch_bytes, first.device_fetch_s) == (4096, 0.25)
     assert first.host_hit_rate == 3 / 4 and first.device_hit_rate == 0.9
     assert (first.prefetch_issued, first.prefetch_late) == (4, 1)
     assert (first.pinned_bytes_reserved, first.device_cache_bytes_in_use) == (64, 32)
     clock.now += 1.0
     second = meter.step_end(RunningTotals(nvme_read_bytes=1500, host_hits=8, host_misses=1, device_fetches=10,
-                                          device_hits=9, fetch_wait_s=0.5, prefetch_issued=4, prefetch_late=1),
+                                          device_hits=9, param_nvme_wait_s=0.375, optimizer_nvme_wait_s=0.125,
+                                          prefetch_issued=4, prefetch_late=1, device_fetch_bytes=4096,
+                                          device_fetch_s=0.25),
                             Gauges())
     assert (second.step, second.step_time_s, second.nvme_read_bytes, second.fetch_wait_s) == (1, 1.0, 0, 0.0)
     assert second.host_hit_rate is None and second.device_hit_rate is None  # no accesses: no rate, not 0
+    assert second.device_fetch_bytes is None  # no use of a parameter: nothing to say
     assert meter.latest is second
+
+
+def test_device_numbers_are_not_applicable_where_a_gather_is_the_partition():
+    """One rank on DeepSpeed's CPU accelerator: a gathered parameter is a view of its partition, so a kept one saves
+    no bytes; a 100% hit rate there would claim what did not happen."""
+    meter = StepMeter(clock=Clock())
+    step = meter.step_end(RunningTotals(device_fetches=10, device_hits=10, device_fetch_s=0.1), Gauges(),
+                          device_tier_applies=False)
+    assert step.device_hit_rate is None and step.device_fetch_bytes is None
+    assert step.device_fetch_s == 0.1  # time spent in DeepSpeed's fetch path is real either way
 
 
 def test_writer_appends_one_json_line_per_step(tmp_path):

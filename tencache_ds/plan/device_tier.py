@@ -14,20 +14,28 @@ from typing import Callable, Dict, Hashable, List, Optional, Tuple
 from .next_use import NextUseIndex
 
 
-def device_tier_budget(configured, device_is_host: bool, host_param_cache_bytes: int,
-                       device_free_bytes: int, auto_fraction: float) -> int:
-    """Bytes the device tier may keep gathered.
+def device_tier_budget(configured, gathers_alias_partitions: bool, host_param_cache_bytes: int,
+                       device_free_bytes: int, auto_fraction: float, resident_bytes: int = 0,
+                       step_peak_rise_bytes: int = 0) -> int:
+    """Bytes the device tier may keep gathered, from this rank's readings (ranks then agree on the smallest:
+    integrations/deepspeed/agreement.py).
 
-    On an accelerator: ``configured`` bytes, or ``auto_fraction`` of its free memory for "auto". When the device is
-    host memory (DeepSpeed's CPU accelerator), a kept parameter's bytes are the host tier's own buffer (the gather
-    is a view of the lent partition), so the tier is carved out of the parameters' share of the host cache, never
-    added to it: "auto" is that share, a configured size is capped by it."""
-    if device_is_host:
+    Where a gathered parameter is a view of its host partition (DeepSpeed's CPU accelerator at one rank), a kept
+    parameter's bytes are the host tier's own buffer: the tier is carved out of the parameters' share of the host
+    cache, never added to it; "auto" is that share, a configured size is capped by it.
+
+    Elsewhere a gathered parameter is memory of its own (GPU memory; host memory for the all-gather's output on the
+    CPU accelerator at several ranks). ``device_free_bytes`` is what that memory has free now, ``resident_bytes``
+    what the tier holds now (its own, so available to it), ``step_peak_rise_bytes`` how far a step rose above the
+    level between steps (activations): "auto" is ``auto_fraction`` of free plus resident, never more than what leaves
+    a step's rise free; a configured size is taken as it is."""
+    if gathers_alias_partitions:
         share = max(0, int(host_param_cache_bytes))
         return share if configured == "auto" else min(max(0, int(configured)), share)
-    if configured == "auto":
-        return int(max(0, device_free_bytes) * auto_fraction)
-    return max(0, int(configured))
+    if configured != "auto":
+        return max(0, int(configured))
+    room = max(0, int(device_free_bytes)) + max(0, int(resident_bytes))
+    return max(0, min(int(room * auto_fraction), room - max(0, int(step_peak_rise_bytes))))
 
 
 class DeviceTier:

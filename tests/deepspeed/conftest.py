@@ -3,6 +3,7 @@ in a fresh process per training run, and reads its result JSON."""
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -34,6 +35,20 @@ def free_port():
         return probe.getsockname()[1]
 
 
+def _run_in_own_group(command, env, timeout):
+    """subprocess.run in a process group of its own: a run that hangs past ``timeout`` is killed with every rank
+    the launcher started (killing the launcher alone would leave them waiting in a collective)."""
+    with subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          start_new_session=True) as proc:
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            stdout, stderr = proc.communicate()
+            pytest.fail(f"hung: no end after {timeout} s: {' '.join(command)}\n{(stdout + stderr)[-3000:]}")
+    return subprocess.CompletedProcess(command, proc.returncode, stdout, stderr)
+
+
 _STOCK_RUNS = {}  # stock runs are deterministic: one per distinct command line serves every test that needs it
 
 
@@ -42,7 +57,8 @@ def train(tmp_path_factory):
     """train(config="stock-nvme.json", block=None | dict, launcher="python" | "deepspeed", **options).
 
     ``script``: another script taking train.py's arguments (a test helper around it); ``cgroup``: a memory cgroup
-    folder the run starts in (the launcher and every rank with it); ``env``: variables to add to its environment."""
+    folder the run starts in (the launcher and every rank with it); ``env``: variables to add to its environment;
+    ``timeout``: seconds before the run counts as hung (subprocess.TimeoutExpired fails the test)."""
     tmp_path = tmp_path_factory.mktemp("train")
 
     def run(config="stock-nvme.json", block=None, launcher="python", expect_failure=False, **options):
@@ -69,6 +85,7 @@ def train(tmp_path_factory):
         script = options.pop("script", TRAIN)
         cgroup = options.pop("cgroup", None)
         extra_env = options.pop("env", {})
+        timeout = options.pop("timeout", 900)
         for key, value in options.items():
             if value is True:
                 args.append(f"--{key.replace('_', '-')}")
@@ -83,7 +100,7 @@ def train(tmp_path_factory):
             command = ["sh", "-c", f'echo $$ > "{cgroup}/cgroup.procs" && exec "$@"', "sh"] + command
         env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""), **extra_env)
         try:
-            proc = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+            proc = _run_in_own_group(command, env, timeout)
         finally:
             if own_nvme:  # a run's swap files are hundreds of MiB and nothing reads them after it: a whole suite
                 shutil.rmtree(nvme_path, ignore_errors=True)  # of them would fill a CI disk

@@ -127,12 +127,17 @@ def test_invariant_holds_under_random_releases():
         t.check()
 
 
-@pytest.mark.parametrize("configured, device_is_host, share, free, expected", [
-    ("auto", True, 500, 0, 500),      # CPU accelerator: the params' host-cache share, counted once
-    (300, True, 500, 0, 300),         # a configured size within the share
-    (900, True, 500, 0, 500),         # ... capped by it: never more host memory than the host tier's
-    ("auto", False, 500, 1000, 500),  # accelerator: a fraction of its free memory
-    (0, False, 500, 1000, 0),         # off
+@pytest.mark.parametrize("configured, aliases, share, free, resident, rise, expected", [
+    ("auto", True, 500, 0, 0, 0, 500),       # CPU accelerator, one rank: the params' host-cache share, counted once
+    (300, True, 500, 0, 0, 0, 300),          # a configured size within the share
+    (900, True, 500, 0, 0, 0, 500),          # ... capped by it: never more host memory than the host tier's
+    ("auto", False, 500, 1000, 0, 0, 500),   # own memory (GPU, or CPU ranks' all-gather output): part of what is free
+    ("auto", False, 500, 600, 400, 0, 500),  # ... counting what the tier holds already (it is the tier's)
+    ("auto", False, 500, 600, 400, 700, 300),  # ... leaving a step's activation rise free
+    ("auto", False, 500, 100, 0, 700, 0),    # ... and nothing when the step needs it all
+    (0, False, 500, 1000, 0, 0, 0),          # off
+    (2000, False, 500, 1000, 0, 0, 2000),    # a configured size is the user's to choose
 ])
-def test_budget_rule(configured, device_is_host, share, free, expected):
-    assert device_tier_budget(configured, device_is_host, share, free, auto_fraction=0.5) == expected
+def test_budget_rule(configured, aliases, share, free, resident, rise, expected):
+    assert device_tier_budget(configured, aliases, share, free, auto_fraction=0.5, resident_bytes=resident,
+                              step_peak_rise_bytes=rise) == expected

@@ -15,7 +15,16 @@ Across the optimizer step: stage 3's ``step()`` first partitions every parameter
 then writes the new weights into each partition that is still resident, in place (``_partitioned_params_swap_out``).
 install.py routes that one call to ``release_for_optimizer_step``: a kept parameter whose gathered tensor is a view
 of its partition (the CPU accelerator at one rank) stays, and is current after the step with no re-fetch; any other
-kept parameter is released as stock would, and gathered again (from the host tier) at its next use.
+kept parameter is released as stock would, and gathered again (from the host tier) at its next use: one fetch per
+parameter per optimizer step, whatever the gradient accumulation.
+
+Ranks agree: which parameters are kept decides which all-gathers run, so the tier's budget is the smallest any rank
+proposes (agreement.py), at creation and at every forward pass (memory_pressure.py), and everything else the tier
+decides from is the same on every rank (the trace, DeepSpeed asserts; sizes; positions; which parameters are in use).
+
+Counters: every use of a parameter (a module asking for it), the uses that found it gathered (hits), the bytes
+gathered for the others, and the time spent in fetch_sub_module. Where a gather is a view of the partition (the CPU
+accelerator at one rank) nothing is moved by a gather: the tier is reported as not applicable (stats.py).
 """
 import threading
 import time
@@ -26,9 +35,11 @@ from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
 from deepspeed.runtime.zero.partitioned_param_coordinator import PartitionedParameterCoordinator, iter_params
 from deepspeed.utils import z3_leaf_module
 
-from ...plan.budget import AUTO_DEVICE_CACHE_FRACTION
+from ...plan.budget import AUTO_DEVICE_CACHE_FRACTION, local_world_size
 from ...plan.device_tier import DeviceTier, device_tier_budget
+from ...plan.host_memory import read_host_memory
 from ...plan.next_use import NextUseIndex
+from .agreement import agree_min, world_size
 from .param_swapper import TencacheParamSwapper
 
 _BASE = PartitionedParameterCoordinator
@@ -47,8 +58,9 @@ class TencacheCoordinator(PartitionedParameterCoordinator):
         self._forcing_release = False
         self._tier_lock = threading.RLock()  # backward hooks may run on autograd's threads
         # COUNTERS (running totals; integrations/deepspeed/stats.py reports them)
-        self.param_fetches = 0   # non-persistent parameters asked for by a module, once the tier is on
+        self.param_fetches = 0   # non-persistent parameters asked for by a module (uses), once the tier is on
         self.device_hits = 0     # ... that were already gathered (no swap-in, no all-gather)
+        self.fetch_bytes = 0     # gathered bytes of the others (what their all-gather / H2D copy produced)
         self.fetch_s = 0.0       # wall time in fetch_sub_module, once the tier is on
 
     # ------------------------------------------------------------------------------- DeepSpeed's calls
@@ -56,6 +68,11 @@ class TencacheCoordinator(PartitionedParameterCoordinator):
         super().reset_step()
         if self.is_complete_trace() and self._trace_order() is not self._indexed_order:
             self._index_trace()
+        if self.tier is not None:
+            # stock zeroes its count of gathered numel here, though the tier's residents stay gathered: count them,
+            # so that max_live_parameters still bounds what its prefetch gathers on top of them
+            setattr(self, _MANGLED + "n_available_params",
+                    sum(self._params_by_id[key].ds_numel for key in self.tier.resident_keys()))
 
     def fetch_sub_module(self, current_submodule, forward: bool) -> None:
         if self.tier is None:
@@ -64,7 +81,10 @@ class TencacheCoordinator(PartitionedParameterCoordinator):
         for param in iter_params(current_submodule, recurse=z3_leaf_module(current_submodule)):
             if not param.ds_persist:
                 self.param_fetches += 1
-                self.device_hits += param.ds_status == ZeroParamStatus.AVAILABLE
+                if param.ds_status == ZeroParamStatus.AVAILABLE:
+                    self.device_hits += 1
+                else:
+                    self.fetch_bytes += _gathered_bytes(param)
         try:
             return super().fetch_sub_module(current_submodule, forward)
         finally:
@@ -121,15 +141,46 @@ class TencacheCoordinator(PartitionedParameterCoordinator):
                 if param.ds_id not in stay and param.ds_status != ZeroParamStatus.NOT_AVAILABLE:
                     raise RuntimeError(f"{param.ds_summary()} expected to be released")
 
-    def resize_device_tier(self, host_param_capacity_bytes: int) -> None:
-        """The parameters' share of the host tier changed (memory pressure). Where the device is host memory the
-        tier is carved from that share: refit its budget, and release the residents that no longer fit (before
-        the parameter store gives their slots back). On an accelerator its budget is not host memory: unchanged."""
-        if self.tier is None or self.swapper is None or not _device_is_host():
+    @property
+    def gathers_alias_partitions(self) -> bool:
+        """A gathered parameter is a view of its partition (the CPU accelerator at one rank): a gather moves no
+        bytes, and a kept parameter holds the host tier's own buffer."""
+        return _device_is_host() and world_size() == 1
+
+    def propose_device_budget(self, host_param_capacity_bytes: Optional[int] = None,
+                              step_rise_bytes: int = 0) -> int:
+        """This rank's device-tier budget from its readings now (ranks agree on the smallest: the caller's job).
+        ``host_param_capacity_bytes``: the parameters' host-tier capacity after a resize about to happen (default:
+        now); ``step_rise_bytes``: how far a step rises in host memory (used where the gathered parameters are
+        host memory of their own: the CPU accelerator at several ranks)."""
+        if self.swapper is None:
+            return 0
+        aliasing = self.gathers_alias_partitions
+        capacity = 0
+        if aliasing:
+            capacity = self.swapper.host_param_capacity() if host_param_capacity_bytes is None \
+                else host_param_capacity_bytes
+        if aliasing:
+            free, rise = 0, 0
+        elif _device_is_host():  # the all-gather's output is this rank's share of the node's available memory
+            free, rise = read_host_memory().available_bytes // local_world_size(), step_rise_bytes
+        else:
+            accelerator = get_accelerator()
+            free = int(accelerator.available_memory())
+            # the highest any step has risen above the level between steps: its activations and temporaries
+            rise = max(0, int(accelerator.max_memory_allocated()) - int(accelerator.memory_allocated()))
+        resident = self.tier.resident_bytes if self.tier is not None else 0
+        return device_tier_budget(self.swapper.config.device_cache_bytes, aliasing, capacity, free,
+                                  AUTO_DEVICE_CACHE_FRACTION, resident_bytes=resident, step_peak_rise_bytes=rise)
+
+    def apply_device_budget(self, budget_bytes: int) -> None:
+        """Refit the tier to a budget every rank agreed on: release the residents that no longer fit, farthest next
+        use first (the same ones on every rank: the choice depends only on rank-invariant inputs). Called before the
+        host store gives back slots that kept partitions hold."""
+        if self.tier is None:
             return
         with self._tier_lock:
-            budget = _device_budget(self.swapper, host_param_capacity_bytes)
-            self._release_keys(self.tier.resize(budget, self._step_id(), self._evictable))
+            self._release_keys(self.tier.resize(budget_bytes, self._step_id(), self._evictable))
 
     def device_cache_bytes_in_use(self) -> int:
         return self.tier.resident_bytes if self.tier is not None else 0
@@ -170,7 +221,7 @@ class TencacheCoordinator(PartitionedParameterCoordinator):
         with self._tier_lock:
             if self.tier is None:
                 self.swapper = swapper
-                self.tier = DeviceTier(_device_budget(swapper))
+                self.tier = DeviceTier(agree_min([self.propose_device_budget()])[0])
             positions: Dict[int, list] = {}
             for entry in order:
                 positions.setdefault(entry.param.ds_id, []).append(entry.step_id_last_used_at)
@@ -193,14 +244,6 @@ def _gathered_is_partition(param) -> bool:
 
 def _device_is_host() -> bool:
     return get_accelerator().device_name() == "cpu"
-
-
-def _device_budget(swapper: TencacheParamSwapper, host_param_capacity_bytes: Optional[int] = None) -> int:
-    device_is_host = _device_is_host()
-    device_free = 0 if device_is_host else int(get_accelerator().available_memory())
-    capacity = swapper.host_param_capacity() if host_param_capacity_bytes is None else host_param_capacity_bytes
-    return device_tier_budget(swapper.config.device_cache_bytes, device_is_host, capacity, device_free,
-                              AUTO_DEVICE_CACHE_FRACTION)
 
 
 def coordinator_of(optimizer) -> Optional[TencacheCoordinator]:

@@ -9,6 +9,12 @@ slots one update needs anyway (whatever it stops keeping streams through those).
 partitions first (plan/host_tier.py: they save more I/O per byte), so it gives back optimizer state first and takes
 parameter slots back first. Where the device is host memory (the CPU accelerator) the device tier's residents are
 partitions the parameter store has lent: the tier is refitted before the store shrinks, and after it grows.
+
+Every rank passes here at every forward pass, in the same order, so this is where ranks agree (agreement.py): on the
+device tier's budget (each rank proposes one from its own readings; the smallest is applied everywhere, since which
+parameters the tier keeps decides which all-gathers run), and on stopping (a rank out of memory stops every rank,
+each with the message, instead of leaving the others waiting in their next collective). The host tier's own budget
+stays each rank's: it decides only this rank's file I/O.
 """
 import logging
 from typing import Callable, List, Optional
@@ -20,6 +26,7 @@ from ...plan.budget import local_world_size
 from ...plan.host_memory import HostMemory, read_host_memory
 from ...plan.memory_pressure import Action, MemoryPressurePolicy
 from ...units import fmt_bytes
+from .agreement import agree_min
 
 GOVERNOR_ATTRIBUTE = "_tencache_host_governor"  # on the ZeRO-3 optimizer: its HostTierGovernor (reporting.py)
 REMEDY = ("free memory on this node, lower the micro batch size, or turn on activation checkpointing; the engine "
@@ -37,11 +44,13 @@ class HostTierGovernor:
     """
 
     def __init__(self, param_swappers: List, optimizer_swapper, coordinator,
-                 read_memory: Callable[[], HostMemory] = read_host_memory):
+                 read_memory: Callable[[], HostMemory] = read_host_memory,
+                 agree: Callable[[List[int]], List[int]] = agree_min):
         self._param_swappers = list(param_swappers)
         self._optimizer = optimizer_swapper
         self._coordinator = coordinator
         self._read_memory = read_memory
+        self._agree = agree  # element-wise minimum over ranks
         self.policy = MemoryPressurePolicy(local_world_size())
         self.meter = StepRiseMeter()
         self.last_memory: Optional[HostMemory] = None
@@ -80,19 +89,30 @@ class HostTierGovernor:
         memory = self._read_memory()
         decision = self.policy.decide(memory.total_bytes, memory.available_bytes, self.reducible_bytes(),
                                       self.given_back_bytes)
+        if decision.action is Action.SHRINK:
+            # the device tier's residents hold lent partitions: it is refitted (on every rank alike) first
+            self._refit_device_tier(self._param_cache_targets(decision.nbytes))
+            self._give_back(decision.nbytes)
+        elif decision.action is Action.GROW:
+            self._take(decision.nbytes)
+            self._refit_device_tier()
+        else:
+            self._refit_device_tier()
         if decision.action is not Action.HOLD:
-            self._give_back(decision.nbytes) if decision.action is Action.SHRINK else self._take(decision.nbytes)
             level = logging.WARNING if decision.action is Action.SHRINK else logging.INFO
             logger.log(level, "tencache: host memory %s (%s): %s; host cache budget now %s",
                        "pressure" if decision.action is Action.SHRINK else "back", _where(memory), decision.reason,
                        fmt_bytes(self.budget_bytes))
             memory = self._read_memory()
         self.last_memory = memory
+        reason = None
         if memory.available_bytes < self.policy.reserve_bytes(memory.total_bytes):
             reason = self.policy.exhausted(memory.total_bytes, memory.allocatable_bytes, self.reducible_bytes(),
                                            self.start_budget_bytes)
-            if reason is not None:
-                raise TencacheOutOfMemory(f"{reason} ({_where(memory)}). To go on: {REMEDY}")
+        if self._agree([0 if reason is None else -1])[0] < 0:  # some rank cannot go on: none goes on
+            if reason is None:
+                reason = "another rank's host memory cannot hold its next step (its error has the numbers)"
+            raise TencacheOutOfMemory(f"{reason} ({_where(memory)}). To go on: {REMEDY}")
 
     def end_optimizer_step(self) -> None:
         """An optimizer step ended (stage 3's _post_step). Its rise is the most over the readings from its second
@@ -127,7 +147,6 @@ class HostTierGovernor:
             if cut <= 0:
                 continue
             cache = swapper.store.cache_bytes_reserved
-            self._refit_device_tier(swapper, cache - cut)  # its residents hold lent partitions: released first
             left -= cache - swapper.store.resize_cache(cache - cut)
         self.given_back_bytes += nbytes - left
         self.shrinks += 1
@@ -138,7 +157,6 @@ class HostTierGovernor:
         for swapper in self._param_swappers:
             cache = swapper.store.cache_bytes_reserved
             grown = swapper.store.resize_cache(min(swapper.store.planned_cache_bytes, cache + left))
-            self._refit_device_tier(swapper, grown)
             left -= grown - cache
         if self._optimizer is not None and left > 0:
             target = min(self._optimizer_start, self._optimizer_target + left)
@@ -148,9 +166,37 @@ class HostTierGovernor:
         self.given_back_bytes -= min(nbytes, self.given_back_bytes) - left
         self.grows += 1
 
-    def _refit_device_tier(self, swapper, cache_bytes: int) -> None:
-        if self._coordinator is not None and self._coordinator.swapper is swapper:
-            self._coordinator.resize_device_tier(swapper.host_param_capacity(cache_bytes))
+    def _param_cache_targets(self, nbytes: int) -> dict:
+        """The parameter cache size of each swapper once ``_give_back(nbytes)`` has run (it cuts optimizer state
+        first, then parameter cache slots, in this order)."""
+        left = nbytes
+        if self._optimizer is not None:
+            footprint = self._optimizer.host_footprint_bytes()
+            left -= min(left, max(0, footprint - self._optimizer.least_host_footprint_bytes()))
+        targets = {}
+        for swapper in self._param_swappers:
+            cut = max(0, min(left, swapper.store.reducible_cache_bytes))
+            targets[id(swapper)] = swapper.store.cache_bytes_reserved - cut
+            left -= cut
+        return targets
+
+    def _refit_device_tier(self, cache_targets: Optional[dict] = None) -> None:
+        """Every rank proposes a device-tier budget from its own readings, and all apply the smallest (a collective:
+        every rank calls this once per forward pass, tier or not). ``cache_targets``: parameter cache sizes about
+        to be set (a shrink), which bound the tier where it is carved from them."""
+        coordinator = self._coordinator
+        proposal = -1  # no tier here (the minimum over ranks ignores it unless no rank has one)
+        if coordinator is not None and coordinator.tier is not None:
+            swapper = coordinator.swapper
+            cache = (cache_targets or {}).get(id(swapper))
+            capacity = swapper.host_param_capacity(cache) if coordinator.gathers_alias_partitions else None
+            proposal = coordinator.propose_device_budget(capacity, step_rise_bytes=self.policy.step_rise_bytes)
+        agreed = self._agree([proposal if proposal >= 0 else _NO_PROPOSAL])[0]
+        if proposal >= 0 and agreed != _NO_PROPOSAL:
+            coordinator.apply_device_budget(agreed)
+
+
+_NO_PROPOSAL = 1 << 62  # larger than any budget: a rank without a device tier does not lower the others'
 
 
 def _where(memory: HostMemory) -> str:

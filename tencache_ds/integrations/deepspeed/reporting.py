@@ -72,7 +72,8 @@ def on_optimizer_step_end(optimizer) -> None:
         governor.end_optimizer_step()
     param_swapper, optimizer_swapper, coordinator = _components(optimizer)
     metrics = meter.step_end(running_totals(param_swapper, optimizer_swapper, coordinator),
-                             gauges(param_swapper, optimizer_swapper, coordinator, governor))
+                             gauges(param_swapper, optimizer_swapper, coordinator, governor),
+                             device_tier_applies=coordinator is None or not coordinator.gathers_alias_partitions)
     config = (param_swapper or optimizer_swapper).config
     if not config.metrics_path or dist.get_rank() != 0:
         return

@@ -35,7 +35,9 @@ def engine_stats(engine) -> Dict[str, object]:
     if coordinator is not None and coordinator.tier is not None:
         stats.update(device_cache_budget_bytes=coordinator.tier.budget_bytes,
                      device_cache_bytes_in_use=coordinator.device_cache_bytes_in_use(),
+                     device_tier_applicable=int(not coordinator.gathers_alias_partitions),
                      device_param_fetches=coordinator.param_fetches, device_hits=coordinator.device_hits,
+                     device_fetch_bytes_total=coordinator.fetch_bytes, device_fetch_s_total=coordinator.fetch_s,
                      device_tier_admitted=coordinator.tier.admitted, device_tier_evicted=coordinator.tier.evicted)
     governor = governor_of(optimizer)
     if governor is not None:
@@ -53,14 +55,14 @@ def engine_stats(engine) -> Dict[str, object]:
 
 def running_totals(param_swapper, optimizer_swapper, coordinator) -> RunningTotals:
     """The typed running totals of tencache's components (zeros for a component that is absent or stock)."""
-    totals = {"fetch_wait_s": 0.0, "host_hits": 0, "host_misses": 0, "nvme_read_bytes": 0, "nvme_write_bytes": 0,
-              "prefetch_issued": 0, "prefetch_late": 0}
-    for swapper in (param_swapper, optimizer_swapper):
+    totals = {"param_nvme_wait_s": 0.0, "optimizer_nvme_wait_s": 0.0, "host_hits": 0, "host_misses": 0,
+              "nvme_read_bytes": 0, "nvme_write_bytes": 0, "prefetch_issued": 0, "prefetch_late": 0}
+    for swapper, wait_key in ((param_swapper, "param_nvme_wait_s"), (optimizer_swapper, "optimizer_nvme_wait_s")):
         store = getattr(swapper, "store", None)
         if store is None or not hasattr(swapper, "stock_pinned_bytes_estimate"):
             continue
         counters, io = store.counters, swapper.io.counters()
-        totals["fetch_wait_s"] += counters.io_wait_s
+        totals[wait_key] += counters.io_wait_s
         totals["host_hits"] += counters.hits
         totals["host_misses"] += counters.misses
         totals["prefetch_issued"] += counters.prefetch_issued
@@ -68,7 +70,8 @@ def running_totals(param_swapper, optimizer_swapper, coordinator) -> RunningTota
         totals["nvme_read_bytes"] += io.read_bytes
         totals["nvme_write_bytes"] += io.write_bytes
     if coordinator is not None:
-        totals.update(device_fetches=coordinator.param_fetches, device_hits=coordinator.device_hits)
+        totals.update(device_fetches=coordinator.param_fetches, device_hits=coordinator.device_hits,
+                      device_fetch_bytes=coordinator.fetch_bytes, device_fetch_s=coordinator.fetch_s)
     return RunningTotals(**totals)
 
 

@@ -1,0 +1,33 @@
+"""Decisions every rank must make alike. Owns: the one collective that turns each rank's own readings into a
+decision shared by all ranks (the element-wise minimum over ranks), and nothing else.
+
+Why: DeepSpeed all-gathers only the parameters that are not already gathered, so which parameters the device tier
+keeps decides which collectives run. Its budget comes from each rank's own readings (free device memory, the host
+tier's share, memory pressure), which differ a little between ranks on any real machine: a rank that keeps a
+parameter another released skips an all-gather the other joins, and gloo aborts ("Received data size doesn't
+match expected size") where NCCL would hang or mix up data. Likewise a rank that stops for memory while the others
+go on leaves them waiting in their next collective. So budgets are agreed (the smallest wins: it fits every rank)
+and a stop anywhere is a stop everywhere, each at a point every rank passes in the same order.
+"""
+from typing import List, Sequence
+
+from deepspeed import comm as dist
+from deepspeed.accelerator import get_accelerator
+
+
+def world_size() -> int:
+    """Ranks in the job: 1 where torch.distributed is not (yet) initialized."""
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def agree_min(values: Sequence[int]) -> List[int]:
+    """The element-wise minimum of ``values`` over all ranks (every rank passes the same number of values, at the
+    same point of its run). One rank: ``values`` unchanged, no collective."""
+    values = [int(value) for value in values]
+    if world_size() <= 1:
+        return values
+    import torch  # a collective needs a tensor on the communication device (CPU for gloo, the GPU for NCCL)
+
+    tensor = torch.tensor(values, dtype=torch.int64, device=get_accelerator().current_device_name())
+    dist.all_reduce(tensor, op=dist.ReduceOp.MIN)
+    return [int(value) for value in tensor.tolist()]

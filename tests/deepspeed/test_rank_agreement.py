@@ -1,0 +1,45 @@
+"""Ranks agree by construction (integrations/deepspeed/agreement.py): which parameters the device tier keeps decides
+which all-gathers run, so a tier that followed each rank's own budget would desynchronise the collectives (gloo
+aborts with "Received data size doesn't match expected size", NCCL hangs). Two ranks through the launcher, one of
+them given far smaller budgets on purpose: the run finishes, with the bits of stock CPU offload (stock NVMe crashes
+at 2 ranks with parameters on NVMe), and the device tier gathers each parameter once per optimizer step."""
+import json
+import os
+
+import pytest
+
+from test_parity import assert_same_bits
+from test_residency import FAST  # fp32 (why: there)
+
+pytestmark = [pytest.mark.deepspeed, pytest.mark.slow]
+
+RANK_BUDGETS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rank_budgets.py")
+TWO_RANKS = dict(FAST, launcher="deepspeed", num_ranks=2, grad_accum=2, steps=3, seq_len=32, micro_batch=1)
+# rank 1 only: a device tier that holds a few parameters, a host tier smaller than the model's partitions
+SMALL_ON_RANK_1 = {"device_cache_bytes": "4MB", "host_cache_bytes": "20MB"}
+
+
+def test_ranks_with_different_budgets_agree_and_give_stock_cpu_offloads_bits(train, tmp_path):
+    reference = train(block=None, offload_device="cpu", **TWO_RANKS)
+    unequal = train(block={"metrics_path": str(tmp_path / "metrics.jsonl")}, script=RANK_BUDGETS,
+                    env={"TENCACHE_TEST_RANK1_BLOCK": json.dumps(SMALL_ON_RANK_1)}, timeout=600, **TWO_RANKS)
+    assert_same_bits(reference, unequal)
+    stats = unequal.last_stats  # rank 0's: it was given "auto", yet holds no more than rank 1's 4 MB
+    assert stats["device_tier_applicable"] == 1
+    assert 0 < stats["device_cache_budget_bytes"] <= 4_000_000
+    assert stats["device_tier_evicted"] > 0
+
+
+def test_two_ranks_gather_each_parameter_once_per_optimizer_step(train, tmp_path):
+    """With a device budget that holds the model, the bytes gathered per step do not grow with gradient
+    accumulation: every parameter is gathered at its first use after the update, and every other use of the step
+    (the forward and backward of each micro-batch) is served from the tier."""
+    fetched = {}
+    for grad_accum in (1, 4):
+        metrics = tmp_path / f"gas{grad_accum}.jsonl"
+        run = train(block={"metrics_path": str(metrics)}, **dict(TWO_RANKS, grad_accum=grad_accum))
+        lines = [json.loads(line) for line in metrics.read_text().splitlines()]
+        fetched[grad_accum] = lines[-1]["device_fetch_bytes"]
+        assert lines[-1]["device_hit_rate"] > 0.5
+        assert run.last_stats["device_tier_applicable"] == 1
+    assert 0 < fetched[4] <= 1.05 * fetched[1]
