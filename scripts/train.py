@@ -85,6 +85,9 @@ def parse_args(argv=None):
     p.add_argument("--max-in-cpu", type=float, default=None,
                    help="offload_param.max_in_cpu: parameter elements stage 3 moves into its own CPU buffer")
     p.add_argument("--reuse-distance", type=float, default=None, help="zero_optimization.stage3_max_reuse_distance")
+    p.add_argument("--stage3-defaults", action="store_true",
+                   help="drop the config's stage-3 fetch knobs (reuse distance, live parameters, prefetch bucket, "
+                        "persistence threshold): DeepSpeed's defaults, as a stock CPU offload user runs")
     p.add_argument("--sub-group-size", type=float, default=None,
                    help="zero_optimization.sub_group_size: parameter elements per optimizer sub-group")
     p.add_argument("--reduce-bucket-size", type=float, default=None,
@@ -153,6 +156,12 @@ def log0(msg):
 # ----------------------------------------------------------------------------------------------------------------
 # Configs
 # ----------------------------------------------------------------------------------------------------------------
+# The stage-3 knobs that decide when parameters are fetched and released. Stock NVMe offload needs some of them set
+# to run at all (a reuse distance of 0 keeps it from crashing); a stock CPU offload user keeps DeepSpeed's defaults.
+STAGE3_FETCH_KNOBS = ("stage3_max_reuse_distance", "stage3_max_live_parameters", "stage3_prefetch_bucket_size",
+                      "stage3_param_persistence_threshold")
+
+
 def load_ds_config(path, args):
     """The ds_config dict with the CLI overrides applied. Only keys DeepSpeed knows go into its own sections."""
     with open(path) as fh:
@@ -192,6 +201,9 @@ def load_ds_config(path, args):
                 optimizer_block.pop(key, None)
     if args.max_in_cpu is not None and isinstance(zero.get("offload_param"), dict):
         zero["offload_param"]["max_in_cpu"] = int(args.max_in_cpu)
+    if args.stage3_defaults:
+        for key in STAGE3_FETCH_KNOBS:
+            zero.pop(key, None)
     if args.reuse_distance is not None:
         zero["stage3_max_reuse_distance"] = args.reuse_distance
     if args.sub_group_size is not None:

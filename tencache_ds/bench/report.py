@@ -328,9 +328,18 @@ def _is_schema_row(row: Optional[Dict[str, Any]]) -> bool:
 
 
 def nvme_per_step(run: BenchRun, direction: str) -> Tuple[List[Optional[float]], str]:
-    """The NVMe bytes a run read ("read") or wrote ("write") in each step, and where they come from: the metrics
-    rows (per step), else the differences of the stats' running totals, else what the kernel saw the process do
-    (/proc/self/io; stock DeepSpeed has no counters of its own)."""
+    """The NVMe bytes a run read ("read") or wrote ("write") in each step, and where they come from: what the kernel
+    saw the process do (/proc/self/io), the one source every arm has (stock DeepSpeed counts nothing itself), so the
+    arms are compared alike; else tencache's own counters (own_nvme_per_step)."""
+    from_kernel = _field(f"io_{direction}_bytes", run.steps)
+    if _has_values(from_kernel):
+        return from_kernel, "/proc/self/io"
+    return own_nvme_per_step(run, direction)
+
+
+def own_nvme_per_step(run: BenchRun, direction: str) -> Tuple[List[Optional[float]], str]:
+    """The NVMe bytes tencache counted itself in each step, and where they come from: the metrics rows (per step),
+    else the differences of the stats' running totals; else None per step ("none")."""
     key = f"nvme_{direction}_bytes"
     metrics = _aligned_metrics(run)
     per_step = _field(key, [row if _is_schema_row(row) else None for row in metrics])
@@ -341,7 +350,7 @@ def nvme_per_step(run: BenchRun, direction: str) -> Tuple[List[Optional[float]],
     totals = _field(key, _stats_rows(run))
     if _has_values(totals):
         return per_step_deltas(totals), "stats"
-    return _field(f"io_{direction}_bytes", run.steps), "/proc/self/io"
+    return [None] * len(run.steps), "none"
 
 
 def step_series(run: BenchRun) -> Dict[str, List[Optional[float]]]:
@@ -484,6 +493,19 @@ def _share_percent(part: Value, whole: Value) -> Optional[float]:
     return 100.0 * float(part) / float(whole) if is_number(part) and is_number(whole) and whole else None
 
 
+STAGE3_FETCH_KNOBS = ("stage3_max_reuse_distance", "stage3_max_live_parameters", "stage3_prefetch_bucket_size",
+                      "stage3_param_persistence_threshold")
+
+
+def _stage3_knobs(run: BenchRun) -> str:
+    """The stage-3 knobs that decide when parameters are fetched and released, as the run's config set them (a
+    comparison is only fair when the reader sees them: stock NVMe needs some set to run at all)."""
+    zero = (run.result.get("ds_config") or {}).get("zero_optimization") or {}
+    chosen = [f"{key[len('stage3_'):]}={zero[key]:g}" if is_number(zero[key]) else f"{key}={zero[key]}"
+              for key in STAGE3_FETCH_KNOBS if key in zero]
+    return ", ".join(chosen) + " (the rest DeepSpeed's defaults)" if chosen else "DeepSpeed's defaults"
+
+
 def _final_loss_bits(runs: Sequence[BenchRun]) -> Optional[str]:
     steps = runs[0].steps if runs else []
     return steps[-1].get("loss_bits") if steps else None
@@ -561,10 +583,13 @@ def compare(runs: Sequence[BenchRun], warmup_steps: int, nvme_bandwidth: Optiona
 
     # ---- the full table: everything else
     details = [make_row("pinned bytes peak in use (stats, max)", "bytes", per_arm(max_of(f"stats.{PINNED_PEAK_KEY}")))]
-    if any(nvme_per_step(run, "read")[1] != "/proc/self/io" for run in runs):  # the kernel's view, alike for all arms
+    if any(own_nvme_per_step(run, "read")[1] != "none" for run in runs):  # tencache's own view beside the kernel's
         for direction in ("read", "write"):
-            details.append(make_row(f"process disk {direction} bytes/step (/proc/self/io, median)", "bytes",
-                                    per_arm(median_of(f"io_{direction}_bytes"))))
+            own = {run.label: own_nvme_per_step(run, direction)[0] for run in runs}
+            details.append(make_row(f"NVMe {direction} bytes/step (tencache's own counters, median)", "bytes",
+                                    per_arm(lambda rs: _median([value for run in rs
+                                                                for value in _measured(own[run.label],
+                                                                                       warmup_steps)]))))
     if any(is_number(run.result.get("init_time_s")) for run in runs):
         details.append(make_row("engine start-up (s)", "s", per_arm(lambda rs: _arm_top_level(rs, "init_time_s"))))
     if any(_nvme_footprint(run) is not None for run in runs):
@@ -590,6 +615,7 @@ def compare(runs: Sequence[BenchRun], warmup_steps: int, nvme_bandwidth: Optiona
         notes.append(f"stats is null in some runs (stock DeepSpeed has no tencache_ds.stats); their stats rows read "
                      f"{MISSING}")
     notes.append(f"medians exclude the first {warmup_steps} (warm-up) steps of each run; peaks cover all steps")
+    notes.append("stage-3 fetch knobs: " + "; ".join(f"{arm}: {_stage3_knobs(by_arm[arm][0])}" for arm in arms))
     run_dicts = [{"label": run.label, "arm": run.arm, "repeat": run.repeat, "model": run.result.get("model"),
                   "num_params": run.result.get("num_params"), "num_steps": len(run.steps)} for run in runs]
     measured = {arm: sum(max(0, len(run.steps) - warmup_steps) for run in by_arm[arm]) for arm in arms}

@@ -122,20 +122,30 @@ def test_unknown_stats_and_metrics_keys_get_rows():
     assert "brand_new_counter" not in report.render_table(comparison)
 
 
-def test_nvme_bytes_per_step_from_cumulative_stats_else_proc_io():
-    """Scenario: tencache reports NVMe counters as running totals; stock has no stats, so /proc/self/io is used."""
-    # Step 1: totals 100, 300, 600, 1000 -> per step 100, 200, 300, 400; measured (warm-up 1) median 300.
+def test_nvme_bytes_per_step_come_from_one_source_for_every_arm():
+    """Scenario: both arms have the kernel's /proc/self/io counts; tencache also counts its own (running totals in
+    its stats). The headline compares the arms on the same source; tencache's own view is a row of the full table."""
+    # Step 1: tencache's totals 100, 300, 600, 1000 -> per step 100, 200, 300, 400; measured (warm-up 1) median 300.
     stats = [{"nvme_read_bytes": total, "nvme_write_bytes": 2 * total} for total in (100, 300, 600, 1000)]
     runs = [BenchRun("stock", 1, make_result([1.0] * 4, io_read=[5, 7, 9, 11], io_write=[1, 1, 1, 1])),
             BenchRun("tencache", 1, make_result([1.0] * 4, stats=stats))]
     comparison = compare(runs, warmup_steps=1)
     read = comparison.row(report.ROW_NVME_READ)
-    # Step 2: stock from /proc/self/io (median of 7, 9, 11), tencache from the stats deltas.
-    assert (read.stock, read.tencache) == (9.0, 300.0)
-    assert read.note == "from stock: /proc/self/io; tencache: stats"
-    assert comparison.row(report.ROW_NVME_WRITE).tencache == 600.0
-    # Step 3: the kernel's view is shown for both arms as well.
-    assert comparison.row("process disk read bytes/step (/proc/self/io, median)").tencache == 1000.0
+    # Step 2: both arms from /proc/self/io (stock: median of 7, 9, 11; tencache: make_result's 1000 a step).
+    assert (read.stock, read.tencache) == (9.0, 1000.0)
+    assert read.note == "from stock: /proc/self/io; tencache: /proc/self/io"
+    # Step 3: tencache's own counters (the stats deltas) in the full table; stock has none.
+    own = comparison.row("NVMe read bytes/step (tencache's own counters, median)")
+    assert (own.stock, own.tencache) == (None, 300.0)
+    assert comparison.row("NVMe write bytes/step (tencache's own counters, median)").tencache == 600.0
+
+
+def test_nvme_bytes_per_step_from_tencaches_counters_where_the_kernel_has_none():
+    stats = [{"nvme_read_bytes": total, "nvme_write_bytes": 2 * total} for total in (100, 300, 600, 1000)]
+    result = make_result([1.0] * 4, stats=stats)
+    for step in result["steps"]:
+        step.pop("io_read_bytes"), step.pop("io_write_bytes")
+    assert report.nvme_per_step(BenchRun("tencache", 1, result), "read") == ([100, 200, 300, 400], "stats")
 
 
 def test_per_step_deltas():
@@ -228,7 +238,8 @@ def three_arms(stock_cpu_times=(1.5, 1.5, 1.5, 1.5)):
     stats = [{"pinned_bytes_reserved": 64 << 20} for _ in range(4)]
     return [BenchRun("stock", 1, make_result([9.0, 3.0, 3.0, 3.0], stats=[{"pinned_bytes_reserved": 2 << 30}] * 4,
                                              io_read=[5 * GB] * 4, io_write=[4 * GB] * 4)),
-            BenchRun("tencache", 1, make_result([9.0, 2.0, 2.0, 2.0], stats=stats),
+            BenchRun("tencache", 1, make_result([9.0, 2.0, 2.0, 2.0], stats=stats, io_read=[GB] * 4,
+                                                io_write=[GB // 2] * 4),
                      schema_rows(4, read=(GB,), write=(GB // 2,), fetch_wait=(0.5,))),
             BenchRun("stock-cpu", 1, make_result([9.0] + list(stock_cpu_times[1:]), io_read=[0] * 4,
                                                  io_write=[0] * 4))]
@@ -254,7 +265,9 @@ def test_headline_has_at_most_12_rows_and_the_named_ones():
     assert comparison.row(report.ROW_DEVICE_HIT).cells(True)[1:] == ("–", "90.0 %", "–", "–")
     assert comparison.row(report.ROW_FETCH_WAIT).tencache == pytest.approx(0.5)
     assert comparison.row(report.ROW_FETCH_SHARE).tencache == pytest.approx(25.0)  # 0.5 s of a 2 s step
-    assert comparison.row(report.ROW_NVME_READ).tencache == GB  # per step in schema rows, not a running total
+    assert comparison.row(report.ROW_NVME_READ).tencache == GB
+    # tencache's own counters: per step in schema rows, not a running total
+    assert comparison.row("NVMe read bytes/step (tencache's own counters, median)").tencache == GB
     # the plugin's pinned memory from its metrics; stock's estimate from its stats
     assert (comparison.row(report.ROW_PINNED).stock, comparison.row(report.ROW_PINNED).tencache) == (2 << 30, 1 << 20)
 
@@ -314,8 +327,8 @@ def test_old_metrics_files_still_give_per_step_nvme_bytes():
                      for step in range(4))
     runs = [BenchRun("stock", 1, make_result([1.0] * 4)), BenchRun("tencache", 1, make_result([1.0] * 4), old_rows)]
     comparison = compare(runs, warmup_steps=1)
-    assert comparison.row(report.ROW_NVME_READ).tencache == 100
-    assert comparison.row(report.ROW_NVME_WRITE).tencache == 0
+    assert comparison.row("NVMe read bytes/step (tencache's own counters, median)").tencache == 100
+    assert comparison.row("NVMe write bytes/step (tencache's own counters, median)").tencache == 0
     assert comparison.row(report.ROW_DEVICE_HIT).tencache is None  # an old file has no hit rates: "–"
     assert not any("nvme_read_bytes_per_step" in row.name for row in comparison.details)  # the headline has it
 
@@ -354,3 +367,15 @@ def test_dashboard_png_is_one_file(tmp_path):
     # nothing to draw: no file
     assert not dashboard.write_dashboard(dashboard.DashboardPlan((), ()), runs, str(tmp_path / "none.png"), 1)
     assert not (tmp_path / "none.png").exists()
+
+
+def test_the_stage3_knobs_of_each_arm_are_stated():
+    """A comparison with stock CPU offload is fair only with DeepSpeed's default knobs; the report says which each
+    arm ran with."""
+    nvme = {"zero_optimization": {"stage3_max_reuse_distance": 0, "stage3_param_persistence_threshold": 0}}
+    runs = [BenchRun("stock", 1, make_result([1.0] * 3, ds_config=nvme)),
+            BenchRun("tencache", 1, make_result([1.0] * 3, ds_config=nvme)),
+            BenchRun("stock-cpu", 1, make_result([1.0] * 3, ds_config={"zero_optimization": {"stage": 3}}))]
+    note = next(note for note in compare(runs, warmup_steps=1).notes if note.startswith("stage-3 fetch knobs"))
+    assert "stock: max_reuse_distance=0, param_persistence_threshold=0 (the rest DeepSpeed's defaults)" in note
+    assert note.endswith("stock-cpu: DeepSpeed's defaults")

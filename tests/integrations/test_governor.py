@@ -1,5 +1,8 @@
 """The host-tier governor's bookkeeping between steps (integrations/deepspeed/memory_pressure.py, without DeepSpeed:
 it only calls the swappers' plain methods): which readings make up an optimizer step's rise."""
+import pytest
+
+from tencache_ds.errors import TencacheOutOfMemory
 from tencache_ds.integrations.deepspeed.memory_pressure import HostTierGovernor
 from tencache_ds.plan.host_memory import HostMemory
 
@@ -45,3 +48,36 @@ def test_the_first_update_is_left_out_of_the_step_rise_without_accumulation():
         governor.before_forward()
         governor.end_optimizer_step()
     assert governor.policy.step_rise_bytes == 200 * MiB
+
+
+class OtherRanks:
+    """Stands in for the collective (agreement.agree_min): another rank's values, element-wise minimum with ours."""
+
+    def __init__(self, *theirs):
+        self.theirs = list(theirs)  # one list of values per call
+        self.calls = []
+
+    def __call__(self, ours):
+        self.calls.append(list(ours))
+        return [min(a, b) for a, b in zip(ours, self.theirs.pop(0))]
+
+
+def test_a_rank_whose_memory_is_fine_stops_with_a_rank_that_cannot_go_on():
+    """Ranks stop together: this rank's memory is fine, another's is exhausted; stopping here too (with the reason)
+    beats going on into a collective the other rank never joins (a hang)."""
+    agree = OtherRanks([1 << 62], [-1])  # the other rank: no device-tier proposal, then "I must stop"
+    governor = HostTierGovernor([], None, None, read_memory=lambda: HostMemory(64 * GiB, 48 * GiB), agree=agree)
+    governor.meter.close()
+    governor.meter = ScriptedMeter([None])
+    with pytest.raises(TencacheOutOfMemory, match="another rank"):
+        governor.before_forward()
+    assert agree.calls == [[1 << 62], [0]]  # every rank: one device-budget proposal, then one stop vote
+
+
+def test_ranks_go_on_when_none_must_stop():
+    agree = OtherRanks([1 << 62], [0])
+    governor = HostTierGovernor([], None, None, read_memory=lambda: HostMemory(64 * GiB, 48 * GiB), agree=agree)
+    governor.meter.close()
+    governor.meter = ScriptedMeter([None])
+    governor.before_forward()
+    assert len(agree.calls) == 2
