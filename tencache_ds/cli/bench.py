@@ -203,6 +203,8 @@ def build_runs(args, repo_root: str, train_script: str, config_path: str, ds_con
                           # the same fp32-weights hash as the public per-parameter API, without re-reading every
                           # optimizer group once per parameter (minutes on gpt2-small)
                           "--weights-gather", "grouped"]
+            if getattr(args, "grad_accum", None):
+                train_args += ["--grad-accum", str(args.grad_accum)]
             if arm == report.STOCK_CPU:
                 # what a user whose host memory holds the model runs: CPU offload with DeepSpeed's default stage-3
                 # knobs (the config's may be there only to keep stock NVMe from crashing)
@@ -211,9 +213,10 @@ def build_runs(args, repo_root: str, train_script: str, config_path: str, ds_con
             env = dict(os.environ, PYTHONUNBUFFERED="1")
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [repo_root, env.get("PYTHONPATH")]))
             if launcher == "deepspeed":
-                # On the CPU accelerator the launcher needs nothing more: one local process, gloo (checked with
-                # deepspeed 0.19.8). --num_gpus 1 keeps a multi-GPU machine to one rank as well.
-                command = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "1",
+                # On the CPU accelerator the launcher needs nothing more: local processes, gloo (checked with
+                # deepspeed 0.19.8). --num_gpus keeps a multi-GPU machine to the ranks asked for.
+                command = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus",
+                           str(getattr(args, "ranks", 1)),
                            "--master_port", str(port)] + train_args
             else:
                 command = [sys.executable, "-u"] + train_args
@@ -400,11 +403,14 @@ def _run(args) -> int:
     out_dir = os.path.abspath(args.out)
     os.makedirs(out_dir, exist_ok=True)
     launcher = resolve_launcher(args.launcher)
+    if getattr(args, "ranks", 1) > 1 and launcher != "deepspeed":
+        raise BenchError(f"--ranks {args.ranks} needs the deepspeed launcher (--launcher deepspeed, and "
+                         "deepspeed.launcher.runner importable)")
     specs = build_runs(args, repo_root, train_script, config_path, ds_config, out_dir, launcher)
     given_bandwidth = getattr(args, "nvme_bandwidth", None)
     probe, why_not_measured = start_probe(args.nvme_path, measure_bandwidth=given_bandwidth is None)
     machine = describe_machine(args.nvme_path, probe)
-    machine["launcher"] = launcher
+    machine["launcher"] = launcher if getattr(args, "ranks", 1) == 1 else f"{launcher}, {args.ranks} ranks"
     bandwidth, bandwidth_record = nvme_bandwidth(args.nvme_path, probe, given_bandwidth, why_not_measured)
     machine["NVMe bandwidth"] = bandwidth.describe() if bandwidth else f"not measured ({bandwidth_record['error']})"
 

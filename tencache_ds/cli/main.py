@@ -108,6 +108,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--repeats", type=_positive_int, default=1,
                        help="runs per arm, interleaved: stock, tencache, stock, tencache, ...")
     bench.add_argument("--micro-batch", type=_positive_int, default=2, help="train_micro_batch_size_per_gpu")
+    bench.add_argument("--grad-accum", type=_positive_int, default=None,
+                       help="gradient_accumulation_steps (default: the config's)")
+    bench.add_argument("--ranks", type=_positive_int, default=1,
+                       help="ranks per run (the deepspeed launcher's --num_gpus; on the CPU accelerator, processes)")
     bench.add_argument("--seq-len", type=_positive_int, default=64, help="tokens per sample")
     bench.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16", help="training dtype")
     bench.add_argument("--offload", choices=["nvme", "cpu"], default="nvme",
