@@ -377,7 +377,12 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
 
 def _device_copy_fence():
     """A CUDA event after the copies queued so far on the current stream (None without CUDA). DeepSpeed copies
-    a partition to the device with non_blocking=True; over registered memory that copy is truly asynchronous."""
+    a partition to the device with non_blocking=True; over registered memory that copy is truly asynchronous, so the
+    slot may not be reused before this event. The copy itself runs on the coordinator's all-gather stream, not this
+    one: an event here still comes after it, because a partition is released only after its gather was waited for,
+    and that wait makes the current stream wait for the all-gather stream (partitioned_param_coordinator.py,
+    fetch_sub_module: ``current_stream().wait_stream(allgather_stream)`` on CUDA, where data dependencies are not
+    resolved by the device)."""
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         event = torch.cuda.Event()
         event.record()
