@@ -31,6 +31,8 @@ import time
 from typing import Dict, Optional
 
 from deepspeed.accelerator import get_accelerator
+from deepspeed.runtime.swap_tensor.partitioned_param_swapper import PartitionedParamStatus
+from deepspeed.runtime.zero.offload_config import OffloadDeviceEnum
 from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
 from deepspeed.runtime.zero.partitioned_param_coordinator import PartitionedParameterCoordinator, iter_params
 from deepspeed.utils import z3_leaf_module
@@ -121,6 +123,8 @@ class TencacheCoordinator(PartitionedParameterCoordinator):
                 self._release(self._params_by_id[key])
             if not keep:
                 self._release(param, free_data)
+            elif not self.gathers_alias_partitions:
+                _give_back_partition(param)
 
     # ------------------------------------------------------------------------------- our hooks
     def release_for_optimizer_step(self, module) -> None:
@@ -229,6 +233,18 @@ class TencacheCoordinator(PartitionedParameterCoordinator):
             steps = len(getattr(self, _MANGLED + "submodule_order"))
             self._release_keys(self.tier.set_index(None))
             self.tier.set_index(NextUseIndex.from_positions(positions, steps))
+
+
+def _give_back_partition(param) -> None:
+    """A kept parameter whose gathered tensor is memory of its own (a GPU; the CPU accelerator at several ranks) has
+    no use for its host partition until the optimizer step, which releases it first: the partition's slot goes back
+    to the host tier now, for DeepSpeed's prefetch of the parameters it will need and for the store's cache. The
+    bytes are unchanged (only the optimizer step changes them) and stay in the host tier or on file."""
+    partition = param.ds_tensor
+    if (partition is not None and isinstance(getattr(param, "nvme_swapper", None), TencacheParamSwapper)
+            and getattr(partition, "final_location", None) == OffloadDeviceEnum.nvme
+            and partition.status == PartitionedParamStatus.AVAILABLE):
+        param.nvme_swapper.remove_partition_and_release_buffers([param])
 
 
 def _gathered_bytes(param) -> int:

@@ -166,6 +166,10 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
                     # Resident or already being read: with several ranks the coordinator's NVMe prefetch asks again
                     # for partitions it already asked for (stock asserts here). The bytes are, or will be, there.
                     continue
+                if async_op and _is_gathered(param):
+                    # Gathered, and kept so by the device tier, which gave its partition's slot back: the
+                    # coordinator's NVMe prefetch would only lend it again (its gather needs no partition).
+                    continue
                 into = None if swap_in_buffers is None else swap_in_buffers[index]
                 if param.ds_id in self._ahead:
                     self._ahead.discard(param.ds_id)
@@ -373,6 +377,13 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
     def _mark_on_file(self, param):
         param.ds_tensor.data = self.invalid_buffer.data
         param.ds_tensor.status = PartitionedParamStatus.NOT_AVAILABLE
+
+
+def _is_gathered(param) -> bool:
+    # partition_parameters imports this module (through install.py) while it is being imported itself: its
+    # ZeroParamStatus is looked up at call time
+    from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+    return getattr(param, "ds_status", None) == ZeroParamStatus.AVAILABLE
 
 
 def _device_copy_fence():
