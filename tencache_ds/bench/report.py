@@ -515,23 +515,26 @@ def _yes_no(identical: bool) -> str:
     return "yes" if identical else "NO"
 
 
-def compare(runs: Sequence[BenchRun], warmup_steps: int, nvme_bandwidth: Optional[NvmeBandwidth] = None
-            ) -> Comparison:
+def compare(runs: Sequence[BenchRun], warmup_steps: int, nvme_bandwidth: Optional[NvmeBandwidth] = None,
+            stock_crashed: Optional[str] = None) -> Comparison:
     """Aggregate the runs of each arm (stock, tencache, and stock-cpu when it ran) into the comparison.
 
     Per arm: step time, per-step bytes, hit rates and fetch waits are the median of all measured steps of all its
     repeats; peaks (pinned memory, RSS) are the maximum over all steps; stats keys without a row of their own show
     the median over repeats of the value after the last step; metrics keys show the median over measured steps.
     The bound uses ``nvme_bandwidth`` (None: its NVMe part is missing) and the stock-cpu step time.
+    ``stock_crashed``: stock NVMe did not finish (what it died of); its column then reads "–", and tencache is
+    compared with stock CPU offload, which must have run.
 
     Raises:
-        ValueError: no run of stock or tencache, or warm-up leaves a run no measured step.
+        ValueError: no run of stock (unless it crashed, with stock-cpu there) or tencache, or warm-up leaves a run
+        no measured step.
     """
     by_arm = {arm: [run for run in runs if run.arm == arm] for arm in ARMS + (STOCK_CPU,)}
     for arm in ARMS:
-        if not by_arm[arm]:
+        if not by_arm[arm] and not (arm == STOCK and stock_crashed and by_arm[STOCK_CPU]):
             raise ValueError(f"no {arm} run to compare (runs: {[run.label for run in runs]})")
-    arms = ARMS + ((STOCK_CPU,) if by_arm[STOCK_CPU] else ())
+    arms = tuple(arm for arm in ARMS if by_arm[arm]) + ((STOCK_CPU,) if by_arm[STOCK_CPU] else ())
     for arm in arms:
         for run in by_arm[arm]:
             if len(run.steps) <= warmup_steps:
@@ -550,8 +553,8 @@ def compare(runs: Sequence[BenchRun], warmup_steps: int, nvme_bandwidth: Optiona
         return {arm: fn(by_arm[arm]) for arm in arms}
 
     def make_row(name: str, unit: str, values: Dict[str, Value], note: str = "") -> ComparisonRow:
-        return ComparisonRow(name, unit, values[STOCK], values[TENCACHE], ratio(values[STOCK], values[TENCACHE]),
-                             None, note, values.get(STOCK_CPU))
+        return ComparisonRow(name, unit, values.get(STOCK), values[TENCACHE],
+                             ratio(values.get(STOCK), values[TENCACHE]), None, note, values.get(STOCK_CPU))
 
     # ---- the headline
     step_time = per_arm(median_of(STEP_TIME))
@@ -616,6 +619,10 @@ def compare(runs: Sequence[BenchRun], warmup_steps: int, nvme_bandwidth: Optiona
                      f"{MISSING}")
     notes.append(f"medians exclude the first {warmup_steps} (warm-up) steps of each run; peaks cover all steps")
     notes.append("stage-3 fetch knobs: " + "; ".join(f"{arm}: {_stage3_knobs(by_arm[arm][0])}" for arm in arms))
+    if stock_crashed:
+        notes.insert(0, f"stock NVMe crashed, so its column is empty: {stock_crashed}")
+    if STOCK_CPU in arms and is_number(step_time.get(STOCK_CPU)) and is_number(step_time[TENCACHE]):
+        notes.insert(0, f"step time tencache / stock-cpu: {step_time[TENCACHE] / step_time[STOCK_CPU]:.3f}")
     run_dicts = [{"label": run.label, "arm": run.arm, "repeat": run.repeat, "model": run.result.get("model"),
                   "num_params": run.result.get("num_params"), "num_steps": len(run.steps)} for run in runs]
     measured = {arm: sum(max(0, len(run.steps) - warmup_steps) for run in by_arm[arm]) for arm in arms}

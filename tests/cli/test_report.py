@@ -379,3 +379,18 @@ def test_the_stage3_knobs_of_each_arm_are_stated():
     note = next(note for note in compare(runs, warmup_steps=1).notes if note.startswith("stage-3 fetch knobs"))
     assert "stock: max_reuse_distance=0, param_persistence_threshold=0 (the rest DeepSpeed's defaults)" in note
     assert note.endswith("stock-cpu: DeepSpeed's defaults")
+
+
+def test_a_stock_arm_that_crashed_leaves_tencache_compared_with_stock_cpu_offload():
+    """Stock NVMe crashes where tencache trains (e.g. DeepSpeed's default reuse distance: "Not enough buffers 0
+    for swapping 1"); with a stock CPU offload arm the bench still reports, and says what stock died of."""
+    runs = [BenchRun("tencache", 1, make_result([9.0, 2.0, 2.0, 2.0])),
+            BenchRun("stock-cpu", 1, make_result([9.0, 2.5, 2.5, 2.5]))]
+    with pytest.raises(ValueError, match="no stock run"):
+        compare(runs, warmup_steps=1)
+    comparison = compare(runs, warmup_steps=1, stock_crashed="stock-1 exited 1: AssertionError: Not enough buffers")
+    step = comparison.row(report.ROW_STEP_TIME)
+    assert (step.stock, step.tencache, step.ratio, step.stock_cpu) == (None, 2.0, None, 2.5)
+    assert comparison.notes[0] == "step time tencache / stock-cpu: 0.800"
+    assert comparison.notes[1].startswith("stock NVMe crashed, so its column is empty: stock-1 exited 1")
+    assert comparison.losses_identical
