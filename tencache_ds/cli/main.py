@@ -68,6 +68,27 @@ def _byte_size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
+_DRIVE_UNITS = {"TB": 10 ** 12, "PB": 10 ** 15, "TIB": 1 << 40, "PIB": 1 << 50}
+
+
+def _drive_rating(text: str) -> float:
+    """A drive's rated endurance in bytes: "1200TB", "9.1PB" (decimal, as datasheets give them) or any byte size."""
+    stripped = text.strip().upper().replace(" ", "")
+    for unit, factor in _DRIVE_UNITS.items():
+        if stripped.endswith(unit):
+            try:
+                value = float(stripped[:-len(unit)]) * factor
+            except ValueError:
+                break
+            if value <= 0:
+                raise argparse.ArgumentTypeError(f"a drive rating must be positive, got {text!r}")
+            return value
+    value = _byte_size(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"a drive rating must be positive, got {text!r}")
+    return float(value)
+
+
 def _bandwidth(text: str) -> float:
     """Bytes per second: a byte size, optionally followed by "/s" ("3GB/s", "2GiB", 2e9)."""
     value = _byte_size(text[:-2] if text.lower().endswith("/s") else text)
@@ -185,9 +206,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "else 1)")
     estimate.add_argument("--activation-checkpointing", dest="checkpointing", action="store_true",
                           help="the blocks' forward runs again in backward (Hugging Face gradient checkpointing)")
-    estimate.add_argument("--drive-tbw", type=_byte_size, default=None, metavar="BYTES",
-                          help="each drive's rated endurance, e.g. 7PB (default: drive_tbw_bytes of the machine "
-                          "file)")
+    estimate.add_argument("--drive-tbw", type=_drive_rating, default=None, metavar="BYTES",
+                          help="each drive's rated endurance, e.g. 1200TB or 9.1PB (default: drive_tbw_bytes of the "
+                          "machine file)")
     estimate.add_argument("--nvme-path", default=DEFAULT_NVME_PATH,
                           help="with --machine this: the folder whose drive is measured")
     estimate.add_argument("--save-machine", default=None, metavar="PATH",
