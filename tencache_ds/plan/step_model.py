@@ -353,6 +353,7 @@ def _stock_memory(workload: Workload, machine: Machine) -> Dict[str, int]:
         states = workload.rank_elements * OPTIMIZER_STATE_FILE_BYTES
         pinned += states if zero.optimizer_pin_memory else 0
         pageable += 0 if zero.optimizer_pin_memory else states
+        pageable += largest_group * INIT_BYTES_PER_ELEMENT_OUTSIDE_POOL  # the same initialisation, in memory
     if zero.offload_optimizer != "none" and zero.optimizer_pin_memory:
         pinned += gradients
     else:
