@@ -56,11 +56,14 @@ def build_inputs(args) -> Dict[str, Any]:
     zero = ZeroSettings.from_ds_config(ds_config, source=f"DeepSpeed config {args.ds_config}")
     micro_batch = args.micro_batch or _positive(ds_config, "train_micro_batch_size_per_gpu", args.ds_config, 1)
     gas = args.gas or _positive(ds_config, "gradient_accumulation_steps", args.ds_config, 1)
-    dtype = {2: "bf16", 4: "fp32"}[zero.element_bytes]
+    dtype = next((key for key in ("bf16", "fp16") if (ds_config.get(key) or {}).get("enabled")), "fp32")
     if args.machine == THIS:
         from .calibrate import calibrate, machine_from_calibration
         measured = calibrate(args.nvme_path, model_config, micro_batch, args.seq, dtype)
         machine = machine_from_calibration(measured)
+        busy = _busy(machine)
+        if busy:
+            print(f"tencache-ds estimate: warning: {busy}", file=sys.stderr)
         if args.save_machine:
             with open(args.save_machine, "w") as handle:
                 json.dump(machine.to_json(), handle, indent=2)
@@ -70,6 +73,21 @@ def build_inputs(args) -> Dict[str, Any]:
     workload = build_workload(shape, zero, machine.world_size, micro_batch, args.seq, gas, args.checkpointing)
     return {"model_path": model_path, "shape": shape, "zero": zero, "machine": machine, "workload": workload,
             "micro_batch": micro_batch, "gas": gas, "dtype": dtype}
+
+
+def _busy(machine) -> Optional[str]:
+    """Why the measured figures understate the machine, if it was busy while measured (more runnable tasks than
+    cores): each probe then gets a share of a core, and compute, CPU Adam and NVMe come out low."""
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        return None
+    cores = os.cpu_count() or 1
+    if load <= cores:
+        return None
+    return (f"this machine was busy while measured (1-minute load {load:.1f} on {cores} cores): the figures are "
+            f"below what it does when quiet, and so are the predictions; measure again when it is quiet, or save "
+            f"a quiet measurement with --save-machine and pass that file")
 
 
 def _positive(config: Dict[str, Any], key: str, path: str, default: int) -> int:

@@ -619,6 +619,10 @@ def predict(workload: Workload, machine: Machine) -> Dict[str, Prediction]:
     """Both policies: stock ZeRO-Infinity, and tencache with the budgets it would choose (its "tencache" block from
     the DeepSpeed config, else the defaults: "auto" budgets)."""
     from ..config import TencacheConfig
+    if "nvme" not in (workload.zero.offload_param, workload.zero.offload_optimizer):
+        # tencache replaces the NVMe swappers only: without NVMe offload the run is stock DeepSpeed
+        stock = predict_stock(workload, machine)
+        return {STOCK: stock, TENCACHE: dataclasses.replace(stock, policy=TENCACHE)}
     tencache_workload = workload if workload.zero.tencache is not None else dataclasses.replace(
         workload, zero=dataclasses.replace(workload.zero, tencache=TencacheConfig(host_cache_bytes=AUTO,
                                                                                   device_cache_bytes=AUTO)))
