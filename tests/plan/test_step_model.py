@@ -96,6 +96,12 @@ def test_activation_checkpointing_recomputes_the_blocks_and_keeps_fewer_activati
     recomputed = [fetch for fetch in checkpointed.fetches if fetch.phase == "recompute"]
     blocks = [module for module in plain.shape.modules if module.layer >= 0]
     assert len(recomputed) == len(blocks) and len(checkpointed.fetches) == len(plain.fetches) + len(blocks)
+    backward = checkpointed.fetches[len(plain.shape.modules):]
+    # the head's backward first, then each block recomputed and back-propagated, the embeddings last
+    assert backward[0].module == "lm_head" and backward[0].phase == "backward"
+    assert backward[-1].module == "transformer.wte" and backward[1].module == "transformer.ln_f"
+    assert [(f.module, f.phase) for f in backward[2:9]] == \
+        [(m.name, "recompute") for m in blocks if m.layer == 1] + [("transformer.h.1.mlp.c_proj", "backward")]
     shape = model_shape(model_config("llama-7b"))
     assert shape.activation_bytes(1, 2048, True, 2) < shape.activation_bytes(1, 2048, False, 2) / 10
     assert shape.train_flops(2048, 2048, True) == pytest.approx(shape.train_flops(2048, 2048, False) * 4 / 3)
