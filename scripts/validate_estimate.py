@@ -119,8 +119,8 @@ def error(predicted, measured):
 
 
 def table(rows) -> str:
-    lines = ["| configuration | arm | step time predicted / measured (s) | error | NVMe read / written per step, "
-             "predicted / measured (MiB) | peak host memory predicted / measured (GiB) | error |",
+    lines = ["| configuration | arm | step time predicted / measured (s) | error | NVMe read / written per step "
+             "(MiB): predicted vs measured | peak host memory predicted / measured (GiB) | error |",
              "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
     for row in rows:
         p, m = row["predicted"], row["measured"]
