@@ -5,6 +5,7 @@ the numbers (plan/step_model.py computes them; cli/calibrate.py measures this ma
 
     tencache-ds estimate --model configs/models/llama-7b.json --ds-config ds_config.json \\
         --machine configs/machines/h100x1-2nvme.json [--micro-batch 1 --seq 2048 --gas 8] [--json]
+        [--profile runs/profile.json]   # the run's measured compute and read bandwidth instead of the machine's
 
 Every bad input is an error that names the file and the key, with exit code 2; nothing is written.
 """
@@ -71,8 +72,17 @@ def build_inputs(args) -> Dict[str, Any]:
     else:
         machine = load_machine(args.machine)
     workload = build_workload(shape, zero, machine.world_size, micro_batch, args.seq, gas, args.checkpointing)
+    profile_notes: List[str] = []
+    if getattr(args, "profile", None):
+        from ..plan.profile_timings import machine_from_profile
+        from ..profile.store import read_sections
+        try:
+            sections = read_sections(args.profile)
+        except (OSError, ValueError) as err:
+            raise TencacheConfigError(f"profile {args.profile} cannot be read: {err}") from None
+        machine, profile_notes = machine_from_profile(machine, workload, sections, source=f"profile {args.profile}")
     return {"model_path": model_path, "shape": shape, "zero": zero, "machine": machine, "workload": workload,
-            "micro_batch": micro_batch, "gas": gas, "dtype": dtype}
+            "micro_batch": micro_batch, "gas": gas, "dtype": dtype, "profile_notes": profile_notes}
 
 
 def _busy(machine) -> Optional[str]:
@@ -129,6 +139,7 @@ def estimate(args) -> Dict[str, Any]:
                            "host": predictions[TENCACHE].host_hit_rate}
     report["drive_days_to_tbw"] = {name: drive_days_to_tbw(p, machine, tbw) for name, p in predictions.items()}
     report["machine_figures"] = machine.to_json()
+    report["profile"] = {"path": getattr(args, "profile", None), "used": inputs["profile_notes"]}
     return report
 
 
@@ -139,10 +150,12 @@ def render(report: Dict[str, Any]) -> List[str]:
 
     stock, tencache = report["step_time_s"]["stock"], report["step_time_s"]["tencache"]
     needs, budgets = report["needs"], report["budgets"]
+    profile = report.get("profile") or {}
     lines = [f"estimate: {os.path.basename(report['model'])} ({report['parameters'] / 1e9:.3g} B parameters) on "
              f"{report['machine']} ({report['world_size']} rank(s)); micro-batch {report['micro_batch']} x "
              f"{report['seq']} tokens, GAS {report['gas']}, {report['dtype']}"
-             + (", activation checkpointing" if report["activation_checkpointing"] else "")]
+             + (", activation checkpointing" if report["activation_checkpointing"] else "")
+             + (f"; from profile {profile['path']}: " + "; ".join(profile["used"]) if profile.get("path") else "")]
     for name, label in (("tencache", "tencache"), ("stock", "stock")):
         ok = report["fits"] if name == "tencache" else report["fits_stock"]
         why = "; ".join(report["why_not"][name])

@@ -8,7 +8,8 @@ inspect_profile.py, estimate.py, imported only when run, so `--help` stays fast 
     tencache-ds plan PATH [--host-cache-bytes 0] [--read-bandwidth BYTES/S] [--in-flight-bytes N] [--first 10]
                           [--json]
     tencache-ds estimate --model CONFIG.json --ds-config DS.json --machine MACHINE.json|this [--micro-batch N]
-                         [--seq N] [--gas N] [--activation-checkpointing] [--drive-tbw BYTES] [--json]
+                         [--seq N] [--gas N] [--activation-checkpointing] [--drive-tbw BYTES] [--profile PATH]
+                         [--json]
 
 Also runnable as `python -m tencache_ds.cli.main ...`.
 """
@@ -213,6 +214,9 @@ def build_parser() -> argparse.ArgumentParser:
                           help="with --machine this: the folder whose drive is measured")
     estimate.add_argument("--save-machine", default=None, metavar="PATH",
                           help="with --machine this: also write the measured machine file there")
+    estimate.add_argument("--profile", default=None, metavar="PROFILE_JSON",
+                          help="a saved tencache profile (config \"profile_path\") of this model and config: its "
+                          "measured compute time and NVMe read bandwidth replace the machine's figures")
     estimate.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 
     subcommands.add_parser(

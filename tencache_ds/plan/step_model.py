@@ -160,6 +160,13 @@ def _optimizer_cpu_s(workload: Workload, elements: int, rates: _Rates) -> float:
     return elements / rates.adam_elements_per_s + elements * EPILOGUE_BYTES_PER_ELEMENT / rates.host_copy_bytes_per_s
 
 
+def optimizer_cpu_seconds(workload: Workload, machine: Machine) -> float:
+    """The step's CPU Adam and epilogue on this machine (host optimizer; 0 without optimizer offload)."""
+    if workload.zero.offload_optimizer == "none":
+        return 0.0
+    return _optimizer_cpu_s(workload, workload.rank_elements, _rates(machine, pinned_h2d=True))
+
+
 def _param_bytes(workload: Workload, key: str) -> int:
     return workload.zero.swap_nbytes(workload.partitions[key].part_numel)
 

@@ -15,7 +15,7 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__fi
 MACHINE = os.path.join(REPO_ROOT, "configs", "machines", "h100x1-2nvme-gen4.json")
 DS_CONFIG = os.path.join(REPO_ROOT, "configs", "zero-infinity-nvme.json")
 OPTIONS = ["--activation-checkpointing", "--drive-tbw", "--ds-config", "--gas", "--help", "--json", "--machine",
-           "--micro-batch", "--model", "--nvme-path", "--save-machine", "--seq", "-h"]
+           "--micro-batch", "--model", "--nvme-path", "--profile", "--save-machine", "--seq", "-h"]
 JSON_KEYS = {"fits", "needs", "budgets", "step_time_s", "nvme_read_bytes_per_step", "nvme_write_bytes_per_step",
              "bottleneck", "drive_days_to_tbw"}
 
@@ -76,7 +76,7 @@ def test_drive_tbw_overrides_the_machine_file():
 
 
 @pytest.mark.parametrize("kind", ["missing_model", "unknown_architecture", "missing_ds_config", "bad_machine",
-                                  "missing_machine", "zero_stage_2"])
+                                  "missing_machine", "zero_stage_2", "bad_profile"])
 def test_bad_inputs_are_named(tmp_path, kind):
     model, machine, ds_config = "llama-7b", MACHINE, DS_CONFIG
     if kind == "missing_model":
@@ -95,6 +95,12 @@ def test_bad_inputs_are_named(tmp_path, kind):
         expected = f"machine file {machine}: missing key(s) 'nvme_read_bytes_per_s_per_drive'"
     elif kind == "missing_machine":
         machine, expected = str(tmp_path / "box.json"), f"machine file {tmp_path}/box.json does not exist"
+    elif kind == "bad_profile":
+        (tmp_path / "profile.json").write_text(json.dumps({"version": 1}))
+        result = estimate("--profile", str(tmp_path / "profile.json"))
+        assert result.returncode == 2 and f"profile {tmp_path}/profile.json cannot be read: profile format version 1" \
+            in result.stderr, result.stderr
+        return
     else:
         data = json.load(open(DS_CONFIG))
         data["zero_optimization"]["stage"] = 2

@@ -15,7 +15,11 @@ from tencache_ds.plan.machine import Machine, MachineFileError, load_machine, ma
 from tencache_ds.plan.model_shapes import ModelConfigError, model_shape
 from tencache_ds.plan.step_model import (STOCK, TENCACHE, Prediction, drive_days_to_tbw, fits, predict,
                                          predict_stock, tencache_plan)
+from tencache_ds.plan.profile_timings import machine_from_profile
 from tencache_ds.plan.workload import ZeroSettings, build_workload
+from tencache_ds.profile.step_profile import StepProfile
+from tencache_ds.profile.store import read_sections, save_section
+from tencache_ds.units import PAGE_BYTES, round_up
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MIB, GIB = 1 << 20, 1 << 30
@@ -285,3 +289,36 @@ def test_a_ds_config_the_model_cannot_describe_names_the_key():
     config["zero_optimization"]["offload_param"]["device"] = "disk"
     with pytest.raises(TencacheConfigError, match="offload_param.device must be nvme, cpu or none"):
         ZeroSettings.from_ds_config(config, source="ds.json")
+
+
+# ------------------------------------------------------------------------------------------- a saved profile
+def saved_profile(tmp_path, work, compute_s, read_s_each, scale=1.0):
+    """A profile file as the recorder writes it: one read of every NVMe partition, ``compute_s`` between them."""
+    keys = [key for key, partition in work.partitions.items() if partition.on_nvme]
+    sizes = [int(round_up(work.zero.swap_nbytes(work.partitions[key].part_numel), PAGE_BYTES) * scale) for key in keys]
+    n = len(keys)
+    offsets = tuple((compute_s + read_s_each * n) * (i + 1) / (n + 1) for i in range(n))
+    step = StepProfile(tuple(keys), tuple(sizes), offsets, (read_s_each,) * n, (read_s_each,) * n + (0.0,),
+                       compute_s + read_s_each * n)
+    path = str(tmp_path / "profile.json")
+    save_section(path, "params", "f" * 16, step)
+    return read_sections(path)
+
+
+def test_a_profile_of_this_model_sets_compute_and_read_bandwidth(tmp_path):
+    work = workload(config=ds_config(host_cache_bytes=0))
+    sections = saved_profile(tmp_path, work, compute_s=0.5, read_s_each=0.01)
+    machine, notes = machine_from_profile(this_vm(), work, sections, source="profile p.json")
+    fwd_bwd = sum(fetch.flops for fetch in work.fetches) / machine.accelerator_flops_per_s
+    from tencache_ds.plan.step_model import optimizer_cpu_seconds
+    assert fwd_bwd + optimizer_cpu_seconds(work, machine) == pytest.approx(0.5)  # the measured compute, split
+    read_bytes = sections["params"].step.read_bytes
+    assert machine.nvme_read_bytes_per_s_per_rank == pytest.approx(read_bytes / (0.01 * len(sections["params"].step)))
+    assert "profile p.json" in machine.sources["accelerator_flops_per_s"] and len(notes) == 2
+
+
+def test_a_profile_of_another_model_is_refused(tmp_path):
+    work = workload(config=ds_config(host_cache_bytes=0))
+    sections = saved_profile(tmp_path, work, compute_s=0.5, read_s_each=0.01, scale=2.0)
+    with pytest.raises(TencacheConfigError, match="profile p.json \\[params\\] holds .* another model or config"):
+        machine_from_profile(this_vm(), work, sections, source="profile p.json")
