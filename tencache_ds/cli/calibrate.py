@@ -213,7 +213,8 @@ def measure_cpu_adam(torch, elements: int = ADAM_ELEMENTS) -> Dict[str, Any]:
         optimizer.step()
         times.append(time.perf_counter() - started)
     seconds = min(times)
-    return {"method": f"{method}, {elements} fp32 elements, fastest of {ADAM_REPEATS} steps, {torch.get_num_threads()} threads",
+    return {"method": f"{method}, {elements} fp32 elements, fastest of {ADAM_REPEATS} steps, "
+                      f"{torch.get_num_threads()} threads",
             "elements_per_s": elements / seconds, "step_s": seconds}
 
 
@@ -262,7 +263,8 @@ def measure_compute(torch, model_config: Dict[str, Any], micro_batch: int, seq_l
     seconds = min(times)
     flops = model_shape(one_layer).train_flops(micro_batch * seq_len, seq_len, checkpointing=False)
     return {"method": f"{model_config.get('model_type')} with 1 layer and vocabulary {CALIBRATION_VOCAB}, forward + "
-                      f"backward, micro-batch {micro_batch} x {seq_len} tokens, {dtype}, fastest of {COMPUTE_REPEATS} steps "
+                      f"backward, micro-batch {micro_batch} x {seq_len} tokens, {dtype}, fastest of "
+                      f"{COMPUTE_REPEATS} steps "
                       f"after {COMPUTE_WARMUP}, "
                       f"{torch.get_num_threads()} threads",
             "flops": flops, "step_s": seconds, "flops_per_s": flops / seconds}

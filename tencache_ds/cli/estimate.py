@@ -168,7 +168,8 @@ def render(report: Dict[str, Any]) -> List[str]:
                  f"{fmt_bytes(stock_needs['pinned'])}, pageable host {fmt_bytes(stock_needs['pageable'])}, NVMe "
                  f"{fmt_bytes(stock_needs['nvme'])}")
     lines.append(f"budgets (tencache): host tier {fmt_bytes(budgets['host_cache_bytes'])} = parameter cache slots "
-                 f"{fmt_bytes(budgets['param_cache_bytes'])} + optimizer state {fmt_bytes(budgets['optimizer_share_bytes'])}"
+                 f"{fmt_bytes(budgets['param_cache_bytes'])} + optimizer state "
+                 f"{fmt_bytes(budgets['optimizer_share_bytes'])}"
                  f"; streaming slots {fmt_bytes(budgets['param_streaming_bytes'])}; device tier "
                  f"{fmt_bytes(budgets['device_cache_bytes'])}")
     lines.append(f"step time: stock {seconds(stock)}, tencache {seconds(tencache)} ({tencache / stock:.2f}x); "

@@ -215,13 +215,13 @@ def _read_positions(workload: Workload) -> Dict[int, List[str]]:
     return reads
 
 
-def _host_resident_bytes(workload: Workload, machine: Machine, extra_host: int) -> Dict[str, int]:
+def _host_resident_bytes(workload: Workload, machine: Machine) -> Dict[str, int]:
     """Host-side bytes every policy has: the process, stage 3's gradient partitions, and (on the CPU
     accelerator) what would be device memory."""
     device = _device_working_bytes(workload)
     return {"baseline": machine.process_baseline_bytes,
             "gradients": workload.rank_elements * GRADIENT_BYTES_PER_ELEMENT,
-            "device_on_host": device + extra_host if machine.accelerator_is_host else 0,
+            "device_on_host": device if machine.accelerator_is_host else 0,
             "device": 0 if machine.accelerator_is_host else device}
 
 
@@ -339,7 +339,7 @@ def _max_retained_swapped(workload: Workload) -> int:
 
 def _stock_memory(workload: Workload, machine: Machine) -> Dict[str, int]:
     zero = workload.zero
-    common = _host_resident_bytes(workload, machine, 0)
+    common = _host_resident_bytes(workload, machine)
     pinned = 0
     if zero.offload_param == "nvme" and any(p.on_nvme for p in workload.partitions.values()):
         pinned += zero.param_buffer_count * zero.swap_nbytes(zero.param_buffer_size)
@@ -443,7 +443,7 @@ def predict_tencache(workload: Workload, machine: Machine) -> Prediction:
     zero, elem = workload.zero, workload.zero.element_bytes
     plan = tencache_plan(workload, machine)
     rates = _rates(machine, pinned_h2d=True)
-    gathers = [(index, key) for index, key in workload.read_fetches()]
+    gathers = workload.read_fetches()
     # the device tier: gathered parameters kept between uses, chosen by next use
     gather_keys = [key for _index, key in gathers]
     device = steady_state(gather_keys, {k: _gathered_bytes(workload, k) for k in gather_keys}, plan.device_tier_bytes) \
@@ -521,7 +521,6 @@ def _param_schedule(workload: Workload, lends, misses: Set[int], rates: _Rates,
     """plan/prefetch.py's schedule over the lends of one micro-step, with the compute between them."""
     if not misses:
         return None
-    compute_before = []
     elapsed = 0.0
     lend_index = 0
     offsets = []
@@ -530,7 +529,6 @@ def _param_schedule(workload: Workload, lends, misses: Set[int], rates: _Rates,
             offsets.append(elapsed)
             lend_index += 1
         elapsed += fetch.flops / rates.flops_per_s
-    del compute_before
     keys = [key for _index, key in lends]
     profile = StepProfile(tuple(keys), tuple(_param_bytes(workload, key) for key in keys), tuple(offsets),
                           (None,) * len(keys), (0.0,) * (len(keys) + 1), elapsed)
@@ -567,7 +565,7 @@ def _tencache_optimizer(workload: Workload, timeline: _Timeline, rates: _Rates, 
 
 def _tencache_memory(workload: Workload, machine: Machine, plan: TencachePlan) -> Dict[str, int]:
     zero = workload.zero
-    common = _host_resident_bytes(workload, machine, 0 if machine.accelerator_is_host else 0)
+    common = _host_resident_bytes(workload, machine)
     device = common["device"] + (0 if machine.accelerator_is_host else plan.device_tier_bytes)
     pinned = plan.param_streaming_bytes + plan.param_cache_bytes
     if zero.offload_param == "cpu" or (zero.offload_param == "nvme" and zero.max_in_cpu > 0):

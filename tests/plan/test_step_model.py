@@ -167,6 +167,15 @@ def test_stock_retention_beyond_buffer_count_does_not_fit():
     assert predict_stock(workload(), this_vm()).failures == []
 
 
+def test_the_config_that_crashes_stock_here_does_not_fit_stock_and_fits_tencache():
+    """configs/stock-crash.json (3 slots, stage3_max_reuse_distance 1e9) is the config tests/deepspeed/test_parity.py
+    sees stock DeepSpeed crash on ("Not enough buffers") and tencache train: predicted before anything runs."""
+    work = workload(config=ds_config("stock-crash.json"))
+    predictions = predict(work, this_vm())
+    assert not fits(predictions[STOCK], work, this_vm())[0]
+    assert fits(predictions[TENCACHE], work, this_vm())[0]
+
+
 def test_stock_pipelined_optimizer_needs_twelve_buffers():
     config = ds_config()
     config["zero_optimization"]["offload_optimizer"]["pipeline_read"] = True
