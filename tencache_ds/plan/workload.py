@@ -180,20 +180,27 @@ class Workload:
 
 
     def _kept_at_turn_around(self) -> set:
-        """Parameters ZeRO-3 keeps gathered from their last forward use to their first backward use: the modules after
-        the last block (final norm, head) and the last block's. The coordinator does not release a parameter whose
-        next use its prefetcher has already passed over (partitioned_param_coordinator.__params_to_release), which
-        at the turn-around covers these. Measured: with stage3_max_reuse_distance 0, gpt2-tiny, gpt2-small and
-        gpt2-medium read exactly one block's matrices fewer than "every gather reads" (docs/estimate.md)."""
+        """Parameters ZeRO-3 keeps gathered from their last forward use to their first backward use: walking back
+        from the head, the modules after the last block and the last block's, as long as the NVMe partitions among
+        them fit ``offload_param.buffer_count`` slots. The coordinator does not release a parameter whose next use
+        its prefetcher has already passed over (partitioned_param_coordinator.__params_to_release). Measured with
+        stage3_max_reuse_distance 0: gpt2-tiny, gpt2-small and gpt2-medium read exactly their last block's four
+        matrices once, not twice (docs/estimate.md); with 5 slots that is also every slot (head + 4), so whether
+        the bound is the block or the slots is not settled by these runs."""
         if self.checkpointing:
             return set()
         last_layer = max((m.layer for m in self.shape.modules), default=-1)
-        seen_last = False
-        kept = set()
-        for module in self.shape.modules:
-            seen_last = seen_last or module.layer == last_layer
-            if seen_last and module.layer in (last_layer, -1):
-                kept.update(key for key, _numel in module.params)
+        kept, slots, in_last_block = set(), self.zero.param_buffer_count, False
+        for module in reversed(self.shape.modules):
+            if module.layer not in (last_layer, -1) or (module.layer == -1 and in_last_block):
+                break  # the block before, or the embeddings of a one-block model
+            in_last_block = in_last_block or module.layer == last_layer
+            keys = [key for key, _numel in module.params]
+            swapped = sum(1 for key in keys if self.partitions[key].on_nvme and key not in kept)
+            if swapped > slots:
+                break
+            slots -= swapped
+            kept.update(keys)
         return kept
 
 
