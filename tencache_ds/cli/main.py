@@ -1,12 +1,15 @@
 """`tencache-ds` argument parsing and dispatch. Owns: the subcommands and their options (frozen by
 tests/cli/test_cli.py, tests/cli/test_inspect.py). Does not own: what the subcommands do (doctor.py, bench.py,
-inspect_profile.py, imported only when run, so `--help` stays fast and imports neither torch nor deepspeed).
+inspect_profile.py, estimate.py, imported only when run, so `--help` stays fast and imports neither torch nor deepspeed).
 
     tencache-ds doctor [--nvme-path PATH] [--config ds_config.json] [--json]
     tencache-ds bench  [--model gpt2-tiny] [--steps 6] [--warmup 2] [--repeats 1] ... [--out bench-out]
     tencache-ds profile show PATH [--first 10] [--json]
     tencache-ds plan PATH [--host-cache-bytes 0] [--read-bandwidth BYTES/S] [--in-flight-bytes N] [--first 10]
                           [--json]
+    tencache-ds estimate --model CONFIG.json --ds-config DS.json --machine MACHINE.json|this [--micro-batch N]
+                         [--seq N] [--gas N] [--activation-checkpointing] [--drive-tbw BYTES] [--profile PATH]
+                         [--json]
 
 Also runnable as `python -m tencache_ds.cli.main ...`.
 """
@@ -19,6 +22,8 @@ DOCTOR_HELP = "check this machine for ZeRO-Infinity with tencache_ds (like ds_re
 BENCH_HELP = "train one model under stock ZeRO-Infinity and under tencache_ds and compare them"
 PROFILE_HELP = "read a saved execution profile (config \"profile_path\")"
 PLAN_HELP = "what a saved profile predicts under given budgets: host-tier residency, prefetch leads, step time"
+ESTIMATE_HELP = ("before launch: whether a model fits, its step time under stock ZeRO-Infinity and under tencache, "
+                 "and what it costs the drive, from a config.json, a DeepSpeed config and a machine description")
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -62,6 +67,27 @@ def _byte_size(text: str) -> int:
         return parse_bytes(text)
     except ValueError as err:
         raise argparse.ArgumentTypeError(str(err)) from None
+
+
+_DRIVE_UNITS = {"TB": 10 ** 12, "PB": 10 ** 15, "TIB": 1 << 40, "PIB": 1 << 50}
+
+
+def _drive_rating(text: str) -> float:
+    """A drive's rated endurance in bytes: "1200TB", "9.1PB" (decimal, as datasheets give them) or any byte size."""
+    stripped = text.strip().upper().replace(" ", "")
+    for unit, factor in _DRIVE_UNITS.items():
+        if stripped.endswith(unit):
+            try:
+                value = float(stripped[:-len(unit)]) * factor
+            except ValueError:
+                break
+            if value <= 0:
+                raise argparse.ArgumentTypeError(f"a drive rating must be positive, got {text!r}")
+            return value
+    value = _byte_size(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"a drive rating must be positive, got {text!r}")
+    return float(value)
 
 
 def _bandwidth(text: str) -> float:
@@ -164,6 +190,39 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--first", type=_non_negative_int, default=10, help="keys and leads listed per section")
     plan.add_argument("--json", action="store_true", help="print JSON instead of text")
 
+    estimate = subcommands.add_parser(
+        "estimate", help=ESTIMATE_HELP,
+        description=ESTIMATE_HELP + ". The step model (docs/estimate.md) replays one rank's step: ZeRO-3's gathers, "
+        "gradients and optimizer sub-groups, on the machine's compute, H2D and NVMe channels, under each policy's "
+        "rules; tencache's budgets come from the functions it uses at run time.", formatter_class=_HelpFormatter)
+    estimate.add_argument("--model", required=True, metavar="CONFIG_JSON",
+                          help="a Hugging Face config.json (gpt2, llama, opt, bloom, falcon), or a name in "
+                          "configs/models/")
+    estimate.add_argument("--ds-config", required=True, metavar="DS_CONFIG_JSON",
+                          help="the DeepSpeed config (ZeRO-3; its \"tencache\" block, if any, sets the budgets)")
+    estimate.add_argument("--machine", required=True, metavar="MACHINE_JSON|this",
+                          help="a machine file (configs/machines/), or `this`: measure this machine (NVMe with "
+                          "tencache's engine, CPU Adam, one layer's forward/backward; about 30 s)")
+    estimate.add_argument("--micro-batch", type=_positive_int, default=None,
+                          help="default: train_micro_batch_size_per_gpu of --ds-config, else 1")
+    estimate.add_argument("--seq", type=_positive_int, default=2048, help="tokens per sample")
+    estimate.add_argument("--gas", type=_positive_int, default=None,
+                          help="gradient accumulation steps (default: gradient_accumulation_steps of --ds-config, "
+                          "else 1)")
+    estimate.add_argument("--activation-checkpointing", dest="checkpointing", action="store_true",
+                          help="the blocks' forward runs again in backward (Hugging Face gradient checkpointing)")
+    estimate.add_argument("--drive-tbw", type=_drive_rating, default=None, metavar="BYTES",
+                          help="each drive's rated endurance, e.g. 1200TB or 9.1PB (default: drive_tbw_bytes of the "
+                          "machine file)")
+    estimate.add_argument("--nvme-path", default=DEFAULT_NVME_PATH,
+                          help="with --machine this: the folder whose drive is measured")
+    estimate.add_argument("--save-machine", default=None, metavar="PATH",
+                          help="with --machine this: also write the measured machine file there")
+    estimate.add_argument("--profile", default=None, metavar="PROFILE_JSON",
+                          help="a saved tencache profile (config \"profile_path\") of this model and config: its "
+                          "measured compute time and NVMe read bandwidth replace the machine's figures")
+    estimate.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+
     subcommands.add_parser(
         "config-reference", help="print the \"tencache\" block's reference (Markdown) from the config model",
         description="Print docs/configuration.md: every key of the \"tencache\" block, its type, default and "
@@ -185,6 +244,9 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
     if args.command in ("profile", "plan"):
         from . import inspect_profile
         return inspect_profile.show(args) if args.command == "profile" else inspect_profile.plan(args)
+    if args.command == "estimate":
+        from . import estimate
+        return estimate.run(args)
     if args.command == "config-reference":
         from ..config import config_reference_markdown
         print(config_reference_markdown(), end="")

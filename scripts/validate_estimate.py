@@ -1,0 +1,228 @@
+#!/usr/bin/env python
+"""Check `tencache-ds estimate` against measured runs: predicted vs measured step time, NVMe bytes per step and
+peak host memory, per configuration and arm (stock NVMe, tencache, stock CPU offload), as a Markdown table.
+
+Prospective (the default): calibrate this machine (or read --machine), write every prediction to
+OUT/predictions.json, and only then run `tencache-ds bench` for each configuration (OUT/<model>-<budget>/);
+the table compares the saved predictions with those runs.
+
+    python scripts/validate_estimate.py --models gpt2-tiny gpt2-small gpt2-medium --budgets auto quarter stream \\
+        --out validate-out [--machine configs/machines/this.json] [--steps 6 --warmup 2 --repeats 2]
+
+Retrospective: compare with benches already on disk (bench.json folders, e.g. docs/bench/), measured before the
+model existed; nothing runs.
+
+    python scripts/validate_estimate.py --from-bench docs/bench/gpt2-*-* --machine configs/machines/this.json \\
+        --out validate-retro
+
+The budgets are the bench's: "auto", "quarter" (25% of the bytes the model offloads: bf16 parameters plus 16 bytes
+per parameter of optimizer state, the bench pages' 68MB / 560MB / 1600MB) and "stream" (0). gpt2-medium uses
+configs/stock-nvme-large-vocab.json (its embedding needs buffer_size 6e7), as docs/benchmarks.md does.
+"""
+import argparse
+import dataclasses
+import datetime
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from tencache_ds.cli.calibrate import calibrate, machine_from_calibration  # noqa: E402
+from tencache_ds.plan.machine import load_machine  # noqa: E402
+from tencache_ds.plan.model_shapes import model_shape  # noqa: E402
+from tencache_ds.plan.step_model import STOCK, TENCACHE, predict  # noqa: E402
+from tencache_ds.plan.workload import ZeroSettings, build_workload  # noqa: E402
+
+QUARTER_BYTES = {"gpt2-tiny": "68MB", "gpt2-small": "560MB", "gpt2-medium": "1600MB"}
+CONFIG_FOR = {"gpt2-medium": "configs/stock-nvme-large-vocab.json"}
+ARMS = ("stock", "tencache", "stock-cpu")
+
+
+def budget_value(model: str, budget: str):
+    if budget == "auto":
+        return "auto"
+    if budget == "stream":
+        return 0
+    if budget == "quarter":
+        if model in QUARTER_BYTES:
+            return QUARTER_BYTES[model]
+        shape = model_shape(read_json(os.path.join(REPO, "configs", "models", f"{model}.json")))
+        return int(0.25 * shape.num_params * (2 + 16))
+    return budget  # a byte size as given
+
+
+def read_json(path):
+    with open(path) as handle:
+        return json.load(handle)
+
+
+def cpu_offload(ds_config: dict) -> dict:
+    """The bench's stock-cpu arm: the same config with both offload devices cpu (scripts/train.py
+    --offload-device cpu)."""
+    config = json.loads(json.dumps(ds_config))
+    for section in ("offload_param", "offload_optimizer"):
+        block = config["zero_optimization"].get(section)
+        if isinstance(block, dict) and block.get("device") in ("cpu", "nvme"):
+            block["device"] = "cpu"
+            for key in ("nvme_path", "buffer_count", "buffer_size", "max_in_cpu", "pipeline_read", "pipeline_write"):
+                block.pop(key, None)
+    return config
+
+
+def predict_configuration(machine, model: str, config_path: str, host_cache, micro_batch: int, seq_len: int,
+                          compare_cpu: bool) -> dict:
+    """Predictions for one bench: {arm: {step_time_s, nvme_read_bytes, nvme_write_bytes, host_bytes, ...}}."""
+    shape = model_shape(read_json(os.path.join(REPO, "configs", "models", f"{model}.json")))
+    ds_config = read_json(os.path.join(REPO, config_path))
+    tencache = dict(ds_config, tencache={"enabled": True, "host_cache_bytes": host_cache,
+                                         "device_cache_bytes": "auto"})
+    gas = int(ds_config.get("gradient_accumulation_steps", 1))
+
+    def run(config, policy):
+        work = build_workload(shape, ZeroSettings.from_ds_config(config), machine.world_size, micro_batch, seq_len,
+                              gas, False)
+        prediction = predict(work, machine)[policy]
+        return {"step_time_s": prediction.step_time_s, "nvme_read_bytes": prediction.nvme_read_bytes,
+                "nvme_write_bytes": prediction.nvme_write_bytes, "host_bytes": prediction.host_bytes,
+                "critical_path_s": prediction.critical_path_s, "bottleneck": prediction.bottleneck}
+
+    out = {"stock": run(ds_config, STOCK), "tencache": run(tencache, TENCACHE)}
+    if compare_cpu:
+        out["stock-cpu"] = run(cpu_offload(ds_config), STOCK)
+    return out
+
+
+def measured_from_bench(folder: str) -> dict:
+    """{arm: {step_time_s, nvme_read_bytes, nvme_write_bytes, host_bytes}} from a bench's headline."""
+    bench = read_json(os.path.join(folder, "bench.json"))
+    rows = {row["name"]: row for row in bench["comparison"]["headline"]}
+    out = {}
+    for arm in ARMS:
+        step = rows["step time (s, median)"].get(arm)
+        if step is None:
+            continue
+        out[arm] = {"step_time_s": step, "nvme_read_bytes": rows["NVMe read / step (median)"].get(arm),
+                    "nvme_write_bytes": rows["NVMe written / step (median)"].get(arm),
+                    "host_bytes": rows["peak host RSS"].get(arm)}
+    return {"settings": bench["settings"], "machine": bench.get("machine", {}), "arms": out}
+
+
+def error(predicted, measured):
+    if predicted is None or measured in (None, 0):
+        return None
+    return predicted / measured - 1.0
+
+
+def table(rows) -> str:
+    lines = ["| configuration | arm | step time predicted / measured (s) | error | NVMe read / written per step "
+             "(MiB): predicted vs measured | peak host memory predicted / measured (GiB) | error |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+    for row in rows:
+        p, m = row["predicted"], row["measured"]
+        step_error, host_error = error(p["step_time_s"], m["step_time_s"]), error(p["host_bytes"], m["host_bytes"])
+        mib = 1 << 20
+        lines.append(
+            f"| {row['name']} | {row['arm']} | {p['step_time_s']:.3f} / {m['step_time_s']:.3f} | "
+            f"{step_error:+.0%} | {p['nvme_read_bytes'] / mib:.1f} / {p['nvme_write_bytes'] / mib:.1f} vs "
+            f"{(m['nvme_read_bytes'] or 0) / mib:.1f} / {(m['nvme_write_bytes'] or 0) / mib:.1f} | "
+            f"{p['host_bytes'] / (1 << 30):.2f} / {(m['host_bytes'] or 0) / (1 << 30):.2f} | "
+            + (f"{host_error:+.0%}" if host_error is not None else "–") + " |")
+    within = [row for row in rows if abs(error(row["predicted"]["step_time_s"], row["measured"]["step_time_s"]))
+              <= 0.15]
+    lines.append("")
+    lines.append(f"Step time within 15%: {len(within)} of {len(rows)}.")
+    return "\n".join(lines)
+
+
+def get_machine(args):
+    if args.machine:
+        return load_machine(args.machine), args.machine
+    measured = calibrate(args.nvme_path, read_json(os.path.join(REPO, "configs", "models",
+                                                                 f"{args.models[0]}.json")),
+                         args.micro_batch, args.seq_len, "bf16")
+    machine = machine_from_calibration(measured)
+    path = os.path.join(args.out, "machine.json")
+    with open(path, "w") as handle:
+        json.dump(machine.to_json(), handle, indent=2)
+    return machine, path
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", nargs="+", default=["gpt2-tiny"])
+    parser.add_argument("--budgets", nargs="+", default=["auto", "quarter", "stream"])
+    parser.add_argument("--from-bench", nargs="+", default=None, metavar="BENCH_DIR",
+                        help="retrospective: compare with these bench folders instead of running")
+    parser.add_argument("--machine", default=None, help="a machine file (default: calibrate this machine now)")
+    parser.add_argument("--out", default="validate-out")
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--micro-batch", type=int, default=2)
+    parser.add_argument("--seq-len", type=int, default=64)
+    parser.add_argument("--compare-cpu", action="store_true", help="add the stock CPU offload arm")
+    parser.add_argument("--nvme-path", default="/tmp/tencache-bench-nvme")
+    args = parser.parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    machine, machine_path = get_machine(args)
+    rows = []
+    if args.from_bench:
+        for folder in args.from_bench:
+            measured = measured_from_bench(folder)
+            settings = measured["settings"]
+            config = settings.get("config") or "configs/stock-nvme.json"
+            config = os.path.relpath(config, REPO) if os.path.isabs(config) else config
+            host = settings.get("host_cache_bytes") or "auto"
+            # "auto" is a share of the memory available when the run started: the bench recorded it
+            available = re.search(r"\(([\d.]+) GiB available at start\)", measured["machine"].get("RAM", ""))
+            run_machine = machine if available is None else dataclasses.replace(
+                machine, host_available_bytes=int(float(available.group(1)) * (1 << 30)))
+            predicted = predict_configuration(run_machine, settings["model"], config, host, settings["micro_batch"],
+                                              settings["seq_len"], "stock-cpu" in measured["arms"])
+            for arm, values in measured["arms"].items():
+                rows.append({"name": os.path.basename(folder.rstrip("/")), "arm": arm, "predicted": predicted[arm],
+                             "measured": values})
+    else:
+        plan = [(model, budget) for model in args.models for budget in args.budgets]
+        predictions = {}
+        for model, budget in plan:
+            config = CONFIG_FOR.get(model, "configs/stock-nvme.json")
+            predictions[f"{model}-{budget}"] = {
+                "model": model, "budget": budget, "config": config,
+                "host_cache_bytes": budget_value(model, budget),
+                "predicted": predict_configuration(machine, model, config, budget_value(model, budget),
+                                                   args.micro_batch, args.seq_len, args.compare_cpu)}
+        with open(os.path.join(args.out, "predictions.json"), "w") as handle:  # before anything runs
+            json.dump({"made_at": datetime.datetime.utcnow().isoformat() + "Z", "machine": machine_path,
+                       "predictions": predictions}, handle, indent=2)
+        for name, entry in predictions.items():
+            out = os.path.join(args.out, name)
+            command = [sys.executable, "-m", "tencache_ds.cli.main", "bench", "--model", entry["model"],
+                       "--config", entry["config"], "--steps", str(args.steps), "--warmup", str(args.warmup),
+                       "--repeats", str(args.repeats), "--micro-batch", str(args.micro_batch), "--seq-len",
+                       str(args.seq_len), "--host-cache-bytes", str(entry["host_cache_bytes"]), "--out", out,
+                       "--nvme-path", args.nvme_path, "--no-plots"] + (["--compare", "cpu"] if args.compare_cpu
+                                                                       else [])
+            print("running:", " ".join(command), flush=True)
+            started = time.time()
+            subprocess.run(command, cwd=REPO, check=True)
+            print(f"  {time.time() - started:.0f} s", flush=True)
+            measured = measured_from_bench(out)
+            for arm, values in measured["arms"].items():
+                rows.append({"name": name, "arm": arm, "predicted": entry["predicted"][arm], "measured": values})
+    text = table(rows)
+    with open(os.path.join(args.out, "table.md"), "w") as handle:
+        handle.write(f"Machine: {machine.name} ({machine_path}).\n\n{text}\n")
+    with open(os.path.join(args.out, "rows.json"), "w") as handle:
+        json.dump(rows, handle, indent=2)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

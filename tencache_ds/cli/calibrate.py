@@ -1,0 +1,274 @@
+"""`tencache-ds estimate --machine this`: this machine's figures, measured. Owns: the three probes (NVMe bandwidth
+through tencache's own O_DIRECT engine at the request size and concurrency it issues, CPU Adam throughput, compute
+throughput from a short timed forward/backward of one layer) and turning them, with the host's memory and cores,
+into a machine description (plan/machine.py). Does not own: the step model (plan/step_model.py).
+
+Like `tencache-ds doctor`, everything that imports torch or DeepSpeed runs in a child process (``_probe_main``,
+run as ``python -m tencache_ds.cli.calibrate``) with a timeout, so the estimate command itself stays light and a
+crash there becomes a clear error. The probes, and why each is measured the way it is:
+
+- NVMe: ``DirectFileIO`` (io/direct_io.py) with its default two threads, requests of ``NVME_REQUEST_BYTES`` (a
+  large partition or optimizer tensor is one request, moved in 16 MiB system calls), two in flight, written to
+  and read back from one file under the NVMe path: what the parameter and optimizer stores issue. Not DeepSpeed's
+  aio handle (which `doctor` uses): its single synchronous request understates what tencache gets from the drive.
+- CPU Adam: DeepSpeed's ``DeepSpeedCPUAdam`` (what ZeRO-Offload steps with) on one fp32 tensor, timed after a
+  warm-up; torch's AdamW when DeepSpeed's op cannot be built (the source says which).
+- Compute: the model's architecture with one layer (Hugging Face ``from_config``, vocabulary cut to
+  ``CALIBRATION_VOCAB`` so the layer dominates), forward + backward at the run's micro-batch, sequence and dtype;
+  FLOP/s = that model's FLOPs (plan/model_shapes.py, the same count the step model uses) / seconds.
+"""
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Any, Dict, Optional, Sequence
+
+from ..errors import TencacheConfigError
+
+NVME_TOTAL_BYTES = 512 << 20      # per direction: past the drive's write cache, a few seconds at most on a slow disk
+NVME_REQUEST_BYTES = 64 << 20     # one tensor-sized request (a large partition or a sub-group's state)
+NVME_IN_FLIGHT = 2                # DirectFileIO's default thread count: the stores' concurrency
+ADAM_ELEMENTS = 1 << 24           # 64 MiB of fp32 per tensor: larger than the CPU's caches, as a sub-group is
+ADAM_REPEATS = 5
+COMPUTE_WARMUP = 6               # oneDNN picks and JIT-compiles its bf16 kernels over the first few steps
+COMPUTE_REPEATS = 8
+# Each probe reports the fastest of its repeats: what the hardware does when nothing else runs (on a shared
+# machine a median mixes in the other jobs; docs/estimate.md says which machine state each figure had).
+COPY_BYTES = 256 << 20
+CALIBRATION_VOCAB = 1024
+PROBE_TIMEOUT_S = 300.0
+PROBE_MARKER = "TENCACHE_CALIBRATE "
+
+
+def calibrate(nvme_path: str, model_config: Dict[str, Any], micro_batch: int, seq_len: int, dtype: str,
+              timeout_s: float = PROBE_TIMEOUT_S) -> Dict[str, Any]:
+    """Run the probes in a child process; returns {"nvme": {...}, "adam": {...}, "compute": {...},
+    "baseline_rss_bytes": int, "seconds": float}. Raises TencacheConfigError when the probe fails (the message
+    holds its last output)."""
+    request = {"nvme_path": nvme_path, "model_config": model_config, "micro_batch": micro_batch,
+               "seq_len": seq_len, "dtype": dtype}
+    started = time.perf_counter()
+    env = dict(os.environ)
+    package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
+    try:
+        done = subprocess.run([sys.executable, "-m", "tencache_ds.cli.calibrate", json.dumps(request)],
+                              capture_output=True, text=True, timeout=timeout_s, env=env)
+    except subprocess.TimeoutExpired:
+        raise TencacheConfigError(f"calibration of this machine took more than {timeout_s:.0f} s; pass a machine "
+                                  f"file instead of --machine this") from None
+    found = {}
+    for line in done.stdout.splitlines():
+        if line.startswith(PROBE_MARKER):
+            found.update(json.loads(line[len(PROBE_MARKER):]))
+    if done.returncode != 0 or "error" in found or not {"nvme", "adam", "host_copy", "compute"} <= set(found):
+        tail = (found.get("error") or (done.stderr or done.stdout).strip()[-800:])
+        raise TencacheConfigError(f"calibration of this machine failed (nvme path {nvme_path}): {tail}")
+    found["seconds"] = time.perf_counter() - started
+    return found
+
+
+def machine_from_calibration(measured: Dict[str, Any]):
+    """This machine as plan/machine.py describes it: the probes' figures, the host memory and cgroup limit
+    (plan/host_memory.py), DeepSpeed's CPU accelerator when no GPU is visible. Each figure's source says how it
+    was measured."""
+    from ..plan.host_memory import read_host_memory
+    from ..plan.machine import Machine
+    memory = read_host_memory()
+    nvme, adam, copy, compute = measured["nvme"], measured["adam"], measured["host_copy"], measured["compute"]
+    where = f"measured by `tencache-ds estimate --machine this` (cli/calibrate.py) at {time.strftime('%Y-%m-%d %H:%M')}"
+    load = _load_average()
+    return Machine(
+        name=f"this machine ({os.cpu_count()} cores, no GPU: DeepSpeed's CPU accelerator)",
+        accelerator_memory_bytes=0, accelerator_flops_per_s=compute["flops_per_s"], h2d_bytes_per_s=1e12,
+        host_memory_bytes=memory.total_bytes, host_available_bytes=memory.available_bytes,
+        nvme_read_bytes_per_s_per_drive=nvme["read_bytes_per_s"],
+        nvme_write_bytes_per_s_per_drive=nvme["write_bytes_per_s"], drives=1,
+        cpu_adam_elements_per_s=adam["elements_per_s"], host_copy_bytes_per_s=copy["bytes_per_s"],
+        process_baseline_bytes=int(measured.get("baseline_rss_bytes") or 0) or Machine.process_baseline_bytes,
+        accelerator_is_host=True,
+        sources={
+            "accelerator_flops_per_s": f"{where}: {compute['method']}",
+            "nvme_read_bytes_per_s_per_drive": f"{where}: {nvme['method']} in {nvme['path']}",
+            "nvme_write_bytes_per_s_per_drive": f"{where}: same run, writes",
+            "cpu_adam_elements_per_s": f"{where}: {adam['method']}",
+            "host_copy_bytes_per_s": f"{where}: {copy['method']}",
+            "host_memory_bytes": f"{where}: /proc/meminfo and the memory cgroup (plan/host_memory.py, bound by "
+                                 f"{memory.bound_by})",
+            "process_baseline_bytes": f"{where}: resident memory after importing torch, transformers, DeepSpeed",
+            "load": f"1-minute load average {load} on {os.cpu_count()} cores when measured",
+        })
+
+
+def _load_average() -> str:
+    try:
+        return f"{os.getloadavg()[0]:.2f}"
+    except OSError:
+        return "unknown"
+
+
+# ------------------------------------------------------------------------------------------- the child process
+def _emit(**facts: Any) -> None:
+    print(PROBE_MARKER + json.dumps(facts), flush=True)
+
+
+def _probe_main(argv: Sequence[str]) -> None:
+    request = json.loads(argv[0])
+    try:
+        import torch
+        import transformers  # noqa: F401  (the baseline is a training process's: torch, transformers, DeepSpeed)
+        try:
+            import deepspeed  # noqa: F401
+        except Exception:  # pylint: disable=broad-except
+            pass
+        torch.set_num_threads(max(1, os.cpu_count() or 1))
+        _emit(baseline_rss_bytes=_rss_bytes())
+        _emit(nvme=measure_nvme(torch, request["nvme_path"]))
+        _emit(adam=measure_cpu_adam(torch))
+        _emit(host_copy=measure_host_copy(torch))
+        _emit(compute=measure_compute(torch, request["model_config"], request["micro_batch"], request["seq_len"],
+                                      request["dtype"]))
+    except Exception as err:  # reported to the parent, which names the probe's inputs
+        _emit(error=f"{type(err).__name__}: {err}")
+
+
+def _rss_bytes() -> Optional[int]:
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def measure_nvme(torch, folder: str, total_bytes: int = NVME_TOTAL_BYTES,
+                 request_bytes: int = NVME_REQUEST_BYTES) -> Dict[str, Any]:
+    """Write then read back ``total_bytes`` in ``request_bytes`` requests, NVME_IN_FLIGHT at a time, with
+    tencache's engine into 4 KiB-aligned pageable buffers (what the optimizer store uses). The file is removed."""
+    from ..io.direct_io import DirectFileIO
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, f"tencache-calibrate-{os.getpid()}.bin")
+    io = DirectFileIO(num_threads=NVME_IN_FLIGHT, name="tencache-calibrate")
+    buffers = [_aligned(torch, request_bytes) for _ in range(NVME_IN_FLIGHT)]
+    for index, buffer in enumerate(buffers):
+        buffer.fill_(index + 1)
+    requests = max(1, total_bytes // request_bytes)
+    try:
+        write_s = _timed_requests(io.write, buffers, path, requests, request_bytes, sync_path=path)
+        read_s = _timed_requests(io.read, buffers, path, requests, request_bytes)
+        alignment = io.alignment_for(path)
+    finally:
+        io.close()
+        try:
+            os.remove(path)
+        except OSError:
+            pass
+    moved = requests * request_bytes
+    return {"method": f"tencache DirectFileIO, {NVME_IN_FLIGHT} threads, {request_bytes >> 20} MiB requests, "
+                      f"{NVME_IN_FLIGHT} in flight, O_DIRECT alignment {alignment} B (0: buffered)",
+            "path": folder, "write_bytes": moved, "write_s": write_s, "read_bytes": moved, "read_s": read_s,
+            "write_bytes_per_s": moved / write_s, "read_bytes_per_s": moved / read_s}
+
+
+def _aligned(torch, nbytes: int):
+    raw = torch.empty(nbytes + 4096, dtype=torch.uint8)
+    offset = (-raw.data_ptr()) % 4096
+    return raw[offset:offset + nbytes]
+
+
+def _timed_requests(submit, buffers, path, requests, request_bytes, sync_path=None) -> float:
+    started = time.perf_counter()
+    pending = []
+    for index in range(requests):
+        if len(pending) >= len(buffers):
+            pending.pop(0).result()
+        pending.append(submit(buffers[index % len(buffers)], path, request_bytes, index * request_bytes))
+    for future in pending:
+        future.result()
+    if sync_path is not None:  # O_DIRECT bypasses the page cache; fsync covers a file system that fell back
+        descriptor = os.open(sync_path, os.O_RDONLY)
+        try:
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
+    return time.perf_counter() - started
+
+
+def measure_cpu_adam(torch, elements: int = ADAM_ELEMENTS) -> Dict[str, Any]:
+    """Elements per second of one Adam step on fp32 master, gradient and moments in host memory."""
+    param = torch.nn.Parameter(torch.randn(elements))
+    param.grad = torch.randn(elements)
+    try:
+        from deepspeed.ops.adam import DeepSpeedCPUAdam
+        optimizer, method = DeepSpeedCPUAdam([param], lr=1e-4), "DeepSpeedCPUAdam"
+    except Exception as err:  # no compiler, no op: the plain torch optimizer is what would run
+        optimizer, method = torch.optim.AdamW([param], lr=1e-4), f"torch AdamW (DeepSpeedCPUAdam: {err})"
+    optimizer.step()  # allocates the moments, builds nothing later
+    times = []
+    for _ in range(ADAM_REPEATS):
+        started = time.perf_counter()
+        optimizer.step()
+        times.append(time.perf_counter() - started)
+    seconds = min(times)
+    return {"method": f"{method}, {elements} fp32 elements, fastest of {ADAM_REPEATS} steps, "
+                      f"{torch.get_num_threads()} threads",
+            "elements_per_s": elements / seconds, "step_s": seconds}
+
+
+def measure_host_copy(torch, nbytes: int = COPY_BYTES) -> Dict[str, Any]:
+    """Bytes per second (read + written) of a large fp32 copy: the bandwidth of the optimizer step's memory-bound
+    epilogue (gradient copies, clipping, the cast back to fp16)."""
+    source = torch.randn(nbytes // 4)
+    target = torch.empty_like(source)
+    target.copy_(source)
+    times = []
+    for _ in range(5):
+        started = time.perf_counter()
+        target.copy_(source)
+        times.append(time.perf_counter() - started)
+    seconds = min(times)
+    return {"method": f"torch copy of {nbytes >> 20} MiB fp32, fastest of 5, {torch.get_num_threads()} threads",
+            "bytes_per_s": 2 * nbytes / seconds}
+
+
+def measure_compute(torch, model_config: Dict[str, Any], micro_batch: int, seq_len: int,
+                    dtype: str) -> Dict[str, Any]:
+    """FLOP/s of forward + backward of the architecture cut to one layer, at the run's shape and dtype."""
+    import transformers
+    from ..plan.model_shapes import layer_count_key, model_shape
+    one_layer = dict(model_config)
+    one_layer[layer_count_key(model_config)] = 1
+    one_layer["vocab_size"] = CALIBRATION_VOCAB
+    config = transformers.AutoConfig.for_model(**one_layer)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
+    model = model.to(torch_dtype)
+    tokens = torch.randint(0, CALIBRATION_VOCAB, (micro_batch, seq_len))
+
+    def one_step():
+        loss = model(input_ids=tokens, labels=tokens).loss
+        loss.backward()
+        model.zero_grad(set_to_none=True)
+
+    for _ in range(COMPUTE_WARMUP):  # kernels chosen and compiled, buffers allocated
+        one_step()
+    times = []
+    for _ in range(COMPUTE_REPEATS):
+        started = time.perf_counter()
+        one_step()
+        times.append(time.perf_counter() - started)
+    seconds = min(times)
+    flops = model_shape(one_layer).train_flops(micro_batch * seq_len, seq_len, checkpointing=False)
+    return {"method": f"{model_config.get('model_type')} with 1 layer and vocabulary {CALIBRATION_VOCAB}, forward + "
+                      f"backward, micro-batch {micro_batch} x {seq_len} tokens, {dtype}, fastest of "
+                      f"{COMPUTE_REPEATS} steps "
+                      f"after {COMPUTE_WARMUP}, "
+                      f"{torch.get_num_threads()} threads",
+            "flops": flops, "step_s": seconds, "flops_per_s": flops / seconds}
+
+
+if __name__ == "__main__":
+    _probe_main(sys.argv[1:])

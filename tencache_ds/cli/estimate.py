@@ -1,0 +1,226 @@
+"""`tencache-ds estimate`: before launch, whether a model fits, how fast a step is under stock ZeRO-Infinity and under
+tencache, and what it costs the drive. Owns: reading the inputs (a Hugging Face config.json, the DeepSpeed config,
+a machine file or ``this`` machine, measured), and the report: at most ~15 lines, or one JSON object. Does not own
+the numbers (plan/step_model.py computes them; cli/calibrate.py measures this machine).
+
+    tencache-ds estimate --model configs/models/llama-7b.json --ds-config ds_config.json \\
+        --machine configs/machines/h100x1-2nvme.json [--micro-batch 1 --seq 2048 --gas 8] [--json]
+        [--profile runs/profile.json]   # the run's measured compute and read bandwidth instead of the machine's
+
+Every bad input is an error that names the file and the key, with exit code 2; nothing is written.
+"""
+import json
+import os
+import sys
+from typing import Any, Dict, List, Optional
+
+from ..errors import TencacheConfigError
+from ..units import fmt_bytes
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+MODELS_DIR = os.path.join(REPO_ROOT, "configs", "models")
+THIS = "this"
+PARTS = ("compute", "h2d", "nvme_read", "nvme_write", "cpu_adam")
+PART_NAMES = {"compute": "compute", "h2d": "H2D", "nvme_read": "NVMe read", "nvme_write": "NVMe write",
+              "cpu_adam": "CPU Adam"}
+
+
+def _read_json(path: str, what: str) -> Any:
+    try:
+        with open(path) as handle:
+            return json.load(handle)
+    except FileNotFoundError:
+        raise TencacheConfigError(f"{what} {path} does not exist") from None
+    except (OSError, ValueError) as err:
+        raise TencacheConfigError(f"{what} {path} cannot be read as JSON: {err}") from None
+
+
+def model_config_path(model: str) -> str:
+    """A path, or a name in configs/models/ (``gpt2-small``)."""
+    if os.path.exists(model) or model.endswith(".json"):
+        return model
+    return os.path.join(MODELS_DIR, f"{model}.json")
+
+
+def build_inputs(args) -> Dict[str, Any]:
+    """Read and check every input. Raises TencacheConfigError naming the file and the key."""
+    from ..plan.machine import load_machine
+    from ..plan.model_shapes import model_shape
+    from ..plan.workload import ZeroSettings, build_workload
+
+    model_path = model_config_path(args.model)
+    model_config = _read_json(model_path, "model config")
+    if not isinstance(model_config, dict):
+        raise TencacheConfigError(f"model config {model_path}: a Hugging Face config.json is a JSON object")
+    shape = model_shape(model_config, source=f"model config {model_path}")
+    ds_config = _read_json(args.ds_config, "DeepSpeed config")
+    zero = ZeroSettings.from_ds_config(ds_config, source=f"DeepSpeed config {args.ds_config}")
+    micro_batch = args.micro_batch or _positive(ds_config, "train_micro_batch_size_per_gpu", args.ds_config, 1)
+    gas = args.gas or _positive(ds_config, "gradient_accumulation_steps", args.ds_config, 1)
+    dtype = next((key for key in ("bf16", "fp16") if (ds_config.get(key) or {}).get("enabled")), "fp32")
+    if args.machine == THIS:
+        from .calibrate import calibrate, machine_from_calibration
+        measured = calibrate(args.nvme_path, model_config, micro_batch, args.seq, dtype)
+        machine = machine_from_calibration(measured)
+        busy = _busy(machine)
+        if busy:
+            print(f"tencache-ds estimate: warning: {busy}", file=sys.stderr)
+        if args.save_machine:
+            with open(args.save_machine, "w") as handle:
+                json.dump(machine.to_json(), handle, indent=2)
+                handle.write("\n")
+    else:
+        machine = load_machine(args.machine)
+    workload = build_workload(shape, zero, machine.world_size, micro_batch, args.seq, gas, args.checkpointing)
+    profile_notes: List[str] = []
+    if getattr(args, "profile", None):
+        from ..plan.profile_timings import machine_from_profile
+        from ..profile.store import read_sections
+        try:
+            sections = read_sections(args.profile)
+        except (OSError, ValueError) as err:
+            raise TencacheConfigError(f"profile {args.profile} cannot be read: {err}") from None
+        machine, profile_notes = machine_from_profile(machine, workload, sections, source=f"profile {args.profile}")
+    return {"model_path": model_path, "shape": shape, "zero": zero, "machine": machine, "workload": workload,
+            "micro_batch": micro_batch, "gas": gas, "dtype": dtype, "profile_notes": profile_notes}
+
+
+def _busy(machine) -> Optional[str]:
+    """Why the measured figures understate the machine, if it was busy while measured (more runnable tasks than
+    cores): each probe then gets a share of a core, and compute, CPU Adam and NVMe come out low."""
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        return None
+    cores = os.cpu_count() or 1
+    if load <= cores:
+        return None
+    return (f"this machine was busy while measured (1-minute load {load:.1f} on {cores} cores): the figures are "
+            f"below what it does when quiet, and so are the predictions; measure again when it is quiet, or save "
+            f"a quiet measurement with --save-machine and pass that file")
+
+
+def _positive(config: Dict[str, Any], key: str, path: str, default: int) -> int:
+    value = config.get(key, default)
+    if value == "auto":
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise TencacheConfigError(f"DeepSpeed config {path}: {key} must be a positive integer, got {value!r}")
+    return value
+
+
+def estimate(args) -> Dict[str, Any]:
+    """The report as a JSON-able dict (what --json prints)."""
+    from ..plan.step_model import STOCK, TENCACHE, drive_days_to_tbw, fits, predict
+
+    inputs = build_inputs(args)
+    machine, workload = inputs["machine"], inputs["workload"]
+    predictions = predict(workload, machine)
+    tbw = args.drive_tbw if args.drive_tbw is not None else machine.drive_tbw_bytes
+    report: Dict[str, Any] = {
+        "model": inputs["model_path"], "parameters": inputs["shape"].num_params, "machine": machine.name,
+        "world_size": machine.world_size, "micro_batch": inputs["micro_batch"], "seq": args.seq,
+        "gas": inputs["gas"], "activation_checkpointing": args.checkpointing, "dtype": inputs["dtype"],
+        "drive_tbw_bytes": tbw,
+    }
+    fit = {name: fits(prediction, workload, machine) for name, prediction in predictions.items()}
+    report["fits"] = fit[TENCACHE][0]
+    report["fits_stock"] = fit[STOCK][0]
+    report["why_not"] = {name: reasons for name, (_ok, reasons) in fit.items()}
+    report["needs"] = dict(predictions[TENCACHE].memory)
+    report["needs_stock"] = dict(predictions[STOCK].memory)
+    report["budgets"] = predictions[TENCACHE].budgets
+    report["step_time_s"] = {name: p.step_time_s for name, p in predictions.items()}
+    report["critical_path_s"] = {name: p.critical_path_s for name, p in predictions.items()}
+    report["bottleneck"] = {name: p.bottleneck for name, p in predictions.items()}
+    report["nvme_read_bytes_per_step"] = {name: p.nvme_read_bytes for name, p in predictions.items()}
+    report["nvme_write_bytes_per_step"] = {name: p.nvme_write_bytes for name, p in predictions.items()}
+    report["hit_rates"] = {"device": predictions[TENCACHE].device_hit_rate,
+                           "host": predictions[TENCACHE].host_hit_rate}
+    report["drive_days_to_tbw"] = {name: drive_days_to_tbw(p, machine, tbw) for name, p in predictions.items()}
+    report["machine_figures"] = machine.to_json()
+    report["profile"] = {"path": getattr(args, "profile", None), "used": inputs["profile_notes"]}
+    return report
+
+
+def render(report: Dict[str, Any]) -> List[str]:
+    """At most 15 lines."""
+    def seconds(value):
+        return f"{value:.3g} s"
+
+    stock, tencache = report["step_time_s"]["stock"], report["step_time_s"]["tencache"]
+    needs, budgets = report["needs"], report["budgets"]
+    profile = report.get("profile") or {}
+    lines = [f"estimate: {os.path.basename(report['model'])} ({report['parameters'] / 1e9:.3g} B parameters) on "
+             f"{report['machine']} ({report['world_size']} rank(s)); micro-batch {report['micro_batch']} x "
+             f"{report['seq']} tokens, GAS {report['gas']}, {report['dtype']}"
+             + (", activation checkpointing" if report["activation_checkpointing"] else "")
+             + (f"; from profile {profile['path']}: " + "; ".join(profile["used"]) if profile.get("path") else "")]
+    for name, label in (("tencache", "tencache"), ("stock", "stock")):
+        ok = report["fits"] if name == "tencache" else report["fits_stock"]
+        why = "; ".join(report["why_not"][name])
+        lines.append(f"fits ({label}): " + ("yes" if ok else f"NO: {why}"))
+    lines.append(f"needs per rank (tencache): device {fmt_bytes(needs['device'])}, pinned host "
+                 f"{fmt_bytes(needs['pinned'])}, pageable host {fmt_bytes(needs['pageable'])}, NVMe "
+                 f"{fmt_bytes(needs['nvme'])}")
+    stock_needs = report["needs_stock"]
+    lines.append(f"needs per rank (stock):    device {fmt_bytes(stock_needs['device'])}, pinned host "
+                 f"{fmt_bytes(stock_needs['pinned'])}, pageable host {fmt_bytes(stock_needs['pageable'])}, NVMe "
+                 f"{fmt_bytes(stock_needs['nvme'])}")
+    lines.append(f"budgets (tencache): host tier {fmt_bytes(budgets['host_cache_bytes'])} = parameter cache slots "
+                 f"{fmt_bytes(budgets['param_cache_bytes'])} + optimizer state "
+                 f"{fmt_bytes(budgets['optimizer_share_bytes'])}"
+                 f"; streaming slots {fmt_bytes(budgets['param_streaming_bytes'])}; device tier "
+                 f"{fmt_bytes(budgets['device_cache_bytes'])}")
+    lines.append(f"step time: stock {seconds(stock)}, tencache {seconds(tencache)} ({tencache / stock:.2f}x); "
+                 f"bottleneck: stock {PART_NAMES[report['bottleneck']['stock']]}, tencache "
+                 f"{PART_NAMES[report['bottleneck']['tencache']]}")
+    lines.append("critical path (s)  " + "  ".join(f"{PART_NAMES[p]:>10}" for p in PARTS))
+    for name in ("stock", "tencache"):
+        lines.append(f"  {name:<16} " + "  ".join(f"{report['critical_path_s'][name][p]:>10.3f}" for p in PARTS))
+    reads, writes = report["nvme_read_bytes_per_step"], report["nvme_write_bytes_per_step"]
+    lines.append(f"NVMe per step and rank: stock read {fmt_bytes(reads['stock'])}, written "
+                 f"{fmt_bytes(writes['stock'])}; tencache read {fmt_bytes(reads['tencache'])}, written "
+                 f"{fmt_bytes(writes['tencache'])}")
+    hits = report["hit_rates"]
+    lines.append("hit rates (tencache): device " + _percent(hits["device"]) + ", host " + _percent(hits["host"]))
+    days = report["drive_days_to_tbw"]
+    if report["drive_tbw_bytes"]:
+        lines.append(f"drive wear: days of training to each drive's rated {fmt_bytes(int(report['drive_tbw_bytes']))}"
+                     f" TBW: stock {_days(days['stock'])}, tencache {_days(days['tencache'])}")
+    else:
+        lines.append("drive wear: no rated TBW (pass --drive-tbw BYTES, or set drive_tbw_bytes in the machine file)")
+    return lines
+
+
+def _percent(value: Optional[float]) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"
+
+
+def _days(value: Optional[float]) -> str:
+    if value is None:
+        return "-"
+    return "never (nothing written)" if value == float("inf") else f"{value:,.0f}"
+
+
+def _finite(value):
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(item) for item in value]
+    if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
+        return None
+    return value
+
+
+def run(args) -> int:
+    try:
+        report = estimate(args)
+    except (TencacheConfigError, ValueError) as err:
+        print(f"tencache-ds estimate: {err}", file=sys.stderr)
+        return 2
+    if args.json:  # JSON has no infinity: a drive never written has null days (and 0 bytes written)
+        print(json.dumps(_finite(report), indent=2))
+    else:
+        print("\n".join(render(report)))
+    return 0

@@ -1,0 +1,148 @@
+"""A machine as the step model sees it. Owns: the description's fields, their units, reading and checking a machine
+file (configs/machines/*.json), and what one rank gets of a node's shared parts. Does not own: measuring this
+machine (cli/calibrate.py) or the model (plan/step_model.py). Pure.
+
+A machine file is JSON; every figure is per node unless its name says otherwise, and ``sources`` says where each
+came from (a datasheet, a paper, a measurement)::
+
+    {"name": "1x H100 SXM, 2 Gen4 NVMe", "accelerator_memory_bytes": 85899345920,
+     "accelerator_flops_per_s": 4.9e14, "h2d_bytes_per_s": 5.0e10, "host_memory_bytes": 274877906944,
+     "nvme_read_bytes_per_s_per_drive": 6.9e9, "nvme_write_bytes_per_s_per_drive": 4.1e9, "drives": 2,
+     "drive_tbw_bytes": 7.0e15, "cpu_adam_elements_per_s": 2.0e9, "ranks_per_node": 1, "nodes": 1,
+     "sources": {"accelerator_flops_per_s": "...", ...}}
+
+``accelerator_flops_per_s`` is what training sustains (peak x a published model-FLOPs utilisation), not the peak.
+``accelerator_is_host``: DeepSpeed's CPU accelerator (no GPU): the device is host memory, compute and the CPU
+optimizer share the same cores, and there is no H2D copy.
+"""
+import dataclasses
+import json
+from typing import Any, Dict, Mapping, Optional
+
+from ..errors import TencacheConfigError
+
+# the host memory a fresh process finds available, as a share of the total, when a file does not say (the kernel,
+# page tables and daemons keep the rest; 0.9 is what a quiet Linux box with no other job reports)
+DEFAULT_AVAILABLE_FRACTION = 0.9
+# host memory the training process holds before any model state: Python, torch, DeepSpeed, the launcher's
+# process group, allocator caches (a file may override it; `--machine this` measures it)
+DEFAULT_PROCESS_BASELINE_BYTES = 2 << 30
+
+
+class MachineFileError(TencacheConfigError):
+    """A machine description that cannot be used; the message names the file and the key."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Machine:
+    """One node type, ``nodes`` of them, ``ranks_per_node`` training processes each (one per accelerator)."""
+
+    name: str
+    accelerator_memory_bytes: int
+    accelerator_flops_per_s: float
+    h2d_bytes_per_s: float
+    host_memory_bytes: int
+    nvme_read_bytes_per_s_per_drive: float
+    nvme_write_bytes_per_s_per_drive: float
+    drives: int
+    cpu_adam_elements_per_s: float
+    host_copy_bytes_per_s: float = 1.0e10
+    ranks_per_node: int = 1
+    nodes: int = 1
+    drive_tbw_bytes: Optional[float] = None
+    host_available_bytes: Optional[int] = None
+    process_baseline_bytes: int = DEFAULT_PROCESS_BASELINE_BYTES
+    accelerator_is_host: bool = False
+    sources: Dict[str, str] = dataclasses.field(default_factory=dict)
+
+    # ---------------------------------------------------------------------------------- one rank's share
+    @property
+    def world_size(self) -> int:
+        return self.ranks_per_node * self.nodes
+
+    @property
+    def available_host_bytes(self) -> int:
+        if self.host_available_bytes is not None:
+            return self.host_available_bytes
+        return int(self.host_memory_bytes * DEFAULT_AVAILABLE_FRACTION)
+
+    @property
+    def nvme_read_bytes_per_s_per_rank(self) -> float:
+        """The node's drives (striped or one folder each) shared by its ranks."""
+        return self.nvme_read_bytes_per_s_per_drive * self.drives / self.ranks_per_node
+
+    @property
+    def nvme_write_bytes_per_s_per_rank(self) -> float:
+        return self.nvme_write_bytes_per_s_per_drive * self.drives / self.ranks_per_node
+
+    @property
+    def cpu_adam_elements_per_s_per_rank(self) -> float:
+        """The node's cores run every rank's CPU Adam at once."""
+        return self.cpu_adam_elements_per_s / self.ranks_per_node
+
+    @property
+    def host_copy_bytes_per_s_per_rank(self) -> float:
+        return self.host_copy_bytes_per_s / self.ranks_per_node
+
+    def to_json(self) -> Dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+_REQUIRED = ("name", "accelerator_memory_bytes", "accelerator_flops_per_s", "h2d_bytes_per_s", "host_memory_bytes",
+             "nvme_read_bytes_per_s_per_drive", "nvme_write_bytes_per_s_per_drive", "drives",
+             "cpu_adam_elements_per_s")
+_POSITIVE = {"accelerator_flops_per_s", "h2d_bytes_per_s", "host_memory_bytes", "nvme_read_bytes_per_s_per_drive",
+             "nvme_write_bytes_per_s_per_drive", "drives", "cpu_adam_elements_per_s", "host_copy_bytes_per_s",
+             "ranks_per_node", "nodes", "drive_tbw_bytes", "host_available_bytes", "process_baseline_bytes"}
+_INTEGERS = {"accelerator_memory_bytes", "host_memory_bytes", "drives", "ranks_per_node", "nodes",
+             "host_available_bytes", "process_baseline_bytes"}
+
+
+def machine_from_dict(data: Mapping[str, Any], source: str = "machine") -> Machine:
+    """Check and build. Raises MachineFileError naming ``source`` and the key: a missing required figure, an
+    unknown key (a typo would otherwise silently fall back to a default), or a value of the wrong kind."""
+    if not isinstance(data, Mapping):
+        raise MachineFileError(f"{source}: a machine description is a JSON object, got {type(data).__name__}")
+    fields = {field.name for field in dataclasses.fields(Machine)}
+    unknown = sorted(set(data) - fields)
+    if unknown:
+        raise MachineFileError(f"{source}: unknown key(s) {', '.join(repr(k) for k in unknown)} (known: "
+                               f"{', '.join(sorted(fields))})")
+    missing = [key for key in _REQUIRED if key not in data]
+    if missing:
+        raise MachineFileError(f"{source}: missing key(s) {', '.join(repr(k) for k in missing)}")
+    values = dict(data)
+    for key, value in values.items():
+        if key in ("name",):
+            if not isinstance(value, str) or not value:
+                raise MachineFileError(f"{source}: key \"{key}\" must be a non-empty string, got {value!r}")
+        elif key == "sources":
+            if not isinstance(value, Mapping) or not all(isinstance(v, str) for v in value.values()):
+                raise MachineFileError(f"{source}: key \"sources\" must map figure names to strings")
+            values[key] = dict(value)
+        elif key == "accelerator_is_host":
+            if not isinstance(value, bool):
+                raise MachineFileError(f"{source}: key \"{key}\" must be true or false, got {value!r}")
+        elif value is None and key in ("drive_tbw_bytes", "host_available_bytes"):
+            continue
+        else:
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise MachineFileError(f"{source}: key \"{key}\" must be a number, got {value!r}")
+            if key in _POSITIVE and value <= 0 or value < 0:
+                raise MachineFileError(f"{source}: key \"{key}\" must be positive, got {value!r}")
+            if key in _INTEGERS:
+                values[key] = int(value)
+    return Machine(**values)
+
+
+def load_machine(path: str) -> Machine:
+    """Read a machine file. Raises MachineFileError (naming ``path``) when it is missing, not JSON or not valid."""
+    try:
+        with open(path) as handle:
+            data = json.load(handle)
+    except FileNotFoundError:
+        raise MachineFileError(f"machine file {path} does not exist (see configs/machines/ for examples, or pass "
+                               f"--machine this)") from None
+    except (OSError, ValueError) as err:
+        raise MachineFileError(f"machine file {path} cannot be read as JSON: {err}") from None
+    return machine_from_dict(data, source=f"machine file {path}")

@@ -1,0 +1,256 @@
+"""What one training step does, from what a user has: a Hugging Face config.json, a DeepSpeed config, micro-batch,
+sequence length, gradient accumulation and activation checkpointing. Owns: reading the DeepSpeed settings the step
+model depends on (with DeepSpeed 0.19.8's defaults, deepspeed/runtime/zero/{config,offload_config}.py), each
+rank's parameter partitions, which of them live on NVMe, the optimizer sub-groups, and the fetch sequence ZeRO-3
+issues per micro-step. Does not own: timing or memory (plan/step_model.py). Pure.
+"""
+import dataclasses
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+from ..config import TencacheConfig, parse_config
+from ..errors import TencacheConfigError
+from .model_shapes import ModelShape
+
+MIB = 1 << 20
+AIO_ALIGNED_BYTES = 1024  # DeepSpeed: swap sizes are multiples of 1024 x intra_op_parallelism bytes
+
+
+@dataclasses.dataclass(frozen=True)
+class ZeroSettings:
+    """The DeepSpeed settings that change what a step moves (defaults: DeepSpeed 0.19.8's)."""
+
+    offload_param: str = "none"       # "nvme", "cpu" or "none"
+    offload_optimizer: str = "none"
+    param_buffer_count: int = 5
+    param_buffer_size: int = int(1e8)
+    max_in_cpu: int = int(1e9)
+    param_pin_memory: bool = True
+    optimizer_buffer_count: int = 4
+    optimizer_pin_memory: bool = True
+    pipelined_optimizer: bool = False  # pipeline_read or pipeline_write
+    sub_group_size: int = int(1e9)
+    max_reuse_distance: int = int(1e9)
+    persistence_threshold: int = int(1e5)
+    prefetch_bucket_size: int = int(5e7)
+    reduce_bucket_size: int = int(5e8)
+    aio_block_size: int = MIB
+    aio_intra_op: int = 1
+    element_bytes: int = 2             # bf16/fp16 on, else fp32
+    tencache: Optional[TencacheConfig] = None  # an enabled "tencache" block, else None
+
+    @classmethod
+    def from_ds_config(cls, ds_config: Mapping[str, Any], source: str = "ds_config") -> "ZeroSettings":
+        """Raises TencacheConfigError naming ``source`` and the key for a config the model cannot describe."""
+        if not isinstance(ds_config, Mapping):
+            raise TencacheConfigError(f"{source}: a DeepSpeed config is a JSON object")
+        zero = ds_config.get("zero_optimization") or {}
+        if zero.get("stage") != 3:
+            raise TencacheConfigError(f"{source}: zero_optimization.stage must be 3 (ZeRO-3 / ZeRO-Infinity), got "
+                                      f"{zero.get('stage')!r}")
+        offload_param = zero.get("offload_param") or {}
+        offload_optimizer = zero.get("offload_optimizer") or {}
+        aio = ds_config.get("aio") or {}
+        half = any((ds_config.get(key) or {}).get("enabled") for key in ("bf16", "fp16"))
+        block = ds_config.get("tencache")
+        config = parse_config(block) if block is not None else None
+
+        def device(section: Mapping[str, Any], key: str) -> str:
+            value = str(section.get("device", "none")).lower()
+            if value not in ("nvme", "cpu", "none"):
+                raise TencacheConfigError(f"{source}: zero_optimization.{key}.device must be nvme, cpu or none, got "
+                                          f"{section.get('device')!r}")
+            return value
+
+        def number(section: Mapping[str, Any], key: str, path: str, default: int) -> int:
+            value = section.get(key, default)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise TencacheConfigError(f"{source}: {path}.{key} must be a non-negative number, got {value!r}")
+            return int(value)
+
+        z, p, o = "zero_optimization", "zero_optimization.offload_param", "zero_optimization.offload_optimizer"
+        return cls(
+            offload_param=device(offload_param, "offload_param"),
+            offload_optimizer=device(offload_optimizer, "offload_optimizer"),
+            param_buffer_count=number(offload_param, "buffer_count", p, cls.param_buffer_count),
+            param_buffer_size=number(offload_param, "buffer_size", p, cls.param_buffer_size),
+            max_in_cpu=number(offload_param, "max_in_cpu", p, cls.max_in_cpu),
+            param_pin_memory=bool(offload_param.get("pin_memory", True)),
+            optimizer_buffer_count=number(offload_optimizer, "buffer_count", o, cls.optimizer_buffer_count),
+            optimizer_pin_memory=bool(offload_optimizer.get("pin_memory", True)),
+            pipelined_optimizer=bool(offload_optimizer.get("pipeline_read") or offload_optimizer.get("pipeline_write")),
+            sub_group_size=number(zero, "sub_group_size", z, cls.sub_group_size),
+            max_reuse_distance=number(zero, "stage3_max_reuse_distance", z, cls.max_reuse_distance),
+            persistence_threshold=number(zero, "stage3_param_persistence_threshold", z, cls.persistence_threshold),
+            prefetch_bucket_size=number(zero, "stage3_prefetch_bucket_size", z, cls.prefetch_bucket_size),
+            reduce_bucket_size=number(zero, "reduce_bucket_size", z, cls.reduce_bucket_size),
+            aio_block_size=number(aio, "block_size", "aio", cls.aio_block_size),
+            aio_intra_op=max(1, number(aio, "intra_op_parallelism", "aio", cls.aio_intra_op)),
+            element_bytes=2 if half else 4,
+            tencache=config if config is not None and config.enabled else None)
+
+    def swap_nbytes(self, numel: int, element_bytes: Optional[int] = None) -> int:
+        """Bytes a swapped tensor of ``numel`` elements occupies on file and in a swap buffer (DeepSpeed's
+        io_aligned_numel)."""
+        size = element_bytes or self.element_bytes
+        alignment = AIO_ALIGNED_BYTES * self.aio_intra_op // size
+        return -(-numel // alignment) * alignment * size
+
+    @property
+    def min_swap_bytes(self) -> int:
+        """Smaller partitions stay in host memory (DeepSpeed's MIN_AIO_BYTES or the aio block size)."""
+        return max(MIB, self.aio_block_size)
+
+
+@dataclasses.dataclass(frozen=True)
+class Partition:
+    """One parameter's partition on one rank."""
+
+    key: str
+    numel: int          # elements of the whole parameter
+    part_numel: int     # this rank's elements
+    on_nvme: bool
+    persistent: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class Fetch:
+    """ZeRO-3 gathers ``keys`` for a use of ``module`` (``phase``: "forward", "backward" or "recompute");
+    ``flops`` of compute follow it."""
+
+    module: str
+    keys: Tuple[str, ...]
+    phase: str
+    flops: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    """One rank's step: ``gas`` micro-steps of ``fetches`` and their compute, then the optimizer over
+    ``sub_groups`` (lists of partition keys)."""
+
+    shape: ModelShape
+    zero: ZeroSettings
+    world_size: int
+    micro_batch: int
+    seq_len: int
+    gas: int
+    checkpointing: bool
+    partitions: Dict[str, Partition]
+    fetches: Tuple[Fetch, ...]
+    sub_groups: Tuple[Tuple[str, ...], ...]
+
+    @property
+    def tokens(self) -> int:
+        return self.micro_batch * self.seq_len
+
+    @property
+    def rank_elements(self) -> int:
+        return sum(p.part_numel for p in self.partitions.values())
+
+    def sub_group_elements(self, index: int) -> int:
+        return sum(self.partitions[key].part_numel for key in self.sub_groups[index])
+
+    @property
+    def largest_sub_group_elements(self) -> int:
+        return max((self.sub_group_elements(i) for i in range(len(self.sub_groups))), default=0)
+
+    def read_fetches(self) -> List[Tuple[int, str]]:
+        """(fetch index, key) of every gather that needs the partition itself, after ZeRO-3's own retention:
+        a parameter used again within ``stage3_max_reuse_distance`` elements stays gathered (the turn-around
+        module at least: its forward and backward follow each other), and persistent ones never go."""
+        reads: List[Tuple[int, str]] = []
+        last_seen: Dict[str, int] = {}  # key -> cumulative elements fetched when it was last used
+        fetched = 0
+        kept_at_turn = self._kept_at_turn_around()
+        backward_seen = set()
+        for index, fetch in enumerate(self.fetches):
+            for key in fetch.keys:
+                partition = self.partitions[key]
+                previous = last_seen.get(key)
+                turn = fetch.phase == "backward" and key in kept_at_turn and key not in backward_seen
+                if fetch.phase == "backward":
+                    backward_seen.add(key)
+                retained = partition.persistent or turn or (previous is not None and
+                                                            fetched - previous <= self.zero.max_reuse_distance)
+                if not retained:
+                    reads.append((index, key))
+                last_seen[key] = fetched + partition.numel
+            fetched += sum(self.partitions[key].numel for key in fetch.keys)
+        return reads
+
+
+    def _kept_at_turn_around(self) -> set:
+        """Parameters ZeRO-3 keeps gathered from their last forward use to their first backward use: walking back
+        from the head, the modules after the last block and the last block's, as long as the NVMe partitions among
+        them fit ``offload_param.buffer_count`` slots. The coordinator does not release a parameter whose next use
+        its prefetcher has already passed over (partitioned_param_coordinator.__params_to_release). Measured with
+        stage3_max_reuse_distance 0: gpt2-tiny, gpt2-small and gpt2-medium read exactly their last block's four
+        matrices once, not twice (docs/estimate.md); with 5 slots that is also every slot (head + 4), so whether
+        the bound is the block or the slots is not settled by these runs."""
+        if self.checkpointing:
+            return set()
+        last_layer = max((m.layer for m in self.shape.modules), default=-1)
+        kept, slots, in_last_block = set(), self.zero.param_buffer_count, False
+        for module in reversed(self.shape.modules):
+            if module.layer not in (last_layer, -1) or (module.layer == -1 and in_last_block):
+                break  # the block before, or the embeddings of a one-block model
+            in_last_block = in_last_block or module.layer == last_layer
+            keys = [key for key, _numel in module.params]
+            swapped = sum(1 for key in keys if self.partitions[key].on_nvme and key not in kept)
+            if swapped > slots:
+                break
+            slots -= swapped
+            kept.update(keys)
+        return kept
+
+
+def build_workload(shape: ModelShape, zero: ZeroSettings, world_size: int, micro_batch: int, seq_len: int,
+                   gas: int, checkpointing: bool) -> Workload:
+    partitions: Dict[str, Partition] = {}
+    in_cpu = 0
+    for key, numel in shape.parameters().items():
+        part = -(-numel // world_size)
+        swappable = zero.offload_param == "nvme" and part * zero.element_bytes >= zero.min_swap_bytes
+        # stage 3 pulls the first max_in_cpu elements (in parameter order) into a CPU buffer for good
+        if swappable and in_cpu + part <= zero.max_in_cpu:
+            in_cpu += part
+            swappable = False
+        partitions[key] = Partition(key, numel, part, swappable, numel < zero.persistence_threshold)
+    tokens = micro_batch * seq_len
+    forward = [Fetch(m.name, tuple(k for k, _ in m.params), "forward", shape.module_forward_flops(m, tokens, seq_len))
+               for m in shape.modules]
+    backward: List[Fetch] = []
+    if checkpointing:  # each block's forward runs again just before its backward
+        blocks: Dict[int, List[Fetch]] = {}
+        for module, fetch in zip(shape.modules, forward):
+            blocks.setdefault(module.layer, []).append(fetch)
+        outside = blocks.pop(-1, [])
+        first_block = min((i for i, m in enumerate(shape.modules) if m.layer >= 0), default=len(forward))
+        head = [f for f in outside if forward.index(f) < first_block]  # embeddings: before the blocks
+        tail = [f for f in outside if forward.index(f) > first_block]  # final norm, head: after them
+        backward += [dataclasses.replace(f, phase="backward", flops=2 * f.flops) for f in reversed(tail)]
+        for layer in sorted(blocks, reverse=True):
+            backward += [dataclasses.replace(f, phase="recompute") for f in blocks[layer]]
+            backward += [dataclasses.replace(f, phase="backward", flops=2 * f.flops) for f in reversed(blocks[layer])]
+        backward += [dataclasses.replace(f, phase="backward", flops=2 * f.flops) for f in reversed(head)]
+    else:
+        backward = [dataclasses.replace(f, phase="backward", flops=2 * f.flops) for f in reversed(forward)]
+    return Workload(shape, zero, world_size, micro_batch, seq_len, gas, checkpointing, partitions,
+                    tuple(forward + backward), _sub_groups(partitions, zero.sub_group_size))
+
+
+def _sub_groups(partitions: Dict[str, Partition], sub_group_size: int) -> Tuple[Tuple[str, ...], ...]:
+    """stage3._create_fp16_sub_groups: parameters in order, a new group once one reaches sub_group_size."""
+    total = sum(p.part_numel for p in partitions.values())
+    if sub_group_size <= 0 or sub_group_size >= total:
+        return (tuple(partitions),)
+    groups, group, size = [], [], 0
+    for key, partition in partitions.items():
+        group.append(key)
+        size += partition.part_numel
+        if size >= sub_group_size:
+            groups.append(tuple(group))
+            group, size = [], 0
+    if group:
+        groups.append(tuple(group))
+    return tuple(groups)

@@ -1,0 +1,134 @@
+"""`tencache-ds estimate` as a user runs it (a fresh interpreter): the report's lines and JSON keys, the frozen option
+set, and the errors for bad inputs, each naming the file and the key. Machine files only (fast); `--machine this`
+measures the machine and is marked slow."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from tencache_ds.cli.main import build_parser
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+MACHINE = os.path.join(REPO_ROOT, "configs", "machines", "h100x1-2nvme-gen4.json")
+DS_CONFIG = os.path.join(REPO_ROOT, "configs", "zero-infinity-nvme.json")
+OPTIONS = ["--activation-checkpointing", "--drive-tbw", "--ds-config", "--gas", "--help", "--json", "--machine",
+           "--micro-batch", "--model", "--nvme-path", "--profile", "--save-machine", "--seq", "-h"]
+JSON_KEYS = {"fits", "needs", "budgets", "step_time_s", "nvme_read_bytes_per_step", "nvme_write_bytes_per_step",
+             "bottleneck", "drive_days_to_tbw"}
+
+
+def run_cli(*args, timeout=120):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO_ROOT, env.get("PYTHONPATH")]))
+    return subprocess.run([sys.executable, "-c", "from tencache_ds.cli.main import main; main()", *args],
+                          cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def estimate(*extra, model="llama-7b", machine=MACHINE, ds_config=DS_CONFIG):
+    return run_cli("estimate", "--model", model, "--ds-config", ds_config, "--machine", machine, *extra)
+
+
+def test_the_option_set_is_frozen():
+    parser = build_parser()
+    subparsers = next(action for action in parser._actions if action.dest == "command")
+    options = sorted(flag for action in subparsers.choices["estimate"]._actions for flag in action.option_strings)
+    assert options == sorted(OPTIONS)
+
+
+def test_the_report_says_fits_needs_budgets_times_and_wear_in_at_most_15_lines():
+    result = estimate("--seq", "2048", "--gas", "8")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.strip().splitlines()
+    assert len(lines) <= 15, result.stdout
+    text = result.stdout
+    for expected in ("fits (tencache): yes", "needs per rank (tencache): device", "budgets (tencache): host tier",
+                     "step time: stock", "bottleneck", "NVMe per step and rank", "days of training to each drive"):
+        assert expected in text, (expected, text)
+    assert "Traceback" not in result.stdout + result.stderr
+
+
+def test_json_carries_the_keys_the_issue_lists():
+    result = estimate("--json", "--seq", "2048", "--gas", "8")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert JSON_KEYS <= set(report)
+    assert isinstance(report["fits"], bool) and set(report["step_time_s"]) == {"stock", "tencache"}
+    assert set(report["needs"]) == {"device", "pinned", "pageable", "nvme"}
+    assert report["step_time_s"]["tencache"] < report["step_time_s"]["stock"]
+    assert report["drive_days_to_tbw"]["stock"] > 0  # the machine file's rating: the PM9A3's 9.1 PB
+
+
+def test_a_model_that_runs_out_of_memory_does_not_fit():
+    """Llama-70B without activation checkpointing: ~1.9 GB of activations per block x 80 blocks on an 80 GB H100."""
+    report = json.loads(estimate("--json", "--seq", "2048", model="llama-70b").stdout)
+    assert report["fits"] is False and any("accelerator memory" in r for r in report["why_not"]["tencache"])
+    report = json.loads(estimate("--json", "--seq", "2048", "--activation-checkpointing", model="llama-7b").stdout)
+    assert report["fits"] is True
+
+
+def test_drive_tbw_overrides_the_machine_file():
+    days = json.loads(estimate("--json", "--drive-tbw", "1PB").stdout)["drive_days_to_tbw"]["stock"]
+    default = json.loads(estimate("--json").stdout)["drive_days_to_tbw"]["stock"]
+    assert days == pytest.approx(default * 1e15 / (3.84e12 * 1.3 * 365 * 5), rel=1e-3)
+
+
+@pytest.mark.parametrize("kind", ["missing_model", "unknown_architecture", "missing_ds_config", "bad_machine",
+                                  "missing_machine", "zero_stage_2", "bad_profile"])
+def test_bad_inputs_are_named(tmp_path, kind):
+    model, machine, ds_config = "llama-7b", MACHINE, DS_CONFIG
+    if kind == "missing_model":
+        model, expected = str(tmp_path / "nope.json"), f"model config {tmp_path}/nope.json does not exist"
+    elif kind == "unknown_architecture":
+        model = str(tmp_path / "mamba.json")
+        (tmp_path / "mamba.json").write_text(json.dumps({"model_type": "mamba", "hidden_size": 768}))
+        expected = f"{model}: model_type 'mamba' is not one the estimate knows (key \"model_type\""
+    elif kind == "missing_ds_config":
+        ds_config, expected = str(tmp_path / "ds.json"), f"DeepSpeed config {tmp_path}/ds.json does not exist"
+    elif kind == "bad_machine":
+        data = json.load(open(MACHINE))
+        del data["nvme_read_bytes_per_s_per_drive"]
+        machine = str(tmp_path / "box.json")
+        (tmp_path / "box.json").write_text(json.dumps(data))
+        expected = f"machine file {machine}: missing key(s) 'nvme_read_bytes_per_s_per_drive'"
+    elif kind == "missing_machine":
+        machine, expected = str(tmp_path / "box.json"), f"machine file {tmp_path}/box.json does not exist"
+    elif kind == "bad_profile":
+        (tmp_path / "profile.json").write_text(json.dumps({"version": 1}))
+        result = estimate("--profile", str(tmp_path / "profile.json"))
+        assert result.returncode == 2 and f"profile {tmp_path}/profile.json cannot be read: profile format version 1" \
+            in result.stderr, result.stderr
+        return
+    else:
+        data = json.load(open(DS_CONFIG))
+        data["zero_optimization"]["stage"] = 2
+        ds_config = str(tmp_path / "ds.json")
+        (tmp_path / "ds.json").write_text(json.dumps(data))
+        expected = "zero_optimization.stage must be 3"
+    result = estimate(model=model, machine=machine, ds_config=ds_config)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert expected in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr and result.stdout == ""
+
+
+@pytest.mark.slow
+def test_machine_this_measures_and_cites_each_figure(tmp_path):
+    """Scenario: calibrate this machine on a temporary folder and save the machine file."""
+    # Step 1: estimate the benchmark's gpt2-tiny run on this machine, measured now.
+    saved = tmp_path / "this.json"
+    result = run_cli("estimate", "--model", "gpt2-tiny", "--ds-config", os.path.join(REPO_ROOT, "configs",
+                     "stock-nvme.json"), "--machine", "this", "--seq", "64", "--nvme-path", str(tmp_path / "nvme"),
+                     "--save-machine", str(saved), "--json", timeout=600)
+    assert result.returncode == 0, result.stderr
+    # Step 2: the saved file loads as a machine file and says where each measured figure came from.
+    machine = json.loads(saved.read_text())
+    for figure in ("accelerator_flops_per_s", "nvme_read_bytes_per_s_per_drive", "cpu_adam_elements_per_s",
+                   "host_copy_bytes_per_s"):
+        assert machine[figure] > 0 and "measured" in machine["sources"][figure]
+    assert "tencache DirectFileIO" in machine["sources"]["nvme_read_bytes_per_s_per_drive"]
+    assert json.loads(result.stdout)["step_time_s"]["stock"] > 0
+    # Step 3: the probe's file is gone.
+    assert not [name for name in os.listdir(tmp_path / "nvme") if name.startswith("tencache-calibrate")]
+    shutil.rmtree(tmp_path / "nvme", ignore_errors=True)

@@ -1,0 +1,333 @@
+"""The step model (plan/step_model.py) and its inputs (plan/model_shapes.py, plan/workload.py, plan/machine.py):
+parameter counts against the models transformers builds, bytes per step against what the benchmarks measured,
+stock DeepSpeed's known failures, tencache's budgets from the run-time functions, and the machine file's errors.
+Pure and fast: no torch, no DeepSpeed, no files but the repository's configs."""
+import json
+import math
+import os
+
+import pytest
+
+from tencache_ds.errors import TencacheConfigError
+from tencache_ds.plan.host_tier import (OPTIMIZER_BYTES_PER_ELEMENT, OPTIMIZER_IO_BYTES_PER_HELD_BYTE,
+                                        PARAM_IO_BYTES_PER_HELD_BYTE, TierDemand, split_host_budget)
+from tencache_ds.plan.machine import Machine, MachineFileError, load_machine, machine_from_dict
+from tencache_ds.plan.model_shapes import ModelConfigError, model_shape
+from tencache_ds.plan.step_model import (STOCK, TENCACHE, Prediction, drive_days_to_tbw, fits, predict,
+                                         predict_stock, tencache_plan)
+from tencache_ds.plan.profile_timings import machine_from_profile
+from tencache_ds.plan.workload import ZeroSettings, build_workload
+from tencache_ds.profile.step_profile import StepProfile
+from tencache_ds.profile.store import read_sections, save_section
+from tencache_ds.units import PAGE_BYTES, round_up
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+MIB, GIB = 1 << 20, 1 << 30
+
+# `python scripts/train.py --list-models` (configs/models/README.md): what transformers builds, tied weights once
+BUILT_PARAMETERS = {"bloom-7b1": 7069016064, "bloom-tiny": 14965248, "falcon-11b": 11102822400,
+                    "falcon-7b": 6921720704, "falcon-tiny": 12784128, "gpt2-small": 124439808, "gpt2-tiny": 15160320,
+                    "llama-1.1b": 1100048384, "llama-7b": 6738415616, "llama-tiny": 15732480,
+                    "opt-1.3b": 1315758080, "opt-13b": 12853473280, "opt-6.7b": 6658473984, "opt-tiny": 15161856}
+LARGEST_TENSOR = {"bloom-7b1": 1027604480, "falcon-7b": 295469056, "gpt2-small": 38597376, "llama-7b": 131072000,
+                  "opt-13b": 257392640}
+
+
+def model_config(name):
+    with open(os.path.join(REPO, "configs", "models", f"{name}.json")) as handle:
+        return json.load(handle)
+
+
+def ds_config(name="stock-nvme.json", **tencache):
+    with open(os.path.join(REPO, "configs", name)) as handle:
+        config = json.load(handle)
+    if tencache:
+        config["tencache"] = dict({"enabled": True}, **tencache)
+    return config
+
+
+def this_vm(**changes) -> Machine:
+    """The 2-core benchmark machine of docs/benchmarks.md, as docs/estimate.md calibrated it (rounded)."""
+    figures = dict(name="test vm", accelerator_memory_bytes=0, accelerator_flops_per_s=1.1e11, h2d_bytes_per_s=1e12,
+                   host_memory_bytes=int(23.54 * GIB), host_available_bytes=int(16.88 * GIB),
+                   nvme_read_bytes_per_s_per_drive=2.1e9, nvme_write_bytes_per_s_per_drive=2.1e9, drives=1,
+                   cpu_adam_elements_per_s=7.5e8, host_copy_bytes_per_s=1.0e10, process_baseline_bytes=600 << 20,
+                   accelerator_is_host=True)
+    figures.update(changes)
+    return Machine(**figures)
+
+
+def workload(model="gpt2-tiny", config=None, world=1, micro_batch=2, seq=64, gas=1, checkpointing=False):
+    zero = ZeroSettings.from_ds_config(config or ds_config())
+    return build_workload(model_shape(model_config(model)), zero, world, micro_batch, seq, gas, checkpointing)
+
+
+# ---------------------------------------------------------------------------------------------- model shapes
+@pytest.mark.parametrize("name", sorted(BUILT_PARAMETERS))
+def test_parameter_counts_match_the_models_transformers_builds(name):
+    assert model_shape(model_config(name)).num_params == BUILT_PARAMETERS[name]
+
+
+@pytest.mark.parametrize("name", sorted(LARGEST_TENSOR))
+def test_largest_tensor_matches_the_table(name):
+    assert max(model_shape(model_config(name)).parameters().values()) == LARGEST_TENSOR[name]
+
+
+def test_a_tied_head_is_the_embedding_fetched_again():
+    shape = model_shape(model_config("gpt2-small"))
+    assert shape.modules[-1].name == "lm_head" and shape.modules[-1].params == shape.modules[0].params
+    untied = model_shape(model_config("llama-7b"))
+    assert untied.modules[-1].params == (("lm_head.weight", 32000 * 4096),)
+
+
+def test_unknown_architecture_names_the_file_and_the_key():
+    with pytest.raises(ModelConfigError, match=r"my/config\.json: model_type 'mamba'.*\"model_type\""):
+        model_shape({"model_type": "mamba", "hidden_size": 8}, source="my/config.json")
+
+
+def test_missing_or_bad_size_names_the_key():
+    config = model_config("llama-7b")
+    del config["intermediate_size"]
+    with pytest.raises(ModelConfigError, match="missing key \"intermediate_size\""):
+        model_shape(config, source="x.json")
+    with pytest.raises(ModelConfigError, match="\"hidden_size\" must be a positive integer"):
+        model_shape(dict(model_config("llama-7b"), hidden_size="4096"), source="x.json")
+    assert issubclass(ModelConfigError, TencacheConfigError)
+
+
+def test_activation_checkpointing_recomputes_the_blocks_and_keeps_fewer_activations():
+    plain, checkpointed = workload(), workload(checkpointing=True)
+    recomputed = [fetch for fetch in checkpointed.fetches if fetch.phase == "recompute"]
+    blocks = [module for module in plain.shape.modules if module.layer >= 0]
+    assert len(recomputed) == len(blocks) and len(checkpointed.fetches) == len(plain.fetches) + len(blocks)
+    backward = checkpointed.fetches[len(plain.shape.modules):]
+    # the head's backward first, then each block recomputed and back-propagated, the embeddings last
+    assert backward[0].module == "lm_head" and backward[0].phase == "backward"
+    assert backward[-1].module == "transformer.wte" and backward[1].module == "transformer.ln_f"
+    assert [(f.module, f.phase) for f in backward[2:9]] == \
+        [(m.name, "recompute") for m in blocks if m.layer == 1] + [("transformer.h.1.mlp.c_proj", "backward")]
+    shape = model_shape(model_config("llama-7b"))
+    assert shape.activation_bytes(1, 2048, True, 2) < shape.activation_bytes(1, 2048, False, 2) / 10
+    assert shape.train_flops(2048, 2048, True) == pytest.approx(shape.train_flops(2048, 2048, False) * 4 / 3)
+
+
+# ------------------------------------------------------------------------------------- bytes per step (measured)
+# docs/bench/*/bench.json, median NVMe bytes per step (configs/stock-nvme.json, gpt2-tiny, micro-batch 2 x 64)
+MEASURED_TINY = {"stock": (275.50 * MIB, 259.00 * MIB), "auto": (0, 0), "68MB": (173.50 * MIB, 173.50 * MIB),
+                 "0": (231.33 * MIB, 231.33 * MIB)}
+
+
+@pytest.mark.parametrize("arm", sorted(MEASURED_TINY))
+def test_nvme_bytes_per_step_match_the_benchmark(arm):
+    config = ds_config() if arm == "stock" else ds_config(host_cache_bytes=arm if arm != "0" else 0)
+    predictions = predict(workload(config=config), this_vm())
+    prediction = predictions[STOCK if arm == "stock" else TENCACHE]
+    read, written = MEASURED_TINY[arm]
+    assert prediction.nvme_read_bytes == pytest.approx(read, rel=0.02, abs=MIB)
+    assert prediction.nvme_write_bytes == pytest.approx(written, rel=0.02, abs=MIB)
+
+
+def test_stock_reads_each_partition_twice_but_the_turn_around():
+    """ZeRO-3 with stage3_max_reuse_distance 0 gathers every parameter in forward and in backward, except what it
+    keeps across the turn-around: the head (the tied embedding weight) and the last block (measured: one block's
+    bytes fewer, MEASURED_TINY)."""
+    work = workload()
+    swapped = {key for key, partition in work.partitions.items() if partition.on_nvme}
+    reads = [key for _index, key in work.read_fetches() if key in swapped]
+    uses = [key for fetch in work.fetches for key in fetch.keys if key in swapped]
+    last_block = {key for module in work.shape.modules if module.layer == work.shape.layers - 1
+                  for key, _numel in module.params if key in swapped}
+    assert len(last_block) == 4
+    assert len(reads) == len(uses) - 1 - len(last_block)
+
+
+def test_max_in_cpu_keeps_the_first_partitions_off_nvme():
+    config = ds_config()
+    config["zero_optimization"]["offload_param"]["max_in_cpu"] = 10 ** 9
+    work = workload(config=config)
+    assert not any(partition.on_nvme for partition in work.partitions.values())
+    assert predict_stock(work, this_vm()).nvme_read_bytes == 3 * work.rank_elements * 4 + work.rank_elements * 4
+
+
+# ---------------------------------------------------------------------------------------------- stock failures
+def test_stock_buffer_size_below_the_largest_partition_does_not_fit():
+    """llama-7b's 131M-element embedding under buffer_size 4e7: stock asserts at init (DeepSpeed #3506)."""
+    prediction = predict_stock(workload("llama-7b", micro_batch=1, seq=128), this_vm())
+    assert any("buffer_size 40000000" in reason for reason in prediction.failures)
+    ok, reasons = fits(prediction, workload("llama-7b", micro_batch=1, seq=128), this_vm())
+    assert not ok and reasons
+
+
+def test_stock_retention_beyond_buffer_count_does_not_fit():
+    """stage3_max_reuse_distance 1e9 keeps every NVMe partition gathered until its backward use: with 5 slots stock
+    asserts "Not enough buffers" from the second step (deepspeed-integration.md a.4)."""
+    config = ds_config()
+    config["zero_optimization"]["stage3_max_reuse_distance"] = 10 ** 9
+    assert any("Not enough buffers" in reason for reason in predict_stock(workload(config=config), this_vm()).failures)
+    assert predict_stock(workload(), this_vm()).failures == []
+
+
+def test_the_config_that_crashes_stock_here_does_not_fit_stock_and_fits_tencache():
+    """configs/stock-crash.json (3 slots, stage3_max_reuse_distance 1e9) is the config tests/deepspeed/test_parity.py
+    sees stock DeepSpeed crash on ("Not enough buffers") and tencache train: predicted before anything runs."""
+    work = workload(config=ds_config("stock-crash.json"))
+    predictions = predict(work, this_vm())
+    assert not fits(predictions[STOCK], work, this_vm())[0]
+    assert fits(predictions[TENCACHE], work, this_vm())[0]
+
+
+def test_stock_pipelined_optimizer_needs_twelve_buffers():
+    config = ds_config()
+    config["zero_optimization"]["offload_optimizer"]["pipeline_read"] = True
+    assert any("needs 12" in reason for reason in predict_stock(workload(config=config), this_vm()).failures)
+
+
+def test_host_memory_that_does_not_hold_the_run_does_not_fit():
+    small = this_vm(host_memory_bytes=2 * GIB, host_available_bytes=1 * GIB)
+    prediction = predict(workload("gpt2-small"), small)[TENCACHE]
+    ok, reasons = fits(prediction, workload("gpt2-small"), small)
+    assert not ok and any(reason.startswith("host memory") for reason in reasons)
+    assert fits(predict(workload("gpt2-small"), this_vm())[TENCACHE], workload("gpt2-small"), this_vm())[0]
+
+
+# ---------------------------------------------------------------------------------------------------- budgets
+def test_tencache_budgets_come_from_the_run_time_split():
+    """The optimizer's share is what plan/host_tier.split_host_budget leaves after the parameter cache slots, as
+    the optimizer swapper computes it."""
+    work = workload("gpt2-small", config=ds_config(host_cache_bytes=560_000_000))
+    plan = tencache_plan(work, this_vm())
+    assert plan.host_cache_bytes == 560_000_000
+    expected = split_host_budget(560_000_000, [
+        TierDemand("params", plan.param_cache_bytes, PARAM_IO_BYTES_PER_HELD_BYTE),
+        TierDemand("optimizer", work.rank_elements * OPTIMIZER_BYTES_PER_ELEMENT, OPTIMIZER_IO_BYTES_PER_HELD_BYTE)])
+    assert plan.optimizer_share_bytes == expected["optimizer"] > 0
+    assert plan.params_all_held and not plan.optimizer_held  # 4 x 498 MB tensors: none fits the share
+
+
+def test_auto_takes_a_quarter_of_the_available_memory():
+    plan = tencache_plan(workload(config=ds_config(host_cache_bytes="auto")), this_vm())
+    assert plan.host_cache_bytes == int(this_vm().available_host_bytes * 0.25)
+
+
+# --------------------------------------------------------------------------------------------------- timeline
+def test_the_critical_path_adds_up_to_the_step():
+    for prediction in predict(workload("gpt2-small"), this_vm()).values():
+        assert sum(prediction.critical_path_s.values()) == pytest.approx(prediction.step_time_s, rel=1e-9)
+
+
+def test_a_slower_drive_slows_stock_and_not_a_tencache_run_that_holds_everything():
+    fast, slow = this_vm(), this_vm(nvme_read_bytes_per_s_per_drive=2e8, nvme_write_bytes_per_s_per_drive=2e8)
+    work = workload(config=ds_config(host_cache_bytes="auto"))
+    assert predict(work, slow)[STOCK].step_time_s > 3 * predict(work, fast)[STOCK].step_time_s
+    assert predict(work, slow)[TENCACHE].step_time_s == pytest.approx(predict(work, fast)[TENCACHE].step_time_s)
+    assert predict(work, slow)[STOCK].bottleneck in ("nvme_read", "nvme_write")
+
+
+def test_more_drives_shorten_an_io_bound_step():
+    work = workload("gpt2-small", config=ds_config(host_cache_bytes=0))
+    one, four = this_vm(), this_vm(drives=4)
+    assert predict(work, four)[TENCACHE].step_time_s < predict(work, one)[TENCACHE].step_time_s
+    assert predict(work, four)[STOCK].step_time_s < predict(work, one)[STOCK].step_time_s
+
+
+def test_ranks_on_a_node_share_its_drives_and_memory():
+    machine = this_vm(ranks_per_node=2)
+    assert machine.nvme_read_bytes_per_s_per_rank == pytest.approx(this_vm().nvme_read_bytes_per_s_per_rank / 2)
+    work = workload(world=2)
+    assert work.rank_elements < workload().rank_elements * 0.51  # each rank holds half of every parameter
+
+
+# ------------------------------------------------------------------------------------------------- drive wear
+def test_days_to_tbw():
+    prediction = Prediction("x", 2.0, {}, "compute", 0, 10 ** 9, 0, {}, None, None, [])
+    # 1 GB per 2 s step on one drive = 43.2 TB per day; a 432 TB rating lasts 10 days
+    assert drive_days_to_tbw(prediction, this_vm(), 432e12) == pytest.approx(10.0)
+    assert drive_days_to_tbw(prediction, this_vm(drives=2), 432e12) == pytest.approx(20.0)
+    assert drive_days_to_tbw(prediction, this_vm(), None) is None
+    nothing = Prediction("x", 2.0, {}, "compute", 0, 0, 0, {}, None, None, [])
+    assert math.isinf(drive_days_to_tbw(nothing, this_vm(), 432e12))
+
+
+# ----------------------------------------------------------------------------------------------- machine files
+def test_every_machine_file_loads_and_cites_a_source_for_each_figure():
+    folder = os.path.join(REPO, "configs", "machines")
+    names = sorted(name for name in os.listdir(folder) if name.endswith(".json"))
+    assert len(names) >= 5
+    for name in names:
+        machine = load_machine(os.path.join(folder, name))
+        for figure in ("accelerator_memory_bytes", "accelerator_flops_per_s", "h2d_bytes_per_s", "host_memory_bytes",
+                       "nvme_read_bytes_per_s_per_drive", "nvme_write_bytes_per_s_per_drive",
+                       "cpu_adam_elements_per_s", "drive_tbw_bytes"):
+            assert machine.sources.get(figure), (name, figure)
+
+
+def valid_machine():
+    with open(os.path.join(REPO, "configs", "machines", "h100x1-2nvme-gen4.json")) as handle:
+        return json.load(handle)
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda d: d.pop("drives"), r"m\.json: missing key\(s\) 'drives'"),
+    (lambda d: d.update(nvme_bandwith=1), r"m\.json: unknown key\(s\) 'nvme_bandwith'"),
+    (lambda d: d.update(accelerator_flops_per_s="fast"), r"\"accelerator_flops_per_s\" must be a number"),
+    (lambda d: d.update(drives=0), r"\"drives\" must be positive"),
+    (lambda d: d.update(sources=[1]), r"\"sources\" must map"),
+])
+def test_a_bad_machine_file_names_the_file_and_the_key(change, message):
+    data = valid_machine()
+    change(data)
+    with pytest.raises(MachineFileError, match=message):
+        machine_from_dict(data, source="machine file m.json")
+
+
+def test_a_missing_or_broken_machine_file_is_named(tmp_path):
+    with pytest.raises(MachineFileError, match=f"{tmp_path}/none.json does not exist"):
+        load_machine(str(tmp_path / "none.json"))
+    broken = tmp_path / "broken.json"
+    broken.write_text("{not json")
+    with pytest.raises(MachineFileError, match="broken.json cannot be read as JSON"):
+        load_machine(str(broken))
+
+
+def test_a_ds_config_the_model_cannot_describe_names_the_key():
+    config = ds_config()
+    config["zero_optimization"]["stage"] = 2
+    with pytest.raises(TencacheConfigError, match="ds.json: zero_optimization.stage must be 3"):
+        ZeroSettings.from_ds_config(config, source="ds.json")
+    config = ds_config()
+    config["zero_optimization"]["offload_param"]["device"] = "disk"
+    with pytest.raises(TencacheConfigError, match="offload_param.device must be nvme, cpu or none"):
+        ZeroSettings.from_ds_config(config, source="ds.json")
+
+
+# ------------------------------------------------------------------------------------------- a saved profile
+def saved_profile(tmp_path, work, compute_s, read_s_each, scale=1.0):
+    """A profile file as the recorder writes it: one read of every NVMe partition, ``compute_s`` between them."""
+    keys = [key for key, partition in work.partitions.items() if partition.on_nvme]
+    sizes = [int(round_up(work.zero.swap_nbytes(work.partitions[key].part_numel), PAGE_BYTES) * scale) for key in keys]
+    n = len(keys)
+    offsets = tuple((compute_s + read_s_each * n) * (i + 1) / (n + 1) for i in range(n))
+    step = StepProfile(tuple(keys), tuple(sizes), offsets, (read_s_each,) * n, (read_s_each,) * n + (0.0,),
+                       compute_s + read_s_each * n)
+    path = str(tmp_path / "profile.json")
+    save_section(path, "params", "f" * 16, step)
+    return read_sections(path)
+
+
+def test_a_profile_of_this_model_sets_compute_and_read_bandwidth(tmp_path):
+    work = workload(config=ds_config(host_cache_bytes=0))
+    sections = saved_profile(tmp_path, work, compute_s=0.5, read_s_each=0.01)
+    machine, notes = machine_from_profile(this_vm(), work, sections, source="profile p.json")
+    fwd_bwd = sum(fetch.flops for fetch in work.fetches) / machine.accelerator_flops_per_s
+    from tencache_ds.plan.step_model import optimizer_cpu_seconds
+    assert fwd_bwd + optimizer_cpu_seconds(work, machine) == pytest.approx(0.5)  # the measured compute, split
+    read_bytes = sections["params"].step.read_bytes
+    assert machine.nvme_read_bytes_per_s_per_rank == pytest.approx(read_bytes / (0.01 * len(sections["params"].step)))
+    assert "profile p.json" in machine.sources["accelerator_flops_per_s"] and len(notes) == 2
+
+
+def test_a_profile_of_another_model_is_refused(tmp_path):
+    work = workload(config=ds_config(host_cache_bytes=0))
+    sections = saved_profile(tmp_path, work, compute_s=0.5, read_s_each=0.01, scale=2.0)
+    with pytest.raises(TencacheConfigError, match="profile p.json \\[params\\] holds .* another model or config"):
+        machine_from_profile(this_vm(), work, sections, source="profile p.json")
