@@ -448,7 +448,7 @@ def _run(args) -> int:
                             report.load_metrics_rows(spec.metrics_path)) for spec in finished]
     comparison = report.compare(runs, args.warmup, bandwidth, stock_crashed=stock_crashed)
     figure_path, figure_note, constants = write_figure(args, runs, out_dir, f"{args.model}: tencache vs stock")
-    child_commands = [shlex.join(spec.command) for spec in specs]
+    child_commands = [shlex.join(spec.command) for spec in specs if spec.returncode is not None]
 
     print(report.render_table(comparison))
     bench_json = os.path.join(out_dir, "bench.json")

@@ -313,10 +313,19 @@ def test_bound_is_the_slower_of_compute_and_nvme():
     assert bound["io_s"] == pytest.approx(0.375) and bound["compute_s"] == 1.5
     assert bound["bandwidth"]["read_bytes_per_s"] == 4 * GB
     assert "bound (s): 1.500 s, limited by compute" in report.render_table(fast)
-    # Step 5: neither part (two arms, no bandwidth): no bound, and the table says "–" rather than inventing one.
-    none = compare(three_arms()[:2], warmup_steps=1)
-    assert none.bound.seconds is None and none.row(report.ROW_VS_BOUND).tencache is None
-    assert "no bound" in none.row(report.ROW_BOUND).note and "--compare cpu" in none.row(report.ROW_BOUND).note
+    # Step 5: no stock CPU offload arm: compute is tencache's own step less its NVMe wait (2 s - 0.5 s).
+    two = compare(three_arms()[:2], warmup_steps=1)
+    assert two.bound.seconds == pytest.approx(1.5)
+    assert "tencache's step less its NVMe wait" in two.row(report.ROW_BOUND).note
+    # Step 6: a stock CPU offload step slower than tencache's (it gathers every micro-batch, tencache once a step)
+    # is no bound: the smaller compute wins, so no step is ever measured below its bound.
+    slow_cpu = compare(three_arms(stock_cpu_times=(9.0, 3.0, 3.0, 3.0)), warmup_steps=1,
+                       nvme_bandwidth=report.NvmeBandwidth(4 * GB, 4 * GB, "given"))
+    assert slow_cpu.bound.compute_s == pytest.approx(1.5) and slow_cpu.row(report.ROW_VS_BOUND).tencache >= 1
+    # Step 7: neither part (no timings, no bandwidth): no bound, and the table says "–" rather than inventing one.
+    assert report.least_compute(None, None, None) == (None, "")
+    none = report.compute_bound(GB, GB, None, None)
+    assert none.seconds is None and "no bound" in none.describe() and "--compare cpu" in none.describe()
 
 
 def test_old_metrics_files_still_give_per_step_nvme_bytes():
