@@ -42,7 +42,9 @@ class DeviceTier:
     """The set of parameters kept gathered past their release, within ``budget_bytes``.
 
     ``index`` knows each key's next use (positions in the step's use sequence, cyclic across steps); without one
-    (no complete trace yet, or the live sequence diverged from it) nothing is kept: demand fetching.
+    (no complete trace yet, or the live sequence diverged from it: an eval pass, a changed module order) nothing
+    new is kept, and residents stay: they are current until the optimizer step or a forced release (the caller's
+    to release), and what comes next (the eval pass, the step traced again) uses the same parameters.
 
     Invariant (``check``): ``resident_bytes`` is the sum of the residents' sizes and never exceeds the budget, except
     after a ``resize`` while a resident that must go is in use (it goes at its release).
@@ -56,11 +58,10 @@ class DeviceTier:
         self.admitted = 0  # COUNTERS over the tier's life
         self.evicted = 0
 
-    def set_index(self, index: Optional[NextUseIndex]) -> List[Hashable]:
-        """Use ``index`` from now on; with None, keep nothing. Returns the keys to release now (all residents when
-        the index goes away: without a prediction there is no reason to hold them)."""
+    def set_index(self, index: Optional[NextUseIndex]) -> None:
+        """Use ``index`` from now on (None: admit nothing new). Residents stay; one the new index does not know is
+        used never again as far as it can tell, so it is the first to make room."""
         self.index = index
-        return self.drain() if index is None else []
 
     def __contains__(self, key) -> bool:
         return key in self._resident
@@ -73,7 +74,9 @@ class DeviceTier:
         """DeepSpeed is about to release ``key`` (``nbytes`` gathered) at ``position``. Returns (keep, victims):
         keep it gathered, and release the ``victims`` instead (residents used later than ``key``, farthest first,
         each ``evictable``); or (False, []) to let the release happen."""
-        if self.index is None or nbytes > self.budget_bytes:
+        if self.index is None:  # no prediction: a resident stays (see the class), nothing new comes in
+            return key in self._resident, []
+        if nbytes > self.budget_bytes:
             self._forget(key)
             return False, []
         if key in self._resident:

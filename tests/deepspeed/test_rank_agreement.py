@@ -20,10 +20,14 @@ SMALL_ON_RANK_1 = {"device_cache_bytes": "4MB", "host_cache_bytes": "20MB"}
 
 
 def test_ranks_with_different_budgets_agree_and_give_stock_cpu_offloads_bits(train, tmp_path):
-    reference = train(block=None, offload_device="cpu", **TWO_RANKS)
+    """With an evaluation pass every other step (the traced sequence changes, and the tier keeps its residents
+    through it), and rank 1's host tier too small for the model (its file I/O differs from rank 0's)."""
+    options = dict(TWO_RANKS, steps=4, eval_every=2)
+    reference = train(block=None, offload_device="cpu", **options)
     unequal = train(block={"metrics_path": str(tmp_path / "metrics.jsonl")}, script=RANK_BUDGETS,
-                    env={"TENCACHE_TEST_RANK1_BLOCK": json.dumps(SMALL_ON_RANK_1)}, timeout=600, **TWO_RANKS)
+                    env={"TENCACHE_TEST_RANK1_BLOCK": json.dumps(SMALL_ON_RANK_1)}, timeout=600, **options)
     assert_same_bits(reference, unequal)
+    assert unequal.result["steps"][1].get("eval_loss_bits") is not None
     stats = unequal.last_stats  # rank 0's: it was given "auto", yet holds no more than rank 1's 4 MB
     assert stats["device_tier_applicable"] == 1
     assert 0 < stats["device_cache_budget_bytes"] <= 4_000_000

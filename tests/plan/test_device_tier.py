@@ -84,14 +84,29 @@ def test_a_resident_in_use_is_never_a_victim():
     assert "l0" in t
 
 
-def test_no_index_keeps_nothing_and_dropping_the_index_drains():
-    t = DeviceTier(1000)
-    assert t.on_release("l0", 100, 1, always) == (False, [])
+def test_without_an_index_residents_stay_and_nothing_new_comes_in():
+    """Scenario: the live sequence leaves the trace (an eval pass between training steps). The residents are still
+    current (only the optimizer step changes parameters) and the eval pass uses them: they stay, and their
+    releases during the pass keep them; a parameter that was not resident is released as stock would."""
+    # Step 1: before any trace, nothing is kept.
+    assert DeviceTier(1000).on_release("l0", 100, 1, always) == (False, [])
+    # Step 2: two residents, then the index goes away.
     t = tier(1000)
     t.on_release("l0", 100, 1, always)
     t.on_release("l1", 100, 2, always)
-    assert sorted(t.set_index(None)) == ["l0", "l1"]
-    assert t.resident_bytes == 0 and t.on_release("l2", 100, 3, always) == (False, [])
+    t.set_index(None)
+    # Step 3: the eval pass releases l0 after using it: it stays; l2 was not resident: released.
+    assert t.on_release("l0", 100, 5, always) == (True, [])
+    assert t.on_release("l2", 100, 6, always) == (False, [])
+    assert sorted(t.resident_keys()) == ["l0", "l1"] and t.resident_bytes == 200
+    # Step 4: a new trace: the residents are scored by it (one it does not know goes first), then draining
+    # (the optimizer step, a checkpoint) hands every one back.
+    t.set_index(NextUseIndex.from_positions({"l1": [0], "l2": [1]}, 8))
+    t.budget_bytes = 200
+    keep, victims = t.on_release("l2", 100, 0, always)
+    assert keep and victims == ["l0"]
+    assert sorted(t.drain()) == ["l1", "l2"] and t.resident_bytes == 0
+    t.check()
 
 
 def test_unknown_key_and_oversized_key_are_not_kept():

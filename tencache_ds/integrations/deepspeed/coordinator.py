@@ -103,19 +103,22 @@ class TencacheCoordinator(PartitionedParameterCoordinator):
                     self.tier.drain()
 
     def _invalidate_trace(self) -> None:
-        # The live sequence left the trace (eval pass, generation, changed control flow): no prediction, so no
-        # retention; the next complete trace is indexed afresh.
+        # The live sequence left the trace (eval pass, generation, changed control flow): no prediction, so nothing
+        # new is kept; the residents stay gathered (current until the optimizer step, which releases them, and used
+        # by the eval pass and the re-traced step alike: no fetch again); the next complete trace is indexed afresh.
         super()._invalidate_trace()
         if self.tier is not None:
-            self._release_keys(self.tier.set_index(None))
+            self.tier.set_index(None)
             self._indexed_order = None
 
     def _PartitionedParameterCoordinator__release_param(self, param, free_data: bool = True) -> None:
         if self.tier is None or self._forcing_release:
             return self._release(param, free_data)
         with self._tier_lock:
-            if not (free_data and self.is_complete_trace() and param.ds_status == ZeroParamStatus.AVAILABLE
-                    and not param.ds_active_sub_modules and not param.ds_persist):
+            keepable = (free_data and param.ds_status == ZeroParamStatus.AVAILABLE and not param.ds_active_sub_modules
+                        and not param.ds_persist)
+            # positions mean something only in a complete trace; outside one a resident stays (DeviceTier)
+            if not keepable or not (self.is_complete_trace() or param.ds_id in self.tier):
                 return self._release(param, free_data)
             keep, victims = self.tier.on_release(param.ds_id, _gathered_bytes(param), self._step_id(),
                                                  evictable=self._evictable)
@@ -231,7 +234,6 @@ class TencacheCoordinator(PartitionedParameterCoordinator):
                 positions.setdefault(entry.param.ds_id, []).append(entry.step_id_last_used_at)
                 self._params_by_id[entry.param.ds_id] = entry.param
             steps = len(getattr(self, _MANGLED + "submodule_order"))
-            self._release_keys(self.tier.set_index(None))
             self.tier.set_index(NextUseIndex.from_positions(positions, steps))
 
 
