@@ -163,12 +163,10 @@ class TencacheCoordinator(PartitionedParameterCoordinator):
         if self.swapper is None:
             return 0
         aliasing = self.gathers_alias_partitions
-        capacity = 0
-        if aliasing:
+        capacity, free, rise = 0, 0, 0
+        if aliasing:  # the tier is carved out of the parameters' host capacity
             capacity = self.swapper.host_param_capacity() if host_param_capacity_bytes is None \
                 else host_param_capacity_bytes
-        if aliasing:
-            free, rise = 0, 0
         elif _device_is_host():  # the all-gather's output is this rank's share of the node's available memory
             free, rise = read_host_memory().available_bytes // local_world_size(), step_rise_bytes
         else:
