@@ -42,9 +42,10 @@ class DeviceTier:
     """The set of parameters kept gathered past their release, within ``budget_bytes``.
 
     ``index`` knows each key's next use (positions in the step's use sequence, cyclic across steps); without one
-    (no complete trace yet, or the live sequence diverged from it: an eval pass, a changed module order) nothing
-    new is kept, and residents stay: they are current until the optimizer step or a forced release (the caller's
-    to release), and what comes next (the eval pass, the step traced again) uses the same parameters.
+    (the live sequence diverged from the trace: an eval pass, a changed module order) nothing is evicted, as there
+    is no telling what is needed next: residents stay, and a newcomer is kept while it fits. They are current until
+    the optimizer step or a forced release (the caller's to release), and what comes next (the eval pass, the step
+    traced again) uses the same parameters.
 
     Invariant (``check``): ``resident_bytes`` is the sum of the residents' sizes and never exceeds the budget, except
     after a ``resize`` while a resident that must go is in use (it goes at its release).
@@ -74,7 +75,11 @@ class DeviceTier:
         """DeepSpeed is about to release ``key`` (``nbytes`` gathered) at ``position``. Returns (keep, victims):
         keep it gathered, and release the ``victims`` instead (residents used later than ``key``, farthest first,
         each ``evictable``); or (False, []) to let the release happen."""
-        if self.index is None:  # no prediction: a resident stays (see the class), nothing new comes in
+        if self.index is None:  # no prediction: a resident stays, a newcomer only into free room (see the class)
+            if key not in self._resident and self.resident_bytes + nbytes <= self.budget_bytes:
+                self._resident[key] = nbytes
+                self.resident_bytes += nbytes
+                self.admitted += 1
             return key in self._resident, []
         if nbytes > self.budget_bytes:
             self._forget(key)

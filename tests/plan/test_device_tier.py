@@ -84,28 +84,26 @@ def test_a_resident_in_use_is_never_a_victim():
     assert "l0" in t
 
 
-def test_without_an_index_residents_stay_and_nothing_new_comes_in():
-    """Scenario: the live sequence leaves the trace (an eval pass between training steps). The residents are still
-    current (only the optimizer step changes parameters) and the eval pass uses them: they stay, and their
-    releases during the pass keep them; a parameter that was not resident is released as stock would."""
-    # Step 1: before any trace, nothing is kept.
-    assert DeviceTier(1000).on_release("l0", 100, 1, always) == (False, [])
-    # Step 2: two residents, then the index goes away.
-    t = tier(1000)
+def test_without_an_index_nothing_is_evicted_and_newcomers_fill_free_room():
+    """Scenario: the live sequence leaves the trace (an eval pass between training steps). Parameters are current
+    until the optimizer step, and the eval pass and the re-traced step use the same ones: residents stay, and a
+    parameter gathered for the eval pass is kept while it fits (no victim: nothing says what is needed next)."""
+    # Step 1: two residents, then the index goes away, in a tier with room for three.
+    t = tier(300)
     t.on_release("l0", 100, 1, always)
     t.on_release("l1", 100, 2, always)
     t.set_index(None)
-    # Step 3: the eval pass releases l0 after using it: it stays; l2 was not resident: released.
+    # Step 2: the eval pass releases l0 after using it: it stays; l2 is new and fits; l3 finds no room.
     assert t.on_release("l0", 100, 5, always) == (True, [])
-    assert t.on_release("l2", 100, 6, always) == (False, [])
-    assert sorted(t.resident_keys()) == ["l0", "l1"] and t.resident_bytes == 200
-    # Step 4: a new trace: the residents are scored by it (one it does not know goes first), then draining
-    # (the optimizer step, a checkpoint) hands every one back.
-    t.set_index(NextUseIndex.from_positions({"l1": [0], "l2": [1]}, 8))
-    t.budget_bytes = 200
-    keep, victims = t.on_release("l2", 100, 0, always)
+    assert t.on_release("l2", 100, 6, always) == (True, [])
+    assert t.on_release("l3", 100, 7, always) == (False, [])
+    assert sorted(t.resident_keys()) == ["l0", "l1", "l2"] and t.resident_bytes == 300
+    # Step 3: a new trace, in which l0 is never used again and l3 is: l0 is the first to make room.
+    t.set_index(NextUseIndex.from_positions({"l1": [0], "l2": [1], "l3": [2]}, 8))
+    keep, victims = t.on_release("l3", 100, 0, always)
     assert keep and victims == ["l0"]
-    assert sorted(t.drain()) == ["l1", "l2"] and t.resident_bytes == 0
+    # Step 4: draining (the optimizer step, a checkpoint) hands every resident back.
+    assert sorted(t.drain()) == ["l1", "l2", "l3"] and t.resident_bytes == 0
     t.check()
 
 

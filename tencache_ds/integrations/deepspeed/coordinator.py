@@ -117,8 +117,9 @@ class TencacheCoordinator(PartitionedParameterCoordinator):
         with self._tier_lock:
             keepable = (free_data and param.ds_status == ZeroParamStatus.AVAILABLE and not param.ds_active_sub_modules
                         and not param.ds_persist)
-            # positions mean something only in a complete trace; outside one a resident stays (DeviceTier)
-            if not keepable or not (self.is_complete_trace() or param.ds_id in self.tier):
+            # positions mean something only in a complete trace; once it was invalidated the tier has no index, and
+            # keeps what fits without them (DeviceTier)
+            if not keepable or not (self.is_complete_trace() or self.tier.index is None):
                 return self._release(param, free_data)
             keep, victims = self.tier.on_release(param.ds_id, _gathered_bytes(param), self._step_id(),
                                                  evictable=self._evictable)
