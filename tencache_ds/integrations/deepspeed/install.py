@@ -28,7 +28,7 @@ from ...ext_lock import raise_if_stale_locks
 from . import reporting
 from .checkpoint import (adopt_loaded_files, replay_adam_step_products, restore_optimizer_scalars,
                          restore_unswapped_masters, rigid_load_with_params_on_file)
-from .checkpoint_save import saving_masters
+from .checkpoint_save import saving_masters, swap_files_linked
 from .config_bridge import DEEPSPEED_OPS, building_stage3, ds_config_of_initialize_call, validate_ds_config
 from .coordinator import TencacheCoordinator, coordinator_of
 from .memory_pressure import governor_of
@@ -189,9 +189,13 @@ _REBINDINGS = (
     # Memory pressure: the host tier is refitted to the host's memory before every forward pass.
     (_engine.DeepSpeedEngine, "forward", _governing_host_memory(_engine.DeepSpeedEngine.forward)),
     # Exact resume with the optimizer on NVMe (checkpoint.py).
-    (_engine.DeepSpeedEngine, "load_checkpoint", _restoring_optimizer_scalars(_engine.DeepSpeedEngine.load_checkpoint)),
+    (_engine.DeepSpeedEngine, "load_checkpoint",
+     _restoring_optimizer_scalars(swap_files_linked(_engine.DeepSpeedEngine.load_checkpoint, "load"))),
     # The fp32 masters in the ZeRO file with the optimizer on NVMe (checkpoint_save.py).
     (_engine.DeepSpeedEngine, "_save_zero_checkpoint", saving_masters(_engine.DeepSpeedEngine._save_zero_checkpoint)),
+    # Checkpoints link the optimizer swap folder's files instead of copying them (checkpoint_save.py); the load's
+    # linking is inside its exact-resume wrapper above.
+    (_engine.DeepSpeedEngine, "save_checkpoint", swap_files_linked(_engine.DeepSpeedEngine.save_checkpoint, "save")),
     # The ZeRO file's load with parameters on file and the optimizer on cpu (stock stops there: checkpoint.py).
     (_stage3.DeepSpeedZeroOptimizer_Stage3, "_rigid_load_state_dict",
      rigid_load_with_params_on_file(_stage3.DeepSpeedZeroOptimizer_Stage3._rigid_load_state_dict)),

@@ -31,6 +31,7 @@ from ...cache.entry_store import BudgetedPageable, EntryStore
 from ...cache.entry import EntryState
 from ...cache.host_budget import HostBudget
 from ...io.direct_io import DirectFileIO
+from ...io.shared_files import LinkSafeIO
 from ...memory.pool import BufferPool
 from ...plan.budget import MachineResources, resolve_budgets
 from ...plan.host_tier import (OPTIMIZER_BYTES_PER_ELEMENT, OPTIMIZER_IO_BYTES_PER_HELD_BYTE,
@@ -90,8 +91,10 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         self.pool.add_classes({self._streaming_slot_bytes: streaming_slots})
         self.pool.retire_free(self._streaming_slot_bytes, streaming_slots)
         self.budget = HostBudget(self._host_tier_share())
-        self.store = EntryStore("optimizer", dtype, lambda numel: io_aligned_numel(numel, dtype, intra_op), self.io,
-                                BudgetedPageable(self.pool, self.budget))
+        # LinkSafeIO: a swap file linked into a checkpoint (checkpoint_save.py) is replaced, never written in place
+        self.store = EntryStore("optimizer", dtype, lambda numel: io_aligned_numel(numel, dtype, intra_op),
+                                LinkSafeIO(self.io), BudgetedPageable(self.pool, self.budget))
+        self.last_folder_transfer = None  # what the last checkpoint save or load of the folder did
         # The optimizer's tensors are used in the same order every step. log_timers() ends each step; the first
         # call ends initialisation, the second the first training step.
         self.profile = ProfileLifecycle(self.store.recorder, rank_profile_path(self.config.profile_path),
@@ -149,6 +152,11 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             # looks like now, and let the next swap-in drop the copies whose files changed (a save changes none).
             self._held_files_at_folder_access = {key: _file_identity(key) for key in self.store.held_keys()}
         return self._folder
+
+    def folder_unchanged_since_access(self) -> None:
+        """The folder was read (a save linked its files: their ctime changed, their bytes did not): keep every
+        held copy."""
+        self._held_files_at_folder_access = None
 
     def _drop_copies_of_replaced_files(self) -> None:
         snapshot, self._held_files_at_folder_access = self._held_files_at_folder_access, None
