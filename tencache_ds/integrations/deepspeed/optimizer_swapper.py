@@ -147,11 +147,15 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         checkpoint (engine.py save_checkpoint) or copies a checkpoint over it (load_checkpoint): under write-back
         the files must hold the newest bytes then, so reading it flushes the changed state first."""
         if not self.closed:
-            self.store.flush()
+            # Gradients are dead after the step and checkpoints skip their files: a held one stays dirty.
+            self.store.flush(skip=self._gradient_keys().__contains__)
             # On a load the engine then copies the checkpoint's files over these: remember what each held file
             # looks like now, and let the next swap-in drop the copies whose files changed (a save changes none).
             self._held_files_at_folder_access = {key: _file_identity(key) for key in self.store.held_keys()}
         return self._folder
+
+    def _gradient_keys(self) -> set:
+        return {self._gradient_path(info) for info in self.swap_params_info.values() if info.swapped_gradients}
 
     def folder_unchanged_since_access(self) -> None:
         """The folder was read (a save linked its files: their ctime changed, their bytes did not): keep every
