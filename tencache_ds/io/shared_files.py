@@ -76,6 +76,18 @@ def give_own_file(path: str, whole: bool) -> bool:
     return True
 
 
+def unshare_folder(folder: str) -> int:
+    """Remove from ``folder`` every file that has other names (the others keep it): for a swap folder nobody will
+    read again, so that a later writer that is not ``LinkSafeIO`` (stock DeepSpeed's aio opens existing swap files
+    and writes them in place) cannot reach a checkpoint through it. Returns how many names were removed."""
+    removed = 0
+    for entry in os.scandir(folder) if os.path.isdir(folder) else ():
+        if entry.is_file(follow_symlinks=False) and entry.stat(follow_symlinks=False).st_nlink > 1:
+            os.unlink(entry.path)
+            removed += 1
+    return removed
+
+
 class LinkSafeIO:
     """An I/O engine (io/direct_io.py's interface) whose writes never change a file that has other names."""
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tencache_ds.io.direct_io import DirectFileIO
-from tencache_ds.io.shared_files import LinkSafeIO, give_own_file, place
+from tencache_ds.io.shared_files import LinkSafeIO, give_own_file, place, unshare_folder
 from tencache_ds.memory.pool import BufferPool
 
 SHM = "/dev/shm"
@@ -95,3 +95,14 @@ def test_writes_through_link_safe_io_never_change_a_checkpoint(tmp_path):
         assert torch.frombuffer(bytearray(read(checkpoint)), dtype=torch.float32).eq(3.0).all()
     finally:
         io.close()
+
+
+def test_unshare_folder_removes_only_the_names_a_checkpoint_shares(tmp_path):
+    folder, checkpoint = tmp_path / "swap", tmp_path / "ckpt"
+    folder.mkdir()
+    checkpoint.mkdir()
+    write(folder / "shared.swp", b"s" * 10)
+    write(folder / "own.swp", b"o" * 10)
+    os.link(folder / "shared.swp", checkpoint / "shared.swp")
+    assert unshare_folder(str(folder)) == 1
+    assert sorted(os.listdir(folder)) == ["own.swp"] and read(checkpoint / "shared.swp") == b"s" * 10

@@ -234,12 +234,10 @@ def replay_adam_step_products(optimizer) -> int:
     base = getattr(optimizer, "optimizer", None)
     if not isinstance(base, DeepSpeedCPUAdam) or not tencache_runs(optimizer):
         return 0
-    optimizer._set_fp32_optimizer_param_groups()
-    try:
-        sub_groups = [(int(base.state[param].get("step", 0)) if param in base.state else 0, group)
-                      for group in base.param_groups for param in group["params"]]
-    finally:
-        optimizer._clear_fp32_optimizer_param_groups()
+    sub_groups = []  # (its step count, its param group), in the order stage 3 steps them
+    for sub_group_id, master in enumerate(optimizer.fp32_partitioned_groups_flat):
+        group = base.param_groups[optimizer.sub_group_to_group_id[sub_group_id]]
+        sub_groups.append((int(base.state[master].get("step", 0)) if master in base.state else 0, group))
     last = max((step for step, _group in sub_groups), default=0)
     scratch = [torch.zeros(_DUMMY_NUMEL) for _ in range(4)]  # params, grads, exp_avg, exp_avg_sq
     reset_betas = (float("nan"), float("nan"))  # differs from any beta: the branch that sets the step as given

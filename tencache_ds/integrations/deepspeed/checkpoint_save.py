@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 from deepspeed.runtime.swap_tensor.optimizer_utils import OptimizerSwapper
 
+from ...cache.entry import EntryState
 from ...io.shared_files import place
 from ...log import logger
 from .optimizer_swapper import TencacheOptimizerSwapper
@@ -38,7 +39,8 @@ def masters_shown(optimizer):
                 if info is None or master.numel() > 0:  # not swapped, or swapped in now
                     continue
                 path = info.tensors[0].swap_path  # the master: the first tensor of its swap info
-                if swapper.store.knows(path) and swapper.store.kept(path):
+                held = swapper.store.knows(path) and swapper.store.kept(path)
+                if held and swapper.store.state(path) != EntryState.READING:
                     master.data = swapper.store.lend(path)  # the host tier's copy itself: no read, no copy
                     lent.append(path)
                 else:  # on file: current there once a write still in flight (an eviction's) is done

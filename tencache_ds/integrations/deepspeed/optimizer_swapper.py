@@ -31,7 +31,7 @@ from ...cache.entry_store import BudgetedPageable, EntryStore
 from ...cache.entry import EntryState
 from ...cache.host_budget import HostBudget
 from ...io.direct_io import DirectFileIO
-from ...io.shared_files import LinkSafeIO
+from ...io.shared_files import LinkSafeIO, unshare_folder
 from ...memory.pool import BufferPool
 from ...plan.budget import MachineResources, resolve_budgets
 from ...plan.host_tier import (OPTIMIZER_BYTES_PER_ELEMENT, OPTIMIZER_IO_BYTES_PER_HELD_BYTE,
@@ -304,6 +304,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         self._release_read_ahead()
         self.store.flush()
         self.store.close()
+        unshare_folder(self._folder)  # files still shared with a checkpoint: no later writer may reach it
         self.pool.close()  # the streaming slots' arena
         self.io.close()
         self.closed = True
