@@ -439,14 +439,16 @@ class EntryStore:
                 self._wait_write(entry)
             self._checked()
 
-    def flush(self) -> int:
+    def flush(self, skip: Optional[Callable[[Hashable], bool]] = None) -> int:
         """Write every dirty held entry to its file and wait; they stay held, clean. Returns how many were
-        written. Lent entries must have been released (a checkpoint is taken between steps)."""
+        written. Lent entries must have been released (a checkpoint is taken between steps). ``skip(key)``: leave
+        that entry dirty (a checkpoint does not need it)."""
         with self._lock:
             lent_dirty = [entry.key for entry in self._entries.values() if entry.state == S.LENT_DIRTY]
             if lent_dirty:
                 raise RuntimeError(f"{self.name}: cannot flush while tensors {lent_dirty[:5]} are lent and changed")
-            dirty = [entry for entry in self._entries.values() if entry.state == S.DIRTY]
+            dirty = [entry for entry in self._entries.values()
+                     if entry.state == S.DIRTY and (skip is None or not skip(entry.key))]
             for entry in dirty:
                 self._start_write(entry, evicting=False)
             for entry in list(self._writing.values()):

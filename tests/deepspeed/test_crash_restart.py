@@ -23,10 +23,14 @@ def swap_files(folder):
 
 
 def poison(paths):
+    """Garbage of each file's size under each name. A new file renamed over the name, not a write in place: swap files
+    not written since the last save are the checkpoint's files under a second name (hard links,
+    integrations/deepspeed/checkpoint_save.py), and tencache never writes such a file in place either."""
     for path in paths:
         size = os.path.getsize(path)
-        with open(path, "r+b") as handle:
+        with open(path + ".garbage", "wb") as handle:
             handle.write((GARBAGE * (size // len(GARBAGE) + 1))[:size])
+        os.replace(path + ".garbage", path)
 
 
 def test_a_run_killed_after_an_optimizer_step_restarts_from_its_checkpoint_exactly(train, tmp_path):

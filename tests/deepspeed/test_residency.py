@@ -69,13 +69,14 @@ def test_large_reuse_distance_matches_stock_cpu_offload(train, block):
     assert ours.result["weights_sha256"] == reference.result["weights_sha256"]
 
 
-def test_checkpoint_saved_under_write_back_resumes_as_stock_cpu_offload_does(train, tmp_path):
+def test_checkpoint_saved_under_write_back_resumes_exactly(train, tmp_path):
     """Save after 2 of 4 steps, then resume from it for 2 steps.
 
     Stock's resume with the optimizer on NVMe loses Adam's state (step counts and moments: the engine skips the
-    optimizer's state dict on its NVMe load path, integrations/deepspeed/checkpoint.py); tencache restores it and
-    resumes with the bits of stock CPU offload's resume (which loads that dict). The checkpoints are
-    interchangeable: stock resumes tencache's with the losses of its own resume."""
+    optimizer's state dict on its NVMe load path, integrations/deepspeed/checkpoint.py), and stock CPU offload's, which
+    loads that dict, still differs from the uninterrupted run in the last bits from the second resumed step on (Adam's
+    running beta products); tencache resumes with the uninterrupted run's bits. The checkpoints are interchangeable:
+    stock resumes tencache's with the losses of its own resume."""
     runs = {}
     for name, block, device in (("stock", None, "nvme"), ("ours", AUTO, "nvme"), ("cpu", None, "cpu")):
         folder = str(tmp_path / f"ckpt-{name}")
@@ -85,8 +86,10 @@ def test_checkpoint_saved_under_write_back_resumes_as_stock_cpu_offload_does(tra
     runs["stock-resumes-ours"] = train(block=None, steps=2, resume=True, checkpoint_dir=str(tmp_path / "ckpt-ours"),
                                        **FAST)
     assert_identical(runs["stock"], runs["ours"])
-    assert runs["ours-resumed"].loss_bits == runs["cpu-resumed"].loss_bits
-    assert runs["ours-resumed"].result["weights_sha256"] == runs["cpu-resumed"].result["weights_sha256"]
+    assert runs["ours-resumed"].loss_bits == runs["ours"].loss_bits[2:]
+    assert runs["ours-resumed"].result["weights_sha256"] == runs["ours"].result["weights_sha256"]
+    assert runs["cpu-resumed"].loss_bits[0] == runs["ours"].loss_bits[2]  # the first resumed step is right...
+    assert runs["cpu-resumed"].loss_bits[1] != runs["ours"].loss_bits[3]  # ... the next is not (if it is: simplify)
     assert runs["stock-resumes-ours"].loss_bits == runs["stock-resumed"].loss_bits
 
 

@@ -22,17 +22,33 @@ checkpoint's (``29_56.tensor.swp`` for the saved ``0_27.tensor.swp``): stock cop
 its own and never reads them, and trains on from its fresh initialisation. tencache gives the loaded files the
 current names, sub-group by sub-group in order (the same model has the same sub-groups), and rebuilds the
 parameters from them (stage 3's ``reset_swap_buffers``, as the engine's load does).
+
+Three more things a resume loses, in stock DeepSpeed too (a resume then differs from the uninterrupted run):
+- Sub-groups too small to swap (below the aio block size) keep their fp32 masters and Adam state in memory even with
+  the optimizer on NVMe. The checkpoint's ZeRO file holds them, but stock's NVMe load path never reads that file, and
+  ``reset_swap_buffers`` then rebuilds those parameters from the fresh engine's initial masters: the first resumed
+  loss is already wrong. tencache copies them back from the ZeRO file (``restore_unswapped_masters``).
+- DeepSpeedCPUAdam's C++ optimizer keeps beta1^t and beta2^t as running products, one multiplication per step. A
+  fresh process (or an engine at another step) recomputes them with ``pow`` at its first update, which differs in
+  the last bits: every loss from the second resumed step on differs. tencache replays the products
+  (``replay_adam_step_products``), with the optimizer on NVMe or on cpu.
+- With parameters on NVMe and the optimizer on cpu, stage 3's ``_rigid_load_state_dict`` stops with
+  ``'NoneType' object has no attribute 'data'`` (it copies the masters into flat 16-bit partitions that do not exist
+  when parameters are on file). tencache rebuilds the parameters from the loaded masters as a step does
+  (``rigid_load_with_params_on_file``).
 """
+import functools
 import itertools
 import os
 import re
 
 import torch
-from deepspeed.checkpoint.constants import OPTIMIZER_STATE_DICT
+from deepspeed.checkpoint.constants import FP32_FLAT_GROUPS, LOSS_SCALER, OPTIMIZER_STATE_DICT
 from deepspeed.runtime.swap_tensor.optimizer_utils import OptimizerSwapper
 
 from ...log import logger
 from .optimizer_swapper import TencacheOptimizerSwapper
+from .reporting import param_swappers_of_optimizer
 
 
 _STATE_FILE = re.compile(r"^(?:(?P<state>[A-Za-z_]+)-)?(?P<id>\d+_\d+)\.tensor\.swp$")
@@ -100,9 +116,7 @@ def restore_optimizer_scalars(engine, load_dir, load_path, load_optimizer_states
         return 0
     if load_path is None or not load_optimizer_states or load_module_only:
         return 0
-    tag = os.path.basename(os.path.dirname(load_path))
-    zero_file = engine._get_zero_ckpt_name(load_dir, tag)
-    zero_state = engine.checkpoint_engine.load(zero_file, map_location="cpu").get(OPTIMIZER_STATE_DICT) or {}
+    zero_file, zero_state = load_zero_state(engine, load_dir, load_path)
     saved = zero_state.get(OPTIMIZER_STATE_DICT)  # stage 3's dict holds the torch optimizer's under the same key
     if not saved or "state" not in saved:
         return 0
@@ -152,3 +166,124 @@ def _loaded_file_exists(swapper, swap_info, key: str) -> bool:
         return False
     folder = os.path.dirname(swap_info.tensors[0].swap_path)
     return os.path.exists(os.path.join(folder, f"{key}-{swap_info.param_id}.tensor.swp"))
+
+
+def load_zero_state(engine, load_dir, load_path):
+    """(path, stage 3's state dict) of this rank's ZeRO file of the checkpoint ``load_path`` belongs to. Memory-mapped:
+    its fp32 masters (checkpoint_save.py puts every sub-group's there) are read only where used."""
+    tag = os.path.basename(os.path.dirname(load_path))
+    zero_file = engine._get_zero_ckpt_name(load_dir, tag)
+    try:
+        saved = torch.load(zero_file, map_location="cpu", mmap=True, weights_only=False)
+    except RuntimeError:  # not a zip file (an old torch format, or another checkpoint engine's): read it all
+        saved = engine.checkpoint_engine.load(zero_file, map_location="cpu")
+    return zero_file, saved.get(OPTIMIZER_STATE_DICT) or {}
+
+
+def tencache_runs(optimizer) -> bool:
+    """Does tencache swap this ZeRO-3 optimizer's state or its parameters?"""
+    return isinstance(getattr(optimizer, "optimizer_swapper", None), TencacheOptimizerSwapper) or \
+        bool(param_swappers_of_optimizer(optimizer))
+
+
+def restore_unswapped_masters(engine, load_dir, load_path, load_module_only=False) -> int:
+    """After ``engine.load_checkpoint`` with the optimizer on NVMe: the sub-groups too small to swap keep their fp32
+    masters in memory, and stock's NVMe load never reads them from the checkpoint. Copy them from the ZeRO file and
+    rebuild their parameters from them (what a step does after updating them). Returns how many were restored."""
+    optimizer = getattr(engine, "optimizer", None)
+    if not isinstance(getattr(optimizer, "optimizer_swapper", None), TencacheOptimizerSwapper):
+        return 0
+    if load_path is None or load_module_only:
+        return 0
+    unswapped = [i for i in range(len(optimizer.fp32_partitioned_groups_flat))
+                 if not optimizer._swappable_optimizer_subgroup(i)]
+    if not unswapped:
+        return 0
+    zero_file, zero_state = load_zero_state(engine, load_dir, load_path)
+    saved = zero_state.get(FP32_FLAT_GROUPS)
+    if saved is None or len(saved) != len(optimizer.fp32_partitioned_groups_flat):
+        logger.warning("%s has %s fp32 groups, this engine %d: masters of the sub-groups kept in memory are not "
+                       "restored (as in stock DeepSpeed)", zero_file, "no" if saved is None else len(saved),
+                       len(optimizer.fp32_partitioned_groups_flat))
+        return 0
+    for sub_group_id in unswapped:
+        master, loaded = optimizer.fp32_partitioned_groups_flat[sub_group_id], saved[sub_group_id]
+        if loaded.shape != master.shape:
+            raise ValueError(f"{zero_file}: fp32 group {sub_group_id} has shape {tuple(loaded.shape)}, this engine's "
+                             f"{tuple(master.shape)}: the checkpoint is of another model or partitioning")
+        master.data.copy_(loaded)
+        optimizer._reassign_or_swap_out_partitioned_parameters(sub_group_id)
+    logger.info("restored the fp32 masters of %d sub-groups kept in memory from %s (stock DeepSpeed's NVMe load "
+                "skips them)", len(unswapped), zero_file)
+    return len(unswapped)
+
+
+_DUMMY_NUMEL = 64  # what the C++ step is given while its beta products are replayed (any size would do)
+
+
+def replay_adam_step_products(optimizer) -> int:
+    """Give DeepSpeedCPUAdam's C++ optimizer the beta1^t, beta2^t an uninterrupted run has after the loaded steps.
+
+    The C++ side (csrc/includes/cpu_adam.h ``IncrementStep``) multiplies its products by beta once per step when
+    steps come one after another, and recomputes them with ``pow`` when a step number jumps, which is what the first
+    update after a load sees; ``pow`` and the running product differ in the last bits. This resets it (a step 0 with
+    other betas: ``pow(x, 0)`` is exactly 1) and replays the step numbers each sub-group was updated with, in
+    sub-group order, on a scratch tensor. Returns the number of steps replayed."""
+    from deepspeed.ops.adam import DeepSpeedCPUAdam  # here: importing deepspeed.ops runs tencache's install hook
+
+    base = getattr(optimizer, "optimizer", None)
+    if not isinstance(base, DeepSpeedCPUAdam) or not tencache_runs(optimizer):
+        return 0
+    sub_groups = []  # (its step count, its param group), in the order stage 3 steps them
+    for sub_group_id, master in enumerate(optimizer.fp32_partitioned_groups_flat):
+        group = base.param_groups[optimizer.sub_group_to_group_id[sub_group_id]]
+        sub_groups.append((int(base.state[master].get("step", 0)) if master in base.state else 0, group))
+    last = max((step for step, _group in sub_groups), default=0)
+    scratch = [torch.zeros(_DUMMY_NUMEL) for _ in range(4)]  # params, grads, exp_avg, exp_avg_sq
+    reset_betas = (float("nan"), float("nan"))  # differs from any beta: the branch that sets the step as given
+    base.ds_opt_adam.adam_update(base.opt_id, 0, 0.0, *reset_betas, 1e-8, 0.0, False, *scratch)
+    for step in range(1, last + 1):
+        for saved_step, group in sub_groups:
+            if saved_step >= step:
+                beta1, beta2 = group["betas"]
+                base.ds_opt_adam.adam_update(base.opt_id, step, 0.0, beta1, beta2, group["eps"], 0.0, False,
+                                             *scratch)
+    return last
+
+
+def rigid_load_with_params_on_file(rigid_load_state_dict):
+    """stage 3's ``_rigid_load_state_dict`` (the ZeRO file's load, optimizer on cpu) for tencache's parameters on file:
+    stock copies the loaded masters into flat 16-bit partitions, which do not exist when parameters are swapped
+    (``'NoneType' object has no attribute 'data'``); here the parameters are rebuilt from the loaded masters as a step
+    rebuilds them (``_reassign_or_swap_out_partitioned_parameters``: into the partition, or written to its file)."""
+    @functools.wraps(rigid_load_state_dict)
+    def rigid_load_rebuilding_params(self, state_dict, load_optimizer_states=True):
+        if all(flat is not None for flat in self.fp16_partitioned_groups_flat) or not tencache_runs(self):
+            return rigid_load_state_dict(self, state_dict, load_optimizer_states=load_optimizer_states)
+        # stage3.py _rigid_load_state_dict (0.19.8), up to the restore of the 16-bit partitions
+        self.loss_scaler = state_dict[LOSS_SCALER]
+        self.dynamic_loss_scale = state_dict["dynamic_loss_scale"]
+        self.overflow = state_dict["overflow"]
+        saved_partition_groups = state_dict.get("ds_zero_partition_groups")
+        if saved_partition_groups is not None and saved_partition_groups != self._zero3_partition_group_metadata():
+            raise RuntimeError("AutoEP ZeRO-3 checkpoints can only be loaded with the same parameter placement "
+                               "topology in this release.")
+        if load_optimizer_states:
+            self._set_fp32_optimizer_param_groups()
+            self.optimizer.load_state_dict(state_dict[OPTIMIZER_STATE_DICT])
+            self._clear_fp32_optimizer_param_groups()
+        if self.swap_optimizer:
+            self.optimizer_swapper.purge_state()
+            timer_names = set()
+            self._partition_all_parameters()
+            for sub_group_id in range(len(self.fp16_groups)):
+                self._prepare_sub_group(sub_group_id, timer_names)
+                self._reassign_or_swap_out_partitioned_parameters(sub_group_id)
+                self._release_sub_group(sub_group_id, timer_names)
+            self._post_step(timer_names)
+        for master, loaded in zip(self.fp32_partitioned_groups_flat, state_dict[FP32_FLAT_GROUPS]):
+            master.data.copy_(loaded.data)
+        for sub_group_id in range(len(self.fp32_partitioned_groups_flat)):
+            self._reassign_or_swap_out_partitioned_parameters(sub_group_id)
+
+    return rigid_load_rebuilding_params

@@ -26,7 +26,9 @@ import deepspeed.runtime.zero.stage3 as _stage3
 
 from ...ext_lock import raise_if_stale_locks
 from . import reporting
-from .checkpoint import adopt_loaded_files, restore_optimizer_scalars
+from .checkpoint import (adopt_loaded_files, replay_adam_step_products, restore_optimizer_scalars,
+                         restore_unswapped_masters, rigid_load_with_params_on_file)
+from .checkpoint_save import saving_masters, swap_files_linked
 from .config_bridge import DEEPSPEED_OPS, building_stage3, ds_config_of_initialize_call, validate_ds_config
 from .coordinator import TencacheCoordinator, coordinator_of
 from .memory_pressure import governor_of
@@ -124,8 +126,9 @@ def _keeping_device_tier(partition_all_parameters):
 
 
 def _restoring_optimizer_scalars(load_checkpoint):
-    """engine.load_checkpoint, then what stock's NVMe load path misses (checkpoint.py): the checkpoint's swap files
-    under a rebuilt model's ids, and the optimizer's scalar state."""
+    """engine.load_checkpoint, then what stock's load misses (checkpoint.py): the checkpoint's swap files under a
+    rebuilt model's ids, the optimizer's scalar state and the masters kept in memory (optimizer on NVMe), and the
+    running beta products of DeepSpeedCPUAdam (either device)."""
     signature = inspect.signature(load_checkpoint)
 
     @functools.wraps(load_checkpoint)
@@ -138,6 +141,9 @@ def _restoring_optimizer_scalars(load_checkpoint):
             adopt_loaded_files(self, arguments["load_dir"], result[0])
         restore_optimizer_scalars(self, arguments["load_dir"], result[0], arguments["load_optimizer_states"],
                                   arguments["load_module_only"])
+        restore_unswapped_masters(self, arguments["load_dir"], result[0], arguments["load_module_only"])
+        if result[0] is not None and arguments["load_optimizer_states"] and not arguments["load_module_only"]:
+            replay_adam_step_products(self.optimizer)
         return result
 
     return load_checkpoint_exactly
@@ -183,7 +189,16 @@ _REBINDINGS = (
     # Memory pressure: the host tier is refitted to the host's memory before every forward pass.
     (_engine.DeepSpeedEngine, "forward", _governing_host_memory(_engine.DeepSpeedEngine.forward)),
     # Exact resume with the optimizer on NVMe (checkpoint.py).
-    (_engine.DeepSpeedEngine, "load_checkpoint", _restoring_optimizer_scalars(_engine.DeepSpeedEngine.load_checkpoint)),
+    (_engine.DeepSpeedEngine, "load_checkpoint",
+     _restoring_optimizer_scalars(swap_files_linked(_engine.DeepSpeedEngine.load_checkpoint, "load"))),
+    # The fp32 masters in the ZeRO file with the optimizer on NVMe (checkpoint_save.py).
+    (_engine.DeepSpeedEngine, "_save_zero_checkpoint", saving_masters(_engine.DeepSpeedEngine._save_zero_checkpoint)),
+    # Checkpoints link the optimizer swap folder's files instead of copying them (checkpoint_save.py); the load's
+    # linking is inside its exact-resume wrapper above.
+    (_engine.DeepSpeedEngine, "save_checkpoint", swap_files_linked(_engine.DeepSpeedEngine.save_checkpoint, "save")),
+    # The ZeRO file's load with parameters on file and the optimizer on cpu (stock stops there: checkpoint.py).
+    (_stage3.DeepSpeedZeroOptimizer_Stage3, "_rigid_load_state_dict",
+     rigid_load_with_params_on_file(_stage3.DeepSpeedZeroOptimizer_Stage3._rigid_load_state_dict)),
     (_stage3.DeepSpeedZeroOptimizer_Stage3, "_partition_all_parameters",
      _keeping_device_tier(_stage3.DeepSpeedZeroOptimizer_Stage3._partition_all_parameters)),
 )

@@ -31,6 +31,7 @@ from ...cache.entry_store import BudgetedPageable, EntryStore
 from ...cache.entry import EntryState
 from ...cache.host_budget import HostBudget
 from ...io.direct_io import DirectFileIO
+from ...io.shared_files import LinkSafeIO, unshare_folder
 from ...memory.pool import BufferPool
 from ...plan.budget import MachineResources, resolve_budgets
 from ...plan.host_tier import (OPTIMIZER_BYTES_PER_ELEMENT, OPTIMIZER_IO_BYTES_PER_HELD_BYTE,
@@ -90,8 +91,10 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         self.pool.add_classes({self._streaming_slot_bytes: streaming_slots})
         self.pool.retire_free(self._streaming_slot_bytes, streaming_slots)
         self.budget = HostBudget(self._host_tier_share())
-        self.store = EntryStore("optimizer", dtype, lambda numel: io_aligned_numel(numel, dtype, intra_op), self.io,
-                                BudgetedPageable(self.pool, self.budget))
+        # LinkSafeIO: a swap file linked into a checkpoint (checkpoint_save.py) is replaced, never written in place
+        self.store = EntryStore("optimizer", dtype, lambda numel: io_aligned_numel(numel, dtype, intra_op),
+                                LinkSafeIO(self.io), BudgetedPageable(self.pool, self.budget))
+        self.last_folder_transfer = None  # what the last checkpoint save or load of the folder did
         # The optimizer's tensors are used in the same order every step. log_timers() ends each step; the first
         # call ends initialisation, the second the first training step.
         self.profile = ProfileLifecycle(self.store.recorder, rank_profile_path(self.config.profile_path),
@@ -144,11 +147,20 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         checkpoint (engine.py save_checkpoint) or copies a checkpoint over it (load_checkpoint): under write-back
         the files must hold the newest bytes then, so reading it flushes the changed state first."""
         if not self.closed:
-            self.store.flush()
+            # Gradients are dead after the step and checkpoints skip their files: a held one stays dirty.
+            self.store.flush(skip=self._gradient_keys().__contains__)
             # On a load the engine then copies the checkpoint's files over these: remember what each held file
             # looks like now, and let the next swap-in drop the copies whose files changed (a save changes none).
             self._held_files_at_folder_access = {key: _file_identity(key) for key in self.store.held_keys()}
         return self._folder
+
+    def _gradient_keys(self) -> set:
+        return {self._gradient_path(info) for info in self.swap_params_info.values() if info.swapped_gradients}
+
+    def folder_unchanged_since_access(self) -> None:
+        """The folder was read (a save linked its files: their ctime changed, their bytes did not): keep every
+        held copy."""
+        self._held_files_at_folder_access = None
 
     def _drop_copies_of_replaced_files(self) -> None:
         snapshot, self._held_files_at_folder_access = self._held_files_at_folder_access, None
@@ -292,6 +304,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         self._release_read_ahead()
         self.store.flush()
         self.store.close()
+        unshare_folder(self._folder)  # files still shared with a checkpoint: no later writer may reach it
         self.pool.close()  # the streaming slots' arena
         self.io.close()
         self.closed = True

@@ -1,0 +1,164 @@
+"""What a checkpoint saved under tencache holds, and how its swap files get there. Owns: the fp32 masters in the ZeRO
+file, and the swap folder's files linked into (and out of) checkpoints instead of copied (below).
+
+The masters. With the optimizer on NVMe, stage 3's ZeRO file (``zero_pp_rank_*_optim_states.pt``) saves each swapped
+sub-group's fp32 master as the empty placeholder it is between steps; the bytes are only in the swap folder. So
+``zero_to_fp32`` and ``load_state_dict_from_zero_checkpoint`` stop with "consumed N numels out of 0", and so does a
+``load_checkpoint(load_optimizer_states=False)``, which reads the module's weights that way. Under tencache, the ZeRO
+file gets every master: while the engine writes it, each placeholder shows the host tier's copy when it holds one,
+else its swap file's bytes, mapped (torch.save reads them as it writes; nothing is copied into memory first). Stock's loader reads the file as before; the moments
+stay in the swap files only (putting them in the ZeRO file too would write all the optimizer state at every save).
+"""
+import contextlib
+import functools
+import os
+import shutil
+import threading
+import time
+from dataclasses import dataclass
+
+import torch
+from deepspeed.runtime.swap_tensor.optimizer_utils import OptimizerSwapper
+
+from ...cache.entry import EntryState
+from ...io.shared_files import place
+from ...log import logger
+from .optimizer_swapper import TencacheOptimizerSwapper
+
+
+@contextlib.contextmanager
+def masters_shown(optimizer):
+    """While inside: each swapped-out fp32 master of a ZeRO-3 optimizer under tencache's optimizer swapper is its
+    swap file's bytes (flushed first), mapped read-only; afterwards the placeholders are back."""
+    swapper = getattr(optimizer, "optimizer_swapper", None)
+    shown, lent = [], []
+    try:
+        if isinstance(swapper, TencacheOptimizerSwapper):
+            for master in optimizer.fp32_partitioned_groups_flat:
+                info = swapper.swap_params_info.get(OptimizerSwapper.parameter_id(master))
+                if info is None or master.numel() > 0:  # not swapped, or swapped in now
+                    continue
+                path = info.tensors[0].swap_path  # the master: the first tensor of its swap info
+                held = swapper.store.knows(path) and swapper.store.kept(path)
+                if held and swapper.store.state(path) != EntryState.READING:
+                    master.data = swapper.store.lend(path)  # the host tier's copy itself: no read, no copy
+                    lent.append(path)
+                else:  # on file: current there once a write still in flight (an eviction's) is done
+                    if swapper.store.knows(path):
+                        swapper.store.flush_key(path)
+                    master.data = torch.from_file(path, shared=False, size=info.numel(), dtype=master.dtype)
+                shown.append(master)
+        yield
+    finally:
+        for master in shown:
+            master.data = torch.Tensor()  # stock's placeholder (optimizer_utils SwapTensorContext.release_memory)
+        for path in lent:
+            swapper.store.release(path)
+
+
+def saving_masters(save_zero_checkpoint):
+    """engine._save_zero_checkpoint with the swapped masters in the file it writes."""
+    @functools.wraps(save_zero_checkpoint)
+    def save_zero_checkpoint_with_masters(self, *args, **kwargs):
+        with masters_shown(self.optimizer):
+            return save_zero_checkpoint(self, *args, **kwargs)
+
+    return save_zero_checkpoint_with_masters
+
+
+# ------------------------------------------------------------------------------------ the swap folder's files
+# DeepSpeed's save copies the whole swap folder into the checkpoint (engine.py save_checkpoint: shutil.copytree of
+# ``optimizer_swapper.swap_folder``, gradients skipped), and its load copies the checkpoint's files back over it: a
+# 1B-parameter fp32 model's 12 GB of optimizer state each time, whatever changed since. Under tencache both copies
+# are links instead (io/shared_files.py): the swap folder is flushed (the ``swap_folder`` property: what is dirty in
+# the host tier), then each file gets a second name. Where the two folders are on different file systems, each file
+# is written once: from the host tier's copy when it holds the tensor, else copied from the swap file. Swap files
+# written after a save are new files (LinkSafeIO), so training never changes a checkpoint. The checkpoint's layout is
+# stock's: stock's loader reads it as it reads its own.
+_copytree_lock = threading.Lock()
+
+
+@dataclass
+class FolderTransfer:
+    """What the last save or load of a swap folder did (for stats, tests and the benchmark)."""
+    direction: str  # "save" or "load"
+    files: int = 0
+    linked: int = 0
+    bytes_written: int = 0
+    seconds: float = 0.0
+
+
+def swap_files_linked(method, direction: str):
+    """engine.save_checkpoint / load_checkpoint with its copy of the optimizer swap folder made by links."""
+    @functools.wraps(method)
+    def with_swap_files_linked(self, *args, **kwargs):
+        swapper = getattr(getattr(self, "optimizer", None), "optimizer_swapper", None)
+        if not isinstance(swapper, TencacheOptimizerSwapper):
+            return method(self, *args, **kwargs)
+        with _copytree_linking(swapper, direction):
+            result = method(self, *args, **kwargs)
+        if direction == "save":
+            swapper.folder_unchanged_since_access()  # linking changed the files' ctime, not their bytes
+        return result
+
+    return with_swap_files_linked
+
+
+@contextlib.contextmanager
+def _copytree_linking(swapper, direction: str):
+    """While inside, ``shutil.copytree`` (which the engine imports at call time) links when its source (save) or
+    destination (load) is ``swapper``'s folder; any other copy is the original's."""
+    with _copytree_lock:
+        original = shutil.copytree
+        folder = os.path.realpath(swapper.files_folder)
+
+        def copytree(src, dst, *args, **kwargs):
+            if os.path.realpath(src if direction == "save" else dst) != folder:
+                return original(src, dst, *args, **kwargs)
+            swapper.last_folder_transfer = _link_folder(swapper, src, dst, kwargs.get("ignore"), direction)
+            return dst
+
+        shutil.copytree = copytree
+        try:
+            yield
+        finally:
+            shutil.copytree = original
+
+
+def _link_folder(swapper, source: str, target: str, ignore, direction: str) -> FolderTransfer:
+    started = time.perf_counter()
+    transfer = FolderTransfer(direction)
+    names = sorted(name for name in os.listdir(source) if os.path.isfile(os.path.join(source, name)))
+    skipped = set(ignore(source, names)) if ignore is not None else set()
+    names = [name for name in names if name not in skipped and not name.startswith(".")]
+    os.makedirs(target, exist_ok=True)
+    for name in names:
+        source_path, target_path = os.path.join(source, name), os.path.join(target, name)
+        placed = place(source_path, target_path, _fill_from_host_tier(swapper, source_path)
+                       if direction == "save" else None)
+        transfer.files += 1
+        transfer.linked += int(placed.linked)
+        transfer.bytes_written += placed.bytes_written
+    if direction == "save":  # a save into a tag saved before: files of sub-groups this engine does not have go
+        for name in set(os.listdir(target)) - set(names):
+            if os.path.isfile(os.path.join(target, name)):
+                os.unlink(os.path.join(target, name))
+    transfer.seconds = time.perf_counter() - started
+    logger.info("%s %d swap files (%d linked, %d bytes written) from %s to %s in %.2f s", direction, transfer.files,
+                transfer.linked, transfer.bytes_written, source, target, transfer.seconds)
+    return transfer
+
+
+def _fill_from_host_tier(swapper, path: str):
+    """A writer of ``path``'s bytes from the host tier when it holds them (no read of the swap file), else None."""
+    if not (swapper.store.knows(path) and swapper.store.kept(path)):
+        return None
+
+    def fill(handle):
+        view = swapper.store.lend(path)
+        try:
+            handle.write(memoryview(view.numpy()).cast("B"))
+        finally:
+            swapper.store.release(path)
+
+    return fill

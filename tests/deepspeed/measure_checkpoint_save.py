@@ -1,0 +1,81 @@
+"""Time and bytes of engine.save_checkpoint, stock DeepSpeed against tencache, with the optimizer on NVMe. Trains
+WARMUP steps, then saves twice with one step between (the first save, and one in steady state), and prints a RESULT
+line: for each save its wall time, the time until the checkpoint is on disk (os.sync), the bytes this process wrote
+(/proc/self/io write_bytes: O_DIRECT and buffered), the bytes the checkpoint holds (each inode once), and under
+tencache the bytes each swapper wrote during the save (the flush of what the host tier owes its files).
+
+    python tests/deepspeed/measure_checkpoint_save.py stock|tencache MODEL NVME_DIR CKPT_DIR [HOST_CACHE_BYTES|auto]
+        [SUB_GROUP_SIZE]
+
+The numbers in docs/benchmarks.md come from it (gpt2-small, fp32, parameters and optimizer on NVMe).
+"""
+import json
+import os
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(REPO, "scripts"))
+import train  # noqa: E402
+import deepspeed  # noqa: E402
+
+WARMUP = 2
+
+
+def written_bytes():
+    return train.read_proc_io()["write_bytes"]
+
+
+def checkpoint_bytes(folder):
+    """Bytes of the checkpoint's files, each inode counted once (a linked file is not a second copy on disk)."""
+    seen, total = set(), 0
+    for root, _dirs, names in os.walk(folder):
+        for name in names:
+            status = os.stat(os.path.join(root, name))
+            if (status.st_dev, status.st_ino) not in seen:
+                seen.add((status.st_dev, status.st_ino))
+                total += status.st_blocks * 512
+    return total
+
+
+def main(mode, model, nvme, checkpoint, host_cache_bytes="auto", sub_group_size=None):
+    block = "none" if mode == "stock" else json.dumps(
+        {} if host_cache_bytes == "auto" else {"host_cache_bytes": int(float(host_cache_bytes))})
+    args = train.parse_args(["--deepspeed_config", os.path.join(REPO, "configs", "stock-nvme.json"), "--model", model,
+                             "--nvme-path", nvme, "--tencache-block", block, "--dtype", "fp32"]
+                            + ([] if sub_group_size is None else ["--sub-group-size", sub_group_size]))
+    train.ensure_dist_env()
+    deepspeed.init_distributed()
+    cfg = train.load_ds_config(args.ds_config_path, args)
+    _, model_cfg = train.load_model_config(model)
+    train.seed_everything(1234)
+    module, _keepalive = train.build_model("zero", model_cfg, cfg)
+    engine, *_ = deepspeed.initialize(model=module, model_parameters=module.parameters(), config=cfg)
+    stream = train.synthetic_batches(model_cfg.vocab_size, cfg["train_micro_batch_size_per_gpu"], 64, 1234)
+    for _ in range(WARMUP):
+        train.train_step(engine, stream, 1)
+    saves = []
+    for number in range(2):
+        tag = f"save{number}"
+        os.sync()
+        stats_before = train.plugin_stats(engine) or {}
+        before, started = written_bytes(), time.perf_counter()
+        engine.save_checkpoint(checkpoint, tag=tag)
+        saved = time.perf_counter()
+        os.sync()
+        synced = time.perf_counter()
+        saves.append({"tag": tag, "save_s": round(saved - started, 3), "save_and_sync_s": round(synced - started, 3),
+                      "written_bytes": written_bytes() - before,
+                      "checkpoint_bytes": checkpoint_bytes(os.path.join(checkpoint, tag))})
+        stats_after = train.plugin_stats(engine) or {}
+        for key in ("optimizer_nvme_write_bytes", "param_nvme_write_bytes"):  # tencache's flush, by swapper
+            if key in stats_after:
+                saves[-1][key] = stats_after[key] - stats_before.get(key, 0)
+        train.train_step(engine, stream, 1)
+    print("RESULT " + json.dumps({"mode": mode, "model": model, "host_cache_bytes": host_cache_bytes,
+                                  "sub_group_size": sub_group_size,
+                                  "params": train.count_params(engine.module), "saves": saves}), flush=True)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:7])

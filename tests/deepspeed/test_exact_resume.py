@@ -1,0 +1,29 @@
+"""A resume under tencache gives the uninterrupted run's bits: save after 2 of 4 steps, resume for the last 2, and
+the resumed losses and final fp32 weights are those of the run that never stopped. With one optimizer sub-group and
+with several, the optimizer on NVMe and on cpu (parameters on NVMe). Real engine, real files.
+
+What the checkpoint did not carry (integrations/deepspeed/checkpoint.py): on NVMe, Adam's step counts and moment
+registrations (stock's NVMe load path skips the optimizer's state dict); on either device, DeepSpeedCPUAdam's
+running products beta^t, which a fresh process recomputes with pow() at its first update (the last bits differ,
+and with them every loss from the second resumed step on)."""
+import pytest
+
+from test_residency import FAST  # fp32 (why: there); tests/deepspeed is on sys.path (rootdir-relative imports)
+
+pytestmark = [pytest.mark.deepspeed, pytest.mark.slow]  # about 50 s each (two training runs)
+
+AUTO = {}
+SUB_GROUPS = {"one": {}, "many": {"sub_group_size": 2e6}}  # gpt2-tiny: 1 sub-group at stock's 1e9, 8 at 2e6
+
+
+@pytest.mark.parametrize("sub_groups", list(SUB_GROUPS))
+@pytest.mark.parametrize("optimizer_device", ["nvme", "cpu"])
+def test_resume_gives_the_uninterrupted_runs_bits(train, tmp_path, optimizer_device, sub_groups):
+    options = dict(FAST, optimizer_offload_device=optimizer_device, **SUB_GROUPS[sub_groups])
+    folder = str(tmp_path / "ckpt")
+    uninterrupted = train(block=AUTO, steps=4, save_after=2, checkpoint_dir=folder, **options)
+    resumed = train(block=AUTO, steps=2, resume=True, checkpoint_dir=folder, **options)
+    assert resumed.last_stats["tencache_enabled"] == 1
+    assert [step["step"] for step in resumed.result["steps"]] == [2, 3]
+    assert resumed.loss_bits == uninterrupted.loss_bits[2:]
+    assert resumed.result["weights_sha256"] == uninterrupted.result["weights_sha256"]

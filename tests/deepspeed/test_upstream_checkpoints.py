@@ -1,0 +1,46 @@
+"""Three of DeepSpeed's own checkpoint tests (our versions: upstream_checkpoints.py), 2 ranks, with the optimizer on
+NVMe under tencache: each passes with the results of stock CPU offload, bit for bit (stock NVMe stops in each with
+"consumed N numels out of 0": its ZeRO file has no fp32 masters, integrations/deepspeed/checkpoint_save.py).
+
+- zero_to_fp32 (both variants of test_1_param_group: all parameters trained, first layer frozen): train, save, then
+  ``load_state_dict_from_zero_checkpoint`` gives the trained fp32 weights, and ``zero_to_fp32`` consolidates them;
+- immediate_save_load: save right after ``initialize``, load it (``load_optimizer_states=False``), train on;
+- load_immediate_save: train, save, a new engine loads it and saves again into the same tag at once.
+Real engine, real files."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO, free_port
+
+pytestmark = [pytest.mark.deepspeed, pytest.mark.slow]  # about 40 s a run, two runs a case
+SCRIPT = os.path.join(os.path.dirname(__file__), "upstream_checkpoints.py")
+
+
+def scenario(tmp_path, name, mode, device):
+    nvme, ckpt = tmp_path / f"nvme-{mode}-{device}", tmp_path / f"ckpt-{mode}-{device}"
+    command = ["deepspeed", "--num_gpus", "2", "--master_port", str(free_port()), SCRIPT, name, mode, device,
+               str(nvme), str(ckpt)]
+    try:
+        proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600,
+                              env=dict(os.environ, PYTHONPATH=REPO))
+    finally:
+        shutil.rmtree(nvme, ignore_errors=True)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert lines, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+@pytest.mark.parametrize("name", ["zero_to_fp32", "zero_to_fp32_frozen", "immediate_save_load",
+                                  "load_immediate_save"])
+def test_optimizer_on_nvme_gives_stock_cpu_offloads_results(tmp_path, name):
+    reference = scenario(tmp_path, name, "stock", "cpu")
+    ours = scenario(tmp_path, name, "tencache", "nvme")
+    assert reference["ok"], reference
+    assert ours == reference
+    if name.startswith("zero_to_fp32"):
+        assert ours["loaded_equals_trained"] and ours["fp32"] == ours["trained"]

@@ -1,0 +1,177 @@
+"""Our versions of three of DeepSpeed's own checkpoint tests, with the optimizer offloaded (our code, written after
+the scenarios of tests/unit/v1/zero/test_zero.py::TestZeroToFP32::test_1_param_group and tests/unit/checkpoint/
+test_zero_optimizer.py::TestZeROSaveLoadEdgeCase::test_immediate_save_load / ::test_load_immediate_save in
+DeepSpeed's repository; fp32 instead of fp16, the CPU accelerator, 2 ranks, layers of 1024 so that the optimizer
+state is large enough to be swapped). Rank 0 prints one RESULT line.
+
+    deepspeed --num_gpus 2 tests/deepspeed/upstream_checkpoints.py SCENARIO stock|tencache nvme|cpu NVME_DIR CKPT_DIR
+
+SCENARIO: zero_to_fp32, zero_to_fp32_frozen, immediate_save_load, load_immediate_save. The result holds SHA-256
+sums of the weights each scenario produces (so that runs can be compared bit for bit) and, where the scenario
+fails, its error.
+"""
+import hashlib
+import json
+import os
+import sys
+import traceback
+
+import torch
+
+ARGS = [arg for arg in sys.argv[1:] if not arg.startswith("--local_rank")]  # the launcher adds --local_rank=N
+if ARGS[1:2] == ["tencache"]:
+    import tencache_ds  # noqa: F401  (installs before DeepSpeed is imported)
+import deepspeed  # noqa: E402
+from deepspeed.utils.zero_to_fp32 import (get_fp32_state_dict_from_zero_checkpoint,  # noqa: E402
+                                          load_state_dict_from_zero_checkpoint)
+
+HIDDEN = 1024
+
+
+def ds_config(mode, device, nvme, micro_batch, grad_accum, lr=1e-3):
+    offload = {"device": device, "pin_memory": False}
+    if device == "nvme":
+        offload.update(nvme_path=nvme, buffer_count=4)
+    config = {"train_micro_batch_size_per_gpu": micro_batch, "gradient_accumulation_steps": grad_accum,
+              "steps_per_print": 1000000, "optimizer": {"type": "Adam", "params": {"lr": lr}},
+              "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0,
+                                    "offload_optimizer": offload},
+              "aio": {"block_size": 1048576, "queue_depth": 8, "intra_op_parallelism": 1, "single_submit": False,
+                      "overlap_events": True}}
+    if mode == "tencache":
+        config["tencache"] = {}
+    return config
+
+
+class Layers(torch.nn.Module):
+    """test_1_param_group's model: ``n_layers`` square linear layers and a classifier that forward never uses (an
+    uneven parameter count); ``freeze`` freezes the first layer."""
+
+    def __init__(self, n_layers, freeze):
+        super().__init__()
+        self.ll = torch.nn.ModuleList(torch.nn.Linear(HIDDEN, HIDDEN) for _ in range(n_layers))
+        self.classifier = torch.nn.Linear(4, 1)
+        self.cross_entropy_loss = torch.nn.CrossEntropyLoss()
+        if freeze:
+            self.ll[0].weight.requires_grad = False
+            self.ll[0].bias.requires_grad = False
+
+    def forward(self, x, y):
+        hidden = x
+        for layer in self.ll:
+            hidden = layer(hidden)
+        return self.cross_entropy_loss(hidden, y)
+
+
+class Simple(Layers):
+    """The edge cases' model: one linear layer."""
+
+    def __init__(self):
+        super().__init__(1, False)
+
+
+def batches(count, micro_batch, seed):
+    generator = torch.Generator().manual_seed(seed + torch.distributed.get_rank())
+    for _ in range(count):
+        yield (torch.randn(micro_batch, HIDDEN, generator=generator),
+               torch.randint(0, HIDDEN, (micro_batch,), generator=generator))
+
+
+def digest(tensors):
+    """SHA-256 over {name: tensor} in name order (fp32 bytes)."""
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        h.update(name.encode())
+        h.update(tensors[name].detach().float().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def gathered(engine):
+    weights = {}
+    for name, param in engine.module.named_parameters():
+        with deepspeed.zero.GatheredParameters(param, modifier_rank=None):
+            weights[name] = param.detach().float().cpu().clone()
+    return weights
+
+
+def train(engine, count, micro_batch):
+    for x, y in batches(count, micro_batch, seed=7):
+        engine.backward(engine(x, y))
+        engine.step()
+
+
+def zero_to_fp32(mode, device, nvme, ckpt, freeze):
+    torch.manual_seed(1234)
+    model = Layers(2 * torch.distributed.get_world_size(), freeze)
+    engine, *_ = deepspeed.initialize(config=ds_config(mode, device, nvme, 2, 2), model=model,
+                                      model_parameters=model.parameters())
+    engine.empty_partition_cache()
+    train(engine, 8, 2)
+    engine.empty_partition_cache()
+    engine.save_checkpoint(ckpt)
+    torch.distributed.barrier()
+    before = gathered(engine)
+    with deepspeed.zero.GatheredParameters(list(engine.parameters()), modifier_rank=None):
+        fp32_model = load_state_dict_from_zero_checkpoint(engine.module, ckpt)
+        loaded = {name: tensor.clone() for name, tensor in fp32_model.state_dict().items()}
+    consolidated = get_fp32_state_dict_from_zero_checkpoint(ckpt)
+    equal = all(torch.equal(before[name], loaded[name]) for name in before)
+    engine.destroy()
+    return {"trained": digest(before), "fp32": digest(consolidated), "loaded_equals_trained": equal}
+
+
+def immediate_save_load(mode, device, nvme, ckpt):
+    torch.manual_seed(1234)
+    model = Simple()
+    engine, *_ = deepspeed.initialize(config=ds_config(mode, device, nvme, 2, 1), model=model,
+                                      model_parameters=model.parameters())
+    engine.save_checkpoint(ckpt)
+    engine.load_checkpoint(ckpt, load_optimizer_states=False, load_lr_scheduler_states=False, load_module_only=False)
+    result = {"loaded": digest(gathered(engine)), "fp32": digest(get_fp32_state_dict_from_zero_checkpoint(ckpt))}
+    train(engine, 1, 2)  # and it trains on
+    result["trained"] = digest(gathered(engine))
+    engine.destroy()
+    return result
+
+
+def load_immediate_save(mode, device, nvme, ckpt):
+    torch.manual_seed(1234)
+    model = Simple()
+    config = ds_config(mode, device, nvme, 2, 1)
+    engine, *_ = deepspeed.initialize(config=config, model=model, model_parameters=model.parameters())
+    train(engine, 1, 2)
+    engine.empty_partition_cache()
+    engine.save_checkpoint(ckpt)
+    first = digest(get_fp32_state_dict_from_zero_checkpoint(ckpt))
+    engine.destroy()
+    engine, *_ = deepspeed.initialize(config=ds_config(mode, device, nvme, 2, 1), model=model,
+                                      model_parameters=model.parameters())
+    engine.load_checkpoint(ckpt, load_optimizer_states=False, load_lr_scheduler_states=False, load_module_only=False)
+    engine.save_checkpoint(ckpt)
+    result = {"saved": first, "loaded": digest(gathered(engine)),
+              "saved_again": digest(get_fp32_state_dict_from_zero_checkpoint(ckpt))}
+    engine.destroy()
+    return result
+
+
+SCENARIOS = {
+    "zero_to_fp32": lambda *args: zero_to_fp32(*args, freeze=False),
+    "zero_to_fp32_frozen": lambda *args: zero_to_fp32(*args, freeze=True),
+    "immediate_save_load": immediate_save_load,
+    "load_immediate_save": load_immediate_save,
+}
+
+
+def main(scenario, mode, device, nvme, ckpt):
+    deepspeed.init_distributed()
+    try:
+        result = {"ok": True, **SCENARIOS[scenario](mode, device, nvme, ckpt)}
+    except Exception as err:  # the scenario's failure is the result
+        traceback.print_exc()
+        result = {"ok": False, "error": f"{type(err).__name__}: {err}"}
+    if torch.distributed.get_rank() == 0:
+        print("RESULT " + json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main(*ARGS[:5])

@@ -1,0 +1,108 @@
+"""Files shared by hard links between a swap folder and a checkpoint (io/shared_files.py), on real files: a placed
+file is a link where the file system allows and a copy elsewhere, a name is replaced without writing through it, and
+no write through LinkSafeIO changes a file's other names."""
+import os
+
+import pytest
+import torch
+
+from tencache_ds.io.direct_io import DirectFileIO
+from tencache_ds.io.shared_files import LinkSafeIO, give_own_file, place, unshare_folder
+from tencache_ds.memory.pool import BufferPool
+
+SHM = "/dev/shm"
+
+
+def write(path, data: bytes):
+    with open(path, "wb") as handle:
+        handle.write(data)
+
+
+def read(path) -> bytes:
+    with open(path, "rb") as handle:
+        return handle.read()
+
+
+def test_place_links_on_one_file_system_and_replaces_the_target_without_writing_through_it(tmp_path):
+    swap, checkpoint, old = tmp_path / "swap", tmp_path / "ckpt", tmp_path / "old"
+    write(swap, b"new" * 100)
+    write(old, b"old" * 100)
+    os.link(old, checkpoint)  # the target is another checkpoint's file: it must keep its bytes
+    placed = place(str(swap), str(checkpoint))
+    assert placed.linked and placed.bytes_written == 0
+    assert os.path.samefile(swap, checkpoint)
+    assert read(old) == b"old" * 100
+    assert place(str(swap), str(checkpoint)).linked  # already the same inode: nothing to do
+    assert sorted(os.listdir(tmp_path)) == ["ckpt", "old", "swap"]  # no temporary file left behind
+
+
+@pytest.mark.skipif(not os.path.isdir(SHM), reason="needs /dev/shm")
+def test_place_copies_across_file_systems_from_the_host_copy_when_given(tmp_path):
+    swap = tmp_path / "swap"
+    write(swap, b"\x01" * 8192)
+    if os.stat(SHM).st_dev == os.stat(tmp_path).st_dev:
+        pytest.skip("/dev/shm is on the same file system as the test's folder")
+    target = os.path.join(SHM, f"tencache-test-{os.getpid()}.swp")
+    try:
+        placed = place(str(swap), target, fill=lambda handle: handle.write(b"\x02" * 4000))
+        assert not placed.linked and placed.bytes_written == 8192
+        assert read(target) == b"\x02" * 4000 + b"\0" * 4192  # the host copy, padded to the swap file's size
+        placed = place(str(swap), target)
+        assert not placed.linked and read(target) == b"\x01" * 8192
+    finally:
+        if os.path.exists(target):
+            os.unlink(target)
+
+
+def test_give_own_file_breaks_a_link_for_a_whole_or_a_partial_write(tmp_path):
+    swap, checkpoint = tmp_path / "swap", tmp_path / "ckpt"
+    write(swap, b"abcd" * 1024)
+    os.link(swap, checkpoint)
+    assert give_own_file(str(swap), whole=False)  # partial: the file is copied first, its bytes kept
+    assert not os.path.samefile(swap, checkpoint) and read(swap) == read(checkpoint)
+    assert not give_own_file(str(swap), whole=False)  # one name now: nothing to do
+    os.unlink(swap)
+    os.link(checkpoint, swap)
+    assert give_own_file(str(swap), whole=True)  # whole: the write starts a new file
+    assert not os.path.exists(swap) and read(checkpoint) == b"abcd" * 1024
+
+
+def test_writes_through_link_safe_io_never_change_a_checkpoint(tmp_path):
+    io = DirectFileIO(num_threads=2)
+    try:
+        safe = LinkSafeIO(io)
+        pool = BufferPool("t", lock="off")
+        tensor = pool.acquire(1 << 16).view(torch.float32, 1 << 14)
+        swap, checkpoint = str(tmp_path / "swap"), str(tmp_path / "ckpt")
+        tensor.fill_(1.0)
+        safe.write(tensor, swap).result()
+        os.link(swap, checkpoint)
+        saved = read(checkpoint)
+        tensor.fill_(2.0)
+        safe.write(tensor, swap).result()  # the whole file
+        safe.write(tensor[:1024], swap, file_offset=4096).result()  # part of it: the swap file has one name now
+        os.unlink(checkpoint)
+        os.link(swap, checkpoint)
+        saved_again = read(checkpoint)
+        tensor.fill_(3.0)
+        safe.write(tensor[:1024], swap, file_offset=4096).result()  # part of a linked file
+        assert read(checkpoint) == saved_again != saved
+        assert torch.frombuffer(bytearray(read(swap)), dtype=torch.float32)[1024:2048].eq(3.0).all()
+        assert safe.links_broken == 2
+        os.unlink(checkpoint)
+        os.link(swap, checkpoint)
+        io.write(tensor, swap).result()  # what LinkSafeIO prevents: without it, the write reaches the other name
+        assert torch.frombuffer(bytearray(read(checkpoint)), dtype=torch.float32).eq(3.0).all()
+    finally:
+        io.close()
+
+
+def test_unshare_folder_removes_only_the_names_a_checkpoint_shares(tmp_path):
+    folder, checkpoint = tmp_path / "swap", tmp_path / "ckpt"
+    folder.mkdir()
+    checkpoint.mkdir()
+    write(folder / "shared.swp", b"s" * 10)
+    write(folder / "own.swp", b"o" * 10)
+    os.link(folder / "shared.swp", checkpoint / "shared.swp")
+    assert unshare_folder(str(folder)) == 1
+    assert sorted(os.listdir(folder)) == ["own.swp"] and read(checkpoint / "shared.swp") == b"s" * 10
