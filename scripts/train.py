@@ -50,6 +50,7 @@ ask_cpuinfo_once()  # before deepspeed is imported, so every op load finds the c
 import torch  # noqa: E402
 import deepspeed  # noqa: E402
 import tencache_ds  # noqa: E402,F401  (activates itself from the "tencache" block of the ds_config)
+import shm_buffers  # noqa: E402  (beside this script)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -135,6 +136,15 @@ def ensure_dist_env(local_rank=None):
     os.environ.setdefault("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"])
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(free_port()))
+
+
+def start_distributed():
+    """deepspeed.init_distributed(), then this rank's shared-memory all-reduce buffer unlinked once every rank has
+    mapped it (shm_buffers.py): DeepSpeed never removes them, and a run killed later leaves none behind either."""
+    deepspeed.init_distributed()
+    if shm_buffers.creates_buffers():
+        deepspeed.comm.barrier()  # every rank is past the backend's start, so has mapped every other's buffer
+        shm_buffers.remove_own_buffer()
 
 
 def rank():
@@ -543,7 +553,7 @@ def main(argv=None):
         list_models()
         return 0
     ensure_dist_env(args.local_rank)
-    deepspeed.init_distributed()
+    start_distributed()
 
     ds_config = load_ds_config(args.ds_config_path, args)
     recorded_config = copy.deepcopy(ds_config)  # DeepSpeed may edit the dict it is given
