@@ -26,6 +26,8 @@ from deepspeed.runtime.swap_tensor.partitioned_optimizer_swapper import Partitio
 from deepspeed.runtime.swap_tensor.pipelined_optimizer_swapper import PipelinedOptimizerSwapper
 from deepspeed import comm as dist
 
+from ...config import CONFIG_KEY
+from ...errors import TencacheConfigError
 from ...ext_lock import raise_if_stale_locks
 from ...cache.entry_store import BudgetedPageable, EntryStore
 from ...cache.entry import EntryState
@@ -38,12 +40,26 @@ from ...plan.host_tier import (OPTIMIZER_BYTES_PER_ELEMENT, OPTIMIZER_IO_BYTES_P
 from ...profile.lifecycle import ProfileLifecycle
 from ...units import PAGE_BYTES, round_up
 from .profiling import rank_profile_path
-from .config_bridge import (DEEPSPEED_OPS, MIN_SWAPPABLE_BYTES, find_stage3_ds_config, io_aligned_numel,
-                            prepare_swap_folder, validate_ds_config)
+from .config_bridge import (DEEPSPEED_OPS, MIN_SWAPPABLE_BYTES, find_stage3_ds_config, initialize_call_config,
+                            io_aligned_numel, prepare_swap_folder, validate_ds_config)
 from . import param_swapper, reporting
 
 NVME_PATH_KEY = "zero_optimization.offload_optimizer.nvme_path"
 STREAMING_BUFFERS = 8  # one sub-group in use (4) and the next one read ahead (4)
+
+
+def _refuse_without_config() -> None:
+    """No ZeRO-3 optimizer config could be found for this swapper (an optimizer built without stage 3's wrapped
+    __init__, contract.CALL_ORDER): stock is right only if nothing says tencache. Where the deepspeed.initialize
+    call's config enables it, or the parameters are swapped by tencache, a stock optimizer swapper would be a
+    silent fallback: refuse instead."""
+    initialize_config = initialize_call_config()
+    if (initialize_config is not None and initialize_config.enabled) or param_swapper.live_swappers():
+        raise TencacheConfigError(
+            f'{CONFIG_KEY}: the DeepSpeed config enables tencache, but the config of the ZeRO-3 optimizer being '
+            f"built could not be found (it was not built by DeepSpeedZeroOptimizer_Stage3.__init__ with a "
+            f"ds_config), so its optimizer swapper cannot be tencache's; build the optimizer through "
+            f"deepspeed.initialize, or set \"{CONFIG_KEY}\": {{\"enabled\": false}} to run stock DeepSpeed")
 
 
 class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
@@ -51,7 +67,10 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
     (subclass: stage 3 calls ``OptimizerSwapper.parameter_id`` through the base class)."""
 
     def __new__(cls, swap_config, aio_config, base_folder, optimizer, largest_numel, device, dtype, timers):
-        config = validate_ds_config(find_stage3_ds_config())  # before any folder is written
+        ds_config = find_stage3_ds_config()
+        config = validate_ds_config(ds_config)  # before any folder is written
+        if ds_config is None:
+            _refuse_without_config()
         if not config.enabled:
             stock = PipelinedOptimizerSwapper if swap_config.pipeline else PartitionedOptimizerSwapper
             return stock(swap_config=swap_config, aio_config=aio_config, base_folder=base_folder,
