@@ -12,7 +12,9 @@ loaded moment files. In a continued engine the step count is the engine's own. E
 is right (computed before that update) and the next is not. With the optimizer on ``cpu`` the state dict is
 loaded and resume is exact.
 
-After the engine's load, tencache copies the saved scalars (``step``) into the live state, restores tensors that
+Every copy of optimizer state the host tier holds when the engine copies the checkpoint over the swap folder is
+dropped before its next use (loading_checkpoint), whatever the files' timestamps say. After the engine's load,
+tencache copies the saved scalars (``step``) into the live state, restores tensors that
 were kept in memory, and gives each swapped tensor the live state lacks a placeholder of its size: the swapper
 registers it (``<name>-<ds_id>.tensor.swp``, stock's naming) and reads the loaded file at the next swap-in.
 
@@ -23,6 +25,7 @@ its own and never reads them, and trains on from its fresh initialisation. tenca
 current names, sub-group by sub-group in order (the same model has the same sub-groups), and rebuilds the
 parameters from them (stage 3's ``reset_swap_buffers``, as the engine's load does).
 """
+import contextlib
 import itertools
 import os
 import re
@@ -33,6 +36,19 @@ from deepspeed.runtime.swap_tensor.optimizer_utils import OptimizerSwapper
 
 from ...log import logger
 from .optimizer_swapper import TencacheOptimizerSwapper
+
+
+@contextlib.contextmanager
+def loading_checkpoint(engine):
+    """Around ``engine.load_checkpoint``: the engine copies the checkpoint's swap files over the swap folder, so
+    every copy of optimizer state the host tier holds then is dropped before its next use (optimizer_swapper.py,
+    ``swap_folder``); file timestamps are not trusted to say which copies went stale."""
+    swapper = getattr(getattr(engine, "optimizer", None), "optimizer_swapper", None)
+    if not isinstance(swapper, TencacheOptimizerSwapper):
+        yield
+        return
+    with swapper.loading_checkpoint():
+        yield
 
 
 _STATE_FILE = re.compile(r"^(?:(?P<state>[A-Za-z_]+)-)?(?P<id>\d+_\d+)\.tensor\.swp$")

@@ -27,7 +27,7 @@ import deepspeed.runtime.zero.stage3 as _stage3
 
 from ...ext_lock import raise_if_stale_locks
 from . import contract, reporting
-from .checkpoint import adopt_loaded_files, restore_optimizer_scalars
+from .checkpoint import adopt_loaded_files, loading_checkpoint, restore_optimizer_scalars
 from .config_bridge import (DEEPSPEED_OPS, building_stage3, ds_config_of_initialize_call, initializing,
                             validate_ds_config)
 from .coordinator import TencacheCoordinator, coordinator_of
@@ -134,7 +134,8 @@ def _restoring_optimizer_scalars(load_checkpoint):
 
     @functools.wraps(load_checkpoint)
     def load_checkpoint_exactly(self, *args, **kwargs):
-        result = load_checkpoint(self, *args, **kwargs)
+        with loading_checkpoint(self):  # the copies the optimizer store holds are dropped after the copy
+            result = load_checkpoint(self, *args, **kwargs)
         bound = signature.bind(self, *args, **kwargs)
         bound.apply_defaults()
         arguments = bound.arguments

@@ -18,6 +18,7 @@ What changes for users:
   None`, or "PipelinedOptimizerSwapper ran out of swap buffers" below 12 buffers).
 - The next sub-group (``async_parameter``) is read ahead while the current one steps.
 """
+import contextlib
 import os
 
 import torch
@@ -127,7 +128,8 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         self.writes_behind = bool(swap_config.pipeline_write) or "pipeline_write" not in explicit
         self._lent = {}        # sub-group id -> keys of the entries lent as its tensors (and gradient)
         self._read_ahead = {}  # sub-group id -> keys whose reads were started for it (async_parameter)
-        self._held_files_at_folder_access = None  # {path: file identity} when swap_folder was last read
+        self._checkpoint_load_pending = False  # the engine's load_checkpoint is running (loading_checkpoint)
+        self._drop_held_copies = False  # a checkpoint was copied over the folder: drop every held copy first
         self._profile_looked_up = False
         self._started = False  # a backward has begun: log_timers() calls from now on end training steps
         self.closed = False
@@ -164,16 +166,29 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         the files must hold the newest bytes then, so reading it flushes the changed state first."""
         if not self.closed:
             self.store.flush()
-            # On a load the engine then copies the checkpoint's files over these: remember what each held file
-            # looks like now, and let the next swap-in drop the copies whose files changed (a save changes none).
-            self._held_files_at_folder_access = {key: _file_identity(key) for key in self.store.held_keys()}
+            # On a load the engine then copies the checkpoint's files over these, so any copy held now may be
+            # stale, and no file timestamp says which for sure (a copy within one clock tick of the flush leaves
+            # inode, size and ctime as they were): the next swap-in, the first after the copy, drops them all.
+            # A save changes no file: the copies stay.
+            if self._checkpoint_load_pending:
+                self._drop_held_copies = True
         return self._folder
 
-    def _drop_copies_of_replaced_files(self) -> None:
-        snapshot, self._held_files_at_folder_access = self._held_files_at_folder_access, None
-        for path, identity in (snapshot or {}).items():
-            if _file_identity(path) != identity:
-                self.store.forget(path)
+    @contextlib.contextmanager
+    def loading_checkpoint(self):
+        """While the engine's load_checkpoint runs (install.py wraps it): its read of ``swap_folder`` is a load's."""
+        self._checkpoint_load_pending = True
+        try:
+            yield
+        finally:
+            self._checkpoint_load_pending = False
+
+    def _drop_copies_held_before_load(self) -> None:
+        """Forget every copy held (all flushed at the load's read of ``swap_folder``): the next use reads the file
+        the checkpoint put there."""
+        self._drop_held_copies = False
+        for key in self.store.held_keys():
+            self.store.forget(key)
 
     def _create_param_swap_info(self, parameter, numel):
         # The base class passes self.swap_folder, which would flush: use the folder directly.
@@ -213,8 +228,8 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
     # ------------------------------------------------------------------------------------ swap in and out
     def swap_in_optimizer_state(self, parameter, async_parameter=None):
         # async_parameter defaults to None: the Muon path calls without it (stock Pipelined has no default).
-        if self._held_files_at_folder_access is not None:
-            self._drop_copies_of_replaced_files()
+        if self._drop_held_copies:
+            self._drop_copies_held_before_load()
         swap_info = self._get_param_swap_info(parameter)
         if swap_info is None:
             return
@@ -366,8 +381,8 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
     def _read_first_sub_group_ahead(self) -> None:
         """The update starts with the first sub-group: read its state (master weights and moments; its gradient
         is being produced by this backward) while the backward computes."""
-        if self._held_files_at_folder_access is not None:  # a checkpoint was loaded: drop replaced copies first
-            self._drop_copies_of_replaced_files()
+        if self._drop_held_copies:  # a checkpoint was loaded: drop the copies held before first
+            self._drop_copies_held_before_load()
         first = next(iter(self.swap_params_info.values()), None)
         if first is not None and first.param_id not in self._lent:
             self._start_read_ahead_of(first, with_gradient=False)
@@ -455,16 +470,6 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             for path in paths:
                 self.store.release(path)
         self._read_ahead = {}
-
-
-def _file_identity(path: str):
-    """What changes whenever anyone writes a file: inode, size and ctime (which no user-space call can set; a
-    copy with shutil.copy2 resets mtime but not ctime)."""
-    try:
-        status = os.stat(path)
-    except FileNotFoundError:
-        return None
-    return status.st_ino, status.st_size, status.st_ctime_ns
 
 
 class _PoolView:
