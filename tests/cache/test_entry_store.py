@@ -11,7 +11,7 @@ from tencache_ds.cache.entry_store import BudgetedPageable, EntryStore
 from tencache_ds.cache.host_budget import HostBudget
 from tencache_ds.io.direct_io import DirectFileIO
 from tencache_ds.memory.pool import BufferPool
-from tencache_ds.plan.next_use import NextUseIndex
+from tencache_ds.profile.next_use import NextUseIndex
 
 NUMEL = 100_000
 NBYTES = NUMEL * 4  # page-aligned already: 400000 -> 401408 after rounding

@@ -1,7 +1,7 @@
 """The host-tier governor's bookkeeping between steps (integrations/deepspeed/memory_pressure.py, without DeepSpeed:
 it only calls the swappers' plain methods): which readings make up an optimizer step's rise."""
 from tencache_ds.integrations.deepspeed.memory_pressure import HostTierGovernor
-from tencache_ds.plan.host_memory import HostMemory
+from tencache_ds.probes.host_memory import HostMemory
 
 GiB, MiB = 1 << 30, 1 << 20
 

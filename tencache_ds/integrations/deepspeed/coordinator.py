@@ -28,7 +28,7 @@ from deepspeed.utils import z3_leaf_module
 
 from ...plan.budget import AUTO_DEVICE_CACHE_FRACTION
 from ...plan.device_tier import DeviceTier, device_tier_budget
-from ...plan.next_use import NextUseIndex
+from ...profile.next_use import NextUseIndex
 from .param_swapper import TencacheParamSwapper
 
 _BASE = PartitionedParameterCoordinator
