@@ -167,8 +167,9 @@ PRIVATE_MEMBERS = (
 )
 
 CALL_ORDER = (
-    CallOrder("stage 3 calls _post_step exactly once per optimizer step, after the update (also a step skipped "
-              "for overflow)", "install.py -> reporting.on_optimizer_step_end",
+    CallOrder("stage 3's step() calls _post_step exactly once per optimizer step that updates the weights, after "
+              "the update (a step skipped for gradient overflow returns before it)",
+              "install.py -> reporting.on_optimizer_step_end",
               "ends the step: write-backs, the governor, the metrics record; not called means no write-back and no "
               "metrics, silently", "tests/deepspeed/test_device_tier_engine.py (one metrics line per step)"),
     CallOrder("stage 3's step() calls _partition_all_parameters before it writes the new weights into each "
@@ -180,7 +181,8 @@ CALL_ORDER = (
               "the config is named by the __init__ wrapper; without it the swapper cannot tell a tencache config "
               "and refuses to build", "tests/deepspeed/test_parity.py"),
     CallOrder("the optimizer swapper's log_timers() is called once at the end of initialisation and once per "
-              "optimizer step", "optimizer_swapper.py (profile lifecycle)",
+              "optimizer step (from _post_step, or before step() returns on overflow)",
+              "optimizer_swapper.py (profile lifecycle)",
               "it counts steps to know when the profiled training step ends", "tests/deepspeed/test_parity.py"),
     CallOrder("the engine reads the optimizer swapper's swap_folder just before it copies the folder into a "
               "checkpoint (save) or over it (load)", "optimizer_swapper.py (swap_folder property)",
