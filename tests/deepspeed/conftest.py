@@ -49,11 +49,17 @@ _STOCK_RUNS = {}  # stock runs are deterministic: one per distinct command line 
 def train(tmp_path_factory):
     """train(config="stock-nvme.json", block=None | dict, launcher="python" | "deepspeed", **options).
 
+    ``block=None``: stock DeepSpeed in a process that never imports tencache_ds (train.py --untouched-stock: the
+    parity reference; its result has no stats), unless ``plugin_imported=True`` (tencache_ds imported, no block).
+
     ``script``: another script taking train.py's arguments (a test helper around it); ``cgroup``: a memory cgroup
     folder the run starts in (the launcher and every rank with it); ``env``: variables to add to its environment."""
     tmp_path = tmp_path_factory.mktemp("train")
 
-    def run(config="stock-nvme.json", block=None, launcher="python", expect_failure=False, **options):
+    def run(config="stock-nvme.json", block=None, launcher="python", expect_failure=False, plugin_imported=False,
+            **options):
+        if block is None and not plugin_imported:
+            options["untouched_stock"] = True
         memo_key = json.dumps([config, launcher, expect_failure, sorted(options.items())]) if block is None else None
         if memo_key in _STOCK_RUNS:
             return _STOCK_RUNS[memo_key]
@@ -91,7 +97,9 @@ def train(tmp_path_factory):
             command = [sys.executable, script] + args
         if cgroup is not None:  # the shell moves itself into the cgroup, then becomes the command
             command = ["sh", "-c", f'echo $$ > "{cgroup}/cgroup.procs" && exec "$@"', "sh"] + command
-        env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""), **extra_env)
+        # TENCACHE_DEBUG_CHECKS: the stores check their invariants after every call, as in tests/cache
+        env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
+                   **{"TENCACHE_DEBUG_CHECKS": "1", **extra_env})
         try:
             proc = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
         finally:
