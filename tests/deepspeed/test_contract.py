@@ -3,13 +3,13 @@ lists still exists, install.py rebinds exactly what it lists, an unsupported Dee
 configs (and leaves stock ones alone), and an optimizer swapper that cannot find its config does not fall back to
 stock silently."""
 import os
+import socket
 import subprocess
 import sys
 
 import pytest
 
 pytest.importorskip("deepspeed")
-from conftest import REPO, free_port  # noqa: E402  (tests/deepspeed/conftest.py)
 
 from tencache_ds import TencacheConfigError, parse_config  # noqa: E402
 from tencache_ds.integrations.deepspeed import contract, install  # noqa: E402
@@ -17,6 +17,13 @@ from tencache_ds.integrations.deepspeed.config_bridge import initializing  # noq
 from tencache_ds.integrations.deepspeed.optimizer_swapper import TencacheOptimizerSwapper  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+
+
+def free_port():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def test_every_name_in_the_contract_exists_in_the_installed_deepspeed():
