@@ -9,10 +9,11 @@ result files can be compared bit for bit.
     python scripts/train.py --deepspeed_config configs/tencache-auto.json --model gpt2-tiny --result-file out.json
     python scripts/train.py --list-models          # parameter counts of configs/models/*.json (meta device)
 
-Flow: parse args -> load ds_config and apply CLI overrides -> seed -> build the model (--init zero|hf|convert)
--> deepspeed.initialize -> per optimizer step: grad_accum micro steps of forward/backward/step, record loss (and
-its fp32 bit pattern), time, peak RSS, /proc/self/io deltas and tencache_ds.stats(engine) -> gather the fp32 master
-weights (SHA-256, optionally saved) -> write the result JSON on rank 0. See scripts/README.md.
+Flow: parse args -> load ds_config and apply CLI overrides -> import tencache_ds (not with --untouched-stock)
+-> seed -> build the model (--init zero|hf|convert) -> deepspeed.initialize -> per optimizer step: grad_accum micro
+steps of forward/backward/step, record loss (and its fp32 bit pattern), time, peak RSS, /proc/self/io deltas and
+tencache_ds.stats(engine) -> gather the fp32 master weights (SHA-256, optionally saved) -> write the result JSON on
+rank 0. See scripts/README.md.
 """
 import argparse
 import contextlib
@@ -49,7 +50,17 @@ def ask_cpuinfo_once():
 ask_cpuinfo_once()  # before deepspeed is imported, so every op load finds the cached answer
 import torch  # noqa: E402
 import deepspeed  # noqa: E402
-import tencache_ds  # noqa: E402,F401  (activates itself from the "tencache" block of the ds_config)
+import shm_buffers  # noqa: E402  (beside this script)
+
+tencache_ds = None  # the plugin, once main() imported it (every run but --untouched-stock)
+
+
+def import_plugin():
+    """``import tencache_ds``: it puts its swappers into DeepSpeed (imported above), which hand back DeepSpeed's own
+    for a config without an enabled "tencache" block. Done before anything else touches DeepSpeed."""
+    global tencache_ds
+    import tencache_ds as plugin
+    tencache_ds = plugin
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -73,6 +84,9 @@ def parse_args(argv=None):
                    "convert: plain model converted by deepspeed.initialize")
     p.add_argument("--tencache-block", default=None,
                    help='JSON for the top-level "tencache" key, or "none" to remove it')
+    p.add_argument("--untouched-stock", action="store_true",
+                   help="stock DeepSpeed in a process that never imports tencache_ds (no stats in the result); "
+                        "the config must have no \"tencache\" block (see --tencache-block none)")
     p.add_argument("--result-file", default=None, help="write the result JSON here (rank 0)")
     p.add_argument("--save-weights", action="store_true", help="also torch.save fp32 weights to RESULT.weights.pt")
     p.add_argument("--weights-gather", choices=["public", "grouped", "none"], default="public",
@@ -138,6 +152,15 @@ def ensure_dist_env(local_rank=None):
     os.environ.setdefault("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"])
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(free_port()))
+
+
+def start_distributed():
+    """deepspeed.init_distributed(), then this rank's shared-memory all-reduce buffer unlinked once every rank has
+    mapped it (shm_buffers.py): DeepSpeed never removes them, and a run killed later leaves none behind either."""
+    deepspeed.init_distributed()
+    if shm_buffers.creates_buffers():
+        deepspeed.comm.barrier()  # every rank is past the backend's start, so has mapped every other's buffer
+        shm_buffers.remove_own_buffer()
 
 
 def rank():
@@ -348,7 +371,7 @@ def loss_bits(loss):
 
 def plugin_stats(engine):
     """tencache_ds.stats(engine) if the plugin has that API (a flat dict), else None."""
-    fn = getattr(tencache_ds, "stats", None)
+    fn = getattr(tencache_ds, "stats", None)  # None: --untouched-stock
     if fn is None:
         return None
     try:
@@ -555,9 +578,14 @@ def main(argv=None):
         list_models()
         return 0
     ensure_dist_env(args.local_rank)
-    deepspeed.init_distributed()
-
     ds_config = load_ds_config(args.ds_config_path, args)
+    if args.untouched_stock and "tencache" in ds_config:
+        raise SystemExit(f'--untouched-stock: {args.ds_config_path} has a "tencache" block; remove it with '
+                         f'--tencache-block none')
+    if not args.untouched_stock:
+        import_plugin()
+    start_distributed()
+
     recorded_config = copy.deepcopy(ds_config)  # DeepSpeed may edit the dict it is given
     model_name, model_cfg = load_model_config(args.model)
     limit = max_positions(model_cfg)
@@ -619,6 +647,7 @@ def main(argv=None):
             "nvme_usage": nvme_usage(recorded_config),
             "torch_version": torch.__version__,
             "deepspeed_version": deepspeed.__version__,
+            "tencache_imported": "tencache_ds" in sys.modules,  # False: stock untouched (--untouched-stock)
         })
     del keepalive
     return 0

@@ -1,6 +1,11 @@
 """Checks of a parsed "tencache" block against the machine it will run on. Owns: "can this budget or path work
-here?" answered without writing anything (no folder created, no probe file). Does not own: the block's own keys
+here?" answered before the run writes anything, and leaving nothing behind. Does not own: the block's own keys
 and types (config.py) or DeepSpeed's sections (integrations/deepspeed/config_bridge.py, which calls these).
+
+A file the block names (metrics_path, profile_path) is tried for real: permission bits say nothing to root, and
+some folders accept no new file whatever they say (/proc, /sys, a name too long), so the check creates the file's
+missing folders and a probe file in the last one, then removes both. The nvme_path is only looked at here; the
+swappers create and probe it (config_bridge.prepare_swap_folder).
 
 Leaf module: imports neither torch nor deepspeed, so `tencache-ds doctor` can use it too.
 """
@@ -63,7 +68,8 @@ def check_output_paths(config: TencacheConfig) -> None:
 
 
 def check_output_file(key: str, path: str) -> None:
-    """``path`` is a file we may create or append to (its missing folders are created by the writer)."""
+    """``path`` is a file we may create or append to (its missing folders are created by the writer): tried by
+    creating its missing folders and a probe file beside it, all removed again."""
     absolute = os.path.abspath(path)
     if os.path.isdir(absolute):
         raise TencacheResourceError(f"{key} = {path!r} is a folder; name a file inside it, "
@@ -72,8 +78,42 @@ def check_output_file(key: str, path: str) -> None:
         if not os.access(absolute, os.W_OK):
             raise TencacheResourceError(f"{key} = {path!r} exists and is not writable by this user: "
                                         f"fix its permissions or choose another path")
+        _try_writing(key, path, "cannot open it for appending",
+                     lambda: open(absolute, "ab").close())  # appends nothing: the file is unchanged
         return
-    _check_creatable(key, path, os.path.dirname(absolute))
+    folder = os.path.dirname(absolute)
+    _check_creatable(key, path, folder)
+    _try_writing(key, path, f"cannot create a file in {folder}",
+                 lambda: _probe_file(folder, os.path.basename(absolute)))
+
+
+def _probe_file(folder: str, name: str) -> None:
+    """Create ``folder`` (and its missing parents) and a file named like ``name`` in it; remove all of them."""
+    created = []
+    missing = folder
+    while not os.path.exists(missing):
+        created.append(missing)
+        missing = os.path.dirname(missing)
+    try:
+        for made in reversed(created):
+            os.mkdir(made)
+        probe = os.path.join(folder, f".{name}.tencache-probe-{os.getpid()}")
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        os.remove(probe)
+    finally:
+        for made in created:  # deepest first; a folder that was not made is not there to remove
+            try:
+                os.rmdir(made)
+            except OSError:
+                pass
+
+
+def _try_writing(key: str, path: str, what: str, attempt) -> None:
+    try:
+        attempt()
+    except OSError as err:
+        raise TencacheResourceError(f"{key} = {path!r} is not usable: {what} ({err.strerror or err}); choose a "
+                                    f"writable location") from None
 
 
 def check_swap_folder(key: str, path: Optional[str]) -> None:

@@ -27,6 +27,8 @@ MACHINE = MachineResources(host_total_bytes=64 << 30, host_available_bytes=48 <<
 FOUR_RANKS = dataclasses.replace(MACHINE, local_world_size=4)
 LOW_MEMLOCK = dataclasses.replace(MACHINE, memlock_limit_bytes=64 << 20)
 UNWRITABLE_DIR = "/proc/sys"  # a folder nobody may create files in, root included
+# A folder whose permission bits let root write (os.access says yes), which still takes no new file or folder.
+UNCREATABLE_DIR = "/proc"
 
 
 def valid_config(tmp: str) -> dict:
@@ -120,6 +122,12 @@ CASES = [
          "tencache.metrics_path", TencacheResourceError),
     Case("metrics-unwritable", "metrics_path in a folder this user cannot write",
          block(metrics_path=os.path.join(UNWRITABLE_DIR, "m.jsonl")), "tencache.metrics_path", TencacheResourceError),
+    Case("metrics-uncreatable", "metrics_path in a folder that takes no new file, whatever its permissions say",
+         block(metrics_path=os.path.join(UNCREATABLE_DIR, "runs", "m.jsonl")), "tencache.metrics_path",
+         TencacheResourceError),
+    Case("profile-uncreatable", "profile_path in a folder that takes no new file, whatever its permissions say",
+         block(profile_path=os.path.join(UNCREATABLE_DIR, "profile.json")), "tencache.profile_path",
+         TencacheResourceError),
     Case("profile-is-folder", "profile_path is a folder",
          lambda config, tmp: config["tencache"].update(profile_path=tmp), "tencache.profile_path",
          TencacheResourceError),

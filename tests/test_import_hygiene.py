@@ -1,10 +1,26 @@
-"""Dependency rules: `import tencache_ds` stays light, and only the DeepSpeed adapters import DeepSpeed."""
+"""Dependency rules: the layers of docs/design.md hold (no import points up a layer, no cycle between packages),
+`import tencache_ds` stays light, and only the DeepSpeed adapters import DeepSpeed."""
 import ast
 import os
 import subprocess
 import sys
 
 PACKAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tencache_ds")
+
+# The layers, lowest first (docs/design.md, "Layers"; README's layout). A module may import modules of its own layer
+# or of a lower one, and the leaves; never a higher layer. Units are tencache_ds's top-level modules and packages.
+LAYERS = (
+    ("config", {"config"}),
+    ("profile", {"profile"}),
+    ("plan", {"plan", "config_checks"}),
+    ("memory/io", {"memory", "io"}),
+    ("cache", {"cache"}),
+    ("integrations", {"integrations"}),
+    ("cli", {"cli", "bench"}),
+    ("package", {"__init__"}),  # tencache_ds/__init__.py: the public face, imports the adapters on demand
+)
+# Leaves: used from every layer, and import nothing of tencache_ds but other leaves.
+LEAVES = {"units", "errors", "log", "metrics", "ext_lock", "probes"}
 
 
 def imported_modules(path):
@@ -15,6 +31,121 @@ def imported_modules(path):
             yield from (alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             yield node.module
+
+
+def module_name(path):
+    """tencache_ds.plan.budget for tencache_ds/plan/budget.py; tencache_ds.plan for its __init__.py."""
+    relative = os.path.relpath(path, os.path.dirname(PACKAGE))[:-len(".py")].replace(os.sep, ".")
+    return relative.removesuffix(".__init__")
+
+
+def package_imports(path):
+    """The tencache_ds modules ``path`` imports (relative imports resolved), at any depth (lazy imports count)."""
+    me = module_name(path)
+    package = me if path.endswith("__init__.py") else me.rpartition(".")[0]
+    with open(path) as handle:
+        tree = ast.parse(handle.read())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            parts = package.split(".")
+            base = ".".join(parts[:len(parts) - node.level + 1])
+            if node.module:
+                yield f"{base}.{node.module}"
+            else:
+                yield from (f"{base}.{alias.name}" for alias in node.names)
+        else:
+            yield from (name for name in (imported_modules_of(node)) if name.split(".")[0] == "tencache_ds")
+
+
+def imported_modules_of(node):
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+        return [node.module]
+    return []
+
+
+def unit_of(module):
+    """The top-level unit of a tencache_ds module: "plan" for tencache_ds.plan.budget, "__init__" for tencache_ds."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def import_graph():
+    """{module: set of tencache_ds modules it imports} over the whole package."""
+    graph = {}
+    for folder, _dirs, files in os.walk(PACKAGE):
+        for name in files:
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                graph[module_name(path)] = set(package_imports(path)) - {module_name(path)}
+    return graph
+
+
+def layer_violations(graph):
+    """Imports that break the layer rules, as readable lines (empty: the layers hold)."""
+    rank = {unit: index for index, (_name, units) in enumerate(LAYERS) for unit in units}
+    problems = []
+    for module, imports in sorted(graph.items()):
+        unit = unit_of(module)
+        if unit not in rank and unit not in LEAVES:
+            problems.append(f"{module}: {unit} is in no layer (add it to LAYERS or LEAVES, and to docs/design.md)")
+            continue
+        for target in sorted(imports):
+            target_unit = unit_of(target)
+            if target_unit == unit or target_unit in LEAVES:
+                continue
+            if unit in LEAVES:
+                problems.append(f"{module} -> {target}: a leaf imports only leaves")
+            elif target_unit not in rank or rank[target_unit] > rank[unit]:
+                problems.append(f"{module} -> {target}: points up from {unit} to {target_unit}")
+    return problems
+
+
+def unit_cycles(graph):
+    """Cycles between units (packages), e.g. profile -> plan -> profile, as lists of units."""
+    edges = {}
+    for module, imports in graph.items():
+        for target in imports:
+            if unit_of(target) != unit_of(module):
+                edges.setdefault(unit_of(module), set()).add(unit_of(target))
+    cycles, state = [], {}
+
+    def visit(unit, path):
+        state[unit] = "open"
+        for target in sorted(edges.get(unit, ())):
+            if state.get(target) == "open":
+                cycles.append(path[path.index(target):] + [target])
+            elif target not in state:
+                visit(target, path + [target])
+        state[unit] = "done"
+
+    for unit in sorted(edges):
+        if unit not in state:
+            visit(unit, [unit])
+    return cycles
+
+
+def test_no_import_points_up_a_layer():
+    assert layer_violations(import_graph()) == []
+
+
+def test_no_cycle_between_packages():
+    assert unit_cycles(import_graph()) == []
+
+
+def test_the_checks_catch_an_upward_import_and_a_cycle():
+    """Each rule fails when broken: an import from plan up into cache, a leaf importing a layer, and the cycle the
+    profile once had with plan (profile.lifecycle -> plan.next_use while plan.prefetch -> profile)."""
+    graph = import_graph()
+    upward = dict(graph, **{"tencache_ds.plan.budget": graph["tencache_ds.plan.budget"] | {"tencache_ds.cache.entry"}})
+    assert layer_violations(upward) == ["tencache_ds.plan.budget -> tencache_ds.cache.entry: points up from plan "
+                                        "to cache"]
+    leaf = dict(graph, **{"tencache_ds.units": {"tencache_ds.config"}})
+    assert layer_violations(leaf) == ["tencache_ds.units -> tencache_ds.config: a leaf imports only leaves"]
+    cycle = dict(graph, **{"tencache_ds.profile.lifecycle": graph["tencache_ds.profile.lifecycle"] |
+                           {"tencache_ds.plan.budget"}})
+    assert ["plan", "profile", "plan"] in unit_cycles(cycle)
 
 
 def test_only_the_deepspeed_adapters_import_deepspeed():
@@ -33,7 +164,7 @@ def test_only_the_deepspeed_adapters_import_deepspeed():
 
 
 def test_pure_layers_import_neither_torch_nor_deepspeed():
-    for layer in ("config.py", "config_checks.py", "units.py", "errors.py", "plan", "profile"):
+    for layer in ("config.py", "config_checks.py", "units.py", "errors.py", "plan", "profile", "probes"):
         root = os.path.join(PACKAGE, layer)
         paths = [root] if root.endswith(".py") else [os.path.join(root, n) for n in os.listdir(root) if n.endswith(".py")]
         for path in paths:

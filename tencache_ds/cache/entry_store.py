@@ -26,7 +26,7 @@ import torch
 from ..io.direct_io import DirectFileIO
 from ..log import logger
 from ..memory.pool import BufferPool, HostBuffer
-from ..plan.next_use import NextUseIndex, choose_victim
+from ..profile.next_use import NextUseIndex, choose_victim
 from ..plan.prefetch import worth_evicting
 from ..profile.recorder import StepRecorder
 from ..units import PAGE_BYTES, round_up

@@ -71,9 +71,9 @@ def calibrate(nvme_path: str, model_config: Dict[str, Any], micro_batch: int, se
 
 def machine_from_calibration(measured: Dict[str, Any]):
     """This machine as plan/machine.py describes it: the probes' figures, the host memory and cgroup limit
-    (plan/host_memory.py), DeepSpeed's CPU accelerator when no GPU is visible. Each figure's source says how it
+    (probes/host_memory.py), DeepSpeed's CPU accelerator when no GPU is visible. Each figure's source says how it
     was measured."""
-    from ..plan.host_memory import read_host_memory
+    from ..probes.host_memory import read_host_memory
     from ..plan.machine import Machine
     memory = read_host_memory()
     nvme, adam, copy, compute = measured["nvme"], measured["adam"], measured["host_copy"], measured["compute"]
@@ -94,7 +94,7 @@ def machine_from_calibration(measured: Dict[str, Any]):
             "nvme_write_bytes_per_s_per_drive": f"{where}: same run, writes",
             "cpu_adam_elements_per_s": f"{where}: {adam['method']}",
             "host_copy_bytes_per_s": f"{where}: {copy['method']}",
-            "host_memory_bytes": f"{where}: /proc/meminfo and the memory cgroup (plan/host_memory.py, bound by "
+            "host_memory_bytes": f"{where}: /proc/meminfo and the memory cgroup (probes/host_memory.py, bound by "
                                  f"{memory.bound_by})",
             "process_baseline_bytes": f"{where}: resident memory after importing torch, transformers, DeepSpeed",
             "load": f"1-minute load average {load} on {os.cpu_count()} cores when measured",

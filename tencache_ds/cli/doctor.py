@@ -364,7 +364,7 @@ def check_memlock() -> CheckResult:
     """The soft RLIMIT_MEMLOCK as `ulimit -l` shows it, and whether CAP_IPC_LOCK makes it moot (root in most
     containers). plan/budget.py's memlock_limit_bytes() already folds the capability in, so read the raw limit here."""
     import resource
-    from ..plan.budget import has_ipc_lock_capability
+    from ..probes.limits import has_ipc_lock_capability
     soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
     capable = has_ipc_lock_capability()
     unlimited = soft == resource.RLIM_INFINITY

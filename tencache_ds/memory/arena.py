@@ -12,7 +12,7 @@ import warnings
 from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 from ..errors import TencacheConfigError, TencacheOutOfMemory, TencacheResourceError
-from ..plan.budget import locked_bytes_now
+from ..probes.limits import locked_bytes_now
 from ..units import fmt_bytes, round_up
 from . import _native, pinning
 

@@ -14,7 +14,7 @@ import threading
 import weakref
 from typing import Callable, Optional
 
-from ..plan.host_memory import anonymous_resident_bytes
+from ..probes.host_memory import anonymous_resident_bytes
 
 logger = logging.getLogger(__name__)
 

@@ -5,20 +5,22 @@ passed in).
 
 Host memory is a node's: "auto" and the "fits the machine" checks divide it between the ranks of the node
 (``LOCAL_WORLD_SIZE``, set by the deepspeed launcher and torchrun). In a container it is the container's: the
-node's memory bounded by the memory cgroup's limit (plan/host_memory.py). RLIMIT_MEMLOCK is a process's: each
+node's memory bounded by the memory cgroup's limit (probes/host_memory.py). RLIMIT_MEMLOCK is a process's: each
 rank may lock up to the whole limit, so it is never divided.
 
-Imports neither torch nor deepspeed (nor psutil), so it is testable anywhere and usable by `tencache-ds doctor`.
+Pure but for MachineResources.probe, which gathers the machine's readings from probes/ (the leaf that reads /proc,
+cgroups and rlimits). Imports neither torch nor deepspeed (nor psutil), so it is testable anywhere and usable by
+`tencache-ds doctor`.
 """
 import dataclasses
-import os
-import resource
-from typing import Optional, Tuple
+from typing import Tuple
 
 from ..config import AUTO, TencacheConfig
 from ..log import logger
+from ..probes.host_memory import read_host_memory
+# UNLIMITED and lockable_bytes_now are also the planner's vocabulary for its callers (config_checks, the stores)
+from ..probes.limits import UNLIMITED, local_world_size, lockable_bytes_now, memlock_limit_bytes  # noqa: F401
 from ..units import fmt_bytes
-from .host_memory import read_host_memory
 
 # "auto" takes this share of the host memory that is available when the run starts. The rest stays for the
 # model's activations, DeepSpeed's own CPU buffers and the page cache that NVMe reads go through.
@@ -26,8 +28,6 @@ AUTO_HOST_CACHE_FRACTION = 0.25
 # and this share of the accelerator memory that is free once the engine is built.
 AUTO_DEVICE_CACHE_FRACTION = 0.5
 
-UNLIMITED = -1
-LOCAL_WORLD_SIZE_ENV = "LOCAL_WORLD_SIZE"  # ranks on this node (deepspeed launcher, torchrun)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,57 +61,6 @@ class MachineResources:
     def host_available_per_rank_bytes(self) -> int:
         """This rank's share of the node's available memory."""
         return self.host_available_bytes // max(1, self.local_world_size)
-
-
-def local_world_size() -> int:
-    """Ranks on this node: ``LOCAL_WORLD_SIZE`` when a launcher set it (deepspeed, torchrun), else 1."""
-    try:
-        return max(1, int(os.environ.get(LOCAL_WORLD_SIZE_ENV, "1")))
-    except ValueError:
-        return 1
-
-
-def locked_bytes_now() -> Optional[int]:
-    """Bytes this process has page-locked now (``VmLck`` in /proc/self/status), which count against its memlock
-    limit; None where it cannot be read."""
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith("VmLck:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
-def lockable_bytes_now() -> int:
-    """How many more bytes this process may page-lock: UNLIMITED, or its memlock limit minus what it has locked."""
-    limit = memlock_limit_bytes()
-    return UNLIMITED if limit == UNLIMITED else max(0, limit - (locked_bytes_now() or 0))
-
-
-CAP_IPC_LOCK = 14  # linux/capability.h: a process with it may lock memory past RLIMIT_MEMLOCK
-
-
-def memlock_limit_bytes() -> int:
-    """How much this process may page-lock: UNLIMITED when RLIMIT_MEMLOCK is infinite or the process holds
-    CAP_IPC_LOCK (root in most containers, where `ulimit -l` shows a limit that does not apply), else the soft
-    limit."""
-    soft, _hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
-    if soft == resource.RLIM_INFINITY or has_ipc_lock_capability():
-        return UNLIMITED
-    return int(soft)
-
-
-def has_ipc_lock_capability() -> bool:
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith("CapEff:"):
-                    return bool(int(line.split()[1], 16) >> CAP_IPC_LOCK & 1)
-    except OSError:
-        pass
-    return False
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,7 +11,7 @@ no release/re-lend bookkeeping.
 import math
 from typing import Callable, Dict, Hashable, List, Optional, Tuple
 
-from .next_use import NextUseIndex
+from ..profile.next_use import NextUseIndex
 
 
 def device_tier_budget(configured, gathers_alias_partitions: bool, host_param_cache_bytes: int,

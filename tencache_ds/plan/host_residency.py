@@ -8,7 +8,7 @@ than predicted here. Used by `tencache-ds plan` and to tell the prefetch planner
 import dataclasses
 from typing import Dict, FrozenSet, Hashable, List, Sequence, Set
 
-from .next_use import NextUseIndex
+from ..profile.next_use import NextUseIndex
 from .prefetch import worth_evicting
 
 

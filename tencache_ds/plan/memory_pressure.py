@@ -1,6 +1,6 @@
 """The host tier's budget while memory changes under a running job. Owns: the rule that turns a reading of the
 host's memory into memory to give back or to take again, or into "exhausted". Pure: readings come from
-plan/host_memory.py and memory/footprint.py; integrations/deepspeed/memory_pressure.py applies the decisions to the
+probes/host_memory.py and memory/footprint.py; integrations/deepspeed/memory_pressure.py applies the decisions to the
 stores.
 
 At start-up the host tier is fitted to the memory available then (plan/budget.py). Memory can shrink later:

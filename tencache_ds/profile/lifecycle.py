@@ -28,7 +28,7 @@ import enum
 from typing import Callable, Hashable, Optional, Sequence, Tuple
 
 from ..log import logger
-from ..plan.next_use import NextUseIndex
+from .next_use import NextUseIndex
 from . import store as profile_store
 from .recorder import StepRecorder
 from .step_profile import StepProfile

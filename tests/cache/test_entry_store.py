@@ -11,7 +11,7 @@ from tencache_ds.cache.entry_store import BudgetedPageable, EntryStore
 from tencache_ds.cache.host_budget import HostBudget
 from tencache_ds.io.direct_io import DirectFileIO
 from tencache_ds.memory.pool import BufferPool
-from tencache_ds.plan.next_use import NextUseIndex
+from tencache_ds.profile.next_use import NextUseIndex
 
 NUMEL = 100_000
 NBYTES = NUMEL * 4  # page-aligned already: 400000 -> 401408 after rounding
@@ -34,14 +34,50 @@ def put(store, tmp_path, key, value):
     store.release(key, changed=True)
 
 
-def test_every_transition_in_the_table_is_legal_and_nothing_else():
-    for old in EntryState:
-        for new in EntryState:
-            if new in LEGAL_TRANSITIONS[old]:
-                check_transition("k", old, new)
-            else:
-                with pytest.raises(IllegalTransition):
-                    check_transition("k", old, new)
+def test_one_tensor_walks_through_write_back_a_flush_a_hit_eviction_and_a_read(tmp_path, io):
+    """The life of one optimizer tensor, step by step, in the states of cache/entry.py (the store checks each
+    transition against the table, and its invariants after every call)."""
+    store = make(tmp_path, io, budget_bytes=10 * NBYTES)
+    # 1. a new tensor is handed out for its first bytes: lent, and the file owes them
+    view = store.lend_new("m", NUMEL, str(tmp_path / "m.swp"))
+    assert store.state("m") == EntryState.LENT_DIRTY
+    view.fill_(1.0)
+    # 2. released changed, it is kept, still unwritten (write-back)
+    store.release("m", changed=True)
+    assert store.state("m") == EntryState.DIRTY and io.counters().write_requests == 0
+    # 3. a checkpoint flushes it: written once, the copy stays, now clean
+    assert store.flush() == 1
+    assert store.state("m") == EntryState.CLEAN and io.counters().write_requests == 1
+    # 4. a hit lends the held buffer itself; released unchanged, nothing is written
+    assert torch.all(store.lend("m") == 1.0) and store.state("m") == EntryState.LENT_CLEAN
+    store.release("m")
+    assert store.state("m") == EntryState.CLEAN and io.counters().write_requests == 1
+    # 5. memory pressure takes the clean copy: its buffer goes without a write, the file has the bytes
+    store.trim_kept(0)
+    assert store.state("m") == EntryState.ON_FILE and io.counters().write_requests == 1
+    # 6. the next use reads the file back: reading, then lent clean, with the flushed bytes
+    store.start_read("m")
+    assert store.state("m") in (EntryState.READING, EntryState.LENT_CLEAN)
+    assert torch.all(store.wait_read("m") == 1.0) and store.state("m") == EntryState.LENT_CLEAN
+    assert io.counters().read_requests == 1
+    # 7. the optimizer changes it in place; released changed, the file owes the bytes again
+    store.release("m", changed=True)
+    assert store.state("m") == EntryState.DIRTY
+    store.close()
+
+
+@pytest.mark.parametrize("old, new, why", [
+    (EntryState.DIRTY, EntryState.ON_FILE, "a dirty copy's buffer cannot go before its bytes reach the file"),
+    (EntryState.LENT_DIRTY, EntryState.ON_FILE, "changed bytes handed back cannot be dropped unwritten"),
+    (EntryState.WRITING, EntryState.LENT_CLEAN, "a buffer being written is not handed out meanwhile"),
+    (EntryState.WRITING, EntryState.LENT_DIRTY, "... nor changed meanwhile"),
+    (EntryState.READING, EntryState.CLEAN, "a read is for a use: it ends lent, or failed"),
+    (EntryState.ON_FILE, EntryState.LENT_CLEAN, "bytes on file are read before they are lent"),
+])
+def test_the_table_refuses_transitions_that_would_lose_or_alias_bytes(old, new, why):
+    with pytest.raises(IllegalTransition):
+        check_transition("k", old, new)
+    assert new not in LEGAL_TRANSITIONS[old], why
 
 
 def test_a_held_entry_is_lent_without_copy_and_written_only_when_flushed(tmp_path, io):

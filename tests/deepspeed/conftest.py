@@ -1,5 +1,6 @@
 """Runs scripts/train.py (the real user script: real DeepSpeed engine on the CPU accelerator, real swap files)
 in a fresh process per training run, and reads its result JSON."""
+import importlib.util
 import json
 import os
 import shutil
@@ -14,10 +15,17 @@ import pytest
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TRAIN = os.path.join(REPO, "scripts", "train.py")
 
+# scripts/shm_buffers.py (DeepSpeed's /dev/shm all-reduce buffers), loaded by path: scripts/ is no package
+_spec = importlib.util.spec_from_file_location("shm_buffers", os.path.join(REPO, "scripts", "shm_buffers.py"))
+shm_buffers = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(shm_buffers)
+
 
 class TrainRun:
-    def __init__(self, result, output, returncode):
+    def __init__(self, result, output, returncode, shm_leftovers=()):
         self.result, self.output, self.returncode = result, output, returncode
+        # DeepSpeed's /dev/shm all-reduce buffers the run left behind (then removed here): train.py removes its own
+        self.shm_leftovers = list(shm_leftovers)
 
     @property
     def loss_bits(self):
@@ -56,12 +64,18 @@ _STOCK_RUNS = {}  # stock runs are deterministic: one per distinct command line 
 def train(tmp_path_factory):
     """train(config="stock-nvme.json", block=None | dict, launcher="python" | "deepspeed", **options).
 
+    ``block=None``: stock DeepSpeed in a process that never imports tencache_ds (train.py --untouched-stock: the
+    parity reference; its result has no stats), unless ``plugin_imported=True`` (tencache_ds imported, no block).
+
     ``script``: another script taking train.py's arguments (a test helper around it); ``cgroup``: a memory cgroup
     folder the run starts in (the launcher and every rank with it); ``env``: variables to add to its environment;
     ``timeout``: seconds before the run counts as hung (subprocess.TimeoutExpired fails the test)."""
     tmp_path = tmp_path_factory.mktemp("train")
 
-    def run(config="stock-nvme.json", block=None, launcher="python", expect_failure=False, **options):
+    def run(config="stock-nvme.json", block=None, launcher="python", expect_failure=False, plugin_imported=False,
+            **options):
+        if block is None and not plugin_imported:
+            options["untouched_stock"] = True
         memo_key = json.dumps([config, launcher, expect_failure, sorted(options.items())]) if block is None else None
         if memo_key in _STOCK_RUNS:
             return _STOCK_RUNS[memo_key]
@@ -91,28 +105,35 @@ def train(tmp_path_factory):
                 args.append(f"--{key.replace('_', '-')}")
             else:
                 args += [f"--{key.replace('_', '-')}", str(value)]
+        master_port = None  # a plain python run is one rank with no LOCAL_SIZE: DeepSpeed makes no shm buffer
         if launcher == "deepspeed":
-            command = ["deepspeed", "--num_gpus", str(num_ranks), "--master_port", str(free_port()),
+            master_port = free_port()
+            command = ["deepspeed", "--num_gpus", str(num_ranks), "--master_port", str(master_port),
                        script] + args
         else:
             command = [sys.executable, script] + args
         if cgroup is not None:  # the shell moves itself into the cgroup, then becomes the command
             command = ["sh", "-c", f'echo $$ > "{cgroup}/cgroup.procs" && exec "$@"', "sh"] + command
-        env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""), **extra_env)
+        # TENCACHE_DEBUG_CHECKS: the stores check their invariants after every call, as in tests/cache
+        env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
+                   **{"TENCACHE_DEBUG_CHECKS": "1", **extra_env})
         try:
             proc = _run_in_own_group(command, env, timeout)
         finally:
+            # A run killed before it could unlink its buffers (69 MB of RAM each) leaves them: remove this run's,
+            # told from a concurrent run's by the master port.
+            leftovers = shm_buffers.remove_run_buffers(master_port) if master_port is not None else []
             if own_nvme:  # a run's swap files are hundreds of MiB and nothing reads them after it: a whole suite
                 shutil.rmtree(nvme_path, ignore_errors=True)  # of them would fill a CI disk
         output = proc.stdout + proc.stderr
         if expect_failure:
             assert proc.returncode != 0, output[-3000:]
-            return TrainRun(None, output, proc.returncode)
+            return TrainRun(None, output, proc.returncode, leftovers)
         # Stock DeepSpeed's aio handles occasionally abort the interpreter's teardown after a finished run
         # ("terminate called without an active exception", SIGABRT); the result file is complete by then.
         teardown_abort = proc.returncode == -6 and "terminate called without an active exception" in output
         assert proc.returncode == 0 or (teardown_abort and result_file.exists()), output[-5000:]
         with open(result_file) as handle:
-            return TrainRun(json.load(handle), output, proc.returncode)
+            return TrainRun(json.load(handle), output, proc.returncode, leftovers)
 
     return run

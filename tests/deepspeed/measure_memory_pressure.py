@@ -30,7 +30,7 @@ def as_squeeze_script(mode, argv):
         from tencache_ds.plan.memory_pressure import MemoryPressurePolicy
         MemoryPressurePolicy.exhausted = lambda self, *args, **kwargs: None
     else:
-        from tencache_ds.plan.host_memory import cgroup_usage
+        from tencache_ds.probes.host_memory import cgroup_usage
         from tencache_ds.units import parse_bytes
         headroom = parse_bytes(mode.split(":", 1)[1])
 
@@ -46,7 +46,7 @@ def as_squeeze_script(mode, argv):
 
 
 def new_cgroup():
-    from tencache_ds.plan.host_memory import memory_cgroup_folder
+    from tencache_ds.probes.host_memory import memory_cgroup_folder
     folder, _root, version = memory_cgroup_folder()
     path = os.path.join(folder, f"tencache-measure-{uuid.uuid4().hex[:6]}")
     os.mkdir(path)

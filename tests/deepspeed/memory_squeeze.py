@@ -5,7 +5,7 @@ is lowered under a running job (or a neighbour that grows) squeezes it. Run it i
     python tests/deepspeed/memory_squeeze.py --squeeze-after 2 --squeeze-to window [--release-after 3] \
         [train.py arguments]
 
-After each listed step the cgroup's limit is lowered (plan/host_memory.py names the quantities): ``window``, to its
+After each listed step the cgroup's limit is lowered (probes/host_memory.py names the quantities): ``window``, to its
 working set (usage less inactive page cache) plus half-way between a step's measured rise and the reserve tencache
 keeps available (the next step fits, and tencache must give memory back); ``short``, to its usage without any page
 cache plus half a step's rise (even with every page of cache reclaimed the next step cannot fit: tencache must stop
@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.join(REPO, "scripts"))
 import train  # noqa: E402
 
 from tencache_ds.integrations.deepspeed.memory_pressure import governor_of  # noqa: E402
-from tencache_ds.plan.host_memory import cgroup_usage, memory_cgroup_folder  # noqa: E402
+from tencache_ds.probes.host_memory import cgroup_usage, memory_cgroup_folder  # noqa: E402
 from tencache_ds.units import parse_bytes  # noqa: E402
 
 SQUEEZES, WORKING_SETS = [], []

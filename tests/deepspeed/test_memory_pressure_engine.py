@@ -10,7 +10,7 @@ import pytest
 
 from test_parity import assert_same_bits  # tests/deepspeed is on sys.path (pytest rootdir-relative imports)
 from test_residency import FAST, SUB_GROUPS
-from tencache_ds.plan.host_memory import memory_cgroup_folder
+from tencache_ds.probes.host_memory import memory_cgroup_folder
 
 pytestmark = [pytest.mark.deepspeed, pytest.mark.slow]
 

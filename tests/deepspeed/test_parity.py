@@ -26,12 +26,17 @@ def assert_same_bits(reference, ours):
         [step.get("eval_loss_bits") for step in reference.result["steps"]]
 
 
+def assert_untouched(stock):
+    """``stock`` ran in a process that never imported tencache_ds: DeepSpeed exactly as installed."""
+    assert stock.result["tencache_imported"] is False
+    assert all(step["stats"] is None for step in stock.result["steps"])
+
+
 def assert_identical(stock, ours):
     assert ours.last_stats["tencache_enabled"] == 1, "tencache did not replace the swappers"
-    assert stock.last_stats["tencache_enabled"] == 0
     assert ours.last_stats["param_swapper_class"] == "TencacheParamSwapper"
     assert ours.last_stats["optimizer_swapper_class"] == "TencacheOptimizerSwapper"
-    assert stock.last_stats["param_swapper_class"] == "AsyncPartitionedParameterSwapper"
+    assert_untouched(stock)
     assert ours.loss_bits == stock.loss_bits
     assert ours.result["weights_sha256"] == stock.result["weights_sha256"]
 
@@ -90,10 +95,18 @@ def test_stock_crash_config_trains_under_tencache(train):
     assert ours.result["weights_sha256"] == reference.result["weights_sha256"]
 
 
-def test_disabled_block_is_stock(train):
-    run = train(block={"enabled": False}, dtype="fp32", steps=2)
-    assert run.last_stats["tencache_enabled"] == 0
-    assert "[tencache]" not in run.output
+def test_disabled_or_absent_block_is_stock(train):
+    """Installed but not asked for, tencache hands DeepSpeed its own swappers: the bits of a process that never
+    imported it, with or without a block that says "enabled": false."""
+    stock = train(block=None, **BASE)
+    for run in (train(block={"enabled": False}, **BASE), train(block=None, plugin_imported=True, **BASE)):
+        assert run.result["tencache_imported"] is True
+        assert run.last_stats["tencache_enabled"] == 0
+        assert run.last_stats["param_swapper_class"] == "AsyncPartitionedParameterSwapper"
+        assert "[tencache]" not in run.output
+        assert run.loss_bits == stock.loss_bits
+        assert run.result["weights_sha256"] == stock.result["weights_sha256"]
+    assert_untouched(stock)
 
 
 def test_profile_is_recorded_then_reused_and_stays_bit_identical(train, tmp_path):

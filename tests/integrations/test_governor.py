@@ -4,7 +4,7 @@ import pytest
 
 from tencache_ds.errors import TencacheOutOfMemory
 from tencache_ds.integrations.deepspeed.memory_pressure import HostTierGovernor
-from tencache_ds.plan.host_memory import HostMemory
+from tencache_ds.probes.host_memory import HostMemory
 
 GiB, MiB = 1 << 30, 1 << 20
 

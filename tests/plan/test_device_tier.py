@@ -5,7 +5,7 @@ import random
 import pytest
 
 from tencache_ds.plan.device_tier import DeviceTier, device_tier_budget
-from tencache_ds.plan.next_use import NextUseIndex
+from tencache_ds.profile.next_use import NextUseIndex
 
 # A 4-layer model's module steps: forward 0..3, backward 3..0 (the coordinator's trace), one param per layer.
 LAYERS = ["l0", "l1", "l2", "l3"]

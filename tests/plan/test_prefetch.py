@@ -128,9 +128,9 @@ def test_a_read_is_issued_only_after_the_previous_use_of_its_tensor():
     check_invariants(schedule)
 
 
-def test_random_profiles_keep_the_invariants():
-    seed = random.randrange(1 << 30)
-    print(f"seed {seed}")  # shown on failure: random.Random(seed) replays the case
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_random_profiles_keep_the_invariants(seed):
+    # Fixed seeds: every run checks the same 80 profiles, and a failure names the seed that replays it.
     rng = random.Random(seed)
     for _case in range(20):
         n = rng.randrange(1, 30)

@@ -12,7 +12,9 @@ loaded moment files. In a continued engine the step count is the engine's own. E
 is right (computed before that update) and the next is not. With the optimizer on ``cpu`` the state dict is
 loaded and resume is exact.
 
-After the engine's load, tencache copies the saved scalars (``step``) into the live state, restores tensors that
+Every copy of optimizer state the host tier holds when the engine copies the checkpoint over the swap folder is
+dropped before its next use (loading_checkpoint), whatever the files' timestamps say. After the engine's load,
+tencache copies the saved scalars (``step``) into the live state, restores tensors that
 were kept in memory, and gives each swapped tensor the live state lacks a placeholder of its size: the swapper
 registers it (``<name>-<ds_id>.tensor.swp``, stock's naming) and reads the loaded file at the next swap-in.
 
@@ -37,6 +39,7 @@ Three more things a resume loses, in stock DeepSpeed too (a resume then differs 
   when parameters are on file). tencache rebuilds the parameters from the loaded masters as a step does
   (``rigid_load_with_params_on_file``).
 """
+import contextlib
 import functools
 import itertools
 import os
@@ -49,6 +52,19 @@ from deepspeed.runtime.swap_tensor.optimizer_utils import OptimizerSwapper
 from ...log import logger
 from .optimizer_swapper import TencacheOptimizerSwapper
 from .reporting import param_swappers_of_optimizer
+
+
+@contextlib.contextmanager
+def loading_checkpoint(engine):
+    """Around ``engine.load_checkpoint``: the engine copies the checkpoint's swap files over the swap folder, so
+    every copy of optimizer state the host tier holds then is dropped before its next use (optimizer_swapper.py,
+    ``swap_folder``); file timestamps are not trusted to say which copies went stale."""
+    swapper = getattr(getattr(engine, "optimizer", None), "optimizer_swapper", None)
+    if not isinstance(swapper, TencacheOptimizerSwapper):
+        yield
+        return
+    with swapper.loading_checkpoint():
+        yield
 
 
 _STATE_FILE = re.compile(r"^(?:(?P<state>[A-Za-z_]+)-)?(?P<id>\d+_\d+)\.tensor\.swp$")

@@ -96,10 +96,7 @@ def swap_files_linked(method, direction: str):
         if not isinstance(swapper, TencacheOptimizerSwapper):
             return method(self, *args, **kwargs)
         with _copytree_linking(swapper, direction):
-            result = method(self, *args, **kwargs)
-        if direction == "save":
-            swapper.folder_unchanged_since_access()  # linking changed the files' ctime, not their bytes
-        return result
+            return method(self, *args, **kwargs)
 
     return with_swap_files_linked
 

@@ -14,6 +14,7 @@ from ...config import CONFIG_KEY, TencacheConfig, parse_config
 from ...config_checks import check_host_budget, check_output_paths, check_swap_folder
 from ...errors import TencacheConfigError, TencacheResourceError
 from ...plan.budget import MachineResources
+from .contract import require_supported_deepspeed
 
 # DeepSpeed pads every swapped tensor to `1024 bytes x aio.intra_op_parallelism` (swap_tensor/utils.py
 # AIO_ALIGNED_BYTES); our files keep that layout so DeepSpeed code that reads them (offload_optimizer.fast_init)
@@ -42,7 +43,8 @@ DISABLE_HINT = 'or set "tencache": {"enabled": false} to run stock DeepSpeed'
 def validate_ds_config(ds_config: Any, machine: Optional[MachineResources] = None) -> TencacheConfig:
     """The validated "tencache" block of a DeepSpeed config, after every check that can be made before a file is
     written. Raises TencacheConfigError (a wrong or conflicting key) or TencacheResourceError (a path this user
-    cannot write), each naming the key as a dotted path and the remedy.
+    cannot write), each naming the key as a dotted path and the remedy; TencacheConfigError too when the installed
+    DeepSpeed is not a supported version (contract.py).
 
     ``ds_config`` is a raw dict or a DeepSpeedConfig (its kept user dict is read); anything else means "no
     block". ``machine`` defaults to this host's (tests pass a fixed one). A disabled or absent block is only
@@ -55,6 +57,7 @@ def validate_ds_config(ds_config: Any, machine: Optional[MachineResources] = Non
     config = parse_config(raw.get(CONFIG_KEY))
     if not config.enabled:
         return config
+    require_supported_deepspeed()  # an unsupported DeepSpeed refuses the block, naming both versions
     zero = raw.get("zero_optimization")
     zero = zero if isinstance(zero, dict) else {"stage": _legacy_stage(zero)}
     _check_stage(zero.get("stage", 0))
@@ -139,6 +142,26 @@ def ds_config_of_initialize_call(bound_arguments: dict) -> Optional[dict]:
     return loaded if isinstance(loaded, dict) else None
 
 
+_initializing = threading.local()  # the validated block of the deepspeed.initialize call this thread is in
+
+
+@contextlib.contextmanager
+def initializing(config: TencacheConfig):
+    """While a ``deepspeed.initialize`` call whose config has the validated block ``config`` runs (install.py
+    wraps it): the block initialize_call_config returns. Nested calls restore the outer one."""
+    outer = getattr(_initializing, "config", None)
+    _initializing.config = config
+    try:
+        yield
+    finally:
+        _initializing.config = outer
+
+
+def initialize_call_config() -> Optional[TencacheConfig]:
+    """The validated block of the ``deepspeed.initialize`` call this thread is in, or None outside one."""
+    return getattr(_initializing, "config", None)
+
+
 _building = threading.local()  # the raw config of the ZeRO-3 optimizer this thread is building (install.py)
 
 
@@ -195,6 +218,7 @@ def prepare_swap_folder(folder: str, nvme_path: str, config_key: str) -> None:
                                     f"{err.strerror or err}") from None
 
 
-__all__ = ["config_from_ds_config", "validate_ds_config", "ds_config_of_initialize_call", "find_stage3_ds_config", "building_stage3",
+__all__ = ["config_from_ds_config", "validate_ds_config", "ds_config_of_initialize_call", "find_stage3_ds_config",
+           "building_stage3", "initializing", "initialize_call_config",
            "io_aligned_numel", "prepare_swap_folder",
            "MIN_SWAPPABLE_BYTES"]

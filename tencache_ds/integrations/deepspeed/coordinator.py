@@ -37,10 +37,11 @@ from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
 from deepspeed.runtime.zero.partitioned_param_coordinator import PartitionedParameterCoordinator, iter_params
 from deepspeed.utils import z3_leaf_module
 
-from ...plan.budget import AUTO_DEVICE_CACHE_FRACTION, local_world_size
+from ...plan.budget import AUTO_DEVICE_CACHE_FRACTION
+from ...probes.limits import local_world_size
 from ...plan.device_tier import DeviceTier, device_tier_budget
-from ...plan.host_memory import read_host_memory
-from ...plan.next_use import NextUseIndex
+from ...probes.host_memory import read_host_memory
+from ...profile.next_use import NextUseIndex
 from .agreement import agree_min, world_size
 from .param_swapper import TencacheParamSwapper
 

@@ -8,7 +8,8 @@ builds ZeRO-3 parameters: a user's zero.Init, Hugging Face's from_pretrained/fro
 engine's own conversion of a model built outside zero.Init. Our classes return the stock ones when a config has
 no enabled "tencache" block, so installing changes nothing for such runs.
 
-``deepspeed.initialize`` is wrapped too, to validate the config before DeepSpeed reads it: a block that can
+What is rebound, and why, is listed in contract.py (REBINDINGS): this module builds the replacements and puts them
+in. ``deepspeed.initialize`` is wrapped too, to validate the config before DeepSpeed reads it: a block that can
 never take effect (ZeRO stage 1/2, or nothing offloaded to NVMe) means no swapper is ever built, so without this
 check the run would silently be stock DeepSpeed; and our message for a block misplaced inside
 "zero_optimization" comes before DeepSpeed's pydantic one.
@@ -25,11 +26,12 @@ import deepspeed.runtime.zero.partition_parameters as _partition_parameters
 import deepspeed.runtime.zero.stage3 as _stage3
 
 from ...ext_lock import raise_if_stale_locks
-from . import reporting
-from .checkpoint import (adopt_loaded_files, replay_adam_step_products, restore_optimizer_scalars,
+from . import contract, reporting
+from .checkpoint import (adopt_loaded_files, loading_checkpoint, replay_adam_step_products, restore_optimizer_scalars,
                          restore_unswapped_masters, rigid_load_with_params_on_file)
 from .checkpoint_save import saving_masters, swap_files_linked
-from .config_bridge import DEEPSPEED_OPS, building_stage3, ds_config_of_initialize_call, validate_ds_config
+from .config_bridge import (DEEPSPEED_OPS, building_stage3, ds_config_of_initialize_call, initializing,
+                            validate_ds_config)
 from .coordinator import TencacheCoordinator, coordinator_of
 from .memory_pressure import governor_of
 from .optimizer_swapper import TencacheOptimizerSwapper
@@ -45,9 +47,11 @@ def _validating(initialize):
             bound = signature.bind_partial(*args, **kwargs).arguments
         except TypeError:  # DeepSpeed reports a bad call itself
             bound = {}
-        if validate_ds_config(ds_config_of_initialize_call(bound)).enabled:
+        config = validate_ds_config(ds_config_of_initialize_call(bound))
+        if config.enabled:
             raise_if_stale_locks(ops=DEEPSPEED_OPS)  # cpu_adam loads below, before any swapper exists
-        return initialize(*args, **kwargs)
+        with initializing(config):  # what the optimizer swapper checks when it cannot find its own config
+            return initialize(*args, **kwargs)
 
     return validating_initialize
 
@@ -133,7 +137,8 @@ def _restoring_optimizer_scalars(load_checkpoint):
 
     @functools.wraps(load_checkpoint)
     def load_checkpoint_exactly(self, *args, **kwargs):
-        result = load_checkpoint(self, *args, **kwargs)
+        with loading_checkpoint(self):  # the copies the optimizer store holds are dropped after the copy
+            result = load_checkpoint(self, *args, **kwargs)
         bound = signature.bind(self, *args, **kwargs)
         bound.apply_defaults()
         arguments = bound.arguments
@@ -172,36 +177,48 @@ def _ending_steps(post_step):
     return post_step_and_end_step
 
 
-_REBINDINGS = (
-    (_partition_parameters, "AsyncPartitionedParameterSwapper", TencacheParamSwapper),
-    (_stage3, "PartitionedOptimizerSwapper", TencacheOptimizerSwapper),
-    (_stage3, "PipelinedOptimizerSwapper", TencacheOptimizerSwapper),
-    # `deepspeed.initialize` is looked up at call time by user scripts, Hugging Face's Trainer and Accelerate.
-    (deepspeed, "initialize", _validating(deepspeed.initialize)),
-    # engine.destroy() -> optimizer.destroy(): our swappers are closed with the engine.
-    (_stage3.DeepSpeedZeroOptimizer_Stage3, "destroy", _closing_swappers(_stage3.DeepSpeedZeroOptimizer_Stage3.destroy)),
-    # The coordinator with the device tier (stock until it sees a tencache-swapped parameter).
-    (_parameter_offload, "PartitionedParameterCoordinator", TencacheCoordinator),
-    # The optimizer's config for its swapper; metering starts once it is built; every _post_step ends a step.
-    (_stage3.DeepSpeedZeroOptimizer_Stage3, "__init__", _building_with_config(_stage3.DeepSpeedZeroOptimizer_Stage3.__init__)),
-    (_stage3.DeepSpeedZeroOptimizer_Stage3, "_post_step", _ending_steps(_stage3.DeepSpeedZeroOptimizer_Stage3._post_step)),
-    (_stage3.DeepSpeedZeroOptimizer_Stage3, "step", _marking_step(_stage3.DeepSpeedZeroOptimizer_Stage3.step)),
-    # Memory pressure: the host tier is refitted to the host's memory before every forward pass.
-    (_engine.DeepSpeedEngine, "forward", _governing_host_memory(_engine.DeepSpeedEngine.forward)),
-    # Exact resume with the optimizer on NVMe (checkpoint.py).
-    (_engine.DeepSpeedEngine, "load_checkpoint",
-     _restoring_optimizer_scalars(swap_files_linked(_engine.DeepSpeedEngine.load_checkpoint, "load"))),
-    # The fp32 masters in the ZeRO file with the optimizer on NVMe (checkpoint_save.py).
-    (_engine.DeepSpeedEngine, "_save_zero_checkpoint", saving_masters(_engine.DeepSpeedEngine._save_zero_checkpoint)),
-    # Checkpoints link the optimizer swap folder's files instead of copying them (checkpoint_save.py); the load's
-    # linking is inside its exact-resume wrapper above.
-    (_engine.DeepSpeedEngine, "save_checkpoint", swap_files_linked(_engine.DeepSpeedEngine.save_checkpoint, "save")),
-    # The ZeRO file's load with parameters on file and the optimizer on cpu (stock stops there: checkpoint.py).
-    (_stage3.DeepSpeedZeroOptimizer_Stage3, "_rigid_load_state_dict",
-     rigid_load_with_params_on_file(_stage3.DeepSpeedZeroOptimizer_Stage3._rigid_load_state_dict)),
-    (_stage3.DeepSpeedZeroOptimizer_Stage3, "_partition_all_parameters",
-     _keeping_device_tier(_stage3.DeepSpeedZeroOptimizer_Stage3._partition_all_parameters)),
-)
+# The names contract.REBINDINGS gives the replacements: a class, or a function that wraps the original.
+REPLACEMENTS = {
+    "TencacheParamSwapper": TencacheParamSwapper,
+    "TencacheOptimizerSwapper": TencacheOptimizerSwapper,
+    "TencacheCoordinator": TencacheCoordinator,
+    "validating_initialize": _validating,
+    "closing_swappers": _closing_swappers,
+    "building_with_config": _building_with_config,
+    "ending_steps": _ending_steps,
+    "marking_step": _marking_step,
+    "governing_host_memory": _governing_host_memory,
+    # exact resume, with the checkpoint's optimizer swap files linked rather than copied in (checkpoint_save.py)
+    "restoring_optimizer_scalars": lambda load: _restoring_optimizer_scalars(swap_files_linked(load, "load")),
+    "keeping_device_tier": _keeping_device_tier,
+    "saving_masters": saving_masters,
+    "linking_saved_swap_files": lambda save: swap_files_linked(save, "save"),
+    "rigid_load_with_params_on_file": rigid_load_with_params_on_file,
+}
+
+
+def _rebindings(supported: bool):
+    """(owner, name, ours) for each entry of contract.REBINDINGS, wrappers built once around DeepSpeed's originals.
+    On an unsupported DeepSpeed only the entry points that check the config (and so refuse a tencache config with
+    the version error): the rest relies on private names that version may not have."""
+    rebindings = []
+    for entry in contract.REBINDINGS:
+        if not (supported or entry.checks_config):
+            continue
+        try:
+            owner = contract.resolve(entry.owner)
+            original = getattr(owner, entry.name)
+        except (ImportError, AttributeError):
+            if supported:
+                raise
+            continue  # that version has no such name: nothing to replace
+        ours = REPLACEMENTS[entry.ours]
+        rebindings.append((owner, entry.name, ours(original) if entry.wraps else ours))
+    return tuple(rebindings)
+
+
+SUPPORTED_DEEPSPEED = contract.version_problem(deepspeed.__version__) is None
+_REBINDINGS = _rebindings(SUPPORTED_DEEPSPEED)
 _originals = {}
 _lock = threading.Lock()
 

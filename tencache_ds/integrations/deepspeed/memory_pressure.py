@@ -2,7 +2,7 @@
 of every forward pass (between steps: nothing of the next step is allocated yet, and the engine's own bookkeeping
 of the last step is done), applying what plan/memory_pressure.py decides to the stores, and stopping the run with
 TencacheOutOfMemory when nothing is left to give and the next step cannot fit. The numbers come from
-plan/host_memory.py and memory/footprint.py; the stores do the evicting (cache/).
+probes/host_memory.py and memory/footprint.py; the stores do the evicting (cache/).
 
 What the tier can give back: the parameter cache's slots, and the optimizer state it keeps beyond the streaming
 slots one update needs anyway (whatever it stops keeping streams through those). It fills with parameter
@@ -22,8 +22,8 @@ from typing import Callable, List, Optional
 from ...errors import TencacheOutOfMemory
 from ...log import logger
 from ...memory.footprint import StepRiseMeter
-from ...plan.budget import local_world_size
-from ...plan.host_memory import HostMemory, read_host_memory
+from ...probes.limits import local_world_size
+from ...probes.host_memory import HostMemory, read_host_memory
 from ...plan.memory_pressure import Action, MemoryPressurePolicy
 from ...units import fmt_bytes
 from .agreement import agree_min

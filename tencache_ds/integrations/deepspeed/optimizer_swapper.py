@@ -18,6 +18,7 @@ What changes for users:
   None`, or "PipelinedOptimizerSwapper ran out of swap buffers" below 12 buffers).
 - The next sub-group (``async_parameter``) is read ahead while the current one steps.
 """
+import contextlib
 import os
 
 import torch
@@ -26,6 +27,8 @@ from deepspeed.runtime.swap_tensor.partitioned_optimizer_swapper import Partitio
 from deepspeed.runtime.swap_tensor.pipelined_optimizer_swapper import PipelinedOptimizerSwapper
 from deepspeed import comm as dist
 
+from ...config import CONFIG_KEY
+from ...errors import TencacheConfigError
 from ...ext_lock import raise_if_stale_locks
 from ...cache.entry_store import BudgetedPageable, EntryStore
 from ...cache.entry import EntryState
@@ -39,12 +42,26 @@ from ...plan.host_tier import (OPTIMIZER_BYTES_PER_ELEMENT, OPTIMIZER_IO_BYTES_P
 from ...profile.lifecycle import ProfileLifecycle
 from ...units import PAGE_BYTES, round_up
 from .profiling import rank_profile_path
-from .config_bridge import (DEEPSPEED_OPS, MIN_SWAPPABLE_BYTES, find_stage3_ds_config, io_aligned_numel,
-                            prepare_swap_folder, validate_ds_config)
+from .config_bridge import (DEEPSPEED_OPS, MIN_SWAPPABLE_BYTES, find_stage3_ds_config, initialize_call_config,
+                            io_aligned_numel, prepare_swap_folder, validate_ds_config)
 from . import param_swapper, reporting
 
 NVME_PATH_KEY = "zero_optimization.offload_optimizer.nvme_path"
 STREAMING_BUFFERS = 8  # one sub-group in use (4) and the next one read ahead (4)
+
+
+def _refuse_without_config() -> None:
+    """No ZeRO-3 optimizer config could be found for this swapper (an optimizer built without stage 3's wrapped
+    __init__, contract.CALL_ORDER): stock is right only if nothing says tencache. Where the deepspeed.initialize
+    call's config enables it, or the parameters are swapped by tencache, a stock optimizer swapper would be a
+    silent fallback: refuse instead."""
+    initialize_config = initialize_call_config()
+    if (initialize_config is not None and initialize_config.enabled) or param_swapper.live_swappers():
+        raise TencacheConfigError(
+            f'{CONFIG_KEY}: the DeepSpeed config enables tencache, but the config of the ZeRO-3 optimizer being '
+            f"built could not be found (it was not built by DeepSpeedZeroOptimizer_Stage3.__init__ with a "
+            f"ds_config), so its optimizer swapper cannot be tencache's; build the optimizer through "
+            f"deepspeed.initialize, or set \"{CONFIG_KEY}\": {{\"enabled\": false}} to run stock DeepSpeed")
 
 
 class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
@@ -52,7 +69,10 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
     (subclass: stage 3 calls ``OptimizerSwapper.parameter_id`` through the base class)."""
 
     def __new__(cls, swap_config, aio_config, base_folder, optimizer, largest_numel, device, dtype, timers):
-        config = validate_ds_config(find_stage3_ds_config())  # before any folder is written
+        ds_config = find_stage3_ds_config()
+        config = validate_ds_config(ds_config)  # before any folder is written
+        if ds_config is None:
+            _refuse_without_config()
         if not config.enabled:
             stock = PipelinedOptimizerSwapper if swap_config.pipeline else PartitionedOptimizerSwapper
             return stock(swap_config=swap_config, aio_config=aio_config, base_folder=base_folder,
@@ -111,7 +131,8 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         self.writes_behind = bool(swap_config.pipeline_write) or "pipeline_write" not in explicit
         self._lent = {}        # sub-group id -> keys of the entries lent as its tensors (and gradient)
         self._read_ahead = {}  # sub-group id -> keys whose reads were started for it (async_parameter)
-        self._held_files_at_folder_access = None  # {path: file identity} when swap_folder was last read
+        self._checkpoint_load_pending = False  # the engine's load_checkpoint is running (loading_checkpoint)
+        self._drop_held_copies = False  # a checkpoint was copied over the folder: drop every held copy first
         self._profile_looked_up = False
         self._started = False  # a backward has begun: log_timers() calls from now on end training steps
         self.closed = False
@@ -149,24 +170,32 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         if not self.closed:
             # Gradients are dead after the step and checkpoints skip their files: a held one stays dirty.
             self.store.flush(skip=self._gradient_keys().__contains__)
-            # On a load the engine then copies the checkpoint's files over these: remember what each held file
-            # looks like now, and let the next swap-in drop the copies whose files changed (a save changes none).
-            self._held_files_at_folder_access = {key: _file_identity(key) for key in self.store.held_keys()}
+            # On a load the engine then copies the checkpoint's files over these, so any copy held now may be
+            # stale, and no file timestamp says which for sure (a copy within one clock tick of the flush leaves
+            # inode, size and ctime as they were): the next swap-in, the first after the copy, drops them all.
+            # A save changes no file: the copies stay.
+            if self._checkpoint_load_pending:
+                self._drop_held_copies = True
         return self._folder
 
     def _gradient_keys(self) -> set:
         return {self._gradient_path(info) for info in self.swap_params_info.values() if info.swapped_gradients}
 
-    def folder_unchanged_since_access(self) -> None:
-        """The folder was read (a save linked its files: their ctime changed, their bytes did not): keep every
-        held copy."""
-        self._held_files_at_folder_access = None
+    @contextlib.contextmanager
+    def loading_checkpoint(self):
+        """While the engine's load_checkpoint runs (install.py wraps it): its read of ``swap_folder`` is a load's."""
+        self._checkpoint_load_pending = True
+        try:
+            yield
+        finally:
+            self._checkpoint_load_pending = False
 
-    def _drop_copies_of_replaced_files(self) -> None:
-        snapshot, self._held_files_at_folder_access = self._held_files_at_folder_access, None
-        for path, identity in (snapshot or {}).items():
-            if _file_identity(path) != identity:
-                self.store.forget(path)
+    def _drop_copies_held_before_load(self) -> None:
+        """Forget every copy held (all flushed at the load's read of ``swap_folder``): the next use reads the file
+        the checkpoint put there."""
+        self._drop_held_copies = False
+        for key in self.store.held_keys():
+            self.store.forget(key)
 
     def _create_param_swap_info(self, parameter, numel):
         # The base class passes self.swap_folder, which would flush: use the folder directly.
@@ -206,8 +235,8 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
     # ------------------------------------------------------------------------------------ swap in and out
     def swap_in_optimizer_state(self, parameter, async_parameter=None):
         # async_parameter defaults to None: the Muon path calls without it (stock Pipelined has no default).
-        if self._held_files_at_folder_access is not None:
-            self._drop_copies_of_replaced_files()
+        if self._drop_held_copies:
+            self._drop_copies_held_before_load()
         swap_info = self._get_param_swap_info(parameter)
         if swap_info is None:
             return
@@ -360,8 +389,8 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
     def _read_first_sub_group_ahead(self) -> None:
         """The update starts with the first sub-group: read its state (master weights and moments; its gradient
         is being produced by this backward) while the backward computes."""
-        if self._held_files_at_folder_access is not None:  # a checkpoint was loaded: drop replaced copies first
-            self._drop_copies_of_replaced_files()
+        if self._drop_held_copies:  # a checkpoint was loaded: drop the copies held before first
+            self._drop_copies_held_before_load()
         first = next(iter(self.swap_params_info.values()), None)
         if first is not None and first.param_id not in self._lent:
             self._start_read_ahead_of(first, with_gradient=False)
@@ -449,16 +478,6 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             for path in paths:
                 self.store.release(path)
         self._read_ahead = {}
-
-
-def _file_identity(path: str):
-    """What changes whenever anyone writes a file: inode, size and ctime (which no user-space call can set; a
-    copy with shutil.copy2 resets mtime but not ctime)."""
-    try:
-        status = os.stat(path)
-    except FileNotFoundError:
-        return None
-    return status.st_ino, status.st_size, status.st_ctime_ns
 
 
 class _PoolView:

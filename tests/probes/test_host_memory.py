@@ -1,4 +1,4 @@
-"""Reading the host's memory (plan/host_memory.py): the node's, bounded by every memory cgroup around the process
+"""Reading the host's memory (probes/host_memory.py): the node's, bounded by every memory cgroup around the process
 (v1 and v2, limits set on a parent, memory.high, reclaimable page cache). The layouts are written as files the way
 the kernel shows them; the last test reads this machine itself."""
 import os
@@ -6,7 +6,7 @@ import os
 import pytest
 
 from tencache_ds.plan.budget import MachineResources
-from tencache_ds.plan.host_memory import (anonymous_resident_bytes, cgroup_levels, memory_cgroup_folder,
+from tencache_ds.probes.host_memory import (anonymous_resident_bytes, cgroup_levels, memory_cgroup_folder,
                                           read_host_memory)
 
 GiB, MiB = 1 << 30, 1 << 20

@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from tencache_ds.plan.next_use import NextUseIndex, choose_victim
+from tencache_ds.profile.next_use import NextUseIndex, choose_victim
 
 
 def brute_force_distance(order, key, position):

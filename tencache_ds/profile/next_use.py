@@ -1,5 +1,8 @@
 """When is a tensor needed next? Owns: distances in a recorded access order that repeats every training step.
-Pure. With the future known, evicting the cached tensor whose next use is farthest away is optimal (Belady)."""
+Pure. With the future known, evicting the cached tensor whose next use is farthest away is optimal (Belady).
+
+In profile/, the layer below plan/: the profile lifecycle builds one from a recorded step, and the planners (plan/)
+and the stores (cache/) read it."""
 import bisect
 import math
 from typing import Dict, Hashable, List, Sequence

@@ -1,0 +1,299 @@
+"""What tencache assumes about DeepSpeed's insides, in one table. Owns: the supported DeepSpeed versions, every name
+install.py rebinds, every private (or name-mangled, or undocumented) attribute and method the adapters read or
+override, and every assumption about the order in which DeepSpeed calls them, each with why it is needed; and
+``missing_from_deepspeed()``, which checks the first two against the installed DeepSpeed
+(tests/deepspeed/test_contract.py runs it). Does not own: what the adapters do with them.
+
+A DeepSpeed release may rename any of these without notice. Where one is gone, the code that relies on it would
+fail late or, worse, silently (a device tier that never switches on, write-backs that never happen): so an
+unsupported version refuses every config that enables tencache (``require_supported_deepspeed``, called by
+config_bridge.validate_ds_config at zero.Init and deepspeed.initialize), and install.py then puts in only the
+entry points that make that check (``Rebinding.checks_config``), so stock configs run DeepSpeed's own code.
+
+Owners are written "module:Class" (or a bare module). Names are written as DeepSpeed's source spells them; a
+name-mangled one (``self.__step_id`` in PartitionedParameterCoordinator) as ``__step_id``.
+"""
+import importlib
+import inspect
+import re
+from dataclasses import dataclass
+from typing import List, Optional
+
+from ...errors import TencacheConfigError
+
+SUPPORTED_SERIES = "0.19"    # releases 0.19.x: the private names below are those of this series
+TESTED_VERSION = "0.19.8"    # the release the test suite runs against
+
+STAGE3 = "deepspeed.runtime.zero.stage3:DeepSpeedZeroOptimizer_Stage3"
+ENGINE = "deepspeed.runtime.engine:DeepSpeedEngine"
+COORDINATOR = "deepspeed.runtime.zero.partitioned_param_coordinator:PartitionedParameterCoordinator"
+OPTIMIZER_SWAPPER = "deepspeed.runtime.swap_tensor.optimizer_utils:OptimizerSwapper"
+PARAM_SWAPPER = "deepspeed.runtime.swap_tensor.partitioned_param_swapper:AsyncPartitionedParameterSwapper"
+PARTITIONED_OPTIMIZER_SWAPPER = \
+    "deepspeed.runtime.swap_tensor.partitioned_optimizer_swapper:PartitionedOptimizerSwapper"
+DS_CONFIG = "deepspeed.runtime.config:DeepSpeedConfig"
+
+
+@dataclass(frozen=True)
+class Rebinding:
+    """``owner.name`` is set to ours by install.py (and put back by uninstall). ``ours`` names, in install.py's
+    ``REPLACEMENTS``, a class that replaces the original, or (``wraps``) a function that wraps it."""
+    owner: str
+    name: str
+    ours: str
+    why: str
+    wraps: bool = False
+    checks_config: bool = False  # an entry point that validates the config (installed even on other versions)
+
+
+@dataclass(frozen=True)
+class PrivateMember:
+    """A DeepSpeed attribute or method that is no public API, which the adapters read, call or override."""
+    owner: str
+    name: str
+    kind: str       # "method", or "attribute" (an instance attribute DeepSpeed's __init__ assigns)
+    used_in: str    # the adapter module that relies on it
+    why: str
+
+    @property
+    def attribute(self) -> str:
+        """The name as Python looks it up (a name-mangled one with its class: _Class__name)."""
+        if self.name.startswith("__") and not self.name.endswith("__"):
+            return f"_{self.owner.rsplit(':', 1)[-1].lstrip('_')}{self.name}"
+        return self.name
+
+
+@dataclass(frozen=True)
+class CallOrder:
+    """An assumption about when DeepSpeed calls something, which no type or name check can see."""
+    assumption: str
+    relied_on_in: str
+    why: str
+    checked_by: str  # the test that fails when it stops holding
+
+
+REBINDINGS = (
+    Rebinding("deepspeed.runtime.zero.partition_parameters", "AsyncPartitionedParameterSwapper",
+              "TencacheParamSwapper", checks_config=True,
+              why="zero.Init builds the parameter swapper by this module-global name at call time: every path that "
+                  "builds ZeRO-3 parameters (a user's zero.Init, Hugging Face under ZeRO-3, the engine's own "
+                  "conversion) then gets ours; it returns the stock swapper for a config without the block"),
+    Rebinding("deepspeed.runtime.zero.stage3", "PartitionedOptimizerSwapper", "TencacheOptimizerSwapper",
+              checks_config=True,
+              why="stage 3's _configure_tensor_swapping picks the optimizer swapper by this module-global name"),
+    Rebinding("deepspeed.runtime.zero.stage3", "PipelinedOptimizerSwapper", "TencacheOptimizerSwapper",
+              checks_config=True,
+              why="... or by this one when offload_optimizer.pipeline_read/pipeline_write is set"),
+    Rebinding("deepspeed", "initialize", "validating_initialize", wraps=True, checks_config=True,
+              why="user scripts, Hugging Face's Trainer and Accelerate look deepspeed.initialize up at call time: "
+                  "the config is validated before DeepSpeed reads it (a block that could never take effect would "
+                  "otherwise train stock, silently)"),
+    Rebinding(STAGE3, "destroy", "closing_swappers", wraps=True,
+              why="engine.destroy() -> optimizer.destroy(): our swappers hold I/O threads, pinned memory and "
+                  "host-tier bytes, which a rebuilt engine in the same process needs back"),
+    Rebinding("deepspeed.runtime.zero.parameter_offload", "PartitionedParameterCoordinator", "TencacheCoordinator",
+              why="ZeRO-3 builds its parameter coordinator by this module-global name: ours adds the device tier"),
+    Rebinding(STAGE3, "__init__", "building_with_config", wraps=True,
+              why="stage 3 builds its optimizer swapper without passing the config: the wrapper names it "
+                  "(config_bridge.building_stage3); metering starts once the optimizer is built"),
+    Rebinding(STAGE3, "_post_step", "ending_steps", wraps=True,
+              why="the end of every optimizer step: write-backs, the memory governor and the per-step metrics "
+                  "record hang on it"),
+    Rebinding(STAGE3, "step", "marking_step", wraps=True,
+              why="tells _partition_all_parameters called from step() (keep the device tier) from its other "
+                  "callers (checkpoints: partition everything)"),
+    Rebinding(ENGINE, "forward", "governing_host_memory", wraps=True,
+              why="between two steps the host tier follows the host's memory (memory_pressure.py): before every "
+                  "forward pass"),
+    Rebinding(ENGINE, "load_checkpoint", "restoring_optimizer_scalars", wraps=True,
+              why="stock's NVMe load path skips the optimizer's scalar state and a rebuilt model's swap files "
+                  "(checkpoint.py): exact resume"),
+    Rebinding(STAGE3, "_partition_all_parameters", "keeping_device_tier", wraps=True,
+              why="step() partitions every parameter first; the device tier keeps the ones the step updates in "
+                  "place (coordinator.release_for_optimizer_step)"),
+    Rebinding(ENGINE, "_save_zero_checkpoint", "saving_masters", wraps=True,
+              why="with the optimizer on NVMe the fp32 masters live only in the swap folder: they go into the "
+                  "ZeRO file, so zero_to_fp32 and load_state_dict_from_zero_checkpoint read the checkpoint "
+                  "(checkpoint_save.py)"),
+    Rebinding(ENGINE, "save_checkpoint", "linking_saved_swap_files", wraps=True,
+              why="stock copies the whole optimizer swap folder (copytree) into every checkpoint: the files are "
+                  "linked instead, and written once across file systems (checkpoint_save.py)"),
+    Rebinding(STAGE3, "_rigid_load_state_dict", "rigid_load_with_params_on_file", wraps=True,
+              why="stock's ZeRO-file load with parameters on file and the optimizer on cpu stops ('NoneType' object "
+                  "has no attribute 'data'): the parameters are rebuilt from the loaded masters as a step does "
+                  "(checkpoint.py)"),
+)
+
+PRIVATE_MEMBERS = (
+    # The coordinator subclass (coordinator.py)
+    PrivateMember(COORDINATOR, "__release_param", "method", "coordinator.py",
+                  "overridden by its mangled name: every release of a gathered parameter passes through it, so the "
+                  "device tier decides there which parameters stay gathered; also called for the real release"),
+    PrivateMember(COORDINATOR, "__inflight_param_registry", "attribute", "coordinator.py",
+                  "release_for_optimizer_step waits for in-flight all-gathers before releasing, as "
+                  "release_and_reset_all does"),
+    PrivateMember(COORDINATOR, "__step_id", "attribute", "coordinator.py",
+                  "the module step now running: the device tier's 'now' for next-use eviction"),
+    PrivateMember(COORDINATOR, "__param_order", "attribute", "coordinator.py",
+                  "the recorded trace: which parameter is used at which module step, the device tier's index"),
+    PrivateMember(COORDINATOR, "__submodule_order", "attribute", "coordinator.py",
+                  "the number of module steps in a training step (the index wraps around it)"),
+    PrivateMember(COORDINATOR, "_invalidate_trace", "method", "coordinator.py",
+                  "overridden: when the live sequence leaves the trace the device tier drops its prediction (and "
+                  "keeps its residents: they are current until the optimizer step)"),
+    PrivateMember(COORDINATOR, "__n_available_params", "attribute", "coordinator.py",
+                  "stock's count of gathered numel, zeroed at every reset_step: set to the device tier's residents "
+                  "there, so max_live_parameters still bounds its prefetch"),
+    PrivateMember(COORDINATOR, "__allgather_stream", "attribute", "param_swapper.py (_device_copy_fence)",
+                  "not read: the H2D copies of partitions run on it, and the fence argument relies on "
+                  "fetch_sub_module making the current stream wait for it before a module runs"),
+    # Stage 3 (install.py, checkpoint.py, coordinator.py, reporting.py)
+    PrivateMember(STAGE3, "_set_fp32_optimizer_param_groups", "method", "checkpoint.py",
+                  "puts the fp32 partitions into the torch optimizer's param groups, so saved Adam state pairs "
+                  "with live parameters in torch's own order"),
+    PrivateMember(STAGE3, "_clear_fp32_optimizer_param_groups", "method", "checkpoint.py",
+                  "undoes _set_fp32_optimizer_param_groups"),
+    PrivateMember(STAGE3, "reset_swap_buffers", "method", "checkpoint.py",
+                  "reads adopted masters back and rebuilds the parameters from them, as the engine's load does"),
+    PrivateMember(STAGE3, "optimizer_swapper", "attribute", "install.py, checkpoint.py, reporting.py, stats.py",
+                  "the optimizer swapper the ZeRO-3 optimizer built: closed, reported and checkpointed through it"),
+    PrivateMember(STAGE3, "parameter_offload", "attribute", "install.py, coordinator.py",
+                  "holds the module and its parameter coordinator (get_param_coordinator)"),
+    PrivateMember(STAGE3, "fp16_groups", "attribute", "reporting.py",
+                  "the partitioned parameters, through which their swappers are found"),
+    # The engine (checkpoint.py)
+    PrivateMember(ENGINE, "_get_zero_ckpt_name", "method", "checkpoint.py",
+                  "the ZeRO checkpoint file of this rank, whose optimizer state stock's NVMe load skips"),
+    # The optimizer swapper base class (optimizer_swapper.py)
+    PrivateMember(OPTIMIZER_SWAPPER, "_get_param_swap_info", "method", "optimizer_swapper.py",
+                  "registers a sub-group's state tensors the step just created (stock bookkeeping kept as is)"),
+    PrivateMember(OPTIMIZER_SWAPPER, "_get_swap_paths", "method", "optimizer_swapper.py",
+                  "stock's swap file names, kept so checkpoints copy the folder file by file"),
+    PrivateMember(OPTIMIZER_SWAPPER, "_update_param_state_info", "method", "optimizer_swapper.py",
+                  "stock's record of a sub-group's state tensors"),
+    PrivateMember(OPTIMIZER_SWAPPER, "swap_params_info", "attribute", "optimizer_swapper.py, checkpoint.py",
+                  "sub-group id -> OptimizerStateSwapInfo, read by stage 3 and by checkpoint adoption"),
+    # The stock swappers, for reporting what stock would lock (stats.py)
+    PrivateMember(PARAM_SWAPPER, "buffers", "attribute", "stats.py", "stock's pinned parameter slots"),
+    PrivateMember(PARAM_SWAPPER, "partitioned_swap_buffer", "attribute", "stats.py",
+                  "stock's pinned write-back staging buffer"),
+    PrivateMember(PARTITIONED_OPTIMIZER_SWAPPER, "swap_buffer_manager", "attribute", "stats.py",
+                  "stock's pinned optimizer buffers (all_buffers)"),
+    # DeepSpeed's config object (config_bridge.py, profiling.py)
+    PrivateMember(DS_CONFIG, "_param_dict", "attribute", "config_bridge.py, profiling.py",
+                  "the user's raw dict: DeepSpeed's parsed sections drop the top-level \"tencache\" block"),
+)
+
+CALL_ORDER = (
+    CallOrder("stage 3's step() calls _post_step exactly once per optimizer step that updates the weights, after "
+              "the update (a step skipped for gradient overflow returns before it)",
+              "install.py -> reporting.on_optimizer_step_end",
+              "ends the step: write-backs, the governor, the metrics record; not called means no write-back and no "
+              "metrics, silently", "tests/deepspeed/test_device_tier_engine.py (one metrics line per step)"),
+    CallOrder("stage 3's step() calls _partition_all_parameters before it writes the new weights into each "
+              "resident partition in place (_partitioned_params_swap_out)", "install.py, coordinator.py",
+              "a kept parameter whose gathered tensor is its partition is current after the step without a "
+              "re-fetch", "tests/deepspeed/test_device_tier_engine.py (bit-identical losses)"),
+    CallOrder("DeepSpeedZeroOptimizer_Stage3.__init__ builds the optimizer swapper (_configure_tensor_swapping) "
+              "with no config argument", "config_bridge.building_stage3, optimizer_swapper.py",
+              "the config is named by the __init__ wrapper; without it the swapper cannot tell a tencache config "
+              "and refuses to build", "tests/deepspeed/test_parity.py"),
+    CallOrder("the optimizer swapper's log_timers() is called once at the end of initialisation and once per "
+              "optimizer step (from _post_step, or before step() returns on overflow)",
+              "optimizer_swapper.py (profile lifecycle)",
+              "it counts steps to know when the profiled training step ends", "tests/deepspeed/test_parity.py"),
+    CallOrder("every rank calls engine.forward (and so the host governor, which runs the device tier's budget "
+              "agreement and the stop vote: two all-reduces) the same number of times, in the same order",
+              "memory_pressure.py, agreement.py",
+              "data-parallel training does; a forward on one rank only would hang in ZeRO-3's all-gathers anyway",
+              "tests/deepspeed/test_rank_agreement.py"),
+    CallOrder("the engine reads the optimizer swapper's swap_folder just before it copies the folder into a "
+              "checkpoint (save) or over it (load)", "optimizer_swapper.py (swap_folder property)",
+              "held changed state is flushed to its files exactly then", "tests/deepspeed/test_parity.py (resume)"),
+    CallOrder("the coordinator records a complete trace in the first step and reset_step() ends each step",
+              "coordinator.py", "the device tier's index is built from the complete trace at reset_step",
+              "tests/deepspeed/test_device_tier_engine.py"),
+    CallOrder("engine.forward() runs before any parameter of its step is fetched", "install.py (governor)",
+              "the host tier is refitted between steps, never while a step holds lent buffers",
+              "tests/deepspeed/test_memory_pressure_engine.py"),
+)
+
+
+def _series(version: str) -> str:
+    match = re.match(r"(\d+)\.(\d+)", version)
+    return f"{match.group(1)}.{match.group(2)}" if match else version
+
+
+def version_problem(version: str) -> Optional[str]:
+    """Why DeepSpeed ``version`` cannot run tencache, or None when it can."""
+    if _series(version) == SUPPORTED_SERIES:
+        return None
+    return (f"DeepSpeed {version} is installed; tencache_ds supports DeepSpeed {SUPPORTED_SERIES}.x (tested with "
+            f"{TESTED_VERSION}), whose private interfaces it relies on "
+            f"(tencache_ds/integrations/deepspeed/contract.py): install deepspeed=={TESTED_VERSION}, or set "
+            f'"tencache": {{"enabled": false}} to run stock DeepSpeed')
+
+
+def require_supported_deepspeed() -> None:
+    """Raise TencacheConfigError when the installed DeepSpeed is not a supported version (a config that enables
+    tencache asks for something this DeepSpeed cannot give)."""
+    import deepspeed
+    problem = version_problem(deepspeed.__version__)
+    if problem is not None:
+        raise TencacheConfigError(problem)
+
+
+def resolve(owner: str):
+    """The module or class named "module" / "module:Class"."""
+    module_name, _, class_name = owner.partition(":")
+    target = importlib.import_module(module_name)
+    return getattr(target, class_name) if class_name else target
+
+
+def _assigns_attribute(cls, name: str) -> bool:
+    """Whether DeepSpeed's source of ``cls`` (or a DeepSpeed base class) assigns ``self.<name>``: instance
+    attributes exist only on instances, so the source is what can be checked without building one."""
+    pattern = re.compile(r"self\." + re.escape(name) + r"\s*(?::[^=\n]+)?=(?!=)")
+    for klass in inspect.getmro(cls):
+        if not klass.__module__.startswith("deepspeed"):
+            continue
+        try:
+            source = inspect.getsource(klass)
+        except (OSError, TypeError):
+            continue
+        if pattern.search(source):
+            return True
+    return False
+
+
+def missing_from_deepspeed() -> List[str]:
+    """Every rebinding target and private member of the tables above that the installed DeepSpeed lacks, as
+    "owner.name" strings (empty: the contract holds)."""
+    missing = []
+    for entry in REBINDINGS:
+        try:
+            owner = resolve(entry.owner)
+        except (ImportError, AttributeError):
+            missing.append(f"{entry.owner} (owner of {entry.name})")
+            continue
+        # the original, also while installed: vars() of a class, or the module's own attribute
+        if not hasattr(owner, entry.name):
+            missing.append(f"{entry.owner}.{entry.name}")
+    for member in PRIVATE_MEMBERS:
+        try:
+            owner = resolve(member.owner)
+        except (ImportError, AttributeError):
+            missing.append(f"{member.owner} (owner of {member.name})")
+            continue
+        if member.kind == "method":
+            found = callable(getattr(owner, member.attribute, None))
+        else:
+            found = _assigns_attribute(owner, member.name)
+        if not found:
+            missing.append(f"{member.owner}.{member.name}")
+    return missing
+
+
+__all__ = ["Rebinding", "PrivateMember", "CallOrder", "REBINDINGS", "PRIVATE_MEMBERS", "CALL_ORDER",
+           "SUPPORTED_SERIES", "TESTED_VERSION", "version_problem", "require_supported_deepspeed",
+           "missing_from_deepspeed", "resolve"]
