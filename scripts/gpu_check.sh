@@ -43,6 +43,7 @@ check "torch" "$PY" -c "import torch"
 check "a CUDA device (torch.cuda.is_available())" "$PY" -c "import torch; assert torch.cuda.is_available()"
 check "nvidia-smi" nvidia-smi -L
 check "deepspeed 0.19.x" "$PY" -c "import deepspeed; assert deepspeed.__version__.startswith('0.19.')"
+check "ninja (DeepSpeed's JIT op builds)" ninja --version
 check "libaio headers (DeepSpeed's async_io op)" sh -c "test -e /usr/include/libaio.h || test -n \"\${CFLAGS:-}\""
 check "tencache_ds with its native arena" "$PY" -c "import tencache_ds.memory as m; assert m.native_available()"
 check "scripts/train.py's imports (transformers)" "$PY" -c "import transformers"

@@ -122,13 +122,17 @@ class TencacheCoordinator(PartitionedParameterCoordinator):
             # keeps what fits without them (DeviceTier)
             if not keepable or not (self.is_complete_trace() or self.tier.index is None):
                 return self._release(param, free_data)
+            # a parameter the trace never had (used only in an eval pass) can be kept without a trace
+            self._params_by_id.setdefault(param.ds_id, param)
             keep, victims = self.tier.on_release(param.ds_id, _gathered_bytes(param), self._step_id(),
                                                  evictable=self._evictable)
             for key in victims:
                 self._release(self._params_by_id[key])
             if not keep:
                 self._release(param, free_data)
-            elif not self.gathers_alias_partitions:
+            elif not self.gathers_alias_partitions and self.is_complete_trace():
+                # within a traced step only: outside one (after an eval pass) a resident may meet a partitioning
+                # that writes into its partition (GatheredParameters with a modifier rank), so it keeps it
                 _give_back_partition(param)
 
     # ------------------------------------------------------------------------------- our hooks
