@@ -18,6 +18,10 @@ import traceback
 
 import torch
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                                "scripts"))
+import shm_buffers  # noqa: E402  (scripts/shm_buffers.py)
+
 ARGS = [arg for arg in sys.argv[1:] if not arg.startswith("--local_rank")]  # the launcher adds --local_rank=N
 if ARGS[1:2] == ["tencache"]:
     import tencache_ds  # noqa: F401  (installs before DeepSpeed is imported)
@@ -164,6 +168,9 @@ SCENARIOS = {
 
 def main(scenario, mode, device, nvme, ckpt):
     deepspeed.init_distributed()
+    if shm_buffers.creates_buffers():  # as scripts/train.py does: no shared-memory buffer left behind
+        deepspeed.comm.barrier()
+        shm_buffers.remove_own_buffer()
     try:
         result = {"ok": True, **SCENARIOS[scenario](mode, device, nvme, ckpt)}
     except Exception as err:  # the scenario's failure is the result
