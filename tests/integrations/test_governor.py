@@ -81,3 +81,18 @@ def test_ranks_go_on_when_none_must_stop():
     governor.meter = ScriptedMeter([None])
     governor.before_forward()
     assert len(agree.calls) == 2
+
+
+def test_a_rank_whose_own_reading_fails_still_joins_both_collectives_then_raises():
+    """Regression test: an error on one rank before the governor's all-reduces (here its memory reading) left the
+    other ranks waiting in them. It now joins both with "no proposal" and "stop", then raises its own error."""
+    def broken_reading():
+        raise OSError("cannot read /proc/meminfo")
+
+    agree = OtherRanks([1 << 62], [0])  # the other rank: fine
+    governor = HostTierGovernor([], None, None, read_memory=broken_reading, agree=agree)
+    governor.meter.close()
+    governor.meter = ScriptedMeter([None])
+    with pytest.raises(OSError, match="meminfo"):
+        governor.before_forward()
+    assert agree.calls == [[1 << 62], [-1]]

@@ -24,7 +24,7 @@ from ...log import logger
 from ...memory.footprint import StepRiseMeter
 from ...probes.limits import local_world_size
 from ...probes.host_memory import HostMemory, read_host_memory
-from ...plan.memory_pressure import Action, MemoryPressurePolicy
+from ...plan.memory_pressure import HOLD, Action, MemoryPressurePolicy
 from ...units import fmt_bytes
 from .agreement import agree_min
 
@@ -86,32 +86,44 @@ class HostTierGovernor:
         if self._step_ended:  # this reading covered the end of the step: the step's rise is complete
             self.policy.observe_step_rise(self._step_rise)
             self._step_rise, self._step_ended = None, False
-        memory = self._read_memory()
-        decision = self.policy.decide(memory.total_bytes, memory.available_bytes, self.reducible_bytes(),
-                                      self.given_back_bytes)
-        if decision.action is Action.SHRINK:
-            # the device tier's residents hold lent partitions: it is refitted (on every rank alike) first
-            self._refit_device_tier(self._param_cache_targets(decision.nbytes))
-            self._give_back(decision.nbytes)
-        elif decision.action is Action.GROW:
-            self._take(decision.nbytes)
-            self._refit_device_tier()
-        else:
-            self._refit_device_tier()
-        if decision.action is not Action.HOLD:
-            level = logging.WARNING if decision.action is Action.SHRINK else logging.INFO
-            logger.log(level, "tencache: host memory %s (%s): %s; host cache budget now %s",
-                       "pressure" if decision.action is Action.SHRINK else "back", _where(memory), decision.reason,
-                       fmt_bytes(self.budget_bytes))
+        # Every rank makes the same two collectives below whatever happens on it: a rank whose own work fails
+        # votes to stop, and raises its error once every rank knows (instead of leaving them waiting).
+        failure: Optional[Exception] = None
+        memory, decision, targets = None, HOLD, None
+        try:
             memory = self._read_memory()
-        self.last_memory = memory
+            decision = self.policy.decide(memory.total_bytes, memory.available_bytes, self.reducible_bytes(),
+                                          self.given_back_bytes)
+            if decision.action is Action.SHRINK:
+                # the device tier's residents hold lent partitions: it is refitted (on every rank alike) first
+                targets = self._param_cache_targets(decision.nbytes)
+            elif decision.action is Action.GROW:
+                self._take(decision.nbytes)
+        except Exception as err:  # noqa: BLE001  (re-raised after the agreement)
+            failure, decision = err, HOLD
+        failure = self._refit_device_tier(targets, failed=failure is not None) or failure
         reason = None
-        if memory.available_bytes < self.policy.reserve_bytes(memory.total_bytes):
-            reason = self.policy.exhausted(memory.total_bytes, memory.allocatable_bytes, self.reducible_bytes(),
-                                           self.start_budget_bytes)
-        if self._agree([0 if reason is None else -1])[0] < 0:  # some rank cannot go on: none goes on
+        if failure is None:
+            try:
+                if decision.action is Action.SHRINK:
+                    self._give_back(decision.nbytes)
+                if decision.action is not Action.HOLD:
+                    level = logging.WARNING if decision.action is Action.SHRINK else logging.INFO
+                    logger.log(level, "tencache: host memory %s (%s): %s; host cache budget now %s",
+                               "pressure" if decision.action is Action.SHRINK else "back", _where(memory),
+                               decision.reason, fmt_bytes(self.budget_bytes))
+                    memory = self._read_memory()
+                self.last_memory = memory
+                if memory.available_bytes < self.policy.reserve_bytes(memory.total_bytes):
+                    reason = self.policy.exhausted(memory.total_bytes, memory.allocatable_bytes,
+                                                   self.reducible_bytes(), self.start_budget_bytes)
+            except Exception as err:  # noqa: BLE001  (re-raised after the agreement)
+                failure = err
+        if self._agree([0 if reason is None and failure is None else -1])[0] < 0:  # some rank cannot go on
+            if failure is not None:
+                raise failure
             if reason is None:
-                reason = "another rank's host memory cannot hold its next step (its error has the numbers)"
+                reason = "another rank cannot go on (its error has the reason)"
             raise TencacheOutOfMemory(f"{reason} ({_where(memory)}). To go on: {REMEDY}")
 
     def end_optimizer_step(self) -> None:
@@ -180,20 +192,29 @@ class HostTierGovernor:
             left -= cut
         return targets
 
-    def _refit_device_tier(self, cache_targets: Optional[dict] = None) -> None:
+    def _refit_device_tier(self, cache_targets: Optional[dict] = None, failed: bool = False) -> Optional[Exception]:
         """Every rank proposes a device-tier budget from its own readings, and all apply the smallest (a collective:
-        every rank calls this once per forward pass, tier or not). ``cache_targets``: parameter cache sizes about
-        to be set (a shrink), which bound the tier where it is carved from them."""
+        every rank calls this once per forward pass, tier or not, ``failed`` or not). ``cache_targets``: parameter
+        cache sizes about to be set (a shrink), which bound the tier where it is carved from them. Returns the error
+        this rank met (after the collective), or None."""
         coordinator = self._coordinator
-        proposal = -1  # no tier here (the minimum over ranks ignores it unless no rank has one)
-        if coordinator is not None and coordinator.tier is not None:
-            swapper = coordinator.swapper
-            cache = (cache_targets or {}).get(id(swapper))
-            capacity = swapper.host_param_capacity(cache) if coordinator.gathers_alias_partitions else None
-            proposal = coordinator.propose_device_budget(capacity, step_rise_bytes=self.policy.step_rise_bytes)
+        proposal = -1  # no tier here, or no reading (the minimum over ranks ignores it unless no rank has one)
+        failure = None
+        try:
+            if coordinator is not None and coordinator.tier is not None and not failed:
+                swapper = coordinator.swapper
+                cache = (cache_targets or {}).get(id(swapper))
+                capacity = swapper.host_param_capacity(cache) if coordinator.gathers_alias_partitions else None
+                proposal = coordinator.propose_device_budget(capacity, step_rise_bytes=self.policy.step_rise_bytes)
+        except Exception as err:  # noqa: BLE001  (the caller re-raises it after the agreement)
+            failure, proposal = err, -1
         agreed = self._agree([proposal if proposal >= 0 else _NO_PROPOSAL])[0]
-        if proposal >= 0 and agreed != _NO_PROPOSAL:
-            coordinator.apply_device_budget(agreed)
+        try:
+            if proposal >= 0 and agreed != _NO_PROPOSAL:
+                coordinator.apply_device_budget(agreed)
+        except Exception as err:  # noqa: BLE001
+            failure = err
+        return failure
 
 
 _NO_PROPOSAL = 1 << 62  # larger than any budget: a rank without a device tier does not lower the others'
