@@ -322,7 +322,12 @@ def test_bound_is_the_slower_of_compute_and_nvme():
     slow_cpu = compare(three_arms(stock_cpu_times=(9.0, 3.0, 3.0, 3.0)), warmup_steps=1,
                        nvme_bandwidth=report.NvmeBandwidth(4 * GB, 4 * GB, "given"))
     assert slow_cpu.bound.compute_s == pytest.approx(1.5) and slow_cpu.row(report.ROW_VS_BOUND).tencache >= 1
-    # Step 7: neither part (no timings, no bandwidth): no bound, and the table says "–" rather than inventing one.
+    # Step 7: a slow measured bandwidth (0.5 GB/s: 3 s of NVMe) puts the bound above tencache's 2 s step: no ratio
+    # below 1 is reported against it, and the note says why.
+    understated = compare(three_arms(), warmup_steps=1, nvme_bandwidth=report.NvmeBandwidth(GB / 2, GB, "test"))
+    row = understated.row(report.ROW_VS_BOUND)
+    assert row.tencache is None and "understates the drive" in row.note
+    # Step 8: neither part (no timings, no bandwidth): no bound, and the table says "–" rather than inventing one.
     assert report.least_compute(None, None, None) == (None, "")
     none = report.compute_bound(GB, GB, None, None)
     assert none.seconds is None and "no bound" in none.describe() and "--compare cpu" in none.describe()
