@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 PACKAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tencache_ds")
 
 # The layers, lowest first (docs/design.md, "Layers"; README's layout). A module may import modules of its own layer
@@ -200,10 +202,14 @@ def test_a_lookup_of_deepspeed_is_not_mistaken_for_its_import():
     assert out[-1] == "True"
 
 
-def test_importing_the_adapters_directly_installs_the_swappers():
-    """`import tencache_ds.integrations.deepspeed.install` imports DeepSpeed from inside a module still being
-    imported, where the import hook cannot install: the module installs when its own import finishes."""
+@pytest.mark.parametrize("module", ["install", "optimizer_swapper", "param_swapper", "coordinator"])
+def test_importing_the_adapters_directly_installs_the_swappers(module):
+    """Importing an adapter module first imports DeepSpeed before that module is done. The adapters' package
+    imports DeepSpeed before any of its modules (integrations/deepspeed/__init__.py), so the hook installs from
+    whole modules. Regression: importing optimizer_swapper first warned "could not install its swappers (...
+    partially initialized module ...)" and the run refused tencache configs."""
     code = ("import warnings; warnings.simplefilter('error', UserWarning); "
+            f"import tencache_ds.integrations.deepspeed.{module}; "
             "import tencache_ds.integrations.deepspeed.install as install; print(install.is_installed())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=os.path.dirname(PACKAGE)).stdout.split()

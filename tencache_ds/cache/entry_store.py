@@ -19,7 +19,7 @@ import dataclasses
 import os
 import threading
 from concurrent.futures import Future
-from typing import Callable, Dict, Hashable, Iterable, List, Optional, Set
+from typing import Callable, Dict, Hashable, Iterable, List, Optional, Sequence, Set, Tuple
 
 import torch
 
@@ -283,7 +283,7 @@ class EntryStore:
                 self._external_reads[key].target = into
                 self._external_reads[key].add_done_callback(timer)
                 return
-            self._attach(entry, *self._acquire(self.swap_nbytes(entry.numel), key))
+            self._attach(entry, *self._acquire(self.swap_nbytes(entry.numel), key, use_pending=prefetch))
             timer = self._read_timer(key, access)  # after _acquire: its waits are stalls, not read time
             entry.io = self._io.read(self._swap_view(entry), entry.path)
             entry.io.add_done_callback(timer)
@@ -420,6 +420,47 @@ class EntryStore:
             self._set(entry, S.LENT_DIRTY)  # held by us for the copy
         self._compute_view(entry).copy_(source)
         self.release(key)
+
+    def write_parts(self, key, numel: int, path: str, parts: Sequence[Tuple[int, torch.Tensor]]) -> None:
+        """Place each (element offset, tensor) of ``parts`` into ``key``'s bytes, the rest left as it was (stage 3
+        stores a sub-group's gradient fragments reduce bucket by reduce bucket). Held: copied into the buffer, no
+        I/O. On file: written at their offsets, nothing read back. New: a buffer, zeros between the parts (a new
+        file is sparse). Recorded as one use in every case: the recorded order must not depend on what the tier
+        happens to hold, or the profile would stop predicting the step as soon as the tier follows it."""
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is not None:
+                self._settle(entry)
+                if entry.state in LENT or entry.state == S.READING:
+                    raise RuntimeError(f"{self.name}: tensor {key} is lent or being read")
+                if entry.state == S.ON_FILE:
+                    self.recorder.touch(key, self.swap_nbytes(entry.numel))
+                    writes = [self._io.write(part.reshape(-1).to(device="cpu", dtype=self.dtype).contiguous(),
+                                             entry.path, file_offset=offset * self.element_size)
+                              for offset, part in parts]
+                    errors = [self._wait_unlocked(write) for write in writes]
+                    self._raise_first(errors)  # the bytes are owed to the file: never dropped quietly
+                    return
+                self.recorder.touch(key, self.swap_nbytes(entry.numel))
+                self.counters.hits += 1
+                self._cached.pop(key)
+                self._fence(entry.buffer)
+                self._set(entry, S.LENT_DIRTY)
+                view = self._compute_view(entry)
+        if entry is None:
+            view = self.lend_new(key, numel, path)
+            with self._lock:
+                self.recorder.touch(key, self.swap_nbytes(numel))
+            view.zero_()
+        for offset, part in parts:
+            view.narrow(0, offset, part.numel()).copy_(part.reshape(-1))
+        self.release(key, changed=True)
+
+    @staticmethod
+    def _raise_first(errors: Sequence[Optional[BaseException]]) -> None:
+        for error in errors:
+            if error is not None:
+                raise error
 
     def write_and_release(self, keys: Iterable) -> None:
         """Write each lent key's bytes (new, or changed by the borrower) to its file, wait, and let the buffers go
@@ -745,16 +786,17 @@ class EntryStore:
             self.recorder.stalled(waited)  # the profile's compute excludes I/O waits
         return future.exception()
 
-    def _acquire(self, nbytes: int, incoming) -> tuple:
+    def _acquire(self, nbytes: int, incoming, use_pending: bool = False) -> tuple:
         """(buffer, kept) for ``nbytes`` of entry ``incoming``: a free buffer from the source; else a held entry
         gives its buffer up (Belady victim; a dirty one is written first, and only its write is waited for);
-        else a write in flight that frees a fitting buffer is waited for; else a transient buffer."""
+        else a write in flight that frees a fitting buffer is waited for; else a transient buffer.
+        ``use_pending``: the read is a prefetch, its use (not yet recorded) still ahead."""
         self._reap_writes()
         while True:
             buffer = self.source.try_acquire(nbytes)
             if buffer is not None:
                 return buffer, self.source.keeps(buffer)
-            victim = self._choose_victim(nbytes, incoming)
+            victim = self._choose_victim(nbytes, incoming, use_pending)
             if victim is not None:
                 self.counters.evictions += 1
                 if victim.state == S.CLEAN:
@@ -773,7 +815,7 @@ class EntryStore:
             self.counters.transient_buffers += 1
             return self.source.fallback(nbytes), False
 
-    def _choose_victim(self, nbytes: int, incoming) -> Optional[Entry]:
+    def _choose_victim(self, nbytes: int, incoming, use_pending: bool = False) -> Optional[Entry]:
         fitting = [entry.key for entry in self._cached.values() if self.source.frees_room_for(entry.buffer, nbytes)]
         if not fitting:
             return None
@@ -781,10 +823,21 @@ class EntryStore:
         index = self.next_use if self.recorder.on_track else None  # a step that left the profile: LRU
         key = choose_victim(fitting, index, position)
         if self.source.bypass and index is not None and incoming in index and \
-                not worth_evicting(index.distance(key, position), index.distance(incoming, position)):
+                not worth_evicting(index.distance(key, position), _kept_until(index, incoming, position, use_pending)):
             self.counters.bypassed += 1
             return None
         return self._entries[key]
+
+
+def _kept_until(index: NextUseIndex, key, position: int, use_pending: bool) -> float:
+    """Accesses from ``position`` until keeping ``key``'s buffer pays off: its next use; for a prefetch, whose use
+    is still ahead and served by this read anyway, the use after that one. (Measured from the prefetch's own
+    position instead, every read ahead would look needed sooner than anything held and evict what was just
+    used: a held set that rotates, each admission paid for with a write.)"""
+    distance = index.distance(key, position)
+    if use_pending:
+        distance += 1 + index.distance(key, position + distance + 1)
+    return distance
 
 
 def _wait_quietly(future: Future) -> None:

@@ -126,6 +126,58 @@ def test_cyclic_order_keeps_a_fixed_share_instead_of_cycling_everything(tmp_path
     store.close()
 
 
+def test_reads_ahead_keep_the_held_share_fixed_instead_of_rotating_it(tmp_path, io):
+    """The optimizer's pattern: each sub-group's state is read ahead while the previous one steps, then changed.
+    Six tensors in a cyclic order, room for two. A read ahead is for a use still to come: what it would be kept
+    for is the use after that. Measured from the read ahead's own position instead, it looks needed sooner than
+    anything held, evicts the tensor just used (dirty: a write, waited for), and the held share rotates through
+    the order: no more hits, and a write per read."""
+    store = make(tmp_path, io, budget_bytes=2 * 401408)
+    keys = ["a", "b", "c", "d", "e", "f"]
+    for index, key in enumerate(keys):
+        put(store, tmp_path, key, float(index))
+    store.flush()
+    store.next_use = NextUseIndex(keys)
+    hits, evictions = [], []
+    for _step in range(4):
+        before = (store.counters.hits, store.counters.evictions)
+        store.start_read(keys[0], prefetch=True)
+        for position, key in enumerate(keys):
+            if position + 1 < len(keys):
+                store.start_read(keys[position + 1], prefetch=True)  # the next one, while this one is used
+            view = store.wait_read(key)
+            view.add_(1.0)
+            store.release(key, changed=True)
+        store.recorder.end_step()
+        hits.append(store.counters.hits - before[0])
+        evictions.append(store.counters.evictions - before[1])
+    assert hits[1:] == [2, 2, 2] and evictions[1:] == [0, 0, 0], (hits, evictions)
+    for index, key in enumerate(keys):  # every update reached its tensor, held or streamed
+        assert torch.all(store.lend(key) == float(index) + 4.0)
+        store.release(key)
+    store.close()
+
+
+@pytest.mark.parametrize("held", [True, False])
+def test_writing_parts_is_one_recorded_use_whether_the_entry_is_held_or_on_file(tmp_path, io, held):
+    """Stage 3 stores gradient fragments bucket by bucket. The recorded order is the same whatever the tier
+    holds (else the profile stops predicting the step once the tier follows it), and the bytes between the parts
+    stay as they were."""
+    store = make(tmp_path, io, budget_bytes=4 * 401408 if held else 0)
+    path = str(tmp_path / "g.swp")
+    store.write_parts("g", NUMEL, path, [(0, torch.full((10,), 1.0)), (NUMEL - 10, torch.full((10,), 2.0))])
+    store.wait_writes()
+    assert store.state("g") == (EntryState.DIRTY if held else EntryState.ON_FILE)
+    store.write_parts("g", NUMEL, path, [(5, torch.full((10,), 3.0))])
+    assert store.recorder.end_step().keys == ("g", "g")
+    expected = torch.zeros(NUMEL)
+    expected[:10], expected[-10:], expected[5:15] = 1.0, 2.0, 3.0
+    assert torch.equal(store.lend("g"), expected)
+    store.release("g")
+    assert (store.counters.hits >= 2) == held and (io.counters().write_requests > 0) != held
+    store.close()
+
+
 def test_trimming_keeps_what_is_needed_soonest_writes_dirty_bytes_and_lets_lent_ones_go_at_release(tmp_path, io):
     """Memory pressure: 4 held sub-group tensors, the order known; trimming to two keeps the two needed soonest and
     gives the others' memory back, a dirty one written first; a lent one is no longer kept and goes when released."""

@@ -282,33 +282,17 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
 
         Held in host memory: copied into the held buffer (the one copy stock CPU offload makes too), which reaches
         the file only if evicted. On file: written to their offsets in the file (nothing read back). The first
-        gradient of a sub-group: a new entry, zeros between the fragments (stock's new file is sparse)."""
+        gradient of a sub-group: a new entry, zeros between the fragments (stock's new file is sparse). The store
+        does all three (EntryStore.write_parts)."""
         swap_info = self.swap_params_info.get(OptimizerSwapper.parameter_id(parameter))
         if swap_info is None:
             return
         if not swap_info.swapped_gradients:
             swap_info.get_or_create_gradient_paths([0], [swap_info.numel()])
         path = self._gradient_path(swap_info)
-        if self.store.state(path) == EntryState.WRITING:
-            self.store.flush_key(path)  # the last call's bytes reach the file before these are placed
-        state = self.store.state(path)
-        if state == EntryState.ON_FILE:
-            # On a GPU the fragments are device tensors: the file is written from a host copy (the copy stock's
-            # swap-out makes into its pinned buffers); on the CPU accelerator that is the fragment itself.
-            writes = [self.io.write(tensor.reshape(-1).to(device="cpu", dtype=self.dtype).contiguous(), path,
-                                    file_offset=offset * self.swap_element_size)
-                      for offset, tensor in zip(gradient_offsets, gradient_tensors)]
-            for write in writes:
-                write.result()  # raises a failed write's error: the gradient is owed to the update
-            return
-        if state in (EntryState.CLEAN, EntryState.DIRTY):
-            gradient = self.store.lend(path)  # held: no copy, no I/O
-        else:
-            gradient = self.store.lend_new(path, swap_info.numel(), path)
-            gradient.zero_()
-        for offset, tensor in zip(gradient_offsets, gradient_tensors):
-            gradient.narrow(0, offset, tensor.numel()).copy_(tensor.reshape(-1))
-        self.store.release(path, changed=True)
+        # On a GPU the fragments are device tensors: a held buffer takes them with one copy; the file is written
+        # from a host copy (the copy stock's swap-out makes into its pinned buffers).
+        self.store.write_parts(path, swap_info.numel(), path, list(zip(gradient_offsets, gradient_tensors)))
 
     def flush_gradients(self):
         pass  # nothing is staged: swap_out_gradients stores into the entries directly
@@ -412,6 +396,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         counters = self.io.counters()
         stats = {f"optimizer_{key}": value for key, value in self.pool.stats().items()}
         stats["optimizer_profile"] = self.profile.source
+        stats["optimizer_profile_divergences"] = self.profile.divergences
         stats["optimizer_swapper_closed"] = int(self.closed)
         stats.update({f"optimizer_cache_{key}": value for key, value in self.store.stats().items()})
         stats.update(optimizer_cache_budget_bytes=self.budget.total_bytes,
