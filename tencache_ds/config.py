@@ -39,9 +39,11 @@ class TencacheConfig(BaseModel):
     """Host memory for holding offloaded tensors beyond the minimum needed to stream them, lent to DeepSpeed without
     copies and written back to NVMe only when evicted or checkpointed: parameter partitions first (pinned slots:
     each held byte saves a read in forward, one in backward and a write after the step), then optimizer state
-    (pageable: each held byte saves a read and a write). Per rank. An integer or a size string ("4GiB"); "auto" = 25% of the
-    memory available at start-up divided between the ranks of the node (LOCAL_WORLD_SIZE), capped by the memlock limit
-    (per process) minus the streaming slots; 0 = pure streaming (every use reads NVMe, as stock does)."""
+    (pageable: each held byte saves a read and a write). Per rank. An integer or a size string ("4GiB"); "auto" starts
+    at 25% of the memory available at start-up divided between the ranks of the node (LOCAL_WORLD_SIZE), capped by
+    the memlock limit (per process) minus the streaming slots, and once a step has been measured grows its optimizer
+    state into the memory the steps leave free (giving it back under memory pressure); 0 = pure streaming (every use
+    reads NVMe, as stock does)."""
 
     device_cache_bytes: ByteBudget = AUTO
     """Accelerator memory for gathered parameters kept between uses (the device tier): chosen by next use over the
@@ -56,7 +58,7 @@ class TencacheConfig(BaseModel):
     (DeepSpeed's own release rules)."""
 
     metrics_path: Optional[str] = None
-    """Where per-step metrics are appended as JSON lines, one object per optimizer step (schema "tencache.metrics/3":
+    """Where per-step metrics are appended as JSON lines, one object per optimizer step (schema "tencache.metrics/4":
     step time, fetch wait, device and host hit rates, NVMe bytes, prefetches, memory, the host cache budget and the
     host memory reading it follows); tencache_ds.stats(engine)
     returns the latest. None: no file."""

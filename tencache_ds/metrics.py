@@ -3,10 +3,11 @@ into per-step numbers, and the JSON-lines file. Pure: the numbers come from inte
 
 One line per optimizer step at the config's ``metrics_path``, and the latest one in ``tencache_ds.stats(engine)``:
 
-    {"schema": "tencache.metrics/3", "step": 12, "step_time_s": 1.93, "fetch_wait_s": 0.004,
+    {"schema": "tencache.metrics/4", "step": 12, "step_time_s": 1.93, "fetch_wait_s": 0.004,
      "param_nvme_wait_s": 0.003, "optimizer_nvme_wait_s": 0.001, "device_fetch_s": 0.41,
      "device_fetch_bytes": 248512512, "device_hit_rate": 0.87, "host_hit_rate": 1.0, "nvme_read_bytes": 0,
-     "nvme_write_bytes": 0, "prefetch_issued": 0, "prefetch_late": 0, "pinned_bytes_reserved": ...,
+     "nvme_write_bytes": 0, "prefetch_issued": 0, "prefetch_late": 0, "nvme_busy_fraction": 0.0,
+     "nvme_queue_depth": null, "pinned_bytes_reserved": ...,
      "pinned_bytes_in_use": ..., "host_cache_bytes_in_use": ..., "device_cache_bytes_in_use": ...,
      "host_cache_budget_bytes": ..., "host_memory_available_bytes": ..., "host_step_rise_bytes": ...}
 
@@ -19,6 +20,10 @@ What each per-step number means (this step's, not a running total):
   ranks, host-to-device copies on a GPU); ``device_hit_rate``: uses of a parameter served without a fetch over all
   uses. Both are None where a gather is a view of the partition (one rank on DeepSpeed's CPU accelerator: nothing is
   moved, so a "hit" saves nothing), and when the step used no parameter.
+- ``nvme_busy_fraction``: the share of the step during which at least one of tencache's file requests was
+  executing (any swapper, any NVMe path: io/activity.py); ``nvme_queue_depth``: how many were executing on average
+  while any was (None: the drive was idle the whole step). A step bound by I/O should show a busy fraction near 1;
+  a fetch wait with the drive idle meanwhile means the reads were issued late, not that the drive is slow.
 - ``nvme_*_bytes``, ``prefetch_*``: this step's; the ``*_bytes_*`` gauges are their values at the step's end; a hit
   rate is None when the step made no such access. ``host_memory_available_bytes`` and ``host_step_rise_bytes`` are
   the last host-memory reading (taken before the step's last forward pass, after whatever it decided:
@@ -26,7 +31,8 @@ What each per-step number means (this step's, not a running total):
 
 Schema history: 2 added ``host_cache_budget_bytes``, ``host_memory_available_bytes``, ``host_step_rise_bytes``;
 3 added ``param_nvme_wait_s``, ``optimizer_nvme_wait_s``, ``device_fetch_s``, ``device_fetch_bytes``, and made
-``device_hit_rate`` None where the device tier cannot apply.
+``device_hit_rate`` None where the device tier cannot apply; 4 added ``nvme_busy_fraction`` and
+``nvme_queue_depth``.
 """
 import dataclasses
 import json
@@ -34,7 +40,7 @@ import os
 import time
 from typing import Callable, Dict, Optional
 
-SCHEMA = "tencache.metrics/3"
+SCHEMA = "tencache.metrics/4"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +59,8 @@ class RunningTotals:
     nvme_write_bytes: int = 0
     prefetch_issued: int = 0     # reads started ahead of their use
     prefetch_late: int = 0       # ... not finished when their use came
+    nvme_busy_s: float = 0.0     # seconds with at least one of tencache's file requests executing
+    nvme_depth_s: float = 0.0    # the integral over time of how many were executing (io/activity.py)
 
     def minus(self, earlier: "RunningTotals") -> "RunningTotals":
         return RunningTotals(**{field.name: getattr(self, field.name) - getattr(earlier, field.name)
@@ -89,6 +97,8 @@ class StepMetrics:
     nvme_write_bytes: int
     prefetch_issued: int
     prefetch_late: int
+    nvme_busy_fraction: float
+    nvme_queue_depth: Optional[float]
     pinned_bytes_reserved: int
     pinned_bytes_in_use: int
     host_cache_bytes_in_use: int
@@ -132,6 +142,9 @@ class StepMeter:
             host_hit_rate=_rate(delta.host_hits, delta.host_hits + delta.host_misses),
             nvme_read_bytes=delta.nvme_read_bytes, nvme_write_bytes=delta.nvme_write_bytes,
             prefetch_issued=delta.prefetch_issued, prefetch_late=delta.prefetch_late,
+            nvme_busy_fraction=min(1.0, delta.nvme_busy_s / (now - self._last_time)) if now > self._last_time
+            else 0.0,
+            nvme_queue_depth=delta.nvme_depth_s / delta.nvme_busy_s if delta.nvme_busy_s > 0 else None,
             **dataclasses.asdict(gauges))
         self._steps += 1
         self._last_time, self._last_totals = now, totals

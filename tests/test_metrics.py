@@ -7,7 +7,8 @@ SCHEMA_KEYS = {"schema", "step", "step_time_s", "fetch_wait_s", "device_hit_rate
                "nvme_read_bytes", "nvme_write_bytes", "prefetch_issued", "prefetch_late", "pinned_bytes_reserved",
                "pinned_bytes_in_use", "host_cache_bytes_in_use", "device_cache_bytes_in_use",
                "host_cache_budget_bytes", "host_memory_available_bytes", "host_step_rise_bytes",  # 2: memory pressure
-               "param_nvme_wait_s", "optimizer_nvme_wait_s", "device_fetch_s", "device_fetch_bytes"}  # 3: honest device
+               "param_nvme_wait_s", "optimizer_nvme_wait_s", "device_fetch_s", "device_fetch_bytes",  # 3: honest device
+               "nvme_busy_fraction", "nvme_queue_depth"}  # 4: how busy the drive was kept
 
 
 class Clock:
@@ -21,7 +22,7 @@ class Clock:
 def test_key_set_is_the_schema():
     meter = StepMeter(clock=Clock())
     assert set(meter.step_end(RunningTotals(), Gauges()).flat()) == SCHEMA_KEYS
-    assert SCHEMA == "tencache.metrics/3"
+    assert SCHEMA == "tencache.metrics/4"
 
 
 def test_steps_report_increases_since_the_previous_step():
@@ -71,3 +72,16 @@ def test_writer_appends_one_json_line_per_step(tmp_path):
     lines = [json.loads(line) for line in path.read_text().splitlines()]
     assert [line["step"] for line in lines] == [0, 1, 2]
     assert all(set(line) == SCHEMA_KEYS for line in lines)
+
+
+def test_busy_fraction_and_queue_depth_come_from_the_drive_activity_of_the_step():
+    """A 2 s step with the drive busy 1.5 s of it, 3 depth-seconds meanwhile (two requests at once half the time):
+    busy 75%, queue depth 2. A step with no request: busy 0 and no depth (not 0: nothing was queued)."""
+    clock = Clock()
+    meter = StepMeter(clock=clock, start=RunningTotals(nvme_busy_s=10.0, nvme_depth_s=20.0))
+    clock.now += 2.0
+    step = meter.step_end(RunningTotals(nvme_busy_s=11.5, nvme_depth_s=23.0), Gauges())
+    assert (step.nvme_busy_fraction, step.nvme_queue_depth) == (0.75, 2.0)
+    clock.now += 1.0
+    idle = meter.step_end(RunningTotals(nvme_busy_s=11.5, nvme_depth_s=23.0), Gauges())
+    assert (idle.nvme_busy_fraction, idle.nvme_queue_depth) == (0.0, None)

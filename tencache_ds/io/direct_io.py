@@ -27,6 +27,7 @@ from typing import Optional
 from ..errors import StaleFileError, TencacheResourceError
 from ..log import logger
 from ..units import fmt_bytes
+from .activity import PROCESS_ACTIVITY, IoActivity
 from .alignment import NO_DIRECT_IO, direct_io_alignment
 
 CHUNK_BYTES = 16 * 1024 * 1024    # one system call moves at most this much; keeps each call short
@@ -55,9 +56,11 @@ class DirectFileIO:
     the tensor it was given, so the memory cannot be freed under it).
     """
 
-    def __init__(self, num_threads: int = 2, name: str = "tencache-io", align_bytes: Optional[int] = None):
+    def __init__(self, num_threads: int = 2, name: str = "tencache-io", align_bytes: Optional[int] = None,
+                 activity: IoActivity = PROCESS_ACTIVITY):
         """``align_bytes`` forces the O_DIRECT alignment of every folder (tests, or a device that misreports it);
-        None reads it per folder (alignment.py), unless the TENCACHE_DIRECT_ALIGN_BYTES variable is set."""
+        None reads it per folder (alignment.py), unless the TENCACHE_DIRECT_ALIGN_BYTES variable is set.
+        ``activity``: where executing requests are counted (activity.py; the process's tracker by default)."""
         if align_bytes is None and os.environ.get(ALIGN_ENV):
             align_bytes = int(os.environ[ALIGN_ENV])
         if align_bytes is not None and (align_bytes <= 0 or align_bytes & (align_bytes - 1)):
@@ -68,6 +71,7 @@ class DirectFileIO:
         self._counters = IoCounters()
         self._forced_align = align_bytes
         self._align_by_dir = {}  # folder -> O_DIRECT alignment in bytes; NO_DIRECT_IO (0): buffered only
+        self.activity = activity
 
     # ----------------------------------------------------------------------------------------------- public
     def read(self, tensor, path: str, nbytes: int = None, file_offset: int = 0) -> Future:
@@ -106,6 +110,13 @@ class DirectFileIO:
 
     def _run(self, is_write: bool, tensor, address: int, nbytes: int, path: str, file_offset: int) -> int:
         del tensor  # held by the submitted call only to keep the memory alive until the request ran
+        self.activity.started()
+        try:
+            return self._transfer(is_write, address, nbytes, path, file_offset)
+        finally:
+            self.activity.finished()
+
+    def _transfer(self, is_write: bool, address: int, nbytes: int, path: str, file_offset: int) -> int:
         view = memoryview((ctypes.c_char * nbytes).from_address(address)).cast("B") if nbytes else memoryview(b"")
         direct_bytes = self._direct_bytes(path, address, nbytes, file_offset)
         if direct_bytes:

@@ -22,6 +22,11 @@ The rule, at every reading (the start of each forward pass: between steps, nothi
 - ``available ≥ 2 × reserve`` and the tier gave memory back earlier: take back the excess over ``1.5 × reserve``
   (each rank its share), at most what it gave. Both land in the middle of the band, so the next reading holds:
   shrink and growth never alternate.
+- An ``"auto"`` budget also *grows* that way beyond its start-up size, up to what the tier can use
+  (``growable``: the optimizer state it does not hold yet), once a step's rise has been measured: "auto" starts
+  at a share of the memory available at start-up that is safe before anything is measured, then fills what the
+  measured steps leave free. A model whose state does not fit in host memory then keeps as much of it as is safe,
+  not a fixed share, with the shrink above as the safety net.
 - otherwise hold.
 - exhausted: after giving back, the tier has nothing left to give and even with all page cache reclaimed less than
   ``ranks × step_rise`` can be allocated (``allocatable``): the next step would end with the OOM killer. Never on
@@ -94,9 +99,10 @@ class MemoryPressurePolicy:
         return floor + int(self.ranks * STEP_RISE_MARGIN * self.step_rise_bytes)
 
     def decide(self, total_bytes: int, available_bytes: int, reducible_bytes: int,
-               given_back_bytes: int) -> PressureDecision:
+               given_back_bytes: int, growable_bytes: int = 0) -> PressureDecision:
         """After a reading of ``available_bytes`` of the node's (or cgroup's) ``total_bytes``, with this rank's
-        tier able to give back ``reducible_bytes`` and having given back ``given_back_bytes`` net so far."""
+        tier able to give back ``reducible_bytes``, having given back ``given_back_bytes`` net so far (negative:
+        grown beyond its start), and able to use ``growable_bytes`` more than its start-up size ("auto" only)."""
         reserve = self.reserve_bytes(total_bytes)
         middle = int(BAND_MIDDLE * reserve)
         if available_bytes < reserve:
@@ -106,11 +112,14 @@ class MemoryPressurePolicy:
             return PressureDecision(Action.SHRINK, give, self._describe(
                 f"{fmt_bytes(available_bytes)} of {fmt_bytes(total_bytes)} available, below the "
                 f"{fmt_bytes(reserve)} kept available for the next step and the rest of the node", "gives back", give))
-        if available_bytes >= 2 * reserve and given_back_bytes > 0:
-            take = min(given_back_bytes, (available_bytes - middle) // self.ranks)
+        if available_bytes >= 2 * reserve:
+            # growing past the start needs a measured step rise: before that the reserve knows only the floor
+            room = max(0, given_back_bytes) + (max(0, growable_bytes) if self._rises else 0)
+            take = min(room, (available_bytes - middle) // self.ranks)
             if take > 0:
+                verb = "takes back" if take <= given_back_bytes else "takes"
                 return PressureDecision(Action.GROW, take, self._describe(
-                    f"{fmt_bytes(available_bytes)} of {fmt_bytes(total_bytes)} available again", "takes back", take))
+                    f"{fmt_bytes(available_bytes)} of {fmt_bytes(total_bytes)} available", verb, take))
         return HOLD
 
     def exhausted(self, total_bytes: int, allocatable_bytes: int, reducible_bytes: int,

@@ -3,14 +3,15 @@ is lowered under a running job (or a neighbour that grows) squeezes it. Run it i
 (tests/deepspeed/test_memory_pressure_engine.py makes one); every other argument goes to train.py.
 
     python tests/deepspeed/memory_squeeze.py --squeeze-after 2 --squeeze-to window [--release-after 3] \
-        [train.py arguments]
+        [--limit-at-start 1GB] [train.py arguments]
 
 After each listed step the cgroup's limit is lowered (probes/host_memory.py names the quantities): ``window``, to its
 working set (usage less inactive page cache) plus half-way between a step's measured rise and the reserve tencache
 keeps available (the next step fits, and tencache must give memory back); ``short``, to its usage without any page
 cache plus half a step's rise (even with every page of cache reclaimed the next step cannot fit: tencache must stop
 the run before the OOM killer ends it); or to the working set plus a byte size. ``--release-after``: the limit is lifted again
-after that step (memory back). The squeezes are added to the result JSON under "squeezes", with the working set
+after that step (memory back). ``--limit-at-start``: before the engine is built, the limit is set to the working set
+then plus a byte size (a container smaller than the model's state: "auto" starts at a share of it). The squeezes are added to the result JSON under "squeezes", with the working set
 after every step ("working_set_bytes").
 """
 import argparse
@@ -74,7 +75,14 @@ def main(argv):
     parser.add_argument("--squeeze-after", default="")
     parser.add_argument("--squeeze-to", default="window")
     parser.add_argument("--release-after", type=int, default=None)
+    parser.add_argument("--limit-at-start", default=None,
+                        help="before the engine is built, limit the cgroup to its working set now plus this size")
     ours, rest = parser.parse_known_args(argv)
+    if ours.limit_at_start is not None:
+        working_set = cgroup_usage(*own_cgroup())[0]
+        limit = set_limit(working_set + parse_bytes(ours.limit_at_start))
+        SQUEEZES.append({"after_step": None, "working_set_bytes": working_set, "limit_bytes": limit})
+        train.log0(f"limited at start: {limit} = working set {working_set} + {ours.limit_at_start}")
     after = {int(step) for step in ours.squeeze_after.split(",") if step}
     original_train_step, step_counter = train.train_step, [0]
 

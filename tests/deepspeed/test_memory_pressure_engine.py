@@ -85,3 +85,20 @@ def test_memory_that_cannot_fit_the_next_step_stops_the_run_with_the_numbers_not
     assert "can be allocated (page cache included), but a training step needs" in failed.output
     assert memory_cgroup in failed.output
     assert "step 2 loss" in failed.output and "step 3 loss" not in failed.output
+
+
+def test_auto_fills_the_memory_a_small_container_leaves_free_with_stocks_bits(train, memory_cgroup):
+    """A container too small for "auto"'s start-up share (a quarter of what is available) to hold the optimizer
+    state (8 sub-groups, 240 MiB of it): once a step has been measured, "auto" grows into what the steps leave free
+    and from then on holds all of it (no optimizer-state reads), with stock's bits. With the budget fixed at its
+    start-up share it would read part of the state from NVMe every step."""
+    reference = train(block=None, **SUB_GROUPS)
+    ours = train(block={}, script=SQUEEZE, cgroup=memory_cgroup, env=STEPS_THAT_ALLOCATE, limit_at_start="850MB",
+                 **SUB_GROUPS)
+    assert_same_bits(reference, ours)
+    steps = [step["stats"] for step in ours.result["steps"]]
+    assert steps[0]["host_memory_bound_by"] == memory_cgroup
+    assert steps[0]["optimizer_cache_misses"] > 0  # the start-up share did not hold the state
+    assert steps[-1]["host_pressure_grows"] >= 1 and steps[-1]["host_pressure_shrinks"] == 0, steps[-1]
+    assert steps[-1]["host_cache_budget_bytes"] > steps[0]["host_cache_budget_bytes"]
+    assert steps[-1]["optimizer_cache_misses"] == steps[-2]["optimizer_cache_misses"], steps[-1]  # all held now

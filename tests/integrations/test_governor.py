@@ -96,3 +96,47 @@ def test_a_rank_whose_own_reading_fails_still_joins_both_collectives_then_raises
     with pytest.raises(OSError, match="meminfo"):
         governor.before_forward()
     assert agree.calls == [[1 << 62], [-1]]
+
+
+class OptimizerStoreSums:
+    """The optimizer swapper's footprint methods the governor calls, as plain sums: ``state`` bytes of state in
+    all, ``least`` the streaming slots an update needs, ``auto``: the config's host_cache_bytes."""
+
+    def __init__(self, state, start, least, auto):
+        self.config = type("Config", (), {"host_cache_bytes": "auto" if auto else start})()
+        self.state, self.footprint, self.least = state, start, least
+        self.budget = type("Budget", (), {"total_bytes": start})()
+
+    def state_bytes(self):
+        return self.state
+
+    def planned_host_footprint_bytes(self):
+        return self.footprint
+
+    def host_footprint_bytes(self):
+        return self.footprint
+
+    def least_host_footprint_bytes(self):
+        return self.least
+
+    def resize_host_footprint(self, target):
+        self.footprint = self.budget.total_bytes = target
+
+
+@pytest.mark.parametrize("auto", [True, False])
+def test_an_auto_budget_grows_into_free_memory_once_a_step_is_measured_and_an_explicit_one_does_not(auto):
+    """16 GiB of optimizer state, 4 GiB held at start-up, 40 GiB of 64 available, steps rising 1 GiB. "auto"
+    takes what the measured steps leave free (here everything it can use: 12 GiB more) as soon as one step's rise is
+    known: at the third forward pass (the first step's rise, the optimizer creating its state, is not counted); an
+    explicit budget stays as configured."""
+    optimizer = OptimizerStoreSums(state=16 * GiB, start=4 * GiB, least=GiB, auto=auto)
+    governor = HostTierGovernor([], optimizer, None, read_memory=lambda: HostMemory(64 * GiB, 40 * GiB))
+    governor.meter.close()
+    governor.meter = ScriptedMeter([None, 5 * GiB, GiB, GiB, GiB])
+    footprints = []
+    for step in range(4):
+        governor.before_forward()
+        governor.end_optimizer_step()
+        footprints.append(optimizer.footprint // GiB)
+    assert footprints == ([4, 4, 16, 16] if auto else [4, 4, 4, 4])
+    assert governor.grows == (1 if auto else 0) and governor.given_back_bytes == (-12 * GiB if auto else 0)

@@ -71,6 +71,22 @@ def test_memory_back_is_taken_again_to_the_middle_of_the_band_never_more_than_wa
     assert policy.decide(TOTAL, 3 * GiB, 0, given_back_bytes=0).action is Action.HOLD
 
 
+def test_an_auto_budget_fills_what_the_measured_steps_leave_free_up_to_what_it_can_use():
+    """A model whose optimizer state does not fit: "auto" started at a safe share, 10 GiB of it could still be
+    held. Before a step's rise is measured only the floor is known: nothing is taken. Then it grows to the middle of
+    the band, never past what it can use, and an explicit budget (growable 0) never grows past its start."""
+    unmeasured = MemoryPressurePolicy()
+    assert unmeasured.decide(TOTAL, 2 * GiB, 0, given_back_bytes=0, growable_bytes=10 * GiB).action is Action.HOLD
+    policy = policy_with_rise(200 * MiB)  # reserve 364 MiB, middle 546 MiB
+    decision = policy.decide(TOTAL, 2 * GiB, 0, given_back_bytes=0, growable_bytes=10 * GiB)
+    assert decision.action is Action.GROW and decision.nbytes == 2 * GiB - 546 * MiB
+    assert "takes 1.47 GiB" in decision.reason
+    assert policy.decide(TOTAL, 2 * GiB, 0, given_back_bytes=0, growable_bytes=300 * MiB).nbytes == 300 * MiB
+    assert policy.decide(TOTAL, 2 * GiB, 0, given_back_bytes=-GiB, growable_bytes=0).action is Action.HOLD
+    # what was given back is taken back first, then the growth, in one decision
+    assert policy.decide(TOTAL, 3 * GiB, 0, given_back_bytes=100 * MiB, growable_bytes=50 * MiB).nbytes == 150 * MiB
+
+
 def test_inside_the_band_neither_shrinks_nor_grows():
     policy = policy_with_rise(200 * MiB)  # band [364, 728) MiB
     for available in (364 * MiB, 500 * MiB, 727 * MiB):

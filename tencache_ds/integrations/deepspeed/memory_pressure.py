@@ -24,6 +24,7 @@ from ...log import logger
 from ...memory.footprint import StepRiseMeter
 from ...probes.limits import local_world_size
 from ...probes.host_memory import HostMemory, read_host_memory
+from ...config import AUTO
 from ...plan.memory_pressure import HOLD, Action, MemoryPressurePolicy
 from ...units import fmt_bytes
 from .agreement import agree_min
@@ -59,6 +60,8 @@ class HostTierGovernor:
         self.given_back_bytes = 0      # SUM: net bytes given back so far (what growing may take again)
         self.start_budget_bytes: Optional[int] = None  # at the first reading, once every slot is planned
         self._optimizer_target = self._optimizer_start = 0  # the optimizer's footprint: as last set, at start-up
+        # "auto": the tier grows into the memory the measured steps leave free (plan/memory_pressure.py)
+        self.fills_free_memory = optimizer_swapper is not None and optimizer_swapper.config.host_cache_bytes == AUTO
         self.shrinks = 0  # COUNT: readings that gave memory back
         self.grows = 0    # COUNT: readings that took memory again
 
@@ -75,6 +78,13 @@ class HostTierGovernor:
         if self._optimizer is not None:
             reducible += max(0, self._optimizer.host_footprint_bytes() - self._optimizer.least_host_footprint_bytes())
         return reducible
+
+    def growable_bytes(self) -> int:
+        """What the optimizer store could still take beyond its start-up footprint: the state it does not hold
+        (0 unless the budget is "auto")."""
+        if not self.fills_free_memory:
+            return 0
+        return max(0, self._optimizer.state_bytes() - max(self._optimizer_target, self._optimizer_start))
 
     def before_forward(self) -> None:
         """A reading, and what follows from it. Raises TencacheOutOfMemory when the next step cannot fit."""
@@ -93,7 +103,7 @@ class HostTierGovernor:
         try:
             memory = self._read_memory()
             decision = self.policy.decide(memory.total_bytes, memory.available_bytes, self.reducible_bytes(),
-                                          self.given_back_bytes)
+                                          self.given_back_bytes, self.growable_bytes())
             if decision.action is Action.SHRINK:
                 # the device tier's residents hold lent partitions: it is refitted (on every rank alike) first
                 targets = self._param_cache_targets(decision.nbytes)
@@ -164,18 +174,23 @@ class HostTierGovernor:
         self.shrinks += 1
 
     def _take(self, nbytes: int) -> None:
-        """Parameter cache slots first, then optimizer state, never past what was given back."""
-        left = min(nbytes, self.given_back_bytes)
+        """Parameter cache slots first (up to what was planned), then optimizer state: up to its start-up
+        footprint, or, "auto", up to all of it."""
+        wanted = min(nbytes, max(0, self.given_back_bytes) + self.growable_bytes())
+        left = wanted
         for swapper in self._param_swappers:
             cache = swapper.store.cache_bytes_reserved
             grown = swapper.store.resize_cache(min(swapper.store.planned_cache_bytes, cache + left))
             left -= grown - cache
         if self._optimizer is not None and left > 0:
-            target = min(self._optimizer_start, self._optimizer_target + left)
+            ceiling = self._optimizer_start
+            if self.fills_free_memory:
+                ceiling = max(ceiling, self._optimizer.state_bytes())
+            target = min(ceiling, self._optimizer_target + left)
             left -= target - self._optimizer_target
             self._optimizer_target = target
             self._optimizer.resize_host_footprint(target)
-        self.given_back_bytes -= min(nbytes, self.given_back_bytes) - left
+        self.given_back_bytes -= wanted - left  # negative once grown beyond the start-up budget
         self.grows += 1
 
     def _param_cache_targets(self, nbytes: int) -> dict:

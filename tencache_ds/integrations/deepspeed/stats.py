@@ -3,6 +3,7 @@ Owns: finding the swappers and the coordinator of an engine, and reading their n
 into the typed running totals and gauges that per-step metrics (tencache_ds/metrics.py) are made of."""
 from typing import Dict, Optional
 
+from ...io.activity import PROCESS_ACTIVITY
 from ...metrics import Gauges, RunningTotals
 from .coordinator import coordinator_of
 from .memory_pressure import governor_of
@@ -69,6 +70,7 @@ def running_totals(param_swapper, optimizer_swapper, coordinator) -> RunningTota
         totals["prefetch_late"] += counters.prefetch_late
         totals["nvme_read_bytes"] += io.read_bytes
         totals["nvme_write_bytes"] += io.write_bytes
+    totals["nvme_busy_s"], totals["nvme_depth_s"] = PROCESS_ACTIVITY.totals()  # every engine of this process
     if coordinator is not None:
         totals.update(device_fetches=coordinator.param_fetches, device_hits=coordinator.device_hits,
                       device_fetch_bytes=coordinator.fetch_bytes, device_fetch_s=coordinator.fetch_s)
