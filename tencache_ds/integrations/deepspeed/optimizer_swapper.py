@@ -116,9 +116,12 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
                                 LinkSafeIO(self.io), BudgetedPageable(self.pool, self.budget))
         self.last_folder_transfer = None  # what the last checkpoint save or load of the folder did
         # The optimizer's tensors are used in the same order every step. log_timers() ends each step; the first
-        # call ends initialisation, the second the first training step.
+        # call ends initialisation, the second the first training step, in which Adam creates its moments (stored
+        # new: a different sequence, never repeated). The second training step is the first that repeats: it
+        # becomes the profile (recording the first would cost two more steps of demand fetching before the
+        # lifecycle saw the change repeat and adopted it).
         self.profile = ProfileLifecycle(self.store.recorder, rank_profile_path(self.config.profile_path),
-                                        "optimizer", first_training_step=1, to_file=os.path.basename,
+                                        "optimizer", first_training_step=2, to_file=os.path.basename,
                                         from_file=lambda name: os.path.join(self._folder, name))
         self.timers = timers
         self.timer_names = set()
