@@ -1,6 +1,6 @@
 """Comparison of stock DeepSpeed and tencache_ds runs. Owns: per-step series from result dicts, their aggregation
-over measured steps and repeats, the I/O-compute bound, and the comparison's text, markdown and JSON forms (a
-headline of at most 12 rows, then the full table). Does not own: launching runs, reading the machine, measuring
+over measured steps and repeats, the I/O-compute bound, bytes moved over the least bytes, and the comparison's
+text, markdown and JSON forms (a headline of at most 12 rows, then the full table). Does not own: launching runs, reading the machine, measuring
 the NVMe path (tencache_ds/cli/bench.py) or the figure (bench/dashboard.py). Pure; imports neither torch nor
 deepspeed.
 
@@ -8,13 +8,17 @@ The comparison is spread over four modules by section; this one aggregates, and 
 names so that ``report.X`` keeps working:
 
 - bench/report_runs.py: the arms, loading a run, its per-step series, equality of losses and weights;
-- bench/report_bound.py: the drive's rates, the least compute, the bound;
+- bench/report_bound.py: the drive's rates, the least compute, a run's least bytes, the bound;
 - bench/report_render.py: rows, the comparison as data, the table and bench.md;
-- bench/report.py (this one): the headline's rows, the aggregation over repeats and arms (compare).
+- bench/report.py (this one): the headline's rows, the aggregation over repeats and arms (compare), bytes over
+  the least bytes (never below 1).
 """
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from .report_bound import Bound, NvmeBandwidth, compute_bound, least_compute  # noqa: F401 (re-exported)
+from ..plan.least_bytes import LeastBytes
+from ..units import fmt_bytes
+from .report_bound import (Bound, NvmeBandwidth, compute_bound, least_compute,  # noqa: F401 (re-exported)
+                           run_least_bytes)
 from .report_render import (HEADER, Comparison, ComparisonRow, format_ratio, format_value,  # noqa: F401
                             render_markdown, render_table)
 from .report_runs import (ARMS, DEVICE_HIT, FETCH_WAIT, FIXED_KEYS, HOST_HIT, MISSING, NVME_READ,  # noqa: F401
@@ -34,10 +38,11 @@ ROW_NVME_WRITE = "NVMe written / step (median)"
 ROW_DEVICE_HIT = "device hit rate (median)"
 ROW_HOST_HIT = "host hit rate (median)"
 ROW_FETCH_WAIT = "fetch wait (s/step, median)"
-ROW_FETCH_SHARE = "fetch wait (% of step time)"
+ROW_VS_LEAST = "NVMe bytes / least bytes"
 ROW_IDENTICAL = "identical losses / weights"
 HEADLINE_ROWS = (ROW_STEP_TIME, ROW_BOUND, ROW_VS_BOUND, ROW_PINNED, ROW_PEAK_RSS, ROW_NVME_READ, ROW_NVME_WRITE,
-                 ROW_DEVICE_HIT, ROW_HOST_HIT, ROW_FETCH_WAIT, ROW_FETCH_SHARE, ROW_IDENTICAL)
+                 ROW_VS_LEAST, ROW_DEVICE_HIT, ROW_HOST_HIT, ROW_FETCH_WAIT, ROW_IDENTICAL)
+ROW_FETCH_SHARE = "fetch wait (% of step time)"  # the first row of the full table
 MAX_HEADLINE_ROWS = 12
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -119,6 +124,39 @@ def _yes_no(identical: bool) -> str:
     return "yes" if identical else "NO"
 
 
+def least_bytes_of(runs: Sequence[BenchRun]) -> Tuple[Optional[LeastBytes], Dict[str, LeastBytes], str]:
+    """The least NVMe bytes per step over tencache's runs (the smallest run's: a bound for every repeat), per store,
+    and where they come from; (None, {}, why) when no run has them."""
+    found = [(run_least_bytes(run), run) for run in runs]
+    usable = [(stores, source) for (stores, source), _run in found if stores]
+    if not usable:
+        return None, {}, found[0][0][1] if found else "no tencache run"
+    stores, source = min(usable, key=lambda item: sum(least.total_bytes for least in item[0].values()))
+    total = sum(stores.values(), LeastBytes(0, 0, 0, 0, 0, 0))
+    return total, stores, source
+
+
+def least_bytes_ratio(moved: Value, least: Optional[LeastBytes], source: str) -> Tuple[Optional[float], str]:
+    """bytes moved / least bytes, and its note. Never below 1: a run that moved fewer bytes than its least has a
+    wrong least, and the note says so instead."""
+    if least is None:
+        return None, f"no least bytes: {source}"
+    if not is_number(moved):
+        return None, "tencache's own bytes per step are unknown"
+    # reads and writes are bounded together and apart: the larger bound of the two holds
+    least_total = max(least.total_bytes, least.read_bytes + least.write_bytes)
+    if least_total == 0:
+        return None, ("nothing has to move: the budgets hold every tensor" if moved == 0 else
+                      f"{fmt_bytes(moved)} moved where the budgets hold every tensor ({source})")
+    if moved < least_total:
+        return None, (f"no ratio: tencache moved {fmt_bytes(moved)} per step, below the least {fmt_bytes(least_total)} "
+                      f"its budgets allow, so the least is wrong (its profile does not describe the measured "
+                      f"steps, or the budgets in the stats are not the ones the run had): {source}")
+    return moved / least_total, (f"{fmt_bytes(moved)} per step (tencache's own counters, read + written) over the "
+                                 f"least {fmt_bytes(least_total)} ({fmt_bytes(least.read_bytes)} read, "
+                                 f"{fmt_bytes(least.write_bytes)} written) for {source}")
+
+
 def compare(runs: Sequence[BenchRun], warmup_steps: int, nvme_bandwidth: Optional[NvmeBandwidth] = None,
             stock_crashed: Optional[str] = None) -> Comparison:
     """Aggregate the runs of each arm (stock, tencache, and stock-cpu when it ran) into the comparison.
@@ -126,7 +164,8 @@ def compare(runs: Sequence[BenchRun], warmup_steps: int, nvme_bandwidth: Optiona
     Per arm: step time, per-step bytes, hit rates and fetch waits are the median of all measured steps of all its
     repeats; peaks (pinned memory, RSS) are the maximum over all steps; stats keys without a row of their own show
     the median over repeats of the value after the last step; metrics keys show the median over measured steps.
-    The bound uses ``nvme_bandwidth`` (None: its NVMe part is missing) and the stock-cpu step time.
+    The bound uses ``nvme_bandwidth`` (None: its NVMe part is missing), the least bytes of the tencache runs'
+    profiles (least_bytes_of) and the stock-cpu step time.
     ``stock_crashed``: stock NVMe did not finish (what it died of); its column then reads "–", and tencache is
     compared with stock CPU offload, which must have run.
 
@@ -166,15 +205,24 @@ def compare(runs: Sequence[BenchRun], warmup_steps: int, nvme_bandwidth: Optiona
     nvme_sources = "; ".join(f"{arm}: {nvme_per_step(by_arm[arm][0], 'read')[1]}" for arm in arms)
     fetch_wait = per_arm(median_of(FETCH_WAIT))
     compute_s, compute_source = least_compute(step_time.get(STOCK_CPU), step_time[TENCACHE], fetch_wait[TENCACHE])
-    bound = compute_bound(nvme["read"][TENCACHE], nvme["write"][TENCACHE], nvme_bandwidth, compute_s, compute_source)
+    least, least_by_store, least_source = least_bytes_of(by_arm[TENCACHE])
+    bound = compute_bound(least.read_bytes if least else None, least.write_bytes if least else None, nvme_bandwidth,
+                          compute_s, compute_source, io_missing=f"no least bytes per step: {least_source}")
+    own = {direction: {run.label: own_nvme_per_step(run, direction)[0] for run in runs}
+           for direction in ("read", "write")}
+    own_moved = {direction: per_arm(lambda rs, d=direction: _median([value for run in rs for value in
+                                                                    _measured(own[d][run.label], warmup_steps)]))
+                 for direction in ("read", "write")}
+    moved = (own_moved["read"][TENCACHE] + own_moved["write"][TENCACHE]
+             if is_number(own_moved["read"][TENCACHE]) and is_number(own_moved["write"][TENCACHE]) else None)
+    vs_least, vs_least_note = least_bytes_ratio(moved, least, least_source)
     vs_bound = (step_time[TENCACHE] / bound.seconds if bound.seconds and is_number(step_time[TENCACHE]) else None)
     vs_bound_note = ""
     if vs_bound is not None and vs_bound < 1:
-        # a step measured below its bound means the bound is wrong: here the NVMe term, whose bandwidth (doctor's
-        # one-request-at-a-time measurement, or --nvme-bandwidth) understates what tencache's engine moved
+        # a step measured below its bound means the bound is wrong (a rate below what the drive did, a compute
+        # part above what the step needs): say so, never print a ratio below 1 against it
         vs_bound, vs_bound_note = None, (f"no ratio: the step ({step_time[TENCACHE]:.3f} s) is below the bound, so "
-                                         "the NVMe bandwidth it uses understates the drive; pass the drive's "
-                                         "measured bandwidth with --nvme-bandwidth")
+                                         f"the bound is wrong: {_why_below(bound)}")
     losses_identical, losses_detail = compare_losses([run for arm in arms for run in by_arm[arm]])
     weights_identical, weights_detail = compare_weights([run for arm in arms for run in by_arm[arm]])
     headline = [
@@ -185,11 +233,10 @@ def compare(runs: Sequence[BenchRun], warmup_steps: int, nvme_bandwidth: Optiona
         make_row(ROW_PEAK_RSS, "bytes", per_arm(max_of(PEAK_RSS))),
         make_row(ROW_NVME_READ, "bytes", nvme["read"], note=f"from {nvme_sources}"),
         make_row(ROW_NVME_WRITE, "bytes", nvme["write"]),
+        ComparisonRow(ROW_VS_LEAST, "times", None, vs_least, note=vs_least_note),
         make_row(ROW_DEVICE_HIT, "fraction", per_arm(median_of(DEVICE_HIT))),
         make_row(ROW_HOST_HIT, "fraction", per_arm(median_of(HOST_HIT))),
         make_row(ROW_FETCH_WAIT, "s", fetch_wait),
-        make_row(ROW_FETCH_SHARE, "percent", {arm: _share_percent(fetch_wait[arm], step_time[arm]) for arm in arms},
-                 note="the median fetch wait over the median step time"),
         ComparisonRow(ROW_IDENTICAL, "text", _final_loss_bits(by_arm[STOCK]), _final_loss_bits(by_arm[TENCACHE]),
                       verdict=f"{_yes_no(losses_identical)} / {_yes_no(weights_identical)}",
                       stock_cpu=_final_loss_bits(by_arm[STOCK_CPU])),
@@ -197,14 +244,25 @@ def compare(runs: Sequence[BenchRun], warmup_steps: int, nvme_bandwidth: Optiona
     assert [row.name for row in headline] == list(HEADLINE_ROWS) and len(headline) <= MAX_HEADLINE_ROWS
 
     # ---- the full table: everything else
-    details = [make_row("pinned bytes peak in use (stats, max)", "bytes", per_arm(max_of(f"stats.{PINNED_PEAK_KEY}")))]
+    details = [make_row(ROW_FETCH_SHARE, "percent",
+                        {arm: _share_percent(fetch_wait[arm], step_time[arm]) for arm in arms},
+                        note="the median fetch wait over the median step time"),
+               make_row("pinned bytes peak in use (stats, max)", "bytes", per_arm(max_of(f"stats.{PINNED_PEAK_KEY}")))]
     if any(own_nvme_per_step(run, "read")[1] != "none" for run in runs):  # tencache's own view beside the kernel's
         for direction in ("read", "write"):
-            own = {run.label: own_nvme_per_step(run, direction)[0] for run in runs}
             details.append(make_row(f"NVMe {direction} bytes/step (tencache's own counters, median)", "bytes",
-                                    per_arm(lambda rs: _median([value for run in rs
-                                                                for value in _measured(own[run.label],
-                                                                                       warmup_steps)]))))
+                                    own_moved[direction]))
+    for store, store_least in sorted(least_by_store.items()):  # what each store moved, beside its least
+        store_moved = _store_moved(by_arm[TENCACHE], series, store, warmup_steps)
+        details.append(ComparisonRow(f"NVMe bytes/step, {store} (tencache's own counters, median)", "bytes", None,
+                                     store_moved))
+        details.append(ComparisonRow(f"least NVMe bytes/step, {store}", "bytes", None,
+                                     max(store_least.total_bytes, store_least.read_bytes + store_least.write_bytes),
+                                     note=f"{fmt_bytes(store_least.read_bytes)} read + "
+                                          f"{fmt_bytes(store_least.write_bytes)} written at the least, of "
+                                          f"{fmt_bytes(store_least.all_read_bytes)} + "
+                                          f"{fmt_bytes(store_least.all_write_bytes)} with nothing kept, "
+                                          f"budget {fmt_bytes(store_least.capacity_bytes)}"))
     if any(is_number(run.result.get("init_time_s")) for run in runs):
         details.append(make_row("engine start-up (s)", "s", per_arm(lambda rs: _arm_top_level(rs, "init_time_s"))))
     if any(_nvme_footprint(run) is not None for run in runs):
@@ -240,3 +298,26 @@ def compare(runs: Sequence[BenchRun], warmup_steps: int, nvme_bandwidth: Optiona
     measured = {arm: sum(max(0, len(run.steps) - warmup_steps) for run in by_arm[arm]) for arm in arms}
     return Comparison(headline, details, bound, warmup_steps, measured, losses_identical, losses_detail,
                       weights_identical, weights_detail, run_dicts, notes)
+
+
+def _why_below(bound: Bound) -> str:
+    """Why a step can come out below its bound: the part that limits it overstates what the step needs."""
+    if bound.limited_by == "compute":
+        return f"its compute part ({bound.compute_source}) is more than the step's work needs"
+    return ("its NVMe part is more than the step needs: the drive moved bytes faster than measured "
+            f"({bound.bandwidth.speeds() if bound.bandwidth else 'no rates'}), or fewer bytes than the least")
+
+
+STORE_STATS_PREFIX = {"params": "param", "optimizer": "optimizer"}
+
+
+def _store_moved(runs: Sequence[BenchRun], series, store: str, warmup_steps: int) -> Optional[float]:
+    """The median over measured steps of what one store read and wrote (its stats' running totals, per step)."""
+    prefix = STORE_STATS_PREFIX[store]
+    values = []
+    for run in runs:
+        reads = per_step_deltas(series[run.label].get(f"stats.{prefix}_nvme_read_bytes", []))
+        writes = per_step_deltas(series[run.label].get(f"stats.{prefix}_nvme_write_bytes", []))
+        both = [read + write if read is not None and write is not None else None for read, write in zip(reads, writes)]
+        values += _measured(both, warmup_steps)
+    return _median(values)

@@ -20,7 +20,7 @@ from .doctor_checks import (EXPECTED_DEEPSPEED_VERSION, FAIL, MIN_MEMLOCK_BYTES,
                             check_gpus, check_host, check_libaio, check_memlock, check_native_arena, check_versions,
                             describe_host, load_ds_config, nvme_path_from_config, probe_gpus)
 from .doctor_nvme import (BANDWIDTH_FILE_BYTES, MIN_NVME_FREE_BYTES, NvmePathState, bandwidth_check,  # noqa: F401
-                          bytes_per_s, check_nvme_path, mount_of, nvme_bandwidth, plain_io_bandwidth)
+                          bytes_per_s, check_nvme_path, drive_check, mount_of, nvme_bandwidth, plain_io_bandwidth)
 from .doctor_probe import (AIO_OP, FORCE_NO_AIO_ENV, PROBE_TIMEOUT_S, Probe, _probe_main,  # noqa: F401
                            aio_skip_reason)
 
@@ -45,7 +45,7 @@ def run_checks(nvme_path: Optional[str] = None, config_path: Optional[str] = Non
         measure_here = state.usable and state.enough_space_for_bandwidth
         probe = Probe(want_aio=True, bandwidth_dir=state.path if measure_here else None,
                       bandwidth_bytes=BANDWIDTH_FILE_BYTES, timeout_s=probe_timeout_s,
-                      skip_aio_reason=aio_skip_reason())
+                      skip_aio_reason=aio_skip_reason(), drive_dir=state.path if measure_here else None)
         # These run while the probe imports torch and DeepSpeed.
         libaio = check_libaio()
         native = check_native_arena()
@@ -57,10 +57,14 @@ def run_checks(nvme_path: Optional[str] = None, config_path: Optional[str] = Non
             config_check.status != FAIL else CheckResult("budgets", FAIL, "not resolved: the config cannot be read")
 
         facts = probe.facts()
+        why_not = None
         if not state.usable:
-            bandwidth = bandwidth_check(None, "the NVMe path is unusable (see above)")
+            why_not = "the NVMe path is unusable (see above)"
         elif not state.enough_space_for_bandwidth:
-            bandwidth = bandwidth_check(None, f"less than {fmt_bytes(2 * BANDWIDTH_FILE_BYTES)} free")
+            why_not = f"less than {fmt_bytes(2 * BANDWIDTH_FILE_BYTES)} free"
+        drive = drive_check(facts, why_not)
+        if why_not is not None:
+            bandwidth = bandwidth_check(None, why_not)
         else:
             # Without the probe's aio measurement (the aio op is unusable; its own line says why): plain file I/O.
             try:
@@ -76,7 +80,7 @@ def run_checks(nvme_path: Optional[str] = None, config_path: Optional[str] = Non
               check_build_locks(probe), native, memlock, host, gpu_check]
     if config_check is not None:
         checks.append(config_check)
-    checks += state.checks + [bandwidth, budgets]
+    checks += state.checks + [bandwidth, drive, budgets]
     return checks
 
 

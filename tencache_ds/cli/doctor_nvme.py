@@ -1,6 +1,6 @@
 """`tencache-ds doctor`'s NVMe path checks. Owns: whether the path exists, is writable, has room and takes O_DIRECT,
-its mount, and its sequential bandwidth measured with plain file I/O (the fallback when the probe's DeepSpeed aio
-measurement is missing), and the bandwidth's check line. Does not own: the probe (cli/doctor_probe.py)."""
+its mount, its sequential bandwidth measured with plain file I/O (the fallback when the probe's DeepSpeed aio
+measurement is missing), and the check lines of that bandwidth and of the drive as tencache's engine uses it. Does not own: the probe (cli/doctor_probe.py)."""
 import contextlib
 import dataclasses
 import errno
@@ -11,6 +11,7 @@ import tempfile
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
+from ..io.drive_rate import DriveRate
 from ..units import fmt_bytes
 from .doctor_checks import FAIL, OK, WARN, CheckResult
 
@@ -257,3 +258,14 @@ def bandwidth_check(result: Optional[Dict[str, Any]], error: Optional[str]) -> C
     text = (f"write {write_gbps:.2f} GB/s, read {read_gbps:.2f} GB/s ({fmt_bytes(result['write_bytes'])} sequential, "
             f"{result['method']})")
     return CheckResult("nvme bandwidth", OK, text, details)
+
+
+def drive_check(facts: Dict[str, Any], why_not: Optional[str] = None) -> CheckResult:
+    """The probe's measurement of the drive through tencache's own engine (io/drive_rate.py), or why there is none
+    (``why_not``, else the probe's error)."""
+    if "drive" not in facts:
+        return CheckResult("nvme drive", WARN, f"not measured with tencache's engine: "
+                           f"{why_not or facts.get('drive_error') or 'the probe ended before it measured'}")
+    rate = DriveRate.from_dict(facts["drive"])
+    return CheckResult("nvme drive", OK, f"{rate.describe()} ({rate.method}; fastest trial of each)",
+                       rate.to_dict())

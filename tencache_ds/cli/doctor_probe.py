@@ -44,11 +44,12 @@ def _emit(**facts: Any) -> None:
 
 
 def _probe_main(argv: Sequence[str]) -> None:
-    """Entry point of the probe process. argv: [--aio] [--bandwidth-dir DIR --bandwidth-bytes N]."""
+    """Entry point of the probe process. argv: [--aio] [--bandwidth-dir DIR --bandwidth-bytes N] [--drive-dir DIR]."""
     args = list(argv)
     want_aio = "--aio" in args
     bandwidth_dir = args[args.index("--bandwidth-dir") + 1] if "--bandwidth-dir" in args else None
     bandwidth_bytes = int(args[args.index("--bandwidth-bytes") + 1]) if "--bandwidth-bytes" in args else 0
+    drive_dir = args[args.index("--drive-dir") + 1] if "--drive-dir" in args else None
     try:
         import torch
         import deepspeed
@@ -64,6 +65,12 @@ def _probe_main(argv: Sequence[str]) -> None:
                            "device_count": accelerator.device_count()})
     except Exception as err:
         _emit(accelerator_error=f"{type(err).__name__}: {err}")
+    if drive_dir:  # before async_io, whose first build may outlast the probe's timeout
+        from ..io.drive_rate import measure_drive
+        try:
+            _emit(drive=measure_drive(drive_dir).to_dict())
+        except Exception as err:  # reported as the check's WARN line, or as the bench's missing bound
+            _emit(drive_error=f"{type(err).__name__}: {err}")
     if not want_aio:
         return
     from deepspeed.ops.op_builder import AsyncIOBuilder
@@ -145,13 +152,18 @@ class Probe:
     """The probe process, started early and collected late so the doctor's own checks overlap with it."""
 
     def __init__(self, want_aio: bool, bandwidth_dir: Optional[str], bandwidth_bytes: int,
-                 timeout_s: float = PROBE_TIMEOUT_S, skip_aio_reason: Optional[str] = None):
+                 timeout_s: float = PROBE_TIMEOUT_S, skip_aio_reason: Optional[str] = None,
+                 drive_dir: Optional[str] = None):
+        """``drive_dir``: measure the drive there as tencache's engine uses it (io/drive_rate.py)."""
         env, self.forced_no_aio = _probe_env()
         self.skip_aio_reason = skip_aio_reason  # why async_io is not loaded although it was wanted
         want_aio = want_aio and skip_aio_reason is None
         argv = ["--aio"] if want_aio else []
         if bandwidth_dir:
             argv += ["--bandwidth-dir", bandwidth_dir, "--bandwidth-bytes", str(bandwidth_bytes)]
+        if drive_dir:
+            argv += ["--drive-dir", drive_dir]
+        self._drive_dir = drive_dir
         code = "import sys; from tencache_ds.cli.doctor_probe import _probe_main; _probe_main(sys.argv[1:])"
         self.timeout_s = timeout_s
         self._bandwidth_dir = bandwidth_dir
@@ -188,6 +200,9 @@ class Probe:
         if self._bandwidth_dir:  # the probe removes its file itself, unless it was killed or crashed mid-way
             with contextlib.suppress(OSError):
                 os.remove(os.path.join(self._bandwidth_dir, f"tencache-doctor-{self._process.pid}.bin"))
+        for name in "ab" if self._drive_dir else "":  # io/drive_rate.py's files, likewise
+            with contextlib.suppress(OSError):
+                os.remove(os.path.join(self._drive_dir, f".tencache-drive-{self._process.pid}-{name}.bin"))
         other_lines = []
         for line in (output or "").splitlines():
             if line.startswith(PROBE_MARKER):

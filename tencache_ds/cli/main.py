@@ -155,8 +155,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--launcher", choices=["deepspeed", "python"], default="deepspeed",
                        help="start each run with the deepspeed launcher or as a plain python process")
     bench.add_argument("--nvme-bandwidth", type=_bandwidth, default=None, metavar="BYTES_PER_S",
-                       help="sequential bandwidth of --nvme-path for the I/O-compute bound, e.g. 2GB (default: "
-                       "measured there before the runs, a few seconds, as `tencache-ds doctor` does)")
+                       help="the rate of --nvme-path for the I/O-compute bound (reads, writes and both at once), "
+                       "e.g. 2GB (default: measured there before the runs through tencache's own engine, a few "
+                       "seconds, as `tencache-ds doctor`'s \"nvme drive\" line)")
     bench.add_argument("--no-plots", action="store_true", help="do not draw the figure (dashboard.png)")
     bench.add_argument("--compare", choices=["cpu"], default=None,
                        help="cpu: add a third arm, stock DeepSpeed with offload device cpu (same config otherwise): "
