@@ -36,7 +36,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from ..bench import dashboard, report
 from ..config import AUTO, CONFIG_KEY, parse_config
 from ..errors import TencacheConfigError
-from ..io.drive_rate import TRIAL_BYTES, DriveRate
+from ..io.drive_rate import TRIAL_BYTES, DriveRate, store_thread_counts
 from ..units import fmt_bytes, parse_bytes
 
 TRAIN_SCRIPT_ENV = "TENCACHE_BENCH_TRAIN_SCRIPT"
@@ -307,10 +307,12 @@ def _finished_but_teardown_aborted(spec: RunSpec) -> bool:
         return "terminate called without an active exception" in log.read()
 
 
-def start_probe(nvme_path: str, measure_bandwidth: bool) -> Tuple[Any, Optional[str]]:
+def start_probe(nvme_path: str, measure_bandwidth: bool, ds_config: Optional[Dict[str, Any]] = None
+                ) -> Tuple[Any, Optional[str]]:
     """doctor's probe process (torch, DeepSpeed, the accelerator), measuring the drive under ``nvme_path`` (created
-    if missing) as tencache's engine uses it when asked and there is room for its files; returns the probe and why
-    it does not measure (None when it does or was not asked to)."""
+    if missing) as tencache's engine uses it, with as many requests in flight as the swappers of ``ds_config``
+    issue, when asked and there is room for its files; returns the probe and why it does not measure (None when it
+    does or was not asked to)."""
     from . import doctor
     why_not = None
     if measure_bandwidth:
@@ -320,7 +322,8 @@ def start_probe(nvme_path: str, measure_bandwidth: bool) -> Tuple[Any, Optional[
             why_not = f"{fmt_bytes(free)} free in {nvme_path}, less than {fmt_bytes(2 * TRIAL_BYTES)}"
     measure_here = measure_bandwidth and why_not is None
     probe = doctor.Probe(want_aio=False, bandwidth_dir=None, bandwidth_bytes=0,
-                         drive_dir=os.path.abspath(nvme_path) if measure_here else None)
+                         drive_dir=os.path.abspath(nvme_path) if measure_here else None,
+                         drive_threads=store_thread_counts(ds_config))
     return probe, why_not
 
 
@@ -424,7 +427,8 @@ def _run(args) -> int:
                          "deepspeed.launcher.runner importable)")
     specs = build_runs(args, repo_root, train_script, config_path, ds_config, out_dir, launcher)
     given_bandwidth = getattr(args, "nvme_bandwidth", None)
-    probe, why_not_measured = start_probe(args.nvme_path, measure_bandwidth=given_bandwidth is None)
+    probe, why_not_measured = start_probe(args.nvme_path, measure_bandwidth=given_bandwidth is None,
+                                          ds_config=ds_config)
     machine = describe_machine(args.nvme_path, probe)
     machine["launcher"] = launcher if getattr(args, "ranks", 1) == 1 else f"{launcher}, {args.ranks} ranks"
     bandwidth, bandwidth_record = nvme_bandwidth(args.nvme_path, probe, given_bandwidth, why_not_measured)

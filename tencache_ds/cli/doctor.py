@@ -14,6 +14,7 @@ import sys
 import time
 from typing import List, Optional, Sequence
 
+from ..io.drive_rate import store_thread_counts
 from ..units import fmt_bytes
 from .doctor_checks import (EXPECTED_DEEPSPEED_VERSION, FAIL, MIN_MEMLOCK_BYTES, OK, STATUS_ORDER,  # noqa: F401
                             WARN, CheckResult, check_accelerator, check_async_io, check_budgets, check_build_locks,
@@ -45,7 +46,8 @@ def run_checks(nvme_path: Optional[str] = None, config_path: Optional[str] = Non
         measure_here = state.usable and state.enough_space_for_bandwidth
         probe = Probe(want_aio=True, bandwidth_dir=state.path if measure_here else None,
                       bandwidth_bytes=BANDWIDTH_FILE_BYTES, timeout_s=probe_timeout_s,
-                      skip_aio_reason=aio_skip_reason(), drive_dir=state.path if measure_here else None)
+                      skip_aio_reason=aio_skip_reason(), drive_dir=state.path if measure_here else None,
+                      drive_threads=store_thread_counts(config))
         # These run while the probe imports torch and DeepSpeed.
         libaio = check_libaio()
         native = check_native_arena()

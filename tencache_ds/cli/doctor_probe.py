@@ -44,12 +44,15 @@ def _emit(**facts: Any) -> None:
 
 
 def _probe_main(argv: Sequence[str]) -> None:
-    """Entry point of the probe process. argv: [--aio] [--bandwidth-dir DIR --bandwidth-bytes N] [--drive-dir DIR]."""
+    """Entry point of the probe process. argv: [--aio] [--bandwidth-dir DIR --bandwidth-bytes N]
+    [--drive-dir DIR --drive-threads N,M]."""
     args = list(argv)
     want_aio = "--aio" in args
     bandwidth_dir = args[args.index("--bandwidth-dir") + 1] if "--bandwidth-dir" in args else None
     bandwidth_bytes = int(args[args.index("--bandwidth-bytes") + 1]) if "--bandwidth-bytes" in args else 0
     drive_dir = args[args.index("--drive-dir") + 1] if "--drive-dir" in args else None
+    drive_threads = (tuple(int(count) for count in args[args.index("--drive-threads") + 1].split(","))
+                     if "--drive-threads" in args else None)
     try:
         import torch
         import deepspeed
@@ -66,9 +69,9 @@ def _probe_main(argv: Sequence[str]) -> None:
     except Exception as err:
         _emit(accelerator_error=f"{type(err).__name__}: {err}")
     if drive_dir:  # before async_io, whose first build may outlast the probe's timeout
-        from ..io.drive_rate import measure_drive
+        from ..io.drive_rate import THREAD_COUNTS, measure_drive
         try:
-            _emit(drive=measure_drive(drive_dir).to_dict())
+            _emit(drive=measure_drive(drive_dir, thread_counts=drive_threads or THREAD_COUNTS).to_dict())
         except Exception as err:  # reported as the check's WARN line, or as the bench's missing bound
             _emit(drive_error=f"{type(err).__name__}: {err}")
     if not want_aio:
@@ -153,8 +156,9 @@ class Probe:
 
     def __init__(self, want_aio: bool, bandwidth_dir: Optional[str], bandwidth_bytes: int,
                  timeout_s: float = PROBE_TIMEOUT_S, skip_aio_reason: Optional[str] = None,
-                 drive_dir: Optional[str] = None):
-        """``drive_dir``: measure the drive there as tencache's engine uses it (io/drive_rate.py)."""
+                 drive_dir: Optional[str] = None, drive_threads: Optional[Sequence[int]] = None):
+        """``drive_dir``: measure the drive there as tencache's engine uses it (io/drive_rate.py), with
+        ``drive_threads`` requests in flight (default: its THREAD_COUNTS)."""
         env, self.forced_no_aio = _probe_env()
         self.skip_aio_reason = skip_aio_reason  # why async_io is not loaded although it was wanted
         want_aio = want_aio and skip_aio_reason is None
@@ -163,6 +167,8 @@ class Probe:
             argv += ["--bandwidth-dir", bandwidth_dir, "--bandwidth-bytes", str(bandwidth_bytes)]
         if drive_dir:
             argv += ["--drive-dir", drive_dir]
+            if drive_threads:
+                argv += ["--drive-threads", ",".join(map(str, drive_threads))]
         self._drive_dir = drive_dir
         code = "import sys; from tencache_ds.cli.doctor_probe import _probe_main; _probe_main(sys.argv[1:])"
         self.timeout_s = timeout_s

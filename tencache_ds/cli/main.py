@@ -116,8 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="folder for swap files to check (default: nvme_path of --config, else "
                         f"{DEFAULT_NVME_PATH})")
     doctor.add_argument("--config", default=None, metavar="DS_CONFIG_JSON",
-                        help="DeepSpeed config whose \"tencache\" block (and nvme_path) to check; default: the "
-                        "block's defaults")
+                        help="DeepSpeed config whose \"tencache\" block (and nvme_path) to check, and whose "
+                        "aio.intra_op_parallelism sets the requests in flight of the \"nvme drive\" measurement; "
+                        "default: the block's defaults")
     doctor.add_argument("--json", action="store_true", help="print the checks as a JSON list instead of lines")
 
     bench = subcommands.add_parser(

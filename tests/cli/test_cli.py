@@ -424,6 +424,22 @@ def test_bench_run_plan_interleaves_repeats_and_differs_only_in_the_tencache_blo
     assert specs[0].command[1:4] == ["-m", "deepspeed.launcher.runner", "--num_gpus"]
 
 
+def test_bench_measures_the_drive_with_the_configs_requests_in_flight(tmp_path):
+    """Scenario: the bench's probe measures the drive under --nvme-path through tencache's engine, with as many
+    requests in flight as the config's swappers issue (aio.intra_op_parallelism 3: 3 per store, 6 for both)."""
+    from tencache_ds.cli import bench
+    probe, why_not = bench.start_probe(str(tmp_path / "nvme"), True, {"aio": {"intra_op_parallelism": 3}})
+    bandwidth, record = bench.nvme_bandwidth(str(tmp_path / "nvme"), probe, None, why_not)
+    assert why_not is None and bandwidth is not None, record
+    assert {trial["threads"] for trial in record["drive"]["trials"]} == {3, 6}
+    # the bound's rates are the measurement's: each direction's fastest, alone or beside the other, and combined
+    drive = record["drive"]
+    assert bandwidth.read_bytes_per_s == max(drive["read_bytes_per_s"], drive["both_read_bytes_per_s"])
+    assert bandwidth.combined_bytes_per_s == drive["combined_bytes_per_s"]
+    assert "tencache DirectFileIO" in bandwidth.source
+    assert list((tmp_path / "nvme").iterdir()) == []  # its files are gone
+
+
 def test_bench_rejects_an_invalid_tencache_block_before_running():
     from tencache_ds.cli import bench
     from tencache_ds.errors import TencacheConfigError

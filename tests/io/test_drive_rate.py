@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from tencache_ds.io.drive_rate import BOTH, READ, WRITE, DriveRate, Trial, measure_drive
+from tencache_ds.io.drive_rate import BOTH, READ, WRITE, DriveRate, Trial, measure_drive, store_thread_counts
 
 MIB = 1 << 20
 GB = 1e9
@@ -53,3 +53,10 @@ def test_least_seconds_takes_the_slowest_of_reads_writes_and_all_bytes():
     # A mixed trial faster in one direction than that direction alone raises that direction's rate.
     skewed = DriveRate(1 * GB, 1 * GB, 1.8 * GB, 0.2 * GB, "test")
     assert skewed.least_seconds(1.8 * GB, 0) == pytest.approx(1.0)
+
+
+def test_requests_in_flight_follow_the_swappers_engines():
+    """Each store's engine has max(2, aio.intra_op_parallelism) threads; both stores at once twice that."""
+    assert store_thread_counts() == (2, 4) == store_thread_counts({"aio": {"intra_op_parallelism": 1}})
+    assert store_thread_counts({"aio": {"intra_op_parallelism": 4}}) == (4, 8)
+    assert store_thread_counts({"zero_optimization": {}}) == (2, 4)
