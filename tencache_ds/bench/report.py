@@ -1,8 +1,8 @@
 """Comparison of stock DeepSpeed and tencache_ds runs. Owns: per-step series from result dicts, their aggregation
 over measured steps and repeats, the I/O-compute bound, bytes moved over the least bytes, and the comparison's
-text, markdown and JSON forms (a headline of at most 12 rows, then the full table). Does not own: launching runs, reading the machine, measuring
-the NVMe path (tencache_ds/cli/bench.py) or the figure (bench/dashboard.py). Pure; imports neither torch nor
-deepspeed.
+text, markdown and JSON forms (a headline of at most 12 rows, then the full table). Does not own: launching runs,
+reading the machine, measuring the NVMe path (tencache_ds/cli/bench.py) or the figure (bench/dashboard.py). Pure;
+imports neither torch nor deepspeed.
 
 The comparison is spread over four modules by section; this one aggregates, and re-exports the others' public
 names so that ``report.X`` keeps working:

@@ -1,6 +1,7 @@
 """`tencache-ds doctor`'s NVMe path checks. Owns: whether the path exists, is writable, has room and takes O_DIRECT,
 its mount, its sequential bandwidth measured with plain file I/O (the fallback when the probe's DeepSpeed aio
-measurement is missing), and the check lines of that bandwidth and of the drive as tencache's engine uses it. Does not own: the probe (cli/doctor_probe.py)."""
+measurement is missing), and the check lines of that bandwidth and of the drive as tencache's engine uses it. Does
+not own: the probe (cli/doctor_probe.py) or the drive measurement (io/drive_rate.py)."""
 import contextlib
 import dataclasses
 import errno
