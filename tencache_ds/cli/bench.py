@@ -8,14 +8,17 @@ block built from the config's own "tencache" block (if any) and --host-cache-byt
 has its own swap subfolder under --nvme-path (emptied before and removed after it) and its own files in --out:
 
     <out>/<label>.log  <out>/<label>.result.json  <out>/<label>.metrics.jsonl   (label = stock-1, tencache-1, ...)
+    <out>/<label>.profile.json (tencache runs: their step profile, for the least bytes per step)
     <out>/bench.json   <out>/bench.md   <out>/dashboard.png (with matplotlib)
 
 Before launching anything the bench checks that the modules the runs need are importable (a missing one would
-otherwise surface as a traceback inside the first training run), and measures the sequential bandwidth of
---nvme-path the way `tencache-ds doctor` does (unless --nvme-bandwidth gives it), for the I/O part of the bound.
+otherwise surface as a traceback inside the first training run), and measures the drive under --nvme-path as
+tencache's own engine uses it (io/drive_rate.py, in `tencache-ds doctor`'s probe process; unless --nvme-bandwidth
+gives a rate), for the I/O part of the bound.
 """
 import contextlib
 import dataclasses
+import glob
 import importlib.util
 import json
 import os
@@ -33,6 +36,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from ..bench import dashboard, report
 from ..config import AUTO, CONFIG_KEY, parse_config
 from ..errors import TencacheConfigError
+from ..io.drive_rate import TRIAL_BYTES, DriveRate, store_thread_counts
 from ..units import fmt_bytes, parse_bytes
 
 TRAIN_SCRIPT_ENV = "TENCACHE_BENCH_TRAIN_SCRIPT"
@@ -110,9 +114,10 @@ def load_ds_config(path: str) -> Dict[str, Any]:
 
 
 def tencache_block(ds_config: Dict[str, Any], host_cache_bytes: Optional[str], device_cache_bytes: Optional[str],
-                   metrics_path: Optional[str]) -> Dict[str, Any]:
+                   metrics_path: Optional[str], profile_path: Optional[str] = None) -> Dict[str, Any]:
     """The block for the tencache run: the config's own block (if any), enabled, with the budget options applied
-    (None keeps the config's value, else "auto") and this run's metrics file. Validated here, before any run.
+    (None keeps the config's value, else "auto") and this run's metrics and profile files (a profile the
+    config names would be shared by the repeats: each run records its own). Validated here, before any run.
 
     Raises:
         TencacheConfigError: the resulting block is invalid (the message names the key).
@@ -126,6 +131,8 @@ def tencache_block(ds_config: Dict[str, Any], host_cache_bytes: Optional[str], d
         block.setdefault(key, AUTO)
     if metrics_path:
         block["metrics_path"] = metrics_path
+    if profile_path:
+        block["profile_path"] = profile_path
     parse_config(block)
     return block
 
@@ -192,8 +199,9 @@ def build_runs(args, repo_root: str, train_script: str, config_path: str, ds_con
         for arm in arms:
             label = f"{arm}-{repeat}"
             metrics_path = os.path.join(out_dir, f"{label}.metrics.jsonl") if arm == report.TENCACHE else None
+            profile_path = os.path.join(out_dir, f"{label}.profile.json") if arm == report.TENCACHE else None
             block = "none" if arm != report.TENCACHE else json.dumps(
-                tencache_block(ds_config, args.host_cache_bytes, args.device_cache_bytes, metrics_path))
+                tencache_block(ds_config, args.host_cache_bytes, args.device_cache_bytes, metrics_path, profile_path))
             nvme_dir = os.path.join(os.path.abspath(args.nvme_path), label)
             result_path = os.path.join(out_dir, f"{label}.result.json")
             train_args = [train_script, "--deepspeed_config", config_path, "--model", args.model,
@@ -242,7 +250,9 @@ def execute(spec: RunSpec, progress) -> None:
     Raises:
         BenchError: the child exited non-zero or wrote no result file (the message holds its log's tail).
     """
-    for path in (spec.result_path, spec.metrics_path):
+    # a profile left by an earlier bench in --out would be adopted: each run records its own (per rank: .rank<r>)
+    profile_root = spec.result_path[:-len(".result.json")] + ".profile"
+    for path in [spec.result_path, spec.metrics_path] + glob.glob(glob.escape(profile_root) + "*.json"):
         if path and os.path.exists(path):
             os.remove(path)
     shutil.rmtree(spec.nvme_dir, ignore_errors=True)
@@ -297,44 +307,46 @@ def _finished_but_teardown_aborted(spec: RunSpec) -> bool:
         return "terminate called without an active exception" in log.read()
 
 
-def start_probe(nvme_path: str, measure_bandwidth: bool) -> Tuple[Any, Optional[str]]:
-    """doctor's probe process (torch, DeepSpeed, the accelerator), measuring the sequential bandwidth of
-    ``nvme_path`` (created if missing) when asked and there is room for its file; returns the probe and why it does
-    not measure (None when it does or was not asked to)."""
+def start_probe(nvme_path: str, measure_bandwidth: bool, ds_config: Optional[Dict[str, Any]] = None
+                ) -> Tuple[Any, Optional[str]]:
+    """doctor's probe process (torch, DeepSpeed, the accelerator), measuring the drive under ``nvme_path`` (created
+    if missing) as tencache's engine uses it, with as many requests in flight as the swappers of ``ds_config``
+    issue, when asked and there is room for its files; returns the probe and why it does not measure (None when it
+    does or was not asked to)."""
     from . import doctor
     why_not = None
     if measure_bandwidth:
         os.makedirs(nvme_path, exist_ok=True)
         free = shutil.disk_usage(nvme_path).free
-        if free <= 2 * doctor.BANDWIDTH_FILE_BYTES:
-            why_not = f"{fmt_bytes(free)} free in {nvme_path}, less than {fmt_bytes(2 * doctor.BANDWIDTH_FILE_BYTES)}"
+        if free <= 2 * TRIAL_BYTES:
+            why_not = f"{fmt_bytes(free)} free in {nvme_path}, less than {fmt_bytes(2 * TRIAL_BYTES)}"
     measure_here = measure_bandwidth and why_not is None
-    probe = doctor.Probe(want_aio=measure_here, bandwidth_dir=nvme_path if measure_here else None,
-                         bandwidth_bytes=doctor.BANDWIDTH_FILE_BYTES,
-                         skip_aio_reason=doctor.aio_skip_reason() if measure_here else None)
+    probe = doctor.Probe(want_aio=False, bandwidth_dir=None, bandwidth_bytes=0,
+                         drive_dir=os.path.abspath(nvme_path) if measure_here else None,
+                         drive_threads=store_thread_counts(ds_config))
     return probe, why_not
 
 
 def nvme_bandwidth(nvme_path: str, probe, given: Optional[int], why_not: Optional[str]
                    ) -> Tuple[Optional[report.NvmeBandwidth], Dict[str, Any]]:
-    """The bandwidth for the bound, and what bench.json records about it: ``given`` (--nvme-bandwidth) as is, else
-    what doctor's measurement on ``nvme_path`` found (the probe's DeepSpeed aio, else plain file I/O). None, with
-    the reason in the record, when it could not be measured."""
-    from . import doctor
+    """The drive's rates for the bound, and what bench.json records about them: ``given`` (--nvme-bandwidth) for
+    reads, writes and both at once, else the probe's measurement through tencache's engine (io/drive_rate.py):
+    each direction's fastest rate, alone or beside the other, and the fastest combined. None, with the reason in
+    the record, when it could not be measured."""
     if given is not None:
-        return report.NvmeBandwidth(float(given), float(given), "--nvme-bandwidth"), {"given_bytes_per_s": given}
+        return (report.NvmeBandwidth(float(given), float(given), "--nvme-bandwidth", float(given)),
+                {"given_bytes_per_s": given})
     if why_not is not None:
         return None, {"error": why_not}
-    try:
-        measurement, aio_error = doctor.nvme_bandwidth(os.path.abspath(nvme_path), probe.facts())
-    except OSError as err:
-        return None, {"error": f"sequential I/O in {nvme_path} failed: {err}"}
-    read_bytes_per_s, write_bytes_per_s = doctor.bytes_per_s(measurement)
-    if not (read_bytes_per_s > 0 and write_bytes_per_s > 0):
-        return None, {"error": "the measurement moved no bytes", "measurement": measurement}
-    source = f"measured on {nvme_path}, {fmt_bytes(measurement['write_bytes'])} sequential, {measurement['method']}"
-    record = {"measurement": measurement, "aio_error": aio_error}
-    return report.NvmeBandwidth(read_bytes_per_s, write_bytes_per_s, source), record
+    facts = probe.facts()
+    if "drive" not in facts:
+        return None, {"error": f"the drive was not measured in {nvme_path}: "
+                               f"{facts.get('drive_error') or probe.crash_text()}"}
+    rate = DriveRate.from_dict(facts["drive"])
+    bandwidth = report.NvmeBandwidth(max(rate.read_bytes_per_s, rate.both_read_bytes_per_s),
+                                     max(rate.write_bytes_per_s, rate.both_write_bytes_per_s),
+                                     f"measured: {rate.method}", rate.combined_bytes_per_s)
+    return bandwidth, {"drive": facts["drive"]}
 
 
 def describe_machine(nvme_path: str, probe) -> Dict[str, str]:
@@ -415,7 +427,8 @@ def _run(args) -> int:
                          "deepspeed.launcher.runner importable)")
     specs = build_runs(args, repo_root, train_script, config_path, ds_config, out_dir, launcher)
     given_bandwidth = getattr(args, "nvme_bandwidth", None)
-    probe, why_not_measured = start_probe(args.nvme_path, measure_bandwidth=given_bandwidth is None)
+    probe, why_not_measured = start_probe(args.nvme_path, measure_bandwidth=given_bandwidth is None,
+                                          ds_config=ds_config)
     machine = describe_machine(args.nvme_path, probe)
     machine["launcher"] = launcher if getattr(args, "ranks", 1) == 1 else f"{launcher}, {args.ranks} ranks"
     bandwidth, bandwidth_record = nvme_bandwidth(args.nvme_path, probe, given_bandwidth, why_not_measured)

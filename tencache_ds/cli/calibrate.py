@@ -149,10 +149,11 @@ def measure_nvme(torch, folder: str, total_bytes: int = NVME_TOTAL_BYTES,
     """Write then read back ``total_bytes`` in ``request_bytes`` requests, NVME_IN_FLIGHT at a time, with
     tencache's engine into 4 KiB-aligned pageable buffers (what the optimizer store uses). The file is removed."""
     from ..io.direct_io import DirectFileIO
+    from ..io.drive_rate import aligned_buffer
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, f"tencache-calibrate-{os.getpid()}.bin")
     io = DirectFileIO(num_threads=NVME_IN_FLIGHT, name="tencache-calibrate")
-    buffers = [_aligned(torch, request_bytes) for _ in range(NVME_IN_FLIGHT)]
+    buffers = [aligned_buffer(torch, request_bytes) for _ in range(NVME_IN_FLIGHT)]
     for index, buffer in enumerate(buffers):
         buffer.fill_(index + 1)
     requests = max(1, total_bytes // request_bytes)
@@ -171,12 +172,6 @@ def measure_nvme(torch, folder: str, total_bytes: int = NVME_TOTAL_BYTES,
                       f"{NVME_IN_FLIGHT} in flight, O_DIRECT alignment {alignment} B (0: buffered)",
             "path": folder, "write_bytes": moved, "write_s": write_s, "read_bytes": moved, "read_s": read_s,
             "write_bytes_per_s": moved / write_s, "read_bytes_per_s": moved / read_s}
-
-
-def _aligned(torch, nbytes: int):
-    raw = torch.empty(nbytes + 4096, dtype=torch.uint8)
-    offset = (-raw.data_ptr()) % 4096
-    return raw[offset:offset + nbytes]
 
 
 def _timed_requests(submit, buffers, path, requests, request_bytes, sync_path=None) -> float:

@@ -116,8 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="folder for swap files to check (default: nvme_path of --config, else "
                         f"{DEFAULT_NVME_PATH})")
     doctor.add_argument("--config", default=None, metavar="DS_CONFIG_JSON",
-                        help="DeepSpeed config whose \"tencache\" block (and nvme_path) to check; default: the "
-                        "block's defaults")
+                        help="DeepSpeed config whose \"tencache\" block (and nvme_path) to check, and whose "
+                        "aio.intra_op_parallelism sets the requests in flight of the \"nvme drive\" measurement; "
+                        "default: the block's defaults")
     doctor.add_argument("--json", action="store_true", help="print the checks as a JSON list instead of lines")
 
     bench = subcommands.add_parser(
@@ -155,8 +156,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--launcher", choices=["deepspeed", "python"], default="deepspeed",
                        help="start each run with the deepspeed launcher or as a plain python process")
     bench.add_argument("--nvme-bandwidth", type=_bandwidth, default=None, metavar="BYTES_PER_S",
-                       help="sequential bandwidth of --nvme-path for the I/O-compute bound, e.g. 2GB (default: "
-                       "measured there before the runs, a few seconds, as `tencache-ds doctor` does)")
+                       help="the rate of --nvme-path for the I/O-compute bound (reads, writes and both at once), "
+                       "e.g. 2GB (default: measured there before the runs through tencache's own engine, a few "
+                       "seconds, as `tencache-ds doctor`'s \"nvme drive\" line)")
     bench.add_argument("--no-plots", action="store_true", help="do not draw the figure (dashboard.png)")
     bench.add_argument("--compare", choices=["cpu"], default=None,
                        help="cpu: add a third arm, stock DeepSpeed with offload device cpu (same config otherwise): "

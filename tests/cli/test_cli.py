@@ -105,6 +105,9 @@ def test_doctor_on_a_good_folder_passes(tmp_path):
     assert lines["nvme writable"] == (doctor.OK, f"{nvme} is writable")
     # Step 3: the bandwidth was measured through DeepSpeed's aio handle, and the folder is gone again.
     assert lines["nvme bandwidth"][0] == doctor.OK and "DeepSpeed aio" in lines["nvme bandwidth"][1]
+    # Step 4: and the drive as tencache's own engine uses it (reads, writes, both at once), in the same folder.
+    assert lines["nvme drive"][0] == doctor.OK and "both at once" in lines["nvme drive"][1]
+    assert "tencache DirectFileIO" in lines["nvme drive"][1] and str(nvme) in lines["nvme drive"][1]
     assert not (tmp_path / "nvme").exists()
     assert result.stdout.splitlines()[-1].startswith("doctor: ")
     assert "Traceback" not in result.stdout + result.stderr
@@ -178,6 +181,7 @@ def test_doctor_survives_a_probe_that_does_not_finish(tmp_path):
     # Step 3: the bandwidth is measured without DeepSpeed, and the probe left no file behind.
     assert checks["nvme bandwidth"].status == doctor.OK and "plain file I/O" in checks["nvme bandwidth"].message
     assert checks["host"].status == doctor.OK
+    assert checks["nvme drive"].status == doctor.WARN and "not measured" in checks["nvme drive"].message
     assert list(tmp_path.iterdir()) == []
 
 
@@ -411,12 +415,29 @@ def test_bench_run_plan_interleaves_repeats_and_differs_only_in_the_tencache_blo
     assert block_of(specs[0]) == "none"
     block = json.loads(block_of(specs[1]))
     assert block == {"enabled": True, "device_cache_bytes": 0, "host_cache_bytes": 1 << 30,
-                     "metrics_path": str(tmp_path / "out" / "tencache-1.metrics.jsonl")}
+                     "metrics_path": str(tmp_path / "out" / "tencache-1.metrics.jsonl"),
+                     "profile_path": str(tmp_path / "out" / "tencache-1.profile.json")}  # each run its own profile
     varying = {"--tencache-block", "--nvme-path", "--result-file", "--label", "--master_port"}
     def fixed_part(spec):
         return [arg for index, arg in enumerate(spec.command) if index == 0 or spec.command[index - 1] not in varying]
     assert fixed_part(specs[0]) == fixed_part(specs[1])
     assert specs[0].command[1:4] == ["-m", "deepspeed.launcher.runner", "--num_gpus"]
+
+
+def test_bench_measures_the_drive_with_the_configs_requests_in_flight(tmp_path):
+    """Scenario: the bench's probe measures the drive under --nvme-path through tencache's engine, with as many
+    requests in flight as the config's swappers issue (aio.intra_op_parallelism 3: 3 per store, 6 for both)."""
+    from tencache_ds.cli import bench
+    probe, why_not = bench.start_probe(str(tmp_path / "nvme"), True, {"aio": {"intra_op_parallelism": 3}})
+    bandwidth, record = bench.nvme_bandwidth(str(tmp_path / "nvme"), probe, None, why_not)
+    assert why_not is None and bandwidth is not None, record
+    assert {trial["threads"] for trial in record["drive"]["trials"]} == {3, 6}
+    # the bound's rates are the measurement's: each direction's fastest, alone or beside the other, and combined
+    drive = record["drive"]
+    assert bandwidth.read_bytes_per_s == max(drive["read_bytes_per_s"], drive["both_read_bytes_per_s"])
+    assert bandwidth.combined_bytes_per_s == drive["combined_bytes_per_s"]
+    assert "tencache DirectFileIO" in bandwidth.source
+    assert list((tmp_path / "nvme").iterdir()) == []  # its files are gone
 
 
 def test_bench_rejects_an_invalid_tencache_block_before_running():
@@ -444,9 +465,11 @@ def test_bench_end_to_end(tmp_path):
     # Stock and tencache train the same model identically.
     assert bench["comparison"]["losses_identical"], bench["comparison"]["losses_detail"]
     assert bench["comparison"]["weights_identical"], bench["comparison"]["weights_detail"]
-    # The NVMe path's bandwidth was measured once, before the runs, and is in bench.json with the bound.
-    assert bench["nvme_bandwidth"]["read_bytes_per_s"] > 0 and bench["nvme_bandwidth"]["measurement"]
+    # The drive was measured once, before the runs, through tencache's engine, and is in bench.json with the bound;
+    # the bound's NVMe part is the least bytes of tencache's profile (none here: "auto" holds gpt2-tiny).
+    assert bench["nvme_bandwidth"]["read_bytes_per_s"] > 0 and bench["nvme_bandwidth"]["drive"]["trials"]
     assert bench["comparison"]["bound"]["io_s"] is not None
+    assert (out / "tencache-1.profile.json").is_file()
     markdown = (out / "bench.md").read_text()
     assert "tencache-ds bench --steps 3" in markdown and "accelerator" in markdown and "## Full table" in markdown
     for name in ("stock-1.log", "tencache-1.log"):

@@ -8,6 +8,8 @@ import pytest
 
 from tencache_ds.bench import dashboard, report
 from tencache_ds.bench.report import BenchRun, compare
+from tencache_ds.profile.step_profile import StepProfile
+from tencache_ds.profile.store import save_section
 
 
 def make_result(times_s, loss_bits=None, stats=None, sha="a" * 64, io_read=None, io_write=None, **top_level):
@@ -233,13 +235,20 @@ def schema_rows(num_steps, read=(0,), write=(0,), device_hit=(0.9,), host_hit=(1
                   "host_cache_bytes_in_use": 1 << 30, "device_cache_bytes_in_use": 0} for step in range(num_steps))
 
 
-def three_arms(stock_cpu_times=(1.5, 1.5, 1.5, 1.5)):
-    """stock (3 s steps), tencache (2 s steps, 1 GB read + 0.5 GB written per step, new metrics) and stock-cpu."""
-    stats = [{"pinned_bytes_reserved": 64 << 20} for _ in range(4)]
+def three_arms(stock_cpu_times=(1.5, 1.5, 1.5, 1.5), profile_dir=None, param_budget=0):
+    """stock (3 s steps), tencache (2 s steps, 1 GB read + 0.5 GB written per step, new metrics) and stock-cpu.
+    ``profile_dir``: tencache saved its profile there: one 0.5 GB parameter used twice a step (forward and
+    backward), so with a ``param_budget`` of 0 it must read 1 GB and write 0.5 GB (its new bytes) every step."""
+    stats = [{"pinned_bytes_reserved": 64 << 20, "param_reserved_bytes": param_budget} for _ in range(4)]
+    top_level = {}
+    if profile_dir is not None:
+        path = str(profile_dir / "tencache-1.profile.json")
+        save_section(path, "params", "f" * 16, StepProfile.untimed(["a", "a"], [GB // 2, GB // 2]))
+        top_level["ds_config"] = {"tencache": {"enabled": True, "profile_path": path}}
     return [BenchRun("stock", 1, make_result([9.0, 3.0, 3.0, 3.0], stats=[{"pinned_bytes_reserved": 2 << 30}] * 4,
                                              io_read=[5 * GB] * 4, io_write=[4 * GB] * 4)),
             BenchRun("tencache", 1, make_result([9.0, 2.0, 2.0, 2.0], stats=stats, io_read=[GB] * 4,
-                                                io_write=[GB // 2] * 4),
+                                                io_write=[GB // 2] * 4, **top_level),
                      schema_rows(4, read=(GB,), write=(GB // 2,), fetch_wait=(0.5,))),
             BenchRun("stock-cpu", 1, make_result([9.0] + list(stock_cpu_times[1:]), io_read=[0] * 4,
                                                  io_write=[0] * 4))]
@@ -253,7 +262,7 @@ def test_headline_has_at_most_12_rows_and_the_named_ones():
     assert names == list(report.HEADLINE_ROWS) and len(names) <= 12
     assert {"step time (s, median)", "bound (s)", "step time / bound", "pinned host memory (max)", "peak host RSS",
             "NVMe read / step (median)", "NVMe written / step (median)", "device hit rate (median)",
-            "host hit rate (median)", "fetch wait (s/step, median)", "fetch wait (% of step time)",
+            "host hit rate (median)", "fetch wait (s/step, median)", "NVMe bytes / least bytes",
             "identical losses / weights"} == set(names)
     # Step 2: the terminal table is the header, a rule and exactly those rows; no full-table row reaches it.
     table = report.render_table(comparison).split("\n\n")[0].splitlines()
@@ -290,22 +299,28 @@ def test_stock_cpu_column():
     assert len(two.row(report.ROW_STEP_TIME).cells(two.has_stock_cpu)) == 4
 
 
-def test_bound_is_the_slower_of_compute_and_nvme():
-    """Scenario: tencache reads 1 GB and writes 0.5 GB per step; its step takes 2 s."""
+def test_bound_is_the_slower_of_compute_and_nvme(tmp_path):
+    """Scenario: tencache reads 1 GB and writes 0.5 GB per step, the least its (empty) budgets allow; its step
+    takes 2 s."""
     # Step 1: the arithmetic: 1 GB / 1 GB/s + 0.5 GB / 0.5 GB/s = 2 s of NVMe per step.
     bandwidth = report.NvmeBandwidth(read_bytes_per_s=GB, write_bytes_per_s=GB / 2, source="test")
     assert report.compute_bound(GB, GB / 2, bandwidth, None).io_s == pytest.approx(2.0)
     assert report.compute_bound(GB, GB / 2, None, 1.25).seconds == 1.25  # no bandwidth: compute only
     assert report.compute_bound(GB, GB / 2, None, None).seconds is None
     assert report.compute_bound(0, 0, bandwidth, None).seconds is None  # nothing moved, compute unknown: no bound
+    # The drive's combined rate (reads and writes at once) shortens it: 1.5 GB at 1 GB/s together, reads alone
+    # 1 s, writes alone 1 s: 1.5 s.
+    combined = report.NvmeBandwidth(GB, GB / 2, "test", combined_bytes_per_s=GB)
+    assert report.compute_bound(GB, GB / 2, combined, None).io_s == pytest.approx(1.5)
     # Step 2: NVMe-limited: 2 s of I/O beats the 1.5 s stock CPU offload step; step time / bound = 2 / 2.
-    comparison = compare(three_arms(), warmup_steps=1, nvme_bandwidth=bandwidth)
+    comparison = compare(three_arms(profile_dir=tmp_path), warmup_steps=1, nvme_bandwidth=bandwidth)
     assert comparison.bound.seconds == pytest.approx(2.0) and comparison.bound.limited_by == "NVMe"
     assert comparison.row(report.ROW_BOUND).tencache == pytest.approx(2.0)
     assert comparison.row(report.ROW_VS_BOUND).tencache == pytest.approx(1.0)
     assert comparison.row(report.ROW_VS_BOUND).cells()[1:3] == ("–", "1.00×")
     # Step 3: compute-limited: a faster drive (4 GB/s both ways: 0.375 s) leaves the 1.5 s CPU-offload step.
-    fast = compare(three_arms(), warmup_steps=1, nvme_bandwidth=report.NvmeBandwidth(4 * GB, 4 * GB, "given"))
+    fast = compare(three_arms(profile_dir=tmp_path), warmup_steps=1,
+                   nvme_bandwidth=report.NvmeBandwidth(4 * GB, 4 * GB, "given"))
     assert fast.bound.seconds == pytest.approx(1.5) and fast.bound.limited_by == "compute"
     assert fast.row(report.ROW_VS_BOUND).tencache == pytest.approx(2.0 / 1.5)
     # Step 4: it reaches bench.json with its parts, and the terminal explains it.
@@ -317,16 +332,22 @@ def test_bound_is_the_slower_of_compute_and_nvme():
     two = compare(three_arms()[:2], warmup_steps=1)
     assert two.bound.seconds == pytest.approx(1.5)
     assert "tencache's step less its NVMe wait" in two.row(report.ROW_BOUND).note
+    # Without a profile there are no least bytes, and the bound is compute alone (never tencache's own bytes,
+    # which are no lower bound).
+    no_profile = compare(three_arms(), warmup_steps=1, nvme_bandwidth=bandwidth)
+    assert no_profile.bound.io_s is None and no_profile.bound.seconds == pytest.approx(1.5)
+    assert "no least bytes per step: the run saved no profile" in no_profile.row(report.ROW_BOUND).note
     # Step 6: a stock CPU offload step slower than tencache's (it gathers every micro-batch, tencache once a step)
     # is no bound: the smaller compute wins, so no step is ever measured below its bound.
-    slow_cpu = compare(three_arms(stock_cpu_times=(9.0, 3.0, 3.0, 3.0)), warmup_steps=1,
+    slow_cpu = compare(three_arms(stock_cpu_times=(9.0, 3.0, 3.0, 3.0), profile_dir=tmp_path), warmup_steps=1,
                        nvme_bandwidth=report.NvmeBandwidth(4 * GB, 4 * GB, "given"))
     assert slow_cpu.bound.compute_s == pytest.approx(1.5) and slow_cpu.row(report.ROW_VS_BOUND).tencache >= 1
     # Step 7: a slow measured bandwidth (0.5 GB/s: 3 s of NVMe) puts the bound above tencache's 2 s step: no ratio
     # below 1 is reported against it, and the note says why.
-    understated = compare(three_arms(), warmup_steps=1, nvme_bandwidth=report.NvmeBandwidth(GB / 2, GB, "test"))
+    understated = compare(three_arms(profile_dir=tmp_path), warmup_steps=1,
+                          nvme_bandwidth=report.NvmeBandwidth(GB / 2, GB, "test"))
     row = understated.row(report.ROW_VS_BOUND)
-    assert row.tencache is None and "understates the drive" in row.note
+    assert row.tencache is None and "the bound is wrong" in row.note and "faster than measured" in row.note
     # Step 8: neither part (no timings, no bandwidth): no bound, and the table says "–" rather than inventing one.
     assert report.least_compute(None, None, None) == (None, "")
     none = report.compute_bound(GB, GB, None, None)
@@ -408,3 +429,26 @@ def test_a_stock_arm_that_crashed_leaves_tencache_compared_with_stock_cpu_offloa
     assert comparison.notes[0] == "step time tencache / stock-cpu: 0.800"
     assert comparison.notes[1].startswith("stock NVMe crashed, so its column is empty: stock-1 exited 1")
     assert comparison.losses_identical
+
+
+def test_bytes_over_least_bytes_is_never_below_1(tmp_path):
+    """Scenario: tencache's profile and budgets say what must move; the headline divides what moved by it."""
+    # Step 1: an empty parameter budget: the least is 1 GB read + 0.5 GB written, and the run moved exactly that.
+    exact = compare(three_arms(profile_dir=tmp_path), warmup_steps=1)
+    row = exact.row(report.ROW_VS_LEAST)
+    assert row.tencache == pytest.approx(1.0) and row.cells()[2] == "1.00×"
+    assert "tencache-1.profile.json" in row.note and "params 0 B" in row.note
+    least = exact.row("least NVMe bytes/step, params")
+    assert least.tencache == 1.5 * GB
+    # Step 2: a budget that holds the parameter: nothing has to move, yet 1.5 GB did: no ratio, and the note says so.
+    held = compare(three_arms(profile_dir=tmp_path, param_budget=GB), warmup_steps=1)
+    assert held.row(report.ROW_VS_LEAST).tencache is None
+    assert "where the budgets hold every tensor" in held.row(report.ROW_VS_LEAST).note
+    # Step 3: a least above what moved is a wrong least: no ratio below 1, and the note says why.
+    runs = three_arms(profile_dir=tmp_path)
+    save_section(runs[1].result["ds_config"]["tencache"]["profile_path"], "params", "f" * 16,
+                 StepProfile.untimed(["a", "a"], [GB, GB]))  # twice the bytes the run moved
+    wrong = compare(runs, warmup_steps=1).row(report.ROW_VS_LEAST)
+    assert wrong.tencache is None and "so the least is wrong" in wrong.note
+    # Step 4: no profile: no ratio, and why.
+    assert "the run saved no profile" in compare(three_arms(), warmup_steps=1).row(report.ROW_VS_LEAST).note

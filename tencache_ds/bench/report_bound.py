@@ -1,0 +1,157 @@
+"""The bound on tencache's step time. Owns: the NVMe path's measured rates (NvmeBandwidth), the least compute a step
+needs (least_compute), the least NVMe bytes a tencache run's budgets allow per step (run_least_bytes: its profile
+through plan/least_bytes.py) and the Bound that combines them. Does not own: measuring the drive
+(io/drive_rate.py, run by cli/bench.py), the arithmetic of the least bytes (plan/least_bytes.py) or the per-step
+series (bench/report_runs.py). Pure."""
+import dataclasses
+import os
+from typing import Any, Dict, Optional, Tuple
+
+from ..plan.least_bytes import OPTIMIZER, PARAMS, LeastBytes, least_bytes
+from ..profile.store import read_sections
+from ..units import fmt_bytes
+from .report_runs import BenchRun, Value, is_number
+
+# A store's budget in the run's stats (the largest after any measured step: a larger budget gives fewer bytes, so
+# the bound stays below what the run could do): the optimizer's share of the host tier, and the parameter arena's
+# committed slots (streaming slots included: they can hold partitions too).
+BUDGET_OF = {OPTIMIZER: lambda stats: stats.get("optimizer_cache_budget_bytes"),
+             PARAMS: lambda stats: (stats["param_reserved_bytes"] - stats.get("param_retired_bytes", 0)
+                                    if is_number(stats.get("param_reserved_bytes")) else None)}
+
+
+@dataclasses.dataclass(frozen=True)
+class NvmeBandwidth:
+    """The NVMe path's rates in bytes per second: measured by the bench through tencache's own engine
+    (io/drive_rate.py: the fastest of reads, writes and both at once), or given with --nvme-bandwidth (then every
+    rate is that one). ``combined_bytes_per_s``: reads and writes together; None: they share the drive (the time
+    is the sum of both directions'). ``source`` says where the rates come from, for the report."""
+
+    read_bytes_per_s: float
+    write_bytes_per_s: float
+    source: str
+    combined_bytes_per_s: Optional[float] = None
+
+    def least_seconds(self, read_bytes: float, write_bytes: float) -> float:
+        """The least time the drive needs for these bytes: no faster than each direction alone, nor than all of them
+        at the combined rate (or, without one, the two directions one after the other)."""
+        read_s, write_s = read_bytes / self.read_bytes_per_s, write_bytes / self.write_bytes_per_s
+        if self.combined_bytes_per_s is None:
+            return read_s + write_s
+        return max(read_s, write_s, (read_bytes + write_bytes) / self.combined_bytes_per_s)
+
+    def speeds(self) -> str:
+        both = (f", both at once {self.combined_bytes_per_s / 1e9:.2f} GB/s"
+                if self.combined_bytes_per_s not in (None, self.read_bytes_per_s) else "")
+        if self.read_bytes_per_s == self.write_bytes_per_s:
+            return f"{self.read_bytes_per_s / 1e9:.2f} GB/s{both}"
+        return f"read {self.read_bytes_per_s / 1e9:.2f} GB/s, write {self.write_bytes_per_s / 1e9:.2f} GB/s{both}"
+
+    def describe(self) -> str:
+        return f"{self.speeds()} ({self.source})"
+
+
+@dataclasses.dataclass(frozen=True)
+class Bound:
+    """The I/O-compute bound on tencache's step time: the larger of ``compute_s``, the least time the step's work
+    takes without waiting for NVMe (the smaller of stock CPU offload's step, the same work with no NVMe at all, and
+    tencache's own step less the time it was blocked on NVMe; ``compute_source`` says which), and ``io_s``, the least
+    time the drive needs for the least bytes tencache's budgets allow per step (``read_bytes``/``write_bytes``,
+    from the run's profile: run_least_bytes) at its measured rates (None without either; ``io_missing`` says
+    why). A step cannot beat either part, so ``step time / bound`` near 1 means nothing is left to win on this
+    machine, and a step below it means the bound is wrong."""
+
+    compute_s: Optional[float]
+    io_s: Optional[float]
+    bandwidth: Optional[NvmeBandwidth]
+    read_bytes: Optional[float] = None
+    write_bytes: Optional[float] = None
+    compute_source: str = "the stock-cpu step"
+    io_missing: str = "tencache's bytes per step are unknown"
+
+    @property
+    def seconds(self) -> Optional[float]:
+        # No NVMe bytes and no compute arm bound nothing: "0 s" would read as a bound the step cannot reach.
+        parts = [part for part in (self.compute_s, self.io_s) if part is not None and part > 0]
+        return max(parts) if parts else None
+
+    @property
+    def limited_by(self) -> Optional[str]:
+        if self.seconds is None:
+            return None
+        return "NVMe" if self.io_s is not None and self.io_s >= (self.compute_s or 0.0) else "compute"
+
+    def describe(self) -> str:
+        """One line: the bound and its two parts, or why it is missing (bench.md names the bandwidth's source)."""
+        parts = [f"compute {self.compute_s:.3f} s ({self.compute_source})" if self.compute_s is not None
+                 else "compute: unknown (run with --compare cpu)"]
+        if self.io_s is not None:
+            parts.append(f"NVMe {self.io_s:.3f} s (the least {fmt_bytes(self.read_bytes or 0)} read + "
+                         f"{fmt_bytes(self.write_bytes or 0)} written per step at {self.bandwidth.speeds()})")
+        elif self.bandwidth is None:
+            parts.append("NVMe: no bandwidth (not measured; pass --nvme-bandwidth)")
+        else:
+            parts.append(f"NVMe: {self.io_missing}")
+        if self.seconds is None:
+            return "no bound: " + "; ".join(parts)
+        return f"{self.seconds:.3f} s, limited by {self.limited_by}; " + "; ".join(parts)
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"seconds": self.seconds, "limited_by": self.limited_by, "compute_s": self.compute_s,
+                "io_s": self.io_s, "read_bytes_per_step": self.read_bytes, "write_bytes_per_step": self.write_bytes,
+                "bandwidth": dataclasses.asdict(self.bandwidth) if self.bandwidth else None,
+                "text": self.describe()}
+
+
+def compute_bound(read_bytes: Optional[float], write_bytes: Optional[float], bandwidth: Optional[NvmeBandwidth],
+                  compute_s: Optional[float], compute_source: str = "the stock-cpu step",
+                  io_missing: str = "tencache's bytes per step are unknown") -> Bound:
+    """The Bound for a step that must move at least ``read_bytes``/``write_bytes``; e.g. 2 GB read + 1 GB written
+    at 2 GB/s each, no combined rate -> io_s 1.5 s, and with a 1.2 s stock CPU offload step the bound is 1.5 s
+    (NVMe-limited). ``io_missing``: why the bytes are None, for the report."""
+    io_s = None
+    if bandwidth is not None and is_number(read_bytes) and is_number(write_bytes):
+        io_s = bandwidth.least_seconds(read_bytes, write_bytes)
+    return Bound(compute_s, io_s, bandwidth, read_bytes, write_bytes, compute_source, io_missing)
+
+
+def least_compute(stock_cpu_step: Value, tencache_step: Value, tencache_io_wait: Value
+                  ) -> Tuple[Optional[float], str]:
+    """The least time the step's work takes with no NVMe wait, and where it comes from: the smaller of stock CPU
+    offload's step and tencache's step less its I/O wait (either can be the smaller: stock CPU offload has costs
+    tencache avoids, such as gathering each parameter once per micro-batch), so that no step is measured below it."""
+    candidates = []
+    if is_number(stock_cpu_step):
+        candidates.append((float(stock_cpu_step), "the stock-cpu step"))
+    if is_number(tencache_step) and is_number(tencache_io_wait):
+        candidates.append((float(tencache_step) - float(tencache_io_wait), "tencache's step less its NVMe wait"))
+    return min(candidates) if candidates else (None, "")
+
+
+def run_least_bytes(run: BenchRun) -> Tuple[Dict[str, LeastBytes], str]:
+    """The least NVMe bytes per step of each store of a tencache run ({"params": ..., "optimizer": ...}, the stores
+    its profile has) for the budgets it ran with, and where they come from, or ({}, why there are none). The
+    profile is the file the bench named in the run's "tencache" block (rank 0's with several ranks); a store
+    whose budget the stats do not give is left out."""
+    block = (run.result.get("ds_config") or {}).get("tencache") or {}
+    path = block.get("profile_path") if isinstance(block, dict) else None
+    if not path:
+        return {}, "the run saved no profile (no profile_path in its \"tencache\" block)"
+    if (run.result.get("world_size") or 1) > 1:
+        root, ext = os.path.splitext(path)
+        path = f"{root}.rank0{ext}"
+    try:
+        sections = read_sections(path)
+    except (OSError, ValueError) as err:
+        return {}, f"its profile {path} is unreadable ({err})"
+    stats_rows = [step.get("stats") for step in run.steps if isinstance(step.get("stats"), dict)]
+    found = {}
+    for store, saved in sections.items():
+        budgets = [BUDGET_OF[store](stats) for stats in stats_rows] if store in BUDGET_OF else []
+        budgets = [budget for budget in budgets if is_number(budget)]
+        if budgets:
+            found[store] = least_bytes(saved.step, store, int(max(budgets)))
+    if not found:
+        return {}, f"its profile {path} has no store whose budget the stats give"
+    return found, f"{os.path.basename(path)} through budgets of " + ", ".join(
+        f"{store} {fmt_bytes(least.capacity_bytes)}" for store, least in sorted(found.items()))

@@ -1,0 +1,206 @@
+"""How fast the NVMe path moves bytes the way tencache moves them. Owns: timing reads, writes, and both at once
+through tencache's own engine (io/direct_io.py: O_DIRECT, a thread pool, one future per request) at the request
+sizes and concurrency the stores issue, and the fastest rates seen (DriveRate). Does not own: the engine itself,
+or what the rates are used for (the bench's bound, `tencache-ds doctor`'s line).
+
+Why not DeepSpeed's aio handle with one synchronous request at a time (`doctor`'s "nvme bandwidth" line): tencache
+never moves bytes that way. Each store (parameters, optimizer state) has its own engine of
+``max(2, aio.intra_op_parallelism)`` threads, so up to two requests per store, four in all, are in flight; a request
+is one tensor (a parameter partition: a few MB; an optimizer sub-group's tensor: tens to hundreds of MB); and
+reads and writes overlap (an update writes sub-group i while reading i + 1). So each trial here keeps ``threads``
+requests of ``request_bytes`` in flight, for each of reads, writes and an even mix of both, and the rates kept
+are the fastest trial's: the bound these rates feed must not be above what tencache can get from the drive.
+
+A trial moves at most ``trial_bytes`` and stops issuing at ``deadline_s`` (a slow disk ends early rather than
+late), so the whole measurement takes a few seconds. The files live in the folder measured and are removed.
+"""
+import dataclasses
+import os
+import time
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+READ, WRITE, BOTH = "read", "write", "read+write"
+REQUEST_SIZES = (4 << 20, 64 << 20)  # a parameter partition; an optimizer sub-group's tensor (sub_group_size 1.6e7)
+TRIAL_BYTES = 256 << 20              # per trial and direction: past a drive's write cache, < 0.2 s at 2 GB/s
+DEADLINE_S = 1.0                     # per trial: no new request is issued after it
+
+
+def store_thread_counts(ds_config: Optional[Dict[str, Any]] = None) -> Tuple[int, int]:
+    """The requests in flight when one store's engine is busy, and when both are: the swappers'
+    ``DirectFileIO(num_threads=max(2, intra_op))``, ``intra_op`` being the DeepSpeed config's
+    aio.intra_op_parallelism (DeepSpeed's default 1 without a config)."""
+    aio = (ds_config or {}).get("aio") or {}
+    intra_op = aio.get("intra_op_parallelism", 1) if isinstance(aio, dict) else 1
+    one = max(2, intra_op if isinstance(intra_op, int) else 1)
+    return one, 2 * one
+
+
+THREAD_COUNTS = store_thread_counts()  # (2, 4) for DeepSpeed's default aio config
+
+
+@dataclasses.dataclass(frozen=True)
+class Trial:
+    """One timed run: ``threads`` requests of ``request_bytes`` in flight, reading, writing or both."""
+
+    mode: str
+    request_bytes: int
+    threads: int
+    read_bytes: int
+    write_bytes: int
+    seconds: float
+
+    @property
+    def read_bytes_per_s(self) -> float:
+        return self.read_bytes / self.seconds
+
+    @property
+    def write_bytes_per_s(self) -> float:
+        return self.write_bytes / self.seconds
+
+    @property
+    def bytes_per_s(self) -> float:
+        return (self.read_bytes + self.write_bytes) / self.seconds
+
+
+@dataclasses.dataclass(frozen=True)
+class DriveRate:
+    """The fastest rates of a folder's drive over the trials, in bytes per second: reading alone, writing alone,
+    and reading and writing at once (``both_*``: each direction's share of the fastest mixed trial)."""
+
+    read_bytes_per_s: float
+    write_bytes_per_s: float
+    both_read_bytes_per_s: float
+    both_write_bytes_per_s: float
+    method: str
+    trials: Tuple[Trial, ...] = ()
+
+    @property
+    def combined_bytes_per_s(self) -> float:
+        """The most bytes per second the drive moved in any trial, reads and writes together."""
+        return max(self.read_bytes_per_s, self.write_bytes_per_s,
+                   self.both_read_bytes_per_s + self.both_write_bytes_per_s)
+
+    def least_seconds(self, read_bytes: float, write_bytes: float) -> float:
+        """The least time these rates need for ``read_bytes`` and ``write_bytes``: no faster than reads alone, writes
+        alone, or all the bytes at the combined rate. E.g. 2 GB read and 1 GB written at read 2 GB/s, write 1.5
+        GB/s, combined 2.5 GB/s: max(1.0, 0.67, 1.2) = 1.2 s."""
+        read_rate = max(self.read_bytes_per_s, self.both_read_bytes_per_s)
+        write_rate = max(self.write_bytes_per_s, self.both_write_bytes_per_s)
+        return max(read_bytes / read_rate, write_bytes / write_rate,
+                   (read_bytes + write_bytes) / self.combined_bytes_per_s)
+
+    def describe(self) -> str:
+        return (f"read {self.read_bytes_per_s / 1e9:.2f} GB/s, write {self.write_bytes_per_s / 1e9:.2f} GB/s, both at "
+                f"once {self.combined_bytes_per_s / 1e9:.2f} GB/s")
+
+    def to_dict(self) -> Dict[str, Any]:
+        return dict(dataclasses.asdict(self), combined_bytes_per_s=self.combined_bytes_per_s)
+
+    @classmethod
+    def from_dict(cls, data: Dict[str, Any]) -> "DriveRate":
+        trials = tuple(Trial(**trial) for trial in data.get("trials") or ())
+        return cls(float(data["read_bytes_per_s"]), float(data["write_bytes_per_s"]),
+                   float(data["both_read_bytes_per_s"]), float(data["both_write_bytes_per_s"]), str(data["method"]),
+                   trials)
+
+
+def measure_drive(folder: str, request_sizes: Sequence[int] = REQUEST_SIZES,
+                  thread_counts: Sequence[int] = THREAD_COUNTS, trial_bytes: int = TRIAL_BYTES,
+                  deadline_s: float = DEADLINE_S) -> DriveRate:
+    """Time writes, reads and both at once in ``folder`` (created if missing) for every request size and thread
+    count; the fastest trial of each kind gives the rates. Raises OSError when the folder cannot be written."""
+    import torch  # the engine moves tensors; imported here so that importing this module stays light
+    from .direct_io import DirectFileIO
+    os.makedirs(folder, exist_ok=True)
+    trials: List[Trial] = []
+    alignment = None
+    for request_bytes in request_sizes:
+        requests = max(1, trial_bytes // request_bytes)
+        for threads in thread_counts:
+            io = DirectFileIO(num_threads=threads, name="tencache-drive-rate")
+            buffers = [aligned_buffer(torch, request_bytes) for _ in range(threads)]
+            for index, buffer in enumerate(buffers):
+                buffer.fill_(index + 1)  # not zeros: a file system may treat zero pages specially
+            first, second = (os.path.join(folder, f".tencache-drive-{os.getpid()}-{name}.bin") for name in "ab")
+            try:
+                trials.append(_trial(io, WRITE, buffers, [(first, index) for index in range(requests)],
+                                     request_bytes, deadline_s))
+                written = trials[-1].write_bytes // request_bytes  # a deadline may have cut the file short
+                trials.append(_trial(io, READ, buffers, [(first, index) for index in range(written)],
+                                     request_bytes, deadline_s))
+                # Reads of the first file interleaved with writes of the second: an update reading sub-group i + 1
+                # while writing i.
+                mixed = [(first if index % 2 == 0 else second, index // 2) for index in range(2 * written)]
+                trials.append(_trial(io, BOTH, buffers, mixed, request_bytes, deadline_s))
+                alignment = io.alignment_for(first)
+            finally:
+                io.close()
+                for path in (first, second):
+                    try:
+                        os.remove(path)
+                    except FileNotFoundError:
+                        pass
+    return _fastest(trials, f"tencache DirectFileIO, requests of {', '.join(_mib(size) for size in request_sizes)}, "
+                            f"{' or '.join(map(str, thread_counts))} in flight, O_DIRECT alignment {alignment} B "
+                            f"(0: buffered), in {folder}")
+
+
+def _fastest(trials: Sequence[Trial], method: str) -> DriveRate:
+    def best(mode: str) -> Optional[Trial]:
+        done = [trial for trial in trials if trial.mode == mode and trial.seconds > 0]
+        return max(done, key=lambda trial: trial.bytes_per_s) if done else None
+
+    reads, writes, both = best(READ), best(WRITE), best(BOTH)
+    if reads is None or writes is None or both is None or not reads.read_bytes or not writes.write_bytes:
+        raise OSError(f"the drive measurement moved no bytes ({method})")
+    return DriveRate(reads.read_bytes_per_s, writes.write_bytes_per_s, both.read_bytes_per_s,
+                     both.write_bytes_per_s, method, tuple(trials))
+
+
+def _trial(io, mode: str, buffers, requests: Sequence[Tuple[str, int]], request_bytes: int,
+           deadline_s: float) -> Trial:
+    """Issue ``requests`` ((path, index): offset index x request_bytes) with len(buffers) in flight; in mode BOTH
+    the first file is read and any other written. Stops issuing at the deadline (after one request per buffer);
+    waits for what is in flight."""
+    moved = {True: 0, False: 0}  # is a write -> bytes
+    pending = []
+    started = time.perf_counter()
+    first_path = requests[0][0] if requests else None
+    for number, (path, index) in enumerate(requests):
+        if len(pending) >= len(buffers):
+            is_write, future = pending.pop(0)
+            moved[is_write] += future.result()
+        if number >= len(buffers) and time.perf_counter() - started > deadline_s:  # one round at least
+            break
+        is_write = mode == WRITE or (mode == BOTH and path != first_path)
+        submit = io.write if is_write else io.read
+        pending.append((is_write, submit(buffers[number % len(buffers)], path, request_bytes,
+                                         index * request_bytes)))
+    for is_write, future in pending:
+        moved[is_write] += future.result()
+    if moved[True]:  # O_DIRECT bypasses the page cache; fsync covers a file system that fell back to buffered
+        for path in {path for path, _index in requests if path != first_path or mode == WRITE}:
+            _fsync(path)
+    return Trial(mode, request_bytes, len(buffers), moved[False], moved[True], time.perf_counter() - started)
+
+
+def _fsync(path: str) -> None:
+    try:
+        descriptor = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def aligned_buffer(torch, nbytes: int):
+    """A 4 KiB-aligned pageable buffer, as the optimizer store's (O_DIRECT needs the address aligned)."""
+    raw = torch.empty(nbytes + 4096, dtype=torch.uint8)
+    offset = (-raw.data_ptr()) % 4096
+    return raw[offset:offset + nbytes]
+
+
+def _mib(nbytes: int) -> str:
+    return f"{nbytes >> 20} MiB"

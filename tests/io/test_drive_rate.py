@@ -1,0 +1,62 @@
+"""io/drive_rate.py on real files: the trials it runs through tencache's engine, the rates it keeps, and the least
+time those rates give for a step's reads and writes."""
+import os
+
+import pytest
+
+from tencache_ds.io.drive_rate import BOTH, READ, WRITE, DriveRate, Trial, measure_drive, store_thread_counts
+
+MIB = 1 << 20
+GB = 1e9
+
+
+def test_measure_drive_times_reads_writes_and_both_with_real_files(tmp_path):
+    """Scenario: a small measurement (2 request sizes x 2 thread counts) in a real folder."""
+    # Step 1: measure with 8 MiB per trial.
+    rate = measure_drive(str(tmp_path / "drive"), request_sizes=(1 * MIB, 4 * MIB), thread_counts=(1, 2),
+                         trial_bytes=8 * MIB, deadline_s=5.0)
+    # Step 2: every combination ran a write, a read and a mixed trial, each moving the bytes asked for.
+    assert [(trial.mode, trial.request_bytes, trial.threads) for trial in rate.trials] == [
+        (mode, size, threads) for size in (MIB, 4 * MIB) for threads in (1, 2) for mode in (WRITE, READ, BOTH)]
+    for trial in rate.trials:
+        expected = {WRITE: (0, 8 * MIB), READ: (8 * MIB, 0), BOTH: (8 * MIB, 8 * MIB)}[trial.mode]
+        assert (trial.read_bytes, trial.write_bytes) == expected, trial
+    # Step 3: the rates kept are the fastest trial's of each kind.
+    assert rate.read_bytes_per_s == max(trial.read_bytes_per_s for trial in rate.trials if trial.mode == READ)
+    assert rate.write_bytes_per_s == max(trial.write_bytes_per_s for trial in rate.trials if trial.mode == WRITE)
+    both = max((trial for trial in rate.trials if trial.mode == BOTH), key=lambda trial: trial.bytes_per_s)
+    assert rate.combined_bytes_per_s >= both.bytes_per_s > 0
+    assert "tencache DirectFileIO" in rate.method and "both at once" in rate.describe()
+    # Step 4: no file is left behind, and the record survives JSON (the probe sends it to the parent).
+    assert os.listdir(tmp_path / "drive") == []
+    assert DriveRate.from_dict(rate.to_dict()) == rate
+
+
+def test_a_deadline_ends_a_trial_early_and_the_rate_counts_what_was_moved(tmp_path):
+    """Scenario: a deadline of 0 s: each trial issues its first requests only, yet the rates stay honest."""
+    rate = measure_drive(str(tmp_path), request_sizes=(1 * MIB,), thread_counts=(2,), trial_bytes=64 * MIB,
+                         deadline_s=0.0)
+    write, read, _both = rate.trials
+    assert write.write_bytes == 2 * MIB  # cut short after one request per thread
+    assert read.read_bytes == write.write_bytes  # reads only what was written
+    assert rate.write_bytes_per_s == pytest.approx(write.write_bytes / write.seconds)
+
+
+def test_least_seconds_takes_the_slowest_of_reads_writes_and_all_bytes():
+    """The least time for a step's bytes: reads alone, writes alone, or everything at the combined rate."""
+    mixed = Trial(BOTH, MIB, 4, read_bytes=1 * 10 ** 9, write_bytes=1 * 10 ** 9, seconds=0.8)  # 2.5 GB/s together
+    rate = DriveRate(2 * GB, 1.5 * GB, 1.25 * GB, 1.25 * GB, "test", (mixed,))
+    assert rate.combined_bytes_per_s == pytest.approx(2.5 * GB)
+    assert rate.least_seconds(2 * GB, 1 * GB) == pytest.approx(1.2)   # all 3 GB at 2.5 GB/s
+    assert rate.least_seconds(4 * GB, 0) == pytest.approx(2.0)        # reads alone at 2 GB/s
+    assert rate.least_seconds(0, 3 * GB) == pytest.approx(2.0)        # writes alone at 1.5 GB/s
+    # A mixed trial faster in one direction than that direction alone raises that direction's rate.
+    skewed = DriveRate(1 * GB, 1 * GB, 1.8 * GB, 0.2 * GB, "test")
+    assert skewed.least_seconds(1.8 * GB, 0) == pytest.approx(1.0)
+
+
+def test_requests_in_flight_follow_the_swappers_engines():
+    """Each store's engine has max(2, aio.intra_op_parallelism) threads; both stores at once twice that."""
+    assert store_thread_counts() == (2, 4) == store_thread_counts({"aio": {"intra_op_parallelism": 1}})
+    assert store_thread_counts({"aio": {"intra_op_parallelism": 4}}) == (4, 8)
+    assert store_thread_counts({"zero_optimization": {}}) == (2, 4)
