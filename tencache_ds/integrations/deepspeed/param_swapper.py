@@ -28,8 +28,9 @@ from ...plan.prefetch import PrefetchSchedule
 from ...profile.lifecycle import Phase, ProfileLifecycle
 from ...errors import TencacheConfigError
 from ...ext_lock import raise_if_stale_locks
-from .config_bridge import (DEEPSPEED_OPS, MIN_SWAPPABLE_BYTES, config_from_ds_config, io_aligned_numel,
-                            prepare_swap_folder, validate_ds_config)
+from .config_bridge import (DEEPSPEED_OPS, MIN_SWAPPABLE_BYTES, io_aligned_numel, prepare_swap_folder,
+                            validate_ds_config)
+from .config_source import tencache_config
 from .profiling import param_sequence_facts, rank_profile_path
 
 NVME_PATH_KEY = "zero_optimization.offload_param.nvme_path"
@@ -62,7 +63,7 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
         # Stock __init__ is not called on purpose: it locks buffer_count x buffer_size of memory up front.
         if self._constructed:
             # another zero.Init model in the same swap folder shares this swapper, so it must ask for the same
-            config = config_from_ds_config(ds_config)
+            config = tencache_config(ds_config)
             if config != self.config:
                 changed = sorted(key for key in type(config).model_fields
                                  if getattr(config, key) != getattr(self.config, key))
@@ -72,7 +73,7 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
                     f"alive; give it its own nvme_path, the same block, or destroy the first engine first")
             self._users += 1
             return
-        self.config = config_from_ds_config(ds_config)  # validated in __new__
+        self.config = tencache_config(ds_config)  # validated in __new__
         raise_if_stale_locks(ops=DEEPSPEED_OPS)
         self.dtype = model_dtype
         self.swap_config = ds_config.zero_config.offload_param
