@@ -168,7 +168,8 @@ def test_only_the_deepspeed_adapters_import_deepspeed():
 def test_pure_layers_import_neither_torch_nor_deepspeed():
     for layer in ("config.py", "config_checks.py", "units.py", "errors.py", "plan", "profile", "probes"):
         root = os.path.join(PACKAGE, layer)
-        paths = [root] if root.endswith(".py") else [os.path.join(root, n) for n in os.listdir(root) if n.endswith(".py")]
+        paths = [root] if root.endswith(".py") else [os.path.join(folder, n) for folder, _dirs, names in os.walk(root)
+                                                     for n in names if n.endswith(".py")]  # subpackages too
         for path in paths:
             heavy = [m for m in imported_modules(path) if m.split(".")[0] in ("torch", "deepspeed")]
             assert heavy == [], (path, heavy)

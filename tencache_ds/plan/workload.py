@@ -2,7 +2,7 @@
 sequence length, gradient accumulation and activation checkpointing. Owns: reading the DeepSpeed settings the step
 model depends on (with DeepSpeed 0.19.8's defaults, deepspeed/runtime/zero/{config,offload_config}.py), each
 rank's parameter partitions, which of them live on NVMe, the optimizer sub-groups, and the fetch sequence ZeRO-3
-issues per micro-step. Does not own: timing or memory (plan/step_model.py). Pure.
+issues per micro-step. Does not own: timing or memory (plan/step_model/). Pure.
 """
 import dataclasses
 from typing import Any, Dict, List, Mapping, Optional, Tuple
