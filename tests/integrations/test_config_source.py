@@ -13,8 +13,8 @@ import pytest
 pytest.importorskip("deepspeed")
 from tencache_ds.config import TencacheConfig  # noqa: E402
 from tencache_ds.errors import TencacheConfigError  # noqa: E402
-from tencache_ds.integrations.deepspeed.config_source import (ds_config_dict, ds_config_of_initialize_call,  # noqa: E402
-                                                              tencache_config)
+from tencache_ds.integrations.deepspeed.config_source import ds_config_dict, tencache_config  # noqa: E402
+from tencache_ds.integrations.deepspeed.config_source import ds_config_of_initialize_call  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIG = {"train_batch_size": 1, "tencache": {"host_cache_bytes": "64MiB"}}

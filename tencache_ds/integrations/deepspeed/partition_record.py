@@ -11,14 +11,13 @@ from deepspeed.runtime.swap_tensor.partitioned_param_swapper import PartitionedP
 
 
 class Read(enum.Enum):
-    """Where the partition is in a read of ours."""
+    """Where the partition is in a read of ours. A read ahead is not announced to DeepSpeed (NOT_AVAILABLE), so its
+    wait-for-all synchronize_reads never waits for a read needed much later."""
 
     NONE = "none"                # no read of ours is pending for DeepSpeed or for the schedule
-    AHEAD = "ahead"              # started by the prefetch schedule, not asked for: DeepSpeed sees NOT_AVAILABLE, so its
-    #                              wait-for-all synchronize_reads never waits for a read needed much later
+    AHEAD = "ahead"              # started by the prefetch schedule, not asked for (DeepSpeed sees NOT_AVAILABLE)
     ASKED = "asked"              # swap_in marked it INFLIGHT: synchronize_reads waits for it
-    ASKED_AHEAD = "asked_ahead"  # asked for while read ahead: synchronize_reads waits for that read and tells the
-    #                              schedule when it was late
+    ASKED_AHEAD = "asked_ahead"  # asked for while read ahead: that read is waited for, and fed back if late
 
     @property
     def asked(self) -> bool:
@@ -29,11 +28,10 @@ class Read(enum.Enum):
 class PartitionRecord:
     """One partition the swapper has seen (zero.Init's write, or a swap-in)."""
 
-    param: weakref.ref            # DeepSpeed's parameter, weakly: the swapper outlives a model it served
+    param: weakref.ref    # DeepSpeed's parameter, weakly: the swapper outlives a model it served
     read: Read = Read.NONE
-    waiter: Any = None            # the parameter, held while DeepSpeed waits for its read (read.asked)
-    asked_order: int = 0          # when it was asked: synchronize_reads waits in that order (the profile records
-    #                               each use as it is waited for)
+    waiter: Any = None    # the parameter, held while DeepSpeed waits for its read (read.asked)
+    asked_order: int = 0  # synchronize_reads waits in this order: the profile records each use as it is waited for
 
     def ask(self, param, ahead: bool, order: int) -> None:
         """DeepSpeed asked for the partition (swap_in): it is INFLIGHT until synchronize_reads."""

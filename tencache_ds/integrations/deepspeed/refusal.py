@@ -18,7 +18,7 @@ def refuse_tencache_configs(install_error: Exception) -> None:
         try:
             bound = signature.bind_partial(*args, **kwargs).arguments
             enabled = tencache_config(ds_config_of_initialize_call(bound)).enabled
-        except (TypeError, TencacheError):
+        except (TypeError, ValueError, TencacheError):
             enabled = False  # DeepSpeed reports a bad call or an unreadable config itself
         if enabled:
             raise TencacheError('the DeepSpeed config enables "tencache", but tencache_ds could not install its '
