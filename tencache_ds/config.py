@@ -1,6 +1,7 @@
 """The "tencache" block of a DeepSpeed config. Owns: keys, defaults, validation. Does not own: machine facts
-(resolving "auto" needs the host's memory, which plan/budget.py reads) or where the block comes from
-(integrations/deepspeed/config_bridge.py). Leaf module: imports neither torch nor deepspeed.
+(resolving "auto" needs the host's memory, which plan/budget.py reads) or the forms a DeepSpeed config comes in
+(integrations/deepspeed/config_source.py turns them into the dict that config_of_ds_dict reads). Leaf module:
+imports neither torch nor deepspeed.
 
 The block sits at the top level of ds_config.json, beside DeepSpeed's own sections (DeepSpeed keeps unknown
 top-level keys and ignores them, but rejects extra keys inside its own sections):
@@ -8,7 +9,7 @@ top-level keys and ignores them, but rejects extra keys inside its own sections)
     "tencache": {"enabled": true, "host_cache_bytes": "auto", "device_cache_bytes": "auto",
                  "metrics_path": "runs/tencache-metrics.jsonl", "profile_path": "runs/profile.json"}
 """
-from typing import Any, Literal, Optional, Union
+from typing import Any, Literal, Mapping, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, StrictBool, ValidationError, field_validator
 
@@ -118,17 +119,11 @@ def parse_config(block: Any) -> TencacheConfig:
         raise TencacheConfigError("invalid \"tencache\" block:\n  " + "\n  ".join(problems)) from None
 
 
-def block_from_ds_config(ds_config: Any) -> Any:
-    """The raw "tencache" block of a DeepSpeed config given as a dict, a JSON path, or None."""
-    if ds_config is None:
-        return None
-    if isinstance(ds_config, str):
-        import json
-        with open(ds_config) as fh:
-            ds_config = json.load(fh)
-    if isinstance(ds_config, dict):
-        return ds_config.get(CONFIG_KEY)
-    return None
+def config_of_ds_dict(ds_config: Optional[Mapping[str, Any]]) -> TencacheConfig:
+    """The validated "tencache" block of a DeepSpeed config dict: the one place that finds the block and parses it.
+    No dict, or no block in it: a disabled block (the run is stock DeepSpeed). DeepSpeed's other forms of a config
+    (its config object, a path, base64) become the dict in integrations/deepspeed/config_source.py."""
+    return parse_config(ds_config.get(CONFIG_KEY) if isinstance(ds_config, Mapping) else None)
 
 
 def config_reference_markdown() -> str:

@@ -1,7 +1,7 @@
 """The "tencache" block: defaults, units, and errors that name the key."""
 import pytest
 
-from tencache_ds.config import TencacheConfig, block_from_ds_config, parse_config
+from tencache_ds.config import TencacheConfig, config_of_ds_dict, parse_config
 from tencache_ds.errors import TencacheConfigError
 from tencache_ds.plan.budget import UNLIMITED, MachineResources, resolve_budgets
 from tencache_ds.units import fmt_bytes, parse_bytes, round_up
@@ -42,11 +42,15 @@ def test_block_must_be_an_object():
         parse_config([1, 2])
 
 
-def test_block_from_ds_config_dict_and_file(tmp_path):
-    path = tmp_path / "ds.json"
-    path.write_text('{"train_batch_size": 1, "tencache": {"host_cache_bytes": 0}}')
-    assert block_from_ds_config(str(path)) == {"host_cache_bytes": 0}
-    assert block_from_ds_config({"train_batch_size": 1}) is None
+def test_the_block_of_a_ds_config_dict():
+    """config_of_ds_dict finds the block at the top level and parses it; no block or no dict is a disabled block."""
+    config = config_of_ds_dict({"train_batch_size": 1, "tencache": {"host_cache_bytes": 0}})
+    assert config.enabled and config.host_cache_bytes == 0
+    assert config_of_ds_dict({"train_batch_size": 1}) == TencacheConfig(enabled=False)
+    assert config_of_ds_dict(None) == TencacheConfig(enabled=False)
+    assert not config_of_ds_dict({"tencache": False}).enabled
+    with pytest.raises(TencacheConfigError, match="tencache.host_cach: unknown key"):
+        config_of_ds_dict({"tencache": {"host_cach": 0}})
 
 
 def test_units():

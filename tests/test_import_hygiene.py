@@ -2,6 +2,7 @@
 `import tencache_ds` stays light, and only the DeepSpeed adapters import DeepSpeed."""
 import ast
 import os
+import re
 import subprocess
 import sys
 
@@ -150,6 +151,46 @@ def test_the_checks_catch_an_upward_import_and_a_cycle():
     assert ["plan", "profile", "plan"] in unit_cycles(cycle)
 
 
+DESIGN = os.path.join(os.path.dirname(PACKAGE), "docs", "design.md")
+# cache/ is being restructured (issue 16): its modules join this check when that lands.
+UNCHECKED_UNITS = {"cache"}
+
+
+def design_layer_lines():
+    """docs/design.md's layer picture as {layer label: its text}: a line that starts with a label ("plan",
+    "integrations/deepspeed", "leaves", ...) opens a layer; indented lines continue it."""
+    with open(DESIGN) as handle:
+        text = handle.read()
+    block = text.split("## Layers", 1)[1].split("```", 2)[1]
+    labels = {name for name, _units in LAYERS} | {"integrations/deepspeed", "leaves"}
+    layers, current = {}, None
+    for line in block.splitlines():
+        label = line.split(" ", 1)[0]
+        if label in labels:
+            current = "integrations" if label == "integrations/deepspeed" else label
+        if current is not None:
+            layers[current] = layers.get(current, "") + " " + line
+    return layers
+
+
+def test_the_design_doc_names_every_module_in_its_layer():
+    """Every module (a subpackage by its name) is named in its own layer's lines of docs/design.md's picture."""
+    layer_of = {unit: name for name, units in LAYERS for unit in units}
+    layer_of.update({unit: "leaves" for unit in LEAVES})
+    pictured, missing = design_layer_lines(), []
+    for module in sorted(import_graph()):
+        parts = module.split(".")
+        unit = unit_of(module)
+        if unit in UNCHECKED_UNITS or unit == "__init__":
+            continue
+        name = parts[2] if len(parts) > 2 else parts[1]  # plan.step_model.stock -> step_model; config -> config
+        if name.startswith("_"):
+            continue
+        if not re.search(rf"\b{re.escape(name)}\b", pictured.get(layer_of[unit], "")):
+            missing.append(f"{module}: not named in the {layer_of[unit]} layer of docs/design.md")
+    assert missing == []
+
+
 def test_only_the_deepspeed_adapters_import_deepspeed():
     offenders = []
     for folder, _dirs, files in os.walk(PACKAGE):
@@ -168,7 +209,8 @@ def test_only_the_deepspeed_adapters_import_deepspeed():
 def test_pure_layers_import_neither_torch_nor_deepspeed():
     for layer in ("config.py", "config_checks.py", "units.py", "errors.py", "plan", "profile", "probes"):
         root = os.path.join(PACKAGE, layer)
-        paths = [root] if root.endswith(".py") else [os.path.join(root, n) for n in os.listdir(root) if n.endswith(".py")]
+        paths = [root] if root.endswith(".py") else [os.path.join(folder, n) for folder, _dirs, names in os.walk(root)
+                                                     for n in names if n.endswith(".py")]  # subpackages too
         for path in paths:
             heavy = [m for m in imported_modules(path) if m.split(".")[0] in ("torch", "deepspeed")]
             assert heavy == [], (path, heavy)

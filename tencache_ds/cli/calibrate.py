@@ -1,7 +1,7 @@
 """`tencache-ds estimate --machine this`: this machine's figures, measured. Owns: the three probes (NVMe bandwidth
 through tencache's own O_DIRECT engine at the request size and concurrency it issues, CPU Adam throughput, compute
 throughput from a short timed forward/backward of one layer) and turning them, with the host's memory and cores,
-into a machine description (plan/machine.py). Does not own: the step model (plan/step_model.py).
+into a machine description (plan/machine.py). Does not own: the step model (plan/step_model/).
 
 Like `tencache-ds doctor`, everything that imports torch or DeepSpeed runs in a child process (``_probe_main``,
 run as ``python -m tencache_ds.cli.calibrate``) with a timeout, so the estimate command itself stays light and a

@@ -253,13 +253,12 @@ def nvme_path_from_config(config: Optional[Dict[str, Any]]) -> Optional[str]:
 
 
 def check_budgets(config: Optional[Dict[str, Any]], device_free_bytes: int) -> CheckResult:
-    from ..config import CONFIG_KEY, parse_config
+    from ..config import CONFIG_KEY, config_of_ds_dict, parse_config
     from ..errors import TencacheConfigError
     from ..plan.budget import UNLIMITED, MachineResources, resolve_budgets
-    block = (config or {}).get(CONFIG_KEY, {}) if config is not None else {}
     origin = "the config's \"tencache\" block" if config is not None and CONFIG_KEY in config else "defaults"
-    try:
-        parsed = parse_config(block if block is not None else {})
+    try:  # no block (or "tencache": null): the budgets the defaults give
+        parsed = config_of_ds_dict(config) if (config or {}).get(CONFIG_KEY) is not None else parse_config({})
     except TencacheConfigError as err:
         return CheckResult("budgets", FAIL, str(err).replace("\n", " "))
     machine = MachineResources.probe(device_free_bytes=device_free_bytes)

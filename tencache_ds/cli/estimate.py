@@ -1,7 +1,7 @@
 """`tencache-ds estimate`: before launch, whether a model fits, how fast a step is under stock ZeRO-Infinity and under
 tencache, and what it costs the drive. Owns: reading the inputs (a Hugging Face config.json, the DeepSpeed config,
 a machine file or ``this`` machine, measured), and the report: at most ~15 lines, or one JSON object. Does not own
-the numbers (plan/step_model.py computes them; cli/calibrate.py measures this machine).
+the numbers (plan/step_model/ computes them; cli/calibrate.py measures this machine).
 
     tencache-ds estimate --model configs/models/llama-7b.json --ds-config ds_config.json \\
         --machine configs/machines/h100x1-2nvme.json [--micro-batch 1 --seq 2048 --gas 8] [--json]

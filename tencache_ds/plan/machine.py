@@ -1,6 +1,6 @@
 """A machine as the step model sees it. Owns: the description's fields, their units, reading and checking a machine
 file (configs/machines/*.json), and what one rank gets of a node's shared parts. Does not own: measuring this
-machine (cli/calibrate.py) or the model (plan/step_model.py). Pure.
+machine (cli/calibrate.py) or the model (plan/step_model/). Pure.
 
 A machine file is JSON; every figure is per node unless its name says otherwise, and ``sources`` says where each
 came from (a datasheet, a paper, a measurement)::

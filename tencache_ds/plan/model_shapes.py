@@ -2,7 +2,7 @@
 architectures in configs/models/ (GPT-2, Llama, OPT, BLOOM, Falcon), every parameter tensor with its element count,
 the submodule that owns it, in the order ZeRO-3 fetches submodules in forward (the order their ``forward`` runs),
 and the FLOPs and activation bytes of a training step. Does not own: what a step does with them
-(plan/step_model.py). Pure.
+(plan/step_model/). Pure.
 
 ZeRO-3 gathers parameters per submodule (the module that owns them directly), so a "module" here is one
 ``nn.Linear``/``nn.Embedding``/norm; a tied output head is the embedding's parameter fetched again by ``lm_head``.

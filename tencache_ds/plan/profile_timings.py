@@ -1,7 +1,7 @@
 """A saved profile's measured timings in place of a machine's figures, for `tencache-ds estimate --profile`. Owns:
 checking that a profile (profile/store.py sections) was recorded for this workload, and turning its measured compute
 time and NVMe read bandwidth into the figures the step model replays with. Does not own: the profile's format or
-the replay (plan/step_model.py). Pure.
+the replay (plan/step_model/). Pure.
 
 What is taken from the profile:
 - compute: the "params" section's step less its I/O waits is forward, backward and the optimizer's CPU work; less

@@ -2,12 +2,12 @@
 sequence length, gradient accumulation and activation checkpointing. Owns: reading the DeepSpeed settings the step
 model depends on (with DeepSpeed 0.19.8's defaults, deepspeed/runtime/zero/{config,offload_config}.py), each
 rank's parameter partitions, which of them live on NVMe, the optimizer sub-groups, and the fetch sequence ZeRO-3
-issues per micro-step. Does not own: timing or memory (plan/step_model.py). Pure.
+issues per micro-step. Does not own: timing or memory (plan/step_model/). Pure.
 """
 import dataclasses
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from ..config import TencacheConfig, parse_config
+from ..config import TencacheConfig, config_of_ds_dict
 from ..errors import TencacheConfigError
 from .model_shapes import ModelShape
 
@@ -51,8 +51,7 @@ class ZeroSettings:
         offload_optimizer = zero.get("offload_optimizer") or {}
         aio = ds_config.get("aio") or {}
         half = any((ds_config.get(key) or {}).get("enabled") for key in ("bf16", "fp16"))
-        block = ds_config.get("tencache")
-        config = parse_config(block) if block is not None else None
+        config = config_of_ds_dict(ds_config)
 
         def device(section: Mapping[str, Any], key: str) -> str:
             value = str(section.get("device", "none")).lower()
@@ -86,7 +85,7 @@ class ZeroSettings:
             aio_block_size=number(aio, "block_size", "aio", cls.aio_block_size),
             aio_intra_op=max(1, number(aio, "intra_op_parallelism", "aio", cls.aio_intra_op)),
             element_bytes=2 if half else 4,
-            tencache=config if config is not None and config.enabled else None)
+            tencache=config if config.enabled else None)
 
     def swap_nbytes(self, numel: int, element_bytes: Optional[int] = None) -> int:
         """Bytes a swapped tensor of ``numel`` elements occupies on file and in a swap buffer (DeepSpeed's

@@ -1,4 +1,5 @@
-"""The parameter swapper after a failed read (real swapper, real files, DeepSpeed's CPU accelerator)."""
+"""The parameter swapper on its own (real swapper, real files, DeepSpeed's CPU accelerator): after a failed read,
+and its partition records."""
 import os
 import socket
 import subprocess
@@ -13,9 +14,21 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def test_a_failed_read_is_reported_once_and_the_partition_can_be_read_again():
     """Defect: the partition stayed INFLIGHT after its read failed, so the next synchronize_reads said "no read in
     flight" instead of the I/O error, and the partition could never be read again."""
+    run_scenario("failed_read.py")
+
+
+def test_the_partition_records_agree_with_deepspeed_after_every_call():
+    """One record per partition (integrations/deepspeed/partition_record.py): asked for, read ahead, waited for,
+    released, rewritten and handed over, each checked against DeepSpeed's status (tests/deepspeed/
+    partition_records.py narrates the steps)."""
+    run_scenario("partition_records.py")
+
+
+def run_scenario(script):
+    """Runs a scenario script beside this file on a free port; it prints OK or raises."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    proc = subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "failed_read.py"), str(port)],
+    proc = subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), script), str(port)],
                           capture_output=True, text=True, timeout=300, env=dict(os.environ, PYTHONPATH=REPO))
     assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), proc.stdout[-2000:] + proc.stderr[-4000:]

@@ -1,4 +1,4 @@
-"""The step model (plan/step_model.py) and its inputs (plan/model_shapes.py, plan/workload.py, plan/machine.py):
+"""The step model (plan/step_model/) and its inputs (plan/model_shapes.py, plan/workload.py, plan/machine.py):
 parameter counts against the models transformers builds, bytes per step against what the benchmarks measured,
 stock DeepSpeed's known failures, tencache's budgets from the run-time functions, and the machine file's errors.
 Pure and fast: no torch, no DeepSpeed, no files but the repository's configs."""

@@ -1,6 +1,7 @@
-"""Where the "tencache" block comes from inside DeepSpeed. Owns: pulling it out of DeepSpeed's config objects, the
-checks of the block against DeepSpeed's own sections (validate_ds_config), and the facts about DeepSpeed's swap
-layout that both swappers share. Does not own: the block's keys and types (config.py) or checks against the
+"""The "tencache" block against DeepSpeed. Owns: the checks of the block against DeepSpeed's own sections
+(validate_ds_config), which config the ZeRO-3 optimizer or the ``deepspeed.initialize`` call being built has, and
+the facts about DeepSpeed's swap layout that both swappers share. Does not own: the block's keys and types
+(config.py), reading a DeepSpeed config and finding the block in it (config_source.py) or checks against the
 machine alone (config_checks.py)."""
 import contextlib
 import os
@@ -10,10 +11,11 @@ from typing import Any, List, Optional, Tuple
 
 import torch
 
-from ...config import CONFIG_KEY, TencacheConfig, parse_config
+from ...config import CONFIG_KEY, TencacheConfig, config_of_ds_dict
 from ...config_checks import check_host_budget, check_output_paths, check_swap_folder
 from ...errors import TencacheConfigError, TencacheResourceError
 from ...plan.budget import MachineResources
+from .config_source import ds_config_dict
 from .contract import require_supported_deepspeed
 
 # DeepSpeed pads every swapped tensor to `1024 bytes x aio.intra_op_parallelism` (swap_tensor/utils.py
@@ -24,12 +26,6 @@ MIN_SWAPPABLE_BYTES = 1024 * 1024
 # DeepSpeed ops a ZeRO-Infinity run loads (cpu_adam in deepspeed.initialize, async_io by stock swappers): a stale
 # build lock of either makes the run wait forever, silently (ext_lock.py).
 DEEPSPEED_OPS = ("cpu_adam", "async_io")
-
-
-def config_from_ds_config(ds_config: Any) -> TencacheConfig:
-    """The validated block from a DeepSpeedConfig object (its kept user dict) or from a raw dict."""
-    raw = getattr(ds_config, "_param_dict", ds_config)
-    return parse_config(raw.get(CONFIG_KEY) if isinstance(raw, dict) else None)
 
 
 # DeepSpeed's sections that reject unknown keys (pydantic extra="forbid"), or ignore them ("aio"): a "tencache"
@@ -46,15 +42,15 @@ def validate_ds_config(ds_config: Any, machine: Optional[MachineResources] = Non
     cannot write), each naming the key as a dotted path and the remedy; TencacheConfigError too when the installed
     DeepSpeed is not a supported version (contract.py).
 
-    ``ds_config`` is a raw dict or a DeepSpeedConfig (its kept user dict is read); anything else means "no
-    block". ``machine`` defaults to this host's (tests pass a fixed one). A disabled or absent block is only
-    parsed: such a run is stock DeepSpeed, whatever its other sections say.
+    ``ds_config`` is anything config_source.ds_config_dict reads (a raw dict, a DeepSpeedConfig, a path);
+    anything else means "no block". ``machine`` defaults to this host's (tests pass a fixed one). A disabled or
+    absent block is only parsed: such a run is stock DeepSpeed, whatever its other sections say.
     """
-    raw = getattr(ds_config, "_param_dict", ds_config)
-    if not isinstance(raw, dict):
-        return parse_config(None)
+    raw = ds_config_dict(ds_config)
+    if raw is None:
+        return config_of_ds_dict(None)
     _reject_nested_blocks(raw)
-    config = parse_config(raw.get(CONFIG_KEY))
+    config = config_of_ds_dict(raw)
     if not config.enabled:
         return config
     require_supported_deepspeed()  # an unsupported DeepSpeed refuses the block, naming both versions
@@ -122,26 +118,6 @@ def _nvme_offload_sections(zero: dict) -> List[Tuple[str, dict]]:
     return found
 
 
-def ds_config_of_initialize_call(bound_arguments: dict) -> Optional[dict]:
-    """The raw config dict a ``deepspeed.initialize`` call will use, resolved as DeepSpeed does (``config``, else
-    ``config_params``, else ``args.deepspeed_config``/``args.deepscale_config``; a dict, a JSON/HJSON path or
-    base64). None when there is none or it cannot be read: DeepSpeed then raises its own error for it."""
-    config = bound_arguments.get("config")
-    if config is None:
-        config = bound_arguments.get("config_params")
-    for name in ("deepspeed_config", "deepscale_config"):
-        if config is None:
-            config = getattr(bound_arguments.get("args"), name, None)
-    if config is None or isinstance(config, dict):
-        return config
-    try:
-        from deepspeed.runtime.tensor_parallel.init_utils import load_ds_config  # DeepSpeed's own reader
-        loaded = load_ds_config(config)
-    except Exception:  # pylint: disable=broad-except  # unreadable: DeepSpeed says why, in its own words
-        return None
-    return loaded if isinstance(loaded, dict) else None
-
-
 _initializing = threading.local()  # the validated block of the deepspeed.initialize call this thread is in
 
 
@@ -170,7 +146,7 @@ def building_stage3(ds_config):
     """While DeepSpeedZeroOptimizer_Stage3.__init__ runs with ``ds_config`` (install.py wraps it): the config
     find_stage3_ds_config returns. Nested builds restore the outer one."""
     outer = getattr(_building, "config", None)
-    _building.config = getattr(ds_config, "_param_dict", ds_config)
+    _building.config = ds_config_dict(ds_config)
     try:
         yield
     finally:
@@ -193,8 +169,7 @@ def find_stage3_ds_config() -> Optional[dict]:
         if frame.f_code.co_name == "__init__" and "ds_config" in frame.f_locals:
             owner = frame.f_locals.get("self")
             if owner is not None and type(owner).__name__.endswith("Stage3"):
-                config = frame.f_locals["ds_config"]
-                return getattr(config, "_param_dict", config)
+                return ds_config_dict(frame.f_locals["ds_config"])
         frame = frame.f_back
     return None
 
@@ -218,7 +193,7 @@ def prepare_swap_folder(folder: str, nvme_path: str, config_key: str) -> None:
                                     f"{err.strerror or err}") from None
 
 
-__all__ = ["config_from_ds_config", "validate_ds_config", "ds_config_of_initialize_call", "find_stage3_ds_config",
+__all__ = ["validate_ds_config", "find_stage3_ds_config",
            "building_stage3", "initializing", "initialize_call_config",
            "io_aligned_numel", "prepare_swap_folder",
            "MIN_SWAPPABLE_BYTES"]

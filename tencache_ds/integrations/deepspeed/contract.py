@@ -179,8 +179,8 @@ PRIVATE_MEMBERS = (
                   "stock's pinned write-back staging buffer"),
     PrivateMember(PARTITIONED_OPTIMIZER_SWAPPER, "swap_buffer_manager", "attribute", "stats.py",
                   "stock's pinned optimizer buffers (all_buffers)"),
-    # DeepSpeed's config object (config_bridge.py, profiling.py)
-    PrivateMember(DS_CONFIG, "_param_dict", "attribute", "config_bridge.py, profiling.py",
+    # DeepSpeed's config object (config_source.py)
+    PrivateMember(DS_CONFIG, "_param_dict", "attribute", "config_source.py",
                   "the user's raw dict: DeepSpeed's parsed sections drop the top-level \"tencache\" block"),
 )
 

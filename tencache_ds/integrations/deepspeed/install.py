@@ -30,8 +30,8 @@ from . import contract, reporting
 from .checkpoint import (adopt_loaded_files, loading_checkpoint, replay_adam_step_products, restore_optimizer_scalars,
                          restore_unswapped_masters, rigid_load_with_params_on_file)
 from .checkpoint_save import saving_masters, swap_files_linked
-from .config_bridge import (DEEPSPEED_OPS, building_stage3, ds_config_of_initialize_call, initializing,
-                            validate_ds_config)
+from .config_bridge import DEEPSPEED_OPS, building_stage3, initializing, validate_ds_config
+from .config_source import ds_config_of_initialize_call
 from .coordinator import TencacheCoordinator, coordinator_of
 from .memory_pressure import governor_of
 from .optimizer_swapper import TencacheOptimizerSwapper

@@ -20,6 +20,7 @@ from deepspeed import comm as dist
 from deepspeed.runtime.swap_tensor.partitioned_param_swapper import (AsyncPartitionedParameterSwapper,
                                                                      PartitionedParamStatus)
 
+from ...cache.entry_store import DEBUG_CHECKS_ENV
 from ...cache.host_budget import HostBudget
 from ...cache.tensor_store import TensorStore
 from ...io.direct_io import DirectFileIO
@@ -28,8 +29,10 @@ from ...plan.prefetch import PrefetchSchedule
 from ...profile.lifecycle import Phase, ProfileLifecycle
 from ...errors import TencacheConfigError
 from ...ext_lock import raise_if_stale_locks
-from .config_bridge import (DEEPSPEED_OPS, MIN_SWAPPABLE_BYTES, config_from_ds_config, io_aligned_numel,
-                            prepare_swap_folder, validate_ds_config)
+from .config_bridge import (DEEPSPEED_OPS, MIN_SWAPPABLE_BYTES, io_aligned_numel, prepare_swap_folder,
+                            validate_ds_config)
+from .config_source import tencache_config
+from .partition_record import Read, asked_in_order, check_records, record_of
 from .profiling import param_sequence_facts, rank_profile_path
 
 NVME_PATH_KEY = "zero_optimization.offload_param.nvme_path"
@@ -62,7 +65,7 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
         # Stock __init__ is not called on purpose: it locks buffer_count x buffer_size of memory up front.
         if self._constructed:
             # another zero.Init model in the same swap folder shares this swapper, so it must ask for the same
-            config = config_from_ds_config(ds_config)
+            config = tencache_config(ds_config)
             if config != self.config:
                 changed = sorted(key for key in type(config).model_fields
                                  if getattr(config, key) != getattr(self.config, key))
@@ -72,7 +75,7 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
                     f"alive; give it its own nvme_path, the same block, or destroy the first engine first")
             self._users += 1
             return
-        self.config = config_from_ds_config(ds_config)  # validated in __new__
+        self.config = tencache_config(ds_config)  # validated in __new__
         raise_if_stale_locks(ops=DEEPSPEED_OPS)
         self.dtype = model_dtype
         self.swap_config = ds_config.zero_config.offload_param
@@ -107,13 +110,13 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
         self._reads_since_write_back = False
         self._profile_looked_up = False
         self._lock = threading.RLock()
-        self._in_flight = {}  # ds_id -> param marked INFLIGHT, in issue order
-        # Reads ahead planned from the profile (plan/prefetch.py): started in the store without telling DeepSpeed
-        # (no INFLIGHT status, so its wait-for-all synchronize_reads never waits for a read needed much later);
-        # DeepSpeed's swap-in of the partition then waits for that read only.
-        self._params = weakref.WeakValueDictionary()  # ds_id -> param, to check a target's DeepSpeed status
-        self._ahead = set()            # ds_ids read ahead by the schedule, not yet asked for
-        self._scheduled_in_flight = set()  # ... asked for, not yet waited for (late feedback)
+        # ds_id -> what the swapper knows of the partition beyond the store: its parameter and where it is in a
+        # read of ours (partition_record.py). Reads ahead planned from the profile (plan/prefetch.py) are started
+        # in the store without telling DeepSpeed (no INFLIGHT status, so its wait-for-all synchronize_reads never
+        # waits for a read needed much later); DeepSpeed's swap-in of the partition then waits for that read only.
+        self._partitions = {}
+        self._asks = 0  # COUNT: swap-ins that marked a partition INFLIGHT (the order synchronize_reads waits in)
+        self._debug_checks = os.environ.get(DEBUG_CHECKS_ENV) == "1"  # check the records after every call
         self._schedule = None
         self._schedule_generation = -1
         self.scheduled_reads = 0  # COUNT: reads started ahead by the schedule
@@ -152,8 +155,9 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
         with self._lock:
             self.store.write_and_release([param.ds_id for param in params])
             for param in params:
-                self._params[param.ds_id] = param
+                record_of(self._partitions, param)
                 self._mark_on_file(param)
+            self._checked()
 
     # ------------------------------------------------------------------------------------------ swap in
     def swap_in(self, params, async_op=True, swap_in_buffers=None):
@@ -161,7 +165,7 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
             self.plan()
             self._reads_since_write_back = True
             for index, param in enumerate(params):
-                self._params[param.ds_id] = param
+                record = record_of(self._partitions, param)
                 if param.ds_tensor.status != PartitionedParamStatus.NOT_AVAILABLE:
                     # Resident or already being read: with several ranks the coordinator's NVMe prefetch asks again
                     # for partitions it already asked for (stock asserts here). The bytes are, or will be, there.
@@ -171,18 +175,18 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
                     # coordinator's NVMe prefetch would only lend it again (its gather needs no partition).
                     continue
                 into = None if swap_in_buffers is None else swap_in_buffers[index]
-                if param.ds_id in self._ahead:
-                    self._ahead.discard(param.ds_id)
-                    if into is None:  # our read ahead is in flight or done: wait for it at synchronize_reads
-                        self._scheduled_in_flight.add(param.ds_id)
-                    else:  # the caller wants the bytes in its own buffer
-                        self.store.release(param.ds_id)
-                        self.store.start_read(param.ds_id, into=into)
-                else:
+                read_ahead = record.read is Read.AHEAD
+                record.settle()
+                if read_ahead and into is not None:  # the caller wants the bytes in its own buffer
+                    self.store.release(param.ds_id)
+                    self.store.start_read(param.ds_id, into=into)
+                elif not read_ahead:
                     # async: the coordinator's NVMe prefetch; a synchronous swap-in is a use now
                     self.store.start_read(param.ds_id, into=into, prefetch=async_op)
                 param.ds_tensor.status = PartitionedParamStatus.INFLIGHT
-                self._in_flight[param.ds_id] = param
+                self._asks += 1
+                # read ahead and not into a buffer of the caller's: wait for our read at synchronize_reads
+                record.ask(param, ahead=read_ahead and into is None, order=self._asks)
             if not async_op:
                 self.synchronize_reads()
             else:
@@ -191,10 +195,10 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
     def synchronize_reads(self):
         # Postcondition (stock): every INFLIGHT param is AVAILABLE.
         with self._lock:
-            for key in list(self._in_flight):
-                param = self._in_flight.pop(key)
-                late = key in self._scheduled_in_flight and not self.store.read_done(key)
-                self._scheduled_in_flight.discard(key)
+            for key, record in asked_in_order(self._partitions):
+                param = record.waiter
+                late = record.read is Read.ASKED_AHEAD and not self.store.read_done(key)
+                record.settle()
                 try:
                     data = self.store.wait_read(key)
                 except BaseException:
@@ -207,6 +211,7 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
                 if late and self._schedule is not None:
                     self._schedule.late(self.store.recorder.position - 1)  # its use was just recorded
             self._read_ahead_by_schedule()
+            self._checked()
 
     def swap_into_buffer(self, param, dest_buffer):
         assert param.ds_tensor.status == PartitionedParamStatus.NOT_AVAILABLE, \
@@ -214,20 +219,23 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
         with self._lock:
             self.plan()
             self._reads_since_write_back = True
-            if param.ds_id in self._ahead:  # read ahead into our buffer; the caller wants its own copy
-                self._ahead.discard(param.ds_id)
+            record = self._partitions.get(param.ds_id)
+            if record is not None and record.read is Read.AHEAD:  # read into our buffer; the caller wants its own
+                record.settle()
                 self.store.release(param.ds_id)
             self.store.read_into(param.ds_id, dest_buffer.narrow(0, 0, _numel(param)))
             self._mark_on_file(param)
             self.store.hand_over(param.ds_id)  # stage 3 keeps it in its max_in_cpu buffer: no copy of ours stays
+            self._checked()
 
     def remove_partition_and_release_buffers(self, params):
         fence = _device_copy_fence()
         with self._lock:
             for param in params:
-                self._in_flight.pop(param.ds_id, None)
+                self._settle_asked(param)
                 self.store.release(param.ds_id, fence=fence)
                 self._mark_on_file(param)
+            self._checked()
 
     # ---------------------------------------------------------------------- write-back after optimizer step
     def reserve_partitioned_swap_space(self, partition_num_elems):
@@ -243,23 +251,26 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
             self.plan()
             self._end_step_segment()
             for param in dst_fp16_params:
-                if self._in_flight.pop(param.ds_id, None) is not None:
+                if self._settle_asked(param):
                     self.store.release(param.ds_id)
             for param, source in zip(dst_fp16_params, src_fp32_params):
                 self.store.write_from(param.ds_id, source)
                 param.ds_tensor.status = PartitionedParamStatus.NOT_AVAILABLE
+            self._checked()
 
     def end_optimizer_step(self):
         """After every optimizer step (stage 3's _post_step). When every partition was resident (kept by the device
         tier), stage 3 wrote all new weights in place and never called swap_out_partitioned_params."""
         with self._lock:
             self._end_step_segment()
+            self._checked()
 
     def _end_step_segment(self):
         # Reads ahead nobody asked for (the sequence diverged): the step is about to write new weights.
-        for key in self._ahead:
-            self.store.release(key)
-        self._ahead.clear()
+        for key, record in self._partitions.items():
+            if record.read is Read.AHEAD:
+                self.store.release(key)
+                record.settle()
         if self._reads_since_write_back:
             self._reads_since_write_back = False
             self.store.next_use = self.profile.end_step()
@@ -365,18 +376,38 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
         position, keys = self.store.recorder.position, self.profile.profile.keys
         for target in schedule.to_issue(position):
             key = keys[target]
-            param = self._params.get(key)
-            if target < position or key in self._ahead or param is None or \
+            record = self._partitions.get(key)
+            param = None if record is None else record.param()
+            if target < position or param is None or record.read is Read.AHEAD or \
                     param.ds_tensor.status != PartitionedParamStatus.NOT_AVAILABLE:
                 continue
             if self.store.prefetch_if_free(key):
-                self._ahead.add(key)
+                record.read = Read.AHEAD
                 self.scheduled_reads += 1
 
     # -------------------------------------------------------------------------------------------- private
     def _mark_on_file(self, param):
         param.ds_tensor.data = self.invalid_buffer.data
         param.ds_tensor.status = PartitionedParamStatus.NOT_AVAILABLE
+
+    def _settle_asked(self, param) -> bool:
+        """DeepSpeed no longer waits for ``param``'s read (it released or rewrote the partition first): True if it
+        was asked for."""
+        record = self._partitions.get(param.ds_id)
+        if record is None or not record.read.asked:
+            return False
+        record.settle()
+        return True
+
+    def check_records(self):
+        """The partition records' invariants (partition_record.check_records); after every call under
+        TENCACHE_DEBUG_CHECKS=1."""
+        with self._lock:
+            check_records(self._partitions)
+
+    def _checked(self):
+        if self._debug_checks:
+            check_records(self._partitions)
 
 
 def _is_gathered(param) -> bool:

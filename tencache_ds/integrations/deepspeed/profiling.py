@@ -6,6 +6,8 @@ from typing import Optional
 
 from deepspeed import comm as dist
 
+from .config_source import ds_config_dict
+
 
 def rank_profile_path(profile_path: Optional[str]) -> Optional[str]:
     """``profile_path`` for a single process; ``<root>.rank<r><ext>`` per rank otherwise (no shared writes)."""
@@ -21,7 +23,7 @@ def param_sequence_facts(ds_config) -> dict:
     activation checkpointing block (recomputed forwards fetch again). Activation checkpointing switched on in the
     model itself (e.g. Hugging Face ``gradient_checkpointing_enable()``) is not visible to the swapper: a change
     there shows up as a divergence at run time (profile/lifecycle.py), and the profile is then re-recorded."""
-    raw = getattr(ds_config, "_param_dict", ds_config) or {}
+    raw = ds_config_dict(ds_config) or {}
     return {"gradient_accumulation_steps": getattr(ds_config, "gradient_accumulation_steps",
                                                    raw.get("gradient_accumulation_steps")),
             "activation_checkpointing": raw.get("activation_checkpointing")}

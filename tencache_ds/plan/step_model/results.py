@@ -1,0 +1,69 @@
+"""What a policy's replayed step comes to: the Prediction record, whether it fits the machine's memory, and how
+long the drives last at its write rate. Pure."""
+import dataclasses
+import math
+from typing import Dict, List, Optional, Tuple
+
+from ..machine import Machine
+from ..workload import Workload
+
+STOCK, TENCACHE = "stock", "tencache"
+
+
+@dataclasses.dataclass
+class Prediction:
+    """What one policy's step looks like on one rank (bytes per step, per rank; memory per rank)."""
+
+    policy: str
+    step_time_s: float
+    critical_path_s: Dict[str, float]   # compute, h2d, nvme_read, nvme_write, cpu_adam: the step is their sum
+    bottleneck: str
+    nvme_read_bytes: int
+    nvme_write_bytes: int
+    h2d_bytes: int
+    memory: Dict[str, int]              # device, pinned, pageable (host), nvme
+    device_hit_rate: Optional[float]
+    host_hit_rate: Optional[float]
+    failures: List[str]                  # why it would not run ("" list: it runs)
+    budgets: Dict[str, int] = dataclasses.field(default_factory=dict)
+
+    @property
+    def host_bytes(self) -> int:
+        return self.memory["pinned"] + self.memory["pageable"]
+
+    def to_json(self) -> dict:
+        out = dataclasses.asdict(self)
+        out["host_bytes"] = self.host_bytes
+        return out
+
+
+def finish(policy, step_s, parts, moved, memory, device_rate, host_rate, failures, budgets) -> Prediction:
+    critical = {name: parts.get(name, 0.0) for name in ("compute", "h2d", "nvme_read", "nvme_write", "cpu_adam")}
+    bottleneck = max(critical, key=critical.get) if step_s > 0 else "compute"
+    return Prediction(policy, step_s, critical, bottleneck, int(moved.get("nvme_read", 0)),
+                      int(moved.get("nvme_write", 0)), int(moved.get("h2d", 0)), memory, device_rate, host_rate,
+                      list(failures), budgets)
+
+
+def fits(prediction: Prediction, workload: Workload, machine: Machine) -> Tuple[bool, List[str]]:
+    """Whether one rank's (and a node's) memory holds what the prediction needs, with the reasons when not."""
+    reasons = list(prediction.failures)
+    if not machine.accelerator_is_host and prediction.memory["device"] > machine.accelerator_memory_bytes:
+        reasons.append(f"accelerator memory: needs {prediction.memory['device']} B per rank, has "
+                       f"{machine.accelerator_memory_bytes} B")
+    node_host = prediction.host_bytes * machine.ranks_per_node
+    if node_host > machine.available_host_bytes:
+        reasons.append(f"host memory: the node's {machine.ranks_per_node} rank(s) need {node_host} B, "
+                       f"{machine.available_host_bytes} B available")
+    return not reasons, reasons
+
+
+def drive_days_to_tbw(prediction: Prediction, machine: Machine, drive_tbw_bytes: Optional[float]) -> Optional[float]:
+    """Days of continuous training until each drive has absorbed its rated TBW at this step's write rate (the
+    node's ranks write to the node's drives, evenly); None without a rating, inf when nothing is written."""
+    if not drive_tbw_bytes:
+        return None
+    per_drive_per_step = prediction.nvme_write_bytes * machine.ranks_per_node / max(1, machine.drives)
+    if per_drive_per_step <= 0 or prediction.step_time_s <= 0:
+        return math.inf
+    return drive_tbw_bytes / (per_drive_per_step * 86400.0 / prediction.step_time_s)

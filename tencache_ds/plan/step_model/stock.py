@@ -1,0 +1,174 @@
+"""The step under stock ZeRO-Infinity (DeepSpeed 0.19.8, deepspeed-integration.md c and d): its replay, where
+stock asserts, and the memory it locks. Pure.
+
+- a parameter on NVMe is read at every gather ZeRO-3 does not avoid by its own retention (plan/workload.py);
+  the read of the next module's parameters is issued when the current module is fetched (prefetch depth 1,
+  d.2/c.3), and the H2D copy from the aio pool is synchronous and pageable-staged (c.3.7);
+- gradients go to NVMe at the end of backward (4 bytes per element); the optimizer, per sub-group, reads master,
+  moments and gradient, steps, writes master and moments, then writes the sub-group's fp16 partitions, all
+  synchronously (PartitionedOptimizerSwapper); with ``pipeline_read``/``pipeline_write`` the next sub-group's
+  read and this one's write overlap the step (PipelinedOptimizerSwapper); nothing is held between steps;
+- pinned: ``buffer_count x buffer_size`` parameter slots, the fp16 staging area of the largest sub-group,
+  ``buffer_count`` optimizer buffers of the largest sub-group.
+"""
+from collections import defaultdict
+from typing import Dict, List, Tuple
+
+from ..machine import Machine
+from ..workload import Workload
+from .costs import (INIT_BYTES_PER_ELEMENT_OUTSIDE_POOL, INIT_BYTES_PER_ELEMENT_POOLED, OPTIMIZER_STATE_FILE_BYTES,
+                    host_resident_bytes, nvme_space, optimizer_cpu_s, param_bytes)
+from .results import STOCK, Prediction, finish
+from .timeline import STEPS_REPLAYED, Rates, Timeline, channel_rates
+
+ADAM_STOCK_BUFFERS, ADAM_PIPELINED_BUFFERS = 4, 12  # deepspeed-integration.md a.7
+
+
+def predict_stock(workload: Workload, machine: Machine) -> Prediction:
+    zero, elem = workload.zero, workload.zero.element_bytes
+    rates = channel_rates(machine, pinned_h2d=False)
+    reads = _read_positions(workload)
+    nvme_reads = {i: [k for k in keys if workload.partitions[k].on_nvme] for i, keys in reads.items()}
+    failures = _stock_failures(workload)
+    timeline = Timeline(rates.channels)
+    h2d = not machine.accelerator_is_host
+    for _step in range(STEPS_REPLAYED):
+        start = timeline.now
+        moved_before = dict(timeline.moved)
+        parts_before = dict(timeline.parts)
+        for micro in range(workload.gas):
+            prefetched: Dict[Tuple[int, str], float] = {}
+            for index, fetch in enumerate(workload.fetches):
+                for key in nvme_reads.get(index, []):
+                    done = prefetched.pop((index, key), None)
+                    if done is None:
+                        done = timeline.issue("nvme_read", param_bytes(workload, key), key)
+                    timeline.wait(done, "nvme_read")
+                if h2d and reads.get(index):
+                    timeline.wait(timeline.issue("h2d", sum(workload.partitions[k].part_numel * elem
+                                                            for k in reads[index])), "h2d")
+                for key in nvme_reads.get(index + 1, []):  # one module ahead
+                    prefetched[(index + 1, key)] = timeline.issue("nvme_read", param_bytes(workload, key), key)
+                timeline.work(fetch.flops / rates.flops_per_s, "compute")
+            if h2d and workload.zero.offload_optimizer != "none":  # gradient partitions to the host
+                timeline.wait(timeline.issue("h2d", workload.rank_elements * elem), "h2d")
+        _stock_optimizer(workload, timeline, rates)
+        step_s = timeline.now - start
+    moved = {k: v - moved_before.get(k, 0) for k, v in timeline.moved.items()}
+    parts = {k: v - parts_before.get(k, 0.0) for k, v in timeline.parts.items()}
+    memory = _stock_memory(workload, machine)
+    return finish(STOCK, step_s, parts, moved, memory, None, None, failures, {})
+
+
+def _stock_optimizer(workload: Workload, timeline: Timeline, rates: Rates) -> None:
+    zero = workload.zero
+    if zero.offload_optimizer != "nvme":
+        if zero.offload_optimizer == "cpu":
+            timeline.work(optimizer_cpu_s(workload, workload.rank_elements, rates), "cpu_adam")
+        return
+    groups = range(len(workload.sub_groups))
+    sizes = {i: workload.sub_group_elements(i) for i in groups}
+    for i in groups:  # swap_out_gradients at the end of backward
+        timeline.issue("nvme_write", zero.swap_nbytes(sizes[i], 4), f"g{i}")
+
+    def read(i):
+        state = timeline.issue("nvme_read", zero.swap_nbytes(sizes[i], 4) * 3, f"s{i}")
+        return max(state, timeline.issue("nvme_read", zero.swap_nbytes(sizes[i], 4), f"g{i}"))
+
+    pending_writes: List[float] = []
+    ahead = read(0) if zero.pipelined_optimizer else None
+    for i in groups:
+        done = ahead if zero.pipelined_optimizer else read(i)
+        timeline.wait(done, "nvme_read")
+        if zero.pipelined_optimizer and i + 1 in sizes:
+            ahead = read(i + 1)
+        timeline.work(optimizer_cpu_s(workload, sizes[i], rates), "cpu_adam")
+        written = timeline.issue("nvme_write", zero.swap_nbytes(sizes[i], 4) * 3, f"s{i}")
+        if zero.pipelined_optimizer:
+            pending_writes.append(written)
+        else:
+            timeline.wait(written, "nvme_write")
+        fp16 = sum(param_bytes(workload, key) for key in workload.sub_groups[i] if workload.partitions[key].on_nvme)
+        timeline.wait(timeline.issue("nvme_write", fp16), "nvme_write")  # swap_out_partitioned_params: synchronous
+    for written in pending_writes:
+        timeline.wait(written, "nvme_write")
+
+
+def _stock_failures(workload: Workload) -> List[str]:
+    """Where stock DeepSpeed 0.19.8 asserts before or during the first steps (deepspeed-integration.md)."""
+    zero, failures = workload.zero, []
+    swapped = [p for p in workload.partitions.values() if p.on_nvme]
+    if swapped:
+        largest = max(p.part_numel for p in swapped)
+        if largest > zero.param_buffer_size:
+            failures.append(f"stock asserts at init: a {largest}-element partition is larger than "
+                            f"offload_param.buffer_size {zero.param_buffer_size} (\"More elements ... than buffer "
+                            f"size\", DeepSpeed #3506)")
+        held = _max_retained_swapped(workload)
+        if held > zero.param_buffer_count:
+            failures.append(f"stock asserts from the second step: ZeRO-3 keeps {held} NVMe partitions gathered at "
+                            f"once (stage3_max_reuse_distance {zero.max_reuse_distance}), more than "
+                            f"offload_param.buffer_count {zero.param_buffer_count} (\"Not enough buffers\")")
+    if zero.offload_optimizer == "nvme":
+        needed = ADAM_PIPELINED_BUFFERS if zero.pipelined_optimizer else ADAM_STOCK_BUFFERS
+        if zero.optimizer_buffer_count < needed:
+            failures.append(f"stock runs out of optimizer swap buffers: Adam needs {needed} "
+                            f"(offload_optimizer.buffer_count is {zero.optimizer_buffer_count})")
+    return failures
+
+
+def _max_retained_swapped(workload: Workload) -> int:
+    """The most NVMe partitions ZeRO-3 keeps gathered at once between their uses (each holds a stock slot)."""
+    read_at = {(i, k) for i, k in workload.read_fetches()}
+    uses: Dict[str, List[int]] = defaultdict(list)
+    for index, fetch in enumerate(workload.fetches):
+        for key in fetch.keys:
+            uses[key].append(index)
+    live = [0] * (len(workload.fetches) + 1)
+    for key, indices in uses.items():
+        if not workload.partitions[key].on_nvme:
+            continue
+        for first, second in zip(indices, indices[1:]):
+            if (second, key) not in read_at:  # retained from its use at `first` to `second`
+                for index in range(first, second):
+                    live[index] += 1
+    return max(live)
+
+
+def _stock_memory(workload: Workload, machine: Machine) -> Dict[str, int]:
+    zero = workload.zero
+    common = host_resident_bytes(workload, machine)
+    pinned = 0
+    if zero.offload_param == "nvme" and any(p.on_nvme for p in workload.partitions.values()):
+        pinned += zero.param_buffer_count * zero.swap_nbytes(zero.param_buffer_size)
+        largest = max(range(len(workload.sub_groups)), key=workload.sub_group_elements)
+        pinned += sum(zero.swap_nbytes(workload.partitions[k].part_numel) for k in workload.sub_groups[largest])
+    largest_group = workload.largest_sub_group_elements
+    if zero.offload_param in ("cpu",) or (zero.offload_param == "nvme" and zero.max_in_cpu > 0):
+        pinned += sum(p.part_numel for p in workload.partitions.values() if not p.on_nvme) * zero.element_bytes
+    pageable = common["baseline"] + common["device_on_host"]
+    gradients = common["gradients"]
+    if zero.offload_optimizer == "nvme":
+        pool = zero.optimizer_buffer_count * zero.swap_nbytes(largest_group, 4)
+        pinned += pool if zero.optimizer_pin_memory else 0
+        pageable += 0 if zero.optimizer_pin_memory else pool
+        pageable += largest_group * (INIT_BYTES_PER_ELEMENT_OUTSIDE_POOL +
+                                     max(0, INIT_BYTES_PER_ELEMENT_POOLED - zero.optimizer_buffer_count * 4))
+    elif zero.offload_optimizer == "cpu":
+        states = workload.rank_elements * OPTIMIZER_STATE_FILE_BYTES
+        pinned += states if zero.optimizer_pin_memory else 0
+        pageable += 0 if zero.optimizer_pin_memory else states
+        pageable += largest_group * INIT_BYTES_PER_ELEMENT_OUTSIDE_POOL  # the same initialisation, in memory
+    if zero.offload_optimizer != "none" and zero.optimizer_pin_memory:
+        pinned += gradients
+    else:
+        pageable += gradients
+    return {"device": common["device"], "pinned": pinned, "pageable": pageable, "nvme": nvme_space(workload)}
+
+
+def _read_positions(workload: Workload) -> Dict[int, List[str]]:
+    """fetch index -> keys whose partitions the gather needs (ZeRO-3's own retention applied)."""
+    reads: Dict[int, List[str]] = defaultdict(list)
+    for index, key in workload.read_fetches():
+        reads[index].append(key)
+    return reads

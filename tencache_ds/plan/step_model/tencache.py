@@ -1,0 +1,250 @@
+"""The step under tencache, with the budgets it would choose (docs/design.md; the same functions as at run time):
+its plan, its replay and its memory. Pure.
+
+- host tier "auto" = plan/budget.resolve_budgets on this machine's memory; parameter slots per size class
+  (plan/size_classes.py), cache slots from the host tier first, the rest to optimizer state
+  (plan/host_tier.split_host_budget, as the optimizer swapper does); the device tier (plan/device_tier.py) keeps
+  gathered parameters by next use;
+- a gather served by the device tier moves nothing; a lend served by the host tier reads nothing; the reads left
+  are issued ahead by plan/prefetch.PrefetchSchedule within the streaming slots; changed bytes of held tensors are
+  written back only on eviction (none in steady state);
+- optimizer state not held streams: the first sub-group's is read ahead during backward, the next one's during
+  each update, writes go behind (finishing during the next forward).
+"""
+import dataclasses
+from collections import defaultdict
+from typing import Dict, List, Optional, Set, Tuple
+
+from ...profile.step_profile import StepProfile
+from ..budget import UNLIMITED, MachineResources, resolve_budgets
+from ..device_tier import device_tier_budget
+from ..host_residency import steady_state
+from ..host_tier import (OPTIMIZER_BYTES_PER_ELEMENT, OPTIMIZER_IO_BYTES_PER_HELD_BYTE,
+                         PARAM_IO_BYTES_PER_HELD_BYTE, TierDemand, split_host_budget)
+from ..machine import Machine
+from ..prefetch import PrefetchSchedule
+from ..size_classes import cache_slot_counts, class_bytes, merge_close_classes, size_histogram, streaming_slot_counts
+from ..workload import Workload
+from .costs import (INIT_BYTES_PER_ELEMENT_OUTSIDE_POOL, INIT_BYTES_PER_ELEMENT_POOLED, OPTIMIZER_STATE_FILE_BYTES,
+                    device_working_bytes, gathered_bytes, host_resident_bytes, nvme_space, optimizer_cpu_s,
+                    param_bytes)
+from .results import TENCACHE, Prediction, finish
+from .timeline import STEPS_REPLAYED, Rates, Timeline, channel_rates
+
+
+@dataclasses.dataclass(frozen=True)
+class TencachePlan:
+    """The budgets tencache would choose for this workload on this machine, and what they hold."""
+
+    host_cache_bytes: int
+    param_streaming_bytes: int
+    param_cache_bytes: int
+    optimizer_share_bytes: int
+    device_tier_bytes: int
+    params_all_held: bool
+    optimizer_held: frozenset
+    optimizer_streaming_bytes: int
+
+
+def tencache_plan(workload: Workload, machine: Machine) -> TencachePlan:
+    """The budgets, by the same functions the swappers call at run time."""
+    zero = workload.zero
+    config = zero.tencache
+    swapped = {key: param_bytes(workload, key) for key, p in workload.partitions.items() if p.on_nvme}
+    histogram = merge_close_classes(size_histogram(swapped.values()))
+    streaming = class_bytes(streaming_slot_counts(histogram, max(1, zero.param_buffer_count))) if swapped else 0
+    resources = MachineResources(host_total_bytes=machine.host_memory_bytes,
+                                 host_available_bytes=machine.available_host_bytes,
+                                 memlock_limit_bytes=UNLIMITED,
+                                 device_free_bytes=0 if machine.accelerator_is_host else
+                                 max(0, machine.accelerator_memory_bytes - device_working_bytes(workload)),
+                                 local_world_size=machine.ranks_per_node)
+    budgets = resolve_budgets(config, resources, stream_min_bytes=streaming)
+    host = budgets.host_cache_bytes
+    cache_counts = cache_slot_counts(histogram, streaming_slot_counts(histogram, max(1, zero.param_buffer_count)),
+                                     host) if swapped else {}
+    param_cache = class_bytes(cache_counts)
+    all_swapped = sum(size for size in swapped.values())
+    params_all_held = bool(swapped) and streaming + param_cache >= class_bytes(histogram)
+    demands = [TierDemand("params", param_cache, PARAM_IO_BYTES_PER_HELD_BYTE)]
+    if zero.offload_optimizer == "nvme":
+        demands.append(TierDemand("optimizer", max(workload.rank_elements * OPTIMIZER_BYTES_PER_ELEMENT, host),
+                                  OPTIMIZER_IO_BYTES_PER_HELD_BYTE))
+    shares = split_host_budget(host, demands)
+    optimizer_share = shares.get("optimizer", 0)
+    held = frozenset()
+    optimizer_streaming = 0
+    if zero.offload_optimizer == "nvme":
+        keys, sizes = _optimizer_sequence(workload)
+        held = steady_state(keys, sizes, optimizer_share).held
+        if len(held) < len(sizes):  # a sub-group's four tensors stream through slots (twice: one read ahead)
+            largest = zero.swap_nbytes(workload.largest_sub_group_elements, 4)
+            optimizer_streaming = largest * 4 * (2 if len(workload.sub_groups) > 1 else 1)
+    param_capacity = all_swapped if params_all_held else param_cache
+    device_free = resources.device_free_bytes
+    device = device_tier_budget(config.device_cache_bytes, machine.accelerator_is_host, param_capacity,
+                                device_free, 0.5) if config.device_cache_bytes != 0 else 0
+    return TencachePlan(host, streaming, param_cache, optimizer_share, device, params_all_held, held,
+                        optimizer_streaming)
+
+
+def _optimizer_sequence(workload: Workload) -> Tuple[List[str], Dict[str, int]]:
+    """The optimizer store's accesses in a step: each sub-group's gradient in backward, then per sub-group its
+    master, two moments and gradient in the update."""
+    zero, keys, sizes = workload.zero, [], {}
+    for i in range(len(workload.sub_groups)):
+        nbytes = zero.swap_nbytes(workload.sub_group_elements(i), 4)
+        for name in ("p", "m", "v", "g"):
+            sizes[f"{name}{i}"] = nbytes
+    keys += [f"g{i}" for i in range(len(workload.sub_groups))]
+    for i in range(len(workload.sub_groups)):
+        keys += [f"p{i}", f"m{i}", f"v{i}", f"g{i}"]
+    return keys, sizes
+
+
+def predict_tencache(workload: Workload, machine: Machine) -> Prediction:
+    zero, elem = workload.zero, workload.zero.element_bytes
+    plan = tencache_plan(workload, machine)
+    rates = channel_rates(machine, pinned_h2d=True)
+    gathers = workload.read_fetches()
+    # the device tier: gathered parameters kept between uses, chosen by next use
+    gather_keys = [key for _index, key in gathers]
+    device = steady_state(gather_keys, {k: gathered_bytes(workload, k) for k in gather_keys}, plan.device_tier_bytes) \
+        if gathers else None
+    device_miss = [gathers[position] for position in sorted(device.misses)] if device else []
+    lends = [(index, key) for index, key in device_miss if workload.partitions[key].on_nvme]
+    lend_keys = [key for _index, key in lends]
+    sizes = {key: param_bytes(workload, key) for key in lend_keys}
+    if plan.params_all_held:
+        host_misses: Set[int] = set()
+    else:
+        host_misses = set(steady_state(lend_keys, sizes, plan.param_cache_bytes).misses) if lends else set()
+    schedule = _param_schedule(workload, lends, host_misses, rates, plan.param_streaming_bytes)
+    lend_at: Dict[int, List[int]] = defaultdict(list)
+    for position, (index, _key) in enumerate(lends):
+        lend_at[index].append(position)
+    gather_at: Dict[int, List[str]] = defaultdict(list)
+    for index, key in device_miss:
+        gather_at[index].append(key)
+    written_params = {key for position, key in enumerate(lend_keys) if position in host_misses}
+    timeline = Timeline(rates.channels)
+    h2d = not machine.accelerator_is_host
+    opt_keys, opt_sizes = _optimizer_sequence(workload)
+    streams = zero.offload_optimizer == "nvme"
+    first_backward = next((i for i, f in enumerate(workload.fetches) if f.phase != "forward"), 0)
+    for _step in range(STEPS_REPLAYED):
+        start = timeline.now
+        moved_before = dict(timeline.moved)
+        parts_before = dict(timeline.parts)
+        ahead: Dict[str, float] = {}
+        for micro in range(workload.gas):
+            issued: Dict[int, float] = {}
+            for index, fetch in enumerate(workload.fetches):
+                if streams and micro == workload.gas - 1 and index == first_backward:
+                    for name in ("p0", "m0", "v0"):  # the first sub-group's state, read during backward
+                        if name not in plan.optimizer_held:
+                            ahead[name] = timeline.issue("nvme_read", opt_sizes[name], name)
+                for position in lend_at.get(index, []):
+                    if position in host_misses:
+                        done = issued.pop(position, None)
+                        if done is None:
+                            done = timeline.issue("nvme_read", sizes[lend_keys[position]], lend_keys[position])
+                        timeline.wait(done, "nvme_read")
+                    for target in (schedule.to_issue(position) if schedule else ()):
+                        if target > position and target not in issued:
+                            issued[target] = timeline.issue("nvme_read", sizes[lend_keys[target]], lend_keys[target])
+                if h2d and gather_at.get(index):
+                    timeline.wait(timeline.issue("h2d", sum(workload.partitions[k].part_numel * elem
+                                                            for k in gather_at[index])), "h2d")
+                timeline.work(fetch.flops / rates.flops_per_s, "compute")
+            if h2d and zero.offload_optimizer != "none":
+                timeline.wait(timeline.issue("h2d", workload.rank_elements * elem), "h2d")
+        if streams:
+            for i in range(len(workload.sub_groups)):
+                if f"g{i}" not in plan.optimizer_held:
+                    timeline.issue("nvme_write", opt_sizes[f"g{i}"], f"g{i}")
+            _tencache_optimizer(workload, timeline, rates, plan, opt_sizes, ahead, written_params)
+        elif zero.offload_optimizer == "cpu":
+            timeline.work(optimizer_cpu_s(workload, workload.rank_elements, rates), "cpu_adam")
+        step_s = timeline.now - start
+    moved = {k: v - moved_before.get(k, 0) for k, v in timeline.moved.items()}
+    parts = {k: v - parts_before.get(k, 0.0) for k, v in timeline.parts.items()}
+    device_rate = 1.0 - len(device.misses) / len(gathers) if device and gathers else None
+    host_rate = 1.0 - len(host_misses) / len(lends) if lends else None
+    memory = _tencache_memory(workload, machine, plan)
+    failures = []
+    budgets = {"host_cache_bytes": plan.host_cache_bytes, "param_streaming_bytes": plan.param_streaming_bytes,
+               "param_cache_bytes": plan.param_cache_bytes, "optimizer_share_bytes": plan.optimizer_share_bytes,
+               "device_cache_bytes": plan.device_tier_bytes}
+    return finish(TENCACHE, step_s, parts, moved, memory, device_rate, host_rate, failures, budgets)
+
+
+def _param_schedule(workload: Workload, lends, misses: Set[int], rates: Rates,
+                    in_flight_bytes: int) -> Optional[PrefetchSchedule]:
+    """plan/prefetch.py's schedule over the lends of one micro-step, with the compute between them."""
+    if not misses:
+        return None
+    elapsed = 0.0
+    lend_index = 0
+    offsets = []
+    for index, fetch in enumerate(workload.fetches):
+        while lend_index < len(lends) and lends[lend_index][0] == index:
+            offsets.append(elapsed)
+            lend_index += 1
+        elapsed += fetch.flops / rates.flops_per_s
+    keys = [key for _index, key in lends]
+    profile = StepProfile(tuple(keys), tuple(param_bytes(workload, key) for key in keys), tuple(offsets),
+                          (None,) * len(keys), (0.0,) * (len(keys) + 1), elapsed)
+    return PrefetchSchedule.from_profile(profile, rates.channels["nvme_read"], max(1, in_flight_bytes),
+                                         reads_at=misses)
+
+
+def _tencache_optimizer(workload: Workload, timeline: Timeline, rates: Rates, plan: TencachePlan,
+                        sizes: Dict[str, int], ahead: Dict[str, float], written_params: Set[str]) -> None:
+    groups = len(workload.sub_groups)
+
+    def read(i: int) -> None:
+        for name in (f"p{i}", f"m{i}", f"v{i}", f"g{i}"):
+            if name not in plan.optimizer_held and name not in ahead:
+                ahead[name] = timeline.issue("nvme_read", sizes[name], name)
+
+    for i in range(groups):
+        read(i)
+        for name in (f"p{i}", f"m{i}", f"v{i}", f"g{i}"):
+            if name in ahead:
+                timeline.wait(ahead.pop(name), "nvme_read")
+        if i + 1 < groups:
+            read(i + 1)
+        timeline.work(optimizer_cpu_s(workload, workload.sub_group_elements(i), rates), "cpu_adam")
+        # written behind, in stage 3's order (the sub-group's fp16 partitions, then its optimizer state); the next
+        # step's reads of the same tensors wait for them
+        for key in workload.sub_groups[i]:
+            if key in written_params:
+                timeline.issue("nvme_write", param_bytes(workload, key), key)
+        for name in (f"p{i}", f"m{i}", f"v{i}"):
+            if name not in plan.optimizer_held:
+                timeline.issue("nvme_write", sizes[name], name)
+
+
+def _tencache_memory(workload: Workload, machine: Machine, plan: TencachePlan) -> Dict[str, int]:
+    zero = workload.zero
+    common = host_resident_bytes(workload, machine)
+    device = common["device"] + (0 if machine.accelerator_is_host else plan.device_tier_bytes)
+    pinned = plan.param_streaming_bytes + plan.param_cache_bytes
+    if zero.offload_param == "cpu" or (zero.offload_param == "nvme" and zero.max_in_cpu > 0):
+        pinned += sum(p.part_numel for p in workload.partitions.values() if not p.on_nvme) * zero.element_bytes
+    pageable = common["baseline"] + common["device_on_host"]
+    if zero.offload_optimizer != "none" and zero.optimizer_pin_memory:
+        pinned += common["gradients"]
+    else:
+        pageable += common["gradients"]
+    if zero.offload_optimizer == "nvme":
+        largest = workload.largest_sub_group_elements
+        init = largest * (INIT_BYTES_PER_ELEMENT_OUTSIDE_POOL + INIT_BYTES_PER_ELEMENT_POOLED)
+        held = sum(_optimizer_sequence(workload)[1][name] for name in plan.optimizer_held)
+        pageable += max(init, held + plan.optimizer_streaming_bytes)
+    elif zero.offload_optimizer == "cpu":
+        states = workload.rank_elements * OPTIMIZER_STATE_FILE_BYTES
+        pinned += states if zero.optimizer_pin_memory else 0
+        pageable += 0 if zero.optimizer_pin_memory else states
+    return {"device": device, "pinned": pinned, "pageable": pageable, "nvme": nvme_space(workload)}

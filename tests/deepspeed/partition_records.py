@@ -1,0 +1,125 @@
+"""The parameter swapper's partition records (integrations/deepspeed/partition_record.py) through a scenario on the
+real swapper: after every call the records agree with DeepSpeed's view of each partition (the swapper checks them
+itself under TENCACHE_DEBUG_CHECKS=1, and the scenario checks them again). The prefetch schedule is a stand-in that
+names the reads ahead each step wants. Runs on DeepSpeed's CPU accelerator; prints OK or raises."""
+import sys
+import types
+
+import torch
+from deepspeed.runtime.swap_tensor.partitioned_param_swapper import PartitionedParamStatus as Status
+
+from lone_swapper import Param, lone_swapper
+from tencache_ds.integrations.deepspeed.partition_record import Read
+
+NUMEL = 1 << 18  # 1 MiB of float32: DeepSpeed swaps nothing smaller
+
+swapper, _nvme = lone_swapper(sys.argv[1], TENCACHE_DEBUG_CHECKS="1")
+
+
+class Schedule:
+    """Stands in for plan/prefetch.PrefetchSchedule: the reads ahead wanted next, and the late ones fed back."""
+
+    def __init__(self):
+        self.wanted, self.late_at = [], []
+
+    def to_issue(self, _position):
+        wanted, self.wanted = self.wanted, []
+        return wanted
+
+    def late(self, position):
+        self.late_at.append(position)
+
+
+def read(key):
+    record = swapper._partitions.get(key)
+    return None if record is None else record.read
+
+
+def read_ahead(*params):
+    """The schedule wants ``params`` read ahead: the swapper starts them at its next read-ahead point (targets far
+    ahead of the step's current access)."""
+    for param in params:
+        keys[FAR + len(keys)] = param.ds_id
+        schedule.wanted.append(FAR + len(keys) - 1)
+    swapper._read_ahead_by_schedule()
+    swapper.check_records()
+
+
+def bytes_of(param):
+    return torch.full((NUMEL,), float(param.ds_id))
+
+
+# 1. zero.Init writes three partitions: one record each, no read pending, DeepSpeed sees them NOT_AVAILABLE
+a, b, c = Param(1, NUMEL), Param(2, NUMEL), Param(3, NUMEL)
+for param in (a, b, c):
+    swapper.get_buffer(param, NUMEL).copy_(bytes_of(param))
+swapper.swap_out_and_release([a, b, c])
+assert [read(p.ds_id) for p in (a, b, c)] == [Read.NONE] * 3
+assert all(p.ds_tensor.status == Status.NOT_AVAILABLE for p in (a, b, c))
+
+# 2. the coordinator's prefetch asks for a, then b: both INFLIGHT, held by their records, waited for in that order
+swapper.swap_in([a], async_op=True)
+swapper.swap_in([b], async_op=True)
+assert read(1) is read(2) is Read.ASKED and swapper._partitions[1].asked_order < swapper._partitions[2].asked_order
+assert swapper._partitions[1].waiter is a and a.ds_tensor.status == Status.INFLIGHT
+swapper.check_records()
+
+# 3. synchronize_reads: both AVAILABLE with their bytes, nothing pending
+swapper.synchronize_reads()
+assert torch.equal(a.ds_tensor, bytes_of(a)) and torch.equal(b.ds_tensor, bytes_of(b))
+assert read(1) is read(2) is Read.NONE and swapper._partitions[1].waiter is None
+swapper.remove_partition_and_release_buffers([a, b])
+
+# 4. from here the schedule plans reads ahead (a stand-in profile: access index -> partition)
+schedule, keys, FAR = Schedule(), {}, 1 << 20
+swapper._current_schedule = lambda: schedule
+swapper.profile = types.SimpleNamespace(profile=types.SimpleNamespace(keys=keys), end_step=lambda: None)
+
+# 5. c is read ahead: DeepSpeed is not told (NOT_AVAILABLE), so its synchronize_reads does not wait for it
+read_ahead(c)
+assert read(3) is Read.AHEAD and c.ds_tensor.status == Status.NOT_AVAILABLE and swapper.scheduled_reads == 1
+swapper.synchronize_reads()
+assert read(3) is Read.AHEAD
+
+# 6. DeepSpeed asks for c: it waits for the read already started, no second one
+swapper.swap_in([c], async_op=True)
+assert read(3) is Read.ASKED_AHEAD and c.ds_tensor.status == Status.INFLIGHT
+swapper.synchronize_reads()
+assert torch.equal(c.ds_tensor, bytes_of(c)) and read(3) is Read.NONE
+swapper.remove_partition_and_release_buffers([c])
+
+# 7. a is read ahead and asked for, then rewritten before anyone waits (the step ends first): its record settles,
+#    so its next ask is a plain one and no late read is fed back for it (a leftover "read ahead" mark would)
+read_ahead(a)
+swapper.swap_in([a], async_op=True)
+assert read(1) is Read.ASKED_AHEAD
+swapper.swap_out_partitioned_params([a], [bytes_of(a) + 1])
+assert read(1) is Read.NONE and a.ds_tensor.status == Status.NOT_AVAILABLE
+swapper.swap_in([a], async_op=True)
+assert read(1) is Read.ASKED
+swapper.synchronize_reads()
+assert torch.equal(a.ds_tensor, bytes_of(a) + 1) and schedule.late_at == []
+swapper.remove_partition_and_release_buffers([a])
+
+# 8. b is read ahead and nobody asks (the sequence diverged): the end of the optimizer step gives the read back
+read_ahead(b)
+assert read(2) is Read.AHEAD
+swapper.end_optimizer_step()
+assert read(2) is Read.NONE and b.ds_tensor.status == Status.NOT_AVAILABLE
+
+# 9. a max_in_cpu swap-in of a partition read ahead: the read is given back, the caller gets its own copy
+read_ahead(c)
+own = torch.empty(NUMEL)
+swapper.swap_into_buffer(c, own)
+assert torch.equal(own, bytes_of(c)) and read(3) is Read.NONE
+
+# 10. the check catches a record that disagrees with DeepSpeed: "asked for" while DeepSpeed sees NOT_AVAILABLE
+swapper._partitions[2].ask(b, ahead=False, order=99)
+try:
+    swapper.check_records()
+    raise SystemExit("check_records missed a partition asked for but NOT_AVAILABLE")
+except AssertionError as err:
+    assert "partition 2: asked for but" in str(err), err
+swapper._partitions[2].settle()
+swapper.close()
+print("OK")
