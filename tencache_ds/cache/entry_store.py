@@ -1,8 +1,8 @@
 """One host tier of swapped tensors: their files and the host buffers that hold their bytes. Owns: each entry's
 state (the machine in cache/entry.py), the reads and writes between buffer and file, which entries stay in host
-memory between uses, and which gives its buffer up when another needs one (Belady over the profiled order, least
-recently used before the order is known). Does not own: where buffers come from (a ``BufferSource``: arena slots
-for parameter partitions, budgeted pageable memory for optimizer state; both below) or when tensors are needed
+memory between uses, and which gives its buffer up when another needs one (plan/eviction.py's Belady over the
+profiled order, least recently used before the order is known). Does not own: where buffers come from (a ``BufferSource``: arena slots
+for parameter partitions, budgeted pageable memory for optimizer state: cache/buffer_sources.py) or when tensors are needed
 (DeepSpeed, through integrations/deepspeed).
 
 Zero-copy: a swap-in of a held entry lends its buffer itself (no memcpy); the borrower hands it back with
@@ -26,90 +26,14 @@ import torch
 from ..io.direct_io import DirectFileIO
 from ..log import logger
 from ..memory.pool import BufferPool, HostBuffer
-from ..profile.next_use import NextUseIndex, choose_victim
-from ..plan.prefetch import worth_evicting
+from ..plan.eviction import bypasses, choose_victim, farthest_first
+from ..profile.next_use import NextUseIndex
 from ..profile.recorder import StepRecorder
-from ..units import PAGE_BYTES, round_up
 from .entry import (CACHED, HOLDS_BUFFER, IO_IN_FLIGHT, LENT, EntryState, check_transition, lent_state, released)
-from .host_budget import HostBudget
+from .buffer_sources import BufferSource
 
 S = EntryState
 DEBUG_CHECKS_ENV = "TENCACHE_DEBUG_CHECKS"  # "1": check_invariants() after every public call (tests turn it on)
-
-
-# ------------------------------------------------------------------------------------------------ buffer sources
-class ArenaSlots:
-    """Parameter partitions: pinned arena slots, one size class per partition size. A partition takes a slot of its
-    own class only (never a larger class's, which the largest tensor would then lack); with none free it is
-    served from pageable fallback memory, counted, and not kept. ``caching``: slots stay as cached copies after
-    use (the host cache is on)."""
-
-    bypass = False  # a partition is needed now: evict for it rather than serve it unpinned
-
-    def __init__(self, pool: BufferPool, caching: bool):
-        self.pool = pool
-        self.caching = caching
-
-    def try_acquire(self, nbytes: int) -> Optional[HostBuffer]:
-        return self.pool.try_acquire(nbytes, own_class_only=True)
-
-    def fallback(self, nbytes: int) -> HostBuffer:
-        return self.pool.acquire_pageable(nbytes)
-
-    def keeps(self, buffer: HostBuffer) -> bool:
-        return self.caching and buffer.slot is not None
-
-    def frees_room_for(self, buffer: HostBuffer, nbytes: int) -> bool:
-        return buffer.slot is not None and buffer.capacity_bytes == self.pool.class_bytes(nbytes)
-
-    def release(self, buffer: HostBuffer) -> None:
-        self.pool.release(buffer)
-
-
-class BudgetedPageable:
-    """Optimizer state: page-aligned pageable memory (only the CPU optimizer and file I/O touch it, so nothing is
-    gained by locking it), kept between uses while ``budget`` has room. Beyond the budget an entry is served from
-    a transient buffer that goes back after use: a streaming slot of the pool's arena (the caller reserves them,
-    as many as one sub-group needs at once, and may keep them retired until needed: one is brought back when
-    none is free), else fresh memory. ``bypass``: once the access order is known, an incoming entry that is
-    needed later than every candidate victim is not admitted (Belady with bypass: in the cyclic order of optimizer
-    sub-groups the tier then keeps a fixed share instead of cycling everything through)."""
-
-    bypass = True
-
-    def __init__(self, pool: BufferPool, budget: HostBudget):
-        self.pool = pool
-        self.budget = budget
-        self._budgeted: Dict[int, int] = {}  # ptr -> bytes reserved from the budget
-
-    def try_acquire(self, nbytes: int) -> Optional[HostBuffer]:
-        capacity = round_up(nbytes, PAGE_BYTES)
-        if not self.budget.try_reserve(capacity):
-            return None
-        buffer = self.pool.acquire_pageable(capacity, count_as_fallback=False)
-        self._budgeted[buffer.ptr] = capacity
-        return buffer
-
-    def fallback(self, nbytes: int) -> HostBuffer:
-        # A streaming slot of the pool's arena when one fits (reused memory: a fresh mapping of a sub-group's size
-        # would be zero-filled by page faults on every use), else a fresh mapping.
-        slot = self.pool.try_acquire(nbytes)
-        size = self.pool.class_bytes(nbytes) if slot is None else None
-        if size is not None and self.pool.restore(size, 1):  # a retired slot: memory only once it is needed
-            slot = self.pool.try_acquire(nbytes)
-        return slot if slot is not None else self.pool.acquire_pageable(nbytes, count_as_fallback=False)
-
-    def keeps(self, buffer: HostBuffer) -> bool:
-        return buffer.ptr in self._budgeted
-
-    def frees_room_for(self, buffer: HostBuffer, nbytes: int) -> bool:
-        return buffer.ptr in self._budgeted
-
-    def release(self, buffer: HostBuffer) -> None:
-        reserved = self._budgeted.pop(buffer.ptr, None)
-        self.pool.release(buffer)
-        if reserved is not None:
-            self.budget.release(reserved)
 
 
 # ----------------------------------------------------------------------------------------------------- entries
@@ -155,11 +79,11 @@ class EntryStore:
         dtype: element type of every tensor.
         aligned_numel: rounds a numel up to the I/O alignment; files and buffers use the rounded length.
         io: the I/O engine.
-        source: where buffers come from (``ArenaSlots`` or ``BudgetedPageable``).
+        source: where buffers come from (cache/buffer_sources.py).
     """
 
     def __init__(self, name: str, dtype: torch.dtype, aligned_numel: Callable[[int], int], io: DirectFileIO,
-                 source):
+                 source: BufferSource):
         self.name = name
         self.dtype = dtype
         self.element_size = torch.empty((), dtype=dtype).element_size()
@@ -531,9 +455,9 @@ class EntryStore:
             excess -= self._evict_held_locked(excess, lambda buffer: True)
             lent = [entry.key for entry in self._entries.values() if entry.state in LENT and entry.kept]
             index = self.next_use if self.recorder.on_track else None
-            while excess > 0 and lent:
-                key = choose_victim(lent, index, self.recorder.position)
-                lent.remove(key)
+            for key in farthest_first(lent, index, self.recorder.position):
+                if excess <= 0:
+                    break
                 self._entries[key].kept = False  # released into a write and a drop, not into the cache
                 excess -= self._entries[key].buffer.capacity_bytes
             self._checked()
@@ -546,9 +470,9 @@ class EntryStore:
         candidates = [entry.key for entry in self._cached.values() if may_give_back(entry.buffer)]
         index = self.next_use if self.recorder.on_track else None
         victims, freed = [], 0
-        while freed < nbytes and candidates:
-            key = choose_victim(candidates, index, self.recorder.position)
-            candidates.remove(key)
+        for key in farthest_first(candidates, index, self.recorder.position):
+            if freed >= nbytes:
+                break
             victims.append(self._entries[key])
             freed += self._entries[key].buffer.capacity_bytes
         for victim in victims:
@@ -617,8 +541,7 @@ class EntryStore:
                 assert entry.kept, (key, "a buffer that may not be kept is held between uses")
             if entry.buffer is not None:
                 assert entry.buffer.capacity_bytes >= self.swap_nbytes(entry.numel), key
-        if isinstance(self.source, ArenaSlots):
-            self.source.pool.validate()
+        self.source.check()
 
     # ----------------------------------------------------------------------------------------------- stats
     def stats(self) -> Dict[str, int]:
@@ -823,21 +746,10 @@ class EntryStore:
         index = self.next_use if self.recorder.on_track else None  # a step that left the profile: LRU
         key = choose_victim(fitting, index, position)
         if self.source.bypass and index is not None and incoming in index and \
-                not worth_evicting(index.distance(key, position), _kept_until(index, incoming, position, use_pending)):
+                bypasses(index, key, incoming, position, use_pending):
             self.counters.bypassed += 1
             return None
         return self._entries[key]
-
-
-def _kept_until(index: NextUseIndex, key, position: int, use_pending: bool) -> float:
-    """Accesses from ``position`` until keeping ``key``'s buffer pays off: its next use; for a prefetch, whose use
-    is still ahead and served by this read anyway, the use after that one. (Measured from the prefetch's own
-    position instead, every read ahead would look needed sooner than anything held and evict what was just
-    used: a held set that rotates, each admission paid for with a write.)"""
-    distance = index.distance(key, position)
-    if use_pending:
-        distance += 1 + index.distance(key, position + distance + 1)
-    return distance
 
 
 def _wait_quietly(future: Future) -> None:

@@ -18,7 +18,8 @@ from ..plan.budget import UNLIMITED, cache_lock_room, lockable_bytes_now
 from ..plan.size_classes import (cache_slot_counts, class_bytes, merge_close_classes, size_histogram,
                                  streaming_slot_counts)
 from .entry import EntryState
-from .entry_store import ArenaSlots, EntryStore
+from .buffer_sources import ArenaSlots
+from .entry_store import EntryStore
 from .host_budget import HostBudget
 
 

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from tencache_ds.cache.entry import LEGAL_TRANSITIONS, EntryState, IllegalTransition, check_transition
-from tencache_ds.cache.entry_store import BudgetedPageable, EntryStore
+from tencache_ds.cache.buffer_sources import BudgetedPageable
+from tencache_ds.cache.entry_store import EntryStore
 from tencache_ds.cache.host_budget import HostBudget
 from tencache_ds.io.direct_io import DirectFileIO
 from tencache_ds.memory.pool import BufferPool

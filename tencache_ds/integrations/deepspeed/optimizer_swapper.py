@@ -30,7 +30,8 @@ from deepspeed import comm as dist
 from ...config import CONFIG_KEY
 from ...errors import TencacheConfigError
 from ...ext_lock import raise_if_stale_locks
-from ...cache.entry_store import BudgetedPageable, EntryStore
+from ...cache.buffer_sources import BudgetedPageable
+from ...cache.entry_store import EntryStore
 from ...cache.entry import EntryState
 from ...cache.host_budget import HostBudget
 from ...io.direct_io import DirectFileIO
