@@ -23,6 +23,7 @@ from .entry_store import EntryStore
 from .entry_store_wrapper import EntryStoreWrapper
 from .host_budget import HostBudget
 
+
 class TensorStore(EntryStoreWrapper):
     """Files plus pinned slots for parameter partitions.
 
