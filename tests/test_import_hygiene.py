@@ -152,8 +152,7 @@ def test_the_checks_catch_an_upward_import_and_a_cycle():
 
 
 DESIGN = os.path.join(os.path.dirname(PACKAGE), "docs", "design.md")
-# cache/ is being restructured (issue 16): its modules join this check when that lands.
-UNCHECKED_UNITS = {"cache"}
+UNCHECKED_UNITS = set()  # a layer whose picture is being redrawn may be left out here for a while
 
 
 def design_layer_lines():

@@ -1,6 +1,8 @@
 """The life of one cached tensor: where its newest bytes are, as an explicit state machine. Owns: the states, the
-table of legal transitions, and the invariants every store checks (cache/tensor_store.py for parameter
-partitions, cache/optimizer_store.py for optimizer state). Pure: no I/O, no torch.
+table of legal transitions, the record of one tensor (``Entry``: its state and every fact a store keeps about it
+beside the state) and the invariants that tie them (``check_entry``), which every store checks
+(cache/entry_store.py; cache/tensor_store.py for parameter partitions, cache/optimizer_store.py for optimizer
+state). Pure: no I/O, no torch.
 
 A tensor's newest bytes are on file, in a host buffer, or both:
 
@@ -23,8 +25,10 @@ Write-back: new bytes make an entry DIRTY; they reach the file only when the ent
 checkpoint, close). A failed write leaves the entry DIRTY (the bytes are not lost, the error is raised); a failed
 read leaves it ON_FILE (partial bytes are never served).
 """
+import dataclasses
 import enum
-from typing import Dict, FrozenSet
+from concurrent.futures import Future
+from typing import Any, Dict, FrozenSet, Hashable, Optional
 
 
 class EntryState(enum.Enum):
@@ -85,3 +89,50 @@ def lent_state(state: EntryState) -> EntryState:
 def released(state: EntryState) -> EntryState:
     """The cached state a lent entry returns to."""
     return S.DIRTY if state == S.LENT_DIRTY else S.CLEAN
+
+
+@dataclasses.dataclass
+class PendingUse:
+    """The use of a read ahead, recorded when it comes (``wait_read``): reading ahead never changes the recorded
+    order. ``issued_at`` / ``done_at``: clock times of its read (``issued_at`` None: no read, it was a hit)."""
+
+    issued_at: Optional[float] = None
+    done_at: Optional[float] = None  # set by the read's done-callback: one attribute, atomic under the GIL
+
+
+@dataclasses.dataclass(eq=False)
+class Entry:
+    """One swapped tensor: its state and what a store keeps about it beside the state (``check_entry`` ties them
+    together)."""
+
+    key: Hashable
+    numel: int
+    path: str
+    state: EntryState = S.ON_FILE
+    buffer: Optional[Any] = None  # a memory/pool.py HostBuffer, in every state but ON_FILE
+    io: Optional[Future] = None   # the read or write in flight (READING, WRITING)
+    kept: bool = False            # the buffer may stay after use (else it goes back once the bytes are safe)
+    evicting: bool = False        # WRITING: the buffer goes when the write is done (else the entry stays CLEAN)
+    staged: bool = False          # the buffer is a one-time staging buffer (lend_new(staging=True))
+    # A read of the file into the caller's own buffer (start_read(into=...)), not waited for yet; the entry's state
+    # is not changed by it (its bytes stay where they were).
+    external_read: Optional[Future] = None
+    prefetched: bool = False      # a read ahead of its use, not waited for yet (late if wait_read has to wait)
+    pending_use: Optional[PendingUse] = None  # a read ahead (or a hit ahead) whose use is still to be recorded
+
+
+def check_entry(entry: Entry) -> None:
+    """Raise AssertionError if ``entry``'s fields contradict its state."""
+    key, state = entry.key, entry.state
+    assert (entry.buffer is not None) == (state in HOLDS_BUFFER), (key, state)
+    assert (entry.io is not None) == (state in IO_IN_FLIGHT), (key, state)
+    if state in CACHED:
+        assert entry.kept, (key, "a buffer that may not be kept is held between uses")
+    assert entry.buffer is not None or not (entry.kept or entry.staged), (key, "kept or staged without a buffer")
+    assert not entry.evicting or state == S.WRITING, (key, state, "evicting without a write in flight")
+    being_used = state in LENT or state == S.READING  # lent, or read into our buffer for a use
+    assert entry.external_read is None or not being_used, (key, state, "read into the caller's buffer and ours")
+    if entry.prefetched:  # its read is in flight or done, not yet waited for
+        assert state == S.READING or entry.external_read is not None, (key, state, "prefetched without a read")
+    if entry.pending_use is not None:  # handed out ahead of its use, or being read for it
+        assert being_used or entry.external_read is not None, (key, state, "a pending use with nothing for it")

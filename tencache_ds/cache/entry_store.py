@@ -1,8 +1,10 @@
-"""One host tier of swapped tensors: their files and the host buffers that hold their bytes. Owns: each entry's
-state (the machine in cache/entry.py), the reads and writes between buffer and file, which entries stay in host
-memory between uses, and which gives its buffer up when another needs one (Belady over the profiled order, least
-recently used before the order is known). Does not own: where buffers come from (a ``BufferSource``: arena slots
-for parameter partitions, budgeted pageable memory for optimizer state; both below) or when tensors are needed
+"""One host tier of swapped tensors: their files and the host buffers that hold their bytes. Owns: the store's
+calls (registering, lending, releasing, forgetting, stats) and its lock; each call moves entries through the state
+machine of cache/entry.py. Its parts: the entries and their indexes (cache/entry_table.py), reads and writes
+between buffer and file (cache/transfers.py), which entries hold buffers and which gives one up (cache/admission.py,
+by plan/eviction.py's Belady over the profiled order, least recently used before the order is known), storing and
+flushing (cache/write_back.py). Does not own: where buffers come from (a ``BufferSource``: arena slots for parameter
+partitions, budgeted pageable memory for optimizer state: cache/buffer_sources.py) or when tensors are needed
 (DeepSpeed, through integrations/deepspeed).
 
 Zero-copy: a swap-in of a held entry lends its buffer itself (no memcpy); the borrower hands it back with
@@ -14,137 +16,28 @@ Plain class: torch, not DeepSpeed, so it is tested on its own (tests/cache/test_
 Locking: one lock guards every entry; it is never held while waiting for I/O. A wait releases it, and the state
 is looked at again afterwards (another thread may have moved the entry meanwhile).
 """
-import collections
+import contextlib
 import dataclasses
 import os
 import threading
 from concurrent.futures import Future
-from typing import Callable, Dict, Hashable, Iterable, List, Optional, Sequence, Set, Tuple
+from typing import Callable, Dict, Hashable, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
 from ..io.direct_io import DirectFileIO
-from ..log import logger
-from ..memory.pool import BufferPool, HostBuffer
-from ..profile.next_use import NextUseIndex, choose_victim
-from ..plan.prefetch import worth_evicting
+from ..profile.next_use import NextUseIndex
 from ..profile.recorder import StepRecorder
-from ..units import PAGE_BYTES, round_up
-from .entry import (CACHED, HOLDS_BUFFER, IO_IN_FLIGHT, LENT, EntryState, check_transition, lent_state, released)
-from .host_budget import HostBudget
+from .admission import Admission, ExclusiveStore
+from .buffer_sources import BufferSource
+from .entry import CACHED, IO_IN_FLIGHT, LENT, Entry, EntryState, PendingUse, lent_state, released
+from .entry_table import EntryTable
+from .store_counters import StoreCounters
+from .transfers import Transfers
+from .write_back import WriteBack
 
 S = EntryState
 DEBUG_CHECKS_ENV = "TENCACHE_DEBUG_CHECKS"  # "1": check_invariants() after every public call (tests turn it on)
-
-
-# ------------------------------------------------------------------------------------------------ buffer sources
-class ArenaSlots:
-    """Parameter partitions: pinned arena slots, one size class per partition size. A partition takes a slot of its
-    own class only (never a larger class's, which the largest tensor would then lack); with none free it is
-    served from pageable fallback memory, counted, and not kept. ``caching``: slots stay as cached copies after
-    use (the host cache is on)."""
-
-    bypass = False  # a partition is needed now: evict for it rather than serve it unpinned
-
-    def __init__(self, pool: BufferPool, caching: bool):
-        self.pool = pool
-        self.caching = caching
-
-    def try_acquire(self, nbytes: int) -> Optional[HostBuffer]:
-        return self.pool.try_acquire(nbytes, own_class_only=True)
-
-    def fallback(self, nbytes: int) -> HostBuffer:
-        return self.pool.acquire_pageable(nbytes)
-
-    def keeps(self, buffer: HostBuffer) -> bool:
-        return self.caching and buffer.slot is not None
-
-    def frees_room_for(self, buffer: HostBuffer, nbytes: int) -> bool:
-        return buffer.slot is not None and buffer.capacity_bytes == self.pool.class_bytes(nbytes)
-
-    def release(self, buffer: HostBuffer) -> None:
-        self.pool.release(buffer)
-
-
-class BudgetedPageable:
-    """Optimizer state: page-aligned pageable memory (only the CPU optimizer and file I/O touch it, so nothing is
-    gained by locking it), kept between uses while ``budget`` has room. Beyond the budget an entry is served from
-    a transient buffer that goes back after use: a streaming slot of the pool's arena (the caller reserves them,
-    as many as one sub-group needs at once, and may keep them retired until needed: one is brought back when
-    none is free), else fresh memory. ``bypass``: once the access order is known, an incoming entry that is
-    needed later than every candidate victim is not admitted (Belady with bypass: in the cyclic order of optimizer
-    sub-groups the tier then keeps a fixed share instead of cycling everything through)."""
-
-    bypass = True
-
-    def __init__(self, pool: BufferPool, budget: HostBudget):
-        self.pool = pool
-        self.budget = budget
-        self._budgeted: Dict[int, int] = {}  # ptr -> bytes reserved from the budget
-
-    def try_acquire(self, nbytes: int) -> Optional[HostBuffer]:
-        capacity = round_up(nbytes, PAGE_BYTES)
-        if not self.budget.try_reserve(capacity):
-            return None
-        buffer = self.pool.acquire_pageable(capacity, count_as_fallback=False)
-        self._budgeted[buffer.ptr] = capacity
-        return buffer
-
-    def fallback(self, nbytes: int) -> HostBuffer:
-        # A streaming slot of the pool's arena when one fits (reused memory: a fresh mapping of a sub-group's size
-        # would be zero-filled by page faults on every use), else a fresh mapping.
-        slot = self.pool.try_acquire(nbytes)
-        size = self.pool.class_bytes(nbytes) if slot is None else None
-        if size is not None and self.pool.restore(size, 1):  # a retired slot: memory only once it is needed
-            slot = self.pool.try_acquire(nbytes)
-        return slot if slot is not None else self.pool.acquire_pageable(nbytes, count_as_fallback=False)
-
-    def keeps(self, buffer: HostBuffer) -> bool:
-        return buffer.ptr in self._budgeted
-
-    def frees_room_for(self, buffer: HostBuffer, nbytes: int) -> bool:
-        return buffer.ptr in self._budgeted
-
-    def release(self, buffer: HostBuffer) -> None:
-        reserved = self._budgeted.pop(buffer.ptr, None)
-        self.pool.release(buffer)
-        if reserved is not None:
-            self.budget.release(reserved)
-
-
-# ----------------------------------------------------------------------------------------------------- entries
-@dataclasses.dataclass(eq=False)
-class Entry:
-    """One swapped tensor. ``buffer`` is set in every state but ON_FILE; ``io`` is the read or write in flight
-    (READING, WRITING); ``kept``: the buffer may stay after use (else it goes back once the bytes are safe);
-    ``evicting``: a WRITING entry gives its buffer up when the write is done (else it stays CLEAN)."""
-
-    key: Hashable
-    numel: int
-    path: str
-    state: EntryState = S.ON_FILE
-    buffer: Optional[HostBuffer] = None
-    kept: bool = False
-    io: Optional[Future] = None
-    evicting: bool = False
-    staged: bool = False  # the buffer is a one-time staging buffer (lend_new(staging=True))
-
-
-@dataclasses.dataclass
-class StoreCounters:
-    """COUNT since start, protected by the store's lock."""
-
-    hits: int = 0            # a lend served from a held buffer: no I/O, no copy
-    misses: int = 0          # a lend that read the file
-    evictions: int = 0       # held buffers given up for another entry
-    written_back: int = 0    # writes of changed bytes (evictions, flushes, entries that could not be kept)
-    bypassed: int = 0        # entries not admitted (served transiently) because every victim was needed sooner
-    waits_for_slots: int = 0  # acquisitions that waited for one write to free a buffer
-    transient_buffers: int = 0  # entries served from a transient buffer (not kept after use)
-    write_errors: int = 0    # writes that failed (the entry kept its bytes, DIRTY)
-    io_wait_s: float = 0.0   # time callers were blocked on this store's reads and writes
-    prefetch_issued: int = 0  # reads started ahead of their use (start_read(prefetch=True) of a miss)
-    prefetch_late: int = 0   # ... not finished when wait_read came
 
 
 class EntryStore:
@@ -155,97 +48,99 @@ class EntryStore:
         dtype: element type of every tensor.
         aligned_numel: rounds a numel up to the I/O alignment; files and buffers use the rounded length.
         io: the I/O engine.
-        source: where buffers come from (``ArenaSlots`` or ``BudgetedPageable``).
+        source: where buffers come from (cache/buffer_sources.py).
     """
 
     def __init__(self, name: str, dtype: torch.dtype, aligned_numel: Callable[[int], int], io: DirectFileIO,
-                 source):
+                 source: BufferSource):
         self.name = name
         self.dtype = dtype
-        self.element_size = torch.empty((), dtype=dtype).element_size()
-        self._aligned_numel = aligned_numel
-        self._io = io
         self.source = source
-        self._staging = BufferPool(f"{name}-staging", lock="off")  # first bytes of new tensors, before any plan
-        self._entries: Dict[Hashable, Entry] = {}
-        self._count = collections.Counter()  # EntryState -> entries in it (no scans on hot paths)
-        self._cached: "collections.OrderedDict[Hashable, Entry]" = collections.OrderedDict()  # kept, not lent; LRU
-        self._writing: Dict[Hashable, Entry] = {}
-        self._external_reads: Dict[Hashable, Future] = {}  # reads into a caller's buffer (no entry buffer)
         self.recorder = StepRecorder()
-        self.next_use: Optional[NextUseIndex] = None
         self.counters = StoreCounters()
-        self._prefetched: Set[Hashable] = set()  # prefetch reads not yet waited for
-        # prefetched keys not yet used -> [read issued at, read done at] (clock; None: no read, a hit)
-        self._deferred_uses: Dict[Hashable, Optional[list]] = {}
         self.debug_checks = os.environ.get(DEBUG_CHECKS_ENV) == "1"
         self._lock = threading.Lock()
+        self._table = EntryTable()
+        self._transfers = Transfers(name, dtype, aligned_numel, io, source, self._table, self._lock, self.recorder,
+                                    self.counters)
+        self.element_size = self._transfers.element_size
+        self._admission = Admission(self._table, self._transfers, source, self.recorder, self.counters)
+        self._write_back = WriteBack(self._transfers, self._admission, self._checked, self.lend_new, self.release)
+
+    @property
+    def next_use(self) -> Optional[NextUseIndex]:
+        """The profiled order eviction follows (None: least recently used)."""
+        return self._admission.next_use
+
+    @next_use.setter
+    def next_use(self, index: Optional[NextUseIndex]) -> None:
+        self._admission.next_use = index
 
     # --------------------------------------------------------------------------------------------- registry
     def add(self, key, numel: int, path: str) -> None:
         """Register ``key`` whose bytes are already on file at ``path`` (no-op if known)."""
         with self._lock:
-            if key not in self._entries:
-                self._new_entry(key, numel, path, S.ON_FILE)
+            if key not in self._table:
+                self._table.new(key, numel, path, S.ON_FILE)
 
     def knows(self, key) -> bool:
         with self._lock:
-            return key in self._entries
+            return key in self._table
 
     def state(self, key) -> Optional[EntryState]:
         with self._lock:
-            entry = self._entries.get(key)
+            entry = self._table.get(key)
             return None if entry is None else entry.state
 
     def kept(self, key) -> bool:
         """Does ``key``'s buffer stay in host memory after use (False: transient, or no buffer)?"""
         with self._lock:
-            entry = self._entries.get(key)
+            entry = self._table.get(key)
             return entry is not None and entry.buffer is not None and entry.kept
 
     def path(self, key) -> str:
         with self._lock:
-            return self._entries[key].path
+            return self._table[key].path
 
     def numels(self) -> List[tuple]:
         """(key, numel) of every entry, sorted: what a profile of this store is recorded for."""
         with self._lock:
-            return sorted(((key, entry.numel) for key, entry in self._entries.items()), key=repr)
+            return sorted(((entry.key, entry.numel) for entry in self._table), key=repr)
 
     def lent_or_reading(self) -> int:
         """Entries lent out or being read (a counter, not a scan: the coordinator asks on every module fetch)."""
         with self._lock:
-            return self._count[S.LENT_CLEAN] + self._count[S.LENT_DIRTY] + self._count[S.READING]
+            return self._table.count(S.LENT_CLEAN, S.LENT_DIRTY, S.READING)
 
     def swap_nbytes(self, numel: int) -> int:
-        return self._aligned_numel(numel) * self.element_size
+        return self._transfers.swap_nbytes(numel)
 
     # ------------------------------------------------------------------------------------------ lending
     def lend_new(self, key, numel: int, path: str, staging: bool = False) -> torch.Tensor:
         """A buffer for ``key``'s new bytes, whole (the old ones, if any, are not read): the caller fills it and
         releases it with ``changed=True``. ``staging``: a one-time pageable buffer (zero.Init's first write of each
         partition, before any size is planned). Returns a view of exactly ``numel`` elements."""
+        transfers = self._transfers
         with self._lock:
-            entry = self._entries.get(key)
+            entry = self._table.get(key)
             if entry is not None and (entry.numel, entry.path) != (numel, path):
                 self._forget_locked(entry)  # a new tensor under an old key (a rebuilt model): the old bytes go
                 entry = None
             if entry is None:
-                entry = self._new_entry(key, numel, path, S.ON_FILE)
-            self._settle(entry)
-            if entry.state in LENT or entry.state == S.READING:
+                entry = self._table.new(key, numel, path, S.ON_FILE)
+            transfers.wait_write(entry)
+            if entry.state in LENT or entry.state == S.READING:  # (a read into the caller's buffer may go on)
                 raise RuntimeError(f"{self.name}: tensor {key} is already lent or being read")
             if entry.state == S.ON_FILE:
                 if staging:
-                    self._attach(entry, self._staging.acquire_pageable(self.swap_nbytes(numel), False), False)
+                    transfers.attach(entry, transfers.staging.acquire_pageable(self.swap_nbytes(numel), False), False)
                     entry.staged = True
                 else:
-                    self._attach(entry, *self._acquire(self.swap_nbytes(numel), key))
+                    transfers.attach(entry, *self._admission.acquire(self.swap_nbytes(numel), key))
             else:
-                self._cached.pop(key, None)
-                self._fence(entry.buffer)
-            self._set(entry, S.LENT_DIRTY)
-            view = self._compute_view(entry)
+                transfers.fence(entry.buffer)
+            self._table.set(entry, S.LENT_DIRTY)
+            view = transfers.compute_view(entry)
             self._checked()
             return view
 
@@ -254,40 +149,33 @@ class EntryStore:
         or into the caller's ``into`` (aligned length; the entry then stays on file). ``wait_read`` finishes.
         ``prefetch``: the use is still ahead (counted as a prefetch, and as late if wait_read has to wait)."""
         with self._lock:
-            entry = self._entries[key]
-            self._settle(entry)
-            if entry.state in LENT or entry.state == S.READING or key in self._external_reads:
+            entry = self._table[key]
+            self._transfers.wait_write(entry)
+            if entry.state in LENT or entry.state == S.READING or entry.external_read is not None:
                 raise RuntimeError(f"{self.name}: tensor {key} is already lent or being read")
-            # The profile records uses: a prefetch is recorded when wait_read hands it over, so reading ahead
-            # never changes the recorded order.
+            # The profile records uses: a prefetch is recorded when wait_read hands it over (its pending use), so
+            # reading ahead never changes the recorded order.
             access = None if prefetch else self.recorder.touch(key, self.swap_nbytes(entry.numel))
-            if prefetch:
-                self._deferred_uses[key] = None
             if entry.state in CACHED:
                 self.counters.hits += 1
                 if into is not None:  # the caller wants its own copy; ours stays cached
-                    into.narrow(0, 0, entry.numel).copy_(self._compute_view(entry))
-                    self._external_reads[key] = _done(into)
+                    self._transfers.copy_into(entry, into)
                 else:
-                    self._cached.pop(key)
-                    self._set(entry, lent_state(entry.state))
+                    self._table.set(entry, lent_state(entry.state))
+                if prefetch:
+                    entry.pending_use = PendingUse()  # no read to time
                 self._checked()
                 return
             self.counters.misses += 1
-            if prefetch:
-                self.counters.prefetch_issued += 1
-                self._prefetched.add(key)
+            self.counters.prefetch_issued += prefetch
             if into is not None:
-                timer = self._read_timer(key, access)
-                self._external_reads[key] = self._io.read(into, entry.path, nbytes=self.swap_nbytes(entry.numel))
-                self._external_reads[key].target = into
-                self._external_reads[key].add_done_callback(timer)
+                self._transfers.start_external_read(entry, into, access)
+                entry.prefetched = prefetch
                 return
-            self._attach(entry, *self._acquire(self.swap_nbytes(entry.numel), key, use_pending=prefetch))
-            timer = self._read_timer(key, access)  # after _acquire: its waits are stalls, not read time
-            entry.io = self._io.read(self._swap_view(entry), entry.path)
-            entry.io.add_done_callback(timer)
-            self._set(entry, S.READING)
+            buffer, kept = self._admission.acquire(self.swap_nbytes(entry.numel), key, use_pending=prefetch)
+            self._transfers.attach(entry, buffer, kept)
+            self._transfers.start_read(entry, access)
+            entry.prefetched = prefetch  # once the read is in flight (the entry's invariants hold at every wait)
             self._checked()
 
     def prefetch_if_free(self, key) -> bool:
@@ -295,58 +183,53 @@ class EntryStore:
         never evicts (a prefetch must not stall the caller or push out what is needed sooner). False if not
         started. The use that follows is ``wait_read`` (the profile records it then)."""
         with self._lock:
-            entry = self._entries.get(key)
-            if entry is None or entry.state != S.ON_FILE or key in self._external_reads:
+            entry = self._table.get(key)
+            if entry is None or entry.state != S.ON_FILE or entry.external_read is not None:
                 return False
-            self._reap_writes()
+            self._transfers.reap_writes()
             buffer = self.source.try_acquire(self.swap_nbytes(entry.numel))
             if buffer is None:
                 return False
             self.counters.misses += 1
             self.counters.prefetch_issued += 1
-            self._prefetched.add(key)
-            self._attach(entry, buffer, self.source.keeps(buffer))
-            timer = self._read_timer(key, None)
-            entry.io = self._io.read(self._swap_view(entry), entry.path)
-            entry.io.add_done_callback(timer)
-            self._set(entry, S.READING)
+            self._transfers.attach(entry, buffer, self.source.keeps(buffer))
+            self._transfers.start_read(entry, None)
+            entry.prefetched = True
             self._checked()
             return True
 
     def read_done(self, key) -> bool:
         """True unless a read of ``key`` is still in flight."""
         with self._lock:
-            entry = self._entries.get(key)
-            future = self._external_reads.get(key) or (entry.io if entry is not None and entry.state == S.READING
-                                                       else None)
+            future = self._read_of(self._table.get(key))
             return future is None or future.done()
 
     def wait_read(self, key) -> torch.Tensor:
         """Finish lending ``key``; returns the lent view of exactly ``numel`` elements. A failed read raises its
         error and leaves the entry on file (partial bytes are never served)."""
         with self._lock:
-            if key in self._prefetched:
-                self._prefetched.discard(key)
-                in_flight = self._external_reads.get(key) or self._entries[key].io
-                self.counters.prefetch_late += in_flight is not None and not in_flight.done()
+            entry = self._table[key]
             try:
-                external = self._external_reads.pop(key, None)
+                if entry.prefetched:
+                    entry.prefetched = False
+                    in_flight = self._read_of(entry)
+                    self.counters.prefetch_late += in_flight is not None and not in_flight.done()
+                external, entry.external_read = entry.external_read, None
                 if external is not None:
-                    error = self._wait_unlocked(external)
+                    error = self._transfers.wait_unlocked(external)
                     if error is not None:
                         raise error
-                    return external.target.narrow(0, 0, self._entries[key].numel)
-                entry = self._entries[key]
+                    return external.target.narrow(0, 0, entry.numel)
                 if entry.state == S.READING:
-                    self._wait_unlocked(entry.io)
-                    self._finish_io(entry)  # raises the read's error, entry back ON_FILE
+                    self._transfers.wait_unlocked(entry.io)
+                    self._transfers.finish_io(entry)  # raises the read's error, entry back ON_FILE
                 if entry.state not in LENT:
                     raise RuntimeError(f"{self.name}: tensor {key} has no read in flight ({entry.state.value})")
-                view = self._compute_view(entry)
+                view = self._transfers.compute_view(entry)
                 self._checked()
                 return view
             finally:
-                self._record_deferred_use(key)
+                self._transfers.record_pending_use(self._table.get(key))
 
     def lend(self, key) -> torch.Tensor:
         self.start_read(key)
@@ -363,492 +246,152 @@ class EntryStore:
         buffer may be kept, else its bytes go to the file first when they are owed. Idempotent; a read still in
         flight is finished first. ``fence`` (a CUDA event) marks the end of device copies reading the bytes."""
         with self._lock:
-            self._prefetched.discard(key)  # released unused: neither used nor late, nor recorded
-            self._deferred_uses.pop(key, None)
-            external = self._external_reads.pop(key, None)
-            if external is not None:
-                self._wait_unlocked(external)
-            entry = self._entries.get(key)
+            entry = self._table.get(key)
             if entry is None:
                 return
+            # released unused: neither used nor late, nor recorded
+            entry.prefetched, entry.pending_use = False, None
+            external, entry.external_read = entry.external_read, None
+            if external is not None:
+                self._transfers.wait_unlocked(external)
             if entry.state == S.READING:
-                self._wait_unlocked(entry.io)
-                self._finish_io(entry)
+                self._transfers.wait_unlocked(entry.io)
+                self._transfers.finish_io(entry)
             if entry.state not in LENT:
                 return
             if changed and entry.state == S.LENT_CLEAN:
-                self._set(entry, S.LENT_DIRTY)
+                self._table.set(entry, S.LENT_DIRTY)
             if fence is not None:
                 entry.buffer.fence = fence
             if entry.kept:
-                self._set(entry, released(entry.state))
+                self._table.set(entry, released(entry.state))
             elif entry.state == S.LENT_CLEAN:
-                self._drop(entry, S.ON_FILE)
+                self._transfers.drop(entry, S.ON_FILE)
             else:
-                self._start_write(entry, evicting=True)  # no room to keep it: to the file, then the buffer goes
+                self._transfers.start_write(entry, evicting=True)  # no room to keep it: to the file, then it goes
             self._checked()
 
     def mark_changed(self, key) -> None:
         """The borrower changed ``key``'s lent bytes (they are now the newest)."""
         with self._lock:
-            entry = self._entries[key]
+            entry = self._table[key]
             if entry.state == S.LENT_CLEAN:
-                self._set(entry, S.LENT_DIRTY)
+                self._table.set(entry, S.LENT_DIRTY)
 
     def mark_all_lent_changed(self) -> None:
         """Every lent entry may have been changed in place by its borrower (stage 3 copies new weights into
         partitions it holds at the optimizer step without calling us): treat their bytes as the newest."""
         with self._lock:
-            for entry in self._entries.values():
+            for entry in self._table:
                 if entry.state == S.LENT_CLEAN:
-                    self._set(entry, S.LENT_DIRTY)
+                    self._table.set(entry, S.LENT_DIRTY)
 
-    # ---------------------------------------------------------------------------------------------- writing
+    # -------------------------------------------------------------------- writing (cache/write_back.py)
     def store(self, key, source: torch.Tensor) -> None:
-        """``source`` (cast to our dtype) becomes ``key``'s newest bytes: into its held buffer or a new one, kept
-        dirty (write-back), or written now when it cannot be kept."""
-        with self._lock:
-            entry = self._entries[key]
-            self._settle(entry)
-            if entry.state in LENT or entry.state == S.READING:
-                raise RuntimeError(f"{self.name}: tensor {key} is lent or being read")
-            if entry.state == S.ON_FILE:
-                self._attach(entry, *self._acquire(self.swap_nbytes(entry.numel), key))
-            else:
-                self._cached.pop(key, None)
-                self._fence(entry.buffer)
-            self._set(entry, S.LENT_DIRTY)  # held by us for the copy
-        self._compute_view(entry).copy_(source)
-        self.release(key)
+        self._write_back.store(key, source)
 
     def write_parts(self, key, numel: int, path: str, parts: Sequence[Tuple[int, torch.Tensor]]) -> None:
-        """Place each (element offset, tensor) of ``parts`` into ``key``'s bytes, the rest left as it was (stage 3
-        stores a sub-group's gradient fragments reduce bucket by reduce bucket). Held: copied into the buffer, no
-        I/O. On file: written at their offsets, nothing read back. New: a buffer, zeros between the parts (a new
-        file is sparse). Recorded as one use in every case: the recorded order must not depend on what the tier
-        happens to hold, or the profile would stop predicting the step as soon as the tier follows it."""
-        with self._lock:
-            entry = self._entries.get(key)
-            if entry is not None:
-                self._settle(entry)
-                if entry.state in LENT or entry.state == S.READING:
-                    raise RuntimeError(f"{self.name}: tensor {key} is lent or being read")
-                if entry.state == S.ON_FILE:
-                    self.recorder.touch(key, self.swap_nbytes(entry.numel))
-                    writes = [self._io.write(part.reshape(-1).to(device="cpu", dtype=self.dtype).contiguous(),
-                                             entry.path, file_offset=offset * self.element_size)
-                              for offset, part in parts]
-                    errors = [self._wait_unlocked(write) for write in writes]
-                    self._raise_first(errors)  # the bytes are owed to the file: never dropped quietly
-                    return
-                self.recorder.touch(key, self.swap_nbytes(entry.numel))
-                self.counters.hits += 1
-                self._cached.pop(key)
-                self._fence(entry.buffer)
-                self._set(entry, S.LENT_DIRTY)
-                view = self._compute_view(entry)
-        if entry is None:
-            view = self.lend_new(key, numel, path)
-            with self._lock:
-                self.recorder.touch(key, self.swap_nbytes(numel))
-            view.zero_()
-        for offset, part in parts:
-            view.narrow(0, offset, part.numel()).copy_(part.reshape(-1))
-        self.release(key, changed=True)
-
-    @staticmethod
-    def _raise_first(errors: Sequence[Optional[BaseException]]) -> None:
-        for error in errors:
-            if error is not None:
-                raise error
+        self._write_back.write_parts(key, numel, path, parts)
 
     def write_and_release(self, keys: Iterable) -> None:
-        """Write each lent key's bytes (new, or changed by the borrower) to its file, wait, and let the buffers go
-        (zero.Init's first write of a partition, and its re-partitioning after a gathered parameter was modified)."""
-        with self._lock:
-            entries = [self._entries[key] for key in keys]
-            for entry in entries:
-                if entry.state == S.READING:
-                    self._wait_unlocked(entry.io)
-                    self._finish_io(entry)
-                if entry.state not in LENT:
-                    raise RuntimeError(f"{self.name}: tensor {entry.key} is not lent ({entry.state.value})")
-                if entry.state == S.LENT_CLEAN:
-                    self._set(entry, S.LENT_DIRTY)
-                self._start_write(entry, evicting=True)
-            for entry in entries:
-                self._wait_write(entry)
-            self._checked()
+        self._write_back.write_and_release(keys)
 
     def flush(self, skip: Optional[Callable[[Hashable], bool]] = None) -> int:
-        """Write every dirty held entry to its file and wait; they stay held, clean. Returns how many were
-        written. Lent entries must have been released (a checkpoint is taken between steps). ``skip(key)``: leave
-        that entry dirty (a checkpoint does not need it)."""
-        with self._lock:
-            lent_dirty = [entry.key for entry in self._entries.values() if entry.state == S.LENT_DIRTY]
-            if lent_dirty:
-                raise RuntimeError(f"{self.name}: cannot flush while tensors {lent_dirty[:5]} are lent and changed")
-            dirty = [entry for entry in self._entries.values()
-                     if entry.state == S.DIRTY and (skip is None or not skip(entry.key))]
-            for entry in dirty:
-                self._start_write(entry, evicting=False)
-            for entry in list(self._writing.values()):
-                self._wait_write(entry)
-            self._checked()
-            return len(dirty)
+        return self._write_back.flush(skip)
 
     def flush_key(self, key) -> None:
-        """Make ``key``'s file hold its newest bytes (a reader outside the store is about to open it)."""
-        with self._lock:
-            entry = self._entries[key]
-            if entry.state == S.LENT_DIRTY:
-                raise RuntimeError(f"{self.name}: cannot flush tensor {key} while it is lent and changed")
-            if entry.state == S.DIRTY:
-                self._start_write(entry, evicting=False)
-            self._wait_write(entry)
+        self._write_back.flush_key(key)
 
     def wait_writes(self) -> None:
-        """Wait for the writes in flight (none is started): the transient buffers they were writing from go back.
-        Raises a failed write's error (its bytes stay held, owed to the file)."""
-        with self._lock:
-            for entry in list(self._writing.values()):
-                self._wait_write(entry)
-            self._checked()
+        self._write_back.wait_writes()
 
     # ------------------------------------------------------------------------------------ giving memory back
     def kept_bytes(self) -> int:
         """Bytes of buffers the tier keeps between uses (held now, or lent and to be held again at release)."""
         with self._lock:
-            return self._kept_bytes_locked()
+            return self._admission.kept_bytes()
 
     def trim_kept(self, target_bytes: int) -> int:
         """Keep at most ``target_bytes`` of buffers from now on (memory pressure): held entries go, the one needed
         farthest ahead first (least recently used before the order is known), dirty ones written first; if that is
         not enough, lent entries are no longer kept and go when released. Returns the kept bytes left."""
         with self._lock:
-            self._reap_writes()
-            excess = self._kept_bytes_locked() - max(0, int(target_bytes))
-            excess -= self._evict_held_locked(excess, lambda buffer: True)
-            lent = [entry.key for entry in self._entries.values() if entry.state in LENT and entry.kept]
-            index = self.next_use if self.recorder.on_track else None
-            while excess > 0 and lent:
-                key = choose_victim(lent, index, self.recorder.position)
-                lent.remove(key)
-                self._entries[key].kept = False  # released into a write and a drop, not into the cache
-                excess -= self._entries[key].buffer.capacity_bytes
+            kept = self._admission.trim_kept(target_bytes)
             self._checked()
-            return self._kept_bytes_locked()
+            return kept
 
-    def _evict_held_locked(self, nbytes: int, may_give_back: Callable[[HostBuffer], bool]) -> int:
-        """Evict held entries whose buffers ``may_give_back`` until at least ``nbytes`` of buffers are freed (fewer
-        when there are not enough): farthest next use first; the dirty ones' writes run together and are waited
-        for. Returns the bytes freed."""
-        candidates = [entry.key for entry in self._cached.values() if may_give_back(entry.buffer)]
-        index = self.next_use if self.recorder.on_track else None
-        victims, freed = [], 0
-        while freed < nbytes and candidates:
-            key = choose_victim(candidates, index, self.recorder.position)
-            candidates.remove(key)
-            victims.append(self._entries[key])
-            freed += self._entries[key].buffer.capacity_bytes
-        for victim in victims:
-            self.counters.evictions += 1
-            if victim.state == S.CLEAN:
-                self._drop(victim, S.ON_FILE)
-            else:
-                self._start_write(victim, evicting=True)
-        for victim in victims:
-            self._wait_write(victim)
-        return freed
-
-    def _kept_bytes_locked(self) -> int:
-        return sum(entry.buffer.capacity_bytes for entry in self._entries.values()
-                   if entry.buffer is not None and entry.kept)
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator["ExclusiveStore"]:
+        """The store's lock held across several steps of a caller that keeps books of the same buffers (the
+        parameter store retiring arena slots: a slot freed for retiring must not be taken meanwhile). Yields the
+        calls that are safe inside; the invariants are checked at the end."""
+        with self._lock:
+            yield ExclusiveStore(self._table, self._transfers, self._admission)
+            self._checked()
 
     def forget(self, key) -> None:
         """Drop ``key``'s entry without writing (its file was replaced by someone else); unknown keys are ignored."""
         with self._lock:
-            entry = self._entries.get(key)
+            entry = self._table.get(key)
             if entry is not None:
                 self._forget_locked(entry)
                 self._checked()
 
-    def _forget_locked(self, entry: Entry) -> None:
-        if entry.state in LENT:
-            raise RuntimeError(f"{self.name}: cannot forget tensor {entry.key}: it is lent")
-        self._prefetched.discard(entry.key)
-        self._deferred_uses.pop(entry.key, None)
-        if entry.state in IO_IN_FLIGHT:
-            self._wait_unlocked(entry.io)
-        if entry.buffer is not None:
-            self._release_buffer(entry)
-        self._cached.pop(entry.key, None)
-        self._writing.pop(entry.key, None)
-        self._count[entry.state] -= 1
-        del self._entries[entry.key]
-
     def held_keys(self) -> List[Hashable]:
         """Keys whose bytes are in host memory and not lent (clean or dirty copies)."""
         with self._lock:
-            return list(self._cached)
+            return [entry.key for entry in self._table.held()]
 
     def forget_all(self) -> None:
         """Drop every entry without writing (the files were replaced, e.g. by a checkpoint load)."""
         with self._lock:
-            for entry in list(self._entries.values()):
+            for entry in list(self._table):
                 self._forget_locked(entry)
             self._checked()
 
-    # ---------------------------------------------------------------------------------------------- checks
+    # ------------------------------------------------------------------------------------ checks and stats
     def check_invariants(self) -> None:
         """Raise AssertionError if any invariant of the store is broken (tests run it after every call)."""
         with self._lock:
             self._check_invariants_locked()
 
     def _check_invariants_locked(self) -> None:
-        counts = collections.Counter(entry.state for entry in self._entries.values())
-        assert counts == +self._count, (dict(counts), dict(self._count))
-        for key, entry in self._entries.items():
-            assert (entry.buffer is not None) == (entry.state in HOLDS_BUFFER), (key, entry.state)
-            assert (entry.io is not None) == (entry.state in IO_IN_FLIGHT), (key, entry.state)
-            assert (key in self._cached) == (entry.state in CACHED), (key, entry.state, entry.kept)
-            assert (key in self._writing) == (entry.state == S.WRITING), (key, entry.state)
-            if entry.state in CACHED:
-                assert entry.kept, (key, "a buffer that may not be kept is held between uses")
-            if entry.buffer is not None:
-                assert entry.buffer.capacity_bytes >= self.swap_nbytes(entry.numel), key
-        if isinstance(self.source, ArenaSlots):
-            self.source.pool.validate()
+        self._table.check(lambda entry: self.swap_nbytes(entry.numel))
+        self.source.check()
 
-    # ----------------------------------------------------------------------------------------------- stats
     def stats(self) -> Dict[str, int]:
         with self._lock:
-            held = [entry for entry in self._entries.values() if entry.state in CACHED]
-            kept_bytes = sum(entry.buffer.capacity_bytes for entry in self._entries.values()
-                             if entry.buffer is not None and entry.kept)
-            return {"hits": self.counters.hits, "misses": self.counters.misses,
-                    "evictions": self.counters.evictions, "written_back": self.counters.written_back,
-                    "bypassed": self.counters.bypassed, "waits_for_slots": self.counters.waits_for_slots,
-                    "transient_buffers": self.counters.transient_buffers, "write_errors": self.counters.write_errors,
-                    "io_wait_s": self.counters.io_wait_s, "prefetch_issued": self.counters.prefetch_issued,
-                    "prefetch_late": self.counters.prefetch_late,
-                    "num_tensors": len(self._entries), "cached_tensors": len(held),
+            held = self._table.held()
+            counters = dataclasses.asdict(self.counters)
+            return {**counters, "num_tensors": len(self._table), "cached_tensors": len(held),
                     "cached_bytes": sum(entry.buffer.capacity_bytes for entry in held),
-                    "kept_bytes": kept_bytes,  # held or lent from a buffer the tier keeps
-                    "dirty_tensors": self._count[S.DIRTY] + self._count[S.LENT_DIRTY],
-                    "resident_tensors": self._count[S.LENT_CLEAN] + self._count[S.LENT_DIRTY]}
+                    "kept_bytes": self._admission.kept_bytes(),  # held or lent from a buffer the tier keeps
+                    "dirty_tensors": self._table.count(S.DIRTY, S.LENT_DIRTY),
+                    "resident_tensors": self._table.count(S.LENT_CLEAN, S.LENT_DIRTY)}
 
     def close(self) -> None:
         """Wait for I/O in flight and give every buffer back (dirty bytes are not written: flush first)."""
         self.forget_all()
-        self._staging.close()
+        self._transfers.close()
 
     # ---------------------------------------------------------------------------------------------- private
-    def _new_entry(self, key, numel: int, path: str, state: EntryState) -> Entry:
-        entry = Entry(key, numel, path, state)
-        self._entries[key] = entry
-        self._count[state] += 1
-        return entry
-
-    def _set(self, entry: Entry, new: EntryState) -> None:
-        old = entry.state
-        check_transition(entry.key, old, new)
-        entry.state = new
-        self._count[old] -= 1
-        self._count[new] += 1
-        if new in CACHED:
-            self._cached[entry.key] = entry
-            self._cached.move_to_end(entry.key)
-        else:
-            self._cached.pop(entry.key, None)
-        if new == S.WRITING:
-            self._writing[entry.key] = entry
-        else:
-            self._writing.pop(entry.key, None)
-
     def _checked(self) -> None:
         if self.debug_checks:
             self._check_invariants_locked()
 
-    def _swap_view(self, entry: Entry) -> torch.Tensor:
-        return entry.buffer.view(self.dtype, self._aligned_numel(entry.numel))
-
-    def _compute_view(self, entry: Entry) -> torch.Tensor:
-        return entry.buffer.view(self.dtype, entry.numel)
-
-    def _attach(self, entry: Entry, buffer: HostBuffer, kept: bool) -> None:
-        entry.buffer, entry.kept = buffer, kept
-
-    def _release_buffer(self, entry: Entry) -> None:
-        buffer, staged = entry.buffer, entry.staged
-        entry.buffer, entry.kept, entry.staged = None, False, False
-        (self._staging if staged else self.source).release(buffer)
-
-    def _drop(self, entry: Entry, new: EntryState) -> None:
-        self._release_buffer(entry)
-        entry.io, entry.evicting = None, False
-        self._set(entry, new)
-
     @staticmethod
-    def _fence(buffer: HostBuffer) -> None:
-        if buffer.fence is not None:  # a device copy may still be reading the old bytes
-            buffer.fence.synchronize()
-            buffer.fence = None
-
-    def _start_write(self, entry: Entry, evicting: bool) -> None:
-        self._fence(entry.buffer)
-        entry.io = self._io.write(self._swap_view(entry), entry.path)
-        entry.evicting = evicting
-        self.counters.written_back += 1
-        self._set(entry, S.WRITING)
-
-    def _wait_write(self, entry: Entry) -> None:
-        """Wait for ``entry``'s write (lock released meanwhile) and apply its outcome; raises a failed write's
-        error with the entry DIRTY again (its bytes are kept, still owed to the file)."""
-        if entry.state != S.WRITING:
-            return
-        self._wait_unlocked(entry.io)
-        self._finish_io(entry)
-
-    def _finish_io(self, entry: Entry, raise_error: bool = True) -> None:
-        """Apply the outcome of ``entry``'s finished read or write (no-op if another thread already did). A failed
-        write leaves the entry DIRTY (retried at its next eviction or flush); ``raise_error`` False when the caller
-        is not the one that needed the write (the error is logged and counted, and raised by that retry)."""
-        if entry.state not in IO_IN_FLIGHT or not entry.io.done():
-            return
-        error = entry.io.exception()
-        if entry.state == S.READING:
-            if error is not None:
-                self._drop(entry, S.ON_FILE)
-                raise error
-            entry.io = None
-            self._set(entry, S.LENT_CLEAN)
-            return
-        if error is not None:
-            entry.io, entry.evicting = None, False
-            if not entry.kept:  # a transient buffer holding owed bytes: keep it, counted as held
-                entry.kept = True
-            self._set(entry, S.DIRTY)
-            self.counters.write_errors += 1
-            if raise_error:
-                raise error
-            logger.warning("%s: writing %s failed (%s); its bytes stay in host memory and the write is retried "
-                           "when it is evicted or flushed", self.name, entry.path, error)
-            return
-        if entry.evicting or not entry.kept:
-            self._drop(entry, S.ON_FILE)
-        else:
-            entry.io = None
-            self._set(entry, S.CLEAN)
-
-    def _settle(self, entry: Entry) -> None:
-        """Before using ``entry``: finish its write if one is in flight (reads of it wait for that write only)."""
-        if entry.state == S.WRITING:
-            self._wait_write(entry)
-
-    def _reap_writes(self) -> None:
-        """Apply the outcome of writes that finished on their own (frees their buffers); never waits."""
-        for entry in [entry for entry in self._writing.values() if entry.io.done()]:
-            self._finish_io(entry, raise_error=False)
-
-    def _read_timer(self, key, access: Optional[int]) -> Callable[[Future], None]:
-        """The done-callback that times ``key``'s read: into the recorded access, or, for a prefetch whose use is
-        recorded later, into its deferred-use record."""
-        if access is not None:
-            return self.recorder.read_timer(access)
-        clock, times = self.recorder.clock, [self.recorder.clock(), None]
-        self._deferred_uses[key] = times
-
-        def finished(future: Future) -> None:
-            times[1] = clock()  # one list element: atomic under the GIL, read under the lock at use
-        return finished
-
-    def _record_deferred_use(self, key) -> None:
-        if key not in self._deferred_uses:
-            return
-        times = self._deferred_uses.pop(key)
-        entry = self._entries.get(key)
-        access = self.recorder.touch(key, self.swap_nbytes(entry.numel) if entry is not None else 0)
-        if times is not None:
-            done = times[1] if times[1] is not None else self.recorder.clock()
-            self.recorder.read_took(access, done - times[0])
-
-    def _wait_unlocked(self, future: Future) -> Optional[BaseException]:
-        if not future.done():
-            started = self.recorder.clock()
-            self._lock.release()
-            try:
-                _wait_quietly(future)
-            finally:
-                self._lock.acquire()
-            waited = self.recorder.clock() - started
-            self.counters.io_wait_s += waited
-            self.recorder.stalled(waited)  # the profile's compute excludes I/O waits
-        return future.exception()
-
-    def _acquire(self, nbytes: int, incoming, use_pending: bool = False) -> tuple:
-        """(buffer, kept) for ``nbytes`` of entry ``incoming``: a free buffer from the source; else a held entry
-        gives its buffer up (Belady victim; a dirty one is written first, and only its write is waited for);
-        else a write in flight that frees a fitting buffer is waited for; else a transient buffer.
-        ``use_pending``: the read is a prefetch, its use (not yet recorded) still ahead."""
-        self._reap_writes()
-        while True:
-            buffer = self.source.try_acquire(nbytes)
-            if buffer is not None:
-                return buffer, self.source.keeps(buffer)
-            victim = self._choose_victim(nbytes, incoming, use_pending)
-            if victim is not None:
-                self.counters.evictions += 1
-                if victim.state == S.CLEAN:
-                    self._drop(victim, S.ON_FILE)
-                else:
-                    self._start_write(victim, evicting=True)
-                    self.counters.waits_for_slots += 1
-                    self._wait_write(victim)
-                continue
-            pending = next((entry for entry in self._writing.values()
-                            if entry.evicting and self.source.frees_room_for(entry.buffer, nbytes)), None)
-            if pending is not None:
-                self.counters.waits_for_slots += 1
-                self._wait_write(pending)
-                continue
-            self.counters.transient_buffers += 1
-            return self.source.fallback(nbytes), False
-
-    def _choose_victim(self, nbytes: int, incoming, use_pending: bool = False) -> Optional[Entry]:
-        fitting = [entry.key for entry in self._cached.values() if self.source.frees_room_for(entry.buffer, nbytes)]
-        if not fitting:
+    def _read_of(entry: Optional[Entry]) -> Optional[Future]:
+        """The read of ``entry`` in flight or not waited for yet (into the caller's buffer or ours), if any."""
+        if entry is None:
             return None
-        position = self.recorder.position
-        index = self.next_use if self.recorder.on_track else None  # a step that left the profile: LRU
-        key = choose_victim(fitting, index, position)
-        if self.source.bypass and index is not None and incoming in index and \
-                not worth_evicting(index.distance(key, position), _kept_until(index, incoming, position, use_pending)):
-            self.counters.bypassed += 1
-            return None
-        return self._entries[key]
+        return entry.external_read or (entry.io if entry.state == S.READING else None)
 
+    def _forget_locked(self, entry: Entry) -> None:
+        if entry.state in LENT:
+            raise RuntimeError(f"{self.name}: cannot forget tensor {entry.key}: it is lent")
+        if entry.state in IO_IN_FLIGHT:
+            self._transfers.wait_unlocked(entry.io)
+        if entry.buffer is not None:
+            self._transfers.release_buffer(entry)
+        self._table.remove(entry)
 
-def _kept_until(index: NextUseIndex, key, position: int, use_pending: bool) -> float:
-    """Accesses from ``position`` until keeping ``key``'s buffer pays off: its next use; for a prefetch, whose use
-    is still ahead and served by this read anyway, the use after that one. (Measured from the prefetch's own
-    position instead, every read ahead would look needed sooner than anything held and evict what was just
-    used: a held set that rotates, each admission paid for with a write.)"""
-    distance = index.distance(key, position)
-    if use_pending:
-        distance += 1 + index.distance(key, position + distance + 1)
-    return distance
-
-
-def _wait_quietly(future: Future) -> None:
-    try:
-        future.result()
-    except BaseException:  # the caller reads future.exception() and decides
-        pass
-
-
-def _done(target: torch.Tensor) -> Future:
-    future = Future()
-    future.set_result(None)
-    future.target = target
-    return future

@@ -1,8 +1,9 @@
-"""Parameter partitions of one dtype in one folder: an EntryStore (cache/entry_store.py) whose buffers are pinned
-arena slots sized from the partition-size histogram. Owns: naming each partition's file, planning the slots
-(streaming slots per size class plus cache slots from this store's share of the host tier) as new sizes appear.
-Does not own: entry states, I/O, eviction (EntryStore) or when partitions are needed (DeepSpeed's coordinator,
-through integrations/deepspeed/param_swapper.py).
+"""Parameter partitions of one dtype in one folder: wraps an EntryStore (cache/entry_store.py) whose buffers are
+pinned arena slots (cache/buffer_sources.py ``ArenaSlots``) sized from the partition-size histogram. Owns: naming
+each partition's file, the arena and planning its slots (streaming slots per size class plus cache slots from this
+store's share of the host tier) as new sizes appear, and giving cache slots back (memory pressure, a hand-over).
+Does not own: entry states, I/O, eviction (the EntryStore, whose calls it forwards: ``FORWARDED``) or when
+partitions are needed (DeepSpeed's coordinator, through integrations/deepspeed/param_swapper.py).
 
 Plain class: imports torch, not DeepSpeed (tests/cache/test_tensor_store.py).
 """
@@ -17,13 +18,16 @@ from ..memory.pool import BufferPool
 from ..plan.budget import UNLIMITED, cache_lock_room, lockable_bytes_now
 from ..plan.size_classes import (cache_slot_counts, class_bytes, merge_close_classes, size_histogram,
                                  streaming_slot_counts)
-from .entry import EntryState
-from .entry_store import ArenaSlots, EntryStore
+from .buffer_sources import ArenaSlots
+from .entry_store import EntryStore
+from .entry_store_wrapper import EntryStoreWrapper
 from .host_budget import HostBudget
 
 
-class TensorStore(EntryStore):
+class TensorStore(EntryStoreWrapper):
     """Files plus pinned slots for parameter partitions.
+
+    ``entries`` is the wrapped EntryStore; the calls in ``FORWARDED`` are forwarded to it.
 
     Args:
         folder: where the swap files go, one per key (``<key><file_suffix>``; DeepSpeed's naming by default).
@@ -38,16 +42,24 @@ class TensorStore(EntryStore):
             cache slots never take the streaming slots' share of the memlock limit.
     """
 
+    # The EntryStore calls a parameter store's users make (integrations/deepspeed/param_swapper.py, memory
+    # pressure, stats, tests), forwarded as they are.
+    FORWARDED = frozenset({
+        "knows", "state", "kept", "path", "numels", "lent_or_reading", "swap_nbytes", "lend", "lend_new",
+        "start_read", "prefetch_if_free", "read_done", "wait_read", "read_into", "release", "mark_all_lent_changed",
+        "store", "write_and_release", "flush", "flush_key", "wait_writes", "held_keys", "forget", "check_invariants",
+        "recorder", "counters", "name", "dtype", "element_size"})
+
     def __init__(self, folder: str, dtype: torch.dtype, aligned_numel: Callable[[int], int], slots_per_class: int,
                  lock: str, io: DirectFileIO, cache_budget: Optional[HostBudget] = None,
                  file_suffix: str = "_param.tensor.swp", lockable_bytes: Callable[[], int] = lockable_bytes_now):
         self._lock_mode = lock
         self._lockable_bytes = lockable_bytes
         self._budget = cache_budget if cache_budget is not None else HostBudget(0)
-        super().__init__("params", dtype, aligned_numel, io,
-                         ArenaSlots(BufferPool("params", lock=lock), caching=self._budget.total_bytes > 0))
+        self.pool = BufferPool("params", lock=lock)
+        super().__init__(EntryStore("params", dtype, aligned_numel, io,
+                                    ArenaSlots(self.pool, caching=self._budget.total_bytes > 0)))
         self.folder = folder
-        self.pool = self.source.pool
         self._slots_per_class = slots_per_class
         self._file_suffix = file_suffix
         self._unplanned: Dict[Hashable, int] = {}  # key -> swap bytes, registered since the last plan
@@ -60,9 +72,9 @@ class TensorStore(EntryStore):
 
     def staging_view(self, key, numel: int) -> torch.Tensor:
         """A buffer for a new partition's first bytes; ``write_and_release`` stores it. (DeepSpeed get_buffer.)"""
-        if not self.knows(key):
-            self._unplanned[key] = self.swap_nbytes(numel)
-        return self.lend_new(key, numel, self.path_of(key), staging=True)
+        if not self.entries.knows(key):
+            self._unplanned[key] = self.entries.swap_nbytes(numel)
+        return self.entries.lend_new(key, numel, self.path_of(key), staging=True)
 
     def plan(self) -> None:
         """Reserve arena slots for the sizes registered since the last plan: streaming slots, plus cache slots
@@ -87,20 +99,16 @@ class TensorStore(EntryStore):
         clean copies of the others are dropped too, the arena and the cache budget it took go back, and the
         partitions still swapped are planned anew at the next ``plan``: slots only for them (stage 3 hands
         partitions over after zero.Init's gathers have planned slots for all)."""
-        self.forget(key)
-        with self._lock:
-            self._unplanned.pop(key, None)
-            if self._external_reads or any(entry.state not in (EntryState.ON_FILE, EntryState.CLEAN)
-                                           for entry in self._entries.values()):
+        self.entries.forget(key)
+        self._unplanned.pop(key, None)
+        with self.entries.exclusive() as store:
+            if not store.idle():
                 return  # a partition is lent, in flight or owed to its file: keep the slots as planned
-            for entry in list(self._cached.values()):  # clean copies: their files hold the same bytes
-                del self._cached[entry.key]
-                self._drop(entry, EntryState.ON_FILE)
-            self._checked()
+            store.drop_clean_copies()  # their files hold the same bytes
             if self.pool.stats()["in_use_bytes"]:
                 return
             self._close_pool()
-            self._unplanned = {other: self.swap_nbytes(entry.numel) for other, entry in self._entries.items()}
+            self._unplanned = store.swap_nbytes_by_key()
 
     @property
     def streaming_bytes_reserved(self) -> int:
@@ -131,7 +139,7 @@ class TensorStore(EntryStore):
         meanwhile); growing does not take it (mlock faults the slots' pages in, milliseconds per 100 MiB, and a
         slot brought back is usable by anyone at once)."""
         target = max(0, int(target_bytes))
-        with self._lock:
+        with self.entries.exclusive() as store:
             if target < self.cache_bytes_reserved:
                 if self.pool.can_retire:
                     self._budget.resize(target)  # a later plan (new partition sizes) adds no cache slots beyond it
@@ -139,9 +147,8 @@ class TensorStore(EntryStore):
                     excess = self.cache_bytes_reserved - target
                     if excess > 0:
                         retirable = self._retirable_slots()
-                        self._evict_held_locked(excess, lambda buffer: retirable.get(buffer.capacity_bytes, 0) > 0)
+                        store.evict_held(excess, lambda buffer: retirable.get(buffer.capacity_bytes, 0) > 0)
                         self._retire_cache_slots(target)
-                    self._checked()
                 return self.cache_bytes_reserved
         if target > self.cache_bytes_reserved:
             self._budget.resize(max(self._budget.total_bytes, target))
@@ -195,23 +202,23 @@ class TensorStore(EntryStore):
         if lock_room != UNLIMITED and lock_room < room:
             logger.warning("%s: the host cache gets %d of its %d bytes: the memlock limit lets this process lock %d "
                            "more bytes and the streaming slots take %d (raise `ulimit -l` for more)",
-                           self.name, lock_room, room, lockable, streaming_bytes)
+                           self.entries.name, lock_room, room, lockable, streaming_bytes)
             room = lock_room
         return room
 
     def write_from(self, key, source: torch.Tensor) -> None:
         """New weights after an optimizer step (cast to our dtype): kept dirty in the cached slot (write-back), or
         written at once when streaming."""
-        self.store(key, source)
+        self.entries.store(key, source)
 
     def stats(self):
         stats = self.pool.stats()
-        store = super().stats()
+        store = self.entries.stats()
         stats.update(store, cache_hits=store["hits"], cache_misses=store["misses"])
         return stats
 
     def close(self) -> None:
-        super().close()
+        self.entries.close()
         self._close_pool()
 
     def _close_pool(self) -> None:

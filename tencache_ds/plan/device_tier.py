@@ -1,6 +1,7 @@
 """Which gathered parameters stay on the device between uses. Owns: the device tier's admission and eviction
-(Belady over the profiled use sequence, under a byte budget) and how its budget is resolved. Pure: keys, sizes
-and positions; integrations/deepspeed/coordinator.py turns the decisions into DeepSpeed calls.
+(Belady over the profiled use sequence, under a byte budget: the rules of plan/eviction.py) and how its budget is
+resolved. Pure: keys, sizes and positions; integrations/deepspeed/coordinator.py turns the decisions into DeepSpeed
+calls.
 
 ZeRO-3 releases (re-partitions) a parameter after each use unless it is used again within
 ``stage3_max_reuse_distance``. 10Cache keeps it instead while the device budget allows, choosing by next use: the
@@ -12,6 +13,7 @@ import math
 from typing import Callable, Dict, Hashable, List, Optional, Tuple
 
 from ..profile.next_use import NextUseIndex
+from .eviction import farthest_first, victims_for
 
 
 def device_tier_budget(configured, gathers_alias_partitions: bool, host_param_cache_bytes: int,
@@ -92,14 +94,9 @@ class DeviceTier:
         needed = self.resident_bytes + nbytes - self.budget_bytes
         victims: List[Hashable] = []
         if needed > 0:
-            later = sorted((k for k in self._resident if evictable(k)),
-                           key=lambda k: -self.index.distance(k, position))
-            for candidate in later:
-                if needed <= 0 or self.index.distance(candidate, position) <= own_distance:
-                    break
-                victims.append(candidate)
-                needed -= self._resident[candidate]
-            if needed > 0:
+            farthest = farthest_first([k for k in self._resident if evictable(k)], self.index, position)
+            victims = victims_for(needed, farthest, self._resident.__getitem__, self.index, position, own_distance)
+            if victims is None:
                 return False, []  # not worth it: everything that could make room is needed sooner
         for victim in victims:
             self._forget(victim)
@@ -117,9 +114,7 @@ class DeviceTier:
         excess = self.resident_bytes - self.budget_bytes
         if excess <= 0:
             return []
-        order = [key for key in self._resident if evictable(key)]
-        if self.index is not None:
-            order.sort(key=lambda key: -self.index.distance(key, position))
+        order = farthest_first([key for key in self._resident if evictable(key)], self.index, position)
         victims = []
         for key in order:
             if excess <= 0:

@@ -1,15 +1,16 @@
 """Which tensors a host tier of a given size keeps, step after step. Owns: replaying a repeating access sequence
-through a byte budget under the store's policy (cache/entry_store.py: Belady eviction over the profiled order,
-and no admission when every possible victim is needed sooner than the newcomer). Pure.
+through a byte budget under the store's policy (plan/eviction.py, the rules cache/entry_store.py applies: Belady
+eviction over the profiled order, and no admission when every possible victim is needed sooner than the newcomer).
+Pure.
 
 It counts bytes, not slots: the parameter store's arena has a slot per size class, so it may keep a little less
 than predicted here. Used by `tencache-ds plan` and to tell the prefetch planner which accesses read NVMe.
 """
 import dataclasses
-from typing import Dict, FrozenSet, Hashable, List, Sequence, Set
+from typing import Dict, FrozenSet, Hashable, Sequence, Set
 
 from ..profile.next_use import NextUseIndex
-from .prefetch import worth_evicting
+from .eviction import farthest_first, victims_for
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,17 +50,10 @@ def steady_state(keys: Sequence[Hashable], tensor_nbytes: Dict[Hashable, int], c
             size = tensor_nbytes[key]
             if size > capacity_bytes:
                 continue
-            victims: List[Hashable] = []
-            free = capacity_bytes - used
-            by_distance = sorted(held, key=lambda other: -index.distance(other, after))
-            for other in by_distance:
-                if free >= size:
-                    break
-                if not worth_evicting(index.distance(other, after), index.distance(key, after)):
-                    break
-                victims.append(other)
-                free += held[other]
-            if free < size:
+            farthest = farthest_first(list(held), index, after)
+            victims = victims_for(size - (capacity_bytes - used), farthest, held.__getitem__,
+                                  index, after, index.distance(key, after))
+            if victims is None:
                 continue  # bypass: not kept, the victims stay
             for other in victims:
                 used -= held.pop(other)

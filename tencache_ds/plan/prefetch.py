@@ -1,9 +1,9 @@
 """Prefetch planning: how far ahead each NVMe read must be issued to be done before its tensor is used. Owns: the
 lead of every access of a step profile, their growth from late-read feedback, the bound on bytes in flight, the
-predicted step time and the I/O bound, and the rule that a read which would evict a tensor needed sooner is not
-issued. Pure: no clock, no I/O. Does not own: which accesses need a read (the host tier:
-plan/host_residency.py predicts it, the store knows it), issuing reads (the consumer), eviction
-(cache/entry_store.py).
+predicted step time and the I/O bound. Pure: no clock, no I/O. Does not own: which accesses need a read (the host
+tier: plan/host_residency.py predicts it, the store knows it), issuing reads (the consumer), eviction and the rule
+that a read which would evict a tensor needed sooner is not issued (plan/eviction.py, applied by
+cache/entry_store.py).
 
 What a consumer calls::
 
@@ -17,7 +17,7 @@ What a consumer calls::
     # when access `position` had to wait for a read issued ahead:
     schedule.late(position, late_s=waited)        # grows its lead from the next step on
     schedule.leads[position], schedule.predicted_step_s, schedule.io_bound_s (= max(compute_s, read_s))
-    worth_evicting(victim_next_use, incoming_next_use)  # before evicting to make room for a prefetch
+    eviction.worth_evicting(victim_next_use, incoming_next_use)  # plan/eviction.py: before evicting for a prefetch
 
 The model (what "predicted" means):
 - The step repeats. Access ``i`` is preceded by its gap's compute time (profile.gap_compute_s; the gap before
@@ -44,13 +44,6 @@ from ..profile.step_profile import StepProfile
 REPLAY_LAPS = 4       # steps replayed per prediction: the first starts cold, the last is measured (steady state)
 MAX_PLAN_ROUNDS = 16  # replay -> grow the late reads -> replay ...; the best plan seen is kept
 PATIENCE_ROUNDS = 2   # rounds in a row without a shorter step before planning stops
-
-
-def worth_evicting(victim_next_use: float, incoming_next_use: float) -> bool:
-    """Belady's rule for making room: evict the victim for the incoming tensor (a prefetch, or a read to keep)
-    only if the victim is needed later. Distances in accesses (NextUseIndex.distance; inf: never again). E.g.
-    victim next used in 12 accesses, prefetch target in 3: evict and issue. Victim in 2: do not issue."""
-    return victim_next_use > incoming_next_use
 
 
 class PrefetchSchedule:

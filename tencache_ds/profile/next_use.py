@@ -1,5 +1,6 @@
 """When is a tensor needed next? Owns: distances in a recorded access order that repeats every training step.
-Pure. With the future known, evicting the cached tensor whose next use is farthest away is optimal (Belady).
+Pure. With the future known, evicting the cached tensor whose next use is farthest away is optimal (Belady:
+plan/eviction.py).
 
 In profile/, the layer below plan/: the profile lifecycle builds one from a recorded step, and the planners (plan/)
 and the stores (cache/) read it."""
@@ -43,11 +44,3 @@ class NextUseIndex:
 
     def __contains__(self, key) -> bool:
         return key in self._positions
-
-
-def choose_victim(candidates: Sequence[Hashable], index: "NextUseIndex | None", position: int) -> Hashable:
-    """The candidate to evict: the one used farthest in the future (Belady) when ``index`` knows the order, the
-    first (least recently used, callers pass LRU order) otherwise or on ties."""
-    if index is None:
-        return candidates[0]
-    return max(candidates, key=lambda key: index.distance(key, position))  # max keeps the first on ties

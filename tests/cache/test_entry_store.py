@@ -2,12 +2,15 @@
 lending, write-back, Belady admission with bypass, forgetting on checkpoint load. Real files, real I/O; the
 store's invariants are checked after every call."""
 import time
+from concurrent.futures import Future
 
 import pytest
 import torch
 
-from tencache_ds.cache.entry import LEGAL_TRANSITIONS, EntryState, IllegalTransition, check_transition
-from tencache_ds.cache.entry_store import BudgetedPageable, EntryStore
+from tencache_ds.cache.entry import (LEGAL_TRANSITIONS, Entry, EntryState, IllegalTransition, PendingUse, check_entry,
+                                     check_transition)
+from tencache_ds.cache.buffer_sources import BudgetedPageable
+from tencache_ds.cache.entry_store import EntryStore
 from tencache_ds.cache.host_budget import HostBudget
 from tencache_ds.io.direct_io import DirectFileIO
 from tencache_ds.memory.pool import BufferPool
@@ -364,3 +367,64 @@ def test_waiting_for_writes_in_flight_gives_their_streaming_slots_back(tmp_path)
     store.close()
     pool.close()
     slow.close()
+
+
+def test_a_read_ahead_carries_its_flags_on_its_entry_until_it_is_used_or_released(tmp_path, io):
+    """What the store knows of a read ahead (read in flight not waited for yet, use still to be recorded, a read
+    into the caller's buffer) lives on the entry, and the store's invariants tie it to the entry's state. Step by
+    step, with the invariants checked after every call: a flag left behind (a pending use on an entry back on
+    file, a read ahead on an entry lent out) fails the check."""
+    store = make(tmp_path, io, budget_bytes=10 * NBYTES)
+    put(store, tmp_path, "a", 3.0)
+    store.trim_kept(0)  # written, then its buffer goes: on file
+    assert store.state("a") == EntryState.ON_FILE
+    position = store.recorder.position
+    # 1. a read ahead: reading into our buffer, nothing recorded yet
+    store.start_read("a", prefetch=True)
+    assert store.state("a") == EntryState.READING and store.recorder.position == position
+    # 2. released unused: the read is finished and kept as a copy; neither its use nor lateness is recorded
+    store.release("a")
+    assert store.state("a") == EntryState.CLEAN and store.recorder.position == position
+    assert store.counters.prefetch_late == 0
+    # 3. read ahead again: a hit, lent at once; its use is recorded only when waited for
+    store.start_read("a", prefetch=True)
+    assert store.state("a") == EntryState.LENT_CLEAN and store.recorder.position == position
+    assert torch.all(store.wait_read("a") == 3.0) and store.recorder.position == position + 1
+    store.release("a")
+    # 4. a read into the caller's buffer: a copy of ours, the entry stays a held copy
+    mine = torch.zeros(NUMEL)
+    store.start_read("a", into=mine, prefetch=True)
+    assert store.state("a") == EntryState.CLEAN
+    with pytest.raises(RuntimeError):  # that read not waited for yet: no second one
+        store.start_read("a")
+    assert torch.all(store.wait_read("a") == 3.0) and torch.all(mine == 3.0)
+    assert store.recorder.position == position + 2
+    # 5. evicted after all that: nothing of the reads is left on the entry
+    store.trim_kept(0)
+    assert store.state("a") == EntryState.ON_FILE
+    store.check_invariants()
+    store.close()
+
+
+BUFFER = object()  # a stand-in buffer: check_entry looks at whether there is one, not at its bytes
+
+
+@pytest.mark.parametrize("entry, why", [
+    (Entry("k", 1, "k", EntryState.ON_FILE, pending_use=PendingUse()),
+     "a use to record for a tensor nobody is reading or holding: a read ahead released without clearing it"),
+    (Entry("k", 1, "k", EntryState.ON_FILE, prefetched=True),
+     "a read ahead with no read: wait_read would count it late, or a later one would never be"),
+    (Entry("k", 1, "k", EntryState.LENT_CLEAN, buffer=BUFFER, external_read=Future()),
+     "lent from our buffer while a read into the caller's is pending: two reads of one tensor"),
+    (Entry("k", 1, "k", EntryState.CLEAN, buffer=BUFFER, kept=True, evicting=True),
+     "evicting with no write in flight: the buffer would never go"),
+    (Entry("k", 1, "k", EntryState.ON_FILE, kept=True),
+     "kept with no buffer: the kept bytes would be miscounted"),
+    (Entry("k", 1, "k", EntryState.CLEAN, buffer=BUFFER),
+     "a held copy in a buffer the tier may not keep (a transient one): it would never go back"),
+])
+def test_an_entry_whose_fields_contradict_its_state_fails_the_check(entry, why):
+    with pytest.raises(AssertionError):
+        check_entry(entry)
+    # the same entry with the contradiction removed passes
+    check_entry(Entry("k", 1, "k", entry.state, buffer=entry.buffer, kept=entry.buffer is not None))

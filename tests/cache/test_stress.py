@@ -14,7 +14,8 @@ import time
 import pytest
 import torch
 
-from tencache_ds.cache.entry_store import BudgetedPageable, EntryStore
+from tencache_ds.cache.buffer_sources import BudgetedPageable
+from tencache_ds.cache.entry_store import EntryStore
 from tencache_ds.cache.host_budget import HostBudget
 from tencache_ds.cache.tensor_store import TensorStore
 from tencache_ds.memory.pool import BufferPool

@@ -5,7 +5,8 @@ import random
 
 import pytest
 
-from tencache_ds.plan.prefetch import PrefetchSchedule, worth_evicting
+from tencache_ds.plan.eviction import worth_evicting
+from tencache_ds.plan.prefetch import PrefetchSchedule
 from tencache_ds.profile.step_profile import StepProfile
 
 

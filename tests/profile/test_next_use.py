@@ -4,7 +4,8 @@ import random
 
 import pytest
 
-from tencache_ds.profile.next_use import NextUseIndex, choose_victim
+from tencache_ds.plan.eviction import choose_victim
+from tencache_ds.profile.next_use import NextUseIndex
 
 
 def brute_force_distance(order, key, position):

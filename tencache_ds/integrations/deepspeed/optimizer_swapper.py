@@ -1,7 +1,8 @@
 """DeepSpeed's optimizer swapper over tencache's host tier. Owns: translating the calls ZeRO-3 makes on its
-optimizer swapper (deepspeed-integration.md, a.6) into EntryStore calls, and keeping DeepSpeed's view of each
-sub-group consistent (the ``.data`` of its fp32 master and state tensors, ``.grad``, ``swap_params_info``). Entry
-states, I/O and eviction live in cache/entry_store.py.
+optimizer swapper (deepspeed-integration.md, a.6) into OptimizerStore calls, and keeping DeepSpeed's view of each
+sub-group consistent (the ``.data`` of its fp32 master and state tensors, ``.grad``, ``swap_params_info``). The
+store (streaming slots, host-tier share, footprint arithmetic) is cache/optimizer_store.py; entry states, I/O and
+eviction live in cache/entry_store.py.
 
 What changes for users:
 - Zero copies on a hit: a swap-in lends the held buffers themselves as the sub-group's fp32 master, Adam moments
@@ -30,24 +31,19 @@ from deepspeed import comm as dist
 from ...config import CONFIG_KEY
 from ...errors import TencacheConfigError
 from ...ext_lock import raise_if_stale_locks
-from ...cache.entry_store import BudgetedPageable, EntryStore
 from ...cache.entry import EntryState
-from ...cache.host_budget import HostBudget
+from ...cache.optimizer_store import OptimizerStore, optimizer_tier_share
 from ...io.direct_io import DirectFileIO
 from ...io.shared_files import LinkSafeIO, unshare_folder
 from ...memory.pool import BufferPool
 from ...plan.budget import MachineResources, resolve_budgets
-from ...plan.host_tier import (OPTIMIZER_BYTES_PER_ELEMENT, OPTIMIZER_IO_BYTES_PER_HELD_BYTE,
-                               PARAM_IO_BYTES_PER_HELD_BYTE, TierDemand, split_host_budget)
 from ...profile.lifecycle import ProfileLifecycle
-from ...units import PAGE_BYTES, round_up
 from .profiling import rank_profile_path
 from .config_bridge import (DEEPSPEED_OPS, MIN_SWAPPABLE_BYTES, find_stage3_ds_config, initialize_call_config,
                             io_aligned_numel, prepare_swap_folder, validate_ds_config)
 from . import param_swapper, reporting
 
 NVME_PATH_KEY = "zero_optimization.offload_optimizer.nvme_path"
-STREAMING_BUFFERS = 8  # one sub-group in use (4) and the next one read ahead (4)
 
 
 def _refuse_without_config() -> None:
@@ -100,20 +96,10 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         self.largest_numel = io_aligned_numel(largest_numel, dtype, intra_op)
         self.dtype = dtype
         self.io = DirectFileIO(num_threads=max(2, intra_op), name="tencache-optim-io")
-        self.pool = BufferPool("optimizer", lock="off")
-        # Streaming slots for sub-groups the host tier does not hold: reused between steps, never locked. Adam
-        # needs the master, two moments and the gradient of one sub-group at once (deepspeed-integration.md a.7),
-        # and as many for the next sub-group, read ahead meanwhile. They start retired (no memory) and come back
-        # one by one as a tensor first has to stream (BudgetedPageable.fallback): a tier that holds everything
-        # never commits them, and one that holds everything again gives them back (resize_host_footprint).
-        self._streaming_slot_bytes = round_up(self.largest_numel * self.swap_element_size, PAGE_BYTES)  # its class
-        streaming_slots = max(STREAMING_BUFFERS, int(swap_config.buffer_count))
-        self.pool.add_classes({self._streaming_slot_bytes: streaming_slots})
-        self.pool.retire_free(self._streaming_slot_bytes, streaming_slots)
-        self.budget = HostBudget(self._host_tier_share())
         # LinkSafeIO: a swap file linked into a checkpoint (checkpoint_save.py) is replaced, never written in place
-        self.store = EntryStore("optimizer", dtype, lambda numel: io_aligned_numel(numel, dtype, intra_op),
-                                LinkSafeIO(self.io), BudgetedPageable(self.pool, self.budget))
+        self.store = OptimizerStore(dtype, lambda numel: io_aligned_numel(numel, dtype, intra_op), LinkSafeIO(self.io),
+                                    self.largest_numel, int(swap_config.buffer_count), self._host_tier_share)
+        self.pool, self.budget = self.store.pool, self.store.budget  # what memory pressure and stats read
         self.last_folder_transfer = None  # what the last checkpoint save or load of the folder did
         # The optimizer's tensors are used in the same order every step. log_timers() ends each step; the first
         # call ends initialisation, the second the first training step, in which Adam creates its moments (stored
@@ -148,8 +134,8 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         return self._folder
 
     def _host_tier_share(self) -> int:
-        """This swapper's bytes of the host tier: what the split by I/O saved per byte (plan/host_tier.py) leaves
-        after the parameter partitions, whose cache slots are planned now so the split is deterministic."""
+        """This swapper's bytes of the host tier (cache/optimizer_store.py optimizer_tier_share), after the
+        parameter partitions, whose cache slots are planned now so the split is deterministic."""
         param_bytes = param_elements = streaming_bytes = 0
         for swapper in param_swapper.live_swappers():
             swapper.plan()
@@ -158,11 +144,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         budgets = resolve_budgets(self.config, MachineResources.probe(), stream_min_bytes=streaming_bytes)
         for group in getattr(self.optimizer, "param_groups", []):
             param_elements += sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel() for p in group["params"])
-        shares = split_host_budget(budgets.host_cache_bytes, [
-            TierDemand("params", param_bytes, PARAM_IO_BYTES_PER_HELD_BYTE),
-            TierDemand("optimizer", max(param_elements * OPTIMIZER_BYTES_PER_ELEMENT, budgets.host_cache_bytes),
-                       OPTIMIZER_IO_BYTES_PER_HELD_BYTE)])
-        return shares["optimizer"]
+        return optimizer_tier_share(budgets.host_cache_bytes, param_bytes, param_elements)
 
     # ------------------------------------------------------------------------------ the checkpoint contract
     @property
@@ -319,50 +301,33 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             return
         self._release_read_ahead()
         self.store.flush()
-        self.store.close()
+        self.store.close()  # its buffers, then the streaming slots' arena
         unshare_folder(self._folder)  # files still shared with a checkpoint: no later writer may reach it
-        self.pool.close()  # the streaming slots' arena
         self.io.close()
         self.closed = True
 
     # ---------------------------------------------------------------------------------- memory pressure
     def host_footprint_bytes(self) -> int:
-        """Host memory the tier holds for optimizer state now: buffers kept between uses, and streaming slots
-        brought into use."""
-        stats = self.pool.stats()
-        return self.budget.used_bytes + stats["reserved_bytes"] - stats["retired_bytes"]
+        """Host memory the tier holds for optimizer state now (cache/optimizer_store.py)."""
+        return self.store.host_footprint_bytes()
 
     def least_host_footprint_bytes(self) -> int:
-        """The footprint when the tier keeps nothing: the streaming slots one update uses at once (a sub-group's
-        master, moments and gradient; the next sub-group's too when it is read ahead)."""
-        per_sub_group = OPTIMIZER_BYTES_PER_ELEMENT // self.swap_element_size  # fp32: master, 2 moments, gradient
-        tensors = per_sub_group * (2 if self.reads_ahead and len(self.swap_params_info) > 1 else 1)
-        slots = self.pool.class_slots().get(self._streaming_slot_bytes, {}).get("slots", 0)
-        return min(tensors, slots) * self._streaming_slot_bytes
+        return self.store.least_host_footprint_bytes(self._reads_two_sub_groups())
 
     def resize_host_footprint(self, target_bytes: int) -> None:
         """Hold about ``target_bytes`` of host memory for optimizer state from now on (memory pressure, or memory
-        back: integrations/deepspeed/memory_pressure.py): a budget for kept buffers that leaves room for the
-        streaming slots, since whatever is not kept streams through them; all of it for kept buffers when that
-        holds the whole state (nothing streams: the streaming slots are given back)."""
-        everything = target_bytes >= self.state_bytes()
-        budget = target_bytes if everything else max(0, target_bytes - self.least_host_footprint_bytes())
-        self.budget.resize(budget)
-        self.store.trim_kept(budget)
-        if everything:  # a slot still writing out the last update's sub-group is not free: wait for it first
-            self.store.wait_writes()
-            self.pool.retire_free(self._streaming_slot_bytes, 1 << 32)
+        back: integrations/deepspeed/memory_pressure.py)."""
+        self.store.resize_host_footprint(target_bytes, self.state_bytes(), self._reads_two_sub_groups())
 
     def planned_host_footprint_bytes(self) -> int:
-        """The footprint the budget plans for: the budget, and the streaming slots when it cannot keep everything."""
-        streams = self.budget.total_bytes < self.state_bytes()
-        return self.budget.total_bytes + (self.least_host_footprint_bytes() if streams else 0)
+        return self.store.planned_host_footprint_bytes(self.state_bytes(), self._reads_two_sub_groups())
 
     def state_bytes(self) -> int:
-        """Every sub-group's master, moments and gradient, in the page-rounded buffers keeping them takes."""
-        per_sub_group = OPTIMIZER_BYTES_PER_ELEMENT // self.swap_element_size
-        return sum(per_sub_group * round_up(self.store.swap_nbytes(info.numel()), PAGE_BYTES)
-                   for info in self.swap_params_info.values())
+        return self.store.state_bytes(info.numel() for info in self.swap_params_info.values())
+
+    def _reads_two_sub_groups(self) -> bool:
+        """An update holds two sub-groups at once: the one stepping, and the next one read ahead meanwhile."""
+        return self.reads_ahead and len(self.swap_params_info) > 1
 
     # ------------------------------------------------------------------ step boundaries: logging, metrics
     def pre_backward(self):

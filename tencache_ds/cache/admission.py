@@ -1,0 +1,146 @@
+"""Which entries of a store hold host buffers. Owns: finding a buffer for an incoming entry (a free one from the
+buffer source; else a held entry's, chosen by plan/eviction.py's Belady over the profiled order, least recently used
+while the order is unknown, unless bypassing is better; else a write in flight that frees one; else a transient
+buffer), and giving held buffers back under memory pressure (also to a caller holding the store's lock:
+``ExclusiveStore``). Does not own: the rules themselves (plan/eviction.py),
+the I/O (cache/transfers.py), where buffers come from (cache/buffer_sources.py).
+
+Locking: called with the store's lock held (waits for writes release it: cache/transfers.py).
+"""
+from typing import Callable, Dict, Hashable, Optional, Tuple
+
+from ..memory.pool import HostBuffer
+from ..plan.eviction import bypasses, choose_victim, farthest_first
+from ..profile.next_use import NextUseIndex
+from ..profile.recorder import StepRecorder
+from .buffer_sources import BufferSource
+from .entry import LENT, Entry, EntryState
+from .entry_table import EntryTable
+from .transfers import Transfers
+
+S = EntryState
+
+
+class Admission:
+    """Buffers for the entries of ``table``: from ``source``, or by evicting. ``next_use``: the profiled order
+    (None until a profile is known; ignored while the step has left it: ``recorder.on_track``)."""
+
+    def __init__(self, table: EntryTable, transfers: Transfers, source: BufferSource, recorder: StepRecorder,
+                 counters):
+        self._table = table
+        self._transfers = transfers
+        self._source = source
+        self._recorder = recorder
+        self._counters = counters
+        self.next_use: Optional[NextUseIndex] = None
+
+    def _index(self) -> Optional[NextUseIndex]:
+        return self.next_use if self._recorder.on_track else None  # a step that left the profile: LRU
+
+    def acquire(self, nbytes: int, incoming, use_pending: bool = False) -> Tuple[HostBuffer, bool]:
+        """(buffer, kept) for ``nbytes`` of entry ``incoming``: a free buffer from the source; else a held entry
+        gives its buffer up (Belady victim; a dirty one is written first, and only its write is waited for);
+        else a write in flight that frees a fitting buffer is waited for; else a transient buffer.
+        ``use_pending``: the read is a prefetch, its use (not yet recorded) still ahead."""
+        self._transfers.reap_writes()
+        while True:
+            buffer = self._source.try_acquire(nbytes)
+            if buffer is not None:
+                return buffer, self._source.keeps(buffer)
+            victim = self._choose_victim(nbytes, incoming, use_pending)
+            if victim is not None:
+                self._counters.evictions += 1
+                if victim.state == S.CLEAN:
+                    self._transfers.drop(victim, S.ON_FILE)
+                else:
+                    self._transfers.start_write(victim, evicting=True)
+                    self._counters.waits_for_slots += 1
+                    self._transfers.wait_write(victim)
+                continue
+            pending = next((entry for entry in self._table.writing()
+                            if entry.evicting and self._source.frees_room_for(entry.buffer, nbytes)), None)
+            if pending is not None:
+                self._counters.waits_for_slots += 1
+                self._transfers.wait_write(pending)
+                continue
+            self._counters.transient_buffers += 1
+            return self._source.fallback(nbytes), False
+
+    def _choose_victim(self, nbytes: int, incoming, use_pending: bool) -> Optional[Entry]:
+        fitting = [entry.key for entry in self._table.held() if self._source.frees_room_for(entry.buffer, nbytes)]
+        if not fitting:
+            return None
+        position = self._recorder.position
+        index = self._index()
+        key = choose_victim(fitting, index, position)
+        if self._source.bypass and index is not None and incoming in index and \
+                bypasses(index, key, incoming, position, use_pending):
+            self._counters.bypassed += 1
+            return None
+        return self._table[key]
+
+    def evict_held(self, nbytes: int, may_give_back: Callable[[HostBuffer], bool]) -> int:
+        """Evict held entries whose buffers ``may_give_back`` until at least ``nbytes`` of buffers are freed (fewer
+        when there are not enough): farthest next use first; the dirty ones' writes run together and are waited
+        for. Returns the bytes freed."""
+        candidates = [entry.key for entry in self._table.held() if may_give_back(entry.buffer)]
+        victims, freed = [], 0
+        for key in farthest_first(candidates, self._index(), self._recorder.position):
+            if freed >= nbytes:
+                break
+            victims.append(self._table[key])
+            freed += self._table[key].buffer.capacity_bytes
+        for victim in victims:
+            self._counters.evictions += 1
+            if victim.state == S.CLEAN:
+                self._transfers.drop(victim, S.ON_FILE)
+            else:
+                self._transfers.start_write(victim, evicting=True)
+        for victim in victims:
+            self._transfers.wait_write(victim)
+        return freed
+
+    def trim_kept(self, target_bytes: int) -> int:
+        """Keep at most ``target_bytes`` of buffers from now on: held entries go (``evict_held``); if that is not
+        enough, lent entries are no longer kept and go when released, farthest next use first. Returns the kept
+        bytes left."""
+        self._transfers.reap_writes()
+        excess = self.kept_bytes() - max(0, int(target_bytes))
+        excess -= self.evict_held(excess, lambda buffer: True)
+        lent = [entry.key for entry in self._table if entry.state in LENT and entry.kept]
+        for key in farthest_first(lent, self._index(), self._recorder.position):
+            if excess <= 0:
+                break
+            self._table[key].kept = False  # released into a write and a drop, not into the cache
+            excess -= self._table[key].buffer.capacity_bytes
+        return self.kept_bytes()
+
+    def kept_bytes(self) -> int:
+        """Bytes of buffers kept between uses (held now, or lent and to be held again at release)."""
+        return sum(entry.buffer.capacity_bytes for entry in self._table if entry.buffer is not None and entry.kept)
+
+
+class ExclusiveStore:
+    """What a caller may do inside ``EntryStore.exclusive`` (the lock is held there: the store's own calls would
+    wait for it forever)."""
+
+    def __init__(self, table: EntryTable, transfers: Transfers, admission: Admission):
+        self._table = table
+        self._transfers = transfers
+        self._admission = admission
+
+    def idle(self) -> bool:
+        """Nothing lent, in flight, or owed to its file: every entry is on file or a clean copy."""
+        return all(entry.state in (S.ON_FILE, S.CLEAN) and entry.external_read is None for entry in self._table)
+
+    def drop_clean_copies(self) -> None:
+        """Give back the buffers of clean copies (their files hold the same bytes)."""
+        for entry in self._table.held():
+            self._transfers.drop(entry, S.ON_FILE)
+
+    def evict_held(self, nbytes: int, may_give_back: Callable[[HostBuffer], bool]) -> int:
+        """Give back at least ``nbytes`` of held buffers, farthest next use first (cache/admission.py)."""
+        return self._admission.evict_held(nbytes, may_give_back)
+
+    def swap_nbytes_by_key(self) -> Dict[Hashable, int]:
+        return {entry.key: self._transfers.swap_nbytes(entry.numel) for entry in self._table}

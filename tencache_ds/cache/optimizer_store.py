@@ -1,0 +1,114 @@
+"""Optimizer state of one rank: wraps an EntryStore (cache/entry_store.py) whose buffers are budgeted pageable
+memory (cache/buffer_sources.py ``BudgetedPageable``). Owns: the streaming slots sub-groups the tier does not hold
+stream through, this store's share of the host tier, and the footprint arithmetic memory pressure works with (what
+the tier holds now, the least it can hold, resizing it). Does not own: entry states, I/O, eviction (the EntryStore,
+whose calls it forwards: ``FORWARDED``), what a sub-group is or when it is used (DeepSpeed, through
+integrations/deepspeed/optimizer_swapper.py, which gives the sub-groups' sizes).
+
+Plain class: imports torch, not DeepSpeed.
+"""
+from typing import Callable, Iterable
+
+import torch
+
+from ..io.direct_io import DirectFileIO
+from ..memory.pool import BufferPool
+from ..plan.host_tier import (OPTIMIZER_BYTES_PER_ELEMENT, OPTIMIZER_IO_BYTES_PER_HELD_BYTE,
+                              PARAM_IO_BYTES_PER_HELD_BYTE, TierDemand, split_host_budget)
+from ..units import PAGE_BYTES, round_up
+from .buffer_sources import BudgetedPageable
+from .entry_store import EntryStore
+from .entry_store_wrapper import EntryStoreWrapper
+from .host_budget import HostBudget
+
+STREAMING_BUFFERS = 8  # one sub-group in use (4) and the next one read ahead (4)
+
+
+def optimizer_tier_share(host_cache_bytes: int, param_cache_bytes: int, param_elements: int) -> int:
+    """The optimizer's bytes of a host tier of ``host_cache_bytes``: what the split by I/O saved per byte
+    (plan/host_tier.py) leaves after the parameter partitions' ``param_cache_bytes`` of cache slots. Its demand is
+    every sub-group's state (``param_elements`` elements), at least the whole tier."""
+    shares = split_host_budget(host_cache_bytes, [
+        TierDemand("params", param_cache_bytes, PARAM_IO_BYTES_PER_HELD_BYTE),
+        TierDemand("optimizer", max(param_elements * OPTIMIZER_BYTES_PER_ELEMENT, host_cache_bytes),
+                   OPTIMIZER_IO_BYTES_PER_HELD_BYTE)])
+    return shares["optimizer"]
+
+
+class OptimizerStore(EntryStoreWrapper):
+    """Files plus budgeted host buffers for the optimizer's fp32 sub-group tensors (master, moments, gradient).
+
+    Args:
+        dtype: element type of every tensor.
+        aligned_numel: rounds a numel up to the I/O alignment; files and buffers use the rounded length.
+        io: the I/O engine.
+        largest_numel: the largest sub-group's elements (aligned): the size of a streaming slot.
+        streaming_slots: how many (at least ``STREAMING_BUFFERS``).
+        host_tier_share: this store's bytes of the host tier, asked once the streaming slots are set up.
+    """
+
+    # The EntryStore calls the optimizer swapper and the checkpoint code make, forwarded as they are.
+    FORWARDED = frozenset({
+        "add", "knows", "state", "kept", "path", "numels", "swap_nbytes", "lend", "lend_new", "start_read",
+        "wait_read", "release", "write_parts", "flush", "flush_key", "wait_writes", "held_keys", "forget",
+        "forget_all", "trim_kept", "stats", "check_invariants", "recorder", "counters"})
+
+    def __init__(self, dtype: torch.dtype, aligned_numel: Callable[[int], int], io: DirectFileIO,
+                 largest_numel: int, streaming_slots: int, host_tier_share: Callable[[], int]):
+        self.element_size = torch.empty((), dtype=dtype).element_size()
+        self.pool = BufferPool("optimizer", lock="off")
+        # Streaming slots for sub-groups the host tier does not hold: reused between steps, never locked. Adam
+        # needs the master, two moments and the gradient of one sub-group at once (deepspeed-integration.md a.7),
+        # and as many for the next sub-group, read ahead meanwhile. They start retired (no memory) and come back
+        # one by one as a tensor first has to stream (BudgetedPageable.fallback): a tier that holds everything
+        # never commits them, and one that holds everything again gives them back (resize_host_footprint).
+        self.streaming_slot_bytes = round_up(largest_numel * self.element_size, PAGE_BYTES)  # its size class
+        streaming_slots = max(STREAMING_BUFFERS, int(streaming_slots))
+        self.pool.add_classes({self.streaming_slot_bytes: streaming_slots})
+        self.pool.retire_free(self.streaming_slot_bytes, streaming_slots)
+        self.budget = HostBudget(host_tier_share())
+        super().__init__(EntryStore("optimizer", dtype, aligned_numel, io, BudgetedPageable(self.pool, self.budget)))
+
+    # ---------------------------------------------------------------------------------- memory pressure
+    def host_footprint_bytes(self) -> int:
+        """Host memory the tier holds for optimizer state now: buffers kept between uses, and streaming slots
+        brought into use."""
+        stats = self.pool.stats()
+        return self.budget.used_bytes + stats["reserved_bytes"] - stats["retired_bytes"]
+
+    def least_host_footprint_bytes(self, reads_ahead: bool) -> int:
+        """The footprint when the tier keeps nothing: the streaming slots one update uses at once (a sub-group's
+        master, moments and gradient; the next sub-group's too when ``reads_ahead``)."""
+        per_sub_group = OPTIMIZER_BYTES_PER_ELEMENT // self.element_size  # fp32: master, 2 moments, gradient
+        tensors = per_sub_group * (2 if reads_ahead else 1)
+        slots = self.pool.class_slots().get(self.streaming_slot_bytes, {}).get("slots", 0)
+        return min(tensors, slots) * self.streaming_slot_bytes
+
+    def resize_host_footprint(self, target_bytes: int, state_bytes: int, reads_ahead: bool) -> None:
+        """Hold about ``target_bytes`` of host memory for optimizer state from now on (memory pressure, or memory
+        back): a budget for kept buffers that leaves room for the streaming slots, since whatever is not kept
+        streams through them; all of it for kept buffers when that holds the whole state (``state_bytes``: nothing
+        streams, the streaming slots are given back)."""
+        everything = target_bytes >= state_bytes
+        budget = target_bytes if everything else max(0, target_bytes - self.least_host_footprint_bytes(reads_ahead))
+        self.budget.resize(budget)
+        self.entries.trim_kept(budget)
+        if everything:  # a slot still writing out the last update's sub-group is not free: wait for it first
+            self.entries.wait_writes()
+            self.pool.retire_free(self.streaming_slot_bytes, 1 << 32)
+
+    def planned_host_footprint_bytes(self, state_bytes: int, reads_ahead: bool) -> int:
+        """The footprint the budget plans for: the budget, and the streaming slots when it cannot keep everything."""
+        streams = self.budget.total_bytes < state_bytes
+        return self.budget.total_bytes + (self.least_host_footprint_bytes(reads_ahead) if streams else 0)
+
+    def state_bytes(self, sub_group_numels: Iterable[int]) -> int:
+        """Every sub-group's master, moments and gradient, in the page-rounded buffers keeping them takes."""
+        per_sub_group = OPTIMIZER_BYTES_PER_ELEMENT // self.element_size
+        return sum(per_sub_group * round_up(self.entries.swap_nbytes(numel), PAGE_BYTES)
+                   for numel in sub_group_numels)
+
+    def close(self) -> None:
+        """Give every buffer back (dirty bytes are not written: flush first), then the streaming slots' arena."""
+        self.entries.close()
+        self.pool.close()

@@ -1,0 +1,20 @@
+"""What a store counts over its life. Owns: the counter fields and what each counts; the store's parts add to them
+(cache/entry_store.py, transfers.py, admission.py, write_back.py) under the store's lock."""
+import dataclasses
+
+
+@dataclasses.dataclass
+class StoreCounters:
+    """COUNT since start, protected by the store's lock."""
+
+    hits: int = 0            # a lend served from a held buffer: no I/O, no copy
+    misses: int = 0          # a lend that read the file
+    evictions: int = 0       # held buffers given up for another entry
+    written_back: int = 0    # writes of changed bytes (evictions, flushes, entries that could not be kept)
+    bypassed: int = 0        # entries not admitted (served transiently) because every victim was needed sooner
+    waits_for_slots: int = 0  # acquisitions that waited for one write to free a buffer
+    transient_buffers: int = 0  # entries served from a transient buffer (not kept after use)
+    write_errors: int = 0    # writes that failed (the entry kept its bytes, DIRTY)
+    io_wait_s: float = 0.0   # time callers were blocked on this store's reads and writes
+    prefetch_issued: int = 0  # reads started ahead of their use (start_read(prefetch=True) of a miss)
+    prefetch_late: int = 0   # ... not finished when wait_read came

@@ -1,0 +1,192 @@
+"""Moving one entry's bytes between its buffer and its file. Owns: starting reads and writes, applying their outcomes
+to the entry (a failed read leaves it on file, a failed write leaves it dirty), waiting for them with the store's
+lock released, attaching and dropping buffers, and timing reads into the step recorder. Does not own: which entry
+gets a buffer or gives one up (cache/admission.py), or when a tensor is used (cache/entry_store.py).
+
+Locking: every method is called with the store's lock held; ``wait_unlocked`` releases it while it waits, so the
+caller looks at the entry's state again afterwards.
+"""
+from concurrent.futures import Future
+from typing import Callable, Optional
+
+import torch
+
+from ..io.direct_io import DirectFileIO
+from ..log import logger
+from ..memory.pool import BufferPool, HostBuffer
+from ..profile.recorder import StepRecorder
+from .buffer_sources import BufferSource
+from .entry import IO_IN_FLIGHT, Entry, EntryState, PendingUse
+from .entry_table import EntryTable
+
+S = EntryState
+
+
+class Transfers:
+    """Reads and writes of the entries of one store (``table``), through ``io``, into buffers from ``source`` (or
+    the staging pool: first bytes of new tensors, before any plan)."""
+
+    def __init__(self, name: str, dtype: torch.dtype, aligned_numel: Callable[[int], int], io: DirectFileIO,
+                 source: BufferSource, table: EntryTable, lock, recorder: StepRecorder, counters):
+        self.name = name
+        self.dtype = dtype
+        self.element_size = torch.empty((), dtype=dtype).element_size()
+        self._aligned_numel = aligned_numel
+        self.io = io
+        self.source = source
+        self.staging = BufferPool(f"{name}-staging", lock="off")
+        self.table = table
+        self.lock = lock  # the store's: released while waiting
+        self.recorder = recorder
+        self.counters = counters
+
+    def swap_nbytes(self, numel: int) -> int:
+        return self._aligned_numel(numel) * self.element_size
+
+    def swap_view(self, entry: Entry) -> torch.Tensor:
+        return entry.buffer.view(self.dtype, self._aligned_numel(entry.numel))
+
+    def compute_view(self, entry: Entry) -> torch.Tensor:
+        return entry.buffer.view(self.dtype, entry.numel)
+
+    # ----------------------------------------------------------------------------------------------- buffers
+    @staticmethod
+    def attach(entry: Entry, buffer: HostBuffer, kept: bool) -> None:
+        entry.buffer, entry.kept = buffer, kept
+
+    def release_buffer(self, entry: Entry) -> None:
+        buffer, staged = entry.buffer, entry.staged
+        entry.buffer, entry.kept, entry.staged = None, False, False
+        (self.staging if staged else self.source).release(buffer)
+
+    def drop(self, entry: Entry, new: EntryState) -> None:
+        self.release_buffer(entry)
+        entry.io, entry.evicting = None, False
+        self.table.set(entry, new)
+
+    @staticmethod
+    def fence(buffer: HostBuffer) -> None:
+        if buffer.fence is not None:  # a device copy may still be reading the old bytes
+            buffer.fence.synchronize()
+            buffer.fence = None
+
+    # --------------------------------------------------------------------------------------------- reads
+    def start_read(self, entry: Entry, access: Optional[int]) -> None:
+        """Read ``entry``'s file into its attached buffer (``access``: the recorded use it serves; None for a read
+        ahead, whose use is recorded later)."""
+        timer = self._read_timer(entry, access)  # after the buffer was found: those waits are stalls, not read time
+        entry.io = self.io.read(self.swap_view(entry), entry.path)
+        entry.io.add_done_callback(timer)
+        self.table.set(entry, S.READING)
+
+    def start_external_read(self, entry: Entry, into: torch.Tensor, access: Optional[int]) -> None:
+        """Read ``entry``'s file into the caller's ``into``; the entry stays as it is."""
+        timer = self._read_timer(entry, access)
+        entry.external_read = self.io.read(into, entry.path, nbytes=self.swap_nbytes(entry.numel))
+        entry.external_read.target = into
+        entry.external_read.add_done_callback(timer)
+
+    def copy_into(self, entry: Entry, into: torch.Tensor) -> None:
+        """A held entry read into the caller's ``into``: copied now, a read that is done when waited for."""
+        into.narrow(0, 0, entry.numel).copy_(self.compute_view(entry))
+        entry.external_read = Future()
+        entry.external_read.set_result(None)
+        entry.external_read.target = into
+
+    def _read_timer(self, entry: Entry, access: Optional[int]) -> Callable[[Future], None]:
+        """The done-callback that times ``entry``'s read: into the recorded access, or, for a read ahead whose use
+        is recorded later, into its pending use."""
+        if access is not None:
+            return self.recorder.read_timer(access)
+        clock, pending = self.recorder.clock, PendingUse(issued_at=self.recorder.clock())
+        entry.pending_use = pending
+
+        def finished(future: Future) -> None:
+            pending.done_at = clock()
+        return finished
+
+    def record_pending_use(self, entry: Optional[Entry]) -> None:
+        """Record the use of a read ahead now that it comes, with its read's time."""
+        if entry is None or entry.pending_use is None:
+            return
+        pending, entry.pending_use = entry.pending_use, None
+        access = self.recorder.touch(entry.key, self.swap_nbytes(entry.numel))
+        if pending.issued_at is not None:
+            done = pending.done_at if pending.done_at is not None else self.recorder.clock()
+            self.recorder.read_took(access, done - pending.issued_at)
+
+    # -------------------------------------------------------------------------------------------- writes
+    def start_write(self, entry: Entry, evicting: bool) -> None:
+        self.fence(entry.buffer)
+        entry.io = self.io.write(self.swap_view(entry), entry.path)
+        entry.evicting = evicting
+        self.counters.written_back += 1
+        self.table.set(entry, S.WRITING)
+
+    def wait_write(self, entry: Entry) -> None:
+        """Wait for ``entry``'s write (lock released meanwhile) and apply its outcome; raises a failed write's
+        error with the entry DIRTY again (its bytes are kept, still owed to the file). Before using an entry: its
+        write in flight, if any, is all a read of it waits for."""
+        if entry.state != S.WRITING:
+            return
+        self.wait_unlocked(entry.io)
+        self.finish_io(entry)
+
+    def reap_writes(self) -> None:
+        """Apply the outcome of writes that finished on their own (frees their buffers); never waits."""
+        for entry in [entry for entry in self.table.writing() if entry.io.done()]:
+            self.finish_io(entry, raise_error=False)
+
+    def finish_io(self, entry: Entry, raise_error: bool = True) -> None:
+        """Apply the outcome of ``entry``'s finished read or write (no-op if another thread already did). A failed
+        write leaves the entry DIRTY (retried at its next eviction or flush); ``raise_error`` False when the caller
+        is not the one that needed the write (the error is logged and counted, and raised by that retry)."""
+        if entry.state not in IO_IN_FLIGHT or not entry.io.done():
+            return
+        error = entry.io.exception()
+        if entry.state == S.READING:
+            if error is not None:
+                self.drop(entry, S.ON_FILE)
+                raise error
+            entry.io = None
+            self.table.set(entry, S.LENT_CLEAN)
+            return
+        if error is not None:
+            entry.io, entry.evicting = None, False
+            if not entry.kept:  # a transient buffer holding owed bytes: keep it, counted as held
+                entry.kept = True
+            self.table.set(entry, S.DIRTY)
+            self.counters.write_errors += 1
+            if raise_error:
+                raise error
+            logger.warning("%s: writing %s failed (%s); its bytes stay in host memory and the write is retried "
+                           "when it is evicted or flushed", self.name, entry.path, error)
+            return
+        if entry.evicting or not entry.kept:
+            self.drop(entry, S.ON_FILE)
+        else:
+            entry.io = None
+            self.table.set(entry, S.CLEAN)
+
+    def wait_unlocked(self, future: Future) -> Optional[BaseException]:
+        if not future.done():
+            started = self.recorder.clock()
+            self.lock.release()
+            try:
+                _wait_quietly(future)
+            finally:
+                self.lock.acquire()
+            waited = self.recorder.clock() - started
+            self.counters.io_wait_s += waited
+            self.recorder.stalled(waited)  # the profile's compute excludes I/O waits
+        return future.exception()
+
+    def close(self) -> None:
+        self.staging.close()
+
+
+def _wait_quietly(future: Future) -> None:
+    try:
+        future.result()
+    except BaseException:  # the caller reads future.exception() and decides
+        pass

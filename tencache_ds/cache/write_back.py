@@ -1,0 +1,143 @@
+"""New bytes into a store, and owed bytes out to the files. Owns: storing a whole tensor or parts of it (kept dirty
+while the tier has room: write-back), writing lent bytes through, and flushing (checkpoints, close, a reader outside
+the store). Does not own: lending (cache/entry_store.py, whose ``lend_new`` and ``release`` these calls finish
+with), the I/O itself (cache/transfers.py), finding buffers (cache/admission.py).
+"""
+from typing import Callable, Hashable, Iterable, Optional, Sequence, Tuple
+
+import torch
+
+from .admission import Admission
+from .entry import LENT, EntryState
+from .transfers import Transfers
+
+S = EntryState
+
+
+class WriteBack:
+    """The writing calls of one store. ``checked``: the store's debug check (lock held); ``lend_new`` and
+    ``release``: the store's own (they take the lock)."""
+
+    def __init__(self, transfers: Transfers, admission: Admission, checked: Callable[[], None],
+                 lend_new: Callable[..., torch.Tensor], release: Callable[..., None]):
+        self._transfers = transfers
+        self._table = transfers.table
+        self._admission = admission
+        self._checked = checked
+        self._lend_new = lend_new
+        self._release = release
+
+    def _refuse_if_in_use(self, entry) -> None:
+        if entry.state in LENT or entry.state == S.READING:
+            raise RuntimeError(f"{self._transfers.name}: tensor {entry.key} is lent or being read")
+
+    def store(self, key, source: torch.Tensor) -> None:
+        """``source`` (cast to our dtype) becomes ``key``'s newest bytes: into its held buffer or a new one, kept
+        dirty (write-back), or written now when it cannot be kept."""
+        transfers = self._transfers
+        with transfers.lock:
+            entry = self._table[key]
+            transfers.wait_write(entry)
+            self._refuse_if_in_use(entry)
+            if entry.state == S.ON_FILE:
+                transfers.attach(entry, *self._admission.acquire(transfers.swap_nbytes(entry.numel), key))
+            else:
+                transfers.fence(entry.buffer)
+            self._table.set(entry, S.LENT_DIRTY)  # held by us for the copy
+        transfers.compute_view(entry).copy_(source)
+        self._release(key)
+
+    def write_parts(self, key, numel: int, path: str, parts: Sequence[Tuple[int, torch.Tensor]]) -> None:
+        """Place each (element offset, tensor) of ``parts`` into ``key``'s bytes, the rest left as it was (stage 3
+        stores a sub-group's gradient fragments reduce bucket by reduce bucket). Held: copied into the buffer, no
+        I/O. On file: written at their offsets, nothing read back. New: a buffer, zeros between the parts (a new
+        file is sparse). Recorded as one use in every case: the recorded order must not depend on what the tier
+        happens to hold, or the profile would stop predicting the step as soon as the tier follows it."""
+        transfers = self._transfers
+        with transfers.lock:
+            entry = self._table.get(key)
+            if entry is not None:
+                transfers.wait_write(entry)
+                self._refuse_if_in_use(entry)
+                transfers.recorder.touch(key, transfers.swap_nbytes(entry.numel))
+                if entry.state == S.ON_FILE:
+                    writes = [transfers.io.write(part.reshape(-1).to(device="cpu", dtype=transfers.dtype).contiguous(),
+                                                 entry.path, file_offset=offset * transfers.element_size)
+                              for offset, part in parts]
+                    errors = [transfers.wait_unlocked(write) for write in writes]
+                    _raise_first(errors)  # the bytes are owed to the file: never dropped quietly
+                    return
+                transfers.counters.hits += 1
+                transfers.fence(entry.buffer)
+                self._table.set(entry, S.LENT_DIRTY)
+                view = transfers.compute_view(entry)
+        if entry is None:
+            view = self._lend_new(key, numel, path)
+            with transfers.lock:
+                transfers.recorder.touch(key, transfers.swap_nbytes(numel))
+            view.zero_()
+        for offset, part in parts:
+            view.narrow(0, offset, part.numel()).copy_(part.reshape(-1))
+        self._release(key, changed=True)
+
+    def write_and_release(self, keys: Iterable) -> None:
+        """Write each lent key's bytes (new, or changed by the borrower) to its file, wait, and let the buffers go
+        (zero.Init's first write of a partition, and its re-partitioning after a gathered parameter was modified)."""
+        transfers = self._transfers
+        with transfers.lock:
+            entries = [self._table[key] for key in keys]
+            for entry in entries:
+                if entry.state == S.READING:
+                    transfers.wait_unlocked(entry.io)
+                    transfers.finish_io(entry)
+                if entry.state not in LENT:
+                    raise RuntimeError(f"{transfers.name}: tensor {entry.key} is not lent ({entry.state.value})")
+                if entry.state == S.LENT_CLEAN:
+                    self._table.set(entry, S.LENT_DIRTY)
+                transfers.start_write(entry, evicting=True)
+            for entry in entries:
+                transfers.wait_write(entry)
+            self._checked()
+
+    def flush(self, skip: Optional[Callable[[Hashable], bool]] = None) -> int:
+        """Write every dirty held entry to its file and wait; they stay held, clean. Returns how many were
+        written. Lent entries must have been released (a checkpoint is taken between steps). ``skip(key)``: leave
+        that entry dirty (a checkpoint does not need it)."""
+        transfers = self._transfers
+        with transfers.lock:
+            lent_dirty = [entry.key for entry in self._table if entry.state == S.LENT_DIRTY]
+            if lent_dirty:
+                raise RuntimeError(f"{transfers.name}: cannot flush while tensors {lent_dirty[:5]} are lent and "
+                                   f"changed")
+            dirty = [entry for entry in self._table if entry.state == S.DIRTY and (skip is None or not skip(entry.key))]
+            for entry in dirty:
+                transfers.start_write(entry, evicting=False)
+            for entry in self._table.writing():
+                transfers.wait_write(entry)
+            self._checked()
+            return len(dirty)
+
+    def flush_key(self, key) -> None:
+        """Make ``key``'s file hold its newest bytes (a reader outside the store is about to open it)."""
+        transfers = self._transfers
+        with transfers.lock:
+            entry = self._table[key]
+            if entry.state == S.LENT_DIRTY:
+                raise RuntimeError(f"{transfers.name}: cannot flush tensor {key} while it is lent and changed")
+            if entry.state == S.DIRTY:
+                transfers.start_write(entry, evicting=False)
+            transfers.wait_write(entry)
+
+    def wait_writes(self) -> None:
+        """Wait for the writes in flight (none is started): the transient buffers they were writing from go back.
+        Raises a failed write's error (its bytes stay held, owed to the file)."""
+        with self._transfers.lock:
+            for entry in self._table.writing():
+                self._transfers.wait_write(entry)
+            self._checked()
+
+
+def _raise_first(errors: Sequence[Optional[BaseException]]) -> None:
+    for error in errors:
+        if error is not None:
+            raise error

@@ -1,0 +1,68 @@
+"""Belady eviction, one policy for every tier. Owns: which held tensor gives its room up (the one needed farthest
+ahead; least recently used while the order is unknown), when making room is not worth it (bypass: every possible
+victim is needed sooner than the newcomer), and how far ahead a read ahead counts its newcomer as needed (the use
+after the one the read serves). Pure: keys, sizes and next-use distances (profile/next_use.py).
+
+Served to: the host tier's store (cache/entry_store.py) and its planner (plan/host_residency.py, which replays the
+store's choices; tests/plan/test_eviction.py checks that both miss the same accesses), and the device tier
+(plan/device_tier.py).
+"""
+from typing import Callable, Hashable, List, Optional, Sequence
+
+from ..profile.next_use import NextUseIndex
+
+
+def choose_victim(candidates: Sequence[Hashable], index: Optional[NextUseIndex], position: int) -> Hashable:
+    """The candidate to evict: the one used farthest in the future (Belady) when ``index`` knows the order, the
+    first (least recently used, callers pass LRU order) otherwise or on ties."""
+    if index is None:
+        return candidates[0]
+    return max(candidates, key=lambda key: index.distance(key, position))  # max keeps the first on ties
+
+
+def farthest_first(candidates: Sequence[Hashable], index: Optional[NextUseIndex], position: int) -> List[Hashable]:
+    """``candidates`` in the order ``choose_victim`` would take them one by one: farthest next use first (ties in
+    the given order: sorting is stable), or the given (LRU) order while ``index`` is None."""
+    if index is None:
+        return list(candidates)
+    return sorted(candidates, key=lambda key: -index.distance(key, position))
+
+
+def worth_evicting(victim_next_use: float, incoming_next_use: float) -> bool:
+    """Belady's rule for making room: evict the victim for the incoming tensor (a prefetch, or a read to keep)
+    only if the victim is needed later. Distances in accesses (NextUseIndex.distance; inf: never again). E.g.
+    victim next used in 12 accesses, prefetch target in 3: evict and issue. Victim in 2: do not issue."""
+    return victim_next_use > incoming_next_use
+
+
+def victims_for(needed_bytes: int, farthest: Sequence[Hashable], nbytes: Callable[[Hashable], int],
+                index: NextUseIndex, position: int, incoming_next_use: float) -> Optional[List[Hashable]]:
+    """Whom to evict for ``needed_bytes`` more room: from ``farthest`` (candidates, farthest next use first), as
+    long as each is ``worth_evicting`` for the newcomer. None when those cannot free enough: the newcomer is not
+    admitted (bypass) and nothing is evicted. E.g. need 2 bytes, candidates x (next use 9, 1 byte) and y (next use
+    4, 1 byte), newcomer used in 5: x is worth it, y is not: None."""
+    victims: List[Hashable] = []
+    for candidate in farthest:
+        if needed_bytes <= 0 or not worth_evicting(index.distance(candidate, position), incoming_next_use):
+            break
+        victims.append(candidate)
+        needed_bytes -= nbytes(candidate)
+    return None if needed_bytes > 0 else victims
+
+
+def kept_until(index: NextUseIndex, key: Hashable, position: int, use_pending: bool) -> float:
+    """Accesses from ``position`` until keeping ``key``'s buffer pays off: its next use; for a prefetch, whose use
+    is still ahead and served by this read anyway, the use after that one. (Measured from the prefetch's own
+    position instead, every read ahead would look needed sooner than anything held and evict what was just
+    used: a held set that rotates, each admission paid for with a write.)"""
+    distance = index.distance(key, position)
+    if use_pending:
+        distance += 1 + index.distance(key, position + distance + 1)
+    return distance
+
+
+def bypasses(index: NextUseIndex, victim: Hashable, incoming: Hashable, position: int, use_pending: bool) -> bool:
+    """The store's admission rule with one victim at a time: keep ``incoming`` out (serve it transiently) rather
+    than evict ``victim``, which is needed no later than keeping ``incoming`` would pay off."""
+    return not worth_evicting(index.distance(victim, position), kept_until(index, incoming, position, use_pending))
+

@@ -1,0 +1,75 @@
+"""The one eviction policy (plan/eviction.py): its rules on small cases, and the host-residency planner choosing the
+same victims as the store it predicts, on random access sequences (fixed seeds), the store on real files."""
+import math
+import random
+
+import pytest
+import torch
+
+from tencache_ds.cache.buffer_sources import BudgetedPageable
+from tencache_ds.cache.entry_store import EntryStore
+from tencache_ds.cache.host_budget import HostBudget
+from tencache_ds.memory.pool import BufferPool
+from tencache_ds.plan.eviction import farthest_first, kept_until, victims_for
+from tencache_ds.plan.host_residency import steady_state
+from tencache_ds.profile.next_use import NextUseIndex
+
+NUMEL = 1024  # float32: one 4 KiB page, so the store's page-rounded buffers are the planner's bytes
+
+
+def test_victims_are_taken_farthest_first_while_each_is_worth_it():
+    index = NextUseIndex(["n", "y", "w", "x", "z"])  # from position 0: y in 1, x in 3, z in 4, never-used q
+    farthest = farthest_first(["y", "x", "z", "q"], index, 0)
+    assert farthest == ["q", "z", "x", "y"]
+    sizes = {"q": 1, "z": 1, "x": 1, "y": 1}.__getitem__
+    # 1. two bytes for a newcomer used in 2: q (never) and z (in 4) go
+    assert victims_for(2, farthest, sizes, index, 0, incoming_next_use=2) == ["q", "z"]
+    # 2. three bytes: x (in 3) is worth it too
+    assert victims_for(3, farthest, sizes, index, 0, incoming_next_use=2) == ["q", "z", "x"]
+    # 3. four bytes: y (in 1) is needed sooner than the newcomer: nothing goes (bypass)
+    assert victims_for(4, farthest, sizes, index, 0, incoming_next_use=2) is None
+    # 4. no room needed: no victim
+    assert victims_for(0, farthest, sizes, index, 0, incoming_next_use=math.inf) == []
+
+
+def test_a_read_ahead_is_kept_until_the_use_after_the_one_it_serves():
+    index = NextUseIndex(["a", "b", "a", "c"])
+    assert kept_until(index, "a", 1, use_pending=False) == 1  # a demand read: its next use
+    assert kept_until(index, "a", 1, use_pending=True) == 1 + 1 + 1  # a at 2 (served), then a at 4 (0 next step)
+
+
+def replay_through_store(keys, capacity_bytes, folder, io):
+    """Demand reads of ``keys``, two laps, through an EntryStore over ``capacity_bytes`` of budgeted memory (the
+    optimizer's host tier) that knows the order; returns the positions of the second lap that read the file."""
+    store = EntryStore("optimizer", torch.float32, lambda n: n, io,
+                       BudgetedPageable(BufferPool("optimizer", lock="off"), HostBudget(capacity_bytes)))
+    for key in sorted(set(keys)):
+        path = str(folder / f"{key}.swp")
+        io.write(torch.full((NUMEL,), float(key)), path).result()
+        store.add(key, NUMEL, path)
+    store.next_use = NextUseIndex(keys)
+    misses = set()
+    for lap in range(2):
+        for position, key in enumerate(keys):
+            before = store.counters.misses
+            assert torch.all(store.lend(key) == float(key))
+            store.release(key)
+            if lap and store.counters.misses > before:
+                misses.add(position)
+    store.close()
+    return misses
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_planner_and_the_store_miss_the_same_accesses(tmp_path, io, seed):
+    """Random steps (seed printed by pytest's id): 3 to 7 tensors of one page, 8 to 24 accesses, a tier of 1 to 5
+    pages. The planner (plan/host_residency.py) replays the step through the same rules the store applies; the
+    misses of its steady state are the store's second lap's, access by access. One size for every tensor: with
+    mixed sizes the store evicts one victim at a time (and may have evicted one before it finds the next not worth
+    it and bypasses), while the planner takes all victims or none, so the two can differ there."""
+    rng = random.Random(seed)
+    names = list(range(rng.randint(3, 7)))
+    keys = [rng.choice(names) for _ in range(rng.randint(8, 24))]
+    capacity = rng.randint(1, 5) * NUMEL * 4
+    planned = steady_state(keys, {key: NUMEL * 4 for key in names}, capacity)
+    assert replay_through_store(keys, capacity, tmp_path, io) == set(planned.misses), (seed, keys, capacity)
