@@ -10,7 +10,7 @@ Locking: called with the store's lock held (waits for writes release it: cache/t
 from typing import Callable, Dict, Hashable, Optional, Tuple
 
 from ..memory.pool import HostBuffer
-from ..plan.eviction import bypasses, choose_victim, farthest_first
+from ..plan.eviction import choose_victim, farthest_first, kept_until, victims_for
 from ..profile.next_use import NextUseIndex
 from ..profile.recorder import StepRecorder
 from .buffer_sources import BufferSource
@@ -72,12 +72,18 @@ class Admission:
             return None
         position = self._recorder.position
         index = self._index()
-        key = choose_victim(fitting, index, position)
-        if self._source.bypass and index is not None and incoming in index and \
-                bypasses(index, key, incoming, position, use_pending):
+        if not (self._source.bypass and index is not None and incoming in index):
+            return self._table[choose_victim(fitting, index, position)]
+        # All the room the newcomer needs, from victims each needed later than keeping it pays off, or none: a
+        # victim evicted before the next one turns out not worth it would be a write (or a read) for nothing. The
+        # first victim goes now; the caller asks again, and the rest follow in the same order.
+        victims = victims_for(self._source.room_needed(nbytes), farthest_first(fitting, index, position),
+                              lambda key: self._table[key].buffer.capacity_bytes, index, position,
+                              kept_until(index, incoming, position, use_pending))
+        if not victims:
             self._counters.bypassed += 1
             return None
-        return self._table[key]
+        return self._table[victims[0]]
 
     def evict_held(self, nbytes: int, may_give_back: Callable[[HostBuffer], bool]) -> int:
         """Evict held entries whose buffers ``may_give_back`` until at least ``nbytes`` of buffers are freed (fewer

@@ -27,6 +27,9 @@ class BufferSource(Protocol):
     def frees_room_for(self, buffer: HostBuffer, nbytes: int) -> bool:
         """Would giving ``buffer`` back let ``try_acquire(nbytes)`` succeed (an eviction worth making)?"""
 
+    def room_needed(self, nbytes: int) -> int:
+        """How many bytes of fitting buffers must be given back before ``try_acquire(nbytes)`` can succeed."""
+
     def release(self, buffer: HostBuffer) -> None:
         """Take ``buffer`` back (the entry no longer holds it)."""
 
@@ -57,6 +60,9 @@ class ArenaSlots:
 
     def frees_room_for(self, buffer: HostBuffer, nbytes: int) -> bool:
         return buffer.slot is not None and buffer.capacity_bytes == self.pool.class_bytes(nbytes)
+
+    def room_needed(self, nbytes: int) -> int:
+        return self.pool.class_bytes(nbytes)  # one slot of the class
 
     def release(self, buffer: HostBuffer) -> None:
         self.pool.release(buffer)
@@ -103,6 +109,9 @@ class BudgetedPageable:
 
     def frees_room_for(self, buffer: HostBuffer, nbytes: int) -> bool:
         return buffer.ptr in self._budgeted
+
+    def room_needed(self, nbytes: int) -> int:
+        return max(0, round_up(nbytes, PAGE_BYTES) - self.budget.available())
 
     def release(self, buffer: HostBuffer) -> None:
         reserved = self._budgeted.pop(buffer.ptr, None)

@@ -59,10 +59,3 @@ def kept_until(index: NextUseIndex, key: Hashable, position: int, use_pending: b
     if use_pending:
         distance += 1 + index.distance(key, position + distance + 1)
     return distance
-
-
-def bypasses(index: NextUseIndex, victim: Hashable, incoming: Hashable, position: int, use_pending: bool) -> bool:
-    """The store's admission rule with one victim at a time: keep ``incoming`` out (serve it transiently) rather
-    than evict ``victim``, which is needed no later than keeping ``incoming`` would pay off."""
-    return not worth_evicting(index.distance(victim, position), kept_until(index, incoming, position, use_pending))
-

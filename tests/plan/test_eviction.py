@@ -15,6 +15,7 @@ from tencache_ds.plan.host_residency import steady_state
 from tencache_ds.profile.next_use import NextUseIndex
 
 NUMEL = 1024  # float32: one 4 KiB page, so the store's page-rounded buffers are the planner's bytes
+PAGE = NUMEL * 4
 
 
 def test_victims_are_taken_farthest_first_while_each_is_worth_it():
@@ -38,15 +39,15 @@ def test_a_read_ahead_is_kept_until_the_use_after_the_one_it_serves():
     assert kept_until(index, "a", 1, use_pending=True) == 1 + 1 + 1  # a at 2 (served), then a at 4 (0 next step)
 
 
-def replay_through_store(keys, capacity_bytes, folder, io):
+def replay_through_store(keys, pages, capacity_bytes, folder, io):
     """Demand reads of ``keys``, two laps, through an EntryStore over ``capacity_bytes`` of budgeted memory (the
     optimizer's host tier) that knows the order; returns the positions of the second lap that read the file."""
     store = EntryStore("optimizer", torch.float32, lambda n: n, io,
                        BudgetedPageable(BufferPool("optimizer", lock="off"), HostBudget(capacity_bytes)))
     for key in sorted(set(keys)):
         path = str(folder / f"{key}.swp")
-        io.write(torch.full((NUMEL,), float(key)), path).result()
-        store.add(key, NUMEL, path)
+        io.write(torch.full((pages[key] * NUMEL,), float(key)), path).result()
+        store.add(key, pages[key] * NUMEL, path)
     store.next_use = NextUseIndex(keys)
     misses = set()
     for lap in range(2):
@@ -60,16 +61,17 @@ def replay_through_store(keys, capacity_bytes, folder, io):
     return misses
 
 
-@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("seed", range(24))
 def test_the_planner_and_the_store_miss_the_same_accesses(tmp_path, io, seed):
-    """Random steps (seed printed by pytest's id): 3 to 7 tensors of one page, 8 to 24 accesses, a tier of 1 to 5
-    pages. The planner (plan/host_residency.py) replays the step through the same rules the store applies; the
-    misses of its steady state are the store's second lap's, access by access. One size for every tensor: with
-    mixed sizes the store evicts one victim at a time (and may have evicted one before it finds the next not worth
-    it and bypasses), while the planner takes all victims or none, so the two can differ there."""
+    """Random steps (seed printed by pytest's id): 3 to 7 tensors of 1 to 3 pages, 8 to 24 accesses, a tier of 1 to
+    8 pages. The planner (plan/host_residency.py) replays the step through the same rules the store applies; the
+    misses of its steady state are the store's second lap's, access by access. Mixed sizes matter: a newcomer may
+    need several victims, and both take all of them or none (the store used to evict one at a time and could
+    evict a first victim before finding the next one not worth it: seeds 1, 11, 12 and 13 here differed then)."""
     rng = random.Random(seed)
     names = list(range(rng.randint(3, 7)))
+    pages = {key: rng.randint(1, 3) for key in names}
     keys = [rng.choice(names) for _ in range(rng.randint(8, 24))]
-    capacity = rng.randint(1, 5) * NUMEL * 4
-    planned = steady_state(keys, {key: NUMEL * 4 for key in names}, capacity)
-    assert replay_through_store(keys, capacity, tmp_path, io) == set(planned.misses), (seed, keys, capacity)
+    capacity = rng.randint(1, 8) * PAGE
+    planned = steady_state(keys, {key: pages[key] * PAGE for key in names}, capacity)
+    assert replay_through_store(keys, pages, capacity, tmp_path, io) == set(planned.misses), (seed, keys, capacity)
