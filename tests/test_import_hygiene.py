@@ -271,3 +271,18 @@ def test_a_failed_install_refuses_a_tencache_config_instead_of_training_stock():
                           cwd=os.path.dirname(PACKAGE))
     assert "REFUSED True" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert "could not install its swappers" in proc.stderr  # and it said so at import
+
+
+def test_a_failed_install_refuses_an_invalid_tencache_block_too():
+    """Regression test: with the install failed, a block that asks for tencache but does not parse ("lots" of
+    bytes) was taken as "not enabled", and the run trained stock DeepSpeed. Now it stops, naming the key."""
+    code = ("import sys; sys.modules['tencache_ds.integrations.deepspeed.install'] = None; "
+            "import tencache_ds, deepspeed, torch\n"
+            "try:\n"
+            "    deepspeed.initialize(model=torch.nn.Linear(2, 2), config={'train_batch_size': 1, "
+            "'tencache': {'host_cache_bytes': 'lots'}})\n"
+            "except tencache_ds.TencacheError as err:\n"
+            "    print('REFUSED', 'host_cache_bytes' in str(err), 'could not install' in str(err))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=os.path.dirname(PACKAGE))
+    assert "REFUSED True True" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-3000:]

@@ -1,9 +1,10 @@
 """Which entries of a store hold host buffers. Owns: finding a buffer for an incoming entry (a free one from the
 buffer source; else a held entry's, chosen by plan/eviction.py's Belady over the profiled order, least recently used
 while the order is unknown, unless bypassing is better; else a write in flight that frees one; else a transient
-buffer), and giving held buffers back under memory pressure (also to a caller holding the store's lock:
-``ExclusiveStore``). Does not own: the rules themselves (plan/eviction.py),
-the I/O (cache/transfers.py), where buffers come from (cache/buffer_sources.py).
+buffer, after waiting for a write that frees a streaming slot rather than mapping new memory), and giving held
+buffers back under memory pressure (also to a caller holding the store's lock: ``ExclusiveStore``). Does not own:
+the rules themselves (plan/eviction.py), the I/O (cache/transfers.py), where buffers come from
+(cache/buffer_sources.py).
 
 Locking: called with the store's lock held (waits for writes release it: cache/transfers.py).
 """
@@ -63,6 +64,16 @@ class Admission:
                 self._counters.waits_for_slots += 1
                 self._transfers.wait_write(pending)
                 continue
+            if not self._source.transient_available(nbytes):
+                # Every streaming slot is taken: wait for a write that gives one back rather than map new memory.
+                # Each extra mapping is a sub-group tensor (hundreds of MB for a large model) that raises the
+                # step's memory rise, and the host governor keeps that rise free by giving up cached tensors.
+                freeing = next((entry for entry in self._table.writing()
+                                if self._source.frees_transient_room_for(entry.buffer, nbytes)), None)
+                if freeing is not None:
+                    self._counters.waits_for_slots += 1
+                    self._transfers.wait_write(freeing)
+                    continue
             self._counters.transient_buffers += 1
             return self._source.fallback(nbytes), False
 

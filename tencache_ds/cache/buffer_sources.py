@@ -30,6 +30,12 @@ class BufferSource(Protocol):
     def room_needed(self, nbytes: int) -> int:
         """How many bytes of fitting buffers must be given back before ``try_acquire(nbytes)`` can succeed."""
 
+    def transient_available(self, nbytes: int) -> bool:
+        """Can ``fallback(nbytes)`` serve from memory the source already has (no new mapping)?"""
+
+    def frees_transient_room_for(self, buffer: HostBuffer, nbytes: int) -> bool:
+        """Would giving ``buffer`` back make ``transient_available(nbytes)`` true?"""
+
     def release(self, buffer: HostBuffer) -> None:
         """Take ``buffer`` back (the entry no longer holds it)."""
 
@@ -63,6 +69,12 @@ class ArenaSlots:
 
     def room_needed(self, nbytes: int) -> int:
         return self.pool.class_bytes(nbytes)  # one slot of the class
+
+    def transient_available(self, nbytes: int) -> bool:
+        return True  # a partition is needed now: pageable fallback memory, counted, rather than a wait
+
+    def frees_transient_room_for(self, buffer: HostBuffer, nbytes: int) -> bool:
+        return False
 
     def release(self, buffer: HostBuffer) -> None:
         self.pool.release(buffer)
@@ -112,6 +124,16 @@ class BudgetedPageable:
 
     def room_needed(self, nbytes: int) -> int:
         return max(0, round_up(nbytes, PAGE_BYTES) - self.budget.available())
+
+    def transient_available(self, nbytes: int) -> bool:
+        size = self.pool.class_bytes(nbytes)
+        if size is None:
+            return True  # no streaming slot fits: a fresh mapping is the only way
+        slots = self.pool.class_slots().get(size, {"slots": 0, "in_use": 0})
+        return slots["slots"] > slots["in_use"]  # free, or retired (brought back by fallback)
+
+    def frees_transient_room_for(self, buffer: HostBuffer, nbytes: int) -> bool:
+        return buffer.slot is not None and buffer.capacity_bytes == self.pool.class_bytes(nbytes)
 
     def release(self, buffer: HostBuffer) -> None:
         reserved = self._budgeted.pop(buffer.ptr, None)

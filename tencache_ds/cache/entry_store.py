@@ -391,6 +391,8 @@ class EntryStore:
             raise RuntimeError(f"{self.name}: cannot forget tensor {entry.key}: it is lent")
         if entry.state in IO_IN_FLIGHT:
             self._transfers.wait_unlocked(entry.io)
+        if entry.external_read is not None:  # a read into the caller's buffer: it must not outlive the entry
+            self._transfers.wait_unlocked(entry.external_read)
         if entry.buffer is not None:
             self._transfers.release_buffer(entry)
         self._table.remove(entry)

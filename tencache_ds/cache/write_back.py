@@ -28,7 +28,7 @@ class WriteBack:
         self._release = release
 
     def _refuse_if_in_use(self, entry) -> None:
-        if entry.state in LENT or entry.state == S.READING:
+        if entry.state in LENT or entry.state == S.READING or entry.external_read is not None:
             raise RuntimeError(f"{self._transfers.name}: tensor {entry.key} is lent or being read")
 
     def store(self, key, source: torch.Tensor) -> None:
@@ -52,7 +52,10 @@ class WriteBack:
         stores a sub-group's gradient fragments reduce bucket by reduce bucket). Held: copied into the buffer, no
         I/O. On file: written at their offsets, nothing read back. New: a buffer, zeros between the parts (a new
         file is sparse). Recorded as one use in every case: the recorded order must not depend on what the tier
-        happens to hold, or the profile would stop predicting the step as soon as the tier follows it."""
+        happens to hold, or the profile would stop predicting the step as soon as the tier follows it.
+
+        The writes to a file run with the lock released and the entry still on file: the caller (stage 3's one
+        training thread) starts no read of ``key`` meanwhile, and a read already pending is refused above."""
         transfers = self._transfers
         with transfers.lock:
             entry = self._table.get(key)

@@ -3,8 +3,11 @@ through a byte budget under the store's policy (plan/eviction.py, the rules cach
 eviction over the profiled order, and no admission when every possible victim is needed sooner than the newcomer).
 Pure.
 
-It counts bytes, not slots: the parameter store's arena has a slot per size class, so it may keep a little less
-than predicted here. Used by `tencache-ds plan` and to tell the prefetch planner which accesses read NVMe.
+It replays demand reads. The optimizer store reads each sub-group ahead of its use and decides then, by the use
+after the one the read serves (plan/eviction.kept_until), which is the choice a demand read makes at that use; where
+reads ahead overlap an eviction's own timing the two can differ, and nothing tests them against each other. It
+counts bytes, not slots: the parameter store's arena has a slot per size class, so it may keep a little less than
+predicted here. Used by `tencache-ds plan` and to tell the prefetch planner which accesses read NVMe.
 """
 import dataclasses
 from typing import Dict, FrozenSet, Hashable, Sequence, Set

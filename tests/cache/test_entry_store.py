@@ -369,6 +369,36 @@ def test_waiting_for_writes_in_flight_gives_their_streaming_slots_back(tmp_path)
     slow.close()
 
 
+def test_with_every_streaming_slot_taken_a_write_that_frees_one_is_waited_for_instead_of_new_memory(tmp_path):
+    """Nothing kept, two streaming slots, writes that take a while (a busy drive). Two changed tensors go out
+    through both slots; the third tensor's read waits for one of those writes and reuses its slot. It used to map
+    a new buffer of its size instead: for a large model a sub-group tensor of hundreds of MB per extra buffer,
+    which raised each step's memory rise until the host governor gave up cached tensors to keep it free."""
+    slow = SlowWrites(num_threads=2)
+    pool = BufferPool("optimizer", lock="off")
+    slot_bytes = -(-NBYTES // 4096) * 4096
+    pool.add_classes({slot_bytes: 2})
+    store = EntryStore("optimizer", torch.float32, lambda n: -(-n // 256) * 256, slow,
+                       BudgetedPageable(pool, HostBudget(0)))
+    for key, value in (("a", 1.0), ("b", 2.0), ("c", 3.0)):
+        put(store, tmp_path, key, value)
+    store.wait_writes()
+    for key in ("a", "b"):  # changed and released: both slots are writing them out
+        store.lend(key).add_(10.0)
+        store.release(key, changed=True)
+    assert {store.state("a"), store.state("b")} == {EntryState.WRITING}
+    assert torch.all(store.lend("c") == 3.0)  # no slot free: waits for a write, then reads into its slot
+    assert pool.stats()["pageable_bytes_in_use"] == 0, pool.stats()
+    store.release("c")
+    store.wait_writes()
+    for key, value in (("a", 11.0), ("b", 12.0)):  # the writes that were waited for are whole
+        assert torch.all(store.lend(key) == value)
+        store.release(key)
+    store.close()
+    pool.close()
+    slow.close()
+
+
 def test_a_read_ahead_carries_its_flags_on_its_entry_until_it_is_used_or_released(tmp_path, io):
     """What the store knows of a read ahead (read in flight not waited for yet, use still to be recorded, a read
     into the caller's buffer) lives on the entry, and the store's invariants tie it to the entry's state. Step by

@@ -2,6 +2,7 @@
 it only calls the swappers' plain methods): which readings make up an optimizer step's rise."""
 import pytest
 
+from tencache_ds.cache.host_budget import HostBudget
 from tencache_ds.errors import TencacheOutOfMemory
 from tencache_ds.integrations.deepspeed.memory_pressure import HostTierGovernor
 from tencache_ds.probes.host_memory import HostMemory
@@ -105,7 +106,13 @@ class OptimizerStoreSums:
     def __init__(self, state, start, least, auto):
         self.config = type("Config", (), {"host_cache_bytes": "auto" if auto else start})()
         self.state, self.footprint, self.least = state, start, least
-        self.budget = type("Budget", (), {"total_bytes": start})()
+        self.budget = HostBudget(start)
+        self.update()
+
+    def update(self):
+        """An optimizer update: the tier fills its budget (what it holds is what the budget allows)."""
+        self.budget.release(self.budget.used_bytes)
+        self.budget.try_reserve(min(self.budget.total_bytes, self.state))
 
     def state_bytes(self):
         return self.state
@@ -120,7 +127,8 @@ class OptimizerStoreSums:
         return self.least
 
     def resize_host_footprint(self, target):
-        self.footprint = self.budget.total_bytes = target
+        self.footprint = target
+        self.budget.resize(target)
 
 
 @pytest.mark.parametrize("auto", [True, False])
@@ -136,7 +144,30 @@ def test_an_auto_budget_grows_into_free_memory_once_a_step_is_measured_and_an_ex
     footprints = []
     for step in range(4):
         governor.before_forward()
+        optimizer.update()
         governor.end_optimizer_step()
         footprints.append(optimizer.footprint // GiB)
     assert footprints == ([4, 4, 16, 16] if auto else [4, 4, 4, 4])
     assert governor.grows == (1 if auto else 0) and governor.given_back_bytes == (-12 * GiB if auto else 0)
+
+
+def test_a_growth_is_not_promised_twice_before_the_update_that_fills_it():
+    """Regression test: 100 GiB of state, 40 GiB free, four forward passes (gradient accumulation) before each
+    update. The budget grew at every forward pass on the same free memory (4 -> 40 -> 76 -> 100 GiB in one step:
+    the memory a growth promises is only allocated at the next update, and no reading shows it before), and the
+    update would have met the OOM killer. Now one growth waits for the update that fills it."""
+    optimizer = OptimizerStoreSums(state=100 * GiB, start=4 * GiB, least=GiB, auto=True)
+    # what is available falls by what the tier holds beyond its start (filled at updates only)
+    governor = HostTierGovernor([], optimizer, None,
+                                read_memory=lambda: HostMemory(64 * GiB, 44 * GiB - optimizer.budget.used_bytes))
+    governor.meter.close()
+    governor.meter = ScriptedMeter([None] + [GiB] * 40)
+    budgets = []
+    for step in range(4):
+        for micro in range(4):
+            governor.before_forward()
+            budgets.append(optimizer.budget.total_bytes)
+        optimizer.update()
+        governor.end_optimizer_step()
+    assert len(set(budgets)) == 2 and max(budgets) < 44 * GiB, [budget / GiB for budget in budgets]
+    assert 44 * GiB - optimizer.budget.used_bytes >= governor.policy.reserve_bytes(64 * GiB)  # the reserve stays free

@@ -81,8 +81,11 @@ class HostTierGovernor:
 
     def growable_bytes(self) -> int:
         """What the optimizer store could still take beyond its start-up footprint: the state it does not hold
-        (0 unless the budget is "auto")."""
-        if not self.fills_free_memory:
+        (0 unless the budget is "auto"). Nothing while its budget is not filled yet: a growth is memory promised
+        to the next update, which no reading shows before then (several forward passes can come first: gradient
+        accumulation, eval passes, a checkpoint load that dropped what was held), so growing again on the same
+        free memory would promise it twice."""
+        if not self.fills_free_memory or self._optimizer.budget.available() > 0:
             return 0
         return max(0, self._optimizer.state_bytes() - max(self._optimizer_target, self._optimizer_start))
 

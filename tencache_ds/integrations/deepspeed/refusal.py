@@ -6,7 +6,7 @@ import inspect
 
 import deepspeed
 
-from ...errors import TencacheError
+from ...errors import TencacheConfigError, TencacheError
 from .config_source import ds_config_of_initialize_call, tencache_config
 
 
@@ -17,9 +17,14 @@ def refuse_tencache_configs(install_error: Exception) -> None:
     def initialize(*args, **kwargs):
         try:
             bound = signature.bind_partial(*args, **kwargs).arguments
-            enabled = tencache_config(ds_config_of_initialize_call(bound)).enabled
+            ds_config = ds_config_of_initialize_call(bound)
         except (TypeError, ValueError, TencacheError):
-            enabled = False  # DeepSpeed reports a bad call or an unreadable config itself
+            ds_config = None  # DeepSpeed reports a bad call or an unreadable config itself
+        try:
+            enabled = tencache_config(ds_config).enabled
+        except TencacheConfigError as err:  # a block there, but not a valid one: it asked for tencache
+            raise TencacheError(f"{err}; besides, tencache_ds could not install its swappers when DeepSpeed was "
+                                f"imported: {install_error!r}") from install_error
         if enabled:
             raise TencacheError('the DeepSpeed config enables "tencache", but tencache_ds could not install its '
                                 f"swappers when DeepSpeed was imported: {install_error!r}") from install_error
