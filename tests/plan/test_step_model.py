@@ -15,6 +15,7 @@ from tencache_ds.plan.machine import Machine, MachineFileError, load_machine, ma
 from tencache_ds.plan.model_shapes import ModelConfigError, model_shape
 from tencache_ds.plan.step_model import (STOCK, TENCACHE, Prediction, drive_days_to_tbw, fits, predict,
                                          predict_stock, tencache_plan)
+from tencache_ds.plan.step_model.tencache import _optimizer_sequence
 from tencache_ds.plan.profile_timings import machine_from_profile
 from tencache_ds.plan.workload import ZeroSettings, build_workload
 from tencache_ds.profile.step_profile import StepProfile
@@ -207,6 +208,79 @@ def test_tencache_budgets_come_from_the_run_time_split():
 def test_auto_takes_a_quarter_of_the_available_memory():
     plan = tencache_plan(workload(config=ds_config(host_cache_bytes="auto")), this_vm())
     assert plan.host_cache_bytes == int(this_vm().available_host_bytes * 0.25)
+
+
+# "auto" grows its optimizer share at run time (plan/memory_pressure.py): gpt2-medium with its optimizer state in
+# many sub-groups (configs/stock-nvme-many-sub-groups.json) has 5.29 GiB of it, more than auto's start-up share on
+# this_vm. (With one sub-group nothing grows: the run's start-up footprint counts four streaming slots of the
+# sub-group's size, as much as the whole state.)
+def growing_workload(**tencache):
+    return workload("gpt2-medium", config=ds_config("stock-nvme-many-sub-groups.json", **tencache))
+
+
+def test_auto_grows_its_optimizer_share_into_free_memory_and_reads_less():
+    machine = this_vm()
+    plan = tencache_plan(growing_workload(host_cache_bytes="auto"), machine)
+    state = sum(round_up(size, PAGE_BYTES) for size in _optimizer_sequence(growing_workload())[1].values())
+    assert plan.optimizer_start_share_bytes < state  # the start-up share does not hold the state
+    tensors = len(_optimizer_sequence(growing_workload())[1])
+    assert plan.optimizer_share_bytes == state and len(plan.optimizer_held) == tensors  # the room holds all of it
+    assert plan.step_rise_bytes > 0
+    # the same start-up budget, given explicitly, does not grow: it streams what auto ends up keeping
+    fixed = growing_workload(host_cache_bytes=plan.host_cache_bytes)
+    assert tencache_plan(fixed, machine).optimizer_share_bytes == plan.optimizer_start_share_bytes
+    grown = predict(growing_workload(host_cache_bytes="auto"), machine)[TENCACHE]
+    started = predict(fixed, machine)[TENCACHE]
+    assert grown.nvme_read_bytes + 1 * GIB < started.nvme_read_bytes
+    assert grown.nvme_write_bytes < started.nvme_write_bytes and grown.step_time_s < started.step_time_s
+    assert grown.budgets["optimizer_share_bytes"] == state
+    assert grown.budgets["optimizer_start_share_bytes"] == plan.optimizer_start_share_bytes
+    assert fits(grown, growing_workload(), machine)[0]  # it grows only as far as the policy's band allows
+
+
+def test_auto_grows_as_far_as_the_policy_band_allows():
+    """Available memory between steps, less 1.5 x the policy's reserve, is what the tier takes (one rank)."""
+    from tencache_ds.plan.memory_pressure import MemoryPressurePolicy
+    from tencache_ds.plan.step_model.tencache import _held_between_steps, _optimizer_streaming_bytes
+    machine = this_vm(host_available_bytes=int(10.6 * GIB))
+    work = growing_workload(host_cache_bytes="auto")
+    plan = tencache_plan(work, machine)
+    slots = _optimizer_streaming_bytes(work)
+    available = machine.available_host_bytes - _held_between_steps(
+        work, machine, plan.param_streaming_bytes + plan.param_cache_bytes) - plan.optimizer_start_share_bytes - slots
+    policy = MemoryPressurePolicy(1)
+    policy.observe_step_rise(plan.step_rise_bytes)
+    policy.observe_step_rise(plan.step_rise_bytes)
+    reserve = policy.reserve_bytes(machine.host_memory_bytes)
+    assert available >= 2 * reserve
+    assert plan.optimizer_share_bytes == plan.optimizer_start_share_bytes + (available - int(1.5 * reserve))
+    state = sum(round_up(size, PAGE_BYTES) for size in _optimizer_sequence(work)[1].values())
+    assert plan.optimizer_start_share_bytes < plan.optimizer_share_bytes < state  # part of it: the rest streams
+
+
+def test_auto_without_room_to_grow_keeps_its_start_up_share():
+    """Available memory between steps below twice the reserve (here 1.75 x: above the 1.5 x growth aims at, but
+    inside the band, where the policy holds): nothing grows."""
+    machine = this_vm(host_available_bytes=int(9.8 * GIB))
+    plan = tencache_plan(growing_workload(host_cache_bytes="auto"), machine)
+    assert plan.step_rise_bytes > 0
+    assert plan.optimizer_share_bytes == plan.optimizer_start_share_bytes
+    fixed = growing_workload(host_cache_bytes=plan.host_cache_bytes)
+    grown, started = (predict(w, machine)[TENCACHE] for w in (growing_workload(host_cache_bytes="auto"), fixed))
+    assert (grown.nvme_read_bytes, grown.nvme_write_bytes, grown.step_time_s) == \
+        (started.nvme_read_bytes, started.nvme_write_bytes, started.step_time_s)
+
+
+def test_an_explicit_budget_does_not_grow():
+    """The governor grows "auto" only: an explicit budget keeps the split of its bytes, whatever the room."""
+    machine = this_vm(host_memory_bytes=256 * GIB, host_available_bytes=230 * GIB)
+    work = growing_workload(host_cache_bytes="2GB")
+    plan = tencache_plan(work, machine)
+    expected = split_host_budget(2_000_000_000, [
+        TierDemand("params", plan.param_cache_bytes, PARAM_IO_BYTES_PER_HELD_BYTE),
+        TierDemand("optimizer", work.rank_elements * OPTIMIZER_BYTES_PER_ELEMENT, OPTIMIZER_IO_BYTES_PER_HELD_BYTE)])
+    assert plan.optimizer_share_bytes == plan.optimizer_start_share_bytes == expected["optimizer"] > 0
+    assert plan.step_rise_bytes == 0 and len(plan.optimizer_held) < len(_optimizer_sequence(work)[1])
 
 
 # --------------------------------------------------------------------------------------------------- timeline

@@ -3,8 +3,9 @@ before anything runs. Owns: replaying one rank's step (plan/workload.py: its gat
 sub-groups) on a timeline of the compute thread and the machine's channels (NVMe read, NVMe write, H2D), with
 each policy's rules for when bytes move and who waits; and the memory each tier needs. Does not own: the budgets
 tencache chooses (plan/budget.py, plan/host_tier.py, plan/device_tier.py, plan/size_classes.py decide them here
-as at run time), which accesses a host tier of a given size serves (plan/host_residency.py) or how far ahead a
-read is issued (plan/prefetch.py). Pure: no clock, no I/O, no torch.
+as at run time, and plan/memory_pressure.py how far an "auto" budget grows), which accesses a host tier of a
+given size serves (plan/host_residency.py) or how far ahead a read is issued (plan/prefetch.py). Pure: no clock,
+no I/O, no torch.
 
 The model's parts, one module each: timeline.py (the clock and the channels), costs.py (what both policies share:
 tensor bytes, common memory, the optimizer step's CPU time), stock.py and tencache.py (each policy's replay and

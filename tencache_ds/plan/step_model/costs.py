@@ -47,21 +47,43 @@ def _activation_bytes(workload: Workload) -> int:
 
 
 def device_working_bytes(workload: Workload) -> int:
-    """Accelerator memory ZeRO-3 needs besides a device tier: the gathered module and the one prefetched after it,
-    the prefetch bucket, persistent parameters, the gradient reduce bucket, activations, and model states not
-    offloaded."""
+    """Accelerator memory ZeRO-3 needs besides a device tier: what a step allocates and frees
+    (``device_step_bytes``), persistent parameters, and model states not offloaded."""
     zero, elem = workload.zero, workload.zero.element_bytes
-    largest_module = max((sum(gathered_bytes(workload, key) for key in fetch.keys) for fetch in workload.fetches),
-                         default=0)
     persistent = sum(p.numel for p in workload.partitions.values() if p.persistent) * elem
     not_offloaded = 0
     if zero.offload_param == "none":
         not_offloaded += workload.rank_elements * elem
     if zero.offload_optimizer == "none":
         not_offloaded += workload.rank_elements * OPTIMIZER_BYTES_PER_ELEMENT
-    return (2 * largest_module + zero.prefetch_bucket_size * elem + persistent
-            + min(zero.reduce_bucket_size, workload.rank_elements) * elem + _activation_bytes(workload)
-            + not_offloaded)
+    return device_step_bytes(workload) + persistent + not_offloaded
+
+
+def device_step_bytes(workload: Workload) -> int:
+    """The part of ``device_working_bytes`` that lives only during forward and backward: the gathered module and
+    the one prefetched after it, the prefetch bucket, the gradient reduce bucket, and activations."""
+    zero, elem = workload.zero, workload.zero.element_bytes
+    largest_module = max((sum(gathered_bytes(workload, key) for key in fetch.keys) for fetch in workload.fetches),
+                         default=0)
+    return (2 * largest_module + zero.prefetch_bucket_size * elem
+            + min(zero.reduce_bucket_size, workload.rank_elements) * elem + _activation_bytes(workload))
+
+
+def host_step_rise_bytes(workload: Workload, machine: Machine) -> int:
+    """How far a rank's host memory rises during a step above its level between steps: what the host-tier governor
+    measures (memory/footprint.py) and sizes its reserve by (plan/memory_pressure.py).
+
+    - the optimizer update's temporaries: taken as one fp32 tensor of the largest sub-group. An assumption, not a
+      measurement: no GPU run has measured a step's host rise; on a GPU it is the whole estimate.
+    - on a host accelerator, also what the device would hold during forward and backward (``device_step_bytes``);
+      the larger of the two counts, since the update starts after backward has freed its working set. Measured
+      (docs/bench, fp32, micro-batch 1 x 32, the host_step_rise_bytes of the metrics): gpt2-small with stage 3's
+      defaults rose 995.5 MB a step, this gives 1041 MB; on 2 ranks with GAS 4, 1000.6 MB, this gives 792 MB.
+    """
+    update = workload.largest_sub_group_elements * 4
+    if not machine.accelerator_is_host:
+        return update
+    return max(update, device_step_bytes(workload))
 
 
 def nvme_space(workload: Workload) -> int:

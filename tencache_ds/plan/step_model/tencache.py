@@ -5,6 +5,9 @@ its plan, its replay and its memory. Pure.
   (plan/size_classes.py), cache slots from the host tier first, the rest to optimizer state
   (plan/host_tier.split_host_budget, as the optimizer swapper does); the device tier (plan/device_tier.py) keeps
   gathered parameters by next use;
+- an "auto" optimizer share then grows at run time into the memory the steps leave free, up to all of the state
+  (integrations/deepspeed/memory_pressure.py): the step is modelled at that steady state, the grown share
+  decided by plan/memory_pressure.MemoryPressurePolicy on the memory this model predicts (``_grown_share``);
 - a gather served by the device tier moves nothing; a lend served by the host tier reads nothing; the reads left
   are issued ahead by plan/prefetch.PrefetchSchedule within the streaming slots; changed bytes of held tensors are
   written back only on eviction (none in steady state);
@@ -15,26 +18,33 @@ import dataclasses
 from collections import defaultdict
 from typing import Dict, List, Optional, Set, Tuple
 
+from ...config import AUTO
 from ...profile.step_profile import StepProfile
+from ...units import PAGE_BYTES, round_up
 from ..budget import UNLIMITED, MachineResources, resolve_budgets
 from ..device_tier import device_tier_budget
 from ..host_residency import steady_state
 from ..host_tier import (OPTIMIZER_BYTES_PER_ELEMENT, OPTIMIZER_IO_BYTES_PER_HELD_BYTE,
                          PARAM_IO_BYTES_PER_HELD_BYTE, TierDemand, split_host_budget)
 from ..machine import Machine
+from ..memory_pressure import Action, MemoryPressurePolicy
 from ..prefetch import PrefetchSchedule
 from ..size_classes import cache_slot_counts, class_bytes, merge_close_classes, size_histogram, streaming_slot_counts
 from ..workload import Workload
 from .costs import (INIT_BYTES_PER_ELEMENT_OUTSIDE_POOL, INIT_BYTES_PER_ELEMENT_POOLED, OPTIMIZER_STATE_FILE_BYTES,
-                    device_working_bytes, gathered_bytes, host_resident_bytes, nvme_space, optimizer_cpu_s,
-                    param_bytes)
+                    device_step_bytes, device_working_bytes, gathered_bytes, host_resident_bytes,
+                    host_step_rise_bytes, nvme_space, optimizer_cpu_s, param_bytes)
 from .results import TENCACHE, Prediction, finish
 from .timeline import STEPS_REPLAYED, Rates, Timeline, channel_rates
 
 
 @dataclasses.dataclass(frozen=True)
 class TencachePlan:
-    """The budgets tencache would choose for this workload on this machine, and what they hold."""
+    """The budgets tencache would choose for this workload on this machine, and what they hold in steady state.
+    ``optimizer_share_bytes`` is the steady state's: an "auto" share grown at run time (``_grown_share``), else
+    ``optimizer_start_share_bytes``, the share planned at start-up (``host_cache_bytes`` less the parameter cache
+    slots). ``step_rise_bytes``: the step's host rise the growth was sized by (0 where growth does not apply: an
+    explicit budget, no optimizer on NVMe, or a start-up share that holds all of the state)."""
 
     host_cache_bytes: int
     param_streaming_bytes: int
@@ -44,6 +54,8 @@ class TencachePlan:
     params_all_held: bool
     optimizer_held: frozenset
     optimizer_streaming_bytes: int
+    optimizer_start_share_bytes: int
+    step_rise_bytes: int = 0
 
 
 def tencache_plan(workload: Workload, machine: Machine) -> TencachePlan:
@@ -71,21 +83,81 @@ def tencache_plan(workload: Workload, machine: Machine) -> TencachePlan:
         demands.append(TierDemand("optimizer", max(workload.rank_elements * OPTIMIZER_BYTES_PER_ELEMENT, host),
                                   OPTIMIZER_IO_BYTES_PER_HELD_BYTE))
     shares = split_host_budget(host, demands)
-    optimizer_share = shares.get("optimizer", 0)
+    start_share = optimizer_share = shares.get("optimizer", 0)
     held = frozenset()
-    optimizer_streaming = 0
+    optimizer_streaming = rise = 0
     if zero.offload_optimizer == "nvme":
         keys, sizes = _optimizer_sequence(workload)
+        if budgets.host_source == AUTO:
+            optimizer_share, rise = _grown_share(workload, machine, start_share, streaming + param_cache)
         held = steady_state(keys, sizes, optimizer_share).held
         if len(held) < len(sizes):  # a sub-group's four tensors stream through slots (twice: one read ahead)
-            largest = zero.swap_nbytes(workload.largest_sub_group_elements, 4)
-            optimizer_streaming = largest * 4 * (2 if len(workload.sub_groups) > 1 else 1)
+            optimizer_streaming = _optimizer_streaming_bytes(workload)
     param_capacity = all_swapped if params_all_held else param_cache
     device_free = resources.device_free_bytes
     device = device_tier_budget(config.device_cache_bytes, machine.accelerator_is_host, param_capacity,
                                 device_free, 0.5) if config.device_cache_bytes != 0 else 0
     return TencachePlan(host, streaming, param_cache, optimizer_share, device, params_all_held, held,
-                        optimizer_streaming)
+                        optimizer_streaming, start_share, rise)
+
+
+def _grown_share(workload: Workload, machine: Machine, start_share: int, param_slot_bytes: int) -> Tuple[int, int]:
+    """The optimizer share an "auto" host tier holds in steady state, and the step rise it assumed.
+
+    At run time the governor (integrations/deepspeed/memory_pressure.py) reads the node's available memory before
+    each forward pass and, once a step's rise is measured, lets plan/memory_pressure.MemoryPressurePolicy decide:
+    with available at least twice its reserve it takes the excess over 1.5 x the reserve (each rank its share),
+    up to all of the optimizer state (the store's page-rounded buffers); the footprint it grows is the kept state
+    plus the streaming slots, which go once everything is kept. The same policy decides here, once, on the
+    available memory this model predicts between steps: the machine's, less each rank's ``_held_between_steps``
+    and start-up optimizer footprint. It lands in its band, so later readings hold: one decision is the steady
+    state. Parameter cache slots do not grow (the governor takes back only what it gave). Shrinking is not
+    modelled: a run that would have to give memory back holds its start-up share here (``fits`` judges it)."""
+    sizes = _optimizer_sequence(workload)[1]
+    state = sum(round_up(size, PAGE_BYTES) for size in sizes.values())
+    if start_share >= state:
+        return start_share, 0
+    slots = _optimizer_streaming_bytes(workload)
+    start_footprint = start_share + slots
+    ranks = max(1, machine.ranks_per_node)
+    available = machine.available_host_bytes - ranks * (
+        _held_between_steps(workload, machine, param_slot_bytes) + start_footprint)
+    rise = host_step_rise_bytes(workload, machine)
+    policy = MemoryPressurePolicy(ranks)
+    policy.observe_step_rise(rise)  # the first measured step creates the optimizer's state: the policy drops it
+    policy.observe_step_rise(rise)
+    decision = policy.decide(machine.host_memory_bytes, available, reducible_bytes=0, given_back_bytes=0,
+                             growable_bytes=max(0, state - start_footprint))
+    if decision.action is not Action.GROW:
+        return start_share, rise
+    footprint = start_footprint + decision.nbytes
+    # as OptimizerStore.resize_host_footprint: all of it kept once it holds the state, else less the slots
+    return (state if footprint >= state else max(start_share, footprint - slots)), rise
+
+
+def _optimizer_streaming_bytes(workload: Workload) -> int:
+    """The slots optimizer state that is not kept streams through: a sub-group's four tensors (twice with more
+    than one sub-group: the next one is read ahead)."""
+    largest = workload.zero.swap_nbytes(workload.largest_sub_group_elements, 4)
+    return largest * 4 * (2 if len(workload.sub_groups) > 1 else 1)
+
+
+def _held_between_steps(workload: Workload, machine: Machine, param_slot_bytes: int) -> int:
+    """Host bytes a rank holds between two steps besides its optimizer footprint: what ``_tencache_memory`` counts
+    less the optimizer's, less a step's own working set on a host accelerator (freed by the time memory is read)
+    and the optimizer's one-off initialisation."""
+    common = host_resident_bytes(workload, machine)
+    on_host = common["device_on_host"] - (device_step_bytes(workload) if machine.accelerator_is_host else 0)
+    return (common["baseline"] + common["gradients"] + on_host + param_slot_bytes
+            + _params_off_nvme_bytes(workload))
+
+
+def _params_off_nvme_bytes(workload: Workload) -> int:
+    """Parameter partitions kept in pinned host memory rather than on NVMe (offload to cpu, or ``max_in_cpu``)."""
+    zero = workload.zero
+    if zero.offload_param == "cpu" or (zero.offload_param == "nvme" and zero.max_in_cpu > 0):
+        return sum(p.part_numel for p in workload.partitions.values() if not p.on_nvme) * zero.element_bytes
+    return 0
 
 
 def _optimizer_sequence(workload: Workload) -> Tuple[List[str], Dict[str, int]]:
@@ -175,7 +247,8 @@ def predict_tencache(workload: Workload, machine: Machine) -> Prediction:
     failures = []
     budgets = {"host_cache_bytes": plan.host_cache_bytes, "param_streaming_bytes": plan.param_streaming_bytes,
                "param_cache_bytes": plan.param_cache_bytes, "optimizer_share_bytes": plan.optimizer_share_bytes,
-               "device_cache_bytes": plan.device_tier_bytes}
+               "optimizer_start_share_bytes": plan.optimizer_start_share_bytes,
+               "step_rise_bytes": plan.step_rise_bytes, "device_cache_bytes": plan.device_tier_bytes}
     return finish(TENCACHE, step_s, parts, moved, memory, device_rate, host_rate, failures, budgets)
 
 
@@ -230,9 +303,7 @@ def _tencache_memory(workload: Workload, machine: Machine, plan: TencachePlan) -
     zero = workload.zero
     common = host_resident_bytes(workload, machine)
     device = common["device"] + (0 if machine.accelerator_is_host else plan.device_tier_bytes)
-    pinned = plan.param_streaming_bytes + plan.param_cache_bytes
-    if zero.offload_param == "cpu" or (zero.offload_param == "nvme" and zero.max_in_cpu > 0):
-        pinned += sum(p.part_numel for p in workload.partitions.values() if not p.on_nvme) * zero.element_bytes
+    pinned = plan.param_streaming_bytes + plan.param_cache_bytes + _params_off_nvme_bytes(workload)
     pageable = common["baseline"] + common["device_on_host"]
     if zero.offload_optimizer != "none" and zero.optimizer_pin_memory:
         pinned += common["gradients"]
