@@ -171,3 +171,17 @@ def test_a_growth_is_not_promised_twice_before_the_update_that_fills_it():
         governor.end_optimizer_step()
     assert len(set(budgets)) == 2 and max(budgets) < 44 * GiB, [budget / GiB for budget in budgets]
     assert 44 * GiB - optimizer.budget.used_bytes >= governor.policy.reserve_bytes(64 * GiB)  # the reserve stays free
+
+
+def test_auto_keeps_all_of_a_state_that_its_budget_and_streaming_slots_would_hold_anyway():
+    """One sub-group: a 3 GiB budget beside 2 GiB of streaming slots for a 5 GiB state. Streaming the 2 GiB the
+    budget leaves out takes the same memory as keeping it, plus I/O every step: at its first reading "auto" keeps
+    all of it (the estimate found gpt2-medium there). An explicit budget stays as configured."""
+    for auto in (True, False):
+        optimizer = OptimizerStoreSums(state=5 * GiB, start=5 * GiB, least=2 * GiB, auto=auto)
+        optimizer.budget.resize(3 * GiB)
+        governor = HostTierGovernor([], optimizer, None, read_memory=lambda: HostMemory(64 * GiB, 40 * GiB))
+        governor.meter.close()
+        governor.meter = ScriptedMeter([None])
+        governor.before_forward()
+        assert optimizer.budget.total_bytes == (5 * GiB if auto else 3 * GiB), auto

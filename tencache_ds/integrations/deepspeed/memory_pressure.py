@@ -156,6 +156,11 @@ class HostTierGovernor:
         self.start_budget_bytes = self.budget_bytes
         if self._optimizer is not None:
             self._optimizer_start = self._optimizer_target = self._optimizer.planned_host_footprint_bytes()
+            if self.fills_free_memory and \
+                    self._optimizer.budget.total_bytes < self._optimizer.state_bytes() <= self._optimizer_start:
+                # The streaming slots planned beside the budget would hold the rest of the state: keeping all of it
+                # takes no more memory than streaming it, and no I/O.
+                self._optimizer.resize_host_footprint(self._optimizer_start)
 
     def _give_back(self, nbytes: int) -> None:
         """Optimizer state first (it saves less I/O per byte held), then parameter cache slots."""

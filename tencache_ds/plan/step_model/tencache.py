@@ -119,6 +119,8 @@ def _grown_share(workload: Workload, machine: Machine, start_share: int, param_s
         return start_share, 0
     slots = _optimizer_streaming_bytes(workload)
     start_footprint = start_share + slots
+    if start_footprint >= state:  # the governor keeps it all at its first reading: no more memory than streaming
+        return state, 0
     ranks = max(1, machine.ranks_per_node)
     available = machine.available_host_bytes - ranks * (
         _held_between_steps(workload, machine, param_slot_bytes) + start_footprint)
