@@ -257,18 +257,24 @@ def test_importing_the_adapters_directly_installs_the_swappers(module):
     assert out[-1] == "True"
 
 
+def initialize_after_failed_install(block: str, *checks: str):
+    """deepspeed.initialize with a config holding ``block`` as its "tencache" block, in a process where the
+    adapters' module cannot be imported (the install fails); prints REFUSED and, per check, whether the error
+    names it."""
+    code = ("import sys; sys.modules['tencache_ds.integrations.deepspeed.install'] = None; "
+            "import tencache_ds, deepspeed, torch\n"
+            "try:\n"
+            f"    deepspeed.initialize(model=torch.nn.Linear(2, 2), config={{'train_batch_size': 1, 'tencache': {block}}})\n"
+            "except tencache_ds.TencacheError as err:\n"
+            f"    print('REFUSED', *[check in str(err) for check in {list(checks)!r}])\n")
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=os.path.dirname(PACKAGE))
+
+
 def test_a_failed_install_refuses_a_tencache_config_instead_of_training_stock():
     """If the swappers cannot be installed when DeepSpeed is imported (here: the adapters' module cannot be
     imported), a run whose config enables tencache stops at deepspeed.initialize with the reason; a config
     without the block still runs stock."""
-    code = ("import sys; sys.modules['tencache_ds.integrations.deepspeed.install'] = None; "
-            "import tencache_ds, deepspeed, torch\n"
-            "try:\n"
-            "    deepspeed.initialize(model=torch.nn.Linear(2, 2), config={'train_batch_size': 1, 'tencache': {}})\n"
-            "except tencache_ds.TencacheError as err:\n"
-            "    print('REFUSED', 'could not install' in str(err))\n")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          cwd=os.path.dirname(PACKAGE))
+    proc = initialize_after_failed_install("{}", "could not install")
     assert "REFUSED True" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert "could not install its swappers" in proc.stderr  # and it said so at import
 
@@ -276,13 +282,5 @@ def test_a_failed_install_refuses_a_tencache_config_instead_of_training_stock():
 def test_a_failed_install_refuses_an_invalid_tencache_block_too():
     """Regression test: with the install failed, a block that asks for tencache but does not parse ("lots" of
     bytes) was taken as "not enabled", and the run trained stock DeepSpeed. Now it stops, naming the key."""
-    code = ("import sys; sys.modules['tencache_ds.integrations.deepspeed.install'] = None; "
-            "import tencache_ds, deepspeed, torch\n"
-            "try:\n"
-            "    deepspeed.initialize(model=torch.nn.Linear(2, 2), config={'train_batch_size': 1, "
-            "'tencache': {'host_cache_bytes': 'lots'}})\n"
-            "except tencache_ds.TencacheError as err:\n"
-            "    print('REFUSED', 'host_cache_bytes' in str(err), 'could not install' in str(err))\n")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          cwd=os.path.dirname(PACKAGE))
+    proc = initialize_after_failed_install("{'host_cache_bytes': 'lots'}", "host_cache_bytes", "could not install")
     assert "REFUSED True True" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-3000:]

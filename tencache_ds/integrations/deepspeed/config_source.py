@@ -18,8 +18,10 @@ def ds_config_dict(ds_config: Any) -> Optional[dict]:
     raises its own error for it."""
     raw = getattr(ds_config, "_param_dict", ds_config)
     if isinstance(raw, str):
+        # DeepSpeed's own reader; imported outside the try: a DeepSpeed without it must fail loudly (contract.py),
+        # not read every path config as "no block"
+        from deepspeed.runtime.tensor_parallel.init_utils import load_ds_config
         try:
-            from deepspeed.runtime.tensor_parallel.init_utils import load_ds_config  # DeepSpeed's own reader
             raw = load_ds_config(raw)
         except Exception:  # pylint: disable=broad-except  # unreadable: DeepSpeed says why, in its own words
             return None
