@@ -118,7 +118,7 @@ def measure_drive(folder: str, request_sizes: Sequence[int] = REQUEST_SIZES,
         requests = max(1, trial_bytes // request_bytes)
         for threads in thread_counts:
             io = DirectFileIO(num_threads=threads, name="tencache-drive-rate")
-            buffers = [aligned_buffer(torch, request_bytes) for _ in range(min(threads, requests))]
+            buffers = [aligned_buffer(torch, request_bytes) for _ in range(threads)]
             for index, buffer in enumerate(buffers):
                 buffer.fill_(index + 1)  # not zeros: a file system may treat zero pages specially
             first, second = (os.path.join(folder, f".tencache-drive-{os.getpid()}-{name}.bin") for name in "ab")

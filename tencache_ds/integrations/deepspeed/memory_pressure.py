@@ -81,13 +81,16 @@ class HostTierGovernor:
 
     def growable_bytes(self) -> int:
         """What the optimizer store could still take beyond its start-up footprint: the state it does not hold
-        (0 unless the budget is "auto"). Nothing while its budget is not filled yet: a growth is memory promised
-        to the next update, which no reading shows before then (several forward passes can come first: gradient
-        accumulation, eval passes, a checkpoint load that dropped what was held), so growing again on the same
-        free memory would promise it twice."""
-        if not self.fills_free_memory or self._optimizer.budget.available() > 0:
+        (0 unless the budget is "auto")."""
+        if not self.fills_free_memory:
             return 0
         return max(0, self._optimizer.state_bytes() - max(self._optimizer_target, self._optimizer_start))
+
+    def _promised_bytes(self) -> int:
+        """Optimizer budget not filled yet ("auto"): memory a growth promised to the next update, which no reading
+        shows before then. Several forward passes can come first (gradient accumulation, eval passes, a checkpoint
+        load that dropped what was held): counted as taken, so the same free memory is not promised twice."""
+        return self._optimizer.budget.available() if self.fills_free_memory else 0
 
     def before_forward(self) -> None:
         """A reading, and what follows from it. Raises TencacheOutOfMemory when the next step cannot fit."""
@@ -105,8 +108,8 @@ class HostTierGovernor:
         memory, decision, targets = None, HOLD, None
         try:
             memory = self._read_memory()
-            decision = self.policy.decide(memory.total_bytes, memory.available_bytes, self.reducible_bytes(),
-                                          self.given_back_bytes, self.growable_bytes())
+            decision = self.policy.decide(memory.total_bytes, memory.available_bytes - self._promised_bytes(),
+                                          self.reducible_bytes(), self.given_back_bytes, self.growable_bytes())
             if decision.action is Action.SHRINK:
                 # the device tier's residents hold lent partitions: it is refitted (on every rank alike) first
                 targets = self._param_cache_targets(decision.nbytes)
