@@ -19,12 +19,12 @@ stays each rank's: it decides only this rank's file I/O.
 import logging
 from typing import Callable, List, Optional
 
+from ...config import AUTO
 from ...errors import TencacheOutOfMemory
 from ...log import logger
 from ...memory.footprint import StepRiseMeter
 from ...probes.limits import local_world_size
 from ...probes.host_memory import HostMemory, read_host_memory
-from ...config import AUTO
 from ...plan.memory_pressure import HOLD, Action, MemoryPressurePolicy
 from ...units import fmt_bytes
 from .agreement import agree_min
@@ -89,8 +89,12 @@ class HostTierGovernor:
     def _promised_bytes(self) -> int:
         """Optimizer budget not filled yet ("auto"): memory a growth promised to the next update, which no reading
         shows before then. Several forward passes can come first (gradient accumulation, eval passes, a checkpoint
-        load that dropped what was held): counted as taken, so the same free memory is not promised twice."""
-        return self._optimizer.budget.available() if self.fills_free_memory else 0
+        load that dropped what was held): counted as taken, so the same free memory is not promised twice. Only
+        what the state can fill: a budget larger than the state leaves room no update will take."""
+        if not self.fills_free_memory:
+            return 0
+        budget = self._optimizer.budget
+        return max(0, min(budget.total_bytes, self._optimizer.state_bytes()) - budget.used_bytes)
 
     def before_forward(self) -> None:
         """A reading, and what follows from it. Raises TencacheOutOfMemory when the next step cannot fit."""
