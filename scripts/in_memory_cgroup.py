@@ -10,6 +10,7 @@ controller (v1 or v2). Exits with the command's exit code (137 when it was kille
 """
 import argparse
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -37,6 +38,14 @@ def _oom_kills(folder, version):
     return None
 
 
+def _die_with_parent():
+    """In the child before exec: SIGKILL it when this script dies (a caller's timeout kills the script; the command
+    must not go on running in a cgroup nobody removes)."""
+    import ctypes
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
 def main(argv):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--limit", required=True, help='"machine" or a size, e.g. 20GB')
@@ -58,7 +67,8 @@ def main(argv):
         log = open(args.log, "w") if args.log else None
         started = time.time()
         process = subprocess.Popen(["sh", "-c", f'echo $$ > "{folder}/cgroup.procs" && exec "$@"', "sh"] + command,
-                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                   preexec_fn=_die_with_parent)
         for line in process.stdout:
             sys.stdout.write(line)
             if log:

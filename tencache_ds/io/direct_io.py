@@ -35,6 +35,12 @@ CHUNK_BYTES = 16 * 1024 * 1024    # one system call moves at most this much; kee
 ALIGN_ENV = "TENCACHE_DIRECT_ALIGN_BYTES"
 
 
+def store_io_threads(intra_op_parallelism: int) -> int:
+    """I/O threads of one swapper's engine: DeepSpeed's aio.intra_op_parallelism, at least 2 (a read and a write
+    in flight at once). The swappers and the drive measurement (drive_rate.py) both use it."""
+    return max(2, int(intra_op_parallelism))
+
+
 class _DirectRefused(Exception):
     """The device refused an O_DIRECT transfer (EINVAL): stricter than the alignment we were told."""
 

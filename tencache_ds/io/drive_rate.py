@@ -19,6 +19,8 @@ import os
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from .direct_io import store_io_threads
+
 READ, WRITE, BOTH = "read", "write", "read+write"
 REQUEST_SIZES = (4 << 20, 64 << 20)  # a parameter partition; an optimizer sub-group's tensor (sub_group_size 1.6e7)
 TRIAL_BYTES = 256 << 20              # per trial and direction: past a drive's write cache, < 0.2 s at 2 GB/s
@@ -27,11 +29,11 @@ DEADLINE_S = 1.0                     # per trial: no new request is issued after
 
 def store_thread_counts(ds_config: Optional[Dict[str, Any]] = None) -> Tuple[int, int]:
     """The requests in flight when one store's engine is busy, and when both are: the swappers'
-    ``DirectFileIO(num_threads=max(2, intra_op))``, ``intra_op`` being the DeepSpeed config's
+    ``DirectFileIO(num_threads=store_io_threads(intra_op))``, ``intra_op`` being the DeepSpeed config's
     aio.intra_op_parallelism (DeepSpeed's default 1 without a config)."""
     aio = (ds_config or {}).get("aio") or {}
     intra_op = aio.get("intra_op_parallelism", 1) if isinstance(aio, dict) else 1
-    one = max(2, intra_op if isinstance(intra_op, int) else 1)
+    one = store_io_threads(intra_op if isinstance(intra_op, int) else 1)
     return one, 2 * one
 
 

@@ -102,3 +102,18 @@ def test_auto_fills_the_memory_a_small_container_leaves_free_with_stocks_bits(tr
     assert steps[-1]["host_pressure_grows"] >= 1 and steps[-1]["host_pressure_shrinks"] == 0, steps[-1]
     assert steps[-1]["host_cache_budget_bytes"] > steps[0]["host_cache_budget_bytes"]
     assert steps[-1]["optimizer_cache_misses"] == steps[-2]["optimizer_cache_misses"], steps[-1]  # all held now
+
+
+def test_auto_keeps_a_single_sub_group_its_streaming_slots_would_hold_anyway_with_stocks_bits(train, memory_cgroup):
+    """One optimizer sub-group (240 MiB of state) in the same small container: auto's start-up share is below the
+    state, but that share plus the four streaming slots one update needs already cover it, so from the first
+    reading tencache keeps all of it (no more memory than streaming it) and reads no optimizer state from NVMe
+    after the first step, with stock's bits."""
+    reference = train(block=None, steps=4, **FAST)
+    ours = train(block={}, script=SQUEEZE, cgroup=memory_cgroup, env=STEPS_THAT_ALLOCATE, limit_at_start="850MB",
+                 steps=4, **FAST)
+    assert_same_bits(reference, ours)
+    steps = [step["stats"] for step in ours.result["steps"]]
+    assert steps[0]["host_memory_bound_by"] == memory_cgroup
+    assert steps[0]["optimizer_cache_budget_bytes"] >= steps[0]["optimizer_cache_kept_bytes"] > 0, steps[0]
+    assert steps[-1]["optimizer_cache_misses"] == steps[1]["optimizer_cache_misses"], steps[-1]  # all held

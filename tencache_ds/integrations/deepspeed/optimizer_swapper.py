@@ -33,7 +33,7 @@ from ...errors import TencacheConfigError
 from ...ext_lock import raise_if_stale_locks
 from ...cache.entry import EntryState
 from ...cache.optimizer_store import OptimizerStore, optimizer_tier_share
-from ...io.direct_io import DirectFileIO
+from ...io.direct_io import DirectFileIO, store_io_threads
 from ...io.shared_files import LinkSafeIO, unshare_folder
 from ...memory.pool import BufferPool
 from ...plan.budget import MachineResources, resolve_budgets
@@ -95,7 +95,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         self.numel_alignment = self.aligned_bytes // self.swap_element_size
         self.largest_numel = io_aligned_numel(largest_numel, dtype, intra_op)
         self.dtype = dtype
-        self.io = DirectFileIO(num_threads=max(2, intra_op), name="tencache-optim-io")
+        self.io = DirectFileIO(num_threads=store_io_threads(intra_op), name="tencache-optim-io")
         # LinkSafeIO: a swap file linked into a checkpoint (checkpoint_save.py) is replaced, never written in place
         self.store = OptimizerStore(dtype, lambda numel: io_aligned_numel(numel, dtype, intra_op), LinkSafeIO(self.io),
                                     self.largest_numel, int(swap_config.buffer_count), self._host_tier_share)

@@ -23,7 +23,7 @@ from deepspeed.runtime.swap_tensor.partitioned_param_swapper import (AsyncPartit
 from ...cache.entry_store import DEBUG_CHECKS_ENV
 from ...cache.host_budget import HostBudget
 from ...cache.tensor_store import TensorStore
-from ...io.direct_io import DirectFileIO
+from ...io.direct_io import DirectFileIO, store_io_threads
 from ...plan.budget import MachineResources, resolve_budgets
 from ...plan.prefetch import PrefetchSchedule
 from ...profile.lifecycle import Phase, ProfileLifecycle
@@ -97,7 +97,7 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
         # No streaming slot is planned yet (zero.Init registers the partitions next); TensorStore.plan fits the
         # cache slots to the memlock limit after the streaming slots once their sizes are known.
         self.budgets = resolve_budgets(self.config, MachineResources.probe(), stream_min_bytes=0)
-        self.io = DirectFileIO(num_threads=max(2, intra_op), name="tencache-param-io")
+        self.io = DirectFileIO(num_threads=store_io_threads(intra_op), name="tencache-param-io")
         self.store = TensorStore(self.swap_folder, model_dtype,
                                  aligned_numel=lambda numel: io_aligned_numel(numel, model_dtype, intra_op),
                                  slots_per_class=max(1, int(self.param_buffer_count)), lock=self.config.pin_memory,
