@@ -64,18 +64,33 @@ class Admission:
                 self._counters.waits_for_slots += 1
                 self._transfers.wait_write(pending)
                 continue
-            if not self._source.transient_available(nbytes):
-                # Every streaming slot is taken: wait for a write that gives one back rather than map new memory.
-                # Each extra mapping is a sub-group tensor (hundreds of MB for a large model) that raises the
-                # step's memory rise, and the host governor keeps that rise free by giving up cached tensors.
-                freeing = next((entry for entry in self._table.writing()
-                                if self._source.frees_transient_room_for(entry.buffer, nbytes)), None)
-                if freeing is not None:
-                    self._counters.waits_for_slots += 1
-                    self._transfers.wait_write(freeing)
-                    continue
+            if self._waited_for_transient_room(nbytes):
+                continue
             self._counters.transient_buffers += 1
             return self._source.fallback(nbytes), False
+
+    def acquire_transient(self, nbytes: int) -> Tuple[HostBuffer, bool]:
+        """(buffer, False): a buffer for one use only, taking no held entry's room and no budget: a streaming slot
+        (waiting for a write that frees one when all are taken), else fresh memory."""
+        self._transfers.reap_writes()
+        while self._waited_for_transient_room(nbytes):
+            pass
+        self._counters.transient_buffers += 1
+        return self._source.fallback(nbytes), False
+
+    def _waited_for_transient_room(self, nbytes: int) -> bool:
+        """Every streaming slot is taken: wait for a write that gives one back rather than map new memory (True
+        if one was waited for). Each extra mapping is a sub-group tensor (hundreds of MB for a large model) that
+        raises the step's memory rise, and the host governor keeps that rise free by giving up cached tensors."""
+        if self._source.transient_available(nbytes):
+            return False
+        freeing = next((entry for entry in self._table.writing()
+                        if self._source.frees_transient_room_for(entry.buffer, nbytes)), None)
+        if freeing is None:
+            return False
+        self._counters.waits_for_slots += 1
+        self._transfers.wait_write(freeing)
+        return True
 
     def _choose_victim(self, nbytes: int, incoming, use_pending: bool) -> Optional[Entry]:
         fitting = [entry.key for entry in self._table.held() if self._source.frees_room_for(entry.buffer, nbytes)]

@@ -116,10 +116,11 @@ class EntryStore:
         return self._transfers.swap_nbytes(numel)
 
     # ------------------------------------------------------------------------------------------ lending
-    def lend_new(self, key, numel: int, path: str, staging: bool = False) -> torch.Tensor:
+    def lend_new(self, key, numel: int, path: str, staging: bool = False, transient: bool = False) -> torch.Tensor:
         """A buffer for ``key``'s new bytes, whole (the old ones, if any, are not read): the caller fills it and
         releases it with ``changed=True``. ``staging``: a one-time pageable buffer (zero.Init's first write of each
-        partition, before any size is planned). Returns a view of exactly ``numel`` elements."""
+        partition, before any size is planned). ``transient``: a buffer that takes no held entry's room and is not
+        kept (bytes the caller will ``discard``). Returns a view of exactly ``numel`` elements."""
         transfers = self._transfers
         with self._lock:
             entry = self._table.get(key)
@@ -135,6 +136,8 @@ class EntryStore:
                 if staging:
                     transfers.attach(entry, transfers.staging.acquire_pageable(self.swap_nbytes(numel), False), False)
                     entry.staged = True
+                elif transient:
+                    transfers.attach(entry, *self._admission.acquire_transient(self.swap_nbytes(numel)))
                 else:
                     transfers.attach(entry, *self._admission.acquire(self.swap_nbytes(numel), key))
             else:
@@ -336,6 +339,22 @@ class EntryStore:
             if entry is not None:
                 self._forget_locked(entry)
                 self._checked()
+
+    def discard(self, key) -> None:
+        """The borrower is done with lent ``key`` and its bytes are dead (a gradient the update has consumed, whose
+        source is not ours): the buffer goes back unwritten and the entry is forgotten. Unknown keys are ignored."""
+        with self._lock:
+            entry = self._table.get(key)
+            if entry is None:
+                return
+            if entry.state not in LENT:
+                raise RuntimeError(f"{self.name}: cannot discard tensor {key}: it is not lent ({entry.state.name})")
+            if entry.external_read is not None:  # a read into the caller's buffer: it must not outlive the entry
+                self._transfers.wait_unlocked(entry.external_read)
+            entry.prefetched, entry.pending_use, entry.external_read = False, None, None
+            self._transfers.release_buffer(entry)
+            self._table.remove(entry)
+            self._checked()
 
     def held_keys(self) -> List[Hashable]:
         """Keys whose bytes are in host memory and not lent (clean or dirty copies)."""

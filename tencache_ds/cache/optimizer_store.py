@@ -50,7 +50,7 @@ class OptimizerStore(EntryStoreWrapper):
     # The EntryStore calls the optimizer swapper and the checkpoint code make, forwarded as they are.
     FORWARDED = frozenset({
         "add", "knows", "state", "kept", "path", "numels", "swap_nbytes", "lend", "lend_new", "start_read",
-        "wait_read", "release", "write_parts", "flush", "flush_key", "wait_writes", "held_keys", "forget",
+        "wait_read", "release", "write_parts", "flush", "flush_key", "wait_writes", "held_keys", "forget", "discard",
         "forget_all", "trim_kept", "stats", "check_invariants", "recorder", "counters"})
 
     def __init__(self, dtype: torch.dtype, aligned_numel: Callable[[int], int], io: DirectFileIO,
@@ -102,9 +102,10 @@ class OptimizerStore(EntryStoreWrapper):
         streams = self.budget.total_bytes < state_bytes
         return self.budget.total_bytes + (self.least_host_footprint_bytes(reads_ahead) if streams else 0)
 
-    def state_bytes(self, sub_group_numels: Iterable[int]) -> int:
-        """Every sub-group's master, moments and gradient, in the page-rounded buffers keeping them takes."""
-        per_sub_group = OPTIMIZER_BYTES_PER_ELEMENT // self.element_size
+    def state_bytes(self, sub_group_numels: Iterable[int], gradients_held: bool = True) -> int:
+        """Every sub-group's master, moments and gradient, in the page-rounded buffers keeping them takes.
+        ``gradients_held`` False: the gradients are read from DeepSpeed's own buffer at the update, never kept."""
+        per_sub_group = OPTIMIZER_BYTES_PER_ELEMENT // self.element_size - (0 if gradients_held else 1)
         return sum(per_sub_group * round_up(self.entries.swap_nbytes(numel), PAGE_BYTES)
                    for numel in sub_group_numels)
 

@@ -12,14 +12,14 @@ between two steps, where a checkpoint can still be saved.
 
 The rule, at every reading (the start of each forward pass: between steps, nothing of the next step allocated):
 
-- ``reserve = floor + ranks × 1.5 × step_rise``: what must stay available on the node so that the next step of
+- ``reserve = floor + ranks × 1.25 × step_rise``: what must stay available on the node so that the next step of
   each of its ranks fits (``step_rise``: how far this process's anonymous memory rose above its level between
-  forward passes, the most over the last few optimizer steps; 1.5: measurement margin) plus a floor for
+  forward passes, the most over the last few optimizer steps; 1.25: measurement margin) plus a floor for
   everything else on the node (``RESERVE_FLOOR_FRACTION`` of its memory, at least ``RESERVE_FLOOR_MIN_BYTES``).
-- ``available < reserve``: give back the shortfall up to ``1.5 × reserve`` (each rank its share), at most what the
+- ``available < reserve``: give back the shortfall up to ``1.25 × reserve`` (each rank its share), at most what the
   tier can give (``reducible``: its memory above the least it needs to stream a step), so that one decision is
-  enough and the next reading lands inside the band ``[reserve, 2 × reserve)``.
-- ``available ≥ 2 × reserve`` and the tier gave memory back earlier: take back the excess over ``1.5 × reserve``
+  enough and the next reading lands inside the band ``[reserve, 1.5 × reserve)``.
+- ``available ≥ 1.5 × reserve`` and the tier gave memory back earlier: take back the excess over ``1.25 × reserve``
   (each rank its share), at most what it gave. Both land in the middle of the band, so the next reading holds:
   shrink and growth never alternate.
 - An ``"auto"`` budget also *grows* that way beyond its start-up size, up to what the tier can use
@@ -32,8 +32,8 @@ The rule, at every reading (the start of each forward pass: between steps, nothi
   ``ranks × step_rise`` can be allocated (``allocatable``): the next step would end with the OOM killer. Never on
   the first measured step (it creates the optimizer's state, a rise that does not repeat).
 
-E.g. a 3 GiB cgroup, one rank, a 200 MiB step rise: reserve = 64 MiB floor + 1.5 x 200 MiB = 364 MiB. With 100
-MiB available and 800 MiB reducible: give back 1.5 x 364 - 100 = 446 MiB. Had only 300 MiB been reducible, it gives
+E.g. a 3 GiB cgroup, one rank, a 200 MiB step rise: reserve = 64 MiB floor + 1.25 x 200 MiB = 314 MiB. With 100
+MiB available and 800 MiB reducible: give back 1.25 x 314 - 100 = 292.5 MiB. Had only 300 MiB been reducible, it gives
 back those, and if then only 150 MiB can be allocated, 150 < 200: exhausted.
 """
 import collections
@@ -45,9 +45,13 @@ from ..units import fmt_bytes
 
 RESERVE_FLOOR_FRACTION = 0.02            # of the node's (or cgroup's) memory, for everything else running there
 RESERVE_FLOOR_MIN_BYTES = 64 * 1024**2   # 64 MiB
-STEP_RISE_MARGIN = 1.5                   # a step's rise varies (sequence lengths, allocator): a margin over the most
+# A step's rise varies (sequence lengths, allocator): a margin over the most of the last few steps. Not more: on the
+# 1.3B model beyond this machine's RAM the rise is DeepSpeed's 2 GB reduce bucket concatenated (about 4 GiB, within
+# 6% step to step), and a margin of 1.5 kept 2 GiB more free than any step used, at the cost of the parameter cache.
+STEP_RISE_MARGIN = 1.25
 STEP_RISE_WINDOW = 4                     # optimizer steps whose rise counts (the most of them)
-BAND_MIDDLE = 1.5                        # decisions aim at available = 1.5 x reserve: inside [reserve, 2 x reserve)
+BAND_MIDDLE = 1.25                       # decisions aim at available = 1.25 x reserve: inside [reserve, BAND_TOP x)
+BAND_TOP = 1.5                           # memory is taken (again) from 1.5 x reserve available
 
 
 class Action(enum.Enum):
@@ -112,7 +116,7 @@ class MemoryPressurePolicy:
             return PressureDecision(Action.SHRINK, give, self._describe(
                 f"{fmt_bytes(available_bytes)} of {fmt_bytes(total_bytes)} available, below the "
                 f"{fmt_bytes(reserve)} kept available for the next step and the rest of the node", "gives back", give))
-        if available_bytes >= 2 * reserve:
+        if available_bytes >= int(BAND_TOP * reserve):
             # growing past the start needs a measured step rise: before that the reserve knows only the floor
             room = max(0, given_back_bytes) + (max(0, growable_bytes) if self._rises else 0)
             take = min(room, (available_bytes - middle) // self.ranks)

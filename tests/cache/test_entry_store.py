@@ -222,6 +222,23 @@ def test_forget_all_drops_every_entry_and_reads_files_anew(tmp_path, io):
     store.close()
 
 
+def test_a_transient_buffer_takes_no_held_room_and_a_discarded_one_is_never_written(tmp_path, io):
+    """A gradient copied from DeepSpeed's own buffer for one update: it evicts nothing the tier holds, takes none of
+    its budget, and goes back unwritten (no file, no entry) once the update has used it."""
+    store = make(tmp_path, io, budget_bytes=NBYTES + 8192)  # room for exactly one held tensor (page-rounded)
+    put(store, tmp_path, "state", 1.0)
+    assert store.kept("state")
+    gradient = store.lend_new("gradient", NUMEL, str(tmp_path / "gradient.swp"), transient=True)
+    gradient.fill_(3.0)
+    assert store.kept("state") and store.state("state") == EntryState.DIRTY and not store.kept("gradient")
+    store.discard("gradient")
+    assert not store.knows("gradient") and not (tmp_path / "gradient.swp").exists()
+    assert store.counters.evictions == 0 and store.counters.written_back == 0
+    with pytest.raises(RuntimeError, match="not lent"):
+        store.discard("state")  # held bytes are never dropped unwritten this way
+    store.close()
+
+
 def test_lending_twice_is_an_error_not_a_silent_alias(tmp_path, io):
     store = make(tmp_path, io, budget_bytes=10 * NBYTES)
     put(store, tmp_path, "y", 1.0)

@@ -12,6 +12,11 @@ from test_parity import assert_same_bits  # tests/deepspeed is on sys.path (pyte
 from test_residency import FAST, SUB_GROUPS
 from tencache_ds.probes.host_memory import memory_cgroup_folder
 
+# gpt2-tiny with 6 layers: 43 M parameters, 520 MB of optimizer state (master and moments; fp32 gradients stay in
+# stage 3's buffer) in 22 sub-groups, so that what "auto"'s start-up share leaves out is more than the streaming
+# slots (sized by one sub-group) would hold
+DEEPER = dict(SUB_GROUPS, model=os.path.join(os.path.dirname(__file__), "models", "gpt2-tiny-6-layers.json"))
+
 pytestmark = [pytest.mark.deepspeed, pytest.mark.slow]
 
 SQUEEZE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "memory_squeeze.py")
@@ -89,12 +94,12 @@ def test_memory_that_cannot_fit_the_next_step_stops_the_run_with_the_numbers_not
 
 def test_auto_fills_the_memory_a_small_container_leaves_free_with_stocks_bits(train, memory_cgroup):
     """A container too small for "auto"'s start-up share (a quarter of what is available) to hold the optimizer
-    state (8 sub-groups, 240 MiB of it): once a step has been measured, "auto" grows into what the steps leave free
+    state (22 sub-groups, 520 MB of it): once a step has been measured, "auto" grows into what the steps leave free
     and from then on holds all of it (no optimizer-state reads), with stock's bits. With the budget fixed at its
     start-up share it would read part of the state from NVMe every step."""
-    reference = train(block=None, **SUB_GROUPS)
-    ours = train(block={}, script=SQUEEZE, cgroup=memory_cgroup, env=STEPS_THAT_ALLOCATE, limit_at_start="850MB",
-                 **SUB_GROUPS)
+    reference = train(block=None, **DEEPER)
+    ours = train(block={}, script=SQUEEZE, cgroup=memory_cgroup, env=STEPS_THAT_ALLOCATE, limit_at_start="1400MB",
+                 **DEEPER)
     assert_same_bits(reference, ours)
     steps = [step["stats"] for step in ours.result["steps"]]
     assert steps[0]["host_memory_bound_by"] == memory_cgroup

@@ -4,6 +4,8 @@ checkpoint saved under write-back resumes exactly as stock's does. Real engine, 
 
 Where stock ZeRO-Infinity crashes (stage3_max_reuse_distance 1e9: `Not enough buffers`), the reference is stock
 with offload device "cpu", which gives stock NVMe's bits wherever both run."""
+import os
+
 import pytest
 
 from test_parity import assert_identical  # tests/deepspeed is on sys.path (pytest rootdir-relative imports)
@@ -64,6 +66,21 @@ def test_many_sub_groups_under_a_small_budget_keep_a_fixed_share_step_after_step
         assert step["optimizer_profile_divergences"] == 0, late
         assert step["optimizer_cache_evictions"] == 0 and step["optimizer_cache_hits"] > 0, late
         assert step["optimizer_cache_misses"] > 0, late  # the budget really is smaller than the state
+
+
+def test_gradients_make_no_nvme_round_trip(train, tmp_path):
+    """Stage 3 accumulates fp32 gradients in a host buffer it keeps until the next backward: the update copies each
+    sub-group's gradient from there. Streaming (nothing kept), no gradient file is ever written (stock writes every
+    gradient and reads it back each step: a quarter of its optimizer bytes), with stock's bits."""
+    nvme = str(tmp_path / "nvme")
+    stock = train(block=None, **SUB_GROUPS)
+    ours = train(block=STREAMING, nvme_path=nvme, **SUB_GROUPS)
+    assert_identical(stock, ours)
+    files = [name for _root, _dirs, names in os.walk(nvme) for name in names]
+    assert [name for name in files if name.startswith("exp_avg")], files  # the state streamed through files
+    assert not [name for name in files if "_gradient_" in name], files
+    steps = [step["stats"] for step in ours.result["steps"]]
+    assert all(step["optimizer_cache_hits"] == 0 for step in steps)  # nothing held: the bytes came from stage 3
 
 
 def test_steady_state_writes_nothing_when_everything_fits(train):

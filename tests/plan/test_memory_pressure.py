@@ -20,7 +20,7 @@ def policy_with_rise(rise, ranks=1):
 def test_the_reserve_is_a_floor_plus_the_measured_step_rise_of_every_rank_on_the_node():
     assert MemoryPressurePolicy().reserve_bytes(TOTAL) == RESERVE_FLOOR_MIN_BYTES  # nothing measured yet
     assert policy_with_rise(200 * MiB).reserve_bytes(TOTAL) == 64 * MiB + int(STEP_RISE_MARGIN * 200 * MiB)
-    assert policy_with_rise(200 * MiB, ranks=4).reserve_bytes(TOTAL) == 64 * MiB + int(4 * 1.5 * 200 * MiB)
+    assert policy_with_rise(200 * MiB, ranks=4).reserve_bytes(TOTAL) == 64 * MiB + int(4 * STEP_RISE_MARGIN * 200 * MiB)
     # on a large node the floor is a share of its memory
     assert MemoryPressurePolicy().reserve_bytes(100 * GiB) == 2 * GiB
 
@@ -43,16 +43,16 @@ def test_plenty_of_memory_holds():
 
 
 def test_a_shortfall_is_given_back_up_to_the_middle_of_the_band():
-    policy = policy_with_rise(200 * MiB)  # reserve 364 MiB
+    policy = policy_with_rise(200 * MiB)  # reserve 64 + 1.25 x 200 = 314 MiB
     decision = policy.decide(TOTAL, 100 * MiB, reducible_bytes=800 * MiB, given_back_bytes=0)
-    assert decision.action is Action.SHRINK and decision.nbytes == int(1.5 * (364 * MiB)) - 100 * MiB
-    assert "100.00 MiB of 3.00 GiB available" in decision.reason and "gives back 446.00 MiB" in decision.reason
+    assert decision.action is Action.SHRINK and decision.nbytes == int(1.25 * (314 * MiB)) - 100 * MiB
+    assert "100.00 MiB of 3.00 GiB available" in decision.reason and "gives back 292.50 MiB" in decision.reason
 
 
 def test_each_rank_of_the_node_gives_back_its_share():
     decision = policy_with_rise(100 * MiB, ranks=4).decide(TOTAL, 50 * MiB, GiB, 0)
-    reserve = 64 * MiB + 4 * 150 * MiB
-    assert decision.nbytes == -(-(int(1.5 * reserve) - 50 * MiB) // 4)
+    reserve = 64 * MiB + 4 * 125 * MiB
+    assert decision.nbytes == -(-(int(1.25 * reserve) - 50 * MiB) // 4)
     assert "this rank's share of 4" in decision.reason
 
 
@@ -63,9 +63,9 @@ def test_no_more_is_given_back_than_the_tier_can_give():
 
 
 def test_memory_back_is_taken_again_to_the_middle_of_the_band_never_more_than_was_given():
-    policy = policy_with_rise(200 * MiB)  # reserve 364 MiB, band [364, 728) MiB, middle 546 MiB
-    assert policy.decide(TOTAL, 700 * MiB, 0, given_back_bytes=GiB).action is Action.HOLD
-    decision = policy.decide(TOTAL, 746 * MiB, 0, given_back_bytes=GiB)
+    policy = policy_with_rise(200 * MiB)  # reserve 314 MiB, band [314, 471) MiB, middle 392.5 MiB
+    assert policy.decide(TOTAL, 470 * MiB, 0, given_back_bytes=GiB).action is Action.HOLD
+    decision = policy.decide(TOTAL, 592 * MiB + MiB // 2, 0, given_back_bytes=GiB)
     assert decision.action is Action.GROW and decision.nbytes == 200 * MiB
     assert policy.decide(TOTAL, 3 * GiB, 0, given_back_bytes=100 * MiB).nbytes == 100 * MiB
     assert policy.decide(TOTAL, 3 * GiB, 0, given_back_bytes=0).action is Action.HOLD
@@ -77,10 +77,10 @@ def test_an_auto_budget_fills_what_the_measured_steps_leave_free_up_to_what_it_c
     the band, never past what it can use, and an explicit budget (growable 0) never grows past its start."""
     unmeasured = MemoryPressurePolicy()
     assert unmeasured.decide(TOTAL, 2 * GiB, 0, given_back_bytes=0, growable_bytes=10 * GiB).action is Action.HOLD
-    policy = policy_with_rise(200 * MiB)  # reserve 364 MiB, middle 546 MiB
+    policy = policy_with_rise(200 * MiB)  # reserve 314 MiB, middle 392.5 MiB
     decision = policy.decide(TOTAL, 2 * GiB, 0, given_back_bytes=0, growable_bytes=10 * GiB)
-    assert decision.action is Action.GROW and decision.nbytes == 2 * GiB - 546 * MiB
-    assert "takes 1.47 GiB" in decision.reason
+    assert decision.action is Action.GROW and decision.nbytes == 2 * GiB - int(392.5 * MiB)
+    assert "takes 1.62 GiB" in decision.reason
     assert policy.decide(TOTAL, 2 * GiB, 0, given_back_bytes=0, growable_bytes=300 * MiB).nbytes == 300 * MiB
     assert policy.decide(TOTAL, 2 * GiB, 0, given_back_bytes=-GiB, growable_bytes=0).action is Action.HOLD
     # what was given back is taken back first, then the growth, in one decision
@@ -88,8 +88,8 @@ def test_an_auto_budget_fills_what_the_measured_steps_leave_free_up_to_what_it_c
 
 
 def test_inside_the_band_neither_shrinks_nor_grows():
-    policy = policy_with_rise(200 * MiB)  # band [364, 728) MiB
-    for available in (364 * MiB, 500 * MiB, 727 * MiB):
+    policy = policy_with_rise(200 * MiB)  # band [314, 471) MiB
+    for available in (314 * MiB, 400 * MiB, 470 * MiB):
         assert policy.decide(TOTAL, available, GiB, GiB).action is Action.HOLD
 
 

@@ -43,6 +43,7 @@ from ...plan.device_tier import DeviceTier, device_tier_budget
 from ...probes.host_memory import read_host_memory
 from ...profile.next_use import NextUseIndex
 from .agreement import agree_min, world_size
+from .config_bridge import accelerator_is_host
 from .param_swapper import TencacheParamSwapper
 
 _BASE = PartitionedParameterCoordinator
@@ -158,7 +159,7 @@ class TencacheCoordinator(PartitionedParameterCoordinator):
     def gathers_alias_partitions(self) -> bool:
         """A gathered parameter is a view of its partition (the CPU accelerator at one rank): a gather moves no
         bytes, and a kept parameter holds the host tier's own buffer."""
-        return _device_is_host() and world_size() == 1
+        return accelerator_is_host() and world_size() == 1
 
     def propose_device_budget(self, host_param_capacity_bytes: Optional[int] = None,
                               step_rise_bytes: int = 0) -> int:
@@ -173,7 +174,7 @@ class TencacheCoordinator(PartitionedParameterCoordinator):
         if aliasing:  # the tier is carved out of the parameters' host capacity
             capacity = self.swapper.host_param_capacity() if host_param_capacity_bytes is None \
                 else host_param_capacity_bytes
-        elif _device_is_host():  # the all-gather's output is this rank's share of the node's available memory
+        elif accelerator_is_host():  # the all-gather's output is this rank's share of the node's available memory
             free, rise = read_host_memory().available_bytes // local_world_size(), step_rise_bytes
         else:
             accelerator = get_accelerator()
@@ -263,9 +264,6 @@ def _gathered_is_partition(param) -> bool:
         return False
     return param.data.untyped_storage().data_ptr() == param.ds_tensor.data.untyped_storage().data_ptr()
 
-
-def _device_is_host() -> bool:
-    return get_accelerator().device_name() == "cpu"
 
 
 def coordinator_of(optimizer) -> Optional[TencacheCoordinator]:

@@ -39,8 +39,9 @@ from ...memory.pool import BufferPool
 from ...plan.budget import MachineResources, resolve_budgets
 from ...profile.lifecycle import ProfileLifecycle
 from .profiling import rank_profile_path
-from .config_bridge import (DEEPSPEED_OPS, MIN_SWAPPABLE_BYTES, find_stage3_ds_config, initialize_call_config,
-                            io_aligned_numel, prepare_swap_folder, validate_ds_config)
+from .config_bridge import (DEEPSPEED_OPS, MIN_SWAPPABLE_BYTES, accelerator_is_host, find_stage3_ds_config,
+                            gradient_accumulation_dtype, initialize_call_config, io_aligned_numel,
+                            prepare_swap_folder, validate_ds_config)
 from . import param_swapper, reporting
 
 NVME_PATH_KEY = "zero_optimization.offload_optimizer.nvme_path"
@@ -120,6 +121,14 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         self.writes_behind = bool(swap_config.pipeline_write) or "pipeline_write" not in explicit
         self._lent = {}        # sub-group id -> keys of the entries lent as its tensors (and gradient)
         self._read_ahead = {}  # sub-group id -> keys whose reads were started for it (async_parameter)
+        # sub-group id -> {element offset: gradient fragment}: fragments read from DeepSpeed's own gradient buffer
+        # at the update instead of from a file (swap_out_gradients)
+        self._gradient_views = {}
+        self._gradients_from_views = set()  # sub-group ids whose lent gradient was filled from those fragments
+        # whether the tier ever holds gradients: not where all of them will be views (state_bytes counts what it
+        # can hold from the first reading on; a fragment stored after all sets it back)
+        self._gradients_in_store = not (accelerator_is_host() and
+                                        gradient_accumulation_dtype(find_stage3_ds_config()) == dtype)
         self._checkpoint_load_pending = False  # the engine's load_checkpoint is running (loading_checkpoint)
         self._drop_held_copies = False  # a checkpoint was copied over the folder: drop every held copy first
         self._profile_looked_up = False
@@ -235,7 +244,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             keys.append(context.swap_path)
         if swap_info.has_gradients():
             path = self._gradient_path(swap_info)
-            parameter.grad = self._lend(path, swap_info.numel(), read_ahead)
+            parameter.grad = self._lend_gradient(group, path, swap_info.numel(), read_ahead)
             keys.append(path)
         self._lent[group] = keys
         if async_parameter is not None and self.reads_ahead:
@@ -258,26 +267,48 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         self._give_back(parameter, states_changed=False, gradient_changed=False)
 
     def writeback_optimizer_state_and_gradients(self, parameter, write_opt_state, write_gradients):
+        # A gradient set through DeepSpeed's API (set_full_fp32_grad): its newest bytes are the lent buffer's,
+        # kept or written as any changed entry; fragments still in DeepSpeed's buffer are older.
+        if write_gradients:
+            group = OptimizerSwapper.parameter_id(parameter)
+            self._gradient_views.pop(group, None)
+            self._gradients_from_views.discard(group)
         self._give_back(parameter, states_changed=write_opt_state, gradient_changed=write_gradients)
 
     def swap_out_gradients(self, parameter, gradient_offsets, gradient_tensors):
-        """Store the sub-group's fp32 gradient fragments as stock does: each at its offset of the sub-group's
+        """Keep the sub-group's fp32 gradient fragments as stock does: each at its offset of the sub-group's
         gradient, the bytes between them left as they were. Stage 3 calls this once per reduce bucket, so a
         sub-group that spans several buckets gets its fragments in several calls.
 
-        Held in host memory: copied into the held buffer (the one copy stock CPU offload makes too), which reaches
-        the file only if evicted. On file: written to their offsets in the file (nothing read back). The first
-        gradient of a sub-group: a new entry, zeros between the fragments (stock's new file is sparse). The store
-        does all three (EntryStore.write_parts)."""
-        swap_info = self.swap_params_info.get(OptimizerSwapper.parameter_id(parameter))
+        A fragment that is a view of a host buffer of the optimizer's dtype (stage 3's gradient partition buffer,
+        which keeps it unchanged until the next backward: stock relies on that too, keeping fragments shorter than
+        an aligned block there as ``unswapped_gradients``) is remembered, not copied: the update reads it from
+        there (``_lend_gradient``), and gradients make no NVMe round trip. That is every fragment when gradients
+        are accumulated in fp32 on the host (the CPU accelerator; ``grad_accum_dtype`` fp32).
+
+        Any other fragment (a device tensor on a GPU, or a cast made for the call) is stored: held in host memory,
+        copied into the held buffer (the one copy stock CPU offload makes too), which reaches the file only if
+        evicted; on file, written to its offset in the file (nothing read back); the first gradient of a sub-group
+        is a new entry, zeros between the fragments (stock's new file is sparse). The store does all three
+        (EntryStore.write_parts)."""
+        group = OptimizerSwapper.parameter_id(parameter)
+        swap_info = self.swap_params_info.get(group)
         if swap_info is None:
             return
         if not swap_info.swapped_gradients:
             swap_info.get_or_create_gradient_paths([0], [swap_info.numel()])
-        path = self._gradient_path(swap_info)
-        # On a GPU the fragments are device tensors: a held buffer takes them with one copy; the file is written
-        # from a host copy (the copy stock's swap-out makes into its pinned buffers).
-        self.store.write_parts(path, swap_info.numel(), path, list(zip(gradient_offsets, gradient_tensors)))
+        views = self._gradient_views.setdefault(group, {})
+        stored = []
+        for offset, fragment in zip(gradient_offsets, gradient_tensors):
+            if _kept_by_deepspeed(fragment, self.dtype):
+                views[offset] = fragment
+            else:
+                views.pop(offset, None)  # the stored bytes are newer
+                stored.append((offset, fragment))
+                self._gradients_in_store = True
+        if stored:
+            path = self._gradient_path(swap_info)
+            self.store.write_parts(path, swap_info.numel(), path, stored)
 
     def flush_gradients(self):
         pass  # nothing is staged: swap_out_gradients stores into the entries directly
@@ -288,6 +319,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         file current) and forgets every entry, so nothing from before the load is served. Gradients do not survive
         a load (stock's checkpoints skip them too)."""
         super().purge_state()
+        self._gradient_views, self._gradients_from_views = {}, set()
         self._release_read_ahead()
         self.store.flush()
         self.store.forget_all()
@@ -323,7 +355,8 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         return self.store.planned_host_footprint_bytes(self.state_bytes(), self._reads_two_sub_groups())
 
     def state_bytes(self) -> int:
-        return self.store.state_bytes(info.numel() for info in self.swap_params_info.values())
+        return self.store.state_bytes((info.numel() for info in self.swap_params_info.values()),
+                                      gradients_held=self._gradients_in_store)
 
     def _reads_two_sub_groups(self) -> bool:
         """An update holds two sub-groups at once: the one stepping, and the next one read ahead meanwhile."""
@@ -382,6 +415,30 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         [fragment] = swap_info.swapped_gradients.values()
         return fragment.path
 
+    def _lend_gradient(self, group, path: str, numel: int, read_ahead) -> torch.Tensor:
+        """The sub-group's gradient for its update: the stored one (held, or read), with the fragments still in
+        DeepSpeed's buffer (swap_out_gradients) copied over it; only those, in a buffer of ours, when none was
+        stored (zeros between them, as in stock's sparse file). Such a buffer is not kept (``_give_back``)."""
+        views = sorted(self._gradient_views.get(group, {}).items())
+        if not views:
+            return self._lend(path, numel, read_ahead)
+        if self.store.knows(path):
+            gradient = self._lend(path, numel, read_ahead)
+            self.store.mark_changed(path)
+        else:
+            gradient = self.store.lend_new(path, numel, path, transient=True)
+            self._gradients_from_views.add(group)
+            end = 0
+            for offset, fragment in views:  # zeros where no fragment lands
+                if offset > end:
+                    gradient.narrow(0, end, offset - end).zero_()
+                end = max(end, offset + fragment.numel())
+            if end < numel:
+                gradient.narrow(0, end, numel - end).zero_()
+        for offset, fragment in views:
+            gradient.narrow(0, offset, fragment.numel()).copy_(fragment.reshape(-1))
+        return gradient
+
     def _lend(self, path, numel, read_ahead):
         if path in read_ahead:
             return self.store.wait_read(path)
@@ -406,7 +463,11 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
                 self._store_new(path, context.compute_tensor)
         if swap_info.has_gradients():
             path = self._gradient_path(swap_info)
-            if path in lent:
+            group = OptimizerSwapper.parameter_id(parameter)
+            if path in lent and group in self._gradients_from_views:
+                self._gradients_from_views.discard(group)
+                self.store.discard(path)  # a copy of fragments DeepSpeed still holds: nothing to keep or write
+            elif path in lent:
                 self.store.release(path, changed=gradient_changed)
         swap_info.release_memory()
 
@@ -431,6 +492,13 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             for path in paths:
                 self.store.release(path)
         self._read_ahead = {}
+
+
+def _kept_by_deepspeed(fragment: torch.Tensor, dtype: torch.dtype) -> bool:
+    """Is a gradient fragment a view of a host buffer of the optimizer's dtype (stage 3's gradient partition
+    buffer), so that remembering it costs no memory? A fragment cast for the call, or on a device, is its own
+    allocation: it is stored instead."""
+    return fragment.device.type == "cpu" and fragment.dtype == dtype and fragment._base is not None
 
 
 class _PoolView:

@@ -87,7 +87,7 @@ def tencache_plan(workload: Workload, machine: Machine) -> TencachePlan:
     held = frozenset()
     optimizer_streaming = rise = 0
     if zero.offload_optimizer == "nvme":
-        keys, sizes = _optimizer_sequence(workload)
+        keys, sizes = _optimizer_sequence(workload, machine)
         if budgets.host_source == AUTO:
             optimizer_share, rise = _grown_share(workload, machine, start_share, streaming + param_cache)
         held = steady_state(keys, sizes, optimizer_share).held
@@ -113,7 +113,7 @@ def _grown_share(workload: Workload, machine: Machine, start_share: int, param_s
     and start-up optimizer footprint. It lands in its band, so later readings hold: one decision is the steady
     state. Parameter cache slots do not grow (the governor takes back only what it gave). Shrinking is not
     modelled: a run that would have to give memory back holds its start-up share here (``fits`` judges it)."""
-    sizes = _optimizer_sequence(workload)[1]
+    sizes = _optimizer_sequence(workload, machine)[1]
     state = sum(round_up(size, PAGE_BYTES) for size in sizes.values())
     if start_share >= state:
         return start_share, 0
@@ -162,17 +162,25 @@ def _params_off_nvme_bytes(workload: Workload) -> int:
     return 0
 
 
-def _optimizer_sequence(workload: Workload) -> Tuple[List[str], Dict[str, int]]:
+def gradients_stay_in_deepspeed(workload: Workload, machine: Machine) -> bool:
+    """Are the gradients read from stage 3's own partition buffer at the update, never stored (the optimizer
+    swapper's ``swap_out_gradients``)? Where that buffer is host memory (a host accelerator) and gradients are
+    accumulated in fp32, the optimizer's dtype (fp32 training: DeepSpeed accumulates in the model's dtype)."""
+    return machine.accelerator_is_host and workload.zero.element_bytes == 4
+
+
+def _optimizer_sequence(workload: Workload, machine: Machine) -> Tuple[List[str], Dict[str, int]]:
     """The optimizer store's accesses in a step: each sub-group's gradient in backward, then per sub-group its
-    master, two moments and gradient in the update."""
+    master, two moments and gradient in the update (no gradient where ``gradients_stay_in_deepspeed``)."""
     zero, keys, sizes = workload.zero, [], {}
+    names = ("p", "m", "v") if gradients_stay_in_deepspeed(workload, machine) else ("p", "m", "v", "g")
     for i in range(len(workload.sub_groups)):
         nbytes = zero.swap_nbytes(workload.sub_group_elements(i), 4)
-        for name in ("p", "m", "v", "g"):
+        for name in names:
             sizes[f"{name}{i}"] = nbytes
-    keys += [f"g{i}" for i in range(len(workload.sub_groups))]
+    keys += [f"g{i}" for i in range(len(workload.sub_groups)) if f"g{i}" in sizes]
     for i in range(len(workload.sub_groups)):
-        keys += [f"p{i}", f"m{i}", f"v{i}", f"g{i}"]
+        keys += [f"{name}{i}" for name in names]
     return keys, sizes
 
 
@@ -203,7 +211,7 @@ def predict_tencache(workload: Workload, machine: Machine) -> Prediction:
     written_params = {key for position, key in enumerate(lend_keys) if position in host_misses}
     timeline = Timeline(rates.channels)
     h2d = not machine.accelerator_is_host
-    opt_keys, opt_sizes = _optimizer_sequence(workload)
+    opt_keys, opt_sizes = _optimizer_sequence(workload, machine)
     streams = zero.offload_optimizer == "nvme"
     first_backward = next((i for i, f in enumerate(workload.fetches) if f.phase != "forward"), 0)
     for _step in range(STEPS_REPLAYED):
@@ -235,7 +243,7 @@ def predict_tencache(workload: Workload, machine: Machine) -> Prediction:
                 timeline.wait(timeline.issue("h2d", workload.rank_elements * elem), "h2d")
         if streams:
             for i in range(len(workload.sub_groups)):
-                if f"g{i}" not in plan.optimizer_held:
+                if f"g{i}" in opt_sizes and f"g{i}" not in plan.optimizer_held:
                     timeline.issue("nvme_write", opt_sizes[f"g{i}"], f"g{i}")
             _tencache_optimizer(workload, timeline, rates, plan, opt_sizes, ahead, written_params)
         elif zero.offload_optimizer == "cpu":
@@ -278,14 +286,17 @@ def _tencache_optimizer(workload: Workload, timeline: Timeline, rates: Rates, pl
                         sizes: Dict[str, int], ahead: Dict[str, float], written_params: Set[str]) -> None:
     groups = len(workload.sub_groups)
 
+    def tensors(i: int) -> List[str]:
+        return [name for name in (f"p{i}", f"m{i}", f"v{i}", f"g{i}") if name in sizes]
+
     def read(i: int) -> None:
-        for name in (f"p{i}", f"m{i}", f"v{i}", f"g{i}"):
+        for name in tensors(i):
             if name not in plan.optimizer_held and name not in ahead:
                 ahead[name] = timeline.issue("nvme_read", sizes[name], name)
 
     for i in range(groups):
         read(i)
-        for name in (f"p{i}", f"m{i}", f"v{i}", f"g{i}"):
+        for name in tensors(i):
             if name in ahead:
                 timeline.wait(ahead.pop(name), "nvme_read")
         if i + 1 < groups:
@@ -314,7 +325,7 @@ def _tencache_memory(workload: Workload, machine: Machine, plan: TencachePlan) -
     if zero.offload_optimizer == "nvme":
         largest = workload.largest_sub_group_elements
         init = largest * (INIT_BYTES_PER_ELEMENT_OUTSIDE_POOL + INIT_BYTES_PER_ELEMENT_POOLED)
-        held = sum(_optimizer_sequence(workload)[1][name] for name in plan.optimizer_held)
+        held = sum(_optimizer_sequence(workload, machine)[1][name] for name in plan.optimizer_held)
         pageable += max(init, held + plan.optimizer_streaming_bytes)
     elif zero.offload_optimizer == "cpu":
         states = workload.rank_elements * OPTIMIZER_STATE_FILE_BYTES
