@@ -11,6 +11,9 @@ What changes for users:
 - Write-back: changed state reaches its file when evicted, when a checkpoint is saved (the engine reads
   ``swap_folder`` just before it copies the folder: the property flushes first), when a checkpoint is loaded,
   and at close. In steady state with everything held, nothing is written per step (stock: all optimizer state).
+- No NVMe round trip for gradients where stage 3 keeps them in a host buffer until the update (fp32 on a host
+  accelerator): they are copied from there at the update (cache/gradient_fragments.py). Stock writes every
+  gradient and reads it back each step.
 - File layout is stock's (``<ds_id>.tensor.swp``, ``<state>-<ds_id>.tensor.swp``), so checkpoints copy it file by
   file; a sub-group's gradient fragments share one file (``<ds_id>_gradient_0_<numel>.tensor.swp``), which
   checkpoints skip as they skip stock's.
@@ -32,6 +35,7 @@ from ...config import CONFIG_KEY
 from ...errors import TencacheConfigError
 from ...ext_lock import raise_if_stale_locks
 from ...cache.entry import EntryState
+from ...cache.gradient_fragments import GradientFragments
 from ...cache.optimizer_store import OptimizerStore, optimizer_tier_share
 from ...io.direct_io import DirectFileIO, store_io_threads
 from ...io.shared_files import LinkSafeIO, unshare_folder
@@ -121,10 +125,8 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         self.writes_behind = bool(swap_config.pipeline_write) or "pipeline_write" not in explicit
         self._lent = {}        # sub-group id -> keys of the entries lent as its tensors (and gradient)
         self._read_ahead = {}  # sub-group id -> keys whose reads were started for it (async_parameter)
-        # sub-group id -> {element offset: gradient fragment}: fragments read from DeepSpeed's own gradient buffer
-        # at the update instead of from a file (swap_out_gradients)
-        self._gradient_views = {}
-        self._gradients_from_views = set()  # sub-group ids whose lent gradient was filled from those fragments
+        # gradient fragments read from stage 3's own gradient buffer at the update, not from a file
+        self._gradient_fragments = GradientFragments(dtype)
         # whether the tier ever holds gradients: not where all of them will be views (state_bytes counts what it
         # can hold from the first reading on; a fragment stored after all sets it back)
         self._gradients_in_store = not (accelerator_is_host() and
@@ -270,9 +272,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         # A gradient set through DeepSpeed's API (set_full_fp32_grad): its newest bytes are the lent buffer's,
         # kept or written as any changed entry; fragments still in DeepSpeed's buffer are older.
         if write_gradients:
-            group = OptimizerSwapper.parameter_id(parameter)
-            self._gradient_views.pop(group, None)
-            self._gradients_from_views.discard(group)
+            self._gradient_fragments.forget(OptimizerSwapper.parameter_id(parameter))
         self._give_back(parameter, states_changed=write_opt_state, gradient_changed=write_gradients)
 
     def swap_out_gradients(self, parameter, gradient_offsets, gradient_tensors):
@@ -280,11 +280,10 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         gradient, the bytes between them left as they were. Stage 3 calls this once per reduce bucket, so a
         sub-group that spans several buckets gets its fragments in several calls.
 
-        A fragment that is a view of a host buffer of the optimizer's dtype (stage 3's gradient partition buffer,
-        which keeps it unchanged until the next backward: stock relies on that too, keeping fragments shorter than
-        an aligned block there as ``unswapped_gradients``) is remembered, not copied: the update reads it from
-        there (``_lend_gradient``), and gradients make no NVMe round trip. That is every fragment when gradients
-        are accumulated in fp32 on the host (the CPU accelerator; ``grad_accum_dtype`` fp32).
+        A fragment that is a view of stage 3's gradient partition buffer is remembered, not copied: the update
+        reads it from there (``_lend_gradient``; cache/gradient_fragments.py says why that is safe), and gradients
+        make no NVMe round trip. That is every fragment when gradients are accumulated in fp32 on the host (the CPU
+        accelerator; ``grad_accum_dtype`` fp32).
 
         Any other fragment (a device tensor on a GPU, or a cast made for the call) is stored: held in host memory,
         copied into the held buffer (the one copy stock CPU offload makes too), which reaches the file only if
@@ -297,16 +296,9 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             return
         if not swap_info.swapped_gradients:
             swap_info.get_or_create_gradient_paths([0], [swap_info.numel()])
-        views = self._gradient_views.setdefault(group, {})
-        stored = []
-        for offset, fragment in zip(gradient_offsets, gradient_tensors):
-            if _kept_by_deepspeed(fragment, self.dtype):
-                views[offset] = fragment
-            else:
-                views.pop(offset, None)  # the stored bytes are newer
-                stored.append((offset, fragment))
-                self._gradients_in_store = True
+        stored = self._gradient_fragments.remember(group, list(zip(gradient_offsets, gradient_tensors)))
         if stored:
+            self._gradients_in_store = True
             path = self._gradient_path(swap_info)
             self.store.write_parts(path, swap_info.numel(), path, stored)
 
@@ -319,7 +311,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         file current) and forgets every entry, so nothing from before the load is served. Gradients do not survive
         a load (stock's checkpoints skip them too)."""
         super().purge_state()
-        self._gradient_views, self._gradients_from_views = {}, set()
+        self._gradient_fragments.clear()
         self._release_read_ahead()
         self.store.flush()
         self.store.forget_all()
@@ -417,26 +409,18 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
 
     def _lend_gradient(self, group, path: str, numel: int, read_ahead) -> torch.Tensor:
         """The sub-group's gradient for its update: the stored one (held, or read), with the fragments still in
-        DeepSpeed's buffer (swap_out_gradients) copied over it; only those, in a buffer of ours, when none was
-        stored (zeros between them, as in stock's sparse file). Such a buffer is not kept (``_give_back``)."""
-        views = sorted(self._gradient_views.get(group, {}).items())
-        if not views:
+        stage 3's buffer (swap_out_gradients) copied over it; only those, in a transient buffer, when none was
+        stored. That buffer is neither kept nor written (``_give_back``)."""
+        fragments = self._gradient_fragments
+        if not fragments.has(group):
             return self._lend(path, numel, read_ahead)
-        if self.store.knows(path):
+        alone = not self.store.knows(path)
+        if alone:
+            gradient = self.store.lend_new(path, numel, path, transient=True)
+        else:
             gradient = self._lend(path, numel, read_ahead)
             self.store.mark_changed(path)
-        else:
-            gradient = self.store.lend_new(path, numel, path, transient=True)
-            self._gradients_from_views.add(group)
-            end = 0
-            for offset, fragment in views:  # zeros where no fragment lands
-                if offset > end:
-                    gradient.narrow(0, end, offset - end).zero_()
-                end = max(end, offset + fragment.numel())
-            if end < numel:
-                gradient.narrow(0, end, numel - end).zero_()
-        for offset, fragment in views:
-            gradient.narrow(0, offset, fragment.numel()).copy_(fragment.reshape(-1))
+        fragments.fill(group, gradient, alone)
         return gradient
 
     def _lend(self, path, numel, read_ahead):
@@ -463,10 +447,8 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
                 self._store_new(path, context.compute_tensor)
         if swap_info.has_gradients():
             path = self._gradient_path(swap_info)
-            group = OptimizerSwapper.parameter_id(parameter)
-            if path in lent and group in self._gradients_from_views:
-                self._gradients_from_views.discard(group)
-                self.store.discard(path)  # a copy of fragments DeepSpeed still holds: nothing to keep or write
+            if path in lent and self._gradient_fragments.filled_alone(OptimizerSwapper.parameter_id(parameter)):
+                self.store.discard(path)  # a copy of fragments stage 3 still holds: nothing to keep or write
             elif path in lent:
                 self.store.release(path, changed=gradient_changed)
         swap_info.release_memory()
@@ -492,13 +474,6 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             for path in paths:
                 self.store.release(path)
         self._read_ahead = {}
-
-
-def _kept_by_deepspeed(fragment: torch.Tensor, dtype: torch.dtype) -> bool:
-    """Is a gradient fragment a view of a host buffer of the optimizer's dtype (stage 3's gradient partition
-    buffer), so that remembering it costs no memory? A fragment cast for the call, or on a device, is its own
-    allocation: it is stored instead."""
-    return fragment.device.type == "cpu" and fragment.dtype == dtype and fragment._base is not None
 
 
 class _PoolView:
