@@ -11,6 +11,7 @@
 #include "tencache/arena.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -250,6 +251,7 @@ typedef struct {
     tc_arena_t* arena;
     uint32_t seed;
     int errors;
+    uint64_t allocs;  /* successful allocations */
 } stress_arg_t;
 
 static uint32_t xorshift(uint32_t* s) {
@@ -275,6 +277,7 @@ static void* stress_thread(void* argp) {
             if (rc == TC_OK) {
                 tag[k] = ((uint64_t)arg->seed << 32) | it;
                 *(volatile uint64_t*)held[k] = tag[k];
+                arg->allocs++;
             } else if (rc != TC_EEMPTY) {
                 arg->errors++;
             }
@@ -283,6 +286,24 @@ static void* stress_thread(void* argp) {
     for (int k = 0; k < STRESS_HELD; k++) {
         if (held[k] != NULL && tc_arena_free(arg->arena, held[k]) != TC_OK) arg->errors++;
     }
+    /* On a loaded machine the retirer can run alone long enough for every slot to be retired through all of this
+     * thread's iterations (every alloc TC_EEMPTY, none checked): keep trying until the restorer, still running,
+     * gives one back, so that each thread checks at least one slot. */
+    for (uint32_t spins = 0; arg->allocs == 0 && spins < 100u * STRESS_ITERS; spins++) {
+        void* p = NULL;
+        int rc = tc_arena_alloc(arg->arena, 1, &p, NULL);
+        if (rc == TC_OK) {
+            *(volatile uint64_t*)p = arg->seed;
+            if (*(volatile uint64_t*)p != arg->seed) arg->errors++;
+            if (tc_arena_free(arg->arena, p) != TC_OK) arg->errors++;
+            arg->allocs++;
+        } else if (rc != TC_EEMPTY) {
+            arg->errors++;
+        } else {
+            sched_yield();
+        }
+    }
+    if (arg->allocs == 0) arg->errors++;
     return NULL;
 }
 
@@ -316,12 +337,12 @@ static void test_threads(void) {
     tc_arena_t* a = make(spec, 3);
     if (a == NULL) return;
     pthread_t threads[STRESS_THREADS], retirer, restorer;
-    stress_arg_t args[STRESS_THREADS], retire_arg = {a, 88172645u, 0}, restore_arg = {a, 521288629u, 0};
+    stress_arg_t args[STRESS_THREADS], retire_arg = {a, 88172645u, 0, 0}, restore_arg = {a, 521288629u, 0, 0};
     stress_done = 0;
     pthread_create(&retirer, NULL, retire_thread, &retire_arg);
     pthread_create(&restorer, NULL, restore_thread, &restore_arg);
     for (int t = 0; t < STRESS_THREADS; t++) {
-        args[t] = (stress_arg_t){a, 2463534242u + 7919u * (uint32_t)t, 0};
+        args[t] = (stress_arg_t){a, 2463534242u + 7919u * (uint32_t)t, 0, 0};
         pthread_create(&threads[t], NULL, stress_thread, &args[t]);
     }
     int errors = 0;
