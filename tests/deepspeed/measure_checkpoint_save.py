@@ -5,7 +5,9 @@ line: for each save its wall time, the time until the checkpoint is on disk (os.
 tencache the bytes each swapper wrote during the save (the flush of what the host tier owes its files).
 
     python tests/deepspeed/measure_checkpoint_save.py stock|tencache MODEL NVME_DIR CKPT_DIR [HOST_CACHE_BYTES|auto]
-        [SUB_GROUP_SIZE]
+        [SUB_GROUP_SIZE|-] [DS_CONFIG]
+
+DS_CONFIG defaults to configs/stock-nvme.json (the beyond-RAM model: configs/stock-nvme-beyond-ram.json).
 
 The numbers in docs/benchmarks.md come from it (gpt2-small, fp32, parameters and optimizer on NVMe).
 """
@@ -38,12 +40,16 @@ def checkpoint_bytes(folder):
     return total
 
 
-def main(mode, model, nvme, checkpoint, host_cache_bytes="auto", sub_group_size=None):
+def main(mode, model, nvme, checkpoint, host_cache_bytes="auto", sub_group_size=None,
+         ds_config=os.path.join(REPO, "configs", "stock-nvme.json")):
+    sub_group_size = None if sub_group_size == "-" else sub_group_size
     block = "none" if mode == "stock" else json.dumps(
         {} if host_cache_bytes == "auto" else {"host_cache_bytes": int(float(host_cache_bytes))})
-    args = train.parse_args(["--deepspeed_config", os.path.join(REPO, "configs", "stock-nvme.json"), "--model", model,
+    args = train.parse_args(["--deepspeed_config", ds_config, "--model", model,
                              "--nvme-path", nvme, "--tencache-block", block, "--dtype", "fp32"]
                             + ([] if sub_group_size is None else ["--sub-group-size", sub_group_size]))
+    if mode == "tencache":
+        train.import_plugin()  # train.py imports tencache_ds only when asked: without it the block is ignored
     train.ensure_dist_env()
     deepspeed.init_distributed()
     cfg = train.load_ds_config(args.ds_config_path, args)
@@ -72,10 +78,12 @@ def main(mode, model, nvme, checkpoint, host_cache_bytes="auto", sub_group_size=
             if key in stats_after:
                 saves[-1][key] = stats_after[key] - stats_before.get(key, 0)
         train.train_step(engine, stream, 1)
+    if mode == "tencache" and not train.plugin_stats(engine):
+        raise SystemExit("tencache mode, but the engine runs stock DeepSpeed's swappers")
     print("RESULT " + json.dumps({"mode": mode, "model": model, "host_cache_bytes": host_cache_bytes,
                                   "sub_group_size": sub_group_size,
                                   "params": train.count_params(engine.module), "saves": saves}), flush=True)
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:7])
+    main(*sys.argv[1:8])
