@@ -120,6 +120,9 @@ def parse_args(argv=None):
     p.add_argument("--kill-after-step", type=int, default=None,
                    help="SIGKILL this process right after that step's optimizer step (0-based), before anything is "
                         "flushed or saved: a crash test")
+    p.add_argument("--set-grads-through-api", action="store_true",
+                   help="before each update, read every parameter's full gradient and set it back "
+                        "(deepspeed.utils.safe_get_full_grad / safe_set_full_grad): same values, written back")
     p.add_argument("--list-models", action="store_true", help="print a table of configs/models/* and exit")
     p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -363,6 +366,21 @@ def peak_rss_bytes():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # ru_maxrss is KiB on Linux
 
 
+def compute_environment():
+    """What decides a CPU run's floating-point results besides the inputs (kernel ISA, thread count, processor):
+    a parity failure prints both runs' so that a difference in these is told from one in the bytes swapped."""
+    model = "unknown"
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            model = next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")), model)
+    except OSError:
+        pass
+    return {"cpu_capability": torch.backends.cpu.get_cpu_capability(), "num_threads": torch.get_num_threads(),
+            "cpu_model": model, "host": socket.gethostname(),
+            "env": {key: os.environ[key] for key in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "MKL_CBWR")
+                    if key in os.environ}}
+
+
 def loss_bits(loss):
     """The exact fp32 bit pattern of a loss as '0x%08x'."""
     bits = torch.tensor(loss, dtype=torch.float32).view(torch.int32).item() & 0xFFFFFFFF
@@ -411,13 +429,19 @@ def synthetic_batches(vocab, micro, seq_len, seed):
         yield torch.randint(0, vocab, (micro, seq_len), generator=g)
 
 
-def train_step(engine, batches, grad_accum):
-    """One optimizer step = grad_accum micro steps. Returns the mean fp32 loss (over micro steps and ranks)."""
+def train_step(engine, batches, grad_accum, set_grads=False):
+    """One optimizer step = grad_accum micro steps. Returns the mean fp32 loss (over micro steps and ranks).
+    ``set_grads``: before the update, every parameter's full gradient is read and set back through DeepSpeed's
+    API (safe_get_full_grad / safe_set_full_grad, as a user editing gradients does): the same values, through
+    the optimizer swapper's gradient write-back."""
     losses = []
-    for _ in range(grad_accum):
+    for micro_step in range(grad_accum):
         x = next(batches).to(engine.device)
         loss = engine(input_ids=x, labels=x).loss
         engine.backward(loss)
+        if set_grads and micro_step == grad_accum - 1:
+            for param in engine.module.parameters():
+                deepspeed.utils.safe_set_full_grad(param, deepspeed.utils.safe_get_full_grad(param))
         engine.step()
         losses.append(loss.detach().float().cpu())
     mean = torch.stack(losses).mean()
@@ -440,11 +464,12 @@ def eval_loss(engine, batches):
 
 
 def run_steps(engine, batches, steps, grad_accum, first_step=0, save_after=None, checkpoint_dir=None,
-              eval_every=None, eval_batches=None, checkpointing_from_step=None, kill_after_step=None):
+              eval_every=None, eval_batches=None, checkpointing_from_step=None, kill_after_step=None,
+              set_grads=False):
     """The training loop with per-step measurements; saves a checkpoint after ``save_after`` steps if asked, runs
     an evaluation pass after every ``eval_every`` steps, turns activation checkpointing on at
     ``checkpointing_from_step``, and kills the process with SIGKILL right after step ``kill_after_step``'s
-    optimizer step if asked."""
+    optimizer step if asked; ``set_grads``: see train_step."""
     records = []
     for step in range(first_step, first_step + steps):
         if save_after is not None and step == save_after:
@@ -455,7 +480,7 @@ def run_steps(engine, batches, steps, grad_accum, first_step=0, save_after=None,
             log0(f"activation checkpointing on from step {step}")
         io0 = read_proc_io()
         t0 = time.perf_counter()
-        loss = train_step(engine, batches, grad_accum)
+        loss = train_step(engine, batches, grad_accum, set_grads)
         if step == kill_after_step:
             log0(f"step {step} loss {loss.item():.4f}: killing this process (SIGKILL)")
             os.kill(os.getpid(), signal.SIGKILL)
@@ -616,7 +641,7 @@ def main(argv=None):
                                      args.seq_len, args.seed + 1000 + rank())
     records = run_steps(engine, batches, args.steps, ds_config["gradient_accumulation_steps"], first_step,
                         args.save_after, args.checkpoint_dir, args.eval_every, eval_batches,
-                        args.checkpointing_from_step, args.kill_after_step)
+                        args.checkpointing_from_step, args.kill_after_step, args.set_grads_through_api)
 
     sha, gather_time = None, None
     if args.weights_gather != "none":
@@ -648,6 +673,7 @@ def main(argv=None):
             "torch_version": torch.__version__,
             "deepspeed_version": deepspeed.__version__,
             "tencache_imported": "tencache_ds" in sys.modules,  # False: stock untouched (--untouched-stock)
+            "compute": compute_environment(),
         })
     del keepalive
     return 0

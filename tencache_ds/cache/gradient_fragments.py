@@ -7,8 +7,9 @@ buffer filled (the store lends it), when fragments arrive or are used (integrati
 Stage 3 accumulates gradients in one partition buffer (``grad_partitions_flat_buffer``) that it changes only in the
 next backward; with fp32 gradients on a host accelerator every fragment it hands the optimizer swapper is a view of
 it. DeepSpeed relies on that itself: fragments shorter than an aligned block stay there, by reference, as its
-swapper's ``unswapped_gradients``. A fragment cast for the call (bf16 gradients, fp32 optimizer) or on a device is
-an allocation of its own, which remembering would keep alive: it is stored instead.
+swapper's ``unswapped_gradients`` (stock's ``_writeback_gradients`` writes into those views; tencache's swapper
+never does: a written-back gradient is stored). A fragment cast for the call (bf16 gradients, fp32 optimizer) or on
+a device is an allocation of its own, which remembering would keep alive: it is stored instead.
 
 Plain class: imports torch, not DeepSpeed.
 """
@@ -53,7 +54,9 @@ class GradientFragments:
         so the elements no fragment covers are zeroed (as in stock's sparse file), and the buffer is a copy of
         bytes someone else keeps (``filled_alone``)."""
         parts = sorted(self._views.get(group, {}).items())
-        if alone:
+        if not alone:
+            self._only_views.discard(group)
+        else:
             self._only_views.add(group)
             end = 0
             for offset, fragment in parts:

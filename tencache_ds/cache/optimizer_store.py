@@ -50,8 +50,8 @@ class OptimizerStore(EntryStoreWrapper):
     # The EntryStore calls the optimizer swapper and the checkpoint code make, forwarded as they are.
     FORWARDED = frozenset({
         "add", "knows", "state", "kept", "path", "numels", "swap_nbytes", "lend", "lend_new", "start_read",
-        "wait_read", "release", "write_parts", "flush", "flush_key", "wait_writes", "held_keys", "forget", "discard",
-        "forget_all", "trim_kept", "stats", "check_invariants", "recorder", "counters"})
+        "wait_read", "release", "mark_changed", "write_parts", "flush", "flush_key", "wait_writes", "held_keys",
+        "forget", "discard", "forget_all", "trim_kept", "stats", "check_invariants", "recorder", "counters"})
 
     def __init__(self, dtype: torch.dtype, aligned_numel: Callable[[int], int], io: DirectFileIO,
                  largest_numel: int, streaming_slots: int, host_tier_share: Callable[[], int]):
@@ -84,23 +84,31 @@ class OptimizerStore(EntryStoreWrapper):
         slots = self.pool.class_slots().get(self.streaming_slot_bytes, {}).get("slots", 0)
         return min(tensors, slots) * self.streaming_slot_bytes
 
-    def resize_host_footprint(self, target_bytes: int, state_bytes: int, reads_ahead: bool) -> None:
+    def resize_host_footprint(self, target_bytes: int, state_bytes: int, reads_ahead: bool,
+                              update_slots: int = 0) -> None:
         """Hold about ``target_bytes`` of host memory for optimizer state from now on (memory pressure, or memory
         back): a budget for kept buffers that leaves room for the streaming slots, since whatever is not kept
-        streams through them; all of it for kept buffers when that holds the whole state (``state_bytes``: nothing
-        streams, the streaming slots are given back)."""
-        everything = target_bytes >= state_bytes
-        budget = target_bytes if everything else max(0, target_bytes - self.least_host_footprint_bytes(reads_ahead))
+        streams through them; all of it but ``update_slots`` streaming slots for kept buffers when that holds the
+        whole state (``state_bytes``: nothing streams, the other streaming slots are given back).
+        ``update_slots``: slots an update lends even when everything is kept (a gradient filled from DeepSpeed's
+        own buffer, which is never kept): planned, not brought back and given up again at every resize."""
+        kept_for_updates = update_slots * self.streaming_slot_bytes
+        everything = target_bytes >= state_bytes + kept_for_updates
+        budget = (target_bytes - kept_for_updates if everything
+                  else max(0, target_bytes - self.least_host_footprint_bytes(reads_ahead)))
         self.budget.resize(budget)
         self.entries.trim_kept(budget)
         if everything:  # a slot still writing out the last update's sub-group is not free: wait for it first
             self.entries.wait_writes()
-            self.pool.retire_free(self.streaming_slot_bytes, 1 << 32)
+            slots = self.pool.class_slots().get(self.streaming_slot_bytes, {"slots": 0, "retired": 0})
+            self.pool.retire_free(self.streaming_slot_bytes, slots["slots"] - slots["retired"] - update_slots)
 
-    def planned_host_footprint_bytes(self, state_bytes: int, reads_ahead: bool) -> int:
-        """The footprint the budget plans for: the budget, and the streaming slots when it cannot keep everything."""
+    def planned_host_footprint_bytes(self, state_bytes: int, reads_ahead: bool, update_slots: int = 0) -> int:
+        """The footprint the budget plans for: the budget, and the streaming slots when it cannot keep everything
+        (else the ``update_slots`` an update still lends)."""
         streams = self.budget.total_bytes < state_bytes
-        return self.budget.total_bytes + (self.least_host_footprint_bytes(reads_ahead) if streams else 0)
+        return self.budget.total_bytes + (self.least_host_footprint_bytes(reads_ahead) if streams
+                                          else update_slots * self.streaming_slot_bytes)
 
     def state_bytes(self, sub_group_numels: Iterable[int], gradients_held: bool = True) -> int:
         """Every sub-group's master, moments and gradient, in the page-rounded buffers keeping them takes.

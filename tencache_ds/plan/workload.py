@@ -15,6 +15,23 @@ MIB = 1 << 20
 AIO_ALIGNED_BYTES = 1024  # DeepSpeed: swap sizes are multiples of 1024 x intra_op_parallelism bytes
 
 
+# DeepSpeed's DtypeEnum names for a dtype (runtime/config.py), by element size
+_DTYPE_NAME_BYTES = {name: 2 for name in ("torch.float16", "fp16", "float16", "half", "torch.bfloat16", "bf16",
+                                          "bfloat16")}
+_DTYPE_NAME_BYTES.update({name: 4 for name in ("torch.float32", "fp32", "float32", "float")})
+
+
+def _grad_accum_bytes(ds_config: Mapping[str, Any], model_bytes: int, source: str) -> int:
+    """The element size stage 3 accumulates gradients in: ``data_types.grad_accum_dtype``, else the model's."""
+    named = (ds_config.get("data_types") or {}).get("grad_accum_dtype")
+    if named is None:
+        return model_bytes
+    if str(named) not in _DTYPE_NAME_BYTES:
+        raise TencacheConfigError(f"{source}: data_types.grad_accum_dtype must be one of fp32, fp16 or bf16, got "
+                                  f"{named!r}")
+    return _DTYPE_NAME_BYTES[str(named)]
+
+
 @dataclasses.dataclass(frozen=True)
 class ZeroSettings:
     """The DeepSpeed settings that change what a step moves (defaults: DeepSpeed 0.19.8's)."""
@@ -36,6 +53,7 @@ class ZeroSettings:
     aio_block_size: int = MIB
     aio_intra_op: int = 1
     element_bytes: int = 2             # bf16/fp16 on, else fp32
+    grad_accum_bytes: int = 2          # data_types.grad_accum_dtype's element size, else element_bytes
     tencache: Optional[TencacheConfig] = None  # an enabled "tencache" block, else None
 
     @classmethod
@@ -85,6 +103,7 @@ class ZeroSettings:
             aio_block_size=number(aio, "block_size", "aio", cls.aio_block_size),
             aio_intra_op=max(1, number(aio, "intra_op_parallelism", "aio", cls.aio_intra_op)),
             element_bytes=2 if half else 4,
+            grad_accum_bytes=_grad_accum_bytes(ds_config, 2 if half else 4, source),
             tencache=config if config.enabled else None)
 
     def swap_nbytes(self, numel: int, element_bytes: Optional[int] = None) -> int:

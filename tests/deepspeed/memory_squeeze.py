@@ -86,8 +86,8 @@ def main(argv):
     after = {int(step) for step in ours.squeeze_after.split(",") if step}
     original_train_step, step_counter = train.train_step, [0]
 
-    def train_step_then_squeeze(engine, batches, grad_accum):
-        loss = original_train_step(engine, batches, grad_accum)
+    def train_step_then_squeeze(engine, batches, grad_accum, *options):
+        loss = original_train_step(engine, batches, grad_accum, *options)
         WORKING_SETS.append(cgroup_usage(*own_cgroup())[0])
         if step_counter[0] in after:
             squeeze(engine, step_counter[0], ours.squeeze_to)

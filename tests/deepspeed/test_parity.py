@@ -20,10 +20,15 @@ def assert_same_bits(reference, ours):
     """ours gives reference's per-step loss bits, evaluation loss bits and final fp32 weights (reference: any run,
     e.g. stock with offload device "cpu" where stock NVMe departs from it)."""
     assert ours.last_stats["tencache_enabled"] == 1, "tencache did not replace the swappers"
-    assert ours.loss_bits == reference.loss_bits
+    assert ours.loss_bits == reference.loss_bits, compute_environments(reference, ours)
     assert ours.result["weights_sha256"] == reference.result["weights_sha256"]
     assert [step.get("eval_loss_bits") for step in ours.result["steps"]] == \
         [step.get("eval_loss_bits") for step in reference.result["steps"]]
+
+
+def compute_environments(reference, ours):
+    """Both runs' kernel ISA, threads and processor (train.py's compute_environment), for a failure message."""
+    return f"reference ran on {reference.result.get('compute')}, ours on {ours.result.get('compute')}"
 
 
 def assert_untouched(stock):
@@ -37,7 +42,7 @@ def assert_identical(stock, ours):
     assert ours.last_stats["param_swapper_class"] == "TencacheParamSwapper"
     assert ours.last_stats["optimizer_swapper_class"] == "TencacheOptimizerSwapper"
     assert_untouched(stock)
-    assert ours.loss_bits == stock.loss_bits
+    assert ours.loss_bits == stock.loss_bits, compute_environments(stock, ours)
     assert ours.result["weights_sha256"] == stock.result["weights_sha256"]
 
 

@@ -101,11 +101,12 @@ def test_a_rank_whose_own_reading_fails_still_joins_both_collectives_then_raises
 
 class OptimizerStoreSums:
     """The optimizer swapper's footprint methods the governor calls, as plain sums: ``state`` bytes of state in
-    all, ``least`` the streaming slots an update needs, ``auto``: the config's host_cache_bytes."""
+    all, ``least`` the streaming slots an update needs, ``auto``: the config's host_cache_bytes, ``update_slot``:
+    the slot an update lends even when everything is kept (a gradient read from stage 3's buffer)."""
 
-    def __init__(self, state, start, least, auto):
+    def __init__(self, state, start, least, auto, update_slot=0):
         self.config = type("Config", (), {"host_cache_bytes": "auto" if auto else start})()
-        self.state, self.footprint, self.least = state, start, least
+        self.state, self.footprint, self.least, self.update_slot = state, start, least, update_slot
         self.budget = HostBudget(start)
         self.update()
 
@@ -116,6 +117,9 @@ class OptimizerStoreSums:
 
     def state_bytes(self):
         return self.state
+
+    def footprint_keeping_everything_bytes(self):
+        return self.state + self.update_slot
 
     def planned_host_footprint_bytes(self):
         return self.footprint
@@ -149,6 +153,20 @@ def test_an_auto_budget_grows_into_free_memory_once_a_step_is_measured_and_an_ex
         footprints.append(optimizer.footprint // GiB)
     assert footprints == ([4, 4, 16, 16] if auto else [4, 4, 4, 4])
     assert governor.grows == (1 if auto else 0) and governor.given_back_bytes == (-12 * GiB if auto else 0)
+
+
+def test_an_auto_budget_grows_to_the_state_and_the_slot_an_update_still_lends():
+    """Gradients read from stage 3's buffer: keeping all 16 GiB of state still takes the 1 GiB slot each update
+    fills a gradient into, so growing stops at 17 GiB, not at 16 (where the store would stream instead)."""
+    optimizer = OptimizerStoreSums(state=16 * GiB, start=4 * GiB, least=GiB, auto=True, update_slot=GiB)
+    governor = HostTierGovernor([], optimizer, None, read_memory=lambda: HostMemory(64 * GiB, 40 * GiB))
+    governor.meter.close()
+    governor.meter = ScriptedMeter([None, 5 * GiB, GiB, GiB, GiB])
+    for _step in range(4):
+        governor.before_forward()
+        optimizer.update()
+        governor.end_optimizer_step()
+    assert optimizer.footprint == 17 * GiB and governor.given_back_bytes == -13 * GiB
 
 
 def test_a_growth_is_not_promised_twice_before_the_update_that_fills_it():

@@ -405,3 +405,38 @@ def test_a_profile_of_another_model_is_refused(tmp_path):
     sections = saved_profile(tmp_path, work, compute_s=0.5, read_s_each=0.01, scale=2.0)
     with pytest.raises(TencacheConfigError, match="profile p.json \\[params\\] holds .* another model or config"):
         machine_from_profile(this_vm(), work, sections, source="profile p.json")
+
+
+# ------------------------------------------------------------------------- gradients read from stage 3's buffer
+def fp32_config(**data_types):
+    config = ds_config()
+    config["bf16"] = {"enabled": False}
+    if data_types:
+        config["data_types"] = data_types
+    return config
+
+
+@pytest.mark.parametrize("config, machine_changes, stays", [
+    (fp32_config(), {}, True),                                  # fp32 on the CPU accelerator
+    (ds_config(), {}, False),                                   # bf16 accumulates in bf16: stored
+    ({**ds_config(), "data_types": {"grad_accum_dtype": "fp32"}}, {}, True),  # bf16 model, fp32 accumulation
+    (fp32_config(), {"accelerator_is_host": False, "accelerator_memory_bytes": 80 * GIB}, False),  # a GPU
+])
+def test_the_estimate_drops_the_gradient_round_trip_where_the_run_does(config, machine_changes, stays):
+    """The same rule as the optimizer swapper's (data_types.grad_accum_dtype, else the model's dtype, on a host
+    accelerator): no gradient key in the optimizer's sequence, and one slot for the gradient an update fills
+    even when every sub-group is kept."""
+    machine = this_vm(**machine_changes)
+    config["tencache"] = {"enabled": True, "host_cache_bytes": "4GB"}  # holds gpt2-tiny's whole state
+    work = workload(config=config)
+    keys = _optimizer_sequence(work, machine)[0]
+    assert any(key.startswith("g") for key in keys) != stays, keys
+    plan = tencache_plan(work, machine)
+    assert len(plan.optimizer_held) == len(set(keys))
+    gradient_slot = work.zero.swap_nbytes(work.largest_sub_group_elements, 4)
+    assert plan.optimizer_streaming_bytes == (gradient_slot if stays else 0)
+
+
+def test_an_unknown_gradient_accumulation_dtype_is_named():
+    with pytest.raises(TencacheConfigError, match="data_types.grad_accum_dtype"):
+        ZeroSettings.from_ds_config({**ds_config(), "data_types": {"grad_accum_dtype": "fp8"}})

@@ -84,7 +84,8 @@ class HostTierGovernor:
         (0 unless the budget is "auto")."""
         if not self.fills_free_memory:
             return 0
-        return max(0, self._optimizer.state_bytes() - max(self._optimizer_target, self._optimizer_start))
+        return max(0, self._optimizer.footprint_keeping_everything_bytes()
+                   - max(self._optimizer_target, self._optimizer_start))
 
     def _promised_bytes(self) -> int:
         """Optimizer budget not filled yet ("auto"): memory a growth promised to the next update, which no reading
@@ -164,7 +165,8 @@ class HostTierGovernor:
         if self._optimizer is not None:
             self._optimizer_start = self._optimizer_target = self._optimizer.planned_host_footprint_bytes()
             if self.fills_free_memory and \
-                    self._optimizer.budget.total_bytes < self._optimizer.state_bytes() <= self._optimizer_start:
+                    self._optimizer.budget.total_bytes < self._optimizer.state_bytes() and \
+                    self._optimizer.footprint_keeping_everything_bytes() <= self._optimizer_start:
                 # The streaming slots planned beside the budget would hold the rest of the state: keeping all of it
                 # takes no more memory than streaming it, and no I/O.
                 self._optimizer.resize_host_footprint(self._optimizer_start)
@@ -200,7 +202,7 @@ class HostTierGovernor:
         if self._optimizer is not None and left > 0:
             ceiling = self._optimizer_start
             if self.fills_free_memory:
-                ceiling = max(ceiling, self._optimizer.state_bytes())
+                ceiling = max(ceiling, self._optimizer.footprint_keeping_everything_bytes())
             target = min(ceiling, self._optimizer_target + left)
             left -= target - self._optimizer_target
             self._optimizer_target = target

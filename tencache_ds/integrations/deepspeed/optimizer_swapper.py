@@ -128,7 +128,8 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         # gradient fragments read from stage 3's own gradient buffer at the update, not from a file
         self._gradient_fragments = GradientFragments(dtype)
         # whether the tier ever holds gradients: not where all of them will be views (state_bytes counts what it
-        # can hold from the first reading on; a fragment stored after all sets it back)
+        # can hold from the first reading on; a fragment stored, or a gradient written back, after all sets it
+        # back)
         self._gradients_in_store = not (accelerator_is_host() and
                                         gradient_accumulation_dtype(find_stage3_ds_config()) == dtype)
         self._checkpoint_load_pending = False  # the engine's load_checkpoint is running (loading_checkpoint)
@@ -273,6 +274,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         # kept or written as any changed entry; fragments still in DeepSpeed's buffer are older.
         if write_gradients:
             self._gradient_fragments.forget(OptimizerSwapper.parameter_id(parameter))
+            self._gradients_in_store = True  # the written-back gradient is kept or written like any entry
         self._give_back(parameter, states_changed=write_opt_state, gradient_changed=write_gradients)
 
     def swap_out_gradients(self, parameter, gradient_offsets, gradient_tensors):
@@ -341,10 +343,21 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
     def resize_host_footprint(self, target_bytes: int) -> None:
         """Hold about ``target_bytes`` of host memory for optimizer state from now on (memory pressure, or memory
         back: integrations/deepspeed/memory_pressure.py)."""
-        self.store.resize_host_footprint(target_bytes, self.state_bytes(), self._reads_two_sub_groups())
+        self.store.resize_host_footprint(target_bytes, self.state_bytes(), self._reads_two_sub_groups(),
+                                         self._update_slots())
 
     def planned_host_footprint_bytes(self) -> int:
-        return self.store.planned_host_footprint_bytes(self.state_bytes(), self._reads_two_sub_groups())
+        return self.store.planned_host_footprint_bytes(self.state_bytes(), self._reads_two_sub_groups(),
+                                                       self._update_slots())
+
+    def footprint_keeping_everything_bytes(self) -> int:
+        """The footprint at which the tier keeps every sub-group: the state, and the slot an update still lends."""
+        return self.state_bytes() + self._update_slots() * self.store.streaming_slot_bytes
+
+    def _update_slots(self) -> int:
+        """Streaming slots an update lends even when the tier keeps everything: the transient buffer a gradient
+        read from stage 3's buffer is filled into (``_lend_gradient``), one sub-group at a time."""
+        return 0 if self._gradients_in_store else 1
 
     def state_bytes(self) -> int:
         return self.store.state_bytes((info.numel() for info in self.swap_params_info.values()),
@@ -417,10 +430,17 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         alone = not self.store.knows(path)
         if alone:
             gradient = self.store.lend_new(path, numel, path, transient=True)
-        else:
+        else:  # a gradient stored before (a fragment that was no view, or one written back): the views are newer
             gradient = self._lend(path, numel, read_ahead)
             self.store.mark_changed(path)
-        fragments.fill(group, gradient, alone)
+        try:
+            fragments.fill(group, gradient, alone)
+        except BaseException:  # the buffer goes back, so that the next update can lend it again
+            if alone:
+                self.store.discard(path)
+            else:
+                self.store.release(path, changed=True)
+            raise
         return gradient
 
     def _lend(self, path, numel, read_ahead):

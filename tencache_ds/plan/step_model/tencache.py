@@ -93,6 +93,8 @@ def tencache_plan(workload: Workload, machine: Machine) -> TencachePlan:
         held = steady_state(keys, sizes, optimizer_share).held
         if len(held) < len(sizes):  # a sub-group's four tensors stream through slots (twice: one read ahead)
             optimizer_streaming = _optimizer_streaming_bytes(workload)
+        else:  # the gradient an update fills from stage 3's buffer, if any, still takes one
+            optimizer_streaming = _update_slot_bytes(workload, machine)
     param_capacity = all_swapped if params_all_held else param_cache
     device_free = resources.device_free_bytes
     device = device_tier_budget(config.device_cache_bytes, machine.accelerator_is_host, param_capacity,
@@ -115,11 +117,12 @@ def _grown_share(workload: Workload, machine: Machine, start_share: int, param_s
     modelled: a run that would have to give memory back holds its start-up share here (``fits`` judges it)."""
     sizes = _optimizer_sequence(workload, machine)[1]
     state = sum(round_up(size, PAGE_BYTES) for size in sizes.values())
+    update_slot = _update_slot_bytes(workload, machine)
     if start_share >= state:
         return start_share, 0
     slots = _optimizer_streaming_bytes(workload)
     start_footprint = start_share + slots
-    if start_footprint >= state:  # the governor keeps it all at its first reading: no more memory than streaming
+    if start_footprint >= state + update_slot:  # the governor keeps it all at its first reading
         return state, 0
     ranks = max(1, machine.ranks_per_node)
     available = machine.available_host_bytes - ranks * (
@@ -133,8 +136,9 @@ def _grown_share(workload: Workload, machine: Machine, start_share: int, param_s
     if decision.action is not Action.GROW:
         return start_share, rise
     footprint = start_footprint + decision.nbytes
-    # as OptimizerStore.resize_host_footprint: all of it kept once it holds the state, else less the slots
-    return (state if footprint >= state else max(start_share, footprint - slots)), rise
+    # as OptimizerStore.resize_host_footprint: all of it kept once it holds the state (and the update's slot),
+    # else less the slots
+    return (state if footprint >= state + update_slot else max(start_share, footprint - slots)), rise
 
 
 def _optimizer_streaming_bytes(workload: Workload) -> int:
@@ -142,6 +146,14 @@ def _optimizer_streaming_bytes(workload: Workload) -> int:
     than one sub-group: the next one is read ahead)."""
     largest = workload.zero.swap_nbytes(workload.largest_sub_group_elements, 4)
     return largest * 4 * (2 if len(workload.sub_groups) > 1 else 1)
+
+
+def _update_slot_bytes(workload: Workload, machine: Machine) -> int:
+    """The streaming slot an update lends even when every sub-group is kept: the gradient it fills from stage 3's
+    buffer (``gradients_stay_in_deepspeed``; OptimizerStore.resize_host_footprint's ``update_slots``)."""
+    if not gradients_stay_in_deepspeed(workload, machine):
+        return 0
+    return workload.zero.swap_nbytes(workload.largest_sub_group_elements, 4)
 
 
 def _held_between_steps(workload: Workload, machine: Machine, param_slot_bytes: int) -> int:
@@ -165,8 +177,8 @@ def _params_off_nvme_bytes(workload: Workload) -> int:
 def gradients_stay_in_deepspeed(workload: Workload, machine: Machine) -> bool:
     """Are the gradients read from stage 3's own partition buffer at the update, never stored (the optimizer
     swapper's ``swap_out_gradients``)? Where that buffer is host memory (a host accelerator) and gradients are
-    accumulated in fp32, the optimizer's dtype (fp32 training: DeepSpeed accumulates in the model's dtype)."""
-    return machine.accelerator_is_host and workload.zero.element_bytes == 4
+    accumulated in fp32, the optimizer's dtype (``data_types.grad_accum_dtype``, else the model's: fp32 training)."""
+    return machine.accelerator_is_host and workload.zero.grad_accum_bytes == 4
 
 
 def _optimizer_sequence(workload: Workload, machine: Machine) -> Tuple[List[str], Dict[str, int]]:

@@ -1,0 +1,53 @@
+"""The optimizer store's host footprint (cache/optimizer_store.py): the budget for kept state beside the streaming
+slots, and the slot an update lends even when everything is kept (a gradient filled from DeepSpeed's buffer)."""
+import pytest
+import torch
+
+from tencache_ds.cache.optimizer_store import OptimizerStore
+
+NUMEL = 100_000  # per tensor: 400000 bytes -> 401408 page-rounded (the slot size)
+SUB_GROUPS = 2
+
+
+@pytest.fixture(autouse=True)
+def debug_checks(monkeypatch):
+    monkeypatch.setenv("TENCACHE_DEBUG_CHECKS", "1")
+
+
+def make(io, start_bytes=0):
+    return OptimizerStore(torch.float32, lambda n: -(-n // 256) * 256, io, largest_numel=NUMEL,
+                          streaming_slots=8, host_tier_share=lambda: start_bytes)
+
+
+def active_streaming_slots(store):
+    slots = store.pool.class_slots()[store.streaming_slot_bytes]
+    return slots["slots"] - slots["retired"]
+
+
+@pytest.mark.parametrize("update_slots", [0, 1])
+def test_keeping_everything_keeps_the_slot_an_update_still_lends_and_plans_for_it(io, tmp_path, update_slots):
+    """Regression: with the gradient read from stage 3's buffer, a tier that kept all the state gave every streaming
+    slot back, and each update's transient gradient brought one back: a sub-group of memory the plan did not count,
+    given up and mapped again at every resize."""
+    store = make(io)
+    slot = store.streaming_slot_bytes
+    state = store.state_bytes([NUMEL] * SUB_GROUPS, gradients_held=update_slots == 0)
+    store.resize_host_footprint(state + update_slots * slot, state, reads_ahead=True, update_slots=update_slots)
+    assert store.budget.total_bytes == state  # every tensor kept
+    assert store.planned_host_footprint_bytes(state, True, update_slots) == state + update_slots * slot
+    gradient = store.lend_new("gradient", NUMEL, str(tmp_path / "gradient.swp"), transient=True)
+    store.discard("gradient")
+    del gradient
+    store.resize_host_footprint(state + update_slots * slot, state, reads_ahead=True, update_slots=update_slots)
+    assert active_streaming_slots(store) == update_slots  # the update's slot stays; the others are given back
+    assert store.host_footprint_bytes() == update_slots * slot  # nothing kept yet: only that slot is memory
+    store.close()
+
+
+def test_a_footprint_short_of_the_update_slot_streams(io):
+    """The whole state but not the update's slot: the budget leaves room for the streaming slots instead."""
+    store = make(io)
+    state = store.state_bytes([NUMEL] * 6, gradients_held=False)  # more than the streaming slots hold
+    store.resize_host_footprint(state, state, reads_ahead=True, update_slots=1)
+    assert store.budget.total_bytes == state - store.least_host_footprint_bytes(True)
+    store.close()
