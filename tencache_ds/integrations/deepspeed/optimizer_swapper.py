@@ -36,17 +36,17 @@ from ...errors import TencacheConfigError
 from ...ext_lock import raise_if_stale_locks
 from ...cache.entry import EntryState
 from ...cache.gradient_fragments import GradientFragments
-from ...cache.optimizer_store import OptimizerStore, optimizer_tier_share
+from ...cache.optimizer_store import OptimizerStore
 from ...io.direct_io import DirectFileIO, store_io_threads
 from ...io.shared_files import LinkSafeIO, unshare_folder
 from ...memory.pool import BufferPool
-from ...plan.budget import MachineResources, resolve_budgets
 from ...profile.lifecycle import ProfileLifecycle
 from .profiling import rank_profile_path
 from .config_bridge import (DEEPSPEED_OPS, MIN_SWAPPABLE_BYTES, accelerator_is_host, find_stage3_ds_config,
                             gradient_accumulation_dtype, initialize_call_config, io_aligned_numel,
                             prepare_swap_folder, validate_ds_config)
 from . import param_swapper, reporting
+from .host_tier_share import optimizer_host_share
 
 NVME_PATH_KEY = "zero_optimization.offload_optimizer.nvme_path"
 
@@ -103,7 +103,8 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         self.io = DirectFileIO(num_threads=store_io_threads(intra_op), name="tencache-optim-io")
         # LinkSafeIO: a swap file linked into a checkpoint (checkpoint_save.py) is replaced, never written in place
         self.store = OptimizerStore(dtype, lambda numel: io_aligned_numel(numel, dtype, intra_op), LinkSafeIO(self.io),
-                                    self.largest_numel, int(swap_config.buffer_count), self._host_tier_share)
+                                    self.largest_numel, int(swap_config.buffer_count),
+                                    lambda: optimizer_host_share(self.config, self.optimizer))
         self.pool, self.budget = self.store.pool, self.store.budget  # what memory pressure and stats read
         self.last_folder_transfer = None  # what the last checkpoint save or load of the folder did
         # The optimizer's tensors are used in the same order every step. log_timers() ends each step; the first
@@ -144,19 +145,6 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
     def files_folder(self) -> str:
         """The swap files' folder, without the checkpoint flush of ``swap_folder``."""
         return self._folder
-
-    def _host_tier_share(self) -> int:
-        """This swapper's bytes of the host tier (cache/optimizer_store.py optimizer_tier_share), after the
-        parameter partitions, whose cache slots are planned now so the split is deterministic."""
-        param_bytes = param_elements = streaming_bytes = 0
-        for swapper in param_swapper.live_swappers():
-            swapper.plan()
-            param_bytes += swapper.store.cache_bytes_reserved
-            streaming_bytes += swapper.store.streaming_bytes_reserved
-        budgets = resolve_budgets(self.config, MachineResources.probe(), stream_min_bytes=streaming_bytes)
-        for group in getattr(self.optimizer, "param_groups", []):
-            param_elements += sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel() for p in group["params"])
-        return optimizer_tier_share(budgets.host_cache_bytes, param_bytes, param_elements)
 
     # ------------------------------------------------------------------------------ the checkpoint contract
     @property
