@@ -74,11 +74,23 @@ def cpu_offload(ds_config: dict) -> dict:
     return config
 
 
+def with_dtype(ds_config: dict, dtype) -> dict:
+    """The config as scripts/train.py --dtype leaves it (None: as it is)."""
+    config = dict(ds_config)
+    if dtype == "bf16":
+        config["bf16"] = {"enabled": True}
+        config.pop("fp16", None)
+    elif dtype == "fp32":
+        config.pop("bf16", None)
+        config.pop("fp16", None)
+    return config
+
+
 def predict_configuration(machine, model: str, config_path: str, host_cache, micro_batch: int, seq_len: int,
-                          compare_cpu: bool) -> dict:
+                          compare_cpu: bool, dtype=None) -> dict:
     """Predictions for one bench: {arm: {step_time_s, nvme_read_bytes, nvme_write_bytes, host_bytes, ...}}."""
     shape = model_shape(read_json(os.path.join(REPO, "configs", "models", f"{model}.json")))
-    ds_config = read_json(os.path.join(REPO, config_path))
+    ds_config = with_dtype(read_json(os.path.join(REPO, config_path)), dtype)
     tencache = dict(ds_config, tencache={"enabled": True, "host_cache_bytes": host_cache,
                                          "device_cache_bytes": "auto"})
     gas = int(ds_config.get("gradient_accumulation_steps", 1))
@@ -144,7 +156,7 @@ def get_machine(args):
         return load_machine(args.machine), args.machine
     measured = calibrate(args.nvme_path, read_json(os.path.join(REPO, "configs", "models",
                                                                  f"{args.models[0]}.json")),
-                         args.micro_batch, args.seq_len, "bf16")
+                         args.micro_batch, args.seq_len, args.dtype or "bf16")
     machine = machine_from_calibration(measured)
     path = os.path.join(args.out, "machine.json")
     with open(path, "w") as handle:
@@ -167,6 +179,8 @@ def main(argv=None) -> int:
     parser.add_argument("--seq-len", type=int, default=64)
     parser.add_argument("--compare-cpu", action="store_true", help="add the stock CPU offload arm")
     parser.add_argument("--nvme-path", default="/tmp/tencache-bench-nvme")
+    parser.add_argument("--dtype", choices=["bf16", "fp32"], default=None,
+                        help="train in this dtype (scripts/train.py --dtype; default: the config's, bf16)")
     args = parser.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     machine, machine_path = get_machine(args)
@@ -196,7 +210,7 @@ def main(argv=None) -> int:
                 "model": model, "budget": budget, "config": config,
                 "host_cache_bytes": budget_value(model, budget),
                 "predicted": predict_configuration(machine, model, config, budget_value(model, budget),
-                                                   args.micro_batch, args.seq_len, args.compare_cpu)}
+                                                   args.micro_batch, args.seq_len, args.compare_cpu, args.dtype)}
         with open(os.path.join(args.out, "predictions.json"), "w") as handle:  # before anything runs
             json.dump({"made_at": datetime.datetime.utcnow().isoformat() + "Z", "machine": machine_path,
                        "predictions": predictions}, handle, indent=2)
@@ -207,7 +221,8 @@ def main(argv=None) -> int:
                        "--repeats", str(args.repeats), "--micro-batch", str(args.micro_batch), "--seq-len",
                        str(args.seq_len), "--host-cache-bytes", str(entry["host_cache_bytes"]), "--out", out,
                        "--nvme-path", args.nvme_path, "--no-plots"] + (["--compare", "cpu"] if args.compare_cpu
-                                                                       else [])
+                                                                       else []) \
+                + (["--dtype", args.dtype] if args.dtype else [])
             print("running:", " ".join(command), flush=True)
             started = time.time()
             subprocess.run(command, cwd=REPO, check=True)
