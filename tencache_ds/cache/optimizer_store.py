@@ -7,7 +7,7 @@ integrations/deepspeed/optimizer_swapper.py, which gives the sub-groups' sizes).
 
 Plain class: imports torch, not DeepSpeed.
 """
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Optional
 
 import torch
 
@@ -110,12 +110,18 @@ class OptimizerStore(EntryStoreWrapper):
         return self.budget.total_bytes + (self.least_host_footprint_bytes(reads_ahead) if streams
                                           else update_slots * self.streaming_slot_bytes)
 
-    def state_bytes(self, sub_group_numels: Iterable[int], gradients_held: bool = True) -> int:
-        """Every sub-group's master, moments and gradient, in the page-rounded buffers keeping them takes.
-        ``gradients_held`` False: the gradients are read from DeepSpeed's own buffer at the update, never kept."""
-        per_sub_group = OPTIMIZER_BYTES_PER_ELEMENT // self.element_size - (0 if gradients_held else 1)
-        return sum(per_sub_group * round_up(self.entries.swap_nbytes(numel), PAGE_BYTES)
-                   for numel in sub_group_numels)
+    def state_bytes(self, sub_group_numels: Iterable[int], gradient_numels: Optional[Iterable[int]] = None) -> int:
+        """Every sub-group's master and moments, and the gradients the tier can hold (``gradient_numels``; None:
+        every sub-group's), in the page-rounded buffers keeping them takes. A gradient read from DeepSpeed's own
+        buffer at the update is never kept."""
+        numels = list(sub_group_numels)
+        gradients = numels if gradient_numels is None else list(gradient_numels)
+        master_and_moments = OPTIMIZER_BYTES_PER_ELEMENT // self.element_size - 1
+        return (sum(master_and_moments * self._kept_bytes(numel) for numel in numels)
+                + sum(self._kept_bytes(numel) for numel in gradients))
+
+    def _kept_bytes(self, numel: int) -> int:
+        return round_up(self.entries.swap_nbytes(numel), PAGE_BYTES)
 
     def close(self) -> None:
         """Give every buffer back (dirty bytes are not written: flush first), then the streaming slots' arena."""

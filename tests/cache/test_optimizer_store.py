@@ -31,7 +31,7 @@ def test_keeping_everything_keeps_the_slot_an_update_still_lends_and_plans_for_i
     given up and mapped again at every resize."""
     store = make(io)
     slot = store.streaming_slot_bytes
-    state = store.state_bytes([NUMEL] * SUB_GROUPS, gradients_held=update_slots == 0)
+    state = store.state_bytes([NUMEL] * SUB_GROUPS, gradient_numels=None if update_slots == 0 else ())
     store.resize_host_footprint(state + update_slots * slot, state, reads_ahead=True, update_slots=update_slots)
     assert store.budget.total_bytes == state  # every tensor kept
     assert store.planned_host_footprint_bytes(state, True, update_slots) == state + update_slots * slot
@@ -47,7 +47,7 @@ def test_keeping_everything_keeps_the_slot_an_update_still_lends_and_plans_for_i
 def test_a_footprint_short_of_the_update_slot_streams(io):
     """The whole state but not the update's slot: the budget leaves room for the streaming slots instead."""
     store = make(io)
-    state = store.state_bytes([NUMEL] * 6, gradients_held=False)  # more than the streaming slots hold
+    state = store.state_bytes([NUMEL] * 6, gradient_numels=())  # more than the streaming slots hold
     store.resize_host_footprint(state, state, reads_ahead=True, update_slots=1)
     assert store.budget.total_bytes == state - store.least_host_footprint_bytes(True)
     store.close()

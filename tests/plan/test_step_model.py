@@ -440,3 +440,19 @@ def test_the_estimate_drops_the_gradient_round_trip_where_the_run_does(config, m
 def test_an_unknown_gradient_accumulation_dtype_is_named():
     with pytest.raises(TencacheConfigError, match="data_types.grad_accum_dtype"):
         ZeroSettings.from_ds_config({**ds_config(), "data_types": {"grad_accum_dtype": "fp8"}})
+
+
+def test_auto_grows_to_the_state_and_the_update_slot_where_gradients_stay_in_stage_3():
+    """fp32 on the host accelerator: "auto" grows until the whole state is kept, which takes the state and the slot
+    an update fills a gradient into (as the governor does: footprint_keeping_everything_bytes). Regression: the
+    model let it grow to the state alone, short of that slot, and predicted streaming."""
+    config = ds_config("stock-nvme-many-sub-groups.json", host_cache_bytes="auto")
+    config["bf16"] = {"enabled": False}
+    work = workload("gpt2-medium", config=config)
+    machine = this_vm(host_available_bytes=12 * GIB)  # "auto" starts at 2 GiB of its 3.97 GiB of state
+    keys = _optimizer_sequence(work, machine)[0]
+    assert not any(key.startswith("g") for key in keys)
+    plan = tencache_plan(work, machine)
+    assert plan.optimizer_start_share_bytes < plan.optimizer_share_bytes  # it grew
+    assert len(plan.optimizer_held) == len(set(keys))  # to all of the state
+    assert plan.optimizer_streaming_bytes == work.zero.swap_nbytes(work.largest_sub_group_elements, 4)

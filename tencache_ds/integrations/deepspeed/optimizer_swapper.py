@@ -128,11 +128,12 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         self._read_ahead = {}  # sub-group id -> keys whose reads were started for it (async_parameter)
         # gradient fragments read from stage 3's own gradient buffer at the update, not from a file
         self._gradient_fragments = GradientFragments(dtype)
-        # whether the tier ever holds gradients: not where all of them will be views (state_bytes counts what it
-        # can hold from the first reading on; a fragment stored, or a gradient written back, after all sets it
-        # back)
-        self._gradients_in_store = not (accelerator_is_host() and
-                                        gradient_accumulation_dtype(find_stage3_ds_config()) == dtype)
+        # whether stage 3 hands gradient fragments as views of its own buffer (then the tier holds no gradient
+        # but those of the sub-groups in _stored_gradients: a fragment that was no view, or a gradient written
+        # back through DeepSpeed's API; state_bytes counts what it can hold from the first reading on)
+        self._gradient_views = accelerator_is_host() and \
+            gradient_accumulation_dtype(find_stage3_ds_config()) == dtype
+        self._stored_gradients = set()  # sub-group ids
         self._checkpoint_load_pending = False  # the engine's load_checkpoint is running (loading_checkpoint)
         self._drop_held_copies = False  # a checkpoint was copied over the folder: drop every held copy first
         self._profile_looked_up = False
@@ -233,11 +234,11 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             context.compute_tensor.data = view.data
             context.swap_tensor.data = view.data
             keys.append(context.swap_path)
+        self._lent[group] = keys  # before the gradient: a failure there still gives these back
         if swap_info.has_gradients():
             path = self._gradient_path(swap_info)
             parameter.grad = self._lend_gradient(group, path, swap_info.numel(), read_ahead)
             keys.append(path)
-        self._lent[group] = keys
         if async_parameter is not None and self.reads_ahead:
             self._start_read_ahead(async_parameter)
 
@@ -262,7 +263,8 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         # kept or written as any changed entry; fragments still in DeepSpeed's buffer are older.
         if write_gradients:
             self._gradient_fragments.forget(OptimizerSwapper.parameter_id(parameter))
-            self._gradients_in_store = True  # the written-back gradient is kept or written like any entry
+            # the written-back gradient is kept or written like any entry
+            self._stored_gradients.add(OptimizerSwapper.parameter_id(parameter))
         self._give_back(parameter, states_changed=write_opt_state, gradient_changed=write_gradients)
 
     def swap_out_gradients(self, parameter, gradient_offsets, gradient_tensors):
@@ -288,7 +290,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             swap_info.get_or_create_gradient_paths([0], [swap_info.numel()])
         stored = self._gradient_fragments.remember(group, list(zip(gradient_offsets, gradient_tensors)))
         if stored:
-            self._gradients_in_store = True
+            self._stored_gradients.add(group)
             path = self._gradient_path(swap_info)
             self.store.write_parts(path, swap_info.numel(), path, stored)
 
@@ -302,6 +304,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         a load (stock's checkpoints skip them too)."""
         super().purge_state()
         self._gradient_fragments.clear()
+        self._stored_gradients = set()
         self._release_read_ahead()
         self.store.flush()
         self.store.forget_all()
@@ -345,11 +348,14 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
     def _update_slots(self) -> int:
         """Streaming slots an update lends even when the tier keeps everything: the transient buffer a gradient
         read from stage 3's buffer is filled into (``_lend_gradient``), one sub-group at a time."""
-        return 0 if self._gradients_in_store else 1
+        fills_alone = self._gradient_views and len(self._stored_gradients) < len(self.swap_params_info)
+        return 1 if fills_alone else 0
 
     def state_bytes(self) -> int:
-        return self.store.state_bytes((info.numel() for info in self.swap_params_info.values()),
-                                      gradients_held=self._gradients_in_store)
+        numels = {group: info.numel() for group, info in self.swap_params_info.items()}
+        stored = numels if not self._gradient_views else \
+            {group: numel for group, numel in numels.items() if group in self._stored_gradients}
+        return self.store.state_bytes(numels.values(), gradient_numels=stored.values())
 
     def _reads_two_sub_groups(self) -> bool:
         """An update holds two sub-groups at once: the one stepping, and the next one read ahead meanwhile."""

@@ -132,7 +132,7 @@ def _grown_share(workload: Workload, machine: Machine, start_share: int, param_s
     policy.observe_step_rise(rise)  # the first measured step creates the optimizer's state: the policy drops it
     policy.observe_step_rise(rise)
     decision = policy.decide(machine.host_memory_bytes, available, reducible_bytes=0, given_back_bytes=0,
-                             growable_bytes=max(0, state - start_footprint))
+                             growable_bytes=max(0, state + update_slot - start_footprint))
     if decision.action is not Action.GROW:
         return start_share, rise
     footprint = start_footprint + decision.nbytes
