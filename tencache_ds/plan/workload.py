@@ -21,11 +21,13 @@ _DTYPE_NAME_BYTES = {name: 2 for name in ("torch.float16", "fp16", "float16", "h
 _DTYPE_NAME_BYTES.update({name: 4 for name in ("torch.float32", "fp32", "float32", "float")})
 
 
-def _grad_accum_bytes(ds_config: Mapping[str, Any], model_bytes: int, source: str) -> int:
-    """The element size stage 3 accumulates gradients in: ``data_types.grad_accum_dtype``, else the model's."""
+def gradient_accumulation_bytes(ds_config: Mapping[str, Any], source: str = "ds_config") -> int:
+    """The element size stage 3 accumulates gradients in (engine.get_data_types): ``data_types.grad_accum_dtype``,
+    else the model's (fp16 or bf16: 2, fp32: 4). The one reader of that fact, for the estimate and the run."""
     named = (ds_config.get("data_types") or {}).get("grad_accum_dtype")
     if named is None:
-        return model_bytes
+        half = any((ds_config.get(key) or {}).get("enabled") for key in ("fp16", "bf16", "bfloat16"))
+        return 2 if half else 4
     if str(named) not in _DTYPE_NAME_BYTES:
         raise TencacheConfigError(f"{source}: data_types.grad_accum_dtype must be one of fp32, fp16 or bf16, got "
                                   f"{named!r}")
@@ -103,7 +105,7 @@ class ZeroSettings:
             aio_block_size=number(aio, "block_size", "aio", cls.aio_block_size),
             aio_intra_op=max(1, number(aio, "intra_op_parallelism", "aio", cls.aio_intra_op)),
             element_bytes=2 if half else 4,
-            grad_accum_bytes=_grad_accum_bytes(ds_config, 2 if half else 4, source),
+            grad_accum_bytes=gradient_accumulation_bytes(ds_config, source),
             tencache=config if config.enabled else None)
 
     def swap_nbytes(self, numel: int, element_bytes: Optional[int] = None) -> int:

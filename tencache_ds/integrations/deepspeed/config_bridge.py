@@ -11,7 +11,6 @@ from typing import Any, List, Optional, Tuple
 
 import torch
 from deepspeed.accelerator import get_accelerator
-from deepspeed.runtime.config import DtypeEnum
 
 from ...config import CONFIG_KEY, TencacheConfig, config_of_ds_dict
 from ...config_checks import check_host_budget, check_output_paths, check_swap_folder
@@ -179,19 +178,6 @@ def find_stage3_ds_config() -> Optional[dict]:
 def accelerator_is_host() -> bool:
     """Is DeepSpeed's accelerator host memory (its CPU accelerator)?"""
     return get_accelerator().device_name() == "cpu"
-
-
-def gradient_accumulation_dtype(ds_config: Optional[dict]) -> torch.dtype:
-    """The dtype stage 3 accumulates gradients in (engine.get_data_types): ``data_types.grad_accum_dtype``, else
-    the model's (fp16, bf16, or fp32)."""
-    ds_config = ds_config or {}
-    named = (ds_config.get("data_types") or {}).get("grad_accum_dtype")
-    if named is not None:
-        return DtypeEnum(named).value
-    for section, dtype in (("fp16", torch.float16), ("bf16", torch.bfloat16), ("bfloat16", torch.bfloat16)):
-        if (ds_config.get(section) or {}).get("enabled"):
-            return dtype
-    return torch.float32
 
 
 def io_aligned_numel(numel: int, dtype: torch.dtype, intra_op_parallelism: int) -> int:

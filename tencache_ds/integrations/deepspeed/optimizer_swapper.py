@@ -40,11 +40,11 @@ from ...cache.optimizer_store import OptimizerStore
 from ...io.direct_io import DirectFileIO, store_io_threads
 from ...io.shared_files import LinkSafeIO, unshare_folder
 from ...memory.pool import BufferPool
+from ...plan.workload import gradient_accumulation_bytes
 from ...profile.lifecycle import ProfileLifecycle
 from .profiling import rank_profile_path
 from .config_bridge import (DEEPSPEED_OPS, MIN_SWAPPABLE_BYTES, accelerator_is_host, find_stage3_ds_config,
-                            gradient_accumulation_dtype, initialize_call_config, io_aligned_numel,
-                            prepare_swap_folder, validate_ds_config)
+                            initialize_call_config, io_aligned_numel, prepare_swap_folder, validate_ds_config)
 from . import param_swapper, reporting
 from .host_tier_share import optimizer_host_share
 
@@ -131,8 +131,8 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         # whether stage 3 hands gradient fragments as views of its own buffer (then the tier holds no gradient
         # but those of the sub-groups in _stored_gradients: a fragment that was no view, or a gradient written
         # back through DeepSpeed's API; state_bytes counts what it can hold from the first reading on)
-        self._gradient_views = accelerator_is_host() and \
-            gradient_accumulation_dtype(find_stage3_ds_config()) == dtype
+        self._gradient_views = accelerator_is_host() and dtype == torch.float32 and \
+            gradient_accumulation_bytes(find_stage3_ds_config() or {}) == 4
         self._stored_gradients = set()  # sub-group ids
         self._checkpoint_load_pending = False  # the engine's load_checkpoint is running (loading_checkpoint)
         self._drop_held_copies = False  # a checkpoint was copied over the folder: drop every held copy first
