@@ -72,7 +72,8 @@ class TencacheConfig(BaseModel):
 
     pin_memory: Literal["best_effort", "required"] = "best_effort"
     """What to do when pages cannot be locked (memlock limit too low): "best_effort" warns once and uses unlocked
-    memory; "required" stops with an error that names the limit and how to raise it."""
+    memory; "required" stops with an error that names the limit and how to raise it. Only parameter slots are
+    locked, for the accelerator's copies: on DeepSpeed's CPU accelerator "best_effort" locks nothing."""
 
     log_stats: StrictBool = True
     """Log tencache_ds.stats() once at start-up on rank 0."""

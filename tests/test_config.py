@@ -64,13 +64,15 @@ def test_units():
 def test_auto_budgets_follow_the_machine():
     machine = MachineResources(host_total_bytes=32 << 30, host_available_bytes=16 << 30,
                                memlock_limit_bytes=UNLIMITED, device_free_bytes=8 << 30)
-    budgets = resolve_budgets(TencacheConfig(), machine, stream_min_bytes=0)
+    budgets = resolve_budgets(TencacheConfig(), machine, stream_min_bytes=0, locks_memory=True)
     assert budgets.host_cache_bytes == 4 << 30 and budgets.device_cache_bytes == 4 << 30
     assert budgets.host_source == "auto"
     # a memlock limit caps what "auto" may lock, after what streaming already locks
     limited = MachineResources(32 << 30, 16 << 30, memlock_limit_bytes=1 << 30)
-    assert resolve_budgets(TencacheConfig(), limited, stream_min_bytes=256 << 20).host_cache_bytes == 768 << 20
-    explicit = resolve_budgets(TencacheConfig(host_cache_bytes=0, device_cache_bytes=0), machine, stream_min_bytes=0)
+    assert resolve_budgets(TencacheConfig(), limited, stream_min_bytes=256 << 20,
+                           locks_memory=True).host_cache_bytes == 768 << 20
+    explicit = resolve_budgets(TencacheConfig(host_cache_bytes=0, device_cache_bytes=0), machine, stream_min_bytes=0,
+                               locks_memory=True)
     assert (explicit.host_cache_bytes, explicit.device_cache_bytes, explicit.host_source) == (0, 0, "config")
 
 

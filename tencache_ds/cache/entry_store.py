@@ -20,7 +20,6 @@ import contextlib
 import dataclasses
 import os
 import threading
-from concurrent.futures import Future
 from typing import Callable, Dict, Hashable, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import torch
@@ -30,7 +29,7 @@ from ..profile.next_use import NextUseIndex
 from ..profile.recorder import StepRecorder
 from .admission import Admission, ExclusiveStore
 from .buffer_sources import BufferSource
-from .entry import CACHED, IO_IN_FLIGHT, LENT, Entry, EntryState, PendingUse, lent_state, released
+from .entry import CACHED, LENT, Entry, EntryState, PendingUse, lent_state, released
 from .entry_table import EntryTable
 from .store_counters import StoreCounters
 from .transfers import Transfers
@@ -204,7 +203,7 @@ class EntryStore:
     def read_done(self, key) -> bool:
         """True unless a read of ``key`` is still in flight."""
         with self._lock:
-            future = self._read_of(self._table.get(key))
+            future = self._transfers.read_of(self._table.get(key))
             return future is None or future.done()
 
     def wait_read(self, key) -> torch.Tensor:
@@ -215,7 +214,7 @@ class EntryStore:
             try:
                 if entry.prefetched:
                     entry.prefetched = False
-                    in_flight = self._read_of(entry)
+                    in_flight = self._transfers.read_of(entry)
                     self.counters.prefetch_late += in_flight is not None and not in_flight.done()
                 external, entry.external_read = entry.external_read, None
                 if external is not None:
@@ -349,11 +348,7 @@ class EntryStore:
                 return
             if entry.state not in LENT:
                 raise RuntimeError(f"{self.name}: cannot discard tensor {key}: it is not lent ({entry.state.name})")
-            if entry.external_read is not None:  # a read into the caller's buffer: it must not outlive the entry
-                self._transfers.wait_unlocked(entry.external_read)
-            entry.prefetched, entry.pending_use, entry.external_read = False, None, None
-            self._transfers.release_buffer(entry)
-            self._table.remove(entry)
+            self._transfers.forget(entry)
             self._checked()
 
     def held_keys(self) -> List[Hashable]:
@@ -398,21 +393,7 @@ class EntryStore:
         if self.debug_checks:
             self._check_invariants_locked()
 
-    @staticmethod
-    def _read_of(entry: Optional[Entry]) -> Optional[Future]:
-        """The read of ``entry`` in flight or not waited for yet (into the caller's buffer or ours), if any."""
-        if entry is None:
-            return None
-        return entry.external_read or (entry.io if entry.state == S.READING else None)
-
     def _forget_locked(self, entry: Entry) -> None:
         if entry.state in LENT:
             raise RuntimeError(f"{self.name}: cannot forget tensor {entry.key}: it is lent")
-        if entry.state in IO_IN_FLIGHT:
-            self._transfers.wait_unlocked(entry.io)
-        if entry.external_read is not None:  # a read into the caller's buffer: it must not outlive the entry
-            self._transfers.wait_unlocked(entry.external_read)
-        if entry.buffer is not None:
-            self._transfers.release_buffer(entry)
-        self._table.remove(entry)
-
+        self._transfers.forget(entry)

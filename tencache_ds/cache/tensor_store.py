@@ -34,7 +34,7 @@ class TensorStore(EntryStoreWrapper):
         dtype: element type of every tensor.
         aligned_numel: rounds a numel up to the I/O alignment; files and buffers use the rounded length.
         slots_per_class: streaming slots per size class (see plan/size_classes.py).
-        lock: "best_effort" or "required" page-locking of the arena (config "pin_memory").
+        lock: page-locking of the arena: "off", "best_effort" or "required" (plan/budget.parameter_lock_mode).
         io: the I/O engine.
         cache_budget: the host tier's budget; this store reserves its cache slots from it when it plans. None or
             an empty budget: pure streaming (no copy is kept between uses, changed bytes are written at once).

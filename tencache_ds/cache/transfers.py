@@ -64,6 +64,18 @@ class Transfers:
         entry.io, entry.evicting = None, False
         self.table.set(entry, new)
 
+    def forget(self, entry: Entry) -> None:
+        """Take ``entry`` out of the table without writing: its I/O in flight is waited for (a read into the
+        caller's buffer must not outlive the entry either), its buffer goes back."""
+        if entry.state in IO_IN_FLIGHT:
+            self.wait_unlocked(entry.io)
+        if entry.external_read is not None:
+            self.wait_unlocked(entry.external_read)
+        entry.prefetched, entry.pending_use, entry.external_read = False, None, None
+        if entry.buffer is not None:
+            self.release_buffer(entry)
+        self.table.remove(entry)
+
     @staticmethod
     def fence(buffer: HostBuffer) -> None:
         if buffer.fence is not None:  # a device copy may still be reading the old bytes
@@ -167,6 +179,13 @@ class Transfers:
         else:
             entry.io = None
             self.table.set(entry, S.CLEAN)
+
+    @staticmethod
+    def read_of(entry: Optional[Entry]) -> Optional[Future]:
+        """The read of ``entry`` in flight or not waited for yet (into the caller's buffer or ours), if any."""
+        if entry is None:
+            return None
+        return entry.external_read or (entry.io if entry.state == S.READING else None)
 
     def wait_unlocked(self, future: Future) -> Optional[BaseException]:
         if not future.done():

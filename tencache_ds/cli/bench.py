@@ -38,6 +38,7 @@ from ..config import AUTO, CONFIG_KEY, parse_config
 from ..errors import TencacheConfigError
 from ..io.drive_rate import TRIAL_BYTES, DriveRate, store_thread_counts
 from ..units import fmt_bytes, parse_bytes
+from .ds_config_file import read_ds_config
 
 TRAIN_SCRIPT_ENV = "TENCACHE_BENCH_TRAIN_SCRIPT"
 # What scripts/train.py prints after every optimizer step: "step 3 loss 497.5228 time 0.37s".
@@ -101,16 +102,11 @@ def locate_train_script() -> Tuple[str, str]:
 
 
 def load_ds_config(path: str) -> Dict[str, Any]:
+    """The DeepSpeed config both arms run with, read as DeepSpeed reads it (cli/ds_config_file.py)."""
     try:
-        with open(path) as fh:
-            config = json.load(fh)
-    except OSError as err:
-        raise BenchError(f"cannot read the DeepSpeed config {path}: {err.strerror or err}") from None
-    except json.JSONDecodeError as err:
-        raise BenchError(f"the DeepSpeed config {path} is not valid JSON: {err}") from None
-    if not isinstance(config, dict):
-        raise BenchError(f"the DeepSpeed config {path} holds a {type(config).__name__}, not an object")
-    return config
+        return read_ds_config(path)
+    except TencacheConfigError as err:
+        raise BenchError(str(err)) from None
 
 
 def tencache_block(ds_config: Dict[str, Any], host_cache_bytes: Optional[str], device_cache_bytes: Optional[str],

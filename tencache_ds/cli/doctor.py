@@ -55,7 +55,7 @@ def run_checks(nvme_path: Optional[str] = None, config_path: Optional[str] = Non
         host = check_host(describe_host())
         gpus, why_none = probe_gpus()
         gpu_check = check_gpus(gpus, why_none)
-        budgets = check_budgets(config, gpus[0]["free_bytes"] if gpus else 0) if config_check is None or \
+        budgets = check_budgets(config, gpus[0]["free_bytes"] if gpus else 0, not gpus) if config_check is None or \
             config_check.status != FAIL else CheckResult("budgets", FAIL, "not resolved: the config cannot be read")
 
         facts = probe.facts()

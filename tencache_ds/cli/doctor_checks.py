@@ -5,13 +5,14 @@ to. Does not own: the probe (cli/doctor_probe.py), the NVMe path (cli/doctor_nvm
 (cli/doctor.py)."""
 import contextlib
 import dataclasses
-import json
 import os
 import platform
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from .. import ext_lock
+from ..errors import TencacheConfigError
 from ..units import fmt_bytes
+from .ds_config_file import read_ds_config
 
 if TYPE_CHECKING:
     from .doctor_probe import Probe
@@ -232,14 +233,9 @@ def load_ds_config(path: Optional[str]) -> Tuple[Optional[Dict[str, Any]], Optio
     if path is None:
         return None, None
     try:
-        with open(path) as fh:
-            config = json.load(fh)
-    except OSError as err:
-        return None, CheckResult("config", FAIL, f"cannot read {path}: {err.strerror or err}")
-    except json.JSONDecodeError as err:
-        return None, CheckResult("config", FAIL, f"{path} is not valid JSON: {err}")
-    if not isinstance(config, dict):
-        return None, CheckResult("config", FAIL, f"{path} holds a {type(config).__name__}, not a JSON object")
+        config = read_ds_config(path)
+    except TencacheConfigError as err:
+        return None, CheckResult("config", FAIL, str(err))
     return config, CheckResult("config", OK, f"{path}: {'has a' if 'tencache' in config else 'no'} \"tencache\" block")
 
 
@@ -252,20 +248,25 @@ def nvme_path_from_config(config: Optional[Dict[str, Any]]) -> Optional[str]:
     return None
 
 
-def check_budgets(config: Optional[Dict[str, Any]], device_free_bytes: int) -> CheckResult:
+def check_budgets(config: Optional[Dict[str, Any]], device_free_bytes: int, accelerator_is_host: bool) -> CheckResult:
+    """The budgets the config's block resolves to here (``accelerator_is_host``: no GPU was found, so DeepSpeed
+    runs on its CPU accelerator, where parameter slots are not locked and the memlock limit bounds nothing)."""
     from ..config import CONFIG_KEY, config_of_ds_dict, parse_config
-    from ..errors import TencacheConfigError
-    from ..plan.budget import UNLIMITED, MachineResources, resolve_budgets
+    from ..plan.budget import UNLIMITED, MachineResources, parameter_lock_mode, resolve_budgets
     origin = "the config's \"tencache\" block" if config is not None and CONFIG_KEY in config else "defaults"
     try:  # no block (or "tencache": null): the budgets the defaults give
         parsed = config_of_ds_dict(config) if (config or {}).get(CONFIG_KEY) is not None else parse_config({})
     except TencacheConfigError as err:
         return CheckResult("budgets", FAIL, str(err).replace("\n", " "))
     machine = MachineResources.probe(device_free_bytes=device_free_bytes)
-    budgets = resolve_budgets(parsed, machine, stream_min_bytes=0)  # no model here: no streaming slots yet
+    locks_memory = parameter_lock_mode(parsed.pin_memory, accelerator_is_host) != "off"
+    # no model here: no streaming slots yet
+    budgets = resolve_budgets(parsed, machine, stream_min_bytes=0, locks_memory=locks_memory)
     details = dataclasses.asdict(budgets)
-    details.update(machine=dataclasses.asdict(machine), origin=origin, enabled=parsed.enabled)
-    memlock = ("unlimited for this process" if machine.memlock_limit_bytes == UNLIMITED
+    details.update(machine=dataclasses.asdict(machine), origin=origin, enabled=parsed.enabled,
+                   parameter_slots_locked=locks_memory)
+    memlock = ("not used (CPU accelerator: no slot is locked)" if not locks_memory
+               else "unlimited for this process" if machine.memlock_limit_bytes == UNLIMITED
                else fmt_bytes(machine.memlock_limit_bytes))
     text = (f"host_cache_bytes={budgets.host_cache_bytes} ({fmt_bytes(budgets.host_cache_bytes)}, "
             f"{budgets.host_source}), device_cache_bytes={budgets.device_cache_bytes} "

@@ -16,6 +16,7 @@ from typing import Any, Dict, List, Optional
 
 from ..errors import TencacheConfigError
 from ..units import fmt_bytes
+from .ds_config_file import read_ds_config
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODELS_DIR = os.path.join(REPO_ROOT, "configs", "models")
@@ -53,7 +54,7 @@ def build_inputs(args) -> Dict[str, Any]:
     if not isinstance(model_config, dict):
         raise TencacheConfigError(f"model config {model_path}: a Hugging Face config.json is a JSON object")
     shape = model_shape(model_config, source=f"model config {model_path}")
-    ds_config = _read_json(args.ds_config, "DeepSpeed config")
+    ds_config = read_ds_config(args.ds_config)
     zero = ZeroSettings.from_ds_config(ds_config, source=f"DeepSpeed config {args.ds_config}")
     micro_batch = args.micro_batch or _positive(ds_config, "train_micro_batch_size_per_gpu", args.ds_config, 1)
     gas = args.gas or _positive(ds_config, "gradient_accumulation_steps", args.ds_config, 1)

@@ -75,13 +75,26 @@ class ResolvedBudgets:
     adjustments: Tuple[str, ...] = ()
 
 
+def parameter_lock_mode(pin_memory: str, accelerator_is_host: bool) -> str:
+    """How the parameter store's slots are page-locked (memory/arena.py's lock modes), from the block's
+    ``pin_memory`` and the accelerator. Locking is for the accelerator's copies: a GPU copies asynchronously only
+    from page-locked memory. On a host accelerator (DeepSpeed's CPU accelerator) nothing copies from the slots
+    (a gather reads them in host memory, O_DIRECT pins pages for the length of a request itself), so "best_effort"
+    locks nothing there: locked memory would only count against the memlock limit and be memory the kernel cannot
+    reclaim. "required" is the user's word and is kept."""
+    if pin_memory == "best_effort" and accelerator_is_host:
+        return "off"
+    return pin_memory
+
+
 def resolve_budgets(config: TencacheConfig, machine: MachineResources, *,
-                    stream_min_bytes: int) -> ResolvedBudgets:
+                    stream_min_bytes: int, locks_memory: bool) -> ResolvedBudgets:
     """Resolve "auto" budgets and fit the host budget to this rank's share of the node and to its memlock limit.
 
     ``stream_min_bytes``: what this process page-locks for streaming whatever the cache (the parameter swapper's
     streaming slots; 0 when none are planned yet). Every caller passes it, so that the host cache never pushes
-    locked memory past the memlock limit.
+    locked memory past the memlock limit. ``locks_memory``: False when the parameter slots are not page-locked
+    (``parameter_lock_mode`` "off"): the memlock limit then bounds nothing.
 
     "auto" is ``AUTO_HOST_CACHE_FRACTION`` of the node's available memory divided by the ranks on the node, at
     most the memlock limit minus ``stream_min_bytes`` (per process: not divided). An explicit budget above this
@@ -103,7 +116,7 @@ def resolve_budgets(config: TencacheConfig, machine: MachineResources, *,
                 f"({fmt_bytes(machine.host_available_bytes)} available / {ranks} rank(s) on this node = "
                 f"{fmt_bytes(per_rank)}): lowered to {fmt_bytes(per_rank)}")
             host = per_rank
-    if host_source == AUTO and machine.memlock_limit_bytes != UNLIMITED:
+    if host_source == AUTO and locks_memory and machine.memlock_limit_bytes != UNLIMITED:
         host = min(host, max(0, machine.memlock_limit_bytes - max(0, int(stream_min_bytes))))
     if config.device_cache_bytes == AUTO:
         device, device_source = int(machine.device_free_bytes * AUTO_DEVICE_CACHE_FRACTION), AUTO

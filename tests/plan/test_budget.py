@@ -4,7 +4,7 @@ import pytest
 
 from tencache_ds.config import TencacheConfig
 from tencache_ds.plan.budget import (AUTO_HOST_CACHE_FRACTION, UNLIMITED, MachineResources, cache_lock_room,
-                                     local_world_size, resolve_budgets)
+                                     local_world_size, parameter_lock_mode, resolve_budgets)
 
 GiB, MiB = 1 << 30, 1 << 20
 
@@ -14,8 +14,9 @@ def node(ranks, available=64 * GiB, memlock=UNLIMITED, total=128 * GiB):
                             local_world_size=ranks)
 
 
-def auto_host(machine, stream_min_bytes=0):
-    return resolve_budgets(TencacheConfig(), machine, stream_min_bytes=stream_min_bytes).host_cache_bytes
+def auto_host(machine, stream_min_bytes=0, locks_memory=True):
+    return resolve_budgets(TencacheConfig(), machine, stream_min_bytes=stream_min_bytes,
+                           locks_memory=locks_memory).host_cache_bytes
 
 
 def test_auto_is_shared_by_the_ranks_of_a_node():
@@ -37,8 +38,22 @@ def test_local_world_size_comes_from_the_launcher(monkeypatch):
 def test_memlock_is_per_process_and_leaves_the_streaming_slots_their_share():
     # 4 ranks, 16 GiB auto share each, 1 GiB memlock per process, 256 MiB locked for streaming
     machine = node(4, memlock=1 * GiB)
-    assert auto_host(machine, stream_min_bytes=256 * MiB) == 768 * MiB  # not divided by the 4 ranks
+    assert auto_host(machine, stream_min_bytes=256 * MiB, locks_memory=True) == 768 * MiB  # not divided by the 4 ranks
     assert auto_host(machine, stream_min_bytes=2 * GiB) == 0            # streaming alone is over the limit
+
+
+def test_slots_are_locked_for_an_accelerators_copies_only():
+    # a GPU copies asynchronously only from locked pages; DeepSpeed's CPU accelerator copies from nothing
+    assert parameter_lock_mode("best_effort", accelerator_is_host=False) == "best_effort"
+    assert parameter_lock_mode("best_effort", accelerator_is_host=True) == "off"
+    assert parameter_lock_mode("required", accelerator_is_host=True) == "required"  # the user's word stands
+    assert parameter_lock_mode("required", accelerator_is_host=False) == "required"
+
+
+def test_the_memlock_limit_bounds_auto_only_where_slots_are_locked():
+    machine = node(1, memlock=1 * GiB)
+    assert auto_host(machine, stream_min_bytes=256 * MiB) == 768 * MiB
+    assert auto_host(machine, stream_min_bytes=256 * MiB, locks_memory=False) == 16 * GiB
 
 
 def test_every_caller_says_what_streaming_locks():
@@ -48,10 +63,11 @@ def test_every_caller_says_what_streaming_locks():
 
 def test_an_explicit_budget_above_this_ranks_share_of_available_memory_is_lowered_and_says_why():
     budgets = resolve_budgets(TencacheConfig(host_cache_bytes=10 * GiB), node(8, available=40 * GiB),
-                              stream_min_bytes=0)
+                              stream_min_bytes=0, locks_memory=True)
     assert budgets.host_cache_bytes == 5 * GiB and budgets.host_source == "config"
     assert len(budgets.adjustments) == 1 and "8 rank(s)" in budgets.adjustments[0]
-    fits = resolve_budgets(TencacheConfig(host_cache_bytes=5 * GiB), node(8, available=40 * GiB), stream_min_bytes=0)
+    fits = resolve_budgets(TencacheConfig(host_cache_bytes=5 * GiB), node(8, available=40 * GiB), stream_min_bytes=0,
+                           locks_memory=True)
     assert fits.host_cache_bytes == 5 * GiB and fits.adjustments == ()
 
 

@@ -13,11 +13,14 @@ def optimizer_host_share(config: TencacheConfig, optimizer) -> int:
     """The optimizer store's bytes of the host tier: the budget (``config``'s, resolved on this machine) after the
     live parameter swappers' cache slots, in proportion to ``optimizer``'s parameter elements."""
     param_bytes = param_elements = streaming_bytes = 0
+    locks_memory = False
     for swapper in param_swapper.live_swappers():
         swapper.plan()
         param_bytes += swapper.store.cache_bytes_reserved
         streaming_bytes += swapper.store.streaming_bytes_reserved
-    budgets = resolve_budgets(config, MachineResources.probe(), stream_min_bytes=streaming_bytes)
+        locks_memory |= swapper.lock_mode != "off"
+    budgets = resolve_budgets(config, MachineResources.probe(), stream_min_bytes=streaming_bytes,
+                              locks_memory=locks_memory)
     for group in getattr(optimizer, "param_groups", []):
         param_elements += sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel() for p in group["params"])
     return optimizer_tier_share(budgets.host_cache_bytes, param_bytes, param_elements)

@@ -24,13 +24,13 @@ from ...cache.entry_store import DEBUG_CHECKS_ENV
 from ...cache.host_budget import HostBudget
 from ...cache.tensor_store import TensorStore
 from ...io.direct_io import DirectFileIO, store_io_threads
-from ...plan.budget import MachineResources, resolve_budgets
+from ...plan.budget import MachineResources, parameter_lock_mode, resolve_budgets
 from ...plan.prefetch import PrefetchSchedule
 from ...profile.lifecycle import Phase, ProfileLifecycle
 from ...errors import TencacheConfigError
 from ...ext_lock import raise_if_stale_locks
-from .config_bridge import (DEEPSPEED_OPS, MIN_SWAPPABLE_BYTES, io_aligned_numel, prepare_swap_folder,
-                            validate_ds_config)
+from .config_bridge import (DEEPSPEED_OPS, MIN_SWAPPABLE_BYTES, accelerator_is_host, io_aligned_numel,
+                            prepare_swap_folder, validate_ds_config)
 from .config_source import tencache_config
 from .partition_record import Read, asked_in_order, check_records, record_of
 from .profiling import param_sequence_facts, rank_profile_path
@@ -96,11 +96,13 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
         prepare_swap_folder(self.swap_folder, self.swap_config.nvme_path, NVME_PATH_KEY)
         # No streaming slot is planned yet (zero.Init registers the partitions next); TensorStore.plan fits the
         # cache slots to the memlock limit after the streaming slots once their sizes are known.
-        self.budgets = resolve_budgets(self.config, MachineResources.probe(), stream_min_bytes=0)
+        self.lock_mode = parameter_lock_mode(self.config.pin_memory, accelerator_is_host())
+        self.budgets = resolve_budgets(self.config, MachineResources.probe(), stream_min_bytes=0,
+                                       locks_memory=self.lock_mode != "off")
         self.io = DirectFileIO(num_threads=store_io_threads(intra_op), name="tencache-param-io")
         self.store = TensorStore(self.swap_folder, model_dtype,
                                  aligned_numel=lambda numel: io_aligned_numel(numel, model_dtype, intra_op),
-                                 slots_per_class=max(1, int(self.param_buffer_count)), lock=self.config.pin_memory,
+                                 slots_per_class=max(1, int(self.param_buffer_count)), lock=self.lock_mode,
                                  io=self.io, cache_budget=HostBudget(self.budgets.host_cache_bytes))
         # Step boundaries: the fp16 write-back after each optimizer step. The first segment is initialisation
         # (stage 3 reads every partition to build the fp32 masters), the second is the first training step.

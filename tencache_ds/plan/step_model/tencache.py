@@ -21,7 +21,7 @@ from typing import Dict, List, Optional, Set, Tuple
 from ...config import AUTO
 from ...profile.step_profile import StepProfile
 from ...units import PAGE_BYTES, round_up
-from ..budget import UNLIMITED, MachineResources, resolve_budgets
+from ..budget import UNLIMITED, MachineResources, parameter_lock_mode, resolve_budgets
 from ..device_tier import device_tier_budget
 from ..host_residency import steady_state
 from ..host_tier import (OPTIMIZER_BYTES_PER_ELEMENT, OPTIMIZER_IO_BYTES_PER_HELD_BYTE,
@@ -71,7 +71,8 @@ def tencache_plan(workload: Workload, machine: Machine) -> TencachePlan:
                                  device_free_bytes=0 if machine.accelerator_is_host else
                                  max(0, machine.accelerator_memory_bytes - device_working_bytes(workload)),
                                  local_world_size=machine.ranks_per_node)
-    budgets = resolve_budgets(config, resources, stream_min_bytes=streaming)
+    budgets = resolve_budgets(config, resources, stream_min_bytes=streaming,
+                              locks_memory=parameter_lock_mode(config.pin_memory, machine.accelerator_is_host) != "off")
     host = budgets.host_cache_bytes
     cache_counts = cache_slot_counts(histogram, streaming_slot_counts(histogram, max(1, zero.param_buffer_count)),
                                      host) if swapped else {}
@@ -328,8 +329,11 @@ def _tencache_memory(workload: Workload, machine: Machine, plan: TencachePlan) -
     zero = workload.zero
     common = host_resident_bytes(workload, machine)
     device = common["device"] + (0 if machine.accelerator_is_host else plan.device_tier_bytes)
-    pinned = plan.param_streaming_bytes + plan.param_cache_bytes + _params_off_nvme_bytes(workload)
-    pageable = common["baseline"] + common["device_on_host"]
+    slots = plan.param_streaming_bytes + plan.param_cache_bytes
+    pin_memory = zero.tencache.pin_memory if zero.tencache is not None else "best_effort"
+    slots_locked = parameter_lock_mode(pin_memory, machine.accelerator_is_host) != "off"
+    pinned = (slots if slots_locked else 0) + _params_off_nvme_bytes(workload)
+    pageable = common["baseline"] + common["device_on_host"] + (0 if slots_locked else slots)
     if zero.offload_optimizer != "none" and zero.optimizer_pin_memory:
         pinned += common["gradients"]
     else:
