@@ -189,9 +189,10 @@ STAGE3_FETCH_KNOBS = ("stage3_max_reuse_distance", "stage3_max_live_parameters",
 
 
 def load_ds_config(path, args):
-    """The ds_config dict with the CLI overrides applied. Only keys DeepSpeed knows go into its own sections."""
-    with open(path) as fh:
-        cfg = json.load(fh)
+    """The ds_config dict with the CLI overrides applied. Only keys DeepSpeed knows go into its own sections. Read
+    by DeepSpeed's own reader (JSON or HJSON), as deepspeed.initialize would read the file."""
+    from deepspeed.runtime.tensor_parallel.init_utils import load_ds_config as deepspeeds_reader
+    cfg = deepspeeds_reader(path)
     micro = args.micro_batch if args.micro_batch is not None else cfg.get("train_micro_batch_size_per_gpu", 1)
     ga = args.grad_accum if args.grad_accum is not None else cfg.get("gradient_accumulation_steps", 1)
     cfg["train_micro_batch_size_per_gpu"] = micro

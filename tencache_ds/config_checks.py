@@ -24,7 +24,7 @@ def check_host_budget(config: TencacheConfig, machine: MachineResources) -> None
     would instead swap or be killed by the OOM killer. With "pin_memory": "required" the budget must also fit
     what the machine has now: this rank's share of the available memory, and the memlock limit (per process),
     since any of it may become pinned parameter slots. (With "best_effort" resolve_budgets and the parameter
-    store lower it instead, and log why.)"""
+    store lower it instead where slots are locked, and log why; on the CPU accelerator nothing is locked.)"""
     budget = config.host_cache_bytes
     if budget == AUTO:
         return

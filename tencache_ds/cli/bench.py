@@ -102,7 +102,10 @@ def locate_train_script() -> Tuple[str, str]:
 
 
 def load_ds_config(path: str) -> Dict[str, Any]:
-    """The DeepSpeed config both arms run with, read as DeepSpeed reads it (cli/ds_config_file.py)."""
+    """The DeepSpeed config file both arms run with (JSON or HJSON), read as DeepSpeed reads it
+    (cli/ds_config_file.py). A file: each run reads it again."""
+    if not os.path.isfile(path):
+        raise BenchError(f"the DeepSpeed config {path} does not exist (bench --config takes a JSON or HJSON file)")
     try:
         return read_ds_config(path)
     except TencacheConfigError as err:

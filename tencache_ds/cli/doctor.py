@@ -51,14 +51,18 @@ def run_checks(nvme_path: Optional[str] = None, config_path: Optional[str] = Non
         # These run while the probe imports torch and DeepSpeed.
         libaio = check_libaio()
         native = check_native_arena()
-        memlock = check_memlock()
         host = check_host(describe_host())
         gpus, why_none = probe_gpus()
         gpu_check = check_gpus(gpus, why_none)
-        budgets = check_budgets(config, gpus[0]["free_bytes"] if gpus else 0, not gpus) if config_check is None or \
-            config_check.status != FAIL else CheckResult("budgets", FAIL, "not resolved: the config cannot be read")
 
         facts = probe.facts()
+        # DeepSpeed's own choice of accelerator (DS_ACCELERATOR, XPU, ...) where the probe could make it
+        device_name = (facts.get("accelerator") or {}).get("device_name")
+        accelerator_is_host = device_name == "cpu" if device_name else not gpus
+        memlock = check_memlock(accelerator_is_host)
+        budgets = check_budgets(config, gpus[0]["free_bytes"] if gpus else 0, accelerator_is_host) \
+            if config_check is None or config_check.status != FAIL else \
+            CheckResult("budgets", FAIL, "not resolved: the config cannot be read")
         why_not = None
         if not state.usable:
             why_not = "the NVMe path is unusable (see above)"

@@ -147,9 +147,10 @@ def check_native_arena() -> CheckResult:
                        {"native": False, "reason": reason})
 
 
-def check_memlock() -> CheckResult:
+def check_memlock(accelerator_is_host: bool = False) -> CheckResult:
     """The soft RLIMIT_MEMLOCK as `ulimit -l` shows it, and whether CAP_IPC_LOCK makes it moot (root in most
-    containers). plan/budget.py's memlock_limit_bytes() already folds the capability in, so read the raw limit here."""
+    containers). plan/budget.py's memlock_limit_bytes() already folds the capability in, so read the raw limit here.
+    ``accelerator_is_host``: DeepSpeed's CPU accelerator, where "best_effort" locks nothing (a low limit is OK)."""
     import resource
     from ..probes.limits import has_ipc_lock_capability
     soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
@@ -164,6 +165,9 @@ def check_memlock() -> CheckResult:
     if capable:
         return CheckResult("memlock", OK, f"{fmt_bytes(soft)} (ulimit -l), but this process has CAP_IPC_LOCK, so "
                            "the limit does not apply (a run without that capability would be held to it)", details)
+    if accelerator_is_host:
+        return CheckResult("memlock", OK, f"{fmt_bytes(soft)} (ulimit -l): enough on the CPU accelerator, where "
+                           "nothing is locked unless \"pin_memory\" is \"required\"", details)
     return CheckResult("memlock", WARN, f"{fmt_bytes(soft)} (ulimit -l) is below {fmt_bytes(MIN_MEMLOCK_BYTES)}: "
                        "pinned buffers beyond it cannot be locked and \"auto\" host budgets are capped at it; raise "
                        "it: `ulimit -l unlimited` in the launching shell, '* - memlock unlimited' in "

@@ -19,6 +19,8 @@ HJSON_CONFIG = """
 }
 """
 JSON_CONFIG = json.dumps({"zero_optimization": {"stage": 3}, "tencache": {"enabled": True}})
+SLASHED_BASE64 = base64.b64encode(json.dumps({"zero_optimization": {"stage": 3}, "note": "???"}).encode()).decode()
+assert "/" in SLASHED_BASE64
 DUPLICATE_KEYS = '{"zero_optimization": {"stage": 3}, "zero_optimization": {"stage": 2}}'
 
 
@@ -58,6 +60,7 @@ def test_the_cli_reads_a_config_as_deepspeed_does(tmp_path):
     inputs.append(base64.urlsafe_b64encode(JSON_CONFIG.encode()).decode())
     inputs.append(str(tmp_path / "missing.json"))  # neither a file nor base64
     inputs.append("no-such-config")
+    inputs.append(SLASHED_BASE64)  # standard base64 with a "/": DeepSpeed decodes it, it names no file
     theirs = deepspeeds_reading(inputs)
     mine = [ours(item) for item in inputs]
     # DeepSpeed's reader returns a list from a file holding one (initialize refuses it later); ours refuses it
@@ -67,6 +70,14 @@ def test_the_cli_reads_a_config_as_deepspeed_does(tmp_path):
     assert mine == theirs
     assert mine[0]["tencache"] == {"host_cache_bytes": "auto"} and mine[0]["train_micro_batch_size_per_gpu"] == 2
     assert mine[2] == mine[3] == mine[5] == mine[6] == "refused" and mine[4] == mine[1] == json.loads(JSON_CONFIG)
+    assert mine[7] == {"zero_optimization": {"stage": 3}, "note": "???"}
+
+
+def test_a_file_that_is_not_text_is_named(tmp_path):
+    path = tmp_path / "ds_config.json"
+    path.write_bytes(b"\xff\xfe{}")
+    with pytest.raises(TencacheConfigError, match=f"the DeepSpeed config {path} is not UTF-8 text"):
+        read_ds_config(str(path))
 
 
 def test_a_missing_file_is_named_as_missing(tmp_path):
