@@ -2,6 +2,7 @@
 real swapper: after every call the records agree with DeepSpeed's view of each partition (the swapper checks them
 itself under TENCACHE_DEBUG_CHECKS=1, and the scenario checks them again). The prefetch schedule is a stand-in that
 names the reads ahead each step wants. Runs on DeepSpeed's CPU accelerator; prints OK or raises."""
+import gc
 import sys
 import types
 
@@ -113,7 +114,18 @@ own = torch.empty(NUMEL)
 swapper.swap_into_buffer(c, own)
 assert torch.equal(own, bytes_of(c)) and read(3) is Read.NONE
 
-# 10. the check catches a record that disagrees with DeepSpeed: "asked for" while DeepSpeed sees NOT_AVAILABLE
+# 10. a parameter that no longer exists (its model destroyed while the swapper serves another): its record goes at
+#     the end of the next optimizer step, the others stay
+d = Param(4, NUMEL)
+swapper.get_buffer(d, NUMEL).copy_(bytes_of(d))
+swapper.swap_out_and_release([d])
+assert read(4) is Read.NONE
+del d
+gc.collect()
+swapper.end_optimizer_step()
+assert read(4) is None and [read(p.ds_id) for p in (a, b, c)] == [Read.NONE] * 3
+
+# 11. the check catches a record that disagrees with DeepSpeed: "asked for" while DeepSpeed sees NOT_AVAILABLE
 swapper._partitions[2].ask(b, ahead=False, order=99)
 try:
     swapper.check_records()

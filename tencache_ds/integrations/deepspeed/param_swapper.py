@@ -269,10 +269,12 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
 
     def _end_step_segment(self):
         # Reads ahead nobody asked for (the sequence diverged): the step is about to write new weights.
-        for key, record in self._partitions.items():
+        for key, record in list(self._partitions.items()):
             if record.read is Read.AHEAD:
                 self.store.release(key)
                 record.settle()
+            if record.param() is None:  # its model is gone (the swapper serves another): nothing asks for it again
+                del self._partitions[key]
         if self._reads_since_write_back:
             self._reads_since_write_back = False
             self.store.next_use = self.profile.end_step()
