@@ -124,10 +124,11 @@ def _yes_no(identical: bool) -> str:
     return "yes" if identical else "NO"
 
 
-def least_bytes_of(runs: Sequence[BenchRun]) -> Tuple[Optional[LeastBytes], Dict[str, LeastBytes], str]:
+def least_bytes_of(runs: Sequence[BenchRun], warmup_steps: int = 0
+                   ) -> Tuple[Optional[LeastBytes], Dict[str, LeastBytes], str]:
     """The least NVMe bytes per step over tencache's runs (the smallest run's: a bound for every repeat), per store,
-    and where they come from; (None, {}, why) when no run has them."""
-    found = [(run_least_bytes(run), run) for run in runs]
+    for the budgets of their measured steps, and where they come from; (None, {}, why) when no run has them."""
+    found = [(run_least_bytes(run, warmup_steps), run) for run in runs]
     usable = [(stores, source) for (stores, source), _run in found if stores]
     if not usable:
         return None, {}, found[0][0][1] if found else "no tencache run"
@@ -205,7 +206,7 @@ def compare(runs: Sequence[BenchRun], warmup_steps: int, nvme_bandwidth: Optiona
     nvme_sources = "; ".join(f"{arm}: {nvme_per_step(by_arm[arm][0], 'read')[1]}" for arm in arms)
     fetch_wait = per_arm(median_of(FETCH_WAIT))
     compute_s, compute_source = least_compute(step_time.get(STOCK_CPU), step_time[TENCACHE], fetch_wait[TENCACHE])
-    least, least_by_store, least_source = least_bytes_of(by_arm[TENCACHE])
+    least, least_by_store, least_source = least_bytes_of(by_arm[TENCACHE], warmup_steps)
     bound = compute_bound(least.read_bytes if least else None, least.write_bytes if least else None, nvme_bandwidth,
                           compute_s, compute_source, io_missing=f"no least bytes per step: {least_source}")
     own = {direction: {run.label: own_nvme_per_step(run, direction)[0] for run in runs}

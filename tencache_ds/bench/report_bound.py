@@ -12,8 +12,8 @@ from ..profile.store import read_sections
 from ..units import fmt_bytes
 from .report_runs import BenchRun, Value, is_number
 
-# A store's budget in the run's stats (the largest after any measured step: a larger budget gives fewer bytes, so
-# the bound stays below what the run could do): the optimizer's share of the host tier, and the parameter arena's
+# A store's budget in the run's stats (the largest after any measured step, warm-up steps left out as from the bytes
+# the bound is compared with: a larger budget gives fewer bytes, so the bound stays below what the run could do): the optimizer's share of the host tier, and the parameter arena's
 # committed slots (streaming slots included: they can hold partitions too).
 BUDGET_OF = {OPTIMIZER: lambda stats: stats.get("optimizer_cache_budget_bytes"),
              PARAMS: lambda stats: (stats["param_reserved_bytes"] - stats.get("param_retired_bytes", 0)
@@ -128,11 +128,12 @@ def least_compute(stock_cpu_step: Value, tencache_step: Value, tencache_io_wait:
     return min(candidates) if candidates else (None, "")
 
 
-def run_least_bytes(run: BenchRun) -> Tuple[Dict[str, LeastBytes], str]:
+def run_least_bytes(run: BenchRun, warmup_steps: int = 0) -> Tuple[Dict[str, LeastBytes], str]:
     """The least NVMe bytes per step of each store of a tencache run ({"params": ..., "optimizer": ...}, the stores
-    its profile has) for the budgets it ran with, and where they come from, or ({}, why there are none). The
-    profile is the file the bench named in the run's "tencache" block (rank 0's with several ranks); a store
-    whose budget the stats do not give is left out."""
+    its profile has) for the budgets its measured steps (after ``warmup_steps``) ran with, and where they come
+    from, or ({}, why there are none). The profile is the file the bench named in the run's "tencache" block
+    (rank 0's with several ranks); a store whose budget the stats do not give is left out. (An "auto" budget can
+    change in the warm-up: the least for a budget the measured steps did not have bounds nothing they did.)"""
     block = (run.result.get("ds_config") or {}).get("tencache") or {}
     path = block.get("profile_path") if isinstance(block, dict) else None
     if not path:
@@ -144,7 +145,8 @@ def run_least_bytes(run: BenchRun) -> Tuple[Dict[str, LeastBytes], str]:
         sections = read_sections(path)
     except (OSError, ValueError) as err:
         return {}, f"its profile {path} is unreadable ({err})"
-    stats_rows = [step.get("stats") for step in run.steps if isinstance(step.get("stats"), dict)]
+    measured = run.steps[warmup_steps:] or run.steps
+    stats_rows = [step.get("stats") for step in measured if isinstance(step.get("stats"), dict)]
     found = {}
     for store, saved in sections.items():
         budgets = [BUDGET_OF[store](stats) for stats in stats_rows] if store in BUDGET_OF else []

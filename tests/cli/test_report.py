@@ -452,3 +452,8 @@ def test_bytes_over_least_bytes_is_never_below_1(tmp_path):
     assert wrong.tencache is None and "so the least is wrong" in wrong.note
     # Step 4: no profile: no ratio, and why.
     assert "the run saved no profile" in compare(three_arms(), warmup_steps=1).row(report.ROW_VS_LEAST).note
+    # Step 5: an "auto" budget that was larger in the warm-up step (grown, then given back) bounds nothing the
+    # measured steps did: the least is for the budgets they ran with (1.00x), not "the budgets hold every tensor".
+    runs = three_arms(profile_dir=tmp_path)
+    runs[1].result["steps"][0]["stats"]["param_reserved_bytes"] = GB
+    assert compare(runs, warmup_steps=1).row(report.ROW_VS_LEAST).tencache == pytest.approx(1.0)
