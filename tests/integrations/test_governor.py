@@ -191,6 +191,53 @@ def test_a_growth_is_not_promised_twice_before_the_update_that_fills_it():
     assert 44 * GiB - optimizer.budget.used_bytes >= governor.policy.reserve_bytes(64 * GiB)  # the reserve stays free
 
 
+class SlotsComeBack(OptimizerStoreSums):
+    """A tier that streams: a ``budget`` for kept state beside ``slots`` bytes of streaming slots that come back
+    ``per_update`` at a time (as sub-groups first stream, and reads ahead start), not all at start-up."""
+
+    def __init__(self, state, budget, slots, in_use, per_update):
+        self.slots, self.slots_in_use, self.per_update = slots, in_use, 0
+        super().__init__(state, start=budget + slots, least=slots, auto=True)
+        self.budget.resize(budget)
+        self.per_update = per_update
+
+    def update(self):
+        super().update()
+        self.slots_in_use = min(self.slots, self.slots_in_use + self.per_update)
+
+    def planned_host_footprint_bytes(self):
+        return self.budget.total_bytes + self.slots
+
+    def host_footprint_bytes(self):
+        return self.budget.used_bytes + self.slots_in_use
+
+    def resize_host_footprint(self, target):
+        self.footprint = target
+        self.budget.resize(max(0, target - self.slots))
+
+
+def test_streaming_slots_still_to_come_back_are_not_promised_to_a_growth():
+    """Regression test, the 1.3B model beyond this machine's 23.5 GiB (numbers from its run): 15 GiB of optimizer
+    state, a 1.6 GiB budget, 3 GiB of streaming slots of which 1.9 GiB had not come back when "auto" grew by 2.4
+    GiB at 7.5 GiB available (a step rising 3 GiB): the slots and the growth together took 4.6 GiB, and the next
+    reading gave the growth back. Step by step: available = what the rest of the process and node leave, less what
+    the tier holds. The slots to come count as taken: no growth is given back, and the reserve stays free."""
+    optimizer = SlotsComeBack(state=15 * GiB, budget=int(1.6 * GiB), slots=3 * GiB, in_use=int(0.3 * GiB),
+                              per_update=int(0.8 * GiB))
+    elsewhere = int(13.4 * GiB)  # the rest of the node's use, between steps
+    governor = HostTierGovernor([], optimizer, None, read_memory=lambda: HostMemory(
+        int(23.5 * GiB), int(23.5 * GiB) - elsewhere - optimizer.host_footprint_bytes()))
+    governor.meter.close()
+    governor.meter = ScriptedMeter([None, 5 * GiB] + [3 * GiB] * 8)
+    for _step in range(6):
+        governor.before_forward()
+        assert governor.last_memory.available_bytes >= governor.policy.reserve_bytes(int(23.5 * GiB))
+        optimizer.update()
+        governor.end_optimizer_step()
+    assert optimizer.slots_in_use == optimizer.slots  # every slot came back
+    assert governor.shrinks == 0, "a growth was given back"
+
+
 def test_auto_keeps_all_of_a_state_that_its_budget_and_streaming_slots_would_hold_anyway():
     """One sub-group: a 3 GiB budget beside 2 GiB of streaming slots for a 5 GiB state. Streaming the 2 GiB the
     budget leaves out takes the same memory as keeping it, plus I/O every step: at its first reading "auto" keeps
