@@ -12,9 +12,10 @@ from ..profile.store import read_sections
 from ..units import fmt_bytes
 from .report_runs import BenchRun, Value, is_number
 
-# A store's budget in the run's stats (the largest after any measured step, warm-up steps left out as from the bytes
-# the bound is compared with: a larger budget gives fewer bytes, so the bound stays below what the run could do): the optimizer's share of the host tier, and the parameter arena's
-# committed slots (streaming slots included: they can hold partitions too).
+# A store's budget in the run's stats (the largest after any measured step, warm-up steps left out as they are from
+# the bytes the bound is compared with: a larger budget gives fewer bytes, so the bound stays below what the run
+# could do): the optimizer's share of the host tier, and the parameter arena's committed slots (streaming slots
+# included: they can hold partitions too).
 BUDGET_OF = {OPTIMIZER: lambda stats: stats.get("optimizer_cache_budget_bytes"),
              PARAMS: lambda stats: (stats["param_reserved_bytes"] - stats.get("param_retired_bytes", 0)
                                     if is_number(stats.get("param_reserved_bytes")) else None)}

@@ -253,8 +253,8 @@ def nvme_path_from_config(config: Optional[Dict[str, Any]]) -> Optional[str]:
 
 
 def check_budgets(config: Optional[Dict[str, Any]], device_free_bytes: int, accelerator_is_host: bool) -> CheckResult:
-    """The budgets the config's block resolves to here (``accelerator_is_host``: no GPU was found, so DeepSpeed
-    runs on its CPU accelerator, where parameter slots are not locked and the memlock limit bounds nothing)."""
+    """The budgets the config's block resolves to here (``accelerator_is_host``: DeepSpeed runs on its CPU
+    accelerator, where "best_effort" locks no parameter slot and the memlock limit bounds nothing)."""
     from ..config import CONFIG_KEY, config_of_ds_dict, parse_config
     from ..plan.budget import UNLIMITED, MachineResources, parameter_lock_mode, resolve_budgets
     origin = "the config's \"tencache\" block" if config is not None and CONFIG_KEY in config else "defaults"
