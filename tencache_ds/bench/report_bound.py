@@ -146,7 +146,9 @@ def run_least_bytes(run: BenchRun, warmup_steps: int = 0) -> Tuple[Dict[str, Lea
         sections = read_sections(path)
     except (OSError, ValueError) as err:
         return {}, f"its profile {path} is unreadable ({err})"
-    measured = run.steps[warmup_steps:] or run.steps
+    measured = run.steps[warmup_steps:]
+    if not measured:
+        return {}, f"the run has no step after its {warmup_steps} warm-up steps"
     stats_rows = [step.get("stats") for step in measured if isinstance(step.get("stats"), dict)]
     found = {}
     for store, saved in sections.items():

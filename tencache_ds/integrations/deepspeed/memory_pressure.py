@@ -57,6 +57,10 @@ class HostTierGovernor:
         self.last_memory: Optional[HostMemory] = None
         self._step_rise: Optional[int] = None  # the most any reading of the current optimizer step rose
         self._step_ended = False  # an optimizer step ended; the next reading still belongs to it
+        # Optimizer streaming slots in use at the last step's end, and whether a whole step at the present footprint
+        # brought none back (then those still retired stay so: fewer tensors stream at once than planned)
+        self._slots_at_step_end: Optional[int] = None
+        self._slots_settled = False
         self.given_back_bytes = 0      # SUM: net bytes given back so far (what growing may take again)
         self.start_budget_bytes: Optional[int] = None  # at the first reading, once every slot is planned
         self._optimizer_target = self._optimizer_start = 0  # the optimizer's footprint: as last set, at start-up
@@ -96,15 +100,33 @@ class HostTierGovernor:
         - streaming slots planned but not brought back yet: they come back one by one as sub-groups first stream,
           over the first steps (reads ahead start once the profile predicts). Measured on the 1.3B model beyond
           this machine's RAM: 1.9 of its 3.0 GiB of slots were still to come when "auto" grew by 2.4 GiB, so
-          available memory fell by 4.6 GiB and the growth was given back at the next reading."""
+          available memory fell by 4.6 GiB and the growth was given back at the next reading. Until a whole step
+          at the present footprint brings none back: fewer tensors stream at once than planned, and the rest
+          never come."""
         if not self.fills_free_memory:
             return 0
         optimizer = self._optimizer
         budget = optimizer.budget
         unfilled = max(0, min(budget.total_bytes, optimizer.state_bytes()) - budget.used_bytes)
+        if self._slots_settled:
+            return unfilled
         planned_slots = optimizer.planned_host_footprint_bytes() - budget.total_bytes
-        slots_in_use = optimizer.host_footprint_bytes() - budget.used_bytes
-        return unfilled + max(0, planned_slots - slots_in_use)
+        return unfilled + max(0, planned_slots - self._slots_in_use())
+
+    def _slots_in_use(self) -> int:
+        """The optimizer's streaming slots brought into use (its footprint beyond what its budget holds)."""
+        return self._optimizer.host_footprint_bytes() - self._optimizer.budget.used_bytes
+
+    def _note_slots_at_step_end(self) -> None:
+        if self._optimizer is None:
+            return
+        slots = self._slots_in_use()
+        self._slots_settled = self._slots_at_step_end is not None and slots <= self._slots_at_step_end
+        self._slots_at_step_end = slots
+
+    def _footprint_changed(self) -> None:
+        """Given back: more tensors may stream at once, so slots may come back again and the count starts over."""
+        self._slots_at_step_end, self._slots_settled = None, False
 
     def before_forward(self) -> None:
         """A reading, and what follows from it. Raises TencacheOutOfMemory when the next step cannot fit."""
@@ -116,6 +138,7 @@ class HostTierGovernor:
         if self._step_ended:  # this reading covered the end of the step: the step's rise is complete
             self.policy.observe_step_rise(self._step_rise)
             self._step_rise, self._step_ended = None, False
+            self._note_slots_at_step_end()
         # Every rank makes the same two collectives below whatever happens on it: a rank whose own work fails
         # votes to stop, and raises its error once every rank knows (instead of leaving them waiting).
         failure: Optional[Exception] = None
@@ -198,6 +221,7 @@ class HostTierGovernor:
             left -= cache - swapper.store.resize_cache(cache - cut)
         self.given_back_bytes += nbytes - left
         self.shrinks += 1
+        self._footprint_changed()
 
     def _take(self, nbytes: int) -> None:
         """Parameter cache slots first (up to what was planned), then optimizer state: up to its start-up
@@ -217,7 +241,7 @@ class HostTierGovernor:
             self._optimizer_target = target
             self._optimizer.resize_host_footprint(target)
         self.given_back_bytes -= wanted - left  # negative once grown beyond the start-up budget
-        self.grows += 1
+        self.grows += 1  # (holding more never streams more tensors at once: the slots' count stands)
 
     def _param_cache_targets(self, nbytes: int) -> dict:
         """The parameter cache size of each swapper once ``_give_back(nbytes)`` has run (it cuts optimizer state
