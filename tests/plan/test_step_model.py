@@ -456,3 +456,26 @@ def test_auto_grows_to_the_state_and_the_update_slot_where_gradients_stay_in_sta
     assert plan.optimizer_start_share_bytes < plan.optimizer_share_bytes  # it grew
     assert len(plan.optimizer_held) == len(set(keys))  # to all of the state
     assert plan.optimizer_streaming_bytes == work.zero.swap_nbytes(work.largest_sub_group_elements, 4)
+
+
+@pytest.mark.parametrize("machine_changes, best_effort_locks", [
+    ({}, False),                                                                      # the CPU accelerator
+    ({"accelerator_is_host": False, "accelerator_memory_bytes": 80 * GIB}, True),     # a GPU
+])
+def test_parameter_slots_are_pinned_where_the_run_locks_them(machine_changes, best_effort_locks):
+    """The same rule as the parameter swapper's (plan/budget.parameter_lock_mode): "required" always locks the
+    parameter slots; "best_effort" does on a GPU only, and on a host accelerator they are pageable memory instead
+    (the host total is the same)."""
+    machine = this_vm(**machine_changes)
+    plans, memory = {}, {}
+    for pin_memory in ("best_effort", "required"):
+        work = workload("gpt2-small", config=ds_config(host_cache_bytes=560_000_000, pin_memory=pin_memory))
+        plans[pin_memory] = tencache_plan(work, machine)
+        memory[pin_memory] = predict(work, machine)[TENCACHE].memory
+    slots = plans["required"].param_streaming_bytes + plans["required"].param_cache_bytes
+    assert slots > 0 and plans["required"].param_slots_locked
+    assert plans["best_effort"].param_slots_locked is best_effort_locks
+    extra_pinned = memory["required"]["pinned"] - memory["best_effort"]["pinned"]
+    assert extra_pinned == (0 if best_effort_locks else slots)
+    assert sum(memory["required"][k] for k in ("pinned", "pageable")) == \
+        sum(memory["best_effort"][k] for k in ("pinned", "pageable"))

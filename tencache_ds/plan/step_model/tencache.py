@@ -56,6 +56,7 @@ class TencachePlan:
     optimizer_streaming_bytes: int
     optimizer_start_share_bytes: int
     step_rise_bytes: int = 0
+    param_slots_locked: bool = True  # plan/budget.parameter_lock_mode: not on a host accelerator by default
 
 
 def tencache_plan(workload: Workload, machine: Machine) -> TencachePlan:
@@ -71,8 +72,8 @@ def tencache_plan(workload: Workload, machine: Machine) -> TencachePlan:
                                  device_free_bytes=0 if machine.accelerator_is_host else
                                  max(0, machine.accelerator_memory_bytes - device_working_bytes(workload)),
                                  local_world_size=machine.ranks_per_node)
-    budgets = resolve_budgets(config, resources, stream_min_bytes=streaming,
-                              locks_memory=parameter_lock_mode(config.pin_memory, machine.accelerator_is_host) != "off")
+    slots_locked = parameter_lock_mode(config.pin_memory, machine.accelerator_is_host) != "off"
+    budgets = resolve_budgets(config, resources, stream_min_bytes=streaming, locks_memory=slots_locked)
     host = budgets.host_cache_bytes
     cache_counts = cache_slot_counts(histogram, streaming_slot_counts(histogram, max(1, zero.param_buffer_count)),
                                      host) if swapped else {}
@@ -101,7 +102,7 @@ def tencache_plan(workload: Workload, machine: Machine) -> TencachePlan:
     device = device_tier_budget(config.device_cache_bytes, machine.accelerator_is_host, param_capacity,
                                 device_free, 0.5) if config.device_cache_bytes != 0 else 0
     return TencachePlan(host, streaming, param_cache, optimizer_share, device, params_all_held, held,
-                        optimizer_streaming, start_share, rise)
+                        optimizer_streaming, start_share, rise, slots_locked)
 
 
 def _grown_share(workload: Workload, machine: Machine, start_share: int, param_slot_bytes: int) -> Tuple[int, int]:
@@ -330,10 +331,8 @@ def _tencache_memory(workload: Workload, machine: Machine, plan: TencachePlan) -
     common = host_resident_bytes(workload, machine)
     device = common["device"] + (0 if machine.accelerator_is_host else plan.device_tier_bytes)
     slots = plan.param_streaming_bytes + plan.param_cache_bytes
-    pin_memory = zero.tencache.pin_memory if zero.tencache is not None else "best_effort"
-    slots_locked = parameter_lock_mode(pin_memory, machine.accelerator_is_host) != "off"
-    pinned = (slots if slots_locked else 0) + _params_off_nvme_bytes(workload)
-    pageable = common["baseline"] + common["device_on_host"] + (0 if slots_locked else slots)
+    pinned = (slots if plan.param_slots_locked else 0) + _params_off_nvme_bytes(workload)
+    pageable = common["baseline"] + common["device_on_host"] + (0 if plan.param_slots_locked else slots)
     if zero.offload_optimizer != "none" and zero.optimizer_pin_memory:
         pinned += common["gradients"]
     else:
