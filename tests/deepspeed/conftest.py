@@ -36,6 +36,14 @@ class TrainRun:
         return self.result["steps"][-1]["stats"]
 
 
+def result_of(stdout):
+    """The last ``RESULT {json}`` line a script printed, or None. Ranks share the launcher's stdout: another rank's
+    unfinished line can come before it on the same line ("...world_size: 2RESULT {...}"), so it is found anywhere
+    in a line (a flushed print of a short line is one write, never split itself)."""
+    found = [line[line.index("RESULT ") + len("RESULT "):] for line in stdout.splitlines() if "RESULT " in line]
+    return json.loads(found[-1]) if found else None
+
+
 def free_port():
     """A port nothing listens on now, for the launcher's rendezvous (test workers run launchers side by side)."""
     with socket.socket() as probe:

@@ -6,6 +6,7 @@ the comparison and prove nothing).
 """
 import pytest
 
+from conftest import result_of
 from tencache_ds.probes.limits import UNLIMITED, lockable_bytes_now
 
 pytestmark = pytest.mark.deepspeed
@@ -156,7 +157,6 @@ def test_unusable_nvme_path_stops_with_an_error_naming_the_key(train, tmp_path):
 
 
 def run_two_engines(tmp_path, mode, which):
-    import json
     import os
     import subprocess
     import sys
@@ -165,8 +165,7 @@ def run_two_engines(tmp_path, mode, which):
     env = dict(os.environ, PYTHONPATH=repo)
     proc = subprocess.run([sys.executable, script, str(tmp_path / f"nvme-{mode}-{which}"), mode, which],
                           capture_output=True, text=True, timeout=600, env=env)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    return proc, (json.loads(lines[-1][len("RESULT "):]) if lines else None)
+    return proc, result_of(proc.stdout)
 
 
 def test_two_engines_sharing_an_nvme_path_keep_their_files(tmp_path):

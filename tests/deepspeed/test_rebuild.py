@@ -1,7 +1,6 @@
 """An engine destroyed and rebuilt in one process (DeepSpeed's own NVMe checkpoint tests do this): tencache
 trains through it for every offload pair, gives stock's losses before the reload and the checkpoint's after it
 (stock does not: it never reads the loaded optimizer files), and closes its swappers with the engine."""
-import json
 import os
 import shutil
 import subprocess
@@ -9,9 +8,10 @@ import sys
 
 import pytest
 
+from conftest import REPO, result_of
+
 pytestmark = [pytest.mark.deepspeed, pytest.mark.slow]
 SCRIPT = os.path.join(os.path.dirname(__file__), "rebuild.py")
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def rebuild(tmp_path, mode, param_device, optimizer_device):
@@ -20,9 +20,9 @@ def rebuild(tmp_path, mode, param_device, optimizer_device):
                            param_device, optimizer_device], capture_output=True, text=True, timeout=600,
                           env=dict(os.environ, PYTHONPATH=REPO))
     shutil.rmtree(tmp_path / f"nvme-{name}", ignore_errors=True)  # hundreds of MiB nothing reads afterwards
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    assert lines, proc.stdout[-2000:] + proc.stderr[-4000:]
-    return json.loads(lines[-1][len("RESULT "):])
+    result = result_of(proc.stdout)
+    assert result is not None, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return result
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ NVMe under tencache: each passes with the results of stock CPU offload, bit for 
 - immediate_save_load: save right after ``initialize``, load it (``load_optimizer_states=False``), train on;
 - load_immediate_save: train, save, a new engine loads it and saves again into the same tag at once.
 Real engine, real files."""
-import json
 import os
 import shutil
 import subprocess
@@ -15,7 +14,7 @@ import sys
 
 import pytest
 
-from conftest import REPO, free_port
+from conftest import REPO, free_port, result_of
 
 pytestmark = [pytest.mark.deepspeed, pytest.mark.slow]  # about 40 s a run, two runs a case
 SCRIPT = os.path.join(os.path.dirname(__file__), "upstream_checkpoints.py")
@@ -30,9 +29,9 @@ def scenario(tmp_path, name, mode, device):
                               env=dict(os.environ, PYTHONPATH=REPO))
     finally:
         shutil.rmtree(nvme, ignore_errors=True)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    assert lines, proc.stdout[-2000:] + proc.stderr[-4000:]
-    return json.loads(lines[-1][len("RESULT "):])
+    result = result_of(proc.stdout)
+    assert result is not None, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return result
 
 
 @pytest.mark.parametrize("name", ["zero_to_fp32", "zero_to_fp32_frozen", "immediate_save_load",
