@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Makes a lent GPU machine (torch with CUDA, no DeepSpeed, no network) able to run scripts/gpu_check.sh, from files
+# carried with the working tree in .gpu/ (ignored by git; see docs/gpu_check.md).
+#   bash scripts/gpu_setup.sh --prepare   # here, with network: wheels (cp312) and libaio's .deb files into .gpu/
+#   source scripts/gpu_setup.sh           # there: installs into /tmp/site, unpacks libaio, builds the arena and
+#                                         # DeepSpeed's ops (logs in $GPU_SETUP_LOGS, default /tmp/gpu-setup), and
+#                                         # exports PYTHONPATH, CFLAGS/LDFLAGS and the library paths for the JIT builds
+# Sourced, it returns 1 (and says what failed) rather than exiting the caller's shell.
+_tc_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+_tc_carry=$_tc_root/.gpu
+
+if [ "${1:-}" = "--prepare" ]; then
+  set -euo pipefail
+  mkdir -p "$_tc_carry/whl" "$_tc_carry/deb"
+  grep -qx "/.gpu/" "$_tc_root/.git/info/exclude" 2>/dev/null || echo "/.gpu/" >> "$_tc_root/.git/info/exclude"
+  # pydantic-core is the one compiled wheel; the lent machine's python is 3.12 (KINDS.md of the device tool).
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+    -d "$_tc_carry/whl" "pydantic==$(python3 -c 'import pydantic; print(pydantic.VERSION)')" \
+    "pydantic-core==$(python3 -c 'import pydantic_core; print(pydantic_core.__version__)')" \
+    annotated-types typing-inspection hjson
+  # DeepSpeed is published as an sdist only: a pure-Python wheel without prebuilt ops (they are JIT-built there).
+  python3 -m pip download -q --no-deps --no-binary=:all: -d /tmp/gpu-setup-sdist deepspeed==0.19.8
+  DS_BUILD_OPS=0 python3 -m pip wheel -q --no-deps --no-build-isolation -w "$_tc_carry/whl" \
+    /tmp/gpu-setup-sdist/deepspeed-0.19.8.tar.gz
+  (cd "$_tc_carry/deb" && apt-get download libaio1 libaio-dev)
+  ls -la "$_tc_carry"/whl "$_tc_carry"/deb
+  exit 0
+fi
+
+_tc_setup() {
+  local logs=${GPU_SETUP_LOGS:-/tmp/gpu-setup}
+  mkdir -p "$logs"
+  if ! ls "$_tc_carry"/whl/*.whl >/dev/null 2>&1; then
+    echo "gpu_setup: no wheels in $_tc_carry/whl: run 'bash scripts/gpu_setup.sh --prepare' where pip works, and" \
+         "carry .gpu" >&2
+    return 1
+  fi
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    "$_tc_carry"/whl/*.whl > "$logs/pip.log" 2>&1 || { echo "gpu_setup: pip install failed: $logs/pip.log" >&2; return 1; }
+  export PYTHONPATH=/tmp/site:$_tc_root${PYTHONPATH:+:$PYTHONPATH}
+  export PATH=/tmp/site/bin:$PATH
+  # libaio unpacked beside, not into /: the compiler and the loader are pointed at it.
+  local aio=/tmp/libaio deb
+  mkdir -p "$aio"
+  for deb in "$_tc_carry"/deb/*.deb; do dpkg -x "$deb" "$aio" || return 1; done
+  local aio_lib=$aio/usr/lib/x86_64-linux-gnu
+  [ -e "$aio_lib/libaio.so" ] || ln -sf libaio.so.1 "$aio_lib/libaio.so"
+  export CFLAGS="-I$aio/usr/include${CFLAGS:+ $CFLAGS}" LDFLAGS="-L$aio_lib${LDFLAGS:+ $LDFLAGS}"
+  export CPATH=$aio/usr/include${CPATH:+:$CPATH}
+  local cuda_home
+  cuda_home=$(python3 -c "import torch.utils.cpp_extension as c; print(c.CUDA_HOME or '')" 2>/dev/null)
+  # DeepSpeed's async_io links -lcuda: at build time the toolkit's stub is enough, the driver's libcuda.so.1 loads.
+  export LIBRARY_PATH=$aio_lib${cuda_home:+:$cuda_home/lib64:$cuda_home/lib64/stubs}${LIBRARY_PATH:+:$LIBRARY_PATH}
+  export LD_LIBRARY_PATH=$aio_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  export DS_ACCELERATOR=${DS_ACCELERATOR:-cuda}  # the wheel was built on a CPU machine; say which accelerator, do not guess
+  (cd "$_tc_root" && python3 setup.py -q build_ext --inplace) > "$logs/arena.log" 2>&1 \
+    || { echo "gpu_setup: the arena did not build: $logs/arena.log" >&2; return 1; }
+  # Each op once, verbosely, so that a failed JIT build is a log here, not a stack in every run.
+  local op
+  for op in AsyncIOBuilder CPUAdamBuilder; do
+    python3 -c "from deepspeed.ops.op_builder import $op; $op().load(verbose=True)" > "$logs/$op.log" 2>&1 \
+      || { echo "gpu_setup: DeepSpeed's $op did not build: $logs/$op.log" >&2; tail -20 "$logs/$op.log" >&2; return 1; }
+  done
+  echo "gpu_setup: ready (deepspeed $(python3 -c 'import deepspeed; print(deepspeed.__version__)' 2>/dev/null)," \
+       "CUDA_HOME=${cuda_home:-none}, logs in $logs)"
+}
+_tc_setup
