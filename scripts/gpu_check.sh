@@ -40,22 +40,61 @@ check() {  # check NAME COMMAND...: prints ok/MISSING; counts what a real run wo
   if "${@:2}" >/dev/null 2>&1; then echo "  ok       $1"; else echo "  MISSING  $1"; problems=$((problems + 1)); fi
 }
 echo "== environment"
-check "python ($PY)" "$PY" -c "import sys; assert sys.version_info >= (3, 10)"
-check "torch" "$PY" -c "import torch"
-check "a CUDA device (torch.cuda.is_available())" "$PY" -c "import torch; assert torch.cuda.is_available()"
+# The Python requirements in one process (each import once: a process per check cost half a minute of imports).
+python_lines=$("$PY" - <<'PYEOF' 2>/dev/null
+import sys
+
+
+def check(name, test):
+    try:
+        ok = bool(test())
+    except Exception:  # an import or an assertion that failed: that requirement is missing
+        ok = False
+    print(f"@@  {'ok      ' if ok else 'MISSING '} {name}", flush=True)
+
+
+def cuda():
+    import torch
+    return torch.cuda.is_available()
+
+
+def deepspeed_019():
+    import deepspeed
+    return deepspeed.__version__.startswith("0.19.")
+
+
+def native_arena():
+    import tencache_ds.memory as memory
+    return memory.native_available()
+
+
+check(f"python ({sys.executable})", lambda: sys.version_info >= (3, 10))
+check("torch", lambda: __import__("torch"))
+check("a CUDA device (torch.cuda.is_available())", cuda)
+check("deepspeed 0.19.x", deepspeed_019)
+check("tencache_ds with its native arena", native_arena)
+check("scripts/train.py's imports (transformers)", lambda: __import__("transformers"))
+try:
+    import torch
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        print(f"@@  device   {props.name}, {props.total_memory / 2**30:.1f} GiB, torch {torch.__version__} "
+              f"(CUDA {torch.version.cuda})")
+except Exception:
+    pass
+PYEOF
+)
+python_lines=$(grep '^@@' <<< "$python_lines" | cut -c3-)
+[ -n "$python_lines" ] || python_lines="  MISSING  python ($PY)"
+echo "$python_lines" | grep -v "^  device"
+problems=$(grep -c "MISSING" <<< "$python_lines")
+check() {  # check NAME COMMAND...: prints ok/MISSING; counts what a real run would need
+  if "${@:2}" >/dev/null 2>&1; then echo "  ok       $1"; else echo "  MISSING  $1"; problems=$((problems + 1)); fi
+}
 check "nvidia-smi" nvidia-smi -L
-check "deepspeed 0.19.x" "$PY" -c "import deepspeed; assert deepspeed.__version__.startswith('0.19.')"
 check "ninja (DeepSpeed's JIT op builds)" ninja --version
 check "libaio headers (DeepSpeed's async_io op)" sh -c "test -e /usr/include/libaio.h || test -n \"\${CFLAGS:-}\""
-check "tencache_ds with its native arena" "$PY" -c "import tencache_ds.memory as m; assert m.native_available()"
-check "scripts/train.py's imports (transformers)" "$PY" -c "import transformers"
-"$PY" - <<'PYEOF' 2>/dev/null || true
-import torch
-if torch.cuda.is_available():
-    props = torch.cuda.get_device_properties(0)
-    print(f"  device   {props.name}, {props.total_memory / 2**30:.1f} GiB, torch {torch.__version__} "
-          f"(CUDA {torch.version.cuda})")
-PYEOF
+grep "^  device" <<< "$python_lines" || true
 
 STEPS=3
 NVME="$OUT_DIR/nvme"

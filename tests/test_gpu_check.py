@@ -25,6 +25,10 @@ def test_dry_run_checks_the_environment_and_prints_every_run(tmp_path):
     assert sum("--tencache-block 'none'" in line for line in runs) == 2
     assert "bench" in result.stdout and "gpu_check.md" in result.stdout
     assert not any(tmp_path.iterdir())  # a dry run writes nothing
+    # --no-bench: the same runs, no bench
+    without_bench = run("--dry-run", "--no-bench", out=tmp_path)
+    assert [line for line in without_bench.stdout.splitlines() if "scripts/train.py --deepspeed_config" in line] == runs
+    assert "cli.main bench" in result.stdout and "cli.main bench" not in without_bench.stdout
 
 
 def test_a_real_run_without_cuda_stops_before_running_anything(tmp_path):
