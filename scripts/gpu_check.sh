@@ -203,7 +203,8 @@ for gas in (1, 4):
     fetched[gas] = last.get("device_fetch_bytes")
     lines.append(f"| device tier, auto, GAS {gas} | last step | fetch {last.get('device_fetch_bytes')} B, "
                  f"{last.get('device_fetch_s')} s, hit rate {last.get('device_hit_rate')}, "
-                 f"in use {last.get('device_cache_bytes_in_use')} B |")
+                 f"held at most {last.get('device_cache_peak_bytes')} B during the step, "
+                 f"{last.get('device_cache_bytes_in_use')} B at its end |")
 if None in fetched.values() or not fetched[4] or fetched[4] > 1.05 * fetched[1]:
     lines.append(f"| device tier | GAS 4 vs 1 | FAILED: bytes gathered per step {fetched[4]} vs {fetched[1]} |")
     bad = True

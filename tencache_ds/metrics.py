@@ -3,13 +3,13 @@ into per-step numbers, and the JSON-lines file. Pure: the numbers come from inte
 
 One line per optimizer step at the config's ``metrics_path``, and the latest one in ``tencache_ds.stats(engine)``:
 
-    {"schema": "tencache.metrics/4", "step": 12, "step_time_s": 1.93, "fetch_wait_s": 0.004,
+    {"schema": "tencache.metrics/5", "step": 12, "step_time_s": 1.93, "fetch_wait_s": 0.004,
      "param_nvme_wait_s": 0.003, "optimizer_nvme_wait_s": 0.001, "device_fetch_s": 0.41,
      "device_fetch_bytes": 248512512, "device_hit_rate": 0.87, "host_hit_rate": 1.0, "nvme_read_bytes": 0,
      "nvme_write_bytes": 0, "prefetch_issued": 0, "prefetch_late": 0, "nvme_busy_fraction": 0.0,
      "nvme_queue_depth": null, "pinned_bytes_reserved": ...,
      "pinned_bytes_in_use": ..., "host_cache_bytes_in_use": ..., "device_cache_bytes_in_use": ...,
-     "host_cache_budget_bytes": ..., "host_memory_available_bytes": ..., "host_step_rise_bytes": ...}
+     "device_cache_peak_bytes": ..., "host_cache_budget_bytes": ..., "host_memory_available_bytes": ..., "host_step_rise_bytes": ...}
 
 What each per-step number means (this step's, not a running total):
 - ``param_nvme_wait_s`` / ``optimizer_nvme_wait_s``: time the training thread was blocked on NVMe for parameter
@@ -24,6 +24,9 @@ What each per-step number means (this step's, not a running total):
   executing (any swapper, any NVMe path: io/activity.py); ``nvme_queue_depth``: how many were executing on average
   while any was (None: the drive was idle the whole step). A step bound by I/O should show a busy fraction near 1;
   a fetch wait with the drive idle meanwhile means the reads were issued late, not that the drive is slow.
+- ``device_cache_peak_bytes``: the most the device tier held during the step. ``device_cache_bytes_in_use`` is
+  its value at the step's end, which is 0 wherever the tier keeps parameters only until the update (on a GPU: the
+  optimizer step makes every kept copy stale).
 - ``nvme_*_bytes``, ``prefetch_*``: this step's; the ``*_bytes_*`` gauges are their values at the step's end; a hit
   rate is None when the step made no such access. ``host_memory_available_bytes`` and ``host_step_rise_bytes`` are
   the last host-memory reading (taken before the step's last forward pass, after whatever it decided:
@@ -32,7 +35,7 @@ What each per-step number means (this step's, not a running total):
 Schema history: 2 added ``host_cache_budget_bytes``, ``host_memory_available_bytes``, ``host_step_rise_bytes``;
 3 added ``param_nvme_wait_s``, ``optimizer_nvme_wait_s``, ``device_fetch_s``, ``device_fetch_bytes``, and made
 ``device_hit_rate`` None where the device tier cannot apply; 4 added ``nvme_busy_fraction`` and
-``nvme_queue_depth``.
+``nvme_queue_depth``; 5 added ``device_cache_peak_bytes``.
 """
 import dataclasses
 import json
@@ -40,7 +43,7 @@ import os
 import time
 from typing import Callable, Dict, Optional
 
-SCHEMA = "tencache.metrics/4"
+SCHEMA = "tencache.metrics/5"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,6 +78,7 @@ class Gauges:
     pinned_bytes_in_use: int = 0
     host_cache_bytes_in_use: int = 0
     device_cache_bytes_in_use: int = 0
+    device_cache_peak_bytes: int = 0      # the most the device tier held since the previous step's end
     host_cache_budget_bytes: int = 0      # the host tier's budget now (lowered under memory pressure)
     host_memory_available_bytes: int = 0  # node or cgroup memory available at the last reading
     host_step_rise_bytes: int = 0         # how far a step rises above its level between steps (measured)
@@ -103,6 +107,7 @@ class StepMetrics:
     pinned_bytes_in_use: int
     host_cache_bytes_in_use: int
     device_cache_bytes_in_use: int
+    device_cache_peak_bytes: int
     host_cache_budget_bytes: int
     host_memory_available_bytes: int
     host_step_rise_bytes: int

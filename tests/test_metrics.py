@@ -8,7 +8,8 @@ SCHEMA_KEYS = {"schema", "step", "step_time_s", "fetch_wait_s", "device_hit_rate
                "pinned_bytes_in_use", "host_cache_bytes_in_use", "device_cache_bytes_in_use",
                "host_cache_budget_bytes", "host_memory_available_bytes", "host_step_rise_bytes",  # 2: memory pressure
                "param_nvme_wait_s", "optimizer_nvme_wait_s", "device_fetch_s", "device_fetch_bytes",  # 3: honest device
-               "nvme_busy_fraction", "nvme_queue_depth"}  # 4: how busy the drive was kept
+               "nvme_busy_fraction", "nvme_queue_depth",  # 4: how busy the drive was kept
+               "device_cache_peak_bytes"}  # 5: what the device tier held during the step
 
 
 class Clock:
@@ -22,7 +23,7 @@ class Clock:
 def test_key_set_is_the_schema():
     meter = StepMeter(clock=Clock())
     assert set(meter.step_end(RunningTotals(), Gauges()).flat()) == SCHEMA_KEYS
-    assert SCHEMA == "tencache.metrics/4"
+    assert SCHEMA == "tencache.metrics/5"
 
 
 def test_steps_report_increases_since_the_previous_step():

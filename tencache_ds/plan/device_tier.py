@@ -50,7 +50,8 @@ class DeviceTier:
     traced again) uses the same parameters.
 
     Invariant (``check``): ``resident_bytes`` is the sum of the residents' sizes and never exceeds the budget, except
-    after a ``resize`` while a resident that must go is in use (it goes at its release).
+    after a ``resize`` while a resident that must go is in use (it goes at its release); ``peak_resident_bytes`` is
+    never below it.
     """
 
     def __init__(self, budget_bytes: int):
@@ -58,6 +59,9 @@ class DeviceTier:
         self.index: Optional[NextUseIndex] = None
         self._resident: Dict[Hashable, int] = {}  # key -> bytes, in admission order
         self.resident_bytes = 0
+        # the most it held since restart_peak(): at the end of an optimizer step the tier is empty again (the
+        # update made every kept copy stale), so what it held during the step is only seen here
+        self.peak_resident_bytes = 0
         self.admitted = 0  # COUNTERS over the tier's life
         self.evicted = 0
 
@@ -79,9 +83,7 @@ class DeviceTier:
         each ``evictable``); or (False, []) to let the release happen."""
         if self.index is None:  # no prediction: a resident stays, a newcomer only into free room (see the class)
             if key not in self._resident and self.resident_bytes + nbytes <= self.budget_bytes:
-                self._resident[key] = nbytes
-                self.resident_bytes += nbytes
-                self.admitted += 1
+                self._admit(key, nbytes)
             return key in self._resident, []
         if nbytes > self.budget_bytes:
             self._forget(key)
@@ -101,9 +103,7 @@ class DeviceTier:
         for victim in victims:
             self._forget(victim)
             self.evicted += 1
-        self._resident[key] = nbytes
-        self.resident_bytes += nbytes
-        self.admitted += 1
+        self._admit(key, nbytes)
         return True, victims
 
     def resize(self, budget_bytes: int, position: int, evictable: Callable[[Hashable], bool]) -> List[Hashable]:
@@ -137,9 +137,20 @@ class DeviceTier:
         self.resident_bytes = 0
         return keys
 
+    def restart_peak(self) -> None:
+        """A new period (an optimizer step) begins: its peak starts from what is resident now."""
+        self.peak_resident_bytes = self.resident_bytes
+
     def check(self) -> None:
         assert self.resident_bytes == sum(self._resident.values()), (self.resident_bytes, self._resident)
         assert self.resident_bytes <= self.budget_bytes, (self.resident_bytes, self.budget_bytes)
+        assert self.resident_bytes <= self.peak_resident_bytes, (self.resident_bytes, self.peak_resident_bytes)
+
+    def _admit(self, key, nbytes: int) -> None:
+        self._resident[key] = nbytes
+        self.resident_bytes += nbytes
+        self.peak_resident_bytes = max(self.peak_resident_bytes, self.resident_bytes)
+        self.admitted += 1
 
     def _forget(self, key) -> None:
         nbytes = self._resident.pop(key, None)

@@ -47,5 +47,8 @@ def test_two_ranks_gather_each_parameter_once_per_optimizer_step(train, tmp_path
         lines = [json.loads(line) for line in metrics.read_text().splitlines()]
         fetched[grad_accum] = lines[-1]["device_fetch_bytes"]
         assert lines[-1]["device_hit_rate"] > 0.5
+        # the tier holds parameters from their first use to the update, which releases them (stale): the step's
+        # end shows 0 B, its peak what the step held
+        assert lines[-1]["device_cache_peak_bytes"] > lines[-1]["device_cache_bytes_in_use"] == 0
         assert run.last_stats["device_tier_applicable"] == 1
     assert 0 < fetched[4] <= 1.05 * fetched[1]

@@ -119,6 +119,24 @@ def test_zero_budget_is_demand_fetching():
     assert all(t.on_release(key, 1, 1, always) == (False, []) for key in LAYERS)
 
 
+def test_the_peak_is_what_the_step_held_though_the_update_empties_the_tier():
+    """On a GPU the tier holds parameters from their first use to the optimizer step, which releases them all (the
+    update makes them stale): at the step's end it holds 0 B, and only the peak says what it held during the step."""
+    t = tier(400)
+    for position, key in enumerate(LAYERS[:3], start=1):
+        t.on_release(key, 100, position, always)
+    t.forget("l0")
+    assert (t.resident_bytes, t.peak_resident_bytes) == (200, 300)
+    t.drain()  # the optimizer step
+    assert (t.resident_bytes, t.peak_resident_bytes) == (0, 300)
+    t.check()
+    t.restart_peak()  # the next step's
+    assert t.peak_resident_bytes == 0
+    t.on_release("l3", 100, 4, always)
+    assert t.peak_resident_bytes == 100
+    t.check()
+
+
 def test_invariant_holds_under_random_releases():
     rng = random.Random(7)
     keys = [f"p{i}" for i in range(30)]

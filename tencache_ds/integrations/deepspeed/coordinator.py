@@ -197,6 +197,14 @@ class TencacheCoordinator(PartitionedParameterCoordinator):
     def device_cache_bytes_in_use(self) -> int:
         return self.tier.resident_bytes if self.tier is not None else 0
 
+    def device_cache_peak_bytes(self) -> int:
+        """The most the tier held since ``restart_device_peak`` (the last optimizer step's end)."""
+        return self.tier.peak_resident_bytes if self.tier is not None else 0
+
+    def restart_device_peak(self) -> None:
+        if self.tier is not None:
+            self.tier.restart_peak()
+
     # ------------------------------------------------------------------------------- private
     def _release(self, param, free_data: bool = True) -> None:
         if self.tier is not None:

@@ -74,6 +74,8 @@ def on_optimizer_step_end(optimizer) -> None:
     metrics = meter.step_end(running_totals(param_swapper, optimizer_swapper, coordinator),
                              gauges(param_swapper, optimizer_swapper, coordinator, governor),
                              device_tier_applies=coordinator is None or not coordinator.gathers_alias_partitions)
+    if coordinator is not None:
+        coordinator.restart_device_peak()  # the next step's peak
     config = (param_swapper or optimizer_swapper).config
     if not config.metrics_path or dist.get_rank() != 0:
         return

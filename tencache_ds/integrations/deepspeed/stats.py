@@ -85,6 +85,7 @@ def gauges(param_swapper, optimizer_swapper, coordinator, governor=None) -> Gaug
                   host_cache_bytes_in_use=int(stats.get("param_kept_bytes", 0))
                   + int(stats.get("optimizer_cache_kept_bytes", 0)),
                   device_cache_bytes_in_use=coordinator.device_cache_bytes_in_use() if coordinator is not None else 0,
+                  device_cache_peak_bytes=coordinator.device_cache_peak_bytes() if coordinator is not None else 0,
                   host_cache_budget_bytes=governor.budget_bytes if governor is not None
                   else int(stats.get("host_cache_budget_bytes", 0)),
                   host_memory_available_bytes=memory.available_bytes if memory is not None else 0,
