@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The first thing to run on a lent CUDA machine (docs/gpu_check.md): what the CPU machines cannot show.
-#   bash scripts/gpu_check.sh            # check the environment, run everything, write the report; exit 1 on a difference
+#   bash scripts/gpu_check.sh            # check the environment, run everything, write the report; exit 1 on a
+#                                        # difference or a failed run
 #   bash scripts/gpu_check.sh --dry-run  # check the environment and print what would run (passes on a CPU machine)
-# Options: --no-bench (steps 1 and 2 only), --out DIR (default: $OUT when set, else gpu-check-out), --model NAME (default gpt2-tiny),
-#          --quarter-bytes N (the "25%" host budget, default 70000000: a quarter of gpt2-tiny's offloaded bytes).
+# Options: --no-bench (steps 1 and 2 only), --out DIR (default: $OUT when set, else gpu-check-out),
+#          --model NAME (default gpt2-tiny), --quarter-bytes N (the "25%" host budget, default 70000000: a quarter
+#          of gpt2-tiny's offloaded bytes).
 #
 # What it runs (one rank, bf16, parameters and optimizer on NVMe, 3 steps each, about 5 minutes on an H100):
 #   1. parity: stock DeepSpeed vs tencache (streaming, a 25% host budget, "auto"), gradient accumulation 1 and 4:
@@ -28,7 +30,7 @@ while [ $# -gt 0 ]; do
     --out) OUT_DIR=$2; shift ;;
     --model) MODEL=$2; shift ;;
     --quarter-bytes) QUARTER=$2; shift ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
     *) echo "gpu_check.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -82,15 +84,18 @@ try:
               f"(CUDA {torch.version.cuda})")
 except Exception:
     pass
+print("@@done", flush=True)
 PYEOF
 )
-python_lines=$(grep '^@@' <<< "$python_lines" | cut -c3-)
-[ -n "$python_lines" ] || python_lines="  MISSING  python ($PY)"
+python_done=$(grep -c '^@@done' <<< "$python_lines")
+python_lines=$(grep '^@@ ' <<< "$python_lines" | cut -c3-)
+if [ -z "$python_lines" ]; then
+  python_lines="  MISSING  python ($PY)"
+elif [ "$python_done" != 1 ]; then  # it died part-way (an import that aborts the interpreter): the rest unsaid
+  python_lines+=$'\n'"  MISSING  the rest of the Python checks (the checking process died)"
+fi
 echo "$python_lines" | grep -v "^  device"
-problems=$(grep -c "MISSING" <<< "$python_lines")
-check() {  # check NAME COMMAND...: prints ok/MISSING; counts what a real run would need
-  if "${@:2}" >/dev/null 2>&1; then echo "  ok       $1"; else echo "  MISSING  $1"; problems=$((problems + 1)); fi
-}
+problems=$((problems + $(grep -c "MISSING" <<< "$python_lines")))
 check "nvidia-smi" nvidia-smi -L
 check "ninja (DeepSpeed's JIT op builds)" ninja --version
 check "libaio headers (DeepSpeed's async_io op)" sh -c "test -e /usr/include/libaio.h || test -n \"\${CFLAGS:-}\""

@@ -5,15 +5,20 @@
 #   source scripts/gpu_setup.sh           # there: installs into /tmp/site, unpacks libaio, builds the arena and
 #                                         # DeepSpeed's ops (logs in $GPU_SETUP_LOGS, default /tmp/gpu-setup), and
 #                                         # exports PYTHONPATH, CFLAGS/LDFLAGS and the library paths for the JIT builds
-# Sourced, it returns 1 (and says what failed) rather than exiting the caller's shell.
-_tc_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# Sourced, it returns 1 (and says what failed) rather than exiting the caller's shell. (libaio's package is libaio1
+# on Debian 12, where --prepare has run; on Ubuntu 24.04 it is libaio1t64.)
+_tc_root=$(CDPATH= cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 _tc_carry=$_tc_root/.gpu
 
 if [ "${1:-}" = "--prepare" ]; then
+  if [ "${BASH_SOURCE[0]}" != "$0" ]; then
+    echo "gpu_setup: --prepare is run, not sourced: bash scripts/gpu_setup.sh --prepare" >&2
+    return 1
+  fi
   set -euo pipefail
   mkdir -p "$_tc_carry/whl" "$_tc_carry/deb"
   grep -qx "/.gpu/" "$_tc_root/.git/info/exclude" 2>/dev/null || echo "/.gpu/" >> "$_tc_root/.git/info/exclude"
-  # pydantic-core is the one compiled wheel; the lent machine's python is 3.12 (KINDS.md of the device tool).
+  # pydantic-core is the one compiled wheel; the GPU machines lent so far run Python 3.12.
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
     -d "$_tc_carry/whl" "pydantic==$(python3 -c 'import pydantic; print(pydantic.VERSION)')" \
@@ -28,32 +33,47 @@ if [ "${1:-}" = "--prepare" ]; then
   exit 0
 fi
 
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then
+  echo "gpu_setup: source it (source scripts/gpu_setup.sh): run as a program, its exports would be lost" >&2
+  exit 2
+fi
+
 _tc_setup() {
   local logs=${GPU_SETUP_LOGS:-/tmp/gpu-setup}
-  mkdir -p "$logs"
+  mkdir -p "$logs" || { echo "gpu_setup: cannot create $logs" >&2; return 1; }
   if ! ls "$_tc_carry"/whl/*.whl >/dev/null 2>&1; then
     echo "gpu_setup: no wheels in $_tc_carry/whl: run 'bash scripts/gpu_setup.sh --prepare' where pip works, and" \
          "carry .gpu" >&2
     return 1
   fi
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-    "$_tc_carry"/whl/*.whl > "$logs/pip.log" 2>&1 || { echo "gpu_setup: pip install failed: $logs/pip.log" >&2; return 1; }
+    "$_tc_carry"/whl/*.whl > "$logs/pip.log" 2>&1 \
+    || { echo "gpu_setup: pip install failed: $logs/pip.log" >&2; return 1; }
   export PYTHONPATH=/tmp/site:$_tc_root${PYTHONPATH:+:$PYTHONPATH}
   export PATH=/tmp/site/bin:$PATH
   # libaio unpacked beside, not into /: the compiler and the loader are pointed at it.
   local aio=/tmp/libaio deb
-  mkdir -p "$aio"
-  for deb in "$_tc_carry"/deb/*.deb; do dpkg -x "$deb" "$aio" || return 1; done
+  mkdir -p "$aio" || { echo "gpu_setup: cannot create $aio" >&2; return 1; }
+  if ! ls "$_tc_carry"/deb/*.deb >/dev/null 2>&1; then
+    echo "gpu_setup: no libaio .deb files in $_tc_carry/deb (bash scripts/gpu_setup.sh --prepare)" >&2
+    return 1
+  fi
+  for deb in "$_tc_carry"/deb/*.deb; do
+    dpkg -x "$deb" "$aio" || { echo "gpu_setup: dpkg -x $deb failed" >&2; return 1; }
+  done
   local aio_lib=$aio/usr/lib/x86_64-linux-gnu
-  [ -e "$aio_lib/libaio.so" ] || ln -sf libaio.so.1 "$aio_lib/libaio.so"
+  [ -e "$aio_lib/libaio.so" ] || ln -sf libaio.so.1 "$aio_lib/libaio.so" \
+    || { echo "gpu_setup: cannot link $aio_lib/libaio.so" >&2; return 1; }
   export CFLAGS="-I$aio/usr/include${CFLAGS:+ $CFLAGS}" LDFLAGS="-L$aio_lib${LDFLAGS:+ $LDFLAGS}"
   export CPATH=$aio/usr/include${CPATH:+:$CPATH}
   local cuda_home
-  cuda_home=$(python3 -c "import torch.utils.cpp_extension as c; print(c.CUDA_HOME or '')" 2>/dev/null)
+  cuda_home=$(python3 -c "import torch.utils.cpp_extension as c; print(c.CUDA_HOME or '')" 2>/dev/null) \
+    || { echo "gpu_setup: python3 cannot import torch's cpp_extension" >&2; return 1; }
   # DeepSpeed's async_io links -lcuda: at build time the toolkit's stub is enough, the driver's libcuda.so.1 loads.
   export LIBRARY_PATH=$aio_lib${cuda_home:+:$cuda_home/lib64:$cuda_home/lib64/stubs}${LIBRARY_PATH:+:$LIBRARY_PATH}
   export LD_LIBRARY_PATH=$aio_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-  export DS_ACCELERATOR=${DS_ACCELERATOR:-cuda}  # the wheel was built on a CPU machine; say which accelerator, do not guess
+  # the wheel was built on a CPU machine: say which accelerator rather than let DeepSpeed guess
+  export DS_ACCELERATOR=${DS_ACCELERATOR:-cuda}
   (cd "$_tc_root" && python3 setup.py -q build_ext --inplace) > "$logs/arena.log" 2>&1 \
     || { echo "gpu_setup: the arena did not build: $logs/arena.log" >&2; return 1; }
   # Each op once, verbosely, so that a failed JIT build is a log here, not a stack in every run.
@@ -66,3 +86,7 @@ _tc_setup() {
        "CUDA_HOME=${cuda_home:-none}, logs in $logs)"
 }
 _tc_setup
+_tc_rc=$?
+unset -f _tc_setup
+unset _tc_root _tc_carry
+return $_tc_rc

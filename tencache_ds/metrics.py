@@ -9,24 +9,27 @@ One line per optimizer step at the config's ``metrics_path``, and the latest one
      "nvme_write_bytes": 0, "prefetch_issued": 0, "prefetch_late": 0, "nvme_busy_fraction": 0.0,
      "nvme_queue_depth": null, "pinned_bytes_reserved": ...,
      "pinned_bytes_in_use": ..., "host_cache_bytes_in_use": ..., "device_cache_bytes_in_use": ...,
-     "device_cache_peak_bytes": ..., "host_cache_budget_bytes": ..., "host_memory_available_bytes": ..., "host_step_rise_bytes": ...}
+     "device_cache_peak_bytes": ..., "host_cache_budget_bytes": ..., "host_memory_available_bytes": ...,
+     "host_step_rise_bytes": ...}
 
 What each per-step number means (this step's, not a running total):
 - ``param_nvme_wait_s`` / ``optimizer_nvme_wait_s``: time the training thread was blocked on NVMe for parameter
   partitions / optimizer state; ``fetch_wait_s`` is their sum.
 - ``device_fetch_s``: time the training thread spent gathering parameters for modules (DeepSpeed's
   fetch_sub_module: all-gathers, host-to-device copies, and the parameter NVMe waits inside them).
-- ``device_fetch_bytes``: bytes of gathered parameters produced for the step's uses (all-gather output on CPU
-  ranks, host-to-device copies on a GPU); ``device_hit_rate``: uses of a parameter served without a fetch over all
-  uses. Both are None where a gather is a view of the partition (one rank on DeepSpeed's CPU accelerator: nothing is
-  moved, so a "hit" saves nothing), and when the step used no parameter.
+- ``device_fetch_bytes``: bytes of gathered parameters the step's gathers produced, DeepSpeed's prefetches
+  included (all-gather output on CPU ranks, host-to-device copies on a GPU); ``device_hit_rate``: uses of a
+  parameter served without a gather for them over all uses. Both are None where a gather is a view of the
+  partition (one rank on DeepSpeed's CPU accelerator: nothing is moved, so a "hit" saves nothing), and when the
+  step used no parameter.
 - ``nvme_busy_fraction``: the share of the step during which at least one of tencache's file requests was
   executing (any swapper, any NVMe path: io/activity.py); ``nvme_queue_depth``: how many were executing on average
   while any was (None: the drive was idle the whole step). A step bound by I/O should show a busy fraction near 1;
   a fetch wait with the drive idle meanwhile means the reads were issued late, not that the drive is slow.
-- ``device_cache_peak_bytes``: the most the device tier held during the step. ``device_cache_bytes_in_use`` is
-  its value at the step's end, which is 0 wherever the tier keeps parameters only until the update (on a GPU: the
-  optimizer step makes every kept copy stale).
+- ``device_cache_peak_bytes``: the most the device tier held since the previous step's end (an eval pass between
+  steps counts towards the next). ``device_cache_bytes_in_use`` is its value at the step's end, which is 0
+  wherever the tier keeps parameters only until the update (on a GPU: the optimizer step makes every kept copy
+  stale).
 - ``nvme_*_bytes``, ``prefetch_*``: this step's; the ``*_bytes_*`` gauges are their values at the step's end; a hit
   rate is None when the step made no such access. ``host_memory_available_bytes`` and ``host_step_rise_bytes`` are
   the last host-memory reading (taken before the step's last forward pass, after whatever it decided:
@@ -54,7 +57,7 @@ class RunningTotals:
     optimizer_nvme_wait_s: float = 0.0  # ... on optimizer-state reads
     device_fetches: int = 0      # uses of a parameter: a module asked for it (non-persistent)
     device_hits: int = 0         # ... already gathered on the device
-    device_fetch_bytes: int = 0  # gathered bytes produced for the other uses
+    device_fetch_bytes: int = 0  # bytes every gather produced (prefetches included)
     device_fetch_s: float = 0.0  # time in DeepSpeed's fetch_sub_module
     host_hits: int = 0           # tensor uses served from the host tier without I/O
     host_misses: int = 0         # ... that had to be read from NVMe

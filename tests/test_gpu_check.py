@@ -27,6 +27,7 @@ def test_dry_run_checks_the_environment_and_prints_every_run(tmp_path):
     assert not any(tmp_path.iterdir())  # a dry run writes nothing
     # --no-bench: the same runs, no bench
     without_bench = run("--dry-run", "--no-bench", out=tmp_path)
+    assert without_bench.returncode == 0, without_bench.stdout + without_bench.stderr
     assert [line for line in without_bench.stdout.splitlines() if "scripts/train.py --deepspeed_config" in line] == runs
     assert "cli.main bench" in result.stdout and "cli.main bench" not in without_bench.stdout
 

@@ -211,9 +211,10 @@ def test_doctor_fails_on_a_stale_build_lock_with_the_remedy(tmp_path):
 
 
 def test_a_probe_killed_mid_build_leaves_no_build_lock(tmp_path, monkeypatch):
-    """Regression test: doctor's probe timing out during a first JIT build of async_io left the build `lock`
-    behind, and every later DeepSpeed process on the machine waited on it forever."""
-    # Step 1: an empty extension cache, so the probe has to build async_io from scratch.
+    """Regression test: doctor's probe timing out during a first JIT build of DeepSpeed's ops (async_io, and
+    pin_memory which it loads first) left the build `lock` behind, and every later DeepSpeed process on the machine
+    waited on it forever."""
+    # Step 1: an empty extension cache, so the probe has to build the ops from scratch.
     root = tmp_path / "torch_extensions"
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(root))
     probe = doctor.Probe(want_aio=True, bandwidth_dir=None, bandwidth_bytes=0, timeout_s=600)
@@ -221,11 +222,11 @@ def test_a_probe_killed_mid_build_leaves_no_build_lock(tmp_path, monkeypatch):
     # pin_memory's, which DeepSpeed builds before async_io: a build killed there leaves the same kind of lock, and
     # waiting for async_io's own would add pin_memory's whole build (a minute on two cores) to the test.
     deadline = time.monotonic() + 240
-    while not ext_lock.find_locks(str(root)):
+    while not (locks := ext_lock.find_locks(str(root))):
         assert probe._process.poll() is None, f"the probe ended before building: {probe.facts()}"
-        assert time.monotonic() < deadline, "the probe did not start building async_io in 240 s"
+        assert time.monotonic() < deadline, "the probe did not start building DeepSpeed's ops in 240 s"
         time.sleep(0.05)
-    lock = ext_lock.find_locks(str(root))[0]
+    lock = locks[0]
     # Step 3: time the probe out now, mid-build: the group is killed and its lock removed, and the report says so.
     probe.timeout_s = 0.0
     facts = probe.facts()

@@ -46,6 +46,10 @@ def test_two_ranks_gather_each_parameter_once_per_optimizer_step(train, tmp_path
             assert_same_bits(train(block=None, offload_device="cpu", **dict(TWO_RANKS, grad_accum=4)), run)
         lines = [json.loads(line) for line in metrics.read_text().splitlines()]
         fetched[grad_accum] = lines[-1]["device_fetch_bytes"]
+        # the update makes every gathered copy stale: each parameter is gathered exactly once a step, DeepSpeed's
+        # prefetches included (counted at the use, a prefetched parameter looked like a hit that moved nothing), in
+        # its own dtype (counted in its swapped-out partition's, an fp32 parameter on NVMe was half its bytes)
+        assert fetched[grad_accum] == run.result["num_params"] * 4  # fp32
         assert lines[-1]["device_hit_rate"] > 0.5
         # the tier holds parameters from their first use to the update, which releases them (stale): the step's
         # end shows 0 B, its peak what the step held

@@ -22,8 +22,12 @@ Ranks agree: which parameters are kept decides which all-gathers run, so the tie
 proposes (agreement.py), at creation and at every forward pass (memory_pressure.py), and everything else the tier
 decides from is the same on every rank (the trace, DeepSpeed asserts; sizes; positions; which parameters are in use).
 
-Counters: every use of a parameter (a module asking for it), the uses that found it gathered (hits), the bytes
-gathered for the others, and the time spent in fetch_sub_module. Where a gather is a view of the partition (the CPU
+Counters: every use of a parameter (a module asking for it), the uses that found it gathered without a gather for
+them (hits), the bytes every gather produced, and the time spent in fetch_sub_module. Bytes are counted where
+DeepSpeed gathers (its private ``__all_gather_params``, the same name-mangled override as above), not at the use:
+its prefetch gathers parameters of the modules ahead, which then arrive already gathered, and a use served by a
+prefetch is a fetch, not a hit (the first GPU run counted 79% of the bytes and 13 of 28 misses per step when this
+was judged at the use). Where a gather is a view of the partition (the CPU
 accelerator at one rank) nothing is moved by a gather: the tier is reported as not applicable (stats.py).
 """
 import threading
@@ -63,9 +67,10 @@ class TencacheCoordinator(PartitionedParameterCoordinator):
         self._tier_lock = threading.RLock()  # backward hooks may run on autograd's threads
         # COUNTERS (running totals; integrations/deepspeed/stats.py reports them)
         self.param_fetches = 0   # non-persistent parameters asked for by a module (uses), once the tier is on
-        self.device_hits = 0     # ... that were already gathered (no swap-in, no all-gather)
-        self.fetch_bytes = 0     # gathered bytes of the others (what their all-gather / H2D copy produced)
+        self.device_hits = 0     # ... that were gathered already, and not for this use (kept by the tier)
+        self.fetch_bytes = 0     # bytes every gather produced (all-gather output / H2D copy), prefetches included
         self.fetch_s = 0.0       # wall time in fetch_sub_module, once the tier is on
+        self._gathered_for_use = set()  # ds_ids gathered since their last use: their next use is no hit
 
     # ------------------------------------------------------------------------------- DeepSpeed's calls
     def reset_step(self) -> None:
@@ -82,17 +87,25 @@ class TencacheCoordinator(PartitionedParameterCoordinator):
         if self.tier is None:
             return super().fetch_sub_module(current_submodule, forward)
         started = time.perf_counter()
-        for param in iter_params(current_submodule, recurse=z3_leaf_module(current_submodule)):
-            if not param.ds_persist:
-                self.param_fetches += 1
-                if param.ds_status == ZeroParamStatus.AVAILABLE:
-                    self.device_hits += 1
-                else:
-                    self.fetch_bytes += _gathered_bytes(param)
+        params = [param for param in iter_params(current_submodule, recurse=z3_leaf_module(current_submodule))
+                  if not param.ds_persist]
+        for param in params:
+            self.param_fetches += 1
+            if param.ds_status == ZeroParamStatus.AVAILABLE and param.ds_id not in self._gathered_for_use:
+                self.device_hits += 1
         try:
             return super().fetch_sub_module(current_submodule, forward)
         finally:
+            self._gathered_for_use.difference_update(param.ds_id for param in params)  # this use took them
             self.fetch_s += time.perf_counter() - started
+
+    def _PartitionedParameterCoordinator__all_gather_params(self, params, forward: bool) -> None:
+        if self.tier is not None:
+            for param in params:
+                if param.ds_status == ZeroParamStatus.NOT_AVAILABLE:  # what stock's gather skips is not moved
+                    self.fetch_bytes += _gathered_bytes(param)
+                    self._gathered_for_use.add(param.ds_id)
+        return getattr(_BASE, _MANGLED + "all_gather_params")(self, params, forward)
 
     def release_and_reset_all(self, module) -> None:
         with self._tier_lock:
@@ -202,8 +215,10 @@ class TencacheCoordinator(PartitionedParameterCoordinator):
         return self.tier.peak_resident_bytes if self.tier is not None else 0
 
     def restart_device_peak(self) -> None:
-        if self.tier is not None:
-            self.tier.restart_peak()
+        """An optimizer step ended (reporting.py read its peak): the next one's starts from what is held now."""
+        with self._tier_lock:
+            if self.tier is not None:
+                self.tier.restart_peak()
 
     # ------------------------------------------------------------------------------- private
     def _release(self, param, free_data: bool = True) -> None:
@@ -263,7 +278,10 @@ def _give_back_partition(param) -> None:
 
 
 def _gathered_bytes(param) -> int:
-    return param.ds_numel * param.ds_tensor.element_size()
+    """The bytes of ``param`` gathered: its full size in its own dtype. Not the partition's element size: a partition
+    swapped out to NVMe is DeepSpeed's one-element fp16 placeholder (the swapper's ``invalid_buffer``), which made
+    an fp32 parameter count half its bytes."""
+    return param.ds_numel * param.element_size()
 
 
 def _gathered_is_partition(param) -> bool:
