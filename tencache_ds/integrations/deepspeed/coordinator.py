@@ -27,8 +27,8 @@ them (hits), the bytes every gather produced, and the time spent in fetch_sub_mo
 DeepSpeed gathers (its private ``__all_gather_params``, the same name-mangled override as above), not at the use:
 its prefetch gathers parameters of the modules ahead, which then arrive already gathered, and a use served by a
 prefetch is a fetch, not a hit (the first GPU run counted 79% of the bytes and 13 of 28 misses per step when this
-was judged at the use). Where a gather is a view of the partition (the CPU
-accelerator at one rank) nothing is moved by a gather: the tier is reported as not applicable (stats.py).
+was judged at the use). Where a gather is a view of the partition (the CPU accelerator at one rank) nothing is moved
+by a gather: the tier is reported as not applicable (stats.py).
 """
 import threading
 import time
