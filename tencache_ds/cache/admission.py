@@ -1,8 +1,9 @@
 """Which entries of a store hold host buffers. Owns: finding a buffer for an incoming entry (a free one from the
 buffer source; else a held entry's, chosen by plan/eviction.py's Belady over the profiled order, least recently used
 while the order is unknown, unless bypassing is better; else a write in flight that frees one; else a transient
-buffer, after waiting for a write that frees a streaming slot rather than mapping new memory), and giving held
-buffers back under memory pressure (also to a caller holding the store's lock: ``ExclusiveStore``). Does not own:
+buffer, after waiting for a write that frees a streaming slot rather than mapping new memory), prefixes (room no
+whole tensor fits in holds the first bytes of a streaming one: cache/entry.py), and giving held buffers and
+prefixes back under memory pressure (also to a caller holding the store's lock: ``ExclusiveStore``). Does not own:
 the rules themselves (plan/eviction.py), the I/O (cache/transfers.py), where buffers come from
 (cache/buffer_sources.py).
 
@@ -11,7 +12,7 @@ Locking: called with the store's lock held (waits for writes release it: cache/t
 from typing import Callable, Dict, Hashable, Optional, Tuple
 
 from ..memory.pool import HostBuffer
-from ..plan.eviction import choose_victim, farthest_first, kept_until, victims_for
+from ..plan.eviction import choose_victim, farthest_first, kept_until, prefix_nbytes, victims_for
 from ..profile.next_use import NextUseIndex
 from ..profile.recorder import StepRecorder
 from .buffer_sources import BufferSource
@@ -111,6 +112,34 @@ class Admission:
             return None
         return self._table[victims[0]]
 
+    def grant_prefix(self, entry: Entry) -> None:
+        """Before ``entry``'s transient buffer is written out: let the room whole tensors leave in the budget hold
+        its first bytes from now on (the write then copies them out and writes only the rest). Only spare room:
+        nothing is evicted for a prefix, and whole tensors take the room first (a read asks for a whole buffer
+        before its write asks for a prefix), so in a cyclic order the kept bytes stay the same from step to step."""
+        if entry.prefix is not None or not self._source.holds_prefixes:
+            return
+        nbytes = prefix_nbytes(self._source.spare_bytes(), self._transfers.swap_nbytes(entry.numel))
+        if not nbytes:
+            return
+        buffer = self._source.try_acquire(nbytes)
+        if buffer is not None:
+            self._transfers.attach_prefix(entry, buffer, nbytes)
+
+    def give_up_prefixes(self, nbytes: int) -> int:
+        """Give back prefixes, farthest next use first, until ``nbytes`` are freed (fewer when there are not
+        enough); dirty ones are written first. Returns the bytes freed."""
+        holders = [entry.key for entry in self._table if entry.prefix is not None]
+        freed = 0
+        for key in farthest_first(holders, self._index(), self._recorder.position):
+            if freed >= nbytes:
+                break
+            entry = self._table[key]
+            self._transfers.write_prefix(entry)
+            freed += entry.prefix.capacity_bytes
+            self._transfers.drop_prefix(entry)
+        return freed
+
     def evict_held(self, nbytes: int, may_give_back: Callable[[HostBuffer], bool]) -> int:
         """Evict held entries whose buffers ``may_give_back`` until at least ``nbytes`` of buffers are freed (fewer
         when there are not enough): farthest next use first; the dirty ones' writes run together and are waited
@@ -133,11 +162,13 @@ class Admission:
         return freed
 
     def trim_kept(self, target_bytes: int) -> int:
-        """Keep at most ``target_bytes`` of buffers from now on: held entries go (``evict_held``); if that is not
-        enough, lent entries are no longer kept and go when released, farthest next use first. Returns the kept
-        bytes left."""
+        """Keep at most ``target_bytes`` of buffers from now on: prefixes go first (the last bytes admitted), then
+        held entries (``evict_held``); if that is not enough, lent entries are no longer kept and go when released,
+        farthest next use first. Returns the kept bytes left."""
         self._transfers.reap_writes()
         excess = self.kept_bytes() - max(0, int(target_bytes))
+        if excess > 0:
+            excess -= self.give_up_prefixes(excess)
         excess -= self.evict_held(excess, lambda buffer: True)
         lent = [entry.key for entry in self._table if entry.state in LENT and entry.kept]
         for key in farthest_first(lent, self._index(), self._recorder.position):
@@ -148,8 +179,10 @@ class Admission:
         return self.kept_bytes()
 
     def kept_bytes(self) -> int:
-        """Bytes of buffers kept between uses (held now, or lent and to be held again at release)."""
-        return sum(entry.buffer.capacity_bytes for entry in self._table if entry.buffer is not None and entry.kept)
+        """Bytes of buffers kept between uses (held now, or lent and to be held again at release), prefixes
+        included."""
+        return sum((entry.buffer.capacity_bytes if entry.buffer is not None and entry.kept else 0)
+                   + (entry.prefix.capacity_bytes if entry.prefix is not None else 0) for entry in self._table)
 
 
 class ExclusiveStore:
@@ -169,6 +202,34 @@ class ExclusiveStore:
         """Give back the buffers of clean copies (their files hold the same bytes)."""
         for entry in self._table.held():
             self._transfers.drop(entry, S.ON_FILE)
+
+    def grant_prefix(self, entry: Entry) -> None:
+        """Before ``entry``'s transient buffer is written out: let the room whole tensors leave in the budget hold
+        its first bytes from now on (the write then copies them out and writes only the rest). Only spare room:
+        nothing is evicted for a prefix, and whole tensors take the room first (a read asks for a whole buffer
+        before its write asks for a prefix), so in a cyclic order the kept bytes stay the same from step to step."""
+        if entry.prefix is not None or not self._source.holds_prefixes:
+            return
+        nbytes = prefix_nbytes(self._source.spare_bytes(), self._transfers.swap_nbytes(entry.numel))
+        if not nbytes:
+            return
+        buffer = self._source.try_acquire(nbytes)
+        if buffer is not None:
+            self._transfers.attach_prefix(entry, buffer, nbytes)
+
+    def give_up_prefixes(self, nbytes: int) -> int:
+        """Give back prefixes, farthest next use first, until ``nbytes`` are freed (fewer when there are not
+        enough); dirty ones are written first. Returns the bytes freed."""
+        holders = [entry.key for entry in self._table if entry.prefix is not None]
+        freed = 0
+        for key in farthest_first(holders, self._index(), self._recorder.position):
+            if freed >= nbytes:
+                break
+            entry = self._table[key]
+            self._transfers.write_prefix(entry)
+            freed += entry.prefix.capacity_bytes
+            self._transfers.drop_prefix(entry)
+        return freed
 
     def evict_held(self, nbytes: int, may_give_back: Callable[[HostBuffer], bool]) -> int:
         """Give back at least ``nbytes`` of held buffers, farthest next use first (cache/admission.py)."""

@@ -14,6 +14,10 @@ class BufferSource(Protocol):
     """What a store asks of the memory its buffers come from."""
 
     bypass: bool  # True: an entry needed later than every candidate victim is served transiently, not admitted
+    holds_prefixes: bool  # True: room no whole tensor fits in may hold the first bytes of one (cache/entry.py)
+
+    def spare_bytes(self) -> int:
+        """Bytes a prefix could take now without evicting anything (0 where prefixes are not held)."""
 
     def try_acquire(self, nbytes: int) -> Optional[HostBuffer]:
         """A buffer of at least ``nbytes`` that may be kept between uses, or None when none is free now."""
@@ -50,6 +54,10 @@ class ArenaSlots:
     use (the host cache is on)."""
 
     bypass = False  # a partition is needed now: evict for it rather than serve it unpinned
+    holds_prefixes = False  # a slot per size class: no room between classes to hold part of a partition in
+
+    def spare_bytes(self) -> int:
+        return 0
 
     def __init__(self, pool: BufferPool, caching: bool):
         self.pool = pool
@@ -93,6 +101,10 @@ class BudgetedPageable:
     sub-groups the tier then keeps a fixed share instead of cycling everything through)."""
 
     bypass = True
+    holds_prefixes = True  # the budget is bytes: what whole tensors leave of it may hold the first bytes of one
+
+    def spare_bytes(self) -> int:
+        return self.budget.available()
 
     def __init__(self, pool: BufferPool, budget: HostBudget):
         self.pool = pool

@@ -24,6 +24,13 @@ A tensor's newest bytes are on file, in a host buffer, or both:
 Write-back: new bytes make an entry DIRTY; they reach the file only when the entry is evicted or flushed (a
 checkpoint, close). A failed write leaves the entry DIRTY (the bytes are not lost, the error is raised); a failed
 read leaves it ON_FILE (partial bytes are never served).
+
+A prefix (finer than a whole tensor): an entry whose whole buffer is not kept may hold its first ``prefix_nbytes``
+bytes in a budgeted buffer of their own between uses, beside the state above (a budget smaller than one tensor
+still saves bytes). Its reads copy the prefix in and read only the rest of the file; its writes copy the prefix
+out and write only the rest (``prefix_dirty``: the prefix is newer than the file's first bytes, written at a flush
+or when the prefix is given up). A kept whole buffer makes the prefix redundant: it is folded in when the read that
+fills the buffer is done (READING is the one state with both), or dropped when new bytes replace the whole tensor.
 """
 import dataclasses
 import enum
@@ -119,6 +126,9 @@ class Entry:
     external_read: Optional[Future] = None
     prefetched: bool = False      # a read ahead of its use, not waited for yet (late if wait_read has to wait)
     pending_use: Optional[PendingUse] = None  # a read ahead (or a hit ahead) whose use is still to be recorded
+    prefix: Optional[Any] = None  # a budgeted HostBuffer holding the first prefix_nbytes bytes (module docstring)
+    prefix_nbytes: int = 0
+    prefix_dirty: bool = False    # the prefix is newer than the file's first prefix_nbytes bytes
 
 
 def check_entry(entry: Entry) -> None:
@@ -136,3 +146,9 @@ def check_entry(entry: Entry) -> None:
         assert state == S.READING or entry.external_read is not None, (key, state, "prefetched without a read")
     if entry.pending_use is not None:  # handed out ahead of its use, or being read for it
         assert being_used or entry.external_read is not None, (key, state, "a pending use with nothing for it")
+    if entry.prefix is None:
+        assert entry.prefix_nbytes == 0 and not entry.prefix_dirty, (key, "prefix bytes without a prefix buffer")
+    else:
+        assert 0 < entry.prefix_nbytes <= entry.prefix.capacity_bytes, (key, entry.prefix_nbytes)
+        assert state == S.READING or not (entry.buffer is not None and entry.kept), (
+            key, state, "a prefix beside a kept whole buffer")

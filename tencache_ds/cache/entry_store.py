@@ -139,6 +139,8 @@ class EntryStore:
                     transfers.attach(entry, *self._admission.acquire_transient(self.swap_nbytes(numel)))
                 else:
                     transfers.attach(entry, *self._admission.acquire(self.swap_nbytes(numel), key))
+                if entry.kept:  # the new bytes replace the whole tensor, prefix included
+                    transfers.drop_prefix(entry)
             else:
                 transfers.fence(entry.buffer)
             self._table.set(entry, S.LENT_DIRTY)
@@ -269,8 +271,9 @@ class EntryStore:
                 self._table.set(entry, released(entry.state))
             elif entry.state == S.LENT_CLEAN:
                 self._transfers.drop(entry, S.ON_FILE)
-            else:
-                self._transfers.start_write(entry, evicting=True)  # no room to keep it: to the file, then it goes
+            else:  # no room to keep it: to the file (past a prefix, if spare room holds one), then it goes
+                self._admission.grant_prefix(entry)
+                self._transfers.start_write(entry, evicting=True)
             self._checked()
 
     def mark_changed(self, key) -> None:
@@ -352,9 +355,10 @@ class EntryStore:
             self._checked()
 
     def held_keys(self) -> List[Hashable]:
-        """Keys whose bytes are in host memory and not lent (clean or dirty copies)."""
+        """Keys whose bytes are in host memory, whole or a prefix, and not lent (clean or dirty copies)."""
         with self._lock:
-            return [entry.key for entry in self._table.held()]
+            return [entry.key for entry in self._table
+                    if entry.state in CACHED or (entry.prefix is not None and entry.state not in LENT)]
 
     def forget_all(self) -> None:
         """Drop every entry without writing (the files were replaced, e.g. by a checkpoint load)."""
@@ -381,6 +385,8 @@ class EntryStore:
                     "cached_bytes": sum(entry.buffer.capacity_bytes for entry in held),
                     "kept_bytes": self._admission.kept_bytes(),  # held or lent from a buffer the tier keeps
                     "dirty_tensors": self._table.count(S.DIRTY, S.LENT_DIRTY),
+                    "prefix_tensors": sum(entry.prefix is not None for entry in self._table),
+                    "prefix_bytes": sum(entry.prefix_nbytes for entry in self._table),
                     "resident_tensors": self._table.count(S.LENT_CLEAN, S.LENT_DIRTY)}
 
     def close(self) -> None:

@@ -18,3 +18,5 @@ class StoreCounters:
     io_wait_s: float = 0.0   # time callers were blocked on this store's reads and writes
     prefetch_issued: int = 0  # reads started ahead of their use (start_read(prefetch=True) of a miss)
     prefetch_late: int = 0   # ... not finished when wait_read came
+    prefix_read_bytes_saved: int = 0   # bytes a read took from an entry's prefix instead of its file
+    prefix_write_bytes_saved: int = 0  # bytes an eviction's write left in an entry's prefix instead of its file

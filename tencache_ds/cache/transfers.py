@@ -3,15 +3,20 @@ to the entry (a failed read leaves it on file, a failed write leaves it dirty), 
 lock released, attaching and dropping buffers, and timing reads into the step recorder. Does not own: which entry
 gets a buffer or gives one up (cache/admission.py), or when a tensor is used (cache/entry_store.py).
 
+An entry's prefix (cache/entry.py) is part of its bytes: reads copy it in and read the rest of the file at its
+offset, an eviction's write copies it out and writes the rest (the whole tensor when the file is shared with a
+checkpoint, where a partial write would first copy the file: io/shared_files.py).
+
 Locking: every method is called with the store's lock held; ``wait_unlocked`` releases it while it waits, so the
 caller looks at the entry's state again afterwards.
 """
 from concurrent.futures import Future
-from typing import Callable, Optional
+from typing import Callable, Optional, Tuple
 
 import torch
 
 from ..io.direct_io import DirectFileIO
+from ..io.shared_files import is_shared
 from ..log import logger
 from ..memory.pool import BufferPool, HostBuffer
 from ..profile.recorder import StepRecorder
@@ -74,6 +79,7 @@ class Transfers:
         entry.prefetched, entry.pending_use, entry.external_read = False, None, None
         if entry.buffer is not None:
             self.release_buffer(entry)
+        self.drop_prefix(entry)
         self.table.remove(entry)
 
     @staticmethod
@@ -87,16 +93,69 @@ class Transfers:
         """Read ``entry``'s file into its attached buffer (``access``: the recorded use it serves; None for a read
         ahead, whose use is recorded later)."""
         timer = self._read_timer(entry, access)  # after the buffer was found: those waits are stalls, not read time
-        entry.io = self.io.read(self.swap_view(entry), entry.path)
+        entry.io = self._read_past_prefix(entry, self.swap_view(entry))
         entry.io.add_done_callback(timer)
         self.table.set(entry, S.READING)
 
     def start_external_read(self, entry: Entry, into: torch.Tensor, access: Optional[int]) -> None:
         """Read ``entry``'s file into the caller's ``into``; the entry stays as it is."""
         timer = self._read_timer(entry, access)
-        entry.external_read = self.io.read(into, entry.path, nbytes=self.swap_nbytes(entry.numel))
+        entry.external_read = self._read_past_prefix(entry, into)
         entry.external_read.target = into
         entry.external_read.add_done_callback(timer)
+
+    def _read_past_prefix(self, entry: Entry, target: torch.Tensor) -> Future:
+        """Fill ``target`` (at least the aligned length) with ``entry``'s bytes: its prefix copied now, the rest
+        read from its file at the prefix's offset."""
+        nbytes = self.swap_nbytes(entry.numel)
+        skip = self._prefix_elements(entry)
+        if not skip:
+            return self.io.read(target, entry.path, nbytes=nbytes)
+        assert target.dtype == self.dtype, (entry.key, target.dtype)
+        target.narrow(0, 0, skip).copy_(self._prefix_view(entry))
+        self.counters.prefix_read_bytes_saved += entry.prefix_nbytes
+        return self.io.read(target.narrow(0, skip, nbytes // self.element_size - skip), entry.path,
+                            file_offset=entry.prefix_nbytes)
+
+    # ------------------------------------------------------------------------------------------ prefixes
+    def _prefix_elements(self, entry: Entry) -> int:
+        return entry.prefix_nbytes // self.element_size
+
+    def _prefix_view(self, entry: Entry) -> torch.Tensor:
+        return entry.prefix.view(self.dtype, self._prefix_elements(entry))
+
+    def attach_prefix(self, entry: Entry, buffer: HostBuffer, nbytes: int) -> None:
+        """``buffer`` (budgeted, at least ``nbytes``) holds ``entry``'s first ``nbytes`` from the next write on."""
+        entry.prefix, entry.prefix_nbytes, entry.prefix_dirty = buffer, nbytes, False
+
+    def drop_prefix(self, entry: Entry) -> None:
+        """Give ``entry``'s prefix buffer back unwritten (its bytes are elsewhere, or dead)."""
+        if entry.prefix is not None:
+            self.source.release(entry.prefix)
+            entry.prefix, entry.prefix_nbytes, entry.prefix_dirty = None, 0, False
+
+    def write_prefix(self, entry: Entry) -> None:
+        """Write ``entry``'s dirty prefix to its file and wait, the lock held (a prefix is small, and these writes
+        come at a flush or when memory is given back, not in a step's stream). A failed write raises and leaves
+        the prefix dirty: its bytes are never dropped."""
+        if entry.prefix is None or not entry.prefix_dirty:
+            return
+        future = self.io.write(self._prefix_view(entry), entry.path, file_offset=0)
+        started = self.recorder.clock()
+        _wait_quietly(future)
+        self.counters.io_wait_s += self.recorder.clock() - started
+        if future.exception() is not None:
+            raise future.exception()
+        entry.prefix_dirty = False
+
+    def store_prefix_part(self, entry: Entry, offset: int, part: torch.Tensor) -> Tuple[int, torch.Tensor]:
+        """The elements of ``part`` (flat, to go at element ``offset``) that fall in ``entry``'s prefix are copied
+        into it; returns (offset, rest) of what is left for the file."""
+        inside = max(0, min(part.numel(), self._prefix_elements(entry) - offset))
+        if inside:
+            self._prefix_view(entry).narrow(0, offset, inside).copy_(part.narrow(0, 0, inside))
+            entry.prefix_dirty = True
+        return offset + inside, part.narrow(0, inside, part.numel() - inside)
 
     def copy_into(self, entry: Entry, into: torch.Tensor) -> None:
         """A held entry read into the caller's ``into``: copied now, a read that is done when waited for."""
@@ -130,7 +189,17 @@ class Transfers:
     # -------------------------------------------------------------------------------------------- writes
     def start_write(self, entry: Entry, evicting: bool) -> None:
         self.fence(entry.buffer)
-        entry.io = self.io.write(self.swap_view(entry), entry.path)
+        view = self.swap_view(entry)
+        skip = 0
+        if entry.prefix is not None:  # a transient buffer (a kept one has no prefix): the prefix takes its bytes
+            self._prefix_view(entry).copy_(view.narrow(0, 0, self._prefix_elements(entry)))
+            # The whole tensor goes to a file shared with a checkpoint: a partial write would copy the file first.
+            entry.prefix_dirty = not is_shared(entry.path)
+            if entry.prefix_dirty:
+                skip = self._prefix_elements(entry)
+                self.counters.prefix_write_bytes_saved += entry.prefix_nbytes
+        entry.io = self.io.write(view.narrow(0, skip, view.numel() - skip), entry.path,
+                                 file_offset=skip * self.element_size)
         entry.evicting = evicting
         self.counters.written_back += 1
         self.table.set(entry, S.WRITING)
@@ -162,11 +231,17 @@ class Transfers:
                 raise error
             entry.io = None
             self.table.set(entry, S.LENT_CLEAN)
+            if entry.prefix is not None and entry.kept:  # the kept buffer holds the whole tensor now
+                owed = entry.prefix_dirty
+                self.drop_prefix(entry)
+                if owed:
+                    self.table.set(entry, S.LENT_DIRTY)
             return
         if error is not None:
             entry.io, entry.evicting = None, False
             if not entry.kept:  # a transient buffer holding owed bytes: keep it, counted as held
                 entry.kept = True
+                self.drop_prefix(entry)  # the buffer holds every byte the prefix does
             self.table.set(entry, S.DIRTY)
             self.counters.write_errors += 1
             if raise_error:

@@ -41,6 +41,8 @@ class WriteBack:
             self._refuse_if_in_use(entry)
             if entry.state == S.ON_FILE:
                 transfers.attach(entry, *self._admission.acquire(transfers.swap_nbytes(entry.numel), key))
+                if entry.kept:  # the new bytes replace the whole tensor, prefix included
+                    transfers.drop_prefix(entry)
             else:
                 transfers.fence(entry.buffer)
             self._table.set(entry, S.LENT_DIRTY)  # held by us for the copy
@@ -64,9 +66,14 @@ class WriteBack:
                 self._refuse_if_in_use(entry)
                 transfers.recorder.touch(key, transfers.swap_nbytes(entry.numel))
                 if entry.state == S.ON_FILE:
-                    writes = [transfers.io.write(part.reshape(-1).to(device="cpu", dtype=transfers.dtype).contiguous(),
-                                                 entry.path, file_offset=offset * transfers.element_size)
-                              for offset, part in parts]
+                    writes = []
+                    for offset, part in parts:
+                        flat = part.reshape(-1).to(device="cpu", dtype=transfers.dtype).contiguous()
+                        if entry.prefix is not None:  # the elements in the prefix go there
+                            offset, flat = transfers.store_prefix_part(entry, offset, flat)
+                        if flat.numel():
+                            writes.append(transfers.io.write(flat, entry.path,
+                                                             file_offset=offset * transfers.element_size))
                     errors = [transfers.wait_unlocked(write) for write in writes]
                     _raise_first(errors)  # the bytes are owed to the file: never dropped quietly
                     return
@@ -103,8 +110,8 @@ class WriteBack:
             self._checked()
 
     def flush(self, skip: Optional[Callable[[Hashable], bool]] = None) -> int:
-        """Write every dirty held entry to its file and wait; they stay held, clean. Returns how many were
-        written. Lent entries must have been released (a checkpoint is taken between steps). ``skip(key)``: leave
+        """Write every dirty held entry, and every dirty prefix, to its file and wait; they stay held, clean.
+        Returns how many were written. Lent entries must have been released (a checkpoint is taken between steps). ``skip(key)``: leave
         that entry dirty (a checkpoint does not need it)."""
         transfers = self._transfers
         with transfers.lock:
@@ -117,8 +124,11 @@ class WriteBack:
                 transfers.start_write(entry, evicting=False)
             for entry in self._table.writing():
                 transfers.wait_write(entry)
+            prefixes = [entry for entry in self._table if entry.prefix_dirty and (skip is None or not skip(entry.key))]
+            for entry in prefixes:
+                transfers.write_prefix(entry)
             self._checked()
-            return len(dirty)
+            return len(dirty) + len(prefixes)
 
     def flush_key(self, key) -> None:
         """Make ``key``'s file hold its newest bytes (a reader outside the store is about to open it)."""
@@ -130,6 +140,7 @@ class WriteBack:
             if entry.state == S.DIRTY:
                 transfers.start_write(entry, evicting=False)
             transfers.wait_write(entry)
+            transfers.write_prefix(entry)
 
     def wait_writes(self) -> None:
         """Wait for the writes in flight (none is started): the transient buffers they were writing from go back.

@@ -119,7 +119,8 @@ def plan(args) -> int:
             measured = step.measured_read_bytes_per_s is not None
             bandwidth, source = (None, "measured") if measured or pooled is None else (pooled, "other sections")
         try:
-            section = plan_section(step, shares[name], bandwidth, args.in_flight_bytes, args.first)
+            section = plan_section(step, shares[name], bandwidth, args.in_flight_bytes, args.first,
+                                   prefixes=name == "optimizer")
         except ValueError as err:  # no bandwidth to plan with
             section = {"error": f"{err}: pass --read-bandwidth"}
             failed = True
@@ -137,10 +138,11 @@ def _pooled_read_bytes_per_s(steps) -> Optional[float]:
 
 
 def plan_section(step: StepProfile, host_bytes: int, read_bytes_per_s: Optional[float],
-                 in_flight_bytes: Optional[int], first: int) -> dict:
-    """The host tier's steady state and the prefetch schedule for one section, JSON-able."""
+                 in_flight_bytes: Optional[int], first: int, prefixes: bool = False) -> dict:
+    """The host tier's steady state and the prefetch schedule for one section, JSON-able. ``prefixes``: the
+    section's store holds prefixes in the room whole tensors leave (the optimizer's)."""
     sizes = step.tensor_nbytes()
-    residency = steady_state(step.keys, sizes, host_bytes)
+    residency = steady_state(step.keys, sizes, host_bytes, prefixes=prefixes)
     schedule = PrefetchSchedule.from_profile(step, read_bytes_per_s, in_flight_bytes, reads_at=residency.misses)
     held = [key for key in dict.fromkeys(step.keys) if key in residency.held]  # in first-use order
     prefetched = [position for position in sorted(residency.misses) if schedule.leads[position]]
@@ -148,8 +150,8 @@ def plan_section(step: StepProfile, host_bytes: int, read_bytes_per_s: Optional[
     return {
         "accesses": len(step), "tensors": len(sizes), "tensor_bytes": sum(sizes.values()),
         "host_bytes": host_bytes, "held_tensors": len(held), "held_bytes": sum(sizes[key] for key in held),
-        "first_held_keys": held[:first],
-        "reads": len(residency.misses), "read_bytes": residency.read_bytes(step.nbytes),
+        "first_held_keys": held[:first], "prefix_bytes": sum(residency.prefixes.values()),
+        "reads": len(residency.misses), "read_bytes": residency.read_bytes(step.nbytes, step.keys),
         "prefetched_reads": len(prefetched), "demand_reads": len(residency.misses) - len(prefetched),
         "lead_min": min(leads, default=0), "lead_median": statistics.median(leads) if leads else 0,
         "lead_max": max(leads, default=0),
@@ -167,7 +169,8 @@ def _plan_lines(name: str, section: dict) -> List[str]:
         f"[{name}] {section['accesses']} accesses of {section['tensors']} tensors "
         f"({fmt_bytes(section['tensor_bytes'])}); host tier share {fmt_bytes(section['host_bytes'])}",
         f"  held       {section['held_tensors']} of {section['tensors']} tensors ({fmt_bytes(section['held_bytes'])})"
-        f" stay in host memory: {_keys(section['first_held_keys'])}",
+        f" stay in host memory: {_keys(section['first_held_keys'])}"
+        + (f"; {fmt_bytes(section['prefix_bytes'])} of prefixes" if section["prefix_bytes"] else ""),
         f"  reads      {section['reads']} of {section['accesses']} accesses read NVMe, "
         f"{fmt_bytes(section['read_bytes'])} per step; {section['prefetched_reads']} prefetched, "
         f"{section['demand_reads']} on demand",

@@ -54,14 +54,19 @@ def place(source: str, target: str, fill=None) -> Placed:
             os.unlink(temporary)
 
 
+def is_shared(path: str) -> bool:
+    """Has ``path``'s inode other names (a checkpoint's)? A write to it then has to make it a file of its own."""
+    try:
+        return os.stat(path).st_nlink > 1
+    except FileNotFoundError:
+        return False
+
+
 def give_own_file(path: str, whole: bool) -> bool:
     """Before a write to ``path``: if its inode has other names (a checkpoint), make ``path`` a file of its own, so
     that the write changes only it. ``whole``: the write replaces every byte (the old ones need not be kept).
     Returns True if the link was broken."""
-    try:
-        if os.stat(path).st_nlink <= 1:
-            return False
-    except FileNotFoundError:
+    if not is_shared(path):
         return False
     if whole:
         os.unlink(path)  # the write creates a new file; the other names keep the old inode

@@ -1,7 +1,8 @@
 """Belady eviction, one policy for every tier. Owns: which held tensor gives its room up (the one needed farthest
 ahead; least recently used while the order is unknown), when making room is not worth it (bypass: every possible
 victim is needed sooner than the newcomer), and how far ahead a read ahead counts its newcomer as needed (the use
-after the one the read serves). Pure: keys, sizes and next-use distances (profile/next_use.py).
+after the one the read serves), and how large a prefix spare room holds (finer than a whole tensor: the first bytes
+of one that streams, cache/entry.py). Pure: keys, sizes and next-use distances (profile/next_use.py).
 
 Served to: the host tier's store (cache/entry_store.py) and its planner (plan/host_residency.py, which replays the
 store's choices; tests/plan/test_eviction.py checks that both miss the same accesses), and the device tier
@@ -10,6 +11,10 @@ store's choices; tests/plan/test_eviction.py checks that both miss the same acce
 from typing import Callable, Hashable, List, Optional, Sequence
 
 from ..profile.next_use import NextUseIndex
+
+# A prefix's size is a multiple of this (any O_DIRECT alignment divides it), and no prefix is smaller: below it the
+# copy and the second request per read and write cost more than the bytes save.
+PREFIX_GRANULE_BYTES = 1 << 20
 
 
 def choose_victim(candidates: Sequence[Hashable], index: Optional[NextUseIndex], position: int) -> Hashable:
@@ -59,3 +64,12 @@ def kept_until(index: NextUseIndex, key: Hashable, position: int, use_pending: b
     if use_pending:
         distance += 1 + index.distance(key, position + distance + 1)
     return distance
+
+
+def prefix_nbytes(spare_bytes: int, tensor_nbytes: int) -> int:
+    """The prefix ``spare_bytes`` of room hold of a tensor of ``tensor_nbytes`` that streams: whole granules,
+    leaving at least one for the file (a prefix never covers a whole tensor: that is a held entry); 0 when not even
+    one granule fits. E.g. 2.5 granules spare, a tensor of 10: 2 granules; of 2: 1 granule."""
+    nbytes = min(spare_bytes, tensor_nbytes - PREFIX_GRANULE_BYTES)
+    nbytes -= nbytes % PREFIX_GRANULE_BYTES
+    return nbytes if nbytes >= PREFIX_GRANULE_BYTES else 0

@@ -8,28 +8,38 @@ after the one the read serves (plan/eviction.kept_until), which is the choice a 
 reads ahead overlap an eviction's own timing the two can differ, and nothing tests them against each other. It
 counts bytes, not slots: the parameter store's arena has a slot per size class, so it may keep a little less than
 predicted here. Used by `tencache-ds plan` and to tell the prefetch planner which accesses read NVMe.
+
+With ``prefixes`` (the optimizer's store: cache/admission.py ``grant_prefix``) the room the kept tensors leave holds
+the first bytes of tensors that stream, granted in the order they first miss and kept from then on: their accesses
+still read NVMe, that many bytes fewer each way.
 """
 import dataclasses
-from typing import Dict, FrozenSet, Hashable, Sequence, Set
+from typing import Dict, FrozenSet, Hashable, Mapping, Sequence, Set
 
 from ..profile.next_use import NextUseIndex
-from .eviction import farthest_first, victims_for
+from .eviction import farthest_first, prefix_nbytes, victims_for
 
 
 @dataclasses.dataclass(frozen=True)
 class Residency:
-    """One step in steady state: ``misses`` (positions that read NVMe) and ``held`` (keys every access of which
-    is a hit: they stay in the tier)."""
+    """One step in steady state: ``misses`` (positions that read NVMe), ``held`` (keys every access of which
+    is a hit: they stay in the tier) and ``prefixes`` (bytes at the start of a missing key that the tier holds: its
+    reads and writes move that many fewer)."""
 
     misses: FrozenSet[int]
     held: FrozenSet[Hashable]
+    prefixes: Mapping[Hashable, int] = dataclasses.field(default_factory=dict)
 
-    def read_bytes(self, nbytes: Sequence[int]) -> int:
-        return sum(nbytes[position] for position in self.misses)
+    def read_bytes(self, nbytes: Sequence[int], keys: Sequence[Hashable] = ()) -> int:
+        """NVMe bytes the misses read, ``nbytes`` per position (less the prefixes, given the positions' ``keys``)."""
+        return sum(nbytes[position] - (self.prefixes.get(keys[position], 0) if keys else 0)
+                   for position in self.misses)
 
 
-def steady_state(keys: Sequence[Hashable], tensor_nbytes: Dict[Hashable, int], capacity_bytes: int) -> Residency:
-    """Replay ``keys`` twice through ``capacity_bytes``; the second pass is the steady state.
+def steady_state(keys: Sequence[Hashable], tensor_nbytes: Dict[Hashable, int], capacity_bytes: int,
+                 prefixes: bool = False) -> Residency:
+    """Replay ``keys`` twice through ``capacity_bytes``; the second pass is the steady state. ``prefixes``: the
+    room left holds prefixes of missing keys (module docstring).
 
     E.g. keys [a, b, c, a, b, c] of 1 byte each, capacity 2: Belady keeps a and b, c is read both times
     (misses {2, 5}); LRU would miss all six.
@@ -62,4 +72,10 @@ def steady_state(keys: Sequence[Hashable], tensor_nbytes: Dict[Hashable, int], c
                 used -= held.pop(other)
             held[key] = size
             used += size
-    return Residency(frozenset(misses), frozenset(hit_keys - missed_keys))
+    granted: Dict[Hashable, int] = {}
+    for position in sorted(misses) if prefixes else ():
+        key = keys[position]
+        if key not in granted:
+            granted[key] = prefix_nbytes(capacity_bytes - used - sum(granted.values()), tensor_nbytes[key])
+    return Residency(frozenset(misses), frozenset(hit_keys - missed_keys),
+                     {key: nbytes for key, nbytes in granted.items() if nbytes})

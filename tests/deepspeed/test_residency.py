@@ -68,6 +68,26 @@ def test_many_sub_groups_under_a_small_budget_keep_a_fixed_share_step_after_step
         assert step["optimizer_cache_misses"] > 0, late  # the budget really is smaller than the state
 
 
+# Less than one optimizer tensor of gpt2-tiny (15M parameters: 60 MB each, one sub-group): no whole tensor fits.
+PREFIX = {"host_cache_bytes": 40_000_000}
+
+
+def test_a_budget_smaller_than_one_tensor_keeps_a_prefix_and_saves_its_bytes_every_step(train):
+    """Regression: the tier kept whole tensors only, so a budget smaller than one kept nothing and every step moved
+    the whole state. Now the budget holds the first bytes of one tensor (cache/entry.py prefixes): every step reads
+    and writes that many bytes fewer, with stock's bits."""
+    stock = train(block=None, steps=4, **FAST)
+    ours = train(block=PREFIX, steps=4, **FAST)
+    assert_identical(stock, ours)
+    steps = [step["stats"] for step in ours.result["steps"]]
+    prefix = steps[-1]["optimizer_cache_prefix_bytes"]
+    assert steps[-1]["optimizer_cache_prefix_tensors"] == 1 and prefix >= 30 * 2**20
+    for before, after in zip(steps[1:], steps[2:]):  # once per step each way: the tensor is read and written once
+        for way in ("read", "write"):
+            saved = f"optimizer_cache_prefix_{way}_bytes_saved"
+            assert after[saved] - before[saved] == prefix, (way, before[saved], after[saved])
+
+
 def test_gradients_make_no_nvme_round_trip(train, tmp_path):
     """Stage 3 accumulates fp32 gradients in a host buffer it keeps until the next backward: the update copies each
     sub-group's gradient from there. Streaming (nothing kept), no gradient file is ever written (stock writes every

@@ -29,3 +29,17 @@ def test_a_large_tensor_does_not_push_out_smaller_ones_needed_sooner():
     keys = ["a", "b", "big", "a", "b"]
     result = steady_state(keys, {"a": 1, "b": 1, "big": 2}, capacity_bytes=2)
     assert result.held == {"a", "b"} and result.misses == {2}
+
+
+def test_the_room_kept_tensors_leave_holds_prefixes_of_the_first_that_miss():
+    """The optimizer's store (cache/admission.py grant_prefix): whole granules of the spare room hold the first
+    bytes of the tensors that stream, in the order they first miss; their reads still count, that much smaller."""
+    mib = 1 << 20
+    keys = list("abcabc")
+    sizes = dict(a=4 * mib, b=4 * mib, c=4 * mib)
+    result = steady_state(keys, sizes, capacity_bytes=6 * mib + 5, prefixes=True)
+    assert result.held == {"a"} and result.prefixes == {"b": 2 * mib}  # the 2 MiB after "a"; none left for "c"
+    assert result.read_bytes([4 * mib] * 6, keys) == 2 * (4 * mib - 2 * mib) + 2 * 4 * mib
+    smaller = steady_state(keys, sizes, capacity_bytes=3 * mib, prefixes=True)
+    assert smaller.held == frozenset() and smaller.prefixes == {"a": 3 * mib}
+    assert steady_state(keys, sizes, capacity_bytes=3 * mib).prefixes == {}  # the parameter store holds none

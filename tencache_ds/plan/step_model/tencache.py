@@ -16,7 +16,7 @@ its plan, its replay and its memory. Pure.
 """
 import dataclasses
 from collections import defaultdict
-from typing import Dict, List, Optional, Set, Tuple
+from typing import Dict, List, Mapping, Optional, Set, Tuple
 
 from ...config import AUTO
 from ...profile.step_profile import StepProfile
@@ -57,6 +57,11 @@ class TencachePlan:
     optimizer_start_share_bytes: int
     step_rise_bytes: int = 0
     param_slots_locked: bool = True  # plan/budget.parameter_lock_mode: not on a host accelerator by default
+    optimizer_prefixes: Mapping[str, int] = dataclasses.field(default_factory=dict)  # bytes held of streaming ones
+
+    def optimizer_io_bytes(self, name: str, nbytes: int) -> int:
+        """What a read or write of optimizer tensor ``name`` (``nbytes``) moves: less the prefix the tier holds."""
+        return nbytes - self.optimizer_prefixes.get(name, 0)
 
 
 def tencache_plan(workload: Workload, machine: Machine) -> TencachePlan:
@@ -87,12 +92,14 @@ def tencache_plan(workload: Workload, machine: Machine) -> TencachePlan:
     shares = split_host_budget(host, demands)
     start_share = optimizer_share = shares.get("optimizer", 0)
     held = frozenset()
+    prefixes: Dict[str, int] = {}
     optimizer_streaming = rise = 0
     if zero.offload_optimizer == "nvme":
         keys, sizes = _optimizer_sequence(workload, machine)
         if budgets.host_source == AUTO:
             optimizer_share, rise = _grown_share(workload, machine, start_share, streaming + param_cache)
-        held = steady_state(keys, sizes, optimizer_share).held
+        residency = steady_state(keys, sizes, optimizer_share, prefixes=True)
+        held, prefixes = residency.held, dict(residency.prefixes)
         if len(held) < len(sizes):  # a sub-group's four tensors stream through slots (twice: one read ahead)
             optimizer_streaming = _optimizer_streaming_bytes(workload)
         else:  # the gradient an update fills from stage 3's buffer, if any, still takes one
@@ -102,7 +109,7 @@ def tencache_plan(workload: Workload, machine: Machine) -> TencachePlan:
     device = device_tier_budget(config.device_cache_bytes, machine.accelerator_is_host, param_capacity,
                                 device_free, 0.5) if config.device_cache_bytes != 0 else 0
     return TencachePlan(host, streaming, param_cache, optimizer_share, device, params_all_held, held,
-                        optimizer_streaming, start_share, rise, slots_locked)
+                        optimizer_streaming, start_share, rise, slots_locked, prefixes)
 
 
 def _grown_share(workload: Workload, machine: Machine, start_share: int, param_slot_bytes: int) -> Tuple[int, int]:
@@ -239,7 +246,8 @@ def predict_tencache(workload: Workload, machine: Machine) -> Prediction:
                 if streams and micro == workload.gas - 1 and index == first_backward:
                     for name in ("p0", "m0", "v0"):  # the first sub-group's state, read during backward
                         if name not in plan.optimizer_held:
-                            ahead[name] = timeline.issue("nvme_read", opt_sizes[name], name)
+                            ahead[name] = timeline.issue("nvme_read", plan.optimizer_io_bytes(name, opt_sizes[name]),
+                                                         name)
                 for position in lend_at.get(index, []):
                     if position in host_misses:
                         done = issued.pop(position, None)
@@ -258,7 +266,7 @@ def predict_tencache(workload: Workload, machine: Machine) -> Prediction:
         if streams:
             for i in range(len(workload.sub_groups)):
                 if f"g{i}" in opt_sizes and f"g{i}" not in plan.optimizer_held:
-                    timeline.issue("nvme_write", opt_sizes[f"g{i}"], f"g{i}")
+                    timeline.issue("nvme_write", plan.optimizer_io_bytes(f"g{i}", opt_sizes[f"g{i}"]), f"g{i}")
             _tencache_optimizer(workload, timeline, rates, plan, opt_sizes, ahead, written_params)
         elif zero.offload_optimizer == "cpu":
             timeline.work(optimizer_cpu_s(workload, workload.rank_elements, rates), "cpu_adam")
@@ -306,7 +314,7 @@ def _tencache_optimizer(workload: Workload, timeline: Timeline, rates: Rates, pl
     def read(i: int) -> None:
         for name in tensors(i):
             if name not in plan.optimizer_held and name not in ahead:
-                ahead[name] = timeline.issue("nvme_read", sizes[name], name)
+                ahead[name] = timeline.issue("nvme_read", plan.optimizer_io_bytes(name, sizes[name]), name)
 
     for i in range(groups):
         read(i)
@@ -323,7 +331,7 @@ def _tencache_optimizer(workload: Workload, timeline: Timeline, rates: Rates, pl
                 timeline.issue("nvme_write", param_bytes(workload, key), key)
         for name in (f"p{i}", f"m{i}", f"v{i}"):
             if name not in plan.optimizer_held:
-                timeline.issue("nvme_write", sizes[name], name)
+                timeline.issue("nvme_write", plan.optimizer_io_bytes(name, sizes[name]), name)
 
 
 def _tencache_memory(workload: Workload, machine: Machine, plan: TencachePlan) -> Dict[str, int]:
@@ -340,7 +348,8 @@ def _tencache_memory(workload: Workload, machine: Machine, plan: TencachePlan) -
     if zero.offload_optimizer == "nvme":
         largest = workload.largest_sub_group_elements
         init = largest * (INIT_BYTES_PER_ELEMENT_OUTSIDE_POOL + INIT_BYTES_PER_ELEMENT_POOLED)
-        held = sum(_optimizer_sequence(workload, machine)[1][name] for name in plan.optimizer_held)
+        held = (sum(_optimizer_sequence(workload, machine)[1][name] for name in plan.optimizer_held)
+                + sum(plan.optimizer_prefixes.values()))
         pageable += max(init, held + plan.optimizer_streaming_bytes)
     elif zero.offload_optimizer == "cpu":
         states = workload.rank_elements * OPTIMIZER_STATE_FILE_BYTES
