@@ -3,7 +3,7 @@ buffer source; else a held entry's, chosen by plan/eviction.py's Belady over the
 while the order is unknown, unless bypassing is better; else a write in flight that frees one; else a transient
 buffer, after waiting for a write that frees a streaming slot rather than mapping new memory), prefixes (room no
 whole tensor fits in holds the first bytes of a streaming one: cache/entry.py), and giving held buffers and
-prefixes back under memory pressure (also to a caller holding the store's lock: ``ExclusiveStore``). Does not own:
+prefixes back under memory pressure (held buffers also to a caller holding the store's lock: ``ExclusiveStore``). Does not own:
 the rules themselves (plan/eviction.py), the I/O (cache/transfers.py), where buffers come from
 (cache/buffer_sources.py).
 
@@ -202,34 +202,6 @@ class ExclusiveStore:
         """Give back the buffers of clean copies (their files hold the same bytes)."""
         for entry in self._table.held():
             self._transfers.drop(entry, S.ON_FILE)
-
-    def grant_prefix(self, entry: Entry) -> None:
-        """Before ``entry``'s transient buffer is written out: let the room whole tensors leave in the budget hold
-        its first bytes from now on (the write then copies them out and writes only the rest). Only spare room:
-        nothing is evicted for a prefix, and whole tensors take the room first (a read asks for a whole buffer
-        before its write asks for a prefix), so in a cyclic order the kept bytes stay the same from step to step."""
-        if entry.prefix is not None or not self._source.holds_prefixes:
-            return
-        nbytes = prefix_nbytes(self._source.spare_bytes(), self._transfers.swap_nbytes(entry.numel))
-        if not nbytes:
-            return
-        buffer = self._source.try_acquire(nbytes)
-        if buffer is not None:
-            self._transfers.attach_prefix(entry, buffer, nbytes)
-
-    def give_up_prefixes(self, nbytes: int) -> int:
-        """Give back prefixes, farthest next use first, until ``nbytes`` are freed (fewer when there are not
-        enough); dirty ones are written first. Returns the bytes freed."""
-        holders = [entry.key for entry in self._table if entry.prefix is not None]
-        freed = 0
-        for key in farthest_first(holders, self._index(), self._recorder.position):
-            if freed >= nbytes:
-                break
-            entry = self._table[key]
-            self._transfers.write_prefix(entry)
-            freed += entry.prefix.capacity_bytes
-            self._transfers.drop_prefix(entry)
-        return freed
 
     def evict_held(self, nbytes: int, may_give_back: Callable[[HostBuffer], bool]) -> int:
         """Give back at least ``nbytes`` of held buffers, farthest next use first (cache/admission.py)."""

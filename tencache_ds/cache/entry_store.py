@@ -13,8 +13,9 @@ Zero-copy: a swap-in of a held entry lends its buffer itself (no memcpy); the bo
 
 Plain class: torch, not DeepSpeed, so it is tested on its own (tests/cache/test_entry_store.py).
 
-Locking: one lock guards every entry; it is never held while waiting for I/O. A wait releases it, and the state
-is looked at again afterwards (another thread may have moved the entry meanwhile).
+Locking: one lock guards every entry; it is not held while waiting for I/O (one exception: a prefix written at a
+flush or given up, cache/transfers.py ``write_prefix``). A wait releases it, and the state is looked at again
+afterwards (another thread may have moved the entry meanwhile).
 """
 import contextlib
 import dataclasses
@@ -355,7 +356,8 @@ class EntryStore:
             self._checked()
 
     def held_keys(self) -> List[Hashable]:
-        """Keys whose bytes are in host memory, whole or a prefix, and not lent (clean or dirty copies)."""
+        """Keys not lent whose bytes are in host memory, whole (clean or dirty copies) or a prefix: what a
+        checkpoint load must forget."""
         with self._lock:
             return [entry.key for entry in self._table
                     if entry.state in CACHED or (entry.prefix is not None and entry.state not in LENT)]

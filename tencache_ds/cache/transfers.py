@@ -135,15 +135,18 @@ class Transfers:
             entry.prefix, entry.prefix_nbytes, entry.prefix_dirty = None, 0, False
 
     def write_prefix(self, entry: Entry) -> None:
-        """Write ``entry``'s dirty prefix to its file and wait, the lock held (a prefix is small, and these writes
-        come at a flush or when memory is given back, not in a step's stream). A failed write raises and leaves
-        the prefix dirty: its bytes are never dropped."""
+        """Write ``entry``'s dirty prefix to its file and wait. The one wait with the store's lock held: these
+        writes come at a flush or when memory is given back, not in a step's stream, and holding the lock keeps
+        the prefix from changing or going while it is written (no I/O completion takes the lock). A failed write
+        raises and leaves the prefix dirty: its bytes are never dropped."""
         if entry.prefix is None or not entry.prefix_dirty:
             return
         future = self.io.write(self._prefix_view(entry), entry.path, file_offset=0)
         started = self.recorder.clock()
         _wait_quietly(future)
-        self.counters.io_wait_s += self.recorder.clock() - started
+        waited = self.recorder.clock() - started
+        self.counters.io_wait_s += waited
+        self.recorder.stalled(waited)  # the profile's compute excludes I/O waits
         if future.exception() is not None:
             raise future.exception()
         entry.prefix_dirty = False

@@ -11,7 +11,10 @@ predicted here. Used by `tencache-ds plan` and to tell the prefetch planner whic
 
 With ``prefixes`` (the optimizer's store: cache/admission.py ``grant_prefix``) the room the kept tensors leave holds
 the first bytes of tensors that stream, granted in the order they first miss and kept from then on: their accesses
-still read NVMe, that many bytes fewer each way.
+still read NVMe, that many bytes fewer each way. The store grants them to the first tensors written out from a
+transient buffer (at start-up, the masters as they are created), so with sub-groups of unequal sizes the two may
+give the same room to different tensors, and whole granules of different sizes: the bytes agree to a granule per
+prefix.
 """
 import dataclasses
 from typing import Dict, FrozenSet, Hashable, Mapping, Sequence, Set

@@ -225,3 +225,35 @@ def test_a_prefix_beside_a_kept_whole_buffer_fails_the_entry_check():
 ])
 def test_a_prefix_is_whole_granules_and_never_the_whole_tensor(spare, tensor, expected):
     assert prefix_nbytes(spare, tensor) == expected
+
+
+def test_flush_key_a_whole_replacement_and_giving_up_a_lent_entrys_prefix_keep_the_newest_bytes(tmp_path, io):
+    """The paths the step's cycle does not take: a reader outside the store (flush_key: the ZeRO file's masters),
+    new bytes for the whole tensor into a kept buffer (the prefix is dead), and memory pressure while the tensor is
+    lent (its prefix is written and goes; the release writes the whole tensor)."""
+    store = make(io, BUDGET)
+    run_steps(store, tmp_path, steps=2)
+    store.flush_key("p")
+    assert torch.equal(on_file(io, store.path("p")), values(1, "p")) and store.flush() == 0
+    run_steps(store, tmp_path, steps=1, first=2)       # dirty again
+    view = store.lend("p")
+    store.source.budget.resize(0)                      # as the governor shrinks: the budget, then what is kept
+    assert store.trim_kept(0) == 0 and store.stats()["prefix_tensors"] == 0
+    view.copy_(values(3, "p"))
+    store.release("p", changed=True)
+    store.wait_writes()
+    assert torch.equal(on_file(io, store.path("p")), values(3, "p"))
+    store.source.budget.resize(BUDGET)
+    view = store.lend("p")
+    assert torch.equal(view, values(3, "p"))
+    view.copy_(values(4, "p"))
+    store.release("p", changed=True)
+    store.source.budget.resize(BUDGET + 2 * NBYTES)
+    assert store.held_keys() == ["p"]                  # a prefix again, dirty
+    replaced = store.lend_new("p", NUMEL, store.path("p"))
+    assert store.kept("p") and store.stats()["prefix_tensors"] == 0  # the prefix's bytes are dead
+    replaced.fill_(-5.0)
+    store.release("p", changed=True)
+    store.flush()
+    assert torch.equal(on_file(io, store.path("p")), torch.full((NUMEL,), -5.0))
+    store.close()
