@@ -49,6 +49,8 @@ class Admission:
             buffer = self._source.try_acquire(nbytes)
             if buffer is not None:
                 return buffer, self._source.keeps(buffer)
+            if self._gave_up_own_prefix(nbytes, incoming):
+                continue
             victim = self._choose_victim(nbytes, incoming, use_pending)
             if victim is not None:
                 self._counters.evictions += 1
@@ -69,6 +71,17 @@ class Admission:
                 continue
             self._counters.transient_buffers += 1
             return self._source.fallback(nbytes), False
+
+    def _gave_up_own_prefix(self, nbytes: int, incoming) -> bool:
+        """The incoming entry's own prefix and the spare room together hold it whole (the budget grew, e.g. to all
+        of the state): its prefix goes (written first if dirty), so that the whole tensor is kept rather than
+        streamed through a slot beside its own prefix. The read that follows brings those bytes back."""
+        entry = self._table.get(incoming)
+        if entry is None or entry.prefix is None or self._source.room_needed(nbytes) > entry.prefix.capacity_bytes:
+            return False
+        self._transfers.write_prefix(entry)
+        self._transfers.drop_prefix(entry)
+        return True
 
     def acquire_transient(self, nbytes: int) -> Tuple[HostBuffer, bool]:
         """(buffer, False): a buffer for one use only, taking no held entry's room and no budget: a streaming slot

@@ -257,3 +257,19 @@ def test_flush_key_a_whole_replacement_and_giving_up_a_lent_entrys_prefix_keep_t
     store.flush()
     assert torch.equal(on_file(io, store.path("p")), torch.full((NUMEL,), -5.0))
     store.close()
+
+
+def test_a_budget_grown_to_hold_a_tensor_with_its_own_prefix_keeps_it_whole(tmp_path, io):
+    """Regression: prefixes never gave way, so a budget grown by less than a whole tensor (the governor's "keep
+    everything" counts each tensor once) left the prefix holder streaming beside its own prefix, and gave the new
+    room to another tensor's prefix. Now the holder's prefix and the spare room make room for it whole."""
+    store = make(io, BUDGET)
+    run_steps(store, tmp_path, steps=2)
+    assert store.held_keys() == ["p"] and not store.kept("p")
+    store.source.budget.resize(BUDGET + 2 * MiB)  # with "p"'s 2 MiB prefix: room for "p" whole, and no more
+    run_steps(store, tmp_path, steps=2, first=2)
+    assert store.kept("p") and store.held_keys() == ["p"] and store.stats()["prefix_tensors"] == 0
+    store.flush()
+    for key in KEYS:
+        assert torch.equal(on_file(io, store.path(key)), values(3, key)), key
+    store.close()
