@@ -3,8 +3,8 @@ buffer source; else a held entry's, chosen by plan/eviction.py's Belady over the
 while the order is unknown, unless bypassing is better; else a write in flight that frees one; else a transient
 buffer, after waiting for a write that frees a streaming slot rather than mapping new memory), prefixes (room no
 whole tensor fits in holds the first bytes of a streaming one: cache/entry.py), and giving held buffers and
-prefixes back under memory pressure (held buffers also to a caller holding the store's lock: ``ExclusiveStore``). Does not own:
-the rules themselves (plan/eviction.py), the I/O (cache/transfers.py), where buffers come from
+prefixes back under memory pressure (held buffers also to a caller holding the store's lock: ``ExclusiveStore``).
+Does not own: the rules themselves (plan/eviction.py), the I/O (cache/transfers.py), where buffers come from
 (cache/buffer_sources.py).
 
 Locking: called with the store's lock held (waits for writes release it: cache/transfers.py).

@@ -111,8 +111,8 @@ class WriteBack:
 
     def flush(self, skip: Optional[Callable[[Hashable], bool]] = None) -> int:
         """Write every dirty held entry, and every dirty prefix, to its file and wait; they stay held, clean.
-        Returns how many were written. Lent entries must have been released (a checkpoint is taken between steps). ``skip(key)``: leave
-        that entry dirty (a checkpoint does not need it)."""
+        Returns how many were written. Lent entries must have been released (a checkpoint is taken between steps).
+        ``skip(key)``: leave that entry dirty (a checkpoint does not need it)."""
         transfers = self._transfers
         with transfers.lock:
             lent_dirty = [entry.key for entry in self._table if entry.state == S.LENT_DIRTY]

@@ -73,7 +73,8 @@ def test_memory_taken_away_mid_run_is_given_back_then_taken_again_with_stocks_bi
     # back less the streaming slots brought back for the sub-groups that now stream (measured: 74 MB of 154 - 83)
     slots_back = steps[2]["optimizer_retired_bytes"] - steps[3]["optimizer_retired_bytes"]
     working_sets = ours.result["working_set_bytes"]
-    assert working_sets[3] < working_sets[2] - (given_back - slots_back) * 3 // 4, (working_sets, given_back, slots_back)
+    assert working_sets[3] < working_sets[2] - (given_back - slots_back) * 3 // 4, \
+        (working_sets, given_back, slots_back)
     # memory back: the tier holds what it held before the squeeze again, with no streaming slots left in use
     assert steps[4]["host_cache_bytes_in_use"] == steps[2]["host_cache_bytes_in_use"]
     assert steps[4]["optimizer_retired_bytes"] == steps[2]["optimizer_retired_bytes"] > 0
