@@ -7,7 +7,8 @@ prefixes back under memory pressure (held buffers also to a caller holding the s
 Does not own: the rules themselves (plan/eviction.py), the I/O (cache/transfers.py), where buffers come from
 (cache/buffer_sources.py).
 
-Locking: called with the store's lock held (waits for writes release it: cache/transfers.py).
+Locking: called with the store's lock held (waits for writes release it: cache/transfers.py; a prefix's own write
+is waited for with it held, ``Transfers.write_prefix``).
 """
 from typing import Callable, Dict, Hashable, Optional, Tuple
 
@@ -208,7 +209,8 @@ class ExclusiveStore:
         self._admission = admission
 
     def idle(self) -> bool:
-        """Nothing lent, in flight, or owed to its file: every entry is on file or a clean copy."""
+        """Nothing lent, in flight, or owed to its file: every entry is on file or a clean copy (the parameter
+        store's arena slots hold no prefixes, so none can be dirty)."""
         return all(entry.state in (S.ON_FILE, S.CLEAN) and entry.external_read is None for entry in self._table)
 
     def drop_clean_copies(self) -> None:

@@ -14,8 +14,8 @@ Zero-copy: a swap-in of a held entry lends its buffer itself (no memcpy); the bo
 Plain class: torch, not DeepSpeed, so it is tested on its own (tests/cache/test_entry_store.py).
 
 Locking: one lock guards every entry; it is not held while waiting for I/O (one exception: a prefix written at a
-flush or given up, cache/transfers.py ``write_prefix``). A wait releases it, and the state is looked at again
-afterwards (another thread may have moved the entry meanwhile).
+flush, given up, or given way when the tensor can be kept whole: cache/transfers.py ``write_prefix``). A wait
+releases it, and the state is looked at again afterwards (another thread may have moved the entry meanwhile).
 """
 import contextlib
 import dataclasses
@@ -133,6 +133,7 @@ class EntryStore:
             if entry.state in LENT or entry.state == S.READING:  # (a read into the caller's buffer may go on)
                 raise RuntimeError(f"{self.name}: tensor {key} is already lent or being read")
             if entry.state == S.ON_FILE:
+                transfers.drop_prefix(entry)  # the new bytes replace the whole tensor: its prefix is dead
                 if staging:
                     transfers.attach(entry, transfers.staging.acquire_pageable(self.swap_nbytes(numel), False), False)
                     entry.staged = True
@@ -140,8 +141,6 @@ class EntryStore:
                     transfers.attach(entry, *self._admission.acquire_transient(self.swap_nbytes(numel)))
                 else:
                     transfers.attach(entry, *self._admission.acquire(self.swap_nbytes(numel), key))
-                if entry.kept:  # the new bytes replace the whole tensor, prefix included
-                    transfers.drop_prefix(entry)
             else:
                 transfers.fence(entry.buffer)
             self._table.set(entry, S.LENT_DIRTY)

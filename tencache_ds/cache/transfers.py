@@ -136,9 +136,10 @@ class Transfers:
 
     def write_prefix(self, entry: Entry) -> None:
         """Write ``entry``'s dirty prefix to its file and wait. The one wait with the store's lock held: these
-        writes come at a flush or when memory is given back, not in a step's stream, and holding the lock keeps
-        the prefix from changing or going while it is written (no I/O completion takes the lock). A failed write
-        raises and leaves the prefix dirty: its bytes are never dropped."""
+        writes come at a flush, when memory is given back, or once when a grown budget lets the tensor be kept
+        whole, not at every use, and holding the lock keeps the prefix from changing or going while it is
+        written (no I/O completion takes the lock). A failed write raises and leaves the prefix dirty: its bytes
+        are never dropped."""
         if entry.prefix is None or not entry.prefix_dirty:
             return
         future = self.io.write(self._prefix_view(entry), entry.path, file_offset=0)

@@ -40,9 +40,8 @@ class WriteBack:
             transfers.wait_write(entry)
             self._refuse_if_in_use(entry)
             if entry.state == S.ON_FILE:
+                transfers.drop_prefix(entry)  # the new bytes replace the whole tensor: its prefix is dead
                 transfers.attach(entry, *self._admission.acquire(transfers.swap_nbytes(entry.numel), key))
-                if entry.kept:  # the new bytes replace the whole tensor, prefix included
-                    transfers.drop_prefix(entry)
             else:
                 transfers.fence(entry.buffer)
             self._table.set(entry, S.LENT_DIRTY)  # held by us for the copy
