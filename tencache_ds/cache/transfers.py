@@ -245,6 +245,8 @@ class Transfers:
             entry.io, entry.evicting = None, False
             if not entry.kept:  # a transient buffer holding owed bytes: keep it, counted as held
                 entry.kept = True
+                if entry.prefix_dirty:  # the write was past the prefix: those bytes were not saved after all
+                    self.counters.prefix_write_bytes_saved -= entry.prefix_nbytes
                 self.drop_prefix(entry)  # the buffer holds every byte the prefix does
             self.table.set(entry, S.DIRTY)
             self.counters.write_errors += 1

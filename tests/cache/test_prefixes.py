@@ -194,12 +194,14 @@ def test_a_failed_write_keeps_every_byte_and_the_prefix_folds_into_the_kept_buff
     store = make(failing, BUDGET)
     run_steps(store, tmp_path, steps=2)
     failing.failing = True
+    saved = store.counters.prefix_write_bytes_saved
     view = store.lend("p")
     view.copy_(values(2, "p"))
     store.release("p", changed=True)          # the write fails: the buffer is kept, dirty, the prefix folded in
     with pytest.raises(OSError):
         store.flush()
     assert store.state("p") == EntryState.DIRTY and store.stats()["prefix_tensors"] == 0
+    assert store.counters.prefix_write_bytes_saved == saved  # the failed write saved nothing
     failing.failing = False
     store.flush()
     assert torch.equal(on_file(io, store.path("p")), values(2, "p"))
