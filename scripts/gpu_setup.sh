@@ -72,16 +72,29 @@ _tc_setup() {
   # DeepSpeed's async_io links -lcuda: at build time the toolkit's stub is enough, the driver's libcuda.so.1 loads.
   export LIBRARY_PATH=$aio_lib${cuda_home:+:$cuda_home/lib64:$cuda_home/lib64/stubs}${LIBRARY_PATH:+:$LIBRARY_PATH}
   export LD_LIBRARY_PATH=$aio_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  # DeepSpeed 0.19.8's JIT builder parses each TORCH_CUDA_ARCH_LIST entry as integers and stops at an
+  # arch-specific one ("9.0a", set on the H200 machines): its ops need no sm_90a instruction, so build for 9.0.
+  if [ -n "${TORCH_CUDA_ARCH_LIST:-}" ]; then
+    export TORCH_CUDA_ARCH_LIST=$(sed -E 's/([0-9]+\.[0-9]+)[a-z]+/\1/g' <<< "$TORCH_CUDA_ARCH_LIST")
+    echo "gpu_setup: TORCH_CUDA_ARCH_LIST=$TORCH_CUDA_ARCH_LIST"
+  fi
   # the wheel was built on a CPU machine: say which accelerator rather than let DeepSpeed guess
   export DS_ACCELERATOR=${DS_ACCELERATOR:-cuda}
   (cd "$_tc_root" && python3 setup.py -q build_ext --inplace) > "$logs/arena.log" 2>&1 \
     || { echo "gpu_setup: the arena did not build: $logs/arena.log" >&2; return 1; }
-  # Each op once, verbosely, so that a failed JIT build is a log here, not a stack in every run.
-  local op
+  # Each op once, verbosely, so that a failed JIT build is a log here, not a stack in every run. The two build at
+  # once (separate extension folders): device time is what a lease is short of, and each build is mostly serial.
+  local op failed=0
+  local -A builds=()
   for op in AsyncIOBuilder CPUAdamBuilder; do
-    python3 -c "from deepspeed.ops.op_builder import $op; $op().load(verbose=True)" > "$logs/$op.log" 2>&1 \
-      || { echo "gpu_setup: DeepSpeed's $op did not build: $logs/$op.log" >&2; tail -20 "$logs/$op.log" >&2; return 1; }
+    python3 -c "from deepspeed.ops.op_builder import $op; $op().load(verbose=True)" > "$logs/$op.log" 2>&1 &
+    builds[$op]=$!
   done
+  for op in "${!builds[@]}"; do
+    wait "${builds[$op]}" \
+      || { echo "gpu_setup: DeepSpeed's $op did not build: $logs/$op.log" >&2; tail -20 "$logs/$op.log" >&2; failed=1; }
+  done
+  [ "$failed" = 0 ] || return 1
   echo "gpu_setup: ready (deepspeed $(python3 -c 'import deepspeed; print(deepspeed.__version__)' 2>/dev/null)," \
        "CUDA_HOME=${cuda_home:-none}, logs in $logs)"
 }

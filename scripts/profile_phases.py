@@ -3,6 +3,11 @@ and prints the time spent (cumulative, and per step) in each phase DeepSpeed's Z
 "where the time went" tables in docs/benchmarks.md; a diagnostic, not a benchmark (cProfile slows Python code).
 
     python scripts/profile_phases.py [train.py arguments...]     # e.g. --deepspeed_config configs/stock-nvme.json
+
+With PROFILE_PHASES_DUMP=FILE set, the whole profile is also saved there (pstats format, readable on another
+machine: `python -m pstats FILE`), for a run on a lent GPU machine whose time is too short to read it there.
+On Python 3.12 and later cProfile sees every thread's calls (it is built on sys.monitoring) and charges the I/O
+threads' idle waits to the training thread's frames: there, use py-spy (docs/gpu_check.md).
 """
 import cProfile
 import os
@@ -42,6 +47,8 @@ def main(argv):
     train.run_steps = profiled_run_steps
     train.main(argv)
     stats = pstats.Stats(profiler)
+    if os.environ.get("PROFILE_PHASES_DUMP"):
+        stats.dump_stats(os.environ["PROFILE_PHASES_DUMP"])
     steps = int(argv[argv.index("--steps") + 1]) if "--steps" in argv else 6
     print(f"\nphase: cumulative seconds over {steps} steps (cProfile), seconds per step")
     for phase, (suffix, name) in PHASES.items():
