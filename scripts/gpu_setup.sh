@@ -21,9 +21,10 @@ if [ "${1:-}" = "--prepare" ]; then
   # pydantic-core is the one compiled wheel; the GPU machines lent so far run Python 3.12.
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+    --platform manylinux1_x86_64 \
     -d "$_tc_carry/whl" "pydantic==$(python3 -c 'import pydantic; print(pydantic.VERSION)')" \
     "pydantic-core==$(python3 -c 'import pydantic_core; print(pydantic_core.__version__)')" \
-    annotated-types typing-inspection hjson
+    annotated-types typing-inspection hjson py-spy==0.4.0  # py-spy: scripts/gpu_lease.sh's profiles
   # DeepSpeed is published as an sdist only: a pure-Python wheel without prebuilt ops (they are JIT-built there).
   python3 -m pip download -q --no-deps --no-binary=:all: -d /tmp/gpu-setup-sdist deepspeed==0.19.8
   DS_BUILD_OPS=0 python3 -m pip wheel -q --no-deps --no-build-isolation -w "$_tc_carry/whl" \

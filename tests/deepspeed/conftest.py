@@ -1,19 +1,27 @@
 """Runs scripts/train.py (the real user script: real DeepSpeed engine on the CPU accelerator, real swap files)
-in a fresh process per training run, and reads its result JSON."""
+in a process of its own per training run, and reads its result JSON. A plain single-process run is forked from
+forkserver.py, which has imported torch, DeepSpeed and transformers once (half of a small run's time on 2 cores);
+launcher runs, cgroup runs and helper scripts start fresh interpreters."""
+import atexit
+import fcntl
+import hashlib
 import importlib.util
 import json
 import os
+import select
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import time
 import uuid
 
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TRAIN = os.path.join(REPO, "scripts", "train.py")
+FORKSERVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "forkserver.py")
 
 # scripts/shm_buffers.py (DeepSpeed's /dev/shm all-reduce buffers), loaded by path: scripts/ is no package
 _spec = importlib.util.spec_from_file_location("shm_buffers", os.path.join(REPO, "scripts", "shm_buffers.py"))
@@ -65,7 +73,102 @@ def _run_in_own_group(command, env, timeout):
     return subprocess.CompletedProcess(command, proc.returncode, stdout, stderr)
 
 
+class _ForkServer:
+    """The client of forkserver.py, one server per test worker, started at its first run: ``run`` is
+    _run_in_own_group's equivalent for a plain ``python scripts/train.py ARGS`` run (same CompletedProcess, the
+    same kill of the whole group and test failure when it hangs), about 10 s faster a run. TENCACHE_TEST_FORKSERVER=0
+    runs every training run in a fresh interpreter instead."""
+
+    def __init__(self):
+        self.enabled = os.environ.get("TENCACHE_TEST_FORKSERVER", "1") != "0"
+        self._proc = None
+        self._pending = b""
+
+    def _start(self, env):
+        self._proc = subprocess.Popen([sys.executable, FORKSERVER], cwd=REPO, env=env, stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        atexit.register(self.close)
+        if self._line(timeout=300) != b"READY":
+            raise RuntimeError("tests/deepspeed/forkserver.py did not start (run it by hand to see why)")
+
+    def _line(self, timeout):
+        """The next line the server wrote, or None after ``timeout`` s. Read with os.read, not a buffered file:
+        select would not see a line already buffered."""
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._pending:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self._proc.stdout], [], [], left)[0]:
+                return None
+            chunk = os.read(self._proc.stdout.fileno(), 65536)
+            if not chunk:
+                raise RuntimeError(f"tests/deepspeed/forkserver.py ended (exit {self._proc.wait()})")
+            self._pending += chunk
+        line, self._pending = self._pending.split(b"\n", 1)
+        return line
+
+    def run(self, argv, env, timeout, output_stem, command):
+        if self._proc is None:
+            self._start(env)
+        stdout, stderr = f"{output_stem}.stdout", f"{output_stem}.stderr"
+        request = {"argv": argv, "env": env, "stdout": stdout, "stderr": stderr}
+        self._proc.stdin.write((json.dumps(request) + "\n").encode())
+        self._proc.stdin.flush()
+        pid = json.loads(self._line(timeout=60))["pid"]
+        ended = self._line(timeout)
+        if ended is None:
+            os.killpg(pid, signal.SIGKILL)
+            self._line(timeout=60)
+        with open(stdout) as out, open(stderr) as err:
+            output = subprocess.CompletedProcess(command, None, out.read(), err.read())
+        if ended is None:
+            pytest.fail(f"hung: no end after {timeout} s: {' '.join(command)}\n"
+                        f"{(output.stdout + output.stderr)[-3000:]}")
+        output.returncode = json.loads(ended)["returncode"]
+        return output
+
+    def close(self):
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.stdin.close()
+            self._proc.wait(timeout=60)
+
+
+_FORK_SERVER = _ForkServer()
 _STOCK_RUNS = {}  # stock runs are deterministic: one per distinct command line serves every test that needs it
+
+
+def _shared_stock_runs(tmp_path_factory):
+    """The folder where a stock run's result is kept for every test worker of this session: pytest-xdist gives
+    each worker a base folder of its own (``.../popen-gwN``) under one shared by the session."""
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    folder = root / "stock-runs"
+    folder.mkdir(exist_ok=True)
+    return folder
+
+
+def _memoized_across_workers(folder, key, run):
+    """``run()``'s TrainRun for ``key``, run once per session whichever worker asks first; a worker asking
+    meanwhile waits for it (a lock file per key) instead of running it too. Kept as JSON: a pickle would name this
+    module's classes, which the session's other conftest modules shadow."""
+    name = hashlib.sha256(key.encode()).hexdigest()[:20]
+    with open(folder / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        saved = folder / f"{name}.json"
+        if saved.exists():
+            with open(saved) as handle:
+                return TrainRun(**json.load(handle))
+        result = run()
+        with open(saved.with_suffix(".tmp"), "w") as handle:
+            json.dump({"result": result.result, "output": result.output, "returncode": result.returncode,
+                       "shm_leftovers": result.shm_leftovers}, handle)
+        os.replace(saved.with_suffix(".tmp"), saved)  # whole or absent: a failed run leaves nothing to load
+        return result
+
+
+@pytest.fixture
+def fork_server():
+    """The fork server client of this test worker (tests/deepspeed/test_forkserver.py)."""
+    return _FORK_SERVER
 
 
 @pytest.fixture
@@ -84,13 +187,14 @@ def train(tmp_path_factory):
             **options):
         if block is None and not plugin_imported:
             options["untouched_stock"] = True
-        memo_key = json.dumps([config, launcher, expect_failure, sorted(options.items())]) if block is None else None
-        if memo_key in _STOCK_RUNS:
-            return _STOCK_RUNS[memo_key]
-        result = _run(config, block, launcher, expect_failure, **options)
-        if memo_key is not None:
-            _STOCK_RUNS[memo_key] = result
-        return result
+        if block is not None:
+            return _run(config, block, launcher, expect_failure, **options)
+        memo_key = json.dumps([config, launcher, expect_failure, sorted(options.items())])
+        if memo_key not in _STOCK_RUNS:
+            _STOCK_RUNS[memo_key] = _memoized_across_workers(
+                _shared_stock_runs(tmp_path_factory), memo_key,
+                lambda: _run(config, block, launcher, expect_failure, **dict(options)))
+        return _STOCK_RUNS[memo_key]
 
     def _run(config, block, launcher, expect_failure, **options):
         name = uuid.uuid4().hex[:8]
@@ -125,8 +229,16 @@ def train(tmp_path_factory):
         # TENCACHE_DEBUG_CHECKS: the stores check their invariants after every call, as in tests/cache
         env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
                    **{"TENCACHE_DEBUG_CHECKS": "1", **extra_env})
+        # Environment variables that only a run's own scripts read (train.py, its helpers, tencache_ds at import
+        # in the child): a run adding any other goes through a fresh interpreter, since the fork server imported
+        # torch, DeepSpeed and transformers with its own environment.
+        forkable = (launcher == "python" and script == TRAIN and cgroup is None
+                    and all(key.startswith("TENCACHE_") for key in extra_env) and _FORK_SERVER.enabled)
         try:
-            proc = _run_in_own_group(command, env, timeout)
+            if forkable:
+                proc = _FORK_SERVER.run(args, env, timeout, tmp_path / name, command)
+            else:
+                proc = _run_in_own_group(command, env, timeout)
         finally:
             # A run killed before it could unlink its buffers (69 MB of RAM each) leaves them: remove this run's,
             # told from a concurrent run's by the master port.

@@ -1,0 +1,101 @@
+"""A fork server for the suite's single-process training runs: imports what every run of scripts/train.py imports
+(torch, DeepSpeed, transformers and the test models' modeling code, about 10 s of a 20 s gpt2-tiny run on 2 cores)
+once, then forks one child per run, which runs train.py's ``main`` exactly as ``python scripts/train.py ARGS``
+would, with the run's own environment, its output in files, in a process group of its own.
+
+What a child shares with a fresh process: everything train.py does, from parsing its arguments on (seeding, the
+model, ``deepspeed.initialize``, tencache_ds's import when the run is not --untouched-stock: the server never
+imports tencache_ds, so a stock reference is still a process that never did). What differs: the modules are
+already imported, with the server's environment (conftest sends only runs whose environment adds nothing that is
+read at import time), and py-cpuinfo's answer is already cached (train.py caches it for the process anyway).
+
+Protocol, one JSON object per line: requests on stdin ``{"argv": [...], "env": {...}, "stdout": path, "stderr":
+path}``; on stdout, ``READY`` once, then per request ``{"pid": N}`` when the child started and ``{"pid": N,
+"returncode": R}`` when it ended (R as subprocess reports it: negative for a signal). EOF on stdin ends the server.
+"""
+import atexit
+import json
+import os
+import sys
+import traceback
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(REPO, "scripts"))
+# The protocol keeps the stdout it was given; everything else printed here (DeepSpeed logs to stdout at import)
+# goes to stderr.
+REPLY = os.fdopen(os.dup(1), "w", buffering=1)
+os.dup2(2, 1)
+
+import train  # noqa: E402  (torch, deepspeed; py-cpuinfo cached for the process)
+
+TEST_MODELS = ("gpt2-tiny", "opt-tiny", "llama-tiny", "bloom-tiny", "falcon-tiny")
+
+
+def prepare():
+    for name in TEST_MODELS:
+        train.preimport_model_code(train.load_model_config(name)[1])
+    try:
+        import cpuinfo
+        cpuinfo.get_cpu_info()  # train.py made it ask once per process: the children find the answer
+    except ImportError:
+        pass
+    assert "tencache_ds" not in sys.modules, "the fork server must not import tencache_ds (stock references)"
+
+
+def run_child(request) -> int:
+    """In the child: become train.py with the request's arguments, environment and output files."""
+    os.setsid()  # its own process group: a hung run is killed with whatever it started
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
+        out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(out, fd)
+        os.close(out)
+    os.environ.clear()
+    os.environ.update(request["env"])
+    sys.argv = [train.__file__] + request["argv"]
+    code = 0
+    try:
+        code = train.main(request["argv"]) or 0
+    except SystemExit as stop:
+        if isinstance(stop.code, int):
+            code = stop.code
+        elif stop.code is not None:
+            print(stop.code, file=sys.stderr)
+            code = 1
+    except BaseException:  # as the interpreter would: the traceback, exit status 1
+        traceback.print_exc()
+        code = 1
+    try:
+        atexit._run_exitfuncs()  # what the interpreter runs at exit (os._exit skips it)
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    return code
+
+
+def serve():
+    prepare()
+    reply = REPLY
+    reply.write("READY\n")
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        request = json.loads(line)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            reply.close()
+            code = 1
+            try:
+                code = run_child(request)
+            finally:
+                os._exit(code)
+        reply.write(json.dumps({"pid": pid}) + "\n")
+        _, status = os.waitpid(pid, 0)
+        reply.write(json.dumps({"pid": pid, "returncode": os.waitstatus_to_exitcode(status)}) + "\n")
+
+
+if __name__ == "__main__":
+    serve()
