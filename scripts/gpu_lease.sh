@@ -37,11 +37,11 @@ export GPU_SETUP_LOGS=$G/setup-logs
 # shellcheck source=gpu_setup.sh
 if ! source scripts/gpu_setup.sh > "$G/setup.txt" 2>&1; then cat "$G/setup.txt"; pack; exit 1; fi
 echo "setup: $SECONDS s"
-timeout "$(left 200)" bash scripts/gpu_check.sh --no-bench --out "$G" > "$G/check.txt" 2>&1
+timeout -k 10 "$(left 200)" bash scripts/gpu_check.sh --no-bench --out "$G" > "$G/check.txt" 2>&1
 check_rc=$?
 tail -16 "$G/check.txt"
 echo "gpu_check: exit $check_rc at $SECONDS s"
-timeout "$(left 90)" python3 -m tencache_ds.cli.main bench --model "$MODEL" \
+timeout -k 10 "$(left 90)" python3 -m tencache_ds.cli.main bench --model "$MODEL" \
   --config configs/stock-nvme-defaults.json --compare cpu --steps 8 --warmup 2 --nvme-path "$G/nvme/bench" \
   --out "$G/bench-defaults" > "$G/bench.log" 2>&1
 echo "bench: exit $? at $SECONDS s"
@@ -51,10 +51,10 @@ ARGS=(--deepspeed_config configs/stock-nvme-defaults.json --model "$MODEL" --ste
       --dtype bf16 --weights-gather grouped)
 if command -v py-spy > /dev/null && [ "$(left)" -gt 80 ]; then
   per_arm=$(($(left 20) / 2))
-  timeout "$per_arm" py-spy record --native --idle --threads --rate 100 --format raw -o "$G/tencache.spy" -- \
+  timeout -s INT -k 10 "$per_arm" py-spy record --native --idle --threads --rate 100 --format raw -o "$G/tencache.spy" -- \
     python3 scripts/train.py "${ARGS[@]}" --nvme-path "$G/nvme/t" --tencache-block '{"enabled": true}' \
     --result-file "$G/spy-tencache.json" > "$G/spy-tencache.log" 2>&1
-  timeout "$per_arm" py-spy record --native --idle --threads --rate 100 --format raw -o "$G/stockcpu.spy" -- \
+  timeout -s INT -k 10 "$per_arm" py-spy record --native --idle --threads --rate 100 --format raw -o "$G/stockcpu.spy" -- \
     python3 scripts/train.py "${ARGS[@]}" --nvme-path "$G/nvme/s" --tencache-block none --offload-device cpu \
     --stage3-defaults --result-file "$G/spy-stockcpu.json" > "$G/spy-stockcpu.log" 2>&1
   echo "py-spy: done at $SECONDS s"

@@ -83,11 +83,15 @@ class _ForkServer:
         self.enabled = os.environ.get("TENCACHE_TEST_FORKSERVER", "1") != "0"
         self._proc = None
         self._pending = b""
+        self._closer_registered = False
 
     def _start(self, env):
+        self._pending = b""
         self._proc = subprocess.Popen([sys.executable, FORKSERVER], cwd=REPO, env=env, stdin=subprocess.PIPE,
                                       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-        atexit.register(self.close)
+        if not self._closer_registered:
+            atexit.register(self.close)
+            self._closer_registered = True
         if self._line(timeout=300) != b"READY":
             raise RuntimeError("tests/deepspeed/forkserver.py did not start (run it by hand to see why)")
 
@@ -107,24 +111,43 @@ class _ForkServer:
         return line
 
     def run(self, argv, env, timeout, output_stem, command):
-        if self._proc is None:
+        if self._proc is None or self._proc.poll() is not None:  # first run, or a server that died: a new one
             self._start(env)
         stdout, stderr = f"{output_stem}.stdout", f"{output_stem}.stderr"
         request = {"argv": argv, "env": env, "stdout": stdout, "stderr": stderr}
-        self._proc.stdin.write((json.dumps(request) + "\n").encode())
-        self._proc.stdin.flush()
-        pid = json.loads(self._line(timeout=60))["pid"]
-        ended = self._line(timeout)
-        if ended is None:
-            os.killpg(pid, signal.SIGKILL)
-            self._line(timeout=60)
+        try:
+            self._proc.stdin.write((json.dumps(request) + "\n").encode())
+            self._proc.stdin.flush()
+            pid = json.loads(self._line(timeout=60))["pid"]
+            ended = self._line(timeout)
+            if ended is None:
+                try:
+                    os.killpg(pid, signal.SIGKILL)
+                except ProcessLookupError:  # it ended just now: its end line is on its way
+                    pass
+                late = self._line(timeout=60)
+                if late is None:
+                    raise RuntimeError(f"tests/deepspeed/forkserver.py did not reap run {pid}")
+            else:
+                reply = json.loads(ended)
+                if reply.get("pid") != pid or "returncode" not in reply:
+                    raise RuntimeError(f"tests/deepspeed/forkserver.py: {ended!r} for run {pid}")
+        except BaseException:
+            self._abandon()  # whatever was said is out of step now: the next run gets a new server
+            raise
         with open(stdout) as out, open(stderr) as err:
             output = subprocess.CompletedProcess(command, None, out.read(), err.read())
         if ended is None:
             pytest.fail(f"hung: no end after {timeout} s: {' '.join(command)}\n"
                         f"{(output.stdout + output.stderr)[-3000:]}")
-        output.returncode = json.loads(ended)["returncode"]
+        output.returncode = reply["returncode"]
         return output
+
+    def _abandon(self):
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.wait()
+        self._proc, self._pending = None, b""
 
     def close(self):
         if self._proc is not None and self._proc.poll() is None:

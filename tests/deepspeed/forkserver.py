@@ -14,9 +14,11 @@ path}``; on stdout, ``READY`` once, then per request ``{"pid": N}`` when the chi
 "returncode": R}`` when it ended (R as subprocess reports it: negative for a signal). EOF on stdin ends the server.
 """
 import atexit
+import ctypes
 import json
 import os
 import sys
+import threading
 import traceback
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -28,6 +30,7 @@ os.dup2(2, 1)
 
 import train  # noqa: E402  (torch, deepspeed; py-cpuinfo cached for the process)
 
+LIBC = ctypes.CDLL(None)
 TEST_MODELS = ("gpt2-tiny", "opt-tiny", "llama-tiny", "bloom-tiny", "falcon-tiny")
 
 
@@ -47,6 +50,7 @@ def run_child(request) -> int:
     os.setsid()  # its own process group: a hung run is killed with whatever it started
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
+    os.close(null)
     for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
         out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.dup2(out, fd)
@@ -66,11 +70,13 @@ def run_child(request) -> int:
     except BaseException:  # as the interpreter would: the traceback, exit status 1
         traceback.print_exc()
         code = 1
-    try:
-        atexit._run_exitfuncs()  # what the interpreter runs at exit (os._exit skips it)
+    try:  # what the interpreter does at exit, which os._exit skips: join the non-daemon threads, run atexit
+        threading._shutdown()
+        atexit._run_exitfuncs()
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
+        LIBC.fflush(None)  # C++ output (DeepSpeed's aio errors) buffered in stdio
     return code
 
 
@@ -84,6 +90,7 @@ def serve():
         request = json.loads(line)
         sys.stdout.flush()
         sys.stderr.flush()
+        LIBC.fflush(None)  # nothing buffered here may be written again by a child
         pid = os.fork()
         if pid == 0:
             reply.close()

@@ -11,7 +11,7 @@ def test_a_forked_run_past_its_timeout_is_killed_and_the_server_serves_the_next(
         pytest.skip("TENCACHE_TEST_FORKSERVER=0: every run starts a fresh interpreter")
     with pytest.raises(pytest.fail.Exception, match="hung: no end after 3 s"):
         train(block={}, steps=200, timeout=3)
-    stock = train(block=None, steps=1, seq_len=16)
+    stock = train(block=None, steps=1, seq_len=16, label="after-a-killed-run")  # a label no other test asks for
     assert fork_server._proc is not None and fork_server._proc.poll() is None
     assert stock.result["tencache_imported"] is False
     assert len(stock.loss_bits) == 1
