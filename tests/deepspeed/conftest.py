@@ -59,6 +59,10 @@ def free_port():
         return probe.getsockname()[1]
 
 
+def _fail_hung(command, timeout, output):
+    pytest.fail(f"hung: no end after {timeout} s: {' '.join(command)}\n{output[-3000:]}")
+
+
 def _run_in_own_group(command, env, timeout):
     """subprocess.run in a process group of its own: a run that hangs past ``timeout`` is killed with every rank
     the launcher started (killing the launcher alone would leave them waiting in a collective)."""
@@ -69,7 +73,7 @@ def _run_in_own_group(command, env, timeout):
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             stdout, stderr = proc.communicate()
-            pytest.fail(f"hung: no end after {timeout} s: {' '.join(command)}\n{(stdout + stderr)[-3000:]}")
+            _fail_hung(command, timeout, stdout + stderr)
     return subprocess.CompletedProcess(command, proc.returncode, stdout, stderr)
 
 
@@ -138,8 +142,7 @@ class _ForkServer:
         with open(stdout) as out, open(stderr) as err:
             output = subprocess.CompletedProcess(command, None, out.read(), err.read())
         if ended is None:
-            pytest.fail(f"hung: no end after {timeout} s: {' '.join(command)}\n"
-                        f"{(output.stdout + output.stderr)[-3000:]}")
+            _fail_hung(command, timeout, output.stdout + output.stderr)
         output.returncode = reply["returncode"]
         return output
 

@@ -42,7 +42,8 @@ def prepare():
         cpuinfo.get_cpu_info()  # train.py made it ask once per process: the children find the answer
     except ImportError:
         pass
-    assert "tencache_ds" not in sys.modules, "the fork server must not import tencache_ds (stock references)"
+    if "tencache_ds" in sys.modules:  # a stock reference must be a process that never imported it
+        raise SystemExit("forkserver.py: tencache_ds was imported before any run; stock references would carry it")
 
 
 def run_child(request) -> int:
