@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Everything a 15-minute GPU lease is for, in one device call (docs/gpu_check.md): set up, gpu_check.sh without its
-# bench, the same-knobs bench (tencache "auto" vs stock CPU offload, DeepSpeed's default stage-3 knobs, gpt2-small),
-# then py-spy over both arms of that bench, each step bounded so that the results are packed before the call's limit.
-#   here:  bash scripts/gpu_setup.sh --prepare            # wheels (py-spy among them) and libaio into .gpu/
+# Everything a 15-minute GPU lease is for, in one device call (docs/gpu_check.md): set up, the host-copy probe
+# (scripts/host_copy_probe.py), gpu_check.sh without its bench, the same-knobs bench (tencache "auto" vs stock CPU
+# offload, DeepSpeed's default stage-3 knobs, gpt2-small), then the host time per phase of both arms' steps
+# (scripts/step_phases.py), each part bounded so that the results are packed before the call's limit.
+#   here:  bash scripts/gpu_setup.sh --prepare            # wheels and libaio into .gpu/
 #   there: bash scripts/gpu_lease.sh                      # device run, carry [".gpu"], timeout_s 600
 # Writes $OUT/gc.tgz (every log, result, metrics file and profile), plus gpu_check.md and bench.md beside it.
 # Options: --budget-s N (seconds the whole script may take, default 570), --model NAME (the bench's, gpt2-small).
@@ -37,6 +38,9 @@ export GPU_SETUP_LOGS=$G/setup-logs
 # shellcheck source=gpu_setup.sh
 if ! source scripts/gpu_setup.sh > "$G/setup.txt" 2>&1; then cat "$G/setup.txt"; pack; exit 1; fi
 echo "setup: $SECONDS s"
+# the host-side copies of an optimizer step, timed apart (the cast and the gradients' device-to-host copies)
+timeout -k 5 90 python3 scripts/host_copy_probe.py --json "$G/host_copy_probe.json" > "$G/host_copy_probe.txt" 2>&1
+grep -v WARN "$G/host_copy_probe.txt" | tail -14
 timeout -k 10 "$(left 200)" bash scripts/gpu_check.sh --no-bench --out "$G" > "$G/check.txt" 2>&1
 check_rc=$?
 tail -16 "$G/check.txt"
@@ -46,18 +50,20 @@ timeout -k 10 "$(left 90)" python3 -m tencache_ds.cli.main bench --model "$MODEL
   --out "$G/bench-defaults" > "$G/bench.log" 2>&1
 echo "bench: exit $? at $SECONDS s"
 sed -n '/^| step time/,/^| identical/p' "$G/bench-defaults/bench.md" 2>/dev/null
-# py-spy with native frames: the copies inside torch are what the last profile could not name
-ARGS=(--deepspeed_config configs/stock-nvme-defaults.json --model "$MODEL" --steps 6 --micro-batch 2 --seq-len 64
+# host time per phase of a step, both arms (scripts/step_phases.py): py-spy --native slowed a step tenfold and failed
+# on stock's frames (the second H200 lease), and cProfile misattributes waits on Python 3.12
+ARGS=(--deepspeed_config configs/stock-nvme-defaults.json --model "$MODEL" --steps 8 --micro-batch 2 --seq-len 64
       --dtype bf16 --weights-gather grouped)
-if command -v py-spy > /dev/null && [ "$(left)" -gt 80 ]; then
-  per_arm=$(($(left 20) / 2))
-  timeout -s INT -k 10 "$per_arm" py-spy record --native --idle --threads --rate 100 --format raw -o "$G/tencache.spy" -- \
-    python3 scripts/train.py "${ARGS[@]}" --nvme-path "$G/nvme/t" --tencache-block '{"enabled": true}' \
-    --result-file "$G/spy-tencache.json" > "$G/spy-tencache.log" 2>&1
-  timeout -s INT -k 10 "$per_arm" py-spy record --native --idle --threads --rate 100 --format raw -o "$G/stockcpu.spy" -- \
-    python3 scripts/train.py "${ARGS[@]}" --nvme-path "$G/nvme/s" --tencache-block none --offload-device cpu \
-    --stage3-defaults --result-file "$G/spy-stockcpu.json" > "$G/spy-stockcpu.log" 2>&1
-  echo "py-spy: done at $SECONDS s"
+if [ "$(left)" -gt 100 ]; then
+  per_arm=$(($(left 10) / 2))
+  timeout -k 10 "$per_arm" python3 scripts/step_phases.py tencache "$G/phases-tencache.json" -- scripts/train.py \
+    "${ARGS[@]}" --nvme-path "$G/nvme/t" --tencache-block '{"enabled": true}' --result-file "$G/phases-tencache.result.json" \
+    > "$G/phases-tencache.log" 2>&1
+  timeout -k 10 "$per_arm" python3 scripts/step_phases.py stockcpu "$G/phases-stockcpu.json" -- scripts/train.py \
+    "${ARGS[@]}" --nvme-path "$G/nvme/s" --tencache-block none --offload-device cpu --stage3-defaults \
+    --result-file "$G/phases-stockcpu.result.json" > "$G/phases-stockcpu.log" 2>&1
+  grep -h "^\[phases\] [a-z]" "$G"/phases-*.log
+  echo "step phases: done at $SECONDS s"
 fi
 pack
 exit $check_rc

@@ -26,6 +26,7 @@ from typing import Callable, Dict, Hashable, Iterable, Iterator, List, Optional,
 import torch
 
 from ..io.direct_io import DirectFileIO
+from ..memory.device_staging import StagedDeviceCopy
 from ..profile.next_use import NextUseIndex
 from ..profile.recorder import StepRecorder
 from .admission import Admission, ExclusiveStore
@@ -65,7 +66,9 @@ class EntryStore:
                                     self.counters)
         self.element_size = self._transfers.element_size
         self._admission = Admission(self._table, self._transfers, source, self.recorder, self.counters)
-        self._write_back = WriteBack(self._transfers, self._admission, self._checked, self.lend_new, self.release)
+        self.device_copy = StagedDeviceCopy(name=f"{name}-staging")  # staging chunks made at the first device part
+        self._write_back = WriteBack(self._transfers, self._admission, self._checked, self.lend_new, self.release,
+                                     self.device_copy)
 
     @property
     def next_use(self) -> Optional[NextUseIndex]:
@@ -388,12 +391,13 @@ class EntryStore:
                     "dirty_tensors": self._table.count(S.DIRTY, S.LENT_DIRTY),
                     "prefix_tensors": sum(entry.prefix is not None for entry in self._table),
                     "prefix_bytes": sum(entry.prefix_nbytes for entry in self._table),
-                    "resident_tensors": self._table.count(S.LENT_CLEAN, S.LENT_DIRTY)}
+                    "resident_tensors": self._table.count(S.LENT_CLEAN, S.LENT_DIRTY), **self.device_copy.stats()}
 
     def close(self) -> None:
         """Wait for I/O in flight and give every buffer back (dirty bytes are not written: flush first)."""
         self.forget_all()
         self._transfers.close()
+        self.device_copy.close()
 
     # ---------------------------------------------------------------------------------------------- private
     def _checked(self) -> None:

@@ -3,10 +3,11 @@ while the tier has room: write-back), writing lent bytes through, and flushing (
 the store). Does not own: lending (cache/entry_store.py, whose ``lend_new`` and ``release`` these calls finish
 with), the I/O itself (cache/transfers.py), finding buffers (cache/admission.py).
 """
-from typing import Callable, Hashable, Iterable, Optional, Sequence, Tuple
+from typing import Callable, Hashable, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 
+from ..memory.device_staging import StagedDeviceCopy
 from .admission import Admission
 from .entry import LENT, EntryState
 from .transfers import Transfers
@@ -16,11 +17,12 @@ S = EntryState
 
 class WriteBack:
     """The writing calls of one store. ``checked``: the store's debug check (lock held); ``lend_new`` and
-    ``release``: the store's own (they take the lock)."""
+    ``release``: the store's own (they take the lock); ``device_copy``: how parts on a device reach host memory."""
 
     def __init__(self, transfers: Transfers, admission: Admission, checked: Callable[[], None],
-                 lend_new: Callable[..., torch.Tensor], release: Callable[..., None]):
+                 lend_new: Callable[..., torch.Tensor], release: Callable[..., None], device_copy: StagedDeviceCopy):
         self._transfers = transfers
+        self._device_copy = device_copy
         self._table = transfers.table
         self._admission = admission
         self._checked = checked
@@ -65,9 +67,8 @@ class WriteBack:
                 self._refuse_if_in_use(entry)
                 transfers.recorder.touch(key, transfers.swap_nbytes(entry.numel))
                 if entry.state == S.ON_FILE:
-                    writes = []
-                    for offset, part in parts:
-                        flat = part.reshape(-1).to(device="cpu", dtype=transfers.dtype).contiguous()
+                    writes, on_host = [], self._on_host(parts)
+                    for offset, flat in on_host:
                         if entry.prefix is not None:  # the elements in the prefix go there
                             offset, flat = transfers.store_prefix_part(entry, offset, flat)
                         if flat.numel():
@@ -85,9 +86,22 @@ class WriteBack:
             with transfers.lock:
                 transfers.recorder.touch(key, transfers.swap_nbytes(numel))
             view.zero_()
-        for offset, part in parts:
-            view.narrow(0, offset, part.numel()).copy_(part.reshape(-1))
+        self._device_copy.copy([(view.narrow(0, offset, part.numel()), part) for offset, part in parts])
         self._release(key, changed=True)
+
+    def _on_host(self, parts: Sequence[Tuple[int, torch.Tensor]]) -> List[Tuple[int, torch.Tensor]]:
+        """Each part as a flat host tensor of the store's dtype (a host part of that dtype as it is; one on a device
+        through the staging chunks)."""
+        dtype, on_host, from_device = self._transfers.dtype, [], []
+        for offset, part in parts:
+            if part.device.type == "cpu":
+                flat = part.reshape(-1).to(dtype=dtype).contiguous()
+            else:
+                flat = torch.empty(part.numel(), dtype=dtype)
+                from_device.append((flat, part))
+            on_host.append((offset, flat))
+        self._device_copy.copy(from_device)
+        return on_host
 
     def write_and_release(self, keys: Iterable) -> None:
         """Write each lent key's bytes (new, or changed by the borrower) to its file, wait, and let the buffers go

@@ -79,3 +79,16 @@ def unregister_regions(regions: Sequence[Tuple[int, int]]) -> None:
     """Undo register_regions; to be called before the regions are unmapped."""
     for base, _nbytes in regions:
         host_unregister(base)
+
+
+def torch_host_allocator_bytes() -> int:
+    """Pinned bytes torch's CUDA host allocator holds now (``tensor.pin_memory()``, which DeepSpeed's accelerator
+    calls for stock CPU offload's buffers): cudaHostAlloc pins without mlock, so VmLck does not count them. 0 without
+    CUDA or before CUDA was initialised (nothing can have been pinned that way then)."""
+    try:
+        import torch
+        if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+            return 0
+        return int(torch.cuda.host_memory_stats().get("allocated_bytes.current", 0))
+    except Exception:  # an older torch without the stats, or a driver error: report nothing rather than fail a step
+        return 0

@@ -4,6 +4,7 @@ into the typed running totals and gauges that per-step metrics (tencache_ds/metr
 from typing import Dict, Optional
 
 from ...io.activity import PROCESS_ACTIVITY
+from ...memory.pinning import torch_host_allocator_bytes
 from ...metrics import Gauges, RunningTotals
 from .coordinator import coordinator_of
 from .memory_pressure import governor_of
@@ -103,10 +104,14 @@ def combined_stats(param_swapper, optimizer_swapper) -> Dict[str, object]:
     for swapper in ours:
         detail.update(swapper.stats())
     stock_estimate = sum(s.stock_pinned_bytes_estimate() for s in ours)
+    torch_pinned = torch_host_allocator_bytes()  # DeepSpeed's own pinned buffers, beside tencache's
+    detail["torch_pinned_bytes"] = torch_pinned
     headline = {
         "tencache_enabled": 1,
-        "pinned_bytes_reserved": _pinned(detail, "param") + _pinned(detail, "optimizer"),
-        "pinned_bytes_peak_in_use": _locked_peak(detail, "param") + _locked_peak(detail, "optimizer"),
+        "pinned_bytes_reserved": _pinned(detail, "param") + _pinned(detail, "optimizer") + _staging(detail)
+        + torch_pinned,
+        "pinned_bytes_peak_in_use": _locked_peak(detail, "param") + _locked_peak(detail, "optimizer")
+        + _staging(detail) + torch_pinned,
         "host_bytes_reserved": int(detail.get("param_reserved_bytes", 0))
         + int(detail.get("optimizer_pageable_bytes_in_use", 0)),
         "nvme_read_bytes": int(detail.get("param_nvme_read_bytes", 0)) + int(detail.get("optimizer_nvme_read_bytes", 0)),
@@ -123,6 +128,11 @@ def combined_stats(param_swapper, optimizer_swapper) -> Dict[str, object]:
 def _pinned(detail, prefix) -> int:
     """Page-locked bytes: by mlock, or by cudaHostRegister (which locks pages itself)."""
     return max(int(detail.get(f"{prefix}_locked_bytes", 0)), int(detail.get(f"{prefix}_registered_bytes", 0)))
+
+
+def _staging(detail) -> int:
+    """The stores' device-to-host staging chunks (memory/device_staging.py), registered at the first device copy."""
+    return sum(int(detail.get(f"{prefix}staging_registered_bytes", 0)) for prefix in ("param_", "optimizer_cache_"))
 
 
 def _locked_peak(detail, prefix) -> int:
@@ -147,7 +157,11 @@ def _stock_locked_bytes(param_swapper, optimizer_swapper) -> int:
 
 
 def _stock_stats(param_swapper, optimizer_swapper) -> Dict[str, object]:
-    locked = _stock_locked_bytes(param_swapper, optimizer_swapper)
+    swap_buffers = _stock_locked_bytes(param_swapper, optimizer_swapper)
+    # On a GPU stock CPU offload pins its optimizer state and buffers through torch (no swapper, no mlock).
+    torch_pinned = torch_host_allocator_bytes()
+    locked = swap_buffers + torch_pinned
     # Stock pools are locked whole at start-up, so reserved = peak in use = what is locked.
     return {"tencache_enabled": 0, "pinned_bytes_reserved": locked, "pinned_bytes_peak_in_use": locked,
-            "host_bytes_reserved": locked, "stock_pinned_bytes_estimate": locked}
+            "host_bytes_reserved": locked, "stock_pinned_bytes_estimate": locked,
+            "torch_pinned_bytes": torch_pinned}
