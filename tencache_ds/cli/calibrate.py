@@ -1,7 +1,7 @@
-"""`tencache-ds estimate --machine this`: this machine's figures, measured. Owns: the three probes (NVMe bandwidth
-through tencache's own O_DIRECT engine at the request size and concurrency it issues, CPU Adam throughput, compute
-throughput from a short timed forward/backward of one layer) and turning them, with the host's memory and cores,
-into a machine description (plan/machine.py). Does not own: the step model (plan/step_model/).
+"""`tencache-ds estimate --machine this`: this machine's figures, measured. Owns: the probes (NVMe bandwidth
+through tencache's own O_DIRECT engine at the request size and concurrency it issues, CPU Adam throughput, host
+memory bandwidth, compute throughput from a short timed forward/backward of one layer) and turning them, with the
+host's memory and cores, into a machine description (plan/machine.py). Does not own: the step model (plan/step_model/).
 
 Like `tencache-ds doctor`, everything that imports torch or DeepSpeed runs in a child process (``_probe_main``,
 run as ``python -m tencache_ds.cli.calibrate``) with a timeout, so the estimate command itself stays light and a
@@ -13,6 +13,8 @@ crash there becomes a clear error. The probes, and why each is measured the way 
   aio handle (which `doctor` uses): its single synchronous request understates what tencache gets from the drive.
 - CPU Adam: DeepSpeed's ``DeepSpeedCPUAdam`` (what ZeRO-Offload steps with) on one fp32 tensor, timed after a
   warm-up; torch's AdamW when DeepSpeed's op cannot be built (the source says which).
+- Host memory: a large copy between tensors already mapped (the optimizer step's epilogue), and writing a fresh
+  allocation (each page faulted in: what stage 3's backward does every micro-batch on a host accelerator).
 - Compute: the model's architecture with one layer (Hugging Face ``from_config``, vocabulary cut to
   ``CALIBRATION_VOCAB`` so the layer dominates), forward + backward at the run's micro-batch, sequence and dtype;
   FLOP/s = that model's FLOPs (plan/model_shapes.py, the same count the step model uses) / seconds.
@@ -86,6 +88,7 @@ def machine_from_calibration(measured: Dict[str, Any]):
         nvme_read_bytes_per_s_per_drive=nvme["read_bytes_per_s"],
         nvme_write_bytes_per_s_per_drive=nvme["write_bytes_per_s"], drives=1,
         cpu_adam_elements_per_s=adam["elements_per_s"], host_copy_bytes_per_s=copy["bytes_per_s"],
+        host_fresh_write_bytes_per_s=copy.get("fresh_write_bytes_per_s"),
         process_baseline_bytes=int(measured.get("baseline_rss_bytes") or 0) or Machine.process_baseline_bytes,
         accelerator_is_host=True,
         sources={
@@ -94,6 +97,7 @@ def machine_from_calibration(measured: Dict[str, Any]):
             "nvme_write_bytes_per_s_per_drive": f"{where}: same run, writes",
             "cpu_adam_elements_per_s": f"{where}: {adam['method']}",
             "host_copy_bytes_per_s": f"{where}: {copy['method']}",
+            "host_fresh_write_bytes_per_s": f"{where}: {copy.get('fresh_method')}",
             "host_memory_bytes": f"{where}: /proc/meminfo and the memory cgroup (probes/host_memory.py, bound by "
                                  f"{memory.bound_by})",
             "process_baseline_bytes": f"{where}: resident memory after importing torch, transformers, DeepSpeed",
@@ -225,8 +229,16 @@ def measure_host_copy(torch, nbytes: int = COPY_BYTES) -> Dict[str, Any]:
         target.copy_(source)
         times.append(time.perf_counter() - started)
     seconds = min(times)
+    fresh_s = []
+    for _ in range(5):  # a new allocation this large is mapped fresh and unmapped when freed: every page faults
+        started = time.perf_counter()
+        torch.empty(nbytes // 4).fill_(1.0)
+        fresh_s.append(time.perf_counter() - started)
     return {"method": f"torch copy of {nbytes >> 20} MiB fp32, fastest of 5, {torch.get_num_threads()} threads",
-            "bytes_per_s": 2 * nbytes / seconds}
+            "bytes_per_s": 2 * nbytes / seconds,
+            "fresh_method": f"torch.empty({nbytes >> 20} MiB fp32).fill_: memory written at its first touch (page "
+                            f"faults), fastest of 5, {torch.get_num_threads()} threads",
+            "fresh_write_bytes_per_s": nbytes / min(fresh_s)}
 
 
 def measure_compute(torch, model_config: Dict[str, Any], micro_batch: int, seq_len: int,

@@ -47,6 +47,9 @@ class Machine:
     drives: int
     cpu_adam_elements_per_s: float
     host_copy_bytes_per_s: float = 1.0e10
+    # Writing host memory the process has not touched yet (each page faulted in first). Only a host accelerator pays
+    # it per step (step_model/costs.py, backward_fresh_memory_s); None leaves that term out (GPU boxes).
+    host_fresh_write_bytes_per_s: Optional[float] = None
     ranks_per_node: int = 1
     nodes: int = 1
     drive_tbw_bytes: Optional[float] = None
@@ -84,6 +87,12 @@ class Machine:
     def host_copy_bytes_per_s_per_rank(self) -> float:
         return self.host_copy_bytes_per_s / self.ranks_per_node
 
+    @property
+    def host_fresh_write_bytes_per_s_per_rank(self) -> Optional[float]:
+        if self.host_fresh_write_bytes_per_s is None:
+            return None
+        return self.host_fresh_write_bytes_per_s / self.ranks_per_node
+
     def to_json(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
 
@@ -93,7 +102,7 @@ _REQUIRED = ("name", "accelerator_memory_bytes", "accelerator_flops_per_s", "h2d
              "cpu_adam_elements_per_s")
 _POSITIVE = {"accelerator_flops_per_s", "h2d_bytes_per_s", "host_memory_bytes", "nvme_read_bytes_per_s_per_drive",
              "nvme_write_bytes_per_s_per_drive", "drives", "cpu_adam_elements_per_s", "host_copy_bytes_per_s",
-             "ranks_per_node", "nodes", "drive_tbw_bytes", "host_available_bytes", "process_baseline_bytes"}
+             "host_fresh_write_bytes_per_s", "ranks_per_node", "nodes", "drive_tbw_bytes", "host_available_bytes", "process_baseline_bytes"}
 _INTEGERS = {"accelerator_memory_bytes", "host_memory_bytes", "drives", "ranks_per_node", "nodes",
              "host_available_bytes", "process_baseline_bytes"}
 
@@ -123,7 +132,7 @@ def machine_from_dict(data: Mapping[str, Any], source: str = "machine") -> Machi
         elif key == "accelerator_is_host":
             if not isinstance(value, bool):
                 raise MachineFileError(f"{source}: key \"{key}\" must be true or false, got {value!r}")
-        elif value is None and key in ("drive_tbw_bytes", "host_available_bytes"):
+        elif value is None and key in ("drive_tbw_bytes", "host_available_bytes", "host_fresh_write_bytes_per_s"):
             continue
         else:
             if isinstance(value, bool) or not isinstance(value, (int, float)):

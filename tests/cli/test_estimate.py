@@ -118,14 +118,16 @@ def test_machine_this_measures_and_cites_each_figure(tmp_path):
     """Scenario: calibrate this machine on a temporary folder and save the machine file."""
     # Step 1: estimate the benchmark's gpt2-tiny run on this machine, measured now.
     saved = tmp_path / "this.json"
-    result = run_cli("estimate", "--model", "gpt2-tiny", "--ds-config", os.path.join(REPO_ROOT, "configs",
-                     "stock-nvme.json"), "--machine", "this", "--seq", "64", "--nvme-path", str(tmp_path / "nvme"),
+    # (an fp32 config: bf16 matmuls run ~24x slower on this AVX2 machine, which the compute probe would wait out)
+    config = os.path.join(REPO_ROOT, "configs", "stock-nvme-beyond-ram.json")
+    result = run_cli("estimate", "--model", "gpt2-tiny", "--ds-config", config, "--machine", "this", "--seq", "64",
+                     "--nvme-path", str(tmp_path / "nvme"),
                      "--save-machine", str(saved), "--json", timeout=600)
     assert result.returncode == 0, result.stderr
     # Step 2: the saved file loads as a machine file and says where each measured figure came from.
     machine = json.loads(saved.read_text())
     for figure in ("accelerator_flops_per_s", "nvme_read_bytes_per_s_per_drive", "cpu_adam_elements_per_s",
-                   "host_copy_bytes_per_s"):
+                   "host_copy_bytes_per_s", "host_fresh_write_bytes_per_s"):
         assert machine[figure] > 0 and "measured" in machine["sources"][figure]
     assert "tencache DirectFileIO" in machine["sources"]["nvme_read_bytes_per_s_per_drive"]
     assert json.loads(result.stdout)["step_time_s"]["stock"] > 0

@@ -4,11 +4,12 @@ test_zero_optimizer.py::TestZeROSaveLoadEdgeCase::test_immediate_save_load / ::t
 DeepSpeed's repository; fp32 instead of fp16, the CPU accelerator, 2 ranks, layers of 1024 so that the optimizer
 state is large enough to be swapped). Rank 0 prints one RESULT line.
 
-    deepspeed --num_gpus 2 tests/deepspeed/upstream_checkpoints.py SCENARIO stock|tencache nvme|cpu NVME_DIR CKPT_DIR
+    deepspeed --num_gpus 2 tests/deepspeed/upstream_checkpoints.py SCENARIOS stock|tencache nvme|cpu NVME_DIR CKPT_DIR
 
-SCENARIO: zero_to_fp32, zero_to_fp32_frozen, immediate_save_load, load_immediate_save. The result holds SHA-256
-sums of the weights each scenario produces (so that runs can be compared bit for bit) and, where the scenario
-fails, its error.
+SCENARIOS: comma-separated, of zero_to_fp32, zero_to_fp32_frozen, immediate_save_load, load_immediate_save; they run
+one after the other in the same processes (one launch: its start-up is most of a scenario's time), each with its
+own engines and its own folders under NVME_DIR and CKPT_DIR. The result maps each scenario to the SHA-256 sums of
+the weights it produces (so that runs can be compared bit for bit) and, where it fails, its error.
 """
 import hashlib
 import json
@@ -166,18 +167,22 @@ SCENARIOS = {
 }
 
 
-def main(scenario, mode, device, nvme, ckpt):
+def main(scenarios, mode, device, nvme, ckpt):
     deepspeed.init_distributed()
     if shm_buffers.creates_buffers():  # as scripts/train.py does: no shared-memory buffer left behind
         deepspeed.comm.barrier()
         shm_buffers.remove_own_buffer()
-    try:
-        result = {"ok": True, **SCENARIOS[scenario](mode, device, nvme, ckpt)}
-    except Exception as err:  # the scenario's failure is the result
-        traceback.print_exc()
-        result = {"ok": False, "error": f"{type(err).__name__}: {err}"}
+    results = {}
+    for scenario in scenarios.split(","):
+        try:
+            results[scenario] = {"ok": True, **SCENARIOS[scenario](mode, device, os.path.join(nvme, scenario),
+                                                                   os.path.join(ckpt, scenario))}
+        except Exception as err:  # the scenario's failure is its result; the next one still runs
+            traceback.print_exc()
+            results[scenario] = {"ok": False, "error": f"{type(err).__name__}: {err}"}
+        torch.distributed.barrier()
     if torch.distributed.get_rank() == 0:
-        print("RESULT " + json.dumps(result), flush=True)
+        print("RESULT " + json.dumps(results), flush=True)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 parameter counts against the models transformers builds, bytes per step against what the benchmarks measured,
 stock DeepSpeed's known failures, tencache's budgets from the run-time functions, and the machine file's errors.
 Pure and fast: no torch, no DeepSpeed, no files but the repository's configs."""
+import dataclasses
 import json
 import math
 import os
@@ -303,6 +304,21 @@ def test_more_drives_shorten_an_io_bound_step():
     one, four = this_vm(), this_vm(drives=4)
     assert predict(work, four)[TENCACHE].step_time_s < predict(work, one)[TENCACHE].step_time_s
     assert predict(work, four)[STOCK].step_time_s < predict(work, one)[STOCK].step_time_s
+
+
+@pytest.mark.parametrize("gas", [1, 3])
+def test_a_host_accelerator_pays_for_the_backwards_fresh_memory_every_micro_batch(gas):
+    """Stage 3's backward on a host accelerator writes about 3.5x the gathered model's bytes into fresh memory
+    (costs.py): at 1 GB/s, gpt2-tiny's 60.6 MB of fp32 parameters add 0.212 s per micro-batch to both policies."""
+    work = build_workload(model_shape(model_config("gpt2-tiny")), ZeroSettings.from_ds_config(
+        dict(ds_config("stock-nvme.json", host_cache_bytes="auto"), bf16={"enabled": False})), 1, 2, 64, gas, False)
+    without, fresh = predict(work, this_vm()), predict(work, this_vm(host_fresh_write_bytes_per_s=1e9))
+    added = gas * 15160320 * 4 * 3.5 / 1e9
+    for arm in (STOCK, TENCACHE):
+        assert fresh[arm].step_time_s == pytest.approx(without[arm].step_time_s + added, rel=1e-6)
+    on_a_gpu = this_vm(accelerator_is_host=False, accelerator_memory_bytes=80 << 30)
+    assert predict(work, on_a_gpu)[TENCACHE].step_time_s == pytest.approx(
+        predict(work, dataclasses.replace(on_a_gpu, host_fresh_write_bytes_per_s=1e9))[TENCACHE].step_time_s)
 
 
 def test_ranks_on_a_node_share_its_drives_and_memory():

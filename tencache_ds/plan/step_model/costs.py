@@ -18,6 +18,13 @@ EPILOGUE_BYTES_PER_ELEMENT = 24
 INIT_BYTES_PER_ELEMENT_OUTSIDE_POOL = 10
 INIT_BYTES_PER_ELEMENT_POOLED = 16
 GRADIENT_BYTES_PER_ELEMENT = 4   # stage 3's fp32 gradient partitions (grad_partitions_flat_buffer)
+# On a host accelerator each micro-batch's backward writes fresh host memory, about 3.5 times the model's gathered
+# bytes: the gradients autograd allocates, the reduce bucket stage 3 concatenates, the reduced copies; freed again
+# at the step (large blocks go back to the kernel), so the next backward faults its pages in once more. Measured
+# as minor page faults during engine.backward (a step's faults x 4 KiB, after the first step): gpt2-tiny fp32
+# 201 MiB for 15.2 M parameters (3.45 x 4 B), bf16 110 MiB (3.8 x 2 B), GAS 2 125-197 MiB per micro-batch;
+# gpt2-small fp32 1538-1863 MiB for 124 M (3.2-3.9 x 4 B); stock CPU offload and tencache alike.
+BACKWARD_FRESH_BYTES_PER_GATHERED_BYTE = 3.5
 OPTIMIZER_STATE_FILE_BYTES = 12  # fp32 master + two Adam moments, per element
 
 
@@ -31,6 +38,16 @@ def optimizer_cpu_seconds(workload: Workload, machine: Machine) -> float:
     if workload.zero.offload_optimizer == "none":
         return 0.0
     return optimizer_cpu_s(workload, workload.rank_elements, channel_rates(machine, pinned_h2d=True))
+
+
+def backward_fresh_memory_s(workload: Workload, machine: Machine) -> float:
+    """One micro-batch's backward writing fresh host memory (page faults) on a host accelerator; 0 on a GPU (the
+    backward's memory is device memory) or without the machine's figure."""
+    rate = machine.host_fresh_write_bytes_per_s_per_rank
+    if not machine.accelerator_is_host or not rate:
+        return 0.0
+    gathered = sum(p.numel for p in workload.partitions.values()) * workload.zero.element_bytes
+    return gathered * BACKWARD_FRESH_BYTES_PER_GATHERED_BYTE / rate
 
 
 def param_bytes(workload: Workload, key: str) -> int:
