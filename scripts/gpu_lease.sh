@@ -56,8 +56,10 @@ ARGS=(--deepspeed_config configs/stock-nvme-defaults.json --model "$MODEL" --ste
       --dtype bf16 --weights-gather grouped)
 if [ "$(left)" -gt 100 ]; then
   per_arm=$(($(left 10) / 2))
+  export STEP_PHASES_SYNC=1  # as docs/gpu_check.md's table was measured (a GPU wait after each step, both arms)
   timeout -k 10 "$per_arm" python3 scripts/step_phases.py tencache "$G/phases-tencache.json" -- scripts/train.py \
-    "${ARGS[@]}" --nvme-path "$G/nvme/t" --tencache-block '{"enabled": true}' --result-file "$G/phases-tencache.result.json" \
+    "${ARGS[@]}" --nvme-path "$G/nvme/t" --tencache-block '{"enabled": true}' \
+    --result-file "$G/phases-tencache.result.json" \
     > "$G/phases-tencache.log" 2>&1
   timeout -k 10 "$per_arm" python3 scripts/step_phases.py stockcpu "$G/phases-stockcpu.json" -- scripts/train.py \
     "${ARGS[@]}" --nvme-path "$G/nvme/s" --tencache-block none --offload-device cpu --stage3-defaults \

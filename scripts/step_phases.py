@@ -29,7 +29,8 @@ SYNC = os.environ.get("STEP_PHASES_SYNC") == "1"
 T = collections.defaultdict(float)
 N = collections.Counter()
 STEPS = int(script_args[script_args.index("--steps") + 1]) if "--steps" in script_args else None
-STATE = {"steps": 0, "threads": None, "done": False}  # done: after the last step (the weights' hash is not a step)
+# done: after the last step (what the script does then, hashing the weights, is not a step)
+STATE = {"steps": 0, "threads": None, "done": False, "t0": time.perf_counter()}
 
 
 def wrap(cls, name, tag=None):
@@ -57,9 +58,10 @@ from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3 as S3  #
 
 for n in ("forward", "backward"):
     wrap(DeepSpeedEngine, n)
-for n in ("step", "_pre_step", "_partition_all_parameters", "_overflow_check_and_loss_scale_update", "_get_norm_groups",
-          "_prepare_sub_group", "unscale_and_clip_grads", "_optimizer_step", "_reassign_or_swap_out_partitioned_parameters",
-          "_release_sub_group", "_post_step", "partition_grads", "_swap_out_offload_fp32_gradients",
+for n in ("step", "_pre_step", "_partition_all_parameters", "_overflow_check_and_loss_scale_update",
+          "_get_norm_groups", "_prepare_sub_group", "unscale_and_clip_grads", "_optimizer_step",
+          "_reassign_or_swap_out_partitioned_parameters", "_release_sub_group", "_post_step", "partition_grads",
+          "_swap_out_offload_fp32_gradients",
           "_partitioned_params_swap_out", "_optimizer_states_and_gradient_swap_in",
           "_optimizer_states_and_gradient_swap_out", "_unflatten_partitioned_parameters", "zero_grad",
           "independent_gradient_partition_epilogue", "_finalize_offload_gradient_accumulation"):
@@ -93,7 +95,7 @@ def counted_step(self, *a, **k):
     finally:
         if SYNC and torch.cuda.is_available():
             torch.cuda.synchronize()
-        T["DeepSpeedEngine.step (engine)"] += time.perf_counter() - t
+        T["DeepSpeedEngine.step+sync" if SYNC else "DeepSpeedEngine.step"] += time.perf_counter() - t
         STATE["steps"] += 1
         STATE["threads"] = torch.get_num_threads()
         STATE["t_last"] = time.perf_counter()

@@ -53,7 +53,7 @@ class EntryStore:
     """
 
     def __init__(self, name: str, dtype: torch.dtype, aligned_numel: Callable[[int], int], io: DirectFileIO,
-                 source: BufferSource):
+                 source: BufferSource, device_copy: Optional[StagedDeviceCopy] = None):
         self.name = name
         self.dtype = dtype
         self.source = source
@@ -66,7 +66,8 @@ class EntryStore:
                                     self.counters)
         self.element_size = self._transfers.element_size
         self._admission = Admission(self._table, self._transfers, source, self.recorder, self.counters)
-        self.device_copy = StagedDeviceCopy(name=f"{name}-staging")  # staging chunks made at the first device part
+        # how parts on a device reach host buffers; its staging chunks are made at the first such part
+        self.device_copy = device_copy or StagedDeviceCopy(name=f"{name}-staging")
         self._write_back = WriteBack(self._transfers, self._admission, self._checked, self.lend_new, self.release,
                                      self.device_copy)
 

@@ -90,12 +90,12 @@ class WriteBack:
         self._release(key, changed=True)
 
     def _on_host(self, parts: Sequence[Tuple[int, torch.Tensor]]) -> List[Tuple[int, torch.Tensor]]:
-        """Each part as a flat host tensor of the store's dtype (a host part of that dtype as it is; one on a device
-        through the staging chunks)."""
+        """Each part as a flat host tensor of the store's dtype: a host part cast where its dtype differs (as it is
+        where not), one on a device through the staging chunks."""
         dtype, on_host, from_device = self._transfers.dtype, [], []
         for offset, part in parts:
-            if part.device.type == "cpu":
-                flat = part.reshape(-1).to(dtype=dtype).contiguous()
+            if not self._device_copy.stages(part):
+                flat = part.reshape(-1).to(device="cpu", dtype=dtype).contiguous()
             else:
                 flat = torch.empty(part.numel(), dtype=dtype)
                 from_device.append((flat, part))

@@ -97,7 +97,8 @@ def machine_from_calibration(measured: Dict[str, Any]):
             "nvme_write_bytes_per_s_per_drive": f"{where}: same run, writes",
             "cpu_adam_elements_per_s": f"{where}: {adam['method']}",
             "host_copy_bytes_per_s": f"{where}: {copy['method']}",
-            "host_fresh_write_bytes_per_s": f"{where}: {copy.get('fresh_method')}",
+            "host_fresh_write_bytes_per_s": f"{where}: {copy['fresh_method']}" if "fresh_method" in copy
+            else "not measured",
             "host_memory_bytes": f"{where}: /proc/meminfo and the memory cgroup (probes/host_memory.py, bound by "
                                  f"{memory.bound_by})",
             "process_baseline_bytes": f"{where}: resident memory after importing torch, transformers, DeepSpeed",
@@ -219,7 +220,9 @@ def measure_cpu_adam(torch, elements: int = ADAM_ELEMENTS) -> Dict[str, Any]:
 
 def measure_host_copy(torch, nbytes: int = COPY_BYTES) -> Dict[str, Any]:
     """Bytes per second (read + written) of a large fp32 copy: the bandwidth of the optimizer step's memory-bound
-    epilogue (gradient copies, clipping, the cast back to fp16)."""
+    epilogue (gradient copies, clipping, the cast back to fp16); and bytes per second written into a fresh
+    allocation (``fresh_write_bytes_per_s``: every page faulted in first, as stage 3's backward writes its gradients
+    and buckets on a host accelerator)."""
     source = torch.randn(nbytes // 4)
     target = torch.empty_like(source)
     target.copy_(source)

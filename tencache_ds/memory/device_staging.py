@@ -53,41 +53,58 @@ class StagedDeviceCopy:
         self._stage_host_tensors = stage_host_tensors
         self._arena: Optional[PinnedArena] = None
         self._chunks: List[torch.Tensor] = []
+        self._closed = False
         self.staged_bytes = 0  # COUNT: bytes that went through the chunks
         self.chunks_filled = 0  # COUNT
 
     def copy(self, copies: Sequence[Copy]) -> None:
-        """Copy each (destination, source) pair: destinations are host tensors of the sources' numel (the dtype may
-        differ: the CPU copy out of the chunk casts). Returns when every destination holds its bytes."""
+        """Copy each (destination, source) pair: destinations are contiguous host tensors of their source's numel
+        (the dtype may differ: the CPU copy out of the chunk casts). Returns when every destination holds its bytes.
+        The destinations must not overlap (host sources are copied before staged ones). One caller at a time: the
+        chunks are this object's, unlocked (stage 3 stores gradients from its one training thread).
+
+        Raises:
+            ValueError: a destination is not contiguous or not its source's size, or the object was closed.
+        """
+        if self._closed:
+            raise ValueError(f"{self.name}: copy after close")
         staged, direct = [], []
-        for pair in copies:
-            (staged if self._stages(pair[1]) else direct).append(pair)
+        for dst, src in copies:
+            if dst.numel() != src.numel() or not dst.is_contiguous():
+                raise ValueError(f"{self.name}: a destination of {dst.numel()} elements "
+                                 f"({'contiguous' if dst.is_contiguous() else 'not contiguous'}) for a source of "
+                                 f"{src.numel()}")
+            if src.numel():
+                (staged if self.stages(src) else direct).append((dst, src))
         if len({src.device for _dst, src in staged}) > 1:  # one rank's tensors live on one device
-            direct, staged = list(copies), []
+            direct, staged = direct + staged, []
         for dst, src in direct:
             dst.view(-1).copy_(src.reshape(-1))
         if staged:
             self._copy_staged(staged)
 
+    def stages(self, src: torch.Tensor) -> bool:
+        """Does ``src`` go through the staging chunks (a CUDA tensor), rather than a direct copy?"""
+        return src.device.type == "cuda" or (self._stage_host_tensors and src.device.type == "cpu")
+
     def stats(self) -> dict:
         """``staging_registered_bytes``: the chunks' bytes CUDA registered (pinned); 0 before the first staged copy."""
-        registered = self._arena.stats()["registered_bytes"] if self._arena is not None else 0
-        reserved = self._arena.stats()["reserved_bytes"] if self._arena is not None else 0
-        return {"staging_reserved_bytes": reserved, "staging_registered_bytes": registered,
+        arena = self._arena.stats() if self._arena is not None else {}
+        return {"staging_reserved_bytes": arena.get("reserved_bytes", 0),
+                "staging_registered_bytes": arena.get("registered_bytes", 0),
                 "staging_bytes": self.staged_bytes, "staging_chunks_filled": self.chunks_filled}
 
     def close(self) -> None:
+        self._closed = True
         self._chunks = []
         if self._arena is not None:
             self._arena.close()
             self._arena = None
 
     # ---------------------------------------------------------------------------------------------- private
-    def _stages(self, src: torch.Tensor) -> bool:
-        return src.device.type == "cuda" or (self._stage_host_tensors and src.device.type == "cpu")
-
     def _copy_staged(self, copies: Sequence[Copy]) -> None:
         chunks = self._staging_chunks()
+        device = copies[0][1].device
         pending = None  # (event, [(destination slice, chunk view)]) of the chunk the device fills now
         try:
             for index, batch in enumerate(_batches(copies, self.chunk_bytes)):
@@ -98,17 +115,16 @@ class StagedDeviceCopy:
                     view.copy_(src, non_blocking=True)
                     outs.append((dst, view))
                     self.staged_bytes += src.numel() * src.element_size()
-                event = _record_after_copies(copies[0][1].device)
+                previous, pending = pending, (_record_after_copies(device), outs)
                 self.chunks_filled += 1
-                if pending is not None:
-                    _copy_out(*pending)
-                pending = (event, outs)
-            if pending is not None:
-                _copy_out(*pending)
-                pending = None
-        finally:
-            if pending is not None:  # an error: let the device finish writing the chunk before anyone reuses it
-                pending[0].synchronize()
+                if previous is not None:
+                    _copy_out(*previous)
+            _copy_out(*pending)
+        except BaseException:
+            # Copies into a chunk may still be running (this batch's, issued after the last event recorded): wait
+            # for all of them before the chunks can be reused, unregistered or unmapped.
+            _wait_for_stream(device)
+            raise
 
     def _staging_chunks(self) -> List[torch.Tensor]:
         if not self._chunks:
@@ -152,6 +168,11 @@ def _record_after_copies(device: torch.device):
     event = torch.cuda.Event()
     event.record(torch.cuda.current_stream(device))
     return event
+
+
+def _wait_for_stream(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.current_stream(device).synchronize()
 
 
 def _copy_out(event, outs) -> None:

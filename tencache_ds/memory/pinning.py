@@ -1,5 +1,6 @@
 """CUDA registration of host memory. Owns: cudaHostRegister/cudaHostUnregister of whole arena regions and the
-degrade-with-a-warning policy when that fails. Does not own: mapping or page-locking (csrc/arena.c).
+degrade-with-a-warning policy when that fails, and reading how much torch's own CUDA host allocator has pinned (the
+stats count it beside ours). Does not own: mapping or page-locking (csrc/arena.c).
 
 Registering a region makes every tensor viewed over it report is_pinned() and lets H2D/D2H copies from it
 run asynchronously at full PCIe speed. Without it, copies still work but are staged and synchronous.
@@ -85,10 +86,21 @@ def torch_host_allocator_bytes() -> int:
     """Pinned bytes torch's CUDA host allocator holds now (``tensor.pin_memory()``, which DeepSpeed's accelerator
     calls for stock CPU offload's buffers): cudaHostAlloc pins without mlock, so VmLck does not count them. 0 without
     CUDA or before CUDA was initialised (nothing can have been pinned that way then)."""
+    global _host_stats_missing_warned
     try:
         import torch
         if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
             return 0
-        return int(torch.cuda.host_memory_stats().get("allocated_bytes.current", 0))
-    except Exception:  # an older torch without the stats, or a driver error: report nothing rather than fail a step
-        return 0
+        stats = torch.cuda.host_memory_stats()
+        if "allocated_bytes.current" in stats:
+            return int(stats["allocated_bytes.current"])
+        problem = "torch.cuda.host_memory_stats() has no allocated_bytes.current"
+    except Exception as err:  # an older torch, or a driver error: the step goes on, the number is missing
+        problem = f"torch.cuda.host_memory_stats() failed: {err}"
+    if not _host_stats_missing_warned:  # stock CPU offload's pinned memory would read as 0 B again: say so once
+        _host_stats_missing_warned = True
+        logger.warning("%s: memory pinned through torch (stock CPU offload's optimizer state) is not counted", problem)
+    return 0
+
+
+_host_stats_missing_warned = False

@@ -102,7 +102,8 @@ _REQUIRED = ("name", "accelerator_memory_bytes", "accelerator_flops_per_s", "h2d
              "cpu_adam_elements_per_s")
 _POSITIVE = {"accelerator_flops_per_s", "h2d_bytes_per_s", "host_memory_bytes", "nvme_read_bytes_per_s_per_drive",
              "nvme_write_bytes_per_s_per_drive", "drives", "cpu_adam_elements_per_s", "host_copy_bytes_per_s",
-             "host_fresh_write_bytes_per_s", "ranks_per_node", "nodes", "drive_tbw_bytes", "host_available_bytes", "process_baseline_bytes"}
+             "host_fresh_write_bytes_per_s", "ranks_per_node", "nodes", "drive_tbw_bytes", "host_available_bytes",
+             "process_baseline_bytes"}
 _INTEGERS = {"accelerator_memory_bytes", "host_memory_bytes", "drives", "ranks_per_node", "nodes",
              "host_available_bytes", "process_baseline_bytes"}
 

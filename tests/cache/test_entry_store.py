@@ -13,6 +13,7 @@ from tencache_ds.cache.buffer_sources import BudgetedPageable
 from tencache_ds.cache.entry_store import EntryStore
 from tencache_ds.cache.host_budget import HostBudget
 from tencache_ds.io.direct_io import DirectFileIO
+from tencache_ds.memory.device_staging import StagedDeviceCopy
 from tencache_ds.memory.pool import BufferPool
 from tencache_ds.profile.next_use import NextUseIndex
 
@@ -25,10 +26,10 @@ def debug_checks(monkeypatch):
     monkeypatch.setenv("TENCACHE_DEBUG_CHECKS", "1")
 
 
-def make(tmp_path, io, budget_bytes):
+def make(tmp_path, io, budget_bytes, device_copy=None):
     pool = BufferPool("optimizer", lock="off")
     return EntryStore("optimizer", torch.float32, lambda n: -(-n // 256) * 256, io,
-                      BudgetedPageable(pool, HostBudget(budget_bytes)))
+                      BudgetedPageable(pool, HostBudget(budget_bytes)), device_copy=device_copy)
 
 
 def put(store, tmp_path, key, value):
@@ -161,23 +162,29 @@ def test_reads_ahead_keep_the_held_share_fixed_instead_of_rotating_it(tmp_path, 
     store.close()
 
 
+@pytest.mark.parametrize("staged", [False, True], ids=["direct", "staged"])
 @pytest.mark.parametrize("held", [True, False])
-def test_writing_parts_is_one_recorded_use_whether_the_entry_is_held_or_on_file(tmp_path, io, held):
+def test_writing_parts_is_one_recorded_use_whether_the_entry_is_held_or_on_file(tmp_path, io, held, staged):
     """Stage 3 stores gradient fragments bucket by bucket. The recorded order is the same whatever the tier
     holds (else the profile stops predicting the step once the tier follows it), and the bytes between the parts
-    stay as they were."""
-    store = make(tmp_path, io, budget_bytes=4 * 401408 if held else 0)
+    stay as they were. ``staged``: the parts go through staging chunks as a GPU's would (memory/device_staging.py;
+    forced for host tensors here), parts larger than a chunk."""
+    length = 3000 if staged else 10  # 12000 B: three 4 KiB chunks
+    device_copy = StagedDeviceCopy(chunk_bytes=4096, stage_host_tensors=True) if staged else None
+    store = make(tmp_path, io, budget_bytes=4 * 401408 if held else 0, device_copy=device_copy)
     path = str(tmp_path / "g.swp")
-    store.write_parts("g", NUMEL, path, [(0, torch.full((10,), 1.0)), (NUMEL - 10, torch.full((10,), 2.0))])
+    first, last, middle = (torch.arange(length, dtype=torch.float32) + start for start in (1, 10_000, 20_000))
+    store.write_parts("g", NUMEL, path, [(0, first), (NUMEL - length, last)])
     store.wait_writes()
     assert store.state("g") == (EntryState.DIRTY if held else EntryState.ON_FILE)
-    store.write_parts("g", NUMEL, path, [(5, torch.full((10,), 3.0))])
+    store.write_parts("g", NUMEL, path, [(5, middle)])
     assert store.recorder.end_step().keys == ("g", "g")
     expected = torch.zeros(NUMEL)
-    expected[:10], expected[-10:], expected[5:15] = 1.0, 2.0, 3.0
+    expected[:length], expected[-length:], expected[5:5 + length] = first, last, middle
     assert torch.equal(store.lend("g"), expected)
     store.release("g")
     assert (store.counters.hits >= 2) == held and (io.counters().write_requests > 0) != held
+    assert store.stats()["staging_bytes"] == (3 * length * 4 if staged else 0)
     store.close()
 
 

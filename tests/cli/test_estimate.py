@@ -116,9 +116,9 @@ def test_bad_inputs_are_named(tmp_path, kind):
 @pytest.mark.slow
 def test_machine_this_measures_and_cites_each_figure(tmp_path):
     """Scenario: calibrate this machine on a temporary folder and save the machine file."""
-    # Step 1: estimate the benchmark's gpt2-tiny run on this machine, measured now.
+    # Step 1: estimate gpt2-tiny on this machine, measured now (in fp32: the beyond-RAM config's precision).
     saved = tmp_path / "this.json"
-    # (an fp32 config: bf16 matmuls run ~24x slower on this AVX2 machine, which the compute probe would wait out)
+    # (fp32: bf16 matmuls run ~24x slower on this AVX2 machine, and the compute probe would wait them out)
     config = os.path.join(REPO_ROOT, "configs", "stock-nvme-beyond-ram.json")
     result = run_cli("estimate", "--model", "gpt2-tiny", "--ds-config", config, "--machine", "this", "--seq", "64",
                      "--nvme-path", str(tmp_path / "nvme"),

@@ -40,6 +40,7 @@ def test_optimizer_on_nvme_gives_stock_cpu_offloads_results(tmp_path):
     reference = scenarios(tmp_path, "stock", "cpu")
     ours = scenarios(tmp_path, "tencache", "nvme")
     for name in SCENARIOS:
+        assert name in reference and name in ours, (name, reference, ours)  # a failure stops the scenarios after it
         assert reference[name]["ok"], (name, reference[name])
         assert ours[name] == reference[name], name
         if name.startswith("zero_to_fp32"):

@@ -9,7 +9,8 @@ state is large enough to be swapped). Rank 0 prints one RESULT line.
 SCENARIOS: comma-separated, of zero_to_fp32, zero_to_fp32_frozen, immediate_save_load, load_immediate_save; they run
 one after the other in the same processes (one launch: its start-up is most of a scenario's time), each with its
 own engines and its own folders under NVME_DIR and CKPT_DIR. The result maps each scenario to the SHA-256 sums of
-the weights it produces (so that runs can be compared bit for bit) and, where it fails, its error.
+the weights it produces (so that runs can be compared bit for bit) and, where it fails, its error (the scenarios
+after a failure do not run).
 """
 import hashlib
 import json
@@ -177,9 +178,11 @@ def main(scenarios, mode, device, nvme, ckpt):
         try:
             results[scenario] = {"ok": True, **SCENARIOS[scenario](mode, device, os.path.join(nvme, scenario),
                                                                    os.path.join(ckpt, scenario))}
-        except Exception as err:  # the scenario's failure is its result; the next one still runs
+        except Exception as err:  # the scenario's failure is its result, and the last one run: a rank that failed
+            # may have left the other inside a collective, and a next scenario would not line up with it
             traceback.print_exc()
             results[scenario] = {"ok": False, "error": f"{type(err).__name__}: {err}"}
+            break
         torch.distributed.barrier()
     if torch.distributed.get_rank() == 0:
         print("RESULT " + json.dumps(results), flush=True)

@@ -32,6 +32,7 @@ def test_small_sources_share_a_chunk_and_large_ones_span_several():
     assert staging.chunks_filled == 1
     staging.copy([(torch.empty(3000), source) for source in _sources([3000])])  # 12000 B: 3 chunks
     assert staging.chunks_filled == 1 + 3
+    staging.close()
 
 
 def test_destinations_of_another_dtype_get_the_cast_of_the_source():
@@ -41,6 +42,7 @@ def test_destinations_of_another_dtype_get_the_cast_of_the_source():
     staging.copy(list(zip(destinations, sources)))
     for destination, source in zip(destinations, sources):
         assert torch.equal(destination, source.float())
+    staging.close()
 
 
 def test_views_into_one_buffer_are_filled_in_place():
@@ -51,6 +53,7 @@ def test_views_into_one_buffer_are_filled_in_place():
     staging.copy([(held.narrow(0, offset, part.numel()), part) for offset, part in parts])
     assert torch.equal(held[:1500], parts[0][1]) and torch.equal(held[4000:6500], parts[1][1])
     assert not held[1500:4000].any() and not held[6500:].any()
+    staging.close()
 
 
 def test_host_sources_are_copied_directly_without_staging_memory():
@@ -66,3 +69,20 @@ def test_host_sources_are_copied_directly_without_staging_memory():
 def test_chunk_size_must_hold_an_aligned_piece():
     with pytest.raises(ValueError, match="chunk_bytes"):
         StagedDeviceCopy(chunk_bytes=100)
+
+
+def test_a_destination_of_another_size_or_a_copy_after_close_is_refused():
+    staging = StagedDeviceCopy(chunk_bytes=4096, stage_host_tensors=True)
+    with pytest.raises(ValueError, match="destination of 9 elements"):
+        staging.copy([(torch.empty(9), torch.zeros(10))])
+    with pytest.raises(ValueError, match="not contiguous"):
+        staging.copy([(torch.empty(10, 2)[:, 0], torch.zeros(10))])
+    staging.close()
+    with pytest.raises(ValueError, match="after close"):
+        staging.copy([(torch.empty(10), torch.zeros(10))])
+
+
+def test_empty_sources_map_no_staging_memory():
+    staging = StagedDeviceCopy(chunk_bytes=4096, stage_host_tensors=True)
+    staging.copy([(torch.empty(0), torch.zeros(0))])
+    assert staging.stats()["staging_reserved_bytes"] == 0

@@ -23,7 +23,8 @@ GRADIENT_BYTES_PER_ELEMENT = 4   # stage 3's fp32 gradient partitions (grad_part
 # at the step (large blocks go back to the kernel), so the next backward faults its pages in once more. Measured
 # as minor page faults during engine.backward (a step's faults x 4 KiB, after the first step): gpt2-tiny fp32
 # 201 MiB for 15.2 M parameters (3.45 x 4 B), bf16 110 MiB (3.8 x 2 B), GAS 2 125-197 MiB per micro-batch;
-# gpt2-small fp32 1538-1863 MiB for 124 M (3.2-3.9 x 4 B); stock CPU offload and tencache alike.
+# gpt2-small fp32 1538-1863 MiB for 124 M (3.2-3.9 x 4 B); stock CPU offload and tencache alike
+# (scripts/count_fresh_memory.py). At GAS 2 a micro-batch faulted 2.1-3.2 x: beyond GAS 1 this may overstate.
 BACKWARD_FRESH_BYTES_PER_GATHERED_BYTE = 3.5
 OPTIMIZER_STATE_FILE_BYTES = 12  # fp32 master + two Adam moments, per element
 

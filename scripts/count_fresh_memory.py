@@ -1,0 +1,54 @@
+"""How much fresh host memory each phase of a training step writes: minor page faults (each a 4 KiB page touched for
+the first time since it was mapped) during the engine's forward, backward and step, per call, in MiB. Runs
+scripts/train.py in this process. On a host accelerator stage 3's backward allocates its gradients and reduce
+buckets afresh every micro-batch, and the step model charges that at the machine's first-touch write rate
+(plan/step_model/costs.py, BACKWARD_FRESH_BYTES_PER_GATHERED_BYTE, which these counts gave).
+
+    python3 scripts/count_fresh_memory.py scripts/train.py --model gpt2-tiny --dtype fp32 --steps 4 ...
+"""
+import atexit
+import collections
+import os
+import runpy
+import sys
+
+if len(sys.argv) < 2:
+    sys.exit(__doc__)
+SCRIPT_ARGS = sys.argv[1:]
+PAGE = os.sysconf("SC_PAGE_SIZE")
+CALLS = []  # (phase, faults)
+
+
+def minor_faults() -> int:
+    with open("/proc/self/stat") as stat:
+        return int(stat.read().rsplit(")", 1)[1].split()[7])  # field 10, minflt
+
+
+def counted(method, phase):
+    def inner(self, *args, **kwargs):
+        before = minor_faults()
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            CALLS.append((phase, minor_faults() - before))
+    return inner
+
+
+from deepspeed.runtime.engine import DeepSpeedEngine  # noqa: E402
+
+for name in ("forward", "backward", "step"):
+    setattr(DeepSpeedEngine, name, counted(getattr(DeepSpeedEngine, name), name))
+
+
+@atexit.register
+def report():
+    per_phase = collections.defaultdict(list)
+    for phase, faults in CALLS:
+        per_phase[phase].append(faults * PAGE / 2**20)
+    for phase, mib in per_phase.items():
+        print(f"[fresh memory] {phase:8s} MiB per call: " + " ".join(f"{value:.0f}" for value in mib), flush=True)
+
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(SCRIPT_ARGS[0])))
+sys.argv = SCRIPT_ARGS
+runpy.run_path(SCRIPT_ARGS[0], run_name="__main__")
