@@ -82,19 +82,21 @@ def unregister_regions(regions: Sequence[Tuple[int, int]]) -> None:
         host_unregister(base)
 
 
-def torch_host_allocator_bytes() -> int:
-    """Pinned bytes torch's CUDA host allocator holds now (``tensor.pin_memory()``, which DeepSpeed's accelerator
-    calls for stock CPU offload's buffers): cudaHostAlloc pins without mlock, so VmLck does not count them. 0 without
-    CUDA or before CUDA was initialised (nothing can have been pinned that way then)."""
+def torch_host_allocator_bytes(peak: bool = False) -> int:
+    """Pinned bytes torch's CUDA host allocator holds now, or at most so far (``peak``): ``tensor.pin_memory()``,
+    which DeepSpeed's accelerator calls for stock CPU offload's buffers. cudaHostAlloc pins without mlock, so VmLck
+    does not count them. 0 without CUDA or before CUDA was initialised (nothing can have been pinned that way then).
+    DeepSpeed 0.19.8's swap buffers are mlock'ed by its own pin manager, not this allocator: no byte is in both."""
     global _host_stats_missing_warned
+    key = "allocated_bytes.peak" if peak else "allocated_bytes.current"
     try:
         import torch
         if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
             return 0
         stats = torch.cuda.host_memory_stats()
-        if "allocated_bytes.current" in stats:
-            return int(stats["allocated_bytes.current"])
-        problem = "torch.cuda.host_memory_stats() has no allocated_bytes.current"
+        if key in stats:
+            return int(stats[key])
+        problem = f"torch.cuda.host_memory_stats() has no {key}"
     except Exception as err:  # an older torch, or a driver error: the step goes on, the number is missing
         problem = f"torch.cuda.host_memory_stats() failed: {err}"
     if not _host_stats_missing_warned:  # stock CPU offload's pinned memory would read as 0 B again: say so once

@@ -111,7 +111,7 @@ def combined_stats(param_swapper, optimizer_swapper) -> Dict[str, object]:
         "pinned_bytes_reserved": _pinned(detail, "param") + _pinned(detail, "optimizer") + _staging(detail)
         + torch_pinned,
         "pinned_bytes_peak_in_use": _locked_peak(detail, "param") + _locked_peak(detail, "optimizer")
-        + _staging(detail) + torch_pinned,
+        + _staging(detail) + torch_host_allocator_bytes(peak=True),
         "host_bytes_reserved": int(detail.get("param_reserved_bytes", 0))
         + int(detail.get("optimizer_pageable_bytes_in_use", 0)),
         "nvme_read_bytes": int(detail.get("param_nvme_read_bytes", 0)) + int(detail.get("optimizer_nvme_read_bytes", 0)),

@@ -1,0 +1,45 @@
+"""The stats headline's pinned memory (integrations/deepspeed/stats.py): tencache's parameter slots, optimizer
+arena and device-to-host staging chunks, plus what torch's CUDA host allocator pinned (0 without CUDA); stock's
+swap buffers likewise. Plain objects stand in for the swappers: the arithmetic is what is tested."""
+import pytest
+import torch
+
+pytest.importorskip("deepspeed")
+from tencache_ds.integrations.deepspeed.stats import combined_stats  # noqa: E402
+
+MIB = 1 << 20
+
+
+class Swapper:
+    """What combined_stats asks of tencache's swappers: their stats, and stock's estimate."""
+
+    def __init__(self, stats):
+        self._stats = stats
+
+    def stats(self):
+        return self._stats
+
+    def stock_pinned_bytes_estimate(self):
+        return 0
+
+
+def test_pinned_memory_adds_the_slots_the_optimizer_arena_and_the_staging_chunks():
+    params = Swapper({"param_locked_bytes": 300 * MIB, "param_registered_bytes": 310 * MIB,
+                      "param_reserved_bytes": 310 * MIB, "param_peak_in_use_bytes": 200 * MIB,
+                      "param_staging_registered_bytes": 0})
+    optimizer = Swapper({"optimizer_locked_bytes": 0, "optimizer_registered_bytes": 0,
+                         "optimizer_cache_staging_registered_bytes": 32 * MIB})
+    headline = combined_stats(params, optimizer)
+    assert headline["torch_pinned_bytes"] == 0  # no CUDA here
+    assert headline["pinned_bytes_reserved"] == 310 * MIB + 32 * MIB  # registration pins the whole region
+    assert headline["pinned_bytes_peak_in_use"] == 200 * MIB + 32 * MIB  # the slots' peak, the chunks whole
+
+
+def test_stock_pinned_memory_is_its_swap_buffers():
+    class StockParams:  # stock's AsyncPartitionedParameterSwapper keeps its pinned pool in ``buffers``
+        buffers = torch.empty(4 * MIB, dtype=torch.uint8)
+
+    headline = combined_stats(StockParams(), None)
+    assert headline["tencache_enabled"] == 0
+    assert headline["pinned_bytes_reserved"] == headline["pinned_bytes_peak_in_use"] == 4 * MIB
+    assert headline["torch_pinned_bytes"] == 0
