@@ -67,7 +67,7 @@ class EntryStore:
         self.element_size = self._transfers.element_size
         self._admission = Admission(self._table, self._transfers, source, self.recorder, self.counters)
         # how parts on a device reach host buffers; its staging chunks are made at the first such part
-        self.device_copy = device_copy or StagedDeviceCopy(name=f"{name}-staging")
+        self.device_copy = device_copy or StagedDeviceCopy.for_store(f"{name}-staging")
         self._write_back = WriteBack(self._transfers, self._admission, self._checked, self.lend_new, self.release,
                                      self.device_copy)
 

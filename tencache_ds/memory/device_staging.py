@@ -17,6 +17,7 @@ were produced on (the caller runs inside stage 3's reduction, on its stream), an
 waited for before the CPU reads the chunk. A chunk is refilled only after the CPU has finished copying it out (this
 thread, program order). Host tensors, and tensors on a host accelerator, are copied directly: nothing to stage.
 """
+import os
 from typing import List, Optional, Sequence, Tuple
 
 import torch
@@ -27,6 +28,9 @@ from .arena import PinnedArena
 STAGING_CHUNK_BYTES = 16 << 20  # at ~25 GB/s a chunk takes ~0.7 ms: the per-chunk event wait stays in the noise
 STAGING_CHUNKS = 2              # one the device fills, one the CPU empties
 _ALIGN_BYTES = 64               # each piece starts at a multiple of this in its chunk (any element size divides it)
+# Tests on machines without a GPU: set to a chunk size in bytes, the stores stage host parts too, through chunks of
+# that size, so the real engine runs the chunked, pipelined copy (tests/deepspeed/test_residency.py).
+STAGE_HOST_PARTS_ENV = "TENCACHE_STAGE_HOST_PARTS"
 
 Copy = Tuple[torch.Tensor, torch.Tensor]  # (host destination, source of the same numel)
 
@@ -135,6 +139,23 @@ class StagedDeviceCopy:
             slots = [self._arena.alloc(self.chunk_bytes) for _ in range(STAGING_CHUNKS)]
             self._chunks = [slot.as_tensor(torch.uint8, self.chunk_bytes) for slot in slots]
         return self._chunks
+
+    @classmethod
+    def for_store(cls, name: str) -> "StagedDeviceCopy":
+        """A store's copier: CUDA parts staged through chunks of STAGING_CHUNK_BYTES, unless
+        ``TENCACHE_STAGE_HOST_PARTS`` (chunk bytes) asks that host parts be staged too.
+
+        Raises:
+            ValueError: that variable is not a chunk size this class accepts (the message names it).
+        """
+        forced = os.environ.get(STAGE_HOST_PARTS_ENV)
+        if not forced:
+            return cls(name=name)
+        try:
+            chunk_bytes = int(forced)
+        except ValueError:
+            raise ValueError(f"{STAGE_HOST_PARTS_ENV}={forced!r}: expected a chunk size in bytes") from None
+        return cls(chunk_bytes=chunk_bytes, name=name, stage_host_tensors=True)
 
     def __repr__(self) -> str:
         return f"StagedDeviceCopy({self.name}, {STAGING_CHUNKS} x {fmt_bytes(self.chunk_bytes)})"

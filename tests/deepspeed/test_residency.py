@@ -8,6 +8,7 @@ import os
 
 import pytest
 
+from tencache_ds.memory.device_staging import STAGE_HOST_PARTS_ENV
 from test_parity import assert_identical, assert_same_bits  # tests/deepspeed is on sys.path (rootdir-relative)
 
 pytestmark = pytest.mark.deepspeed
@@ -46,6 +47,20 @@ def test_a_gradient_stored_in_several_buckets_keeps_every_fragment_while_streami
     stock = train(block=None, **SUB_GROUPS)
     ours = train(block=STREAMING, **SUB_GROUPS)
     assert_identical(stock, ours)
+
+
+@pytest.mark.parametrize("block", [QUARTER, STREAMING], ids=["quarter", "streaming"])
+def test_gradients_through_the_staging_chunks_give_stocks_bits(train, block):
+    """In bf16 each reduced gradient handed to the optimizer swapper is an fp32 cast, stored into its sub-group's
+    entry (held under a quarter, written to its file's offsets when streaming). On a GPU those parts come through
+    memory/device_staging.py's registered chunks; here TENCACHE_STAGE_HOST_PARTS sends host parts the same way,
+    through 64 KiB chunks, so every copy crosses many chunks and reuses both: a chunk refilled before it was
+    copied out would change the gradients, and the losses."""
+    options = dict(SUB_GROUPS, dtype="bf16", steps=3, seq_len=16)
+    stock = train(block=None, **options)
+    ours = train(block=block, env={STAGE_HOST_PARTS_ENV: str(64 << 10)}, **options)
+    assert_identical(stock, ours)
+    assert ours.last_stats["optimizer_cache_staging_chunks_filled"] > 100
 
 
 def test_many_sub_groups_under_a_small_budget_keep_a_fixed_share_step_after_step(train):

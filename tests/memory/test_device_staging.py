@@ -86,3 +86,13 @@ def test_empty_sources_map_no_staging_memory():
     staging = StagedDeviceCopy(chunk_bytes=4096, stage_host_tensors=True)
     staging.copy([(torch.empty(0), torch.zeros(0))])
     assert staging.stats()["staging_reserved_bytes"] == 0
+
+
+def test_the_test_switch_that_stages_host_parts_names_itself_when_it_is_not_a_size(monkeypatch):
+    monkeypatch.setenv("TENCACHE_STAGE_HOST_PARTS", "lots")
+    with pytest.raises(ValueError, match="TENCACHE_STAGE_HOST_PARTS='lots'"):
+        StagedDeviceCopy.for_store("optimizer-staging")
+    monkeypatch.setenv("TENCACHE_STAGE_HOST_PARTS", "65536")
+    assert StagedDeviceCopy.for_store("optimizer-staging").stages(torch.zeros(1))
+    monkeypatch.delenv("TENCACHE_STAGE_HOST_PARTS")
+    assert not StagedDeviceCopy.for_store("optimizer-staging").stages(torch.zeros(1))
