@@ -197,7 +197,8 @@ def main(argv=None) -> int:
             run_machine = machine if available is None else dataclasses.replace(
                 machine, host_available_bytes=int(float(available.group(1)) * (1 << 30)))
             predicted = predict_configuration(run_machine, settings["model"], config, host, settings["micro_batch"],
-                                              settings["seq_len"], "stock-cpu" in measured["arms"])
+                                              settings["seq_len"], "stock-cpu" in measured["arms"],
+                                              settings.get("dtype") or args.dtype)
             for arm, values in measured["arms"].items():
                 rows.append({"name": os.path.basename(folder.rstrip("/")), "arm": arm, "predicted": predicted[arm],
                              "measured": values})

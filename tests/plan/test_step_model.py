@@ -16,6 +16,7 @@ from tencache_ds.plan.machine import Machine, MachineFileError, load_machine, ma
 from tencache_ds.plan.model_shapes import ModelConfigError, model_shape
 from tencache_ds.plan.step_model import (STOCK, TENCACHE, Prediction, drive_days_to_tbw, fits, predict,
                                          predict_stock, tencache_plan)
+from tencache_ds.plan.step_model.costs import backward_host_memory_s
 from tencache_ds.plan.step_model.tencache import _optimizer_sequence
 from tencache_ds.plan.profile_timings import machine_from_profile
 from tencache_ds.plan.workload import ZeroSettings, build_workload
@@ -319,6 +320,28 @@ def test_a_host_accelerator_pays_for_the_backwards_fresh_memory_every_micro_batc
     on_a_gpu = this_vm(accelerator_is_host=False, accelerator_memory_bytes=80 << 30)
     assert predict(work, on_a_gpu)[TENCACHE].step_time_s == pytest.approx(
         predict(work, dataclasses.replace(on_a_gpu, host_fresh_write_bytes_per_s=1e9))[TENCACHE].step_time_s)
+
+
+def test_stage3s_gradient_epilogue_is_priced_in_passes_over_mapped_memory_on_a_host_accelerator():
+    """Stage 3's gradient epilogue passes over each gradient element in memory already mapped (costs.py): every
+    micro-batch 5 passes over the gathered gradient and 4 over the rank's partition (one more when accumulating),
+    and at the boundary a float64 norm (the element read, 8 bytes written and read). gpt2-tiny in fp32 at one rank
+    (15,160,320 elements, partitions the same): (5 + 4) x 4 + 4 + 16 = 56 bytes an element at GAS 1; at 1e10
+    bytes/s, 0.0849 s. A GPU leaves it to device memory."""
+    fp32 = dict(ds_config(), bf16={"enabled": False})
+    elements = 15160320
+    for gas, expected in ((1, elements * 56 / 1e10), (3, elements * (36 + 40 + 40 + 20) / 1e10)):
+        work = workload(config=fp32, gas=gas)
+        assert work.rank_elements == elements
+        assert sum(backward_host_memory_s(work, this_vm(), micro) for micro in range(gas)) == pytest.approx(expected)
+    on_a_gpu = this_vm(accelerator_is_host=False, accelerator_memory_bytes=80 << 30, host_fresh_write_bytes_per_s=1e9)
+    assert backward_host_memory_s(workload(config=fp32), on_a_gpu, 0) == 0.0
+    # in the replay: both policies' compute part carries the term, one copy per micro-batch
+    slower_copies = this_vm(host_copy_bytes_per_s=5e9)
+    work = workload(config=dict(fp32, tencache={"enabled": True, "host_cache_bytes": "auto"}))
+    for arm in (STOCK, TENCACHE):
+        assert (predict(work, slower_copies)[arm].critical_path_s["compute"]
+                - predict(work, this_vm())[arm].critical_path_s["compute"]) == pytest.approx(elements * 56 / 1e10)
 
 
 def test_ranks_on_a_node_share_its_drives_and_memory():

@@ -26,6 +26,21 @@ GRADIENT_BYTES_PER_ELEMENT = 4   # stage 3's fp32 gradient partitions (grad_part
 # gpt2-small fp32 1538-1863 MiB for 124 M (3.2-3.9 x 4 B); stock CPU offload and tencache alike
 # (scripts/count_fresh_memory.py). At GAS 2 a micro-batch faulted 2.1-3.2 x: beyond GAS 1 this may overstate.
 BACKWARD_FRESH_BYTES_PER_GATHERED_BYTE = 3.5
+# Beside those fresh writes, stage 3's gradient epilogue on a host accelerator passes over every gradient element in
+# memory already mapped (DeepSpeed 0.19.8 with its defaults, contiguous_gradients and reduce_scatter on), counted in
+# passes of the gradient's element bytes, each a read or a write:
+# - every micro-batch, over the whole gathered gradient: its copy into the reduce bucket
+#   (__add_grad_to_ipg_bucket: 2), the read of the bucket that reduce_scatter_coalesced concatenates into a new
+#   flat buffer (1; the write is fresh), that buffer's pre-divide in place (div_: 2);
+# - every micro-batch, over the rank's partition: the reduce-scatter's copy into its output (2), and the
+#   partition into its gradient buffer (partition_grads: copy_ 2 on the first micro-batch; add_ 3 after it);
+# - at the boundary, over the rank's partition: the float64 norm of each gradient for clipping
+#   (_constant_buffered_norm2: read the gradient, write 8 bytes, read them back).
+# Priced at the host-copy rate, not fitted. On a GPU these passes run in device memory and are left out.
+EPILOGUE_GATHERED_PASSES = 5
+EPILOGUE_PARTITION_PASSES = 4
+EPILOGUE_ACCUMULATE_EXTRA_PASSES = 1
+NORM_FLOAT64_BYTES = 16
 OPTIMIZER_STATE_FILE_BYTES = 12  # fp32 master + two Adam moments, per element
 
 
@@ -41,14 +56,21 @@ def optimizer_cpu_seconds(workload: Workload, machine: Machine) -> float:
     return optimizer_cpu_s(workload, workload.rank_elements, channel_rates(machine, pinned_h2d=True))
 
 
-def backward_fresh_memory_s(workload: Workload, machine: Machine) -> float:
-    """One micro-batch's backward writing fresh host memory (page faults) on a host accelerator; 0 on a GPU (the
-    backward's memory is device memory) or without the machine's figure."""
-    rate = machine.host_fresh_write_bytes_per_s_per_rank
-    if not machine.accelerator_is_host or not rate:
+def backward_host_memory_s(workload: Workload, machine: Machine, micro: int) -> float:
+    """Host memory work of micro-batch ``micro``'s backward on a host accelerator, beyond its FLOPs: the fresh
+    memory it writes (page faults; without the machine's figure, left out) and stage 3's gradient epilogue's
+    passes over memory already mapped. 0 on a GPU, where that memory is the device's."""
+    if not machine.accelerator_is_host:
         return 0.0
-    gathered = sum(p.numel for p in workload.partitions.values()) * workload.zero.element_bytes
-    return gathered * BACKWARD_FRESH_BYTES_PER_GATHERED_BYTE / rate
+    elem = workload.zero.element_bytes
+    gathered = sum(p.numel for p in workload.partitions.values())
+    fresh_rate = machine.host_fresh_write_bytes_per_s_per_rank
+    fresh_s = gathered * elem * BACKWARD_FRESH_BYTES_PER_GATHERED_BYTE / fresh_rate if fresh_rate else 0.0
+    partition_passes = EPILOGUE_PARTITION_PASSES + (EPILOGUE_ACCUMULATE_EXTRA_PASSES if micro > 0 else 0)
+    passes_bytes = (gathered * EPILOGUE_GATHERED_PASSES + workload.rank_elements * partition_passes) * elem
+    if micro == workload.gas - 1:
+        passes_bytes += workload.rank_elements * (elem + NORM_FLOAT64_BYTES)
+    return fresh_s + passes_bytes / machine.host_copy_bytes_per_s_per_rank
 
 
 def param_bytes(workload: Workload, key: str) -> int:

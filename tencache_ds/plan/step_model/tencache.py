@@ -32,7 +32,7 @@ from ..prefetch import PrefetchSchedule
 from ..size_classes import cache_slot_counts, class_bytes, merge_close_classes, size_histogram, streaming_slot_counts
 from ..workload import Workload
 from .costs import (INIT_BYTES_PER_ELEMENT_OUTSIDE_POOL, INIT_BYTES_PER_ELEMENT_POOLED, OPTIMIZER_STATE_FILE_BYTES,
-                    backward_fresh_memory_s, device_step_bytes, device_working_bytes, gathered_bytes,
+                    backward_host_memory_s, device_step_bytes, device_working_bytes, gathered_bytes,
                     host_resident_bytes, host_step_rise_bytes, nvme_space, optimizer_cpu_s, param_bytes)
 from .results import TENCACHE, Prediction, finish
 from .timeline import STEPS_REPLAYED, Rates, Timeline, channel_rates
@@ -232,7 +232,6 @@ def predict_tencache(workload: Workload, machine: Machine) -> Prediction:
     written_params = {key for position, key in enumerate(lend_keys) if position in host_misses}
     timeline = Timeline(rates.channels)
     h2d = not machine.accelerator_is_host
-    fresh_s = backward_fresh_memory_s(workload, machine)
     opt_keys, opt_sizes = _optimizer_sequence(workload, machine)
     streams = zero.offload_optimizer == "nvme"
     first_backward = next((i for i, f in enumerate(workload.fetches) if f.phase != "forward"), 0)
@@ -262,7 +261,7 @@ def predict_tencache(workload: Workload, machine: Machine) -> Prediction:
                     timeline.wait(timeline.issue("h2d", sum(workload.partitions[k].part_numel * elem
                                                             for k in gather_at[index])), "h2d")
                 timeline.work(fetch.flops / rates.flops_per_s, "compute")
-            timeline.work(fresh_s, "compute")  # the backward's fresh host memory (costs.py)
+            timeline.work(backward_host_memory_s(workload, machine, micro), "compute")
             if h2d and zero.offload_optimizer != "none":
                 timeline.wait(timeline.issue("h2d", workload.rank_elements * elem), "h2d")
         if streams:
