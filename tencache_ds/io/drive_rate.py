@@ -108,15 +108,16 @@ class DriveRate:
 
 def measure_drive(folder: str, request_sizes: Sequence[int] = REQUEST_SIZES,
                   thread_counts: Sequence[int] = THREAD_COUNTS, trial_bytes: int = TRIAL_BYTES,
-                  deadline_s: float = DEADLINE_S) -> DriveRate:
+                  deadline_s: float = DEADLINE_S, repeats: int = 1) -> DriveRate:
     """Time writes, reads and both at once in ``folder`` (created if missing) for every request size and thread
-    count; the fastest trial of each kind gives the rates. Raises OSError when the folder cannot be written."""
+    count, ``repeats`` times over; the fastest trial of each kind gives the rates. Raises OSError when the folder
+    cannot be written."""
     import torch  # the engine moves tensors; imported here so that importing this module stays light
     from .direct_io import DirectFileIO
     os.makedirs(folder, exist_ok=True)
     trials: List[Trial] = []
     alignment = None
-    for request_bytes in request_sizes:
+    for request_bytes in [size for _repeat in range(repeats) for size in request_sizes]:
         requests = max(1, trial_bytes // request_bytes)
         for threads in thread_counts:
             io = DirectFileIO(num_threads=threads, name="tencache-drive-rate")

@@ -30,7 +30,12 @@ def test_measure_drive_times_reads_writes_and_both_with_real_files(tmp_path):
     both = max((trial for trial in rate.trials if trial.mode == BOTH), key=lambda trial: trial.bytes_per_s)
     assert rate.combined_bytes_per_s >= both.bytes_per_s > 0
     assert "tencache DirectFileIO" in rate.method and "both at once" in rate.describe()
-    # Step 4: no file is left behind, and the record survives JSON (the probe sends it to the parent).
+    # Step 4: repeats run every combination again, and the rates are the fastest over all of them.
+    twice = measure_drive(str(tmp_path / "drive"), request_sizes=(MIB,), thread_counts=(2,), trial_bytes=2 * MIB,
+                          deadline_s=math.inf, repeats=2)
+    assert [trial.mode for trial in twice.trials] == [WRITE, WRITE, READ, BOTH] * 2
+    assert twice.write_bytes_per_s == max(trial.write_bytes_per_s for trial in twice.trials if trial.mode == WRITE)
+    # Step 5: no file is left behind, and the record survives JSON (the probe sends it to the parent).
     assert os.listdir(tmp_path / "drive") == []
     assert DriveRate.from_dict(rate.to_dict()) == rate
 
