@@ -204,7 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
                           help="the DeepSpeed config (ZeRO-3; its \"tencache\" block, if any, sets the budgets)")
     estimate.add_argument("--machine", required=True, metavar="MACHINE_JSON|this",
                           help="a machine file (configs/machines/), or `this`: measure this machine (NVMe with "
-                          "tencache's engine, CPU Adam, one layer's forward/backward; about 30 s)")
+                          "tencache's engine, CPU Adam, one layer's forward/backward; about a minute)")
     estimate.add_argument("--micro-batch", type=_positive_int, default=None,
                           help="default: train_micro_batch_size_per_gpu of --ds-config, else 1")
     estimate.add_argument("--seq", type=_positive_int, default=2048, help="tokens per sample")
