@@ -135,7 +135,9 @@ def measure_drive(folder: str, request_sizes: Sequence[int] = REQUEST_SIZES,
                 trials.append(_trial(io, READ, buffers, [(first, index) for index in range(written)],
                                      request_bytes, deadline_s))
                 # Reads of the first file interleaved with writes of the second: an update reading sub-group i + 1
-                # while writing i.
+                # while writing i. The second file is written once untimed first, so that the mixed trial overwrites
+                # it too (a new file's block allocation would be timed otherwise).
+                _trial(io, WRITE, buffers, [(second, index) for index in range(written)], request_bytes, deadline_s)
                 mixed = [(first if index % 2 == 0 else second, index // 2) for index in range(2 * written)]
                 trials.append(_trial(io, BOTH, buffers, mixed, request_bytes, deadline_s))
                 alignment = io.alignment_for(first)

@@ -48,7 +48,7 @@ class Machine:
     cpu_adam_elements_per_s: float
     host_copy_bytes_per_s: float = 1.0e10
     # Writing host memory the process has not touched yet (each page faulted in first). Only a host accelerator pays
-    # it per step (step_model/costs.py, backward_fresh_memory_s); None leaves that term out (GPU boxes).
+    # it per step (step_model/costs.py, backward_host_memory_s); None leaves that term out (GPU boxes).
     host_fresh_write_bytes_per_s: Optional[float] = None
     ranks_per_node: int = 1
     nodes: int = 1

@@ -9,9 +9,10 @@ from ..workload import Workload
 from .timeline import Rates, channel_rates
 
 # Host memory traffic of the optimizer step's epilogue per element on the host, beyond Adam itself: the gradient
-# partition copied into the fp32 flat buffer (read 2-4, write 4), its norm for clipping (read 4), unscale/clip in
-# place (read 4, write 4), the updated fp32 master cast into the fp16 partition (read 4, write 2).
-EPILOGUE_BYTES_PER_ELEMENT = 24
+# partition copied into the fp32 flat buffer (read 2-4, write 4), unscale/clip in place (read 4, write 4), the
+# updated fp32 master cast into the fp16 partition (read 4, write 2). The norm for clipping was taken in backward
+# (NORM_FLOAT64_BYTES below); the step only adds up the per-parameter norms.
+EPILOGUE_BYTES_PER_ELEMENT = 20
 # stage 3 initialising the optimizer of one sub-group holds, per element: its fp16 flat copy (2), the fp32 master
 # (4), the zeroed gradient (4) -- and, unless they pass through stock's pinned pool, the master's swap buffer (4),
 # the two moments (8) and the gradient's buffer (4) (stage3.initialize_optimizer_states).
@@ -32,10 +33,14 @@ BACKWARD_FRESH_BYTES_PER_GATHERED_BYTE = 3.5
 # - every micro-batch, over the whole gathered gradient: its copy into the reduce bucket
 #   (__add_grad_to_ipg_bucket: 2), the read of the bucket that reduce_scatter_coalesced concatenates into a new
 #   flat buffer (1; the write is fresh), that buffer's pre-divide in place (div_: 2);
-# - every micro-batch, over the rank's partition: the reduce-scatter's copy into its output (2), and the
-#   partition into its gradient buffer (partition_grads: copy_ 2 on the first micro-batch; add_ 3 after it);
+# - every micro-batch, over the rank's partition: the reduce-scatter's copy into its output (2: gloo's, not stage
+#   3's code; at one rank timed apart at a fresh write plus a copy, docs/estimate.md; at several ranks the
+#   collective's own traffic is communication, which the model leaves out), and the partition into its gradient
+#   buffer (partition_grads: copy_ 2 on the first micro-batch; add_ 3 after it, on a host accelerator in place);
 # - at the boundary, over the rank's partition: the float64 norm of each gradient for clipping
-#   (_constant_buffered_norm2: read the gradient, write 8 bytes, read them back).
+#   (_constant_buffered_norm2: read the gradient, write 8 bytes, read them back). The float64 copy is fresh memory
+#   only above glibc's mmap threshold (32 MiB: 4 M elements, e.g. gpt2-small's embedding but not its layers'
+#   matrices, which reuse the heap), so its write is counted here for every gradient.
 # Priced at the host-copy rate, not fitted. On a GPU these passes run in device memory and are left out.
 EPILOGUE_GATHERED_PASSES = 5
 EPILOGUE_PARTITION_PASSES = 4
