@@ -10,8 +10,9 @@ crash there becomes a clear error. The probes, and why each is measured the way 
 - NVMe: io/drive_rate.py's ``measure_drive``, the measurement behind the bench's bound and `doctor`: tencache's
   ``DirectFileIO`` with one store's concurrency, tensor-sized requests, a file overwritten as the stores overwrite
   theirs, no fsync after O_DIRECT writes (the stores never flush between steps); here in 1 GiB trials, long enough
-  to be the rate a step sustains, three times over. Not DeepSpeed's aio handle (which `doctor`'s bandwidth line uses): its single
-  synchronous request understates what tencache gets from the drive.
+  to be the rate a step sustains, three times over. Reads, writes, and both at once: the last gives the machine's
+  mixed rate (a drive that does not add the two shares them in the step model). Not DeepSpeed's aio handle (which
+  `doctor`'s bandwidth line uses): its single synchronous request understates what tencache gets from the drive.
 - CPU Adam: DeepSpeed's ``DeepSpeedCPUAdam`` (what ZeRO-Offload steps with) on one fp32 tensor, timed after a
   warm-up; torch's AdamW when DeepSpeed's op cannot be built (the source says which).
 - Host memory: a large copy between tensors already mapped (the optimizer step's epilogue), and writing a fresh
@@ -91,6 +92,7 @@ def machine_from_calibration(measured: Dict[str, Any]):
         host_memory_bytes=memory.total_bytes, host_available_bytes=memory.available_bytes,
         nvme_read_bytes_per_s_per_drive=nvme["read_bytes_per_s"],
         nvme_write_bytes_per_s_per_drive=nvme["write_bytes_per_s"], drives=1,
+        nvme_mixed_bytes_per_s_per_drive=nvme.get("mixed_bytes_per_s"),
         cpu_adam_elements_per_s=adam["elements_per_s"], host_copy_bytes_per_s=copy["bytes_per_s"],
         host_fresh_write_bytes_per_s=copy.get("fresh_write_bytes_per_s"),
         process_baseline_bytes=int(measured.get("baseline_rss_bytes") or 0) or Machine.process_baseline_bytes,
@@ -99,6 +101,7 @@ def machine_from_calibration(measured: Dict[str, Any]):
             "accelerator_flops_per_s": f"{where}: {compute['method']}",
             "nvme_read_bytes_per_s_per_drive": f"{where}: {nvme['method']}",
             "nvme_write_bytes_per_s_per_drive": f"{where}: same run, writes",
+            "nvme_mixed_bytes_per_s_per_drive": f"{where}: same run, reads and writes at once, both counted",
             "cpu_adam_elements_per_s": f"{where}: {adam['method']}",
             "host_copy_bytes_per_s": f"{where}: {copy['method']}",
             "host_fresh_write_bytes_per_s": f"{where}: {copy['fresh_method']}" if "fresh_method" in copy
@@ -160,7 +163,8 @@ def measure_nvme(folder: str) -> Dict[str, Any]:
     rate = measure_drive(folder, request_sizes=(NVME_REQUEST_BYTES,), thread_counts=THREAD_COUNTS[:1],
                          trial_bytes=NVME_TRIAL_BYTES, deadline_s=NVME_TRIAL_DEADLINE_S, repeats=NVME_REPEATS)
     return {"method": f"{rate.method}; trials of {NVME_TRIAL_BYTES >> 20} MiB, the fastest of {NVME_REPEATS}",
-            "path": folder, "read_bytes_per_s": rate.read_bytes_per_s, "write_bytes_per_s": rate.write_bytes_per_s}
+            "path": folder, "read_bytes_per_s": rate.read_bytes_per_s, "write_bytes_per_s": rate.write_bytes_per_s,
+            "mixed_bytes_per_s": rate.both_read_bytes_per_s + rate.both_write_bytes_per_s}
 
 
 def measure_cpu_adam(torch, elements: int = ADAM_ELEMENTS) -> Dict[str, Any]:

@@ -46,6 +46,9 @@ class Machine:
     nvme_write_bytes_per_s_per_drive: float
     drives: int
     cpu_adam_elements_per_s: float
+    # Reads and writes in flight together, bytes per second in all, per drive. None: the drive serves both at once,
+    # each at its own rate (a datasheet's sequential figures). Below the sum, they share it (step_model/timeline.py).
+    nvme_mixed_bytes_per_s_per_drive: Optional[float] = None
     host_copy_bytes_per_s: float = 1.0e10
     # Writing host memory the process has not touched yet (each page faulted in first). Only a host accelerator pays
     # it per step (step_model/costs.py, backward_host_memory_s); None leaves that term out (GPU boxes).
@@ -79,6 +82,12 @@ class Machine:
         return self.nvme_write_bytes_per_s_per_drive * self.drives / self.ranks_per_node
 
     @property
+    def nvme_mixed_bytes_per_s_per_rank(self) -> Optional[float]:
+        if self.nvme_mixed_bytes_per_s_per_drive is None:
+            return None
+        return self.nvme_mixed_bytes_per_s_per_drive * self.drives / self.ranks_per_node
+
+    @property
     def cpu_adam_elements_per_s_per_rank(self) -> float:
         """The node's cores run every rank's CPU Adam at once."""
         return self.cpu_adam_elements_per_s / self.ranks_per_node
@@ -102,8 +111,8 @@ _REQUIRED = ("name", "accelerator_memory_bytes", "accelerator_flops_per_s", "h2d
              "cpu_adam_elements_per_s")
 _POSITIVE = {"accelerator_flops_per_s", "h2d_bytes_per_s", "host_memory_bytes", "nvme_read_bytes_per_s_per_drive",
              "nvme_write_bytes_per_s_per_drive", "drives", "cpu_adam_elements_per_s", "host_copy_bytes_per_s",
-             "host_fresh_write_bytes_per_s", "ranks_per_node", "nodes", "drive_tbw_bytes", "host_available_bytes",
-             "process_baseline_bytes"}
+             "host_fresh_write_bytes_per_s", "nvme_mixed_bytes_per_s_per_drive", "ranks_per_node", "nodes",
+             "drive_tbw_bytes", "host_available_bytes", "process_baseline_bytes"}
 _INTEGERS = {"accelerator_memory_bytes", "host_memory_bytes", "drives", "ranks_per_node", "nodes",
              "host_available_bytes", "process_baseline_bytes"}
 
@@ -133,7 +142,8 @@ def machine_from_dict(data: Mapping[str, Any], source: str = "machine") -> Machi
         elif key == "accelerator_is_host":
             if not isinstance(value, bool):
                 raise MachineFileError(f"{source}: key \"{key}\" must be true or false, got {value!r}")
-        elif value is None and key in ("drive_tbw_bytes", "host_available_bytes", "host_fresh_write_bytes_per_s"):
+        elif value is None and key in ("drive_tbw_bytes", "host_available_bytes", "host_fresh_write_bytes_per_s",
+                                       "nvme_mixed_bytes_per_s_per_drive"):
             continue
         else:
             if isinstance(value, bool) or not isinstance(value, (int, float)):

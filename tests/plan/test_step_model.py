@@ -17,6 +17,7 @@ from tencache_ds.plan.model_shapes import ModelConfigError, model_shape
 from tencache_ds.plan.step_model import (STOCK, TENCACHE, Prediction, drive_days_to_tbw, fits, predict,
                                          predict_stock, tencache_plan)
 from tencache_ds.plan.step_model.costs import backward_host_memory_s
+from tencache_ds.plan.step_model.timeline import Timeline, shared_drive_scale
 from tencache_ds.plan.step_model.tencache import _optimizer_sequence
 from tencache_ds.plan.profile_timings import machine_from_profile
 from tencache_ds.plan.workload import ZeroSettings, build_workload
@@ -342,6 +343,39 @@ def test_stage3s_gradient_epilogue_is_priced_in_passes_over_mapped_memory_on_a_h
     for arm in (STOCK, TENCACHE):
         assert (predict(work, slower_copies)[arm].critical_path_s["compute"]
                 - predict(work, this_vm())[arm].critical_path_s["compute"]) == pytest.approx(elements * 56 / 1e10)
+
+
+def test_a_drive_that_does_not_add_reads_and_writes_shares_them():
+    """This VM's disk moved 0.98-1.40 GB/s with reads and writes at once, about what either direction did alone
+    (docs/estimate.md, run 3). A machine's mixed rate below read + write makes them queue on one drive: alone each
+    runs at its own rate; interleaved, equal bytes take 2 x bytes / mixed."""
+    assert shared_drive_scale(1.25e9, 1.38e9, None) is None
+    assert shared_drive_scale(1.25e9, 1.38e9, 2.63e9) is None  # they add up: separate channels
+    assert shared_drive_scale(1.25e9, 1.38e9, 1.02e9) == pytest.approx(2 / (1 / 1.25 + 1 / 1.38) / 1.02)
+    rates = {"nvme_read": 1e9, "nvme_write": 2e9, "h2d": 1e12}
+    scale = shared_drive_scale(1e9, 2e9, 1e9)
+    alone = Timeline(rates, scale)
+    assert alone.issue("nvme_read", 10 ** 9) == pytest.approx(1.0)  # nothing else queued: the read rate
+    mixed = Timeline(rates, scale)
+    for index in range(4):
+        mixed.issue("nvme_write", 10 ** 9, f"w{index}")
+        done = mixed.issue("nvme_read", 10 ** 9, f"r{index}")
+    assert done == pytest.approx(8 * 10 ** 9 / 1e9, rel=0.05)  # 8 GB at the mixed 1 GB/s (the first write alone)
+    separate = Timeline(rates)
+    for index in range(4):
+        separate.issue("nvme_write", 10 ** 9, f"w{index}")
+        done = separate.issue("nvme_read", 10 ** 9, f"r{index}")
+    assert done == pytest.approx(4.0)  # the reads' own channel
+    # in the replay: stock NVMe reads and writes in the same steps, so a shared drive slows it; tencache holding
+    # everything moves nothing and is unchanged
+    work = workload(config=ds_config(host_cache_bytes="auto"))
+    fast, shared = this_vm(), this_vm(nvme_mixed_bytes_per_s_per_drive=2.1e9)
+    assert predict(work, shared)[STOCK].step_time_s > 1.05 * predict(work, fast)[STOCK].step_time_s  # 0.469 vs 0.440 s
+    assert predict(work, shared)[TENCACHE].step_time_s == pytest.approx(predict(work, fast)[TENCACHE].step_time_s)
+    unset = machine_from_dict(dict(this_vm(nvme_mixed_bytes_per_s_per_drive=None).to_json()))
+    assert unset.nvme_mixed_bytes_per_s_per_drive is None
+    with pytest.raises(MachineFileError, match="nvme_mixed_bytes_per_s_per_drive"):
+        machine_from_dict(dict(this_vm().to_json(), nvme_mixed_bytes_per_s_per_drive=-1))
 
 
 def test_ranks_on_a_node_share_its_drives_and_memory():

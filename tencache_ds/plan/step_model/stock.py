@@ -30,7 +30,7 @@ def predict_stock(workload: Workload, machine: Machine) -> Prediction:
     reads = _read_positions(workload)
     nvme_reads = {i: [k for k in keys if workload.partitions[k].on_nvme] for i, keys in reads.items()}
     failures = _stock_failures(workload)
-    timeline = Timeline(rates.channels)
+    timeline = rates.timeline()
     h2d = not machine.accelerator_is_host
     for _step in range(STEPS_REPLAYED):
         start = timeline.now

@@ -230,7 +230,7 @@ def predict_tencache(workload: Workload, machine: Machine) -> Prediction:
     for index, key in device_miss:
         gather_at[index].append(key)
     written_params = {key for position, key in enumerate(lend_keys) if position in host_misses}
-    timeline = Timeline(rates.channels)
+    timeline = rates.timeline()
     h2d = not machine.accelerator_is_host
     opt_keys, opt_sizes = _optimizer_sequence(workload, machine)
     streams = zero.offload_optimizer == "nvme"

@@ -2,8 +2,10 @@
 rates they run at. Pure.
 
 The compute thread runs the step's work in program order; an NVMe read, an NVMe write or an H2D copy occupies its
-channel for ``bytes / bandwidth`` from when it is issued and the channel is free (reads and writes are separate
-channels: a drive serves both at once; a read of a tensor waits for the pending write of the same tensor). The
+channel for ``bytes / bandwidth`` from when it is issued and the channel is free (a read of a tensor waits for the
+pending write of the same tensor). Reads and writes are separate channels, a drive serving both at once, unless the
+machine's mixed rate is below the sum of the two: then they queue on one shared drive, and a request issued while the
+other direction has work queued runs slower by ``shared_drive_scale``, so that an even mix moves the mixed rate. The
 thread waits when it needs bytes still moving; each wait is charged to its channel, so the step is
 ``compute + H2D wait + NVMe read wait + NVMe write wait + CPU Adam`` (the critical path, printed as such) and the
 largest part is the bottleneck. Three steps are replayed and the last one is reported: writes left behind by one
@@ -16,6 +18,7 @@ from typing import Dict, Optional
 from ..machine import Machine
 
 STEPS_REPLAYED = 3
+SHARED_DRIVE = "nvme"  # the queue reads and writes share when the drive does not serve both at once
 # Stock's H2D copies come from mlock'ed, not CUDA-registered, memory: CUDA stages them through its own pinned
 # buffer. NVIDIA's "How to Optimize Data Transfers in CUDA C/C++" measures pageable at about half of pinned.
 PAGEABLE_H2D_FACTOR = 0.5
@@ -24,10 +27,15 @@ PAGEABLE_H2D_FACTOR = 0.5
 class Timeline:
     """The compute thread's clock and the channels it issues to; waits are charged to the channel waited on."""
 
-    def __init__(self, rates: Dict[str, float]):
+    def __init__(self, rates: Dict[str, float], shared_drive_scale: Optional[float] = None):
+        """``shared_drive_scale``: None, reads and writes on separate channels; else the factor on a request's time
+        while the other direction has work queued on the shared drive (``Rates.shared_drive_scale``)."""
         self.rates = rates
+        self.shared_drive_scale = shared_drive_scale
         self.now = 0.0
         self.free = {channel: 0.0 for channel in rates}
+        self.free[SHARED_DRIVE] = 0.0
+        self.queued_until = {"nvme_read": 0.0, "nvme_write": 0.0}  # the last request of each direction ends then
         self.parts: Dict[str, float] = defaultdict(float)
         self.moved: Dict[str, int] = defaultdict(int)
         self.written_at: Dict[str, float] = {}
@@ -40,11 +48,19 @@ class Timeline:
         """Queue ``nbytes`` on ``channel``; returns when they are done."""
         if nbytes <= 0:
             return self.now
-        start = max(self.now, self.free[channel])
+        queue = SHARED_DRIVE if self.shared_drive_scale is not None and channel in self.queued_until else channel
+        start = max(self.now, self.free[queue])
         if channel == "nvme_read" and key is not None:
             start = max(start, self.written_at.get(key, 0.0))
-        done = start + nbytes / self.rates[channel]
-        self.free[channel] = done
+        seconds = nbytes / self.rates[channel]
+        if queue == SHARED_DRIVE:
+            other = "nvme_write" if channel == "nvme_read" else "nvme_read"
+            if self.queued_until[other] > self.now:
+                seconds *= self.shared_drive_scale
+        done = start + seconds
+        self.free[queue] = done
+        if channel in self.queued_until:
+            self.queued_until[channel] = done
         self.moved[channel] += nbytes
         if channel == "nvme_write" and key is not None:
             self.written_at[key] = done
@@ -62,11 +78,26 @@ class Rates:
     adam_elements_per_s: float
     host_copy_bytes_per_s: float
     channels: Dict[str, float]
+    shared_drive_scale: Optional[float] = None
+
+    def timeline(self) -> "Timeline":
+        return Timeline(self.channels, self.shared_drive_scale)
+
+
+def shared_drive_scale(read: float, write: float, mixed: Optional[float]) -> Optional[float]:
+    """None when the drive serves reads and writes at once at their own rates (no mixed rate, or one at least their
+    sum); else the factor on each request's time while both directions are queued, chosen so that equal bytes read
+    and written one after the other take ``2 x bytes / mixed``: the harmonic mean of the two rates over the mixed
+    rate. E.g. read 1.25, write 1.38, mixed 1.02 GB/s (this VM): 1.31 / 1.02 = 1.29."""
+    if mixed is None or mixed >= read + write:
+        return None
+    harmonic = 2.0 / (1.0 / read + 1.0 / write)
+    return harmonic / mixed
 
 
 def channel_rates(machine: Machine, pinned_h2d: bool) -> Rates:
     h2d = machine.h2d_bytes_per_s * (1.0 if pinned_h2d else PAGEABLE_H2D_FACTOR)
+    read, write = machine.nvme_read_bytes_per_s_per_rank, machine.nvme_write_bytes_per_s_per_rank
     return Rates(machine.accelerator_flops_per_s, machine.cpu_adam_elements_per_s_per_rank,
-                 machine.host_copy_bytes_per_s_per_rank,
-                 {"nvme_read": machine.nvme_read_bytes_per_s_per_rank,
-                  "nvme_write": machine.nvme_write_bytes_per_s_per_rank, "h2d": h2d})
+                 machine.host_copy_bytes_per_s_per_rank, {"nvme_read": read, "nvme_write": write, "h2d": h2d},
+                 shared_drive_scale(read, write, machine.nvme_mixed_bytes_per_s_per_rank))
