@@ -18,6 +18,9 @@ model existed; nothing runs.
 The budgets are the bench's: "auto", "quarter" (25% of the bytes the model offloads: bf16 parameters plus 16 bytes
 per parameter of optimizer state, the bench pages' 68MB / 560MB / 1600MB) and "stream" (0). gpt2-medium uses
 configs/stock-nvme-large-vocab.json (its embedding needs buffer_size 6e7), as docs/benchmarks.md does.
+gpt2-1.3b (beyond this machine's RAM) uses configs/stock-nvme-beyond-ram.json, as scripts/bench_beyond_ram.sh does;
+run it without --compare-cpu (stock CPU offload is killed for memory) and with that script's shape
+(--dtype fp32 --micro-batch 1 --seq-len 32 --steps 5 --warmup 3).
 """
 import argparse
 import dataclasses
@@ -39,7 +42,8 @@ from tencache_ds.plan.step_model import STOCK, TENCACHE, predict  # noqa: E402
 from tencache_ds.plan.workload import ZeroSettings, build_workload  # noqa: E402
 
 QUARTER_BYTES = {"gpt2-tiny": "68MB", "gpt2-small": "560MB", "gpt2-medium": "1600MB"}
-CONFIG_FOR = {"gpt2-medium": "configs/stock-nvme-large-vocab.json"}
+CONFIG_FOR = {"gpt2-medium": "configs/stock-nvme-large-vocab.json",
+              "gpt2-1.3b": "configs/stock-nvme-beyond-ram.json"}  # as scripts/bench_beyond_ram.sh (no --compare-cpu)
 ARMS = ("stock", "tencache", "stock-cpu")
 
 
