@@ -351,6 +351,7 @@ def test_a_drive_that_does_not_add_reads_and_writes_shares_them():
     runs at its own rate; interleaved, equal bytes take 2 x bytes / mixed."""
     assert shared_drive_scale(1.25e9, 1.38e9, None) is None
     assert shared_drive_scale(1.25e9, 1.38e9, 2.63e9) is None  # they add up: separate channels
+    assert shared_drive_scale(1.25e9, 1.38e9, 1.4e9) is None   # above taking them in turn (1.31): separate too
     assert shared_drive_scale(1.25e9, 1.38e9, 1.02e9) == pytest.approx(2 / (1 / 1.25 + 1 / 1.38) / 1.02)
     rates = {"nvme_read": 1e9, "nvme_write": 2e9, "h2d": 1e12}
     scale = shared_drive_scale(1e9, 2e9, 1e9)
@@ -361,6 +362,13 @@ def test_a_drive_that_does_not_add_reads_and_writes_shares_them():
         mixed.issue("nvme_write", 10 ** 9, f"w{index}")
         done = mixed.issue("nvme_read", 10 ** 9, f"r{index}")
     assert done == pytest.approx(8 * 10 ** 9 / 1e9, rel=0.05)  # 8 GB at the mixed 1 GB/s (the first write alone)
+    # a run of one direction keeps its rate: ten reads behind one small write, only the read right after it mixes
+    runs = Timeline(rates, scale)
+    for index in range(10):
+        done = runs.issue("nvme_read", 10 ** 9, f"r{index}")
+        if index == 0:
+            runs.issue("nvme_write", 2 ** 20, "w")
+    assert done == pytest.approx(10.0 + 2 ** 20 / 2e9 * scale + 1.0 * (scale - 1), rel=1e-6)
     separate = Timeline(rates)
     for index in range(4):
         separate.issue("nvme_write", 10 ** 9, f"w{index}")

@@ -4,8 +4,9 @@ rates they run at. Pure.
 The compute thread runs the step's work in program order; an NVMe read, an NVMe write or an H2D copy occupies its
 channel for ``bytes / bandwidth`` from when it is issued and the channel is free (a read of a tensor waits for the
 pending write of the same tensor). Reads and writes are separate channels, a drive serving both at once, unless the
-machine's mixed rate is below the sum of the two: then they queue on one shared drive, and a request issued while the
-other direction has work queued runs slower by ``shared_drive_scale``, so that an even mix moves the mixed rate. The
+machine's mixed rate is at most the harmonic mean of the two: then they queue on one shared drive, and a request that
+follows one of the other direction still in the queue (reads and writes interleaved) takes ``shared_drive_scale``
+times longer, so that an even mix moves the mixed rate. The
 thread waits when it needs bytes still moving; each wait is charged to its channel, so the step is
 ``compute + H2D wait + NVMe read wait + NVMe write wait + CPU Adam`` (the critical path, printed as such) and the
 largest part is the bottleneck. Three steps are replayed and the last one is reported: writes left behind by one
@@ -28,14 +29,14 @@ class Timeline:
     """The compute thread's clock and the channels it issues to; waits are charged to the channel waited on."""
 
     def __init__(self, rates: Dict[str, float], shared_drive_scale: Optional[float] = None):
-        """``shared_drive_scale``: None, reads and writes on separate channels; else the factor on a request's time
-        while the other direction has work queued on the shared drive (``Rates.shared_drive_scale``)."""
+        """``shared_drive_scale``: None, reads and writes on separate channels; else (above 1) the factor on the
+        time of a request that follows one of the other direction on the shared drive (``Rates.shared_drive_scale``)."""
         self.rates = rates
         self.shared_drive_scale = shared_drive_scale
         self.now = 0.0
         self.free = {channel: 0.0 for channel in rates}
         self.free[SHARED_DRIVE] = 0.0
-        self.queued_until = {"nvme_read": 0.0, "nvme_write": 0.0}  # the last request of each direction ends then
+        self.last_on_drive: Optional[str] = None  # the direction of the last request queued on the shared drive
         self.parts: Dict[str, float] = defaultdict(float)
         self.moved: Dict[str, int] = defaultdict(int)
         self.written_at: Dict[str, float] = {}
@@ -48,19 +49,20 @@ class Timeline:
         """Queue ``nbytes`` on ``channel``; returns when they are done."""
         if nbytes <= 0:
             return self.now
-        queue = SHARED_DRIVE if self.shared_drive_scale is not None and channel in self.queued_until else channel
+        shared = self.shared_drive_scale is not None and channel in ("nvme_read", "nvme_write")
+        queue = SHARED_DRIVE if shared else channel
         start = max(self.now, self.free[queue])
         if channel == "nvme_read" and key is not None:
             start = max(start, self.written_at.get(key, 0.0))
         seconds = nbytes / self.rates[channel]
-        if queue == SHARED_DRIVE:
-            other = "nvme_write" if channel == "nvme_read" else "nvme_read"
-            if self.queued_until[other] > self.now:
+        if shared:
+            # Interleaved with the other direction (the request before it is of that direction and still queued):
+            # the drive's mixed rate. A run of one direction, or a request to an idle drive, goes at its own rate.
+            if self.last_on_drive not in (None, channel) and self.free[SHARED_DRIVE] > self.now:
                 seconds *= self.shared_drive_scale
+            self.last_on_drive = channel
         done = start + seconds
         self.free[queue] = done
-        if channel in self.queued_until:
-            self.queued_until[channel] = done
         self.moved[channel] += nbytes
         if channel == "nvme_write" and key is not None:
             self.written_at[key] = done
@@ -85,14 +87,16 @@ class Rates:
 
 
 def shared_drive_scale(read: float, write: float, mixed: Optional[float]) -> Optional[float]:
-    """None when the drive serves reads and writes at once at their own rates (no mixed rate, or one at least their
-    sum); else the factor on each request's time while both directions are queued, chosen so that equal bytes read
-    and written one after the other take ``2 x bytes / mixed``: the harmonic mean of the two rates over the mixed
-    rate. E.g. read 1.25, write 1.38, mixed 1.02 GB/s (this VM): 1.31 / 1.02 = 1.29."""
-    if mixed is None or mixed >= read + write:
+    """The factor on an interleaved request's time on a shared drive, chosen so that equal bytes read and written
+    in turn take ``2 x bytes / mixed``: the harmonic mean of the two rates over the mixed rate. E.g. read 1.25,
+    write 1.38, mixed 1.02 GB/s (this VM): 1.31 / 1.02 = 1.29; at the harmonic mean, 1: one queue, in turn. None
+    (separate channels) without a mixed rate, or with one above the harmonic mean: such a drive overlaps the two
+    directions better than taking them in turn, and one queue would predict it slower than it is (separate
+    channels, each at its full rate, can predict it faster, up to read + write)."""
+    if mixed is None:
         return None
     harmonic = 2.0 / (1.0 / read + 1.0 / write)
-    return harmonic / mixed
+    return harmonic / mixed if mixed <= harmonic else None
 
 
 def channel_rates(machine: Machine, pinned_h2d: bool) -> Rates:
