@@ -47,7 +47,8 @@ class Machine:
     drives: int
     cpu_adam_elements_per_s: float
     # Reads and writes in flight together, bytes per second in all, per drive. None: the drive serves both at once,
-    # each at its own rate (a datasheet's sequential figures). Below the sum, they share it (step_model/timeline.py).
+    # each at its own rate (a datasheet's sequential figures). At most the harmonic mean of the two rates, they share
+    # one queue (step_model/timeline.py).
     nvme_mixed_bytes_per_s_per_drive: Optional[float] = None
     host_copy_bytes_per_s: float = 1.0e10
     # Writing host memory the process has not touched yet (each page faulted in first). Only a host accelerator pays

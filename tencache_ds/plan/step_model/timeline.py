@@ -29,8 +29,8 @@ class Timeline:
     """The compute thread's clock and the channels it issues to; waits are charged to the channel waited on."""
 
     def __init__(self, rates: Dict[str, float], shared_drive_scale: Optional[float] = None):
-        """``shared_drive_scale``: None, reads and writes on separate channels; else (above 1) the factor on the
-        time of a request that follows one of the other direction on the shared drive (``Rates.shared_drive_scale``)."""
+        """``shared_drive_scale``: None, reads and writes on separate channels; else (1 or more) the factor on the
+        time of a request that follows one of the other direction on the shared drive (``shared_drive_scale()``)."""
         self.rates = rates
         self.shared_drive_scale = shared_drive_scale
         self.now = 0.0
