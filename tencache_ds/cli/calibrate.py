@@ -21,6 +21,7 @@ crash there becomes a clear error. The probes, and why each is measured the way 
   ``CALIBRATION_VOCAB`` so the layer dominates), forward + backward at the run's micro-batch, sequence and dtype;
   FLOP/s = that model's FLOPs (plan/model_shapes.py, the same count the step model uses) / seconds.
 """
+import contextlib
 import json
 import os
 import subprocess
@@ -35,7 +36,6 @@ from ..errors import TencacheConfigError
 NVME_TRIAL_BYTES = 1 << 30
 NVME_TRIAL_DEADLINE_S = 2.0
 NVME_REPEATS = 3                  # a shared virtual disk's rate changes from minute to minute (0.53 to 1.66 GB/s read)
-NVME_REQUEST_BYTES = 64 << 20     # one tensor-sized request (a large partition or a sub-group's state)
 ADAM_ELEMENTS = 1 << 24           # 64 MiB of fp32 per tensor: larger than the CPU's caches, as a sub-group is
 ADAM_REPEATS = 5
 COMPUTE_WARMUP = 6               # oneDNN picks and JIT-compiles its bf16 kernels over the first few steps
@@ -63,6 +63,9 @@ def calibrate(nvme_path: str, model_config: Dict[str, Any], micro_batch: int, se
         done = subprocess.run([sys.executable, "-m", "tencache_ds.cli.calibrate", json.dumps(request)],
                               capture_output=True, text=True, timeout=timeout_s, env=env)
     except subprocess.TimeoutExpired:
+        from ..io.drive_rate import remove_stale_trial_files
+        with contextlib.suppress(OSError):  # the killed probe's drive files (up to 2 GiB)
+            remove_stale_trial_files(nvme_path)
         raise TencacheConfigError(f"calibration of this machine took more than {timeout_s:.0f} s; pass a machine "
                                   f"file instead of --machine this") from None
     found = {}
@@ -159,8 +162,8 @@ def _rss_bytes() -> Optional[int]:
 def measure_nvme(folder: str) -> Dict[str, Any]:
     """The drive under ``folder`` as the stores use it (io/drive_rate.py: tencache's engine, tensor-sized requests
     at one store's concurrency, a file overwritten as they overwrite theirs), in trials of ``NVME_TRIAL_BYTES``."""
-    from ..io.drive_rate import THREAD_COUNTS, measure_drive
-    rate = measure_drive(folder, request_sizes=(NVME_REQUEST_BYTES,), thread_counts=THREAD_COUNTS[:1],
+    from ..io.drive_rate import TENSOR_REQUEST_BYTES, THREAD_COUNTS, measure_drive
+    rate = measure_drive(folder, request_sizes=(TENSOR_REQUEST_BYTES,), thread_counts=THREAD_COUNTS[:1],
                          trial_bytes=NVME_TRIAL_BYTES, deadline_s=NVME_TRIAL_DEADLINE_S, repeats=NVME_REPEATS)
     return {"method": f"{rate.method}; trials of {NVME_TRIAL_BYTES >> 20} MiB, the fastest of {NVME_REPEATS}",
             "path": folder, "read_bytes_per_s": rate.read_bytes_per_s, "write_bytes_per_s": rate.write_bytes_per_s,

@@ -27,6 +27,7 @@ import time
 from typing import Any, Dict, Optional, Sequence, Tuple
 
 from .. import ext_lock
+from ..io.drive_rate import remove_stale_trial_files
 from ..units import fmt_bytes
 from .doctor_nvme import BANDWIDTH_CHUNK_BYTES, _timed_write_then_read
 
@@ -206,9 +207,9 @@ class Probe:
         if self._bandwidth_dir:  # the probe removes its file itself, unless it was killed or crashed mid-way
             with contextlib.suppress(OSError):
                 os.remove(os.path.join(self._bandwidth_dir, f"tencache-doctor-{self._process.pid}.bin"))
-        for name in "ab" if self._drive_dir else "":  # io/drive_rate.py's files, likewise
+        if self._drive_dir:  # io/drive_rate.py's files, likewise: the probe has ended, so its files are stale
             with contextlib.suppress(OSError):
-                os.remove(os.path.join(self._drive_dir, f".tencache-drive-{self._process.pid}-{name}.bin"))
+                remove_stale_trial_files(self._drive_dir)
         other_lines = []
         for line in (output or "").splitlines():
             if line.startswith(PROBE_MARKER):

@@ -22,9 +22,12 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from .direct_io import store_io_threads
 
 READ, WRITE, BOTH = "read", "write", "read+write"
-REQUEST_SIZES = (4 << 20, 64 << 20)  # a parameter partition; an optimizer sub-group's tensor (sub_group_size 1.6e7)
+PARTITION_REQUEST_BYTES = 4 << 20   # a parameter partition
+TENSOR_REQUEST_BYTES = 64 << 20     # an optimizer sub-group's tensor (sub_group_size 1.6e7), or a large partition
+REQUEST_SIZES = (PARTITION_REQUEST_BYTES, TENSOR_REQUEST_BYTES)
 TRIAL_BYTES = 256 << 20              # per trial and direction: past a drive's write cache, < 0.2 s at 2 GB/s
 DEADLINE_S = 1.0                     # per trial: no new request is issued after it
+TRIAL_FILE_PREFIX = ".tencache-drive-"  # then the measuring process's pid
 
 
 def store_thread_counts(ds_config: Optional[Dict[str, Any]] = None) -> Tuple[int, int]:
@@ -115,6 +118,7 @@ def measure_drive(folder: str, request_sizes: Sequence[int] = REQUEST_SIZES,
     import torch  # the engine moves tensors; imported here so that importing this module stays light
     from .direct_io import DirectFileIO
     os.makedirs(folder, exist_ok=True)
+    remove_stale_trial_files(folder)
     trials: List[Trial] = []
     alignment = None
     for request_bytes in [size for _repeat in range(repeats) for size in request_sizes]:
@@ -124,7 +128,7 @@ def measure_drive(folder: str, request_sizes: Sequence[int] = REQUEST_SIZES,
             buffers = [aligned_buffer(torch, request_bytes) for _ in range(threads)]
             for index, buffer in enumerate(buffers):
                 buffer.fill_(index + 1)  # not zeros: a file system may treat zero pages specially
-            first, second = (os.path.join(folder, f".tencache-drive-{os.getpid()}-{name}.bin") for name in "ab")
+            first, second = (os.path.join(folder, f"{TRIAL_FILE_PREFIX}{os.getpid()}-{name}.bin") for name in "ab")
             try:
                 # Twice: a new file's blocks are allocated as it is written, which was 20-40% slower here than
                 # overwriting them, and the stores overwrite their swap files step after step (the fastest counts).
@@ -151,6 +155,35 @@ def measure_drive(folder: str, request_sizes: Sequence[int] = REQUEST_SIZES,
     return _fastest(trials, f"tencache DirectFileIO, requests of {', '.join(_mib(size) for size in request_sizes)}, "
                             f"{' or '.join(map(str, thread_counts))} in flight, O_DIRECT alignment {alignment} B "
                             f"(0: buffered), in {folder}")
+
+
+def remove_stale_trial_files(folder: str) -> List[str]:
+    """Remove trial files that a measurement killed before its cleanup left in ``folder`` (a calibration stopped by
+    its timeout leaves up to 2 GiB): those whose process is gone. Returns the paths removed."""
+    removed = []
+    for name in os.listdir(folder):
+        if not name.startswith(TRIAL_FILE_PREFIX):
+            continue
+        pid = name[len(TRIAL_FILE_PREFIX):].split("-", 1)[0]
+        if not pid.isdigit() or _process_alive(int(pid)):
+            continue
+        path = os.path.join(folder, name)
+        try:
+            os.remove(path)
+            removed.append(path)
+        except FileNotFoundError:  # another measurement removed it first
+            pass
+    return removed
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
 
 
 def _fastest(trials: Sequence[Trial], method: str) -> DriveRate:

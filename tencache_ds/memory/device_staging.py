@@ -152,10 +152,10 @@ class StagedDeviceCopy:
         if not forced:
             return cls(name=name)
         try:
-            chunk_bytes = int(forced)
-        except ValueError:
-            raise ValueError(f"{STAGE_HOST_PARTS_ENV}={forced!r}: expected a chunk size in bytes") from None
-        return cls(chunk_bytes=chunk_bytes, name=name, stage_host_tensors=True)
+            return cls(chunk_bytes=int(forced), name=name, stage_host_tensors=True)
+        except ValueError as err:
+            raise ValueError(f"{STAGE_HOST_PARTS_ENV}={forced!r}: expected a chunk size in bytes, a positive multiple "
+                             f"of {_ALIGN_BYTES} ({err})") from None
 
     def __repr__(self) -> str:
         return f"StagedDeviceCopy({self.name}, {STAGING_CHUNKS} x {fmt_bytes(self.chunk_bytes)})"

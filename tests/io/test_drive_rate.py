@@ -93,3 +93,22 @@ def test_writes_through_o_direct_are_timed_without_an_fsync_and_buffered_ones_wi
     assert len(writes) == 3  # the new file, its overwrite, the mixed trial
     assert len(flushed) == 4  # and the untimed first write of the file the mixed trial overwrites
     assert all(os.path.basename(path).startswith(".tencache-drive-") for path in flushed)
+
+
+def test_a_measurement_removes_the_files_a_killed_one_left_and_no_living_ones(tmp_path):
+    """A calibration stopped by its timeout cannot remove its trial files (up to 2 GiB): the next measurement in that
+    folder does, and leaves those of a measurement still running, and other files, alone."""
+    import subprocess
+    import sys
+    from tencache_ds.io.drive_rate import TRIAL_FILE_PREFIX, remove_stale_trial_files
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(ended.stdout)
+    left = [tmp_path / f"{TRIAL_FILE_PREFIX}{dead_pid}-{name}.bin" for name in "ab"]
+    running = tmp_path / f"{TRIAL_FILE_PREFIX}{os.getppid()}-a.bin"  # this test's parent: alive
+    other = tmp_path / "optimizer.swp"
+    for path in left + [running, other]:
+        path.write_bytes(b"x" * 4096)
+    measure_drive(str(tmp_path), request_sizes=(MIB,), thread_counts=(2,), trial_bytes=2 * MIB, deadline_s=math.inf)
+    assert not any(path.exists() for path in left)
+    assert running.exists() and other.exists()
+    assert remove_stale_trial_files(str(tmp_path)) == []

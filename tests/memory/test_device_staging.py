@@ -92,6 +92,9 @@ def test_the_test_switch_that_stages_host_parts_names_itself_when_it_is_not_a_si
     monkeypatch.setenv("TENCACHE_STAGE_HOST_PARTS", "lots")
     with pytest.raises(ValueError, match="TENCACHE_STAGE_HOST_PARTS='lots'"):
         StagedDeviceCopy.for_store("optimizer-staging")
+    monkeypatch.setenv("TENCACHE_STAGE_HOST_PARTS", "0")  # a number, but not a chunk size: still named
+    with pytest.raises(ValueError, match="TENCACHE_STAGE_HOST_PARTS='0'.*multiple of 64"):
+        StagedDeviceCopy.for_store("optimizer-staging")
     monkeypatch.setenv("TENCACHE_STAGE_HOST_PARTS", "65536")
     assert StagedDeviceCopy.for_store("optimizer-staging").stages(torch.zeros(1))
     monkeypatch.delenv("TENCACHE_STAGE_HOST_PARTS")
