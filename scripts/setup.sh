@@ -17,6 +17,18 @@ if [ ! -e /usr/include/libaio.h ]; then
   $SUDO apt-get update -qq && $SUDO apt-get install -y -qq libaio-dev
 fi
 
+# 1b. mkfs.xfs, for the tests of checkpoints whose ZeRO file shares the swap files' blocks (reflinks): they mount
+#     a small XFS image on a loop device (as root), and are skipped where that cannot be done. Optional.
+if ! command -v mkfs.xfs >/dev/null 2>&1; then
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+  if [ -z "$SUDO" ] || sudo -n true 2>/dev/null; then
+    say "installing xfsprogs (tests of reflinked checkpoints)"
+    $SUDO apt-get install -y -qq xfsprogs >/dev/null 2>&1 \
+      || { $SUDO apt-get update -qq && $SUDO apt-get install -y -qq xfsprogs >/dev/null 2>&1; } \
+      || echo "xfsprogs could not be installed: the reflink tests will be skipped"
+  fi
+fi
+
 # 2. torch. Never let pip resolve a bare "torch" on a machine without one: it would pull several GB of CUDA
 #    wheels. Without a GPU we install the CPU build this machine kind provides; with one, the default build.
 if ! $PY -c "import torch" 2>/dev/null; then

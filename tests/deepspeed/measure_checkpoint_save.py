@@ -1,8 +1,10 @@
 """Time and bytes of engine.save_checkpoint, stock DeepSpeed against tencache, with the optimizer on NVMe. Trains
 WARMUP steps, then saves twice with one step between (the first save, and one in steady state), and prints a RESULT
 line: for each save its wall time, the time until the checkpoint is on disk (os.sync), the bytes this process wrote
-(/proc/self/io write_bytes: O_DIRECT and buffered), the bytes the checkpoint holds (each inode once), and under
-tencache the bytes each swapper wrote during the save (the flush of what the host tier owes its files).
+(/proc/self/io write_bytes: O_DIRECT and buffered), the bytes the checkpoint holds (each inode once; blocks a file
+shares with another by reflink are counted in both), and under tencache the bytes each swapper wrote during the save
+(the flush of what the host tier owes its files) and, where the file system clones, the ZeRO file's bytes shared
+with the swap files and written.
 
     python tests/deepspeed/measure_checkpoint_save.py stock|tencache MODEL NVME_DIR CKPT_DIR [HOST_CACHE_BYTES|auto]
         [SUB_GROUP_SIZE|-] [DS_CONFIG]
@@ -77,6 +79,10 @@ def main(mode, model, nvme, checkpoint, host_cache_bytes="auto", sub_group_size=
         for key in ("optimizer_nvme_write_bytes", "param_nvme_write_bytes"):  # tencache's flush, by swapper
             if key in stats_after:
                 saves[-1][key] = stats_after[key] - stats_before.get(key, 0)
+        shared = getattr(getattr(engine.optimizer, "optimizer_swapper", None), "last_zero_file_save", None)
+        if shared is not None:  # the ZeRO file's masters shared with the swap files (a file system that clones)
+            saves[-1]["zero_file_shared_bytes"] = shared.cloned_bytes
+            saves[-1]["zero_file_written_bytes"] = shared.written_bytes
         train.train_step(engine, stream, 1)
     if mode == "tencache" and not train.plugin_stats(engine):
         raise SystemExit("tencache mode, but the engine runs stock DeepSpeed's swappers")

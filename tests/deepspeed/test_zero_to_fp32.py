@@ -1,7 +1,11 @@
 """DeepSpeed's own consolidation (`deepspeed.utils.zero_to_fp32`) of a checkpoint saved under tencache gives stock
 CPU offload's fp32 weights bit for bit, with the optimizer on CPU or on NVMe (stock's own NVMe-optimizer checkpoint
 cannot be consolidated: its fp32 groups are the swapped-out placeholders; tencache's ZeRO file holds the masters,
-integrations/deepspeed/checkpoint_save.py). Real engine, real files."""
+integrations/deepspeed/checkpoint_save.py). On a file system that clones ranges the masters in the ZeRO file share the
+swap files' blocks instead of being written, and the steps after the save leave them alone. Real engine, real files."""
+import os
+import re
+
 import pytest
 import torch
 
@@ -19,6 +23,15 @@ def consolidate(checkpoint_dir):
         return err
 
 
+def assert_bit_for_bit(ours, stock, name):
+    assert isinstance(ours, dict), (name, ours)
+    assert list(ours) == list(stock), name
+    for key, tensor in stock.items():
+        assert ours[key].dtype == tensor.dtype == torch.float32, (name, key)
+        assert ours[key].shape == tensor.shape, (name, key)
+        assert torch.equal(ours[key].view(torch.int32), tensor.view(torch.int32)), f"{name}: {key} differs"
+
+
 def test_zero_to_fp32_of_a_tencache_checkpoint_is_stock_cpu_offloads_bit_for_bit(train, tmp_path):
     """Checkpoints saved after 1 of 2 steps: stock's with the optimizer on CPU, tencache's with it on CPU and on NVMe
     (one test: the stock run is the reference of both)."""
@@ -33,12 +46,27 @@ def test_zero_to_fp32_of_a_tencache_checkpoint_is_stock_cpu_offloads_bit_for_bit
     stock = states.pop("stock")
     assert isinstance(stock, dict) and len(stock) > 10, stock
     for name, ours in states.items():
-        assert isinstance(ours, dict), (name, ours)
-        assert list(ours) == list(stock), name
-        for key, tensor in stock.items():
-            assert ours[key].dtype == tensor.dtype == torch.float32, (name, key)
-            assert ours[key].shape == tensor.shape, (name, key)
-            assert torch.equal(ours[key].view(torch.int32), tensor.view(torch.int32)), f"{name}: {key} differs"
+        assert_bit_for_bit(ours, stock, name)
+
+
+def test_where_the_file_system_clones_the_masters_share_the_swap_files_blocks(train, tmp_path, reflink_folder):
+    """Saved after 1 of 3 steps on an XFS image: the ZeRO file's masters are the swap files' blocks, nothing of them
+    is written, and after two more steps (evictions rewrite the swap files) the checkpoint still consolidates to
+    stock CPU offload's weights after step 1."""
+    stock_folder = str(tmp_path / "ckpt-stock")
+    train(block=None, steps=2, save_after=1, checkpoint_dir=stock_folder, optimizer_offload_device="cpu", **FAST)
+    folder = os.path.join(reflink_folder, f"zero-to-fp32-{os.getpid()}")
+    try:
+        run = train(block=QUARTER, steps=3, save_after=1, checkpoint_dir=os.path.join(folder, "ckpt"),
+                    nvme_path=os.path.join(folder, "nvme"), optimizer_offload_device="nvme", **FAST)
+        [line] = [line for line in run.output.splitlines() if "shared with the swap files" in line]
+        shared, written = map(int, re.search(r": (\d+) bytes shared with the swap files, (\d+) bytes written",
+                                             line).groups())
+        assert shared > 10_000_000 and written < 100_000, line  # gpt2-tiny's masters, and the small tensors
+        assert_bit_for_bit(consolidate(os.path.join(folder, "ckpt")), consolidate(stock_folder), "ours-reflinked")
+    finally:
+        import shutil
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def test_stocks_checkpoint_with_the_optimizer_on_nvme_cannot_be_consolidated(train, tmp_path):

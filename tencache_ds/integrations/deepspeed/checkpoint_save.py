@@ -8,6 +8,10 @@ sub-group's fp32 master as the empty placeholder it is between steps; the bytes 
 file gets every master: while the engine writes it, each placeholder shows the host tier's copy when it holds one,
 else its swap file's bytes, mapped (torch.save reads them as it writes; nothing is copied into memory first). Stock's loader reads the file as before; the moments
 stay in the swap files only (putting them in the ZeRO file too would write all the optimizer state at every save).
+Where the checkpoint and the swap folder share a file system that clones ranges (XFS, btrfs: io/reflink.py), the
+masters are not written at all: each swap file is made current (what the host tier holds changed is written, as it
+is owed anyway) and its blocks are shared with the ZeRO file (io/cloned_save.py), so the save writes the dirty
+bytes, not the masters. On ext4 they are written.
 """
 import contextlib
 import functools
@@ -18,20 +22,25 @@ import time
 from dataclasses import dataclass
 
 import torch
+from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
 from deepspeed.runtime.swap_tensor.optimizer_utils import OptimizerSwapper
 
 from ...cache.entry import EntryState
+from ...io.cloned_save import save_sharing
+from ...io.reflink import folder_clones
 from ...io.shared_files import place
 from ...log import logger
 from .optimizer_swapper import TencacheOptimizerSwapper
 
 
 @contextlib.contextmanager
-def masters_shown(optimizer):
-    """While inside: each swapped-out fp32 master of a ZeRO-3 optimizer under tencache's optimizer swapper is its
-    swap file's bytes (flushed first), mapped read-only; afterwards the placeholders are back."""
+def masters_shown(optimizer, from_files: bool = False):
+    """While inside: each swapped-out fp32 master of a ZeRO-3 optimizer under tencache's optimizer swapper is the
+    host tier's copy when it holds one (unless ``from_files``), else its swap file's bytes (made current first),
+    mapped read-only; afterwards the placeholders are back. Yields {master's data_ptr: its swap file} for the
+    masters shown from files (the file's first bytes are the master's)."""
     swapper = getattr(optimizer, "optimizer_swapper", None)
-    shown, lent = [], []
+    shown, lent, files = [], [], {}
     try:
         if isinstance(swapper, TencacheOptimizerSwapper):
             for master in optimizer.fp32_partitioned_groups_flat:
@@ -40,15 +49,16 @@ def masters_shown(optimizer):
                     continue
                 path = info.tensors[0].swap_path  # the master: the first tensor of its swap info
                 held = swapper.store.knows(path) and swapper.store.kept(path)
-                if held and swapper.store.state(path) != EntryState.READING:
+                if held and not from_files and swapper.store.state(path) != EntryState.READING:
                     master.data = swapper.store.lend(path)  # the host tier's copy itself: no read, no copy
                     lent.append(path)
-                else:  # on file: current there once a write still in flight (an eviction's) is done
+                else:  # on file: current there once what the tier holds changed, or an eviction's write, is done
                     if swapper.store.knows(path):
                         swapper.store.flush_key(path)
                     master.data = torch.from_file(path, shared=False, size=info.numel(), dtype=master.dtype)
+                    files[master.untyped_storage().data_ptr()] = path
                 shown.append(master)
-        yield
+        yield files
     finally:
         for master in shown:
             master.data = torch.Tensor()  # stock's placeholder (optimizer_utils SwapTensorContext.release_memory)
@@ -57,13 +67,53 @@ def masters_shown(optimizer):
 
 
 def saving_masters(save_zero_checkpoint):
-    """engine._save_zero_checkpoint with the swapped masters in the file it writes."""
+    """engine._save_zero_checkpoint with the swapped masters in the file it writes (their blocks shared with the
+    swap files where the file system clones)."""
     @functools.wraps(save_zero_checkpoint)
-    def save_zero_checkpoint_with_masters(self, *args, **kwargs):
-        with masters_shown(self.optimizer):
-            return save_zero_checkpoint(self, *args, **kwargs)
+    def save_zero_checkpoint_with_masters(self, save_path, tag, *args, **kwargs):
+        swapper = getattr(self.optimizer, "optimizer_swapper", None)
+        sharing = isinstance(swapper, TencacheOptimizerSwapper) and _can_share_blocks(
+            self.checkpoint_engine, swapper.files_folder, os.path.dirname(self._get_zero_ckpt_name(save_path, tag)))
+        with masters_shown(self.optimizer, from_files=sharing) as files:
+            if not sharing:
+                return save_zero_checkpoint(self, save_path, tag, *args, **kwargs)
+            with _saving_by_shared_blocks(self.checkpoint_engine, files, swapper):
+                return save_zero_checkpoint(self, save_path, tag, *args, **kwargs)
 
     return save_zero_checkpoint_with_masters
+
+
+def _can_share_blocks(checkpoint_engine, swap_folder: str, checkpoint_folder: str) -> bool:
+    """Can the ZeRO file share the swap files' blocks: torch's own checkpoint engine writing zip files, and one
+    file system that clones holding both folders?"""
+    if type(checkpoint_engine) is not TorchCheckpointEngine or not checkpoint_engine.zipfile_serialization:
+        return False
+    existing = checkpoint_folder
+    while not os.path.isdir(existing):  # the tag's folder may not be made yet: its file system is its parent's
+        existing = os.path.dirname(existing)
+    return os.stat(swap_folder).st_dev == os.stat(existing).st_dev and folder_clones(existing)
+
+
+@contextlib.contextmanager
+def _saving_by_shared_blocks(checkpoint_engine, files, swapper):
+    """While inside, ``checkpoint_engine.save`` writes its file with the masters' blocks shared with ``files``
+    (io/cloned_save.py), or the usual way where that cannot account for the whole structure."""
+    def save(state_dict, path):
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        done = save_sharing(state_dict, path, files)
+        if done is None:
+            logger.warning("the ZeRO file %s is written the usual way: its structure could not be walked", path)
+            TorchCheckpointEngine.save(checkpoint_engine, state_dict, path)
+        else:
+            logger.info("ZeRO file %s: %d bytes shared with the swap files, %d bytes written, in %.2f s", path,
+                        done.cloned_bytes, done.written_bytes, done.seconds)
+        swapper.last_zero_file_save = done
+
+    checkpoint_engine.save = save
+    try:
+        yield
+    finally:
+        del checkpoint_engine.save  # the class's own method again
 
 
 # ------------------------------------------------------------------------------------ the swap folder's files

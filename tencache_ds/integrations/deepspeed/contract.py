@@ -32,6 +32,7 @@ PARAM_SWAPPER = "deepspeed.runtime.swap_tensor.partitioned_param_swapper:AsyncPa
 PARTITIONED_OPTIMIZER_SWAPPER = \
     "deepspeed.runtime.swap_tensor.partitioned_optimizer_swapper:PartitionedOptimizerSwapper"
 DS_CONFIG = "deepspeed.runtime.config:DeepSpeedConfig"
+TORCH_CHECKPOINT_ENGINE = "deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine:TorchCheckpointEngine"
 
 
 @dataclass(frozen=True)
@@ -161,9 +162,12 @@ PRIVATE_MEMBERS = (
                   "holds the module and its parameter coordinator (get_param_coordinator)"),
     PrivateMember(STAGE3, "fp16_groups", "attribute", "reporting.py",
                   "the partitioned parameters, through which their swappers are found"),
-    # The engine (checkpoint.py)
-    PrivateMember(ENGINE, "_get_zero_ckpt_name", "method", "checkpoint.py",
-                  "the ZeRO checkpoint file of this rank, whose optimizer state stock's NVMe load skips"),
+    # The engine (checkpoint.py, checkpoint_save.py)
+    PrivateMember(ENGINE, "_get_zero_ckpt_name", "method", "checkpoint.py, checkpoint_save.py",
+                  "the ZeRO checkpoint file of this rank, whose optimizer state stock's NVMe load skips, and whose "
+                  "folder decides whether the masters can share the swap files' blocks"),
+    PrivateMember(TORCH_CHECKPOINT_ENGINE, "zipfile_serialization", "attribute", "checkpoint_save.py",
+                  "the ZeRO file is a zip (torch.save's default): only then can its masters share blocks"),
     # The optimizer swapper base class (optimizer_swapper.py)
     PrivateMember(OPTIMIZER_SWAPPER, "_get_param_swap_info", "method", "optimizer_swapper.py",
                   "registers a sub-group's state tensors the step just created (stock bookkeeping kept as is)"),
@@ -216,6 +220,10 @@ CALL_ORDER = (
     CallOrder("engine.forward() runs before any parameter of its step is fetched", "install.py (governor)",
               "the host tier is refitted between steps, never while a step holds lent buffers",
               "tests/deepspeed/test_memory_pressure_engine.py"),
+    CallOrder("_save_zero_checkpoint writes the rank's ZeRO file with one checkpoint_engine.save(state, path) call",
+              "checkpoint_save.py (saving_masters)",
+              "that call is the one whose masters share the swap files' blocks, where the file system clones",
+              "tests/deepspeed/test_zero_to_fp32.py (the file system that clones)"),
 )
 
 

@@ -107,6 +107,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
                                     lambda: optimizer_host_share(self.config, self.optimizer))
         self.pool, self.budget = self.store.pool, self.store.budget  # what memory pressure and stats read
         self.last_folder_transfer = None  # what the last checkpoint save or load of the folder did
+        self.last_zero_file_save = None  # what the last ZeRO file with shared blocks cost (io/cloned_save.py)
         # The optimizer's tensors are used in the same order every step. log_timers() ends each step; the first
         # call ends initialisation, the second the first training step, in which Adam creates its moments (stored
         # new: a different sequence, never repeated). The second training step is the first that repeats: it

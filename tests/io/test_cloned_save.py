@@ -1,0 +1,104 @@
+"""A torch.save file whose large tensors share blocks with the files that hold their bytes (io/cloned_save.py), on
+real files: it reads back as torch.save's own would, storage for storage (views and shared storages included); on an
+XFS image the masters' blocks are shared and only the rest is written, and training's later writes to the swap files
+leave it alone; where nothing clones, every byte is written; a structure it cannot walk is refused, never half
+saved."""
+import os
+
+import pytest
+import torch
+
+from tencache_ds.io.cloned_save import save_sharing
+from tencache_ds.io.reflink import block_size
+
+MASTER_ELEMENTS = 1_000_003  # not a whole number of blocks: the tail is written
+
+
+class Holder:
+    """An object whose tensors are plain attributes (DeepSpeed's state dicts hold a few: the loss scaler)."""
+
+    def __init__(self, tensor):
+        self.tensor = tensor
+
+
+class Hidden:
+    """An object that pickles its tensor through __reduce__: nothing a walk of attributes can find."""
+
+    def __init__(self, tensor):
+        self._payload = [tensor]
+
+    def __reduce__(self):
+        return Hidden, (self._payload[0],)
+
+    def __getattribute__(self, name):
+        if name == "__dict__":
+            return {}
+        return object.__getattribute__(self, name)
+
+
+def swap_file(folder, tensor) -> torch.Tensor:
+    """``tensor``'s bytes in a file of their own (padded, as swap files are), shown as a tensor mapped from it."""
+    path = os.path.join(folder, f"master-{tensor.numel()}.swp")
+    with open(path, "wb") as handle:
+        handle.write(tensor.numpy().tobytes() + b"\0" * 3000)
+    return torch.from_file(path, shared=False, size=tensor.numel(), dtype=tensor.dtype), path
+
+
+def zero_state(folder):
+    """A ZeRO file's shape: masters mapped from swap files, empty placeholders, views, bf16, scalars, an object."""
+    generator = torch.Generator().manual_seed(0)
+    masters = [torch.randn(MASTER_ELEMENTS, generator=generator), torch.randn(4096, generator=generator)]
+    shown = [swap_file(folder, master) for master in masters]
+    base = torch.arange(100, dtype=torch.float32)
+    state = {"optimizer_state_dict": {"state": {0: {"exp_avg": torch.empty(0), "step": torch.tensor(3)}},
+                                      "param_groups": [{"lr": 1e-3, "params": [0]}],
+                                      "fp32_flat_groups": [tensor for tensor, _ in shown],
+                                      "bf16": torch.ones(7, dtype=torch.bfloat16), "view": base[5:], "base": base,
+                                      "holder": Holder(base[10:20])},
+             "ds_version": "0.19.8"}
+    sources = {tensor.untyped_storage().data_ptr(): path for tensor, path in shown}
+    return state, masters, sources
+
+
+def assert_reads_back(path, state, masters):
+    loaded = torch.load(path, weights_only=False)["optimizer_state_dict"]
+    saved = state["optimizer_state_dict"]
+    for ours, master in zip(loaded["fp32_flat_groups"], masters):
+        assert torch.equal(ours.view(torch.int32), master.view(torch.int32))
+    for key in ("bf16", "view", "base"):
+        assert torch.equal(loaded[key], saved[key]), key
+    assert torch.equal(loaded["holder"].tensor, saved["holder"].tensor)
+    assert loaded["state"][0]["step"].item() == 3 and loaded["state"][0]["exp_avg"].numel() == 0
+    assert loaded["view"].untyped_storage().data_ptr() == loaded["base"].untyped_storage().data_ptr()
+
+
+def test_on_a_file_system_that_clones_the_masters_blocks_are_shared_and_survive_later_writes(reflink_folder):
+    folder = os.path.join(reflink_folder, "cloned-save")
+    os.makedirs(folder, exist_ok=True)
+    state, masters, sources = zero_state(folder)
+    path = os.path.join(folder, "zero.pt")
+    done = save_sharing(state, path, sources)
+    block = block_size(folder)
+    assert done.records == 6  # the empty placeholder, the step, two masters, bf16, and the base of every view
+    assert done.cloned_bytes == (MASTER_ELEMENTS * 4 // block + 4096 * 4 // block) * block
+    assert done.written_bytes < 2 * block + 1000  # the first master's tail and the small tensors
+    assert_reads_back(path, state, masters)
+    for source in sources.values():  # the next steps write the swap files again
+        with open(source, "r+b") as handle:
+            handle.write(b"\xff" * os.path.getsize(source))
+    assert_reads_back(path, state, masters)
+
+
+def test_where_nothing_clones_every_byte_is_written(tmp_path):
+    state, masters, sources = zero_state(str(tmp_path))
+    done = save_sharing(state, str(tmp_path / "zero.pt"), sources)
+    if done.cloned_bytes:
+        pytest.skip("the test folder's file system clones ranges")
+    assert done.written_bytes == sum(master.numel() * 4 for master in masters) + 7 * 2 + 100 * 4 + 8
+    assert_reads_back(str(tmp_path / "zero.pt"), state, masters)
+
+
+def test_a_structure_that_cannot_be_walked_is_refused(tmp_path):
+    state, _masters, sources = zero_state(str(tmp_path))
+    state["optimizer_state_dict"]["hidden"] = Hidden(torch.ones(3))
+    assert save_sharing(state, str(tmp_path / "zero.pt"), sources) is None

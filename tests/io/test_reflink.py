@@ -1,0 +1,52 @@
+"""Cloning byte ranges between files (io/reflink.py) on real file systems: an XFS image where blocks are shared and a
+later write to either file leaves the other's bytes alone, and the test folder's file system (ext4 here), which
+clones nothing and leaves the target untouched."""
+import os
+
+import pytest
+
+from tencache_ds.io.reflink import block_size, clone_range, folder_clones
+
+
+def write(path, data: bytes):
+    with open(path, "wb") as handle:
+        handle.write(data)
+
+
+def read(path) -> bytes:
+    with open(path, "rb") as handle:
+        return handle.read()
+
+
+def clone(folder, source_bytes: bytes, target_bytes: bytes, source_offset, target_offset, length):
+    source, target = os.path.join(folder, "source"), os.path.join(folder, "target")
+    write(source, source_bytes)
+    write(target, target_bytes)
+    with open(source, "rb") as src, open(target, "r+b") as dst:
+        return clone_range(src.fileno(), source_offset, dst.fileno(), target_offset, length, block_size(folder))
+
+
+def test_whole_blocks_are_shared_and_a_later_write_to_the_source_leaves_the_target_alone(reflink_folder):
+    assert folder_clones(reflink_folder)
+    block = block_size(reflink_folder)
+    source = bytes(range(256)) * (3 * block // 256) + b"tail"  # three blocks and 4 bytes
+    target = b"\x01" * (5 * block)
+    assert clone(reflink_folder, source, target, 0, block, len(source)) == 3 * block  # the tail is the caller's
+    assert read(os.path.join(reflink_folder, "target")) == target[:block] + source[:3 * block] + target[4 * block:]
+    with open(os.path.join(reflink_folder, "source"), "r+b") as handle:  # training writes the swap file again
+        handle.write(b"\xff" * (3 * block))
+    assert read(os.path.join(reflink_folder, "target"))[block:4 * block] == source[:3 * block]
+
+
+def test_unaligned_offsets_clone_nothing(reflink_folder):
+    block = block_size(reflink_folder)
+    assert clone(reflink_folder, b"\x02" * (2 * block), b"\x01" * (4 * block), 0, 512, 2 * block) == 0
+    assert read(os.path.join(reflink_folder, "target")) == b"\x01" * (4 * block)
+
+
+def test_a_file_system_that_does_not_clone_clones_nothing_and_leaves_the_target_untouched(tmp_path):
+    if folder_clones(str(tmp_path)):
+        pytest.skip("the test folder's file system clones ranges")
+    block = block_size(str(tmp_path))
+    assert clone(str(tmp_path), b"\x02" * (2 * block), b"\x01" * (2 * block), 0, 0, 2 * block) == 0
+    assert read(tmp_path / "target") == b"\x01" * (2 * block)
