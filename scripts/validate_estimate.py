@@ -2,7 +2,8 @@
 """Check `tencache-ds estimate` against measured runs: predicted vs measured step time, NVMe bytes per step and
 peak host memory, per configuration and arm (stock NVMe, tencache, stock CPU offload), as a Markdown table.
 
-Prospective (the default): calibrate this machine (or read --machine), write every prediction to
+Prospective (the default): calibrate this machine (every probe with the first model, and the compute probe again
+for each other model: its figure is the model's own; or read --machine), write every prediction to
 OUT/predictions.json, and only then run `tencache-ds bench` for each configuration (OUT/<model>-<budget>/);
 the table compares the saved predictions with those runs.
 
@@ -156,16 +157,25 @@ def table(rows) -> str:
 
 
 def get_machine(args):
+    """The machine file, or this machine calibrated now: every probe with the first model, and the compute probe
+    again for each other model (its figure is the model's: plan/step_model's FLOPs at the rate its own layers and
+    head ran). Returns ({model: machine}, {model: path})."""
     if args.machine:
-        return load_machine(args.machine), args.machine
-    measured = calibrate(args.nvme_path, read_json(os.path.join(REPO, "configs", "models",
-                                                                 f"{args.models[0]}.json")),
-                         args.micro_batch, args.seq_len, args.dtype or "bf16")
-    machine = machine_from_calibration(measured)
-    path = os.path.join(args.out, "machine.json")
-    with open(path, "w") as handle:
-        json.dump(machine.to_json(), handle, indent=2)
-    return machine, path
+        return {model: load_machine(args.machine) for model in args.models}, \
+            {model: args.machine for model in args.models}
+    machines, paths = {}, {}
+    for model in args.models:
+        model_config = read_json(os.path.join(REPO, "configs", "models", f"{model}.json"))
+        if not machines:
+            measured = calibrate(args.nvme_path, model_config, args.micro_batch, args.seq_len, args.dtype or "bf16")
+        else:
+            measured = dict(measured, **calibrate(args.nvme_path, model_config, args.micro_batch, args.seq_len,
+                                                  args.dtype or "bf16", probes=("compute",)))
+        machines[model] = machine_from_calibration(measured)
+        paths[model] = os.path.join(args.out, "machine.json" if len(paths) == 0 else f"machine-{model}.json")
+        with open(paths[model], "w") as handle:
+            json.dump(machines[model].to_json(), handle, indent=2)
+    return machines, paths
 
 
 def main(argv=None) -> int:
@@ -187,12 +197,15 @@ def main(argv=None) -> int:
                         help="train in this dtype (scripts/train.py --dtype; default: the config's, bf16)")
     args = parser.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
-    machine, machine_path = get_machine(args)
+    benches = [measured_from_bench(folder) for folder in args.from_bench or ()]
+    if benches:  # the models calibrated are the benches'
+        args.models = list(dict.fromkeys(bench["settings"]["model"] for bench in benches))
+    machines, machine_paths = get_machine(args)
     rows = []
     if args.from_bench:
-        for folder in args.from_bench:
-            measured = measured_from_bench(folder)
+        for folder, measured in zip(args.from_bench, benches):
             settings = measured["settings"]
+            machine = machines[settings["model"]]
             config = settings.get("config") or "configs/stock-nvme.json"
             config = os.path.relpath(config, REPO) if os.path.isabs(config) else config
             host = settings.get("host_cache_bytes") or "auto"
@@ -214,10 +227,10 @@ def main(argv=None) -> int:
             predictions[f"{model}-{budget}"] = {
                 "model": model, "budget": budget, "config": config,
                 "host_cache_bytes": budget_value(model, budget),
-                "predicted": predict_configuration(machine, model, config, budget_value(model, budget),
+                "predicted": predict_configuration(machines[model], model, config, budget_value(model, budget),
                                                    args.micro_batch, args.seq_len, args.compare_cpu, args.dtype)}
         with open(os.path.join(args.out, "predictions.json"), "w") as handle:  # before anything runs
-            json.dump({"made_at": datetime.datetime.utcnow().isoformat() + "Z", "machine": machine_path,
+            json.dump({"made_at": datetime.datetime.utcnow().isoformat() + "Z", "machines": machine_paths,
                        "predictions": predictions}, handle, indent=2)
         for name, entry in predictions.items():
             out = os.path.join(args.out, name)
@@ -237,7 +250,8 @@ def main(argv=None) -> int:
                 rows.append({"name": name, "arm": arm, "predicted": entry["predicted"][arm], "measured": values})
     text = table(rows)
     with open(os.path.join(args.out, "table.md"), "w") as handle:
-        handle.write(f"Machine: {machine.name} ({machine_path}).\n\n{text}\n")
+        files = ", ".join(f"{model}: {path}" for model, path in machine_paths.items())
+        handle.write(f"Machine: {next(iter(machines.values())).name} ({files}).\n\n{text}\n")
     with open(os.path.join(args.out, "rows.json"), "w") as handle:
         json.dump(rows, handle, indent=2)
     print(text)

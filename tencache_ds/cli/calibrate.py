@@ -17,9 +17,14 @@ crash there becomes a clear error. The probes, and why each is measured the way 
   warm-up; torch's AdamW when DeepSpeed's op cannot be built (the source says which).
 - Host memory: a large copy between tensors already mapped (the optimizer step's epilogue), and writing a fresh
   allocation (each page faulted in: what stage 3's backward does every micro-batch on a host accelerator).
-- Compute: the model's architecture with one layer (Hugging Face ``from_config``, vocabulary cut to
-  ``CALIBRATION_VOCAB`` so the layer dominates), forward + backward at the run's micro-batch, sequence and dtype;
-  FLOP/s = that model's FLOPs (plan/model_shapes.py, the same count the step model uses) / seconds.
+- Compute: the model's architecture (Hugging Face ``from_config``), forward + backward at the run's micro-batch,
+  sequence and dtype, built twice: with ``probe_layers`` layers and the vocabulary cut to ``CALIBRATION_VOCAB`` (the
+  layers' time), and with the same layers and the real vocabulary (the difference is the embedding, output head and
+  loss). The model's step is then head + layers x (per layer), and FLOP/s = the model's FLOPs
+  (plan/model_shapes.py, the same count the step model uses) / that time. Enough layers that their weights exceed
+  ``COMPUTE_PROBE_WEIGHT_BYTES`` (or all of them): one layer's weights stay in the CPU's caches from step to step,
+  while a whole model's stream from memory. With one layer and no head the probe ran gpt2-small's shape at
+  94-108 GFLOP/s where the whole model ran at 76.5 (docs/estimate.md, prospective run 3).
 """
 import contextlib
 import json
@@ -44,17 +49,22 @@ COMPUTE_REPEATS = 8
 # machine a median mixes in the other jobs; docs/estimate.md says which machine state each figure had).
 COPY_BYTES = 256 << 20
 CALIBRATION_VOCAB = 1024
+COMPUTE_PROBE_WEIGHT_BYTES = 256 << 20  # several times any CPU's last-level cache: the weights come from memory
 PROBE_TIMEOUT_S = 300.0
 PROBE_MARKER = "TENCACHE_CALIBRATE "
 
 
+ALL_PROBES = ("nvme", "adam", "host_copy", "compute")
+
+
 def calibrate(nvme_path: str, model_config: Dict[str, Any], micro_batch: int, seq_len: int, dtype: str,
-              timeout_s: float = PROBE_TIMEOUT_S) -> Dict[str, Any]:
-    """Run the probes in a child process; returns {"nvme": {...}, "adam": {...}, "compute": {...},
-    "baseline_rss_bytes": int, "seconds": float}. Raises TencacheConfigError when the probe fails (the message
-    holds its last output)."""
+              timeout_s: float = PROBE_TIMEOUT_S, probes: Sequence[str] = ALL_PROBES) -> Dict[str, Any]:
+    """Run the probes in a child process; returns {"nvme": {...}, "adam": {...}, "host_copy": {...},
+    "compute": {...}, "baseline_rss_bytes": int, "seconds": float}, or only the ``probes`` named (the compute
+    figure is the model's and shape's: another model on the same machine needs only that one again). Raises
+    TencacheConfigError when the probe fails (the message holds its last output)."""
     request = {"nvme_path": nvme_path, "model_config": model_config, "micro_batch": micro_batch,
-               "seq_len": seq_len, "dtype": dtype}
+               "seq_len": seq_len, "dtype": dtype, "probes": list(probes)}
     started = time.perf_counter()
     env = dict(os.environ)
     package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -72,7 +82,7 @@ def calibrate(nvme_path: str, model_config: Dict[str, Any], micro_batch: int, se
     for line in done.stdout.splitlines():
         if line.startswith(PROBE_MARKER):
             found.update(json.loads(line[len(PROBE_MARKER):]))
-    if done.returncode != 0 or "error" in found or not {"nvme", "adam", "host_copy", "compute"} <= set(found):
+    if done.returncode != 0 or "error" in found or not set(probes) <= set(found):
         tail = (found.get("error") or (done.stderr or done.stdout).strip()[-800:])
         raise TencacheConfigError(f"calibration of this machine failed (nvme path {nvme_path}): {tail}")
     found["seconds"] = time.perf_counter() - started
@@ -139,11 +149,16 @@ def _probe_main(argv: Sequence[str]) -> None:
             pass
         torch.set_num_threads(max(1, os.cpu_count() or 1))
         _emit(baseline_rss_bytes=_rss_bytes())
-        _emit(nvme=measure_nvme(request["nvme_path"]))
-        _emit(adam=measure_cpu_adam(torch))
-        _emit(host_copy=measure_host_copy(torch))
-        _emit(compute=measure_compute(torch, request["model_config"], request["micro_batch"], request["seq_len"],
-                                      request["dtype"]))
+        probes = request.get("probes", ALL_PROBES)
+        if "nvme" in probes:
+            _emit(nvme=measure_nvme(request["nvme_path"]))
+        if "adam" in probes:
+            _emit(adam=measure_cpu_adam(torch))
+        if "host_copy" in probes:
+            _emit(host_copy=measure_host_copy(torch))
+        if "compute" in probes:
+            _emit(compute=measure_compute(torch, request["model_config"], request["micro_batch"],
+                                          request["seq_len"], request["dtype"]))
     except Exception as err:  # reported to the parent, which names the probe's inputs
         _emit(error=f"{type(err).__name__}: {err}")
 
@@ -217,40 +232,65 @@ def measure_host_copy(torch, nbytes: int = COPY_BYTES) -> Dict[str, Any]:
             "fresh_write_bytes_per_s": nbytes / min(fresh_s)}
 
 
+def probe_layers(model_config: Dict[str, Any], element_bytes: int) -> int:
+    """How many layers the compute probe builds: enough that their weights exceed ``COMPUTE_PROBE_WEIGHT_BYTES``,
+    at most the model's."""
+    from ..plan.model_shapes import model_shape
+    shape = model_shape(model_config)
+    layer_bytes = element_bytes * sum(numel for module in shape.modules if module.layer == 0
+                                      for _name, numel in module.params)
+    return max(1, min(shape.layers, -(-COMPUTE_PROBE_WEIGHT_BYTES // max(layer_bytes, 1))))
+
+
 def measure_compute(torch, model_config: Dict[str, Any], micro_batch: int, seq_len: int,
                     dtype: str) -> Dict[str, Any]:
-    """FLOP/s of forward + backward of the architecture cut to one layer, at the run's shape and dtype."""
+    """FLOP/s of the whole model's forward + backward at the run's shape and dtype, from the architecture built
+    with ``probe_layers`` layers, without and with the real vocabulary (the module docstring says why)."""
     import transformers
     from ..plan.model_shapes import layer_count_key, model_shape
-    one_layer = dict(model_config)
-    one_layer[layer_count_key(model_config)] = 1
-    one_layer["vocab_size"] = CALIBRATION_VOCAB
-    config = transformers.AutoConfig.for_model(**one_layer)
-    model = transformers.AutoModelForCausalLM.from_config(config)
     torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
-    model = model.to(torch_dtype)
-    tokens = torch.randint(0, CALIBRATION_VOCAB, (micro_batch, seq_len))
+    shape = model_shape(model_config)
+    layers = probe_layers(model_config, torch.finfo(torch_dtype).bits // 8)
+    vocab = int(model_config.get("vocab_size", CALIBRATION_VOCAB))
 
-    def one_step():
-        loss = model(input_ids=tokens, labels=tokens).loss
-        loss.backward()
-        model.zero_grad(set_to_none=True)
+    def build(vocab_size):
+        config = dict(model_config)
+        config[layer_count_key(model_config)] = layers
+        config["vocab_size"] = vocab_size
+        model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**config))
+        model = model.to(torch_dtype)
+        tokens = torch.randint(0, vocab_size, (micro_batch, seq_len))
 
+        def one_step():
+            loss = model(input_ids=tokens, labels=tokens).loss
+            loss.backward()
+            model.zero_grad(set_to_none=True)
+
+        return one_step
+
+    steps = {"layers": build(min(vocab, CALIBRATION_VOCAB))}
+    if vocab > CALIBRATION_VOCAB:
+        steps["with_head"] = build(vocab)
     for _ in range(COMPUTE_WARMUP):  # kernels chosen and compiled, buffers allocated
-        one_step()
-    times = []
-    for _ in range(COMPUTE_REPEATS):
-        started = time.perf_counter()
-        one_step()
-        times.append(time.perf_counter() - started)
-    seconds = min(times)
-    flops = model_shape(one_layer).train_flops(micro_batch * seq_len, seq_len, checkpointing=False)
-    return {"method": f"{model_config.get('model_type')} with 1 layer and vocabulary {CALIBRATION_VOCAB}, forward + "
-                      f"backward, micro-batch {micro_batch} x {seq_len} tokens, {dtype}, fastest of "
-                      f"{COMPUTE_REPEATS} steps "
-                      f"after {COMPUTE_WARMUP}, "
-                      f"{torch.get_num_threads()} threads",
-            "flops": flops, "step_s": seconds, "flops_per_s": flops / seconds}
+        for one_step in steps.values():
+            one_step()
+    times = {name: [] for name in steps}
+    for _ in range(COMPUTE_REPEATS):  # interleaved: a machine whose speed drifts slows both alike
+        for name, one_step in steps.items():
+            started = time.perf_counter()
+            one_step()
+            times[name].append(time.perf_counter() - started)
+    layers_s = min(times["layers"])
+    head_s = max(0.0, min(times["with_head"]) - layers_s) if "with_head" in times else 0.0
+    seconds = head_s + shape.layers * layers_s / layers
+    flops = shape.train_flops(micro_batch * seq_len, seq_len, checkpointing=False)
+    return {"method": f"{model_config.get('model_type')} with {layers} of its {shape.layers} layers, forward + "
+                      f"backward, with vocabulary {CALIBRATION_VOCAB} and {vocab} (the head: "
+                      f"{head_s * 1e3:.1f} ms), micro-batch {micro_batch} x {seq_len} tokens, {dtype}, fastest of "
+                      f"{COMPUTE_REPEATS} steps after {COMPUTE_WARMUP}, {torch.get_num_threads()} threads; "
+                      f"the model's step = head + {shape.layers} x {layers_s / layers * 1e3:.1f} ms a layer",
+            "flops": flops, "step_s": seconds, "flops_per_s": flops / seconds,
+            "layer_s": layers_s / layers, "head_s": head_s, "probe_layers": layers}
 
 
 if __name__ == "__main__":
