@@ -2,8 +2,8 @@
 """Check `tencache-ds estimate` against measured runs: predicted vs measured step time, NVMe bytes per step and
 peak host memory, per configuration and arm (stock NVMe, tencache, stock CPU offload), as a Markdown table.
 
-Prospective (the default): calibrate this machine (every probe with the first model, and the compute probe again
-for each other model: its figure is the model's own; or read --machine), write every prediction to
+Prospective (the default): calibrate this machine (every probe with the first model, and the compute and ZeRO-3
+hook probes again for each other model: their figures are the model's own; or read --machine), write every prediction to
 OUT/predictions.json, and only then run `tencache-ds bench` for each configuration (OUT/<model>-<budget>/);
 the table compares the saved predictions with those runs.
 
@@ -36,7 +36,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from tencache_ds.cli.calibrate import calibrate, machine_from_calibration  # noqa: E402
+from tencache_ds.cli.calibrate import MODEL_PROBES, calibrate, machine_from_calibration  # noqa: E402
 from tencache_ds.plan.machine import load_machine  # noqa: E402
 from tencache_ds.plan.model_shapes import model_shape  # noqa: E402
 from tencache_ds.plan.step_model import STOCK, TENCACHE, predict  # noqa: E402
@@ -157,9 +157,9 @@ def table(rows) -> str:
 
 
 def get_machine(args):
-    """The machine file, or this machine calibrated now: every probe with the first model, and the compute probe
-    again for each other model (its figure is the model's: plan/step_model's FLOPs at the rate its own layers and
-    head ran). Returns ({model: machine}, {model: path})."""
+    """The machine file, or this machine calibrated now: every probe with the first model, and MODEL_PROBES again
+    for each other model (their figures are the model's: the rate its own layers and head ran at, the hooks around
+    its submodules). Returns ({model: machine}, {model: path})."""
     if args.machine:
         return {model: load_machine(args.machine) for model in args.models}, \
             {model: args.machine for model in args.models}
@@ -170,7 +170,7 @@ def get_machine(args):
             measured = calibrate(args.nvme_path, model_config, args.micro_batch, args.seq_len, args.dtype or "bf16")
         else:
             measured = dict(measured, **calibrate(args.nvme_path, model_config, args.micro_batch, args.seq_len,
-                                                  args.dtype or "bf16", probes=("compute",)))
+                                                  args.dtype or "bf16", probes=MODEL_PROBES))
         machines[model] = machine_from_calibration(measured)
         paths[model] = os.path.join(args.out, "machine.json" if len(paths) == 0 else f"machine-{model}.json")
         with open(paths[model], "w") as handle:

@@ -25,6 +25,10 @@ crash there becomes a clear error. The probes, and why each is measured the way 
   ``COMPUTE_PROBE_WEIGHT_BYTES`` (or all of them): one layer's weights stay in the CPU's caches from step to step,
   while a whole model's stream from memory. With one layer and no head the probe ran gpt2-small's shape at
   94-108 GFLOP/s where the whole model ran at 76.5 (docs/estimate.md, prospective run 3).
+- ZeRO-3's hooks: the same layers timed bare and inside a stage-3 engine without an optimizer (the hooks that
+  fetch and release every submodule's parameters, nothing to reduce); the difference per submodule use is the
+  machine's ``zero3_module_call_s``. In a DeepSpeed run gpt2-small computed at 64 GFLOP/s where the bare model ran
+  at 76.5.
 """
 import contextlib
 import json
@@ -54,14 +58,16 @@ PROBE_TIMEOUT_S = 300.0
 PROBE_MARKER = "TENCACHE_CALIBRATE "
 
 
-ALL_PROBES = ("nvme", "adam", "host_copy", "compute")
+ALL_PROBES = ("nvme", "adam", "host_copy", "compute", "zero3_calls")
+MODEL_PROBES = ("compute", "zero3_calls")  # the figures that are the model's and shape's, not only the machine's
 
 
 def calibrate(nvme_path: str, model_config: Dict[str, Any], micro_batch: int, seq_len: int, dtype: str,
               timeout_s: float = PROBE_TIMEOUT_S, probes: Sequence[str] = ALL_PROBES) -> Dict[str, Any]:
     """Run the probes in a child process; returns {"nvme": {...}, "adam": {...}, "host_copy": {...},
-    "compute": {...}, "baseline_rss_bytes": int, "seconds": float}, or only the ``probes`` named (the compute
-    figure is the model's and shape's: another model on the same machine needs only that one again). Raises
+    "compute": {...}, "zero3_calls": {...}, "baseline_rss_bytes": int, "seconds": float}, or only the ``probes``
+    named (``MODEL_PROBES`` are the model's and shape's: another model on the same machine needs only those again).
+    Raises
     TencacheConfigError when the probe fails (the message holds its last output)."""
     request = {"nvme_path": nvme_path, "model_config": model_config, "micro_batch": micro_batch,
                "seq_len": seq_len, "dtype": dtype, "probes": list(probes)}
@@ -108,6 +114,7 @@ def machine_from_calibration(measured: Dict[str, Any]):
         nvme_mixed_bytes_per_s_per_drive=nvme.get("mixed_bytes_per_s"),
         cpu_adam_elements_per_s=adam["elements_per_s"], host_copy_bytes_per_s=copy["bytes_per_s"],
         host_fresh_write_bytes_per_s=copy.get("fresh_write_bytes_per_s"),
+        zero3_module_call_s=measured["zero3_calls"]["call_s"] if "zero3_calls" in measured else 0.0,
         process_baseline_bytes=int(measured.get("baseline_rss_bytes") or 0) or Machine.process_baseline_bytes,
         accelerator_is_host=True,
         sources={
@@ -118,6 +125,8 @@ def machine_from_calibration(measured: Dict[str, Any]):
             "cpu_adam_elements_per_s": f"{where}: {adam['method']}",
             "host_copy_bytes_per_s": f"{where}: {copy['method']}",
             "host_fresh_write_bytes_per_s": f"{where}: {copy['fresh_method']}" if "fresh_method" in copy
+            else "not measured",
+            "zero3_module_call_s": f"{where}: {measured['zero3_calls']['method']}" if "zero3_calls" in measured
             else "not measured",
             "host_memory_bytes": f"{where}: /proc/meminfo and the memory cgroup (probes/host_memory.py, bound by "
                                  f"{memory.bound_by})",
@@ -159,6 +168,9 @@ def _probe_main(argv: Sequence[str]) -> None:
         if "compute" in probes:
             _emit(compute=measure_compute(torch, request["model_config"], request["micro_batch"],
                                           request["seq_len"], request["dtype"]))
+        if "zero3_calls" in probes:
+            _emit(zero3_calls=measure_zero3_calls(torch, request["model_config"], request["micro_batch"],
+                                                  request["seq_len"], request["dtype"]))
     except Exception as err:  # reported to the parent, which names the probe's inputs
         _emit(error=f"{type(err).__name__}: {err}")
 
@@ -242,55 +254,132 @@ def probe_layers(model_config: Dict[str, Any], element_bytes: int) -> int:
     return max(1, min(shape.layers, -(-COMPUTE_PROBE_WEIGHT_BYTES // max(layer_bytes, 1))))
 
 
-def measure_compute(torch, model_config: Dict[str, Any], micro_batch: int, seq_len: int,
-                    dtype: str) -> Dict[str, Any]:
-    """FLOP/s of the whole model's forward + backward at the run's shape and dtype, from the architecture built
-    with ``probe_layers`` layers, without and with the real vocabulary (the module docstring says why)."""
+def _probe_model(torch, model_config: Dict[str, Any], layers: int, vocab_size: int, dtype: str):
+    """The architecture with ``layers`` layers and ``vocab_size`` tokens, in ``dtype``."""
     import transformers
-    from ..plan.model_shapes import layer_count_key, model_shape
-    torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
-    shape = model_shape(model_config)
-    layers = probe_layers(model_config, torch.finfo(torch_dtype).bits // 8)
-    vocab = int(model_config.get("vocab_size", CALIBRATION_VOCAB))
+    from ..plan.model_shapes import layer_count_key
+    config = dict(model_config)
+    config[layer_count_key(model_config)] = layers
+    config["vocab_size"] = vocab_size
+    model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**config))
+    return model.to(_torch_dtype(torch, dtype))
 
-    def build(vocab_size):
-        config = dict(model_config)
-        config[layer_count_key(model_config)] = layers
-        config["vocab_size"] = vocab_size
-        model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**config))
-        model = model.to(torch_dtype)
-        tokens = torch.randint(0, vocab_size, (micro_batch, seq_len))
 
-        def one_step():
-            loss = model(input_ids=tokens, labels=tokens).loss
-            loss.backward()
-            model.zero_grad(set_to_none=True)
+def _training_step(torch, model, vocab_size: int, micro_batch: int, seq_len: int):
+    """One forward + backward of ``model`` on fixed random tokens."""
+    tokens = torch.randint(0, vocab_size, (micro_batch, seq_len))
 
-        return one_step
+    def one_step():
+        model(input_ids=tokens, labels=tokens).loss.backward()
+        for parameter in model.parameters():
+            parameter.grad = None
 
-    steps = {"layers": build(min(vocab, CALIBRATION_VOCAB))}
-    if vocab > CALIBRATION_VOCAB:
-        steps["with_head"] = build(vocab)
+    return one_step
+
+
+def _forward_step(torch, model, vocab_size: int, micro_batch: int, seq_len: int):
+    """One forward of ``model`` (a module, or a DeepSpeed engine that calls it) on fixed random tokens, its graph
+    dropped."""
+    tokens = torch.randint(0, vocab_size, (micro_batch, seq_len))
+
+    def one_step():
+        model(input_ids=tokens, labels=tokens)
+
+    return one_step
+
+
+def _fastest(steps: Dict[str, Any]) -> Dict[str, float]:
+    """The fastest of ``COMPUTE_REPEATS`` timed runs of each step, after ``COMPUTE_WARMUP``, interleaved: a machine
+    whose speed drifts slows all of them alike."""
     for _ in range(COMPUTE_WARMUP):  # kernels chosen and compiled, buffers allocated
         for one_step in steps.values():
             one_step()
     times = {name: [] for name in steps}
-    for _ in range(COMPUTE_REPEATS):  # interleaved: a machine whose speed drifts slows both alike
+    for _ in range(COMPUTE_REPEATS):
         for name, one_step in steps.items():
             started = time.perf_counter()
             one_step()
             times[name].append(time.perf_counter() - started)
-    layers_s = min(times["layers"])
-    head_s = max(0.0, min(times["with_head"]) - layers_s) if "with_head" in times else 0.0
-    seconds = head_s + shape.layers * layers_s / layers
+    return {name: min(seconds) for name, seconds in times.items()}
+
+
+def measure_compute(torch, model_config: Dict[str, Any], micro_batch: int, seq_len: int,
+                    dtype: str) -> Dict[str, Any]:
+    """FLOP/s of the whole model's forward + backward at the run's shape and dtype, from the architecture built
+    with ``probe_layers`` layers, without and with the real vocabulary (the module docstring says why)."""
+    from ..plan.model_shapes import model_shape
+    shape = model_shape(model_config)
+    layers = probe_layers(model_config, torch.finfo(_torch_dtype(torch, dtype)).bits // 8)
+    vocab = int(model_config.get("vocab_size", CALIBRATION_VOCAB))
+    cut = min(vocab, CALIBRATION_VOCAB)
+    steps = {"layers": _training_step(torch, _probe_model(torch, model_config, layers, cut, dtype), cut,
+                                      micro_batch, seq_len)}
+    if vocab > cut:
+        steps["with_head"] = _training_step(torch, _probe_model(torch, model_config, layers, vocab, dtype), vocab,
+                                            micro_batch, seq_len)
+    fastest = _fastest(steps)
+    head_s = max(0.0, fastest["with_head"] - fastest["layers"]) if "with_head" in fastest else 0.0
+    layer_s = fastest["layers"] / layers
+    seconds = head_s + shape.layers * layer_s
     flops = shape.train_flops(micro_batch * seq_len, seq_len, checkpointing=False)
     return {"method": f"{model_config.get('model_type')} with {layers} of its {shape.layers} layers, forward + "
-                      f"backward, with vocabulary {CALIBRATION_VOCAB} and {vocab} (the head: "
-                      f"{head_s * 1e3:.1f} ms), micro-batch {micro_batch} x {seq_len} tokens, {dtype}, fastest of "
-                      f"{COMPUTE_REPEATS} steps after {COMPUTE_WARMUP}, {torch.get_num_threads()} threads; "
-                      f"the model's step = head + {shape.layers} x {layers_s / layers * 1e3:.1f} ms a layer",
-            "flops": flops, "step_s": seconds, "flops_per_s": flops / seconds,
-            "layer_s": layers_s / layers, "head_s": head_s, "probe_layers": layers}
+                      f"backward, with vocabulary {cut} and {vocab} (the head: {head_s * 1e3:.1f} ms), micro-batch "
+                      f"{micro_batch} x {seq_len} tokens, {dtype}, fastest of {COMPUTE_REPEATS} steps after "
+                      f"{COMPUTE_WARMUP}, interleaved, {torch.get_num_threads()} threads; the model's step = head + "
+                      f"{shape.layers} x {layer_s * 1e3:.1f} ms a layer",
+            "flops": flops, "step_s": seconds, "flops_per_s": flops / seconds, "layer_s": layer_s,
+            "head_s": head_s, "probe_layers": layers}
+
+
+def measure_zero3_calls(torch, model_config: Dict[str, Any], micro_batch: int, seq_len: int,
+                        dtype: str) -> Dict[str, Any]:
+    """Seconds ZeRO-3's hooks add to each use of a submodule that owns parameters (plan/machine.py,
+    ``zero3_module_call_s``): the compute probe's layers (vocabulary cut), their forward timed bare and inside a
+    stage-3 engine without an optimizer (DeepSpeed's ZeRO-Offload: the fetch and release hooks on every submodule,
+    every parameter partitioned), interleaved; the difference over the forward's submodule uses. The backward's
+    hooks (a fetch before each submodule's backward, a release after) are taken to cost the same: such an engine
+    refuses a backward (it has no optimizer to take the gradients), and one with an optimizer adds stage 3's
+    gradient reduction, which the step model prices apart."""
+    import deepspeed
+    for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_WORLD_SIZE", "1"),
+                       ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(_free_port()))):
+        os.environ.setdefault(key, value)
+    deepspeed.init_distributed(verbose=False)
+    layers = probe_layers(model_config, torch.finfo(_torch_dtype(torch, dtype)).bits // 8)
+    vocab = min(int(model_config.get("vocab_size", CALIBRATION_VOCAB)), CALIBRATION_VOCAB)
+    torch.manual_seed(0)
+    bare = _probe_model(torch, model_config, layers, vocab, dtype)
+    engine, *_ = deepspeed.initialize(model=_probe_model(torch, model_config, layers, vocab, dtype), config={
+        "train_micro_batch_size_per_gpu": micro_batch,
+        "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
+        "bf16": {"enabled": dtype == "bf16"}})
+    fastest = _fastest({"bare": _forward_step(torch, bare, vocab, micro_batch, seq_len),
+                        "zero3": _forward_step(torch, engine, vocab, micro_batch, seq_len)})
+    uses = len(_probe_shape(model_config, layers, vocab).modules)
+    extra_s = max(0.0, fastest["zero3"] - fastest["bare"])
+    return {"method": f"{layers} layers of {model_config.get('model_type')} (vocabulary {vocab}), forward bare "
+                      f"({fastest['bare'] * 1e3:.1f} ms) and under a ZeRO-3 engine without optimizer, every "
+                      f"parameter partitioned ({fastest['zero3'] * 1e3:.1f} ms), over its {uses} submodule uses "
+                      f"(a backward's taken to cost the same), fastest of {COMPUTE_REPEATS} after {COMPUTE_WARMUP}, "
+                      f"interleaved",
+            "bare_s": fastest["bare"], "zero3_s": fastest["zero3"], "uses": uses, "call_s": extra_s / uses}
+
+
+def _probe_shape(model_config: Dict[str, Any], layers: int, vocab_size: int):
+    from ..plan.model_shapes import layer_count_key, model_shape
+    return model_shape(dict(model_config, **{layer_count_key(model_config): layers, "vocab_size": vocab_size}),
+                       "probe")
+
+
+def _torch_dtype(torch, dtype: str):
+    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 if __name__ == "__main__":

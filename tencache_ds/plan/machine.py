@@ -54,6 +54,11 @@ class Machine:
     # Writing host memory the process has not touched yet (each page faulted in first). Only a host accelerator pays
     # it per step (step_model/costs.py, backward_host_memory_s); None leaves that term out (GPU boxes).
     host_fresh_write_bytes_per_s: Optional[float] = None
+    # Seconds ZeRO-3's hooks add to each use of a submodule that owns parameters (its forward, or its backward),
+    # beyond its FLOPs: the fetch and release bookkeeping in Python, with nothing to gather. Measured on a host
+    # accelerator (`--machine this`), where the hooks run on the cores that compute; 0 leaves it out (GPU boxes,
+    # whose files have no measurement of it: there the hooks run on the host while the device computes).
+    zero3_module_call_s: float = 0.0
     ranks_per_node: int = 1
     nodes: int = 1
     drive_tbw_bytes: Optional[float] = None

@@ -130,6 +130,7 @@ def test_machine_this_measures_and_cites_each_figure(tmp_path):
                    "host_copy_bytes_per_s", "host_fresh_write_bytes_per_s"):
         assert machine[figure] > 0 and "measured" in machine["sources"][figure]
     assert "tencache DirectFileIO" in machine["sources"]["nvme_read_bytes_per_s_per_drive"]
+    assert machine["zero3_module_call_s"] >= 0 and "ZeRO-3 engine" in machine["sources"]["zero3_module_call_s"]
     assert json.loads(result.stdout)["step_time_s"]["stock"] > 0
     # Step 3: the probe's files are gone.
     assert os.listdir(tmp_path / "nvme") == []

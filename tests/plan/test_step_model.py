@@ -345,6 +345,23 @@ def test_stage3s_gradient_epilogue_is_priced_in_passes_over_mapped_memory_on_a_h
                 - predict(work, this_vm())[arm].critical_path_s["compute"]) == pytest.approx(elements * 56 / 1e10)
 
 
+def test_zero3s_hooks_add_their_measured_cost_to_every_submodule_use():
+    """A machine that measured ZeRO-3's hooks (zero3_module_call_s) pays them once per use of a submodule with
+    parameters, forward and backward, in both policies' compute: gpt2-tiny has 16 such submodules (a tied head
+    fetches the embedding again), so 32 uses a micro-batch; at 1 ms each, GAS 2 adds 0.064 s. Machine files
+    without the figure (GPU boxes) leave it out."""
+    fp32 = dict(ds_config(), bf16={"enabled": False}, tencache={"enabled": True, "host_cache_bytes": "auto"})
+    work = workload(config=fp32, gas=2)
+    assert len(work.fetches) == 32
+    without, with_hooks = predict(work, this_vm()), predict(work, this_vm(zero3_module_call_s=1e-3))
+    for arm in (STOCK, TENCACHE):
+        assert (with_hooks[arm].critical_path_s["compute"] - without[arm].critical_path_s["compute"]
+                == pytest.approx(2 * 32 * 1e-3)), arm
+    assert this_vm().zero3_module_call_s == 0.0
+    with pytest.raises(MachineFileError, match="zero3_module_call_s"):
+        machine_from_dict(dict(this_vm().to_json(), zero3_module_call_s=-1.0), "m.json")
+
+
 def test_a_drive_that_does_not_add_reads_and_writes_shares_them():
     """This VM's disk moved 0.98-1.40 GB/s with reads and writes at once, about what either direction did alone
     (docs/estimate.md, run 3). A machine's mixed rate below read + write makes them queue on one drive: alone each

@@ -49,6 +49,12 @@ NORM_FLOAT64_BYTES = 16
 OPTIMIZER_STATE_FILE_BYTES = 12  # fp32 master + two Adam moments, per element
 
 
+def module_compute_s(fetch, rates: Rates) -> float:
+    """One use of a submodule on the compute thread: its FLOPs at the machine's rate, and ZeRO-3's hooks around it
+    where the machine file measures them."""
+    return fetch.flops / rates.flops_per_s + rates.module_call_s
+
+
 def optimizer_cpu_s(workload: Workload, elements: int, rates: Rates) -> float:
     """CPU Adam and the step's epilogue over ``elements`` (host optimizer only)."""
     return elements / rates.adam_elements_per_s + elements * EPILOGUE_BYTES_PER_ELEMENT / rates.host_copy_bytes_per_s

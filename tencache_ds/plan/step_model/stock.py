@@ -17,7 +17,8 @@ from typing import Dict, List, Tuple
 from ..machine import Machine
 from ..workload import Workload
 from .costs import (INIT_BYTES_PER_ELEMENT_OUTSIDE_POOL, INIT_BYTES_PER_ELEMENT_POOLED, OPTIMIZER_STATE_FILE_BYTES,
-                    backward_host_memory_s, host_resident_bytes, nvme_space, optimizer_cpu_s, param_bytes)
+                    backward_host_memory_s, host_resident_bytes, module_compute_s, nvme_space, optimizer_cpu_s,
+                    param_bytes)
 from .results import STOCK, Prediction, finish
 from .timeline import STEPS_REPLAYED, Rates, Timeline, channel_rates
 
@@ -49,7 +50,7 @@ def predict_stock(workload: Workload, machine: Machine) -> Prediction:
                                                             for k in reads[index])), "h2d")
                 for key in nvme_reads.get(index + 1, []):  # one module ahead
                     prefetched[(index + 1, key)] = timeline.issue("nvme_read", param_bytes(workload, key), key)
-                timeline.work(fetch.flops / rates.flops_per_s, "compute")
+                timeline.work(module_compute_s(fetch, rates), "compute")
             timeline.work(backward_host_memory_s(workload, machine, micro), "compute")
             if h2d and workload.zero.offload_optimizer != "none":  # gradient partitions to the host
                 timeline.wait(timeline.issue("h2d", workload.rank_elements * elem), "h2d")

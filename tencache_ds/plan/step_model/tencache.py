@@ -33,7 +33,8 @@ from ..size_classes import cache_slot_counts, class_bytes, merge_close_classes, 
 from ..workload import Workload
 from .costs import (INIT_BYTES_PER_ELEMENT_OUTSIDE_POOL, INIT_BYTES_PER_ELEMENT_POOLED, OPTIMIZER_STATE_FILE_BYTES,
                     backward_host_memory_s, device_step_bytes, device_working_bytes, gathered_bytes,
-                    host_resident_bytes, host_step_rise_bytes, nvme_space, optimizer_cpu_s, param_bytes)
+                    host_resident_bytes, host_step_rise_bytes, module_compute_s, nvme_space, optimizer_cpu_s,
+                    param_bytes)
 from .results import TENCACHE, Prediction, finish
 from .timeline import STEPS_REPLAYED, Rates, Timeline, channel_rates
 
@@ -260,7 +261,7 @@ def predict_tencache(workload: Workload, machine: Machine) -> Prediction:
                 if h2d and gather_at.get(index):
                     timeline.wait(timeline.issue("h2d", sum(workload.partitions[k].part_numel * elem
                                                             for k in gather_at[index])), "h2d")
-                timeline.work(fetch.flops / rates.flops_per_s, "compute")
+                timeline.work(module_compute_s(fetch, rates), "compute")
             timeline.work(backward_host_memory_s(workload, machine, micro), "compute")
             if h2d and zero.offload_optimizer != "none":
                 timeline.wait(timeline.issue("h2d", workload.rank_elements * elem), "h2d")
@@ -297,7 +298,7 @@ def _param_schedule(workload: Workload, lends, misses: Set[int], rates: Rates,
         while lend_index < len(lends) and lends[lend_index][0] == index:
             offsets.append(elapsed)
             lend_index += 1
-        elapsed += fetch.flops / rates.flops_per_s
+        elapsed += module_compute_s(fetch, rates)
     keys = [key for _index, key in lends]
     profile = StepProfile(tuple(keys), tuple(param_bytes(workload, key) for key in keys), tuple(offsets),
                           (None,) * len(keys), (0.0,) * (len(keys) + 1), elapsed)

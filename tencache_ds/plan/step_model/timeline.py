@@ -81,6 +81,7 @@ class Rates:
     host_copy_bytes_per_s: float
     channels: Dict[str, float]
     shared_drive_scale: Optional[float] = None
+    module_call_s: float = 0.0  # ZeRO-3's hooks per submodule use (plan/machine.py, zero3_module_call_s)
 
     def timeline(self) -> "Timeline":
         return Timeline(self.channels, self.shared_drive_scale)
@@ -104,4 +105,5 @@ def channel_rates(machine: Machine, pinned_h2d: bool) -> Rates:
     read, write = machine.nvme_read_bytes_per_s_per_rank, machine.nvme_write_bytes_per_s_per_rank
     return Rates(machine.accelerator_flops_per_s, machine.cpu_adam_elements_per_s_per_rank,
                  machine.host_copy_bytes_per_s_per_rank, {"nvme_read": read, "nvme_write": write, "h2d": h2d},
-                 shared_drive_scale(read, write, machine.nvme_mixed_bytes_per_s_per_rank))
+                 shared_drive_scale(read, write, machine.nvme_mixed_bytes_per_s_per_rank),
+                 machine.zero3_module_call_s)
