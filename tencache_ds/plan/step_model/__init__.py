@@ -12,7 +12,8 @@ tensor bytes, common memory, the optimizer step's CPU time), stock.py and tencac
 memory), results.py (the Prediction, fits, drive wear). This module is the public face: predict() runs both.
 
 Known simplifications (docs/estimate.md lists them with their effect): no collective communication (all-gather,
-reduce-scatter) time; no per-module framework overhead; host memory bandwidth is one figure for every copy.
+reduce-scatter) time; per-module framework overhead only as a machine file measures it (ZeRO-3's hooks,
+``zero3_module_call_s``: `--machine this` does); host memory bandwidth is one figure for every copy.
 """
 import dataclasses
 from typing import Dict
