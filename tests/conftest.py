@@ -50,5 +50,7 @@ def reflink_folder():
     try:
         yield mount_point
     finally:
-        subprocess.run(["umount", mount_point], capture_output=True)
-        shutil.rmtree(work, ignore_errors=True)
+        if subprocess.run(["umount", mount_point], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", mount_point], capture_output=True)  # busy: detach it now, free it later
+        if not os.path.ismount(mount_point):  # never remove files through a file system still mounted
+            shutil.rmtree(work, ignore_errors=True)

@@ -49,6 +49,10 @@ ADAM_ELEMENTS = 1 << 24           # 64 MiB of fp32 per tensor: larger than the C
 ADAM_REPEATS = 5
 COMPUTE_WARMUP = 6               # oneDNN picks and JIT-compiles its bf16 kernels over the first few steps
 COMPUTE_REPEATS = 8
+# Seconds each model probe may take (the compute probe's two models, the hooks probe's two): at a long sequence a
+# step of several layers takes seconds, so fewer rounds are run (at least 1 warm-up and 2 timed): the calibration's
+# child must finish within PROBE_TIMEOUT_S, NVMe and CPU Adam included.
+MODEL_PROBE_BUDGET_S = 75.0
 # Each probe reports the fastest of its repeats: what the hardware does when nothing else runs (on a shared
 # machine a median mixes in the other jobs; docs/estimate.md says which machine state each figure had).
 COPY_BYTES = 256 << 20
@@ -75,6 +79,13 @@ def calibrate(nvme_path: str, model_config: Dict[str, Any], micro_batch: int, se
     env = dict(os.environ)
     package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
+    # The probes describe a host accelerator (machine_from_calibration): DeepSpeed's CPU accelerator, whatever GPU
+    # is visible, and a world of its own for the hooks probe, whatever launcher started `estimate`.
+    env["DS_ACCELERATOR"] = "cpu"
+    for key in [key for key in env if key.startswith(("OMPI_", "PMI_", "PMIX_", "SLURM_"))]:
+        del env[key]
+    env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1")
+    env.pop("LOCAL_SIZE", None)  # DeepSpeed's shared-memory all-reduce makes /dev/shm buffers when it is set
     try:
         done = subprocess.run([sys.executable, "-m", "tencache_ds.cli.calibrate", json.dumps(request)],
                               capture_output=True, text=True, timeout=timeout_s, env=env)
@@ -288,19 +299,26 @@ def _forward_step(torch, model, vocab_size: int, micro_batch: int, seq_len: int)
     return one_step
 
 
-def _fastest(steps: Dict[str, Any]) -> Dict[str, float]:
-    """The fastest of ``COMPUTE_REPEATS`` timed runs of each step, after ``COMPUTE_WARMUP``, interleaved: a machine
-    whose speed drifts slows all of them alike."""
-    for _ in range(COMPUTE_WARMUP):  # kernels chosen and compiled, buffers allocated
+def _fastest(steps: Dict[str, Any], budget_s: float = MODEL_PROBE_BUDGET_S) -> Dict[str, Any]:
+    """The fastest timed run of each step, interleaved (a machine whose speed drifts slows all of them alike):
+    ``COMPUTE_REPEATS`` of them after ``COMPUTE_WARMUP``, or as many as ``budget_s`` allows after the first round
+    (at least 1 warm-up and 2 timed). Also says how many ran ("warmup", "repeats")."""
+    started = time.perf_counter()
+    for one_step in steps.values():  # the first warm-up round: kernels chosen and compiled, buffers allocated
+        one_step()
+    rounds = max(3, int(budget_s / max(time.perf_counter() - started, 1e-6)))
+    warmup = max(1, min(COMPUTE_WARMUP, rounds // 3))
+    repeats = max(2, min(COMPUTE_REPEATS, rounds - warmup))
+    for _ in range(warmup - 1):
         for one_step in steps.values():
             one_step()
     times = {name: [] for name in steps}
-    for _ in range(COMPUTE_REPEATS):
+    for _ in range(repeats):
         for name, one_step in steps.items():
             started = time.perf_counter()
             one_step()
             times[name].append(time.perf_counter() - started)
-    return {name: min(seconds) for name, seconds in times.items()}
+    return dict({name: min(seconds) for name, seconds in times.items()}, warmup=warmup, repeats=repeats)
 
 
 def measure_compute(torch, model_config: Dict[str, Any], micro_batch: int, seq_len: int,
@@ -324,8 +342,8 @@ def measure_compute(torch, model_config: Dict[str, Any], micro_batch: int, seq_l
     flops = shape.train_flops(micro_batch * seq_len, seq_len, checkpointing=False)
     return {"method": f"{model_config.get('model_type')} with {layers} of its {shape.layers} layers, forward + "
                       f"backward, with vocabulary {cut} and {vocab} (the head: {head_s * 1e3:.1f} ms), micro-batch "
-                      f"{micro_batch} x {seq_len} tokens, {dtype}, fastest of {COMPUTE_REPEATS} steps after "
-                      f"{COMPUTE_WARMUP}, interleaved, {torch.get_num_threads()} threads; the model's step = head + "
+                      f"{micro_batch} x {seq_len} tokens, {dtype}, fastest of {fastest['repeats']} steps after "
+                      f"{fastest['warmup']}, interleaved, {torch.get_num_threads()} threads; the model's step = head + "
                       f"{shape.layers} x {layer_s * 1e3:.1f} ms a layer",
             "flops": flops, "step_s": seconds, "flops_per_s": flops / seconds, "layer_s": layer_s,
             "head_s": head_s, "probe_layers": layers}
@@ -341,9 +359,7 @@ def measure_zero3_calls(torch, model_config: Dict[str, Any], micro_batch: int, s
     refuses a backward (it has no optimizer to take the gradients), and one with an optimizer adds stage 3's
     gradient reduction, which the step model prices apart."""
     import deepspeed
-    for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_WORLD_SIZE", "1"),
-                       ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(_free_port()))):
-        os.environ.setdefault(key, value)
+    os.environ.setdefault("MASTER_PORT", str(_free_port()))  # a world of one (calibrate() set the rest)
     deepspeed.init_distributed(verbose=False)
     layers = probe_layers(model_config, torch.finfo(_torch_dtype(torch, dtype)).bits // 8)
     vocab = min(int(model_config.get("vocab_size", CALIBRATION_VOCAB)), CALIBRATION_VOCAB)
@@ -360,8 +376,8 @@ def measure_zero3_calls(torch, model_config: Dict[str, Any], micro_batch: int, s
     return {"method": f"{layers} layers of {model_config.get('model_type')} (vocabulary {vocab}), forward bare "
                       f"({fastest['bare'] * 1e3:.1f} ms) and under a ZeRO-3 engine without optimizer, every "
                       f"parameter partitioned ({fastest['zero3'] * 1e3:.1f} ms), over its {uses} submodule uses "
-                      f"(a backward's taken to cost the same), fastest of {COMPUTE_REPEATS} after {COMPUTE_WARMUP}, "
-                      f"interleaved",
+                      f"(a backward's taken to cost the same), fastest of {fastest['repeats']} after "
+                      f"{fastest['warmup']}, interleaved",
             "bare_s": fastest["bare"], "zero3_s": fastest["zero3"], "uses": uses, "call_s": extra_s / uses}
 
 

@@ -15,9 +15,12 @@ How, in torch's own terms (torch >= 2.6):
 
 The result reads with ``torch.load`` as a plain ``torch.save`` of the same object would, byte for byte in every
 storage. Its data records carry no CRC-32 (skip_data writes none; torch's reader does not check it, as with
-``torch.serialization.set_crc32_options(False)``). If the walk cannot account for every record in the file (an
-object that pickles tensors torch's way but not as plain attributes, say), ``save_sharing`` returns None and the
-caller saves the usual way: nothing is ever left unwritten.
+``torch.serialization.set_crc32_options(False)``; Python's ``zipfile`` reports them as bad). The file is made under
+a temporary name and renamed over ``path`` only once every storage is in it: a save that fails or stops half way
+never leaves a file whose holes would read as zeros. Objects are walked through their attributes only where they
+pickle as their attributes (no ``__reduce__``, ``__reduce_ex__`` or ``__getstate__`` of their own); a tensor the
+walk cannot reach leaves a record unaccounted for, and then ``save_sharing`` returns None and the caller saves the
+usual way.
 """
 import os
 import struct
@@ -27,7 +30,6 @@ from dataclasses import dataclass
 from typing import Dict, Optional
 
 import torch
-from torch.utils.serialization import config as serialization_config
 
 from .reflink import block_size, clone_range
 
@@ -44,38 +46,55 @@ class SharedSave:
     seconds: float = 0.0
 
 
+def supported() -> bool:
+    """Has this torch the two-pass save (``skip_data`` and a configurable storage alignment: torch >= 2.6)?"""
+    try:
+        from torch.utils.serialization import config
+    except ImportError:
+        return False
+    return hasattr(torch.serialization, "skip_data") and hasattr(config.save, "storage_alignment")
+
+
 def save_sharing(obj, path: str, sources: Dict[int, str]) -> Optional[SharedSave]:
     """``torch.save(obj, path)``, except that a storage whose ``data_ptr()`` is a key of ``sources`` takes its bytes
     from that file (its first ``nbytes`` bytes), cloned where the file system allows. Returns what it did, or None
-    (and ``path`` is not a usable file) where the structure could not be accounted for: save it the usual way."""
+    (``path`` untouched) where the structure could not be accounted for: save it the usual way. Raises what the
+    save raises, ``path`` untouched then too."""
+    from torch.utils.serialization import config as serialization_config
     started = time.perf_counter()
     folder = os.path.dirname(os.path.abspath(path))
     block = block_size(folder)
-    config = serialization_config.save
-    alignment = config.storage_alignment
-    config.storage_alignment = max(alignment, block)
+    temporary = os.path.join(folder, f".{os.path.basename(path)}.{os.getpid()}.sharing")
     try:
-        with torch.serialization.skip_data():
-            torch.save(obj, path)
+        config = serialization_config.save
+        alignment = config.storage_alignment
+        config.storage_alignment = max(alignment, block)
+        try:
+            with torch.serialization.skip_data():
+                torch.save(obj, temporary)
+        finally:
+            config.storage_alignment = alignment
+        storages = _storages_by_offset(obj, torch.load(temporary, map_location="meta", weights_only=False))
+        records = _data_records(temporary)
+        if storages is None or set(storages) != set(records) or any(
+                storages[offset].nbytes() != records[offset] for offset in records):
+            return None
+        done = SharedSave(records=len(records))
+        with open(temporary, "r+b") as target:
+            for offset, storage in sorted(storages.items()):
+                source = sources.get(storage.data_ptr()) if storage.device.type == "cpu" else None
+                cloned = 0
+                if source is not None:
+                    with open(source, "rb") as handle:
+                        cloned = clone_range(handle.fileno(), 0, target.fileno(), offset, storage.nbytes(), block)
+                done.cloned_bytes += cloned
+                done.written_bytes += _write(target.fileno(), offset + cloned, storage, cloned)
+        os.replace(temporary, path)
+        done.seconds = time.perf_counter() - started
+        return done
     finally:
-        config.storage_alignment = alignment
-    storages = _storages_by_offset(obj, torch.load(path, map_location="meta", weights_only=False))
-    records = _data_records(path)
-    if storages is None or set(storages) != set(records) or any(
-            storages[offset].nbytes() != records[offset] for offset in records):
-        return None
-    done = SharedSave(records=len(records))
-    with open(path, "r+b") as target:
-        for offset, storage in sorted(storages.items()):
-            source = sources.get(storage.data_ptr()) if storage.device.type == "cpu" else None
-            cloned = 0
-            if source is not None:
-                with open(source, "rb") as handle:
-                    cloned = clone_range(handle.fileno(), 0, target.fileno(), offset, storage.nbytes(), block)
-            done.cloned_bytes += cloned
-            done.written_bytes += _write(target.fileno(), offset + cloned, storage, cloned)
-    done.seconds = time.perf_counter() - started
-    return done
+        if os.path.lexists(temporary):
+            os.unlink(temporary)
 
 
 def _storages_by_offset(saved, loaded) -> Optional[dict]:
@@ -101,7 +120,7 @@ def _storages_by_offset(saved, loaded) -> Optional[dict]:
                 raise LookupError
             for mine, other in zip(ours, theirs):
                 walk(mine, other)
-        elif hasattr(ours, "__dict__") and not isinstance(ours, type):
+        elif _pickles_as_its_attributes(ours):
             walk(vars(ours), vars(theirs))
 
     try:
@@ -109,6 +128,17 @@ def _storages_by_offset(saved, loaded) -> Optional[dict]:
     except (LookupError, TypeError):
         return None
     return found
+
+
+def _pickles_as_its_attributes(obj) -> bool:
+    """Is ``obj`` an instance that pickle saves as its ``__dict__`` (no reduce or state methods of its own)? Only
+    then does the structure read back hold its tensors where the object holds them."""
+    cls = type(obj)
+    if isinstance(obj, type) or not hasattr(obj, "__dict__"):
+        return False
+    return (cls.__reduce_ex__ is object.__reduce_ex__ and cls.__reduce__ is object.__reduce__
+            and getattr(cls, "__getstate__", object.__getstate__) is object.__getstate__
+            and not hasattr(cls, "__setstate__"))
 
 
 def _data_records(path: str) -> dict:

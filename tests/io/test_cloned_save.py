@@ -98,7 +98,33 @@ def test_where_nothing_clones_every_byte_is_written(tmp_path):
     assert_reads_back(str(tmp_path / "zero.pt"), state, masters)
 
 
-def test_a_structure_that_cannot_be_walked_is_refused(tmp_path):
+class Swapped:
+    """An object whose pickled state is not its attributes: its two same-size tensors change places."""
+
+    def __init__(self, first, second):
+        self.first, self.second = first, second
+
+    def __getstate__(self):
+        return {"first": self.second, "second": self.first}
+
+
+@pytest.mark.parametrize("hidden", [Hidden(torch.ones(3)), Swapped(torch.zeros(4), torch.ones(4))],
+                         ids=["reduce", "getstate"])
+def test_a_structure_that_cannot_be_walked_is_refused_and_nothing_is_left(tmp_path, hidden):
     state, _masters, sources = zero_state(str(tmp_path))
-    state["optimizer_state_dict"]["hidden"] = Hidden(torch.ones(3))
+    state["optimizer_state_dict"]["hidden"] = hidden
     assert save_sharing(state, str(tmp_path / "zero.pt"), sources) is None
+    assert not [name for name in os.listdir(tmp_path) if name.endswith((".pt", ".sharing"))]
+
+
+def test_a_save_that_fails_half_way_leaves_the_file_it_replaces(tmp_path):
+    """The file is renamed over ``path`` only when every storage is in it: a source that cannot be read stops the
+    save, and the checkpoint saved before is still whole, with no temporary file beside it."""
+    state, masters, sources = zero_state(str(tmp_path))
+    path = str(tmp_path / "zero.pt")
+    assert save_sharing(state, path, sources) is not None
+    os.unlink(next(iter(sources.values())))  # the first master's swap file is gone
+    with pytest.raises(FileNotFoundError):
+        save_sharing(state, path, sources)
+    assert_reads_back(path, state, masters)
+    assert sorted(name for name in os.listdir(tmp_path) if not name.endswith(".swp")) == ["zero.pt"]

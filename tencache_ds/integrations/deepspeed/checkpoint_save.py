@@ -26,7 +26,7 @@ from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchChe
 from deepspeed.runtime.swap_tensor.optimizer_utils import OptimizerSwapper
 
 from ...cache.entry import EntryState
-from ...io.cloned_save import save_sharing
+from ...io import cloned_save
 from ...io.reflink import folder_clones
 from ...io.shared_files import place
 from ...log import logger
@@ -86,12 +86,17 @@ def saving_masters(save_zero_checkpoint):
 def _can_share_blocks(checkpoint_engine, swap_folder: str, checkpoint_folder: str) -> bool:
     """Can the ZeRO file share the swap files' blocks: torch's own checkpoint engine writing zip files, and one
     file system that clones holding both folders?"""
-    if type(checkpoint_engine) is not TorchCheckpointEngine or not checkpoint_engine.zipfile_serialization:
+    if type(checkpoint_engine) is not TorchCheckpointEngine or not checkpoint_engine.zipfile_serialization \
+            or not cloned_save.supported():
         return False
-    existing = checkpoint_folder
-    while not os.path.isdir(existing):  # the tag's folder may not be made yet: its file system is its parent's
-        existing = os.path.dirname(existing)
-    return os.stat(swap_folder).st_dev == os.stat(existing).st_dev and folder_clones(existing)
+    existing = os.path.abspath(checkpoint_folder)
+    while not os.path.isdir(existing) and os.path.dirname(existing) != existing:
+        existing = os.path.dirname(existing)  # the tag's folder may not be made yet: its file system is its parent's
+    try:
+        return os.stat(swap_folder).st_dev == os.stat(existing).st_dev and folder_clones(existing)
+    except OSError as err:  # e.g. a folder we may not write the probe's files in: the masters are written
+        logger.info("the ZeRO file's masters are written, not shared: %s", err)
+        return False
 
 
 @contextlib.contextmanager
@@ -100,20 +105,28 @@ def _saving_by_shared_blocks(checkpoint_engine, files, swapper):
     (io/cloned_save.py), or the usual way where that cannot account for the whole structure."""
     def save(state_dict, path):
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        done = save_sharing(state_dict, path, files)
+        try:
+            done = cloned_save.save_sharing(state_dict, path, files)
+            why = "its structure could not be walked"
+        except Exception as err:  # pylint: disable=broad-except  (the usual save still makes the checkpoint)
+            done, why = None, f"{type(err).__name__}: {err}"
         if done is None:
-            logger.warning("the ZeRO file %s is written the usual way: its structure could not be walked", path)
+            logger.warning("the ZeRO file %s is written the usual way (masters not shared): %s", path, why)
             TorchCheckpointEngine.save(checkpoint_engine, state_dict, path)
         else:
             logger.info("ZeRO file %s: %d bytes shared with the swap files, %d bytes written, in %.2f s", path,
                         done.cloned_bytes, done.written_bytes, done.seconds)
         swapper.last_zero_file_save = done
 
+    before = vars(checkpoint_engine).get("save")  # an instance's own save, if someone set one
     checkpoint_engine.save = save
     try:
         yield
     finally:
-        del checkpoint_engine.save  # the class's own method again
+        if before is None:
+            del checkpoint_engine.save  # the class's own method again
+        else:
+            checkpoint_engine.save = before
 
 
 # ------------------------------------------------------------------------------------ the swap folder's files
