@@ -7,15 +7,7 @@ import pytest
 
 from tencache_ds.io.reflink import block_size, clone_range, folder_clones
 
-
-def write(path, data: bytes):
-    with open(path, "wb") as handle:
-        handle.write(data)
-
-
-def read(path) -> bytes:
-    with open(path, "rb") as handle:
-        return handle.read()
+from test_shared_files import read, write  # tests/io is on sys.path (rootdir-relative imports)
 
 
 def clone(folder, source_bytes: bytes, target_bytes: bytes, source_offset, target_offset, length):
