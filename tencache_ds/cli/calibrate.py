@@ -71,8 +71,7 @@ def calibrate(nvme_path: str, model_config: Dict[str, Any], micro_batch: int, se
     """Run the probes in a child process; returns {"nvme": {...}, "adam": {...}, "host_copy": {...},
     "compute": {...}, "zero3_calls": {...}, "baseline_rss_bytes": int, "seconds": float}, or only the ``probes``
     named (``MODEL_PROBES`` are the model's and shape's: another model on the same machine needs only those again).
-    Raises
-    TencacheConfigError when the probe fails (the message holds its last output)."""
+    Raises TencacheConfigError when the probe fails (the message holds its last output)."""
     request = {"nvme_path": nvme_path, "model_config": model_config, "micro_batch": micro_batch,
                "seq_len": seq_len, "dtype": dtype, "probes": list(probes)}
     started = time.perf_counter()
@@ -359,7 +358,8 @@ def measure_zero3_calls(torch, model_config: Dict[str, Any], micro_batch: int, s
     refuses a backward (it has no optimizer to take the gradients), and one with an optimizer adds stage 3's
     gradient reduction, which the step model prices apart."""
     import deepspeed
-    os.environ.setdefault("MASTER_PORT", str(_free_port()))  # a world of one (calibrate() set the rest)
+    from .bench import free_port
+    os.environ.setdefault("MASTER_PORT", str(free_port()))  # a world of one (calibrate() set the rest)
     deepspeed.init_distributed(verbose=False)
     layers = probe_layers(model_config, torch.finfo(_torch_dtype(torch, dtype)).bits // 8)
     vocab = min(int(model_config.get("vocab_size", CALIBRATION_VOCAB)), CALIBRATION_VOCAB)
@@ -390,12 +390,6 @@ def _probe_shape(model_config: Dict[str, Any], layers: int, vocab_size: int):
 def _torch_dtype(torch, dtype: str):
     return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
 
-
-def _free_port() -> int:
-    import socket
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 if __name__ == "__main__":

@@ -52,7 +52,8 @@ def test_zero_to_fp32_of_a_tencache_checkpoint_is_stock_cpu_offloads_bit_for_bit
 def test_where_the_file_system_clones_the_masters_share_the_swap_files_blocks(train, tmp_path, reflink_folder):
     """Saved after 1 of 3 steps on an XFS image: the ZeRO file's masters are the swap files' blocks, nothing of them
     is written, and after two more steps (evictions rewrite the swap files) the checkpoint still consolidates to
-    stock CPU offload's weights after step 1."""
+    stock CPU offload's weights after step 1, and a resume from it gives the uninterrupted run's last two losses and
+    final fp32 weights, bit for bit."""
     stock_folder = str(tmp_path / "ckpt-stock")
     train(block=None, steps=2, save_after=1, checkpoint_dir=stock_folder, optimizer_offload_device="cpu", **FAST)
     folder = os.path.join(reflink_folder, f"zero-to-fp32-{os.getpid()}")
@@ -64,6 +65,11 @@ def test_where_the_file_system_clones_the_masters_share_the_swap_files_blocks(tr
                                              line).groups())
         assert shared > 10_000_000 and written < 100_000, line  # gpt2-tiny's masters, and the small tensors
         assert_bit_for_bit(consolidate(os.path.join(folder, "ckpt")), consolidate(stock_folder), "ours-reflinked")
+        # and it resumes: the two steps after it give the uninterrupted run's losses, bit for bit
+        resumed = train(block=QUARTER, steps=2, resume=True, checkpoint_dir=os.path.join(folder, "ckpt"),
+                        nvme_path=os.path.join(folder, "nvme-resumed"), optimizer_offload_device="nvme", **FAST)
+        assert resumed.loss_bits == run.loss_bits[1:]
+        assert resumed.result["weights_sha256"] == run.result["weights_sha256"]
     finally:
         import shutil
         shutil.rmtree(folder, ignore_errors=True)
