@@ -67,13 +67,18 @@ MODEL_PROBES = ("compute", "zero3_calls")  # the figures that are the model's an
 
 
 def calibrate(nvme_path: str, model_config: Dict[str, Any], micro_batch: int, seq_len: int, dtype: str,
-              timeout_s: float = PROBE_TIMEOUT_S, probes: Sequence[str] = ALL_PROBES) -> Dict[str, Any]:
+              timeout_s: float = PROBE_TIMEOUT_S, probes: Sequence[str] = ALL_PROBES,
+              ds_config: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Run the probes in a child process; returns {"nvme": {...}, "adam": {...}, "host_copy": {...},
     "compute": {...}, "zero3_calls": {...}, "baseline_rss_bytes": int, "seconds": float}, or only the ``probes``
     named (``MODEL_PROBES`` are the model's and shape's: another model on the same machine needs only those again).
-    Raises TencacheConfigError when the probe fails (the message holds its last output)."""
+    ``ds_config``: the run's DeepSpeed config; its aio.intra_op_parallelism sets the requests the drive probe keeps
+    in flight, as the stores will. Raises TencacheConfigError when the probe fails (the message holds its last
+    output)."""
+    from ..io.drive_rate import store_thread_counts
     request = {"nvme_path": nvme_path, "model_config": model_config, "micro_batch": micro_batch,
-               "seq_len": seq_len, "dtype": dtype, "probes": list(probes)}
+               "seq_len": seq_len, "dtype": dtype, "probes": list(probes),
+               "io_threads": store_thread_counts(ds_config)[0]}
     started = time.perf_counter()
     env = dict(os.environ)
     package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -170,7 +175,7 @@ def _probe_main(argv: Sequence[str]) -> None:
         _emit(baseline_rss_bytes=_rss_bytes())
         probes = request.get("probes", ALL_PROBES)
         if "nvme" in probes:
-            _emit(nvme=measure_nvme(request["nvme_path"]))
+            _emit(nvme=measure_nvme(request["nvme_path"], request["io_threads"]))
         if "adam" in probes:
             _emit(adam=measure_cpu_adam(torch))
         if "host_copy" in probes:
@@ -196,11 +201,12 @@ def _rss_bytes() -> Optional[int]:
     return None
 
 
-def measure_nvme(folder: str) -> Dict[str, Any]:
-    """The drive under ``folder`` as the stores use it (io/drive_rate.py: tencache's engine, tensor-sized requests
-    at one store's concurrency, a file overwritten as they overwrite theirs), in trials of ``NVME_TRIAL_BYTES``."""
-    from ..io.drive_rate import TENSOR_REQUEST_BYTES, THREAD_COUNTS, measure_drive
-    rate = measure_drive(folder, request_sizes=(TENSOR_REQUEST_BYTES,), thread_counts=THREAD_COUNTS[:1],
+def measure_nvme(folder: str, io_threads: int) -> Dict[str, Any]:
+    """The drive under ``folder`` as the stores use it (io/drive_rate.py: tencache's engine, tensor-sized requests,
+    ``io_threads`` in flight as one store keeps them, a file overwritten as they overwrite theirs), in trials of
+    ``NVME_TRIAL_BYTES``."""
+    from ..io.drive_rate import TENSOR_REQUEST_BYTES, measure_drive
+    rate = measure_drive(folder, request_sizes=(TENSOR_REQUEST_BYTES,), thread_counts=(io_threads,),
                          trial_bytes=NVME_TRIAL_BYTES, deadline_s=NVME_TRIAL_DEADLINE_S, repeats=NVME_REPEATS)
     return {"method": f"{rate.method}; trials of {NVME_TRIAL_BYTES >> 20} MiB, the fastest of {NVME_REPEATS}",
             "path": folder, "read_bytes_per_s": rate.read_bytes_per_s, "write_bytes_per_s": rate.write_bytes_per_s,

@@ -61,7 +61,7 @@ def build_inputs(args) -> Dict[str, Any]:
     dtype = next((key for key in ("bf16", "fp16") if (ds_config.get(key) or {}).get("enabled")), "fp32")
     if args.machine == THIS:
         from .calibrate import calibrate, machine_from_calibration
-        measured = calibrate(args.nvme_path, model_config, micro_batch, args.seq, dtype)
+        measured = calibrate(args.nvme_path, model_config, micro_batch, args.seq, dtype, ds_config=ds_config)
         machine = machine_from_calibration(measured)
         busy = _busy(machine)
         if busy:

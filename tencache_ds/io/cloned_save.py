@@ -17,7 +17,8 @@ The result reads with ``torch.load`` as a plain ``torch.save`` of the same objec
 storage. Its data records carry no CRC-32 (skip_data writes none; torch's reader does not check it, as with
 ``torch.serialization.set_crc32_options(False)``; Python's ``zipfile`` reports them as bad). The file is made under
 a temporary name and renamed over ``path`` only once every storage is in it: a save that fails or stops half way
-never leaves a file whose holes would read as zeros. Objects are walked through their attributes only where they
+never leaves a file whose holes would read as zeros; a process killed before the rename leaves its temporary
+file, which the next save of the same name removes. Objects are walked through their attributes only where they
 pickle as their attributes (no ``__reduce__``, ``__reduce_ex__`` or ``__getstate__`` of their own); a tensor the
 walk cannot reach leaves a record unaccounted for, and then ``save_sharing`` returns None and the caller saves the
 usual way.
@@ -32,9 +33,11 @@ from typing import Dict, Optional
 import torch
 
 from .reflink import block_size, clone_range
+from .stale_files import remove_files_of_dead_processes
 
 _LOCAL_HEADER = struct.Struct("<IHHHHHIIIHH")  # a zip local file header: 30 bytes, then the name and the extra field
 _LOCAL_HEADER_SIGNATURE = 0x04034B50
+TEMPORARY_SUFFIX = ".sharing"
 
 
 @dataclass
@@ -64,7 +67,8 @@ def save_sharing(obj, path: str, sources: Dict[int, str]) -> Optional[SharedSave
     started = time.perf_counter()
     folder = os.path.dirname(os.path.abspath(path))
     block = block_size(folder)
-    temporary = os.path.join(folder, f".{os.path.basename(path)}.{os.getpid()}.sharing")
+    temporary = os.path.join(folder, _temporary_name(os.path.basename(path), os.getpid()))
+    remove_files_of_dead_processes(folder, lambda name: _pid_of_temporary(name, os.path.basename(path)))
     try:
         config = serialization_config.save
         alignment = config.storage_alignment
@@ -95,6 +99,21 @@ def save_sharing(obj, path: str, sources: Dict[int, str]) -> Optional[SharedSave
     finally:
         if os.path.lexists(temporary):
             os.unlink(temporary)
+
+
+def _temporary_name(name: str, pid: int) -> str:
+    """The file a save by process ``pid`` makes before it is whole: hidden, never a name a loader opens."""
+    return f".{name}.{pid}{TEMPORARY_SUFFIX}"
+
+
+def _pid_of_temporary(candidate: str, name: str) -> Optional[int]:
+    """The process whose save of ``name`` made ``candidate``, or None if it is no such file. A save killed before
+    its rename leaves it; the next save of the same name removes it once that process is gone."""
+    prefix = f".{name}."
+    if not (candidate.startswith(prefix) and candidate.endswith(TEMPORARY_SUFFIX)):
+        return None
+    pid = candidate[len(prefix):-len(TEMPORARY_SUFFIX)]
+    return int(pid) if pid.isdigit() else None
 
 
 def _storages_by_offset(saved, loaded) -> Optional[dict]:

@@ -20,6 +20,7 @@ import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .direct_io import store_io_threads
+from .stale_files import remove_files_of_dead_processes
 
 READ, WRITE, BOTH = "read", "write", "read+write"
 PARTITION_REQUEST_BYTES = 4 << 20   # a parameter partition
@@ -160,30 +161,11 @@ def measure_drive(folder: str, request_sizes: Sequence[int] = REQUEST_SIZES,
 def remove_stale_trial_files(folder: str) -> List[str]:
     """Remove trial files that a measurement killed before its cleanup left in ``folder`` (a calibration stopped by
     its timeout leaves up to 2 GiB): those whose process is gone. Returns the paths removed."""
-    removed = []
-    for name in os.listdir(folder):
-        if not name.startswith(TRIAL_FILE_PREFIX):
-            continue
-        pid = name[len(TRIAL_FILE_PREFIX):].split("-", 1)[0]
-        if not pid.isdigit() or _process_alive(int(pid)):
-            continue
-        path = os.path.join(folder, name)
-        try:
-            os.remove(path)
-            removed.append(path)
-        except FileNotFoundError:  # another measurement removed it first
-            pass
-    return removed
+    def pid_of(name: str) -> Optional[int]:
+        pid = name[len(TRIAL_FILE_PREFIX):].split("-", 1)[0] if name.startswith(TRIAL_FILE_PREFIX) else ""
+        return int(pid) if pid.isdigit() else None
 
-
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process: alive
-        return True
-    return True
+    return remove_files_of_dead_processes(folder, pid_of)
 
 
 def _fastest(trials: Sequence[Trial], method: str) -> DriveRate:

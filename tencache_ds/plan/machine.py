@@ -67,6 +67,11 @@ class Machine:
     accelerator_is_host: bool = False
     sources: Dict[str, str] = dataclasses.field(default_factory=dict)
 
+    def __post_init__(self):
+        # The same checks as a file's, for a Machine built in code: a zero rate would divide by zero in the model.
+        _checked_values({field.name: getattr(self, field.name) for field in dataclasses.fields(self)},
+                        f"Machine({self.name!r})")
+
     # ---------------------------------------------------------------------------------- one rank's share
     @property
     def world_size(self) -> int:
@@ -123,19 +128,9 @@ _INTEGERS = {"accelerator_memory_bytes", "host_memory_bytes", "drives", "ranks_p
              "host_available_bytes", "process_baseline_bytes"}
 
 
-def machine_from_dict(data: Mapping[str, Any], source: str = "machine") -> Machine:
-    """Check and build. Raises MachineFileError naming ``source`` and the key: a missing required figure, an
-    unknown key (a typo would otherwise silently fall back to a default), or a value of the wrong kind."""
-    if not isinstance(data, Mapping):
-        raise MachineFileError(f"{source}: a machine description is a JSON object, got {type(data).__name__}")
-    fields = {field.name for field in dataclasses.fields(Machine)}
-    unknown = sorted(set(data) - fields)
-    if unknown:
-        raise MachineFileError(f"{source}: unknown key(s) {', '.join(repr(k) for k in unknown)} (known: "
-                               f"{', '.join(sorted(fields))})")
-    missing = [key for key in _REQUIRED if key not in data]
-    if missing:
-        raise MachineFileError(f"{source}: missing key(s) {', '.join(repr(k) for k in missing)}")
+def _checked_values(data: Mapping[str, Any], source: str) -> Dict[str, Any]:
+    """The figures of ``data`` checked one by one (kind, sign), integers made ints. Raises MachineFileError naming
+    ``source`` and the key."""
     values = dict(data)
     for key, value in values.items():
         if key in ("name",):
@@ -158,7 +153,23 @@ def machine_from_dict(data: Mapping[str, Any], source: str = "machine") -> Machi
                 raise MachineFileError(f"{source}: key \"{key}\" must be positive, got {value!r}")
             if key in _INTEGERS:
                 values[key] = int(value)
-    return Machine(**values)
+    return values
+
+
+def machine_from_dict(data: Mapping[str, Any], source: str = "machine") -> Machine:
+    """Check and build. Raises MachineFileError naming ``source`` and the key: a missing required figure, an
+    unknown key (a typo would otherwise silently fall back to a default), or a value of the wrong kind."""
+    if not isinstance(data, Mapping):
+        raise MachineFileError(f"{source}: a machine description is a JSON object, got {type(data).__name__}")
+    fields = {field.name for field in dataclasses.fields(Machine)}
+    unknown = sorted(set(data) - fields)
+    if unknown:
+        raise MachineFileError(f"{source}: unknown key(s) {', '.join(repr(k) for k in unknown)} (known: "
+                               f"{', '.join(sorted(fields))})")
+    missing = [key for key in _REQUIRED if key not in data]
+    if missing:
+        raise MachineFileError(f"{source}: missing key(s) {', '.join(repr(k) for k in missing)}")
+    return Machine(**_checked_values(data, source))
 
 
 def load_machine(path: str) -> Machine:

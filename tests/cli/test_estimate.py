@@ -119,8 +119,12 @@ def test_machine_this_measures_and_cites_each_figure(tmp_path):
     # Step 1: estimate gpt2-tiny on this machine, measured now (in fp32: the beyond-RAM config's precision).
     saved = tmp_path / "this.json"
     # (fp32: bf16 matmuls run ~24x slower on this AVX2 machine, and the compute probe would wait them out)
-    config = os.path.join(REPO_ROOT, "configs", "stock-nvme-beyond-ram.json")
-    result = run_cli("estimate", "--model", "gpt2-tiny", "--ds-config", config, "--machine", "this", "--seq", "64",
+    # (aio.intra_op_parallelism 3: each store keeps 3 requests in flight, and so does the drive probe)
+    data = json.load(open(os.path.join(REPO_ROOT, "configs", "stock-nvme-beyond-ram.json")))
+    data["aio"]["intra_op_parallelism"] = 3
+    config = tmp_path / "ds.json"
+    config.write_text(json.dumps(data))
+    result = run_cli("estimate", "--model", "gpt2-tiny", "--ds-config", str(config), "--machine", "this", "--seq", "64",
                      "--nvme-path", str(tmp_path / "nvme"),
                      "--save-machine", str(saved), "--json", timeout=600)
     assert result.returncode == 0, result.stderr
@@ -130,6 +134,7 @@ def test_machine_this_measures_and_cites_each_figure(tmp_path):
                    "host_copy_bytes_per_s", "host_fresh_write_bytes_per_s"):
         assert machine[figure] > 0 and "measured" in machine["sources"][figure]
     assert "tencache DirectFileIO" in machine["sources"]["nvme_read_bytes_per_s_per_drive"]
+    assert ", 3 in flight" in machine["sources"]["nvme_read_bytes_per_s_per_drive"]
     assert machine["zero3_module_call_s"] >= 0 and "ZeRO-3 engine" in machine["sources"]["zero3_module_call_s"]
     assert json.loads(result.stdout)["step_time_s"]["stock"] > 0
     # Step 3: the probe's files are gone.

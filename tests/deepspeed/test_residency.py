@@ -154,10 +154,13 @@ def test_checkpoint_saved_under_write_back_resumes_exactly(train, tmp_path):
     """Save after 2 of 4 steps, then resume from it for 2 steps.
 
     Stock's resume with the optimizer on NVMe loses Adam's state (step counts and moments: the engine skips the
-    optimizer's state dict on its NVMe load path, integrations/deepspeed/checkpoint.py), and stock CPU offload's, which
-    loads that dict, still differs from the uninterrupted run in the last bits from the second resumed step on (Adam's
-    running beta products); tencache resumes with the uninterrupted run's bits. The checkpoints are interchangeable:
-    stock resumes tencache's with the losses of its own resume."""
+    optimizer's state dict on its NVMe load path, integrations/deepspeed/checkpoint.py); stock CPU offload's, which
+    loads that dict, gets the first resumed step right and can differ from the second on, in the last bits (Adam's
+    beta products recomputed with ``pow`` instead of multiplied step by step: whether they differ at these steps
+    depends on the C library's ``pow``; they did on the machines of 2026-11-23..25 and did not on a fresh one on
+    2026-11-26, so that is not asserted); tencache resumes with the uninterrupted run's bits on every machine (it
+    replays the products). The checkpoints are interchangeable: stock resumes tencache's with the losses of its
+    own resume."""
     runs = {}
     for name, block, device in (("stock", None, "nvme"), ("ours", AUTO, "nvme"), ("cpu", None, "cpu")):
         folder = str(tmp_path / f"ckpt-{name}")
@@ -169,8 +172,7 @@ def test_checkpoint_saved_under_write_back_resumes_exactly(train, tmp_path):
     assert_identical(runs["stock"], runs["ours"])
     assert runs["ours-resumed"].loss_bits == runs["ours"].loss_bits[2:]
     assert runs["ours-resumed"].result["weights_sha256"] == runs["ours"].result["weights_sha256"]
-    assert runs["cpu-resumed"].loss_bits[0] == runs["ours"].loss_bits[2]  # the first resumed step is right...
-    assert runs["cpu-resumed"].loss_bits[1] != runs["ours"].loss_bits[3]  # ... the next is not (if it is: simplify)
+    assert runs["cpu-resumed"].loss_bits[0] == runs["ours"].loss_bits[2]  # the first resumed step is stock's too
     assert runs["stock-resumes-ours"].loss_bits == runs["stock-resumed"].loss_bits
 
 

@@ -128,3 +128,21 @@ def test_a_save_that_fails_half_way_leaves_the_file_it_replaces(tmp_path):
         save_sharing(state, path, sources)
     assert_reads_back(path, state, masters)
     assert sorted(name for name in os.listdir(tmp_path) if not name.endswith(".swp")) == ["zero.pt"]
+
+
+def test_a_temporary_file_left_by_a_killed_save_is_removed_by_the_next_save(tmp_path):
+    """A save killed between its first pass and its rename leaves ``.zero.pt.<pid>.sharing`` (never a name a loader
+    opens): the next save of the same name removes it once that process is gone, and leaves a live one's alone."""
+    import subprocess
+    import sys
+    killed = subprocess.Popen([sys.executable, "-c", "pass"])
+    killed.wait()
+    state, masters, sources = zero_state(str(tmp_path))
+    left = tmp_path / f".zero.pt.{killed.pid}.sharing"
+    live = tmp_path / f".zero.pt.{os.getppid()}.sharing"  # a save in progress in a process that is alive
+    other = tmp_path / f".other.pt.{killed.pid}.sharing"  # another file's: not this save's to remove
+    for path in (left, live, other):
+        path.write_bytes(b"\0" * 4096)
+    assert save_sharing(state, str(tmp_path / "zero.pt"), sources) is not None
+    assert not left.exists() and live.exists() and other.exists()
+    assert_reads_back(str(tmp_path / "zero.pt"), state, masters)

@@ -401,6 +401,9 @@ def test_a_drive_that_does_not_add_reads_and_writes_shares_them():
     assert unset.nvme_mixed_bytes_per_s_per_drive is None
     with pytest.raises(MachineFileError, match="nvme_mixed_bytes_per_s_per_drive"):
         machine_from_dict(dict(this_vm().to_json(), nvme_mixed_bytes_per_s_per_drive=-1))
+    # a Machine built in code is checked as a file is: a zero rate is refused, not divided by
+    with pytest.raises(MachineFileError, match="Machine.*nvme_mixed_bytes_per_s_per_drive.*positive"):
+        this_vm(nvme_mixed_bytes_per_s_per_drive=0)
 
 
 def test_ranks_on_a_node_share_its_drives_and_memory():

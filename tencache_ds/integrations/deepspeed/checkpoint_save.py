@@ -117,6 +117,7 @@ def _saving_by_shared_blocks(checkpoint_engine, files, swapper):
             logger.info("ZeRO file %s: %d bytes shared with the swap files, %d bytes written, in %.2f s", path,
                         done.cloned_bytes, done.written_bytes, done.seconds)
         swapper.last_zero_file_save = done
+        swapper.checkpoint_totals.add_zero_file(done)
 
     before = vars(checkpoint_engine).get("save")  # an instance's own save, if someone set one
     checkpoint_engine.save = save
@@ -176,6 +177,7 @@ def _copytree_linking(swapper, direction: str):
             if os.path.realpath(src if direction == "save" else dst) != folder:
                 return original(src, dst, *args, **kwargs)
             swapper.last_folder_transfer = _link_folder(swapper, src, dst, kwargs.get("ignore"), direction)
+            swapper.checkpoint_totals.add_folder(swapper.last_folder_transfer)
             return dst
 
         shutil.copytree = copytree

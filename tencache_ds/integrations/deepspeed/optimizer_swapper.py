@@ -23,6 +23,7 @@ What changes for users:
 - The next sub-group (``async_parameter``) is read ahead while the current one steps.
 """
 import contextlib
+import dataclasses
 import os
 
 import torch
@@ -108,6 +109,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         self.pool, self.budget = self.store.pool, self.store.budget  # what memory pressure and stats read
         self.last_folder_transfer = None  # what the last checkpoint save or load of the folder did
         self.last_zero_file_save = None  # what the last ZeRO file with shared blocks cost (io/cloned_save.py)
+        self.checkpoint_totals = CheckpointTotals()  # every save and load of this swapper's, in its stats
         # The optimizer's tensors are used in the same order every step. log_timers() ends each step; the first
         # call ends initialisation, the second the first training step, in which Adam creates its moments (stored
         # new: a different sequence, never repeated). The second training step is the first that repeats: it
@@ -403,6 +405,8 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         stats.update(optimizer_cache_budget_bytes=self.budget.total_bytes,
                      optimizer_nvme_read_bytes=counters.read_bytes, optimizer_nvme_write_bytes=counters.write_bytes,
                      stock_optimizer_pinned_bytes_estimate=self.stock_pinned_bytes_estimate())
+        stats.update({f"optimizer_checkpoint_{key}": value
+                      for key, value in dataclasses.asdict(self.checkpoint_totals).items()})
         return stats
 
     def stock_pinned_bytes_estimate(self) -> int:
@@ -489,6 +493,36 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             for path in paths:
                 self.store.release(path)
         self._read_ahead = {}
+
+
+@dataclasses.dataclass
+class CheckpointTotals:
+    """What this swapper's checkpoint saves and loads did, in all (integrations/deepspeed/checkpoint_save.py counts
+    them; ``stats()`` reports them as ``optimizer_checkpoint_*``): swap files placed in or taken from checkpoints and
+    how many of them were linked rather than copied, the bytes those copies wrote; ZeRO files whose masters shared
+    the swap files' blocks, the bytes shared and written for them, and the ZeRO files that fell back to the usual
+    save on a file system that clones."""
+    folder_files: int = 0
+    folder_files_linked: int = 0
+    folder_bytes_written: int = 0
+    zero_files_shared: int = 0
+    zero_file_shared_bytes: int = 0
+    zero_file_written_bytes: int = 0
+    zero_files_not_shared: int = 0
+
+    def add_folder(self, transfer) -> None:
+        self.folder_files += transfer.files
+        self.folder_files_linked += transfer.linked
+        self.folder_bytes_written += transfer.bytes_written
+
+    def add_zero_file(self, done) -> None:
+        """``done``: io/cloned_save.py's SharedSave, or None where the file was saved the usual way instead."""
+        if done is None:
+            self.zero_files_not_shared += 1
+            return
+        self.zero_files_shared += 1
+        self.zero_file_shared_bytes += done.cloned_bytes
+        self.zero_file_written_bytes += done.written_bytes
 
 
 class _PoolView:
