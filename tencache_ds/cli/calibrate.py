@@ -44,6 +44,9 @@ from ..errors import TencacheConfigError
 # virtual disk 256 MiB trials wrote at up to 1.81 GB/s where 2 GiB overwrites ran at 0.96-1.30 GB/s.
 NVME_TRIAL_BYTES = 1 << 30
 NVME_TRIAL_DEADLINE_S = 2.0
+# request sizes timed beside TENSOR_REQUEST_BYTES (machine.nvme_request_factors): a small parameter partition's and
+# a large sub-group tensor's (on this VM 400 MiB requests read 1.3-1.5x faster than 64 MiB ones, 4 MiB ones slower)
+NVME_FACTOR_REQUEST_SIZES = (4 << 20, 512 << 20)
 NVME_REPEATS = 3                  # a shared virtual disk's rate changes from minute to minute (0.53 to 1.66 GB/s read)
 ADAM_ELEMENTS = 1 << 24           # 64 MiB of fp32 per tensor: larger than the CPU's caches, as a sub-group is
 ADAM_REPEATS = 5
@@ -127,6 +130,7 @@ def machine_from_calibration(measured: Dict[str, Any]):
         nvme_read_bytes_per_s_per_drive=nvme["read_bytes_per_s"],
         nvme_write_bytes_per_s_per_drive=nvme["write_bytes_per_s"], drives=1,
         nvme_mixed_bytes_per_s_per_drive=nvme.get("mixed_bytes_per_s"),
+        nvme_request_factors=tuple(map(tuple, nvme["request_factors"])) if nvme.get("request_factors") else None,
         cpu_adam_elements_per_s=adam["elements_per_s"], host_copy_bytes_per_s=copy["bytes_per_s"],
         host_fresh_write_bytes_per_s=copy.get("fresh_write_bytes_per_s"),
         zero3_module_call_s=measured["zero3_calls"]["call_s"] if "zero3_calls" in measured else 0.0,
@@ -137,6 +141,8 @@ def machine_from_calibration(measured: Dict[str, Any]):
             "nvme_read_bytes_per_s_per_drive": f"{where}: {nvme['method']}",
             "nvme_write_bytes_per_s_per_drive": f"{where}: same run, writes",
             "nvme_mixed_bytes_per_s_per_drive": f"{where}: same run, reads and writes at once, both counted",
+            "nvme_request_factors": f"{where}: same run, the fastest trial at each request size over the fastest at "
+                                    f"the rate figures' size",
             "cpu_adam_elements_per_s": f"{where}: {adam['method']}",
             "host_copy_bytes_per_s": f"{where}: {copy['method']}",
             "host_fresh_write_bytes_per_s": f"{where}: {copy['fresh_method']}" if "fresh_method" in copy
@@ -202,15 +208,30 @@ def _rss_bytes() -> Optional[int]:
 
 
 def measure_nvme(folder: str, io_threads: int) -> Dict[str, Any]:
-    """The drive under ``folder`` as the stores use it (io/drive_rate.py: tencache's engine, tensor-sized requests,
-    ``io_threads`` in flight as one store keeps them, a file overwritten as they overwrite theirs), in trials of
-    ``NVME_TRIAL_BYTES``."""
-    from ..io.drive_rate import TENSOR_REQUEST_BYTES, measure_drive
-    rate = measure_drive(folder, request_sizes=(TENSOR_REQUEST_BYTES,), thread_counts=(io_threads,),
-                         trial_bytes=NVME_TRIAL_BYTES, deadline_s=NVME_TRIAL_DEADLINE_S, repeats=NVME_REPEATS)
-    return {"method": f"{rate.method}; trials of {NVME_TRIAL_BYTES >> 20} MiB, the fastest of {NVME_REPEATS}",
-            "path": folder, "read_bytes_per_s": rate.read_bytes_per_s, "write_bytes_per_s": rate.write_bytes_per_s,
-            "mixed_bytes_per_s": rate.both_read_bytes_per_s + rate.both_write_bytes_per_s}
+    """The drive under ``folder`` as the stores use it (io/drive_rate.py: tencache's engine, ``io_threads`` requests
+    in flight as one store keeps them, a file overwritten as they overwrite theirs), in trials of
+    ``NVME_TRIAL_BYTES``: the rates at tensor-sized requests (``TENSOR_REQUEST_BYTES``), and relative to them the
+    rates at ``NVME_FACTOR_REQUEST_SIZES``, the sizes timed in turn within each repeat (a drive that drifts from
+    minute to minute drifts for all of them alike)."""
+    from ..io.drive_rate import READ, TENSOR_REQUEST_BYTES, WRITE, measure_drive
+    sizes = tuple(sorted({TENSOR_REQUEST_BYTES, *NVME_FACTOR_REQUEST_SIZES}))
+    rate = measure_drive(folder, request_sizes=sizes, thread_counts=(io_threads,), trial_bytes=NVME_TRIAL_BYTES,
+                         deadline_s=NVME_TRIAL_DEADLINE_S, repeats=NVME_REPEATS)
+    fastest = {(trial.mode, trial.request_bytes): 0.0 for trial in rate.trials}
+    for trial in rate.trials:
+        if trial.seconds > 0:
+            key = (trial.mode, trial.request_bytes)
+            fastest[key] = max(fastest[key], trial.bytes_per_s)
+    reference = {mode: fastest[(mode, TENSOR_REQUEST_BYTES)] for mode in (READ, WRITE)}
+    tensor_trials = [trial for trial in rate.trials if trial.request_bytes == TENSOR_REQUEST_BYTES]
+    both = max((trial for trial in tensor_trials if trial.read_bytes and trial.write_bytes and trial.seconds > 0),
+               key=lambda trial: trial.bytes_per_s)
+    return {"method": f"{rate.method}; trials of {NVME_TRIAL_BYTES >> 20} MiB, the fastest of {NVME_REPEATS}; the "
+                      f"rates at {TENSOR_REQUEST_BYTES >> 20} MiB requests, the others relative to them",
+            "path": folder, "read_bytes_per_s": reference[READ], "write_bytes_per_s": reference[WRITE],
+            "mixed_bytes_per_s": both.bytes_per_s,
+            "request_factors": [[size, fastest[(READ, size)] / reference[READ],
+                                 fastest[(WRITE, size)] / reference[WRITE]] for size in sizes]}
 
 
 def measure_cpu_adam(torch, elements: int = ADAM_ELEMENTS) -> Dict[str, Any]:

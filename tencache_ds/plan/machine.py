@@ -17,7 +17,8 @@ optimizer share the same cores, and there is no H2D copy.
 """
 import dataclasses
 import json
-from typing import Any, Dict, Mapping, Optional
+import math
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 from ..errors import TencacheConfigError
 
@@ -50,6 +51,12 @@ class Machine:
     # each at its own rate (a datasheet's sequential figures). At most the harmonic mean of the two rates, they share
     # one queue (step_model/timeline.py).
     nvme_mixed_bytes_per_s_per_drive: Optional[float] = None
+    # The drive's read and write rates at other request sizes, relative to the figures above: ((request bytes, read
+    # factor, write factor), ...) by increasing size, 1.0 at the size those figures were measured at. A request of
+    # a size in between is priced between its neighbours (by the logarithm of its size), one outside at the nearest.
+    # Measured with tencache's engine (`--machine this`): on this VM 400 MiB requests read about 1.4x faster than
+    # 64 MiB ones. None: one rate for every size (a datasheet's sequential figures).
+    nvme_request_factors: Optional[Tuple[Tuple[int, float, float], ...]] = None
     host_copy_bytes_per_s: float = 1.0e10
     # Writing host memory the process has not touched yet (each page faulted in first). Only a host accelerator pays
     # it per step (step_model/costs.py, backward_host_memory_s); None leaves that term out (GPU boxes).
@@ -98,6 +105,21 @@ class Machine:
             return None
         return self.nvme_mixed_bytes_per_s_per_drive * self.drives / self.ranks_per_node
 
+    def nvme_request_factor(self, direction: str, request_bytes: int) -> float:
+        """How much faster (above 1) or slower a request of ``request_bytes`` moves than the rate figures say, for
+        ``direction`` "read" or "write" (``nvme_request_factors``; 1 without them)."""
+        table = self.nvme_request_factors
+        if not table or request_bytes <= 0:
+            return 1.0
+        column = 1 if direction == "read" else 2
+        if request_bytes <= table[0][0]:
+            return table[0][column]
+        for low, high in zip(table, table[1:]):
+            if request_bytes <= high[0]:
+                share = math.log(request_bytes / low[0]) / math.log(high[0] / low[0])
+                return low[column] + share * (high[column] - low[column])
+        return table[-1][column]
+
     @property
     def cpu_adam_elements_per_s_per_rank(self) -> float:
         """The node's cores run every rank's CPU Adam at once."""
@@ -144,8 +166,10 @@ def _checked_values(data: Mapping[str, Any], source: str) -> Dict[str, Any]:
             if not isinstance(value, bool):
                 raise MachineFileError(f"{source}: key \"{key}\" must be true or false, got {value!r}")
         elif value is None and key in ("drive_tbw_bytes", "host_available_bytes", "host_fresh_write_bytes_per_s",
-                                       "nvme_mixed_bytes_per_s_per_drive"):
+                                       "nvme_mixed_bytes_per_s_per_drive", "nvme_request_factors"):
             continue
+        elif key == "nvme_request_factors":
+            values[key] = _checked_request_factors(value, source)
         else:
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise MachineFileError(f"{source}: key \"{key}\" must be a number, got {value!r}")
@@ -154,6 +178,24 @@ def _checked_values(data: Mapping[str, Any], source: str) -> Dict[str, Any]:
             if key in _INTEGERS:
                 values[key] = int(value)
     return values
+
+
+def _checked_request_factors(value: Any, source: str) -> Tuple[Tuple[int, float, float], ...]:
+    """``nvme_request_factors`` as a tuple of (request bytes, read factor, write factor): at least two rows, sizes
+    increasing, every number positive."""
+    explain = (f"{source}: key \"nvme_request_factors\" must list at least two [request bytes, read factor, write "
+               f"factor] rows by increasing size, every number positive, got {value!r}")
+    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)) or len(value) < 2:
+        raise MachineFileError(explain)
+    rows = []
+    for row in value:
+        if isinstance(row, (str, bytes)) or not isinstance(row, (list, tuple)) or len(row) != 3 or any(
+                isinstance(number, bool) or not isinstance(number, (int, float)) or number <= 0 for number in row):
+            raise MachineFileError(explain)
+        rows.append((int(row[0]), float(row[1]), float(row[2])))
+    if any(later[0] <= earlier[0] for earlier, later in zip(rows, rows[1:])):
+        raise MachineFileError(explain)
+    return tuple(rows)
 
 
 def machine_from_dict(data: Mapping[str, Any], source: str = "machine") -> Machine:

@@ -8,7 +8,8 @@ What is taken from the profile:
   the "optimizer" section's own waits (reads of optimizer state the update waited for) and less the model's CPU
   Adam time, it is the forward and backward, which sets the FLOP rate;
 - NVMe reads: bytes over summed read durations, all sections pooled (the profile's own measure: with two reads in
-  flight each one's duration includes its wait behind the other, so this is per request, not the drive's total).
+  flight each one's duration includes its wait behind the other, so this is per request, not the drive's total);
+  measured at the run's own request sizes, so the machine's read factors by request size are dropped (1.0).
 The access sequence stays synthesised; the profile's partition sizes must match it (else it describes another
 model or config and is refused).
 """
@@ -56,6 +57,9 @@ def machine_from_profile(machine: Machine, workload: Workload, sections: Dict[st
         per_rank = read_bytes / read_s
         changes["nvme_read_bytes_per_s_per_drive"] = per_rank * machine.ranks_per_node / machine.drives
         notes.append(f"NVMe read {per_rank / 1e9:.2f} GB/s per rank")
+        if machine.nvme_request_factors:  # that rate is the run's own requests' already: no factor on top of it
+            changes["nvme_request_factors"] = tuple((size, 1.0, write)
+                                                    for size, _read, write in machine.nvme_request_factors)
     if not notes:
         notes.append("nothing measured that the machine's figures lack")
     sources = dict(machine.sources)

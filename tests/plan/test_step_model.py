@@ -406,6 +406,38 @@ def test_a_drive_that_does_not_add_reads_and_writes_shares_them():
         this_vm(nvme_mixed_bytes_per_s_per_drive=0)
 
 
+def test_a_request_is_priced_at_the_drives_rate_for_its_size():
+    """nvme_request_factors (measured by `--machine this`: tencache's engine at 4, 64 and 512 MiB requests): exact
+    at a measured size, between two by the logarithm of the size, the nearest outside; 1 without a table. The step
+    model prices each request at its own size: stock's optimizer state (three tensors of a sub-group in one issue)
+    at a tensor's size, not three."""
+    table = ((4 * MIB, 0.5, 0.8), (64 * MIB, 1.0, 1.0), (1024 * MIB, 2.0, 1.5))
+    machine = this_vm(nvme_request_factors=table)
+    assert machine.nvme_request_factor("read", 64 * MIB) == 1.0
+    assert machine.nvme_request_factor("read", 256 * MIB) == pytest.approx(1.5)  # half way up in log2: 6 to 10 -> 8
+    assert machine.nvme_request_factor("write", 16 * MIB) == pytest.approx(0.9)
+    assert machine.nvme_request_factor("read", 1 * MIB) == 0.5 and machine.nvme_request_factor("write", 8 * GIB) == 1.5
+    assert this_vm().nvme_request_factor("read", 1 * MIB) == 1.0
+    assert machine_from_dict(machine.to_json()).nvme_request_factors == table  # a saved file reads back the same
+    # a timeline prices each request by its size: one 1 GiB request at twice the rate, 1 GiB in 4 MiB ones at half
+    rates = {"nvme_read": 1e9, "nvme_write": 1e9, "h2d": 1e12}
+    assert Timeline(rates, None, machine.nvme_request_factor).issue("nvme_read", GIB) == pytest.approx(GIB / 2e9)
+    assert Timeline(rates, None, machine.nvme_request_factor).issue("nvme_read", GIB, request_bytes=4 * MIB) == \
+        pytest.approx(GIB / 0.5e9)
+    # stock streaming gpt2-small (one 0.5 GB sub-group): a drive twice as fast at every size halves its NVMe time
+    work = workload("gpt2-small", config=ds_config())
+    flat, doubled = this_vm(), this_vm(nvme_request_factors=((MIB, 2.0, 2.0), (GIB, 2.0, 2.0)))
+    parts_flat = predict(work, flat)[STOCK].critical_path_s
+    parts_doubled = predict(work, doubled)[STOCK].critical_path_s
+    io = ("nvme_read", "nvme_write")
+    assert sum(parts_doubled[part] for part in io) < 0.6 * sum(parts_flat[part] for part in io)
+    assert parts_doubled["compute"] == pytest.approx(parts_flat["compute"])
+    # every request stock makes is at most a sub-group's tensor: a drive faster only above that size changes nothing
+    tensor = work.zero.swap_nbytes(work.sub_group_elements(0), 4)
+    above = this_vm(nvme_request_factors=((tensor, 1.0, 1.0), (3 * tensor, 3.0, 3.0)))
+    assert predict(work, above)[STOCK].step_time_s == pytest.approx(predict(work, flat)[STOCK].step_time_s)
+
+
 def test_ranks_on_a_node_share_its_drives_and_memory():
     machine = this_vm(ranks_per_node=2)
     assert machine.nvme_read_bytes_per_s_per_rank == pytest.approx(this_vm().nvme_read_bytes_per_s_per_rank / 2)
@@ -448,6 +480,9 @@ def valid_machine():
     (lambda d: d.update(accelerator_flops_per_s="fast"), r"\"accelerator_flops_per_s\" must be a number"),
     (lambda d: d.update(drives=0), r"\"drives\" must be positive"),
     (lambda d: d.update(sources=[1]), r"\"sources\" must map"),
+    (lambda d: d.update(nvme_request_factors=[[4 << 20, 1.2, 1.1]]), r"\"nvme_request_factors\" must list at least two"),
+    (lambda d: d.update(nvme_request_factors=[[64 << 20, 1, 1], [4 << 20, 1.2, 1.1]]), r"by increasing size"),
+    (lambda d: d.update(nvme_request_factors=[[4 << 20, 0, 1], [64 << 20, 1, 1]]), r"every number positive"),
 ])
 def test_a_bad_machine_file_names_the_file_and_the_key(change, message):
     data = valid_machine()
@@ -500,6 +535,10 @@ def test_a_profile_of_this_model_sets_compute_and_read_bandwidth(tmp_path):
     read_bytes = sections["params"].step.read_bytes
     assert machine.nvme_read_bytes_per_s_per_rank == pytest.approx(read_bytes / (0.01 * len(sections["params"].step)))
     assert "profile p.json" in machine.sources["accelerator_flops_per_s"] and len(notes) == 2
+    # a machine measured by request size: the profile's read rate is its own requests', so no read factor on top
+    by_size = this_vm(nvme_request_factors=((4 * MIB, 0.5, 0.8), (512 * MIB, 1.5, 1.2)))
+    machine, _notes = machine_from_profile(by_size, work, sections, source="profile p.json")
+    assert machine.nvme_request_factors == ((4 * MIB, 1.0, 0.8), (512 * MIB, 1.0, 1.2))
 
 
 def test_a_profile_of_another_model_is_refused(tmp_path):

@@ -74,8 +74,9 @@ def _stock_optimizer(workload: Workload, timeline: Timeline, rates: Rates) -> No
         timeline.issue("nvme_write", zero.swap_nbytes(sizes[i], 4), f"g{i}")
 
     def read(i):
-        state = timeline.issue("nvme_read", zero.swap_nbytes(sizes[i], 4) * 3, f"s{i}")
-        return max(state, timeline.issue("nvme_read", zero.swap_nbytes(sizes[i], 4), f"g{i}"))
+        tensor = zero.swap_nbytes(sizes[i], 4)  # master and two moments: three requests of a sub-group's tensor
+        state = timeline.issue("nvme_read", tensor * 3, f"s{i}", request_bytes=tensor)
+        return max(state, timeline.issue("nvme_read", tensor, f"g{i}"))
 
     pending_writes: List[float] = []
     ahead = read(0) if zero.pipelined_optimizer else None
@@ -85,13 +86,16 @@ def _stock_optimizer(workload: Workload, timeline: Timeline, rates: Rates) -> No
         if zero.pipelined_optimizer and i + 1 in sizes:
             ahead = read(i + 1)
         timeline.work(optimizer_cpu_s(workload, sizes[i], rates), "cpu_adam")
-        written = timeline.issue("nvme_write", zero.swap_nbytes(sizes[i], 4) * 3, f"s{i}")
+        tensor = zero.swap_nbytes(sizes[i], 4)
+        written = timeline.issue("nvme_write", tensor * 3, f"s{i}", request_bytes=tensor)
         if zero.pipelined_optimizer:
             pending_writes.append(written)
         else:
             timeline.wait(written, "nvme_write")
-        fp16 = sum(param_bytes(workload, key) for key in workload.sub_groups[i] if workload.partitions[key].on_nvme)
-        timeline.wait(timeline.issue("nvme_write", fp16), "nvme_write")  # swap_out_partitioned_params: synchronous
+        swapped = [param_bytes(workload, key) for key in workload.sub_groups[i] if workload.partitions[key].on_nvme]
+        # swap_out_partitioned_params: synchronous, a request per partition
+        timeline.wait(timeline.issue("nvme_write", sum(swapped), request_bytes=sum(swapped) // max(1, len(swapped))),
+                      "nvme_write")
     for written in pending_writes:
         timeline.wait(written, "nvme_write")
 

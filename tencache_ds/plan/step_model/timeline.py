@@ -2,7 +2,8 @@
 rates they run at. Pure.
 
 The compute thread runs the step's work in program order; an NVMe read, an NVMe write or an H2D copy occupies its
-channel for ``bytes / bandwidth`` from when it is issued and the channel is free (a read of a tensor waits for the
+channel for ``bytes / bandwidth`` (an NVMe rate at the size of the requests that move them: the machine's
+``nvme_request_factors``) from when it is issued and the channel is free (a read of a tensor waits for the
 pending write of the same tensor). Reads and writes are separate channels, a drive serving both at once, unless the
 machine's mixed rate is at most the harmonic mean of the two: then they queue on one shared drive, and a request that
 follows one of the other direction still in the queue (reads and writes interleaved) takes ``shared_drive_scale``
@@ -14,11 +15,12 @@ step delay the next step's reads of the same tensors.
 """
 import dataclasses
 from collections import defaultdict
-from typing import Dict, Optional
+from typing import Callable, Dict, Optional
 
 from ..machine import Machine
 
 STEPS_REPLAYED = 3
+NVME_DIRECTIONS = {"nvme_read": "read", "nvme_write": "write"}
 SHARED_DRIVE = "nvme"  # the queue reads and writes share when the drive does not serve both at once
 # Stock's H2D copies come from mlock'ed, not CUDA-registered, memory: CUDA stages them through its own pinned
 # buffer. NVIDIA's "How to Optimize Data Transfers in CUDA C/C++" measures pageable at about half of pinned.
@@ -28,11 +30,15 @@ PAGEABLE_H2D_FACTOR = 0.5
 class Timeline:
     """The compute thread's clock and the channels it issues to; waits are charged to the channel waited on."""
 
-    def __init__(self, rates: Dict[str, float], shared_drive_scale: Optional[float] = None):
+    def __init__(self, rates: Dict[str, float], shared_drive_scale: Optional[float] = None,
+                 nvme_request_factor: Callable[[str, int], float] = lambda direction, request_bytes: 1.0):
         """``shared_drive_scale``: None, reads and writes on separate channels; else (1 or more) the factor on the
-        time of a request that follows one of the other direction on the shared drive (``shared_drive_scale()``)."""
+        time of a request that follows one of the other direction on the shared drive (``shared_drive_scale()``).
+        ``nvme_request_factor(direction, request_bytes)``: the drive's rate at that request size over its rate
+        figure (Machine.nvme_request_factor)."""
         self.rates = rates
         self.shared_drive_scale = shared_drive_scale
+        self.nvme_request_factor = nvme_request_factor
         self.now = 0.0
         self.free = {channel: 0.0 for channel in rates}
         self.free[SHARED_DRIVE] = 0.0
@@ -45,8 +51,9 @@ class Timeline:
         self.now += seconds
         self.parts[part] += seconds
 
-    def issue(self, channel: str, nbytes: int, key: Optional[str] = None) -> float:
-        """Queue ``nbytes`` on ``channel``; returns when they are done."""
+    def issue(self, channel: str, nbytes: int, key: Optional[str] = None, request_bytes: Optional[int] = None) -> float:
+        """Queue ``nbytes`` on ``channel``; returns when they are done. ``request_bytes``: the size of each request
+        they are moved in (default: one request of ``nbytes``), which sets an NVMe channel's rate."""
         if nbytes <= 0:
             return self.now
         shared = self.shared_drive_scale is not None and channel in ("nvme_read", "nvme_write")
@@ -55,6 +62,8 @@ class Timeline:
         if channel == "nvme_read" and key is not None:
             start = max(start, self.written_at.get(key, 0.0))
         seconds = nbytes / self.rates[channel]
+        if channel in NVME_DIRECTIONS:
+            seconds /= self.nvme_request_factor(NVME_DIRECTIONS[channel], request_bytes or nbytes)
         if shared:
             # Interleaved with the other direction (the request before it is of that direction and still queued):
             # the drive's mixed rate. A run of one direction, or a request to an idle drive, goes at its own rate.
@@ -82,9 +91,10 @@ class Rates:
     channels: Dict[str, float]
     shared_drive_scale: Optional[float] = None
     module_call_s: float = 0.0  # ZeRO-3's hooks per submodule use (plan/machine.py, zero3_module_call_s)
+    nvme_request_factor: Callable[[str, int], float] = lambda direction, request_bytes: 1.0
 
     def timeline(self) -> "Timeline":
-        return Timeline(self.channels, self.shared_drive_scale)
+        return Timeline(self.channels, self.shared_drive_scale, self.nvme_request_factor)
 
 
 def shared_drive_scale(read: float, write: float, mixed: Optional[float]) -> Optional[float]:
@@ -106,4 +116,4 @@ def channel_rates(machine: Machine, pinned_h2d: bool) -> Rates:
     return Rates(machine.accelerator_flops_per_s, machine.cpu_adam_elements_per_s_per_rank,
                  machine.host_copy_bytes_per_s_per_rank, {"nvme_read": read, "nvme_write": write, "h2d": h2d},
                  shared_drive_scale(read, write, machine.nvme_mixed_bytes_per_s_per_rank),
-                 machine.zero3_module_call_s)
+                 machine.zero3_module_call_s, machine.nvme_request_factor)
