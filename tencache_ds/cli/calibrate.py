@@ -45,8 +45,11 @@ from ..errors import TencacheConfigError
 NVME_TRIAL_BYTES = 1 << 30
 NVME_TRIAL_DEADLINE_S = 2.0
 # request sizes timed beside TENSOR_REQUEST_BYTES (machine.nvme_request_factors): a small parameter partition's and
-# a large sub-group tensor's (on this VM 400 MiB requests read 1.3-1.5x faster than 64 MiB ones, 4 MiB ones slower)
+# a large sub-group tensor's (on this VM 400-512 MiB requests moved 1.3-1.6x the bytes per second of 64 MiB ones,
+# and 4 MiB ones 1.1-1.5x: not a curve, a table). The large size is cut to what NVME_PROBE_BUFFER_BYTES allows for
+# the requests in flight (buffers of the request's size each).
 NVME_FACTOR_REQUEST_SIZES = (4 << 20, 512 << 20)
+NVME_PROBE_BUFFER_BYTES = 1 << 30
 NVME_REPEATS = 3                  # a shared virtual disk's rate changes from minute to minute (0.53 to 1.66 GB/s read)
 ADAM_ELEMENTS = 1 << 24           # 64 MiB of fp32 per tensor: larger than the CPU's caches, as a sub-group is
 ADAM_REPEATS = 5
@@ -61,7 +64,7 @@ MODEL_PROBE_BUDGET_S = 75.0
 COPY_BYTES = 256 << 20
 CALIBRATION_VOCAB = 1024
 COMPUTE_PROBE_WEIGHT_BYTES = 256 << 20  # several times any CPU's last-level cache: the weights come from memory
-PROBE_TIMEOUT_S = 300.0
+PROBE_TIMEOUT_S = 420.0  # the drive at three request sizes (up to ~90 s on a slow disk), two 75 s model probes
 PROBE_MARKER = "TENCACHE_CALIBRATE "
 
 
@@ -213,23 +216,25 @@ def measure_nvme(folder: str, io_threads: int) -> Dict[str, Any]:
     ``NVME_TRIAL_BYTES``: the rates at tensor-sized requests (``TENSOR_REQUEST_BYTES``), and relative to them the
     rates at ``NVME_FACTOR_REQUEST_SIZES``, the sizes timed in turn within each repeat (a drive that drifts from
     minute to minute drifts for all of them alike)."""
-    from ..io.drive_rate import READ, TENSOR_REQUEST_BYTES, WRITE, measure_drive
-    sizes = tuple(sorted({TENSOR_REQUEST_BYTES, *NVME_FACTOR_REQUEST_SIZES}))
+    from ..io.drive_rate import BOTH, READ, TENSOR_REQUEST_BYTES, WRITE, measure_drive
+    largest = NVME_PROBE_BUFFER_BYTES // io_threads
+    sizes = tuple(sorted({TENSOR_REQUEST_BYTES, *(min(size, largest) for size in NVME_FACTOR_REQUEST_SIZES)}))
     rate = measure_drive(folder, request_sizes=sizes, thread_counts=(io_threads,), trial_bytes=NVME_TRIAL_BYTES,
                          deadline_s=NVME_TRIAL_DEADLINE_S, repeats=NVME_REPEATS)
-    fastest = {(trial.mode, trial.request_bytes): 0.0 for trial in rate.trials}
+    fastest = {}
     for trial in rate.trials:
-        if trial.seconds > 0:
+        if trial.seconds > 0 and trial.bytes_per_s > 0:
             key = (trial.mode, trial.request_bytes)
-            fastest[key] = max(fastest[key], trial.bytes_per_s)
+            fastest[key] = max(fastest.get(key, 0.0), trial.bytes_per_s)
+    missing = [f"{mode} at {size >> 20} MiB" for size in sizes for mode in (READ, WRITE, BOTH)
+               if (mode, size) not in fastest]
+    if missing:
+        raise OSError(f"the drive measurement in {folder} timed no bytes for: {', '.join(missing)}")
     reference = {mode: fastest[(mode, TENSOR_REQUEST_BYTES)] for mode in (READ, WRITE)}
-    tensor_trials = [trial for trial in rate.trials if trial.request_bytes == TENSOR_REQUEST_BYTES]
-    both = max((trial for trial in tensor_trials if trial.read_bytes and trial.write_bytes and trial.seconds > 0),
-               key=lambda trial: trial.bytes_per_s)
     return {"method": f"{rate.method}; trials of {NVME_TRIAL_BYTES >> 20} MiB, the fastest of {NVME_REPEATS}; the "
                       f"rates at {TENSOR_REQUEST_BYTES >> 20} MiB requests, the others relative to them",
             "path": folder, "read_bytes_per_s": reference[READ], "write_bytes_per_s": reference[WRITE],
-            "mixed_bytes_per_s": both.bytes_per_s,
+            "mixed_bytes_per_s": fastest[(BOTH, TENSOR_REQUEST_BYTES)],
             "request_factors": [[size, fastest[(READ, size)] / reference[READ],
                                  fastest[(WRITE, size)] / reference[WRITE]] for size in sizes]}
 

@@ -18,7 +18,7 @@ storage. Its data records carry no CRC-32 (skip_data writes none; torch's reader
 ``torch.serialization.set_crc32_options(False)``; Python's ``zipfile`` reports them as bad). The file is made under
 a temporary name and renamed over ``path`` only once every storage is in it: a save that fails or stops half way
 never leaves a file whose holes would read as zeros; a process killed before the rename leaves its temporary
-file, which the next save of the same name removes. Objects are walked through their attributes only where they
+file, which the next sharing save into the same checkpoint directory (its tag or another) removes. Objects are walked through their attributes only where they
 pickle as their attributes (no ``__reduce__``, ``__reduce_ex__`` or ``__getstate__`` of their own); a tensor the
 walk cannot reach leaves a record unaccounted for, and then ``save_sharing`` returns None and the caller saves the
 usual way.
@@ -32,8 +32,9 @@ from typing import Dict, Optional
 
 import torch
 
+from ..log import logger
 from .reflink import block_size, clone_range
-from .stale_files import remove_files_of_dead_processes
+from .stale_files import pid_in_name, remove_files_of_dead_processes
 
 _LOCAL_HEADER = struct.Struct("<IHHHHHIIIHH")  # a zip local file header: 30 bytes, then the name and the extra field
 _LOCAL_HEADER_SIGNATURE = 0x04034B50
@@ -68,7 +69,7 @@ def save_sharing(obj, path: str, sources: Dict[int, str]) -> Optional[SharedSave
     folder = os.path.dirname(os.path.abspath(path))
     block = block_size(folder)
     temporary = os.path.join(folder, _temporary_name(os.path.basename(path), os.getpid()))
-    remove_files_of_dead_processes(folder, lambda name: _pid_of_temporary(name, os.path.basename(path)))
+    _remove_temporaries_of_killed_saves(folder)
     try:
         config = serialization_config.save
         alignment = config.storage_alignment
@@ -106,14 +107,35 @@ def _temporary_name(name: str, pid: int) -> str:
     return f".{name}.{pid}{TEMPORARY_SUFFIX}"
 
 
-def _pid_of_temporary(candidate: str, name: str) -> Optional[int]:
-    """The process whose save of ``name`` made ``candidate``, or None if it is no such file. A save killed before
-    its rename leaves it; the next save of the same name removes it once that process is gone."""
-    prefix = f".{name}."
-    if not (candidate.startswith(prefix) and candidate.endswith(TEMPORARY_SUFFIX)):
+def _pid_of_temporary(candidate: str) -> Optional[int]:
+    """The process whose save made ``candidate`` (``_temporary_name``: ``.<name>.<pid>.sharing``), or None if it is
+    no such file."""
+    if not (candidate.startswith(".") and candidate.endswith(TEMPORARY_SUFFIX)):
         return None
-    pid = candidate[len(prefix):-len(TEMPORARY_SUFFIX)]
-    return int(pid) if pid.isdigit() else None
+    name_part, _dot, pid_text = candidate[:-len(TEMPORARY_SUFFIX)].rpartition(".")
+    return pid_in_name(pid_text, "") if len(name_part) > 1 else None
+
+
+def _remove_temporaries_of_killed_saves(folder: str) -> None:
+    """A save killed before its rename leaves its temporary file, whose shared blocks keep old masters on the drive:
+    remove those of processes that are gone, in ``folder`` (the tag's) and in the folders beside it (the other tags
+    of the same checkpoint directory, which later saves may never write again). Best effort: a folder that cannot
+    be read or a file that cannot be removed is logged and left."""
+    parent = os.path.dirname(folder)
+    folders = [folder] + sorted(os.path.join(parent, name) for name in _listdir(parent)
+                                if os.path.join(parent, name) != folder and os.path.isdir(os.path.join(parent, name)))
+    for each in folders:
+        try:
+            remove_files_of_dead_processes(each, _pid_of_temporary)
+        except OSError as err:
+            logger.info("temporary files of killed checkpoint saves left in %s: %s", each, err)
+
+
+def _listdir(folder: str) -> list:
+    try:
+        return os.listdir(folder)
+    except OSError:
+        return []
 
 
 def _storages_by_offset(saved, loaded) -> Optional[dict]:

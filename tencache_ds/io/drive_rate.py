@@ -20,7 +20,7 @@ import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .direct_io import store_io_threads
-from .stale_files import remove_files_of_dead_processes
+from .stale_files import pid_in_name, remove_files_of_dead_processes
 
 READ, WRITE, BOTH = "read", "write", "read+write"
 PARTITION_REQUEST_BYTES = 4 << 20   # a parameter partition
@@ -123,8 +123,8 @@ def measure_drive(folder: str, request_sizes: Sequence[int] = REQUEST_SIZES,
     trials: List[Trial] = []
     alignment = None
     for request_bytes in [size for _repeat in range(repeats) for size in request_sizes]:
-        requests = max(1, trial_bytes // request_bytes)
         for threads in thread_counts:
+            requests = max(threads, trial_bytes // request_bytes)  # every thread busy, whatever the request size
             io = DirectFileIO(num_threads=threads, name="tencache-drive-rate")
             buffers = [aligned_buffer(torch, request_bytes) for _ in range(threads)]
             for index, buffer in enumerate(buffers):
@@ -161,9 +161,9 @@ def measure_drive(folder: str, request_sizes: Sequence[int] = REQUEST_SIZES,
 def remove_stale_trial_files(folder: str) -> List[str]:
     """Remove trial files that a measurement killed before its cleanup left in ``folder`` (a calibration stopped by
     its timeout leaves up to 2 GiB): those whose process is gone. Returns the paths removed."""
-    def pid_of(name: str) -> Optional[int]:
-        pid = name[len(TRIAL_FILE_PREFIX):].split("-", 1)[0] if name.startswith(TRIAL_FILE_PREFIX) else ""
-        return int(pid) if pid.isdigit() else None
+    def pid_of(name: str) -> Optional[int]:  # <prefix><pid>-<file>.bin
+        head = TRIAL_FILE_PREFIX + name[len(TRIAL_FILE_PREFIX):].split("-", 1)[0]
+        return pid_in_name(head, TRIAL_FILE_PREFIX) if name.startswith(TRIAL_FILE_PREFIX) else None
 
     return remove_files_of_dead_processes(folder, pid_of)
 

@@ -1,11 +1,25 @@
-"""Files a process killed before its cleanup left behind. Owns: telling whether the process a file name names is
-gone, and removing such files. Does not own: how each writer names its files (io/drive_rate.py's trial files,
-io/cloned_save.py's temporary checkpoint files), which it is told.
+"""Files a process killed before its cleanup left behind. Owns: reading the process id a file name carries, telling
+whether that process is gone, and removing such files. Does not own: how each writer names its files
+(io/drive_rate.py's trial files, io/cloned_save.py's temporary checkpoint files), which it is told.
 
 Plain module: imports nothing of torch or DeepSpeed.
 """
 import os
 from typing import Callable, List, Optional
+
+MAX_PID = 1 << 22  # Linux's pid_max cannot exceed 2^22; anything larger in a name is not a process id
+
+
+def pid_in_name(name: str, prefix: str, suffix: str = "") -> Optional[int]:
+    """The process id between ``prefix`` and ``suffix`` in ``name``, or None when ``name`` is not such a file or
+    what stands there is no process id (ASCII digits, 1 to ``MAX_PID``)."""
+    if not (name.startswith(prefix) and name.endswith(suffix)) or len(name) < len(prefix) + len(suffix):
+        return None
+    text = name[len(prefix):len(name) - len(suffix)]
+    if not (text.isascii() and text.isdigit()):
+        return None
+    pid = int(text)
+    return pid if 0 < pid <= MAX_PID else None
 
 
 def process_alive(pid: int) -> bool:

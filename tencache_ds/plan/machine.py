@@ -75,9 +75,12 @@ class Machine:
     sources: Dict[str, str] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
-        # The same checks as a file's, for a Machine built in code: a zero rate would divide by zero in the model.
-        _checked_values({field.name: getattr(self, field.name) for field in dataclasses.fields(self)},
-                        f"Machine({self.name!r})")
+        # The same checks as a file's, for a Machine built in code (a zero rate would divide by zero in the model),
+        # and the same normal form (ints, tuples), so that a machine equals itself read back from its file.
+        checked = _checked_values({field.name: getattr(self, field.name) for field in dataclasses.fields(self)},
+                                  f"Machine({self.name!r})")
+        for key, value in checked.items():
+            object.__setattr__(self, key, value)
 
     # ---------------------------------------------------------------------------------- one rank's share
     @property
@@ -145,7 +148,7 @@ _REQUIRED = ("name", "accelerator_memory_bytes", "accelerator_flops_per_s", "h2d
 _POSITIVE = {"accelerator_flops_per_s", "h2d_bytes_per_s", "host_memory_bytes", "nvme_read_bytes_per_s_per_drive",
              "nvme_write_bytes_per_s_per_drive", "drives", "cpu_adam_elements_per_s", "host_copy_bytes_per_s",
              "host_fresh_write_bytes_per_s", "nvme_mixed_bytes_per_s_per_drive", "ranks_per_node", "nodes",
-             "drive_tbw_bytes", "host_available_bytes", "process_baseline_bytes"}
+             "drive_tbw_bytes", "process_baseline_bytes"}  # host_available_bytes may be 0: a full cgroup
 _INTEGERS = {"accelerator_memory_bytes", "host_memory_bytes", "drives", "ranks_per_node", "nodes",
              "host_available_bytes", "process_baseline_bytes"}
 
@@ -183,18 +186,22 @@ def _checked_values(data: Mapping[str, Any], source: str) -> Dict[str, Any]:
 def _checked_request_factors(value: Any, source: str) -> Tuple[Tuple[int, float, float], ...]:
     """``nvme_request_factors`` as a tuple of (request bytes, read factor, write factor): at least two rows, sizes
     increasing, every number positive."""
-    explain = (f"{source}: key \"nvme_request_factors\" must list at least two [request bytes, read factor, write "
-               f"factor] rows by increasing size, every number positive, got {value!r}")
-    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)) or len(value) < 2:
-        raise MachineFileError(explain)
+    def refuse(why: str):
+        raise MachineFileError(f"{source}: key \"nvme_request_factors\": {why}; it lists at least two [request bytes, "
+                               f"read factor, write factor] rows by increasing size, every number positive")
+
+    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
+        refuse(f"got {value!r}")
+    if len(value) < 2:
+        refuse(f"{len(value)} row{'s' if len(value) != 1 else ''}")
     rows = []
     for row in value:
         if isinstance(row, (str, bytes)) or not isinstance(row, (list, tuple)) or len(row) != 3 or any(
                 isinstance(number, bool) or not isinstance(number, (int, float)) or number <= 0 for number in row):
-            raise MachineFileError(explain)
+            refuse(f"row {row!r} is not three positive numbers")
         rows.append((int(row[0]), float(row[1]), float(row[2])))
     if any(later[0] <= earlier[0] for earlier, later in zip(rows, rows[1:])):
-        raise MachineFileError(explain)
+        refuse(f"sizes not increasing: {[row[0] for row in rows]}")
     return tuple(rows)
 
 

@@ -9,7 +9,8 @@ What is taken from the profile:
   Adam time, it is the forward and backward, which sets the FLOP rate;
 - NVMe reads: bytes over summed read durations, all sections pooled (the profile's own measure: with two reads in
   flight each one's duration includes its wait behind the other, so this is per request, not the drive's total);
-  measured at the run's own request sizes, so the machine's read factors by request size are dropped (1.0).
+  measured at the run's own request sizes, so the machine's read factors by request size are rescaled to be 1 at
+  the profile's mean read.
 The access sequence stays synthesised; the profile's partition sizes must match it (else it describes another
 model or config and is refused).
 """
@@ -57,12 +58,19 @@ def machine_from_profile(machine: Machine, workload: Workload, sections: Dict[st
         per_rank = read_bytes / read_s
         changes["nvme_read_bytes_per_s_per_drive"] = per_rank * machine.ranks_per_node / machine.drives
         notes.append(f"NVMe read {per_rank / 1e9:.2f} GB/s per rank")
-        if machine.nvme_request_factors:  # that rate is the run's own requests' already: no factor on top of it
-            changes["nvme_request_factors"] = tuple((size, 1.0, write)
-                                                    for size, _read, write in machine.nvme_request_factors)
+        if machine.nvme_request_factors:
+            # that rate is at the run's own requests' mean size: the read factors are rescaled to be 1 there
+            reads = sum(seconds is not None for section in sections.values() for seconds in section.step.read_s)
+            mean_request = read_bytes / max(1, reads)
+            at_mean = machine.nvme_request_factor("read", int(mean_request))
+            changes["nvme_request_factors"] = tuple((size, read / at_mean, write)
+                                                    for size, read, write in machine.nvme_request_factors)
     if not notes:
         notes.append("nothing measured that the machine's figures lack")
     sources = dict(machine.sources)
     for key in changes:
         sources[key] = f"{source}: measured in a training step"
+    if "nvme_request_factors" in changes:
+        sources["nvme_request_factors"] = (f"{machine.sources.get('nvme_request_factors', 'the machine file')}; the "
+                                           f"read factors rescaled to 1 at the mean read of {source}")
     return dataclasses.replace(machine, sources=sources, **changes), notes

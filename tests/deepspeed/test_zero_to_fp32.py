@@ -3,8 +3,10 @@ CPU offload's fp32 weights bit for bit, with the optimizer on CPU or on NVMe (st
 cannot be consolidated: its fp32 groups are the swapped-out placeholders; tencache's ZeRO file holds the masters,
 integrations/deepspeed/checkpoint_save.py). On a file system that clones ranges the masters in the ZeRO file share the
 swap files' blocks instead of being written, and the steps after the save leave them alone. Real engine, real files."""
+import contextlib
 import os
 import re
+import shutil
 
 import pytest
 import torch
@@ -32,6 +34,24 @@ def assert_bit_for_bit(ours, stock, name):
         assert torch.equal(ours[key].view(torch.int32), tensor.view(torch.int32)), f"{name}: {key} differs"
 
 
+def zero_files_shared(run) -> dict:
+    """{ZeRO file name: (bytes shared with the swap files, bytes written)}, from the run's log lines
+    (integrations/deepspeed/checkpoint_save.py)."""
+    found = [re.search(r"ZeRO file \S*/(\S+): (\d+) bytes shared with the swap files, (\d+) bytes written", line)
+             for line in run.output.splitlines() if "shared with the swap files" in line]
+    return {match.group(1): (int(match.group(2)), int(match.group(3))) for match in found if match}
+
+
+@contextlib.contextmanager
+def folder_on(file_system_folder, name):
+    """A folder of its own on the XFS image, removed afterwards."""
+    folder = os.path.join(file_system_folder, f"{name}-{os.getpid()}")
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def test_zero_to_fp32_of_a_tencache_checkpoint_is_stock_cpu_offloads_bit_for_bit(train, tmp_path):
     """Checkpoints saved after 1 of 2 steps: stock's with the optimizer on CPU, tencache's with it on CPU and on NVMe
     (one test: the stock run is the reference of both)."""
@@ -56,14 +76,11 @@ def test_where_the_file_system_clones_the_masters_share_the_swap_files_blocks(tr
     final fp32 weights, bit for bit."""
     stock_folder = str(tmp_path / "ckpt-stock")
     train(block=None, steps=2, save_after=1, checkpoint_dir=stock_folder, optimizer_offload_device="cpu", **FAST)
-    folder = os.path.join(reflink_folder, f"zero-to-fp32-{os.getpid()}")
-    try:
+    with folder_on(reflink_folder, "zero-to-fp32") as folder:
         run = train(block=QUARTER, steps=3, save_after=1, checkpoint_dir=os.path.join(folder, "ckpt"),
                     nvme_path=os.path.join(folder, "nvme"), optimizer_offload_device="nvme", **FAST)
-        [line] = [line for line in run.output.splitlines() if "shared with the swap files" in line]
-        shared, written = map(int, re.search(r": (\d+) bytes shared with the swap files, (\d+) bytes written",
-                                             line).groups())
-        assert shared > 10_000_000 and written < 100_000, line  # gpt2-tiny's masters, and the small tensors
+        [(shared, written)] = zero_files_shared(run).values()
+        assert shared > 10_000_000 and written < 100_000, (shared, written)  # gpt2-tiny's masters; small tensors
         stats = run.last_stats  # the same, in the swapper's stats: one ZeRO file shared, every swap file linked
         assert (stats["optimizer_checkpoint_zero_files_shared"], stats["optimizer_checkpoint_zero_files_not_shared"],
                 stats["optimizer_checkpoint_zero_file_shared_bytes"]) == (1, 0, shared), stats
@@ -74,9 +91,6 @@ def test_where_the_file_system_clones_the_masters_share_the_swap_files_blocks(tr
                         nvme_path=os.path.join(folder, "nvme-resumed"), optimizer_offload_device="nvme", **FAST)
         assert resumed.loss_bits == run.loss_bits[1:]
         assert resumed.result["weights_sha256"] == run.result["weights_sha256"]
-    finally:
-        import shutil
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def test_at_two_ranks_each_rank_shares_its_own_masters(train, tmp_path, reflink_folder):
@@ -87,20 +101,14 @@ def test_at_two_ranks_each_rank_shares_its_own_masters(train, tmp_path, reflink_
     two = dict(FAST, launcher="deepspeed", num_ranks=2)
     stock_folder = str(tmp_path / "ckpt-stock-2-ranks")
     train(block=None, steps=2, save_after=1, checkpoint_dir=stock_folder, offload_device="cpu", **two)
-    folder = os.path.join(reflink_folder, f"zero-to-fp32-2-ranks-{os.getpid()}")
-    try:
+    with folder_on(reflink_folder, "zero-to-fp32-2-ranks") as folder:
         run = train(block=QUARTER, steps=2, save_after=1, checkpoint_dir=os.path.join(folder, "ckpt"),
                     nvme_path=os.path.join(folder, "nvme"), offload_device="nvme", **two)
-        shared = [re.search(r"zero_pp_rank_(\d)_\S+: (\d+) bytes shared with the swap files, (\d+) bytes written",
-                            line).groups()
-                  for line in run.output.splitlines() if "shared with the swap files" in line]
-        assert sorted(rank for rank, _, _ in shared) == ["0", "1"], run.output[-3000:]
-        for _rank, cloned, written in shared:  # each rank's half of gpt2-tiny's masters; the small tensors written
-            assert int(cloned) > 5_000_000 and int(written) < 100_000, shared
+        shared = zero_files_shared(run)
+        assert sorted(shared) == [f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt" for rank in (0, 1)], shared
+        for cloned, written in shared.values():  # each rank's half of gpt2-tiny's masters; the small tensors written
+            assert cloned > 5_000_000 and written < 100_000, shared
         assert_bit_for_bit(consolidate(os.path.join(folder, "ckpt")), consolidate(stock_folder), "2 ranks reflinked")
-    finally:
-        import shutil
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def test_stocks_checkpoint_with_the_optimizer_on_nvme_cannot_be_consolidated(train, tmp_path):

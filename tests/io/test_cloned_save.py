@@ -131,18 +131,30 @@ def test_a_save_that_fails_half_way_leaves_the_file_it_replaces(tmp_path):
 
 
 def test_a_temporary_file_left_by_a_killed_save_is_removed_by_the_next_save(tmp_path):
-    """A save killed between its first pass and its rename leaves ``.zero.pt.<pid>.sharing`` (never a name a loader
-    opens): the next save of the same name removes it once that process is gone, and leaves a live one's alone."""
+    """A save killed between its first pass and its rename leaves ``.<name>.<pid>.sharing`` (never a name a loader
+    opens), whose shared blocks would keep old masters on the drive: the next sharing save into the same checkpoint
+    directory removes it, in its own tag's folder or another's, once that process is gone; a live process's stays,
+    and so do files that only look alike."""
     import subprocess
     import sys
     killed = subprocess.Popen([sys.executable, "-c", "pass"])
     killed.wait()
-    state, masters, sources = zero_state(str(tmp_path))
-    left = tmp_path / f".zero.pt.{killed.pid}.sharing"
-    live = tmp_path / f".zero.pt.{os.getppid()}.sharing"  # a save in progress in a process that is alive
-    other = tmp_path / f".other.pt.{killed.pid}.sharing"  # another file's: not this save's to remove
-    for path in (left, live, other):
-        path.write_bytes(b"\0" * 4096)
-    assert save_sharing(state, str(tmp_path / "zero.pt"), sources) is not None
-    assert not left.exists() and live.exists() and other.exists()
-    assert_reads_back(str(tmp_path / "zero.pt"), state, masters)
+    running = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        tag, other_tag = tmp_path / "global_step2", tmp_path / "global_step1"
+        tag.mkdir()
+        other_tag.mkdir()
+        state, masters, sources = zero_state(str(tmp_path))
+        left = tag / f".zero.pt.{killed.pid}.sharing"
+        left_in_other_tag = other_tag / f".zero_pp_rank_1_optim_states.pt.{killed.pid}.sharing"
+        live = tag / f".zero.pt.{running.pid}.sharing"  # a save in progress in another process
+        alike = [tag / f"zero.pt.{killed.pid}.sharing", tag / ".zero.pt.sharing", tag / f".{killed.pid}.sharing"]
+        for path in (left, left_in_other_tag, live, *alike):
+            path.write_bytes(b"\0" * 4096)
+        assert save_sharing(state, str(tag / "zero.pt"), sources) is not None
+        assert not left.exists() and not left_in_other_tag.exists()
+        assert live.exists() and all(path.exists() for path in alike)
+        assert_reads_back(str(tag / "zero.pt"), state, masters)
+    finally:
+        running.kill()
+        running.wait()

@@ -109,7 +109,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         self.pool, self.budget = self.store.pool, self.store.budget  # what memory pressure and stats read
         self.last_folder_transfer = None  # what the last checkpoint save or load of the folder did
         self.last_zero_file_save = None  # what the last ZeRO file with shared blocks cost (io/cloned_save.py)
-        self.checkpoint_totals = CheckpointTotals()  # every save and load of this swapper's, in its stats
+        self.checkpoint_totals = CheckpointTotals()  # what checkpoint saves and loads did, in all (in stats())
         # The optimizer's tensors are used in the same order every step. log_timers() ends each step; the first
         # call ends initialisation, the second the first training step, in which Adam creates its moments (stored
         # new: a different sequence, never repeated). The second training step is the first that repeats: it
@@ -498,10 +498,11 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
 @dataclasses.dataclass
 class CheckpointTotals:
     """What this swapper's checkpoint saves and loads did, in all (integrations/deepspeed/checkpoint_save.py counts
-    them; ``stats()`` reports them as ``optimizer_checkpoint_*``): swap files placed in or taken from checkpoints and
-    how many of them were linked rather than copied, the bytes those copies wrote; ZeRO files whose masters shared
-    the swap files' blocks, the bytes shared and written for them, and the ZeRO files that fell back to the usual
-    save on a file system that clones."""
+    them; ``stats()`` reports them as ``optimizer_checkpoint_*``): swap files placed in checkpoints (saves) or taken
+    from them (loads), how many of those were linked rather than copied, the bytes the copies wrote; and, where the
+    checkpoint and the swap folder share a file system that clones, the ZeRO files saved with their masters' blocks
+    shared (the bytes shared and written for them) and those that fell back to the usual save. A ZeRO file saved
+    where nothing clones is the engine's own save and is not counted here."""
     folder_files: int = 0
     folder_files_linked: int = 0
     folder_bytes_written: int = 0

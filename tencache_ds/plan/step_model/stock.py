@@ -92,10 +92,10 @@ def _stock_optimizer(workload: Workload, timeline: Timeline, rates: Rates) -> No
             pending_writes.append(written)
         else:
             timeline.wait(written, "nvme_write")
-        swapped = [param_bytes(workload, key) for key in workload.sub_groups[i] if workload.partitions[key].on_nvme]
-        # swap_out_partitioned_params: synchronous, a request per partition
-        timeline.wait(timeline.issue("nvme_write", sum(swapped), request_bytes=sum(swapped) // max(1, len(swapped))),
-                      "nvme_write")
+        # swap_out_partitioned_params: a request per partition, waited for together (synchronous)
+        swapped = [timeline.issue("nvme_write", param_bytes(workload, key))
+                   for key in workload.sub_groups[i] if workload.partitions[key].on_nvme]
+        timeline.wait(max(swapped, default=timeline.now), "nvme_write")
     for written in pending_writes:
         timeline.wait(written, "nvme_write")
 

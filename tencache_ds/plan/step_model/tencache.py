@@ -302,8 +302,9 @@ def _param_schedule(workload: Workload, lends, misses: Set[int], rates: Rates,
     keys = [key for _index, key in lends]
     profile = StepProfile(tuple(keys), tuple(param_bytes(workload, key) for key in keys), tuple(offsets),
                           (None,) * len(keys), (0.0,) * (len(keys) + 1), elapsed)
-    return PrefetchSchedule.from_profile(profile, rates.channels["nvme_read"], max(1, in_flight_bytes),
-                                         reads_at=misses)
+    missed = [param_bytes(workload, keys[position]) for position in misses]
+    read_rate = rates.channels["nvme_read"] * rates.nvme_request_factor("read", sum(missed) // max(1, len(missed)))
+    return PrefetchSchedule.from_profile(profile, read_rate, max(1, in_flight_bytes), reads_at=misses)
 
 
 def _tencache_optimizer(workload: Workload, timeline: Timeline, rates: Rates, plan: TencachePlan,
