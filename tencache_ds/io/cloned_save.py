@@ -18,10 +18,10 @@ storage. Its data records carry no CRC-32 (skip_data writes none; torch's reader
 ``torch.serialization.set_crc32_options(False)``; Python's ``zipfile`` reports them as bad). The file is made under
 a temporary name and renamed over ``path`` only once every storage is in it: a save that fails or stops half way
 never leaves a file whose holes would read as zeros; a process killed before the rename leaves its temporary
-file, which the next sharing save into the same checkpoint directory (its tag or another) removes. Objects are walked through their attributes only where they
-pickle as their attributes (no ``__reduce__``, ``__reduce_ex__`` or ``__getstate__`` of their own); a tensor the
-walk cannot reach leaves a record unaccounted for, and then ``save_sharing`` returns None and the caller saves the
-usual way.
+file, which the next sharing save into the same checkpoint directory (its tag or another) removes. Objects are
+walked through their attributes only where they pickle as their attributes (no ``__reduce__``, ``__reduce_ex__`` or
+``__getstate__`` of their own); a tensor the walk cannot reach leaves a record unaccounted for, and then
+``save_sharing`` returns None and the caller saves the usual way.
 """
 import os
 import struct
