@@ -216,27 +216,21 @@ def measure_nvme(folder: str, io_threads: int) -> Dict[str, Any]:
     ``NVME_TRIAL_BYTES``: the rates at tensor-sized requests (``TENSOR_REQUEST_BYTES``), and relative to them the
     rates at ``NVME_FACTOR_REQUEST_SIZES``, the sizes timed in turn within each repeat (a drive that drifts from
     minute to minute drifts for all of them alike)."""
-    from ..io.drive_rate import BOTH, READ, TENSOR_REQUEST_BYTES, WRITE, measure_drive
+    from ..io.drive_rate import TENSOR_REQUEST_BYTES, measure_drive
     largest = NVME_PROBE_BUFFER_BYTES // io_threads
     sizes = tuple(sorted({TENSOR_REQUEST_BYTES, *(min(size, largest) for size in NVME_FACTOR_REQUEST_SIZES)}))
     rate = measure_drive(folder, request_sizes=sizes, thread_counts=(io_threads,), trial_bytes=NVME_TRIAL_BYTES,
                          deadline_s=NVME_TRIAL_DEADLINE_S, repeats=NVME_REPEATS)
-    fastest = {}
-    for trial in rate.trials:
-        if trial.seconds > 0 and trial.bytes_per_s > 0:
-            key = (trial.mode, trial.request_bytes)
-            fastest[key] = max(fastest.get(key, 0.0), trial.bytes_per_s)
-    missing = [f"{mode} at {size >> 20} MiB" for size in sizes for mode in (READ, WRITE, BOTH)
-               if (mode, size) not in fastest]
-    if missing:
-        raise OSError(f"the drive measurement in {folder} timed no bytes for: {', '.join(missing)}")
-    reference = {mode: fastest[(mode, TENSOR_REQUEST_BYTES)] for mode in (READ, WRITE)}
+    by_size = {size: rate.at_request_size(size) for size in sizes}  # OSError: a size that timed no bytes
+    reference = by_size[TENSOR_REQUEST_BYTES]
     return {"method": f"{rate.method}; trials of {NVME_TRIAL_BYTES >> 20} MiB, the fastest of {NVME_REPEATS}; the "
                       f"rates at {TENSOR_REQUEST_BYTES >> 20} MiB requests, the others relative to them",
-            "path": folder, "read_bytes_per_s": reference[READ], "write_bytes_per_s": reference[WRITE],
-            "mixed_bytes_per_s": fastest[(BOTH, TENSOR_REQUEST_BYTES)],
-            "request_factors": [[size, fastest[(READ, size)] / reference[READ],
-                                 fastest[(WRITE, size)] / reference[WRITE]] for size in sizes]}
+            "path": folder, "read_bytes_per_s": reference.read_bytes_per_s,
+            "write_bytes_per_s": reference.write_bytes_per_s,
+            "mixed_bytes_per_s": reference.both_read_bytes_per_s + reference.both_write_bytes_per_s,
+            "request_factors": [[size, each.read_bytes_per_s / reference.read_bytes_per_s,
+                                 each.write_bytes_per_s / reference.write_bytes_per_s]
+                                for size, each in by_size.items()]}
 
 
 def measure_cpu_adam(torch, elements: int = ADAM_ELEMENTS) -> Dict[str, Any]:
@@ -421,7 +415,6 @@ def _probe_shape(model_config: Dict[str, Any], layers: int, vocab_size: int):
 
 def _torch_dtype(torch, dtype: str):
     return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
-
 
 
 if __name__ == "__main__":

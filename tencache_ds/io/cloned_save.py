@@ -134,7 +134,8 @@ def _remove_temporaries_of_killed_saves(folder: str) -> None:
 def _listdir(folder: str) -> list:
     try:
         return os.listdir(folder)
-    except OSError:
+    except OSError as err:
+        logger.info("temporary files of killed checkpoint saves not looked for beside %s: %s", folder, err)
         return []
 
 

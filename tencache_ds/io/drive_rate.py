@@ -95,6 +95,12 @@ class DriveRate:
         return max(read_bytes / read_rate, write_bytes / write_rate,
                    (read_bytes + write_bytes) / self.combined_bytes_per_s)
 
+    def at_request_size(self, request_bytes: int) -> "DriveRate":
+        """The same measurement's rates from its trials of ``request_bytes`` requests only. Raises OSError when
+        those moved no bytes in some mode."""
+        return _fastest([trial for trial in self.trials if trial.request_bytes == request_bytes],
+                        f"{self.method}; requests of {_mib(request_bytes)} only")
+
     def describe(self) -> str:
         return (f"read {self.read_bytes_per_s / 1e9:.2f} GB/s, write {self.write_bytes_per_s / 1e9:.2f} GB/s, both at "
                 f"once {self.combined_bytes_per_s / 1e9:.2f} GB/s")

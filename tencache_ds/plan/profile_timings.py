@@ -60,8 +60,7 @@ def machine_from_profile(machine: Machine, workload: Workload, sections: Dict[st
         notes.append(f"NVMe read {per_rank / 1e9:.2f} GB/s per rank")
         if machine.nvme_request_factors:
             # that rate is at the run's own requests' mean size: the read factors are rescaled to be 1 there
-            reads = sum(seconds is not None for section in sections.values() for seconds in section.step.read_s)
-            mean_request = read_bytes / max(1, reads)
+            mean_request = read_bytes / max(1, sum(section.step.measured_reads for section in sections.values()))
             at_mean = machine.nvme_request_factor("read", int(mean_request))
             changes["nvme_request_factors"] = tuple((size, read / at_mean, write)
                                                     for size, read, write in machine.nvme_request_factors)

@@ -72,6 +72,11 @@ class StepProfile:
         return sum(size for size, seconds in zip(self.nbytes, self.read_s) if seconds is not None)
 
     @property
+    def measured_reads(self) -> int:
+        """The accesses that read NVMe with a measured time (``read_bytes`` is their bytes)."""
+        return sum(seconds is not None for seconds in self.read_s)
+
+    @property
     def measured_read_s(self) -> float:
         return sum(seconds for seconds in self.read_s if seconds is not None)
 

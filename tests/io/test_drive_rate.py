@@ -112,3 +112,19 @@ def test_a_measurement_removes_the_files_a_killed_one_left_and_no_living_ones(tm
     assert not any(path.exists() for path in left)
     assert running.exists() and other.exists()
     assert remove_stale_trial_files(str(tmp_path)) == []
+
+
+def test_the_rates_at_one_request_size_come_from_that_sizes_trials_only():
+    """`--machine this` keeps the rates at 64 MiB as its figures and the other sizes' as factors
+    (cli/calibrate.py measure_nvme): each size's rates are its own fastest trials, and a size that moved nothing is
+    an error, not a zero factor."""
+    small, large = 4 << 20, 512 << 20
+    trials = (Trial(READ, small, 2, 100, 0, 1.0), Trial(READ, small, 2, 300, 0, 1.0), Trial(READ, large, 2, 900, 0, 1.0),
+              Trial(WRITE, small, 2, 0, 200, 1.0), Trial(WRITE, large, 2, 0, 800, 1.0),
+              Trial(BOTH, small, 2, 50, 50, 1.0), Trial(BOTH, large, 2, 400, 400, 1.0))
+    rate = DriveRate(900, 800, 400, 400, "test", trials)
+    at_small = rate.at_request_size(small)
+    assert (at_small.read_bytes_per_s, at_small.write_bytes_per_s, at_small.combined_bytes_per_s) == (300, 200, 300)
+    assert rate.at_request_size(large).read_bytes_per_s == 900
+    with pytest.raises(OSError, match="moved no bytes"):
+        rate.at_request_size(64 << 20)
