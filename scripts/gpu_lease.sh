@@ -6,15 +6,23 @@
 #   here:  bash scripts/gpu_setup.sh --prepare            # wheels and libaio into .gpu/
 #   there: bash scripts/gpu_lease.sh                      # device run, carry [".gpu"], timeout_s 600
 # Writes $OUT/gc.tgz (every log, result, metrics file and profile), plus gpu_check.md and bench.md beside it.
-# Options: --budget-s N (seconds the whole script may take, default 570), --model NAME (the bench's, gpt2-small).
+# Options: --budget-s N (seconds the whole script may take, default 570), --model NAME (the bench's, gpt2-small),
+# --parts LIST (comma-separated, in this order: probe, check, bench, ab, trace, phases; default
+# probe,check,bench,phases).
+# ab: the same-knobs bench's arms without a profiler, alternating, 16 steps each, through the launcher: tencache,
+# stock CPU offload, tencache with its device tier off (device_cache_bytes 0), then tencache and stock again.
+# trace: both arms of the same-knobs bench, alternating, twice each, through the launcher, with a torch.profiler
+# trace of two steps of each run (scripts/torch_trace.py; host and CUDA timelines, blocking runtime calls).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BUDGET=570
 MODEL=gpt2-small
+PARTS=probe,check,bench,phases
 while [ $# -gt 0 ]; do
   case "$1" in
     --budget-s) BUDGET=$2; shift ;;
     --model) MODEL=$2; shift ;;
+    --parts) PARTS=$2; shift ;;
     -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
     *) echo "gpu_lease.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -27,8 +35,10 @@ mkdir -p "$G" "$OUT"
 pack() {
   rm -rf "$G/nvme"
   cp "$G/gpu_check.md" "$G/bench-defaults/bench.md" "$OUT/" 2>/dev/null
+  [ -d "$G/trace" ] && cp -r "$G/trace" "$OUT/" && rm -f "$G"/trace/*.trace.json.gz
   tar czf "$OUT/gc.tgz" gc
 }
+has() { [[ ",$PARTS," == *",$1,"* ]]; }
 left() {  # seconds left of the budget, less $1, at least 1 (timeout 0 would mean no limit)
   local s=$((BUDGET - SECONDS - ${1:-0}))
   echo $((s < 1 ? 1 : s))
@@ -39,31 +49,76 @@ export GPU_SETUP_LOGS=$G/setup-logs
 if ! source scripts/gpu_setup.sh > "$G/setup.txt" 2>&1; then cat "$G/setup.txt"; pack; exit 1; fi
 echo "setup: $SECONDS s"
 # the host-side copies of an optimizer step, timed apart (the cast and the gradients' device-to-host copies)
-timeout -k 5 90 python3 scripts/host_copy_probe.py --json "$G/host_copy_probe.json" > "$G/host_copy_probe.txt" 2>&1
-grep -v WARN "$G/host_copy_probe.txt" | tail -14
-timeout -k 10 "$(left 200)" bash scripts/gpu_check.sh --no-bench --out "$G" > "$G/check.txt" 2>&1
-check_rc=$?
-tail -16 "$G/check.txt"
-echo "gpu_check: exit $check_rc at $SECONDS s"
-timeout -k 10 "$(left 90)" python3 -m tencache_ds.cli.main bench --model "$MODEL" \
+check_rc=0
+if has probe; then
+  timeout -k 5 90 python3 scripts/host_copy_probe.py --json "$G/host_copy_probe.json" > "$G/host_copy_probe.txt" 2>&1
+  grep -v WARN "$G/host_copy_probe.txt" | tail -14
+fi
+if has check; then
+  reserve=200; has trace && reserve=170
+  timeout -k 10 "$(left $reserve)" bash scripts/gpu_check.sh --no-bench --out "$G" > "$G/check.txt" 2>&1
+  check_rc=$?
+  tail -16 "$G/check.txt"
+  echo "gpu_check: exit $check_rc at $SECONDS s"
+fi
+has bench && timeout -k 10 "$(left 90)" python3 -m tencache_ds.cli.main bench --model "$MODEL" \
   --config configs/stock-nvme-defaults.json --compare cpu --steps 8 --warmup 2 --nvme-path "$G/nvme/bench" \
-  --out "$G/bench-defaults" > "$G/bench.log" 2>&1
-echo "bench: exit $? at $SECONDS s"
-sed -n '/^| step time/,/^| identical/p' "$G/bench-defaults/bench.md" 2>/dev/null
+  --out "$G/bench-defaults" > "$G/bench.log" 2>&1 && echo "bench: done at $SECONDS s" \
+  && sed -n '/^| step time/,/^| identical/p' "$G/bench-defaults/bench.md" 2>/dev/null
 # host time per phase of a step, both arms (scripts/step_phases.py): py-spy --native slowed a step tenfold and failed
 # on stock's frames (the second H200 lease), and cProfile misattributes waits on Python 3.12
 ARGS=(--deepspeed_config configs/stock-nvme-defaults.json --model "$MODEL" --steps 8 --micro-batch 2 --seq-len 64
       --dtype bf16 --weights-gather grouped)
-if [ "$(left)" -gt 100 ]; then
+step_medians() {  # the result file's step times, and their median after 2 warm-up steps
+  python3 -c "import json,sys,statistics as s; t=[x['time_s'] for x in json.load(open(sys.argv[1]))['steps']]; \
+print('steps', ' '.join(f'{v:.3f}' for v in t), 'median', round(s.median(t[2:]), 4))" "$1" 2>/dev/null
+}
+if has ab; then
+  mkdir -p "$G/ab"
+  for run in tencache-1 stockcpu-1 nodevice-1 tencache-2 stockcpu-2; do
+    [ "$(left 10)" -gt 45 ] || break
+    case $run in
+      tencache*) extra=(--tencache-block '{"enabled": true}') ;;
+      nodevice*) extra=(--tencache-block '{"enabled": true, "device_cache_bytes": 0}') ;;
+      stockcpu*) extra=(--tencache-block none --offload-device cpu --stage3-defaults) ;;
+    esac
+    timeout -k 10 "$(left 10)" python3 -m deepspeed.launcher.runner --num_gpus 1 scripts/train.py \
+      "${ARGS[@]}" --steps 16 --nvme-path "$G/nvme/$run" "${extra[@]}" --result-file "$G/ab/$run.result.json" \
+      > "$G/ab/$run.log" 2>&1
+    echo "ab $run: exit $? at $SECONDS s"
+    step_medians "$G/ab/$run.result.json"
+  done
+fi
+if has trace; then
+  mkdir -p "$G/trace"
+  for round in 1 2; do
+    for arm in tencache stockcpu; do
+      [ "$(left 15)" -gt 40 ] || break 2
+      if [ $arm = tencache ]; then extra=(--tencache-block '{"enabled": true}')
+      else extra=(--tencache-block none --offload-device cpu --stage3-defaults); fi
+      TORCH_TRACE_OUT=$G/trace TORCH_TRACE_LABEL=$arm-$round timeout -k 10 "$(left 15)" \
+        python3 -m deepspeed.launcher.runner --num_gpus 1 scripts/torch_trace.py scripts/train.py \
+        "${ARGS[@]}" --steps 10 --nvme-path "$G/nvme/$arm" "${extra[@]}" \
+        --result-file "$G/trace/$arm-$round.result.json" > "$G/trace/$arm-$round.log" 2>&1
+      echo "trace $arm-$round: exit $? at $SECONDS s"
+      grep -h "^\[torch_trace\]" "$G/trace/$arm-$round.log"
+      python3 -c "import json,sys,statistics as s; d=json.load(open(sys.argv[1])); t=[x['time_s'] for x in d['steps']]; \
+print('steps', ' '.join(f'{v:.3f}' for v in t), 'median unprofiled', round(s.median(t[2:6]+t[8:]), 4))" \
+        "$G/trace/$arm-$round.result.json" 2>/dev/null
+    done
+  done
+fi
+if has phases && [ "$(left)" -gt 100 ]; then
+  # through the launcher and without a GPU wait after each step, as the bench runs its arms: the H200's synchronised
+  # phases without the launcher (docs/gpu_check.md) made stock's step 0.275 s where the bench measured 0.19-0.20 s
   per_arm=$(($(left 10) / 2))
-  export STEP_PHASES_SYNC=1  # as docs/gpu_check.md's table was measured (a GPU wait after each step, both arms)
-  timeout -k 10 "$per_arm" python3 scripts/step_phases.py tencache "$G/phases-tencache.json" -- scripts/train.py \
-    "${ARGS[@]}" --nvme-path "$G/nvme/t" --tencache-block '{"enabled": true}' \
-    --result-file "$G/phases-tencache.result.json" \
-    > "$G/phases-tencache.log" 2>&1
-  timeout -k 10 "$per_arm" python3 scripts/step_phases.py stockcpu "$G/phases-stockcpu.json" -- scripts/train.py \
-    "${ARGS[@]}" --nvme-path "$G/nvme/s" --tencache-block none --offload-device cpu --stage3-defaults \
-    --result-file "$G/phases-stockcpu.result.json" > "$G/phases-stockcpu.log" 2>&1
+  for arm in tencache stockcpu; do
+    if [ $arm = tencache ]; then extra=(--tencache-block '{"enabled": true}')
+    else extra=(--tencache-block none --offload-device cpu --stage3-defaults); fi
+    timeout -k 10 "$per_arm" python3 -m deepspeed.launcher.runner --num_gpus 1 scripts/step_phases.py $arm \
+      "$G/phases-$arm.json" -- scripts/train.py "${ARGS[@]}" --nvme-path "$G/nvme/p-$arm" "${extra[@]}" \
+      --result-file "$G/phases-$arm.result.json" > "$G/phases-$arm.log" 2>&1
+  done
   grep -h "^\[phases\] [a-z]" "$G"/phases-*.log
   echo "step phases: done at $SECONDS s"
 fi

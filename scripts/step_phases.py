@@ -3,6 +3,7 @@ phases, the parameter coordinator and (when importable) tencache's swappers and 
 scripts/train.py in this process, drops the warm-up steps, and prints and writes per-step means at exit.
 
     python3 scripts/step_phases.py LABEL OUT.json -- scripts/train.py ARGS...
+    deepspeed --num_gpus 1 scripts/step_phases.py LABEL OUT.json -- scripts/train.py ARGS...   # as the bench runs
 
 It replaces sampling profilers where they failed: cProfile on Python >= 3.12 charges other threads' waits to the
 training thread, and py-spy --native slowed a gpt2-small step tenfold and could not merge stock's frames (H200,
@@ -20,10 +21,13 @@ import runpy
 import sys
 import time
 
-if len(sys.argv) < 5 or sys.argv[3] != "--":
+# the deepspeed launcher puts --local_rank=N first: dropped here (the launcher also sets LOCAL_RANK, which
+# scripts/train.py reads)
+ARGV = [a for a in sys.argv if not a.startswith(("--local_rank", "--local-rank"))]
+if len(ARGV) < 5 or ARGV[3] != "--":
     sys.exit(__doc__)
-label, out = sys.argv[1], sys.argv[2]
-script_args = sys.argv[4:]
+label, out = ARGV[1], ARGV[2]
+script_args = ARGV[4:]
 WARMUP = int(os.environ.get("STEP_PHASES_WARMUP", "2"))
 SYNC = os.environ.get("STEP_PHASES_SYNC") == "1"
 T = collections.defaultdict(float)
