@@ -129,7 +129,6 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         self.writes_behind = bool(swap_config.pipeline_write) or "pipeline_write" not in explicit
         self._lent = {}        # sub-group id -> keys of the entries lent as its tensors (and gradient)
         self._read_ahead = {}  # sub-group id -> keys whose reads were started for it (async_parameter)
-        self.backward_reads_ahead = 0  # COUNT: the second sub-group's tensors read ahead during a backward
         # gradient fragments read from stage 3's own gradient buffer at the update, not from a file
         self._gradient_fragments = GradientFragments(dtype)
         # whether stage 3 hands gradient fragments as views of its own buffer (then the tier holds no gradient
@@ -372,33 +371,16 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             self._started = True
             reporting.log_startup_stats(param_swapper.live_swappers(), self)
         if self.reads_ahead:
-            self._read_ahead_in_backward()
+            self._read_first_sub_group_ahead()
 
-    def _read_ahead_in_backward(self) -> None:
-        """The update starts with the first sub-group and reads the second while it steps the first. Read the
-        first one's state (master weights and moments; its gradient is being produced by this backward) while the
-        backward computes, and the second one's too where it fits in streaming slots that sit idle: beyond host
-        memory the update is bound by its reads and writes, and the drive is idle in the backward. No further
-        than the update's own pipeline goes (two sub-groups), and never by waiting, evicting or mapping memory:
-        a third sub-group would take the slots the update lends the first one's gradient."""
+    def _read_first_sub_group_ahead(self) -> None:
+        """The update starts with the first sub-group: read its state (master weights and moments; its gradient
+        is being produced by this backward) while the backward computes."""
         if self._drop_held_copies:  # a checkpoint was loaded: drop the copies held before first
             self._drop_copies_held_before_load()
-        sub_groups = iter(self.swap_params_info.values())
-        first, second = next(sub_groups, None), next(sub_groups, None)
+        first = next(iter(self.swap_params_info.values()), None)
         if first is not None and first.param_id not in self._lent:
             self._start_read_ahead_of(first, with_gradient=False)
-        if second is not None and second.param_id not in self._lent:
-            self._read_into_idle_slots(second)
-
-    def _read_into_idle_slots(self, swap_info) -> None:
-        """Start reading the sub-group's state tensors that are on file into buffers free right now (room the
-        budget has, else idle streaming slots); the rest are read when the update asks (``_start_read_ahead``)."""
-        started = self._read_ahead.setdefault(swap_info.param_id, [])
-        for context in swap_info.tensors:
-            path = context.swap_path
-            if path not in started and self.store.knows(path) and self.store.prefetch_if_free(path, idle_slot=True):
-                started.append(path)
-                self.backward_reads_ahead += 1
 
     def log_timers(self):
         # DeepSpeed calls this at the end of every optimizer step (stage3 _post_step), and once after building
@@ -419,7 +401,6 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         stats["optimizer_profile"] = self.profile.source
         stats["optimizer_profile_divergences"] = self.profile.divergences
         stats["optimizer_swapper_closed"] = int(self.closed)
-        stats["optimizer_backward_reads_ahead"] = self.backward_reads_ahead
         stats.update({f"optimizer_cache_{key}": value for key, value in self.store.stats().items()})
         stats.update(optimizer_cache_budget_bytes=self.budget.total_bytes,
                      optimizer_nvme_read_bytes=counters.read_bytes, optimizer_nvme_write_bytes=counters.write_bytes,
