@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# Everything a 15-minute GPU lease is for, in one device call (docs/gpu_check.md): set up, the host-copy probe
-# (scripts/host_copy_probe.py), gpu_check.sh without its bench, the same-knobs bench (tencache "auto" vs stock CPU
-# offload, DeepSpeed's default stage-3 knobs, gpt2-small), then the host time per phase of both arms' steps
-# (scripts/step_phases.py), each part bounded so that the results are packed before the call's limit.
+# Everything a 15-minute GPU lease is for, in one device call (docs/gpu_check.md): set up, then the parts asked for,
+# each bounded so that the results are packed before the call's limit: by default gpu_check.sh without its bench
+# (parity and the device tier), the host time per phase of both same-knobs arms' steps under the launcher
+# (scripts/step_phases.py), and the arms' step times side by side (ab).
 #   here:  bash scripts/gpu_setup.sh --prepare            # wheels and libaio into .gpu/
 #   there: bash scripts/gpu_lease.sh                      # device run, carry [".gpu"], timeout_s 600
 # Writes $OUT/gc.tgz (every log, result, metrics file and profile), plus gpu_check.md and bench.md beside it.
 # Options: --budget-s N (seconds the whole script may take, default 570), --model NAME (the bench's, gpt2-small),
-# --parts LIST (comma-separated, in this order: probe, check, bench, ab, trace, phases; default
-# probe,check,bench,phases).
+# --parts LIST (comma-separated, run in this order: probe, check, bench, phases, ab, trace; default check,phases,ab:
+# the probe and the bench were measured in the earlier leases, docs/gpu_check.md).
 # ab: the same-knobs bench's arms without a profiler, alternating, 16 steps each, through the launcher: tencache,
 # stock CPU offload, tencache with its device tier off (device_cache_bytes 0), then tencache and stock again.
 # trace: both arms of the same-knobs bench, alternating, twice each, through the launcher, with a torch.profiler
@@ -17,7 +17,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 BUDGET=570
 MODEL=gpt2-small
-PARTS=probe,check,bench,phases
+PARTS=check,phases,ab
 while [ $# -gt 0 ]; do
   case "$1" in
     --budget-s) BUDGET=$2; shift ;;
@@ -69,6 +69,20 @@ has bench && timeout -k 10 "$(left 90)" python3 -m tencache_ds.cli.main bench --
 # on stock's frames (the second H200 lease), and cProfile misattributes waits on Python 3.12
 ARGS=(--deepspeed_config configs/stock-nvme-defaults.json --model "$MODEL" --steps 8 --micro-batch 2 --seq-len 64
       --dtype bf16 --weights-gather grouped)
+if has phases && [ "$(left)" -gt 100 ]; then
+  # through the launcher and without a GPU wait after each step, as the bench runs its arms: the H200's synchronised
+  # phases without the launcher (docs/gpu_check.md) made stock's step 0.275 s where the bench measured 0.19-0.20 s
+  per_arm=$(($(left 10) / 2)); has ab && per_arm=60
+  for arm in tencache stockcpu; do
+    if [ $arm = tencache ]; then extra=(--tencache-block '{"enabled": true}')
+    else extra=(--tencache-block none --offload-device cpu --stage3-defaults); fi
+    timeout -k 10 "$per_arm" python3 -m deepspeed.launcher.runner --num_gpus 1 scripts/step_phases.py $arm \
+      "$G/phases-$arm.json" -- scripts/train.py "${ARGS[@]}" --nvme-path "$G/nvme/p-$arm" "${extra[@]}" \
+      --result-file "$G/phases-$arm.result.json" > "$G/phases-$arm.log" 2>&1
+  done
+  grep -h "^\[phases\] [a-z]" "$G"/phases-*.log
+  echo "step phases: done at $SECONDS s"
+fi
 step_medians() {  # the result file's step times, and their median after 2 warm-up steps
   python3 -c "import json,sys,statistics as s; t=[x['time_s'] for x in json.load(open(sys.argv[1]))['steps']]; \
 print('steps', ' '.join(f'{v:.3f}' for v in t), 'median', round(s.median(t[2:]), 4))" "$1" 2>/dev/null
@@ -107,20 +121,6 @@ print('steps', ' '.join(f'{v:.3f}' for v in t), 'median unprofiled', round(s.med
         "$G/trace/$arm-$round.result.json" 2>/dev/null
     done
   done
-fi
-if has phases && [ "$(left)" -gt 100 ]; then
-  # through the launcher and without a GPU wait after each step, as the bench runs its arms: the H200's synchronised
-  # phases without the launcher (docs/gpu_check.md) made stock's step 0.275 s where the bench measured 0.19-0.20 s
-  per_arm=$(($(left 10) / 2))
-  for arm in tencache stockcpu; do
-    if [ $arm = tencache ]; then extra=(--tencache-block '{"enabled": true}')
-    else extra=(--tencache-block none --offload-device cpu --stage3-defaults); fi
-    timeout -k 10 "$per_arm" python3 -m deepspeed.launcher.runner --num_gpus 1 scripts/step_phases.py $arm \
-      "$G/phases-$arm.json" -- scripts/train.py "${ARGS[@]}" --nvme-path "$G/nvme/p-$arm" "${extra[@]}" \
-      --result-file "$G/phases-$arm.result.json" > "$G/phases-$arm.log" 2>&1
-  done
-  grep -h "^\[phases\] [a-z]" "$G"/phases-*.log
-  echo "step phases: done at $SECONDS s"
 fi
 pack
 exit $check_rc
