@@ -23,7 +23,7 @@ while [ $# -gt 0 ]; do
     --budget-s) BUDGET=$2; shift ;;
     --model) MODEL=$2; shift ;;
     --parts) PARTS=$2; shift ;;
-    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
     *) echo "gpu_lease.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -48,9 +48,8 @@ export GPU_SETUP_LOGS=$G/setup-logs
 # shellcheck source=gpu_setup.sh
 if ! source scripts/gpu_setup.sh > "$G/setup.txt" 2>&1; then cat "$G/setup.txt"; pack; exit 1; fi
 echo "setup: $SECONDS s"
-# the host-side copies of an optimizer step, timed apart (the cast and the gradients' device-to-host copies)
 check_rc=0
-if has probe; then
+if has probe; then  # the host-side copies of an optimizer step, timed apart (the cast, the gradients' D2H copies)
   timeout -k 5 90 python3 scripts/host_copy_probe.py --json "$G/host_copy_probe.json" > "$G/host_copy_probe.txt" 2>&1
   grep -v WARN "$G/host_copy_probe.txt" | tail -14
 fi
@@ -69,15 +68,21 @@ has bench && timeout -k 10 "$(left 90)" python3 -m tencache_ds.cli.main bench --
 # on stock's frames (the second H200 lease), and cProfile misattributes waits on Python 3.12
 ARGS=(--deepspeed_config configs/stock-nvme-defaults.json --model "$MODEL" --steps 8 --micro-batch 2 --seq-len 64
       --dtype bf16 --weights-gather grouped)
+arm_args() {  # sets EXTRA: scripts/train.py's arguments for an arm named tencache*, nodevice* or stockcpu*
+  case $1 in
+    tencache*) EXTRA=(--tencache-block '{"enabled": true}') ;;
+    nodevice*) EXTRA=(--tencache-block '{"enabled": true, "device_cache_bytes": 0}') ;;
+    stockcpu*) EXTRA=(--tencache-block none --offload-device cpu --stage3-defaults) ;;
+  esac
+}
 if has phases && [ "$(left)" -gt 100 ]; then
   # through the launcher and without a GPU wait after each step, as the bench runs its arms: the H200's synchronised
   # phases without the launcher (docs/gpu_check.md) made stock's step 0.275 s where the bench measured 0.19-0.20 s
   per_arm=$(($(left 10) / 2)); has ab && per_arm=60
   for arm in tencache stockcpu; do
-    if [ $arm = tencache ]; then extra=(--tencache-block '{"enabled": true}')
-    else extra=(--tencache-block none --offload-device cpu --stage3-defaults); fi
+    arm_args $arm
     timeout -k 10 "$per_arm" python3 -m deepspeed.launcher.runner --num_gpus 1 scripts/step_phases.py $arm \
-      "$G/phases-$arm.json" -- scripts/train.py "${ARGS[@]}" --nvme-path "$G/nvme/p-$arm" "${extra[@]}" \
+      "$G/phases-$arm.json" -- scripts/train.py "${ARGS[@]}" --nvme-path "$G/nvme/p-$arm" "${EXTRA[@]}" \
       --result-file "$G/phases-$arm.result.json" > "$G/phases-$arm.log" 2>&1
   done
   grep -h "^\[phases\] [a-z]" "$G"/phases-*.log
@@ -91,13 +96,9 @@ if has ab; then
   mkdir -p "$G/ab"
   for run in tencache-1 stockcpu-1 nodevice-1 tencache-2 stockcpu-2; do
     [ "$(left 10)" -gt 45 ] || break
-    case $run in
-      tencache*) extra=(--tencache-block '{"enabled": true}') ;;
-      nodevice*) extra=(--tencache-block '{"enabled": true, "device_cache_bytes": 0}') ;;
-      stockcpu*) extra=(--tencache-block none --offload-device cpu --stage3-defaults) ;;
-    esac
+    arm_args $run
     timeout -k 10 "$(left 10)" python3 -m deepspeed.launcher.runner --num_gpus 1 scripts/train.py \
-      "${ARGS[@]}" --steps 16 --nvme-path "$G/nvme/$run" "${extra[@]}" --result-file "$G/ab/$run.result.json" \
+      "${ARGS[@]}" --steps 16 --nvme-path "$G/nvme/$run" "${EXTRA[@]}" --result-file "$G/ab/$run.result.json" \
       > "$G/ab/$run.log" 2>&1
     echo "ab $run: exit $? at $SECONDS s"
     step_medians "$G/ab/$run.result.json"
@@ -108,11 +109,10 @@ if has trace; then
   for round in 1 2; do
     for arm in tencache stockcpu; do
       [ "$(left 15)" -gt 40 ] || break 2
-      if [ $arm = tencache ]; then extra=(--tencache-block '{"enabled": true}')
-      else extra=(--tencache-block none --offload-device cpu --stage3-defaults); fi
+      arm_args $arm
       TORCH_TRACE_OUT=$G/trace TORCH_TRACE_LABEL=$arm-$round timeout -k 10 "$(left 15)" \
         python3 -m deepspeed.launcher.runner --num_gpus 1 scripts/torch_trace.py scripts/train.py \
-        "${ARGS[@]}" --steps 10 --nvme-path "$G/nvme/$arm" "${extra[@]}" \
+        "${ARGS[@]}" --steps 10 --nvme-path "$G/nvme/$arm" "${EXTRA[@]}" \
         --result-file "$G/trace/$arm-$round.result.json" > "$G/trace/$arm-$round.log" 2>&1
       echo "trace $arm-$round: exit $? at $SECONDS s"
       grep -h "^\[torch_trace\]" "$G/trace/$arm-$round.log"
