@@ -1,12 +1,13 @@
 """Stage 3's gradient reduce at one rank on the CPU accelerator, timed apart, with and without a resident ballast:
-DeepSpeed's ``reduce_scatter_coalesced`` (gloo, a world of one) over one flat fp32 tensor of the model's size and
-over the model's own parameter shapes, and writes into fresh memory (what calibrate.py's fresh-write probe times).
+DeepSpeed's ``reduce_scatter_coalesced`` (gloo, a world of one; for machines without a GPU) over one flat fp32
+tensor of the model's size and over the model's own parameter shapes, and writes into fresh memory (what
+calibrate.py's fresh-write probe times).
 
     python3 scripts/reduce_scatter_probe.py --model gpt2-medium [--ballast-gb 0 12]
 
 Why (docs/estimate.md, "gpt2-medium's compute-bound rows"): in a gpt2-medium step stage 3's gradient epilogue took
-4.7 s where the step model prices the backward's host-memory work at 1.7 s, and the same reduce ran 2-3x slower
-in a process holding 12 GB than in an empty one.
+4.7 s where the step model prices the backward's host-memory work at 1.7 s, and the same reduce ran 1.9-2.4x
+slower in a process holding 12 GB than in an empty one (give the ballasts in both orders to rule out drift).
 """
 import argparse
 import json
@@ -31,6 +32,8 @@ def main():
                    help="resident memory held (written) while timing, one round per value")
     p.add_argument("--repeats", type=int, default=4, help="per measurement; the first is dropped from the median")
     args = p.parse_args()
+    if args.repeats < 2:
+        p.error("--repeats must be at least 2 (the first of each is dropped from the median)")
     for key, value in (("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29573"), ("RANK", "0"), ("WORLD_SIZE", "1"),
                        ("LOCAL_RANK", "0")):
         os.environ.setdefault(key, value)

@@ -8,8 +8,8 @@ scripts/train.py in this process, drops the warm-up steps, and prints and writes
 It replaces sampling profilers where they failed: cProfile on Python >= 3.12 charges other threads' waits to the
 training thread, and py-spy --native slowed a gpt2-small step tenfold and could not merge stock's frames (H200,
 docs/gpu_check.md). ``STEP_PHASES_SYNC=1`` waits for the GPU at the end of each step, so that every step's device
-work is charged to it; that removes the overlap between steps, and on the H200 made stock CPU offload's step 0.275 s
-where the bench measured 0.204 s, so it is off by default. ``STEP_PHASES_WARMUP`` (default 2) steps are dropped.
+work is charged to it (on the H200 that wait took stock CPU offload 0.3 ms a step; its step there, 0.275 s without
+the launcher, against the bench's 0.19-0.20 s under it, is not explained yet); off by default. ``STEP_PHASES_WARMUP`` (default 2) steps are dropped.
 Times are the host's: a phase that waits for the GPU is charged the wait.
 """
 import atexit
@@ -104,6 +104,8 @@ def counted_step(self, *a, **k):
         STATE["threads"] = torch.get_num_threads()
         STATE["t_last"] = time.perf_counter()
         STATE["done"] = STATE["steps"] == STEPS
+        if STATE["done"]:
+            report()  # now, not only at exit: a launcher's SIGTERM on a timeout skips exit handlers
         if STATE["steps"] == WARMUP:
             T.clear()
             N.clear()
@@ -116,8 +118,9 @@ DeepSpeedEngine.step = counted_step
 @atexit.register
 def report():
     steps = STATE["steps"] - WARMUP
-    if steps <= 0:
+    if steps <= 0 or STATE.get("reported"):
         return
+    STATE["reported"] = True
     wall = STATE["t_last"] - STATE["t0"]  # the measured steps only, not what the script does after them
     rows = {k: {"ms_per_step": 1000 * v / steps, "calls_per_step": N[k] / steps} for k, v in T.items()}
     result = {"label": label, "steps": steps, "wall_ms_per_step": 1000 * wall / steps, "threads": STATE["threads"],

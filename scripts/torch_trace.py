@@ -2,11 +2,11 @@
 
     TORCH_TRACE_OUT=DIR TORCH_TRACE_LABEL=tencache deepspeed --num_gpus 1 scripts/torch_trace.py scripts/train.py ARGS
 
-Runs scripts/train.py in this process; profiles the steps from ``TORCH_TRACE_START`` (default 6, counted from 0)
-for ``TORCH_TRACE_STEPS`` (default 2), and writes into DIR: LABEL.ops.txt (the ops by host self time, by device
-self time, and the CUDA runtime calls that block, grouped by the Python stack that made them), LABEL.summary.json
-(the window's wall time per step, the device's busy time per step as the union of its kernels and copies, the host's
-time in blocking runtime calls) and LABEL.trace.json.gz (the Chrome trace). Steps outside the window run unprofiled,
+Runs scripts/train.py in this process; profiles the steps from ``TORCH_TRACE_START`` (default 6, counted from 0;
+the step before it pays for starting the profiler) for ``TORCH_TRACE_STEPS`` (default 2), and writes into DIR: LABEL.ops.txt (the ops by host self time, by device
+self time, and the CUDA runtime calls that can wait, grouped by the Python stack that made them where torch records
+one), LABEL.summary.json (the window's wall time per step, the device's busy time per step as the union of its
+kernels and copies, the host's time in runtime calls that can wait for the device) and LABEL.trace.json.gz (the Chrome trace). Steps outside the window run unprofiled,
 so the result file's step times there are the arm's own.
 
 Why: on the H200 the per-phase host times (scripts/step_phases.py) summed to 1.13x stock CPU offload's step while
@@ -28,10 +28,13 @@ OUT = os.environ.get("TORCH_TRACE_OUT", "torch-trace")
 LABEL = os.environ.get("TORCH_TRACE_LABEL", "arm")
 START = int(os.environ.get("TORCH_TRACE_START", "6"))
 COUNT = int(os.environ.get("TORCH_TRACE_STEPS", "2"))
-# runtime calls in which the host waits for the device (a pageable cudaMemcpyAsync waits too)
+# runtime calls in which the host can wait for the device: synchronisations, copies (a cudaMemcpyAsync waits when
+# either side is pageable memory), and calls that synchronise implicitly (registering, freeing)
 BLOCKING = ("cudaStreamSynchronize", "cudaEventSynchronize", "cudaDeviceSynchronize", "cudaMemcpy",
-            "cudaMemcpyAsync", "cudaStreamWaitEvent", "cudaHostRegister", "cudaHostUnregister", "cudaFree",
-            "cudaMalloc", "cudaHostAlloc", "cudaFreeHost")
+            "cudaMemcpyAsync", "cudaHostRegister", "cudaHostUnregister", "cudaFree", "cudaMalloc", "cudaHostAlloc",
+            "cudaFreeHost")
+if START < 1 or COUNT < 1:
+    sys.exit(f"torch_trace: TORCH_TRACE_START ({START}) and TORCH_TRACE_STEPS ({COUNT}) must be at least 1")
 STATE = {"steps": 0, "prof": None, "t0": None}
 
 
@@ -117,8 +120,11 @@ def traced_step(self, *a, **k):
                 torch.cuda.synchronize()
             wall = time.perf_counter() - STATE["t0"]
             prof, STATE["prof"] = STATE["prof"], None
-            prof.__exit__(None, None, None)
-            _report(prof, wall)
+            try:  # the trace is a by-product: a failure to write it must not end the training run
+                prof.__exit__(None, None, None)
+                _report(prof, wall)
+            except Exception as exc:  # pylint: disable=broad-except
+                print(f"[torch_trace] {LABEL}: no trace: {type(exc).__name__}: {exc}", flush=True)
 
 
 DeepSpeedEngine.step = traced_step
