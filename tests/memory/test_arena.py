@@ -174,7 +174,9 @@ def test_stats_track_in_use_peak_and_requested(make_arena):
 
 
 def test_threads_never_share_a_slot(make_arena):
-    # Fewer slots than 4 threads can hold, so exhaustion and class spill-over happen under contention.
+    # Fewer slots than 4 threads can hold, so exhaustion and class spill-over happen under contention; and more than
+    # one thread's share of the large class (up to 6 held, most sizes over 16 KiB), so that exhaustion happens even
+    # when the scheduler runs the threads one after another (it did, on a loaded 2-core machine: no failed alloc).
     arena = make_arena({4 * KiB: 4, 16 * KiB: 4, 64 * KiB: 4})
     live, live_lock = set(), threading.Lock()
 
@@ -182,7 +184,7 @@ def test_threads_never_share_a_slot(make_arena):
         rng = random.Random(seed)
         held = []
         for _ in range(2000):
-            if held and (len(held) >= 4 or rng.random() < 0.5):
+            if held and (len(held) >= 6 or rng.random() < 0.5):
                 slot = held.pop(rng.randrange(len(held)))
                 with live_lock:                           # leave the set before the slot can be handed out again
                     live.remove(slot.ptr)
