@@ -13,7 +13,7 @@
 # stock CPU offload, tencache with its device tier off (device_cache_bytes 0), then tencache and stock again.
 # trace: both arms of the same-knobs bench, alternating, twice each, through the launcher, with a torch.profiler
 # trace of steps 6 and 7 of each run (scripts/torch_trace.py; host and CUDA timelines, runtime calls that can wait);
-# its "median unprofiled" leaves out step 5 too, which pays for starting the profiler.
+# its median leaves out steps 5 (which pays for starting the profiler), 6 and 7.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BUDGET=570
@@ -91,9 +91,12 @@ if has phases && [ "$(left)" -gt 100 ]; then
   grep -h "^\[phases\] [a-z]" "$G"/phases-*.log
   echo "step phases: done at $SECONDS s"
 fi
-step_medians() {  # the result file's step times, and their median after 2 warm-up steps
+step_medians() {  # FILE [SKIP]: the result file's step times, and their median after 2 warm-up steps, leaving out
+                  # the steps listed in SKIP (comma-separated, counted from 0)
   python3 -c "import json,sys,statistics as s; t=[x['time_s'] for x in json.load(open(sys.argv[1]))['steps']]; \
-print('steps', ' '.join(f'{v:.3f}' for v in t), 'median', round(s.median(t[2:]), 4))" "$1" 2>/dev/null
+skip={int(i) for i in sys.argv[2].split(',') if i}; \
+print('steps', ' '.join(f'{v:.3f}' for v in t), 'median', round(s.median(v for i, v in enumerate(t) \
+if i >= 2 and i not in skip), 4))" "$1" "${2:-}" 2>/dev/null
 }
 if has ab; then
   mkdir -p "$G/ab"
@@ -119,9 +122,7 @@ if has trace; then
         --result-file "$G/trace/$arm-$round.result.json" > "$G/trace/$arm-$round.log" 2>&1
       echo "trace $arm-$round: exit $? at $SECONDS s"
       grep -h "^\[torch_trace\]" "$G/trace/$arm-$round.log"
-      python3 -c "import json,sys,statistics as s; d=json.load(open(sys.argv[1])); t=[x['time_s'] for x in d['steps']]; \
-print('steps', ' '.join(f'{v:.3f}' for v in t), 'median unprofiled', round(s.median(t[2:5]+t[8:]), 4))" \
-        "$G/trace/$arm-$round.result.json" 2>/dev/null
+      step_medians "$G/trace/$arm-$round.result.json" 5,6,7  # 5 starts the profiler, 6 and 7 are profiled
     done
   done
 fi

@@ -30,7 +30,7 @@ START = int(os.environ.get("TORCH_TRACE_START", "6"))
 COUNT = int(os.environ.get("TORCH_TRACE_STEPS", "2"))
 # runtime calls in which the host can wait for the device: synchronisations, copies (a cudaMemcpyAsync waits when
 # either side is pageable memory), and calls that synchronise implicitly (registering, freeing)
-BLOCKING = ("cudaStreamSynchronize", "cudaEventSynchronize", "cudaDeviceSynchronize", "cudaMemcpy",
+CAN_WAIT = ("cudaStreamSynchronize", "cudaEventSynchronize", "cudaDeviceSynchronize", "cudaMemcpy",
             "cudaMemcpyAsync", "cudaHostRegister", "cudaHostUnregister", "cudaFree", "cudaMalloc", "cudaHostAlloc",
             "cudaFreeHost")
 if START < 1 or COUNT < 1:
@@ -69,14 +69,14 @@ def _report(prof, wall_s):
     events = prof.events()
     device = [(e.time_range.start, e.time_range.end) for e in events
               if getattr(e, "device_type", None) is not None and "CUDA" in str(e.device_type)]
-    blocking = {}
+    waiting = {}
     for e in events:
-        if e.name in BLOCKING:
-            blocking[e.name] = blocking.get(e.name, 0.0) + e.cpu_time_total
+        if e.name in CAN_WAIT:
+            waiting[e.name] = waiting.get(e.name, 0.0) + e.cpu_time_total
     summary = {"label": LABEL, "steps": COUNT, "wall_ms_per_step": 1000 * wall_s / COUNT,
                "device_busy_ms_per_step": _union_us(device) / 1000 / COUNT,
                "device_events": len(device),
-               "blocking_calls_ms_per_step": {k: v / 1000 / COUNT for k, v in sorted(blocking.items())}}
+               "calls_that_can_wait_ms_per_step": {k: v / 1000 / COUNT for k, v in sorted(waiting.items())}}
     with open(os.path.join(OUT, f"{LABEL}.summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
     averages = prof.key_averages()
@@ -86,9 +86,9 @@ def _report(prof, wall_s):
         f.write("== by device self time\n" + _table(averages, "self_device_time_total", 30) + "\n")
         try:
             stacked = prof.key_averages(group_by_stack_n=6)
-            rows = [a for a in stacked if a.key in BLOCKING]
+            rows = [a for a in stacked if a.key in CAN_WAIT]
             rows.sort(key=lambda a: -a.cpu_time_total)
-            f.write("== blocking runtime calls by Python stack (host ms per step)\n")
+            f.write("== runtime calls that can wait for the device, by Python stack (host ms per step)\n")
             for a in rows[:25]:
                 f.write(f"{a.cpu_time_total / 1000 / COUNT:9.2f} ms x{a.count / COUNT:.0f}  {a.key}\n")
                 for frame in (a.stack or [])[:6]:
