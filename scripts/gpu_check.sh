@@ -206,7 +206,8 @@ for gas in (1, 4):
     rows = metrics(f"auto-gas{gas}")
     last = rows[-1] if rows else {}
     fetched[gas] = last.get("device_fetch_bytes")
-    lines.append(f"| device tier, auto, GAS {gas} | last step | fetch {last.get('device_fetch_bytes')} B, "
+    lines.append(f"| device tier, auto, GAS {gas} | last step | fetch {last.get('device_fetch_bytes')} B "
+                 f"in {last.get('device_gathers')} gathers, "
                  f"{last.get('device_fetch_s')} s, hit rate {last.get('device_hit_rate')}, "
                  f"held at most {last.get('device_cache_peak_bytes')} B during the step, "
                  f"{last.get('device_cache_bytes_in_use')} B at its end |")

@@ -7,10 +7,17 @@
 #   there: bash scripts/gpu_lease.sh                      # device run, carry [".gpu"], timeout_s 600
 # Writes $OUT/gc.tgz (every log, result, metrics file and profile), plus gpu_check.md and bench.md beside it.
 # Options: --budget-s N (seconds the whole script may take, default 570), --model NAME (the bench's, gpt2-small),
-# --parts LIST (comma-separated, run in this order: probe, check, bench, phases, ab, trace; default check,phases,ab:
+# --parts LIST (comma-separated, run in this order: probe, check, bench, phases/plainphases, ab, trace; default
+# check,phases,ab:
 # the probe and the bench were measured in the earlier leases, docs/gpu_check.md).
 # ab: the same-knobs bench's arms without a profiler, alternating, 16 steps each, through the launcher: tencache,
-# stock CPU offload, tencache with its device tier off (device_cache_bytes 0), then tencache and stock again.
+# stock CPU offload, tencache with its device tier off (device_cache_bytes 0), then tencache and stock again (or the
+# runs named in AB_RUNS, e.g. "stockcpu-1 tencache-1 stockcpu-2 tencache-2").
+# A baseline for A/B on the device: git archive a commit's tencache_ds into .gpu/base (here:
+#   rm -rf .gpu/base && mkdir -p .gpu/base && git archive HEAD tencache_ds | tar x -C .gpu/base &&
+#   git rev-parse HEAD > .gpu/base/COMMIT), then name basetencache-N runs in AB_RUNS.
+# phases: the arms named in PHASE_ARMS (default "tencache stockcpu"); STEP_PHASES_DETAIL=1 in the environment times every method of tencache's coordinator, parameter swapper and
+# entry store as well (scripts/step_phases.py).
 # trace: both arms of the same-knobs bench, alternating, twice each, through the launcher, with a torch.profiler
 # trace of steps 6 and 7 of each run (scripts/torch_trace.py; host and CUDA timelines, runtime calls that can wait);
 # its median leaves out steps 5 (which pays for starting the profiler), 6 and 7.
@@ -24,7 +31,7 @@ while [ $# -gt 0 ]; do
     --budget-s) BUDGET=$2; shift ;;
     --model) MODEL=$2; shift ;;
     --parts) PARTS=$2; shift ;;
-    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
     *) echo "gpu_lease.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -50,6 +57,9 @@ export GPU_SETUP_LOGS=$G/setup-logs
 # shellcheck source=gpu_setup.sh
 if ! source scripts/gpu_setup.sh > "$G/setup.txt" 2>&1; then cat "$G/setup.txt"; pack; exit 1; fi
 echo "setup: $SECONDS s"
+if [ -d .gpu/base/tencache_ds ]; then  # the baseline package for basetencache* arms gets the arena just built
+  cp tencache_ds/_tencache_arena*.so .gpu/base/tencache_ds/ && echo "base: $(cat .gpu/base/COMMIT 2>/dev/null)"
+fi
 check_rc=0
 if has probe; then  # the host-side copies of an optimizer step, timed apart (the cast, the gradients' D2H copies)
   timeout -k 5 90 python3 scripts/host_copy_probe.py --json "$G/host_copy_probe.json" > "$G/host_copy_probe.txt" 2>&1
@@ -71,26 +81,16 @@ has bench && echo "bench: exit $? at $SECONDS s" && sed -n '/^| step time/,/^| i
 # on stock's frames (the second H200 lease), and cProfile misattributes waits on Python 3.12
 ARGS=(--deepspeed_config configs/stock-nvme-defaults.json --model "$MODEL" --steps 8 --micro-batch 2 --seq-len 64
       --dtype bf16 --weights-gather grouped)
-arm_args() {  # sets EXTRA: scripts/train.py's arguments for an arm named tencache*, nodevice* or stockcpu*
+arm_args() {  # sets EXTRA, scripts/train.py's arguments, and ARM_ENV, its environment, for an arm named tencache*,
+             # nodevice*, stockcpu* or basetencache* (tencache as of the commit in .gpu/base, see BASE below)
+  ARM_ENV=(PYTHONPATH="$PYTHONPATH")
   case $1 in
     tencache*) EXTRA=(--tencache-block '{"enabled": true}') ;;
+    basetencache*) EXTRA=(--tencache-block '{"enabled": true}'); ARM_ENV=(PYTHONPATH="$PWD/.gpu/base:$PYTHONPATH") ;;
     nodevice*) EXTRA=(--tencache-block '{"enabled": true, "device_cache_bytes": 0}') ;;
     stockcpu*) EXTRA=(--tencache-block none --offload-device cpu --stage3-defaults) ;;
   esac
 }
-if has phases && [ "$(left)" -gt 100 ]; then
-  # through the launcher and without a GPU wait after each step, as the bench runs its arms: the H200's synchronised
-  # phases without the launcher (docs/gpu_check.md) made stock's step 0.275 s where the bench measured 0.19-0.20 s
-  per_arm=$(($(left 10) / 2)); has ab && [ "$per_arm" -gt 60 ] && per_arm=60  # leave the rest to ab
-  for arm in tencache stockcpu; do
-    arm_args $arm
-    timeout -k 10 "$per_arm" python3 -m deepspeed.launcher.runner --num_gpus 1 scripts/step_phases.py $arm \
-      "$G/phases-$arm.json" -- scripts/train.py "${ARGS[@]}" --nvme-path "$G/nvme/p-$arm" "${EXTRA[@]}" \
-      --result-file "$G/phases-$arm.result.json" > "$G/phases-$arm.log" 2>&1
-  done
-  grep -h "^\[phases\] [a-z]" "$G"/phases-*.log
-  echo "step phases: done at $SECONDS s"
-fi
 step_medians() {  # FILE [SKIP]: the result file's step times, and their median after 2 warm-up steps, leaving out
                   # the steps listed in SKIP (comma-separated, counted from 0)
   python3 -c "import json,sys,statistics as s; t=[x['time_s'] for x in json.load(open(sys.argv[1]))['steps']]; \
@@ -98,12 +98,42 @@ skip={int(i) for i in sys.argv[2].split(',') if i}; \
 print('steps', ' '.join(f'{v:.3f}' for v in t), 'median', round(s.median(v for i, v in enumerate(t) \
 if i >= 2 and i not in skip), 4))" "$1" "${2:-}" 2>/dev/null
 }
+run_phases() {  # ARM LAUNCH SECONDS: step_phases.py over one arm, through the launcher (launcher) or not (plain)
+  local arm=$1 launch=$2 limit=$3 tag=$1-$2
+  arm_args "$arm"
+  local cmd=(python3 -m deepspeed.launcher.runner --num_gpus 1)
+  [ "$launch" = plain ] && cmd=(python3)
+  timeout -k 10 "$limit" env "${ARM_ENV[@]}" "${cmd[@]}" scripts/step_phases.py "$tag" "$G/phases-$tag.json" -- scripts/train.py \
+    "${ARGS[@]}" --nvme-path "$G/nvme/p-$tag" "${EXTRA[@]}" --result-file "$G/phases-$tag.result.json" \
+    > "$G/phases-$tag.log" 2>&1
+  echo "phases $tag: exit $? at $SECONDS s"
+  step_medians "$G/phases-$tag.result.json"
+}
+if has phases || has plainphases; then
+  # through the launcher and without a GPU wait after each step, as the bench runs its arms: the H200's synchronised
+  # phases without the launcher (docs/gpu_check.md) made stock's step 0.275 s where the bench measured 0.19-0.20 s;
+  # plainphases runs both arms without the launcher, alternating with the launcher's runs, to tell the two apart
+  runs=()
+  for arm in ${PHASE_ARMS:-tencache stockcpu}; do
+    has phases && runs+=("$arm launcher")
+    has plainphases && runs+=("$arm plain")
+  done
+  for i in "${!runs[@]}"; do
+    run=${runs[$i]}
+    per_run=$(($(left 10) / (${#runs[@]} - i))); has ab && [ "$per_run" -gt 60 ] && per_run=60  # the rest is ab's
+    [ "$per_run" -gt 30 ] || break
+    # shellcheck disable=SC2086
+    run_phases $run "$per_run"
+  done
+  grep -h "^\[phases\] [a-z]" "$G"/phases-*.log
+  echo "step phases: done at $SECONDS s"
+fi
 if has ab; then
   mkdir -p "$G/ab"
-  for run in tencache-1 stockcpu-1 nodevice-1 tencache-2 stockcpu-2; do
+  for run in ${AB_RUNS:-tencache-1 stockcpu-1 nodevice-1 tencache-2 stockcpu-2}; do
     [ "$(left 10)" -gt 45 ] || break
     arm_args $run
-    timeout -k 10 "$(left 10)" python3 -m deepspeed.launcher.runner --num_gpus 1 scripts/train.py \
+    timeout -k 10 "$(left 10)" env "${ARM_ENV[@]}" python3 -m deepspeed.launcher.runner --num_gpus 1 scripts/train.py \
       "${ARGS[@]}" --steps 16 --nvme-path "$G/nvme/$run" "${EXTRA[@]}" --result-file "$G/ab/$run.result.json" \
       > "$G/ab/$run.log" 2>&1
     echo "ab $run: exit $? at $SECONDS s"
@@ -116,7 +146,7 @@ if has trace; then
     for arm in tencache stockcpu; do
       [ "$(left 15)" -gt 40 ] || break 2
       arm_args $arm
-      TORCH_TRACE_OUT=$G/trace TORCH_TRACE_LABEL=$arm-$round timeout -k 10 "$(left 15)" \
+      TORCH_TRACE_OUT=$G/trace TORCH_TRACE_LABEL=$arm-$round timeout -k 10 "$(left 15)" env "${ARM_ENV[@]}" \
         python3 -m deepspeed.launcher.runner --num_gpus 1 scripts/torch_trace.py scripts/train.py \
         "${ARGS[@]}" --steps 10 --nvme-path "$G/nvme/$arm-$round" "${EXTRA[@]}" \
         --result-file "$G/trace/$arm-$round.result.json" > "$G/trace/$arm-$round.log" 2>&1

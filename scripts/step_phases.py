@@ -8,9 +8,13 @@ scripts/train.py in this process, drops the warm-up steps, and prints and writes
 It replaces sampling profilers where they failed: cProfile on Python >= 3.12 charges other threads' waits to the
 training thread, and py-spy --native slowed a gpt2-small step tenfold and could not merge stock's frames (H200,
 docs/gpu_check.md). ``STEP_PHASES_SYNC=1`` waits for the GPU at the end of each step, so that every step's device
-work is charged to it (on the H200 that wait took stock CPU offload 0.3 ms a step; its step there, 0.275 s without
-the launcher, against the bench's 0.19-0.20 s under it, is not explained yet); off by default. ``STEP_PHASES_WARMUP`` (default 2) steps are dropped.
-Times are the host's: a phase that waits for the GPU is charged the wait.
+work is charged to it (on the H200 that wait took stock CPU offload 0.3 ms a step); off by default. With the
+launcher or without, the step is the same (the fifth lease). ``STEP_PHASES_WARMUP`` (default 2) steps are dropped. ``STEP_PHASES_DETAIL=1`` also wraps every method of tencache's coordinator, swappers, entry store and
+memory-pressure governor, the coordinator's gather and release, and stage 3's per-gradient offload.
+Times are the host's: a phase that waits for the GPU is charged the wait. Each phase also gets the training thread's
+CPU time in it (``cpu_ms_per_step``; the rest of its wall time is waiting: for the GPU, a lock, the GIL or a core), and
+each thread of the process its CPU time over the measured steps and its time runnable but waiting for a core
+(``thread_cpu``, from /proc/self/task/*/schedstat; torch's and OpenMP's workers are named ``python3`` there).
 """
 import atexit
 import collections
@@ -31,6 +35,7 @@ script_args = ARGV[4:]
 WARMUP = int(os.environ.get("STEP_PHASES_WARMUP", "2"))
 SYNC = os.environ.get("STEP_PHASES_SYNC") == "1"
 T = collections.defaultdict(float)
+CPU = collections.defaultdict(float)  # the calling thread's CPU time in each phase: wall minus this is waiting
 N = collections.Counter()
 STEPS = int(script_args[script_args.index("--steps") + 1]) if "--steps" in script_args else None
 # done: after the last step (what the script does then, hashing the weights, is not a step)
@@ -46,12 +51,13 @@ def wrap(cls, name, tag=None):
 
     @functools.wraps(fn)
     def inner(*a, **k):
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.thread_time()
         try:
             return fn(*a, **k)
         finally:
             if not STATE["done"]:
                 T[tag] += time.perf_counter() - t
+                CPU[tag] += time.thread_time() - c
                 N[tag] += 1
     setattr(cls, name, staticmethod(inner) if isinstance(cls.__dict__.get(name), staticmethod) else inner)
 
@@ -86,29 +92,85 @@ try:
     from deepspeed.runtime.zero.partitioned_param_coordinator import PartitionedParameterCoordinator as C
     for n in ("fetch_sub_module", "release_sub_module", "reset_step"):
         wrap(C, n)
+    if os.environ.get("STEP_PHASES_DETAIL") == "1":
+        # every method of the classes the fetch path and the step go through, under their own names (nested calls
+        # count in each: a row is inclusive), to find where the GPU's extra fetch and step time goes
+        import tencache_ds.integrations.deepspeed.param_swapper as param_swapper_module
+        from tencache_ds.integrations.deepspeed.coordinator import TencacheCoordinator
+        from tencache_ds.cache.entry_store import EntryStore
+        from deepspeed.runtime.zero.parameter_offload import DeepSpeedZeRoOffload
+        from tencache_ds.integrations.deepspeed.memory_pressure import HostTierGovernor
+        for cls in (TencacheCoordinator, P, O, EntryStore, HostTierGovernor):
+            for n, fn in list(vars(cls).items()):
+                if callable(fn) and not isinstance(fn, classmethod) and not n.startswith("__"):
+                    wrap(cls, n)
+        for n in ("_PartitionedParameterCoordinator__all_gather_params", "_PartitionedParameterCoordinator__release_param",
+                  "_PartitionedParameterCoordinator__prefetch_nvme_param_partitions"):
+            wrap(C, n)
+        wrap(DeepSpeedZeRoOffload, "partition_all_parameters")
+        for n in ("_offload_grad_partition_at_boundary", "_constant_buffered_norm2", "reset_cpu_buffers",
+                  "invalidate_secondary_tensor", "_loss_scale_update_and_overflow_cleanup"):
+            wrap(S3, n)
+        _fence = param_swapper_module._device_copy_fence
+
+        def timed_fence():
+            t, c = time.perf_counter(), time.thread_time()
+            try:
+                return _fence()
+            finally:
+                if not STATE["done"]:
+                    T["param_swapper._device_copy_fence"] += time.perf_counter() - t
+                    CPU["param_swapper._device_copy_fence"] += time.thread_time() - c
+                    N["param_swapper._device_copy_fence"] += 1
+        param_swapper_module._device_copy_fence = timed_fence
 except ImportError as exc:
     print(f"[phases] no tencache_ds: {exc}", flush=True)
 
 _engine_step = DeepSpeedEngine.step
 
 
+def thread_times():
+    """{tid: (name, ns on a CPU, ns waiting for one)} of this process's threads (/proc/self/task/*/schedstat): whether
+    a phase's waiting is for a CPU (threads outnumbering the cores) or for something else (the GPU, a lock, the GIL);
+    Python threads are named by threading's names, others by their kernel name."""
+    import threading
+    py_names = {t.native_id: t.name for t in threading.enumerate()}
+    out = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                run_ns, wait_ns = (int(v) for v in f.read().split()[:2])
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                comm = f.read().strip()
+        except OSError:  # the thread ended between listdir and open
+            continue
+        out[int(tid)] = (py_names.get(int(tid), comm), run_ns, wait_ns)
+    return out
+
+
 def counted_step(self, *a, **k):
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.thread_time()
     try:
         return _engine_step(self, *a, **k)
     finally:
         if SYNC and torch.cuda.is_available():
             torch.cuda.synchronize()
-        T["DeepSpeedEngine.step+sync" if SYNC else "DeepSpeedEngine.step"] += time.perf_counter() - t
+        tag = "DeepSpeedEngine.step+sync" if SYNC else "DeepSpeedEngine.step"
+        T[tag] += time.perf_counter() - t
+        CPU[tag] += time.thread_time() - c
+        N[tag] += 1
         STATE["steps"] += 1
         STATE["threads"] = torch.get_num_threads()
         STATE["t_last"] = time.perf_counter()
         STATE["done"] = STATE["steps"] == STEPS
         if STATE["done"]:
+            STATE["threads1"] = thread_times()
             report()  # now, not only at exit: a launcher's SIGTERM on a timeout skips exit handlers
         if STATE["steps"] == WARMUP:
             T.clear()
+            CPU.clear()
             N.clear()
+            STATE["threads0"] = thread_times()
             STATE["t0"] = time.perf_counter()
 
 
@@ -122,14 +184,31 @@ def report():
         return
     STATE["reported"] = True
     wall = STATE["t_last"] - STATE["t0"]  # the measured steps only, not what the script does after them
-    rows = {k: {"ms_per_step": 1000 * v / steps, "calls_per_step": N[k] / steps} for k, v in T.items()}
+    rows = {k: {"ms_per_step": 1000 * v / steps, "cpu_ms_per_step": 1000 * CPU[k] / steps,
+                "calls_per_step": N[k] / steps} for k, v in T.items()}
+    # per thread over the measured steps (threads started after the warm-up count from 0): ms on a CPU and ms
+    # runnable but waiting for one, per step; by name, summed over threads of the same name
+    before, after = STATE.get("threads0", {}), STATE.get("threads1", {})
+    per_name = collections.defaultdict(lambda: [0, 0.0, 0.0])
+    for tid, (name, run_ns, wait_ns) in after.items():
+        _n, run0, wait0 = before.get(tid, (name, 0, 0))
+        row = per_name["main" if tid == os.getpid() else name]
+        row[0] += 1
+        row[1] += (run_ns - run0) / 1e6 / steps
+        row[2] += (wait_ns - wait0) / 1e6 / steps
+    thread_rows = {name: {"threads": n, "cpu_ms_per_step": round(run, 2), "runqueue_ms_per_step": round(wait, 2)}
+                   for name, (n, run, wait) in sorted(per_name.items(), key=lambda kv: -kv[1][1]) if run >= 0.05}
     result = {"label": label, "steps": steps, "wall_ms_per_step": 1000 * wall / steps, "threads": STATE["threads"],
-              "synchronized": SYNC, "phases": rows}
+              "synchronized": SYNC, "phases": rows, "thread_cpu": thread_rows}
     with open(out, "w") as f:
         json.dump(result, f, indent=1)
     print(f"[phases] {label}: {steps} steps, {1000 * wall / steps:.1f} ms/step, threads {STATE['threads']}")
     for k, r in sorted(rows.items(), key=lambda kv: -kv[1]["ms_per_step"]):
-        print(f"[phases]   {k:70s} {r['ms_per_step']:9.1f} ms  x{r['calls_per_step']:.0f}")
+        print(f"[phases]   {k:70s} {r['ms_per_step']:9.1f} ms  cpu {r['cpu_ms_per_step']:7.1f}  "
+              f"x{r['calls_per_step']:.0f}")
+    for name, r in thread_rows.items():
+        print(f"[phases]   thread {name:40s} x{r['threads']:<3d} cpu {r['cpu_ms_per_step']:8.1f} ms  runqueue "
+              f"{r['runqueue_ms_per_step']:7.1f} ms")
 
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(script_args[0])))

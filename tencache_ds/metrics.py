@@ -3,9 +3,9 @@ into per-step numbers, and the JSON-lines file. Pure: the numbers come from inte
 
 One line per optimizer step at the config's ``metrics_path``, and the latest one in ``tencache_ds.stats(engine)``:
 
-    {"schema": "tencache.metrics/5", "step": 12, "step_time_s": 1.93, "fetch_wait_s": 0.004,
+    {"schema": "tencache.metrics/6", "step": 12, "step_time_s": 1.93, "fetch_wait_s": 0.004,
      "param_nvme_wait_s": 0.003, "optimizer_nvme_wait_s": 0.001, "device_fetch_s": 0.41,
-     "device_fetch_bytes": 248512512, "device_hit_rate": 0.87, "host_hit_rate": 1.0, "nvme_read_bytes": 0,
+     "device_fetch_bytes": 248512512, "device_gathers": 3, "device_hit_rate": 0.87, "host_hit_rate": 1.0, "nvme_read_bytes": 0,
      "nvme_write_bytes": 0, "prefetch_issued": 0, "prefetch_late": 0, "nvme_busy_fraction": 0.0,
      "nvme_queue_depth": null, "pinned_bytes_reserved": ...,
      "pinned_bytes_in_use": ..., "host_cache_bytes_in_use": ..., "device_cache_bytes_in_use": ...,
@@ -18,10 +18,11 @@ What each per-step number means (this step's, not a running total):
 - ``device_fetch_s``: time the training thread spent gathering parameters for modules (DeepSpeed's
   fetch_sub_module: all-gathers, host-to-device copies, and the parameter NVMe waits inside them).
 - ``device_fetch_bytes``: bytes of gathered parameters the step's gathers produced, DeepSpeed's prefetches
-  included (all-gather output on CPU ranks, host-to-device copies on a GPU); ``device_hit_rate``: uses of a
-  parameter served without a gather for them over all uses. Both are None where a gather is a view of the
-  partition (one rank on DeepSpeed's CPU accelerator: nothing is moved, so a "hit" saves nothing), and when the
-  step used no parameter.
+  included (all-gather output on CPU ranks, host-to-device copies on a GPU); ``device_gathers``: how many
+  gathers produced them (DeepSpeed gathers a bucket of parameters at a time; each gather has a fixed host cost, so
+  many small ones make a slow forward pass); ``device_hit_rate``: uses of a parameter served without a gather for
+  them over all uses. All three are None where a gather is a view of the partition (one rank on DeepSpeed's CPU
+  accelerator: nothing is moved, so a "hit" saves nothing), and the first two when the step used no parameter.
 - ``nvme_busy_fraction``: the share of the step during which at least one of tencache's file requests was
   executing (any swapper, any NVMe path: io/activity.py); ``nvme_queue_depth``: how many were executing on average
   while any was (None: the drive was idle the whole step). A step bound by I/O should show a busy fraction near 1;
@@ -38,7 +39,7 @@ What each per-step number means (this step's, not a running total):
 Schema history: 2 added ``host_cache_budget_bytes``, ``host_memory_available_bytes``, ``host_step_rise_bytes``;
 3 added ``param_nvme_wait_s``, ``optimizer_nvme_wait_s``, ``device_fetch_s``, ``device_fetch_bytes``, and made
 ``device_hit_rate`` None where the device tier cannot apply; 4 added ``nvme_busy_fraction`` and
-``nvme_queue_depth``; 5 added ``device_cache_peak_bytes``.
+``nvme_queue_depth``; 5 added ``device_cache_peak_bytes``; 6 added ``device_gathers``.
 """
 import dataclasses
 import json
@@ -46,7 +47,7 @@ import os
 import time
 from typing import Callable, Dict, Optional
 
-SCHEMA = "tencache.metrics/5"
+SCHEMA = "tencache.metrics/6"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +59,7 @@ class RunningTotals:
     device_fetches: int = 0      # uses of a parameter: a module asked for it (non-persistent)
     device_hits: int = 0         # ... already gathered on the device
     device_fetch_bytes: int = 0  # bytes every gather produced (prefetches included)
+    device_gathers: int = 0      # gathers that moved bytes (each a bucket of parameters)
     device_fetch_s: float = 0.0  # time in DeepSpeed's fetch_sub_module
     host_hits: int = 0           # tensor uses served from the host tier without I/O
     host_misses: int = 0         # ... that had to be read from NVMe
@@ -98,6 +100,7 @@ class StepMetrics:
     optimizer_nvme_wait_s: float
     device_fetch_s: float
     device_fetch_bytes: Optional[int]
+    device_gathers: Optional[int]
     device_hit_rate: Optional[float]
     host_hit_rate: Optional[float]
     nvme_read_bytes: int
@@ -146,6 +149,7 @@ class StepMeter:
             param_nvme_wait_s=delta.param_nvme_wait_s, optimizer_nvme_wait_s=delta.optimizer_nvme_wait_s,
             device_fetch_s=delta.device_fetch_s,
             device_fetch_bytes=delta.device_fetch_bytes if device_used else None,
+            device_gathers=delta.device_gathers if device_used else None,
             device_hit_rate=_rate(delta.device_hits, delta.device_fetches) if device_tier_applies else None,
             host_hit_rate=_rate(delta.host_hits, delta.host_hits + delta.host_misses),
             nvme_read_bytes=delta.nvme_read_bytes, nvme_write_bytes=delta.nvme_write_bytes,

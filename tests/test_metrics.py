@@ -9,7 +9,8 @@ SCHEMA_KEYS = {"schema", "step", "step_time_s", "fetch_wait_s", "device_hit_rate
                "host_cache_budget_bytes", "host_memory_available_bytes", "host_step_rise_bytes",  # 2: memory pressure
                "param_nvme_wait_s", "optimizer_nvme_wait_s", "device_fetch_s", "device_fetch_bytes",  # 3: honest device
                "nvme_busy_fraction", "nvme_queue_depth",  # 4: how busy the drive was kept
-               "device_cache_peak_bytes"}  # 5: what the device tier held during the step
+               "device_cache_peak_bytes",  # 5: what the device tier held during the step
+               "device_gathers"}  # 6: how many gathers moved the device's bytes
 
 
 class Clock:
@@ -23,7 +24,7 @@ class Clock:
 def test_key_set_is_the_schema():
     meter = StepMeter(clock=Clock())
     assert set(meter.step_end(RunningTotals(), Gauges()).flat()) == SCHEMA_KEYS
-    assert SCHEMA == "tencache.metrics/5"
+    assert SCHEMA == "tencache.metrics/6"
 
 
 def test_steps_report_increases_since_the_previous_step():
@@ -33,11 +34,11 @@ def test_steps_report_increases_since_the_previous_step():
     first = meter.step_end(RunningTotals(nvme_read_bytes=1500, host_hits=8, host_misses=1, device_fetches=10,
                                          device_hits=9, param_nvme_wait_s=0.375, optimizer_nvme_wait_s=0.125,
                                          prefetch_issued=4, prefetch_late=1, device_fetch_bytes=4096,
-                                         device_fetch_s=0.25),
+                                         device_gathers=3, device_fetch_s=0.25),
                            Gauges(pinned_bytes_reserved=64, device_cache_bytes_in_use=32))
     assert (first.step, first.step_time_s, first.nvme_read_bytes, first.fetch_wait_s) == (0, 2.0, 500, 0.5)
     assert (first.param_nvme_wait_s, first.optimizer_nvme_wait_s) == (0.375, 0.125)
-    assert (first.device_fetch_bytes, first.device_fetch_s) == (4096, 0.25)
+    assert (first.device_fetch_bytes, first.device_gathers, first.device_fetch_s) == (4096, 3, 0.25)
     assert first.host_hit_rate == 3 / 4 and first.device_hit_rate == 0.9
     assert (first.prefetch_issued, first.prefetch_late) == (4, 1)
     assert (first.pinned_bytes_reserved, first.device_cache_bytes_in_use) == (64, 32)
@@ -45,11 +46,11 @@ def test_steps_report_increases_since_the_previous_step():
     second = meter.step_end(RunningTotals(nvme_read_bytes=1500, host_hits=8, host_misses=1, device_fetches=10,
                                           device_hits=9, param_nvme_wait_s=0.375, optimizer_nvme_wait_s=0.125,
                                           prefetch_issued=4, prefetch_late=1, device_fetch_bytes=4096,
-                                          device_fetch_s=0.25),
+                                          device_gathers=3, device_fetch_s=0.25),
                             Gauges())
     assert (second.step, second.step_time_s, second.nvme_read_bytes, second.fetch_wait_s) == (1, 1.0, 0, 0.0)
     assert second.host_hit_rate is None and second.device_hit_rate is None  # no accesses: no rate, not 0
-    assert second.device_fetch_bytes is None  # no use of a parameter: nothing to say
+    assert second.device_fetch_bytes is None and second.device_gathers is None  # no use: nothing to say
     assert meter.latest is second
 
 
@@ -57,9 +58,9 @@ def test_device_numbers_are_not_applicable_where_a_gather_is_the_partition():
     """One rank on DeepSpeed's CPU accelerator: a gathered parameter is a view of its partition, so a kept one saves
     no bytes; a 100% hit rate there would claim what did not happen."""
     meter = StepMeter(clock=Clock())
-    step = meter.step_end(RunningTotals(device_fetches=10, device_hits=10, device_fetch_s=0.1), Gauges(),
-                          device_tier_applies=False)
-    assert step.device_hit_rate is None and step.device_fetch_bytes is None
+    step = meter.step_end(RunningTotals(device_fetches=10, device_hits=10, device_gathers=2, device_fetch_s=0.1),
+                          Gauges(), device_tier_applies=False)
+    assert step.device_hit_rate is None and step.device_fetch_bytes is None and step.device_gathers is None
     assert step.device_fetch_s == 0.1  # time spent in DeepSpeed's fetch path is real either way
 
 

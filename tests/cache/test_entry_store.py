@@ -112,6 +112,29 @@ def test_beyond_the_budget_entries_are_served_transiently_and_written_through(tm
     store.close()
 
 
+def test_held_entries_count_as_lendable_without_a_buffer_only_while_the_step_needs_no_read(tmp_path, io):
+    """DeepSpeed's NVMe prefetch asks for at most as many partitions per call as the swapper says it has buffers
+    for; while every partition the profiled step uses is held, lending one needs no buffer, and the held ones are
+    added to that answer (integrations/deepspeed/param_swapper.py): DeepSpeed then gathers them in buckets."""
+    store = make(tmp_path, io, budget_bytes=3 * 401408)
+    for index, key in enumerate(["tied", "a", "b", "c"]):  # "tied": on file, never used by the step
+        put(store, tmp_path, key, float(index))
+    store.wait_writes()
+    assert [store.state(key) for key in ("tied", "a", "b", "c")] == [EntryState.ON_FILE] + [EntryState.DIRTY] * 3
+    assert store.lendable_without_buffer() == 0  # no profile yet: which entries the step uses is unknown
+    store.next_use = NextUseIndex(["a", "b", "c", "b", "a"])
+    assert store.lendable_without_buffer() == 3  # the one on file is one the step never uses
+    store.lend("a")
+    assert store.lendable_without_buffer() == 2  # lent already: not lendable again
+    store.release("a")
+    assert store.trim_kept(2 * 401408) <= 2 * 401408  # memory pressure: one the step uses goes to file
+    assert store.lendable_without_buffer() == 0  # asking for the step's partitions could need a read now
+    store.next_use = NextUseIndex(["a", "b"])  # a step that no longer uses "c" (nor "tied")
+    assert store.lendable_without_buffer() == sum(store.state(key) in (EntryState.CLEAN, EntryState.DIRTY)
+                                                  for key in ("a", "b", "c")) == 2
+    store.close()
+
+
 def test_cyclic_order_keeps_a_fixed_share_instead_of_cycling_everything(tmp_path, io):
     """Belady with bypass: 4 sub-groups read in the same order every step, room for 2. LRU would miss every
     time; with the order known the first two stay and the others stream."""

@@ -69,6 +69,7 @@ class TencacheCoordinator(PartitionedParameterCoordinator):
         self.param_fetches = 0   # non-persistent parameters asked for by a module (uses), once the tier is on
         self.device_hits = 0     # ... that were gathered already, and not for this use (kept by the tier)
         self.fetch_bytes = 0     # bytes every gather produced (all-gather output / H2D copy), prefetches included
+        self.gathers = 0         # ... and how many gathers produced them (each a bucket of parameters)
         self.fetch_s = 0.0       # wall time in fetch_sub_module, once the tier is on
         self._gathered_for_use = set()  # ds_ids gathered since their last use: their next use is no hit
 
@@ -101,10 +102,12 @@ class TencacheCoordinator(PartitionedParameterCoordinator):
 
     def _PartitionedParameterCoordinator__all_gather_params(self, params, forward: bool) -> None:
         if self.tier is not None:
-            for param in params:
-                if param.ds_status == ZeroParamStatus.NOT_AVAILABLE:  # what stock's gather skips is not moved
-                    self.fetch_bytes += _gathered_bytes(param)
-                    self._gathered_for_use.add(param.ds_id)
+            # stock's gather skips the others (gathered already, or in flight): they are not moved
+            moved = [param for param in params if param.ds_status == ZeroParamStatus.NOT_AVAILABLE]
+            for param in moved:
+                self.fetch_bytes += _gathered_bytes(param)
+                self._gathered_for_use.add(param.ds_id)
+            self.gathers += bool(moved)
         return getattr(_BASE, _MANGLED + "all_gather_params")(self, params, forward)
 
     def release_and_reset_all(self, module) -> None:

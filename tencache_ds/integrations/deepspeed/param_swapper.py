@@ -145,8 +145,14 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
         # Stock's answer: buffer_count minus the partitions resident or in flight. Every class has
         # min(count, buffer_count) slots, so prefetches within this bound always find a slot of their size.
         # (Summing free slots over classes would let the prefetcher run ahead into a class that has none.)
+        # While the host tier holds every partition the profiled step uses, a swap-in lends a held buffer and takes
+        # no slot: the held partitions are added (EntryStore.lendable_without_buffer), and the depth is bounded by
+        # the coordinator's own rule (twice the elements being gathered). Its gathers then come in buckets, as stock
+        # CPU offload's do: on the H200, gpt2-small's step made 47 gathers against stock CPU offload's 3, each with
+        # its swap-in and wait, and now makes 3 (docs/gpu_check.md, "The fifth lease").
         self.plan()
-        return max(0, int(self.param_buffer_count) - self.store.lent_or_reading())
+        free = max(0, int(self.param_buffer_count) - self.store.lent_or_reading())
+        return free + self.store.lendable_without_buffer()
 
     # -------------------------------------------------------------------------------- creation (zero.Init)
     def get_buffer(self, param, numel):

@@ -74,7 +74,8 @@ def running_totals(param_swapper, optimizer_swapper, coordinator) -> RunningTota
     totals["nvme_busy_s"], totals["nvme_depth_s"] = PROCESS_ACTIVITY.totals()  # every engine of this process
     if coordinator is not None:
         totals.update(device_fetches=coordinator.param_fetches, device_hits=coordinator.device_hits,
-                      device_fetch_bytes=coordinator.fetch_bytes, device_fetch_s=coordinator.fetch_s)
+                      device_fetch_bytes=coordinator.fetch_bytes, device_gathers=coordinator.gathers,
+                      device_fetch_s=coordinator.fetch_s)
     return RunningTotals(**totals)
 
 
