@@ -1,0 +1,43 @@
+"""scripts/step_phases.py, the per-phase host timer the GPU leases run (docs/gpu_check.md): under the deepspeed
+launcher, as the leases run it, on the CPU accelerator. It must drop the warm-up steps, time each phase with the
+training thread's CPU time beside it, time every tencache method with STEP_PHASES_DETAIL=1, and give each thread's CPU
+time; a lease has no second chance to find that a key is missing."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.deepspeed
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_phases_under_the_launcher_with_every_tencache_method_and_thread(tmp_path):
+    out = tmp_path / "phases.json"
+    command = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "1", "scripts/step_phases.py",
+               "tencache", str(out), "--", "scripts/train.py", "--deepspeed_config",
+               "configs/stock-nvme-defaults.json", "--model", "gpt2-tiny", "--steps", "4", "--micro-batch", "1",
+               "--seq-len", "8", "--dtype", "fp32", "--weights-gather", "grouped", "--nvme-path",
+               str(tmp_path / "nvme"), "--tencache-block", '{"enabled": true}',
+               "--result-file", str(tmp_path / "result.json")]
+    env = dict(os.environ, STEP_PHASES_DETAIL="1", PYTHONPATH=REPO)
+    run = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["steps"] == 2 and not report["synchronized"]  # 4 steps, the first 2 dropped
+    phases = report["phases"]
+    for name in ("DeepSpeedEngine.forward", "DeepSpeedEngine.backward", "DeepSpeedEngine.step",
+                 "PartitionedParameterCoordinator.fetch_sub_module", "TencacheCoordinator.fetch_sub_module",
+                 "TencacheOptimizerSwapper.swap_in_optimizer_state", "HostTierGovernor.before_forward",
+                 "EntryStore.lend"):
+        assert name in phases, sorted(phases)
+    step = phases["DeepSpeedEngine.step"]
+    assert step["calls_per_step"] == 1 and 0 < step["cpu_ms_per_step"] <= step["ms_per_step"] * 1.05
+    # the measured steps' wall time holds the three engine calls (the loop's own work is the rest)
+    engine = sum(phases[f"DeepSpeedEngine.{name}"]["ms_per_step"] for name in ("forward", "backward", "step"))
+    assert engine <= report["wall_ms_per_step"] * 1.01
+    threads = report["thread_cpu"]
+    assert threads["main"]["threads"] == 1 and threads["main"]["cpu_ms_per_step"] > 0
+    assert "[phases] tencache: 2 steps" in run.stdout
