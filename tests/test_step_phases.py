@@ -1,7 +1,8 @@
 """scripts/step_phases.py, the per-phase host timer the GPU leases run (docs/gpu_check.md): under the deepspeed
 launcher, as the leases run it, on the CPU accelerator. It must drop the warm-up steps, time each phase with the
 training thread's CPU time beside it, time every tencache method with STEP_PHASES_DETAIL=1, and give each thread's CPU
-time; a lease has no second chance to find that a key is missing."""
+time; a lease has no second chance to find that a key is missing. The run also shows what the fifth lease found on
+the GPU (docs/gpu_check.md): at one rank, with every partition held, DeepSpeed gathers the parameters in buckets."""
 import json
 import os
 import subprocess
@@ -20,7 +21,7 @@ def test_phases_under_the_launcher_with_every_tencache_method_and_thread(tmp_pat
                "tencache", str(out), "--", "scripts/train.py", "--deepspeed_config",
                "configs/stock-nvme-defaults.json", "--model", "gpt2-tiny", "--steps", "4", "--micro-batch", "1",
                "--seq-len", "8", "--dtype", "fp32", "--weights-gather", "grouped", "--nvme-path",
-               str(tmp_path / "nvme"), "--tencache-block", '{"enabled": true}',
+               str(tmp_path / "nvme"), "--tencache-block", '{"enabled": true, "device_cache_bytes": 0}',
                "--result-file", str(tmp_path / "result.json")]
     env = dict(os.environ, STEP_PHASES_DETAIL="1", PYTHONPATH=REPO)
     run = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
@@ -41,3 +42,9 @@ def test_phases_under_the_launcher_with_every_tencache_method_and_thread(tmp_pat
     threads = report["thread_cpu"]
     assert threads["main"]["threads"] == 1 and threads["main"]["cpu_ms_per_step"] > 0
     assert "[phases] tencache: 2 steps" in run.stdout
+    # the device tier off, so every module's parameters are gathered: the held partitions are lent to DeepSpeed's
+    # NVMe prefetch without slots, and its gathers take several partitions each (7 a step for gpt2-tiny's 10 when
+    # it was told a slot's worth at a time, 4 now)
+    gathers = phases["PartitionedParameterCoordinator._PartitionedParameterCoordinator__all_gather_params"]
+    partitions = json.loads((tmp_path / "result.json").read_text())["steps"][-1]["stats"]["param_num_tensors"]
+    assert 0 < 2 * gathers["calls_per_step"] <= partitions

@@ -34,10 +34,22 @@ def test_ranks_with_different_budgets_agree_and_give_stock_cpu_offloads_bits(tra
     assert stats["device_tier_evicted"] > 0
 
 
+def test_ranks_with_different_host_tiers_and_no_device_tier_gather_alike(train):
+    """With the device tier off every module's parameters are gathered, through DeepSpeed's NVMe prefetch, whose
+    depth the swapper decides: ranks whose host tiers differ (rank 1 streams every partition, rank 0 holds them all)
+    must still take the same parameters into each all-gather. Before, rank 1's own reads ahead counted as buffers
+    in use and gloo aborted in the first steps ("Received data size doesn't match expected size")."""
+    options = dict(TWO_RANKS, steps=3)
+    reference = train(block=None, offload_device="cpu", **options)
+    unequal = train(block={"device_cache_bytes": 0}, script=RANK_BUDGETS,
+                    env={"TENCACHE_TEST_RANK1_BLOCK": json.dumps({"host_cache_bytes": 0})}, timeout=600, **options)
+    assert_same_bits(reference, unequal)
+
+
 def test_two_ranks_gather_each_parameter_once_per_optimizer_step(train, tmp_path):
     """With a device budget that holds the model, the bytes gathered per step do not grow with gradient
     accumulation: every parameter is gathered at its first use after the update, and every other use of the step
-    (the forward and backward of each micro-batch) is served from the tier. The gathers come in buckets."""
+    (the forward and backward of each micro-batch) is served from the tier."""
     fetched = {}
     for grad_accum in (1, 4):
         metrics = tmp_path / f"gas{grad_accum}.jsonl"
@@ -55,7 +67,5 @@ def test_two_ranks_gather_each_parameter_once_per_optimizer_step(train, tmp_path
         # end shows 0 B, its peak what the step held
         assert lines[-1]["device_cache_peak_bytes"] > lines[-1]["device_cache_bytes_in_use"] == 0
         assert run.last_stats["device_tier_applicable"] == 1
-        # every partition held: the swapper lends them to DeepSpeed's prefetch without slots, which then gathers them
-        # in buckets as it does for CPU offload (7 gathers a step here when it asked for a slot's worth at a time)
-        assert 0 < 2 * lines[-1]["device_gathers"] <= run.last_stats["param_num_tensors"]
+        assert lines[-1]["device_gathers"] > 0
     assert 0 < fetched[4] <= 1.05 * fetched[1]

@@ -124,6 +124,7 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
         self.scheduled_reads = 0  # COUNT: reads started ahead by the schedule
         self.closed = False
         self._users = 1  # zero.Init models using this swapper; the last engine destroyed closes it
+        self._one_rank = None  # world size 1? (asked at the first prefetch: the process group is up by then)
         self._constructed = True  # last: a constructor that raised is run again in full next time
 
     # ------------------------------------------------------------------------------ queries DeepSpeed makes
@@ -150,9 +151,21 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
         # the coordinator's own rule (twice the elements being gathered). Its gathers then come in buckets, as stock
         # CPU offload's do: on the H200, gpt2-small's step made 47 gathers against stock CPU offload's 3, each with
         # its swap-in and wait, and now makes 3 (docs/gpu_check.md, "The fifth lease").
+        # Ranks must answer alike: the answer decides which parameters each all-gather takes. Ranks whose host tiers
+        # differ (budgets, readings) hold different partitions and read different ones ahead, and told different
+        # depths they gathered different buckets: gloo aborted ("Received data size doesn't match expected size").
+        # So with several ranks our own reads ahead (each rank's schedule follows its own tier) are not counted as
+        # buffers in use, which leaves what DeepSpeed asked for, the same on every rank, and held partitions are
+        # added on one rank only.
         self.plan()
-        free = max(0, int(self.param_buffer_count) - self.store.lent_or_reading())
-        return free + self.store.lendable_without_buffer()
+        with self._lock:
+            if self._one_rank is None:
+                self._one_rank = dist.get_world_size() == 1
+            in_use = self.store.lent_or_reading()
+            if not self._one_rank:
+                in_use -= sum(1 for record in self._partitions.values() if record.read is Read.AHEAD)
+            free = max(0, int(self.param_buffer_count) - in_use)
+            return free + self.store.lendable_without_buffer() if self._one_rank else free
 
     # -------------------------------------------------------------------------------- creation (zero.Init)
     def get_buffer(self, param, numel):
