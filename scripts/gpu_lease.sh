@@ -59,6 +59,9 @@ if ! source scripts/gpu_setup.sh > "$G/setup.txt" 2>&1; then cat "$G/setup.txt";
 echo "setup: $SECONDS s"
 if [ -d .gpu/base/tencache_ds ]; then  # the baseline package for basetencache* arms gets the arena just built
   cp tencache_ds/_tencache_arena*.so .gpu/base/tencache_ds/ && echo "base: $(cat .gpu/base/COMMIT 2>/dev/null)"
+  # what a basetencache arm's scripts/train.py imports (the base, unless the repository comes first on its path)
+  echo "base arm imports: $(cd scripts && PYTHONPATH="$PWD/../.gpu/base:$PYTHONPATH" python3 -c \
+    'import tencache_ds; print(tencache_ds.__file__)' 2>&1 | tail -1)"
 fi
 check_rc=0
 if has probe; then  # the host-side copies of an optimizer step, timed apart (the cast, the gradients' D2H copies)
@@ -89,6 +92,7 @@ arm_args() {  # sets EXTRA, scripts/train.py's arguments, and ARM_ENV, its envir
     basetencache*) EXTRA=(--tencache-block '{"enabled": true}'); ARM_ENV=(PYTHONPATH="$PWD/.gpu/base:$PYTHONPATH") ;;
     nodevice*) EXTRA=(--tencache-block '{"enabled": true, "device_cache_bytes": 0}') ;;
     stockcpu*) EXTRA=(--tencache-block none --offload-device cpu --stage3-defaults) ;;
+    *) echo "gpu_lease.sh: unknown arm $1 (tencache*, basetencache*, nodevice*, stockcpu*)" >&2; return 1 ;;
   esac
 }
 step_medians() {  # FILE [SKIP]: the result file's step times, and their median after 2 warm-up steps, leaving out
@@ -100,7 +104,7 @@ if i >= 2 and i not in skip), 4))" "$1" "${2:-}" 2>/dev/null
 }
 run_phases() {  # ARM LAUNCH SECONDS: step_phases.py over one arm, through the launcher (launcher) or not (plain)
   local arm=$1 launch=$2 limit=$3 tag=$1-$2
-  arm_args "$arm"
+  arm_args "$arm" || return 1
   local cmd=(python3 -m deepspeed.launcher.runner --num_gpus 1)
   [ "$launch" = plain ] && cmd=(python3)
   timeout -k 10 "$limit" env "${ARM_ENV[@]}" "${cmd[@]}" scripts/step_phases.py "$tag" "$G/phases-$tag.json" -- scripts/train.py \
@@ -132,7 +136,7 @@ if has ab; then
   mkdir -p "$G/ab"
   for run in ${AB_RUNS:-tencache-1 stockcpu-1 nodevice-1 tencache-2 stockcpu-2}; do
     [ "$(left 10)" -gt 45 ] || break
-    arm_args $run
+    arm_args "$run" || continue
     timeout -k 10 "$(left 10)" env "${ARM_ENV[@]}" python3 -m deepspeed.launcher.runner --num_gpus 1 scripts/train.py \
       "${ARGS[@]}" --steps 16 --nvme-path "$G/nvme/$run" "${EXTRA[@]}" --result-file "$G/ab/$run.result.json" \
       > "$G/ab/$run.log" 2>&1
@@ -145,7 +149,7 @@ if has trace; then
   for round in 1 2; do
     for arm in tencache stockcpu; do
       [ "$(left 15)" -gt 40 ] || break 2
-      arm_args $arm
+      arm_args "$arm" || continue
       TORCH_TRACE_OUT=$G/trace TORCH_TRACE_LABEL=$arm-$round timeout -k 10 "$(left 15)" env "${ARM_ENV[@]}" \
         python3 -m deepspeed.launcher.runner --num_gpus 1 scripts/torch_trace.py scripts/train.py \
         "${ARGS[@]}" --steps 10 --nvme-path "$G/nvme/$arm-$round" "${EXTRA[@]}" \

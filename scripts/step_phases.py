@@ -47,6 +47,8 @@ def wrap(cls, name, tag=None):
     if fn is None:
         print(f"[phases] no {cls.__name__}.{name}", flush=True)
         return
+    if getattr(fn, "_step_phases", False):  # wrapped already (STEP_PHASES_DETAIL's pass): counted once
+        return
     tag = tag or f"{cls.__name__}.{name}"
 
     @functools.wraps(fn)
@@ -59,6 +61,7 @@ def wrap(cls, name, tag=None):
                 T[tag] += time.perf_counter() - t
                 CPU[tag] += time.thread_time() - c
                 N[tag] += 1
+    inner._step_phases = True
     setattr(cls, name, staticmethod(inner) if isinstance(cls.__dict__.get(name), staticmethod) else inner)
 
 

@@ -20,7 +20,8 @@ What each per-step number means (this step's, not a running total):
 - ``device_fetch_bytes``: bytes of gathered parameters the step's gathers produced, DeepSpeed's prefetches
   included (all-gather output on CPU ranks, host-to-device copies on a GPU); ``device_gathers``: how many
   gathers produced them (DeepSpeed gathers a bucket of parameters at a time; each gather has a fixed host cost, so
-  many small ones make a slow forward pass); ``device_hit_rate``: uses of a parameter served without a gather for
+  many small ones make a slow forward pass; one gather may run several collectives, e.g. quantized and plain
+  weights apart, and at one rank on a GPU it is a copy per parameter); ``device_hit_rate``: uses of a parameter served without a gather for
   them over all uses. All three are None where a gather is a view of the partition (one rank on DeepSpeed's CPU
   accelerator: nothing is moved, so a "hit" saves nothing), and the first two when the step used no parameter.
 - ``nvme_busy_fraction``: the share of the step during which at least one of tencache's file requests was

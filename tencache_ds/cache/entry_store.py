@@ -66,8 +66,6 @@ class EntryStore:
                                     self.counters)
         self.element_size = self._transfers.element_size
         self._admission = Admission(self._table, self._transfers, source, self.recorder, self.counters)
-        # LOCK: (the profiled step's index, the number of entries, how many of them it never uses)
-        self._unused_count: Optional[Tuple[NextUseIndex, int, int]] = None
         # how parts on a device reach host buffers; its staging chunks are made at the first such part
         self.device_copy = device_copy or StagedDeviceCopy.for_store(f"{name}-staging")
         self._write_back = WriteBack(self._transfers, self._admission, self._checked, self.lend_new, self.release,
@@ -119,28 +117,16 @@ class EntryStore:
             return self._table.count(S.LENT_CLEAN, S.LENT_DIRTY, S.READING)
 
     def lendable_without_buffer(self) -> int:
-        """Entries held between uses, which a swap-in lends without a buffer, while the profiled step's entries are
-        all held: no more entries are on file (or being written there) than the step never uses (a tied weight's
-        own partition, say). Then asking for the held ones in the step's order needs no read, and a request
-        outside it costs at most that many reads, each finding a buffer as any read does (cache/admission.py).
-        0 without a profile, or while the tier holds only part of the step. Counters, not a scan, like
-        ``lent_or_reading`` (the coordinator asks on every module fetch)."""
+        """Entries held between uses, which a swap-in lends without a buffer, while every entry the profiled step
+        uses is held (entries on file, or being written there, are ones the step never uses: a tied weight's own
+        partition, say). Then asking for the step's entries needs no read. 0 without a profile, or while the tier
+        holds only part of the step. The coordinator asks on every module fetch: the entries on file are an index
+        (the first one the step uses ends the look), the held ones a count."""
         with self._lock:
             index = self._admission.next_use
-            if index is None:
-                return 0
-            away = self._table.count(S.ON_FILE, S.WRITING)
-            if away and away > self._unused_by_step(index):
+            if index is None or any(key in index for key in self._table.away_keys()):
                 return 0
             return self._table.count(S.CLEAN, S.DIRTY)
-
-    def _unused_by_step(self, index: NextUseIndex) -> int:
-        """How many entries ``index`` (the profiled step) never uses; counted once per index and entry count."""
-        cached = self._unused_count
-        if cached is None or cached[0] is not index or cached[1] != len(self._table):
-            cached = self._unused_count = (index, len(self._table),
-                                           sum(1 for entry in self._table if entry.key not in index))
-        return cached[2]
 
     def swap_nbytes(self, numel: int) -> int:
         return self._transfers.swap_nbytes(numel)

@@ -1,6 +1,6 @@
 """Every entry of one store, indexed by state. Owns: the entries (cache/entry.py records), their transitions (each
 checked against the table of legal ones), the indexes hot paths read instead of scanning (count per state, held
-entries in least-recently-used order, writes in flight), and the store-wide invariants. Pure bookkeeping: no I/O,
+entries in least-recently-used order, writes in flight, entries away on file), and the store-wide invariants. Pure bookkeeping: no I/O,
 no lock (the store's lock guards it).
 """
 import collections
@@ -9,6 +9,7 @@ from typing import Callable, Dict, Hashable, Iterator, List, Optional
 from .entry import CACHED, Entry, EntryState, check_entry, check_transition
 
 S = EntryState
+AWAY = frozenset({S.ON_FILE, S.WRITING})  # no buffer to lend: on file, or on its way there
 
 
 class EntryTable:
@@ -19,6 +20,7 @@ class EntryTable:
         self._count = collections.Counter()  # EntryState -> entries in it (no scans on hot paths)
         self._held: "collections.OrderedDict[Hashable, Entry]" = collections.OrderedDict()  # CACHED, LRU first
         self._writing: Dict[Hashable, Entry] = {}
+        self._away: Dict[Hashable, Entry] = {}  # AWAY
 
     def get(self, key) -> Optional[Entry]:
         return self._entries.get(key)
@@ -39,6 +41,8 @@ class EntryTable:
         entry = Entry(key, numel, path, state)
         self._entries[key] = entry
         self._count[state] += 1
+        if state in AWAY:
+            self._away[key] = entry
         return entry
 
     def set(self, entry: Entry, new: EntryState) -> None:
@@ -58,10 +62,15 @@ class EntryTable:
             self._writing[entry.key] = entry
         else:
             self._writing.pop(entry.key, None)
+        if new in AWAY:
+            self._away[entry.key] = entry
+        else:
+            self._away.pop(entry.key, None)
 
     def remove(self, entry: Entry) -> None:
         self._held.pop(entry.key, None)
         self._writing.pop(entry.key, None)
+        self._away.pop(entry.key, None)
         self._count[entry.state] -= 1
         del self._entries[entry.key]
 
@@ -75,6 +84,10 @@ class EntryTable:
     def writing(self) -> List[Entry]:
         return list(self._writing.values())
 
+    def away_keys(self) -> Iterator[Hashable]:
+        """Keys of the entries on file or being written there (no buffer to lend)."""
+        return iter(self._away)
+
     def check(self, min_capacity: Callable[[Entry], int]) -> None:
         """Raise AssertionError if an index disagrees with the entries, or an entry with its state
         (cache/entry.py check_entry), or a buffer is smaller than ``min_capacity(entry)``."""
@@ -84,5 +97,6 @@ class EntryTable:
             check_entry(entry)
             assert (key in self._held) == (entry.state in CACHED), (key, entry.state, entry.kept)
             assert (key in self._writing) == (entry.state == S.WRITING), (key, entry.state)
+            assert (key in self._away) == (entry.state in AWAY), (key, entry.state)
             if entry.buffer is not None:
                 assert entry.buffer.capacity_bytes >= min_capacity(entry), key

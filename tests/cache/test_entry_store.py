@@ -128,10 +128,14 @@ def test_held_entries_count_as_lendable_without_a_buffer_only_while_the_step_nee
     assert store.lendable_without_buffer() == 2  # lent already: not lendable again
     store.release("a")
     assert store.trim_kept(2 * 401408) <= 2 * 401408  # memory pressure: one the step uses goes to file
+    store.wait_writes()
+    [evicted] = [key for key in ("a", "b", "c") if store.state(key) == EntryState.ON_FILE]
     assert store.lendable_without_buffer() == 0  # asking for the step's partitions could need a read now
-    store.next_use = NextUseIndex(["a", "b"])  # a step that no longer uses "c" (nor "tied")
-    assert store.lendable_without_buffer() == sum(store.state(key) in (EntryState.CLEAN, EntryState.DIRTY)
-                                                  for key in ("a", "b", "c")) == 2
+    kept = [key for key in ("a", "b", "c") if key != evicted]
+    store.next_use = NextUseIndex(kept)  # a step that no longer uses the evicted one: all it uses are held
+    assert store.lendable_without_buffer() == 2
+    store.next_use = NextUseIndex(kept[:1] + [evicted])  # as many on file as unused, but one of them is used
+    assert store.lendable_without_buffer() == 0
     store.close()
 
 

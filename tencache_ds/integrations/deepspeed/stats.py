@@ -39,7 +39,8 @@ def engine_stats(engine) -> Dict[str, object]:
                      device_cache_bytes_in_use=coordinator.device_cache_bytes_in_use(),
                      device_tier_applicable=int(not coordinator.gathers_alias_partitions),
                      device_param_fetches=coordinator.param_fetches, device_hits=coordinator.device_hits,
-                     device_fetch_bytes_total=coordinator.fetch_bytes, device_fetch_s_total=coordinator.fetch_s,
+                     device_fetch_bytes_total=coordinator.fetch_bytes, device_gathers_total=coordinator.gathers,
+                     device_fetch_s_total=coordinator.fetch_s,
                      device_tier_admitted=coordinator.tier.admitted, device_tier_evicted=coordinator.tier.evicted)
     governor = governor_of(optimizer)
     if governor is not None:
