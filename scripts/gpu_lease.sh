@@ -16,8 +16,8 @@
 # A baseline for A/B on the device: git archive a commit's tencache_ds into .gpu/base (here:
 #   rm -rf .gpu/base && mkdir -p .gpu/base && git archive HEAD tencache_ds | tar x -C .gpu/base &&
 #   git rev-parse HEAD > .gpu/base/COMMIT), then name basetencache-N runs in AB_RUNS.
-# phases: the arms named in PHASE_ARMS (default "tencache stockcpu"); STEP_PHASES_DETAIL=1 in the environment times every method of tencache's coordinator, parameter swapper and
-# entry store as well (scripts/step_phases.py).
+# phases: the arms named in PHASE_ARMS (default "tencache stockcpu"); STEP_PHASES_DETAIL=1 in the environment
+# times every method of tencache's coordinator, swappers and entry store as well (scripts/step_phases.py).
 # trace: both arms of the same-knobs bench, alternating, twice each, through the launcher, with a torch.profiler
 # trace of steps 6 and 7 of each run (scripts/torch_trace.py; host and CUDA timelines, runtime calls that can wait);
 # its median leaves out steps 5 (which pays for starting the profiler), 6 and 7.
@@ -107,7 +107,8 @@ run_phases() {  # ARM LAUNCH SECONDS: step_phases.py over one arm, through the l
   arm_args "$arm" || return 1
   local cmd=(python3 -m deepspeed.launcher.runner --num_gpus 1)
   [ "$launch" = plain ] && cmd=(python3)
-  timeout -k 10 "$limit" env "${ARM_ENV[@]}" "${cmd[@]}" scripts/step_phases.py "$tag" "$G/phases-$tag.json" -- scripts/train.py \
+  timeout -k 10 "$limit" env "${ARM_ENV[@]}" "${cmd[@]}" scripts/step_phases.py "$tag" "$G/phases-$tag.json" -- \
+    scripts/train.py \
     "${ARGS[@]}" --nvme-path "$G/nvme/p-$tag" "${EXTRA[@]}" --result-file "$G/phases-$tag.result.json" \
     > "$G/phases-$tag.log" 2>&1
   echo "phases $tag: exit $? at $SECONDS s"

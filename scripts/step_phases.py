@@ -9,8 +9,9 @@ It replaces sampling profilers where they failed: cProfile on Python >= 3.12 cha
 training thread, and py-spy --native slowed a gpt2-small step tenfold and could not merge stock's frames (H200,
 docs/gpu_check.md). ``STEP_PHASES_SYNC=1`` waits for the GPU at the end of each step, so that every step's device
 work is charged to it (on the H200 that wait took stock CPU offload 0.3 ms a step); off by default. With the
-launcher or without, the step is the same (the fifth lease). ``STEP_PHASES_WARMUP`` (default 2) steps are dropped. ``STEP_PHASES_DETAIL=1`` also wraps every method of tencache's coordinator, swappers, entry store and
-memory-pressure governor, the coordinator's gather and release, and stage 3's per-gradient offload.
+launcher or without, the step is the same (the fifth lease). ``STEP_PHASES_WARMUP`` (default 2) steps are dropped.
+``STEP_PHASES_DETAIL=1`` also wraps every method of tencache's coordinator, swappers, entry store and memory-pressure
+governor, the coordinator's gather and release, and stage 3's per-gradient offload.
 Times are the host's: a phase that waits for the GPU is charged the wait. Each phase also gets the training thread's
 CPU time in it (``cpu_ms_per_step``; the rest of its wall time is waiting: for the GPU, a lock, the GIL or a core), and
 each thread of the process its CPU time over the measured steps and its time runnable but waiting for a core
@@ -107,9 +108,8 @@ try:
             for n, fn in list(vars(cls).items()):
                 if callable(fn) and not isinstance(fn, classmethod) and not n.startswith("__"):
                     wrap(cls, n)
-        for n in ("_PartitionedParameterCoordinator__all_gather_params", "_PartitionedParameterCoordinator__release_param",
-                  "_PartitionedParameterCoordinator__prefetch_nvme_param_partitions"):
-            wrap(C, n)
+        for n in ("all_gather_params", "release_param", "prefetch_nvme_param_partitions"):
+            wrap(C, "_PartitionedParameterCoordinator__" + n)
         wrap(DeepSpeedZeRoOffload, "partition_all_parameters")
         for n in ("_offload_grad_partition_at_boundary", "_constant_buffered_norm2", "reset_cpu_buffers",
                   "invalidate_secondary_tensor", "_loss_scale_update_and_overflow_cleanup"):

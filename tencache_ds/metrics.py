@@ -5,8 +5,8 @@ One line per optimizer step at the config's ``metrics_path``, and the latest one
 
     {"schema": "tencache.metrics/6", "step": 12, "step_time_s": 1.93, "fetch_wait_s": 0.004,
      "param_nvme_wait_s": 0.003, "optimizer_nvme_wait_s": 0.001, "device_fetch_s": 0.41,
-     "device_fetch_bytes": 248512512, "device_gathers": 3, "device_hit_rate": 0.87, "host_hit_rate": 1.0, "nvme_read_bytes": 0,
-     "nvme_write_bytes": 0, "prefetch_issued": 0, "prefetch_late": 0, "nvme_busy_fraction": 0.0,
+     "device_fetch_bytes": 248512512, "device_gathers": 3, "device_hit_rate": 0.87, "host_hit_rate": 1.0,
+     "nvme_read_bytes": 0, "nvme_write_bytes": 0, "prefetch_issued": 0, "prefetch_late": 0, "nvme_busy_fraction": 0.0,
      "nvme_queue_depth": null, "pinned_bytes_reserved": ...,
      "pinned_bytes_in_use": ..., "host_cache_bytes_in_use": ..., "device_cache_bytes_in_use": ...,
      "device_cache_peak_bytes": ..., "host_cache_budget_bytes": ..., "host_memory_available_bytes": ...,
@@ -21,9 +21,10 @@ What each per-step number means (this step's, not a running total):
   included (all-gather output on CPU ranks, host-to-device copies on a GPU); ``device_gathers``: how many
   gathers produced them (DeepSpeed gathers a bucket of parameters at a time; each gather has a fixed host cost, so
   many small ones make a slow forward pass; one gather may run several collectives, e.g. quantized and plain
-  weights apart, and at one rank on a GPU it is a copy per parameter); ``device_hit_rate``: uses of a parameter served without a gather for
-  them over all uses. All three are None where a gather is a view of the partition (one rank on DeepSpeed's CPU
-  accelerator: nothing is moved, so a "hit" saves nothing), and the first two when the step used no parameter.
+  weights apart, and at one rank on a GPU it is a copy per parameter); ``device_hit_rate``: uses of a parameter
+  served without a gather for them over all uses. All three are None where a gather is a view of the partition
+  (one rank on DeepSpeed's CPU accelerator: nothing is moved, so a "hit" saves nothing), and the first two when
+  the step used no parameter.
 - ``nvme_busy_fraction``: the share of the step during which at least one of tencache's file requests was
   executing (any swapper, any NVMe path: io/activity.py); ``nvme_queue_depth``: how many were executing on average
   while any was (None: the drive was idle the whole step). A step bound by I/O should show a busy fraction near 1;

@@ -1,7 +1,7 @@
 """Every entry of one store, indexed by state. Owns: the entries (cache/entry.py records), their transitions (each
 checked against the table of legal ones), the indexes hot paths read instead of scanning (count per state, held
-entries in least-recently-used order, writes in flight, entries away on file), and the store-wide invariants. Pure bookkeeping: no I/O,
-no lock (the store's lock guards it).
+entries in least-recently-used order, writes in flight, entries away on file), and the store-wide invariants. Pure
+bookkeeping: no I/O, no lock (the store's lock guards it).
 """
 import collections
 from typing import Callable, Dict, Hashable, Iterator, List, Optional

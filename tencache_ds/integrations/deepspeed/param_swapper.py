@@ -150,7 +150,7 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
         # no slot: the held partitions are added (EntryStore.lendable_without_buffer), and the depth is bounded by
         # the coordinator's own rule (twice the elements being gathered). Its gathers then come in buckets, as stock
         # CPU offload's do: on the H200, gpt2-small's step made 47 gathers against stock CPU offload's 3, each with
-        # its swap-in and wait, and now makes 3 (docs/gpu_check.md, "The fifth lease").
+        # its swap-in and wait, and now swaps in 3 times a step (docs/gpu_check.md, "The fifth lease").
         # Ranks must answer alike: the answer decides which parameters each all-gather takes. Ranks whose host tiers
         # differ (budgets, readings) hold different partitions and read different ones ahead, and told different
         # depths they gathered different buckets: gloo aborted ("Received data size doesn't match expected size").
