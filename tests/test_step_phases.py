@@ -2,7 +2,8 @@
 launcher, as the leases run it, on the CPU accelerator. It must drop the warm-up steps, time each phase with the
 training thread's CPU time beside it, time every tencache method with STEP_PHASES_DETAIL=1, and give each thread's CPU
 time; a lease has no second chance to find that a key is missing. The run also shows what the fifth lease found on
-the GPU (docs/gpu_check.md): at one rank, with every partition held, DeepSpeed gathers the parameters in buckets."""
+the GPU (docs/gpu_check.md): at one rank, with every partition held, DeepSpeed gathers the parameters in buckets,
+with the losses and fp32 weights of stock CPU offload run in a process that never imported tencache_ds."""
 import json
 import os
 import subprocess
@@ -15,17 +16,24 @@ pytestmark = pytest.mark.deepspeed
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+TRAIN = ["scripts/train.py", "--deepspeed_config", "configs/stock-nvme-defaults.json", "--model", "gpt2-tiny",
+         "--steps", "4", "--micro-batch", "1", "--seq-len", "8", "--dtype", "fp32", "--weights-gather", "grouped"]
+LAUNCHER = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "1"]
+
+
+def launch(args, env=None):
+    run = subprocess.run(LAUNCHER + args, cwd=REPO, env=dict(os.environ, PYTHONPATH=REPO, **(env or {})),
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    return run
+
+
 def test_phases_under_the_launcher_with_every_tencache_method_and_thread(tmp_path):
     out = tmp_path / "phases.json"
-    command = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "1", "scripts/step_phases.py",
-               "tencache", str(out), "--", "scripts/train.py", "--deepspeed_config",
-               "configs/stock-nvme-defaults.json", "--model", "gpt2-tiny", "--steps", "4", "--micro-batch", "1",
-               "--seq-len", "8", "--dtype", "fp32", "--weights-gather", "grouped", "--nvme-path",
-               str(tmp_path / "nvme"), "--tencache-block", '{"enabled": true, "device_cache_bytes": 0}',
-               "--result-file", str(tmp_path / "result.json")]
-    env = dict(os.environ, STEP_PHASES_DETAIL="1", PYTHONPATH=REPO)
-    run = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    run = launch(["scripts/step_phases.py", "tencache", str(out), "--"] + TRAIN
+                 + ["--nvme-path", str(tmp_path / "nvme"), "--tencache-block",
+                    '{"enabled": true, "device_cache_bytes": 0}', "--result-file", str(tmp_path / "result.json")],
+                 env={"STEP_PHASES_DETAIL": "1"})
     report = json.loads(out.read_text())
     assert report["steps"] == 2 and not report["synchronized"]  # 4 steps, the first 2 dropped
     phases = report["phases"]
@@ -46,5 +54,12 @@ def test_phases_under_the_launcher_with_every_tencache_method_and_thread(tmp_pat
     # NVMe prefetch without slots, and its gathers take several partitions each (7 a step for gpt2-tiny's 10 when
     # it was told a slot's worth at a time, 4 now)
     gathers = phases["PartitionedParameterCoordinator._PartitionedParameterCoordinator__all_gather_params"]
-    partitions = json.loads((tmp_path / "result.json").read_text())["steps"][-1]["stats"]["param_num_tensors"]
+    ours = json.loads((tmp_path / "result.json").read_text())
+    partitions = ours["steps"][-1]["stats"]["param_num_tensors"]
     assert 0 < 2 * gathers["calls_per_step"] <= partitions
+    # swapping moves bytes, never math: stock CPU offload's bits, from a process that never imported tencache_ds
+    launch(TRAIN + ["--nvme-path", str(tmp_path / "stock"), "--tencache-block", "none", "--offload-device", "cpu",
+                    "--untouched-stock", "--result-file", str(tmp_path / "stock.json")])
+    stock = json.loads((tmp_path / "stock.json").read_text())
+    assert [step["loss_bits"] for step in ours["steps"]] == [step["loss_bits"] for step in stock["steps"]]
+    assert ours["weights_sha256"] == stock["weights_sha256"] is not None

@@ -162,7 +162,7 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
             if self._one_rank is None:
                 self._one_rank = dist.get_world_size() == 1
             in_use = self.store.lent_or_reading()
-            if not self._one_rank:
+            if not self._one_rank and self.scheduled_reads:  # no read ahead ever started (all held): nothing to scan
                 in_use -= sum(1 for record in self._partitions.values() if record.read is Read.AHEAD)
             free = max(0, int(self.param_buffer_count) - in_use)
             return free + self.store.lendable_without_buffer() if self._one_rank else free
