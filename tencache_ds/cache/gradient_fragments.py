@@ -1,46 +1,41 @@
-"""Gradient fragments read where they lie. Owns: remembering, per optimizer sub-group, the fragments of its gradient
-that are views of a host buffer the caller keeps unchanged until the update, and filling the sub-group's gradient
-buffer from them then. Remembering a view costs no memory and no I/O: such a gradient makes no NVMe round trip.
-Does not own: fragments that are not views (the optimizer store stores them: cache/write_back.py), the gradient
-buffer filled (the store lends it), when fragments arrive or are used (integrations/deepspeed/optimizer_swapper.py).
+"""Gradient fragments read where they lie. Owns: remembering, per optimizer sub-group, the host copies its caller
+keeps unchanged until the update of the fragments of its gradient, and filling the sub-group's gradient buffer from
+them then. Remembering a kept copy costs no memory and no I/O: such a gradient makes no NVMe round trip, and its
+fragments are not copied when they arrive. Does not own: which copy is kept for a fragment (the caller's lookup:
+integrations/deepspeed/stage3_gradients.py finds stage 3's), fragments without one (the optimizer store stores
+them: cache/write_back.py), the gradient buffer filled (the store lends it), when fragments arrive or are used
+(integrations/deepspeed/optimizer_swapper.py).
 
-Stage 3 accumulates gradients in one partition buffer (``grad_partitions_flat_buffer``) that it changes only in the
-next backward; with fp32 gradients on a host accelerator every fragment it hands the optimizer swapper is a view of
-it. DeepSpeed relies on that itself: fragments shorter than an aligned block stay there, by reference, as its
-swapper's ``unswapped_gradients`` (stock's ``_writeback_gradients`` writes into those views; tencache's swapper
-never does: a written-back gradient is stored). A fragment cast for the call (bf16 gradients, fp32 optimizer) or on
-a device is an allocation of its own, which remembering would keep alive: it is stored instead.
+A kept copy may be of a narrower dtype than the fragment (bf16 gradients, an fp32 optimizer): the fill widens it,
+which is exact; the lookup only offers copies for which it is.
 
 Plain class: imports torch, not DeepSpeed.
 """
-from typing import Dict, Hashable, List, Sequence, Set, Tuple
+from typing import Callable, Dict, Hashable, List, Optional, Sequence, Set, Tuple
 
 import torch
 
 Part = Tuple[int, torch.Tensor]  # (element offset in the sub-group's gradient, fragment)
-
-
-def lies_in_kept_buffer(fragment: torch.Tensor, dtype: torch.dtype) -> bool:
-    """Is ``fragment`` a view of a host buffer of ``dtype`` (so that remembering it costs no memory)?"""
-    return fragment.device.type == "cpu" and fragment.dtype == dtype and fragment._base is not None
+# (offset, fragment) -> the copy of the fragment's values its caller keeps until the update, or None
+KeptCopy = Callable[[int, torch.Tensor], Optional[torch.Tensor]]
 
 
 class GradientFragments:
     """The remembered fragments of each sub-group's gradient (by sub-group id), newest per offset."""
 
-    def __init__(self, dtype: torch.dtype):
-        self.dtype = dtype
+    def __init__(self):
         self._views: Dict[Hashable, Dict[int, torch.Tensor]] = {}
         self._only_views: Set[Hashable] = set()  # lent gradients filled from fragments alone: nothing to keep
 
-    def remember(self, group, parts: Sequence[Part]) -> List[Part]:
-        """Remember the parts that lie in a kept buffer; returns the others, to be stored (a stored part is newer
-        than a fragment remembered at its offset before, which is forgotten)."""
+    def remember(self, group, parts: Sequence[Part], kept_copy: KeptCopy) -> List[Part]:
+        """Remember the kept copy of each part that has one; returns the others, to be stored (a stored part is
+        newer than a fragment remembered at its offset before, which is forgotten)."""
         views = self._views.setdefault(group, {})
         stored = []
         for offset, fragment in parts:
-            if lies_in_kept_buffer(fragment, self.dtype):
-                views[offset] = fragment
+            kept = kept_copy(offset, fragment)
+            if kept is not None:
+                views[offset] = kept
             else:
                 views.pop(offset, None)
                 stored.append((offset, fragment))
@@ -50,7 +45,7 @@ class GradientFragments:
         return bool(self._views.get(group))
 
     def fill(self, group, gradient: torch.Tensor, alone: bool) -> None:
-        """Copy the remembered fragments into ``gradient``. ``alone``: nothing else was stored for the sub-group,
+        """Copy the remembered fragments into ``gradient`` (widening them to its dtype). ``alone``: nothing else was stored for the sub-group,
         so the elements no fragment covers are zeroed (as in stock's sparse file), and the buffer is a copy of
         bytes someone else keeps (``filled_alone``)."""
         parts = sorted(self._views.get(group, {}).items())

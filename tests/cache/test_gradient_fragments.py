@@ -1,22 +1,37 @@
-"""Gradient fragments remembered where they lie (cache/gradient_fragments.py, pure): only views of a host buffer of
-the optimizer's dtype are remembered (anything else is returned for storing), the newest part per offset wins,
-and a gradient filled from fragments alone has zeros where none lands."""
+"""Gradient fragments remembered where they lie (cache/gradient_fragments.py, pure): a fragment whose values its
+caller keeps (the lookup finds a copy) is remembered by that copy, anything else is returned for storing; the
+newest part per offset wins; a gradient filled from fragments alone has zeros where none lands, and a kept copy of
+a narrower dtype is widened into it."""
 import torch
 
-from tencache_ds.cache.gradient_fragments import GradientFragments, lies_in_kept_buffer
+from tencache_ds.cache.gradient_fragments import GradientFragments
 
 
-def test_only_views_of_a_host_buffer_of_the_optimizers_dtype_are_remembered():
-    flat = torch.arange(10, dtype=torch.float32)
-    assert lies_in_kept_buffer(flat.narrow(0, 2, 3), torch.float32)
-    assert not lies_in_kept_buffer(flat.narrow(0, 2, 3).clone(), torch.float32)  # its own allocation
-    assert not lies_in_kept_buffer(flat.to(torch.bfloat16).narrow(0, 0, 2), torch.float32)  # another dtype
+def _views_of(flat: torch.Tensor):
+    """The lookup for a caller that keeps ``flat``: a fragment that is a view of it is its own kept copy."""
+    def kept_copy(_offset, fragment):
+        return fragment if fragment._base is flat else None
+    return kept_copy
+
+
+def test_only_fragments_the_lookup_finds_a_kept_copy_for_are_remembered_and_the_copy_is_what_is_read():
+    kept = torch.arange(4, dtype=torch.bfloat16)  # the caller's buffer: bf16 gradients
+    handed = kept.to(torch.float32)  # the fp32 cast handed for the call: its own allocation
+    fragments = GradientFragments()
+    stored = fragments.remember("g", [(0, handed), (4, torch.ones(2))],
+                                lambda offset, fragment: kept if offset == 0 else None)
+    assert [offset for offset, _ in stored] == [4]  # no kept copy: stored
+    handed.zero_()  # the cast is freed after the call: the kept copy is what the fill reads
+    kept.add_(1)  # and the caller's newest bytes are
+    gradient = torch.full((6,), -1.0)
+    fragments.fill("g", gradient, alone=False)
+    assert gradient.tolist() == [1, 2, 3, 4, -1, -1]  # widened exactly; the stored part's bytes untouched
 
 
 def test_a_gradient_filled_from_fragments_alone_has_zeros_between_them_and_reads_their_newest_bytes():
     flat = torch.arange(1.0, 11.0)  # stage 3's buffer: 10 elements, two parameters' partitions of 3 and 4
-    fragments = GradientFragments(torch.float32)
-    assert fragments.remember("g", [(1, flat.narrow(0, 0, 3)), (6, flat.narrow(0, 3, 4))]) == []
+    fragments = GradientFragments()
+    assert fragments.remember("g", [(1, flat.narrow(0, 0, 3)), (6, flat.narrow(0, 3, 4))], _views_of(flat)) == []
     flat.mul_(2)  # the buffer changes before the update (a later backward of the same window): the newest wins
     gradient = torch.full((12,), -1.0)
     fragments.fill("g", gradient, alone=True)
@@ -26,10 +41,10 @@ def test_a_gradient_filled_from_fragments_alone_has_zeros_between_them_and_reads
 
 def test_a_stored_part_replaces_the_fragment_remembered_at_its_offset_and_fills_over_stored_bytes():
     flat = torch.ones(8)
-    fragments = GradientFragments(torch.float32)
-    fragments.remember("g", [(0, flat.narrow(0, 0, 4)), (4, flat.narrow(0, 4, 4))])
-    cast = torch.full((4,), 5.0, dtype=torch.bfloat16).to(torch.float32)  # its own allocation: stored
-    stored = fragments.remember("g", [(4, cast)])
+    fragments = GradientFragments()
+    fragments.remember("g", [(0, flat.narrow(0, 0, 4)), (4, flat.narrow(0, 4, 4))], _views_of(flat))
+    cast = torch.full((4,), 5.0, dtype=torch.bfloat16).to(torch.float32)  # no kept copy: stored
+    stored = fragments.remember("g", [(4, cast)], _views_of(flat))
     assert [offset for offset, _ in stored] == [4]
     gradient = torch.full((8,), 5.0)  # the store's bytes, holding the stored part
     fragments.fill("g", gradient, alone=False)
@@ -43,8 +58,8 @@ def test_a_fill_over_stored_bytes_clears_an_earlier_fill_alone():
     alone that was never given back (a failed update) left it set, and the stored, budgeted entry would have been
     discarded as a copy of stage 3's bytes."""
     flat = torch.ones(4)
-    fragments = GradientFragments(torch.float32)
-    fragments.remember("g", [(0, flat)])
+    fragments = GradientFragments()
+    fragments.remember("g", [(0, flat)], lambda _offset, fragment: fragment)
     fragments.fill("g", torch.zeros(4), alone=True)
     fragments.fill("g", torch.zeros(4), alone=False)
     assert not fragments.filled_alone("g")

@@ -8,6 +8,7 @@ import os
 
 import pytest
 
+from tencache_ds.integrations.deepspeed.stage3_gradients import STORE_GRADIENT_FRAGMENTS_ENV
 from tencache_ds.memory.device_staging import STAGE_HOST_PARTS_ENV
 from test_parity import assert_identical, assert_same_bits  # tests/deepspeed is on sys.path (rootdir-relative)
 
@@ -50,15 +51,16 @@ def test_a_gradient_stored_in_several_buckets_keeps_every_fragment_while_streami
 
 
 @pytest.mark.parametrize("block", [QUARTER, STREAMING], ids=["quarter", "streaming"])
-def test_gradients_through_the_staging_chunks_give_stocks_bits(train, block):
-    """In bf16 each reduced gradient handed to the optimizer swapper is an fp32 cast, stored into its sub-group's
-    entry (held under a quarter, written to its file's offsets when streaming). On a GPU those parts come through
-    memory/device_staging.py's registered chunks; here TENCACHE_STAGE_HOST_PARTS sends host parts the same way,
-    through 64 KiB chunks, so every copy crosses many chunks and reuses both: a chunk refilled before it was
-    copied out would change the gradients, and the losses."""
+def test_stored_gradients_through_the_staging_chunks_give_stocks_bits(train, block):
+    """Where stage 3 keeps no host copy of a gradient fragment (TENCACHE_STORE_GRADIENT_FRAGMENTS: none is looked
+    up), the fragment, in bf16 an fp32 cast, is stored into its sub-group's entry (held under a quarter, written to
+    its file's offsets when streaming). A device fragment comes through memory/device_staging.py's registered
+    chunks; here TENCACHE_STAGE_HOST_PARTS sends host parts the same way, through 64 KiB chunks, so every copy
+    crosses many chunks and reuses both: a chunk refilled before it was copied out would change the gradients, and
+    the losses."""
     options = dict(SUB_GROUPS, dtype="bf16", steps=3, seq_len=16)
     stock = train(block=None, **options)
-    ours = train(block=block, env={STAGE_HOST_PARTS_ENV: str(64 << 10)}, **options)
+    ours = train(block=block, env={STAGE_HOST_PARTS_ENV: str(64 << 10), STORE_GRADIENT_FRAGMENTS_ENV: "1"}, **options)
     assert_identical(stock, ours)
     assert ours.last_stats["optimizer_cache_staging_chunks_filled"] > 100
 
@@ -103,13 +105,17 @@ def test_a_budget_smaller_than_one_tensor_keeps_a_prefix_and_saves_its_bytes_eve
             assert after[saved] - before[saved] == prefix, (way, before[saved], after[saved])
 
 
-def test_gradients_make_no_nvme_round_trip(train, tmp_path):
-    """Stage 3 accumulates fp32 gradients in a host buffer it keeps until the next backward: the update copies each
-    sub-group's gradient from there. Streaming (nothing kept), no gradient file is ever written (stock writes every
-    gradient and reads it back each step: a quarter of its optimizer bytes), with stock's bits."""
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_gradients_make_no_nvme_round_trip(train, tmp_path, dtype):
+    """Stage 3 accumulates gradients in a host buffer it keeps until the next backward: the update copies each
+    sub-group's gradient from there (widening bf16 to fp32: stage 3 hands the optimizer swapper an fp32 cast,
+    which was stored, and written when streaming, until stage3_gradients.py found the buffer's own copy).
+    Streaming (nothing kept), no gradient file is ever written (stock writes every gradient and reads it back each
+    step: a quarter of its optimizer bytes), with stock's bits."""
     nvme = str(tmp_path / "nvme")
-    stock = train(block=None, **SUB_GROUPS)
-    ours = train(block=STREAMING, nvme_path=nvme, **SUB_GROUPS)
+    options = dict(SUB_GROUPS, dtype=dtype, **(dict(steps=3, seq_len=16) if dtype == "bf16" else {}))
+    stock = train(block=None, **options)
+    ours = train(block=STREAMING, nvme_path=nvme, **options)
     assert_identical(stock, ours)
     files = [name for _root, _dirs, names in os.walk(nvme) for name in names]
     assert [name for name in files if name.startswith("exp_avg")], files  # the state streamed through files

@@ -139,19 +139,20 @@ def initialize_call_config() -> Optional[TencacheConfig]:
     return getattr(_initializing, "config", None)
 
 
-_building = threading.local()  # the raw config of the ZeRO-3 optimizer this thread is building (install.py)
+_building = threading.local()  # the ZeRO-3 optimizer this thread is building, and its raw config (install.py)
 
 
 @contextlib.contextmanager
-def building_stage3(ds_config):
+def building_stage3(ds_config, optimizer=None):
     """While DeepSpeedZeroOptimizer_Stage3.__init__ runs with ``ds_config`` (install.py wraps it): the config
-    find_stage3_ds_config returns. Nested builds restore the outer one."""
-    outer = getattr(_building, "config", None)
-    _building.config = ds_config_dict(ds_config)
+    find_stage3_ds_config returns, and the optimizer being built, which find_stage3_optimizer returns. Nested builds
+    restore the outer one."""
+    outer = getattr(_building, "config", None), getattr(_building, "optimizer", None)
+    _building.config, _building.optimizer = ds_config_dict(ds_config), optimizer
     try:
         yield
     finally:
-        _building.config = outer
+        _building.config, _building.optimizer = outer
 
 
 def find_stage3_ds_config() -> Optional[dict]:
@@ -165,12 +166,27 @@ def find_stage3_ds_config() -> Optional[dict]:
     config = getattr(_building, "config", None)
     if config is not None:
         return config
-    frame = sys._getframe(1)
+    frame = _stage3_init_frame()
+    return None if frame is None else ds_config_dict(frame.f_locals["ds_config"])
+
+
+def find_stage3_optimizer():
+    """The DeepSpeedZeroOptimizer_Stage3 being built (the one whose __init__ builds the calling swapper), or None;
+    found as find_stage3_ds_config finds its config."""
+    optimizer = getattr(_building, "optimizer", None)
+    if optimizer is not None:
+        return optimizer
+    frame = _stage3_init_frame()
+    return None if frame is None else frame.f_locals["self"]
+
+
+def _stage3_init_frame():
+    frame = sys._getframe(2)
     while frame is not None:
         if frame.f_code.co_name == "__init__" and "ds_config" in frame.f_locals:
             owner = frame.f_locals.get("self")
             if owner is not None and type(owner).__name__.endswith("Stage3"):
-                return ds_config_dict(frame.f_locals["ds_config"])
+                return frame
         frame = frame.f_back
     return None
 
@@ -199,7 +215,7 @@ def prepare_swap_folder(folder: str, nvme_path: str, config_key: str) -> None:
                                     f"{err.strerror or err}") from None
 
 
-__all__ = ["validate_ds_config", "find_stage3_ds_config",
+__all__ = ["validate_ds_config", "find_stage3_ds_config", "find_stage3_optimizer",
            "building_stage3", "initializing", "initialize_call_config",
            "io_aligned_numel", "prepare_swap_folder",
            "MIN_SWAPPABLE_BYTES"]

@@ -160,8 +160,17 @@ PRIVATE_MEMBERS = (
                   "the optimizer swapper the ZeRO-3 optimizer built: closed, reported and checkpointed through it"),
     PrivateMember(STAGE3, "parameter_offload", "attribute", "install.py, coordinator.py",
                   "holds the module and its parameter coordinator (get_param_coordinator)"),
-    PrivateMember(STAGE3, "fp16_groups", "attribute", "reporting.py",
-                  "the partitioned parameters, through which their swappers are found"),
+    PrivateMember(STAGE3, "fp16_groups", "attribute", "reporting.py, stage3_gradients.py",
+                  "the partitioned parameters, through which their swappers are found, by sub-group"),
+    PrivateMember(STAGE3, "__param_id_to_grad_partition", "attribute", "stage3_gradients.py",
+                  "each parameter's view of the host gradient buffer: the copy of a gradient fragment the update "
+                  "reads instead of storing the fragment"),
+    PrivateMember(STAGE3, "grad_partitions_flat_buffer", "attribute", "stage3_gradients.py",
+                  "the gradient buffer those views share: looked up only where it is host memory"),
+    PrivateMember(STAGE3, "grad_position", "attribute", "stage3_gradients.py",
+                  "a parameter's sub-group and offset: where swap_out_gradients hands its fragment"),
+    PrivateMember(STAGE3, "fp32_partitioned_groups_flat", "attribute", "stage3_gradients.py",
+                  "each sub-group's fp32 partition, whose id names the sub-group in swap_out_gradients"),
     # The engine (checkpoint.py, checkpoint_save.py)
     PrivateMember(ENGINE, "_get_zero_ckpt_name", "method", "checkpoint.py, checkpoint_save.py",
                   "the ZeRO checkpoint file of this rank, whose optimizer state stock's NVMe load skips, and whose "
@@ -220,6 +229,13 @@ CALL_ORDER = (
     CallOrder("engine.forward() runs before any parameter of its step is fetched", "install.py (governor)",
               "the host tier is refitted between steps, never while a step holds lent buffers",
               "tests/deepspeed/test_memory_pressure_engine.py"),
+    CallOrder("at the accumulation boundary partition_grads hands swap_out_gradients, per parameter, a copy (on a "
+              "device, or cast to fp32) of its view of the host gradient buffer, which stage 3 changes only in "
+              "the next backward; on a GPU it fills the view on reduce_and_partition_stream, which the "
+              "backward's epilogue synchronises before step() can run",
+              "stage3_gradients.py, optimizer_swapper.py (swap_out_gradients, _lend_gradient)",
+              "the update reads each fragment's values from that view instead of a stored copy",
+              "tests/deepspeed/test_residency.py (bf16 and fp32, stock's bits, no gradient file)"),
     CallOrder("_save_zero_checkpoint writes the rank's ZeRO file with one checkpoint_engine.save(state, path) call",
               "checkpoint_save.py (saving_masters)",
               "that call is the one whose masters share the swap files' blocks, where the file system clones",

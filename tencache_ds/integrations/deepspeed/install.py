@@ -94,7 +94,7 @@ def _building_with_config(init):
     @functools.wraps(init)
     def init_with_config_and_meter(self, *args, **kwargs):
         ds_config = signature.bind_partial(self, *args, **kwargs).arguments.get("ds_config")
-        with building_stage3(ds_config):
+        with building_stage3(ds_config, optimizer=self):
             init(self, *args, **kwargs)
         reporting.attach_step_meter(self)
 

@@ -11,9 +11,9 @@ What changes for users:
 - Write-back: changed state reaches its file when evicted, when a checkpoint is saved (the engine reads
   ``swap_folder`` just before it copies the folder: the property flushes first), when a checkpoint is loaded,
   and at close. In steady state with everything held, nothing is written per step (stock: all optimizer state).
-- No NVMe round trip for gradients where stage 3 keeps them in a host buffer until the update (fp32 on a host
-  accelerator): they are copied from there at the update (cache/gradient_fragments.py). Stock writes every
-  gradient and reads it back each step.
+- No NVMe round trip for gradients, and no copy of them in the backward: stage 3 keeps each one in a host buffer
+  until the update, in any dtype and on any accelerator, and the update copies it from there
+  (stage3_gradients.py, cache/gradient_fragments.py). Stock writes every gradient and reads it back each step.
 - File layout is stock's (``<ds_id>.tensor.swp``, ``<state>-<ds_id>.tensor.swp``), so checkpoints copy it file by
   file; a sub-group's gradient fragments share one file (``<ds_id>_gradient_0_<numel>.tensor.swp``), which
   checkpoints skip as they skip stock's.
@@ -41,13 +41,13 @@ from ...cache.optimizer_store import OptimizerStore
 from ...io.direct_io import DirectFileIO, store_io_threads
 from ...io.shared_files import LinkSafeIO, unshare_folder
 from ...memory.pool import BufferPool
-from ...plan.workload import gradient_accumulation_bytes
 from ...profile.lifecycle import ProfileLifecycle
 from .profiling import rank_profile_path
-from .config_bridge import (DEEPSPEED_OPS, MIN_SWAPPABLE_BYTES, accelerator_is_host, find_stage3_ds_config,
+from .config_bridge import (DEEPSPEED_OPS, MIN_SWAPPABLE_BYTES, find_stage3_ds_config, find_stage3_optimizer,
                             initialize_call_config, io_aligned_numel, prepare_swap_folder, validate_ds_config)
 from . import param_swapper, reporting
 from .host_tier_share import optimizer_host_share
+from .stage3_gradients import stage3_gradients_of
 
 NVME_PATH_KEY = "zero_optimization.offload_optimizer.nvme_path"
 
@@ -130,12 +130,12 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         self._lent = {}        # sub-group id -> keys of the entries lent as its tensors (and gradient)
         self._read_ahead = {}  # sub-group id -> keys whose reads were started for it (async_parameter)
         # gradient fragments read from stage 3's own gradient buffer at the update, not from a file
-        self._gradient_fragments = GradientFragments(dtype)
-        # whether stage 3 hands gradient fragments as views of its own buffer (then the tier holds no gradient
-        # but those of the sub-groups in _stored_gradients: a fragment that was no view, or a gradient written
-        # back through DeepSpeed's API; state_bytes counts what it can hold from the first reading on)
-        self._gradient_views = accelerator_is_host() and dtype == torch.float32 and \
-            gradient_accumulation_bytes(find_stage3_ds_config() or {}) == 4
+        self._gradient_fragments = GradientFragments()
+        self._stage3_gradients = stage3_gradients_of(find_stage3_optimizer())
+        # whether stage 3's host copies of the gradients are found (then the tier holds no gradient but those of
+        # the sub-groups in _stored_gradients: a fragment without a copy, or a gradient written back through
+        # DeepSpeed's API; state_bytes counts what it can hold from the first reading on)
+        self._gradient_views = self._stage3_gradients is not None
         self._stored_gradients = set()  # sub-group ids
         self._checkpoint_load_pending = False  # the engine's load_checkpoint is running (loading_checkpoint)
         self._drop_held_copies = False  # a checkpoint was copied over the folder: drop every held copy first
@@ -275,23 +275,23 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         gradient, the bytes between them left as they were. Stage 3 calls this once per reduce bucket, so a
         sub-group that spans several buckets gets its fragments in several calls.
 
-        A fragment that is a view of stage 3's gradient partition buffer is remembered, not copied: the update
-        reads it from there (``_lend_gradient``; cache/gradient_fragments.py says why that is safe), and gradients
-        make no NVMe round trip. That is every fragment when gradients are accumulated in fp32 on the host (the CPU
-        accelerator; ``grad_accum_dtype`` fp32).
+        A fragment whose values stage 3 keeps in its host gradient buffer until the update (every fragment in
+        DeepSpeed 0.19.8, whatever the dtype or accelerator: stage3_gradients.py says why) is not copied: the view
+        of that buffer is remembered and the update reads it from there (``_lend_gradient``), so gradients make no
+        NVMe round trip and take no host memory of the tier's.
 
-        Any other fragment (a device tensor on a GPU, or a cast made for the call) is stored: held in host memory,
-        copied into the held buffer (the one copy stock CPU offload makes too), which reaches the file only if
-        evicted; on file, written to its offset in the file (nothing read back); the first gradient of a sub-group
-        is a new entry, zeros between the fragments (stock's new file is sparse). The store does all three
-        (EntryStore.write_parts)."""
+        A fragment without such a copy is stored: held in host memory, copied into the held buffer, which reaches
+        the file only if evicted; on file, written to its offset in the file (nothing read back); the first
+        gradient of a sub-group is a new entry, zeros between the fragments (stock's new file is sparse). The store
+        does all three (EntryStore.write_parts)."""
         group = OptimizerSwapper.parameter_id(parameter)
         swap_info = self.swap_params_info.get(group)
         if swap_info is None:
             return
         if not swap_info.swapped_gradients:
             swap_info.get_or_create_gradient_paths([0], [swap_info.numel()])
-        stored = self._gradient_fragments.remember(group, list(zip(gradient_offsets, gradient_tensors)))
+        stored = self._gradient_fragments.remember(group, list(zip(gradient_offsets, gradient_tensors)),
+                                                   self._kept_copy_in(group))
         if stored:
             self._stored_gradients.add(group)
             path = self._gradient_path(swap_info)
@@ -418,6 +418,14 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
     def _gradient_path(swap_info) -> str:
         [fragment] = swap_info.swapped_gradients.values()
         return fragment.path
+
+    def _kept_copy_in(self, group):
+        """The lookup of stage 3's host copy of a fragment of sub-group ``group``'s gradient (none found without
+        the optimizer that built this swapper)."""
+        stage3 = self._stage3_gradients
+        if stage3 is None:
+            return lambda offset, fragment: None
+        return lambda offset, fragment: stage3.host_copy(group, offset, fragment)
 
     def _lend_gradient(self, group, path: str, numel: int, read_ahead) -> torch.Tensor:
         """The sub-group's gradient for its update: the stored one (held, or read), with the fragments still in

@@ -18,7 +18,6 @@ EPILOGUE_BYTES_PER_ELEMENT = 20
 # the two moments (8) and the gradient's buffer (4) (stage3.initialize_optimizer_states).
 INIT_BYTES_PER_ELEMENT_OUTSIDE_POOL = 10
 INIT_BYTES_PER_ELEMENT_POOLED = 16
-GRADIENT_BYTES_PER_ELEMENT = 4   # stage 3's fp32 gradient partitions (grad_partitions_flat_buffer)
 # On a host accelerator each micro-batch's backward writes fresh host memory, about 3.5 times the model's gathered
 # bytes: the gradients autograd allocates, the reduce bucket stage 3 concatenates, the reduced copies; freed again
 # at the step (large blocks go back to the kernel), so the next backward faults its pages in once more. Measured
@@ -151,6 +150,7 @@ def host_resident_bytes(workload: Workload, machine: Machine) -> Dict[str, int]:
     accelerator) what would be device memory."""
     device = device_working_bytes(workload)
     return {"baseline": machine.process_baseline_bytes,
-            "gradients": workload.rank_elements * GRADIENT_BYTES_PER_ELEMENT,
+            # stage 3's gradient partitions (grad_partitions_flat_buffer), in the gradient accumulation dtype
+            "gradients": workload.rank_elements * workload.zero.grad_accum_bytes,
             "device_on_host": device if machine.accelerator_is_host else 0,
             "device": 0 if machine.accelerator_is_host else device}

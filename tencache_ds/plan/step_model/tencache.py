@@ -96,15 +96,15 @@ def tencache_plan(workload: Workload, machine: Machine) -> TencachePlan:
     prefixes: Dict[str, int] = {}
     optimizer_streaming = rise = 0
     if zero.offload_optimizer == "nvme":
-        keys, sizes = _optimizer_sequence(workload, machine)
+        keys, sizes = _optimizer_sequence(workload)
         if budgets.host_source == AUTO:
             optimizer_share, rise = _grown_share(workload, machine, start_share, streaming + param_cache)
         residency = steady_state(keys, sizes, optimizer_share, prefixes=True)
         held, prefixes = residency.held, dict(residency.prefixes)
         if len(held) < len(sizes):  # a sub-group's four tensors stream through slots (twice: one read ahead)
             optimizer_streaming = _optimizer_streaming_bytes(workload)
-        else:  # the gradient an update fills from stage 3's buffer, if any, still takes one
-            optimizer_streaming = _update_slot_bytes(workload, machine)
+        else:  # the gradient an update fills from stage 3's buffer still takes one
+            optimizer_streaming = _update_slot_bytes(workload)
     param_capacity = all_swapped if params_all_held else param_cache
     device_free = resources.device_free_bytes
     device = device_tier_budget(config.device_cache_bytes, machine.accelerator_is_host, param_capacity,
@@ -125,9 +125,9 @@ def _grown_share(workload: Workload, machine: Machine, start_share: int, param_s
     and start-up optimizer footprint. It lands in its band, so later readings hold: one decision is the steady
     state. Parameter cache slots do not grow (the governor takes back only what it gave). Shrinking is not
     modelled: a run that would have to give memory back holds its start-up share here (``fits`` judges it)."""
-    sizes = _optimizer_sequence(workload, machine)[1]
+    sizes = _optimizer_sequence(workload)[1]
     state = sum(round_up(size, PAGE_BYTES) for size in sizes.values())
-    update_slot = _update_slot_bytes(workload, machine)
+    update_slot = _update_slot_bytes(workload)
     if start_share >= state:
         return start_share, 0
     slots = _optimizer_streaming_bytes(workload)
@@ -158,11 +158,9 @@ def _optimizer_streaming_bytes(workload: Workload) -> int:
     return largest * 4 * (2 if len(workload.sub_groups) > 1 else 1)
 
 
-def _update_slot_bytes(workload: Workload, machine: Machine) -> int:
+def _update_slot_bytes(workload: Workload) -> int:
     """The streaming slot an update lends even when every sub-group is kept: the gradient it fills from stage 3's
-    buffer (``gradients_stay_in_deepspeed``; OptimizerStore.resize_host_footprint's ``update_slots``)."""
-    if not gradients_stay_in_deepspeed(workload, machine):
-        return 0
+    buffer (OptimizerStore.resize_host_footprint's ``update_slots``)."""
     return workload.zero.swap_nbytes(workload.largest_sub_group_elements, 4)
 
 
@@ -184,24 +182,16 @@ def _params_off_nvme_bytes(workload: Workload) -> int:
     return 0
 
 
-def gradients_stay_in_deepspeed(workload: Workload, machine: Machine) -> bool:
-    """Are the gradients read from stage 3's own partition buffer at the update, never stored (the optimizer
-    swapper's ``swap_out_gradients``)? Where that buffer is host memory (a host accelerator) and gradients are
-    accumulated in fp32, the optimizer's dtype (``data_types.grad_accum_dtype``, else the model's: fp32 training)."""
-    return machine.accelerator_is_host and workload.zero.grad_accum_bytes == 4
-
-
-def _optimizer_sequence(workload: Workload, machine: Machine) -> Tuple[List[str], Dict[str, int]]:
-    """The optimizer store's accesses in a step: each sub-group's gradient in backward, then per sub-group its
-    master, two moments and gradient in the update (no gradient where ``gradients_stay_in_deepspeed``)."""
+def _optimizer_sequence(workload: Workload) -> Tuple[List[str], Dict[str, int]]:
+    """The optimizer store's accesses in a step: per sub-group its master and two moments in the update. The
+    gradients are not the store's: the update reads them from stage 3's own partition buffer, in any dtype and on
+    any accelerator (integrations/deepspeed/stage3_gradients.py)."""
     zero, keys, sizes = workload.zero, [], {}
-    names = ("p", "m", "v") if gradients_stay_in_deepspeed(workload, machine) else ("p", "m", "v", "g")
+    names = ("p", "m", "v")
     for i in range(len(workload.sub_groups)):
         nbytes = zero.swap_nbytes(workload.sub_group_elements(i), 4)
         for name in names:
             sizes[f"{name}{i}"] = nbytes
-    keys += [f"g{i}" for i in range(len(workload.sub_groups)) if f"g{i}" in sizes]
-    for i in range(len(workload.sub_groups)):
         keys += [f"{name}{i}" for name in names]
     return keys, sizes
 
@@ -233,7 +223,7 @@ def predict_tencache(workload: Workload, machine: Machine) -> Prediction:
     written_params = {key for position, key in enumerate(lend_keys) if position in host_misses}
     timeline = rates.timeline()
     h2d = not machine.accelerator_is_host
-    opt_keys, opt_sizes = _optimizer_sequence(workload, machine)
+    opt_keys, opt_sizes = _optimizer_sequence(workload)
     streams = zero.offload_optimizer == "nvme"
     first_backward = next((i for i, f in enumerate(workload.fetches) if f.phase != "forward"), 0)
     for _step in range(STEPS_REPLAYED):
@@ -266,9 +256,6 @@ def predict_tencache(workload: Workload, machine: Machine) -> Prediction:
             if h2d and zero.offload_optimizer != "none":
                 timeline.wait(timeline.issue("h2d", workload.rank_elements * elem), "h2d")
         if streams:
-            for i in range(len(workload.sub_groups)):
-                if f"g{i}" in opt_sizes and f"g{i}" not in plan.optimizer_held:
-                    timeline.issue("nvme_write", plan.optimizer_io_bytes(f"g{i}", opt_sizes[f"g{i}"]), f"g{i}")
             _tencache_optimizer(workload, timeline, rates, plan, opt_sizes, ahead, written_params)
         elif zero.offload_optimizer == "cpu":
             timeline.work(optimizer_cpu_s(workload, workload.rank_elements, rates), "cpu_adam")
@@ -312,7 +299,7 @@ def _tencache_optimizer(workload: Workload, timeline: Timeline, rates: Rates, pl
     groups = len(workload.sub_groups)
 
     def tensors(i: int) -> List[str]:
-        return [name for name in (f"p{i}", f"m{i}", f"v{i}", f"g{i}") if name in sizes]
+        return [f"p{i}", f"m{i}", f"v{i}"]
 
     def read(i: int) -> None:
         for name in tensors(i):
@@ -332,7 +319,7 @@ def _tencache_optimizer(workload: Workload, timeline: Timeline, rates: Rates, pl
         for key in workload.sub_groups[i]:
             if key in written_params:
                 timeline.issue("nvme_write", param_bytes(workload, key), key)
-        for name in (f"p{i}", f"m{i}", f"v{i}"):
+        for name in tensors(i):
             if name not in plan.optimizer_held:
                 timeline.issue("nvme_write", plan.optimizer_io_bytes(name, sizes[name]), name)
 
@@ -351,7 +338,7 @@ def _tencache_memory(workload: Workload, machine: Machine, plan: TencachePlan) -
     if zero.offload_optimizer == "nvme":
         largest = workload.largest_sub_group_elements
         init = largest * (INIT_BYTES_PER_ELEMENT_OUTSIDE_POOL + INIT_BYTES_PER_ELEMENT_POOLED)
-        held = (sum(_optimizer_sequence(workload, machine)[1][name] for name in plan.optimizer_held)
+        held = (sum(_optimizer_sequence(workload)[1][name] for name in plan.optimizer_held)
                 + sum(plan.optimizer_prefixes.values()))
         pageable += max(init, held + plan.optimizer_streaming_bytes)
     elif zero.offload_optimizer == "cpu":
