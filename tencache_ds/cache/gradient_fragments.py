@@ -45,9 +45,9 @@ class GradientFragments:
         return bool(self._views.get(group))
 
     def fill(self, group, gradient: torch.Tensor, alone: bool) -> None:
-        """Copy the remembered fragments into ``gradient`` (widening them to its dtype). ``alone``: nothing else was stored for the sub-group,
-        so the elements no fragment covers are zeroed (as in stock's sparse file), and the buffer is a copy of
-        bytes someone else keeps (``filled_alone``)."""
+        """Copy the remembered fragments into ``gradient``, widened to its dtype. ``alone``: nothing else was
+        stored for the sub-group, so the elements no fragment covers are zeroed (as in stock's sparse file), and
+        the buffer is a copy of bytes someone else keeps (``filled_alone``)."""
         parts = sorted(self._views.get(group, {}).items())
         if not alone:
             self._only_views.discard(group)

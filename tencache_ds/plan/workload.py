@@ -23,7 +23,8 @@ _DTYPE_NAME_BYTES.update({name: 4 for name in ("torch.float32", "fp32", "float32
 
 def gradient_accumulation_bytes(ds_config: Mapping[str, Any], source: str = "ds_config") -> int:
     """The element size stage 3 accumulates gradients in (engine.get_data_types): ``data_types.grad_accum_dtype``,
-    else the model's (fp16 or bf16: 2, fp32: 4). The one reader of that fact, for the estimate and the run."""
+    else the model's (fp16 or bf16: 2, fp32: 4): the dtype of stage 3's gradient partition buffer. The one reader
+    of that fact."""
     named = (ds_config.get("data_types") or {}).get("grad_accum_dtype")
     if named is None:
         half = any((ds_config.get(key) or {}).get("enabled") for key in ("fp16", "bf16", "bfloat16"))

@@ -217,8 +217,9 @@ def test_auto_takes_a_quarter_of_the_available_memory():
 
 # "auto" grows its optimizer share at run time (plan/memory_pressure.py): gpt2-medium with its optimizer state in
 # many sub-groups (configs/stock-nvme-many-sub-groups.json) has 3.97 GiB of it (masters and moments: the gradients
-# stay in stage 3's buffer), more than auto's start-up share on this_vm with 12 GiB or less available. (With one sub-group nothing grows: the run's start-up footprint counts four streaming slots of the
-# sub-group's size, as much as the whole state.)
+# stay in stage 3's buffer), more than auto's start-up share on this_vm with 12 GiB or less available. (With one
+# sub-group nothing grows: the run's start-up footprint counts four streaming slots of the sub-group's size, as
+# much as the whole state.)
 def growing_workload(**tencache):
     return workload("gpt2-medium", config=ds_config("stock-nvme-many-sub-groups.json", **tencache))
 

@@ -169,6 +169,8 @@ PRIVATE_MEMBERS = (
                   "the gradient buffer those views share: looked up only where it is host memory"),
     PrivateMember(STAGE3, "grad_position", "attribute", "stage3_gradients.py",
                   "a parameter's sub-group and offset: where swap_out_gradients hands its fragment"),
+    PrivateMember(STAGE3, "get_param_id", "method", "stage3_gradients.py",
+                  "the key of grad_position (undocumented)"),
     PrivateMember(STAGE3, "fp32_partitioned_groups_flat", "attribute", "stage3_gradients.py",
                   "each sub-group's fp32 partition, whose id names the sub-group in swap_out_gradients"),
     # The engine (checkpoint.py, checkpoint_save.py)
@@ -230,9 +232,9 @@ CALL_ORDER = (
               "the host tier is refitted between steps, never while a step holds lent buffers",
               "tests/deepspeed/test_memory_pressure_engine.py"),
     CallOrder("at the accumulation boundary partition_grads hands swap_out_gradients, per parameter, a copy (on a "
-              "device, or cast to fp32) of its view of the host gradient buffer, which stage 3 changes only in "
-              "the next backward; on a GPU it fills the view on reduce_and_partition_stream, which the "
-              "backward's epilogue synchronises before step() can run",
+              "device, or cast to fp32) of the first elements of its view of the host gradient buffer, which stage "
+              "3 writes again only when it reduces that parameter again; on a GPU it fills the view on "
+              "reduce_and_partition_stream, which the backward's epilogue synchronises before step() can run",
               "stage3_gradients.py, optimizer_swapper.py (swap_out_gradients, _lend_gradient)",
               "the update reads each fragment's values from that view instead of a stored copy",
               "tests/deepspeed/test_residency.py (bf16 and fp32, stock's bits, no gradient file)"),

@@ -12,8 +12,8 @@ What changes for users:
   ``swap_folder`` just before it copies the folder: the property flushes first), when a checkpoint is loaded,
   and at close. In steady state with everything held, nothing is written per step (stock: all optimizer state).
 - No NVMe round trip for gradients, and no copy of them in the backward: stage 3 keeps each one in a host buffer
-  until the update, in any dtype and on any accelerator, and the update copies it from there
-  (stage3_gradients.py, cache/gradient_fragments.py). Stock writes every gradient and reads it back each step.
+  until the update, and the update copies it from there (stage3_gradients.py, cache/gradient_fragments.py). Stock
+  writes every gradient and reads it back each step.
 - File layout is stock's (``<ds_id>.tensor.swp``, ``<state>-<ds_id>.tensor.swp``), so checkpoints copy it file by
   file; a sub-group's gradient fragments share one file (``<ds_id>_gradient_0_<numel>.tensor.swp``), which
   checkpoints skip as they skip stock's.
@@ -275,10 +275,9 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         gradient, the bytes between them left as they were. Stage 3 calls this once per reduce bucket, so a
         sub-group that spans several buckets gets its fragments in several calls.
 
-        A fragment whose values stage 3 keeps in its host gradient buffer until the update (every fragment in
-        DeepSpeed 0.19.8, whatever the dtype or accelerator: stage3_gradients.py says why) is not copied: the view
-        of that buffer is remembered and the update reads it from there (``_lend_gradient``), so gradients make no
-        NVMe round trip and take no host memory of the tier's.
+        A fragment whose values stage 3 keeps in its host gradient buffer until the update (stage3_gradients.py:
+        when and why) is not copied: that view of the buffer is remembered and the update reads it from there
+        (``_lend_gradient``), so gradients make no NVMe round trip and take no host memory of the tier's.
 
         A fragment without such a copy is stored: held in host memory, copied into the held buffer, which reaches
         the file only if evicted; on file, written to its offset in the file (nothing read back); the first

@@ -7,19 +7,27 @@ What DeepSpeed 0.19.8 does (stage3.py ``partition_grads``, per reduced parameter
 offloaded, which it is whenever an optimizer swapper exists:
 - its gradient partition buffer (``grad_partitions_flat_buffer``, one view per parameter in
   ``__param_id_to_grad_partition``) is host memory (``self.device`` is cpu), of the gradient accumulation dtype;
-- the reduced partition is copied (or, in later micro-batches, accumulated) into that view;
-- at the accumulation boundary the swapper is handed ``view.to(accelerator).to(fp32)`` at the sub-group offset
-  ``grad_position`` gives: the view itself on the CPU accelerator with fp32 gradients, a cast of it with bf16
-  gradients, a device copy of it on a GPU.
+- the reduced partition is copied (or, in later micro-batches, accumulated) into the first elements of that view:
+  all of them, or fewer on a rank whose share of an unevenly split parameter is shorter;
+- at the accumulation boundary the swapper is handed those elements as ``.to(accelerator).to(fp32)``, at the
+  sub-group offset ``grad_position`` gives: the view itself on the CPU accelerator with fp32 gradients, a cast of
+  it with bf16 gradients, a device copy of it on a GPU.
 So the fragment's values are the view's, widened. bf16 and fp16 widen to fp32 exactly, so copying the view into
 the update's fp32 gradient gives the bits the fragment has: no copy in the backward (on a GPU: no second
 device-to-host copy of bytes stage 3 already copied), no host memory held for gradients, no NVMe round trip.
 
-Why reading the view at the update is safe:
-- stage 3 changes the buffer only in the next backward (its first micro-batch copies over it), after the update;
+Why reading the view at the update gives the fragment's values:
+- stage 3 writes a parameter's view only when it reduces that parameter's gradient again, which at the earliest is
+  in the next window's first backward, after the update;
 - on a GPU the copy into it is issued on ``reduce_and_partition_stream``, which the backward's epilogue
   synchronises (``independent_gradient_partition_epilogue``) before ``step()`` can run; stock CPU offload's update
-  reads its own copy of the same gradient, issued from the same loop right after, on the same guarantee.
+  reads its own copy of the same gradient, issued from the same loop right after, on the same guarantee;
+- the views are looked up at each hand-off, not kept from the first one: ``offload_states`` / ``reload_states``
+  replace the buffer and its views.
+Where this differs from stock: a parameter reduced in an earlier micro-batch of an accumulation window but not in
+its last one is handed at no boundary. Stock's update then reads the bytes its file got at the last hand-off (the
+window's gradient of that parameter is lost); a view remembered from that hand-off reads what stage 3 accumulated
+since. Models whose every parameter gets a gradient in every micro-batch (all of ours) see no difference.
 These facts are in contract.py (PRIVATE_MEMBERS, CALL_ORDER); the parity tests check the bits.
 """
 import os
@@ -43,48 +51,51 @@ def widens_exactly(kept: torch.dtype, fragment: torch.dtype) -> bool:
 
 
 def stage3_gradients_of(optimizer) -> Optional["Stage3Gradients"]:
-    """The lookup for the ZeRO-3 optimizer that builds a swapper (None when it was not found, or under
-    STORE_GRADIENT_FRAGMENTS_ENV: every fragment is then stored)."""
+    """The lookup for the ZeRO-3 optimizer that builds a swapper (None when it was not found, runs ZenFlow, or
+    under STORE_GRADIENT_FRAGMENTS_ENV: every fragment is then stored)."""
     if optimizer is None or os.environ.get(STORE_GRADIENT_FRAGMENTS_ENV) == "1":
+        return None
+    if getattr(optimizer, "zenflow", False):  # its own partition_grads and overlapped update: not checked here
         return None
     return Stage3Gradients(optimizer)
 
 
 class Stage3Gradients:
-    """The host views of one ZeRO-3 optimizer's gradient partition buffer, by optimizer sub-group (the id of its
-    fp32 partition, as the swapper is handed it) and element offset in the sub-group. Built at the first lookup:
-    the buffer is allocated after the swapper."""
+    """Stage 3's host gradient views of one ZeRO-3 optimizer, by optimizer sub-group (the id of its fp32 partition,
+    as the swapper is handed it) and element offset in the sub-group. Which parameter lies at each offset is indexed
+    at the first lookup (the buffer is allocated after the swapper); its view is read from stage 3 at every lookup,
+    since stage 3 may replace the buffer (``offload_states``)."""
 
     def __init__(self, optimizer):
         self._optimizer = weakref.ref(optimizer)  # the optimizer owns the swapper that owns this
-        self._views: Optional[Dict[Hashable, Dict[int, torch.Tensor]]] = None
+        self._params: Optional[Dict[Hashable, Dict[int, int]]] = None  # sub-group -> offset -> ds_id
 
     def host_copy(self, sub_group, offset: int, fragment: torch.Tensor) -> Optional[torch.Tensor]:
-        """The view of stage 3's host buffer whose values ``fragment`` (handed for ``sub_group`` at ``offset``)
-        holds, or None when there is none (then the fragment is the only copy: store it)."""
-        if self._views is None:
-            self._views = self._index()
-        view = self._views.get(sub_group, {}).get(offset)
-        if view is None or view.numel() != fragment.numel() or not widens_exactly(view.dtype, fragment.dtype):
-            return None
-        return view
-
-    def _index(self) -> Dict[Hashable, Dict[int, torch.Tensor]]:
+        """The elements of stage 3's host buffer whose values ``fragment`` (handed for ``sub_group`` at ``offset``)
+        holds, or None when there are none (then the fragment is the only copy: store it)."""
         optimizer = self._optimizer()
-        partitions = getattr(optimizer, _GRAD_PARTITIONS, None) if optimizer is not None else None
-        if not partitions or optimizer.grad_partitions_flat_buffer.device.type != "cpu":
-            return {}
-        views = {}
-        for index, params in enumerate(optimizer.fp16_groups):
-            by_offset = views.setdefault(OptimizerSwapper.parameter_id(optimizer.fp32_partitioned_groups_flat[index]),
-                                         {})
-            for param in params:
+        if optimizer is None:
+            return None
+        if self._params is None:
+            self._params = self._index(optimizer)
+        ds_id = self._params.get(sub_group, {}).get(offset)
+        view = getattr(optimizer, _GRAD_PARTITIONS, {}).get(ds_id) if ds_id is not None else None
+        if (view is None or view.device.type != "cpu" or fragment.numel() > view.numel()
+                or not widens_exactly(view.dtype, fragment.dtype)):
+            return None
+        return view.narrow(0, 0, fragment.numel())
+
+    @staticmethod
+    def _index(optimizer) -> Dict[Hashable, Dict[int, int]]:
+        params = {}
+        for index, group in enumerate(optimizer.fp16_groups):
+            sub_group = OptimizerSwapper.parameter_id(optimizer.fp32_partitioned_groups_flat[index])
+            by_offset = params.setdefault(sub_group, {})
+            for param in group:
                 position = optimizer.grad_position.get(optimizer.get_param_id(param))
-                view = partitions.get(param.ds_id)
-                if position is not None and view is not None and position[0] == index and view.numel() == position[2]:
-                    by_offset[position[1]] = view
-        return views
+                if position is not None and position[0] == index:
+                    by_offset[position[1]] = param.ds_id
+        return params
 
 
-__all__ = ["Stage3Gradients", "stage3_gradients_of", "widens_exactly", "EXACT_WIDENINGS",
-           "STORE_GRADIENT_FRAGMENTS_ENV"]
+__all__ = ["Stage3Gradients", "stage3_gradients_of", "STORE_GRADIENT_FRAGMENTS_ENV"]
