@@ -24,6 +24,8 @@ class GradientFragments:
     """The remembered fragments of each sub-group's gradient (by sub-group id), newest per offset."""
 
     def __init__(self):
+        self.remembered = 0  # fragments remembered by a kept copy, in all
+        self.stored = 0      # fragments returned for storing, in all
         self._views: Dict[Hashable, Dict[int, torch.Tensor]] = {}
         self._only_views: Set[Hashable] = set()  # lent gradients filled from fragments alone: nothing to keep
 
@@ -39,6 +41,8 @@ class GradientFragments:
             else:
                 views.pop(offset, None)
                 stored.append((offset, fragment))
+        self.remembered += len(parts) - len(stored)
+        self.stored += len(stored)
         return stored
 
     def has(self, group) -> bool:

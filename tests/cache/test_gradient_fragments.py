@@ -21,6 +21,7 @@ def test_only_fragments_the_lookup_finds_a_kept_copy_for_are_remembered_and_the_
     stored = fragments.remember("g", [(0, handed), (4, torch.ones(2))],
                                 lambda offset, fragment: kept if offset == 0 else None)
     assert [offset for offset, _ in stored] == [4]  # no kept copy: stored
+    assert (fragments.remembered, fragments.stored) == (1, 1)
     handed.zero_()  # the cast is freed after the call: the kept copy is what the fill reads
     kept.add_(1)  # and the caller's newest bytes are
     gradient = torch.full((6,), -1.0)

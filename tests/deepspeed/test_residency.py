@@ -63,6 +63,7 @@ def test_stored_gradients_through_the_staging_chunks_give_stocks_bits(train, blo
     ours = train(block=block, env={STAGE_HOST_PARTS_ENV: str(64 << 10), STORE_GRADIENT_FRAGMENTS_ENV: "1"}, **options)
     assert_identical(stock, ours)
     assert ours.last_stats["optimizer_cache_staging_chunks_filled"] > 100
+    assert ours.last_stats["optimizer_gradient_fragments_remembered"] == 0
 
 
 def test_many_sub_groups_under_a_small_budget_keep_a_fixed_share_step_after_step(train):
@@ -136,6 +137,8 @@ def test_at_two_ranks_a_parameter_split_unevenly_makes_no_gradient_round_trip_ei
     files = [name for _root, _dirs, names in os.walk(nvme) for name in names]
     assert [name for name in files if name.startswith("exp_avg")], files
     assert not [name for name in files if "_gradient_" in name], files
+    assert ours.last_stats["optimizer_gradient_fragments_stored"] == 0
+    assert ours.last_stats["optimizer_gradient_fragments_remembered"] > 0
 
 
 @pytest.mark.parametrize("block", [STREAMING, AUTO], ids=["streaming", "auto"])

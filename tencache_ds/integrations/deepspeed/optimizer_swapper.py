@@ -401,6 +401,8 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         stats["optimizer_profile_divergences"] = self.profile.divergences
         stats["optimizer_swapper_closed"] = int(self.closed)
         stats.update({f"optimizer_cache_{key}": value for key, value in self.store.stats().items()})
+        stats.update(optimizer_gradient_fragments_remembered=self._gradient_fragments.remembered,
+                     optimizer_gradient_fragments_stored=self._gradient_fragments.stored)
         stats.update(optimizer_cache_budget_bytes=self.budget.total_bytes,
                      optimizer_nvme_read_bytes=counters.read_bytes, optimizer_nvme_write_bytes=counters.write_bytes,
                      stock_optimizer_pinned_bytes_estimate=self.stock_pinned_bytes_estimate())
