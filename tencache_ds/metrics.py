@@ -3,10 +3,10 @@ into per-step numbers, and the JSON-lines file. Pure: the numbers come from inte
 
 One line per optimizer step at the config's ``metrics_path``, and the latest one in ``tencache_ds.stats(engine)``:
 
-    {"schema": "tencache.metrics/6", "step": 12, "step_time_s": 1.93, "fetch_wait_s": 0.004,
+    {"schema": "tencache.metrics/7", "step": 12, "step_time_s": 1.93, "fetch_wait_s": 0.004,
      "param_nvme_wait_s": 0.003, "optimizer_nvme_wait_s": 0.001, "device_fetch_s": 0.41,
      "device_fetch_bytes": 248512512, "device_gathers": 3, "device_hit_rate": 0.87, "host_hit_rate": 1.0,
-     "nvme_read_bytes": 0, "nvme_write_bytes": 0, "prefetch_issued": 0, "prefetch_late": 0, "nvme_busy_fraction": 0.0,
+     "nvme_read_bytes": 0, "nvme_write_bytes": 0, "nvme_write_bytes_per_day": 0.0, "prefetch_issued": 0, "prefetch_late": 0, "nvme_busy_fraction": 0.0,
      "nvme_queue_depth": null, "pinned_bytes_reserved": ...,
      "pinned_bytes_in_use": ..., "host_cache_bytes_in_use": ..., "device_cache_bytes_in_use": ...,
      "device_cache_peak_bytes": ..., "host_cache_budget_bytes": ..., "host_memory_available_bytes": ...,
@@ -25,6 +25,9 @@ What each per-step number means (this step's, not a running total):
   served without a gather for them over all uses. All three are None where a gather is a view of the partition
   (one rank on DeepSpeed's CPU accelerator: nothing is moved, so a "hit" saves nothing), and the first two when
   the step used no parameter.
+- ``nvme_write_bytes_per_day``: this step's NVMe bytes written at its rate, for a day of continuous training: what
+  this rank's run costs its drive (a drive's rated TBW divided by it, and by the ranks sharing the drive, is the
+  days it lasts: drive_wear.py; ``tencache-ds bench --drive-tbw`` prints them).
 - ``nvme_busy_fraction``: the share of the step during which at least one of tencache's file requests was
   executing (any swapper, any NVMe path: io/activity.py); ``nvme_queue_depth``: how many were executing on average
   while any was (None: the drive was idle the whole step). A step bound by I/O should show a busy fraction near 1;
@@ -41,7 +44,8 @@ What each per-step number means (this step's, not a running total):
 Schema history: 2 added ``host_cache_budget_bytes``, ``host_memory_available_bytes``, ``host_step_rise_bytes``;
 3 added ``param_nvme_wait_s``, ``optimizer_nvme_wait_s``, ``device_fetch_s``, ``device_fetch_bytes``, and made
 ``device_hit_rate`` None where the device tier cannot apply; 4 added ``nvme_busy_fraction`` and
-``nvme_queue_depth``; 5 added ``device_cache_peak_bytes``; 6 added ``device_gathers``.
+``nvme_queue_depth``; 5 added ``device_cache_peak_bytes``; 6 added ``device_gathers``; 7 added
+``nvme_write_bytes_per_day``.
 """
 import dataclasses
 import json
@@ -49,7 +53,9 @@ import os
 import time
 from typing import Callable, Dict, Optional
 
-SCHEMA = "tencache.metrics/6"
+from .drive_wear import bytes_written_per_day
+
+SCHEMA = "tencache.metrics/7"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,6 +113,7 @@ class StepMetrics:
     host_hit_rate: Optional[float]
     nvme_read_bytes: int
     nvme_write_bytes: int
+    nvme_write_bytes_per_day: Optional[float]
     prefetch_issued: int
     prefetch_late: int
     nvme_busy_fraction: float
@@ -155,6 +162,7 @@ class StepMeter:
             device_hit_rate=_rate(delta.device_hits, delta.device_fetches) if device_tier_applies else None,
             host_hit_rate=_rate(delta.host_hits, delta.host_hits + delta.host_misses),
             nvme_read_bytes=delta.nvme_read_bytes, nvme_write_bytes=delta.nvme_write_bytes,
+            nvme_write_bytes_per_day=bytes_written_per_day(delta.nvme_write_bytes, now - self._last_time),
             prefetch_issued=delta.prefetch_issued, prefetch_late=delta.prefetch_late,
             nvme_busy_fraction=min(1.0, delta.nvme_busy_s / (now - self._last_time)) if now > self._last_time
             else 0.0,

@@ -10,7 +10,8 @@ SCHEMA_KEYS = {"schema", "step", "step_time_s", "fetch_wait_s", "device_hit_rate
                "param_nvme_wait_s", "optimizer_nvme_wait_s", "device_fetch_s", "device_fetch_bytes",  # 3: honest device
                "nvme_busy_fraction", "nvme_queue_depth",  # 4: how busy the drive was kept
                "device_cache_peak_bytes",  # 5: what the device tier held during the step
-               "device_gathers"}  # 6: how many gathers moved the device's bytes
+               "device_gathers",  # 6: how many gathers moved the device's bytes
+               "nvme_write_bytes_per_day"}  # 7: what the run costs the drive
 
 
 class Clock:
@@ -24,31 +25,33 @@ class Clock:
 def test_key_set_is_the_schema():
     meter = StepMeter(clock=Clock())
     assert set(meter.step_end(RunningTotals(), Gauges()).flat()) == SCHEMA_KEYS
-    assert SCHEMA == "tencache.metrics/6"
+    assert SCHEMA == "tencache.metrics/7"
 
 
 def test_steps_report_increases_since_the_previous_step():
     clock = Clock()
     meter = StepMeter(clock=clock, start=RunningTotals(nvme_read_bytes=1000, host_hits=5))
     clock.now += 2.0
-    first = meter.step_end(RunningTotals(nvme_read_bytes=1500, host_hits=8, host_misses=1, device_fetches=10,
+    first = meter.step_end(RunningTotals(nvme_read_bytes=1500, nvme_write_bytes=2000, host_hits=8, host_misses=1, device_fetches=10,
                                          device_hits=9, param_nvme_wait_s=0.375, optimizer_nvme_wait_s=0.125,
                                          prefetch_issued=4, prefetch_late=1, device_fetch_bytes=4096,
                                          device_gathers=3, device_fetch_s=0.25),
                            Gauges(pinned_bytes_reserved=64, device_cache_bytes_in_use=32))
     assert (first.step, first.step_time_s, first.nvme_read_bytes, first.fetch_wait_s) == (0, 2.0, 500, 0.5)
+    assert first.nvme_write_bytes_per_day == 2000 * 86400 / 2.0  # the rate this step wears the drive at
     assert (first.param_nvme_wait_s, first.optimizer_nvme_wait_s) == (0.375, 0.125)
     assert (first.device_fetch_bytes, first.device_gathers, first.device_fetch_s) == (4096, 3, 0.25)
     assert first.host_hit_rate == 3 / 4 and first.device_hit_rate == 0.9
     assert (first.prefetch_issued, first.prefetch_late) == (4, 1)
     assert (first.pinned_bytes_reserved, first.device_cache_bytes_in_use) == (64, 32)
     clock.now += 1.0
-    second = meter.step_end(RunningTotals(nvme_read_bytes=1500, host_hits=8, host_misses=1, device_fetches=10,
+    second = meter.step_end(RunningTotals(nvme_read_bytes=1500, nvme_write_bytes=2000, host_hits=8, host_misses=1, device_fetches=10,
                                           device_hits=9, param_nvme_wait_s=0.375, optimizer_nvme_wait_s=0.125,
                                           prefetch_issued=4, prefetch_late=1, device_fetch_bytes=4096,
                                           device_gathers=3, device_fetch_s=0.25),
                             Gauges())
     assert (second.step, second.step_time_s, second.nvme_read_bytes, second.fetch_wait_s) == (1, 1.0, 0, 0.0)
+    assert second.nvme_write_bytes_per_day == 0
     assert second.host_hit_rate is None and second.device_hit_rate is None  # no accesses: no rate, not 0
     assert second.device_fetch_bytes is None and second.device_gathers is None  # no use: nothing to say
     assert meter.latest is second

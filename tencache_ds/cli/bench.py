@@ -458,7 +458,8 @@ def _run(args) -> int:
     finished = [spec for spec in specs if spec.returncode is not None and os.path.exists(spec.result_path)]
     runs = [report.BenchRun(spec.arm, spec.repeat, report.load_result(spec.result_path),
                             report.load_metrics_rows(spec.metrics_path)) for spec in finished]
-    comparison = report.compare(runs, args.warmup, bandwidth, stock_crashed=stock_crashed)
+    comparison = report.compare(runs, args.warmup, bandwidth, stock_crashed=stock_crashed,
+                                drive_tbw_bytes=getattr(args, "drive_tbw", None))
     figure_path, figure_note, constants = write_figure(args, runs, out_dir, f"{args.model}: tencache vs stock")
     child_commands = [shlex.join(spec.command) for spec in specs if spec.returncode is not None]
 

@@ -159,6 +159,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="the rate of --nvme-path for the I/O-compute bound (reads, writes and both at once), "
                        "e.g. 2GB (default: measured there before the runs through tencache's own engine, a few "
                        "seconds, as `tencache-ds doctor`'s \"nvme drive\" line)")
+    bench.add_argument("--drive-tbw", type=_drive_rating, default=None, metavar="BYTES",
+                       help="the drive's rated endurance, e.g. 600TB: the bench then says how many days of training "
+                       "at each arm's measured write rate it lasts (the bytes written per day are reported anyway)")
     bench.add_argument("--no-plots", action="store_true", help="do not draw the figure (dashboard.png)")
     bench.add_argument("--compare", choices=["cpu"], default=None,
                        help="cpu: add a third arm, stock DeepSpeed with offload device cpu (same config otherwise): "

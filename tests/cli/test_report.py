@@ -281,6 +281,24 @@ def test_headline_has_at_most_12_rows_and_the_named_ones():
     assert (comparison.row(report.ROW_PINNED).stock, comparison.row(report.ROW_PINNED).tencache) == (2 << 30, 1 << 20)
 
 
+def test_drive_wear_per_arm_at_its_measured_rate():
+    """Scenario: stock writes 4 GB a 3 s step, tencache 0.5 GB a 2 s step, stock CPU offload nothing. The bench says
+    what a day of training writes, and with a rating how many days the drive lasts (never: nothing written)."""
+    # Step 1: no rating: bytes per day (a full-table row and a note); no days row.
+    comparison = compare(three_arms(), warmup_steps=1)
+    per_day = comparison.row(report.ROW_WRITTEN_PER_DAY)
+    assert (per_day.stock, per_day.tencache, per_day.stock_cpu) == (4 * GB * 28800, GB // 2 * 43200, 0)
+    assert not [row for row in comparison.details if row.name == report.ROW_DAYS_TO_TBW]
+    wear = next(note for note in comparison.notes if note.startswith("drive wear"))
+    assert "stock 115.20 TB, tencache 21.60 TB, stock-cpu 0.00 TB" in wear and "--drive-tbw" in wear
+    # Step 2: a 600 TB rating: 600e12 / 115.2e12 = 5.2 days for stock, 27.8 for tencache, never for stock-cpu.
+    rated = compare(three_arms(), warmup_steps=1, drive_tbw_bytes=600e12)
+    days = rated.row(report.ROW_DAYS_TO_TBW)
+    assert (days.stock, days.tencache, days.stock_cpu) == (5, 28, None)
+    assert "days to the drive's rated 600 TB: stock 5, tencache 28, stock-cpu never" in \
+        next(note for note in rated.notes if note.startswith("drive wear"))
+
+
 def test_stock_cpu_column():
     """Scenario: --compare cpu adds a stock-cpu column to every table, with that arm's own values."""
     comparison = compare(three_arms(), warmup_steps=1)

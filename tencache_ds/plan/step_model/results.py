@@ -1,9 +1,9 @@
 """What a policy's replayed step comes to: the Prediction record, whether it fits the machine's memory, and how
 long the drives last at its write rate. Pure."""
 import dataclasses
-import math
 from typing import Dict, List, Optional, Tuple
 
+from ...drive_wear import days_to_rated_tbw
 from ..machine import Machine
 from ..workload import Workload
 
@@ -61,9 +61,5 @@ def fits(prediction: Prediction, workload: Workload, machine: Machine) -> Tuple[
 def drive_days_to_tbw(prediction: Prediction, machine: Machine, drive_tbw_bytes: Optional[float]) -> Optional[float]:
     """Days of continuous training until each drive has absorbed its rated TBW at this step's write rate (the
     node's ranks write to the node's drives, evenly); None without a rating, inf when nothing is written."""
-    if not drive_tbw_bytes:
-        return None
-    per_drive_per_step = prediction.nvme_write_bytes * machine.ranks_per_node / max(1, machine.drives)
-    if per_drive_per_step <= 0 or prediction.step_time_s <= 0:
-        return math.inf
-    return drive_tbw_bytes / (per_drive_per_step * 86400.0 / prediction.step_time_s)
+    return days_to_rated_tbw(prediction.nvme_write_bytes, prediction.step_time_s, drive_tbw_bytes,
+                             machine.ranks_per_node / max(1, machine.drives))

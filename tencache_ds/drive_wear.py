@@ -1,0 +1,35 @@
+"""Drive wear: how fast NVMe writes use up a drive's rated endurance (TBW). Owns: the one formula, shared by the
+estimate (predicted writes, plan/step_model/results.py), the per-step metrics and the bench (measured writes).
+Pure.
+
+Offload users pay in drive wear and rarely see it: DeepSpeed logs a one-time TBW warning and counts no bytes.
+Written bytes per day at a step's rate are a fact of the run; days until a drive's rating need the rating, which
+no drive reports (datasheets give it: e.g. 1 drive write per day for 5 years)."""
+import math
+from typing import Optional
+
+SECONDS_PER_DAY = 86400.0
+
+
+def bytes_written_per_day(write_bytes_per_step: float, step_s: float) -> Optional[float]:
+    """Bytes one writer puts on its drive per day of continuous training at this step's rate (None without a step
+    time)."""
+    if step_s is None or write_bytes_per_step is None or step_s <= 0:
+        return None
+    return write_bytes_per_step * SECONDS_PER_DAY / step_s
+
+
+def days_to_rated_tbw(write_bytes_per_step: float, step_s: float, drive_tbw_bytes: Optional[float],
+                      writers_per_drive: float = 1.0) -> Optional[float]:
+    """Days of continuous training until a drive has absorbed ``drive_tbw_bytes`` when ``writers_per_drive`` ranks
+    (the node's ranks over its drives, evenly) each write ``write_bytes_per_step`` per step. None without a rating
+    or a step time; inf when nothing is written."""
+    per_day = bytes_written_per_day(write_bytes_per_step, step_s)
+    if not drive_tbw_bytes or per_day is None:
+        return None
+    if per_day <= 0:
+        return math.inf
+    return drive_tbw_bytes / (per_day * writers_per_drive)
+
+
+__all__ = ["SECONDS_PER_DAY", "bytes_written_per_day", "days_to_rated_tbw"]
