@@ -6,8 +6,8 @@ One line per optimizer step at the config's ``metrics_path``, and the latest one
     {"schema": "tencache.metrics/7", "step": 12, "step_time_s": 1.93, "fetch_wait_s": 0.004,
      "param_nvme_wait_s": 0.003, "optimizer_nvme_wait_s": 0.001, "device_fetch_s": 0.41,
      "device_fetch_bytes": 248512512, "device_gathers": 3, "device_hit_rate": 0.87, "host_hit_rate": 1.0,
-     "nvme_read_bytes": 0, "nvme_write_bytes": 0, "nvme_write_bytes_per_day": 0.0, "prefetch_issued": 0, "prefetch_late": 0, "nvme_busy_fraction": 0.0,
-     "nvme_queue_depth": null, "pinned_bytes_reserved": ...,
+     "nvme_read_bytes": 0, "nvme_write_bytes": 0, "nvme_write_bytes_per_day": 0.0, "prefetch_issued": 0,
+     "prefetch_late": 0, "nvme_busy_fraction": 0.0, "nvme_queue_depth": null, "pinned_bytes_reserved": ...,
      "pinned_bytes_in_use": ..., "host_cache_bytes_in_use": ..., "device_cache_bytes_in_use": ...,
      "device_cache_peak_bytes": ..., "host_cache_budget_bytes": ..., "host_memory_available_bytes": ...,
      "host_step_rise_bytes": ...}

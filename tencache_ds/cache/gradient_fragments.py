@@ -1,10 +1,10 @@
-"""Gradient fragments read where they lie. Owns: remembering, per optimizer sub-group, the host copies its caller
-keeps unchanged until the update of the fragments of its gradient, and filling the sub-group's gradient buffer from
-them then. Remembering a kept copy costs no memory and no I/O: such a gradient makes no NVMe round trip, and its
-fragments are not copied when they arrive. Does not own: which copy is kept for a fragment (the caller's lookup:
-integrations/deepspeed/stage3_gradients.py finds stage 3's), fragments without one (the optimizer store stores
-them: cache/write_back.py), the gradient buffer filled (the store lends it), when fragments arrive or are used
-(integrations/deepspeed/optimizer_swapper.py).
+"""Gradient fragments read where they lie. Owns: remembering, for each fragment of an optimizer sub-group's
+gradient, the host copy of its values that the caller keeps unchanged until the update, and filling the sub-group's
+gradient buffer from those copies then. Remembering a kept copy costs no memory and no I/O: such a gradient makes
+no NVMe round trip, and its fragments are not copied when they arrive. Does not own: which copy is kept for a
+fragment (the caller's lookup: integrations/deepspeed/stage3_gradients.py finds stage 3's), fragments without one
+(the optimizer store stores them: cache/write_back.py), the gradient buffer filled (the store lends it), when
+fragments arrive or are used (integrations/deepspeed/optimizer_swapper.py).
 
 A kept copy may be of a narrower dtype than the fragment (bf16 gradients, an fp32 optimizer): the fill widens it,
 which is exact; the lookup only offers copies for which it is.
