@@ -26,6 +26,8 @@ class GradientFragments:
     def __init__(self):
         self.remembered = 0  # fragments remembered by a kept copy, in all
         self.stored = 0      # fragments returned for storing, in all
+        self._window = 0     # accumulation windows ended (end_window)
+        self._handed_in: Dict[Hashable, Dict[int, int]] = {}  # group -> offset -> window its fragment was handed in
         self._views: Dict[Hashable, Dict[int, torch.Tensor]] = {}
         self._only_views: Set[Hashable] = set()  # lent gradients filled from fragments alone: nothing to keep
 
@@ -33,17 +35,30 @@ class GradientFragments:
         """Remember the kept copy of each part that has one; returns the others, to be stored (a stored part is
         newer than a fragment remembered at its offset before, which is forgotten)."""
         views = self._views.setdefault(group, {})
+        handed_in = self._handed_in.setdefault(group, {})
         stored = []
         for offset, fragment in parts:
             kept = kept_copy(offset, fragment)
             if kept is not None:
                 views[offset] = kept
+                handed_in[offset] = self._window
             else:
                 views.pop(offset, None)
+                handed_in.pop(offset, None)
                 stored.append((offset, fragment))
         self.remembered += len(parts) - len(stored)
         self.stored += len(stored)
         return stored
+
+    def end_window(self) -> None:
+        """An optimizer step ended its accumulation window: fragments remembered so far were handed in an earlier
+        one from now on."""
+        self._window += 1
+
+    def not_handed_this_window(self, group) -> List[int]:
+        """Offsets of ``group`` whose remembered copy was handed in an earlier window, not this one: the update reads
+        what the caller's copy holds now, which is what was handed only if the caller has not changed it since."""
+        return sorted(offset for offset, window in self._handed_in.get(group, {}).items() if window < self._window)
 
     def has(self, group) -> bool:
         return bool(self._views.get(group))
@@ -78,8 +93,9 @@ class GradientFragments:
     def forget(self, group) -> None:
         """The sub-group's lent gradient was changed by its borrower: its bytes, not the fragments, are the newest."""
         self._views.pop(group, None)
+        self._handed_in.pop(group, None)
         self._only_views.discard(group)
 
     def clear(self) -> None:
         """A checkpoint was loaded: no gradient survives it."""
-        self._views, self._only_views = {}, set()
+        self._views, self._only_views, self._handed_in = {}, set(), {}

@@ -64,3 +64,22 @@ def test_a_fill_over_stored_bytes_clears_an_earlier_fill_alone():
     fragments.fill("g", torch.zeros(4), alone=True)
     fragments.fill("g", torch.zeros(4), alone=False)
     assert not fragments.filled_alone("g")
+
+
+def test_fragments_not_handed_in_this_window_are_named():
+    """A fragment remembered in an earlier accumulation window and not handed again in this one is named before
+    the update reads it (the caller may have changed its copy without handing it); handing it again, storing over
+    it or forgetting the group clears it."""
+    flat = torch.ones(8)
+    fragments = GradientFragments()
+    fragments.remember("g", [(0, flat.narrow(0, 0, 4)), (4, flat.narrow(0, 4, 4))], _views_of(flat))
+    assert fragments.not_handed_this_window("g") == []
+    fragments.end_window()
+    fragments.remember("g", [(0, flat.narrow(0, 0, 4))], _views_of(flat))  # offset 4 not handed this window
+    assert fragments.not_handed_this_window("g") == [4]
+    fragments.remember("g", [(4, torch.ones(4))], _views_of(flat))  # stored over: nothing remembered there
+    assert fragments.not_handed_this_window("g") == []
+    fragments.end_window()
+    assert fragments.not_handed_this_window("g") == [0]
+    fragments.forget("g")
+    assert fragments.not_handed_this_window("g") == []

@@ -5,11 +5,14 @@ checkpoint saved under write-back resumes exactly as stock's does. Real engine, 
 Where stock ZeRO-Infinity crashes (stage3_max_reuse_distance 1e9: `Not enough buffers`), the reference is stock
 with offload device "cpu", which gives stock NVMe's bits wherever both run."""
 import os
+import subprocess
+import sys
 
 import pytest
 
 from tencache_ds.integrations.deepspeed.stage3_gradients import STORE_GRADIENT_FRAGMENTS_ENV
 from tencache_ds.memory.device_staging import STAGE_HOST_PARTS_ENV
+from conftest import REPO, free_port, result_of
 from test_parity import assert_identical, assert_same_bits  # tests/deepspeed is on sys.path (rootdir-relative)
 
 pytestmark = pytest.mark.deepspeed
@@ -139,6 +142,29 @@ def test_at_two_ranks_a_parameter_split_unevenly_makes_no_gradient_round_trip_ei
     assert not [name for name in files if "_gradient_" in name], files
     assert ours.last_stats["optimizer_gradient_fragments_stored"] == 0
     assert ours.last_stats["optimizer_gradient_fragments_remembered"] > 0
+
+
+def _skipped_branch(tmp_path, mode):
+    script = os.path.join(os.path.dirname(__file__), "skipped_branch.py")
+    proc = subprocess.run([sys.executable, script, mode, str(tmp_path / f"nvme-{mode}")], cwd=REPO, capture_output=True,
+                          text=True, timeout=600, env=dict(os.environ, PYTHONPATH=REPO, MASTER_PORT=str(free_port())))
+    result = result_of(proc.stdout)
+    assert result is not None, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return result, proc.stdout
+
+
+def test_a_gradient_reduced_but_not_handed_in_a_window_is_counted_and_warned_of(tmp_path):
+    """The one case where reading gradients from stage 3's buffer differs from stock (stage3_gradients.py): a
+    parameter with a gradient in micro-batch 0 of a window but none in its last (skipped_branch.py). Stock's update
+    reads the bytes handed at the window before; tencache's reads what stage 3 accumulated since. Steps 0 and 1
+    agree, step 2's loss shows the different update; tencache counts both of the branch's fragments (weight, bias)
+    at step 1 and warns once."""
+    stock, _ = _skipped_branch(tmp_path, "stock")
+    ours, output = _skipped_branch(tmp_path, "tencache")
+    assert ours["losses"][:2] == stock["losses"][:2]
+    assert ours["losses"][2] != stock["losses"][2]
+    assert ours["reduced_not_handed"] == [0, 2, 2]
+    assert output.count("reduced in an earlier micro-batch of this accumulation window") == 1
 
 
 @pytest.mark.parametrize("block", [STREAMING, AUTO], ids=["streaming", "auto"])

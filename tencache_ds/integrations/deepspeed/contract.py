@@ -169,6 +169,9 @@ PRIVATE_MEMBERS = (
                   "the gradient buffer those views share: looked up only where it is host memory"),
     PrivateMember(STAGE3, "grad_position", "attribute", "stage3_gradients.py",
                   "a parameter's sub-group and offset: where swap_out_gradients hands its fragment"),
+    PrivateMember(STAGE3, "_offload_boundary_param_ids", "attribute", "stage3_gradients.py",
+                  "the parameters reduced in the current window (a new set at each step): a remembered gradient "
+                  "fragment read at an update where stage 3 changed it without handing it is counted and warned of"),
     PrivateMember(STAGE3, "get_param_id", "method", "stage3_gradients.py",
                   "the key of grad_position (undocumented)"),
     PrivateMember(STAGE3, "fp32_partitioned_groups_flat", "attribute", "stage3_gradients.py",

@@ -35,6 +35,7 @@ from deepspeed import comm as dist
 from ...config import CONFIG_KEY
 from ...errors import TencacheConfigError
 from ...ext_lock import raise_if_stale_locks
+from ...log import logger
 from ...cache.entry import EntryState
 from ...cache.gradient_fragments import GradientFragments
 from ...cache.optimizer_store import OptimizerStore
@@ -136,6 +137,8 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         # the sub-groups in _stored_gradients: a fragment without a copy, or a gradient written back through
         # DeepSpeed's API; state_bytes counts what it can hold from the first reading on)
         self._gradient_views = self._stage3_gradients is not None
+        self._window_reductions = None  # stage 3's parameters reduced in this window, as of the last hand-off
+        self.gradients_reduced_not_handed = 0  # remembered fragments read where stage 3 changed them unhanded
         self._stored_gradients = set()  # sub-group ids
         self._checkpoint_load_pending = False  # the engine's load_checkpoint is running (loading_checkpoint)
         self._drop_held_copies = False  # a checkpoint was copied over the folder: drop every held copy first
@@ -291,6 +294,8 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             swap_info.get_or_create_gradient_paths([0], [swap_info.numel()])
         stored = self._gradient_fragments.remember(group, list(zip(gradient_offsets, gradient_tensors)),
                                                    self._kept_copy_in(group))
+        if self._stage3_gradients is not None:
+            self._window_reductions = self._stage3_gradients.reductions()
         if stored:
             self._stored_gradients.add(group)
             path = self._gradient_path(swap_info)
@@ -392,6 +397,8 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             # one pass over the sub-groups per step whatever gradient accumulation or checkpointing do
             self.store.next_use = self.profile.load(tensors, dtype=str(self.dtype), world_size=dist.get_world_size())
         self.store.next_use = self.profile.end_step()
+        self._gradient_fragments.end_window()
+        self._window_reductions = None
 
     # --------------------------------------------------------------------------------------------- stats
     def stats(self) -> dict:
@@ -402,7 +409,8 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         stats["optimizer_swapper_closed"] = int(self.closed)
         stats.update({f"optimizer_cache_{key}": value for key, value in self.store.stats().items()})
         stats.update(optimizer_gradient_fragments_remembered=self._gradient_fragments.remembered,
-                     optimizer_gradient_fragments_stored=self._gradient_fragments.stored)
+                     optimizer_gradient_fragments_stored=self._gradient_fragments.stored,
+                     optimizer_gradient_fragments_reduced_not_handed=self.gradients_reduced_not_handed)
         stats.update(optimizer_cache_budget_bytes=self.budget.total_bytes,
                      optimizer_nvme_read_bytes=counters.read_bytes, optimizer_nvme_write_bytes=counters.write_bytes,
                      stock_optimizer_pinned_bytes_estimate=self.stock_pinned_bytes_estimate())
@@ -435,6 +443,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         fragments = self._gradient_fragments
         if not fragments.has(group):
             return self._lend(path, numel, read_ahead)
+        self._count_reduced_not_handed(group)
         alone = not self.store.knows(path)
         if alone:
             gradient = self.store.lend_new(path, numel, path, transient=True)
@@ -450,6 +459,22 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
                 self.store.release(path, changed=True)
             raise
         return gradient
+
+    def _count_reduced_not_handed(self, group) -> None:
+        """Remembered fragments of this sub-group that were handed in an earlier window, of parameters stage 3 has
+        reduced in this one without handing them (a gradient in an earlier micro-batch, none in the last): the
+        update reads that partial sum where stock reads the bytes last handed (stage3_gradients.py)."""
+        reductions, stage3 = self._window_reductions, self._stage3_gradients
+        if not reductions or stage3 is None:
+            return
+        for offset in self._gradient_fragments.not_handed_this_window(group):
+            if stage3.param_at(group, offset) in reductions:
+                if not self.gradients_reduced_not_handed:
+                    logger.warning("optimizer sub-group %s: a parameter's gradient was reduced in an earlier "
+                                   "micro-batch of this accumulation window but not in its last one; its update "
+                                   "reads that gradient, where stock DeepSpeed reads the one of the last window "
+                                   "that handed it (stats: optimizer_gradient_fragments_reduced_not_handed)", group)
+                self.gradients_reduced_not_handed += 1
 
     def _lend(self, path, numel, read_ahead):
         if path in read_ahead:

@@ -27,12 +27,14 @@ Why reading the view at the update gives the fragment's values:
 Where this differs from stock: a parameter reduced in an earlier micro-batch of an accumulation window but not in
 its last one is handed at no boundary. Stock's update then reads the bytes its file got at the last hand-off (the
 window's gradient of that parameter is lost); a view remembered from that hand-off reads what stage 3 accumulated
-since. Models whose every parameter gets a gradient in every micro-batch (all of ours) see no difference.
+since. The swapper counts such reads and warns at the first (``reductions``, ``param_at``;
+``optimizer_gradient_fragments_reduced_not_handed``). Models whose every parameter gets a gradient in every
+micro-batch (all of ours) see no difference.
 These facts are in contract.py (PRIVATE_MEMBERS, CALL_ORDER); the parity tests check the bits.
 """
 import os
 import weakref
-from typing import Dict, Hashable, Optional
+from typing import Dict, Hashable, Optional, Set
 
 import torch
 from deepspeed.runtime.swap_tensor.optimizer_utils import OptimizerSwapper
@@ -40,6 +42,7 @@ from deepspeed.runtime.swap_tensor.optimizer_utils import OptimizerSwapper
 # (kept dtype, fragment dtype): copying a tensor of the first into one of the second changes no value
 EXACT_WIDENINGS = {(torch.bfloat16, torch.float32), (torch.float16, torch.float32)}
 _GRAD_PARTITIONS = "_DeepSpeedZeroOptimizer_Stage3__param_id_to_grad_partition"
+_WINDOW_REDUCTIONS = "_offload_boundary_param_ids"  # ds_ids reduced in this window; a new set at every step
 # Tests: set to 1, no fragment's copy is looked up, so every fragment is stored, as where stage 3 keeps none (a
 # DeepSpeed that hands fragments some other way); the real engine then runs the store's path for them
 # (tests/deepspeed/test_residency.py).
@@ -84,6 +87,16 @@ class Stage3Gradients:
                 or not widens_exactly(view.dtype, fragment.dtype)):
             return None
         return view.narrow(0, 0, fragment.numel())
+
+    def reductions(self) -> Optional[Set[int]]:
+        """The parameters (ds_id) stage 3 has reduced in the current accumulation window so far. Stage 3 starts a
+        new set at each step, so a reference taken during a window keeps that window's."""
+        optimizer = self._optimizer()
+        return getattr(optimizer, _WINDOW_REDUCTIONS, None) if optimizer is not None else None
+
+    def param_at(self, sub_group, offset: int) -> Optional[int]:
+        """The ds_id of the parameter whose gradient lies at ``offset`` of ``sub_group``'s."""
+        return (self._params or {}).get(sub_group, {}).get(offset)
 
     @staticmethod
     def _index(optimizer) -> Dict[Hashable, Dict[int, int]]:

@@ -1,0 +1,71 @@
+"""A parameter with a gradient in an earlier micro-batch of an accumulation window but none in its last one (a
+mixture-of-experts routing, here a branch taken by schedule). Stage 3 reduces its gradient into its host buffer in
+the earlier micro-batch and hands the optimizer swapper none at the boundary: stock's update reads the bytes its
+file got at the last window that handed them, tencache's the buffer (integrations/deepspeed/stage3_gradients.py).
+tencache counts and warns of such reads. Prints one RESULT line: per step the loss bits, and tencache's count.
+
+    python tests/deepspeed/skipped_branch.py stock|tencache NVME_DIR
+"""
+import json
+import os
+import struct
+import sys
+
+import torch
+
+MODE, NVME = sys.argv[1], sys.argv[2]
+if MODE == "tencache":
+    import tencache_ds  # noqa: F401  (installs before DeepSpeed is imported)
+import deepspeed  # noqa: E402
+
+HIDDEN = 1024
+# micro-batches of each optimizer step (gradient accumulation 2) that take the branch: step 0 hands its gradient
+# at the boundary; step 1 reduces it in micro-batch 0 only, and hands nothing
+BRANCH = [(True, True), (True, False), (True, True)]
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.trunk = torch.nn.Linear(HIDDEN, HIDDEN)
+        self.branch = torch.nn.Linear(HIDDEN, HIDDEN)
+
+    def forward(self, x, take_branch):
+        hidden = self.trunk(x)
+        if take_branch:
+            hidden = hidden + self.branch(x)
+        return hidden.pow(2).mean()
+
+
+def main():
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29517")
+    os.environ.setdefault("RANK", "0")
+    os.environ.setdefault("WORLD_SIZE", "1")
+    os.environ.setdefault("LOCAL_RANK", "0")
+    torch.manual_seed(1234)
+    config = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2, "steps_per_print": 1000000,
+              "optimizer": {"type": "Adam", "params": {"lr": 1e-3}},
+              "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0,
+                                    "offload_optimizer": {"device": "nvme", "nvme_path": NVME, "pin_memory": False,
+                                                          "buffer_count": 4}},
+              "aio": {"block_size": 1048576, "queue_depth": 8, "intra_op_parallelism": 1}}
+    if MODE == "tencache":
+        config["tencache"] = {}
+    model = Net()
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+    generator = torch.Generator().manual_seed(7)
+    losses, counts = [], []
+    for step_branches in BRANCH:
+        for take_branch in step_branches:
+            loss = engine(torch.randn(2, HIDDEN, generator=generator), take_branch)
+            engine.backward(loss)
+            engine.step()
+        losses.append(struct.unpack("<I", struct.pack("<f", loss.item()))[0])
+        stats = tencache_ds.stats(engine) if MODE == "tencache" else {}
+        counts.append(stats.get("optimizer_gradient_fragments_reduced_not_handed"))
+    print("RESULT " + json.dumps({"losses": losses, "reduced_not_handed": counts}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
