@@ -32,8 +32,9 @@ def test_steps_report_increases_since_the_previous_step():
     clock = Clock()
     meter = StepMeter(clock=clock, start=RunningTotals(nvme_read_bytes=1000, host_hits=5))
     clock.now += 2.0
-    first = meter.step_end(RunningTotals(nvme_read_bytes=1500, nvme_write_bytes=2000, host_hits=8, host_misses=1,
-                                         device_fetches=10, device_hits=9, param_nvme_wait_s=0.375, optimizer_nvme_wait_s=0.125,
+    first = meter.step_end(RunningTotals(nvme_read_bytes=1500, nvme_write_bytes=2000, host_hits=8,
+                                         host_misses=1, device_fetches=10, device_hits=9, param_nvme_wait_s=0.375,
+                                         optimizer_nvme_wait_s=0.125,
                                          prefetch_issued=4, prefetch_late=1, device_fetch_bytes=4096,
                                          device_gathers=3, device_fetch_s=0.25),
                            Gauges(pinned_bytes_reserved=64, device_cache_bytes_in_use=32))
@@ -45,8 +46,9 @@ def test_steps_report_increases_since_the_previous_step():
     assert (first.prefetch_issued, first.prefetch_late) == (4, 1)
     assert (first.pinned_bytes_reserved, first.device_cache_bytes_in_use) == (64, 32)
     clock.now += 1.0
-    second = meter.step_end(RunningTotals(nvme_read_bytes=1500, nvme_write_bytes=2000, host_hits=8, host_misses=1,
-                                          device_fetches=10, device_hits=9, param_nvme_wait_s=0.375, optimizer_nvme_wait_s=0.125,
+    second = meter.step_end(RunningTotals(nvme_read_bytes=1500, nvme_write_bytes=2000, host_hits=8,
+                                          host_misses=1, device_fetches=10, device_hits=9, param_nvme_wait_s=0.375,
+                                          optimizer_nvme_wait_s=0.125,
                                           prefetch_issued=4, prefetch_late=1, device_fetch_bytes=4096,
                                           device_gathers=3, device_fetch_s=0.25),
                             Gauges())

@@ -16,7 +16,7 @@ names so that ``report.X`` keeps working:
 import math
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from ..drive_wear import bytes_written_per_day, days_to_rated_tbw
+from ..drive_wear import bytes_written_per_day, days_to_rated_tbw, fmt_days, fmt_decimal_tb
 from ..plan.least_bytes import LeastBytes
 from ..units import fmt_bytes
 from .report_bound import (Bound, NvmeBandwidth, compute_bound, least_compute,  # noqa: F401 (re-exported)
@@ -163,7 +163,8 @@ def least_bytes_ratio(moved: Value, least: Optional[LeastBytes], source: str) ->
 
 
 def compare(runs: Sequence[BenchRun], warmup_steps: int, nvme_bandwidth: Optional[NvmeBandwidth] = None,
-            stock_crashed: Optional[str] = None, drive_tbw_bytes: Optional[float] = None) -> Comparison:
+            stock_crashed: Optional[str] = None, drive_tbw_bytes: Optional[float] = None,
+            ranks_per_drive: int = 1) -> Comparison:
     """Aggregate the runs of each arm (stock, tencache, and stock-cpu when it ran) into the comparison.
 
     Per arm: step time, per-step bytes, hit rates and fetch waits are the median of all measured steps of all its
@@ -173,8 +174,8 @@ def compare(runs: Sequence[BenchRun], warmup_steps: int, nvme_bandwidth: Optiona
     profiles (least_bytes_of) and the stock-cpu step time.
     ``stock_crashed``: stock NVMe did not finish (what it died of); its column then reads "–", and tencache is
     compared with stock CPU offload, which must have run. ``drive_tbw_bytes``: the drive's rated endurance; each
-    arm's NVMe bytes written per day at its measured rate are reported with it or without, the days it lasts only
-    with it (drive_wear.py).
+    arm's NVMe bytes written per day at its measured rate (per rank) are reported with it or without, the days it
+    lasts only with it, ``ranks_per_drive`` ranks writing to it (drive_wear.py).
 
     Raises:
         ValueError: no run of stock (unless it crashed, with stock-cpu there) or tencache, or warm-up leaves a run
@@ -274,12 +275,13 @@ def compare(runs: Sequence[BenchRun], warmup_steps: int, nvme_bandwidth: Optiona
                        if is_number(nvme["write"][arm]) and is_number(step_time[arm]) else None for arm in arms}
     details.append(make_row(ROW_WRITTEN_PER_DAY, "bytes", written_per_day,
                             note="the median NVMe bytes written per step at the median step's rate, per rank"))
-    days = {arm: days_to_rated_tbw(nvme["write"][arm], step_time[arm], drive_tbw_bytes)
+    days = {arm: days_to_rated_tbw(nvme["write"][arm], step_time[arm], drive_tbw_bytes, ranks_per_drive)
             if drive_tbw_bytes and is_number(nvme["write"][arm]) and is_number(step_time[arm]) else None
             for arm in arms}
     if drive_tbw_bytes:
-        details.append(make_row(ROW_DAYS_TO_TBW, "count", {arm: _finite_or_none(value) for arm, value in days.items()},
-                                note=f"a {drive_tbw_bytes / 1e12:,.0f} TB rating, one rank per drive"))
+        details.append(make_row(ROW_DAYS_TO_TBW, "text", {arm: fmt_days(value) for arm, value in days.items()},
+                                note=f"a {fmt_decimal_tb(drive_tbw_bytes)} rating, {ranks_per_drive} rank(s) "
+                                     f"writing to it"))
     if any(is_number(run.result.get("init_time_s")) for run in runs):
         details.append(make_row("engine start-up (s)", "s", per_arm(lambda rs: _arm_top_level(rs, "init_time_s"))))
     if any(_nvme_footprint(run) is not None for run in runs):
@@ -306,7 +308,7 @@ def compare(runs: Sequence[BenchRun], warmup_steps: int, nvme_bandwidth: Optiona
                      f"{MISSING}")
     notes.append(f"medians exclude the first {warmup_steps} (warm-up) steps of each run; peaks cover all steps")
     notes.append("stage-3 fetch knobs: " + "; ".join(f"{arm}: {_stage3_knobs(by_arm[arm][0])}" for arm in arms))
-    notes.insert(0, _wear_note(arms, written_per_day, days, drive_tbw_bytes))
+    notes.insert(0, _wear_note(arms, written_per_day, days, drive_tbw_bytes, ranks_per_drive))
     if stock_crashed:
         notes.insert(0, f"stock NVMe crashed, so its column is empty: {stock_crashed}")
     if STOCK_CPU in arms and is_number(step_time.get(STOCK_CPU)) and is_number(step_time[TENCACHE]):
@@ -318,20 +320,16 @@ def compare(runs: Sequence[BenchRun], warmup_steps: int, nvme_bandwidth: Optiona
                       weights_identical, weights_detail, run_dicts, notes)
 
 
-def _finite_or_none(days: Optional[float]) -> Optional[float]:
-    return None if days is None or math.isinf(days) else round(days)
-
-
 def _wear_note(arms: Sequence[str], written_per_day: Dict[str, Value], days: Dict[str, Value],
-               drive_tbw_bytes: Optional[float]) -> str:
+               drive_tbw_bytes: Optional[float], ranks_per_drive: int) -> str:
     """What each arm costs the drive at its measured rate (decimal TB, as drive ratings are given)."""
-    rates = ", ".join(f"{arm} {written_per_day[arm] / 1e12:.2f} TB" for arm in arms
+    rates = ", ".join(f"{arm} {fmt_decimal_tb(written_per_day[arm])}" for arm in arms
                       if is_number(written_per_day[arm]))
     note = f"drive wear (NVMe written per day of training at the measured rate, per rank): {rates or MISSING}"
     if drive_tbw_bytes:
-        lasts = ", ".join(f"{arm} {'never' if math.isinf(days[arm]) else f'{days[arm]:,.0f}'}" for arm in arms
-                          if days[arm] is not None)
-        note += f"; days to the drive's rated {drive_tbw_bytes / 1e12:,.0f} TB: {lasts or MISSING}"
+        lasts = ", ".join(f"{arm} {fmt_days(days[arm])}" for arm in arms if days[arm] is not None)
+        note += (f"; days to the drive's rated {fmt_decimal_tb(drive_tbw_bytes)} with {ranks_per_drive} rank(s) "
+                 f"writing to it: {lasts or MISSING}")
     else:
         note += " (--drive-tbw: the days until the drive's rating)"
     return note

@@ -52,7 +52,8 @@ METRICS_SCHEMA_KEY = "schema"
 METRICS_SCHEMA_PREFIX = "tencache.metrics/"  # "tencache.metrics/1" and later: nvme_*_bytes are per step
 PINNED_PEAK_KEY = "pinned_bytes_peak_in_use"
 # Stats/metrics keys the headline (or a fixed row) already shows; the generic rows of the full table skip them.
-FIXED_KEYS = frozenset(STEP_SERIES) | {PINNED_PEAK_KEY, "nvme_read_bytes_per_step", "nvme_write_bytes_per_step"}
+FIXED_KEYS = frozenset(STEP_SERIES) | {PINNED_PEAK_KEY, "nvme_read_bytes_per_step", "nvme_write_bytes_per_step",
+                                        "nvme_write_bytes_per_day"}  # a row of its own, from the headline's bytes
 METRICS_STEP_KEY = "step"  # the step number in a metrics row; not a metric
 # Wall-clock stamps in metrics rows ("time_unix_s"): not comparable between runs.
 TIMESTAMP_KEY = re.compile(r"unix|timestamp|wall_clock", re.IGNORECASE)

@@ -28,6 +28,8 @@ class GradientFragments:
         self.stored = 0      # fragments returned for storing, in all
         self._window = 0     # accumulation windows ended (end_window)
         self._handed_in: Dict[Hashable, Dict[int, int]] = {}  # group -> offset -> window its fragment was handed in
+        # group -> offsets whose kept copy the caller changed after handing it, without handing it again
+        self._changed_unhanded: Dict[Hashable, Set[int]] = {}
         self._views: Dict[Hashable, Dict[int, torch.Tensor]] = {}
         self._only_views: Set[Hashable] = set()  # lent gradients filled from fragments alone: nothing to keep
 
@@ -37,7 +39,9 @@ class GradientFragments:
         views = self._views.setdefault(group, {})
         handed_in = self._handed_in.setdefault(group, {})
         stored = []
+        changed = self._changed_unhanded.get(group, set())
         for offset, fragment in parts:
+            changed.discard(offset)  # handed again: its newest bytes are what is remembered or stored
             kept = kept_copy(offset, fragment)
             if kept is not None:
                 views[offset] = kept
@@ -59,6 +63,18 @@ class GradientFragments:
         """Offsets of ``group`` whose remembered copy was handed in an earlier window, not this one: the update reads
         what the caller's copy holds now, which is what was handed only if the caller has not changed it since."""
         return sorted(offset for offset, window in self._handed_in.get(group, {}).items() if window < self._window)
+
+    def groups(self) -> List[Hashable]:
+        return list(self._views)
+
+    def note_changed_unhanded(self, group, offsets: Sequence[int]) -> None:
+        """The caller changed the kept copies at ``offsets`` without handing them again (so they no longer hold
+        what was handed); remembered until they are handed again, or the group is forgotten."""
+        if offsets:
+            self._changed_unhanded.setdefault(group, set()).update(offsets)
+
+    def changed_unhanded(self, group) -> Set[int]:
+        return self._changed_unhanded.get(group, set())
 
     def has(self, group) -> bool:
         return bool(self._views.get(group))
@@ -94,8 +110,9 @@ class GradientFragments:
         """The sub-group's lent gradient was changed by its borrower: its bytes, not the fragments, are the newest."""
         self._views.pop(group, None)
         self._handed_in.pop(group, None)
+        self._changed_unhanded.pop(group, None)
         self._only_views.discard(group)
 
     def clear(self) -> None:
         """A checkpoint was loaded: no gradient survives it."""
-        self._views, self._only_views, self._handed_in = {}, set(), {}
+        self._views, self._only_views, self._handed_in, self._changed_unhanded = {}, set(), {}, {}

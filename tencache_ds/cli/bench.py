@@ -459,7 +459,8 @@ def _run(args) -> int:
     runs = [report.BenchRun(spec.arm, spec.repeat, report.load_result(spec.result_path),
                             report.load_metrics_rows(spec.metrics_path)) for spec in finished]
     comparison = report.compare(runs, args.warmup, bandwidth, stock_crashed=stock_crashed,
-                                drive_tbw_bytes=getattr(args, "drive_tbw", None))
+                                drive_tbw_bytes=getattr(args, "drive_tbw", None),
+                                ranks_per_drive=getattr(args, "ranks", 1))  # every rank writes under --nvme-path
     figure_path, figure_note, constants = write_figure(args, runs, out_dir, f"{args.model}: tencache vs stock")
     child_commands = [shlex.join(spec.command) for spec in specs if spec.returncode is not None]
 

@@ -14,6 +14,7 @@ import os
 import sys
 from typing import Any, Dict, List, Optional
 
+from ..drive_wear import fmt_decimal_tb
 from ..errors import TencacheConfigError
 from ..units import fmt_bytes
 from .ds_config_file import read_ds_config
@@ -190,8 +191,8 @@ def render(report: Dict[str, Any]) -> List[str]:
     lines.append("hit rates (tencache): device " + _percent(hits["device"]) + ", host " + _percent(hits["host"]))
     days = report["drive_days_to_tbw"]
     if report["drive_tbw_bytes"]:
-        lines.append(f"drive wear: days of training to each drive's rated {fmt_bytes(int(report['drive_tbw_bytes']))}"
-                     f" TBW: stock {_days(days['stock'])}, tencache {_days(days['tencache'])}")
+        lines.append(f"drive wear: days of training to each drive's rated {fmt_decimal_tb(report['drive_tbw_bytes'])}"
+                     f": stock {_days(days['stock'])}, tencache {_days(days['tencache'])}")
     else:
         lines.append("drive wear: no rated TBW (pass --drive-tbw BYTES, or set drive_tbw_bytes in the machine file)")
     return lines

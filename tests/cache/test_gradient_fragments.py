@@ -83,3 +83,18 @@ def test_fragments_not_handed_in_this_window_are_named():
     assert fragments.not_handed_this_window("g") == [0]
     fragments.forget("g")
     assert fragments.not_handed_this_window("g") == []
+
+
+def test_copies_changed_without_being_handed_stay_named_until_handed_again():
+    flat = torch.ones(8)
+    fragments = GradientFragments()
+    fragments.remember("g", [(0, flat.narrow(0, 0, 4)), (4, flat.narrow(0, 4, 4))], _views_of(flat))
+    fragments.note_changed_unhanded("g", [4])
+    assert fragments.changed_unhanded("g") == {4} and fragments.groups() == ["g"]
+    fragments.remember("g", [(0, flat.narrow(0, 0, 4))], _views_of(flat))  # another offset handed: still changed
+    assert fragments.changed_unhanded("g") == {4}
+    fragments.remember("g", [(4, flat.narrow(0, 4, 4))], _views_of(flat))  # handed again: current
+    assert fragments.changed_unhanded("g") == set()
+    fragments.note_changed_unhanded("g", [0])
+    fragments.clear()
+    assert fragments.changed_unhanded("g") == set()

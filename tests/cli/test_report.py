@@ -290,13 +290,16 @@ def test_drive_wear_per_arm_at_its_measured_rate():
     assert (per_day.stock, per_day.tencache, per_day.stock_cpu) == (4 * GB * 28800, GB // 2 * 43200, 0)
     assert not [row for row in comparison.details if row.name == report.ROW_DAYS_TO_TBW]
     wear = next(note for note in comparison.notes if note.startswith("drive wear"))
-    assert "stock 115.20 TB, tencache 21.60 TB, stock-cpu 0.00 TB" in wear and "--drive-tbw" in wear
+    assert "stock 115 TB, tencache 21.60 TB, stock-cpu 0 TB" in wear and "--drive-tbw" in wear
     # Step 2: a 600 TB rating: 600e12 / 115.2e12 = 5.2 days for stock, 27.8 for tencache, never for stock-cpu.
     rated = compare(three_arms(), warmup_steps=1, drive_tbw_bytes=600e12)
     days = rated.row(report.ROW_DAYS_TO_TBW)
-    assert (days.stock, days.tencache, days.stock_cpu) == (5, 28, None)
-    assert "days to the drive's rated 600 TB: stock 5, tencache 28, stock-cpu never" in \
-        next(note for note in rated.notes if note.startswith("drive wear"))
+    assert (days.stock, days.tencache, days.stock_cpu) == ("5.2", "27.8", "never")
+    assert "days to the drive's rated 600 TB with 1 rank(s) writing to it: stock 5.2, tencache 27.8, " \
+        "stock-cpu never" in next(note for note in rated.notes if note.startswith("drive wear"))
+    # Step 3: two ranks writing to the one drive (bench --ranks 2) wear it twice as fast.
+    shared = compare(three_arms(), warmup_steps=1, drive_tbw_bytes=600e12, ranks_per_drive=2)
+    assert shared.row(report.ROW_DAYS_TO_TBW).stock == "2.6"
 
 
 def test_stock_cpu_column():

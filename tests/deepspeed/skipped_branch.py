@@ -20,8 +20,9 @@ import deepspeed  # noqa: E402
 
 HIDDEN = 1024
 # micro-batches of each optimizer step (gradient accumulation 2) that take the branch: step 0 hands its gradient
-# at the boundary; step 1 reduces it in micro-batch 0 only, and hands nothing
-BRANCH = [(True, True), (True, False), (True, True)]
+# at the boundary; step 1 reduces it in micro-batch 0 only, and hands nothing; step 2 does not take it at all (stage
+# 3's buffer still holds step 1's sum); step 3 hands it again
+BRANCH = [(True, True), (True, False), (False, False), (True, True)]
 
 
 class Net(torch.nn.Module):

@@ -157,14 +157,16 @@ def test_a_gradient_reduced_but_not_handed_in_a_window_is_counted_and_warned_of(
     """The one case where reading gradients from stage 3's buffer differs from stock (stage3_gradients.py): a
     parameter with a gradient in micro-batch 0 of a window but none in its last (skipped_branch.py). Stock's update
     reads the bytes handed at the window before; tencache's reads what stage 3 accumulated since. Steps 0 and 1
-    agree, step 2's loss shows the different update; tencache counts both of the branch's fragments (weight, bias)
-    at step 1 and warns once."""
+    agree, and step 2's (its last micro-batch does not take the branch); step 3's shows the different updates of
+    the branch. tencache counts both of the branch's fragments (weight, bias)
+    at step 1, again at step 2 (the branch is not taken: the buffer still holds step 1's sum), not at step 3 (handed
+    again), and warns once."""
     stock, _ = _skipped_branch(tmp_path, "stock")
     ours, output = _skipped_branch(tmp_path, "tencache")
-    assert ours["losses"][:2] == stock["losses"][:2]
-    assert ours["losses"][2] != stock["losses"][2]
-    assert ours["reduced_not_handed"] == [0, 2, 2]
-    assert output.count("reduced in an earlier micro-batch of this accumulation window") == 1
+    assert ours["losses"][:3] == stock["losses"][:3]
+    assert ours["losses"][3] != stock["losses"][3]
+    assert ours["reduced_not_handed"] == [0, 2, 4, 4]
+    assert output.count("reduced in an earlier micro-batch of an accumulation window") == 1
 
 
 @pytest.mark.parametrize("block", [STREAMING, AUTO], ids=["streaming", "auto"])

@@ -218,8 +218,10 @@ CALL_ORDER = (
               "and refuses to build", "tests/deepspeed/test_parity.py"),
     CallOrder("the optimizer swapper's log_timers() is called once at the end of initialisation and once per "
               "optimizer step (from _post_step, or before step() returns on overflow)",
-              "optimizer_swapper.py (profile lifecycle)",
-              "it counts steps to know when the profiled training step ends", "tests/deepspeed/test_parity.py"),
+              "optimizer_swapper.py (profile lifecycle, gradient windows)",
+              "it counts steps to know when the profiled training step ends, and ends the accumulation window of "
+              "the gradient fragments (after step() began with _pre_step, which starts stage 3's new set of "
+              "reduced parameters)", "tests/deepspeed/test_parity.py, test_residency.py (skipped branch)"),
     CallOrder("every rank calls engine.forward (and so the host governor, which runs the device tier's budget "
               "agreement and the stop vote: two all-reduces) the same number of times, in the same order",
               "memory_pressure.py, agreement.py",

@@ -137,8 +137,11 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         # the sub-groups in _stored_gradients: a fragment without a copy, or a gradient written back through
         # DeepSpeed's API; state_bytes counts what it can hold from the first reading on)
         self._gradient_views = self._stage3_gradients is not None
-        self._window_reductions = None  # stage 3's parameters reduced in this window, as of the last hand-off
-        self.gradients_reduced_not_handed = 0  # remembered fragments read where stage 3 changed them unhanded
+        # stage 3's set of the parameters reduced in this window (it starts a new one at each step: taken at each
+        # window's end and hand-off, it is that window's)
+        self._window_reductions = None
+        self.gradients_reduced_not_handed = 0  # updates' reads of fragments stage 3 changed without handing them
+        self._counted_this_window = set()  # (sub-group, offset) read so and counted in this window
         self._stored_gradients = set()  # sub-group ids
         self._checkpoint_load_pending = False  # the engine's load_checkpoint is running (loading_checkpoint)
         self._drop_held_copies = False  # a checkpoint was copied over the folder: drop every held copy first
@@ -311,6 +314,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         a load (stock's checkpoints skip them too)."""
         super().purge_state()
         self._gradient_fragments.clear()
+        self._counted_this_window = set()
         self._stored_gradients = set()
         self._release_read_ahead()
         self.store.flush()
@@ -397,8 +401,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             # one pass over the sub-groups per step whatever gradient accumulation or checkpointing do
             self.store.next_use = self.profile.load(tensors, dtype=str(self.dtype), world_size=dist.get_world_size())
         self.store.next_use = self.profile.end_step()
-        self._gradient_fragments.end_window()
-        self._window_reductions = None
+        self._end_gradient_window()
 
     # --------------------------------------------------------------------------------------------- stats
     def stats(self) -> dict:
@@ -461,20 +464,40 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         return gradient
 
     def _count_reduced_not_handed(self, group) -> None:
-        """Remembered fragments of this sub-group that were handed in an earlier window, of parameters stage 3 has
-        reduced in this one without handing them (a gradient in an earlier micro-batch, none in the last): the
-        update reads that partial sum where stock reads the bytes last handed (stage3_gradients.py)."""
-        reductions, stage3 = self._window_reductions, self._stage3_gradients
-        if not reductions or stage3 is None:
+        """Before the update reads the sub-group's remembered fragments: those handed in an earlier window whose
+        parameter stage 3 has reduced since without handing it (a gradient in an earlier micro-batch, none in the
+        last): the update reads what stage 3 accumulated where stock reads the bytes last handed
+        (stage3_gradients.py). Counted once per fragment and window; a warning at the first."""
+        stage3, fragments = self._stage3_gradients, self._gradient_fragments
+        if stage3 is None:
             return
-        for offset in self._gradient_fragments.not_handed_this_window(group):
-            if stage3.param_at(group, offset) in reductions:
+        reductions, changed = self._window_reductions or (), fragments.changed_unhanded(group)
+        for offset in fragments.not_handed_this_window(group):
+            if (group, offset) in self._counted_this_window:
+                continue  # a second swap-in in the window (safe_get_full_grad, Muon) reads the same bytes
+            if offset in changed or stage3.param_at(group, offset) in reductions:
                 if not self.gradients_reduced_not_handed:
                     logger.warning("optimizer sub-group %s: a parameter's gradient was reduced in an earlier "
-                                   "micro-batch of this accumulation window but not in its last one; its update "
+                                   "micro-batch of an accumulation window but not in its last one; its update "
                                    "reads that gradient, where stock DeepSpeed reads the one of the last window "
                                    "that handed it (stats: optimizer_gradient_fragments_reduced_not_handed)", group)
                 self.gradients_reduced_not_handed += 1
+                self._counted_this_window.add((group, offset))
+
+    def _end_gradient_window(self) -> None:
+        """An optimizer step ended (or was skipped): fragments not handed in its window whose parameter stage 3
+        reduced in it stay changed until handed again (a later window's update, or the next one after a skipped
+        step, reads them so too); the next window's set of reductions is stage 3's new one."""
+        stage3, fragments = self._stage3_gradients, self._gradient_fragments
+        if stage3 is None:
+            return
+        reductions = self._window_reductions or ()
+        for group in fragments.groups():
+            fragments.note_changed_unhanded(group, [offset for offset in fragments.not_handed_this_window(group)
+                                                    if stage3.param_at(group, offset) in reductions])
+        fragments.end_window()
+        self._counted_this_window = set()
+        self._window_reductions = stage3.reductions()  # step() began with _pre_step: already the next window's
 
     def _lend(self, path, numel, read_ahead):
         if path in read_ahead:

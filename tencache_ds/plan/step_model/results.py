@@ -60,6 +60,7 @@ def fits(prediction: Prediction, workload: Workload, machine: Machine) -> Tuple[
 
 def drive_days_to_tbw(prediction: Prediction, machine: Machine, drive_tbw_bytes: Optional[float]) -> Optional[float]:
     """Days of continuous training until each drive has absorbed its rated TBW at this step's write rate (the
-    node's ranks write to the node's drives, evenly); None without a rating, inf when nothing is written."""
+    node's ranks write to the node's drives, evenly); None without a rating or a positive step time, inf when
+    nothing is written."""
     return days_to_rated_tbw(prediction.nvme_write_bytes, prediction.step_time_s, drive_tbw_bytes,
                              machine.ranks_per_node / max(1, machine.drives))
