@@ -133,10 +133,6 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         # gradient fragments read from stage 3's own gradient buffer at the update, not from a file
         self._gradient_fragments = GradientFragments()
         self._stage3_gradients = stage3_gradients_of(find_stage3_optimizer())
-        # whether stage 3's host copies of the gradients are found (then the tier holds no gradient but those of
-        # the sub-groups in _stored_gradients: a fragment without a copy, or a gradient written back through
-        # DeepSpeed's API; state_bytes counts what it can hold from the first reading on)
-        self._gradient_views = self._stage3_gradients is not None
         # stage 3's set of the parameters reduced in this window (it starts a new one at each step: taken at each
         # window's end and hand-off, it is that window's)
         self._window_reductions = None
@@ -355,6 +351,13 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
     def footprint_keeping_everything_bytes(self) -> int:
         """The footprint at which the tier keeps every sub-group: the state, and the slot an update still lends."""
         return self.state_bytes() + self._update_slots() * self.store.streaming_slot_bytes
+
+    @property
+    def _gradient_views(self) -> bool:
+        """Are stage 3's host copies of the gradients looked up? Then the tier holds no gradient but those of the
+        sub-groups in _stored_gradients (a fragment without a copy, or a gradient written back through DeepSpeed's
+        API); state_bytes counts what it can hold from the first reading on."""
+        return self._stage3_gradients is not None
 
     def _update_slots(self) -> int:
         """Streaming slots an update lends even when the tier keeps everything: the transient buffer a gradient
