@@ -243,6 +243,13 @@ CALL_ORDER = (
               "stage3_gradients.py, optimizer_swapper.py (swap_out_gradients, _lend_gradient)",
               "the update reads each fragment's values from that view instead of a stored copy",
               "tests/deepspeed/test_residency.py (bf16 and fp32, stock's bits, no gradient file)"),
+    CallOrder("outside step(), stage 3's fragment calls (safe_get/set_*_fp32_param, _grad, _optimizer_state) "
+              "swap a sub-group in with no sub-group to read next (async_parameter None), and the local getters "
+              "return a view of the swapped-in tensor after swapping it out; inside step() every swap-in of the "
+              "update is stage 3's own", "install.py (marking_step), optimizer_swapper.py (swap_in_optimizer_state)",
+              "a miss such a call swaps in is read into memory never reused, so that the view it returns keeps "
+              "the bytes it was given", "tests/deepspeed/test_tensor_fragments.py (nothing held: stock CPU "
+              "offload's values)"),
     CallOrder("_save_zero_checkpoint writes the rank's ZeRO file with one checkpoint_engine.save(state, path) call",
               "checkpoint_save.py (saving_masters)",
               "that call is the one whose masters share the swap files' blocks, where the file system clones",

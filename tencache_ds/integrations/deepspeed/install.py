@@ -105,13 +105,21 @@ _IN_STEP = "_tencache_in_step"
 
 
 def _marking_step(step):
+    """stage 3's step() marked on the optimizer (the coordinator keeps its device tier through the step's
+    partitioning) and on our optimizer swapper (what it lends outside the update may be held by the caller)."""
     @functools.wraps(step)
     def step_marked(self, *args, **kwargs):
+        swapper = getattr(self, "optimizer_swapper", None)
+        ours = isinstance(swapper, TencacheOptimizerSwapper)
         setattr(self, _IN_STEP, True)
+        if ours:
+            swapper.updating = True
         try:
             return step(self, *args, **kwargs)
         finally:
             setattr(self, _IN_STEP, False)
+            if ours:
+                swapper.updating = False
 
     return step_marked
 

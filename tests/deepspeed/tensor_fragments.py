@@ -1,0 +1,251 @@
+"""Our versions of DeepSpeed's tensor-fragment tests, with the optimizer offloaded (our code, written after the
+scenarios of tests/unit/runtime/zero/test_zero_tensor_fragment.py in DeepSpeed's repository: TestTensorFragmentGet,
+TestTensorFragmentSet, TestTensorFragmentUpdate; ZeRO-3, 2 ranks, fp32 and bf16 instead of fp16, the CPU
+accelerator, layers of 1024 so that the optimizer state is large enough to be swapped, the first layer frozen).
+These are the calls users make to read and change what ZeRO-3 partitions: the fp32 weights, the gradients after
+backward and Adam's moments after the step, whole (``safe_*_full_*``) or this rank's part (``safe_*_local_*``).
+Rank 0 prints one RESULT line.
+
+    deepspeed --num_gpus 2 tests/deepspeed/tensor_fragments.py SCENARIOS stock|tencache[=BUDGETS] nvme|cpu NVME_DIR
+
+SCENARIOS: comma-separated, of get_fp32, get_bf16, set_fp32, set_bf16, update_fp32, update_bf16; they run one after
+the other in the same processes, each with its own engine and folder under NVME_DIR. ``tencache=BUDGETS``:
+comma-separated values of the block's ``host_cache_bytes`` ("auto" without any), each running every scenario (its
+results under "SCENARIO@BUDGET"). A scenario's result holds
+SHA-256 sums of what the calls returned and of the weights training ends with (so that runs compare bit for bit),
+and whether each value set was read back as set; where it fails, its error (the scenarios after it do not run).
+"""
+import hashlib
+import json
+import os
+import sys
+import traceback
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                                "scripts"))
+import shm_buffers  # noqa: E402  (scripts/shm_buffers.py)
+
+ARGS = [arg for arg in sys.argv[1:] if not arg.startswith("--local_rank")]  # the launcher adds --local_rank=N
+if ARGS[1].startswith("tencache"):
+    import tencache_ds  # noqa: F401  (installs before DeepSpeed is imported)
+import deepspeed  # noqa: E402
+from deepspeed.utils import (safe_get_full_fp32_param, safe_get_full_grad, safe_get_full_optimizer_state,  # noqa: E402
+                             safe_get_local_fp32_param, safe_get_local_grad, safe_get_local_optimizer_state,
+                             safe_set_full_fp32_param, safe_set_full_grad, safe_set_full_optimizer_state,
+                             safe_set_local_fp32_param, safe_set_local_grad, safe_set_local_optimizer_state,
+                             safe_update_full_grad_vectorized)
+
+HIDDEN = 1024
+MOMENTS = ("exp_avg", "exp_avg_sq")
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def ds_config(budget, device, nvme, dtype):
+    offload = {"device": device, "pin_memory": False}
+    if device == "nvme":
+        offload.update(nvme_path=nvme, buffer_count=4)
+    config = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, "steps_per_print": 1000000,
+              "optimizer": {"type": "Adam", "params": {"lr": 1e-3}},
+              "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0,
+                                    "offload_optimizer": offload},
+              "aio": {"block_size": 1048576, "queue_depth": 8, "intra_op_parallelism": 1, "single_submit": False,
+                      "overlap_events": True}}
+    if dtype == torch.bfloat16:
+        config["bf16"] = {"enabled": True}
+    if budget is not None:  # tencache's
+        config["tencache"] = {"host_cache_bytes": budget}
+    return config
+
+
+class Layers(torch.nn.Module):
+    """Three square linear layers, the first frozen (its fragments read as None)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ll = torch.nn.ModuleList(torch.nn.Linear(HIDDEN, HIDDEN) for _ in range(3))
+        self.ll[0].weight.requires_grad = False
+        self.ll[0].bias.requires_grad = False
+        self.cross_entropy_loss = torch.nn.CrossEntropyLoss()
+
+    def forward(self, x, y):
+        for layer in self.ll:
+            x = torch.relu(layer(x))
+        return self.cross_entropy_loss(x.float(), y)
+
+
+def batches(count, dtype):
+    generator = torch.Generator().manual_seed(7 + torch.distributed.get_rank())
+    for _ in range(count):
+        yield (torch.randn(2, HIDDEN, generator=generator).to(dtype), torch.randint(0, HIDDEN, (2,), generator=generator))
+
+
+def digest(values):
+    """SHA-256 over {name: tensor or None} in name order (fp32 bytes); None counts as its own value."""
+    h = hashlib.sha256()
+    for name in sorted(values):
+        h.update(name.encode())
+        value = values[name]
+        h.update(b"None" if value is None else value.detach().float().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def gathered(engine):
+    weights = {}
+    for name, param in engine.module.named_parameters():
+        with deepspeed.zero.GatheredParameters(param, modifier_rank=None):
+            weights[name] = param.detach().float().cpu().clone()
+    return weights
+
+
+def engine_for(budget, device, nvme, dtype):
+    torch.manual_seed(1234)
+    config = ds_config(budget, device, nvme, dtype)
+    with deepspeed.zero.Init(config_dict_or_path=config):
+        model = Layers()
+    engine, *_ = deepspeed.initialize(config=config, model=model, model_parameters=model.parameters())
+    return engine
+
+
+def random_like(shape, seed, dtype=torch.float32):
+    """The same values on every rank for the same seed (what the full setters require)."""
+    return torch.rand(shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+def trained(engine, dtype, after_backward, after_step, steps=3):
+    """Train ``steps`` steps, calling ``after_backward(engine, step)`` between backward and step and
+    ``after_step(engine, step)`` after it; returns what they returned and the final weights' digest."""
+    seen = {}
+    for step, (x, y) in enumerate(batches(steps, dtype)):
+        engine.backward(engine(x, y))
+        seen[f"after_backward_{step}"] = after_backward(engine, step)
+        engine.step()
+        seen[f"after_step_{step}"] = after_step(engine, step)
+    seen["weights"] = digest(gathered(engine))
+    return seen
+
+
+def get(budget, device, nvme, dtype):
+    """TestTensorFragmentGet: every getter, full and local, after backward and after the step."""
+    def after_backward(engine, _step):
+        values = {}
+        for name, lp in engine.module.named_parameters():
+            values[f"{name}.full_fp32"] = safe_get_full_fp32_param(lp)
+            values[f"{name}.full_grad"] = safe_get_full_grad(lp)
+            values[f"{name}.local_fp32"] = safe_get_local_fp32_param(lp)
+            values[f"{name}.local_grad"] = safe_get_local_grad(lp)
+        return _by_getter(engine, values)
+
+    def after_step(engine, _step):
+        values = {}
+        for name, lp in engine.module.named_parameters():
+            for key in MOMENTS:
+                values[f"{name}.full_{key}"] = safe_get_full_optimizer_state(lp, key)
+                values[f"{name}.local_{key}"] = safe_get_local_optimizer_state(lp, key)
+        return _by_getter(engine, values)
+
+    engine = engine_for(budget, device, nvme, dtype)
+    try:
+        return trained(engine, dtype, after_backward, after_step)
+    finally:
+        engine.destroy()
+
+
+def _by_getter(engine, values):
+    """A digest per getter ("full_fp32", "local_grad", ...: what follows the parameter's name) and whether frozen
+    parameters read as None."""
+    getters = {key.rsplit(".", 1)[1] for key in values}
+    found = {getter: digest({key: value for key, value in values.items() if key.endswith("." + getter)})
+             for getter in sorted(getters)}
+    return {**found, "frozen_none": _frozen_none(engine, values)}
+
+
+def _frozen_none(engine, values):
+    """Frozen parameters read as None, trained ones as tensors."""
+    frozen = {name for name, lp in engine.module.named_parameters() if not lp.requires_grad}
+    return all((values[key] is None) == (key.split(".full_")[0].split(".local_")[0] in frozen) for key in values)
+
+
+def set_(budget, device, nvme, dtype):
+    """TestTensorFragmentSet: set weights and gradients after backward, weights and moments after the step, full at
+    even steps and local at odd ones; each value is read back as set, and training on uses them."""
+    def put(engine, step, keys):
+        matches = True
+        rank = torch.distributed.get_rank()
+        for index, (name, lp) in enumerate(engine.module.named_parameters()):
+            if not lp.requires_grad:
+                continue
+            for number, key in enumerate(keys):
+                seed = 1000 * step + 10 * index + number
+                if step % 2 == 0:
+                    value = random_like(lp.ds_shape, seed, dtype if key == "grad" else torch.float32)
+                    setter, getter = {"weight": (safe_set_full_fp32_param, safe_get_full_fp32_param),
+                                      "grad": (safe_set_full_grad, safe_get_full_grad)}.get(
+                        key, (lambda p, v, k=key: safe_set_full_optimizer_state(p, v, k),
+                              lambda p, k=key: safe_get_full_optimizer_state(p, k)))
+                else:  # this rank's part: different values on each rank
+                    value = random_like(lp.ds_tensor.shape, seed + 100_000 * (rank + 1),
+                                        dtype if key == "grad" else torch.float32)
+                    setter, getter = {"weight": (safe_set_local_fp32_param, safe_get_local_fp32_param),
+                                      "grad": (safe_set_local_grad, safe_get_local_grad)}.get(
+                        key, (lambda p, v, k=key: safe_set_local_optimizer_state(p, v, k),
+                              lambda p, k=key: safe_get_local_optimizer_state(p, k)))
+                setter(lp, value)
+                matches &= bool(torch.equal(getter(lp).to(value.dtype), value))
+        return matches
+
+    engine = engine_for(budget, device, nvme, dtype)
+    try:
+        return trained(engine, dtype, lambda engine, step: put(engine, step, ("weight", "grad")),
+                       lambda engine, step: put(engine, step, ("weight",) + MOMENTS))
+    finally:
+        engine.destroy()
+
+
+def update(budget, device, nvme, dtype):
+    """TestTensorFragmentUpdate: new gradients through safe_update_full_grad_vectorized after backward; read back
+    as given, and the step uses them."""
+    def after_backward(engine, step):
+        params = [lp for lp in engine.module.parameters() if lp.requires_grad]
+        new = {id(lp): random_like(lp.ds_shape, 10 * step + index, dtype) for index, lp in enumerate(params)}
+        safe_update_full_grad_vectorized(params, lambda _old, lp: new[id(lp)])
+        return all(torch.equal(safe_get_full_grad(lp).to(dtype), new[id(lp)]) for lp in params)
+
+    engine = engine_for(budget, device, nvme, dtype)
+    try:
+        return trained(engine, dtype, after_backward, lambda _engine, _step: None)
+    finally:
+        engine.destroy()
+
+
+SCENARIOS = {f"{name}_{label}": (function, dtype) for name, function in (("get", get), ("set", set_),
+                                                                         ("update", update))
+             for label, dtype in DTYPES.items()}
+
+
+def main(scenarios, mode, device, nvme):
+    deepspeed.init_distributed()
+    if shm_buffers.creates_buffers():  # as scripts/train.py does: no shared-memory buffer left behind
+        deepspeed.comm.barrier()
+        shm_buffers.remove_own_buffer()
+    results = {}
+    runs = [(scenario, None, scenario) for scenario in scenarios.split(",")] if mode == "stock" else \
+        [(scenario, budget, f"{scenario}@{budget}") for budget in (mode.partition("=")[2] or "auto").split(",")
+         for scenario in scenarios.split(",")]
+    for scenario, budget, name in runs:
+        function, dtype = SCENARIOS[scenario]
+        try:
+            results[name] = {"ok": True, **function(budget, device, os.path.join(nvme, name), dtype)}
+        except Exception as err:  # the scenario's failure is its result, and the last one run: a rank that failed
+            # may have left the other inside a collective, and a next scenario would not line up with it
+            traceback.print_exc()
+            results[name] = {"ok": False, "error": f"{type(err).__name__}: {err}"}
+            break
+        torch.distributed.barrier()
+    if torch.distributed.get_rank() == 0:
+        print("RESULT " + json.dumps(results), flush=True)
+
+
+if __name__ == "__main__":
+    main(*ARGS[:4])
