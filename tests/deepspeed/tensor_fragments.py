@@ -1,14 +1,15 @@
 """Our versions of DeepSpeed's tensor-fragment tests, with the optimizer offloaded (our code, written after the
 scenarios of tests/unit/runtime/zero/test_zero_tensor_fragment.py in DeepSpeed's repository: TestTensorFragmentGet,
-TestTensorFragmentSet, TestTensorFragmentUpdate; ZeRO-3, 2 ranks, fp32 and bf16 instead of fp16, the CPU
-accelerator, layers of 1024 so that the optimizer state is large enough to be swapped, the first layer frozen).
+TestTensorFragmentSet, TestTensorFragmentUpdate; and of test_zero_grad_clip.py; ZeRO-3, 2 ranks, fp32 and bf16
+instead of fp16, the CPU accelerator, layers of 1024 so that the optimizer state is large enough to be swapped, the first layer frozen).
 These are the calls users make to read and change what ZeRO-3 partitions: the fp32 weights, the gradients after
 backward and Adam's moments after the step, whole (``safe_*_full_*``) or this rank's part (``safe_*_local_*``).
 Rank 0 prints one RESULT line.
 
     deepspeed --num_gpus 2 tests/deepspeed/tensor_fragments.py SCENARIOS stock|tencache[=BUDGETS] nvme|cpu NVME_DIR
 
-SCENARIOS: comma-separated, of get_fp32, get_bf16, set_fp32, set_bf16, update_fp32, update_bf16; they run one after
+SCENARIOS: comma-separated, of get_, set_, update_, clip_ + fp32 or bf16 (test_zero_grad_clip.py's custom clipping
+for clip); they run one after
 the other in the same processes, each with its own engine and folder under NVME_DIR. ``tencache=BUDGETS``:
 comma-separated values of the block's ``host_cache_bytes`` ("auto" without any), each running every scenario (its
 results under "SCENARIO@BUDGET"). A scenario's result holds
@@ -78,7 +79,8 @@ class Layers(torch.nn.Module):
 def batches(count, dtype):
     generator = torch.Generator().manual_seed(7 + torch.distributed.get_rank())
     for _ in range(count):
-        yield (torch.randn(2, HIDDEN, generator=generator).to(dtype), torch.randint(0, HIDDEN, (2,), generator=generator))
+        yield (torch.randn(2, HIDDEN, generator=generator).to(dtype),
+               torch.randint(0, HIDDEN, (2,), generator=generator))
 
 
 def digest(values):
@@ -219,8 +221,29 @@ def update(budget, device, nvme, dtype):
         engine.destroy()
 
 
+def clip(budget, device, nvme, dtype):
+    """test_zero_grad_clip.py: a user's own clipping after backward, each rank clamping its part of every gradient
+    (safe_get_local_grad, safe_set_local_grad); stage 3's gradient norm falls, and the step uses the clamped
+    gradients."""
+    def after_backward(engine, _step):
+        optimizer = engine.optimizer
+        before = torch.linalg.vector_norm(torch.stack(optimizer._get_norm_groups()))
+        for lp in engine.module.parameters():
+            gradient = safe_get_local_grad(lp)
+            if gradient is not None:
+                safe_set_local_grad(lp, torch.clamp(gradient, -1e-4, 1e-4))
+        after = torch.linalg.vector_norm(torch.stack(optimizer._get_norm_groups()))
+        return {"norms": digest({"before": before, "after": after}), "fell": bool(after < before)}
+
+    engine = engine_for(budget, device, nvme, dtype)
+    try:
+        return trained(engine, dtype, after_backward, lambda _engine, _step: None)
+    finally:
+        engine.destroy()
+
+
 SCENARIOS = {f"{name}_{label}": (function, dtype) for name, function in (("get", get), ("set", set_),
-                                                                         ("update", update))
+                                                                         ("update", update), ("clip", clip))
              for label, dtype in DTYPES.items()}
 
 

@@ -1,9 +1,10 @@
-"""DeepSpeed's tensor-fragment calls (our versions of its test_zero_tensor_fragment.py: tensor_fragments.py), 2
-ranks, ZeRO-3, fp32 and bf16, with the optimizer on NVMe under tencache: every getter (fp32 weights and gradients
-after backward, Adam's moments after the step; whole and this rank's part), every setter (read back as set, and the
-training that follows uses what was set) and the vectorised gradient update give the results of stock CPU offload
-run in a process that never imported tencache_ds, bit for bit, whether the host tier streams everything, holds part
-of the state or holds all of it. Real engine, real files, through the launcher."""
+"""DeepSpeed's tensor-fragment calls (our versions of its test_zero_tensor_fragment.py and test_zero_grad_clip.py:
+tensor_fragments.py), 2 ranks, ZeRO-3, fp32 and bf16, with the optimizer on NVMe under tencache: every getter (fp32
+weights and gradients after backward, Adam's moments after the step; whole and this rank's part), every setter (read
+back as set, and the training that follows uses what was set), the vectorised gradient update and a user's own
+clipping give the results of stock CPU offload run in a process that never imported tencache_ds, bit for bit, whether
+the host tier streams everything, holds part of the state or holds all of it. Real engine, real files, through the
+launcher."""
 import os
 import shutil
 import subprocess
@@ -14,7 +15,7 @@ from conftest import REPO, free_port, result_of
 
 pytestmark = [pytest.mark.deepspeed, pytest.mark.slow]  # two launches, about 30 and 70 s
 SCRIPT = os.path.join(os.path.dirname(__file__), "tensor_fragments.py")
-SCENARIOS = ("get_fp32", "get_bf16", "set_fp32", "set_bf16", "update_fp32", "update_bf16")
+SCENARIOS = ("get_fp32", "get_bf16", "set_fp32", "set_bf16", "update_fp32", "update_bf16", "clip_fp32", "clip_bf16")
 # nothing held (every fragment call reads and writes the files), part of the state held (6 MB of each rank's
 # 25 MB: some tensors, prefixes of others), "auto" (all of it)
 BUDGETS = ("0", "6MB", "auto")
@@ -39,9 +40,10 @@ def test_fragment_calls_give_stock_cpu_offloads_results(tmp_path):
     ours = fragments(tmp_path, "tencache=" + ",".join(BUDGETS), "nvme")
     for name in SCENARIOS:
         assert reference.get(name, {}).get("ok"), (name, reference.get(name))
-        # the setters' read-backs, the frozen layer's Nones: the calls work at all
+        # the setters' read-backs, the frozen layer's Nones, the norm clipping lowers: the calls work at all
         checks = [value for value in reference[name].values() if isinstance(value, bool)]
-        checks += [value["frozen_none"] for value in reference[name].values() if isinstance(value, dict)]
+        checks += [value.get("frozen_none", value.get("fell")) for value in reference[name].values()
+                   if isinstance(value, dict)]
         assert all(checks), (name, reference[name])
         for budget in BUDGETS:
             assert ours.get(f"{name}@{budget}") == reference[name], (name, budget, ours.get(f"{name}@{budget}"))
