@@ -4,9 +4,12 @@ fp32 master weights to stock ZeRO-Infinity (params and optimizer on NVMe). Real 
 Each case also checks that tencache's swappers really ran (a run that silently fell back to stock would pass
 the comparison and prove nothing).
 """
+import json
+import os
+
 import pytest
 
-from conftest import result_of
+from conftest import REPO, result_of
 from tencache_ds.probes.limits import UNLIMITED, lockable_bytes_now
 
 pytestmark = pytest.mark.deepspeed
@@ -97,6 +100,25 @@ def test_bit_identical_for_every_way_of_building_the_model(train, init, dtype):
     stock = train(block=None, **options)
     ours = train(block=STREAMING, **options)
     assert_identical(stock, ours)
+
+
+@pytest.mark.parametrize("optimizer", ["Lion", "Adagrad"])
+def test_bit_identical_with_deepspeeds_other_cpu_optimizers(train, tmp_path, optimizer):
+    """DeepSpeed's other CPU optimizers keep other state than Adam's two moments (DeepSpeedCPULion: one,
+    DeepSpeedCPUAdagrad: the squared sum), so their sub-groups swap other tensors. Six sub-groups under a 20 MB
+    budget: some tensors held, prefixes of others, the rest streamed."""
+    with open(os.path.join(REPO, "configs", "stock-nvme.json")) as f:
+        config = json.load(f)
+    config["optimizer"] = {"type": optimizer, "params": {"lr": 1e-3}}
+    path = tmp_path / f"{optimizer}.json"
+    path.write_text(json.dumps(config))
+    options = dict(BASE, sub_group_size=2_000_000)
+    stock = train(config=str(path), block=None, **options)
+    ours = train(config=str(path), block={"host_cache_bytes": "20MB"}, **options)
+    assert_identical(stock, ours)
+    stats = ours.last_stats
+    assert stats["optimizer_cache_cached_tensors"] > 0 and stats["optimizer_cache_prefix_tensors"] > 0
+    assert stats["optimizer_cache_misses"] > 0
 
 
 def test_stock_crash_config_trains_under_tencache(train):
