@@ -8,8 +8,8 @@ Rank 0 prints one RESULT line.
 
     deepspeed --num_gpus 2 tests/deepspeed/tensor_fragments.py SCENARIOS stock|tencache[=BUDGETS] nvme|cpu NVME_DIR
 
-SCENARIOS: comma-separated, of get_, set_, update_, clip_ + fp32 or bf16 (test_zero_grad_clip.py's custom clipping
-for clip); they run one after
+SCENARIOS: comma-separated, of get_, set_, update_, clip_, save16_ + fp32 or bf16 (test_zero_grad_clip.py's custom
+clipping for clip; the 16-bit model file saved with the parameters offloaded too for save16); they run one after
 the other in the same processes, each with its own engine and folder under NVME_DIR. ``tencache=BUDGETS``:
 comma-separated values of the block's ``host_cache_bytes`` ("auto" without any), each running every scenario (its
 results under "SCENARIO@BUDGET"). A scenario's result holds
@@ -43,7 +43,7 @@ MOMENTS = ("exp_avg", "exp_avg_sq")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
-def ds_config(budget, device, nvme, dtype):
+def ds_config(budget, device, nvme, dtype, params_too=False):
     offload = {"device": device, "pin_memory": False}
     if device == "nvme":
         offload.update(nvme_path=nvme, buffer_count=4)
@@ -53,6 +53,9 @@ def ds_config(budget, device, nvme, dtype):
                                     "offload_optimizer": offload},
               "aio": {"block_size": 1048576, "queue_depth": 8, "intra_op_parallelism": 1, "single_submit": False,
                       "overlap_events": True}}
+    if params_too:  # the parameters offloaded as well, and gathered whole into the 16-bit model file at a save
+        config["zero_optimization"]["offload_param"] = dict(offload, buffer_count=6, buffer_size=2_000_000)
+        config["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] = True
     if dtype == torch.bfloat16:
         config["bf16"] = {"enabled": True}
     if budget is not None:  # tencache's
@@ -101,9 +104,9 @@ def gathered(engine):
     return weights
 
 
-def engine_for(budget, device, nvme, dtype):
+def engine_for(budget, device, nvme, dtype, params_too=False):
     torch.manual_seed(1234)
-    config = ds_config(budget, device, nvme, dtype)
+    config = ds_config(budget, device, nvme, dtype, params_too)
     with deepspeed.zero.Init(config_dict_or_path=config):
         model = Layers()
     engine, *_ = deepspeed.initialize(config=config, model=model, model_parameters=model.parameters())
@@ -242,8 +245,29 @@ def clip(budget, device, nvme, dtype):
         engine.destroy()
 
 
+def save16(budget, device, nvme, dtype):
+    """The 16-bit model a training run saves at its end (engine.save_16bit_model, and the consolidated state dict
+    under it, which Hugging Face's Trainer saves with stage3_gather_16bit_weights_on_model_save), the parameters
+    offloaded as well: every parameter gathered whole outside the training step."""
+    def after_step(engine, _step):
+        state = engine._zero3_consolidated_16bit_state_dict()
+        return digest(state) if torch.distributed.get_rank() == 0 else None
+
+    engine = engine_for(budget, device, nvme, dtype, params_too=True)
+    try:
+        seen = trained(engine, dtype, lambda _engine, _step: None, after_step)
+        folder = os.path.join(nvme, "saved")
+        engine.save_16bit_model(folder)
+        if torch.distributed.get_rank() == 0:
+            seen["saved"] = digest(torch.load(os.path.join(folder, "pytorch_model.bin")))
+        return seen
+    finally:
+        engine.destroy()
+
+
 SCENARIOS = {f"{name}_{label}": (function, dtype) for name, function in (("get", get), ("set", set_),
-                                                                         ("update", update), ("clip", clip))
+                                                                         ("update", update), ("clip", clip),
+                                                                         ("save16", save16))
              for label, dtype in DTYPES.items()}
 
 

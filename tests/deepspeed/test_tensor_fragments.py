@@ -2,9 +2,9 @@
 tensor_fragments.py), 2 ranks, ZeRO-3, fp32 and bf16, with the optimizer on NVMe under tencache: every getter (fp32
 weights and gradients after backward, Adam's moments after the step; whole and this rank's part), every setter (read
 back as set, and the training that follows uses what was set), the vectorised gradient update and a user's own
-clipping give the results of stock CPU offload run in a process that never imported tencache_ds, bit for bit, whether
-the host tier streams everything, holds part of the state or holds all of it. Real engine, real files, through the
-launcher."""
+clipping, and the 16-bit model saved at the end with the parameters offloaded too, give the results of stock CPU
+offload run in a process that never imported tencache_ds, bit for bit, whether the host tier streams everything,
+holds part of the state or holds all of it. Real engine, real files, through the launcher."""
 import os
 import shutil
 import subprocess
@@ -15,7 +15,8 @@ from conftest import REPO, free_port, result_of
 
 pytestmark = [pytest.mark.deepspeed, pytest.mark.slow]  # two launches, about 30 and 70 s
 SCRIPT = os.path.join(os.path.dirname(__file__), "tensor_fragments.py")
-SCENARIOS = ("get_fp32", "get_bf16", "set_fp32", "set_bf16", "update_fp32", "update_bf16", "clip_fp32", "clip_bf16")
+SCENARIOS = ("get_fp32", "get_bf16", "set_fp32", "set_bf16", "update_fp32", "update_bf16", "clip_fp32", "clip_bf16",
+             "save16_fp32", "save16_bf16")
 # nothing held (every fragment call reads and writes the files), part of the state held (6 MB of each rank's
 # 25 MB: some tensors, prefixes of others), "auto" (all of it)
 BUDGETS = ("0", "6MB", "auto")
