@@ -22,6 +22,7 @@ import functools
 import hashlib
 import json
 import os
+import re
 import resource
 import signal
 import socket
@@ -123,6 +124,9 @@ def parse_args(argv=None):
     p.add_argument("--set-grads-through-api", action="store_true",
                    help="before each update, read every parameter's full gradient and set it back "
                         "(deepspeed.utils.safe_get_full_grad / safe_set_full_grad): same values, written back")
+    p.add_argument("--train-only", default=None, metavar="REGEX",
+                   help="freeze every parameter whose name does not match REGEX (e.g. 'ln_|bias': layer norms and "
+                        "biases only), as fine-tuning a frozen base model does; only the others reach the optimizer")
     p.add_argument("--list-models", action="store_true", help="print a table of configs/models/* and exit")
     p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -519,14 +523,21 @@ def gather_fp32_weights(engine, how="public"):
       optimizer's own swap-in/release methods, i.e. through whatever optimizer swapper is installed) and all its
       params are read from it. Same result; falls back to "public" when the optimizer lacks those methods."""
     named = sorted(engine.module.named_parameters(), key=lambda kv: kv[0])
+    trained = [(name, p) for name, p in named if p.requires_grad]
     if how == "grouped" and _has_grouped_fp32_access(engine.optimizer):
-        weights = _gather_fp32_grouped(engine.optimizer, named)
+        weights = _gather_fp32_grouped(engine.optimizer, trained)
     else:
         from deepspeed.utils import safe_get_full_fp32_param
         weights = {}
-        for name, p in named:
+        for name, p in trained:
             full = safe_get_full_fp32_param(p)
-            weights[name] = (p.detach() if full is None else full).detach().float().cpu().contiguous()
+            if full is not None:
+                weights[name] = full.detach().float().cpu().contiguous()
+    # frozen parameters (--train-only) have no fp32 master: their weights are the parameters themselves
+    for name, p in named:
+        if name not in weights:
+            with deepspeed.zero.GatheredParameters(p, modifier_rank=None):
+                weights[name] = p.detach().float().cpu().clone()
     return {name: weights[name] for name, _ in named}
 
 
@@ -621,7 +632,11 @@ def main(argv=None):
     t_init = time.perf_counter()
     seed_everything(args.seed)
     model, keepalive = build_model(args.init, model_cfg, ds_config)
-    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config)
+    if args.train_only is not None:
+        for name, param in model.named_parameters():
+            param.requires_grad_(re.search(args.train_only, name) is not None)
+    trained = [param for param in model.parameters() if param.requires_grad]
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=trained, config=ds_config)
     init_time = time.perf_counter() - t_init
     num_params = count_params(engine.module)
     log0(f"model {model_name} params {num_params:,} init {args.init} ({init_time:.1f}s) "

@@ -76,3 +76,31 @@ def test_kept_parameters_updated_in_place_reach_the_file(train, tmp_path):
     ours = train(block={"host_cache_bytes": 0}, checkpoint_dir=str(tmp_path / "ours"), **options)
     assert_identical(stock, ours)
     assert ours.result["steps"][1]["stats"]["device_cache_bytes_in_use"] > 0  # kept when the save came
+
+
+# Fine-tuning a frozen base model: only layer norms, biases and the position embedding train (BitFit-like); every
+# other parameter is partitioned and swapped, gathered in forward and backward, and never updated.
+FROZEN_BASE = dict(train_only="ln_|bias|wpe", **FAST)
+
+
+def test_a_frozen_base_model_gives_stocks_bits(train):
+    """Frozen parameters have no fp32 master: train.py reads their weights through GatheredParameters."""
+    stock = train(block=None, steps=3, **FROZEN_BASE)
+    ours = train(block={}, steps=3, **FROZEN_BASE)
+    assert_identical(stock, ours)
+    assert ours.last_stats["device_cache_bytes_in_use"] > 0
+
+
+def test_a_frozen_base_model_through_eval_passes_at_two_ranks_gives_stock_cpu_offloads_bits(train):
+    """At two ranks a kept parameter gives its host partition back (a gathered copy of its own holds the bytes),
+    and an evaluation pass that follows the traced step keeps parameters so until the next optimizer step. The
+    frozen weights read through GatheredParameters after the last evaluation then met DeepSpeed's assertion that a
+    partition away on NVMe belongs to a parameter that is not gathered, on both ranks
+    (coordinator.restoring_kept_partitions). Stock NVMe crashes at 2 ranks with parameters on NVMe: the reference is
+    stock CPU offload."""
+    options = dict(FROZEN_BASE, launcher="deepspeed", num_ranks=2, steps=4, grad_accum=2, eval_every=2,
+                   seq_len=32, micro_batch=1, timeout=600)
+    reference = train(block=None, offload_device="cpu", **options)
+    ours = train(block={}, **options)
+    assert_same_bits(reference, ours)
+    assert [step.get("eval_loss_bits") is not None for step in ours.result["steps"]] == [False, True, False, True]

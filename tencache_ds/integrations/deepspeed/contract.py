@@ -119,6 +119,12 @@ REBINDINGS = (
     Rebinding(ENGINE, "save_checkpoint", "linking_saved_swap_files", wraps=True,
               why="stock copies the whole optimizer swap folder (copytree) into every checkpoint: the files are "
                   "linked instead, and written once across file systems (checkpoint_save.py)"),
+    Rebinding("deepspeed.runtime.zero.partition_parameters:Init", "_ensure_availability_of_partitioned_params",
+              "restoring_kept_partitions", wraps=True,
+              why="every gather runs it first and asserts that a partition away on NVMe belongs to a parameter "
+                  "that is not gathered; the device tier keeps parameters gathered with their partition given "
+                  "back, which an outside gather (GatheredParameters) then met: the partition is read back first "
+                  "(coordinator.restoring_kept_partitions)"),
     Rebinding(STAGE3, "_rigid_load_state_dict", "rigid_load_with_params_on_file", wraps=True,
               why="stock's ZeRO-file load with parameters on file and the optimizer on cpu stops ('NoneType' object "
                   "has no attribute 'data'): the parameters are rebuilt from the loaded masters as a step does "

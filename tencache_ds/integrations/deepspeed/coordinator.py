@@ -30,6 +30,7 @@ prefetch is a fetch, not a hit (the first GPU run counted 79% of the bytes and 1
 was judged at the use). Where a gather is a view of the partition (the CPU accelerator at one rank) nothing is moved
 by a gather: the tier is reported as not applicable (stats.py).
 """
+import functools
 import threading
 import time
 from typing import Dict, Optional
@@ -278,6 +279,30 @@ def _give_back_partition(param) -> None:
             and getattr(partition, "final_location", None) == OffloadDeviceEnum.nvme
             and partition.status == PartitionedParamStatus.AVAILABLE):
         param.nvme_swapper.remove_partition_and_release_buffers([param])
+
+
+def restoring_kept_partitions(ensure_availability):
+    """Init._ensure_availability_of_partitioned_params, which every gather DeepSpeed makes runs first (its
+    coordinator's, and GatheredParameters' from user code, a 16-bit save, a checkpoint), for parameters the device
+    tier keeps gathered after giving their partition back (``_give_back_partition``). DeepSpeed asserts that a
+    partition away on NVMe belongs to a parameter that is not gathered. Such a partition is read back first (its
+    bytes are unchanged since the optimizer step), the state the parameter had before it gave it back: the gather
+    then skips it (it is gathered), and a GatheredParameters context partitions it at its exit as any other.
+
+    Where: a kept parameter meets an outside gather between a traced step's release and the optimizer step, or
+    after an evaluation pass that followed the trace (a frozen base model's weights gathered after its last eval:
+    both ranks stopped on DeepSpeed's assertion)."""
+    @functools.wraps(ensure_availability)
+    def ensure_availability_restoring_kept(self, params):
+        kept = [param for param in params
+                if param.ds_status != ZeroParamStatus.NOT_AVAILABLE and param.ds_tensor is not None
+                and param.ds_tensor.status == PartitionedParamStatus.NOT_AVAILABLE
+                and isinstance(getattr(param, "nvme_swapper", None), TencacheParamSwapper)]
+        if kept:
+            kept[0].nvme_swapper.swap_in(kept, async_op=False)
+        return ensure_availability(self, params)
+
+    return ensure_availability_restoring_kept
 
 
 def _gathered_bytes(param) -> int:

@@ -32,7 +32,7 @@ from .checkpoint import (adopt_loaded_files, loading_checkpoint, replay_adam_ste
 from .checkpoint_save import saving_masters, swap_files_linked
 from .config_bridge import DEEPSPEED_OPS, building_stage3, initializing, validate_ds_config
 from .config_source import ds_config_of_initialize_call
-from .coordinator import TencacheCoordinator, coordinator_of
+from .coordinator import TencacheCoordinator, coordinator_of, restoring_kept_partitions
 from .memory_pressure import governor_of
 from .optimizer_swapper import TencacheOptimizerSwapper
 from .param_swapper import TencacheParamSwapper
@@ -202,6 +202,7 @@ REPLACEMENTS = {
     "saving_masters": saving_masters,
     "linking_saved_swap_files": lambda save: swap_files_linked(save, "save"),
     "rigid_load_with_params_on_file": rigid_load_with_params_on_file,
+    "restoring_kept_partitions": restoring_kept_partitions,
 }
 
 
