@@ -127,6 +127,9 @@ def parse_args(argv=None):
     p.add_argument("--train-only", default=None, metavar="REGEX",
                    help="freeze every parameter whose name does not match REGEX (e.g. 'ln_|bias': layer norms and "
                         "biases only), as fine-tuning a frozen base model does; only the others reach the optimizer")
+    p.add_argument("--trainer-param-groups", action="store_true",
+                   help="two optimizer parameter groups as Hugging Face's Trainer makes them: weight decay 0.01 for "
+                        "weights, none for biases and layer norms")
     p.add_argument("--list-models", action="store_true", help="print a table of configs/models/* and exit")
     p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -636,6 +639,12 @@ def main(argv=None):
         for name, param in model.named_parameters():
             param.requires_grad_(re.search(args.train_only, name) is not None)
     trained = [param for param in model.parameters() if param.requires_grad]
+    if args.trainer_param_groups:
+        no_decay = [param for name, param in model.named_parameters()
+                    if param.requires_grad and ("bias" in name or "ln_" in name or "norm" in name)]
+        trained = [{"params": [param for param in trained if all(param is not other for other in no_decay)],
+                    "weight_decay": 0.01},
+                   {"params": no_decay, "weight_decay": 0.0}]
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=trained, config=ds_config)
     init_time = time.perf_counter() - t_init
     num_params = count_params(engine.module)

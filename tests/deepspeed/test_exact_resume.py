@@ -1,6 +1,7 @@
 """A resume under tencache gives the uninterrupted run's bits: save after 2 of 4 steps, resume for the last 2, and
 the resumed losses and final fp32 weights are those of the run that never stopped. With one optimizer sub-group and
-with several, the optimizer on NVMe and on cpu (parameters on NVMe). Real engine, real files.
+with several, the optimizer on NVMe and on cpu (parameters on NVMe), a frozen base model at two ranks, and the two
+parameter groups Hugging Face's Trainer makes. Real engine, real files.
 
 What the checkpoint did not carry (integrations/deepspeed/checkpoint.py): on NVMe, Adam's step counts and moment
 registrations (stock's NVMe load path skips the optimizer's state dict); on either device, DeepSpeedCPUAdam's
@@ -51,6 +52,21 @@ def test_resume_of_a_frozen_base_model_at_two_ranks_gives_the_uninterrupted_runs
     folder = str(tmp_path / "ckpt")
     uninterrupted = train(block=AUTO, steps=4, save_after=2, checkpoint_dir=folder, **options)
     resumed = train(block=AUTO, steps=2, resume=True, checkpoint_dir=folder, **options)
+    assert [step["step"] for step in resumed.result["steps"]] == [2, 3]
+    assert resumed.loss_bits == uninterrupted.loss_bits[2:]
+    assert resumed.result["weights_sha256"] == uninterrupted.result["weights_sha256"]
+
+
+def test_resume_with_the_trainers_two_parameter_groups_gives_the_uninterrupted_runs_bits(train, tmp_path):
+    """Hugging Face's Trainer hands DeepSpeed two parameter groups (weight decay for weights, none for biases and
+    layer norms): stage 3 makes sub-groups per group, each stepped with its group's settings."""
+    options = dict(FAST, trainer_param_groups=True, sub_group_size=2e6)
+    folder = str(tmp_path / "ckpt")
+    stock = train(block=None, steps=4, **options)
+    uninterrupted = train(block={"host_cache_bytes": "40MB"}, steps=4, save_after=2, checkpoint_dir=folder, **options)
+    assert uninterrupted.loss_bits == stock.loss_bits
+    assert uninterrupted.result["weights_sha256"] == stock.result["weights_sha256"]
+    resumed = train(block={"host_cache_bytes": "40MB"}, steps=2, resume=True, checkpoint_dir=folder, **options)
     assert [step["step"] for step in resumed.result["steps"]] == [2, 3]
     assert resumed.loss_bits == uninterrupted.loss_bits[2:]
     assert resumed.result["weights_sha256"] == uninterrupted.result["weights_sha256"]
