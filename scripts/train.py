@@ -642,9 +642,10 @@ def main(argv=None):
     if args.trainer_param_groups:
         no_decay = [param for name, param in model.named_parameters()
                     if param.requires_grad and ("bias" in name or "ln_" in name or "norm" in name)]
-        trained = [{"params": [param for param in trained if all(param is not other for other in no_decay)],
-                    "weight_decay": 0.01},
-                   {"params": no_decay, "weight_decay": 0.0}]
+        groups = [{"params": [param for param in trained if all(param is not other for other in no_decay)],
+                   "weight_decay": 0.01},
+                  {"params": no_decay, "weight_decay": 0.0}]
+        trained = [group for group in groups if group["params"]]
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=trained, config=ds_config)
     init_time = time.perf_counter() - t_init
     num_params = count_params(engine.module)

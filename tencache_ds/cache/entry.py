@@ -120,7 +120,7 @@ class Entry:
     io: Optional[Future] = None   # the read or write in flight (READING, WRITING)
     kept: bool = False            # the buffer may stay after use (else it goes back once the bytes are safe)
     evicting: bool = False        # WRITING: the buffer goes when the write is done (else the entry stays CLEAN)
-    staged: bool = False          # a one-time buffer, never reused (lend_new(staging=True), start_read(one_time=True))
+    staged: bool = False          # the buffer is a one-time staging buffer (lend_new(staging=True))
     # A read of the file into the caller's own buffer (start_read(into=...)), not waited for yet; the entry's state
     # is not changed by it (its bytes stay where they were).
     external_read: Optional[Future] = None

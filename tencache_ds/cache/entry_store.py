@@ -135,9 +135,8 @@ class EntryStore:
     def lend_new(self, key, numel: int, path: str, staging: bool = False, transient: bool = False) -> torch.Tensor:
         """A buffer for ``key``'s new bytes, whole (the old ones, if any, are not read): the caller fills it and
         releases it with ``changed=True``. ``staging``: a one-time pageable buffer (zero.Init's first write of each
-        partition, before any size is planned; a borrower's views of it stay valid after release, since it is
-        never reused: ``start_read(one_time=True)``). ``transient``: a buffer that takes no held entry's room and
-        is not kept (bytes the caller will ``discard``). Returns a view of exactly ``numel`` elements."""
+        partition, before any size is planned). ``transient``: a buffer that takes no held entry's room and is not
+        kept (bytes the caller will ``discard``). Returns a view of exactly ``numel`` elements."""
         transfers = self._transfers
         with self._lock:
             entry = self._table.get(key)
@@ -152,7 +151,8 @@ class EntryStore:
             if entry.state == S.ON_FILE:
                 transfers.drop_prefix(entry)  # the new bytes replace the whole tensor: its prefix is dead
                 if staging:
-                    self._attach_one_time(entry)
+                    transfers.attach(entry, transfers.staging.acquire_pageable(self.swap_nbytes(numel), False), False)
+                    entry.staged = True
                 elif transient:
                     transfers.attach(entry, *self._admission.acquire_transient(self.swap_nbytes(numel)))
                 else:
@@ -164,14 +164,10 @@ class EntryStore:
             self._checked()
             return view
 
-    def start_read(self, key, into: Optional[torch.Tensor] = None, prefetch: bool = False,
-                   one_time: bool = False) -> None:
+    def start_read(self, key, into: Optional[torch.Tensor] = None, prefetch: bool = False) -> None:
         """Begin lending ``key``: a held entry is a hit (no I/O); otherwise its file is read into a buffer of ours,
         or into the caller's ``into`` (aligned length; the entry then stays on file). ``wait_read`` finishes.
-        ``prefetch``: the use is still ahead (counted as a prefetch, and as late if wait_read has to wait).
-        ``one_time``: a miss is read into memory of its own, given up at release and never reused, rather than a
-        streaming slot: for a borrower that may keep views of the bytes past the release (DeepSpeed's local
-        fragment getters return a view of a swapped-in tensor after swapping it out)."""
+        ``prefetch``: the use is still ahead (counted as a prefetch, and as late if wait_read has to wait)."""
         with self._lock:
             entry = self._table[key]
             self._transfers.wait_write(entry)
@@ -196,11 +192,8 @@ class EntryStore:
                 self._transfers.start_external_read(entry, into, access)
                 entry.prefetched = prefetch
                 return
-            if one_time:
-                self._attach_one_time(entry)
-            else:
-                self._transfers.attach(entry, *self._admission.acquire(self.swap_nbytes(entry.numel), key,
-                                                                       use_pending=prefetch))
+            buffer, kept = self._admission.acquire(self.swap_nbytes(entry.numel), key, use_pending=prefetch)
+            self._transfers.attach(entry, buffer, kept)
             self._transfers.start_read(entry, access)
             entry.prefetched = prefetch  # once the read is in flight (the entry's invariants hold at every wait)
             self._checked()
@@ -258,8 +251,8 @@ class EntryStore:
             finally:
                 self._transfers.record_pending_use(self._table.get(key))
 
-    def lend(self, key, one_time: bool = False) -> torch.Tensor:
-        self.start_read(key, one_time=one_time)
+    def lend(self, key) -> torch.Tensor:
+        self.start_read(key)
         return self.wait_read(key)
 
     def read_into(self, key, dest: torch.Tensor) -> None:
@@ -423,12 +416,6 @@ class EntryStore:
     def _checked(self) -> None:
         if self.debug_checks:
             self._check_invariants_locked()
-
-    def _attach_one_time(self, entry: Entry) -> None:
-        """Memory of ``entry``'s own (not kept, not a slot): given back at release and never reused."""
-        transfers = self._transfers
-        transfers.attach(entry, transfers.staging.acquire_pageable(self.swap_nbytes(entry.numel), False), False)
-        entry.staged = True
 
     def _forget_locked(self, entry: Entry) -> None:
         if entry.state in LENT:

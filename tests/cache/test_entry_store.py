@@ -509,32 +509,3 @@ def test_an_entry_whose_fields_contradict_its_state_fails_the_check(entry, why):
         check_entry(entry)
     # the same entry with the contradiction removed passes
     check_entry(Entry("k", 1, "k", entry.state, buffer=entry.buffer, kept=entry.buffer is not None))
-
-
-@pytest.mark.parametrize("one_time", [True, False])
-def test_a_one_time_lend_leaves_the_borrowers_view_intact_after_release(tmp_path, io, one_time):
-    """DeepSpeed's local fragment getters swap a sub-group in, take a view of it, swap it out and return the view.
-    With nothing kept, the bytes streamed through a slot that the next read reuses: the view then showed another
-    tensor's bytes. A one-time lend reads into memory of its own, never reused (and freed only with the last view),
-    and changed bytes still reach the file at release."""
-    pool = BufferPool("optimizer", lock="off")
-    slot_bytes = -(-NBYTES // 4096) * 4096
-    pool.add_classes({slot_bytes: 1})
-    store = EntryStore("optimizer", torch.float32, lambda n: -(-n // 256) * 256, io,
-                       BudgetedPageable(pool, HostBudget(0)))  # nothing kept: one streaming slot
-    for key, value in (("master", 1.0), ("moment", 2.0)):
-        put(store, tmp_path, key, value)
-    store.wait_writes()
-    view = store.lend("master", one_time=one_time)[:10]
-    store.release("master")
-    store.lend("moment").add_(1.0)  # the next read, into the slot
-    store.release("moment", changed=True)
-    assert bool(torch.all(view == 1.0)) == one_time
-    assert pool.stats()["pageable_bytes_in_use"] == 0, pool.stats()  # the one-time memory is not the pool's
-    store.lend("master", one_time=True).fill_(5.0)  # a setter: changed through a one-time lend
-    store.release("master", changed=True)
-    store.wait_writes()
-    assert store.state("master") == EntryState.ON_FILE and torch.all(store.lend("master") == 5.0)
-    store.release("master")
-    store.close()
-    pool.close()

@@ -104,3 +104,5 @@ def test_a_frozen_base_model_through_eval_passes_at_two_ranks_gives_stock_cpu_of
     ours = train(block={}, **options)
     assert_same_bits(reference, ours)
     assert [step.get("eval_loss_bits") is not None for step in ours.result["steps"]] == [False, True, False, True]
+    stats = ours.last_stats  # the tier held gathered parameters of its own (with their partitions given back)
+    assert stats["device_tier_applicable"] == 1 and stats["device_cache_peak_bytes"] > 0

@@ -125,6 +125,17 @@ REBINDINGS = (
                   "that is not gathered; the device tier keeps parameters gathered with their partition given "
                   "back, which an outside gather (GatheredParameters) then met: the partition is read back first "
                   "(coordinator.restoring_kept_partitions)"),
+    Rebinding(STAGE3, "get_full_hp_param", "reading_full_fragment_before_release", wraps=True,
+              why="safe_get_full_fp32_param / _optimizer_state: stage 3 releases the swapped-in sub-group before "
+                  "it gathers from its view; the release waits until the getter is done (a streaming slot or held "
+                  "buffer goes to another tensor at the next read)"),
+    Rebinding(STAGE3, "get_fp32_grad_for_param", "reading_full_fragment_before_release", wraps=True,
+              why="safe_get_full_grad: the same, for the sub-group's gradient"),
+    Rebinding(STAGE3, "get_local_fp32_param", "copying_local_fragment_before_release", wraps=True,
+              why="safe_get_local_fp32_param / _optimizer_state return a view of the released sub-group (on the "
+                  "host): it is copied before the release"),
+    Rebinding(STAGE3, "get_local_fp32_grad_for_param", "copying_local_fragment_before_release", wraps=True,
+              why="safe_get_local_grad: the same, for the sub-group's gradient"),
     Rebinding(STAGE3, "_rigid_load_state_dict", "rigid_load_with_params_on_file", wraps=True,
               why="stock's ZeRO-file load with parameters on file and the optimizer on cpu stops ('NoneType' object "
                   "has no attribute 'data'): the parameters are rebuilt from the loaded masters as a step does "
@@ -249,13 +260,12 @@ CALL_ORDER = (
               "stage3_gradients.py, optimizer_swapper.py (swap_out_gradients, _lend_gradient)",
               "the update reads each fragment's values from that view instead of a stored copy",
               "tests/deepspeed/test_residency.py (bf16 and fp32, stock's bits, no gradient file)"),
-    CallOrder("outside step(), stage 3's fragment calls (safe_get/set_*_fp32_param, _grad, _optimizer_state) "
-              "swap a sub-group in with no sub-group to read next (async_parameter None), and the local getters "
-              "return a view of the swapped-in tensor after swapping it out; inside step() every swap-in of the "
-              "update is stage 3's own", "install.py (marking_step), optimizer_swapper.py (swap_in_optimizer_state)",
-              "a miss such a call swaps in is read into memory never reused, so that the view it returns keeps "
-              "the bytes it was given", "tests/deepspeed/test_tensor_fragments.py (nothing held: stock CPU "
-              "offload's values)"),
+    CallOrder("stage 3's fragment getters release a swapped-in sub-group through release_swap_buffers (never "
+              "with its state changed) before they read the view they gather from or return",
+              "install.py (reading_fragments_before_release), optimizer_swapper.py (releases_deferred)",
+              "those releases are deferred until the getter returns, so the view still holds the sub-group's bytes "
+              "when it is read", "tests/deepspeed/test_tensor_fragments.py (nothing held: stock CPU offload's "
+              "values)"),
     CallOrder("_save_zero_checkpoint writes the rank's ZeRO file with one checkpoint_engine.save(state, path) call",
               "checkpoint_save.py (saving_masters)",
               "that call is the one whose masters share the swap files' blocks, where the file system clones",

@@ -105,23 +105,36 @@ _IN_STEP = "_tencache_in_step"
 
 
 def _marking_step(step):
-    """stage 3's step() marked on the optimizer (the coordinator keeps its device tier through the step's
-    partitioning) and on our optimizer swapper (what it lends outside the update may be held by the caller)."""
     @functools.wraps(step)
     def step_marked(self, *args, **kwargs):
-        swapper = getattr(self, "optimizer_swapper", None)
-        ours = isinstance(swapper, TencacheOptimizerSwapper)
         setattr(self, _IN_STEP, True)
-        if ours:
-            swapper.updating = True
         try:
             return step(self, *args, **kwargs)
         finally:
             setattr(self, _IN_STEP, False)
-            if ours:
-                swapper.updating = False
 
     return step_marked
+
+
+def _reading_fragments_before_release(getter, copy_view: bool):
+    """stage 3's fragment getters (safe_get_full_fp32_param, _optimizer_state, _grad; their local variants) with
+    the optimizer on NVMe: swap the sub-group in, release it, then gather from (full) or return (local) a view of
+    it. Stock relies on its pool buffer keeping the bytes after the release; ours is a streaming slot or a held
+    buffer that the next read or eviction gives to another tensor (with nothing held, safe_get_local_fp32_param's
+    view showed the next tensor read). The release waits until the getter is done, and a local getter's view on
+    the host is copied (on a device it is a copy already)."""
+    @functools.wraps(getter)
+    def getter_reading_before_release(self, *args, **kwargs):
+        swapper = getattr(self, "optimizer_swapper", None)
+        if not isinstance(swapper, TencacheOptimizerSwapper):
+            return getter(self, *args, **kwargs)
+        with swapper.releases_deferred():
+            value = getter(self, *args, **kwargs)
+            if copy_view and value is not None and value.device.type == "cpu":
+                value = value.clone()
+        return value
+
+    return getter_reading_before_release
 
 
 def _keeping_device_tier(partition_all_parameters):
@@ -203,6 +216,8 @@ REPLACEMENTS = {
     "linking_saved_swap_files": lambda save: swap_files_linked(save, "save"),
     "rigid_load_with_params_on_file": rigid_load_with_params_on_file,
     "restoring_kept_partitions": restoring_kept_partitions,
+    "reading_full_fragment_before_release": lambda getter: _reading_fragments_before_release(getter, False),
+    "copying_local_fragment_before_release": lambda getter: _reading_fragments_before_release(getter, True),
 }
 
 

@@ -143,7 +143,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         self._drop_held_copies = False  # a checkpoint was copied over the folder: drop every held copy first
         self._profile_looked_up = False
         self._started = False  # a backward has begun: log_timers() calls from now on end training steps
-        self.updating = False  # inside stage 3's step() (install.py marks it)
+        self._deferred = None  # parameters whose release waits for a fragment getter's read (releases_deferred)
         self.closed = False
         self.print_exclude_list = ["optimizer", "swap_params_info", "timers", "timer_names", "print_exclude_list",
                                    "io", "pool", "config", "store", "budget"]
@@ -234,26 +234,16 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             return
         group = OptimizerSwapper.parameter_id(parameter)
         read_ahead = self._read_ahead.pop(group, ())
-        # Outside the update, with no sub-group to read next, the caller is one of stage 3's fragment calls
-        # (safe_get_local_fp32_param and the like: swap in, take a view, swap out, return the view). The view
-        # outlives the swap-out, so what it sees must not be a streaming slot the next read reuses: a miss is read
-        # into memory of its own (a read ahead into a slot goes back unused). Stock hands out its pool's buffer
-        # the same way; that it holds the same bytes afterwards is luck.
-        one_time = not self.updating and async_parameter is None
-        if one_time:
-            for path in read_ahead:
-                self.store.release(path)
-            read_ahead = ()
         keys = []
         for context in swap_info.tensors:
-            view = self._lend(context.swap_path, swap_info.numel(), read_ahead, one_time)
+            view = self._lend(context.swap_path, swap_info.numel(), read_ahead)
             context.compute_tensor.data = view.data
             context.swap_tensor.data = view.data
             keys.append(context.swap_path)
         self._lent[group] = keys  # before the gradient: a failure there still gives these back
         if swap_info.has_gradients():
             path = self._gradient_path(swap_info)
-            parameter.grad = self._lend_gradient(group, path, swap_info.numel(), read_ahead, one_time)
+            parameter.grad = self._lend_gradient(group, path, swap_info.numel(), read_ahead)
             keys.append(path)
         if async_parameter is not None and self.reads_ahead:
             self._start_read_ahead(async_parameter)
@@ -272,7 +262,24 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
                 self.store.flush_key(context.swap_path)
 
     def release_swap_buffers(self, parameter):
+        if self._deferred is not None:
+            self._deferred.append(parameter)
+            return
         self._give_back(parameter, states_changed=False, gradient_changed=False)
+
+    @contextlib.contextmanager
+    def releases_deferred(self):
+        """Inside, a sub-group swapped in and released unchanged stays lent until the end. Stage 3's fragment
+        getters release the sub-group before they read what they return (``get_full_hp_param`` gathers from its
+        view after the release; the local getters return the view itself): its buffer is a streaming slot, or a
+        held one, that the next read or eviction gives another tensor (install.py wraps them)."""
+        outer, self._deferred = self._deferred, []
+        try:
+            yield
+        finally:
+            deferred, self._deferred = self._deferred, outer
+            for parameter in deferred:
+                self.release_swap_buffers(parameter)
 
     def writeback_optimizer_state_and_gradients(self, parameter, write_opt_state, write_gradients):
         # A gradient set through DeepSpeed's API (set_full_fp32_grad): its newest bytes are the lent buffer's,
@@ -453,20 +460,19 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             return lambda offset, fragment: None
         return lambda offset, fragment: stage3.host_copy(group, offset, fragment)
 
-    def _lend_gradient(self, group, path: str, numel: int, read_ahead, one_time: bool) -> torch.Tensor:
+    def _lend_gradient(self, group, path: str, numel: int, read_ahead) -> torch.Tensor:
         """The sub-group's gradient for its update: the stored one (held, or read), with the fragments still in
         stage 3's buffer (swap_out_gradients) copied over it; only those, in a transient buffer, when none was
-        stored. That buffer is neither kept nor written (``_give_back``). ``one_time``: as in
-        ``swap_in_optimizer_state``."""
+        stored. That buffer is neither kept nor written (``_give_back``)."""
         fragments = self._gradient_fragments
         if not fragments.has(group):
-            return self._lend(path, numel, read_ahead, one_time)
+            return self._lend(path, numel, read_ahead)
         self._count_reduced_not_handed(group)
         alone = not self.store.knows(path)
         if alone:
-            gradient = self.store.lend_new(path, numel, path, staging=one_time, transient=not one_time)
+            gradient = self.store.lend_new(path, numel, path, transient=True)
         else:  # a gradient stored before (a fragment that was no view, or one written back): the views are newer
-            gradient = self._lend(path, numel, read_ahead, one_time)
+            gradient = self._lend(path, numel, read_ahead)
             self.store.mark_changed(path)
         try:
             fragments.fill(group, gradient, alone)
@@ -514,11 +520,11 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         self._counted_this_window = set()
         self._window_reductions = stage3.reductions()  # step() began with _pre_step: already the next window's
 
-    def _lend(self, path, numel, read_ahead, one_time: bool = False):
+    def _lend(self, path, numel, read_ahead):
         if path in read_ahead:
             return self.store.wait_read(path)
         self.store.add(path, numel, path)  # after a checkpoint load the entry is new and its file current
-        return self.store.lend(path, one_time=one_time)
+        return self.store.lend(path)
 
     def _store_new(self, path, source):
         view = self.store.lend_new(path, source.numel(), path)
