@@ -52,6 +52,22 @@ def result_of(stdout):
     return json.loads(found[-1]) if found else None
 
 
+def launch_two_ranks(script, args, cleanup=(), timeout=900):
+    """Run a helper ``script`` (tests/deepspeed/scenarios.py) through ``deepspeed --num_gpus 2`` with ``args``,
+    remove the ``cleanup`` folders afterwards, and return the RESULT rank 0 printed (the test fails with the run's
+    output when there is none)."""
+    command = ["deepspeed", "--num_gpus", "2", "--master_port", str(free_port()), script] + [str(a) for a in args]
+    try:
+        proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=timeout,
+                              env=dict(os.environ, PYTHONPATH=REPO))
+    finally:
+        for folder in cleanup:
+            shutil.rmtree(folder, ignore_errors=True)
+    result = result_of(proc.stdout)
+    assert result is not None, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return result
+
+
 def free_port():
     """A port nothing listens on now, for the launcher's rendezvous (test workers run launchers side by side)."""
     with socket.socket() as probe:

@@ -1,8 +1,8 @@
 """Our versions of DeepSpeed's tensor-fragment tests, with the optimizer offloaded (our code, written after the
 scenarios of tests/unit/runtime/zero/test_zero_tensor_fragment.py in DeepSpeed's repository: TestTensorFragmentGet,
 TestTensorFragmentSet, TestTensorFragmentUpdate; and of test_zero_grad_clip.py; ZeRO-3, 2 ranks, fp32 and bf16
-instead of fp16, the CPU accelerator, layers of 1024 so that the optimizer state is large enough to be swapped, the first layer frozen).
-These are the calls users make to read and change what ZeRO-3 partitions: the fp32 weights, the gradients after
+instead of fp16, the CPU accelerator, layers of 1024 so that the optimizer state is large enough to be swapped, the
+first layer frozen). These are the calls users make to read and change what ZeRO-3 partitions: the fp32 weights, the gradients after
 backward and Adam's moments after the step, whole (``safe_*_full_*``) or this rank's part (``safe_*_local_*``).
 Rank 0 prints one RESULT line.
 
@@ -16,17 +16,14 @@ results under "SCENARIO@BUDGET"). A scenario's result holds
 SHA-256 sums of what the calls returned and of the weights training ends with (so that runs compare bit for bit),
 and whether each value set was read back as set; where it fails, its error (the scenarios after it do not run).
 """
-import hashlib
-import json
+import contextlib
+import functools
 import os
 import sys
-import traceback
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                                "scripts"))
-import shm_buffers  # noqa: E402  (scripts/shm_buffers.py)
+from scenarios import digest, gathered, run_scenarios  # tests/deepspeed/scenarios.py
 
 ARGS = [arg for arg in sys.argv[1:] if not arg.startswith("--local_rank")]  # the launcher adds --local_rank=N
 if ARGS[1].startswith("tencache"):
@@ -86,31 +83,18 @@ def batches(count, dtype):
                torch.randint(0, HIDDEN, (2,), generator=generator))
 
 
-def digest(values):
-    """SHA-256 over {name: tensor or None} in name order (fp32 bytes); None counts as its own value."""
-    h = hashlib.sha256()
-    for name in sorted(values):
-        h.update(name.encode())
-        value = values[name]
-        h.update(b"None" if value is None else value.detach().float().cpu().contiguous().numpy().tobytes())
-    return h.hexdigest()
-
-
-def gathered(engine):
-    weights = {}
-    for name, param in engine.module.named_parameters():
-        with deepspeed.zero.GatheredParameters(param, modifier_rank=None):
-            weights[name] = param.detach().float().cpu().clone()
-    return weights
-
-
+@contextlib.contextmanager
 def engine_for(budget, device, nvme, dtype, params_too=False):
+    """A fresh engine for one scenario, destroyed at the end (ZeRO-3 leaks its hooks otherwise)."""
     torch.manual_seed(1234)
     config = ds_config(budget, device, nvme, dtype, params_too)
     with deepspeed.zero.Init(config_dict_or_path=config):
         model = Layers()
     engine, *_ = deepspeed.initialize(config=config, model=model, model_parameters=model.parameters())
-    return engine
+    try:
+        yield engine
+    finally:
+        engine.destroy()
 
 
 def random_like(shape, seed, dtype=torch.float32):
@@ -150,11 +134,8 @@ def get(budget, device, nvme, dtype):
                 values[f"{name}.local_{key}"] = safe_get_local_optimizer_state(lp, key)
         return _by_getter(engine, values)
 
-    engine = engine_for(budget, device, nvme, dtype)
-    try:
+    with engine_for(budget, device, nvme, dtype) as engine:
         return trained(engine, dtype, after_backward, after_step)
-    finally:
-        engine.destroy()
 
 
 def _by_getter(engine, values):
@@ -200,12 +181,9 @@ def set_(budget, device, nvme, dtype):
                 matches &= bool(torch.equal(getter(lp).to(value.dtype), value))
         return matches
 
-    engine = engine_for(budget, device, nvme, dtype)
-    try:
+    with engine_for(budget, device, nvme, dtype) as engine:
         return trained(engine, dtype, lambda engine, step: put(engine, step, ("weight", "grad")),
                        lambda engine, step: put(engine, step, ("weight",) + MOMENTS))
-    finally:
-        engine.destroy()
 
 
 def update(budget, device, nvme, dtype):
@@ -217,11 +195,8 @@ def update(budget, device, nvme, dtype):
         safe_update_full_grad_vectorized(params, lambda _old, lp: new[id(lp)])
         return all(torch.equal(safe_get_full_grad(lp).to(dtype), new[id(lp)]) for lp in params)
 
-    engine = engine_for(budget, device, nvme, dtype)
-    try:
+    with engine_for(budget, device, nvme, dtype) as engine:
         return trained(engine, dtype, after_backward, lambda _engine, _step: None)
-    finally:
-        engine.destroy()
 
 
 def clip(budget, device, nvme, dtype):
@@ -238,11 +213,8 @@ def clip(budget, device, nvme, dtype):
         after = torch.linalg.vector_norm(torch.stack(optimizer._get_norm_groups()))
         return {"norms": digest({"before": before, "after": after}), "fell": bool(after < before)}
 
-    engine = engine_for(budget, device, nvme, dtype)
-    try:
+    with engine_for(budget, device, nvme, dtype) as engine:
         return trained(engine, dtype, after_backward, lambda _engine, _step: None)
-    finally:
-        engine.destroy()
 
 
 def save16(budget, device, nvme, dtype):
@@ -253,16 +225,13 @@ def save16(budget, device, nvme, dtype):
         state = engine._zero3_consolidated_16bit_state_dict()
         return digest(state) if torch.distributed.get_rank() == 0 else None
 
-    engine = engine_for(budget, device, nvme, dtype, params_too=True)
-    try:
+    with engine_for(budget, device, nvme, dtype, params_too=True) as engine:
         seen = trained(engine, dtype, lambda _engine, _step: None, after_step)
         folder = os.path.join(nvme, "saved")
         engine.save_16bit_model(folder)
         if torch.distributed.get_rank() == 0:
             seen["saved"] = digest(torch.load(os.path.join(folder, "pytorch_model.bin")))
         return seen
-    finally:
-        engine.destroy()
 
 
 SCENARIOS = {f"{name}_{label}": (function, dtype) for name, function in (("get", get), ("set", set_),
@@ -272,26 +241,11 @@ SCENARIOS = {f"{name}_{label}": (function, dtype) for name, function in (("get",
 
 
 def main(scenarios, mode, device, nvme):
-    deepspeed.init_distributed()
-    if shm_buffers.creates_buffers():  # as scripts/train.py does: no shared-memory buffer left behind
-        deepspeed.comm.barrier()
-        shm_buffers.remove_own_buffer()
-    results = {}
-    runs = [(scenario, None, scenario) for scenario in scenarios.split(",")] if mode == "stock" else \
-        [(scenario, budget, f"{scenario}@{budget}") for budget in (mode.partition("=")[2] or "auto").split(",")
-         for scenario in scenarios.split(",")]
-    for scenario, budget, name in runs:
-        function, dtype = SCENARIOS[scenario]
-        try:
-            results[name] = {"ok": True, **function(budget, device, os.path.join(nvme, name), dtype)}
-        except Exception as err:  # the scenario's failure is its result, and the last one run: a rank that failed
-            # may have left the other inside a collective, and a next scenario would not line up with it
-            traceback.print_exc()
-            results[name] = {"ok": False, "error": f"{type(err).__name__}: {err}"}
-            break
-        torch.distributed.barrier()
-    if torch.distributed.get_rank() == 0:
-        print("RESULT " + json.dumps(results), flush=True)
+    budgets = [None] if mode == "stock" else (mode.partition("=")[2] or "auto").split(",")
+    run_scenarios([(scenario if budget is None else f"{scenario}@{budget}",
+                    functools.partial(SCENARIOS[scenario][0], budget, device,
+                                      os.path.join(nvme, f"{scenario}@{budget}"), SCENARIOS[scenario][1]))
+                   for budget in budgets for scenario in scenarios.split(",")])
 
 
 if __name__ == "__main__":

@@ -6,12 +6,10 @@ clipping, and the 16-bit model saved at the end with the parameters offloaded to
 offload run in a process that never imported tencache_ds, bit for bit, whether the host tier streams everything,
 holds part of the state or holds all of it. Real engine, real files, through the launcher."""
 import os
-import shutil
-import subprocess
 
 import pytest
 
-from conftest import REPO, free_port, result_of
+from conftest import launch_two_ranks
 
 pytestmark = [pytest.mark.deepspeed, pytest.mark.slow]  # two launches, about 30 and 70 s
 SCRIPT = os.path.join(os.path.dirname(__file__), "tensor_fragments.py")
@@ -25,16 +23,7 @@ BUDGETS = ("0", "6MB", "auto")
 
 def fragments(tmp_path, mode, device):
     nvme = tmp_path / f"nvme-{mode}-{device}"
-    command = ["deepspeed", "--num_gpus", "2", "--master_port", str(free_port()), SCRIPT, ",".join(SCENARIOS), mode,
-               device, str(nvme)]
-    try:
-        proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=900,
-                              env=dict(os.environ, PYTHONPATH=REPO))
-    finally:
-        shutil.rmtree(nvme, ignore_errors=True)
-    result = result_of(proc.stdout)
-    assert result is not None, proc.stdout[-2000:] + proc.stderr[-4000:]
-    return result
+    return launch_two_ranks(SCRIPT, [",".join(SCENARIOS), mode, device, nvme], cleanup=[nvme])
 
 
 def test_fragment_calls_give_stock_cpu_offloads_results(tmp_path):

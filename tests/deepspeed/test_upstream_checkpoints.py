@@ -8,12 +8,10 @@ NVMe under tencache: each passes with the results of stock CPU offload, bit for 
 - load_immediate_save: train, save, a new engine loads it and saves again into the same tag at once.
 Real engine, real files."""
 import os
-import shutil
-import subprocess
 
 import pytest
 
-from conftest import REPO, free_port, result_of
+from conftest import launch_two_ranks
 
 pytestmark = [pytest.mark.deepspeed, pytest.mark.slow]  # about 60 s a launch, two launches
 SCRIPT = os.path.join(os.path.dirname(__file__), "upstream_checkpoints.py")
@@ -24,16 +22,7 @@ def scenarios(tmp_path, mode, device):
     """Every scenario in one launch (each with its own engines and folders): the launch's start-up, not the
     scenarios, was most of the time when each had its own."""
     nvme, ckpt = tmp_path / f"nvme-{mode}-{device}", tmp_path / f"ckpt-{mode}-{device}"
-    command = ["deepspeed", "--num_gpus", "2", "--master_port", str(free_port()), SCRIPT, ",".join(SCENARIOS), mode,
-               device, str(nvme), str(ckpt)]
-    try:
-        proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=900,
-                              env=dict(os.environ, PYTHONPATH=REPO))
-    finally:
-        shutil.rmtree(nvme, ignore_errors=True)
-    result = result_of(proc.stdout)
-    assert result is not None, proc.stdout[-2000:] + proc.stderr[-4000:]
-    return result
+    return launch_two_ranks(SCRIPT, [",".join(SCENARIOS), mode, device, nvme, ckpt], cleanup=[nvme])
 
 
 def test_optimizer_on_nvme_gives_stock_cpu_offloads_results(tmp_path):

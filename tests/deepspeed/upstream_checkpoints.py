@@ -12,17 +12,13 @@ own engines and its own folders under NVME_DIR and CKPT_DIR. The result maps eac
 the weights it produces (so that runs can be compared bit for bit) and, where it fails, its error (the scenarios
 after a failure do not run).
 """
-import hashlib
-import json
+import functools
 import os
 import sys
-import traceback
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                                "scripts"))
-import shm_buffers  # noqa: E402  (scripts/shm_buffers.py)
+from scenarios import digest, gathered, run_scenarios  # tests/deepspeed/scenarios.py
 
 ARGS = [arg for arg in sys.argv[1:] if not arg.startswith("--local_rank")]  # the launcher adds --local_rank=N
 if ARGS[1:2] == ["tencache"]:
@@ -81,23 +77,6 @@ def batches(count, micro_batch, seed):
     for _ in range(count):
         yield (torch.randn(micro_batch, HIDDEN, generator=generator),
                torch.randint(0, HIDDEN, (micro_batch,), generator=generator))
-
-
-def digest(tensors):
-    """SHA-256 over {name: tensor} in name order (fp32 bytes)."""
-    h = hashlib.sha256()
-    for name in sorted(tensors):
-        h.update(name.encode())
-        h.update(tensors[name].detach().float().cpu().contiguous().numpy().tobytes())
-    return h.hexdigest()
-
-
-def gathered(engine):
-    weights = {}
-    for name, param in engine.module.named_parameters():
-        with deepspeed.zero.GatheredParameters(param, modifier_rank=None):
-            weights[name] = param.detach().float().cpu().clone()
-    return weights
 
 
 def train(engine, count, micro_batch):
@@ -169,23 +148,9 @@ SCENARIOS = {
 
 
 def main(scenarios, mode, device, nvme, ckpt):
-    deepspeed.init_distributed()
-    if shm_buffers.creates_buffers():  # as scripts/train.py does: no shared-memory buffer left behind
-        deepspeed.comm.barrier()
-        shm_buffers.remove_own_buffer()
-    results = {}
-    for scenario in scenarios.split(","):
-        try:
-            results[scenario] = {"ok": True, **SCENARIOS[scenario](mode, device, os.path.join(nvme, scenario),
-                                                                   os.path.join(ckpt, scenario))}
-        except Exception as err:  # the scenario's failure is its result, and the last one run: a rank that failed
-            # may have left the other inside a collective, and a next scenario would not line up with it
-            traceback.print_exc()
-            results[scenario] = {"ok": False, "error": f"{type(err).__name__}: {err}"}
-            break
-        torch.distributed.barrier()
-    if torch.distributed.get_rank() == 0:
-        print("RESULT " + json.dumps(results), flush=True)
+    run_scenarios([(scenario, functools.partial(SCENARIOS[scenario], mode, device, os.path.join(nvme, scenario),
+                                                os.path.join(ckpt, scenario)))
+                   for scenario in scenarios.split(",")])
 
 
 if __name__ == "__main__":
