@@ -135,6 +135,11 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if not args.list_models and not args.ds_config_path:
         p.error("--deepspeed_config is required")
+    if args.train_only is not None:
+        try:
+            re.compile(args.train_only)
+        except re.error as err:
+            p.error(f"--train-only {args.train_only!r} is no regular expression: {err}")
     if args.save_weights and not args.result_file:
         p.error("--save-weights needs --result-file")
     if (args.save_after is not None or args.resume) and not args.checkpoint_dir:

@@ -13,7 +13,6 @@ names so that ``report.X`` keeps working:
 - bench/report.py (this one): the headline's rows, the aggregation over repeats and arms (compare), bytes over
   the least bytes (never below 1), what each arm costs the drive.
 """
-import math
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..drive_wear import bytes_written_per_day, days_to_rated_tbw, fmt_days, fmt_decimal_tb

@@ -55,12 +55,14 @@ def result_of(stdout):
 def launch_two_ranks(script, args, cleanup=(), timeout=900):
     """Run a helper ``script`` (tests/deepspeed/scenarios.py) through ``deepspeed --num_gpus 2`` with ``args``,
     remove the ``cleanup`` folders afterwards, and return the RESULT rank 0 printed (the test fails with the run's
-    output when there is none)."""
-    command = ["deepspeed", "--num_gpus", "2", "--master_port", str(free_port()), script] + [str(a) for a in args]
+    output when there is none). As a training run: in a process group of its own (a hang kills both ranks), and
+    the launch's shared-memory buffers removed whatever became of it."""
+    port = free_port()
+    command = ["deepspeed", "--num_gpus", "2", "--master_port", str(port), script] + [str(a) for a in args]
     try:
-        proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=timeout,
-                              env=dict(os.environ, PYTHONPATH=REPO))
+        proc = _run_in_own_group(command, dict(os.environ, PYTHONPATH=REPO), timeout)
     finally:
+        shm_buffers.remove_run_buffers(port)
         for folder in cleanup:
             shutil.rmtree(folder, ignore_errors=True)
     result = result_of(proc.stdout)
