@@ -1,0 +1,290 @@
+"""Our versions of scenarios from DeepSpeed's ZeRO-3 tests, with the optimizer (and, with ``nvme+params``, the
+parameters) offloaded (our code, written after tests/unit/runtime/zero/test_zero.py in DeepSpeed's repository:
+TestZeroUnbalancedGradients, TestZero3RepeatForwardLoop, TestZeroAdamOptimizerStepCount,
+TestZero3ParamPartitioningBase, TestZeroPartitionCache, TestEmptyParameterGroup; ZeRO-3, 2 ranks, bf16 instead of
+fp16, the CPU accelerator, layers of 1024 so that the optimizer state is large enough to be swapped). They are
+what users do besides the plain step: parameters that take turns receiving gradients, one layer applied several
+times in a forward, several sub-groups whose Adam step counts must agree, several backward passes before one
+step, the partition cache emptied after an evaluation, an empty parameter group. Rank 0 prints one RESULT line.
+
+    deepspeed --num_gpus 2 tests/deepspeed/zero_scenarios.py SCENARIOS stock|tencache[=BUDGETS] DEVICE NVME_DIR
+
+SCENARIOS: comma-separated names of ``SCENARIOS`` below. DEVICE: ``cpu`` (stock CPU offload, the reference),
+``nvme`` (the optimizer on NVMe) or ``nvme+params`` (the parameters too). ``tencache=BUDGETS``: comma-separated
+values of the block's ``host_cache_bytes``, each running every scenario (its results under "SCENARIO@BUDGET").
+A scenario's result holds SHA-256 sums of the losses, of what the calls returned and of the weights training
+ends with, so that runs compare bit for bit, and the checks the upstream test makes.
+"""
+import contextlib
+import functools
+import os
+import sys
+
+import torch
+
+from scenarios import digest, gathered, run_scenarios  # tests/deepspeed/scenarios.py
+
+ARGS = [arg for arg in sys.argv[1:] if not arg.startswith("--local_rank")]  # the launcher adds --local_rank=N
+if ARGS[1].startswith("tencache"):
+    import tencache_ds  # noqa: F401  (installs before DeepSpeed is imported)
+import deepspeed  # noqa: E402
+from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus  # noqa: E402
+from deepspeed.utils import safe_get_local_grad  # noqa: E402
+
+HIDDEN = 1024
+
+
+def ds_config(budget, device, nvme, gas=1, **zero):
+    offload = {"device": "cpu" if device == "cpu" else "nvme", "pin_memory": False}
+    if device != "cpu":
+        offload.update(nvme_path=nvme, buffer_count=4)
+    config = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": gas, "steps_per_print": 1000000,
+              "optimizer": {"type": "Adam", "params": {"lr": 1e-3}}, "bf16": {"enabled": True},
+              "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0,
+                                    "offload_optimizer": offload, **zero},
+              "aio": {"block_size": 1048576, "queue_depth": 8, "intra_op_parallelism": 1, "single_submit": False,
+                      "overlap_events": True}}
+    if device == "nvme+params":
+        config["zero_optimization"]["offload_param"] = dict(offload, buffer_count=8, buffer_size=2_000_000)
+    if budget is not None:  # tencache's
+        config["tencache"] = {"host_cache_bytes": budget}
+    return config
+
+
+class Layers(torch.nn.Module):
+    """Square linear layers; with ``repeat``, the middle one applied that many times (test_zero.py's
+    AlbertLikeModel: a stack of forwards of one layer, then a stack of its backwards)."""
+
+    def __init__(self, layers=3, repeat=1):
+        super().__init__()
+        self.ll = torch.nn.ModuleList(torch.nn.Linear(HIDDEN, HIDDEN) for _ in range(layers))
+        self.repeat = repeat
+        self.cross_entropy_loss = torch.nn.CrossEntropyLoss()
+
+    def forward(self, x, y):
+        for index, layer in enumerate(self.ll):
+            for _ in range(self.repeat if index == 1 else 1):
+                x = x + torch.relu(layer(x))
+        return self.cross_entropy_loss(x.float(), y)
+
+
+def batches(count):
+    generator = torch.Generator().manual_seed(7 + torch.distributed.get_rank())
+    for _ in range(count):
+        yield (torch.randn(2, HIDDEN, generator=generator).to(torch.bfloat16),
+               torch.randint(0, HIDDEN, (2,), generator=generator))
+
+
+@contextlib.contextmanager
+def engine_for(config, model_factory=Layers, param_groups=None, client_optimizer=None):
+    """A fresh engine for one scenario, destroyed at the end (ZeRO-3 leaks its hooks otherwise)."""
+    torch.manual_seed(1234)
+    with deepspeed.zero.Init(config_dict_or_path=config):
+        model = model_factory()
+    parameters = param_groups(model) if param_groups else model.parameters()
+    optimizer = client_optimizer(parameters) if client_optimizer else None
+    engine, *_ = deepspeed.initialize(config=config, model=model, optimizer=optimizer,
+                                      model_parameters=model.parameters() if optimizer else parameters)
+    try:
+        yield engine
+    finally:
+        engine.destroy()
+
+
+def losses_and_weights(engine, losses):
+    return {"losses": digest({f"{i:03d}": loss for i, loss in enumerate(losses)}),
+            "weights": digest(gathered(engine))}
+
+
+def unbalanced(budget, device, nvme):
+    """TestZeroUnbalancedGradients: at every micro-batch half the parameters take no gradient (odd and even ones
+    in turn), gradient accumulation 2, all of them trainable again after each step."""
+    with engine_for(ds_config(budget, device, nvme, gas=2)) as engine:
+        losses = []
+        for micro, (x, y) in enumerate(batches(8)):
+            odd = (micro + 1) % 2
+            for index, param in enumerate(engine.module.parameters()):
+                param.requires_grad = (index % 2) == odd
+            loss = engine(x, y)
+            engine.backward(loss)
+            engine.step()
+            losses.append(loss)
+            for param in engine.module.parameters():
+                param.requires_grad = True
+        return losses_and_weights(engine, losses)
+
+
+def repeat(budget, device, nvme):
+    """TestZero3RepeatForwardLoop: one layer applied three times in each forward, gradient accumulation 2."""
+    with engine_for(ds_config(budget, device, nvme, gas=2), functools.partial(Layers, repeat=3)) as engine:
+        losses = []
+        for x, y in batches(6):
+            loss = engine(x, y)
+            engine.backward(loss)
+            engine.step()
+            losses.append(loss)
+        return losses_and_weights(engine, losses)
+
+
+def step_count(budget, device, nvme):
+    """TestZeroAdamOptimizerStepCount: several sub-groups (``sub_group_size`` one layer's weight), gradient
+    accumulation 2; after every optimizer step all sub-groups' Adam step counts agree with the engine's."""
+    config = ds_config(budget, device, nvme, gas=2, sub_group_size=HIDDEN * HIDDEN)
+    with engine_for(config, functools.partial(Layers, layers=4)) as engine:
+        optimizer = engine.optimizer
+        agree, losses, groups = engine.global_steps == 0, [], len(optimizer.fp16_groups)
+        for x, y in batches(6):
+            loss = engine(x, y)
+            engine.backward(loss)
+            boundary = engine.is_gradient_accumulation_boundary()
+            engine.step()
+            losses.append(loss)
+            if boundary:
+                counts = [int(optimizer.optimizer.state[optimizer.fp32_partitioned_groups_flat[group]]["step"])
+                          for group in range(groups)]
+                agree &= all(count == engine.global_steps for count in counts)
+        return {**losses_and_weights(engine, losses), "agree": bool(agree), "several_sub_groups": groups > 2}
+
+
+def backward_thrice(budget, device, nvme, partitions_getter=False):
+    """TestZero3ParamPartitioningBase: three backward passes and no step between them (the gradients add up),
+    this rank's gradients read after each (``safe_get_local_grad``; with ``partitions_getter``, the upstream
+    test's ``get_fp32_grad_partitions``), then the optimizer's own ``step()``; every parameter is partitioned
+    afterwards. Once with ``zero_grad`` after each backward (the gradients start over), once without."""
+    seen = {}
+    for zero_grad in (False, True):
+        with engine_for(ds_config(budget, device, nvme)) as engine:
+            grads = {}
+            for micro, (x, y) in enumerate(batches(3)):
+                engine.backward(engine(x, y))
+                if partitions_getter:
+                    for group, partitions in engine.optimizer.get_fp32_grad_partitions().items():
+                        for index, grad in partitions.items():
+                            grads[f"{micro}.{group}.{index}"] = grad.clone()
+                else:  # a copy: under stock the getter's value is a view that the next backward changes
+                    for name, param in engine.module.named_parameters():
+                        grads[f"{micro}.{name}"] = safe_get_local_grad(param).clone()
+                if zero_grad:
+                    engine.optimizer.zero_grad()
+            engine.optimizer.step()
+            partitioned = all(p.ds_status == ZeroParamStatus.NOT_AVAILABLE for p in engine.module.parameters())
+            seen[f"zero_grad={zero_grad}"] = {"grads": digest(grads), "partitioned": partitioned,
+                                              "weights": digest(gathered(engine))}
+    return seen
+
+
+def empty_cache(budget, device, nvme):
+    """TestZeroPartitionCache, after an evaluation pass: train, evaluate, ``empty_partition_cache()`` (every
+    parameter's local data empty afterwards), train on; the step after gives stock's bits."""
+    with engine_for(ds_config(budget, device, nvme)) as engine:
+        losses = []
+        data = list(batches(5))
+        for x, y in data[:2]:
+            loss = engine(x, y)
+            engine.backward(loss)
+            engine.step()
+            losses.append(loss)
+        engine.eval()
+        with torch.no_grad():
+            losses.append(engine(*data[2]))
+        engine.train()
+        engine.empty_partition_cache()
+        emptied = sum(p.numel() for p in engine.module.parameters()) == 0
+        for x, y in data[3:]:
+            loss = engine(x, y)
+            engine.backward(loss)
+            engine.step()
+            losses.append(loss)
+        return {**losses_and_weights(engine, losses), "emptied": emptied}
+
+
+def empty_group(budget, device, nvme):
+    """TestEmptyParameterGroup, trained: two parameter groups (weights with weight decay, biases without), one
+    of them empty, for DeepSpeed's optimizer and for a client's torch AdamW."""
+    seen = {}
+    for client in (False, True):
+        for empty in ("weights", "biases"):
+            def groups(model, empty=empty):
+                weights = [layer.weight for layer in model.ll]
+                biases = [layer.bias for layer in model.ll]
+                return [{"params": [] if empty == "weights" else weights, "weight_decay": 0.01},
+                        {"params": [] if empty == "biases" else biases, "weight_decay": 0.0}]
+            config = ds_config(budget, device, nvme)
+            if client:
+                config.pop("optimizer")
+                config["zero_allow_untested_optimizer"] = True
+                config["zero_force_ds_cpu_optimizer"] = False
+            with engine_for(config, param_groups=groups,
+                            client_optimizer=(lambda g: torch.optim.AdamW(g, lr=0.1)) if client else None) as engine:
+                losses = []
+                for x, y in batches(3):
+                    loss = engine(x, y)
+                    engine.backward(loss)
+                    engine.step()
+                    losses.append(loss)
+                seen[f"client={client},empty={empty}"] = losses_and_weights(engine, losses)
+    return seen
+
+
+class SharedWeight(Layers):
+    """test_zero_context.py's ExtLinear: the first layer's weight used again outside its module, by the parent's
+    forward (ZeRO-3 registers it as an external parameter of the parent)."""
+
+    def forward(self, x, y):
+        hidden = super().forward(x, y)
+        again = torch.nn.functional.linear(x, self.ll[0].weight)
+        return hidden + again.float().pow(2).mean()
+
+
+def external(budget, device, nvme):
+    """TestSerialContext.test_ext_param_getattr, trained: a weight used outside its module every step."""
+    with engine_for(ds_config(budget, device, nvme), SharedWeight) as engine:
+        losses = []
+        for x, y in batches(4):
+            loss = engine(x, y)
+            engine.backward(loss)
+            engine.step()
+            losses.append(loss)
+        return losses_and_weights(engine, losses)
+
+
+def modified(budget, device, nvme):
+    """TestGatherUpdate, between steps: after a step and an evaluation pass, rank 1 changes a weight inside
+    ``GatheredParameters(modifier_rank=1)``; every rank then sees the change in a gather and in the next forward,
+    and training goes on."""
+    with engine_for(ds_config(budget, device, nvme)) as engine:
+        losses, data = [], list(batches(4))
+        for index, (x, y) in enumerate(data):
+            if index == 2:
+                engine.eval()
+                with torch.no_grad():
+                    losses.append(engine(x, y))
+                engine.train()
+                weight = engine.module.ll[1].weight
+                with deepspeed.zero.GatheredParameters(weight, modifier_rank=1):
+                    if torch.distributed.get_rank() == 1:
+                        with torch.no_grad():
+                            weight.mul_(0.5)
+                with deepspeed.zero.GatheredParameters(weight):
+                    seen_changed = digest({"weight": weight})
+            loss = engine(x, y)
+            engine.backward(loss)
+            engine.step()
+            losses.append(loss)
+        return {**losses_and_weights(engine, losses), "changed": seen_changed}
+
+
+SCENARIOS = {"external": external, "modified": modified, "unbalanced": unbalanced, "repeat": repeat, "step_count": step_count,
+             "backward_thrice": backward_thrice,
+             "grad_partitions": functools.partial(backward_thrice, partitions_getter=True), "empty_cache": empty_cache, "empty_group": empty_group}
+
+
+def main(scenarios, mode, device, nvme):
+    budgets = [None] if mode == "stock" else (mode.partition("=")[2] or "auto").split(",")
+    run_scenarios([(scenario if budget is None else f"{scenario}@{budget}",
+                    functools.partial(SCENARIOS[scenario], budget, device, os.path.join(nvme, f"{scenario}@{budget}")))
+                   for budget in budgets for scenario in scenarios.split(",")])
+
+
+if __name__ == "__main__":
+    main(*ARGS[:4])
