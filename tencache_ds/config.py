@@ -135,6 +135,9 @@ def config_reference_markdown() -> str:
              "The block sits at the top level of the DeepSpeed config, beside DeepSpeed's own sections (DeepSpeed",
              "keeps unknown top-level keys and ignores them; it rejects extra keys inside its own sections). An",
              "unknown key or an invalid value stops the run with an error that names the key.", "",
+             "With Hugging Face's Trainer or Accelerate, leave out the keys you would set to \"auto\" (their default):",
+             "they take every \"auto\" in a DeepSpeed config for a value of their own to fill, and stop at one they do",
+             "not know. `\"tencache\": {}` takes every default.", "",
              "```json", '"tencache": {"enabled": true, "host_cache_bytes": "auto", "device_cache_bytes": "auto"}',
              "```", "", "| key | type | default | meaning |", "| --- | --- | --- | --- |"]
     for name, field in TencacheConfig.model_fields.items():

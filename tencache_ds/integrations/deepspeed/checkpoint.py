@@ -14,8 +14,9 @@ loaded and resume is exact.
 
 Every copy of optimizer state the host tier holds when the engine copies the checkpoint over the swap folder is
 dropped before its next use (loading_checkpoint), whatever the files' timestamps say. After the engine's load,
-tencache copies the saved scalars (``step``) into the live state, restores tensors that
-were kept in memory, and gives each swapped tensor the live state lacks a placeholder of its size: the swapper
+tencache copies the saved scalars (``step``) into the live state and each parameter group's settings (its
+learning rate: an lr scheduler's own load leaves the groups' ``lr`` at its fresh value until its next step, after
+the first resumed update), restores tensors that were kept in memory, and gives each swapped tensor the live state lacks a placeholder of its size: the swapper
 registers it (``<name>-<ds_id>.tensor.swp``, stock's naming) and reads the loaded file at the next swap-in.
 
 A model rebuilt in the same process (destroy, a new ``zero.Init``, ``initialize``, ``load_checkpoint``: DeepSpeed's
@@ -103,6 +104,7 @@ def adopt_loaded_files(engine, load_dir, load_path) -> int:
             os.replace(source, target)
             renamed += 1
     optimizer.reset_swap_buffers()  # read the adopted masters, rebuild the parameters from them
+    _regather_persistent_parameters(optimizer)
     logger.info("adopted %d loaded swap files from %s under this engine's sub-group ids", renamed, loaded_dir)
     return renamed
 
@@ -163,10 +165,32 @@ def restore_optimizer_scalars(engine, load_dir, load_path, load_optimizer_states
                     continue
                 live[key] = value.clone() if torch.is_tensor(value) else value
                 restored += 1
+        restored += _restore_group_settings(live_groups, saved["param_groups"], zero_file)
     finally:
         optimizer._clear_fp32_optimizer_param_groups()
-    logger.info("restored %d optimizer state entries (Adam's step counts and moments) from %s, which stock "
-                "DeepSpeed's NVMe load skips", restored, zero_file)
+    logger.info("restored %d optimizer state entries (Adam's step counts and moments, the groups' learning rates "
+                "and settings) from %s, which stock DeepSpeed's NVMe load skips", restored, zero_file)
+    return restored
+
+
+def _restore_group_settings(live_groups, saved_groups, zero_file) -> int:
+    """Each parameter group's settings as saved (``lr``, ``betas``, ``weight_decay``, ...: everything but its
+    parameters), as torch's ``Optimizer.load_state_dict`` does for stock CPU offload. The learning rate is the one
+    that matters: an lr scheduler's ``load_state_dict`` restores its counters, not the groups' ``lr``, which it sets
+    only at its next ``step()``, after the first resumed update; so that update ran at the fresh scheduler's first
+    value (0 in a warm-up: Hugging Face's Trainer, resumed, differed from its uninterrupted run from there on).
+    Returns how many settings were restored."""
+    if len(live_groups) != len(saved_groups):
+        logger.warning("the checkpoint in %s has %d optimizer parameter groups, this engine %d: their learning "
+                       "rates and settings are not restored (as in stock DeepSpeed's NVMe load)", zero_file,
+                       len(saved_groups), len(live_groups))
+        return 0
+    restored = 0
+    for live, saved in zip(live_groups, saved_groups):
+        for key, value in saved.items():
+            if key != "params":
+                live[key] = value
+                restored += 1
     return restored
 
 
@@ -229,9 +253,26 @@ def restore_unswapped_masters(engine, load_dir, load_path, load_module_only=Fals
                              f"{tuple(master.shape)}: the checkpoint is of another model or partitioning")
         master.data.copy_(loaded)
         optimizer._reassign_or_swap_out_partitioned_parameters(sub_group_id)
+    _regather_persistent_parameters(optimizer)
     logger.info("restored the fp32 masters of %d sub-groups kept in memory from %s (stock DeepSpeed's NVMe load "
                 "skips them)", len(unswapped), zero_file)
     return len(unswapped)
+
+
+def _regather_persistent_parameters(optimizer) -> None:
+    """After parameters were rebuilt from their masters outside the engine's load: gather the persistent ones
+    (below ``stage3_param_persistence_threshold``, kept whole on every rank) again from their rebuilt partitions, as
+    stage 3 does after a step (``_post_step``) and the engine at the end of its load (``checkpoint_event_epilogue``,
+    which ran before this rebuild: their whole copies were the fresh engine's, and the first resumed loss differed;
+    found with Hugging Face's Trainer at 2 ranks, biases and layer norms in sub-groups too small to swap). A
+    collective: every rank gets here, since the sub-groups, and so the branches taken, are the same on every rank
+    (partitions are padded to one size)."""
+    persistent = optimizer.persistent_parameters
+    if persistent:
+        # released first: a gather skips what is gathered already (stage 3's step partitions every parameter at
+        # its start for the same reason)
+        persistent[0].partition(param_list=persistent, has_been_updated=False)
+        persistent[0].all_gather(persistent)
 
 
 _DUMMY_NUMEL = 64  # what the C++ step is given while its beta products are replayed (any size would do)
