@@ -1,11 +1,14 @@
-"""Three of DeepSpeed's own checkpoint tests (our versions: upstream_checkpoints.py), 2 ranks, with the optimizer on
-NVMe under tencache: each passes with the results of stock CPU offload, bit for bit (stock NVMe stops in each with
-"consumed N numels out of 0": its ZeRO file has no fp32 masters, integrations/deepspeed/checkpoint_save.py).
+"""Some of DeepSpeed's own checkpoint tests (our versions: upstream_checkpoints.py), 2 ranks, with the optimizer on
+NVMe under tencache: each passes with the results of stock CPU offload, bit for bit (stock NVMe stops in the first
+four with "consumed N numels out of 0": its ZeRO file has no fp32 masters, integrations/deepspeed/checkpoint_save.py).
 
 - zero_to_fp32 (both variants of test_1_param_group: all parameters trained, first layer frozen): train, save, then
   ``load_state_dict_from_zero_checkpoint`` gives the trained fp32 weights, and ``zero_to_fp32`` consolidates them;
 - immediate_save_load: save right after ``initialize``, load it (``load_optimizer_states=False``), train on;
-- load_immediate_save: train, save, a new engine loads it and saves again into the same tag at once.
+- load_immediate_save: train, save, a new engine loads it and saves again into the same tag at once;
+- load_into_new_engine: train with a warm-up lr scheduler and biases kept whole on every rank (DeepSpeed's default
+  persistence threshold), save; a new engine in the same process loads the optimizer's state, or not, or the module
+  only, and trains on (the loaded files take the new engine's sub-group ids).
 Real engine, real files."""
 import os
 
@@ -15,7 +18,8 @@ from conftest import launch_two_ranks
 
 pytestmark = [pytest.mark.deepspeed, pytest.mark.slow]  # about 60 s a launch, two launches
 SCRIPT = os.path.join(os.path.dirname(__file__), "upstream_checkpoints.py")
-SCENARIOS = ("zero_to_fp32", "zero_to_fp32_frozen", "immediate_save_load", "load_immediate_save")
+SCENARIOS = ("zero_to_fp32", "zero_to_fp32_frozen", "immediate_save_load", "load_immediate_save",
+             "load_into_new_engine")
 
 
 def scenarios(tmp_path, mode, device):

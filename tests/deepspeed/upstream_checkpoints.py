@@ -1,16 +1,17 @@
-"""Our versions of three of DeepSpeed's own checkpoint tests, with the optimizer offloaded (our code, written after
+"""Our versions of some of DeepSpeed's own checkpoint tests, with the optimizer offloaded (our code, written after
 the scenarios of tests/unit/v1/zero/test_zero.py::TestZeroToFP32::test_1_param_group and tests/unit/checkpoint/
-test_zero_optimizer.py::TestZeROSaveLoadEdgeCase::test_immediate_save_load / ::test_load_immediate_save in
-DeepSpeed's repository; fp32 instead of fp16, the CPU accelerator, 2 ranks, layers of 1024 so that the optimizer
-state is large enough to be swapped). Rank 0 prints one RESULT line.
+test_zero_optimizer.py::TestZeROSaveLoadEdgeCase::test_immediate_save_load / ::test_load_immediate_save and
+TestZeROCheckpoint::test_load_optimizer_state / test_not_load_optimizer_state / test_load_module_only in DeepSpeed's
+repository; fp32 instead of fp16, the CPU accelerator, 2 ranks, layers of 1024 so that the optimizer state is large
+enough to be swapped). Rank 0 prints one RESULT line.
 
     deepspeed --num_gpus 2 tests/deepspeed/upstream_checkpoints.py SCENARIOS stock|tencache nvme|cpu NVME_DIR CKPT_DIR
 
-SCENARIOS: comma-separated, of zero_to_fp32, zero_to_fp32_frozen, immediate_save_load, load_immediate_save; they run
-one after the other in the same processes (one launch: its start-up is most of a scenario's time), each with its
-own engines and its own folders under NVME_DIR and CKPT_DIR. The result maps each scenario to the SHA-256 sums of
-the weights it produces (so that runs can be compared bit for bit) and, where it fails, its error (the scenarios
-after a failure do not run).
+SCENARIOS: comma-separated, of zero_to_fp32, zero_to_fp32_frozen, immediate_save_load, load_immediate_save,
+load_into_new_engine; they run one after the other in the same processes (one launch: its start-up is most of a
+scenario's time), each with its own engines and its own folders under NVME_DIR and CKPT_DIR. The result maps each
+scenario to the SHA-256 sums of the weights (and losses) it produces, so that runs can be compared bit for bit,
+and, where it fails, its error (the scenarios after a failure do not run).
 """
 import functools
 import os
@@ -139,7 +140,49 @@ def load_immediate_save(mode, device, nvme, ckpt):
     return result
 
 
+def load_into_new_engine(mode, device, nvme, ckpt):
+    """TestZeROCheckpoint's test_load_optimizer_state, test_not_load_optimizer_state and test_load_module_only:
+    an engine with a warm-up lr scheduler, Adam's betas (0.8, 0.999), weight decay and DeepSpeed's default
+    persistence threshold (the biases are kept whole on every rank) trains 3 steps and saves; a new engine, with
+    another initialisation, loads it in the same process (the optimizer's state, or not, or the module only) and
+    trains 3 more. Each load's losses and trained weights."""
+    def config():
+        base = ds_config(mode, device, nvme, 2, 1)
+        base["optimizer"]["params"].update(betas=[0.8, 0.999], weight_decay=3e-7)
+        base["scheduler"] = {"type": "WarmupLR", "params": {"warmup_min_lr": 0, "warmup_max_lr": 1e-3,
+                                                            "warmup_num_steps": 4}}
+        del base["zero_optimization"]["stage3_param_persistence_threshold"]
+        return base
+
+    def new_engine():
+        model = Layers(2, False)
+        return deepspeed.initialize(config=config(), model=model, model_parameters=model.parameters())[0]
+
+    torch.manual_seed(1234)
+    engine = new_engine()
+    train(engine, 3, 2)
+    engine.save_checkpoint(ckpt)
+    engine.destroy()
+    result = {}
+    for load in ("optimizer", "no_optimizer", "module_only"):
+        torch.manual_seed(4321)
+        engine = new_engine()
+        engine.load_checkpoint(ckpt, load_optimizer_states=load == "optimizer",
+                               load_lr_scheduler_states=load == "optimizer", load_module_only=load == "module_only")
+        losses = []
+        for x, y in batches(3, 2, seed=11):
+            loss = engine(x, y)
+            engine.backward(loss)
+            engine.step()
+            losses.append(loss)
+        result[load] = {"losses": digest({f"{i}": loss for i, loss in enumerate(losses)}),
+                        "trained": digest(gathered(engine))}
+        engine.destroy()
+    return result
+
+
 SCENARIOS = {
+    "load_into_new_engine": load_into_new_engine,
     "zero_to_fp32": lambda *args: zero_to_fp32(*args, freeze=False),
     "zero_to_fp32_frozen": lambda *args: zero_to_fp32(*args, freeze=True),
     "immediate_save_load": immediate_save_load,

@@ -16,8 +16,9 @@ Every copy of optimizer state the host tier holds when the engine copies the che
 dropped before its next use (loading_checkpoint), whatever the files' timestamps say. After the engine's load,
 tencache copies the saved scalars (``step``) into the live state and each parameter group's settings (its
 learning rate: an lr scheduler's own load leaves the groups' ``lr`` at its fresh value until its next step, after
-the first resumed update), restores tensors that were kept in memory, and gives each swapped tensor the live state lacks a placeholder of its size: the swapper
-registers it (``<name>-<ds_id>.tensor.swp``, stock's naming) and reads the loaded file at the next swap-in.
+the first resumed update), restores tensors that were kept in memory, and gives each swapped tensor the live state
+lacks a placeholder of its size: the swapper registers it (``<name>-<ds_id>.tensor.swp``, stock's naming) and reads
+the loaded file at the next swap-in.
 
 A model rebuilt in the same process (destroy, a new ``zero.Init``, ``initialize``, ``load_checkpoint``: DeepSpeed's
 own NVMe checkpoint tests do this) gets new parameter ids, so its sub-groups' swap files have other names than the
@@ -26,11 +27,12 @@ its own and never reads them, and trains on from its fresh initialisation. tenca
 current names, sub-group by sub-group in order (the same model has the same sub-groups), and rebuilds the
 parameters from them (stage 3's ``reset_swap_buffers``, as the engine's load does).
 
-Three more things a resume loses, in stock DeepSpeed too (a resume then differs from the uninterrupted run):
+More things a resume loses or stops at, in stock DeepSpeed too (a resume then differs from the uninterrupted run):
 - Sub-groups too small to swap (below the aio block size) keep their fp32 masters and Adam state in memory even with
   the optimizer on NVMe. The checkpoint's ZeRO file holds them, but stock's NVMe load path never reads that file, and
   ``reset_swap_buffers`` then rebuilds those parameters from the fresh engine's initial masters: the first resumed
-  loss is already wrong. tencache copies them back from the ZeRO file (``restore_unswapped_masters``).
+  loss is already wrong. tencache copies them back from the ZeRO file (``restore_unswapped_masters``), and gathers
+  their persistent parameters again (the engine's load gathered them from the fresh partitions).
 - DeepSpeedCPUAdam's C++ optimizer keeps beta1^t and beta2^t as running products, one multiplication per step. A
   fresh process (or an engine at another step) recomputes them with ``pow`` at its first update, which differs in
   the last bits: every loss from the second resumed step on differs. tencache replays the products
@@ -39,6 +41,9 @@ Three more things a resume loses, in stock DeepSpeed too (a resume then differs 
   ``'NoneType' object has no attribute 'data'`` (it copies the masters into flat 16-bit partitions that do not exist
   when parameters are on file). tencache rebuilds the parameters from the loaded masters as a step does
   (``rigid_load_with_params_on_file``).
+- ``load_checkpoint(load_module_only=True)`` sets the fp32 masters from the loaded 16-bit weights in place, and
+  with the optimizer on NVMe they are empty placeholders: it stops (stock's swappers too). tencache swaps each
+  sub-group in to set it (``refresh_masters_swapping_in``).
 """
 import contextlib
 import functools
@@ -50,6 +55,7 @@ import torch
 from deepspeed.checkpoint.constants import FP32_FLAT_GROUPS, LOSS_SCALER, OPTIMIZER_STATE_DICT
 from deepspeed.runtime.swap_tensor.optimizer_utils import OptimizerSwapper
 
+from ...errors import TencacheError
 from ...log import logger
 from .optimizer_swapper import TencacheOptimizerSwapper
 from .reporting import param_swappers_of_optimizer
@@ -344,3 +350,30 @@ def rigid_load_with_params_on_file(rigid_load_state_dict):
             self._reassign_or_swap_out_partitioned_parameters(sub_group_id)
 
     return rigid_load_rebuilding_params
+
+
+def refresh_masters_swapping_in(refresh_fp32_params):
+    """stage 3's ``refresh_fp32_params`` (``load_checkpoint(load_module_only=True)`` calls it: the fp32 masters are
+    set from the loaded 16-bit weights) with tencache swapping the optimizer: stock copies into each master in
+    place, which with the optimizer on NVMe is an empty placeholder ("The size of tensor a (0) must match the size
+    of tensor b", stock's swappers and tencache's alike). Here each sub-group is swapped in, its master set, and
+    swapped out, as the step does. With the parameters on file too, the 16-bit partitions are on file as well, and
+    stock has nothing to copy from (``'NoneType' object has no attribute 'data'``, with the optimizer on cpu too):
+    a clear error says so."""
+    @functools.wraps(refresh_fp32_params)
+    def refresh_fp32_params_swapping_in(self):
+        if not isinstance(getattr(self, "optimizer_swapper", None), TencacheOptimizerSwapper):
+            return refresh_fp32_params(self)
+        if any(flat is None for flat in self.fp16_partitioned_groups_flat):
+            raise TencacheError("load_checkpoint(load_module_only=True) with the parameters offloaded to NVMe: "
+                                "ZeRO-3 sets the fp32 masters from flat 16-bit partitions, which do not exist when "
+                                "the parameters are on file (stock DeepSpeed stops here too, with the optimizer on "
+                                "cpu or nvme); load the optimizer state too, or offload the parameters to cpu")
+        timer_names = set()
+        for sub_group_id, (bit16, master) in enumerate(zip(self.fp16_partitioned_groups_flat,
+                                                           self.fp32_partitioned_groups_flat)):
+            self._prepare_sub_group(sub_group_id, timer_names)
+            master.data.copy_(bit16.data)
+            self._release_sub_group(sub_group_id, timer_names)
+
+    return refresh_fp32_params_swapping_in

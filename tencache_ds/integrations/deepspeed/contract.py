@@ -140,6 +140,10 @@ REBINDINGS = (
               why="stock's ZeRO-file load with parameters on file and the optimizer on cpu stops ('NoneType' object "
                   "has no attribute 'data'): the parameters are rebuilt from the loaded masters as a step does "
                   "(checkpoint.py)"),
+    Rebinding(STAGE3, "refresh_fp32_params", "refresh_masters_swapping_in", wraps=True,
+              why="load_checkpoint(load_module_only=True) copies the loaded 16-bit weights into the fp32 masters in "
+                  "place, which with the optimizer on NVMe are empty placeholders (it stopped): each sub-group is "
+                  "swapped in, set and swapped out (checkpoint.py)"),
 )
 
 PRIVATE_MEMBERS = (

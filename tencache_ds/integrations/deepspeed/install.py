@@ -27,8 +27,8 @@ import deepspeed.runtime.zero.stage3 as _stage3
 
 from ...ext_lock import raise_if_stale_locks
 from . import contract, reporting
-from .checkpoint import (adopt_loaded_files, loading_checkpoint, replay_adam_step_products, restore_optimizer_scalars,
-                         restore_unswapped_masters, rigid_load_with_params_on_file)
+from .checkpoint import (adopt_loaded_files, loading_checkpoint, refresh_masters_swapping_in, replay_adam_step_products,
+                         restore_optimizer_scalars, restore_unswapped_masters, rigid_load_with_params_on_file)
 from .checkpoint_save import saving_masters, swap_files_linked
 from .config_bridge import DEEPSPEED_OPS, building_stage3, initializing, validate_ds_config
 from .config_source import ds_config_of_initialize_call
@@ -215,6 +215,7 @@ REPLACEMENTS = {
     "saving_masters": saving_masters,
     "linking_saved_swap_files": lambda save: swap_files_linked(save, "save"),
     "rigid_load_with_params_on_file": rigid_load_with_params_on_file,
+    "refresh_masters_swapping_in": refresh_masters_swapping_in,
     "restoring_kept_partitions": restoring_kept_partitions,
     "reading_full_fragment_before_release": lambda getter: _reading_fragments_before_release(getter, False),
     "copying_local_fragment_before_release": lambda getter: _reading_fragments_before_release(getter, True),
