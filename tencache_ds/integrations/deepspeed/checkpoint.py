@@ -357,18 +357,19 @@ def refresh_masters_swapping_in(refresh_fp32_params):
     set from the loaded 16-bit weights) with tencache swapping the optimizer: stock copies into each master in
     place, which with the optimizer on NVMe is an empty placeholder ("The size of tensor a (0) must match the size
     of tensor b", stock's swappers and tencache's alike). Here each sub-group is swapped in, its master set, and
-    swapped out, as the step does. With the parameters on file too, the 16-bit partitions are on file as well, and
-    stock has nothing to copy from (``'NoneType' object has no attribute 'data'``, with the optimizer on cpu too):
-    a clear error says so."""
+    swapped out, as the step does. With the parameters on file beyond what stage 3 keeps in CPU memory
+    (``max_in_cpu``), a sub-group has no flat 16-bit partition to copy from, and stock stops
+    (``'NoneType' object has no attribute 'data'``, with the optimizer on cpu too): a clear error says so."""
     @functools.wraps(refresh_fp32_params)
     def refresh_fp32_params_swapping_in(self):
         if not isinstance(getattr(self, "optimizer_swapper", None), TencacheOptimizerSwapper):
             return refresh_fp32_params(self)
         if any(flat is None for flat in self.fp16_partitioned_groups_flat):
-            raise TencacheError("load_checkpoint(load_module_only=True) with the parameters offloaded to NVMe: "
-                                "ZeRO-3 sets the fp32 masters from flat 16-bit partitions, which do not exist when "
-                                "the parameters are on file (stock DeepSpeed stops here too, with the optimizer on "
-                                "cpu or nvme); load the optimizer state too, or offload the parameters to cpu")
+            raise TencacheError("load_checkpoint(load_module_only=True) with the parameters offloaded to NVMe beyond "
+                                "offload_param.max_in_cpu: ZeRO-3 sets the fp32 masters from flat 16-bit partitions, "
+                                "which sub-groups on file do not have (stock DeepSpeed stops here too, with the "
+                                "optimizer on cpu or nvme); load the optimizer state too, raise max_in_cpu, or "
+                                "offload the parameters to cpu")
         timer_names = set()
         for sub_group_id, (bit16, master) in enumerate(zip(self.fp16_partitioned_groups_flat,
                                                            self.fp32_partitioned_groups_flat)):
