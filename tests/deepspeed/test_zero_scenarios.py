@@ -5,19 +5,20 @@ across many sub-groups, three backward passes before one step (with and without 
 emptied after an evaluation pass, an empty parameter group (DeepSpeed's optimizer and a client's), a weight used
 outside its module, and a weight changed by one rank inside ``GatheredParameters`` between steps. Each gives the
 results of stock CPU offload run in a process that never imported tencache_ds, bit for bit, whether the host tier
-streams everything, holds part of the state or holds all of it. Real engine, real files, through the launcher."""
+holds part of the state or all of it. Real engine, real files, through the launcher."""
 import os
 
 import pytest
 
 from conftest import launch_two_ranks
 
-pytestmark = [pytest.mark.deepspeed, pytest.mark.slow]  # two launches, about 30 and 75 s
+pytestmark = [pytest.mark.deepspeed, pytest.mark.slow]  # two launches, about 30 and 50 s
 SCRIPT = os.path.join(os.path.dirname(__file__), "zero_scenarios.py")
 SCENARIOS = ("unbalanced", "repeat", "step_count", "backward_thrice", "empty_cache", "empty_group", "external",
              "modified")
-# nothing held, part of each rank's state held (about a quarter of it), "auto" (all of it)
-BUDGETS = ("0", "6MB", "auto")
+# part of each rank's state held (about a quarter of it: some tensors whole, prefixes of others), "auto" (all of
+# it); nothing held (streaming, as stock's swappers) is left to the other tests, for the suite's time
+BUDGETS = ("6MB", "auto")
 
 
 def scenarios(tmp_path, mode, device):
