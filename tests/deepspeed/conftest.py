@@ -70,6 +70,24 @@ def launch_two_ranks(script, args, cleanup=(), timeout=900):
     return result
 
 
+def scenarios_against_stock_cpu(script, scenarios, budgets, device, tmp_path):
+    """Run the ``scenarios`` of a helper script that takes ``SCENARIOS stock|tencache=BUDGETS DEVICE NVME_DIR``
+    (tensor_fragments.py, zero_scenarios.py) twice: stock CPU offload in a process that never imports tencache_ds,
+    the reference, then tencache with ``device`` offload at each of ``budgets``. Checks that each reference scenario
+    ran and that tencache's result equals it at every budget; returns the reference, for the caller's own checks."""
+    def launch(mode, offload):
+        nvme = tmp_path / f"nvme-{mode}-{offload}"
+        return launch_two_ranks(script, [",".join(scenarios), mode, offload, nvme], cleanup=[nvme])
+
+    reference = launch("stock", "cpu")
+    ours = launch("tencache=" + ",".join(budgets), device)
+    for name in scenarios:
+        assert reference.get(name, {}).get("ok"), (name, reference.get(name))
+        for budget in budgets:
+            assert ours.get(f"{name}@{budget}") == reference[name], (name, budget, ours.get(f"{name}@{budget}"))
+    return reference
+
+
 def free_port():
     """A port nothing listens on now, for the launcher's rendezvous (test workers run launchers side by side)."""
     with socket.socket() as probe:

@@ -91,6 +91,17 @@ def engine_for(config, model_factory=Layers, param_groups=None, client_optimizer
         engine.destroy()
 
 
+def trained(engine, data):
+    """Forward, backward and step for each batch of ``data``; the losses."""
+    losses = []
+    for x, y in data:
+        loss = engine(x, y)
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss)
+    return losses
+
+
 def losses_and_weights(engine, losses):
     return {"losses": digest({f"{i:03d}": loss for i, loss in enumerate(losses)}),
             "weights": digest(gathered(engine))}
@@ -117,13 +128,7 @@ def unbalanced(budget, device, nvme):
 def repeat(budget, device, nvme):
     """TestZero3RepeatForwardLoop: one layer applied three times in each forward, gradient accumulation 2."""
     with engine_for(ds_config(budget, device, nvme, gas=2), functools.partial(Layers, repeat=3)) as engine:
-        losses = []
-        for x, y in batches(6):
-            loss = engine(x, y)
-            engine.backward(loss)
-            engine.step()
-            losses.append(loss)
-        return losses_and_weights(engine, losses)
+        return losses_and_weights(engine, trained(engine, batches(6)))
 
 
 def step_count(budget, device, nvme):
@@ -177,24 +182,15 @@ def empty_cache(budget, device, nvme):
     """TestZeroPartitionCache, after an evaluation pass: train, evaluate, ``empty_partition_cache()`` (every
     parameter's local data empty afterwards), train on; the step after gives stock's bits."""
     with engine_for(ds_config(budget, device, nvme)) as engine:
-        losses = []
         data = list(batches(5))
-        for x, y in data[:2]:
-            loss = engine(x, y)
-            engine.backward(loss)
-            engine.step()
-            losses.append(loss)
+        losses = trained(engine, data[:2])
         engine.eval()
         with torch.no_grad():
             losses.append(engine(*data[2]))
         engine.train()
         engine.empty_partition_cache()
         emptied = sum(p.numel() for p in engine.module.parameters()) == 0
-        for x, y in data[3:]:
-            loss = engine(x, y)
-            engine.backward(loss)
-            engine.step()
-            losses.append(loss)
+        losses += trained(engine, data[3:])
         return {**losses_and_weights(engine, losses), "emptied": emptied}
 
 
@@ -216,13 +212,7 @@ def empty_group(budget, device, nvme):
                 config["zero_force_ds_cpu_optimizer"] = False
             with engine_for(config, param_groups=groups,
                             client_optimizer=(lambda g: torch.optim.AdamW(g, lr=0.1)) if client else None) as engine:
-                losses = []
-                for x, y in batches(3):
-                    loss = engine(x, y)
-                    engine.backward(loss)
-                    engine.step()
-                    losses.append(loss)
-                seen[f"client={client},empty={empty}"] = losses_and_weights(engine, losses)
+                seen[f"client={client},empty={empty}"] = losses_and_weights(engine, trained(engine, batches(3)))
     return seen
 
 
@@ -239,13 +229,7 @@ class SharedWeight(Layers):
 def external(budget, device, nvme):
     """TestSerialContext.test_ext_param_getattr, trained: a weight used outside its module every step."""
     with engine_for(ds_config(budget, device, nvme), SharedWeight) as engine:
-        losses = []
-        for x, y in batches(4):
-            loss = engine(x, y)
-            engine.backward(loss)
-            engine.step()
-            losses.append(loss)
-        return losses_and_weights(engine, losses)
+        return losses_and_weights(engine, trained(engine, batches(4)))
 
 
 def modified(budget, device, nvme):
