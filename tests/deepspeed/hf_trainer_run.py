@@ -3,12 +3,12 @@ synthetic tokens, fp32), 2 ranks through the ``deepspeed`` launcher, ZeRO-3 with
 the config's batch, optimizer (AdamW) and scheduler (WarmupDecayLR) values left "auto" for the Trainer to fill,
 gradient accumulation 2, an evaluation every 2 steps, a checkpoint every 3, 6 steps; or the same run resumed from
 its checkpoint after step 3. Rank 0 prints one RESULT line: every logged loss and evaluation loss with its step and
-learning rate, the SHA-256 of the model the Trainer saves at the end (gathered whole), and whether tencache's
-swappers ran.
+learning rate, the SHA-256 of the model the Trainer saves at the end (gathered whole), the step this process
+trained first, and whether tencache's swappers ran.
 
     deepspeed --num_gpus 2 tests/deepspeed/hf_trainer_run.py stock|tencache[=HOST_CACHE_BYTES] cpu|nvme OUT [resume]
 
-``tencache`` alone adds an empty block (every key at its default, "auto"): Hugging Face's Trainer (through
+``tencache`` alone adds an empty block (every key at its default; the budgets' is "auto"): Hugging Face's Trainer (through
 Accelerate) takes every "auto" in a DeepSpeed config for a value of its own to fill, and stops at one it does not
 know ("`tencache.host_cache_bytes` not found in kwargs"), so with the Trainer the block's "auto" keys are left out.
 """
@@ -23,7 +23,7 @@ RESUME = ARGS[3:4] == ["resume"]
 if MODE.startswith("tencache"):
     import tencache_ds  # installs before DeepSpeed is imported
 import torch  # noqa: E402
-from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments  # noqa: E402
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments  # noqa: E402
 
 VOCAB, TOKENS = 2048, 32
 
@@ -38,7 +38,8 @@ def ds_config():
                                                   "weight_decay": "auto"}},
         "scheduler": {"type": "WarmupDecayLR", "params": {"warmup_min_lr": "auto", "warmup_max_lr": "auto",
                                                           "warmup_num_steps": "auto", "total_num_steps": "auto"}},
-        # several optimizer sub-groups per rank (about 1M parameters each)
+        # several optimizer sub-groups per rank, some below the aio block (kept in memory): their biases and layer
+        # norms are persistent parameters, which a resume must gather again from the restored masters
         "zero_optimization": {"stage": 3, "sub_group_size": 2e5, "offload_optimizer": offload,
                               "offload_param": dict(offload, buffer_size=2e7) if DEVICE == "nvme" else offload,
                               "stage3_gather_16bit_weights_on_model_save": True},
@@ -63,6 +64,16 @@ class Tokens(torch.utils.data.Dataset):
         return {"input_ids": self.ids[index], "labels": self.ids[index]}
 
 
+class FirstStep(TrainerCallback):
+    """The step this process trained first: 0, or where a resume started."""
+
+    step = None
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if self.step is None:
+            self.step = state.global_step
+
+
 def main():
     # use_cpu: on the CPU accelerator Accelerate sets up its gloo process group only so (without it, it counts one
     # process and its gathers fail); the DeepSpeed config still makes the Trainer run DeepSpeed's engine
@@ -74,7 +85,9 @@ def main():
     torch.manual_seed(42)
     model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=256, n_head=4, vocab_size=VOCAB, n_positions=64,
                                        bos_token_id=0, eos_token_id=0))
-    trainer = Trainer(model=model, args=args, train_dataset=Tokens(64, 1), eval_dataset=Tokens(8, 2))
+    first_step = FirstStep()
+    trainer = Trainer(model=model, args=args, train_dataset=Tokens(64, 1), eval_dataset=Tokens(8, 2),
+                      callbacks=[first_step])
     trainer.train(resume_from_checkpoint=os.path.join(OUT, "run", "checkpoint-3") if RESUME else None)
     history = [[entry["step"], entry.get("loss", entry.get("eval_loss")), entry.get("learning_rate")]
                for entry in trainer.state.log_history if "loss" in entry or "eval_loss" in entry]
@@ -88,7 +101,8 @@ def main():
             digest.update(name.encode())
             digest.update(weights[name].float().numpy().tobytes())
         print("RESULT " + json.dumps({"history": history, "weights": digest.hexdigest(),
-                                      "tencache": "tencache_ds" in sys.modules, "swapping": swapping}), flush=True)
+                                      "tencache": "tencache_ds" in sys.modules, "swapping": swapping,
+                                      "first_step": first_step.step}), flush=True)
 
 
 if __name__ == "__main__":

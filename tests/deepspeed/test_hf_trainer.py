@@ -21,6 +21,7 @@ def test_the_trainer_and_its_resume_give_stock_cpu_offloads_bits(tmp_path):
     ours = tmp_path / "tencache"
     uninterrupted = launch_two_ranks(SCRIPT, ["tencache", "nvme", ours])
     resumed = launch_two_ranks(SCRIPT, ["tencache", "nvme", ours, "resume"], cleanup=[ours])
+    assert (uninterrupted["first_step"], resumed["first_step"]) == (0, 3)  # the second run resumed
     for run in (uninterrupted, resumed):
         assert run["swapping"] == 1
         assert run["history"] == reference["history"]

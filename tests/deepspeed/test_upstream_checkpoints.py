@@ -1,6 +1,6 @@
 """Some of DeepSpeed's own checkpoint tests (our versions: upstream_checkpoints.py), 2 ranks, with the optimizer on
-NVMe under tencache: each passes with the results of stock CPU offload, bit for bit (stock NVMe stops in the first
-four with "consumed N numels out of 0": its ZeRO file has no fp32 masters, integrations/deepspeed/checkpoint_save.py).
+NVMe under tencache: each passes with the results of stock CPU offload, bit for bit (stock NVMe stops in each with
+"consumed N numels out of 0": its ZeRO file has no fp32 masters, integrations/deepspeed/checkpoint_save.py).
 
 - zero_to_fp32 (both variants of test_1_param_group: all parameters trained, first layer frozen): train, save, then
   ``load_state_dict_from_zero_checkpoint`` gives the trained fp32 weights, and ``zero_to_fp32`` consolidates them;

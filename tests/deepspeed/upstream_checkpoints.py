@@ -2,8 +2,8 @@
 the scenarios of tests/unit/v1/zero/test_zero.py::TestZeroToFP32::test_1_param_group and tests/unit/checkpoint/
 test_zero_optimizer.py::TestZeROSaveLoadEdgeCase::test_immediate_save_load / ::test_load_immediate_save and
 TestZeROCheckpoint::test_load_optimizer_state / test_not_load_optimizer_state / test_load_module_only in DeepSpeed's
-repository; fp32 instead of fp16, the CPU accelerator, 2 ranks, layers of 1024 so that the optimizer state is large
-enough to be swapped). Rank 0 prints one RESULT line.
+repository; fp32 (bf16 in the last) instead of fp16, the CPU accelerator, 2 ranks, layers of 1024 so that the
+optimizer state is large enough to be swapped). Rank 0 prints one RESULT line.
 
     deepspeed --num_gpus 2 tests/deepspeed/upstream_checkpoints.py SCENARIOS stock|tencache nvme|cpu NVME_DIR CKPT_DIR
 
@@ -73,15 +73,15 @@ class Simple(Layers):
         super().__init__(1, False)
 
 
-def batches(count, micro_batch, seed):
+def batches(count, micro_batch, seed, dtype=torch.float32):
     generator = torch.Generator().manual_seed(seed + torch.distributed.get_rank())
     for _ in range(count):
-        yield (torch.randn(micro_batch, HIDDEN, generator=generator),
+        yield (torch.randn(micro_batch, HIDDEN, generator=generator).to(dtype),
                torch.randint(0, HIDDEN, (micro_batch,), generator=generator))
 
 
-def train(engine, count, micro_batch):
-    for x, y in batches(count, micro_batch, seed=7):
+def train(engine, count, micro_batch, dtype=torch.float32):
+    for x, y in batches(count, micro_batch, seed=7, dtype=dtype):
         engine.backward(engine(x, y))
         engine.step()
 
@@ -141,36 +141,35 @@ def load_immediate_save(mode, device, nvme, ckpt):
 
 
 def load_into_new_engine(mode, device, nvme, ckpt):
-    """TestZeROCheckpoint's test_load_optimizer_state, test_not_load_optimizer_state and test_load_module_only:
-    an engine with a warm-up lr scheduler, Adam's betas (0.8, 0.999), weight decay and DeepSpeed's default
+    """TestZeROCheckpoint's test_load_optimizer_state, test_not_load_optimizer_state and test_load_module_only, in
+    bf16: an engine with a warm-up lr scheduler, Adam's betas (0.8, 0.999), weight decay and DeepSpeed's default
     persistence threshold (the biases are kept whole on every rank) trains 3 steps and saves; a new engine, with
-    another initialisation, loads it in the same process (the optimizer's state, or not, or the module only) and
-    trains 3 more. Each load's losses and trained weights."""
-    def config():
-        base = ds_config(mode, device, nvme, 2, 1)
-        base["optimizer"]["params"].update(betas=[0.8, 0.999], weight_decay=3e-7)
-        base["scheduler"] = {"type": "WarmupLR", "params": {"warmup_min_lr": 0, "warmup_max_lr": 1e-3,
-                                                            "warmup_num_steps": 4}}
-        del base["zero_optimization"]["stage3_param_persistence_threshold"]
-        return base
-
-    def new_engine():
+    another initialisation and other betas and weight decay (a load of the optimizer's state restores the saved
+    ones), loads it in the same process (the optimizer's state, or not, or the module only) and trains 3 more. Each
+    load's losses and trained weights."""
+    def new_engine(betas, weight_decay):
+        config = ds_config(mode, device, nvme, 2, 1)
+        config["bf16"] = {"enabled": True}
+        config["optimizer"]["params"].update(betas=betas, weight_decay=weight_decay)
+        config["scheduler"] = {"type": "WarmupLR", "params": {"warmup_min_lr": 0, "warmup_max_lr": 1e-3,
+                                                              "warmup_num_steps": 4}}
+        del config["zero_optimization"]["stage3_param_persistence_threshold"]
         model = Layers(2, False)
-        return deepspeed.initialize(config=config(), model=model, model_parameters=model.parameters())[0]
+        return deepspeed.initialize(config=config, model=model, model_parameters=model.parameters())[0]
 
     torch.manual_seed(1234)
-    engine = new_engine()
-    train(engine, 3, 2)
+    engine = new_engine([0.8, 0.999], 3e-7)
+    train(engine, 3, 2, torch.bfloat16)
     engine.save_checkpoint(ckpt)
     engine.destroy()
     result = {}
     for load in ("optimizer", "no_optimizer", "module_only"):
         torch.manual_seed(4321)
-        engine = new_engine()
+        engine = new_engine([0.85, 0.99], 1e-6)
         engine.load_checkpoint(ckpt, load_optimizer_states=load == "optimizer",
                                load_lr_scheduler_states=load == "optimizer", load_module_only=load == "module_only")
         losses = []
-        for x, y in batches(3, 2, seed=11):
+        for x, y in batches(3, 2, seed=11, dtype=torch.bfloat16):
             loss = engine(x, y)
             engine.backward(loss)
             engine.step()
@@ -182,11 +181,11 @@ def load_into_new_engine(mode, device, nvme, ckpt):
 
 
 SCENARIOS = {
-    "load_into_new_engine": load_into_new_engine,
     "zero_to_fp32": lambda *args: zero_to_fp32(*args, freeze=False),
     "zero_to_fp32_frozen": lambda *args: zero_to_fp32(*args, freeze=True),
     "immediate_save_load": immediate_save_load,
     "load_immediate_save": load_immediate_save,
+    "load_into_new_engine": load_into_new_engine,
 }
 
 

@@ -46,6 +46,7 @@ More things a resume loses or stops at, in stock DeepSpeed too (a resume then di
   sub-group in to set it (``refresh_masters_swapping_in``).
 """
 import contextlib
+import copy
 import functools
 import itertools
 import os
@@ -110,7 +111,6 @@ def adopt_loaded_files(engine, load_dir, load_path) -> int:
             os.replace(source, target)
             renamed += 1
     optimizer.reset_swap_buffers()  # read the adopted masters, rebuild the parameters from them
-    _regather_persistent_parameters(optimizer)
     logger.info("adopted %d loaded swap files from %s under this engine's sub-group ids", renamed, loaded_dir)
     return renamed
 
@@ -194,8 +194,8 @@ def _restore_group_settings(live_groups, saved_groups, zero_file) -> int:
     restored = 0
     for live, saved in zip(live_groups, saved_groups):
         for key, value in saved.items():
-            if key != "params":
-                live[key] = value
+            if key != "params":  # a copy, as torch's: a tensor would point into the memory-mapped ZeRO file
+                live[key] = copy.deepcopy(value)
                 restored += 1
     return restored
 
@@ -259,26 +259,24 @@ def restore_unswapped_masters(engine, load_dir, load_path, load_module_only=Fals
                              f"{tuple(master.shape)}: the checkpoint is of another model or partitioning")
         master.data.copy_(loaded)
         optimizer._reassign_or_swap_out_partitioned_parameters(sub_group_id)
-    _regather_persistent_parameters(optimizer)
     logger.info("restored the fp32 masters of %d sub-groups kept in memory from %s (stock DeepSpeed's NVMe load "
                 "skips them)", len(unswapped), zero_file)
     return len(unswapped)
 
 
-def _regather_persistent_parameters(optimizer) -> None:
-    """After parameters were rebuilt from their masters outside the engine's load: gather the persistent ones
-    (below ``stage3_param_persistence_threshold``, kept whole on every rank) again from their rebuilt partitions, as
-    stage 3 does after a step (``_post_step``) and the engine at the end of its load (``checkpoint_event_epilogue``,
-    which ran before this rebuild: their whole copies were the fresh engine's, and the first resumed loss differed;
-    found with Hugging Face's Trainer at 2 ranks, biases and layer norms in sub-groups too small to swap). A
-    collective: every rank gets here, since the sub-groups, and so the branches taken, are the same on every rank
-    (partitions are padded to one size)."""
+def regather_persistent_parameters(optimizer) -> None:
+    """After parameters were rebuilt from their masters outside the engine's load (``adopt_loaded_files``,
+    ``restore_unswapped_masters``): gather the persistent ones (below ``stage3_param_persistence_threshold``, kept
+    whole on every rank) again from their rebuilt partitions. The engine's load ended by gathering them
+    (``checkpoint_event_epilogue``) before the rebuild: their whole copies were the fresh engine's, and the first
+    resumed loss differed (found with Hugging Face's Trainer at 2 ranks: biases and layer norms in sub-groups too
+    small to swap). They are released first, since a gather skips what is gathered already (stage 3's step
+    partitions every parameter at its start for the same reason), and the epilogue runs again. A collective: the
+    caller decides from what every rank has alike (the same sub-groups, the same checkpoint)."""
     persistent = optimizer.persistent_parameters
     if persistent:
-        # released first: a gather skips what is gathered already (stage 3's step partitions every parameter at
-        # its start for the same reason)
         persistent[0].partition(param_list=persistent, has_been_updated=False)
-        persistent[0].all_gather(persistent)
+    optimizer.checkpoint_event_epilogue()
 
 
 _DUMMY_NUMEL = 64  # what the C++ step is given while its beta products are replayed (any size would do)
@@ -350,6 +348,23 @@ def rigid_load_with_params_on_file(rigid_load_state_dict):
             self._reassign_or_swap_out_partitioned_parameters(sub_group_id)
 
     return rigid_load_rebuilding_params
+
+
+def masters_from_loaded_weights(optimizer) -> bool:
+    """After a load without the optimizer's state (``load_optimizer_states=False`` or ``load_module_only``) with the
+    optimizer on NVMe under tencache: set the fp32 masters from the loaded 16-bit weights, as stock CPU offload does
+    (``_restore_from_bit16_weights``). The engine's NVMe branch instead copies the checkpoint's swap folder in
+    whatever was asked and rebuilds the parameters from its masters: in bf16 the masters then kept the checkpoint's
+    fp32 bits where CPU offload's are the 16-bit weights widened, and the losses differed from the first update on
+    (a fresh process; module only also after the refresh that ran before the copy). Sub-groups without a flat 16-bit
+    partition (parameters on file beyond ``max_in_cpu``) keep the checkpoint's masters, as before. Returns whether
+    the masters were set."""
+    if not isinstance(getattr(optimizer, "optimizer_swapper", None), TencacheOptimizerSwapper):
+        return False
+    if any(flat is None for flat in optimizer.fp16_partitioned_groups_flat):
+        return False
+    optimizer.refresh_fp32_params()  # refresh_masters_swapping_in: each sub-group swapped in, set, swapped out
+    return True
 
 
 def refresh_masters_swapping_in(refresh_fp32_params):

@@ -27,7 +27,8 @@ import deepspeed.runtime.zero.stage3 as _stage3
 
 from ...ext_lock import raise_if_stale_locks
 from . import contract, reporting
-from .checkpoint import (adopt_loaded_files, loading_checkpoint, refresh_masters_swapping_in, replay_adam_step_products,
+from .checkpoint import (adopt_loaded_files, loading_checkpoint, masters_from_loaded_weights,
+                         refresh_masters_swapping_in, regather_persistent_parameters, replay_adam_step_products,
                          restore_optimizer_scalars, restore_unswapped_masters, rigid_load_with_params_on_file)
 from .checkpoint_save import saving_masters, swap_files_linked
 from .config_bridge import DEEPSPEED_OPS, building_stage3, initializing, validate_ds_config
@@ -163,13 +164,15 @@ def _restoring_optimizer_scalars(load_checkpoint):
         bound = signature.bind(self, *args, **kwargs)
         bound.apply_defaults()
         arguments = bound.arguments
-        if not arguments["load_module_only"]:
-            adopt_loaded_files(self, arguments["load_dir"], result[0])
-        restore_optimizer_scalars(self, arguments["load_dir"], result[0], arguments["load_optimizer_states"],
-                                  arguments["load_module_only"])
-        restore_unswapped_masters(self, arguments["load_dir"], result[0], arguments["load_module_only"])
-        if result[0] is not None and arguments["load_optimizer_states"] and not arguments["load_module_only"]:
+        load_dir, module_only = arguments["load_dir"], arguments["load_module_only"]
+        renamed = 0 if module_only else adopt_loaded_files(self, load_dir, result[0])
+        restore_optimizer_scalars(self, load_dir, result[0], arguments["load_optimizer_states"], module_only)
+        if renamed + restore_unswapped_masters(self, load_dir, result[0], module_only):
+            regather_persistent_parameters(self.optimizer)  # rebuilt after the engine's load had gathered them
+        if result[0] is not None and arguments["load_optimizer_states"] and not module_only:
             replay_adam_step_products(self.optimizer)
+        elif result[0] is not None:
+            masters_from_loaded_weights(self.optimizer)
         return result
 
     return load_checkpoint_exactly
