@@ -180,7 +180,7 @@ PRIVATE_MEMBERS = (
     PrivateMember(STAGE3, "_prepare_sub_group", "method", "checkpoint.py",
                   "swaps a sub-group's master and optimizer state in (as step() does), so that a load can set them"),
     PrivateMember(STAGE3, "_release_sub_group", "method", "checkpoint.py",
-                  "swaps them out again"),
+                  "swaps the sub-group's master and optimizer state out again after a load has set them"),
     PrivateMember(STAGE3, "_swappable_optimizer_subgroup", "method", "checkpoint.py",
                   "tells the sub-groups too small to swap, whose masters a load restores from the ZeRO file"),
     PrivateMember(STAGE3, "_reassign_or_swap_out_partitioned_parameters", "method", "checkpoint.py",
