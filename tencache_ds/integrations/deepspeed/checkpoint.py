@@ -43,7 +43,9 @@ More things a resume loses or stops at, in stock DeepSpeed too (a resume then di
   (``rigid_load_with_params_on_file``).
 - ``load_checkpoint(load_module_only=True)`` sets the fp32 masters from the loaded 16-bit weights in place, and
   with the optimizer on NVMe they are empty placeholders: it stops (stock's swappers too). tencache swaps each
-  sub-group in to set it (``refresh_masters_swapping_in``).
+  sub-group in to set it (``refresh_masters_swapping_in``). After it, and after ``load_optimizer_states=False``, the
+  engine's NVMe branch has still copied the checkpoint's masters in: tencache sets them from the loaded 16-bit
+  weights again, as stock CPU offload does (``masters_from_loaded_weights``; in bf16 the two differ).
 """
 import contextlib
 import copy
