@@ -369,6 +369,23 @@ def masters_from_loaded_weights(optimizer) -> bool:
     return True
 
 
+def refuse_module_only_load_without_flat_partitions(optimizer) -> None:
+    """Stops a ``load_module_only`` that stage 3 cannot finish, before the load changes anything (install.py calls
+    it first; the refresh below again, for a call from elsewhere): with tencache swapping the optimizer and the
+    parameters on file beyond ``max_in_cpu``, some sub-group has no flat 16-bit partition to set its master from
+    (stock stops half-loaded, with ``'NoneType' object has no attribute 'data'``)."""
+    if not isinstance(getattr(optimizer, "optimizer_swapper", None), TencacheOptimizerSwapper):
+        return
+    missing = sum(flat is None for flat in optimizer.fp16_partitioned_groups_flat)
+    if missing:
+        raise TencacheError(f"load_checkpoint(load_module_only=True) with the parameters offloaded to NVMe beyond "
+                            f"offload_param.max_in_cpu ({missing} of {len(optimizer.fp16_partitioned_groups_flat)} "
+                            f"sub-groups on file): ZeRO-3 sets the fp32 masters from flat 16-bit partitions, which "
+                            f"sub-groups on file do not have (stock DeepSpeed stops here too, with the optimizer on "
+                            f"cpu or nvme); load the optimizer state too, raise max_in_cpu, or offload the parameters "
+                            f"to cpu. Nothing was loaded.")
+
+
 def refresh_masters_swapping_in(refresh_fp32_params):
     """stage 3's ``refresh_fp32_params`` (``load_checkpoint(load_module_only=True)`` calls it: the fp32 masters are
     set from the loaded 16-bit weights) with tencache swapping the optimizer: stock copies into each master in
@@ -376,17 +393,13 @@ def refresh_masters_swapping_in(refresh_fp32_params):
     of tensor b", stock's swappers and tencache's alike). Here each sub-group is swapped in, its master set, and
     swapped out, as the step does. With the parameters on file beyond what stage 3 keeps in CPU memory
     (``max_in_cpu``), a sub-group has no flat 16-bit partition to copy from, and stock stops
-    (``'NoneType' object has no attribute 'data'``, with the optimizer on cpu too): a clear error says so."""
+    (``'NoneType' object has no attribute 'data'``, with the optimizer on cpu too): a clear error says so, before
+    the load (``refuse_module_only_load_without_flat_partitions``)."""
     @functools.wraps(refresh_fp32_params)
     def refresh_fp32_params_swapping_in(self):
         if not isinstance(getattr(self, "optimizer_swapper", None), TencacheOptimizerSwapper):
             return refresh_fp32_params(self)
-        if any(flat is None for flat in self.fp16_partitioned_groups_flat):
-            raise TencacheError("load_checkpoint(load_module_only=True) with the parameters offloaded to NVMe beyond "
-                                "offload_param.max_in_cpu: ZeRO-3 sets the fp32 masters from flat 16-bit partitions, "
-                                "which sub-groups on file do not have (stock DeepSpeed stops here too, with the "
-                                "optimizer on cpu or nvme); load the optimizer state too, raise max_in_cpu, or "
-                                "offload the parameters to cpu")
+        refuse_module_only_load_without_flat_partitions(self)
         timer_names = set()
         for sub_group_id, (bit16, master) in enumerate(zip(self.fp16_partitioned_groups_flat,
                                                            self.fp32_partitioned_groups_flat)):

@@ -28,8 +28,9 @@ import deepspeed.runtime.zero.stage3 as _stage3
 from ...ext_lock import raise_if_stale_locks
 from . import contract, reporting
 from .checkpoint import (adopt_loaded_files, loading_checkpoint, masters_from_loaded_weights,
-                         refresh_masters_swapping_in, regather_persistent_parameters, replay_adam_step_products,
-                         restore_optimizer_scalars, restore_unswapped_masters, rigid_load_with_params_on_file)
+                         refresh_masters_swapping_in, refuse_module_only_load_without_flat_partitions,
+                         regather_persistent_parameters, replay_adam_step_products, restore_optimizer_scalars,
+                         restore_unswapped_masters, rigid_load_with_params_on_file)
 from .checkpoint_save import saving_masters, swap_files_linked
 from .config_bridge import DEEPSPEED_OPS, building_stage3, initializing, validate_ds_config
 from .config_source import ds_config_of_initialize_call
@@ -159,12 +160,14 @@ def _restoring_optimizer_scalars(load_checkpoint):
 
     @functools.wraps(load_checkpoint)
     def load_checkpoint_exactly(self, *args, **kwargs):
-        with loading_checkpoint(self):  # the copies the optimizer store holds are dropped after the copy
-            result = load_checkpoint(self, *args, **kwargs)
         bound = signature.bind(self, *args, **kwargs)
         bound.apply_defaults()
         arguments = bound.arguments
         load_dir, module_only = arguments["load_dir"], arguments["load_module_only"]
+        if module_only:
+            refuse_module_only_load_without_flat_partitions(self.optimizer)
+        with loading_checkpoint(self):  # the copies the optimizer store holds are dropped after the copy
+            result = load_checkpoint(self, *args, **kwargs)
         renamed = 0 if module_only else adopt_loaded_files(self, load_dir, result[0])
         restore_optimizer_scalars(self, load_dir, result[0], arguments["load_optimizer_states"], module_only)
         if renamed + restore_unswapped_masters(self, load_dir, result[0], module_only):
