@@ -3,7 +3,8 @@ optimizer on NVMe under tencache: parameters that take turns receiving gradients
 stock NVMe drifts from stock CPU offload), one layer applied three times a forward, Adam step counts that agree
 across many sub-groups, three backward passes before one step (with and without ``zero_grad``), the partition cache
 emptied after an evaluation pass, an empty parameter group (DeepSpeed's optimizer and a client's), a weight used
-outside its module, and a weight changed by one rank inside ``GatheredParameters`` between steps. Each gives the
+outside its module, a weight changed by one rank inside ``GatheredParameters`` between steps, and DeepSpeed's
+CPU Adagrad and Lion instead of Adam. Each gives the
 results of stock CPU offload run in a process that never imported tencache_ds, bit for bit, with the host tier
 holding part of the state. Real engine, real files, through the launcher."""
 import os
@@ -15,7 +16,7 @@ from conftest import scenarios_against_stock_cpu
 pytestmark = [pytest.mark.deepspeed, pytest.mark.slow]  # two launches, about 30 s each
 SCRIPT = os.path.join(os.path.dirname(__file__), "zero_scenarios.py")
 SCENARIOS = ("unbalanced", "repeat", "step_count", "backward_thrice", "empty_cache", "empty_group", "external",
-             "modified")
+             "modified", "other_optimizers")
 # part of each rank's state held (about a quarter of it: some tensors whole, prefixes of others, evictions); nothing
 # held and "auto" (all of it) passed too (2026-11-27) and are left out for the suite's time
 BUDGETS = ("6MB",)
@@ -29,3 +30,5 @@ def test_zero3_scenarios_give_stock_cpu_offloads_results(tmp_path):
         checks = [value for key, value in reference[name].items() if isinstance(value, bool) and key != "ok"]
         checks += [value.get("partitioned", True) for value in reference[name].values() if isinstance(value, dict)]
         assert all(checks), (name, reference[name])
+    assert {run["optimizer"] for run in reference["other_optimizers"].values() if isinstance(run, dict)} == {
+        "DeepSpeedCPUAdagrad", "DeepSpeedCPULion"}

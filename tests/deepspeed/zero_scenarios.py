@@ -260,8 +260,23 @@ def modified(budget, device, nvme):
         return {**losses_and_weights(engine, losses), "changed": seen_changed}
 
 
+def other_optimizers(budget, device, nvme):
+    """The optimizers besides Adam that ZeRO-Offload runs on the CPU (DeepSpeedCPUAdagrad for "Adagrad", one state
+    tensor per sub-group; DeepSpeedCPULion for "Lion", another one), trained with several sub-groups, gradient
+    accumulation 2 and gradient clipping (after the upstream tests of ops/adagrad and ops/lion, trained here)."""
+    seen = {}
+    for name in ("Adagrad", "Lion"):
+        config = ds_config(budget, device, nvme, gas=2, sub_group_size=HIDDEN * HIDDEN)
+        config.update(optimizer={"type": name, "params": {"lr": 1e-3}}, gradient_clipping=1.0)
+        with engine_for(config) as engine:
+            seen[name] = {**losses_and_weights(engine, trained(engine, batches(6))),
+                          "optimizer": type(engine.optimizer.optimizer).__name__}
+    return seen
+
+
 SCENARIOS = {"unbalanced": unbalanced, "repeat": repeat, "step_count": step_count, "backward_thrice": backward_thrice,
              "empty_cache": empty_cache, "empty_group": empty_group, "external": external, "modified": modified,
+             "other_optimizers": other_optimizers,
              # the upstream test's own getter: fails with the optimizer on NVMe, stock's swappers and tencache's alike
              "grad_partitions": functools.partial(backward_thrice, partitions_getter=True)}
 
