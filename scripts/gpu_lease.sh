@@ -12,7 +12,8 @@
 # the probe and the bench were measured in the earlier leases, docs/gpu_check.md).
 # ab: the same-knobs bench's arms without a profiler, alternating, 16 steps each, through the launcher: tencache,
 # stock CPU offload, tencache with its device tier off (device_cache_bytes 0), then tencache and stock again (or the
-# runs named in AB_RUNS, e.g. "stockcpu-1 tencache-1 stockcpu-2 tencache-2").
+# runs named in AB_RUNS, e.g. "stockcpu-1 tencache-1 stockcpu-2 tencache-2"); tencache's arms keep their per-step
+# metrics beside their results (ab/RUN.metrics.jsonl).
 # A baseline for A/B on the device: git archive a commit's tencache_ds into .gpu/base (here:
 #   rm -rf .gpu/base && mkdir -p .gpu/base && git archive HEAD tencache_ds | tar x -C .gpu/base &&
 #   git rev-parse HEAD > .gpu/base/COMMIT), then name basetencache-N runs in AB_RUNS.
@@ -31,7 +32,7 @@ while [ $# -gt 0 ]; do
     --budget-s) BUDGET=$2; shift ;;
     --model) MODEL=$2; shift ;;
     --parts) PARTS=$2; shift ;;
-    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
     *) echo "gpu_lease.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -138,6 +139,9 @@ if has ab; then
   for run in ${AB_RUNS:-tencache-1 stockcpu-1 nodevice-1 tencache-2 stockcpu-2}; do
     [ "$(left 10)" -gt 45 ] || break
     arm_args "$run" || continue
+    # tencache's arms keep their per-step metrics (fetch waits, bytes, gathers): a run slower than its twin (the
+    # sixth lease's) shows which of them grew
+    [[ "${EXTRA[1]:-}" == '{"enabled": true'* ]] && EXTRA[1]="${EXTRA[1]%\}}, \"metrics_path\": \"$G/ab/$run.metrics.jsonl\"}"
     timeout -k 10 "$(left 10)" env "${ARM_ENV[@]}" python3 -m deepspeed.launcher.runner --num_gpus 1 scripts/train.py \
       "${ARGS[@]}" --steps 16 --nvme-path "$G/nvme/$run" "${EXTRA[@]}" --result-file "$G/ab/$run.result.json" \
       > "$G/ab/$run.log" 2>&1
