@@ -115,7 +115,8 @@ def test_gradients_make_no_nvme_round_trip(train, tmp_path, dtype):
     sub-group's gradient from there (widening bf16 to fp32: stage 3 hands the optimizer swapper an fp32 cast,
     which was stored, and written when streaming, until stage3_gradients.py found the buffer's own copy).
     Streaming (nothing kept), no gradient file is ever written (stock writes every gradient and reads it back each
-    step: a quarter of its optimizer bytes), with stock's bits."""
+    step: a quarter of its optimizer bytes), with stock's bits. In bf16 stage 3 hands each fragment without its fp32
+    cast, which nothing reads (stage3_gradients.handing_gradients_uncast)."""
     nvme = str(tmp_path / "nvme")
     options = dict(SUB_GROUPS, dtype=dtype, **(dict(steps=3, seq_len=16) if dtype == "bf16" else {}))
     stock = train(block=None, **options)
@@ -124,6 +125,9 @@ def test_gradients_make_no_nvme_round_trip(train, tmp_path, dtype):
     files = [name for _root, _dirs, names in os.walk(nvme) for name in names]
     assert [name for name in files if name.startswith("exp_avg")], files  # the state streamed through files
     assert not [name for name in files if "_gradient_" in name], files
+    remembered = ours.last_stats["optimizer_gradient_fragments_remembered"]
+    assert remembered > 0
+    assert ours.last_stats["optimizer_gradient_fragments_uncast"] == (remembered if dtype == "bf16" else 0)
 
 
 def test_at_two_ranks_a_parameter_split_unevenly_makes_no_gradient_round_trip_either(train, tmp_path):

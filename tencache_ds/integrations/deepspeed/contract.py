@@ -140,6 +140,10 @@ REBINDINGS = (
               why="stock's ZeRO-file load with parameters on file and the optimizer on cpu stops ('NoneType' object "
                   "has no attribute 'data'): the parameters are rebuilt from the loaded masters as a step does "
                   "(checkpoint.py)"),
+    Rebinding(STAGE3, "_offload_grad_partition_at_boundary", "handing_gradients_uncast", wraps=True,
+              why="stage 3 casts each reduced gradient partition of a swapped sub-group to fp32 before handing it to "
+                  "the swapper, which reads stage 3's host copy instead: where it will, the cast (a new tensor the "
+                  "size of every gradient, each step) is skipped (stage3_gradients.py)"),
     Rebinding(STAGE3, "refresh_fp32_params", "refresh_masters_swapping_in", wraps=True,
               why="load_checkpoint(load_module_only=True) copies the loaded 16-bit weights into the fp32 masters in "
                   "place, which with the optimizer on NVMe are empty placeholders (it stopped): each sub-group is "
@@ -211,6 +215,11 @@ PRIVATE_MEMBERS = (
                   "fragment read at an update where stage 3 changed it without handing it is counted and warned of"),
     PrivateMember(STAGE3, "get_param_id", "method", "stage3_gradients.py",
                   "the key of grad_position (undocumented)"),
+    PrivateMember(STAGE3, "norm_for_param_grads", "attribute", "stage3_gradients.py",
+                  "each parameter's gradient norm, which _offload_grad_partition_at_boundary records; its wrapper "
+                  "records it too where it hands the partition uncast"),
+    PrivateMember(STAGE3, "_constant_buffered_norm2", "method", "stage3_gradients.py",
+                  "the norm stage 3 records for clipping, computed as stage 3 computes it"),
     PrivateMember(STAGE3, "fp32_partitioned_groups_flat", "attribute", "stage3_gradients.py",
                   "each sub-group's fp32 partition, whose id names the sub-group in swap_out_gradients"),
     # The engine (checkpoint.py, checkpoint_save.py)

@@ -38,6 +38,7 @@ from .coordinator import TencacheCoordinator, coordinator_of, restoring_kept_par
 from .memory_pressure import governor_of
 from .optimizer_swapper import TencacheOptimizerSwapper
 from .param_swapper import TencacheParamSwapper
+from .stage3_gradients import handing_gradients_uncast
 
 
 def _validating(initialize):
@@ -222,6 +223,7 @@ REPLACEMENTS = {
     "linking_saved_swap_files": lambda save: swap_files_linked(save, "save"),
     "rigid_load_with_params_on_file": rigid_load_with_params_on_file,
     "refresh_masters_swapping_in": refresh_masters_swapping_in,
+    "handing_gradients_uncast": handing_gradients_uncast,
     "restoring_kept_partitions": restoring_kept_partitions,
     "reading_full_fragment_before_release": lambda getter: _reading_fragments_before_release(getter, False),
     "copying_local_fragment_before_release": lambda getter: _reading_fragments_before_release(getter, True),

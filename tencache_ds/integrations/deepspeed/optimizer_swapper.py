@@ -137,6 +137,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         # window's end and hand-off, it is that window's)
         self._window_reductions = None
         self.gradients_reduced_not_handed = 0  # updates' reads of fragments stage 3 changed without handing them
+        self.gradient_fragments_uncast = 0  # fragments handed without stage 3's cast to the master dtype
         self._counted_this_window = set()  # (sub-group, offset) read so and counted in this window
         self._stored_gradients = set()  # sub-group ids
         self._checkpoint_load_pending = False  # the engine's load_checkpoint is running (loading_checkpoint)
@@ -311,12 +312,21 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             swap_info.get_or_create_gradient_paths([0], [swap_info.numel()])
         stored = self._gradient_fragments.remember(group, list(zip(gradient_offsets, gradient_tensors)),
                                                    self._kept_copy_in(group))
+        # handed in the gradients' own dtype, without stage 3's cast (stage3_gradients.handing_gradients_uncast)
+        self.gradient_fragments_uncast += sum(1 for fragment in gradient_tensors if fragment.dtype != self.dtype)
         if self._stage3_gradients is not None:
             self._window_reductions = self._stage3_gradients.reductions()
         if stored:
             self._stored_gradients.add(group)
             path = self._gradient_path(swap_info)
             self.store.write_parts(path, swap_info.numel(), path, stored)
+
+    def reads_stage3_copy(self, parameter, offset: int, fragment) -> bool:
+        """Would ``swap_out_gradients`` remember stage 3's host copy of ``fragment`` (handed for the sub-group of
+        ``parameter`` at ``offset``) rather than store it? Then stage 3 need not cast it first
+        (stage3_gradients.handing_gradients_uncast)."""
+        return self._stage3_gradients is not None and self._stage3_gradients.host_copy(
+            OptimizerSwapper.parameter_id(parameter), offset, fragment) is not None
 
     def flush_gradients(self):
         pass  # nothing is staged: swap_out_gradients stores into the entries directly
@@ -434,7 +444,8 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         stats.update({f"optimizer_cache_{key}": value for key, value in self.store.stats().items()})
         stats.update(optimizer_gradient_fragments_remembered=self._gradient_fragments.remembered,
                      optimizer_gradient_fragments_stored=self._gradient_fragments.stored,
-                     optimizer_gradient_fragments_reduced_not_handed=self.gradients_reduced_not_handed)
+                     optimizer_gradient_fragments_reduced_not_handed=self.gradients_reduced_not_handed,
+                     optimizer_gradient_fragments_uncast=self.gradient_fragments_uncast)
         stats.update(optimizer_cache_budget_bytes=self.budget.total_bytes,
                      optimizer_nvme_read_bytes=counters.read_bytes, optimizer_nvme_write_bytes=counters.write_bytes,
                      stock_optimizer_pinned_bytes_estimate=self.stock_pinned_bytes_estimate())
