@@ -13,7 +13,7 @@
 # ab: the same-knobs bench's arms without a profiler, alternating, 16 steps each, through the launcher: tencache,
 # stock CPU offload, tencache with its device tier off (device_cache_bytes 0), then tencache and stock again (or the
 # runs named in AB_RUNS, e.g. "stockcpu-1 tencache-1 stockcpu-2 tencache-2"); tencache's arms keep their per-step
-# metrics beside their results (ab/RUN.metrics.jsonl).
+# metrics beside their results (ab/RUN.metrics.jsonl; steps may time a little slower than the earlier leases').
 # A baseline for A/B on the device: git archive a commit's tencache_ds into .gpu/base (here:
 #   rm -rf .gpu/base && mkdir -p .gpu/base && git archive HEAD tencache_ds | tar x -C .gpu/base &&
 #   git rev-parse HEAD > .gpu/base/COMMIT), then name basetencache-N runs in AB_RUNS.
@@ -139,9 +139,10 @@ if has ab; then
   for run in ${AB_RUNS:-tencache-1 stockcpu-1 nodevice-1 tencache-2 stockcpu-2}; do
     [ "$(left 10)" -gt 45 ] || break
     arm_args "$run" || continue
-    # tencache's arms keep their per-step metrics (fetch waits, bytes, gathers): a run slower than its twin (the
-    # sixth lease's) shows which of them grew
-    [[ "${EXTRA[1]:-}" == '{"enabled": true'* ]] && EXTRA[1]="${EXTRA[1]%\}}, \"metrics_path\": \"$G/ab/$run.metrics.jsonl\"}"
+    # tencache's arms (base and nodevice too) keep their per-step metrics (fetch waits, bytes, gathers): a run
+    # slower than its twin (the sixth lease's) shows which of them grew
+    metrics=", \"metrics_path\": \"$G/ab/$run.metrics.jsonl\"}"
+    [[ "${EXTRA[1]:-}" == '{"enabled": true'* ]] && EXTRA[1]="${EXTRA[1]%\}}$metrics"
     timeout -k 10 "$(left 10)" env "${ARM_ENV[@]}" python3 -m deepspeed.launcher.runner --num_gpus 1 scripts/train.py \
       "${ARGS[@]}" --steps 16 --nvme-path "$G/nvme/$run" "${EXTRA[@]}" --result-file "$G/ab/$run.result.json" \
       > "$G/ab/$run.log" 2>&1

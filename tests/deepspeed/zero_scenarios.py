@@ -262,7 +262,7 @@ def modified(budget, device, nvme):
 
 def other_optimizers(budget, device, nvme):
     """The optimizers besides Adam that ZeRO-Offload runs on the CPU (DeepSpeedCPUAdagrad for "Adagrad", one state
-    tensor per sub-group; DeepSpeedCPULion for "Lion", another one), trained with several sub-groups, gradient
+    tensor per sub-group; DeepSpeedCPULion for "Lion", another one), trained with two sub-groups a rank, gradient
     accumulation 2 and gradient clipping (after the upstream tests of ops/adagrad and ops/lion, trained here)."""
     seen = {}
     for name in ("Adagrad", "Lion"):

@@ -185,8 +185,9 @@ PRIVATE_MEMBERS = (
                   "swaps a sub-group's master and optimizer state in (as step() does), so that a load can set them"),
     PrivateMember(STAGE3, "_release_sub_group", "method", "checkpoint.py",
                   "swaps the sub-group's master and optimizer state out again after a load has set them"),
-    PrivateMember(STAGE3, "_swappable_optimizer_subgroup", "method", "checkpoint.py",
-                  "tells the sub-groups too small to swap, whose masters a load restores from the ZeRO file"),
+    PrivateMember(STAGE3, "_swappable_optimizer_subgroup", "method", "checkpoint.py, stage3_gradients.py",
+                  "tells the sub-groups too small to swap, whose masters a load restores from the ZeRO file, and "
+                  "whose gradients stage 3 does not hand the swapper"),
     PrivateMember(STAGE3, "_reassign_or_swap_out_partitioned_parameters", "method", "checkpoint.py",
                   "rebuilds a sub-group's parameters from its master, as a step does"),
     PrivateMember(STAGE3, "fp16_partitioned_groups_flat", "attribute", "checkpoint.py",
@@ -282,8 +283,9 @@ CALL_ORDER = (
     CallOrder("engine.forward() runs before any parameter of its step is fetched", "install.py (governor)",
               "the host tier is refitted between steps, never while a step holds lent buffers",
               "tests/deepspeed/test_memory_pressure_engine.py"),
-    CallOrder("at the accumulation boundary partition_grads hands swap_out_gradients, per parameter, a copy (on a "
-              "device, or cast to fp32) of the first elements of its view of the host gradient buffer, which stage "
+    CallOrder("at the accumulation boundary partition_grads hands swap_out_gradients, per parameter, the first "
+              "elements of its view of the host gradient buffer (a device copy on a GPU; cast to fp32 by stock's "
+              "_offload_grad_partition_at_boundary, uncast by its wrapper where the view is found), which stage "
               "3 writes again only when it reduces that parameter again; on a GPU it fills the view on "
               "reduce_and_partition_stream, which the backward's epilogue synchronises before step() can run",
               "stage3_gradients.py, optimizer_swapper.py (swap_out_gradients, _lend_gradient)",
