@@ -3,8 +3,9 @@ optimizer on NVMe under tencache: parameters that take turns receiving gradients
 stock NVMe drifts from stock CPU offload), one layer applied three times a forward, Adam step counts that agree
 across many sub-groups, three backward passes before one step (with and without ``zero_grad``), the partition cache
 emptied after an evaluation pass, an empty parameter group (DeepSpeed's optimizer and a client's), a weight used
-outside its module, a weight changed by one rank inside ``GatheredParameters`` between steps, and DeepSpeed's
-CPU Adagrad and Lion instead of Adam. Each gives the
+outside its module, a weight changed by one rank inside ``GatheredParameters`` between steps, DeepSpeed's
+CPU Adagrad and Lion instead of Adam, and gradient accumulation driven by the caller
+(``managed_gradient_accumulation`` false). Each gives the
 results of stock CPU offload run in a process that never imported tencache_ds, bit for bit, with the host tier
 holding part of the state. Real engine, real files, through the launcher."""
 import os
@@ -16,7 +17,7 @@ from conftest import scenarios_against_stock_cpu
 pytestmark = [pytest.mark.deepspeed, pytest.mark.slow]  # two launches, about 50 s each
 SCRIPT = os.path.join(os.path.dirname(__file__), "zero_scenarios.py")
 SCENARIOS = ("unbalanced", "repeat", "step_count", "backward_thrice", "empty_cache", "empty_group", "external",
-             "modified", "other_optimizers")
+             "modified", "other_optimizers", "unmanaged_accumulation")
 # part of each rank's state held (about a quarter of it: some tensors whole, prefixes of others, evictions); nothing
 # held and "auto" (all of it) passed too (2026-11-27) and are left out for the suite's time
 BUDGETS = ("6MB",)

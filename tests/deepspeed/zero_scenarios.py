@@ -274,9 +274,25 @@ def other_optimizers(budget, device, nvme):
     return seen
 
 
+def unmanaged_accumulation(budget, device, nvme):
+    """``"managed_gradient_accumulation": false`` (DeepSpeed 0.19's accumulation the caller drives): three
+    backward passes, then ``step()``, which is the boundary and finalises the offloaded gradients itself
+    (stage 3's ``finalize_gradient_accumulation_boundary``), three times."""
+    config = dict(ds_config(budget, device, nvme), managed_gradient_accumulation=False)
+    with engine_for(config) as engine:
+        losses, data = [], iter(batches(9))
+        for _ in range(3):
+            for _ in range(3):
+                loss = engine(*next(data))
+                engine.backward(loss)
+                losses.append(loss)
+            engine.step()
+        return losses_and_weights(engine, losses)
+
+
 SCENARIOS = {"unbalanced": unbalanced, "repeat": repeat, "step_count": step_count, "backward_thrice": backward_thrice,
              "empty_cache": empty_cache, "empty_group": empty_group, "external": external, "modified": modified,
-             "other_optimizers": other_optimizers,
+             "other_optimizers": other_optimizers, "unmanaged_accumulation": unmanaged_accumulation,
              # the upstream test's own getter: fails with the optimizer on NVMe, stock's swappers and tencache's alike
              "grad_partitions": functools.partial(backward_thrice, partitions_getter=True)}
 
