@@ -9,6 +9,9 @@ NVMe under tencache: each passes with the results of stock CPU offload, bit for 
 - load_into_new_engine: train with a warm-up lr scheduler and biases kept whole on every rank (DeepSpeed's default
   persistence threshold), save; a new engine in the same process loads the optimizer's state, or not, or the module
   only, and trains on (the loaded files take the new engine's sub-group ids);
+- load_into_trained_engine (not upstream): an engine that has trained loads a checkpoint without its optimizer's
+  state, or the module only, and trains on: the weights are the checkpoint's, Adam's moments stay live (the
+  engine's NVMe branch copied the checkpoint's moment files over the live ones; tencache copies the masters only);
 - and, under tencache only, a module-only load with the parameters on NVMe beyond ``max_in_cpu`` (which stage 3
   cannot finish: by its code, stock's refresh reads ``.data`` of a missing flat partition, mid-load) is refused
   before the load with an error naming ``max_in_cpu``.
@@ -22,7 +25,7 @@ from conftest import launch_two_ranks
 pytestmark = [pytest.mark.deepspeed, pytest.mark.slow]  # about 60 s a launch, two launches
 SCRIPT = os.path.join(os.path.dirname(__file__), "upstream_checkpoints.py")
 SCENARIOS = ("zero_to_fp32", "zero_to_fp32_frozen", "immediate_save_load", "load_immediate_save",
-             "load_into_new_engine")
+             "load_into_new_engine", "load_into_trained_engine")
 
 
 # tencache's arm only, last (bad input, no upstream test): a module-only load stage 3 cannot finish is refused

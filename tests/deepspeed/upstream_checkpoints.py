@@ -5,10 +5,10 @@ TestZeROCheckpoint::test_load_optimizer_state / test_not_load_optimizer_state / 
 repository; fp32 (bf16 in the last) instead of fp16, the CPU accelerator, 2 ranks, layers of 1024 so that the
 optimizer state is large enough to be swapped). Rank 0 prints one RESULT line.
 
-    deepspeed --num_gpus 2 tests/deepspeed/upstream_checkpoints.py SCENARIOS stock|tencache nvme|cpu NVME_DIR CKPT_DIR
+    deepspeed --num_gpus 2 tests/deepspeed/upstream_checkpoints.py SCENARIOS stock|tencache[=BYTES] nvme|cpu NVME_DIR CKPT_DIR
 
 SCENARIOS: comma-separated, of zero_to_fp32, zero_to_fp32_frozen, immediate_save_load, load_immediate_save,
-load_into_new_engine, module_only_params_on_file (tencache's error; no upstream test); they run one after the
+load_into_new_engine, load_into_trained_engine (not upstream), module_only_params_on_file (tencache's error; no upstream test); they run one after the
 other in the same processes (one launch: its start-up is most of a scenario's time), each with its own engines and its own folders under NVME_DIR and CKPT_DIR. The result maps each
 scenario to the SHA-256 sums of the weights (and losses) it produces, so that runs can be compared bit for bit,
 and, where it fails, its error (the scenarios after a failure do not run).
@@ -22,7 +22,7 @@ import torch
 from scenarios import digest, gathered, run_scenarios  # tests/deepspeed/scenarios.py
 
 ARGS = [arg for arg in sys.argv[1:] if not arg.startswith("--local_rank")]  # the launcher adds --local_rank=N
-if ARGS[1:2] == ["tencache"]:
+if ARGS[1].startswith("tencache"):
     import tencache_ds  # noqa: F401  (installs before DeepSpeed is imported)
 import deepspeed  # noqa: E402
 from deepspeed.utils.zero_to_fp32 import (get_fp32_state_dict_from_zero_checkpoint,  # noqa: E402
@@ -41,8 +41,8 @@ def ds_config(mode, device, nvme, micro_batch, grad_accum, lr=1e-3):
                                     "offload_optimizer": offload},
               "aio": {"block_size": 1048576, "queue_depth": 8, "intra_op_parallelism": 1, "single_submit": False,
                       "overlap_events": True}}
-    if mode == "tencache":
-        config["tencache"] = {}
+    if mode.startswith("tencache"):  # "tencache=BYTES": that host_cache_bytes
+        config["tencache"] = {"host_cache_bytes": int(mode.partition("=")[2])} if "=" in mode else {}
     return config
 
 
@@ -140,41 +140,73 @@ def load_immediate_save(mode, device, nvme, ckpt):
     return result
 
 
-def load_into_new_engine(mode, device, nvme, ckpt):
-    """TestZeROCheckpoint's test_load_optimizer_state, test_not_load_optimizer_state and test_load_module_only, in
-    bf16: an engine with a warm-up lr scheduler, Adam's betas (0.8, 0.999), weight decay and DeepSpeed's default
-    persistence threshold (the biases are kept whole on every rank) trains 3 steps and saves; a new engine, with
-    another initialisation and other betas and weight decay (a load of the optimizer's state restores the saved
-    ones), loads it in the same process (the optimizer's state, or not, or the module only) and trains 3 more. Each
-    load's losses and trained weights."""
-    def new_engine(betas, weight_decay):
-        config = ds_config(mode, device, nvme, 2, 1)
-        config["bf16"] = {"enabled": True}
-        config["optimizer"]["params"].update(betas=betas, weight_decay=weight_decay)
-        config["scheduler"] = {"type": "WarmupLR", "params": {"warmup_min_lr": 0, "warmup_max_lr": 1e-3,
-                                                              "warmup_num_steps": 4}}
-        del config["zero_optimization"]["stage3_param_persistence_threshold"]
-        model = Layers(2, False)
-        return deepspeed.initialize(config=config, model=model, model_parameters=model.parameters())[0]
+def bf16_engine(mode, device, nvme, betas, weight_decay):
+    """The engine of TestZeROCheckpoint's tests, in bf16: a warm-up lr scheduler, Adam with ``betas`` and
+    ``weight_decay``, DeepSpeed's default persistence threshold (the biases are kept whole on every rank)."""
+    config = ds_config(mode, device, nvme, 2, 1)
+    config["bf16"] = {"enabled": True}
+    config["optimizer"]["params"].update(betas=betas, weight_decay=weight_decay)
+    config["scheduler"] = {"type": "WarmupLR", "params": {"warmup_min_lr": 0, "warmup_max_lr": 1e-3,
+                                                          "warmup_num_steps": 4}}
+    del config["zero_optimization"]["stage3_param_persistence_threshold"]
+    model = Layers(2, False)
+    return deepspeed.initialize(config=config, model=model, model_parameters=model.parameters())[0]
 
+
+def train_recording(engine, count, seed):
+    """``count`` bf16 steps; the digest of their losses."""
+    losses = []
+    for x, y in batches(count, 2, seed=seed, dtype=torch.bfloat16):
+        loss = engine(x, y)
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss)
+    return digest({f"{i}": loss for i, loss in enumerate(losses)})
+
+
+def load_into_new_engine(mode, device, nvme, ckpt):
+    """TestZeROCheckpoint's test_load_optimizer_state, test_not_load_optimizer_state and test_load_module_only: an
+    engine trains 3 steps and saves; a new engine, with another initialisation and other betas and weight decay (a
+    load of the optimizer's state restores the saved ones), loads it in the same process (the optimizer's state,
+    or not, or the module only) and trains 3 more. Each load's losses and trained weights."""
     torch.manual_seed(1234)
-    engine = new_engine([0.8, 0.999], 3e-7)
+    engine = bf16_engine(mode, device, nvme, [0.8, 0.999], 3e-7)
     train(engine, 3, 2, torch.bfloat16)
     engine.save_checkpoint(ckpt)
     engine.destroy()
     result = {}
     for load in ("optimizer", "no_optimizer", "module_only"):
         torch.manual_seed(4321)
-        engine = new_engine([0.85, 0.99], 1e-6)
+        engine = bf16_engine(mode, device, nvme, [0.85, 0.99], 1e-6)
         engine.load_checkpoint(ckpt, load_optimizer_states=load == "optimizer",
                                load_lr_scheduler_states=load == "optimizer", load_module_only=load == "module_only")
-        losses = []
-        for x, y in batches(3, 2, seed=11, dtype=torch.bfloat16):
-            loss = engine(x, y)
-            engine.backward(loss)
-            engine.step()
-            losses.append(loss)
-        result[load] = {"losses": digest({f"{i}": loss for i, loss in enumerate(losses)}),
+        result[load] = {"losses": train_recording(engine, 3, seed=11), "trained": digest(gathered(engine))}
+        engine.destroy()
+    return result
+
+
+def load_into_trained_engine(mode, device, nvme, ckpt):
+    """Not an upstream test: an engine that has trained loads a checkpoint without its optimizer's state (or the
+    module only) and trains 3 more steps. The weights go back to the checkpoint's; Adam's moments and step counts
+    stay the live engine's, as with the optimizer on cpu (with the optimizer on NVMe the engine copies the
+    checkpoint's moment files over the live ones). Three cases: the engine that saved, 2 steps after its save
+    (a load without the optimizer's state, then module only), and a rebuilt engine (other parameter ids, so the
+    loaded files are renamed) that trained 2 steps of its own."""
+    result = {}
+    for load in ("no_optimizer", "module_only", "rebuilt"):
+        torch.manual_seed(1234)
+        engine = bf16_engine(mode, device, os.path.join(nvme, load), [0.8, 0.999], 3e-7)
+        train(engine, 3, 2, torch.bfloat16)
+        engine.save_checkpoint(os.path.join(ckpt, load))
+        if load == "rebuilt":
+            engine.destroy()
+            torch.manual_seed(4321)
+            engine = bf16_engine(mode, device, os.path.join(nvme, load), [0.8, 0.999], 3e-7)
+        train(engine, 2, 2, torch.bfloat16)
+        engine.load_checkpoint(os.path.join(ckpt, load), load_optimizer_states=False,
+                               load_lr_scheduler_states=False, load_module_only=load == "module_only")
+        loaded = digest(gathered(engine))
+        result[load] = {"loaded": loaded, "losses": train_recording(engine, 3, seed=11),
                         "trained": digest(gathered(engine))}
         engine.destroy()
     return result
@@ -211,6 +243,7 @@ SCENARIOS = {
     "immediate_save_load": immediate_save_load,
     "load_immediate_save": load_immediate_save,
     "load_into_new_engine": load_into_new_engine,
+    "load_into_trained_engine": load_into_trained_engine,
     "module_only_params_on_file": module_only_params_on_file,
 }
 

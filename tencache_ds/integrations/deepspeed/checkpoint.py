@@ -46,13 +46,16 @@ More things a resume loses or stops at, in stock DeepSpeed too (a resume then di
   sub-group in to set it (``refresh_masters_swapping_in``). After it, and after ``load_optimizer_states=False``, the
   engine's NVMe branch has still copied the checkpoint's masters in: tencache sets them from the loaded 16-bit
   weights again, as stock CPU offload does (``masters_from_loaded_weights``; in bf16 the two differ).
+- Such a load (no optimizer state) into an engine that has trained: the engine's NVMe branch copies the
+  checkpoint's moment files over the live ones, so Adam goes on with the checkpoint's moments (registered,
+  read at the next swap-in), where stock CPU offload keeps the live moments and step counts. tencache's copy of the
+  folder places the masters' files only then (``loading_checkpoint``; optimizer_swapper.py ``places_at_load``).
 """
 import contextlib
 import copy
 import functools
 import itertools
 import os
-import re
 
 import torch
 from deepspeed.checkpoint.constants import FP32_FLAT_GROUPS, LOSS_SCALER, OPTIMIZER_STATE_DICT
@@ -60,30 +63,30 @@ from deepspeed.runtime.swap_tensor.optimizer_utils import OptimizerSwapper
 
 from ...errors import TencacheError
 from ...log import logger
-from .optimizer_swapper import TencacheOptimizerSwapper
+from .optimizer_swapper import SWAP_FILE_NAME, TencacheOptimizerSwapper
 from .reporting import param_swappers_of_optimizer
 
 
 @contextlib.contextmanager
-def loading_checkpoint(engine):
+def loading_checkpoint(engine, keeps_optimizer_state: bool):
     """Around ``engine.load_checkpoint``: the engine copies the checkpoint's swap files over the swap folder, so
     every copy of optimizer state the host tier holds then is dropped before its next use (optimizer_swapper.py,
-    ``swap_folder``); file timestamps are not trusted to say which copies went stale."""
+    ``swap_folder``); file timestamps are not trusted to say which copies went stale. ``keeps_optimizer_state``
+    (a load without the optimizer's state): only the masters' files are copied, and the live optimizer state stays
+    the engine's, as with the optimizer on cpu."""
     swapper = getattr(getattr(engine, "optimizer", None), "optimizer_swapper", None)
     if not isinstance(swapper, TencacheOptimizerSwapper):
         yield
         return
-    with swapper.loading_checkpoint():
+    with swapper.loading_checkpoint(keeps_optimizer_state):
         yield
 
 
-_STATE_FILE = re.compile(r"^(?:(?P<state>[A-Za-z_]+)-)?(?P<id>\d+_\d+)\.tensor\.swp$")
-
-
-def adopt_loaded_files(engine, load_dir, load_path) -> int:
+def adopt_loaded_files(engine, load_dir, load_path, masters_only: bool = False) -> int:
     """After ``engine.load_checkpoint``: when the checkpoint's sub-group ids are not this engine's (a rebuilt
-    model), rename the loaded swap files to this engine's ids and rebuild the parameters from them. Returns the
-    number of files renamed (0: the ids matched, or nothing to do)."""
+    model), rename the loaded swap files to this engine's ids and rebuild the parameters from them (``masters_only``:
+    the load placed the masters' files only, ``loading_checkpoint``). Returns the number of files renamed (0: the
+    ids matched, or nothing to do)."""
     optimizer = getattr(engine, "optimizer", None)
     swapper = getattr(optimizer, "optimizer_swapper", None)
     if not isinstance(swapper, TencacheOptimizerSwapper) or load_path is None:
@@ -93,8 +96,8 @@ def adopt_loaded_files(engine, load_dir, load_path) -> int:
         return 0
     loaded = {}
     for name in os.listdir(loaded_dir):
-        match = _STATE_FILE.match(name)
-        if match:
+        match = SWAP_FILE_NAME.match(name)
+        if match and not (masters_only and match["state"]):
             loaded.setdefault(match["id"], []).append(match["state"])
     current = list(swapper.swap_params_info)  # sub-group order
     if not loaded or set(loaded) == set(current):

@@ -192,7 +192,8 @@ def _link_folder(swapper, source: str, target: str, ignore, direction: str) -> F
     transfer = FolderTransfer(direction)
     names = sorted(name for name in os.listdir(source) if os.path.isfile(os.path.join(source, name)))
     skipped = set(ignore(source, names)) if ignore is not None else set()
-    names = [name for name in names if name not in skipped and not name.startswith(".")]
+    names = [name for name in names if name not in skipped and not name.startswith(".")
+             and (direction == "save" or swapper.places_at_load(name))]
     os.makedirs(target, exist_ok=True)
     for name in names:
         source_path, target_path = os.path.join(source, name), os.path.join(target, name)

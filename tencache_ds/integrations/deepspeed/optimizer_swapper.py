@@ -25,6 +25,7 @@ What changes for users:
 import contextlib
 import dataclasses
 import os
+import re
 
 import torch
 from deepspeed.runtime.swap_tensor.optimizer_utils import OptimizerStateSwapInfo, OptimizerSwapper
@@ -49,6 +50,10 @@ from .config_bridge import (DEEPSPEED_OPS, MIN_SWAPPABLE_BYTES, find_stage3_ds_c
 from . import param_swapper, reporting
 from .host_tier_share import optimizer_host_share
 from .stage3_gradients import stage3_gradients_of
+
+# The swap files' names (stock's): ``<ds_id>.tensor.swp`` for a sub-group's fp32 master,
+# ``<state>-<ds_id>.tensor.swp`` for its optimizer state (``exp_avg``, ``exp_avg_sq``, ...).
+SWAP_FILE_NAME = re.compile(r"^(?:(?P<state>[A-Za-z_]+)-)?(?P<id>\d+_\d+)\.tensor\.swp$")
 
 NVME_PATH_KEY = "zero_optimization.offload_optimizer.nvme_path"
 
@@ -141,6 +146,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         self._counted_this_window = set()  # (sub-group, offset) read so and counted in this window
         self._stored_gradients = set()  # sub-group ids
         self._checkpoint_load_pending = False  # the engine's load_checkpoint is running (loading_checkpoint)
+        self._load_keeps_state = False  # ... and it does not load the optimizer's state (places_at_load)
         self._drop_held_copies = False  # a checkpoint was copied over the folder: drop every held copy first
         self._profile_looked_up = False
         self._started = False  # a backward has begun: log_timers() calls from now on end training steps
@@ -175,13 +181,27 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         return {self._gradient_path(info) for info in self.swap_params_info.values() if info.swapped_gradients}
 
     @contextlib.contextmanager
-    def loading_checkpoint(self):
-        """While the engine's load_checkpoint runs (install.py wraps it): its read of ``swap_folder`` is a load's."""
+    def loading_checkpoint(self, keeps_optimizer_state: bool = False):
+        """While the engine's load_checkpoint runs (install.py wraps it): its read of ``swap_folder`` is a load's.
+        ``keeps_optimizer_state``: the load does not load the optimizer's state (``load_optimizer_states=False`` or
+        module only), so the engine's copy of the checkpoint's files brings the fp32 masters and not the state
+        files, whose live bytes (Adam's moments) the engine keeps, as it does with the optimizer on cpu
+        (``places_at_load``)."""
         self._checkpoint_load_pending = True
+        self._load_keeps_state = keeps_optimizer_state
         try:
             yield
         finally:
             self._checkpoint_load_pending = False
+            self._load_keeps_state = False
+
+    def places_at_load(self, name: str) -> bool:
+        """Whether the engine's copy of a checkpoint over the swap folder (checkpoint_save.py) places the file
+        ``name``: every file, unless the load keeps the optimizer's live state; then the masters only."""
+        if not self._load_keeps_state:
+            return True
+        match = SWAP_FILE_NAME.match(name)
+        return match is None or match["state"] is None
 
     def _drop_copies_held_before_load(self) -> None:
         """Forget every copy held (all flushed at the load's read of ``swap_folder``): the next use reads the file
