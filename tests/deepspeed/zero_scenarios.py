@@ -78,10 +78,11 @@ def batches(count):
 
 
 @contextlib.contextmanager
-def engine_for(config, model_factory=Layers, param_groups=None, client_optimizer=None):
-    """A fresh engine for one scenario, destroyed at the end (ZeRO-3 leaks its hooks otherwise)."""
+def engine_for(config, model_factory=Layers, param_groups=None, client_optimizer=None, zero_init=True):
+    """A fresh engine for one scenario, destroyed at the end (ZeRO-3 leaks its hooks otherwise); its model built
+    under ``zero.Init``, or (``zero_init`` false) whole and converted by ``deepspeed.initialize``."""
     torch.manual_seed(1234)
-    with deepspeed.zero.Init(config_dict_or_path=config):
+    with deepspeed.zero.Init(config_dict_or_path=config) if zero_init else contextlib.nullcontext():
         model = model_factory()
     parameters = param_groups(model) if param_groups else model.parameters()
     optimizer = client_optimizer(parameters) if client_optimizer else None
@@ -290,9 +291,30 @@ def unmanaged_accumulation(budget, device, nvme):
         return losses_and_weights(engine, losses)
 
 
+def two_engines(budget, device, nvme):
+    """Two engines alive at once in one process, as DeepSpeed-Chat's actor and critic: from one config (one
+    ``nvme_path``), of different sizes, one built under ``zero.Init`` and one converted by ``deepspeed.initialize``,
+    trained in turns, one step each, and one of them evaluated between steps."""
+    config = ds_config(budget, device, nvme, sub_group_size=HIDDEN * HIDDEN)
+    if device == "nvme+params":  # the flat 16-bit partitions on file too, beyond 1000 elements
+        config["zero_optimization"]["offload_param"]["max_in_cpu"] = 1000
+    with engine_for(config, zero_init=False) as actor, \
+            engine_for(config, functools.partial(Layers, layers=2), zero_init=False) as critic:
+        losses = {"actor_losses": [], "critic_losses": [], "eval_losses": []}
+        data = iter(batches(9))
+        for _ in range(3):
+            losses["actor_losses"] += trained(actor, [next(data)])
+            losses["critic_losses"] += trained(critic, [next(data)])
+            with torch.no_grad():
+                losses["eval_losses"].append(actor(*next(data)))
+        result = {name: digest({f"{i:03d}": loss for i, loss in enumerate(values)}) for name, values in losses.items()}
+        return dict(result, actor_weights=digest(gathered(actor)), critic_weights=digest(gathered(critic)))
+
+
 SCENARIOS = {"unbalanced": unbalanced, "repeat": repeat, "step_count": step_count, "backward_thrice": backward_thrice,
              "empty_cache": empty_cache, "empty_group": empty_group, "external": external, "modified": modified,
              "other_optimizers": other_optimizers, "unmanaged_accumulation": unmanaged_accumulation,
+             "two_engines": two_engines,
              # the upstream test's own getter: fails with the optimizer on NVMe, stock's swappers and tencache's alike
              "grad_partitions": functools.partial(backward_thrice, partitions_getter=True)}
 
