@@ -191,6 +191,38 @@ def test_a_growth_is_not_promised_twice_before_the_update_that_fills_it():
     assert 44 * GiB - optimizer.budget.used_bytes >= governor.policy.reserve_bytes(64 * GiB)  # the reserve stays free
 
 
+def test_two_engines_do_not_promise_the_same_free_memory():
+    """Regression test: two engines alive at once in one process (DeepSpeed-Chat's actor and critic), each "auto"
+    with 100 GiB of state and 4 GiB held, 44 GiB available, each engine's forward pass before either update (the
+    actor's loss, the critic's value, then both backward passes and updates). Each governor counted only its own
+    promise: at its reading the other's growth was not filled yet, so both grew by 40.8 GiB on the same 44 GiB, and
+    their updates would have taken 38 GiB more than the node had (the OOM killer). Every governor's promises count
+    now: the critic holds while the actor's growth is unfilled."""
+    actor = OptimizerStoreSums(state=100 * GiB, start=4 * GiB, least=GiB, auto=True)
+    critic = OptimizerStoreSums(state=100 * GiB, start=4 * GiB, least=GiB, auto=True)
+
+    def memory():  # what both tiers hold beyond their start is filled at updates only
+        return HostMemory(64 * GiB, 52 * GiB - actor.budget.used_bytes - critic.budget.used_bytes)
+
+    governors = [HostTierGovernor([], optimizer, None, read_memory=memory) for optimizer in (actor, critic)]
+    try:
+        for governor in governors:
+            governor.meter.close()
+            governor.meter = ScriptedMeter([None] + [GiB] * 10)
+        for _step in range(4):
+            for governor in governors:
+                governor.before_forward()
+            for optimizer, governor in zip((actor, critic), governors):
+                optimizer.update()
+                governor.end_optimizer_step()
+            assert memory().available_bytes >= governors[0].policy.reserve_bytes(64 * GiB), [
+                optimizer.budget.used_bytes / GiB for optimizer in (actor, critic)]
+        assert sum(governor.grows for governor in governors) >= 1  # the free memory was used
+    finally:
+        for governor in governors:
+            governor.close()
+
+
 class SlotsComeBack(OptimizerStoreSums):
     """A tier that streams: a ``budget`` for kept state beside ``slots`` bytes of streaming slots that come back
     ``per_update`` at a time (as sub-groups first stream, and reads ahead start), not all at start-up."""

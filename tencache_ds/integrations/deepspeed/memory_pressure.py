@@ -17,6 +17,7 @@ each with the message, instead of leaving the others waiting in their next colle
 stays each rank's: it decides only this rank's file I/O.
 """
 import logging
+import weakref
 from typing import Callable, List, Optional
 
 from ...config import AUTO
@@ -30,6 +31,10 @@ from ...units import fmt_bytes
 from .agreement import agree_min
 
 GOVERNOR_ATTRIBUTE = "_tencache_host_governor"  # on the ZeRO-3 optimizer: its HostTierGovernor (reporting.py)
+# Every governor of this process that is not closed (one per engine): a reading counts what all of them promised,
+# so that engines alive at once (DeepSpeed-Chat's actor and critic, each "auto") never promise the same free memory
+# to two growths (each growth is filled only at its engine's next update, and the other engine may read first).
+_LIVE_GOVERNORS = weakref.WeakSet()
 REMEDY = ("free memory on this node, lower the micro batch size, or turn on activation checkpointing; the engine "
           "is between two steps: a checkpoint saved now (engine.save_checkpoint) is complete")
 
@@ -68,6 +73,7 @@ class HostTierGovernor:
         self.fills_free_memory = optimizer_swapper is not None and optimizer_swapper.config.host_cache_bytes == AUTO
         self.shrinks = 0  # COUNT: readings that gave memory back
         self.grows = 0    # COUNT: readings that took memory again
+        _LIVE_GOVERNORS.add(self)
 
     @property
     def budget_bytes(self) -> int:
@@ -95,7 +101,8 @@ class HostTierGovernor:
         """Memory the optimizer tier's plan will still take that no reading shows yet ("auto"), counted as taken so
         that the same free memory is not promised twice:
         - budget not filled yet: a growth promises it to the next update, and several forward passes can come
-          first (gradient accumulation, eval passes, a checkpoint load that dropped what was held). Only what the
+          first (gradient accumulation, eval passes, a checkpoint load that dropped what was held, another engine's
+          forward pass: every governor's promises count at each reading, ``_LIVE_GOVERNORS``). Only what the
           state can fill: a budget larger than the state leaves room no update will take.
         - streaming slots planned but not brought back yet: they come back one by one as sub-groups first stream,
           over the first steps (reads ahead start once the profile predicts). Measured on the 1.3B model beyond
@@ -145,7 +152,8 @@ class HostTierGovernor:
         memory, decision, targets = None, HOLD, None
         try:
             memory = self._read_memory()
-            decision = self.policy.decide(memory.total_bytes, memory.available_bytes - self._promised_bytes(),
+            promised = sum(governor._promised_bytes() for governor in list(_LIVE_GOVERNORS))
+            decision = self.policy.decide(memory.total_bytes, memory.available_bytes - promised,
                                           self.reducible_bytes(), self.given_back_bytes, self.growable_bytes())
             if decision.action is Action.SHRINK:
                 # the device tier's residents hold lent partitions: it is refitted (on every rank alike) first
@@ -187,6 +195,7 @@ class HostTierGovernor:
         self._step_ended = True
 
     def close(self) -> None:
+        _LIVE_GOVERNORS.discard(self)
         self.meter.close()
 
     # ------------------------------------------------------------------------------------------- private
