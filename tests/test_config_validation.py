@@ -164,6 +164,8 @@ CASES = [
     Case("nvme-path-unwritable", "nvme_path this user cannot write", offload("offload_param", nvme_path=UNWRITABLE_DIR),
          "zero_optimization.offload_param.nvme_path", TencacheResourceError),
     Case("gds", "aio.use_gds: true", _set("aio", "use_gds", True), "aio.use_gds"),
+    Case("hpz-params-on-nvme", "ZeRO++ hpZ (`zero_hpz_partition_size` > 1) with the parameters on NVMe",
+         _set("zero_optimization", "zero_hpz_partition_size", 2), "zero_optimization.zero_hpz_partition_size"),
 ]
 
 

@@ -63,6 +63,7 @@ def validate_ds_config(ds_config: Any, machine: Optional[MachineResources] = Non
     if aio.get("use_gds"):
         raise TencacheConfigError(f'aio.use_gds: true puts swap buffers in GPU memory, which tencache does not '
                                   f'manage: remove it, {DISABLE_HINT}')
+    _check_secondary_partitions(zero, nvme_sections)
     for key, section in nvme_sections:
         check_swap_folder(f"{key}.nvme_path", section.get("nvme_path"))
     check_host_budget(config, machine or MachineResources.probe())
@@ -117,6 +118,24 @@ def _nvme_offload_sections(zero: dict) -> List[Tuple[str, dict]]:
             f'the run would silently be stock DeepSpeed; set "device": "nvme" and "nvme_path" in one of them, '
             f'{DISABLE_HINT}')
     return found
+
+
+def _check_secondary_partitions(zero: dict, nvme_sections: List[Tuple[str, dict]]) -> None:
+    """ZeRO++'s hierarchical partitioning (hpZ) keeps a secondary copy of each parameter partition on the
+    parameters' offload device, and stage 3 (DeepSpeed 0.19.8, ``_partition_param_sec``) allocates it there with
+    ``torch.empty(device=...)``: with parameters on NVMe that is ``device="nvme"``, and zero.Init stops with
+    "Expected one of cpu, cuda, ... device type at start of device string: nvme", stock's swappers and tencache's
+    alike. Said here, naming both keys, before anything is partitioned."""
+    try:
+        hpz = int(zero.get("zero_hpz_partition_size", 1) or 1)
+    except (TypeError, ValueError):
+        return  # DeepSpeed's own config model reports a value that is not a number
+    if hpz > 1 and any(key == "zero_optimization.offload_param" for key, _section in nvme_sections):
+        raise TencacheConfigError(
+            f"zero_optimization.zero_hpz_partition_size: {hpz} (ZeRO++ hpZ) keeps a secondary copy of every "
+            f'parameter partition on the offload_param device, which DeepSpeed cannot allocate on "nvme" '
+            f'(zero_optimization.offload_param.device): set zero_hpz_partition_size to 1, or offload the '
+            f'parameters to "cpu" (the optimizer state can stay on NVMe)')
 
 
 _initializing = threading.local()  # the validated block of the deepspeed.initialize call this thread is in
