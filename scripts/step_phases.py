@@ -152,9 +152,12 @@ def thread_times():
 
 
 def counted_step(self, *a, **k):
+    # a step is an optimizer step: with gradient accumulation engine.step() is called every micro-batch and
+    # updates at the window's boundary only (asked before the call, which moves on to the next micro-batch)
+    boundary = self.is_gradient_accumulation_boundary()
     t, c = time.perf_counter(), time.thread_time()
     try:
-        return _engine_step(self, *a, **k)
+        result = _engine_step(self, *a, **k)
     finally:
         if SYNC and torch.cuda.is_available():
             torch.cuda.synchronize()
@@ -162,6 +165,7 @@ def counted_step(self, *a, **k):
         T[tag] += time.perf_counter() - t
         CPU[tag] += time.thread_time() - c
         N[tag] += 1
+    if boundary:
         STATE["steps"] += 1
         STATE["threads"] = torch.get_num_threads()
         STATE["t_last"] = time.perf_counter()
@@ -175,6 +179,7 @@ def counted_step(self, *a, **k):
             N.clear()
             STATE["threads0"] = thread_times()
             STATE["t0"] = time.perf_counter()
+    return result
 
 
 DeepSpeedEngine.step = counted_step
@@ -203,7 +208,8 @@ def report():
                    for name, (n, run, wait) in sorted(per_name.items(), key=lambda kv: -kv[1][1]) if run >= 0.05}
     result = {"label": label, "steps": steps, "wall_ms_per_step": 1000 * wall / steps, "threads": STATE["threads"],
               "synchronized": SYNC, "phases": rows, "thread_cpu": thread_rows}
-    with open(out, "w") as f:
+    rank = os.environ.get("RANK", "0")  # with several ranks each writes its own file: OUT for rank 0, OUT.rankN
+    with open(out if rank == "0" else f"{out}.rank{rank}", "w") as f:
         json.dump(result, f, indent=1)
     print(f"[phases] {label}: {steps} steps, {1000 * wall / steps:.1f} ms/step, threads {STATE['threads']}")
     for k, r in sorted(rows.items(), key=lambda kv: -kv[1]["ms_per_step"]):

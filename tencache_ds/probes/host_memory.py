@@ -125,13 +125,32 @@ def memory_cgroup_folder(proc: str = "/proc") -> Tuple[Optional[str], Optional[s
 def anonymous_resident_bytes(proc: str = "/proc") -> int:
     """This process's resident memory that only its own freeing gives back (without swap): anonymous and shared
     anonymous pages (RssAnon + RssShmem in /proc/self/status; Python's anonymous mmap, which backs the optimizer's
-    pageable buffers, is shared). Mapped files are not in it: the kernel reclaims those itself."""
+    pageable buffers, is shared). Mapped files are not in it: the kernel reclaims those itself.
+
+    The file stays open and is read whole at offset 0 (procfs regenerates it): the footprint meter reads it 50
+    times a second, and in a training process (2 ranks of gpt2-small on 2 cores, 2026-11-27) opening it and
+    reading it line by line took 230 µs of CPU a read, opening and reading it whole 150 µs, a read of the open file
+    60 µs."""
+    data = os.pread(_status_fd(os.path.join(proc, "self", "status")), 1 << 16, 0)
     total = 0
-    with open(os.path.join(proc, "self", "status")) as handle:
-        for line in handle:
-            if line.startswith(("RssAnon:", "RssShmem:")):
-                total += int(line.split()[1]) * 1024
+    for key in (b"\nRssAnon:", b"\nRssShmem:"):
+        start = data.find(key)
+        if start >= 0:
+            total += int(data[start + len(key):data.index(b"kB", start)]) * 1024
     return total
+
+
+_status_fds: Dict[Tuple[str, int], int] = {}  # (path, pid) -> open descriptor: "self" names the opener
+
+
+def _status_fd(path: str) -> int:
+    """An open descriptor of ``path`` for this process (a forked child opens its own: the parent's would describe
+    the parent)."""
+    key = (path, os.getpid())
+    fd = _status_fds.get(key)
+    if fd is None:
+        fd = _status_fds[key] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    return fd
 
 
 # ------------------------------------------------------------------------------------------------------- private

@@ -114,6 +114,17 @@ def test_no_memory_cgroup_mounted_or_unreadable_proc_is_the_node(tmp_path):
     assert cgroup_levels(proc) == []
 
 
+def test_anonymous_resident_bytes_are_rss_anon_and_rss_shmem_read_again_at_each_call(tmp_path):
+    """The status file stays open between reads (opening it cost more than reading it): each call still reads
+    what the file says then."""
+    proc = tmp_path / "proc"
+    status = "Name:\tpython3\nVmRSS:\t  9000 kB\nRssAnon:\t    4000 kB\nRssFile:\t  3000 kB\nRssShmem:\t  {} kB\n"
+    write(str(proc / "self" / "status"), status.format(2000))
+    assert anonymous_resident_bytes(str(proc)) == 6000 * 1024
+    write(str(proc / "self" / "status"), status.format(500))
+    assert anonymous_resident_bytes(str(proc)) == 4500 * 1024
+
+
 def test_this_machine():
     memory = read_host_memory()
     assert 0 < memory.available_bytes <= memory.total_bytes
