@@ -10,7 +10,8 @@ training thread, and py-spy --native slowed a gpt2-small step tenfold and could 
 docs/gpu_check.md). ``STEP_PHASES_SYNC=1`` waits for the GPU at the end of each step, so that every step's device
 work is charged to it (on the H200 that wait took stock CPU offload 0.3 ms a step); off by default. With the
 launcher or without, the step is the same (the fifth lease). ``STEP_PHASES_WARMUP`` (default 2) steps are dropped.
-``STEP_PHASES_DETAIL=1`` also wraps every method of tencache's coordinator, swappers, entry store and memory-pressure
+A step is an optimizer step (with gradient accumulation, several micro-batches); with several ranks, rank N
+writes OUT.rankN.json beside OUT.json. ``STEP_PHASES_DETAIL=1`` also wraps every method of tencache's coordinator, swappers, entry store and memory-pressure
 governor, the coordinator's gather and release, and stage 3's per-gradient offload.
 Times are the host's: a phase that waits for the GPU is charged the wait. Each phase also gets the training thread's
 CPU time in it (``cpu_ms_per_step``; the rest of its wall time is waiting: for the GPU, a lock, the GIL or a core), and
@@ -153,8 +154,9 @@ def thread_times():
 
 def counted_step(self, *a, **k):
     # a step is an optimizer step: with gradient accumulation engine.step() is called every micro-batch and
-    # updates at the window's boundary only (asked before the call, which moves on to the next micro-batch)
-    boundary = self.is_gradient_accumulation_boundary()
+    # updates at the window's boundary only, which moves global_steps on (with "managed_gradient_accumulation":
+    # false the caller's step() is the boundary, which is_gradient_accumulation_boundary() says only during it)
+    global_steps = self.global_steps
     t, c = time.perf_counter(), time.thread_time()
     try:
         result = _engine_step(self, *a, **k)
@@ -165,7 +167,7 @@ def counted_step(self, *a, **k):
         T[tag] += time.perf_counter() - t
         CPU[tag] += time.thread_time() - c
         N[tag] += 1
-    if boundary:
+    if self.global_steps != global_steps:
         STATE["steps"] += 1
         STATE["threads"] = torch.get_num_threads()
         STATE["t_last"] = time.perf_counter()
@@ -208,8 +210,9 @@ def report():
                    for name, (n, run, wait) in sorted(per_name.items(), key=lambda kv: -kv[1][1]) if run >= 0.05}
     result = {"label": label, "steps": steps, "wall_ms_per_step": 1000 * wall / steps, "threads": STATE["threads"],
               "synchronized": SYNC, "phases": rows, "thread_cpu": thread_rows}
-    rank = os.environ.get("RANK", "0")  # with several ranks each writes its own file: OUT for rank 0, OUT.rankN
-    with open(out if rank == "0" else f"{out}.rank{rank}", "w") as f:
+    rank = os.environ.get("RANK", "0")  # several ranks: rank 0 writes OUT, rank N OUT with .rankN before its suffix
+    base, suffix = os.path.splitext(out)
+    with open(out if rank == "0" else f"{base}.rank{rank}{suffix}", "w") as f:
         json.dump(result, f, indent=1)
     print(f"[phases] {label}: {steps} steps, {1000 * wall / steps:.1f} ms/step, threads {STATE['threads']}")
     for k, r in sorted(rows.items(), key=lambda kv: -kv[1]["ms_per_step"]):

@@ -16,6 +16,7 @@ import os
 import shutil
 import uuid
 from dataclasses import dataclass
+from typing import Callable
 
 # link() failed because this file system or this pair of folders cannot share an inode: copy instead
 _NO_LINK = {errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EACCES}
@@ -81,13 +82,15 @@ def give_own_file(path: str, whole: bool) -> bool:
     return True
 
 
-def unshare_folder(folder: str) -> int:
-    """Remove from ``folder`` every file that has other names (the others keep it): for a swap folder nobody will
-    read again, so that a later writer that is not ``LinkSafeIO`` (stock DeepSpeed's aio opens existing swap files
-    and writes them in place) cannot reach a checkpoint through it. Returns how many names were removed."""
+def unshare_folder(folder: str, owned: Callable[[str], bool] = lambda name: True) -> int:
+    """Remove from ``folder`` every file that has other names (the others keep it) and that ``owned`` says is the
+    caller's: for a swap folder nobody will read again, so that a later writer that is not ``LinkSafeIO`` (stock
+    DeepSpeed's aio opens existing swap files and writes them in place) cannot reach a checkpoint through it.
+    Returns how many names were removed."""
     removed = 0
     for entry in os.scandir(folder) if os.path.isdir(folder) else ():
-        if entry.is_file(follow_symlinks=False) and entry.stat(follow_symlinks=False).st_nlink > 1:
+        if entry.is_file(follow_symlinks=False) and owned(entry.name) and \
+                entry.stat(follow_symlinks=False).st_nlink > 1:
             os.unlink(entry.path)
             removed += 1
     return removed

@@ -5,8 +5,8 @@ Does not own: what the rise means for the host tier (plan/memory_pressure.py).
 
 Why sampling: the kernel keeps only the process's lifetime peak (VmHWM), and resetting it (/proc/self/clear_refs)
 would change what every other tool reads (a benchmark's peak RSS, the user's own monitoring). A daemon thread
-reads /proc/self/status every ``SAMPLE_INTERVAL_S`` (about 60 µs of CPU a read in a training process, the file
-kept open: probes/host_memory.py; about 0.5% of a core with the thread's wake-ups) and keeps the highest value;
+reads /proc/self/status every ``SAMPLE_INTERVAL_S`` (the file kept open: probes/host_memory.py; about 1% of a core
+in all with the thread's wake-ups, measured in a two-rank training step on 2 cores) and keeps the highest value;
 activations and gradients live for a large part of a step, far longer than one interval.
 """
 import logging

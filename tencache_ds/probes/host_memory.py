@@ -20,6 +20,7 @@ Reads small files only (microseconds); imports neither torch nor deepspeed.
 """
 import dataclasses
 import os
+import threading
 from typing import Dict, List, Optional, Tuple
 
 # v1 reports "no limit" as the largest page-aligned signed 64-bit number; anything this large is no limit.
@@ -140,17 +141,32 @@ def anonymous_resident_bytes(proc: str = "/proc") -> int:
     return total
 
 
-_status_fds: Dict[Tuple[str, int], int] = {}  # (path, pid) -> open descriptor: "self" names the opener
+_status_fds: Dict[str, int] = {}  # path -> open descriptor ("self" names the process that opened it)
+_status_fds_lock = threading.Lock()  # the footprint meter's thread and the training thread both read
 
 
 def _status_fd(path: str) -> int:
-    """An open descriptor of ``path`` for this process (a forked child opens its own: the parent's would describe
-    the parent)."""
-    key = (path, os.getpid())
-    fd = _status_fds.get(key)
-    if fd is None:
-        fd = _status_fds[key] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    return fd
+    with _status_fds_lock:
+        fd = _status_fds.get(path)
+        if fd is None:
+            fd = _status_fds[path] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        return fd
+
+
+def _forget_status_fds_in_child() -> None:
+    """A forked child's inherited descriptors describe its parent: closed, and opened again at the child's first
+    read."""
+    global _status_fds_lock
+    _status_fds_lock = threading.Lock()  # the parent's may have been held by another thread at the fork
+    for fd in _status_fds.values():
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _status_fds.clear()
+
+
+os.register_at_fork(after_in_child=_forget_status_fds_in_child)
 
 
 # ------------------------------------------------------------------------------------------------------- private

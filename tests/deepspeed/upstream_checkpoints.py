@@ -5,13 +5,16 @@ TestZeROCheckpoint::test_load_optimizer_state / test_not_load_optimizer_state / 
 repository; fp32 (bf16 in the last) instead of fp16, the CPU accelerator, 2 ranks, layers of 1024 so that the
 optimizer state is large enough to be swapped). Rank 0 prints one RESULT line.
 
-    deepspeed --num_gpus 2 tests/deepspeed/upstream_checkpoints.py SCENARIOS stock|tencache[=BYTES] nvme|cpu NVME_DIR CKPT_DIR
+    deepspeed --num_gpus 2 tests/deepspeed/upstream_checkpoints.py SCENARIOS stock|tencache[=BYTES] nvme|cpu
+        NVME_DIR CKPT_DIR
 
 SCENARIOS: comma-separated, of zero_to_fp32, zero_to_fp32_frozen, immediate_save_load, load_immediate_save,
-load_into_new_engine, load_into_trained_engine (not upstream), module_only_params_on_file (tencache's error; no upstream test); they run one after the
-other in the same processes (one launch: its start-up is most of a scenario's time), each with its own engines and its own folders under NVME_DIR and CKPT_DIR. The result maps each
+load_into_new_engine, load_into_trained_engine (not upstream), module_only_params_on_file (tencache's error; no
+upstream test); they run one after the other in the same processes (one launch: its start-up is most of a
+scenario's time), each with its own engines and its own folders under NVME_DIR and CKPT_DIR. The result maps each
 scenario to the SHA-256 sums of the weights (and losses) it produces, so that runs can be compared bit for bit,
-and, where it fails, its error (the scenarios after a failure do not run).
+and, where it fails, its error (the scenarios after a failure do not run). ``tencache=BYTES``: that
+``host_cache_bytes`` (default: the block's own, "auto").
 """
 import functools
 import os
@@ -189,9 +192,9 @@ def load_into_trained_engine(mode, device, nvme, ckpt):
     """Not an upstream test: an engine that has trained loads a checkpoint without its optimizer's state (or the
     module only) and trains 3 more steps. The weights go back to the checkpoint's; Adam's moments and step counts
     stay the live engine's, as with the optimizer on cpu (with the optimizer on NVMe the engine copies the
-    checkpoint's moment files over the live ones). Three cases: the engine that saved, 2 steps after its save
-    (a load without the optimizer's state, then module only), and a rebuilt engine (other parameter ids, so the
-    loaded files are renamed) that trained 2 steps of its own."""
+    checkpoint's moment files over the live ones). Three cases, each with an engine of its own: the engine that
+    saved loads without the optimizer's state 2 steps after its save; the same, the module only; a rebuilt engine
+    (other parameter ids, so the loaded masters are renamed) that trained 2 steps of its own loads without it."""
     result = {}
     for load in ("no_optimizer", "module_only", "rebuilt"):
         torch.manual_seed(1234)

@@ -293,22 +293,35 @@ def unmanaged_accumulation(budget, device, nvme):
 
 def two_engines(budget, device, nvme):
     """Two engines alive at once in one process, as DeepSpeed-Chat's actor and critic: from one config (one
-    ``nvme_path``), of different sizes, one built under ``zero.Init`` and one converted by ``deepspeed.initialize``,
-    trained in turns, one step each, and one of them evaluated between steps."""
+    ``nvme_path``, so one optimizer swap folder for both), of different sizes, both models converted by
+    ``deepspeed.initialize`` (their parameter swap files are then named from 0 alike), trained in turns, one step
+    each, and the actor evaluated between steps. Then the actor saves a checkpoint, the critic steps, the actor
+    loads its checkpoint back (which must not touch the critic's state), the critic saves one of its own (its
+    swap files then have a second name), the actor is destroyed, and the critic steps on."""
     config = ds_config(budget, device, nvme, sub_group_size=HIDDEN * HIDDEN)
     if device == "nvme+params":  # the flat 16-bit partitions on file too, beyond 1000 elements
         config["zero_optimization"]["offload_param"]["max_in_cpu"] = 1000
-    with engine_for(config, zero_init=False) as actor, \
-            engine_for(config, functools.partial(Layers, layers=2), zero_init=False) as critic:
-        losses = {"actor_losses": [], "critic_losses": [], "eval_losses": []}
-        data = iter(batches(9))
-        for _ in range(3):
-            losses["actor_losses"] += trained(actor, [next(data)])
+    with contextlib.ExitStack() as critic_stack:
+        critic = critic_stack.enter_context(engine_for(config, functools.partial(Layers, layers=2), zero_init=False))
+        with contextlib.ExitStack() as actor_stack:
+            actor = actor_stack.enter_context(engine_for(config, zero_init=False))
+            losses = {"actor_losses": [], "critic_losses": [], "eval_losses": []}
+            data = iter(batches(12))
+            for _ in range(3):
+                losses["actor_losses"] += trained(actor, [next(data)])
+                losses["critic_losses"] += trained(critic, [next(data)])
+                with torch.no_grad():
+                    losses["eval_losses"].append(actor(*next(data)))
+            actor.save_checkpoint(os.path.join(nvme, "actor-checkpoint"))
             losses["critic_losses"] += trained(critic, [next(data)])
-            with torch.no_grad():
-                losses["eval_losses"].append(actor(*next(data)))
-        result = {name: digest({f"{i:03d}": loss for i, loss in enumerate(values)}) for name, values in losses.items()}
-        return dict(result, actor_weights=digest(gathered(actor)), critic_weights=digest(gathered(critic)))
+            actor.load_checkpoint(os.path.join(nvme, "actor-checkpoint"))
+            losses["actor_losses"] += trained(actor, [next(data)])
+            critic.save_checkpoint(os.path.join(nvme, "critic-checkpoint"))
+            result = {"actor_weights": digest(gathered(actor))}
+        losses["critic_losses"] += trained(critic, [next(data)])  # the actor destroyed
+        result.update({name: digest({f"{i:03d}": loss for i, loss in enumerate(values)})
+                       for name, values in losses.items()})
+        return dict(result, critic_weights=digest(gathered(critic)))
 
 
 SCENARIOS = {"unbalanced": unbalanced, "repeat": repeat, "step_count": step_count, "backward_thrice": backward_thrice,

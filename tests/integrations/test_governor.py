@@ -4,10 +4,20 @@ import pytest
 
 from tencache_ds.cache.host_budget import HostBudget
 from tencache_ds.errors import TencacheOutOfMemory
+from tencache_ds.integrations.deepspeed import memory_pressure
 from tencache_ds.integrations.deepspeed.memory_pressure import HostTierGovernor
 from tencache_ds.probes.host_memory import HostMemory
 
 GiB, MiB = 1 << 30, 1 << 20
+
+
+@pytest.fixture(autouse=True)
+def no_governor_of_another_test():
+    """Every governor of the process counts in a growth (memory_pressure._LIVE_GOVERNORS): one a failed test
+    kept alive (its traceback) must not take free memory from the next test's."""
+    memory_pressure._LIVE_GOVERNORS.clear()
+    yield
+    memory_pressure._LIVE_GOVERNORS.clear()
 
 
 class ScriptedMeter:
@@ -191,18 +201,21 @@ def test_a_growth_is_not_promised_twice_before_the_update_that_fills_it():
     assert 44 * GiB - optimizer.budget.used_bytes >= governor.policy.reserve_bytes(64 * GiB)  # the reserve stays free
 
 
-def test_two_engines_do_not_promise_the_same_free_memory():
-    """Regression test: two engines alive at once in one process (DeepSpeed-Chat's actor and critic), each "auto"
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_two_engines_do_not_promise_the_same_free_memory(ranks, monkeypatch):
+    """Regression test: two engines alive at once in each process (DeepSpeed-Chat's actor and critic), each "auto"
     with 100 GiB of state and 4 GiB held, 44 GiB available, each engine's forward pass before either update (the
-    actor's loss, the critic's value, then both backward passes and updates). Each governor counted only its own
-    promise: at its reading the other's growth was not filled yet, so both grew by 40.8 GiB on the same 44 GiB, and
-    their updates would have taken 38 GiB more than the node had (the OOM killer). Every governor's promises count
-    now: the critic holds while the actor's growth is unfilled."""
+    actor's loss, the critic's value, then both backward passes and updates); one rank, or two on the node doing
+    the same. Each governor counted only its own promise: at its reading the other's growth was not filled yet, so
+    both grew by 40.8 GiB on the same 44 GiB (one rank), and their updates would have taken 38 GiB more than the
+    node had (the OOM killer). Every governor's promises count before a growth now, as many times as there are
+    ranks on the node (each rank's engines promise alike)."""
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(ranks))
     actor = OptimizerStoreSums(state=100 * GiB, start=4 * GiB, least=GiB, auto=True)
     critic = OptimizerStoreSums(state=100 * GiB, start=4 * GiB, least=GiB, auto=True)
 
-    def memory():  # what both tiers hold beyond their start is filled at updates only
-        return HostMemory(64 * GiB, 52 * GiB - actor.budget.used_bytes - critic.budget.used_bytes)
+    def memory():  # what the tiers hold beyond their start is filled at updates only, on every rank alike
+        return HostMemory(64 * GiB, 44 * GiB - ranks * (actor.budget.used_bytes + critic.budget.used_bytes - 8 * GiB))
 
     governors = [HostTierGovernor([], optimizer, None, read_memory=memory) for optimizer in (actor, critic)]
     try:
@@ -218,6 +231,7 @@ def test_two_engines_do_not_promise_the_same_free_memory():
             assert memory().available_bytes >= governors[0].policy.reserve_bytes(64 * GiB), [
                 optimizer.budget.used_bytes / GiB for optimizer in (actor, critic)]
         assert sum(governor.grows for governor in governors) >= 1  # the free memory was used
+        assert sum(governor.shrinks for governor in governors) == 0  # and no engine gave any back for the other
     finally:
         for governor in governors:
             governor.close()

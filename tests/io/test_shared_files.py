@@ -106,3 +106,15 @@ def test_unshare_folder_removes_only_the_names_a_checkpoint_shares(tmp_path):
     os.link(folder / "shared.swp", checkpoint / "shared.swp")
     assert unshare_folder(str(folder)) == 1
     assert sorted(os.listdir(folder)) == ["own.swp"] and read(checkpoint / "shared.swp") == b"s" * 10
+
+
+def test_unshare_folder_leaves_the_files_of_another_owner(tmp_path):
+    """Two engines share one swap folder: closing one unshares its own files, not the other's (still in use)."""
+    folder, checkpoint = tmp_path / "swap", tmp_path / "ckpt"
+    folder.mkdir()
+    checkpoint.mkdir()
+    for name in ("mine.swp", "theirs.swp"):
+        write(folder / name, b"x" * 10)
+        os.link(folder / name, checkpoint / name)
+    assert unshare_folder(str(folder), lambda name: name.startswith("mine")) == 1
+    assert sorted(os.listdir(folder)) == ["theirs.swp"]

@@ -125,6 +125,22 @@ def test_anonymous_resident_bytes_are_rss_anon_and_rss_shmem_read_again_at_each_
     assert anonymous_resident_bytes(str(proc)) == 4500 * 1024
 
 
+def test_anonymous_resident_bytes_follow_this_process_and_a_forked_childs_own():
+    """On the real /proc: the kept descriptor is read again at each call (procfs makes the file anew), and a forked
+    child reads its own memory, not its parent's through the inherited descriptor. (Plain bytes, not torch: a
+    child forked after torch's thread pool ran may hang in it.)"""
+    before = anonymous_resident_bytes()
+    grown = b"\x01" * (128 << 20)  # written, so resident
+    assert anonymous_resident_bytes() >= before + (96 << 20)
+    pid = os.fork()
+    if pid == 0:  # the child: 256 MiB more of its own
+        more = b"\x02" * (256 << 20)
+        os._exit(0 if anonymous_resident_bytes() >= before + (320 << 20) and more else 1)
+    _pid, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert anonymous_resident_bytes() < before + (250 << 20) and grown  # the child's memory was not ours
+
+
 def test_this_machine():
     memory = read_host_memory()
     assert 0 < memory.available_bytes <= memory.total_bytes

@@ -49,7 +49,8 @@ More things a resume loses or stops at, in stock DeepSpeed too (a resume then di
 - Such a load (no optimizer state) into an engine that has trained: the engine's NVMe branch copies the
   checkpoint's moment files over the live ones, so Adam goes on with the checkpoint's moments (registered,
   read at the next swap-in), where stock CPU offload keeps the live moments and step counts. tencache's copy of the
-  folder places the masters' files only then (``loading_checkpoint``; optimizer_swapper.py ``places_at_load``).
+  folder places the masters' files only then, and none in a load of the module only (``loading_checkpoint``;
+  optimizer_swapper.py ``LoadPlaces``).
 """
 import contextlib
 import copy
@@ -63,22 +64,23 @@ from deepspeed.runtime.swap_tensor.optimizer_utils import OptimizerSwapper
 
 from ...errors import TencacheError
 from ...log import logger
-from .optimizer_swapper import SWAP_FILE_NAME, TencacheOptimizerSwapper
+from .optimizer_swapper import SWAP_FILE_NAME, LoadPlaces, TencacheOptimizerSwapper
 from .reporting import param_swappers_of_optimizer
 
 
 @contextlib.contextmanager
-def loading_checkpoint(engine, keeps_optimizer_state: bool):
+def loading_checkpoint(engine, optimizer_state: bool, module_only: bool):
     """Around ``engine.load_checkpoint``: the engine copies the checkpoint's swap files over the swap folder, so
     every copy of optimizer state the host tier holds then is dropped before its next use (optimizer_swapper.py,
-    ``swap_folder``); file timestamps are not trusted to say which copies went stale. ``keeps_optimizer_state``
-    (a load without the optimizer's state): only the masters' files are copied, and the live optimizer state stays
-    the engine's, as with the optimizer on cpu."""
+    ``swap_folder``); file timestamps are not trusted to say which copies went stale. A load without the
+    optimizer's state places the masters' files only, a load of the module only none (optimizer_swapper.LoadPlaces):
+    the live optimizer state stays the engine's, as with the optimizer on cpu."""
     swapper = getattr(getattr(engine, "optimizer", None), "optimizer_swapper", None)
     if not isinstance(swapper, TencacheOptimizerSwapper):
         yield
         return
-    with swapper.loading_checkpoint(keeps_optimizer_state):
+    places = LoadPlaces.NOTHING if module_only else LoadPlaces.ALL if optimizer_state else LoadPlaces.MASTERS
+    with swapper.loading_checkpoint(places):
         yield
 
 

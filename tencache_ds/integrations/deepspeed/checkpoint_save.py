@@ -193,7 +193,7 @@ def _link_folder(swapper, source: str, target: str, ignore, direction: str) -> F
     names = sorted(name for name in os.listdir(source) if os.path.isfile(os.path.join(source, name)))
     skipped = set(ignore(source, names)) if ignore is not None else set()
     names = [name for name in names if name not in skipped and not name.startswith(".")
-             and (direction == "save" or swapper.places_at_load(name))]
+             and (swapper.owns_file(name) if direction == "save" else swapper.places_at_load(name))]
     os.makedirs(target, exist_ok=True)
     for name in names:
         source_path, target_path = os.path.join(source, name), os.path.join(target, name)

@@ -167,11 +167,11 @@ def _restoring_optimizer_scalars(load_checkpoint):
         load_dir, module_only = arguments["load_dir"], arguments["load_module_only"]
         if module_only:
             refuse_module_only_load_without_flat_partitions(self.optimizer)
-        keeps_optimizer_state = module_only or not arguments["load_optimizer_states"]
+        optimizer_state = arguments["load_optimizer_states"] and not module_only
         # the copies the optimizer store holds are dropped after the copy; the live state stays without a load of it
-        with loading_checkpoint(self, keeps_optimizer_state):
+        with loading_checkpoint(self, optimizer_state, module_only):
             result = load_checkpoint(self, *args, **kwargs)
-        renamed = 0 if module_only else adopt_loaded_files(self, load_dir, result[0], keeps_optimizer_state)
+        renamed = 0 if module_only else adopt_loaded_files(self, load_dir, result[0], masters_only=not optimizer_state)
         restore_optimizer_scalars(self, load_dir, result[0], arguments["load_optimizer_states"], module_only)
         if renamed + restore_unswapped_masters(self, load_dir, result[0], module_only):
             regather_persistent_parameters(self.optimizer)  # rebuilt after the engine's load had gathered them

@@ -16,7 +16,9 @@ parameters the tier keeps decides which all-gathers run), and on stopping (a ran
 each with the message, instead of leaving the others waiting in their next collective). The host tier's own budget
 stays each rank's: it decides only this rank's file I/O.
 """
+import functools
 import logging
+import threading
 import weakref
 from typing import Callable, List, Optional
 
@@ -31,10 +33,12 @@ from ...units import fmt_bytes
 from .agreement import agree_min
 
 GOVERNOR_ATTRIBUTE = "_tencache_host_governor"  # on the ZeRO-3 optimizer: its HostTierGovernor (reporting.py)
-# Every governor of this process that is not closed (one per engine): a reading counts what all of them promised,
-# so that engines alive at once (DeepSpeed-Chat's actor and critic, each "auto") never promise the same free memory
-# to two growths (each growth is filled only at its engine's next update, and the other engine may read first).
+# Every governor of this process that is not closed (one per engine): before a growth, a reading counts what all of
+# them promised, so that engines alive at once (DeepSpeed-Chat's actor and critic, each "auto") never promise the
+# same free memory to two growths (each growth is filled only at its engine's next update, and the other engine
+# may read first). Only growth: another engine's unfilled promise does not make this one give memory back.
 _LIVE_GOVERNORS = weakref.WeakSet()
+_LIVE_GOVERNORS_LOCK = threading.Lock()  # an engine may be built on another thread while one reads
 REMEDY = ("free memory on this node, lower the micro batch size, or turn on activation checkpointing; the engine "
           "is between two steps: a checkpoint saved now (engine.save_checkpoint) is complete")
 
@@ -73,7 +77,8 @@ class HostTierGovernor:
         self.fills_free_memory = optimizer_swapper is not None and optimizer_swapper.config.host_cache_bytes == AUTO
         self.shrinks = 0  # COUNT: readings that gave memory back
         self.grows = 0    # COUNT: readings that took memory again
-        _LIVE_GOVERNORS.add(self)
+        with _LIVE_GOVERNORS_LOCK:
+            _LIVE_GOVERNORS.add(self)
 
     @property
     def budget_bytes(self) -> int:
@@ -152,9 +157,7 @@ class HostTierGovernor:
         memory, decision, targets = None, HOLD, None
         try:
             memory = self._read_memory()
-            promised = sum(governor._promised_bytes() for governor in list(_LIVE_GOVERNORS))
-            decision = self.policy.decide(memory.total_bytes, memory.available_bytes - promised,
-                                          self.reducible_bytes(), self.given_back_bytes, self.growable_bytes())
+            decision = self._decide(memory)
             if decision.action is Action.SHRINK:
                 # the device tier's residents hold lent partitions: it is refitted (on every rank alike) first
                 targets = self._param_cache_targets(decision.nbytes)
@@ -187,6 +190,23 @@ class HostTierGovernor:
                 reason = "another rank cannot go on (its error has the reason)"
             raise TencacheOutOfMemory(f"{reason} ({_where(memory)}). To go on: {REMEDY}")
 
+    def _decide(self, memory: HostMemory):
+        """The policy's decision on this reading, what this engine promised counted as taken; a growth only on what
+        every engine of the process has not promised. Each rank of the node makes the same decision on the same
+        memory (it takes its share), and the other ranks' engines promise alike: counted as this rank's times the
+        ranks on the node."""
+        decide = functools.partial(self.policy.decide, memory.total_bytes, reducible_bytes=self.reducible_bytes(),
+                                   given_back_bytes=self.given_back_bytes, growable_bytes=self.growable_bytes())
+        decision = decide(memory.available_bytes - self._promised_bytes())
+        if decision.action is Action.GROW:
+            with _LIVE_GOVERNORS_LOCK:
+                governors = list(_LIVE_GOVERNORS)
+            promised = sum(governor._promised_bytes() for governor in governors) * self.policy.ranks
+            decision = decide(memory.available_bytes - promised)
+            if decision.action is not Action.GROW:
+                decision = HOLD  # another engine's promise takes this free memory: no reason to give any back
+        return decision
+
     def end_optimizer_step(self) -> None:
         """An optimizer step ended (stage 3's _post_step). Its rise is the most over the readings from its second
         forward pass to the next step's first, which covers its last backward and its update: so the optimizer's
@@ -195,7 +215,8 @@ class HostTierGovernor:
         self._step_ended = True
 
     def close(self) -> None:
-        _LIVE_GOVERNORS.discard(self)
+        with _LIVE_GOVERNORS_LOCK:
+            _LIVE_GOVERNORS.discard(self)
         self.meter.close()
 
     # ------------------------------------------------------------------------------------------- private

@@ -24,6 +24,7 @@ What changes for users:
 """
 import contextlib
 import dataclasses
+import enum
 import os
 import re
 
@@ -51,9 +52,28 @@ from . import param_swapper, reporting
 from .host_tier_share import optimizer_host_share
 from .stage3_gradients import stage3_gradients_of
 
-# The swap files' names (stock's): ``<ds_id>.tensor.swp`` for a sub-group's fp32 master,
-# ``<state>-<ds_id>.tensor.swp`` for its optimizer state (``exp_avg``, ``exp_avg_sq``, ...).
-SWAP_FILE_NAME = re.compile(r"^(?:(?P<state>[A-Za-z_]+)-)?(?P<id>\d+_\d+)\.tensor\.swp$")
+# The swap files' names (stock's, optimizer_utils.py): ``<ds_id>.tensor.swp`` for a sub-group's fp32 master,
+# ``<state>-<ds_id>.tensor.swp`` for its optimizer state (the state dict's key: ``exp_avg``, ``momentum_buffer``,
+# or a client optimizer's own); ``<ds_id>`` is "<first>_<last>" parameter ids. Gradient files
+# (``<ds_id>_gradient_<offset>_<numel>.tensor.swp``) do not match.
+SWAP_FILE_NAME = re.compile(r"^(?:(?P<state>.+)-)?(?P<id>\d+_\d+)\.tensor\.swp$")
+
+
+
+class LoadPlaces(enum.Enum):
+    """What the engine's copy of a checkpoint's swap files over the folder places, by what the load loads (the
+    engine copies the whole folder whatever was asked: engine.py ``load_checkpoint``):
+    - ALL: the optimizer's state is loaded;
+    - MASTERS: it is not (``load_optimizer_states=False``), so the live state (Adam's moments, with its step counts)
+      stays, as with the optimizer on cpu; the fp32 masters come, since the engine rebuilds the parameters from
+      them right after the copy (``reset_swap_buffers``), and the checkpoint's are the loaded weights';
+    - NOTHING: the module only: stage 3 has already set the masters from the loaded weights before the copy
+      (``refresh_fp32_params``), and the checkpoint's would only replace them by themselves (fp32: the same
+      bytes; bf16: the widened weights, as stock CPU offload has them)."""
+    ALL = "all"
+    MASTERS = "masters"
+    NOTHING = "nothing"
+
 
 NVME_PATH_KEY = "zero_optimization.offload_optimizer.nvme_path"
 
@@ -146,7 +166,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         self._counted_this_window = set()  # (sub-group, offset) read so and counted in this window
         self._stored_gradients = set()  # sub-group ids
         self._checkpoint_load_pending = False  # the engine's load_checkpoint is running (loading_checkpoint)
-        self._load_keeps_state = False  # ... and it does not load the optimizer's state (places_at_load)
+        self._load_places = LoadPlaces.ALL  # ... and what its copy of the checkpoint's files places
         self._drop_held_copies = False  # a checkpoint was copied over the folder: drop every held copy first
         self._profile_looked_up = False
         self._started = False  # a backward has begun: log_timers() calls from now on end training steps
@@ -181,27 +201,33 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         return {self._gradient_path(info) for info in self.swap_params_info.values() if info.swapped_gradients}
 
     @contextlib.contextmanager
-    def loading_checkpoint(self, keeps_optimizer_state: bool = False):
-        """While the engine's load_checkpoint runs (install.py wraps it): its read of ``swap_folder`` is a load's.
-        ``keeps_optimizer_state``: the load does not load the optimizer's state (``load_optimizer_states=False`` or
-        module only), so the engine's copy of the checkpoint's files brings the fp32 masters and not the state
-        files, whose live bytes (Adam's moments) the engine keeps, as it does with the optimizer on cpu
-        (``places_at_load``)."""
+    def loading_checkpoint(self, places: "LoadPlaces" = None):
+        """While the engine's load_checkpoint runs (install.py wraps it): its read of ``swap_folder`` is a load's,
+        and its copy of the checkpoint's files over the folder places what ``places`` says (``places_at_load``)."""
         self._checkpoint_load_pending = True
-        self._load_keeps_state = keeps_optimizer_state
+        self._load_places = places or LoadPlaces.ALL
         try:
             yield
         finally:
             self._checkpoint_load_pending = False
-            self._load_keeps_state = False
+            self._load_places = LoadPlaces.ALL
+
+    def owns_file(self, name: str) -> bool:
+        """Whether the swap file ``name`` in the folder is this swapper's. Engines alive at once from one config
+        share the folder (``optimizer/rank<N>`` under one ``nvme_path``; stock's too), each with its own sub-group
+        ids: a checkpoint of one engine takes its own files only (its load would put the other's back over their
+        live ones), and closing one engine leaves the other's files alone. A name that is no swap file's is owned
+        (stock's save copies whatever the folder holds)."""
+        match = SWAP_FILE_NAME.match(name)
+        return match is None or match["id"] in self.swap_params_info
 
     def places_at_load(self, name: str) -> bool:
         """Whether the engine's copy of a checkpoint over the swap folder (checkpoint_save.py) places the file
-        ``name``: every file, unless the load keeps the optimizer's live state; then the masters only."""
-        if not self._load_keeps_state:
+        ``name`` (LoadPlaces)."""
+        if self._load_places is LoadPlaces.ALL:
             return True
         match = SWAP_FILE_NAME.match(name)
-        return match is None or match["state"] is None
+        return self._load_places is LoadPlaces.MASTERS and match is not None and match["state"] is None
 
     def _drop_copies_held_before_load(self) -> None:
         """Forget every copy held (all flushed at the load's read of ``swap_folder``): the next use reads the file
@@ -374,7 +400,8 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         self._release_read_ahead()
         self.store.flush()
         self.store.close()  # its buffers, then the streaming slots' arena
-        unshare_folder(self._folder)  # files still shared with a checkpoint: no later writer may reach it
+        # its files still shared with a checkpoint: no later writer may reach it (another engine's stay: owns_file)
+        unshare_folder(self._folder, self.owns_file)
         self.io.close()
         self.closed = True
 
