@@ -107,7 +107,7 @@ class HostTierGovernor:
         that the same free memory is not promised twice:
         - budget not filled yet: a growth promises it to the next update, and several forward passes can come
           first (gradient accumulation, eval passes, a checkpoint load that dropped what was held, another engine's
-          forward pass: every governor's promises count at each reading, ``_LIVE_GOVERNORS``). Only what the
+          forward pass: every governor's promises count before a growth, ``_decide``). Only what the
           state can fill: a budget larger than the state leaves room no update will take.
         - streaming slots planned but not brought back yet: they come back one by one as sub-groups first stream,
           over the first steps (reads ahead start once the profile predicts). Measured on the 1.3B model beyond

@@ -59,7 +59,6 @@ from .stage3_gradients import stage3_gradients_of
 SWAP_FILE_NAME = re.compile(r"^(?:(?P<state>.+)-)?(?P<id>\d+_\d+)\.tensor\.swp$")
 
 
-
 class LoadPlaces(enum.Enum):
     """What the engine's copy of a checkpoint's swap files over the folder places, by what the load loads (the
     engine copies the whole folder whatever was asked: engine.py ``load_checkpoint``):
@@ -68,8 +67,9 @@ class LoadPlaces(enum.Enum):
       stays, as with the optimizer on cpu; the fp32 masters come, since the engine rebuilds the parameters from
       them right after the copy (``reset_swap_buffers``), and the checkpoint's are the loaded weights';
     - NOTHING: the module only: stage 3 has already set the masters from the loaded weights before the copy
-      (``refresh_fp32_params``), and the checkpoint's would only replace them by themselves (fp32: the same
-      bytes; bf16: the widened weights, as stock CPU offload has them)."""
+      (``refresh_fp32_params``), as stock CPU offload has them; the checkpoint's would replace them (in bf16 with
+      other values) until checkpoint.masters_from_loaded_weights set them again, and be left behind under the
+      checkpoint's ids in a rebuilt engine (which adopts nothing in a module-only load)."""
     ALL = "all"
     MASTERS = "masters"
     NOTHING = "nothing"
