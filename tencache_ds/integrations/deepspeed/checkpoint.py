@@ -108,15 +108,21 @@ def adopt_loaded_files(engine, load_dir, load_path, masters_only: bool = False) 
         logger.warning("the checkpoint in %s has %d optimizer sub-groups, this engine %d: its swap files are not "
                        "adopted (as in stock DeepSpeed)", loaded_dir, len(loaded), len(current))
         return 0
-    renamed = 0
+    # Two passes: the two sets of ids may overlap (a checkpoint from a process whose ids were shifted by whole
+    # sub-groups), and a rename into an id still to be renamed from would overwrite that loaded file first.
+    staged = []
     for old, new in zip(sorted(loaded, key=_id_order), sorted(current, key=_id_order)):
         for state in loaded[old]:
             prefix = f"{state}-" if state else ""
             source = os.path.join(swapper.files_folder, f"{prefix}{old}.tensor.swp")
             target = os.path.join(swapper.files_folder, f"{prefix}{new}.tensor.swp")
-            swapper.store.forget(target)  # a copy of this engine's own state: the loaded file replaces it
-            os.replace(source, target)
-            renamed += 1
+            staging = os.path.join(swapper.files_folder, f".adopting-{prefix}{new}.tensor.swp")  # saves skip "."
+            os.replace(source, staging)
+            staged.append((staging, target))
+    for staging, target in staged:
+        swapper.store.forget(target)  # a copy of this engine's own state: the loaded file replaces it
+        os.replace(staging, target)
+    renamed = len(staged)
     optimizer.reset_swap_buffers()  # read the adopted masters, rebuild the parameters from them
     logger.info("adopted %d loaded swap files from %s under this engine's sub-group ids", renamed, loaded_dir)
     return renamed
