@@ -3,7 +3,7 @@ what a load without the optimizer's state places (the masters only) and what a r
 every optimizer's state names (a client optimizer's too), and the gradient files, which are neither."""
 import pytest
 
-from tencache_ds.integrations.deepspeed.optimizer_swapper import SWAP_FILE_NAME
+from tencache_ds.integrations.deepspeed.optimizer_swapper import SWAP_FILE_NAME, swap_file_name
 
 
 @pytest.mark.parametrize("name, state, sub_group", [
@@ -17,6 +17,7 @@ from tencache_ds.integrations.deepspeed.optimizer_swapper import SWAP_FILE_NAME
 def test_masters_and_state_files(name, state, sub_group):
     match = SWAP_FILE_NAME.match(name)
     assert match is not None and (match["state"], match["id"]) == (state, sub_group)
+    assert swap_file_name(sub_group, state) == name  # the one format, both ways
 
 
 @pytest.mark.parametrize("name", ["0_27_gradient_0_1024.tensor.swp", "0_27.tensor.swp.tmp", ".0_27.tensor.swp.1.sharing",

@@ -64,7 +64,7 @@ from deepspeed.runtime.swap_tensor.optimizer_utils import OptimizerSwapper
 
 from ...errors import TencacheError
 from ...log import logger
-from .optimizer_swapper import SWAP_FILE_NAME, LoadPlaces, TencacheOptimizerSwapper
+from .optimizer_swapper import SWAP_FILE_NAME, LoadPlaces, TencacheOptimizerSwapper, swap_file_name
 from .reporting import param_swappers_of_optimizer
 
 
@@ -113,10 +113,9 @@ def adopt_loaded_files(engine, load_dir, load_path, masters_only: bool = False) 
     staged = []
     for old, new in zip(sorted(loaded, key=_id_order), sorted(current, key=_id_order)):
         for state in loaded[old]:
-            prefix = f"{state}-" if state else ""
-            source = os.path.join(swapper.files_folder, f"{prefix}{old}.tensor.swp")
-            target = os.path.join(swapper.files_folder, f"{prefix}{new}.tensor.swp")
-            staging = os.path.join(swapper.files_folder, f".adopting-{prefix}{new}.tensor.swp")  # saves skip "."
+            source = os.path.join(swapper.files_folder, swap_file_name(old, state))
+            target = os.path.join(swapper.files_folder, swap_file_name(new, state))
+            staging = os.path.join(swapper.files_folder, f".adopting-{swap_file_name(new, state)}")  # saves skip "."
             os.replace(source, staging)
             staged.append((staging, target))
     for staging, target in staged:
@@ -224,7 +223,7 @@ def _loaded_file_exists(swapper, swap_info, key: str) -> bool:
     if swap_info is None:
         return False
     folder = os.path.dirname(swap_info.tensors[0].swap_path)
-    return os.path.exists(os.path.join(folder, f"{key}-{swap_info.param_id}.tensor.swp"))
+    return os.path.exists(os.path.join(folder, swap_file_name(swap_info.param_id, key)))
 
 
 def load_zero_state(engine, load_dir, load_path):

@@ -27,6 +27,7 @@ import dataclasses
 import enum
 import os
 import re
+from typing import Optional
 
 import torch
 from deepspeed.runtime.swap_tensor.optimizer_utils import OptimizerStateSwapInfo, OptimizerSwapper
@@ -57,6 +58,11 @@ from .stage3_gradients import stage3_gradients_of
 # or a client optimizer's own); ``<ds_id>`` is "<first>_<last>" parameter ids. Gradient files
 # (``<ds_id>_gradient_<offset>_<numel>.tensor.swp``) do not match.
 SWAP_FILE_NAME = re.compile(r"^(?:(?P<state>.+)-)?(?P<id>\d+_\d+)\.tensor\.swp$")
+
+
+def swap_file_name(sub_group: str, state: Optional[str] = None) -> str:
+    """The name SWAP_FILE_NAME parses: sub-group ``sub_group``'s master, or its optimizer state ``state``."""
+    return f"{state}-{sub_group}.tensor.swp" if state else f"{sub_group}.tensor.swp"
 
 
 class LoadPlaces(enum.Enum):
