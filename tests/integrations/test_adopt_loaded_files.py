@@ -1,24 +1,36 @@
 """A rebuilt engine's adoption of a checkpoint's swap files (integrations/deepspeed/checkpoint.py
-``adopt_loaded_files``): each loaded file is renamed to this engine's sub-group id, in sub-group order, without
-DeepSpeed's engine (a swapper object with only what adoption reads: its folder, its sub-group ids, its store)."""
+``adopt_loaded_files``): each loaded file is renamed to this engine's sub-group id, in sub-group order; and the
+load's copy of the checkpoint's files (checkpoint_save.py ``_link_folder``) before it, which places the files of
+sub-groups the engine does not have hidden. Without DeepSpeed's engine (a swapper object with only what the copy and
+adoption read: its folder, its sub-group ids, its store, what the load places), on real files."""
 import os
 import types
 
 import pytest
 
 from tencache_ds.integrations.deepspeed.checkpoint import adopt_loaded_files
-from tencache_ds.integrations.deepspeed.optimizer_swapper import TencacheOptimizerSwapper
+from tencache_ds.integrations.deepspeed.checkpoint_save import _link_folder
+from tencache_ds.integrations.deepspeed.optimizer_swapper import LoadPlaces, TencacheOptimizerSwapper
 
 
 def engine_with(folder, sub_groups):
     swapper = object.__new__(TencacheOptimizerSwapper)  # no DeepSpeed: only the attributes adoption reads
     swapper._folder = str(folder)
     swapper.swap_params_info = dict.fromkeys(sub_groups)
+    swapper._load_places = LoadPlaces.ALL
     forgotten = []
     swapper.store = types.SimpleNamespace(forget=forgotten.append)
     rebuilt = []
     optimizer = types.SimpleNamespace(optimizer_swapper=swapper, reset_swap_buffers=lambda: rebuilt.append(True))
     return types.SimpleNamespace(optimizer=optimizer), forgotten, rebuilt
+
+
+def load_copy(engine, loaded, folder, places):
+    """The engine's copy of the checkpoint's folder over the swap folder, as load_checkpoint makes it."""
+    swapper = engine.optimizer.optimizer_swapper
+    swapper._load_places = places
+    _link_folder(swapper, str(loaded), str(folder), None, "load")
+    swapper._load_places = LoadPlaces.ALL
 
 
 def files(folder, sub_groups, states, tag):
@@ -40,9 +52,9 @@ def test_ids_shifted_by_whole_sub_groups_are_renamed_without_overwriting_a_loade
     loaded.mkdir(parents=True)
     folder.mkdir(parents=True)
     files(loaded, ["0_9", "10_19"], [None, "exp_avg"], "checkpoint")  # what the checkpoint holds
-    files(folder, ["20_29"], ["exp_avg"], "live")  # this engine's own moments, not overwritten by the copy
-    files(folder, ["0_9", "10_19"], [None] if masters_only else [None, "exp_avg"], "checkpoint")  # the copy
+    files(folder, ["10_19", "20_29"], [None, "exp_avg"], "live")  # this engine's own state
     engine, forgotten, rebuilt = engine_with(folder, ["10_19", "20_29"])
+    load_copy(engine, loaded, folder, LoadPlaces.MASTERS if masters_only else LoadPlaces.ALL)
     renamed = adopt_loaded_files(engine, str(tmp_path / "ckpt"), str(tag_dir / "mp_rank_00_model_states.pt"),
                                  masters_only=masters_only)
     assert renamed == (2 if masters_only else 4) and rebuilt == [True]
@@ -54,3 +66,54 @@ def test_ids_shifted_by_whole_sub_groups_are_renamed_without_overwriting_a_loade
     assert sorted(os.path.basename(path) for path in forgotten) == sorted(
         f"{prefix}{new}.tensor.swp" for new in ("10_19", "20_29")
         for prefix in ([""] if masters_only else ["", "exp_avg-"]))
+
+
+@pytest.mark.parametrize("masters_only", [False, True])
+def test_a_load_never_replaces_the_files_of_another_engine_sharing_the_folder(tmp_path, masters_only):
+    """Regression test: two engines alive in one process share the swap folder (one config, one nvme_path), the
+    critic with sub-groups 0_9 and 10_19, the actor with 20_29 and 30_39. The actor loads a checkpoint written by
+    another process where its ids were 0_9 and 10_19. The copy placed the checkpoint's files under their own names,
+    over the critic's live files, before adoption renamed them to the actor's ids: the critic's masters and moments
+    were the actor's from then on. The copy now places them hidden, adoption takes them from there, and nothing of
+    the critic's changes."""
+    tag_dir = tmp_path / "ckpt" / "tag"
+    loaded = tag_dir / "offloaded_tensors" / "rank00"
+    folder = tmp_path / "nvme" / "optimizer" / "rank0"
+    loaded.mkdir(parents=True)
+    folder.mkdir(parents=True)
+    files(loaded, ["0_9", "10_19"], [None, "exp_avg"], "checkpoint")
+    files(folder, ["0_9", "10_19"], [None, "exp_avg"], "critic")
+    files(folder, ["20_29", "30_39"], [None, "exp_avg"], "actor")
+    critic_files = {name: (folder / name).read_text() for name in os.listdir(folder) if "critic" in
+                    (folder / name).read_text()}
+    actor, _, rebuilt = engine_with(folder, ["20_29", "30_39"])
+    load_copy(actor, loaded, folder, LoadPlaces.MASTERS if masters_only else LoadPlaces.ALL)
+    assert {name: (folder / name).read_text() for name in critic_files} == critic_files
+    renamed = adopt_loaded_files(actor, str(tmp_path / "ckpt"), str(tag_dir / "mp_rank_00_model_states.pt"),
+                                 masters_only=masters_only)
+    assert renamed == (2 if masters_only else 4) and rebuilt == [True]
+    assert {name: (folder / name).read_text() for name in critic_files} == critic_files
+    assert (folder / "20_29.tensor.swp").read_text() == "checkpoint:0_9"
+    assert (folder / "30_39.tensor.swp").read_text() == "checkpoint:10_19"
+    assert (folder / "exp_avg-30_39.tensor.swp").read_text() == (
+        "actor:exp_avg-30_39" if masters_only else "checkpoint:exp_avg-10_19")
+    assert not [name for name in os.listdir(folder) if name.startswith(".")]
+
+
+def test_files_of_a_checkpoint_with_other_sub_groups_are_not_left_in_the_folder(tmp_path):
+    """A checkpoint of another model (3 sub-groups against this engine's 2) is not adopted (a warning, as in stock
+    DeepSpeed); the files its load placed hidden are deleted, and this engine's own stay."""
+    tag_dir = tmp_path / "ckpt" / "tag"
+    loaded = tag_dir / "offloaded_tensors" / "rank00"
+    folder = tmp_path / "nvme" / "optimizer" / "rank0"
+    loaded.mkdir(parents=True)
+    folder.mkdir(parents=True)
+    files(loaded, ["0_9", "10_19", "20_29"], [None, "exp_avg"], "checkpoint")
+    files(folder, ["30_39", "40_49"], [None, "exp_avg"], "live")
+    engine, _, rebuilt = engine_with(folder, ["30_39", "40_49"])
+    load_copy(engine, loaded, folder, LoadPlaces.ALL)
+    assert len([name for name in os.listdir(folder) if name.startswith(".")]) == 6
+    assert adopt_loaded_files(engine, str(tmp_path / "ckpt"), str(tag_dir / "mp_rank_00_model_states.pt")) == 0
+    assert rebuilt == []
+    assert sorted(os.listdir(folder)) == sorted(f"{prefix}{sub_group}.tensor.swp" for sub_group in ("30_39", "40_49")
+                                                for prefix in ("", "exp_avg-"))

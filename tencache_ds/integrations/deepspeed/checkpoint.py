@@ -64,7 +64,8 @@ from deepspeed.runtime.swap_tensor.optimizer_utils import OptimizerSwapper
 
 from ...errors import TencacheError
 from ...log import logger
-from .optimizer_swapper import SWAP_FILE_NAME, LoadPlaces, TencacheOptimizerSwapper, swap_file_name
+from .optimizer_swapper import (STAGED_LOAD_PREFIX, SWAP_FILE_NAME, LoadPlaces, TencacheOptimizerSwapper,
+                                staged_load_name, swap_file_name)
 from .reporting import param_swappers_of_optimizer
 
 
@@ -87,13 +88,20 @@ def loading_checkpoint(engine, optimizer_state: bool, module_only: bool):
 def adopt_loaded_files(engine, load_dir, load_path, masters_only: bool = False) -> int:
     """After ``engine.load_checkpoint``: when the checkpoint's sub-group ids are not this engine's (a rebuilt
     model), rename the loaded swap files to this engine's ids and rebuild the parameters from them (``masters_only``:
-    the load placed the masters' files only, ``loading_checkpoint``). Returns the number of files renamed (0: the
-    ids matched, or nothing to do)."""
+    the load placed the masters' files only, ``loading_checkpoint``). The load placed files of ids this engine does
+    not have hidden (``staged_load_name``); what is not adopted of them is deleted. Returns the number of files
+    renamed (0: the ids matched, or nothing to do)."""
     optimizer = getattr(engine, "optimizer", None)
     swapper = getattr(optimizer, "optimizer_swapper", None)
     if not isinstance(swapper, TencacheOptimizerSwapper) or load_path is None:
         return 0
-    loaded_dir = _rank_dir(os.path.dirname(load_path), swapper.files_folder)
+    try:
+        return _adopt(swapper, optimizer, _rank_dir(os.path.dirname(load_path), swapper.files_folder), masters_only)
+    finally:
+        _drop_staged_loads(swapper.files_folder)
+
+
+def _adopt(swapper, optimizer, loaded_dir, masters_only: bool) -> int:
     if loaded_dir is None:
         return 0
     loaded = {}
@@ -113,7 +121,9 @@ def adopt_loaded_files(engine, load_dir, load_path, masters_only: bool = False) 
     staged = []
     for old, new in zip(sorted(loaded, key=_id_order), sorted(current, key=_id_order)):
         for state in loaded[old]:
-            source = os.path.join(swapper.files_folder, swap_file_name(old, state))
+            name = swap_file_name(old, state)
+            source = os.path.join(swapper.files_folder, name if old in swapper.swap_params_info
+                                  else staged_load_name(name))
             target = os.path.join(swapper.files_folder, swap_file_name(new, state))
             staging = os.path.join(swapper.files_folder, f".adopting-{swap_file_name(new, state)}")  # saves skip "."
             os.replace(source, staging)
@@ -125,6 +135,13 @@ def adopt_loaded_files(engine, load_dir, load_path, masters_only: bool = False) 
     optimizer.reset_swap_buffers()  # read the adopted masters, rebuild the parameters from them
     logger.info("adopted %d loaded swap files from %s under this engine's sub-group ids", renamed, loaded_dir)
     return renamed
+
+
+def _drop_staged_loads(folder: str) -> None:
+    """Delete the checkpoint's files a load placed hidden and adoption did not take (another sub-group count)."""
+    for name in os.listdir(folder):
+        if name.startswith(STAGED_LOAD_PREFIX):
+            os.unlink(os.path.join(folder, name))
 
 
 def _id_order(sub_group_id: str):

@@ -192,24 +192,33 @@ def _link_folder(swapper, source: str, target: str, ignore, direction: str) -> F
     transfer = FolderTransfer(direction)
     names = sorted(name for name in os.listdir(source) if os.path.isfile(os.path.join(source, name)))
     skipped = set(ignore(source, names)) if ignore is not None else set()
-    names = [name for name in names if name not in skipped and not name.startswith(".")
-             and (swapper.owns_file(name) if direction == "save" else swapper.places_at_load(name))]
+    targets = {name: _target_name(swapper, name, direction) for name in names
+               if name not in skipped and not name.startswith(".")}
+    targets = {name: target_name for name, target_name in targets.items() if target_name is not None}
     os.makedirs(target, exist_ok=True)
-    for name in names:
-        source_path, target_path = os.path.join(source, name), os.path.join(target, name)
+    for name, target_name in targets.items():
+        source_path, target_path = os.path.join(source, name), os.path.join(target, target_name)
         placed = place(source_path, target_path, _fill_from_host_tier(swapper, source_path)
                        if direction == "save" else None)
         transfer.files += 1
         transfer.linked += int(placed.linked)
         transfer.bytes_written += placed.bytes_written
     if direction == "save":  # a save into a tag saved before: files of sub-groups this engine does not have go
-        for name in set(os.listdir(target)) - set(names):
+        for name in set(os.listdir(target)) - set(targets):
             if os.path.isfile(os.path.join(target, name)):
                 os.unlink(os.path.join(target, name))
     transfer.seconds = time.perf_counter() - started
     logger.info("%s %d swap files (%d linked, %d bytes written) from %s to %s in %.2f s", direction, transfer.files,
                 transfer.linked, transfer.bytes_written, source, target, transfer.seconds)
     return transfer
+
+
+def _target_name(swapper, name: str, direction: str):
+    """The name the file ``name`` gets in the target folder, or None to leave it: a save takes this swapper's own
+    files; a load places what ``load_target_name`` says (another sub-group's file hidden, for adoption)."""
+    if direction == "save":
+        return name if swapper.owns_file(name) else None
+    return swapper.load_target_name(name)
 
 
 def _fill_from_host_tier(swapper, path: str):

@@ -65,6 +65,15 @@ def swap_file_name(sub_group: str, state: Optional[str] = None) -> str:
     return f"{state}-{sub_group}.tensor.swp" if state else f"{sub_group}.tensor.swp"
 
 
+STAGED_LOAD_PREFIX = ".loading-"
+
+
+def staged_load_name(name: str) -> str:
+    """Where a load puts a checkpoint's swap file ``name`` of a sub-group the swapper does not have, until adoption
+    renames it (TencacheOptimizerSwapper.load_target_name): hidden, so saves and loads skip it."""
+    return STAGED_LOAD_PREFIX + name
+
+
 class LoadPlaces(enum.Enum):
     """What the engine's copy of a checkpoint's swap files over the folder places, by what the load loads (the
     engine copies the whole folder whatever was asked: engine.py ``load_checkpoint``):
@@ -209,7 +218,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
     @contextlib.contextmanager
     def loading_checkpoint(self, places: "LoadPlaces" = None):
         """While the engine's load_checkpoint runs (install.py wraps it): its read of ``swap_folder`` is a load's,
-        and its copy of the checkpoint's files over the folder places what ``places`` says (``places_at_load``)."""
+        and its copy of the checkpoint's files over the folder places what ``places`` says (``load_target_name``)."""
         self._checkpoint_load_pending = True
         self._load_places = places or LoadPlaces.ALL
         try:
@@ -227,13 +236,19 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         match = SWAP_FILE_NAME.match(name)
         return match is None or match["id"] in self.swap_params_info
 
-    def places_at_load(self, name: str) -> bool:
-        """Whether the engine's copy of a checkpoint over the swap folder (checkpoint_save.py) places the file
-        ``name`` (LoadPlaces)."""
-        if self._load_places is LoadPlaces.ALL:
-            return True
+    def load_target_name(self, name: str) -> Optional[str]:
+        """The name under which the engine's copy of a checkpoint over the swap folder (checkpoint_save.py) places
+        the checkpoint's file ``name``, or None where it places nothing (LoadPlaces). A swap file of a sub-group
+        this swapper does not have (a checkpoint from a rebuilt model or another process) is placed hidden,
+        ``staged_load_name``, for adoption to rename (checkpoint.adopt_loaded_files): under its own name it could
+        replace the live file of another engine sharing the folder, whose sub-group ids may be the checkpoint's."""
         match = SWAP_FILE_NAME.match(name)
-        return self._load_places is LoadPlaces.MASTERS and match is not None and match["state"] is None
+        if self._load_places is LoadPlaces.NOTHING or (
+                self._load_places is LoadPlaces.MASTERS and (match is None or match["state"] is not None)):
+            return None
+        if match is not None and match["id"] not in self.swap_params_info:
+            return staged_load_name(name)
+        return name
 
     def _drop_copies_held_before_load(self) -> None:
         """Forget every copy held (all flushed at the load's read of ``swap_folder``): the next use reads the file
