@@ -295,6 +295,33 @@ def test_the_critical_path_adds_up_to_the_step():
         assert sum(prediction.critical_path_s.values()) == pytest.approx(prediction.step_time_s, rel=1e-9)
 
 
+def llama70b_four_ranks_optimizer_on_nvme():
+    """MLP-Offload's 70B setting (docs/estimate.md, "Beside published figures"): 4 ranks on one node, optimizer
+    state on NVMe, parameters on the GPUs, bf16, micro-batch 1 x 2048, GAS 1, activation checkpointing."""
+    config = dict(ds_config("zero-infinity-nvme.json"), gradient_accumulation_steps=1)
+    config["zero_optimization"] = {"stage": 3, "sub_group_size": 100000000, "offload_optimizer": {
+        "device": "nvme", "nvme_path": "/local_nvme"}}
+    machine = dataclasses.replace(load_machine(os.path.join(REPO, "configs", "machines", "h100x8-2nvme-gen4.json")),
+                                  ranks_per_node=4, host_memory_bytes=503 * 10**9, drives=1)
+    return workload("llama-70b", config, world=4, micro_batch=1, seq=2048, checkpointing=True), machine
+
+
+@pytest.mark.parametrize("arm", [STOCK, TENCACHE])
+def test_a_step_is_never_shorter_than_its_bytes_at_the_drives_rates(arm):
+    """Regression test: writes a step leaves behind are the next step's, so in steady state every channel must move
+    a step's bytes within the step. tencache's update writes behind it; three replayed steps did not build the
+    backlog up, and 4 ranks sharing one Gen4 drive were predicted 140.7 s a step for 558 GB written at 3.5 GB/s
+    (159 s)."""
+    for work, machine in (llama70b_four_ranks_optimizer_on_nvme(),
+                          (workload("gpt2-small", config=ds_config(host_cache_bytes=0)), this_vm())):
+        prediction = predict(work, machine)[arm]
+        rounding = 1 + 1e-9
+        write_s = prediction.nvme_write_bytes / machine.nvme_write_bytes_per_s_per_rank
+        assert prediction.step_time_s * rounding >= write_s
+        assert prediction.step_time_s * rounding >= prediction.nvme_read_bytes / machine.nvme_read_bytes_per_s_per_rank
+        assert sum(prediction.critical_path_s.values()) == pytest.approx(prediction.step_time_s, rel=1e-9)
+
+
 def test_a_slower_drive_slows_stock_and_not_a_tencache_run_that_holds_everything():
     fast, slow = this_vm(), this_vm(nvme_read_bytes_per_s_per_drive=2e8, nvme_write_bytes_per_s_per_drive=2e8)
     work = workload(config=ds_config(host_cache_bytes="auto"))

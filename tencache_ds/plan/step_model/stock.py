@@ -37,6 +37,7 @@ def predict_stock(workload: Workload, machine: Machine) -> Prediction:
         start = timeline.now
         moved_before = dict(timeline.moved)
         parts_before = dict(timeline.parts)
+        busy_before = dict(timeline.busy)
         for micro in range(workload.gas):
             prefetched: Dict[Tuple[int, str], float] = {}
             for index, fetch in enumerate(workload.fetches):
@@ -58,6 +59,7 @@ def predict_stock(workload: Workload, machine: Machine) -> Prediction:
         step_s = timeline.now - start
     moved = {k: v - moved_before.get(k, 0) for k, v in timeline.moved.items()}
     parts = {k: v - parts_before.get(k, 0.0) for k, v in timeline.parts.items()}
+    step_s = timeline.steady_step(step_s, parts, busy_before)
     memory = _stock_memory(workload, machine)
     return finish(STOCK, step_s, parts, moved, memory, None, None, failures, {})
 

@@ -230,6 +230,7 @@ def predict_tencache(workload: Workload, machine: Machine) -> Prediction:
         start = timeline.now
         moved_before = dict(timeline.moved)
         parts_before = dict(timeline.parts)
+        busy_before = dict(timeline.busy)
         ahead: Dict[str, float] = {}
         for micro in range(workload.gas):
             issued: Dict[int, float] = {}
@@ -262,6 +263,7 @@ def predict_tencache(workload: Workload, machine: Machine) -> Prediction:
         step_s = timeline.now - start
     moved = {k: v - moved_before.get(k, 0) for k, v in timeline.moved.items()}
     parts = {k: v - parts_before.get(k, 0.0) for k, v in timeline.parts.items()}
+    step_s = timeline.steady_step(step_s, parts, busy_before)
     device_rate = 1.0 - len(device.misses) / len(gathers) if device and gathers else None
     host_rate = 1.0 - len(host_misses) / len(lends) if lends else None
     memory = _tencache_memory(workload, machine, plan)

@@ -45,6 +45,7 @@ class Timeline:
         self.last_on_drive: Optional[str] = None  # the direction of the last request queued on the shared drive
         self.parts: Dict[str, float] = defaultdict(float)
         self.moved: Dict[str, int] = defaultdict(int)
+        self.busy: Dict[str, float] = defaultdict(float)  # seconds each channel spent moving bytes
         self.written_at: Dict[str, float] = {}
 
     def work(self, seconds: float, part: str) -> None:
@@ -73,6 +74,7 @@ class Timeline:
         done = start + seconds
         self.free[queue] = done
         self.moved[channel] += nbytes
+        self.busy[channel] += seconds
         if channel == "nvme_write" and key is not None:
             self.written_at[key] = done
         return done
@@ -81,6 +83,24 @@ class Timeline:
         if done > self.now:
             self.parts[channel] += done - self.now
             self.now = done
+
+    def steady_step(self, step_s: float, parts: Dict[str, float], busy_before: Dict[str, float]) -> float:
+        """The step at steady state: at least each channel's busy time in it (its bytes at its rates; both NVMe
+        directions together on a shared drive). Bytes a step leaves moving behind it (tencache's writes) are
+        the next step's to wait for; the replayed steps do not build that backlog up to its steady size, so a
+        step shorter than a channel's busy time would be one the channel cannot keep up with. The difference is
+        charged to that channel in ``parts``, so the critical path still adds up to the step."""
+        busy = {channel: seconds - busy_before.get(channel, 0.0) for channel, seconds in self.busy.items()}
+        queues = dict(busy)
+        if self.shared_drive_scale is not None:
+            directions = [channel for channel in NVME_DIRECTIONS if channel in busy]
+            if directions:
+                queues[max(directions, key=busy.get)] = sum(busy[channel] for channel in directions)
+        channel = max(queues, key=queues.get, default=None)
+        if channel is None or queues[channel] <= step_s:
+            return step_s
+        parts[channel] = parts.get(channel, 0.0) + queues[channel] - step_s
+        return queues[channel]
 
 
 @dataclasses.dataclass(frozen=True)
