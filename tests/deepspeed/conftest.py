@@ -57,8 +57,13 @@ def launch_two_ranks(script, args, cleanup=(), timeout=900):
     remove the ``cleanup`` folders afterwards, and return the RESULT rank 0 printed (the test fails with the run's
     output when there is none). As a training run: in a process group of its own (a hang kills both ranks), and
     the launch's shared-memory buffers removed whatever became of it."""
+    return launch_ranks(script, args, 2, cleanup, timeout)
+
+
+def launch_ranks(script, args, ranks, cleanup=(), timeout=900):
+    """``launch_two_ranks`` with ``ranks`` ranks."""
     port = free_port()
-    command = ["deepspeed", "--num_gpus", "2", "--master_port", str(port), script] + [str(a) for a in args]
+    command = ["deepspeed", "--num_gpus", str(ranks), "--master_port", str(port), script] + [str(a) for a in args]
     try:
         proc = _run_in_own_group(command, dict(os.environ, PYTHONPATH=REPO), timeout)
     finally:

@@ -12,6 +12,9 @@ NVMe under tencache: each passes with the results of stock CPU offload, bit for 
 - load_into_trained_engine (not upstream): an engine that has trained loads a checkpoint without its optimizer's
   state, or the module only, and trains on: the weights are the checkpoint's, Adam's moments stay live (the
   engine's NVMe branch copied the checkpoint's moment files over the live ones; tencache copies the masters only);
+- load_at_other_world_size (DeepSpeed's stage 3 has no elastic checkpoint): a checkpoint saved by 2 ranks
+  (save_for_other_world_size) loaded by 1, with the optimizer's state (stock CPU offload's error) and without it
+  (the weights repartitioned, training on);
 - and, under tencache only, a module-only load with the parameters on NVMe beyond ``max_in_cpu`` (which stage 3
   cannot finish: by its code, stock's refresh reads ``.data`` of a missing flat partition, mid-load) is refused
   before the load with an error naming ``max_in_cpu``.
@@ -20,28 +23,42 @@ import os
 
 import pytest
 
-from conftest import launch_two_ranks
+from conftest import launch_ranks
 
-pytestmark = [pytest.mark.deepspeed, pytest.mark.slow]  # about 60 s a launch, two launches
+pytestmark = [pytest.mark.deepspeed, pytest.mark.slow]  # about 60 s a launch of 2 ranks, two, and two of 1
 SCRIPT = os.path.join(os.path.dirname(__file__), "upstream_checkpoints.py")
 SCENARIOS = ("zero_to_fp32", "zero_to_fp32_frozen", "immediate_save_load", "load_immediate_save",
-             "load_into_new_engine", "load_into_trained_engine")
+             "load_into_new_engine", "load_into_trained_engine", "save_for_other_world_size")
 
 
 # tencache's arm only, last (bad input, no upstream test): a module-only load stage 3 cannot finish is refused
 REFUSED = "module_only_params_on_file"
 
 
-def scenarios(tmp_path, mode, device, names):
+# in a launch of one rank, on the checkpoint save_for_other_world_size wrote at two
+OTHER_WORLD_SIZE = "load_at_other_world_size"
+
+
+def scenarios(tmp_path, mode, device, names, ranks=2):
     """Every scenario in one launch (each with its own engines and folders): the launch's start-up, not the
     scenarios, was most of the time when each had its own."""
-    nvme, ckpt = tmp_path / f"nvme-{mode}-{device}", tmp_path / f"ckpt-{mode}-{device}"
-    return launch_two_ranks(SCRIPT, [",".join(names), mode, device, nvme, ckpt], cleanup=[nvme])
+    nvme, ckpt = tmp_path / f"nvme-{mode}-{device}-{ranks}", tmp_path / f"ckpt-{mode}-{device}"
+    return launch_ranks(SCRIPT, [",".join(names), mode, device, nvme, ckpt], ranks, cleanup=[nvme])
 
 
 def test_optimizer_on_nvme_gives_stock_cpu_offloads_results(tmp_path):
     reference = scenarios(tmp_path, "stock", "cpu", SCENARIOS)
     ours = scenarios(tmp_path, "tencache", "nvme", SCENARIOS + (REFUSED,))
+    # a checkpoint of 2 ranks loaded by 1: stock CPU offload refuses the optimizer's state with its own error (stock
+    # NVMe copied the other size's swap files in and stopped at an assertion in its aio op), and repartitions the
+    # weights alone; tencache stopped on a swap file of the wrong size in both
+    reference_other, ours_other = (scenarios(tmp_path, mode, device, [OTHER_WORLD_SIZE], ranks=1)[OTHER_WORLD_SIZE]
+                                   for mode, device in (("stock", "cpu"), ("tencache", "nvme")))
+    assert reference_other["ok"] and "loaded" in reference_other["weights"], reference_other
+    assert ours_other["weights"] == reference_other["weights"], (ours_other, reference_other)
+    stock_error = reference_other["optimizer"]["error"]
+    assert stock_error.startswith("ZeRORuntimeException: The checkpoint being loaded used a DP world size of 2")
+    assert ours_other["optimizer"]["error"].startswith(stock_error.rstrip(".")), ours_other["optimizer"]
     # before anything is loaded, with an error that names the limit, and the engine trains on
     assert ours.get(REFUSED, {}).get("ok"), ours.get(REFUSED)
     assert ours[REFUSED]["error"].startswith("TencacheError") and "max_in_cpu" in ours[REFUSED]["error"]

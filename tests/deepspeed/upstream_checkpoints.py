@@ -10,7 +10,8 @@ optimizer state is large enough to be swapped). Rank 0 prints one RESULT line.
 
 SCENARIOS: comma-separated, of zero_to_fp32, zero_to_fp32_frozen, immediate_save_load, load_immediate_save,
 load_into_new_engine, load_into_trained_engine (not upstream), module_only_params_on_file (tencache's error; no
-upstream test); they run one after the other in the same processes (one launch: its start-up is most of a
+upstream test), save_for_other_world_size and load_at_other_world_size (the second in a launch of another world
+size, on the first's checkpoint: ``deepspeed --num_gpus 1``); they run one after the other in the same processes (one launch: its start-up is most of a
 scenario's time), each with its own engines and its own folders under NVME_DIR and CKPT_DIR. The result maps each
 scenario to the SHA-256 sums of the weights (and losses) it produces, so that runs can be compared bit for bit,
 and, where it fails, its error (the scenarios after a failure do not run). ``tencache=BYTES``: that
@@ -240,6 +241,52 @@ def module_only_params_on_file(mode, device, nvme, ckpt):
     return {"error": error, "unchanged": unchanged}
 
 
+def other_world_engine(mode, device, nvme):
+    torch.manual_seed(1234)
+    model = Layers(3, False)
+    return deepspeed.initialize(config=ds_config(mode, device, nvme, 2, 1), model=model,
+                                model_parameters=model.parameters())[0]
+
+
+def save_for_other_world_size(mode, device, nvme, ckpt):
+    """The first half of TestZeROCheckpoint's elastic cases (DeepSpeed's stage-3 answer: not supported), not a
+    port: train 2 steps and save, at this launch's world size; ``load_at_other_world_size`` loads it at another."""
+    engine = other_world_engine(mode, device, nvme)
+    train(engine, 2, 2)
+    engine.save_checkpoint(ckpt, tag="saved")
+    result = {"trained": digest(gathered(engine))}
+    engine.destroy()
+    return result
+
+
+def load_at_other_world_size(mode, device, nvme, ckpt):
+    """The second half, in a launch of another world size: a fresh engine loads ``save_for_other_world_size``'s
+    checkpoint with the optimizer's state (stock CPU offload stops: ZeRO-3 cannot repartition it) and without it
+    (the weights are the checkpoint's, repartitioned: train 3 steps on). Each load's error, or losses and weights.
+    With the optimizer on NVMe stock copies the other world size's swap files in and stops at the first swap-in."""
+    saved = os.path.join(os.path.dirname(ckpt), "save_for_other_world_size")
+    result = {}
+    for load in ("weights", "optimizer"):
+        engine = other_world_engine(mode, device, os.path.join(nvme, load))
+        try:
+            engine.load_checkpoint(saved, tag="saved", load_optimizer_states=load == "optimizer",
+                                   load_lr_scheduler_states=False)
+        except Exception as err:  # the error itself is the result
+            result[load] = {"error": f"{type(err).__name__}: {err}"}
+        else:
+            loaded = digest(gathered(engine))
+            losses = []
+            for x, y in batches(3, 2, seed=11):
+                loss = engine(x, y)
+                engine.backward(loss)
+                engine.step()
+                losses.append(loss)
+            result[load] = {"loaded": loaded, "losses": digest({f"{i}": loss for i, loss in enumerate(losses)}),
+                            "trained": digest(gathered(engine))}
+        engine.destroy()
+    return result
+
+
 SCENARIOS = {
     "zero_to_fp32": lambda *args: zero_to_fp32(*args, freeze=False),
     "zero_to_fp32_frozen": lambda *args: zero_to_fp32(*args, freeze=True),
@@ -248,6 +295,8 @@ SCENARIOS = {
     "load_into_new_engine": load_into_new_engine,
     "load_into_trained_engine": load_into_trained_engine,
     "module_only_params_on_file": module_only_params_on_file,
+    "save_for_other_world_size": save_for_other_world_size,
+    "load_at_other_world_size": load_at_other_world_size,
 }
 
 

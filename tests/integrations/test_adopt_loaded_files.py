@@ -18,6 +18,8 @@ def engine_with(folder, sub_groups):
     swapper._folder = str(folder)
     swapper.swap_params_info = dict.fromkeys(sub_groups)
     swapper._load_places = LoadPlaces.ALL
+    swapper._before_load_copy = None
+    swapper.last_load_places = None
     forgotten = []
     swapper.store = types.SimpleNamespace(forget=forgotten.append)
     rebuilt = []
@@ -31,6 +33,8 @@ def load_copy(engine, loaded, folder, places):
     swapper._load_places = places
     _link_folder(swapper, str(loaded), str(folder), None, "load")
     swapper._load_places = LoadPlaces.ALL
+    swapper._before_load_copy = None
+    swapper.last_load_places = None
 
 
 def files(folder, sub_groups, states, tag):

@@ -51,6 +51,10 @@ More things a resume loses or stops at, in stock DeepSpeed too (a resume then di
   read at the next swap-in), where stock CPU offload keeps the live moments and step counts. tencache's copy of the
   folder places the masters' files only then, and none in a load of the module only (``loading_checkpoint``;
   optimizer_swapper.py ``LoadPlaces``).
+- A checkpoint saved by another number of data-parallel ranks: its swap files hold partitions of the other size.
+  Stock's NVMe load skips the world-size check of ``_load_zero_checkpoint`` and stops at the first swap-in (an
+  assertion in its aio op); stock CPU offload stops at the check when the optimizer's state is loaded, and without
+  it sets the masters from the loaded weights. tencache does as stock CPU offload (``_places_for_saved_partitioning``).
 """
 import contextlib
 import copy
@@ -61,6 +65,7 @@ import os
 import torch
 from deepspeed.checkpoint.constants import FP32_FLAT_GROUPS, LOSS_SCALER, OPTIMIZER_STATE_DICT
 from deepspeed.runtime.swap_tensor.optimizer_utils import OptimizerSwapper
+from deepspeed.runtime.zero.utils import ZeRORuntimeException
 
 from ...errors import TencacheError
 from ...log import logger
@@ -81,8 +86,45 @@ def loading_checkpoint(engine, optimizer_state: bool, module_only: bool):
         yield
         return
     places = LoadPlaces.NOTHING if module_only else LoadPlaces.ALL if optimizer_state else LoadPlaces.MASTERS
-    with swapper.loading_checkpoint(places):
+    with swapper.loading_checkpoint(places, functools.partial(_places_for_saved_partitioning, engine)):
         yield
+
+
+def _places_for_saved_partitioning(engine, places: LoadPlaces) -> LoadPlaces:
+    """What the engine's copy of the checkpoint's swap files may place, given how many data-parallel ranks saved
+    it (the engine has just read that from the checkpoint). The swap files hold each rank's partitions, sized for
+    the saving world size. Stock DeepSpeed compares the two before it loads the optimizer's state, and stops
+    (``_load_zero_checkpoint``: "Automatic adjustment ... not currently supported"), but its NVMe load path skips
+    that function: it copied the files in, and the first swap-in stopped on a file of the wrong size (an assertion
+    in its aio op; tencache's "holds N bytes but M were expected ... written by another run"). So:
+    - with the optimizer's state asked for: stock CPU offload's error, before anything is placed;
+    - without it: stock CPU offload sets the masters from the loaded weights, which ZeRO-3 partitions for this
+      world size (``_restore_from_bit16_weights``): the same here, now, and nothing is placed (the engine
+      rebuilds the parameters from the masters right after the copy: ``reset_swap_buffers``)."""
+    saved, current = engine.loaded_checkpoint_dp_world_size, engine.seq_dp_world_size
+    if places is LoadPlaces.NOTHING or saved is None or saved == current:
+        return places
+    if places is LoadPlaces.ALL:
+        raise ZeRORuntimeException(
+            f"The checkpoint being loaded used a DP world size of {saved} but the current world size is {current}. "
+            f"Automatic adjustment of ZeRO's optimizer state partitioning with a new world size is not currently "
+            f"supported (DeepSpeed's own check, which its load with the optimizer on NVMe skips: the checkpoint's "
+            f"optimizer swap files are partitioned for {saved} ranks). Resume with {saved} ranks, or load the "
+            f"weights only: load_checkpoint(..., load_optimizer_states=False). No swap file was changed.")
+    optimizer = engine.optimizer
+    on_file = sum(flat is None for flat in optimizer.fp16_partitioned_groups_flat)
+    if on_file:
+        raise TencacheError(
+            f"load_checkpoint(load_optimizer_states=False) of a checkpoint saved by {saved} data-parallel ranks into "
+            f"{current}, with the parameters offloaded to NVMe beyond offload_param.max_in_cpu ({on_file} of "
+            f"{len(optimizer.fp16_partitioned_groups_flat)} sub-groups on file): the fp32 masters cannot be set from "
+            f"the loaded weights (no flat 16-bit partition), and the checkpoint's are partitioned for {saved} ranks. "
+            f"Resume with {saved} ranks, raise max_in_cpu, or offload the parameters to cpu. No swap file was "
+            f"changed.")
+    optimizer.refresh_fp32_params()  # refresh_masters_swapping_in: each sub-group swapped in, set, swapped out
+    logger.info("the checkpoint was saved by %d data-parallel ranks, this run has %d: the fp32 masters are set "
+                "from the loaded weights, and none of its optimizer swap files is placed", saved, current)
+    return LoadPlaces.NOTHING
 
 
 def adopt_loaded_files(engine, load_dir, load_path, masters_only: bool = False) -> int:
@@ -94,6 +136,8 @@ def adopt_loaded_files(engine, load_dir, load_path, masters_only: bool = False) 
     optimizer = getattr(engine, "optimizer", None)
     swapper = getattr(optimizer, "optimizer_swapper", None)
     if not isinstance(swapper, TencacheOptimizerSwapper) or load_path is None:
+        return 0
+    if swapper.last_load_places is LoadPlaces.NOTHING:  # the load placed no file (_places_for_saved_partitioning)
         return 0
     try:
         return _adopt(swapper, optimizer, _rank_dir(os.path.dirname(load_path), swapper.files_folder), masters_only)
@@ -268,8 +312,8 @@ def restore_unswapped_masters(engine, load_dir, load_path, load_module_only=Fals
     optimizer = getattr(engine, "optimizer", None)
     if not isinstance(getattr(optimizer, "optimizer_swapper", None), TencacheOptimizerSwapper):
         return 0
-    if load_path is None or load_module_only:
-        return 0
+    if load_path is None or load_module_only or optimizer.optimizer_swapper.last_load_places is LoadPlaces.NOTHING:
+        return 0  # nothing taken from the checkpoint's optimizer state: the masters are the loaded weights'
     unswapped = [i for i in range(len(optimizer.fp32_partitioned_groups_flat))
                  if not optimizer._swappable_optimizer_subgroup(i)]
     if not unswapped:

@@ -30,7 +30,7 @@ from ...io import cloned_save
 from ...io.reflink import folder_clones
 from ...io.shared_files import place
 from ...log import logger
-from .optimizer_swapper import TencacheOptimizerSwapper
+from .optimizer_swapper import LoadPlaces, TencacheOptimizerSwapper
 
 
 @contextlib.contextmanager
@@ -190,6 +190,11 @@ def _copytree_linking(swapper, direction: str):
 def _link_folder(swapper, source: str, target: str, ignore, direction: str) -> FolderTransfer:
     started = time.perf_counter()
     transfer = FolderTransfer(direction)
+    if direction == "load":
+        swapper.begin_load_copy()
+        if swapper.last_load_places is LoadPlaces.NOTHING:  # (the folder may not even exist: another world size)
+            logger.info("load: no swap file placed from %s", source)
+            return transfer
     names = sorted(name for name in os.listdir(source) if os.path.isfile(os.path.join(source, name)))
     skipped = set(ignore(source, names)) if ignore is not None else set()
     targets = {name: _target_name(swapper, name, direction) for name in names

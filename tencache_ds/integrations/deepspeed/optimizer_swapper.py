@@ -182,6 +182,8 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         self._stored_gradients = set()  # sub-group ids
         self._checkpoint_load_pending = False  # the engine's load_checkpoint is running (loading_checkpoint)
         self._load_places = LoadPlaces.ALL  # ... and what its copy of the checkpoint's files places
+        self._before_load_copy = None  # ... settled when the copy starts (begin_load_copy)
+        self.last_load_places: Optional[LoadPlaces] = None  # what the last load's copy placed (None: no copy)
         self._drop_held_copies = False  # a checkpoint was copied over the folder: drop every held copy first
         self._profile_looked_up = False
         self._started = False  # a backward has begun: log_timers() calls from now on end training steps
@@ -216,16 +218,28 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         return {self._gradient_path(info) for info in self.swap_params_info.values() if info.swapped_gradients}
 
     @contextlib.contextmanager
-    def loading_checkpoint(self, places: "LoadPlaces" = None):
+    def loading_checkpoint(self, places: "LoadPlaces" = None, before_copy=None):
         """While the engine's load_checkpoint runs (install.py wraps it): its read of ``swap_folder`` is a load's,
-        and its copy of the checkpoint's files over the folder places what ``places`` says (``load_target_name``)."""
+        and its copy of the checkpoint's files over the folder places what ``places`` says (``load_target_name``),
+        or what ``before_copy(places)`` returns when the copy starts (``begin_load_copy``: by then the engine has
+        read the checkpoint's own description, e.g. how many ranks saved it)."""
         self._checkpoint_load_pending = True
         self._load_places = places or LoadPlaces.ALL
+        self._before_load_copy = before_copy
+        self.last_load_places = None
         try:
             yield
         finally:
             self._checkpoint_load_pending = False
             self._load_places = LoadPlaces.ALL
+            self._before_load_copy = None
+
+    def begin_load_copy(self) -> None:
+        """The engine's copy of a checkpoint over the swap folder starts (checkpoint_save.py): settle what it
+        places, and remember it for what follows the load (``last_load_places``)."""
+        if self._before_load_copy is not None:
+            self._load_places = self._before_load_copy(self._load_places)
+        self.last_load_places = self._load_places
 
     def owns_file(self, name: str) -> bool:
         """Whether the swap file ``name`` in the folder is this swapper's. Engines alive at once from one config
