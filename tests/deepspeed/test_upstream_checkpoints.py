@@ -14,7 +14,8 @@ NVMe under tencache: each passes with the results of stock CPU offload, bit for 
   engine's NVMe branch copied the checkpoint's moment files over the live ones; tencache copies the masters only);
 - load_at_other_world_size (DeepSpeed's stage 3 has no elastic checkpoint): a checkpoint saved by 2 ranks
   (save_for_other_world_size) loaded by 1, with the optimizer's state (stock CPU offload's error) and without it
-  (the weights repartitioned, training on);
+  (the weights repartitioned, training on); and (in save_for_other_world_size) loaded by an engine with another
+  ``sub_group_size``: the same two loads;
 - and, under tencache only, a module-only load with the parameters on NVMe beyond ``max_in_cpu`` (which stage 3
   cannot finish: by its code, stock's refresh reads ``.data`` of a missing flat partition, mid-load) is refused
   before the load with an error naming ``max_in_cpu``.
@@ -63,6 +64,13 @@ def test_optimizer_on_nvme_gives_stock_cpu_offloads_results(tmp_path):
     assert ours.get(REFUSED, {}).get("ok"), ours.get(REFUSED)
     assert ours[REFUSED]["error"].startswith("TencacheError") and "max_in_cpu" in ours[REFUSED]["error"]
     assert ours[REFUSED]["unchanged"], ours[REFUSED]
+    # a checkpoint loaded by an engine with other sub-groups: stock CPU offload refuses the optimizer's state (torch:
+    # "doesn't match the size of optimizer's group") and takes the weights; tencache adopted no file and rebuilt
+    # the parameters from the live masters, the loaded weights dropped (a warning)
+    other_sub_groups = ours["save_for_other_world_size"].pop("other_sub_groups_optimizer")
+    stock_refusal = reference["save_for_other_world_size"].pop("other_sub_groups_optimizer")
+    assert stock_refusal["error"].startswith("ValueError") and "size" in stock_refusal["error"], stock_refusal
+    assert other_sub_groups["error"].startswith("TencacheError") and "sub_group_size" in other_sub_groups["error"]
     for name in SCENARIOS:
         assert name in reference and name in ours, (name, reference, ours)  # a failure stops the scenarios after it
         assert reference[name]["ok"], (name, reference[name])

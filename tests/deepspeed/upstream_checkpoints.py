@@ -241,48 +241,63 @@ def module_only_params_on_file(mode, device, nvme, ckpt):
     return {"error": error, "unchanged": unchanged}
 
 
-def other_world_engine(mode, device, nvme):
+def other_world_engine(mode, device, nvme, sub_group_size=None):
     torch.manual_seed(1234)
     model = Layers(3, False)
-    return deepspeed.initialize(config=ds_config(mode, device, nvme, 2, 1), model=model,
-                                model_parameters=model.parameters())[0]
+    config = ds_config(mode, device, nvme, 2, 1)
+    if sub_group_size:
+        config["zero_optimization"]["sub_group_size"] = sub_group_size
+    return deepspeed.initialize(config=config, model=model, model_parameters=model.parameters())[0]
+
+
+def loads_and_trains_on(engine, saved, load):
+    """``engine`` loads the checkpoint (tag "saved") in ``saved``: the optimizer's state with it (``load``
+    "optimizer") or not ("weights"), then trains 3 steps. The load's error, or the loaded weights, the losses and
+    the trained weights."""
+    try:
+        engine.load_checkpoint(saved, tag="saved", load_optimizer_states=load == "optimizer",
+                               load_lr_scheduler_states=False)
+    except Exception as err:  # the error itself is the result
+        return {"error": f"{type(err).__name__}: {err}"}
+    loaded = digest(gathered(engine))
+    losses = []
+    for x, y in batches(3, 2, seed=11):
+        loss = engine(x, y)
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss)
+    return {"loaded": loaded, "losses": digest({f"{i}": loss for i, loss in enumerate(losses)}),
+            "trained": digest(gathered(engine))}
 
 
 def save_for_other_world_size(mode, device, nvme, ckpt):
     """The first half of TestZeROCheckpoint's elastic cases (DeepSpeed's stage-3 answer: not supported), not a
-    port: train 2 steps and save, at this launch's world size; ``load_at_other_world_size`` loads it at another."""
+    port: train 2 steps and save, at this launch's world size; ``load_at_other_world_size`` loads it at another.
+    Then, in this launch, a fresh engine with other sub-groups (``sub_group_size`` a layer's weight instead of one
+    sub-group) loads it with the optimizer's state (stock CPU offload stops: other parameter groups) and without it
+    (the weights are the checkpoint's: train 3 steps on)."""
     engine = other_world_engine(mode, device, nvme)
     train(engine, 2, 2)
     engine.save_checkpoint(ckpt, tag="saved")
     result = {"trained": digest(gathered(engine))}
     engine.destroy()
+    for load in ("weights", "optimizer"):
+        engine = other_world_engine(mode, device, os.path.join(nvme, load), sub_group_size=HIDDEN * HIDDEN)
+        result[f"other_sub_groups_{load}"] = loads_and_trains_on(engine, ckpt, load)
+        engine.destroy()
     return result
 
 
 def load_at_other_world_size(mode, device, nvme, ckpt):
     """The second half, in a launch of another world size: a fresh engine loads ``save_for_other_world_size``'s
     checkpoint with the optimizer's state (stock CPU offload stops: ZeRO-3 cannot repartition it) and without it
-    (the weights are the checkpoint's, repartitioned: train 3 steps on). Each load's error, or losses and weights.
-    With the optimizer on NVMe stock copies the other world size's swap files in and stops at the first swap-in."""
+    (the weights are the checkpoint's, repartitioned: train 3 steps on). With the optimizer on NVMe stock copies the
+    other world size's swap files in and stops at the first swap-in."""
     saved = os.path.join(os.path.dirname(ckpt), "save_for_other_world_size")
     result = {}
     for load in ("weights", "optimizer"):
         engine = other_world_engine(mode, device, os.path.join(nvme, load))
-        try:
-            engine.load_checkpoint(saved, tag="saved", load_optimizer_states=load == "optimizer",
-                                   load_lr_scheduler_states=False)
-        except Exception as err:  # the error itself is the result
-            result[load] = {"error": f"{type(err).__name__}: {err}"}
-        else:
-            loaded = digest(gathered(engine))
-            losses = []
-            for x, y in batches(3, 2, seed=11):
-                loss = engine(x, y)
-                engine.backward(loss)
-                engine.step()
-                losses.append(loss)
-            result[load] = {"loaded": loaded, "losses": digest({f"{i}": loss for i, loss in enumerate(losses)}),
-                            "trained": digest(gathered(engine))}
+        result[load] = loads_and_trains_on(engine, saved, load)
         engine.destroy()
     return result
 

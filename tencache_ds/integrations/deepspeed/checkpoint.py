@@ -54,7 +54,7 @@ More things a resume loses or stops at, in stock DeepSpeed too (a resume then di
 - A checkpoint saved by another number of data-parallel ranks: its swap files hold partitions of the other size.
   Stock's NVMe load skips the world-size check of ``_load_zero_checkpoint`` and stops at the first swap-in (an
   assertion in its aio op); stock CPU offload stops at the check when the optimizer's state is loaded, and without
-  it sets the masters from the loaded weights. tencache does as stock CPU offload (``_places_for_saved_partitioning``).
+  it sets the masters from the loaded weights. tencache does as stock CPU offload (``_places_for_saved_layout``).
 """
 import contextlib
 import copy
@@ -70,7 +70,7 @@ from deepspeed.runtime.zero.utils import ZeRORuntimeException
 from ...errors import TencacheError
 from ...log import logger
 from .optimizer_swapper import (STAGED_LOAD_PREFIX, SWAP_FILE_NAME, LoadPlaces, TencacheOptimizerSwapper,
-                                staged_load_name, swap_file_name)
+                                staged_load_name, sub_group_order, swap_file_name)
 from .reporting import param_swappers_of_optimizer
 
 
@@ -86,44 +86,58 @@ def loading_checkpoint(engine, optimizer_state: bool, module_only: bool):
         yield
         return
     places = LoadPlaces.NOTHING if module_only else LoadPlaces.ALL if optimizer_state else LoadPlaces.MASTERS
-    with swapper.loading_checkpoint(places, functools.partial(_places_for_saved_partitioning, engine)):
+    with swapper.loading_checkpoint(places, functools.partial(_places_for_saved_layout, engine)):
         yield
 
 
-def _places_for_saved_partitioning(engine, places: LoadPlaces) -> LoadPlaces:
-    """What the engine's copy of the checkpoint's swap files may place, given how many data-parallel ranks saved
-    it (the engine has just read that from the checkpoint). The swap files hold each rank's partitions, sized for
-    the saving world size. Stock DeepSpeed compares the two before it loads the optimizer's state, and stops
-    (``_load_zero_checkpoint``: "Automatic adjustment ... not currently supported"), but its NVMe load path skips
-    that function: it copied the files in, and the first swap-in stopped on a file of the wrong size (an assertion
-    in its aio op; tencache's "holds N bytes but M were expected ... written by another run"). So:
-    - with the optimizer's state asked for: stock CPU offload's error, before anything is placed;
-    - without it: stock CPU offload sets the masters from the loaded weights, which ZeRO-3 partitions for this
-      world size (``_restore_from_bit16_weights``): the same here, now, and nothing is placed (the engine
-      rebuilds the parameters from the masters right after the copy: ``reset_swap_buffers``)."""
-    saved, current = engine.loaded_checkpoint_dp_world_size, engine.seq_dp_world_size
-    if places is LoadPlaces.NOTHING or saved is None or saved == current:
+def _places_for_saved_layout(engine, places: LoadPlaces, source: str) -> LoadPlaces:
+    """What the engine's copy of the checkpoint's swap files (``source``) may place, given how they were laid out.
+    The swap files hold each rank's sub-groups, sized for the saving world size and ``sub_group_size`` (and model).
+    Stock DeepSpeed compares world sizes before it loads the optimizer's state, and stops
+    (``_load_zero_checkpoint``: "Automatic adjustment ... not currently supported"); torch's ``load_state_dict``
+    stops on other sub-groups ("a parameter group that doesn't match the size"). Its NVMe load path skips both: it
+    copied the files in, and the first swap-in stopped on a file of the wrong size (an assertion in its aio op;
+    tencache's "holds N bytes but M were expected ... written by another run"), or, with another number of
+    sub-groups, tencache adopted none and rebuilt the parameters from the live masters, silently dropping the
+    loaded weights. So, when they do not fit:
+    - with the optimizer's state asked for: stock CPU offload's error (the world size) or one naming the sub-groups,
+      before anything is placed;
+    - without it: stock CPU offload sets the masters from the loaded weights, which ZeRO-3 partitions for this run
+      (``_restore_from_bit16_weights``): the same here, now, and nothing is placed (the engine rebuilds the
+      parameters from the masters right after the copy: ``reset_swap_buffers``)."""
+    if places is LoadPlaces.NOTHING:
         return places
-    if places is LoadPlaces.ALL:
-        raise ZeRORuntimeException(
-            f"The checkpoint being loaded used a DP world size of {saved} but the current world size is {current}. "
-            f"Automatic adjustment of ZeRO's optimizer state partitioning with a new world size is not currently "
-            f"supported (DeepSpeed's own check, which its load with the optimizer on NVMe skips: the checkpoint's "
-            f"optimizer swap files are partitioned for {saved} ranks). Resume with {saved} ranks, or load the "
-            f"weights only: load_checkpoint(..., load_optimizer_states=False). No swap file was changed.")
+    saved_ranks, ranks = engine.loaded_checkpoint_dp_world_size, engine.seq_dp_world_size
+    if saved_ranks is not None and saved_ranks != ranks:
+        why = f"the checkpoint's optimizer swap files are partitioned for {saved_ranks} ranks, this run has {ranks}"
+        if places is LoadPlaces.ALL:
+            raise ZeRORuntimeException(
+                f"The checkpoint being loaded used a DP world size of {saved_ranks} but the current world size is "
+                f"{ranks}. Automatic adjustment of ZeRO's optimizer state partitioning with a new world size is not "
+                f"currently supported (DeepSpeed's own check, which its load with the optimizer on NVMe skips: "
+                f"{why}). Resume with {saved_ranks} ranks, or load the weights only: load_checkpoint(..., "
+                f"load_optimizer_states=False). No swap file was changed.")
+    else:
+        mismatch = engine.optimizer.optimizer_swapper.sub_group_layout_mismatch(source)
+        if mismatch is None:
+            return places
+        why = f"the checkpoint's optimizer swap files in {source} have {mismatch}"
+        if places is LoadPlaces.ALL:
+            raise TencacheError(
+                f"load_checkpoint: {why}: its optimizer state cannot be loaded into this engine's sub-groups (stock "
+                f"CPU offload stops too: a parameter group that doesn't match the size of the optimizer's). Did "
+                f"zero_optimization.sub_group_size, the model or its frozen parameters change since the save? Load "
+                f"the weights only: load_checkpoint(..., load_optimizer_states=False). No swap file was changed.")
     optimizer = engine.optimizer
     on_file = sum(flat is None for flat in optimizer.fp16_partitioned_groups_flat)
     if on_file:
         raise TencacheError(
-            f"load_checkpoint(load_optimizer_states=False) of a checkpoint saved by {saved} data-parallel ranks into "
-            f"{current}, with the parameters offloaded to NVMe beyond offload_param.max_in_cpu ({on_file} of "
-            f"{len(optimizer.fp16_partitioned_groups_flat)} sub-groups on file): the fp32 masters cannot be set from "
-            f"the loaded weights (no flat 16-bit partition), and the checkpoint's are partitioned for {saved} ranks. "
-            f"Resume with {saved} ranks, raise max_in_cpu, or offload the parameters to cpu. No swap file was "
-            f"changed.")
+            f"load_checkpoint(load_optimizer_states=False): {why}, and with the parameters offloaded to NVMe beyond "
+            f"offload_param.max_in_cpu ({on_file} of {len(optimizer.fp16_partitioned_groups_flat)} sub-groups on "
+            f"file) the fp32 masters cannot be set from the loaded weights (no flat 16-bit partition). Load with the "
+            f"checkpoint's layout, raise max_in_cpu, or offload the parameters to cpu. No swap file was changed.")
     optimizer.refresh_fp32_params()  # refresh_masters_swapping_in: each sub-group swapped in, set, swapped out
-    logger.info("the checkpoint was saved by %d data-parallel ranks, this run has %d: the fp32 masters are set "
-                "from the loaded weights, and none of its optimizer swap files is placed", saved, current)
+    logger.info("%s: the fp32 masters are set from the loaded weights, and none of its swap files is placed", why)
     return LoadPlaces.NOTHING
 
 
@@ -137,7 +151,7 @@ def adopt_loaded_files(engine, load_dir, load_path, masters_only: bool = False) 
     swapper = getattr(optimizer, "optimizer_swapper", None)
     if not isinstance(swapper, TencacheOptimizerSwapper) or load_path is None:
         return 0
-    if swapper.last_load_places is LoadPlaces.NOTHING:  # the load placed no file (_places_for_saved_partitioning)
+    if swapper.last_load_places is LoadPlaces.NOTHING:  # the load placed no file (_places_for_saved_layout)
         return 0
     try:
         return _adopt(swapper, optimizer, _rank_dir(os.path.dirname(load_path), swapper.files_folder), masters_only)
@@ -163,7 +177,7 @@ def _adopt(swapper, optimizer, loaded_dir, masters_only: bool) -> int:
     # Two passes: the two sets of ids may overlap (a checkpoint from a process whose ids were shifted by whole
     # sub-groups), and a rename into an id still to be renamed from would overwrite that loaded file first.
     staged = []
-    for old, new in zip(sorted(loaded, key=_id_order), sorted(current, key=_id_order)):
+    for old, new in zip(sorted(loaded, key=sub_group_order), sorted(current, key=sub_group_order)):
         for state in loaded[old]:
             name = swap_file_name(old, state)
             source = os.path.join(swapper.files_folder, name if old in swapper.swap_params_info
@@ -186,10 +200,6 @@ def _drop_staged_loads(folder: str) -> None:
     for name in os.listdir(folder):
         if name.startswith(STAGED_LOAD_PREFIX):
             os.unlink(os.path.join(folder, name))
-
-
-def _id_order(sub_group_id: str):
-    return tuple(int(part) for part in sub_group_id.split("_"))
 
 
 def _rank_dir(tag_dir: str, files_folder: str):

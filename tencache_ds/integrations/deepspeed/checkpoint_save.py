@@ -191,7 +191,7 @@ def _link_folder(swapper, source: str, target: str, ignore, direction: str) -> F
     started = time.perf_counter()
     transfer = FolderTransfer(direction)
     if direction == "load":
-        swapper.begin_load_copy()
+        swapper.begin_load_copy(source)
         if swapper.last_load_places is LoadPlaces.NOTHING:  # (the folder may not even exist: another world size)
             logger.info("load: no swap file placed from %s", source)
             return transfer

@@ -60,6 +60,15 @@ from .stage3_gradients import stage3_gradients_of
 SWAP_FILE_NAME = re.compile(r"^(?:(?P<state>.+)-)?(?P<id>\d+_\d+)\.tensor\.swp$")
 
 
+# the most aio threads a checkpoint's swap files may have been padded for (sub_group_layout_mismatch)
+MAX_INTRA_OP_PARALLELISM = 64
+
+
+def sub_group_order(sub_group: str):
+    """Sort key of sub-group ids ("<first>_<last>" parameter ids): stage 3's order of its sub-groups."""
+    return tuple(int(part) for part in sub_group.split("_"))
+
+
 def swap_file_name(sub_group: str, state: Optional[str] = None) -> str:
     """The name SWAP_FILE_NAME parses: sub-group ``sub_group``'s master, or its optimizer state ``state``."""
     return f"{state}-{sub_group}.tensor.swp" if state else f"{sub_group}.tensor.swp"
@@ -234,12 +243,31 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             self._load_places = LoadPlaces.ALL
             self._before_load_copy = None
 
-    def begin_load_copy(self) -> None:
-        """The engine's copy of a checkpoint over the swap folder starts (checkpoint_save.py): settle what it
-        places, and remember it for what follows the load (``last_load_places``)."""
+    def begin_load_copy(self, source: str) -> None:
+        """The engine's copy of a checkpoint's folder ``source`` over the swap folder starts (checkpoint_save.py):
+        settle what it places, and remember it for what follows the load (``last_load_places``)."""
         if self._before_load_copy is not None:
-            self._load_places = self._before_load_copy(self._load_places)
+            self._load_places = self._before_load_copy(self._load_places, source)
         self.last_load_places = self._load_places
+
+    def sub_group_layout_mismatch(self, folder: str) -> Optional[str]:
+        """Why the fp32 master files in ``folder`` (a checkpoint's) cannot be this swapper's sub-groups, in
+        sub-group order (ids may differ: adoption renames them), or None when they can: as many, each file the
+        size a swap of that sub-group writes at some ``aio.intra_op_parallelism`` (its padding; sub-groups within
+        one padding of each other, at most 64 KiB, cannot be told apart by their files)."""
+        saved = sorted(((match["id"], os.path.getsize(os.path.join(folder, name))) for name in os.listdir(folder)
+                        if (match := SWAP_FILE_NAME.match(name)) and match["state"] is None),
+                       key=lambda item: sub_group_order(item[0]))
+        current = sorted(self.swap_params_info, key=sub_group_order)
+        if len(saved) != len(current):
+            return f"{len(saved)} optimizer sub-groups, this engine {len(current)}"
+        for (saved_id, saved_bytes), sub_group in zip(saved, current):
+            numel = self.swap_params_info[sub_group].numel()
+            if not any(saved_bytes == io_aligned_numel(numel, self.dtype, intra_op) * self.swap_element_size
+                       for intra_op in range(1, MAX_INTRA_OP_PARALLELISM + 1)):
+                return (f"sub-group {saved_id}'s master file holds {saved_bytes} bytes, for this engine's sub-group "
+                        f"{sub_group} of {numel} elements")
+        return None
 
     def owns_file(self, name: str) -> bool:
         """Whether the swap file ``name`` in the folder is this swapper's. Engines alive at once from one config

@@ -1,0 +1,96 @@
+"""What a load's copy of a checkpoint's optimizer swap files may place when they were laid out for another run:
+another number of data-parallel ranks, or other sub-groups (integrations/deepspeed/checkpoint.py
+``_places_for_saved_layout``, ``TencacheOptimizerSwapper.sub_group_layout_mismatch``), decided on objects with only
+what the decision reads, and real files. The real engine, against stock CPU offload:
+tests/deepspeed/test_upstream_checkpoints.py (``load_at_other_world_size``)."""
+import types
+
+import pytest
+import torch
+from deepspeed.runtime.zero.utils import ZeRORuntimeException
+
+from tencache_ds.errors import TencacheError
+from tencache_ds.integrations.deepspeed.checkpoint import _places_for_saved_layout
+from tencache_ds.integrations.deepspeed.config_bridge import io_aligned_numel
+from tencache_ds.integrations.deepspeed.optimizer_swapper import LoadPlaces, TencacheOptimizerSwapper
+
+
+def engine(saved_ranks, ranks, mismatch=None, flat_partitions=("flat", "flat")):
+    refreshed = []
+    swapper = types.SimpleNamespace(sub_group_layout_mismatch=lambda folder: mismatch)
+    optimizer = types.SimpleNamespace(fp16_partitioned_groups_flat=list(flat_partitions), optimizer_swapper=swapper,
+                                      refresh_fp32_params=lambda: refreshed.append(True))
+    return types.SimpleNamespace(loaded_checkpoint_dp_world_size=saved_ranks, seq_dp_world_size=ranks,
+                                 optimizer=optimizer), refreshed
+
+
+@pytest.mark.parametrize("places", list(LoadPlaces))
+def test_the_same_layout_places_what_was_asked(places):
+    same, refreshed = engine(2, 2)
+    assert _places_for_saved_layout(same, places, "ckpt") is places and not refreshed
+
+
+def test_the_optimizers_state_of_another_world_size_is_refused_as_stock_cpu_offload_refuses_it():
+    other, refreshed = engine(2, 1)
+    with pytest.raises(ZeRORuntimeException, match="used a DP world size of 2 but the current world size is 1"):
+        _places_for_saved_layout(other, LoadPlaces.ALL, "ckpt")
+    assert not refreshed
+
+
+def test_the_optimizers_state_of_other_sub_groups_is_refused_naming_sub_group_size():
+    other, refreshed = engine(1, 1, mismatch="1 optimizer sub-groups, this engine 4")
+    with pytest.raises(TencacheError, match="sub_group_size") as error:
+        _places_for_saved_layout(other, LoadPlaces.ALL, "ckpt")
+    assert "1 optimizer sub-groups, this engine 4" in str(error.value) and not refreshed
+
+
+@pytest.mark.parametrize("saved_ranks, mismatch", [(2, None), (1, "1 optimizer sub-groups, this engine 4")])
+def test_without_the_optimizers_state_the_masters_come_from_the_loaded_weights_and_no_file_is_placed(saved_ranks,
+                                                                                                     mismatch):
+    other, refreshed = engine(saved_ranks, 1, mismatch)
+    assert _places_for_saved_layout(other, LoadPlaces.MASTERS, "ckpt") is LoadPlaces.NOTHING and refreshed == [True]
+
+
+def test_without_flat_partitions_to_set_the_masters_from_the_load_stops_naming_max_in_cpu():
+    other, refreshed = engine(4, 2, flat_partitions=("flat", None))
+    with pytest.raises(TencacheError, match="max_in_cpu"):
+        _places_for_saved_layout(other, LoadPlaces.MASTERS, "ckpt")
+    assert not refreshed
+
+
+def test_a_load_of_the_module_only_places_nothing_whatever_the_layout():
+    other, refreshed = engine(2, 1, mismatch="anything")
+    assert _places_for_saved_layout(other, LoadPlaces.NOTHING, "ckpt") is LoadPlaces.NOTHING and not refreshed
+
+
+def swapper_with(sub_groups):
+    """{sub-group id: numel}, as the swapper's sub-groups."""
+    swapper = object.__new__(TencacheOptimizerSwapper)
+    swapper.swap_params_info = {sub_group: types.SimpleNamespace(numel=lambda n=numel: n)
+                                for sub_group, numel in sub_groups.items()}
+    swapper.dtype, swapper.swap_element_size = torch.float32, 4
+    return swapper
+
+
+def master_files(folder, sizes):
+    for sub_group, nbytes in sizes.items():
+        (folder / f"{sub_group}.tensor.swp").write_bytes(b"\0" * nbytes)
+        (folder / f"exp_avg-{sub_group}.tensor.swp").write_bytes(b"\0" * 8)  # moments do not count
+
+
+def test_sub_groups_fit_under_other_ids_and_another_aio_padding(tmp_path):
+    master_files(tmp_path, {"0_9": io_aligned_numel(1000, torch.float32, 4) * 4,
+                            "10_19": io_aligned_numel(300000, torch.float32, 4) * 4})
+    assert swapper_with({"30_39": 1000, "40_49": 300000}).sub_group_layout_mismatch(str(tmp_path)) is None
+
+
+def test_another_count_or_size_of_sub_groups_does_not_fit(tmp_path):
+    """Regression test: a checkpoint saved with another sub_group_size (one sub-group, this engine four) was
+    loaded as if it fitted: adoption skipped it with a warning, and the parameters were rebuilt from the live
+    masters, the loaded weights silently dropped."""
+    master_files(tmp_path, {"0_39": 400000 * 4})
+    assert swapper_with({"0_9": 100000, "10_19": 100000, "20_29": 100000, "30_39": 100000}).sub_group_layout_mismatch(
+        str(tmp_path)) == "1 optimizer sub-groups, this engine 4"
+    mismatch = swapper_with({"0_39": 200000}).sub_group_layout_mismatch(str(tmp_path))
+    assert mismatch == "sub-group 0_39's master file holds 1600000 bytes, for this engine's sub-group 0_39 of 200000 " \
+                       "elements"
