@@ -16,6 +16,8 @@ NVMe under tencache: each passes with the results of stock CPU offload, bit for 
   (save_for_other_world_size) loaded by 1, with the optimizer's state (stock CPU offload's error) and without it
   (the weights repartitioned, training on); and (in save_for_other_world_size) loaded by an engine with another
   ``sub_group_size``: the same two loads;
+- load_saved_on_cpu (not upstream): a checkpoint saved with the optimizer on cpu loaded with it on NVMe: the weights
+  as stock CPU offload loads them, the optimizer's state refused with an error naming the device;
 - and, under tencache only, a module-only load with the parameters on NVMe beyond ``max_in_cpu`` (which stage 3
   cannot finish: by its code, stock's refresh reads ``.data`` of a missing flat partition, mid-load) is refused
   before the load with an error naming ``max_in_cpu``.
@@ -29,7 +31,7 @@ from conftest import launch_ranks
 pytestmark = [pytest.mark.deepspeed, pytest.mark.slow]  # about 60 s a launch of 2 ranks, two, and two of 1
 SCRIPT = os.path.join(os.path.dirname(__file__), "upstream_checkpoints.py")
 SCENARIOS = ("zero_to_fp32", "zero_to_fp32_frozen", "immediate_save_load", "load_immediate_save",
-             "load_into_new_engine", "load_into_trained_engine", "save_for_other_world_size")
+             "load_into_new_engine", "load_into_trained_engine", "save_for_other_world_size", "load_saved_on_cpu")
 
 
 # tencache's arm only, last (bad input, no upstream test): a module-only load stage 3 cannot finish is refused
@@ -71,6 +73,12 @@ def test_optimizer_on_nvme_gives_stock_cpu_offloads_results(tmp_path):
     stock_refusal = reference["save_for_other_world_size"].pop("other_sub_groups_optimizer")
     assert stock_refusal["error"].startswith("ValueError") and "size" in stock_refusal["error"], stock_refusal
     assert other_sub_groups["error"].startswith("TencacheError") and "sub_group_size" in other_sub_groups["error"]
+    # a checkpoint saved with the optimizer on cpu: stock CPU offload loads its optimizer's state from the ZeRO file,
+    # the NVMe load path reads swap files only (stock NVMe and tencache stopped with FileNotFoundError, in both
+    # loads); tencache refuses the optimizer's state naming the device and loads the weights as stock CPU offload
+    from_cpu = ours["load_saved_on_cpu"].pop("optimizer")
+    assert "loaded" in reference["load_saved_on_cpu"].pop("optimizer")
+    assert from_cpu["error"].startswith("TencacheError") and "offload_optimizer.device" in from_cpu["error"], from_cpu
     for name in SCENARIOS:
         assert name in reference and name in ours, (name, reference, ours)  # a failure stops the scenarios after it
         assert reference[name]["ok"], (name, reference[name])

@@ -11,7 +11,7 @@ optimizer state is large enough to be swapped). Rank 0 prints one RESULT line.
 SCENARIOS: comma-separated, of zero_to_fp32, zero_to_fp32_frozen, immediate_save_load, load_immediate_save,
 load_into_new_engine, load_into_trained_engine (not upstream), module_only_params_on_file (tencache's error; no
 upstream test), save_for_other_world_size and load_at_other_world_size (the second in a launch of another world
-size, on the first's checkpoint: ``deepspeed --num_gpus 1``); they run one after the other in the same processes (one launch: its start-up is most of a
+size, on the first's checkpoint: ``deepspeed --num_gpus 1``), load_saved_on_cpu (not upstream); they run one after the other in the same processes (one launch: its start-up is most of a
 scenario's time), each with its own engines and its own folders under NVME_DIR and CKPT_DIR. The result maps each
 scenario to the SHA-256 sums of the weights (and losses) it produces, so that runs can be compared bit for bit,
 and, where it fails, its error (the scenarios after a failure do not run). ``tencache=BYTES``: that
@@ -288,6 +288,22 @@ def save_for_other_world_size(mode, device, nvme, ckpt):
     return result
 
 
+def load_saved_on_cpu(mode, device, nvme, ckpt):
+    """Not a port: a checkpoint saved with the optimizer offloaded to cpu (a user who ran out of memory and moves it
+    to NVMe) loaded with the optimizer on ``device``, with its state and without it, each by a fresh engine that
+    then trains 3 steps. Its ZeRO file holds the optimizer's state; the NVMe load path reads swap files only."""
+    engine = other_world_engine("stock", "cpu", nvme)
+    train(engine, 2, 2)
+    engine.save_checkpoint(ckpt, tag="saved")
+    engine.destroy()
+    result = {}
+    for load in ("weights", "optimizer"):
+        engine = other_world_engine(mode, device, os.path.join(nvme, load))
+        result[load] = loads_and_trains_on(engine, ckpt, load)
+        engine.destroy()
+    return result
+
+
 def load_at_other_world_size(mode, device, nvme, ckpt):
     """The second half, in a launch of another world size: a fresh engine loads ``save_for_other_world_size``'s
     checkpoint with the optimizer's state (stock CPU offload stops: ZeRO-3 cannot repartition it) and without it
@@ -312,6 +328,7 @@ SCENARIOS = {
     "module_only_params_on_file": module_only_params_on_file,
     "save_for_other_world_size": save_for_other_world_size,
     "load_at_other_world_size": load_at_other_world_size,
+    "load_saved_on_cpu": load_saved_on_cpu,
 }
 
 

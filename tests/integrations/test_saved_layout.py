@@ -3,6 +3,7 @@ another number of data-parallel ranks, or other sub-groups (integrations/deepspe
 ``_places_for_saved_layout``, ``TencacheOptimizerSwapper.sub_group_layout_mismatch``), decided on objects with only
 what the decision reads, and real files. The real engine, against stock CPU offload:
 tests/deepspeed/test_upstream_checkpoints.py (``load_at_other_world_size``)."""
+import os
 import types
 
 import pytest
@@ -14,8 +15,11 @@ from tencache_ds.integrations.deepspeed.checkpoint import _places_for_saved_layo
 from tencache_ds.integrations.deepspeed.config_bridge import io_aligned_numel
 from tencache_ds.integrations.deepspeed.optimizer_swapper import LoadPlaces, TencacheOptimizerSwapper
 
+HERE = os.path.dirname(os.path.abspath(__file__))  # a folder that exists, for the checkpoint's swap files
+
 
 def engine(saved_ranks, ranks, mismatch=None, flat_partitions=("flat", "flat")):
+    """An engine whose checkpoint's swap files (any existing folder) have ``mismatch``."""
     refreshed = []
     swapper = types.SimpleNamespace(sub_group_layout_mismatch=lambda folder: mismatch)
     optimizer = types.SimpleNamespace(fp16_partitioned_groups_flat=list(flat_partitions), optimizer_swapper=swapper,
@@ -27,20 +31,20 @@ def engine(saved_ranks, ranks, mismatch=None, flat_partitions=("flat", "flat")):
 @pytest.mark.parametrize("places", list(LoadPlaces))
 def test_the_same_layout_places_what_was_asked(places):
     same, refreshed = engine(2, 2)
-    assert _places_for_saved_layout(same, places, "ckpt") is places and not refreshed
+    assert _places_for_saved_layout(same, places, HERE) is places and not refreshed
 
 
 def test_the_optimizers_state_of_another_world_size_is_refused_as_stock_cpu_offload_refuses_it():
     other, refreshed = engine(2, 1)
     with pytest.raises(ZeRORuntimeException, match="used a DP world size of 2 but the current world size is 1"):
-        _places_for_saved_layout(other, LoadPlaces.ALL, "ckpt")
+        _places_for_saved_layout(other, LoadPlaces.ALL, HERE)
     assert not refreshed
 
 
 def test_the_optimizers_state_of_other_sub_groups_is_refused_naming_sub_group_size():
     other, refreshed = engine(1, 1, mismatch="1 optimizer sub-groups, this engine 4")
     with pytest.raises(TencacheError, match="sub_group_size") as error:
-        _places_for_saved_layout(other, LoadPlaces.ALL, "ckpt")
+        _places_for_saved_layout(other, LoadPlaces.ALL, HERE)
     assert "1 optimizer sub-groups, this engine 4" in str(error.value) and not refreshed
 
 
@@ -48,19 +52,30 @@ def test_the_optimizers_state_of_other_sub_groups_is_refused_naming_sub_group_si
 def test_without_the_optimizers_state_the_masters_come_from_the_loaded_weights_and_no_file_is_placed(saved_ranks,
                                                                                                      mismatch):
     other, refreshed = engine(saved_ranks, 1, mismatch)
-    assert _places_for_saved_layout(other, LoadPlaces.MASTERS, "ckpt") is LoadPlaces.NOTHING and refreshed == [True]
+    assert _places_for_saved_layout(other, LoadPlaces.MASTERS, HERE) is LoadPlaces.NOTHING and refreshed == [True]
 
 
 def test_without_flat_partitions_to_set_the_masters_from_the_load_stops_naming_max_in_cpu():
     other, refreshed = engine(4, 2, flat_partitions=("flat", None))
     with pytest.raises(TencacheError, match="max_in_cpu"):
-        _places_for_saved_layout(other, LoadPlaces.MASTERS, "ckpt")
+        _places_for_saved_layout(other, LoadPlaces.MASTERS, HERE)
     assert not refreshed
+
+
+def test_a_checkpoint_saved_with_the_optimizer_on_cpu_has_no_swap_files_its_weights_load_alone(tmp_path):
+    """Regression test: its ``offloaded_tensors/rank00`` does not exist, and the engine's copy of it stopped with
+    FileNotFoundError, with the optimizer's state or without it."""
+    missing = str(tmp_path / "offloaded_tensors" / "rank00")
+    saved_on_cpu, refreshed = engine(1, 1)
+    with pytest.raises(TencacheError, match="offload_optimizer.device cpu"):
+        _places_for_saved_layout(saved_on_cpu, LoadPlaces.ALL, missing)
+    assert not refreshed
+    assert _places_for_saved_layout(saved_on_cpu, LoadPlaces.MASTERS, missing) is LoadPlaces.NOTHING and refreshed
 
 
 def test_a_load_of_the_module_only_places_nothing_whatever_the_layout():
     other, refreshed = engine(2, 1, mismatch="anything")
-    assert _places_for_saved_layout(other, LoadPlaces.NOTHING, "ckpt") is LoadPlaces.NOTHING and not refreshed
+    assert _places_for_saved_layout(other, LoadPlaces.NOTHING, HERE) is LoadPlaces.NOTHING and not refreshed
 
 
 def swapper_with(sub_groups):

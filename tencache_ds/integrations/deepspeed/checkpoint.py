@@ -99,7 +99,8 @@ def _places_for_saved_layout(engine, places: LoadPlaces, source: str) -> LoadPla
     copied the files in, and the first swap-in stopped on a file of the wrong size (an assertion in its aio op;
     tencache's "holds N bytes but M were expected ... written by another run"), or, with another number of
     sub-groups, tencache adopted none and rebuilt the parameters from the live masters, silently dropping the
-    loaded weights. So, when they do not fit:
+    loaded weights; a checkpoint saved with the optimizer on cpu has no swap files at all (FileNotFoundError). So,
+    when they do not fit:
     - with the optimizer's state asked for: stock CPU offload's error (the world size) or one naming the sub-groups,
       before anything is placed;
     - without it: stock CPU offload sets the masters from the loaded weights, which ZeRO-3 partitions for this run
@@ -117,6 +118,15 @@ def _places_for_saved_layout(engine, places: LoadPlaces, source: str) -> LoadPla
                 f"currently supported (DeepSpeed's own check, which its load with the optimizer on NVMe skips: "
                 f"{why}). Resume with {saved_ranks} ranks, or load the weights only: load_checkpoint(..., "
                 f"load_optimizer_states=False). No swap file was changed.")
+    elif not os.path.isdir(source):
+        why = (f"the checkpoint has no optimizer swap files ({source} does not exist: it was saved with "
+               f"zero_optimization.offload_optimizer.device cpu or none)")
+        if places is LoadPlaces.ALL:
+            raise TencacheError(
+                f"load_checkpoint: {why}, and DeepSpeed's load with the optimizer on NVMe takes the optimizer's state "
+                f"from that folder only (stock stops with FileNotFoundError). Resume with the device it was saved "
+                f"with, or load the weights only: load_checkpoint(..., load_optimizer_states=False). No swap file was "
+                f"changed.")
     else:
         mismatch = engine.optimizer.optimizer_swapper.sub_group_layout_mismatch(source)
         if mismatch is None:
