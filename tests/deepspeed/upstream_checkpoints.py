@@ -11,7 +11,8 @@ optimizer state is large enough to be swapped). Rank 0 prints one RESULT line.
 SCENARIOS: comma-separated, of zero_to_fp32, zero_to_fp32_frozen, immediate_save_load, load_immediate_save,
 load_into_new_engine, load_into_trained_engine (not upstream), module_only_params_on_file (tencache's error; no
 upstream test), save_for_other_world_size and load_at_other_world_size (the second in a launch of another world
-size, on the first's checkpoint: ``deepspeed --num_gpus 1``), load_saved_on_cpu (not upstream); they run one after the other in the same processes (one launch: its start-up is most of a
+size, on the first's checkpoint: ``deepspeed --num_gpus 1``), load_saved_on_cpu (not upstream); they run one
+after the other in the same processes (one launch: its start-up is most of a
 scenario's time), each with its own engines and its own folders under NVME_DIR and CKPT_DIR. The result maps each
 scenario to the SHA-256 sums of the weights (and losses) it produces, so that runs can be compared bit for bit,
 and, where it fails, its error (the scenarios after a failure do not run). ``tencache=BYTES``: that
@@ -250,6 +251,17 @@ def other_world_engine(mode, device, nvme, sub_group_size=None):
     return deepspeed.initialize(config=config, model=model, model_parameters=model.parameters())[0]
 
 
+def fresh_engines_load(mode, device, nvme, saved, sub_group_size=None):
+    """Two fresh engines load the checkpoint (tag "saved") in ``saved``, one without the optimizer's state
+    ("weights"), one with it ("optimizer"), and each trains 3 steps: ``loads_and_trains_on`` of each."""
+    result = {}
+    for load in ("weights", "optimizer"):
+        engine = other_world_engine(mode, device, os.path.join(nvme, load), sub_group_size)
+        result[load] = loads_and_trains_on(engine, saved, load)
+        engine.destroy()
+    return result
+
+
 def loads_and_trains_on(engine, saved, load):
     """``engine`` loads the checkpoint (tag "saved") in ``saved``: the optimizer's state with it (``load``
     "optimizer") or not ("weights"), then trains 3 steps. The load's error, or the loaded weights, the losses and
@@ -281,11 +293,8 @@ def save_for_other_world_size(mode, device, nvme, ckpt):
     engine.save_checkpoint(ckpt, tag="saved")
     result = {"trained": digest(gathered(engine))}
     engine.destroy()
-    for load in ("weights", "optimizer"):
-        engine = other_world_engine(mode, device, os.path.join(nvme, load), sub_group_size=HIDDEN * HIDDEN)
-        result[f"other_sub_groups_{load}"] = loads_and_trains_on(engine, ckpt, load)
-        engine.destroy()
-    return result
+    other_sub_groups = fresh_engines_load(mode, device, nvme, ckpt, sub_group_size=HIDDEN * HIDDEN)
+    return dict(result, **{f"other_sub_groups_{load}": loaded for load, loaded in other_sub_groups.items()})
 
 
 def load_saved_on_cpu(mode, device, nvme, ckpt):
@@ -296,12 +305,7 @@ def load_saved_on_cpu(mode, device, nvme, ckpt):
     train(engine, 2, 2)
     engine.save_checkpoint(ckpt, tag="saved")
     engine.destroy()
-    result = {}
-    for load in ("weights", "optimizer"):
-        engine = other_world_engine(mode, device, os.path.join(nvme, load))
-        result[load] = loads_and_trains_on(engine, ckpt, load)
-        engine.destroy()
-    return result
+    return fresh_engines_load(mode, device, nvme, ckpt)
 
 
 def load_at_other_world_size(mode, device, nvme, ckpt):
@@ -309,13 +313,7 @@ def load_at_other_world_size(mode, device, nvme, ckpt):
     checkpoint with the optimizer's state (stock CPU offload stops: ZeRO-3 cannot repartition it) and without it
     (the weights are the checkpoint's, repartitioned: train 3 steps on). With the optimizer on NVMe stock copies the
     other world size's swap files in and stops at the first swap-in."""
-    saved = os.path.join(os.path.dirname(ckpt), "save_for_other_world_size")
-    result = {}
-    for load in ("weights", "optimizer"):
-        engine = other_world_engine(mode, device, os.path.join(nvme, load))
-        result[load] = loads_and_trains_on(engine, saved, load)
-        engine.destroy()
-    return result
+    return fresh_engines_load(mode, device, nvme, os.path.join(os.path.dirname(ckpt), "save_for_other_world_size"))
 
 
 SCENARIOS = {
