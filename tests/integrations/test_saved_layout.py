@@ -1,7 +1,6 @@
 """What a load's copy of a checkpoint's optimizer swap files may place when they were laid out for another run:
-another number of data-parallel ranks, or other sub-groups (integrations/deepspeed/checkpoint.py
-``_places_for_saved_layout``, ``TencacheOptimizerSwapper.sub_group_layout_mismatch``), decided on objects with only
-what the decision reads, and real files. The real engine, against stock CPU offload:
+another number of data-parallel ranks, other sub-groups, none (integrations/deepspeed/saved_layout.py), decided on
+objects with only what the decision reads, and real files. The real engine, against stock CPU offload:
 tests/deepspeed/test_upstream_checkpoints.py (``load_at_other_world_size``)."""
 import os
 import types
@@ -11,71 +10,77 @@ import torch
 from deepspeed.runtime.zero.utils import ZeRORuntimeException
 
 from tencache_ds.errors import TencacheError
-from tencache_ds.integrations.deepspeed.checkpoint import _places_for_saved_layout
+from tencache_ds.integrations.deepspeed import saved_layout
 from tencache_ds.integrations.deepspeed.config_bridge import io_aligned_numel
 from tencache_ds.integrations.deepspeed.optimizer_swapper import LoadPlaces, TencacheOptimizerSwapper
+from tencache_ds.integrations.deepspeed.saved_layout import places_for_saved_layout, sub_group_layout_mismatch
 
 HERE = os.path.dirname(os.path.abspath(__file__))  # a folder that exists, for the checkpoint's swap files
 
 
-def engine(saved_ranks, ranks, mismatch=None, flat_partitions=("flat", "flat")):
-    """An engine whose checkpoint's swap files (any existing folder) have ``mismatch``."""
-    refreshed = []
-    swapper = types.SimpleNamespace(sub_group_layout_mismatch=lambda folder: mismatch)
-    optimizer = types.SimpleNamespace(fp16_partitioned_groups_flat=list(flat_partitions), optimizer_swapper=swapper,
-                                      refresh_fp32_params=lambda: refreshed.append(True))
-    return types.SimpleNamespace(loaded_checkpoint_dp_world_size=saved_ranks, seq_dp_world_size=ranks,
-                                 optimizer=optimizer), refreshed
+@pytest.fixture
+def engine(monkeypatch):
+    """engine(saved_ranks, ranks, mismatch=None, flat_partitions=..., universal=False): an engine whose
+    checkpoint's swap files (in any folder that exists) have ``mismatch``; and the list its refreshes go to."""
+    def make(saved_ranks, ranks, mismatch=None, flat_partitions=("flat", "flat"), universal=False):
+        monkeypatch.setattr(saved_layout, "sub_group_layout_mismatch", lambda swapper, folder: mismatch)
+        refreshed = []
+        optimizer = types.SimpleNamespace(fp16_partitioned_groups_flat=list(flat_partitions), optimizer_swapper=None,
+                                          refresh_fp32_params=lambda: refreshed.append(True))
+        return types.SimpleNamespace(loaded_checkpoint_dp_world_size=saved_ranks, seq_dp_world_size=ranks,
+                                     optimizer=optimizer, load_universal_checkpoint=lambda: universal), refreshed
+
+    return make
 
 
 @pytest.mark.parametrize("places", list(LoadPlaces))
-def test_the_same_layout_places_what_was_asked(places):
+def test_the_same_layout_places_what_was_asked(engine, places):
     same, refreshed = engine(2, 2)
-    assert _places_for_saved_layout(same, places, HERE) is places and not refreshed
+    assert places_for_saved_layout(same, places, HERE) is places and not refreshed
 
 
-def test_the_optimizers_state_of_another_world_size_is_refused_as_stock_cpu_offload_refuses_it():
+def test_the_optimizers_state_of_another_world_size_is_refused_as_stock_cpu_offload_refuses_it(engine):
     other, refreshed = engine(2, 1)
     with pytest.raises(ZeRORuntimeException, match="used a DP world size of 2 but the current world size is 1"):
-        _places_for_saved_layout(other, LoadPlaces.ALL, HERE)
+        places_for_saved_layout(other, LoadPlaces.ALL, HERE)
     assert not refreshed
 
 
-def test_the_optimizers_state_of_other_sub_groups_is_refused_naming_sub_group_size():
+def test_the_optimizers_state_of_other_sub_groups_is_refused_naming_sub_group_size(engine):
     other, refreshed = engine(1, 1, mismatch="1 optimizer sub-groups, this engine 4")
     with pytest.raises(TencacheError, match="sub_group_size") as error:
-        _places_for_saved_layout(other, LoadPlaces.ALL, HERE)
+        places_for_saved_layout(other, LoadPlaces.ALL, HERE)
     assert "1 optimizer sub-groups, this engine 4" in str(error.value) and not refreshed
 
 
 @pytest.mark.parametrize("saved_ranks, mismatch", [(2, None), (1, "1 optimizer sub-groups, this engine 4")])
-def test_without_the_optimizers_state_the_masters_come_from_the_loaded_weights_and_no_file_is_placed(saved_ranks,
-                                                                                                     mismatch):
+def test_without_the_optimizers_state_the_masters_come_from_the_loaded_weights_and_no_file_is_placed(
+        engine, saved_ranks, mismatch):
     other, refreshed = engine(saved_ranks, 1, mismatch)
-    assert _places_for_saved_layout(other, LoadPlaces.MASTERS, HERE) is LoadPlaces.NOTHING and refreshed == [True]
+    assert places_for_saved_layout(other, LoadPlaces.MASTERS, HERE) is LoadPlaces.NOTHING and refreshed == [True]
 
 
-def test_without_flat_partitions_to_set_the_masters_from_the_load_stops_naming_max_in_cpu():
+def test_without_flat_partitions_to_set_the_masters_from_the_load_stops_naming_max_in_cpu(engine):
     other, refreshed = engine(4, 2, flat_partitions=("flat", None))
     with pytest.raises(TencacheError, match="max_in_cpu"):
-        _places_for_saved_layout(other, LoadPlaces.MASTERS, HERE)
+        places_for_saved_layout(other, LoadPlaces.MASTERS, HERE)
     assert not refreshed
 
 
-def test_a_checkpoint_saved_with_the_optimizer_on_cpu_has_no_swap_files_its_weights_load_alone(tmp_path):
+def test_a_checkpoint_saved_with_the_optimizer_on_cpu_has_no_swap_files_its_weights_load_alone(engine, tmp_path):
     """Regression test: its ``offloaded_tensors/rank00`` does not exist, and the engine's copy of it stopped with
     FileNotFoundError, with the optimizer's state or without it."""
     missing = str(tmp_path / "offloaded_tensors" / "rank00")
     saved_on_cpu, refreshed = engine(1, 1)
     with pytest.raises(TencacheError, match="offload_optimizer.device cpu"):
-        _places_for_saved_layout(saved_on_cpu, LoadPlaces.ALL, missing)
+        places_for_saved_layout(saved_on_cpu, LoadPlaces.ALL, missing)
     assert not refreshed
-    assert _places_for_saved_layout(saved_on_cpu, LoadPlaces.MASTERS, missing) is LoadPlaces.NOTHING and refreshed
+    assert places_for_saved_layout(saved_on_cpu, LoadPlaces.MASTERS, missing) is LoadPlaces.NOTHING and refreshed
 
 
-def test_a_load_of_the_module_only_places_nothing_whatever_the_layout():
+def test_a_load_of_the_module_only_places_nothing_whatever_the_layout(engine):
     other, refreshed = engine(2, 1, mismatch="anything")
-    assert _places_for_saved_layout(other, LoadPlaces.NOTHING, HERE) is LoadPlaces.NOTHING and not refreshed
+    assert places_for_saved_layout(other, LoadPlaces.NOTHING, HERE) is LoadPlaces.NOTHING and not refreshed
 
 
 def swapper_with(sub_groups):
@@ -96,7 +101,7 @@ def master_files(folder, sizes):
 def test_sub_groups_fit_under_other_ids_and_another_aio_padding(tmp_path):
     master_files(tmp_path, {"0_9": io_aligned_numel(1000, torch.float32, 4) * 4,
                             "10_19": io_aligned_numel(300000, torch.float32, 4) * 4})
-    assert swapper_with({"30_39": 1000, "40_49": 300000}).sub_group_layout_mismatch(str(tmp_path)) is None
+    assert sub_group_layout_mismatch(swapper_with({"30_39": 1000, "40_49": 300000}), str(tmp_path)) is None
 
 
 def test_another_count_or_size_of_sub_groups_does_not_fit(tmp_path):
@@ -104,8 +109,26 @@ def test_another_count_or_size_of_sub_groups_does_not_fit(tmp_path):
     loaded as if it fitted: adoption skipped it with a warning, and the parameters were rebuilt from the live
     masters, the loaded weights silently dropped."""
     master_files(tmp_path, {"0_39": 400000 * 4})
-    assert swapper_with({"0_9": 100000, "10_19": 100000, "20_29": 100000, "30_39": 100000}).sub_group_layout_mismatch(
-        str(tmp_path)) == "1 optimizer sub-groups, this engine 4"
-    mismatch = swapper_with({"0_39": 200000}).sub_group_layout_mismatch(str(tmp_path))
+    four = swapper_with({"0_9": 100000, "10_19": 100000, "20_29": 100000, "30_39": 100000})
+    assert sub_group_layout_mismatch(four, str(tmp_path)) == "1 optimizer sub-groups, this engine 4"
+    mismatch = sub_group_layout_mismatch(swapper_with({"0_39": 200000}), str(tmp_path))
     assert mismatch == "sub-group 0_39's master file holds 1600000 bytes, for this engine's sub-group 0_39 of 200000 " \
                        "elements"
+
+
+def test_a_checkpoint_with_other_engines_files_beside_this_ones_fits_by_id(tmp_path):
+    """Stock's save copies the whole swap folder, which engines alive at once share: the checkpoint then holds
+    another engine's sub-groups beside this one's. This engine's own ids, at their sizes, fit."""
+    master_files(tmp_path, {"0_9": 4096, "10_19": io_aligned_numel(500000, torch.float32, 1) * 4, "20_29": 7})
+    assert sub_group_layout_mismatch(swapper_with({"10_19": 500000}), str(tmp_path)) is None
+    assert sub_group_layout_mismatch(swapper_with({"10_19": 400000}), str(tmp_path)) == (
+        "sub-group 10_19's master file holds 2000896 bytes, for this engine's sub-group 10_19 of 400000 elements")
+
+
+@pytest.mark.parametrize("places", list(LoadPlaces))
+def test_a_universal_checkpoint_is_refused_whatever_is_loaded(engine, places):
+    """The NVMe load path neither finds swap files in it nor calls the function that loads its weights."""
+    universal, refreshed = engine(1, 1, universal=True)
+    with pytest.raises(TencacheError, match="universal checkpoint"):
+        places_for_saved_layout(universal, places, HERE)
+    assert not refreshed

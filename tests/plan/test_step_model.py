@@ -322,6 +322,17 @@ def test_a_step_is_never_shorter_than_its_bytes_at_the_drives_rates(arm):
         assert sum(prediction.critical_path_s.values()) == pytest.approx(prediction.step_time_s, rel=1e-9)
 
 
+def test_a_shared_drive_moves_both_directions_within_the_step():
+    """On one queue for reads and writes the floor is their sum, charged to the busier direction."""
+    timeline = Timeline({"nvme_read": 1.0, "nvme_write": 1.0, "h2d": 1.0}, shared_drive_scale=1.0)
+    timeline.issue("nvme_read", 10)
+    timeline.issue("nvme_write", 12)  # left behind: the step does not wait for it
+    timeline.work(5.0, "compute")
+    parts = dict(timeline.parts)
+    assert timeline.steady_step(5.0, parts, {}) == pytest.approx(22.0)
+    assert parts == {"compute": 5.0, "nvme_write": pytest.approx(17.0)}
+
+
 def test_a_slower_drive_slows_stock_and_not_a_tencache_run_that_holds_everything():
     fast, slow = this_vm(), this_vm(nvme_read_bytes_per_s_per_drive=2e8, nvme_write_bytes_per_s_per_drive=2e8)
     work = workload(config=ds_config(host_cache_bytes="auto"))

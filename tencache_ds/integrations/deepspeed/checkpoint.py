@@ -51,10 +51,9 @@ More things a resume loses or stops at, in stock DeepSpeed too (a resume then di
   read at the next swap-in), where stock CPU offload keeps the live moments and step counts. tencache's copy of the
   folder places the masters' files only then, and none in a load of the module only (``loading_checkpoint``;
   optimizer_swapper.py ``LoadPlaces``).
-- A checkpoint saved by another number of data-parallel ranks: its swap files hold partitions of the other size.
-  Stock's NVMe load skips the world-size check of ``_load_zero_checkpoint`` and stops at the first swap-in (an
-  assertion in its aio op); stock CPU offload stops at the check when the optimizer's state is loaded, and without
-  it sets the masters from the loaded weights. tencache does as stock CPU offload (``_places_for_saved_layout``).
+- A checkpoint laid out for another run (another world size, other sub-groups, the optimizer on cpu): its swap
+  files do not fit, or there are none; stock's NVMe load copied them in anyway and stopped, or dropped the loaded
+  weights. tencache does as stock CPU offload (saved_layout.py).
 """
 import contextlib
 import copy
@@ -65,13 +64,13 @@ import os
 import torch
 from deepspeed.checkpoint.constants import FP32_FLAT_GROUPS, LOSS_SCALER, OPTIMIZER_STATE_DICT
 from deepspeed.runtime.swap_tensor.optimizer_utils import OptimizerSwapper
-from deepspeed.runtime.zero.utils import ZeRORuntimeException
 
 from ...errors import TencacheError
 from ...log import logger
-from .optimizer_swapper import (STAGED_LOAD_PREFIX, SWAP_FILE_NAME, LoadPlaces, TencacheOptimizerSwapper,
-                                staged_load_name, sub_group_order, swap_file_name)
+from .optimizer_swapper import (SWAP_FILE_NAME, LoadPlaces, TencacheOptimizerSwapper, staged_load_name,
+                                sub_group_order, swap_file_name)
 from .reporting import param_swappers_of_optimizer
+from .saved_layout import places_for_saved_layout
 
 
 @contextlib.contextmanager
@@ -86,69 +85,8 @@ def loading_checkpoint(engine, optimizer_state: bool, module_only: bool):
         yield
         return
     places = LoadPlaces.NOTHING if module_only else LoadPlaces.ALL if optimizer_state else LoadPlaces.MASTERS
-    with swapper.loading_checkpoint(places, functools.partial(_places_for_saved_layout, engine)):
+    with swapper.loading_checkpoint(places, functools.partial(places_for_saved_layout, engine)):
         yield
-
-
-def _places_for_saved_layout(engine, places: LoadPlaces, source: str) -> LoadPlaces:
-    """What the engine's copy of the checkpoint's swap files (``source``) may place, given how they were laid out.
-    The swap files hold each rank's sub-groups, sized for the saving world size and ``sub_group_size`` (and model).
-    Stock DeepSpeed compares world sizes before it loads the optimizer's state, and stops
-    (``_load_zero_checkpoint``: "Automatic adjustment ... not currently supported"); torch's ``load_state_dict``
-    stops on other sub-groups ("a parameter group that doesn't match the size"). Its NVMe load path skips both: it
-    copied the files in, and the first swap-in stopped on a file of the wrong size (an assertion in its aio op;
-    tencache's "holds N bytes but M were expected ... written by another run"), or, with another number of
-    sub-groups, tencache adopted none and rebuilt the parameters from the live masters, silently dropping the
-    loaded weights; a checkpoint saved with the optimizer on cpu has no swap files at all (FileNotFoundError). So,
-    when they do not fit:
-    - with the optimizer's state asked for: stock CPU offload's error (the world size) or one naming the sub-groups,
-      before anything is placed;
-    - without it: stock CPU offload sets the masters from the loaded weights, which ZeRO-3 partitions for this run
-      (``_restore_from_bit16_weights``): the same here, now, and nothing is placed (the engine rebuilds the
-      parameters from the masters right after the copy: ``reset_swap_buffers``)."""
-    if places is LoadPlaces.NOTHING:
-        return places
-    saved_ranks, ranks = engine.loaded_checkpoint_dp_world_size, engine.seq_dp_world_size
-    if saved_ranks is not None and saved_ranks != ranks:
-        why = f"the checkpoint's optimizer swap files are partitioned for {saved_ranks} ranks, this run has {ranks}"
-        if places is LoadPlaces.ALL:
-            raise ZeRORuntimeException(
-                f"The checkpoint being loaded used a DP world size of {saved_ranks} but the current world size is "
-                f"{ranks}. Automatic adjustment of ZeRO's optimizer state partitioning with a new world size is not "
-                f"currently supported (DeepSpeed's own check, which its load with the optimizer on NVMe skips: "
-                f"{why}). Resume with {saved_ranks} ranks, or load the weights only: load_checkpoint(..., "
-                f"load_optimizer_states=False). No swap file was changed.")
-    elif not os.path.isdir(source):
-        why = (f"the checkpoint has no optimizer swap files ({source} does not exist: it was saved with "
-               f"zero_optimization.offload_optimizer.device cpu or none)")
-        if places is LoadPlaces.ALL:
-            raise TencacheError(
-                f"load_checkpoint: {why}, and DeepSpeed's load with the optimizer on NVMe takes the optimizer's state "
-                f"from that folder only (stock stops with FileNotFoundError). Resume with the device it was saved "
-                f"with, or load the weights only: load_checkpoint(..., load_optimizer_states=False). No swap file was "
-                f"changed.")
-    else:
-        mismatch = engine.optimizer.optimizer_swapper.sub_group_layout_mismatch(source)
-        if mismatch is None:
-            return places
-        why = f"the checkpoint's optimizer swap files in {source} have {mismatch}"
-        if places is LoadPlaces.ALL:
-            raise TencacheError(
-                f"load_checkpoint: {why}: its optimizer state cannot be loaded into this engine's sub-groups (stock "
-                f"CPU offload stops too: a parameter group that doesn't match the size of the optimizer's). Did "
-                f"zero_optimization.sub_group_size, the model or its frozen parameters change since the save? Load "
-                f"the weights only: load_checkpoint(..., load_optimizer_states=False). No swap file was changed.")
-    optimizer = engine.optimizer
-    on_file = sum(flat is None for flat in optimizer.fp16_partitioned_groups_flat)
-    if on_file:
-        raise TencacheError(
-            f"load_checkpoint(load_optimizer_states=False): {why}, and with the parameters offloaded to NVMe beyond "
-            f"offload_param.max_in_cpu ({on_file} of {len(optimizer.fp16_partitioned_groups_flat)} sub-groups on "
-            f"file) the fp32 masters cannot be set from the loaded weights (no flat 16-bit partition). Load with the "
-            f"checkpoint's layout, raise max_in_cpu, or offload the parameters to cpu. No swap file was changed.")
-    optimizer.refresh_fp32_params()  # refresh_masters_swapping_in: each sub-group swapped in, set, swapped out
-    logger.info("%s: the fp32 masters are set from the loaded weights, and none of its swap files is placed", why)
-    return LoadPlaces.NOTHING
 
 
 def adopt_loaded_files(engine, load_dir, load_path, masters_only: bool = False) -> int:
@@ -161,17 +99,15 @@ def adopt_loaded_files(engine, load_dir, load_path, masters_only: bool = False) 
     swapper = getattr(optimizer, "optimizer_swapper", None)
     if not isinstance(swapper, TencacheOptimizerSwapper) or load_path is None:
         return 0
-    if swapper.last_load_places is LoadPlaces.NOTHING:  # the load placed no file (_places_for_saved_layout)
+    if swapper.last_load_places in (None, LoadPlaces.NOTHING):  # no copy, or it placed no file (saved_layout.py)
         return 0
     try:
-        return _adopt(swapper, optimizer, _rank_dir(os.path.dirname(load_path), swapper.files_folder), masters_only)
+        return _adopt(swapper, optimizer, swapper.last_load_source, masters_only)
     finally:
-        _drop_staged_loads(swapper.files_folder)
+        swapper.drop_staged_loads()
 
 
 def _adopt(swapper, optimizer, loaded_dir, masters_only: bool) -> int:
-    if loaded_dir is None:
-        return 0
     loaded = {}
     for name in os.listdir(loaded_dir):
         match = SWAP_FILE_NAME.match(name)
@@ -203,25 +139,6 @@ def _adopt(swapper, optimizer, loaded_dir, masters_only: bool) -> int:
     optimizer.reset_swap_buffers()  # read the adopted masters, rebuild the parameters from them
     logger.info("adopted %d loaded swap files from %s under this engine's sub-group ids", renamed, loaded_dir)
     return renamed
-
-
-def _drop_staged_loads(folder: str) -> None:
-    """Delete the checkpoint's files a load placed hidden and adoption did not take (another sub-group count)."""
-    for name in os.listdir(folder):
-        if name.startswith(STAGED_LOAD_PREFIX):
-            os.unlink(os.path.join(folder, name))
-
-
-def _rank_dir(tag_dir: str, files_folder: str):
-    """The checkpoint's offloaded_tensors/rank<NN> folder for this rank (DeepSpeed pads the rank: rank00)."""
-    rank = int(os.path.basename(files_folder).removeprefix("rank"))
-    folder = os.path.join(tag_dir, "offloaded_tensors")
-    if not os.path.isdir(folder):
-        return None
-    for name in os.listdir(folder):
-        if name.startswith("rank") and name[4:].isdigit() and int(name[4:]) == rank:
-            return os.path.join(folder, name)
-    return None
 
 
 def restore_optimizer_scalars(engine, load_dir, load_path, load_optimizer_states=True, load_module_only=False) -> int:
@@ -452,8 +369,11 @@ def masters_from_loaded_weights(optimizer) -> bool:
     (a fresh process; module only also after the refresh that ran before the copy). Sub-groups without a flat 16-bit
     partition (parameters on file beyond ``max_in_cpu``) keep the checkpoint's masters, as before. Returns whether
     the masters were set."""
-    if not isinstance(getattr(optimizer, "optimizer_swapper", None), TencacheOptimizerSwapper):
+    swapper = getattr(optimizer, "optimizer_swapper", None)
+    if not isinstance(swapper, TencacheOptimizerSwapper):
         return False
+    if swapper.last_load_places is LoadPlaces.NOTHING:  # set before the copy, which placed no master over them
+        return True
     if any(flat is None for flat in optimizer.fp16_partitioned_groups_flat):
         return False
     optimizer.refresh_fp32_params()  # refresh_masters_swapping_in: each sub-group swapped in, set, swapped out

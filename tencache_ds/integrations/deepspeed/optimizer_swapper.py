@@ -60,10 +60,6 @@ from .stage3_gradients import stage3_gradients_of
 SWAP_FILE_NAME = re.compile(r"^(?:(?P<state>.+)-)?(?P<id>\d+_\d+)\.tensor\.swp$")
 
 
-# the most aio threads a checkpoint's swap files may have been padded for (sub_group_layout_mismatch)
-MAX_INTRA_OP_PARALLELISM = 64
-
-
 def sub_group_order(sub_group: str):
     """Sort key of sub-group ids ("<first>_<last>" parameter ids): stage 3's order of its sub-groups."""
     return tuple(int(part) for part in sub_group.split("_"))
@@ -193,6 +189,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         self._load_places = LoadPlaces.ALL  # ... and what its copy of the checkpoint's files places
         self._before_load_copy = None  # ... settled when the copy starts (begin_load_copy)
         self.last_load_places: Optional[LoadPlaces] = None  # what the last load's copy placed (None: no copy)
+        self.last_load_source: Optional[str] = None  # ... from which folder (the checkpoint's, for this rank)
         self._drop_held_copies = False  # a checkpoint was copied over the folder: drop every held copy first
         self._profile_looked_up = False
         self._started = False  # a backward has begun: log_timers() calls from now on end training steps
@@ -235,7 +232,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         self._checkpoint_load_pending = True
         self._load_places = places or LoadPlaces.ALL
         self._before_load_copy = before_copy
-        self.last_load_places = None
+        self.last_load_places = self.last_load_source = None
         try:
             yield
         finally:
@@ -245,29 +242,19 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
 
     def begin_load_copy(self, source: str) -> None:
         """The engine's copy of a checkpoint's folder ``source`` over the swap folder starts (checkpoint_save.py):
-        settle what it places, and remember it for what follows the load (``last_load_places``)."""
+        settle what it places, and remember both for what follows the load (``last_load_source``,
+        ``last_load_places``: adoption). Files an earlier load left staged (it stopped before adoption) go."""
+        self.drop_staged_loads()
+        self.last_load_source = source
         if self._before_load_copy is not None:
             self._load_places = self._before_load_copy(self._load_places, source)
         self.last_load_places = self._load_places
 
-    def sub_group_layout_mismatch(self, folder: str) -> Optional[str]:
-        """Why the fp32 master files in ``folder`` (a checkpoint's) cannot be this swapper's sub-groups, in
-        sub-group order (ids may differ: adoption renames them), or None when they can: as many, each file the
-        size a swap of that sub-group writes at some ``aio.intra_op_parallelism`` (its padding; sub-groups within
-        one padding of each other, at most 64 KiB, cannot be told apart by their files)."""
-        saved = sorted(((match["id"], os.path.getsize(os.path.join(folder, name))) for name in os.listdir(folder)
-                        if (match := SWAP_FILE_NAME.match(name)) and match["state"] is None),
-                       key=lambda item: sub_group_order(item[0]))
-        current = sorted(self.swap_params_info, key=sub_group_order)
-        if len(saved) != len(current):
-            return f"{len(saved)} optimizer sub-groups, this engine {len(current)}"
-        for (saved_id, saved_bytes), sub_group in zip(saved, current):
-            numel = self.swap_params_info[sub_group].numel()
-            if not any(saved_bytes == io_aligned_numel(numel, self.dtype, intra_op) * self.swap_element_size
-                       for intra_op in range(1, MAX_INTRA_OP_PARALLELISM + 1)):
-                return (f"sub-group {saved_id}'s master file holds {saved_bytes} bytes, for this engine's sub-group "
-                        f"{sub_group} of {numel} elements")
-        return None
+    def drop_staged_loads(self) -> None:
+        """Delete the checkpoint's files a load placed hidden (``staged_load_name``) that adoption did not take."""
+        for name in os.listdir(self._folder):
+            if name.startswith(STAGED_LOAD_PREFIX):
+                os.unlink(os.path.join(self._folder, name))
 
     def owns_file(self, name: str) -> bool:
         """Whether the swap file ``name`` in the folder is this swapper's. Engines alive at once from one config

@@ -11,7 +11,8 @@ times longer, so that an even mix moves the mixed rate. The
 thread waits when it needs bytes still moving; each wait is charged to its channel, so the step is
 ``compute + H2D wait + NVMe read wait + NVMe write wait + CPU Adam`` (the critical path, printed as such) and the
 largest part is the bottleneck. Three steps are replayed and the last one is reported: writes left behind by one
-step delay the next step's reads of the same tensors.
+step delay the next step's reads of the same tensors. The reported step is never shorter than any channel's busy
+time in it (``steady_step``): three steps do not build a backlog of writes left behind up to its steady size.
 """
 import dataclasses
 from collections import defaultdict
@@ -89,7 +90,8 @@ class Timeline:
         directions together on a shared drive). Bytes a step leaves moving behind it (tencache's writes) are
         the next step's to wait for; the replayed steps do not build that backlog up to its steady size, so a
         step shorter than a channel's busy time would be one the channel cannot keep up with. The difference is
-        charged to that channel in ``parts``, so the critical path still adds up to the step."""
+        added to that channel's entry of ``parts`` (on a shared drive, to the direction that was busier), so the
+        critical path still adds up to the step."""
         busy = {channel: seconds - busy_before.get(channel, 0.0) for channel, seconds in self.busy.items()}
         queues = dict(busy)
         if self.shared_drive_scale is not None:

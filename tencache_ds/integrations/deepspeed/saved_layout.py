@@ -1,0 +1,132 @@
+"""Whether a checkpoint's optimizer swap files fit this engine. Owns: the check made when the engine's load starts
+copying them over the swap folder (``places_for_saved_layout``, called through
+``TencacheOptimizerSwapper.begin_load_copy``), and what a load does when they do not fit.
+
+The swap files hold each rank's sub-groups (fp32 masters and optimizer state), sized for the world size, the
+``sub_group_size`` and the model they were saved with. Stock DeepSpeed compares world sizes before it loads the
+optimizer's state (``_load_zero_checkpoint``: "Automatic adjustment ... not currently supported"), and torch's
+``load_state_dict`` stops on other sub-groups ("a parameter group that doesn't match the size"); stock CPU offload
+stops there, and without the optimizer's state sets the masters from the loaded weights
+(``_restore_from_bit16_weights``), which ZeRO-3 partitions for this run. The engine's load with the optimizer on
+NVMe skips both: it copied the files in whatever they were, and the first swap-in stopped on a file of the wrong
+size (an assertion in stock's aio op; tencache's "holds N bytes but M were expected ... written by another run"),
+or, with another number of sub-groups, tencache adopted none and the engine rebuilt the parameters from the live
+masters, silently dropping the loaded weights; a checkpoint saved with the optimizer on cpu has no swap files at
+all (FileNotFoundError); a universal checkpoint neither (and its weights are loaded by the function skipped).
+
+So, when the files do not fit: a load of the optimizer's state stops before any file is placed (stock CPU
+offload's error for the world size, one naming the cause otherwise); a load without it sets the masters from the
+loaded weights, as stock CPU offload does, and places nothing (the engine rebuilds the parameters from the masters
+right after the copy: ``reset_swap_buffers``).
+"""
+import os
+from typing import Optional, Tuple
+
+from deepspeed.runtime.zero.utils import ZeRORuntimeException
+
+from ...errors import TencacheError
+from ...log import logger
+from .config_bridge import io_aligned_numel
+from .optimizer_swapper import SWAP_FILE_NAME, LoadPlaces, sub_group_order
+
+# tencache's assumption, not a DeepSpeed limit: a checkpoint's swap files were padded for at most this many aio
+# threads (``aio.intra_op_parallelism``; the padding is 1 KiB per thread), so sub-groups whose sizes differ by
+# more than 64 KiB are told apart by their files
+MAX_INTRA_OP_PARALLELISM = 64
+KEPT = "No swap file was placed."
+
+
+def places_for_saved_layout(engine, places: LoadPlaces, source: str) -> LoadPlaces:
+    """What the engine's copy of the checkpoint's swap files in ``source`` may place: ``places``, or NOTHING when
+    they do not fit and the optimizer's state was not asked for (the masters are then set from the loaded weights
+    here); raises when it was."""
+    if engine.load_universal_checkpoint():
+        raise TencacheError(
+            f"load_checkpoint of a universal checkpoint with zero_optimization.offload_optimizer.device nvme: "
+            f"DeepSpeed's load with the optimizer on NVMe neither reads it (it loads the weights and optimizer state "
+            f"of a universal checkpoint in the function that path skips) nor finds swap files in it (stock stops "
+            f"with FileNotFoundError). Load it with the optimizer on cpu, then save a checkpoint to resume from. "
+            f"{KEPT}")
+    if places is LoadPlaces.NOTHING:
+        return places
+    misfit = _misfit(engine, source)
+    if misfit is None:
+        return places
+    cause, why = misfit
+    if places is LoadPlaces.ALL:
+        raise _refusal(engine, cause, why)
+    optimizer = engine.optimizer
+    on_file = sum(flat is None for flat in optimizer.fp16_partitioned_groups_flat)
+    if on_file:
+        raise TencacheError(
+            f"load_checkpoint(load_optimizer_states=False): {why}, and with the parameters offloaded to NVMe beyond "
+            f"offload_param.max_in_cpu ({on_file} of {len(optimizer.fp16_partitioned_groups_flat)} sub-groups on "
+            f"file) the fp32 masters cannot be set from the loaded weights (no flat 16-bit partition). Load with the "
+            f"checkpoint's layout, raise max_in_cpu, or offload the parameters to cpu. {KEPT}")
+    optimizer.refresh_fp32_params()  # refresh_masters_swapping_in: each sub-group swapped in, set, swapped out
+    logger.info("%s: the fp32 masters are set from the loaded weights, and none of its swap files is placed", why)
+    return LoadPlaces.NOTHING
+
+
+# why a checkpoint's swap files do not fit (_misfit's first value)
+OTHER_WORLD_SIZE, NO_SWAP_FILES, OTHER_SUB_GROUPS = "other world size", "no swap files", "other sub-groups"
+
+
+def _misfit(engine, source: str) -> Optional[Tuple[str, str]]:
+    """(the cause, a sentence saying it), or None when the checkpoint's swap files in ``source`` fit."""
+    saved_ranks, ranks = engine.loaded_checkpoint_dp_world_size, engine.seq_dp_world_size
+    if saved_ranks is not None and saved_ranks != ranks:
+        return OTHER_WORLD_SIZE, (f"the checkpoint's optimizer swap files are partitioned for {saved_ranks} ranks, "
+                                  f"this run has {ranks}")
+    if not os.path.isdir(source):
+        return NO_SWAP_FILES, (f"the checkpoint has no optimizer swap files ({source} does not exist: it was saved "
+                               f"with zero_optimization.offload_optimizer.device cpu or none)")
+    mismatch = sub_group_layout_mismatch(engine.optimizer.optimizer_swapper, source)
+    return None if mismatch is None else (OTHER_SUB_GROUPS,
+                                          f"the checkpoint's optimizer swap files in {source} have {mismatch}")
+
+
+def _refusal(engine, cause: str, why: str) -> Exception:
+    weights_only = "load the weights only: load_checkpoint(..., load_optimizer_states=False)"
+    if cause == OTHER_WORLD_SIZE:  # stock CPU offload's own error, then ours
+        saved_ranks, ranks = engine.loaded_checkpoint_dp_world_size, engine.seq_dp_world_size
+        return ZeRORuntimeException(
+            f"The checkpoint being loaded used a DP world size of {saved_ranks} but the current world size is {ranks}. "
+            f"Automatic adjustment of ZeRO's optimizer state partitioning with a new world size is not currently "
+            f"supported (DeepSpeed's own check, which its load with the optimizer on NVMe skips: {why}). Resume with "
+            f"{saved_ranks} ranks, or {weights_only}. {KEPT}")
+    if cause == NO_SWAP_FILES:
+        return TencacheError(
+            f"load_checkpoint: {why}, and DeepSpeed's load with the optimizer on NVMe takes the optimizer's state from "
+            f"that folder only (stock stops with FileNotFoundError). Resume with the device it was saved with, or "
+            f"{weights_only}. {KEPT}")
+    return TencacheError(
+        f"load_checkpoint: {why}: its optimizer state cannot be loaded into this engine's sub-groups (stock CPU "
+        f"offload stops too: a parameter group that doesn't match the size of the optimizer's). Did "
+        f"zero_optimization.sub_group_size, aio.block_size (which sub-groups are swapped), the model or its frozen "
+        f"parameters change since the save? Load with those as they were, or {weights_only}. {KEPT}")
+
+
+def sub_group_layout_mismatch(swapper, folder: str) -> Optional[str]:
+    """Why the fp32 master files in ``folder`` (a checkpoint's) cannot be ``swapper``'s sub-groups, or None when
+    they can: each file the size a swap of its sub-group writes at some ``aio.intra_op_parallelism`` (its
+    padding). By id where the checkpoint has every sub-group of this engine (a stock save of a folder other engines
+    share takes their files too); else in sub-group order, as many (ids differ in a rebuilt model: adoption renames
+    them)."""
+    saved = {match["id"]: os.path.getsize(os.path.join(folder, name)) for name in os.listdir(folder)
+             if (match := SWAP_FILE_NAME.match(name)) and match["state"] is None}
+    current = sorted(swapper.swap_params_info, key=sub_group_order)
+    if set(current) <= set(saved):
+        pairs = [(sub_group, saved[sub_group], sub_group) for sub_group in current]
+    elif len(saved) != len(current):
+        return f"{len(saved)} optimizer sub-groups, this engine {len(current)}"
+    else:
+        pairs = [(saved_id, saved[saved_id], sub_group)
+                 for saved_id, sub_group in zip(sorted(saved, key=sub_group_order), current)]
+    for saved_id, saved_bytes, sub_group in pairs:
+        numel = swapper.swap_params_info[sub_group].numel()
+        if not any(saved_bytes == io_aligned_numel(numel, swapper.dtype, intra_op) * swapper.swap_element_size
+                   for intra_op in range(1, MAX_INTRA_OP_PARALLELISM + 1)):
+            return (f"sub-group {saved_id}'s master file holds {saved_bytes} bytes, for this engine's sub-group "
+                    f"{sub_group} of {numel} elements")
+    return None
