@@ -227,8 +227,8 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
     def loading_checkpoint(self, places: "LoadPlaces" = None, before_copy=None):
         """While the engine's load_checkpoint runs (install.py wraps it): its read of ``swap_folder`` is a load's,
         and its copy of the checkpoint's files over the folder places what ``places`` says (``load_target_name``),
-        or what ``before_copy(places)`` returns when the copy starts (``begin_load_copy``: by then the engine has
-        read the checkpoint's own description, e.g. how many ranks saved it)."""
+        or what ``before_copy(places, source)`` returns when the copy starts (``begin_load_copy``: by then the
+        engine has read the checkpoint's own description, e.g. how many ranks saved it)."""
         self._checkpoint_load_pending = True
         self._load_places = places or LoadPlaces.ALL
         self._before_load_copy = before_copy
