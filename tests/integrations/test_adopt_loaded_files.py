@@ -3,6 +3,7 @@
 load's copy of the checkpoint's files (checkpoint_save.py ``_link_folder``) before it, which places the files of
 sub-groups the engine does not have hidden. Without DeepSpeed's engine (a swapper object with only what the copy and
 adoption read: its folder, its sub-group ids, its store, what the load places), on real files."""
+import logging
 import os
 import types
 
@@ -138,3 +139,29 @@ def test_files_a_failed_load_left_staged_go_at_the_next_load(tmp_path):
     (loaded / "0_9.tensor.swp").unlink()  # the next checkpoint has no file of that id
     load_copy(engine, loaded, folder, LoadPlaces.ALL)
     assert sorted(os.listdir(folder)) == ["10_19.tensor.swp"]
+
+
+def test_a_checkpoint_with_this_engines_sub_groups_beside_other_engines_files_needs_no_adoption(tmp_path):
+    """Stock's save of a folder two engines share takes both engines' files. This engine's own ids are placed
+    under their names and nothing is renamed (before: "not adopted", a warning for a load that was right); the
+    other engine's files, placed hidden, go."""
+    tag_dir = tmp_path / "ckpt" / "tag"
+    loaded = tag_dir / "offloaded_tensors" / "rank00"
+    folder = tmp_path / "nvme" / "optimizer" / "rank0"
+    loaded.mkdir(parents=True)
+    folder.mkdir(parents=True)
+    files(loaded, ["0_9", "10_19"], [None, "exp_avg"], "checkpoint")
+    files(folder, ["10_19"], [None, "exp_avg"], "live")
+    engine, _, rebuilt = engine_with(folder, ["10_19"])
+    load_copy(engine, loaded, folder, LoadPlaces.ALL)
+    warnings = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = warnings.append
+    logging.getLogger("tencache_ds").addHandler(handler)  # the package logger does not propagate (log.py)
+    try:
+        assert adopt_loaded_files(engine, str(tmp_path / "ckpt"), str(tag_dir / "mp_rank_00_model_states.pt")) == 0
+    finally:
+        logging.getLogger("tencache_ds").removeHandler(handler)
+    assert warnings == []
+    assert rebuilt == [] and sorted(os.listdir(folder)) == ["10_19.tensor.swp", "exp_avg-10_19.tensor.swp"]
+    assert (folder / "10_19.tensor.swp").read_text() == "checkpoint:10_19"

@@ -114,7 +114,7 @@ def _adopt(swapper, optimizer, loaded_dir, masters_only: bool) -> int:
         if match and not (masters_only and match["state"]):
             loaded.setdefault(match["id"], []).append(match["state"])
     current = list(swapper.swap_params_info)  # sub-group order
-    if not loaded or set(loaded) == set(current):
+    if not loaded or set(current) <= set(loaded):  # its own ids (beside other engines' files a stock save took)
         return 0
     if len(loaded) != len(current):
         logger.warning("the checkpoint in %s has %d optimizer sub-groups, this engine %d: its swap files are not "

@@ -452,6 +452,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         self.store.close()  # its buffers, then the streaming slots' arena
         # its files still shared with a checkpoint: no later writer may reach it (another engine's stay: owns_file)
         unshare_folder(self._folder, self.owns_file)
+        self.drop_staged_loads()  # a checkpoint's files a load that stopped left hidden: no later run wants them
         self.io.close()
         self.closed = True
 

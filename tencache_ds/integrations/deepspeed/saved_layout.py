@@ -45,8 +45,8 @@ def places_for_saved_layout(engine, places: LoadPlaces, source: str) -> LoadPlac
             f"load_checkpoint of a universal checkpoint with zero_optimization.offload_optimizer.device nvme: "
             f"DeepSpeed's load with the optimizer on NVMe neither reads it (it loads the weights and optimizer state "
             f"of a universal checkpoint in the function that path skips) nor finds swap files in it (stock stops "
-            f"with FileNotFoundError). Load it with the optimizer on cpu, then save a checkpoint to resume from. "
-            f"{KEPT}")
+            f"with FileNotFoundError). Load it with the optimizer on cpu; a checkpoint saved from there loads with the "
+            f"optimizer on NVMe without its optimizer state only (load_optimizer_states=False). {KEPT}")
     if places is LoadPlaces.NOTHING:
         return places
     misfit = _misfit(engine, source)
