@@ -1,6 +1,7 @@
 """`tencache-ds` argument parsing and dispatch. Owns: the subcommands and their options (frozen by
 tests/cli/test_cli.py, tests/cli/test_inspect.py). Does not own: what the subcommands do (doctor.py, bench.py,
-inspect_profile.py, estimate.py, imported only when run, so `--help` stays fast and imports neither torch nor deepspeed).
+inspect_profile.py, estimate.py, checkpoint_for_cpu.py, imported only when run, so `--help` stays fast and imports
+neither torch nor deepspeed).
 
     tencache-ds doctor [--nvme-path PATH] [--config ds_config.json] [--json]
     tencache-ds bench  [--model gpt2-tiny] [--steps 6] [--warmup 2] [--repeats 1] ... [--out bench-out]
@@ -10,6 +11,7 @@ inspect_profile.py, estimate.py, imported only when run, so `--help` stays fast 
     tencache-ds estimate --model CONFIG.json --ds-config DS.json --machine MACHINE.json|this [--micro-batch N]
                          [--seq N] [--gas N] [--activation-checkpointing] [--drive-tbw BYTES] [--profile PATH]
                          [--json]
+    tencache-ds checkpoint-for-cpu TAG_FOLDER
 
 Also runnable as `python -m tencache_ds.cli.main ...`.
 """
@@ -22,6 +24,7 @@ DOCTOR_HELP = "check this machine for ZeRO-Infinity with tencache_ds (like ds_re
 BENCH_HELP = "train one model under stock ZeRO-Infinity and under tencache_ds and compare them"
 PROFILE_HELP = "read a saved execution profile (config \"profile_path\")"
 PLAN_HELP = "what a saved profile predicts under given budgets: host-tier residency, prefetch leads, step time"
+FOR_CPU_HELP = "make a checkpoint saved with the optimizer on NVMe load with the optimizer on cpu (stock included)"
 ESTIMATE_HELP = ("before launch: whether a model fits, its step time under stock ZeRO-Infinity and under tencache, "
                  "and what it costs the drive, from a config.json, a DeepSpeed config and a machine description")
 
@@ -228,6 +231,14 @@ def build_parser() -> argparse.ArgumentParser:
                           "measured compute time and NVMe read bandwidth replace the machine's figures")
     estimate.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 
+    for_cpu = subcommands.add_parser(
+        "checkpoint-for-cpu", help=FOR_CPU_HELP,
+        description=FOR_CPU_HELP + ". A checkpoint saved under tencache with the optimizer on NVMe keeps Adam's "
+        "moments in its swap files (offloaded_tensors/) only; a load with the optimizer on cpu reads the ZeRO files "
+        "and stops (\"Cannot copy out of meta tensor\"). This writes the moments into the ZeRO files, in place; the "
+        "swap files stay, so the checkpoint still loads with the optimizer on NVMe.", formatter_class=_HelpFormatter)
+    for_cpu.add_argument("tag_folder", metavar="TAG_FOLDER", help="the checkpoint's folder: <save_dir>/<tag>")
+
     subcommands.add_parser(
         "config-reference", help="print the \"tencache\" block's reference (Markdown) from the config model",
         description="Print docs/configuration.md: every key of the \"tencache\" block, its type, default and "
@@ -252,6 +263,9 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
     if args.command == "estimate":
         from . import estimate
         return estimate.run(args)
+    if args.command == "checkpoint-for-cpu":
+        from . import checkpoint_for_cpu
+        return checkpoint_for_cpu.run(args)
     if args.command == "config-reference":
         from ..config import config_reference_markdown
         print(config_reference_markdown(), end="")

@@ -148,6 +148,8 @@ def _storages_by_offset(saved, loaded) -> Optional[dict]:
         if isinstance(ours, torch.Tensor):
             if not isinstance(theirs, torch.Tensor):
                 raise LookupError
+            if ours.is_meta:  # a tensor described, without bytes: torch.save writes no record for it
+                return
             offset = getattr(theirs.untyped_storage(), "_checkpoint_offset", None)
             if offset is None:
                 raise LookupError

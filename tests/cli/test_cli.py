@@ -22,6 +22,7 @@ FROZEN_OPTIONS = {
               "--host-cache-bytes", "--launcher", "--micro-batch", "--model", "--no-plots", "--nvme-bandwidth",
               "--nvme-path", "--offload", "--out", "--ranks", "--repeats", "--seq-len", "--steps", "--warmup", "-h"],
     "config-reference": ["--help", "-h"],
+    "checkpoint-for-cpu": ["--help", "-h"],
 }
 
 

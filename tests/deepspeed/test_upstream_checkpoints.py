@@ -16,17 +16,25 @@ NVMe under tencache: each passes with the results of stock CPU offload, bit for 
   (save_for_other_world_size) loaded by 1, with the optimizer's state (stock CPU offload's error) and without it
   (the weights repartitioned, training on); and (in save_for_other_world_size) loaded by an engine with another
   ``sub_group_size``: the same two loads;
-- load_saved_on_cpu (not upstream): a checkpoint saved with the optimizer on cpu loaded with it on NVMe: the weights
-  as stock CPU offload loads them, the optimizer's state refused with an error naming the device;
+- load_saved_on_cpu (not upstream): a checkpoint saved with the optimizer on cpu loaded with it on NVMe, with its
+  optimizer's state (from the ZeRO file into the swap files: the losses and weights of the uninterrupted run) and
+  without it (the weights as stock CPU offload loads them);
+- saved_on_nvme (not upstream): tencache's checkpoint loaded by stock CPU offload (a process that never imported
+  tencache_ds): the weights load and train on, the optimizer's state stops the load with an error (the moments are in
+  the checkpoint's swap files only), and loads once `tencache-ds checkpoint-for-cpu` has written them into the ZeRO
+  files: the run goes on as stock CPU offload goes on from its own checkpoint of the same run;
 - and, under tencache only, a module-only load with the parameters on NVMe beyond ``max_in_cpu`` (which stage 3
   cannot finish: by its code, stock's refresh reads ``.data`` of a missing flat partition, mid-load) is refused
   before the load with an error naming ``max_in_cpu``.
 Real engine, real files."""
 import os
+import shutil
+import subprocess
+import sys
 
 import pytest
 
-from conftest import launch_ranks
+from conftest import REPO, launch_ranks
 
 pytestmark = [pytest.mark.deepspeed, pytest.mark.slow]  # about 60 s a launch of 2 ranks, two, and two of 1
 SCRIPT = os.path.join(os.path.dirname(__file__), "upstream_checkpoints.py")
@@ -49,9 +57,37 @@ def scenarios(tmp_path, mode, device, names, ranks=2):
     return launch_ranks(SCRIPT, [",".join(names), mode, device, nvme, ckpt], ranks, cleanup=[nvme])
 
 
+# saved by tencache's launch with the optimizer on NVMe, loaded by stock's with the optimizer on cpu
+SAVED_ON_NVME = "saved_on_nvme"
+
+
+def for_cpu_copy(saved):
+    """A copy of the checkpoint folder ``saved`` (``<saved>_for_cpu``), converted by `tencache-ds checkpoint-for-cpu`
+    as a user runs it; its output."""
+    shutil.copytree(saved, f"{saved}_for_cpu")
+    command = [sys.executable, "-m", "tencache_ds.cli.main", "checkpoint-for-cpu", f"{saved}_for_cpu/saved"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, PYTHONPATH=REPO))
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
 def test_optimizer_on_nvme_gives_stock_cpu_offloads_results(tmp_path):
-    reference = scenarios(tmp_path, "stock", "cpu", SCENARIOS)
-    ours = scenarios(tmp_path, "tencache", "nvme", SCENARIOS + (REFUSED,))
+    ours = scenarios(tmp_path, "tencache", "nvme", SCENARIOS + (SAVED_ON_NVME, REFUSED))
+    for_cpu = for_cpu_copy(tmp_path / "ckpt-tencache-nvme" / SAVED_ON_NVME)
+    reference = scenarios(tmp_path, "stock", "cpu", SCENARIOS + (SAVED_ON_NVME,))
+    # tencache's checkpoint loaded by stock CPU offload in a process that never imported tencache_ds: the weights
+    # alone load and train on; the optimizer's state, whose moments are in the swap files only, stops the load
+    # (its ZeRO file held them as empty tensors, which DeepSpeedCPUAdam's step wrote through: a segmentation fault);
+    # from the copy `tencache-ds checkpoint-for-cpu` converted, it loads and trains on as stock CPU offload goes on
+    # from its own checkpoint of the same run (load_saved_on_cpu: the same model, batches and sub-groups; tencache's
+    # training has its bits), which differs from the uninterrupted run: its beta products
+    on_cpu, on_nvme = reference[SAVED_ON_NVME], ours[SAVED_ON_NVME]
+    assert on_cpu["ok"] and on_cpu["weights"]["loaded"] == on_nvme["trained"], (on_cpu, on_nvme)
+    assert on_cpu["optimizer"]["error"].startswith("NotImplementedError") and "meta" in on_cpu["optimizer"]["error"]
+    assert "2 ZeRO files now hold the optimizer state" in for_cpu, for_cpu
+    assert on_cpu["converted"].get("loaded") == on_nvme["trained"], on_cpu["converted"]
+    assert on_cpu["converted"] == reference["load_saved_on_cpu"]["optimizer"], (on_cpu, reference["load_saved_on_cpu"])
     # a checkpoint of 2 ranks loaded by 1: stock CPU offload refuses the optimizer's state with its own error (stock
     # NVMe copied the other size's swap files in and stopped at an assertion in its aio op), and repartitions the
     # weights alone; tencache stopped on a swap file of the wrong size in both
@@ -75,10 +111,17 @@ def test_optimizer_on_nvme_gives_stock_cpu_offloads_results(tmp_path):
     assert other_sub_groups["error"].startswith("TencacheError") and "sub_group_size" in other_sub_groups["error"]
     # a checkpoint saved with the optimizer on cpu: stock CPU offload loads its optimizer's state from the ZeRO file,
     # the NVMe load path reads swap files only (stock NVMe and tencache stopped with FileNotFoundError, in both
-    # loads); tencache refuses the optimizer's state naming the device and loads the weights as stock CPU offload
-    from_cpu = ours["load_saved_on_cpu"].pop("optimizer")
-    assert "loaded" in reference["load_saved_on_cpu"].pop("optimizer")
-    assert from_cpu["error"].startswith("TencacheError") and "offload_optimizer.device" in from_cpu["error"], from_cpu
+    # loads); tencache writes it into the swap files from the ZeRO file, and resumes as the run that saved it goes on
+    # (stock CPU offload's own resume differs from it, in the losses with a sub-group per layer: DeepSpeedCPUAdam's
+    # beta products, checkpoint.replay_adam_step_products)
+    from_cpu, stock_resume = ours["load_saved_on_cpu"].pop("optimizer"), reference["load_saved_on_cpu"].pop("optimizer")
+    uninterrupted = reference["load_saved_on_cpu"]["uninterrupted"]
+    assert {key: from_cpu.get(key) for key in uninterrupted} == uninterrupted, (from_cpu, uninterrupted)
+    assert from_cpu["loaded"] == stock_resume["loaded"], (from_cpu, stock_resume)
+    # ... into an engine with other sub-groups: refused before anything is set, as stock CPU offload refuses it
+    other_sub_groups = ours["load_saved_on_cpu"]["other_sub_groups"].pop("optimizer")
+    assert reference["load_saved_on_cpu"]["other_sub_groups"].pop("optimizer")["error"].startswith("ValueError")
+    assert other_sub_groups["error"].startswith("TencacheError") and "sub_group_size" in other_sub_groups["error"]
     for name in SCENARIOS:
         assert name in reference and name in ours, (name, reference, ours)  # a failure stops the scenarios after it
         assert reference[name]["ok"], (name, reference[name])

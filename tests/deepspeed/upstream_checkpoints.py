@@ -11,7 +11,8 @@ optimizer state is large enough to be swapped). Rank 0 prints one RESULT line.
 SCENARIOS: comma-separated, of zero_to_fp32, zero_to_fp32_frozen, immediate_save_load, load_immediate_save,
 load_into_new_engine, load_into_trained_engine (not upstream), module_only_params_on_file (tencache's error; no
 upstream test), save_for_other_world_size and load_at_other_world_size (the second in a launch of another world
-size, on the first's checkpoint: ``deepspeed --num_gpus 1``), load_saved_on_cpu (not upstream); they run one
+size, on the first's checkpoint: ``deepspeed --num_gpus 1``), load_saved_on_cpu and saved_on_nvme (not upstream; the
+second with the optimizer on cpu loads what it saved with the optimizer on NVMe in another launch); they run one
 after the other in the same processes (one launch: its start-up is most of a
 scenario's time), each with its own engines and its own folders under NVME_DIR and CKPT_DIR. The result maps each
 scenario to the SHA-256 sums of the weights (and losses) it produces, so that runs can be compared bit for bit,
@@ -271,15 +272,18 @@ def loads_and_trains_on(engine, saved, load):
                                load_lr_scheduler_states=False)
     except Exception as err:  # the error itself is the result
         return {"error": f"{type(err).__name__}: {err}"}
-    loaded = digest(gathered(engine))
+    return dict(loaded=digest(gathered(engine)), **trains_on(engine))
+
+
+def trains_on(engine):
+    """Train ``engine`` 3 steps (the batches a load trains on after): the losses and the trained weights."""
     losses = []
     for x, y in batches(3, 2, seed=11):
         loss = engine(x, y)
         engine.backward(loss)
         engine.step()
         losses.append(loss)
-    return {"loaded": loaded, "losses": digest({f"{i}": loss for i, loss in enumerate(losses)}),
-            "trained": digest(gathered(engine))}
+    return {"losses": digest({f"{i}": loss for i, loss in enumerate(losses)}), "trained": digest(gathered(engine))}
 
 
 def save_for_other_world_size(mode, device, nvme, ckpt):
@@ -300,12 +304,40 @@ def save_for_other_world_size(mode, device, nvme, ckpt):
 def load_saved_on_cpu(mode, device, nvme, ckpt):
     """Not a port: a checkpoint saved with the optimizer offloaded to cpu (a user who ran out of memory and moves it
     to NVMe) loaded with the optimizer on ``device``, with its state and without it, each by a fresh engine that
-    then trains 3 steps. Its ZeRO file holds the optimizer's state; the NVMe load path reads swap files only."""
-    engine = other_world_engine("stock", "cpu", nvme)
+    then trains 3 steps; and the saving engine's own next 3 steps ("uninterrupted"). Its ZeRO file holds the
+    optimizer's state; the NVMe load path reads swap files only. A sub-group per layer (``sub_group_size`` a layer's
+    weight). Then both loads by engines with other sub-groups (one: stock CPU offload refuses the optimizer's
+    state)."""
+    engine = other_world_engine("stock", "cpu", nvme, sub_group_size=HIDDEN * HIDDEN)
     train(engine, 2, 2)
     engine.save_checkpoint(ckpt, tag="saved")
+    uninterrupted = trains_on(engine)
     engine.destroy()
-    return fresh_engines_load(mode, device, nvme, ckpt)
+    return dict(fresh_engines_load(mode, device, nvme, ckpt, sub_group_size=HIDDEN * HIDDEN),
+                uninterrupted=uninterrupted, other_sub_groups=fresh_engines_load(mode, device, nvme, ckpt))
+
+
+def saved_on_nvme(mode, device, nvme, ckpt):
+    """Not a port, in two launches. With the optimizer on NVMe (tencache's launch, first): train 2 steps, save, and
+    train 3 more ("uninterrupted"). With it on cpu (stock's launch, after: a process that never imported tencache_ds,
+    as a user who moves a run to a machine with more memory): fresh engines load that checkpoint (``CKPT_DIR``'s
+    sibling ``ckpt-tencache-nvme``), without the optimizer's state and with it (the moments are in its swap files
+    only: the ZeRO file describes them without bytes), and with it from the copy ``tencache-ds checkpoint-for-cpu``
+    converted (``saved_on_nvme_for_cpu`` beside it: the test makes it between the launches), each training 3 steps.
+    A sub-group per layer."""
+    if device == "nvme":
+        engine = other_world_engine(mode, device, nvme, sub_group_size=HIDDEN * HIDDEN)
+        train(engine, 2, 2)
+        engine.save_checkpoint(ckpt, tag="saved")
+        trained = digest(gathered(engine))
+        uninterrupted = trains_on(engine)
+        engine.destroy()
+        return {"trained": trained, "uninterrupted": uninterrupted}
+    saved = os.path.join(os.path.dirname(os.path.dirname(ckpt)), "ckpt-tencache-nvme", "saved_on_nvme")
+    engine = other_world_engine(mode, device, os.path.join(nvme, "converted"), sub_group_size=HIDDEN * HIDDEN)
+    converted = loads_and_trains_on(engine, saved + "_for_cpu", "optimizer")
+    engine.destroy()
+    return dict(fresh_engines_load(mode, device, nvme, saved, sub_group_size=HIDDEN * HIDDEN), converted=converted)
 
 
 def load_at_other_world_size(mode, device, nvme, ckpt):
@@ -327,6 +359,7 @@ SCENARIOS = {
     "save_for_other_world_size": save_for_other_world_size,
     "load_at_other_world_size": load_at_other_world_size,
     "load_saved_on_cpu": load_saved_on_cpu,
+    "saved_on_nvme": saved_on_nvme,
 }
 
 

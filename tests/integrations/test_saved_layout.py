@@ -67,15 +67,19 @@ def test_without_flat_partitions_to_set_the_masters_from_the_load_stops_naming_m
     assert not refreshed
 
 
-def test_a_checkpoint_saved_with_the_optimizer_on_cpu_has_no_swap_files_its_weights_load_alone(engine, tmp_path):
+def test_a_checkpoint_saved_with_the_optimizer_on_cpu_loads_its_state_from_the_zero_file(engine, tmp_path,
+                                                                                         monkeypatch):
     """Regression test: its ``offloaded_tensors/rank00`` does not exist, and the engine's copy of it stopped with
-    FileNotFoundError, with the optimizer's state or without it."""
-    missing = str(tmp_path / "offloaded_tensors" / "rank00")
+    FileNotFoundError, with the optimizer's state or without it. The state is written from the checkpoint's ZeRO
+    file (the tag's folder) into the swap files (zero_file.py; the real engine: test_upstream_checkpoints.py)."""
+    missing = str(tmp_path / "tag" / "offloaded_tensors" / "rank00")
     saved_on_cpu, refreshed = engine(1, 1)
-    with pytest.raises(TencacheError, match="offload_optimizer.device cpu"):
-        places_for_saved_layout(saved_on_cpu, LoadPlaces.ALL, missing)
-    assert not refreshed
+    loaded_from = []
+    monkeypatch.setattr(saved_layout, "load_state_from_zero_file", lambda engine, folder, source: loaded_from.append(folder))
+    assert places_for_saved_layout(saved_on_cpu, LoadPlaces.ALL, missing) is LoadPlaces.ZERO_FILE
+    assert loaded_from == [str(tmp_path / "tag")] and not refreshed
     assert places_for_saved_layout(saved_on_cpu, LoadPlaces.MASTERS, missing) is LoadPlaces.NOTHING and refreshed
+    assert loaded_from == [str(tmp_path / "tag")]
 
 
 def test_a_load_of_the_module_only_places_nothing_whatever_the_layout(engine):

@@ -45,12 +45,14 @@ def swap_file(folder, tensor) -> torch.Tensor:
 
 
 def zero_state(folder):
-    """A ZeRO file's shape: masters mapped from swap files, empty placeholders, views, bf16, scalars, an object."""
+    """A ZeRO file's shape: masters mapped from swap files, empty placeholders, moments described on the meta device
+    (checkpoint_save.swapped_state_described: no record), views, bf16, scalars, an object."""
     generator = torch.Generator().manual_seed(0)
     masters = [torch.randn(MASTER_ELEMENTS, generator=generator), torch.randn(4096, generator=generator)]
     shown = [swap_file(folder, master) for master in masters]
     base = torch.arange(100, dtype=torch.float32)
-    state = {"optimizer_state_dict": {"state": {0: {"exp_avg": torch.empty(0), "step": torch.tensor(3)}},
+    state = {"optimizer_state_dict": {"state": {0: {"exp_avg": torch.empty(0), "step": torch.tensor(3),
+                                                            "exp_avg_sq": torch.empty(MASTER_ELEMENTS, device="meta")}},
                                       "param_groups": [{"lr": 1e-3, "params": [0]}],
                                       "fp32_flat_groups": [tensor for tensor, _ in shown],
                                       "bf16": torch.ones(7, dtype=torch.bfloat16), "view": base[5:], "base": base,
@@ -69,6 +71,7 @@ def assert_reads_back(path, state, masters):
         assert torch.equal(loaded[key], saved[key]), key
     assert torch.equal(loaded["holder"].tensor, saved["holder"].tensor)
     assert loaded["state"][0]["step"].item() == 3 and loaded["state"][0]["exp_avg"].numel() == 0
+    assert loaded["state"][0]["exp_avg_sq"].is_meta and loaded["state"][0]["exp_avg_sq"].numel() == MASTER_ELEMENTS
     assert loaded["view"].untyped_storage().data_ptr() == loaded["base"].untyped_storage().data_ptr()
 
 

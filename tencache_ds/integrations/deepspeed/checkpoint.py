@@ -56,9 +56,7 @@ More things a resume loses or stops at, in stock DeepSpeed too (a resume then di
   weights. tencache does as stock CPU offload (saved_layout.py).
 """
 import contextlib
-import copy
 import functools
-import itertools
 import os
 
 import torch
@@ -71,6 +69,7 @@ from .optimizer_swapper import (SWAP_FILE_NAME, LoadPlaces, TencacheOptimizerSwa
                                 sub_group_order, swap_file_name)
 from .reporting import param_swappers_of_optimizer
 from .saved_layout import places_for_saved_layout
+from .zero_file import live_by_saved_id, load_zero_state, restore_group_settings
 
 
 @contextlib.contextmanager
@@ -99,7 +98,7 @@ def adopt_loaded_files(engine, load_dir, load_path, masters_only: bool = False) 
     swapper = getattr(optimizer, "optimizer_swapper", None)
     if not isinstance(swapper, TencacheOptimizerSwapper) or load_path is None:
         return 0
-    if swapper.last_load_places in (None, LoadPlaces.NOTHING):  # no copy, or it placed no file (saved_layout.py)
+    if swapper.last_load_places is None or not swapper.last_load_places.places_files:  # none placed: saved_layout.py
         return 0
     try:
         return _adopt(swapper, optimizer, swapper.last_load_source, masters_only)
@@ -148,24 +147,26 @@ def restore_optimizer_scalars(engine, load_dir, load_path, load_optimizer_states
     swapper = getattr(optimizer, "optimizer_swapper", None)
     if not isinstance(swapper, TencacheOptimizerSwapper):
         return 0
-    if load_path is None or not load_optimizer_states or load_module_only:
+    if load_path is None or not load_optimizer_states or load_module_only or \
+            swapper.last_load_places is LoadPlaces.ZERO_FILE:  # set there already, with the tensors
         return 0
-    zero_file, zero_state = load_zero_state(engine, load_dir, load_path)
+    zero_file, zero_state = load_zero_state(engine, os.path.dirname(load_path))
     saved = zero_state.get(OPTIMIZER_STATE_DICT)  # stage 3's dict holds the torch optimizer's under the same key
     if not saved or "state" not in saved:
         return 0
     optimizer._set_fp32_optimizer_param_groups()
     try:
         live_groups = optimizer.optimizer.param_groups
-        # torch's own rule (Optimizer.load_state_dict): saved ids and live params pair up in group order
-        by_saved_id = dict(zip(itertools.chain.from_iterable(group["params"] for group in saved["param_groups"]),
-                               itertools.chain.from_iterable(group["params"] for group in live_groups)))
+        by_saved_id = live_by_saved_id(saved["param_groups"], [group["params"] for group in live_groups])
         restored = 0
         for saved_id, saved_state in saved["state"].items():
             param = by_saved_id[saved_id]
             live = optimizer.optimizer.state[param]
             swap_info = swapper.swap_params_info.get(OptimizerSwapper.parameter_id(param))
-            swapped = {key: value for key, value in saved_state.items() if _swapped_when_saved(value)}
+            # its bytes are in the loaded swap folder: described in the ZeRO file, or (a checkpoint converted by
+            # `tencache-ds checkpoint-for-cpu`) also there, but this engine swaps it: never all of them in memory
+            swapped = {key: value for key, value in saved_state.items() if _swapped_when_saved(value) or (
+                swap_info is not None and torch.is_tensor(value) and value.dim() > 0)}
             missing = [key for key in swapped if key not in live and not _loaded_file_exists(swapper, swap_info, key)]
             if missing:
                 # The loaded folder has no file for this sub-group's state (its tensors were renamed: a model rebuilt
@@ -181,7 +182,7 @@ def restore_optimizer_scalars(engine, load_dir, load_path, load_optimizer_states
                     continue
                 live[key] = value.clone() if torch.is_tensor(value) else value
                 restored += 1
-        restored += _restore_group_settings(live_groups, saved["param_groups"], zero_file)
+        restored += restore_group_settings(live_groups, saved["param_groups"], zero_file)
     finally:
         optimizer._clear_fp32_optimizer_param_groups()
     logger.info("restored %d optimizer state entries (Adam's step counts and moments, the groups' learning rates "
@@ -189,30 +190,10 @@ def restore_optimizer_scalars(engine, load_dir, load_path, load_optimizer_states
     return restored
 
 
-def _restore_group_settings(live_groups, saved_groups, zero_file) -> int:
-    """Each parameter group's settings as saved (``lr``, ``betas``, ``weight_decay``, ...: everything but its
-    parameters), as torch's ``Optimizer.load_state_dict`` does for stock CPU offload. The learning rate is the one
-    that matters: an lr scheduler's ``load_state_dict`` restores its counters, not the groups' ``lr``, which it sets
-    only at its next ``step()``, after the first resumed update; so that update ran at the fresh scheduler's first
-    value (0 in a warm-up: Hugging Face's Trainer, resumed, differed from its uninterrupted run from there on).
-    Returns how many settings were restored."""
-    if len(live_groups) != len(saved_groups):
-        logger.warning("the checkpoint in %s has %d optimizer parameter groups, this engine %d: their learning "
-                       "rates and settings are not restored (as in stock DeepSpeed's NVMe load)", zero_file,
-                       len(saved_groups), len(live_groups))
-        return 0
-    restored = 0
-    for live, saved in zip(live_groups, saved_groups):
-        for key, value in saved.items():
-            if key != "params":  # a copy, as torch's: a tensor would point into the memory-mapped ZeRO file
-                live[key] = copy.deepcopy(value)
-                restored += 1
-    return restored
-
-
 def _swapped_when_saved(value) -> bool:
-    """Stage 3 saves a swapped-out state tensor as an empty placeholder."""
-    return torch.is_tensor(value) and value.dim() > 0 and value.numel() == 0
+    """Stage 3 saves a swapped-out state tensor as an empty placeholder; tencache's save as a meta tensor of its size
+    (checkpoint_save.swapped_state_described)."""
+    return torch.is_tensor(value) and (value.is_meta or (value.dim() > 0 and value.numel() == 0))
 
 
 def _loaded_file_exists(swapper, swap_info, key: str) -> bool:
@@ -222,18 +203,6 @@ def _loaded_file_exists(swapper, swap_info, key: str) -> bool:
         return False
     folder = os.path.dirname(swap_info.tensors[0].swap_path)
     return os.path.exists(os.path.join(folder, swap_file_name(swap_info.param_id, key)))
-
-
-def load_zero_state(engine, load_dir, load_path):
-    """(path, stage 3's state dict) of this rank's ZeRO file of the checkpoint ``load_path`` belongs to. Memory-mapped:
-    its fp32 masters (checkpoint_save.py puts every sub-group's there) are read only where used."""
-    tag = os.path.basename(os.path.dirname(load_path))
-    zero_file = engine._get_zero_ckpt_name(load_dir, tag)
-    try:
-        saved = torch.load(zero_file, map_location="cpu", mmap=True, weights_only=False)
-    except RuntimeError:  # not a zip file (an old torch format, or another checkpoint engine's): read it all
-        saved = engine.checkpoint_engine.load(zero_file, map_location="cpu")
-    return zero_file, saved.get(OPTIMIZER_STATE_DICT) or {}
 
 
 def tencache_runs(optimizer) -> bool:
@@ -249,13 +218,16 @@ def restore_unswapped_masters(engine, load_dir, load_path, load_module_only=Fals
     optimizer = getattr(engine, "optimizer", None)
     if not isinstance(getattr(optimizer, "optimizer_swapper", None), TencacheOptimizerSwapper):
         return 0
-    if load_path is None or load_module_only or optimizer.optimizer_swapper.last_load_places is LoadPlaces.NOTHING:
-        return 0  # nothing taken from the checkpoint's optimizer state: the masters are the loaded weights'
+    # NOTHING: no optimizer state taken from the checkpoint, the masters are the loaded weights'; ZERO_FILE: every
+    # master was set from the ZeRO file, those in memory too
+    if load_path is None or load_module_only or \
+            optimizer.optimizer_swapper.last_load_places in (LoadPlaces.NOTHING, LoadPlaces.ZERO_FILE):
+        return 0
     unswapped = [i for i in range(len(optimizer.fp32_partitioned_groups_flat))
                  if not optimizer._swappable_optimizer_subgroup(i)]
     if not unswapped:
         return 0
-    zero_file, zero_state = load_zero_state(engine, load_dir, load_path)
+    zero_file, zero_state = load_zero_state(engine, os.path.dirname(load_path))
     saved = zero_state.get(FP32_FLAT_GROUPS)
     if saved is None or len(saved) != len(optimizer.fp32_partitioned_groups_flat):
         logger.warning("%s has %s fp32 groups, this engine %d: masters of the sub-groups kept in memory are not "

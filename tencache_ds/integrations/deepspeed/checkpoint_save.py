@@ -1,13 +1,19 @@
 """What a checkpoint saved under tencache holds, and how its swap files get there. Owns: the fp32 masters in the ZeRO
-file, and the swap folder's files linked into (and out of) checkpoints instead of copied (below).
+file, the swapped moments described there without bytes, and the swap folder's files linked into (and out of)
+checkpoints instead of copied (below).
 
 The masters. With the optimizer on NVMe, stage 3's ZeRO file (``zero_pp_rank_*_optim_states.pt``) saves each swapped
 sub-group's fp32 master as the empty placeholder it is between steps; the bytes are only in the swap folder. So
 ``zero_to_fp32`` and ``load_state_dict_from_zero_checkpoint`` stop with "consumed N numels out of 0", and so does a
 ``load_checkpoint(load_optimizer_states=False)``, which reads the module's weights that way. Under tencache, the ZeRO
 file gets every master: while the engine writes it, each placeholder shows the host tier's copy when it holds one,
-else its swap file's bytes, mapped (torch.save reads them as it writes; nothing is copied into memory first). Stock's loader reads the file as before; the moments
-stay in the swap files only (putting them in the ZeRO file too would write all the optimizer state at every save).
+else its swap file's bytes, mapped (torch.save reads them as it writes; nothing is copied into memory first). The
+moments stay in the swap files only (putting them in the ZeRO file too would write all the optimizer state at every
+save), and the ZeRO file describes them as meta tensors (``swapped_state_described``), so that a load that wants
+them from there (stock CPU offload's) stops instead of running Adam on empty tensors (``tencache-ds
+checkpoint-for-cpu`` writes them there, checkpoint_for_cpu.py). Stock's loaders read the rest as before: its NVMe
+load the swap files, ``zero_to_fp32`` the masters. Both the masters and the moments are shown only while the
+engine's save runs: a checkpoint engine that serialises later (asynchronously) would find the placeholders back.
 Where the checkpoint and the swap folder share a file system that clones ranges (XFS, btrfs: io/reflink.py), the
 masters are not written at all: each swap file is made current (what the host tier holds changed is written, as it
 is owed anyway) and its blocks are shared with the ZeRO file (io/cloned_save.py), so the save writes the dirty
@@ -30,7 +36,7 @@ from ...io import cloned_save
 from ...io.reflink import folder_clones
 from ...io.shared_files import place
 from ...log import logger
-from .optimizer_swapper import LoadPlaces, TencacheOptimizerSwapper
+from .optimizer_swapper import TencacheOptimizerSwapper
 
 
 @contextlib.contextmanager
@@ -66,15 +72,42 @@ def masters_shown(optimizer, from_files: bool = False):
             swapper.store.release(path)
 
 
+@contextlib.contextmanager
+def swapped_state_described(optimizer):
+    """While inside: each swapped-out optimizer state tensor (Adam's moments) of a ZeRO-3 optimizer under tencache's
+    optimizer swapper is, in the optimizer's state, a meta tensor of its true size and dtype (no bytes); afterwards
+    the placeholder is back. Stage 3 saves the placeholder, an empty tensor, which stock DeepSpeed's load with the
+    optimizer on cpu takes for Adam's moments: DeepSpeedCPUAdam's C++ step then wrote through it (a segmentation
+    fault at the first resumed step, found loading a tencache checkpoint with stock CPU offload). A meta tensor stops
+    that load before anything is set (torch's ``Optimizer.load_state_dict``: "Cannot copy out of meta tensor; no
+    data!"), says the size, and costs nothing to write; the bytes are the checkpoint's swap files
+    (``offloaded_tensors/``), which a load with the optimizer on NVMe reads."""
+    swapper = getattr(optimizer, "optimizer_swapper", None)
+    replaced = []  # (the sub-group's state, key, its placeholder)
+    try:
+        if isinstance(swapper, TencacheOptimizerSwapper):
+            for master in optimizer.fp32_partitioned_groups_flat:
+                info = swapper.swap_params_info.get(OptimizerSwapper.parameter_id(master))
+                state = optimizer.optimizer.state.get(master) if info is not None else None
+                for key, value in (state or {}).items():
+                    if torch.is_tensor(value) and value.dim() > 0 and value.numel() == 0:  # swapped out
+                        state[key] = torch.empty(info.numel(), dtype=swapper.dtype, device="meta")
+                        replaced.append((state, key, value))
+        yield
+    finally:
+        for state, key, placeholder in replaced:
+            state[key] = placeholder
+
+
 def saving_masters(save_zero_checkpoint):
     """engine._save_zero_checkpoint with the swapped masters in the file it writes (their blocks shared with the
-    swap files where the file system clones)."""
+    swap files where the file system clones), and the swapped moments described (``swapped_state_described``)."""
     @functools.wraps(save_zero_checkpoint)
     def save_zero_checkpoint_with_masters(self, save_path, tag, *args, **kwargs):
         swapper = getattr(self.optimizer, "optimizer_swapper", None)
         sharing = isinstance(swapper, TencacheOptimizerSwapper) and _can_share_blocks(
             self.checkpoint_engine, swapper.files_folder, os.path.dirname(self._get_zero_ckpt_name(save_path, tag)))
-        with masters_shown(self.optimizer, from_files=sharing) as files:
+        with masters_shown(self.optimizer, from_files=sharing) as files, swapped_state_described(self.optimizer):
             if not sharing:
                 return save_zero_checkpoint(self, save_path, tag, *args, **kwargs)
             with _saving_by_shared_blocks(self.checkpoint_engine, files, swapper):
@@ -138,7 +171,7 @@ def _saving_by_shared_blocks(checkpoint_engine, files, swapper):
 # the host tier), then each file gets a second name. Where the two folders are on different file systems, each file
 # is written once: from the host tier's copy when it holds the tensor, else copied from the swap file. Swap files
 # written after a save are new files (LinkSafeIO), so training never changes a checkpoint. The checkpoint's layout is
-# stock's: stock's loader reads it as it reads its own.
+# stock's: stock's NVMe loader reads it as it reads its own.
 _copytree_lock = threading.Lock()
 
 
@@ -192,7 +225,7 @@ def _link_folder(swapper, source: str, target: str, ignore, direction: str) -> F
     transfer = FolderTransfer(direction)
     if direction == "load":
         swapper.begin_load_copy(source)
-        if swapper.last_load_places is LoadPlaces.NOTHING:  # (the folder may not even exist: another world size)
+        if not swapper.last_load_places.places_files:  # (the folder may not even exist: another world size)
             logger.info("load: no swap file placed from %s", source)
             return transfer
     names = sorted(name for name in os.listdir(source) if os.path.isfile(os.path.join(source, name)))

@@ -89,10 +89,18 @@ class LoadPlaces(enum.Enum):
     - NOTHING: the module only: stage 3 has already set the masters from the loaded weights before the copy
       (``refresh_fp32_params``), as stock CPU offload has them; the checkpoint's would replace them (in bf16 with
       other values) until checkpoint.masters_from_loaded_weights set them again, and be left behind under the
-      checkpoint's ids in a rebuilt engine (which adopts nothing in a module-only load)."""
+      checkpoint's ids in a rebuilt engine (which adopts nothing in a module-only load);
+    - ZERO_FILE: no file either: the checkpoint has none (saved with the optimizer on cpu), and the optimizer's state
+      was written into this engine's swap files from its ZeRO file instead (zero_file.load_state_from_zero_file)."""
     ALL = "all"
     MASTERS = "masters"
     NOTHING = "nothing"
+    ZERO_FILE = "zero file"
+
+    @property
+    def places_files(self) -> bool:
+        """Does the copy place checkpoint files in the swap folder?"""
+        return self in (LoadPlaces.ALL, LoadPlaces.MASTERS)
 
 
 NVME_PATH_KEY = "zero_optimization.offload_optimizer.nvme_path"
@@ -272,7 +280,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         ``staged_load_name``, for adoption to rename (checkpoint.adopt_loaded_files): under its own name it could
         replace the live file of another engine sharing the folder, whose sub-group ids may be the checkpoint's."""
         match = SWAP_FILE_NAME.match(name)
-        if self._load_places is LoadPlaces.NOTHING or (
+        if not self._load_places.places_files or (
                 self._load_places is LoadPlaces.MASTERS and (match is None or match["state"] is not None)):
             return None
         if match is not None and match["id"] not in self.swap_params_info:

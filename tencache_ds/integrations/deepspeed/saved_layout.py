@@ -15,9 +15,11 @@ masters, silently dropping the loaded weights; a checkpoint saved with the optim
 all (FileNotFoundError); a universal checkpoint neither (and its weights are loaded by the function skipped).
 
 So, when the files do not fit: a load of the optimizer's state stops before any file is placed (stock CPU
-offload's error for the world size, one naming the cause otherwise); a load without it sets the masters from the
-loaded weights, as stock CPU offload does, and places nothing (the engine rebuilds the parameters from the masters
-right after the copy: ``reset_swap_buffers``).
+offload's error for the world size, one naming the cause otherwise), except where there are none because the
+optimizer was on cpu: its state is in the ZeRO file, and is written into this engine's swap files from there
+(zero_file.py), as stock CPU offload loads it; a load without it sets the masters from the loaded weights, as stock
+CPU offload does, and places nothing (the engine rebuilds the parameters from the masters right after the copy:
+``reset_swap_buffers``).
 """
 import os
 from typing import Optional, Tuple
@@ -28,6 +30,7 @@ from ...errors import TencacheError
 from ...log import logger
 from .config_bridge import io_aligned_numel
 from .optimizer_swapper import SWAP_FILE_NAME, LoadPlaces, sub_group_order
+from .zero_file import load_state_from_zero_file
 
 # tencache's assumption, not a DeepSpeed limit: a checkpoint's swap files were padded for at most this many aio
 # threads (``aio.intra_op_parallelism``; the padding is 1 KiB per thread), so sub-groups whose sizes differ by
@@ -37,22 +40,27 @@ KEPT = "No swap file was placed."
 
 
 def places_for_saved_layout(engine, places: LoadPlaces, source: str) -> LoadPlaces:
-    """What the engine's copy of the checkpoint's swap files in ``source`` may place: ``places``, or NOTHING when
-    they do not fit and the optimizer's state was not asked for (the masters are then set from the loaded weights
-    here); raises when it was."""
+    """What the engine's copy of the checkpoint's swap files in ``source`` may place: ``places``; NOTHING when they
+    do not fit and the optimizer's state was not asked for (the masters are then set from the loaded weights here);
+    ZERO_FILE when there are none and it was (its state is written into the swap files from the ZeRO file here).
+    Raises when it was asked for and the files do not fit."""
     if engine.load_universal_checkpoint():
         raise TencacheError(
             f"load_checkpoint of a universal checkpoint with zero_optimization.offload_optimizer.device nvme: "
             f"DeepSpeed's load with the optimizer on NVMe neither reads it (it loads the weights and optimizer state "
             f"of a universal checkpoint in the function that path skips) nor finds swap files in it (stock stops "
-            f"with FileNotFoundError). Load it with the optimizer on cpu; a checkpoint saved from there loads with the "
-            f"optimizer on NVMe without its optimizer state only (load_optimizer_states=False). {KEPT}")
+            f"with FileNotFoundError). Load it with the optimizer on cpu and save a checkpoint from there: that one "
+            f"loads with the optimizer on NVMe, with its optimizer state. {KEPT}")
     if places is LoadPlaces.NOTHING:
         return places
     misfit = _misfit(engine, source)
     if misfit is None:
         return places
     cause, why = misfit
+    if places is LoadPlaces.ALL and cause == NO_SWAP_FILES:  # saved with the optimizer on cpu: its ZeRO file has it
+        tag_folder = os.path.dirname(os.path.dirname(source))  # source: <tag>/offloaded_tensors/rankNN
+        load_state_from_zero_file(engine, tag_folder, source)
+        return LoadPlaces.ZERO_FILE
     if places is LoadPlaces.ALL:
         raise _refusal(engine, cause, why)
     optimizer = engine.optimizer
@@ -95,11 +103,6 @@ def _refusal(engine, cause: str, why: str) -> Exception:
             f"Automatic adjustment of ZeRO's optimizer state partitioning with a new world size is not currently "
             f"supported (DeepSpeed's own check, which its load with the optimizer on NVMe skips: {why}). Resume with "
             f"{saved_ranks} ranks, or {weights_only}. {KEPT}")
-    if cause == NO_SWAP_FILES:
-        return TencacheError(
-            f"load_checkpoint: {why}, and DeepSpeed's load with the optimizer on NVMe takes the optimizer's state from "
-            f"that folder only (stock stops with FileNotFoundError). Resume with the device it was saved with, or "
-            f"{weights_only}. {KEPT}")
     return TencacheError(
         f"load_checkpoint: {why}: its optimizer state cannot be loaded into this engine's sub-groups (stock CPU "
         f"offload stops too: a parameter group that doesn't match the size of the optimizer's). Did "
