@@ -14,7 +14,8 @@ NVMe under tencache: each passes with the results of stock CPU offload, bit for 
   engine's NVMe branch copied the checkpoint's moment files over the live ones; tencache copies the masters only);
 - load_at_other_world_size (DeepSpeed's stage 3 has no elastic checkpoint): a checkpoint saved by 2 ranks
   (save_for_other_world_size) loaded by 1, with the optimizer's state (stock CPU offload's error) and without it
-  (the weights repartitioned, training on); and (in save_for_other_world_size) loaded by an engine with another
+  (the weights repartitioned, training on); and its universal version (``ds_to_universal``, after `tencache-ds
+  checkpoint-for-cpu` for tencache's), with and without the optimizer's state (stock NVMe: FileNotFoundError); and (in save_for_other_world_size) loaded by an engine with another
   ``sub_group_size``: the same two loads;
 - load_saved_on_cpu (not upstream): a checkpoint saved with the optimizer on cpu loaded with it on NVMe, with its
   optimizer's state (from the ZeRO file into the swap files: the losses and weights of the uninterrupted run) and
@@ -61,15 +62,28 @@ def scenarios(tmp_path, mode, device, names, ranks=2):
 SAVED_ON_NVME = "saved_on_nvme"
 
 
-def for_cpu_copy(saved):
-    """A copy of the checkpoint folder ``saved`` (``<saved>_for_cpu``), converted by `tencache-ds checkpoint-for-cpu`
-    as a user runs it; its output."""
-    shutil.copytree(saved, f"{saved}_for_cpu")
-    command = [sys.executable, "-m", "tencache_ds.cli.main", "checkpoint-for-cpu", f"{saved}_for_cpu/saved"]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300,
+def run_command(*args):
+    """A command as a user runs it (``python -m ...``); its output. It must succeed."""
+    done = subprocess.run([sys.executable, "-m", *map(str, args)], capture_output=True, text=True, timeout=300,
                           env=dict(os.environ, PYTHONPATH=REPO))
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout
+
+
+def for_cpu_copy(saved):
+    """A copy of the checkpoint folder ``saved`` (``<saved>_for_cpu``), converted by `tencache-ds checkpoint-for-cpu`;
+    its output."""
+    shutil.copytree(saved, f"{saved}_for_cpu")
+    return run_command("tencache_ds.cli.main", "checkpoint-for-cpu", f"{saved}_for_cpu/saved")
+
+
+def universal(saved, on_nvme):
+    """DeepSpeed's ``ds_to_universal`` of the checkpoint (tag "saved") in the folder ``saved``, into tag "universal"
+    beside it; one saved with the optimizer on NVMe is made readable by it first (`tencache-ds checkpoint-for-cpu`)."""
+    if on_nvme:
+        run_command("tencache_ds.cli.main", "checkpoint-for-cpu", saved / "saved")
+    run_command("deepspeed.checkpoint.ds_to_universal", "--input_folder", saved / "saved", "--output_folder",
+                saved / "universal")
 
 
 def test_optimizer_on_nvme_gives_stock_cpu_offloads_results(tmp_path):
@@ -91,8 +105,20 @@ def test_optimizer_on_nvme_gives_stock_cpu_offloads_results(tmp_path):
     # a checkpoint of 2 ranks loaded by 1: stock CPU offload refuses the optimizer's state with its own error (stock
     # NVMe copied the other size's swap files in and stopped at an assertion in its aio op), and repartitions the
     # weights alone; tencache stopped on a swap file of the wrong size in both
+    universal(tmp_path / "ckpt-stock-cpu" / "save_for_other_world_size", on_nvme=False)
+    universal(tmp_path / "ckpt-tencache-nvme" / "save_for_other_world_size", on_nvme=True)
     reference_other, ours_other = (scenarios(tmp_path, mode, device, [OTHER_WORLD_SIZE], ranks=1)[OTHER_WORLD_SIZE]
                                    for mode, device in (("stock", "cpu"), ("tencache", "nvme")))
+    # ... and its universal version (DeepSpeed's way to another world size): stock CPU offload loads it; with the
+    # optimizer on NVMe the engine looked for swap files in it (FileNotFoundError), tencache refused it. The same
+    # weights, the same losses for 3 steps with the optimizer's state (its moments: a wrong one changes the second);
+    # the trained weights differ in the last bits (tencache replays DeepSpeedCPUAdam's beta products after a load)
+    reference_universal, ours_universal = reference_other.pop("universal"), ours_other.pop("universal")
+    assert "loaded" in reference_universal["optimizer"], reference_universal
+    assert ours_universal["weights"] == reference_universal["weights"], (ours_universal, reference_universal)
+    assert {key: ours_universal["optimizer"].get(key) for key in ("loaded", "losses")} == {
+        key: reference_universal["optimizer"][key] for key in ("loaded", "losses")}, (ours_universal,
+                                                                                     reference_universal)
     assert reference_other["ok"] and "loaded" in reference_other["weights"], reference_other
     assert ours_other["weights"] == reference_other["weights"], (ours_other, reference_other)
     stock_error = reference_other["optimizer"]["error"]

@@ -243,32 +243,36 @@ def module_only_params_on_file(mode, device, nvme, ckpt):
     return {"error": error, "unchanged": unchanged}
 
 
-def other_world_engine(mode, device, nvme, sub_group_size=None):
+def other_world_engine(mode, device, nvme, sub_group_size=None, universal=False):
     torch.manual_seed(1234)
     model = Layers(3, False)
     config = ds_config(mode, device, nvme, 2, 1)
     if sub_group_size:
         config["zero_optimization"]["sub_group_size"] = sub_group_size
+    if universal:
+        config["checkpoint"] = {"load_universal": True}
     return deepspeed.initialize(config=config, model=model, model_parameters=model.parameters())[0]
 
 
-def fresh_engines_load(mode, device, nvme, saved, sub_group_size=None):
-    """Two fresh engines load the checkpoint (tag "saved") in ``saved``, one without the optimizer's state
-    ("weights"), one with it ("optimizer"), and each trains 3 steps: ``loads_and_trains_on`` of each."""
+def fresh_engines_load(mode, device, nvme, saved, sub_group_size=None, tag="saved"):
+    """Two fresh engines load the checkpoint ``tag`` in ``saved`` (a universal one: ``tag`` "universal"), one
+    without the optimizer's state ("weights"), one with it ("optimizer"), and each trains 3 steps:
+    ``loads_and_trains_on`` of each."""
     result = {}
     for load in ("weights", "optimizer"):
-        engine = other_world_engine(mode, device, os.path.join(nvme, load), sub_group_size)
-        result[load] = loads_and_trains_on(engine, saved, load)
+        engine = other_world_engine(mode, device, os.path.join(nvme, tag, load), sub_group_size,
+                                    universal=tag == "universal")
+        result[load] = loads_and_trains_on(engine, saved, load, tag)
         engine.destroy()
     return result
 
 
-def loads_and_trains_on(engine, saved, load):
-    """``engine`` loads the checkpoint (tag "saved") in ``saved``: the optimizer's state with it (``load``
-    "optimizer") or not ("weights"), then trains 3 steps. The load's error, or the loaded weights, the losses and
-    the trained weights."""
+def loads_and_trains_on(engine, saved, load, tag="saved"):
+    """``engine`` loads the checkpoint ``tag`` in ``saved``: the optimizer's state with it (``load`` "optimizer") or
+    not ("weights"), then trains 3 steps. The load's error, or the loaded weights, the losses and the trained
+    weights."""
     try:
-        engine.load_checkpoint(saved, tag="saved", load_optimizer_states=load == "optimizer",
+        engine.load_checkpoint(saved, tag=tag, load_optimizer_states=load == "optimizer",
                                load_lr_scheduler_states=False)
     except Exception as err:  # the error itself is the result
         return {"error": f"{type(err).__name__}: {err}"}
@@ -344,8 +348,12 @@ def load_at_other_world_size(mode, device, nvme, ckpt):
     """The second half, in a launch of another world size: a fresh engine loads ``save_for_other_world_size``'s
     checkpoint with the optimizer's state (stock CPU offload stops: ZeRO-3 cannot repartition it) and without it
     (the weights are the checkpoint's, repartitioned: train 3 steps on). With the optimizer on NVMe stock copies the
-    other world size's swap files in and stops at the first swap-in."""
-    return fresh_engines_load(mode, device, nvme, os.path.join(os.path.dirname(ckpt), "save_for_other_world_size"))
+    other world size's swap files in and stops at the first swap-in. Then the same two loads of its universal
+    version (tag "universal": ``ds_to_universal``'s output, which the test makes between the launches), DeepSpeed's
+    way to another world size."""
+    saved = os.path.join(os.path.dirname(ckpt), "save_for_other_world_size")
+    return dict(fresh_engines_load(mode, device, nvme, saved),
+                universal=fresh_engines_load(mode, device, nvme, saved, tag="universal"))
 
 
 SCENARIOS = {

@@ -76,7 +76,7 @@ def test_a_checkpoint_saved_with_the_optimizer_on_cpu_loads_its_state_from_the_z
     saved_on_cpu, refreshed = engine(1, 1)
     loaded_from = []
     monkeypatch.setattr(saved_layout, "load_state_from_zero_file", lambda engine, folder, source: loaded_from.append(folder))
-    assert places_for_saved_layout(saved_on_cpu, LoadPlaces.ALL, missing) is LoadPlaces.ZERO_FILE
+    assert places_for_saved_layout(saved_on_cpu, LoadPlaces.ALL, missing) is LoadPlaces.STATE_WRITTEN
     assert loaded_from == [str(tmp_path / "tag")] and not refreshed
     assert places_for_saved_layout(saved_on_cpu, LoadPlaces.MASTERS, missing) is LoadPlaces.NOTHING and refreshed
     assert loaded_from == [str(tmp_path / "tag")]
@@ -129,10 +129,26 @@ def test_a_checkpoint_with_other_engines_files_beside_this_ones_fits_by_id(tmp_p
         "sub-group 10_19's master file holds 2000896 bytes, for this engine's sub-group 10_19 of 400000 elements")
 
 
-@pytest.mark.parametrize("places", list(LoadPlaces))
-def test_a_universal_checkpoint_is_refused_whatever_is_loaded(engine, places):
-    """The NVMe load path neither finds swap files in it nor calls the function that loads its weights."""
-    universal, refreshed = engine(1, 1, universal=True)
-    with pytest.raises(TencacheError, match="universal checkpoint"):
-        places_for_saved_layout(universal, places, HERE)
-    assert not refreshed
+@pytest.mark.parametrize("places, loads, placed", [
+    (LoadPlaces.ALL, "state", LoadPlaces.STATE_WRITTEN), (LoadPlaces.MASTERS, "weights", LoadPlaces.NOTHING),
+    (LoadPlaces.NOTHING, "weights", LoadPlaces.NOTHING)])
+def test_a_universal_checkpoint_is_loaded_from_its_own_files_at_any_world_size(engine, monkeypatch, tmp_path, places,
+                                                                              loads, placed):
+    """Regression test: the NVMe load path neither finds swap files in it nor calls the function that loads its
+    weights (it was refused). Its state or its weights are written from its files (universal.py; the real engine:
+    test_upstream_checkpoints.py)."""
+    universal, refreshed = engine(2, 1, universal=True)
+    loaded = []
+    monkeypatch.setattr(saved_layout, "load_state_from_universal", lambda engine, folder: loaded.append(("state",
+                                                                                                        folder)))
+    monkeypatch.setattr(saved_layout, "load_weights_from_universal", lambda engine, folder: loaded.append(("weights",
+                                                                                                          folder)))
+    source = str(tmp_path / "universal" / "offloaded_tensors" / "rank00")
+    assert places_for_saved_layout(universal, places, source) is placed
+    assert loaded == [(loads, str(tmp_path / "universal"))] and not refreshed
+
+
+def test_a_folder_that_is_not_a_universal_checkpoint_is_refused(engine, tmp_path):
+    universal, _refreshed = engine(1, 1, universal=True)
+    with pytest.raises(TencacheError, match="ds_to_universal's output"):
+        places_for_saved_layout(universal, LoadPlaces.ALL, str(tmp_path / "tag" / "offloaded_tensors" / "rank00"))

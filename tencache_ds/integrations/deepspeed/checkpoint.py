@@ -51,9 +51,10 @@ More things a resume loses or stops at, in stock DeepSpeed too (a resume then di
   read at the next swap-in), where stock CPU offload keeps the live moments and step counts. tencache's copy of the
   folder places the masters' files only then, and none in a load of the module only (``loading_checkpoint``;
   optimizer_swapper.py ``LoadPlaces``).
-- A checkpoint laid out for another run (another world size, other sub-groups, the optimizer on cpu): its swap
-  files do not fit, or there are none; stock's NVMe load copied them in anyway and stopped, or dropped the loaded
-  weights. tencache does as stock CPU offload (saved_layout.py).
+- A checkpoint laid out for another run (another world size, other sub-groups, the optimizer on cpu, universal):
+  its swap files do not fit, or there are none; stock's NVMe load copied them in anyway and stopped, or dropped the
+  loaded weights. tencache does as stock CPU offload (saved_layout.py), and loads the optimizer state of a cpu
+  checkpoint (zero_file.py) and of a universal one (universal.py).
 """
 import contextlib
 import functools
@@ -148,7 +149,7 @@ def restore_optimizer_scalars(engine, load_dir, load_path, load_optimizer_states
     if not isinstance(swapper, TencacheOptimizerSwapper):
         return 0
     if load_path is None or not load_optimizer_states or load_module_only or \
-            swapper.last_load_places is LoadPlaces.ZERO_FILE:  # set there already, with the tensors
+            swapper.last_load_places is LoadPlaces.STATE_WRITTEN:  # set there already, with the tensors
         return 0
     zero_file, zero_state = load_zero_state(engine, os.path.dirname(load_path))
     saved = zero_state.get(OPTIMIZER_STATE_DICT)  # stage 3's dict holds the torch optimizer's under the same key
@@ -218,10 +219,10 @@ def restore_unswapped_masters(engine, load_dir, load_path, load_module_only=Fals
     optimizer = getattr(engine, "optimizer", None)
     if not isinstance(getattr(optimizer, "optimizer_swapper", None), TencacheOptimizerSwapper):
         return 0
-    # NOTHING: no optimizer state taken from the checkpoint, the masters are the loaded weights'; ZERO_FILE: every
-    # master was set from the ZeRO file, those in memory too
+    # NOTHING: no optimizer state taken from the checkpoint, the masters are the loaded weights'; STATE_WRITTEN:
+    # every master was set from the checkpoint's files, those in memory too
     if load_path is None or load_module_only or \
-            optimizer.optimizer_swapper.last_load_places in (LoadPlaces.NOTHING, LoadPlaces.ZERO_FILE):
+            optimizer.optimizer_swapper.last_load_places in (LoadPlaces.NOTHING, LoadPlaces.STATE_WRITTEN):
         return 0
     unswapped = [i for i in range(len(optimizer.fp32_partitioned_groups_flat))
                  if not optimizer._swappable_optimizer_subgroup(i)]

@@ -90,12 +90,13 @@ class LoadPlaces(enum.Enum):
       (``refresh_fp32_params``), as stock CPU offload has them; the checkpoint's would replace them (in bf16 with
       other values) until checkpoint.masters_from_loaded_weights set them again, and be left behind under the
       checkpoint's ids in a rebuilt engine (which adopts nothing in a module-only load);
-    - ZERO_FILE: no file either: the checkpoint has none (saved with the optimizer on cpu), and the optimizer's state
-      was written into this engine's swap files from its ZeRO file instead (zero_file.load_state_from_zero_file)."""
+    - STATE_WRITTEN: no file either: the checkpoint has none (saved with the optimizer on cpu, or universal), and the
+      optimizer's state was written into this engine's sub-groups from its other files instead (its ZeRO file:
+      zero_file.load_state_from_zero_file; a universal checkpoint's: universal.load_state_from_universal)."""
     ALL = "all"
     MASTERS = "masters"
     NOTHING = "nothing"
-    ZERO_FILE = "zero file"
+    STATE_WRITTEN = "state written"
 
     @property
     def places_files(self) -> bool:

@@ -19,7 +19,7 @@ offload's error for the world size, one naming the cause otherwise), except wher
 optimizer was on cpu: its state is in the ZeRO file, and is written into this engine's swap files from there
 (zero_file.py), as stock CPU offload loads it; a load without it sets the masters from the loaded weights, as stock
 CPU offload does, and places nothing (the engine rebuilds the parameters from the masters right after the copy:
-``reset_swap_buffers``).
+``reset_swap_buffers``). A universal checkpoint is loaded from its own files, state or weights (universal.py).
 """
 import os
 from typing import Optional, Tuple
@@ -30,6 +30,7 @@ from ...errors import TencacheError
 from ...log import logger
 from .config_bridge import io_aligned_numel
 from .optimizer_swapper import SWAP_FILE_NAME, LoadPlaces, sub_group_order
+from .universal import load_state_from_universal, load_weights_from_universal
 from .zero_file import load_state_from_zero_file
 
 # tencache's assumption, not a DeepSpeed limit: a checkpoint's swap files were padded for at most this many aio
@@ -42,15 +43,16 @@ KEPT = "No swap file was placed."
 def places_for_saved_layout(engine, places: LoadPlaces, source: str) -> LoadPlaces:
     """What the engine's copy of the checkpoint's swap files in ``source`` may place: ``places``; NOTHING when they
     do not fit and the optimizer's state was not asked for (the masters are then set from the loaded weights here);
-    ZERO_FILE when there are none and it was (its state is written into the swap files from the ZeRO file here).
-    Raises when it was asked for and the files do not fit."""
-    if engine.load_universal_checkpoint():
-        raise TencacheError(
-            f"load_checkpoint of a universal checkpoint with zero_optimization.offload_optimizer.device nvme: "
-            f"DeepSpeed's load with the optimizer on NVMe neither reads it (it loads the weights and optimizer state "
-            f"of a universal checkpoint in the function that path skips) nor finds swap files in it (stock stops "
-            f"with FileNotFoundError). Load it with the optimizer on cpu and save a checkpoint from there: that one "
-            f"loads with the optimizer on NVMe, with its optimizer state. {KEPT}")
+    STATE_WRITTEN when there are none and it was (its state is written into the swap files from the ZeRO file here).
+    A universal checkpoint has none: its state (STATE_WRITTEN) or its weights (NOTHING) are written from its files
+    here. Raises when the state was asked for and the files do not fit."""
+    tag_folder = os.path.dirname(os.path.dirname(source))  # source: <tag>/offloaded_tensors/rankNN
+    if engine.load_universal_checkpoint():  # no swap files, and at any world size: universal.py
+        if places is LoadPlaces.ALL:
+            load_state_from_universal(engine, tag_folder)
+            return LoadPlaces.STATE_WRITTEN
+        load_weights_from_universal(engine, tag_folder)  # as stock CPU offload, in a load of the module only too
+        return LoadPlaces.NOTHING
     if places is LoadPlaces.NOTHING:
         return places
     misfit = _misfit(engine, source)
@@ -58,9 +60,8 @@ def places_for_saved_layout(engine, places: LoadPlaces, source: str) -> LoadPlac
         return places
     cause, why = misfit
     if places is LoadPlaces.ALL and cause == NO_SWAP_FILES:  # saved with the optimizer on cpu: its ZeRO file has it
-        tag_folder = os.path.dirname(os.path.dirname(source))  # source: <tag>/offloaded_tensors/rankNN
         load_state_from_zero_file(engine, tag_folder, source)
-        return LoadPlaces.ZERO_FILE
+        return LoadPlaces.STATE_WRITTEN
     if places is LoadPlaces.ALL:
         raise _refusal(engine, cause, why)
     optimizer = engine.optimizer

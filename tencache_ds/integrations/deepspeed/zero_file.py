@@ -15,7 +15,7 @@ all in memory at once.
 import copy
 import itertools
 import os
-from typing import List, Tuple
+from typing import Callable, List, Tuple
 
 import torch
 from deepspeed.checkpoint.constants import FP32_FLAT_GROUPS, LOSS_SCALER, OPTIMIZER_STATE_DICT
@@ -109,13 +109,26 @@ def load_state_from_zero_file(engine, tag_folder: str, swap_source: str) -> int:
     optimizer.dynamic_loss_scale = zero_state["dynamic_loss_scale"]
     optimizer.overflow = zero_state["overflow"]
     restore_group_settings(base.param_groups, saved["param_groups"], zero_file)
-    timer_names = set()
-    for sub_group_id, (master, loaded) in enumerate(zip(optimizer.fp32_partitioned_groups_flat, saved_masters)):
+    write_sub_groups(optimizer, lambda sub_group_id, master: (
+        saved_masters[sub_group_id], state_of[id(master)]))
+    logger.info("loaded the optimizer state of %d sub-groups from %s (saved with the optimizer on cpu) into the "
+                "swap files", len(saved_masters), zero_file)
+    return len(saved_masters)
+
+
+def write_sub_groups(optimizer, values_of: Callable) -> None:
+    """Set each sub-group's fp32 master and optimizer state to ``values_of(sub_group_id, master)``: (the master's
+    values or None to leave it, {state key: value}), a sub-group at a time, as a step moves them: swapped in (or in
+    memory), set, swapped out. Keys it does not give keep the live state."""
+    base, timer_names = optimizer.optimizer, set()
+    for sub_group_id, master in enumerate(optimizer.fp32_partitioned_groups_flat):
         optimizer._prepare_sub_group(sub_group_id, timer_names)  # the master and moments swapped in (or in memory)
         try:
-            master.data.copy_(loaded)
+            values, state = values_of(sub_group_id, master)
+            if values is not None:
+                master.data.copy_(values)
             live = base.state[master]
-            for key, value in state_of[id(master)].items():
+            for key, value in state.items():
                 if not (torch.is_tensor(value) and value.dim() > 0):
                     live[key] = copy.deepcopy(value)  # the step count
                 elif key in live and live[key].shape == value.shape:
@@ -124,9 +137,6 @@ def load_state_from_zero_file(engine, tag_folder: str, swap_source: str) -> int:
                     live[key] = value.to(dtype=master.dtype, copy=True)
         finally:  # the swapped-in buffers go back whatever happened
             optimizer._release_sub_group(sub_group_id, timer_names)
-    logger.info("loaded the optimizer state of %d sub-groups from %s (saved with the optimizer on cpu) into the "
-                "swap files", len(saved_masters), zero_file)
-    return len(saved_masters)
 
 
 def _check_bytes(zero_file, swap_source, saved_masters, saved_states) -> None:
