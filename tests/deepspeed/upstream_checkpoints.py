@@ -243,10 +243,10 @@ def module_only_params_on_file(mode, device, nvme, ckpt):
     return {"error": error, "unchanged": unchanged}
 
 
-def other_world_engine(mode, device, nvme, sub_group_size=None, universal=False):
+def other_world_engine(mode, device, nvme, sub_group_size=None, universal=False, lr=1e-3):
     torch.manual_seed(1234)
     model = Layers(3, False)
-    config = ds_config(mode, device, nvme, 2, 1)
+    config = ds_config(mode, device, nvme, 2, 1, lr=lr)
     if sub_group_size:
         config["zero_optimization"]["sub_group_size"] = sub_group_size
     if universal:
@@ -254,26 +254,27 @@ def other_world_engine(mode, device, nvme, sub_group_size=None, universal=False)
     return deepspeed.initialize(config=config, model=model, model_parameters=model.parameters())[0]
 
 
-def fresh_engines_load(mode, device, nvme, saved, sub_group_size=None, tag="saved"):
-    """Two fresh engines load the checkpoint ``tag`` in ``saved`` (a universal one: ``tag`` "universal"), one
-    without the optimizer's state ("weights"), one with it ("optimizer"), and each trains 3 steps:
-    ``loads_and_trains_on`` of each."""
+def fresh_engines_load(mode, device, nvme, saved, sub_group_size=None, tag="saved", loads=("weights", "optimizer"),
+                       lr=1e-3):
+    """Fresh engines (learning rate ``lr``) load the checkpoint ``tag`` in ``saved`` (a universal one: ``tag``
+    "universal"), one without the optimizer's state ("weights"), one with it ("optimizer"), one the module only
+    ("module", if in ``loads``), and each trains 3 steps: ``loads_and_trains_on`` of each."""
     result = {}
-    for load in ("weights", "optimizer"):
+    for load in loads:
         engine = other_world_engine(mode, device, os.path.join(nvme, tag, load), sub_group_size,
-                                    universal=tag == "universal")
+                                    universal=tag == "universal", lr=lr)
         result[load] = loads_and_trains_on(engine, saved, load, tag)
         engine.destroy()
     return result
 
 
 def loads_and_trains_on(engine, saved, load, tag="saved"):
-    """``engine`` loads the checkpoint ``tag`` in ``saved``: the optimizer's state with it (``load`` "optimizer") or
-    not ("weights"), then trains 3 steps. The load's error, or the loaded weights, the losses and the trained
-    weights."""
+    """``engine`` loads the checkpoint ``tag`` in ``saved``: the optimizer's state with it (``load`` "optimizer"),
+    not ("weights"), or the module only ("module"), then trains 3 steps. The load's error, or the loaded weights, the
+    losses and the trained weights."""
     try:
         engine.load_checkpoint(saved, tag=tag, load_optimizer_states=load == "optimizer",
-                               load_lr_scheduler_states=False)
+                               load_lr_scheduler_states=False, load_module_only=load == "module")
     except Exception as err:  # the error itself is the result
         return {"error": f"{type(err).__name__}: {err}"}
     return dict(loaded=digest(gathered(engine)), **trains_on(engine))
@@ -350,10 +351,12 @@ def load_at_other_world_size(mode, device, nvme, ckpt):
     (the weights are the checkpoint's, repartitioned: train 3 steps on). With the optimizer on NVMe stock copies the
     other world size's swap files in and stops at the first swap-in. Then the same two loads of its universal
     version (tag "universal": ``ds_to_universal``'s output, which the test makes between the launches), DeepSpeed's
-    way to another world size."""
+    way to another world size, and of the module only, by engines with a sub-group per layer and another learning
+    rate (the checkpoint's is loaded with its optimizer state)."""
     saved = os.path.join(os.path.dirname(ckpt), "save_for_other_world_size")
     return dict(fresh_engines_load(mode, device, nvme, saved),
-                universal=fresh_engines_load(mode, device, nvme, saved, tag="universal"))
+                universal=fresh_engines_load(mode, device, nvme, saved, sub_group_size=HIDDEN * HIDDEN,
+                                             tag="universal", loads=("weights", "optimizer", "module"), lr=5e-4))
 
 
 SCENARIOS = {

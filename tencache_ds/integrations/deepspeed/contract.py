@@ -181,10 +181,18 @@ PRIVATE_MEMBERS = (
                   "undoes _set_fp32_optimizer_param_groups"),
     PrivateMember(STAGE3, "reset_swap_buffers", "method", "checkpoint.py",
                   "reads adopted masters back and rebuilds the parameters from them, as the engine's load does"),
-    PrivateMember(STAGE3, "_prepare_sub_group", "method", "checkpoint.py",
+    PrivateMember(STAGE3, "_prepare_sub_group", "method", "checkpoint.py, zero_file.py",
                   "swaps a sub-group's master and optimizer state in (as step() does), so that a load can set them"),
-    PrivateMember(STAGE3, "_release_sub_group", "method", "checkpoint.py",
+    PrivateMember(STAGE3, "_release_sub_group", "method", "checkpoint.py, zero_file.py",
                   "swaps the sub-group's master and optimizer state out again after a load has set them"),
+    PrivateMember(STAGE3, "fp16_partitioned_groups_flat_numel", "attribute", "zero_file.py, universal.py",
+                  "each sub-group's size, which its master (an empty placeholder while swapped out) does not show"),
+    PrivateMember(STAGE3, "_load_global_state_stage3", "method", "universal.py",
+                  "sets the loss scaler from a universal checkpoint's optimizer state, as stage 3's own load does"),
+    PrivateMember(STAGE3, "load_hp_checkpoint_state", "method", "universal.py",
+                  "this rank's partition of one parameter's fp32 weights or moments in a universal checkpoint"),
+    PrivateMember(STAGE3, "param_names", "attribute", "universal.py",
+                  "each parameter's name: its folder in a universal checkpoint"),
     PrivateMember(STAGE3, "_swappable_optimizer_subgroup", "method", "checkpoint.py, stage3_gradients.py",
                   "tells the sub-groups too small to swap, whose masters a load restores from the ZeRO file, and "
                   "whose gradients stage 3 does not hand the swapper"),
@@ -223,7 +231,12 @@ PRIVATE_MEMBERS = (
                   "the norm stage 3 records for clipping, computed as stage 3 computes it"),
     PrivateMember(STAGE3, "fp32_partitioned_groups_flat", "attribute", "stage3_gradients.py",
                   "each sub-group's fp32 partition, whose id names the sub-group in swap_out_gradients"),
-    # The engine (checkpoint.py, checkpoint_save.py)
+    # The engine (checkpoint.py, checkpoint_save.py, saved_layout.py, universal.py)
+    PrivateMember(ENGINE, "load_universal_checkpoint", "method", "saved_layout.py",
+                  "whether the load is of a universal checkpoint (config checkpoint.load_universal), which the NVMe "
+                  "load path skips"),
+    PrivateMember(ENGINE, "zero_load_from_fp32_weights", "method", "universal.py",
+                  "whether a load without the optimizer's state sets the masters from the checkpoint's fp32 weights"),
     PrivateMember(ENGINE, "_get_zero_ckpt_name", "method", "checkpoint.py, checkpoint_save.py",
                   "the ZeRO checkpoint file of this rank, whose optimizer state stock's NVMe load skips, and whose "
                   "folder decides whether the masters can share the swap files' blocks"),

@@ -13,37 +13,47 @@ at a time (zero_file.write_sub_groups); the step count, the groups' settings and
 them. A checkpoint saved with the optimizer on NVMe becomes universal after ``tencache-ds checkpoint-for-cpu``
 (``ds_to_universal`` reads the moments from the ZeRO files).
 """
+import copy
 import os
 
 import torch
-from deepspeed.checkpoint.constants import OPTIMIZER_STATE_DICT
+from deepspeed.checkpoint.constants import OPTIMIZER_STATE_DICT, PARAM
 
 from ...errors import TencacheError
 from ...log import logger
 from .zero_file import write_sub_groups
 
 STATE_KEYS = ("exp_avg", "exp_avg_sq")  # what ds_to_universal writes besides the fp32 weights (stage 3's loader's)
+NOTHING_LOADED = "Nothing was loaded."
 
 
 def load_state_from_universal(engine, tag_folder: str) -> None:
     """Load the universal checkpoint in ``tag_folder``: masters, moments, step count, groups' settings, loss scaler,
     into this engine's sub-groups (stage 3's ``load_hp_checkpoint_state_from_checkpoint_dir_stage3``)."""
     optimizer = engine.optimizer
-    zero_folder = _zero_folder(tag_folder)
+    zero_folder = _checked(optimizer, tag_folder, ("fp32",) + STATE_KEYS)
     optimizer_file = os.path.join(zero_folder, "optimizer_state.pt")
     if not os.path.isfile(optimizer_file):
         raise TencacheError(f"load_checkpoint of a universal checkpoint: {optimizer_file}, which holds its optimizer "
                             f"state's step and settings, does not exist; load the weights only: load_checkpoint(..., "
-                            f"load_optimizer_states=False). Nothing was loaded.")
-    saved = torch.load(optimizer_file, weights_only=False)
-    optimizer._load_global_state_stage3(saved)
-    step = saved[OPTIMIZER_STATE_DICT]["state"][0]["step"]
+                            f"load_optimizer_states=False). {NOTHING_LOADED}")
+    # ds_to_universal's copy of a saved rank's whole stage 3 state dict: mapped, only its scalars are read
+    try:
+        stage3 = torch.load(optimizer_file, map_location="cpu", mmap=True, weights_only=False)
+    except RuntimeError:  # not a zip file (an older torch format): read it all, as stock does
+        stage3 = torch.load(optimizer_file, map_location="cpu", weights_only=False)
+    try:
+        step = stage3[OPTIMIZER_STATE_DICT]["state"][0]["step"]
+        settings = stage3[OPTIMIZER_STATE_DICT]["param_groups"][0]
+    except (KeyError, IndexError) as err:
+        raise TencacheError(f"load_checkpoint of a universal checkpoint: {optimizer_file} has no step count or "
+                            f"parameter group ({err!r}). {NOTHING_LOADED}") from None
+    optimizer._load_global_state_stage3(stage3)  # the loss scaler
     write_sub_groups(optimizer, lambda sub_group_id, _master: (
         _assembled(optimizer, zero_folder, sub_group_id, "fp32"),
         dict({key: _assembled(optimizer, zero_folder, sub_group_id, key) for key in STATE_KEYS}, step=step)))
     for group in optimizer.optimizer.param_groups:  # the same settings for every group, as stage 3 sets them
-        group.update({key: value for key, value in saved[OPTIMIZER_STATE_DICT]["param_groups"][0].items()
-                      if key != "params"})
+        group.update({key: copy.deepcopy(value) for key, value in settings.items() if key != "params"})
     logger.info("loaded the universal checkpoint in %s into %d sub-groups (optimizer on NVMe)", tag_folder,
                 len(optimizer.fp32_partitioned_groups_flat))
 
@@ -53,27 +63,58 @@ def load_weights_from_universal(engine, tag_folder: str) -> None:
     ``load_module_checkpoint_state_from_checkpoint_dir_stage3``): the masters from its fp32 weights
     (``zero_optimization.load_from_fp32_weights``, the default), else from the 16-bit weights made of them."""
     optimizer = engine.optimizer
-    zero_folder = _zero_folder(tag_folder)
+    zero_folder = _checked(optimizer, tag_folder, ("fp32",))
     if engine.zero_load_from_fp32_weights():
         write_sub_groups(optimizer, lambda sub_group_id, _master: (
             _assembled(optimizer, zero_folder, sub_group_id, "fp32"), {}))
         return
+    on_file = [sub_group_id for sub_group_id, bit16 in enumerate(optimizer.fp16_partitioned_groups_flat)
+               if bit16 is None]
+    if on_file:
+        raise TencacheError(f"load_checkpoint(load_optimizer_states=False) of a universal checkpoint with "
+                            f"zero_optimization.load_from_fp32_weights false sets the 16-bit partitions, and the "
+                            f"parameters of sub-groups {on_file} are on NVMe beyond offload_param.max_in_cpu (stock "
+                            f"stops too); raise max_in_cpu, or set load_from_fp32_weights. {NOTHING_LOADED}")
     for sub_group_id, bit16 in enumerate(optimizer.fp16_partitioned_groups_flat):
-        if bit16 is None:
-            raise TencacheError(f"load_checkpoint(load_optimizer_states=False) of a universal checkpoint with "
-                                f"zero_optimization.load_from_fp32_weights false sets the 16-bit partitions, and "
-                                f"sub-group {sub_group_id}'s parameters are on NVMe beyond offload_param.max_in_cpu "
-                                f"(stock stops too); raise max_in_cpu, or load_from_fp32_weights. Nothing was loaded.")
         bit16.data.copy_(_assembled(optimizer, zero_folder, sub_group_id, "fp32"))
     optimizer.refresh_fp32_params()  # checkpoint.refresh_masters_swapping_in
 
 
-def _zero_folder(tag_folder: str) -> str:
+def _checked(optimizer, tag_folder: str, keys) -> str:
+    """The checkpoint's ``zero`` folder, once every parameter of every sub-group has a name and a file of each of
+    ``keys`` there: a load that stopped half way would leave some sub-groups loaded and some not."""
     zero_folder = os.path.join(tag_folder, "zero")
     if not os.path.isdir(zero_folder):
         raise TencacheError(f"load_checkpoint of a universal checkpoint: {zero_folder} does not exist; is "
-                            f"{tag_folder} ds_to_universal's output? Nothing was loaded.")
+                            f"{tag_folder} ds_to_universal's output? {NOTHING_LOADED}")
+    for sub_group_id, params in enumerate(optimizer.fp16_groups):
+        for param in params:
+            if param not in optimizer.param_names:
+                raise TencacheError(f"load_checkpoint of a universal checkpoint: a parameter of sub-group "
+                                    f"{sub_group_id} has no name (the engine's param_names), so its folder under "
+                                    f"{zero_folder} is not known. {NOTHING_LOADED}")
+            for key in keys:
+                path = os.path.join(zero_folder, optimizer.param_names[param], f"{key}.pt")
+                if not os.path.isfile(path):
+                    raise TencacheError(f"load_checkpoint of a universal checkpoint: {path} does not exist (was "
+                                        f"the model changed since ds_to_universal?). {NOTHING_LOADED}")
+                if key in STATE_KEYS and _without_bytes(path):
+                    raise TencacheError(
+                        f"load_checkpoint of a universal checkpoint: {path} holds no bytes: ds_to_universal converted "
+                        f"a checkpoint saved under tencache with the optimizer on NVMe, whose moments are in its "
+                        f"swap files; run `tencache-ds checkpoint-for-cpu` on that checkpoint, then ds_to_universal "
+                        f"again. {NOTHING_LOADED}")
     return zero_folder
+
+
+def _without_bytes(path: str) -> bool:
+    """Is the tensor a universal checkpoint's file holds a meta tensor (read mapped: no bytes are read)?"""
+    try:
+        saved = torch.load(path, map_location="cpu", mmap=True, weights_only=False)
+    except RuntimeError:  # not a zip file: stock's loader reads it; it has bytes
+        return False
+    tensor = saved.get(PARAM) if isinstance(saved, dict) else saved
+    return torch.is_tensor(tensor) and tensor.is_meta
 
 
 def _assembled(optimizer, zero_folder: str, sub_group_id: int, key: str) -> torch.Tensor:
@@ -83,11 +124,8 @@ def _assembled(optimizer, zero_folder: str, sub_group_id: int, key: str) -> torc
                        dtype=optimizer.fp32_partitioned_groups_flat[sub_group_id].dtype)
     offset = 0
     for param in optimizer.fp16_groups[sub_group_id]:
-        if param not in optimizer.param_names:
-            raise TencacheError(f"load_checkpoint of a universal checkpoint: a parameter of sub-group {sub_group_id} "
-                                f"has no name (stage 3's param_names), so its folder under {zero_folder} is not known")
-        part = optimizer.load_hp_checkpoint_state(os.path.join(zero_folder, optimizer.param_names[param]), key,
-                                                  param=param)
+        folder = os.path.join(zero_folder, optimizer.param_names[param])
+        part = optimizer.load_hp_checkpoint_state(folder, key, param=param)
         flat.narrow(0, offset, part.numel()).copy_(part)
         offset += part.numel()
     return flat
