@@ -1,5 +1,7 @@
 """The `tencache-ds` command line: help on every subcommand, the frozen option sets, `doctor` on good and broken
-environments (real checks, real probe process), `bench` argument errors, and one real `bench` run end to end."""
+environments (real checks, real probe process), `bench` argument errors, one real `bench` run end to end, and
+`checkpoint-for-cpu`'s error on a folder that is no checkpoint (the conversion: tests/integrations/
+test_checkpoint_for_cpu.py)."""
 import json
 import os
 import shutil
@@ -483,3 +485,9 @@ def test_bench_end_to_end(tmp_path):
     assert pngs == (["dashboard.png"] if bench["figure"] else []), pngs
     assert "step 2 loss" in (out / "tencache-1.log").read_text()
     assert not (tmp_path / "nvme" / "stock-1").exists()  # each run's swap folder is removed after it
+
+
+def test_checkpoint_for_cpu_on_a_folder_that_is_no_checkpoint_exits_2_naming_it(tmp_path):
+    result = run_cli("checkpoint-for-cpu", str(tmp_path))
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert f"tencache-ds checkpoint-for-cpu: {tmp_path} holds no ZeRO-3 optimizer file" in result.stderr
