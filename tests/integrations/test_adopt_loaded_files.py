@@ -49,11 +49,7 @@ def test_ids_shifted_by_whole_sub_groups_are_renamed_without_overwriting_a_loade
     pass moved 0_9's file onto 10_19 before 10_19's own file had gone to 20_29: that file was lost and the next
     rename found nothing (FileNotFoundError). Without the optimizer's state only the masters are renamed; this
     engine's live moments stay under its ids."""
-    tag_dir = tmp_path / "ckpt" / "tag"
-    loaded = tag_dir / "offloaded_tensors" / "rank00"
-    folder = tmp_path / "nvme" / "optimizer" / "rank0"
-    loaded.mkdir(parents=True)
-    folder.mkdir(parents=True)
+    tag_dir, loaded, folder = checkpoint_and_swap_folders(tmp_path)
     files(loaded, ["0_9", "10_19"], [None, "exp_avg"], "checkpoint")  # what the checkpoint holds
     files(folder, ["10_19", "20_29"], [None, "exp_avg"], "live")  # this engine's own state
     engine, forgotten, rebuilt = engine_with(folder, ["10_19", "20_29"])
@@ -71,6 +67,16 @@ def test_ids_shifted_by_whole_sub_groups_are_renamed_without_overwriting_a_loade
         for prefix in ([""] if masters_only else ["", "exp_avg-"]))
 
 
+def checkpoint_and_swap_folders(tmp_path):
+    """(a checkpoint's tag folder, its swap files' folder of rank 0, an engine's swap folder), the last two made."""
+    tag_dir = tmp_path / "ckpt" / "tag"
+    loaded = tag_dir / "offloaded_tensors" / "rank00"
+    folder = tmp_path / "nvme" / "optimizer" / "rank0"
+    loaded.mkdir(parents=True)
+    folder.mkdir(parents=True)
+    return tag_dir, loaded, folder
+
+
 @pytest.mark.parametrize("masters_only", [False, True])
 def test_a_load_never_replaces_the_files_of_another_engine_sharing_the_folder(tmp_path, masters_only):
     """Regression test: two engines alive in one process share the swap folder (one config, one nvme_path), the
@@ -79,11 +85,7 @@ def test_a_load_never_replaces_the_files_of_another_engine_sharing_the_folder(tm
     over the critic's live files, before adoption renamed them to the actor's ids: the critic's masters and moments
     were the actor's from then on. The copy now places them hidden, adoption takes them from there, and nothing of
     the critic's changes."""
-    tag_dir = tmp_path / "ckpt" / "tag"
-    loaded = tag_dir / "offloaded_tensors" / "rank00"
-    folder = tmp_path / "nvme" / "optimizer" / "rank0"
-    loaded.mkdir(parents=True)
-    folder.mkdir(parents=True)
+    tag_dir, loaded, folder = checkpoint_and_swap_folders(tmp_path)
     files(loaded, ["0_9", "10_19"], [None, "exp_avg"], "checkpoint")
     files(folder, ["0_9", "10_19"], [None, "exp_avg"], "critic")
     files(folder, ["20_29", "30_39"], [None, "exp_avg"], "actor")
@@ -107,11 +109,7 @@ def test_files_of_a_checkpoint_with_other_sub_groups_are_not_left_in_the_folder(
     """A checkpoint of another model (3 sub-groups against this engine's 2), copied in (here without the layout
     check that now refuses it first: saved_layout.py), is not adopted (a warning, as in stock DeepSpeed); the files
     its load placed hidden are deleted, and this engine's own stay."""
-    tag_dir = tmp_path / "ckpt" / "tag"
-    loaded = tag_dir / "offloaded_tensors" / "rank00"
-    folder = tmp_path / "nvme" / "optimizer" / "rank0"
-    loaded.mkdir(parents=True)
-    folder.mkdir(parents=True)
+    tag_dir, loaded, folder = checkpoint_and_swap_folders(tmp_path)
     files(loaded, ["0_9", "10_19", "20_29"], [None, "exp_avg"], "checkpoint")
     files(folder, ["30_39", "40_49"], [None, "exp_avg"], "live")
     engine, _, rebuilt = engine_with(folder, ["30_39", "40_49"])
@@ -126,11 +124,7 @@ def test_files_of_a_checkpoint_with_other_sub_groups_are_not_left_in_the_folder(
 def test_files_a_failed_load_left_staged_go_at_the_next_load(tmp_path):
     """A load that stops after the copy (before adoption) leaves the checkpoint's files hidden in the folder; the
     next load's copy deletes them before it places anything."""
-    tag_dir = tmp_path / "ckpt" / "tag"
-    loaded = tag_dir / "offloaded_tensors" / "rank00"
-    folder = tmp_path / "nvme" / "optimizer" / "rank0"
-    loaded.mkdir(parents=True)
-    folder.mkdir(parents=True)
+    tag_dir, loaded, folder = checkpoint_and_swap_folders(tmp_path)
     files(loaded, ["0_9"], [None], "checkpoint")
     files(folder, ["10_19"], [None], "live")
     engine, _, _ = engine_with(folder, ["10_19"])
@@ -145,11 +139,7 @@ def test_a_checkpoint_with_this_engines_sub_groups_beside_other_engines_files_ne
     """Stock's save of a folder two engines share takes both engines' files. This engine's own ids are placed
     under their names and nothing is renamed (before: "not adopted", a warning for a load that was right); the
     other engine's files, placed hidden, go."""
-    tag_dir = tmp_path / "ckpt" / "tag"
-    loaded = tag_dir / "offloaded_tensors" / "rank00"
-    folder = tmp_path / "nvme" / "optimizer" / "rank0"
-    loaded.mkdir(parents=True)
-    folder.mkdir(parents=True)
+    tag_dir, loaded, folder = checkpoint_and_swap_folders(tmp_path)
     files(loaded, ["0_9", "10_19"], [None, "exp_avg"], "checkpoint")
     files(folder, ["10_19"], [None, "exp_avg"], "live")
     engine, _, rebuilt = engine_with(folder, ["10_19"])

@@ -135,3 +135,9 @@ def test_stock_nvme_checkpoints_and_folders_without_zero_files_are_refused(tmp_p
     for not_a_tag in (tmp_path / "empty", tmp_path / "missing"):
         with pytest.raises(TencacheError, match="holds no ZeRO-3 optimizer file"):
             fill_zero_files(str(not_a_tag))
+
+
+def test_a_zero_file_that_cannot_be_read_is_refused_naming_it(tmp_path):
+    (tmp_path / "zero_pp_rank_0_mp_rank_00_optim_states.pt").write_bytes(b"not a torch file")
+    with pytest.raises(TencacheError, match="zero_pp_rank_0_mp_rank_00_optim_states.pt cannot be read"):
+        fill_zero_files(str(tmp_path))

@@ -41,7 +41,7 @@ def test_other_sub_groups_are_refused_naming_sub_group_size_before_anything_is_l
 
 @pytest.mark.parametrize("master, moment, why", [
     (torch.zeros(8), torch.empty(8, device="meta"), "optimizer state exp_avg without its bytes"),  # tencache's
-    (torch.empty(0), torch.empty(0), "fp32 master without its bytes"),  # stock NVMe's
+    (torch.empty(0), torch.empty(0), "fp32 master, optimizer state exp_avg without its bytes"),  # stock NVMe's
 ], ids=["tencache-nvme", "stock-nvme"])
 def test_a_checkpoint_of_the_optimizer_on_nvme_without_its_swap_files_is_refused_naming_where_they_were_looked_for(
         master, moment, why):

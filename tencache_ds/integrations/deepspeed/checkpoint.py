@@ -70,7 +70,7 @@ from .optimizer_swapper import (SWAP_FILE_NAME, LoadPlaces, TencacheOptimizerSwa
                                 sub_group_order, swap_file_name)
 from .reporting import param_swappers_of_optimizer
 from .saved_layout import places_for_saved_layout
-from .zero_file import live_by_saved_id, load_zero_state, restore_group_settings
+from .zero_file import holds_no_bytes, live_by_saved_id, load_zero_state, restore_group_settings
 
 
 @contextlib.contextmanager
@@ -166,7 +166,7 @@ def restore_optimizer_scalars(engine, load_dir, load_path, load_optimizer_states
             swap_info = swapper.swap_params_info.get(OptimizerSwapper.parameter_id(param))
             # its bytes are in the loaded swap folder: described in the ZeRO file, or (a checkpoint converted by
             # `tencache-ds checkpoint-for-cpu`) also there, but this engine swaps it: never all of them in memory
-            swapped = {key: value for key, value in saved_state.items() if _swapped_when_saved(value) or (
+            swapped = {key: value for key, value in saved_state.items() if holds_no_bytes(value) or (
                 swap_info is not None and torch.is_tensor(value) and value.dim() > 0)}
             missing = [key for key in swapped if key not in live and not _loaded_file_exists(swapper, swap_info, key)]
             if missing:
@@ -189,12 +189,6 @@ def restore_optimizer_scalars(engine, load_dir, load_path, load_optimizer_states
     logger.info("restored %d optimizer state entries (Adam's step counts and moments, the groups' learning rates "
                 "and settings) from %s, which stock DeepSpeed's NVMe load skips", restored, zero_file)
     return restored
-
-
-def _swapped_when_saved(value) -> bool:
-    """Stage 3 saves a swapped-out state tensor as an empty placeholder; tencache's save as a meta tensor of its size
-    (checkpoint_save.swapped_state_described)."""
-    return torch.is_tensor(value) and (value.is_meta or (value.dim() > 0 and value.numel() == 0))
 
 
 def _loaded_file_exists(swapper, swap_info, key: str) -> bool:

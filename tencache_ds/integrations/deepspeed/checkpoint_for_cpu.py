@@ -29,6 +29,7 @@ from deepspeed.checkpoint.constants import FP32_FLAT_GROUPS, OPTIMIZER_STATE_DIC
 from ...errors import TencacheError
 from ...log import logger
 from .optimizer_swapper import SWAP_FILE_NAME, swap_file_name
+from .zero_file import holds_no_bytes, load_mapped
 
 # stage 3's ZeRO files as the engine names them (_get_rank_zero_ckpt_name, and the older name its loader still reads)
 ZERO_FILE_NAME = re.compile(r"^(?:bf16_)?zero_pp_rank_\d+_mp_rank_\d+_?optim_states\.pt$")
@@ -101,7 +102,11 @@ def _master_files(folder: str) -> Dict[bytes, List[_MasterFile]]:
 
 def _filled(zero_file: str, master_files: Dict[bytes, List[_MasterFile]]):
     """(the ZeRO file's content with its described state mapped from the swap files, tensors, bytes)."""
-    saved = torch.load(zero_file, map_location="cpu", mmap=True, weights_only=False)
+    try:
+        saved = load_mapped(zero_file)
+    except Exception as err:  # pylint: disable=broad-except  (unpickling raises anything)
+        raise TencacheError(f"checkpoint-for-cpu: {zero_file} cannot be read ({type(err).__name__}: {err}). "
+                            f"{NOTHING_CHANGED}") from err
     stage3 = saved.get(OPTIMIZER_STATE_DICT) or {}
     masters, torch_state = stage3.get(FP32_FLAT_GROUPS), stage3.get(OPTIMIZER_STATE_DICT) or {}
     state = torch_state.get("state", {})
@@ -111,8 +116,7 @@ def _filled(zero_file: str, master_files: Dict[bytes, List[_MasterFile]]):
         itertools.chain.from_iterable(group["params"] for group in torch_state.get("param_groups", [])))}
     tensors = nbytes = 0
     for saved_id, entries in state.items():
-        described = {key: value for key, value in entries.items() if torch.is_tensor(value) and value.dim() > 0
-                     and (value.is_meta or value.numel() == 0)}
+        described = {key: value for key, value in entries.items() if holds_no_bytes(value)}
         if not described:
             continue
         master = masters[position[saved_id]] if masters is not None and saved_id in position else None

@@ -261,7 +261,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
 
     def drop_staged_loads(self) -> None:
         """Delete the checkpoint's files a load placed hidden (``staged_load_name``) that adoption did not take."""
-        for name in os.listdir(self._folder):
+        for name in os.listdir(self._folder) if os.path.isdir(self._folder) else ():  # (removed by its user)
             if name.startswith(STAGED_LOAD_PREFIX):
                 os.unlink(os.path.join(self._folder, name))
 

@@ -21,7 +21,7 @@ from deepspeed.checkpoint.constants import OPTIMIZER_STATE_DICT, PARAM
 
 from ...errors import TencacheError
 from ...log import logger
-from .zero_file import write_sub_groups
+from .zero_file import load_mapped, write_sub_groups
 
 STATE_KEYS = ("exp_avg", "exp_avg_sq")  # what ds_to_universal writes besides the fp32 weights (stage 3's loader's)
 NOTHING_LOADED = "Nothing was loaded."
@@ -38,10 +38,7 @@ def load_state_from_universal(engine, tag_folder: str) -> None:
                             f"state's step and settings, does not exist; load the weights only: load_checkpoint(..., "
                             f"load_optimizer_states=False). {NOTHING_LOADED}")
     # ds_to_universal's copy of a saved rank's whole stage 3 state dict: mapped, only its scalars are read
-    try:
-        stage3 = torch.load(optimizer_file, map_location="cpu", mmap=True, weights_only=False)
-    except RuntimeError:  # not a zip file (an older torch format): read it all, as stock does
-        stage3 = torch.load(optimizer_file, map_location="cpu", weights_only=False)
+    stage3 = load_mapped(optimizer_file)
     try:
         step = stage3[OPTIMIZER_STATE_DICT]["state"][0]["step"]
         settings = stage3[OPTIMIZER_STATE_DICT]["param_groups"][0]
@@ -108,11 +105,8 @@ def _checked(optimizer, tag_folder: str, keys) -> str:
 
 
 def _without_bytes(path: str) -> bool:
-    """Is the tensor a universal checkpoint's file holds a meta tensor (read mapped: no bytes are read)?"""
-    try:
-        saved = torch.load(path, map_location="cpu", mmap=True, weights_only=False)
-    except RuntimeError:  # not a zip file: stock's loader reads it; it has bytes
-        return False
+    """Is the tensor a universal checkpoint's file holds a meta tensor (read mapped: its bytes are not read)?"""
+    saved = load_mapped(path)
     tensor = saved.get(PARAM) if isinstance(saved, dict) else saved
     return torch.is_tensor(tensor) and tensor.is_meta
 

@@ -15,7 +15,7 @@ all in memory at once.
 import copy
 import itertools
 import os
-from typing import Callable, List, Tuple
+from typing import Callable, List, Optional, Tuple
 
 import torch
 from deepspeed.checkpoint.constants import FP32_FLAT_GROUPS, LOSS_SCALER, OPTIMIZER_STATE_DICT
@@ -29,11 +29,27 @@ def load_zero_state(engine, tag_folder: str):
     (``<load_dir>/<tag>``). Memory-mapped: its tensors (the fp32 masters checkpoint_save.py puts there, a cpu-offload
     run's moments) are read only where used."""
     zero_file = _zero_file_name(engine, tag_folder)
-    try:
-        saved = torch.load(zero_file, map_location="cpu", mmap=True, weights_only=False)
-    except RuntimeError:  # not a zip file (an old torch format, or another checkpoint engine's): read it all
-        saved = engine.checkpoint_engine.load(zero_file, map_location="cpu")
+    saved = load_mapped(zero_file, lambda path: engine.checkpoint_engine.load(path, map_location="cpu"))
     return zero_file, saved.get(OPTIMIZER_STATE_DICT) or {}
+
+
+def load_mapped(path: str, read_all: Optional[Callable] = None):
+    """``torch.load`` of ``path`` memory-mapped: its tensors are read only where used. A file that cannot be mapped
+    (not a zip file: an old torch format, or another checkpoint engine's) is read whole, by ``read_all(path)``
+    (default: ``torch.load``)."""
+    try:
+        return torch.load(path, map_location="cpu", mmap=True, weights_only=False)
+    except RuntimeError:
+        if read_all is not None:
+            return read_all(path)
+        return torch.load(path, map_location="cpu", weights_only=False)
+
+
+def holds_no_bytes(value) -> bool:
+    """Is ``value``, a state tensor saved in a ZeRO file, a stand-in for one whose bytes are in swap files? Stage 3
+    saves a swapped-out state tensor as an empty placeholder; tencache's save as a meta tensor of its size
+    (checkpoint_save.swapped_state_described)."""
+    return torch.is_tensor(value) and (value.is_meta or (value.dim() > 0 and value.numel() == 0))
 
 
 def _zero_file_name(engine, tag_folder: str) -> str:
@@ -144,12 +160,14 @@ def _check_bytes(zero_file, swap_source, saved_masters, saved_states) -> None:
     a checkpoint saved with the optimizer on NVMe (stock's or tencache's) describes them without bytes, and its
     bytes are in swap files that are not where the load looked."""
     for sub_group_id, (master, state) in enumerate(zip(saved_masters, saved_states)):
-        described = [key for key, value in state.items() if torch.is_tensor(value) and value.dim() > 0 and (
-            value.is_meta or value.numel() != master.numel())]
-        if master.is_meta or master.numel() == 0 or described:
+        described = [key for key, value in state.items() if holds_no_bytes(value) or (
+            torch.is_tensor(value) and value.dim() > 0 and value.numel() != master.numel())]
+        missing = (["fp32 master"] if master.is_meta or master.numel() == 0 else []) + [
+            f"optimizer state {key}" for key in described]
+        if missing:
             raise TencacheError(
                 f"load_checkpoint: the checkpoint's ZeRO file {zero_file} holds sub-group {sub_group_id}'s "
-                f"{'optimizer state ' + ', '.join(described) if described else 'fp32 master'} without its bytes: "
+                f"{', '.join(missing)} without its bytes: "
                 f"it was saved with the optimizer on NVMe, and its swap files are not in {swap_source}. Copy the "
                 f"checkpoint whole (offloaded_tensors/ with it), or load the weights only: load_checkpoint(..., "
                 f"load_optimizer_states=False). Nothing was loaded.")
