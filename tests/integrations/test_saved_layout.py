@@ -75,7 +75,8 @@ def test_a_checkpoint_saved_with_the_optimizer_on_cpu_loads_its_state_from_the_z
     missing = str(tmp_path / "tag" / "offloaded_tensors" / "rank00")
     saved_on_cpu, refreshed = engine(1, 1)
     loaded_from = []
-    monkeypatch.setattr(saved_layout, "load_state_from_zero_file", lambda engine, folder, source: loaded_from.append(folder))
+    monkeypatch.setattr(saved_layout, "load_state_from_zero_file",
+                        lambda engine, folder, source: loaded_from.append(folder))
     assert places_for_saved_layout(saved_on_cpu, LoadPlaces.ALL, missing) is LoadPlaces.STATE_WRITTEN
     assert loaded_from == [str(tmp_path / "tag")] and not refreshed
     assert places_for_saved_layout(saved_on_cpu, LoadPlaces.MASTERS, missing) is LoadPlaces.NOTHING and refreshed
