@@ -180,7 +180,11 @@ def test_doctor_survives_a_probe_that_does_not_finish(tmp_path):
     assert checks["async_io op"].status == doctor.FAIL
     assert "did not finish in 0.3 s" in checks["async_io op"].message
     assert "AsyncIOBuilder().load()" in checks["async_io op"].message
-    assert checks["versions"].status == doctor.FAIL
+    # The probe starts before the doctor's own checks and is timed from then: where those checks outlast the import
+    # of torch and DeepSpeed (a loaded machine: seen once in a full suite run), the probe reported the versions
+    # before it was killed. Either way nothing raises and a FAIL says why.
+    assert checks["versions"].status == doctor.OK or (
+        checks["versions"].status == doctor.FAIL and "did not finish in 0.3 s" in checks["versions"].message)
     # Step 3: the bandwidth is measured without DeepSpeed, and the probe left no file behind.
     assert checks["nvme bandwidth"].status == doctor.OK and "plain file I/O" in checks["nvme bandwidth"].message
     assert checks["host"].status == doctor.OK
