@@ -53,7 +53,10 @@ left() {  # seconds left of the budget, less $1, at least 1 (timeout 0 would mea
   local s=$((BUDGET - SECONDS - ${1:-0}))
   echo $((s < 1 ? 1 : s))
 }
-{ nvidia-smi; df -h .; nproc; free -g; python3 -V; env | grep -i "arch_list\|^cuda"; } > "$G/machine.txt" 2>&1
+# the cores' NUMA nodes and the GPU's, and whether the kernel moves threads between nodes: a run slower than its
+# twin as a whole (the sixth lease's) could be one whose memory or threads landed on the GPU's far node
+{ nvidia-smi; df -h .; nproc; free -g; python3 -V; env | grep -i "arch_list\|^cuda"; lscpu; nvidia-smi topo -m
+  grep . /sys/devices/system/node/node*/cpulist /proc/sys/kernel/numa_balancing; } > "$G/machine.txt" 2>&1
 export GPU_SETUP_LOGS=$G/setup-logs
 # shellcheck source=gpu_setup.sh
 if ! source scripts/gpu_setup.sh > "$G/setup.txt" 2>&1; then cat "$G/setup.txt"; pack; exit 1; fi
@@ -97,11 +100,14 @@ arm_args() {  # sets EXTRA, scripts/train.py's arguments, and ARM_ENV, its envir
   esac
 }
 step_medians() {  # FILE [SKIP]: the result file's step times, and their median after 2 warm-up steps, leaving out
-                  # the steps listed in SKIP (comma-separated, counted from 0)
+                  # the steps listed in SKIP (comma-separated, counted from 0); then each step's CPU time (training
+                  # thread, process) where the result has it
   python3 -c "import json,sys,statistics as s; t=[x['time_s'] for x in json.load(open(sys.argv[1]))['steps']]; \
 skip={int(i) for i in sys.argv[2].split(',') if i}; \
 print('steps', ' '.join(f'{v:.3f}' for v in t), 'median', round(s.median(v for i, v in enumerate(t) \
-if i >= 2 and i not in skip), 4))" "$1" "${2:-}" 2>/dev/null
+if i >= 2 and i not in skip), 4)); c=[x.get('cpu') for x in json.load(open(sys.argv[1]))['steps']]; \
+all(c) and print('thread cpu', ' '.join(f\"{x['thread_cpu_s']:.3f}\" for x in c), \
+'process cpu', ' '.join(f\"{x['process_cpu_s']:.2f}\" for x in c))" "$1" "${2:-}" 2>/dev/null
 }
 run_phases() {  # ARM LAUNCH SECONDS: step_phases.py over one arm, through the launcher (launcher) or not (plain)
   local arm=$1 launch=$2 limit=$3 tag=$1-$2

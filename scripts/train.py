@@ -27,6 +27,7 @@ import resource
 import signal
 import socket
 import sys
+import threading
 import time
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -375,6 +376,20 @@ def read_proc_io():
     return {"read_bytes": out.get("read_bytes", 0), "write_bytes": out.get("write_bytes", 0)}
 
 
+def cpu_times():
+    """CPU time of the training thread and of the whole process, context switches, and the core the training thread
+    last ran on: a step slower than its neighbours then shows whether the training thread worked longer, waited, or
+    was moved (the GPU leases' runs varied by 0.1 s a step from one run to the next, docs/gpu_check.md)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    try:
+        with open(f"/proc/self/task/{threading.get_native_id()}/stat") as f:
+            last_cpu = int(f.read().rsplit(")", 1)[1].split()[36])  # field 39, counted after the name
+    except (OSError, ValueError, IndexError):
+        last_cpu = -1
+    return {"thread_cpu_s": time.thread_time(), "process_cpu_s": time.process_time(),
+            "voluntary_switches": usage.ru_nvcsw, "involuntary_switches": usage.ru_nivcsw, "last_cpu": last_cpu}
+
+
 def peak_rss_bytes():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # ru_maxrss is KiB on Linux
 
@@ -492,12 +507,14 @@ def run_steps(engine, batches, steps, grad_accum, first_step=0, save_after=None,
             engine.module.gradient_checkpointing_enable()
             log0(f"activation checkpointing on from step {step}")
         io0 = read_proc_io()
+        cpu0 = cpu_times()
         t0 = time.perf_counter()
         loss = train_step(engine, batches, grad_accum, set_grads)
         if step == kill_after_step:
             log0(f"step {step} loss {loss.item():.4f}: killing this process (SIGKILL)")
             os.kill(os.getpid(), signal.SIGKILL)
         elapsed = time.perf_counter() - t0
+        cpu1 = cpu_times()
         io1 = read_proc_io()
         value = loss.item()
         records.append({
@@ -509,6 +526,7 @@ def run_steps(engine, batches, steps, grad_accum, first_step=0, save_after=None,
             "io_read_bytes": io1["read_bytes"] - io0["read_bytes"],
             "io_write_bytes": io1["write_bytes"] - io0["write_bytes"],
             "stats": plugin_stats(engine),
+            "cpu": {key: cpu1[key] - cpu0[key] for key in cpu0 if key != "last_cpu"} | {"last_cpu": cpu1["last_cpu"]},
         })
         log0(f"step {step} loss {value:.4f} time {elapsed:.2f}s")
         if eval_every and (step + 1) % eval_every == 0:

@@ -60,6 +60,11 @@ def test_phases_under_the_launcher_with_every_tencache_method_and_thread(tmp_pat
     ours = json.loads((tmp_path / "result.json").read_text())
     partitions = ours["steps"][-1]["stats"]["param_num_tensors"]
     assert 0 < 2 * gathers["calls_per_step"] / GAS <= partitions  # a forward pass's gathers
+    # each step's CPU time as train.py records it (the seventh lease told a slow machine from slow code by it)
+    for step in ours["steps"]:
+        cpu = step["cpu"]
+        assert 0 < cpu["thread_cpu_s"] <= cpu["process_cpu_s"] and cpu["last_cpu"] >= 0, cpu
+        assert cpu["voluntary_switches"] >= 0 and cpu["involuntary_switches"] >= 0, cpu
     # swapping moves bytes, never math: stock CPU offload's bits, from a process that never imported tencache_ds
     launch(TRAIN + ["--nvme-path", str(tmp_path / "stock"), "--tencache-block", "none", "--offload-device", "cpu",
                     "--untouched-stock", "--result-file", str(tmp_path / "stock.json")])
