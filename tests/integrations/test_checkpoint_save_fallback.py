@@ -1,14 +1,18 @@
 """The ZeRO file written through DeepSpeed's own TorchCheckpointEngine while the masters share the swap files' blocks
 (integrations/deepspeed/checkpoint_save.py, ``_saving_by_shared_blocks``): where the sharing save fails, the engine's
-usual save makes the file, with a warning that names the cause, and the engine's own method is back afterwards."""
+usual save makes the file, with a warning that names the cause, and the engine's own method is back afterwards; which
+engines are shown the host tier's own buffers, and the refusal of copies the host has no memory for."""
 import logging
 import os
 import types
 
+import pytest
 import torch
 from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
 
-from tencache_ds.integrations.deepspeed.checkpoint_save import _saving_by_shared_blocks
+from tencache_ds.errors import TencacheOutOfMemory
+from tencache_ds.integrations.deepspeed.checkpoint_save import (_check_room_for_copies, _saving_by_shared_blocks,
+                                                                serialises_during_save)
 from tencache_ds.integrations.deepspeed.optimizer_swapper import CheckpointTotals
 
 
@@ -33,3 +37,20 @@ def test_a_sharing_save_that_fails_falls_back_to_the_engines_own_save(tmp_path):
     assert any("written the usual way (masters not shared): FileNotFoundError" in record.getMessage()
                for record in records)
     assert "save" not in vars(engine) and os.listdir(os.path.dirname(path)) == [os.path.basename(path)]
+
+
+def test_only_deepspeeds_synchronous_engines_are_shown_the_tiers_own_buffers():
+    """Any other checkpoint engine (DeepSpeed's decoupled writer, a subclass that may write later) gets copies of the
+    masters (tests/deepspeed/test_zero_to_fp32.py runs one through the real engine)."""
+    class Later(TorchCheckpointEngine):
+        pass
+
+    assert serialises_during_save(TorchCheckpointEngine())
+    assert not serialises_during_save(Later())
+    assert not serialises_during_save(types.SimpleNamespace(save=lambda state_dict, path: None))
+
+
+def test_copies_the_host_has_no_memory_for_are_refused_naming_the_key():
+    with pytest.raises(TencacheOutOfMemory, match=r'checkpoint\.writer.*"decoupled": false'):
+        _check_room_for_copies(1 << 60)  # an exbibyte: more than any host has available
+    _check_room_for_copies(1 << 20)

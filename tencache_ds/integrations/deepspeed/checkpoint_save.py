@@ -12,8 +12,9 @@ moments stay in the swap files only (putting them in the ZeRO file too would wri
 save), and the ZeRO file describes them as meta tensors (``swapped_state_described``), so that a load that wants
 them from there (stock CPU offload's) stops instead of running Adam on empty tensors (``tencache-ds
 checkpoint-for-cpu`` writes them there, checkpoint_for_cpu.py). Stock's loaders read the rest as before: its NVMe
-load the swap files, ``zero_to_fp32`` the masters. Both the masters and the moments are shown only while the
-engine's save runs: a checkpoint engine that serialises later (asynchronously) would find the placeholders back.
+load the swap files, ``zero_to_fp32`` the masters. The masters are shown only while the engine's save runs, so a
+checkpoint engine that may serialise them later is given copies of its own (below; the moments' meta tensors hold
+no bytes to copy).
 Where the checkpoint and the swap folder share a file system that clones ranges (XFS, btrfs: io/reflink.py), the
 masters are not written at all: each swap file is made current (what the host tier holds changed is written, as it
 is owed anyway) and its blocks are shared with the ZeRO file (io/cloned_save.py), so the save writes the dirty
@@ -28,41 +29,75 @@ import time
 from dataclasses import dataclass
 
 import torch
+from deepspeed.runtime.checkpoint_engine.fast_checkpoint_engine import FastCheckpointEngine
 from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
 from deepspeed.runtime.swap_tensor.optimizer_utils import OptimizerSwapper
 
 from ...cache.entry import EntryState
+from ...errors import TencacheOutOfMemory
 from ...io import cloned_save
 from ...io.reflink import folder_clones
 from ...io.shared_files import place
 from ...log import logger
+from ...probes.host_memory import read_host_memory
+from ...units import fmt_bytes
 from .optimizer_swapper import TencacheOptimizerSwapper
 
 
+# Checkpoint engines whose save() has serialised the state dict by the time it returns, in this process: they may be
+# shown the host tier's own buffers and mapped swap files. Any other gets copies of its own (``masters_shown``):
+# DeepSpeed's decoupled writer pickles the state dict into a queue, which moves each tensor's storage into shared
+# memory in place, and writes it from another process later. A mapped swap file cannot be moved so ("OSError: [Errno
+# 9] Bad file descriptor" at the queue's put: found emulating that writer on the CPU accelerator, where DeepSpeed's
+# own needs a GPU; tests/deepspeed/queued_checkpoint.py), and a buffer of the host tier's must not have its storage
+# moved under the store.
+SERIALISED_DURING_SAVE = (TorchCheckpointEngine, FastCheckpointEngine)
+
+
+def serialises_during_save(checkpoint_engine) -> bool:
+    """Has ``checkpoint_engine.save`` serialised what it was given when it returns (one of DeepSpeed's synchronous
+    engines, not a subclass that may do otherwise)?"""
+    return type(checkpoint_engine) in SERIALISED_DURING_SAVE
+
+
 @contextlib.contextmanager
-def masters_shown(optimizer, from_files: bool = False):
+def masters_shown(optimizer, from_files: bool = False, copies: bool = False):
     """While inside: each swapped-out fp32 master of a ZeRO-3 optimizer under tencache's optimizer swapper is the
     host tier's copy when it holds one (unless ``from_files``), else its swap file's bytes (made current first),
-    mapped read-only; afterwards the placeholders are back. Yields {master's data_ptr: its swap file} for the
-    masters shown from files (the file's first bytes are the master's)."""
+    mapped read-only; ``copies``: a copy of those bytes in memory of its own instead, for a checkpoint engine that
+    may serialise them after its save returns (refused before anything is copied where the host has not the memory
+    for all of them). Afterwards the placeholders are back. Yields {master's data_ptr: its swap file} for the
+    masters shown from files (the file's first bytes are the master's; never for copies)."""
     swapper = getattr(optimizer, "optimizer_swapper", None)
     shown, lent, files = [], [], {}
     try:
         if isinstance(swapper, TencacheOptimizerSwapper):
-            for master in optimizer.fp32_partitioned_groups_flat:
-                info = swapper.swap_params_info.get(OptimizerSwapper.parameter_id(master))
-                if info is None or master.numel() > 0:  # not swapped, or swapped in now
-                    continue
+            swapped = [(master, info) for master in optimizer.fp32_partitioned_groups_flat
+                       for info in [swapper.swap_params_info.get(OptimizerSwapper.parameter_id(master))]
+                       if info is not None and master.numel() == 0]  # (not swapped, or swapped in now: as it is)
+            if copies:
+                _check_room_for_copies(sum(info.numel() * master.element_size() for master, info in swapped))
+            for master, info in swapped:
                 path = info.tensors[0].swap_path  # the master: the first tensor of its swap info
                 held = swapper.store.knows(path) and swapper.store.kept(path)
                 if held and not from_files and swapper.store.state(path) != EntryState.READING:
-                    master.data = swapper.store.lend(path)  # the host tier's copy itself: no read, no copy
-                    lent.append(path)
+                    view = swapper.store.lend(path)
+                    if copies:
+                        try:
+                            master.data = view.clone()
+                        finally:
+                            swapper.store.release(path)
+                    else:
+                        master.data = view  # the host tier's copy itself: no read, no copy
+                        lent.append(path)
                 else:  # on file: current there once what the tier holds changed, or an eviction's write, is done
                     if swapper.store.knows(path):
                         swapper.store.flush_key(path)
                     master.data = torch.from_file(path, shared=False, size=info.numel(), dtype=master.dtype)
-                    files[master.untyped_storage().data_ptr()] = path
+                    if copies:
+                        master.data = master.data.clone()
+                    else:
+                        files[master.untyped_storage().data_ptr()] = path
                 shown.append(master)
         yield files
     finally:
@@ -70,6 +105,16 @@ def masters_shown(optimizer, from_files: bool = False):
             master.data = torch.Tensor()  # stock's placeholder (optimizer_utils SwapTensorContext.release_memory)
         for path in lent:
             swapper.store.release(path)
+
+
+def _check_room_for_copies(nbytes: int) -> None:
+    memory = read_host_memory()
+    if nbytes > memory.available_bytes:
+        raise TencacheOutOfMemory(
+            f"checkpoint.writer: the checkpoint engine may write the fp32 masters after its save returns (DeepSpeed's "
+            f"decoupled writer), so it is given copies of them, {fmt_bytes(nbytes)}, but the host has "
+            f"{fmt_bytes(memory.available_bytes)} available (bound by {memory.bound_by}); nothing was written. Set "
+            f'"checkpoint": {{"writer": {{"decoupled": false}}}} (the masters are then written from the swap files)')
 
 
 @contextlib.contextmanager
@@ -107,7 +152,9 @@ def saving_masters(save_zero_checkpoint):
         swapper = getattr(self.optimizer, "optimizer_swapper", None)
         sharing = isinstance(swapper, TencacheOptimizerSwapper) and _can_share_blocks(
             self.checkpoint_engine, swapper.files_folder, os.path.dirname(self._get_zero_ckpt_name(save_path, tag)))
-        with masters_shown(self.optimizer, from_files=sharing) as files, swapped_state_described(self.optimizer):
+        copies = not serialises_during_save(self.checkpoint_engine)
+        with masters_shown(self.optimizer, from_files=sharing, copies=copies) as files, \
+                swapped_state_described(self.optimizer):
             if not sharing:
                 return save_zero_checkpoint(self, save_path, tag, *args, **kwargs)
             with _saving_by_shared_blocks(self.checkpoint_engine, files, swapper):
