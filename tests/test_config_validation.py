@@ -54,6 +54,9 @@ class Case:
     machine: MachineResources = MACHINE  # the machine the config is checked against
 
 
+BF16_MASTERS = {"enabled": True, "bf16_master_weights_and_grads": True}
+
+
 def block(**keys):
     return lambda config, tmp: config["tencache"].update(keys)
 
@@ -166,6 +169,10 @@ CASES = [
     Case("gds", "aio.use_gds: true", _set("aio", "use_gds", True), "aio.use_gds"),
     Case("hpz-params-on-nvme", "ZeRO++ hpZ (`zero_hpz_partition_size` > 1) with the parameters on NVMe",
          _set("zero_optimization", "zero_hpz_partition_size", 2), "zero_optimization.zero_hpz_partition_size"),
+    Case("bf16-masters-fp32-state", "bf16 masters (`bf16_master_weights_and_grads`) with the optimizer on NVMe "
+         "keeping its state in fp32 (without `bf16_optimizer_states`)", lambda config, tmp: config.update(
+             bf16=BF16_MASTERS, optimizer={"type": "AdamW", "params": {"lr": 1e-4}}),
+         "bf16.bf16_master_weights_and_grads"),
 ]
 
 
@@ -287,3 +294,21 @@ if __name__ == "__main__":  # rewrite the generated table in docs/reliability.md
     with open(DOC, "w") as handle:
         handle.write(text)
     print(f"wrote {len(CASES)} cases to {DOC}", file=sys.stderr)
+
+
+@pytest.mark.parametrize("edit", [
+    {"bf16": dict(BF16_MASTERS, bf16_optimizer_states=True)},  # the state in bf16, as the masters
+    {"optimizer": {"type": "AdamW", "params": {"fp32_optimizer_states": False}}},  # the same, asked of the optimizer
+    {"zero_optimization.offload_optimizer": {"device": "cpu"}},  # the optimizer state not on NVMe
+])
+def test_bf16_masters_pass_where_the_state_is_bf16_or_not_on_nvme(edit, tmp_path):
+    config = valid_config(str(tmp_path))
+    config.update(bf16=BF16_MASTERS, optimizer={"type": "AdamW", "params": {"lr": 1e-4}})
+    for key, value in edit.items():
+        if key == "zero_optimization.offload_optimizer":
+            config["zero_optimization"]["offload_optimizer"] = value
+        elif key == "optimizer":
+            config["optimizer"]["params"].update(value["params"])
+        else:
+            config[key] = value
+    validate_ds_config(config, MACHINE)

@@ -64,6 +64,7 @@ def validate_ds_config(ds_config: Any, machine: Optional[MachineResources] = Non
         raise TencacheConfigError(f'aio.use_gds: true puts swap buffers in GPU memory, which tencache does not '
                                   f'manage: remove it, {DISABLE_HINT}')
     _check_secondary_partitions(zero, nvme_sections)
+    _check_optimizer_state_dtype(raw, nvme_sections)
     for key, section in nvme_sections:
         check_swap_folder(f"{key}.nvme_path", section.get("nvme_path"))
     check_host_budget(config, machine or MachineResources.probe())
@@ -136,6 +137,34 @@ def _check_secondary_partitions(zero: dict, nvme_sections: List[Tuple[str, dict]
             f'parameter partition on the offload_param device, which DeepSpeed cannot allocate on "nvme" '
             f'(zero_optimization.offload_param.device): set zero_hpz_partition_size to 1, or offload the '
             f'parameters to "cpu" (the optimizer state can stay on NVMe)')
+
+
+def optimizer_state_dtype_message(masters: str, optimizer: str) -> str:
+    """Why a run whose optimizer keeps fp32 state beside narrower masters is refused, and what to set instead."""
+    return (f"bf16.bf16_master_weights_and_grads / fp16.fp16_master_weights_and_grads: the masters are {masters} but "
+            f"{optimizer} keeps its state in fp32 (fp32_optimizer_states), and tencache's optimizer tier stores a "
+            f'sub-group in one dtype; set "bf16_optimizer_states": true in "bf16" (the state in bf16, as stock CPU '
+            f'offload runs it), or zero_optimization.offload_optimizer.device "cpu", {DISABLE_HINT}')
+
+
+def _check_optimizer_state_dtype(raw: dict, nvme_sections: List[Tuple[str, dict]]) -> None:
+    """With the optimizer on NVMe, masters narrower than fp32 and the optimizer DeepSpeed builds from the config
+    keeping its state in fp32 (DeepSpeed's default for its CPU optimizers): refused here, before anything is
+    partitioned (optimizer_swapper.py says why; it checks a client optimizer itself when stage 3 builds its swapper)."""
+    if not any(key == "zero_optimization.offload_optimizer" for key, _section in nvme_sections):
+        return
+    bf16 = next((raw[key] for key in ("bf16", "bfloat16") if isinstance(raw.get(key), dict)), {})
+    fp16 = raw.get("fp16") if isinstance(raw.get("fp16"), dict) else {}
+    if bf16.get("enabled") and bf16.get("bf16_master_weights_and_grads") and not bf16.get("bf16_optimizer_states"):
+        masters = "bf16"
+    elif fp16.get("enabled") and fp16.get("fp16_master_weights_and_grads"):
+        masters = "fp16"
+    else:
+        return
+    optimizer = raw.get("optimizer")
+    params = optimizer.get("params") if isinstance(optimizer, dict) else None
+    if isinstance(optimizer, dict) and (params or {}).get("fp32_optimizer_states", True) is not False:
+        raise TencacheConfigError(optimizer_state_dtype_message(masters, f'the optimizer ("{optimizer.get("type")}")'))
 
 
 _initializing = threading.local()  # the validated block of the deepspeed.initialize call this thread is in

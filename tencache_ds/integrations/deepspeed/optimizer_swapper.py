@@ -48,7 +48,8 @@ from ...memory.pool import BufferPool
 from ...profile.lifecycle import ProfileLifecycle
 from .profiling import rank_profile_path
 from .config_bridge import (DEEPSPEED_OPS, MIN_SWAPPABLE_BYTES, find_stage3_ds_config, find_stage3_optimizer,
-                            initialize_call_config, io_aligned_numel, prepare_swap_folder, validate_ds_config)
+                            initialize_call_config, io_aligned_numel, optimizer_state_dtype_message,
+                            prepare_swap_folder, validate_ds_config)
 from . import param_swapper, reporting
 from .host_tier_share import optimizer_host_share
 from .stage3_gradients import stage3_gradients_of
@@ -121,6 +122,29 @@ def _refuse_without_config() -> None:
             f"deepspeed.initialize, or set \"{CONFIG_KEY}\": {{\"enabled\": false}} to run stock DeepSpeed")
 
 
+def _refuse_states_of_another_dtype(optimizer, dtype: torch.dtype) -> None:
+    """The optimizer tier stores every tensor of a sub-group in the masters' dtype. DeepSpeed's CPU optimizers keep
+    their state in fp32 beside bf16 or fp16 masters (``bf16.bf16_master_weights_and_grads`` without
+    ``bf16_optimizer_states``, ``fp16.fp16_master_weights_and_grads``) unless built with
+    ``fp32_optimizer_states=False``: that state would be narrowed to the masters' dtype, other results than stock
+    CPU offload's (found with gpt2-tiny: other losses from the third step; stock NVMe stops on an assertion there).
+    Refused before any folder is made (config_bridge refuses the optimizer DeepSpeed builds earlier still); any
+    other state of another dtype is refused at its first store (``_refuse_state_of_another_dtype``)."""
+    if dtype != torch.float32 and getattr(optimizer, "fp32_optimizer_states", False):
+        raise TencacheConfigError(optimizer_state_dtype_message(str(dtype).replace("torch.", ""),
+                                                                type(optimizer).__name__))
+
+
+def _refuse_state_of_another_dtype(path: str, state: torch.Tensor, dtype: torch.dtype) -> None:
+    """A state tensor the optimizer created is stored in the masters' dtype, and lent back in it: never narrowed or
+    widened (an optimizer whose state dtype ``_refuse_states_of_another_dtype`` could not tell)."""
+    if state.dtype != dtype:
+        raise TencacheConfigError(
+            f"{CONFIG_KEY}: optimizer state {os.path.basename(path)} is {state.dtype} but its sub-group's masters are "
+            f"{dtype}, and tencache's optimizer tier stores a sub-group in one dtype; keep the optimizer's state in "
+            f'the masters\' dtype, or set zero_optimization.offload_optimizer.device "cpu"')
+
+
 class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
     """Stands in for both PartitionedOptimizerSwapper and PipelinedOptimizerSwapper in stage3's namespace
     (subclass: stage 3 calls ``OptimizerSwapper.parameter_id`` through the base class)."""
@@ -134,6 +158,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             stock = PipelinedOptimizerSwapper if swap_config.pipeline else PartitionedOptimizerSwapper
             return stock(swap_config=swap_config, aio_config=aio_config, base_folder=base_folder,
                          optimizer=optimizer, largest_numel=largest_numel, device=device, dtype=dtype, timers=timers)
+        _refuse_states_of_another_dtype(optimizer, dtype)
         swapper = super().__new__(cls)
         swapper.config = config
         return swapper
@@ -659,6 +684,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             if path in lent:
                 self.store.release(path, changed=states_changed)
             elif context.compute_tensor.numel() > 0:  # created by the optimizer: its first bytes
+                _refuse_state_of_another_dtype(path, context.compute_tensor, self.dtype)
                 self._store_new(path, context.compute_tensor)
         if swap_info.has_gradients():
             path = self._gradient_path(swap_info)
