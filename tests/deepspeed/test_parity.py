@@ -8,6 +8,7 @@ import json
 import os
 
 import pytest
+import torch
 
 from conftest import REPO, result_of
 from tencache_ds.probes.limits import UNLIMITED, lockable_bytes_now
@@ -132,12 +133,26 @@ def test_bit_identical_with_bf16_masters_and_optimizer_state(train, tmp_path):
     config["bf16"] = {"enabled": True, "bf16_master_weights_and_grads": True, "bf16_optimizer_states": True}
     path = tmp_path / "bf16-masters.json"
     path.write_text(json.dumps(config))
-    options = dict(grad_accum=1, steps=3, sub_group_size=2_000_000)  # no dtype: train.py's would replace "bf16"
-    stock = train(config=str(path), block=None, offload_device="cpu", **options)
-    ours = train(config=str(path), block={"host_cache_bytes": "20MB"}, **options)
+    options = dict(grad_accum=1, sub_group_size=2_000_000)  # no dtype: train.py's would replace "bf16"
+    folders = {name: str(tmp_path / name) for name in ("stock", "ours")}
+    stock = train(config=str(path), block=None, offload_device="cpu", steps=3, save_after=1,
+                  checkpoint_dir=folders["stock"], **options)
+    block = {"host_cache_bytes": "20MB"}
+    ours = train(config=str(path), block=block, steps=3, save_after=1, checkpoint_dir=folders["ours"], **options)
     assert_identical(stock, ours)
     stats = ours.last_stats
     assert stats["optimizer_cache_cached_tensors"] > 0 and stats["optimizer_cache_prefix_tensors"] > 0
+    # its checkpoint: the bf16 masters in the ZeRO file (the save mapped them as fp32, stock's placeholder dtype, and
+    # stopped: "size 5508096 is smaller than the required mapping size 11016192"), and a resume that goes on exactly
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    consolidated = {name: get_fp32_state_dict_from_zero_checkpoint(folder, tag="ckpt")
+                    for name, folder in folders.items()}
+    assert list(consolidated["ours"]) == list(consolidated["stock"])
+    for key, tensor in consolidated["stock"].items():
+        assert tensor.dtype == consolidated["ours"][key].dtype and torch.equal(tensor, consolidated["ours"][key]), key
+    resumed = train(config=str(path), block=block, steps=2, resume=True, checkpoint_dir=folders["ours"], **options)
+    assert resumed.loss_bits == stock.loss_bits[1:]
+    assert resumed.result["weights_sha256"] == stock.result["weights_sha256"]
 
 
 def test_stock_crash_config_trains_under_tencache(train):

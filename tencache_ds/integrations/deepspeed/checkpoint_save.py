@@ -76,7 +76,7 @@ def masters_shown(optimizer, from_files: bool = False, copies: bool = False):
                        for info in [swapper.swap_params_info.get(OptimizerSwapper.parameter_id(master))]
                        if info is not None and master.numel() == 0]  # (not swapped, or swapped in now: as it is)
             if copies:
-                _check_room_for_copies(sum(info.numel() * master.element_size() for master, info in swapped))
+                _check_room_for_copies(sum(info.numel() * swapper.swap_element_size for _master, info in swapped))
             for master, info in swapped:
                 path = info.tensors[0].swap_path  # the master: the first tensor of its swap info
                 held = swapper.store.knows(path) and swapper.store.kept(path)
@@ -93,7 +93,9 @@ def masters_shown(optimizer, from_files: bool = False, copies: bool = False):
                 else:  # on file: current there once what the tier holds changed, or an eviction's write, is done
                     if swapper.store.knows(path):
                         swapper.store.flush_key(path)
-                    master.data = torch.from_file(path, shared=False, size=info.numel(), dtype=master.dtype)
+                    # the swapper's dtype: a swapped-out master is stock's placeholder, an empty fp32 tensor,
+                    # whatever the masters' dtype (bf16 with bf16_master_weights_and_grads)
+                    master.data = torch.from_file(path, shared=False, size=info.numel(), dtype=swapper.dtype)
                     if copies:
                         master.data = master.data.clone()
                     else:
