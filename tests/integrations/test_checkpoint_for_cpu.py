@@ -6,6 +6,8 @@ folders; what cannot be paired is refused before any file changes. The real engi
 converted checkpoint): tests/deepspeed/test_upstream_checkpoints.py (``saved_on_nvme``)."""
 import hashlib
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -141,3 +143,16 @@ def test_a_zero_file_that_cannot_be_read_is_refused_naming_it(tmp_path):
     (tmp_path / "zero_pp_rank_0_mp_rank_00_optim_states.pt").write_bytes(b"not a torch file")
     with pytest.raises(TencacheError, match="zero_pp_rank_0_mp_rank_00_optim_states.pt cannot be read"):
         fill_zero_files(str(tmp_path))
+
+
+def test_a_zero_file_left_half_written_by_a_killed_run_is_removed(tmp_path):
+    """A run killed while writing leaves <ZeRO file>.filling-<pid>; the next run removes it (not a live run's)."""
+    expected = checkpoint(tmp_path)
+    finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    zero_file = "zero_pp_rank_0_mp_rank_00_optim_states.pt"
+    dead, live = tmp_path / f"{zero_file}.filling-{finished.stdout.strip()}", tmp_path / f"{zero_file}.filling-1"
+    for leftover in (dead, live):
+        leftover.write_bytes(b"half a ZeRO file")
+    fill_zero_files(str(tmp_path))
+    assert_filled(tmp_path, expected)
+    assert not dead.exists() and live.exists()  # pid 1 runs

@@ -35,6 +35,7 @@ from .zero_file import holds_no_bytes, load_mapped
 ZERO_FILE_NAME = re.compile(r"^(?:bf16_)?zero_pp_rank_\d+_mp_rank_\d+_?optim_states\.pt$")
 _PROBE_BYTES = 4096  # a master's first bytes, to find the swap file that holds it without reading every master whole
 NOTHING_CHANGED = "Nothing was changed."
+FILLING = ".filling-"  # <ZeRO file>.filling-<pid>: a ZeRO file being written, renamed over the ZeRO file when whole
 
 
 @dataclass
@@ -43,6 +44,27 @@ class Converted:
     files: List[str] = field(default_factory=list)
     tensors: int = 0
     bytes: int = 0
+
+
+def _remove_leftovers(tag_folder: str, zero_files: List[str]) -> None:
+    """ZeRO files a run of this command killed while writing left under their temporary name (no loader reads them;
+    each is the size of its ZeRO file with the moments in): removed, unless the process that writes it still runs."""
+    for name in os.listdir(tag_folder):
+        zero_file, _, pid = name.rpartition(FILLING)
+        if zero_file not in zero_files or not pid.isdigit() or _running(int(pid)):
+            continue
+        os.unlink(os.path.join(tag_folder, name))
+        logger.info("checkpoint-for-cpu: removed %s, left by a run that did not finish", name)
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 @dataclass
@@ -56,13 +78,15 @@ class _MasterFile:
 def fill_zero_files(tag_folder: str) -> Converted:
     """Write the swapped optimizer state of every ZeRO file in ``tag_folder`` (``<save_dir>/<tag>``) from the
     checkpoint's swap files into the file itself. A ZeRO file with nothing described (saved with the optimizer on
-    cpu, or filled already) is left as it is. Raises, before any file is changed, where the swap files cannot be
-    paired with what the ZeRO files describe."""
+    cpu, or filled already) is left as it is. Raises, before any file of the checkpoint is changed, where the swap
+    files cannot be paired with what the ZeRO files describe (a ZeRO file an earlier run left half-written under its
+    temporary name, which no loader reads, is removed first)."""
     names = sorted(name for name in os.listdir(tag_folder) if ZERO_FILE_NAME.match(name)) \
         if os.path.isdir(tag_folder) else []
     if not names:
         raise TencacheError(f"checkpoint-for-cpu: {tag_folder} holds no ZeRO-3 optimizer file "
                             f"(zero_pp_rank_*_mp_rank_*_optim_states.pt); give a checkpoint's tag folder")
+    _remove_leftovers(tag_folder, names)
     master_files = _master_files(os.path.join(tag_folder, "offloaded_tensors"))
     done, filled = Converted(), []
     for name in names:  # every file checked and paired before any is written
@@ -74,7 +98,7 @@ def fill_zero_files(tag_folder: str) -> Converted:
             done.tensors += tensors
             done.bytes += nbytes
     for zero_file, saved in filled:
-        temporary = f"{zero_file}.filling-{os.getpid()}"
+        temporary = f"{zero_file}{FILLING}{os.getpid()}"
         try:
             torch.save(saved, temporary)
             os.replace(temporary, zero_file)  # never a half-written ZeRO file under its name
