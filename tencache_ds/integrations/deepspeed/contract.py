@@ -187,6 +187,9 @@ PRIVATE_MEMBERS = (
                   "swaps the sub-group's master and optimizer state out again after a load has set them"),
     PrivateMember(STAGE3, "fp16_partitioned_groups_flat_numel", "attribute", "zero_file.py, universal.py",
                   "each sub-group's size, which its master (an empty placeholder while swapped out) does not show"),
+    PrivateMember(STAGE3, "master_weights_and_grads_dtype", "attribute", "universal.py",
+                  "the masters' dtype (bf16 with bf16_master_weights_and_grads), which a swapped-out master's "
+                  "placeholder, an empty fp32 tensor, does not show"),
     PrivateMember(STAGE3, "_load_global_state_stage3", "method", "universal.py",
                   "sets the loss scaler from a universal checkpoint's optimizer state, as stage 3's own load does"),
     PrivateMember(STAGE3, "load_hp_checkpoint_state", "method", "universal.py",

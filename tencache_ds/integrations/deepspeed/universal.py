@@ -114,8 +114,9 @@ def _without_bytes(path: str) -> bool:
 def _assembled(optimizer, zero_folder: str, sub_group_id: int, key: str) -> torch.Tensor:
     """Sub-group ``sub_group_id``'s flat partition of ``key`` ("fp32", "exp_avg", "exp_avg_sq"): each of its
     parameters' partition for this rank, in order, the rest zeros (the alignment's padding), as stage 3 builds it."""
+    # the masters' dtype (bf16 with bf16_master_weights_and_grads): a swapped-out master is an empty fp32 placeholder
     flat = torch.zeros(int(optimizer.fp16_partitioned_groups_flat_numel[sub_group_id]),
-                       dtype=optimizer.fp32_partitioned_groups_flat[sub_group_id].dtype)
+                       dtype=optimizer.master_weights_and_grads_dtype)
     offset = 0
     for param in optimizer.fp16_groups[sub_group_id]:
         folder = os.path.join(zero_folder, optimizer.param_names[param])
