@@ -300,6 +300,7 @@ if __name__ == "__main__":  # rewrite the generated table in docs/reliability.md
     {"bf16": dict(BF16_MASTERS, bf16_optimizer_states=True)},  # the state in bf16, as the masters
     {"optimizer": {"type": "AdamW", "params": {"fp32_optimizer_states": False}}},  # the same, asked of the optimizer
     {"zero_optimization.offload_optimizer": {"device": "cpu"}},  # the optimizer state not on NVMe
+    {"optimizer": {"type": "AdamW", "params": {"torch_adam": True}}},  # torch's AdamW: state in the params' dtype
 ])
 def test_bf16_masters_pass_where_the_state_is_bf16_or_not_on_nvme(edit, tmp_path):
     config = valid_config(str(tmp_path))

@@ -139,6 +139,12 @@ def _check_secondary_partitions(zero: dict, nvme_sections: List[Tuple[str, dict]
             f'parameters to "cpu" (the optimizer state can stay on NVMe)')
 
 
+# The config's optimizer types DeepSpeed builds as its CPU optimizers when the optimizer is offloaded (engine.py,
+# _configure_basic_optimizer): their state is fp32 unless fp32_optimizer_states is false. Others (torch's) keep
+# their state in the parameters' dtype.
+DEEPSPEED_CPU_OPTIMIZERS = ("adam", "adamw", "lion", "adagrad")
+
+
 def optimizer_state_dtype_message(masters: str, optimizer: str) -> str:
     """Why a run whose optimizer keeps fp32 state beside narrower masters is refused, and what to set instead."""
     return (f"bf16.bf16_master_weights_and_grads / fp16.fp16_master_weights_and_grads: the masters are {masters} but "
@@ -161,10 +167,11 @@ def _check_optimizer_state_dtype(raw: dict, nvme_sections: List[Tuple[str, dict]
         masters = "fp16"
     else:
         return
-    optimizer = raw.get("optimizer")
-    params = optimizer.get("params") if isinstance(optimizer, dict) else None
-    if isinstance(optimizer, dict) and (params or {}).get("fp32_optimizer_states", True) is not False:
-        raise TencacheConfigError(optimizer_state_dtype_message(masters, f'the optimizer ("{optimizer.get("type")}")'))
+    optimizer = raw.get("optimizer") if isinstance(raw.get("optimizer"), dict) else {}
+    params = optimizer.get("params") if isinstance(optimizer.get("params"), dict) else {}
+    cpu_optimizer = str(optimizer.get("type", "")).lower() in DEEPSPEED_CPU_OPTIMIZERS and not params.get("torch_adam")
+    if cpu_optimizer and params.get("fp32_optimizer_states", True) is not False:
+        raise TencacheConfigError(optimizer_state_dtype_message(masters, f'the optimizer ("{optimizer["type"]}")'))
 
 
 _initializing = threading.local()  # the validated block of the deepspeed.initialize call this thread is in
