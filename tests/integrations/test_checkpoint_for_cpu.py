@@ -6,6 +6,7 @@ folders; what cannot be paired is refused before any file changes. The real engi
 converted checkpoint): tests/deepspeed/test_upstream_checkpoints.py (``saved_on_nvme``)."""
 import hashlib
 import os
+import socket
 import subprocess
 import sys
 
@@ -150,9 +151,12 @@ def test_a_zero_file_left_half_written_by_a_killed_run_is_removed(tmp_path):
     expected = checkpoint(tmp_path)
     finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     zero_file = "zero_pp_rank_0_mp_rank_00_optim_states.pt"
-    dead, live = tmp_path / f"{zero_file}.filling-{finished.stdout.strip()}", tmp_path / f"{zero_file}.filling-1"
-    for leftover in (dead, live):
+    host = socket.gethostname()
+    dead, live = (tmp_path / f"{zero_file}.filling-{host}-{finished.stdout.strip()}",
+                  tmp_path / f"{zero_file}.filling-{host}-1")
+    elsewhere = tmp_path / f"{zero_file}.filling-another-{host}-{finished.stdout.strip()}"  # a shared file system
+    for leftover in (dead, live, elsewhere):
         leftover.write_bytes(b"half a ZeRO file")
     fill_zero_files(str(tmp_path))
     assert_filled(tmp_path, expected)
-    assert not dead.exists() and live.exists()  # pid 1 runs
+    assert not dead.exists() and live.exists() and elsewhere.exists()  # pid 1 runs; another host's is not seen

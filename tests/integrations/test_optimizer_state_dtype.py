@@ -18,8 +18,8 @@ def adam(fp32_optimizer_states):
 
 
 def test_an_optimizer_keeping_fp32_state_beside_bf16_masters_is_refused_naming_the_keys():
-    with pytest.raises(TencacheConfigError, match=r"bf16_master_weights_and_grads.*DeepSpeedCPUAdam.*"
-                                                  r"bf16_optimizer_states"):
+    with pytest.raises(TencacheConfigError, match=r"bf16\.bf16_master_weights_and_grads.*DeepSpeedCPUAdam.*"
+                                                  r"fp32_optimizer_states=False"):
         _refuse_states_of_another_dtype(adam(True), torch.bfloat16)
 
 

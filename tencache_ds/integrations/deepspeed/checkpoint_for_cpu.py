@@ -20,6 +20,7 @@ import hashlib
 import itertools
 import os
 import re
+import socket
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
@@ -35,7 +36,7 @@ from .zero_file import holds_no_bytes, load_mapped
 ZERO_FILE_NAME = re.compile(r"^(?:bf16_)?zero_pp_rank_\d+_mp_rank_\d+_?optim_states\.pt$")
 _PROBE_BYTES = 4096  # a master's first bytes, to find the swap file that holds it without reading every master whole
 NOTHING_CHANGED = "Nothing was changed."
-FILLING = ".filling-"  # <ZeRO file>.filling-<pid>: a ZeRO file being written, renamed over the ZeRO file when whole
+FILLING = ".filling-"  # <ZeRO file>.filling-<host>-<pid>: a ZeRO file being written, renamed over it when whole
 
 
 @dataclass
@@ -48,10 +49,12 @@ class Converted:
 
 def _remove_leftovers(tag_folder: str, zero_files: List[str]) -> None:
     """ZeRO files a run of this command killed while writing left under their temporary name (no loader reads them;
-    each is the size of its ZeRO file with the moments in): removed, unless the process that writes it still runs."""
+    each is the size of its ZeRO file with the moments in): removed, unless written on another host (a shared file
+    system: its process cannot be seen from here) or by a process that still runs."""
     for name in os.listdir(tag_folder):
-        zero_file, _, pid = name.rpartition(FILLING)
-        if zero_file not in zero_files or not pid.isdigit() or _running(int(pid)):
+        zero_file, _, writer = name.rpartition(FILLING)
+        host, _, pid = writer.rpartition("-")
+        if zero_file not in zero_files or host != socket.gethostname() or not pid.isdigit() or _running(int(pid)):
             continue
         os.unlink(os.path.join(tag_folder, name))
         logger.info("checkpoint-for-cpu: removed %s, left by a run that did not finish", name)
@@ -86,7 +89,6 @@ def fill_zero_files(tag_folder: str) -> Converted:
     if not names:
         raise TencacheError(f"checkpoint-for-cpu: {tag_folder} holds no ZeRO-3 optimizer file "
                             f"(zero_pp_rank_*_mp_rank_*_optim_states.pt); give a checkpoint's tag folder")
-    _remove_leftovers(tag_folder, names)
     master_files = _master_files(os.path.join(tag_folder, "offloaded_tensors"))
     done, filled = Converted(), []
     for name in names:  # every file checked and paired before any is written
@@ -97,8 +99,9 @@ def fill_zero_files(tag_folder: str) -> Converted:
             done.files.append(zero_file)
             done.tensors += tensors
             done.bytes += nbytes
+    _remove_leftovers(tag_folder, names)  # every ZeRO file paired: the checkpoint is changed from here on
     for zero_file, saved in filled:
-        temporary = f"{zero_file}{FILLING}{os.getpid()}"
+        temporary = f"{zero_file}{FILLING}{socket.gethostname()}-{os.getpid()}"
         try:
             torch.save(saved, temporary)
             os.replace(temporary, zero_file)  # never a half-written ZeRO file under its name
@@ -155,13 +158,15 @@ def _filled(zero_file: str, master_files: Dict[bytes, List[_MasterFile]]):
                 f"checkpoint-for-cpu: no swap file under {os.path.dirname(zero_file)}/offloaded_tensors holds the fp32 "
                 f"master of sub-group {saved_id} of {zero_file}: the checkpoint's swap files are missing or another "
                 f"checkpoint's. {NOTHING_CHANGED}")
-        for key in described:
+        for key, placeholder in described.items():
             path = os.path.join(found.folder, swap_file_name(found.sub_group, key))
-            size = master.numel() * master.element_size()
+            # a meta tensor says the state's dtype; an empty placeholder (saved before them) the masters' is all
+            dtype = placeholder.dtype if placeholder.is_meta else master.dtype
+            size = master.numel() * torch.empty((), dtype=dtype).element_size()
             if not os.path.isfile(path) or os.path.getsize(path) < size:
                 raise TencacheError(f"checkpoint-for-cpu: {path} should hold {key!r} of sub-group {saved_id} of "
                                     f"{zero_file} ({size} bytes) and does not. {NOTHING_CHANGED}")
-            entries[key] = torch.from_file(path, shared=False, size=master.numel(), dtype=master.dtype)
+            entries[key] = torch.from_file(path, shared=False, size=master.numel(), dtype=dtype)
             tensors += 1
             nbytes += size
     return saved, tensors, nbytes

@@ -95,10 +95,9 @@ def masters_shown(optimizer, from_files: bool = False, copies: bool = False):
                         swapper.store.flush_key(path)
                     # the swapper's dtype: a swapped-out master is stock's placeholder, an empty fp32 tensor,
                     # whatever the masters' dtype (bf16 with bf16_master_weights_and_grads)
-                    master.data = torch.from_file(path, shared=False, size=info.numel(), dtype=swapper.dtype)
-                    if copies:
-                        master.data = master.data.clone()
-                    else:
+                    mapped = torch.from_file(path, shared=False, size=info.numel(), dtype=swapper.dtype)
+                    master.data = mapped.clone() if copies else mapped
+                    if not copies:
                         files[master.untyped_storage().data_ptr()] = path
                 shown.append(master)
         yield files
@@ -114,9 +113,11 @@ def _check_room_for_copies(nbytes: int) -> None:
     if nbytes > memory.available_bytes:
         raise TencacheOutOfMemory(
             f"checkpoint.writer: the checkpoint engine may write the fp32 masters after its save returns (DeepSpeed's "
-            f"decoupled writer), so it is given copies of them, {fmt_bytes(nbytes)}, but the host has "
-            f"{fmt_bytes(memory.available_bytes)} available (bound by {memory.bound_by}); nothing was written. Set "
-            f'"checkpoint": {{"writer": {{"decoupled": false}}}} (the masters are then written from the swap files)')
+            f"decoupled writer, or any engine but its synchronous ones), so it is given copies of them, "
+            f"{fmt_bytes(nbytes)}, but the host has {fmt_bytes(memory.available_bytes)} available (bound by "
+            f"{memory.bound_by}); nothing was written. Use a checkpoint engine that writes during the save: "
+            f'DeepSpeed\'s default, or "checkpoint": {{"writer": {{"decoupled": false}}}} (the masters are then '
+            f"written from the swap files)")
 
 
 @contextlib.contextmanager

@@ -139,39 +139,47 @@ def _check_secondary_partitions(zero: dict, nvme_sections: List[Tuple[str, dict]
             f'parameters to "cpu" (the optimizer state can stay on NVMe)')
 
 
-# The config's optimizer types DeepSpeed builds as its CPU optimizers when the optimizer is offloaded (engine.py,
-# _configure_basic_optimizer): their state is fp32 unless fp32_optimizer_states is false. Others (torch's) keep
-# their state in the parameters' dtype.
-DEEPSPEED_CPU_OPTIMIZERS = ("adam", "adamw", "lion", "adagrad")
+# The config's optimizer types DeepSpeed builds as DeepSpeedCPUAdam when the optimizer is offloaded (engine.py,
+# get_optimizer_configuration; unless "torch_adam"), whose state is fp32 unless "fp32_optimizer_states" is false.
+# Stage 3 takes no other optimizer with bf16 or fp16 masters and offload (its own assertion).
+DEEPSPEED_CPU_ADAM_TYPES = ("adam", "adamw")
 
 
-def optimizer_state_dtype_message(masters: str, optimizer: str) -> str:
-    """Why a run whose optimizer keeps fp32 state beside narrower masters is refused, and what to set instead."""
-    return (f"bf16.bf16_master_weights_and_grads / fp16.fp16_master_weights_and_grads: the masters are {masters} but "
-            f"{optimizer} keeps its state in fp32 (fp32_optimizer_states), and tencache's optimizer tier stores a "
-            f'sub-group in one dtype; set "bf16_optimizer_states": true in "bf16" (the state in bf16, as stock CPU '
-            f'offload runs it), or zero_optimization.offload_optimizer.device "cpu", {DISABLE_HINT}')
+def optimizer_state_dtype_message(master_key: str, optimizer: str, remedy: str) -> str:
+    """Why a run whose optimizer keeps fp32 state beside narrower masters (``master_key``: the config key that made
+    them so) is refused, and ``remedy``: what to set instead."""
+    masters = master_key.rsplit(".", 1)[-1][:4]  # bf16 / fp16
+    return (f"{master_key}: the masters are {masters} but {optimizer} keeps its state in fp32 "
+            f"(fp32_optimizer_states), and tencache's optimizer tier stores a sub-group's tensors in one dtype (the "
+            f"state would be narrowed to {masters}: other results than stock CPU offload's); {remedy}, or set "
+            f'zero_optimization.offload_optimizer.device to "cpu", {DISABLE_HINT}')
 
 
 def _check_optimizer_state_dtype(raw: dict, nvme_sections: List[Tuple[str, dict]]) -> None:
     """With the optimizer on NVMe, masters narrower than fp32 and the optimizer DeepSpeed builds from the config
-    keeping its state in fp32 (DeepSpeed's default for its CPU optimizers): refused here, before anything is
-    partitioned (optimizer_swapper.py says why; it checks a client optimizer itself when stage 3 builds its swapper)."""
+    keeping its state in fp32 (its default): refused here, before anything is partitioned (optimizer_swapper.py says
+    why; it checks a client optimizer itself when stage 3 builds its swapper). Stage 3 reads the masters' keys
+    whatever "enabled" says."""
     if not any(key == "zero_optimization.offload_optimizer" for key, _section in nvme_sections):
         return
-    bf16 = next((raw[key] for key in ("bf16", "bfloat16") if isinstance(raw.get(key), dict)), {})
+    section = next((key for key in ("bf16", "bfloat16") if isinstance(raw.get(key), dict)), "bf16")
+    bf16 = raw.get(section) if isinstance(raw.get(section), dict) else {}
     fp16 = raw.get("fp16") if isinstance(raw.get("fp16"), dict) else {}
-    if bf16.get("enabled") and bf16.get("bf16_master_weights_and_grads") and not bf16.get("bf16_optimizer_states"):
-        masters = "bf16"
-    elif fp16.get("enabled") and fp16.get("fp16_master_weights_and_grads"):
-        masters = "fp16"
+    if bf16.get("bf16_master_weights_and_grads") and not bf16.get("bf16_optimizer_states"):
+        master_key = f"{section}.bf16_master_weights_and_grads"
+        remedy = (f'set "bf16_optimizer_states": true in "{section}" (the state in bf16, as stock CPU offload runs '
+                  f'it) or "fp32_optimizer_states": false in optimizer.params')
+    elif fp16.get("fp16_master_weights_and_grads"):
+        master_key, remedy = "fp16.fp16_master_weights_and_grads", \
+            'set "fp32_optimizer_states": false in optimizer.params (the state in fp16)'
     else:
         return
     optimizer = raw.get("optimizer") if isinstance(raw.get("optimizer"), dict) else {}
     params = optimizer.get("params") if isinstance(optimizer.get("params"), dict) else {}
-    cpu_optimizer = str(optimizer.get("type", "")).lower() in DEEPSPEED_CPU_OPTIMIZERS and not params.get("torch_adam")
-    if cpu_optimizer and params.get("fp32_optimizer_states", True) is not False:
-        raise TencacheConfigError(optimizer_state_dtype_message(masters, f'the optimizer ("{optimizer["type"]}")'))
+    if str(optimizer.get("type", "")).lower() in DEEPSPEED_CPU_ADAM_TYPES and not params.get("torch_adam") \
+            and params.get("fp32_optimizer_states", True) is not False:
+        raise TencacheConfigError(optimizer_state_dtype_message(
+            master_key, f'the optimizer ("{optimizer["type"]}", built as DeepSpeedCPUAdam)', remedy))
 
 
 _initializing = threading.local()  # the validated block of the deepspeed.initialize call this thread is in

@@ -131,8 +131,11 @@ def _refuse_states_of_another_dtype(optimizer, dtype: torch.dtype) -> None:
     Refused before any folder is made (config_bridge refuses the optimizer DeepSpeed builds earlier still); any
     other state of another dtype is refused at its first store (``_refuse_state_of_another_dtype``)."""
     if dtype != torch.float32 and getattr(optimizer, "fp32_optimizer_states", False):
-        raise TencacheConfigError(optimizer_state_dtype_message(str(dtype).replace("torch.", ""),
-                                                                type(optimizer).__name__))
+        name = type(optimizer).__name__
+        master_key = "fp16.fp16_master_weights_and_grads" if dtype == torch.float16 else \
+            "bf16.bf16_master_weights_and_grads"
+        raise TencacheConfigError(optimizer_state_dtype_message(
+            master_key, name, f"construct {name} with fp32_optimizer_states=False (the state in the masters' dtype)"))
 
 
 def _refuse_state_of_another_dtype(path: str, state: torch.Tensor, dtype: torch.dtype) -> None:
@@ -679,12 +682,17 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         if swap_info is None:
             return
         lent = set(self._lent.pop(OptimizerSwapper.parameter_id(parameter), ()))
+        # state the optimizer created in another dtype is refused, after everything lent is given back unchanged
+        # (the run stops; the engine can still be closed)
+        refused = [context for context in swap_info.tensors if context.swap_path not in lent
+                   and context.compute_tensor.numel() > 0 and context.compute_tensor.dtype != self.dtype]
+        if refused:
+            states_changed = gradient_changed = False
         for context in swap_info.tensors:
             path = context.swap_path
             if path in lent:
                 self.store.release(path, changed=states_changed)
-            elif context.compute_tensor.numel() > 0:  # created by the optimizer: its first bytes
-                _refuse_state_of_another_dtype(path, context.compute_tensor, self.dtype)
+            elif context.compute_tensor.numel() > 0 and not refused:  # created by the optimizer: its first bytes
                 self._store_new(path, context.compute_tensor)
         if swap_info.has_gradients():
             path = self._gradient_path(swap_info)
@@ -693,6 +701,8 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             elif path in lent:
                 self.store.release(path, changed=gradient_changed)
         swap_info.release_memory()
+        if refused:
+            _refuse_state_of_another_dtype(refused[0].swap_path, refused[0].compute_tensor, self.dtype)
 
     def _start_read_ahead(self, parameter) -> None:
         """Start reading the next sub-group's entries that are on file (held ones need no read)."""
