@@ -82,8 +82,8 @@ def fill_zero_files(tag_folder: str) -> Converted:
     """Write the swapped optimizer state of every ZeRO file in ``tag_folder`` (``<save_dir>/<tag>``) from the
     checkpoint's swap files into the file itself. A ZeRO file with nothing described (saved with the optimizer on
     cpu, or filled already) is left as it is. Raises, before any file of the checkpoint is changed, where the swap
-    files cannot be paired with what the ZeRO files describe (a ZeRO file an earlier run left half-written under its
-    temporary name, which no loader reads, is removed first)."""
+    files cannot be paired with what the ZeRO files describe. Then ZeRO files an earlier run left half-written under
+    their temporary names, which no loader reads, are removed, before the first ZeRO file is written."""
     names = sorted(name for name in os.listdir(tag_folder) if ZERO_FILE_NAME.match(name)) \
         if os.path.isdir(tag_folder) else []
     if not names:
