@@ -8,7 +8,7 @@ import torch
 from deepspeed.ops.adam import DeepSpeedCPUAdam
 
 from tencache_ds.errors import TencacheConfigError
-from tencache_ds.integrations.deepspeed.optimizer_swapper import (_refuse_state_of_another_dtype,
+from tencache_ds.integrations.deepspeed.optimizer_swapper import (_refuse_state_tensor_of_another_dtype,
                                                                   _refuse_states_of_another_dtype)
 
 
@@ -29,6 +29,7 @@ def test_state_in_the_masters_dtype_passes(fp32_states, masters):
 
 
 def test_a_state_tensor_of_another_dtype_is_refused_at_its_first_store():
+    path = "/nvme/optimizer/rank0/12.exp_avg.tensor.swp"
     with pytest.raises(TencacheConfigError, match=r"exp_avg.*float32.*bfloat16"):
-        _refuse_state_of_another_dtype("/nvme/optimizer/rank0/12.exp_avg.tensor.swp", torch.zeros(4), torch.bfloat16)
-    _refuse_state_of_another_dtype("/nvme/optimizer/rank0/12.exp_avg.tensor.swp", torch.zeros(4), torch.float32)
+        _refuse_state_tensor_of_another_dtype(path, torch.zeros(4), torch.bfloat16)
+    _refuse_state_tensor_of_another_dtype(path, torch.zeros(4), torch.float32)

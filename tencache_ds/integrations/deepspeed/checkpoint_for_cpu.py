@@ -28,6 +28,7 @@ import torch
 from deepspeed.checkpoint.constants import FP32_FLAT_GROUPS, OPTIMIZER_STATE_DICT
 
 from ...errors import TencacheError
+from ...io.stale_files import pid_in_name, remove_files_of_dead_processes
 from ...log import logger
 from .optimizer_swapper import SWAP_FILE_NAME, swap_file_name
 from .zero_file import holds_no_bytes, load_mapped
@@ -50,24 +51,14 @@ class Converted:
 def _remove_leftovers(tag_folder: str, zero_files: List[str]) -> None:
     """ZeRO files a run of this command killed while writing left under their temporary name (no loader reads them;
     each is the size of its ZeRO file with the moments in): removed, unless written on another host (a shared file
-    system: its process cannot be seen from here) or by a process that still runs."""
-    for name in os.listdir(tag_folder):
-        zero_file, _, writer = name.rpartition(FILLING)
-        host, _, pid = writer.rpartition("-")
-        if zero_file not in zero_files or host != socket.gethostname() or not pid.isdigit() or _running(int(pid)):
-            continue
-        os.unlink(os.path.join(tag_folder, name))
-        logger.info("checkpoint-for-cpu: removed %s, left by a run that did not finish", name)
+    system: its process cannot be seen from here) or by a process that still runs (io/stale_files.py)."""
+    prefixes = [f"{name}{FILLING}{socket.gethostname()}-" for name in zero_files]
 
+    def pid_of(name: str) -> Optional[int]:
+        return next((pid for pid in (pid_in_name(name, prefix) for prefix in prefixes) if pid is not None), None)
 
-def _running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
+    for path in remove_files_of_dead_processes(tag_folder, pid_of):
+        logger.info("checkpoint-for-cpu: removed %s, left by a run that did not finish", path)
 
 
 @dataclass

@@ -129,7 +129,7 @@ def _refuse_states_of_another_dtype(optimizer, dtype: torch.dtype) -> None:
     ``fp32_optimizer_states=False``: that state would be narrowed to the masters' dtype, other results than stock
     CPU offload's (found with gpt2-tiny: other losses from the third step; stock NVMe stops on an assertion there).
     Refused before any folder is made (config_bridge refuses the optimizer DeepSpeed builds earlier still); any
-    other state of another dtype is refused at its first store (``_refuse_state_of_another_dtype``)."""
+    other state of another dtype is refused at its first store (``_refuse_state_tensor_of_another_dtype``)."""
     if dtype != torch.float32 and getattr(optimizer, "fp32_optimizer_states", False):
         name = type(optimizer).__name__
         master_key = "fp16.fp16_master_weights_and_grads" if dtype == torch.float16 else \
@@ -138,7 +138,7 @@ def _refuse_states_of_another_dtype(optimizer, dtype: torch.dtype) -> None:
             master_key, name, f"construct {name} with fp32_optimizer_states=False (the state in the masters' dtype)"))
 
 
-def _refuse_state_of_another_dtype(path: str, state: torch.Tensor, dtype: torch.dtype) -> None:
+def _refuse_state_tensor_of_another_dtype(path: str, state: torch.Tensor, dtype: torch.dtype) -> None:
     """A state tensor the optimizer created is stored in the masters' dtype, and lent back in it: never narrowed or
     widened (an optimizer whose state dtype ``_refuse_states_of_another_dtype`` could not tell)."""
     if state.dtype != dtype:
@@ -702,7 +702,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
                 self.store.release(path, changed=gradient_changed)
         swap_info.release_memory()
         if refused:
-            _refuse_state_of_another_dtype(refused[0].swap_path, refused[0].compute_tensor, self.dtype)
+            _refuse_state_tensor_of_another_dtype(refused[0].swap_path, refused[0].compute_tensor, self.dtype)
 
     def _start_read_ahead(self, parameter) -> None:
         """Start reading the next sub-group's entries that are on file (held ones need no read)."""
