@@ -14,7 +14,8 @@ import torch
 from ..io.direct_io import DirectFileIO
 from ..memory.pool import BufferPool
 from ..plan.host_tier import (OPTIMIZER_BYTES_PER_ELEMENT, OPTIMIZER_IO_BYTES_PER_HELD_BYTE,
-                              PARAM_IO_BYTES_PER_HELD_BYTE, TierDemand, split_host_budget)
+                              OPTIMIZER_TENSORS_PER_SUB_GROUP, PARAM_IO_BYTES_PER_HELD_BYTE, TierDemand,
+                              split_host_budget)
 from ..units import PAGE_BYTES, round_up
 from .buffer_sources import BudgetedPageable
 from .entry_store import EntryStore
@@ -79,8 +80,7 @@ class OptimizerStore(EntryStoreWrapper):
     def least_host_footprint_bytes(self, reads_ahead: bool) -> int:
         """The footprint when the tier keeps nothing: the streaming slots one update uses at once (a sub-group's
         master, moments and gradient; the next sub-group's too when ``reads_ahead``)."""
-        per_sub_group = OPTIMIZER_BYTES_PER_ELEMENT // self.element_size  # fp32: master, 2 moments, gradient
-        tensors = per_sub_group * (2 if reads_ahead else 1)
+        tensors = OPTIMIZER_TENSORS_PER_SUB_GROUP * (2 if reads_ahead else 1)
         slots = self.pool.class_slots().get(self.streaming_slot_bytes, {}).get("slots", 0)
         return min(tensors, slots) * self.streaming_slot_bytes
 
@@ -116,7 +116,7 @@ class OptimizerStore(EntryStoreWrapper):
         buffer at the update is never kept."""
         numels = list(sub_group_numels)
         gradients = numels if gradient_numels is None else list(gradient_numels)
-        master_and_moments = OPTIMIZER_BYTES_PER_ELEMENT // self.element_size - 1
+        master_and_moments = OPTIMIZER_TENSORS_PER_SUB_GROUP - 1
         return (sum(master_and_moments * self._kept_bytes(numel) for numel in numels)
                 + sum(self._kept_bytes(numel) for numel in gradients))
 

@@ -123,7 +123,8 @@ def estimate(args) -> Dict[str, Any]:
         "model": inputs["model_path"], "parameters": inputs["shape"].num_params, "machine": machine.name,
         "world_size": machine.world_size, "micro_batch": inputs["micro_batch"], "seq": args.seq,
         "gas": inputs["gas"], "activation_checkpointing": args.checkpointing, "dtype": inputs["dtype"],
-        "drive_tbw_bytes": tbw,
+        "master_element_bytes": workload.zero.precision.master_bytes,
+        "optimizer_state_element_bytes": workload.zero.precision.state_bytes, "drive_tbw_bytes": tbw,
     }
     fit = {name: fits(prediction, workload, machine) for name, prediction in predictions.items()}
     report["fits"] = fit[TENCACHE][0]
@@ -157,6 +158,7 @@ def render(report: Dict[str, Any]) -> List[str]:
              f"{report['machine']} ({report['world_size']} rank(s)); micro-batch {report['micro_batch']} x "
              f"{report['seq']} tokens, GAS {report['gas']}, {report['dtype']}"
              + (", activation checkpointing" if report["activation_checkpointing"] else "")
+             + _narrow_optimizer(report)
              + (f"; from profile {profile['path']}: " + "; ".join(profile["used"]) if profile.get("path") else "")]
     for name, label in (("tencache", "tencache"), ("stock", "stock")):
         ok = report["fits"] if name == "tencache" else report["fits_stock"]
@@ -196,6 +198,12 @@ def render(report: Dict[str, Any]) -> List[str]:
     else:
         lines.append("drive wear: no rated TBW (pass --drive-tbw BYTES, or set drive_tbw_bytes in the machine file)")
     return lines
+
+
+def _narrow_optimizer(report: Dict[str, Any]) -> str:
+    """The masters' and optimizer state's element sizes, where they are not fp32's."""
+    master, state = report["master_element_bytes"], report["optimizer_state_element_bytes"]
+    return "" if (master, state) == (4, 4) else f"; masters {master} B, optimizer state {state} B an element"
 
 
 def _percent(value: Optional[float]) -> str:

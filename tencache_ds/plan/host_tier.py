@@ -12,9 +12,11 @@ from typing import Dict, Sequence
 
 PARAM_IO_BYTES_PER_HELD_BYTE = 3.0
 OPTIMIZER_IO_BYTES_PER_HELD_BYTE = 2.0
+# The tensors of one sub-group's update: the master, Adam's two moments and the gradient, whatever their dtype
+OPTIMIZER_TENSORS_PER_SUB_GROUP = 4
 # fp32 master + 2 Adam moments + fp32 gradient, per parameter element (the optimizer's demand, estimated before
 # the optimizer exists: its sub-groups hold exactly the partitioned parameters)
-OPTIMIZER_BYTES_PER_ELEMENT = 16
+OPTIMIZER_BYTES_PER_ELEMENT = OPTIMIZER_TENSORS_PER_SUB_GROUP * 4
 
 
 @dataclasses.dataclass(frozen=True)

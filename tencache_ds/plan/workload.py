@@ -35,6 +35,53 @@ def gradient_accumulation_bytes(ds_config: Mapping[str, Any], source: str = "ds_
     return _DTYPE_NAME_BYTES[str(named)]
 
 
+# The config's optimizer types DeepSpeed builds as DeepSpeedCPUAdam when the optimizer is offloaded (engine.py,
+# get_optimizer_configuration; unless "torch_adam"), whose state is fp32 unless "fp32_optimizer_states" is false.
+# Stage 3 takes no other optimizer with bf16 or fp16 masters and offload (its own assertion).
+DEEPSPEED_CPU_ADAM_TYPES = ("adam", "adamw")
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerPrecision:
+    """The element sizes stage 3's optimizer works in (DeepSpeed 0.19.8: base_optimizer._configure_master_weights,
+    engine.get_optimizer_configuration). With masters narrower than fp32, ``master_key`` is the config key that
+    made them so, and ``remedy`` what keeps the state in their dtype instead of fp32."""
+
+    master_bytes: int = 4   # the masters and the gradients stage 3 hands the optimizer (master_weights_and_grads)
+    state_bytes: int = 4    # the optimizer's state (Adam's moments)
+    master_key: Optional[str] = None
+    remedy: str = ""
+
+    @property
+    def mixed(self) -> bool:
+        """State wider than the masters: one sub-group's tensors in two dtypes."""
+        return self.state_bytes != self.master_bytes
+
+
+def optimizer_precision(ds_config: Mapping[str, Any]) -> OptimizerPrecision:
+    """From a DeepSpeed config. Stage 3 reads the masters' keys whatever "enabled" says; a client optimizer (none
+    in the config), torch's Adam and DeepSpeed's other optimizers keep their state in the masters' dtype."""
+    section = next((key for key in ("bf16", "bfloat16") if isinstance(ds_config.get(key), Mapping)), "bf16")
+    bf16 = ds_config.get(section) if isinstance(ds_config.get(section), Mapping) else {}
+    fp16 = ds_config.get("fp16") if isinstance(ds_config.get("fp16"), Mapping) else {}
+    if bf16.get("bf16_master_weights_and_grads"):
+        master_key = f"{section}.bf16_master_weights_and_grads"
+        remedy = (f'set "bf16_optimizer_states": true in "{section}" (the state in bf16, as stock CPU offload runs '
+                  f'it) or "fp32_optimizer_states": false in optimizer.params')
+        fp32_states_default = not bf16.get("bf16_optimizer_states")
+    elif fp16.get("fp16_master_weights_and_grads"):
+        master_key = "fp16.fp16_master_weights_and_grads"
+        remedy = 'set "fp32_optimizer_states": false in optimizer.params (the state in fp16)'
+        fp32_states_default = True
+    else:
+        return OptimizerPrecision()
+    optimizer = ds_config.get("optimizer") if isinstance(ds_config.get("optimizer"), Mapping) else {}
+    params = optimizer.get("params") if isinstance(optimizer.get("params"), Mapping) else {}
+    cpu_adam = str(optimizer.get("type", "")).lower() in DEEPSPEED_CPU_ADAM_TYPES and not params.get("torch_adam")
+    fp32_states = cpu_adam and fp32_states_default and params.get("fp32_optimizer_states", True) is not False
+    return OptimizerPrecision(2, 4 if fp32_states else 2, master_key, remedy)
+
+
 @dataclasses.dataclass(frozen=True)
 class ZeroSettings:
     """The DeepSpeed settings that change what a step moves (defaults: DeepSpeed 0.19.8's)."""
@@ -57,6 +104,7 @@ class ZeroSettings:
     aio_intra_op: int = 1
     element_bytes: int = 2             # bf16/fp16 on, else fp32
     grad_accum_bytes: int = 2          # data_types.grad_accum_dtype's element size, else element_bytes
+    precision: OptimizerPrecision = OptimizerPrecision()  # the masters' and optimizer state's element sizes
     tencache: Optional[TencacheConfig] = None  # an enabled "tencache" block, else None
 
     @classmethod
@@ -107,6 +155,7 @@ class ZeroSettings:
             aio_intra_op=max(1, number(aio, "intra_op_parallelism", "aio", cls.aio_intra_op)),
             element_bytes=2 if half else 4,
             grad_accum_bytes=gradient_accumulation_bytes(ds_config, source),
+            precision=optimizer_precision(ds_config),
             tencache=config if config.enabled else None)
 
     def swap_nbytes(self, numel: int, element_bytes: Optional[int] = None) -> int:

@@ -51,3 +51,16 @@ def test_a_footprint_short_of_the_update_slot_streams(io):
     store.resize_host_footprint(state, state, reads_ahead=True, update_slots=1)
     assert store.budget.total_bytes == state - store.least_host_footprint_bytes(True)
     store.close()
+
+
+def test_bf16_state_counts_a_sub_group_as_four_tensors(io):
+    """Regression: the store counted a sub-group's tensors as 16 bytes an element over its element size, which is
+    8 tensors for bf16 masters and state (bf16_optimizer_states): it took the state for 7/3 of its bytes, so a
+    budget that held all of it kept streaming slots, and the least footprint was 8 slots where an update uses 4."""
+    store = OptimizerStore(torch.bfloat16, lambda n: -(-n // 512) * 512, io, largest_numel=NUMEL,
+                           streaming_slots=8, host_tier_share=lambda: 0)
+    kept = -(-NUMEL * 2 // 4096) * 4096  # one tensor's page-rounded buffer
+    assert store.state_bytes([NUMEL] * SUB_GROUPS) == SUB_GROUPS * 4 * kept  # master, two moments, gradient
+    assert store.least_host_footprint_bytes(reads_ahead=False) == 4 * store.streaming_slot_bytes
+    assert store.least_host_footprint_bytes(reads_ahead=True) == 8 * store.streaming_slot_bytes
+    store.close()

@@ -146,3 +146,23 @@ def test_machine_this_measures_and_cites_each_figure(tmp_path):
     # Step 3: the probe's files are gone.
     assert os.listdir(tmp_path / "nvme") == []
     shutil.rmtree(tmp_path / "nvme", ignore_errors=True)
+
+
+def test_bf16_masters_and_state_are_read_from_the_config_and_stop_stock(tmp_path):
+    """bf16 masters and optimizer state: half the optimizer's bytes on NVMe, and stock NVMe stops at its first
+    update (measured here; tests/plan/test_step_model.py has the numbers)."""
+    with open(DS_CONFIG) as handle:
+        config = json.load(handle)
+    fp32 = json.loads(estimate("--json", "--seq", "2048").stdout)
+    config["bf16"] = {"enabled": True, "bf16_master_weights_and_grads": True, "bf16_optimizer_states": True}
+    path = tmp_path / "bf16-masters.json"
+    path.write_text(json.dumps(config))
+    result = estimate("--json", "--seq", "2048", ds_config=str(path))
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert (report["master_element_bytes"], report["optimizer_state_element_bytes"]) == (2, 2)
+    assert report["fits"] and not report["fits_stock"]
+    assert any("first optimizer step" in reason for reason in report["why_not"]["stock"])
+    assert report["needs"]["nvme"] < fp32["needs"]["nvme"] * 0.6
+    text = estimate("--seq", "2048", ds_config=str(path)).stdout
+    assert "masters 2 B, optimizer state 2 B an element" in text and "fits (stock): NO: stock stops" in text

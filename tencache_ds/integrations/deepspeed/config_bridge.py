@@ -16,6 +16,7 @@ from ...config import CONFIG_KEY, TencacheConfig, config_of_ds_dict
 from ...config_checks import check_host_budget, check_output_paths, check_swap_folder
 from ...errors import TencacheConfigError, TencacheResourceError
 from ...plan.budget import MachineResources
+from ...plan.workload import optimizer_precision
 from .config_source import ds_config_dict
 from .contract import require_supported_deepspeed
 
@@ -139,12 +140,6 @@ def _check_secondary_partitions(zero: dict, nvme_sections: List[Tuple[str, dict]
             f'parameters to "cpu" (the optimizer state can stay on NVMe)')
 
 
-# The config's optimizer types DeepSpeed builds as DeepSpeedCPUAdam when the optimizer is offloaded (engine.py,
-# get_optimizer_configuration; unless "torch_adam"), whose state is fp32 unless "fp32_optimizer_states" is false.
-# Stage 3 takes no other optimizer with bf16 or fp16 masters and offload (its own assertion).
-DEEPSPEED_CPU_ADAM_TYPES = ("adam", "adamw")
-
-
 def optimizer_state_dtype_message(master_key: str, optimizer: str, remedy: str) -> str:
     """Why a run whose optimizer keeps fp32 state beside narrower masters (``master_key``: the config key that made
     them so) is refused, and ``remedy``: what to set instead."""
@@ -162,24 +157,11 @@ def _check_optimizer_state_dtype(raw: dict, nvme_sections: List[Tuple[str, dict]
     whatever "enabled" says."""
     if not any(key == "zero_optimization.offload_optimizer" for key, _section in nvme_sections):
         return
-    section = next((key for key in ("bf16", "bfloat16") if isinstance(raw.get(key), dict)), "bf16")
-    bf16 = raw.get(section) if isinstance(raw.get(section), dict) else {}
-    fp16 = raw.get("fp16") if isinstance(raw.get("fp16"), dict) else {}
-    if bf16.get("bf16_master_weights_and_grads") and not bf16.get("bf16_optimizer_states"):
-        master_key = f"{section}.bf16_master_weights_and_grads"
-        remedy = (f'set "bf16_optimizer_states": true in "{section}" (the state in bf16, as stock CPU offload runs '
-                  f'it) or "fp32_optimizer_states": false in optimizer.params')
-    elif fp16.get("fp16_master_weights_and_grads"):
-        master_key, remedy = "fp16.fp16_master_weights_and_grads", \
-            'set "fp32_optimizer_states": false in optimizer.params (the state in fp16)'
-    else:
-        return
-    optimizer = raw.get("optimizer") if isinstance(raw.get("optimizer"), dict) else {}
-    params = optimizer.get("params") if isinstance(optimizer.get("params"), dict) else {}
-    if str(optimizer.get("type", "")).lower() in DEEPSPEED_CPU_ADAM_TYPES and not params.get("torch_adam") \
-            and params.get("fp32_optimizer_states", True) is not False:
+    precision = optimizer_precision(raw)
+    if precision.mixed:
         raise TencacheConfigError(optimizer_state_dtype_message(
-            master_key, f'the optimizer ("{optimizer["type"]}", built as DeepSpeedCPUAdam)', remedy))
+            precision.master_key, f'the optimizer ("{raw["optimizer"]["type"]}", built as DeepSpeedCPUAdam)',
+            precision.remedy))
 
 
 _initializing = threading.local()  # the validated block of the deepspeed.initialize call this thread is in

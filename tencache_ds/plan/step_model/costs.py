@@ -3,9 +3,8 @@ every policy has (ZeRO-3's working set on the accelerator, the process, gradient
 the CPU time of the optimizer step. Pure."""
 from typing import Dict
 
-from ..host_tier import OPTIMIZER_BYTES_PER_ELEMENT
 from ..machine import Machine
-from ..workload import Workload
+from ..workload import Workload, ZeroSettings
 from .timeline import Rates, channel_rates
 
 # Host memory traffic of the optimizer step's epilogue per element on the host, beyond Adam itself: the gradient
@@ -45,7 +44,19 @@ EPILOGUE_GATHERED_PASSES = 5
 EPILOGUE_PARTITION_PASSES = 4
 EPILOGUE_ACCUMULATE_EXTRA_PASSES = 1
 NORM_FLOAT64_BYTES = 16
-OPTIMIZER_STATE_FILE_BYTES = 12  # fp32 master + two Adam moments, per element
+
+
+def optimizer_state_bytes_per_element(zero: ZeroSettings) -> int:
+    """The master and Adam's two moments, per element, in their dtypes (fp32: 12)."""
+    return zero.precision.master_bytes + 2 * zero.precision.state_bytes
+
+
+def sub_group_file_bytes(zero: ZeroSettings, numel: int) -> Dict[str, int]:
+    """One sub-group's swap files by tensor (aligned as DeepSpeed aligns them): the master and the gradient in the
+    masters' dtype, the moments in the state's."""
+    master = zero.swap_nbytes(numel, zero.precision.master_bytes)
+    moment = zero.swap_nbytes(numel, zero.precision.state_bytes)
+    return {"master": master, "exp_avg": moment, "exp_avg_sq": moment, "gradient": master}
 
 
 def module_compute_s(fetch, rates: Rates) -> float:
@@ -105,7 +116,8 @@ def device_working_bytes(workload: Workload) -> int:
     if zero.offload_param == "none":
         not_offloaded += workload.rank_elements * elem
     if zero.offload_optimizer == "none":
-        not_offloaded += workload.rank_elements * OPTIMIZER_BYTES_PER_ELEMENT
+        not_offloaded += workload.rank_elements * (optimizer_state_bytes_per_element(zero)
+                                                   + zero.precision.master_bytes)  # and the gradient
     return device_step_bytes(workload) + persistent + not_offloaded
 
 
@@ -136,12 +148,16 @@ def host_step_rise_bytes(workload: Workload, machine: Machine) -> int:
     return max(update, device_step_bytes(workload))
 
 
-def nvme_space(workload: Workload) -> int:
+def nvme_space(workload: Workload, gradient_files: bool) -> int:
+    """The swap files of one rank: parameter partitions on NVMe and, with the optimizer there, every sub-group's
+    master and moments, and its gradient where ``gradient_files`` (stock writes each one in backward; tencache
+    reads them from stage 3's own buffer at the update, and writes none)."""
     zero = workload.zero
     space = sum(param_bytes(workload, key) for key, p in workload.partitions.items() if p.on_nvme)
     if zero.offload_optimizer == "nvme":
-        space += sum(zero.swap_nbytes(workload.sub_group_elements(i), 4) * (OPTIMIZER_STATE_FILE_BYTES + 4) // 4
-                     for i in range(len(workload.sub_groups)))
+        for i in range(len(workload.sub_groups)):
+            files = sub_group_file_bytes(zero, workload.sub_group_elements(i))
+            space += sum(nbytes for tensor, nbytes in files.items() if gradient_files or tensor != "gradient")
     return space
 
 

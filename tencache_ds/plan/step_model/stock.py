@@ -16,9 +16,9 @@ from typing import Dict, List, Tuple
 
 from ..machine import Machine
 from ..workload import Workload
-from .costs import (INIT_BYTES_PER_ELEMENT_OUTSIDE_POOL, INIT_BYTES_PER_ELEMENT_POOLED, OPTIMIZER_STATE_FILE_BYTES,
-                    backward_host_memory_s, host_resident_bytes, module_compute_s, nvme_space, optimizer_cpu_s,
-                    param_bytes)
+from .costs import (INIT_BYTES_PER_ELEMENT_OUTSIDE_POOL, INIT_BYTES_PER_ELEMENT_POOLED, backward_host_memory_s,
+                    host_resident_bytes, module_compute_s, nvme_space, optimizer_cpu_s,
+                    optimizer_state_bytes_per_element, param_bytes, sub_group_file_bytes)
 from .results import STOCK, Prediction, finish
 from .timeline import STEPS_REPLAYED, Rates, Timeline, channel_rates
 
@@ -71,14 +71,18 @@ def _stock_optimizer(workload: Workload, timeline: Timeline, rates: Rates) -> No
             timeline.work(optimizer_cpu_s(workload, workload.rank_elements, rates), "cpu_adam")
         return
     groups = range(len(workload.sub_groups))
+    files = {i: sub_group_file_bytes(zero, workload.sub_group_elements(i)) for i in groups}
     sizes = {i: workload.sub_group_elements(i) for i in groups}
+
+    def state_bytes(i):  # master and two moments: three requests
+        return files[i]["master"] + files[i]["exp_avg"] + files[i]["exp_avg_sq"]
+
     for i in groups:  # swap_out_gradients at the end of backward
-        timeline.issue("nvme_write", zero.swap_nbytes(sizes[i], 4), f"g{i}")
+        timeline.issue("nvme_write", files[i]["gradient"], f"g{i}")
 
     def read(i):
-        tensor = zero.swap_nbytes(sizes[i], 4)  # master and two moments: three requests of a sub-group's tensor
-        state = timeline.issue("nvme_read", tensor * 3, f"s{i}", request_bytes=tensor)
-        return max(state, timeline.issue("nvme_read", tensor, f"g{i}"))
+        state = timeline.issue("nvme_read", state_bytes(i), f"s{i}", request_bytes=files[i]["exp_avg"])
+        return max(state, timeline.issue("nvme_read", files[i]["gradient"], f"g{i}"))
 
     pending_writes: List[float] = []
     ahead = read(0) if zero.pipelined_optimizer else None
@@ -88,8 +92,7 @@ def _stock_optimizer(workload: Workload, timeline: Timeline, rates: Rates) -> No
         if zero.pipelined_optimizer and i + 1 in sizes:
             ahead = read(i + 1)
         timeline.work(optimizer_cpu_s(workload, sizes[i], rates), "cpu_adam")
-        tensor = zero.swap_nbytes(sizes[i], 4)
-        written = timeline.issue("nvme_write", tensor * 3, f"s{i}", request_bytes=tensor)
+        written = timeline.issue("nvme_write", state_bytes(i), f"s{i}", request_bytes=files[i]["exp_avg"])
         if zero.pipelined_optimizer:
             pending_writes.append(written)
         else:
@@ -122,6 +125,11 @@ def _stock_failures(workload: Workload) -> List[str]:
         if zero.optimizer_buffer_count < needed:
             failures.append(f"stock runs out of optimizer swap buffers: Adam needs {needed} "
                             f"(offload_optimizer.buffer_count is {zero.optimizer_buffer_count})")
+        if zero.precision.master_key:
+            failures.append(f"stock stops at its first optimizer step with {zero.precision.master_key}: its "
+                            f"optimizer swap buffers are in the masters' dtype, the swapped-out master's placeholder "
+                            f"is fp32 (\"assert dtype == self.dtype\", swap_tensor/utils.py; measured with bf16 "
+                            f"masters, with and without bf16_optimizer_states)")
     return failures
 
 
@@ -157,13 +165,13 @@ def _stock_memory(workload: Workload, machine: Machine) -> Dict[str, int]:
     pageable = common["baseline"] + common["device_on_host"]
     gradients = common["gradients"]
     if zero.offload_optimizer == "nvme":
-        pool = zero.optimizer_buffer_count * zero.swap_nbytes(largest_group, 4)
+        pool = zero.optimizer_buffer_count * zero.swap_nbytes(largest_group, zero.precision.master_bytes)
         pinned += pool if zero.optimizer_pin_memory else 0
         pageable += 0 if zero.optimizer_pin_memory else pool
         pageable += largest_group * (INIT_BYTES_PER_ELEMENT_OUTSIDE_POOL +
                                      max(0, INIT_BYTES_PER_ELEMENT_POOLED - zero.optimizer_buffer_count * 4))
     elif zero.offload_optimizer == "cpu":
-        states = workload.rank_elements * OPTIMIZER_STATE_FILE_BYTES
+        states = workload.rank_elements * optimizer_state_bytes_per_element(zero)
         pinned += states if zero.optimizer_pin_memory else 0
         pageable += 0 if zero.optimizer_pin_memory else states
         pageable += largest_group * INIT_BYTES_PER_ELEMENT_OUTSIDE_POOL  # the same initialisation, in memory
@@ -171,7 +179,8 @@ def _stock_memory(workload: Workload, machine: Machine) -> Dict[str, int]:
         pinned += gradients
     else:
         pageable += gradients
-    return {"device": common["device"], "pinned": pinned, "pageable": pageable, "nvme": nvme_space(workload)}
+    return {"device": common["device"], "pinned": pinned, "pageable": pageable,
+            "nvme": nvme_space(workload, gradient_files=True)}
 
 
 def _read_positions(workload: Workload) -> Dict[int, List[str]]:

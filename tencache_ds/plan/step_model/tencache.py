@@ -25,16 +25,17 @@ from ..budget import UNLIMITED, MachineResources, parameter_lock_mode, resolve_b
 from ..device_tier import device_tier_budget
 from ..host_residency import steady_state
 from ..host_tier import (OPTIMIZER_BYTES_PER_ELEMENT, OPTIMIZER_IO_BYTES_PER_HELD_BYTE,
-                         PARAM_IO_BYTES_PER_HELD_BYTE, TierDemand, split_host_budget)
+                         OPTIMIZER_TENSORS_PER_SUB_GROUP, PARAM_IO_BYTES_PER_HELD_BYTE, TierDemand,
+                         split_host_budget)
 from ..machine import Machine
 from ..memory_pressure import Action, MemoryPressurePolicy
 from ..prefetch import PrefetchSchedule
 from ..size_classes import cache_slot_counts, class_bytes, merge_close_classes, size_histogram, streaming_slot_counts
 from ..workload import Workload
-from .costs import (INIT_BYTES_PER_ELEMENT_OUTSIDE_POOL, INIT_BYTES_PER_ELEMENT_POOLED, OPTIMIZER_STATE_FILE_BYTES,
-                    backward_host_memory_s, device_step_bytes, device_working_bytes, gathered_bytes,
-                    host_resident_bytes, host_step_rise_bytes, module_compute_s, nvme_space, optimizer_cpu_s,
-                    param_bytes)
+from .costs import (INIT_BYTES_PER_ELEMENT_OUTSIDE_POOL, INIT_BYTES_PER_ELEMENT_POOLED, backward_host_memory_s,
+                    device_step_bytes, device_working_bytes, gathered_bytes, host_resident_bytes,
+                    host_step_rise_bytes, module_compute_s, nvme_space, optimizer_cpu_s,
+                    optimizer_state_bytes_per_element, param_bytes, sub_group_file_bytes)
 from .results import TENCACHE, Prediction, finish
 from .timeline import STEPS_REPLAYED, Rates, Timeline, channel_rates
 
@@ -154,14 +155,14 @@ def _grown_share(workload: Workload, machine: Machine, start_share: int, param_s
 def _optimizer_streaming_bytes(workload: Workload) -> int:
     """The slots optimizer state that is not kept streams through: a sub-group's four tensors (twice with more
     than one sub-group: the next one is read ahead)."""
-    largest = workload.zero.swap_nbytes(workload.largest_sub_group_elements, 4)
-    return largest * 4 * (2 if len(workload.sub_groups) > 1 else 1)
+    largest = workload.zero.swap_nbytes(workload.largest_sub_group_elements, workload.zero.precision.master_bytes)
+    return largest * OPTIMIZER_TENSORS_PER_SUB_GROUP * (2 if len(workload.sub_groups) > 1 else 1)
 
 
 def _update_slot_bytes(workload: Workload) -> int:
     """The streaming slot an update lends even when every sub-group is kept: the gradient it fills from stage 3's
     buffer (OptimizerStore.resize_host_footprint's ``update_slots``)."""
-    return workload.zero.swap_nbytes(workload.largest_sub_group_elements, 4)
+    return workload.zero.swap_nbytes(workload.largest_sub_group_elements, workload.zero.precision.master_bytes)
 
 
 def _held_between_steps(workload: Workload, machine: Machine, param_slot_bytes: int) -> int:
@@ -187,11 +188,11 @@ def _optimizer_sequence(workload: Workload) -> Tuple[List[str], Dict[str, int]]:
     gradients are not the store's: the update reads them from stage 3's own partition buffer, in any dtype and on
     any accelerator (integrations/deepspeed/stage3_gradients.py)."""
     zero, keys, sizes = workload.zero, [], {}
-    names = ("p", "m", "v")
+    names = {"p": "master", "m": "exp_avg", "v": "exp_avg_sq"}
     for i in range(len(workload.sub_groups)):
-        nbytes = zero.swap_nbytes(workload.sub_group_elements(i), 4)
-        for name in names:
-            sizes[f"{name}{i}"] = nbytes
+        files = sub_group_file_bytes(zero, workload.sub_group_elements(i))
+        for name, tensor in names.items():
+            sizes[f"{name}{i}"] = files[tensor]
         keys += [f"{name}{i}" for name in names]
     return keys, sizes
 
@@ -268,6 +269,10 @@ def predict_tencache(workload: Workload, machine: Machine) -> Prediction:
     host_rate = 1.0 - len(host_misses) / len(lends) if lends else None
     memory = _tencache_memory(workload, machine, plan)
     failures = []
+    if zero.offload_optimizer == "nvme" and zero.precision.mixed:
+        failures.append(f"tencache refuses it at deepspeed.initialize: with {zero.precision.master_key} the "
+                        f"optimizer keeps its state in fp32, and tencache's optimizer tier stores a sub-group in one "
+                        f"dtype; {zero.precision.remedy}")
     budgets = {"host_cache_bytes": plan.host_cache_bytes, "param_streaming_bytes": plan.param_streaming_bytes,
                "param_cache_bytes": plan.param_cache_bytes, "optimizer_share_bytes": plan.optimizer_share_bytes,
                "optimizer_start_share_bytes": plan.optimizer_start_share_bytes,
@@ -344,7 +349,8 @@ def _tencache_memory(workload: Workload, machine: Machine, plan: TencachePlan) -
                 + sum(plan.optimizer_prefixes.values()))
         pageable += max(init, held + plan.optimizer_streaming_bytes)
     elif zero.offload_optimizer == "cpu":
-        states = workload.rank_elements * OPTIMIZER_STATE_FILE_BYTES
+        states = workload.rank_elements * optimizer_state_bytes_per_element(zero)
         pinned += states if zero.optimizer_pin_memory else 0
         pageable += 0 if zero.optimizer_pin_memory else states
-    return {"device": device, "pinned": pinned, "pageable": pageable, "nvme": nvme_space(workload)}
+    return {"device": device, "pinned": pinned, "pageable": pageable,
+            "nvme": nvme_space(workload, gradient_files=False)}
