@@ -36,6 +36,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+from tencache_ds.bench.report import STAGE3_FETCH_KNOBS  # noqa: E402
 from tencache_ds.cli.calibrate import MODEL_PROBES, calibrate, machine_from_calibration  # noqa: E402
 from tencache_ds.plan.machine import load_machine  # noqa: E402
 from tencache_ds.plan.model_shapes import model_shape  # noqa: E402
@@ -67,9 +68,11 @@ def read_json(path):
 
 
 def cpu_offload(ds_config: dict) -> dict:
-    """The bench's stock-cpu arm: the same config with both offload devices cpu (scripts/train.py
-    --offload-device cpu)."""
+    """The bench's stock-cpu arm: the same config with both offload devices cpu and DeepSpeed's default stage-3
+    fetch knobs (scripts/train.py --offload-device cpu --stage3-defaults)."""
     config = json.loads(json.dumps(ds_config))
+    for key in STAGE3_FETCH_KNOBS:
+        config["zero_optimization"].pop(key, None)
     for section in ("offload_param", "offload_optimizer"):
         block = config["zero_optimization"].get(section)
         if isinstance(block, dict) and block.get("device") in ("cpu", "nvme"):
@@ -92,13 +95,14 @@ def with_dtype(ds_config: dict, dtype) -> dict:
 
 
 def predict_configuration(machine, model: str, config_path: str, host_cache, micro_batch: int, seq_len: int,
-                          compare_cpu: bool, dtype=None) -> dict:
-    """Predictions for one bench: {arm: {step_time_s, nvme_read_bytes, nvme_write_bytes, host_bytes, ...}}."""
+                          compare_cpu: bool, dtype=None, gas=None) -> dict:
+    """Predictions for one bench: {arm: {step_time_s, nvme_read_bytes, nvme_write_bytes, host_bytes, ...}}, one
+    rank's. ``gas``: as the bench ran it (scripts/train.py --grad-accum), else the config's."""
     shape = model_shape(read_json(os.path.join(REPO, "configs", "models", f"{model}.json")))
     ds_config = with_dtype(read_json(os.path.join(REPO, config_path)), dtype)
     tencache = dict(ds_config, tencache={"enabled": True, "host_cache_bytes": host_cache,
                                          "device_cache_bytes": "auto"})
-    gas = int(ds_config.get("gradient_accumulation_steps", 1))
+    gas = gas or int(ds_config.get("gradient_accumulation_steps", 1))
 
     def run(config, policy):
         work = build_workload(shape, ZeroSettings.from_ds_config(config), machine.world_size, micro_batch, seq_len,
@@ -213,9 +217,11 @@ def main(argv=None) -> int:
             available = re.search(r"\(([\d.]+) GiB available at start\)", measured["machine"].get("RAM", ""))
             run_machine = machine if available is None else dataclasses.replace(
                 machine, host_available_bytes=int(float(available.group(1)) * (1 << 30)))
+            # the bench's ranks share this node (its memory, drive and cores); its measured bytes are rank 0's
+            run_machine = dataclasses.replace(run_machine, ranks_per_node=int(settings.get("ranks") or 1))
             predicted = predict_configuration(run_machine, settings["model"], config, host, settings["micro_batch"],
                                               settings["seq_len"], "stock-cpu" in measured["arms"],
-                                              settings.get("dtype") or args.dtype)
+                                              settings.get("dtype") or args.dtype, settings.get("grad_accum"))
             for arm, values in measured["arms"].items():
                 rows.append({"name": os.path.basename(folder.rstrip("/")), "arm": arm, "predicted": predicted[arm],
                              "measured": values})

@@ -124,6 +124,12 @@ class Machine:
         return table[-1][column]
 
     @property
+    def accelerator_flops_per_s_per_rank(self) -> float:
+        """One accelerator per rank; a host accelerator's figure is the node's cores (`--machine this` times them
+        all), which its ranks share."""
+        return self.accelerator_flops_per_s / (self.ranks_per_node if self.accelerator_is_host else 1)
+
+    @property
     def cpu_adam_elements_per_s_per_rank(self) -> float:
         """The node's cores run every rank's CPU Adam at once."""
         return self.cpu_adam_elements_per_s / self.ranks_per_node

@@ -519,6 +519,25 @@ def test_ranks_on_a_node_share_its_drives_and_memory():
     assert work.rank_elements < workload().rank_elements * 0.51  # each rank holds half of every parameter
 
 
+def test_ranks_on_a_host_accelerator_share_its_cores():
+    """The CPU accelerator's compute figure is the node's cores (`--machine this` times them all): two ranks get
+    half each. A GPU is one rank's."""
+    assert this_vm(ranks_per_node=2).accelerator_flops_per_s_per_rank == pytest.approx(1.1e11 / 2)
+    gpu = this_vm(accelerator_is_host=False, accelerator_memory_bytes=80 * GIB, ranks_per_node=8)
+    assert gpu.accelerator_flops_per_s_per_rank == pytest.approx(1.1e11)
+
+
+def test_nvme_bytes_per_rank_at_two_ranks_and_gas_4_match_the_benchmark():
+    """docs/bench/gpt2-small-2ranks-gas4: stock NVMe, gpt2-small fp32, micro-batch 1 x 32, GAS 4, 2 ranks: rank 0
+    read 3086.6 MiB and wrote 1186.3 MiB a step (the parameters read at every micro-batch, written once)."""
+    config = ds_config()
+    config.pop("bf16")
+    work = workload("gpt2-small", config=config, world=2, micro_batch=1, seq=32, gas=4)
+    prediction = predict_stock(work, this_vm(ranks_per_node=2))
+    assert prediction.nvme_read_bytes == pytest.approx(3086.6 * MIB, rel=0.01)
+    assert prediction.nvme_write_bytes == pytest.approx(1186.3 * MIB, rel=0.01)
+
+
 # ------------------------------------------------------------------------------------------------- drive wear
 def test_days_to_tbw():
     prediction = Prediction("x", 2.0, {}, "compute", 0, 10 ** 9, 0, {}, None, None, [])

@@ -135,7 +135,7 @@ def shared_drive_scale(read: float, write: float, mixed: Optional[float]) -> Opt
 def channel_rates(machine: Machine, pinned_h2d: bool) -> Rates:
     h2d = machine.h2d_bytes_per_s * (1.0 if pinned_h2d else PAGEABLE_H2D_FACTOR)
     read, write = machine.nvme_read_bytes_per_s_per_rank, machine.nvme_write_bytes_per_s_per_rank
-    return Rates(machine.accelerator_flops_per_s, machine.cpu_adam_elements_per_s_per_rank,
+    return Rates(machine.accelerator_flops_per_s_per_rank, machine.cpu_adam_elements_per_s_per_rank,
                  machine.host_copy_bytes_per_s_per_rank, {"nvme_read": read, "nvme_write": write, "h2d": h2d},
                  shared_drive_scale(read, write, machine.nvme_mixed_bytes_per_s_per_rank),
                  machine.zero3_module_call_s, machine.nvme_request_factor)
