@@ -26,7 +26,7 @@ ADAM_STOCK_BUFFERS, ADAM_PIPELINED_BUFFERS = 4, 12  # deepspeed-integration.md a
 
 
 def predict_stock(workload: Workload, machine: Machine) -> Prediction:
-    zero, elem = workload.zero, workload.zero.element_bytes
+    elem = workload.zero.element_bytes
     rates = channel_rates(machine, pinned_h2d=False)
     reads = _read_positions(workload)
     nvme_reads = {i: [k for k in keys if workload.partitions[k].on_nvme] for i, keys in reads.items()}
