@@ -10,6 +10,7 @@ Counts match the models ``transformers`` builds (tests/plan/test_step_model.py c
 configs/models/README.md).
 """
 import dataclasses
+import functools
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from ..errors import TencacheConfigError
@@ -168,27 +169,30 @@ def _gpt2(read: _Reader) -> ModelShape:
     return ModelShape("gpt2", h, n, heads, vocab, ffn, tuple(modules))
 
 
-def _llama(read: _Reader) -> ModelShape:
+def _llama(read: _Reader, model_type: str = "llama") -> ModelShape:
+    """Llama's layout, which Mistral shares; Qwen2's too, with biases on q, k and v (not o) whatever the config
+    says (transformers' Qwen2Attention)."""
     h, n, heads = read.int("hidden_size"), read.int("num_hidden_layers"), read.int("num_attention_heads")
     vocab, ffn = read.int("vocab_size"), read.int("intermediate_size")
     kv = read.int("num_key_value_heads", default=heads)
     head_dim = read.int("head_dim", default=h // heads)
     attn_bias, mlp_bias = read.flag("attention_bias", False), read.flag("mlp_bias", False)
+    qkv_bias = attn_bias or model_type == "qwen2"
     embed = _embedding("model.embed_tokens", vocab, h)
     modules: List[Module] = [embed]
     for i in range(n):
         p = f"model.layers.{i}"
         modules += [_norm(f"{p}.input_layernorm", h, False, i),
-                    _linear(f"{p}.self_attn.q_proj", heads * head_dim, h, attn_bias, i),
-                    _linear(f"{p}.self_attn.k_proj", kv * head_dim, h, attn_bias, i),
-                    _linear(f"{p}.self_attn.v_proj", kv * head_dim, h, attn_bias, i),
+                    _linear(f"{p}.self_attn.q_proj", heads * head_dim, h, qkv_bias, i),
+                    _linear(f"{p}.self_attn.k_proj", kv * head_dim, h, qkv_bias, i),
+                    _linear(f"{p}.self_attn.v_proj", kv * head_dim, h, qkv_bias, i),
                     _linear(f"{p}.self_attn.o_proj", h, heads * head_dim, attn_bias, i),
                     _norm(f"{p}.post_attention_layernorm", h, False, i),
                     _linear(f"{p}.mlp.gate_proj", ffn, h, mlp_bias, i),
                     _linear(f"{p}.mlp.up_proj", ffn, h, mlp_bias, i),
                     _linear(f"{p}.mlp.down_proj", h, ffn, mlp_bias, i)]
     modules += [_norm("model.norm", h, False), _head(embed, vocab, h, read.flag("tie_word_embeddings", False))]
-    return ModelShape("llama", h, n, heads, vocab, ffn, tuple(modules))
+    return ModelShape(model_type, h, n, heads, vocab, ffn, tuple(modules))
 
 
 def _opt(read: _Reader) -> ModelShape:
@@ -264,4 +268,5 @@ def _falcon(read: _Reader) -> ModelShape:
     return ModelShape("falcon", h, n, heads, vocab, ffn, tuple(modules))
 
 
-_BUILDERS = {"gpt2": _gpt2, "llama": _llama, "opt": _opt, "bloom": _bloom, "falcon": _falcon}
+_BUILDERS = {"gpt2": _gpt2, "llama": _llama, "mistral": functools.partial(_llama, model_type="mistral"),
+             "qwen2": functools.partial(_llama, model_type="qwen2"), "opt": _opt, "bloom": _bloom, "falcon": _falcon}

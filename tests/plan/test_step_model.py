@@ -32,9 +32,11 @@ MIB, GIB = 1 << 20, 1 << 30
 BUILT_PARAMETERS = {"bloom-7b1": 7069016064, "bloom-tiny": 14965248, "falcon-11b": 11102822400,
                     "falcon-7b": 6921720704, "falcon-tiny": 12784128, "gpt2-small": 124439808, "gpt2-tiny": 15160320,
                     "llama-1.1b": 1100048384, "llama-7b": 6738415616, "llama-tiny": 15732480,
+                    "mistral-7b": 7241732096, "qwen2-7b": 7615616512, "gpt2-1.3b": 1276235776,
+                    "gpt2-medium": 354823168, "llama-13b": 13015864320, "llama-70b": 68976648192,
                     "opt-1.3b": 1315758080, "opt-13b": 12853473280, "opt-6.7b": 6658473984, "opt-tiny": 15161856}
 LARGEST_TENSOR = {"bloom-7b1": 1027604480, "falcon-7b": 295469056, "gpt2-small": 38597376, "llama-7b": 131072000,
-                  "opt-13b": 257392640}
+                  "opt-13b": 257392640, "qwen2-7b": 544997376}
 
 
 def model_config(name):
@@ -70,6 +72,11 @@ def workload(model="gpt2-tiny", config=None, world=1, micro_batch=2, seq=64, gas
 @pytest.mark.parametrize("name", sorted(BUILT_PARAMETERS))
 def test_parameter_counts_match_the_models_transformers_builds(name):
     assert model_shape(model_config(name)).num_params == BUILT_PARAMETERS[name]
+
+
+def test_every_model_config_has_its_built_count():
+    names = {name[:-5] for name in os.listdir(os.path.join(REPO, "configs", "models")) if name.endswith(".json")}
+    assert names == set(BUILT_PARAMETERS)
 
 
 @pytest.mark.parametrize("name", sorted(LARGEST_TENSOR))
