@@ -4,7 +4,7 @@ stock asserts, and the memory it locks. Pure.
 - a parameter on NVMe is read at every gather ZeRO-3 does not avoid by its own retention (plan/workload.py);
   the read of the next module's parameters is issued when the current module is fetched (prefetch depth 1,
   d.2/c.3), and the H2D copy from the aio pool is synchronous and pageable-staged (c.3.7);
-- gradients go to NVMe at the end of backward (4 bytes per element); the optimizer, per sub-group, reads master,
+- gradients go to NVMe at the end of backward (in the masters' dtype); the optimizer, per sub-group, reads master,
   moments and gradient, steps, writes master and moments, then writes the sub-group's fp16 partitions, all
   synchronously (PartitionedOptimizerSwapper); with ``pipeline_read``/``pipeline_write`` the next sub-group's
   read and this one's write overlap the step (PipelinedOptimizerSwapper); nothing is held between steps;
