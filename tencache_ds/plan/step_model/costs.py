@@ -12,11 +12,21 @@ from .timeline import Rates, channel_rates
 # updated fp32 master cast into the fp16 partition (read 4, write 2). The norm for clipping was taken in backward
 # (NORM_FLOAT64_BYTES below); the step only adds up the per-parameter norms.
 EPILOGUE_BYTES_PER_ELEMENT = 20
-# stage 3 initialising the optimizer of one sub-group holds, per element: its fp16 flat copy (2), the fp32 master
-# (4), the zeroed gradient (4) -- and, unless they pass through stock's pinned pool, the master's swap buffer (4),
-# the two moments (8) and the gradient's buffer (4) (stage3.initialize_optimizer_states).
-INIT_BYTES_PER_ELEMENT_OUTSIDE_POOL = 10
-INIT_BYTES_PER_ELEMENT_POOLED = 16
+# stage 3 initialising the optimizer of one sub-group holds, per element: its fp16 flat copy (2), the master and
+# the zeroed gradient (fp32: 4 each) -- and, unless they pass through stock's pinned pool, the master's swap buffer
+# (4), the two moments (8) and the gradient's buffer (4) (stage3.initialize_optimizer_states). The flat copy is
+# counted at 2 bytes whatever the model's dtype: so the fp32 runs of docs/estimate.md were predicted.
+INIT_FLAT_COPY_BYTES = 2
+
+
+def init_bytes_per_element_outside_pool(zero: ZeroSettings) -> int:
+    """fp32 masters: 10."""
+    return INIT_FLAT_COPY_BYTES + 2 * zero.precision.master_bytes
+
+
+def init_bytes_per_element_pooled(zero: ZeroSettings) -> int:
+    """fp32 masters and state: 16 (the master's and gradient's buffers, the two moments)."""
+    return 2 * zero.precision.master_bytes + 2 * zero.precision.state_bytes
 # On a host accelerator each micro-batch's backward writes fresh host memory, about 3.5 times the model's gathered
 # bytes: the gradients autograd allocates, the reduce bucket stage 3 concatenates, the reduced copies; freed again
 # at the step (large blocks go back to the kernel), so the next backward faults its pages in once more. Measured

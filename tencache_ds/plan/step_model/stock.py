@@ -16,8 +16,8 @@ from typing import Dict, List, Tuple
 
 from ..machine import Machine
 from ..workload import Workload
-from .costs import (INIT_BYTES_PER_ELEMENT_OUTSIDE_POOL, INIT_BYTES_PER_ELEMENT_POOLED, backward_host_memory_s,
-                    host_resident_bytes, module_compute_s, nvme_space, optimizer_cpu_s,
+from .costs import (backward_host_memory_s, host_resident_bytes, init_bytes_per_element_outside_pool,
+                    init_bytes_per_element_pooled, module_compute_s, nvme_space, optimizer_cpu_s,
                     optimizer_state_bytes_per_element, param_bytes, sub_group_file_bytes)
 from .results import STOCK, Prediction, finish
 from .timeline import STEPS_REPLAYED, Rates, Timeline, channel_rates
@@ -168,13 +168,13 @@ def _stock_memory(workload: Workload, machine: Machine) -> Dict[str, int]:
         pool = zero.optimizer_buffer_count * zero.swap_nbytes(largest_group, zero.precision.master_bytes)
         pinned += pool if zero.optimizer_pin_memory else 0
         pageable += 0 if zero.optimizer_pin_memory else pool
-        pageable += largest_group * (INIT_BYTES_PER_ELEMENT_OUTSIDE_POOL +
-                                     max(0, INIT_BYTES_PER_ELEMENT_POOLED - zero.optimizer_buffer_count * 4))
+        pooled = max(0, init_bytes_per_element_pooled(zero) - zero.optimizer_buffer_count * zero.precision.master_bytes)
+        pageable += largest_group * (init_bytes_per_element_outside_pool(zero) + pooled)
     elif zero.offload_optimizer == "cpu":
         states = workload.rank_elements * optimizer_state_bytes_per_element(zero)
         pinned += states if zero.optimizer_pin_memory else 0
         pageable += 0 if zero.optimizer_pin_memory else states
-        pageable += largest_group * INIT_BYTES_PER_ELEMENT_OUTSIDE_POOL  # the same initialisation, in memory
+        pageable += largest_group * init_bytes_per_element_outside_pool(zero)  # the same initialisation, in memory
     if zero.offload_optimizer != "none" and zero.optimizer_pin_memory:
         pinned += gradients
     else:

@@ -32,9 +32,9 @@ from ..memory_pressure import Action, MemoryPressurePolicy
 from ..prefetch import PrefetchSchedule
 from ..size_classes import cache_slot_counts, class_bytes, merge_close_classes, size_histogram, streaming_slot_counts
 from ..workload import Workload
-from .costs import (INIT_BYTES_PER_ELEMENT_OUTSIDE_POOL, INIT_BYTES_PER_ELEMENT_POOLED, backward_host_memory_s,
-                    device_step_bytes, device_working_bytes, gathered_bytes, host_resident_bytes,
-                    host_step_rise_bytes, module_compute_s, nvme_space, optimizer_cpu_s,
+from .costs import (backward_host_memory_s, device_step_bytes, device_working_bytes, gathered_bytes,
+                    host_resident_bytes, host_step_rise_bytes, init_bytes_per_element_outside_pool,
+                    init_bytes_per_element_pooled, module_compute_s, nvme_space, optimizer_cpu_s,
                     optimizer_state_bytes_per_element, param_bytes, sub_group_file_bytes)
 from .results import TENCACHE, Prediction, finish
 from .timeline import STEPS_REPLAYED, Rates, Timeline, channel_rates
@@ -344,7 +344,7 @@ def _tencache_memory(workload: Workload, machine: Machine, plan: TencachePlan) -
         pageable += common["gradients"]
     if zero.offload_optimizer == "nvme":
         largest = workload.largest_sub_group_elements
-        init = largest * (INIT_BYTES_PER_ELEMENT_OUTSIDE_POOL + INIT_BYTES_PER_ELEMENT_POOLED)
+        init = largest * (init_bytes_per_element_outside_pool(zero) + init_bytes_per_element_pooled(zero))
         held = (sum(_optimizer_sequence(workload)[1][name] for name in plan.optimizer_held)
                 + sum(plan.optimizer_prefixes.values()))
         pageable += max(init, held + plan.optimizer_streaming_bytes)
