@@ -238,6 +238,18 @@ def fork_server():
     return _FORK_SERVER
 
 
+UNSHARE_MOUNTS = ["unshare", "--mount", "--propagation", "private"]
+
+
+def unshare_mounts() -> bool:
+    """May a run here mount a file system of its own (a /dev/shm of a container's size) in a mount namespace?"""
+    try:
+        return subprocess.run(UNSHARE_MOUNTS + ["sh", "-c", "mount -t tmpfs -o size=1m tmpfs /dev/shm"],
+                              capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
 @pytest.fixture
 def train(tmp_path_factory):
     """train(config="stock-nvme.json", block=None | dict, launcher="python" | "deepspeed", **options).
@@ -246,7 +258,9 @@ def train(tmp_path_factory):
     parity reference; its result has no stats), unless ``plugin_imported=True`` (tencache_ds imported, no block).
 
     ``script``: another script taking train.py's arguments (a test helper around it); ``cgroup``: a memory cgroup
-    folder the run starts in (the launcher and every rank with it); ``env``: variables to add to its environment;
+    folder the run starts in (the launcher and every rank with it); ``shm_size``: a /dev/shm of this size (tmpfs's
+    ``size=``, e.g. "16m") in a mount namespace of the run's own, as a container caps it (``unshare_mounts`` says
+    whether this machine allows it); ``env``: variables to add to its environment;
     ``timeout``: seconds before the run counts as hung (subprocess.TimeoutExpired fails the test)."""
     tmp_path = tmp_path_factory.mktemp("train")
 
@@ -277,6 +291,7 @@ def train(tmp_path_factory):
         num_ranks = options.pop("num_ranks", 1)
         script = options.pop("script", TRAIN)
         cgroup = options.pop("cgroup", None)
+        shm_size = options.pop("shm_size", None)
         extra_env = options.pop("env", {})
         timeout = options.pop("timeout", 900)
         for key, value in options.items():
@@ -293,13 +308,16 @@ def train(tmp_path_factory):
             command = [sys.executable, script] + args
         if cgroup is not None:  # the shell moves itself into the cgroup, then becomes the command
             command = ["sh", "-c", f'echo $$ > "{cgroup}/cgroup.procs" && exec "$@"', "sh"] + command
+        if shm_size is not None:
+            command = UNSHARE_MOUNTS + ["sh", "-c", f'mount -t tmpfs -o size={shm_size} tmpfs /dev/shm && exec "$@"',
+                                        "sh"] + command
         # TENCACHE_DEBUG_CHECKS: the stores check their invariants after every call, as in tests/cache
         env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
                    **{"TENCACHE_DEBUG_CHECKS": "1", **extra_env})
         # Environment variables that only a run's own scripts read (train.py, its helpers, tencache_ds at import
         # in the child): a run adding any other goes through a fresh interpreter, since the fork server imported
         # torch, DeepSpeed and transformers with its own environment.
-        forkable = (launcher == "python" and script == TRAIN and cgroup is None
+        forkable = (launcher == "python" and script == TRAIN and cgroup is None and shm_size is None
                     and all(key.startswith("TENCACHE_") for key in extra_env) and _FORK_SERVER.enabled)
         try:
             if forkable:

@@ -1,7 +1,8 @@
 """The ZeRO file written through DeepSpeed's own TorchCheckpointEngine while the masters share the swap files' blocks
 (integrations/deepspeed/checkpoint_save.py, ``_saving_by_shared_blocks``): where the sharing save fails, the engine's
 usual save makes the file, with a warning that names the cause, and the engine's own method is back afterwards; which
-engines are shown the host tier's own buffers, and the refusal of copies the host has no memory for."""
+engines are shown the host tier's own buffers, and the refusal of copies the host or the swap folder has no room
+for."""
 import logging
 import os
 import types
@@ -11,8 +12,8 @@ import torch
 from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
 
 from tencache_ds.errors import TencacheOutOfMemory
-from tencache_ds.integrations.deepspeed.checkpoint_save import (_check_room_for_copies, _saving_by_shared_blocks,
-                                                                serialises_during_save)
+from tencache_ds.integrations.deepspeed.checkpoint_save import (_check_room_for_copies, _copy_for_a_later_writer,
+                                                                _saving_by_shared_blocks, serialises_during_save)
 from tencache_ds.integrations.deepspeed.optimizer_swapper import CheckpointTotals
 
 
@@ -54,3 +55,11 @@ def test_copies_the_host_has_no_memory_for_are_refused_naming_the_key():
     with pytest.raises(TencacheOutOfMemory, match=r'checkpoint\.writer.*"decoupled": false'):
         _check_room_for_copies(1 << 60)  # an exbibyte: more than any host has available
     _check_room_for_copies(1 << 20)
+
+
+def test_a_copy_the_swap_folder_cannot_hold_is_refused_naming_the_folder(tmp_path):
+    master = torch.randn(1000)
+    assert torch.equal(_copy_for_a_later_writer(master, str(tmp_path)), master)
+    missing = str(tmp_path / "gone")
+    with pytest.raises(TencacheOutOfMemory, match=rf"checkpoint\.writer: .* files under {missing}.*3\.91 KiB"):
+        _copy_for_a_later_writer(master, missing)

@@ -36,6 +36,7 @@ from deepspeed.runtime.swap_tensor.optimizer_utils import OptimizerSwapper
 from ...cache.entry import EntryState
 from ...errors import TencacheOutOfMemory
 from ...io import cloned_save
+from ...io.file_backed import file_backed_empty
 from ...io.reflink import folder_clones
 from ...io.shared_files import place
 from ...log import logger
@@ -50,7 +51,8 @@ from .optimizer_swapper import TencacheOptimizerSwapper
 # memory in place, and writes it from another process later. A mapped swap file cannot be moved so ("OSError: [Errno
 # 9] Bad file descriptor" at the queue's put: found emulating that writer on the CPU accelerator, where DeepSpeed's
 # own needs a GPU; tests/deepspeed/queued_checkpoint.py), and a buffer of the host tier's must not have its storage
-# moved under the store.
+# moved under the store. The copies are file-backed (io/file_backed.py): the queue shares them by descriptor, where
+# anonymous copies went into /dev/shm, which a container's 64 MiB stopped ("unable to allocate shared memory").
 SERIALISED_DURING_SAVE = (TorchCheckpointEngine, FastCheckpointEngine)
 
 
@@ -64,9 +66,9 @@ def serialises_during_save(checkpoint_engine) -> bool:
 def masters_shown(optimizer, from_files: bool = False, copies: bool = False):
     """While inside: each swapped-out fp32 master of a ZeRO-3 optimizer under tencache's optimizer swapper is the
     host tier's copy when it holds one (unless ``from_files``), else its swap file's bytes (made current first),
-    mapped read-only; ``copies``: a copy of those bytes in memory of its own instead, for a checkpoint engine that
-    may serialise them after its save returns (refused before anything is copied where the host has not the memory
-    for all of them). Afterwards the placeholders are back. Yields {master's data_ptr: its swap file} for the
+    mapped read-only; ``copies``: a copy of those bytes in a file-backed tensor of its own instead, for a checkpoint
+    engine that may serialise them after its save returns (refused before anything is copied where the host has not
+    the memory for all of them). Afterwards the placeholders are back. Yields {master's data_ptr: its swap file} for the
     masters shown from files (the file's first bytes are the master's; never for copies)."""
     swapper = getattr(optimizer, "optimizer_swapper", None)
     shown, lent, files = [], [], {}
@@ -84,7 +86,7 @@ def masters_shown(optimizer, from_files: bool = False, copies: bool = False):
                     view = swapper.store.lend(path)
                     if copies:
                         try:
-                            master.data = view.clone()
+                            master.data = _copy_for_a_later_writer(view, swapper.files_folder)
                         finally:
                             swapper.store.release(path)
                     else:
@@ -96,7 +98,7 @@ def masters_shown(optimizer, from_files: bool = False, copies: bool = False):
                     # the swapper's dtype: a swapped-out master is stock's placeholder, an empty fp32 tensor,
                     # whatever the masters' dtype (bf16 with bf16_master_weights_and_grads)
                     mapped = torch.from_file(path, shared=False, size=info.numel(), dtype=swapper.dtype)
-                    master.data = mapped.clone() if copies else mapped
+                    master.data = _copy_for_a_later_writer(mapped, swapper.files_folder) if copies else mapped
                     if not copies:
                         files[master.untyped_storage().data_ptr()] = path
                 shown.append(master)
@@ -106,6 +108,21 @@ def masters_shown(optimizer, from_files: bool = False, copies: bool = False):
             master.data = torch.Tensor()  # stock's placeholder (optimizer_utils SwapTensorContext.release_memory)
         for path in lent:
             swapper.store.release(path)
+
+
+def _copy_for_a_later_writer(source: torch.Tensor, folder: str) -> torch.Tensor:
+    """``source``'s bytes in a file-backed tensor under ``folder`` (the swap folder's file system): the writer's queue
+    shares it by its file descriptor instead of copying it into /dev/shm (io/file_backed.py). A full file system is
+    a TencacheOutOfMemory naming the folder."""
+    try:
+        copy = file_backed_empty(source.numel(), source.dtype, folder)
+    except OSError as err:
+        nbytes = source.numel() * source.element_size()
+        raise TencacheOutOfMemory(
+            f"checkpoint.writer: the checkpoint engine may write the fp32 masters after its save returns, so it is "
+            f"given copies of them in files under {folder}, and a copy of {fmt_bytes(nbytes)} could not be made "
+            f"there: {err}") from err
+    return copy.copy_(source)
 
 
 def _check_room_for_copies(nbytes: int) -> None:
