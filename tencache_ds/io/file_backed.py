@@ -20,7 +20,10 @@ import torch
 def file_backed_empty(numel: int, dtype: torch.dtype, folder: str) -> torch.Tensor:
     """An uninitialised 1-D tensor of ``numel`` ``dtype`` elements in a file of its own under ``folder``, the file's
     blocks reserved (``posix_fallocate``): a full file system is an OSError (ENOSPC) here, not a SIGBUS when a page
-    is first written. Raises OSError as the file system does."""
+    is first written. Raises OSError as the file system does. With a torch that cannot map a descriptor
+    (``UntypedStorage._new_shared_fd_cpu``, what its own queues use to receive a storage), anonymous memory."""
+    if not hasattr(torch.UntypedStorage, "_new_shared_fd_cpu"):
+        return torch.empty(numel, dtype=dtype)
     nbytes = max(1, numel * torch.empty((), dtype=dtype).element_size())
     fd = _unnamed_file(folder)
     try:
