@@ -2,10 +2,17 @@
 with an error naming the key and the path, at zero.Init, before any swap file exists (not at the first metrics
 line, after the swap files; not never, for a profile that would silently not be saved).
 
-/proc takes no new file whatever its permission bits say, so the run fails for root too (these tests run as root)."""
+/proc takes no new file whatever its permission bits say, so the run fails for root too (these tests run as root).
+
+And the swap folder two runs are given at once (one nvme_path for two experiments): the second stops at its start,
+naming the key and the first run, and the first trains on undisturbed (io/folder_lock.py)."""
 import os
+import subprocess
+import sys
+import time
 
 import pytest
+from conftest import REPO, TRAIN
 
 pytestmark = pytest.mark.deepspeed
 
@@ -19,3 +26,31 @@ def test_an_unwritable_output_path_stops_the_run_before_any_swap_file(train, tmp
     assert "TencacheResourceError" in failed.output
     swap_files = [name for _root, _dirs, names in os.walk(nvme) for name in names]
     assert swap_files == []
+
+
+def test_a_second_run_in_a_swap_folder_in_use_stops_and_the_first_trains_on(train, tmp_path):
+    """Before, the second run emptied the folder under the first, which stopped at its next read ("swap file ...
+    is missing") or, with other timing, one run read the other's bytes."""
+    nvme = tmp_path / "nvme"
+    lock = nvme / "zero_stage_3" / "bfloat16params" / "rank0.lock"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
+    first = subprocess.Popen(
+        [sys.executable, TRAIN, "--deepspeed_config", os.path.join(REPO, "configs", "stock-nvme.json"),
+         "--model", "gpt2-tiny", "--steps", "12", "--nvme-path", str(nvme), "--weights-gather", "none",
+         "--tencache-block", '{"enabled": true, "host_cache_bytes": 0}'],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.time() + 120
+        while not (lock.exists() and f"pid {first.pid} " in lock.read_text()) and first.poll() is None:
+            assert time.time() < deadline, "the first run never held its swap folder"
+            time.sleep(0.2)
+        second = train(block={"host_cache_bytes": 0}, nvme_path=str(nvme), expect_failure=True, steps=1,
+                       weights_gather="none")
+        output, _ = first.communicate(timeout=600)
+    finally:
+        first.kill()
+    assert "TencacheResourceError" in second.output, second.output[-3000:]
+    assert (f"zero_optimization.offload_param.nvme_path = '{nvme}': its swap folder {nvme}/zero_stage_3/bfloat16params"
+            f"/rank0 is in use by another run (pid {first.pid} on ") in second.output, second.output[-3000:]
+    assert first.returncode == 0, output[-3000:]
+    assert output.count("loss") >= 12

@@ -15,6 +15,7 @@ from deepspeed.accelerator import get_accelerator
 from ...config import CONFIG_KEY, TencacheConfig, config_of_ds_dict
 from ...config_checks import check_host_budget, check_output_paths, check_swap_folder
 from ...errors import TencacheConfigError, TencacheResourceError
+from ...io import folder_lock
 from ...plan.budget import MachineResources
 from ...plan.workload import optimizer_precision
 from .config_source import ds_config_dict
@@ -247,6 +248,21 @@ def io_aligned_numel(numel: int, dtype: torch.dtype, intra_op_parallelism: int) 
     return -(-numel // alignment) * alignment
 
 
+def hold_swap_folder(folder: str, nvme_path: str, config_key: str) -> None:
+    """Hold ``folder`` for this process (io/folder_lock.py) before anything in it is removed or written: another
+    run that holds it is an error naming the config key and that run. The swapper lets it go when it closes."""
+    try:
+        folder_lock.hold(folder)
+    except folder_lock.FolderInUse as err:
+        raise TencacheResourceError(
+            f"{config_key} = '{nvme_path}': its swap folder {err.folder} is in use by another run ({err.holder}); "
+            f"two runs in one folder remove and overwrite each other's swap files. Give each run its own "
+            f"nvme_path") from None
+    except OSError as err:
+        raise TencacheResourceError(f"{config_key} = '{nvme_path}' is not usable: cannot lock {folder}: "
+                                    f"{err.strerror or err}") from None
+
+
 def prepare_swap_folder(folder: str, nvme_path: str, config_key: str) -> None:
     """Create ``folder`` (inside ``nvme_path``) and check that it is writable; the error names the config key."""
     try:
@@ -256,11 +272,11 @@ def prepare_swap_folder(folder: str, nvme_path: str, config_key: str) -> None:
             handle.write(b"\0" * 4096)
         os.remove(probe)
     except OSError as err:
-        raise TencacheResourceError(f"{config_key} = {nvme_path!r} is not usable: cannot write to {folder}: "
+        raise TencacheResourceError(f"{config_key} = '{nvme_path}' is not usable: cannot write to {folder}: "
                                     f"{err.strerror or err}") from None
 
 
 __all__ = ["validate_ds_config", "find_stage3_ds_config", "find_stage3_optimizer",
            "building_stage3", "initializing", "initialize_call_config",
-           "io_aligned_numel", "prepare_swap_folder",
+           "io_aligned_numel", "hold_swap_folder", "prepare_swap_folder",
            "MIN_SWAPPABLE_BYTES"]

@@ -43,13 +43,14 @@ from ...cache.entry import EntryState
 from ...cache.gradient_fragments import GradientFragments
 from ...cache.optimizer_store import OptimizerStore
 from ...io.direct_io import DirectFileIO, store_io_threads
+from ...io import folder_lock
 from ...io.shared_files import LinkSafeIO, unshare_folder
 from ...memory.pool import BufferPool
 from ...profile.lifecycle import ProfileLifecycle
 from .profiling import rank_profile_path
 from .config_bridge import (DEEPSPEED_OPS, MIN_SWAPPABLE_BYTES, find_stage3_ds_config, find_stage3_optimizer,
-                            initialize_call_config, io_aligned_numel, optimizer_state_dtype_message,
-                            prepare_swap_folder, validate_ds_config)
+                            hold_swap_folder, initialize_call_config, io_aligned_numel,
+                            optimizer_state_dtype_message, prepare_swap_folder, validate_ds_config)
 from . import param_swapper, reporting
 from .host_tier_share import optimizer_host_share
 from .stage3_gradients import stage3_gradients_of
@@ -177,6 +178,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         self.swap_params_info = {}
         self.swap_element_size = torch.empty((), dtype=dtype).element_size()
         self._folder = os.path.join(base_folder, "optimizer", f"rank{dist.get_rank()}")
+        hold_swap_folder(self._folder, swap_config.nvme_path, NVME_PATH_KEY)
         prepare_swap_folder(self._folder, swap_config.nvme_path, NVME_PATH_KEY)
         self.optimizer = optimizer
         self.min_aio_bytes = max(MIN_SWAPPABLE_BYTES, int(aio_config.get("block_size", 0)))
@@ -491,6 +493,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         unshare_folder(self._folder, self.owns_file)
         self.drop_staged_loads()  # a checkpoint's files a load that stopped left hidden: no later run wants them
         self.io.close()
+        folder_lock.let_go(self._folder)
         self.closed = True
 
     # ---------------------------------------------------------------------------------- memory pressure

@@ -24,13 +24,14 @@ from ...cache.entry_store import DEBUG_CHECKS_ENV
 from ...cache.host_budget import HostBudget
 from ...cache.tensor_store import TensorStore
 from ...io.direct_io import DirectFileIO, store_io_threads
+from ...io import folder_lock
 from ...plan.budget import MachineResources, parameter_lock_mode, resolve_budgets
 from ...plan.prefetch import PrefetchSchedule
 from ...profile.lifecycle import Phase, ProfileLifecycle
 from ...errors import TencacheConfigError
 from ...ext_lock import raise_if_stale_locks
-from .config_bridge import (DEEPSPEED_OPS, MIN_SWAPPABLE_BYTES, accelerator_is_host, io_aligned_numel,
-                            prepare_swap_folder, validate_ds_config)
+from .config_bridge import (DEEPSPEED_OPS, MIN_SWAPPABLE_BYTES, accelerator_is_host, hold_swap_folder,
+                            io_aligned_numel, prepare_swap_folder, validate_ds_config)
 from .config_source import tencache_config
 from .partition_record import Read, asked_in_order, check_records, record_of
 from .profiling import param_sequence_facts, rank_profile_path
@@ -91,7 +92,9 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
         self.invalid_buffer = torch.tensor(1).half()
         self.largest_partition_numels = []   # the largest sub-group's partitions (reserve_partitioned_swap_space)
 
-        # Our own folder, emptied once per process like stock does, so no stale file is ever read.
+        # Our own folder, emptied once per process like stock does, so no stale file is ever read; not under another
+        # run that uses it now.
+        hold_swap_folder(self.swap_folder, self.swap_config.nvme_path, NVME_PATH_KEY)
         shutil.rmtree(self.swap_folder, ignore_errors=True)
         prepare_swap_folder(self.swap_folder, self.swap_config.nvme_path, NVME_PATH_KEY)
         # No streaming slot is planned yet (zero.Init registers the partitions next); TensorStore.plan fits the
@@ -332,6 +335,7 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
                 return
             self.store.close()
             self.io.close()
+            folder_lock.let_go(self.swap_folder)
             self.closed = True
 
     # ---------------------------------------------------------------------------------------------- stats
