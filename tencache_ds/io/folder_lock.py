@@ -10,16 +10,24 @@ the folder and the process that holds it.
 How: ``fcntl.flock`` on a file beside the folder (``<folder>.lock``: not inside it, since a run empties its folder),
 which the kernel lets go when the process ends, however it ends: no lock outlives its run, and none is ever removed
 by hand (a lock file unlinked while another process opens it would give two holders). Within a process the lock is
-counted, since its swappers share folders (several engines, zero.Init models of one engine).
+counted, since its swappers share folders (several engines, zero.Init models of one engine). A forked child (a data
+loader's worker) closes its inherited copy of the descriptor at once: a lock belongs to the open file, so a child
+that kept it would hold the folder after this process let it go, and refuse this process's next engine. Where the
+file system has no ``flock`` (some FUSE and Lustre mounts), the run goes on unlocked, said once in the log. On NFS
+the lock is one of the server's: a crashed node's holds until its lease expires (about 90 s).
 """
+import errno
 import fcntl
 import os
 import socket
 import threading
-from typing import Dict, List
+from typing import Dict, List, Optional
 
-_held: Dict[str, List[int]] = {}  # the folder's real path -> [descriptor of its lock file, swappers holding it]
+from ..log import logger
+
+_held: Dict[str, List] = {}  # the folder's real path -> [descriptor of its lock file (None: unlocked), holders]
 _guard = threading.Lock()
+_NO_FLOCK = {errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL}
 
 
 class FolderInUse(OSError):
@@ -34,30 +42,21 @@ def lock_path(folder: str) -> str:
     return os.path.realpath(folder) + ".lock"
 
 
-def hold(folder: str) -> None:
-    """Hold ``folder`` for this process (once more, if it does already). Raises FolderInUse if another process holds
-    it, OSError if its parent cannot hold a lock file."""
+def hold(folder: str) -> str:
+    """Hold ``folder`` for this process (once more, if it does already); returns the key ``let_go`` takes. Raises
+    FolderInUse if another process holds it, OSError if its parent cannot hold a lock file."""
     key = os.path.realpath(folder)
     with _guard:
         if key in _held:
             _held[key][1] += 1
-            return
+            return key
         os.makedirs(os.path.dirname(key), exist_ok=True)
-        fd = os.open(lock_path(folder), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 256, 0).decode(errors="replace").strip()
-            os.close(fd)
-            raise FolderInUse(key, holder) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
-        _held[key] = [fd, 1]
+        _held[key] = [_locked_descriptor(key), 1]
+        return key
 
 
-def let_go(folder: str) -> None:
-    """One swapper less holds ``folder``; the last one lets the lock go. A folder not held is left alone."""
-    key = os.path.realpath(folder)
+def let_go(key: str) -> None:
+    """One swapper less holds the folder ``hold`` returned ``key`` for; the last one lets the lock go."""
     with _guard:
         entry = _held.get(key)
         if entry is None:
@@ -65,9 +64,48 @@ def let_go(folder: str) -> None:
         entry[1] -= 1
         if entry[1] == 0:
             del _held[key]
-            os.close(entry[0])  # closing the descriptor lets the lock go; the file stays (see above)
+            if entry[0] is not None:
+                os.close(entry[0])  # closing the descriptor lets the lock go; the file stays (see above)
 
 
 def held_folders() -> List[str]:
     with _guard:
         return sorted(_held)
+
+
+def _locked_descriptor(key: str) -> Optional[int]:
+    path = key + ".lock"
+    try:
+        fd, writable = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644), True
+    except PermissionError:  # another user's lock file: reading is enough to lock it
+        fd, writable = os.open(path, os.O_RDONLY | os.O_CLOEXEC), False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if writable:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+        return fd
+    except BlockingIOError:
+        holder = os.pread(fd, 256, 0).decode(errors="replace").strip()
+        os.close(fd)
+        raise FolderInUse(key, holder) from None
+    except OSError as err:
+        os.close(fd)
+        if err.errno not in _NO_FLOCK:
+            raise
+        logger.warning("%s: this file system cannot lock it (%s): nothing stops another run from using the same "
+                       "swap folder", key, err.strerror or err)
+        return None
+
+
+def _forget_in_child() -> None:
+    """In a forked child: close the inherited descriptors (the parent's locks stay the parent's)."""
+    global _guard
+    _guard = threading.Lock()  # the parent's may have been taken at the fork
+    for fd, _holders in _held.values():
+        if fd is not None:
+            os.close(fd)
+    _held.clear()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)

@@ -124,10 +124,14 @@ class Machine:
         return table[-1][column]
 
     @property
+    def ranks_per_compute_figure(self) -> int:
+        """How many ranks share ``accelerator_flops_per_s``: one accelerator per rank; a host accelerator's figure is
+        the node's cores (`--machine this` times them all), which its ranks share."""
+        return self.ranks_per_node if self.accelerator_is_host else 1
+
+    @property
     def accelerator_flops_per_s_per_rank(self) -> float:
-        """One accelerator per rank; a host accelerator's figure is the node's cores (`--machine this` times them
-        all), which its ranks share."""
-        return self.accelerator_flops_per_s / (self.ranks_per_node if self.accelerator_is_host else 1)
+        return self.accelerator_flops_per_s / self.ranks_per_compute_figure
 
     @property
     def cpu_adam_elements_per_s_per_rank(self) -> float:

@@ -50,8 +50,7 @@ def machine_from_profile(machine: Machine, workload: Workload, sections: Dict[st
     fwd_bwd_flops = sum(fetch.flops for fetch in workload.fetches) * workload.gas
     measured = params.step.compute_s - optimizer_waits - optimizer_cpu_seconds(workload, machine)
     if measured > MIN_COMPUTE_SHARE * params.step.step_s and fwd_bwd_flops > 0:
-        shared = machine.ranks_per_node if machine.accelerator_is_host else 1  # the node's figure, as the file's
-        changes["accelerator_flops_per_s"] = fwd_bwd_flops / measured * shared
+        changes["accelerator_flops_per_s"] = fwd_bwd_flops / measured * machine.ranks_per_compute_figure
         notes.append(f"compute {measured:.3f} s per step ({fwd_bwd_flops / measured / 1e9:.1f} GFLOP/s)")
     read_s = sum(section.step.measured_read_s for section in sections.values())
     read_bytes = sum(section.step.read_bytes for section in sections.values())

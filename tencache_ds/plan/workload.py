@@ -45,12 +45,14 @@ DEEPSPEED_CPU_ADAM_TYPES = ("adam", "adamw")
 class OptimizerPrecision:
     """The element sizes stage 3's optimizer works in (DeepSpeed 0.19.8: base_optimizer._configure_master_weights,
     engine.get_optimizer_configuration). With masters narrower than fp32, ``master_key`` is the config key that
-    made them so, and ``remedy`` what keeps the state in their dtype instead of fp32."""
+    made them so, and ``remedy`` what keeps the state in their dtype instead of fp32; ``from_config``: the config
+    names the optimizer (else a client optimizer, whose state dtype only the run knows)."""
 
     master_bytes: int = 4   # the masters and the gradients stage 3 hands the optimizer (master_weights_and_grads)
     state_bytes: int = 4    # the optimizer's state (Adam's moments)
     master_key: Optional[str] = None
     remedy: str = ""
+    from_config: bool = True
 
     @property
     def mixed(self) -> bool:
@@ -59,8 +61,11 @@ class OptimizerPrecision:
 
 
 def optimizer_precision(ds_config: Mapping[str, Any]) -> OptimizerPrecision:
-    """From a DeepSpeed config. Stage 3 reads the masters' keys whatever "enabled" says; a client optimizer (none
-    in the config), torch's Adam and DeepSpeed's other optimizers keep their state in the masters' dtype."""
+    """From a DeepSpeed config. Stage 3 reads the masters' keys whatever "enabled" says, and with narrower masters and
+    the optimizer offloaded takes DeepSpeedCPUAdam only (its own assertion): built from the config's "adam" or
+    "adamw" (unless "torch_adam", whose state follows the masters), or given by the user, its state is fp32 unless
+    "fp32_optimizer_states" is false (DeepSpeed's truthiness) or "bf16_optimizer_states" is set. A client
+    optimizer is taken to have that default; the run checks the one it gets (optimizer_swapper.py)."""
     section = next((key for key in ("bf16", "bfloat16") if isinstance(ds_config.get(key), Mapping)), "bf16")
     bf16 = ds_config.get(section) if isinstance(ds_config.get(section), Mapping) else {}
     fp16 = ds_config.get("fp16") if isinstance(ds_config.get("fp16"), Mapping) else {}
@@ -74,11 +79,14 @@ def optimizer_precision(ds_config: Mapping[str, Any]) -> OptimizerPrecision:
         remedy = 'set "fp32_optimizer_states": false in optimizer.params (the state in fp16)'
         fp32_states_default = True
     else:
-        return OptimizerPrecision()
-    optimizer = ds_config.get("optimizer") if isinstance(ds_config.get("optimizer"), Mapping) else {}
+        return OptimizerPrecision(from_config="optimizer" in ds_config)
+    optimizer = ds_config.get("optimizer") if isinstance(ds_config.get("optimizer"), Mapping) else None
+    if optimizer is None:
+        return OptimizerPrecision(2, 4 if fp32_states_default else 2, master_key, remedy, from_config=False)
     params = optimizer.get("params") if isinstance(optimizer.get("params"), Mapping) else {}
     cpu_adam = str(optimizer.get("type", "")).lower() in DEEPSPEED_CPU_ADAM_TYPES and not params.get("torch_adam")
-    fp32_states = cpu_adam and fp32_states_default and params.get("fp32_optimizer_states", True) is not False
+    asked = params.get("fp32_optimizer_states")
+    fp32_states = cpu_adam and fp32_states_default and (asked is None or bool(asked))
     return OptimizerPrecision(2, 4 if fp32_states else 2, master_key, remedy)
 
 

@@ -166,3 +166,18 @@ def test_bf16_masters_and_state_are_read_from_the_config_and_stop_stock(tmp_path
     assert report["needs"]["nvme"] < fp32["needs"]["nvme"] * 0.6
     text = estimate("--seq", "2048", ds_config=str(path)).stdout
     assert "masters 2 B, optimizer state 2 B an element" in text and "fits (stock): NO: stock stops" in text
+
+
+def test_the_retrospective_check_predicts_a_bench_at_its_ranks_and_gradient_accumulation(tmp_path):
+    """scripts/validate_estimate.py --from-bench: a 2-rank bench at GAS 4 (docs/bench/gpt2-small-2ranks-gas4) is
+    predicted per rank, as it ran: stock NVMe's rank 0 read 3086.6 MiB and wrote 1186.3 MiB a step. (It was predicted
+    at one rank and the config's GAS 1: 2x the bytes written, a quarter of the reads' micro-batches.)"""
+    result = subprocess.run([sys.executable, os.path.join(REPO_ROOT, "scripts", "validate_estimate.py"), "--from-bench",
+                             os.path.join(REPO_ROOT, "docs", "bench", "gpt2-small-2ranks-gas4"), "--machine",
+                             os.path.join(REPO_ROOT, "configs", "machines", "this-2core-vm.json"), "--out",
+                             str(tmp_path)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    with open(tmp_path / "rows.json") as handle:
+        stock = next(row for row in json.load(handle) if row["arm"] == "stock")
+    assert stock["predicted"]["nvme_read_bytes"] == pytest.approx(3086.6 * (1 << 20), rel=0.01)
+    assert stock["predicted"]["nvme_write_bytes"] == pytest.approx(1186.3 * (1 << 20), rel=0.01)

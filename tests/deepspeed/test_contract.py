@@ -61,7 +61,10 @@ def test_an_unsupported_deepspeed_refuses_tencache_configs_and_trains_stock_ones
     proc = subprocess.run([sys.executable, os.path.join(HERE, "unsupported_version.py"), str(nvme),
                            str(free_port())], capture_output=True, text=True, env=env, timeout=300)
     out = proc.stdout
-    assert proc.returncode == 0, out[-2000:] + proc.stderr[-3000:]
+    # Stock DeepSpeed's aio handles occasionally abort the interpreter's teardown after the run ("terminate called
+    # without an active exception", SIGABRT), as conftest's train fixture allows: the checks below are all printed
+    teardown_abort = proc.returncode == -6 and "terminate called without an active exception" in proc.stderr
+    assert proc.returncode == 0 or (teardown_abort and "STOCK RAN" in out), out[-2000:] + proc.stderr[-3000:]
     for where in ("zero.Init", "initialize"):
         assert f"{where} REFUSED DeepSpeed 0.20.0 is installed; tencache_ds supports DeepSpeed 0.19.x" in out, out
     assert "SWAP FILES False" in out  # refused before a swap folder was made

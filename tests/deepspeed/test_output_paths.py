@@ -7,6 +7,7 @@ line, after the swap files; not never, for a profile that would silently not be 
 And the swap folder two runs are given at once (one nvme_path for two experiments): the second stops at its start,
 naming the key and the first run, and the first trains on undisturbed (io/folder_lock.py)."""
 import os
+import re
 import subprocess
 import sys
 import time
@@ -36,7 +37,7 @@ def test_a_second_run_in_a_swap_folder_in_use_stops_and_the_first_trains_on(trai
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
     first = subprocess.Popen(
         [sys.executable, TRAIN, "--deepspeed_config", os.path.join(REPO, "configs", "stock-nvme.json"),
-         "--model", "gpt2-tiny", "--steps", "12", "--nvme-path", str(nvme), "--weights-gather", "none",
+         "--model", "gpt2-tiny", "--steps", "60", "--nvme-path", str(nvme), "--weights-gather", "none",
          "--tencache-block", '{"enabled": true, "host_cache_bytes": 0}'],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -46,11 +47,13 @@ def test_a_second_run_in_a_swap_folder_in_use_stops_and_the_first_trains_on(trai
             time.sleep(0.2)
         second = train(block={"host_cache_bytes": 0}, nvme_path=str(nvme), expect_failure=True, steps=1,
                        weights_gather="none")
+        overlapped = first.poll() is None  # the second run was refused while the first trained
         output, _ = first.communicate(timeout=600)
     finally:
         first.kill()
     assert "TencacheResourceError" in second.output, second.output[-3000:]
     assert (f"zero_optimization.offload_param.nvme_path = '{nvme}': its swap folder {nvme}/zero_stage_3/bfloat16params"
             f"/rank0 is in use by another run (pid {first.pid} on ") in second.output, second.output[-3000:]
+    assert overlapped, "the first run ended before the second started: nothing was tested"
     assert first.returncode == 0, output[-3000:]
-    assert output.count("loss") >= 12
+    assert len(re.findall(r"^step \d+ loss ", output, re.M)) == 60

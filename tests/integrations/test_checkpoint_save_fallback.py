@@ -1,8 +1,8 @@
 """The ZeRO file written through DeepSpeed's own TorchCheckpointEngine while the masters share the swap files' blocks
 (integrations/deepspeed/checkpoint_save.py, ``_saving_by_shared_blocks``): where the sharing save fails, the engine's
 usual save makes the file, with a warning that names the cause, and the engine's own method is back afterwards; which
-engines are shown the host tier's own buffers, and the refusal of copies the host or the swap folder has no room
-for."""
+engines are shown the host tier's own buffers, and the refusal of copies the host, or the /dev/shm torch would put
+them in, has no room for."""
 import logging
 import os
 import types
@@ -57,9 +57,15 @@ def test_copies_the_host_has_no_memory_for_are_refused_naming_the_key():
     _check_room_for_copies(1 << 20)
 
 
-def test_a_copy_the_swap_folder_cannot_hold_is_refused_naming_the_folder(tmp_path):
+def test_copies_torch_would_put_in_a_dev_shm_too_small_for_them_are_refused_naming_it(tmp_path):
+    """Under torch's "file_system" sharing strategy the queue copies even a memory file into /dev/shm by name."""
     master = torch.randn(1000)
-    assert torch.equal(_copy_for_a_later_writer(master, str(tmp_path)), master)
-    missing = str(tmp_path / "gone")
-    with pytest.raises(TencacheOutOfMemory, match=rf"checkpoint\.writer: .* files under {missing}.*3\.91 KiB"):
-        _copy_for_a_later_writer(master, missing)
+    assert torch.equal(_copy_for_a_later_writer(master), master)
+    strategy = torch.multiprocessing.get_sharing_strategy()
+    torch.multiprocessing.set_sharing_strategy("file_system")
+    try:
+        _check_room_for_copies(1 << 10, dev_shm=str(tmp_path))  # a folder with room for 1 KiB
+        with pytest.raises(TencacheOutOfMemory, match=rf'"file_system" sharing strategy.* puts in {tmp_path}'):
+            _check_room_for_copies(1 << 60, dev_shm=str(tmp_path))
+    finally:
+        torch.multiprocessing.set_sharing_strategy(strategy)

@@ -165,8 +165,8 @@ def test_max_in_cpu_keeps_the_first_partitions_off_nvme():
 # bf16 masters and optimizer state ("bf16": {"bf16_master_weights_and_grads": true, "bf16_optimizer_states": true}):
 # measured here on 2026-11-27, gpt2-tiny as MEASURED_TINY, tencache at host_cache_bytes 0 (scripts/train.py, 5 steps,
 # /proc/self/io of steps 2-4): 90961920 B read per step, written 77418496 and 104505344 in turn (the same on
-# average); the swap folder held 122419200 B; peak RSS 0.854 GiB (1.022 GiB with fp32 masters, the same run). Stock NVMe stopped at the first update, with and without
-# bf16_optimizer_states.
+# average); the swap folder held 122419200 B; peak RSS 0.854 GiB (1.022 GiB with fp32 masters, the same run).
+# Stock NVMe stopped at the first update, with and without bf16_optimizer_states.
 BF16_MASTERS = {"enabled": True, "bf16_master_weights_and_grads": True, "bf16_optimizer_states": True}
 
 
@@ -182,7 +182,8 @@ def test_bf16_masters_and_state_halve_the_optimizer_bytes_and_stop_stock():
     # peak RSS of those runs, fp32 masters vs bf16 masters and state: 1.022 vs 0.854 GiB (the initialisation's
     # buffers and the streaming slots in the masters' dtype)
     fp32_masters = predict(workload(config=ds_config(host_cache_bytes=0)), this_vm())[TENCACHE]
-    assert fp32_masters.host_bytes - predictions[TENCACHE].host_bytes == pytest.approx((1.022 - 0.854) * GIB, rel=0.1)
+    difference = fp32_masters.host_bytes - predictions[TENCACHE].host_bytes
+    assert difference == pytest.approx((1.022 - 0.854) * GIB, rel=0.1)
     ok, reasons = fits(predictions[STOCK], work, this_vm())
     assert not ok and any("first optimizer step with bf16.bf16_master_weights_and_grads" in r for r in reasons)
 
@@ -196,8 +197,13 @@ def test_bf16_masters_beside_fp32_state_are_refused_by_tencache():
     assert (work.zero.precision.master_bytes, work.zero.precision.state_bytes) == (2, 4)
     ok, reasons = fits(predict(work, this_vm())[TENCACHE], work, this_vm())
     assert not ok and any("tencache refuses" in r and "bf16_optimizer_states" in r for r in reasons)
-    config["optimizer"]["params"]["fp32_optimizer_states"] = False
+    config["optimizer"]["params"]["fp32_optimizer_states"] = 0  # DeepSpeed takes its truth value
     assert ZeroSettings.from_ds_config(config).precision.state_bytes == 2
+    del config["optimizer"]  # a client optimizer: stage 3 takes DeepSpeedCPUAdam only, fp32 state by default
+    client = ZeroSettings.from_ds_config(config).precision
+    assert (client.state_bytes, client.from_config) == (4, False)
+    reasons = fits(predict(workload(config=config), this_vm())[TENCACHE], workload(config=config), this_vm())[1]
+    assert any("a client optimizer" in r for r in reasons)
 
 
 # ---------------------------------------------------------------------------------------------- stock failures

@@ -36,10 +36,10 @@ from deepspeed.runtime.swap_tensor.optimizer_utils import OptimizerSwapper
 from ...cache.entry import EntryState
 from ...errors import TencacheOutOfMemory
 from ...io import cloned_save
-from ...io.file_backed import file_backed_empty
 from ...io.reflink import folder_clones
 from ...io.shared_files import place
 from ...log import logger
+from ...memory.descriptor_shared import copied_into_dev_shm, empty_shared_by_descriptor
 from ...probes.host_memory import read_host_memory
 from ...units import fmt_bytes
 from .optimizer_swapper import TencacheOptimizerSwapper
@@ -51,8 +51,9 @@ from .optimizer_swapper import TencacheOptimizerSwapper
 # memory in place, and writes it from another process later. A mapped swap file cannot be moved so ("OSError: [Errno
 # 9] Bad file descriptor" at the queue's put: found emulating that writer on the CPU accelerator, where DeepSpeed's
 # own needs a GPU; tests/deepspeed/queued_checkpoint.py), and a buffer of the host tier's must not have its storage
-# moved under the store. The copies are file-backed (io/file_backed.py): the queue shares them by descriptor, where
-# anonymous copies went into /dev/shm, which a container's 64 MiB stopped ("unable to allocate shared memory").
+# moved under the store. The copies are memory files (memory/descriptor_shared.py): the queue shares them by
+# descriptor, where anonymous copies went into /dev/shm, which a container's 64 MiB stopped ("unable to allocate
+# shared memory").
 SERIALISED_DURING_SAVE = (TorchCheckpointEngine, FastCheckpointEngine)
 
 
@@ -66,8 +67,8 @@ def serialises_during_save(checkpoint_engine) -> bool:
 def masters_shown(optimizer, from_files: bool = False, copies: bool = False):
     """While inside: each swapped-out fp32 master of a ZeRO-3 optimizer under tencache's optimizer swapper is the
     host tier's copy when it holds one (unless ``from_files``), else its swap file's bytes (made current first),
-    mapped read-only; ``copies``: a copy of those bytes in a file-backed tensor of its own instead, for a checkpoint
-    engine that may serialise them after its save returns (refused before anything is copied where the host has not
+    mapped read-only; ``copies``: a copy of those bytes in a memory file of its own instead, for a checkpoint engine
+    that pickles them in its save and writes them later (refused before anything is copied where the host has not
     the memory for all of them). Afterwards the placeholders are back. Yields {master's data_ptr: its swap file} for the
     masters shown from files (the file's first bytes are the master's; never for copies)."""
     swapper = getattr(optimizer, "optimizer_swapper", None)
@@ -86,7 +87,7 @@ def masters_shown(optimizer, from_files: bool = False, copies: bool = False):
                     view = swapper.store.lend(path)
                     if copies:
                         try:
-                            master.data = _copy_for_a_later_writer(view, swapper.files_folder)
+                            master.data = _copy_for_a_later_writer(view)
                         finally:
                             swapper.store.release(path)
                     else:
@@ -98,7 +99,7 @@ def masters_shown(optimizer, from_files: bool = False, copies: bool = False):
                     # the swapper's dtype: a swapped-out master is stock's placeholder, an empty fp32 tensor,
                     # whatever the masters' dtype (bf16 with bf16_master_weights_and_grads)
                     mapped = torch.from_file(path, shared=False, size=info.numel(), dtype=swapper.dtype)
-                    master.data = _copy_for_a_later_writer(mapped, swapper.files_folder) if copies else mapped
+                    master.data = _copy_for_a_later_writer(mapped) if copies else mapped
                     if not copies:
                         files[master.untyped_storage().data_ptr()] = path
                 shown.append(master)
@@ -110,31 +111,45 @@ def masters_shown(optimizer, from_files: bool = False, copies: bool = False):
             swapper.store.release(path)
 
 
-def _copy_for_a_later_writer(source: torch.Tensor, folder: str) -> torch.Tensor:
-    """``source``'s bytes in a file-backed tensor under ``folder`` (the swap folder's file system): the writer's queue
-    shares it by its file descriptor instead of copying it into /dev/shm (io/file_backed.py). A full file system is
-    a TencacheOutOfMemory naming the folder."""
+def _copy_for_a_later_writer(source: torch.Tensor) -> torch.Tensor:
+    """``source``'s bytes in a memory file of their own, which the writer's queue shares by its descriptor instead of
+    copying it into /dev/shm (memory/descriptor_shared.py). One the OS cannot make is a TencacheOutOfMemory."""
     try:
-        copy = file_backed_empty(source.numel(), source.dtype, folder)
-    except OSError as err:
-        nbytes = source.numel() * source.element_size()
+        copy = empty_shared_by_descriptor(source.numel(), source.dtype)
+    except (OSError, RuntimeError) as err:  # memfd_create, ftruncate; torch's mmap of the descriptor
         raise TencacheOutOfMemory(
             f"checkpoint.writer: the checkpoint engine may write the fp32 masters after its save returns, so it is "
-            f"given copies of them in files under {folder}, and a copy of {fmt_bytes(nbytes)} could not be made "
-            f"there: {err}") from err
+            f"given copies of them, and a copy of {fmt_bytes(source.numel() * source.element_size())} could not be "
+            f"made: {err}") from err
     return copy.copy_(source)
 
 
-def _check_room_for_copies(nbytes: int) -> None:
+# What a refusal of copies says can be done instead
+_WRITE_DURING_SAVE = ("Use a checkpoint engine that writes during the save: DeepSpeed's default, or "
+                      '"checkpoint": {"writer": {"decoupled": false}} (the masters are then written from the swap '
+                      "files)")
+
+
+def _check_room_for_copies(nbytes: int, dev_shm: str = "/dev/shm") -> None:
+    """Where torch's multiprocessing would copy ``nbytes`` of copies into /dev/shm all the same ("file_system"
+    sharing strategy), ``dev_shm``'s free space; the host's memory for them."""
+    if copied_into_dev_shm():
+        stats = os.statvfs(dev_shm)
+        free = stats.f_bavail * stats.f_frsize
+        if nbytes > free:
+            raise TencacheOutOfMemory(
+                f"checkpoint.writer: the checkpoint engine may write the fp32 masters after its save returns, so it "
+                f"is given copies of them, {fmt_bytes(nbytes)}, which torch's \"file_system\" sharing strategy "
+                f"(torch.multiprocessing.set_sharing_strategy) puts in {dev_shm}, and it has {fmt_bytes(free)} free; "
+                f"nothing was written. Use the default \"file_descriptor\" strategy, a larger {dev_shm}, or a "
+                f"checkpoint engine that writes during the save")
     memory = read_host_memory()
     if nbytes > memory.available_bytes:
         raise TencacheOutOfMemory(
             f"checkpoint.writer: the checkpoint engine may write the fp32 masters after its save returns (DeepSpeed's "
             f"decoupled writer, or any engine but its synchronous ones), so it is given copies of them, "
             f"{fmt_bytes(nbytes)}, but the host has {fmt_bytes(memory.available_bytes)} available (bound by "
-            f"{memory.bound_by}); nothing was written. Use a checkpoint engine that writes during the save: "
-            f'DeepSpeed\'s default, or "checkpoint": {{"writer": {{"decoupled": false}}}} (the masters are then '
-            f"written from the swap files)")
+            f"{memory.bound_by}); nothing was written. {_WRITE_DURING_SAVE}")
 
 
 @contextlib.contextmanager

@@ -159,7 +159,7 @@ def _check_optimizer_state_dtype(raw: dict, nvme_sections: List[Tuple[str, dict]
     if not any(key == "zero_optimization.offload_optimizer" for key, _section in nvme_sections):
         return
     precision = optimizer_precision(raw)
-    if precision.mixed:
+    if precision.mixed and precision.from_config:  # a client optimizer is checked when stage 3 builds the swapper
         raise TencacheConfigError(optimizer_state_dtype_message(
             precision.master_key, f'the optimizer ("{raw["optimizer"]["type"]}", built as DeepSpeedCPUAdam)',
             precision.remedy))
@@ -248,11 +248,13 @@ def io_aligned_numel(numel: int, dtype: torch.dtype, intra_op_parallelism: int) 
     return -(-numel // alignment) * alignment
 
 
-def hold_swap_folder(folder: str, nvme_path: str, config_key: str) -> None:
-    """Hold ``folder`` for this process (io/folder_lock.py) before anything in it is removed or written: another
-    run that holds it is an error naming the config key and that run. The swapper lets it go when it closes."""
+@contextlib.contextmanager
+def swap_folder_held(folder: str, nvme_path: str, config_key: str):
+    """Hold ``folder`` for this process (io/folder_lock.py) before anything in it is removed or written, for what the
+    body does next (a swapper's set-up), and yield the key its ``close`` lets go of; let go if the body fails.
+    Another run that holds the folder is an error naming the config key and that run."""
     try:
-        folder_lock.hold(folder)
+        key = folder_lock.hold(folder)
     except folder_lock.FolderInUse as err:
         raise TencacheResourceError(
             f"{config_key} = '{nvme_path}': its swap folder {err.folder} is in use by another run ({err.holder}); "
@@ -261,6 +263,11 @@ def hold_swap_folder(folder: str, nvme_path: str, config_key: str) -> None:
     except OSError as err:
         raise TencacheResourceError(f"{config_key} = '{nvme_path}' is not usable: cannot lock {folder}: "
                                     f"{err.strerror or err}") from None
+    try:
+        yield key
+    except BaseException:
+        folder_lock.let_go(key)
+        raise
 
 
 def prepare_swap_folder(folder: str, nvme_path: str, config_key: str) -> None:
@@ -278,5 +285,5 @@ def prepare_swap_folder(folder: str, nvme_path: str, config_key: str) -> None:
 
 __all__ = ["validate_ds_config", "find_stage3_ds_config", "find_stage3_optimizer",
            "building_stage3", "initializing", "initialize_call_config",
-           "io_aligned_numel", "hold_swap_folder", "prepare_swap_folder",
+           "io_aligned_numel", "prepare_swap_folder", "swap_folder_held",
            "MIN_SWAPPABLE_BYTES"]

@@ -49,8 +49,9 @@ from ...memory.pool import BufferPool
 from ...profile.lifecycle import ProfileLifecycle
 from .profiling import rank_profile_path
 from .config_bridge import (DEEPSPEED_OPS, MIN_SWAPPABLE_BYTES, find_stage3_ds_config, find_stage3_optimizer,
-                            hold_swap_folder, initialize_call_config, io_aligned_numel,
-                            optimizer_state_dtype_message, prepare_swap_folder, validate_ds_config)
+                            initialize_call_config, io_aligned_numel,
+                            optimizer_state_dtype_message, prepare_swap_folder, swap_folder_held,
+                            validate_ds_config)
 from . import param_swapper, reporting
 from .host_tier_share import optimizer_host_share
 from .stage3_gradients import stage3_gradients_of
@@ -178,64 +179,64 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         self.swap_params_info = {}
         self.swap_element_size = torch.empty((), dtype=dtype).element_size()
         self._folder = os.path.join(base_folder, "optimizer", f"rank{dist.get_rank()}")
-        hold_swap_folder(self._folder, swap_config.nvme_path, NVME_PATH_KEY)
-        prepare_swap_folder(self._folder, swap_config.nvme_path, NVME_PATH_KEY)
-        self.optimizer = optimizer
-        self.min_aio_bytes = max(MIN_SWAPPABLE_BYTES, int(aio_config.get("block_size", 0)))
-        self.aligned_bytes = 1024 * intra_op
-        self.numel_alignment = self.aligned_bytes // self.swap_element_size
-        self.largest_numel = io_aligned_numel(largest_numel, dtype, intra_op)
-        self.dtype = dtype
-        self.io = DirectFileIO(num_threads=store_io_threads(intra_op), name="tencache-optim-io")
-        # LinkSafeIO: a swap file linked into a checkpoint (checkpoint_save.py) is replaced, never written in place
-        self.store = OptimizerStore(dtype, lambda numel: io_aligned_numel(numel, dtype, intra_op), LinkSafeIO(self.io),
-                                    self.largest_numel, int(swap_config.buffer_count),
-                                    lambda: optimizer_host_share(self.config, self.optimizer))
-        self.pool, self.budget = self.store.pool, self.store.budget  # what memory pressure and stats read
-        self.last_folder_transfer = None  # what the last checkpoint save or load of the folder did
-        self.last_zero_file_save = None  # what the last ZeRO file with shared blocks cost (io/cloned_save.py)
-        self.checkpoint_totals = CheckpointTotals()  # what checkpoint saves and loads did, in all (in stats())
-        # The optimizer's tensors are used in the same order every step. log_timers() ends each step; the first
-        # call ends initialisation, the second the first training step, in which Adam creates its moments (stored
-        # new: a different sequence, never repeated). The second training step is the first that repeats: it
-        # becomes the profile (recording the first would cost two more steps of demand fetching before the
-        # lifecycle saw the change repeat and adopted it).
-        self.profile = ProfileLifecycle(self.store.recorder, rank_profile_path(self.config.profile_path),
-                                        "optimizer", first_training_step=2, to_file=os.path.basename,
-                                        from_file=lambda name: os.path.join(self._folder, name))
-        self.timers = timers
-        self.timer_names = set()
-        # pipeline_read / pipeline_write: stock picks its pipelined swapper with them. Here reading ahead (the first
-        # sub-group's state during backward, the next sub-group's during each update) and writing behind (the
-        # update's writes finish during the next forward) are on unless the config explicitly turns them off.
-        # Either way the bytes are the same; only when the I/O happens changes.
-        explicit = getattr(swap_config, "model_fields_set", set())
-        self.reads_ahead = bool(swap_config.pipeline_read) or "pipeline_read" not in explicit
-        self.writes_behind = bool(swap_config.pipeline_write) or "pipeline_write" not in explicit
-        self._lent = {}        # sub-group id -> keys of the entries lent as its tensors (and gradient)
-        self._read_ahead = {}  # sub-group id -> keys whose reads were started for it (async_parameter)
-        # gradient fragments read from stage 3's own gradient buffer at the update, not from a file
-        self._gradient_fragments = GradientFragments()
-        self._stage3_gradients = stage3_gradients_of(find_stage3_optimizer())
-        # stage 3's set of the parameters reduced in this window (it starts a new one at each step: taken at each
-        # window's end and hand-off, it is that window's)
-        self._window_reductions = None
-        self.gradients_reduced_not_handed = 0  # updates' reads of fragments stage 3 changed without handing them
-        self.gradient_fragments_uncast = 0  # fragments handed without stage 3's cast to the master dtype
-        self._counted_this_window = set()  # (sub-group, offset) read so and counted in this window
-        self._stored_gradients = set()  # sub-group ids
-        self._checkpoint_load_pending = False  # the engine's load_checkpoint is running (loading_checkpoint)
-        self._load_places = LoadPlaces.ALL  # ... and what its copy of the checkpoint's files places
-        self._before_load_copy = None  # ... settled when the copy starts (begin_load_copy)
-        self.last_load_places: Optional[LoadPlaces] = None  # what the last load's copy placed (None: no copy)
-        self.last_load_source: Optional[str] = None  # ... from which folder (the checkpoint's, for this rank)
-        self._drop_held_copies = False  # a checkpoint was copied over the folder: drop every held copy first
-        self._profile_looked_up = False
-        self._started = False  # a backward has begun: log_timers() calls from now on end training steps
-        self._deferred = None  # parameters whose release waits for a fragment getter's read (releases_deferred)
-        self.closed = False
-        self.print_exclude_list = ["optimizer", "swap_params_info", "timers", "timer_names", "print_exclude_list",
-                                   "io", "pool", "config", "store", "budget"]
+        with swap_folder_held(self._folder, swap_config.nvme_path, NVME_PATH_KEY) as self._folder_key:
+            prepare_swap_folder(self._folder, swap_config.nvme_path, NVME_PATH_KEY)
+            self.optimizer = optimizer
+            self.min_aio_bytes = max(MIN_SWAPPABLE_BYTES, int(aio_config.get("block_size", 0)))
+            self.aligned_bytes = 1024 * intra_op
+            self.numel_alignment = self.aligned_bytes // self.swap_element_size
+            self.largest_numel = io_aligned_numel(largest_numel, dtype, intra_op)
+            self.dtype = dtype
+            self.io = DirectFileIO(num_threads=store_io_threads(intra_op), name="tencache-optim-io")
+            # LinkSafeIO: a swap file linked into a checkpoint (checkpoint_save.py) is replaced, never written in place
+            self.store = OptimizerStore(dtype, lambda numel: io_aligned_numel(numel, dtype, intra_op),
+                                        LinkSafeIO(self.io), self.largest_numel, int(swap_config.buffer_count),
+                                        lambda: optimizer_host_share(self.config, self.optimizer))
+            self.pool, self.budget = self.store.pool, self.store.budget  # what memory pressure and stats read
+            self.last_folder_transfer = None  # what the last checkpoint save or load of the folder did
+            self.last_zero_file_save = None  # what the last ZeRO file with shared blocks cost (io/cloned_save.py)
+            self.checkpoint_totals = CheckpointTotals()  # what checkpoint saves and loads did, in all (in stats())
+            # The optimizer's tensors are used in the same order every step. log_timers() ends each step; the first
+            # call ends initialisation, the second the first training step, in which Adam creates its moments (stored
+            # new: a different sequence, never repeated). The second training step is the first that repeats: it
+            # becomes the profile (recording the first would cost two more steps of demand fetching before the
+            # lifecycle saw the change repeat and adopted it).
+            self.profile = ProfileLifecycle(self.store.recorder, rank_profile_path(self.config.profile_path),
+                                            "optimizer", first_training_step=2, to_file=os.path.basename,
+                                            from_file=lambda name: os.path.join(self._folder, name))
+            self.timers = timers
+            self.timer_names = set()
+            # pipeline_read / pipeline_write: stock picks its pipelined swapper with them. Here reading ahead (the first
+            # sub-group's state during backward, the next sub-group's during each update) and writing behind (the
+            # update's writes finish during the next forward) are on unless the config explicitly turns them off.
+            # Either way the bytes are the same; only when the I/O happens changes.
+            explicit = getattr(swap_config, "model_fields_set", set())
+            self.reads_ahead = bool(swap_config.pipeline_read) or "pipeline_read" not in explicit
+            self.writes_behind = bool(swap_config.pipeline_write) or "pipeline_write" not in explicit
+            self._lent = {}        # sub-group id -> keys of the entries lent as its tensors (and gradient)
+            self._read_ahead = {}  # sub-group id -> keys whose reads were started for it (async_parameter)
+            # gradient fragments read from stage 3's own gradient buffer at the update, not from a file
+            self._gradient_fragments = GradientFragments()
+            self._stage3_gradients = stage3_gradients_of(find_stage3_optimizer())
+            # stage 3's set of the parameters reduced in this window (it starts a new one at each step: taken at each
+            # window's end and hand-off, it is that window's)
+            self._window_reductions = None
+            self.gradients_reduced_not_handed = 0  # updates' reads of fragments stage 3 changed without handing them
+            self.gradient_fragments_uncast = 0  # fragments handed without stage 3's cast to the master dtype
+            self._counted_this_window = set()  # (sub-group, offset) read so and counted in this window
+            self._stored_gradients = set()  # sub-group ids
+            self._checkpoint_load_pending = False  # the engine's load_checkpoint is running (loading_checkpoint)
+            self._load_places = LoadPlaces.ALL  # ... and what its copy of the checkpoint's files places
+            self._before_load_copy = None  # ... settled when the copy starts (begin_load_copy)
+            self.last_load_places: Optional[LoadPlaces] = None  # what the last load's copy placed (None: no copy)
+            self.last_load_source: Optional[str] = None  # ... from which folder (the checkpoint's, for this rank)
+            self._drop_held_copies = False  # a checkpoint was copied over the folder: drop every held copy first
+            self._profile_looked_up = False
+            self._started = False  # a backward has begun: log_timers() calls from now on end training steps
+            self._deferred = None  # parameters whose release waits for a fragment getter's read (releases_deferred)
+            self.closed = False
+            self.print_exclude_list = ["optimizer", "swap_params_info", "timers", "timer_names", "print_exclude_list",
+                                       "io", "pool", "config", "store", "budget"]
 
     @property
     def files_folder(self) -> str:
@@ -486,15 +487,17 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         """Write what the tier owes to the files, then give back buffers, the streaming arena and I/O threads."""
         if self.closed:
             return
-        self._release_read_ahead()
-        self.store.flush()
-        self.store.close()  # its buffers, then the streaming slots' arena
-        # its files still shared with a checkpoint: no later writer may reach it (another engine's stay: owns_file)
-        unshare_folder(self._folder, self.owns_file)
-        self.drop_staged_loads()  # a checkpoint's files a load that stopped left hidden: no later run wants them
-        self.io.close()
-        folder_lock.let_go(self._folder)
-        self.closed = True
+        try:
+            self._release_read_ahead()
+            self.store.flush()
+            self.store.close()  # its buffers, then the streaming slots' arena
+            # its files still shared with a checkpoint: no later writer may reach it (another engine's stay: owns_file)
+            unshare_folder(self._folder, self.owns_file)
+            self.drop_staged_loads()  # a checkpoint's files a load that stopped left hidden: no later run wants them
+            self.io.close()
+        finally:
+            folder_lock.let_go(self._folder_key)
+            self.closed = True
 
     # ---------------------------------------------------------------------------------- memory pressure
     def host_footprint_bytes(self) -> int:

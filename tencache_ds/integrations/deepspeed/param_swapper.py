@@ -30,8 +30,8 @@ from ...plan.prefetch import PrefetchSchedule
 from ...profile.lifecycle import Phase, ProfileLifecycle
 from ...errors import TencacheConfigError
 from ...ext_lock import raise_if_stale_locks
-from .config_bridge import (DEEPSPEED_OPS, MIN_SWAPPABLE_BYTES, accelerator_is_host, hold_swap_folder,
-                            io_aligned_numel, prepare_swap_folder, validate_ds_config)
+from .config_bridge import (DEEPSPEED_OPS, MIN_SWAPPABLE_BYTES, accelerator_is_host, io_aligned_numel,
+                            prepare_swap_folder, swap_folder_held, validate_ds_config)
 from .config_source import tencache_config
 from .partition_record import Read, asked_in_order, check_records, record_of
 from .profiling import param_sequence_facts, rank_profile_path
@@ -94,41 +94,41 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
 
         # Our own folder, emptied once per process like stock does, so no stale file is ever read; not under another
         # run that uses it now.
-        hold_swap_folder(self.swap_folder, self.swap_config.nvme_path, NVME_PATH_KEY)
-        shutil.rmtree(self.swap_folder, ignore_errors=True)
-        prepare_swap_folder(self.swap_folder, self.swap_config.nvme_path, NVME_PATH_KEY)
-        # No streaming slot is planned yet (zero.Init registers the partitions next); TensorStore.plan fits the
-        # cache slots to the memlock limit after the streaming slots once their sizes are known.
-        self.lock_mode = parameter_lock_mode(self.config.pin_memory, accelerator_is_host())
-        self.budgets = resolve_budgets(self.config, MachineResources.probe(), stream_min_bytes=0,
-                                       locks_memory=self.lock_mode != "off")
-        self.io = DirectFileIO(num_threads=store_io_threads(intra_op), name="tencache-param-io")
-        self.store = TensorStore(self.swap_folder, model_dtype,
-                                 aligned_numel=lambda numel: io_aligned_numel(numel, model_dtype, intra_op),
-                                 slots_per_class=max(1, int(self.param_buffer_count)), lock=self.lock_mode,
-                                 io=self.io, cache_budget=HostBudget(self.budgets.host_cache_bytes))
-        # Step boundaries: the fp16 write-back after each optimizer step. The first segment is initialisation
-        # (stage 3 reads every partition to build the fp32 masters), the second is the first training step.
-        self.profile = ProfileLifecycle(self.store.recorder, rank_profile_path(self.config.profile_path), "params",
-                                        first_training_step=1)
-        self._sequence_facts = param_sequence_facts(ds_config)
-        self._reads_since_write_back = False
-        self._profile_looked_up = False
-        self._lock = threading.RLock()
-        # ds_id -> what the swapper knows of the partition beyond the store: its parameter and where it is in a
-        # read of ours (partition_record.py). Reads ahead planned from the profile (plan/prefetch.py) are started
-        # in the store without telling DeepSpeed (no INFLIGHT status, so its wait-for-all synchronize_reads never
-        # waits for a read needed much later); DeepSpeed's swap-in of the partition then waits for that read only.
-        self._partitions = {}
-        self._asks = 0  # COUNT: swap-ins that marked a partition INFLIGHT (the order synchronize_reads waits in)
-        self._debug_checks = os.environ.get(DEBUG_CHECKS_ENV) == "1"  # check the records after every call
-        self._schedule = None
-        self._schedule_generation = -1
-        self.scheduled_reads = 0  # COUNT: reads started ahead by the schedule
-        self.closed = False
-        self._users = 1  # zero.Init models using this swapper; the last engine destroyed closes it
-        self._one_rank = None  # world size 1? (asked at the first prefetch: the process group is up by then)
-        self._constructed = True  # last: a constructor that raised is run again in full next time
+        with swap_folder_held(self.swap_folder, self.swap_config.nvme_path, NVME_PATH_KEY) as self._folder_key:
+            shutil.rmtree(self.swap_folder, ignore_errors=True)
+            prepare_swap_folder(self.swap_folder, self.swap_config.nvme_path, NVME_PATH_KEY)
+            # No streaming slot is planned yet (zero.Init registers the partitions next); TensorStore.plan fits the
+            # cache slots to the memlock limit after the streaming slots once their sizes are known.
+            self.lock_mode = parameter_lock_mode(self.config.pin_memory, accelerator_is_host())
+            self.budgets = resolve_budgets(self.config, MachineResources.probe(), stream_min_bytes=0,
+                                           locks_memory=self.lock_mode != "off")
+            self.io = DirectFileIO(num_threads=store_io_threads(intra_op), name="tencache-param-io")
+            self.store = TensorStore(self.swap_folder, model_dtype,
+                                     aligned_numel=lambda numel: io_aligned_numel(numel, model_dtype, intra_op),
+                                     slots_per_class=max(1, int(self.param_buffer_count)), lock=self.lock_mode,
+                                     io=self.io, cache_budget=HostBudget(self.budgets.host_cache_bytes))
+            # Step boundaries: the fp16 write-back after each optimizer step. The first segment is initialisation
+            # (stage 3 reads every partition to build the fp32 masters), the second is the first training step.
+            self.profile = ProfileLifecycle(self.store.recorder, rank_profile_path(self.config.profile_path), "params",
+                                            first_training_step=1)
+            self._sequence_facts = param_sequence_facts(ds_config)
+            self._reads_since_write_back = False
+            self._profile_looked_up = False
+            self._lock = threading.RLock()
+            # ds_id -> what the swapper knows of the partition beyond the store: its parameter and where it is in a
+            # read of ours (partition_record.py). Reads ahead planned from the profile (plan/prefetch.py) are started
+            # in the store without telling DeepSpeed (no INFLIGHT status, so its wait-for-all synchronize_reads never
+            # waits for a read needed much later); DeepSpeed's swap-in of the partition then waits for that read only.
+            self._partitions = {}
+            self._asks = 0  # COUNT: swap-ins that marked a partition INFLIGHT (the order synchronize_reads waits in)
+            self._debug_checks = os.environ.get(DEBUG_CHECKS_ENV) == "1"  # check the records after every call
+            self._schedule = None
+            self._schedule_generation = -1
+            self.scheduled_reads = 0  # COUNT: reads started ahead by the schedule
+            self.closed = False
+            self._users = 1  # zero.Init models using this swapper; the last engine destroyed closes it
+            self._one_rank = None  # world size 1? (asked at the first prefetch: the process group is up by then)
+            self._constructed = True  # last: a constructor that raised is run again in full next time
 
     # ------------------------------------------------------------------------------ queries DeepSpeed makes
     def swappable_tensor(self, param=None, numel=None):
@@ -333,10 +333,12 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
                     del TencacheParamSwapper._instances[self.swap_folder]
             if self.closed:
                 return
-            self.store.close()
-            self.io.close()
-            folder_lock.let_go(self.swap_folder)
-            self.closed = True
+            try:
+                self.store.close()
+                self.io.close()
+            finally:
+                folder_lock.let_go(self._folder_key)
+                self.closed = True
 
     # ---------------------------------------------------------------------------------------------- stats
     def stats(self) -> dict:

@@ -161,7 +161,8 @@ def host_step_rise_bytes(workload: Workload, machine: Machine) -> int:
 def nvme_space(workload: Workload, gradient_files: bool) -> int:
     """The swap files of one rank: parameter partitions on NVMe and, with the optimizer there, every sub-group's
     master and moments, and its gradient where ``gradient_files`` (stock writes each one in backward; tencache
-    reads them from stage 3's own buffer at the update, and writes none)."""
+    reads them from stage 3's own buffer at the update, and writes one only for a gradient stage 3 holds no host
+    copy of: not counted)."""
     zero = workload.zero
     space = sum(param_bytes(workload, key) for key, p in workload.partitions.items() if p.on_nvme)
     if zero.offload_optimizer == "nvme":

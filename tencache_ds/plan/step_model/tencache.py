@@ -270,9 +270,10 @@ def predict_tencache(workload: Workload, machine: Machine) -> Prediction:
     memory = _tencache_memory(workload, machine, plan)
     failures = []
     if zero.offload_optimizer == "nvme" and zero.precision.mixed:
+        client = "" if zero.precision.from_config else " (a client optimizer: taken as DeepSpeedCPUAdam's default)"
         failures.append(f"tencache refuses it at deepspeed.initialize: with {zero.precision.master_key} the "
-                        f"optimizer keeps its state in fp32, and tencache's optimizer tier stores a sub-group in one "
-                        f"dtype; {zero.precision.remedy}")
+                        f"optimizer keeps its state in fp32{client}, and tencache's optimizer tier stores a sub-group "
+                        f"in one dtype; {zero.precision.remedy}")
     budgets = {"host_cache_bytes": plan.host_cache_bytes, "param_streaming_bytes": plan.param_streaming_bytes,
                "param_cache_bytes": plan.param_cache_bytes, "optimizer_share_bytes": plan.optimizer_share_bytes,
                "optimizer_start_share_bytes": plan.optimizer_start_share_bytes,
