@@ -26,6 +26,7 @@ run it without --compare-cpu (stock CPU offload is killed for memory) and with t
 import argparse
 import dataclasses
 import datetime
+import glob
 import json
 import os
 import re
@@ -95,9 +96,11 @@ def with_dtype(ds_config: dict, dtype) -> dict:
 
 
 def predict_configuration(machine, model: str, config_path: str, host_cache, micro_batch: int, seq_len: int,
-                          compare_cpu: bool, dtype=None, gas=None) -> dict:
+                          compare_cpu: bool, dtype=None, gas=None, stock_cpu_config=None) -> dict:
     """Predictions for one bench: {arm: {step_time_s, nvme_read_bytes, nvme_write_bytes, host_bytes, ...}}, one
-    rank's. ``gas``: as the bench ran it (scripts/train.py --grad-accum), else the config's."""
+    rank's. ``gas``: as the bench ran it (scripts/train.py --grad-accum), else the config's; ``stock_cpu_config``:
+    the DeepSpeed config the bench's stock CPU offload arm ran with, as its result recorded it, else the one the
+    bench gives that arm now (``cpu_offload``)."""
     shape = model_shape(read_json(os.path.join(REPO, "configs", "models", f"{model}.json")))
     ds_config = with_dtype(read_json(os.path.join(REPO, config_path)), dtype)
     tencache = dict(ds_config, tencache={"enabled": True, "host_cache_bytes": host_cache,
@@ -114,7 +117,7 @@ def predict_configuration(machine, model: str, config_path: str, host_cache, mic
 
     out = {"stock": run(ds_config, STOCK), "tencache": run(tencache, TENCACHE)}
     if compare_cpu:
-        out["stock-cpu"] = run(cpu_offload(ds_config), STOCK)
+        out["stock-cpu"] = run(stock_cpu_config or cpu_offload(ds_config), STOCK)
     return out
 
 
@@ -130,7 +133,10 @@ def measured_from_bench(folder: str) -> dict:
         out[arm] = {"step_time_s": step, "nvme_read_bytes": rows["NVMe read / step (median)"].get(arm),
                     "nvme_write_bytes": rows["NVMe written / step (median)"].get(arm),
                     "host_bytes": rows["peak host RSS"].get(arm)}
-    return {"settings": bench["settings"], "machine": bench.get("machine", {}), "arms": out}
+    recorded = sorted(glob.glob(os.path.join(folder, "stock-cpu-*.result.json")))
+    stock_cpu_config = read_json(recorded[0]).get("ds_config") if recorded else None
+    return {"settings": bench["settings"], "machine": bench.get("machine", {}), "arms": out,
+            "stock_cpu_config": stock_cpu_config}
 
 
 def error(predicted, measured):
@@ -221,7 +227,8 @@ def main(argv=None) -> int:
             run_machine = dataclasses.replace(run_machine, ranks_per_node=int(settings.get("ranks") or 1))
             predicted = predict_configuration(run_machine, settings["model"], config, host, settings["micro_batch"],
                                               settings["seq_len"], "stock-cpu" in measured["arms"],
-                                              settings.get("dtype") or args.dtype, settings.get("grad_accum"))
+                                              settings.get("dtype") or args.dtype, settings.get("grad_accum"),
+                                              measured["stock_cpu_config"])
             for arm, values in measured["arms"].items():
                 rows.append({"name": os.path.basename(folder.rstrip("/")), "arm": arm, "predicted": predicted[arm],
                              "measured": values})
