@@ -5,9 +5,9 @@ across many sub-groups, three backward passes before one step (with and without 
 emptied after an evaluation pass, an empty parameter group (DeepSpeed's optimizer and a client's), a weight used
 outside its module, a weight changed by one rank inside ``GatheredParameters`` between steps, DeepSpeed's
 CPU Adagrad and Lion instead of Adam, gradient accumulation driven by the caller
-(``managed_gradient_accumulation`` false), and two engines alive at once with one ``nvme_path`` (DeepSpeed-Chat's
+(``managed_gradient_accumulation`` false), two engines alive at once with one ``nvme_path`` (DeepSpeed-Chat's
 actor and critic; stock NVMe stops there: the second engine's parameter swapper empties the folder the first one's
-files are in). Each gives the
+files are in), and ZeRO-Inference (parameters on NVMe, no optimizer, forward passes only). Each gives the
 results of stock CPU offload run in a process that never imported tencache_ds, bit for bit, with the host tier
 holding part of the state. Real engine, real files, through the launcher."""
 import os
@@ -19,7 +19,7 @@ from conftest import scenarios_against_stock_cpu
 pytestmark = [pytest.mark.deepspeed, pytest.mark.slow]  # two launches, about 50 s each
 SCRIPT = os.path.join(os.path.dirname(__file__), "zero_scenarios.py")
 SCENARIOS = ("unbalanced", "repeat", "step_count", "backward_thrice", "empty_cache", "empty_group", "external",
-             "modified", "other_optimizers", "unmanaged_accumulation", "two_engines")
+             "modified", "other_optimizers", "unmanaged_accumulation", "two_engines", "inference")
 # part of each rank's state held (about a quarter of it: some tensors whole, prefixes of others, evictions); nothing
 # held and "auto" (all of it) passed too (2026-11-27) and are left out for the suite's time
 BUDGETS = ("6MB",)

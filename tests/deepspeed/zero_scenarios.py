@@ -275,6 +275,28 @@ def other_optimizers(budget, device, nvme):
     return seen
 
 
+def inference(budget, device, nvme):
+    """ZeRO-Inference (DeepSpeed's tutorial): the parameters offloaded, no optimizer at all, forward passes under
+    ``no_grad`` in eval mode, each batch twice (the second time after others went through)."""
+    config = ds_config(budget, device, nvme)
+    del config["optimizer"]
+    del config["zero_optimization"]["offload_optimizer"]
+    if device == "cpu":
+        config["zero_optimization"]["offload_param"] = {"device": "cpu", "pin_memory": False}
+    with engine_for(config) as engine:
+        engine.module.eval()
+        data = list(batches(3))
+        with torch.no_grad():
+            outputs = [engine(x, y) for x, y in data + data]
+        swappers = {type(getattr(param, "nvme_swapper", None)).__name__ for param in engine.module.parameters()}
+        tencache_swaps = swappers == {"TencacheParamSwapper"}
+        return {"outputs": digest({f"{i:03d}": out for i, out in enumerate(outputs)}),
+                "no_optimizer": engine.optimizer is None or not hasattr(engine.optimizer, "optimizer_swapper"),
+                # the parameters stream through tencache's swapper where it is asked to hold them (a check that
+                # reads True in both runs it compares)
+                "swapped_as_asked": tencache_swaps == (budget is not None and device == "nvme+params")}
+
+
 def unmanaged_accumulation(budget, device, nvme):
     """``"managed_gradient_accumulation": false`` (DeepSpeed 0.19's accumulation the caller drives): three
     backward passes, then ``step()``, which is the boundary and finalises the offloaded gradients itself
@@ -327,6 +349,7 @@ def two_engines(budget, device, nvme):
 SCENARIOS = {"unbalanced": unbalanced, "repeat": repeat, "step_count": step_count, "backward_thrice": backward_thrice,
              "empty_cache": empty_cache, "empty_group": empty_group, "external": external, "modified": modified,
              "other_optimizers": other_optimizers, "unmanaged_accumulation": unmanaged_accumulation,
+             "inference": inference,
              "two_engines": two_engines,
              # the upstream test's own getter: fails with the optimizer on NVMe, stock's swappers and tencache's alike
              "grad_partitions": functools.partial(backward_thrice, partitions_getter=True)}
