@@ -74,7 +74,7 @@ def held_folders() -> List[str]:
 
 
 def _locked_descriptor(key: str) -> Optional[int]:
-    path = key + ".lock"
+    path = lock_path(key)
     try:
         fd, writable = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644), True
     except PermissionError:  # another user's lock file: reading is enough to lock it
