@@ -6,7 +6,8 @@ test_ext_param_getattr and TestGatherUpdate; ZeRO-3, 2 ranks, bf16 instead of fp
 1024 so that the optimizer state is large enough to be swapped). They are what users do besides the plain step:
 parameters that take turns receiving gradients, one layer applied several times in a forward, several sub-groups
 whose Adam step counts must agree, several backward passes before one step, the partition cache emptied after an
-evaluation, an empty parameter group, a weight used outside its module, a weight one rank changes between steps.
+evaluation, an empty parameter group, a weight used outside its module, a weight one rank changes between steps,
+an update skipped for gradients that are not finite, stage 3's gradient-path knobs.
 Rank 0 prints one RESULT line.
 
     deepspeed --num_gpus 2 tests/deepspeed/zero_scenarios.py SCENARIOS stock|tencache[=BUDGETS] DEVICE NVME_DIR
@@ -346,11 +347,48 @@ def two_engines(budget, device, nvme):
         return dict(result, critic_weights=digest(gathered(critic)))
 
 
+def skipped_update(budget, device, nvme):
+    """A micro-batch whose gradients are not finite (a loss spike, a bad batch): stage 3 finds the global gradient
+    norm invalid and skips that optimizer step (``engine.skipped_steps``), drops the gradients, and training goes
+    on; in bf16 and fp32 as with fp16's loss scaler. Gradient accumulation 2 with several sub-groups, the poisoned
+    micro-batch the second of an accumulation window, then the first of one."""
+    config = ds_config(budget, device, nvme, gas=2, sub_group_size=HIDDEN * HIDDEN)
+    with engine_for(config, functools.partial(Layers, layers=4)) as engine:
+        losses = []
+        for micro, (x, y) in enumerate(batches(12)):
+            loss = engine(x, y)
+            engine.backward(loss * float("inf") if micro in (3, 6) else loss)
+            engine.step()
+            losses.append(loss)
+        return {**losses_and_weights(engine, losses), "skipped": engine.skipped_steps,
+                "two_skipped": engine.skipped_steps == 2}
+
+
+GRADIENT_PATH_KNOBS = {"not_contiguous": {"contiguous_gradients": False},
+                       "no_reduce_scatter": {"reduce_scatter": False}, "no_overlap": {"overlap_comm": False},
+                       "round_robin": {"round_robin_gradients": True},
+                       "small_buckets": {"reduce_bucket_size": 300_000, "stage3_prefetch_bucket_size": 100_000}}
+
+
+def gradient_paths(budget, device, nvme):
+    """Stage 3's knobs that change how a gradient reaches the offloaded optimizer: without contiguous gradients,
+    without reduce-scatter (an all-reduce), without overlapped communication, round-robin gradients, buckets
+    smaller than a layer; each with gradient accumulation 2 and a sub-group per layer."""
+    results = {}
+    for name, knobs in GRADIENT_PATH_KNOBS.items():
+        config = ds_config(budget, device, os.path.join(nvme, name), gas=2, sub_group_size=HIDDEN * HIDDEN,
+                           **knobs)
+        with engine_for(config, functools.partial(Layers, layers=4)) as engine:
+            results[name] = losses_and_weights(engine, trained(engine, batches(6)))
+    return results
+
+
 SCENARIOS = {"unbalanced": unbalanced, "repeat": repeat, "step_count": step_count, "backward_thrice": backward_thrice,
              "empty_cache": empty_cache, "empty_group": empty_group, "external": external, "modified": modified,
              "other_optimizers": other_optimizers, "unmanaged_accumulation": unmanaged_accumulation,
              "inference": inference,
-             "two_engines": two_engines,
+             "two_engines": two_engines, "skipped_update": skipped_update,
+             "gradient_paths": gradient_paths,
              # the upstream test's own getter: fails with the optimizer on NVMe, stock's swappers and tencache's alike
              "grad_partitions": functools.partial(backward_thrice, partitions_getter=True)}
 

@@ -117,7 +117,7 @@ def _activation_bytes(workload: Workload) -> int:
                                            workload.zero.element_bytes)
 
 
-def device_working_bytes(workload: Workload) -> int:
+def device_working_bytes(workload: Workload, host_accelerator: bool) -> int:
     """Accelerator memory ZeRO-3 needs besides a device tier: what a step allocates and frees
     (``device_step_bytes``), persistent parameters, and model states not offloaded."""
     zero, elem = workload.zero, workload.zero.element_bytes
@@ -128,17 +128,29 @@ def device_working_bytes(workload: Workload) -> int:
     if zero.offload_optimizer == "none":
         not_offloaded += workload.rank_elements * (optimizer_state_bytes_per_element(zero)
                                                    + zero.precision.master_bytes)  # and the gradient
-    return device_step_bytes(workload) + persistent + not_offloaded
+    return device_step_bytes(workload, host_accelerator) + persistent + not_offloaded
 
 
-def device_step_bytes(workload: Workload) -> int:
-    """The part of ``device_working_bytes`` that lives only during forward and backward: the gathered module and
-    the one prefetched after it, the prefetch bucket, the gradient reduce bucket, and activations."""
+def device_step_bytes(workload: Workload, host_accelerator: bool) -> int:
+    """The part of ``device_working_bytes`` that a step needs beyond what lies between steps: the gathered module
+    and the one prefetched after it, the prefetch bucket, the gradient reduce bucket, and activations."""
     zero, elem = workload.zero, workload.zero.element_bytes
     largest_module = max((sum(gathered_bytes(workload, key) for key in fetch.keys) for fetch in workload.fetches),
                          default=0)
-    return (2 * largest_module + zero.prefetch_bucket_size * elem
-            + min(zero.reduce_bucket_size, workload.rank_elements) * elem + _activation_bytes(workload))
+    return (2 * largest_module + zero.prefetch_bucket_size * elem + reduce_bucket_bytes(workload, host_accelerator)
+            + _activation_bytes(workload))
+
+
+def reduce_bucket_bytes(workload: Workload, host_accelerator: bool) -> int:
+    """Stage 3's gradient reduce bucket: ``reduce_bucket_size`` elements that initialisation allocates whole on the
+    accelerator (``ipg_buckets``, DeepSpeed 0.19.8). A backward fills it with gathered gradients, not yet reduced,
+    so on a host accelerator, where memory never written takes no pages, as much of it is resident as the gathered
+    model's gradients fill, at any number of ranks (the model counted it at the rank's partition until 2026-11-27:
+    at 2 ranks half of it)."""
+    zero = workload.zero
+    gathered = sum(p.numel for p in workload.partitions.values())
+    elements = min(zero.reduce_bucket_size, gathered) if host_accelerator else zero.reduce_bucket_size
+    return elements * zero.element_bytes
 
 
 def host_step_rise_bytes(workload: Workload, machine: Machine) -> int:
@@ -155,7 +167,7 @@ def host_step_rise_bytes(workload: Workload, machine: Machine) -> int:
     update = workload.largest_sub_group_elements * 4
     if not machine.accelerator_is_host:
         return update
-    return max(update, device_step_bytes(workload))
+    return max(update, device_step_bytes(workload, host_accelerator=True))
 
 
 def nvme_space(workload: Workload, gradient_files: bool) -> int:
@@ -175,7 +187,7 @@ def nvme_space(workload: Workload, gradient_files: bool) -> int:
 def host_resident_bytes(workload: Workload, machine: Machine) -> Dict[str, int]:
     """Host-side bytes every policy has: the process, stage 3's gradient partitions, and (on the CPU
     accelerator) what would be device memory."""
-    device = device_working_bytes(workload)
+    device = device_working_bytes(workload, machine.accelerator_is_host)
     return {"baseline": machine.process_baseline_bytes,
             # stage 3's gradient partitions (grad_partitions_flat_buffer), in the gradient accumulation dtype
             "gradients": workload.rank_elements * workload.zero.grad_accum_bytes,

@@ -77,7 +77,8 @@ def tencache_plan(workload: Workload, machine: Machine) -> TencachePlan:
                                  host_available_bytes=machine.available_host_bytes,
                                  memlock_limit_bytes=UNLIMITED,
                                  device_free_bytes=0 if machine.accelerator_is_host else
-                                 max(0, machine.accelerator_memory_bytes - device_working_bytes(workload)),
+                                 max(0, machine.accelerator_memory_bytes
+                                     - device_working_bytes(workload, machine.accelerator_is_host)),
                                  local_world_size=machine.ranks_per_node)
     slots_locked = parameter_lock_mode(config.pin_memory, machine.accelerator_is_host) != "off"
     budgets = resolve_budgets(config, resources, stream_min_bytes=streaming, locks_memory=slots_locked)
@@ -170,7 +171,8 @@ def _held_between_steps(workload: Workload, machine: Machine, param_slot_bytes: 
     less the optimizer's, less a step's own working set on a host accelerator (freed by the time memory is read)
     and the optimizer's one-off initialisation."""
     common = host_resident_bytes(workload, machine)
-    on_host = common["device_on_host"] - (device_step_bytes(workload) if machine.accelerator_is_host else 0)
+    step = device_step_bytes(workload, host_accelerator=True) if machine.accelerator_is_host else 0
+    on_host = common["device_on_host"] - step
     return (common["baseline"] + common["gradients"] + on_host + param_slot_bytes
             + _params_off_nvme_bytes(workload))
 
