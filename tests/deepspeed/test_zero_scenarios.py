@@ -10,7 +10,8 @@ actor and critic; stock NVMe stops there: the second engine's parameter swapper 
 files are in), ZeRO-Inference (parameters on NVMe, no optimizer, forward passes only), updates skipped for
 gradients that are not finite (a loss spike: stage 3 drops them and trains on), and stage 3's knobs that change
 how a gradient reaches the offloaded optimizer (no contiguous gradients, no reduce-scatter, no overlap,
-round-robin gradients, buckets smaller than a layer). Each gives the
+round-robin gradients, buckets smaller than a layer), and DeepSpeed's Muon (its momentum bf16 beside fp32 masters;
+tencache stopped at the first update before 2026-11-27), saved, rolled back to and resumed. Each gives the
 results of stock CPU offload run in a process that never imported tencache_ds, bit for bit, with the host tier
 holding part of the state. Real engine, real files, through the launcher."""
 import os
@@ -23,7 +24,7 @@ pytestmark = [pytest.mark.deepspeed, pytest.mark.slow]  # two launches, about 50
 SCRIPT = os.path.join(os.path.dirname(__file__), "zero_scenarios.py")
 SCENARIOS = ("unbalanced", "repeat", "step_count", "backward_thrice", "empty_cache", "empty_group", "external",
              "modified", "other_optimizers", "unmanaged_accumulation", "two_engines", "inference", "skipped_update",
-             "gradient_paths")
+             "gradient_paths", "muon")
 # part of each rank's state held (about a quarter of it: some tensors whole, prefixes of others, evictions); nothing
 # held and "auto" (all of it) passed too (2026-11-27) and are left out for the suite's time
 BUDGETS = ("6MB",)

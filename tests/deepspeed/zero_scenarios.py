@@ -20,6 +20,7 @@ ends with, so that runs compare bit for bit, and the checks the upstream test ma
 """
 import contextlib
 import functools
+import glob
 import os
 import sys
 
@@ -276,6 +277,48 @@ def other_optimizers(budget, device, nvme):
     return seen
 
 
+def saved_optimizer_state(checkpoint):
+    """What this rank's ZeRO file of the latest checkpoint in ``checkpoint`` says of each optimizer state tensor: its
+    key, dtype and size (a tensor with the optimizer on cpu, a meta tensor for one on NVMe: tencache's save
+    describes those, so that they convert for a load on cpu: `tencache-ds checkpoint-for-cpu`)."""
+    with open(os.path.join(checkpoint, "latest")) as handle:
+        tag = handle.read().strip()
+    [path] = glob.glob(os.path.join(checkpoint, tag, f"*zero_pp_rank_{torch.distributed.get_rank()}_*optim_states.pt"))
+    saved = torch.load(path, map_location="cpu", weights_only=False)["optimizer_state_dict"]["optimizer_state_dict"]
+    return sorted(f"{key} {value.dtype} {value.numel()}" for state in saved["state"].values()
+                  for key, value in state.items() if torch.is_tensor(value) and value.dim() > 0)
+
+
+def muon(budget, device, nvme):
+    """DeepSpeed's Muon ("type": "Muon", DeepSpeed 0.18+): the layers' weights orthogonalised by Muon, whose one
+    state tensor (``momentum_buffer``, in the communication dtype: bf16 beside fp32 masters) is swapped with the
+    sub-group, the biases stepped by CPU Adam; Muon needs ``reduce_scatter`` off. Two sub-groups a rank, gradient
+    accumulation 2; then a checkpoint, rolled back to in the same engine and loaded by a new one."""
+    config = ds_config(budget, device, nvme, gas=2, sub_group_size=HIDDEN * HIDDEN, reduce_scatter=False)
+    config["optimizer"] = {"type": "Muon", "params": {"lr": 1e-3}}
+
+    def tagged():
+        model = Layers()
+        for param in model.parameters():
+            param.use_muon = param.ndim == 2
+        return model
+
+    data, checkpoint = list(batches(10)), os.path.join(nvme, "checkpoint")
+    with engine_for(config, tagged) as engine:
+        result = dict(losses_and_weights(engine, trained(engine, data[:6])),
+                      optimizer=type(engine.optimizer.optimizer).__name__)
+        # a checkpoint, two more steps, then back to the checkpoint and the same two steps again
+        engine.save_checkpoint(checkpoint)
+        result["saved_state"] = saved_optimizer_state(checkpoint)
+        after = losses_and_weights(engine, trained(engine, data[6:]))
+        engine.load_checkpoint(checkpoint)
+        again = losses_and_weights(engine, trained(engine, data[6:]))
+    with engine_for(config, tagged) as engine:  # and from the checkpoint in a new engine
+        engine.load_checkpoint(checkpoint)
+        fresh = losses_and_weights(engine, trained(engine, data[6:]))
+    return dict(result, after_save=after, rolled_back_exactly=again == after, resumed_exactly=fresh == after)
+
+
 def inference(budget, device, nvme):
     """ZeRO-Inference (DeepSpeed's tutorial): the parameters offloaded, no optimizer at all, forward passes under
     ``no_grad`` in eval mode, each batch twice (the second time after others went through)."""
@@ -388,7 +431,7 @@ SCENARIOS = {"unbalanced": unbalanced, "repeat": repeat, "step_count": step_coun
              "other_optimizers": other_optimizers, "unmanaged_accumulation": unmanaged_accumulation,
              "inference": inference,
              "two_engines": two_engines, "skipped_update": skipped_update,
-             "gradient_paths": gradient_paths,
+             "gradient_paths": gradient_paths, "muon": muon,
              # the upstream test's own getter: fails with the optimizer on NVMe, stock's swappers and tencache's alike
              "grad_partitions": functools.partial(backward_thrice, partitions_getter=True)}
 

@@ -171,7 +171,7 @@ def swapped_state_described(optimizer):
                 state = optimizer.optimizer.state.get(master) if info is not None else None
                 for key, value in (state or {}).items():
                     if torch.is_tensor(value) and value.dim() > 0 and value.numel() == 0:  # swapped out
-                        state[key] = torch.empty(info.numel(), dtype=swapper.dtype, device="meta")
+                        state[key] = torch.empty(info.numel(), dtype=swapper.state_dtype(info, key), device="meta")
                         replaced.append((state, key, value))
         yield
     finally:

@@ -130,24 +130,15 @@ def _refuse_states_of_another_dtype(optimizer, dtype: torch.dtype) -> None:
     ``bf16_optimizer_states``, ``fp16.fp16_master_weights_and_grads``) unless built with
     ``fp32_optimizer_states=False``: that state would be narrowed to the masters' dtype, other results than stock
     CPU offload's (found with gpt2-tiny: other losses from the third step; stock NVMe stops on an assertion there).
-    Refused before any folder is made (config_bridge refuses the optimizer DeepSpeed builds earlier still); any
-    other state of another dtype is refused at its first store (``_refuse_state_tensor_of_another_dtype``)."""
+    Refused before any folder is made (config_bridge refuses the optimizer DeepSpeed builds earlier still). A state
+    tensor the optimizer creates in another dtype itself (Muon's momentum) is stored as it is
+    (``TencacheOptimizerSwapper._update_param_state_info``)."""
     if dtype != torch.float32 and getattr(optimizer, "fp32_optimizer_states", False):
         name = type(optimizer).__name__
         master_key = "fp16.fp16_master_weights_and_grads" if dtype == torch.float16 else \
             "bf16.bf16_master_weights_and_grads"
         raise TencacheConfigError(optimizer_state_dtype_message(
             master_key, name, f"construct {name} with fp32_optimizer_states=False (the state in the masters' dtype)"))
-
-
-def _refuse_state_tensor_of_another_dtype(path: str, state: torch.Tensor, dtype: torch.dtype) -> None:
-    """A state tensor the optimizer created is stored in the masters' dtype, and lent back in it: never narrowed or
-    widened (an optimizer whose state dtype ``_refuse_states_of_another_dtype`` could not tell)."""
-    if state.dtype != dtype:
-        raise TencacheConfigError(
-            f"{CONFIG_KEY}: optimizer state {os.path.basename(path)} is {state.dtype} but its sub-group's masters are "
-            f"{dtype}, and tencache's optimizer tier stores a sub-group in one dtype; keep the optimizer's state in "
-            f'the masters\' dtype, or set zero_optimization.offload_optimizer.device "cpu"')
 
 
 class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
@@ -214,6 +205,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             self.reads_ahead = bool(swap_config.pipeline_read) or "pipeline_read" not in explicit
             self.writes_behind = bool(swap_config.pipeline_write) or "pipeline_write" not in explicit
             self._lent = {}        # sub-group id -> keys of the entries lent as its tensors (and gradient)
+            self._state_dtypes = {}  # path -> dtype of a state tensor not in the masters' (_update_param_state_info)
             self._read_ahead = {}  # sub-group id -> keys whose reads were started for it (async_parameter)
             # gradient fragments read from stage 3's own gradient buffer at the update, not from a file
             self._gradient_fragments = GradientFragments()
@@ -340,7 +332,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
     def initialize_parameters(self, parameters, src_tensors):
         paths = self._get_swap_paths(parameters=parameters, num_elems=[src.numel() for src in src_tensors])
         for path, source in zip(paths, src_tensors):
-            self._store_new(path, source)
+            self._store_new(path, source, widen=True)
 
     def initialize_from_swapped_fp16_params(self, fp16_partitions_info, fp16_num_elems, fp16_pinned_buffers,
                                             fp32_parameters):
@@ -373,7 +365,9 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         read_ahead = self._read_ahead.pop(group, ())
         keys = []
         for context in swap_info.tensors:
-            view = self._lend(context.swap_path, swap_info.numel(), read_ahead)
+            path = context.swap_path
+            view = self._as_state(path, self._lend(path, self._stored_numel(path, swap_info.numel()), read_ahead),
+                                  swap_info.numel())
             context.compute_tensor.data = view.data
             context.swap_tensor.data = view.data
             keys.append(context.swap_path)
@@ -678,27 +672,64 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         self.store.add(path, numel, path)  # after a checkpoint load the entry is new and its file current
         return self.store.lend(path)
 
-    def _store_new(self, path, source):
-        view = self.store.lend_new(path, source.numel(), path)
+    def _store_new(self, path, source, widen: bool = False):
+        """A new entry at ``path`` with ``source``'s values: a master widened from its 16-bit partition
+        (``widen``), or the bytes of a state the optimizer created, which are never cast."""
+        view = self._as_state(path, self.store.lend_new(path, self._stored_numel(path, source.numel()), path),
+                              source.numel())
+        if view.dtype != source.dtype and not widen:
+            self.store.discard(path)
+            raise RuntimeError(f"optimizer state {os.path.basename(path)} is {source.dtype}, registered as "
+                               f"{view.dtype}")
         view.copy_(source.data.reshape(-1))
         self.store.release(path, changed=True)
+
+    # ------------------------------------------------------------------------- state in another dtype
+    def _update_param_state_info(self, swap_info, parameter):
+        """DeepSpeed registers a sub-group's state tensors once, while they are the optimizer's own tensors (or a
+        loaded checkpoint's placeholders of their dtype); its ``release_memory`` later empties them to fp32. A
+        state whose dtype is not the masters' is noted here: the store keeps its bytes as they are (Muon's momentum
+        is in the communication dtype, bf16 beside fp32 masters, and stock NVMe swaps it so; widening it would
+        change Muon's results, and keeping it in host memory costs 2 bytes a parameter of a model chosen for NVMe
+        offload: DeepSpeed's ``save_muon_momentum_buffer_in_memory`` is that choice, for the user to make)."""
+        registered = swap_info.has_state_tensors
+        super()._update_param_state_info(swap_info, parameter)
+        if not registered:
+            for context in swap_info.tensors[1:]:  # the first is the master
+                if context.compute_tensor.dtype != self.dtype:
+                    self._state_dtypes[context.swap_path] = context.compute_tensor.dtype
+
+    def state_dtype(self, swap_info, key: str) -> torch.dtype:
+        """The dtype of sub-group ``swap_info``'s state tensor ``key`` (the masters' unless noted otherwise)."""
+        path = os.path.join(swap_info.swap_folder, swap_file_name(swap_info.param_id, key))
+        return self._state_dtypes.get(path, self.dtype)
+
+    def _stored_numel(self, path: str, numel: int) -> int:
+        """The store's elements (the masters' dtype) that hold ``numel`` elements of the tensor at ``path``."""
+        dtype = self._state_dtypes.get(path)
+        if dtype is None:
+            return numel
+        return -(-numel * torch.empty((), dtype=dtype).element_size() // self.store.element_size)
+
+    def _as_state(self, path: str, buffer: torch.Tensor, numel: int) -> torch.Tensor:
+        """``buffer`` (the store's, in the masters' dtype) as the ``numel`` elements of the tensor at ``path``: the
+        same bytes, viewed in the state's own dtype."""
+        dtype = self._state_dtypes.get(path)
+        if dtype is None:
+            return buffer
+        nbytes = numel * torch.empty((), dtype=dtype).element_size()
+        return buffer.view(torch.uint8).narrow(0, 0, nbytes).view(dtype)
 
     def _give_back(self, parameter, states_changed: bool, gradient_changed: bool) -> None:
         swap_info = self._get_param_swap_info(parameter)  # also registers state tensors the step just created
         if swap_info is None:
             return
         lent = set(self._lent.pop(OptimizerSwapper.parameter_id(parameter), ()))
-        # state the optimizer created in another dtype is refused, after everything lent is given back unchanged
-        # (the run stops; the engine can still be closed)
-        refused = [context for context in swap_info.tensors if context.swap_path not in lent
-                   and context.compute_tensor.numel() > 0 and context.compute_tensor.dtype != self.dtype]
-        if refused:
-            states_changed = gradient_changed = False
         for context in swap_info.tensors:
             path = context.swap_path
             if path in lent:
                 self.store.release(path, changed=states_changed)
-            elif context.compute_tensor.numel() > 0 and not refused:  # created by the optimizer: its first bytes
+            elif context.compute_tensor.numel() > 0:  # created by the optimizer: its first bytes
                 self._store_new(path, context.compute_tensor)
         if swap_info.has_gradients():
             path = self._gradient_path(swap_info)
@@ -707,8 +738,6 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             elif path in lent:
                 self.store.release(path, changed=gradient_changed)
         swap_info.release_memory()
-        if refused:
-            _refuse_state_tensor_of_another_dtype(refused[0].swap_path, refused[0].compute_tensor, self.dtype)
 
     def _start_read_ahead(self, parameter) -> None:
         """Start reading the next sub-group's entries that are on file (held ones need no read)."""
