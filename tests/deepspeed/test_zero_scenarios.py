@@ -11,7 +11,8 @@ files are in), ZeRO-Inference (parameters on NVMe, no optimizer, forward passes 
 gradients that are not finite (a loss spike: stage 3 drops them and trains on), and stage 3's knobs that change
 how a gradient reaches the offloaded optimizer (no contiguous gradients, no reduce-scatter, no overlap,
 round-robin gradients, buckets smaller than a layer), and DeepSpeed's Muon (its momentum bf16 beside fp32 masters;
-tencache stopped at the first update before 2026-11-27), saved, rolled back to and resumed. Each gives the
+tencache stopped at the first update before 2026-11-27), saved, rolled back to and resumed, and a checkpoint of
+stock's swappers resumed. Each gives the
 results of stock CPU offload run in a process that never imported tencache_ds, bit for bit, with the host tier
 holding part of the state. Real engine, real files, through the launcher."""
 import os
@@ -20,7 +21,7 @@ import pytest
 
 from conftest import scenarios_against_stock_cpu
 
-pytestmark = [pytest.mark.deepspeed, pytest.mark.slow]  # two launches, about 50 s each
+pytestmark = [pytest.mark.deepspeed, pytest.mark.slow]  # two launches, about 65 s each
 SCRIPT = os.path.join(os.path.dirname(__file__), "zero_scenarios.py")
 SCENARIOS = ("unbalanced", "repeat", "step_count", "backward_thrice", "empty_cache", "empty_group", "external",
              "modified", "other_optimizers", "unmanaged_accumulation", "two_engines", "inference", "skipped_update",

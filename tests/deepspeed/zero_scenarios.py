@@ -316,7 +316,21 @@ def muon(budget, device, nvme):
     with engine_for(config, tagged) as engine:  # and from the checkpoint in a new engine
         engine.load_checkpoint(checkpoint)
         fresh = losses_and_weights(engine, trained(engine, data[6:]))
-    return dict(result, after_save=after, rolled_back_exactly=again == after, resumed_exactly=fresh == after)
+    # a checkpoint of stock DeepSpeed's swappers (tencache off: stock NVMe, which writes the momentum widened to
+    # fp32), resumed by this run's engine
+    stock_config = ds_config(None, device, os.path.join(nvme, "stock-swappers"), gas=2,
+                             sub_group_size=HIDDEN * HIDDEN, reduce_scatter=False)
+    stock_config.update(optimizer=config["optimizer"], **({"tencache": {"enabled": False}} if budget else {}))
+    with engine_for(stock_config, tagged) as engine:
+        swappers = type(getattr(engine.optimizer, "optimizer_swapper", None)).__name__
+        trained(engine, data[:6])
+        engine.save_checkpoint(os.path.join(nvme, "stock-checkpoint"))
+    with engine_for(config, tagged) as engine:
+        engine.load_checkpoint(os.path.join(nvme, "stock-checkpoint"))
+        from_stock = losses_and_weights(engine, trained(engine, data[6:]))
+    return dict(result, after_save=after, rolled_back_exactly=again == after, resumed_exactly=fresh == after,
+                resumed_from_stocks_exactly=from_stock == after,
+                stocks_saved=swappers in ("NoneType", "PartitionedOptimizerSwapper", "PipelinedOptimizerSwapper"))
 
 
 def inference(budget, device, nvme):

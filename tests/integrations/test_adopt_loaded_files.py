@@ -18,6 +18,7 @@ def engine_with(folder, sub_groups):
     swapper = object.__new__(TencacheOptimizerSwapper)  # no DeepSpeed: only the attributes adoption reads
     swapper._folder = str(folder)
     swapper.swap_params_info = dict.fromkeys(sub_groups)
+    swapper._state_dtypes = {}  # no state in another dtype than the masters' (test_optimizer_state_dtype.py)
     swapper._load_places = LoadPlaces.ALL
     swapper._before_load_copy = None
     swapper.last_load_places = swapper.last_load_source = None

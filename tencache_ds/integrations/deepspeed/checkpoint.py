@@ -135,6 +135,7 @@ def _adopt(swapper, optimizer, loaded_dir, masters_only: bool) -> int:
     for staging, target in staged:
         swapper.store.forget(target)  # a copy of this engine's own state: the loaded file replaces it
         os.replace(staging, target)
+    swapper.narrow_loaded_states()
     renamed = len(staged)
     optimizer.reset_swap_buffers()  # read the adopted masters, rebuild the parameters from them
     logger.info("adopted %d loaded swap files from %s under this engine's sub-group ids", renamed, loaded_dir)

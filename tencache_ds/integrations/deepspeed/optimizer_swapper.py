@@ -42,6 +42,7 @@ from ...log import logger
 from ...cache.entry import EntryState
 from ...cache.gradient_fragments import GradientFragments
 from ...cache.optimizer_store import OptimizerStore
+from ...cache.state_dtype import narrow_stock_layout, stored_numel, viewed_as
 from ...io.direct_io import DirectFileIO, store_io_threads
 from ...io import folder_lock
 from ...io.shared_files import LinkSafeIO, unshare_folder
@@ -313,10 +314,22 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
 
     def _drop_copies_held_before_load(self) -> None:
         """Forget every copy held (all flushed at the load's read of ``swap_folder``): the next use reads the file
-        the checkpoint put there."""
+        the checkpoint put there, narrowed first where it is a state in stock's widened layout."""
         self._drop_held_copies = False
         for key in self.store.held_keys():
             self.store.forget(key)
+        self.narrow_loaded_states()
+
+    def narrow_loaded_states(self) -> None:
+        """Files of states kept in another dtype than the masters' that a load placed in stock's widened layout (a
+        checkpoint of stock's NVMe offload) are narrowed to this swapper's (cache/state_dtype.py): after the load's
+        copy, and after files are adopted under this engine's ids (checkpoint.py)."""
+        for path, dtype in self._state_dtypes.items():
+            numel = self.swap_params_info[SWAP_FILE_NAME.match(os.path.basename(path))["id"]].numel()
+            if narrow_stock_layout(path, numel, dtype, self.dtype,
+                                   self.store.entries.swap_nbytes(self._stored_numel(path, numel)),
+                                   self.store.entries.swap_nbytes(numel)):
+                self.store.forget(path)  # the file was replaced: no copy of the old one is used
 
     def _create_param_swap_info(self, parameter, numel):
         # The base class passes self.swap_folder, which would flush: use the folder directly.
@@ -675,12 +688,12 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
     def _store_new(self, path, source, widen: bool = False):
         """A new entry at ``path`` with ``source``'s values: a master widened from its 16-bit partition
         (``widen``), or the bytes of a state the optimizer created, which are never cast."""
+        registered = self._state_dtypes.get(path, self.dtype)
+        if registered != source.dtype and not widen:
+            raise RuntimeError(f"optimizer state {os.path.basename(path)} is {source.dtype}, registered as "
+                               f"{registered}")
         view = self._as_state(path, self.store.lend_new(path, self._stored_numel(path, source.numel()), path),
                               source.numel())
-        if view.dtype != source.dtype and not widen:
-            self.store.discard(path)
-            raise RuntimeError(f"optimizer state {os.path.basename(path)} is {source.dtype}, registered as "
-                               f"{view.dtype}")
         view.copy_(source.data.reshape(-1))
         self.store.release(path, changed=True)
 
@@ -688,16 +701,27 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
     def _update_param_state_info(self, swap_info, parameter):
         """DeepSpeed registers a sub-group's state tensors once, while they are the optimizer's own tensors (or a
         loaded checkpoint's placeholders of their dtype); its ``release_memory`` later empties them to fp32. A
-        state whose dtype is not the masters' is noted here: the store keeps its bytes as they are (Muon's momentum
-        is in the communication dtype, bf16 beside fp32 masters, and stock NVMe swaps it so; widening it would
-        change Muon's results, and keeping it in host memory costs 2 bytes a parameter of a model chosen for NVMe
-        offload: DeepSpeed's ``save_muon_momentum_buffer_in_memory`` is that choice, for the user to make)."""
+        state narrower than the masters is noted here, and the store keeps its own bytes (cache/state_dtype.py):
+        Muon's momentum is in the communication dtype, bf16 beside fp32 masters. Stock NVMe widens it to fp32 on
+        file (twice the bytes; its files are narrowed when a load places them: ``narrow_loaded_states``); keeping it
+        in host memory instead is DeepSpeed's ``save_muon_momentum_buffer_in_memory``, the user's choice. A wider
+        state is refused: the tier sizes its buffers and slots in the masters' dtype."""
         registered = swap_info.has_state_tensors
         super()._update_param_state_info(swap_info, parameter)
-        if not registered:
-            for context in swap_info.tensors[1:]:  # the first is the master
-                if context.compute_tensor.dtype != self.dtype:
-                    self._state_dtypes[context.swap_path] = context.compute_tensor.dtype
+        if registered:
+            return
+        for context in swap_info.tensors[1:]:  # the first is the master
+            path, dtype = context.swap_path, context.compute_tensor.dtype
+            if dtype.itemsize > self.dtype.itemsize:  # the store's buffers and slots are sized in the masters'
+                raise TencacheConfigError(
+                    f"{CONFIG_KEY}: optimizer state {os.path.basename(path)} is {dtype}, wider than its sub-group's "
+                    f"{self.dtype} masters, in which tencache's optimizer tier sizes its buffers; keep the "
+                    f"optimizer's state in the masters' dtype, or set zero_optimization.offload_optimizer.device "
+                    f'"cpu"')
+            if dtype == self.dtype:
+                self._state_dtypes.pop(path, None)
+            else:
+                self._state_dtypes[path] = dtype
 
     def state_dtype(self, swap_info, key: str) -> torch.dtype:
         """The dtype of sub-group ``swap_info``'s state tensor ``key`` (the masters' unless noted otherwise)."""
@@ -707,36 +731,36 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
     def _stored_numel(self, path: str, numel: int) -> int:
         """The store's elements (the masters' dtype) that hold ``numel`` elements of the tensor at ``path``."""
         dtype = self._state_dtypes.get(path)
-        if dtype is None:
-            return numel
-        return -(-numel * torch.empty((), dtype=dtype).element_size() // self.store.element_size)
+        return numel if dtype is None else stored_numel(numel, dtype, self.dtype)
 
     def _as_state(self, path: str, buffer: torch.Tensor, numel: int) -> torch.Tensor:
         """``buffer`` (the store's, in the masters' dtype) as the ``numel`` elements of the tensor at ``path``: the
         same bytes, viewed in the state's own dtype."""
         dtype = self._state_dtypes.get(path)
-        if dtype is None:
-            return buffer
-        nbytes = numel * torch.empty((), dtype=dtype).element_size()
-        return buffer.view(torch.uint8).narrow(0, 0, nbytes).view(dtype)
+        return buffer if dtype is None else viewed_as(buffer, numel, dtype)
 
     def _give_back(self, parameter, states_changed: bool, gradient_changed: bool) -> None:
-        swap_info = self._get_param_swap_info(parameter)  # also registers state tensors the step just created
+        swap_info = self.swap_params_info.get(OptimizerSwapper.parameter_id(parameter))
         if swap_info is None:
             return
         lent = set(self._lent.pop(OptimizerSwapper.parameter_id(parameter), ()))
+        refused = True  # until the state tensors the step just created are registered: then lent ones go back as is
+        try:
+            self._update_param_state_info(swap_info, parameter)  # may refuse a state of another dtype
+            refused = False
+        finally:
+            for context in swap_info.tensors:
+                if context.swap_path in lent:
+                    self.store.release(context.swap_path, changed=states_changed and not refused)
+            if swap_info.has_gradients():
+                path = self._gradient_path(swap_info)
+                if path in lent and self._gradient_fragments.filled_alone(OptimizerSwapper.parameter_id(parameter)):
+                    self.store.discard(path)  # a copy of fragments stage 3 still holds: nothing to keep or write
+                elif path in lent:
+                    self.store.release(path, changed=gradient_changed and not refused)
         for context in swap_info.tensors:
-            path = context.swap_path
-            if path in lent:
-                self.store.release(path, changed=states_changed)
-            elif context.compute_tensor.numel() > 0:  # created by the optimizer: its first bytes
-                self._store_new(path, context.compute_tensor)
-        if swap_info.has_gradients():
-            path = self._gradient_path(swap_info)
-            if path in lent and self._gradient_fragments.filled_alone(OptimizerSwapper.parameter_id(parameter)):
-                self.store.discard(path)  # a copy of fragments stage 3 still holds: nothing to keep or write
-            elif path in lent:
-                self.store.release(path, changed=gradient_changed)
+            if context.swap_path not in lent and context.compute_tensor.numel() > 0:  # the optimizer's: first bytes
+                self._store_new(context.swap_path, context.compute_tensor)
         swap_info.release_memory()
 
     def _start_read_ahead(self, parameter) -> None:
