@@ -132,8 +132,9 @@ def _refuse_states_of_another_dtype(optimizer, dtype: torch.dtype) -> None:
     ``fp32_optimizer_states=False``: that state would be narrowed to the masters' dtype, other results than stock
     CPU offload's (found with gpt2-tiny: other losses from the third step; stock NVMe stops on an assertion there).
     Refused before any folder is made (config_bridge refuses the optimizer DeepSpeed builds earlier still). A state
-    tensor the optimizer creates in another dtype itself (Muon's momentum) is stored as it is
-    (``TencacheOptimizerSwapper._update_param_state_info``)."""
+    tensor the optimizer creates in another dtype itself is judged when DeepSpeed registers it
+    (``TencacheOptimizerSwapper._update_param_state_info``): a narrower one (Muon's momentum) is stored as its own
+    bytes, a wider one refused."""
     if dtype != torch.float32 and getattr(optimizer, "fp32_optimizer_states", False):
         name = type(optimizer).__name__
         master_key = "fp16.fp16_master_weights_and_grads" if dtype == torch.float16 else \
