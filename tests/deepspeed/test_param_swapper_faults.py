@@ -1,5 +1,5 @@
 """The parameter swapper on its own (real swapper, real files, DeepSpeed's CPU accelerator): after a failed read,
-and its partition records."""
+and its partition records; and the optimizer swapper after an update that failed on a missing file."""
 import os
 import socket
 import subprocess
@@ -22,6 +22,12 @@ def test_the_partition_records_agree_with_deepspeed_after_every_call():
     released, rewritten and handed over, each checked against DeepSpeed's status (tests/deepspeed/
     partition_records.py narrates the steps)."""
     run_scenario("partition_records.py")
+
+
+def test_an_update_that_stops_on_a_missing_file_reports_that_file_after_destroy():
+    """Defect: the failed update left its sub-group lent, and ``engine.destroy()`` then raised "cannot forget tensor
+    ...: it is lent" over the missing file's StaleFileError."""
+    run_scenario("optimizer_missing_file.py")
 
 
 def run_scenario(script):

@@ -377,15 +377,14 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             return
         group = OptimizerSwapper.parameter_id(parameter)
         read_ahead = self._read_ahead.pop(group, ())
-        keys = []
+        keys = self._lent[group] = []  # filled as each is lent: a failed read still gives the others back
         for context in swap_info.tensors:
             path = context.swap_path
-            view = self._as_state(path, self._lend(path, self._stored_numel(path, swap_info.numel()), read_ahead),
-                                  swap_info.numel())
+            buffer = self._lend(path, self._stored_numel(path, swap_info.numel()), read_ahead)
+            keys.append(path)
+            view = self._as_state(path, buffer, swap_info.numel())
             context.compute_tensor.data = view.data
             context.swap_tensor.data = view.data
-            keys.append(context.swap_path)
-        self._lent[group] = keys  # before the gradient: a failure there still gives these back
         if swap_info.has_gradients():
             path = self._gradient_path(swap_info)
             parameter.grad = self._lend_gradient(group, path, swap_info.numel(), read_ahead)
@@ -496,6 +495,12 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         if self.closed:
             return
         try:
+            # a swap-in or update that failed (a missing file, say) left its sub-group lent: given back unchanged,
+            # so that the error the run stopped on is the one the user sees, not "cannot forget tensor ... lent"
+            for keys in self._lent.values():
+                for key in keys:
+                    self.store.release(key)
+            self._lent = {}
             self._release_read_ahead()
             self.store.flush()
             self.store.close()  # its buffers, then the streaming slots' arena
