@@ -40,7 +40,12 @@ def narrow_stock_layout(path: str, numel: int, dtype: torch.dtype, store_dtype: 
     data = torch.zeros(own_bytes, dtype=torch.uint8)
     viewed_as(data, numel, dtype).copy_(narrow)
     staged = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{os.getpid()}.narrowing")
-    with open(staged, "wb") as handle:
-        handle.write(data.numpy().tobytes())
-    os.replace(staged, path)
+    try:
+        with open(staged, "wb") as handle:
+            handle.write(data.numpy().tobytes())
+        os.replace(staged, path)
+    except BaseException:  # a full disk, say: no half-written file left behind, the old one stays
+        if os.path.exists(staged):
+            os.remove(staged)
+        raise
     return True

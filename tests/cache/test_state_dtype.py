@@ -61,3 +61,17 @@ def test_a_file_in_the_stores_own_layout_or_missing_is_left_alone(tmp_path):
     path.write_bytes(b"\0" * 4096)
     assert not narrow_stock_layout(str(path), 1000, torch.bfloat16, torch.float32, own_bytes=4096, stock_bytes=16384)
     assert not narrow_stock_layout(str(tmp_path / "none.swp"), 1000, torch.bfloat16, torch.float32, 4096, 16384)
+
+
+def test_a_narrowing_that_fails_leaves_the_old_file_and_no_staged_one(tmp_path, monkeypatch):
+    values = torch.randn(1000).to(torch.bfloat16)
+    path = stock_file(tmp_path, values)
+
+    def disk_full(*_args):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", disk_full)
+    with pytest.raises(OSError, match="No space"):
+        narrow_stock_layout(path, 1000, torch.bfloat16, torch.float32, own_bytes=4096, stock_bytes=16384)
+    assert sorted(os.listdir(tmp_path)) == ["momentum_buffer-0_2.tensor.swp"]
+    assert os.path.getsize(path) == 16384

@@ -497,9 +497,8 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         try:
             # a swap-in or update that failed (a missing file, say) left its sub-group lent: given back unchanged,
             # so that the error the run stopped on is the one the user sees, not "cannot forget tensor ... lent"
-            for keys in self._lent.values():
-                for key in keys:
-                    self.store.release(key)
+            for group, keys in self._lent.items():
+                self._return_lent(self.swap_params_info[group], set(keys), False, False)
             self._lent = {}
             self._release_read_ahead()
             self.store.flush()
@@ -755,19 +754,24 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             self._update_param_state_info(swap_info, parameter)  # may refuse a state of another dtype
             refused = False
         finally:
-            for context in swap_info.tensors:
-                if context.swap_path in lent:
-                    self.store.release(context.swap_path, changed=states_changed and not refused)
-            if swap_info.has_gradients():
-                path = self._gradient_path(swap_info)
-                if path in lent and self._gradient_fragments.filled_alone(OptimizerSwapper.parameter_id(parameter)):
-                    self.store.discard(path)  # a copy of fragments stage 3 still holds: nothing to keep or write
-                elif path in lent:
-                    self.store.release(path, changed=gradient_changed and not refused)
+            self._return_lent(swap_info, lent, states_changed and not refused, gradient_changed and not refused)
         for context in swap_info.tensors:
             if context.swap_path not in lent and context.compute_tensor.numel() > 0:  # the optimizer's: first bytes
                 self._store_new(context.swap_path, context.compute_tensor)
         swap_info.release_memory()
+
+    def _return_lent(self, swap_info, lent: set, states_changed: bool, gradient_changed: bool) -> None:
+        """Give back the entries in ``lent`` of sub-group ``swap_info``: its tensors, and its gradient (discarded
+        where it was a copy of fragments stage 3 still holds: nothing to keep or write)."""
+        for context in swap_info.tensors:
+            if context.swap_path in lent:
+                self.store.release(context.swap_path, changed=states_changed)
+        if swap_info.has_gradients():
+            path = self._gradient_path(swap_info)
+            if path in lent and self._gradient_fragments.filled_alone(swap_info.param_id):
+                self.store.discard(path)
+            elif path in lent:
+                self.store.release(path, changed=gradient_changed)
 
     def _start_read_ahead(self, parameter) -> None:
         """Start reading the next sub-group's entries that are on file (held ones need no read)."""
