@@ -11,7 +11,8 @@ import pytest
 
 from tencache_ds.integrations.deepspeed.checkpoint import adopt_loaded_files
 from tencache_ds.integrations.deepspeed.checkpoint_save import _link_folder
-from tencache_ds.integrations.deepspeed.optimizer_swapper import LoadPlaces, TencacheOptimizerSwapper
+from tencache_ds.integrations.deepspeed.optimizer_swapper import TencacheOptimizerSwapper
+from tencache_ds.integrations.deepspeed.swap_files import LoadPlaces
 
 
 def engine_with(folder, sub_groups):

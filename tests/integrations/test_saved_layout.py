@@ -12,7 +12,8 @@ from deepspeed.runtime.zero.utils import ZeRORuntimeException
 from tencache_ds.errors import TencacheError
 from tencache_ds.integrations.deepspeed import saved_layout
 from tencache_ds.integrations.deepspeed.config_bridge import io_aligned_numel
-from tencache_ds.integrations.deepspeed.optimizer_swapper import LoadPlaces, TencacheOptimizerSwapper
+from tencache_ds.integrations.deepspeed.optimizer_swapper import TencacheOptimizerSwapper
+from tencache_ds.integrations.deepspeed.swap_files import LoadPlaces
 from tencache_ds.integrations.deepspeed.saved_layout import places_for_saved_layout, sub_group_layout_mismatch
 
 HERE = os.path.dirname(os.path.abspath(__file__))  # a folder that exists, for the checkpoint's swap files

@@ -50,7 +50,7 @@ More things a resume loses or stops at, in stock DeepSpeed too (a resume then di
   checkpoint's moment files over the live ones, so Adam goes on with the checkpoint's moments (registered,
   read at the next swap-in), where stock CPU offload keeps the live moments and step counts. tencache's copy of the
   folder places the masters' files only then, and none in a load of the module only (``loading_checkpoint``;
-  optimizer_swapper.py ``LoadPlaces``).
+  swap_files.py ``LoadPlaces``).
 - A checkpoint laid out for another run (another world size, other sub-groups, the optimizer on cpu, universal):
   its swap files do not fit, or there are none; stock's NVMe load copied them in anyway and stopped, or dropped the
   loaded weights. tencache does as stock CPU offload (saved_layout.py), and loads the optimizer state of a cpu
@@ -66,8 +66,8 @@ from deepspeed.runtime.swap_tensor.optimizer_utils import OptimizerSwapper
 
 from ...errors import TencacheError
 from ...log import logger
-from .optimizer_swapper import (SWAP_FILE_NAME, LoadPlaces, TencacheOptimizerSwapper, staged_load_name,
-                                sub_group_order, swap_file_name)
+from .optimizer_swapper import TencacheOptimizerSwapper
+from .swap_files import SWAP_FILE_NAME, LoadPlaces, staged_load_name, sub_group_order, swap_file_name
 from .reporting import param_swappers_of_optimizer
 from .saved_layout import places_for_saved_layout
 from .zero_file import holds_no_bytes, live_by_saved_id, load_zero_state, restore_group_settings
@@ -78,7 +78,7 @@ def loading_checkpoint(engine, optimizer_state: bool, module_only: bool):
     """Around ``engine.load_checkpoint``: the engine copies the checkpoint's swap files over the swap folder, so
     every copy of optimizer state the host tier holds then is dropped before its next use (optimizer_swapper.py,
     ``swap_folder``); file timestamps are not trusted to say which copies went stale. A load without the
-    optimizer's state places the masters' files only, a load of the module only none (optimizer_swapper.LoadPlaces):
+    optimizer's state places the masters' files only, a load of the module only none (swap_files.LoadPlaces):
     the live optimizer state stays the engine's, as with the optimizer on cpu."""
     swapper = getattr(getattr(engine, "optimizer", None), "optimizer_swapper", None)
     if not isinstance(swapper, TencacheOptimizerSwapper):

@@ -30,7 +30,7 @@ from deepspeed.checkpoint.constants import FP32_FLAT_GROUPS, OPTIMIZER_STATE_DIC
 from ...errors import TencacheError
 from ...io.stale_files import pid_in_name, remove_files_of_dead_processes
 from ...log import logger
-from .optimizer_swapper import SWAP_FILE_NAME, swap_file_name
+from .swap_files import SWAP_FILE_NAME, swap_file_name
 from .zero_file import holds_no_bytes, load_mapped
 
 # stage 3's ZeRO files as the engine names them (_get_rank_zero_ckpt_name, and the older name its loader still reads)

@@ -24,9 +24,7 @@ What changes for users:
 """
 import contextlib
 import dataclasses
-import enum
 import os
-import re
 from typing import Optional
 
 import torch
@@ -56,57 +54,7 @@ from .config_bridge import (DEEPSPEED_OPS, MIN_SWAPPABLE_BYTES, find_stage3_ds_c
 from . import param_swapper, reporting
 from .host_tier_share import optimizer_host_share
 from .stage3_gradients import stage3_gradients_of
-
-# The swap files' names (stock's, optimizer_utils.py): ``<ds_id>.tensor.swp`` for a sub-group's fp32 master,
-# ``<state>-<ds_id>.tensor.swp`` for its optimizer state (the state dict's key: ``exp_avg``, ``momentum_buffer``,
-# or a client optimizer's own); ``<ds_id>`` is "<first>_<last>" parameter ids. Gradient files
-# (``<ds_id>_gradient_<offset>_<numel>.tensor.swp``) do not match.
-SWAP_FILE_NAME = re.compile(r"^(?:(?P<state>.+)-)?(?P<id>\d+_\d+)\.tensor\.swp$")
-
-
-def sub_group_order(sub_group: str):
-    """Sort key of sub-group ids ("<first>_<last>" parameter ids): stage 3's order of its sub-groups."""
-    return tuple(int(part) for part in sub_group.split("_"))
-
-
-def swap_file_name(sub_group: str, state: Optional[str] = None) -> str:
-    """The name SWAP_FILE_NAME parses: sub-group ``sub_group``'s master, or its optimizer state ``state``."""
-    return f"{state}-{sub_group}.tensor.swp" if state else f"{sub_group}.tensor.swp"
-
-
-STAGED_LOAD_PREFIX = ".loading-"
-
-
-def staged_load_name(name: str) -> str:
-    """Where a load puts a checkpoint's swap file ``name`` of a sub-group the swapper does not have, until adoption
-    renames it (TencacheOptimizerSwapper.load_target_name): hidden, so saves and loads skip it."""
-    return STAGED_LOAD_PREFIX + name
-
-
-class LoadPlaces(enum.Enum):
-    """What the engine's copy of a checkpoint's swap files over the folder places, by what the load loads (the
-    engine copies the whole folder whatever was asked: engine.py ``load_checkpoint``):
-    - ALL: the optimizer's state is loaded;
-    - MASTERS: it is not (``load_optimizer_states=False``), so the live state (Adam's moments, with its step counts)
-      stays, as with the optimizer on cpu; the fp32 masters come, since the engine rebuilds the parameters from
-      them right after the copy (``reset_swap_buffers``), and the checkpoint's are the loaded weights';
-    - NOTHING: the module only: stage 3 has already set the masters from the loaded weights before the copy
-      (``refresh_fp32_params``), as stock CPU offload has them; the checkpoint's would replace them (in bf16 with
-      other values) until checkpoint.masters_from_loaded_weights set them again, and be left behind under the
-      checkpoint's ids in a rebuilt engine (which adopts nothing in a module-only load);
-    - STATE_WRITTEN: no file either: the checkpoint has none (saved with the optimizer on cpu, or universal), and the
-      optimizer's state was written into this engine's sub-groups from its other files instead (its ZeRO file:
-      zero_file.load_state_from_zero_file; a universal checkpoint's: universal.load_state_from_universal)."""
-    ALL = "all"
-    MASTERS = "masters"
-    NOTHING = "nothing"
-    STATE_WRITTEN = "state written"
-
-    @property
-    def places_files(self) -> bool:
-        """Does the copy place checkpoint files in the swap folder?"""
-        return self in (LoadPlaces.ALL, LoadPlaces.MASTERS)
-
+from .swap_files import SWAP_FILE_NAME, STAGED_LOAD_PREFIX, LoadPlaces, staged_load_name, swap_file_name
 
 NVME_PATH_KEY = "zero_optimization.offload_optimizer.nvme_path"
 

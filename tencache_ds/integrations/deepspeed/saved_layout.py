@@ -29,7 +29,7 @@ from deepspeed.runtime.zero.utils import ZeRORuntimeException
 from ...errors import TencacheError
 from ...log import logger
 from .config_bridge import io_aligned_numel
-from .optimizer_swapper import SWAP_FILE_NAME, LoadPlaces, sub_group_order
+from .swap_files import SWAP_FILE_NAME, LoadPlaces, sub_group_order
 from .universal import load_state_from_universal, load_weights_from_universal
 from .zero_file import load_state_from_zero_file
 
