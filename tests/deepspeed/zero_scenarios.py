@@ -7,7 +7,8 @@ test_ext_param_getattr and TestGatherUpdate; ZeRO-3, 2 ranks, bf16 instead of fp
 parameters that take turns receiving gradients, one layer applied several times in a forward, several sub-groups
 whose Adam step counts must agree, several backward passes before one step, the partition cache emptied after an
 evaluation, an empty parameter group, a weight used outside its module, a weight one rank changes between steps,
-an update skipped for gradients that are not finite, stage 3's gradient-path knobs.
+an update skipped for gradients that are not finite, stage 3's gradient-path knobs, DeepSpeed's Muon, and a run
+whose step changes under it (``torch_autocast``, leaf modules, the batch size changed mid-run).
 Rank 0 prints one RESULT line.
 
     deepspeed --num_gpus 2 tests/deepspeed/zero_scenarios.py SCENARIOS stock|tencache[=BUDGETS] DEVICE NVME_DIR
@@ -421,6 +422,49 @@ def skipped_update(budget, device, nvme):
                 "two_skipped": engine.skipped_steps == 2}
 
 
+class Block(torch.nn.Module):
+    """Two layers that stage 3 fetches and releases together when marked a leaf (``set_z3_leaf_modules``, as
+    DeepSpeed's MoE models mark their experts)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(HIDDEN, HIDDEN), torch.nn.Linear(HIDDEN, HIDDEN)
+
+    def forward(self, x):
+        return x + torch.relu(self.b(torch.relu(self.a(x))))
+
+
+class LeafBlocks(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(Block() for _ in range(3))
+        self.cross_entropy_loss = torch.nn.CrossEntropyLoss()
+        deepspeed.utils.set_z3_leaf_modules(self, [Block])
+
+    def forward(self, x, y):
+        for block in self.blocks:
+            x = block(x)
+        return self.cross_entropy_loss(x.float(), y)
+
+
+def run_changes(budget, device, nvme):
+    """What changes the order a step uses its tensors in, or their dtype: DeepSpeed's ``torch_autocast`` (fp32
+    parameters and masters, bf16 compute) instead of bf16, leaf modules whose parameters stage 3 fetches together, and
+    the batch size changed twice mid-run (``engine.set_train_batch_size``: gradient accumulation 1, then 3, then 1),
+    so that a profiled step stops predicting the next one. A sub-group per layer."""
+    config = ds_config(budget, device, nvme, sub_group_size=HIDDEN * HIDDEN)
+    del config["bf16"]
+    config.update(torch_autocast={"enabled": True, "dtype": "bfloat16"}, train_batch_size=2 * 2)
+    data = [(x.float().requires_grad_(True), y) for x, y in batches(15)]  # a leaf's backward needs an input's grad
+    with engine_for(config, LeafBlocks) as engine:
+        losses = trained(engine, data[:3])
+        engine.set_train_batch_size(2 * 2 * 3)
+        losses += trained(engine, data[3:12])
+        engine.set_train_batch_size(2 * 2)
+        losses += trained(engine, data[12:])
+        return dict(losses_and_weights(engine, losses), steps=engine.global_steps, nine_steps=engine.global_steps == 9)
+
+
 # two engines for the suite's time: each knob away from DeepSpeed's default in one of them
 GRADIENT_PATH_KNOBS = {"not_contiguous_no_overlap_round_robin": {"contiguous_gradients": False, "overlap_comm": False,
                                                                  "round_robin_gradients": True},
@@ -446,7 +490,7 @@ SCENARIOS = {"unbalanced": unbalanced, "repeat": repeat, "step_count": step_coun
              "other_optimizers": other_optimizers, "unmanaged_accumulation": unmanaged_accumulation,
              "inference": inference,
              "two_engines": two_engines, "skipped_update": skipped_update,
-             "gradient_paths": gradient_paths, "muon": muon,
+             "gradient_paths": gradient_paths, "muon": muon, "run_changes": run_changes,
              # the upstream test's own getter: fails with the optimizer on NVMe, stock's swappers and tencache's alike
              "grad_partitions": functools.partial(backward_thrice, partitions_getter=True)}
 
