@@ -7,7 +7,7 @@ integrations/deepspeed/optimizer_swapper.py, which gives the sub-groups' sizes).
 
 Plain class: imports torch, not DeepSpeed.
 """
-from typing import Callable, Iterable, Optional
+from typing import Callable, Iterable
 
 import torch
 
@@ -110,15 +110,10 @@ class OptimizerStore(EntryStoreWrapper):
         return self.budget.total_bytes + (self.least_host_footprint_bytes(reads_ahead) if streams
                                           else update_slots * self.streaming_slot_bytes)
 
-    def state_bytes(self, sub_group_numels: Iterable[int], gradient_numels: Optional[Iterable[int]] = None) -> int:
-        """Every sub-group's master and moments, and the gradients the tier can hold (``gradient_numels``; None:
-        every sub-group's), in the page-rounded buffers keeping them takes. A gradient read from DeepSpeed's own
-        buffer at the update is never kept."""
-        numels = list(sub_group_numels)
-        gradients = numels if gradient_numels is None else list(gradient_numels)
-        master_and_moments = OPTIMIZER_TENSORS_PER_SUB_GROUP - 1
-        return (sum(master_and_moments * self._kept_bytes(numel) for numel in numels)
-                + sum(self._kept_bytes(numel) for numel in gradients))
+    def state_bytes(self, tensor_numels: Iterable[int]) -> int:
+        """The page-rounded buffers keeping every tensor of ``tensor_numels`` (each in this store's elements) takes:
+        the swapper lists every sub-group's master, optimizer state and the gradients the tier can hold."""
+        return sum(self._kept_bytes(numel) for numel in tensor_numels)
 
     def _kept_bytes(self, numel: int) -> int:
         return round_up(self.entries.swap_nbytes(numel), PAGE_BYTES)

@@ -31,7 +31,8 @@ def test_keeping_everything_keeps_the_slot_an_update_still_lends_and_plans_for_i
     given up and mapped again at every resize."""
     store = make(io)
     slot = store.streaming_slot_bytes
-    state = store.state_bytes([NUMEL] * SUB_GROUPS, gradient_numels=None if update_slots == 0 else ())
+    tensors = 4 if update_slots == 0 else 3  # master, two moments and the gradient, or the gradient not kept
+    state = store.state_bytes([NUMEL] * tensors * SUB_GROUPS)
     store.resize_host_footprint(state + update_slots * slot, state, reads_ahead=True, update_slots=update_slots)
     assert store.budget.total_bytes == state  # every tensor kept
     assert store.planned_host_footprint_bytes(state, True, update_slots) == state + update_slots * slot
@@ -47,7 +48,7 @@ def test_keeping_everything_keeps_the_slot_an_update_still_lends_and_plans_for_i
 def test_a_footprint_short_of_the_update_slot_streams(io):
     """The whole state but not the update's slot: the budget leaves room for the streaming slots instead."""
     store = make(io)
-    state = store.state_bytes([NUMEL] * 6, gradient_numels=())  # more than the streaming slots hold
+    state = store.state_bytes([NUMEL] * 3 * 6)  # 6 masters and their moments: more than the streaming slots hold
     store.resize_host_footprint(state, state, reads_ahead=True, update_slots=1)
     assert store.budget.total_bytes == state - store.least_host_footprint_bytes(True)
     store.close()
@@ -60,7 +61,7 @@ def test_bf16_state_counts_a_sub_group_as_four_tensors(io):
     store = OptimizerStore(torch.bfloat16, lambda n: -(-n // 512) * 512, io, largest_numel=NUMEL,
                            streaming_slots=8, host_tier_share=lambda: 0)
     kept = -(-NUMEL * 2 // 4096) * 4096  # one tensor's page-rounded buffer
-    assert store.state_bytes([NUMEL] * SUB_GROUPS) == SUB_GROUPS * 4 * kept  # master, two moments, gradient
+    assert store.state_bytes([NUMEL] * 4 * SUB_GROUPS) == SUB_GROUPS * 4 * kept  # master, two moments, gradient
     assert store.least_host_footprint_bytes(reads_ahead=False) == 4 * store.streaming_slot_bytes
     assert store.least_host_footprint_bytes(reads_ahead=True) == 8 * store.streaming_slot_bytes
     store.close()

@@ -32,15 +32,21 @@ def test_state_in_the_masters_dtype_passes(fp32_states, masters):
     _refuse_states_of_another_dtype(adam(fp32_states), masters)
 
 
-def registered(state, tmp_path):
-    """A sub-group of 1024 fp32 masters whose optimizer state is ``state``, registered as DeepSpeed registers it at
-    a swap (``_get_param_swap_info``); the swapper has only what registration reads. Returns the swapper."""
+def unregistered(state, tmp_path):
+    """A swapper with one sub-group of 1024 fp32 masters whose optimizer state is ``state``, not registered yet; the
+    swapper has only what registration reads. Returns it and the master."""
     swapper = object.__new__(TencacheOptimizerSwapper)  # no DeepSpeed engine
     master = torch.zeros(1024)
     master.ds_id = "0_3"
     swapper.optimizer = types.SimpleNamespace(state={master: state})
     swapper.dtype, swapper.swap_element_size, swapper.min_aio_bytes, swapper._state_dtypes = torch.float32, 4, 0, {}
     swapper.swap_params_info = {"0_3": OptimizerStateSwapInfo(master, 1024, str(tmp_path), None)}
+    return swapper, master
+
+
+def registered(state, tmp_path):
+    """That sub-group's state registered as DeepSpeed registers it at a swap (``_get_param_swap_info``)."""
+    swapper, master = unregistered(state, tmp_path)
     swapper._get_param_swap_info(master)
     return swapper
 
@@ -57,3 +63,18 @@ def test_a_state_wider_than_the_masters_is_refused_naming_it(tmp_path):
     with pytest.raises(TencacheConfigError, match=r"exp_avg-0_3\.tensor\.swp is torch\.float64.*torch\.float32 "
                                                   r"masters.*offload_optimizer\.device"):
         registered({"exp_avg": torch.zeros(1024, dtype=torch.float64)}, tmp_path)
+
+
+@pytest.mark.parametrize("state, held", [
+    ({"momentum_buffer": torch.zeros(1024, dtype=torch.bfloat16)}, [1024, 512, 1024]),  # Muon: its own bytes
+    ({"exp_avg_sq": torch.zeros(1024)}, [1024, 1024, 1024]),  # DeepSpeedCPUAdagrad: one state
+    ({"exp_avg": torch.zeros(1024), "exp_avg_sq": torch.zeros(1024)}, [1024] * 4),  # Adam
+    (None, [1024] * 4)])  # not registered yet: counted as Adam's
+def test_the_state_the_tier_would_hold_is_what_deepspeed_registered(tmp_path, state, held):
+    """Regression: the tier took every sub-group for a master, two moments and a gradient, twice Muon's bytes and
+    4/3 of Adagrad's, so a budget that held all of their state planned streaming slots beside it, and memory
+    pressure counted on filling bytes the state never needed."""
+    swapper = registered(state, tmp_path) if state is not None else unregistered({}, tmp_path)[0]
+    swapper._stage3_gradients = None  # the gradient stored by the tier, as with device gradients
+    swapper.store = types.SimpleNamespace(state_bytes=list)  # the tensors' numels, as the store is asked for them
+    assert swapper.state_bytes() == held

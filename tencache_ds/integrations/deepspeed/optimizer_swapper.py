@@ -57,6 +57,10 @@ from .stage3_gradients import stage3_gradients_of
 from .swap_files import SWAP_FILE_NAME, STAGED_LOAD_PREFIX, LoadPlaces, staged_load_name, swap_file_name
 
 NVME_PATH_KEY = "zero_optimization.offload_optimizer.nvme_path"
+# A sub-group whose state DeepSpeed has not registered yet (before the optimizer's first step creates it) is
+# counted with Adam's two moments, the most DeepSpeed's CPU optimizers keep (DeepSpeedCPULion allocates two as
+# well; Adagrad and Muon keep one).
+UNREGISTERED_STATES = 2
 
 
 def _refuse_without_config() -> None:
@@ -495,10 +499,16 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         return 1 if fills_alone else 0
 
     def state_bytes(self) -> int:
-        numels = {group: info.numel() for group, info in self.swap_params_info.items()}
-        stored = numels if not self._gradient_views else \
-            {group: numel for group, numel in numels.items() if group in self._stored_gradients}
-        return self.store.state_bytes(numels.values(), gradient_numels=stored.values())
+        """Every sub-group's master and optimizer state as DeepSpeed registered it (Adam's two moments, Adagrad's
+        one, Muon's bf16 momentum in its own bytes), and the gradients the tier can hold, in the buffers keeping
+        them takes (cache/optimizer_store.py)."""
+        numels = []
+        for group, info in self.swap_params_info.items():
+            states = ([self._stored_numel(context.swap_path, info.numel()) for context in info.tensors[1:]]
+                      if info.has_state_tensors else [info.numel()] * UNREGISTERED_STATES)
+            gradient = [info.numel()] if not self._gradient_views or group in self._stored_gradients else []
+            numels += [info.numel(), *states, *gradient]
+        return self.store.state_bytes(numels)
 
     def _reads_two_sub_groups(self) -> bool:
         """An update holds two sub-groups at once: the one stepping, and the next one read ahead meanwhile."""
