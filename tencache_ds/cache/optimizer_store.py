@@ -3,7 +3,7 @@ memory (cache/buffer_sources.py ``BudgetedPageable``). Owns: the streaming slots
 stream through, this store's share of the host tier, and the footprint arithmetic memory pressure works with (what
 the tier holds now, the least it can hold, resizing it). Does not own: entry states, I/O, eviction (the EntryStore,
 whose calls it forwards: ``FORWARDED``), what a sub-group is or when it is used (DeepSpeed, through
-integrations/deepspeed/optimizer_swapper.py, which gives the sub-groups' sizes).
+integrations/deepspeed/optimizer_swapper.py, which gives the sub-groups' sizes and lists their tensors).
 
 Plain class: imports torch, not DeepSpeed.
 """
@@ -37,10 +37,11 @@ def optimizer_tier_share(host_cache_bytes: int, param_cache_bytes: int, param_el
 
 
 class OptimizerStore(EntryStoreWrapper):
-    """Files plus budgeted host buffers for the optimizer's fp32 sub-group tensors (master, moments, gradient).
+    """Files plus budgeted host buffers for the optimizer's sub-group tensors (master, optimizer state, gradient)
+    in the masters' dtype; a narrower state in its own bytes (cache/state_dtype.py).
 
     Args:
-        dtype: element type of every tensor.
+        dtype: the masters' element type, in which every buffer and slot is sized.
         aligned_numel: rounds a numel up to the I/O alignment; files and buffers use the rounded length.
         io: the I/O engine.
         largest_numel: the largest sub-group's elements (aligned): the size of a streaming slot.

@@ -54,10 +54,11 @@ def test_a_footprint_short_of_the_update_slot_streams(io):
     store.close()
 
 
-def test_bf16_state_counts_a_sub_group_as_four_tensors(io):
+def test_bf16_state_counts_each_tensor_in_its_own_bytes_and_an_update_as_four_slots(io):
     """Regression: the store counted a sub-group's tensors as 16 bytes an element over its element size, which is
     8 tensors for bf16 masters and state (bf16_optimizer_states): it took the state for 7/3 of its bytes, so a
-    budget that held all of it kept streaming slots, and the least footprint was 8 slots where an update uses 4."""
+    budget that held all of it kept streaming slots, and the least footprint was 8 slots where an update uses 4.
+    Which tensors a sub-group has is the swapper's to list since (test_optimizer_state_dtype.py)."""
     store = OptimizerStore(torch.bfloat16, lambda n: -(-n // 512) * 512, io, largest_numel=NUMEL,
                            streaming_slots=8, host_tier_share=lambda: 0)
     kept = -(-NUMEL * 2 // 4096) * 4096  # one tensor's page-rounded buffer

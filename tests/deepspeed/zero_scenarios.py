@@ -451,7 +451,8 @@ def run_changes(budget, device, nvme):
     """What changes the order a step uses its tensors in, or their dtype: DeepSpeed's ``torch_autocast`` (fp32
     parameters and masters, bf16 compute) instead of bf16, leaf modules whose parameters stage 3 fetches together, and
     the batch size changed twice mid-run (``engine.set_train_batch_size``: gradient accumulation 1, then 3, then 1),
-    so that a profiled step stops predicting the next one. A sub-group per layer."""
+    so that a profiled step stops predicting the next one. ``sub_group_size`` one layer's weight: about two
+    layers' partitions a sub-group at 2 ranks."""
     config = ds_config(budget, device, nvme, sub_group_size=HIDDEN * HIDDEN)
     del config["bf16"]
     config.update(torch_autocast={"enabled": True, "dtype": "bfloat16"}, train_batch_size=2 * 2)
@@ -475,7 +476,8 @@ GRADIENT_PATH_KNOBS = {"not_contiguous_no_overlap_round_robin": {"contiguous_gra
 def gradient_paths(budget, device, nvme):
     """Stage 3's knobs that change how a gradient reaches the offloaded optimizer: without contiguous gradients,
     without reduce-scatter (an all-reduce), without overlapped communication, round-robin gradients, buckets
-    smaller than a layer (``GRADIENT_PATH_KNOBS``); with gradient accumulation 2 and a sub-group per layer."""
+    smaller than a layer (``GRADIENT_PATH_KNOBS``); with gradient accumulation 2 and ``sub_group_size`` one layer's
+    weight."""
     results = {}
     for name, knobs in GRADIENT_PATH_KNOBS.items():
         config = ds_config(budget, device, os.path.join(nvme, name), gas=2, sub_group_size=HIDDEN * HIDDEN,

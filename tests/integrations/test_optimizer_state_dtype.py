@@ -11,6 +11,7 @@ import torch
 from deepspeed.ops.adam import DeepSpeedCPUAdam
 from deepspeed.runtime.swap_tensor.optimizer_utils import OptimizerStateSwapInfo
 
+from tencache_ds.cache.optimizer_store import OptimizerStore
 from tencache_ds.errors import TencacheConfigError
 from tencache_ds.integrations.deepspeed.optimizer_swapper import (TencacheOptimizerSwapper,
                                                                   _refuse_states_of_another_dtype)
@@ -32,15 +33,15 @@ def test_state_in_the_masters_dtype_passes(fp32_states, masters):
     _refuse_states_of_another_dtype(adam(fp32_states), masters)
 
 
-def unregistered(state, tmp_path):
-    """A swapper with one sub-group of 1024 fp32 masters whose optimizer state is ``state``, not registered yet; the
-    swapper has only what registration reads. Returns it and the master."""
+def unregistered(state, tmp_path, numel=1024):
+    """A swapper with one sub-group of ``numel`` fp32 masters whose optimizer state is ``state``, not registered
+    yet; the swapper has only what registration reads. Returns it and the master."""
     swapper = object.__new__(TencacheOptimizerSwapper)  # no DeepSpeed engine
-    master = torch.zeros(1024)
+    master = torch.zeros(numel)
     master.ds_id = "0_3"
     swapper.optimizer = types.SimpleNamespace(state={master: state})
     swapper.dtype, swapper.swap_element_size, swapper.min_aio_bytes, swapper._state_dtypes = torch.float32, 4, 0, {}
-    swapper.swap_params_info = {"0_3": OptimizerStateSwapInfo(master, 1024, str(tmp_path), None)}
+    swapper.swap_params_info = {"0_3": OptimizerStateSwapInfo(master, numel, str(tmp_path), None)}
     return swapper, master
 
 
@@ -65,16 +66,27 @@ def test_a_state_wider_than_the_masters_is_refused_naming_it(tmp_path):
         registered({"exp_avg": torch.zeros(1024, dtype=torch.float64)}, tmp_path)
 
 
-@pytest.mark.parametrize("state, held", [
-    ({"momentum_buffer": torch.zeros(1024, dtype=torch.bfloat16)}, [1024, 512, 1024]),  # Muon: its own bytes
-    ({"exp_avg_sq": torch.zeros(1024)}, [1024, 1024, 1024]),  # DeepSpeedCPUAdagrad: one state
-    ({"exp_avg": torch.zeros(1024), "exp_avg_sq": torch.zeros(1024)}, [1024] * 4),  # Adam
-    (None, [1024] * 4)])  # not registered yet: counted as Adam's
-def test_the_state_the_tier_would_hold_is_what_deepspeed_registered(tmp_path, state, held):
-    """Regression: the tier took every sub-group for a master, two moments and a gradient, twice Muon's bytes and
-    4/3 of Adagrad's, so a budget that held all of their state planned streaming slots beside it, and memory
+NUMEL = 4096  # 16 KiB in fp32, 8 KiB in bf16: whole pages, so a narrow state's saving shows in the buffers
+
+
+@pytest.mark.parametrize("state, held_tensors", [
+    ({"momentum_buffer": torch.zeros(NUMEL, dtype=torch.bfloat16)}, 2.5),  # Muon: its own bytes, half a tensor
+    ({"exp_avg_sq": torch.zeros(NUMEL)}, 3),  # DeepSpeedCPUAdagrad: one state
+    ({"exp_avg": torch.zeros(NUMEL), "exp_avg_sq": torch.zeros(NUMEL)}, 4),  # Adam
+    ({"momentum_buffer": torch.zeros(4)}, 2),  # made, too small to swap: DeepSpeed keeps it, the tier holds none
+    (None, 4)])  # not made yet: counted as Adam's
+def test_the_state_the_tier_would_hold_is_what_deepspeed_registered(io, tmp_path, state, held_tensors):
+    """Regression: the tier took every sub-group for a master, two moments and a gradient, 1.6 times Muon's bytes
+    and 4/3 of Adagrad's, so a budget that held all of their state planned streaming slots beside it, and memory
     pressure counted on filling bytes the state never needed."""
-    swapper = registered(state, tmp_path) if state is not None else unregistered({}, tmp_path)[0]
+    swapper, master = unregistered({} if state is None else state, tmp_path, numel=NUMEL)
+    swapper.min_aio_bytes = 1024
+    if state is not None:
+        swapper._get_param_swap_info(master)  # registered as DeepSpeed registers it at a swap
     swapper._stage3_gradients = None  # the gradient stored by the tier, as with device gradients
-    swapper.store = types.SimpleNamespace(state_bytes=list)  # the tensors' numels, as the store is asked for them
-    assert swapper.state_bytes() == held
+    swapper.store = OptimizerStore(torch.float32, lambda n: n, io, largest_numel=NUMEL, streaming_slots=8,
+                                   host_tier_share=lambda: 0)
+    try:
+        assert swapper.state_bytes() == held_tensors * NUMEL * 4
+    finally:
+        swapper.store.close()

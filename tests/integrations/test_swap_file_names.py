@@ -1,9 +1,9 @@
-"""The optimizer swap files' names (integrations/deepspeed/optimizer_swapper.py SWAP_FILE_NAME), which decide
+"""The optimizer swap files' names (integrations/deepspeed/swap_files.py SWAP_FILE_NAME), which decide
 what a load without the optimizer's state places (the masters only) and what a rebuilt engine adopts: the master's,
 every optimizer's state names (a client optimizer's too), and the gradient files, which are neither."""
 import pytest
 
-from tencache_ds.integrations.deepspeed.optimizer_swapper import SWAP_FILE_NAME, swap_file_name
+from tencache_ds.integrations.deepspeed.swap_files import SWAP_FILE_NAME, swap_file_name
 
 
 @pytest.mark.parametrize("name, state, sub_group", [

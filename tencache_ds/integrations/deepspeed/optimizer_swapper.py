@@ -57,9 +57,8 @@ from .stage3_gradients import stage3_gradients_of
 from .swap_files import SWAP_FILE_NAME, STAGED_LOAD_PREFIX, LoadPlaces, staged_load_name, swap_file_name
 
 NVME_PATH_KEY = "zero_optimization.offload_optimizer.nvme_path"
-# A sub-group whose state DeepSpeed has not registered yet (before the optimizer's first step creates it) is
-# counted with Adam's two moments, the most DeepSpeed's CPU optimizers keep (DeepSpeedCPULion allocates two as
-# well; Adagrad and Muon keep one).
+# A sub-group whose optimizer has not made its state yet is counted with Adam's two moments, the most DeepSpeed's
+# CPU optimizers keep (DeepSpeedCPULion allocates two as well; Adagrad and Muon keep one).
 UNREGISTERED_STATES = 2
 
 
@@ -504,11 +503,21 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         them takes (cache/optimizer_store.py)."""
         numels = []
         for group, info in self.swap_params_info.items():
-            states = ([self._stored_numel(context.swap_path, info.numel()) for context in info.tensors[1:]]
-                      if info.has_state_tensors else [info.numel()] * UNREGISTERED_STATES)
             gradient = [info.numel()] if not self._gradient_views or group in self._stored_gradients else []
-            numels += [info.numel(), *states, *gradient]
+            numels += [info.numel(), *self._state_numels(info), *gradient]
         return self.store.state_bytes(numels)
+
+    def _state_numels(self, swap_info) -> list:
+        """The store's elements each state tensor of a sub-group takes: those DeepSpeed registered for swapping;
+        none where its state exists and none of it is swapped (DeepSpeed keeps it in memory: Muon's
+        ``save_muon_momentum_buffer_in_memory``, or a state too small to swap); Adam's two moments where the
+        optimizer has not made it yet (DeepSpeed's CPU optimizers make theirs at their first step)."""
+        if swap_info.has_state_tensors:
+            return [self._stored_numel(context.swap_path, swap_info.numel()) for context in swap_info.tensors[1:]]
+        state = self.optimizer.state.get(swap_info.tensors[0].compute_tensor, {})  # the master is its key
+        if any(torch.is_tensor(value) and value.dim() > 0 for value in state.values()):
+            return []
+        return [swap_info.numel()] * UNREGISTERED_STATES
 
     def _reads_two_sub_groups(self) -> bool:
         """An update holds two sub-groups at once: the one stepping, and the next one read ahead meanwhile."""
