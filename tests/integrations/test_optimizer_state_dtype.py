@@ -74,6 +74,7 @@ NUMEL = 4096  # 16 KiB in fp32, 8 KiB in bf16: whole pages, so a narrow state's 
     ({"exp_avg_sq": torch.zeros(NUMEL)}, 3),  # DeepSpeedCPUAdagrad: one state
     ({"exp_avg": torch.zeros(NUMEL), "exp_avg_sq": torch.zeros(NUMEL)}, 4),  # Adam
     ({"momentum_buffer": torch.zeros(4)}, 2),  # made, too small to swap: DeepSpeed keeps it, the tier holds none
+    ({"exp_avg": torch.Tensor(), "step": torch.tensor(3.0)}, 4),  # forgotten at a load (purge_state): placeholders
     (None, 4)])  # not made yet: counted as Adam's
 def test_the_state_the_tier_would_hold_is_what_deepspeed_registered(io, tmp_path, state, held_tensors):
     """Regression: the tier took every sub-group for a master, two moments and a gradient, 1.6 times Muon's bytes

@@ -511,11 +511,13 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         """The store's elements each state tensor of a sub-group takes: those DeepSpeed registered for swapping;
         none where its state exists and none of it is swapped (DeepSpeed keeps it in memory: Muon's
         ``save_muon_momentum_buffer_in_memory``, or a state too small to swap); Adam's two moments where the
-        optimizer has not made it yet (DeepSpeed's CPU optimizers make theirs at their first step)."""
+        optimizer has not made it yet (DeepSpeed's CPU optimizers make theirs at their first step), or where
+        DeepSpeed forgot the registrations at a checkpoint load (``purge_state``: empty placeholders until the next
+        swap registers them again)."""
         if swap_info.has_state_tensors:
             return [self._stored_numel(context.swap_path, swap_info.numel()) for context in swap_info.tensors[1:]]
         state = self.optimizer.state.get(swap_info.tensors[0].compute_tensor, {})  # the master is its key
-        if any(torch.is_tensor(value) and value.dim() > 0 for value in state.values()):
+        if any(torch.is_tensor(value) and value.dim() > 0 and value.numel() > 0 for value in state.values()):
             return []
         return [swap_info.numel()] * UNREGISTERED_STATES
 
