@@ -111,16 +111,12 @@ def test_optimizer_on_nvme_gives_stock_cpu_offloads_results(tmp_path):
                                    for mode, device in (("stock", "cpu"), ("tencache", "nvme")))
     # ... and its universal version (DeepSpeed's way to another world size): stock CPU offload loads it; with the
     # optimizer on NVMe the engine looked for swap files in it (FileNotFoundError), tencache refused it. The same
-    # weights, the same losses for 3 steps with the optimizer's state (its moments: a wrong one changes the second);
-    # the trained weights differ in the last bits (tencache replays DeepSpeedCPUAdam's beta products after a load)
+    # weights, losses and trained weights, with the optimizer's state too (tencache replayed DeepSpeedCPUAdam's beta
+    # products after it, as after its other loads: other trained weights, and on an Intel Xeon other losses)
     reference_universal, ours_universal = reference_other.pop("universal"), ours_other.pop("universal")
-    assert "loaded" in reference_universal["optimizer"], reference_universal
-    for load in ("weights", "module"):
+    for load in ("weights", "optimizer", "module"):
         assert "loaded" in reference_universal[load], reference_universal
         assert ours_universal[load] == reference_universal[load], (load, ours_universal, reference_universal)
-    assert {key: ours_universal["optimizer"].get(key) for key in ("loaded", "losses")} == {
-        key: reference_universal["optimizer"][key] for key in ("loaded", "losses")}, (ours_universal,
-                                                                                     reference_universal)
     assert reference_other["ok"] and "loaded" in reference_other["weights"], reference_other
     assert ours_other["weights"] == reference_other["weights"], (ours_other, reference_other)
     stock_error = reference_other["optimizer"]["error"]

@@ -235,9 +235,9 @@ PRIVATE_MEMBERS = (
     PrivateMember(STAGE3, "fp32_partitioned_groups_flat", "attribute", "stage3_gradients.py",
                   "each sub-group's fp32 partition, whose id names the sub-group in swap_out_gradients"),
     # The engine (checkpoint.py, checkpoint_save.py, saved_layout.py, universal.py)
-    PrivateMember(ENGINE, "load_universal_checkpoint", "method", "saved_layout.py",
+    PrivateMember(ENGINE, "load_universal_checkpoint", "method", "saved_layout.py, install.py",
                   "whether the load is of a universal checkpoint (config checkpoint.load_universal), which the NVMe "
-                  "load path skips"),
+                  "load path skips and after which Adam's beta products are not replayed"),
     PrivateMember(ENGINE, "zero_load_from_fp32_weights", "method", "universal.py",
                   "whether a load without the optimizer's state sets the masters from the checkpoint's fp32 weights"),
     PrivateMember(ENGINE, "_get_zero_ckpt_name", "method", "checkpoint.py, checkpoint_save.py",

@@ -175,7 +175,11 @@ def _restoring_optimizer_scalars(load_checkpoint):
         restore_optimizer_scalars(self, load_dir, result[0], arguments["load_optimizer_states"], module_only)
         if renamed + restore_unswapped_masters(self, load_dir, result[0], module_only):
             regather_persistent_parameters(self.optimizer)  # rebuilt after the engine's load had gathered them
-        if result[0] is not None and arguments["load_optimizer_states"] and not module_only:
+        # not after a universal load: it resumes at another world size, whose gradient reduction gives other bits
+        # than the run that saved anyway, so stock CPU offload's universal load (the products by ``pow``) is the run
+        # to equal
+        if (result[0] is not None and arguments["load_optimizer_states"] and not module_only
+                and not self.load_universal_checkpoint()):
             replay_adam_step_products(self.optimizer)
         elif result[0] is not None:
             masters_from_loaded_weights(self.optimizer)
