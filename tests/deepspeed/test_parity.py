@@ -64,7 +64,8 @@ def assert_identical(stock, ours):
     ("fp32", 2, AUTO),
 ])
 def test_bit_identical_to_stock(train, dtype, grad_accum, block):
-    options = dict(BASE, **(BF16 if dtype == "bf16" else {}), grad_accum=grad_accum)
+    # the weights read through DeepSpeed's public API (safe_get_full_fp32_param), as a user reads them
+    options = dict(BASE, **(BF16 if dtype == "bf16" else {}), grad_accum=grad_accum, weights_gather="public")
     stock = train(block=None, **options)
     ours = train(block=block, **options)
     assert_identical(stock, ours)
@@ -86,8 +87,8 @@ def test_bit_identical_to_stock(train, dtype, grad_accum, block):
 
 
 def test_bit_identical_through_the_deepspeed_launcher(train):
-    stock = train(block=None, launcher="deepspeed", dtype="fp32")
-    ours = train(block=AUTO, launcher="deepspeed", dtype="fp32")
+    stock = train(block=None, launcher="deepspeed", dtype="fp32", weights_gather="public")  # collective, 2 ranks
+    ours = train(block=AUTO, launcher="deepspeed", dtype="fp32", weights_gather="public")
     assert_identical(stock, ours)
     assert "[tencache] pinned" in ours.output  # stats logged once at start-up
     assert ours.output.count("[tencache] pinned") == 1
