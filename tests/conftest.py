@@ -64,3 +64,33 @@ def reflink_folder():
             subprocess.run(["umount", "-l", mount_point], capture_output=True)  # busy: detach it now, free it later
         if not os.path.ismount(mount_point):  # never remove files through a file system still mounted
             shutil.rmtree(work, ignore_errors=True)
+
+
+# The tests that take longest (minutes each on 2 cores: two-rank launches of many scenarios, the machine's
+# calibration), longest first. pytest-xdist's worksteal gives each of the two workers half of the collection in
+# order, then moves tests from the end of one's queue to the other when it runs dry: a long test collected late
+# ran alone at the end while the other worker idled (the last 5% of a full run took 8 of its 26 minutes). So these
+# start first, alternately at the head of each worker's half.
+LONGEST_FIRST = (
+    "tests/deepspeed/test_upstream_checkpoints.py::",
+    "tests/deepspeed/test_zero_scenarios.py::",
+    "tests/deepspeed/test_tensor_fragments.py::",
+    "tests/deepspeed/test_hf_trainer.py::",
+    "tests/deepspeed/test_rank_agreement.py::",
+    "tests/deepspeed/test_zero_to_fp32.py::test_at_two_ranks",
+    "tests/deepspeed/test_residency.py::test_two_ranks",
+    "tests/cli/test_estimate.py::test_machine_this_measures",
+)
+
+
+@pytest.hookimpl(trylast=True)  # after -m and -k have deselected
+def pytest_collection_modifyitems(items):
+    def rank(item):
+        return next((index for index, prefix in enumerate(LONGEST_FIRST) if item.nodeid.startswith(prefix)),
+                    len(LONGEST_FIRST))
+
+    longest = sorted((item for item in items if rank(item) < len(LONGEST_FIRST)), key=rank)
+    rest = [item for item in items if rank(item) == len(LONGEST_FIRST)]
+    first_half = longest[0::2]
+    split = max(0, len(items) // 2 - len(first_half))
+    items[:] = first_half + rest[:split] + longest[1::2] + rest[split:]

@@ -15,6 +15,7 @@ path}``; on stdout, ``READY`` once, then per request ``{"pid": N}`` when the chi
 """
 import atexit
 import ctypes
+import importlib
 import json
 import os
 import sys
@@ -45,7 +46,7 @@ def prepare():
     # deepspeed.initialize's optimizer check (zero/utils.py is_zero_supported_optimizer) imports DeepSpeed's Muon,
     # whose torch.compile decorators import torch._dynamo and inductor: 2.4 s of every run on an Intel Xeon's 2
     # cores. Imported here once; it starts no thread and draws nothing from the random generators.
-    import deepspeed.runtime.zero.muon.muon_optimizer  # noqa: F401
+    importlib.import_module("deepspeed.runtime.zero.muon.muon_optimizer")
     if "tencache_ds" in sys.modules:  # a stock reference must be a process that never imported it
         raise SystemExit("forkserver.py: tencache_ds was imported before any run; stock references would carry it")
 
