@@ -4,14 +4,10 @@ import shutil
 import subprocess
 import tempfile
 
-# One OpenMP thread in every process the suite starts (set before torch is imported here, and inherited by the
-# training runs, the fork server and the ranks of each launch). With two, a run forked from the fork server
-# (tests/deepspeed/forkserver.py) computed a loss with other last bits now and then: on an Intel Xeon, gpt2-tiny's
-# first fp32 loss was 0x40e0e507 in 3 of 12 identical forked runs instead of 0x40e0e50a, in none of 20 fresh
-# interpreters; with one thread it was 0x40e0e508 in 24 of 24. Those runs failed parity tests at random, a stock
-# reference against a stock run too (docs/reliability.md, the suite on an Intel Xeon). The arms of each comparison
-# run with the same setting, so the invariant is tested as before; the two test workers keep both cores busy.
-# OMP_NUM_THREADS exported by the developer is kept.
+# One OpenMP thread in every process the suite starts (set before torch is imported here; inherited by the
+# training runs, the fork server and the ranks of each launch): with two, runs forked from the fork server computed
+# other last bits now and then, and parity tests failed at random (docs/reliability.md, "The suite on an Intel
+# Xeon"). Both arms of each comparison run with it. OMP_NUM_THREADS exported by the developer is kept.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest  # noqa: E402

@@ -268,6 +268,11 @@ def train(tmp_path_factory):
             **options):
         if block is None and not plugin_imported:
             options["untouched_stock"] = True
+        # the final fp32 weights read a sub-group at a time (the same bytes as DeepSpeed's public per-parameter API,
+        # which swaps the parameter's whole sub-group in for each parameter: 4 s of a 9 s gpt2-tiny run); the tests
+        # that read them through the public API say so (test_parity.py, test_rank_agreement.py). Set before the
+        # stock runs' memo key, which a test naming the default then shares.
+        options.setdefault("weights_gather", "grouped")
         if block is not None:
             return _run(config, block, launcher, expect_failure, **options)
         memo_key = json.dumps([config, launcher, expect_failure, sorted(options.items())])
@@ -288,10 +293,6 @@ def train(tmp_path_factory):
                 "--result-file", str(result_file)]
         options.setdefault("model", "gpt2-tiny")
         options.setdefault("steps", 3)
-        # the final fp32 weights read a sub-group at a time (the same bytes as DeepSpeed's public per-parameter API,
-        # which swaps the parameter's whole sub-group in for each parameter: 4 s of a 9 s gpt2-tiny run); the tests
-        # that read them through the public API say so (test_parity.py)
-        options.setdefault("weights_gather", "grouped")
         num_ranks = options.pop("num_ranks", 1)
         script = options.pop("script", TRAIN)
         cgroup = options.pop("cgroup", None)

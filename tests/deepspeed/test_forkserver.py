@@ -20,10 +20,12 @@ def test_a_forked_run_past_its_timeout_is_killed_and_the_server_serves_the_next(
     assert len(stock.loss_bits) == 1
 
 
-def test_forked_and_fresh_runs_compute_with_the_suites_one_thread(train):
+def test_forked_and_fresh_runs_compute_with_the_suites_one_thread(train, fork_server):
     """tests/conftest.py gives every process the suite starts one OpenMP thread (with two, forked runs computed
     other last bits now and then on an Intel Xeon: docs/reliability.md). A run forked from the server and one in a
     fresh interpreter (an environment variable the server was not started with) both compute with it."""
+    if not fork_server.enabled:
+        pytest.skip("TENCACHE_TEST_FORKSERVER=0: every run starts a fresh interpreter")
     threads = int(os.environ["OMP_NUM_THREADS"])  # set by tests/conftest.py unless the developer exported it
     forked = train(block=None, steps=1, seq_len=16, label="threads-forked")
     fresh = train(block=None, steps=1, seq_len=16, label="threads-fresh", env={"TEST_FRESH_INTERPRETER": "1"})

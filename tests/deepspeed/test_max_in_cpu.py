@@ -9,7 +9,7 @@ from test_parity import assert_identical  # tests/deepspeed is on sys.path (pyte
 pytestmark = [pytest.mark.deepspeed, pytest.mark.slow]  # two short training runs, 30-60 s
 
 AUTO = {}
-FAST = dict(dtype="fp32", weights_gather="grouped", steps=2)  # fp32: see test_residency.py
+FAST = dict(dtype="fp32", steps=2)  # fp32: see test_residency.py
 
 
 def test_partitions_stage3_keeps_in_cpu_leave_no_copy_and_no_slot_behind(train):

@@ -38,8 +38,9 @@ def test_ranks_with_different_host_tiers_and_no_device_tier_gather_alike(train):
     """With the device tier off every module's parameters are gathered, through DeepSpeed's NVMe prefetch, whose
     depth the swapper decides: ranks whose host tiers differ (rank 1 streams every partition, rank 0 holds them all)
     must still take the same parameters into each all-gather. Before, rank 1's own reads ahead counted as buffers
-    in use and gloo aborted in the first steps ("Received data size doesn't match expected size")."""
-    options = dict(TWO_RANKS, steps=3)
+    in use and gloo aborted in the first steps ("Received data size doesn't match expected size"). The weights are
+    read through DeepSpeed's public API (a collective swap-in per parameter), the ranks' tiers unequal."""
+    options = dict(TWO_RANKS, steps=3, weights_gather="public")
     reference = train(block=None, offload_device="cpu", **options)
     unequal = train(block={"device_cache_bytes": 0}, script=RANK_BUDGETS,
                     env={"TENCACHE_TEST_RANK1_BLOCK": json.dumps({"host_cache_bytes": 0})}, timeout=600, **options)

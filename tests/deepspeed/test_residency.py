@@ -25,7 +25,7 @@ QUARTER = {"host_cache_bytes": 70_000_000}
 # fp32: the invariant does not depend on the dtype, and on a CPU without bf16 instructions (AVX2 only) a bf16
 # matmul runs about 90x slower than an fp32 one (gpt2-tiny: 5 s a step instead of 0.6 s). bf16 has its own cases
 # in test_parity.py.
-FAST = dict(dtype="fp32", weights_gather="grouped")
+FAST = dict(dtype="fp32")
 # 8 optimizer sub-groups, each one's gradient reduced in several buckets (stage 3 stores its fragments once per
 # bucket). Shared with test_memory_pressure_engine.py, so its stock reference is trained once.
 SUB_GROUPS = dict(steps=5, sub_group_size=2e6, reduce_bucket_size=1e6, **FAST)

@@ -156,7 +156,7 @@ def _keeping_device_tier(partition_all_parameters):
 def _restoring_optimizer_scalars(load_checkpoint):
     """engine.load_checkpoint, then what stock's load misses (checkpoint.py): the checkpoint's swap files under a
     rebuilt model's ids, the optimizer's scalar state and the masters kept in memory (optimizer on NVMe), and the
-    running beta products of DeepSpeedCPUAdam (either device)."""
+    running beta products of DeepSpeedCPUAdam (either device; not after a universal load)."""
     signature = inspect.signature(load_checkpoint)
 
     @functools.wraps(load_checkpoint)
@@ -175,12 +175,11 @@ def _restoring_optimizer_scalars(load_checkpoint):
         restore_optimizer_scalars(self, load_dir, result[0], arguments["load_optimizer_states"], module_only)
         if renamed + restore_unswapped_masters(self, load_dir, result[0], module_only):
             regather_persistent_parameters(self.optimizer)  # rebuilt after the engine's load had gathered them
-        # not after a universal load: it resumes at another world size, whose gradient reduction gives other bits
-        # than the run that saved anyway, so stock CPU offload's universal load (the products by ``pow``) is the run
-        # to equal
-        if (result[0] is not None and arguments["load_optimizer_states"] and not module_only
-                and not self.load_universal_checkpoint()):
-            replay_adam_step_products(self.optimizer)
+        if result[0] is not None and optimizer_state:
+            # not after a universal load (DeepSpeed's way to another world size, whose gradient reduction gives other
+            # bits than the run that saved in any case): it resumes as stock CPU offload's universal load does
+            if not self.load_universal_checkpoint():
+                replay_adam_step_products(self.optimizer)
         elif result[0] is not None:
             masters_from_loaded_weights(self.optimizer)
         return result
