@@ -37,7 +37,7 @@ More things a resume loses or stops at, in stock DeepSpeed too (a resume then di
   fresh process (or an engine at another step) recomputes them with ``pow`` at its first update, which differs in
   the last bits: every loss from the second resumed step on differs. tencache replays the products
   (``replay_adam_step_products``), with the optimizer on NVMe or on cpu; not after a universal load, which resumes
-  at another world size (other bits than the run that saved in any case) as stock CPU offload's does.
+  as stock CPU offload's does (install.py ``load_checkpoint_exactly`` says why).
 - With parameters on NVMe and the optimizer on cpu, stage 3's ``_rigid_load_state_dict`` stops with
   ``'NoneType' object has no attribute 'data'`` (it copies the masters into flat 16-bit partitions that do not exist
   when parameters are on file). tencache rebuilds the parameters from the loaded masters as a step does
