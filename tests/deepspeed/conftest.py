@@ -1,7 +1,8 @@
 """Runs scripts/train.py (the real user script: real DeepSpeed engine on the CPU accelerator, real swap files)
-in a process of its own per training run, and reads its result JSON. A plain single-process run is forked from
-forkserver.py, which has imported torch, DeepSpeed and transformers once (half of a small run's time on 2 cores);
-launcher runs, cgroup runs and helper scripts start fresh interpreters."""
+in a process of its own per training run, and reads its result JSON. A plain single-process run, and the ranks of
+a run asked for as forked (``launcher="ranks"``, ``launch_ranks(forked=True)``), are forked from forkserver.py,
+which has imported torch, DeepSpeed and transformers once (half of a small run's time on 2 cores); launcher runs,
+cgroup runs and other helper scripts start fresh interpreters."""
 import atexit
 import fcntl
 import hashlib
@@ -14,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 
@@ -60,12 +62,20 @@ def launch_two_ranks(script, args, cleanup=(), timeout=900):
     return launch_ranks(script, args, 2, cleanup, timeout)
 
 
-def launch_ranks(script, args, ranks, cleanup=(), timeout=900):
-    """``launch_two_ranks`` with ``ranks`` ranks."""
+def launch_ranks(script, args, ranks, cleanup=(), timeout=900, forked=False):
+    """``launch_two_ranks`` with ``ranks`` ranks; ``forked``: the ranks forked from the fork server as the launcher
+    starts them (``forked_ranks``)."""
     port = free_port()
-    command = ["deepspeed", "--num_gpus", str(ranks), "--master_port", str(port), script] + [str(a) for a in args]
+    args = [str(a) for a in args]
+    command = ["deepspeed", "--num_gpus", str(ranks), "--master_port", str(port), script] + args
+    env = dict(os.environ, PYTHONPATH=REPO)
     try:
-        proc = _run_in_own_group(command, dict(os.environ, PYTHONPATH=REPO), timeout)
+        if forked and _FORK_SERVER.enabled:
+            with tempfile.TemporaryDirectory() as outputs:
+                proc = _FORK_SERVER.run(args, env, timeout, os.path.join(outputs, "ranks"), command, script=script,
+                                        ranks=ranks, master_port=port)
+        else:
+            proc = _run_in_own_group(command, env, timeout)
     finally:
         shm_buffers.remove_run_buffers(port)
         for folder in cleanup:
@@ -78,11 +88,12 @@ def launch_ranks(script, args, ranks, cleanup=(), timeout=900):
 def scenarios_against_stock_cpu(script, scenarios, budgets, device, tmp_path):
     """Run the ``scenarios`` of a helper script that takes ``SCENARIOS stock|tencache=BUDGETS DEVICE NVME_DIR``
     (tensor_fragments.py, zero_scenarios.py) twice: stock CPU offload in a process that never imports tencache_ds,
-    the reference, then tencache with ``device`` offload at each of ``budgets``. Checks that each reference scenario
-    ran and that tencache's result equals it at every budget; returns the reference, for the caller's own checks."""
+    the reference, then tencache with ``device`` offload at each of ``budgets``, 2 ranks forked as the launcher
+    starts them. Checks that each reference scenario ran and that tencache's result equals it at every budget;
+    returns the reference, for the caller's own checks."""
     def launch(mode, offload):
         nvme = tmp_path / f"nvme-{mode}-{offload}"
-        return launch_two_ranks(script, [",".join(scenarios), mode, offload, nvme], cleanup=[nvme])
+        return launch_ranks(script, [",".join(scenarios), mode, offload, nvme], 2, cleanup=[nvme], forked=True)
 
     reference = launch("stock", "cpu")
     ours = launch("tencache=" + ",".join(budgets), device)
@@ -155,11 +166,15 @@ class _ForkServer:
         line, self._pending = self._pending.split(b"\n", 1)
         return line
 
-    def run(self, argv, env, timeout, output_stem, command):
+    def run(self, argv, env, timeout, output_stem, command, script=None, ranks=None, master_port=None):
+        """``command`` run by the server: train.py (or ``script``) with ``argv``; with ``ranks``, that many ranks
+        of it as ``deepspeed --num_gpus RANKS --master_port MASTER_PORT`` starts them."""
         if self._proc is None or self._proc.poll() is not None:  # first run, or a server that died: a new one
             self._start(env)
         stdout, stderr = f"{output_stem}.stdout", f"{output_stem}.stderr"
-        request = {"argv": argv, "env": env, "stdout": stdout, "stderr": stderr}
+        if ranks:
+            env = dict(env, MASTER_PORT=str(master_port))
+        request = {"argv": argv, "env": env, "stdout": stdout, "stderr": stderr, "script": script, "ranks": ranks}
         try:
             self._proc.stdin.write((json.dumps(request) + "\n").encode())
             self._proc.stdin.flush()
@@ -252,7 +267,12 @@ def unshare_mounts() -> bool:
 
 @pytest.fixture
 def train(tmp_path_factory):
-    """train(config="stock-nvme.json", block=None | dict, launcher="python" | "deepspeed", **options).
+    """train(config="stock-nvme.json", block=None | dict, launcher="python" | "deepspeed" | "ranks", **options).
+
+    ``launcher``: "python", one process (forked from the fork server where it can be); "deepspeed", the
+    ``deepspeed --num_gpus NUM_RANKS`` command; "ranks", NUM_RANKS ranks started as that command starts them,
+    forked from the fork server (the launcher's command where a run cannot be forked: a cgroup, a /dev/shm of its
+    own, other environment variables than TENCACHE_*). Each feature family keeps a run through the real launcher.
 
     ``block=None``: stock DeepSpeed in a process that never imports tencache_ds (train.py --untouched-stock: the
     parity reference; its result has no stats), unless ``plugin_imported=True`` (tencache_ds imported, no block).
@@ -305,7 +325,7 @@ def train(tmp_path_factory):
             else:
                 args += [f"--{key.replace('_', '-')}", str(value)]
         master_port = None  # a plain python run is one rank with no LOCAL_SIZE: DeepSpeed makes no shm buffer
-        if launcher == "deepspeed":
+        if launcher in ("deepspeed", "ranks"):
             master_port = free_port()
             command = ["deepspeed", "--num_gpus", str(num_ranks), "--master_port", str(master_port),
                        script] + args
@@ -322,11 +342,14 @@ def train(tmp_path_factory):
         # Environment variables that only a run's own scripts read (train.py, its helpers, tencache_ds at import
         # in the child): a run adding any other goes through a fresh interpreter, since the fork server imported
         # torch, DeepSpeed and transformers with its own environment.
-        forkable = (launcher == "python" and script == TRAIN and cgroup is None and shm_size is None
-                    and all(key.startswith("TENCACHE_") for key in extra_env) and _FORK_SERVER.enabled)
+        forkable = ((launcher == "python" and script == TRAIN or launcher == "ranks") and cgroup is None
+                    and shm_size is None and all(key.startswith("TENCACHE_") for key in extra_env)
+                    and _FORK_SERVER.enabled)
         try:
             if forkable:
-                proc = _FORK_SERVER.run(args, env, timeout, tmp_path / name, command)
+                proc = _FORK_SERVER.run(args, env, timeout, tmp_path / name, command,
+                                        script=None if script == TRAIN else script,
+                                        ranks=num_ranks if launcher == "ranks" else None, master_port=master_port)
             else:
                 proc = _run_in_own_group(command, env, timeout)
         finally:

@@ -1,7 +1,9 @@
-"""A fork server for the suite's single-process training runs: imports what every run of scripts/train.py imports
-(torch, DeepSpeed, transformers and the test models' modeling code, about 10 s of a 20 s gpt2-tiny run on 2 cores)
-once, then forks one child per run, which runs train.py's ``main`` exactly as ``python scripts/train.py ARGS``
-would, with the run's own environment, its output in files, in a process group of its own.
+"""A fork server for the suite's training runs: imports what every run of scripts/train.py imports (torch,
+DeepSpeed, transformers and the test models' modeling code, about 10 s of a 20 s gpt2-tiny run on 2 cores) once,
+then forks one child per run, which runs train.py's ``main`` exactly as ``python scripts/train.py ARGS`` would (or a
+helper script, as ``python SCRIPT ARGS`` would), with the run's own environment, its output in files, in a process
+group of its own. A run of several ranks forks them as ``deepspeed --num_gpus N`` starts them (``launch_ranks``):
+the launcher's own start-up and each rank's imports, about 25 s of CPU a launch, are saved.
 
 What a child shares with a fresh process: everything train.py does, from parsing its arguments on (seeding, the
 model, ``deepspeed.initialize``, tencache_ds's import when the run is not --untouched-stock: the server never
@@ -10,7 +12,8 @@ already imported, with the server's environment (conftest sends only runs whose 
 read at import time), and py-cpuinfo's answer is already cached (train.py caches it for the process anyway).
 
 Protocol, one JSON object per line: requests on stdin ``{"argv": [...], "env": {...}, "stdout": path, "stderr":
-path}``; on stdout, ``READY`` once, then per request ``{"pid": N}`` when the child started and ``{"pid": N,
+path}``, optionally with ``"script": path`` (another script than train.py) and ``"ranks": N`` (the env then holds
+MASTER_PORT); on stdout, ``READY`` once, then per request ``{"pid": N}`` when the child started and ``{"pid": N,
 "returncode": R}`` when it ended (R as subprocess reports it: negative for a signal). EOF on stdin ends the server.
 """
 import atexit
@@ -18,8 +21,11 @@ import ctypes
 import importlib
 import json
 import os
+import runpy
+import signal
 import sys
 import threading
+import time
 import traceback
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -55,7 +61,9 @@ def prepare():
 
 
 def run_child(request) -> int:
-    """In the child: become train.py with the request's arguments, environment and output files."""
+    """In the child: become the run the request names, with its environment and output files: train.py, or the
+    request's ``script``, with its arguments; with ``ranks``, the ranks DeepSpeed's launcher would start
+    (``launch_ranks``)."""
     os.setsid()  # its own process group: a hung run is killed with whatever it started
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
@@ -66,10 +74,22 @@ def run_child(request) -> int:
         os.close(out)
     os.environ.clear()
     os.environ.update(request["env"])
-    sys.argv = [train.__file__] + request["argv"]
+    if request.get("ranks"):
+        return launch_ranks(request["ranks"], request.get("script"), request["argv"])
+    return run_script(request.get("script"), request["argv"])
+
+
+def run_script(script, argv) -> int:
+    """train.py's ``main`` with ``argv`` (``script`` None), or ``script`` run as ``__main__`` with it, as
+    ``python SCRIPT ARGV`` would run it; its exit status."""
+    sys.argv = [script or train.__file__] + argv
     code = 0
     try:
-        code = train.main(request["argv"]) or 0
+        if script is None:
+            code = train.main(argv) or 0
+        else:
+            sys.path.insert(0, os.path.dirname(os.path.abspath(script)))  # the interpreter's sys.path[0]
+            runpy.run_path(script, run_name="__main__")
     except SystemExit as stop:
         if isinstance(stop.code, int):
             code = stop.code
@@ -86,6 +106,45 @@ def run_child(request) -> int:
         sys.stdout.flush()
         sys.stderr.flush()
         LIBC.fflush(None)  # C++ output (DeepSpeed's aio errors) buffered in stdio
+    return code
+
+
+def launch_ranks(ranks, script, argv) -> int:
+    """What ``deepspeed --num_gpus RANKS --master_port PORT SCRIPT ARGV`` does on one node (DeepSpeed's
+    launcher/runner.py and launch.py; PORT from the request's MASTER_PORT): a rank per process, each with the
+    environment the launcher sets and ``--local_rank=i`` before the script's arguments, unbuffered (``python -u``),
+    all writing to the same output files. When a rank fails the launcher ends the others (SIGTERM, SIGKILL after
+    30 s) and its exit status is that rank's."""
+    launched = {"MASTER_ADDR": "127.0.0.1", "WORLD_SIZE": str(ranks), "CROSS_RANK": "0", "CROSS_SIZE": "1",
+                "LOCAL_SIZE": str(ranks), "CUDA_VISIBLE_DEVICES": ",".join(map(str, range(ranks)))}
+    live = []
+    for rank in range(ranks):
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                os.environ.update(launched, RANK=str(rank), LOCAL_RANK=str(rank))
+                sys.stdout.reconfigure(line_buffering=True)
+                code = run_script(script, [f"--local_rank={rank}"] + argv)
+            finally:
+                os._exit(code)
+        live.append(pid)
+    code, kill_at = 0, None
+    while live:
+        pid, status = os.waitpid(-1, os.WNOHANG)
+        if pid == 0:
+            if kill_at is not None and time.monotonic() > kill_at:
+                for other in live:
+                    os.kill(other, signal.SIGKILL)
+                kill_at = float("inf")
+            time.sleep(0.05)
+            continue
+        live.remove(pid)
+        returncode = os.waitstatus_to_exitcode(status)
+        if returncode != 0 and code == 0:
+            code, kill_at = returncode, time.monotonic() + 30
+            for other in live:
+                os.kill(other, signal.SIGTERM)
     return code
 
 

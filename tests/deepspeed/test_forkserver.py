@@ -1,10 +1,17 @@
 """The suite's fork server (forkserver.py, conftest's _ForkServer) behaves as a fresh interpreter would for the
 runs it serves: a run that outlives its timeout is killed with its process group and fails its test, and the
 server goes on serving; a stock reference forked from it never imported tencache_ds; a forked run and a fresh one
-compute with the same threads and give the same bits."""
+compute with the same threads and give the same bits; ranks forked as DeepSpeed's launcher starts them get its
+environment and arguments, give its bits, and a rank that fails ends the launch with its status, without a hang."""
+import json
 import os
+import sys
+import textwrap
+import time
 
 import pytest
+
+from conftest import free_port
 
 pytestmark = [pytest.mark.deepspeed]
 
@@ -31,3 +38,43 @@ def test_forked_and_fresh_runs_compute_with_the_suites_one_thread(train, fork_se
     fresh = train(block=None, steps=1, seq_len=16, label="threads-fresh", env={"TEST_FRESH_INTERPRETER": "1"})
     assert forked.result["compute"]["num_threads"] == fresh.result["compute"]["num_threads"] == threads
     assert forked.loss_bits == fresh.loss_bits
+
+
+def test_forked_ranks_give_the_launchers_bits(train, fork_server):
+    if not fork_server.enabled:
+        pytest.skip("TENCACHE_TEST_FORKSERVER=0: every run starts a fresh interpreter")
+    options = dict(block=None, num_ranks=2, steps=2, seq_len=16, dtype="fp32", label="forked-ranks")
+    launched, forked = train(launcher="deepspeed", **options), train(launcher="ranks", **options)
+    assert launched.result["world_size"] == forked.result["world_size"] == 2
+    assert forked.loss_bits == launched.loss_bits and len(forked.loss_bits) == 2
+    assert forked.result["weights_sha256"] == launched.result["weights_sha256"] is not None
+
+
+RANKS_SCRIPT = """
+    import json, os, sys, time
+    print("RANK_ENV " + json.dumps({"argv": sys.argv[1:], "env": {key: os.environ.get(key) for key in (
+        "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_SIZE", "MASTER_ADDR", "MASTER_PORT", "CROSS_RANK", "CROSS_SIZE")}}))
+    if os.environ["RANK"] == "1":
+        sys.exit(3)
+    time.sleep(120)  # as a rank waiting in a collective for the one that failed
+"""
+
+
+def test_a_failed_forked_rank_ends_the_others_and_the_launch_takes_its_status(tmp_path, fork_server):
+    if not fork_server.enabled:
+        pytest.skip("TENCACHE_TEST_FORKSERVER=0: every run starts a fresh interpreter")
+    script = tmp_path / "ranks.py"
+    script.write_text(textwrap.dedent(RANKS_SCRIPT))
+    port = free_port()
+    started = time.monotonic()
+    done = fork_server.run(["--flag", "value"], dict(os.environ), 60, str(tmp_path / "out"), [sys.executable, script],
+                           script=str(script), ranks=2, master_port=port)
+    assert time.monotonic() - started < 30 and done.returncode == 3, done
+    seen = sorted((json.loads(line.split(" ", 1)[1]) for line in done.stdout.splitlines()
+                   if line.startswith("RANK_ENV ")), key=lambda rank: rank["env"]["RANK"])
+    assert [rank["argv"] for rank in seen] == [["--local_rank=0", "--flag", "value"],
+                                               ["--local_rank=1", "--flag", "value"]]
+    for rank, seen_by in enumerate(seen):  # what deepspeed/launcher/launch.py sets on one node
+        assert seen_by["env"] == {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_SIZE": "2",
+                                  "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "CROSS_RANK": "0",
+                                  "CROSS_SIZE": "1"}

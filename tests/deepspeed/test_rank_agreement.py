@@ -1,8 +1,9 @@
 """Ranks agree by construction (integrations/deepspeed/agreement.py): which parameters the device tier keeps decides
 which all-gathers run, so a tier that followed each rank's own budget would desynchronise the collectives (gloo
-aborts with "Received data size doesn't match expected size", NCCL hangs). Two ranks through the launcher, one of
-them given far smaller budgets on purpose: the run finishes, with the bits of stock CPU offload (stock NVMe crashes
-at 2 ranks with parameters on NVMe), and the device tier gathers each parameter once per optimizer step."""
+aborts with "Received data size doesn't match expected size", NCCL hangs). Two ranks, one of them given far smaller
+budgets on purpose: the run finishes, with the bits of stock CPU offload (stock NVMe crashes at 2 ranks with
+parameters on NVMe), and the device tier gathers each parameter once per optimizer step. The ranks are forked as the
+launcher starts them (tests/deepspeed/forkserver.py), except in the first test, which goes through the launcher."""
 import json
 import os
 
@@ -14,7 +15,7 @@ from test_residency import FAST  # fp32 (why: there)
 pytestmark = [pytest.mark.deepspeed, pytest.mark.slow]
 
 RANK_BUDGETS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rank_budgets.py")
-TWO_RANKS = dict(FAST, launcher="deepspeed", num_ranks=2, grad_accum=2, steps=3, seq_len=32, micro_batch=1)
+TWO_RANKS = dict(FAST, launcher="ranks", num_ranks=2, grad_accum=2, steps=3, seq_len=32, micro_batch=1)
 # rank 1 only: a device tier that holds a few parameters, a host tier smaller than the model's partitions
 SMALL_ON_RANK_1 = {"device_cache_bytes": "4MB", "host_cache_bytes": "20MB"}
 
@@ -22,7 +23,7 @@ SMALL_ON_RANK_1 = {"device_cache_bytes": "4MB", "host_cache_bytes": "20MB"}
 def test_ranks_with_different_budgets_agree_and_give_stock_cpu_offloads_bits(train, tmp_path):
     """With an evaluation pass every other step (the traced sequence changes, and the tier keeps its residents
     through it), and rank 1's host tier too small for the model (its file I/O differs from rank 0's)."""
-    options = dict(TWO_RANKS, steps=4, eval_every=2)
+    options = dict(TWO_RANKS, steps=4, eval_every=2, launcher="deepspeed")  # the launcher itself, with a timeout
     reference = train(block=None, offload_device="cpu", **options)
     unequal = train(block={"metrics_path": str(tmp_path / "metrics.jsonl")}, script=RANK_BUDGETS,
                     env={"TENCACHE_TEST_RANK1_BLOCK": json.dumps(SMALL_ON_RANK_1)}, timeout=600, **options)

@@ -136,7 +136,7 @@ def test_at_two_ranks_a_parameter_split_unevenly_makes_no_gradient_round_trip_ei
     buffer. Regression: the lookup required the whole view, found none, and stored (and, streaming, wrote) those
     gradients. Stock NVMe drifts at 2 ranks with the optimizer on NVMe: the reference is stock CPU offload."""
     nvme = str(tmp_path / "nvme")
-    two_ranks = dict(FAST, launcher="deepspeed", num_ranks=2, steps=3, sub_group_size=2e5, seq_len=16,
+    two_ranks = dict(FAST, launcher="ranks", num_ranks=2, steps=3, sub_group_size=2e5, seq_len=16,
                      model=os.path.join(os.path.dirname(__file__), "models", "gpt2-odd-widths.json"))
     reference = train(block=None, offload_device="cpu", **two_ranks)
     ours = train(block=STREAMING, nvme_path=nvme, **two_ranks)
@@ -240,7 +240,7 @@ def test_two_ranks_with_parameters_on_nvme_match_stock_cpu_offload(train):
     stock CPU offload's bits at 2 ranks. opt-tiny in bf16 is a model where the coordinator does that by step 1
     (in fp32 it happens not to ask again, so this test stays in bf16, on 16-token sequences to keep bf16's slow CPU
     matmuls short)."""
-    two_ranks = dict(FAST, dtype="bf16", seq_len=16, launcher="deepspeed", num_ranks=2, model="opt-tiny", steps=2)
+    two_ranks = dict(FAST, dtype="bf16", seq_len=16, launcher="ranks", num_ranks=2, model="opt-tiny", steps=2)
     crashed = train(block=None, expect_failure=True, **two_ranks)
     assert "already assigned swap buffer" in crashed.output
     reference = train(block=None, offload_device="cpu", **two_ranks)

@@ -4,7 +4,8 @@ weights and gradients after backward, Adam's moments after the step; whole and t
 back as set, and the training that follows uses what was set), the vectorised gradient update and a user's own
 clipping, and the 16-bit model saved at the end with the parameters offloaded too, give the results of stock CPU
 offload run in a process that never imported tencache_ds, bit for bit, whether the host tier streams everything or
-holds part of the state. Real engine, real files, through the launcher."""
+holds part of the state. Real engine, real files, 2 ranks forked as the launcher starts them
+(tests/deepspeed/forkserver.py)."""
 import os
 
 import pytest

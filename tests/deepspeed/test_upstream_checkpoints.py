@@ -55,7 +55,7 @@ def scenarios(tmp_path, mode, device, names, ranks=2):
     """Every scenario in one launch (each with its own engines and folders): the launch's start-up, not the
     scenarios, was most of the time when each had its own."""
     nvme, ckpt = tmp_path / f"nvme-{mode}-{device}-{ranks}", tmp_path / f"ckpt-{mode}-{device}"
-    return launch_ranks(SCRIPT, [",".join(names), mode, device, nvme, ckpt], ranks, cleanup=[nvme])
+    return launch_ranks(SCRIPT, [",".join(names), mode, device, nvme, ckpt], ranks, cleanup=[nvme], forked=True)
 
 
 # saved by tencache's launch with the optimizer on NVMe, loaded by stock's with the optimizer on cpu

@@ -13,9 +13,9 @@ how a gradient reaches the offloaded optimizer (no contiguous gradients, no redu
 round-robin gradients, buckets smaller than a layer), and DeepSpeed's Muon (its momentum bf16 beside fp32 masters;
 tencache stopped at the first update before 2026-11-27), saved, rolled back to and resumed, and a checkpoint of
 stock's swappers resumed, and a run whose step changes under it (``torch_autocast`` with fp32 parameters, leaf
-modules fetched whole, the batch size changed twice mid-run). Each gives the
-results of stock CPU offload run in a process that never imported tencache_ds, bit for bit, with the host tier
-holding part of the state. Real engine, real files, through the launcher."""
+modules fetched whole, the batch size changed twice mid-run). Each gives the results of stock CPU offload run in a
+process that never imported tencache_ds, bit for bit, with the host tier holding part of the state. Real engine,
+real files, 2 ranks forked as the launcher starts them (tests/deepspeed/forkserver.py)."""
 import os
 
 import pytest

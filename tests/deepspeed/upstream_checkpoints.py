@@ -2,8 +2,8 @@
 the scenarios of tests/unit/v1/zero/test_zero.py::TestZeroToFP32::test_1_param_group and tests/unit/checkpoint/
 test_zero_optimizer.py::TestZeROSaveLoadEdgeCase::test_immediate_save_load / ::test_load_immediate_save and
 TestZeROCheckpoint::test_load_optimizer_state / test_not_load_optimizer_state / test_load_module_only in DeepSpeed's
-repository; fp32 (bf16 in the last) instead of fp16, the CPU accelerator, 2 ranks, layers of 1024 so that the
-optimizer state is large enough to be swapped). Rank 0 prints one RESULT line.
+repository; fp32 (bf16 in TestZeROCheckpoint's and at another world size) instead of fp16, the CPU accelerator, 2
+ranks, layers of 1024 so that the optimizer state is large enough to be swapped). Rank 0 prints one RESULT line.
 
     deepspeed --num_gpus 2 tests/deepspeed/upstream_checkpoints.py SCENARIOS stock|tencache[=BYTES] nvme|cpu
         NVME_DIR CKPT_DIR
@@ -243,10 +243,12 @@ def module_only_params_on_file(mode, device, nvme, ckpt):
     return {"error": error, "unchanged": unchanged}
 
 
-def other_world_engine(mode, device, nvme, sub_group_size=None, universal=False, lr=1e-3):
+def other_world_engine(mode, device, nvme, sub_group_size=None, universal=False, lr=1e-3, bf16=False):
     torch.manual_seed(1234)
     model = Layers(3, False)
     config = ds_config(mode, device, nvme, 2, 1, lr=lr)
+    if bf16:
+        config["bf16"] = {"enabled": True}
     if sub_group_size:
         config["zero_optimization"]["sub_group_size"] = sub_group_size
     if universal:
@@ -255,14 +257,14 @@ def other_world_engine(mode, device, nvme, sub_group_size=None, universal=False,
 
 
 def fresh_engines_load(mode, device, nvme, saved, sub_group_size=None, tag="saved", loads=("weights", "optimizer"),
-                       lr=1e-3):
-    """Fresh engines (learning rate ``lr``) load the checkpoint ``tag`` in ``saved`` (a universal one: ``tag``
+                       lr=1e-3, bf16=False):
+    """Fresh engines (learning rate ``lr``, in bf16 if ``bf16``) load the checkpoint ``tag`` in ``saved`` (a universal one: ``tag``
     "universal"), one without the optimizer's state ("weights"), one with it ("optimizer"), one the module only
     ("module", if in ``loads``), and each trains 3 steps: ``loads_and_trains_on`` of each."""
     result = {}
     for load in loads:
         engine = other_world_engine(mode, device, os.path.join(nvme, tag, load), sub_group_size,
-                                    universal=tag == "universal", lr=lr)
+                                    universal=tag == "universal", lr=lr, bf16=bf16)
         result[load] = loads_and_trains_on(engine, saved, load, tag)
         engine.destroy()
     return result
@@ -281,9 +283,10 @@ def loads_and_trains_on(engine, saved, load, tag="saved"):
 
 
 def trains_on(engine):
-    """Train ``engine`` 3 steps (the batches a load trains on after): the losses and the trained weights."""
+    """Train ``engine`` 3 steps (the batches a load trains on after, in its dtype): the losses and the trained
+    weights."""
     losses = []
-    for x, y in batches(3, 2, seed=11):
+    for x, y in batches(3, 2, seed=11, dtype=torch.bfloat16 if engine.bfloat16_enabled() else torch.float32):
         loss = engine(x, y)
         engine.backward(loss)
         engine.step()
@@ -293,16 +296,17 @@ def trains_on(engine):
 
 def save_for_other_world_size(mode, device, nvme, ckpt):
     """The first half of TestZeROCheckpoint's elastic cases (DeepSpeed's stage-3 answer: not supported), not a
-    port: train 2 steps and save, at this launch's world size; ``load_at_other_world_size`` loads it at another.
+    port, in bf16 (so that a load that rounded the fp32 masters to the bf16 weights shows): train 2 steps and save,
+    at this launch's world size; ``load_at_other_world_size`` loads it at another.
     Then, in this launch, a fresh engine with other sub-groups (``sub_group_size`` a layer's weight instead of one
     sub-group) loads it with the optimizer's state (stock CPU offload stops: other parameter groups) and without it
     (the weights are the checkpoint's: train 3 steps on)."""
-    engine = other_world_engine(mode, device, nvme)
-    train(engine, 2, 2)
+    engine = other_world_engine(mode, device, nvme, bf16=True)
+    train(engine, 2, 2, torch.bfloat16)
     engine.save_checkpoint(ckpt, tag="saved")
     result = {"trained": digest(gathered(engine))}
     engine.destroy()
-    other_sub_groups = fresh_engines_load(mode, device, nvme, ckpt, sub_group_size=HIDDEN * HIDDEN)
+    other_sub_groups = fresh_engines_load(mode, device, nvme, ckpt, sub_group_size=HIDDEN * HIDDEN, bf16=True)
     return dict(result, **{f"other_sub_groups_{load}": loaded for load, loaded in other_sub_groups.items()})
 
 
@@ -354,9 +358,10 @@ def load_at_other_world_size(mode, device, nvme, ckpt):
     way to another world size, and of the module only, by engines with a sub-group per layer and another learning
     rate (the checkpoint's is loaded with its optimizer state)."""
     saved = os.path.join(os.path.dirname(ckpt), "save_for_other_world_size")
-    return dict(fresh_engines_load(mode, device, nvme, saved),
+    return dict(fresh_engines_load(mode, device, nvme, saved, bf16=True),
                 universal=fresh_engines_load(mode, device, nvme, saved, sub_group_size=HIDDEN * HIDDEN,
-                                             tag="universal", loads=("weights", "optimizer", "module"), lr=5e-4))
+                                             tag="universal", loads=("weights", "optimizer", "module"), lr=5e-4,
+                                             bf16=True))
 
 
 SCENARIOS = {
