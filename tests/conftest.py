@@ -62,20 +62,22 @@ def reflink_folder():
             shutil.rmtree(work, ignore_errors=True)
 
 
-# The tests that take longest (minutes each on 2 cores: two-rank launches of many scenarios, the machine's
-# calibration), longest first. pytest-xdist's worksteal gives each of the two workers half of the collection in
-# order, then moves tests from the end of one's queue to the other when it runs dry: a long test collected late
-# ran alone at the end while the other worker idled (the last 5% of a full run took 8 of its 26 minutes). So these
-# start first, alternately at the head of each worker's half.
-LONGEST_FIRST = (
-    "tests/deepspeed/test_upstream_checkpoints.py::",
+# The tests that take longest (about a minute or more each on 2 cores: two-rank launches of many scenarios, the
+# machine's calibration), longest first. pytest-xdist's worksteal gives each of the two workers half of the
+# collection in order, then moves tests from the end of one's queue to the other when it runs dry: a long test
+# collected late ran alone at the end while the other worker idled (the last 5% of a full run took 8 of its 26
+# minutes). So these start first, alternately at the head of each worker's half.
+LONGEST_FIRST = (  # by a full run's --durations on 2026-11-29 (an Intel Xeon, 2 cores)
     "tests/deepspeed/test_zero_scenarios.py::",
-    "tests/deepspeed/test_tensor_fragments.py::",
     "tests/deepspeed/test_hf_trainer.py::",
-    "tests/deepspeed/test_rank_agreement.py::",
-    "tests/deepspeed/test_zero_to_fp32.py::test_at_two_ranks",
-    "tests/deepspeed/test_residency.py::test_two_ranks",
+    "tests/deepspeed/test_upstream_checkpoints.py::",
+    "tests/deepspeed/test_rank_agreement.py::test_ranks_with_different_budgets",
     "tests/cli/test_estimate.py::test_machine_this_measures",
+    "tests/deepspeed/test_tensor_fragments.py::",
+    "tests/deepspeed/test_device_tier_engine.py::test_a_frozen_base_model_through_eval_passes_at_two_ranks",
+    "tests/deepspeed/test_exact_resume.py::test_resume_of_a_frozen_base_model_at_two_ranks",
+    "tests/deepspeed/test_parity.py::test_bit_identical_through_the_deepspeed_launcher",
+    "tests/cli/test_cli.py::test_bench_end_to_end",
 )
 
 
