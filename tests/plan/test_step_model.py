@@ -188,6 +188,31 @@ def test_bf16_masters_and_state_halve_the_optimizer_bytes_and_stop_stock():
     assert not ok and any("first optimizer step with bf16.bf16_master_weights_and_grads" in r for r in reasons)
 
 
+@pytest.mark.parametrize("optimizer, state", [("Adagrad", "exp_avg_sq"), ("Lion", "exp_avg")])
+def test_adagrad_and_lion_keep_one_state_tensor_where_adam_keeps_two(optimizer, state):
+    """DeepSpeed's CPU Adagrad and Lion keep one state tensor per master element, where Adam keeps two: a step moves
+    one tensor of every sub-group fewer (streaming: nothing held), and the swap folder holds one fewer."""
+    def predicted(name, world=1):
+        config = ds_config(host_cache_bytes=0)
+        config["optimizer"] = {"type": name, "params": {"lr": 1e-3}}
+        config["zero_optimization"]["sub_group_size"] = 2_000_000  # several sub-groups
+        work = workload(config=config, world=world)
+        return work, predict(work, this_vm())
+
+    work, ours = predicted(optimizer)
+    adam_work, adam = predicted("AdamW")
+    assert work.zero.precision.state_names == (state,) and len(work.sub_groups) > 1
+    kept = {key[0] for key in _optimizer_sequence(work)[1]}
+    assert kept == {"p", "m" if state == "exp_avg" else "v"}
+    # the bytes of one moment of every sub-group
+    moment_bytes = sum(size for key, size in _optimizer_sequence(adam_work)[1].items() if key.startswith("m"))
+    assert moment_bytes > 0
+    for arm in (STOCK, TENCACHE):
+        assert ours[arm].nvme_read_bytes == adam[arm].nvme_read_bytes - moment_bytes, arm
+        assert ours[arm].nvme_write_bytes == adam[arm].nvme_write_bytes - moment_bytes, arm
+        assert ours[arm].memory["nvme"] == adam[arm].memory["nvme"] - moment_bytes, arm
+
+
 def test_bf16_masters_beside_fp32_state_are_refused_by_tencache():
     """bf16 masters alone leave DeepSpeedCPUAdam's moments in fp32, which tencache refuses at initialize
     (config_bridge); the estimate says so, with the keys that make the state bf16."""

@@ -25,8 +25,8 @@ def init_bytes_per_element_outside_pool(zero: ZeroSettings) -> int:
 
 
 def init_bytes_per_element_pooled(zero: ZeroSettings) -> int:
-    """fp32 masters and state: 16 (the master's and gradient's buffers, the two moments)."""
-    return 2 * zero.precision.master_bytes + 2 * zero.precision.state_bytes
+    """fp32 masters and Adam's state: 16 (the master's and gradient's buffers, the two moments)."""
+    return 2 * zero.precision.master_bytes + len(zero.precision.state_names) * zero.precision.state_bytes
 # On a host accelerator each micro-batch's backward writes fresh host memory, about 3.5 times the model's gathered
 # bytes: the gradients autograd allocates, the reduce bucket stage 3 concatenates, the reduced copies; freed again
 # at the step (large blocks go back to the kernel), so the next backward faults its pages in once more. Measured
@@ -57,16 +57,17 @@ NORM_FLOAT64_BYTES = 16
 
 
 def optimizer_state_bytes_per_element(zero: ZeroSettings) -> int:
-    """The master and Adam's two moments, per element, in their dtypes (fp32: 12)."""
-    return zero.precision.master_bytes + 2 * zero.precision.state_bytes
+    """The master and the optimizer's state, per element, in their dtypes (fp32 Adam: 12, Adagrad or Lion: 8)."""
+    return zero.precision.master_bytes + len(zero.precision.state_names) * zero.precision.state_bytes
 
 
 def sub_group_file_bytes(zero: ZeroSettings, numel: int) -> Dict[str, int]:
     """One sub-group's swap files by tensor (aligned as DeepSpeed aligns them): the master and the gradient in the
-    masters' dtype, the moments in the state's."""
+    masters' dtype, each state tensor (``precision.state_names``: Adam's "exp_avg" and "exp_avg_sq") in the
+    state's."""
     master = zero.swap_nbytes(numel, zero.precision.master_bytes)
-    moment = zero.swap_nbytes(numel, zero.precision.state_bytes)
-    return {"master": master, "exp_avg": moment, "exp_avg_sq": moment, "gradient": master}
+    state = zero.swap_nbytes(numel, zero.precision.state_bytes)
+    return {"master": master, **{name: state for name in zero.precision.state_names}, "gradient": master}
 
 
 def module_compute_s(fetch, rates: Rates) -> float:

@@ -74,14 +74,17 @@ def _stock_optimizer(workload: Workload, timeline: Timeline, rates: Rates) -> No
     files = {i: sub_group_file_bytes(zero, workload.sub_group_elements(i)) for i in groups}
     sizes = {i: workload.sub_group_elements(i) for i in groups}
 
-    def state_bytes(i):  # master and two moments: three requests
-        return files[i]["master"] + files[i]["exp_avg"] + files[i]["exp_avg_sq"]
+    states = zero.precision.state_names
+    request_bytes = {i: files[i][states[0]] for i in groups}  # a state tensor's request
+
+    def state_bytes(i):  # the master and each state tensor (Adam's two moments): a request each
+        return files[i]["master"] + sum(files[i][name] for name in states)
 
     for i in groups:  # swap_out_gradients at the end of backward
         timeline.issue("nvme_write", files[i]["gradient"], f"g{i}")
 
     def read(i):
-        state = timeline.issue("nvme_read", state_bytes(i), f"s{i}", request_bytes=files[i]["exp_avg"])
+        state = timeline.issue("nvme_read", state_bytes(i), f"s{i}", request_bytes=request_bytes[i])
         return max(state, timeline.issue("nvme_read", files[i]["gradient"], f"g{i}"))
 
     pending_writes: List[float] = []
@@ -92,7 +95,7 @@ def _stock_optimizer(workload: Workload, timeline: Timeline, rates: Rates) -> No
         if zero.pipelined_optimizer and i + 1 in sizes:
             ahead = read(i + 1)
         timeline.work(optimizer_cpu_s(workload, sizes[i], rates), "cpu_adam")
-        written = timeline.issue("nvme_write", state_bytes(i), f"s{i}", request_bytes=files[i]["exp_avg"])
+        written = timeline.issue("nvme_write", state_bytes(i), f"s{i}", request_bytes=request_bytes[i])
         if zero.pipelined_optimizer:
             pending_writes.append(written)
         else:

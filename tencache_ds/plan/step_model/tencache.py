@@ -31,7 +31,7 @@ from ..machine import Machine
 from ..memory_pressure import Action, MemoryPressurePolicy
 from ..prefetch import PrefetchSchedule
 from ..size_classes import cache_slot_counts, class_bytes, merge_close_classes, size_histogram, streaming_slot_counts
-from ..workload import Workload
+from ..workload import Workload, ZeroSettings
 from .costs import (backward_host_memory_s, device_step_bytes, device_working_bytes, gathered_bytes,
                     host_resident_bytes, host_step_rise_bytes, init_bytes_per_element_outside_pool,
                     init_bytes_per_element_pooled, module_compute_s, nvme_space, optimizer_cpu_s,
@@ -185,17 +185,27 @@ def _params_off_nvme_bytes(workload: Workload) -> int:
     return 0
 
 
+# The replay's keys for a sub-group's tensors in the optimizer store ("p3": sub-group 3's master), by file
+_OPTIMIZER_KEYS = {"p": "master", "m": "exp_avg", "v": "exp_avg_sq"}
+
+
+def _sub_group_keys(zero: ZeroSettings, i: int) -> List[str]:
+    """Sub-group ``i``'s tensors in the store: its master and the optimizer's state tensors (Adam's two moments,
+    Adagrad's or Lion's one)."""
+    return [f"{key}{i}" for key, name in _OPTIMIZER_KEYS.items()
+            if name == "master" or name in zero.precision.state_names]
+
+
 def _optimizer_sequence(workload: Workload) -> Tuple[List[str], Dict[str, int]]:
-    """The optimizer store's accesses in a step: per sub-group its master and two moments in the update. The
-    gradients are not the store's: the update reads them from stage 3's own partition buffer, in any dtype and on
-    any accelerator (integrations/deepspeed/stage3_gradients.py)."""
+    """The optimizer store's accesses in a step: per sub-group its master and state tensors (Adam's two moments,
+    Adagrad's or Lion's one) in the update. The gradients are not the store's: the update reads them from stage 3's
+    own partition buffer, in any dtype and on any accelerator (integrations/deepspeed/stage3_gradients.py)."""
     zero, keys, sizes = workload.zero, [], {}
-    names = {"p": "master", "m": "exp_avg", "v": "exp_avg_sq"}
     for i in range(len(workload.sub_groups)):
         files = sub_group_file_bytes(zero, workload.sub_group_elements(i))
-        for name, tensor in names.items():
-            sizes[f"{name}{i}"] = files[tensor]
-        keys += [f"{name}{i}" for name in names]
+        for key in _sub_group_keys(zero, i):
+            sizes[key] = files[_OPTIMIZER_KEYS[key[0]]]
+            keys.append(key)
     return keys, sizes
 
 
@@ -239,7 +249,7 @@ def predict_tencache(workload: Workload, machine: Machine) -> Prediction:
             issued: Dict[int, float] = {}
             for index, fetch in enumerate(workload.fetches):
                 if streams and micro == workload.gas - 1 and index == first_backward:
-                    for name in ("p0", "m0", "v0"):  # the first sub-group's state, read during backward
+                    for name in _sub_group_keys(zero, 0):  # the first sub-group's state, read during backward
                         if name not in plan.optimizer_held:
                             ahead[name] = timeline.issue("nvme_read", plan.optimizer_io_bytes(name, opt_sizes[name]),
                                                          name)
@@ -308,17 +318,14 @@ def _tencache_optimizer(workload: Workload, timeline: Timeline, rates: Rates, pl
                         sizes: Dict[str, int], ahead: Dict[str, float], written_params: Set[str]) -> None:
     groups = len(workload.sub_groups)
 
-    def tensors(i: int) -> List[str]:
-        return [f"p{i}", f"m{i}", f"v{i}"]
-
     def read(i: int) -> None:
-        for name in tensors(i):
+        for name in _sub_group_keys(workload.zero, i):
             if name not in plan.optimizer_held and name not in ahead:
                 ahead[name] = timeline.issue("nvme_read", plan.optimizer_io_bytes(name, sizes[name]), name)
 
     for i in range(groups):
         read(i)
-        for name in tensors(i):
+        for name in _sub_group_keys(workload.zero, i):
             if name in ahead:
                 timeline.wait(ahead.pop(name), "nvme_read")
         if i + 1 < groups:
@@ -329,7 +336,7 @@ def _tencache_optimizer(workload: Workload, timeline: Timeline, rates: Rates, pl
         for key in workload.sub_groups[i]:
             if key in written_params:
                 timeline.issue("nvme_write", param_bytes(workload, key), key)
-        for name in tensors(i):
+        for name in _sub_group_keys(workload.zero, i):
             if name not in plan.optimizer_held:
                 timeline.issue("nvme_write", plan.optimizer_io_bytes(name, sizes[name]), name)
 
