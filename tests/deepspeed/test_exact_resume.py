@@ -46,11 +46,12 @@ def test_resume_with_a_prefix_held_at_the_save_gives_the_uninterrupted_runs_bits
 
 def test_resume_of_a_frozen_base_model_at_two_ranks_gives_the_uninterrupted_runs_bits(train, tmp_path):
     """Most parameters frozen (no fp32 master: the ZeRO file keeps them among its frozen fragments), parameters and
-    optimizer on NVMe, 2 ranks through the launcher."""
+    optimizer on NVMe, 2 ranks: the run that saves forked as the launcher starts them (tests/deepspeed/forkserver.py),
+    the resume through the launcher."""
     options = dict(FAST, train_only="ln_|bias|wpe", launcher="deepspeed", num_ranks=2, seq_len=32, micro_batch=1,
                    timeout=600)
     folder = str(tmp_path / "ckpt")
-    uninterrupted = train(block=AUTO, steps=4, save_after=2, checkpoint_dir=folder, **options)
+    uninterrupted = train(block=AUTO, steps=4, save_after=2, checkpoint_dir=folder, **dict(options, launcher="ranks"))
     resumed = train(block=AUTO, steps=2, resume=True, checkpoint_dir=folder, **options)
     assert [step["step"] for step in resumed.result["steps"]] == [2, 3]
     assert resumed.loss_bits == uninterrupted.loss_bits[2:]

@@ -3,7 +3,7 @@ which all-gathers run, so a tier that followed each rank's own budget would desy
 aborts with "Received data size doesn't match expected size", NCCL hangs). Two ranks, one of them given far smaller
 budgets on purpose: the run finishes, with the bits of stock CPU offload (stock NVMe crashes at 2 ranks with
 parameters on NVMe), and the device tier gathers each parameter once per optimizer step. The ranks are forked as the
-launcher starts them (tests/deepspeed/forkserver.py), except in the first test, which goes through the launcher."""
+launcher starts them (tests/deepspeed/forkserver.py), except the first test's unequal run: through the launcher."""
 import json
 import os
 
@@ -23,8 +23,9 @@ SMALL_ON_RANK_1 = {"device_cache_bytes": "4MB", "host_cache_bytes": "20MB"}
 def test_ranks_with_different_budgets_agree_and_give_stock_cpu_offloads_bits(train, tmp_path):
     """With an evaluation pass every other step (the traced sequence changes, and the tier keeps its residents
     through it), and rank 1's host tier too small for the model (its file I/O differs from rank 0's)."""
-    options = dict(TWO_RANKS, steps=4, eval_every=2, launcher="deepspeed")  # the launcher itself, with a timeout
+    options = dict(TWO_RANKS, steps=4, eval_every=2)
     reference = train(block=None, offload_device="cpu", **options)
+    options["launcher"] = "deepspeed"  # the unequal ranks through the launcher itself, with a timeout
     unequal = train(block={"metrics_path": str(tmp_path / "metrics.jsonl")}, script=RANK_BUDGETS,
                     env={"TENCACHE_TEST_RANK1_BLOCK": json.dumps(SMALL_ON_RANK_1)}, timeout=600, **options)
     assert_same_bits(reference, unequal)
