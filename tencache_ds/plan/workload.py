@@ -40,10 +40,11 @@ def gradient_accumulation_bytes(ds_config: Mapping[str, Any], source: str = "ds_
 # Stage 3 takes no other optimizer with bf16 or fp16 masters and offload (its own assertion).
 DEEPSPEED_CPU_ADAM_TYPES = ("adam", "adamw")
 # The state tensors each master element has in the offloaded optimizer DeepSpeed builds from the config's type
-# (engine.py: DeepSpeedCPUAdam, DeepSpeedCPUAdagrad or DeepSpeedCPULion; the names their step() gives them, which
-# are the swap files' prefixes). Any other type, and a client optimizer, is priced as Adam.
+# (engine.py: DeepSpeedCPUAdam, DeepSpeedCPUAdagrad, DeepSpeedCPULion; the names their step() gives them, which are
+# the swap files' prefixes, and stage 3 swaps every one). DeepSpeedCPULion allocates Adam's two although its update
+# reads only exp_avg (ops/lion/cpu_lion.py); so does every other type, and a client optimizer is priced as Adam.
 ADAM_STATE_NAMES = ("exp_avg", "exp_avg_sq")
-STATE_NAMES_BY_TYPE = {"adagrad": ("exp_avg_sq",), "lion": ("exp_avg",)}
+STATE_NAMES_BY_TYPE = {"adagrad": ("exp_avg_sq",)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,7 +53,7 @@ class OptimizerPrecision:
     engine.get_optimizer_configuration). With masters narrower than fp32, ``master_key`` is the config key that
     made them so, and ``remedy`` what keeps the state in their dtype instead of fp32; ``from_config``: the config
     names the optimizer (else a client optimizer, whose state dtype only the run knows); ``state_names``: the state
-    tensors a master element has (Adam's two moments, Adagrad's and Lion's one)."""
+    tensors a master element has (Adam's and Lion's two, Adagrad's one)."""
 
     master_bytes: int = 4   # the masters and the gradients stage 3 hands the optimizer (master_weights_and_grads)
     state_bytes: int = 4    # the optimizer's state (Adam's moments)
@@ -74,7 +75,8 @@ def optimizer_precision(ds_config: Mapping[str, Any]) -> OptimizerPrecision:
     "fp32_optimizer_states" is false (DeepSpeed's truthiness) or "bf16_optimizer_states" is set. A client
     optimizer is taken to have that default; the run checks the one it gets (optimizer_swapper.py)."""
     optimizer = ds_config.get("optimizer") if isinstance(ds_config.get("optimizer"), Mapping) else None
-    state_names = STATE_NAMES_BY_TYPE.get(str((optimizer or {}).get("type", "")).lower(), ADAM_STATE_NAMES)
+    optimizer_type = str((optimizer or {}).get("type", "")).lower()
+    state_names = STATE_NAMES_BY_TYPE.get(optimizer_type, ADAM_STATE_NAMES)
     section = next((key for key in ("bf16", "bfloat16") if isinstance(ds_config.get(key), Mapping)), "bf16")
     bf16 = ds_config.get(section) if isinstance(ds_config.get(section), Mapping) else {}
     fp16 = ds_config.get("fp16") if isinstance(ds_config.get("fp16"), Mapping) else {}
@@ -92,7 +94,7 @@ def optimizer_precision(ds_config: Mapping[str, Any]) -> OptimizerPrecision:
     if optimizer is None:
         return OptimizerPrecision(2, 4 if fp32_states_default else 2, master_key, remedy, from_config=False)
     params = optimizer.get("params") if isinstance(optimizer.get("params"), Mapping) else {}
-    cpu_adam = str(optimizer.get("type", "")).lower() in DEEPSPEED_CPU_ADAM_TYPES and not params.get("torch_adam")
+    cpu_adam = optimizer_type in DEEPSPEED_CPU_ADAM_TYPES and not params.get("torch_adam")
     asked = params.get("fp32_optimizer_states")
     fp32_states = cpu_adam and fp32_states_default and (asked is None or bool(asked))
     return OptimizerPrecision(2, 4 if fp32_states else 2, master_key, remedy, state_names=state_names)

@@ -64,7 +64,7 @@ def launch_two_ranks(script, args, cleanup=(), timeout=900):
 
 def launch_ranks(script, args, ranks, cleanup=(), timeout=900, forked=False):
     """``launch_two_ranks`` with ``ranks`` ranks; ``forked``: the ranks forked from the fork server as the launcher
-    starts them (``forked_ranks``)."""
+    starts them (forkserver.py's ``launch_ranks``; the launcher itself with TENCACHE_TEST_FORKSERVER=0)."""
     port = free_port()
     args = [str(a) for a in args]
     command = ["deepspeed", "--num_gpus", str(ranks), "--master_port", str(port), script] + args
@@ -131,9 +131,10 @@ def _run_in_own_group(command, env, timeout):
 
 class _ForkServer:
     """The client of forkserver.py, one server per test worker, started at its first run: ``run`` is
-    _run_in_own_group's equivalent for a plain ``python scripts/train.py ARGS`` run (same CompletedProcess, the
-    same kill of the whole group and test failure when it hangs), about 10 s faster a run. TENCACHE_TEST_FORKSERVER=0
-    runs every training run in a fresh interpreter instead."""
+    _run_in_own_group's equivalent for a ``python scripts/train.py ARGS`` run, a helper script's, or the ranks of a
+    ``deepspeed --num_gpus N`` launch (same CompletedProcess, the same kill of the whole group and test failure when
+    it hangs), about 10 s faster a run (25 s of CPU a launch). TENCACHE_TEST_FORKSERVER=0 runs every training run in
+    a fresh interpreter, and every launch through the launcher, instead."""
 
     def __init__(self):
         self.enabled = os.environ.get("TENCACHE_TEST_FORKSERVER", "1") != "0"
@@ -192,6 +193,10 @@ class _ForkServer:
                 reply = json.loads(ended)
                 if reply.get("pid") != pid or "returncode" not in reply:
                     raise RuntimeError(f"tests/deepspeed/forkserver.py: {ended!r} for run {pid}")
+                try:  # whatever the run started and left behind (the launcher's pipe would have waited for it)
+                    os.killpg(pid, signal.SIGKILL)
+                except ProcessLookupError:  # nothing left: the usual case
+                    pass
         except BaseException:
             self._abandon()  # whatever was said is out of step now: the next run gets a new server
             raise
@@ -272,7 +277,7 @@ def train(tmp_path_factory):
     ``launcher``: "python", one process (forked from the fork server where it can be); "deepspeed", the
     ``deepspeed --num_gpus NUM_RANKS`` command; "ranks", NUM_RANKS ranks started as that command starts them,
     forked from the fork server (the launcher's command where a run cannot be forked: a cgroup, a /dev/shm of its
-    own, other environment variables than TENCACHE_*). Each feature family keeps a run through the real launcher.
+    own, other environment variables than TENCACHE_*). The families README.md lists keep a run through the launcher.
 
     ``block=None``: stock DeepSpeed in a process that never imports tencache_ds (train.py --untouched-stock: the
     parity reference; its result has no stats), unless ``plugin_imported=True`` (tencache_ds imported, no block).

@@ -112,8 +112,9 @@ def run_script(script, argv) -> int:
 def launch_ranks(ranks, script, argv) -> int:
     """What ``deepspeed --num_gpus RANKS --master_port PORT SCRIPT ARGV`` does on one node (DeepSpeed's
     launcher/runner.py and launch.py; PORT from the request's MASTER_PORT): a rank per process, each with the
-    environment the launcher sets and ``--local_rank=i`` before the script's arguments, unbuffered (``python -u``),
-    all writing to the same output files. When a rank fails the launcher ends the others (SIGTERM, SIGKILL after
+    environment the launcher sets and ``--local_rank=i`` before the script's arguments, all writing to the same
+    output files (stdout line-buffered, where the launcher runs ``python -u``: a line is one write, so the ranks'
+    lines do not interleave within a line). When a rank fails the launcher ends the others (SIGTERM, SIGKILL after
     30 s) and its exit status is that rank's."""
     launched = {"MASTER_ADDR": "127.0.0.1", "WORLD_SIZE": str(ranks), "CROSS_RANK": "0", "CROSS_SIZE": "1",
                 "LOCAL_SIZE": str(ranks), "CUDA_VISIBLE_DEVICES": ",".join(map(str, range(ranks)))}
@@ -131,9 +132,9 @@ def launch_ranks(ranks, script, argv) -> int:
         live.append(pid)
     code, kill_at = 0, None
     while live:
-        pid, status = os.waitpid(-1, os.WNOHANG)
+        pid, status = os.waitpid(-1, 0 if kill_at is None else os.WNOHANG)  # blocks until a rank has failed
         if pid == 0:
-            if kill_at is not None and time.monotonic() > kill_at:
+            if time.monotonic() > kill_at:
                 for other in live:
                     os.kill(other, signal.SIGKILL)
                 kill_at = float("inf")

@@ -11,7 +11,7 @@ import pytest
 
 from conftest import launch_ranks, launch_two_ranks
 
-pytestmark = [pytest.mark.deepspeed, pytest.mark.slow]  # three launches, about 25 s each
+pytestmark = [pytest.mark.deepspeed, pytest.mark.slow]  # three runs of 2 ranks, one through the launcher
 SCRIPT = os.path.join(os.path.dirname(__file__), "hf_trainer_run.py")
 pytest.importorskip("transformers")  # the bench extra, which scripts/setup.sh installs
 

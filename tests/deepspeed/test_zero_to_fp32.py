@@ -115,10 +115,10 @@ def test_where_the_file_system_clones_the_masters_share_the_swap_files_blocks(tr
 
 
 def test_at_two_ranks_each_rank_shares_its_own_masters(train, tmp_path, reflink_folder):
-    """Two ranks (forked as the launcher starts them), parameters and optimizer on NVMe in one folder of an XFS image, saved after 1
-    of 2 steps: each rank's ZeRO file shares its own masters' blocks (no collective is added: a rank's masters are
-    in its own swap files), and the checkpoint consolidates to stock's with both offloads on CPU at 2 ranks (stock
-    NVMe crashes there with parameters on NVMe) bit for bit."""
+    """Two ranks (forked as the launcher starts them), parameters and optimizer on NVMe in one folder of an XFS
+    image, saved after 1 of 2 steps: each rank's ZeRO file shares its own masters' blocks (no collective is added: a
+    rank's masters are in its own swap files), and the checkpoint consolidates to stock's with both offloads on CPU
+    at 2 ranks (stock NVMe crashes there with parameters on NVMe) bit for bit."""
     two = dict(HASHED, launcher="ranks", num_ranks=2)
     stock_folder = str(tmp_path / "ckpt-stock-2-ranks")
     stock = train(block=None, steps=2, save_after=1, checkpoint_dir=stock_folder, offload_device="cpu", **two)

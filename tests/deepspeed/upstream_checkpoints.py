@@ -37,7 +37,7 @@ from deepspeed.utils.zero_to_fp32 import (get_fp32_state_dict_from_zero_checkpoi
 HIDDEN = 1024
 
 
-def ds_config(mode, device, nvme, micro_batch, grad_accum, lr=1e-3):
+def ds_config(mode, device, nvme, micro_batch, grad_accum, lr=1e-3, bf16=False):
     offload = {"device": device, "pin_memory": False}
     if device == "nvme":
         offload.update(nvme_path=nvme, buffer_count=4)
@@ -49,6 +49,8 @@ def ds_config(mode, device, nvme, micro_batch, grad_accum, lr=1e-3):
                       "overlap_events": True}}
     if mode.startswith("tencache"):  # "tencache=BYTES": that host_cache_bytes
         config["tencache"] = {"host_cache_bytes": int(mode.partition("=")[2])} if "=" in mode else {}
+    if bf16:
+        config["bf16"] = {"enabled": True}
     return config
 
 
@@ -149,8 +151,7 @@ def load_immediate_save(mode, device, nvme, ckpt):
 def bf16_engine(mode, device, nvme, betas, weight_decay):
     """The engine of TestZeROCheckpoint's tests, in bf16: a warm-up lr scheduler, Adam with ``betas`` and
     ``weight_decay``, DeepSpeed's default persistence threshold (the biases are kept whole on every rank)."""
-    config = ds_config(mode, device, nvme, 2, 1)
-    config["bf16"] = {"enabled": True}
+    config = ds_config(mode, device, nvme, 2, 1, bf16=True)
     config["optimizer"]["params"].update(betas=betas, weight_decay=weight_decay)
     config["scheduler"] = {"type": "WarmupLR", "params": {"warmup_min_lr": 0, "warmup_max_lr": 1e-3,
                                                           "warmup_num_steps": 4}}
@@ -222,8 +223,7 @@ def module_only_params_on_file(mode, device, nvme, ckpt):
     """Bad input, not a port: ``load_module_only`` with the parameters on NVMe beyond ``max_in_cpu``, which stage 3
     cannot finish (no flat 16-bit partition to set the masters from). Under tencache it stops before the load with
     an error naming ``max_in_cpu``, the weights untouched, and the engine trains on."""
-    config = ds_config(mode, device, nvme, 2, 1)
-    config["bf16"] = {"enabled": True}
+    config = ds_config(mode, device, nvme, 2, 1, bf16=True)
     config["zero_optimization"]["offload_param"] = {"device": "nvme", "nvme_path": nvme, "pin_memory": False,
                                                     "buffer_count": 8, "buffer_size": 2_000_000, "max_in_cpu": 1000}
     torch.manual_seed(1234)
@@ -246,9 +246,7 @@ def module_only_params_on_file(mode, device, nvme, ckpt):
 def other_world_engine(mode, device, nvme, sub_group_size=None, universal=False, lr=1e-3, bf16=False):
     torch.manual_seed(1234)
     model = Layers(3, False)
-    config = ds_config(mode, device, nvme, 2, 1, lr=lr)
-    if bf16:
-        config["bf16"] = {"enabled": True}
+    config = ds_config(mode, device, nvme, 2, 1, lr=lr, bf16=bf16)
     if sub_group_size:
         config["zero_optimization"]["sub_group_size"] = sub_group_size
     if universal:
@@ -258,9 +256,9 @@ def other_world_engine(mode, device, nvme, sub_group_size=None, universal=False,
 
 def fresh_engines_load(mode, device, nvme, saved, sub_group_size=None, tag="saved", loads=("weights", "optimizer"),
                        lr=1e-3, bf16=False):
-    """Fresh engines (learning rate ``lr``, in bf16 if ``bf16``) load the checkpoint ``tag`` in ``saved`` (a universal one: ``tag``
-    "universal"), one without the optimizer's state ("weights"), one with it ("optimizer"), one the module only
-    ("module", if in ``loads``), and each trains 3 steps: ``loads_and_trains_on`` of each."""
+    """Fresh engines (learning rate ``lr``, in bf16 if ``bf16``) load the checkpoint ``tag`` in ``saved`` (a
+    universal one: ``tag`` "universal"), one without the optimizer's state ("weights"), one with it ("optimizer"),
+    one the module only ("module", if in ``loads``), and each trains 3 steps: ``loads_and_trains_on`` of each."""
     result = {}
     for load in loads:
         engine = other_world_engine(mode, device, os.path.join(nvme, tag, load), sub_group_size,

@@ -14,8 +14,9 @@ from .timeline import Rates, channel_rates
 EPILOGUE_BYTES_PER_ELEMENT = 20
 # stage 3 initialising the optimizer of one sub-group holds, per element: its fp16 flat copy (2), the master and
 # the zeroed gradient (fp32: 4 each) -- and, unless they pass through stock's pinned pool, the master's swap buffer
-# (4), the two moments (8) and the gradient's buffer (4) (stage3.initialize_optimizer_states). The flat copy is
-# counted at 2 bytes whatever the model's dtype: so the fp32 runs of docs/estimate.md were predicted.
+# (4), the state tensors (Adam's two moments: 8) and the gradient's buffer (4) (stage3.initialize_optimizer_states).
+# The flat copy is counted at 2 bytes whatever the model's dtype: so the fp32 runs of docs/estimate.md were
+# predicted.
 INIT_FLAT_COPY_BYTES = 2
 
 
@@ -25,7 +26,7 @@ def init_bytes_per_element_outside_pool(zero: ZeroSettings) -> int:
 
 
 def init_bytes_per_element_pooled(zero: ZeroSettings) -> int:
-    """fp32 masters and Adam's state: 16 (the master's and gradient's buffers, the two moments)."""
+    """The master's and gradient's buffers and the state tensors, per element (fp32 Adam: 16)."""
     return 2 * zero.precision.master_bytes + len(zero.precision.state_names) * zero.precision.state_bytes
 # On a host accelerator each micro-batch's backward writes fresh host memory, about 3.5 times the model's gathered
 # bytes: the gradients autograd allocates, the reduce bucket stage 3 concatenates, the reduced copies; freed again
@@ -173,7 +174,7 @@ def host_step_rise_bytes(workload: Workload, machine: Machine) -> int:
 
 def nvme_space(workload: Workload, gradient_files: bool) -> int:
     """The swap files of one rank: parameter partitions on NVMe and, with the optimizer there, every sub-group's
-    master and moments, and its gradient where ``gradient_files`` (stock writes each one in backward; tencache
+    master and state tensors, and its gradient where ``gradient_files`` (stock writes each one in backward; tencache
     reads them from stage 3's own buffer at the update, and writes one only for a gradient stage 3 holds no host
     copy of: not counted)."""
     zero = workload.zero

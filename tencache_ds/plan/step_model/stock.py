@@ -15,14 +15,23 @@ from collections import defaultdict
 from typing import Dict, List, Tuple
 
 from ..machine import Machine
-from ..workload import Workload
+from ..workload import Workload, ZeroSettings
 from .costs import (backward_host_memory_s, host_resident_bytes, init_bytes_per_element_outside_pool,
                     init_bytes_per_element_pooled, module_compute_s, nvme_space, optimizer_cpu_s,
                     optimizer_state_bytes_per_element, param_bytes, sub_group_file_bytes)
 from .results import STOCK, Prediction, finish
 from .timeline import STEPS_REPLAYED, Rates, Timeline, channel_rates
 
-ADAM_STOCK_BUFFERS, ADAM_PIPELINED_BUFFERS = 4, 12  # deepspeed-integration.md a.7
+# Operations a pipelined optimizer swapper keeps alive at once: the sub-group read now, the next one read ahead, the
+# last one written behind (deepspeed-integration.md a.7: Adam needs 3 x 4 = 12 buffers)
+PIPELINED_SUB_GROUPS = 3
+
+
+def stock_optimizer_buffers(zero: ZeroSettings) -> int:
+    """The optimizer swap buffers stock needs: a sub-group's master, state tensors and gradient at once
+    (swap_info.num_tensors() + 1: Adam 4), for each operation the pipelined swapper keeps alive (Adam 12)."""
+    per_sub_group = 1 + len(zero.precision.state_names) + 1
+    return per_sub_group * (PIPELINED_SUB_GROUPS if zero.pipelined_optimizer else 1)
 
 
 def predict_stock(workload: Workload, machine: Machine) -> Prediction:
@@ -124,9 +133,9 @@ def _stock_failures(workload: Workload) -> List[str]:
                             f"once (stage3_max_reuse_distance {zero.max_reuse_distance}), more than "
                             f"offload_param.buffer_count {zero.param_buffer_count} (\"Not enough buffers\")")
     if zero.offload_optimizer == "nvme":
-        needed = ADAM_PIPELINED_BUFFERS if zero.pipelined_optimizer else ADAM_STOCK_BUFFERS
+        needed = stock_optimizer_buffers(zero)
         if zero.optimizer_buffer_count < needed:
-            failures.append(f"stock runs out of optimizer swap buffers: Adam needs {needed} "
+            failures.append(f"stock runs out of optimizer swap buffers: it needs {needed} "
                             f"(offload_optimizer.buffer_count is {zero.optimizer_buffer_count})")
         if zero.precision.master_key:
             failures.append(f"stock stops at its first optimizer step with {zero.precision.master_key}: its "
