@@ -58,7 +58,7 @@ NORM_FLOAT64_BYTES = 16
 
 
 def optimizer_state_bytes_per_element(zero: ZeroSettings) -> int:
-    """The master and the optimizer's state, per element, in their dtypes (fp32 Adam: 12, Adagrad or Lion: 8)."""
+    """The master and the optimizer's state, per element, in their dtypes (fp32 Adam: 12, Adagrad: 8)."""
     return zero.precision.master_bytes + len(zero.precision.state_names) * zero.precision.state_bytes
 
 

@@ -191,14 +191,14 @@ _OPTIMIZER_KEYS = {"p": "master", "m": "exp_avg", "v": "exp_avg_sq"}
 
 def _sub_group_keys(zero: ZeroSettings, i: int) -> List[str]:
     """Sub-group ``i``'s tensors in the store: its master and the optimizer's state tensors (Adam's two moments,
-    Adagrad's or Lion's one)."""
+    Adagrad's one)."""
     return [f"{key}{i}" for key, name in _OPTIMIZER_KEYS.items()
             if name == "master" or name in zero.precision.state_names]
 
 
 def _optimizer_sequence(workload: Workload) -> Tuple[List[str], Dict[str, int]]:
     """The optimizer store's accesses in a step: per sub-group its master and state tensors (Adam's two moments,
-    Adagrad's or Lion's one) in the update. The gradients are not the store's: the update reads them from stage 3's
+    Adagrad's one) in the update. The gradients are not the store's: the update reads them from stage 3's
     own partition buffer, in any dtype and on any accelerator (integrations/deepspeed/stage3_gradients.py)."""
     zero, keys, sizes = workload.zero, [], {}
     for i in range(len(workload.sub_groups)):
