@@ -125,7 +125,8 @@ def estimate(args) -> Dict[str, Any]:
         "gas": inputs["gas"], "activation_checkpointing": args.checkpointing, "dtype": inputs["dtype"],
         "master_element_bytes": workload.zero.precision.master_bytes,
         "optimizer_state_element_bytes": workload.zero.precision.state_bytes,
-        "optimizer_state_tensors": list(workload.zero.precision.state_names), "drive_tbw_bytes": tbw,
+        "optimizer_state_tensors": list(workload.zero.precision.state_names),
+        "optimizer_state_known": workload.zero.precision.state_known, "drive_tbw_bytes": tbw,
     }
     fit = {name: fits(prediction, workload, machine) for name, prediction in predictions.items()}
     report["fits"] = fit[TENCACHE][0]
@@ -203,11 +204,13 @@ def render(report: Dict[str, Any]) -> List[str]:
 
 def _narrow_optimizer(report: Dict[str, Any]) -> str:
     """The masters' and optimizer state's element sizes, where they are not fp32's, and the state tensors where they
-    are not Adam's two moments (whose CPU step is priced at CPU Adam's rate all the same)."""
+    are not Adam's two moments (whose CPU step is priced at CPU Adam's rate all the same) or are by assumption."""
     from ..plan.workload import ADAM_STATE_NAMES
     master, state = report["master_element_bytes"], report["optimizer_state_element_bytes"]
     sizes = "" if (master, state) == (4, 4) else f"; masters {master} B, optimizer state {state} B an element"
     tensors = report["optimizer_state_tensors"]
+    if not report["optimizer_state_known"]:
+        return sizes + "; optimizer state assumed to be Adam's (an optimizer type the model does not know)"
     return sizes + ("" if tensors == list(ADAM_STATE_NAMES) else
                     f"; optimizer state {' and '.join(tensors)} (its CPU step priced at CPU Adam's rate)")
 

@@ -42,9 +42,11 @@ DEEPSPEED_CPU_ADAM_TYPES = ("adam", "adamw")
 # The state tensors each master element has in the offloaded optimizer DeepSpeed builds from the config's type
 # (engine.py: DeepSpeedCPUAdam, DeepSpeedCPUAdagrad, DeepSpeedCPULion; the names their step() gives them, which are
 # the swap files' prefixes, and stage 3 swaps every one). DeepSpeedCPULion allocates Adam's two although its update
-# reads only exp_avg (ops/lion/cpu_lion.py); so does every other type, and a client optimizer is priced as Adam.
+# reads only exp_avg (ops/lion/cpu_lion.py). Another type, or a client optimizer, is priced as Adam, and the
+# estimate says so (``OptimizerPrecision.state_known``).
 ADAM_STATE_NAMES = ("exp_avg", "exp_avg_sq")
-STATE_NAMES_BY_TYPE = {"adagrad": ("exp_avg_sq",)}
+STATE_NAMES_BY_TYPE = {"adam": ADAM_STATE_NAMES, "adamw": ADAM_STATE_NAMES, "lion": ADAM_STATE_NAMES,
+                       "adagrad": ("exp_avg_sq",)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,7 +55,8 @@ class OptimizerPrecision:
     engine.get_optimizer_configuration). With masters narrower than fp32, ``master_key`` is the config key that
     made them so, and ``remedy`` what keeps the state in their dtype instead of fp32; ``from_config``: the config
     names the optimizer (else a client optimizer, whose state dtype only the run knows); ``state_names``: the state
-    tensors a master element has (Adam's and Lion's two, Adagrad's one)."""
+    tensors a master element has (Adam's and Lion's two, Adagrad's one), ``state_known`` false where they are
+    Adam's by assumption (another type, or a client optimizer)."""
 
     master_bytes: int = 4   # the masters and the gradients stage 3 hands the optimizer (master_weights_and_grads)
     state_bytes: int = 4    # the optimizer's state (Adam's moments)
@@ -61,6 +64,7 @@ class OptimizerPrecision:
     remedy: str = ""
     from_config: bool = True
     state_names: Tuple[str, ...] = ADAM_STATE_NAMES
+    state_known: bool = True
 
     @property
     def mixed(self) -> bool:
@@ -77,6 +81,7 @@ def optimizer_precision(ds_config: Mapping[str, Any]) -> OptimizerPrecision:
     optimizer = ds_config.get("optimizer") if isinstance(ds_config.get("optimizer"), Mapping) else None
     optimizer_type = str((optimizer or {}).get("type", "")).lower()
     state_names = STATE_NAMES_BY_TYPE.get(optimizer_type, ADAM_STATE_NAMES)
+    state = dict(state_names=state_names, state_known=optimizer_type in STATE_NAMES_BY_TYPE)
     section = next((key for key in ("bf16", "bfloat16") if isinstance(ds_config.get(key), Mapping)), "bf16")
     bf16 = ds_config.get(section) if isinstance(ds_config.get(section), Mapping) else {}
     fp16 = ds_config.get("fp16") if isinstance(ds_config.get("fp16"), Mapping) else {}
@@ -90,14 +95,14 @@ def optimizer_precision(ds_config: Mapping[str, Any]) -> OptimizerPrecision:
         remedy = 'set "fp32_optimizer_states": false in optimizer.params (the state in fp16)'
         fp32_states_default = True
     else:
-        return OptimizerPrecision(from_config="optimizer" in ds_config, state_names=state_names)
+        return OptimizerPrecision(from_config="optimizer" in ds_config, **state)
     if optimizer is None:
-        return OptimizerPrecision(2, 4 if fp32_states_default else 2, master_key, remedy, from_config=False)
+        return OptimizerPrecision(2, 4 if fp32_states_default else 2, master_key, remedy, from_config=False, **state)
     params = optimizer.get("params") if isinstance(optimizer.get("params"), Mapping) else {}
     cpu_adam = optimizer_type in DEEPSPEED_CPU_ADAM_TYPES and not params.get("torch_adam")
     asked = params.get("fp32_optimizer_states")
     fp32_states = cpu_adam and fp32_states_default and (asked is None or bool(asked))
-    return OptimizerPrecision(2, 4 if fp32_states else 2, master_key, remedy, state_names=state_names)
+    return OptimizerPrecision(2, 4 if fp32_states else 2, master_key, remedy, **state)
 
 
 @dataclasses.dataclass(frozen=True)

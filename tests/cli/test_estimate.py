@@ -184,6 +184,14 @@ def test_an_optimizer_with_one_state_tensor_is_priced_and_said_so(tmp_path):
     text = estimate("--seq", "2048", ds_config=str(path)).stdout
     assert "optimizer state exp_avg_sq (its CPU step priced at CPU Adam's rate)" in text, text
     assert "optimizer state" not in estimate("--seq", "2048", ds_config=DS_CONFIG).stdout.splitlines()[0]
+    # a type whose state the model does not know is priced as Adam, and the report says it assumed that
+    config["optimizer"] = {"type": "Lamb", "params": {"lr": 1e-3}}
+    path.write_text(json.dumps(config))
+    lamb = json.loads(estimate("--json", "--seq", "2048", ds_config=str(path)).stdout)
+    assert not lamb["optimizer_state_known"] and lamb["optimizer_state_tensors"] == adam["optimizer_state_tensors"]
+    assert adam["optimizer_state_known"] and adagrad["optimizer_state_known"]
+    first_line = estimate("--seq", "2048", ds_config=str(path)).stdout.splitlines()[0]
+    assert "optimizer state assumed to be Adam's" in first_line, first_line
 
 
 def test_the_retrospective_check_predicts_a_bench_at_its_ranks_and_gradient_accumulation(tmp_path):

@@ -1,10 +1,10 @@
-"""Hugging Face's Trainer with a DeepSpeed config (hf_trainer_run.py): 2 ranks, parameters and optimizer on NVMe
-under tencache, an lr scheduler with warm-up, gradient accumulation, evaluations between steps, a checkpoint after
-step 3, the model saved whole at the end. The run gives the losses, evaluation losses, learning
-rates and saved weights of stock CPU offload run in a process that never imported tencache_ds, bit for bit; and
-so does the same run resumed from its checkpoint (the first resumed update ran at learning rate 0 before tencache
-restored the optimizer groups' settings, which stock's NVMe load skips). Real engine, real files; the resume through
-the launcher, the two runs before it forked as the launcher starts them (tests/deepspeed/forkserver.py)."""
+"""Hugging Face's Trainer with a DeepSpeed config (hf_trainer_run.py): 2 ranks, parameters and optimizer on NVMe under
+tencache, an lr scheduler with warm-up, gradient accumulation, evaluations between steps, a checkpoint after step 3, the
+model saved whole at the end. The run gives the losses, evaluation losses, learning rates and saved weights of stock CPU
+offload run in a process that never imported tencache_ds, bit for bit; and so does the same run resumed from its
+checkpoint (the first resumed update ran at learning rate 0 before tencache restored the optimizer groups' settings,
+which stock's NVMe load skips). Real engine, real files; the resume through the launcher, the two runs before it forked
+as the launcher starts them (tests/deepspeed/forkserver.py)."""
 import os
 
 import pytest

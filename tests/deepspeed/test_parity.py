@@ -87,7 +87,7 @@ def test_bit_identical_to_stock(train, dtype, grad_accum, block):
 
 
 def test_bit_identical_through_the_deepspeed_launcher(train):
-    stock = train(block=None, launcher="deepspeed", dtype="fp32", weights_gather="public")  # collective, 2 ranks
+    stock = train(block=None, launcher="deepspeed", dtype="fp32", weights_gather="public")  # one rank, launched
     ours = train(block=AUTO, launcher="deepspeed", dtype="fp32", weights_gather="public")
     assert_identical(stock, ours)
     assert "[tencache] pinned" in ours.output  # stats logged once at start-up

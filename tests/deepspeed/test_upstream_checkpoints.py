@@ -12,10 +12,11 @@ NVMe under tencache: each passes with the results of stock CPU offload, bit for 
 - load_into_trained_engine (not upstream): an engine that has trained loads a checkpoint without its optimizer's
   state, or the module only, and trains on: the weights are the checkpoint's, Adam's moments stay live (the
   engine's NVMe branch copied the checkpoint's moment files over the live ones; tencache copies the masters only);
-- load_at_other_world_size (DeepSpeed's stage 3 has no elastic checkpoint): a checkpoint saved by 2 ranks
-  (save_for_other_world_size) loaded by 1, with the optimizer's state (stock CPU offload's error) and without it
-  (the weights repartitioned, training on); and its universal version (``ds_to_universal``, after `tencache-ds
-  checkpoint-for-cpu` for tencache's), with and without the optimizer's state (stock NVMe: FileNotFoundError); and (in save_for_other_world_size) loaded by an engine with another
+- load_at_other_world_size (DeepSpeed's stage 3 has no elastic checkpoint; in bf16, so that a load that set the fp32
+  masters from the bf16 weights shows): a checkpoint saved by 2 ranks (save_for_other_world_size) loaded by 1, with the
+  optimizer's state (stock CPU offload's error) and without it (the weights repartitioned, training on); and its
+  universal version (``ds_to_universal``, after `tencache-ds checkpoint-for-cpu` for tencache's), with and without the
+  optimizer's state (stock NVMe: FileNotFoundError); and (in save_for_other_world_size) loaded by an engine with another
   ``sub_group_size``: the same two loads;
 - load_saved_on_cpu (not upstream): a checkpoint saved with the optimizer on cpu loaded with it on NVMe, with its
   optimizer's state (from the ZeRO file into the swap files: the losses and weights of the uninterrupted run) and
