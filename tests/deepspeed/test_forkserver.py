@@ -7,7 +7,6 @@ import json
 import os
 import sys
 import textwrap
-import time
 
 import pytest
 
@@ -51,11 +50,17 @@ def test_forked_ranks_give_the_launchers_bits(train, fork_server):
 
 
 RANKS_SCRIPT = """
-    import json, os, sys, time
+    import json, os, signal, sys, time
     print("RANK_ENV " + json.dumps({"argv": sys.argv[1:], "env": {key: os.environ.get(key) for key in (
         "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_SIZE", "MASTER_ADDR", "MASTER_PORT", "CROSS_RANK", "CROSS_SIZE")}}))
     if os.environ["RANK"] == "1":
         sys.exit(3)
+
+    def terminated(*_):
+        print("RANK0_SIGTERM", flush=True)
+        os._exit(143)
+
+    signal.signal(signal.SIGTERM, terminated)
     time.sleep(120)  # as a rank waiting in a collective for the one that failed
 """
 
@@ -63,18 +68,14 @@ RANKS_SCRIPT = """
 def test_a_failed_forked_rank_ends_the_others_and_the_launch_takes_its_status(tmp_path, fork_server):
     if not fork_server.enabled:
         pytest.skip("TENCACHE_TEST_FORKSERVER=0: every run starts a fresh interpreter")
-    script, nothing = tmp_path / "ranks.py", tmp_path / "nothing.py"
+    script = tmp_path / "ranks.py"
     script.write_text(textwrap.dedent(RANKS_SCRIPT))
-    nothing.write_text("")
-    env = dict(os.environ, PYTHONPATH=REPO)
-    # a server started first (it imports torch, DeepSpeed and transformers), so that only the launch is timed
-    warm = fork_server.run([], env, 300, str(tmp_path / "warm"), [sys.executable, nothing], script=str(nothing))
-    assert warm.returncode == 0, warm
     port = free_port()
-    started = time.monotonic()
-    done = fork_server.run(["--flag", "value"], env, 60, str(tmp_path / "out"), [sys.executable, script],
-                           script=str(script), ranks=2, master_port=port)
-    assert time.monotonic() - started < 30 and done.returncode == 3, done  # rank 0 would have slept 120 s
+    # the run's timeout (60 s, counted from the launch's start) is half of rank 0's sleep: a launch that did not end
+    # rank 0 fails the test as hung; ended by SIGTERM, as the launcher ends it (SIGKILL only 30 s later)
+    done = fork_server.run(["--flag", "value"], dict(os.environ, PYTHONPATH=REPO), 60, str(tmp_path / "out"),
+                           [sys.executable, script], script=str(script), ranks=2, master_port=port)
+    assert done.returncode == 3 and "RANK0_SIGTERM" in done.stdout, done
     seen = sorted((json.loads(line.split(" ", 1)[1]) for line in done.stdout.splitlines()
                    if line.startswith("RANK_ENV ")), key=lambda rank: rank["env"]["RANK"])
     assert [rank["argv"] for rank in seen] == [["--local_rank=0", "--flag", "value"],
