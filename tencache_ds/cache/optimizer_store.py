@@ -80,7 +80,11 @@ class OptimizerStore(EntryStoreWrapper):
 
     def least_host_footprint_bytes(self, reads_ahead: bool) -> int:
         """The footprint when the tier keeps nothing: the streaming slots one update uses at once (a sub-group's
-        master, moments and gradient; the next sub-group's too when ``reads_ahead``)."""
+        master, moments and gradient; the next sub-group's too when ``reads_ahead``). Adam's four tensors a
+        sub-group whatever the optimizer: with fewer state tensors (Adagrad's one) the slots left hold the last
+        sub-group's tensors while they are written behind (an Adagrad run brought 7 of the 8 back:
+        tests/deepspeed/test_parity.py), so planning fewer would promise memory pressure slots it cannot give
+        back."""
         tensors = OPTIMIZER_TENSORS_PER_SUB_GROUP * (2 if reads_ahead else 1)
         slots = self.pool.class_slots().get(self.streaming_slot_bytes, {}).get("slots", 0)
         return min(tensors, slots) * self.streaming_slot_bytes

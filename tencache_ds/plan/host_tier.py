@@ -12,8 +12,16 @@ from typing import Dict, Sequence
 
 PARAM_IO_BYTES_PER_HELD_BYTE = 3.0
 OPTIMIZER_IO_BYTES_PER_HELD_BYTE = 2.0
-# The tensors of one sub-group's update: the master, Adam's two moments and the gradient, whatever their dtype
-OPTIMIZER_TENSORS_PER_SUB_GROUP = 4
+
+
+def tensors_per_update(state_tensors: int) -> int:
+    """The tensors one sub-group's update holds at once, whatever their dtype: its master, the optimizer's
+    ``state_tensors`` (Adam's two moments, Adagrad's one) and its gradient."""
+    return 1 + state_tensors + 1
+
+
+# Adam's: the master, two moments and the gradient
+OPTIMIZER_TENSORS_PER_SUB_GROUP = tensors_per_update(2)
 # fp32 master + 2 Adam moments + fp32 gradient, per parameter element (the optimizer's demand, estimated before
 # the optimizer exists: its sub-groups hold exactly the partitioned parameters)
 OPTIMIZER_BYTES_PER_ELEMENT = OPTIMIZER_TENSORS_PER_SUB_GROUP * 4

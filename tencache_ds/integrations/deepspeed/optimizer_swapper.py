@@ -569,6 +569,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
                      optimizer_gradient_fragments_reduced_not_handed=self.gradients_reduced_not_handed,
                      optimizer_gradient_fragments_uncast=self.gradient_fragments_uncast)
         stats.update(optimizer_cache_budget_bytes=self.budget.total_bytes,
+                     optimizer_least_footprint_bytes=self.least_host_footprint_bytes(),
                      optimizer_nvme_read_bytes=counters.read_bytes, optimizer_nvme_write_bytes=counters.write_bytes,
                      stock_optimizer_pinned_bytes_estimate=self.stock_pinned_bytes_estimate())
         stats.update({f"optimizer_checkpoint_{key}": value

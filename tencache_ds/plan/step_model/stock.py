@@ -14,6 +14,7 @@ stock asserts, and the memory it locks. Pure.
 from collections import defaultdict
 from typing import Dict, List, Tuple
 
+from ..host_tier import tensors_per_update
 from ..machine import Machine
 from ..workload import Workload, ZeroSettings
 from .costs import (backward_host_memory_s, host_resident_bytes, init_bytes_per_element_outside_pool,
@@ -30,7 +31,7 @@ PIPELINED_SUB_GROUPS = 3
 def stock_optimizer_buffers(zero: ZeroSettings) -> int:
     """The optimizer swap buffers stock needs: a sub-group's master, state tensors and gradient at once
     (swap_info.num_tensors() + 1: Adam 4), for each operation the pipelined swapper keeps alive (Adam 12)."""
-    per_sub_group = 1 + len(zero.precision.state_names) + 1
+    per_sub_group = tensors_per_update(len(zero.precision.state_names))
     return per_sub_group * (PIPELINED_SUB_GROUPS if zero.pipelined_optimizer else 1)
 
 
