@@ -14,8 +14,9 @@ The rule, at every reading (the start of each forward pass: between steps, nothi
 
 - ``reserve = floor + ranks × 1.25 × step_rise``: what must stay available on the node so that the next step of
   each of its ranks fits (``step_rise``: how far this process's anonymous memory rose above its level between
-  forward passes, the most over the last few optimizer steps; 1.25: measurement margin) plus a floor for
-  everything else on the node (``RESERVE_FLOOR_FRACTION`` of its memory, at least ``RESERVE_FLOOR_MIN_BYTES``).
+  forward passes and update starts, the most over the last few optimizer steps; 1.25: measurement margin) plus a
+  floor for everything else on the node (``RESERVE_FLOOR_FRACTION`` of its memory, at least
+  ``RESERVE_FLOOR_MIN_BYTES``).
 - ``available < reserve``: give back the shortfall up to ``1.25 × reserve`` (each rank its share), at most what the
   tier can give (``reducible``: its memory above the least it needs to stream a step), so that one decision is
   enough and the next reading lands inside the band ``[reserve, 1.5 × reserve)``.

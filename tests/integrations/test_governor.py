@@ -6,6 +6,7 @@ from tencache_ds.cache.host_budget import HostBudget
 from tencache_ds.errors import TencacheOutOfMemory
 from tencache_ds.integrations.deepspeed import memory_pressure
 from tencache_ds.integrations.deepspeed.memory_pressure import HostTierGovernor
+from tencache_ds.memory.footprint import StepRiseMeter
 from tencache_ds.probes.host_memory import HostMemory
 
 GiB, MiB = 1 << 30, 1 << 20
@@ -315,3 +316,40 @@ def test_auto_keeps_all_of_a_state_that_its_budget_and_streaming_slots_would_hol
         governor.meter = ScriptedMeter([None])
         governor.before_forward()
         assert optimizer.budget.total_bytes == (5 * GiB if auto else 3 * GiB), auto
+
+
+class Resident:
+    """This process's anonymous resident bytes as a test sets them, read by a real StepRiseMeter."""
+
+    def __init__(self, nbytes):
+        self.nbytes = nbytes
+
+    def __call__(self):
+        return self.nbytes
+
+
+def test_a_backward_rise_is_measured_against_its_own_level_when_the_update_raises_the_level():
+    """Regression, from a trace of the 1.3B model beyond this machine's RAM ("auto", fp32): each backward rose
+    3.97 GiB above the level before it, and an update then brought the optimizer's streaming slots back (the level
+    up 1.9 GiB). The reading that covered backward and update together measured the backward's peak against the
+    higher level after the update (a 2.0 GiB rise), "auto" grew into the difference, and gave it back two steps
+    later with the run's peak at 22.85 of 23.54 GiB. A boundary at the update's start (stage 3's step) keeps the
+    backward's rise whole."""
+    resident = Resident(int(12.65 * GiB))
+    governor = governor_with([])
+    governor.meter = StepRiseMeter(read_resident=resident, interval_s=3600)  # samples taken by the test
+    try:
+        for level, slots_back in ((12.65, 0.0), (12.75, 1.9)):
+            resident.nbytes = int(level * GiB)
+            governor.before_forward()
+            resident.nbytes = int((level + 3.97) * GiB)  # the backward's peak: gradients, reduce bucket
+            governor.meter._take_sample()
+            resident.nbytes = int(level * GiB)
+            governor.before_update()
+            resident.nbytes = int((level + slots_back) * GiB)  # the update brings streaming slots back
+            governor.end_optimizer_step()
+        governor.before_forward()  # the reading a growth is decided on
+        # the first measured step is left out (it creates the optimizer's state); the second rose 3.97 GiB
+        assert governor.policy.step_rise_bytes == pytest.approx(3.97 * GiB, rel=0.001)
+    finally:
+        governor.meter.close()

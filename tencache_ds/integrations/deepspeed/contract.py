@@ -102,7 +102,8 @@ REBINDINGS = (
                   "record hang on it"),
     Rebinding(STAGE3, "step", "marking_step", wraps=True,
               why="tells _partition_all_parameters called from step() (keep the device tier) from its other "
-                  "callers (checkpoints: partition everything)"),
+                  "callers (checkpoints: partition everything); the memory governor's rise meter takes a boundary "
+                  "between the last backward and the update"),
     Rebinding(ENGINE, "forward", "governing_host_memory", wraps=True,
               why="between two steps the host tier follows the host's memory (memory_pressure.py): before every "
                   "forward pass"),

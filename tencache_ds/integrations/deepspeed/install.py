@@ -110,6 +110,9 @@ _IN_STEP = "_tencache_in_step"
 def _marking_step(step):
     @functools.wraps(step)
     def step_marked(self, *args, **kwargs):
+        governor = governor_of(self)
+        if governor is not None:
+            governor.before_update()
         setattr(self, _IN_STEP, True)
         try:
             return step(self, *args, **kwargs)
