@@ -14,15 +14,13 @@ import torch
 from ..io.direct_io import DirectFileIO
 from ..memory.pool import BufferPool
 from ..plan.host_tier import (OPTIMIZER_BYTES_PER_ELEMENT, OPTIMIZER_IO_BYTES_PER_HELD_BYTE,
-                              OPTIMIZER_TENSORS_PER_SUB_GROUP, PARAM_IO_BYTES_PER_HELD_BYTE, TierDemand,
-                              split_host_budget)
+                              OPTIMIZER_STREAMING_SLOTS, PARAM_IO_BYTES_PER_HELD_BYTE, TierDemand, split_host_budget,
+                              streaming_tensors_at_once)
 from ..units import PAGE_BYTES, round_up
 from .buffer_sources import BudgetedPageable
 from .entry_store import EntryStore
 from .entry_store_wrapper import EntryStoreWrapper
 from .host_budget import HostBudget
-
-STREAMING_BUFFERS = 8  # one sub-group in use (4) and the next one read ahead (4)
 
 
 def optimizer_tier_share(host_cache_bytes: int, param_cache_bytes: int, param_elements: int) -> int:
@@ -45,7 +43,7 @@ class OptimizerStore(EntryStoreWrapper):
         aligned_numel: rounds a numel up to the I/O alignment; files and buffers use the rounded length.
         io: the I/O engine.
         largest_numel: the largest sub-group's elements (aligned): the size of a streaming slot.
-        streaming_slots: how many (at least ``STREAMING_BUFFERS``).
+        streaming_slots: how many (at least ``OPTIMIZER_STREAMING_SLOTS``).
         host_tier_share: this store's bytes of the host tier, asked once the streaming slots are set up.
     """
 
@@ -65,7 +63,7 @@ class OptimizerStore(EntryStoreWrapper):
         # one by one as a tensor first has to stream (BudgetedPageable.fallback): a tier that holds everything
         # never commits them, and one that holds everything again gives them back (resize_host_footprint).
         self.streaming_slot_bytes = round_up(largest_numel * self.element_size, PAGE_BYTES)  # its size class
-        streaming_slots = max(STREAMING_BUFFERS, int(streaming_slots))
+        streaming_slots = max(OPTIMIZER_STREAMING_SLOTS, int(streaming_slots))
         self.pool.add_classes({self.streaming_slot_bytes: streaming_slots})
         self.pool.retire_free(self.streaming_slot_bytes, streaming_slots)
         self.budget = HostBudget(host_tier_share())
@@ -78,19 +76,15 @@ class OptimizerStore(EntryStoreWrapper):
         stats = self.pool.stats()
         return self.budget.used_bytes + stats["reserved_bytes"] - stats["retired_bytes"]
 
-    def least_host_footprint_bytes(self, reads_ahead: bool) -> int:
-        """The footprint when the tier keeps nothing: the streaming slots one update uses at once (a sub-group's
-        master, moments and gradient; the next sub-group's too when ``reads_ahead``). Adam's four tensors a
-        sub-group whatever the optimizer: with fewer state tensors (Adagrad's one) the slots left hold the last
-        sub-group's tensors while they are written behind (an Adagrad run brought 7 of the 8 back:
-        tests/deepspeed/test_parity.py), so planning fewer would promise memory pressure slots it cannot give
-        back."""
-        tensors = OPTIMIZER_TENSORS_PER_SUB_GROUP * (2 if reads_ahead else 1)
+    def least_host_footprint_bytes(self, reads_ahead: bool, writes_behind: bool = False) -> int:
+        """The footprint when the tier keeps nothing: the streaming slots one update can hold at once
+        (plan/host_tier.streaming_tensors_at_once), at most the slots there are."""
+        tensors = streaming_tensors_at_once(reads_ahead, writes_behind)
         slots = self.pool.class_slots().get(self.streaming_slot_bytes, {}).get("slots", 0)
         return min(tensors, slots) * self.streaming_slot_bytes
 
     def resize_host_footprint(self, target_bytes: int, state_bytes: int, reads_ahead: bool,
-                              update_slots: int = 0) -> None:
+                              update_slots: int = 0, writes_behind: bool = False) -> None:
         """Hold about ``target_bytes`` of host memory for optimizer state from now on (memory pressure, or memory
         back): a budget for kept buffers that leaves room for the streaming slots, since whatever is not kept
         streams through them; all of it but ``update_slots`` streaming slots for kept buffers when that holds the
@@ -100,7 +94,7 @@ class OptimizerStore(EntryStoreWrapper):
         kept_for_updates = update_slots * self.streaming_slot_bytes
         everything = target_bytes >= state_bytes + kept_for_updates
         budget = (target_bytes - kept_for_updates if everything
-                  else max(0, target_bytes - self.least_host_footprint_bytes(reads_ahead)))
+                  else max(0, target_bytes - self.least_host_footprint_bytes(reads_ahead, writes_behind)))
         self.budget.resize(budget)
         self.entries.trim_kept(budget)
         if everything:  # a slot still writing out the last update's sub-group is not free: wait for it first
@@ -108,12 +102,13 @@ class OptimizerStore(EntryStoreWrapper):
             slots = self.pool.class_slots().get(self.streaming_slot_bytes, {"slots": 0, "retired": 0})
             self.pool.retire_free(self.streaming_slot_bytes, slots["slots"] - slots["retired"] - update_slots)
 
-    def planned_host_footprint_bytes(self, state_bytes: int, reads_ahead: bool, update_slots: int = 0) -> int:
+    def planned_host_footprint_bytes(self, state_bytes: int, reads_ahead: bool, update_slots: int = 0,
+                                     writes_behind: bool = False) -> int:
         """The footprint the budget plans for: the budget, and the streaming slots when it cannot keep everything
         (else the ``update_slots`` an update still lends)."""
         streams = self.budget.total_bytes < state_bytes
-        return self.budget.total_bytes + (self.least_host_footprint_bytes(reads_ahead) if streams
-                                          else update_slots * self.streaming_slot_bytes)
+        streaming = self.least_host_footprint_bytes(reads_ahead, writes_behind)
+        return self.budget.total_bytes + (streaming if streams else update_slots * self.streaming_slot_bytes)
 
     def state_bytes(self, tensor_numels: Iterable[int]) -> int:
         """The page-rounded buffers keeping every tensor of ``tensor_numels`` (each in this store's elements) takes:

@@ -1,6 +1,7 @@
 """How far this process's memory rises during a training step. Owns: sampling the anonymous resident set (what
 only the process can give back: activations, gradients, temporaries; not page cache or mapped files, which the
-kernel reclaims itself) between two step boundaries, and reporting the rise above the level at the boundaries.
+kernel reclaims itself) between two boundaries (the host governor takes one before every forward pass and one
+where each update starts), and reporting the rise above the level at the boundaries.
 Does not own: what the rise means for the host tier (plan/memory_pressure.py).
 
 Why sampling: the kernel keeps only the process's lifetime peak (VmHWM), and resetting it (/proc/self/clear_refs)
@@ -22,9 +23,8 @@ SAMPLE_INTERVAL_S = 0.02
 
 
 class StepRiseMeter:
-    """``boundary()`` at each step boundary returns how far resident memory rose above its level at the two
-    boundaries around the step just ended (the step's own temporaries, not what it left allocated), or None for
-    the first call. ``close()`` stops the sampling thread (idempotent; also when the meter is garbage collected);
+    """``boundary()`` at each boundary returns how far resident memory rose above its level at the two boundaries
+    around the stretch just ended (its own temporaries, not what it left allocated), or None for the first call. ``close()`` stops the sampling thread (idempotent; also when the meter is garbage collected);
     a closed meter returns None."""
 
     def __init__(self, read_resident: Callable[[], int] = anonymous_resident_bytes,

@@ -66,3 +66,20 @@ def test_bf16_state_counts_each_tensor_in_its_own_bytes_and_an_update_as_four_sl
     assert store.least_host_footprint_bytes(reads_ahead=False) == 4 * store.streaming_slot_bytes
     assert store.least_host_footprint_bytes(reads_ahead=True) == 8 * store.streaming_slot_bytes
     store.close()
+
+
+@pytest.mark.parametrize("reads_ahead, writes_behind, tensors", [
+    (False, False, 4), (True, False, 8), (False, True, 7), (True, True, 11)])
+def test_the_least_footprint_counts_the_slots_writes_behind_still_hold(io, reads_ahead, writes_behind, tensors):
+    """An update holds a sub-group's 4 tensors, the next one's read ahead and the last one's 3 changed tensors until
+    their writes end (a released dirty entry keeps its slot): with more slots than 8 (``buffer_count`` 12, as stock's
+    pipelined swapper wants for Adam), up to 11 are in use at once. Regression: the least footprint counted 8, so
+    memory pressure took the other 3 for reducible and promised memory it could not give back. With 8 slots an
+    update waits for a write that frees one: the least is all 8."""
+    store = OptimizerStore(torch.float32, lambda n: -(-n // 256) * 256, io, largest_numel=NUMEL,
+                           streaming_slots=12, host_tier_share=lambda: 0)
+    assert store.least_host_footprint_bytes(reads_ahead, writes_behind) == tensors * store.streaming_slot_bytes
+    store.close()
+    store = make(io)  # 8 slots
+    assert store.least_host_footprint_bytes(reads_ahead, writes_behind) == min(tensors, 8) * store.streaming_slot_bytes
+    store.close()

@@ -121,11 +121,11 @@ def test_bit_identical_with_deepspeeds_other_cpu_optimizers(train, tmp_path, opt
     stats = ours.last_stats
     assert stats["optimizer_cache_cached_tensors"] > 0 and stats["optimizer_cache_prefix_tensors"] > 0
     assert stats["optimizer_cache_misses"] > 0
-    # The least the tier can shrink to under memory pressure covers every streaming slot the run brought back: an
-    # update holds a sub-group's master, state and gradient, the next one's read ahead, and the last one's while it
-    # is written behind. Regression guard: planning Adagrad's update as 3 tensors (not Adam's 4) promised slots the
-    # run held (7 in use, 6 planned).
+    # The least the tier can shrink to under memory pressure (plan/host_tier.streaming_tensors_at_once) is every
+    # streaming slot (8: reads ahead and writes behind take all of them) and covers those the run brought back.
+    # Planning Adagrad's update as 3 tensors instead of Adam's 4 made it 6, and this run held 7.
     streaming_in_use = stats["optimizer_reserved_bytes"] - stats["optimizer_retired_bytes"]
+    assert stats["optimizer_least_footprint_bytes"] == stats["optimizer_reserved_bytes"]  # all 8 slots
     assert 0 < streaming_in_use <= stats["optimizer_least_footprint_bytes"]
 
 

@@ -329,12 +329,11 @@ class Resident:
 
 
 def test_a_backward_rise_is_measured_against_its_own_level_when_the_update_raises_the_level():
-    """Regression, from a trace of the 1.3B model beyond this machine's RAM ("auto", fp32): each backward rose
-    3.97 GiB above the level before it, and an update then brought the optimizer's streaming slots back (the level
-    up 1.9 GiB). The reading that covered backward and update together measured the backward's peak against the
-    higher level after the update (a 2.0 GiB rise), "auto" grew into the difference, and gave it back two steps
-    later with the run's peak at 22.85 of 23.54 GiB. A boundary at the update's start (stage 3's step) keeps the
-    backward's rise whole."""
+    """Regression, from a trace of the 1.3B model beyond this machine's RAM ("auto", fp32; docs/reliability.md,
+    memory pressure): each backward rose 3.97 GiB above the level before it, and the second step's update brought
+    the optimizer's streaming slots back (the level up 1.9 GiB). Measured over backward and update together, the
+    backward's peak stood 2.07 GiB above the level after the update, and "auto" grew into the difference. A
+    boundary where the update starts (stage 3's step) keeps the backward's rise whole."""
     resident = Resident(int(12.65 * GiB))
     governor = governor_with([])
     governor.meter = StepRiseMeter(read_resident=resident, interval_s=3600)  # samples taken by the test

@@ -18,7 +18,7 @@ from tencache_ds.plan.step_model import (STOCK, TENCACHE, Prediction, drive_days
                                          predict_stock, tencache_plan)
 from tencache_ds.plan.step_model.costs import backward_host_memory_s, reduce_bucket_bytes
 from tencache_ds.plan.step_model.timeline import Timeline, shared_drive_scale
-from tencache_ds.plan.step_model.tencache import _optimizer_sequence
+from tencache_ds.plan.step_model.tencache import _optimizer_sequence, _optimizer_streaming_bytes
 from tencache_ds.plan.profile_timings import machine_from_profile
 from tencache_ds.plan.workload import ZeroSettings, build_workload
 from tencache_ds.profile.step_profile import StepProfile
@@ -206,6 +206,11 @@ def test_adagrad_keeps_one_state_tensor_where_adam_and_lion_keep_two():
     assert work.zero.precision.state_names == ("exp_avg_sq",) and len(work.sub_groups) > 1
     assert predicted("Lion")[0].zero.precision.state_names == adam_work.zero.precision.state_names
     assert {key[0] for key in _optimizer_sequence(work)[1]} == {"p", "v"}
+    # streaming slots as the run's (OptimizerStore.least_host_footprint_bytes): Adam's 4 tensors a sub-group whatever
+    # the optimizer, read ahead and written behind: all 8 slots; with buffer_count 12, the 11 an update holds at once
+    slot = work.zero.swap_nbytes(work.largest_sub_group_elements, 4)
+    assert _optimizer_streaming_bytes(work) == _optimizer_streaming_bytes(adam_work) == 8 * slot
+    assert _optimizer_streaming_bytes(predicted("Adagrad", buffer_count=12)[0]) == 11 * slot
     # the bytes of one moment of every sub-group
     moment_bytes = sum(size for key, size in _optimizer_sequence(adam_work)[1].items() if key.startswith("m"))
     assert moment_bytes > 0
@@ -331,7 +336,7 @@ def test_auto_grows_its_optimizer_share_into_free_memory_and_reads_less():
 def test_auto_grows_as_far_as_the_policy_band_allows():
     """Available memory between steps, less the middle of the policy's band, is what the tier takes (one rank)."""
     from tencache_ds.plan.memory_pressure import BAND_MIDDLE, BAND_TOP, MemoryPressurePolicy
-    from tencache_ds.plan.step_model.tencache import _held_between_steps, _optimizer_streaming_bytes
+    from tencache_ds.plan.step_model.tencache import _held_between_steps
     machine = this_vm(host_available_bytes=int(8.0 * GIB))
     work = growing_workload(host_cache_bytes="auto")
     plan = tencache_plan(work, machine)

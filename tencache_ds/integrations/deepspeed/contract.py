@@ -102,7 +102,7 @@ REBINDINGS = (
                   "record hang on it"),
     Rebinding(STAGE3, "step", "marking_step", wraps=True,
               why="tells _partition_all_parameters called from step() (keep the device tier) from its other "
-                  "callers (checkpoints: partition everything); the memory governor's rise meter takes a boundary "
+                  "callers (checkpoints: partition everything); the host governor's rise meter takes a boundary "
                   "between the last backward and the update"),
     Rebinding(ENGINE, "forward", "governing_host_memory", wraps=True,
               why="between two steps the host tier follows the host's memory (memory_pressure.py): before every "
@@ -272,6 +272,12 @@ CALL_ORDER = (
               "install.py -> reporting.on_optimizer_step_end",
               "ends the step: write-backs, the governor, the metrics record; not called means no write-back and no "
               "metrics, silently", "tests/deepspeed/test_device_tier_engine.py (one metrics line per step)"),
+    CallOrder("stage 3's step() is entered once per optimizer step (one skipped for gradient overflow too), after "
+              "the step's last backward and before its update", "install.py (marking_step) -> "
+              "memory_pressure.HostTierGovernor.before_update",
+              "the host governor's rise meter takes a boundary between the backward and the update, so a backward's "
+              "peak is measured against the level before it, not the higher level an update leaves",
+              "tests/integrations/test_step_boundary.py, tests/deepspeed/test_memory_pressure_engine.py"),
     CallOrder("stage 3's step() calls _partition_all_parameters before it writes the new weights into each "
               "resident partition in place (_partitioned_params_swap_out)", "install.py, coordinator.py",
               "a kept parameter whose gathered tensor is its partition is current after the step without a "

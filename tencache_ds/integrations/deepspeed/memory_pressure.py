@@ -209,22 +209,18 @@ class HostTierGovernor:
 
     def before_update(self) -> None:
         """Stage 3's step begins (its update, after the step's last backward): a boundary of the rise, so that the
-        backward's peak is measured against the level around the backward, not against the level after an update
-        that made the tier hold more (streaming slots brought back, a grown budget filled). Measured on the 1.3B
-        model beyond this machine's RAM (fp32, 1 x 32 tokens, "auto"): every backward rose 3.97 GiB above the
-        level before it, but the second step's update brought 2.0 GiB of streaming slots back, so the reading that
-        covered that backward and update together read a 1.96 GiB rise. "auto" grew by 1.83 GiB into the
-        difference, a later step's rise read 3.96 GiB, and it gave back 3.15 GiB, to below its start-up budget,
-        with the run's peak RSS at 22.85 of 23.54 GiB."""
+        backward's peak is measured against the level around the backward, not against the higher level an update
+        leaves (streaming slots brought back, a grown budget filled), which had halved the measured rise of a 1.3B
+        model and let "auto" grow into memory the next backward needed (docs/reliability.md, memory pressure)."""
         rise = self.meter.boundary()
         if rise is not None:
             self._step_rise = max(self._step_rise or 0, rise)
 
     def end_optimizer_step(self) -> None:
-        """An optimizer step ended (stage 3's _post_step). Its rise is the most over the readings from its second
-        forward pass to the next step's first, which covers its last backward and its update: so the optimizer's
-        first update, which creates its state once, falls in the first step measured (which the policy drops),
-        whatever the gradient accumulation."""
+        """An optimizer step ended (stage 3's _post_step). Its rise is the most over the boundaries from its second
+        forward pass to the next step's first (before every forward pass, and where its update starts), which cover
+        its last backward and its update: so the optimizer's first update, which creates its state once, falls in
+        the first step measured (which the policy drops), whatever the gradient accumulation."""
         self._step_ended = True
 
     def close(self) -> None:

@@ -468,17 +468,17 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         return self.store.host_footprint_bytes()
 
     def least_host_footprint_bytes(self) -> int:
-        return self.store.least_host_footprint_bytes(self._reads_two_sub_groups())
+        return self.store.least_host_footprint_bytes(self._reads_two_sub_groups(), self._writes_while_stepping())
 
     def resize_host_footprint(self, target_bytes: int) -> None:
         """Hold about ``target_bytes`` of host memory for optimizer state from now on (memory pressure, or memory
         back: integrations/deepspeed/memory_pressure.py)."""
         self.store.resize_host_footprint(target_bytes, self.state_bytes(), self._reads_two_sub_groups(),
-                                         self._update_slots())
+                                         self._update_slots(), self._writes_while_stepping())
 
     def planned_host_footprint_bytes(self) -> int:
         return self.store.planned_host_footprint_bytes(self.state_bytes(), self._reads_two_sub_groups(),
-                                                       self._update_slots())
+                                                       self._update_slots(), self._writes_while_stepping())
 
     def footprint_keeping_everything_bytes(self) -> int:
         """The footprint at which the tier keeps every sub-group: the state, and the slot an update still lends."""
@@ -524,6 +524,11 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
     def _reads_two_sub_groups(self) -> bool:
         """An update holds two sub-groups at once: the one stepping, and the next one read ahead meanwhile."""
         return self.reads_ahead and len(self.swap_params_info) > 1
+
+    def _writes_while_stepping(self) -> bool:
+        """The last sub-group's changed tensors keep their slots while the next one steps: written behind, with
+        another sub-group to step (one sub-group's writes end long before its next update)."""
+        return self.writes_behind and len(self.swap_params_info) > 1
 
     # ------------------------------------------------------------------ step boundaries: logging, metrics
     def pre_backward(self):

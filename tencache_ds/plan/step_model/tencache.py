@@ -24,9 +24,8 @@ from ...units import PAGE_BYTES, round_up
 from ..budget import UNLIMITED, MachineResources, parameter_lock_mode, resolve_budgets
 from ..device_tier import device_tier_budget
 from ..host_residency import steady_state
-from ..host_tier import (OPTIMIZER_BYTES_PER_ELEMENT, OPTIMIZER_IO_BYTES_PER_HELD_BYTE,
-                         OPTIMIZER_TENSORS_PER_SUB_GROUP, PARAM_IO_BYTES_PER_HELD_BYTE, TierDemand,
-                         split_host_budget)
+from ..host_tier import (OPTIMIZER_BYTES_PER_ELEMENT, OPTIMIZER_IO_BYTES_PER_HELD_BYTE, OPTIMIZER_STREAMING_SLOTS,
+                         PARAM_IO_BYTES_PER_HELD_BYTE, TierDemand, split_host_budget, streaming_tensors_at_once)
 from ..machine import Machine
 from ..memory_pressure import Action, MemoryPressurePolicy
 from ..prefetch import PrefetchSchedule
@@ -103,7 +102,7 @@ def tencache_plan(workload: Workload, machine: Machine) -> TencachePlan:
             optimizer_share, rise = _grown_share(workload, machine, start_share, streaming + param_cache)
         residency = steady_state(keys, sizes, optimizer_share, prefixes=True)
         held, prefixes = residency.held, dict(residency.prefixes)
-        if len(held) < len(sizes):  # a sub-group's four tensors stream through slots (twice: one read ahead)
+        if len(held) < len(sizes):  # a sub-group's tensors stream through slots (_optimizer_streaming_bytes)
             optimizer_streaming = _optimizer_streaming_bytes(workload)
         else:  # the gradient an update fills from stage 3's buffer still takes one
             optimizer_streaming = _update_slot_bytes(workload)
@@ -120,7 +119,7 @@ def _grown_share(workload: Workload, machine: Machine, start_share: int, param_s
 
     At run time the governor (integrations/deepspeed/memory_pressure.py) reads the node's available memory before
     each forward pass and, once a step's rise is measured, lets plan/memory_pressure.MemoryPressurePolicy decide:
-    with available at least twice its reserve it takes the excess over 1.5 x the reserve (each rank its share),
+    with available at least 1.5 x its reserve it takes the excess over 1.25 x the reserve (each rank its share),
     up to all of the optimizer state (the store's page-rounded buffers); the footprint it grows is the kept state
     plus the streaming slots, which go once everything is kept. The same policy decides here, once, on the
     available memory this model predicts between steps: the machine's, less each rank's ``_held_between_steps``
@@ -154,10 +153,14 @@ def _grown_share(workload: Workload, machine: Machine, start_share: int, param_s
 
 
 def _optimizer_streaming_bytes(workload: Workload) -> int:
-    """The slots optimizer state that is not kept streams through: a sub-group's four tensors (twice with more
-    than one sub-group: the next one is read ahead)."""
-    largest = workload.zero.swap_nbytes(workload.largest_sub_group_elements, workload.zero.precision.master_bytes)
-    return largest * OPTIMIZER_TENSORS_PER_SUB_GROUP * (2 if len(workload.sub_groups) > 1 else 1)
+    """The slots optimizer state that is not kept streams through (OptimizerStore.least_host_footprint_bytes): a
+    sub-group's four tensors, and with more than one sub-group the next one's read ahead and the last one's written
+    behind, at most the slots there are (``offload_optimizer.buffer_count``, at least 8)."""
+    zero = workload.zero
+    largest = zero.swap_nbytes(workload.largest_sub_group_elements, zero.precision.master_bytes)
+    several = len(workload.sub_groups) > 1
+    slots = max(OPTIMIZER_STREAMING_SLOTS, zero.optimizer_buffer_count)
+    return largest * min(streaming_tensors_at_once(reads_ahead=several, writes_behind=several), slots)
 
 
 def _update_slot_bytes(workload: Workload) -> int:
