@@ -1,4 +1,7 @@
-"""Ad-hoc: per-phase anon RSS peaks and the optimizer tier's footprint, for one run of scripts/train.py."""
+"""Ad-hoc: per-phase anon RSS peaks and the optimizer tier's footprint, for one run of scripts/train.py.
+
+    python3 -m deepspeed.launcher.runner --num_gpus 1 memtrace.py OUT.json -- scripts/train.py ARGS...
+"""
 import json, os, runpy, sys, threading, time
 ARGV = [a for a in sys.argv if not a.startswith("--local_rank")]
 out = ARGV[1]; args = ARGV[3:]
@@ -39,7 +42,8 @@ def dump():
         else:
             t0, r0, tr0 = starts[name]
             peak = max((s for ts, s in SAMPLES if t0 <= ts <= t), default=r)
-            phases.append(dict(phase=name, t0=t0, t1=t, rss_start=r0, rss_end=r, rss_peak=peak, tier_start=tr0, tier_end=tr))
+            phases.append(dict(phase=name, t0=t0, t1=t, rss_start=r0, rss_end=r, rss_peak=peak,
+                               tier_start=tr0, tier_end=tr))
     json.dump(phases, open(out, "w"), indent=1)
 import atexit; atexit.register(dump)
 sys.argv = [args[0]] + args[1:]
