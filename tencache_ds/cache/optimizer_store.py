@@ -59,9 +59,11 @@ class OptimizerStore(EntryStoreWrapper):
         self.pool = BufferPool("optimizer", lock="off")
         # Streaming slots for sub-groups the host tier does not hold: reused between steps, never locked. Adam
         # needs the master, two moments and the gradient of one sub-group at once (deepspeed-integration.md a.7),
-        # and as many for the next sub-group, read ahead meanwhile. They start retired (no memory) and come back
-        # one by one as a tensor first has to stream (BudgetedPageable.fallback): a tier that holds everything
-        # never commits them, and one that holds everything again gives them back (resize_host_footprint).
+        # as many for the next sub-group, read ahead meanwhile, and the last one's changed tensors keep theirs until
+        # written (plan/host_tier.streaming_tensors_at_once); beyond the slots an update waits for a write. They
+        # start retired (no memory) and come back one by one as a tensor first has to stream
+        # (BudgetedPageable.fallback): a tier that holds everything never commits them, and one that holds
+        # everything again gives them back (resize_host_footprint).
         self.streaming_slot_bytes = round_up(largest_numel * self.element_size, PAGE_BYTES)  # its size class
         streaming_slots = max(OPTIMIZER_STREAMING_SLOTS, int(streaming_slots))
         self.pool.add_classes({self.streaming_slot_bytes: streaming_slots})

@@ -24,8 +24,9 @@ SAMPLE_INTERVAL_S = 0.02
 
 class StepRiseMeter:
     """``boundary()`` at each boundary returns how far resident memory rose above its level at the two boundaries
-    around the stretch just ended (its own temporaries, not what it left allocated), or None for the first call. ``close()`` stops the sampling thread (idempotent; also when the meter is garbage collected);
-    a closed meter returns None."""
+    around the stretch just ended (its own temporaries, not what it left allocated), or None for the first call.
+    ``close()`` stops the sampling thread (idempotent; also when the meter is garbage collected); a closed meter
+    returns None."""
 
     def __init__(self, read_resident: Callable[[], int] = anonymous_resident_bytes,
                  interval_s: float = SAMPLE_INTERVAL_S):

@@ -28,13 +28,17 @@ OPTIMIZER_STREAMING_SLOTS = 8
 
 
 def streaming_tensors_at_once(reads_ahead: bool, writes_behind: bool) -> int:
-    """The most optimizer tensors an update holds in streaming slots at once: a sub-group's master, moments and
-    gradient; the next sub-group's too when it is read ahead; the last one's master and moments when it is written
-    behind (a released changed tensor keeps its slot until its write ends). Adam's tensors whatever the optimizer:
-    with fewer (Adagrad's one state tensor) the writes behind take the slots left (an Adagrad run held 7 of 8:
-    tests/deepspeed/test_parity.py)."""
+    """The optimizer tensors an update holds in streaming slots at once, as planned: a sub-group's master, moments
+    and gradient; the next sub-group's too when it is read ahead; the last one's master and moments when it is
+    written behind (a released changed tensor keeps its slot until its write ends). Adam's tensors whatever the
+    optimizer: with fewer (Adagrad's one state tensor) the writes behind take the slots left (an Adagrad run held 7
+    of 8: tests/deepspeed/test_parity.py). An estimate, not a bound: one too many where the gradient comes from
+    stage 3's buffer (not read ahead), too few on a drive slow enough to keep writes of several sub-groups in
+    flight (then up to every slot there is)."""
     per_update = OPTIMIZER_TENSORS_PER_SUB_GROUP
     return per_update * (2 if reads_ahead else 1) + (per_update - 1 if writes_behind else 0)
+
+
 # fp32 master + 2 Adam moments + fp32 gradient, per parameter element (the optimizer's demand, estimated before
 # the optimizer exists: its sub-groups hold exactly the partitioned parameters)
 OPTIMIZER_BYTES_PER_ELEMENT = OPTIMIZER_TENSORS_PER_SUB_GROUP * 4

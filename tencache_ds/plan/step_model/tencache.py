@@ -155,7 +155,9 @@ def _grown_share(workload: Workload, machine: Machine, start_share: int, param_s
 def _optimizer_streaming_bytes(workload: Workload) -> int:
     """The slots optimizer state that is not kept streams through (OptimizerStore.least_host_footprint_bytes): a
     sub-group's four tensors, and with more than one sub-group the next one's read ahead and the last one's written
-    behind, at most the slots there are (``offload_optimizer.buffer_count``, at least 8)."""
+    behind, at most the slots there are (``offload_optimizer.buffer_count``, at least 8). A config that turns
+    ``pipeline_read`` or ``pipeline_write`` off explicitly takes fewer at run time; the model does not tell that
+    from unset (both on) and errs high."""
     zero = workload.zero
     largest = zero.swap_nbytes(workload.largest_sub_group_elements, zero.precision.master_bytes)
     several = len(workload.sub_groups) > 1
