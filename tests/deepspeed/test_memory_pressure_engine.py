@@ -66,6 +66,9 @@ def test_memory_taken_away_mid_run_is_given_back_then_taken_again_with_stocks_bi
     steps = [step["stats"] for step in ours.result["steps"]]
     assert [stats["host_pressure_shrinks"] for stats in steps] == [0, 0, 0, 1, 1]
     assert [stats["host_pressure_grows"] for stats in steps] == [0, 0, 0, 0, 1]
+    # the step rise is measured from each forward pass to the update's start, and from there to the next forward
+    # pass (contract.CALL_ORDER: stage 3's step() runs once per optimizer step, between backward and update)
+    assert [stats["host_rise_boundaries"] for stats in steps] == [2, 4, 6, 8, 10]
     assert steps[3]["host_memory_bound_by"] == memory_cgroup and "host memory pressure" in ours.output
     given_back = steps[2]["host_cache_bytes_in_use"] - steps[3]["host_cache_bytes_in_use"]
     assert given_back > 100 * MiB, steps[3]  # of about 230 MiB held; the streaming slots take about 90 MiB back

@@ -277,7 +277,8 @@ CALL_ORDER = (
               "memory_pressure.HostTierGovernor.before_update",
               "the host governor's rise meter takes a boundary between the backward and the update, so a backward's "
               "peak is measured against the level before it, not the higher level an update leaves",
-              "tests/integrations/test_step_boundary.py, tests/deepspeed/test_memory_pressure_engine.py"),
+              "tests/integrations/test_step_boundary.py, tests/deepspeed/test_memory_pressure_engine.py "
+              "(host_rise_boundaries: two per optimizer step)"),
     CallOrder("stage 3's step() calls _partition_all_parameters before it writes the new weights into each "
               "resident partition in place (_partitioned_params_swap_out)", "install.py, coordinator.py",
               "a kept parameter whose gathered tensor is its partition is current after the step without a "

@@ -76,6 +76,7 @@ class HostTierGovernor:
         # "auto": the tier grows into the memory the measured steps leave free (plan/memory_pressure.py)
         self.fills_free_memory = optimizer_swapper is not None and optimizer_swapper.config.host_cache_bytes == AUTO
         self.shrinks = 0  # COUNT: readings that gave memory back
+        self.rise_boundaries = 0  # COUNT: the rise meter's boundaries (before every forward pass and update)
         self.grows = 0    # COUNT: readings that took memory again
         with _LIVE_GOVERNORS_LOCK:
             _LIVE_GOVERNORS.add(self)
@@ -145,6 +146,7 @@ class HostTierGovernor:
         if self.start_budget_bytes is None:
             self._start()
         rise = self.meter.boundary()  # since the last forward pass (its backward) or update (before_update)
+        self.rise_boundaries += 1
         if rise is not None:
             self._step_rise = max(self._step_rise or 0, rise)
         if self._step_ended:  # this reading covered the end of the step: the step's rise is complete
@@ -213,6 +215,7 @@ class HostTierGovernor:
         leaves (streaming slots brought back, a grown budget filled), which had halved the measured rise of a 1.3B
         model and let "auto" grow into memory the next backward needed (docs/reliability.md, memory pressure)."""
         rise = self.meter.boundary()
+        self.rise_boundaries += 1
         if rise is not None:
             self._step_rise = max(self._step_rise or 0, rise)
 

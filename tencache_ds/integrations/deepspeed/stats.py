@@ -45,6 +45,7 @@ def engine_stats(engine) -> Dict[str, object]:
     governor = governor_of(optimizer)
     if governor is not None:
         stats.update(host_pressure_shrinks=governor.shrinks, host_pressure_grows=governor.grows,
+                     host_rise_boundaries=governor.rise_boundaries,
                      host_memory_bound_by=governor.last_memory.bound_by if governor.last_memory else None)
     meter = getattr(optimizer, METRICS_METER_ATTRIBUTE, None)
     if meter is not None and meter.latest is not None:
