@@ -111,7 +111,7 @@ def _marking_step(step):
     @functools.wraps(step)
     def step_marked(self, *args, **kwargs):
         governor = governor_of(self)
-        if governor is not None:
+        if governor is not None:  # the rise meter: the backward's peak is measured apart from the update's
             governor.before_update()
         setattr(self, _IN_STEP, True)
         try:

@@ -76,8 +76,8 @@ class HostTierGovernor:
         # "auto": the tier grows into the memory the measured steps leave free (plan/memory_pressure.py)
         self.fills_free_memory = optimizer_swapper is not None and optimizer_swapper.config.host_cache_bytes == AUTO
         self.shrinks = 0  # COUNT: readings that gave memory back
-        self.rise_boundaries = 0  # COUNT: the rise meter's boundaries (before every forward pass and update)
         self.grows = 0    # COUNT: readings that took memory again
+        self.rise_boundaries = 0  # COUNT: the rise meter's boundaries (before every forward pass and update)
         with _LIVE_GOVERNORS_LOCK:
             _LIVE_GOVERNORS.add(self)
 
