@@ -145,10 +145,7 @@ class HostTierGovernor:
         """A reading, and what follows from it. Raises TencacheOutOfMemory when the next step cannot fit."""
         if self.start_budget_bytes is None:
             self._start()
-        rise = self.meter.boundary()  # since the last forward pass (its backward) or update (before_update)
-        self.rise_boundaries += 1
-        if rise is not None:
-            self._step_rise = max(self._step_rise or 0, rise)
+        self._rise_boundary()  # since the last forward pass (its backward) or update (before_update)
         if self._step_ended:  # this reading covered the end of the step: the step's rise is complete
             self.policy.observe_step_rise(self._step_rise)
             self._step_rise, self._step_ended = None, False
@@ -214,10 +211,7 @@ class HostTierGovernor:
         backward's peak is measured against the level around the backward, not against the higher level an update
         leaves (streaming slots brought back, a grown budget filled), which had halved the measured rise of a 1.3B
         model and let "auto" grow into memory the next backward needed (docs/reliability.md, memory pressure)."""
-        rise = self.meter.boundary()
-        self.rise_boundaries += 1
-        if rise is not None:
-            self._step_rise = max(self._step_rise or 0, rise)
+        self._rise_boundary()
 
     def end_optimizer_step(self) -> None:
         """An optimizer step ended (stage 3's _post_step). Its rise is the most over the boundaries from its second
@@ -232,6 +226,13 @@ class HostTierGovernor:
         self.meter.close()
 
     # ------------------------------------------------------------------------------------------- private
+    def _rise_boundary(self) -> None:
+        """A boundary of the rise meter: the stretch since the last one counts in the current step's rise."""
+        rise = self.meter.boundary()
+        self.rise_boundaries += 1
+        if rise is not None:
+            self._step_rise = max(self._step_rise or 0, rise)
+
     def _start(self) -> None:
         for swapper in self._param_swappers:
             swapper.plan()  # every partition size is known by the first forward pass
