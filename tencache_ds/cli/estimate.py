@@ -174,11 +174,13 @@ def render(report: Dict[str, Any]) -> List[str]:
                  f"{fmt_bytes(stock_needs['pinned'])}, pageable host {fmt_bytes(stock_needs['pageable'])}, NVMe "
                  f"{fmt_bytes(stock_needs['nvme'])}")
     start = budgets.get("optimizer_start_share_bytes", budgets["optimizer_share_bytes"])
-    grown = "" if start == budgets["optimizer_share_bytes"] else (
-        f" at start-up; \"auto\" grows the optimizer state to {fmt_bytes(budgets['optimizer_share_bytes'])} once a "
-        f"step's rise ({fmt_bytes(budgets['step_rise_bytes'])} assumed) is measured")
+    start_cache = budgets.get("param_cache_start_bytes", budgets["param_cache_bytes"])
+    steady = (budgets["param_cache_bytes"], budgets["optimizer_share_bytes"])
+    changed = "" if steady == (start_cache, start) else (
+        f" at start-up; the governor keeps {fmt_bytes(steady[0])} + {fmt_bytes(steady[1])} once a step's rise "
+        f"({fmt_bytes(budgets['step_rise_bytes'])} assumed) is measured")
     lines.append(f"budgets (tencache): host tier {fmt_bytes(budgets['host_cache_bytes'])} = parameter cache slots "
-                 f"{fmt_bytes(budgets['param_cache_bytes'])} + optimizer state {fmt_bytes(start)}{grown}"
+                 f"{fmt_bytes(start_cache)} + optimizer state {fmt_bytes(start)}{changed}"
                  f"; streaming slots {fmt_bytes(budgets['param_streaming_bytes'])}; device tier "
                  f"{fmt_bytes(budgets['device_cache_bytes'])}")
     lines.append(f"step time: stock {seconds(stock)}, tencache {seconds(tencache)} ({tencache / stock:.2f}x); "

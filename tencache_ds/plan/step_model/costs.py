@@ -134,13 +134,36 @@ def device_working_bytes(workload: Workload, host_accelerator: bool) -> int:
 
 
 def device_step_bytes(workload: Workload, host_accelerator: bool) -> int:
-    """The part of ``device_working_bytes`` that a step needs beyond what lies between steps: the gathered module
-    and the one prefetched after it, the prefetch bucket, the gradient reduce bucket, and activations."""
+    """The part of ``device_working_bytes`` that a step needs beyond what lies between steps, the larger of two
+    moments:
+
+    - forward and backward: the gathered module and the one prefetched after it, the prefetch bucket, the gradient
+      reduce bucket, and activations;
+    - a reduce of the gradient bucket (``reduce_bucket_concatenated_bytes``): the bucket and its concatenated
+      copy, and, where the bucket fills before the backward ends, the two gathered modules around it.
+    """
     zero, elem = workload.zero, workload.zero.element_bytes
     largest_module = max((sum(gathered_bytes(workload, key) for key in fetch.keys) for fetch in workload.fetches),
                          default=0)
-    return (2 * largest_module + zero.prefetch_bucket_size * elem + reduce_bucket_bytes(workload, host_accelerator)
-            + _activation_bytes(workload))
+    bucket = reduce_bucket_bytes(workload, host_accelerator)
+    working = 2 * largest_module + zero.prefetch_bucket_size * elem + bucket + _activation_bytes(workload)
+    fills_mid_backward = sum(p.numel for p in workload.partitions.values()) > zero.reduce_bucket_size
+    reducing = (bucket + reduce_bucket_concatenated_bytes(workload)
+                + (2 * largest_module if fills_mid_backward else 0))
+    return max(working, reducing)
+
+
+def reduce_bucket_concatenated_bytes(workload: Workload) -> int:
+    """The copy of the gradient bucket's filled part that stage 3's reduce makes (DeepSpeed 0.19.8 with its default
+    ``reduce_scatter``: ``reduce_scatter_coalesced`` concatenates the bucket's gradients into a new flat buffer,
+    on the accelerator, freed after the reduce): at most ``reduce_bucket_size`` elements, the gathered model's when
+    it is smaller. With the bucket, a host accelerator's measured step rise is twice the fill: gpt2-small fp32
+    (124 M elements, one reduce at the backward's end) rose 995.5 MB = 2 x 124 M x 4 B, at 1 rank and at 2;
+    gpt2-1.3b fp32 (1.28 B elements, the 5e8 bucket reduced mid-backward) 3.97 GiB = 2 x 2 GB and 0.24 GiB of
+    gathered layers (docs/bench, ``host_step_rise_bytes``; docs/estimate.md)."""
+    zero = workload.zero
+    gathered = sum(p.numel for p in workload.partitions.values())
+    return min(zero.reduce_bucket_size, gathered) * zero.element_bytes
 
 
 def reduce_bucket_bytes(workload: Workload, host_accelerator: bool) -> int:
@@ -161,10 +184,11 @@ def host_step_rise_bytes(workload: Workload, machine: Machine) -> int:
 
     - the optimizer update's temporaries: taken as one fp32 tensor of the largest sub-group. An assumption, not a
       measurement: no GPU run has measured a step's host rise; on a GPU it is the whole estimate.
-    - on a host accelerator, also what the device would hold during forward and backward (``device_step_bytes``);
-      the larger of the two counts, since the update starts after backward has freed its working set. Measured
-      (docs/bench, fp32, micro-batch 1 x 32, the host_step_rise_bytes of the metrics): gpt2-small with stage 3's
-      defaults rose 995.5 MB a step, this gives 1041 MB; on 2 ranks with GAS 4, 1000.6 MB, this gives 792 MB.
+    - on a host accelerator, also what the device would hold during forward and backward or a reduce of the
+      gradient bucket (``device_step_bytes``); the larger of the two counts, since the update starts after
+      backward has freed its working set. Measured (docs/bench, fp32, micro-batch 1 x 32, the
+      host_step_rise_bytes of the metrics): gpt2-small with stage 3's defaults rose 995.5 MB a step at 1 rank and
+      at 2 (GAS 4), this gives 1041 MB; gpt2-1.3b 3.97 GiB, this gives 4.21 GiB.
     """
     update = workload.largest_sub_group_elements * 4
     if not machine.accelerator_is_host:

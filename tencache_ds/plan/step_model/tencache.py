@@ -5,9 +5,10 @@ its plan, its replay and its memory. Pure.
   (plan/size_classes.py), cache slots from the host tier first, the rest to optimizer state
   (plan/host_tier.split_host_budget, as the optimizer swapper does); the device tier (plan/device_tier.py) keeps
   gathered parameters by next use;
-- an "auto" optimizer share then grows at run time into the memory the steps leave free, up to all of the state
-  (integrations/deepspeed/memory_pressure.py): the step is modelled at that steady state, the grown share
-  decided by plan/memory_pressure.MemoryPressurePolicy on the memory this model predicts (``_grown_share``);
+- at run time the governor (integrations/deepspeed/memory_pressure.py) grows an "auto" optimizer share into the
+  memory the steps leave free, up to all of the state, and makes any budget give back what the step needs: the
+  step is modelled at that steady state, decided by plan/memory_pressure.MemoryPressurePolicy on the memory this
+  model predicts (``_governed_tier``);
 - a gather served by the device tier moves nothing; a lend served by the host tier reads nothing; the reads left
   are issued ahead by plan/prefetch.PrefetchSchedule within the streaming slots; changed bytes of held tensors are
   written back only on eviction (none in steady state);
@@ -42,10 +43,11 @@ from .timeline import STEPS_REPLAYED, Rates, Timeline, channel_rates
 @dataclasses.dataclass(frozen=True)
 class TencachePlan:
     """The budgets tencache would choose for this workload on this machine, and what they hold in steady state.
-    ``optimizer_share_bytes`` is the steady state's: an "auto" share grown at run time (``_grown_share``), else
-    ``optimizer_start_share_bytes``, the share planned at start-up (``host_cache_bytes`` less the parameter cache
-    slots). ``step_rise_bytes``: the step's host rise the growth was sized by (0 where growth does not apply: an
-    explicit budget, no optimizer on NVMe, or a start-up share that holds all of the state)."""
+    ``optimizer_share_bytes`` and ``param_cache_bytes`` are the steady state's, after the run-time governor
+    (``_governed_tier``): an "auto" optimizer share grown, or either given back below the reserve;
+    ``optimizer_start_share_bytes`` and ``param_cache_start_bytes`` were planned at start-up (``host_cache_bytes``
+    split between the parameter cache slots and optimizer state). ``step_rise_bytes``: the step's host rise the
+    governor was modelled with."""
 
     host_cache_bytes: int
     param_streaming_bytes: int
@@ -59,6 +61,7 @@ class TencachePlan:
     step_rise_bytes: int = 0
     param_slots_locked: bool = True  # plan/budget.parameter_lock_mode: not on a host accelerator by default
     optimizer_prefixes: Mapping[str, int] = dataclasses.field(default_factory=dict)  # bytes held of streaming ones
+    param_cache_start_bytes: int = 0
 
     def optimizer_io_bytes(self, name: str, nbytes: int) -> int:
         """What a read or write of optimizer tensor ``name`` (``nbytes``) moves: less the prefix the tier holds."""
@@ -82,24 +85,26 @@ def tencache_plan(workload: Workload, machine: Machine) -> TencachePlan:
     slots_locked = parameter_lock_mode(config.pin_memory, machine.accelerator_is_host) != "off"
     budgets = resolve_budgets(config, resources, stream_min_bytes=streaming, locks_memory=slots_locked)
     host = budgets.host_cache_bytes
-    cache_counts = cache_slot_counts(histogram, streaming_slot_counts(histogram, max(1, zero.param_buffer_count)),
-                                     host) if swapped else {}
+    streaming_counts = streaming_slot_counts(histogram, max(1, zero.param_buffer_count))
+    cache_counts = cache_slot_counts(histogram, streaming_counts, host) if swapped else {}
     param_cache = class_bytes(cache_counts)
     all_swapped = sum(size for size in swapped.values())
-    params_all_held = bool(swapped) and streaming + param_cache >= class_bytes(histogram)
     demands = [TierDemand("params", param_cache, PARAM_IO_BYTES_PER_HELD_BYTE)]
     if zero.offload_optimizer == "nvme":
         demands.append(TierDemand("optimizer", max(workload.rank_elements * OPTIMIZER_BYTES_PER_ELEMENT, host),
                                   OPTIMIZER_IO_BYTES_PER_HELD_BYTE))
     shares = split_host_budget(host, demands)
-    start_share = optimizer_share = shares.get("optimizer", 0)
+    start_share, start_cache = shares.get("optimizer", 0), param_cache
+    governed = _governed_tier(workload, machine, budgets.host_source == AUTO, start_share, streaming, param_cache)
+    optimizer_share, rise = governed.optimizer_share_bytes, governed.step_rise_bytes
+    if governed.param_cache_bytes < param_cache:  # given back at run time: the cache slots that stay
+        param_cache = class_bytes(cache_slot_counts(histogram, streaming_counts, governed.param_cache_bytes))
+    params_all_held = bool(swapped) and streaming + param_cache >= class_bytes(histogram)
     held = frozenset()
     prefixes: Dict[str, int] = {}
-    optimizer_streaming = rise = 0
+    optimizer_streaming = 0
     if zero.offload_optimizer == "nvme":
         keys, sizes = _optimizer_sequence(workload)
-        if budgets.host_source == AUTO:
-            optimizer_share, rise = _grown_share(workload, machine, start_share, streaming + param_cache)
         residency = steady_state(keys, sizes, optimizer_share, prefixes=True)
         held, prefixes = residency.held, dict(residency.prefixes)
         if len(held) < len(sizes):  # a sub-group's tensors stream through slots (_optimizer_streaming_bytes)
@@ -111,45 +116,67 @@ def tencache_plan(workload: Workload, machine: Machine) -> TencachePlan:
     device = device_tier_budget(config.device_cache_bytes, machine.accelerator_is_host, param_capacity,
                                 device_free, 0.5) if config.device_cache_bytes != 0 else 0
     return TencachePlan(host, streaming, param_cache, optimizer_share, device, params_all_held, held,
-                        optimizer_streaming, start_share, rise, slots_locked, prefixes)
+                        optimizer_streaming, start_share, rise, slots_locked, prefixes, start_cache)
 
 
-def _grown_share(workload: Workload, machine: Machine, start_share: int, param_slot_bytes: int) -> Tuple[int, int]:
-    """The optimizer share an "auto" host tier holds in steady state, and the step rise it assumed.
+@dataclasses.dataclass(frozen=True)
+class _GovernedTier:
+    optimizer_share_bytes: int
+    param_cache_bytes: int
+    step_rise_bytes: int
+
+
+def _governed_tier(workload: Workload, machine: Machine, grows: bool, start_share: int, param_streaming: int,
+                   param_cache: int) -> _GovernedTier:
+    """The host tier in steady state under the run-time governor: the optimizer share and the parameter cache it
+    keeps, and the step rise it was decided by.
 
     At run time the governor (integrations/deepspeed/memory_pressure.py) reads the node's available memory before
-    each forward pass and, once a step's rise is measured, lets plan/memory_pressure.MemoryPressurePolicy decide:
-    with available at least 1.5 x its reserve it takes the excess over 1.25 x the reserve (each rank its share),
-    up to all of the optimizer state (the store's page-rounded buffers); the footprint it grows is the kept state
-    plus the streaming slots, which go once everything is kept. The same policy decides here, once, on the
-    available memory this model predicts between steps: the machine's, less each rank's ``_held_between_steps``
-    and start-up optimizer footprint. It lands in its band, so later readings hold: one decision is the steady
-    state. Parameter cache slots do not grow (the governor takes back only what it gave). Shrinking is not
-    modelled: a run that would have to give memory back holds its start-up share here (``fits`` judges it)."""
-    sizes = _optimizer_sequence(workload)[1]
-    state = sum(round_up(size, PAGE_BYTES) for size in sizes.values())
-    update_slot = _update_slot_bytes(workload)
-    if start_share >= state:
-        return start_share, 0
-    slots = _optimizer_streaming_bytes(workload)
-    start_footprint = start_share + slots
-    if start_footprint >= state + update_slot:  # the governor keeps it all at its first reading
-        return state, 0
+    each forward pass and, once a step's rise is measured, lets plan/memory_pressure.MemoryPressurePolicy decide.
+    The same policy decides here, once, on the available memory this model predicts between steps: the
+    machine's, less each rank's ``_held_between_steps`` and start-up optimizer footprint. It lands in its band, so
+    later readings hold: one decision is the steady state.
+
+    - Below the reserve, any budget gives back: optimizer state first (down to its streaming slots), then
+      parameter cache slots, as ``HostTierGovernor._give_back`` does. Before 2026-11-29 the model held the
+      start-up share and judged it by ``fits``: with gpt2-1.3b's measured rise the estimate said "does not fit"
+      for a run the governor keeps going.
+    - With available at least 1.5 x its reserve, an "auto" budget takes the excess over 1.25 x the reserve (each
+      rank its share), up to all of the optimizer state (the store's page-rounded buffers); the footprint it grows
+      is the kept state plus the streaming slots, which go once everything is kept. Parameter cache slots do not
+      grow (the governor takes back only what it gave)."""
     ranks = max(1, machine.ranks_per_node)
-    available = machine.available_host_bytes - ranks * (
-        _held_between_steps(workload, machine, param_slot_bytes) + start_footprint)
     rise = host_step_rise_bytes(workload, machine)
+    footprint = least = growable = state = update_slot = 0
+    if workload.zero.offload_optimizer == "nvme":
+        sizes = _optimizer_sequence(workload)[1]
+        state = sum(round_up(size, PAGE_BYTES) for size in sizes.values())
+        update_slot, least = _update_slot_bytes(workload), _optimizer_streaming_bytes(workload)
+        if start_share >= state or (grows and start_share + least >= state + update_slot):
+            # all of it kept (the governor keeps it all at its first reading): the update's slot beside it
+            start_share, footprint = max(start_share, state), state + update_slot
+        else:
+            footprint = start_share + least
+            growable = max(0, state + update_slot - footprint) if grows else 0
+    available = machine.available_host_bytes - ranks * (
+        _held_between_steps(workload, machine, param_streaming + param_cache) + footprint)
     policy = MemoryPressurePolicy(ranks)
     policy.observe_step_rise(rise)  # the first measured step creates the optimizer's state: the policy drops it
     policy.observe_step_rise(rise)
-    decision = policy.decide(machine.host_memory_bytes, available, reducible_bytes=0, given_back_bytes=0,
-                             growable_bytes=max(0, state + update_slot - start_footprint))
-    if decision.action is not Action.GROW:
-        return start_share, rise
-    footprint = start_footprint + decision.nbytes
-    # as OptimizerStore.resize_host_footprint: all of it kept once it holds the state (and the update's slot),
-    # else less the slots
-    return (state if footprint >= state + update_slot else max(start_share, footprint - slots)), rise
+    decision = policy.decide(machine.host_memory_bytes, available,
+                             reducible_bytes=max(0, footprint - least) + param_cache, given_back_bytes=0,
+                             growable_bytes=growable)
+    if decision.action is Action.GROW:
+        grown = footprint + decision.nbytes
+        # as OptimizerStore.resize_host_footprint: all of it kept once it holds the state (and the update's
+        # slot), else less the slots
+        return _GovernedTier(state if grown >= state + update_slot else max(start_share, grown - least),
+                             param_cache, rise)
+    if decision.action is Action.SHRINK:
+        cut = min(decision.nbytes, max(0, footprint - least))
+        return _GovernedTier(max(0, footprint - cut - least) if footprint else 0,
+                             param_cache - min(param_cache, decision.nbytes - cut), rise)
+    return _GovernedTier(start_share, param_cache, rise)
 
 
 def _optimizer_streaming_bytes(workload: Workload) -> int:
@@ -294,6 +321,7 @@ def predict_tencache(workload: Workload, machine: Machine) -> Prediction:
     budgets = {"host_cache_bytes": plan.host_cache_bytes, "param_streaming_bytes": plan.param_streaming_bytes,
                "param_cache_bytes": plan.param_cache_bytes, "optimizer_share_bytes": plan.optimizer_share_bytes,
                "optimizer_start_share_bytes": plan.optimizer_start_share_bytes,
+               "param_cache_start_bytes": plan.param_cache_start_bytes,
                "step_rise_bytes": plan.step_rise_bytes, "device_cache_bytes": plan.device_tier_bytes}
     return finish(TENCACHE, step_s, parts, moved, memory, device_rate, host_rate, failures, budgets)
 
