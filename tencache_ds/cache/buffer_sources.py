@@ -25,6 +25,10 @@ class BufferSource(Protocol):
     def fallback(self, nbytes: int) -> HostBuffer:
         """A transient buffer (given back after use) when no keepable one is free and none can be freed."""
 
+    def try_acquire_idle(self, nbytes: int) -> Optional[HostBuffer]:
+        """A transient buffer from memory the source holds and nothing uses now (no new mapping, no wait), or
+        None."""
+
     def keeps(self, buffer: HostBuffer) -> bool:
         """May ``buffer`` stay in host memory between uses (a cached copy)?"""
 
@@ -68,6 +72,9 @@ class ArenaSlots:
 
     def fallback(self, nbytes: int) -> HostBuffer:
         return self.pool.acquire_pageable(nbytes)
+
+    def try_acquire_idle(self, nbytes: int) -> Optional[HostBuffer]:
+        return None  # every slot of a class is a cache slot: none is idle transient memory
 
     def keeps(self, buffer: HostBuffer) -> bool:
         return self.caching and buffer.slot is not None
@@ -127,6 +134,9 @@ class BudgetedPageable:
         if size is not None and self.pool.restore(size, 1):  # a retired slot: memory only once it is needed
             slot = self.pool.try_acquire(nbytes)
         return slot if slot is not None else self.pool.acquire_pageable(nbytes, count_as_fallback=False)
+
+    def try_acquire_idle(self, nbytes: int) -> Optional[HostBuffer]:
+        return self.pool.try_acquire(nbytes)  # a free streaming slot in memory (a retired one stays retired)
 
     def keeps(self, buffer: HostBuffer) -> bool:
         return buffer.ptr in self._budgeted

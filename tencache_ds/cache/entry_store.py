@@ -198,16 +198,21 @@ class EntryStore:
             entry.prefetched = prefetch  # once the read is in flight (the entry's invariants hold at every wait)
             self._checked()
 
-    def prefetch_if_free(self, key) -> bool:
+    def prefetch_if_free(self, key, idle_slot: bool = False) -> bool:
         """Start reading ``key`` ahead of its use if it is on file and a buffer is free right now: never waits,
         never evicts (a prefetch must not stall the caller or push out what is needed sooner). False if not
-        started. The use that follows is ``wait_read`` (the profile records it then)."""
+        started. ``idle_slot``: with no room to keep it, a transient buffer the source holds idle will do (a
+        streaming slot nothing uses now; never new memory). The use that follows is ``wait_read`` (the profile
+        records it then)."""
         with self._lock:
             entry = self._table.get(key)
             if entry is None or entry.state != S.ON_FILE or entry.external_read is not None:
                 return False
             self._transfers.reap_writes()
-            buffer = self.source.try_acquire(self.swap_nbytes(entry.numel))
+            nbytes = self.swap_nbytes(entry.numel)
+            buffer = self.source.try_acquire(nbytes)
+            if buffer is None and idle_slot:
+                buffer = self.source.try_acquire_idle(nbytes)
             if buffer is None:
                 return False
             self.counters.misses += 1

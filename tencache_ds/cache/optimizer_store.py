@@ -50,6 +50,7 @@ class OptimizerStore(EntryStoreWrapper):
     # The EntryStore calls the optimizer swapper and the checkpoint code make, forwarded as they are.
     FORWARDED = frozenset({
         "add", "knows", "state", "kept", "path", "numels", "swap_nbytes", "lend", "lend_new", "start_read",
+        "prefetch_if_free",
         "wait_read", "release", "mark_changed", "write_parts", "flush", "flush_key", "wait_writes", "held_keys",
         "forget", "discard", "forget_all", "trim_kept", "stats", "check_invariants", "recorder", "counters"})
 
@@ -77,6 +78,11 @@ class OptimizerStore(EntryStoreWrapper):
         brought into use."""
         stats = self.pool.stats()
         return self.budget.used_bytes + stats["reserved_bytes"] - stats["retired_bytes"]
+
+    def idle_streaming_slots(self) -> int:
+        """Streaming slots in memory that nothing uses now (a retired one is not: using it would map memory)."""
+        slots = self.pool.class_slots().get(self.streaming_slot_bytes, {})
+        return slots.get("slots", 0) - slots.get("in_use", 0) - slots.get("retired", 0)
 
     def least_host_footprint_bytes(self, reads_ahead: bool, writes_behind: bool = False) -> int:
         """The footprint when the tier keeps nothing: the streaming slots one update can hold at once

@@ -83,3 +83,27 @@ def test_the_least_footprint_counts_the_slots_writes_behind_still_hold(io, reads
     store = make(io)  # 8 slots
     assert store.least_host_footprint_bytes(reads_ahead, writes_behind) == min(tensors, 8) * store.streaming_slot_bytes
     store.close()
+
+
+def test_a_read_ahead_into_idle_slots_takes_only_streaming_slots_already_in_memory(io, tmp_path):
+    """The backward reads later sub-groups ahead with ``prefetch_if_free(idle_slot=True)``: with no budget to keep
+    them, an idle streaming slot will do, but never a retired one (new memory) nor one in use (a wait); the bytes
+    read are the file's. ``idle_streaming_slots`` counts what is left."""
+    store = make(io)  # budget 0: every tensor streams
+    paths = {key: str(tmp_path / f"{key}.swp") for key in ("a", "b", "c")}
+    for value, key in enumerate(paths, start=1):
+        view = store.lend_new(key, NUMEL, paths[key])
+        view.fill_(value)
+        store.release(key, changed=True)  # not kept: written to its file
+        store.wait_writes()  # its slot is free again: the next tensor streams through the same one
+    assert active_streaming_slots(store) == 1  # the other 7 are still retired (no memory)
+    assert store.idle_streaming_slots() == 1
+    assert not store.prefetch_if_free("a")  # no budget to keep it, and no idle slot asked for
+    assert store.prefetch_if_free("a", idle_slot=True)
+    assert store.idle_streaming_slots() == 0
+    assert not store.prefetch_if_free("b", idle_slot=True)  # the one live slot is taken; retired ones stay retired
+    assert active_streaming_slots(store) == 1
+    assert torch.equal(store.wait_read("a"), torch.full((NUMEL,), 1.0))
+    store.release("a")
+    assert store.idle_streaming_slots() == 1
+    store.close()

@@ -89,6 +89,20 @@ def test_many_sub_groups_under_a_small_budget_keep_a_fixed_share_step_after_step
         assert step["optimizer_cache_misses"] > 0, late  # the budget really is smaller than the state
 
 
+def test_the_backward_reads_later_sub_groups_ahead_into_idle_streaming_slots(train):
+    """Streaming, 8 sub-groups: the update steps sub-group 0 while it reads sub-group 1. The backward, where the
+    drive is otherwise idle, reads sub-group 0's state ahead, and the next sub-groups' state tensors too, into the
+    streaming slots nothing uses then (8 slots; the update would take them a moment later), less the one the
+    update lends sub-group 0's gradient: every step from the one after Adam's moments exist. Reads only move
+    bytes: stock's bits."""
+    stock = train(block=None, **SUB_GROUPS)
+    ours = train(block=STREAMING, **SUB_GROUPS)
+    assert_identical(stock, ours)
+    counts = [step["stats"]["optimizer_backward_reads_ahead"] for step in ours.result["steps"]]
+    per_step = [after - before for before, after in zip(counts, counts[1:])]
+    assert per_step[1:] == [8 - 3 - 1] * (len(per_step) - 1), counts
+
+
 # Less than one optimizer tensor of gpt2-tiny (15M parameters: 60 MB each, one sub-group): no whole tensor fits.
 PREFIX = {"host_cache_bytes": 40_000_000}
 

@@ -394,6 +394,22 @@ def test_a_budget_the_step_leaves_no_room_for_is_given_back_optimizer_state_firs
     assert fits(prediction, work, machine)[0]
 
 
+def test_the_backward_reads_ahead_as_many_optimizer_tensors_as_idle_streaming_slots_hold():
+    """As the swapper does (``_read_ahead_in_backward``): the first sub-group's master and moments, then the next
+    sub-groups' in order, into the 8 streaming slots less those and the update's gradient slot: 4 more on
+    gpt2-1.3b beyond RAM, where the tier streams every sub-group (docs/benchmarks.md: the step 0.94x, its
+    optimizer wait 2 s shorter). A tier that keeps everything reads nothing ahead."""
+    from tencache_ds.plan.step_model.tencache import _backward_reads_ahead
+    config = ds_config("stock-nvme-beyond-ram.json", host_cache_bytes=0, device_cache_bytes=0)
+    config["bf16"] = {"enabled": False}
+    work = workload("gpt2-1.3b", config=config, micro_batch=1, seq=32)
+    plan = tencache_plan(work, this_vm())
+    assert _backward_reads_ahead(work, plan) == ["p0", "m0", "v0", "p1", "m1", "v1", "p2"]
+    held = tencache_plan(workload(config=ds_config(host_cache_bytes="1GB")), this_vm())
+    assert len(held.optimizer_held) == len(_optimizer_sequence(workload())[1])
+    assert _backward_reads_ahead(workload(), held) == []
+
+
 # --------------------------------------------------------------------------------------------------- timeline
 def test_the_critical_path_adds_up_to_the_step():
     for prediction in predict(workload("gpt2-small"), this_vm()).values():

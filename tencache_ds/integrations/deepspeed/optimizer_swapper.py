@@ -160,6 +160,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             self._lent = {}        # sub-group id -> keys of the entries lent as its tensors (and gradient)
             self._state_dtypes = {}  # path -> dtype of a state tensor not in the masters' (_update_param_state_info)
             self._read_ahead = {}  # sub-group id -> keys whose reads were started for it (async_parameter)
+            self.backward_reads_ahead = 0  # COUNT: later sub-groups' tensors read ahead into idle slots in backward
             # gradient fragments read from stage 3's own gradient buffer at the update, not from a file
             self._gradient_fragments = GradientFragments()
             self._stage3_gradients = stage3_gradients_of(find_stage3_optimizer())
@@ -537,16 +538,43 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             self._started = True
             reporting.log_startup_stats(param_swapper.live_swappers(), self)
         if self.reads_ahead:
-            self._read_first_sub_group_ahead()
+            self._read_ahead_in_backward()
 
-    def _read_first_sub_group_ahead(self) -> None:
+    def _read_ahead_in_backward(self) -> None:
         """The update starts with the first sub-group: read its state (master weights and moments; its gradient
-        is being produced by this backward) while the backward computes."""
+        is being produced by this backward) while the backward computes. Then read the next sub-groups' state, in
+        the update's order, into streaming slots that sit idle until the update: beyond host memory the update is
+        bound by its reads and writes while the drive idles through the backward, and these slots are in memory
+        either way. Never by waiting, evicting or mapping memory, and never the slots the update lends while it
+        steps the first sub-group (``_update_slots``: the gradient it fills from stage 3's buffer)."""
         if self._drop_held_copies:  # a checkpoint was loaded: drop the copies held before first
             self._drop_copies_held_before_load()
-        first = next(iter(self.swap_params_info.values()), None)
-        if first is not None and first.param_id not in self._lent:
-            self._start_read_ahead_of(first, with_gradient=False)
+        sub_groups = list(self.swap_params_info.values())
+        if not sub_groups:
+            return
+        if sub_groups[0].param_id not in self._lent:
+            self._start_read_ahead_of(sub_groups[0], with_gradient=False)
+        spare = self.store.idle_streaming_slots() - self._update_slots()
+        for swap_info in sub_groups[1:]:
+            if spare <= 0:
+                break
+            if swap_info.param_id not in self._lent:
+                spare -= self._read_into_idle_slots(swap_info, spare)
+
+    def _read_into_idle_slots(self, swap_info, limit: int) -> int:
+        """Start reading up to ``limit`` of the sub-group's state tensors that are on file into buffers free right
+        now (room the budget has, else idle streaming slots); the rest are read when the update asks
+        (``_start_read_ahead``). Returns how many were started."""
+        started = self._read_ahead.setdefault(swap_info.param_id, [])
+        count = 0
+        for context in swap_info.tensors:
+            path = context.swap_path
+            if count < limit and path not in started and self.store.knows(path) and \
+                    self.store.prefetch_if_free(path, idle_slot=True):
+                started.append(path)
+                count += 1
+        self.backward_reads_ahead += count
+        return count
 
     def log_timers(self):
         # DeepSpeed calls this at the end of every optimizer step (stage3 _post_step), and once after building
@@ -568,6 +596,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         stats["optimizer_profile"] = self.profile.source
         stats["optimizer_profile_divergences"] = self.profile.divergences
         stats["optimizer_swapper_closed"] = int(self.closed)
+        stats["optimizer_backward_reads_ahead"] = self.backward_reads_ahead
         stats.update({f"optimizer_cache_{key}": value for key, value in self.store.stats().items()})
         stats.update(optimizer_gradient_fragments_remembered=self._gradient_fragments.remembered,
                      optimizer_gradient_fragments_stored=self._gradient_fragments.stored,

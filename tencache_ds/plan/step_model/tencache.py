@@ -12,8 +12,9 @@ its plan, its replay and its memory. Pure.
 - a gather served by the device tier moves nothing; a lend served by the host tier reads nothing; the reads left
   are issued ahead by plan/prefetch.PrefetchSchedule within the streaming slots; changed bytes of held tensors are
   written back only on eviction (none in steady state);
-- optimizer state not held streams: the first sub-group's is read ahead during backward, the next one's during
-  each update, writes go behind (finishing during the next forward).
+- optimizer state not held streams: the first sub-group's is read ahead during backward, and the next ones' into
+  the streaming slots idle until the update, the next one's during each update, writes go behind (finishing during
+  the next forward).
 """
 import dataclasses
 from collections import defaultdict
@@ -121,6 +122,8 @@ def tencache_plan(workload: Workload, machine: Machine) -> TencachePlan:
 
 @dataclasses.dataclass(frozen=True)
 class _GovernedTier:
+    """What ``_governed_tier`` decided."""
+
     optimizer_share_bytes: int
     param_cache_bytes: int
     step_rise_bytes: int
@@ -281,10 +284,8 @@ def predict_tencache(workload: Workload, machine: Machine) -> Prediction:
             issued: Dict[int, float] = {}
             for index, fetch in enumerate(workload.fetches):
                 if streams and micro == workload.gas - 1 and index == first_backward:
-                    for name in _sub_group_keys(zero, 0):  # the first sub-group's state, read during backward
-                        if name not in plan.optimizer_held:
-                            ahead[name] = timeline.issue("nvme_read", plan.optimizer_io_bytes(name, opt_sizes[name]),
-                                                         name)
+                    for name in _backward_reads_ahead(workload, plan):
+                        ahead[name] = timeline.issue("nvme_read", plan.optimizer_io_bytes(name, opt_sizes[name]), name)
                 for position in lend_at.get(index, []):
                     if position in host_misses:
                         done = issued.pop(position, None)
@@ -345,6 +346,18 @@ def _param_schedule(workload: Workload, lends, misses: Set[int], rates: Rates,
     missed = [param_bytes(workload, keys[position]) for position in misses]
     read_rate = rates.channels["nvme_read"] * rates.nvme_request_factor("read", sum(missed) // max(1, len(missed)))
     return PrefetchSchedule.from_profile(profile, read_rate, max(1, in_flight_bytes), reads_at=misses)
+
+
+def _backward_reads_ahead(workload: Workload, plan: TencachePlan) -> List[str]:
+    """The optimizer tensors a backward reads ahead (``TencacheOptimizerSwapper._read_ahead_in_backward``): the
+    first sub-group's that are not held, then the next sub-groups' in the update's order, as many as the streaming
+    slots hold besides those and the slot the update lends the first sub-group's gradient."""
+    zero = workload.zero
+    first = [name for name in _sub_group_keys(zero, 0) if name not in plan.optimizer_held]
+    later = [name for i in range(1, len(workload.sub_groups)) for name in _sub_group_keys(zero, i)
+             if name not in plan.optimizer_held]
+    idle = plan.optimizer_streaming_bytes // _update_slot_bytes(workload) - len(first) - 1
+    return first + later[:max(0, idle)]
 
 
 def _tencache_optimizer(workload: Workload, timeline: Timeline, rates: Rates, plan: TencachePlan,
