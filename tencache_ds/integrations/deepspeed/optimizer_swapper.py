@@ -545,8 +545,8 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         is being produced by this backward) while the backward computes. Then read the next sub-groups' state, in
         the update's order, into streaming slots that sit idle until the update: beyond host memory the update is
         bound by its reads and writes while the drive idles through the backward, and these slots are in memory
-        either way. Never by waiting, evicting or mapping memory, and never the slots the update lends while it
-        steps the first sub-group (``_update_slots``: the gradient it fills from stage 3's buffer)."""
+        either way. Never by waiting, evicting or mapping memory, and never the slot the update lends the first
+        sub-group's gradient (filled from stage 3's buffer, or read: ``_lend_gradient``)."""
         if self._drop_held_copies:  # a checkpoint was loaded: drop the copies held before first
             self._drop_copies_held_before_load()
         sub_groups = list(self.swap_params_info.values())
@@ -554,7 +554,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             return
         if sub_groups[0].param_id not in self._lent:
             self._start_read_ahead_of(sub_groups[0], with_gradient=False)
-        spare = self.store.idle_streaming_slots() - self._update_slots()
+        spare = self.store.idle_streaming_slots() - 1  # the first sub-group's gradient
         for swap_info in sub_groups[1:]:
             if spare <= 0:
                 break
