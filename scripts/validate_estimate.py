@@ -207,6 +207,11 @@ def main(argv=None) -> int:
                         help="train in this dtype (scripts/train.py --dtype; default: the config's, bf16)")
     args = parser.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
+    if args.from_bench:  # a glob such as docs/bench/gpt2-*-* also matches folders of ad-hoc runs, with no bench
+        skipped = [folder for folder in args.from_bench if not os.path.exists(os.path.join(folder, "bench.json"))]
+        for folder in skipped:
+            print(f"skipped {folder}: no bench.json", file=sys.stderr)
+        args.from_bench = [folder for folder in args.from_bench if folder not in skipped]
     benches = [measured_from_bench(folder) for folder in args.from_bench or ()]
     if benches:  # the models calibrated are the benches'
         args.models = list(dict.fromkeys(bench["settings"]["model"] for bench in benches))

@@ -207,3 +207,23 @@ def test_the_retrospective_check_predicts_a_bench_at_its_ranks_and_gradient_accu
         stock = next(row for row in json.load(handle) if row["arm"] == "stock")
     assert stock["predicted"]["nvme_read_bytes"] == pytest.approx(3086.6 * (1 << 20), rel=0.01)
     assert stock["predicted"]["nvme_write_bytes"] == pytest.approx(1186.3 * (1 << 20), rel=0.01)
+
+
+def test_the_budgets_line_gives_the_start_up_split_and_what_the_governor_keeps(tmp_path):
+    """gpt2-1.3b fp32 beyond RAM with 19 GiB available: "auto" starts at a quarter of it and gives back once a
+    step's 4 GiB rise is measured (plan/step_model/tencache.py ``_governed_tier``); the line says both."""
+    with open(os.path.join(REPO_ROOT, "configs", "machines", "this-2core-vm.json")) as handle:
+        figures = json.load(handle)
+    figures["host_available_bytes"] = 19 * 1024 ** 3
+    machine = tmp_path / "machine.json"
+    machine.write_text(json.dumps(figures))
+    config = os.path.join(REPO_ROOT, "configs", "stock-nvme-beyond-ram.json")
+    args = ("--micro-batch", "1", "--seq", "32")
+    result = estimate(*args, model="gpt2-1.3b", machine=str(machine), ds_config=config)
+    assert result.returncode == 0, result.stderr
+    line = next(line for line in result.stdout.splitlines() if line.startswith("budgets (tencache)"))
+    assert " at start-up; the governor keeps " in line and "once a step's rise" in line, line
+    budgets = json.loads(estimate("--json", *args, model="gpt2-1.3b", machine=str(machine), ds_config=config).stdout)[
+        "budgets"]
+    assert budgets["param_cache_bytes"] < budgets["param_cache_start_bytes"]
+    assert budgets["optimizer_share_bytes"] < budgets["optimizer_start_share_bytes"]

@@ -380,18 +380,35 @@ def test_an_explicit_budget_does_not_grow():
 
 @pytest.mark.parametrize("budget", ["auto", "5GB"])
 def test_a_budget_the_step_leaves_no_room_for_is_given_back_optimizer_state_first(budget):
-    """gpt2-1.3b fp32 beyond this machine's RAM, with 16.88 GiB available at start-up: a step rises 4 GiB (the
-    reduce bucket and its concatenated copy), so the governor gives back what the tier holds beyond that room,
-    any budget alike, optimizer state before parameter cache slots (HostTierGovernor._give_back). The model held
-    the start-up share and said "does not fit" for a run the governor keeps going."""
+    """gpt2-1.3b fp32 beyond this machine's RAM: a step rises 4 GiB (the reduce bucket and its concatenated copy),
+    so the governor gives back what the tier holds beyond that room, any budget alike, optimizer state before
+    parameter cache slots (HostTierGovernor._give_back). With 19 GiB available the start-up split fits and the
+    steady state is the smaller one; with 16.88 GiB the steps before the governor's first decision would not fit,
+    and the estimate says so (it judged the start-up split alone before 2026-11-29, the steady state alone for a
+    moment after: the review caught it)."""
     config = ds_config("stock-nvme-beyond-ram.json", host_cache_bytes=budget)
     work = workload("gpt2-1.3b", config=config, micro_batch=1, seq=32)
-    machine = this_vm()
+    machine = this_vm(host_available_bytes=19 * GIB)
     plan = tencache_plan(work, machine)
     assert plan.optimizer_start_share_bytes > 0 and plan.optimizer_share_bytes == 0
     assert 0 < plan.param_cache_bytes < plan.param_cache_start_bytes
-    prediction = predict(work, machine)[TENCACHE]
-    assert fits(prediction, work, machine)[0]
+    assert fits(predict(work, machine)[TENCACHE], work, machine)[0]
+    tight = this_vm()  # 16.88 GiB available
+    ok, why = fits(predict(work, tight)[TENCACHE], work, tight)
+    assert not ok and "host memory" in why[0]
+    assert tencache_plan(work, tight).param_cache_bytes < plan.param_cache_bytes  # it would give back more
+
+
+def test_parameter_cache_slots_cuda_registered_are_not_given_back():
+    """On a GPU the parameter slots are page-locked (``pin_memory`` best_effort) and CUDA-registered, and such
+    slots cannot be retired (memory/pool.py ``can_retire``): the governor gives back optimizer state only, and
+    the model must not count on more."""
+    config = ds_config("stock-nvme-beyond-ram.json", host_cache_bytes="4GB")
+    work = workload("gpt2-1.3b", config=config, micro_batch=1, seq=32)
+    gpu = this_vm(accelerator_is_host=False, accelerator_memory_bytes=80 * GIB, host_available_bytes=6 * GIB)
+    plan = tencache_plan(work, gpu)
+    assert plan.param_slots_locked and plan.optimizer_start_share_bytes > 0 and plan.optimizer_share_bytes == 0
+    assert plan.param_cache_bytes == plan.param_cache_start_bytes > 0
 
 
 def test_the_backward_reads_ahead_as_many_optimizer_tensors_as_idle_streaming_slots_hold():

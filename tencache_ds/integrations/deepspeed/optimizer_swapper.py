@@ -151,19 +151,24 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             self.timers = timers
             self.timer_names = set()
             # pipeline_read / pipeline_write: stock picks its pipelined swapper with them. Here reading ahead (the first
-            # sub-group's state during backward, the next sub-group's during each update) and writing behind (the
-            # update's writes finish during the next forward) are on unless the config explicitly turns them off.
+            # sub-groups' state during backward: _read_ahead_in_backward; the next sub-group's during each update) and
+            # writing behind (the update's writes finish during the next forward) are on unless the config explicitly
+            # turns them off.
             # Either way the bytes are the same; only when the I/O happens changes.
             explicit = getattr(swap_config, "model_fields_set", set())
             self.reads_ahead = bool(swap_config.pipeline_read) or "pipeline_read" not in explicit
             self.writes_behind = bool(swap_config.pipeline_write) or "pipeline_write" not in explicit
             self._lent = {}        # sub-group id -> keys of the entries lent as its tensors (and gradient)
             self._state_dtypes = {}  # path -> dtype of a state tensor not in the masters' (_update_param_state_info)
-            self._read_ahead = {}  # sub-group id -> keys whose reads were started for it (async_parameter)
-            self.backward_reads_ahead = 0  # COUNT: later sub-groups' tensors read ahead into idle slots in backward
+            self._read_ahead = {}  # sub-group id -> keys whose reads were started for it (backward, async_parameter)
+            # COUNT: tensors of sub-groups after the first read ahead in backward (into idle slots or budget room)
+            self.backward_reads_ahead = 0
+            self._backwards_this_step = 0  # backward passes since the last optimizer step ended (log_timers)
             # gradient fragments read from stage 3's own gradient buffer at the update, not from a file
             self._gradient_fragments = GradientFragments()
             self._stage3_gradients = stage3_gradients_of(find_stage3_optimizer())
+            # the backward passes of one optimizer step (stage 3 sets it before building its swappers)
+            self._micro_steps = max(1, int(getattr(find_stage3_optimizer(), "gradient_accumulation_steps", 1) or 1))
             # stage 3's set of the parameters reduced in this window (it starts a new one at each step: taken at each
             # window's end and hand-off, it is that window's)
             self._window_reductions = None
@@ -537,6 +542,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         if not self._started:
             self._started = True
             reporting.log_startup_stats(param_swapper.live_swappers(), self)
+        self._backwards_this_step += 1
         if self.reads_ahead:
             self._read_ahead_in_backward()
 
@@ -545,8 +551,11 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         is being produced by this backward) while the backward computes. Then read the next sub-groups' state, in
         the update's order, into streaming slots that sit idle until the update: beyond host memory the update is
         bound by its reads and writes while the drive idles through the backward, and these slots are in memory
-        either way. Never by waiting, evicting or mapping memory, and never the slot the update lends the first
-        sub-group's gradient (filled from stage 3's buffer, or read: ``_lend_gradient``)."""
+        either way. Never by waiting or evicting, with no memory beyond the budget's room and those slots, and
+        never the slots the update needs before the next one frees: the first sub-group's gradient (filled from
+        stage 3's buffer, or read: ``_lend_gradient``) and the second one's where it is on file (read ahead while
+        the first steps). The later sub-groups only in the step's last backward (gradient accumulation): the
+        governor's readings before the other forward passes then see those slots idle, as they were planned."""
         if self._drop_held_copies:  # a checkpoint was loaded: drop the copies held before first
             self._drop_copies_held_before_load()
         sub_groups = list(self.swap_params_info.values())
@@ -554,7 +563,11 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             return
         if sub_groups[0].param_id not in self._lent:
             self._start_read_ahead_of(sub_groups[0], with_gradient=False)
-        spare = self.store.idle_streaming_slots() - 1  # the first sub-group's gradient
+        if self._backwards_this_step < self._micro_steps:
+            return
+        stored_gradient = len(sub_groups) > 1 and sub_groups[1].has_gradients() and \
+            self.store.knows(self._gradient_path(sub_groups[1]))
+        spare = self.store.idle_streaming_slots() - 1 - stored_gradient
         for swap_info in sub_groups[1:]:
             if spare <= 0:
                 break
@@ -588,6 +601,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             self.store.next_use = self.profile.load(tensors, dtype=str(self.dtype), world_size=dist.get_world_size())
         self.store.next_use = self.profile.end_step()
         self._end_gradient_window()
+        self._backwards_this_step = 0
 
     # --------------------------------------------------------------------------------------------- stats
     def stats(self) -> dict:

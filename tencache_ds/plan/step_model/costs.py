@@ -96,7 +96,7 @@ def backward_host_memory_s(workload: Workload, machine: Machine, micro: int) -> 
     if not machine.accelerator_is_host:
         return 0.0
     elem = workload.zero.element_bytes
-    gathered = sum(p.numel for p in workload.partitions.values())
+    gathered = gathered_elements(workload)
     fresh_rate = machine.host_fresh_write_bytes_per_s_per_rank
     fresh_s = gathered * elem * BACKWARD_FRESH_BYTES_PER_GATHERED_BYTE / fresh_rate if fresh_rate else 0.0
     partition_passes = EPILOGUE_PARTITION_PASSES + (EPILOGUE_ACCUMULATE_EXTRA_PASSES if micro > 0 else 0)
@@ -112,6 +112,17 @@ def param_bytes(workload: Workload, key: str) -> int:
 
 def gathered_bytes(workload: Workload, key: str) -> int:
     return workload.partitions[key].numel * workload.zero.element_bytes
+
+
+def gathered_elements(workload: Workload) -> int:
+    """The model's elements, gathered: what a backward's gradients fill before stage 3 reduces them."""
+    return sum(p.numel for p in workload.partitions.values())
+
+
+def reduce_bucket_fill(workload: Workload) -> int:
+    """The elements of the gradient reduce bucket a backward fills: ``reduce_bucket_size``, or the gathered model's
+    when it is smaller."""
+    return min(workload.zero.reduce_bucket_size, gathered_elements(workload))
 
 
 def _activation_bytes(workload: Workload) -> int:
@@ -147,7 +158,7 @@ def device_step_bytes(workload: Workload, host_accelerator: bool) -> int:
                          default=0)
     bucket = reduce_bucket_bytes(workload, host_accelerator)
     working = 2 * largest_module + zero.prefetch_bucket_size * elem + bucket + _activation_bytes(workload)
-    fills_mid_backward = sum(p.numel for p in workload.partitions.values()) > zero.reduce_bucket_size
+    fills_mid_backward = gathered_elements(workload) > zero.reduce_bucket_size
     reducing = (bucket + reduce_bucket_concatenated_bytes(workload)
                 + (2 * largest_module if fills_mid_backward else 0))
     return max(working, reducing)
@@ -158,12 +169,10 @@ def reduce_bucket_concatenated_bytes(workload: Workload) -> int:
     ``reduce_scatter``: ``reduce_scatter_coalesced`` concatenates the bucket's gradients into a new flat buffer,
     on the accelerator, freed after the reduce): at most ``reduce_bucket_size`` elements, the gathered model's when
     it is smaller. With the bucket, a host accelerator's measured step rise is twice the fill: gpt2-small fp32
-    (124 M elements, one reduce at the backward's end) rose 995.5 MB = 2 x 124 M x 4 B, at 1 rank and at 2;
+    (124 M elements, one reduce at the backward's end) rose 995.5 MB = 2 x 124 M x 4 B (996-1001 MB at 2 ranks);
     gpt2-1.3b fp32 (1.28 B elements, the 5e8 bucket reduced mid-backward) 3.97 GiB = 2 x 2 GB and 0.24 GiB of
     gathered layers (docs/bench, ``host_step_rise_bytes``; docs/estimate.md)."""
-    zero = workload.zero
-    gathered = sum(p.numel for p in workload.partitions.values())
-    return min(zero.reduce_bucket_size, gathered) * zero.element_bytes
+    return reduce_bucket_fill(workload) * workload.zero.element_bytes
 
 
 def reduce_bucket_bytes(workload: Workload, host_accelerator: bool) -> int:
@@ -173,8 +182,7 @@ def reduce_bucket_bytes(workload: Workload, host_accelerator: bool) -> int:
     model's gradients fill, at any number of ranks (the model counted it at the rank's partition until 2026-11-27:
     at 2 ranks half of it)."""
     zero = workload.zero
-    gathered = sum(p.numel for p in workload.partitions.values())
-    elements = min(zero.reduce_bucket_size, gathered) if host_accelerator else zero.reduce_bucket_size
+    elements = reduce_bucket_fill(workload) if host_accelerator else zero.reduce_bucket_size
     return elements * zero.element_bytes
 
 
@@ -188,7 +196,7 @@ def host_step_rise_bytes(workload: Workload, machine: Machine) -> int:
       gradient bucket (``device_step_bytes``); the larger of the two counts, since the update starts after
       backward has freed its working set. Measured (docs/bench, fp32, micro-batch 1 x 32, the
       host_step_rise_bytes of the metrics): gpt2-small with stage 3's defaults rose 995.5 MB a step at 1 rank and
-      at 2 (GAS 4), this gives 1041 MB; gpt2-1.3b 3.97 GiB, this gives 4.21 GiB.
+      996-1001 MB at 2 (GAS 4), this gives 1041 MB; gpt2-1.3b 3.97 GiB, this gives 4.21 GiB.
     """
     update = workload.largest_sub_group_elements * 4
     if not machine.accelerator_is_host:

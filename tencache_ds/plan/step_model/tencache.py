@@ -63,6 +63,7 @@ class TencachePlan:
     param_slots_locked: bool = True  # plan/budget.parameter_lock_mode: not on a host accelerator by default
     optimizer_prefixes: Mapping[str, int] = dataclasses.field(default_factory=dict)  # bytes held of streaming ones
     param_cache_start_bytes: int = 0
+    optimizer_start_footprint_bytes: int = 0  # the optimizer tier's memory before the governor's first decision
 
     def optimizer_io_bytes(self, name: str, nbytes: int) -> int:
         """What a read or write of optimizer tensor ``name`` (``nbytes``) moves: less the prefix the tier holds."""
@@ -96,7 +97,10 @@ def tencache_plan(workload: Workload, machine: Machine) -> TencachePlan:
                                   OPTIMIZER_IO_BYTES_PER_HELD_BYTE))
     shares = split_host_budget(host, demands)
     start_share, start_cache = shares.get("optimizer", 0), param_cache
-    governed = _governed_tier(workload, machine, budgets.host_source == AUTO, start_share, streaming, param_cache)
+    # the parameter cache can give memory back where its slots can be retired: not where CUDA registered them
+    cache_reducible = not (slots_locked and not machine.accelerator_is_host)
+    governed = _governed_tier(workload, machine, budgets.host_source == AUTO, start_share, streaming, param_cache,
+                              cache_reducible)
     optimizer_share, rise = governed.optimizer_share_bytes, governed.step_rise_bytes
     if governed.param_cache_bytes < param_cache:  # given back at run time: the cache slots that stay
         param_cache = class_bytes(cache_slot_counts(histogram, streaming_counts, governed.param_cache_bytes))
@@ -117,20 +121,22 @@ def tencache_plan(workload: Workload, machine: Machine) -> TencachePlan:
     device = device_tier_budget(config.device_cache_bytes, machine.accelerator_is_host, param_capacity,
                                 device_free, 0.5) if config.device_cache_bytes != 0 else 0
     return TencachePlan(host, streaming, param_cache, optimizer_share, device, params_all_held, held,
-                        optimizer_streaming, start_share, rise, slots_locked, prefixes, start_cache)
+                        optimizer_streaming, start_share, rise, slots_locked, prefixes, start_cache,
+                        governed.start_footprint_bytes)
 
 
 @dataclasses.dataclass(frozen=True)
 class _GovernedTier:
-    """What ``_governed_tier`` decided."""
+    """What ``_governed_tier`` decided, and the optimizer tier's footprint it started from."""
 
     optimizer_share_bytes: int
     param_cache_bytes: int
     step_rise_bytes: int
+    start_footprint_bytes: int
 
 
 def _governed_tier(workload: Workload, machine: Machine, grows: bool, start_share: int, param_streaming: int,
-                   param_cache: int) -> _GovernedTier:
+                   param_cache: int, cache_reducible: bool = True) -> _GovernedTier:
     """The host tier in steady state under the run-time governor: the optimizer share and the parameter cache it
     keeps, and the step rise it was decided by.
 
@@ -141,9 +147,11 @@ def _governed_tier(workload: Workload, machine: Machine, grows: bool, start_shar
     later readings hold: one decision is the steady state.
 
     - Below the reserve, any budget gives back: optimizer state first (down to its streaming slots), then
-      parameter cache slots, as ``HostTierGovernor._give_back`` does. Before 2026-11-29 the model held the
-      start-up share and judged it by ``fits``: with gpt2-1.3b's measured rise the estimate said "does not fit"
-      for a run the governor keeps going.
+      parameter cache slots where they can be retired (``cache_reducible``: not CUDA-registered ones), as
+      ``HostTierGovernor._give_back`` does. The slots that stay are planned anew for the smaller cache
+      (``cache_slot_counts``), where the run retires whole slots of the sizes it has: the same bytes, within a
+      slot, and maybe another mix of sizes. Steps before the first decision run with the start-up split:
+      ``_tencache_memory`` counts both.
     - With available at least 1.5 x its reserve, an "auto" budget takes the excess over 1.25 x the reserve (each
       rank its share), up to all of the optimizer state (the store's page-rounded buffers); the footprint it grows
       is the kept state plus the streaming slots, which go once everything is kept. Parameter cache slots do not
@@ -166,20 +174,21 @@ def _governed_tier(workload: Workload, machine: Machine, grows: bool, start_shar
     policy = MemoryPressurePolicy(ranks)
     policy.observe_step_rise(rise)  # the first measured step creates the optimizer's state: the policy drops it
     policy.observe_step_rise(rise)
+    cache_given = param_cache if cache_reducible else 0
     decision = policy.decide(machine.host_memory_bytes, available,
-                             reducible_bytes=max(0, footprint - least) + param_cache, given_back_bytes=0,
+                             reducible_bytes=max(0, footprint - least) + cache_given, given_back_bytes=0,
                              growable_bytes=growable)
     if decision.action is Action.GROW:
         grown = footprint + decision.nbytes
         # as OptimizerStore.resize_host_footprint: all of it kept once it holds the state (and the update's
         # slot), else less the slots
         return _GovernedTier(state if grown >= state + update_slot else max(start_share, grown - least),
-                             param_cache, rise)
+                             param_cache, rise, footprint)
     if decision.action is Action.SHRINK:
         cut = min(decision.nbytes, max(0, footprint - least))
         return _GovernedTier(max(0, footprint - cut - least) if footprint else 0,
-                             param_cache - min(param_cache, decision.nbytes - cut), rise)
-    return _GovernedTier(start_share, param_cache, rise)
+                             param_cache - min(cache_given, decision.nbytes - cut), rise, footprint)
+    return _GovernedTier(start_share, param_cache, rise, footprint)
 
 
 def _optimizer_streaming_bytes(workload: Workload) -> int:
@@ -351,7 +360,9 @@ def _param_schedule(workload: Workload, lends, misses: Set[int], rates: Rates,
 def _backward_reads_ahead(workload: Workload, plan: TencachePlan) -> List[str]:
     """The optimizer tensors a backward reads ahead (``TencacheOptimizerSwapper._read_ahead_in_backward``): the
     first sub-group's that are not held, then the next sub-groups' in the update's order, as many as the streaming
-    slots hold besides those and the slot the update lends the first sub-group's gradient."""
+    slots hold besides those and the slot the update lends the first sub-group's gradient (the model's gradients
+    come from stage 3's buffer: none on file). The replay issues them where the step's last backward starts; the
+    run starts the first sub-group's in the first one, so under gradient accumulation the model is pessimistic."""
     zero = workload.zero
     first = [name for name in _sub_group_keys(zero, 0) if name not in plan.optimizer_held]
     later = [name for i in range(1, len(workload.sub_groups)) for name in _sub_group_keys(zero, i)
@@ -388,10 +399,24 @@ def _tencache_optimizer(workload: Workload, timeline: Timeline, rates: Rates, pl
 
 
 def _tencache_memory(workload: Workload, machine: Machine, plan: TencachePlan) -> Dict[str, int]:
+    """Per tier, the larger of the steady state's memory and the start-up split's: the steps before the governor's
+    first decision (it drops the first measured step) run with the latter, so a run that gives memory back later
+    must fit before it does."""
+    steady_optimizer = (sum(_optimizer_sequence(workload)[1][name] for name in plan.optimizer_held)
+                        + sum(plan.optimizer_prefixes.values()) + plan.optimizer_streaming_bytes)
+    steady = _memory_with(workload, machine, plan, plan.param_cache_bytes, steady_optimizer)
+    start = _memory_with(workload, machine, plan, plan.param_cache_start_bytes, plan.optimizer_start_footprint_bytes)
+    return {tier: max(steady[tier], start[tier]) for tier in steady}
+
+
+def _memory_with(workload: Workload, machine: Machine, plan: TencachePlan, param_cache: int,
+                 optimizer_footprint: int) -> Dict[str, int]:
+    """One rank's memory per tier with ``param_cache`` bytes of parameter cache slots and the optimizer tier at
+    ``optimizer_footprint`` (kept state and streaming slots)."""
     zero = workload.zero
     common = host_resident_bytes(workload, machine)
     device = common["device"] + (0 if machine.accelerator_is_host else plan.device_tier_bytes)
-    slots = plan.param_streaming_bytes + plan.param_cache_bytes
+    slots = plan.param_streaming_bytes + param_cache
     pinned = (slots if plan.param_slots_locked else 0) + _params_off_nvme_bytes(workload)
     pageable = common["baseline"] + common["device_on_host"] + (0 if plan.param_slots_locked else slots)
     if zero.offload_optimizer != "none" and zero.optimizer_pin_memory:
@@ -401,9 +426,7 @@ def _tencache_memory(workload: Workload, machine: Machine, plan: TencachePlan) -
     if zero.offload_optimizer == "nvme":
         largest = workload.largest_sub_group_elements
         init = largest * (init_bytes_per_element_outside_pool(zero) + init_bytes_per_element_pooled(zero))
-        held = (sum(_optimizer_sequence(workload)[1][name] for name in plan.optimizer_held)
-                + sum(plan.optimizer_prefixes.values()))
-        pageable += max(init, held + plan.optimizer_streaming_bytes)
+        pageable += max(init, optimizer_footprint)
     elif zero.offload_optimizer == "cpu":
         states = workload.rank_elements * optimizer_state_bytes_per_element(zero)
         pinned += states if zero.optimizer_pin_memory else 0
