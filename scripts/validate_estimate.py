@@ -212,6 +212,8 @@ def main(argv=None) -> int:
         for folder in skipped:
             print(f"skipped {folder}: no bench.json", file=sys.stderr)
         args.from_bench = [folder for folder in args.from_bench if folder not in skipped]
+        if not args.from_bench:  # (an empty list would run the prospective benches instead)
+            parser.error("no --from-bench folder has a bench.json")
     benches = [measured_from_bench(folder) for folder in args.from_bench or ()]
     if benches:  # the models calibrated are the benches'
         args.models = list(dict.fromkeys(bench["settings"]["model"] for bench in benches))

@@ -108,8 +108,9 @@ def test_the_backward_reads_later_sub_groups_ahead_into_idle_streaming_slots(tra
     """Streaming, 8 sub-groups: the update steps sub-group 0 while it reads sub-group 1. The backward, where the
     drive is otherwise idle, reads sub-group 0's state ahead, and the next sub-groups' state tensors too, into the
     streaming slots nothing uses then (8 slots; the update would take them a moment later), less the one the
-    update lends sub-group 0's gradient: 8 - 3 - 1 a step, in the step's last backward only (gradient
-    accumulation). Reads only move bytes: stock's bits."""
+    update lends sub-group 0's gradient: 8 - 3 - 1 a step. With gradient accumulation they are read in the step's
+    last backward, which the counts cannot tell from the first (either fills the same slots): GAS 2 checks that
+    the backwards are counted (reads still happen) and stock's bits. Reads only move bytes."""
     stock = train(block=None, grad_accum=grad_accum, **SUB_GROUPS)
     ours = train(block=STREAMING, grad_accum=grad_accum, **SUB_GROUPS)
     assert_identical(stock, ours)

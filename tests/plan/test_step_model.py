@@ -399,6 +399,21 @@ def test_a_budget_the_step_leaves_no_room_for_is_given_back_optimizer_state_firs
     assert tencache_plan(work, tight).param_cache_bytes < plan.param_cache_bytes  # it would give back more
 
 
+def test_a_tier_that_keeps_every_optimizer_tensor_gives_back_down_to_its_streaming_slots_then_cache():
+    """A budget that keeps all of gpt2-small's optimizer state (37 sub-groups, fp32): kept, its footprint is the
+    state and the update's slot; given back, it streams through 8 slots of the largest sub-group (the embedding's),
+    so only the difference is reducible before parameter cache slots go (HostTierGovernor._give_back)."""
+    config = ds_config("stock-nvme-many-sub-groups.json", host_cache_bytes="3GB")
+    config["bf16"] = {"enabled": False}
+    work = workload("gpt2-small", config=config, micro_batch=1, seq=32)
+    keeps = tencache_plan(work, this_vm(host_available_bytes=int(4.9 * GIB)))
+    assert len(keeps.optimizer_held) == len(_optimizer_sequence(work)[1])
+    assert keeps.param_cache_bytes == keeps.param_cache_start_bytes > 0
+    gives = tencache_plan(work, this_vm(host_available_bytes=int(4.6 * GIB)))
+    assert gives.optimizer_share_bytes == 0 and not gives.optimizer_held  # streams
+    assert 0 < gives.param_cache_bytes < gives.param_cache_start_bytes  # then part of the cache
+
+
 def test_parameter_cache_slots_cuda_registered_are_not_given_back():
     """On a GPU the parameter slots are page-locked (``pin_memory`` best_effort) and CUDA-registered, and such
     slots cannot be retired (memory/pool.py ``can_retire``): the governor gives back optimizer state only, and
@@ -664,9 +679,11 @@ def test_the_reduce_bucket_is_allocated_whole_on_a_gpu_and_filled_by_gathered_gr
     ("gpt2-1.3b", "stock-nvme-beyond-ram.json", 4.257e9)])  # docs/bench/gpt2-1.3b-auto-2026-11-29-rise-boundary
 def test_a_steps_host_rise_counts_the_reduce_buckets_concatenated_copy(model, config_name, measured_bytes):
     """On the CPU accelerator a step's host rise (the governor's ``host_step_rise_bytes``, fp32, micro-batch 1 x 32)
-    is twice the gradient bucket's fill: the bucket and the copy stage 3's reduce concatenates it into. gpt2-1.3b
-    fills the default 5e8-element bucket mid-backward and rose 3.97 GiB a step; the model, which counted the bucket
-    once, gave 2.65 GiB (-33%) and let "auto" grow into memory the backward needs (docs/estimate.md)."""
+    at a reduce of the gradient bucket is twice its fill: the bucket and the copy stage 3's reduce concatenates it
+    into. gpt2-1.3b fills the default 5e8-element bucket mid-backward and rose 3.97 GiB a step; the model, which
+    counted the bucket once, gave 2.65 GiB (-33%) and let "auto" grow into memory the backward needs
+    (docs/estimate.md). gpt2-small (one reduce, at the backward's end: 2 x 498 MB) guards the other side: there the
+    forward and backward's working set (1041 MB) stays the larger, and the model must not overshoot."""
     config = ds_config(config_name)
     config["bf16"] = {"enabled": False}
     rise = host_step_rise_bytes(workload(model, config=config, micro_batch=1, seq=32), this_vm())

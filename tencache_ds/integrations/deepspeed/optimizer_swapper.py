@@ -166,9 +166,11 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             self._backwards_this_step = 0  # backward passes since the last optimizer step ended (log_timers)
             # gradient fragments read from stage 3's own gradient buffer at the update, not from a file
             self._gradient_fragments = GradientFragments()
-            self._stage3_gradients = stage3_gradients_of(find_stage3_optimizer())
-            # the backward passes of one optimizer step (stage 3 sets it before building its swappers)
-            self._micro_steps = max(1, int(getattr(find_stage3_optimizer(), "gradient_accumulation_steps", 1) or 1))
+            stage3 = find_stage3_optimizer()
+            self._stage3_gradients = stage3_gradients_of(stage3)
+            # the backward passes of one optimizer step: stage 3's gradient accumulation (set before it builds its
+            # swappers) until a step has counted them (log_timers), which the caller's own boundaries may change
+            self._micro_steps = max(1, int(getattr(stage3, "gradient_accumulation_steps", 1) or 1))
             # stage 3's set of the parameters reduced in this window (it starts a new one at each step: taken at each
             # window's end and hand-off, it is that window's)
             self._window_reductions = None
@@ -555,7 +557,8 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         never the slots the update needs before the next one frees: the first sub-group's gradient (filled from
         stage 3's buffer, or read: ``_lend_gradient``) and the second one's where it is on file (read ahead while
         the first steps). The later sub-groups only in the step's last backward (gradient accumulation): the
-        governor's readings before the other forward passes then see those slots idle, as they were planned."""
+        governor's readings before the other forward passes then see those slots idle, as they were planned (the
+        first sub-group's state is read in the first backward, as before: three slots)."""
         if self._drop_held_copies:  # a checkpoint was loaded: drop the copies held before first
             self._drop_copies_held_before_load()
         sub_groups = list(self.swap_params_info.values())
@@ -565,8 +568,10 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             self._start_read_ahead_of(sub_groups[0], with_gradient=False)
         if self._backwards_this_step < self._micro_steps:
             return
-        stored_gradient = len(sub_groups) > 1 and sub_groups[1].has_gradients() and \
-            self.store.knows(self._gradient_path(sub_groups[1]))
+        second_gradient = self._gradient_path(sub_groups[1]) if len(sub_groups) > 1 and \
+            sub_groups[1].has_gradients() else None
+        stored_gradient = second_gradient is not None and self.store.knows(second_gradient) and \
+            self.store.state(second_gradient) == EntryState.ON_FILE
         spare = self.store.idle_streaming_slots() - 1 - stored_gradient
         for swap_info in sub_groups[1:]:
             if spare <= 0:
@@ -601,6 +606,8 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             self.store.next_use = self.profile.load(tensors, dtype=str(self.dtype), world_size=dist.get_world_size())
         self.store.next_use = self.profile.end_step()
         self._end_gradient_window()
+        if self._backwards_this_step:  # the window the caller's boundaries make (unmanaged accumulation too)
+            self._micro_steps = self._backwards_this_step
         self._backwards_this_step = 0
 
     # --------------------------------------------------------------------------------------------- stats

@@ -98,6 +98,8 @@ def tencache_plan(workload: Workload, machine: Machine) -> TencachePlan:
     shares = split_host_budget(host, demands)
     start_share, start_cache = shares.get("optimizer", 0), param_cache
     # the parameter cache can give memory back where its slots can be retired: not where CUDA registered them
+    # (memory/pool.py can_retire). The run registers locked slots wherever torch sees CUDA, so a host
+    # accelerator with "pin_memory": "required" on a CUDA machine keeps them too: the model is optimistic there.
     cache_reducible = not (slots_locked and not machine.accelerator_is_host)
     governed = _governed_tier(workload, machine, budgets.host_source == AUTO, start_share, streaming, param_cache,
                               cache_reducible)
@@ -399,14 +401,14 @@ def _tencache_optimizer(workload: Workload, timeline: Timeline, rates: Rates, pl
 
 
 def _tencache_memory(workload: Workload, machine: Machine, plan: TencachePlan) -> Dict[str, int]:
-    """Per tier, the larger of the steady state's memory and the start-up split's: the steps before the governor's
-    first decision (it drops the first measured step) run with the latter, so a run that gives memory back later
-    must fit before it does."""
+    """The larger of the steady state's memory and the start-up split's (host memory: the tiers the two differ
+    in): the steps before the governor's first decision (it drops the first measured step) run with the latter,
+    so a run that gives memory back later must fit before it does."""
     steady_optimizer = (sum(_optimizer_sequence(workload)[1][name] for name in plan.optimizer_held)
                         + sum(plan.optimizer_prefixes.values()) + plan.optimizer_streaming_bytes)
     steady = _memory_with(workload, machine, plan, plan.param_cache_bytes, steady_optimizer)
     start = _memory_with(workload, machine, plan, plan.param_cache_start_bytes, plan.optimizer_start_footprint_bytes)
-    return {tier: max(steady[tier], start[tier]) for tier in steady}
+    return max((steady, start), key=lambda memory: memory["pinned"] + memory["pageable"])
 
 
 def _memory_with(workload: Workload, machine: Machine, plan: TencachePlan, param_cache: int,
