@@ -40,7 +40,7 @@ back those, and if then only 150 MiB can be allocated, 150 < 200: exhausted.
 import collections
 import dataclasses
 import enum
-from typing import Deque, Optional
+from typing import Deque, List, Optional, Sequence, Tuple
 
 from ..units import fmt_bytes
 
@@ -147,3 +147,17 @@ class MemoryPressurePolicy:
         rise = f"; a step rises {fmt_bytes(self.step_rise_bytes)}" if self.step_rise_bytes else ""
         ranks = "" if self.ranks == 1 else f" (this rank's share of {self.ranks})"
         return f"{why}{rise}: the host tier {verb} {fmt_bytes(nbytes)}{ranks}"
+
+
+def give_back_split(nbytes: int, optimizer_reducible: int, caches_reducible: Sequence[int]) -> Tuple[int, List[int]]:
+    """How a give-back of ``nbytes`` falls on the tier: optimizer state first (a byte held saves a read and a write
+    a step; a parameter cache byte saves two reads and a write), up to ``optimizer_reducible``, then each parameter
+    cache in turn, up to what it can give. E.g. 1 GiB with 300 MiB of optimizer state and caches of 500 and 500 MiB
+    reducible: (300 MiB, [500 MiB, 224 MiB])."""
+    optimizer_cut = min(max(0, nbytes), max(0, optimizer_reducible))
+    left, cuts = nbytes - optimizer_cut, []
+    for reducible in caches_reducible:
+        cut = max(0, min(left, reducible))
+        cuts.append(cut)
+        left -= cut
+    return optimizer_cut, cuts

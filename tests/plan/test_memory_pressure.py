@@ -125,3 +125,14 @@ def test_random_pressure_never_oscillates_and_never_takes_back_more_than_it_gave
         held = start - given
         again = policy.decide(TOTAL, TOTAL - others - held, held, given)
         assert again.action is Action.HOLD, (decision, again, others)
+
+
+def test_a_give_back_takes_optimizer_state_first_then_each_parameter_cache_in_turn():
+    """The one split the governor applies and the step model replays (HostTierGovernor._give_back and
+    _param_cache_targets, plan/step_model/tencache.py _governed_tier)."""
+    from tencache_ds.plan.memory_pressure import give_back_split
+    MIB = 1 << 20
+    assert give_back_split(1024 * MIB, 300 * MIB, [500 * MIB, 500 * MIB]) == (300 * MIB, [500 * MIB, 224 * MIB])
+    assert give_back_split(200 * MIB, 300 * MIB, [500 * MIB]) == (200 * MIB, [0])
+    assert give_back_split(900 * MIB, 0, [100 * MIB, 0, 500 * MIB]) == (0, [100 * MIB, 0, 500 * MIB])
+    assert give_back_split(100 * MIB, -5, [-1]) == (0, [0])  # nothing reducible: nothing cut

@@ -28,7 +28,7 @@ from ...log import logger
 from ...memory.footprint import StepRiseMeter
 from ...probes.limits import local_world_size
 from ...probes.host_memory import HostMemory, read_host_memory
-from ...plan.memory_pressure import HOLD, Action, MemoryPressurePolicy
+from ...plan.memory_pressure import HOLD, Action, MemoryPressurePolicy, give_back_split
 from ...units import fmt_bytes
 from .agreement import agree_min
 
@@ -90,10 +90,14 @@ class HostTierGovernor:
     def reducible_bytes(self) -> int:
         """What the tier can give back: committed parameter cache slots, and optimizer memory above the least it
         streams an update through."""
-        reducible = sum(swapper.store.reducible_cache_bytes for swapper in self._param_swappers)
-        if self._optimizer is not None:
-            reducible += max(0, self._optimizer.host_footprint_bytes() - self._optimizer.least_host_footprint_bytes())
-        return reducible
+        return self._optimizer_reducible_bytes() + sum(swapper.store.reducible_cache_bytes
+                                                       for swapper in self._param_swappers)
+
+    def _optimizer_reducible_bytes(self) -> int:
+        """Optimizer memory above the least it streams an update through (0 without an optimizer store)."""
+        if self._optimizer is None:
+            return 0
+        return max(0, self._optimizer.host_footprint_bytes() - self._optimizer.least_host_footprint_bytes())
 
     def growable_bytes(self) -> int:
         """What the optimizer store could still take beyond its start-up footprint: the state it does not hold
@@ -247,11 +251,12 @@ class HostTierGovernor:
                 self._optimizer.resize_host_footprint(self._optimizer_start)
 
     def _give_back(self, nbytes: int) -> None:
-        """Optimizer state first (it saves less I/O per byte held), then parameter cache slots."""
+        """Optimizer state first, then parameter cache slots (``give_back_split``); a cache that retires more or
+        less than its share (whole slots) passes the difference on to the next."""
         left = nbytes
         if self._optimizer is not None:
             footprint = self._optimizer.host_footprint_bytes()
-            cut = min(left, max(0, footprint - self._optimizer.least_host_footprint_bytes()))
+            cut = give_back_split(left, self._optimizer_reducible_bytes(), ())[0]
             if cut > 0:
                 self._optimizer_target = footprint - cut
                 self._optimizer.resize_host_footprint(self._optimizer_target)
@@ -287,17 +292,11 @@ class HostTierGovernor:
         self.grows += 1  # (holding more never streams more tensors at once: the slots' count stands)
 
     def _param_cache_targets(self, nbytes: int) -> dict:
-        """The parameter cache size of each swapper once ``_give_back(nbytes)`` has run (it cuts optimizer state
-        first, then parameter cache slots, in this order)."""
-        left = nbytes
-        if self._optimizer is not None:
-            footprint = self._optimizer.host_footprint_bytes()
-            left -= min(left, max(0, footprint - self._optimizer.least_host_footprint_bytes()))
-        targets = {}
-        for swapper in self._param_swappers:
-            cut = max(0, min(left, swapper.store.reducible_cache_bytes))
-            targets[id(swapper)] = swapper.store.cache_bytes_reserved - cut
-            left -= cut
+        """The parameter cache size of each swapper once ``_give_back(nbytes)`` has run (``give_back_split``)."""
+        _, cuts = give_back_split(nbytes, self._optimizer_reducible_bytes(),
+                                  [swapper.store.reducible_cache_bytes for swapper in self._param_swappers])
+        targets = {id(swapper): swapper.store.cache_bytes_reserved - cut
+                   for swapper, cut in zip(self._param_swappers, cuts)}
         return targets
 
     def _refit_device_tier(self, cache_targets: Optional[dict] = None, failed: bool = False) -> Optional[Exception]:

@@ -29,7 +29,7 @@ from ..host_residency import steady_state
 from ..host_tier import (OPTIMIZER_BYTES_PER_ELEMENT, OPTIMIZER_IO_BYTES_PER_HELD_BYTE, OPTIMIZER_STREAMING_SLOTS,
                          PARAM_IO_BYTES_PER_HELD_BYTE, TierDemand, split_host_budget, streaming_tensors_at_once)
 from ..machine import Machine
-from ..memory_pressure import Action, MemoryPressurePolicy
+from ..memory_pressure import Action, MemoryPressurePolicy, give_back_split
 from ..prefetch import PrefetchSchedule
 from ..size_classes import cache_slot_counts, class_bytes, merge_close_classes, size_histogram, streaming_slot_counts
 from ..workload import Workload, ZeroSettings
@@ -187,9 +187,9 @@ def _governed_tier(workload: Workload, machine: Machine, grows: bool, start_shar
         return _GovernedTier(state if grown >= state + update_slot else max(start_share, grown - least),
                              param_cache, rise, footprint)
     if decision.action is Action.SHRINK:
-        cut = min(decision.nbytes, max(0, footprint - least))
-        return _GovernedTier(max(0, footprint - cut - least) if footprint else 0,
-                             param_cache - min(cache_given, decision.nbytes - cut), rise, footprint)
+        cut, (cache_cut,) = give_back_split(decision.nbytes, max(0, footprint - least), [cache_given])
+        return _GovernedTier(max(0, footprint - cut - least) if footprint else 0, param_cache - cache_cut, rise,
+                             footprint)
     return _GovernedTier(start_share, param_cache, rise, footprint)
 
 
