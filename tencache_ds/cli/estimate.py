@@ -176,9 +176,12 @@ def render(report: Dict[str, Any]) -> List[str]:
     start = budgets.get("optimizer_start_share_bytes", budgets["optimizer_share_bytes"])
     start_cache = budgets.get("param_cache_start_bytes", budgets["param_cache_bytes"])
     steady = (budgets["param_cache_bytes"], budgets["optimizer_share_bytes"])
+    # the governor gives back from its first reading, a step's rise assumed; it grows once one is measured
+    when = "from its first reading, before any step" if sum(steady) < start_cache + start else \
+        "once a step's rise is measured"
     changed = "" if steady == (start_cache, start) else (
-        f" at start-up; the governor keeps {fmt_bytes(steady[0])} + {fmt_bytes(steady[1])} once a step's rise "
-        f"({fmt_bytes(budgets['step_rise_bytes'])} assumed) is measured")
+        f" at start-up; the governor keeps {fmt_bytes(steady[0])} + {fmt_bytes(steady[1])} {when} (a rise of "
+        f"{fmt_bytes(budgets['step_rise_bytes'])} assumed)")
     lines.append(f"budgets (tencache): host tier {fmt_bytes(budgets['host_cache_bytes'])} = parameter cache slots "
                  f"{fmt_bytes(start_cache)} + optimizer state {fmt_bytes(start)}{changed}"
                  f"; streaming slots {fmt_bytes(budgets['param_streaming_bytes'])}; device tier "

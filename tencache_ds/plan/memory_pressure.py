@@ -16,7 +16,11 @@ The rule, at every reading (the start of each forward pass: between steps, nothi
   each of its ranks fits (``step_rise``: how far this process's anonymous memory rose above its level between
   forward passes and update starts, the most over the last few optimizer steps; 1.25: measurement margin) plus a
   floor for everything else on the node (``RESERVE_FLOOR_FRACTION`` of its memory, at least
-  ``RESERVE_FLOOR_MIN_BYTES``).
+  ``RESERVE_FLOOR_MIN_BYTES``). Before a step is measured, ``step_rise`` is a prior from the engine's facts
+  (``RisePrior``), and memory the engine has allocated but not touched yet (stage 3's gradient bucket on a host
+  accelerator) counts too, whole: without them the reserve was the floor alone through the first two steps, and
+  "auto"'s start-up share ran the 1.3B model into the OOM killer in its first backward in a 16.5 GiB container
+  where stock trains.
 - ``available < reserve``: give back the shortfall up to ``1.25 × reserve`` (each rank its share), at most what the
   tier can give (``reducible``: its memory above the least it needs to stream a step), so that one decision is
   enough and the next reading lands inside the band ``[reserve, 1.5 × reserve)``.
@@ -25,9 +29,9 @@ The rule, at every reading (the start of each forward pass: between steps, nothi
   shrink and growth never alternate.
 - An ``"auto"`` budget also *grows* that way beyond its start-up size, up to what the tier can use
   (``growable``: the optimizer state it does not hold yet), once a step's rise has been measured: "auto" starts
-  at a share of the memory available at start-up that is safe before anything is measured, then fills what the
-  measured steps leave free. A model whose state does not fit in host memory then keeps as much of it as is safe,
-  not a fixed share, with the shrink above as the safety net.
+  at a share of the memory available at start-up (given back at the first reading where the prior says the first
+  step needs it), then fills what the measured steps leave free. A model whose state does not fit in host memory
+  then keeps as much of it as is safe, not a fixed share, with the shrink above as the safety net.
 - otherwise hold.
 - exhausted: after giving back, the tier has nothing left to give and even with all page cache reclaimed less than
   ``ranks × step_rise`` can be allocated (``allocatable``): the next step would end with the OOM killer. Never on
@@ -73,15 +77,55 @@ class PressureDecision:
 HOLD = PressureDecision(Action.HOLD)
 
 
+@dataclasses.dataclass(frozen=True)
+class RisePrior:
+    """What a rank's first steps are expected to take above the memory read before them, until a step is measured:
+    ``rise_bytes``, a step's rise (as measured later: transient), and ``untouched_bytes``, memory the engine has
+    allocated but not written yet, which the first step makes resident and keeps (a host accelerator's gradient
+    bucket)."""
+
+    rise_bytes: int = 0
+    untouched_bytes: int = 0
+
+
+NO_PRIOR = RisePrior()
+
+
+def stage3_rise_prior(accelerator_is_host: bool, bucket_fill_bytes: int, bucket_allocated: bool,
+                      largest_gathered_bytes: int, largest_sub_group_bytes: int) -> RisePrior:
+    """A ZeRO-3 step's rise in host memory before one is measured (DeepSpeed 0.19.8's defaults).
+
+    - The update's temporaries: one fp32 tensor of the largest sub-group (``largest_sub_group_bytes``). An
+      assumption: on a GPU, the whole prior (activations and buckets are device memory).
+    - On a host accelerator, also a reduce of the gradient bucket: ``reduce_scatter_coalesced`` concatenates the
+      bucket's gradients (``bucket_fill_bytes``: ``reduce_bucket_size`` elements, or the gathered model's when it
+      is smaller) into a new flat buffer and reduces it into another, beside the gathered modules around it
+      (taken as two of the largest gathered parameter). The bucket itself (``bucket_allocated``: with
+      ``contiguous_gradients``) is allocated at initialisation and untouched until the first backward fills it,
+      after which it stays resident. Measured (fp32, one rank,
+      docs/bench ``host_step_rise_bytes``): gpt2-1.3b (5e8-element bucket, 1.86 GiB) rose 3.96 GiB a step, this
+      gives 3.97 GiB; its first backward rose 5.9 GiB above the memory read before it, 4.0 GiB in each later one
+      (a trace of 2026-11-29: the bucket, once); gpt2-small (124 M elements) rose 995.5 MB, this gives 1.07 GB.
+      The step model prices the same moment (plan/step_model/costs.py ``device_step_bytes``).
+    """
+    update = max(0, int(largest_sub_group_bytes))
+    if not accelerator_is_host:
+        return RisePrior(update)
+    reduce = 2 * bucket_fill_bytes + 2 * largest_gathered_bytes
+    return RisePrior(max(update, reduce), bucket_fill_bytes if bucket_allocated else 0)
+
+
 class MemoryPressurePolicy:
     """Decides how much host memory the tier gives back or takes again, from readings of the host's memory.
 
     Args:
         local_world_size: ranks on this node, which share its memory and each give back their share.
+        prior: what the first steps are expected to take before one is measured (none: the floor alone).
     """
 
-    def __init__(self, local_world_size: int = 1):
+    def __init__(self, local_world_size: int = 1, prior: RisePrior = NO_PRIOR):
         self.ranks = max(1, int(local_world_size))
+        self.prior = prior
         self._rises: Deque[int] = collections.deque(maxlen=STEP_RISE_WINDOW)
         self._measured_steps = 0
 
@@ -99,9 +143,16 @@ class MemoryPressurePolicy:
         """The most any of the last steps rose (0 before one is measured)."""
         return max(self._rises, default=0)
 
+    @property
+    def expected_rise_bytes(self) -> int:
+        """A step's rise as the reserve counts it: the measured one, or the prior's until one is kept."""
+        return self.step_rise_bytes if self._rises else self.prior.rise_bytes
+
     def reserve_bytes(self, total_bytes: int) -> int:
         floor = max(RESERVE_FLOOR_MIN_BYTES, int(total_bytes * RESERVE_FLOOR_FRACTION))
-        return floor + int(self.ranks * STEP_RISE_MARGIN * self.step_rise_bytes)
+        # memory allocated but untouched is taken by the first step whole (no margin), and is level after it
+        untouched = self.prior.untouched_bytes if self._measured_steps == 0 else 0
+        return floor + int(self.ranks * (STEP_RISE_MARGIN * self.expected_rise_bytes + untouched))
 
     def decide(self, total_bytes: int, available_bytes: int, reducible_bytes: int,
                given_back_bytes: int, growable_bytes: int = 0) -> PressureDecision:
@@ -118,7 +169,7 @@ class MemoryPressurePolicy:
                 f"{fmt_bytes(available_bytes)} of {fmt_bytes(total_bytes)} available, below the "
                 f"{fmt_bytes(reserve)} kept available for the next step and the rest of the node", "gives back", give))
         if available_bytes >= int(BAND_TOP * reserve):
-            # growing past the start needs a measured step rise: before that the reserve knows only the floor
+            # growing past the start needs a measured step rise: before that the reserve knows only the prior
             room = max(0, given_back_bytes) + (max(0, growable_bytes) if self._rises else 0)
             take = min(room, (available_bytes - middle) // self.ranks)
             if take > 0:
@@ -144,7 +195,13 @@ class MemoryPressurePolicy:
                 f"would end with the OOM killer")
 
     def _describe(self, why: str, verb: str, nbytes: int) -> str:
-        rise = f"; a step rises {fmt_bytes(self.step_rise_bytes)}" if self.step_rise_bytes else ""
+        if self._rises:
+            rise = f"; a step rises {fmt_bytes(self.step_rise_bytes)}" if self.step_rise_bytes else ""
+        else:
+            untouched = self.prior.untouched_bytes if self._measured_steps == 0 else 0
+            rise = (f"; a step is expected to rise {fmt_bytes(self.prior.rise_bytes)} (not measured yet)"
+                    if self.prior.rise_bytes else "")
+            rise += f", the first one {fmt_bytes(untouched)} more" if untouched else ""
         ranks = "" if self.ranks == 1 else f" (this rank's share of {self.ranks})"
         return f"{why}{rise}: the host tier {verb} {fmt_bytes(nbytes)}{ranks}"
 

@@ -129,3 +129,24 @@ def test_auto_keeps_a_single_sub_group_its_streaming_slots_would_hold_anyway_wit
     assert steps[0]["host_memory_bound_by"] == memory_cgroup
     assert steps[0]["optimizer_cache_budget_bytes"] >= steps[0]["optimizer_cache_kept_bytes"] > 0, steps[0]
     assert steps[-1]["optimizer_cache_misses"] == steps[1]["optimizer_cache_misses"], steps[-1]  # all held
+
+
+def test_auto_gives_back_before_the_first_step_what_that_step_is_expected_to_take_with_stocks_bits(train,
+                                                                                                   memory_cgroup):
+    """The first steps run before any rise is measured. "auto" starts at a quarter of the memory available when
+    the model is built; stage 3 then allocates its gradient bucket, and the first backward fills it and reduces it
+    through two more copies (43 M parameters, stage 3's default bucket: 166 MiB filled, a rise of 350 MiB
+    expected). In a container of the working set + 1200 MB that start-up share left too little: the OOM killer
+    ended the first step (measured: cgroup oom_kill 1, also at + 1000 and + 1100 MB; stock NVMe is killed at
+    + 1300 MB, its pinned pool being 819 MiB). Now the first reading counts what the first step is expected to
+    take (plan/memory_pressure.py ``RisePrior``): it gives the tier back before step 0, and the run trains with
+    stock's bits."""
+    options = dict(steps=3, sub_group_size=2e6, dtype="fp32", model=DEEPER["model"])
+    reference = train(block=None, **options)
+    ours = train(block={}, script=SQUEEZE, cgroup=memory_cgroup, env=STEPS_THAT_ALLOCATE, limit_at_start="1200MB",
+                 **options)
+    assert_same_bits(reference, ours)
+    steps = [step["stats"] for step in ours.result["steps"]]
+    assert steps[0]["host_memory_bound_by"] == memory_cgroup
+    assert steps[0]["host_pressure_shrinks"] >= 1, steps[0]  # at the first reading, before anything was measured
+    assert "expected to rise" in ours.output and "(not measured yet), the first one" in ours.output

@@ -352,3 +352,74 @@ def test_a_backward_rise_is_measured_against_its_own_level_when_the_update_raise
         assert governor.policy.step_rise_bytes == pytest.approx(3.97 * GiB, rel=0.001)
     finally:
         governor.meter.close()
+
+
+class _Bucket:
+    def __init__(self, buffer):
+        self.buffer = buffer
+
+
+def fake_stage3(numels, bucket_elements, dtype_bytes=4, contiguous=True, sub_groups=(100,)):
+    """What stage3_prior reads of a built stage 3 optimizer: its parameters (ds_numel), its gradient buckets
+    (allocated with contiguous_gradients), ``reduce_bucket_size`` and its sub-groups' sizes."""
+    import types
+    import torch
+    dtype = {4: torch.float32, 2: torch.bfloat16}[dtype_bytes]
+    params = []
+    for numel in numels:
+        param = torch.empty(0, dtype=dtype)
+        param.ds_numel = numel
+        params.append(param)
+    buckets = {dtype: _Bucket(torch.empty(bucket_elements, dtype=dtype) if contiguous else None)}
+    return types.SimpleNamespace(fp16_groups=[params], ipg_buckets=buckets, reduce_bucket_size=bucket_elements,
+                                 fp16_partitioned_groups_flat_numel=list(sub_groups))
+
+
+def test_the_prior_comes_from_stage_3s_bucket_parameters_and_sub_groups():
+    from tencache_ds.plan.memory_pressure import RisePrior
+    stage3 = fake_stage3([1000, 300, 5000], bucket_elements=4000, sub_groups=(2000, 4300))
+    # the bucket fills 4000 of the 6300 elements: reduced through two copies, beside two of the largest parameter
+    assert memory_pressure.stage3_prior(stage3, True) == RisePrior(2 * 4000 * 4 + 2 * 5000 * 4, 4000 * 4)
+    # a model smaller than the bucket fills it with all of it; bf16 gradients are half the bytes
+    small = fake_stage3([1000, 300], bucket_elements=10**6, dtype_bytes=2)
+    assert memory_pressure.stage3_prior(small, True) == RisePrior(2 * 1300 * 2 + 2 * 1000 * 2, 1300 * 2)
+    # without contiguous_gradients no bucket is allocated: nothing untouched
+    assert memory_pressure.stage3_prior(fake_stage3([1000], 10**6, contiguous=False), True).untouched_bytes == 0
+    # on a GPU the host sees the update's temporaries: the largest sub-group in fp32
+    assert memory_pressure.stage3_prior(stage3, False) == RisePrior(4300 * 4)
+
+
+def test_the_first_reading_gives_back_what_the_first_step_is_expected_to_take():
+    """Before any step is measured the reserve counts the prior (a 2 GiB rise, a 1 GiB bucket untouched): with 4
+    GiB available of 64 the first reading gives back, where without the prior the reserve was the floor alone and
+    the tier kept its start-up share into the first backward (the 1.3B model was OOM-killed there in a 16.5 GiB
+    container)."""
+    from tencache_ds.plan.memory_pressure import RisePrior
+
+    class Cache:
+        def __init__(self):
+            self.cache_bytes_reserved = self.reducible_cache_bytes = self.planned_cache_bytes = 3 * GiB
+
+        def resize_cache(self, target):
+            self.cache_bytes_reserved = self.reducible_cache_bytes = target
+            return target
+
+    class Swapper:
+        def __init__(self):
+            self.store = Cache()
+
+        def plan(self):
+            pass
+
+    swapper = Swapper()
+    for prior, gives_back in ((RisePrior(), False), (RisePrior(2 * GiB, 1 * GiB), True)):
+        swapper.store = Cache()
+        governor = HostTierGovernor([swapper], None, None, read_memory=lambda: HostMemory(64 * GiB, 4 * GiB),
+                                    agree=lambda values: values, prior=prior)
+        governor.meter.close()
+        governor.meter = ScriptedMeter([None])
+        governor.before_forward()
+        assert (governor.shrinks == 1) is gives_back
+        if gives_back:  # to the middle of the band: 1.25 x (1.28 GiB floor + 1.25 x 2 GiB + 1 GiB) less the 4 GiB
+            reserve = int(0.02 * 64 * GiB) + int(1.25 * 2 * GiB + 1 * GiB)
+            assert swapper.store.cache_bytes_reserved == 3 * GiB - (int(1.25 * reserve) - 4 * GiB)

@@ -28,7 +28,8 @@ from ...log import logger
 from ...memory.footprint import StepRiseMeter
 from ...probes.limits import local_world_size
 from ...probes.host_memory import HostMemory, read_host_memory
-from ...plan.memory_pressure import HOLD, Action, MemoryPressurePolicy, give_back_split
+from ...plan.memory_pressure import (HOLD, NO_PRIOR, Action, MemoryPressurePolicy, RisePrior, give_back_split,
+                                     stage3_rise_prior)
 from ...units import fmt_bytes
 from .agreement import agree_min
 
@@ -51,17 +52,18 @@ class HostTierGovernor:
         param_swappers: tencache's parameter swappers of the engine (none when parameters are not on NVMe).
         optimizer_swapper: tencache's optimizer swapper, or None.
         coordinator: the engine's TencacheCoordinator, or None.
+        prior: what the first steps are expected to take before one is measured (``stage3_prior``).
     """
 
     def __init__(self, param_swappers: List, optimizer_swapper, coordinator,
                  read_memory: Callable[[], HostMemory] = read_host_memory,
-                 agree: Callable[[List[int]], List[int]] = agree_min):
+                 agree: Callable[[List[int]], List[int]] = agree_min, prior: RisePrior = NO_PRIOR):
         self._param_swappers = list(param_swappers)
         self._optimizer = optimizer_swapper
         self._coordinator = coordinator
         self._read_memory = read_memory
         self._agree = agree  # element-wise minimum over ranks
-        self.policy = MemoryPressurePolicy(local_world_size())
+        self.policy = MemoryPressurePolicy(local_world_size(), prior)
         self.meter = StepRiseMeter()
         self.last_memory: Optional[HostMemory] = None
         self._step_rise: Optional[int] = None  # the most any reading of the current optimizer step rose
@@ -329,6 +331,22 @@ _NO_PROPOSAL = 1 << 62  # larger than any budget: a rank without a device tier d
 
 def _where(memory: HostMemory) -> str:
     return "this node" if memory.bound_by == "node" else f"cgroup {memory.bound_by}"
+
+
+def stage3_prior(stage3, accelerator_is_host: bool) -> RisePrior:
+    """The step rise ``stage3`` (a built DeepSpeedZeroOptimizer_Stage3) is expected to have before one is measured
+    (plan/memory_pressure.py ``stage3_rise_prior``), from its parameters, its gradient bucket and its sub-groups."""
+    params = [param for group in getattr(stage3, "fp16_groups", None) or [] for param in group]
+    if not params:
+        return NO_PRIOR
+    gathered = sum(param.ds_numel for param in params)
+    buffers = [bucket.buffer for bucket in getattr(stage3, "ipg_buckets", {}).values()
+               if getattr(bucket, "buffer", None) is not None]
+    element_bytes = max([buffer.element_size() for buffer in buffers] or [params[0].element_size()])
+    fill = min(int(getattr(stage3, "reduce_bucket_size", gathered)), gathered)
+    sub_groups = getattr(stage3, "fp16_partitioned_groups_flat_numel", None) or [0]
+    return stage3_rise_prior(accelerator_is_host, fill * element_bytes, bool(buffers),
+                             max(param.ds_numel for param in params) * element_bytes, max(sub_groups) * 4)
 
 
 def governor_of(optimizer) -> Optional[HostTierGovernor]:

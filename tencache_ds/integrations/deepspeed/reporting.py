@@ -6,8 +6,9 @@ from deepspeed import comm as dist
 from ...log import logger
 from ...metrics import MetricsWriter, StepMeter
 from ...units import fmt_bytes
+from .config_bridge import accelerator_is_host
 from .coordinator import coordinator_of
-from .memory_pressure import GOVERNOR_ATTRIBUTE, HostTierGovernor, governor_of
+from .memory_pressure import GOVERNOR_ATTRIBUTE, HostTierGovernor, governor_of, stage3_prior
 from .param_swapper import TencacheParamSwapper
 from .stats import METRICS_METER_ATTRIBUTE, combined_stats, gauges, running_totals
 
@@ -57,7 +58,8 @@ def attach_step_meter(optimizer) -> None:
     setattr(optimizer, METRICS_METER_ATTRIBUTE,
             StepMeter(start=running_totals(param_swapper, optimizer_swapper, coordinator)))
     setattr(optimizer, GOVERNOR_ATTRIBUTE,
-            HostTierGovernor(param_swappers_of_optimizer(optimizer), optimizer_swapper, coordinator))
+            HostTierGovernor(param_swappers_of_optimizer(optimizer), optimizer_swapper, coordinator,
+                             prior=stage3_prior(optimizer, accelerator_is_host())))
 
 
 def on_optimizer_step_end(optimizer) -> None:

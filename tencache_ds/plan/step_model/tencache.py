@@ -152,7 +152,8 @@ def _governed_tier(workload: Workload, machine: Machine, grows: bool, start_shar
       parameter cache slots where they can be retired (``cache_reducible``: not CUDA-registered ones), as
       ``HostTierGovernor._give_back`` does. The slots that stay are planned anew for the smaller cache
       (``cache_slot_counts``), where the run retires whole slots of the sizes it has: the same bytes, within a
-      slot, and maybe another mix of sizes. Steps before the first decision run with the start-up split:
+      slot, and maybe another mix of sizes. The run gives back at its first reading, before any step, with the
+      rise assumed (plan/memory_pressure.py ``RisePrior``); initialisation holds the start-up split:
       ``_tencache_memory`` counts both.
     - With available at least 1.5 x its reserve, an "auto" budget takes the excess over 1.25 x the reserve (each
       rank its share), up to all of the optimizer state (the store's page-rounded buffers); the footprint it grows
@@ -402,25 +403,32 @@ def _tencache_optimizer(workload: Workload, timeline: Timeline, rates: Rates, pl
 
 def _tencache_memory(workload: Workload, machine: Machine, plan: TencachePlan) -> Dict[str, int]:
     """The larger of the steady state's memory and the start-up split's (host memory: the tiers the two differ
-    in): the steps before the governor's first decision (it drops the first measured step) run with the latter,
-    so a run that gives memory back later must fit before it does."""
+    in). The start-up split holds through initialisation only: the governor's first reading, before the first
+    forward pass, decides with the step's rise assumed (``RisePrior``: the model's rise) where it would give
+    back, so no step runs with it (until 2026-11-29 the first two steps did: gpt2-1.3b's did not fit in 16.5 GiB
+    where stock's did)."""
     steady_optimizer = (sum(_optimizer_sequence(workload)[1][name] for name in plan.optimizer_held)
                         + sum(plan.optimizer_prefixes.values()) + plan.optimizer_streaming_bytes)
     steady = _memory_with(workload, machine, plan, plan.param_cache_bytes, steady_optimizer)
-    start = _memory_with(workload, machine, plan, plan.param_cache_start_bytes, plan.optimizer_start_footprint_bytes)
+    start = _memory_with(workload, machine, plan, plan.param_cache_start_bytes, plan.optimizer_start_footprint_bytes,
+                         stepping=False)
     return max((steady, start), key=lambda memory: memory["pinned"] + memory["pageable"])
 
 
 def _memory_with(workload: Workload, machine: Machine, plan: TencachePlan, param_cache: int,
-                 optimizer_footprint: int) -> Dict[str, int]:
+                 optimizer_footprint: int, stepping: bool = True) -> Dict[str, int]:
     """One rank's memory per tier with ``param_cache`` bytes of parameter cache slots and the optimizer tier at
-    ``optimizer_footprint`` (kept state and streaming slots)."""
+    ``optimizer_footprint`` (kept state and streaming slots); without ``stepping`` (initialisation), less what a
+    step's forward and backward hold on a host accelerator."""
     zero = workload.zero
     common = host_resident_bytes(workload, machine)
     device = common["device"] + (0 if machine.accelerator_is_host else plan.device_tier_bytes)
     slots = plan.param_streaming_bytes + param_cache
     pinned = (slots if plan.param_slots_locked else 0) + _params_off_nvme_bytes(workload)
-    pageable = common["baseline"] + common["device_on_host"] + (0 if plan.param_slots_locked else slots)
+    on_host = common["device_on_host"]
+    if not stepping and machine.accelerator_is_host:
+        on_host -= device_step_bytes(workload, host_accelerator=True)
+    pageable = common["baseline"] + on_host + (0 if plan.param_slots_locked else slots)
     if zero.offload_optimizer != "none" and zero.optimizer_pin_memory:
         pinned += common["gradients"]
     else:
