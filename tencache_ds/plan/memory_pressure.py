@@ -21,9 +21,9 @@ The rule, at every reading (the start of each forward pass: between steps, nothi
   accelerator) counts too, whole: without them the reserve was the floor alone through the first two steps, and
   "auto"'s start-up share ran the 1.3B model into the OOM killer in its first backward in a 16.5 GiB container
   where stock trains.
-- ``available < reserve``: give back the shortfall up to ``1.25 × reserve`` (each rank its share), at most what the
-  tier can give (``reducible``: its memory above the least it needs to stream a step), so that one decision is
-  enough and the next reading lands inside the band ``[reserve, 1.5 × reserve)``.
+- ``available < reserve``: give back the shortfall up to ``1.25 × reserve`` (on a prior: up to the reserve; each
+  rank its share), at most what the tier can give (``reducible``: its memory above the least it needs to stream a
+  step), so that one decision is enough and the next reading lands inside the band ``[reserve, 1.5 × reserve)``.
 - ``available ≥ 1.5 × reserve`` and the tier gave memory back earlier: take back the excess over ``1.25 × reserve``
   (each rank its share), at most what it gave. Both land in the middle of the band, so the next reading holds:
   shrink and growth never alternate.
@@ -91,28 +91,30 @@ class RisePrior:
 NO_PRIOR = RisePrior()
 
 
-def stage3_rise_prior(accelerator_is_host: bool, bucket_fill_bytes: int, bucket_allocated: bool,
-                      largest_gathered_bytes: int, largest_sub_group_bytes: int) -> RisePrior:
-    """A ZeRO-3 step's rise in host memory before one is measured (DeepSpeed 0.19.8's defaults).
+def stage3_rise_prior(accelerator_is_host: bool, gathered_bytes: int, bucket_bytes: int, bucket_allocated: bool,
+                      around_bytes: int, largest_sub_group_bytes: int) -> RisePrior:
+    """A ZeRO-3 step's rise in host memory before one is measured (DeepSpeed 0.19.8's defaults); the step model
+    prices the same moment with it (plan/step_model/costs.py ``device_step_bytes``).
 
     - The update's temporaries: one fp32 tensor of the largest sub-group (``largest_sub_group_bytes``). An
       assumption: on a GPU, the whole prior (activations and buckets are device memory).
     - On a host accelerator, also a reduce of the gradient bucket: ``reduce_scatter_coalesced`` concatenates the
-      bucket's gradients (``bucket_fill_bytes``: ``reduce_bucket_size`` elements, or the gathered model's when it
-      is smaller) into a new flat buffer and reduces it into another, beside the gathered modules around it
-      (taken as two of the largest gathered parameter). The bucket itself (``bucket_allocated``: with
-      ``contiguous_gradients``) is allocated at initialisation and untouched until the first backward fills it,
-      after which it stays resident. Measured (fp32, one rank,
-      docs/bench ``host_step_rise_bytes``): gpt2-1.3b (5e8-element bucket, 1.86 GiB) rose 3.96 GiB a step, this
-      gives 3.97 GiB; its first backward rose 5.9 GiB above the memory read before it, 4.0 GiB in each later one
-      (a trace of 2026-11-29: the bucket, once); gpt2-small (124 M elements) rose 995.5 MB, this gives 1.07 GB.
-      The step model prices the same moment (plan/step_model/costs.py ``device_step_bytes``).
+      bucket's gradients (its fill: ``bucket_bytes``, ``reduce_bucket_size`` elements, or the gathered model's
+      ``gathered_bytes`` when smaller) into a new flat buffer and reduces it into another; where the bucket fills
+      before the backward ends, beside the two gathered modules around it (``around_bytes`` each). The bucket
+      itself (``bucket_allocated``: with ``contiguous_gradients``) is allocated at initialisation and untouched
+      until the first backward fills it, after which it stays resident. Measured (fp32, one rank, docs/bench
+      ``host_step_rise_bytes``): gpt2-1.3b (a 5e8-element bucket, 1.86 GiB, filled mid-backward; a 65.5 M-element
+      embedding around it) rose 3.96 GiB a step, this gives 4.21 GiB; its first backward rose 5.9 GiB above the
+      memory read before it, 4.0 GiB in each later one (a trace of 2026-11-29: the bucket, once); gpt2-small (124 M
+      elements, one reduce at the backward's end) rose 995.5 MB, this gives 994 MB.
     """
     update = max(0, int(largest_sub_group_bytes))
     if not accelerator_is_host:
         return RisePrior(update)
-    reduce = 2 * bucket_fill_bytes + 2 * largest_gathered_bytes
-    return RisePrior(max(update, reduce), bucket_fill_bytes if bucket_allocated else 0)
+    fill = min(bucket_bytes, gathered_bytes)
+    reduce = 2 * fill + (2 * around_bytes if gathered_bytes > bucket_bytes else 0)
+    return RisePrior(max(update, reduce), fill if bucket_allocated else 0)
 
 
 class MemoryPressurePolicy:
@@ -162,7 +164,11 @@ class MemoryPressurePolicy:
         reserve = self.reserve_bytes(total_bytes)
         middle = int(BAND_MIDDLE * reserve)
         if available_bytes < reserve:
-            give = min(max(0, reducible_bytes), -(-(middle - available_bytes) // self.ranks))
+            # on a prior, up to the reserve only: it has its margin, and the band's would outlast the prior (the
+            # next readings hold inside a band the measured rise lowers): on gpt2-1.3b beyond RAM the first reading
+            # gave 2.1 GiB back to the middle and the steps stayed 43 s instead of 31 s
+            target = middle if self._rises else reserve
+            give = min(max(0, reducible_bytes), -(-(target - available_bytes) // self.ranks))
             if give <= 0:
                 return HOLD
             return PressureDecision(Action.SHRINK, give, self._describe(

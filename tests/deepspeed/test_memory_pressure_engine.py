@@ -135,7 +135,7 @@ def test_auto_gives_back_before_the_first_step_what_that_step_is_expected_to_tak
                                                                                                    memory_cgroup):
     """The first steps run before any rise is measured. "auto" starts at a quarter of the memory available when
     the model is built; stage 3 then allocates its gradient bucket, and the first backward fills it and reduces it
-    through two more copies (43 M parameters, stage 3's default bucket: 166 MiB filled, a rise of 350 MiB
+    through two more copies (43 M parameters, stage 3's default bucket: 166 MiB filled, a rise of 332 MiB
     expected). In a container of the working set + 1200 MB that start-up share left too little: the OOM killer
     ended the first step (measured: cgroup oom_kill 1, also at + 1000 and + 1100 MB; stock NVMe is killed at
     + 1300 MB, its pinned pool being 819 MiB). Now the first reading counts what the first step is expected to

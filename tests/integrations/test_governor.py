@@ -380,13 +380,41 @@ def test_the_prior_comes_from_stage_3s_bucket_parameters_and_sub_groups():
     stage3 = fake_stage3([1000, 300, 5000], bucket_elements=4000, sub_groups=(2000, 4300))
     # the bucket fills 4000 of the 6300 elements: reduced through two copies, beside two of the largest parameter
     assert memory_pressure.stage3_prior(stage3, True) == RisePrior(2 * 4000 * 4 + 2 * 5000 * 4, 4000 * 4)
-    # a model smaller than the bucket fills it with all of it; bf16 gradients are half the bytes
+    # a model smaller than the bucket fills it with all of it, at the backward's end; bf16 gradients: half the bytes
     small = fake_stage3([1000, 300], bucket_elements=10**6, dtype_bytes=2)
-    assert memory_pressure.stage3_prior(small, True) == RisePrior(2 * 1300 * 2 + 2 * 1000 * 2, 1300 * 2)
+    assert memory_pressure.stage3_prior(small, True) == RisePrior(2 * 1300 * 2, 1300 * 2)
     # without contiguous_gradients no bucket is allocated: nothing untouched
     assert memory_pressure.stage3_prior(fake_stage3([1000], 10**6, contiguous=False), True).untouched_bytes == 0
     # on a GPU the host sees the update's temporaries: the largest sub-group in fp32
     assert memory_pressure.stage3_prior(stage3, False) == RisePrior(4300 * 4)
+
+
+class ParamCacheSums:
+    """A parameter swapper whose store's cache slots the governor can resize (``bytes`` of them, all retirable)."""
+
+    def __init__(self, nbytes):
+        store = type("Store", (), {})()
+        store.cache_bytes_reserved = store.reducible_cache_bytes = store.planned_cache_bytes = nbytes
+
+        def resize_cache(target):
+            store.cache_bytes_reserved = store.reducible_cache_bytes = target
+            return target
+        store.resize_cache = resize_cache
+        self.store = store
+
+    def plan(self):
+        pass
+
+
+def first_reading(param_swappers, optimizer, prior, available):
+    """A governor's first reading, before any step, with ``available`` bytes of 64 GiB and this ``prior``."""
+    governor = HostTierGovernor(param_swappers, optimizer, None,
+                                read_memory=lambda: HostMemory(64 * GiB, available),
+                                agree=lambda values: values, prior=prior)
+    governor.meter.close()
+    governor.meter = ScriptedMeter([None])
+    governor.before_forward()
+    return governor
 
 
 def test_the_first_reading_gives_back_what_the_first_step_is_expected_to_take():
@@ -395,31 +423,29 @@ def test_the_first_reading_gives_back_what_the_first_step_is_expected_to_take():
     the tier kept its start-up share into the first backward (the 1.3B model was OOM-killed there in a 16.5 GiB
     container)."""
     from tencache_ds.plan.memory_pressure import RisePrior
-
-    class Cache:
-        def __init__(self):
-            self.cache_bytes_reserved = self.reducible_cache_bytes = self.planned_cache_bytes = 3 * GiB
-
-        def resize_cache(self, target):
-            self.cache_bytes_reserved = self.reducible_cache_bytes = target
-            return target
-
-    class Swapper:
-        def __init__(self):
-            self.store = Cache()
-
-        def plan(self):
-            pass
-
-    swapper = Swapper()
     for prior, gives_back in ((RisePrior(), False), (RisePrior(2 * GiB, 1 * GiB), True)):
-        swapper.store = Cache()
-        governor = HostTierGovernor([swapper], None, None, read_memory=lambda: HostMemory(64 * GiB, 4 * GiB),
-                                    agree=lambda values: values, prior=prior)
-        governor.meter.close()
-        governor.meter = ScriptedMeter([None])
-        governor.before_forward()
+        swapper = ParamCacheSums(3 * GiB)
+        governor = first_reading([swapper], None, prior, 4 * GiB)
         assert (governor.shrinks == 1) is gives_back
-        if gives_back:  # to the middle of the band: 1.25 x (1.28 GiB floor + 1.25 x 2 GiB + 1 GiB) less the 4 GiB
+        if gives_back:  # up to the reserve (on a prior): 1.28 GiB floor + 1.25 x 2 GiB + 1 GiB, less the 4 GiB
             reserve = int(0.02 * 64 * GiB) + int(1.25 * 2 * GiB + 1 * GiB)
-            assert swapper.store.cache_bytes_reserved == 3 * GiB - (int(1.25 * reserve) - 4 * GiB)
+            assert swapper.store.cache_bytes_reserved == 3 * GiB - (reserve - 4 * GiB)
+
+
+def test_the_first_reading_cuts_the_optimizer_budget_not_filled_yet_before_parameter_cache_slots():
+    """At the first reading the optimizer holds little of what it is set to fill (no update has run): giving back
+    cuts that first, as it would the state once held. It took parameter cache slots instead, and on gpt2-1.3b
+    beyond RAM ("auto", 23 GiB) the first reading retired 2.1 GiB of them, never taken again: 43 s a step instead of
+    31 s (docs/bench/gpt2-1.3b-auto-2026-11-29-first-reading-took-param-cache)."""
+    from tencache_ds.plan.memory_pressure import RisePrior
+
+    class NotFilledYet(OptimizerStoreSums):
+        def host_footprint_bytes(self):  # only the streaming slots are in memory before the first update
+            return min(self.footprint, self.least)
+
+    swapper = ParamCacheSums(3 * GiB)
+    optimizer = NotFilledYet(state=16 * GiB, start=2 * GiB, least=GiB // 2, auto=False)
+    reserve = int(0.02 * 64 * GiB) + int(1.25 * 2 * GiB + 1 * GiB)  # 4.78 GiB
+    first_reading([swapper], optimizer, RisePrior(2 * GiB, 1 * GiB), reserve - GiB)
+    assert optimizer.footprint == GiB  # 1 GiB of its planned 2 GiB
+    assert swapper.store.cache_bytes_reserved == 3 * GiB  # untouched

@@ -35,7 +35,8 @@ def test_before_a_step_is_measured_the_reserve_counts_the_prior_and_the_untouche
         64 * MiB + 2 * (int(STEP_RISE_MARGIN * 200 * MiB) + 100 * MiB)
     # at the first reading, memory that would do for a step once the bucket is resident is not enough
     decision = policy.decide(TOTAL, 320 * MiB, reducible_bytes=GiB, given_back_bytes=0)
-    assert decision.action is Action.SHRINK, decision
+    # up to the reserve, not the band's middle: the prior has its margin, and the band's would outlast it
+    assert decision.action is Action.SHRINK and decision.nbytes == policy.reserve_bytes(TOTAL) - 320 * MiB
     assert "expected to rise 200.00 MiB (not measured yet), the first one 100.00 MiB more" in decision.reason
     policy.observe_step_rise(5 * GiB)  # the first step ran (its rise, the optimizer's state created, is dropped)
     assert policy.reserve_bytes(TOTAL) == 64 * MiB + int(STEP_RISE_MARGIN * 200 * MiB)  # the bucket is level now
@@ -51,12 +52,17 @@ def test_before_a_step_is_measured_the_reserve_counts_the_prior_and_the_untouche
 def test_the_prior_of_a_zero3_step_on_a_host_accelerator_is_its_bucket_reduced_and_on_a_gpu_the_update():
     """gpt2-1.3b fp32 (5e8-element bucket, a 65.5 M-element embedding, 1e8-element sub-groups) measured a rise of
     3.96 GiB a step; its first backward 5.9 GiB above the memory read before it."""
-    prior = stage3_rise_prior(True, bucket_fill_bytes=2 * 10**9, bucket_allocated=True,
-                              largest_gathered_bytes=65_536_000 * 4, largest_sub_group_bytes=10**8 * 4)
-    assert prior == RisePrior(4 * 10**9 + 2 * 65_536_000 * 4, 2 * 10**9)
+    model, bucket, embedding, sub_group = 1_276_235_776 * 4, 5 * 10**8 * 4, 65_536_000 * 4, 10**8 * 4
+    prior = stage3_rise_prior(True, model, bucket, bucket_allocated=True, around_bytes=embedding,
+                              largest_sub_group_bytes=sub_group)
+    assert prior == RisePrior(2 * bucket + 2 * embedding, bucket)
     assert 3.96 < prior.rise_bytes / GiB < 1.1 * 3.96 and 5.9 < (prior.rise_bytes + prior.untouched_bytes) / GiB
-    assert stage3_rise_prior(True, 2 * 10**9, False, 0, 0).untouched_bytes == 0  # no contiguous bucket
-    assert stage3_rise_prior(False, 2 * 10**9, True, 65_536_000 * 4, 4 * 10**8) == RisePrior(4 * 10**8)
+    assert stage3_rise_prior(True, model, bucket, False, embedding, 0).untouched_bytes == 0  # no contiguous bucket
+    assert stage3_rise_prior(False, model, bucket, True, embedding, sub_group) == RisePrior(sub_group)
+    # gpt2-small (124 M elements) fills the bucket only at the backward's end: no module is gathered then
+    small = stage3_rise_prior(True, 124_439_808 * 4, bucket, True, 38_597_376 * 4, 0)
+    assert small == RisePrior(2 * 124_439_808 * 4, 124_439_808 * 4)
+    assert abs(small.rise_bytes - 995.5e6) < 0.01 * 995.5e6  # measured
 
 
 def test_the_first_measured_step_does_not_count_and_the_rise_is_the_most_of_the_last_few():

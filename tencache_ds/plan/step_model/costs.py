@@ -4,6 +4,7 @@ the CPU time of the optimizer step. Pure."""
 from typing import Dict
 
 from ..machine import Machine
+from ..memory_pressure import stage3_rise_prior
 from ..workload import Workload, ZeroSettings
 from .timeline import Rates, channel_rates
 
@@ -150,29 +151,19 @@ def device_step_bytes(workload: Workload, host_accelerator: bool) -> int:
 
     - forward and backward: the gathered module and the one prefetched after it, the prefetch bucket, the gradient
       reduce bucket, and activations;
-    - a reduce of the gradient bucket (``reduce_bucket_concatenated_bytes``): the bucket and its concatenated
-      copy, and, where the bucket fills before the backward ends, the two gathered modules around it.
+    - a reduce of the gradient bucket (plan/memory_pressure.py ``stage3_rise_prior``, the run-time governor's
+      prior): the bucket's fill twice (stage 3 concatenates it and reduces it into another buffer), and, where
+      the bucket fills before the backward ends, the two gathered modules around it.
     """
     zero, elem = workload.zero, workload.zero.element_bytes
     largest_module = max((sum(gathered_bytes(workload, key) for key in fetch.keys) for fetch in workload.fetches),
                          default=0)
     bucket = reduce_bucket_bytes(workload, host_accelerator)
     working = 2 * largest_module + zero.prefetch_bucket_size * elem + bucket + _activation_bytes(workload)
-    fills_mid_backward = gathered_elements(workload) > zero.reduce_bucket_size
-    reducing = (bucket + reduce_bucket_concatenated_bytes(workload)
-                + (2 * largest_module if fills_mid_backward else 0))
+    reducing = stage3_rise_prior(True, gathered_elements(workload) * elem, zero.reduce_bucket_size * elem,
+                                 bucket_allocated=True, around_bytes=largest_module,
+                                 largest_sub_group_bytes=0).rise_bytes
     return max(working, reducing)
-
-
-def reduce_bucket_concatenated_bytes(workload: Workload) -> int:
-    """The copy of the gradient bucket's filled part that stage 3's reduce makes (DeepSpeed 0.19.8 with its default
-    ``reduce_scatter``: ``reduce_scatter_coalesced`` concatenates the bucket's gradients into a new flat buffer,
-    on the accelerator, freed after the reduce): at most ``reduce_bucket_size`` elements, the gathered model's when
-    it is smaller. With the bucket, a host accelerator's measured step rise is twice the fill: gpt2-small fp32
-    (124 M elements, one reduce at the backward's end) rose 995.5 MB = 2 x 124 M x 4 B (996-1001 MB at 2 ranks);
-    gpt2-1.3b fp32 (1.28 B elements, the 5e8 bucket reduced mid-backward) 3.97 GiB = 2 x 2 GB and 0.24 GiB of
-    gathered layers (docs/bench, ``host_step_rise_bytes``; docs/estimate.md)."""
-    return reduce_bucket_fill(workload) * workload.zero.element_bytes
 
 
 def reduce_bucket_bytes(workload: Workload, host_accelerator: bool) -> int:

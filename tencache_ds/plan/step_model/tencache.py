@@ -29,14 +29,14 @@ from ..host_residency import steady_state
 from ..host_tier import (OPTIMIZER_BYTES_PER_ELEMENT, OPTIMIZER_IO_BYTES_PER_HELD_BYTE, OPTIMIZER_STREAMING_SLOTS,
                          PARAM_IO_BYTES_PER_HELD_BYTE, TierDemand, split_host_budget, streaming_tensors_at_once)
 from ..machine import Machine
-from ..memory_pressure import Action, MemoryPressurePolicy, give_back_split
+from ..memory_pressure import Action, MemoryPressurePolicy, RisePrior, give_back_split
 from ..prefetch import PrefetchSchedule
 from ..size_classes import cache_slot_counts, class_bytes, merge_close_classes, size_histogram, streaming_slot_counts
 from ..workload import Workload, ZeroSettings
 from .costs import (backward_host_memory_s, device_step_bytes, device_working_bytes, gathered_bytes,
                     host_resident_bytes, host_step_rise_bytes, init_bytes_per_element_outside_pool,
                     init_bytes_per_element_pooled, module_compute_s, nvme_space, optimizer_cpu_s,
-                    optimizer_state_bytes_per_element, param_bytes, sub_group_file_bytes)
+                    optimizer_state_bytes_per_element, param_bytes, reduce_bucket_bytes, sub_group_file_bytes)
 from .results import TENCACHE, Prediction, finish
 from .timeline import STEPS_REPLAYED, Rates, Timeline, channel_rates
 
@@ -143,10 +143,12 @@ def _governed_tier(workload: Workload, machine: Machine, grows: bool, start_shar
     keeps, and the step rise it was decided by.
 
     At run time the governor (integrations/deepspeed/memory_pressure.py) reads the node's available memory before
-    each forward pass and, once a step's rise is measured, lets plan/memory_pressure.MemoryPressurePolicy decide.
-    The same policy decides here, once, on the available memory this model predicts between steps: the
-    machine's, less each rank's ``_held_between_steps`` and start-up optimizer footprint. It lands in its band, so
-    later readings hold: one decision is the steady state.
+    each forward pass and lets plan/memory_pressure.MemoryPressurePolicy decide: at the first reading, before any
+    step, on a prior for the rise (this model's, and the gradient bucket the first backward fills), a give-back up
+    to the reserve; once a step's rise is measured, growth too. The same policy decides here, on the available
+    memory this model predicts between steps: the machine's, less each rank's ``_held_between_steps`` and
+    start-up optimizer footprint. A shrink lands at the reserve, where the measured rise's band holds; a growth
+    in its band's middle: one decision is the steady state.
 
     - Below the reserve, any budget gives back: optimizer state first (down to its streaming slots), then
       parameter cache slots where they can be retired (``cache_reducible``: not CUDA-registered ones), as
@@ -174,13 +176,18 @@ def _governed_tier(workload: Workload, machine: Machine, grows: bool, start_shar
             growable = max(0, state + update_slot - footprint) if grows else 0
     available = machine.available_host_bytes - ranks * (
         _held_between_steps(workload, machine, param_streaming + param_cache) + footprint)
-    policy = MemoryPressurePolicy(ranks)
-    policy.observe_step_rise(rise)  # the first measured step creates the optimizer's state: the policy drops it
-    policy.observe_step_rise(rise)
     cache_given = param_cache if cache_reducible else 0
-    decision = policy.decide(machine.host_memory_bytes, available,
-                             reducible_bytes=max(0, footprint - least) + cache_given, given_back_bytes=0,
-                             growable_bytes=growable)
+    reducible = max(0, footprint - least) + cache_given
+    # the first reading, before any step, on the prior: the rise and the gradient bucket no backward has filled yet
+    untouched = reduce_bucket_bytes(workload, host_accelerator=True) if machine.accelerator_is_host else 0
+    decision = MemoryPressurePolicy(ranks, RisePrior(rise, untouched)).decide(
+        machine.host_memory_bytes, available, reducible_bytes=reducible, given_back_bytes=0)
+    if decision.action is not Action.SHRINK:  # it held: later readings decide on the measured rise
+        policy = MemoryPressurePolicy(ranks)
+        policy.observe_step_rise(rise)  # the first measured step creates the optimizer's state: the policy drops it
+        policy.observe_step_rise(rise)
+        decision = policy.decide(machine.host_memory_bytes, available, reducible_bytes=reducible,
+                                 given_back_bytes=0, growable_bytes=growable)
     if decision.action is Action.GROW:
         grown = footprint + decision.nbytes
         # as OptimizerStore.resize_host_footprint: all of it kept once it holds the state (and the update's
