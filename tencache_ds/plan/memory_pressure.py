@@ -107,7 +107,7 @@ def stage3_rise_prior(accelerator_is_host: bool, gathered_bytes: int, bucket_byt
       ``host_step_rise_bytes``): gpt2-1.3b (a 5e8-element bucket, 1.86 GiB, filled mid-backward; a 65.5 M-element
       embedding around it) rose 3.96 GiB a step, this gives 4.21 GiB; its first backward rose 5.9 GiB above the
       memory read before it, 4.0 GiB in each later one (a trace of 2026-11-29: the bucket, once); gpt2-small (124 M
-      elements, one reduce at the backward's end) rose 995.5 MB, this gives 994 MB.
+      elements, one reduce at the backward's end) rose 995.5 MB, this gives 995.5 MB.
     """
     update = max(0, int(largest_sub_group_bytes))
     if not accelerator_is_host:
@@ -130,6 +130,7 @@ class MemoryPressurePolicy:
         self.prior = prior
         self._rises: Deque[int] = collections.deque(maxlen=STEP_RISE_WINDOW)
         self._measured_steps = 0
+        self._first_reading_done = False
 
     def observe_step_rise(self, rise_bytes: Optional[int]) -> None:
         """How far anonymous memory rose during the step that just ended (None: not measured). The first measured
@@ -150,11 +151,27 @@ class MemoryPressurePolicy:
         """A step's rise as the reserve counts it: the measured one, or the prior's until one is kept."""
         return self.step_rise_bytes if self._rises else self.prior.rise_bytes
 
+    @property
+    def untouched_bytes(self) -> int:
+        """The prior's memory allocated but not touched yet, at the first reading only: the first backward makes
+        it resident, and every later reading sees it (with gradient accumulation the next reading comes before the
+        first step ends: counted there too, it was given back twice). A forward pass without a backward first
+        (an evaluation) leaves its reading's give-back in place, which the next reading's band holds."""
+        return 0 if self._first_reading_done else self.prior.untouched_bytes
+
+    @property
+    def next_step_bytes(self) -> int:
+        """What the next step is expected to take above the level read before it."""
+        return self.expected_rise_bytes + self.untouched_bytes
+
+    def reading_done(self) -> None:
+        """A reading was decided (the governor calls this once per forward pass)."""
+        self._first_reading_done = True
+
     def reserve_bytes(self, total_bytes: int) -> int:
         floor = max(RESERVE_FLOOR_MIN_BYTES, int(total_bytes * RESERVE_FLOOR_FRACTION))
-        # memory allocated but untouched is taken by the first step whole (no margin), and is level after it
-        untouched = self.prior.untouched_bytes if self._measured_steps == 0 else 0
-        return floor + int(self.ranks * (STEP_RISE_MARGIN * self.expected_rise_bytes + untouched))
+        # memory allocated but untouched is taken by the first step whole: no margin on it
+        return floor + int(self.ranks * (STEP_RISE_MARGIN * self.expected_rise_bytes + self.untouched_bytes))
 
     def decide(self, total_bytes: int, available_bytes: int, reducible_bytes: int,
                given_back_bytes: int, growable_bytes: int = 0) -> PressureDecision:
@@ -167,7 +184,7 @@ class MemoryPressurePolicy:
             # on a prior, up to the reserve only: it has its margin, and the band's would outlast the prior (the
             # next readings hold inside a band the measured rise lowers): on gpt2-1.3b beyond RAM the first reading
             # gave 2.1 GiB back to the middle and the steps stayed 43 s instead of 31 s
-            target = middle if self._rises else reserve
+            target = reserve if self._on_prior else middle
             give = min(max(0, reducible_bytes), -(-(target - available_bytes) // self.ranks))
             if give <= 0:
                 return HOLD
@@ -200,14 +217,17 @@ class MemoryPressurePolicy:
                 f"{fmt_bytes(start_budget_bytes)} at start-up; what is left streams one step), so the next step "
                 f"would end with the OOM killer")
 
+    @property
+    def _on_prior(self) -> bool:
+        """No rise kept yet, and a prior stands in for it."""
+        return not self._rises and self.prior != NO_PRIOR
+
     def _describe(self, why: str, verb: str, nbytes: int) -> str:
-        if self._rises:
-            rise = f"; a step rises {fmt_bytes(self.step_rise_bytes)}" if self.step_rise_bytes else ""
+        if self._on_prior:
+            rise = f"; a step is expected to rise {fmt_bytes(self.prior.rise_bytes)} (not measured yet)"
+            rise += f", the first one {fmt_bytes(self.untouched_bytes)} more" if self.untouched_bytes else ""
         else:
-            untouched = self.prior.untouched_bytes if self._measured_steps == 0 else 0
-            rise = (f"; a step is expected to rise {fmt_bytes(self.prior.rise_bytes)} (not measured yet)"
-                    if self.prior.rise_bytes else "")
-            rise += f", the first one {fmt_bytes(untouched)} more" if untouched else ""
+            rise = f"; a step rises {fmt_bytes(self.step_rise_bytes)}" if self.step_rise_bytes else ""
         ranks = "" if self.ranks == 1 else f" (this rank's share of {self.ranks})"
         return f"{why}{rise}: the host tier {verb} {fmt_bytes(nbytes)}{ranks}"
 

@@ -38,8 +38,12 @@ def test_before_a_step_is_measured_the_reserve_counts_the_prior_and_the_untouche
     # up to the reserve, not the band's middle: the prior has its margin, and the band's would outlast it
     assert decision.action is Action.SHRINK and decision.nbytes == policy.reserve_bytes(TOTAL) - 320 * MiB
     assert "expected to rise 200.00 MiB (not measured yet), the first one 100.00 MiB more" in decision.reason
-    policy.observe_step_rise(5 * GiB)  # the first step ran (its rise, the optimizer's state created, is dropped)
+    assert policy.next_step_bytes == 300 * MiB
+    policy.reading_done()  # the next reading follows a backward (or, with accumulation, a micro-batch's)
     assert policy.reserve_bytes(TOTAL) == 64 * MiB + int(STEP_RISE_MARGIN * 200 * MiB)  # the bucket is level now
+    assert policy.next_step_bytes == 200 * MiB
+    policy.observe_step_rise(5 * GiB)  # the first step ran (its rise, the optimizer's state created, is dropped)
+    assert policy.reserve_bytes(TOTAL) == 64 * MiB + int(STEP_RISE_MARGIN * 200 * MiB)
     policy.observe_step_rise(120 * MiB)  # measured: the prior is done with
     assert policy.reserve_bytes(TOTAL) == 64 * MiB + int(STEP_RISE_MARGIN * 120 * MiB)
     # growing past the start still waits for a measured rise
@@ -47,6 +51,9 @@ def test_before_a_step_is_measured_the_reserve_counts_the_prior_and_the_untouche
     assert unmeasured.decide(TOTAL, 2 * GiB, 0, given_back_bytes=0, growable_bytes=GiB).action is Action.HOLD
     # and nothing is exhausted on a prior
     assert unmeasured.exhausted(TOTAL, MiB, 0, GiB) is None
+    # without a prior a shrink before any measurement aims at the band's middle, as it always did
+    floor_only = MemoryPressurePolicy().decide(TOTAL, 10 * MiB, reducible_bytes=GiB, given_back_bytes=0)
+    assert floor_only.nbytes == int(1.25 * 64 * MiB) - 10 * MiB
 
 
 def test_the_prior_of_a_zero3_step_on_a_host_accelerator_is_its_bucket_reduced_and_on_a_gpu_the_update():

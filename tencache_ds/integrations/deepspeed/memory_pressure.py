@@ -103,13 +103,11 @@ class HostTierGovernor:
         return max(0, self._optimizer_footprint() - self._optimizer.least_host_footprint_bytes())
 
     def _optimizer_footprint(self) -> int:
-        """The optimizer's footprint as held now or as set to fill, the larger: at the first reading, before any
-        update, it holds little of its budget; giving back is first cutting that promise, not parameter cache
-        slots (on gpt2-1.3b beyond RAM the first reading took 2.1 GiB of the parameter cache, and the steps took
-        43 s instead of 31 s)."""
-        optimizer = self._optimizer
-        return max(optimizer.host_footprint_bytes(),
-                   min(self._optimizer_target, optimizer.footprint_keeping_everything_bytes()))
+        """The optimizer's footprint once what it is set to fill is filled (``_promised_bytes``): at the first
+        reading, before any update, it holds little of its budget, and giving back cuts that promise first, not
+        parameter cache slots (on gpt2-1.3b beyond RAM the first reading took 2.1 GiB of the parameter cache, and
+        the steps took 43 s instead of 31 s)."""
+        return self._optimizer.host_footprint_bytes() + self._promised_bytes()
 
     def growable_bytes(self) -> int:
         """What the optimizer store could still take beyond its start-up footprint: the state it does not hold
@@ -120,8 +118,10 @@ class HostTierGovernor:
                    - max(self._optimizer_target, self._optimizer_start))
 
     def _promised_bytes(self) -> int:
-        """Memory the optimizer tier's plan will still take that no reading shows yet ("auto"), counted as taken so
-        that the same free memory is not promised twice:
+        """Memory the optimizer tier's plan will still take that no reading shows yet, counted as taken (any
+        budget: an explicit one fills during the first updates too; until 2026-11-29 only "auto"'s counted, and a
+        give-back that cut an explicit budget's promise freed nothing the reading had seen), so that the same free
+        memory is not promised twice:
         - budget not filled yet: a growth promises it to the next update, and several forward passes can come
           first (gradient accumulation, eval passes, a checkpoint load that dropped what was held, another engine's
           forward pass: every governor's promises count before a growth, ``_decide``). Only what the
@@ -132,9 +132,9 @@ class HostTierGovernor:
           available memory fell by 4.6 GiB and the growth was given back at the next reading. Until a whole step
           at the present footprint brings none back: fewer tensors stream at once than planned, and the rest
           never come."""
-        if not self.fills_free_memory:
-            return 0
         optimizer = self._optimizer
+        if optimizer is None:
+            return 0
         budget = optimizer.budget
         unfilled = max(0, min(budget.total_bytes, optimizer.state_bytes()) - budget.used_bytes)
         if self._slots_settled:
@@ -198,6 +198,7 @@ class HostTierGovernor:
                                                    self.reducible_bytes(), self.start_budget_bytes)
             except Exception as err:  # noqa: BLE001  (re-raised after the agreement)
                 failure = err
+        self.policy.reading_done()
         if self._agree([0 if reason is None and failure is None else -1])[0] < 0:  # some rank cannot go on
             if failure is not None:
                 raise failure
@@ -324,7 +325,8 @@ class HostTierGovernor:
                 swapper = coordinator.swapper
                 cache = (cache_targets or {}).get(id(swapper))
                 capacity = swapper.host_param_capacity(cache) if coordinator.gathers_alias_partitions else None
-                proposal = coordinator.propose_device_budget(capacity, step_rise_bytes=self.policy.step_rise_bytes)
+                proposal = coordinator.propose_device_budget(capacity,
+                                                             step_rise_bytes=self.policy.next_step_bytes)
         except Exception as err:  # noqa: BLE001  (the caller re-raises it after the agreement)
             failure, proposal = err, -1
         agreed = self._agree([proposal if proposal >= 0 else _NO_PROPOSAL])[0]
@@ -346,18 +348,18 @@ def _where(memory: HostMemory) -> str:
 def stage3_prior(stage3, accelerator_is_host: bool) -> RisePrior:
     """The step rise ``stage3`` (a built DeepSpeedZeroOptimizer_Stage3) is expected to have before one is measured
     (plan/memory_pressure.py ``stage3_rise_prior``), from its parameters, its gradient bucket and its sub-groups."""
-    params = [param for group in getattr(stage3, "fp16_groups", None) or [] for param in group]
+    # DeepSpeed 0.19.8's names, read directly (contract.py pins the version): a renamed one fails here, loudly
+    params = [param for group in stage3.fp16_groups for param in group]
     if not params:
         return NO_PRIOR
     gathered = sum(param.ds_numel for param in params)
-    buffers = [bucket.buffer for bucket in getattr(stage3, "ipg_buckets", {}).values()
-               if getattr(bucket, "buffer", None) is not None]
-    element_bytes = max([buffer.element_size() for buffer in buffers] or [params[0].element_size()])
-    bucket = int(getattr(stage3, "reduce_bucket_size", gathered))
-    sub_groups = getattr(stage3, "fp16_partitioned_groups_flat_numel", None) or [0]
+    buffers = [bucket.buffer for bucket in stage3.ipg_buckets.values() if bucket.buffer is not None]
+    # one bucket per communication dtype: gradients fill them together at most the gathered model's elements
+    gradient_bytes = max([buffer.element_size() for buffer in buffers] or [params[0].element_size()])
     # a module around the bucket's reduce is taken as the largest parameter (the swapper sees no modules)
-    return stage3_rise_prior(accelerator_is_host, gathered * element_bytes, bucket * element_bytes, bool(buffers),
-                             max(param.ds_numel for param in params) * element_bytes, max(sub_groups) * 4)
+    largest_gathered = max(param.ds_numel * param.element_size() for param in params)
+    return stage3_rise_prior(accelerator_is_host, gathered * gradient_bytes, stage3.reduce_bucket_size * gradient_bytes,
+                             bool(buffers), largest_gathered, max(stage3.fp16_partitioned_groups_flat_numel) * 4)
 
 
 def governor_of(optimizer) -> Optional[HostTierGovernor]:

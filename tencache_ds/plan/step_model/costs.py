@@ -4,7 +4,7 @@ the CPU time of the optimizer step. Pure."""
 from typing import Dict
 
 from ..machine import Machine
-from ..memory_pressure import stage3_rise_prior
+from ..memory_pressure import RisePrior, stage3_rise_prior
 from ..workload import Workload, ZeroSettings
 from .timeline import Rates, channel_rates
 
@@ -156,14 +156,28 @@ def device_step_bytes(workload: Workload, host_accelerator: bool) -> int:
       the bucket fills before the backward ends, the two gathered modules around it.
     """
     zero, elem = workload.zero, workload.zero.element_bytes
-    largest_module = max((sum(gathered_bytes(workload, key) for key in fetch.keys) for fetch in workload.fetches),
-                         default=0)
+    largest_module = _largest_module_bytes(workload)
     bucket = reduce_bucket_bytes(workload, host_accelerator)
     working = 2 * largest_module + zero.prefetch_bucket_size * elem + bucket + _activation_bytes(workload)
-    reducing = stage3_rise_prior(True, gathered_elements(workload) * elem, zero.reduce_bucket_size * elem,
-                                 bucket_allocated=True, around_bytes=largest_module,
-                                 largest_sub_group_bytes=0).rise_bytes
+    fill = reduce_bucket_bytes(workload, host_accelerator=True)
+    # on a GPU the bucket is allocated whole, beyond its fill
+    reducing = run_time_prior(workload, host_accelerator=True, update=False).rise_bytes + bucket - fill
     return max(working, reducing)
+
+
+def run_time_prior(workload: Workload, host_accelerator: bool, update: bool = True) -> RisePrior:
+    """What the run-time governor takes as a step's rise before one is measured (plan/memory_pressure.py
+    ``stage3_rise_prior``; integrations/deepspeed/memory_pressure.py ``stage3_prior`` reads the same facts from
+    stage 3, with the largest parameter for the largest module, which it cannot see), from this workload; without
+    ``update``, the reduce moment alone. Activations are not in it: the run knows none before a step."""
+    zero, elem = workload.zero, workload.zero.element_bytes
+    return stage3_rise_prior(host_accelerator, gathered_elements(workload) * elem, zero.reduce_bucket_size * elem,
+                             bucket_allocated=True, around_bytes=_largest_module_bytes(workload),
+                             largest_sub_group_bytes=workload.largest_sub_group_elements * 4 if update else 0)
+
+
+def _largest_module_bytes(workload: Workload) -> int:
+    return max((sum(gathered_bytes(workload, key) for key in fetch.keys) for fetch in workload.fetches), default=0)
 
 
 def reduce_bucket_bytes(workload: Workload, host_accelerator: bool) -> int:

@@ -29,14 +29,14 @@ from ..host_residency import steady_state
 from ..host_tier import (OPTIMIZER_BYTES_PER_ELEMENT, OPTIMIZER_IO_BYTES_PER_HELD_BYTE, OPTIMIZER_STREAMING_SLOTS,
                          PARAM_IO_BYTES_PER_HELD_BYTE, TierDemand, split_host_budget, streaming_tensors_at_once)
 from ..machine import Machine
-from ..memory_pressure import Action, MemoryPressurePolicy, RisePrior, give_back_split
+from ..memory_pressure import Action, MemoryPressurePolicy, give_back_split
 from ..prefetch import PrefetchSchedule
 from ..size_classes import cache_slot_counts, class_bytes, merge_close_classes, size_histogram, streaming_slot_counts
 from ..workload import Workload, ZeroSettings
 from .costs import (backward_host_memory_s, device_step_bytes, device_working_bytes, gathered_bytes,
                     host_resident_bytes, host_step_rise_bytes, init_bytes_per_element_outside_pool,
                     init_bytes_per_element_pooled, module_compute_s, nvme_space, optimizer_cpu_s,
-                    optimizer_state_bytes_per_element, param_bytes, reduce_bucket_bytes, sub_group_file_bytes)
+                    optimizer_state_bytes_per_element, param_bytes, run_time_prior, sub_group_file_bytes)
 from .results import TENCACHE, Prediction, finish
 from .timeline import STEPS_REPLAYED, Rates, Timeline, channel_rates
 
@@ -144,11 +144,11 @@ def _governed_tier(workload: Workload, machine: Machine, grows: bool, start_shar
 
     At run time the governor (integrations/deepspeed/memory_pressure.py) reads the node's available memory before
     each forward pass and lets plan/memory_pressure.MemoryPressurePolicy decide: at the first reading, before any
-    step, on a prior for the rise (this model's, and the gradient bucket the first backward fills), a give-back up
-    to the reserve; once a step's rise is measured, growth too. The same policy decides here, on the available
-    memory this model predicts between steps: the machine's, less each rank's ``_held_between_steps`` and
-    start-up optimizer footprint. A shrink lands at the reserve, where the measured rise's band holds; a growth
-    in its band's middle: one decision is the steady state.
+    step, on the run's prior (``costs.run_time_prior``: a reduce of the gradient bucket, no activations, and the
+    bucket the first backward fills), a give-back up to the reserve; then on the measured rise (this model's),
+    growth too. The same policy decides here, twice in that order, on the available memory this model predicts
+    between steps: the machine's, less each rank's ``_held_between_steps`` and start-up optimizer footprint. Each
+    lands in its band, so later readings hold.
 
     - Below the reserve, any budget gives back: optimizer state first (down to its streaming slots), then
       parameter cache slots where they can be retired (``cache_reducible``: not CUDA-registered ones), as
@@ -163,7 +163,7 @@ def _governed_tier(workload: Workload, machine: Machine, grows: bool, start_shar
       grow (the governor takes back only what it gave)."""
     ranks = max(1, machine.ranks_per_node)
     rise = host_step_rise_bytes(workload, machine)
-    footprint = least = growable = state = update_slot = 0
+    footprint = least = state = update_slot = 0
     if workload.zero.offload_optimizer == "nvme":
         sizes = _optimizer_sequence(workload)[1]
         state = sum(round_up(size, PAGE_BYTES) for size in sizes.values())
@@ -173,32 +173,37 @@ def _governed_tier(workload: Workload, machine: Machine, grows: bool, start_shar
             start_share, footprint = max(start_share, state), state + update_slot
         else:
             footprint = start_share + least
-            growable = max(0, state + update_slot - footprint) if grows else 0
     available = machine.available_host_bytes - ranks * (
         _held_between_steps(workload, machine, param_streaming + param_cache) + footprint)
-    cache_given = param_cache if cache_reducible else 0
-    reducible = max(0, footprint - least) + cache_given
-    # the first reading, before any step, on the prior: the rise and the gradient bucket no backward has filled yet
-    untouched = reduce_bucket_bytes(workload, host_accelerator=True) if machine.accelerator_is_host else 0
-    decision = MemoryPressurePolicy(ranks, RisePrior(rise, untouched)).decide(
-        machine.host_memory_bytes, available, reducible_bytes=reducible, given_back_bytes=0)
-    if decision.action is not Action.SHRINK:  # it held: later readings decide on the measured rise
-        policy = MemoryPressurePolicy(ranks)
-        policy.observe_step_rise(rise)  # the first measured step creates the optimizer's state: the policy drops it
-        policy.observe_step_rise(rise)
-        decision = policy.decide(machine.host_memory_bytes, available, reducible_bytes=reducible,
-                                 given_back_bytes=0, growable_bytes=growable)
-    if decision.action is Action.GROW:
-        grown = footprint + decision.nbytes
-        # as OptimizerStore.resize_host_footprint: all of it kept once it holds the state (and the update's
-        # slot), else less the slots
-        return _GovernedTier(state if grown >= state + update_slot else max(start_share, grown - least),
-                             param_cache, rise, footprint)
-    if decision.action is Action.SHRINK:
-        cut, (cache_cut,) = give_back_split(decision.nbytes, max(0, footprint - least), [cache_given])
-        return _GovernedTier(max(0, footprint - cut - least) if footprint else 0, param_cache - cache_cut, rise,
-                             footprint)
-    return _GovernedTier(start_share, param_cache, rise, footprint)
+    start_footprint, planned_cache = footprint, param_cache
+    given = 0
+    # the first reading, before any step, on the run's prior (the gradient bucket no backward has filled yet
+    # counted once); then the readings on the measured rise, from where that left the tier
+    first = MemoryPressurePolicy(ranks, run_time_prior(workload, machine.accelerator_is_host))
+    measured = MemoryPressurePolicy(ranks)
+    measured.observe_step_rise(rise)  # the first measured step creates the optimizer's state: the policy drops it
+    measured.observe_step_rise(rise)
+    for policy in (first, measured):
+        cache_given = param_cache if cache_reducible else 0
+        decision = policy.decide(machine.host_memory_bytes, available,
+                                 reducible_bytes=max(0, footprint - least) + cache_given, given_back_bytes=given,
+                                 growable_bytes=max(0, state + update_slot - footprint) if grows and state else 0)
+        if decision.action is Action.SHRINK:
+            cut, (cache_cut,) = give_back_split(decision.nbytes, max(0, footprint - least), [cache_given])
+            footprint, param_cache = footprint - cut, param_cache - cache_cut
+            start_share = max(0, footprint - least) if footprint else 0
+        elif decision.action is Action.GROW:  # as HostTierGovernor._take: cache slots it gave first
+            cache_back = min(decision.nbytes, planned_cache - param_cache)
+            param_cache += cache_back
+            ceiling = max(start_footprint, state + update_slot) if grows else start_footprint
+            footprint = min(ceiling, footprint + decision.nbytes - cache_back)
+            # as OptimizerStore.resize_host_footprint: all of it kept once it holds the state and the update's
+            # slot, else less the slots
+            start_share = state if footprint >= state + update_slot else max(start_share, footprint - least)
+        nbytes = decision.nbytes if decision.action is not Action.HOLD else 0
+        given += -nbytes if decision.action is Action.GROW else nbytes
+        available += ranks * (nbytes if decision.action is Action.SHRINK else -nbytes)
+    return _GovernedTier(start_share, param_cache, rise, start_footprint)
 
 
 def _optimizer_streaming_bytes(workload: Workload) -> int:
