@@ -337,7 +337,7 @@ def test_auto_grows_as_far_as_the_policy_band_allows():
     """Available memory between steps, less the middle of the policy's band, is what the tier takes (one rank)."""
     from tencache_ds.plan.memory_pressure import BAND_MIDDLE, BAND_TOP, MemoryPressurePolicy
     from tencache_ds.plan.step_model.tencache import _held_between_steps
-    machine = this_vm(host_available_bytes=int(8.5 * GIB))
+    machine = this_vm(host_available_bytes=int(9.2 * GIB))  # 8.5 before stage 3's bucket was counted between steps
     work = growing_workload(host_cache_bytes="auto")
     plan = tencache_plan(work, machine)
     slots = _optimizer_streaming_bytes(work)
@@ -850,7 +850,7 @@ def test_auto_grows_to_the_state_and_the_update_slot_where_gradients_stay_in_sta
     config = ds_config("stock-nvme-many-sub-groups.json", host_cache_bytes="auto")
     config["bf16"] = {"enabled": False}
     work = workload("gpt2-medium", config=config)
-    machine = this_vm(host_available_bytes=13 * GIB)  # "auto" starts at 2.3 GiB of its 3.97 GiB of state
+    machine = this_vm(host_available_bytes=int(14.5 * GIB))  # "auto" starts at 2.65 GiB of its 3.97 GiB of state
     keys = _optimizer_sequence(work)[0]
     assert not any(key.startswith("g") for key in keys)
     plan = tencache_plan(work, machine)
@@ -880,3 +880,17 @@ def test_parameter_slots_are_pinned_where_the_run_locks_them(machine_changes, be
     assert extra_pinned == (0 if best_effort_locks else slots)
     assert sum(memory["required"][k] for k in ("pinned", "pageable")) == \
         sum(memory["best_effort"][k] for k in ("pinned", "pageable"))
+
+
+def test_the_gradient_bucket_is_host_memory_between_steps_on_a_host_accelerator():
+    """Stage 3 allocates its gradient bucket at initialisation; the first backward fills it and it stays resident
+    (gpt2-1.3b fp32: the first backward rose 5.9 GiB above the memory before it, each later one 4.0). Counted in
+    the step's rise instead, it was missing from the peak: stock's rows of gpt2-1.3b were 10% under the measured
+    peak RSS, and 51 of 99 rows of the retrospective table were within 15% (64 of 111 since). Measured
+    (docs/bench/gpt2-1.3b-auto-2026-11-29-session24, 23 GiB available): 14.87 GiB stock, 20.21 GiB tencache."""
+    config = ds_config("stock-nvme-beyond-ram.json")
+    work = workload("gpt2-1.3b", config=config, micro_batch=1, seq=32)
+    predictions = predict(work, this_vm(host_available_bytes=23 * GIB))
+    for policy, measured in ((STOCK, 14.87 * GIB), (TENCACHE, 20.21 * GIB)):
+        memory = predictions[policy].memory
+        assert memory["pinned"] + memory["pageable"] == pytest.approx(measured, rel=0.06), policy

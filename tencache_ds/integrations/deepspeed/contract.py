@@ -186,8 +186,14 @@ PRIVATE_MEMBERS = (
                   "swaps a sub-group's master and optimizer state in (as step() does), so that a load can set them"),
     PrivateMember(STAGE3, "_release_sub_group", "method", "checkpoint.py, zero_file.py",
                   "swaps the sub-group's master and optimizer state out again after a load has set them"),
-    PrivateMember(STAGE3, "fp16_partitioned_groups_flat_numel", "attribute", "zero_file.py, universal.py",
+    PrivateMember(STAGE3, "fp16_partitioned_groups_flat_numel", "attribute",
+                  "zero_file.py, universal.py, memory_pressure.py",
                   "each sub-group's size, which its master (an empty placeholder while swapped out) does not show"),
+    PrivateMember(STAGE3, "ipg_buckets", "attribute", "memory_pressure.py",
+                  "the gradient buckets by communication dtype, their buffers allocated at initialisation (with "
+                  "contiguous_gradients) and untouched until the first backward: the host governor's prior"),
+    PrivateMember(STAGE3, "reduce_bucket_size", "attribute", "memory_pressure.py",
+                  "the gradient bucket's elements, which a reduce copies twice: the host governor's prior"),
     PrivateMember(STAGE3, "master_weights_and_grads_dtype", "attribute", "universal.py",
                   "the masters' dtype (bf16 with bf16_master_weights_and_grads), which a swapped-out master's "
                   "placeholder, an empty fp32 tensor, does not show"),
@@ -214,7 +220,7 @@ PRIVATE_MEMBERS = (
                   "the optimizer swapper the ZeRO-3 optimizer built: closed, reported and checkpointed through it"),
     PrivateMember(STAGE3, "parameter_offload", "attribute", "install.py, coordinator.py",
                   "holds the module and its parameter coordinator (get_param_coordinator)"),
-    PrivateMember(STAGE3, "fp16_groups", "attribute", "reporting.py, stage3_gradients.py",
+    PrivateMember(STAGE3, "fp16_groups", "attribute", "reporting.py, stage3_gradients.py, memory_pressure.py",
                   "the partitioned parameters, through which their swappers are found, by sub-group"),
     PrivateMember(STAGE3, "__param_id_to_grad_partition", "attribute", "stage3_gradients.py",
                   "each parameter's view of the host gradient buffer: the copy of a gradient fragment the update "

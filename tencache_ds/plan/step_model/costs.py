@@ -133,7 +133,9 @@ def _activation_bytes(workload: Workload) -> int:
 
 def device_working_bytes(workload: Workload, host_accelerator: bool) -> int:
     """Accelerator memory ZeRO-3 needs besides a device tier: what a step allocates and frees
-    (``device_step_bytes``), persistent parameters, and model states not offloaded."""
+    (``device_step_bytes``), the gradient reduce bucket (``reduce_bucket_bytes``: allocated at initialisation and
+    resident between steps once a backward has filled it), persistent parameters, and model states not
+    offloaded."""
     zero, elem = workload.zero, workload.zero.element_bytes
     persistent = sum(p.numel for p in workload.partitions.values() if p.persistent) * elem
     not_offloaded = 0
@@ -142,26 +144,31 @@ def device_working_bytes(workload: Workload, host_accelerator: bool) -> int:
     if zero.offload_optimizer == "none":
         not_offloaded += workload.rank_elements * (optimizer_state_bytes_per_element(zero)
                                                    + zero.precision.master_bytes)  # and the gradient
-    return device_step_bytes(workload, host_accelerator) + persistent + not_offloaded
+    return (device_step_bytes(workload, host_accelerator) + reduce_bucket_bytes(workload, host_accelerator)
+            + persistent + not_offloaded)
 
 
 def device_step_bytes(workload: Workload, host_accelerator: bool) -> int:
-    """The part of ``device_working_bytes`` that a step needs beyond what lies between steps, the larger of two
-    moments:
+    """The part of ``device_working_bytes`` that a step needs beyond what lies between steps (the gradient bucket
+    among it), the larger of two moments:
 
-    - forward and backward: the gathered module and the one prefetched after it, the prefetch bucket, the gradient
-      reduce bucket, and activations;
+    - forward and backward: the gathered module and the one prefetched after it, the prefetch bucket, and
+      activations;
     - a reduce of the gradient bucket (plan/memory_pressure.py ``stage3_rise_prior``, the run-time governor's
-      prior): the bucket's fill twice (stage 3 concatenates it and reduces it into another buffer), and, where
-      the bucket fills before the backward ends, the two gathered modules around it.
+      prior): on a host accelerator the bucket's fill twice (stage 3 concatenates it and reduces it into another
+      buffer; on a GPU once, the model's figure before 2026-11-29, which no GPU run has checked), and, where the
+      bucket fills before the backward ends, the two gathered modules around it.
+
+    Until 2026-11-29 (twenty-fourth session) the bucket was counted here, in the step, and not between steps: on
+    a host accelerator, where the first backward makes it resident and it stays (gpt2-1.3b's first backward rose
+    5.9 GiB, each later one 4.0), the model's peak was short of it.
     """
     zero, elem = workload.zero, workload.zero.element_bytes
     largest_module = _largest_module_bytes(workload)
-    bucket = reduce_bucket_bytes(workload, host_accelerator)
-    working = 2 * largest_module + zero.prefetch_bucket_size * elem + bucket + _activation_bytes(workload)
+    working = 2 * largest_module + zero.prefetch_bucket_size * elem + _activation_bytes(workload)
     fill = reduce_bucket_bytes(workload, host_accelerator=True)
-    # on a GPU the bucket is allocated whole, beyond its fill
-    reducing = run_time_prior(workload, host_accelerator=True, update=False).rise_bytes + bucket - fill
+    reducing = run_time_prior(workload, host_accelerator=True, update=False).rise_bytes - \
+        (0 if host_accelerator else fill)
     return max(working, reducing)
 
 

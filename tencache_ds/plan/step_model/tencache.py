@@ -36,7 +36,8 @@ from ..workload import Workload, ZeroSettings
 from .costs import (backward_host_memory_s, device_step_bytes, device_working_bytes, gathered_bytes,
                     host_resident_bytes, host_step_rise_bytes, init_bytes_per_element_outside_pool,
                     init_bytes_per_element_pooled, module_compute_s, nvme_space, optimizer_cpu_s,
-                    optimizer_state_bytes_per_element, param_bytes, run_time_prior, sub_group_file_bytes)
+                    optimizer_state_bytes_per_element, param_bytes, reduce_bucket_bytes, run_time_prior,
+                    sub_group_file_bytes)
 from .results import TENCACHE, Prediction, finish
 from .timeline import STEPS_REPLAYED, Rates, Timeline, channel_rates
 
@@ -177,9 +178,11 @@ def _governed_tier(workload: Workload, machine: Machine, grows: bool, start_shar
         _held_between_steps(workload, machine, param_streaming + param_cache) + footprint)
     start_footprint, planned_cache = footprint, param_cache
     given = 0
-    # the first reading, before any step, on the run's prior (the gradient bucket no backward has filled yet
-    # counted once); then the readings on the measured rise, from where that left the tier
-    first = MemoryPressurePolicy(ranks, run_time_prior(workload, machine.accelerator_is_host))
+    # the first reading, before any step, on the run's prior; then the readings on the measured rise, from where
+    # that left the tier. The run's first reading sees the gradient bucket untouched and its prior counts it: the
+    # same as this available memory, which has it resident, against a prior without it
+    prior = run_time_prior(workload, machine.accelerator_is_host)
+    first = MemoryPressurePolicy(ranks, dataclasses.replace(prior, untouched_bytes=0))
     measured = MemoryPressurePolicy(ranks)
     measured.observe_step_rise(rise)  # the first measured step creates the optimizer's state: the policy drops it
     measured.observe_step_rise(rise)
@@ -438,8 +441,8 @@ def _memory_with(workload: Workload, machine: Machine, plan: TencachePlan, param
     slots = plan.param_streaming_bytes + param_cache
     pinned = (slots if plan.param_slots_locked else 0) + _params_off_nvme_bytes(workload)
     on_host = common["device_on_host"]
-    if not stepping and machine.accelerator_is_host:
-        on_host -= device_step_bytes(workload, host_accelerator=True)
+    if not stepping and machine.accelerator_is_host:  # nor the gradient bucket, untouched until a backward
+        on_host -= device_step_bytes(workload, host_accelerator=True) + reduce_bucket_bytes(workload, True)
     pageable = common["baseline"] + on_host + (0 if plan.param_slots_locked else slots)
     if zero.offload_optimizer != "none" and zero.optimizer_pin_memory:
         pinned += common["gradients"]
