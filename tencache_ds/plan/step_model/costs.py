@@ -208,7 +208,8 @@ def host_step_rise_bytes(workload: Workload, machine: Machine) -> int:
       gradient bucket (``device_step_bytes``); the larger of the two counts, since the update starts after
       backward has freed its working set. Measured (docs/bench, fp32, micro-batch 1 x 32, the
       host_step_rise_bytes of the metrics): gpt2-small with stage 3's defaults rose 995.5 MB a step at 1 rank and
-      996-1001 MB at 2 (GAS 4), this gives 1041 MB; gpt2-1.3b 3.97 GiB, this gives 4.21 GiB.
+      996-1001 MB at 2 (GAS 4), this gives 995.5 MB (1041 MB before the bucket was counted between steps);
+      gpt2-1.3b 3.97 GiB, this gives 4.21 GiB.
     """
     update = workload.largest_sub_group_elements * 4
     if not machine.accelerator_is_host:
