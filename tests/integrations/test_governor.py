@@ -480,3 +480,33 @@ def test_the_first_reading_cuts_the_optimizer_budget_not_filled_yet_before_param
     first_reading([swapper], optimizer, RisePrior(2 * GiB, 1 * GiB), reserve + GiB)
     assert optimizer.resized_to == GiB  # 1 GiB of its planned 2 GiB
     assert swapper.store.cache_bytes_reserved == 3 * GiB  # untouched
+
+
+def test_the_device_tiers_budget_counts_the_prior_before_a_rise_is_measured():
+    """On the CPU accelerator at several ranks the device tier is host memory of its own, sized by the node's
+    available memory less a step's rise: before one is measured that is the prior (and the bucket the first
+    backward fills), not 0, which let the tier take the memory the reserve kept for the first backward."""
+    from tencache_ds.plan.memory_pressure import RisePrior
+
+    class Coordinator:
+        tier, swapper, gathers_alias_partitions = object(), object(), False
+
+        def __init__(self):
+            self.rises = []
+
+        def propose_device_budget(self, capacity, step_rise_bytes=0):
+            self.rises.append(step_rise_bytes)
+            return GiB
+
+        def apply_device_budget(self, budget):
+            pass
+
+    for prior, rise in ((RisePrior(), 0), (RisePrior(2 * GiB, GiB), 3 * GiB)):
+        coordinator = Coordinator()
+        governor = HostTierGovernor([], None, coordinator, read_memory=lambda: HostMemory(64 * GiB, 48 * GiB),
+                                    agree=lambda values: values, prior=prior)
+        governor.meter.close()
+        governor.meter = ScriptedMeter([None, None])
+        governor.before_forward()
+        governor.before_forward()  # the bucket is resident by the next reading
+        assert coordinator.rises == [rise, rise - prior.untouched_bytes]
