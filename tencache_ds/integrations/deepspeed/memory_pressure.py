@@ -358,8 +358,9 @@ def stage3_prior(stage3, accelerator_is_host: bool) -> RisePrior:
     gradient_bytes = max([buffer.element_size() for buffer in buffers] or [params[0].element_size()])
     # a module around the bucket's reduce is taken as the largest parameter (the swapper sees no modules)
     largest_gathered = max(param.ds_numel * param.element_size() for param in params)
+    largest_sub_group = max(stage3.fp16_partitioned_groups_flat_numel, default=0)
     return stage3_rise_prior(accelerator_is_host, gathered * gradient_bytes, stage3.reduce_bucket_size * gradient_bytes,
-                             bool(buffers), largest_gathered, max(stage3.fp16_partitioned_groups_flat_numel, default=0) * 4)
+                             bool(buffers), largest_gathered, largest_sub_group * 4)
 
 
 def governor_of(optimizer) -> Optional[HostTierGovernor]:
