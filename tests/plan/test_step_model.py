@@ -16,7 +16,8 @@ from tencache_ds.plan.machine import Machine, MachineFileError, load_machine, ma
 from tencache_ds.plan.model_shapes import ModelConfigError, model_shape
 from tencache_ds.plan.step_model import (STOCK, TENCACHE, Prediction, drive_days_to_tbw, fits, predict,
                                          predict_stock, tencache_plan)
-from tencache_ds.plan.step_model.costs import backward_host_memory_s, host_step_rise_bytes, reduce_bucket_bytes
+from tencache_ds.plan.step_model.costs import (backward_host_memory_s, host_step_rise_bytes, norm_fresh_elements,
+                                              reduce_bucket_bytes)
 from tencache_ds.plan.step_model.timeline import Timeline, shared_drive_scale
 from tencache_ds.plan.step_model.tencache import _optimizer_sequence, _optimizer_streaming_bytes
 from tencache_ds.plan.profile_timings import machine_from_profile
@@ -515,17 +516,43 @@ def test_more_drives_shorten_an_io_bound_step():
 
 @pytest.mark.parametrize("gas", [1, 3])
 def test_a_host_accelerator_pays_for_the_backwards_fresh_memory_every_micro_batch(gas):
-    """Stage 3's backward on a host accelerator writes about 3.5x the gathered model's bytes into fresh memory
-    (costs.py): at 1 GB/s, gpt2-tiny's 60.6 MB of fp32 parameters add 0.212 s per micro-batch to both policies."""
+    """Stage 3's backward on a host accelerator writes about 2.5x the gathered model's bytes into fresh memory
+    (costs.py): at 1 GB/s, gpt2-tiny's 60.6 MB of fp32 parameters add 0.152 s per micro-batch to both policies (its
+    clipping norm's float64 copies are all under glibc's mmap threshold: no fresh memory)."""
     work = build_workload(model_shape(model_config("gpt2-tiny")), ZeroSettings.from_ds_config(
         dict(ds_config("stock-nvme.json", host_cache_bytes="auto"), bf16={"enabled": False})), 1, 2, 64, gas, False)
     without, fresh = predict(work, this_vm()), predict(work, this_vm(host_fresh_write_bytes_per_s=1e9))
-    added = gas * 15160320 * 4 * 3.5 / 1e9
+    added = gas * 15160320 * 4 * 2.5 / 1e9
     for arm in (STOCK, TENCACHE):
         assert fresh[arm].step_time_s == pytest.approx(without[arm].step_time_s + added, rel=1e-6)
     on_a_gpu = this_vm(accelerator_is_host=False, accelerator_memory_bytes=80 << 30)
     assert predict(work, on_a_gpu)[TENCACHE].step_time_s == pytest.approx(
         predict(work, dataclasses.replace(on_a_gpu, host_fresh_write_bytes_per_s=1e9))[TENCACHE].step_time_s)
+
+
+@pytest.mark.parametrize("model, world, fresh_elements", [
+    ("gpt2-tiny", 1, 0),
+    ("gpt2-small", 1, 38597376),     # the embedding alone (294.5 MiB of float64; 294-312 MiB of faults measured)
+    ("gpt2-medium", 1, 51463168),    # the embedding; the 4 Mi-element matrices' copies are 32 MiB exactly: mapped
+    ("gpt2-1.3b", 1, 1172832256),    # all but the 4 Mi-element attention projections and the vectors
+    ("gpt2-1.3b", 2, 586416128),     # each rank's half of the same
+])
+def test_the_clipping_norms_float64_copies_above_glibcs_mmap_threshold_are_priced_as_fresh_memory(
+        model, world, fresh_elements):
+    """Stage 3 takes each gradient's norm for clipping over a float64 copy of it (``_constant_buffered_norm2``). A
+    copy larger than 32 MiB is a new mapping whose pages fault in each time, priced at the first-touch rate; the
+    rest at the copy rate. At 1 GB/s fresh and 1e10 B/s copy, the norm costs each fresh element 8 / 1e9 + 12 / 1e10
+    seconds and each other one 20 / 1e10, beside the rest of the backward's host work (2.5 fresh bytes per gathered
+    byte, 5 passes over the gathered gradient and 4 over the partition). Fails with every copy priced as mapped
+    memory (before 2026-11-29)."""
+    fp32 = dict(ds_config("stock-nvme-beyond-ram.json"), bf16={"enabled": False})
+    work = workload(model, config=fp32, world=world, micro_batch=1, seq=32)
+    assert norm_fresh_elements(work) == fresh_elements
+    gathered, partition = sum(p.numel for p in work.partitions.values()), work.rank_elements
+    rest = gathered * 4 * 2.5 / 1e9 + (gathered * 5 + partition * 4) * 4 / 1e10
+    norm = fresh_elements * (8 / 1e9 + 12 / 1e10) + (partition - fresh_elements) * 20 / 1e10
+    fresh_vm = this_vm(host_fresh_write_bytes_per_s=1e9, ranks_per_node=world)
+    assert backward_host_memory_s(work, fresh_vm, 0) == pytest.approx((rest + norm) * world, rel=1e-9)
 
 
 def test_stage3s_gradient_epilogue_is_priced_in_passes_over_mapped_memory_on_a_host_accelerator():

@@ -29,14 +29,18 @@ def init_bytes_per_element_outside_pool(zero: ZeroSettings) -> int:
 def init_bytes_per_element_pooled(zero: ZeroSettings) -> int:
     """The master's and gradient's buffers and the state tensors, per element (fp32 Adam: 16)."""
     return 2 * zero.precision.master_bytes + len(zero.precision.state_names) * zero.precision.state_bytes
-# On a host accelerator each micro-batch's backward writes fresh host memory, about 3.5 times the model's gathered
+# On a host accelerator each micro-batch's backward writes fresh host memory, 2 to 3 times the model's gathered
 # bytes: the gradients autograd allocates, the reduce bucket stage 3 concatenates, the reduced copies; freed again
 # at the step (large blocks go back to the kernel), so the next backward faults its pages in once more. Measured
-# as minor page faults during engine.backward (a step's faults x 4 KiB, after the first step): gpt2-tiny fp32
-# 201 MiB for 15.2 M parameters (3.45 x 4 B), bf16 110 MiB (3.8 x 2 B), GAS 2 125-197 MiB per micro-batch;
-# gpt2-small fp32 1538-1863 MiB for 124 M (3.2-3.9 x 4 B); stock CPU offload and tencache alike
-# (scripts/count_fresh_memory.py). At GAS 2 a micro-batch faulted 2.1-3.2 x: beyond GAS 1 this may overstate.
-BACKWARD_FRESH_BYTES_PER_GATHERED_BYTE = 3.5
+# as minor page faults during engine.backward (a step's faults x 4 KiB, after the first step), less those of the
+# clipping norm's float64 copies, which are priced apart (``norm_fresh_elements``), fp32, one rank
+# (scripts/count_fresh_memory.py, 2026-11-29): gpt2-tiny 116-188 MiB for 15.2 M parameters, of which the norm 0-72
+# (2.0 x 4 B without it); gpt2-small 1658-1694 MiB for 124 M, norm 294-312 (2.9 x); gpt2-medium 3354-4398 MiB for
+# 355 M, norm 420-1491 (2.2-2.3 x); gpt2-1.3b ("auto", micro-batch 1 x 32) 18748-19943 MiB for 1276 M, norm
+# 8500-8516 (2.1-2.4 x). Until 2026-11-29 3.5, measured on gpt2-tiny and gpt2-small with the norm's copies
+# included; bf16 gpt2-tiny 3.8 x 2 B then. Stock NVMe and tencache alike. At GAS 2 a micro-batch faulted less:
+# beyond GAS 1 this may overstate.
+BACKWARD_FRESH_BYTES_PER_GATHERED_BYTE = 2.5
 # Beside those fresh writes, stage 3's gradient epilogue on a host accelerator passes over every gradient element in
 # memory already mapped (DeepSpeed 0.19.8 with its defaults, contiguous_gradients and reduce_scatter on), counted in
 # passes of the gradient's element bytes, each a read or a write:
@@ -48,14 +52,25 @@ BACKWARD_FRESH_BYTES_PER_GATHERED_BYTE = 3.5
 #   collective's own traffic is communication, which the model leaves out), and the partition into its gradient
 #   buffer (partition_grads: copy_ 2 on the first micro-batch; add_ 3 after it, on a host accelerator in place);
 # - at the boundary, over the rank's partition: the float64 norm of each gradient for clipping
-#   (_constant_buffered_norm2: read the gradient, write 8 bytes, read them back). The float64 copy is fresh memory
-#   only above glibc's mmap threshold (32 MiB: 4 M elements, e.g. gpt2-small's embedding but not its layers'
-#   matrices, which reuse the heap), so its write is counted here for every gradient.
+#   (_constant_buffered_norm2: read the gradient, write 8 bytes, read them back, in chunks of at most
+#   NORM_CHUNK_ELEMENTS). A chunk's float64 copy larger than FRESH_ALLOCATION_BYTES is fresh memory (glibc maps it
+#   and unmaps it when freed): its write is priced at the first-touch rate, the rest at the copy rate. Until
+#   2026-11-29 every copy was priced as mapped memory: gpt2-1.3b's norms (each of its matrices above 4 Mi elements)
+#   took 4.66 s of a 29 s step (scripts/step_phases.py) where the model had 0.83 s. On this machine a norm takes
+#   3.3-4.0 ns an element above the threshold and 0.9 below it (2.4 M elements, as gpt2-small's layers); the machine
+#   file's rates price the first at 2.4 ns, the second at 0.65.
 # Priced at the host-copy rate, not fitted. On a GPU these passes run in device memory and are left out.
 EPILOGUE_GATHERED_PASSES = 5
 EPILOGUE_PARTITION_PASSES = 4
 EPILOGUE_ACCUMULATE_EXTRA_PASSES = 1
 NORM_FLOAT64_BYTES = 16
+NORM_COPY_ELEMENT_BYTES = 8  # the float64 copy's element
+NORM_CHUNK_ELEMENTS = 250_000_000  # _constant_buffered_norm2's buffer_size (DeepSpeed 0.19.8)
+# glibc serves an allocation larger than this from a new mapping (the ceiling of its dynamic mmap threshold on
+# 64-bit, DEFAULT_MMAP_THRESHOLD_MAX) and unmaps it when freed, so its pages fault in at every use; smaller ones reuse
+# the heap. One of exactly this size takes free heap first when there is any: gpt2-medium's 4 Mi-element matrices
+# (float64 copies of 32 MiB, 1517 MiB in all) faulted 8 to 1079 MiB a step, so they count as mapped.
+FRESH_ALLOCATION_BYTES = 32 * 1024**2
 
 
 def optimizer_state_bytes_per_element(zero: ZeroSettings) -> int:
@@ -99,12 +114,29 @@ def backward_host_memory_s(workload: Workload, machine: Machine, micro: int) -> 
     elem = workload.zero.element_bytes
     gathered = gathered_elements(workload)
     fresh_rate = machine.host_fresh_write_bytes_per_s_per_rank
-    fresh_s = gathered * elem * BACKWARD_FRESH_BYTES_PER_GATHERED_BYTE / fresh_rate if fresh_rate else 0.0
+    fresh_bytes = gathered * elem * BACKWARD_FRESH_BYTES_PER_GATHERED_BYTE
     partition_passes = EPILOGUE_PARTITION_PASSES + (EPILOGUE_ACCUMULATE_EXTRA_PASSES if micro > 0 else 0)
     passes_bytes = (gathered * EPILOGUE_GATHERED_PASSES + workload.rank_elements * partition_passes) * elem
     if micro == workload.gas - 1:
-        passes_bytes += workload.rank_elements * (elem + NORM_FLOAT64_BYTES)
+        norm_fresh = norm_fresh_elements(workload) * NORM_COPY_ELEMENT_BYTES if fresh_rate else 0
+        fresh_bytes += norm_fresh
+        passes_bytes += workload.rank_elements * (elem + NORM_FLOAT64_BYTES) - norm_fresh
+    fresh_s = fresh_bytes / fresh_rate if fresh_rate else 0.0
     return fresh_s + passes_bytes / machine.host_copy_bytes_per_s_per_rank
+
+
+def norm_fresh_elements(workload: Workload) -> int:
+    """The rank's gradient elements whose float64 copy for the clipping norm is fresh memory: the chunks
+    (``NORM_CHUNK_ELEMENTS``) of each gradient partition whose copy is larger than ``FRESH_ALLOCATION_BYTES``. E.g.
+    gpt2-small at one rank: its 38.6 M-element embedding (294.5 MiB of float64, 294-312 MiB of faults measured), not
+    its layers' 2.4 M-element matrices."""
+    fresh = 0
+    for partition in workload.partitions.values():
+        whole, rest = divmod(partition.part_numel, NORM_CHUNK_ELEMENTS)
+        for chunk in [NORM_CHUNK_ELEMENTS] * whole + [rest]:
+            if chunk * NORM_COPY_ELEMENT_BYTES > FRESH_ALLOCATION_BYTES:
+                fresh += chunk
+    return fresh
 
 
 def param_bytes(workload: Workload, key: str) -> int:
