@@ -7,7 +7,7 @@ import pytest
 
 from tencache_ds.plan.budget import MachineResources
 from tencache_ds.probes.host_memory import (anonymous_resident_bytes, cgroup_levels, memory_cgroup_folder,
-                                          read_host_memory)
+                                          per_cpu_free_bytes, read_host_memory)
 
 GiB, MiB = 1 << 30, 1 << 20
 V1_NO_LIMIT = 9223372036854771712
@@ -53,6 +53,53 @@ def test_no_cgroup_limit_is_the_node(tmp_path):
     assert cgroup_levels(proc) == []
     memory = read_host_memory(proc)
     assert (memory.total_bytes, memory.available_bytes, memory.bound_by) == (64 * GiB, 48 * GiB, "node")
+
+
+ZONEINFO = """Node 0, zone      DMA
+  pages free     3840
+        min      8
+  pagesets
+    cpu: 0
+              count: 0
+              high:  0
+              batch: 1
+  vm stats threshold: 6
+Node 0, zone   Normal
+  pages free     1462845
+        nr_free_pages 1462845
+  pagesets
+    cpu: 0
+              count: 40648
+              high:  336896
+              batch: 63
+  vm stats threshold: 48
+    cpu: 1
+              count: 316869
+              high:  336896
+              batch: 63
+  vm stats threshold: 48
+  node_unreclaimable:  0
+"""
+
+
+def test_free_pages_in_the_kernels_per_cpu_lists_count_as_available_on_the_node(tmp_path):
+    """MemAvailable leaves out the free pages the kernel keeps per CPU: this VM held 1.3 GiB there after a step had
+    freed its gradients, and the governor gave back host cache for it (probes/host_memory.py,
+    ``per_cpu_free_bytes``). A cgroup's headroom is its own accounting: unchanged."""
+    proc = fake_proc(tmp_path, ["0::/"], [])
+    write(os.path.join(proc, "zoneinfo"), ZONEINFO)
+    per_cpu = (40648 + 316869) * os.sysconf("SC_PAGE_SIZE")
+    assert per_cpu_free_bytes(proc) == per_cpu
+    memory = read_host_memory(proc)
+    assert (memory.available_bytes, memory.allocatable_bytes) == (48 * GiB + per_cpu, 48 * GiB + per_cpu)
+    os.remove(os.path.join(proc, "zoneinfo"))
+    assert per_cpu_free_bytes(proc) == 0 and read_host_memory(proc).available_bytes == 48 * GiB
+    mount = tmp_path / "cg" / "memory"
+    v2_group(str(mount / "job"), 8 * GiB, 6 * GiB)
+    v2_group(str(mount), "max", 6 * GiB)
+    proc = fake_proc(tmp_path, ["0::/job"], [("/", str(mount), "cgroup2", "rw")])
+    write(os.path.join(proc, "zoneinfo"), ZONEINFO)
+    assert read_host_memory(proc).available_bytes == 2 * GiB
 
 
 def test_a_v1_limit_on_a_parent_bounds_the_child_and_page_cache_counts_as_free(tmp_path):
