@@ -44,7 +44,9 @@ from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3  # noqa:
 for name in ("forward", "backward", "step"):
     setattr(DeepSpeedEngine, name, counted(getattr(DeepSpeedEngine, name), name))
 # inside backward (counted there too): the float64 copies of stage 3's clipping norm, which the step model prices
-# apart (costs.py, NORM_FLOAT64_BYTES): one call per gradient partition, summed per backward at report time
+# apart (costs.py, norm_fresh_elements): one call per gradient partition, summed per backward at report time (with
+# gradient accumulation the engine manages; where a script calls the optimizer step itself, the norms run in step and
+# are reported with the next backward)
 setattr(DeepSpeedZeroOptimizer_Stage3, "_constant_buffered_norm2",
         counted(DeepSpeedZeroOptimizer_Stage3._constant_buffered_norm2, "norm"))
 

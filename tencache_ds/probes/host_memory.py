@@ -17,12 +17,14 @@ available). Every cgroup level up to the root of the mounted hierarchy bounds bo
 often set on a parent. memory.high (v2) counts as a limit: above it the kernel throttles the whole cgroup into
 reclaim, which stalls training as surely as a kill ends it.
 
-Reads small files only (microseconds); imports neither torch nor deepspeed.
+Reads small files only (microseconds; /proc/zoneinfo about 150 µs on this 2-CPU VM, more with more CPUs: read once
+per forward pass); imports neither torch nor deepspeed. Inside a container whose /proc/meminfo is virtualised (LXCFS)
+/proc/zoneinfo is the host's: its per-CPU pages are bounded there by the container's MemTotal and by its cgroup.
 """
 import dataclasses
 import os
 import threading
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, Iterable, List, Optional, Tuple
 
 # v1 reports "no limit" as the largest page-aligned signed 64-bit number; anything this large is no limit.
 _UNLIMITED_THRESHOLD = 1 << 60
@@ -184,21 +186,28 @@ def _node_memory(proc: str) -> Tuple[int, int]:
     return total, min(total, available + per_cpu_free_bytes(proc))
 
 
-def per_cpu_free_bytes(proc: str = "/proc") -> int:
-    """Free pages the kernel keeps in its per-CPU lists (``count`` of every pageset in /proc/zoneinfo): free, and
-    the first any allocation takes (the kernel drains them all before it would reclaim or kill), but in neither
-    MemFree nor MemAvailable. Since Linux 6.7 the lists grow with the freeing they see: after freeing 3 GB of
-    tensors this VM's 2 CPUs held 1.3 GiB there (``high`` 1316 MiB each), and between steps of gpt2-1.3b
-    MemAvailable read about that much less than there was, so the memory governor gave 1.6 and 2.1 GiB of host
-    cache back in two runs where the step's rise left room (2026-11-29). 0 where the file is missing or
-    unreadable."""
-    pages = 0
+def per_cpu_free_bytes(proc: str = "/proc", cpus: Optional[Iterable[int]] = None) -> int:
+    """Free pages the kernel keeps in the per-CPU lists of the CPUs this process may run on (``cpus``, default its
+    affinity; ``count`` of their pagesets in /proc/zoneinfo): free, but in neither MemFree nor MemAvailable. An
+    allocation takes its own CPU's list first; other CPUs' lists are drained only after direct reclaim has failed,
+    so only this process's CPUs count. Since Linux 6.7 the lists grow with the freeing they see: after freeing 3 GB
+    of tensors this VM's 2 CPUs held 1.3 GiB there (``high`` 1316 MiB each), and between steps of gpt2-1.3b
+    MemAvailable read about that much less than the training process could take, so the memory governor gave 1.6
+    and 2.1 GiB of host cache back in two runs where the step's rise left room (2026-11-29). Read after meminfo, not
+    at the same instant: pages moving between the two in between (a list's refill or drain, a batch at a time) are
+    counted twice or not at all. 0 where the file is missing or unreadable."""
+    allowed = set(os.sched_getaffinity(0) if cpus is None else cpus)
+    pages, cpu = 0, None
     try:
         with open(os.path.join(proc, "zoneinfo")) as handle:
             for line in handle:
                 key, _, value = line.strip().partition(":")
-                if key == "count":  # only the pagesets' lines are called so
+                if key == "cpu":  # a pageset's header
+                    cpu = int(value)
+                elif key == "count" and cpu in allowed:  # only the pagesets' lines are called so
                     pages += int(value)
+                elif key.startswith("Node "):
+                    cpu = None
     except (OSError, ValueError):
         return 0
     return pages * os.sysconf("SC_PAGE_SIZE")

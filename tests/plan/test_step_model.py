@@ -553,6 +553,12 @@ def test_the_clipping_norms_float64_copies_above_glibcs_mmap_threshold_are_price
     norm = fresh_elements * (8 / 1e9 + 12 / 1e10) + (partition - fresh_elements) * 20 / 1e10
     fresh_vm = this_vm(host_fresh_write_bytes_per_s=1e9, ranks_per_node=world)
     assert backward_host_memory_s(work, fresh_vm, 0) == pytest.approx((rest + norm) * world, rel=1e-9)
+    # without a first-touch figure (GPU machine files) every copy is priced at the copy rate, as before
+    copies_only = (gathered * 5 + partition * 4) * 4 / 1e10 + partition * 20 / 1e10
+    assert backward_host_memory_s(work, this_vm(ranks_per_node=world), 0) == pytest.approx(copies_only * world)
+    # with gradient accumulation the norms are taken once, at the boundary: not in the first micro-batch's backward
+    accumulating = workload(model, config=fp32, world=world, micro_batch=1, seq=32, gas=2)
+    assert backward_host_memory_s(accumulating, fresh_vm, 0) == pytest.approx(rest * world, rel=1e-9)
 
 
 def test_stage3s_gradient_epilogue_is_priced_in_passes_over_mapped_memory_on_a_host_accelerator():

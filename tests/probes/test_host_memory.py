@@ -72,6 +72,8 @@ Node 0, zone   Normal
               count: 40648
               high:  336896
               batch: 63
+              high_min:  8415
+              high_max:  336896
   vm stats threshold: 48
     cpu: 1
               count: 316869
@@ -82,18 +84,31 @@ Node 0, zone   Normal
 """
 
 
-def test_free_pages_in_the_kernels_per_cpu_lists_count_as_available_on_the_node(tmp_path):
+def test_free_pages_in_the_per_cpu_lists_of_this_process_cpus_count_as_available_on_the_node(tmp_path):
     """MemAvailable leaves out the free pages the kernel keeps per CPU: this VM held 1.3 GiB there after a step had
     freed its gradients, and the governor gave back host cache for it (probes/host_memory.py,
-    ``per_cpu_free_bytes``). A cgroup's headroom is its own accounting: unchanged."""
+    ``per_cpu_free_bytes``). Only the lists of the CPUs the process may run on (its allocations take those first);
+    never more than the node has; nothing where zoneinfo is missing or not as expected."""
+    page = os.sysconf("SC_PAGE_SIZE")
     proc = fake_proc(tmp_path, ["0::/"], [])
     write(os.path.join(proc, "zoneinfo"), ZONEINFO)
-    per_cpu = (40648 + 316869) * os.sysconf("SC_PAGE_SIZE")
-    assert per_cpu_free_bytes(proc) == per_cpu
+    assert per_cpu_free_bytes(proc, cpus=[0, 1]) == (40648 + 316869) * page
+    assert per_cpu_free_bytes(proc, cpus=[1]) == 316869 * page
+    assert per_cpu_free_bytes(proc, cpus=[2]) == 0
+    mine = per_cpu_free_bytes(proc)  # this process's affinity
+    assert mine == sum({0: 40648, 1: 316869}.get(cpu, 0) for cpu in os.sched_getaffinity(0)) * page
     memory = read_host_memory(proc)
-    assert (memory.available_bytes, memory.allocatable_bytes) == (48 * GiB + per_cpu, 48 * GiB + per_cpu)
+    assert (memory.available_bytes, memory.allocatable_bytes) == (48 * GiB + mine, 48 * GiB + mine)
+    full = fake_proc(tmp_path / "full", ["0::/"], [], total=48 * GiB + MiB, available=48 * GiB)
+    write(os.path.join(full, "zoneinfo"), ZONEINFO)
+    assert read_host_memory(full).available_bytes == min(48 * GiB + mine, 48 * GiB + MiB)
+    write(os.path.join(proc, "zoneinfo"), ZONEINFO.replace("count: 40648", "count: many"))
+    assert per_cpu_free_bytes(proc) == 0
     os.remove(os.path.join(proc, "zoneinfo"))
     assert per_cpu_free_bytes(proc) == 0 and read_host_memory(proc).available_bytes == 48 * GiB
+
+
+def test_a_cgroups_headroom_is_its_own_accounting_whatever_the_per_cpu_lists_hold(tmp_path):
     mount = tmp_path / "cg" / "memory"
     v2_group(str(mount / "job"), 8 * GiB, 6 * GiB)
     v2_group(str(mount), "max", 6 * GiB)

@@ -36,7 +36,7 @@ def init_bytes_per_element_pooled(zero: ZeroSettings) -> int:
 # clipping norm's float64 copies, which are priced apart (``norm_fresh_elements``), fp32, one rank
 # (scripts/count_fresh_memory.py, 2026-11-29): gpt2-tiny 116-188 MiB for 15.2 M parameters, of which the norm 0-72
 # (2.0 x 4 B without it); gpt2-small 1658-1694 MiB for 124 M, norm 294-312 (2.9 x); gpt2-medium 3354-4398 MiB for
-# 355 M, norm 420-1491 (2.2-2.3 x); gpt2-1.3b ("auto", micro-batch 1 x 32) 18748-19943 MiB for 1276 M, norm
+# 355 M, norm 420-1491 (2.2 x); gpt2-1.3b ("auto", micro-batch 1 x 32) 18748-19943 MiB for 1276 M, norm
 # 8500-8516 (2.1-2.4 x). Until 2026-11-29 3.5, measured on gpt2-tiny and gpt2-small with the norm's copies
 # included; bf16 gpt2-tiny 3.8 x 2 B then. Stock NVMe and tencache alike. At GAS 2 a micro-batch faulted less:
 # beyond GAS 1 this may overstate.
@@ -69,7 +69,7 @@ NORM_CHUNK_ELEMENTS = 250_000_000  # _constant_buffered_norm2's buffer_size (Dee
 # glibc serves an allocation larger than this from a new mapping (the ceiling of its dynamic mmap threshold on
 # 64-bit, DEFAULT_MMAP_THRESHOLD_MAX) and unmaps it when freed, so its pages fault in at every use; smaller ones reuse
 # the heap. One of exactly this size takes free heap first when there is any: gpt2-medium's 4 Mi-element matrices
-# (float64 copies of 32 MiB, 1517 MiB in all) faulted 8 to 1079 MiB a step, so they count as mapped.
+# (float64 copies of 32 MiB, 1536 MiB in all) faulted 27 to 1098 MiB a step, so they count as mapped.
 FRESH_ALLOCATION_BYTES = 32 * 1024**2
 
 
@@ -132,10 +132,8 @@ def norm_fresh_elements(workload: Workload) -> int:
     its layers' 2.4 M-element matrices."""
     fresh = 0
     for partition in workload.partitions.values():
-        whole, rest = divmod(partition.part_numel, NORM_CHUNK_ELEMENTS)
-        for chunk in [NORM_CHUNK_ELEMENTS] * whole + [rest]:
-            if chunk * NORM_COPY_ELEMENT_BYTES > FRESH_ALLOCATION_BYTES:
-                fresh += chunk
+        whole, rest = divmod(partition.part_numel, NORM_CHUNK_ELEMENTS)  # a whole chunk's copy is 2 GB: fresh
+        fresh += whole * NORM_CHUNK_ELEMENTS + (rest if rest * NORM_COPY_ELEMENT_BYTES > FRESH_ALLOCATION_BYTES else 0)
     return fresh
 
 
