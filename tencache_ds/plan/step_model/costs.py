@@ -37,7 +37,7 @@ def init_bytes_per_element_pooled(zero: ZeroSettings) -> int:
 # (scripts/count_fresh_memory.py, 2026-11-29): gpt2-tiny 116-188 MiB for 15.2 M parameters, of which the norm 0-72
 # (2.0 x 4 B without it); gpt2-small 1658-1694 MiB for 124 M, norm 294-312 (2.9 x); gpt2-medium 3354-4398 MiB for
 # 355 M, norm 420-1491 (2.2 x); gpt2-1.3b ("auto", micro-batch 1 x 32) 18748-19943 MiB for 1276 M, norm
-# 8500-8516 (2.1-2.4 x). Until 2026-11-29 3.5, measured on gpt2-tiny and gpt2-small with the norm's copies
+# 8500-8533 (2.1-2.4 x). Until 2026-11-29 3.5, measured on gpt2-tiny and gpt2-small with the norm's copies
 # included; bf16 gpt2-tiny 3.8 x 2 B then. Stock NVMe and tencache alike. At GAS 2 a micro-batch faulted less:
 # beyond GAS 1 this may overstate.
 BACKWARD_FRESH_BYTES_PER_GATHERED_BYTE = 2.5
