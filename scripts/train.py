@@ -125,6 +125,11 @@ def parse_args(argv=None):
     p.add_argument("--set-grads-through-api", action="store_true",
                    help="before each update, read every parameter's full gradient and set it back "
                         "(deepspeed.utils.safe_get_full_grad / safe_set_full_grad): same values, written back")
+    p.add_argument("--edit-weights-after-step", type=int, default=None, metavar="STEP",
+                   help="after that step's update (0-based), halve the fp32 masters of the first half of the trained "
+                        "weight matrices through deepspeed.utils.safe_set_full_fp32_param, and the last one's "
+                        "parameter inside deepspeed.zero.GatheredParameters(modifier_rank=0), as users edit weights "
+                        "between steps")
     p.add_argument("--train-only", default=None, metavar="REGEX",
                    help="freeze every parameter whose name does not match REGEX (e.g. 'ln_|bias': layer norms and "
                         "biases only), as fine-tuning a frozen base model does; only the others reach the optimizer")
@@ -480,6 +485,23 @@ def train_step(engine, batches, grad_accum, set_grads=False):
     return mean
 
 
+def edit_weights(engine):
+    """--edit-weights-after-step: the fp32 masters of the first half of the trained weight matrices halved through
+    DeepSpeed's API (the parameters follow at the next update, from the masters), and the last one's parameter
+    halved by rank 0 inside GatheredParameters (ZeRO-3 keeps the master: the next update overwrites the change). In
+    fp32 under tencache each leaves sub-groups' masters and parameter partitions apart
+    (integrations/deepspeed/master_copies.py); several sub-groups, so that some are not held whole."""
+    trained = [param for param in engine.module.parameters()
+               if param.requires_grad and len(getattr(param, "ds_shape", param.shape)) == 2]
+    for param in trained[:len(trained) // 2]:
+        deepspeed.utils.safe_set_full_fp32_param(param, deepspeed.utils.safe_get_full_fp32_param(param) * 0.5)
+    last = trained[-1]
+    with deepspeed.zero.GatheredParameters(last, modifier_rank=0):
+        if rank() == 0:
+            with torch.no_grad():
+                last.mul_(0.5)
+
+
 def eval_loss(engine, batches):
     """One evaluation forward pass (no gradients) on the next batch of ``batches``; the model is put back in
     training mode."""
@@ -493,11 +515,12 @@ def eval_loss(engine, batches):
 
 def run_steps(engine, batches, steps, grad_accum, first_step=0, save_after=None, checkpoint_dir=None,
               eval_every=None, eval_batches=None, checkpointing_from_step=None, kill_after_step=None,
-              set_grads=False):
+              set_grads=False, edit_weights_after_step=None):
     """The training loop with per-step measurements; saves a checkpoint after ``save_after`` steps if asked, runs
     an evaluation pass after every ``eval_every`` steps, turns activation checkpointing on at
     ``checkpointing_from_step``, and kills the process with SIGKILL right after step ``kill_after_step``'s
-    optimizer step if asked; ``set_grads``: see train_step."""
+    optimizer step if asked; ``set_grads``: see train_step; ``edit_weights_after_step``: edit_weights after that
+    step."""
     records = []
     for step in range(first_step, first_step + steps):
         if save_after is not None and step == save_after:
@@ -510,6 +533,8 @@ def run_steps(engine, batches, steps, grad_accum, first_step=0, save_after=None,
         cpu0 = cpu_times()
         t0 = time.perf_counter()
         loss = train_step(engine, batches, grad_accum, set_grads)
+        if step == edit_weights_after_step:
+            edit_weights(engine)
         if step == kill_after_step:
             log0(f"step {step} loss {loss.item():.4f}: killing this process (SIGKILL)")
             os.kill(os.getpid(), signal.SIGKILL)
@@ -690,7 +715,8 @@ def main(argv=None):
                                      args.seq_len, args.seed + 1000 + rank())
     records = run_steps(engine, batches, args.steps, ds_config["gradient_accumulation_steps"], first_step,
                         args.save_after, args.checkpoint_dir, args.eval_every, eval_batches,
-                        args.checkpointing_from_step, args.kill_after_step, args.set_grads_through_api)
+                        args.checkpointing_from_step, args.kill_after_step, args.set_grads_through_api,
+                        args.edit_weights_after_step)
 
     sha, gather_time = None, None
     if args.weights_gather != "none":

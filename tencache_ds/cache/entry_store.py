@@ -260,6 +260,40 @@ class EntryStore:
         self.start_read(key)
         return self.wait_read(key)
 
+    def lend_copied(self, key, fill: Callable[[torch.Tensor], bool]) -> torch.Tensor:
+        """Lend ``key`` as ``lend`` does, but where it is on file, have ``fill(view)`` copy its bytes into the
+        buffer from another copy of what its file holds (the optimizer's fp32 master from the parameter partitions
+        it was last copied into: integrations/deepspeed/master_copies.py) instead of reading the file: a read that
+        is done at once. ``fill`` returns False where it finds no such copy: the file is read then. The use is
+        recorded as any lend's."""
+        with self._lock:
+            entry = self._table[key]
+            self._transfers.wait_write(entry)
+            copyable = entry.state == S.ON_FILE and entry.external_read is None and entry.prefix is None
+            if copyable:
+                nbytes = self.swap_nbytes(entry.numel)
+                access = self.recorder.touch(key, nbytes)
+                self._transfers.attach(entry, *self._admission.acquire(nbytes, key))
+                if self._transfers.start_copied_read(entry, fill):
+                    self.counters.copied += 1
+                    self.counters.copied_bytes += nbytes
+                else:
+                    self.counters.misses += 1
+                    self._transfers.start_read(entry, access)
+                self._checked()
+        return self.wait_read(key) if copyable else self.lend(key)
+
+    def copy_newest(self, key, into: torch.Tensor) -> bool:
+        """Copy ``key``'s newest bytes into ``into`` (``numel`` elements) where a buffer of ours holds them (held,
+        lent or being written), without lending, reading or recording a use; False where only its file has them
+        (or a read into our buffer is still in flight)."""
+        with self._lock:
+            entry = self._table.get(key)
+            if entry is None or entry.buffer is None or entry.state == S.READING:
+                return False
+            into.copy_(self._transfers.compute_view(entry))
+            return True
+
     def read_into(self, key, dest: torch.Tensor) -> None:
         """Copy ``key``'s newest bytes into ``dest`` (``numel`` elements of any CPU tensor) without lending."""
         self.start_read(key)

@@ -9,6 +9,8 @@ class StoreCounters:
 
     hits: int = 0            # a lend served from a held buffer: no I/O, no copy
     misses: int = 0          # a lend that read the file
+    copied: int = 0          # a lend of an entry on file served by copying another copy of its bytes (no read)
+    copied_bytes: int = 0    # ... and the bytes those copies took instead of a read
     evictions: int = 0       # held buffers given up for another entry
     written_back: int = 0    # writes of changed bytes (evictions, flushes, entries that could not be kept)
     bypassed: int = 0        # entries not admitted (served transiently) because every victim was needed sooner

@@ -39,10 +39,14 @@ CUTS_TRIED = 8  # besides the step's boundary: the gaps the most bytes span
 
 @dataclasses.dataclass(frozen=True)
 class Use:
-    """One access: ``reads`` (it needs the bytes there) and ``changes`` (it leaves new bytes)."""
+    """One access: ``reads`` (it needs the bytes there) and ``changes`` (it leaves new bytes). ``read_elsewhere``:
+    the bytes it reads come from a copy another store holds (an fp32 master from the parameter partitions:
+    integrations/deepspeed/master_copies.py), so keeping the tensor saves no read; its file is still kept current,
+    so it saves the write."""
 
     reads: bool
     changes: bool
+    read_elsewhere: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,12 +65,13 @@ class LeastBytes:
                             for field in dataclasses.fields(self)))
 
 
-def store_uses(section: str, keys: Sequence[Hashable]) -> List[Use]:
+def store_uses(section: str, keys: Sequence[Hashable], masters_in_partitions: bool = False) -> List[Use]:
     """What each access of a store's step does. Parameters (``section`` "params"): every use reads, none changes (the
     optimizer step changes them all between steps). Optimizer state (swap file names, optimizer_swapper.py): the
     fp32 master and the moments (``<ds_id>.tensor.swp``, ``<state>-<ds_id>.tensor.swp``) are read and changed by the
-    update; a gradient (``<ds_id>_gradient_...``) is read by its update, the use right after its sub-group's state
-    (else its last use in the step), and written without being read by every other use (backward)."""
+    update, the master's read from the parameter partitions where ``masters_in_partitions``; a gradient
+    (``<ds_id>_gradient_...``) is read by its update, the use right after its sub-group's state (else its last use in
+    the step), and written without being read by every other use (backward)."""
     if section == PARAMS:
         return [Use(reads=True, changes=False) for _ in keys]
     uses: List[Optional[Use]] = [None] * len(keys)
@@ -75,7 +80,8 @@ def store_uses(section: str, keys: Sequence[Hashable]) -> List[Use]:
         if GRADIENT_FILE.match(str(key)):
             gradient_positions.setdefault(key, []).append(position)
         else:
-            uses[position] = Use(reads=True, changes=True)
+            master = STATE_FILE.match(str(key)) is not None and STATE_FILE.match(str(key))["state"] is None
+            uses[position] = Use(reads=True, changes=True, read_elsewhere=masters_in_partitions and master)
     for key, positions in gradient_positions.items():
         group = GRADIENT_FILE.match(str(key))["group"]
         after_state = [position for position in positions if position > 0
@@ -116,13 +122,17 @@ def intervals(step: StepProfile, uses: Sequence[Use], changed_between_steps: boo
             crosses_boundary = start >= end
             changed = uses[start].changes or (changed_between_steps and crosses_boundary)
             reads = uses[end].reads
-            found.append(_Interval((start + 1) % n, length, sizes[key], int(reads), int(reads and changed)))
+            read_here = reads and not uses[end].read_elsewhere
+            found.append(_Interval((start + 1) % n, length, sizes[key], int(read_here), int(reads and changed)))
     return found
 
 
-def least_bytes(step: StepProfile, section: str, capacity_bytes: int) -> LeastBytes:
-    """The lower bound for one store (``section``: "params" or "optimizer") whose tier keeps ``capacity_bytes``."""
-    found = intervals(step, store_uses(section, step.keys), changed_between_steps=section == PARAMS)
+def least_bytes(step: StepProfile, section: str, capacity_bytes: int, masters_in_partitions: bool = False
+                ) -> LeastBytes:
+    """The lower bound for one store (``section``: "params" or "optimizer") whose tier keeps ``capacity_bytes``;
+    ``masters_in_partitions``: the run filled fp32 masters from the parameter partitions (store_uses)."""
+    found = intervals(step, store_uses(section, step.keys, masters_in_partitions),
+                      changed_between_steps=section == PARAMS)
     n = len(step.keys)
     all_read = sum(interval.nbytes * interval.read_value for interval in found)
     all_write = sum(interval.nbytes * interval.write_value for interval in found)

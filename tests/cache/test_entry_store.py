@@ -102,6 +102,50 @@ def test_a_held_entry_is_lent_without_copy_and_written_only_when_flushed(tmp_pat
     store.close()
 
 
+@pytest.mark.parametrize("copy_found", [True, False])
+def test_an_entry_on_file_is_lent_from_another_copy_of_its_bytes_without_a_read(tmp_path, io, copy_found):
+    """lend_copied: the optimizer's fp32 master filled from the parameter partitions (master_copies.py). Where the
+    filler finds no copy, the file is read; either way the use is recorded once and the entry is lent clean."""
+    store = make(tmp_path, io, budget_bytes=0)  # nothing kept: the entry goes to its file
+    put(store, tmp_path, "m", 3.0)
+    store.wait_writes()
+    assert store.state("m") == EntryState.ON_FILE
+    reads, position = io.counters().read_requests, store.recorder.position
+
+    def fill(view):
+        view.fill_(3.0)
+        return copy_found
+
+    lent = store.lend_copied("m", fill)
+    assert torch.all(lent == 3.0) and lent.numel() == NUMEL
+    assert store.state("m") == EntryState.LENT_CLEAN
+    assert io.counters().read_requests - reads == (0 if copy_found else 1)
+    copied = (1, store.swap_nbytes(NUMEL)) if copy_found else (0, 0)
+    assert (store.counters.copied, store.counters.copied_bytes) == copied
+    assert store.recorder.position == position + 1
+    store.release("m")  # unchanged: nothing written (its file holds the same bytes)
+    assert store.state("m") == EntryState.ON_FILE and store.counters.written_back == 1
+    store.close()
+
+
+def test_an_entry_held_is_lent_as_it_is_and_its_newest_bytes_can_be_copied_without_a_use(tmp_path, io):
+    store = make(tmp_path, io, budget_bytes=10 * NBYTES)
+    put(store, tmp_path, "m", 1.0)
+    out = torch.zeros(NUMEL)
+    position = store.recorder.position
+    assert store.copy_newest("m", out) and torch.all(out == 1.0)  # DIRTY: the held bytes, not the file's
+    assert store.recorder.position == position
+    called = []
+    assert torch.all(store.lend_copied("m", called.append) == 1.0) and not called  # a hit: the filler unused
+    store.copy_newest("m", out)  # lent: the same bytes
+    store.release("m")
+    store.trim_kept(0)
+    store.wait_writes()
+    assert store.state("m") == EntryState.ON_FILE and not store.copy_newest("m", out)  # only the file has them
+    assert not store.copy_newest("unknown", out)
+    store.close()
+
+
 def test_beyond_the_budget_entries_are_served_transiently_and_written_through(tmp_path, io):
     store = make(tmp_path, io, budget_bytes=0)
     put(store, tmp_path, "t", 5.0)

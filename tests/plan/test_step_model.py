@@ -927,3 +927,23 @@ def test_the_gradient_bucket_is_host_memory_between_steps_on_a_host_accelerator(
     for policy, measured in ((STOCK, 14.87 * GIB), (TENCACHE, 20.21 * GIB)):
         memory = predictions[policy].memory
         assert memory["pinned"] + memory["pageable"] == pytest.approx(measured, rel=0.06), policy
+
+
+@pytest.mark.parametrize("dtype, filled", [("fp32", True), ("bf16", False)])
+def test_an_update_fills_fp32_masters_from_held_partitions_and_reads_only_the_rest(dtype, filled):
+    """integrations/deepspeed/master_copies.py: trained in fp32 with every parameter partition held, each update
+    copies its sub-group's master from them; its moments are read, and all three are still written. In bf16 the
+    partitions are not the master: it is read."""
+    config = ds_config("stock-nvme-many-sub-groups.json", host_cache_bytes="100MB")
+    config["bf16"] = {"enabled": dtype == "bf16"}
+    work = workload(config=config)
+    plan = tencache_plan(work, this_vm())
+    assert plan.params_all_held and plan.masters_in_partitions == filled
+    keys, sizes = _optimizer_sequence(work)
+    streamed = [key for key in keys if key not in plan.optimizer_held]
+    masters = [key for key in streamed if key.startswith("p")]
+    assert masters and len(streamed) > len(masters)
+    moved = {key: plan.optimizer_io_bytes(key, sizes[key]) for key in streamed}  # less the prefixes held
+    prediction = predict(work, this_vm())[TENCACHE]
+    assert prediction.nvme_read_bytes == sum(moved.values()) - filled * sum(moved[key] for key in masters)
+    assert prediction.nvme_write_bytes == sum(moved.values())

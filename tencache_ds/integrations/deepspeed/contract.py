@@ -113,6 +113,10 @@ REBINDINGS = (
     Rebinding(STAGE3, "_partition_all_parameters", "keeping_device_tier", wraps=True,
               why="step() partitions every parameter first; the device tier keeps the ones the step updates in "
                   "place (coordinator.release_for_optimizer_step)"),
+    Rebinding(STAGE3, "_partitioned_params_swap_out", "noting_master_copies", wraps=True,
+              why="stage 3 copies each sub-group's fp32 master into its parameter partitions there: in fp32 the "
+                  "partitions the parameter swapper holds are then the master, which the next update fills from "
+                  "them instead of reading its file (master_copies.py)"),
     Rebinding(ENGINE, "_save_zero_checkpoint", "saving_masters", wraps=True,
               why="with the optimizer on NVMe the fp32 masters live only in the swap folder: they go into the "
                   "ZeRO file, so zero_to_fp32 and load_state_dict_from_zero_checkpoint read the checkpoint "
@@ -208,7 +212,7 @@ PRIVATE_MEMBERS = (
                   "whose gradients stage 3 does not hand the swapper"),
     PrivateMember(STAGE3, "_reassign_or_swap_out_partitioned_parameters", "method", "checkpoint.py",
                   "rebuilds a sub-group's parameters from its master, as a step does"),
-    PrivateMember(STAGE3, "fp16_partitioned_groups_flat", "attribute", "checkpoint.py",
+    PrivateMember(STAGE3, "fp16_partitioned_groups_flat", "attribute", "checkpoint.py, master_copies.py",
                   "each sub-group's flat 16-bit partition (None where the parameters are on file beyond max_in_cpu): "
                   "what load_module_only sets the masters from"),
     PrivateMember(STAGE3, "persistent_parameters", "attribute", "checkpoint.py",
@@ -220,8 +224,12 @@ PRIVATE_MEMBERS = (
                   "the optimizer swapper the ZeRO-3 optimizer built: closed, reported and checkpointed through it"),
     PrivateMember(STAGE3, "parameter_offload", "attribute", "install.py, coordinator.py",
                   "holds the module and its parameter coordinator (get_param_coordinator)"),
-    PrivateMember(STAGE3, "fp16_groups", "attribute", "reporting.py, stage3_gradients.py, memory_pressure.py",
+    PrivateMember(STAGE3, "fp16_groups", "attribute",
+                  "reporting.py, stage3_gradients.py, memory_pressure.py, master_copies.py",
                   "the partitioned parameters, through which their swappers are found, by sub-group"),
+    PrivateMember(STAGE3, "fp16_partitioned_groups", "attribute", "master_copies.py",
+                  "each sub-group's parameter partitions in its master's order (_partitioned_params_swap_out's): "
+                  "what an fp32 master is filled from"),
     PrivateMember(STAGE3, "__param_id_to_grad_partition", "attribute", "stage3_gradients.py",
                   "each parameter's view of the host gradient buffer: the copy of a gradient fragment the update "
                   "reads instead of storing the fragment"),
@@ -239,7 +247,7 @@ PRIVATE_MEMBERS = (
                   "records it too where it hands the partition uncast"),
     PrivateMember(STAGE3, "_constant_buffered_norm2", "method", "stage3_gradients.py",
                   "the norm stage 3 records for clipping, computed as stage 3 computes it"),
-    PrivateMember(STAGE3, "fp32_partitioned_groups_flat", "attribute", "stage3_gradients.py",
+    PrivateMember(STAGE3, "fp32_partitioned_groups_flat", "attribute", "stage3_gradients.py, master_copies.py",
                   "each sub-group's fp32 partition, whose id names the sub-group in swap_out_gradients"),
     # The engine (checkpoint.py, checkpoint_save.py, saved_layout.py, universal.py)
     PrivateMember(ENGINE, "load_universal_checkpoint", "method", "saved_layout.py, install.py",
@@ -285,6 +293,12 @@ CALL_ORDER = (
               "peak is measured against the level before it, not the higher level an update leaves",
               "tests/integrations/test_step_boundary.py, tests/deepspeed/test_memory_pressure_engine.py "
               "(host_rise_boundaries: two per optimizer step)"),
+    CallOrder("stage 3 calls _partitioned_params_swap_out(i) between the swap-in and the swap-out of sub-group "
+              "i's optimizer state (step, initialize_optimizer_states, reset_swap_buffers, loads), after the last "
+              "change to its master", "install.py (noting_master_copies) -> master_copies.py",
+              "the copy is noted while the master is lent, so the partitions are known to hold the master it is "
+              "given back with; a master changed outside that pattern (safe_set_full_fp32_param) is read from file",
+              "tests/deepspeed/test_master_copies.py (bit-identical losses and weights)"),
     CallOrder("stage 3's step() calls _partition_all_parameters before it writes the new weights into each "
               "resident partition in place (_partitioned_params_swap_out)", "install.py, coordinator.py",
               "a kept parameter whose gathered tensor is its partition is current after the step without a "

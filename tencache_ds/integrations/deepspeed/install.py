@@ -156,6 +156,20 @@ def _keeping_device_tier(partition_all_parameters):
     return partition_all_parameters_but_device_tier
 
 
+def _noting_master_copies(partitioned_params_swap_out):
+    """stage 3 copies a sub-group's fp32 master into its parameter partitions (after its update, at
+    initialisation, at loads): the optimizer swapper notes that they hold the master (master_copies.py)."""
+    @functools.wraps(partitioned_params_swap_out)
+    def partitioned_params_swap_out_noted(self, i, *args, **kwargs):
+        result = partitioned_params_swap_out(self, i, *args, **kwargs)
+        swapper = getattr(self, "optimizer_swapper", None)
+        if isinstance(swapper, TencacheOptimizerSwapper):
+            swapper.master_copied_to_partitions(i, self.fp32_partitioned_groups_flat[i])
+        return result
+
+    return partitioned_params_swap_out_noted
+
+
 def _restoring_optimizer_scalars(load_checkpoint):
     """engine.load_checkpoint, then what stock's load misses (checkpoint.py): the checkpoint's swap files under a
     rebuilt model's ids, the optimizer's scalar state and the masters kept in memory (optimizer on NVMe), and the
@@ -227,6 +241,7 @@ REPLACEMENTS = {
     # exact resume, with the checkpoint's optimizer swap files linked rather than copied in (checkpoint_save.py)
     "restoring_optimizer_scalars": lambda load: _restoring_optimizer_scalars(swap_files_linked(load, "load")),
     "keeping_device_tier": _keeping_device_tier,
+    "noting_master_copies": _noting_master_copies,
     "saving_masters": saving_masters,
     "linking_saved_swap_files": lambda save: swap_files_linked(save, "save"),
     "rigid_load_with_params_on_file": rigid_load_with_params_on_file,

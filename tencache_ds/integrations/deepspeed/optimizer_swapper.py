@@ -21,9 +21,12 @@ What changes for users:
   sub-group is served from a transient buffer, never from an assertion (stock: `assert pinned_buffers is not
   None`, or "PipelinedOptimizerSwapper ran out of swap buffers" below 12 buffers).
 - The next sub-group (``async_parameter``) is read ahead while the current one steps.
+- No read of an fp32 master the parameter partitions hold: where they are in the masters' dtype (fp32 training)
+  and the parameter swapper holds them, the update fills the master from them (master_copies.py). Stock reads it.
 """
 import contextlib
 import dataclasses
+import functools
 import os
 from typing import Optional
 
@@ -53,6 +56,7 @@ from .config_bridge import (DEEPSPEED_OPS, MIN_SWAPPABLE_BYTES, find_stage3_ds_c
                             validate_ds_config)
 from . import param_swapper, reporting
 from .host_tier_share import optimizer_host_share
+from .master_copies import MasterCopies
 from .stage3_gradients import stage3_gradients_of
 from .swap_files import SWAP_FILE_NAME, STAGED_LOAD_PREFIX, LoadPlaces, staged_load_name, swap_file_name
 
@@ -168,6 +172,9 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             self._gradient_fragments = GradientFragments()
             stage3 = find_stage3_optimizer()
             self._stage3_gradients = stage3_gradients_of(stage3)
+            # the fp32 masters that the parameter partitions, held by the parameter swapper, hold too: filled from
+            # there instead of read (master_copies.py)
+            self.master_copies = MasterCopies(stage3, dtype) if stage3 is not None else None
             # the backward passes of one optimizer step: stage 3's gradient accumulation (set before it builds its
             # swappers) until a step has counted them (log_timers), which the caller's own boundaries may change
             self._micro_steps = max(1, int(getattr(stage3, "gradient_accumulation_steps", 1) or 1))
@@ -223,6 +230,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         or what ``before_copy(places, source)`` returns when the copy starts (``begin_load_copy``: by then the
         engine has read the checkpoint's own description, e.g. how many ranks saved it)."""
         self._checkpoint_load_pending = True
+        self._forget_master_copies()
         self._load_places = places or LoadPlaces.ALL
         self._before_load_copy = before_copy
         self.last_load_places = self.last_load_source = None
@@ -276,6 +284,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         """Forget every copy held (all flushed at the load's read of ``swap_folder``): the next use reads the file
         the checkpoint put there, narrowed first where it is a state in stock's widened layout."""
         self._drop_held_copies = False
+        self._forget_master_copies()
         for key in self.store.held_keys():
             self.store.forget(key)
         self.narrow_loaded_states()
@@ -303,6 +312,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
 
     # ------------------------------------------------------------------------------------- initialisation
     def initialize_parameters(self, parameters, src_tensors):
+        self._forget_master_copies()
         paths = self._get_swap_paths(parameters=parameters, num_elems=[src.numel() for src in src_tensors])
         for path, source in zip(paths, src_tensors):
             self._store_new(path, source, widen=True)
@@ -311,6 +321,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
                                             fp32_parameters):
         """offload_optimizer.fast_init: build each fp32 master straight from the fp16 partitions (in memory or in
         the param swapper's files) without the lent staging buffers stock needs."""
+        self._forget_master_copies()
         paths = self._get_swap_paths(parameters=fp32_parameters, num_elems=fp16_num_elems)
         for partitions, numel, path in zip(fp16_partitions_info, fp16_num_elems, paths):
             master = self.store.lend_new(path, numel, path)
@@ -336,10 +347,18 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             return
         group = OptimizerSwapper.parameter_id(parameter)
         read_ahead = self._read_ahead.pop(group, ())
+        from_partitions = self._master_in_partitions(group)
+        if self.master_copies is not None:
+            self.master_copies.lent(group)
         keys = self._lent[group] = []  # filled as each is lent: a failed read still gives the others back
-        for context in swap_info.tensors:
+        for index, context in enumerate(swap_info.tensors):
             path = context.swap_path
-            buffer = self._lend(path, self._stored_numel(path, swap_info.numel()), read_ahead)
+            numel = self._stored_numel(path, swap_info.numel())
+            if index == 0 and from_partitions and path not in read_ahead:  # the first is the master
+                self.store.add(path, numel, path)
+                buffer = self.store.lend_copied(path, functools.partial(self.master_copies.fill, group))
+            else:
+                buffer = self._lend(path, numel, read_ahead)
             keys.append(path)
             view = self._as_state(path, buffer, swap_info.numel())
             context.compute_tensor.data = view.data
@@ -439,6 +458,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         file current) and forgets every entry, so nothing from before the load is served. Gradients do not survive
         a load (stock's checkpoints skip them too)."""
         super().purge_state()
+        self._forget_master_copies()
         self._gradient_fragments.clear()
         self._counted_this_window = set()
         self._stored_gradients = set()
@@ -585,8 +605,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         (``_start_read_ahead``). Returns how many were started."""
         started = self._read_ahead.setdefault(swap_info.param_id, [])
         count = 0
-        for context in swap_info.tensors:
-            path = context.swap_path
+        for path in self._paths_to_read(swap_info):
             if count < limit and path not in started and self.store.knows(path) and \
                     self.store.prefetch_if_free(path, idle_slot=True):
                 started.append(path)
@@ -618,6 +637,9 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         stats["optimizer_profile_divergences"] = self.profile.divergences
         stats["optimizer_swapper_closed"] = int(self.closed)
         stats["optimizer_backward_reads_ahead"] = self.backward_reads_ahead
+        copies = self.master_copies
+        stats["optimizer_masters_from_partitions"] = copies.filled if copies is not None else 0
+        stats["optimizer_master_bytes_from_partitions"] = copies.filled_bytes if copies is not None else 0
         stats.update({f"optimizer_cache_{key}": value for key, value in self.store.stats().items()})
         stats.update(optimizer_gradient_fragments_remembered=self._gradient_fragments.remembered,
                      optimizer_gradient_fragments_stored=self._gradient_fragments.stored,
@@ -779,6 +801,8 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             self._update_param_state_info(swap_info, parameter)  # may refuse a state of another dtype
             refused = False
         finally:
+            if self.master_copies is not None:
+                self.master_copies.released(swap_info.param_id, states_changed and not refused)
             self._return_lent(swap_info, lent, states_changed and not refused, gradient_changed and not refused)
         for context in swap_info.tensors:
             if context.swap_path not in lent and context.compute_tensor.numel() > 0:  # the optimizer's: first bytes
@@ -805,7 +829,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             self._start_read_ahead_of(swap_info, with_gradient=True)
 
     def _start_read_ahead_of(self, swap_info, with_gradient: bool) -> None:
-        paths = [context.swap_path for context in swap_info.tensors]
+        paths = self._paths_to_read(swap_info)
         if with_gradient and swap_info.has_gradients():
             paths.append(self._gradient_path(swap_info))
         started = self._read_ahead.setdefault(swap_info.param_id, [])
@@ -813,6 +837,28 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             if path not in started and self.store.knows(path) and self.store.state(path) == EntryState.ON_FILE:
                 self.store.start_read(path, prefetch=True)
                 started.append(path)
+
+    def _paths_to_read(self, swap_info) -> list:
+        """The files of the sub-group's master and state tensors that its update reads: all but a master the
+        parameter partitions hold (filled from them at the swap-in instead)."""
+        paths = [context.swap_path for context in swap_info.tensors]
+        return paths[1:] if self._master_in_partitions(swap_info.param_id) else paths
+
+    def _master_in_partitions(self, group) -> bool:
+        return self.master_copies is not None and self.master_copies.current(group)
+
+    def master_copied_to_partitions(self, sub_group_index: int, master) -> None:
+        """Stage 3 has copied sub-group ``sub_group_index``'s fp32 ``master`` into its parameter partitions
+        (``_partitioned_params_swap_out``, after the sub-group's update, at initialisation and at checkpoint loads:
+        install.py): while it is lent, that makes the partitions a copy of the master it is given back with."""
+        group = OptimizerSwapper.parameter_id(master)
+        if self.master_copies is not None and group in self._lent:
+            self.master_copies.copied_to_partitions(sub_group_index, group)
+
+    def _forget_master_copies(self) -> None:
+        """The swap files are being replaced or rebuilt: no partition is known to hold what they will."""
+        if self.master_copies is not None:
+            self.master_copies.forget_all()
 
     def _release_read_ahead(self) -> None:
         for paths in self._read_ahead.values():

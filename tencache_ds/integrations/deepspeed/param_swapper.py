@@ -10,6 +10,7 @@ swapper per (nvme_path, dtype, rank), so two engines sharing an nvme_path do not
 swap-in of a partition that is already resident or in flight (the coordinator's prefetch at several ranks) is not
 an error.
 """
+import collections
 import os
 import shutil
 import threading
@@ -121,6 +122,9 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
             # waits for a read needed much later); DeepSpeed's swap-in of the partition then waits for that read only.
             self._partitions = {}
             self._asks = 0  # COUNT: swap-ins that marked a partition INFLIGHT (the order synchronize_reads waits in)
+            # COUNT per ds_id: writes of new bytes into a partition through this swapper (zero.Init's, a modifying
+            # gather's, stage 3's copy of the updated master): the versions master_copies.py compares
+            self.partition_writes = collections.Counter()
             self._debug_checks = os.environ.get(DEBUG_CHECKS_ENV) == "1"  # check the records after every call
             self._schedule = None
             self._schedule_generation = -1
@@ -172,13 +176,16 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
 
     # -------------------------------------------------------------------------------- creation (zero.Init)
     def get_buffer(self, param, numel):
+        self.partition_writes[param.ds_id] += 1
         return self.store.staging_view(param.ds_id, numel)
 
     def swap_out_and_release(self, params, async_op=False, force_buffer_release=False):
-        # Always synchronous: this is zero.Init's one-time write of each new partition (and zenflow's release).
+        # Always synchronous: this is zero.Init's one-time write of each new partition (and zenflow's release), or
+        # a partition changed by a gather that modified its parameter (GatheredParameters with a modifier rank).
         with self._lock:
             self.store.write_and_release([param.ds_id for param in params])
             for param in params:
+                self.partition_writes[param.ds_id] += 1
                 record_of(self._partitions, param)
                 self._mark_on_file(param)
             self._checked()
@@ -248,6 +255,7 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
                 record.settle()
                 self.store.release(param.ds_id)
             self.store.read_into(param.ds_id, dest_buffer.narrow(0, 0, _numel(param)))
+            self.partition_writes[param.ds_id] += 1  # stage 3's buffer holds it from now on, not ours
             self._mark_on_file(param)
             self.store.hand_over(param.ds_id)  # stage 3 keeps it in its max_in_cpu buffer: no copy of ours stays
             self._checked()
@@ -279,8 +287,16 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
                     self.store.release(param.ds_id)
             for param, source in zip(dst_fp16_params, src_fp32_params):
                 self.store.write_from(param.ds_id, source)
+                self.partition_writes[param.ds_id] += 1
                 param.ds_tensor.status = PartitionedParamStatus.NOT_AVAILABLE
             self._checked()
+
+    def copy_partition(self, param, into: torch.Tensor) -> bool:
+        """Copy ``param``'s partition into ``into`` where host memory of ours holds its newest bytes (held, lent or
+        being written); False where only its file does. No read, and no use recorded (the optimizer's fp32 master
+        filled from its partitions: master_copies.py)."""
+        with self._lock:
+            return self.store.copy_newest(param.ds_id, into)
 
     def end_optimizer_step(self):
         """After every optimizer step (stage 3's _post_step). When every partition was resident (kept by the device

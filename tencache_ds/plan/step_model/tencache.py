@@ -65,6 +65,7 @@ class TencachePlan:
     optimizer_prefixes: Mapping[str, int] = dataclasses.field(default_factory=dict)  # bytes held of streaming ones
     param_cache_start_bytes: int = 0
     optimizer_start_footprint_bytes: int = 0  # the optimizer tier's memory before the governor's first decision
+    masters_in_partitions: bool = False  # each update fills its masters from the held partitions (no read)
 
     def optimizer_io_bytes(self, name: str, nbytes: int) -> int:
         """What a read or write of optimizer tensor ``name`` (``nbytes``) moves: less the prefix the tier holds."""
@@ -123,9 +124,13 @@ def tencache_plan(workload: Workload, machine: Machine) -> TencachePlan:
     device_free = resources.device_free_bytes
     device = device_tier_budget(config.device_cache_bytes, machine.accelerator_is_host, param_capacity,
                                 device_free, 0.5) if config.device_cache_bytes != 0 else 0
+    # integrations/deepspeed/master_copies.py: partitions in the masters' dtype, swapped by tencache, all held
+    # between uses (with a host tier at all: without one, the slots keep nothing after the update writes them)
+    masters_in_partitions = zero.offload_optimizer == "nvme" and params_all_held and host > 0 and \
+        zero.element_bytes == zero.precision.master_bytes
     return TencachePlan(host, streaming, param_cache, optimizer_share, device, params_all_held, held,
                         optimizer_streaming, start_share, rise, slots_locked, prefixes, start_cache,
-                        governed.start_footprint_bytes)
+                        governed.start_footprint_bytes, masters_in_partitions)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -381,12 +386,17 @@ def _backward_reads_ahead(workload: Workload, plan: TencachePlan) -> List[str]:
     slots hold besides those and the slot the update lends the first sub-group's gradient (the model's gradients
     come from stage 3's buffer: none on file). The replay issues them where the step's last backward starts; the
     run starts the first sub-group's in the first one, so under gradient accumulation the model is pessimistic."""
-    zero = workload.zero
-    first = [name for name in _sub_group_keys(zero, 0) if name not in plan.optimizer_held]
-    later = [name for i in range(1, len(workload.sub_groups)) for name in _sub_group_keys(zero, i)
-             if name not in plan.optimizer_held]
+    first = _read_keys(workload, plan, 0)
+    later = [name for i in range(1, len(workload.sub_groups)) for name in _read_keys(workload, plan, i)]
     idle = plan.optimizer_streaming_bytes // _update_slot_bytes(workload) - len(first) - 1
     return first + later[:max(0, idle)]
+
+
+def _read_keys(workload: Workload, plan: TencachePlan, i: int) -> List[str]:
+    """Sub-group ``i``'s tensors its update reads from file: those the tier does not hold, but a master the
+    parameter partitions hold (filled from them: ``masters_in_partitions``)."""
+    return [name for name in _sub_group_keys(workload.zero, i) if name not in plan.optimizer_held
+            and not (plan.masters_in_partitions and _OPTIMIZER_KEYS[name[0]] == "master")]
 
 
 def _tencache_optimizer(workload: Workload, timeline: Timeline, rates: Rates, plan: TencachePlan,
@@ -394,8 +404,8 @@ def _tencache_optimizer(workload: Workload, timeline: Timeline, rates: Rates, pl
     groups = len(workload.sub_groups)
 
     def read(i: int) -> None:
-        for name in _sub_group_keys(workload.zero, i):
-            if name not in plan.optimizer_held and name not in ahead:
+        for name in _read_keys(workload, plan, i):
+            if name not in ahead:
                 ahead[name] = timeline.issue("nvme_read", plan.optimizer_io_bytes(name, sizes[name]), name)
 
     for i in range(groups):
@@ -403,6 +413,9 @@ def _tencache_optimizer(workload: Workload, timeline: Timeline, rates: Rates, pl
         for name in _sub_group_keys(workload.zero, i):
             if name in ahead:
                 timeline.wait(ahead.pop(name), "nvme_read")
+            elif plan.masters_in_partitions and _OPTIMIZER_KEYS[name[0]] == "master" and \
+                    name not in plan.optimizer_held:  # copied from the partitions on the training thread
+                timeline.work(sizes[name] / rates.host_copy_bytes_per_s, "compute")
         if i + 1 < groups:
             read(i + 1)
         timeline.work(optimizer_cpu_s(workload, workload.sub_group_elements(i), rates), "cpu_adam")

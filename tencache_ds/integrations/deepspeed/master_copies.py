@@ -1,0 +1,133 @@
+"""The fp32 masters' second copy: the parameter partitions. Owns: whether a swapped sub-group's fp32 master can be
+filled from its parameter partitions instead of read from its file, and that fill.
+
+Why it can: after each sub-group's update stage 3 copies the new master into the sub-group's parameter partitions
+(``_partitioned_params_swap_out``: partition by partition, in ``fp16_groups`` order, ``ds_numel`` elements each),
+and those partitions are what the master is made of at initialisation. Where the partitions are in the masters'
+dtype (a model trained in fp32), that copy is exact, so until a partition is written otherwise, the concatenated
+partitions are the master, bit for bit. A tier that holds the partitions in host memory for the next forward pass
+(the parameter swapper's cache) then saves the master's read, a third of the update's reads with Adam.
+
+When it is current (cache/copy_validity.py holds the rule): stage 3 copied the master into the partitions while the
+sub-group was lent (install.py wraps ``_partitioned_params_swap_out``), and no partition has been written since:
+the parameter swapper counts its writes (``partition_writes``: zero.Init, a gather that modified its parameter,
+stage 3's copy); a partition outside tencache's swapper (too small to swap: it stays in host memory) is compared by
+its tensor's version counter and storage, which a modifying gather's in-place copy moves. A checkpoint load, a
+purge or a new initialisation forgets every copy (optimizer_swapper.py). A partition of another dtype (bf16 or fp16
+training), or a sub-group whose parameters stage 3 keeps in its own flat buffer, is never a copy.
+
+The fill copies each partition from host memory of the parameter swapper's (held, lent, or being written) or from
+the resident tensor; where one is only on file, it reports so and the master's own file is read instead (that file
+is kept current: the master is still written back as before, so checkpoints and every other reader see it).
+"""
+import weakref
+from typing import Optional, Tuple
+
+import torch
+from deepspeed.runtime.swap_tensor.partitioned_param_swapper import PartitionedParamStatus
+
+from ...cache.copy_validity import CopyValidity
+from .param_swapper import TencacheParamSwapper
+
+
+class MasterCopies:
+    """For one ZeRO-3 optimizer (``stage3``) whose swapped masters are ``dtype``: which sub-groups' masters its
+    parameter partitions hold, and the fill. Sub-groups are named by their master's ``ds_id`` (the optimizer
+    swapper's group ids)."""
+
+    def __init__(self, stage3, dtype: torch.dtype):
+        self._stage3 = weakref.ref(stage3)
+        self.dtype = dtype
+        self.validity = CopyValidity()
+        self._index = None  # group id -> sub-group index, built at first use (the masters exist by then)
+        self.filled = 0        # COUNT: masters filled from their partitions
+        self.filled_bytes = 0  # ... and their bytes
+
+    # ------------------------------------------------------------------------- the optimizer swapper's calls
+    def lent(self, group) -> None:
+        self.validity.lent(group)
+
+    def copied_to_partitions(self, sub_group_index: int, group) -> None:
+        """Stage 3 copied sub-group ``sub_group_index``'s master (lent as ``group``) into its partitions."""
+        versions = self._versions(sub_group_index)
+        if versions is not None:
+            self.validity.copied_out(group, versions)
+
+    def released(self, group, changed: bool) -> None:
+        self.validity.released(group, changed)
+
+    def forget_all(self) -> None:
+        self.validity.forget_all()
+
+    def current(self, group) -> bool:
+        """Do the partitions hold ``group``'s master now, each in host memory the parameter swapper keeps? (Kept, not
+        merely lent: a partition streamed through a slot is gone by the update, and the master's read is then better
+        started ahead than found missing at the fill.)"""
+        index = self._sub_group_index(group)
+        if index is None:
+            return False
+        versions = self._versions(index)
+        return versions is not None and self.validity.current(group, versions) and self._kept(index)
+
+    def fill(self, group, into: torch.Tensor) -> bool:
+        """Copy ``group``'s partitions into ``into`` (the master's numel); False, with ``into`` partly written,
+        where one is on file only."""
+        stage3, index = self._stage3(), self._sub_group_index(group)
+        offset = 0
+        for param, partition in zip(stage3.fp16_groups[index], stage3.fp16_partitioned_groups[index]):
+            dest = into.narrow(0, offset, partition.ds_numel)
+            swapper = getattr(param, "nvme_swapper", None)
+            if isinstance(swapper, TencacheParamSwapper) and swapper.store.knows(param.ds_id):
+                if not swapper.copy_partition(param, dest):
+                    return False
+            elif partition.status == PartitionedParamStatus.AVAILABLE:
+                dest.copy_(partition.data)
+            else:
+                return False
+            offset += partition.ds_numel
+        if offset != into.numel():
+            raise RuntimeError(f"the partitions of optimizer sub-group {group} hold {offset} elements, its fp32 "
+                               f"master {into.numel()}")
+        self.filled += 1
+        self.filled_bytes += into.numel() * into.element_size()
+        return True
+
+    # ------------------------------------------------------------------------------------------- private
+    def _sub_group_index(self, group) -> Optional[int]:
+        stage3 = self._stage3()
+        if stage3 is None:
+            return None
+        if self._index is None:
+            self._index = {getattr(master, "ds_id", None): index
+                           for index, master in enumerate(stage3.fp32_partitioned_groups_flat)}
+        return self._index.get(group)
+
+    def _kept(self, index: int) -> bool:
+        stage3 = self._stage3()
+        for param in stage3.fp16_groups[index]:
+            swapper = getattr(param, "nvme_swapper", None)
+            if isinstance(swapper, TencacheParamSwapper) and swapper.store.knows(param.ds_id) and \
+                    not swapper.store.kept(param.ds_id):
+                return False
+        return True
+
+    def _versions(self, index: int) -> Optional[Tuple]:
+        """What says whether sub-group ``index``'s partitions were written: per partition, the parameter swapper's
+        count of its writes, or the resident tensor's version counter and storage; None where the partitions cannot
+        hold the master (another dtype, or kept in stage 3's own flat buffer)."""
+        stage3 = self._stage3()
+        if stage3 is None or stage3.fp16_partitioned_groups_flat[index] is not None:
+            return None
+        versions = []
+        for param, partition in zip(stage3.fp16_groups[index], stage3.fp16_partitioned_groups[index]):
+            swapper = getattr(param, "nvme_swapper", None)
+            if isinstance(swapper, TencacheParamSwapper) and swapper.store.knows(param.ds_id):
+                # the swapper's dtype: a partition away on file holds a placeholder of another (its .data)
+                if swapper.dtype != self.dtype:
+                    return None
+                versions.append(("swapped", swapper.partition_writes[param.ds_id]))
+            elif partition.dtype != self.dtype:
+                return None
+            else:
+                versions.append(("resident", partition._version, partition.data_ptr()))
+        return tuple(versions)
