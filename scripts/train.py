@@ -533,8 +533,6 @@ def run_steps(engine, batches, steps, grad_accum, first_step=0, save_after=None,
         cpu0 = cpu_times()
         t0 = time.perf_counter()
         loss = train_step(engine, batches, grad_accum, set_grads)
-        if step == edit_weights_after_step:
-            edit_weights(engine)
         if step == kill_after_step:
             log0(f"step {step} loss {loss.item():.4f}: killing this process (SIGKILL)")
             os.kill(os.getpid(), signal.SIGKILL)
@@ -558,6 +556,8 @@ def run_steps(engine, batches, steps, grad_accum, first_step=0, save_after=None,
             value = eval_loss(engine, eval_batches)
             records[-1]["eval_loss_bits"] = loss_bits(value)
             log0(f"eval after step {step} loss {value:.4f}")
+        if step == edit_weights_after_step:  # outside the step's measurements: the next step's start
+            edit_weights(engine)
     return records
 
 

@@ -6,11 +6,15 @@ copies' holders have written them since (``versions``); the copying itself is th
 
 The rule, per key:
 - a borrower that copied the lent tensor out (``copied_out``) makes that copy current when the tensor goes back
-  (``released``), changed or not: the copy is the last thing stage 3 does with a sub-group before giving it back;
-- a tensor given back changed without such a copy has none that is current;
+  changed (``released``): the copy is the last thing stage 3 does with a sub-group before giving it back, and the
+  tensor kept what the copy took (a tensor given back unchanged after a copy went back without the changes its
+  borrower made before copying: no copy is current then);
+- a tensor given back changed without such a copy has none that is current, and one given back with neither
+  keeps what it had;
 - a copy is current only while its holders report the versions they had right after it (``current``): any write
   to one of them since (a checkpoint load, a user's change of a parameter) ends it;
-- ``forget_all`` (the files were replaced: a checkpoint load, a new initialisation) ends every one.
+- ``forget`` ends one (a copy made while the tensor was not lent, a failed give-back), ``forget_all`` every one (the
+  files were replaced: a checkpoint load, files adopted under other ids, a new initialisation).
 """
 from typing import Dict, Hashable, Tuple
 
@@ -35,15 +39,19 @@ class CopyValidity:
     def released(self, key, changed: bool) -> None:
         """``key`` went back (``changed``: the borrower wrote to it)."""
         copied = self._copied_while_lent.pop(key, None)
-        if copied is not None:
+        if copied is not None and changed:
             self._current[key] = copied
-        elif changed:
+        elif copied is not None or changed:
             self._current.pop(key, None)
 
     def current(self, key, versions: Versions) -> bool:
         """Does ``key`` have a copy its holders, now at ``versions``, have not written since it was made?"""
         made = self._current.get(key)
         return made is not None and made == tuple(versions)
+
+    def forget(self, key) -> None:
+        self._current.pop(key, None)
+        self._copied_while_lent.pop(key, None)
 
     def forget_all(self) -> None:
         self._current.clear()

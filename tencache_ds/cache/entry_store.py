@@ -269,7 +269,7 @@ class EntryStore:
         with self._lock:
             entry = self._table[key]
             self._transfers.wait_write(entry)
-            copyable = entry.state == S.ON_FILE and entry.external_read is None and entry.prefix is None
+            copyable = self._copyable(entry)
             if copyable:
                 nbytes = self.swap_nbytes(entry.numel)
                 access = self.recorder.touch(key, nbytes)
@@ -282,6 +282,18 @@ class EntryStore:
                     self._transfers.start_read(entry, access)
                 self._checked()
         return self.wait_read(key) if copyable else self.lend(key)
+
+    def copyable(self, key) -> bool:
+        """Would ``lend_copied`` take ``key``'s bytes from a copy (the entry on file, or being written there, with no
+        prefix and no read in flight)? False for an unknown key."""
+        with self._lock:
+            entry = self._table.get(key)
+            return entry is not None and (self._copyable(entry) or (entry.state == S.WRITING and entry.evicting
+                                                                     and entry.prefix is None))
+
+    @staticmethod
+    def _copyable(entry: Entry) -> bool:
+        return entry.state == S.ON_FILE and entry.external_read is None and entry.prefix is None
 
     def copy_newest(self, key, into: torch.Tensor) -> bool:
         """Copy ``key``'s newest bytes into ``into`` (``numel`` elements) where a buffer of ours holds them (held,

@@ -108,6 +108,8 @@ class Transfers:
             raise
         if not filled:
             return False
+        tail = self.swap_view(entry).narrow(0, entry.numel, self._aligned_numel(entry.numel) - entry.numel)
+        tail.zero_()  # past the tensor, up to the I/O alignment: written back with it, so never another's bytes
         entry.io = Future()  # no NVMe read to time for the profile
         entry.io.set_result(None)
         self.table.set(entry, S.READING)

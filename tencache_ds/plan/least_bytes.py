@@ -80,7 +80,8 @@ def store_uses(section: str, keys: Sequence[Hashable], masters_in_partitions: bo
         if GRADIENT_FILE.match(str(key)):
             gradient_positions.setdefault(key, []).append(position)
         else:
-            master = STATE_FILE.match(str(key)) is not None and STATE_FILE.match(str(key))["state"] is None
+            state_file = STATE_FILE.match(str(key))
+            master = state_file is not None and state_file["state"] is None
             uses[position] = Use(reads=True, changes=True, read_elsewhere=masters_in_partitions and master)
     for key, positions in gradient_positions.items():
         group = GRADIENT_FILE.match(str(key))["group"]

@@ -26,6 +26,24 @@ def test_a_change_without_a_copy_ends_the_copy_and_a_read_only_lend_keeps_it():
     assert not validity.current("m", (1,))
 
 
+def test_a_copy_given_back_unchanged_or_forgotten_is_not_current():
+    """A copy made, then the tensor given back unchanged (a give-back that dropped the borrower's changes: the copy
+    has them, the tensor not), or forgotten (a copy made while it was not lent, a failed give-back): no copy."""
+    validity = CopyValidity()
+    validity.lent("m")
+    validity.copied_out("m", (1,))
+    validity.released("m", changed=True)
+    validity.lent("m")
+    validity.copied_out("m", (2,))
+    validity.released("m", changed=False)
+    assert not validity.current("m", (2,)) and not validity.current("m", (1,))
+    validity.lent("m")
+    validity.copied_out("m", (3,))
+    validity.released("m", changed=True)
+    validity.forget("m")
+    assert not validity.current("m", (3,))
+
+
 def test_a_copy_made_in_an_earlier_lend_does_not_count_for_a_later_change():
     validity = CopyValidity()
     validity.lent("m")

@@ -133,6 +133,7 @@ def _adopt(swapper, optimizer, loaded_dir, masters_only: bool) -> int:
             staging = os.path.join(swapper.files_folder, f".adopting-{swap_file_name(new, state)}")  # saves skip "."
             os.replace(source, staging)
             staged.append((staging, target))
+    swapper.forget_master_copies()  # the parameter partitions hold this engine's masters, not the loaded ones
     for staging, target in staged:
         swapper.store.forget(target)  # a copy of this engine's own state: the loaded file replaces it
         os.replace(staging, target)

@@ -12,8 +12,10 @@ When it is current (cache/copy_validity.py holds the rule): stage 3 copied the m
 sub-group was lent (install.py wraps ``_partitioned_params_swap_out``), and no partition has been written since:
 the parameter swapper counts its writes (``partition_writes``: zero.Init, a gather that modified its parameter,
 stage 3's copy); a partition outside tencache's swapper (too small to swap: it stays in host memory) is compared by
-its tensor's version counter and storage, which a modifying gather's in-place copy moves. A checkpoint load, a
-purge or a new initialisation forgets every copy (optimizer_swapper.py). A partition of another dtype (bf16 or fp16
+its tensor's version counter and storage, which a modifying gather's in-place copy moves (a write through its
+``.data`` would not: DeepSpeed writes resident partitions so only in stage 3's own copy of the master, and for frozen
+parameters, which have none). A checkpoint load, files adopted under other ids, a purge or a new initialisation
+forgets every copy, and a copy stage 3 makes while the sub-group is not lent forgets its own (optimizer_swapper.py). A partition of another dtype (bf16 or fp16
 training), or a sub-group whose parameters stage 3 keeps in its own flat buffer, is never a copy.
 
 The fill copies each partition from host memory of the parameter swapper's (held, lent, or being written) or from
@@ -56,6 +58,9 @@ class MasterCopies:
     def released(self, group, changed: bool) -> None:
         self.validity.released(group, changed)
 
+    def forget(self, group) -> None:
+        self.validity.forget(group)
+
     def forget_all(self) -> None:
         self.validity.forget_all()
 
@@ -73,6 +78,8 @@ class MasterCopies:
         """Copy ``group``'s partitions into ``into`` (the master's numel); False, with ``into`` partly written,
         where one is on file only."""
         stage3, index = self._stage3(), self._sub_group_index(group)
+        if stage3 is None or index is None:
+            return False
         offset = 0
         for param, partition in zip(stage3.fp16_groups[index], stage3.fp16_partitioned_groups[index]):
             dest = into.narrow(0, offset, partition.ds_numel)

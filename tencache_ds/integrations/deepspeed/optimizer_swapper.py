@@ -230,7 +230,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         or what ``before_copy(places, source)`` returns when the copy starts (``begin_load_copy``: by then the
         engine has read the checkpoint's own description, e.g. how many ranks saved it)."""
         self._checkpoint_load_pending = True
-        self._forget_master_copies()
+        self.forget_master_copies()
         self._load_places = places or LoadPlaces.ALL
         self._before_load_copy = before_copy
         self.last_load_places = self.last_load_source = None
@@ -284,7 +284,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         """Forget every copy held (all flushed at the load's read of ``swap_folder``): the next use reads the file
         the checkpoint put there, narrowed first where it is a state in stock's widened layout."""
         self._drop_held_copies = False
-        self._forget_master_copies()
+        self.forget_master_copies()
         for key in self.store.held_keys():
             self.store.forget(key)
         self.narrow_loaded_states()
@@ -312,7 +312,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
 
     # ------------------------------------------------------------------------------------- initialisation
     def initialize_parameters(self, parameters, src_tensors):
-        self._forget_master_copies()
+        self.forget_master_copies()
         paths = self._get_swap_paths(parameters=parameters, num_elems=[src.numel() for src in src_tensors])
         for path, source in zip(paths, src_tensors):
             self._store_new(path, source, widen=True)
@@ -321,7 +321,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
                                             fp32_parameters):
         """offload_optimizer.fast_init: build each fp32 master straight from the fp16 partitions (in memory or in
         the param swapper's files) without the lent staging buffers stock needs."""
-        self._forget_master_copies()
+        self.forget_master_copies()
         paths = self._get_swap_paths(parameters=fp32_parameters, num_elems=fp16_num_elems)
         for partitions, numel, path in zip(fp16_partitions_info, fp16_num_elems, paths):
             master = self.store.lend_new(path, numel, path)
@@ -347,7 +347,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             return
         group = OptimizerSwapper.parameter_id(parameter)
         read_ahead = self._read_ahead.pop(group, ())
-        from_partitions = self._master_in_partitions(group)
+        from_partitions = self._master_in_partitions(group, swap_info.tensors[0].swap_path)
         if self.master_copies is not None:
             self.master_copies.lent(group)
         keys = self._lent[group] = []  # filled as each is lent: a failed read still gives the others back
@@ -458,7 +458,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         file current) and forgets every entry, so nothing from before the load is served. Gradients do not survive
         a load (stock's checkpoints skip them too)."""
         super().purge_state()
-        self._forget_master_copies()
+        self.forget_master_copies()
         self._gradient_fragments.clear()
         self._counted_this_window = set()
         self._stored_gradients = set()
@@ -801,9 +801,15 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             self._update_param_state_info(swap_info, parameter)  # may refuse a state of another dtype
             refused = False
         finally:
+            changed = states_changed and not refused
+            try:
+                self._return_lent(swap_info, lent, changed, gradient_changed and not refused)
+            except BaseException:  # what reached the store is not known: no copy of the master is trusted
+                if self.master_copies is not None:
+                    self.master_copies.forget(swap_info.param_id)
+                raise
             if self.master_copies is not None:
-                self.master_copies.released(swap_info.param_id, states_changed and not refused)
-            self._return_lent(swap_info, lent, states_changed and not refused, gradient_changed and not refused)
+                self.master_copies.released(swap_info.param_id, changed)
         for context in swap_info.tensors:
             if context.swap_path not in lent and context.compute_tensor.numel() > 0:  # the optimizer's: first bytes
                 self._store_new(context.swap_path, context.compute_tensor)
@@ -842,20 +848,26 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         """The files of the sub-group's master and state tensors that its update reads: all but a master the
         parameter partitions hold (filled from them at the swap-in instead)."""
         paths = [context.swap_path for context in swap_info.tensors]
-        return paths[1:] if self._master_in_partitions(swap_info.param_id) else paths
+        return paths[1:] if self._master_in_partitions(swap_info.param_id, paths[0]) else paths
 
-    def _master_in_partitions(self, group) -> bool:
-        return self.master_copies is not None and self.master_copies.current(group)
+    def _master_in_partitions(self, group, path) -> bool:
+        """Will the swap-in fill the sub-group's master (its entry at ``path``) from the parameter partitions? Where
+        they hold it, and the store would take the copy (on file, without a prefix of its own: lend_copied)."""
+        return self.master_copies is not None and self.store.copyable(path) and self.master_copies.current(group)
 
     def master_copied_to_partitions(self, sub_group_index: int, master) -> None:
         """Stage 3 has copied sub-group ``sub_group_index``'s fp32 ``master`` into its parameter partitions
         (``_partitioned_params_swap_out``, after the sub-group's update, at initialisation and at checkpoint loads:
         install.py): while it is lent, that makes the partitions a copy of the master it is given back with."""
         group = OptimizerSwapper.parameter_id(master)
-        if self.master_copies is not None and group in self._lent:
+        if self.master_copies is None:
+            return
+        if group in self._lent:
             self.master_copies.copied_to_partitions(sub_group_index, group)
+        else:  # not the master the store will lend next: the partitions are no copy of that
+            self.master_copies.forget(group)
 
-    def _forget_master_copies(self) -> None:
+    def forget_master_copies(self) -> None:
         """The swap files are being replaced or rebuilt: no partition is known to hold what they will."""
         if self.master_copies is not None:
             self.master_copies.forget_all()
