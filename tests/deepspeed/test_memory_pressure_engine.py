@@ -110,10 +110,12 @@ def test_auto_fills_the_memory_a_small_container_leaves_free_with_stocks_bits(tr
     assert_same_bits(reference, ours)
     steps = [step["stats"] for step in ours.result["steps"]]
     assert steps[0]["host_memory_bound_by"] == memory_cgroup
-    assert steps[0]["optimizer_cache_misses"] > 0  # the start-up share did not hold the state
+    # read, or (an fp32 master) copied from the parameter partitions: not held by the tier (master_copies.py)
+    not_held = [stats["optimizer_cache_misses"] + stats["optimizer_cache_copied"] for stats in steps]
+    assert not_held[0] > 0  # the start-up share did not hold the state
     assert steps[-1]["host_pressure_grows"] >= 1 and steps[-1]["host_pressure_shrinks"] == 0, steps[-1]
     assert steps[-1]["host_cache_budget_bytes"] > steps[0]["host_cache_budget_bytes"]
-    assert steps[-1]["optimizer_cache_misses"] == steps[-2]["optimizer_cache_misses"], steps[-1]  # all held now
+    assert not_held[-1] == not_held[-2], steps[-1]  # all held now
 
 
 def test_auto_keeps_a_single_sub_group_its_streaming_slots_would_hold_anyway_with_stocks_bits(train, memory_cgroup):

@@ -23,6 +23,7 @@ def engine_with(folder, sub_groups):
     swapper._load_places = LoadPlaces.ALL
     swapper._before_load_copy = None
     swapper.last_load_places = swapper.last_load_source = None
+    swapper.master_copies = None  # no parameter partitions hold a master (master_copies.py)
     forgotten = []
     swapper.store = types.SimpleNamespace(forget=forgotten.append)
     rebuilt = []
