@@ -19,8 +19,10 @@ from .report_runs import BenchRun, Value, is_number
 BUDGET_OF = {OPTIMIZER: lambda stats: stats.get("optimizer_cache_budget_bytes"),
              PARAMS: lambda stats: (stats["param_reserved_bytes"] - stats.get("param_retired_bytes", 0)
                                     if is_number(stats.get("param_reserved_bytes")) else None)}
-# the count of fp32 masters a run filled from its parameter partitions instead of reading them (master_copies.py)
+# the count of fp32 masters a run filled from its parameter partitions instead of reading them (master_copies.py),
+# and the bytes those fills took in the optimizer store (its running totals)
 MASTERS_FROM_PARTITIONS = "optimizer_masters_from_partitions"
+COPIED_BYTES = "optimizer_cache_copied_bytes"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,6 +133,20 @@ def least_compute(stock_cpu_step: Value, tencache_step: Value, tencache_io_wait:
     return min(candidates) if candidates else (None, "")
 
 
+def _masters_filled(elsewhere: LeastBytes, read: LeastBytes, copied_per_step: Optional[int]) -> LeastBytes:
+    """The optimizer's least bytes where a run filled fp32 masters from its parameter partitions (master_copies.py)
+    in its measured steps, some or all of them: ``elsewhere`` owes the drive no master's read, a bound below any
+    set of masters filled; ``read`` owes every one, and since keeping a tensor then saves no more than it can when
+    some are filled, ``read`` less the most bytes a step filled (``copied_per_step``) is a bound too. The larger of
+    the two, field by field (without the bytes per step, ``elsewhere``)."""
+    if copied_per_step is None:
+        return elsewhere
+    return dataclasses.replace(
+        elsewhere, read_bytes=max(elsewhere.read_bytes, read.read_bytes - copied_per_step),
+        total_bytes=max(elsewhere.total_bytes, read.total_bytes - copied_per_step),
+        all_read_bytes=max(elsewhere.all_read_bytes, read.all_read_bytes - copied_per_step))
+
+
 def run_least_bytes(run: BenchRun, warmup_steps: int = 0) -> Tuple[Dict[str, LeastBytes], str]:
     """The least NVMe bytes per step of each store of a tencache run ({"params": ..., "optimizer": ...}, the stores
     its profile has) for the budgets its measured steps (after ``warmup_steps``) ran with, and where they come
@@ -152,17 +168,20 @@ def run_least_bytes(run: BenchRun, warmup_steps: int = 0) -> Tuple[Dict[str, Lea
     if not measured:
         return {}, f"the run has no step after its {warmup_steps} warm-up steps"
     stats_rows = [step.get("stats") for step in measured if isinstance(step.get("stats"), dict)]
-    # masters filled from the parameter partitions in the measured steps (the count is a running total): their reads
-    # are not owed to the drive (counted as if every master's were not, which can only lower the bound)
     filled = [stats.get(MASTERS_FROM_PARTITIONS) or 0 for stats in stats_rows]
-    masters_in_partitions = filled[-1] > (filled[0] if len(filled) > 1 else 0)
+    masters_in_partitions = bool(filled) and filled[-1] > (filled[0] if len(filled) > 1 else 0)
+    copied = [stats.get(COPIED_BYTES) or 0 for stats in stats_rows]
+    copied_per_step = max((after - before for before, after in zip(copied, copied[1:])), default=None)
     found = {}
     for store, saved in sections.items():
         budgets = [BUDGET_OF[store](stats) for stats in stats_rows] if store in BUDGET_OF else []
         budgets = [budget for budget in budgets if is_number(budget)]
         if budgets:
-            found[store] = least_bytes(saved.step, store, int(max(budgets)),
-                                       masters_in_partitions=masters_in_partitions and store == OPTIMIZER)
+            capacity = int(max(budgets))
+            found[store] = least_bytes(saved.step, store, capacity)
+            if masters_in_partitions and store == OPTIMIZER:
+                found[store] = _masters_filled(least_bytes(saved.step, store, capacity, masters_in_partitions=True),
+                                               found[store], copied_per_step)
     if not found:
         return {}, f"its profile {path} has no store whose budget the stats give"
     return found, f"{os.path.basename(path)} through budgets of " + ", ".join(
