@@ -394,9 +394,19 @@ def _backward_reads_ahead(workload: Workload, plan: TencachePlan) -> List[str]:
 
 def _read_keys(workload: Workload, plan: TencachePlan, i: int) -> List[str]:
     """Sub-group ``i``'s tensors its update reads from file: those the tier does not hold, but a master the
-    parameter partitions hold (filled from them: ``masters_in_partitions``)."""
+    parameter partitions hold (``_filled_master``)."""
     return [name for name in _sub_group_keys(workload.zero, i) if name not in plan.optimizer_held
-            and not (plan.masters_in_partitions and _OPTIMIZER_KEYS[name[0]] == "master")]
+            and not _filled_master(workload, plan, i, name)]
+
+
+def _filled_master(workload: Workload, plan: TencachePlan, i: int, name: str) -> bool:
+    """Is ``name`` sub-group ``i``'s master, which its update fills from the held parameter partitions
+    (``masters_in_partitions``)? Not where the tier holds it, nor where it holds a prefix of it (the store reads
+    those), nor where none of its partitions is on NVMe (``max_in_cpu``: stage 3 keeps such a sub-group in its own
+    flat buffer; a partition too small to swap beside swapped ones is resident, and filled from)."""
+    return plan.masters_in_partitions and _OPTIMIZER_KEYS[name[0]] == "master" and \
+        name not in plan.optimizer_held and name not in plan.optimizer_prefixes and \
+        any(workload.partitions[key].on_nvme for key in workload.sub_groups[i])
 
 
 def _tencache_optimizer(workload: Workload, timeline: Timeline, rates: Rates, plan: TencachePlan,
@@ -413,8 +423,7 @@ def _tencache_optimizer(workload: Workload, timeline: Timeline, rates: Rates, pl
         for name in _sub_group_keys(workload.zero, i):
             if name in ahead:
                 timeline.wait(ahead.pop(name), "nvme_read")
-            elif plan.masters_in_partitions and _OPTIMIZER_KEYS[name[0]] == "master" and \
-                    name not in plan.optimizer_held:  # copied from the partitions on the training thread
+            elif _filled_master(workload, plan, i, name):  # copied from the partitions on the training thread
                 timeline.work(sizes[name] / rates.host_copy_bytes_per_s, "compute")
         if i + 1 < groups:
             read(i + 1)
