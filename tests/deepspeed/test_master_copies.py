@@ -4,7 +4,7 @@ from its file in steady state, and trains with stock's bits. Real engine, real f
 tencache_ds."""
 import pytest
 
-from test_parity import assert_identical
+from test_parity import assert_identical, assert_same_bits
 
 pytestmark = pytest.mark.deepspeed
 
@@ -43,4 +43,14 @@ def test_weights_edited_between_updates_are_not_undone_by_a_fill_from_stale_part
     stock = train(block=None, **options)
     ours = train(block=PARTITIONS_HELD_ONLY, **options)
     assert_identical(stock, ours)
+    assert ours.last_stats["optimizer_masters_from_partitions"] > 0
+
+
+def test_at_two_ranks_each_rank_fills_the_masters_of_its_own_partitions_with_stock_cpu_offloads_bits(train):
+    """2 ranks, each with its own partitions and masters (stock NVMe drifts there with the optimizer on NVMe and
+    stops with the parameters on it: the reference is stock CPU offload, as in test_residency.py)."""
+    options = dict(OPTIONS, launcher="ranks", num_ranks=2, steps=3, seq_len=32, micro_batch=1)
+    reference = train(block=None, offload_device="cpu", **options)
+    ours = train(block={"host_cache_bytes": "50MB"}, **options)
+    assert_same_bits(reference, ours)
     assert ours.last_stats["optimizer_masters_from_partitions"] > 0

@@ -43,8 +43,6 @@ class MasterCopies:
         self.dtype = dtype
         self.validity = CopyValidity()
         self._index = None  # group id -> sub-group index, built at first use (the masters exist by then)
-        self.filled = 0        # COUNT: masters filled from their partitions
-        self.filled_bytes = 0  # ... and their bytes
 
     # ------------------------------------------------------------------------- the optimizer swapper's calls
     def lent(self, group) -> None:
@@ -96,9 +94,7 @@ class MasterCopies:
         if offset != into.numel():
             raise RuntimeError(f"the partitions of optimizer sub-group {group} hold {offset} elements, its fp32 "
                                f"master {into.numel()}")
-        self.filled += 1
-        self.filled_bytes += into.numel() * into.element_size()
-        return True
+        return True  # (counted by the store that lent the buffer: its copied and copied_bytes)
 
     # ------------------------------------------------------------------------------------------- private
     def _sub_group_index(self, group) -> Optional[int]:

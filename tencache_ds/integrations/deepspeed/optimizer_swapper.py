@@ -637,9 +637,9 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         stats["optimizer_profile_divergences"] = self.profile.divergences
         stats["optimizer_swapper_closed"] = int(self.closed)
         stats["optimizer_backward_reads_ahead"] = self.backward_reads_ahead
-        copies = self.master_copies
-        stats["optimizer_masters_from_partitions"] = copies.filled if copies is not None else 0
-        stats["optimizer_master_bytes_from_partitions"] = copies.filled_bytes if copies is not None else 0
+        # the masters filled from the parameter partitions: the only reads the store serves by a copy
+        stats["optimizer_masters_from_partitions"] = self.store.counters.copied
+        stats["optimizer_master_bytes_from_partitions"] = self.store.counters.copied_bytes
         stats.update({f"optimizer_cache_{key}": value for key, value in self.store.stats().items()})
         stats.update(optimizer_gradient_fragments_remembered=self._gradient_fragments.remembered,
                      optimizer_gradient_fragments_stored=self._gradient_fragments.stored,
