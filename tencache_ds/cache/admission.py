@@ -4,6 +4,8 @@ while the order is unknown, unless bypassing is better; else a write in flight t
 buffer, after waiting for a write that frees a streaming slot rather than mapping new memory), prefixes (room no
 whole tensor fits in holds the first bytes of a streaming one: cache/entry.py), and giving held buffers and
 prefixes back under memory pressure (held buffers also to a caller holding the store's lock: ``ExclusiveStore``).
+Entries whose next use a copy elsewhere serves (``Entry.copy_elsewhere``) give their room up first, in either order
+(plan/eviction.CopiesElsewhere), and take no prefix.
 Does not own: the rules themselves (plan/eviction.py), the I/O (cache/transfers.py), where buffers come from
 (cache/buffer_sources.py).
 
@@ -13,7 +15,7 @@ is waited for with it held, ``Transfers.write_prefix``).
 from typing import Callable, Dict, Hashable, Optional, Tuple
 
 from ..memory.pool import HostBuffer
-from ..plan.eviction import choose_victim, farthest_first, kept_until, prefix_nbytes, victims_for
+from ..plan.eviction import CopiesElsewhere, choose_victim, farthest_first, kept_until, prefix_nbytes, victims_for
 from ..profile.next_use import NextUseIndex
 from ..profile.recorder import StepRecorder
 from .buffer_sources import BufferSource
@@ -37,8 +39,19 @@ class Admission:
         self._counters = counters
         self.next_use: Optional[NextUseIndex] = None
 
-    def _index(self) -> Optional[NextUseIndex]:
-        return self.next_use if self._recorder.on_track else None  # a step that left the profile: LRU
+    def _index(self) -> Optional[CopiesElsewhere]:
+        if self.next_use is None or not self._recorder.on_track:  # a step that left the profile: LRU
+            return None
+        return CopiesElsewhere(self.next_use, self._copy_elsewhere)
+
+    def _copy_elsewhere(self, key) -> bool:
+        entry = self._table.get(key)
+        return entry is not None and entry.copy_elsewhere
+
+    def _copies_elsewhere_first(self, keys) -> list:
+        """``keys`` (in LRU order) with those a copy elsewhere serves first: the order victims are taken in while
+        the access order is unknown (with it, their distance puts them first: CopiesElsewhere)."""
+        return sorted(keys, key=lambda key: not self._copy_elsewhere(key))
 
     def acquire(self, nbytes: int, incoming, use_pending: bool = False) -> Tuple[HostBuffer, bool]:
         """(buffer, kept) for ``nbytes`` of entry ``incoming``: a free buffer from the source; else a held entry
@@ -108,7 +121,8 @@ class Admission:
         return True
 
     def _choose_victim(self, nbytes: int, incoming, use_pending: bool) -> Optional[Entry]:
-        fitting = [entry.key for entry in self._table.held() if self._source.frees_room_for(entry.buffer, nbytes)]
+        fitting = self._copies_elsewhere_first(
+            entry.key for entry in self._table.held() if self._source.frees_room_for(entry.buffer, nbytes))
         if not fitting:
             return None
         position = self._recorder.position
@@ -131,8 +145,8 @@ class Admission:
         its first bytes from now on (the write then copies them out and writes only the rest). Only spare room:
         nothing is evicted for a prefix, and whole tensors take the room first (a read asks for a whole buffer
         before its write asks for a prefix), so in a cyclic order the kept bytes stay the same from step to step."""
-        if entry.prefix is not None or not self._source.holds_prefixes:
-            return
+        if entry.prefix is not None or entry.copy_elsewhere or not self._source.holds_prefixes:
+            return  # (a copy elsewhere serves its reads: a prefix would save only bytes of its write)
         nbytes = prefix_nbytes(self._source.spare_bytes(), self._transfers.swap_nbytes(entry.numel))
         if not nbytes:
             return
@@ -143,7 +157,7 @@ class Admission:
     def give_up_prefixes(self, nbytes: int) -> int:
         """Give back prefixes, farthest next use first, until ``nbytes`` are freed (fewer when there are not
         enough); dirty ones are written first. Returns the bytes freed."""
-        holders = [entry.key for entry in self._table if entry.prefix is not None]
+        holders = self._copies_elsewhere_first(entry.key for entry in self._table if entry.prefix is not None)
         freed = 0
         for key in farthest_first(holders, self._index(), self._recorder.position):
             if freed >= nbytes:
@@ -158,7 +172,8 @@ class Admission:
         """Evict held entries whose buffers ``may_give_back`` until at least ``nbytes`` of buffers are freed (fewer
         when there are not enough): farthest next use first; the dirty ones' writes run together and are waited
         for. Returns the bytes freed."""
-        candidates = [entry.key for entry in self._table.held() if may_give_back(entry.buffer)]
+        candidates = self._copies_elsewhere_first(
+            entry.key for entry in self._table.held() if may_give_back(entry.buffer))
         victims, freed = [], 0
         for key in farthest_first(candidates, self._index(), self._recorder.position):
             if freed >= nbytes:
@@ -184,7 +199,7 @@ class Admission:
         if excess > 0:
             excess -= self.give_up_prefixes(excess)
         excess -= self.evict_held(excess, lambda buffer: True)
-        lent = [entry.key for entry in self._table if entry.state in LENT and entry.kept]
+        lent = self._copies_elsewhere_first(entry.key for entry in self._table if entry.state in LENT and entry.kept)
         for key in farthest_first(lent, self._index(), self._recorder.position):
             if excess <= 0:
                 break

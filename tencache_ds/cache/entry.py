@@ -129,6 +129,9 @@ class Entry:
     prefix: Optional[Any] = None  # a budgeted HostBuffer holding the first prefix_nbytes bytes (module docstring)
     prefix_nbytes: int = 0
     prefix_dirty: bool = False    # the prefix is newer than the file's first prefix_nbytes bytes
+    # The borrower's last release said a current copy of these bytes is kept elsewhere, so the next use reads
+    # nothing (plan/eviction.CopiesElsewhere): the buffer yields its room first, and the entry holds no prefix.
+    copy_elsewhere: bool = False
 
 
 def check_entry(entry: Entry) -> None:

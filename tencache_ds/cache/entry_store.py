@@ -312,10 +312,13 @@ class EntryStore:
         dest.copy_(self.wait_read(key))
         self.release(key)
 
-    def release(self, key, changed: bool = False, fence=None) -> None:
+    def release(self, key, changed: bool = False, fence=None, copy_elsewhere: bool = False) -> None:
         """The borrower is done with ``key`` (``changed``: it wrote to the bytes). The entry stays held if its
         buffer may be kept, else its bytes go to the file first when they are owed. Idempotent; a read still in
-        flight is finished first. ``fence`` (a CUDA event) marks the end of device copies reading the bytes."""
+        flight is finished first. ``fence`` (a CUDA event) marks the end of device copies reading the bytes.
+        ``copy_elsewhere``: the borrower keeps a current copy of the bytes elsewhere, which its next use is served
+        from (``lend_copied``): the buffer gives its room up before others (cache/admission.py), and a prefix goes
+        (the write below then writes the whole tensor) for room that saves reads."""
         with self._lock:
             entry = self._table.get(key)
             if entry is None:
@@ -332,6 +335,7 @@ class EntryStore:
                 return
             if changed and entry.state == S.LENT_CLEAN:
                 self._table.set(entry, S.LENT_DIRTY)
+            entry.copy_elsewhere = copy_elsewhere
             if fence is not None:
                 entry.buffer.fence = fence
             if entry.kept:
@@ -339,6 +343,8 @@ class EntryStore:
             elif entry.state == S.LENT_CLEAN:
                 self._transfers.drop(entry, S.ON_FILE)
             else:  # no room to keep it: to the file (past a prefix, if spare room holds one), then it goes
+                if entry.copy_elsewhere:  # the lent buffer holds every byte: the prefix's are written with the rest
+                    self._transfers.drop_prefix(entry)
                 self._admission.grant_prefix(entry)
                 self._transfers.start_write(entry, evicting=True)
             self._checked()

@@ -1,13 +1,15 @@
 """Belady eviction, one policy for every tier. Owns: which held tensor gives its room up (the one needed farthest
 ahead; least recently used while the order is unknown), when making room is not worth it (bypass: every possible
 victim is needed sooner than the newcomer), and how far ahead a read ahead counts its newcomer as needed (the use
-after the one the read serves), and how large a prefix spare room holds (finer than a whole tensor: the first bytes
-of one that streams, cache/entry.py). Pure: keys, sizes and next-use distances (profile/next_use.py).
+after the one the read serves), how large a prefix spare room holds (finer than a whole tensor: the first bytes
+of one that streams, cache/entry.py), and how a tensor whose next use a copy elsewhere serves counts
+(``CopiesElsewhere``). Pure: keys, sizes and next-use distances (profile/next_use.py).
 
 Served to: the host tier's store (cache/entry_store.py) and its planner (plan/host_residency.py, which replays the
 store's choices; tests/plan/test_eviction.py checks that both miss the same accesses), and the device tier
 (plan/device_tier.py).
 """
+import math
 from typing import Callable, Hashable, List, Optional, Sequence
 
 from ..profile.next_use import NextUseIndex
@@ -15,6 +17,28 @@ from ..profile.next_use import NextUseIndex
 # A prefix's size is a multiple of this (any O_DIRECT alignment divides it), and no prefix is smaller: below it the
 # copy and the second request per read and write cost more than the bytes save.
 PREFIX_GRANULE_BYTES = 1 << 20
+
+
+class CopiesElsewhere:
+    """Next-use distances for a tier some of whose tensors have a current copy elsewhere (``elsewhere(key)``: the
+    fp32 masters that the parameter partitions hold, which an update fills its master from instead of reading it:
+    integrations/deepspeed/master_copies.py). Such a tensor's next use reads nothing, kept or not, so keeping its
+    buffer saves only its write where keeping any other tensor saves a read and a write: it counts as never needed
+    again. The rules below, unchanged, then take its room first and evict nothing to keep it.
+
+    E.g. a cyclic order of three sub-groups' master, moment and moment (p0 m0 v0 p1 m1 v1 p2 m2 v2), room for two:
+    on next use alone the tier would keep p0 and m0, saving m0's read and both writes; with p0..p2 elsewhere it
+    keeps two moments, saving two reads and two writes."""
+
+    def __init__(self, index: NextUseIndex, elsewhere: Callable[[Hashable], bool]):
+        self.index = index
+        self.elsewhere = elsewhere
+
+    def distance(self, key: Hashable, position: int) -> float:
+        return math.inf if self.elsewhere(key) else self.index.distance(key, position)
+
+    def __contains__(self, key) -> bool:
+        return key in self.index
 
 
 def choose_victim(candidates: Sequence[Hashable], index: Optional[NextUseIndex], position: int) -> Hashable:

@@ -17,10 +17,10 @@ give the same room to different tensors, and whole granules of different sizes: 
 prefix.
 """
 import dataclasses
-from typing import Dict, FrozenSet, Hashable, Mapping, Sequence, Set
+from typing import AbstractSet, Dict, FrozenSet, Hashable, Mapping, Sequence, Set
 
 from ..profile.next_use import NextUseIndex
-from .eviction import farthest_first, prefix_nbytes, victims_for
+from .eviction import CopiesElsewhere, farthest_first, prefix_nbytes, victims_for
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,14 +40,16 @@ class Residency:
 
 
 def steady_state(keys: Sequence[Hashable], tensor_nbytes: Dict[Hashable, int], capacity_bytes: int,
-                 prefixes: bool = False) -> Residency:
+                 prefixes: bool = False, elsewhere: AbstractSet[Hashable] = frozenset()) -> Residency:
     """Replay ``keys`` twice through ``capacity_bytes``; the second pass is the steady state. ``prefixes``: the
-    room left holds prefixes of missing keys (module docstring).
+    room left holds prefixes of missing keys (module docstring). ``elsewhere``: keys whose uses a copy elsewhere
+    serves (plan/eviction.CopiesElsewhere: kept only in room nothing else takes, and given no prefix). Their
+    misses still count as misses here: whether one reads NVMe is the caller's to say.
 
     E.g. keys [a, b, c, a, b, c] of 1 byte each, capacity 2: Belady keeps a and b, c is read both times
     (misses {2, 5}); LRU would miss all six.
     """
-    index = NextUseIndex(keys)
+    index = CopiesElsewhere(NextUseIndex(keys), elsewhere.__contains__)
     held: Dict[Hashable, int] = {}
     used = 0
     misses: Set[int] = set()
@@ -78,7 +80,7 @@ def steady_state(keys: Sequence[Hashable], tensor_nbytes: Dict[Hashable, int], c
     granted: Dict[Hashable, int] = {}
     for position in sorted(misses) if prefixes else ():
         key = keys[position]
-        if key not in granted:
+        if key not in granted and key not in elsewhere:
             granted[key] = prefix_nbytes(capacity_bytes - used - sum(granted.values()), tensor_nbytes[key])
     return Residency(frozenset(misses), frozenset(hit_keys - missed_keys),
                      {key: nbytes for key, nbytes in granted.items() if nbytes})

@@ -128,6 +128,79 @@ def test_an_entry_on_file_is_lent_from_another_copy_of_its_bytes_without_a_read(
     store.close()
 
 
+def test_masters_filled_from_elsewhere_leave_the_held_room_to_the_moments(tmp_path, io):
+    """The optimizer's pattern in fp32 training (integrations/deepspeed/master_copies.py): per sub-group a master
+    (p), filled from the parameter partitions once stage 3 has copied it there, and two moments (m, v), read
+    ahead; three sub-groups, room for two tensors. A held master saves only its write, a held moment its read and
+    its write, so the tier ends up holding two moments: 4 reads a step, where keeping p0 and m0 (next use alone)
+    reads 5."""
+    store = make(tmp_path, io, budget_bytes=2 * 401408)
+    keys = [f"{kind}{group}" for group in range(3) for kind in "pmv"]
+    for index, key in enumerate(keys):
+        put(store, tmp_path, key, float(index))
+    store.flush()
+    store.trim_kept(0)
+    store.next_use = NextUseIndex(keys)
+    partitions = {}  # the masters' second copy, made by each update (stage 3's copy into the partitions)
+
+    def fill(key, view):
+        view.copy_(partitions[key])
+        return True
+
+    reads = []
+    for _step in range(4):
+        before = io.counters().read_requests
+        for key in keys:
+            if key in partitions and store.copyable(key):
+                view = store.lend_copied(key, lambda view, key=key: fill(key, view))
+            else:
+                view = store.lend(key)
+            view.add_(1.0)
+            if key.startswith("p"):
+                partitions[key] = view.clone()
+            store.release(key, changed=True, copy_elsewhere=key.startswith("p"))
+        store.recorder.end_step()
+        reads.append(io.counters().read_requests - before)
+    assert reads[2:] == [4, 4] and sorted(store.held_keys()) == ["m0", "v0"], (reads, store.held_keys())
+    store.flush()
+    for index, key in enumerate(keys):  # every update reached its tensor and its file, held, filled or streamed
+        out = torch.empty(NUMEL)
+        store.read_into(key, out)
+        assert torch.all(out == float(index) + 4.0), key
+    store.close()
+
+
+def test_a_master_filled_from_elsewhere_gives_up_its_prefix_to_a_tensor_that_is_read(tmp_path, io):
+    """A prefix (the first bytes of a streaming tensor, in room no whole one fits in) saves a master's read only
+    where the master is read: one the partitions hold is filled whole, and is not while it holds a prefix
+    (``copyable``). Released with a copy elsewhere, it is written whole and its prefix's room goes to the next
+    tensor written out, a moment."""
+    numel = 600_000  # 2.4 MB: above two 1 MiB granules, so spare room of one granule holds a prefix
+    store = make(tmp_path, io, budget_bytes=1 << 20)
+    for key, value in (("p", 1.0), ("m", 2.0)):
+        view = store.lend_new(key, numel, str(tmp_path / f"{key}.swp"))
+        view.fill_(value)
+        store.release(key, changed=True)
+    store.wait_writes()
+    assert not store.copyable("p") and store.copyable("m")  # the master, written first, took the prefix
+    view = store.lend("p")
+    view.add_(1.0)
+    store.release("p", changed=True, copy_elsewhere=True)
+    store.wait_writes()
+    assert store.copyable("p")  # no prefix: the next update may fill it
+    out = torch.empty(numel)
+    assert not store.lend_copied("p", lambda view: False).ne(2.0).any()  # no copy found: its whole file is read
+    store.release("p")
+    view = store.lend("m")
+    view.add_(1.0)
+    store.release("m", changed=True)  # written from a transient buffer: the spare room holds its first bytes now
+    store.wait_writes()
+    assert not store.copyable("m")
+    store.read_into("m", out)
+    assert torch.all(out == 3.0)
+    store.close()
+
+
 def test_an_entry_held_is_lent_as_it_is_and_its_newest_bytes_can_be_copied_without_a_use(tmp_path, io):
     store = make(tmp_path, io, budget_bytes=10 * NBYTES)
     put(store, tmp_path, "m", 1.0)

@@ -6,6 +6,7 @@ import fcntl
 import os
 import platform
 import tempfile
+import threading
 
 import pytest
 import torch
@@ -28,6 +29,34 @@ def test_aligned_round_trip_and_counters(io, tmp_path):
     assert torch.equal(source, target)
     counters = io.counters()
     assert (counters.read_bytes, counters.write_bytes, counters.read_requests) == (1 << 20, 1 << 20, 1)
+
+
+def test_a_request_counts_when_issued_and_a_failed_one_not_at_all(tmp_path):
+    """A step's per-step bytes are the requests it made (IoCounters): a write still running when the step ends
+    counts in that step, not in the next one's window; a request that fails moved nothing we count. The engine's
+    one thread is held at the start of the first request, so it is in flight when the counters are read."""
+    io = DirectFileIO(num_threads=1)
+    started, go = threading.Event(), threading.Event()
+    transfer = io._transfer
+
+    def held(*args):
+        started.set()
+        go.wait(10)
+        return transfer(*args)
+
+    io._transfer = held
+    data = torch.zeros(1 << 18, dtype=torch.float32)
+    path = str(tmp_path / "a.swp")
+    future = io.write(data, path)
+    started.wait(10)
+    assert (io.counters().write_bytes, io.counters().write_requests) == (1 << 20, 1)  # in flight, counted
+    go.set()
+    future.result()
+    assert io.counters().write_bytes == 1 << 20  # not twice
+    with pytest.raises(StaleFileError):
+        io.read(torch.empty(4096, dtype=torch.uint8), str(tmp_path / "nope.swp")).result()
+    assert (io.counters().read_bytes, io.counters().read_requests) == (0, 0)
+    io.close()
 
 
 def test_unaligned_views_use_buffered_io(io, tmp_path):

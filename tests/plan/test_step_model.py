@@ -19,7 +19,7 @@ from tencache_ds.plan.step_model import (STOCK, TENCACHE, Prediction, drive_days
 from tencache_ds.plan.step_model.costs import (backward_host_memory_s, host_step_rise_bytes, norm_fresh_elements,
                                               reduce_bucket_bytes)
 from tencache_ds.plan.step_model.timeline import Timeline, shared_drive_scale
-from tencache_ds.plan.step_model.tencache import _optimizer_sequence, _optimizer_streaming_bytes
+from tencache_ds.plan.step_model.tencache import _optimizer_sequence, _optimizer_streaming_bytes, _partitions_on_nvme
 from tencache_ds.plan.profile_timings import machine_from_profile
 from tencache_ds.plan.workload import ZeroSettings, build_workload
 from tencache_ds.profile.step_profile import StepProfile
@@ -933,12 +933,17 @@ def test_the_gradient_bucket_is_host_memory_between_steps_on_a_host_accelerator(
 def test_an_update_fills_fp32_masters_from_held_partitions_and_reads_only_the_rest(dtype, filled):
     """integrations/deepspeed/master_copies.py: trained in fp32 with every parameter partition held, each update
     copies its sub-group's master from them; its moments are read, and all three are still written. In bf16 the
-    partitions are not the master: it is read. So is a master the tier holds a prefix of."""
+    partitions are not the master: it is read. So is a master the tier holds a prefix of. A tier too small for the
+    whole state gives its room to the moments, whose reads it saves, before the filled masters
+    (plan/eviction.CopiesElsewhere): it holds no such master and no prefix of one; in bf16 it holds masters."""
     config = ds_config("stock-nvme-many-sub-groups.json", host_cache_bytes="100MB")
     config["bf16"] = {"enabled": dtype == "bf16"}
     work = workload(config=config)
     plan = tencache_plan(work, this_vm())
     assert plan.params_all_held and plan.masters_in_partitions == filled
+    masters_kept = [key for key in [*plan.optimizer_held, *plan.optimizer_prefixes]
+                    if key.startswith("p") and _partitions_on_nvme(work, int(key[1:]))]
+    assert bool(masters_kept) != filled, masters_kept
     keys, sizes = _optimizer_sequence(work)
     streamed = [key for key in keys if key not in plan.optimizer_held]
     # a master whose first bytes the tier holds (a prefix) is read past them, as the store does (lend_copied)

@@ -477,7 +477,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             # a swap-in or update that failed (a missing file, say) left its sub-group lent: given back unchanged,
             # so that the error the run stopped on is the one the user sees, not "cannot forget tensor ... lent"
             for group, keys in self._lent.items():
-                self._return_lent(self.swap_params_info[group], set(keys), False, False)
+                self._return_lent(self.swap_params_info[group], set(keys), False, False, master_elsewhere=False)
             self._lent = {}
             self._release_read_ahead()
             self.store.flush()
@@ -803,24 +803,30 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         finally:
             changed = states_changed and not refused
             try:
-                self._return_lent(swap_info, lent, changed, gradient_changed and not refused)
+                if self.master_copies is not None:
+                    self.master_copies.released(swap_info.param_id, changed)
+                # a master the partitions hold now: its next update fills it from them, so keeping its buffer would
+                # save only its write (the store gives that room to tensors whose reads it saves)
+                master_elsewhere = self.master_copies is not None and self.master_copies.current(swap_info.param_id)
+                self._return_lent(swap_info, lent, changed, gradient_changed and not refused, master_elsewhere)
             except BaseException:  # what reached the store is not known: no copy of the master is trusted
                 if self.master_copies is not None:
                     self.master_copies.forget(swap_info.param_id)
                 raise
-            if self.master_copies is not None:
-                self.master_copies.released(swap_info.param_id, changed)
         for context in swap_info.tensors:
             if context.swap_path not in lent and context.compute_tensor.numel() > 0:  # the optimizer's: first bytes
                 self._store_new(context.swap_path, context.compute_tensor)
         swap_info.release_memory()
 
-    def _return_lent(self, swap_info, lent: set, states_changed: bool, gradient_changed: bool) -> None:
-        """Give back the entries in ``lent`` of sub-group ``swap_info``: its tensors, and its gradient (discarded
-        where it was a copy of fragments stage 3 still holds: nothing to keep or write)."""
-        for context in swap_info.tensors:
+    def _return_lent(self, swap_info, lent: set, states_changed: bool, gradient_changed: bool,
+                     master_elsewhere: bool) -> None:
+        """Give back the entries in ``lent`` of sub-group ``swap_info``: its tensors (the master, the first, with
+        ``master_elsewhere``: the parameter partitions hold it), and its gradient (discarded where it was a copy of
+        fragments stage 3 still holds: nothing to keep or write)."""
+        for index, context in enumerate(swap_info.tensors):
             if context.swap_path in lent:
-                self.store.release(context.swap_path, changed=states_changed)
+                self.store.release(context.swap_path, changed=states_changed,
+                                   copy_elsewhere=master_elsewhere and index == 0)
         if swap_info.has_gradients():
             path = self._gradient_path(swap_info)
             if path in lent and self._gradient_fragments.filled_alone(swap_info.param_id):

@@ -109,12 +109,19 @@ def tencache_plan(workload: Workload, machine: Machine) -> TencachePlan:
     if governed.param_cache_bytes < param_cache:  # given back at run time: the cache slots that stay
         param_cache = class_bytes(cache_slot_counts(histogram, streaming_counts, governed.param_cache_bytes))
     params_all_held = bool(swapped) and streaming + param_cache >= class_bytes(histogram)
+    # integrations/deepspeed/master_copies.py: partitions in the masters' dtype, swapped by tencache, all held
+    # between uses (with a host tier at all: without one, the slots keep nothing after the update writes them)
+    masters_in_partitions = zero.offload_optimizer == "nvme" and params_all_held and host > 0 and \
+        zero.element_bytes == zero.precision.master_bytes
     held = frozenset()
     prefixes: Dict[str, int] = {}
     optimizer_streaming = 0
     if zero.offload_optimizer == "nvme":
         keys, sizes = _optimizer_sequence(workload)
-        residency = steady_state(keys, sizes, optimizer_share, prefixes=True)
+        # the masters filled from the partitions yield the tier's room to the moments (plan/eviction.CopiesElsewhere)
+        filled = frozenset(f"p{i}" for i in range(len(workload.sub_groups))
+                           if masters_in_partitions and _partitions_on_nvme(workload, i))
+        residency = steady_state(keys, sizes, optimizer_share, prefixes=True, elsewhere=filled)
         held, prefixes = residency.held, dict(residency.prefixes)
         if len(held) < len(sizes):  # a sub-group's tensors stream through slots (_optimizer_streaming_bytes)
             optimizer_streaming = _optimizer_streaming_bytes(workload)
@@ -124,10 +131,6 @@ def tencache_plan(workload: Workload, machine: Machine) -> TencachePlan:
     device_free = resources.device_free_bytes
     device = device_tier_budget(config.device_cache_bytes, machine.accelerator_is_host, param_capacity,
                                 device_free, 0.5) if config.device_cache_bytes != 0 else 0
-    # integrations/deepspeed/master_copies.py: partitions in the masters' dtype, swapped by tencache, all held
-    # between uses (with a host tier at all: without one, the slots keep nothing after the update writes them)
-    masters_in_partitions = zero.offload_optimizer == "nvme" and params_all_held and host > 0 and \
-        zero.element_bytes == zero.precision.master_bytes
     return TencachePlan(host, streaming, param_cache, optimizer_share, device, params_all_held, held,
                         optimizer_streaming, start_share, rise, slots_locked, prefixes, start_cache,
                         governed.start_footprint_bytes, masters_in_partitions)
@@ -405,8 +408,12 @@ def _filled_master(workload: Workload, plan: TencachePlan, i: int, name: str) ->
     those), nor where none of its partitions is on NVMe (``max_in_cpu``: stage 3 keeps such a sub-group in its own
     flat buffer; a partition too small to swap beside swapped ones is resident, and filled from)."""
     return plan.masters_in_partitions and _OPTIMIZER_KEYS[name[0]] == "master" and \
-        name not in plan.optimizer_held and name not in plan.optimizer_prefixes and \
-        any(workload.partitions[key].on_nvme for key in workload.sub_groups[i])
+        name not in plan.optimizer_held and name not in plan.optimizer_prefixes and _partitions_on_nvme(workload, i)
+
+
+def _partitions_on_nvme(workload: Workload, i: int) -> bool:
+    """Has sub-group ``i`` a parameter partition on NVMe (else stage 3 keeps it in its own flat buffer)?"""
+    return any(workload.partitions[key].on_nvme for key in workload.sub_groups[i])
 
 
 def _tencache_optimizer(workload: Workload, timeline: Timeline, rates: Rates, plan: TencachePlan,
