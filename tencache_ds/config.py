@@ -60,7 +60,7 @@ class TencacheConfig(BaseModel):
     (DeepSpeed's own release rules)."""
 
     metrics_path: Optional[str] = None
-    """Where per-step metrics are appended as JSON lines, one object per optimizer step (schema "tencache.metrics/7":
+    """Where per-step metrics are appended as JSON lines, one object per optimizer step (schema "tencache.metrics/8":
     step time, fetch wait, device and host hit rates, NVMe bytes, prefetches, memory, the host cache budget and the
     host memory reading it follows); tencache_ds.stats(engine)
     returns the latest. None: no file."""

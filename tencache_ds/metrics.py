@@ -3,7 +3,7 @@ into per-step numbers, and the JSON-lines file. Pure: the numbers come from inte
 
 One line per optimizer step at the config's ``metrics_path``, and the latest one in ``tencache_ds.stats(engine)``:
 
-    {"schema": "tencache.metrics/7", "step": 12, "step_time_s": 1.93, "fetch_wait_s": 0.004,
+    {"schema": "tencache.metrics/8", "step": 12, "step_time_s": 1.93, "fetch_wait_s": 0.004,
      "param_nvme_wait_s": 0.003, "optimizer_nvme_wait_s": 0.001, "device_fetch_s": 0.41,
      "device_fetch_bytes": 248512512, "device_gathers": 3, "device_hit_rate": 0.87, "host_hit_rate": 1.0,
      "nvme_read_bytes": 0, "nvme_write_bytes": 0, "nvme_write_bytes_per_day": 0.0, "prefetch_issued": 0,
@@ -36,8 +36,9 @@ What each per-step number means (this step's, not a running total):
   steps counts towards the next). ``device_cache_bytes_in_use`` is its value at the step's end, which is 0
   wherever the tier keeps parameters only until the update (on a GPU: the optimizer step makes every kept copy
   stale).
-- ``nvme_*_bytes``, ``prefetch_*``: this step's; the ``*_bytes_*`` gauges are their values at the step's end; a hit
-  rate is None when the step made no such access. ``host_memory_available_bytes`` and ``host_step_rise_bytes`` are
+- ``nvme_*_bytes``, ``prefetch_*``: this step's (bytes of the file requests it issued, less failed ones: a write
+  still running at the step's end is the step's, io/direct_io.py ``IoCounters``); the ``*_bytes_*`` gauges are
+  their values at the step's end; a hit rate is None when the step made no such access. ``host_memory_available_bytes`` and ``host_step_rise_bytes`` are
   the last host-memory reading (taken before the step's last forward pass, after whatever it decided:
   integrations/deepspeed/memory_pressure.py).
 
@@ -45,7 +46,7 @@ Schema history: 2 added ``host_cache_budget_bytes``, ``host_memory_available_byt
 3 added ``param_nvme_wait_s``, ``optimizer_nvme_wait_s``, ``device_fetch_s``, ``device_fetch_bytes``, and made
 ``device_hit_rate`` None where the device tier cannot apply; 4 added ``nvme_busy_fraction`` and
 ``nvme_queue_depth``; 5 added ``device_cache_peak_bytes``; 6 added ``device_gathers``; 7 added
-``nvme_write_bytes_per_day``.
+``nvme_write_bytes_per_day``; 8 counts ``nvme_*_bytes`` when requests are issued, not when done.
 """
 import dataclasses
 import json
@@ -55,7 +56,7 @@ from typing import Callable, Dict, Optional
 
 from .drive_wear import bytes_written_per_day
 
-SCHEMA = "tencache.metrics/7"
+SCHEMA = "tencache.metrics/8"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -25,7 +25,7 @@ class Clock:
 def test_key_set_is_the_schema():
     meter = StepMeter(clock=Clock())
     assert set(meter.step_end(RunningTotals(), Gauges()).flat()) == SCHEMA_KEYS
-    assert SCHEMA == "tencache.metrics/7"
+    assert SCHEMA == "tencache.metrics/8"
 
 
 def test_steps_report_increases_since_the_previous_step():

@@ -130,7 +130,9 @@ class Entry:
     prefix_nbytes: int = 0
     prefix_dirty: bool = False    # the prefix is newer than the file's first prefix_nbytes bytes
     # The borrower's last release said a current copy of these bytes is kept elsewhere, so the next use reads
-    # nothing (plan/eviction.CopiesElsewhere): the buffer yields its room first, and the entry holds no prefix.
+    # nothing (plan/eviction.CopiesElsewhere): the buffer yields its room first, and no prefix is granted to it
+    # (one it holds goes when a release writes it whole). Only a hint for the policy, possibly stale by the next use:
+    # whether a lend is served from the copy is decided there (EntryStore.lend_copied's caller).
     copy_elsewhere: bool = False
 
 

@@ -50,10 +50,10 @@ class IoCounters:
     """Bytes and requests issued since the engine started, less those that failed. # SUM, protected by
     DirectFileIO._lock
 
-    Counted when issued, not when done, so that a training step's per-step bytes (integrations/deepspeed/stats.py)
-    are the requests it made: counted when done, the writes an update leaves behind fell into the next step's
-    window wherever they finished after the step ended, and gpt2-1.3b's per-step writes swung by a tensor (11.4 to
-    12.7 GiB) from step to step around a steady 12.7."""
+    Counted when issued, not when done, so that a training step's bytes (integrations/deepspeed/stats.py) are
+    attributed to the step that issued them: counted when done, a write an update left behind fell into the next
+    step's window wherever it finished after the step ended (gpt2-1.3b's per-step writes, steady at about 12.7 GiB,
+    read 11.4 to 12.7 GiB from step to step)."""
 
     read_bytes: int = 0
     write_bytes: int = 0
@@ -136,14 +136,15 @@ class DirectFileIO:
 
     def _run(self, is_write: bool, tensor, address: int, nbytes: int, path: str, file_offset: int) -> int:
         del tensor  # held by the submitted call only to keep the memory alive until the request ran
-        self.activity.started()
         try:
-            return self._transfer(is_write, address, nbytes, path, file_offset)
+            self.activity.started()
+            try:
+                return self._transfer(is_write, address, nbytes, path, file_offset)
+            finally:
+                self.activity.finished()
         except BaseException:  # it moved nothing we count (a failed request is retried, or its error raised)
             self._count(is_write, -nbytes, -1)
             raise
-        finally:
-            self.activity.finished()
 
     def _transfer(self, is_write: bool, address: int, nbytes: int, path: str, file_offset: int) -> int:
         view = memoryview((ctypes.c_char * nbytes).from_address(address)).cast("B") if nbytes else memoryview(b"")

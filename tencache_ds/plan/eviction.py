@@ -10,7 +10,7 @@ store's choices; tests/plan/test_eviction.py checks that both miss the same acce
 (plan/device_tier.py).
 """
 import math
-from typing import Callable, Hashable, List, Optional, Sequence
+from typing import Callable, Hashable, List, Optional, Sequence, Tuple, Union
 
 from ..profile.next_use import NextUseIndex
 
@@ -28,7 +28,11 @@ class CopiesElsewhere:
 
     E.g. a cyclic order of three sub-groups' master, moment and moment (p0 m0 v0 p1 m1 v1 p2 m2 v2), room for two:
     on next use alone the tier would keep p0 and m0, saving m0's read and both writes; with p0..p2 elsewhere it
-    keeps two moments, saving two reads and two writes."""
+    keeps two moments, saving two reads and two writes.
+
+    Among themselves such tensors go in the order of their next use (``farness``), not in the order they happen to
+    be held, so that the planner (plan/host_residency.py) and the store, which hold them in different orders,
+    choose the same."""
 
     def __init__(self, index: NextUseIndex, elsewhere: Callable[[Hashable], bool]):
         self.index = index
@@ -37,24 +41,34 @@ class CopiesElsewhere:
     def distance(self, key: Hashable, position: int) -> float:
         return math.inf if self.elsewhere(key) else self.index.distance(key, position)
 
+    def farness(self, key: Hashable, position: int) -> Tuple[float, float]:
+        return self.distance(key, position), self.index.distance(key, position)
+
     def __contains__(self, key) -> bool:
         return key in self.index
 
 
-def choose_victim(candidates: Sequence[Hashable], index: Optional[NextUseIndex], position: int) -> Hashable:
+Index = Union[NextUseIndex, CopiesElsewhere]
+
+
+def _farness(index: Index, key: Hashable, position: int):
+    return index.farness(key, position) if isinstance(index, CopiesElsewhere) else index.distance(key, position)
+
+
+def choose_victim(candidates: Sequence[Hashable], index: Optional[Index], position: int) -> Hashable:
     """The candidate to evict: the one used farthest in the future (Belady) when ``index`` knows the order, the
     first (least recently used, callers pass LRU order) otherwise or on ties."""
     if index is None:
         return candidates[0]
-    return max(candidates, key=lambda key: index.distance(key, position))  # max keeps the first on ties
+    return max(candidates, key=lambda key: _farness(index, key, position))  # max keeps the first on ties
 
 
-def farthest_first(candidates: Sequence[Hashable], index: Optional[NextUseIndex], position: int) -> List[Hashable]:
+def farthest_first(candidates: Sequence[Hashable], index: Optional[Index], position: int) -> List[Hashable]:
     """``candidates`` in the order ``choose_victim`` would take them one by one: farthest next use first (ties in
     the given order: sorting is stable), or the given (LRU) order while ``index`` is None."""
     if index is None:
         return list(candidates)
-    return sorted(candidates, key=lambda key: -index.distance(key, position))
+    return sorted(candidates, key=lambda key: _farness(index, key, position), reverse=True)
 
 
 def worth_evicting(victim_next_use: float, incoming_next_use: float) -> bool:

@@ -188,7 +188,6 @@ def test_a_master_filled_from_elsewhere_gives_up_its_prefix_to_a_tensor_that_is_
     store.release("p", changed=True, copy_elsewhere=True)
     store.wait_writes()
     assert store.copyable("p")  # no prefix: the next update may fill it
-    out = torch.empty(numel)
     assert not store.lend_copied("p", lambda view: False).ne(2.0).any()  # no copy found: its whole file is read
     store.release("p")
     view = store.lend("m")
@@ -196,6 +195,7 @@ def test_a_master_filled_from_elsewhere_gives_up_its_prefix_to_a_tensor_that_is_
     store.release("m", changed=True)  # written from a transient buffer: the spare room holds its first bytes now
     store.wait_writes()
     assert not store.copyable("m")
+    out = torch.empty(numel)
     store.read_into("m", out)
     assert torch.all(out == 3.0)
     store.close()

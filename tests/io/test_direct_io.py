@@ -45,18 +45,19 @@ def test_a_request_counts_when_issued_and_a_failed_one_not_at_all(tmp_path):
         return transfer(*args)
 
     io._transfer = held
-    data = torch.zeros(1 << 18, dtype=torch.float32)
-    path = str(tmp_path / "a.swp")
-    future = io.write(data, path)
-    started.wait(10)
-    assert (io.counters().write_bytes, io.counters().write_requests) == (1 << 20, 1)  # in flight, counted
-    go.set()
-    future.result()
-    assert io.counters().write_bytes == 1 << 20  # not twice
-    with pytest.raises(StaleFileError):
-        io.read(torch.empty(4096, dtype=torch.uint8), str(tmp_path / "nope.swp")).result()
-    assert (io.counters().read_bytes, io.counters().read_requests) == (0, 0)
-    io.close()
+    try:
+        future = io.write(torch.zeros(1 << 18, dtype=torch.float32), str(tmp_path / "a.swp"))
+        started.wait(10)
+        assert (io.counters().write_bytes, io.counters().write_requests) == (1 << 20, 1)  # in flight, counted
+        go.set()
+        future.result()
+        assert io.counters().write_bytes == 1 << 20  # not twice
+        with pytest.raises(StaleFileError):  # counted when issued, taken back when it fails
+            io.read(torch.empty(4096, dtype=torch.uint8), str(tmp_path / "nope.swp")).result()
+        assert (io.counters().read_bytes, io.counters().read_requests) == (0, 0)
+    finally:
+        go.set()
+        io.close()
 
 
 def test_unaligned_views_use_buffered_io(io, tmp_path):

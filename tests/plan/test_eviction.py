@@ -86,14 +86,15 @@ def replay_through_store(keys, pages, capacity_bytes, folder, io, elsewhere=froz
 
 
 @pytest.mark.parametrize("with_copies", [False, True], ids=["", "copies-elsewhere"])
-@pytest.mark.parametrize("seed", range(24))
+@pytest.mark.parametrize("seed", [*range(24), 59, 74, 152, 169, 178])
 def test_the_planner_and_the_store_miss_the_same_accesses(tmp_path, io, seed, with_copies):
     """Random steps (seed printed by pytest's id): 3 to 7 tensors of 1 to 3 pages, 8 to 24 accesses, a tier of 1 to
     8 pages. The planner (plan/host_residency.py) replays the step through the same rules the store applies; the
     misses of its steady state are the store's second lap's, access by access. Mixed sizes matter: a newcomer may
     need several victims, and both take all of them or none (the store used to evict one at a time and could
     evict a first victim before finding the next one not worth it: seeds 1, 11, 12 and 13 here differed then).
-    ``copies-elsewhere``: a random subset of the tensors has a copy elsewhere (plan/eviction.CopiesElsewhere)."""
+    ``copies-elsewhere``: a random subset of the tensors has a copy elsewhere (plan/eviction.CopiesElsewhere); seeds
+    59, 74, 152, 169 and 178 differed while such tensors went in the order each side happened to hold them."""
     rng = random.Random(seed)
     names = list(range(rng.randint(3, 7)))
     pages = {key: rng.randint(1, 3) for key in names}

@@ -935,7 +935,8 @@ def test_an_update_fills_fp32_masters_from_held_partitions_and_reads_only_the_re
     copies its sub-group's master from them; its moments are read, and all three are still written. In bf16 the
     partitions are not the master: it is read. So is a master the tier holds a prefix of. A tier too small for the
     whole state gives its room to the moments, whose reads it saves, before the filled masters
-    (plan/eviction.CopiesElsewhere): it holds no such master and no prefix of one; in bf16 it holds masters."""
+    (plan/eviction.CopiesElsewhere): here (100 MB for 37 sub-groups) it holds no such master and no prefix of one,
+    where in bf16 it holds masters."""
     config = ds_config("stock-nvme-many-sub-groups.json", host_cache_bytes="100MB")
     config["bf16"] = {"enabled": dtype == "bf16"}
     work = workload(config=config)

@@ -802,13 +802,16 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             refused = False
         finally:
             changed = states_changed and not refused
+            master_elsewhere = False
             try:
-                if self.master_copies is not None:
-                    self.master_copies.released(swap_info.param_id, changed)
-                # a master the partitions hold now: its next update fills it from them, so keeping its buffer would
-                # save only its write (the store gives that room to tensors whose reads it saves)
-                master_elsewhere = self.master_copies is not None and self.master_copies.current(swap_info.param_id)
-                self._return_lent(swap_info, lent, changed, gradient_changed and not refused, master_elsewhere)
+                try:
+                    if self.master_copies is not None:
+                        self.master_copies.released(swap_info.param_id, changed)
+                        # a master the partitions hold now: its next update fills it from them, so keeping its
+                        # buffer would save only its write (the store gives that room to tensors whose reads it saves)
+                        master_elsewhere = self.master_copies.current(swap_info.param_id)
+                finally:  # whatever that found, what was lent goes back
+                    self._return_lent(swap_info, lent, changed, gradient_changed and not refused, master_elsewhere)
             except BaseException:  # what reached the store is not known: no copy of the master is trusted
                 if self.master_copies is not None:
                     self.master_copies.forget(swap_info.param_id)
