@@ -38,9 +38,9 @@ What each per-step number means (this step's, not a running total):
   stale).
 - ``nvme_*_bytes``, ``prefetch_*``: this step's (bytes of the file requests it issued, less failed ones: a write
   still running at the step's end is the step's, io/direct_io.py ``IoCounters``); the ``*_bytes_*`` gauges are
-  their values at the step's end; a hit rate is None when the step made no such access. ``host_memory_available_bytes`` and ``host_step_rise_bytes`` are
-  the last host-memory reading (taken before the step's last forward pass, after whatever it decided:
-  integrations/deepspeed/memory_pressure.py).
+  their values at the step's end; a hit rate is None when the step made no such access.
+  ``host_memory_available_bytes`` and ``host_step_rise_bytes`` are the last host-memory reading (taken before the
+  step's last forward pass, after whatever it decided: integrations/deepspeed/memory_pressure.py).
 
 Schema history: 2 added ``host_cache_budget_bytes``, ``host_memory_available_bytes``, ``host_step_rise_bytes``;
 3 added ``param_nvme_wait_s``, ``optimizer_nvme_wait_s``, ``device_fetch_s``, ``device_fetch_bytes``, and made
