@@ -306,6 +306,17 @@ class EntryStore:
             into.copy_(self._transfers.compute_view(entry))
             return True
 
+    def newest_view(self, key) -> Optional[torch.Tensor]:
+        """A view (``numel`` elements) of the buffer of ours that holds ``key``'s newest bytes (held, lent or being
+        written), without lending, reading or recording a use; None where only its file has them (or a read into our
+        buffer is still in flight). It shows those bytes only until the entry is evicted or written into: the caller
+        keeps both from happening while it reads (integrations/deepspeed/master_write_behind.py)."""
+        with self._lock:
+            entry = self._table.get(key)
+            if entry is None or entry.buffer is None or entry.state == S.READING:
+                return None
+            return self._transfers.compute_view(entry)
+
     def read_into(self, key, dest: torch.Tensor) -> None:
         """Copy ``key``'s newest bytes into ``dest`` (``numel`` elements of any CPU tensor) without lending."""
         self.start_read(key)
@@ -348,6 +359,26 @@ class EntryStore:
                 self._admission.grant_prefix(entry)
                 self._transfers.start_write(entry, evicting=True)
             self._checked()
+
+    def release_rewritten_elsewhere(self, key) -> bool:
+        """The borrower gives ``key`` back changed and writes its file itself, from a copy of the new bytes it keeps
+        elsewhere (integrations/deepspeed/master_write_behind.py: an fp32 master, from the parameter partitions):
+        held, the buffer stays as a clean copy of what the file will hold; else it goes, unwritten. A prefix goes
+        either way (the file's first bytes change). Only from LENT_CLEAN (the store owes the file nothing else);
+        False, and nothing done, otherwise: the caller releases it as changed then."""
+        with self._lock:
+            entry = self._table.get(key)
+            if entry is None or entry.state != S.LENT_CLEAN or entry.external_read is not None:
+                return False
+            entry.prefetched, entry.pending_use = False, None
+            entry.copy_elsewhere = True
+            self._transfers.drop_prefix(entry)
+            if entry.kept:
+                self._table.set(entry, S.CLEAN)
+            else:
+                self._transfers.drop(entry, S.ON_FILE)
+            self._checked()
+            return True
 
     def mark_changed(self, key) -> None:
         """The borrower changed ``key``'s lent bytes (they are now the newest)."""

@@ -31,6 +31,9 @@ def test_masters_filled_from_held_partitions_train_with_stocks_bits_and_are_not_
     assert [after - before for before, after in zip(filled[2:], filled[3:])] == [6, 6], filled
     assert steps[-1]["optimizer_cache_copied"] == filled[-1]  # each a read the drive did not do
     assert steps[-1]["optimizer_master_bytes_from_partitions"] > 0
+    # ... and each is written from the partitions after the update, not in it (master_write_behind.py)
+    behind = [0] + [stats["optimizer_masters_written_behind"] for stats in steps]
+    assert [after - before for before, after in zip(behind[2:], behind[3:])] == [6, 6], behind
 
 
 def test_weights_edited_between_updates_are_not_undone_by_a_fill_from_stale_partitions(train):

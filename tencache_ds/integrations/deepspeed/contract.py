@@ -130,6 +130,12 @@ REBINDINGS = (
                   "that is not gathered; the device tier keeps parameters gathered with their partition given "
                   "back, which an outside gather (GatheredParameters) then met: the partition is read back first "
                   "(coordinator.restoring_kept_partitions)"),
+    Rebinding("deepspeed.runtime.zero.partition_parameters:Init", "_partition", "writing_owed_masters_first",
+              wraps=True,
+              why="with has_been_updated (GatheredParameters with a modifier rank, module.apply under zero.Init, "
+                  "the compile fallback) it copies the gathered values into each partition in place: the fp32 "
+                  "masters written from those partitions after the update are written first "
+                  "(master_write_behind.py)"),
     Rebinding(STAGE3, "get_full_hp_param", "reading_full_fragment_before_release", wraps=True,
               why="safe_get_full_fp32_param / _optimizer_state: stage 3 releases the swapped-in sub-group before "
                   "it gathers from its view; the release waits until the getter is done (a streaming slot or held "

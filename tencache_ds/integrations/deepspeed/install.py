@@ -35,6 +35,7 @@ from .checkpoint_save import saving_masters, swap_files_linked
 from .config_bridge import DEEPSPEED_OPS, building_stage3, initializing, validate_ds_config
 from .config_source import ds_config_of_initialize_call
 from .coordinator import TencacheCoordinator, coordinator_of, restoring_kept_partitions
+from .master_write_behind import settle_owed_masters
 from .memory_pressure import governor_of
 from .optimizer_swapper import TencacheOptimizerSwapper
 from .param_swapper import TencacheParamSwapper
@@ -204,6 +205,22 @@ def _restoring_optimizer_scalars(load_checkpoint):
     return load_checkpoint_exactly
 
 
+def _writing_owed_masters_first(partition):
+    """Init._partition: where it writes gathered values into the partitions in place (``has_been_updated``), the
+    fp32 masters owed from those partitions are written from them first (master_write_behind.py)."""
+    signature = inspect.signature(partition)
+
+    @functools.wraps(partition)
+    def partition_after_owed_masters(self, *args, **kwargs):
+        bound = signature.bind(self, *args, **kwargs).arguments
+        if bound.get("has_been_updated"):
+            params = bound.get("param_list")
+            settle_owed_masters(None if params is None else [param.ds_id for param in params])
+        return partition(self, *args, **kwargs)
+
+    return partition_after_owed_masters
+
+
 def _governing_host_memory(forward):
     """engine.forward after a reading of the host's memory (memory_pressure.py): between two steps, the host tier
     gives memory back or takes it again, or the run stops with the numbers before the next step is started."""
@@ -238,6 +255,7 @@ REPLACEMENTS = {
     "ending_steps": _ending_steps,
     "marking_step": _marking_step,
     "governing_host_memory": _governing_host_memory,
+    "writing_owed_masters_first": _writing_owed_masters_first,
     # exact resume, with the checkpoint's optimizer swap files linked rather than copied in (checkpoint_save.py)
     "restoring_optimizer_scalars": lambda load: _restoring_optimizer_scalars(swap_files_linked(load, "load")),
     "keeping_device_tier": _keeping_device_tier,

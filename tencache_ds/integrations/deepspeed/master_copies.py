@@ -21,7 +21,8 @@ buffer, is never a copy.
 
 The fill copies each partition from host memory of the parameter swapper's (held, lent, or being written) or from
 the resident tensor; where one is only on file, it reports so and the master's own file is read instead (that file
-is kept current: the master is still written back as before, so checkpoints and every other reader see it).
+is kept current: the master is still written every step, after the update from the partitions where they hold it
+(master_write_behind.py), so checkpoints and every other reader see it).
 """
 import weakref
 from typing import Optional, Tuple
@@ -95,6 +96,29 @@ class MasterCopies:
             raise RuntimeError(f"the partitions of optimizer sub-group {group} hold {offset} elements, its fp32 "
                                f"master {into.numel()}")
         return True  # (counted by the store that lent the buffer: its copied and copied_bytes)
+
+    def partition_views(self, group) -> Optional[Tuple[list, list]]:
+        """(ds_ids, views) of ``group``'s partitions: the views of the host memory holding them now, in the master's
+        order (``ds_numel`` elements each), together the master's bytes where ``current`` says so. None where one
+        is on file only (or no partition of this optimizer's). master_write_behind.py writes the master's file from
+        them."""
+        stage3, index = self._stage3(), self._sub_group_index(group)
+        if stage3 is None or index is None:
+            return None
+        ids, views = [], []
+        for param, partition in zip(stage3.fp16_groups[index], stage3.fp16_partitioned_groups[index]):
+            swapper = getattr(param, "nvme_swapper", None)
+            if isinstance(swapper, TencacheParamSwapper) and swapper.store.knows(param.ds_id):
+                view = swapper.partition_view(param)
+            elif partition.status == PartitionedParamStatus.AVAILABLE:
+                view = partition.data.view(-1)
+            else:
+                view = None
+            if view is None or view.dtype != self.dtype or view.numel() < partition.ds_numel:
+                return None
+            ids.append(param.ds_id)
+            views.append(view.narrow(0, 0, partition.ds_numel))
+        return ids, views
 
     # ------------------------------------------------------------------------------------------- private
     def _sub_group_index(self, group) -> Optional[int]:

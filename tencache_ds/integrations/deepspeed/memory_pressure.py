@@ -32,6 +32,7 @@ from ...plan.memory_pressure import (HOLD, NO_PRIOR, Action, MemoryPressurePolic
                                      stage3_rise_prior)
 from ...units import fmt_bytes
 from .agreement import agree_min
+from .master_write_behind import settle_owed_masters
 
 GOVERNOR_ATTRIBUTE = "_tencache_host_governor"  # on the ZeRO-3 optimizer: its HostTierGovernor (reporting.py)
 # Every governor of this process that is not closed (one per engine): before a growth, a reading counts what all of
@@ -266,6 +267,7 @@ class HostTierGovernor:
     def _give_back(self, nbytes: int) -> None:
         """Optimizer state first, then parameter cache slots (``give_back_split``); a cache that retires more or
         less than its share (whole slots) passes the difference on to the next."""
+        settle_owed_masters()  # a parameter cache that shrinks gives up partitions owed masters are written from
         left = nbytes
         if self._optimizer is not None:
             footprint = self._optimizer_footprint()

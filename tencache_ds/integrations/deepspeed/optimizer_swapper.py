@@ -57,6 +57,7 @@ from .config_bridge import (DEEPSPEED_OPS, MIN_SWAPPABLE_BYTES, find_stage3_ds_c
 from . import param_swapper, reporting
 from .host_tier_share import optimizer_host_share
 from .master_copies import MasterCopies
+from .master_write_behind import MasterWriteBehind
 from .stage3_gradients import stage3_gradients_of
 from .swap_files import SWAP_FILE_NAME, STAGED_LOAD_PREFIX, LoadPlaces, staged_load_name, swap_file_name
 
@@ -175,6 +176,10 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             # the fp32 masters that the parameter partitions, held by the parameter swapper, hold too: filled from
             # there instead of read (master_copies.py)
             self.master_copies = MasterCopies(stage3, dtype) if stage3 is not None else None
+            # ... and whose files are written from there after the update rather than in it (writing behind, as
+            # the update's other writes; master_write_behind.py)
+            self.master_writes = (MasterWriteBehind(self.master_copies.partition_views, LinkSafeIO(self.io).write)
+                                  if self.master_copies is not None and self.writes_behind else None)
             # the backward passes of one optimizer step: stage 3's gradient accumulation (set before it builds its
             # swappers) until a step has counted them (log_timers), which the caller's own boundaries may change
             self._micro_steps = max(1, int(getattr(stage3, "gradient_accumulation_steps", 1) or 1))
@@ -210,6 +215,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         checkpoint (engine.py save_checkpoint) or copies a checkpoint over it (load_checkpoint): under write-back
         the files must hold the newest bytes then, so reading it flushes the changed state first."""
         if not self.closed:
+            self._settle_master_writes()
             # Gradients are dead after the step and checkpoints skip their files: a held one stays dirty.
             self.store.flush(skip=self._gradient_keys().__contains__)
             # On a load the engine then copies the checkpoint's files over these, so any copy held now may be
@@ -230,6 +236,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         or what ``before_copy(places, source)`` returns when the copy starts (``begin_load_copy``: by then the
         engine has read the checkpoint's own description, e.g. how many ranks saved it)."""
         self._checkpoint_load_pending = True
+        self._settle_master_writes()  # before the files are replaced
         self.forget_master_copies()
         self._load_places = places or LoadPlaces.ALL
         self._before_load_copy = before_copy
@@ -346,6 +353,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         if swap_info is None:
             return
         group = OptimizerSwapper.parameter_id(parameter)
+        self._settle_master_writes([group])  # the last update's write of this master: its file, and the partitions
         read_ahead = self._read_ahead.pop(group, ())
         from_partitions = self._master_in_partitions(group, swap_info.tensors[0].swap_path)
         if self.master_copies is not None:
@@ -458,6 +466,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         file current) and forgets every entry, so nothing from before the load is served. Gradients do not survive
         a load (stock's checkpoints skip them too)."""
         super().purge_state()
+        self._settle_master_writes()
         self.forget_master_copies()
         self._gradient_fragments.clear()
         self._counted_this_window = set()
@@ -480,6 +489,8 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
                 self._return_lent(self.swap_params_info[group], set(keys), False, False, master_elsewhere=False)
             self._lent = {}
             self._release_read_ahead()
+            if self.master_writes is not None:
+                self.master_writes.close()
             self.store.flush()
             self.store.close()  # its buffers, then the streaming slots' arena
             # its files still shared with a checkpoint: no later writer may reach it (another engine's stay: owns_file)
@@ -617,6 +628,8 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         # DeepSpeed calls this at the end of every optimizer step (stage3 _post_step), and once after building
         # the optimizer states, before the first backward: that one is not a training step.
         super().log_timers()
+        if self.master_writes is not None:  # the update is over: the masters it gave back go to their files now
+            self.master_writes.start()
         if not self._profile_looked_up:  # the first call ends initialisation: every sub-group is known
             self._profile_looked_up = True
             # keyed by file name, not path: the same run in another nvme_path has the same profile
@@ -640,6 +653,10 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         # the masters filled from the parameter partitions: the only reads the store serves by a copy
         stats["optimizer_masters_from_partitions"] = self.store.counters.copied
         stats["optimizer_master_bytes_from_partitions"] = self.store.counters.copied_bytes
+        # ... and written from them after the update (master_write_behind.py)
+        writes = self.master_writes
+        stats["optimizer_masters_written_behind"] = writes.masters_written_behind if writes is not None else 0
+        stats["optimizer_master_bytes_written_behind"] = writes.bytes_written_behind if writes is not None else 0
         stats.update({f"optimizer_cache_{key}": value for key, value in self.store.stats().items()})
         stats.update(optimizer_gradient_fragments_remembered=self._gradient_fragments.remembered,
                      optimizer_gradient_fragments_stored=self._gradient_fragments.stored,
@@ -827,15 +844,33 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         ``master_elsewhere``: the parameter partitions hold it), and its gradient (discarded where it was a copy of
         fragments stage 3 still holds: nothing to keep or write)."""
         for index, context in enumerate(swap_info.tensors):
-            if context.swap_path in lent:
-                self.store.release(context.swap_path, changed=states_changed,
-                                   copy_elsewhere=master_elsewhere and index == 0)
+            if context.swap_path not in lent:
+                continue
+            if index == 0 and master_elsewhere and states_changed and self._writes_master_behind(swap_info):
+                continue
+            self.store.release(context.swap_path, changed=states_changed,
+                               copy_elsewhere=master_elsewhere and index == 0)
         if swap_info.has_gradients():
             path = self._gradient_path(swap_info)
             if path in lent and self._gradient_fragments.filled_alone(swap_info.param_id):
                 self.store.discard(path)
             elif path in lent:
                 self.store.release(path, changed=gradient_changed)
+
+    def _writes_master_behind(self, swap_info) -> bool:
+        """Give the sub-group's changed master back unwritten, owed to its file, which the partitions that hold
+        its bytes now fill after the update (master_write_behind.py); False where they are not all in memory, or the
+        store owes the file something else: the caller releases it as changed."""
+        writes, group, path = self.master_writes, swap_info.param_id, swap_info.tensors[0].swap_path
+        if writes is None or not writes.can_owe(group) or not self.store.release_rewritten_elsewhere(path):
+            return False
+        writes.owe(group, path)
+        return True
+
+    def _settle_master_writes(self, groups=None) -> None:
+        """Wait for the masters of ``groups`` (None: all) written behind, starting those still owed."""
+        if self.master_writes is not None:
+            self.master_writes.settle(groups)
 
     def _start_read_ahead(self, parameter) -> None:
         """Start reading the next sub-group's entries that are on file (held ones need no read)."""
@@ -857,7 +892,10 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         """The files of the sub-group's master and state tensors that its update reads: all but a master the
         parameter partitions hold (filled from them at the swap-in instead)."""
         paths = [context.swap_path for context in swap_info.tensors]
-        return paths[1:] if self._master_in_partitions(swap_info.param_id, paths[0]) else paths
+        if self._master_in_partitions(swap_info.param_id, paths[0]):
+            return paths[1:]
+        self._settle_master_writes([swap_info.param_id])  # its file is read: the bytes written behind first
+        return paths
 
     def _master_in_partitions(self, group, path) -> bool:
         """Will the swap-in fill the sub-group's master (its entry at ``path``) from the parameter partitions? Where

@@ -34,6 +34,7 @@ from ...ext_lock import raise_if_stale_locks
 from .config_bridge import (DEEPSPEED_OPS, MIN_SWAPPABLE_BYTES, accelerator_is_host, io_aligned_numel,
                             prepare_swap_folder, swap_folder_held, validate_ds_config)
 from .config_source import tencache_config
+from .master_write_behind import settle_owed_masters
 from .partition_record import Read, asked_in_order, check_records, record_of
 from .profiling import param_sequence_facts, rank_profile_path
 
@@ -176,12 +177,14 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
 
     # -------------------------------------------------------------------------------- creation (zero.Init)
     def get_buffer(self, param, numel):
+        settle_owed_masters([param.ds_id])  # the partition is about to be written (master_write_behind.py)
         self.partition_writes[param.ds_id] += 1
         return self.store.staging_view(param.ds_id, numel)
 
     def swap_out_and_release(self, params, async_op=False, force_buffer_release=False):
         # Always synchronous: this is zero.Init's one-time write of each new partition (and zenflow's release), or
         # a partition changed by a gather that modified its parameter (GatheredParameters with a modifier rank).
+        settle_owed_masters([param.ds_id for param in params])
         with self._lock:
             self.store.write_and_release([param.ds_id for param in params])
             for param in params:
@@ -192,6 +195,9 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
 
     # ------------------------------------------------------------------------------------------ swap in
     def swap_in(self, params, async_op=True, swap_in_buffers=None):
+        if any(param.ds_tensor.status == PartitionedParamStatus.NOT_AVAILABLE and not self.store.kept(param.ds_id)
+               for param in params):
+            settle_owed_masters()  # a partition not held: its read may evict one an owed master is written from
         with self._lock:
             self.plan()
             self._reads_since_write_back = True
@@ -247,6 +253,7 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
     def swap_into_buffer(self, param, dest_buffer):
         assert param.ds_tensor.status == PartitionedParamStatus.NOT_AVAILABLE, \
             f"param {param.ds_id} is already available or inflight"
+        settle_owed_masters()  # may evict, and hands the partition to stage 3's buffer
         with self._lock:
             self.plan()
             self._reads_since_write_back = True
@@ -279,6 +286,9 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
     def swap_out_partitioned_params(self, dst_fp16_params, src_fp32_params):
         if len(dst_fp16_params) != len(src_fp32_params):
             raise ValueError(f"{len(dst_fp16_params)} params for {len(src_fp32_params)} fp32 sources")
+        # the partitions are about to be written; one not held takes a buffer, which may evict any held partition
+        held = all(self.store.kept(param.ds_id) for param in dst_fp16_params)
+        settle_owed_masters([param.ds_id for param in dst_fp16_params] if held else None)
         with self._lock:
             self.plan()
             self._end_step_segment()
@@ -290,6 +300,13 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
                 self.partition_writes[param.ds_id] += 1
                 param.ds_tensor.status = PartitionedParamStatus.NOT_AVAILABLE
             self._checked()
+
+    def partition_view(self, param):
+        """A view of the host memory of ours holding ``param``'s newest partition bytes (held, lent or being written),
+        or None where only its file does (master_write_behind.py writes an fp32 master from it; that module's rule
+        keeps it unchanged meanwhile)."""
+        with self._lock:
+            return self.store.newest_view(param.ds_id)
 
     def copy_partition(self, param, into: torch.Tensor) -> bool:
         """Copy ``param``'s partition into ``into`` where host memory of ours holds its newest bytes (held, lent or
@@ -343,6 +360,7 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
     def close(self):
         """Wait for I/O in flight and give back slots, pinned memory and I/O threads. Dirty partitions are not
         written: DeepSpeed rebuilds partition files from the fp32 masters on every load."""
+        settle_owed_masters()  # masters written from these partitions first
         with self._lock:
             with TencacheParamSwapper._instances_lock:
                 if TencacheParamSwapper._instances.get(self.swap_folder) is self:

@@ -1,0 +1,150 @@
+"""The fp32 masters' writes, out of the update. Owns: which sub-groups' master files are owed the bytes their
+parameter partitions hold, writing them from the partitions once the update is over, and waiting for those writes
+(``settle``) wherever a partition could change, or a master file be read, first.
+
+Why: beyond host memory the update is bound by the drive. Each sub-group's master is filled from the parameter
+partitions the host tier holds (master_copies.py), stepped, copied back into them by stage 3, then written to its
+file, and those writes (a third of the update's: 4.75 GiB a step on gpt2-1.3b) share the drive with the reads the
+next sub-groups wait for. After the update the partitions are the new master, bit for bit (master_copies.py), and
+they stay in memory, unchanged, through the next forward and backward, while the drive idles. So the update gives
+the master back without writing it (its slot is free at once), and the file gets the same bytes from the
+partitions when the step has ended (``start``): the same bytes a step, written while nothing waits for them.
+
+When a master is owed: the update gave it back changed, its partitions are a current copy of it (master_copies.py
+``current``), and every one of them is in host memory now (``MasterCopies.partition_views``).
+
+The rule that keeps every result stock's: nothing may read an owed master's file, or write or give up the memory of
+one of its partitions, before its write is done. ``settle`` (start what is owed, then wait) runs first at each such
+place:
+- the optimizer swapper: every swap-in (the update, the fragment getters, a master set through the API), a read
+  ahead of a master from its file, the checkpoint save's and load's flush, a purge, close;
+- the parameter swapper (``settle_owed_masters``): every call that writes a partition or may evict one (a swap-in
+  of a partition not held, zero.Init's writes, stage 3's copy of a master, a hand-over to stage 3's buffer), and the
+  memory-pressure governor before it shrinks a parameter cache;
+- a partition changed in place by DeepSpeed (``Init._partition`` with ``has_been_updated``: GatheredParameters with a
+  modifier rank, ``module.apply`` under zero.Init, the compile fallback; install.py), before the change.
+A swap-in of a partition the tier holds lends its buffer unchanged, so the forward and backward of a model whose
+partitions are all held never wait here.
+"""
+import threading
+import weakref
+from concurrent.futures import Future
+from typing import Callable, Dict, Hashable, Iterable, List, Optional, Tuple
+
+import torch
+
+_LIVE = weakref.WeakSet()  # every MasterWriteBehind not closed: the parameter swapper settles them all
+_LIVE_LOCK = threading.Lock()
+
+
+def settle_owed_masters(partition_ids: Optional[Iterable[Hashable]] = None) -> None:
+    """Write what every live optimizer owes the master files made of the partitions ``partition_ids`` (their
+    ``ds_id``; None: of any partition) and wait, before they change or leave memory (see the module's rule). Cheap
+    when nothing is owed."""
+    with _LIVE_LOCK:
+        writers = [writer for writer in _LIVE if writer.owes_any]
+    ids = None if partition_ids is None else set(partition_ids)
+    for writer in writers:
+        writer.settle(writer.groups_of(ids))
+
+
+class MasterWriteBehind:
+    """The owed master writes of one optimizer swapper.
+
+    Args:
+        partition_views: group -> (ds_ids, views) of the group's partitions, the views of the host memory holding
+            them now in the master's order, or None where one is not in memory (MasterCopies.partition_views).
+        write: the I/O engine's ``write(tensor, path, file_offset=...)`` (a LinkSafeIO's: a file linked into a
+            checkpoint is copied before a partial write).
+    """
+
+    def __init__(self, partition_views: Callable[[Hashable], Optional[Tuple[list, List[torch.Tensor]]]], write):
+        self._partition_views = partition_views
+        self._write = write
+        self._lock = threading.RLock()
+        self._owed: Dict[Hashable, str] = {}             # group -> master file, write not started
+        self._writing: Dict[Hashable, List[Future]] = {}  # group -> the writes of its partitions in flight
+        self._partitions: Dict[Hashable, frozenset] = {}  # group -> its partitions' ds_ids, while owed or writing
+        self.masters_written_behind = 0  # COUNT: masters written from the partitions after an update
+        self.bytes_written_behind = 0    # SUM: their bytes
+        self._failed: Optional[BaseException] = None  # a write that failed: its file is stale for good
+        with _LIVE_LOCK:
+            _LIVE.add(self)
+
+    @property
+    def owes_any(self) -> bool:
+        return bool(self._partitions)
+
+    def groups_of(self, partition_ids: Optional[set]) -> Optional[list]:
+        """The owed groups made of any of ``partition_ids`` (None: every group)."""
+        if partition_ids is None:
+            return None
+        with self._lock:
+            return [group for group, ids in self._partitions.items() if ids & partition_ids]
+
+    def can_owe(self, group) -> bool:
+        """Are ``group``'s partitions all in host memory now (the write would have its bytes)?"""
+        return self._partition_views(group) is not None
+
+    def owe(self, group, path: str) -> None:
+        """The update gave ``group``'s master back changed without writing it: its partitions hold the bytes."""
+        with self._lock:
+            if group in self._writing:  # written behind after the last update and not waited for: never reordered
+                self._wait(group)
+            found = self._partition_views(group)
+            if found is None:
+                raise RuntimeError(f"tencache: optimizer sub-group {group}'s master is owed but its partitions are "
+                                   f"not all in host memory")
+            self._owed[group] = path
+            self._partitions[group] = frozenset(found[0])
+
+    def start(self) -> None:
+        """Start writing every owed master from its partitions (the step has ended: nothing reads them until
+        ``settle``). A partition no longer in memory is a broken rule: raised, never written around."""
+        with self._lock:
+            for group in list(self._owed):
+                self._start(group)
+
+    def settle(self, groups: Optional[Iterable[Hashable]] = None) -> None:
+        """Start what ``groups`` (None: every group) owe and wait for their writes; raises the first failed write's
+        error (the master file is then not current: nothing may read it, so the run stops, and so does every later
+        settle)."""
+        with self._lock:
+            if self._failed is not None:
+                raise self._failed
+            for group in list(self._partitions) if groups is None else list(groups):
+                if group in self._owed:
+                    self._start(group)
+                if group in self._writing:
+                    self._wait(group)
+
+    def close(self) -> None:
+        try:
+            self.settle()
+        finally:
+            with _LIVE_LOCK:
+                _LIVE.discard(self)
+
+    def _start(self, group) -> None:
+        path = self._owed.pop(group)
+        found = self._partition_views(group)
+        if found is None:
+            self._failed = RuntimeError(f"tencache: the parameter partitions of optimizer sub-group {group} left "
+                                        f"host memory before its fp32 master ({path}) was written from them")
+            raise self._failed
+        futures, offset = [], 0
+        for view in found[1]:
+            futures.append(self._write(view, path, file_offset=offset))
+            offset += view.numel() * view.element_size()
+        self._writing[group] = futures
+        self.masters_written_behind += 1
+        self.bytes_written_behind += offset
+
+    def _wait(self, group) -> None:
+        futures = self._writing.pop(group)
+        self._partitions.pop(group, None)
+        errors = [future.exception() for future in futures]
+        error = next((error for error in errors if error is not None), None)
+        if error is not None:
+            self._failed = error
+            raise error

@@ -1,0 +1,134 @@
+"""The fp32 masters written from the parameter partitions after the update (integrations/deepspeed/
+master_write_behind.py): what is owed goes to the right offsets of the master's file when started, a settle waits
+only for the masters made of the partitions named, a failed write stops every later settle, and a master owed again
+waits for its last write first. Real files through the real I/O engine; partitions are plain tensors."""
+import threading
+from concurrent.futures import Future
+
+import pytest
+import torch
+
+from tencache_ds.integrations.deepspeed.master_write_behind import MasterWriteBehind, settle_owed_masters
+from tencache_ds.io.direct_io import DirectFileIO
+
+
+class Partitions:
+    """group -> (ds_ids, views), with groups that can be taken out of memory (``gone``)."""
+
+    def __init__(self, groups):
+        self.groups = groups
+        self.gone = set()
+
+    def __call__(self, group):
+        if group in self.gone or group not in self.groups:
+            return None
+        ids, views = self.groups[group]
+        return ids, views
+
+
+class HeldWrites:
+    """An engine whose writes complete only when released (``release``), to see what waits for them."""
+
+    def __init__(self):
+        self.issued = []
+        self.gate = threading.Event()
+        self.error = None
+
+    def write(self, tensor, path, file_offset=0):
+        future = Future()
+        self.issued.append((path, file_offset, tensor.numel()))
+
+        def finish():
+            self.gate.wait()
+            if self.error is not None:
+                future.set_exception(self.error)
+            else:
+                future.set_result(tensor.numel() * tensor.element_size())
+        threading.Thread(target=finish, daemon=True).start()
+        return future
+
+
+@pytest.fixture
+def io():
+    engine = DirectFileIO(num_threads=2)
+    yield engine
+    engine.close()
+
+
+def test_an_owed_master_is_written_from_its_partitions_at_their_offsets_when_started(tmp_path, io):
+    path = str(tmp_path / "master.swp")
+    open(path, "wb").write(bytes(4 * 10))  # the old master: zeros
+    first, second = torch.arange(4, dtype=torch.float32), torch.arange(10, 16, dtype=torch.float32)
+    writes = MasterWriteBehind(Partitions({"g": ([1, 2], [first, second])}), io.write)
+    writes.owe("g", path)
+    assert torch.equal(torch.from_file(path, size=10, dtype=torch.float32), torch.zeros(10))  # nothing yet
+    writes.start()
+    writes.settle()
+    assert torch.equal(torch.from_file(path, size=10, dtype=torch.float32), torch.cat([first, second]))
+    assert (writes.masters_written_behind, writes.bytes_written_behind) == (1, 40)
+    assert not writes.owes_any
+    writes.close()
+
+
+def test_a_settle_waits_for_the_masters_made_of_the_partitions_named_and_no_other():
+    engine = HeldWrites()
+    views = {"a": ([1, 2], [torch.ones(2), torch.ones(2)]), "b": ([3], [torch.ones(4)])}
+    writes = MasterWriteBehind(Partitions(views), engine.write)
+    writes.owe("a", "a.swp")
+    writes.owe("b", "b.swp")
+    settled = threading.Thread(target=settle_owed_masters, args=([3],))
+    settled.start()
+    settled.join(timeout=0.5)
+    assert settled.is_alive()  # waiting for b's write
+    assert [path for path, _offset, _numel in engine.issued] == ["b.swp"]  # a is still owed, not started
+    engine.gate.set()
+    settled.join(timeout=5)
+    assert not settled.is_alive()
+    assert writes.groups_of({1}) == ["a"] and writes.groups_of({3}) == []
+    assert [(path, offset) for path, offset, _numel in engine.issued] == [("b.swp", 0)]
+    settle_owed_masters()  # every group: a is started and waited for
+    assert [(path, offset) for path, offset, _numel in engine.issued][1:] == [("a.swp", 0), ("a.swp", 8)]
+    assert not writes.owes_any
+    writes.close()
+
+
+def test_a_failed_write_stops_every_later_settle():
+    engine = HeldWrites()
+    engine.error = OSError(5, "I/O error")
+    engine.gate.set()
+    writes = MasterWriteBehind(Partitions({"g": ([1], [torch.ones(4)])}), engine.write)
+    writes.owe("g", "g.swp")
+    with pytest.raises(OSError):
+        writes.settle()
+    with pytest.raises(OSError):  # the file is stale for good: nothing may read it
+        writes.settle(["g"])
+    writes._failed = None
+    writes.close()
+
+
+def test_partitions_that_left_memory_before_their_write_started_are_an_error_not_a_stale_file():
+    partitions = Partitions({"g": ([1], [torch.ones(4)])})
+    writes = MasterWriteBehind(partitions, HeldWrites().write)
+    writes.owe("g", "g.swp")
+    partitions.gone.add("g")
+    with pytest.raises(RuntimeError, match="left host memory"):
+        writes.start()
+    writes._failed = None
+    writes.close()
+
+
+def test_a_master_owed_again_waits_for_its_last_write_first():
+    engine = HeldWrites()
+    writes = MasterWriteBehind(Partitions({"g": ([1], [torch.ones(4)])}), engine.write)
+    writes.owe("g", "g.swp")
+    writes.start()
+    again = threading.Thread(target=writes.owe, args=("g", "g.swp"))
+    again.start()
+    again.join(timeout=0.5)
+    assert again.is_alive()  # the next update's master is not given back over a write still in flight
+    engine.gate.set()
+    again.join(timeout=5)
+    assert not again.is_alive() and writes.owes_any
+    writes.settle()
+    assert len(engine.issued) == 2
+    writes.close()
