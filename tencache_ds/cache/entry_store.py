@@ -362,21 +362,18 @@ class EntryStore:
 
     def release_rewritten_elsewhere(self, key) -> bool:
         """The borrower gives ``key`` back changed and writes its file itself, from a copy of the new bytes it keeps
-        elsewhere (integrations/deepspeed/master_write_behind.py: an fp32 master, from the parameter partitions):
-        held, the buffer stays as a clean copy of what the file will hold; else it goes, unwritten. A prefix goes
-        either way (the file's first bytes change). Only from LENT_CLEAN (the store owes the file nothing else);
-        False, and nothing done, otherwise: the caller releases it as changed then."""
+        elsewhere (integrations/deepspeed/master_write_behind.py: an fp32 master, from the parameter partitions): a
+        buffer the store would not keep goes, unwritten, and so does a prefix (the file's first bytes change). Only
+        from LENT_CLEAN (the store owes the file nothing else) and a buffer not kept (a kept one is written back
+        only when evicted: the caller releases it as changed); False, and nothing done, otherwise."""
         with self._lock:
             entry = self._table.get(key)
-            if entry is None or entry.state != S.LENT_CLEAN or entry.external_read is not None:
+            if entry is None or entry.state != S.LENT_CLEAN or entry.kept or entry.external_read is not None:
                 return False
             entry.prefetched, entry.pending_use = False, None
             entry.copy_elsewhere = True
             self._transfers.drop_prefix(entry)
-            if entry.kept:
-                self._table.set(entry, S.CLEAN)
-            else:
-                self._transfers.drop(entry, S.ON_FILE)
+            self._transfers.drop(entry, S.ON_FILE)
             self._checked()
             return True
 

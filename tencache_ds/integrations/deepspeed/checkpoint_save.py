@@ -75,6 +75,7 @@ def masters_shown(optimizer, from_files: bool = False, copies: bool = False):
     shown, lent, files = [], [], {}
     try:
         if isinstance(swapper, TencacheOptimizerSwapper):
+            swapper.settle_master_writes()  # the files read below: what the partitions owe them first
             swapped = [(master, info) for master in optimizer.fp32_partitioned_groups_flat
                        for info in [swapper.swap_params_info.get(OptimizerSwapper.parameter_id(master))]
                        if info is not None and master.numel() == 0]  # (not swapped, or swapped in now: as it is)

@@ -97,6 +97,12 @@ class MasterCopies:
                                f"master {into.numel()}")
         return True  # (counted by the store that lent the buffer: its copied and copied_bytes)
 
+    def all_partitions_held(self) -> bool:
+        """Does host memory the parameter swapper keeps (or stage 3's own) hold every sub-group's partitions? Then no
+        swap-in of a step reads one, and none evicts one."""
+        stage3 = self._stage3()
+        return stage3 is not None and all(self._kept(index) for index in range(len(stage3.fp16_groups)))
+
     def partition_views(self, group) -> Optional[Tuple[list, list]]:
         """(ds_ids, views) of ``group``'s partitions: the views of the host memory holding them now, in the master's
         order (``ds_numel`` elements each), together the master's bytes where ``current`` says so. None where one

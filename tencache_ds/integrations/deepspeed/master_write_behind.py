@@ -11,7 +11,9 @@ the master back without writing it (its slot is free at once), and the file gets
 partitions when the step has ended (``start``): the same bytes a step, written while nothing waits for them.
 
 When a master is owed: the update gave it back changed, its partitions are a current copy of it (master_copies.py
-``current``), and every one of them is in host memory now (``MasterCopies.partition_views``).
+``current``), every one of them is in host memory now (``MasterCopies.partition_views``), and so are all the model's
+partitions (the optimizer swapper asks once an update: where some stream, a swap-in of one, or stage 3's copy into
+one, may evict a partition an owed master is written from, and would wait for that write in the update).
 
 The rule that keeps every result stock's: nothing may read an owed master's file, or write or give up the memory of
 one of its partitions, before its write is done. ``settle`` (start what is owed, then wait) runs first at each such

@@ -180,6 +180,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             # the update's other writes; master_write_behind.py)
             self.master_writes = (MasterWriteBehind(self.master_copies.partition_views, LinkSafeIO(self.io).write)
                                   if self.master_copies is not None and self.writes_behind else None)
+            self._all_held_this_update = None  # asked at the update's first give-back (_partitions_all_held)
             # the backward passes of one optimizer step: stage 3's gradient accumulation (set before it builds its
             # swappers) until a step has counted them (log_timers), which the caller's own boundaries may change
             self._micro_steps = max(1, int(getattr(stage3, "gradient_accumulation_steps", 1) or 1))
@@ -215,7 +216,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         checkpoint (engine.py save_checkpoint) or copies a checkpoint over it (load_checkpoint): under write-back
         the files must hold the newest bytes then, so reading it flushes the changed state first."""
         if not self.closed:
-            self._settle_master_writes()
+            self.settle_master_writes()
             # Gradients are dead after the step and checkpoints skip their files: a held one stays dirty.
             self.store.flush(skip=self._gradient_keys().__contains__)
             # On a load the engine then copies the checkpoint's files over these, so any copy held now may be
@@ -236,7 +237,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         or what ``before_copy(places, source)`` returns when the copy starts (``begin_load_copy``: by then the
         engine has read the checkpoint's own description, e.g. how many ranks saved it)."""
         self._checkpoint_load_pending = True
-        self._settle_master_writes()  # before the files are replaced
+        self.settle_master_writes()  # before the files are replaced
         self.forget_master_copies()
         self._load_places = places or LoadPlaces.ALL
         self._before_load_copy = before_copy
@@ -353,7 +354,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         if swap_info is None:
             return
         group = OptimizerSwapper.parameter_id(parameter)
-        self._settle_master_writes([group])  # the last update's write of this master: its file, and the partitions
+        self.settle_master_writes([group])  # the last update's write of this master: its file, and the partitions
         read_ahead = self._read_ahead.pop(group, ())
         from_partitions = self._master_in_partitions(group, swap_info.tensors[0].swap_path)
         if self.master_copies is not None:
@@ -466,7 +467,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         file current) and forgets every entry, so nothing from before the load is served. Gradients do not survive
         a load (stock's checkpoints skip them too)."""
         super().purge_state()
-        self._settle_master_writes()
+        self.settle_master_writes()
         self.forget_master_copies()
         self._gradient_fragments.clear()
         self._counted_this_window = set()
@@ -489,7 +490,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
                 self._return_lent(self.swap_params_info[group], set(keys), False, False, master_elsewhere=False)
             self._lent = {}
             self._release_read_ahead()
-            if self.master_writes is not None:
+            if getattr(self, "master_writes", None) is not None:
                 self.master_writes.close()
             self.store.flush()
             self.store.close()  # its buffers, then the streaming slots' arena
@@ -630,6 +631,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         super().log_timers()
         if self.master_writes is not None:  # the update is over: the masters it gave back go to their files now
             self.master_writes.start()
+        self._all_held_this_update = None
         if not self._profile_looked_up:  # the first call ends initialisation: every sub-group is known
             self._profile_looked_up = True
             # keyed by file name, not path: the same run in another nvme_path has the same profile
@@ -862,15 +864,26 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         its bytes now fill after the update (master_write_behind.py); False where they are not all in memory, or the
         store owes the file something else: the caller releases it as changed."""
         writes, group, path = self.master_writes, swap_info.param_id, swap_info.tensors[0].swap_path
-        if writes is None or not writes.can_owe(group) or not self.store.release_rewritten_elsewhere(path):
+        if writes is None or not self._partitions_all_held() or not writes.can_owe(group) or \
+                not self.store.release_rewritten_elsewhere(path):
             return False
         writes.owe(group, path)
         return True
 
-    def _settle_master_writes(self, groups=None) -> None:
-        """Wait for the masters of ``groups`` (None: all) written behind, starting those still owed."""
-        if self.master_writes is not None:
-            self.master_writes.settle(groups)
+    def _partitions_all_held(self) -> bool:
+        """Masters are written behind only while the parameter tier holds every partition (asked once an update):
+        where some stream, a swap-in of one or stage 3's copy into one may evict a partition an owed master is
+        written from, which would have to wait for that write in the update (master_write_behind.py)."""
+        if self._all_held_this_update is None:
+            self._all_held_this_update = self.master_copies.all_partitions_held()
+        return self._all_held_this_update
+
+    def settle_master_writes(self, groups=None) -> None:
+        """Wait for the masters of ``groups`` (None: all) written behind, starting those still owed: before their
+        files are read or replaced other than through a swap-in (checkpoint_save.py reads them directly)."""
+        writes = getattr(self, "master_writes", None)  # (None until __init__ made it)
+        if writes is not None:
+            writes.settle(groups)
 
     def _start_read_ahead(self, parameter) -> None:
         """Start reading the next sub-group's entries that are on file (held ones need no read)."""
@@ -894,7 +907,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         paths = [context.swap_path for context in swap_info.tensors]
         if self._master_in_partitions(swap_info.param_id, paths[0]):
             return paths[1:]
-        self._settle_master_writes([swap_info.param_id])  # its file is read: the bytes written behind first
+        self.settle_master_writes([swap_info.param_id])  # its file is read: the bytes written behind first
         return paths
 
     def _master_in_partitions(self, group, path) -> bool:
@@ -915,7 +928,9 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             self.master_copies.forget(group)
 
     def forget_master_copies(self) -> None:
-        """The swap files are being replaced or rebuilt: no partition is known to hold what they will."""
+        """The swap files are being replaced or rebuilt: no partition is known to hold what they will (what the
+        partitions owe the files is written first, so that it cannot land over the new files)."""
+        self.settle_master_writes()
         if self.master_copies is not None:
             self.master_copies.forget_all()
 
