@@ -322,7 +322,7 @@ def train(tmp_path_factory):
         script = options.pop("script", TRAIN)
         cgroup = options.pop("cgroup", None)
         shm_size = options.pop("shm_size", None)
-        extra_env = options.pop("env", {})
+        extra_env = dict(options.pop("env", {}))
         timeout = options.pop("timeout", 900)
         for key, value in options.items():
             if value is True:
@@ -342,7 +342,9 @@ def train(tmp_path_factory):
             command = UNSHARE_MOUNTS + ["sh", "-c", f'mount -t tmpfs -o size={shm_size} tmpfs /dev/shm && exec "$@"',
                                         "sh"] + command
         # TENCACHE_DEBUG_CHECKS: the stores check their invariants after every call, as in tests/cache
-        env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        # an ``env`` PYTHONPATH goes first (a test's start-up hook: slow_master_writes/sitecustomize.py)
+        first = [extra_env.pop("PYTHONPATH")] if "PYTHONPATH" in extra_env else []
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(first + [REPO, os.environ.get("PYTHONPATH", "")]),
                    **{"TENCACHE_DEBUG_CHECKS": "1", **extra_env})
         # Environment variables that only a run's own scripts read (train.py, its helpers, tencache_ds at import
         # in the child): a run adding any other goes through a fresh interpreter, since the fork server imported

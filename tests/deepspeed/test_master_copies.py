@@ -2,6 +2,8 @@
 in fp32 whose parameter partitions the host tier holds, and whose optimizer state it cannot hold, reads no master
 from its file in steady state, and trains with stock's bits. Real engine, real files; the reference never imported
 tencache_ds."""
+import os
+
 import pytest
 
 from test_parity import assert_identical, assert_same_bits
@@ -14,6 +16,9 @@ OPTIONS = dict(dtype="fp32", steps=4, sub_group_size=2_000_000)
 PARTITIONS_HELD = {"host_cache_bytes": "100MB"}
 # ... and 70 MB fewer of the optimizer's
 PARTITIONS_HELD_ONLY = {"host_cache_bytes": "70MB"}
+# the masters written behind reach their files 3 s late (slow_master_writes/sitecustomize.py)
+SLOW_MASTER_WRITES = {"SLOW_MASTER_WRITES_S": "3",
+                      "PYTHONPATH": os.path.join(os.path.dirname(os.path.abspath(__file__)), "slow_master_writes")}
 
 
 @pytest.mark.parametrize("grad_accum, launcher", [(1, "python"), (2, "deepspeed")])
@@ -59,3 +64,24 @@ def test_at_two_ranks_each_rank_fills_the_masters_of_its_own_partitions_with_sto
     ours = train(block={"host_cache_bytes": "50MB"}, **options)
     assert_same_bits(reference, ours)
     assert ours.last_stats["optimizer_masters_from_partitions"] > 0
+
+
+def test_a_resume_from_a_save_right_after_masters_were_written_behind_gives_the_uninterrupted_runs_bits(train,
+                                                                                                       tmp_path):
+    """The save after step 3 comes right after its update gave the masters back unwritten (their files written from
+    the partitions once the step ended: master_write_behind.py), here landing 3 s late (SLOW_MASTER_WRITES): it waits
+    for those writes before it reads the master files into the ZeRO file and links the folder, and the resume from
+    it gives the uninterrupted run's bits, which are stock's. (Without those waits the checkpoint held the masters of
+    step 2 and the resumed losses differed.)"""
+    folder = str(tmp_path / "ckpt")
+    options = dict(OPTIONS, steps=5)
+    stock = train(block=None, **options)
+    uninterrupted = train(block=PARTITIONS_HELD, save_after=3, checkpoint_dir=folder, env=SLOW_MASTER_WRITES,
+                          **options)
+    assert_identical(stock, uninterrupted)
+    behind = [step["stats"]["optimizer_masters_written_behind"] for step in uninterrupted.result["steps"]]
+    assert behind[2] > behind[1], behind  # the third update's masters were owed when the save came
+    resumed = train(block=PARTITIONS_HELD, **dict(options, steps=2), resume=True, checkpoint_dir=folder)
+    assert [step["step"] for step in resumed.result["steps"]] == [3, 4]
+    assert resumed.loss_bits == uninterrupted.loss_bits[3:]
+    assert resumed.result["weights_sha256"] == uninterrupted.result["weights_sha256"]

@@ -120,7 +120,9 @@ class MasterCopies:
                 view = partition.data.view(-1)
             else:
                 view = None
-            if view is None or view.dtype != self.dtype or view.numel() < partition.ds_numel:
+            # host memory only: partitions on a device (offload_param none) are filled from, never written from
+            if view is None or view.device.type != "cpu" or view.dtype != self.dtype or \
+                    view.numel() < partition.ds_numel:
                 return None
             ids.append(param.ds_id)
             views.append(view.narrow(0, 0, partition.ds_numel))

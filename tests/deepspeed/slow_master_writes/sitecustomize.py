@@ -1,0 +1,55 @@
+"""Test-only start-up hook (tests/deepspeed/test_master_copies.py puts this folder first on PYTHONPATH): each fp32
+master that tencache writes behind (integrations/deepspeed/master_write_behind.py) reaches its file
+``SLOW_MASTER_WRITES_S`` seconds after it is issued, as on a drive busy with other writes, so that whatever reads a
+master file without waiting for those writes reads the bytes before the last update. The write itself is real.
+Patched when the module is first imported, so that other Python processes started with this environment (cpuinfo's
+own child) import nothing more."""
+import importlib.abc
+import importlib.util
+import os
+import sys
+import threading
+import time
+from concurrent.futures import Future
+
+DELAY_S = float(os.environ.get("SLOW_MASTER_WRITES_S", "0"))
+TARGET = "tencache_ds.integrations.deepspeed.master_write_behind"
+
+
+def _slow(cls) -> None:
+    init = cls.__init__
+
+    def init_slowed(self, partition_views, write):
+        def write_later(tensor, path, file_offset=0):
+            future = Future()
+
+            def run():
+                time.sleep(DELAY_S)
+                try:
+                    future.set_result(write(tensor, path, file_offset=file_offset).result())
+                except BaseException as err:  # noqa: BLE001  (the waiter raises it)
+                    future.set_exception(err)
+            threading.Thread(target=run, daemon=True).start()
+            return future
+        init(self, partition_views, write_later)
+
+    cls.__init__ = init_slowed
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name != TARGET:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        exec_module = spec.loader.exec_module
+
+        def exec_and_slow(module):
+            exec_module(module)
+            _slow(module.MasterWriteBehind)
+        spec.loader.exec_module = exec_and_slow
+        return spec
+
+
+if DELAY_S > 0:
+    sys.meta_path.insert(0, _AfterImport())
