@@ -82,6 +82,24 @@ def give_own_file(path: str, whole: bool) -> bool:
     return True
 
 
+def make_own_file(path: str) -> bool:
+    """Before writes that together replace every byte of ``path``: if its inode has other names (a checkpoint), make
+    ``path`` a new file of the same size (zeros until written), so that the writes change only it and nothing is
+    copied. Returns True if the link was broken."""
+    if not is_shared(path):
+        return False
+    size = os.path.getsize(path)
+    temporary = _temporary_name(path)
+    try:
+        with open(temporary, "wb") as handle:
+            handle.truncate(size)
+        os.replace(temporary, path)  # the other names keep the old inode
+    finally:
+        if os.path.lexists(temporary):
+            os.unlink(temporary)
+    return True
+
+
 def unshare_folder(folder: str, owned: Callable[[str], bool] = lambda name: True) -> int:
     """Remove from ``folder`` every file that has other names (the others keep it) and that ``owned`` says is the
     caller's: for a swap folder nobody will read again, so that a later writer that is not ``LinkSafeIO`` (stock

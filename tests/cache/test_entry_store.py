@@ -626,3 +626,34 @@ def test_an_entry_whose_fields_contradict_its_state_fails_the_check(entry, why):
         check_entry(entry)
     # the same entry with the contradiction removed passes
     check_entry(Entry("k", 1, "k", entry.state, buffer=entry.buffer, kept=entry.buffer is not None))
+
+
+def test_a_streamed_tensor_given_back_rewritten_elsewhere_goes_unwritten_and_a_kept_one_stays_write_back(tmp_path,
+                                                                                                          io):
+    """``release_rewritten_elsewhere`` (an fp32 master whose file its parameter partitions write after the update:
+    integrations/deepspeed/master_write_behind.py): a tensor streamed through a transient buffer goes back on file
+    with no write; a kept one is refused (written back only when evicted, as before); so is one not LENT_CLEAN."""
+    store = make(tmp_path, io, budget_bytes=0)  # nothing kept: every tensor streams
+    put(store, tmp_path, "streamed", 1.0)
+    writes = io.counters().write_requests
+    assert torch.all(store.lend("streamed") == 1.0) and store.state("streamed") == EntryState.LENT_CLEAN
+    assert store.release_rewritten_elsewhere("streamed")
+    assert store.state("streamed") == EntryState.ON_FILE and io.counters().write_requests == writes
+    assert not store.release_rewritten_elsewhere("streamed")  # not lent: nothing done
+    kept = make(tmp_path, io, budget_bytes=10 * NBYTES)
+    put(kept, tmp_path, "held", 2.0)
+    kept.lend("held")
+    assert not kept.release_rewritten_elsewhere("held")
+    kept.release("held", changed=True)
+    assert kept.state("held") == EntryState.DIRTY
+
+
+def test_newest_view_shows_the_buffer_holding_the_newest_bytes_and_nothing_for_a_tensor_on_file(tmp_path, io):
+    store = make(tmp_path, io, budget_bytes=10 * NBYTES)
+    put(store, tmp_path, "p", 3.0)
+    view = store.newest_view("p")
+    assert view is not None and view.numel() == NUMEL and torch.all(view == 3.0)
+    assert view.data_ptr() == store.lend("p").data_ptr()  # the held buffer itself, not a copy
+    store.release("p")
+    store.trim_kept(0)
+    assert store.newest_view("p") is None and store.newest_view("unknown") is None

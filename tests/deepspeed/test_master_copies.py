@@ -16,8 +16,8 @@ OPTIONS = dict(dtype="fp32", steps=4, sub_group_size=2_000_000)
 PARTITIONS_HELD = {"host_cache_bytes": "100MB"}
 # ... and 70 MB fewer of the optimizer's
 PARTITIONS_HELD_ONLY = {"host_cache_bytes": "70MB"}
-# the masters written behind reach their files 3 s late (slow_master_writes/sitecustomize.py)
-SLOW_MASTER_WRITES = {"SLOW_MASTER_WRITES_S": "3",
+# the masters written behind reach their files one after the other, a second apart (slow_master_writes/)
+SLOW_MASTER_WRITES = {"SLOW_MASTER_WRITES_S": "1",
                       "PYTHONPATH": os.path.join(os.path.dirname(os.path.abspath(__file__)), "slow_master_writes")}
 
 
@@ -56,6 +56,20 @@ def test_weights_edited_between_updates_are_not_undone_by_a_fill_from_stale_part
     assert ours.last_stats["optimizer_masters_from_partitions"] > 0
 
 
+def test_weights_edited_while_masters_are_written_behind_are_not_written_into_them(train):
+    """The same edits after step 3, whose update's masters are written from the partitions after it and land a second
+    apart (SLOW_MASTER_WRITES: the last sub-group's, whose weight the gather edits, after the others'): at one rank
+    on a host accelerator GatheredParameters hands the partition itself, which the edit changes in place, so those
+    writes are waited for when the context is entered (install.py). (Without that wait the master files took the
+    edited bytes, and the next update read them: not stock's bits.)"""
+    options = dict(OPTIONS, steps=5, edit_weights_after_step=3)
+    stock = train(block=None, **options)
+    ours = train(block=PARTITIONS_HELD_ONLY, env=SLOW_MASTER_WRITES, **options)
+    assert_identical(stock, ours)
+    behind = [step["stats"]["optimizer_masters_written_behind"] for step in ours.result["steps"]]
+    assert behind[3] > behind[2], behind  # step 3's masters were owed when the edits came
+
+
 def test_at_two_ranks_each_rank_fills_the_masters_of_its_own_partitions_with_stock_cpu_offloads_bits(train):
     """2 ranks, each with its own partitions and masters (stock NVMe drifts there with the optimizer on NVMe and
     stops with the parameters on it: the reference is stock CPU offload, as in test_residency.py)."""
@@ -68,11 +82,11 @@ def test_at_two_ranks_each_rank_fills_the_masters_of_its_own_partitions_with_sto
 
 def test_a_resume_from_a_save_right_after_masters_were_written_behind_gives_the_uninterrupted_runs_bits(train,
                                                                                                        tmp_path):
-    """The save after step 3 comes right after its update gave the masters back unwritten (their files written from
-    the partitions once the step ended: master_write_behind.py), here landing 3 s late (SLOW_MASTER_WRITES): it waits
-    for those writes before it reads the master files into the ZeRO file and links the folder, and the resume from
-    it gives the uninterrupted run's bits, which are stock's. (Without those waits the checkpoint held the masters of
-    step 2 and the resumed losses differed.)"""
+    """The save after step 3 comes right after its update gave the masters back unwritten (their files written from the
+    partitions once the step ended: master_write_behind.py), here landing a second apart (SLOW_MASTER_WRITES): it
+    waits for those writes before it reads the master files into the ZeRO file and links the folder, and the resume
+    from it gives the uninterrupted run's bits, which are stock's. (Without those waits the checkpoint held the
+    masters of step 2 and the resumed losses differed.)"""
     folder = str(tmp_path / "ckpt")
     options = dict(OPTIONS, steps=5)
     stock = train(block=None, **options)

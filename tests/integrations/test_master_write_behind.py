@@ -55,6 +55,23 @@ def io():
     engine.close()
 
 
+@pytest.fixture(autouse=True)
+def writers(monkeypatch):
+    """Every writer a test makes, closed after it whatever happened (the module settles every live one)."""
+    made = []
+    init = MasterWriteBehind.__init__
+
+    def init_noted(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        made.append(self)
+    monkeypatch.setattr(MasterWriteBehind, "__init__", init_noted)
+    yield made
+    for writer in made:
+        writer._failed = None
+        writer._owed.clear()
+        writer.close()
+
+
 def test_an_owed_master_is_written_from_its_partitions_at_their_offsets_when_started(tmp_path, io):
     path = str(tmp_path / "master.swp")
     open(path, "wb").write(bytes(4 * 10))  # the old master: zeros
@@ -102,8 +119,32 @@ def test_a_failed_write_stops_every_later_settle():
         writes.settle()
     with pytest.raises(OSError):  # the file is stale for good: nothing may read it
         writes.settle(["g"])
-    writes._failed = None
-    writes.close()
+    with pytest.raises(OSError):  # and no master is owed again
+        writes.owe("g", "g.swp")
+
+
+def test_a_write_that_cannot_be_issued_leaves_the_file_stale_for_good():
+    def refused(tensor, path, file_offset=0):
+        raise OSError(28, "No space left on device")
+    writes = MasterWriteBehind(Partitions({"g": ([1], [torch.ones(4)])}), refused)
+    writes.owe("g", "g.swp")
+    with pytest.raises(OSError):
+        writes.start()
+    with pytest.raises(OSError):
+        writes.settle()
+
+
+def test_a_master_whose_partitions_are_not_all_in_memory_is_not_owed_and_one_owed_can_be_cancelled():
+    partitions = Partitions({"g": ([1], [torch.ones(4)]), "h": ([2], [torch.ones(4)])})
+    engine = HeldWrites()
+    writes = MasterWriteBehind(partitions, engine.write)
+    partitions.gone.add("g")
+    assert not writes.owe("g", "g.swp") and not writes.owes_any
+    assert writes.owe("h", "h.swp")
+    writes.cancel("h")  # its store wrote it after all
+    assert not writes.owes_any
+    writes.settle()
+    assert engine.issued == []
 
 
 def test_partitions_that_left_memory_before_their_write_started_are_an_error_not_a_stale_file():
@@ -113,8 +154,6 @@ def test_partitions_that_left_memory_before_their_write_started_are_an_error_not
     partitions.gone.add("g")
     with pytest.raises(RuntimeError, match="left host memory"):
         writes.start()
-    writes._failed = None
-    writes.close()
 
 
 def test_a_master_owed_again_waits_for_its_last_write_first():

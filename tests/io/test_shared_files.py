@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tencache_ds.io.direct_io import DirectFileIO
-from tencache_ds.io.shared_files import LinkSafeIO, give_own_file, place, unshare_folder
+from tencache_ds.io.shared_files import LinkSafeIO, give_own_file, make_own_file, place, unshare_folder
 from tencache_ds.memory.pool import BufferPool
 
 SHM = "/dev/shm"
@@ -65,6 +65,19 @@ def test_give_own_file_breaks_a_link_for_a_whole_or_a_partial_write(tmp_path):
     os.link(checkpoint, swap)
     assert give_own_file(str(swap), whole=True)  # whole: the write starts a new file
     assert not os.path.exists(swap) and read(checkpoint) == b"abcd" * 1024
+
+
+def test_make_own_file_gives_a_linked_name_an_empty_file_of_its_size_and_copies_nothing(tmp_path):
+    """Before writes that replace every byte (an fp32 master written from its partitions, piece by piece:
+    integrations/deepspeed/master_write_behind.py): the checkpoint keeps its bytes, the swap file keeps its size."""
+    swap, checkpoint = tmp_path / "swap", tmp_path / "ckpt"
+    write(swap, b"abcd" * 1024)
+    os.link(swap, checkpoint)
+    assert make_own_file(str(swap))
+    assert not os.path.samefile(swap, checkpoint)
+    assert read(swap) == bytes(4096) and read(checkpoint) == b"abcd" * 1024
+    assert not make_own_file(str(swap))  # one name now: nothing to do
+    assert read(swap) == bytes(4096)
 
 
 def test_writes_through_link_safe_io_never_change_a_checkpoint(tmp_path):

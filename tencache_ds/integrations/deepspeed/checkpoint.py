@@ -123,6 +123,7 @@ def _adopt(swapper, optimizer, loaded_dir, masters_only: bool) -> int:
         return 0
     # Two passes: the two sets of ids may overlap (a checkpoint from a process whose ids were shifted by whole
     # sub-groups), and a rename into an id still to be renamed from would overwrite that loaded file first.
+    swapper.settle_master_writes()  # masters owed to the files about to be renamed (the load's own): written first
     staged = []
     for old, new in zip(sorted(loaded, key=sub_group_order), sorted(current, key=sub_group_order)):
         for state in loaded[old]:

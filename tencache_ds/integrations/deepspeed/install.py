@@ -207,18 +207,28 @@ def _restoring_optimizer_scalars(load_checkpoint):
 
 def _writing_owed_masters_first(partition):
     """Init._partition: where it writes gathered values into the partitions in place (``has_been_updated``), the
-    fp32 masters owed from those partitions are written from them first (master_write_behind.py)."""
-    signature = inspect.signature(partition)
-
+    fp32 masters owed from those partitions are written from them first (master_write_behind.py). Called at every
+    parameter release: the flag is read without binding the call."""
     @functools.wraps(partition)
-    def partition_after_owed_masters(self, *args, **kwargs):
-        bound = signature.bind(self, *args, **kwargs).arguments
-        if bound.get("has_been_updated"):
-            params = bound.get("param_list")
-            settle_owed_masters(None if params is None else [param.ds_id for param in params])
-        return partition(self, *args, **kwargs)
+    def partition_after_owed_masters(self, param_list=None, *args, **kwargs):
+        if kwargs.get("has_been_updated", args[1] if len(args) > 1 else False):
+            settle_owed_masters(None if param_list is None else [param.ds_id for param in param_list])
+        return partition(self, param_list, *args, **kwargs)
 
     return partition_after_owed_masters
+
+
+def _gathering_after_owed_masters(enter):
+    """GatheredParameters.__enter__: at one rank on a host accelerator the gathered tensor is the partition itself
+    (DeepSpeed's NoGatherHandle), so code inside the context writes the partition in place, before ``_partition``
+    runs at its exit: the masters owed from those partitions are written first (master_write_behind.py)."""
+    @functools.wraps(enter)
+    def enter_after_owed_masters(self):
+        if self.enabled and self.params:
+            settle_owed_masters([param.ds_id for param in self.params if hasattr(param, "ds_id")])
+        return enter(self)
+
+    return enter_after_owed_masters
 
 
 def _governing_host_memory(forward):
@@ -256,6 +266,7 @@ REPLACEMENTS = {
     "marking_step": _marking_step,
     "governing_host_memory": _governing_host_memory,
     "writing_owed_masters_first": _writing_owed_masters_first,
+    "gathering_after_owed_masters": _gathering_after_owed_masters,
     # exact resume, with the checkpoint's optimizer swap files linked rather than copied in (checkpoint_save.py)
     "restoring_optimizer_scalars": lambda load: _restoring_optimizer_scalars(swap_files_linked(load, "load")),
     "keeping_device_tier": _keeping_device_tier,

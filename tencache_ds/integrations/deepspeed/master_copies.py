@@ -99,7 +99,7 @@ class MasterCopies:
 
     def all_partitions_held(self) -> bool:
         """Does host memory the parameter swapper keeps (or stage 3's own) hold every sub-group's partitions? Then no
-        swap-in of a step reads one, and none evicts one."""
+        swap-in of a step reads one, and none evicts one. (A walk over every parameter: asked at each give-back.)"""
         stage3 = self._stage3()
         return stage3 is not None and all(self._kept(index) for index in range(len(stage3.fp16_groups)))
 

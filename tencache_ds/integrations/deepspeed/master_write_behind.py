@@ -12,7 +12,7 @@ partitions when the step has ended (``start``): the same bytes a step, written w
 
 When a master is owed: the update gave it back changed, its partitions are a current copy of it (master_copies.py
 ``current``), every one of them is in host memory now (``MasterCopies.partition_views``), and so are all the model's
-partitions (the optimizer swapper asks once an update: where some stream, a swap-in of one, or stage 3's copy into
+partitions (the optimizer swapper asks at each give-back: where some stream, a swap-in of one, or stage 3's copy into
 one, may evict a partition an owed master is written from, and would wait for that write in the update).
 
 The rule that keeps every result stock's: nothing may read an owed master's file, or write or give up the memory of
@@ -23,8 +23,14 @@ place:
 - the parameter swapper (``settle_owed_masters``): every call that writes a partition or may evict one (a swap-in
   of a partition not held, zero.Init's writes, stage 3's copy of a master, a hand-over to stage 3's buffer), and the
   memory-pressure governor before it shrinks a parameter cache;
-- a partition changed in place by DeepSpeed (``Init._partition`` with ``has_been_updated``: GatheredParameters with a
-  modifier rank, ``module.apply`` under zero.Init, the compile fallback; install.py), before the change.
+- a partition changed in place: at ``GatheredParameters.__enter__`` (at one rank on a host accelerator the gathered
+  tensor is the partition itself, which code inside the context may change), and where DeepSpeed writes gathered
+  values back (``Init._partition`` with ``has_been_updated``: a modifier rank's exit, ``module.apply`` under zero.Init,
+  the compile fallback); install.py;
+- a checkpoint load's adoption of files under other ids, before it renames them (checkpoint.py).
+A master file linked into a checkpoint is replaced by an empty one of its size before its writes, never copied
+(io/shared_files.py ``make_own_file``). A write that fails, or cannot be issued, leaves its file stale for good:
+every later settle raises it.
 A swap-in of a partition the tier holds lends its buffer unchanged, so the forward and backward of a model whose
 partitions are all held never wait here.
 """
@@ -34,6 +40,8 @@ from concurrent.futures import Future
 from typing import Callable, Dict, Hashable, Iterable, List, Optional, Tuple
 
 import torch
+
+from ...io.shared_files import make_own_file
 
 _LIVE = weakref.WeakSet()  # every MasterWriteBehind not closed: the parameter swapper settles them all
 _LIVE_LOCK = threading.Lock()
@@ -84,21 +92,26 @@ class MasterWriteBehind:
         with self._lock:
             return [group for group, ids in self._partitions.items() if ids & partition_ids]
 
-    def can_owe(self, group) -> bool:
-        """Are ``group``'s partitions all in host memory now (the write would have its bytes)?"""
-        return self._partition_views(group) is not None
-
-    def owe(self, group, path: str) -> None:
-        """The update gave ``group``'s master back changed without writing it: its partitions hold the bytes."""
+    def owe(self, group, path: str) -> bool:
+        """The update gives ``group``'s master back changed without writing it: its partitions hold the bytes. False,
+        and nothing owed, where they are not all in host memory (the caller writes the master itself then)."""
         with self._lock:
+            if self._failed is not None:
+                raise self._failed
             if group in self._writing:  # written behind after the last update and not waited for: never reordered
                 self._wait(group)
             found = self._partition_views(group)
             if found is None:
-                raise RuntimeError(f"tencache: optimizer sub-group {group}'s master is owed but its partitions are "
-                                   f"not all in host memory")
+                return False
             self._owed[group] = path
             self._partitions[group] = frozenset(found[0])
+            return True
+
+    def cancel(self, group) -> None:
+        """The master ``owe`` recorded is written by its store after all (nothing was started for it)."""
+        with self._lock:
+            if self._owed.pop(group, None) is not None:
+                self._partitions.pop(group, None)
 
     def start(self) -> None:
         """Start writing every owed master from its partitions (the step has ended: nothing reads them until
@@ -128,17 +141,25 @@ class MasterWriteBehind:
                 _LIVE.discard(self)
 
     def _start(self, group) -> None:
+        """Issue ``group``'s writes. Any error leaves the master file stale for good (``_failed``), with the writes
+        already issued waited for by the next settle (which raises it)."""
         path = self._owed.pop(group)
-        found = self._partition_views(group)
-        if found is None:
-            self._failed = RuntimeError(f"tencache: the parameter partitions of optimizer sub-group {group} left "
-                                        f"host memory before its fp32 master ({path}) was written from them")
-            raise self._failed
         futures, offset = [], 0
-        for view in found[1]:
-            futures.append(self._write(view, path, file_offset=offset))
-            offset += view.numel() * view.element_size()
         self._writing[group] = futures
+        try:
+            found = self._partition_views(group)
+            if found is None:
+                raise RuntimeError(f"tencache: the parameter partitions of optimizer sub-group {group} left host "
+                                   f"memory before its fp32 master ({path}) was written from them")
+            # every byte of the master is written: a file linked into a checkpoint is replaced by an empty one of its
+            # size rather than copied first (the partial writes below would copy it: shared_files.LinkSafeIO)
+            make_own_file(path)
+            for view in found[1]:
+                futures.append(self._write(view, path, file_offset=offset))
+                offset += view.numel() * view.element_size()
+        except BaseException as err:
+            self._failed = err
+            raise
         self.masters_written_behind += 1
         self.bytes_written_behind += offset
 

@@ -180,7 +180,6 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             # the update's other writes; master_write_behind.py)
             self.master_writes = (MasterWriteBehind(self.master_copies.partition_views, LinkSafeIO(self.io).write)
                                   if self.master_copies is not None and self.writes_behind else None)
-            self._all_held_this_update = None  # asked at the update's first give-back (_partitions_all_held)
             # the backward passes of one optimizer step: stage 3's gradient accumulation (set before it builds its
             # swappers) until a step has counted them (log_timers), which the caller's own boundaries may change
             self._micro_steps = max(1, int(getattr(stage3, "gradient_accumulation_steps", 1) or 1))
@@ -490,14 +489,20 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
                 self._return_lent(self.swap_params_info[group], set(keys), False, False, master_elsewhere=False)
             self._lent = {}
             self._release_read_ahead()
+            failure = None
             if getattr(self, "master_writes", None) is not None:
-                self.master_writes.close()
+                try:
+                    self.master_writes.close()
+                except Exception as err:  # noqa: BLE001  (raised once the rest is closed)
+                    failure = err
             self.store.flush()
             self.store.close()  # its buffers, then the streaming slots' arena
             # its files still shared with a checkpoint: no later writer may reach it (another engine's stay: owns_file)
             unshare_folder(self._folder, self.owns_file)
             self.drop_staged_loads()  # a checkpoint's files a load that stopped left hidden: no later run wants them
             self.io.close()
+            if failure is not None:
+                raise failure
         finally:
             folder_lock.let_go(self._folder_key)
             self.closed = True
@@ -631,7 +636,6 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         super().log_timers()
         if self.master_writes is not None:  # the update is over: the masters it gave back go to their files now
             self.master_writes.start()
-        self._all_held_this_update = None
         if not self._profile_looked_up:  # the first call ends initialisation: every sub-group is known
             self._profile_looked_up = True
             # keyed by file name, not path: the same run in another nvme_path has the same profile
@@ -845,11 +849,16 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         """Give back the entries in ``lent`` of sub-group ``swap_info``: its tensors (the master, the first, with
         ``master_elsewhere``: the parameter partitions hold it), and its gradient (discarded where it was a copy of
         fragments stage 3 still holds: nothing to keep or write)."""
+        error = None
         for index, context in enumerate(swap_info.tensors):
             if context.swap_path not in lent:
                 continue
-            if index == 0 and master_elsewhere and states_changed and self._writes_master_behind(swap_info):
-                continue
+            if index == 0 and master_elsewhere and states_changed:
+                try:
+                    if self._writes_master_behind(swap_info):
+                        continue
+                except Exception as err:  # noqa: BLE001  (the store writes it below; raised once all went back)
+                    error = err
             self.store.release(context.swap_path, changed=states_changed,
                                copy_elsewhere=master_elsewhere and index == 0)
         if swap_info.has_gradients():
@@ -858,25 +867,22 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
                 self.store.discard(path)
             elif path in lent:
                 self.store.release(path, changed=gradient_changed)
+        if error is not None:
+            raise error
 
     def _writes_master_behind(self, swap_info) -> bool:
         """Give the sub-group's changed master back unwritten, owed to its file, which the partitions that hold
         its bytes now fill after the update (master_write_behind.py); False where they are not all in memory, or the
         store owes the file something else: the caller releases it as changed."""
         writes, group, path = self.master_writes, swap_info.param_id, swap_info.tensors[0].swap_path
-        if writes is None or not self._partitions_all_held() or not writes.can_owe(group) or \
-                not self.store.release_rewritten_elsewhere(path):
+        # only while the parameter tier holds every partition: where some stream, a swap-in of one or stage 3's copy
+        # into one may evict a partition an owed master is written from, and would wait for that write in the update
+        if writes is None or not self.master_copies.all_partitions_held() or not writes.owe(group, path):
             return False
-        writes.owe(group, path)
+        if not self.store.release_rewritten_elsewhere(path):
+            writes.cancel(group)
+            return False
         return True
-
-    def _partitions_all_held(self) -> bool:
-        """Masters are written behind only while the parameter tier holds every partition (asked once an update):
-        where some stream, a swap-in of one or stage 3's copy into one may evict a partition an owed master is
-        written from, which would have to wait for that write in the update (master_write_behind.py)."""
-        if self._all_held_this_update is None:
-            self._all_held_this_update = self.master_copies.all_partitions_held()
-        return self._all_held_this_update
 
     def settle_master_writes(self, groups=None) -> None:
         """Wait for the masters of ``groups`` (None: all) written behind, starting those still owed: before their

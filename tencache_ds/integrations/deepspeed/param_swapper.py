@@ -352,6 +352,7 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
 
     def release_user(self):
         """An engine over this swapper's partitions was destroyed: close once no other model uses it."""
+        settle_owed_masters()  # (close settles too: here first, outside the lock the writes' views take)
         with self._lock:
             self._users -= 1
             if self._users <= 0:
