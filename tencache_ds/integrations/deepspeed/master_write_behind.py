@@ -19,7 +19,8 @@ The rule that keeps every result stock's: nothing may read an owed master's file
 one of its partitions, before its write is done. ``settle`` (start what is owed, then wait) runs first at each such
 place:
 - the optimizer swapper: every swap-in (the update, the fragment getters, a master set through the API), a read
-  ahead of a master from its file, the checkpoint save's and load's flush, a purge, close;
+  ahead of a master from its file, the checkpoint save's reads of the master files (checkpoint_save.py) and its and
+  a load's flush, a purge, close;
 - the parameter swapper (``settle_owed_masters``): every call that writes a partition or may evict one (a swap-in
   of a partition not held, zero.Init's writes, stage 3's copy of a master, a hand-over to stage 3's buffer), and the
   memory-pressure governor before it shrinks a parameter cache;
