@@ -203,6 +203,10 @@ def main(argv=None) -> int:
     parser.add_argument("--seq-len", type=int, default=64)
     parser.add_argument("--compare-cpu", action="store_true", help="add the stock CPU offload arm")
     parser.add_argument("--nvme-path", default="/tmp/tencache-bench-nvme")
+    parser.add_argument("--ranks", type=int, default=1,
+                        help="ranks on this machine (the bench's --ranks; they share its cores, memory and drive)")
+    parser.add_argument("--config", default=None,
+                        help="the DeepSpeed config of every configuration (default: the model's, CONFIG_FOR)")
     parser.add_argument("--dtype", choices=["bf16", "fp32"], default=None,
                         help="train in this dtype (scripts/train.py --dtype; default: the config's, bf16)")
     args = parser.parse_args(argv)
@@ -243,11 +247,12 @@ def main(argv=None) -> int:
         plan = [(model, budget) for model in args.models for budget in args.budgets]
         predictions = {}
         for model, budget in plan:
-            config = CONFIG_FOR.get(model, "configs/stock-nvme.json")
+            config = args.config or CONFIG_FOR.get(model, "configs/stock-nvme.json")
+            ranks_machine = dataclasses.replace(machines[model], ranks_per_node=args.ranks)
             predictions[f"{model}-{budget}"] = {
-                "model": model, "budget": budget, "config": config,
+                "model": model, "budget": budget, "config": config, "ranks": args.ranks,
                 "host_cache_bytes": budget_value(model, budget),
-                "predicted": predict_configuration(machines[model], model, config, budget_value(model, budget),
+                "predicted": predict_configuration(ranks_machine, model, config, budget_value(model, budget),
                                                    args.micro_batch, args.seq_len, args.compare_cpu, args.dtype)}
         with open(os.path.join(args.out, "predictions.json"), "w") as handle:  # before anything runs
             json.dump({"made_at": datetime.datetime.utcnow().isoformat() + "Z", "machines": machine_paths,
@@ -260,7 +265,8 @@ def main(argv=None) -> int:
                        str(args.seq_len), "--host-cache-bytes", str(entry["host_cache_bytes"]), "--out", out,
                        "--nvme-path", args.nvme_path, "--no-plots"] + (["--compare", "cpu"] if args.compare_cpu
                                                                        else []) \
-                + (["--dtype", args.dtype] if args.dtype else [])
+                + (["--dtype", args.dtype] if args.dtype else []) \
+                + (["--ranks", str(args.ranks)] if args.ranks > 1 else [])
             print("running:", " ".join(command), flush=True)
             started = time.time()
             subprocess.run(command, cwd=REPO, check=True)

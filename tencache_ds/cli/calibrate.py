@@ -25,6 +25,10 @@ crash there becomes a clear error. The probes, and why each is measured the way 
   ``COMPUTE_PROBE_WEIGHT_BYTES`` (or all of them): one layer's weights stay in the CPU's caches from step to step,
   while a whole model's stream from memory. With one layer and no head the probe ran gpt2-small's shape at
   94-108 GFLOP/s where the whole model ran at 76.5 (docs/estimate.md, prospective run 3).
+- Collectives: two processes on this machine (a gloo group, as `deepspeed --num_gpus 2` starts them on the CPU
+  accelerator) run the all-gather and the reduce-scatter stage 3 calls (``all_gather_into_tensor``,
+  ``reduce_scatter_tensor``) at once, on a tensor of ``COLLECTIVE_BYTES``; the rate is the bytes a rank receives
+  from the other per second. At 2 ranks on this VM gloo's loops took 1.5-3.4 s of CPU a gpt2-small step.
 - ZeRO-3's hooks: the same layers timed bare and inside a stage-3 engine without an optimizer (the hooks that
   fetch and release every submodule's parameters, nothing to reduce); the difference per submodule use is the
   machine's ``zero3_module_call_s``. In a DeepSpeed run gpt2-small computed at 64 GFLOP/s where the bare model ran
@@ -68,7 +72,16 @@ PROBE_TIMEOUT_S = 420.0  # the drive at three request sizes (up to ~90 s on a sl
 PROBE_MARKER = "TENCACHE_CALIBRATE "
 
 
-ALL_PROBES = ("nvme", "adam", "host_copy", "compute", "zero3_calls")
+# The collectives' probe: a whole tensor of this size, each rank holding its share (gpt2-small's layers gather 28 MB,
+# its gradients reduce in one 0.5 GB bucket; on this VM 16 to 256 MiB moved within 15% of each other), at this many
+# ranks, the fastest of the repeats after one warm-up; the processes must be done within the timeout.
+COLLECTIVE_BYTES = 64 << 20
+COLLECTIVE_RANKS = 2
+COLLECTIVE_REPEATS = 3
+COLLECTIVE_TIMEOUT_S = 120.0
+
+
+ALL_PROBES = ("nvme", "adam", "host_copy", "collectives", "compute", "zero3_calls")
 MODEL_PROBES = ("compute", "zero3_calls")  # the figures that are the model's and shape's, not only the machine's
 
 
@@ -124,6 +137,7 @@ def machine_from_calibration(measured: Dict[str, Any]):
     from ..plan.machine import Machine
     memory = read_host_memory()
     nvme, adam, copy, compute = measured["nvme"], measured["adam"], measured["host_copy"], measured["compute"]
+    collectives = measured.get("collectives", {})
     where = f"measured by `tencache-ds estimate --machine this` (cli/calibrate.py) at {time.strftime('%Y-%m-%d %H:%M')}"
     load = _load_average()
     return Machine(
@@ -137,6 +151,8 @@ def machine_from_calibration(measured: Dict[str, Any]):
         cpu_adam_elements_per_s=adam["elements_per_s"], host_copy_bytes_per_s=copy["bytes_per_s"],
         host_fresh_write_bytes_per_s=copy.get("fresh_write_bytes_per_s"),
         zero3_module_call_s=measured["zero3_calls"]["call_s"] if "zero3_calls" in measured else 0.0,
+        allgather_bytes_per_s=collectives.get("allgather_bytes_per_s"),
+        reduce_scatter_bytes_per_s=collectives.get("reduce_scatter_bytes_per_s"),
         process_baseline_bytes=int(measured.get("baseline_rss_bytes") or 0) or Machine.process_baseline_bytes,
         accelerator_is_host=True,
         sources={
@@ -151,6 +167,9 @@ def machine_from_calibration(measured: Dict[str, Any]):
             "host_fresh_write_bytes_per_s": f"{where}: {copy['fresh_method']}" if "fresh_method" in copy
             else "not measured",
             "zero3_module_call_s": f"{where}: {measured['zero3_calls']['method']}" if "zero3_calls" in measured
+            else "not measured",
+            "allgather_bytes_per_s": f"{where}: {collectives['method']}" if collectives else "not measured",
+            "reduce_scatter_bytes_per_s": f"{where}: same run, the reduce-scatter" if collectives
             else "not measured",
             "host_memory_bytes": f"{where}: /proc/meminfo and the memory cgroup (probes/host_memory.py, bound by "
                                  f"{memory.bound_by})",
@@ -189,6 +208,8 @@ def _probe_main(argv: Sequence[str]) -> None:
             _emit(adam=measure_cpu_adam(torch))
         if "host_copy" in probes:
             _emit(host_copy=measure_host_copy(torch))
+        if "collectives" in probes:
+            _emit(collectives=measure_collectives())
         if "compute" in probes:
             _emit(compute=measure_compute(torch, request["model_config"], request["micro_batch"],
                                           request["seq_len"], request["dtype"]))
@@ -278,6 +299,73 @@ def measure_host_copy(torch, nbytes: int = COPY_BYTES) -> Dict[str, Any]:
             "fresh_method": f"torch.empty({nbytes >> 20} MiB fp32).fill_: memory written at its first touch (page "
                             f"faults), fastest of 5, {torch.get_num_threads()} threads",
             "fresh_write_bytes_per_s": nbytes / min(fresh_s)}
+
+
+def measure_collectives(ranks: int = COLLECTIVE_RANKS, nbytes: int = COLLECTIVE_BYTES) -> Dict[str, Any]:
+    """Bytes a rank receives per second from the others in stage 3's all-gather and reduce-scatter, ``ranks``
+    processes of this machine running each at once (plan/machine.py, ``allgather_bytes_per_s``,
+    ``reduce_scatter_bytes_per_s``). Raises RuntimeError naming the rank that failed or did not finish."""
+    import multiprocessing
+    from .bench import free_port
+    context = multiprocessing.get_context("spawn")  # a fresh interpreter: no process group, no forked threads
+    results = context.SimpleQueue()
+    address = f"tcp://127.0.0.1:{free_port()}"
+    workers = [context.Process(target=_collective_rank, args=(rank, ranks, address, nbytes, results), daemon=True)
+               for rank in range(ranks)]
+    for worker in workers:
+        worker.start()
+    deadline = time.monotonic() + COLLECTIVE_TIMEOUT_S
+    for worker in workers:
+        worker.join(max(0.0, deadline - time.monotonic()))
+    stuck = [rank for rank, worker in enumerate(workers) if worker.is_alive()]
+    for rank in stuck:
+        workers[rank].kill()
+    if stuck:
+        raise RuntimeError(f"the collectives probe's rank(s) {stuck} did not finish within "
+                           f"{COLLECTIVE_TIMEOUT_S:.0f} s")
+    reports = [results.get() for _ in range(ranks) if not results.empty()]
+    failed = [report for report in reports if "error" in report]
+    if failed or len(reports) != ranks:
+        raise RuntimeError(f"the collectives probe failed: {failed or f'{len(reports)} of {ranks} ranks reported'}")
+    slowest = {kind: max(report[kind] for report in reports) for kind in ("allgather_s", "reduce_scatter_s")}
+    received = nbytes // ranks * (ranks - 1)
+    return {"method": f"{ranks} processes, gloo, all_gather_into_tensor and reduce_scatter_tensor of a "
+                      f"{nbytes >> 20} MiB fp32 tensor at once, the bytes a rank receives; the slowest rank's "
+                      f"fastest of {COLLECTIVE_REPEATS} after one",
+            "allgather_bytes_per_s": received / slowest["allgather_s"],
+            "reduce_scatter_bytes_per_s": received / slowest["reduce_scatter_s"], **slowest}
+
+
+def _collective_rank(rank: int, ranks: int, address: str, nbytes: int, results) -> None:
+    """One rank of the collectives probe: puts {"allgather_s", "reduce_scatter_s"} (its fastest of
+    ``COLLECTIVE_REPEATS`` after a warm-up) or {"error"} on ``results``."""
+    try:
+        import warnings
+        import torch
+        import torch.distributed as torch_dist
+        # torch 2.13 calls stage 3's two collectives deprecated (DeepSpeed 0.19.8 still calls them): said once per
+        # call, into the calibration's output
+        warnings.simplefilter("ignore", FutureWarning)
+        torch_dist.init_process_group("gloo", init_method=address, rank=rank, world_size=ranks)
+        try:
+            whole = torch.randn(nbytes // 4 // ranks * ranks)
+            share = torch.empty(whole.numel() // ranks)
+            times = {"allgather_s": [], "reduce_scatter_s": []}
+            for repeat in range(COLLECTIVE_REPEATS + 1):
+                for kind in times:
+                    torch_dist.barrier()
+                    started = time.perf_counter()
+                    if kind == "allgather_s":
+                        torch_dist.all_gather_into_tensor(whole, share)
+                    else:
+                        torch_dist.reduce_scatter_tensor(share, whole)
+                    if repeat:  # the first round is the warm-up
+                        times[kind].append(time.perf_counter() - started)
+            results.put({kind: min(seconds) for kind, seconds in times.items()})
+        finally:
+            torch_dist.destroy_process_group()
+    except Exception as err:  # pylint: disable=broad-except  (reported by the parent, with the rank)
+        results.put({"error": f"rank {rank}: {type(err).__name__}: {err}"})
 
 
 def probe_layers(model_config: Dict[str, Any], element_bytes: int) -> int:

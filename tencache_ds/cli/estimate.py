@@ -22,9 +22,9 @@ from .ds_config_file import read_ds_config
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODELS_DIR = os.path.join(REPO_ROOT, "configs", "models")
 THIS = "this"
-PARTS = ("compute", "h2d", "nvme_read", "nvme_write", "cpu_adam")
-PART_NAMES = {"compute": "compute", "h2d": "H2D", "nvme_read": "NVMe read", "nvme_write": "NVMe write",
-              "cpu_adam": "CPU Adam"}
+# the printed names of the step's parts (plan/step_model/results.py, CRITICAL_PARTS, in that order)
+PART_NAMES = {"compute": "compute", "collective": "collective", "h2d": "H2D", "nvme_read": "NVMe read",
+              "nvme_write": "NVMe write", "cpu_adam": "CPU Adam"}
 
 
 def _read_json(path: str, what: str) -> Any:
@@ -189,9 +189,10 @@ def render(report: Dict[str, Any]) -> List[str]:
     lines.append(f"step time: stock {seconds(stock)}, tencache {seconds(tencache)} ({tencache / stock:.2f}x); "
                  f"bottleneck: stock {PART_NAMES[report['bottleneck']['stock']]}, tencache "
                  f"{PART_NAMES[report['bottleneck']['tencache']]}")
-    lines.append("critical path (s)  " + "  ".join(f"{PART_NAMES[p]:>10}" for p in PARTS))
+    parts = list(report["critical_path_s"]["stock"])
+    lines.append("critical path (s)  " + "  ".join(f"{PART_NAMES[p]:>10}" for p in parts))
     for name in ("stock", "tencache"):
-        lines.append(f"  {name:<16} " + "  ".join(f"{report['critical_path_s'][name][p]:>10.3f}" for p in PARTS))
+        lines.append(f"  {name:<16} " + "  ".join(f"{report['critical_path_s'][name][p]:>10.3f}" for p in parts))
     reads, writes = report["nvme_read_bytes_per_step"], report["nvme_write_bytes_per_step"]
     lines.append(f"NVMe per step and rank: stock read {fmt_bytes(reads['stock'])}, written "
                  f"{fmt_bytes(writes['stock'])}; tencache read {fmt_bytes(reads['tencache'])}, written "

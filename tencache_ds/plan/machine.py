@@ -66,6 +66,13 @@ class Machine:
     # accelerator (`--machine this`), where the hooks run on the cores that compute; 0 leaves it out (GPU boxes,
     # whose files have no measurement of it: there the hooks run on the host while the device computes).
     zero3_module_call_s: float = 0.0
+    # The data-parallel collectives stage 3 runs every step, as bytes a rank receives from the others per second
+    # while every rank of the node runs the same collective: the all-gather of parameter partitions (forward and
+    # backward) and the reduce-scatter of gradients (which also adds what it receives). Measured on a host
+    # accelerator at 2 ranks (`--machine this`: gloo, whose loops run on the cores that compute, so the model puts
+    # them on the compute thread); None leaves them out (one rank needs none; the GPU files have no figure).
+    allgather_bytes_per_s: Optional[float] = None
+    reduce_scatter_bytes_per_s: Optional[float] = None
     ranks_per_node: int = 1
     nodes: int = 1
     drive_tbw_bytes: Optional[float] = None
@@ -158,7 +165,8 @@ _REQUIRED = ("name", "accelerator_memory_bytes", "accelerator_flops_per_s", "h2d
 _POSITIVE = {"accelerator_flops_per_s", "h2d_bytes_per_s", "host_memory_bytes", "nvme_read_bytes_per_s_per_drive",
              "nvme_write_bytes_per_s_per_drive", "drives", "cpu_adam_elements_per_s", "host_copy_bytes_per_s",
              "host_fresh_write_bytes_per_s", "nvme_mixed_bytes_per_s_per_drive", "ranks_per_node", "nodes",
-             "drive_tbw_bytes", "process_baseline_bytes"}  # host_available_bytes may be 0: a full cgroup
+             "drive_tbw_bytes", "process_baseline_bytes", "allgather_bytes_per_s",
+             "reduce_scatter_bytes_per_s"}  # host_available_bytes may be 0: a full cgroup
 _INTEGERS = {"accelerator_memory_bytes", "host_memory_bytes", "drives", "ranks_per_node", "nodes",
              "host_available_bytes", "process_baseline_bytes"}
 
@@ -179,7 +187,8 @@ def _checked_values(data: Mapping[str, Any], source: str) -> Dict[str, Any]:
             if not isinstance(value, bool):
                 raise MachineFileError(f"{source}: key \"{key}\" must be true or false, got {value!r}")
         elif value is None and key in ("drive_tbw_bytes", "host_available_bytes", "host_fresh_write_bytes_per_s",
-                                       "nvme_mixed_bytes_per_s_per_drive", "nvme_request_factors"):
+                                       "nvme_mixed_bytes_per_s_per_drive", "nvme_request_factors",
+                                       "allgather_bytes_per_s", "reduce_scatter_bytes_per_s"):
             continue
         elif key == "nvme_request_factors":
             values[key] = _checked_request_factors(value, source)

@@ -137,6 +137,25 @@ def norm_fresh_elements(workload: Workload) -> int:
     return fresh
 
 
+def allgather_s(workload: Workload, machine: Machine, keys) -> float:
+    """Stage 3's all-gather of ``keys``' partitions at one fetch: the bytes a rank receives from the others (each of
+    them sends its partition) at the machine's all-gather rate. 0 at one rank, or without the machine's figure."""
+    if workload.world_size <= 1 or not machine.allgather_bytes_per_s:
+        return 0.0
+    received = sum(workload.partitions[key].part_numel for key in keys) * (workload.world_size - 1)
+    return received * workload.zero.element_bytes / machine.allgather_bytes_per_s
+
+
+def reduce_scatter_s(workload: Workload, machine: Machine) -> float:
+    """A micro-batch's reduce-scatter of the whole model's gradients (stage 3 reduces every micro-batch): each rank
+    receives the others' share of its partition and adds it. Only the collective: the bucket's copies around it are
+    the epilogue's passes (``backward_host_memory_s``). 0 at one rank, or without the machine's figure."""
+    if workload.world_size <= 1 or not machine.reduce_scatter_bytes_per_s:
+        return 0.0
+    received = workload.rank_elements * (workload.world_size - 1)
+    return received * workload.zero.element_bytes / machine.reduce_scatter_bytes_per_s
+
+
 def param_bytes(workload: Workload, key: str) -> int:
     return workload.zero.swap_nbytes(workload.partitions[key].part_numel)
 

@@ -8,6 +8,9 @@ from ..machine import Machine
 from ..workload import Workload
 
 STOCK, TENCACHE = "stock", "tencache"
+# What a replayed step's time is made of (step_model/timeline.py charges each wait or piece of work to one of them);
+# "collective": stage 3's all-gathers and reduce-scatters between ranks (step_model/costs.py)
+CRITICAL_PARTS = ("compute", "collective", "h2d", "nvme_read", "nvme_write", "cpu_adam")
 
 
 @dataclasses.dataclass
@@ -16,7 +19,7 @@ class Prediction:
 
     policy: str
     step_time_s: float
-    critical_path_s: Dict[str, float]   # compute, h2d, nvme_read, nvme_write, cpu_adam: the step is their sum
+    critical_path_s: Dict[str, float]   # CRITICAL_PARTS: the step is their sum
     bottleneck: str
     nvme_read_bytes: int
     nvme_write_bytes: int
@@ -38,7 +41,10 @@ class Prediction:
 
 
 def finish(policy, step_s, parts, moved, memory, device_rate, host_rate, failures, budgets) -> Prediction:
-    critical = {name: parts.get(name, 0.0) for name in ("compute", "h2d", "nvme_read", "nvme_write", "cpu_adam")}
+    unknown = set(parts) - set(CRITICAL_PARTS)
+    if unknown:  # a part no report would show: the critical path would no longer add up to the step
+        raise ValueError(f"step parts {sorted(unknown)} are not in CRITICAL_PARTS")
+    critical = {name: parts.get(name, 0.0) for name in CRITICAL_PARTS}
     bottleneck = max(critical, key=critical.get) if step_s > 0 else "compute"
     return Prediction(policy, step_s, critical, bottleneck, int(moved.get("nvme_read", 0)),
                       int(moved.get("nvme_write", 0)), int(moved.get("h2d", 0)), memory, device_rate, host_rate,

@@ -17,9 +17,9 @@ from typing import Dict, List, Tuple
 from ..host_tier import tensors_per_update
 from ..machine import Machine
 from ..workload import Workload, ZeroSettings
-from .costs import (backward_host_memory_s, host_resident_bytes, init_bytes_per_element_outside_pool,
+from .costs import (allgather_s, backward_host_memory_s, host_resident_bytes, init_bytes_per_element_outside_pool,
                     init_bytes_per_element_pooled, module_compute_s, nvme_space, optimizer_cpu_s,
-                    optimizer_state_bytes_per_element, param_bytes, sub_group_file_bytes)
+                    optimizer_state_bytes_per_element, param_bytes, reduce_scatter_s, sub_group_file_bytes)
 from .results import STOCK, Prediction, finish
 from .timeline import STEPS_REPLAYED, Rates, Timeline, channel_rates
 
@@ -61,8 +61,10 @@ def predict_stock(workload: Workload, machine: Machine) -> Prediction:
                                                             for k in reads[index])), "h2d")
                 for key in nvme_reads.get(index + 1, []):  # one module ahead
                     prefetched[(index + 1, key)] = timeline.issue("nvme_read", param_bytes(workload, key), key)
+                timeline.work(allgather_s(workload, machine, reads.get(index, [])), "collective")
                 timeline.work(module_compute_s(fetch, rates), "compute")
             timeline.work(backward_host_memory_s(workload, machine, micro), "compute")
+            timeline.work(reduce_scatter_s(workload, machine), "collective")
             if h2d and workload.zero.offload_optimizer != "none":  # gradient partitions to the host
                 timeline.wait(timeline.issue("h2d", workload.rank_elements * elem), "h2d")
         _stock_optimizer(workload, timeline, rates)

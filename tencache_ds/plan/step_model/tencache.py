@@ -33,11 +33,11 @@ from ..memory_pressure import Action, MemoryPressurePolicy, give_back_split
 from ..prefetch import PrefetchSchedule
 from ..size_classes import cache_slot_counts, class_bytes, merge_close_classes, size_histogram, streaming_slot_counts
 from ..workload import Workload, ZeroSettings
-from .costs import (backward_host_memory_s, device_step_bytes, device_working_bytes, gathered_bytes,
+from .costs import (allgather_s, backward_host_memory_s, device_step_bytes, device_working_bytes, gathered_bytes,
                     host_resident_bytes, host_step_rise_bytes, init_bytes_per_element_outside_pool,
                     init_bytes_per_element_pooled, module_compute_s, nvme_space, optimizer_cpu_s,
-                    optimizer_state_bytes_per_element, param_bytes, reduce_bucket_bytes, run_time_prior,
-                    sub_group_file_bytes)
+                    optimizer_state_bytes_per_element, param_bytes, reduce_bucket_bytes, reduce_scatter_s,
+                    run_time_prior, sub_group_file_bytes)
 from .results import TENCACHE, Prediction, finish
 from .timeline import STEPS_REPLAYED, Rates, Timeline, channel_rates
 
@@ -333,8 +333,11 @@ def predict_tencache(workload: Workload, machine: Machine) -> Prediction:
                 if h2d and gather_at.get(index):
                     timeline.wait(timeline.issue("h2d", sum(workload.partitions[k].part_numel * elem
                                                             for k in gather_at[index])), "h2d")
+                # a gathered parameter the device tier keeps is not gathered again
+                timeline.work(allgather_s(workload, machine, gather_at.get(index, [])), "collective")
                 timeline.work(module_compute_s(fetch, rates), "compute")
             timeline.work(backward_host_memory_s(workload, machine, micro), "compute")
+            timeline.work(reduce_scatter_s(workload, machine), "collective")
             if h2d and zero.offload_optimizer != "none":
                 timeline.wait(timeline.issue("h2d", workload.rank_elements * elem), "h2d")
         if streams:
