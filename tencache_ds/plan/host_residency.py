@@ -40,11 +40,14 @@ class Residency:
 
 
 def steady_state(keys: Sequence[Hashable], tensor_nbytes: Dict[Hashable, int], capacity_bytes: int,
-                 prefixes: bool = False, elsewhere: AbstractSet[Hashable] = frozenset()) -> Residency:
+                 prefixes: bool = False, elsewhere: AbstractSet[Hashable] = frozenset(),
+                 emptied_each_pass: bool = False) -> Residency:
     """Replay ``keys`` twice through ``capacity_bytes``; the second pass is the steady state. ``prefixes``: the
     room left holds prefixes of missing keys (module docstring). ``elsewhere``: keys whose uses a copy elsewhere
     serves (plan/eviction.CopiesElsewhere: kept only in room nothing else takes, and given no prefix). Their
-    misses still count as misses here: whether one reads NVMe is the caller's to say.
+    misses still count as misses here: whether one reads NVMe is the caller's to say. ``emptied_each_pass``:
+    nothing is held when the sequence starts over (the device tier at each optimizer step, which makes its
+    gathered copies stale), so only uses within one pass can hit.
 
     E.g. keys [a, b, c, a, b, c] of 1 byte each, capacity 2: Belady keeps a and b, c is read both times
     (misses {2, 5}); LRU would miss all six.
@@ -56,6 +59,9 @@ def steady_state(keys: Sequence[Hashable], tensor_nbytes: Dict[Hashable, int], c
     hit_keys: Set[Hashable] = set()
     missed_keys: Set[Hashable] = set()
     for lap in range(2):
+        if emptied_each_pass:
+            held.clear()
+            used = 0
         for position, key in enumerate(keys):
             after = position + 1  # the store asks with the recorder's position, just past this access
             if key in held:

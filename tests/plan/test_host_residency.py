@@ -17,6 +17,15 @@ def test_forward_backward_order_keeps_the_turnaround_and_the_next_steps_start():
     assert result.read_bytes([10] * 10) == 10 * len(result.misses)
 
 
+def test_a_holder_emptied_each_pass_misses_every_first_use():
+    """The device tier at each optimizer step: what it kept goes stale, so a pass's first use of each key misses
+    however large the tier, and only uses later in the same pass can hit."""
+    keys = list("abcba")
+    assert steady_state(keys, {key: 1 for key in "abc"}, capacity_bytes=3).misses == set()
+    emptied = steady_state(keys, {key: 1 for key in "abc"}, capacity_bytes=3, emptied_each_pass=True)
+    assert emptied.misses == {0, 1, 2}
+
+
 def test_everything_fits_or_nothing_does():
     keys = list("abab")
     assert steady_state(keys, dict(a=5, b=5), capacity_bytes=10).misses == frozenset()

@@ -81,10 +81,9 @@ class MasterCopies:
         if stage3 is None or index is None:
             return False
         offset = 0
-        for param, partition in zip(stage3.fp16_groups[index], stage3.fp16_partitioned_groups[index]):
+        for param, partition, swapper in self._partitions(index):
             dest = into.narrow(0, offset, partition.ds_numel)
-            swapper = getattr(param, "nvme_swapper", None)
-            if isinstance(swapper, TencacheParamSwapper) and swapper.store.knows(param.ds_id):
+            if swapper is not None:
                 if not swapper.copy_partition(param, dest):
                     return False
             elif partition.status == PartitionedParamStatus.AVAILABLE:
@@ -112,9 +111,8 @@ class MasterCopies:
         if stage3 is None or index is None:
             return None
         ids, views = [], []
-        for param, partition in zip(stage3.fp16_groups[index], stage3.fp16_partitioned_groups[index]):
-            swapper = getattr(param, "nvme_swapper", None)
-            if isinstance(swapper, TencacheParamSwapper) and swapper.store.knows(param.ds_id):
+        for param, partition, swapper in self._partitions(index):
+            if swapper is not None:
                 view = swapper.partition_view(param)
             elif partition.status == PartitionedParamStatus.AVAILABLE:
                 view = partition.data.view(-1)
@@ -138,14 +136,19 @@ class MasterCopies:
                            for index, master in enumerate(stage3.fp32_partitioned_groups_flat)}
         return self._index.get(group)
 
-    def _kept(self, index: int) -> bool:
+    def _partitions(self, index: int):
+        """Sub-group ``index``'s (parameter, partition, swapper) in the master's order: ``swapper`` the tencache
+        parameter swapper whose store has the partition, None where stage 3 keeps it (resident, or another
+        swapper's)."""
         stage3 = self._stage3()
-        for param in stage3.fp16_groups[index]:
+        for param, partition in zip(stage3.fp16_groups[index], stage3.fp16_partitioned_groups[index]):
             swapper = getattr(param, "nvme_swapper", None)
-            if isinstance(swapper, TencacheParamSwapper) and swapper.store.knows(param.ds_id) and \
-                    not swapper.store.kept(param.ds_id):
-                return False
-        return True
+            known = isinstance(swapper, TencacheParamSwapper) and swapper.store.knows(param.ds_id)
+            yield param, partition, swapper if known else None
+
+    def _kept(self, index: int) -> bool:
+        return all(swapper is None or swapper.store.kept(param.ds_id)
+                   for param, _partition, swapper in self._partitions(index))
 
     def _versions(self, index: int) -> Optional[Tuple]:
         """What says whether sub-group ``index``'s partitions were written: per partition, the parameter swapper's
@@ -155,9 +158,8 @@ class MasterCopies:
         if stage3 is None or stage3.fp16_partitioned_groups_flat[index] is not None:
             return None
         versions = []
-        for param, partition in zip(stage3.fp16_groups[index], stage3.fp16_partitioned_groups[index]):
-            swapper = getattr(param, "nvme_swapper", None)
-            if isinstance(swapper, TencacheParamSwapper) and swapper.store.knows(param.ds_id):
+        for param, partition, swapper in self._partitions(index):
+            if swapper is not None:
                 # the swapper's dtype: a partition away on file holds a placeholder of another (its .data)
                 if swapper.dtype != self.dtype:
                     return None

@@ -11,9 +11,12 @@ The model's parts, one module each: timeline.py (the clock and the channels), co
 tensor bytes, common memory, the optimizer step's CPU time), stock.py and tencache.py (each policy's replay and
 memory), results.py (the Prediction, fits, drive wear). This module is the public face: predict() runs both.
 
-Known simplifications (docs/estimate.md lists them with their effect): no collective communication (all-gather,
-reduce-scatter) time; per-module framework overhead only as a machine file measures it (ZeRO-3's hooks,
-``zero3_module_call_s``: `--machine this` does); host memory bandwidth is one figure for every copy.
+Known simplifications (docs/estimate.md lists them with their effect): collective communication (stage 3's
+all-gathers and reduce-scatters between ranks) only as a machine file measures it (``allgather_bytes_per_s``,
+``reduce_scatter_bytes_per_s``: `--machine this` does, at 2 ranks), and then on the compute thread, as gloo runs on
+a host accelerator (a GPU's NCCL would overlap part of it with compute; the GPU files have no figure); per-module
+framework overhead only as a machine file measures it (ZeRO-3's hooks, ``zero3_module_call_s``); host memory
+bandwidth is one figure for every copy.
 """
 import dataclasses
 from typing import Dict

@@ -49,7 +49,7 @@ BACKWARD_FRESH_BYTES_PER_GATHERED_BYTE = 2.5
 #   flat buffer (1; the write is fresh), that buffer's pre-divide in place (div_: 2);
 # - every micro-batch, over the rank's partition: the reduce-scatter's copy into its output (2: gloo's, not stage
 #   3's code; at one rank timed apart at a fresh write plus a copy, docs/estimate.md; at several ranks the
-#   collective's own traffic is communication, which the model leaves out), and the partition into its gradient
+#   collective's own traffic is priced apart, ``reduce_scatter_s``), and the partition into its gradient
 #   buffer (partition_grads: copy_ 2 on the first micro-batch; add_ 3 after it, on a host accelerator in place);
 # - at the boundary, over the rank's partition: the float64 norm of each gradient for clipping
 #   (_constant_buffered_norm2: read the gradient, write 8 bytes, read them back, in chunks of at most

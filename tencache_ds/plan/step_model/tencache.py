@@ -18,12 +18,12 @@ its plan, its replay and its memory. Pure.
 """
 import dataclasses
 from collections import defaultdict
-from typing import Dict, List, Mapping, Optional, Set, Tuple
+from typing import Dict, FrozenSet, List, Mapping, Optional, Set, Tuple
 
 from ...config import AUTO
 from ...profile.step_profile import StepProfile
 from ...units import PAGE_BYTES, round_up
-from ..budget import UNLIMITED, MachineResources, parameter_lock_mode, resolve_budgets
+from ..budget import AUTO_DEVICE_CACHE_FRACTION, UNLIMITED, MachineResources, parameter_lock_mode, resolve_budgets
 from ..device_tier import device_tier_budget
 from ..host_residency import steady_state
 from ..host_tier import (OPTIMIZER_BYTES_PER_ELEMENT, OPTIMIZER_IO_BYTES_PER_HELD_BYTE, OPTIMIZER_STREAMING_SLOTS,
@@ -128,9 +128,17 @@ def tencache_plan(workload: Workload, machine: Machine) -> TencachePlan:
         else:  # the gradient an update fills from stage 3's buffer still takes one
             optimizer_streaming = _update_slot_bytes(workload)
     param_capacity = all_swapped if params_all_held else param_cache
-    device_free = resources.device_free_bytes
-    device = device_tier_budget(config.device_cache_bytes, machine.accelerator_is_host, param_capacity,
-                                device_free, 0.5) if config.device_cache_bytes != 0 else 0
+    # as the coordinator proposes it (integrations/deepspeed/coordinator.py, propose_device_budget): on a host
+    # accelerator at several ranks the all-gather's output is host memory of its own, the rank's share of what the
+    # node has available between steps, less a step's rise
+    aliasing = gathers_alias_partitions(workload, machine)
+    device_free, device_rise = resources.device_free_bytes, 0
+    if machine.accelerator_is_host and not aliasing:
+        device_free = governed.available_bytes // max(1, machine.ranks_per_node)
+        device_rise = rise
+    device = device_tier_budget(config.device_cache_bytes, aliasing, param_capacity, device_free,
+                                AUTO_DEVICE_CACHE_FRACTION, step_peak_rise_bytes=device_rise) \
+        if config.device_cache_bytes != 0 else 0
     return TencachePlan(host, streaming, param_cache, optimizer_share, device, params_all_held, held,
                         optimizer_streaming, start_share, rise, slots_locked, prefixes, start_cache,
                         governed.start_footprint_bytes, masters_in_partitions)
@@ -144,6 +152,7 @@ class _GovernedTier:
     param_cache_bytes: int
     step_rise_bytes: int
     start_footprint_bytes: int
+    available_bytes: int = 0  # the node's host memory available between steps once the governor decided
 
 
 def _governed_tier(workload: Workload, machine: Machine, grows: bool, start_share: int, param_streaming: int,
@@ -214,7 +223,15 @@ def _governed_tier(workload: Workload, machine: Machine, grows: bool, start_shar
         nbytes = decision.nbytes if decision.action is not Action.HOLD else 0
         given += -nbytes if decision.action is Action.GROW else nbytes
         available += ranks * (nbytes if decision.action is Action.SHRINK else -nbytes)
-    return _GovernedTier(start_share, param_cache, rise, start_footprint)
+    return _GovernedTier(start_share, param_cache, rise, start_footprint, max(0, available))
+
+
+def gathers_alias_partitions(workload: Workload, machine: Machine) -> bool:
+    """A gathered parameter is a view of its partition (DeepSpeed's CPU accelerator at one rank, as the coordinator's
+    ``gathers_alias_partitions``): a gather moves nothing, the device tier is carved out of the host tier, and what it
+    keeps stays gathered across the optimizer step, which updates it in place. Elsewhere the tier is emptied at
+    every optimizer step (its copies go stale)."""
+    return machine.accelerator_is_host and workload.world_size == 1
 
 
 def _optimizer_streaming_bytes(workload: Workload) -> int:
@@ -284,26 +301,9 @@ def predict_tencache(workload: Workload, machine: Machine) -> Prediction:
     plan = tencache_plan(workload, machine)
     rates = channel_rates(machine, pinned_h2d=True)
     gathers = workload.read_fetches()
-    # the device tier: gathered parameters kept between uses, chosen by next use
-    gather_keys = [key for _index, key in gathers]
-    device = steady_state(gather_keys, {k: gathered_bytes(workload, k) for k in gather_keys}, plan.device_tier_bytes) \
-        if gathers else None
-    device_miss = [gathers[position] for position in sorted(device.misses)] if device else []
-    lends = [(index, key) for index, key in device_miss if workload.partitions[key].on_nvme]
-    lend_keys = [key for _index, key in lends]
-    sizes = {key: param_bytes(workload, key) for key in lend_keys}
-    if plan.params_all_held:
-        host_misses: Set[int] = set()
-    else:
-        host_misses = set(steady_state(lend_keys, sizes, plan.param_cache_bytes).misses) if lends else set()
-    schedule = _param_schedule(workload, lends, host_misses, rates, plan.param_streaming_bytes)
-    lend_at: Dict[int, List[int]] = defaultdict(list)
-    for position, (index, _key) in enumerate(lends):
-        lend_at[index].append(position)
-    gather_at: Dict[int, List[str]] = defaultdict(list)
-    for index, key in device_miss:
-        gather_at[index].append(key)
-    written_params = {key for position, key in enumerate(lend_keys) if position in host_misses}
+    micro_steps = _micro_step_gathers(workload, machine, plan, rates, gathers)
+    written_params = {key for micro in micro_steps for position, (_index, key) in enumerate(micro.lends)
+                      if position in micro.misses}
     timeline = rates.timeline()
     h2d = not machine.accelerator_is_host
     opt_keys, opt_sizes = _optimizer_sequence(workload)
@@ -317,6 +317,9 @@ def predict_tencache(workload: Workload, machine: Machine) -> Prediction:
         ahead: Dict[str, float] = {}
         for micro in range(workload.gas):
             issued: Dict[int, float] = {}
+            lend_keys, host_misses, schedule = micro_steps[micro].lend_keys, micro_steps[micro].misses, \
+                micro_steps[micro].schedule
+            lend_at, gather_at = micro_steps[micro].lend_at, micro_steps[micro].gather_at
             for index, fetch in enumerate(workload.fetches):
                 if streams and micro == workload.gas - 1 and index == first_backward:
                     for name in _backward_reads_ahead(workload, plan):
@@ -325,11 +328,13 @@ def predict_tencache(workload: Workload, machine: Machine) -> Prediction:
                     if position in host_misses:
                         done = issued.pop(position, None)
                         if done is None:
-                            done = timeline.issue("nvme_read", sizes[lend_keys[position]], lend_keys[position])
+                            done = timeline.issue("nvme_read", param_bytes(workload, lend_keys[position]),
+                                                  lend_keys[position])
                         timeline.wait(done, "nvme_read")
                     for target in (schedule.to_issue(position) if schedule else ()):
                         if target > position and target not in issued:
-                            issued[target] = timeline.issue("nvme_read", sizes[lend_keys[target]], lend_keys[target])
+                            issued[target] = timeline.issue("nvme_read", param_bytes(workload, lend_keys[target]),
+                                                            lend_keys[target])
                 if h2d and gather_at.get(index):
                     timeline.wait(timeline.issue("h2d", sum(workload.partitions[k].part_numel * elem
                                                             for k in gather_at[index])), "h2d")
@@ -348,8 +353,10 @@ def predict_tencache(workload: Workload, machine: Machine) -> Prediction:
     moved = {k: v - moved_before.get(k, 0) for k, v in timeline.moved.items()}
     parts = {k: v - parts_before.get(k, 0.0) for k, v in timeline.parts.items()}
     step_s = timeline.steady_step(step_s, parts, busy_before)
-    device_rate = 1.0 - len(device.misses) / len(gathers) if device and gathers else None
-    host_rate = 1.0 - len(host_misses) / len(lends) if lends else None
+    gathered = sum(len(micro.gather_keys) for micro in micro_steps)
+    device_rate = 1.0 - gathered / (len(gathers) * workload.gas) if gathers else None
+    lent = sum(len(micro.lends) for micro in micro_steps)
+    host_rate = 1.0 - sum(len(micro.misses) for micro in micro_steps) / lent if lent else None
     memory = _tencache_memory(workload, machine, plan)
     failures = []
     if zero.offload_optimizer == "nvme" and zero.precision.mixed:
@@ -363,6 +370,78 @@ def predict_tencache(workload: Workload, machine: Machine) -> Prediction:
                "param_cache_start_bytes": plan.param_cache_start_bytes,
                "step_rise_bytes": plan.step_rise_bytes, "device_cache_bytes": plan.device_tier_bytes}
     return finish(TENCACHE, step_s, parts, moved, memory, device_rate, host_rate, failures, budgets)
+
+
+@dataclasses.dataclass(frozen=True)
+class _MicroStepGathers:
+    """One micro-step's gathers as the tiers serve them: what the device tier does not keep is gathered
+    (``gather_at``: fetch index -> keys), a swapped one lent by the parameter tier (``lends``: (fetch index, key) in
+    order; ``misses``: positions in it read from NVMe, ``schedule`` when each read is issued)."""
+
+    gather_at: Dict[int, List[str]]
+    lends: List[Tuple[int, str]]
+    misses: FrozenSet[int]
+    schedule: Optional[PrefetchSchedule]
+
+    @property
+    def lend_keys(self) -> List[str]:
+        return [key for _index, key in self.lends]
+
+    @property
+    def lend_at(self) -> Dict[int, List[int]]:
+        at: Dict[int, List[int]] = defaultdict(list)
+        for position, (index, _key) in enumerate(self.lends):
+            at[index].append(position)
+        return at
+
+    @property
+    def gather_keys(self) -> List[str]:
+        return [key for keys in self.gather_at.values() for key in keys]
+
+
+def _micro_step_gathers(workload: Workload, machine: Machine, plan: TencachePlan, rates: Rates,
+                        gathers: List[Tuple[int, str]]) -> List[_MicroStepGathers]:
+    """Each micro-step's gathers (``workload.read_fetches()``: ZeRO-3's retention applied), in the step's order.
+    The device tier keeps gathered parameters between uses, chosen by next use; where its copies go stale at the
+    optimizer step (``gathers_alias_partitions`` false) it starts each step empty, so the step's first micro-step
+    gathers more than the ones after it (gradient accumulation). The parameter tier sees the lends of the whole
+    step in order."""
+    gas = workload.gas
+    keys = [key for _index, key in gathers]
+    sizes = {key: gathered_bytes(workload, key) for key in keys}
+    kept = frozenset(steady_state(keys, sizes, plan.device_tier_bytes).misses) if gathers else frozenset()
+    if gathers and not gathers_alias_partitions(workload, machine):
+        first = frozenset(steady_state(keys, sizes, plan.device_tier_bytes, emptied_each_pass=True).misses)
+    else:
+        first = kept
+    device_misses = [first] + [kept] * (gas - 1)
+    lends = [[gathers[position] for position in sorted(misses) if workload.partitions[gathers[position][1]].on_nvme]
+             for misses in device_misses]
+    lend_sizes = {key: param_bytes(workload, key) for micro in lends for _index, key in micro}
+    if plan.params_all_held or not lend_sizes:
+        host_misses = [frozenset()] * gas
+    elif first == kept:  # every micro-step lends the same sequence: its own steady state
+        one = frozenset(steady_state([key for _index, key in lends[0]], lend_sizes, plan.param_cache_bytes).misses)
+        host_misses = [one] * gas
+    else:  # the step's sequence, split back into its micro-steps
+        step_misses = steady_state([key for micro in lends for _index, key in micro], lend_sizes,
+                                   plan.param_cache_bytes).misses
+        host_misses, offset = [], 0
+        for micro in lends:
+            host_misses.append(frozenset(p - offset for p in step_misses if offset <= p < offset + len(micro)))
+            offset += len(micro)
+    out, schedules = [], {}
+    for misses, micro_lends, micro_host in zip(device_misses, lends, host_misses):
+        at: Dict[int, List[str]] = defaultdict(list)
+        for position in sorted(misses):
+            index, key = gathers[position]
+            at[index].append(key)
+        memo = (tuple(micro_lends), micro_host)
+        if memo not in schedules:
+            schedules[memo] = _param_schedule(workload, micro_lends, set(micro_host), rates,
+                                              plan.param_streaming_bytes)
+        out.append(_MicroStepGathers(dict(at), micro_lends, micro_host, schedules[memo]))
+    return out
 
 
 def _param_schedule(workload: Workload, lends, misses: Set[int], rates: Rates,

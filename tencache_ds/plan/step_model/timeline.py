@@ -9,7 +9,8 @@ machine's mixed rate is at most the harmonic mean of the two: then they queue on
 follows one of the other direction still in the queue (reads and writes interleaved) takes ``shared_drive_scale``
 times longer, so that an even mix moves the mixed rate. The
 thread waits when it needs bytes still moving; each wait is charged to its channel, so the step is
-``compute + H2D wait + NVMe read wait + NVMe write wait + CPU Adam`` (the critical path, printed as such) and the
+``compute + collectives + H2D wait + NVMe read wait + NVMe write wait + CPU Adam`` (the critical path, printed as
+such: results.CRITICAL_PARTS) and the
 largest part is the bottleneck. Three steps are replayed and the last one is reported: writes left behind by one
 step delay the next step's reads of the same tensors. The reported step is never shorter than any channel's busy
 time in it (``steady_step``): three steps do not build a backlog of writes left behind up to its steady size.
