@@ -210,6 +210,8 @@ def main(argv=None) -> int:
     parser.add_argument("--dtype", choices=["bf16", "fp32"], default=None,
                         help="train in this dtype (scripts/train.py --dtype; default: the config's, bf16)")
     args = parser.parse_args(argv)
+    if args.from_bench and (args.ranks != 1 or args.config):  # each bench folder records its own
+        parser.error("--ranks and --config describe the benches to run; with --from-bench each bench's settings say")
     os.makedirs(args.out, exist_ok=True)
     if args.from_bench:  # a glob such as docs/bench/gpt2-*-* also matches folders of ad-hoc runs, with no bench
         skipped = [folder for folder in args.from_bench if not os.path.exists(os.path.join(folder, "bench.json"))]

@@ -68,7 +68,8 @@ MODEL_PROBE_BUDGET_S = 75.0
 COPY_BYTES = 256 << 20
 CALIBRATION_VOCAB = 1024
 COMPUTE_PROBE_WEIGHT_BYTES = 256 << 20  # several times any CPU's last-level cache: the weights come from memory
-PROBE_TIMEOUT_S = 420.0  # the drive at three request sizes (up to ~90 s on a slow disk), two 75 s model probes
+# the drive at three request sizes (up to ~90 s on a slow disk), two 75 s model probes, the collectives (at most 60 s)
+PROBE_TIMEOUT_S = 480.0
 PROBE_MARKER = "TENCACHE_CALIBRATE "
 
 
@@ -78,7 +79,7 @@ PROBE_MARKER = "TENCACHE_CALIBRATE "
 COLLECTIVE_BYTES = 64 << 20
 COLLECTIVE_RANKS = 2
 COLLECTIVE_REPEATS = 3
-COLLECTIVE_TIMEOUT_S = 120.0
+COLLECTIVE_TIMEOUT_S = 60.0  # about 5 s here, most of it two interpreters importing torch
 
 
 ALL_PROBES = ("nvme", "adam", "host_copy", "collectives", "compute", "zero3_calls")
@@ -139,6 +140,8 @@ def machine_from_calibration(measured: Dict[str, Any]):
     nvme, adam, copy, compute = measured["nvme"], measured["adam"], measured["host_copy"], measured["compute"]
     collectives = measured.get("collectives", {})
     where = f"measured by `tencache-ds estimate --machine this` (cli/calibrate.py) at {time.strftime('%Y-%m-%d %H:%M')}"
+    collectives_source = f"not measured: {collectives['error']}" if "error" in collectives else \
+        f"{where}: {collectives['method']}" if collectives else "not measured"
     load = _load_average()
     return Machine(
         name=f"this machine ({os.cpu_count()} cores, no GPU: DeepSpeed's CPU accelerator)",
@@ -168,9 +171,9 @@ def machine_from_calibration(measured: Dict[str, Any]):
             else "not measured",
             "zero3_module_call_s": f"{where}: {measured['zero3_calls']['method']}" if "zero3_calls" in measured
             else "not measured",
-            "allgather_bytes_per_s": f"{where}: {collectives['method']}" if collectives else "not measured",
-            "reduce_scatter_bytes_per_s": f"{where}: same run, the reduce-scatter" if collectives
-            else "not measured",
+            "allgather_bytes_per_s": collectives_source,
+            "reduce_scatter_bytes_per_s": f"{where}: same run, the reduce-scatter" if "method" in collectives
+            else collectives_source,
             "host_memory_bytes": f"{where}: /proc/meminfo and the memory cgroup (probes/host_memory.py, bound by "
                                  f"{memory.bound_by})",
             "process_baseline_bytes": f"{where}: resident memory after importing torch, transformers, DeepSpeed",
@@ -208,8 +211,11 @@ def _probe_main(argv: Sequence[str]) -> None:
             _emit(adam=measure_cpu_adam(torch))
         if "host_copy" in probes:
             _emit(host_copy=measure_host_copy(torch))
-        if "collectives" in probes:
-            _emit(collectives=measure_collectives())
+        if "collectives" in probes:  # optional figures: a failure leaves them out, said in their source
+            try:
+                _emit(collectives=measure_collectives(request["dtype"]))
+            except Exception as err:  # pylint: disable=broad-except
+                _emit(collectives={"error": f"{type(err).__name__}: {err}"})
         if "compute" in probes:
             _emit(compute=measure_compute(torch, request["model_config"], request["micro_batch"],
                                           request["seq_len"], request["dtype"]))
@@ -301,55 +307,81 @@ def measure_host_copy(torch, nbytes: int = COPY_BYTES) -> Dict[str, Any]:
             "fresh_write_bytes_per_s": nbytes / min(fresh_s)}
 
 
-def measure_collectives(ranks: int = COLLECTIVE_RANKS, nbytes: int = COLLECTIVE_BYTES) -> Dict[str, Any]:
-    """Bytes a rank receives per second from the others in stage 3's all-gather and reduce-scatter, ``ranks``
-    processes of this machine running each at once (plan/machine.py, ``allgather_bytes_per_s``,
-    ``reduce_scatter_bytes_per_s``). Raises RuntimeError naming the rank that failed or did not finish."""
+def measure_collectives(dtype: str = "fp32", ranks: int = COLLECTIVE_RANKS,
+                        nbytes: int = COLLECTIVE_BYTES) -> Dict[str, Any]:
+    """Bytes a rank receives per second from the others in stage 3's all-gather and reduce-scatter, in ``dtype``,
+    ``ranks`` processes of this machine running each at once (plan/machine.py, ``allgather_bytes_per_s``,
+    ``reduce_scatter_bytes_per_s``). Raises RuntimeError with the failed rank's error or exit code, or naming the
+    ranks that had not reported within ``COLLECTIVE_TIMEOUT_S``; a rank still running at the end is killed."""
     import multiprocessing
-    from .bench import free_port
+    import multiprocessing.connection
+    import tempfile
     context = multiprocessing.get_context("spawn")  # a fresh interpreter: no process group, no forked threads
-    results = context.SimpleQueue()
-    address = f"tcp://127.0.0.1:{free_port()}"
-    workers = [context.Process(target=_collective_rank, args=(rank, ranks, address, nbytes, results), daemon=True)
-               for rank in range(ranks)]
-    for worker in workers:
-        worker.start()
-    deadline = time.monotonic() + COLLECTIVE_TIMEOUT_S
-    for worker in workers:
-        worker.join(max(0.0, deadline - time.monotonic()))
-    stuck = [rank for rank, worker in enumerate(workers) if worker.is_alive()]
-    for rank in stuck:
-        workers[rank].kill()
-    if stuck:
-        raise RuntimeError(f"the collectives probe's rank(s) {stuck} did not finish within "
-                           f"{COLLECTIVE_TIMEOUT_S:.0f} s")
-    reports = [results.get() for _ in range(ranks) if not results.empty()]
-    failed = [report for report in reports if "error" in report]
-    if failed or len(reports) != ranks:
-        raise RuntimeError(f"the collectives probe failed: {failed or f'{len(reports)} of {ranks} ranks reported'}")
-    slowest = {kind: max(report[kind] for report in reports) for kind in ("allgather_s", "reduce_scatter_s")}
-    received = nbytes // ranks * (ranks - 1)
+    # a file store, not a TCP port: a port found free here could be taken before rank 0 binds it
+    with tempfile.TemporaryDirectory(prefix="tencache-collectives-") as folder:
+        address = "file://" + os.path.join(folder, "store")
+        pipes = [context.Pipe(duplex=False) for _ in range(ranks)]  # (the parent's end, the rank's end)
+        workers = [context.Process(target=_collective_rank, args=(rank, ranks, address, nbytes, dtype, sending),
+                                   daemon=True) for rank, (_receiving, sending) in enumerate(pipes)]
+        for worker, (_receiving, sending) in zip(workers, pipes):
+            worker.start()
+            sending.close()  # the rank's end lives in the rank: its exit closes it, and recv() then says so
+        reports: Dict[int, Dict[str, Any]] = {}
+        deadline = time.monotonic() + COLLECTIVE_TIMEOUT_S
+        # until every rank reported (a rank may linger in gloo's shutdown after it did), one failed (the others would
+        # wait for it in the collective), or time is up
+        while len(reports) < ranks and not any("error" in report for report in reports.values()) and \
+                time.monotonic() < deadline:
+            waiting = [receiving for rank, (receiving, _sending) in enumerate(pipes) if rank not in reports]
+            for receiving in multiprocessing.connection.wait(waiting, timeout=max(0.0, deadline - time.monotonic())):
+                rank = next(rank for rank, (mine, _sending) in enumerate(pipes) if mine is receiving)
+                try:
+                    reports[rank] = receiving.recv()
+                except EOFError:  # it exited without a word: killed, or crashed below Python
+                    workers[rank].join(1.0)
+                    reports[rank] = {"error": f"rank {rank} exited with code {workers[rank].exitcode} before it "
+                                              f"reported"}
+        for worker in workers:
+            if worker.is_alive():
+                worker.kill()
+            worker.join()
+        for receiving, _sending in pipes:
+            receiving.close()
+    errors = [report["error"] for report in reports.values() if "error" in report]
+    if errors or len(reports) != ranks:
+        missing = [rank for rank in range(ranks) if rank not in reports]
+        raise RuntimeError(f"the collectives probe failed: {'; '.join(errors) or 'no error reported'}"
+                           + (f"; rank(s) {missing} had not reported within {COLLECTIVE_TIMEOUT_S:.0f} s"
+                              if missing and not errors else ""))
+    slowest = {kind: max(report[kind] for report in reports.values()) for kind in ("allgather_s", "reduce_scatter_s")}
+    element = _element_bytes(dtype)
+    received = nbytes // element // ranks * element * (ranks - 1)
     return {"method": f"{ranks} processes, gloo, all_gather_into_tensor and reduce_scatter_tensor of a "
-                      f"{nbytes >> 20} MiB fp32 tensor at once, the bytes a rank receives; the slowest rank's "
+                      f"{nbytes >> 20} MiB {dtype} tensor at once, the bytes a rank receives; the slowest rank's "
                       f"fastest of {COLLECTIVE_REPEATS} after one",
             "allgather_bytes_per_s": received / slowest["allgather_s"],
             "reduce_scatter_bytes_per_s": received / slowest["reduce_scatter_s"], **slowest}
 
 
-def _collective_rank(rank: int, ranks: int, address: str, nbytes: int, results) -> None:
-    """One rank of the collectives probe: puts {"allgather_s", "reduce_scatter_s"} (its fastest of
-    ``COLLECTIVE_REPEATS`` after a warm-up) or {"error"} on ``results``."""
+def _collective_rank(rank: int, ranks: int, address: str, nbytes: int, dtype: str, report) -> None:
+    """One rank of the collectives probe: sends {"allgather_s", "reduce_scatter_s"} (its fastest of
+    ``COLLECTIVE_REPEATS`` after a warm-up) or {"error"} on the connection ``report``."""
     try:
+        import datetime
         import warnings
         import torch
         import torch.distributed as torch_dist
         # torch 2.13 calls stage 3's two collectives deprecated (DeepSpeed 0.19.8 still calls them): said once per
         # call, into the calibration's output
         warnings.simplefilter("ignore", FutureWarning)
-        torch_dist.init_process_group("gloo", init_method=address, rank=rank, world_size=ranks)
+        # a rank left alone (its peer died) gives up with the probe, not after gloo's default 30 minutes
+        torch_dist.init_process_group("gloo", init_method=address, rank=rank, world_size=ranks,
+                                      timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
         try:
-            whole = torch.randn(nbytes // 4 // ranks * ranks)
-            share = torch.empty(whole.numel() // ranks)
+            element = _element_bytes(dtype)
+            # ones: every value stays a small normal number however often it is summed (no NaN, no denormals)
+            whole = torch.ones(nbytes // element // ranks * ranks, dtype=_torch_dtype(torch, dtype))
+            share = torch.ones(whole.numel() // ranks, dtype=whole.dtype)
             times = {"allgather_s": [], "reduce_scatter_s": []}
             for repeat in range(COLLECTIVE_REPEATS + 1):
                 for kind in times:
@@ -361,11 +393,15 @@ def _collective_rank(rank: int, ranks: int, address: str, nbytes: int, results) 
                         torch_dist.reduce_scatter_tensor(share, whole)
                     if repeat:  # the first round is the warm-up
                         times[kind].append(time.perf_counter() - started)
-            results.put({kind: min(seconds) for kind, seconds in times.items()})
+            report.send({kind: min(seconds) for kind, seconds in times.items()})
         finally:
             torch_dist.destroy_process_group()
     except Exception as err:  # pylint: disable=broad-except  (reported by the parent, with the rank)
-        results.put({"error": f"rank {rank}: {type(err).__name__}: {err}"})
+        report.send({"error": f"rank {rank}: {type(err).__name__}: {err}"})
+
+
+def _element_bytes(dtype: str) -> int:
+    return {"bf16": 2, "fp16": 2, "fp32": 4}[dtype]
 
 
 def probe_layers(model_config: Dict[str, Any], element_bytes: int) -> int:

@@ -16,8 +16,9 @@ from tencache_ds.plan.machine import Machine, MachineFileError, load_machine, ma
 from tencache_ds.plan.model_shapes import ModelConfigError, model_shape
 from tencache_ds.plan.step_model import (STOCK, TENCACHE, Prediction, drive_days_to_tbw, fits, predict,
                                          predict_stock, tencache_plan)
-from tencache_ds.plan.step_model.costs import (backward_host_memory_s, host_step_rise_bytes, norm_fresh_elements,
-                                              reduce_bucket_bytes)
+from tencache_ds.plan.step_model.costs import (backward_host_memory_s, gathered_bytes, host_step_rise_bytes,
+                                              norm_fresh_elements, param_bytes, reduce_bucket_bytes)
+from tencache_ds.plan.host_residency import steady_state
 from tencache_ds.plan.step_model.timeline import Timeline, shared_drive_scale
 from tencache_ds.plan.step_model.tencache import _optimizer_sequence, _optimizer_streaming_bytes, _partitions_on_nvme
 from tencache_ds.plan.profile_timings import machine_from_profile
@@ -767,6 +768,73 @@ def test_a_host_accelerator_keeps_gathers_across_steps_at_one_rank_only():
     assert two_ranks.budgets["device_cache_bytes"] > 2 * GIB
     gathers = work.read_fetches()
     assert two_ranks.device_hit_rate == pytest.approx(1 - len({key for _index, key in gathers}) / len(gathers))
+
+
+def test_one_rank_on_a_host_accelerator_keeps_the_tiers_gathers_from_step_to_step():
+    """At one rank on the CPU accelerator the optimizer step updates the kept parameters in place: every
+    micro-step, the first of a step too, sees the tier's cyclic steady state."""
+    config = ds_config(host_cache_bytes="auto", device_cache_bytes="auto")
+    work = workload("gpt2-tiny", config=config, gas=2)
+    plan = tencache_plan(work, this_vm())
+    assert plan.device_tier_bytes > 0
+    keys = [key for _index, key in work.read_fetches()]
+    kept = steady_state(keys, {key: gathered_bytes(work, key) for key in keys}, plan.device_tier_bytes)
+    assert predict(work, this_vm())[TENCACHE].device_hit_rate == pytest.approx(1 - len(kept.misses) / len(keys))
+    assert len(kept.misses) < len(set(keys))  # fewer than a tier emptied at each step would miss
+
+
+def test_at_two_ranks_the_first_micro_step_reads_every_swapped_gather_and_the_later_ones_what_the_tier_lacks():
+    """Host cache 0 (every lend reads NVMe), optimizer on cpu (no other reads), GAS 2: the step's first micro-step
+    reads each swapped parameter at its first gather (the tier starts empty), the second only the gathers the
+    tier's steady state misses."""
+    config = ds_config(host_cache_bytes=0, device_cache_bytes="auto")
+    config["zero_optimization"]["offload_optimizer"] = {"device": "cpu"}
+    work = workload("gpt2-small", config=config, world=2, micro_batch=1, seq=32, gas=2)
+    machine = this_vm(ranks_per_node=2)
+    plan = tencache_plan(work, machine)
+    gathers = work.read_fetches()
+    keys = [key for _index, key in gathers]
+    sizes = {key: gathered_bytes(work, key) for key in keys}
+    first = steady_state(keys, sizes, plan.device_tier_bytes, emptied_each_pass=True).misses
+    later = steady_state(keys, sizes, plan.device_tier_bytes).misses
+    assert first != later
+
+    def read(misses):
+        return sum(param_bytes(work, keys[p]) for p in misses if work.partitions[keys[p]].on_nvme)
+
+    assert predict(work, machine)[TENCACHE].nvme_read_bytes == read(first) + read(later)
+
+
+def test_a_host_accelerators_device_tier_at_two_ranks_is_host_memory_of_its_own():
+    """At 2 ranks on the CPU accelerator the tier's gathered copies are not the partitions: host memory at the
+    step's peak, up to the budget or everything a step gathers (gpt2-small fp32: 0.46 GiB)."""
+    config = ds_config("stock-nvme-many-sub-groups.json", host_cache_bytes="310MB", device_cache_bytes="auto")
+    config.pop("bf16", None)
+    machine = this_vm(ranks_per_node=2)
+    with_tier = predict(workload("gpt2-small", config=config, world=2, micro_batch=1, seq=32), machine)[TENCACHE]
+    config["tencache"]["device_cache_bytes"] = 0
+    work = workload("gpt2-small", config=config, world=2, micro_batch=1, seq=32)
+    without = predict(work, machine)[TENCACHE]
+    gathered = sum(gathered_bytes(work, key) for key in {key for _index, key in work.read_fetches()})
+    assert with_tier.budgets["device_cache_bytes"] > gathered
+    assert with_tier.host_bytes - without.host_bytes == gathered
+
+
+def test_persistent_parameters_are_gathered_again_after_every_optimizer_step():
+    """Stage 3 keeps parameters below stage3_param_persistence_threshold gathered, and all-gathers them again after
+    each optimizer step (``_post_step``): their bytes at the all-gather rate, once a step whatever GAS."""
+    gather_rate, reduce_rate = 4.0e8, 3.0e8
+    machine = this_vm(ranks_per_node=2, allgather_bytes_per_s=gather_rate, reduce_scatter_bytes_per_s=reduce_rate)
+    config = ds_config()
+    config["zero_optimization"]["stage3_param_persistence_threshold"] = 1e5
+    for gas in (1, 3):
+        work = workload("gpt2-small", config=config, world=2, micro_batch=1, seq=32, gas=gas)
+        persistent = sum(p.part_numel for p in work.partitions.values() if p.persistent)
+        fetched = sum(work.partitions[key].part_numel for _index, key in work.read_fetches())
+        assert persistent > 0 and not any(work.partitions[key].persistent for _index, key in work.read_fetches())
+        per_micro_step = fetched * 2 / gather_rate + work.rank_elements * 2 / reduce_rate  # bf16
+        expected = gas * per_micro_step + persistent * 2 / gather_rate
+        assert predict_stock(work, machine).critical_path_s["collective"] == pytest.approx(expected)
 
 
 def test_nvme_bytes_per_rank_at_two_ranks_and_gas_4_match_the_benchmark():

@@ -146,6 +146,12 @@ def allgather_s(workload: Workload, machine: Machine, keys) -> float:
     return received * workload.zero.element_bytes / machine.allgather_bytes_per_s
 
 
+def persistent_keys(workload: Workload):
+    """The parameters stage 3 keeps gathered for good (``stage3_param_persistence_threshold``): after every
+    optimizer step it all-gathers them again, updated (``_post_step``); no fetch gathers them."""
+    return [key for key, partition in workload.partitions.items() if partition.persistent]
+
+
 def reduce_scatter_s(workload: Workload, machine: Machine) -> float:
     """A micro-batch's reduce-scatter of the whole model's gradients (stage 3 reduces every micro-batch): each rank
     receives the others' share of its partition and adds it. Only the collective: the bucket's copies around it are

@@ -19,7 +19,8 @@ from ..machine import Machine
 from ..workload import Workload, ZeroSettings
 from .costs import (allgather_s, backward_host_memory_s, host_resident_bytes, init_bytes_per_element_outside_pool,
                     init_bytes_per_element_pooled, module_compute_s, nvme_space, optimizer_cpu_s,
-                    optimizer_state_bytes_per_element, param_bytes, reduce_scatter_s, sub_group_file_bytes)
+                    optimizer_state_bytes_per_element, param_bytes, persistent_keys, reduce_scatter_s,
+                    sub_group_file_bytes)
 from .results import STOCK, Prediction, finish
 from .timeline import STEPS_REPLAYED, Rates, Timeline, channel_rates
 
@@ -68,6 +69,7 @@ def predict_stock(workload: Workload, machine: Machine) -> Prediction:
             if h2d and workload.zero.offload_optimizer != "none":  # gradient partitions to the host
                 timeline.wait(timeline.issue("h2d", workload.rank_elements * elem), "h2d")
         _stock_optimizer(workload, timeline, rates)
+        timeline.work(allgather_s(workload, machine, persistent_keys(workload)), "collective")
         step_s = timeline.now - start
     moved = {k: v - moved_before.get(k, 0) for k, v in timeline.moved.items()}
     parts = {k: v - parts_before.get(k, 0.0) for k, v in timeline.parts.items()}

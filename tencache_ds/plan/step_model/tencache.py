@@ -36,8 +36,8 @@ from ..workload import Workload, ZeroSettings
 from .costs import (allgather_s, backward_host_memory_s, device_step_bytes, device_working_bytes, gathered_bytes,
                     host_resident_bytes, host_step_rise_bytes, init_bytes_per_element_outside_pool,
                     init_bytes_per_element_pooled, module_compute_s, nvme_space, optimizer_cpu_s,
-                    optimizer_state_bytes_per_element, param_bytes, reduce_bucket_bytes, reduce_scatter_s,
-                    run_time_prior, sub_group_file_bytes)
+                    optimizer_state_bytes_per_element, param_bytes, persistent_keys, reduce_bucket_bytes,
+                    reduce_scatter_s, run_time_prior, sub_group_file_bytes)
 from .results import TENCACHE, Prediction, finish
 from .timeline import STEPS_REPLAYED, Rates, Timeline, channel_rates
 
@@ -234,6 +234,16 @@ def gathers_alias_partitions(workload: Workload, machine: Machine) -> bool:
     return machine.accelerator_is_host and workload.world_size == 1
 
 
+def _device_tier_held_bytes(workload: Workload, plan: TencachePlan) -> int:
+    """The most the device tier holds within a step: its budget, or every parameter a step gathers where that is
+    less (gpt2-small fp32 at 2 ranks: the whole model, 0.46 GiB, under a budget of 4.8 GiB). It fills from empty
+    in each step. Where a gathered parameter is memory of its own on the host (a host accelerator at several
+    ranks) this is host memory at the step's peak. (The governor's rise in ``_governed_tier`` does not count it:
+    the budget is sized from what the governor leaves.)"""
+    gathered = sum(gathered_bytes(workload, key) for key in {key for _index, key in workload.read_fetches()})
+    return min(plan.device_tier_bytes, gathered)
+
+
 def _optimizer_streaming_bytes(workload: Workload) -> int:
     """The slots optimizer state that is not kept streams through (OptimizerStore.least_host_footprint_bytes): a
     sub-group's four tensors, and with more than one sub-group the next one's read ahead and the last one's written
@@ -317,9 +327,9 @@ def predict_tencache(workload: Workload, machine: Machine) -> Prediction:
         ahead: Dict[str, float] = {}
         for micro in range(workload.gas):
             issued: Dict[int, float] = {}
-            lend_keys, host_misses, schedule = micro_steps[micro].lend_keys, micro_steps[micro].misses, \
-                micro_steps[micro].schedule
-            lend_at, gather_at = micro_steps[micro].lend_at, micro_steps[micro].gather_at
+            gathering = micro_steps[micro]
+            lend_keys, host_misses, schedule = gathering.lend_keys, gathering.misses, gathering.schedule
+            lend_at, gather_at = gathering.lend_at, gathering.gather_at
             for index, fetch in enumerate(workload.fetches):
                 if streams and micro == workload.gas - 1 and index == first_backward:
                     for name in _backward_reads_ahead(workload, plan):
@@ -349,6 +359,7 @@ def predict_tencache(workload: Workload, machine: Machine) -> Prediction:
             _tencache_optimizer(workload, timeline, rates, plan, opt_sizes, ahead, written_params)
         elif zero.offload_optimizer == "cpu":
             timeline.work(optimizer_cpu_s(workload, workload.rank_elements, rates), "cpu_adam")
+        timeline.work(allgather_s(workload, machine, persistent_keys(workload)), "collective")
         step_s = timeline.now - start
     moved = {k: v - moved_before.get(k, 0) for k, v in timeline.moved.items()}
     parts = {k: v - parts_before.get(k, 0.0) for k, v in timeline.parts.items()}
@@ -560,6 +571,8 @@ def _memory_with(workload: Workload, machine: Machine, plan: TencachePlan, param
     slots = plan.param_streaming_bytes + param_cache
     pinned = (slots if plan.param_slots_locked else 0) + _params_off_nvme_bytes(workload)
     on_host = common["device_on_host"]
+    if stepping and machine.accelerator_is_host and not gathers_alias_partitions(workload, machine):
+        on_host += _device_tier_held_bytes(workload, plan)  # gathered copies of their own, in host memory
     if not stepping and machine.accelerator_is_host:  # nor the gradient bucket, untouched until a backward
         on_host -= device_step_bytes(workload, host_accelerator=True) + reduce_bucket_bytes(workload, True)
     pageable = common["baseline"] + on_host + (0 if plan.param_slots_locked else slots)
