@@ -805,6 +805,22 @@ def test_at_two_ranks_the_first_micro_step_reads_every_swapped_gather_and_the_la
     assert predict(work, machine)[TENCACHE].nvme_read_bytes == read(first) + read(later)
 
 
+def test_without_a_host_tier_partitions_are_read_again_each_step_unless_they_are_the_gathers():
+    """host_cache_bytes 0, gpt2-tiny fp32, 37 sub-groups' config: at 2 ranks the run read 115.2 MiB a step
+    (docs/validate/fp32-2026-11-29-2ranks-collectives-tiny): the optimizer state and every partition once, the
+    device tier keeping the backward's gathers. At one rank on the CPU accelerator a gathered parameter is its
+    partition, kept through the update: only the optimizer state is read (MEASURED_TINY's "0")."""
+    config = ds_config("stock-nvme-many-sub-groups.json", host_cache_bytes=0, device_cache_bytes="auto")
+    config.pop("bf16", None)
+    work = workload("gpt2-tiny", config=config, world=2, micro_batch=1, seq=32)
+    states = sum(_optimizer_sequence(work)[1].values())
+    partitions = sum(param_bytes(work, key) for key, p in work.partitions.items() if p.on_nvme)
+    two_ranks = predict(work, this_vm(ranks_per_node=2))[TENCACHE]
+    assert two_ranks.nvme_read_bytes == states + partitions == pytest.approx(115.2 * MIB, rel=0.01)
+    one = workload("gpt2-tiny", config=config, micro_batch=1, seq=32)
+    assert predict(one, this_vm())[TENCACHE].nvme_read_bytes == sum(_optimizer_sequence(one)[1].values())
+
+
 def test_a_host_accelerators_device_tier_at_two_ranks_is_host_memory_of_its_own():
     """At 2 ranks on the CPU accelerator the tier's gathered copies are not the partitions: host memory at the
     step's peak, up to the budget or everything a step gathers (gpt2-small fp32: 0.46 GiB)."""

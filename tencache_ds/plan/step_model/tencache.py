@@ -108,7 +108,13 @@ def tencache_plan(workload: Workload, machine: Machine) -> TencachePlan:
     optimizer_share, rise = governed.optimizer_share_bytes, governed.step_rise_bytes
     if governed.param_cache_bytes < param_cache:  # given back at run time: the cache slots that stay
         param_cache = class_bytes(cache_slot_counts(histogram, streaming_counts, governed.param_cache_bytes))
-    params_all_held = bool(swapped) and streaming + param_cache >= class_bytes(histogram)
+    # every partition stays in host memory from use to use: slots for all of them, and a host tier at all, or
+    # gathers that are the partitions themselves (one rank on a host accelerator: the optimizer step updates them in
+    # place, kept gathered). Otherwise the slots keep nothing once a use is over: gpt2-tiny fp32 at 2 ranks with
+    # host_cache_bytes 0 read every partition once a step (its device tier keeping the backward's gathers), where
+    # at one rank bf16 it read none.
+    params_all_held = bool(swapped) and (host > 0 or gathers_alias_partitions(workload, machine)) and \
+        streaming + param_cache >= class_bytes(histogram)
     # integrations/deepspeed/master_copies.py: partitions in the masters' dtype, swapped by tencache, all held
     # between uses (with a host tier at all: without one, the slots keep nothing after the update writes them)
     masters_in_partitions = zero.offload_optimizer == "nvme" and params_all_held and host > 0 and \
