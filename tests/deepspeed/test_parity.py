@@ -73,8 +73,6 @@ def test_bit_identical_to_stock(train, dtype, grad_accum, block):
     assert stock.result["ds_config"]["gradient_clipping"] > 0
     assert ours.last_stats["nvme_write_bytes"] > 0
     stats = ours.last_stats
-    # the clipped steps' norms were tencache's (gradient_norms.py): one float64 buffer, let go at each update
-    assert stats["gradient_norms_in_reused_memory"] > 0 and stats["gradient_norm_scratch_peak_bytes"] > 0
     for key in ("pinned_bytes_reserved", "pinned_bytes_peak_in_use", "nvme_read_bytes", "nvme_write_bytes",
                 "stock_pinned_bytes_estimate"):
         assert key in stats, key

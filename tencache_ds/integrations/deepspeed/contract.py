@@ -160,10 +160,6 @@ REBINDINGS = (
               why="stage 3 casts each reduced gradient partition of a swapped sub-group to fp32 before handing it to "
                   "the swapper, which reads stage 3's host copy instead: where it will, the cast (a new tensor the "
                   "size of every gradient, each step) is skipped (stage3_gradients.py)"),
-    Rebinding(STAGE3, "_constant_buffered_norm2", "norming_in_reused_memory", wraps=True,
-              why="stage 3 takes every gradient's norm over a fresh float64 copy of it, on a host accelerator a new "
-                  "mapping whose pages fault in again at each norm (4.7 s of a 29 s step on gpt2-1.3b): the copy "
-                  "goes into one reused buffer, the operations unchanged (gradient_norms.py)"),
     Rebinding(STAGE3, "refresh_fp32_params", "refresh_masters_swapping_in", wraps=True,
               why="load_checkpoint(load_module_only=True) copies the loaded 16-bit weights into the fp32 masters in "
                   "place, which with the optimizer on NVMe are empty placeholders (it stopped): each sub-group is "

@@ -35,7 +35,6 @@ from .checkpoint_save import saving_masters, swap_files_linked
 from .config_bridge import DEEPSPEED_OPS, building_stage3, initializing, validate_ds_config
 from .config_source import ds_config_of_initialize_call
 from .coordinator import TencacheCoordinator, coordinator_of, restoring_kept_partitions
-from .gradient_norms import attach_norm_scratch, norming_in_reused_memory, release_norm_scratch
 from .master_write_behind import settle_owed_masters
 from .memory_pressure import governor_of
 from .optimizer_swapper import TencacheOptimizerSwapper
@@ -102,7 +101,6 @@ def _building_with_config(init):
         with building_stage3(ds_config, optimizer=self):
             init(self, *args, **kwargs)
         reporting.attach_step_meter(self)
-        attach_norm_scratch(self)  # after the governor: it marks an optimizer tencache swaps for
 
     return init_with_config_and_meter
 
@@ -116,7 +114,6 @@ def _marking_step(step):
         governor = governor_of(self)
         if governor is not None:  # the rise meter: the backward's peak is measured apart from the update's
             governor.before_update()
-        release_norm_scratch(self)  # the backward's norms are done: the update gets that memory
         setattr(self, _IN_STEP, True)
         try:
             return step(self, *args, **kwargs)
@@ -279,7 +276,6 @@ REPLACEMENTS = {
     "rigid_load_with_params_on_file": rigid_load_with_params_on_file,
     "refresh_masters_swapping_in": refresh_masters_swapping_in,
     "handing_gradients_uncast": handing_gradients_uncast,
-    "norming_in_reused_memory": norming_in_reused_memory,
     "restoring_kept_partitions": restoring_kept_partitions,
     "reading_full_fragment_before_release": lambda getter: _reading_fragments_before_release(getter, False),
     "copying_local_fragment_before_release": lambda getter: _reading_fragments_before_release(getter, True),

@@ -7,7 +7,6 @@ from ...io.activity import PROCESS_ACTIVITY
 from ...memory.pinning import torch_host_allocator_bytes
 from ...metrics import Gauges, RunningTotals
 from .coordinator import coordinator_of
-from .gradient_norms import norm_scratch_of
 from .memory_pressure import governor_of
 
 METRICS_METER_ATTRIBUTE = "_tencache_step_meter"  # on the ZeRO-3 optimizer: its StepMeter (reporting.py)
@@ -48,11 +47,6 @@ def engine_stats(engine) -> Dict[str, object]:
         stats.update(host_pressure_shrinks=governor.shrinks, host_pressure_grows=governor.grows,
                      host_rise_boundaries=governor.rise_boundaries,
                      host_memory_bound_by=governor.last_memory.bound_by if governor.last_memory else None)
-    scratch = norm_scratch_of(optimizer)
-    if scratch is not None:
-        stats.update(gradient_norms_in_reused_memory=scratch.views,
-                     gradient_norm_scratch_peak_bytes=scratch.peak_bytes,
-                     gradient_norm_scratch_allocations=scratch.grows)
     meter = getattr(optimizer, METRICS_METER_ATTRIBUTE, None)
     if meter is not None and meter.latest is not None:
         latest = meter.latest.flat()

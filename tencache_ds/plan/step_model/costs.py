@@ -105,12 +105,10 @@ def optimizer_cpu_seconds(workload: Workload, machine: Machine) -> float:
     return optimizer_cpu_s(workload, workload.rank_elements, channel_rates(machine, pinned_h2d=True))
 
 
-def backward_host_memory_s(workload: Workload, machine: Machine, micro: int, norms_reuse_memory: bool = False) -> float:
+def backward_host_memory_s(workload: Workload, machine: Machine, micro: int) -> float:
     """Host memory work of micro-batch ``micro``'s backward on a host accelerator, beyond its FLOPs: the fresh
     memory it writes (page faults; without the machine's figure, left out) and stage 3's gradient epilogue's
-    passes over memory already mapped. 0 on a GPU, where that memory is the device's. ``norms_reuse_memory``:
-    the clipping norms' float64 copies go into one reused buffer (tencache: integrations/deepspeed/
-    gradient_norms.py), so only that buffer's first use is fresh."""
+    passes over memory already mapped. 0 on a GPU, where that memory is the device's."""
     if not machine.accelerator_is_host:
         return 0.0
     elem = workload.zero.element_bytes
@@ -120,30 +118,22 @@ def backward_host_memory_s(workload: Workload, machine: Machine, micro: int, nor
     partition_passes = EPILOGUE_PARTITION_PASSES + (EPILOGUE_ACCUMULATE_EXTRA_PASSES if micro > 0 else 0)
     passes_bytes = (gathered * EPILOGUE_GATHERED_PASSES + workload.rank_elements * partition_passes) * elem
     if micro == workload.gas - 1:
-        norm_fresh = norm_fresh_elements(workload, norms_reuse_memory) * NORM_COPY_ELEMENT_BYTES if fresh_rate else 0
+        norm_fresh = norm_fresh_elements(workload) * NORM_COPY_ELEMENT_BYTES if fresh_rate else 0
         fresh_bytes += norm_fresh
         passes_bytes += workload.rank_elements * (elem + NORM_FLOAT64_BYTES) - norm_fresh
     fresh_s = fresh_bytes / fresh_rate if fresh_rate else 0.0
     return fresh_s + passes_bytes / machine.host_copy_bytes_per_s_per_rank
 
 
-def norm_fresh_elements(workload: Workload, reused: bool = False) -> int:
+def norm_fresh_elements(workload: Workload) -> int:
     """The rank's gradient elements whose float64 copy for the clipping norm is fresh memory: the chunks
     (``NORM_CHUNK_ELEMENTS``) of each gradient partition whose copy is larger than ``FRESH_ALLOCATION_BYTES``. E.g.
     gpt2-small at one rank: its 38.6 M-element embedding (294.5 MiB of float64, 294-312 MiB of faults measured), not
-    its layers' 2.4 M-element matrices. ``reused``: the copies share one buffer, as large as the largest chunk and
-    faulted in once a step where it is a mapping of its own."""
-    def fresh_copy(elements: int) -> bool:
-        return elements * NORM_COPY_ELEMENT_BYTES > FRESH_ALLOCATION_BYTES
-
-    chunks = [min(partition.part_numel, NORM_CHUNK_ELEMENTS) for partition in workload.partitions.values()]
-    if reused:
-        largest = max(chunks, default=0)
-        return largest if fresh_copy(largest) else 0
+    its layers' 2.4 M-element matrices."""
     fresh = 0
     for partition in workload.partitions.values():
         whole, rest = divmod(partition.part_numel, NORM_CHUNK_ELEMENTS)  # a whole chunk's copy is 2 GB: fresh
-        fresh += whole * NORM_CHUNK_ELEMENTS + (rest if fresh_copy(rest) else 0)
+        fresh += whole * NORM_CHUNK_ELEMENTS + (rest if rest * NORM_COPY_ELEMENT_BYTES > FRESH_ALLOCATION_BYTES else 0)
     return fresh
 
 
