@@ -82,17 +82,19 @@ class RisePrior:
     """What a rank's first steps are expected to take above the memory read before them, until a step is measured:
     ``rise_bytes``, a step's rise (as measured later: transient), and ``untouched_bytes``, memory the engine has
     allocated but not written yet, which the first step makes resident and keeps (a host accelerator's gradient
-    bucket)."""
+    bucket), and ``kept_rise_bytes``, a rise the reserve counts even where the measured one is lower."""
 
     rise_bytes: int = 0
     untouched_bytes: int = 0
+    # a rise the reserve keeps counting once steps are measured lower (``stage3_rise_prior``'s ``reduce_views``)
+    kept_rise_bytes: int = 0
 
 
 NO_PRIOR = RisePrior()
 
 
 def stage3_rise_prior(accelerator_is_host: bool, gathered_bytes: int, bucket_bytes: int, bucket_allocated: bool,
-                      around_bytes: int, largest_sub_group_bytes: int) -> RisePrior:
+                      around_bytes: int, largest_sub_group_bytes: int, reduce_views: bool = False) -> RisePrior:
     """A ZeRO-3 step's rise in host memory before one is measured (DeepSpeed 0.19.8's defaults); the step model
     prices the same moment with it (plan/step_model/costs.py ``device_step_bytes``).
 
@@ -108,13 +110,19 @@ def stage3_rise_prior(accelerator_is_host: bool, gathered_bytes: int, bucket_byt
       embedding around it) rose 3.96 GiB a step, this gives 4.21 GiB; its first backward rose 5.9 GiB above the
       memory read before it, 4.0 GiB in each later one (a trace of 2026-11-29: the bucket, once); gpt2-small (124 M
       elements, one reduce at the backward's end) rose 995.5 MB, this gives 995.5 MB.
+    - ``reduce_views``: tencache hands that reduce views of the gradients (integrations/deepspeed/one_rank_reduce.py:
+      one rank in the partition group, a host accelerator), so it takes no buffers: gpt2-1.3b then rose 0.44 GiB a
+      step instead of 4 GiB. The reserve still counts the reduce's buffers (``kept_rise_bytes``): "auto" would
+      otherwise grow into them, and the memory stock's step leaves free between steps is what a user's code there
+      counts on (gathering the fp32 weights after training: 5.1 GB on gpt2-1.3b, killed by the kernel with 1 GiB
+      left when the tier had grown by the 3.6 GiB). The step is faster; the tier holds what it held.
     """
     update = max(0, int(largest_sub_group_bytes))
     if not accelerator_is_host:
         return RisePrior(update)
     fill = min(bucket_bytes, gathered_bytes)
     reduce = 2 * fill + (2 * around_bytes if gathered_bytes > bucket_bytes else 0)
-    return RisePrior(max(update, reduce), fill if bucket_allocated else 0)
+    return RisePrior(max(update, reduce), fill if bucket_allocated else 0, reduce if reduce_views else 0)
 
 
 class MemoryPressurePolicy:
@@ -148,8 +156,9 @@ class MemoryPressurePolicy:
 
     @property
     def expected_rise_bytes(self) -> int:
-        """A step's rise as the reserve counts it: the measured one, or the prior's until one is kept."""
-        return self.step_rise_bytes if self._rises else self.prior.rise_bytes
+        """A step's rise as the reserve counts it: the measured one, or the prior's until one is kept; at least the
+        prior's ``kept_rise_bytes``."""
+        return max(self.step_rise_bytes if self._rises else self.prior.rise_bytes, self.prior.kept_rise_bytes)
 
     @property
     def untouched_bytes(self) -> int:

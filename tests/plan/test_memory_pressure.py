@@ -72,6 +72,28 @@ def test_the_prior_of_a_zero3_step_on_a_host_accelerator_is_its_bucket_reduced_a
     assert abs(small.rise_bytes - 995.5e6) < 0.01 * 995.5e6  # measured
 
 
+def test_a_reduce_handed_views_keeps_its_buffers_in_the_reserve_however_low_the_measured_rise():
+    """At one rank on a host accelerator tencache hands stage 3's reduce views of the gradients
+    (integrations/deepspeed/one_rank_reduce.py): gpt2-1.3b then rose 0.44 GiB a step, not 4 GiB. The reserve keeps
+    counting the reduce's buffers: grown into them, "auto" left 1 GiB free and the fp32 weights gathered after
+    training (5.1 GB) were killed by the kernel. A rise measured above them counts as ever."""
+    model, bucket, embedding, sub_group = 1_276_235_776 * 4, 5 * 10**8 * 4, 65_536_000 * 4, 10**8 * 4
+    prior = stage3_rise_prior(True, model, bucket, True, embedding, sub_group, reduce_views=True)
+    reduce = 2 * bucket + 2 * embedding
+    assert prior == RisePrior(reduce, bucket, kept_rise_bytes=reduce)
+    policy = MemoryPressurePolicy(prior=prior)
+    policy.reading_done()
+    policy.observe_step_rise(5 * GiB)  # the first step: dropped
+    policy.observe_step_rise(int(0.44 * GiB))
+    assert policy.step_rise_bytes == int(0.44 * GiB)  # what is reported as measured
+    assert policy.reserve_bytes(100 * GiB) == 2 * GiB + int(STEP_RISE_MARGIN * reduce)
+    policy.observe_step_rise(5 * GiB)
+    assert policy.reserve_bytes(100 * GiB) == 2 * GiB + int(STEP_RISE_MARGIN * 5 * GiB)
+    # the reduce between ranks, or on a GPU, keeps nothing beyond its measured rise
+    assert stage3_rise_prior(True, model, bucket, True, embedding, sub_group).kept_rise_bytes == 0
+    assert stage3_rise_prior(False, model, bucket, True, embedding, sub_group, reduce_views=True).kept_rise_bytes == 0
+
+
 def test_the_first_measured_step_does_not_count_and_the_rise_is_the_most_of_the_last_few():
     policy = MemoryPressurePolicy()
     policy.observe_step_rise(None)  # not measured (the first boundary)

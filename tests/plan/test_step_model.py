@@ -17,7 +17,8 @@ from tencache_ds.plan.model_shapes import ModelConfigError, model_shape
 from tencache_ds.plan.step_model import (STOCK, TENCACHE, Prediction, drive_days_to_tbw, fits, predict,
                                          predict_stock, tencache_plan)
 from tencache_ds.plan.step_model.costs import (backward_host_memory_s, gathered_bytes, host_step_rise_bytes,
-                                              norm_fresh_elements, param_bytes, reduce_bucket_bytes)
+                                              norm_fresh_elements, param_bytes, reduce_bucket_bytes,
+                                              reduces_to_views)
 from tencache_ds.plan.host_residency import steady_state
 from tencache_ds.plan.step_model.timeline import Timeline, shared_drive_scale
 from tencache_ds.plan.step_model.tencache import _optimizer_sequence, _optimizer_streaming_bytes, _partitions_on_nvme
@@ -518,13 +519,14 @@ def test_more_drives_shorten_an_io_bound_step():
 @pytest.mark.parametrize("gas", [1, 3])
 def test_a_host_accelerator_pays_for_the_backwards_fresh_memory_every_micro_batch(gas):
     """Stage 3's backward on a host accelerator writes about 2.5x the gathered model's bytes into fresh memory
-    (costs.py): at 1 GB/s, gpt2-tiny's 60.6 MB of fp32 parameters add 0.152 s per micro-batch to both policies (its
-    clipping norm's float64 copies are all under glibc's mmap threshold: no fresh memory)."""
+    (costs.py): at 1 GB/s, gpt2-tiny's 60.6 MB of fp32 parameters add 0.152 s per micro-batch to stock (its
+    clipping norm's float64 copies are all under glibc's mmap threshold: no fresh memory), and 1.5x, 0.091 s, to
+    tencache at one rank, whose reduce-scatter makes no new buffer (one_rank_reduce.py)."""
     work = build_workload(model_shape(model_config("gpt2-tiny")), ZeroSettings.from_ds_config(
         dict(ds_config("stock-nvme.json", host_cache_bytes="auto"), bf16={"enabled": False})), 1, 2, 64, gas, False)
     without, fresh = predict(work, this_vm()), predict(work, this_vm(host_fresh_write_bytes_per_s=1e9))
-    added = gas * 15160320 * 4 * 2.5 / 1e9
-    for arm in (STOCK, TENCACHE):
+    for arm, per_gathered_byte in ((STOCK, 2.5), (TENCACHE, 1.5)):
+        added = gas * 15160320 * 4 * per_gathered_byte / 1e9
         assert fresh[arm].step_time_s == pytest.approx(without[arm].step_time_s + added, rel=1e-6)
     on_a_gpu = this_vm(accelerator_is_host=False, accelerator_memory_bytes=80 << 30)
     assert predict(work, on_a_gpu)[TENCACHE].step_time_s == pytest.approx(
@@ -576,12 +578,21 @@ def test_stage3s_gradient_epilogue_is_priced_in_passes_over_mapped_memory_on_a_h
         assert sum(backward_host_memory_s(work, this_vm(), micro) for micro in range(gas)) == pytest.approx(expected)
     on_a_gpu = this_vm(accelerator_is_host=False, accelerator_memory_bytes=80 << 30, host_fresh_write_bytes_per_s=1e9)
     assert backward_host_memory_s(workload(config=fp32), on_a_gpu, 0) == 0.0
-    # in the replay: both policies' compute part carries the term, one copy per micro-batch
+    # the reduce-scatter handed views at one rank (tencache: one_rank_reduce.py): no read of the bucket into a new
+    # buffer (1), no pre-divide (2), no copy into the output (2 over the partition): (2 + 2) x 4 + 4 + 16 = 36
+    assert backward_host_memory_s(workload(config=fp32), this_vm(), 0, reduce_views=True) == \
+        pytest.approx(elements * 36 / 1e10)
+    assert reduces_to_views(workload(config=fp32), this_vm())
+    assert not reduces_to_views(workload(config=fp32, world=2), this_vm(ranks_per_node=2))  # a real reduce-scatter
+    assert not reduces_to_views(workload(config=fp32), on_a_gpu)
+    # in the replay: both policies' compute part carries the term, one copy per micro-batch; tencache's at one rank
+    # without the reduce-scatter's buffer and passes
     slower_copies = this_vm(host_copy_bytes_per_s=5e9)
     work = workload(config=dict(fp32, tencache={"enabled": True, "host_cache_bytes": "auto"}))
-    for arm in (STOCK, TENCACHE):
+    for arm, bytes_per_element in ((STOCK, 56), (TENCACHE, 36)):
         assert (predict(work, slower_copies)[arm].critical_path_s["compute"]
-                - predict(work, this_vm())[arm].critical_path_s["compute"]) == pytest.approx(elements * 56 / 1e10)
+                - predict(work, this_vm())[arm].critical_path_s["compute"]) == \
+            pytest.approx(elements * bytes_per_element / 1e10)
 
 
 def test_zero3s_hooks_add_their_measured_cost_to_every_submodule_use():

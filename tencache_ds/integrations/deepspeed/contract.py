@@ -160,6 +160,15 @@ REBINDINGS = (
               why="stage 3 casts each reduced gradient partition of a swapped sub-group to fp32 before handing it to "
                   "the swapper, which reads stage 3's host copy instead: where it will, the cast (a new tensor the "
                   "size of every gradient, each step) is skipped (stage3_gradients.py)"),
+    Rebinding(STAGE3, "_DeepSpeedZeroOptimizer_Stage3__avg_scatter_grads", "marking_tencache_reductions",
+              wraps=True,
+              why="marks the reduce-scatter of each gradient bucket as one for a tencache optimizer on a host "
+                  "accelerator (one_rank_reduce.py)"),
+    Rebinding("deepspeed.runtime.zero.stage3", "reduce_scatter_coalesced", "reducing_without_copy_at_one_rank",
+              wraps=True,
+              why="__avg_scatter_grads calls it by this module-global name: at a group of one rank it copies the "
+                  "bucket into a new buffer and reduces it onto itself; a marked call gets views of the gradients, "
+                  "the same values (one_rank_reduce.py)"),
     Rebinding(STAGE3, "refresh_fp32_params", "refresh_masters_swapping_in", wraps=True,
               why="load_checkpoint(load_module_only=True) copies the loaded 16-bit weights into the fp32 masters in "
                   "place, which with the optimizer on NVMe are empty placeholders (it stopped): each sub-group is "

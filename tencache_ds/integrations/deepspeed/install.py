@@ -37,6 +37,7 @@ from .config_source import ds_config_of_initialize_call
 from .coordinator import TencacheCoordinator, coordinator_of, restoring_kept_partitions
 from .master_write_behind import settle_owed_masters
 from .memory_pressure import governor_of
+from .one_rank_reduce import marking_tencache_reductions, reducing_without_copy_at_one_rank
 from .optimizer_swapper import TencacheOptimizerSwapper
 from .param_swapper import TencacheParamSwapper
 from .stage3_gradients import handing_gradients_uncast
@@ -276,6 +277,8 @@ REPLACEMENTS = {
     "rigid_load_with_params_on_file": rigid_load_with_params_on_file,
     "refresh_masters_swapping_in": refresh_masters_swapping_in,
     "handing_gradients_uncast": handing_gradients_uncast,
+    "marking_tencache_reductions": marking_tencache_reductions,
+    "reducing_without_copy_at_one_rank": reducing_without_copy_at_one_rank,
     "restoring_kept_partitions": restoring_kept_partitions,
     "reading_full_fragment_before_release": lambda getter: _reading_fragments_before_release(getter, False),
     "copying_local_fragment_before_release": lambda getter: _reading_fragments_before_release(getter, True),

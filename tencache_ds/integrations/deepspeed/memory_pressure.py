@@ -22,6 +22,8 @@ import threading
 import weakref
 from typing import Callable, List, Optional
 
+import deepspeed.comm as dist
+
 from ...config import AUTO
 from ...errors import TencacheOutOfMemory
 from ...log import logger
@@ -361,8 +363,11 @@ def stage3_prior(stage3, accelerator_is_host: bool) -> RisePrior:
     # a module around the bucket's reduce is taken as the largest parameter (the swapper sees no modules)
     largest_gathered = max(param.ds_numel * param.element_size() for param in params)
     largest_sub_group = max(stage3.fp16_partitioned_groups_flat_numel, default=0)
+    # at one rank on a host accelerator the reduce is handed views (one_rank_reduce.py): its buffers stay reserved
+    group = getattr(params[0], "ds_process_group", stage3.dp_process_group)  # as stage 3 reduces it
+    reduce_views = accelerator_is_host and dist.get_world_size(group) == 1
     return stage3_rise_prior(accelerator_is_host, gathered * gradient_bytes, stage3.reduce_bucket_size * gradient_bytes,
-                             bool(buffers), largest_gathered, largest_sub_group * 4)
+                             bool(buffers), largest_gathered, largest_sub_group * 4, reduce_views)
 
 
 def governor_of(optimizer) -> Optional[HostTierGovernor]:

@@ -62,6 +62,13 @@ BACKWARD_FRESH_BYTES_PER_GATHERED_BYTE = 2.5
 # Priced at the host-copy rate, not fitted. On a GPU these passes run in device memory and are left out.
 EPILOGUE_GATHERED_PASSES = 5
 EPILOGUE_PARTITION_PASSES = 4
+# Where the partition group is one rank on a host accelerator, tencache hands stage 3 views of the gradients for
+# their reduce-scatter (integrations/deepspeed/one_rank_reduce.py): no new flat buffer (its fresh write, about one
+# gathered byte per gathered byte of the 2.5 above, and the read of the bucket that fills it: 1 pass), no pre-divide
+# over it (2), no reduce-scatter copy into its output (2 over the partition, which at one rank is the gradient).
+ONE_RANK_VIEWS_FRESH_BYTES_PER_GATHERED_BYTE = 1.0
+ONE_RANK_VIEWS_GATHERED_PASSES = 3
+ONE_RANK_VIEWS_PARTITION_PASSES = 2
 EPILOGUE_ACCUMULATE_EXTRA_PASSES = 1
 NORM_FLOAT64_BYTES = 16
 NORM_COPY_ELEMENT_BYTES = 8  # the float64 copy's element
@@ -105,18 +112,29 @@ def optimizer_cpu_seconds(workload: Workload, machine: Machine) -> float:
     return optimizer_cpu_s(workload, workload.rank_elements, channel_rates(machine, pinned_h2d=True))
 
 
-def backward_host_memory_s(workload: Workload, machine: Machine, micro: int) -> float:
+def reduces_to_views(workload: Workload, machine: Machine) -> bool:
+    """Does tencache hand stage 3's reduce-scatter views of the gradients (one_rank_reduce.py): one rank in the
+    partition group, on a host accelerator?"""
+    return machine.accelerator_is_host and workload.world_size == 1
+
+
+def backward_host_memory_s(workload: Workload, machine: Machine, micro: int, reduce_views: bool = False) -> float:
     """Host memory work of micro-batch ``micro``'s backward on a host accelerator, beyond its FLOPs: the fresh
     memory it writes (page faults; without the machine's figure, left out) and stage 3's gradient epilogue's
-    passes over memory already mapped. 0 on a GPU, where that memory is the device's."""
+    passes over memory already mapped. 0 on a GPU, where that memory is the device's. ``reduce_views``: the
+    reduce-scatter is handed views (``reduces_to_views``), without its buffer and its passes."""
     if not machine.accelerator_is_host:
         return 0.0
     elem = workload.zero.element_bytes
     gathered = gathered_elements(workload)
     fresh_rate = machine.host_fresh_write_bytes_per_s_per_rank
-    fresh_bytes = gathered * elem * BACKWARD_FRESH_BYTES_PER_GATHERED_BYTE
-    partition_passes = EPILOGUE_PARTITION_PASSES + (EPILOGUE_ACCUMULATE_EXTRA_PASSES if micro > 0 else 0)
-    passes_bytes = (gathered * EPILOGUE_GATHERED_PASSES + workload.rank_elements * partition_passes) * elem
+    fresh_per_gathered = BACKWARD_FRESH_BYTES_PER_GATHERED_BYTE - \
+        (ONE_RANK_VIEWS_FRESH_BYTES_PER_GATHERED_BYTE if reduce_views else 0)
+    fresh_bytes = gathered * elem * fresh_per_gathered
+    partition_passes = EPILOGUE_PARTITION_PASSES + (EPILOGUE_ACCUMULATE_EXTRA_PASSES if micro > 0 else 0) - \
+        (ONE_RANK_VIEWS_PARTITION_PASSES if reduce_views else 0)
+    gathered_passes = EPILOGUE_GATHERED_PASSES - (ONE_RANK_VIEWS_GATHERED_PASSES if reduce_views else 0)
+    passes_bytes = (gathered * gathered_passes + workload.rank_elements * partition_passes) * elem
     if micro == workload.gas - 1:
         norm_fresh = norm_fresh_elements(workload) * NORM_COPY_ELEMENT_BYTES if fresh_rate else 0
         fresh_bytes += norm_fresh

@@ -37,7 +37,7 @@ from .costs import (allgather_s, backward_host_memory_s, device_step_bytes, devi
                     host_resident_bytes, host_step_rise_bytes, init_bytes_per_element_outside_pool,
                     init_bytes_per_element_pooled, module_compute_s, nvme_space, optimizer_cpu_s,
                     optimizer_state_bytes_per_element, param_bytes, persistent_keys, reduce_bucket_bytes,
-                    reduce_scatter_s, run_time_prior, sub_group_file_bytes)
+                    reduce_scatter_s, reduces_to_views, run_time_prior, sub_group_file_bytes)
 from .results import TENCACHE, Prediction, finish
 from .timeline import STEPS_REPLAYED, Rates, Timeline, channel_rates
 
@@ -357,7 +357,8 @@ def predict_tencache(workload: Workload, machine: Machine) -> Prediction:
                 # a gathered parameter the device tier keeps is not gathered again
                 timeline.work(allgather_s(workload, machine, gather_at.get(index, [])), "collective")
                 timeline.work(module_compute_s(fetch, rates), "compute")
-            timeline.work(backward_host_memory_s(workload, machine, micro), "compute")
+            timeline.work(backward_host_memory_s(workload, machine, micro, reduces_to_views(workload, machine)),
+                          "compute")
             timeline.work(reduce_scatter_s(workload, machine), "collective")
             if h2d and zero.offload_optimizer != "none":
                 timeline.wait(timeline.issue("h2d", workload.rank_elements * elem), "h2d")

@@ -1,0 +1,64 @@
+"""Run by test_one_rank_reduce.py in a process of its own (it starts a one-rank gloo group): stage 3's
+reduce_scatter_coalesced as tencache installs it, marked for a tencache optimizer and not, against DeepSpeed's own
+function, on the bucket shapes stage 3 hands it. Prints RESULT {json}."""
+import json
+import os
+
+import torch
+import deepspeed
+import deepspeed.comm as dist
+import deepspeed.runtime.zero.stage3 as stage3
+from deepspeed.runtime.comm.coalesced_collectives import reduce_scatter_coalesced as deepspeeds
+
+import tencache_ds  # noqa: F401  (installs the rebinding)
+from tencache_ds.integrations.deepspeed.memory_pressure import GOVERNOR_ATTRIBUTE
+from tencache_ds.integrations.deepspeed.one_rank_reduce import marking_tencache_reductions, reductions_without_copy
+
+
+class Optimizer:
+    """Stands for a ZeRO-3 optimizer; ``tencache``: one tencache swaps for (its host governor attached)."""
+
+    def __init__(self, tencache):
+        if tencache:
+            setattr(self, GOVERNOR_ATTRIBUTE, object())
+
+
+def avg_scatter_grads(self, tensors):
+    return stage3.reduce_scatter_coalesced(tensors, None)  # as __avg_scatter_grads calls it, by the module's name
+
+
+def bits(tensors):
+    return [t.contiguous().view(torch.int16 if t.element_size() == 2 else torch.int32).tolist() for t in tensors]
+
+
+def main():
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1")
+    deepspeed.init_distributed(dist_backend="gloo")
+    assert dist.get_world_size() == 1
+    marked = marking_tencache_reductions(avg_scatter_grads)
+    generator = torch.Generator().manual_seed(0)
+    buckets = {
+        "one tensor": [torch.randn(1000, generator=generator)],
+        "several, odd lengths": [torch.randn(n, generator=generator) for n in (7, 1000, 33)],
+        "bf16 matrices": [torch.randn(r, c, generator=generator).to(torch.bfloat16) for r, c in ((16, 8), (3, 5))],
+    }
+    result = {}
+    for name, bucket in buckets.items():
+        expected = deepspeeds([t.clone() for t in bucket], None)
+        inputs = [t.clone() for t in bucket]
+        tencache = Optimizer(tencache=True)
+        ours = marked(tencache, inputs)
+        stock_optimizer = Optimizer(tencache=False)
+        unmarked = marked(stock_optimizer, [t.clone() for t in bucket])
+        result[name] = {
+            "same_bits": bits(ours) == bits(expected) and bits(unmarked) == bits(expected),
+            "shapes": [list(t.shape) for t in ours] == [list(t.shape) for t in expected],
+            "views_of_inputs": [o.data_ptr() == i.data_ptr() for o, i in zip(ours, inputs)],
+            "inputs_unchanged": bits(inputs) == bits(bucket),
+            "counted": [reductions_without_copy(tencache), reductions_without_copy(stock_optimizer)],
+        }
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,26 @@
+"""Stage 3's reduce-scatter at a group of one rank, for a tencache optimizer on a host accelerator
+(integrations/deepspeed/one_rank_reduce.py): views of the gradients themselves, with the bits, shapes and dtypes
+DeepSpeed's function returns from its new buffer; for an optimizer tencache does not swap for, DeepSpeed's own
+path. The engine-level checks: test_parity.py (one rank, stock's bits, the path taken) and test_residency.py
+(two ranks: not taken)."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO, free_port, result_of
+
+pytestmark = pytest.mark.deepspeed
+SCRIPT = os.path.join(os.path.dirname(__file__), "one_rank_reduce_check.py")
+
+
+def test_at_one_rank_a_tencache_optimizer_gets_views_with_deepspeeds_values():
+    proc = subprocess.run([sys.executable, SCRIPT], cwd=REPO, capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, PYTHONPATH=REPO, MASTER_PORT=str(free_port())))
+    result = result_of(proc.stdout)
+    assert result is not None, proc.stdout[-2000:] + proc.stderr[-4000:]
+    for name, checks in result.items():
+        assert checks["same_bits"] and checks["shapes"] and checks["inputs_unchanged"], (name, checks)
+        assert all(checks["views_of_inputs"]), (name, checks)  # no new buffer
+        assert checks["counted"] == [1, 0], (name, checks)  # the tencache optimizer's call only
