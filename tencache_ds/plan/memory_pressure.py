@@ -115,7 +115,8 @@ def stage3_rise_prior(accelerator_is_host: bool, gathered_bytes: int, bucket_byt
       step instead of 4 GiB. The reserve still counts the reduce's buffers (``kept_rise_bytes``): "auto" would
       otherwise grow into them, and the memory stock's step leaves free between steps is what a user's code there
       counts on (gathering the fp32 weights after training: 5.1 GB on gpt2-1.3b, killed by the kernel with 1 GiB
-      left when the tier had grown by the 3.6 GiB). The step is faster; the tier holds what it held.
+      left when the tier had grown from 5.7 to 10.6 GiB). The step does without the buffers' work; the tier holds what
+      it held.
     """
     update = max(0, int(largest_sub_group_bytes))
     if not accelerator_is_host:
@@ -237,6 +238,9 @@ class MemoryPressurePolicy:
             rise += f", the first one {fmt_bytes(self.untouched_bytes)} more" if self.untouched_bytes else ""
         else:
             rise = f"; a step rises {fmt_bytes(self.step_rise_bytes)}" if self.step_rise_bytes else ""
+            if self.prior.kept_rise_bytes > self.step_rise_bytes:  # what the reserve counts instead
+                rise += (f" (counted as {fmt_bytes(self.prior.kept_rise_bytes)}, the buffers of stage 3's own reduce, "
+                         f"which tencache's does without)")
         ranks = "" if self.ranks == 1 else f" (this rank's share of {self.ranks})"
         return f"{why}{rise}: the host tier {verb} {fmt_bytes(nbytes)}{ranks}"
 

@@ -12,7 +12,8 @@ from deepspeed.runtime.comm.coalesced_collectives import reduce_scatter_coalesce
 
 import tencache_ds  # noqa: F401  (installs the rebinding)
 from tencache_ds.integrations.deepspeed.memory_pressure import GOVERNOR_ATTRIBUTE
-from tencache_ds.integrations.deepspeed.one_rank_reduce import marking_tencache_reductions, reductions_without_copy
+from tencache_ds.integrations.deepspeed.one_rank_reduce import (marking_tencache_reductions, reduces_to_views,
+                                                                reductions_without_copy)
 
 
 class Optimizer:
@@ -21,6 +22,17 @@ class Optimizer:
     def __init__(self, tencache):
         if tencache:
             setattr(self, GOVERNOR_ATTRIBUTE, object())
+
+
+class Stage3:
+    """What reduces_to_views reads of a built ZeRO-3 optimizer: reduce_scatter, its parameters and their groups."""
+
+    def __init__(self, reduce_scatter):
+        self.reduce_scatter = reduce_scatter
+        self.fp16_groups = [[torch.empty(3), torch.empty(5)]]
+
+    def _get_param_partition_group(self, param):
+        return None  # the world: one rank here
 
 
 def avg_scatter_grads(self, tensors):
@@ -41,6 +53,9 @@ def main():
         "one tensor": [torch.randn(1000, generator=generator)],
         "several, odd lengths": [torch.randn(n, generator=generator) for n in (7, 1000, 33)],
         "bf16 matrices": [torch.randn(r, c, generator=generator).to(torch.bfloat16) for r, c in ((16, 8), (3, 5))],
+        # where dividing by one could change bits, if anywhere: signed zeros, infinities, NaNs, subnormals
+        "special values": [torch.tensor([-0.0, 0.0, float("inf"), -float("inf"), float("nan"), -float("nan"),
+                                         1e-45, -3e-39, 3.0]), torch.tensor([float("nan"), -0.0])],
     }
     result = {}
     for name, bucket in buckets.items():
@@ -57,6 +72,10 @@ def main():
             "inputs_unchanged": bits(inputs) == bits(bucket),
             "counted": [reductions_without_copy(tencache), reductions_without_copy(stock_optimizer)],
         }
+    # which built optimizers take views: reduce_scatter on (a one-rank group, the CPU accelerator); off, stage 3
+    # all-reduces its contiguous bucket instead
+    result["reduces_to_views"] = [reduces_to_views(Stage3(reduce_scatter=True)),
+                                  reduces_to_views(Stage3(reduce_scatter=False))]
     print("RESULT " + json.dumps(result), flush=True)
 
 

@@ -372,13 +372,11 @@ def fake_stage3(numels, bucket_elements, dtype_bytes=4, contiguous=True, sub_gro
         params.append(param)
     buckets = {dtype: _Bucket(torch.empty(bucket_elements, dtype=dtype) if contiguous else None)}
     return types.SimpleNamespace(fp16_groups=[params], ipg_buckets=buckets, reduce_bucket_size=bucket_elements,
-                                 fp16_partitioned_groups_flat_numel=list(sub_groups), dp_process_group="group")
+                                 fp16_partitioned_groups_flat_numel=list(sub_groups))
 
 
-def test_the_prior_comes_from_stage_3s_bucket_parameters_and_sub_groups(monkeypatch):
+def test_the_prior_comes_from_stage_3s_bucket_parameters_and_sub_groups():
     from tencache_ds.plan.memory_pressure import RisePrior
-    ranks = {"group": 2}  # the partition group's size: a reduce-scatter between ranks
-    monkeypatch.setattr(memory_pressure.dist, "get_world_size", lambda group=None: ranks[group])
     stage3 = fake_stage3([1000, 300, 5000], bucket_elements=4000, sub_groups=(2000, 4300))
     # the bucket fills 4000 of the 6300 elements: reduced through two copies, beside two of the largest parameter
     assert memory_pressure.stage3_prior(stage3, True) == RisePrior(2 * 4000 * 4 + 2 * 5000 * 4, 4000 * 4)
@@ -391,10 +389,8 @@ def test_the_prior_comes_from_stage_3s_bucket_parameters_and_sub_groups(monkeypa
     assert memory_pressure.stage3_prior(stage3, False) == RisePrior(4300 * 4)
     # one rank on a host accelerator: the reduce is handed views (one_rank_reduce.py) and takes no buffers, which
     # the reserve keeps counting however low the measured rise (plan/memory_pressure.py, kept_rise_bytes)
-    ranks["group"] = 1
     reduce = 2 * 4000 * 4 + 2 * 5000 * 4
-    assert memory_pressure.stage3_prior(stage3, True) == RisePrior(reduce, 4000 * 4, reduce)
-    assert memory_pressure.stage3_prior(stage3, False) == RisePrior(4300 * 4)
+    assert memory_pressure.stage3_prior(stage3, True, reduce_views=True) == RisePrior(reduce, 4000 * 4, reduce)
 
 
 class ParamCacheSums:

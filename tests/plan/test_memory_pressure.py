@@ -87,6 +87,8 @@ def test_a_reduce_handed_views_keeps_its_buffers_in_the_reserve_however_low_the_
     policy.observe_step_rise(int(0.44 * GiB))
     assert policy.step_rise_bytes == int(0.44 * GiB)  # what is reported as measured
     assert policy.reserve_bytes(100 * GiB) == 2 * GiB + int(STEP_RISE_MARGIN * reduce)
+    shrink = policy.decide(100 * GiB, 2 * GiB, reducible_bytes=GiB, given_back_bytes=0)
+    assert "a step rises 450.56 MiB (counted as 4.21 GiB, the buffers of stage 3's own reduce" in shrink.reason
     policy.observe_step_rise(5 * GiB)
     assert policy.reserve_bytes(100 * GiB) == 2 * GiB + int(STEP_RISE_MARGIN * 5 * GiB)
     # the reduce between ranks, or on a GPU, keeps nothing beyond its measured rise

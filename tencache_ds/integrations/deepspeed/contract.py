@@ -11,7 +11,8 @@ config_bridge.validate_ds_config at zero.Init and deepspeed.initialize), and ins
 entry points that make that check (``Rebinding.checks_config``), so stock configs run DeepSpeed's own code.
 
 Owners are written "module:Class" (or a bare module). Names are written as DeepSpeed's source spells them; a
-name-mangled one (``self.__step_id`` in PartitionedParameterCoordinator) as ``__step_id``.
+name-mangled one (``self.__step_id`` in PartitionedParameterCoordinator) as ``__step_id``, except in a rebinding,
+which install.py sets by the name the class holds (``_DeepSpeedZeroOptimizer_Stage3__avg_scatter_grads``).
 """
 import importlib
 import inspect
@@ -176,6 +177,11 @@ REBINDINGS = (
 )
 
 PRIVATE_MEMBERS = (
+    # The one-rank reduce (one_rank_reduce.py)
+    PrivateMember(STAGE3, "_get_param_partition_group", "method", "one_rank_reduce.py",
+                  "the group a parameter's gradient is reduce-scattered over: of one rank, tencache hands views"),
+    PrivateMember(STAGE3, "reduce_scatter", "attribute", "one_rank_reduce.py",
+                  "off, stage 3 all-reduces its contiguous bucket and the reduce-scatter (and its views) is not used"),
     # The coordinator subclass (coordinator.py)
     PrivateMember(COORDINATOR, "__release_param", "method", "coordinator.py",
                   "overridden by its mangled name: every release of a gathered parameter passes through it, so the "
@@ -301,6 +307,14 @@ PRIVATE_MEMBERS = (
 )
 
 CALL_ORDER = (
+    CallOrder("stage 3 only reads the partitions __avg_scatter_grads returns (scaled or cast into new tensors, "
+              "copied or added into its gradient partitions by partition_grads), and does so before the reduced "
+              "bucket's gradients are written again (the bucket is reset only after partition_grads)",
+              "one_rank_reduce.py",
+              "at one rank a tencache optimizer's reduce returns views of the bucket's gradients, not a copy: a "
+              "later write to either would change the other",
+              "tests/deepspeed/test_parity.py (bit-identical losses and weights, gradient_reductions_without_copy "
+              "> 0), tests/deepspeed/test_one_rank_reduce.py"),
     CallOrder("stage 3's step() calls _post_step exactly once per optimizer step that updates the weights, after "
               "the update (a step skipped for gradient overflow returns before it)",
               "install.py -> reporting.on_optimizer_step_end",

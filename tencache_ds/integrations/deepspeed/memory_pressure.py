@@ -22,8 +22,6 @@ import threading
 import weakref
 from typing import Callable, List, Optional
 
-import deepspeed.comm as dist
-
 from ...config import AUTO
 from ...errors import TencacheOutOfMemory
 from ...log import logger
@@ -349,9 +347,10 @@ def _where(memory: HostMemory) -> str:
     return "this node" if memory.bound_by == "node" else f"cgroup {memory.bound_by}"
 
 
-def stage3_prior(stage3, accelerator_is_host: bool) -> RisePrior:
+def stage3_prior(stage3, accelerator_is_host: bool, reduce_views: bool = False) -> RisePrior:
     """The step rise ``stage3`` (a built DeepSpeedZeroOptimizer_Stage3) is expected to have before one is measured
-    (plan/memory_pressure.py ``stage3_rise_prior``), from its parameters, its gradient bucket and its sub-groups."""
+    (plan/memory_pressure.py ``stage3_rise_prior``), from its parameters, its gradient bucket and its sub-groups;
+    ``reduce_views``: its reduces are handed views (one_rank_reduce.reduces_to_views)."""
     # DeepSpeed 0.19.8's names, read directly (contract.py pins the version): a renamed one fails here, loudly
     params = [param for group in stage3.fp16_groups for param in group]
     if not params:
@@ -363,9 +362,6 @@ def stage3_prior(stage3, accelerator_is_host: bool) -> RisePrior:
     # a module around the bucket's reduce is taken as the largest parameter (the swapper sees no modules)
     largest_gathered = max(param.ds_numel * param.element_size() for param in params)
     largest_sub_group = max(stage3.fp16_partitioned_groups_flat_numel, default=0)
-    # at one rank on a host accelerator the reduce is handed views (one_rank_reduce.py): its buffers stay reserved
-    group = getattr(params[0], "ds_process_group", stage3.dp_process_group)  # as stage 3 reduces it
-    reduce_views = accelerator_is_host and dist.get_world_size(group) == 1
     return stage3_rise_prior(accelerator_is_host, gathered * gradient_bytes, stage3.reduce_bucket_size * gradient_bytes,
                              bool(buffers), largest_gathered, largest_sub_group * 4, reduce_views)
 

@@ -14,10 +14,10 @@ What DeepSpeed 0.19.8 does for every bucket of reduced gradients (stage3.py ``__
 At one rank each view holds the gradient's own values (x / 1 is x, in every dtype), so the views of the gradients
 themselves are the same list without the work: on a host accelerator the concatenation is fresh memory the size of
 the bucket (``reduce_bucket_size``, 2 GB with DeepSpeed's defaults in fp32) and gloo's reduce is another pass over
-it. gpt2-small, fp32, one rank, tencache ``"auto"``: about 2.3 s a step with stock's path, 1.55 s without it, the
-same weights (docs/benchmarks.md). Stage 3 already takes views of its input in the one-tensor case: every caller
-only reads the result (``partition_grads`` copies or adds it into its gradient partitions, before the bucket is
-filled again).
+it. gpt2-small, fp32, one rank, tencache ``"auto"``: 2.36 s a step with stock's path, 1.545 s with views (medians,
+2 runs each, a wrapper doing what this module does; docs/benchmarks.md), the same weights. Stage 3 already takes
+views of its input in the one-tensor case: every caller only reads the result (``partition_grads`` copies or adds it
+into its gradient partitions, before the bucket is filled again: contract.py, CALL_ORDER).
 
 Only where the accelerator is host memory (ordered by construction: one thread, no streams; on a GPU the copies run
 on ``reduce_and_partition_stream`` and the argument that the bucket is not refilled before they are done would
@@ -41,14 +41,25 @@ def reductions_without_copy(optimizer) -> int:
     return getattr(optimizer, COUNT_ATTRIBUTE, 0)
 
 
+def reduces_to_views(stage3) -> bool:
+    """Will a built ZeRO-3 optimizer's gradient reduces be handed views (once tencache swaps for it): on a host
+    accelerator, with ``reduce_scatter`` on (off, stage 3 all-reduces its contiguous bucket instead and calls
+    ``reduce_scatter_coalesced`` only for a bucket over its size), every parameter's partition group of one rank.
+    The step model's mirror: plan/step_model/costs.py ``reduces_to_views``."""
+    if not accelerator_is_host() or not stage3.reduce_scatter:
+        return False
+    groups = {id(group): group for group in (stage3._get_param_partition_group(param)
+                                             for params in stage3.fp16_groups for param in params)}
+    return bool(groups) and all(dist.get_world_size(group) == 1 for group in groups.values())
+
+
 def marking_tencache_reductions(avg_scatter_grads):
     """Wraps stage 3's ``__avg_scatter_grads``: its call of ``reduce_scatter_coalesced`` is marked as one for a
     tencache optimizer on a host accelerator."""
     @functools.wraps(avg_scatter_grads)
     def avg_scatter_grads_marked(self, *args, **kwargs):
-        if governor_of(self) is None or not accelerator_is_host():
-            return avg_scatter_grads(self, *args, **kwargs)
-        token = _REDUCING_FOR.set(self)
+        # a stock optimizer's call clears the mark too: one called from inside a tencache one's is not taken for it
+        token = _REDUCING_FOR.set(self if governor_of(self) is not None and accelerator_is_host() else None)
         try:
             return avg_scatter_grads(self, *args, **kwargs)
         finally:
@@ -72,4 +83,5 @@ def reducing_without_copy_at_one_rank(reduce_scatter_coalesced):
     return reduce_scatter_coalesced_at_one_rank
 
 
-__all__ = ["marking_tencache_reductions", "reducing_without_copy_at_one_rank", "reductions_without_copy"]
+__all__ = ["marking_tencache_reductions", "reduces_to_views", "reducing_without_copy_at_one_rank",
+           "reductions_without_copy"]

@@ -9,6 +9,7 @@ from ...units import fmt_bytes
 from .config_bridge import accelerator_is_host
 from .coordinator import coordinator_of
 from .memory_pressure import GOVERNOR_ATTRIBUTE, HostTierGovernor, governor_of, stage3_prior
+from .one_rank_reduce import reduces_to_views
 from .param_swapper import TencacheParamSwapper
 from .stats import METRICS_METER_ATTRIBUTE, combined_stats, gauges, running_totals
 
@@ -59,7 +60,7 @@ def attach_step_meter(optimizer) -> None:
             StepMeter(start=running_totals(param_swapper, optimizer_swapper, coordinator)))
     setattr(optimizer, GOVERNOR_ATTRIBUTE,
             HostTierGovernor(param_swappers_of_optimizer(optimizer), optimizer_swapper, coordinator,
-                             prior=stage3_prior(optimizer, accelerator_is_host())))
+                             prior=stage3_prior(optimizer, accelerator_is_host(), reduces_to_views(optimizer))))
 
 
 def on_optimizer_step_end(optimizer) -> None:
