@@ -20,6 +20,7 @@ class Optimizer:
     """Stands for a ZeRO-3 optimizer; ``tencache``: one tencache swaps for (its host governor attached)."""
 
     def __init__(self, tencache):
+        self.reduce_scatter = True
         if tencache:
             setattr(self, GOVERNOR_ATTRIBUTE, object())
 
@@ -72,6 +73,12 @@ def main():
             "inputs_unchanged": bits(inputs) == bits(bucket),
             "counted": [reductions_without_copy(tencache), reductions_without_copy(stock_optimizer)],
         }
+    # a tencache optimizer without reduce_scatter reaches __avg_scatter_grads only for a bucket over its size:
+    # DeepSpeed's path, as the governor's reserve assumes
+    without = Optimizer(tencache=True)
+    without.reduce_scatter = False
+    marked(without, [t.clone() for t in buckets["one tensor"]])
+    result["without_reduce_scatter_counted"] = reductions_without_copy(without)
     # which built optimizers take views: reduce_scatter on (a one-rank group, the CPU accelerator); off, stage 3
     # all-reduces its contiguous bucket instead
     result["reduces_to_views"] = [reduces_to_views(Stage3(reduce_scatter=True)),

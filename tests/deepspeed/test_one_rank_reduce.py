@@ -21,6 +21,7 @@ def test_at_one_rank_a_tencache_optimizer_gets_views_with_deepspeeds_values():
     result = result_of(proc.stdout)
     assert result is not None, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert result.pop("reduces_to_views") == [True, False]
+    assert result.pop("without_reduce_scatter_counted") == 0
     for name, checks in result.items():
         assert checks["same_bits"] and checks["shapes"] and checks["inputs_unchanged"], (name, checks)
         assert all(checks["views_of_inputs"]), (name, checks)  # no new buffer

@@ -55,11 +55,14 @@ def reduces_to_views(stage3) -> bool:
 
 def marking_tencache_reductions(avg_scatter_grads):
     """Wraps stage 3's ``__avg_scatter_grads``: its call of ``reduce_scatter_coalesced`` is marked as one for a
-    tencache optimizer on a host accelerator."""
+    tencache optimizer on a host accelerator with ``reduce_scatter`` on."""
     @functools.wraps(avg_scatter_grads)
     def avg_scatter_grads_marked(self, *args, **kwargs):
-        # a stock optimizer's call clears the mark too: one called from inside a tencache one's is not taken for it
-        token = _REDUCING_FOR.set(self if governor_of(self) is not None and accelerator_is_host() else None)
+        # a stock optimizer's call clears the mark too: one called from inside a tencache one's is not taken for it.
+        # Without reduce_scatter, stage 3 comes here only for a bucket over its size: left to DeepSpeed, as
+        # reduces_to_views (and so the governor's reserve) has it
+        takes_views = governor_of(self) is not None and accelerator_is_host() and self.reduce_scatter
+        token = _REDUCING_FOR.set(self if takes_views else None)
         try:
             return avg_scatter_grads(self, *args, **kwargs)
         finally:
