@@ -113,8 +113,9 @@ def optimizer_cpu_seconds(workload: Workload, machine: Machine) -> float:
 
 
 def reduces_to_views(workload: Workload, machine: Machine) -> bool:
-    """Does tencache hand stage 3's reduce-scatter views of the gradients (one_rank_reduce.py): one rank in the
-    partition group, on a host accelerator?"""
+    """Does tencache hand stage 3's reduce-scatter views of the gradients (one_rank_reduce.reduces_to_views): one
+    rank in the partition group, on a host accelerator? ``reduce_scatter`` is taken as on, DeepSpeed's default, as
+    the epilogue's passes above take it."""
     return machine.accelerator_is_host and workload.world_size == 1
 
 
