@@ -112,11 +112,17 @@ def optimizer_cpu_seconds(workload: Workload, machine: Machine) -> float:
     return optimizer_cpu_s(workload, workload.rank_elements, channel_rates(machine, pinned_h2d=True))
 
 
+def one_rank_on_a_host_accelerator(workload: Workload, machine: Machine) -> bool:
+    """One rank on DeepSpeed's CPU accelerator: a gather is the partition itself (tencache.py
+    ``gathers_alias_partitions``) and a reduce-scatter has nothing to exchange (``reduces_to_views``)."""
+    return machine.accelerator_is_host and workload.world_size == 1
+
+
 def reduces_to_views(workload: Workload, machine: Machine) -> bool:
     """Does tencache hand stage 3's reduce-scatter views of the gradients (one_rank_reduce.reduces_to_views): one
     rank in the partition group, on a host accelerator? ``reduce_scatter`` is taken as on, DeepSpeed's default, as
     the epilogue's passes above take it."""
-    return machine.accelerator_is_host and workload.world_size == 1
+    return one_rank_on_a_host_accelerator(workload, machine)
 
 
 def backward_host_memory_s(workload: Workload, machine: Machine, micro: int, reduce_views: bool = False) -> float:

@@ -35,9 +35,9 @@ from ..size_classes import cache_slot_counts, class_bytes, merge_close_classes, 
 from ..workload import Workload, ZeroSettings
 from .costs import (allgather_s, backward_host_memory_s, device_step_bytes, device_working_bytes, gathered_bytes,
                     host_resident_bytes, host_step_rise_bytes, init_bytes_per_element_outside_pool,
-                    init_bytes_per_element_pooled, module_compute_s, nvme_space, optimizer_cpu_s,
-                    optimizer_state_bytes_per_element, param_bytes, persistent_keys, reduce_bucket_bytes,
-                    reduce_scatter_s, reduces_to_views, run_time_prior, sub_group_file_bytes)
+                    init_bytes_per_element_pooled, module_compute_s, nvme_space, one_rank_on_a_host_accelerator,
+                    optimizer_cpu_s, optimizer_state_bytes_per_element, param_bytes, persistent_keys,
+                    reduce_bucket_bytes, reduce_scatter_s, reduces_to_views, run_time_prior, sub_group_file_bytes)
 from .results import TENCACHE, Prediction, finish
 from .timeline import STEPS_REPLAYED, Rates, Timeline, channel_rates
 
@@ -237,7 +237,7 @@ def gathers_alias_partitions(workload: Workload, machine: Machine) -> bool:
     ``gathers_alias_partitions``): a gather moves nothing, the device tier is carved out of the host tier, and what it
     keeps stays gathered across the optimizer step, which updates it in place. Elsewhere the tier is emptied at
     every optimizer step (its copies go stale)."""
-    return machine.accelerator_is_host and workload.world_size == 1
+    return one_rank_on_a_host_accelerator(workload, machine)
 
 
 def _device_tier_held_bytes(workload: Workload, plan: TencachePlan) -> int:
