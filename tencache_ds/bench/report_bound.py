@@ -135,16 +135,19 @@ def least_compute(stock_cpu_step: Value, tencache_step: Value, tencache_io_wait:
 
 def _masters_filled(elsewhere: LeastBytes, read: LeastBytes, copied_per_step: Optional[int]) -> LeastBytes:
     """The optimizer's least bytes where a run filled fp32 masters from its parameter partitions (master_copies.py)
-    in its measured steps, some or all of them: ``elsewhere`` owes the drive no master's read, a bound below any
-    set of masters filled; ``read`` owes every one, and since keeping a tensor then saves no more than it can when
-    some are filled, ``read`` less the most bytes a step filled (``copied_per_step``) is a bound too. The larger of
-    the two, field by field (without the bytes per step, ``elsewhere``)."""
+    in its measured steps, some or all of them: ``elsewhere`` owes the drive no master's read nor write (the
+    partitions hold what the update leaves: master_write_behind.py), a bound below any set of masters filled;
+    ``read`` owes every one, and since keeping a tensor then saves no more than it can when some are filled,
+    ``read`` less the most bytes a step filled (``copied_per_step``), once for the reads and once for the writes, is
+    a bound too. The larger of the two, field by field (without the bytes per step, ``elsewhere``)."""
     if copied_per_step is None:
         return elsewhere
     return dataclasses.replace(
         elsewhere, read_bytes=max(elsewhere.read_bytes, read.read_bytes - copied_per_step),
-        total_bytes=max(elsewhere.total_bytes, read.total_bytes - copied_per_step),
-        all_read_bytes=max(elsewhere.all_read_bytes, read.all_read_bytes - copied_per_step))
+        write_bytes=max(elsewhere.write_bytes, read.write_bytes - copied_per_step),
+        total_bytes=max(elsewhere.total_bytes, read.total_bytes - 2 * copied_per_step),
+        all_read_bytes=max(elsewhere.all_read_bytes, read.all_read_bytes - copied_per_step),
+        all_write_bytes=max(elsewhere.all_write_bytes, read.all_write_bytes - copied_per_step))
 
 
 def run_least_bytes(run: BenchRun, warmup_steps: int = 0) -> Tuple[Dict[str, LeastBytes], str]:

@@ -41,8 +41,8 @@ CUTS_TRIED = 8  # besides the step's boundary: the gaps the most bytes span
 class Use:
     """One access: ``reads`` (it needs the bytes there) and ``changes`` (it leaves new bytes). ``read_elsewhere``:
     the bytes it reads come from a copy another store holds (an fp32 master from the parameter partitions:
-    integrations/deepspeed/master_copies.py), so keeping the tensor saves no read; its file is still kept current,
-    so it saves the write."""
+    integrations/deepspeed/master_copies.py), which holds the bytes it leaves too (its file is written only where
+    something needs it: master_write_behind.py), so keeping the tensor saves neither a read nor a write."""
 
     reads: bool
     changes: bool
@@ -123,8 +123,9 @@ def intervals(step: StepProfile, uses: Sequence[Use], changed_between_steps: boo
             crosses_boundary = start >= end
             changed = uses[start].changes or (changed_between_steps and crosses_boundary)
             reads = uses[end].reads
-            read_here = reads and not uses[end].read_elsewhere
-            found.append(_Interval((start + 1) % n, length, sizes[key], int(read_here), int(reads and changed)))
+            here = not uses[end].read_elsewhere
+            found.append(_Interval((start + 1) % n, length, sizes[key], int(reads and here),
+                                   int(reads and changed and here)))
     return found
 
 

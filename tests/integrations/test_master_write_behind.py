@@ -1,7 +1,8 @@
-"""The fp32 masters written from the parameter partitions after the update (integrations/deepspeed/
-master_write_behind.py): what is owed goes to the right offsets of the master's file when started, a settle waits
-only for the masters made of the partitions named, a failed write stops every later settle, and a master owed again
-waits for its last write first. Real files through the real I/O engine; partitions are plain tensors."""
+"""The fp32 masters written from the parameter partitions where something needs their files (integrations/deepspeed/
+master_write_behind.py): what is owed goes to the right offsets of the master's file at a settle and not before, a
+settle waits only for the masters made of the partitions named, a failed write stops every later settle, a swap-in
+that fills a master from its partitions takes its debt over, and a master owed again waits for its last write first.
+Real files through the real I/O engine; partitions are plain tensors."""
 import threading
 from concurrent.futures import Future
 
@@ -72,14 +73,16 @@ def writers(monkeypatch):
         writer.close()
 
 
-def test_an_owed_master_is_written_from_its_partitions_at_their_offsets_when_started(tmp_path, io):
+def test_an_owed_master_is_written_from_its_partitions_at_their_offsets_at_a_settle_and_not_before(tmp_path, io):
     path = str(tmp_path / "master.swp")
     open(path, "wb").write(bytes(4 * 10))  # the old master: zeros
     first, second = torch.arange(4, dtype=torch.float32), torch.arange(10, 16, dtype=torch.float32)
     writes = MasterWriteBehind(Partitions({"g": ([1, 2], [first, second])}), io.write)
     writes.owe("g", path)
+    assert writes.owed_masters == 1
     assert torch.equal(torch.from_file(path, size=10, dtype=torch.float32), torch.zeros(10))  # nothing yet
-    writes.start()
+    settle_owed_masters([3])  # no partition of its: still owed, nothing written
+    assert writes.owed_masters == 1 and writes.masters_written_behind == 0
     writes.settle()
     assert torch.equal(torch.from_file(path, size=10, dtype=torch.float32), torch.cat([first, second]))
     assert (writes.masters_written_behind, writes.bytes_written_behind) == (1, 40)
@@ -129,7 +132,7 @@ def test_a_write_that_cannot_be_issued_leaves_the_file_stale_for_good():
     writes = MasterWriteBehind(Partitions({"g": ([1], [torch.ones(4)])}), refused)
     writes.owe("g", "g.swp")
     with pytest.raises(OSError):
-        writes.start()
+        writes.settle()
     with pytest.raises(OSError):
         writes.settle()
 
@@ -153,20 +156,40 @@ def test_partitions_that_left_memory_before_their_write_started_are_an_error_not
     writes.owe("g", "g.swp")
     partitions.gone.add("g")
     with pytest.raises(RuntimeError, match="left host memory"):
-        writes.start()
+        writes.settle()
+
+
+def test_a_swap_in_filled_from_the_partitions_takes_the_debt_over_and_writes_nothing():
+    engine = HeldWrites()
+    writes = MasterWriteBehind(Partitions({"g": ([1], [torch.ones(4)]), "h": ([2], [torch.ones(4)])}), engine.write)
+    writes.owe("g", "g.swp")
+    assert writes.take_over("g") and not writes.owes_any  # the lent master owes the file now
+    assert not writes.take_over("g") and not writes.take_over("h")  # nothing owed: nothing taken
+    writes.settle()
+    assert engine.issued == [] and writes.masters_written_behind == 0
+    # a master whose partitions left memory with its file behind: every later settle and owe raises
+    assert isinstance(writes.stale_for_good(RuntimeError("behind")), RuntimeError)
+    with pytest.raises(RuntimeError, match="behind"):
+        writes.settle()
+    with pytest.raises(RuntimeError, match="behind"):
+        writes.owe("h", "h.swp")
 
 
 def test_a_master_owed_again_waits_for_its_last_write_first():
     engine = HeldWrites()
     writes = MasterWriteBehind(Partitions({"g": ([1], [torch.ones(4)])}), engine.write)
     writes.owe("g", "g.swp")
-    writes.start()
+    started = threading.Thread(target=writes.settle)  # its write is issued, and held in flight
+    started.start()
+    started.join(timeout=0.5)
+    assert started.is_alive() and len(engine.issued) == 1
     again = threading.Thread(target=writes.owe, args=("g", "g.swp"))
     again.start()
     again.join(timeout=0.5)
     assert again.is_alive()  # the next update's master is not given back over a write still in flight
     engine.gate.set()
     again.join(timeout=5)
+    started.join(timeout=5)
     assert not again.is_alive() and writes.owes_any
     writes.settle()
     assert len(engine.issued) == 2

@@ -1,14 +1,17 @@
-"""The fp32 masters' writes, out of the update. Owns: which sub-groups' master files are owed the bytes their
-parameter partitions hold, writing them from the partitions once the update is over, and waiting for those writes
-(``settle``) wherever a partition could change, or a master file be read, first.
+"""The fp32 masters' writes, kept out of the steps. Owns: which sub-groups' master files are owed the bytes their
+parameter partitions hold, writing them from the partitions only where something needs the file, and waiting for
+those writes (``settle``) wherever a partition could change, or a master file be read, first.
 
 Why: beyond host memory the update is bound by the drive. Each sub-group's master is filled from the parameter
-partitions the host tier holds (master_copies.py), stepped, copied back into them by stage 3, then written to its
-file, and those writes (a third of the update's: 4.75 GiB a step on gpt2-1.3b) share the drive with the reads the
-next sub-groups wait for. After the update the partitions are the new master, bit for bit (master_copies.py), and
-they stay in memory, unchanged, through the next forward and backward, while the drive idles. So the update gives
-the master back without writing it (its slot is free at once), and the file gets the same bytes from the
-partitions when the step has ended (``start``): the same bytes a step, written while nothing waits for them.
+partitions the host tier holds (master_copies.py), stepped, copied back into them by stage 3, and its file written:
+4.75 GiB a step on gpt2-1.3b, a third of the update's writes. After the update the partitions are the new master,
+bit for bit (master_copies.py), and they stay in memory, unchanged, through the next forward and backward, and the
+next update fills the master from them again without reading its file. So nothing reads that file in a step: the
+update gives the master back without writing it (its slot is free at once), and the file gets the bytes only where
+something is about to read it, or to change or give up one of the partitions (``settle``: a checkpoint, an edit of a
+weight, a cache that shrinks, the end of the run). Step after step, while the partitions stay held, the masters cost
+the drive nothing. The next update of an owed master takes the debt over (``take_over``): what it gives back is owed
+again (or written by its store, where the partitions no longer hold it).
 
 When a master is owed: the update gave it back changed, its partitions are a current copy of it (master_copies.py
 ``current``), every one of them is in host memory now (``MasterCopies.partition_views``), and so are all the model's
@@ -18,9 +21,9 @@ one, may evict a partition an owed master is written from, and would wait for th
 The rule that keeps every result stock's: nothing may read an owed master's file, or write or give up the memory of
 one of its partitions, before its write is done. ``settle`` (start what is owed, then wait) runs first at each such
 place:
-- the optimizer swapper: every swap-in (the update, the fragment getters, a master set through the API), a read
-  ahead of a master from its file, the checkpoint save's reads of the master files (checkpoint_save.py) and its and
-  a load's flush, a purge, close;
+- the optimizer swapper: every swap-in that reads the master's file (one whose partitions fill it takes the debt
+  over instead), a read ahead of a master from its file, the checkpoint save's reads of the master files
+  (checkpoint_save.py) and its and a load's flush, a purge, close;
 - the parameter swapper (``settle_owed_masters``): every call that writes a partition or may evict one (a swap-in
   of a partition not held, zero.Init's writes, stage 3's copy of a master, a hand-over to stage 3's buffer), and the
   memory-pressure governor before it shrinks a parameter cache;
@@ -76,7 +79,7 @@ class MasterWriteBehind:
         self._owed: Dict[Hashable, str] = {}             # group -> master file, write not started
         self._writing: Dict[Hashable, List[Future]] = {}  # group -> the writes of its partitions in flight
         self._partitions: Dict[Hashable, frozenset] = {}  # group -> its partitions' ds_ids, while owed or writing
-        self.masters_written_behind = 0  # COUNT: masters written from the partitions after an update
+        self.masters_written_behind = 0  # COUNT: masters written from the partitions (at a settle)
         self.bytes_written_behind = 0    # SUM: their bytes
         self._failed: Optional[BaseException] = None  # a write that failed: its file is stale for good
         with _LIVE_LOCK:
@@ -99,7 +102,7 @@ class MasterWriteBehind:
         with self._lock:
             if self._failed is not None:
                 raise self._failed
-            if group in self._writing:  # written behind after the last update and not waited for: never reordered
+            if group in self._writing:  # a settle's write not waited for: never reordered
                 self._wait(group)
             found = self._partition_views(group)
             if found is None:
@@ -114,12 +117,33 @@ class MasterWriteBehind:
             if self._owed.pop(group, None) is not None:
                 self._partitions.pop(group, None)
 
-    def start(self) -> None:
-        """Start writing every owed master from its partitions (the step has ended: nothing reads them until
-        ``settle``). A partition no longer in memory is a broken rule: raised, never written around."""
+    def take_over(self, group) -> bool:
+        """A swap-in fills ``group``'s master from its partitions (their bytes, without reading the file): the debt
+        goes with what it lends, whose give-back writes or owes the master again (optimizer_swapper.py). True where
+        the master was owed and is no more; a write in flight is waited for first (the partitions change next)."""
         with self._lock:
-            for group in list(self._owed):
-                self._start(group)
+            if self._failed is not None:
+                raise self._failed
+            if group in self._writing:
+                self._wait(group)
+            if self._owed.pop(group, None) is None:
+                return False
+            self._partitions.pop(group, None)
+            return True
+
+    def stale_for_good(self, error: BaseException) -> BaseException:
+        """A master file left behind with nothing to write it from: every later settle and owe raises ``error``
+        (returned, for the caller to raise)."""
+        with self._lock:
+            if self._failed is None:
+                self._failed = error
+            return error
+
+    @property
+    def owed_masters(self) -> int:
+        """GAUGE: masters whose files are behind their partitions now."""
+        with self._lock:
+            return len(self._owed)
 
     def settle(self, groups: Optional[Iterable[Hashable]] = None) -> None:
         """Start what ``groups`` (None: every group) owe and wait for their writes; raises the first failed write's

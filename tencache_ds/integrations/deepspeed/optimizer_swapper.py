@@ -176,10 +176,13 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             # the fp32 masters that the parameter partitions, held by the parameter swapper, hold too: filled from
             # there instead of read (master_copies.py)
             self.master_copies = MasterCopies(stage3, dtype) if stage3 is not None else None
-            # ... and whose files are written from there after the update rather than in it (writing behind, as
-            # the update's other writes; master_write_behind.py)
+            # ... and whose files are written from there only where something needs them, not in the update (as the
+            # update's other writes are written behind it; master_write_behind.py)
             self.master_writes = (MasterWriteBehind(self.master_copies.partition_views, LinkSafeIO(self.io).write)
                                   if self.master_copies is not None and self.writes_behind else None)
+            # sub-groups lent with their master filled from partitions it was owed from: whatever the borrower does,
+            # it goes back as changed (the file is behind it)
+            self._masters_taken_over = set()
             # the backward passes of one optimizer step: stage 3's gradient accumulation (set before it builds its
             # swappers) until a step has counted them (log_timers), which the caller's own boundaries may change
             self._micro_steps = max(1, int(getattr(stage3, "gradient_accumulation_steps", 1) or 1))
@@ -353,18 +356,24 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         if swap_info is None:
             return
         group = OptimizerSwapper.parameter_id(parameter)
-        self.settle_master_writes([group])  # the last update's write of this master: its file, and the partitions
         read_ahead = self._read_ahead.pop(group, ())
-        from_partitions = self._master_in_partitions(group, swap_info.tensors[0].swap_path)
+        from_partitions = self._master_in_partitions(group, swap_info.tensors[0].swap_path) and \
+            swap_info.tensors[0].swap_path not in read_ahead
+        if from_partitions and self.master_writes is not None:
+            # its file is not read: a master owed to it goes with what is lent (master_write_behind.py take_over)
+            if self.master_writes.take_over(group):
+                self._masters_taken_over.add(group)
+        else:
+            self.settle_master_writes([group])  # its file is read, and its partitions change in the update
         if self.master_copies is not None:
             self.master_copies.lent(group)
         keys = self._lent[group] = []  # filled as each is lent: a failed read still gives the others back
         for index, context in enumerate(swap_info.tensors):
             path = context.swap_path
             numel = self._stored_numel(path, swap_info.numel())
-            if index == 0 and from_partitions and path not in read_ahead:  # the first is the master
+            if index == 0 and from_partitions:  # the first is the master
                 self.store.add(path, numel, path)
-                buffer = self.store.lend_copied(path, functools.partial(self.master_copies.fill, group))
+                buffer = self.store.lend_copied(path, functools.partial(self._fill_master, group))
             else:
                 buffer = self._lend(path, numel, read_ahead)
             keys.append(path)
@@ -634,8 +643,6 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         # DeepSpeed calls this at the end of every optimizer step (stage3 _post_step), and once after building
         # the optimizer states, before the first backward: that one is not a training step.
         super().log_timers()
-        if self.master_writes is not None:  # the update is over: the masters it gave back go to their files now
-            self.master_writes.start()
         if not self._profile_looked_up:  # the first call ends initialisation: every sub-group is known
             self._profile_looked_up = True
             # keyed by file name, not path: the same run in another nvme_path has the same profile
@@ -659,10 +666,11 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         # the masters filled from the parameter partitions: the only reads the store serves by a copy
         stats["optimizer_masters_from_partitions"] = self.store.counters.copied
         stats["optimizer_master_bytes_from_partitions"] = self.store.counters.copied_bytes
-        # ... and written from them after the update (master_write_behind.py)
+        # ... written from them where something needed their files, and owed to the files now (master_write_behind.py)
         writes = self.master_writes
         stats["optimizer_masters_written_behind"] = writes.masters_written_behind if writes is not None else 0
         stats["optimizer_master_bytes_written_behind"] = writes.bytes_written_behind if writes is not None else 0
+        stats["optimizer_masters_owed"] = writes.owed_masters if writes is not None else 0
         stats.update({f"optimizer_cache_{key}": value for key, value in self.store.stats().items()})
         stats.update(optimizer_gradient_fragments_remembered=self._gradient_fragments.remembered,
                      optimizer_gradient_fragments_stored=self._gradient_fragments.stored,
@@ -847,20 +855,23 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
     def _return_lent(self, swap_info, lent: set, states_changed: bool, gradient_changed: bool,
                      master_elsewhere: bool) -> None:
         """Give back the entries in ``lent`` of sub-group ``swap_info``: its tensors (the master, the first, with
-        ``master_elsewhere``: the parameter partitions hold it), and its gradient (discarded where it was a copy of
-        fragments stage 3 still holds: nothing to keep or write)."""
+        ``master_elsewhere``: the parameter partitions hold it; changed for its file where it was lent with the
+        debt of an owed master), and its gradient (discarded where it was a copy of fragments stage 3 still holds:
+        nothing to keep or write)."""
         error = None
+        master_owed = swap_info.param_id in self._masters_taken_over
+        self._masters_taken_over.discard(swap_info.param_id)
         for index, context in enumerate(swap_info.tensors):
             if context.swap_path not in lent:
                 continue
-            if index == 0 and master_elsewhere and states_changed:
+            changed = states_changed or (index == 0 and master_owed)
+            if index == 0 and master_elsewhere and changed:
                 try:
                     if self._writes_master_behind(swap_info):
                         continue
                 except Exception as err:  # noqa: BLE001  (the store writes it below; raised once all went back)
                     error = err
-            self.store.release(context.swap_path, changed=states_changed,
-                               copy_elsewhere=master_elsewhere and index == 0)
+            self.store.release(context.swap_path, changed=changed, copy_elsewhere=master_elsewhere and index == 0)
         if swap_info.has_gradients():
             path = self._gradient_path(swap_info)
             if path in lent and self._gradient_fragments.filled_alone(swap_info.param_id):
@@ -872,8 +883,8 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
 
     def _writes_master_behind(self, swap_info) -> bool:
         """Give the sub-group's changed master back unwritten, owed to its file, which the partitions that hold
-        its bytes now fill after the update (master_write_behind.py); False where they are not all in memory, or the
-        store owes the file something else: the caller releases it as changed."""
+        its bytes now fill where something needs it (master_write_behind.py); False where they are not all in memory,
+        or the store owes the file something else: the caller releases it as changed."""
         writes, group, path = self.master_writes, swap_info.param_id, swap_info.tensors[0].swap_path
         # only while the parameter tier holds every partition: where some stream, a swap-in of one or stage 3's copy
         # into one may evict a partition an owed master is written from, and would wait for that write in the update
@@ -883,6 +894,19 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             writes.cancel(group)
             return False
         return True
+
+    def _fill_master(self, group, view) -> bool:
+        """``lend_copied``'s fill of sub-group ``group``'s master from its partitions. Where it cannot and the master
+        was owed, its file is behind: a broken rule (owed partitions leave memory only after a settle), raised rather
+        than read."""
+        if self.master_copies.fill(group, view):
+            return True
+        if group in self._masters_taken_over:
+            self._masters_taken_over.discard(group)  # nothing to write it from: never given back as changed
+            raise self.master_writes.stale_for_good(RuntimeError(
+                f"tencache: the parameter partitions of optimizer sub-group {group} left host memory while its fp32 "
+                f"master's file was behind them"))
+        return False
 
     def settle_master_writes(self, groups=None) -> None:
         """Wait for the masters of ``groups`` (None: all) written behind, starting those still owed: before their

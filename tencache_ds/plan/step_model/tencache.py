@@ -525,7 +525,6 @@ def _tencache_optimizer(workload: Workload, timeline: Timeline, rates: Rates, pl
             if name not in ahead:
                 ahead[name] = timeline.issue("nvme_read", plan.optimizer_io_bytes(name, sizes[name]), name)
 
-    behind = []  # masters filled from the partitions: their files are written from them once the update is over
     for i in range(groups):
         read(i)
         for name in _sub_group_keys(workload.zero, i):
@@ -542,15 +541,10 @@ def _tencache_optimizer(workload: Workload, timeline: Timeline, rates: Rates, pl
             if key in written_params:
                 timeline.issue("nvme_write", param_bytes(workload, key), key)
         for name in _sub_group_keys(workload.zero, i):
-            if name in plan.optimizer_held:
-                continue
-            if _filled_master(workload, plan, i, name):
-                behind.append(name)
-            else:
+            # a master filled from the partitions is owed to its file, which nothing reads in a step: not written
+            # (integrations/deepspeed/master_write_behind.py)
+            if name not in plan.optimizer_held and not _filled_master(workload, plan, i, name):
                 timeline.issue("nvme_write", plan.optimizer_io_bytes(name, sizes[name]), name)
-    # integrations/deepspeed/master_write_behind.py: when the step ends, in the update's order
-    for name in behind:
-        timeline.issue("nvme_write", plan.optimizer_io_bytes(name, sizes[name]), name)
 
 
 def _tencache_memory(workload: Workload, machine: Machine, plan: TencachePlan) -> Dict[str, int]:
