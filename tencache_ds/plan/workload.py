@@ -118,6 +118,9 @@ class ZeroSettings:
     optimizer_buffer_count: int = 4
     optimizer_pin_memory: bool = True
     pipelined_optimizer: bool = False  # pipeline_read or pipeline_write
+    # tencache writes the update's tensors behind it unless pipeline_write is false explicitly (then in it, and
+    # every master too: integrations/deepspeed/optimizer_swapper.py writes_behind)
+    tencache_writes_behind: bool = True
     sub_group_size: int = int(1e9)
     max_reuse_distance: int = int(1e9)
     persistence_threshold: int = int(1e5)
@@ -169,6 +172,7 @@ class ZeroSettings:
             optimizer_buffer_count=number(offload_optimizer, "buffer_count", o, cls.optimizer_buffer_count),
             optimizer_pin_memory=bool(offload_optimizer.get("pin_memory", True)),
             pipelined_optimizer=bool(offload_optimizer.get("pipeline_read") or offload_optimizer.get("pipeline_write")),
+            tencache_writes_behind=bool(offload_optimizer.get("pipeline_write", True)),
             sub_group_size=number(zero, "sub_group_size", z, cls.sub_group_size),
             max_reuse_distance=number(zero, "stage3_max_reuse_distance", z, cls.max_reuse_distance),
             persistence_threshold=number(zero, "stage3_param_persistence_threshold", z, cls.persistence_threshold),

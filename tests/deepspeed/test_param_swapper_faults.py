@@ -1,5 +1,6 @@
 """The parameter swapper on its own (real swapper, real files, DeepSpeed's CPU accelerator): after a failed read,
-and its partition records; and the optimizer swapper after an update that failed on a missing file."""
+and its partition records; and the optimizer swapper after an update that failed on a missing file, and a save
+after one that stopped with a master lent from the partitions its file is behind."""
 import os
 import socket
 import subprocess
@@ -28,6 +29,12 @@ def test_an_update_that_stops_on_a_missing_file_reports_that_file_after_destroy(
     """Defect: the failed update left its sub-group lent, and ``engine.destroy()`` then raised "cannot forget tensor
     ...: it is lent" over the missing file's StaleFileError."""
     run_scenario("optimizer_missing_file.py")
+
+
+def test_a_save_after_an_update_stopped_with_a_master_lent_from_its_partitions_is_refused_with_why():
+    """integrations/deepspeed/optimizer_swapper.py _check_no_master_lent_behind: the master's file is behind the
+    partitions it was filled from, and a save would link it stale (checked: without the check the save goes on)."""
+    run_scenario("owed_master_update_stopped.py")
 
 
 def run_scenario(script):

@@ -135,13 +135,13 @@ REBINDINGS = (
               wraps=True,
               why="with has_been_updated (GatheredParameters with a modifier rank, module.apply under zero.Init, "
                   "the compile fallback) it copies the gathered values into each partition in place: the fp32 "
-                  "masters written from those partitions after the update are written first "
+                  "masters owed to their files from those partitions are written first "
                   "(master_write_behind.py)"),
     Rebinding("deepspeed.runtime.zero.partition_parameters:GatheredParameters", "__enter__",
               "gathering_after_owed_masters", wraps=True,
               why="at one rank on a host accelerator the gathered tensor is the partition itself, which code inside "
-                  "the context may change in place before _partition runs: the fp32 masters written from those "
-                  "partitions after the update are written first (master_write_behind.py)"),
+                  "the context may change in place before _partition runs: the fp32 masters owed to their files "
+                  "from those partitions are written first (master_write_behind.py)"),
     Rebinding(STAGE3, "get_full_hp_param", "reading_full_fragment_before_release", wraps=True,
               why="safe_get_full_fp32_param / _optimizer_state: stage 3 releases the swapped-in sub-group before "
                   "it gathers from its view; the release waits until the getter is done (a streaming slot or held "

@@ -20,9 +20,10 @@ A partition of another dtype (bf16 or fp16 training), or a sub-group whose param
 buffer, is never a copy.
 
 The fill copies each partition from host memory of the parameter swapper's (held, lent, or being written) or from
-the resident tensor; where one is only on file, it reports so and the master's own file is read instead (that file
-is kept current: the master is still written every step, after the update from the partitions where they hold it
-(master_write_behind.py), so checkpoints and every other reader see it).
+the resident tensor; where one is only on file, it reports so and the master's own file is read instead. That file
+is current then: a master is owed to its file, unwritten, only while every partition it is made of is in host
+memory, and written from them before one leaves it or anything reads the file (master_write_behind.py); a fill
+that finds an owed master's partition only on file is a broken rule, raised (optimizer_swapper.py).
 """
 import weakref
 from typing import Optional, Tuple

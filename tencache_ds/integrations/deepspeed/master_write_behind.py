@@ -13,8 +13,8 @@ weight, a cache that shrinks, the end of the run). Step after step, while the pa
 the drive nothing. The next update of an owed master takes the debt over (``take_over``): what it gives back is owed
 again (or written by its store, where the partitions no longer hold it).
 
-When a master is owed: the update gave it back changed, its partitions are a current copy of it (master_copies.py
-``current``), every one of them is in host memory now (``MasterCopies.partition_views``), and so are all the model's
+When a master is owed: a swap-in gave it back changed, or lent it with the debt taken over (a getter's swap-in gives
+it back unchanged, still owed), its partitions are a current copy of it (master_copies.py ``current``), every one of them is in host memory now (``MasterCopies.partition_views``), and so are all the model's
 partitions (the optimizer swapper asks at each give-back: where some stream, a swap-in of one, or stage 3's copy into
 one, may evict a partition an owed master is written from, and would wait for that write in the update).
 

@@ -218,6 +218,8 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         checkpoint (engine.py save_checkpoint) or copies a checkpoint over it (load_checkpoint): under write-back
         the files must hold the newest bytes then, so reading it flushes the changed state first."""
         if not self.closed:
+            if not self._checkpoint_load_pending:  # a save (a load replaces the files)
+                self._check_no_master_lent_behind()
             self.settle_master_writes()
             # Gradients are dead after the step and checkpoints skip their files: a held one stays dirty.
             self.store.flush(skip=self._gradient_keys().__contains__)
@@ -373,7 +375,11 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             numel = self._stored_numel(path, swap_info.numel())
             if index == 0 and from_partitions:  # the first is the master
                 self.store.add(path, numel, path)
-                buffer = self.store.lend_copied(path, functools.partial(self._fill_master, group))
+                try:
+                    buffer = self.store.lend_copied(path, functools.partial(self._fill_master, group))
+                except BaseException:
+                    self._owed_again_unlent(group, path)
+                    raise
             else:
                 buffer = self._lend(path, numel, read_ahead)
             keys.append(path)
@@ -493,7 +499,9 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             return
         try:
             # a swap-in or update that failed (a missing file, say) left its sub-group lent: given back unchanged,
-            # so that the error the run stopped on is the one the user sees, not "cannot forget tensor ... lent"
+            # so that the error the run stopped on is the one the user sees, not "cannot forget tensor ... lent" (a
+            # master lent with its file's debt is written from the lent buffer: the filled master, or, where the
+            # update stopped inside Adam, a partly stepped one; the file had no current bytes either way)
             for group, keys in self._lent.items():
                 self._return_lent(self.swap_params_info[group], set(keys), False, False, master_elsewhere=False)
             self._lent = {}
@@ -895,6 +903,26 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             return False
         return True
 
+    def _owed_again_unlent(self, group, path: str) -> None:
+        """The master of ``group`` was not lent after all (its lend failed): a debt it took over goes back to the
+        writer (its partitions are as they were), or, where they no longer are all in memory, the file stays behind
+        for good (raised at every later settle) rather than be read or linked stale."""
+        if group not in self._masters_taken_over:
+            return
+        self._masters_taken_over.discard(group)
+        if not self.master_writes.owe(group, path):
+            self.master_writes.stale_for_good(RuntimeError(
+                f"tencache: optimizer sub-group {group}'s fp32 master was not lent, and its partitions left host "
+                f"memory before its file ({path}) was written from them"))
+
+    def _check_no_master_lent_behind(self) -> None:
+        """A save reads and links the swap files between steps: a master lent with its file's debt (a swap-in, an
+        update that stopped) has no current file. Raised, as the store does for its lent changed tensors."""
+        behind = sorted(str(group) for group in self._masters_taken_over if group in self._lent)
+        if behind:
+            raise RuntimeError(f"tencache: cannot save while optimizer sub-groups {behind[:5]} are swapped in with "
+                               f"their fp32 masters' files behind them (a checkpoint is taken between steps)")
+
     def _fill_master(self, group, view) -> bool:
         """``lend_copied``'s fill of sub-group ``group``'s master from its partitions. Where it cannot and the master
         was owed, its file is behind: a broken rule (owed partitions leave memory only after a settle), raised rather
@@ -909,8 +937,8 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         return False
 
     def settle_master_writes(self, groups=None) -> None:
-        """Wait for the masters of ``groups`` (None: all) written behind, starting those still owed: before their
-        files are read or replaced other than through a swap-in (checkpoint_save.py reads them directly)."""
+        """Write the masters ``groups`` (None: all) owe their files from the partitions, and wait: before those files
+        are read or replaced other than through a swap-in that fills them (checkpoint_save.py reads them directly)."""
         writes = getattr(self, "master_writes", None)  # (None until __init__ made it)
         if writes is not None:
             writes.settle(groups)
@@ -937,7 +965,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         paths = [context.swap_path for context in swap_info.tensors]
         if self._master_in_partitions(swap_info.param_id, paths[0]):
             return paths[1:]
-        self.settle_master_writes([swap_info.param_id])  # its file is read: the bytes written behind first
+        self.settle_master_writes([swap_info.param_id])  # its file is read: what the partitions owe it first
         return paths
 
     def _master_in_partitions(self, group, path) -> bool:

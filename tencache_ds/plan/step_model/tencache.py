@@ -542,8 +542,9 @@ def _tencache_optimizer(workload: Workload, timeline: Timeline, rates: Rates, pl
                 timeline.issue("nvme_write", param_bytes(workload, key), key)
         for name in _sub_group_keys(workload.zero, i):
             # a master filled from the partitions is owed to its file, which nothing reads in a step: not written
-            # (integrations/deepspeed/master_write_behind.py)
-            if name not in plan.optimizer_held and not _filled_master(workload, plan, i, name):
+            # (integrations/deepspeed/master_write_behind.py; with pipeline_write off the update writes it)
+            owed = workload.zero.tencache_writes_behind and _filled_master(workload, plan, i, name)
+            if name not in plan.optimizer_held and not owed:
                 timeline.issue("nvme_write", plan.optimizer_io_bytes(name, sizes[name]), name)
 
 
