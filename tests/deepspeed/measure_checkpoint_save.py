@@ -3,8 +3,9 @@ WARMUP steps, then saves twice with one step between (the first save, and one in
 line: for each save its wall time, the time until the checkpoint is on disk (os.sync), the bytes this process wrote
 (/proc/self/io write_bytes: O_DIRECT and buffered), the bytes the checkpoint holds (each inode once; blocks a file
 shares with another by reflink are counted in both), and under tencache the bytes each swapper wrote during the save
-(the flush of what the host tier owes its files) and, where the file system clones, the ZeRO file's bytes shared
-with the swap files and written.
+(the flush of what the host tier owes its files; of it, the fp32 masters owed to their files, and how many were
+owed before the save) and, where the file system clones, the ZeRO file's bytes shared with the swap files and
+written.
 
     python tests/deepspeed/measure_checkpoint_save.py stock|tencache MODEL NVME_DIR CKPT_DIR [HOST_CACHE_BYTES|auto]
         [SUB_GROUP_SIZE|-] [DS_CONFIG]
@@ -23,7 +24,9 @@ sys.path.insert(0, os.path.join(REPO, "scripts"))
 import train  # noqa: E402
 import deepspeed  # noqa: E402
 
-WARMUP = 2
+# steps before the first save (CHECKPOINT_SAVE_WARMUP; 3 or more for a first save under tencache with fp32 masters
+# owed to their files, which starts at the third step: integrations/deepspeed/master_write_behind.py)
+WARMUP = int(os.environ.get("CHECKPOINT_SAVE_WARMUP", "2"))
 
 
 def written_bytes():
@@ -60,8 +63,10 @@ def main(mode, model, nvme, checkpoint, host_cache_bytes="auto", sub_group_size=
     module, _keepalive = train.build_model("zero", model_cfg, cfg)
     engine, *_ = deepspeed.initialize(model=module, model_parameters=module.parameters(), config=cfg)
     stream = train.synthetic_batches(model_cfg.vocab_size, cfg["train_micro_batch_size_per_gpu"], 64, 1234)
+    owed = []  # tencache: fp32 masters owed to their files after each warm-up step
     for _ in range(WARMUP):
         train.train_step(engine, stream, 1)
+        owed.append((train.plugin_stats(engine) or {}).get("optimizer_masters_owed"))
     saves = []
     for number in range(2):
         tag = f"save{number}"
@@ -76,9 +81,12 @@ def main(mode, model, nvme, checkpoint, host_cache_bytes="auto", sub_group_size=
                       "written_bytes": written_bytes() - before,
                       "checkpoint_bytes": checkpoint_bytes(os.path.join(checkpoint, tag))})
         stats_after = train.plugin_stats(engine) or {}
-        for key in ("optimizer_nvme_write_bytes", "param_nvme_write_bytes"):  # tencache's flush, by swapper
+        for key in ("optimizer_nvme_write_bytes", "param_nvme_write_bytes",  # tencache's flush, by swapper
+                    "optimizer_master_bytes_written_behind"):  # ... of it, masters owed to their files
             if key in stats_after:
                 saves[-1][key] = stats_after[key] - stats_before.get(key, 0)
+        if "optimizer_masters_owed" in stats_before:  # masters whose files were behind their partitions
+            saves[-1]["optimizer_masters_owed_before"] = stats_before["optimizer_masters_owed"]
         shared = getattr(getattr(engine.optimizer, "optimizer_swapper", None), "last_zero_file_save", None)
         if shared is not None:  # the ZeRO file's masters shared with the swap files (a file system that clones)
             saves[-1]["zero_file_shared_bytes"] = shared.cloned_bytes
@@ -88,7 +96,8 @@ def main(mode, model, nvme, checkpoint, host_cache_bytes="auto", sub_group_size=
         raise SystemExit("tencache mode, but the engine runs stock DeepSpeed's swappers")
     print("RESULT " + json.dumps({"mode": mode, "model": model, "host_cache_bytes": host_cache_bytes,
                                   "sub_group_size": sub_group_size,
-                                  "params": train.count_params(engine.module), "saves": saves}), flush=True)
+                                  "params": train.count_params(engine.module), "warmup_masters_owed": owed,
+                                  "saves": saves}), flush=True)
 
 
 if __name__ == "__main__":

@@ -228,7 +228,7 @@ def device_working_bytes(workload: Workload, host_accelerator: bool) -> int:
             + persistent + not_offloaded)
 
 
-def device_step_bytes(workload: Workload, host_accelerator: bool) -> int:
+def device_step_bytes(workload: Workload, host_accelerator: bool, reduce_views: bool = False) -> int:
     """The part of ``device_working_bytes`` that a step needs beyond what lies between steps (the gradient bucket
     among it), the larger of two moments:
 
@@ -239,6 +239,12 @@ def device_step_bytes(workload: Workload, host_accelerator: bool) -> int:
       buffer; on a GPU once, the model's figure before 2026-11-29, which no GPU run has checked), and, where the
       bucket fills before the backward ends, the two gathered modules around it.
 
+    ``reduce_views``: the reduce is handed views of the bucket (``reduces_to_views``: tencache at one rank on a host
+    accelerator, integrations/deepspeed/one_rank_reduce.py), and takes no memory of its own: the first moment
+    alone. gpt2-1.3b then rose 0.44-0.52 GiB a step (this gives 0.73 GiB); with the reduce's buffers it rose 4 GiB.
+    What a step rises is still the reduce's for the governor's reserve (``host_step_rise_bytes``), which keeps
+    counting them (plan/memory_pressure.py ``kept_rise_bytes``); this is what the step holds.
+
     Until 2026-11-29 (twenty-fourth session) the bucket was counted here, in the step, and not between steps: on
     a host accelerator, where the first backward makes it resident and it stays (gpt2-1.3b's first backward rose
     5.9 GiB, each later one 4.0), the model's peak was short of it.
@@ -246,6 +252,8 @@ def device_step_bytes(workload: Workload, host_accelerator: bool) -> int:
     zero, elem = workload.zero, workload.zero.element_bytes
     largest_module = _largest_module_bytes(workload)
     working = 2 * largest_module + zero.prefetch_bucket_size * elem + _activation_bytes(workload)
+    if reduce_views and host_accelerator:
+        return working
     fill = reduce_bucket_bytes(workload, host_accelerator=True)
     reducing = run_time_prior(workload, host_accelerator=True, update=False).rise_bytes - \
         (0 if host_accelerator else fill)

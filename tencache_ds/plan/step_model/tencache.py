@@ -575,6 +575,8 @@ def _memory_with(workload: Workload, machine: Machine, plan: TencachePlan, param
     on_host = common["device_on_host"]
     if stepping and machine.accelerator_is_host and not gathers_alias_partitions(workload, machine):
         on_host += _device_tier_held_bytes(workload, plan)  # gathered copies of their own, in host memory
+    if stepping and reduces_to_views(workload, machine):  # the reduce's buffers are not taken (one_rank_reduce.py)
+        on_host -= device_step_bytes(workload, True) - device_step_bytes(workload, True, reduce_views=True)
     if not stepping and machine.accelerator_is_host:  # nor the gradient bucket, untouched until a backward
         on_host -= device_step_bytes(workload, host_accelerator=True) + reduce_bucket_bytes(workload, True)
     pageable = common["baseline"] + on_host + (0 if plan.param_slots_locked else slots)
