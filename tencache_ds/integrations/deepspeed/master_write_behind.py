@@ -14,9 +14,10 @@ the drive nothing. The next update of an owed master takes the debt over (``take
 again (or written by its store, where the partitions no longer hold it).
 
 When a master is owed: a swap-in gave it back changed, or lent it with the debt taken over (a getter's swap-in gives
-it back unchanged, still owed), its partitions are a current copy of it (master_copies.py ``current``), every one of them is in host memory now (``MasterCopies.partition_views``), and so are all the model's
-partitions (the optimizer swapper asks at each give-back: where some stream, a swap-in of one, or stage 3's copy into
-one, may evict a partition an owed master is written from, and would wait for that write in the update).
+it back unchanged, still owed), its partitions are a current copy of it (master_copies.py ``current``), every one of
+them is in host memory now (``MasterCopies.partition_views``), and so are all the model's partitions (the optimizer
+swapper asks at each give-back: where some stream, a swap-in of one, or stage 3's copy into one, may evict a
+partition an owed master is written from, and would wait for that write in the update).
 
 The rule that keeps every result stock's: nothing may read an owed master's file, or write or give up the memory of
 one of its partitions, before its write is done. ``settle`` (start what is owed, then wait) runs first at each such
