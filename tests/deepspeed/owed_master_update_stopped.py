@@ -1,9 +1,10 @@
 """An update that stops after its fp32 master was filled from the parameter partitions it was owed from
 (integrations/deepspeed/master_write_behind.py: the master's file is behind them, the debt went with the lent
-master), then a checkpoint save: refused with an error that says why, never a checkpoint that links the stale
-master file. The update stops on the moments' files moved away (put back before the save). gpt2-tiny in fp32 with
-every parameter partition held and the optimizer state streamed (as in test_master_copies.py), one rank,
-DeepSpeed's CPU accelerator; prints OK or raises. ``python owed_master_update_stopped.py PORT``"""
+master), then a checkpoint save: refused with an error that says why before any of its files is written, never a
+checkpoint that links the stale master file. The update stops on the moments' files moved away (put back before
+the save). gpt2-tiny in fp32 with every parameter partition held and the optimizer state streamed (as in
+test_master_copies.py), one rank, DeepSpeed's CPU accelerator; prints OK or raises.
+``python owed_master_update_stopped.py PORT``"""
 import glob
 import json
 import os
@@ -53,6 +54,7 @@ with tempfile.TemporaryDirectory() as nvme, tempfile.TemporaryDirectory() as che
         raise AssertionError("saved with a master's file behind its lent master")
     except RuntimeError as err:
         assert "masters' files behind them" in str(err), err
+    assert not os.path.exists(os.path.join(checkpoints, "stopped")), os.listdir(checkpoints)  # refused at its start
     try:
         engine.destroy()
     except StaleFileError:  # the reads ahead of the moved files: the error the run stopped on, again

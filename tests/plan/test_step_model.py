@@ -390,11 +390,11 @@ def test_a_budget_the_step_leaves_no_room_for_is_given_back_optimizer_state_firs
     2026-11-29 (twenty-fourth session) the first two steps ran with it: the estimate said "does not fit", and in a
     16.5 GiB container the run was killed in its first backward where stock trains. Since then the governor's
     first reading, before any step, gives back with the rise assumed (plan/memory_pressure.py ``RisePrior``):
-    it fits, and trains there (docs/reliability.md). With 13 GiB tencache "auto" fits where stock does not: its reduce
-    takes views (one_rank_reduce.py), so its steps hold no reduce buffers; measured in a 13 GiB container,
-    `"auto"` gave its whole tier back and trained at a peak of 12.08 GiB with stock's losses, and stock NVMe was
-    killed by the kernel in its first step (docs/bench/gpt2-1.3b-auto-13GiB-container). With 12 GiB neither fits
-    (not run: that peak is above it)."""
+    it fits, and trains there (docs/reliability.md). With 13 GiB tencache "auto" fits where stock does not: its
+    reduce takes views (one_rank_reduce.py), so its steps hold no reduce buffers; measured in a 13 GiB container,
+    `"auto"` gave its tier back (to 128 MiB, then 0) and trained at a peak of 12.08 GiB with stock's losses, and
+    stock NVMe was killed by the kernel in its first step (docs/bench/gpt2-1.3b-auto-13GiB-container). With 12 GiB
+    neither fits (not run: that peak is above it)."""
     config = ds_config("stock-nvme-beyond-ram.json", host_cache_bytes=budget)
     work = workload("gpt2-1.3b", config=config, micro_batch=1, seq=32)
     machine = this_vm(host_available_bytes=19 * GIB)
@@ -1141,6 +1141,7 @@ def test_an_update_fills_fp32_masters_from_held_partitions_and_reads_only_the_re
     prediction = predict(work, this_vm())[TENCACHE]
     assert prediction.nvme_read_bytes == sum(moved.values()) - filled * sum(moved[key] for key in masters)
     assert prediction.nvme_write_bytes == sum(moved.values()) - filled * sum(moved[key] for key in masters)
-    # with pipeline_write off the update writes every tensor it gives back, the masters too (no debt)
+    # with pipeline_write off the update writes every master it streams too (no debt; its held tensors as well,
+    # which the model does not count)
     config["zero_optimization"]["offload_optimizer"]["pipeline_write"] = False
     assert predict(workload(config=config), this_vm())[TENCACHE].nvme_write_bytes == sum(moved.values())

@@ -275,6 +275,8 @@ def swap_files_linked(method, direction: str):
         swapper = getattr(getattr(self, "optimizer", None), "optimizer_swapper", None)
         if not isinstance(swapper, TencacheOptimizerSwapper):
             return method(self, *args, **kwargs)
+        if direction == "save":  # before the engine writes any file of the checkpoint
+            swapper.check_no_master_lent_behind()
         with _copytree_linking(swapper, direction):
             return method(self, *args, **kwargs)
 

@@ -218,8 +218,8 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         checkpoint (engine.py save_checkpoint) or copies a checkpoint over it (load_checkpoint): under write-back
         the files must hold the newest bytes then, so reading it flushes the changed state first."""
         if not self.closed:
-            if not self._checkpoint_load_pending:  # a save (a load replaces the files)
-                self._check_no_master_lent_behind()
+            if not self._checkpoint_load_pending:  # a save (a load replaces the files); checked at its start too
+                self.check_no_master_lent_behind()
             self.settle_master_writes()
             # Gradients are dead after the step and checkpoints skip their files: a held one stays dirty.
             self.store.flush(skip=self._gradient_keys().__contains__)
@@ -361,25 +361,29 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         read_ahead = self._read_ahead.pop(group, ())
         from_partitions = self._master_in_partitions(group, swap_info.tensors[0].swap_path) and \
             swap_info.tensors[0].swap_path not in read_ahead
+        master_path = swap_info.tensors[0].swap_path
         if from_partitions and self.master_writes is not None:
             # its file is not read: a master owed to it goes with what is lent (master_write_behind.py take_over)
             if self.master_writes.take_over(group):
                 self._masters_taken_over.add(group)
         else:
             self.settle_master_writes([group])  # its file is read, and its partitions change in the update
-        if self.master_copies is not None:
-            self.master_copies.lent(group)
+        try:
+            if self.master_copies is not None:
+                self.master_copies.lent(group)
+            if from_partitions:
+                numel = self._stored_numel(master_path, swap_info.numel())
+                self.store.add(master_path, numel, master_path)
+                master = self.store.lend_copied(master_path, functools.partial(self._fill_master, group))
+        except BaseException:
+            self._owed_again_unlent(group, master_path)
+            raise
         keys = self._lent[group] = []  # filled as each is lent: a failed read still gives the others back
         for index, context in enumerate(swap_info.tensors):
             path = context.swap_path
             numel = self._stored_numel(path, swap_info.numel())
-            if index == 0 and from_partitions:  # the first is the master
-                self.store.add(path, numel, path)
-                try:
-                    buffer = self.store.lend_copied(path, functools.partial(self._fill_master, group))
-                except BaseException:
-                    self._owed_again_unlent(group, path)
-                    raise
+            if index == 0 and from_partitions:  # the first is the master, lent above
+                buffer = master
             else:
                 buffer = self._lend(path, numel, read_ahead)
             keys.append(path)
@@ -500,10 +504,12 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         try:
             # a swap-in or update that failed (a missing file, say) left its sub-group lent: given back unchanged,
             # so that the error the run stopped on is the one the user sees, not "cannot forget tensor ... lent" (a
-            # master lent with its file's debt is written from the lent buffer: the filled master, or, where the
-            # update stopped inside Adam, a partly stepped one; the file had no current bytes either way)
+            # master lent with its file's debt owes it again from the partitions, as it was before that update:
+            # not the lent buffer, which Adam may have stepped part of)
             for group, keys in self._lent.items():
-                self._return_lent(self.swap_params_info[group], set(keys), False, False, master_elsewhere=False)
+                info = self.swap_params_info[group]
+                self._owed_again_unlent(group, info.tensors[0].swap_path)
+                self._return_lent(info, set(keys), False, False, master_elsewhere=False)
             self._lent = {}
             self._release_read_ahead()
             failure = None
@@ -904,18 +910,24 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         return True
 
     def _owed_again_unlent(self, group, path: str) -> None:
-        """The master of ``group`` was not lent after all (its lend failed): a debt it took over goes back to the
-        writer (its partitions are as they were), or, where they no longer are all in memory, the file stays behind
-        for good (raised at every later settle) rather than be read or linked stale."""
+        """The debt ``group``'s master took over goes back to the writer: its lend failed, or the swapper closes
+        with it lent (an update that stopped: the partitions still hold the master as it was before that update,
+        which its moments' files hold too). Where they are not all in memory any more, the file stays behind for
+        good (raised at every later settle) rather than be read or linked stale. Never raises itself: the error
+        being handled is the one the caller raises."""
         if group not in self._masters_taken_over:
             return
         self._masters_taken_over.discard(group)
-        if not self.master_writes.owe(group, path):
+        try:
+            owed = self.master_copies.all_partitions_held() and self.master_writes.owe(group, path)
+        except Exception:  # noqa: BLE001  (a writer that failed before: it raises at every later settle)
+            return
+        if not owed:
             self.master_writes.stale_for_good(RuntimeError(
-                f"tencache: optimizer sub-group {group}'s fp32 master was not lent, and its partitions left host "
-                f"memory before its file ({path}) was written from them"))
+                f"tencache: optimizer sub-group {group}'s fp32 master was not given back, and its partitions left "
+                f"host memory before its file ({path}) was written from them"))
 
-    def _check_no_master_lent_behind(self) -> None:
+    def check_no_master_lent_behind(self) -> None:
         """A save reads and links the swap files between steps: a master lent with its file's debt (a swap-in, an
         update that stopped) has no current file. Raised, as the store does for its lent changed tensors."""
         behind = sorted(str(group) for group in self._masters_taken_over if group in self._lent)

@@ -254,8 +254,9 @@ def _optimizer_streaming_bytes(workload: Workload) -> int:
     """The slots optimizer state that is not kept streams through (OptimizerStore.least_host_footprint_bytes): a
     sub-group's four tensors, and with more than one sub-group the next one's read ahead and the last one's written
     behind, at most the slots there are (``offload_optimizer.buffer_count``, at least 8). A config that turns
-    ``pipeline_read`` or ``pipeline_write`` off explicitly takes fewer at run time; the model does not tell that
-    from unset (both on) and errs high."""
+    ``pipeline_read`` or ``pipeline_write`` off explicitly takes fewer at run time; the slots here do not tell that
+    from unset (both on) and err high (``tencache_writes_behind`` tells pipeline_write off apart for the masters'
+    writes only)."""
     zero = workload.zero
     largest = zero.swap_nbytes(workload.largest_sub_group_elements, zero.precision.master_bytes)
     several = len(workload.sub_groups) > 1
@@ -542,7 +543,8 @@ def _tencache_optimizer(workload: Workload, timeline: Timeline, rates: Rates, pl
                 timeline.issue("nvme_write", param_bytes(workload, key), key)
         for name in _sub_group_keys(workload.zero, i):
             # a master filled from the partitions is owed to its file, which nothing reads in a step: not written
-            # (integrations/deepspeed/master_write_behind.py; with pipeline_write off the update writes it)
+            # (integrations/deepspeed/master_write_behind.py; with pipeline_write off the update writes it, and its
+            # held tensors too, which this does not count)
             owed = workload.zero.tencache_writes_behind and _filled_master(workload, plan, i, name)
             if name not in plan.optimizer_held and not owed:
                 timeline.issue("nvme_write", plan.optimizer_io_bytes(name, sizes[name]), name)
