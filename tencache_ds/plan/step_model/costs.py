@@ -241,7 +241,7 @@ def device_step_bytes(workload: Workload, host_accelerator: bool, reduce_views: 
 
     ``reduce_views``: the reduce is handed views of the bucket (``reduces_to_views``: tencache at one rank on a host
     accelerator, integrations/deepspeed/one_rank_reduce.py), and takes no memory of its own: the first moment
-    alone. gpt2-1.3b then rose 0.44-0.52 GiB a step (this gives 0.73 GiB); with the reduce's buffers it rose 4 GiB.
+    alone. gpt2-1.3b then rose 0.44-0.52 GiB a step (this gives 0.79 GiB); with the reduce's buffers it rose 4 GiB.
     What a step rises is still the reduce's for the governor's reserve (``host_step_rise_bytes``), which keeps
     counting them (plan/memory_pressure.py ``kept_rise_bytes``); this is what the step holds.
 
