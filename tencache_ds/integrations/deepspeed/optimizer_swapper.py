@@ -506,26 +506,33 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             # so that the error the run stopped on is the one the user sees, not "cannot forget tensor ... lent" (a
             # master lent with its file's debt owes it again from the partitions, as it was before that update:
             # not the lent buffer, which Adam may have stepped part of)
+            failures = []
+
+            def attempt(step, *args):
+                """Each step of closing runs whatever the ones before raised: an error (the missing file a read
+                ahead met, a failed write) is raised once the buffers, arena and I/O threads are given back."""
+                try:
+                    step(*args)
+                except Exception as err:  # noqa: BLE001  (the first is raised at the end)
+                    failures.append(err)
+
             for group, keys in self._lent.items():
                 info = self.swap_params_info[group]
-                self._owed_again_unlent(group, info.tensors[0].swap_path)
-                self._return_lent(info, set(keys), False, False, master_elsewhere=False)
+                attempt(self._owed_again_unlent, group, info.tensors[0].swap_path)
+                attempt(self._return_lent, info, set(keys), False, False, False)
             self._lent = {}
-            self._release_read_ahead()
-            failure = None
+            attempt(self._release_read_ahead)
             if getattr(self, "master_writes", None) is not None:
-                try:
-                    self.master_writes.close()
-                except Exception as err:  # noqa: BLE001  (raised once the rest is closed)
-                    failure = err
-            self.store.flush()
-            self.store.close()  # its buffers, then the streaming slots' arena
+                attempt(self.master_writes.close)
+            attempt(self.store.flush)
+            attempt(self.store.close)  # its buffers, then the streaming slots' arena
             # its files still shared with a checkpoint: no later writer may reach it (another engine's stay: owns_file)
-            unshare_folder(self._folder, self.owns_file)
-            self.drop_staged_loads()  # a checkpoint's files a load that stopped left hidden: no later run wants them
-            self.io.close()
-            if failure is not None:
-                raise failure
+            attempt(unshare_folder, self._folder, self.owns_file)
+            # a checkpoint's files a load that stopped left hidden: no later run wants them
+            attempt(self.drop_staged_loads)
+            attempt(self.io.close)
+            if failures:
+                raise failures[0]
         finally:
             folder_lock.let_go(self._folder_key)
             self.closed = True
@@ -1005,10 +1012,17 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             self.master_copies.forget_all()
 
     def _release_read_ahead(self) -> None:
-        for paths in self._read_ahead.values():
+        """Give back every read started ahead; one that failed (its file missing, say) is raised after the rest."""
+        read_ahead, self._read_ahead = self._read_ahead, {}
+        failure = None
+        for paths in read_ahead.values():
             for path in paths:
-                self.store.release(path)
-        self._read_ahead = {}
+                try:
+                    self.store.release(path)
+                except Exception as err:  # noqa: BLE001  (raised once all are given back)
+                    failure = failure or err
+        if failure is not None:
+            raise failure
 
 
 @dataclasses.dataclass
