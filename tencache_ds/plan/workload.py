@@ -9,6 +9,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from ..config import TencacheConfig, config_of_ds_dict
 from ..errors import TencacheConfigError
+from .host_tier import optimizer_pipelining
 from .model_shapes import ModelShape
 
 MIB = 1 << 20
@@ -33,6 +34,20 @@ def gradient_accumulation_bytes(ds_config: Mapping[str, Any], source: str = "ds_
         raise TencacheConfigError(f"{source}: data_types.grad_accum_dtype must be one of fp32, fp16 or bf16, got "
                                   f"{named!r}")
     return _DTYPE_NAME_BYTES[str(named)]
+
+
+def communication_bytes(ds_config: Mapping[str, Any], source: str = "ds_config") -> int:
+    """The element size stage 3 reduces gradients in (engine.communication_data_type): ``communication_data_type``
+    (DeepSpeed lowercases it: fp32, fp16 or bf16), else the model's (fp16 or bf16: 2, fp32: 4). Its gradient
+    bucket (``ipg_buckets``) is allocated in it, and the reduce exchanges it. The one reader of that fact."""
+    named = ds_config.get("communication_data_type")
+    if named is None:
+        half = any((ds_config.get(key) or {}).get("enabled") for key in ("fp16", "bf16", "bfloat16"))
+        return 2 if half else 4
+    if not isinstance(named, str) or named.lower() not in ("fp32", "fp16", "bf16"):
+        raise TencacheConfigError(f"{source}: communication_data_type must be one of fp32, fp16 or bf16, got "
+                                  f"{named!r}")
+    return _DTYPE_NAME_BYTES[named.lower()]
 
 
 # The config's optimizer types DeepSpeed builds as DeepSpeedCPUAdam when the optimizer is offloaded (engine.py,
@@ -119,7 +134,7 @@ class ZeroSettings:
     optimizer_pin_memory: bool = True
     pipelined_optimizer: bool = False  # pipeline_read or pipeline_write
     # tencache writes the update's tensors behind it unless pipeline_write is false explicitly (then in it, and
-    # every master too: integrations/deepspeed/optimizer_swapper.py writes_behind)
+    # every master too: plan/host_tier.py optimizer_pipelining)
     tencache_writes_behind: bool = True
     sub_group_size: int = int(1e9)
     max_reuse_distance: int = int(1e9)
@@ -130,6 +145,7 @@ class ZeroSettings:
     aio_intra_op: int = 1
     element_bytes: int = 2             # bf16/fp16 on, else fp32
     grad_accum_bytes: int = 2          # data_types.grad_accum_dtype's element size, else element_bytes
+    comm_element_bytes: int = 2        # communication_data_type's element size, else element_bytes
     precision: OptimizerPrecision = OptimizerPrecision()  # the masters' and optimizer state's element sizes
     tencache: Optional[TencacheConfig] = None  # an enabled "tencache" block, else None
 
@@ -172,7 +188,7 @@ class ZeroSettings:
             optimizer_buffer_count=number(offload_optimizer, "buffer_count", o, cls.optimizer_buffer_count),
             optimizer_pin_memory=bool(offload_optimizer.get("pin_memory", True)),
             pipelined_optimizer=bool(offload_optimizer.get("pipeline_read") or offload_optimizer.get("pipeline_write")),
-            tencache_writes_behind=bool(offload_optimizer.get("pipeline_write", True)),
+            tencache_writes_behind=optimizer_pipelining(offload_optimizer)[1],
             sub_group_size=number(zero, "sub_group_size", z, cls.sub_group_size),
             max_reuse_distance=number(zero, "stage3_max_reuse_distance", z, cls.max_reuse_distance),
             persistence_threshold=number(zero, "stage3_param_persistence_threshold", z, cls.persistence_threshold),
@@ -182,6 +198,7 @@ class ZeroSettings:
             aio_intra_op=max(1, number(aio, "intra_op_parallelism", "aio", cls.aio_intra_op)),
             element_bytes=2 if half else 4,
             grad_accum_bytes=gradient_accumulation_bytes(ds_config, source),
+            comm_element_bytes=communication_bytes(ds_config, source),
             precision=optimizer_precision(ds_config),
             tencache=config if config.enabled else None)
 

@@ -128,6 +128,30 @@ def test_an_entry_on_file_is_lent_from_another_copy_of_its_bytes_without_a_read(
     store.close()
 
 
+def test_a_fill_that_raises_leaves_the_entry_on_file_with_its_buffer_given_back(tmp_path, io):
+    """lend_copied whose filler raises (the optimizer's, where an owed master's partitions left memory: a broken
+    rule, optimizer_swapper._fill_master): the error reaches the caller, the buffer it took goes back, the entry is
+    on file as before (nothing lent, nothing to write), and a later lend reads its file's bytes."""
+    store = make(tmp_path, io, budget_bytes=0)
+    put(store, tmp_path, "m", 3.0)
+    store.wait_writes()
+    in_use = {key: store.source.pool.stats()[key] for key in ("in_use_bytes", "pageable_bytes_in_use")}
+
+    def fill(view):
+        view.fill_(7.0)  # half done, then the failure: these bytes must not be lent or written
+        raise RuntimeError("partitions gone")
+
+    with pytest.raises(RuntimeError, match="partitions gone"):
+        store.lend_copied("m", fill)
+    store.check_invariants()  # an entry on file holds no buffer
+    assert store.state("m") == EntryState.ON_FILE
+    assert {key: store.source.pool.stats()[key] for key in in_use} == in_use
+    assert torch.all(store.lend("m") == 3.0)
+    store.release("m")
+    assert store.state("m") == EntryState.ON_FILE
+    store.close()
+
+
 def test_masters_filled_from_elsewhere_leave_the_held_room_to_the_moments(tmp_path, io):
     """The optimizer's pattern in fp32 training (integrations/deepspeed/master_copies.py): per sub-group a master
     (p), filled from the parameter partitions once stage 3 has copied it there, and two moments (m, v), read

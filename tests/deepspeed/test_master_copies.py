@@ -2,6 +2,7 @@
 in fp32 whose parameter partitions the host tier holds, and whose optimizer state it cannot hold, reads no master
 from its file in steady state, and trains with stock's bits. Real engine, real files; the reference never imported
 tencache_ds."""
+import json
 import os
 
 import pytest
@@ -9,6 +10,8 @@ import pytest
 from test_parity import assert_identical, assert_same_bits
 
 pytestmark = pytest.mark.deepspeed
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # gpt2-tiny in fp32: 61 MB of parameter partitions, 182 MB of masters and moments in 6 swapped sub-groups; 100 MB of
 # host tier holds the partitions and a few of the optimizer's tensors
@@ -40,6 +43,23 @@ def test_masters_filled_from_held_partitions_train_with_stocks_bits_and_are_not_
     # (master_write_behind.py)
     assert [stats["optimizer_masters_written_behind"] for stats in steps] == [0] * len(steps)
     assert [stats["optimizer_masters_owed"] for stats in steps][2:] == [6] * (len(steps) - 2)
+
+
+def test_with_pipeline_write_off_the_masters_filled_from_partitions_are_written_in_the_update(train, tmp_path):
+    """``offload_optimizer.pipeline_write: false`` given explicitly turns writing behind off (plan/host_tier.py
+    optimizer_pipelining, which the step model reads too): the update writes what it changed, each filled master as
+    well, so no master is ever owed its file; stock's bits either way."""
+    with open(os.path.join(REPO, "configs", "stock-nvme.json")) as source:
+        config = json.load(source)
+    config["zero_optimization"]["offload_optimizer"]["pipeline_write"] = False
+    path = tmp_path / "pipeline-write-off.json"
+    path.write_text(json.dumps(config))
+    stock = train(config=str(path), block=None, **OPTIONS)
+    ours = train(config=str(path), block=PARTITIONS_HELD, **OPTIONS)
+    assert_identical(stock, ours)
+    steps = [step["stats"] for step in ours.result["steps"]]
+    assert steps[-1]["optimizer_masters_from_partitions"] > 0  # filled from the partitions, as with writes behind
+    assert [stats["optimizer_masters_owed"] for stats in steps] == [0] * len(steps)
 
 
 def test_weights_edited_between_updates_are_not_undone_by_a_fill_from_stale_partitions(train):

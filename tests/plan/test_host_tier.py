@@ -1,6 +1,8 @@
-"""The host tier's split by NVMe I/O saved per held byte (pure)."""
+"""The host tier's split by NVMe I/O saved per held byte, and the optimizer's pipelining rule (pure)."""
+import pytest
+
 from tencache_ds.plan.host_tier import (OPTIMIZER_IO_BYTES_PER_HELD_BYTE, PARAM_IO_BYTES_PER_HELD_BYTE,
-                                        TierDemand, split_host_budget)
+                                        TierDemand, optimizer_pipelining, split_host_budget)
 
 PARAMS = lambda n: TierDemand("params", n, PARAM_IO_BYTES_PER_HELD_BYTE)          # noqa: E731
 OPTIMIZER = lambda n: TierDemand("optimizer", n, OPTIMIZER_IO_BYTES_PER_HELD_BYTE)  # noqa: E731
@@ -21,3 +23,14 @@ def test_a_budget_smaller_than_the_parameters_goes_to_them_alone():
 def test_zero_and_negative_budgets_give_nothing():
     assert split_host_budget(0, [PARAMS(60), OPTIMIZER(480)]) == {"params": 0, "optimizer": 0}
     assert split_host_budget(-5, [PARAMS(60)]) == {"params": 0}
+
+
+@pytest.mark.parametrize("given, expected", [
+    ({}, (True, True)),                                              # neither given: both on
+    ({"pipeline_read": False, "pipeline_write": False}, (False, False)),
+    ({"pipeline_write": False}, (True, False)),                      # the step model's "writes every master" case
+    ({"pipeline_read": True}, (True, True)),
+    ({"pipeline_read": False, "device": "nvme"}, (False, True)),     # offload_optimizer's other keys: ignored
+])
+def test_the_optimizers_pipelining_is_on_unless_turned_off_explicitly(given, expected):
+    assert optimizer_pipelining(given) == expected

@@ -16,9 +16,9 @@ from tencache_ds.plan.machine import Machine, MachineFileError, load_machine, ma
 from tencache_ds.plan.model_shapes import ModelConfigError, model_shape
 from tencache_ds.plan.step_model import (STOCK, TENCACHE, Prediction, drive_days_to_tbw, fits, predict,
                                          predict_stock, tencache_plan)
-from tencache_ds.plan.step_model.costs import (backward_host_memory_s, gathered_bytes, host_step_rise_bytes,
-                                              norm_fresh_elements, param_bytes, reduce_bucket_bytes,
-                                              reduces_to_views)
+from tencache_ds.plan.step_model.costs import (allgather_s, backward_host_memory_s, gathered_bytes,
+                                              host_step_rise_bytes, norm_fresh_elements, param_bytes,
+                                              reduce_bucket_bytes, reduce_scatter_s, reduces_to_views)
 from tencache_ds.plan.host_residency import steady_state
 from tencache_ds.plan.step_model.timeline import Timeline, shared_drive_scale
 from tencache_ds.plan.step_model.tencache import _optimizer_sequence, _optimizer_streaming_bytes, _partitions_on_nvme
@@ -743,6 +743,26 @@ def test_ranks_pay_for_stage3s_gathers_and_reduce_scatters_at_the_machines_colle
     one_rank = predict(workload("gpt2-small", micro_batch=1, seq=32), this_vm(
         allgather_bytes_per_s=gather_rate, reduce_scatter_bytes_per_s=reduce_rate))
     assert all(prediction.critical_path_s["collective"] == 0 for prediction in one_rank.values())
+
+
+def test_communication_data_type_sizes_the_reduce_and_its_bucket_not_the_gathers():
+    """``communication_data_type`` is the dtype stage 3 allocates its gradient bucket in and reduces in
+    (engine.communication_data_type; ipg_buckets); the gathers stay in the parameters' dtype. A bf16 model reducing
+    in fp32 exchanges twice the reduce's bytes and fills a bucket twice as large; unset, the model's dtype."""
+    rated = this_vm(ranks_per_node=2, allgather_bytes_per_s=4.0e8, reduce_scatter_bytes_per_s=3.0e8)
+    works = {name: workload("gpt2-small", config={**ds_config(), **extra}, world=2, micro_batch=1, seq=32)
+             for name, extra in (("unset", {}), ("bf16", {"communication_data_type": "bf16"}),
+                                 ("fp32", {"communication_data_type": "FP32"}))}  # DeepSpeed lowercases it
+    assert [work.zero.comm_element_bytes for work in works.values()] == [2, 2, 4]
+    assert reduce_scatter_s(works["fp32"], rated) == pytest.approx(2 * reduce_scatter_s(works["unset"], rated))
+    assert reduce_scatter_s(works["bf16"], rated) == reduce_scatter_s(works["unset"], rated)
+    assert allgather_s(works["fp32"], rated, works["fp32"].partitions) == \
+        allgather_s(works["unset"], rated, works["unset"].partitions)
+    for host in (True, False):
+        assert reduce_bucket_bytes(works["fp32"], host) == 2 * reduce_bucket_bytes(works["unset"], host)
+    assert workload(config=fp32_config()).zero.comm_element_bytes == 4  # an fp32 model reduces in fp32
+    with pytest.raises(TencacheConfigError, match="communication_data_type must be one of fp32, fp16 or bf16"):
+        ZeroSettings.from_ds_config({**ds_config(), "communication_data_type": "fp8"})
 
 
 def test_a_gather_stage3_retains_is_not_gathered_again_nor_paid_for():

@@ -48,6 +48,7 @@ from ...io.direct_io import DirectFileIO, store_io_threads
 from ...io import folder_lock
 from ...io.shared_files import LinkSafeIO, unshare_folder
 from ...memory.pool import BufferPool
+from ...plan.host_tier import optimizer_pipelining
 from ...profile.lifecycle import ProfileLifecycle
 from .profiling import rank_profile_path
 from .config_bridge import (DEEPSPEED_OPS, MIN_SWAPPABLE_BYTES, find_stage3_ds_config, find_stage3_optimizer,
@@ -155,14 +156,11 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
                                             from_file=lambda name: os.path.join(self._folder, name))
             self.timers = timers
             self.timer_names = set()
-            # pipeline_read / pipeline_write: stock picks its pipelined swapper with them. Here reading ahead (the first
-            # sub-groups' state during backward: _read_ahead_in_backward; the next sub-group's during each update) and
-            # writing behind (the update's writes finish during the next forward) are on unless the config explicitly
-            # turns them off.
-            # Either way the bytes are the same; only when the I/O happens changes.
+            # reading ahead (_read_ahead_in_backward, _start_read_ahead) and writing behind: on unless pipeline_read
+            # or pipeline_write is false explicitly (plan/host_tier.py)
             explicit = getattr(swap_config, "model_fields_set", set())
-            self.reads_ahead = bool(swap_config.pipeline_read) or "pipeline_read" not in explicit
-            self.writes_behind = bool(swap_config.pipeline_write) or "pipeline_write" not in explicit
+            self.reads_ahead, self.writes_behind = optimizer_pipelining(
+                {key: getattr(swap_config, key) for key in ("pipeline_read", "pipeline_write") if key in explicit})
             self._lent = {}        # sub-group id -> keys of the entries lent as its tensors (and gradient)
             self._state_dtypes = {}  # path -> dtype of a state tensor not in the masters' (_update_param_state_info)
             self._read_ahead = {}  # sub-group id -> keys whose reads were started for it (backward, async_parameter)
@@ -906,15 +904,20 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         """Give the sub-group's changed master back unwritten, owed to its file, which the partitions that hold
         its bytes now fill where something needs it (master_write_behind.py); False where they are not all in memory,
         or the store owes the file something else: the caller releases it as changed."""
-        writes, group, path = self.master_writes, swap_info.param_id, swap_info.tensors[0].swap_path
-        # only while the parameter tier holds every partition: where some stream, a swap-in of one or stage 3's copy
-        # into one may evict a partition an owed master is written from, and would wait for that write in the update
-        if writes is None or not self.master_copies.all_partitions_held() or not writes.owe(group, path):
+        group, path = swap_info.param_id, swap_info.tensors[0].swap_path
+        if self.master_writes is None or not self._owe_from_partitions(group, path):
             return False
         if not self.store.release_rewritten_elsewhere(path):
-            writes.cancel(group)
+            self.master_writes.cancel(group)
             return False
         return True
+
+    def _owe_from_partitions(self, group, path: str) -> bool:
+        """Make ``group``'s master file (at ``path``) owed the partitions' bytes (master_write_behind.py); False
+        where it cannot be. Only while the parameter tier holds every partition: where some stream, a swap-in of one
+        or stage 3's copy into one may evict a partition an owed master is written from, and would wait for that
+        write in the update."""
+        return self.master_copies.all_partitions_held() and self.master_writes.owe(group, path)
 
     def _owed_again_unlent(self, group, path: str) -> None:
         """The debt ``group``'s master took over goes back to the writer: its lend failed, or the swapper closes
@@ -926,7 +929,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             return
         self._masters_taken_over.discard(group)
         try:
-            owed = self.master_copies.all_partitions_held() and self.master_writes.owe(group, path)
+            owed = self._owe_from_partitions(group, path)
         except Exception:  # noqa: BLE001  (a writer that failed before: it raises at every later settle)
             return
         if not owed:

@@ -184,7 +184,7 @@ def reduce_scatter_s(workload: Workload, machine: Machine) -> float:
     if workload.world_size <= 1 or not machine.reduce_scatter_bytes_per_s:
         return 0.0
     received = workload.rank_elements * (workload.world_size - 1)
-    return received * workload.zero.element_bytes / machine.reduce_scatter_bytes_per_s
+    return received * workload.zero.comm_element_bytes / machine.reduce_scatter_bytes_per_s
 
 
 def param_bytes(workload: Workload, key: str) -> int:
@@ -265,7 +265,8 @@ def run_time_prior(workload: Workload, host_accelerator: bool, update: bool = Tr
     ``stage3_rise_prior``; integrations/deepspeed/memory_pressure.py ``stage3_prior`` reads the same facts from
     stage 3, with the largest parameter for the largest module, which it cannot see), from this workload; without
     ``update``, the reduce moment alone. Activations are not in it: the run knows none before a step."""
-    zero, elem = workload.zero, workload.zero.element_bytes
+    # the bucket's element size, as the run reads it (integrations/deepspeed/memory_pressure.py stage3_prior)
+    zero, elem = workload.zero, workload.zero.comm_element_bytes
     return stage3_rise_prior(host_accelerator, gathered_elements(workload) * elem, zero.reduce_bucket_size * elem,
                              bucket_allocated=True, around_bytes=_largest_module_bytes(workload),
                              largest_sub_group_bytes=workload.largest_sub_group_elements * 4 if update else 0)
@@ -280,10 +281,10 @@ def reduce_bucket_bytes(workload: Workload, host_accelerator: bool) -> int:
     accelerator (``ipg_buckets``, DeepSpeed 0.19.8). A backward fills it with gathered gradients, not yet reduced,
     so on a host accelerator, where memory never written takes no pages, as much of it is resident as the gathered
     model's gradients fill, at any number of ranks (the model counted it at the rank's partition until 2026-11-27:
-    at 2 ranks half of it)."""
+    at 2 ranks half of it). In ``communication_data_type``'s element size, as stage 3 allocates it."""
     zero = workload.zero
     elements = reduce_bucket_fill(workload) if host_accelerator else zero.reduce_bucket_size
-    return elements * zero.element_bytes
+    return elements * zero.comm_element_bytes
 
 
 def host_step_rise_bytes(workload: Workload, machine: Machine) -> int:
