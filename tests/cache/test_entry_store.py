@@ -130,8 +130,9 @@ def test_an_entry_on_file_is_lent_from_another_copy_of_its_bytes_without_a_read(
 
 def test_a_fill_that_raises_leaves_the_entry_on_file_with_its_buffer_given_back(tmp_path, io):
     """lend_copied whose filler raises (the optimizer's, where an owed master's partitions left memory: a broken
-    rule, optimizer_swapper._fill_master): the error reaches the caller, the buffer it took goes back, the entry is
-    on file as before (nothing lent, nothing to write), and a later lend reads its file's bytes."""
+    rule, masters_in_partitions.MastersInPartitions.fill): the error reaches the caller, the buffer it took goes
+    back, the entry is on file as before (nothing lent, nothing to write), and a later lend reads its file's
+    bytes."""
     store = make(tmp_path, io, budget_bytes=0)
     put(store, tmp_path, "m", 3.0)
     store.wait_writes()

@@ -8,9 +8,11 @@ import os
 import types
 
 import pytest
+import torch
 
 from tencache_ds.integrations.deepspeed.checkpoint import adopt_loaded_files
 from tencache_ds.integrations.deepspeed.checkpoint_save import _link_folder
+from tencache_ds.integrations.deepspeed.masters_in_partitions import MastersInPartitions
 from tencache_ds.integrations.deepspeed.optimizer_swapper import TencacheOptimizerSwapper
 from tencache_ds.integrations.deepspeed.swap_files import LoadPlaces
 
@@ -23,7 +25,7 @@ def engine_with(folder, sub_groups):
     swapper._load_places = LoadPlaces.ALL
     swapper._before_load_copy = None
     swapper.last_load_places = swapper.last_load_source = None
-    swapper.master_copies = None  # no parameter partitions hold a master (master_copies.py)
+    swapper.masters = MastersInPartitions(None, torch.float32, None, False)  # no partition holds a master
     forgotten = []
     swapper.store = types.SimpleNamespace(forget=forgotten.append)
     rebuilt = []

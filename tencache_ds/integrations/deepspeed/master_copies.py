@@ -15,7 +15,8 @@ stage 3's copy); a partition outside tencache's swapper (too small to swap: it s
 its tensor's version counter and storage, which a modifying gather's in-place copy moves (a write through its
 ``.data`` would not: DeepSpeed writes resident partitions so only in stage 3's own copy of the master, and for frozen
 parameters, which have none). A checkpoint load, files adopted under other ids, a purge or a new initialisation
-forgets every copy, and a copy stage 3 makes while the sub-group is not lent forgets its own (optimizer_swapper.py).
+forgets every copy, and a copy stage 3 makes while the sub-group is not lent forgets its own
+(masters_in_partitions.py).
 A partition of another dtype (bf16 or fp16 training), or a sub-group whose parameters stage 3 keeps in its own flat
 buffer, is never a copy.
 
@@ -23,7 +24,7 @@ The fill copies each partition from host memory of the parameter swapper's (held
 the resident tensor; where one is only on file, it reports so and the master's own file is read instead. That file
 is current then: a master is owed to its file, unwritten, only while every partition it is made of is in host
 memory, and written from them before one leaves it or anything reads the file (master_write_behind.py); a fill
-that finds an owed master's partition only on file is a broken rule, raised (optimizer_swapper.py).
+that finds an owed master's partition only on file is a broken rule, raised (masters_in_partitions.py).
 """
 import weakref
 from typing import Optional, Tuple

@@ -120,7 +120,7 @@ class MasterWriteBehind:
 
     def take_over(self, group) -> bool:
         """A swap-in fills ``group``'s master from its partitions (their bytes, without reading the file): the debt
-        goes with what it lends, whose give-back writes or owes the master again (optimizer_swapper.py). True where
+        goes with what it lends, whose give-back writes or owes the master again (masters_in_partitions.py). True where
         the master was owed and is no more; a write in flight is waited for first (the partitions change next)."""
         with self._lock:
             if self._failed is not None:

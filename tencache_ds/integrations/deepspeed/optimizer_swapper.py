@@ -2,7 +2,8 @@
 optimizer swapper (deepspeed-integration.md, a.6) into OptimizerStore calls, and keeping DeepSpeed's view of each
 sub-group consistent (the ``.data`` of its fp32 master and state tensors, ``.grad``, ``swap_params_info``). The
 store (streaming slots, host-tier share, footprint arithmetic) is cache/optimizer_store.py; entry states, I/O and
-eviction live in cache/entry_store.py.
+eviction live in cache/entry_store.py; the masters the parameter partitions hold, masters_in_partitions.py; the
+reads started before the update asks, optimizer_reads_ahead.py.
 
 What changes for users:
 - Zero copies on a hit: a swap-in lends the held buffers themselves as the sub-group's fp32 master, Adam moments
@@ -22,7 +23,8 @@ What changes for users:
   None`, or "PipelinedOptimizerSwapper ran out of swap buffers" below 12 buffers).
 - The next sub-group (``async_parameter``) is read ahead while the current one steps.
 - No read of an fp32 master the parameter partitions hold: where they are in the masters' dtype (fp32 training)
-  and the parameter swapper holds them, the update fills the master from them (master_copies.py). Stock reads it.
+  and the parameter swapper holds them, the update fills the master from them (masters_in_partitions.py). Stock
+  reads it.
 """
 import contextlib
 import dataclasses
@@ -40,7 +42,6 @@ from ...config import CONFIG_KEY
 from ...errors import TencacheConfigError
 from ...ext_lock import raise_if_stale_locks
 from ...log import logger
-from ...cache.entry import EntryState
 from ...cache.gradient_fragments import GradientFragments
 from ...cache.optimizer_store import OptimizerStore
 from ...cache.state_dtype import narrow_stock_layout, stored_numel, viewed_as
@@ -57,8 +58,8 @@ from .config_bridge import (DEEPSPEED_OPS, MIN_SWAPPABLE_BYTES, find_stage3_ds_c
                             validate_ds_config)
 from . import param_swapper, reporting
 from .host_tier_share import optimizer_host_share
-from .master_copies import MasterCopies
-from .master_write_behind import MasterWriteBehind
+from .masters_in_partitions import MastersInPartitions
+from .optimizer_reads_ahead import ReadsAhead
 from .stage3_gradients import stage3_gradients_of
 from .swap_files import SWAP_FILE_NAME, STAGED_LOAD_PREFIX, LoadPlaces, staged_load_name, swap_file_name
 
@@ -156,31 +157,24 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
                                             from_file=lambda name: os.path.join(self._folder, name))
             self.timers = timers
             self.timer_names = set()
-            # reading ahead (_read_ahead_in_backward, _start_read_ahead) and writing behind: on unless pipeline_read
-            # or pipeline_write is false explicitly (plan/host_tier.py)
+            # reading ahead (optimizer_reads_ahead.py) and writing behind: on unless pipeline_read or pipeline_write
+            # is false explicitly (plan/host_tier.py)
             explicit = getattr(swap_config, "model_fields_set", set())
             self.reads_ahead, self.writes_behind = optimizer_pipelining(
                 {key: getattr(swap_config, key) for key in ("pipeline_read", "pipeline_write") if key in explicit})
             self._lent = {}        # sub-group id -> keys of the entries lent as its tensors (and gradient)
             self._state_dtypes = {}  # path -> dtype of a state tensor not in the masters' (_update_param_state_info)
-            self._read_ahead = {}  # sub-group id -> keys whose reads were started for it (backward, async_parameter)
-            # COUNT: tensors of sub-groups after the first read ahead in backward (into idle slots or budget room)
-            self.backward_reads_ahead = 0
+            # the reads started before the update asks: in backward, and the next sub-group's during each update
+            self.ahead = ReadsAhead(self.store, self._paths_to_read, self._gradient_path)
             self._backwards_this_step = 0  # backward passes since the last optimizer step ended (log_timers)
             # gradient fragments read from stage 3's own gradient buffer at the update, not from a file
             self._gradient_fragments = GradientFragments()
             stage3 = find_stage3_optimizer()
             self._stage3_gradients = stage3_gradients_of(stage3)
             # the fp32 masters that the parameter partitions, held by the parameter swapper, hold too: filled from
-            # there instead of read (master_copies.py)
-            self.master_copies = MasterCopies(stage3, dtype) if stage3 is not None else None
-            # ... and whose files are written from there only where something needs them, not in the update (as the
-            # update's other writes are written behind it; master_write_behind.py)
-            self.master_writes = (MasterWriteBehind(self.master_copies.partition_views, LinkSafeIO(self.io).write)
-                                  if self.master_copies is not None and self.writes_behind else None)
-            # sub-groups lent with their master filled from partitions it was owed from: whatever the borrower does,
-            # it goes back as changed (the file is behind it)
-            self._masters_taken_over = set()
+            # there instead of read, and their files written from there only where something needs them, not in the
+            # update (masters_in_partitions.py)
+            self.masters = MastersInPartitions(stage3, dtype, LinkSafeIO(self.io).write, self.writes_behind)
             # the backward passes of one optimizer step: stage 3's gradient accumulation (set before it builds its
             # swappers) until a step has counted them (log_timers), which the caller's own boundaries may change
             self._micro_steps = max(1, int(getattr(stage3, "gradient_accumulation_steps", 1) or 1))
@@ -356,25 +350,19 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         if swap_info is None:
             return
         group = OptimizerSwapper.parameter_id(parameter)
-        read_ahead = self._read_ahead.pop(group, ())
+        read_ahead = self.ahead.take(group)
         from_partitions = self._master_in_partitions(group, swap_info.tensors[0].swap_path) and \
             swap_info.tensors[0].swap_path not in read_ahead
         master_path = swap_info.tensors[0].swap_path
-        if from_partitions and self.master_writes is not None:
-            # its file is not read: a master owed to it goes with what is lent (master_write_behind.py take_over)
-            if self.master_writes.take_over(group):
-                self._masters_taken_over.add(group)
-        else:
-            self.settle_master_writes([group])  # its file is read, and its partitions change in the update
+        self.masters.before_lend(group, from_partitions)
         try:
-            if self.master_copies is not None:
-                self.master_copies.lent(group)
+            self.masters.lent(group)
             if from_partitions:
                 numel = self._stored_numel(master_path, swap_info.numel())
                 self.store.add(master_path, numel, master_path)
-                master = self.store.lend_copied(master_path, functools.partial(self._fill_master, group))
+                master = self.store.lend_copied(master_path, functools.partial(self.masters.fill, group))
         except BaseException:
-            self._owed_again_unlent(group, master_path)
+            self.masters.owed_again_unlent(group, master_path)
             raise
         keys = self._lent[group] = []  # filled as each is lent: a failed read still gives the others back
         for index, context in enumerate(swap_info.tensors):
@@ -393,7 +381,9 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             parameter.grad = self._lend_gradient(group, path, swap_info.numel(), read_ahead)
             keys.append(path)
         if async_parameter is not None and self.reads_ahead:
-            self._start_read_ahead(async_parameter)
+            next_info = self._get_param_swap_info(async_parameter)
+            if next_info is not None and OptimizerSwapper.parameter_id(async_parameter) not in self._lent:
+                self.ahead.next_sub_group(next_info)
 
     def swap_out_optimizer_state(self, parameter, async_swap=False):
         # The step changed the master and state tensors in place; new state tensors (Adam's moments on its first
@@ -488,7 +478,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         self._gradient_fragments.clear()
         self._counted_this_window = set()
         self._stored_gradients = set()
-        self._release_read_ahead()
+        self.ahead.release_all()
         self.store.flush()
         self.store.forget_all()
         for swap_info in self.swap_params_info.values():
@@ -516,12 +506,12 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
 
             for group, keys in self._lent.items():
                 info = self.swap_params_info[group]
-                attempt(self._owed_again_unlent, group, info.tensors[0].swap_path)
+                attempt(self.masters.owed_again_unlent, group, info.tensors[0].swap_path)
                 attempt(self._return_lent, info, set(keys), False, False, False)
             self._lent = {}
-            attempt(self._release_read_ahead)
-            if getattr(self, "master_writes", None) is not None:
-                attempt(self.master_writes.close)
+            attempt(self.ahead.release_all)
+            if getattr(self, "masters", None) is not None:
+                attempt(self.masters.close)
             attempt(self.store.flush)
             attempt(self.store.close)  # its buffers, then the streaming slots' arena
             # its files still shared with a checkpoint: no later writer may reach it (another engine's stay: owns_file)
@@ -611,52 +601,10 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             reporting.log_startup_stats(param_swapper.live_swappers(), self)
         self._backwards_this_step += 1
         if self.reads_ahead:
-            self._read_ahead_in_backward()
-
-    def _read_ahead_in_backward(self) -> None:
-        """The update starts with the first sub-group: read its state (master weights and moments; its gradient
-        is being produced by this backward) while the backward computes. Then read the next sub-groups' state, in
-        the update's order, into streaming slots that sit idle until the update: beyond host memory the update is
-        bound by its reads and writes while the drive idles through the backward, and these slots are in memory
-        either way. Never by waiting or evicting, with no memory beyond the budget's room and those slots, and
-        never the slots the update needs before the next one frees: the first sub-group's gradient (filled from
-        stage 3's buffer, or read: ``_lend_gradient``) and the second one's where it is on file (read ahead while
-        the first steps). The later sub-groups only in the step's last backward (gradient accumulation): the
-        governor's readings before the other forward passes then see those slots idle, as they were planned (the
-        first sub-group's state is read in the first backward, as before: three slots)."""
-        if self._drop_held_copies:  # a checkpoint was loaded: drop the copies held before first
-            self._drop_copies_held_before_load()
-        sub_groups = list(self.swap_params_info.values())
-        if not sub_groups:
-            return
-        if sub_groups[0].param_id not in self._lent:
-            self._start_read_ahead_of(sub_groups[0], with_gradient=False)
-        if self._backwards_this_step < self._micro_steps:
-            return
-        second_gradient = self._gradient_path(sub_groups[1]) if len(sub_groups) > 1 and \
-            sub_groups[1].has_gradients() else None
-        stored_gradient = second_gradient is not None and self.store.knows(second_gradient) and \
-            self.store.state(second_gradient) == EntryState.ON_FILE
-        spare = self.store.idle_streaming_slots() - 1 - stored_gradient
-        for swap_info in sub_groups[1:]:
-            if spare <= 0:
-                break
-            if swap_info.param_id not in self._lent:
-                spare -= self._read_into_idle_slots(swap_info, spare)
-
-    def _read_into_idle_slots(self, swap_info, limit: int) -> int:
-        """Start reading up to ``limit`` of the sub-group's state tensors that are on file into buffers free right
-        now (room the budget has, else idle streaming slots); the rest are read when the update asks
-        (``_start_read_ahead``). Returns how many were started."""
-        started = self._read_ahead.setdefault(swap_info.param_id, [])
-        count = 0
-        for path in self._paths_to_read(swap_info):
-            if count < limit and path not in started and self.store.knows(path) and \
-                    self.store.prefetch_if_free(path, idle_slot=True):
-                started.append(path)
-                count += 1
-        self.backward_reads_ahead += count
-        return count
+            if self._drop_held_copies:  # a checkpoint was loaded: drop the copies held before first
+                self._drop_copies_held_before_load()
+            self.ahead.during_backward(list(self.swap_params_info.values()), self._lent,
+                                       last_backward=self._backwards_this_step >= self._micro_steps)
 
     def log_timers(self):
         # DeepSpeed calls this at the end of every optimizer step (stage3 _post_step), and once after building
@@ -681,15 +629,11 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         stats["optimizer_profile"] = self.profile.source
         stats["optimizer_profile_divergences"] = self.profile.divergences
         stats["optimizer_swapper_closed"] = int(self.closed)
-        stats["optimizer_backward_reads_ahead"] = self.backward_reads_ahead
+        stats["optimizer_backward_reads_ahead"] = self.ahead.in_backward
         # the masters filled from the parameter partitions: the only reads the store serves by a copy
         stats["optimizer_masters_from_partitions"] = self.store.counters.copied
         stats["optimizer_master_bytes_from_partitions"] = self.store.counters.copied_bytes
-        # ... written from them where something needed their files, and owed to the files now (master_write_behind.py)
-        writes = self.master_writes
-        stats["optimizer_masters_written_behind"] = writes.masters_written_behind if writes is not None else 0
-        stats["optimizer_master_bytes_written_behind"] = writes.bytes_written_behind if writes is not None else 0
-        stats["optimizer_masters_owed"] = writes.owed_masters if writes is not None else 0
+        stats.update(self.masters.stats())  # ... written from them where needed, and owed to the files now
         stats.update({f"optimizer_cache_{key}": value for key, value in self.store.stats().items()})
         stats.update(optimizer_gradient_fragments_remembered=self._gradient_fragments.remembered,
                      optimizer_gradient_fragments_stored=self._gradient_fragments.stored,
@@ -855,16 +799,13 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             master_elsewhere = False
             try:
                 try:
-                    if self.master_copies is not None:
-                        self.master_copies.released(swap_info.param_id, changed)
-                        # a master the partitions hold now: its next update fills it from them, so keeping its
-                        # buffer would save only its write (the store gives that room to tensors whose reads it saves)
-                        master_elsewhere = self.master_copies.current(swap_info.param_id)
+                    # a master the partitions hold now: its next update fills it from them, so keeping its buffer
+                    # would save only its write (the store gives that room to tensors whose reads it saves)
+                    master_elsewhere = self.masters.released(swap_info.param_id, changed)
                 finally:  # whatever that found, what was lent goes back
                     self._return_lent(swap_info, lent, changed, gradient_changed and not refused, master_elsewhere)
             except BaseException:  # what reached the store is not known: no copy of the master is trusted
-                if self.master_copies is not None:
-                    self.master_copies.forget(swap_info.param_id)
+                self.masters.forget(swap_info.param_id)
                 raise
         for context in swap_info.tensors:
             if context.swap_path not in lent and context.compute_tensor.numel() > 0:  # the optimizer's: first bytes
@@ -878,15 +819,15 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         debt of an owed master), and its gradient (discarded where it was a copy of fragments stage 3 still holds:
         nothing to keep or write)."""
         error = None
-        master_owed = swap_info.param_id in self._masters_taken_over
-        self._masters_taken_over.discard(swap_info.param_id)
+        master_owed = self.masters.lent_with_debt(swap_info.param_id)
         for index, context in enumerate(swap_info.tensors):
             if context.swap_path not in lent:
                 continue
             changed = states_changed or (index == 0 and master_owed)
             if index == 0 and master_elsewhere and changed:
-                try:
-                    if self._writes_master_behind(swap_info):
+                try:  # owed to its file, unwritten (masters_in_partitions.py)
+                    if self.masters.give_back_owed(swap_info.param_id, context.swap_path,
+                                                   self.store.release_rewritten_elsewhere):
                         continue
                 except Exception as err:  # noqa: BLE001  (the store writes it below; raised once all went back)
                     error = err
@@ -900,86 +841,16 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         if error is not None:
             raise error
 
-    def _writes_master_behind(self, swap_info) -> bool:
-        """Give the sub-group's changed master back unwritten, owed to its file, which the partitions that hold
-        its bytes now fill where something needs it (master_write_behind.py); False where they are not all in memory,
-        or the store owes the file something else: the caller releases it as changed."""
-        group, path = swap_info.param_id, swap_info.tensors[0].swap_path
-        if self.master_writes is None or not self._owe_from_partitions(group, path):
-            return False
-        if not self.store.release_rewritten_elsewhere(path):
-            self.master_writes.cancel(group)
-            return False
-        return True
-
-    def _owe_from_partitions(self, group, path: str) -> bool:
-        """Make ``group``'s master file (at ``path``) owed the partitions' bytes (master_write_behind.py); False
-        where it cannot be. Only while the parameter tier holds every partition: where some stream, a swap-in of one
-        or stage 3's copy into one may evict a partition an owed master is written from, and would wait for that
-        write in the update."""
-        return self.master_copies.all_partitions_held() and self.master_writes.owe(group, path)
-
-    def _owed_again_unlent(self, group, path: str) -> None:
-        """The debt ``group``'s master took over goes back to the writer: its lend failed, or the swapper closes
-        with it lent (an update that stopped: the partitions still hold the master as it was before that update,
-        which its moments' files hold too). Where they are not all in memory any more, the file stays behind for
-        good (raised at every later settle) rather than be read or linked stale. Never raises itself: the error
-        being handled is the one the caller raises."""
-        if group not in self._masters_taken_over:
-            return
-        self._masters_taken_over.discard(group)
-        try:
-            owed = self._owe_from_partitions(group, path)
-        except Exception:  # noqa: BLE001  (a writer that failed before: it raises at every later settle)
-            return
-        if not owed:
-            self.master_writes.stale_for_good(RuntimeError(
-                f"tencache: optimizer sub-group {group}'s fp32 master was not given back, and its partitions left "
-                f"host memory before its file ({path}) was written from them"))
-
     def check_no_master_lent_behind(self) -> None:
-        """A save reads and links the swap files between steps: a master lent with its file's debt (a swap-in, an
-        update that stopped) has no current file. Raised, as the store does for its lent changed tensors."""
-        behind = sorted(str(group) for group in self._masters_taken_over if group in self._lent)
-        if behind:
-            raise RuntimeError(f"tencache: cannot save while optimizer sub-groups {behind[:5]} are swapped in with "
-                               f"their fp32 masters' files behind them (a checkpoint is taken between steps)")
-
-    def _fill_master(self, group, view) -> bool:
-        """``lend_copied``'s fill of sub-group ``group``'s master from its partitions. Where it cannot and the master
-        was owed, its file is behind: a broken rule (owed partitions leave memory only after a settle), raised rather
-        than read."""
-        if self.master_copies.fill(group, view):
-            return True
-        if group in self._masters_taken_over:
-            self._masters_taken_over.discard(group)  # nothing to write it from: never given back as changed
-            raise self.master_writes.stale_for_good(RuntimeError(
-                f"tencache: the parameter partitions of optimizer sub-group {group} left host memory while its fp32 "
-                f"master's file was behind them"))
-        return False
+        """Raised at a save's start while a master is lent with its file's debt (masters_in_partitions.py)."""
+        self.masters.check_none_lent_behind(self._lent)
 
     def settle_master_writes(self, groups=None) -> None:
         """Write the masters ``groups`` (None: all) owe their files from the partitions, and wait: before those files
         are read or replaced other than through a swap-in that fills them (checkpoint_save.py reads them directly)."""
-        writes = getattr(self, "master_writes", None)  # (None until __init__ made it)
-        if writes is not None:
-            writes.settle(groups)
-
-    def _start_read_ahead(self, parameter) -> None:
-        """Start reading the next sub-group's entries that are on file (held ones need no read)."""
-        swap_info = self._get_param_swap_info(parameter)
-        if swap_info is not None and OptimizerSwapper.parameter_id(parameter) not in self._lent:
-            self._start_read_ahead_of(swap_info, with_gradient=True)
-
-    def _start_read_ahead_of(self, swap_info, with_gradient: bool) -> None:
-        paths = self._paths_to_read(swap_info)
-        if with_gradient and swap_info.has_gradients():
-            paths.append(self._gradient_path(swap_info))
-        started = self._read_ahead.setdefault(swap_info.param_id, [])
-        for path in paths:
-            if path not in started and self.store.knows(path) and self.store.state(path) == EntryState.ON_FILE:
-                self.store.start_read(path, prefetch=True)
-                started.append(path)
+        masters = getattr(self, "masters", None)  # (None until __init__ made it)
+        if masters is not None:
+            masters.settle(groups)
 
     def _paths_to_read(self, swap_info) -> list:
         """The files of the sub-group's master and state tensors that its update reads: all but a master the
@@ -993,39 +864,19 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
     def _master_in_partitions(self, group, path) -> bool:
         """Will the swap-in fill the sub-group's master (its entry at ``path``) from the parameter partitions? Where
         they hold it, and the store would take the copy (on file, without a prefix of its own: lend_copied)."""
-        return self.master_copies is not None and self.store.copyable(path) and self.master_copies.current(group)
+        return self.store.copyable(path) and self.masters.current(group)
 
     def master_copied_to_partitions(self, sub_group_index: int, master) -> None:
         """Stage 3 has copied sub-group ``sub_group_index``'s fp32 ``master`` into its parameter partitions
         (``_partitioned_params_swap_out``, after the sub-group's update, at initialisation and at checkpoint loads:
         install.py): while it is lent, that makes the partitions a copy of the master it is given back with."""
         group = OptimizerSwapper.parameter_id(master)
-        if self.master_copies is None:
-            return
-        if group in self._lent:
-            self.master_copies.copied_to_partitions(sub_group_index, group)
-        else:  # not the master the store will lend next: the partitions are no copy of that
-            self.master_copies.forget(group)
+        self.masters.copied_to_partitions(sub_group_index, group, lent=group in self._lent)
 
     def forget_master_copies(self) -> None:
         """The swap files are being replaced or rebuilt: no partition is known to hold what they will (what the
         partitions owe the files is written first, so that it cannot land over the new files)."""
-        self.settle_master_writes()
-        if self.master_copies is not None:
-            self.master_copies.forget_all()
-
-    def _release_read_ahead(self) -> None:
-        """Give back every read started ahead; one that failed (its file missing, say) is raised after the rest."""
-        read_ahead, self._read_ahead = self._read_ahead, {}
-        failure = None
-        for paths in read_ahead.values():
-            for path in paths:
-                try:
-                    self.store.release(path)
-                except Exception as err:  # noqa: BLE001  (raised once all are given back)
-                    failure = failure or err
-        if failure is not None:
-            raise failure
+        self.masters.forget_all()
 
 
 @dataclasses.dataclass

@@ -485,11 +485,12 @@ def _param_schedule(workload: Workload, lends, misses: Set[int], rates: Rates,
 
 
 def _backward_reads_ahead(workload: Workload, plan: TencachePlan) -> List[str]:
-    """The optimizer tensors a backward reads ahead (``TencacheOptimizerSwapper._read_ahead_in_backward``): the
-    first sub-group's that are not held, then the next sub-groups' in the update's order, as many as the streaming
-    slots hold besides those and the slot the update lends the first sub-group's gradient (the model's gradients
-    come from stage 3's buffer: none on file). The replay issues them where the step's last backward starts; the
-    run starts the first sub-group's in the first one, so under gradient accumulation the model is pessimistic."""
+    """The optimizer tensors a backward reads ahead (integrations/deepspeed/optimizer_reads_ahead.py
+    ``during_backward``): the first sub-group's that are not held, then the next sub-groups' in the update's order,
+    as many as the streaming slots hold besides those and the slot the update lends the first sub-group's gradient
+    (the model's gradients come from stage 3's buffer: none on file). The replay issues them where the step's last
+    backward starts; the run starts the first sub-group's in the first one, so under gradient accumulation the model
+    is pessimistic."""
     first = _read_keys(workload, plan, 0)
     later = [name for i in range(1, len(workload.sub_groups)) for name in _read_keys(workload, plan, i)]
     idle = plan.optimizer_streaming_bytes // _update_slot_bytes(workload) - len(first) - 1

@@ -1,0 +1,102 @@
+"""The optimizer state read before an update asks for it, for one optimizer swapper. Owns: which files' reads were
+started for which sub-group (the sub-group's swap-in takes them: ``take``), the reads of the first sub-groups' state
+during backward, the next sub-group's during each update, and giving every one back (a purge, close). Which files a
+sub-group's update reads (all but a master its parameter partitions fill) is the swapper's answer
+(``paths_to_read``); the store decides whether a read may start now (cache/optimizer_store.py).
+
+Why during backward: beyond host memory the update is bound by its reads and writes while the drive idles through
+the backward, and the streaming slots the reads go into are in memory either way (docs/benchmarks.md, "Every idle
+streaming slot read ahead in backward"). The bytes are the same; only when they move changes.
+"""
+from typing import Callable, Dict, List, Sequence
+
+from ...cache.entry import EntryState
+
+
+class ReadsAhead:
+    """Args:
+        store: the swapper's OptimizerStore.
+        paths_to_read: swap_info -> the files of that sub-group's master and state tensors its update reads.
+        gradient_path: swap_info -> its gradient's file.
+    """
+
+    def __init__(self, store, paths_to_read: Callable[[object], List[str]], gradient_path: Callable[[object], str]):
+        self.store = store
+        self._paths_to_read = paths_to_read
+        self._gradient_path = gradient_path
+        self._started: Dict[object, List[str]] = {}  # sub-group id -> files whose reads were started for it
+        self.in_backward = 0  # COUNT: tensors of sub-groups after the first read ahead in backward
+
+    def take(self, group) -> Sequence[str]:
+        """The files whose reads were started for ``group``, now its swap-in's to wait for (and no longer here)."""
+        return self._started.pop(group, ())
+
+    def during_backward(self, sub_groups: Sequence, lent, last_backward: bool) -> None:
+        """The update starts with the first sub-group (of ``sub_groups``, in the update's order): read its state
+        (master weights and moments; its gradient is being produced by this backward) while the backward computes.
+        Then, in the step's ``last_backward`` only, read the next sub-groups' state, in the update's order, into
+        streaming slots that sit idle until the update. Never by waiting or evicting, with no memory beyond the
+        budget's room and those slots, and never the slots the update needs before the next one frees: the first
+        sub-group's gradient (filled from stage 3's buffer, or read) and the second one's where it is on file (read
+        ahead while the first steps). (Only in the last backward of gradient accumulation: the governor's readings
+        before the other forward passes then see those slots idle, as they were planned; the first sub-group's
+        state is read in the first backward, as before: three slots.) Sub-groups in ``lent`` are swapped in
+        already."""
+        if not sub_groups:
+            return
+        if sub_groups[0].param_id not in lent:
+            self._start(sub_groups[0], with_gradient=False)
+        if not last_backward:
+            return
+        second_gradient = self._gradient_path(sub_groups[1]) if len(sub_groups) > 1 and \
+            sub_groups[1].has_gradients() else None
+        stored_gradient = second_gradient is not None and self.store.knows(second_gradient) and \
+            self.store.state(second_gradient) == EntryState.ON_FILE
+        spare = self.store.idle_streaming_slots() - 1 - stored_gradient
+        for swap_info in sub_groups[1:]:
+            if spare <= 0:
+                break
+            if swap_info.param_id not in lent:
+                spare -= self._into_idle_slots(swap_info, spare)
+
+    def next_sub_group(self, swap_info) -> None:
+        """Start reading the entries of the sub-group the update steps next (``async_parameter``), its gradient too,
+        that are on file (held ones need no read)."""
+        self._start(swap_info, with_gradient=True)
+
+    def release_all(self) -> None:
+        """Give back every read started ahead; one that failed (its file missing, say) is raised after the rest."""
+        started, self._started = self._started, {}
+        failure = None
+        for paths in started.values():
+            for path in paths:
+                try:
+                    self.store.release(path)
+                except Exception as err:  # noqa: BLE001  (raised once all are given back)
+                    failure = failure or err
+        if failure is not None:
+            raise failure
+
+    def _start(self, swap_info, with_gradient: bool) -> None:
+        paths = self._paths_to_read(swap_info)
+        if with_gradient and swap_info.has_gradients():
+            paths.append(self._gradient_path(swap_info))
+        started = self._started.setdefault(swap_info.param_id, [])
+        for path in paths:
+            if path not in started and self.store.knows(path) and self.store.state(path) == EntryState.ON_FILE:
+                self.store.start_read(path, prefetch=True)
+                started.append(path)
+
+    def _into_idle_slots(self, swap_info, limit: int) -> int:
+        """Start reading up to ``limit`` of the sub-group's state tensors that are on file into buffers free right
+        now (room the budget has, else idle streaming slots); the rest are read when the update asks
+        (``next_sub_group``). Returns how many were started."""
+        started = self._started.setdefault(swap_info.param_id, [])
+        count = 0
+        for path in self._paths_to_read(swap_info):
+            if count < limit and path not in started and self.store.knows(path) and \
+                    self.store.prefetch_if_free(path, idle_slot=True):
+                started.append(path)
+                count += 1
+        self.in_backward += count
+        return count
