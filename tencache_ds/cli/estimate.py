@@ -59,7 +59,9 @@ def build_inputs(args) -> Dict[str, Any]:
     zero = ZeroSettings.from_ds_config(ds_config, source=f"DeepSpeed config {args.ds_config}")
     micro_batch = args.micro_batch or _positive(ds_config, "train_micro_batch_size_per_gpu", args.ds_config, 1)
     gas = args.gas or _positive(ds_config, "gradient_accumulation_steps", args.ds_config, 1)
-    dtype = next((key for key in ("bf16", "fp16") if (ds_config.get(key) or {}).get("enabled")), "fp32")
+    # (the calibration's compute dtype; "bfloat16" is DeepSpeed's old name for the bf16 block)
+    dtype = next((name for key, name in (("bf16", "bf16"), ("bfloat16", "bf16"), ("fp16", "fp16"))
+                  if (ds_config.get(key) or {}).get("enabled")), "fp32")
     if args.machine == THIS:
         from .calibrate import calibrate, machine_from_calibration
         measured = calibrate(args.nvme_path, model_config, micro_batch, args.seq, dtype, ds_config=ds_config)

@@ -22,14 +22,20 @@ _DTYPE_NAME_BYTES = {name: 2 for name in ("torch.float16", "fp16", "float16", "h
 _DTYPE_NAME_BYTES.update({name: 4 for name in ("torch.float32", "fp32", "float32", "float")})
 
 
+def model_element_bytes(ds_config: Mapping[str, Any]) -> int:
+    """The model's element size: 2 where fp16 or bf16 is enabled (``bfloat16``, DeepSpeed's old name for the bf16
+    block, too: precision_config.get_bfloat16_config), else 4 (fp32). The one reader of that fact."""
+    half = any((ds_config.get(key) or {}).get("enabled") for key in ("fp16", "bf16", "bfloat16"))
+    return 2 if half else 4
+
+
 def gradient_accumulation_bytes(ds_config: Mapping[str, Any], source: str = "ds_config") -> int:
     """The element size stage 3 accumulates gradients in (engine.get_data_types): ``data_types.grad_accum_dtype``,
     else the model's (fp16 or bf16: 2, fp32: 4): the dtype of stage 3's gradient partition buffer. The one reader
     of that fact."""
     named = (ds_config.get("data_types") or {}).get("grad_accum_dtype")
     if named is None:
-        half = any((ds_config.get(key) or {}).get("enabled") for key in ("fp16", "bf16", "bfloat16"))
-        return 2 if half else 4
+        return model_element_bytes(ds_config)
     if str(named) not in _DTYPE_NAME_BYTES:
         raise TencacheConfigError(f"{source}: data_types.grad_accum_dtype must be one of fp32, fp16 or bf16, got "
                                   f"{named!r}")
@@ -42,8 +48,7 @@ def communication_bytes(ds_config: Mapping[str, Any], source: str = "ds_config")
     bucket (``ipg_buckets``) is allocated in it, and the reduce exchanges it. The one reader of that fact."""
     named = ds_config.get("communication_data_type")
     if named is None:
-        half = any((ds_config.get(key) or {}).get("enabled") for key in ("fp16", "bf16", "bfloat16"))
-        return 2 if half else 4
+        return model_element_bytes(ds_config)
     if not isinstance(named, str) or named.lower() not in ("fp32", "fp16", "bf16"):
         raise TencacheConfigError(f"{source}: communication_data_type must be one of fp32, fp16 or bf16, got "
                                   f"{named!r}")
@@ -133,8 +138,10 @@ class ZeroSettings:
     optimizer_buffer_count: int = 4
     optimizer_pin_memory: bool = True
     pipelined_optimizer: bool = False  # pipeline_read or pipeline_write
-    # tencache writes the update's tensors behind it unless pipeline_write is false explicitly (then in it, and
-    # every master too: plan/host_tier.py optimizer_pipelining)
+    # tencache reads the optimizer's state ahead (in backward, and the next sub-group's in each update) and writes
+    # the update's tensors behind it unless pipeline_read / pipeline_write is false explicitly (plan/host_tier.py
+    # optimizer_pipelining; writes in the update then take every filled master too)
+    tencache_reads_ahead: bool = True
     tencache_writes_behind: bool = True
     sub_group_size: int = int(1e9)
     max_reuse_distance: int = int(1e9)
@@ -161,7 +168,6 @@ class ZeroSettings:
         offload_param = zero.get("offload_param") or {}
         offload_optimizer = zero.get("offload_optimizer") or {}
         aio = ds_config.get("aio") or {}
-        half = any((ds_config.get(key) or {}).get("enabled") for key in ("bf16", "fp16"))
         config = config_of_ds_dict(ds_config)
 
         def device(section: Mapping[str, Any], key: str) -> str:
@@ -188,6 +194,7 @@ class ZeroSettings:
             optimizer_buffer_count=number(offload_optimizer, "buffer_count", o, cls.optimizer_buffer_count),
             optimizer_pin_memory=bool(offload_optimizer.get("pin_memory", True)),
             pipelined_optimizer=bool(offload_optimizer.get("pipeline_read") or offload_optimizer.get("pipeline_write")),
+            tencache_reads_ahead=optimizer_pipelining(offload_optimizer)[0],
             tencache_writes_behind=optimizer_pipelining(offload_optimizer)[1],
             sub_group_size=number(zero, "sub_group_size", z, cls.sub_group_size),
             max_reuse_distance=number(zero, "stage3_max_reuse_distance", z, cls.max_reuse_distance),
@@ -196,7 +203,7 @@ class ZeroSettings:
             reduce_bucket_size=number(zero, "reduce_bucket_size", z, cls.reduce_bucket_size),
             aio_block_size=number(aio, "block_size", "aio", cls.aio_block_size),
             aio_intra_op=max(1, number(aio, "intra_op_parallelism", "aio", cls.aio_intra_op)),
-            element_bytes=2 if half else 4,
+            element_bytes=model_element_bytes(ds_config),
             grad_accum_bytes=gradient_accumulation_bytes(ds_config, source),
             comm_element_bytes=communication_bytes(ds_config, source),
             precision=optimizer_precision(ds_config),

@@ -32,7 +32,7 @@ def test_an_update_that_stops_on_a_missing_file_reports_that_file_after_destroy(
 
 
 def test_a_save_after_an_update_stopped_with_a_master_lent_from_its_partitions_is_refused_with_why():
-    """integrations/deepspeed/optimizer_swapper.py _check_no_master_lent_behind: the master's file is behind the
+    """integrations/deepspeed/masters_in_partitions.py check_none_lent_behind: the master's file is behind the
     partitions it was filled from, and a save would link it stale (checked: without the check the save goes on)."""
     run_scenario("owed_master_update_stopped.py")
 

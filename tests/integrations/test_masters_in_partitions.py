@@ -15,7 +15,7 @@ def test_without_stage3_no_master_is_in_partitions_and_nothing_is_owed():
     assert not masters.current("g")
     assert not masters.fill("g", view) and not view.any()
     assert not masters.released("g", changed=True)
-    assert not masters.lent_with_debt("g")
+    assert not masters.take_debt("g")
     assert not masters.give_back_owed("g", "/nonexistent", release_unwritten=lambda path: True)
     masters.owed_again_unlent("g", "/nonexistent")
     masters.check_none_lent_behind(["g"])

@@ -31,6 +31,8 @@ def test_zero_and_negative_budgets_give_nothing():
     ({"pipeline_write": False}, (True, False)),                      # the step model's "writes every master" case
     ({"pipeline_read": True}, (True, True)),
     ({"pipeline_read": False, "device": "nvme"}, (False, True)),     # offload_optimizer's other keys: ignored
+    ({"pipeline_read": "false", "pipeline_write": "Off"}, (False, False)),  # strings, as pydantic reads them
+    ({"pipeline_read": "1", "pipeline_write": "yes"}, (True, True)),
 ])
 def test_the_optimizers_pipelining_is_on_unless_turned_off_explicitly(given, expected):
     assert optimizer_pipelining(given) == expected

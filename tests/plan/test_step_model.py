@@ -16,9 +16,11 @@ from tencache_ds.plan.machine import Machine, MachineFileError, load_machine, ma
 from tencache_ds.plan.model_shapes import ModelConfigError, model_shape
 from tencache_ds.plan.step_model import (STOCK, TENCACHE, Prediction, drive_days_to_tbw, fits, predict,
                                          predict_stock, tencache_plan)
+from tencache_ds.plan.memory_pressure import stage3_rise_prior
 from tencache_ds.plan.step_model.costs import (allgather_s, backward_host_memory_s, gathered_bytes,
                                               host_step_rise_bytes, norm_fresh_elements, param_bytes,
-                                              reduce_bucket_bytes, reduce_scatter_s, reduces_to_views)
+                                              reduce_bucket_bytes, reduce_scatter_s, reduces_to_views,
+                                              run_time_prior)
 from tencache_ds.plan.host_residency import steady_state
 from tencache_ds.plan.step_model.timeline import Timeline, shared_drive_scale
 from tencache_ds.plan.step_model.tencache import _optimizer_sequence, _optimizer_streaming_bytes, _partitions_on_nvme
@@ -760,9 +762,38 @@ def test_communication_data_type_sizes_the_reduce_and_its_bucket_not_the_gathers
         allgather_s(works["unset"], rated, works["unset"].partitions)
     for host in (True, False):
         assert reduce_bucket_bytes(works["fp32"], host) == 2 * reduce_bucket_bytes(works["unset"], host)
+    # the governor's prior reads the bucket's element size from stage 3 (memory_pressure.stage3_prior): the model's
+    # prior takes the gathered gradients and the bucket in it too
+    for name, size in (("unset", 2), ("fp32", 4)):
+        work = works[name]
+        expected = stage3_rise_prior(True, sum(p.numel for p in work.partitions.values()) * size,
+                                     work.zero.reduce_bucket_size * size, bucket_allocated=True,
+                                     around_bytes=max(sum(gathered_bytes(work, key) for key in fetch.keys)
+                                                      for fetch in work.fetches),
+                                     largest_sub_group_bytes=work.largest_sub_group_elements * 4)
+        assert run_time_prior(work, host_accelerator=True) == expected
+    assert run_time_prior(works["fp32"], True).rise_bytes > run_time_prior(works["unset"], True).rise_bytes
     assert workload(config=fp32_config()).zero.comm_element_bytes == 4  # an fp32 model reduces in fp32
     with pytest.raises(TencacheConfigError, match="communication_data_type must be one of fp32, fp16 or bf16"):
         ZeroSettings.from_ds_config({**ds_config(), "communication_data_type": "fp8"})
+
+
+def test_with_pipeline_read_off_the_model_reads_nothing_ahead_as_the_swapper():
+    """``offload_optimizer.pipeline_read: false`` given explicitly (plan/host_tier.optimizer_pipelining): the
+    swapper reads no optimizer state in backward nor the next sub-group's during an update, and its streaming slots
+    hold no second sub-group; the model replays the same: fewer slots, and a step no shorter."""
+    from tencache_ds.plan.step_model.tencache import _backward_reads_ahead
+    default = ds_config("stock-nvme-beyond-ram.json", host_cache_bytes=0, device_cache_bytes=0)
+    off = json.loads(json.dumps(default))
+    off["zero_optimization"]["offload_optimizer"]["pipeline_read"] = False
+    works = {name: workload("gpt2-1.3b", config=config, micro_batch=1, seq=32)
+             for name, config in (("default", default), ("off", off))}
+    assert (works["default"].zero.tencache_reads_ahead, works["off"].zero.tencache_reads_ahead) == (True, False)
+    assert _optimizer_streaming_bytes(works["off"]) < _optimizer_streaming_bytes(works["default"])
+    assert _backward_reads_ahead(works["default"], tencache_plan(works["default"], this_vm()))  # (the default)
+    steps = {name: predict(work, this_vm())[TENCACHE] for name, work in works.items()}
+    assert steps["off"].nvme_read_bytes == steps["default"].nvme_read_bytes  # the same bytes, later
+    assert steps["off"].step_time_s > steps["default"].step_time_s
 
 
 def test_a_gather_stage3_retains_is_not_gathered_again_nor_paid_for():
@@ -1073,6 +1104,17 @@ def test_the_estimate_has_no_gradient_round_trip_in_any_dtype_or_on_any_accelera
     plan = tencache_plan(work, machine)
     assert len(plan.optimizer_held) == len(set(keys))
     assert plan.optimizer_streaming_bytes == work.zero.swap_nbytes(work.largest_sub_group_elements, 4)
+
+
+def test_the_old_bfloat16_block_is_a_bf16_model_in_every_element_size():
+    """DeepSpeed still reads ``"bfloat16"``, the bf16 block's old name (precision_config.get_bfloat16_config): the
+    model's, the gradient accumulation's and the reduce's element sizes all say bf16 (the first said fp32 until
+    2026-11-30, while the other two said bf16)."""
+    config = ds_config()
+    config["bfloat16"] = config.pop("bf16")
+    assert config["bfloat16"]["enabled"]
+    zero = ZeroSettings.from_ds_config(config)
+    assert (zero.element_bytes, zero.grad_accum_bytes, zero.comm_element_bytes) == (2, 2, 2)
 
 
 def test_an_unknown_gradient_accumulation_dtype_is_named():

@@ -110,8 +110,8 @@ class MastersInPartitions:
         if self.copies is not None:
             self.copies.forget(group)
 
-    def lent_with_debt(self, group) -> bool:
-        """Was ``group`` lent with its file's debt? Asked once, as it comes back (then it is not any more)."""
+    def take_debt(self, group) -> bool:
+        """Take back the debt ``group`` was lent with, if it was (True then): asked once, as it comes back."""
         owed = group in self._lent_with_debt
         self._lent_with_debt.discard(group)
         return owed
@@ -165,6 +165,9 @@ class MastersInPartitions:
     def stats(self) -> Mapping[str, int]:
         """The masters written from the partitions where something needed their files, and owed to the files now."""
         writes = self.writes
-        return {"optimizer_masters_written_behind": writes.masters_written_behind if writes is not None else 0,
-                "optimizer_master_bytes_written_behind": writes.bytes_written_behind if writes is not None else 0,
-                "optimizer_masters_owed": writes.owed_masters if writes is not None else 0}
+        if writes is None:
+            return {"optimizer_masters_written_behind": 0, "optimizer_master_bytes_written_behind": 0,
+                    "optimizer_masters_owed": 0}
+        return {"optimizer_masters_written_behind": writes.masters_written_behind,
+                "optimizer_master_bytes_written_behind": writes.bytes_written_behind,
+                "optimizer_masters_owed": writes.owed_masters}

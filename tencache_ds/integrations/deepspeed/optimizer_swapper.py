@@ -233,8 +233,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         or what ``before_copy(places, source)`` returns when the copy starts (``begin_load_copy``: by then the
         engine has read the checkpoint's own description, e.g. how many ranks saved it)."""
         self._checkpoint_load_pending = True
-        self.settle_master_writes()  # before the files are replaced
-        self.forget_master_copies()
+        self.forget_master_copies()  # (what the partitions owe the files is written first: before they are replaced)
         self._load_places = places or LoadPlaces.ALL
         self._before_load_copy = before_copy
         self.last_load_places = self.last_load_source = None
@@ -473,8 +472,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         file current) and forgets every entry, so nothing from before the load is served. Gradients do not survive
         a load (stock's checkpoints skip them too)."""
         super().purge_state()
-        self.settle_master_writes()
-        self.forget_master_copies()
+        self.forget_master_copies()  # (settled first)
         self._gradient_fragments.clear()
         self._counted_this_window = set()
         self._stored_gradients = set()
@@ -819,7 +817,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         debt of an owed master), and its gradient (discarded where it was a copy of fragments stage 3 still holds:
         nothing to keep or write)."""
         error = None
-        master_owed = self.masters.lent_with_debt(swap_info.param_id)
+        master_owed = self.masters.take_debt(swap_info.param_id)
         for index, context in enumerate(swap_info.tensors):
             if context.swap_path not in lent:
                 continue

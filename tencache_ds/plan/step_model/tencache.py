@@ -253,15 +253,15 @@ def _device_tier_held_bytes(workload: Workload, plan: TencachePlan) -> int:
 def _optimizer_streaming_bytes(workload: Workload) -> int:
     """The slots optimizer state that is not kept streams through (OptimizerStore.least_host_footprint_bytes): a
     sub-group's four tensors, and with more than one sub-group the next one's read ahead and the last one's written
-    behind, at most the slots there are (``offload_optimizer.buffer_count``, at least 8). A config that turns
-    ``pipeline_read`` or ``pipeline_write`` off explicitly takes fewer at run time; the slots here do not tell that
-    from unset (both on) and err high (``tencache_writes_behind`` tells pipeline_write off apart for the masters'
-    writes only)."""
+    behind (unless the config turns ``pipeline_read`` or ``pipeline_write`` off explicitly, as the swapper's
+    ``_reads_two_sub_groups`` and ``_writes_while_stepping``), at most the slots there are
+    (``offload_optimizer.buffer_count``, at least 8)."""
     zero = workload.zero
     largest = zero.swap_nbytes(workload.largest_sub_group_elements, zero.precision.master_bytes)
     several = len(workload.sub_groups) > 1
     slots = max(OPTIMIZER_STREAMING_SLOTS, zero.optimizer_buffer_count)
-    return largest * min(streaming_tensors_at_once(reads_ahead=several, writes_behind=several), slots)
+    return largest * min(streaming_tensors_at_once(reads_ahead=several and zero.tencache_reads_ahead,
+                                                   writes_behind=several and zero.tencache_writes_behind), slots)
 
 
 def _update_slot_bytes(workload: Workload) -> int:
@@ -338,7 +338,7 @@ def predict_tencache(workload: Workload, machine: Machine) -> Prediction:
             lend_keys, host_misses, schedule = gathering.lend_keys, gathering.misses, gathering.schedule
             lend_at, gather_at = gathering.lend_at, gathering.gather_at
             for index, fetch in enumerate(workload.fetches):
-                if streams and micro == workload.gas - 1 and index == first_backward:
+                if streams and zero.tencache_reads_ahead and micro == workload.gas - 1 and index == first_backward:
                     for name in _backward_reads_ahead(workload, plan):
                         ahead[name] = timeline.issue("nvme_read", plan.optimizer_io_bytes(name, opt_sizes[name]), name)
                 for position in lend_at.get(index, []):
@@ -534,7 +534,7 @@ def _tencache_optimizer(workload: Workload, timeline: Timeline, rates: Rates, pl
                 timeline.wait(ahead.pop(name), "nvme_read")
             elif _filled_master(workload, plan, i, name):  # copied from the partitions on the training thread
                 timeline.work(sizes[name] / rates.host_copy_bytes_per_s, "compute")
-        if i + 1 < groups:
+        if i + 1 < groups and workload.zero.tencache_reads_ahead:  # the next sub-group's, while this one steps
             read(i + 1)
         timeline.work(optimizer_cpu_s(workload, workload.sub_group_elements(i), rates), "cpu_adam")
         # written behind, in stage 3's order (the sub-group's fp16 partitions, then its optimizer state); the next

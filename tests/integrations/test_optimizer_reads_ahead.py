@@ -1,0 +1,99 @@
+"""The optimizer state read before the update asks (integrations/deepspeed/optimizer_reads_ahead.py), over a real
+OptimizerStore and real files: what is read in backward (the first sub-group's state, then the later ones' into idle
+streaming slots, in the step's last backward only), what a swap-in takes, and that every read started is given back,
+a failed one raised after the rest. The sub-groups are the swapper's swap infos as far as ReadsAhead reads them."""
+import dataclasses
+import os
+from typing import List
+
+import pytest
+import torch
+
+from tencache_ds.cache.entry import EntryState
+from tencache_ds.cache.optimizer_store import OptimizerStore
+from tencache_ds.errors import StaleFileError
+from tencache_ds.integrations.deepspeed.optimizer_reads_ahead import ReadsAhead
+
+NUMEL = 100_000
+
+
+@pytest.fixture(autouse=True)
+def debug_checks(monkeypatch):
+    monkeypatch.setenv("TENCACHE_DEBUG_CHECKS", "1")
+
+
+@dataclasses.dataclass
+class Tensor:
+    swap_path: str
+
+
+@dataclasses.dataclass
+class SubGroup:
+    param_id: str
+    tensors: List[Tensor]
+
+    def has_gradients(self) -> bool:
+        return False  # the update reads it from stage 3's buffer (stage3_gradients.py)
+
+
+def sub_groups_on_file(store, tmp_path, count):
+    """``count`` sub-groups of a master and two moments each, written to their files (nothing kept: budget 0)."""
+    groups = []
+    for g in range(count):
+        tensors = [Tensor(str(tmp_path / f"{prefix}{g}.swp")) for prefix in ("", "exp_avg-", "exp_avg_sq-")]
+        for index, tensor in enumerate(tensors):
+            store.lend_new(tensor.swap_path, NUMEL, tensor.swap_path).fill_(10 * g + index)
+            store.release(tensor.swap_path, changed=True)
+            store.wait_writes()
+        groups.append(SubGroup(str(g), tensors))
+    return groups
+
+
+def make(io, streaming_slots=8):
+    return OptimizerStore(torch.float32, lambda n: -(-n // 256) * 256, io, largest_numel=NUMEL,
+                          streaming_slots=streaming_slots, host_tier_share=lambda: 0)
+
+
+def all_paths(group):
+    return [tensor.swap_path for tensor in group.tensors]
+
+
+def test_backward_reads_the_first_sub_group_then_later_ones_into_idle_slots_in_the_last_backward(io, tmp_path):
+    store = make(io)
+    groups = sub_groups_on_file(store, tmp_path, 4)
+    for slot in range(8):  # every streaming slot in memory once (reads ahead never take a retired one)
+        key = f"warm{slot}"
+        store.lend_new(key, NUMEL, str(tmp_path / f"{key}.swp"))
+    for slot in range(8):
+        store.release(f"warm{slot}", changed=True)
+    store.wait_writes()
+    ahead = ReadsAhead(store, all_paths, lambda group: None)
+    ahead.during_backward(groups, lent={}, last_backward=False)  # gradient accumulation: not the last backward
+    assert ahead.in_backward == 0
+    assert [store.state(path) for path in all_paths(groups[1])] == [EntryState.ON_FILE] * 3
+    ahead.during_backward(groups, lent={"2": ["lent"]}, last_backward=True)
+    # 8 slots: the first sub-group's 3, one left for the update's gradient; 4 more, skipping the lent sub-group 2
+    assert ahead.in_backward == 4
+    taken = {group.param_id: list(ahead.take(group.param_id)) for group in groups}
+    assert taken == {"0": all_paths(groups[0]), "1": all_paths(groups[1]), "2": [], "3": all_paths(groups[3])[:1]}
+    assert list(ahead.take("0")) == []  # taken once
+    for group, paths in taken.items():
+        for index, path in enumerate(paths):
+            assert torch.all(store.wait_read(path) == 10 * int(group) + index)  # the file's bytes
+            store.release(path)
+    store.close()
+
+
+def test_every_read_started_is_given_back_and_a_failed_one_raised_after_the_rest(io, tmp_path):
+    store = make(io)
+    groups = sub_groups_on_file(store, tmp_path, 2)
+    os.unlink(groups[0].tensors[1].swap_path)  # a file gone (a checkpoint load that stopped, say)
+    ahead = ReadsAhead(store, all_paths, lambda group: None)
+    for group in groups:
+        ahead.next_sub_group(group)
+    with pytest.raises(StaleFileError, match="exp_avg-0.swp is missing"):
+        ahead.release_all()
+    store.check_invariants()
+    assert [store.state(path) for group in groups for path in all_paths(group)] == [EntryState.ON_FILE] * 6
+    assert list(ahead.take("1")) == []
+    store.close()
