@@ -8,7 +8,7 @@ fills with parameter partitions first, optimizer state next; within a kind, the 
 the profiled order) decides which entries stay.
 """
 import dataclasses
-from typing import Any, Dict, Mapping, Sequence, Tuple
+from typing import Dict, Sequence
 
 PARAM_IO_BYTES_PER_HELD_BYTE = 3.0
 OPTIMIZER_IO_BYTES_PER_HELD_BYTE = 2.0
@@ -25,30 +25,6 @@ OPTIMIZER_TENSORS_PER_SUB_GROUP = tensors_per_update(2)
 # The optimizer's streaming slots (the largest sub-group's size each) at least; DeepSpeed's offload_optimizer
 # buffer_count where larger. An update beyond them waits for a write that frees one.
 OPTIMIZER_STREAMING_SLOTS = 8
-
-
-# The strings pydantic's lax bool parsing takes (DeepSpeed parses offload_optimizer with it): a raw JSON config read
-# without pydantic must give each the same answer
-_TRUE_STRINGS = {"1", "on", "t", "true", "y", "yes"}
-_FALSE_STRINGS = {"0", "off", "f", "false", "n", "no"}
-
-
-def _flag(value: Any) -> bool:
-    if isinstance(value, str) and value.lower() in _TRUE_STRINGS | _FALSE_STRINGS:
-        return value.lower() in _TRUE_STRINGS
-    return bool(value)  # (another string: DeepSpeed refuses the config)
-
-
-def optimizer_pipelining(given: Mapping[str, Any]) -> Tuple[bool, bool]:
-    """(reads ahead, writes behind) of tencache's optimizer swapper, from ``offload_optimizer``'s ``pipeline_read``
-    and ``pipeline_write`` as the config gives them (a key absent: not given). Stock picks its pipelined swapper with
-    them; tencache reads ahead (the first sub-groups' state during backward, the next sub-group's during each update)
-    and writes behind (the update's writes finish during the next forward; fp32 masters filled from the parameter
-    partitions owe their files instead of being written in it) unless the config turns either off explicitly. The
-    bytes are the same either way; only when the I/O happens changes. The one place of this rule: the swapper (with
-    the values pydantic parsed) and the step model (plan/workload.py, with the raw JSON's: strings read as pydantic
-    reads them) both read it here."""
-    return _flag(given.get("pipeline_read", True)), _flag(given.get("pipeline_write", True))
 
 
 def streaming_tensors_at_once(reads_ahead: bool, writes_behind: bool) -> int:

@@ -9,7 +9,6 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from ..config import TencacheConfig, config_of_ds_dict
 from ..errors import TencacheConfigError
-from .host_tier import optimizer_pipelining
 from .model_shapes import ModelShape
 
 MIB = 1 << 20
@@ -22,10 +21,37 @@ _DTYPE_NAME_BYTES = {name: 2 for name in ("torch.float16", "fp16", "float16", "h
 _DTYPE_NAME_BYTES.update({name: 4 for name in ("torch.float32", "fp32", "float32", "float")})
 
 
+# The strings pydantic's lax bool parsing takes (DeepSpeed parses offload_optimizer with it): a raw JSON config read
+# without pydantic must give each the same answer
+_TRUE_STRINGS = {"1", "on", "t", "true", "y", "yes"}
+_FALSE_STRINGS = {"0", "off", "f", "false", "n", "no"}
+
+
+def lax_bool(value: Any) -> bool:
+    """A DeepSpeed config flag as pydantic reads it (a string too)."""
+    if isinstance(value, str) and value.lower() in _TRUE_STRINGS | _FALSE_STRINGS:
+        return value.lower() in _TRUE_STRINGS
+    return bool(value)  # (another string: DeepSpeed refuses the config)
+
+
+def optimizer_pipelining(given: Mapping[str, Any]) -> Tuple[bool, bool]:
+    """(reads ahead, writes behind) of tencache's optimizer swapper, from ``offload_optimizer``'s ``pipeline_read``
+    and ``pipeline_write`` as the config gives them (a key absent: not given). Stock picks its pipelined swapper with
+    them; tencache reads ahead (the first sub-groups' state during backward, the next sub-group's during each update)
+    and writes behind (the update's writes finish during the next forward; fp32 masters filled from the parameter
+    partitions owe their files instead of being written in it) unless the config turns either off explicitly. The
+    bytes are the same either way; only when the I/O happens changes. The one place of this rule: the swapper (with
+    the values pydantic parsed) and the step model (``ZeroSettings``, with the raw JSON's: strings read as pydantic
+    reads them) both read it here."""
+    return lax_bool(given.get("pipeline_read", True)), lax_bool(given.get("pipeline_write", True))
+
+
 def model_element_bytes(ds_config: Mapping[str, Any]) -> int:
     """The model's element size: 2 where fp16 or bf16 is enabled (``bfloat16``, DeepSpeed's old name for the bf16
     block, too: precision_config.get_bfloat16_config), else 4 (fp32). The one reader of that fact."""
-    half = any((ds_config.get(key) or {}).get("enabled") for key in ("fp16", "bf16", "bfloat16"))
+    # a "bf16" block hides a "bfloat16" one, enabled or not (precision_config.get_bfloat16_config)
+    bf16 = ds_config.get("bf16") if "bf16" in ds_config else ds_config.get("bfloat16")
+    half = any(lax_bool((section or {}).get("enabled", False)) for section in (ds_config.get("fp16"), bf16))
     return 2 if half else 4
 
 
@@ -139,8 +165,8 @@ class ZeroSettings:
     optimizer_pin_memory: bool = True
     pipelined_optimizer: bool = False  # pipeline_read or pipeline_write
     # tencache reads the optimizer's state ahead (in backward, and the next sub-group's in each update) and writes
-    # the update's tensors behind it unless pipeline_read / pipeline_write is false explicitly (plan/host_tier.py
-    # optimizer_pipelining; writes in the update then take every filled master too)
+    # the update's tensors behind it unless pipeline_read / pipeline_write is false explicitly
+    # (``optimizer_pipelining`` above; writes in the update then take every filled master too)
     tencache_reads_ahead: bool = True
     tencache_writes_behind: bool = True
     sub_group_size: int = int(1e9)
@@ -193,7 +219,8 @@ class ZeroSettings:
             param_pin_memory=bool(offload_param.get("pin_memory", True)),
             optimizer_buffer_count=number(offload_optimizer, "buffer_count", o, cls.optimizer_buffer_count),
             optimizer_pin_memory=bool(offload_optimizer.get("pin_memory", True)),
-            pipelined_optimizer=bool(offload_optimizer.get("pipeline_read") or offload_optimizer.get("pipeline_write")),
+            pipelined_optimizer=lax_bool(offload_optimizer.get("pipeline_read", False))
+            or lax_bool(offload_optimizer.get("pipeline_write", False)),
             tencache_reads_ahead=optimizer_pipelining(offload_optimizer)[0],
             tencache_writes_behind=optimizer_pipelining(offload_optimizer)[1],
             sub_group_size=number(zero, "sub_group_size", z, cls.sub_group_size),

@@ -31,9 +31,10 @@ class Tensor:
 class SubGroup:
     param_id: str
     tensors: List[Tensor]
+    gradient: bool = False  # False: the update reads it from stage 3's buffer (stage3_gradients.py)
 
     def has_gradients(self) -> bool:
-        return False  # the update reads it from stage 3's buffer (stage3_gradients.py)
+        return self.gradient
 
 
 def sub_groups_on_file(store, tmp_path, count):
@@ -49,6 +50,15 @@ def sub_groups_on_file(store, tmp_path, count):
     return groups
 
 
+def warm_slots(store, tmp_path, count=8):
+    """Every streaming slot in memory once (reads ahead never take a retired one)."""
+    for slot in range(count):
+        store.lend_new(f"warm{slot}", NUMEL, str(tmp_path / f"warm{slot}.swp"))
+    for slot in range(count):
+        store.release(f"warm{slot}", changed=True)
+    store.wait_writes()
+
+
 def make(io, streaming_slots=8):
     return OptimizerStore(torch.float32, lambda n: -(-n // 256) * 256, io, largest_numel=NUMEL,
                           streaming_slots=streaming_slots, host_tier_share=lambda: 0)
@@ -61,12 +71,7 @@ def all_paths(group):
 def test_backward_reads_the_first_sub_group_then_later_ones_into_idle_slots_in_the_last_backward(io, tmp_path):
     store = make(io)
     groups = sub_groups_on_file(store, tmp_path, 4)
-    for slot in range(8):  # every streaming slot in memory once (reads ahead never take a retired one)
-        key = f"warm{slot}"
-        store.lend_new(key, NUMEL, str(tmp_path / f"{key}.swp"))
-    for slot in range(8):
-        store.release(f"warm{slot}", changed=True)
-    store.wait_writes()
+    warm_slots(store, tmp_path)
     ahead = ReadsAhead(store, all_paths, lambda group: None)
     ahead.during_backward(groups, lent={}, last_backward=False)  # gradient accumulation: not the last backward
     assert ahead.in_backward == 0
@@ -96,4 +101,28 @@ def test_every_read_started_is_given_back_and_a_failed_one_raised_after_the_rest
     store.check_invariants()
     assert [store.state(path) for group in groups for path in all_paths(group)] == [EntryState.ON_FILE] * 6
     assert list(ahead.take("1")) == []
+    store.close()
+
+
+def test_a_lent_first_sub_group_is_not_read_and_a_second_gradient_on_file_keeps_its_slot(io, tmp_path):
+    """The first sub-group already swapped in (lent) is not read again; where the second sub-group's gradient is on
+    file (not in stage 3's buffer), its read while the first steps needs a slot: one fewer for later sub-groups."""
+    store = make(io)
+    groups = sub_groups_on_file(store, tmp_path, 4)
+    gradient = str(tmp_path / "1_gradient.swp")
+    store.lend_new(gradient, NUMEL, gradient).fill_(-1)
+    store.release(gradient, changed=True)
+    store.wait_writes()
+    groups[1].gradient = True
+    warm_slots(store, tmp_path)
+    ahead = ReadsAhead(store, all_paths, lambda group: gradient if group.param_id == "1" else None)
+    ahead.during_backward(groups, lent={"0": ["lent"]}, last_backward=True)
+    # 8 idle slots, less the update's gradient and the second sub-group's gradient on file: 6 for sub-groups 1-3
+    assert ahead.in_backward == 6
+    taken = {group.param_id: list(ahead.take(group.param_id)) for group in groups}
+    assert taken == {"0": [], "1": all_paths(groups[1]), "2": all_paths(groups[2]), "3": []}
+    for paths in taken.values():
+        for path in paths:
+            store.wait_read(path)
+            store.release(path)
     store.close()

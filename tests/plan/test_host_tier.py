@@ -1,8 +1,6 @@
-"""The host tier's split by NVMe I/O saved per held byte, and the optimizer's pipelining rule (pure)."""
-import pytest
-
+"""The host tier's split by NVMe I/O saved per held byte (pure)."""
 from tencache_ds.plan.host_tier import (OPTIMIZER_IO_BYTES_PER_HELD_BYTE, PARAM_IO_BYTES_PER_HELD_BYTE,
-                                        TierDemand, optimizer_pipelining, split_host_budget)
+                                        TierDemand, split_host_budget)
 
 PARAMS = lambda n: TierDemand("params", n, PARAM_IO_BYTES_PER_HELD_BYTE)          # noqa: E731
 OPTIMIZER = lambda n: TierDemand("optimizer", n, OPTIMIZER_IO_BYTES_PER_HELD_BYTE)  # noqa: E731
@@ -23,16 +21,3 @@ def test_a_budget_smaller_than_the_parameters_goes_to_them_alone():
 def test_zero_and_negative_budgets_give_nothing():
     assert split_host_budget(0, [PARAMS(60), OPTIMIZER(480)]) == {"params": 0, "optimizer": 0}
     assert split_host_budget(-5, [PARAMS(60)]) == {"params": 0}
-
-
-@pytest.mark.parametrize("given, expected", [
-    ({}, (True, True)),                                              # neither given: both on
-    ({"pipeline_read": False, "pipeline_write": False}, (False, False)),
-    ({"pipeline_write": False}, (True, False)),                      # the step model's "writes every master" case
-    ({"pipeline_read": True}, (True, True)),
-    ({"pipeline_read": False, "device": "nvme"}, (False, True)),     # offload_optimizer's other keys: ignored
-    ({"pipeline_read": "false", "pipeline_write": "Off"}, (False, False)),  # strings, as pydantic reads them
-    ({"pipeline_read": "1", "pipeline_write": "yes"}, (True, True)),
-])
-def test_the_optimizers_pipelining_is_on_unless_turned_off_explicitly(given, expected):
-    assert optimizer_pipelining(given) == expected

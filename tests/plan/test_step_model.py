@@ -25,7 +25,7 @@ from tencache_ds.plan.host_residency import steady_state
 from tencache_ds.plan.step_model.timeline import Timeline, shared_drive_scale
 from tencache_ds.plan.step_model.tencache import _optimizer_sequence, _optimizer_streaming_bytes, _partitions_on_nvme
 from tencache_ds.plan.profile_timings import machine_from_profile
-from tencache_ds.plan.workload import ZeroSettings, build_workload
+from tencache_ds.plan.workload import ZeroSettings, build_workload, model_element_bytes, optimizer_pipelining
 from tencache_ds.profile.step_profile import StepProfile
 from tencache_ds.profile.store import read_sections, save_section
 from tencache_ds.units import PAGE_BYTES, round_up
@@ -779,7 +779,7 @@ def test_communication_data_type_sizes_the_reduce_and_its_bucket_not_the_gathers
 
 
 def test_with_pipeline_read_off_the_model_reads_nothing_ahead_as_the_swapper():
-    """``offload_optimizer.pipeline_read: false`` given explicitly (plan/host_tier.optimizer_pipelining): the
+    """``offload_optimizer.pipeline_read: false`` given explicitly (plan/workload.optimizer_pipelining): the
     swapper reads no optimizer state in backward nor the next sub-group's during an update, and its streaming slots
     hold no second sub-group; the model replays the same: fewer slots, and a step no shorter."""
     from tencache_ds.plan.step_model.tencache import _backward_reads_ahead
@@ -791,6 +791,16 @@ def test_with_pipeline_read_off_the_model_reads_nothing_ahead_as_the_swapper():
     assert (works["default"].zero.tencache_reads_ahead, works["off"].zero.tencache_reads_ahead) == (True, False)
     assert _optimizer_streaming_bytes(works["off"]) < _optimizer_streaming_bytes(works["default"])
     assert _backward_reads_ahead(works["default"], tencache_plan(works["default"], this_vm()))  # (the default)
+    assert _backward_reads_ahead(works["off"], tencache_plan(works["off"], this_vm())) == []
+    # with slots to spare (buffer_count 16), writes behind hold the last sub-group's three tensors: 11 slots, 8 off
+    slots = {}
+    for name, write in (("behind", True), ("in the update", False)):
+        config = json.loads(json.dumps(default))
+        config["zero_optimization"]["offload_optimizer"].update(buffer_count=16, pipeline_write=write)
+        work = workload("gpt2-1.3b", config=config, micro_batch=1, seq=32)
+        slot = work.zero.swap_nbytes(work.largest_sub_group_elements, work.zero.precision.master_bytes)
+        slots[name] = _optimizer_streaming_bytes(work) // slot
+    assert slots == {"behind": 11, "in the update": 8}
     steps = {name: predict(work, this_vm())[TENCACHE] for name, work in works.items()}
     assert steps["off"].nvme_read_bytes == steps["default"].nvme_read_bytes  # the same bytes, later
     assert steps["off"].step_time_s > steps["default"].step_time_s
@@ -1106,6 +1116,19 @@ def test_the_estimate_has_no_gradient_round_trip_in_any_dtype_or_on_any_accelera
     assert plan.optimizer_streaming_bytes == work.zero.swap_nbytes(work.largest_sub_group_elements, 4)
 
 
+@pytest.mark.parametrize("given, expected", [
+    ({}, (True, True)),                                              # neither given: both on
+    ({"pipeline_read": False, "pipeline_write": False}, (False, False)),
+    ({"pipeline_write": False}, (True, False)),                      # the step model's "writes every master" case
+    ({"pipeline_read": True}, (True, True)),
+    ({"pipeline_read": False, "device": "nvme"}, (False, True)),     # offload_optimizer's other keys: ignored
+    ({"pipeline_read": "false", "pipeline_write": "Off"}, (False, False)),  # strings, as pydantic reads them
+    ({"pipeline_read": "1", "pipeline_write": "yes"}, (True, True)),
+])
+def test_the_optimizers_pipelining_is_on_unless_turned_off_explicitly(given, expected):
+    assert optimizer_pipelining(given) == expected
+
+
 def test_the_old_bfloat16_block_is_a_bf16_model_in_every_element_size():
     """DeepSpeed still reads ``"bfloat16"``, the bf16 block's old name (precision_config.get_bfloat16_config): the
     model's, the gradient accumulation's and the reduce's element sizes all say bf16 (the first said fp32 until
@@ -1115,6 +1138,10 @@ def test_the_old_bfloat16_block_is_a_bf16_model_in_every_element_size():
     assert config["bfloat16"]["enabled"]
     zero = ZeroSettings.from_ds_config(config)
     assert (zero.element_bytes, zero.grad_accum_bytes, zero.comm_element_bytes) == (2, 2, 2)
+    # as DeepSpeed reads them: a "bf16" block hides a "bfloat16" one, and "enabled" is a lax bool
+    assert model_element_bytes({"bf16": {"enabled": False}, "bfloat16": {"enabled": True}}) == 4
+    assert model_element_bytes({"bf16": {"enabled": "false"}}) == 4
+    assert model_element_bytes({"fp16": {"enabled": "true"}}) == 2
 
 
 def test_an_unknown_gradient_accumulation_dtype_is_named():

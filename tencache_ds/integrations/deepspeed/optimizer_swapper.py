@@ -49,7 +49,7 @@ from ...io.direct_io import DirectFileIO, store_io_threads
 from ...io import folder_lock
 from ...io.shared_files import LinkSafeIO, unshare_folder
 from ...memory.pool import BufferPool
-from ...plan.host_tier import optimizer_pipelining
+from ...plan.workload import optimizer_pipelining
 from ...profile.lifecycle import ProfileLifecycle
 from .profiling import rank_profile_path
 from .config_bridge import (DEEPSPEED_OPS, MIN_SWAPPABLE_BYTES, find_stage3_ds_config, find_stage3_optimizer,
@@ -158,7 +158,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             self.timers = timers
             self.timer_names = set()
             # reading ahead (optimizer_reads_ahead.py) and writing behind: on unless pipeline_read or pipeline_write
-            # is false explicitly (plan/host_tier.py)
+            # is false explicitly (plan/workload.py)
             explicit = getattr(swap_config, "model_fields_set", set())
             self.reads_ahead, self.writes_behind = optimizer_pipelining(
                 {key: getattr(swap_config, key) for key in ("pipeline_read", "pipeline_write") if key in explicit})

@@ -338,7 +338,7 @@ def predict_tencache(workload: Workload, machine: Machine) -> Prediction:
             lend_keys, host_misses, schedule = gathering.lend_keys, gathering.misses, gathering.schedule
             lend_at, gather_at = gathering.lend_at, gathering.gather_at
             for index, fetch in enumerate(workload.fetches):
-                if streams and zero.tencache_reads_ahead and micro == workload.gas - 1 and index == first_backward:
+                if streams and micro == workload.gas - 1 and index == first_backward:
                     for name in _backward_reads_ahead(workload, plan):
                         ahead[name] = timeline.issue("nvme_read", plan.optimizer_io_bytes(name, opt_sizes[name]), name)
                 for position in lend_at.get(index, []):
@@ -490,7 +490,9 @@ def _backward_reads_ahead(workload: Workload, plan: TencachePlan) -> List[str]:
     as many as the streaming slots hold besides those and the slot the update lends the first sub-group's gradient
     (the model's gradients come from stage 3's buffer: none on file). The replay issues them where the step's last
     backward starts; the run starts the first sub-group's in the first one, so under gradient accumulation the model
-    is pessimistic."""
+    is pessimistic. None with ``pipeline_read`` off explicitly."""
+    if not workload.zero.tencache_reads_ahead:
+        return []
     first = _read_keys(workload, plan, 0)
     later = [name for i in range(1, len(workload.sub_groups)) for name in _read_keys(workload, plan, i)]
     idle = plan.optimizer_streaming_bytes // _update_slot_bytes(workload) - len(first) - 1
