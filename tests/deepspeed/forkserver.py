@@ -125,7 +125,9 @@ def launch_ranks(ranks, script, argv) -> int:
             code = 1
             try:
                 os.environ.update(launched, RANK=str(rank), LOCAL_RANK=str(rank))
-                sys.stdout.reconfigure(line_buffering=True)
+                # a line is written when it ends, in one write: with write-through on (python -u, PYTHONUNBUFFERED),
+                # print's text and its newline were two writes, and another rank's line could land between them
+                sys.stdout.reconfigure(line_buffering=True, write_through=False)
                 code = run_script(script, [f"--local_rank={rank}"] + argv)
             finally:
                 os._exit(code)
