@@ -454,7 +454,7 @@ def test_parameter_cache_slots_cuda_registered_are_not_given_back():
 
 
 def test_the_backward_reads_ahead_as_many_optimizer_tensors_as_idle_streaming_slots_hold():
-    """As the swapper does (optimizer_reads_ahead.py ``during_backward``): the first sub-group's master and
+    """As the swapper does (cache/optimizer_reads_ahead.py ``during_backward``): the first sub-group's master and
     moments, then the next sub-groups' in order, into the 8 streaming slots less those and the update's gradient
     slot: 4 more on gpt2-1.3b beyond RAM, where the tier streams every sub-group (docs/benchmarks.md: the step
     0.94x, its optimizer wait 2 s shorter). A tier that keeps everything reads nothing ahead."""

@@ -3,7 +3,7 @@ optimizer swapper (deepspeed-integration.md, a.6) into OptimizerStore calls, and
 sub-group consistent (the ``.data`` of its fp32 master and state tensors, ``.grad``, ``swap_params_info``). The
 store (streaming slots, host-tier share, footprint arithmetic) is cache/optimizer_store.py; entry states, I/O and
 eviction live in cache/entry_store.py; the masters the parameter partitions hold, masters_in_partitions.py; the
-reads started before the update asks, optimizer_reads_ahead.py.
+reads started before the update asks, cache/optimizer_reads_ahead.py.
 
 What changes for users:
 - Zero copies on a hit: a swap-in lends the held buffers themselves as the sub-group's fp32 master, Adam moments
@@ -59,7 +59,7 @@ from .config_bridge import (DEEPSPEED_OPS, MIN_SWAPPABLE_BYTES, find_stage3_ds_c
 from . import param_swapper, reporting
 from .host_tier_share import optimizer_host_share
 from .masters_in_partitions import MastersInPartitions
-from .optimizer_reads_ahead import ReadsAhead
+from ...cache.optimizer_reads_ahead import ReadsAhead
 from .stage3_gradients import stage3_gradients_of
 from .swap_files import SWAP_FILE_NAME, STAGED_LOAD_PREFIX, LoadPlaces, staged_load_name, swap_file_name
 
@@ -157,8 +157,8 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
                                             from_file=lambda name: os.path.join(self._folder, name))
             self.timers = timers
             self.timer_names = set()
-            # reading ahead (optimizer_reads_ahead.py) and writing behind: on unless pipeline_read or pipeline_write
-            # is false explicitly (plan/workload.py)
+            # reading ahead (cache/optimizer_reads_ahead.py) and writing behind: on unless pipeline_read or
+            # pipeline_write is false explicitly (plan/workload.py)
             explicit = getattr(swap_config, "model_fields_set", set())
             self.reads_ahead, self.writes_behind = optimizer_pipelining(
                 {key: getattr(swap_config, key) for key in ("pipeline_read", "pipeline_write") if key in explicit})

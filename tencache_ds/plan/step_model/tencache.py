@@ -485,7 +485,7 @@ def _param_schedule(workload: Workload, lends, misses: Set[int], rates: Rates,
 
 
 def _backward_reads_ahead(workload: Workload, plan: TencachePlan) -> List[str]:
-    """The optimizer tensors a backward reads ahead (integrations/deepspeed/optimizer_reads_ahead.py
+    """The optimizer tensors a backward reads ahead (cache/optimizer_reads_ahead.py
     ``during_backward``): the first sub-group's that are not held, then the next sub-groups' in the update's order,
     as many as the streaming slots hold besides those and the slot the update lends the first sub-group's gradient
     (the model's gradients come from stage 3's buffer: none on file). The replay issues them where the step's last

@@ -10,7 +10,7 @@ streaming slot read ahead in backward"). The bytes are the same; only when they 
 """
 from typing import Callable, Dict, List, Sequence
 
-from ...cache.entry import EntryState
+from .entry import EntryState
 
 
 class ReadsAhead:

@@ -1,4 +1,4 @@
-"""The optimizer state read before the update asks (integrations/deepspeed/optimizer_reads_ahead.py), over a real
+"""The optimizer state read before the update asks (cache/optimizer_reads_ahead.py), over a real
 OptimizerStore and real files: what is read in backward (the first sub-group's state, then the later ones' into idle
 streaming slots, in the step's last backward only), what a swap-in takes, and that every read started is given back,
 a failed one raised after the rest. The sub-groups are the swapper's swap infos as far as ReadsAhead reads them."""
@@ -12,7 +12,7 @@ import torch
 from tencache_ds.cache.entry import EntryState
 from tencache_ds.cache.optimizer_store import OptimizerStore
 from tencache_ds.errors import StaleFileError
-from tencache_ds.integrations.deepspeed.optimizer_reads_ahead import ReadsAhead
+from tencache_ds.cache.optimizer_reads_ahead import ReadsAhead
 
 NUMEL = 100_000
 
