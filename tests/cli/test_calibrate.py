@@ -10,3 +10,18 @@ def test_two_processes_time_stage3s_all_gather_and_reduce_scatter():
     # the rate is the bytes a rank receives: half the tensor at 2 ranks, over the slowest rank's time
     assert measured["allgather_bytes_per_s"] == (2 << 20) / measured["allgather_s"]
     assert "2 processes, gloo" in measured["method"] and "4 MiB fp32" in measured["method"]
+
+
+def test_the_process_baseline_is_measured_after_a_training_process_s_imports(tmp_path):
+    """A training process has imported torch._dynamo and the model's modeling module before it builds its model:
+    0.14 GiB on this machine with gpt2's, which the baseline lacked until 2026-11-30 (docs/estimate.md)."""
+    import json
+    import os
+    from tencache_ds.cli.calibrate import calibrate
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    with open(os.path.join(repo, "configs", "models", "gpt2-tiny.json")) as handle:
+        model_config = json.load(handle)
+    measured = calibrate(str(tmp_path), model_config, 1, 32, "fp32", probes=())
+    assert measured["baseline_rss_bytes"] > 0
+    assert measured["baseline_imports"] == ("torch, transformers, DeepSpeed, torch._dynamo and "
+                                            "transformers.models.gpt2.modeling_gpt2")

@@ -359,20 +359,23 @@ class _Bucket:
         self.buffer = buffer
 
 
-def fake_stage3(numels, bucket_elements, dtype_bytes=4, contiguous=True, sub_groups=(100,)):
+def fake_stage3(numels, bucket_elements, dtype_bytes=4, contiguous=True, sub_groups=(100,), comm_bytes=None):
     """What stage3_prior reads of a built stage 3 optimizer: its parameters (ds_numel), its gradient buckets
-    (allocated with contiguous_gradients), ``reduce_bucket_size`` and its sub-groups' sizes."""
+    (allocated with contiguous_gradients, in ``communication_data_type``: ``comm_bytes``, the parameters' by
+    default), ``reduce_bucket_size`` and its sub-groups' sizes."""
     import types
     import torch
     dtype = {4: torch.float32, 2: torch.bfloat16}[dtype_bytes]
+    comm_dtype = {4: torch.float32, 2: torch.bfloat16}[comm_bytes or dtype_bytes]
     params = []
     for numel in numels:
         param = torch.empty(0, dtype=dtype)
         param.ds_numel = numel
         params.append(param)
-    buckets = {dtype: _Bucket(torch.empty(bucket_elements, dtype=dtype) if contiguous else None)}
+    buckets = {comm_dtype: _Bucket(torch.empty(bucket_elements, dtype=comm_dtype) if contiguous else None)}
     return types.SimpleNamespace(fp16_groups=[params], ipg_buckets=buckets, reduce_bucket_size=bucket_elements,
-                                 fp16_partitioned_groups_flat_numel=list(sub_groups))
+                                 fp16_partitioned_groups_flat_numel=list(sub_groups),
+                                 communication_data_type=comm_dtype)
 
 
 def test_the_prior_comes_from_stage_3s_bucket_parameters_and_sub_groups():
@@ -385,6 +388,12 @@ def test_the_prior_comes_from_stage_3s_bucket_parameters_and_sub_groups():
     assert memory_pressure.stage3_prior(small, True) == RisePrior(2 * 1300 * 2, 1300 * 2)
     # without contiguous_gradients no bucket is allocated: nothing untouched
     assert memory_pressure.stage3_prior(fake_stage3([1000], 10**6, contiguous=False), True).untouched_bytes == 0
+    # bf16 gradients reduced in fp32 (communication_data_type): the reduce concatenates their fp32 casts, bucket
+    # or not, as the step model prices it (plan/workload.communication_bytes); without a bucket the prior took the
+    # parameters' 2 bytes until 2026-11-30
+    for contiguous in (True, False):
+        cast = fake_stage3([1000, 300], bucket_elements=10**6, dtype_bytes=2, contiguous=contiguous, comm_bytes=4)
+        assert memory_pressure.stage3_prior(cast, True).rise_bytes == 2 * 1300 * 4
     # on a GPU the host sees the update's temporaries: the largest sub-group in fp32
     assert memory_pressure.stage3_prior(stage3, False) == RisePrior(4300 * 4)
     # one rank on a host accelerator: the reduce is handed views (one_rank_reduce.py) and takes no buffers, which

@@ -17,8 +17,9 @@ from tencache_ds.plan.model_shapes import ModelConfigError, model_shape
 from tencache_ds.plan.step_model import (STOCK, TENCACHE, Prediction, drive_days_to_tbw, fits, predict,
                                          predict_stock, tencache_plan)
 from tencache_ds.plan.memory_pressure import stage3_rise_prior
-from tencache_ds.plan.step_model.costs import (allgather_s, backward_host_memory_s, gathered_bytes,
-                                              host_step_rise_bytes, norm_fresh_elements, param_bytes,
+from tencache_ds.plan.step_model.costs import (allgather_s, backward_host_memory_s, gathered_bytes, heap_kept_bytes,
+                                              host_step_rise_bytes, init_outside_pool_bytes, norm_fresh_elements,
+                                              param_bytes,
                                               reduce_bucket_bytes, reduce_scatter_s, reduces_to_views,
                                               run_time_prior)
 from tencache_ds.plan.host_residency import steady_state
@@ -961,6 +962,68 @@ def test_the_reduce_bucket_is_allocated_whole_on_a_gpu_and_filled_by_gathered_gr
     assert reduce_bucket_bytes(two, host_accelerator=False) == int(5e8) * 2
     gpu = this_vm(accelerator_is_host=False, accelerator_memory_bytes=80 * GIB, ranks_per_node=8)
     assert predict_stock(workload(config=config, world=8), gpu).memory["device"] > int(5e8) * 2
+
+
+# Peak RSS of rank 0 (rank 1 in parentheses), fp32, micro-batch 1 x 32, measured with scripts/measure_host_rest.py
+# on 2026-11-30 (docs/validate/host-rest-2026-11-30): stock CPU offload with DeepSpeed's defaults on gpt2-small, by
+# ranks and sub_group_size (None: DeepSpeed's 1e9, one sub-group a rank).
+MEASURED_STOCK_CPU_PEAK_GIB = {(1, None): 5.07, (1, 2_000_000): 5.12, (2, None): 4.08, (2, 2_000_000): 4.03}
+THIS_VM_BASELINE_BYTES = 430424064  # configs/machines/this-2core-vm.json: a training process's imports
+
+
+def stock_cpu_defaults(sub_group_size=None):
+    """configs/stock-nvme.json's training settings with DeepSpeed's stage-3 defaults and both offloads on cpu, in
+    fp32 (as the bench's stock CPU offload arm and docs/validate/host-rest-2026-11-30/stock-cpu-defaults.json)."""
+    config = ds_config()
+    config.pop("bf16")
+    config["zero_optimization"] = {"stage": 3, "offload_param": {"device": "cpu", "pin_memory": True},
+                                   "offload_optimizer": {"device": "cpu", "pin_memory": True},
+                                   "overlap_comm": False, "contiguous_gradients": True}
+    if sub_group_size:
+        config["zero_optimization"]["sub_group_size"] = sub_group_size
+    return config
+
+
+@pytest.mark.parametrize("ranks, sub_group_size", sorted(MEASURED_STOCK_CPU_PEAK_GIB, key=str))
+def test_a_host_accelerators_peak_does_not_follow_the_largest_sub_group(ranks, sub_group_size):
+    """Stock CPU offload's peak on gpt2-small is the same with 1 and 37 sub-groups (5.07 and 5.12 GiB at one rank,
+    4.08 and 4.03 at two): what the process keeps beside its tensors does not shrink with sub-groups or ranks. The
+    model priced it as the largest sub-group's initialisation buffers until 2026-11-30, and gave 4.33 GiB with 37
+    sub-groups and 2.99-3.39 at two ranks (-15 to -26%); now as the heap's (``heap_kept_bytes``)."""
+    work = workload("gpt2-small", config=stock_cpu_defaults(sub_group_size), world=ranks, micro_batch=1, seq=32)
+    machine = this_vm(process_baseline_bytes=THIS_VM_BASELINE_BYTES, ranks_per_node=ranks)
+    measured = MEASURED_STOCK_CPU_PEAK_GIB[(ranks, sub_group_size)] * GIB
+    assert predict_stock(work, machine).host_bytes == pytest.approx(measured, rel=0.10)
+
+
+def test_the_heap_is_priced_where_stage_3_reduces_the_gradients_itself():
+    """``heap_kept_bytes``: 10 B an element of the parameters under glibc's mmap threshold (gpt2-small's, all but
+    its embedding's 38.6 M), on a host accelerator where stage 3 reduces itself: stock, and tencache from two ranks.
+    Where tencache's reduce takes views (one rank) the initialisation's buffers stand instead, as on a GPU: measured
+    there, gpt2-small and gpt2-medium kept 0.06-0.77 GiB beside their tensors, not the 0.80 and 2.83 GiB of the
+    term."""
+    work = workload("gpt2-small", config=stock_cpu_defaults(), micro_batch=1, seq=32)
+    small = sum(p.numel for p in work.partitions.values() if p.numel * 4 <= 32 * MIB)
+    assert small == work.rank_elements - 38_597_376
+    assert heap_kept_bytes(work, this_vm()) == 10 * small
+    assert init_outside_pool_bytes(work, this_vm()) == 0
+    assert heap_kept_bytes(work, this_vm(), reduce_views=True) == 0
+    assert init_outside_pool_bytes(work, this_vm(), reduce_views=True) == 10 * work.largest_sub_group_elements
+    gpu = this_vm(accelerator_is_host=False, accelerator_memory_bytes=80 * GIB)
+    assert heap_kept_bytes(work, gpu) == 0 and init_outside_pool_bytes(work, gpu) == 10 * work.rank_elements
+
+
+@pytest.mark.parametrize("ranks, budget, measured_gib", [
+    (1, "620MB", 4.19),    # docs/bench/gpt2-small-many-sub-groups-quarter-2026-11-30-session32
+    (2, "310MB", 4.17)])   # docs/bench/gpt2-small-2ranks-many-sub-groups-quarter-2026-11-30-session32
+def test_tencaches_peak_with_many_sub_groups_at_one_and_two_ranks(ranks, budget, measured_gib):
+    """gpt2-small, 37 sub-groups, fp32, micro-batch 1 x 32: tencache's peak RSS, one rank's. At two ranks stage 3
+    reduces itself and the heap it keeps is priced: the model gave 3.33 GiB there (-20%) before."""
+    config = ds_config("stock-nvme-many-sub-groups.json", host_cache_bytes=budget)
+    config.pop("bf16")
+    work = workload("gpt2-small", config=config, world=ranks, micro_batch=1, seq=32)
+    machine = this_vm(process_baseline_bytes=THIS_VM_BASELINE_BYTES, ranks_per_node=ranks)
+    assert predict(work, machine)[TENCACHE].host_bytes == pytest.approx(measured_gib * GIB, rel=0.12)
 
 
 @pytest.mark.parametrize("model, config_name, measured_bytes", [

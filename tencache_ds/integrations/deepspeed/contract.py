@@ -224,6 +224,9 @@ PRIVATE_MEMBERS = (
                   "contiguous_gradients) and untouched until the first backward: the host governor's prior"),
     PrivateMember(STAGE3, "reduce_bucket_size", "attribute", "memory_pressure.py",
                   "the gradient bucket's elements, which a reduce copies twice: the host governor's prior"),
+    PrivateMember(STAGE3, "communication_data_type", "attribute", "memory_pressure.py",
+                  "the dtype the reduce casts gradients to, bucket or not: the host governor's prior without "
+                  "contiguous_gradients"),
     PrivateMember(STAGE3, "master_weights_and_grads_dtype", "attribute", "universal.py",
                   "the masters' dtype (bf16 with bf16_master_weights_and_grads), which a swapped-out master's "
                   "placeholder, an empty fp32 tensor, does not show"),

@@ -357,8 +357,12 @@ def stage3_prior(stage3, accelerator_is_host: bool, reduce_views: bool = False) 
         return NO_PRIOR
     gathered = sum(param.ds_numel for param in params)
     buffers = [bucket.buffer for bucket in stage3.ipg_buckets.values() if bucket.buffer is not None]
-    # one bucket per communication dtype: gradients fill them together at most the gathered model's elements
-    gradient_bytes = max([buffer.element_size() for buffer in buffers] or [params[0].element_size()])
+    # one bucket per communication dtype: gradients fill them together at most the gathered model's elements.
+    # Without buckets (contiguous_gradients off) the reduce concatenates the gradients cast to
+    # communication_data_type all the same (__avg_scatter_grads), as the step model prices it
+    # (plan/workload.communication_bytes); until 2026-11-30 this took the parameters' element size
+    comm_bytes = stage3.communication_data_type.itemsize
+    gradient_bytes = max([buffer.element_size() for buffer in buffers] or [comm_bytes])
     # a module around the bucket's reduce is taken as the largest parameter (the swapper sees no modules)
     largest_gathered = max(param.ds_numel * param.element_size() for param in params)
     largest_sub_group = max(stage3.fp16_partitioned_groups_flat_numel, default=0)

@@ -17,7 +17,7 @@ from typing import Dict, List, Tuple
 from ..host_tier import tensors_per_update
 from ..machine import Machine
 from ..workload import Workload, ZeroSettings
-from .costs import (allgather_s, backward_host_memory_s, host_resident_bytes, init_bytes_per_element_outside_pool,
+from .costs import (allgather_s, backward_host_memory_s, host_resident_bytes, init_outside_pool_bytes,
                     init_bytes_per_element_pooled, module_compute_s, nvme_space, optimizer_cpu_s,
                     optimizer_state_bytes_per_element, param_bytes, persistent_keys, reduce_scatter_s,
                     sub_group_file_bytes)
@@ -179,19 +179,19 @@ def _stock_memory(workload: Workload, machine: Machine) -> Dict[str, int]:
     largest_group = workload.largest_sub_group_elements
     if zero.offload_param in ("cpu",) or (zero.offload_param == "nvme" and zero.max_in_cpu > 0):
         pinned += sum(p.part_numel for p in workload.partitions.values() if not p.on_nvme) * zero.element_bytes
-    pageable = common["baseline"] + common["device_on_host"]
+    pageable = common["baseline"] + common["heap"] + common["device_on_host"]
     gradients = common["gradients"]
     if zero.offload_optimizer == "nvme":
         pool = zero.optimizer_buffer_count * zero.swap_nbytes(largest_group, zero.precision.master_bytes)
         pinned += pool if zero.optimizer_pin_memory else 0
         pageable += 0 if zero.optimizer_pin_memory else pool
         pooled = max(0, init_bytes_per_element_pooled(zero) - zero.optimizer_buffer_count * zero.precision.master_bytes)
-        pageable += largest_group * (init_bytes_per_element_outside_pool(zero) + pooled)
+        pageable += init_outside_pool_bytes(workload, machine) + largest_group * pooled
     elif zero.offload_optimizer == "cpu":
         states = workload.rank_elements * optimizer_state_bytes_per_element(zero)
         pinned += states if zero.optimizer_pin_memory else 0
         pageable += 0 if zero.optimizer_pin_memory else states
-        pageable += largest_group * init_bytes_per_element_outside_pool(zero)  # the same initialisation, in memory
+        pageable += init_outside_pool_bytes(workload, machine)  # the same initialisation, in memory
     if zero.offload_optimizer != "none" and zero.optimizer_pin_memory:
         pinned += gradients
     else:

@@ -34,7 +34,7 @@ from ..prefetch import PrefetchSchedule
 from ..size_classes import cache_slot_counts, class_bytes, merge_close_classes, size_histogram, streaming_slot_counts
 from ..workload import Workload, ZeroSettings
 from .costs import (allgather_s, backward_host_memory_s, device_step_bytes, device_working_bytes, gathered_bytes,
-                    host_resident_bytes, host_step_rise_bytes, init_bytes_per_element_outside_pool,
+                    host_resident_bytes, host_step_rise_bytes, init_outside_pool_bytes,
                     init_bytes_per_element_pooled, module_compute_s, nvme_space, one_rank_on_a_host_accelerator,
                     optimizer_cpu_s, optimizer_state_bytes_per_element, param_bytes, persistent_keys,
                     reduce_bucket_bytes, reduce_scatter_s, reduces_to_views, run_time_prior, sub_group_file_bytes)
@@ -274,10 +274,10 @@ def _held_between_steps(workload: Workload, machine: Machine, param_slot_bytes: 
     """Host bytes a rank holds between two steps besides its optimizer footprint: what ``_tencache_memory`` counts
     less the optimizer's, less a step's own working set on a host accelerator (freed by the time memory is read)
     and the optimizer's one-off initialisation."""
-    common = host_resident_bytes(workload, machine)
+    common = host_resident_bytes(workload, machine, reduces_to_views(workload, machine))
     step = device_step_bytes(workload, host_accelerator=True) if machine.accelerator_is_host else 0
     on_host = common["device_on_host"] - step
-    return (common["baseline"] + common["gradients"] + on_host + param_slot_bytes
+    return (common["baseline"] + common["heap"] + common["gradients"] + on_host + param_slot_bytes
             + _params_off_nvme_bytes(workload))
 
 
@@ -573,7 +573,7 @@ def _memory_with(workload: Workload, machine: Machine, plan: TencachePlan, param
     ``optimizer_footprint`` (kept state and streaming slots); without ``stepping`` (initialisation), less what a
     step's forward and backward hold on a host accelerator."""
     zero = workload.zero
-    common = host_resident_bytes(workload, machine)
+    common = host_resident_bytes(workload, machine, reduces_to_views(workload, machine))
     device = common["device"] + (0 if machine.accelerator_is_host else plan.device_tier_bytes)
     slots = plan.param_streaming_bytes + param_cache
     pinned = (slots if plan.param_slots_locked else 0) + _params_off_nvme_bytes(workload)
@@ -584,14 +584,15 @@ def _memory_with(workload: Workload, machine: Machine, plan: TencachePlan, param
         on_host -= device_step_bytes(workload, True) - device_step_bytes(workload, True, reduce_views=True)
     if not stepping and machine.accelerator_is_host:  # nor the gradient bucket, untouched until a backward
         on_host -= device_step_bytes(workload, host_accelerator=True) + reduce_bucket_bytes(workload, True)
-    pageable = common["baseline"] + on_host + (0 if plan.param_slots_locked else slots)
+    pageable = common["baseline"] + common["heap"] + on_host + (0 if plan.param_slots_locked else slots)
     if zero.offload_optimizer != "none" and zero.optimizer_pin_memory:
         pinned += common["gradients"]
     else:
         pageable += common["gradients"]
     if zero.offload_optimizer == "nvme":
         largest = workload.largest_sub_group_elements
-        init = largest * (init_bytes_per_element_outside_pool(zero) + init_bytes_per_element_pooled(zero))
+        views = reduces_to_views(workload, machine)
+        init = init_outside_pool_bytes(workload, machine, views) + largest * init_bytes_per_element_pooled(zero)
         pageable += max(init, optimizer_footprint)
     elif zero.offload_optimizer == "cpu":
         states = workload.rank_elements * optimizer_state_bytes_per_element(zero)
