@@ -1,19 +1,20 @@
-"""Host memory of a training run, phase by phase: runs scripts/train.py in this process (its arguments, unchanged)
-and records, after deepspeed.initialize and after each engine.step, the resident set (VmRSS), its high-water mark
-since the previous record (VmHWM, reset through /proc/self/clear_refs) and glibc's heap (mallinfo2: its arena, the
-free memory in it, the bytes in mapped chunks). What the step model's host terms are checked against
-(plan/step_model/costs.py ``HEAP_KEPT_BYTES_PER_ELEMENT``; docs/estimate.md, "Host memory beside the tensors").
+"""Host memory of a training run, phase by phase: runs scripts/train.py's main in this process (its arguments,
+unchanged) and records, after deepspeed.initialize and after each engine.step, the resident set (VmRSS), its
+high-water mark since the previous record (VmHWM, reset through /proc/self/clear_refs) and glibc's heap (mallinfo2:
+its arena, the free memory in it, the bytes in mapped chunks). What the step model's host terms are checked against
+(plan/step_model/costs.py ``heap_kept_bytes``; docs/estimate.md, "Host memory beside the tensors").
 
-    python scripts/measure_host_rest.py --deepspeed_config CONFIG --model gpt2-small --dtype fp32 --seq-len 32 \\
-        --micro-batch 1 --steps 5 --untouched-stock            # one rank
-    deepspeed --num_gpus 2 scripts/measure_host_rest.py ...    # two: one file per rank
+    python scripts/measure_host_rest.py --deepspeed_config CONFIG --model gpt2-small --dtype fp32 --seq-len 32 \
+        --micro-batch 1 --steps 5 --weights-gather none --untouched-stock     # one rank
+    deepspeed --num_gpus 2 scripts/measure_host_rest.py ...                    # two: one file per rank
 
-Writes ``$HOST_REST_OUT.rank<R>.json`` (default ``host-rest``). Linux with glibc only.
+Writes ``$HOST_REST_OUT.rank<R>.json`` (default ``host-rest``). The reset also lowers the process's ru_maxrss, so
+the ``peak_rss_bytes`` of train.py's own result counts from the last record only. Linux, glibc 2.33 or later
+(mallinfo2).
 """
 import ctypes
 import json
 import os
-import runpy
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -47,12 +48,15 @@ def record() -> dict:
     return out
 
 
-def main() -> None:
+def main() -> int:
     out = os.environ.get("HOST_REST_OUT", "host-rest")
+    path = f"{out}.rank{os.environ.get('RANK', '0')}.json"
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)  # before training: not a late error
     records = {"argv": sys.argv[1:], "after_initialize": None, "after_steps": []}
-    import deepspeed
+    sys.path.insert(0, HERE)
+    import train  # its module code first: it answers py-cpuinfo before deepspeed is imported
     from deepspeed.runtime.engine import DeepSpeedEngine
-    initialize, step = deepspeed.initialize, DeepSpeedEngine.step
+    initialize, step = train.deepspeed.initialize, DeepSpeedEngine.step
 
     def initialize_recorded(*args, **kwargs):
         result = initialize(*args, **kwargs)
@@ -64,13 +68,10 @@ def main() -> None:
         records["after_steps"].append(record())
         return result
 
-    deepspeed.initialize, DeepSpeedEngine.step = initialize_recorded, step_recorded
-    sys.path.insert(0, HERE)
-    sys.argv = [os.path.join(HERE, "train.py")] + sys.argv[1:]
+    train.deepspeed.initialize, DeepSpeedEngine.step = initialize_recorded, step_recorded
     try:
-        runpy.run_path(sys.argv[0], run_name="__main__")
+        return train.main(sys.argv[1:])
     finally:
-        path = f"{out}.rank{os.environ.get('RANK', '0')}.json"
         with open(path, "w") as handle:
             json.dump(records, handle, indent=1)
         steps = records["after_steps"]
@@ -81,4 +82,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -83,6 +83,7 @@ COLLECTIVE_TIMEOUT_S = 60.0  # about 5 s here, most of it two interpreters impor
 
 
 ALL_PROBES = ("nvme", "adam", "host_copy", "collectives", "compute", "zero3_calls")
+BASELINE_IMPORTS = "torch, transformers, DeepSpeed"  # the process baseline's imports, besides _import_model_code's
 MODEL_PROBES = ("compute", "zero3_calls")  # the figures that are the model's and shape's, not only the machine's
 
 
@@ -177,7 +178,7 @@ def machine_from_calibration(measured: Dict[str, Any]):
             "host_memory_bytes": f"{where}: /proc/meminfo and the memory cgroup (probes/host_memory.py, bound by "
                                  f"{memory.bound_by})",
             "process_baseline_bytes": f"{where}: resident memory after importing "
-                                      f"{measured.get('baseline_imports') or 'torch, transformers, DeepSpeed'}",
+                                      f"{measured.get('baseline_imports') or BASELINE_IMPORTS}",
             "load": f"1-minute load average {load} on {os.cpu_count()} cores when measured",
         })
 
@@ -229,21 +230,22 @@ def _probe_main(argv: Sequence[str]) -> None:
 
 
 def _import_model_code(model_config: Dict[str, Any]) -> str:
-    """Import what a training process has imported before it builds its model, beyond torch, transformers and
-    DeepSpeed: torch._dynamo (DeepSpeed's engine imports it) and the model's modeling module (transformers imports
-    it on the first from_config). 0.14 GiB on this machine with gpt2's; the baseline was short of them until
-    2026-11-30. Returns what the baseline includes, for its source."""
-    imported = "torch, transformers, DeepSpeed"
+    """Import what a training process has imported before it builds its model, beyond ``BASELINE_IMPORTS``:
+    torch._dynamo (DeepSpeed's engine imports it) and the model's modeling module (transformers imports it on the
+    first from_config). 0.14 GiB on this machine with gpt2's; the baseline was short of them until 2026-11-30.
+    Returns what the baseline includes, for its source. (scripts/train.py's ``preimport_model_code`` imports the
+    same, for another reason; it does not import tencache_ds, which a run of untouched stock must not.)"""
+    imported, step = BASELINE_IMPORTS, "torch._dynamo"
     try:
         import torch._dynamo  # noqa: F401
-        imported += ", torch._dynamo"
+        imported, step = imported + ", torch._dynamo", "the model's modeling module"
         import transformers
         from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
         config = transformers.AutoConfig.for_model(**model_config)
         model_class = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]  # the lazy mapping imports the module
         imported += f" and {model_class.__module__}"
     except Exception as err:  # pylint: disable=broad-except  (the compute probe names a model transformers lacks)
-        imported += f" (the model's modeling code not imported: {type(err).__name__}: {err})"
+        imported += f" ({step} not imported: {type(err).__name__}: {err})"
     return imported
 
 

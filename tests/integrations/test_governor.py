@@ -361,8 +361,8 @@ class _Bucket:
 
 def fake_stage3(numels, bucket_elements, dtype_bytes=4, contiguous=True, sub_groups=(100,), comm_bytes=None):
     """What stage3_prior reads of a built stage 3 optimizer: its parameters (ds_numel), its gradient buckets
-    (allocated with contiguous_gradients, in ``communication_data_type``: ``comm_bytes``, the parameters' by
-    default), ``reduce_bucket_size`` and its sub-groups' sizes."""
+    (keyed by ``communication_data_type``, ``comm_bytes``: the parameters' by default; their buffers allocated
+    with contiguous_gradients), ``reduce_bucket_size`` and its sub-groups' sizes."""
     import types
     import torch
     dtype = {4: torch.float32, 2: torch.bfloat16}[dtype_bytes]
@@ -374,8 +374,7 @@ def fake_stage3(numels, bucket_elements, dtype_bytes=4, contiguous=True, sub_gro
         params.append(param)
     buckets = {comm_dtype: _Bucket(torch.empty(bucket_elements, dtype=comm_dtype) if contiguous else None)}
     return types.SimpleNamespace(fp16_groups=[params], ipg_buckets=buckets, reduce_bucket_size=bucket_elements,
-                                 fp16_partitioned_groups_flat_numel=list(sub_groups),
-                                 communication_data_type=comm_dtype)
+                                 fp16_partitioned_groups_flat_numel=list(sub_groups))
 
 
 def test_the_prior_comes_from_stage_3s_bucket_parameters_and_sub_groups():

@@ -220,13 +220,11 @@ PRIVATE_MEMBERS = (
                   "zero_file.py, universal.py, memory_pressure.py",
                   "each sub-group's size, which its master (an empty placeholder while swapped out) does not show"),
     PrivateMember(STAGE3, "ipg_buckets", "attribute", "memory_pressure.py",
-                  "the gradient buckets by communication dtype, their buffers allocated at initialisation (with "
-                  "contiguous_gradients) and untouched until the first backward: the host governor's prior"),
+                  "the gradient buckets by communication dtype (the dtypes whether or not contiguous_gradients "
+                  "allocates their buffers), their buffers allocated at initialisation and untouched until the "
+                  "first backward: the host governor's prior"),
     PrivateMember(STAGE3, "reduce_bucket_size", "attribute", "memory_pressure.py",
                   "the gradient bucket's elements, which a reduce copies twice: the host governor's prior"),
-    PrivateMember(STAGE3, "communication_data_type", "attribute", "memory_pressure.py",
-                  "the dtype the reduce casts gradients to, bucket or not: the host governor's prior without "
-                  "contiguous_gradients"),
     PrivateMember(STAGE3, "master_weights_and_grads_dtype", "attribute", "universal.py",
                   "the masters' dtype (bf16 with bf16_master_weights_and_grads), which a swapped-out master's "
                   "placeholder, an empty fp32 tensor, does not show"),

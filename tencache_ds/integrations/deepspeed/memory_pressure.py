@@ -357,12 +357,11 @@ def stage3_prior(stage3, accelerator_is_host: bool, reduce_views: bool = False) 
         return NO_PRIOR
     gathered = sum(param.ds_numel for param in params)
     buffers = [bucket.buffer for bucket in stage3.ipg_buckets.values() if bucket.buffer is not None]
-    # one bucket per communication dtype: gradients fill them together at most the gathered model's elements.
-    # Without buckets (contiguous_gradients off) the reduce concatenates the gradients cast to
-    # communication_data_type all the same (__avg_scatter_grads), as the step model prices it
-    # (plan/workload.communication_bytes); until 2026-11-30 this took the parameters' element size
-    comm_bytes = stage3.communication_data_type.itemsize
-    gradient_bytes = max([buffer.element_size() for buffer in buffers] or [comm_bytes])
+    # one bucket per communication dtype, keyed by it with or without contiguous_gradients' buffers: gradients fill
+    # them together at most the gathered model's elements, and without buffers the reduce concatenates the gradients
+    # cast to that dtype all the same (__avg_scatter_grads), as the step model prices it
+    # (plan/workload.communication_bytes). Until 2026-11-30 a run without buffers took the parameters' element size
+    gradient_bytes = max(dtype.itemsize for dtype in stage3.ipg_buckets)
     # a module around the bucket's reduce is taken as the largest parameter (the swapper sees no modules)
     largest_gathered = max(param.ds_numel * param.element_size() for param in params)
     largest_sub_group = max(stage3.fp16_partitioned_groups_flat_numel, default=0)

@@ -26,7 +26,7 @@ def init_bytes_per_element_outside_pool(zero: ZeroSettings) -> int:
     return INIT_FLAT_COPY_BYTES + 2 * zero.precision.master_bytes
 
 
-def init_outside_pool_bytes(workload: Workload, machine: Machine, reduce_views: bool = False) -> int:
+def init_outside_pool_bytes(workload: Workload, machine: Machine, *, reduce_views: bool) -> int:
     """Stage 3's initialisation outside the pool, of the largest sub-group; 0 where ``heap_kept_bytes`` stands in
     its place (measured there: a step's peak does not follow the largest sub-group)."""
     if heap_is_kept(machine, reduce_views):
@@ -86,6 +86,9 @@ NORM_CHUNK_ELEMENTS = 250_000_000  # _constant_buffered_norm2's buffer_size (Dee
 # the heap. One of exactly this size takes free heap first when there is any: gpt2-medium's 4 Mi-element matrices
 # (float64 copies of 32 MiB, 1536 MiB in all) faulted 27 to 1098 MiB a step, so they count as mapped.
 FRESH_ALLOCATION_BYTES = 32 * 1024**2
+# What a process keeps in its heap beside its tensors, per element of the parameters it serves (``heap_kept_bytes``):
+# the figure the largest sub-group's initialisation term had with fp32 masters, inside the 8-14 B measured
+HEAP_KEPT_BYTES_PER_ELEMENT = 10
 
 
 def optimizer_state_bytes_per_element(zero: ZeroSettings) -> int:
@@ -338,38 +341,39 @@ def heap_is_kept(machine: Machine, reduce_views: bool) -> bool:
     return machine.accelerator_is_host and not reduce_views
 
 
-def heap_kept_bytes(workload: Workload, machine: Machine, reduce_views: bool = False) -> int:
-    """What a training process keeps beside its tensors where ``heap_is_kept``: per element of the parameters whose
-    tensors glibc serves from its heap (at most ``FRESH_ALLOCATION_BYTES`` in their largest dtype; larger ones are
-    mapped and unmapped), the figure of stage 3's initialisation outside the pool
-    (``init_bytes_per_element_outside_pool``: 10 B with fp32 masters). Every backward allocates and frees each such
-    parameter's gradient there, stage 3's reduce its copies, and the heap keeps its high-water mark; the same at
-    any number of ranks and sub-groups. E.g. gpt2-small in fp32: 86 M elements outside its embedding, 0.80 GiB.
+def heap_kept_bytes(workload: Workload, machine: Machine, *, reduce_views: bool) -> int:
+    """What a training process keeps beside its tensors where ``heap_is_kept``: ``HEAP_KEPT_BYTES_PER_ELEMENT`` per
+    element of the parameters whose tensors glibc serves from its heap (at most ``FRESH_ALLOCATION_BYTES`` in their
+    largest dtype; larger ones are mapped and unmapped). Every backward allocates and frees each such parameter's
+    gradient there, stage 3's reduce its copies, and the heap keeps its high-water mark; the same at any number of
+    ranks and sub-groups. E.g. gpt2-small in fp32: 86 M elements outside its embedding, 0.80 GiB. It replaces the
+    largest sub-group's initialisation term (``init_outside_pool_bytes``) where it applies; without optimizer
+    offload, which had no such term, it is an addition that no run has measured.
 
     Measured as peak RSS less the model's other terms (scripts/measure_host_rest.py, fp32, micro-batch 1 x 32,
     2026-11-30; docs/estimate.md, "Host memory beside the tensors"): stock CPU offload with DeepSpeed's defaults
-    kept 1.10 and 1.15 GiB on gpt2-small at one rank with 1 and 37 sub-groups, 1.24 and 1.19 GiB at two (13-15 B
-    an element), 2.2 GiB on gpt2-medium with 178 sub-groups (7 B); gpt2-1.3b's stock NVMe rows, whose large
-    matrices are mapped, about 0.4 GiB (4 B). tencache at one rank, whose reduce takes views, kept 0.06-0.40 GiB
-    on gpt2-small and 0.77 GiB on gpt2-medium (37 and 178 sub-groups): not priced (``heap_is_kept``). The 10 B
-    were this place's figure before, over the largest sub-group (``init_outside_pool_bytes``), with which the
-    one-sub-group rows at one rank were priced: a figure inside the measured range, not fitted to it. That term
-    shrank with sub-groups and ranks, and the peaks do not (stock CPU offload on gpt2-small: 5.07 and 5.12 GiB at
-    one rank with 1 and 37 sub-groups, 4.08 and 4.03 at two)."""
+    kept 0.96 and 1.01 GiB on gpt2-small at one rank with 1 and 37 sub-groups, 1.13 and 1.08 GiB at two (12-14 B
+    an element), 2.2 GiB on gpt2-medium with 178 sub-groups (303 M elements: 8 B); gpt2-1.3b's stock NVMe rows,
+    whose large matrices are mapped, about 0.4 GiB (103 M: 4 B). tencache at one rank, whose reduce takes views,
+    kept 0.05-0.39 GiB on gpt2-small and 0.76 GiB on gpt2-medium (37 and 178 sub-groups): not priced
+    (``heap_is_kept``). The initialisation term it replaces shrank with sub-groups and ranks, and the peaks do not
+    (stock CPU offload on gpt2-small: 5.07 and 5.12 GiB at one rank with 1 and 37 sub-groups, 4.08 and 4.03 at
+    two)."""
     if not heap_is_kept(machine, reduce_views):
         return 0
     zero = workload.zero
     elem = max(zero.element_bytes, zero.precision.master_bytes)
-    return init_bytes_per_element_outside_pool(zero) * sum(p.numel for p in workload.partitions.values()
-                                                           if p.numel * elem <= FRESH_ALLOCATION_BYTES)
+    return HEAP_KEPT_BYTES_PER_ELEMENT * sum(p.numel for p in workload.partitions.values()
+                                             if p.numel * elem <= FRESH_ALLOCATION_BYTES)
 
 
-def host_resident_bytes(workload: Workload, machine: Machine, reduce_views: bool = False) -> Dict[str, int]:
+def host_resident_bytes(workload: Workload, machine: Machine, *, reduce_views: bool) -> Dict[str, int]:
     """Host-side bytes every policy has: the process, the heap it keeps (``heap_kept_bytes``; ``reduce_views``:
     tencache's reduce takes views), stage 3's gradient partitions, and (on the CPU accelerator) what would be
     device memory."""
     device = device_working_bytes(workload, machine.accelerator_is_host)
-    return {"baseline": machine.process_baseline_bytes, "heap": heap_kept_bytes(workload, machine, reduce_views),
+    return {"baseline": machine.process_baseline_bytes,
+            "heap": heap_kept_bytes(workload, machine, reduce_views=reduce_views),
             # stage 3's gradient partitions (grad_partitions_flat_buffer), in the gradient accumulation dtype
             "gradients": workload.rank_elements * workload.zero.grad_accum_bytes,
             "device_on_host": device if machine.accelerator_is_host else 0,

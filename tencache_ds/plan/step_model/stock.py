@@ -170,7 +170,7 @@ def _max_retained_swapped(workload: Workload) -> int:
 
 def _stock_memory(workload: Workload, machine: Machine) -> Dict[str, int]:
     zero = workload.zero
-    common = host_resident_bytes(workload, machine)
+    common = host_resident_bytes(workload, machine, reduce_views=False)  # stock's reduce is its own
     pinned = 0
     if zero.offload_param == "nvme" and any(p.on_nvme for p in workload.partitions.values()):
         pinned += zero.param_buffer_count * zero.swap_nbytes(zero.param_buffer_size)
@@ -186,12 +186,13 @@ def _stock_memory(workload: Workload, machine: Machine) -> Dict[str, int]:
         pinned += pool if zero.optimizer_pin_memory else 0
         pageable += 0 if zero.optimizer_pin_memory else pool
         pooled = max(0, init_bytes_per_element_pooled(zero) - zero.optimizer_buffer_count * zero.precision.master_bytes)
-        pageable += init_outside_pool_bytes(workload, machine) + largest_group * pooled
+        pageable += init_outside_pool_bytes(workload, machine, reduce_views=False) + largest_group * pooled
     elif zero.offload_optimizer == "cpu":
         states = workload.rank_elements * optimizer_state_bytes_per_element(zero)
         pinned += states if zero.optimizer_pin_memory else 0
         pageable += 0 if zero.optimizer_pin_memory else states
-        pageable += init_outside_pool_bytes(workload, machine)  # the same initialisation, in memory
+        # the same initialisation, in memory
+        pageable += init_outside_pool_bytes(workload, machine, reduce_views=False)
     if zero.offload_optimizer != "none" and zero.optimizer_pin_memory:
         pinned += gradients
     else:

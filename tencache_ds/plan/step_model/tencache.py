@@ -274,7 +274,7 @@ def _held_between_steps(workload: Workload, machine: Machine, param_slot_bytes: 
     """Host bytes a rank holds between two steps besides its optimizer footprint: what ``_tencache_memory`` counts
     less the optimizer's, less a step's own working set on a host accelerator (freed by the time memory is read)
     and the optimizer's one-off initialisation."""
-    common = host_resident_bytes(workload, machine, reduces_to_views(workload, machine))
+    common = host_resident_bytes(workload, machine, reduce_views=reduces_to_views(workload, machine))
     step = device_step_bytes(workload, host_accelerator=True) if machine.accelerator_is_host else 0
     on_host = common["device_on_host"] - step
     return (common["baseline"] + common["heap"] + common["gradients"] + on_host + param_slot_bytes
@@ -573,14 +573,15 @@ def _memory_with(workload: Workload, machine: Machine, plan: TencachePlan, param
     ``optimizer_footprint`` (kept state and streaming slots); without ``stepping`` (initialisation), less what a
     step's forward and backward hold on a host accelerator."""
     zero = workload.zero
-    common = host_resident_bytes(workload, machine, reduces_to_views(workload, machine))
+    views = reduces_to_views(workload, machine)
+    common = host_resident_bytes(workload, machine, reduce_views=views)
     device = common["device"] + (0 if machine.accelerator_is_host else plan.device_tier_bytes)
     slots = plan.param_streaming_bytes + param_cache
     pinned = (slots if plan.param_slots_locked else 0) + _params_off_nvme_bytes(workload)
     on_host = common["device_on_host"]
     if stepping and machine.accelerator_is_host and not gathers_alias_partitions(workload, machine):
         on_host += _device_tier_held_bytes(workload, plan)  # gathered copies of their own, in host memory
-    if stepping and reduces_to_views(workload, machine):  # the reduce's buffers are not taken (one_rank_reduce.py)
+    if stepping and views:  # the reduce's buffers are not taken (one_rank_reduce.py)
         on_host -= device_step_bytes(workload, True) - device_step_bytes(workload, True, reduce_views=True)
     if not stepping and machine.accelerator_is_host:  # nor the gradient bucket, untouched until a backward
         on_host -= device_step_bytes(workload, host_accelerator=True) + reduce_bucket_bytes(workload, True)
@@ -591,8 +592,8 @@ def _memory_with(workload: Workload, machine: Machine, plan: TencachePlan, param
         pageable += common["gradients"]
     if zero.offload_optimizer == "nvme":
         largest = workload.largest_sub_group_elements
-        views = reduces_to_views(workload, machine)
-        init = init_outside_pool_bytes(workload, machine, views) + largest * init_bytes_per_element_pooled(zero)
+        init = (init_outside_pool_bytes(workload, machine, reduce_views=views)
+                + largest * init_bytes_per_element_pooled(zero))
         pageable += max(init, optimizer_footprint)
     elif zero.offload_optimizer == "cpu":
         states = workload.rank_elements * optimizer_state_bytes_per_element(zero)
