@@ -545,10 +545,14 @@ def _tencache_optimizer(workload: Workload, timeline: Timeline, rates: Rates, pl
             if key in written_params:
                 timeline.issue("nvme_write", param_bytes(workload, key), key)
         for name in _sub_group_keys(workload.zero, i):
+            if not workload.zero.tencache_writes_behind:
+                # pipeline_write off: the update flushes each of the sub-group's tensors, held or not, the whole
+                # tensor, and waits (OptimizerSwapper.swap_out_optimizer_state: store.flush_key)
+                timeline.wait(timeline.issue("nvme_write", sizes[name], name), "nvme_write")
+                continue
             # a master filled from the partitions is owed to its file, which nothing reads in a step: not written
-            # (integrations/deepspeed/master_write_behind.py; with pipeline_write off the update writes it, and its
-            # held tensors too, which this does not count)
-            owed = workload.zero.tencache_writes_behind and _filled_master(workload, plan, i, name)
+            # (integrations/deepspeed/master_write_behind.py)
+            owed = _filled_master(workload, plan, i, name)
             if name not in plan.optimizer_held and not owed:
                 timeline.issue("nvme_write", plan.optimizer_io_bytes(name, sizes[name]), name)
 
