@@ -4,7 +4,7 @@ high-water mark since the previous record (VmHWM, reset through /proc/self/clear
 its arena, the free memory in it, the bytes in mapped chunks). What the step model's host terms are checked against
 (plan/step_model/costs.py ``heap_kept_bytes``; docs/estimate.md, "Host memory beside the tensors").
 
-    python scripts/measure_host_rest.py --deepspeed_config CONFIG --model gpt2-small --dtype fp32 --seq-len 32 \
+    python scripts/measure_host_rest.py --deepspeed_config CONFIG --model gpt2-small --dtype fp32 --seq-len 32 \\
         --micro-batch 1 --steps 5 --weights-gather none --untouched-stock     # one rank
     deepspeed --num_gpus 2 scripts/measure_host_rest.py ...                    # two: one file per rank
 

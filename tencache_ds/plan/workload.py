@@ -39,8 +39,9 @@ def optimizer_pipelining(given: Mapping[str, Any]) -> Tuple[bool, bool]:
     and ``pipeline_write`` as the config gives them (a key absent: not given). Stock picks its pipelined swapper with
     them; tencache reads ahead (the first sub-groups' state during backward, the next sub-group's during each update)
     and writes behind (the update's writes finish during the next forward; fp32 masters filled from the parameter
-    partitions owe their files instead of being written in it) unless the config turns either off explicitly. The
-    bytes are the same either way; only when the I/O happens changes. The one place of this rule: the swapper (with
+    partitions owe their files instead of being written in it) unless the config turns either off explicitly.
+    Reads move the same bytes either way, only later; with writes behind off the update writes, and waits for, every
+    tensor of each sub-group it steps, held ones and held prefixes too. The one place of this rule: the swapper (with
     the values pydantic parsed) and the step model (``ZeroSettings``, with the raw JSON's: strings read as pydantic
     reads them) both read it here."""
     return lax_bool(given.get("pipeline_read", True)), lax_bool(given.get("pipeline_write", True))
@@ -166,7 +167,7 @@ class ZeroSettings:
     pipelined_optimizer: bool = False  # pipeline_read or pipeline_write
     # tencache reads the optimizer's state ahead (in backward, and the next sub-group's in each update) and writes
     # the update's tensors behind it unless pipeline_read / pipeline_write is false explicitly
-    # (``optimizer_pipelining`` above; writes in the update then take every filled master too)
+    # (``optimizer_pipelining`` above; writes in the update then take every tensor of a sub-group, held or not)
     tencache_reads_ahead: bool = True
     tencache_writes_behind: bool = True
     sub_group_size: int = int(1e9)

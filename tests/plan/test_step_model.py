@@ -811,13 +811,27 @@ def test_without_pipeline_write_the_update_writes_every_optimizer_tensor_it_step
     """``pipeline_write`` false: the update flushes each sub-group's tensors as it gives them back
     (OptimizerSwapper.swap_out_optimizer_state), those the tier holds too. gpt2-tiny, configs/stock-nvme.json with
     pipeline_write false, measured on 2026-11-30 (scripts/train.py, 5 steps, /proc/self/io): 173.5 MiB written at
-    every step with "auto" (which holds everything, and read nothing) and with 30 MB (read 145.5 MiB). The model
-    counted the held tensors' writes as none until then: 0 MiB written with "auto"."""
+    every step with "auto" (which holds everything, and read nothing) and with 30 MB (which holds 28 MiB of the
+    master's first bytes, and read the rest: 145.5 MiB; docs/validate/pipeline-write-off-2026-11-30). Until then the
+    model wrote only what it streamed, without waiting: 0 and 145.5 MiB."""
     config = ds_config(host_cache_bytes=budget)
     config["zero_optimization"]["offload_optimizer"]["pipeline_write"] = False
-    prediction = predict(workload(config=config), this_vm())[TENCACHE]
-    assert prediction.nvme_write_bytes == pytest.approx(173.5 * MIB, rel=0.005)
+    work = workload(config=config)
+    plan = tencache_plan(work, this_vm())
+    tensors = _optimizer_sequence(work)[1]
+    if budget == "auto":
+        assert set(plan.optimizer_held) == set(tensors)
+    else:
+        assert not plan.optimizer_held and list(plan.optimizer_prefixes) == ["p0"]  # written whole all the same
+    prediction = predict(work, this_vm())[TENCACHE]
+    assert prediction.nvme_write_bytes == sum(tensors.values()) == pytest.approx(173.5 * MIB, rel=0.005)
     assert prediction.nvme_read_bytes == pytest.approx(read_mib * MIB, rel=0.005, abs=MIB)
+    # and the update waits for them: with writes behind (the default) the same budget writes less, later
+    config["zero_optimization"]["offload_optimizer"]["pipeline_write"] = True
+    behind = predict(workload(config=config), this_vm())[TENCACHE]
+    assert behind.nvme_write_bytes < prediction.nvme_write_bytes
+    assert prediction.critical_path_s["nvme_write"] > behind.critical_path_s["nvme_write"]
+    assert prediction.step_time_s > behind.step_time_s
 
 
 def test_a_gather_stage3_retains_is_not_gathered_again_nor_paid_for():
@@ -1014,7 +1028,7 @@ def test_the_heap_is_priced_where_stage_3_reduces_the_gradients_itself():
     """``heap_kept_bytes``: 10 B an element of the parameters under glibc's mmap threshold (gpt2-small's, all but
     its embedding's 38.6 M), on a host accelerator where stage 3 reduces itself: stock, and tencache from two ranks.
     Where tencache's reduce takes views (one rank) the initialisation's buffers stand instead, as on a GPU: measured
-    there, gpt2-small and gpt2-medium kept 0.06-0.77 GiB beside their tensors, not the 0.80 and 2.83 GiB of the
+    there, gpt2-small and gpt2-medium kept 0.05-0.76 GiB beside their tensors, not the 0.80 and 2.83 GiB of the
     term."""
     work = workload("gpt2-small", config=stock_cpu_defaults(), micro_batch=1, seq=32)
     small = sum(p.numel for p in work.partitions.values() if p.numel * 4 <= 32 * MIB)

@@ -361,7 +361,7 @@ def stage3_prior(stage3, accelerator_is_host: bool, reduce_views: bool = False) 
     # them together at most the gathered model's elements, and without buffers the reduce concatenates the gradients
     # cast to that dtype all the same (__avg_scatter_grads), as the step model prices it
     # (plan/workload.communication_bytes). Until 2026-11-30 a run without buffers took the parameters' element size
-    gradient_bytes = max(dtype.itemsize for dtype in stage3.ipg_buckets)
+    gradient_bytes = max((dtype.itemsize for dtype in stage3.ipg_buckets), default=params[0].element_size())
     # a module around the bucket's reduce is taken as the largest parameter (the swapper sees no modules)
     largest_gathered = max(param.ds_numel * param.element_size() for param in params)
     largest_sub_group = max(stage3.fp16_partitioned_groups_flat_numel, default=0)

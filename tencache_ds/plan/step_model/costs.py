@@ -87,7 +87,8 @@ NORM_CHUNK_ELEMENTS = 250_000_000  # _constant_buffered_norm2's buffer_size (Dee
 # (float64 copies of 32 MiB, 1536 MiB in all) faulted 27 to 1098 MiB a step, so they count as mapped.
 FRESH_ALLOCATION_BYTES = 32 * 1024**2
 # What a process keeps in its heap beside its tensors, per element of the parameters it serves (``heap_kept_bytes``):
-# the figure the largest sub-group's initialisation term had with fp32 masters, inside the 8-14 B measured
+# the figure the largest sub-group's initialisation term had with fp32 masters, inside the 8-14 B measured (fp32
+# runs; with bf16 masters, where that term was 6 B, nothing has been measured)
 HEAP_KEPT_BYTES_PER_ELEMENT = 10
 
 
