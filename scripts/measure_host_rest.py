@@ -30,6 +30,8 @@ _LIBC = ctypes.CDLL("libc.so.6")
 _LIBC.mallinfo2.restype = _MallInfo2
 
 
+# Read here, not through tencache_ds (memory/footprint.py reads the same file): importing the package installs the
+# plugin, and the stock runs measured with --untouched-stock must run in a process that never imported it.
 def _status_bytes(field: str) -> int:
     with open("/proc/self/status") as status:
         for line in status:
