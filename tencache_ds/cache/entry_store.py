@@ -411,6 +411,14 @@ class EntryStore:
     def wait_writes(self) -> None:
         self._write_back.wait_writes()
 
+    def reap_writes(self) -> None:
+        """Apply the outcome of the writes that finished on their own: their entries are on file (or cached) from
+        now on, and transient buffers free. Never waits. A write is otherwise reaped only when something needs its
+        entry or a buffer, so until then ``state`` reads WRITING for a write long done."""
+        with self._lock:
+            self._transfers.reap_writes()
+            self._checked()
+
     # ------------------------------------------------------------------------------------ giving memory back
     def kept_bytes(self) -> int:
         """Bytes of buffers the tier keeps between uses (held now, or lent and to be held again at release)."""

@@ -7,6 +7,10 @@ sub-group's update reads (all but a master its parameter partitions fill) is the
 Why during backward: beyond host memory the update is bound by its reads and writes while the drive idles through
 the backward, and the streaming slots the reads go into are in memory either way (docs/benchmarks.md, "Every idle
 streaming slot read ahead in backward"). The bytes are the same; only when they move changes.
+
+The first sub-group's state is often still being written behind by the last update when the backward begins (one
+sub-group: the very tensors the next update reads): those reads start once the writes are done, at the first
+``after_writes`` call after that (the backward calls it at each gradient it reduces: install.py), never by waiting.
 """
 from typing import Callable, Dict, List, Sequence
 
@@ -25,10 +29,15 @@ class ReadsAhead:
         self._paths_to_read = paths_to_read
         self._gradient_path = gradient_path
         self._started: Dict[object, List[str]] = {}  # sub-group id -> files whose reads were started for it
+        # sub-group id -> files of the first sub-group still being written behind when the backward began: read
+        # once written (after_writes)
+        self._after_writes: Dict[object, List[str]] = {}
         self.in_backward = 0  # COUNT: tensors of sub-groups after the first read ahead in backward
 
     def take(self, group) -> Sequence[str]:
-        """The files whose reads were started for ``group``, now its swap-in's to wait for (and no longer here)."""
+        """The files whose reads were started for ``group``, now its swap-in's to wait for (and no longer here); any
+        still waiting for their writes are the swap-in's to read."""
+        self._after_writes.pop(group, None)
         return self._started.pop(group, ())
 
     def during_backward(self, sub_groups: Sequence, lent, last_backward: bool) -> None:
@@ -44,8 +53,12 @@ class ReadsAhead:
         already."""
         if not sub_groups:
             return
+        # The last update's writes behind (often done in the forward pass) leave their entries WRITING and their
+        # slots taken until reaped: read as such, the first sub-group's state was never read ahead in backward
+        # (one sub-group at 25% or streaming: the whole read waited for in the update).
+        self.store.reap_writes()
         if sub_groups[0].param_id not in lent:
-            self._start(sub_groups[0], with_gradient=False)
+            self._start(sub_groups[0], with_gradient=False, later_if_writing=True)
         if not last_backward:
             return
         second_gradient = self._gradient_path(sub_groups[1]) if len(sub_groups) > 1 and \
@@ -62,10 +75,33 @@ class ReadsAhead:
     def next_sub_group(self, swap_info) -> None:
         """Start reading the entries of the sub-group the update steps next (``async_parameter``), its gradient too,
         that are on file (held ones need no read)."""
+        self.store.reap_writes()
         self._start(swap_info, with_gradient=True)
+
+    def after_writes(self) -> None:
+        """Start the reads the backward's start left for writes in flight, of those whose writes are done now. Never
+        waits; nothing to do (the usual case) costs one dictionary test."""
+        if not self._after_writes:
+            return
+        self.store.reap_writes()
+        for group, paths in list(self._after_writes.items()):
+            started = self._started.setdefault(group, [])
+            waiting = []
+            for path in paths:
+                state = self.store.state(path)
+                if state == EntryState.WRITING:
+                    waiting.append(path)
+                elif state == EntryState.ON_FILE and path not in started:
+                    self.store.start_read(path, prefetch=True)
+                    started.append(path)
+            if waiting:
+                self._after_writes[group] = waiting
+            else:
+                del self._after_writes[group]
 
     def release_all(self) -> None:
         """Give back every read started ahead; one that failed (its file missing, say) is raised after the rest."""
+        self._after_writes = {}
         started, self._started = self._started, {}
         failure = None
         for paths in started.values():
@@ -77,15 +113,22 @@ class ReadsAhead:
         if failure is not None:
             raise failure
 
-    def _start(self, swap_info, with_gradient: bool) -> None:
+    def _start(self, swap_info, with_gradient: bool, later_if_writing: bool = False) -> None:
+        """Start reading the sub-group's files that are on file; with ``later_if_writing``, those being written
+        are read once written (``after_writes``)."""
         paths = self._paths_to_read(swap_info)
         if with_gradient and swap_info.has_gradients():
             paths.append(self._gradient_path(swap_info))
         started = self._started.setdefault(swap_info.param_id, [])
         for path in paths:
-            if path not in started and self.store.knows(path) and self.store.state(path) == EntryState.ON_FILE:
+            if path in started or not self.store.knows(path):
+                continue
+            state = self.store.state(path)
+            if state == EntryState.ON_FILE:
                 self.store.start_read(path, prefetch=True)
                 started.append(path)
+            elif state == EntryState.WRITING and later_if_writing:
+                self._after_writes.setdefault(swap_info.param_id, []).append(path)
 
     def _into_idle_slots(self, swap_info, limit: int) -> int:
         """Start reading up to ``limit`` of the sub-group's state tensors that are on file into buffers free right

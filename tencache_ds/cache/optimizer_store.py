@@ -52,7 +52,7 @@ class OptimizerStore(EntryStoreWrapper):
         "add", "knows", "state", "kept", "path", "numels", "swap_nbytes", "lend", "lend_copied", "copyable", "lend_new",
         "start_read", "prefetch_if_free",
         "wait_read", "release", "release_rewritten_elsewhere", "mark_changed", "write_parts", "flush", "flush_key",
-        "wait_writes", "held_keys",
+        "wait_writes", "reap_writes", "held_keys",
         "forget", "discard", "forget_all", "trim_kept", "stats", "check_invariants", "recorder", "counters"})
 
     def __init__(self, dtype: torch.dtype, aligned_numel: Callable[[int], int], io: DirectFileIO,

@@ -13,6 +13,7 @@ from deepspeed.runtime.swap_tensor.optimizer_utils import OptimizerStateSwapInfo
 
 from tencache_ds.cache.optimizer_store import OptimizerStore
 from tencache_ds.errors import TencacheConfigError
+from tencache_ds.integrations.deepspeed.optimizer_gradients import SubGroupGradients
 from tencache_ds.integrations.deepspeed.optimizer_swapper import (TencacheOptimizerSwapper,
                                                                   _refuse_states_of_another_dtype)
 
@@ -84,9 +85,10 @@ def test_the_state_the_tier_would_hold_is_what_deepspeed_registered(io, tmp_path
     swapper.min_aio_bytes = 1024
     if state is not None:
         swapper._get_param_swap_info(master)  # registered as DeepSpeed registers it at a swap
-    swapper._stage3_gradients = None  # the gradient stored by the tier, as with device gradients
     swapper.store = OptimizerStore(torch.float32, lambda n: n, io, largest_numel=NUMEL, streaming_slots=8,
                                    host_tier_share=lambda: 0)
+    # no lookup of stage 3's copies: the gradient stored by the tier, as with device gradients
+    swapper.gradients = SubGroupGradients(None, swapper.store, torch.float32)
     try:
         assert swapper.state_bytes() == held_tensors * NUMEL * 4
     finally:

@@ -118,6 +118,10 @@ REBINDINGS = (
               why="stage 3 copies each sub-group's fp32 master into its parameter partitions there: in fp32 the "
                   "partitions the parameter swapper holds are then the master, which the next update fills from "
                   "them instead of reading its file (master_copies.py)"),
+    Rebinding(STAGE3, "reduce_ready_partitions_and_remove_grads", "reading_ahead_between_gradients", wraps=True,
+              why="each gradient's hook calls it through the instance as the backward produces the gradient: "
+                  "the optimizer's reads ahead that waited for the last update's writes behind start there, "
+                  "within the backward (cache/optimizer_reads_ahead.py)"),
     Rebinding(ENGINE, "_save_zero_checkpoint", "saving_masters", wraps=True,
               why="with the optimizer on NVMe the fp32 masters live only in the swap folder: they go into the "
                   "ZeRO file, so zero_to_fp32 and load_state_dict_from_zero_checkpoint read the checkpoint "
@@ -367,7 +371,7 @@ CALL_ORDER = (
               "_offload_grad_partition_at_boundary, uncast by its wrapper where the view is found), which stage "
               "3 writes again only when it reduces that parameter again; on a GPU it fills the view on "
               "reduce_and_partition_stream, which the backward's epilogue synchronises before step() can run",
-              "stage3_gradients.py, optimizer_swapper.py (swap_out_gradients, _lend_gradient)",
+              "stage3_gradients.py, optimizer_gradients.py (handed, lend)",
               "the update reads each fragment's values from that view instead of a stored copy",
               "tests/deepspeed/test_residency.py (bf16 and fp32, stock's bits, no gradient file)"),
     CallOrder("stage 3's fragment getters release a swapped-in sub-group through release_swap_buffers (never "

@@ -124,6 +124,21 @@ def _marking_step(step):
     return step_marked
 
 
+def _reading_ahead_between_gradients(reduce_ready):
+    """stage 3's reduce of each gradient as the backward produces it, then the optimizer swapper's reads ahead that
+    were waiting for the last update's writes behind (cache/optimizer_reads_ahead.py): they start within the
+    backward, not in the update."""
+    @functools.wraps(reduce_ready)
+    def reduce_ready_then_read_ahead(self, *args, **kwargs):
+        result = reduce_ready(self, *args, **kwargs)
+        swapper = getattr(self, "optimizer_swapper", None)
+        if isinstance(swapper, TencacheOptimizerSwapper):
+            swapper.gradient_reduced()
+        return result
+
+    return reduce_ready_then_read_ahead
+
+
 def _reading_fragments_before_release(getter, copy_view: bool):
     """stage 3's fragment getters (safe_get_full_fp32_param, _optimizer_state, _grad; their local variants) with
     the optimizer on NVMe: swap the sub-group in, release it, then gather from (full) or return (local) a view of
@@ -272,6 +287,7 @@ REPLACEMENTS = {
     "restoring_optimizer_scalars": lambda load: _restoring_optimizer_scalars(swap_files_linked(load, "load")),
     "keeping_device_tier": _keeping_device_tier,
     "noting_master_copies": _noting_master_copies,
+    "reading_ahead_between_gradients": _reading_ahead_between_gradients,
     "saving_masters": saving_masters,
     "linking_saved_swap_files": lambda save: swap_files_linked(save, "save"),
     "rigid_load_with_params_on_file": rigid_load_with_params_on_file,

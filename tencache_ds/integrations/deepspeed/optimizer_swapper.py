@@ -3,7 +3,8 @@ optimizer swapper (deepspeed-integration.md, a.6) into OptimizerStore calls, and
 sub-group consistent (the ``.data`` of its fp32 master and state tensors, ``.grad``, ``swap_params_info``). The
 store (streaming slots, host-tier share, footprint arithmetic) is cache/optimizer_store.py; entry states, I/O and
 eviction live in cache/entry_store.py; the masters the parameter partitions hold, masters_in_partitions.py; the
-reads started before the update asks, cache/optimizer_reads_ahead.py.
+reads started before the update asks, cache/optimizer_reads_ahead.py; the gradients handed and lent,
+optimizer_gradients.py.
 
 What changes for users:
 - Zero copies on a hit: a swap-in lends the held buffers themselves as the sub-group's fp32 master, Adam moments
@@ -41,8 +42,6 @@ from deepspeed import comm as dist
 from ...config import CONFIG_KEY
 from ...errors import TencacheConfigError
 from ...ext_lock import raise_if_stale_locks
-from ...log import logger
-from ...cache.gradient_fragments import GradientFragments
 from ...cache.optimizer_store import OptimizerStore
 from ...cache.state_dtype import narrow_stock_layout, stored_numel, viewed_as
 from ...io.direct_io import DirectFileIO, store_io_threads
@@ -60,7 +59,7 @@ from . import param_swapper, reporting
 from .host_tier_share import optimizer_host_share
 from .masters_in_partitions import MastersInPartitions
 from ...cache.optimizer_reads_ahead import ReadsAhead
-from .stage3_gradients import stage3_gradients_of
+from .optimizer_gradients import SubGroupGradients, gradient_path
 from .swap_files import SWAP_FILE_NAME, STAGED_LOAD_PREFIX, LoadPlaces, staged_load_name, swap_file_name
 
 NVME_PATH_KEY = "zero_optimization.offload_optimizer.nvme_path"
@@ -165,12 +164,12 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             self._lent = {}        # sub-group id -> keys of the entries lent as its tensors (and gradient)
             self._state_dtypes = {}  # path -> dtype of a state tensor not in the masters' (_update_param_state_info)
             # the reads started before the update asks: in backward, and the next sub-group's during each update
-            self.ahead = ReadsAhead(self.store, self._paths_to_read, self._gradient_path)
+            self.ahead = ReadsAhead(self.store, self._paths_to_read, gradient_path)
             self._backwards_this_step = 0  # backward passes since the last optimizer step ended (log_timers)
-            # gradient fragments read from stage 3's own gradient buffer at the update, not from a file
-            self._gradient_fragments = GradientFragments()
             stage3 = find_stage3_optimizer()
-            self._stage3_gradients = stage3_gradients_of(stage3)
+            # the gradients stage 3 hands: read from its own gradient buffer at the update where it keeps them,
+            # stored otherwise (optimizer_gradients.py)
+            self.gradients = SubGroupGradients(stage3, self.store, dtype)
             # the fp32 masters that the parameter partitions, held by the parameter swapper, hold too: filled from
             # there instead of read, and their files written from there only where something needs them, not in the
             # update (masters_in_partitions.py)
@@ -178,13 +177,6 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             # the backward passes of one optimizer step: stage 3's gradient accumulation (set before it builds its
             # swappers) until a step has counted them (log_timers), which the caller's own boundaries may change
             self._micro_steps = max(1, int(getattr(stage3, "gradient_accumulation_steps", 1) or 1))
-            # stage 3's set of the parameters reduced in this window (it starts a new one at each step: taken at each
-            # window's end and hand-off, it is that window's)
-            self._window_reductions = None
-            self.gradients_reduced_not_handed = 0  # updates' reads of fragments stage 3 changed without handing them
-            self.gradient_fragments_uncast = 0  # fragments handed without stage 3's cast to the master dtype
-            self._counted_this_window = set()  # (sub-group, offset) read so and counted in this window
-            self._stored_gradients = set()  # sub-group ids
             self._checkpoint_load_pending = False  # the engine's load_checkpoint is running (loading_checkpoint)
             self._load_places = LoadPlaces.ALL  # ... and what its copy of the checkpoint's files places
             self._before_load_copy = None  # ... settled when the copy starts (begin_load_copy)
@@ -224,7 +216,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         return self._folder
 
     def _gradient_keys(self) -> set:
-        return {self._gradient_path(info) for info in self.swap_params_info.values() if info.swapped_gradients}
+        return {gradient_path(info) for info in self.swap_params_info.values() if info.swapped_gradients}
 
     @contextlib.contextmanager
     def loading_checkpoint(self, places: "LoadPlaces" = None, before_copy=None):
@@ -376,8 +368,9 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             context.compute_tensor.data = view.data
             context.swap_tensor.data = view.data
         if swap_info.has_gradients():
-            path = self._gradient_path(swap_info)
-            parameter.grad = self._lend_gradient(group, path, swap_info.numel(), read_ahead)
+            path = gradient_path(swap_info)
+            parameter.grad = self.gradients.lend(group, path, swap_info.numel(),
+                                                 functools.partial(self._lend, path, swap_info.numel(), read_ahead))
             keys.append(path)
         if async_parameter is not None and self.reads_ahead:
             next_info = self._get_param_swap_info(async_parameter)
@@ -391,7 +384,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         # transient one is not written again (the file keeps the fragments as stored, as stock's does).
         swap_info = self.swap_params_info.get(OptimizerSwapper.parameter_id(parameter))
         gradient_held = swap_info is not None and swap_info.has_gradients() and \
-            self.store.kept(self._gradient_path(swap_info))
+            self.store.kept(gradient_path(swap_info))
         self._give_back(parameter, states_changed=True, gradient_changed=gradient_held)
         if not self.writes_behind and swap_info is not None:
             for context in swap_info.tensors:  # pipeline_write false: the update's writes end with it
@@ -421,9 +414,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         # A gradient set through DeepSpeed's API (set_full_fp32_grad): its newest bytes are the lent buffer's,
         # kept or written as any changed entry; fragments still in DeepSpeed's buffer are older.
         if write_gradients:
-            self._gradient_fragments.forget(OptimizerSwapper.parameter_id(parameter))
-            # the written-back gradient is kept or written like any entry
-            self._stored_gradients.add(OptimizerSwapper.parameter_id(parameter))
+            self.gradients.written_back(OptimizerSwapper.parameter_id(parameter))
         self._give_back(parameter, states_changed=write_opt_state, gradient_changed=write_gradients)
 
     def swap_out_gradients(self, parameter, gradient_offsets, gradient_tensors):
@@ -433,7 +424,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
 
         A fragment whose values stage 3 keeps in its host gradient buffer until the update (stage3_gradients.py:
         when and why) is not copied: that view of the buffer is remembered and the update reads it from there
-        (``_lend_gradient``), so gradients make no NVMe round trip and take no host memory of the tier's.
+        (optimizer_gradients.py), so gradients make no NVMe round trip and take no host memory of the tier's.
 
         A fragment without such a copy is stored: held in host memory, copied into the held buffer, which reaches
         the file only if evicted; on file, written to its offset in the file (nothing read back); the first
@@ -445,23 +436,13 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             return
         if not swap_info.swapped_gradients:
             swap_info.get_or_create_gradient_paths([0], [swap_info.numel()])
-        stored = self._gradient_fragments.remember(group, list(zip(gradient_offsets, gradient_tensors)),
-                                                   self._kept_copy_in(group))
-        # handed in the gradients' own dtype, without stage 3's cast (stage3_gradients.handing_gradients_uncast)
-        self.gradient_fragments_uncast += sum(1 for fragment in gradient_tensors if fragment.dtype != self.dtype)
-        if self._stage3_gradients is not None:
-            self._window_reductions = self._stage3_gradients.reductions()
-        if stored:
-            self._stored_gradients.add(group)
-            path = self._gradient_path(swap_info)
-            self.store.write_parts(path, swap_info.numel(), path, stored)
+        self.gradients.handed(group, swap_info, gradient_offsets, gradient_tensors)
 
     def reads_stage3_copy(self, parameter, offset: int, fragment) -> bool:
         """Would ``swap_out_gradients`` remember stage 3's host copy of ``fragment`` (handed for the sub-group of
         ``parameter`` at ``offset``) rather than store it? Then stage 3 need not cast it first
         (stage3_gradients.handing_gradients_uncast)."""
-        return self._stage3_gradients is not None and self._stage3_gradients.host_copy(
-            OptimizerSwapper.parameter_id(parameter), offset, fragment) is not None
+        return self.gradients.reads_stage3_copy(OptimizerSwapper.parameter_id(parameter), offset, fragment)
 
     def flush_gradients(self):
         pass  # nothing is staged: swap_out_gradients stores into the entries directly
@@ -473,9 +454,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         a load (stock's checkpoints skip them too)."""
         super().purge_state()
         self.forget_master_copies()  # (settled first)
-        self._gradient_fragments.clear()
-        self._counted_this_window = set()
-        self._stored_gradients = set()
+        self.gradients.forget_all()
         self.ahead.release_all()
         self.store.flush()
         self.store.forget_all()
@@ -545,18 +524,8 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         """The footprint at which the tier keeps every sub-group: the state, and the slot an update still lends."""
         return self.state_bytes() + self._update_slots() * self.store.streaming_slot_bytes
 
-    @property
-    def _gradient_views(self) -> bool:
-        """Are stage 3's host copies of the gradients looked up? Then the tier holds no gradient but those of the
-        sub-groups in _stored_gradients (a fragment without a copy, or a gradient written back through DeepSpeed's
-        API); state_bytes counts what it can hold from the first reading on."""
-        return self._stage3_gradients is not None
-
     def _update_slots(self) -> int:
-        """Streaming slots an update lends even when the tier keeps everything: the transient buffer a gradient
-        read from stage 3's buffer is filled into (``_lend_gradient``), one sub-group at a time."""
-        fills_alone = self._gradient_views and len(self._stored_gradients) < len(self.swap_params_info)
-        return 1 if fills_alone else 0
+        return self.gradients.update_slots(len(self.swap_params_info))
 
     def state_bytes(self) -> int:
         """Every sub-group's master and optimizer state as DeepSpeed registered it (Adam's two moments, Adagrad's
@@ -564,7 +533,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         them takes (cache/optimizer_store.py)."""
         numels = []
         for group, info in self.swap_params_info.items():
-            gradient = [info.numel()] if not self._gradient_views or group in self._stored_gradients else []
+            gradient = [info.numel()] if self.gradients.held_by_store(group) else []
             numels += [info.numel(), *self._state_numels(info), *gradient]
         return self.store.state_bytes(numels)
 
@@ -604,6 +573,12 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             self.ahead.during_backward(list(self.swap_params_info.values()), self._lent,
                                        last_backward=self._backwards_this_step >= self._micro_steps)
 
+    def gradient_reduced(self) -> None:
+        """Stage 3 reduced a gradient in the backward (install.py): reads ahead that waited for the last update's
+        writes behind start once those are done."""
+        if self.reads_ahead and not self.closed:
+            self.ahead.after_writes()
+
     def log_timers(self):
         # DeepSpeed calls this at the end of every optimizer step (stage3 _post_step), and once after building
         # the optimizer states, before the first backward: that one is not a training step.
@@ -615,7 +590,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             # one pass over the sub-groups per step whatever gradient accumulation or checkpointing do
             self.store.next_use = self.profile.load(tensors, dtype=str(self.dtype), world_size=dist.get_world_size())
         self.store.next_use = self.profile.end_step()
-        self._end_gradient_window()
+        self.gradients.end_window()
         if self._backwards_this_step:  # the window the caller's boundaries make (unmanaged accumulation too)
             self._micro_steps = self._backwards_this_step
         self._backwards_this_step = 0
@@ -633,10 +608,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         stats["optimizer_master_bytes_from_partitions"] = self.store.counters.copied_bytes
         stats.update(self.masters.stats())  # ... written from them where needed, and owed to the files now
         stats.update({f"optimizer_cache_{key}": value for key, value in self.store.stats().items()})
-        stats.update(optimizer_gradient_fragments_remembered=self._gradient_fragments.remembered,
-                     optimizer_gradient_fragments_stored=self._gradient_fragments.stored,
-                     optimizer_gradient_fragments_reduced_not_handed=self.gradients_reduced_not_handed,
-                     optimizer_gradient_fragments_uncast=self.gradient_fragments_uncast)
+        stats.update(self.gradients.stats())
         stats.update(optimizer_cache_budget_bytes=self.budget.total_bytes,
                      optimizer_least_footprint_bytes=self.least_host_footprint_bytes(),
                      optimizer_nvme_read_bytes=counters.read_bytes, optimizer_nvme_write_bytes=counters.write_bytes,
@@ -650,79 +622,6 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         return int(self.swap_config.buffer_count) * self.largest_numel * self.swap_element_size
 
     # ------------------------------------------------------------------------------------------- private
-    @staticmethod
-    def _gradient_path(swap_info) -> str:
-        [fragment] = swap_info.swapped_gradients.values()
-        return fragment.path
-
-    def _kept_copy_in(self, group):
-        """The lookup of stage 3's host copy of a fragment of sub-group ``group``'s gradient (none found without
-        the optimizer that built this swapper)."""
-        stage3 = self._stage3_gradients
-        if stage3 is None:
-            return lambda offset, fragment: None
-        return lambda offset, fragment: stage3.host_copy(group, offset, fragment)
-
-    def _lend_gradient(self, group, path: str, numel: int, read_ahead) -> torch.Tensor:
-        """The sub-group's gradient for its update: the stored one (held, or read), with the fragments still in
-        stage 3's buffer (swap_out_gradients) copied over it; only those, in a transient buffer, when none was
-        stored. That buffer is neither kept nor written (``_give_back``)."""
-        fragments = self._gradient_fragments
-        if not fragments.has(group):
-            return self._lend(path, numel, read_ahead)
-        self._count_reduced_not_handed(group)
-        alone = not self.store.knows(path)
-        if alone:
-            gradient = self.store.lend_new(path, numel, path, transient=True)
-        else:  # a gradient stored before (a fragment that was no view, or one written back): the views are newer
-            gradient = self._lend(path, numel, read_ahead)
-            self.store.mark_changed(path)
-        try:
-            fragments.fill(group, gradient, alone)
-        except BaseException:  # the buffer goes back, so that the next update can lend it again
-            if alone:
-                self.store.discard(path)
-            else:
-                self.store.release(path, changed=True)
-            raise
-        return gradient
-
-    def _count_reduced_not_handed(self, group) -> None:
-        """Before the update reads the sub-group's remembered fragments: those handed in an earlier window whose
-        parameter stage 3 has reduced since without handing it (a gradient in an earlier micro-batch, none in the
-        last): the update reads what stage 3 accumulated where stock reads the bytes last handed
-        (stage3_gradients.py). Counted once per fragment and window; a warning at the first."""
-        stage3, fragments = self._stage3_gradients, self._gradient_fragments
-        if stage3 is None:
-            return
-        reductions, changed = self._window_reductions or (), fragments.changed_unhanded(group)
-        for offset in fragments.not_handed_this_window(group):
-            if (group, offset) in self._counted_this_window:
-                continue  # a second swap-in in the window (safe_get_full_grad, Muon) reads the same bytes
-            if offset in changed or stage3.param_at(group, offset) in reductions:
-                if not self.gradients_reduced_not_handed:
-                    logger.warning("optimizer sub-group %s: a parameter's gradient was reduced in an earlier "
-                                   "micro-batch of an accumulation window but not in its last one; its update "
-                                   "reads that gradient, where stock DeepSpeed reads the one of the last window "
-                                   "that handed it (stats: optimizer_gradient_fragments_reduced_not_handed)", group)
-                self.gradients_reduced_not_handed += 1
-                self._counted_this_window.add((group, offset))
-
-    def _end_gradient_window(self) -> None:
-        """An optimizer step ended (or was skipped): fragments not handed in its window whose parameter stage 3
-        reduced in it stay changed until handed again (a later window's update, or the next one after a skipped
-        step, reads them so too); the next window's set of reductions is stage 3's new one."""
-        stage3, fragments = self._stage3_gradients, self._gradient_fragments
-        if stage3 is None:
-            return
-        reductions = self._window_reductions or ()
-        for group in fragments.groups():
-            fragments.note_changed_unhanded(group, [offset for offset in fragments.not_handed_this_window(group)
-                                                    if stage3.param_at(group, offset) in reductions])
-        fragments.end_window()
-        self._counted_this_window = set()
-        self._window_reductions = stage3.reductions()  # step() began with _pre_step: already the next window's
-
     def _lend(self, path, numel, read_ahead):
         if path in read_ahead:
             return self.store.wait_read(path)
@@ -831,11 +730,9 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
                     error = err
             self.store.release(context.swap_path, changed=changed, copy_elsewhere=master_elsewhere and index == 0)
         if swap_info.has_gradients():
-            path = self._gradient_path(swap_info)
-            if path in lent and self._gradient_fragments.filled_alone(swap_info.param_id):
-                self.store.discard(path)
-            elif path in lent:
-                self.store.release(path, changed=gradient_changed)
+            path = gradient_path(swap_info)
+            if path in lent:
+                self.gradients.give_back(swap_info.param_id, path, gradient_changed)
         if error is not None:
             raise error
 
