@@ -4,7 +4,7 @@ gradient buffer from those copies then. Remembering a kept copy costs no memory 
 no NVMe round trip, and its fragments are not copied when they arrive. Does not own: which copy is kept for a
 fragment (the caller's lookup: integrations/deepspeed/stage3_gradients.py finds stage 3's), fragments without one
 (the optimizer store stores them: cache/write_back.py), the gradient buffer filled (the store lends it), when
-fragments arrive or are used (integrations/deepspeed/optimizer_swapper.py).
+fragments arrive or are used (integrations/deepspeed/optimizer_gradients.py).
 
 A kept copy may be of a narrower dtype than the fragment (bf16 gradients, an fp32 optimizer): the fill widens it,
 which is exact; the lookup only offers copies for which it is.

@@ -10,7 +10,8 @@ streaming slot read ahead in backward"). The bytes are the same; only when they 
 
 The first sub-group's state is often still being written behind by the last update when the backward begins (one
 sub-group: the very tensors the next update reads): those reads start once the writes are done, at the first
-``after_writes`` call after that (the backward calls it at each gradient it reduces: install.py), never by waiting.
+``after_writes`` call after that (the backward calls it at each gradient it reduces: install.py), never by waiting
+for those writes (the read itself takes a buffer as any read ahead at the backward's start does).
 """
 from typing import Callable, Dict, List, Sequence
 
@@ -33,6 +34,7 @@ class ReadsAhead:
         # once written (after_writes)
         self._after_writes: Dict[object, List[str]] = {}
         self.in_backward = 0  # COUNT: tensors of sub-groups after the first read ahead in backward
+        self.after_their_writes = 0  # COUNT: tensors of the first sub-group read ahead once written (after_writes)
 
     def take(self, group) -> Sequence[str]:
         """The files whose reads were started for ``group``, now its swap-in's to wait for (and no longer here); any
@@ -80,7 +82,11 @@ class ReadsAhead:
 
     def after_writes(self) -> None:
         """Start the reads the backward's start left for writes in flight, of those whose writes are done now. Never
-        waits; nothing to do (the usual case) costs one dictionary test."""
+        waits for a write; nothing to do (the usual case) costs one dictionary test.
+
+        The state read and the read started are two calls on the store: nothing else changes these entries between
+        them, since this runs inside the backward (a gradient hook), while the training thread that swaps them in
+        and out is blocked in it."""
         if not self._after_writes:
             return
         self.store.reap_writes()
@@ -94,6 +100,7 @@ class ReadsAhead:
                 elif state == EntryState.ON_FILE and path not in started:
                     self.store.start_read(path, prefetch=True)
                     started.append(path)
+                    self.after_their_writes += 1
             if waiting:
                 self._after_writes[group] = waiting
             else:
@@ -128,7 +135,9 @@ class ReadsAhead:
                 self.store.start_read(path, prefetch=True)
                 started.append(path)
             elif state == EntryState.WRITING and later_if_writing:
-                self._after_writes.setdefault(swap_info.param_id, []).append(path)
+                waiting = self._after_writes.setdefault(swap_info.param_id, [])
+                if path not in waiting:  # (each backward of an accumulation window looks again)
+                    waiting.append(path)
 
     def _into_idle_slots(self, swap_info, limit: int) -> int:
         """Start reading up to ``limit`` of the sub-group's state tensors that are on file into buffers free right

@@ -141,8 +141,8 @@ def test_the_first_sub_group_is_read_ahead_once_the_last_updates_writes_behind_a
     try:
         [group] = sub_groups_on_file(store, tmp_path, 1)
         warm_slots(store, tmp_path)
-        for path in all_paths(group):  # the last update: lent, stepped, given back, written behind
-            store.lend(path)
+        for index, path in enumerate(all_paths(group)):  # the last update: lent, stepped, given back, written behind
+            store.lend(path).fill_(100 + index)
         for path in all_paths(group):
             store.release(path, changed=True)
         io.write(torch.zeros(NUMEL), str(tmp_path / "after-the-writes.swp")).result()
@@ -151,7 +151,7 @@ def test_the_first_sub_group_is_read_ahead_once_the_last_updates_writes_behind_a
         ahead.during_backward([group], lent={}, last_backward=True)
         assert list(ahead.take("0")) == all_paths(group)
         for index, path in enumerate(all_paths(group)):
-            assert torch.all(store.wait_read(path) == index)  # the bytes written behind
+            assert torch.all(store.wait_read(path) == 100 + index)  # the bytes written behind
             store.release(path)
     finally:
         store.close()
@@ -179,28 +179,33 @@ class GatedWrites:
 def test_state_still_being_written_when_the_backward_begins_is_read_once_written_never_waiting(io, tmp_path):
     """The last update's writes behind still in flight when the backward begins (a forward pass shorter than them):
     their reads start at the first ``after_writes`` after they are done (the backward calls it at each gradient),
-    and a call before that returns at once."""
+    and a call before that returns at once (one that waited would hang here: the writes are held until it returns;
+    the gate opens at the end whatever happens, so a failure fails)."""
     gated = GatedWrites(io)
     store = make(gated)
     try:
         [group] = sub_groups_on_file(store, tmp_path, 1)
         warm_slots(store, tmp_path)
-        for path in all_paths(group):
-            store.lend(path)
+        for index, path in enumerate(all_paths(group)):
+            store.lend(path).fill_(100 + index)
         gated.gate.clear()
         for path in all_paths(group):
             store.release(path, changed=True)  # written behind, held at the gate
         ahead = ReadsAhead(store, all_paths, lambda group: None)
         ahead.during_backward([group], lent={}, last_backward=True)
+        ahead.during_backward([group], lent={}, last_backward=True)  # gradient accumulation: another backward
         ahead.after_writes()  # the writes are in flight: nothing to start, and no wait
         assert [store.state(path) for path in all_paths(group)] == [EntryState.WRITING] * 3
         gated.gate.set()
         gated.drain()
         ahead.after_writes()
+        assert ahead.after_their_writes == 3  # each once
         assert list(ahead.take("0")) == all_paths(group)
         for index, path in enumerate(all_paths(group)):
-            assert torch.all(store.wait_read(path) == index)
+            assert torch.all(store.wait_read(path) == 100 + index)
             store.release(path)
         ahead.after_writes()  # nothing left waiting
+        assert ahead.after_their_writes == 3
     finally:
+        gated.gate.set()
         store.close()

@@ -117,6 +117,21 @@ def test_the_backward_reads_later_sub_groups_ahead_into_idle_streaming_slots(tra
     assert_reads_ahead_up_to(backward_reads_ahead_per_step(ours), 8 - 3 - 1)
 
 
+def test_one_sub_group_streaming_is_read_ahead_in_every_backward(train):
+    """Regression: with one sub-group (every model below sub_group_size with one parameter group), the last
+    update's writes behind are the very entries the backward reads ahead, and they stayed WRITING until something
+    reaped them (or were still in flight): nothing was read ahead, and every update waited for the whole state
+    (gpt2-small fp32: 0.84 s a step). Now every backward reads its master and both moments ahead, once written
+    (cache/optimizer_reads_ahead.py; those still in flight from the gradient hooks: install.py), with stock's
+    bits. The count covers both ways a read starts (on this model the writes mostly end in the forward pass): 3 a
+    step; none before the fix."""
+    stock = train(block=None, steps=4, **FAST)
+    ours = train(block=STREAMING, steps=4, **FAST)
+    assert_identical(stock, ours)
+    issued = [step["stats"]["optimizer_cache_prefetch_issued"] for step in ours.result["steps"]]
+    assert [after - before for before, after in zip(issued, issued[1:])] == [3, 3, 3], issued
+
+
 # Less than one optimizer tensor of gpt2-tiny (15M parameters: 60 MB each, one sub-group): no whole tensor fits.
 PREFIX = {"host_cache_bytes": 40_000_000}
 

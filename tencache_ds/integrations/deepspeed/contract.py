@@ -320,6 +320,12 @@ CALL_ORDER = (
               "later write to either would change the other",
               "tests/deepspeed/test_parity.py (bit-identical losses and weights, gradient_reductions_without_copy "
               "> 0), tests/deepspeed/test_one_rank_reduce.py"),
+    CallOrder("each gradient's hook calls reduce_ready_partitions_and_remove_grads through the instance, inside "
+              "the backward, after pre_backward and before step(): once per parameter gradient produced",
+              "install.py (reading_ahead_between_gradients) -> optimizer_swapper.gradient_reduced",
+              "the first sub-group's state still being written behind when the backward begins is read once written "
+              "(cache/optimizer_reads_ahead.py); not called means it is read in the update again, silently",
+              "tests/deepspeed/test_residency.py::test_one_sub_group_streaming_is_read_ahead_in_every_backward"),
     CallOrder("stage 3's step() calls _post_step exactly once per optimizer step that updates the weights, after "
               "the update (a step skipped for gradient overflow returns before it)",
               "install.py -> reporting.on_optimizer_step_end",

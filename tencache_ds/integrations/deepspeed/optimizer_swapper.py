@@ -525,6 +525,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         return self.state_bytes() + self._update_slots() * self.store.streaming_slot_bytes
 
     def _update_slots(self) -> int:
+        """Streaming slots an update lends even when the tier keeps everything (optimizer_gradients.py)."""
         return self.gradients.update_slots(len(self.swap_params_info))
 
     def state_bytes(self) -> int:
@@ -603,6 +604,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         stats["optimizer_profile_divergences"] = self.profile.divergences
         stats["optimizer_swapper_closed"] = int(self.closed)
         stats["optimizer_backward_reads_ahead"] = self.ahead.in_backward
+        stats["optimizer_reads_ahead_after_writes"] = self.ahead.after_their_writes
         # the masters filled from the parameter partitions: the only reads the store serves by a copy
         stats["optimizer_masters_from_partitions"] = self.store.counters.copied
         stats["optimizer_master_bytes_from_partitions"] = self.store.counters.copied_bytes

@@ -1,7 +1,7 @@
 """Stage 3's own host copy of each reduced gradient. Owns: finding, for a gradient fragment that stage 3 hands the
 optimizer swapper, the view of stage 3's gradient partition buffer that holds the same values, so that the swapper
 remembers that view (cache/gradient_fragments.py) instead of copying the fragment. Does not own: what is remembered
-or filled (cache/gradient_fragments.py), when fragments arrive (optimizer_swapper.py).
+or filled (cache/gradient_fragments.py), when fragments arrive (optimizer_gradients.py).
 
 What DeepSpeed 0.19.8 does (stage3.py ``partition_grads``, per reduced parameter partition), with the optimizer
 offloaded, which it is whenever an optimizer swapper exists:
