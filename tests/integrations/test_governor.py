@@ -494,6 +494,23 @@ def test_the_first_reading_cuts_the_optimizer_budget_not_filled_yet_before_param
     assert swapper.store.cache_bytes_reserved == 3 * GiB  # untouched
 
 
+def test_owed_masters_are_written_only_where_a_parameter_cache_shrinks(monkeypatch):
+    """A give-back the optimizer's state covers leaves the parameter partitions in place, and with them what the
+    owed masters are written from: nothing is written. One that reaches a parameter cache writes them first (on
+    gpt2-1.3b each give-back wrote 5.1 GB of masters, a 10 MiB one too)."""
+    from tencache_ds.plan.memory_pressure import RisePrior
+    reserve = int(0.02 * 64 * GiB) + int(1.25 * 2 * GiB + 1 * GiB)
+    for short, settles in ((GiB // 2, 0), (2 * GiB, 1)):  # the optimizer can give 1 GiB
+        settled = []
+        monkeypatch.setattr(memory_pressure, "settle_owed_masters", lambda *ids: settled.append(ids))
+        swapper = ParamCacheSums(3 * GiB)
+        optimizer = NotFilledYet(budget=3 * GiB // 2, slots=GiB // 2, state=16 * GiB, explicit=True)
+        # the optimizer's 2 GiB to fill count as taken: the reading is ``short`` below the reserve
+        first_reading([swapper], optimizer, RisePrior(2 * GiB, 1 * GiB), reserve + 2 * GiB - short)
+        assert len(settled) == settles
+        assert (swapper.store.cache_bytes_reserved < 3 * GiB) is bool(settles)
+
+
 def test_the_device_tiers_budget_counts_the_prior_before_a_rise_is_measured():
     """On the CPU accelerator at several ranks the device tier is host memory of its own, sized by the node's
     available memory less a step's rise: before one is measured that is the prior (and the bucket the first

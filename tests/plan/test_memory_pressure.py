@@ -120,6 +120,20 @@ def test_a_shortfall_is_given_back_up_to_the_middle_of_the_band():
     assert "100.00 MiB of 3.00 GiB available" in decision.reason and "gives back 292.50 MiB" in decision.reason
 
 
+def test_a_small_shortfall_is_given_back_twice_not_up_to_the_middle_of_the_band():
+    """A reading a little short of the reserve gives back as much again as it lacks, not the band's quarter: on
+    gpt2-1.3b beyond RAM a reading 10 MiB short gave back 1.45 GiB of its parameter cache."""
+    policy = policy_with_rise(200 * MiB)  # reserve 314 MiB, middle 392.5 MiB
+    decision = policy.decide(TOTAL, 300 * MiB, reducible_bytes=800 * MiB, given_back_bytes=0)
+    assert decision.action is Action.SHRINK and decision.nbytes == 2 * 14 * MiB
+    assert "gives back 28.00 MiB" in decision.reason
+    # the shortfall where twice it passes the middle: up to the middle
+    assert policy.decide(TOTAL, 200 * MiB, 800 * MiB, 0).nbytes == int(1.25 * (314 * MiB)) - 200 * MiB
+    # each rank its share of twice the node's shortfall
+    four = policy_with_rise(100 * MiB, ranks=4)  # reserve 64 + 4 x 125 = 564 MiB
+    assert four.decide(TOTAL, 554 * MiB, GiB, 0).nbytes == -(-(20 * MiB) // 4)
+
+
 def test_each_rank_of_the_node_gives_back_its_share():
     decision = policy_with_rise(100 * MiB, ranks=4).decide(TOTAL, 50 * MiB, GiB, 0)
     reserve = 64 * MiB + 4 * 125 * MiB
