@@ -45,6 +45,7 @@ from tencache_ds.plan.step_model import STOCK, TENCACHE, predict  # noqa: E402
 from tencache_ds.plan.workload import ZeroSettings, build_workload  # noqa: E402
 
 QUARTER_BYTES = {"gpt2-tiny": "68MB", "gpt2-small": "560MB", "gpt2-medium": "1600MB"}
+DEFAULT_CONFIG = "configs/stock-nvme.json"
 CONFIG_FOR = {"gpt2-medium": "configs/stock-nvme-large-vocab.json",
               "gpt2-1.3b": "configs/stock-nvme-beyond-ram.json"}  # as scripts/bench_beyond_ram.sh (no --compare-cpu)
 ARMS = ("stock", "tencache", "stock-cpu")
@@ -176,8 +177,10 @@ def get_machine(args):
     machines, paths = {}, {}
     for model in args.models:
         model_config = read_json(os.path.join(REPO, "configs", "models", f"{model}.json"))
-        if not machines:
-            measured = calibrate(args.nvme_path, model_config, args.micro_batch, args.seq_len, args.dtype or "bf16")
+        if not machines:  # the drive probe keeps as many requests in flight as the first config's stores will
+            ds_config = read_json(os.path.join(REPO, args.config or CONFIG_FOR.get(model, DEFAULT_CONFIG)))
+            measured = calibrate(args.nvme_path, model_config, args.micro_batch, args.seq_len, args.dtype or "bf16",
+                                 ds_config=ds_config)
         else:
             measured = dict(measured, **calibrate(args.nvme_path, model_config, args.micro_batch, args.seq_len,
                                                   args.dtype or "bf16", probes=MODEL_PROBES))
@@ -249,7 +252,7 @@ def main(argv=None) -> int:
         plan = [(model, budget) for model in args.models for budget in args.budgets]
         predictions = {}
         for model, budget in plan:
-            config = args.config or CONFIG_FOR.get(model, "configs/stock-nvme.json")
+            config = args.config or CONFIG_FOR.get(model, DEFAULT_CONFIG)
             ranks_machine = dataclasses.replace(machines[model], ranks_per_node=args.ranks)
             predictions[f"{model}-{budget}"] = {
                 "model": model, "budget": budget, "config": config, "ranks": args.ranks,

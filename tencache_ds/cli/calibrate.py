@@ -13,12 +13,6 @@ crash there becomes a clear error. The probes, and why each is measured the way 
   to be the rate a step sustains, three times over. Reads, writes, and both at once: the last gives the machine's
   mixed rate (a drive that does not add the two shares them in the step model). Not DeepSpeed's aio handle (which
   `doctor`'s bandwidth line uses): its single synchronous request understates what tencache gets from the drive.
-- Stock's drive: DeepSpeed's aio handle with the run's aio settings, whole tensors issued and waited for as stock's
-  swappers do. It splits every tensor into blocks of ``aio.block_size``, ``aio.queue_depth`` in flight, so its rate
-  does not grow with a tensor's size as tencache's requests' does: priced by the request-size factors, stock's
-  1.4 GB sub-group tensors on gpt2-medium moved at 1.4x the 64 MiB rate in the model and at 0.8-0.9x in the runs
-  (docs/estimate.md, run 10: stock 20-35% slower than predicted). Its rates over the drive's figures are the
-  machine's ``stock_aio_read_factor`` and ``stock_aio_write_factor``; a failure leaves them out.
 - CPU Adam: DeepSpeed's ``DeepSpeedCPUAdam`` (what ZeRO-Offload steps with) on one fp32 tensor, timed after a
   warm-up; torch's AdamW when DeepSpeed's op cannot be built (the source says which).
 - Host memory: a large copy between tensors already mapped (the optimizer step's epilogue), and writing a fresh
@@ -74,8 +68,7 @@ MODEL_PROBE_BUDGET_S = 75.0
 COPY_BYTES = 256 << 20
 CALIBRATION_VOCAB = 1024
 COMPUTE_PROBE_WEIGHT_BYTES = 256 << 20  # several times any CPU's last-level cache: the weights come from memory
-# the drive at three request sizes (up to ~90 s on a slow disk) and through stock's aio handle (about 10 s here), two
-# 75 s model probes, the collectives (at most 60 s)
+# the drive at three request sizes (up to ~90 s on a slow disk), two 75 s model probes, the collectives (at most 60 s)
 PROBE_TIMEOUT_S = 480.0
 PROBE_MARKER = "TENCACHE_CALIBRATE "
 
@@ -89,16 +82,7 @@ COLLECTIVE_REPEATS = 3
 COLLECTIVE_TIMEOUT_S = 60.0  # about 5 s here, most of it two interpreters importing torch
 
 
-# Stock's swapping through DeepSpeed's aio handle: tensors of this size (a sub-group's state tensor or a layer's
-# partitions are tens to hundreds of MiB), this many issued before each wait as its swappers do, NVME_TRIAL_BYTES a
-# trial, the fastest of NVME_REPEATS
-STOCK_AIO_TENSOR_BYTES = 64 << 20
-STOCK_AIO_TENSORS_IN_FLIGHT = 4
-# DeepSpeed 0.19.8's aio defaults (runtime/swap_tensor/aio_config.py), for a run whose config has no "aio" block
-STOCK_AIO_DEFAULTS = {"block_size": 1 << 20, "queue_depth": 8, "single_submit": False, "overlap_events": True,
-                      "intra_op_parallelism": 1}
-
-ALL_PROBES = ("nvme", "stock_aio", "adam", "host_copy", "collectives", "compute", "zero3_calls")
+ALL_PROBES = ("nvme", "adam", "host_copy", "collectives", "compute", "zero3_calls")
 BASELINE_IMPORTS = "torch, transformers, DeepSpeed"  # the process baseline's imports, besides _import_model_code's
 MODEL_PROBES = ("compute", "zero3_calls")  # the figures that are the model's and shape's, not only the machine's
 
@@ -115,7 +99,7 @@ def calibrate(nvme_path: str, model_config: Dict[str, Any], micro_batch: int, se
     from ..io.drive_rate import store_thread_counts
     request = {"nvme_path": nvme_path, "model_config": model_config, "micro_batch": micro_batch,
                "seq_len": seq_len, "dtype": dtype, "probes": list(probes),
-               "io_threads": store_thread_counts(ds_config)[0], "aio": stock_aio_settings(ds_config)}
+               "io_threads": store_thread_counts(ds_config)[0]}
     started = time.perf_counter()
     env = dict(os.environ)
     package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -156,7 +140,6 @@ def machine_from_calibration(measured: Dict[str, Any]):
     memory = read_host_memory()
     nvme, adam, copy, compute = measured["nvme"], measured["adam"], measured["host_copy"], measured["compute"]
     collectives = measured.get("collectives", {})
-    stock_aio = measured.get("stock_aio") if "read_bytes_per_s" in measured.get("stock_aio", {}) else None
     where = f"measured by `tencache-ds estimate --machine this` (cli/calibrate.py) at {time.strftime('%Y-%m-%d %H:%M')}"
     collectives_source = f"not measured: {collectives['error']}" if "error" in collectives else \
         f"{where}: {collectives['method']}" if collectives else "not measured"
@@ -169,8 +152,6 @@ def machine_from_calibration(measured: Dict[str, Any]):
         nvme_write_bytes_per_s_per_drive=nvme["write_bytes_per_s"], drives=1,
         nvme_mixed_bytes_per_s_per_drive=nvme.get("mixed_bytes_per_s"),
         nvme_request_factors=tuple(map(tuple, nvme["request_factors"])) if nvme.get("request_factors") else None,
-        stock_aio_read_factor=stock_aio["read_bytes_per_s"] / nvme["read_bytes_per_s"] if stock_aio else None,
-        stock_aio_write_factor=stock_aio["write_bytes_per_s"] / nvme["write_bytes_per_s"] if stock_aio else None,
         cpu_adam_elements_per_s=adam["elements_per_s"], host_copy_bytes_per_s=copy["bytes_per_s"],
         host_fresh_write_bytes_per_s=copy.get("fresh_write_bytes_per_s"),
         zero3_module_call_s=measured["zero3_calls"]["call_s"] if "zero3_calls" in measured else 0.0,
@@ -185,10 +166,6 @@ def machine_from_calibration(measured: Dict[str, Any]):
             "nvme_mixed_bytes_per_s_per_drive": f"{where}: same run, reads and writes at once, both counted",
             "nvme_request_factors": f"{where}: same run, the fastest trial at each request size over the fastest at "
                                     f"the rate figures' size",
-            "stock_aio_read_factor": f"{where}: {stock_aio['method']}, over the read figure" if stock_aio else
-            f"not measured: {measured['stock_aio']['error']}" if "stock_aio" in measured else "not measured",
-            "stock_aio_write_factor": f"{where}: same run, writes, over the write figure" if stock_aio else
-            "not measured",
             "cpu_adam_elements_per_s": f"{where}: {adam['method']}",
             "host_copy_bytes_per_s": f"{where}: {copy['method']}",
             "host_fresh_write_bytes_per_s": f"{where}: {copy['fresh_method']}" if "fresh_method" in copy
@@ -233,11 +210,6 @@ def _probe_main(argv: Sequence[str]) -> None:
         probes = request.get("probes", ALL_PROBES)
         if "nvme" in probes:
             _emit(nvme=measure_nvme(request["nvme_path"], request["io_threads"]))
-        if "stock_aio" in probes:  # optional figures: a failure leaves them out (stock priced as tencache)
-            try:
-                _emit(stock_aio=measure_stock_aio(torch, request["nvme_path"], request["aio"]))
-            except Exception as err:  # pylint: disable=broad-except
-                _emit(stock_aio={"error": f"{type(err).__name__}: {err}"})
         if "adam" in probes:
             _emit(adam=measure_cpu_adam(torch))
         if "host_copy" in probes:
@@ -309,55 +281,6 @@ def measure_nvme(folder: str, io_threads: int) -> Dict[str, Any]:
             "request_factors": [[size, each.read_bytes_per_s / reference.read_bytes_per_s,
                                  each.write_bytes_per_s / reference.write_bytes_per_s]
                                 for size, each in by_size.items()]}
-
-
-def stock_aio_settings(ds_config: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
-    """The aio handle's settings stock swaps with: the config's "aio" block over DeepSpeed's defaults."""
-    aio = (ds_config or {}).get("aio") or {}
-    return {key: aio.get(key, default) if isinstance(aio, dict) else default
-            for key, default in STOCK_AIO_DEFAULTS.items()}
-
-
-def measure_stock_aio(torch, folder: str, settings: Dict[str, Any]) -> Dict[str, Any]:
-    """The drive under ``folder`` as stock ZeRO-Infinity's swappers use it: DeepSpeed's aio handle with the run's
-    ``settings``, ``STOCK_AIO_TENSORS_IN_FLIGHT`` tensors of ``STOCK_AIO_TENSOR_BYTES`` issued (``async_pwrite``,
-    ``async_pread``, a file each) and then waited for, over ``NVME_TRIAL_BYTES``: writes, then reads of what was
-    written; the fastest of ``NVME_REPEATS`` trials each way."""
-    from deepspeed.ops.op_builder import AsyncIOBuilder
-    handle = AsyncIOBuilder().load(verbose=False).aio_handle(
-        int(settings["block_size"]), int(settings["queue_depth"]), bool(settings["single_submit"]),
-        bool(settings["overlap_events"]), int(settings["intra_op_parallelism"]))
-    os.makedirs(folder, exist_ok=True)
-    buffers = [torch.full((STOCK_AIO_TENSOR_BYTES,), index, dtype=torch.uint8)
-               for index in range(STOCK_AIO_TENSORS_IN_FLIGHT)]
-    batches = max(1, NVME_TRIAL_BYTES // (STOCK_AIO_TENSOR_BYTES * STOCK_AIO_TENSORS_IN_FLIGHT))
-    paths = [[os.path.join(folder, f".tencache-stock-aio-{os.getpid()}-{batch}-{index}.bin")
-              for index in range(len(buffers))] for batch in range(batches)]
-    trial_bytes = batches * len(buffers) * STOCK_AIO_TENSOR_BYTES
-
-    def timed(issue) -> float:
-        started = time.perf_counter()
-        for batch in paths:
-            for buffer, path in zip(buffers, batch):
-                issue(buffer, path)
-            if handle.wait() != len(buffers):
-                raise OSError(f"DeepSpeed's aio handle completed fewer than {len(buffers)} requests in {folder}")
-        return trial_bytes / (time.perf_counter() - started)
-
-    writes, reads = [], []
-    try:
-        for _ in range(NVME_REPEATS):
-            writes.append(timed(handle.async_pwrite))
-            reads.append(timed(handle.async_pread))
-    finally:
-        for path in (path for batch in paths for path in batch):
-            with contextlib.suppress(OSError):
-                os.remove(path)
-    described = ", ".join(f"{key} {value}" for key, value in settings.items())
-    return {"method": f"DeepSpeed's aio handle ({described}), {len(buffers)} tensors of "
-                      f"{STOCK_AIO_TENSOR_BYTES >> 20} MiB issued then waited for, trials of {trial_bytes >> 20} MiB, "
-                      f"the fastest of {NVME_REPEATS}",
-            "read_bytes_per_s": max(reads), "write_bytes_per_s": max(writes)}
 
 
 def measure_cpu_adam(torch, elements: int = ADAM_ELEMENTS) -> Dict[str, Any]:

@@ -57,14 +57,6 @@ class Machine:
     # Measured with tencache's engine (`--machine this`): on this VM 400 MiB requests read about 1.4x faster than
     # 64 MiB ones. None: one rate for every size (a datasheet's sequential figures).
     nvme_request_factors: Optional[Tuple[Tuple[int, float, float], ...]] = None
-    # DeepSpeed's aio handle, which stock ZeRO-Infinity swaps with, relative to the rate figures above, reading and
-    # writing, whatever the tensor's size: it moves every tensor in blocks of the config's aio.block_size,
-    # aio.queue_depth of them in flight, so that a large tensor gains nothing of what the request-size factors give
-    # tencache's engine. Measured with the run's aio settings (`--machine this`): on this VM (1 MiB blocks, 8 in
-    # flight) 0.7-0.9x the 64 MiB figures, where the request-size factors had priced stock's 1.4 GB tensors at 1.4x.
-    # None: stock's requests are priced as tencache's are (a datasheet's sequential figures: DeepNVMe reaches them).
-    stock_aio_read_factor: Optional[float] = None
-    stock_aio_write_factor: Optional[float] = None
     host_copy_bytes_per_s: float = 1.0e10
     # Writing host memory the process has not touched yet (each page faulted in first). Only a host accelerator pays
     # it per step (step_model/costs.py, backward_host_memory_s); None leaves that term out (GPU boxes).
@@ -123,13 +115,6 @@ class Machine:
             return None
         return self.nvme_mixed_bytes_per_s_per_drive * self.drives / self.ranks_per_node
 
-    def stock_aio_factor(self, direction: str, request_bytes: int) -> float:
-        """How much faster (above 1) or slower stock's aio handle moves a tensor than the rate figures say
-        (``stock_aio_read_factor``, ``stock_aio_write_factor``); without them, as tencache's engine's request of
-        ``request_bytes`` (``nvme_request_factor``)."""
-        factor = self.stock_aio_read_factor if direction == "read" else self.stock_aio_write_factor
-        return self.nvme_request_factor(direction, request_bytes) if factor is None else factor
-
     def nvme_request_factor(self, direction: str, request_bytes: int) -> float:
         """How much faster (above 1) or slower a request of ``request_bytes`` moves than the rate figures say, for
         ``direction`` "read" or "write" (``nvme_request_factors``; 1 without them)."""
@@ -181,8 +166,7 @@ _POSITIVE = {"accelerator_flops_per_s", "h2d_bytes_per_s", "host_memory_bytes", 
              "nvme_write_bytes_per_s_per_drive", "drives", "cpu_adam_elements_per_s", "host_copy_bytes_per_s",
              "host_fresh_write_bytes_per_s", "nvme_mixed_bytes_per_s_per_drive", "ranks_per_node", "nodes",
              "drive_tbw_bytes", "process_baseline_bytes", "allgather_bytes_per_s",
-             "reduce_scatter_bytes_per_s", "stock_aio_read_factor",
-             "stock_aio_write_factor"}  # host_available_bytes may be 0: a full cgroup
+             "reduce_scatter_bytes_per_s"}  # host_available_bytes may be 0: a full cgroup
 _INTEGERS = {"accelerator_memory_bytes", "host_memory_bytes", "drives", "ranks_per_node", "nodes",
              "host_available_bytes", "process_baseline_bytes"}
 
@@ -204,8 +188,7 @@ def _checked_values(data: Mapping[str, Any], source: str) -> Dict[str, Any]:
                 raise MachineFileError(f"{source}: key \"{key}\" must be true or false, got {value!r}")
         elif value is None and key in ("drive_tbw_bytes", "host_available_bytes", "host_fresh_write_bytes_per_s",
                                        "nvme_mixed_bytes_per_s_per_drive", "nvme_request_factors",
-                                       "allgather_bytes_per_s", "reduce_scatter_bytes_per_s",
-                                       "stock_aio_read_factor", "stock_aio_write_factor"):
+                                       "allgather_bytes_per_s", "reduce_scatter_bytes_per_s"):
             continue
         elif key == "nvme_request_factors":
             values[key] = _checked_request_factors(value, source)

@@ -26,11 +26,11 @@ The rule, at every reading (the start of each forward pass: between steps, nothi
   above the least it needs to stream a step), so that one decision is enough and the next reading lands inside the
   band ``[reserve, 1.5 × reserve)``. Twice: a reading a little short of the reserve (memory that drifted by the
   shortfall) leaves as much again above it; a large one lands in the middle. Not the middle for every shortfall: on
-  gpt2-1.3b beyond RAM a reading 10 MiB short gave back 1.45 GiB, its parameter cache's (2026-11-30), and the steps
-  moved 1.17× the least bytes instead of 1.00×.
+  gpt2-1.3b beyond RAM a reading 10 MiB short gave back 1.45 GiB of the optimizer's 1.5 GiB share (2026-11-30), and
+  the steps moved 1.17× the least bytes; with twice the shortfall, 1.03× (docs/benchmarks.md).
 - ``available ≥ 1.5 × reserve`` and the tier gave memory back earlier: take back the excess over ``1.25 × reserve``
-  (each rank its share), at most what it gave. Both land in the middle of the band, so the next reading holds:
-  shrink and growth never alternate.
+  (each rank its share), at most what it gave. Both land inside the band (a growth in its middle), so the next
+  reading holds: shrink and growth never alternate.
 - An ``"auto"`` budget also *grows* that way beyond its start-up size, up to what the tier can use
   (``growable``: the optimizer state it does not hold yet), once a step's rise has been measured: "auto" starts
   at a share of the memory available at start-up (given back at the first reading where the prior says the first

@@ -25,19 +25,3 @@ def test_the_process_baseline_is_measured_after_a_training_process_s_imports(tmp
     assert measured["baseline_rss_bytes"] > 0
     assert measured["baseline_imports"] == ("torch, transformers, DeepSpeed, torch._dynamo and "
                                             "transformers.models.gpt2.modeling_gpt2")
-
-
-def test_stocks_drive_is_timed_through_deepspeeds_aio_handle_with_the_runs_settings(tmp_path, monkeypatch):
-    """Stock swaps through DeepSpeed's aio handle: the probe builds one with the config's "aio" block over
-    DeepSpeed's defaults, times whole tensors written and read back, and leaves no file behind."""
-    import torch
-    from tencache_ds.cli import calibrate
-    monkeypatch.setattr(calibrate, "NVME_TRIAL_BYTES", 256 << 20)  # one batch of 4 x 64 MiB a trial
-    settings = calibrate.stock_aio_settings({"aio": {"queue_depth": 4, "block_size": 1 << 19}})
-    assert settings == {"block_size": 1 << 19, "queue_depth": 4, "single_submit": False, "overlap_events": True,
-                        "intra_op_parallelism": 1}
-    assert calibrate.stock_aio_settings(None)["block_size"] == 1 << 20
-    measured = calibrate.measure_stock_aio(torch, str(tmp_path), settings)
-    assert measured["read_bytes_per_s"] > 0 and measured["write_bytes_per_s"] > 0
-    assert "block_size 524288, queue_depth 4" in measured["method"] and "trials of 256 MiB" in measured["method"]
-    assert list(tmp_path.iterdir()) == []

@@ -122,7 +122,7 @@ def test_a_shortfall_is_given_back_up_to_the_middle_of_the_band():
 
 def test_a_small_shortfall_is_given_back_twice_not_up_to_the_middle_of_the_band():
     """A reading a little short of the reserve gives back as much again as it lacks, not the band's quarter: on
-    gpt2-1.3b beyond RAM a reading 10 MiB short gave back 1.45 GiB of its parameter cache."""
+    gpt2-1.3b beyond RAM a reading 10 MiB short gave back 1.45 GiB of the optimizer's 1.5 GiB share."""
     policy = policy_with_rise(200 * MiB)  # reserve 314 MiB, middle 392.5 MiB
     decision = policy.decide(TOTAL, 300 * MiB, reducible_bytes=800 * MiB, given_back_bytes=0)
     assert decision.action is Action.SHRINK and decision.nbytes == 2 * 14 * MiB

@@ -700,27 +700,6 @@ def test_a_request_is_priced_at_the_drives_rate_for_its_size():
     assert predict(work, above)[STOCK].step_time_s == pytest.approx(predict(work, flat)[STOCK].step_time_s)
 
 
-def test_stock_moves_every_tensor_at_its_aio_handles_measured_rate_whatever_its_size():
-    """stock_aio_read_factor / stock_aio_write_factor (`--machine this`: DeepSpeed's aio handle with the run's aio
-    settings): stock's requests are priced at them, not at tencache's request-size factors (on this VM those gave
-    stock's 1.4 GB tensors 1.4x the 64 MiB rate, and stock ran 20-35% slower than predicted); tencache's are not
-    touched. Without them stock is priced as before."""
-    work = workload("gpt2-small", config=ds_config())
-    sized = this_vm(nvme_request_factors=((MIB, 1.0, 1.0), (GIB, 2.0, 2.0)))
-    aio = this_vm(nvme_request_factors=((MIB, 1.0, 1.0), (GIB, 2.0, 2.0)), stock_aio_read_factor=0.5,
-                  stock_aio_write_factor=0.5)
-    flat_half = this_vm(nvme_read_bytes_per_s_per_drive=1.05e9, nvme_write_bytes_per_s_per_drive=1.05e9)
-    assert aio.stock_aio_factor("read", GIB) == 0.5 and sized.stock_aio_factor("read", GIB) == 2.0
-    assert predict(work, aio)[STOCK].step_time_s == pytest.approx(predict(work, flat_half)[STOCK].step_time_s)
-    assert predict(work, aio)[STOCK].step_time_s > predict(work, sized)[STOCK].step_time_s
-    quarter = ds_config(host_cache_bytes=140 * 10**6)
-    tencache = workload("gpt2-small", config=quarter)
-    assert predict(tencache, aio)[TENCACHE].step_time_s == predict(tencache, sized)[TENCACHE].step_time_s
-    assert machine_from_dict(json.loads(json.dumps(aio.to_json()))) == aio
-    with pytest.raises(MachineFileError, match="stock_aio_read_factor"):
-        this_vm(stock_aio_read_factor=0)
-
-
 def test_ranks_on_a_node_share_its_drives_and_memory():
     machine = this_vm(ranks_per_node=2)
     assert machine.nvme_read_bytes_per_s_per_rank == pytest.approx(this_vm().nvme_read_bytes_per_s_per_rank / 2)

@@ -133,13 +133,10 @@ def shared_drive_scale(read: float, write: float, mixed: Optional[float]) -> Opt
     return harmonic / mixed if mixed <= harmonic else None
 
 
-def channel_rates(machine: Machine, pinned_h2d: bool, stock_aio: bool = False) -> Rates:
-    """One rank's rates; ``stock_aio``: its NVMe requests go through DeepSpeed's aio handle (stock's swapping,
-    Machine.stock_aio_factor), else through tencache's engine (Machine.nvme_request_factor)."""
+def channel_rates(machine: Machine, pinned_h2d: bool) -> Rates:
     h2d = machine.h2d_bytes_per_s * (1.0 if pinned_h2d else PAGEABLE_H2D_FACTOR)
     read, write = machine.nvme_read_bytes_per_s_per_rank, machine.nvme_write_bytes_per_s_per_rank
     return Rates(machine.accelerator_flops_per_s_per_rank, machine.cpu_adam_elements_per_s_per_rank,
                  machine.host_copy_bytes_per_s_per_rank, {"nvme_read": read, "nvme_write": write, "h2d": h2d},
                  shared_drive_scale(read, write, machine.nvme_mixed_bytes_per_s_per_rank),
-                 machine.zero3_module_call_s,
-                 machine.stock_aio_factor if stock_aio else machine.nvme_request_factor)
+                 machine.zero3_module_call_s, machine.nvme_request_factor)
