@@ -27,7 +27,10 @@ The rule, at every reading (the start of each forward pass: between steps, nothi
   band ``[reserve, 1.5 × reserve)``. Twice: a reading a little short of the reserve (memory that drifted by the
   shortfall) leaves as much again above it; a large one lands in the middle. Not the middle for every shortfall: on
   gpt2-1.3b beyond RAM a reading 10 MiB short gave back 1.45 GiB of the optimizer's 1.5 GiB share (2026-11-30), and
-  the steps moved 1.17× the least bytes; with twice the shortfall, 1.03× (docs/benchmarks.md).
+  the steps moved 1.17× the least bytes; with twice the shortfall, 1.03× (docs/benchmarks.md). Up to the middle
+  again where twice the shortfall is more than the optimizer's state can give (``optimizer_reducible``): the rest
+  comes from the parameter caches, and a cache that shrinks has the owed fp32 masters written first (5.1 GB on
+  gpt2-1.3b), which memory that keeps drifting would otherwise pay at every reading.
 - ``available ≥ 1.5 × reserve`` and the tier gave memory back earlier: take back the excess over ``1.25 × reserve``
   (each rank its share), at most what it gave. Both land inside the band (a growth in its middle), so the next
   reading holds: shrink and growth never alternate.
@@ -189,10 +192,12 @@ class MemoryPressurePolicy:
         return floor + int(self.ranks * (STEP_RISE_MARGIN * self.expected_rise_bytes + self.untouched_bytes))
 
     def decide(self, total_bytes: int, available_bytes: int, reducible_bytes: int,
-               given_back_bytes: int, growable_bytes: int = 0) -> PressureDecision:
+               given_back_bytes: int, growable_bytes: int = 0,
+               optimizer_reducible_bytes: Optional[int] = None) -> PressureDecision:
         """After a reading of ``available_bytes`` of the node's (or cgroup's) ``total_bytes``, with this rank's
-        tier able to give back ``reducible_bytes``, having given back ``given_back_bytes`` net so far (negative:
-        grown beyond its start), and able to use ``growable_bytes`` more than its start-up size ("auto" only)."""
+        tier able to give back ``reducible_bytes`` (``optimizer_reducible_bytes`` of it optimizer state, which goes
+        first; None: all of it), having given back ``given_back_bytes`` net so far (negative: grown beyond its
+        start), and able to use ``growable_bytes`` more than its start-up size ("auto" only)."""
         reserve = self.reserve_bytes(total_bytes)
         middle = int(BAND_MIDDLE * reserve)
         if available_bytes < reserve:
@@ -200,6 +205,9 @@ class MemoryPressurePolicy:
             # next readings hold inside a band the measured rise lowers): on gpt2-1.3b beyond RAM the first reading
             # gave 2.1 GiB back to the middle and the steps stayed 43 s instead of 31 s
             target = reserve if self._on_prior else min(middle, reserve + (reserve - available_bytes))
+            optimizer_share = reducible_bytes if optimizer_reducible_bytes is None else optimizer_reducible_bytes
+            if not self._on_prior and -(-(target - available_bytes) // self.ranks) > optimizer_share:
+                target = middle  # it reaches the parameter caches (owed masters written): once, to the middle
             give = min(max(0, reducible_bytes), -(-(target - available_bytes) // self.ranks))
             if give <= 0:
                 return HOLD

@@ -134,6 +134,19 @@ def test_a_small_shortfall_is_given_back_twice_not_up_to_the_middle_of_the_band(
     assert four.decide(TOTAL, 554 * MiB, GiB, 0).nbytes == -(-(20 * MiB) // 4)
 
 
+def test_a_shortfall_the_optimizers_state_cannot_cover_is_given_back_up_to_the_middle_of_the_band():
+    """Twice the shortfall where the optimizer's state gives it; where the parameter caches must give too (and the
+    owed fp32 masters be written first), once, up to the middle: memory that keeps drifting would otherwise write
+    them at every reading."""
+    policy = policy_with_rise(200 * MiB)  # reserve 314 MiB, middle 392.5 MiB
+    assert policy.decide(TOTAL, 300 * MiB, 800 * MiB, 0, optimizer_reducible_bytes=28 * MiB).nbytes == 28 * MiB
+    decision = policy.decide(TOTAL, 300 * MiB, 800 * MiB, 0, optimizer_reducible_bytes=27 * MiB)
+    assert decision.action is Action.SHRINK and decision.nbytes == int(1.25 * (314 * MiB)) - 300 * MiB
+    # on a prior: up to the reserve, whatever gives it
+    prior = MemoryPressurePolicy(1, RisePrior(200 * MiB))
+    assert prior.decide(TOTAL, 300 * MiB, 800 * MiB, 0, optimizer_reducible_bytes=0).nbytes == 14 * MiB
+
+
 def test_each_rank_of_the_node_gives_back_its_share():
     decision = policy_with_rise(100 * MiB, ranks=4).decide(TOTAL, 50 * MiB, GiB, 0)
     reserve = 64 * MiB + 4 * 125 * MiB

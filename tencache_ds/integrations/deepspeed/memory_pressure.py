@@ -213,7 +213,8 @@ class HostTierGovernor:
         memory (it takes its share), and the other ranks' engines promise alike: counted as this rank's times the
         ranks on the node."""
         decide = functools.partial(self.policy.decide, memory.total_bytes, reducible_bytes=self.reducible_bytes(),
-                                   given_back_bytes=self.given_back_bytes, growable_bytes=self.growable_bytes())
+                                   given_back_bytes=self.given_back_bytes, growable_bytes=self.growable_bytes(),
+                                   optimizer_reducible_bytes=self._optimizer_reducible_bytes())
         decision = decide(memory.available_bytes - self._promised_bytes())
         if decision.action is Action.GROW:
             with _LIVE_GOVERNORS_LOCK:

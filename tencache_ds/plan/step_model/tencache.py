@@ -213,7 +213,8 @@ def _governed_tier(workload: Workload, machine: Machine, grows: bool, start_shar
         cache_given = param_cache if cache_reducible else 0
         decision = policy.decide(machine.host_memory_bytes, available,
                                  reducible_bytes=max(0, footprint - least) + cache_given, given_back_bytes=given,
-                                 growable_bytes=max(0, state + update_slot - footprint) if grows and state else 0)
+                                 growable_bytes=max(0, state + update_slot - footprint) if grows and state else 0,
+                                 optimizer_reducible_bytes=max(0, footprint - least))
         if decision.action is Action.SHRINK:
             cut, (cache_cut,) = give_back_split(decision.nbytes, max(0, footprint - least), [cache_given])
             footprint, param_cache = footprint - cut, param_cache - cache_cut
