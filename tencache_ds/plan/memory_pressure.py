@@ -27,10 +27,12 @@ The rule, at every reading (the start of each forward pass: between steps, nothi
   band ``[reserve, 1.5 × reserve)``. Twice: a reading a little short of the reserve (memory that drifted by the
   shortfall) leaves as much again above it; a large one lands in the middle. Not the middle for every shortfall: on
   gpt2-1.3b beyond RAM a reading 10 MiB short gave back 1.45 GiB of the optimizer's 1.5 GiB share (2026-11-30), and
-  the steps moved 1.17× the least bytes; with twice the shortfall, 1.03× (docs/benchmarks.md). Up to the middle
-  again where twice the shortfall is more than the optimizer's state can give (``optimizer_reducible``): the rest
-  comes from the parameter caches, and a cache that shrinks has the owed fp32 masters written first (5.1 GB on
-  gpt2-1.3b), which memory that keeps drifting would otherwise pay at every reading.
+  the steps moved 1.17× the least bytes; with twice the shortfall, 1.03× (docs/benchmarks.md). Where the
+  optimizer's state (``optimizer_reducible_bytes``, given first) covers the shortfall but not twice it, only that
+  state: it lands inside the band, and the parameter caches stay whole. A cache that gives up a partition costs
+  more than its bytes: the fp32 masters are owed to their files only while every partition is held
+  (integrations/deepspeed/master_write_behind.py), so from then on each update writes them (4.75 GiB a step on
+  gpt2-1.3b).
 - ``available ≥ 1.5 × reserve`` and the tier gave memory back earlier: take back the excess over ``1.25 × reserve``
   (each rank its share), at most what it gave. Both land inside the band (a growth in its middle), so the next
   reading holds: shrink and growth never alternate.
@@ -205,10 +207,11 @@ class MemoryPressurePolicy:
             # next readings hold inside a band the measured rise lowers): on gpt2-1.3b beyond RAM the first reading
             # gave 2.1 GiB back to the middle and the steps stayed 43 s instead of 31 s
             target = reserve if self._on_prior else min(middle, reserve + (reserve - available_bytes))
-            optimizer_share = reducible_bytes if optimizer_reducible_bytes is None else optimizer_reducible_bytes
-            if not self._on_prior and -(-(target - available_bytes) // self.ranks) > optimizer_share:
-                target = middle  # it reaches the parameter caches (owed masters written): once, to the middle
-            give = min(max(0, reducible_bytes), -(-(target - available_bytes) // self.ranks))
+            give = -(-(target - available_bytes) // self.ranks)
+            optimizer_share = give if optimizer_reducible_bytes is None else max(0, optimizer_reducible_bytes)
+            if optimizer_share < give and optimizer_share >= -(-(reserve - available_bytes) // self.ranks):
+                give = optimizer_share  # the reserve reached with optimizer state alone: the caches stay whole
+            give = min(max(0, reducible_bytes), give)
             if give <= 0:
                 return HOLD
             return PressureDecision(Action.SHRINK, give, self._describe(

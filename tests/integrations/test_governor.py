@@ -497,7 +497,7 @@ def test_the_first_reading_cuts_the_optimizer_budget_not_filled_yet_before_param
 def test_owed_masters_are_written_only_where_a_parameter_cache_shrinks(monkeypatch):
     """A give-back the optimizer's state covers leaves the parameter partitions in place, and with them what the
     owed masters are written from: nothing is written. One that reaches a parameter cache writes them first (on
-    gpt2-1.3b each give-back wrote 5.1 GB of masters, a 10 MiB one too)."""
+    gpt2-1.3b every give-back wrote the 5.1 GB of owed masters, one the optimizer's share covered too)."""
     from tencache_ds.plan.memory_pressure import RisePrior
     reserve = int(0.02 * 64 * GiB) + int(1.25 * 2 * GiB + 1 * GiB)
     for short, settles in ((GiB // 2, 0), (2 * GiB, 1)):  # the optimizer can give 1.5 GiB
@@ -511,6 +511,35 @@ def test_owed_masters_are_written_only_where_a_parameter_cache_shrinks(monkeypat
         first_reading([swapper], optimizer, RisePrior(2 * GiB, 1 * GiB), reserve + 2 * GiB - short)
         assert settled == [3 * GiB] * settles
         assert (swapper.store.cache_bytes_reserved < 3 * GiB) is bool(settles)
+
+
+def test_a_measured_shortfall_the_optimizers_state_covers_leaves_the_parameter_cache_whole(monkeypatch):
+    """With a measured rise: a reading 600 MiB short, with 1 GiB of optimizer state to give, gives that 1 GiB (not
+    twice the shortfall, which would take 200 MiB of cache slots and end the masters' debt): the parameter cache
+    whole, no master written. The next reading 100 MiB short, with no optimizer state left, takes twice that from
+    the cache, the owed masters written first."""
+    settled = []
+    monkeypatch.setattr(memory_pressure, "settle_owed_masters", lambda *ids: settled.append(ids))
+    optimizer = OptimizerStoreSums(state=16 * GiB, start=2 * GiB, least=GiB, auto=False)
+    swapper = ParamCacheSums(3 * GiB)
+    available = [40 * GiB]
+    governor = HostTierGovernor([swapper], optimizer, None, read_memory=lambda: HostMemory(64 * GiB, available[0]),
+                                agree=lambda values: values)
+    governor.meter.close()
+    governor.meter = ScriptedMeter([None, 5 * GiB, GiB, GiB, GiB])
+    for _step in range(3):  # the second step's rise is the first kept
+        governor.before_forward()
+        optimizer.update()
+        governor.end_optimizer_step()
+    reserve = governor.policy.reserve_bytes(64 * GiB)
+    available[0] = reserve - 600 * MiB
+    governor.before_forward()
+    assert optimizer.footprint == GiB and swapper.store.cache_bytes_reserved == 3 * GiB and settled == []
+    optimizer.update()  # the step's update holds what its smaller budget allows
+    governor.end_optimizer_step()
+    available[0] = reserve - 100 * MiB
+    governor.before_forward()
+    assert swapper.store.cache_bytes_reserved == 3 * GiB - 200 * MiB and len(settled) == 1
 
 
 def test_the_device_tiers_budget_counts_the_prior_before_a_rise_is_measured():
