@@ -3,6 +3,8 @@ band, take memory back only well above it and never more than was given, and cal
 nothing is left to give and the next step cannot fit."""
 import random
 
+import pytest
+
 from tencache_ds.plan.memory_pressure import (RESERVE_FLOOR_MIN_BYTES, STEP_RISE_MARGIN, Action,
                                               MemoryPressurePolicy, RisePrior, stage3_rise_prior)
 
@@ -152,27 +154,6 @@ def test_a_shortfall_the_optimizers_state_covers_but_not_twice_is_given_back_fro
     assert prior.decide(TOTAL, 300 * MiB, 800 * MiB, 0, optimizer_reducible_bytes=0).nbytes == 14 * MiB
 
 
-def test_random_pressure_with_optimizer_state_first_never_oscillates():
-    """The band property with the optimizer's share drawn at random too: every decision lands inside the band, so
-    the next reading with unchanged neighbours holds. Seeded."""
-    rng = random.Random(11)
-    start, rise = 1 * GiB, 150 * MiB
-    policy = policy_with_rise(rise)
-    given = 0
-    for _ in range(500):
-        held = start - given
-        others = rng.randrange(0, TOTAL - held + 1)
-        share = rng.randrange(0, held + 1)
-        decision = policy.decide(TOTAL, TOTAL - others - held, held, given, optimizer_reducible_bytes=share)
-        given += decision.nbytes if decision.action is Action.SHRINK else -decision.nbytes
-        assert 0 <= given <= start
-        held = start - given
-        again = policy.decide(TOTAL, TOTAL - others - held, held, given,
-                              optimizer_reducible_bytes=max(0, share - (decision.nbytes if decision.action is
-                                                                         Action.SHRINK else 0)))
-        assert again.action is Action.HOLD, (decision, again, others, share)
-
-
 def test_each_rank_of_the_node_gives_back_its_share():
     decision = policy_with_rise(100 * MiB, ranks=4).decide(TOTAL, 50 * MiB, GiB, 0)
     reserve = 64 * MiB + 4 * 125 * MiB
@@ -232,23 +213,28 @@ def test_exhausted_only_with_nothing_left_to_give_and_a_step_that_does_not_fit()
     assert "x 2 ranks" in policy_with_rise(200 * MiB, ranks=2).exhausted(TOTAL, 150 * MiB, 0, GiB)
 
 
-def test_random_pressure_never_oscillates_and_never_takes_back_more_than_it_gave():
+@pytest.mark.parametrize("optimizer_share", [False, True], ids=["all-reducible", "optimizer-share-drawn"])
+def test_random_pressure_never_oscillates_and_never_takes_back_more_than_it_gave(optimizer_share):
     """A simulated node: other processes' memory moves at random; the tier holds its start budget less what it gave
-    back. After any decision the next reading with unchanged neighbours holds (one decision is enough: no
-    shrink-grow flapping), and what it holds stays within [0, start]. Seeded: the same 500 readings every run."""
-    rng = random.Random(7)
+    back (with ``optimizer_share``, a share of it drawn at random is optimizer state, which goes first). After any
+    decision the next reading with unchanged neighbours holds (one decision is enough: no shrink-grow flapping), and
+    what it holds stays within [0, start]. Seeded: the same 500 readings every run."""
+    rng = random.Random(11 if optimizer_share else 7)
     start, rise = 1 * GiB, 150 * MiB
     policy = policy_with_rise(rise)
     given = 0
     for _ in range(500):
         held = start - given
         others = rng.randrange(0, TOTAL - held + 1)  # what the node's other processes use now
-        decision = policy.decide(TOTAL, TOTAL - others - held, held, given)
-        given += decision.nbytes if decision.action is Action.SHRINK else -decision.nbytes
+        share = rng.randrange(0, held + 1) if optimizer_share else None
+        decision = policy.decide(TOTAL, TOTAL - others - held, held, given, optimizer_reducible_bytes=share)
+        shrunk = decision.nbytes if decision.action is Action.SHRINK else 0
+        given += shrunk if shrunk else -decision.nbytes
         assert 0 <= given <= start
         held = start - given
-        again = policy.decide(TOTAL, TOTAL - others - held, held, given)
-        assert again.action is Action.HOLD, (decision, again, others)
+        left = None if share is None else max(0, share - shrunk)
+        again = policy.decide(TOTAL, TOTAL - others - held, held, given, optimizer_reducible_bytes=left)
+        assert again.action is Action.HOLD, (decision, again, others, share)
 
 
 def test_a_give_back_takes_optimizer_state_first_then_each_parameter_cache_in_turn():
