@@ -84,6 +84,23 @@ def test_memory_taken_away_mid_run_is_given_back_then_taken_again_with_stocks_bi
     assert steps[4]["optimizer_retired_bytes"] == steps[2]["optimizer_retired_bytes"] > 0
 
 
+def test_a_give_back_of_optimizer_state_leaves_the_owed_fp32_masters_unwritten_with_stocks_bits(train, memory_cgroup):
+    """fp32, 8 sub-groups, a 100 MB budget: every parameter partition is held and the masters the optimizer does
+    not keep are owed to their files (filled from the partitions, not written). The squeeze after step 2 makes the
+    governor give back optimizer state only: no master is written for it (each give-back wrote them all until
+    2026-11-30: 5.1 GB on gpt2-1.3b), the partitions stay, and training goes on with stock's losses and fp32
+    weights (their files are written at the end, from the partitions, before the weights are read)."""
+    reference = train(block=None, **SUB_GROUPS)
+    ours = train(block={"host_cache_bytes": "100MB"}, launcher="deepspeed", script=SQUEEZE, cgroup=memory_cgroup,
+                 env=STEPS_THAT_ALLOCATE, squeeze_after=2, squeeze_to="window", **SUB_GROUPS)
+    assert_same_bits(reference, ours)
+    steps = [step["stats"] for step in ours.result["steps"]]
+    assert [stats["host_pressure_shrinks"] for stats in steps] == [0, 0, 0, 1, 1]
+    assert steps[2]["optimizer_masters_owed"] > 0, steps[2]
+    assert steps[3]["optimizer_cache_budget_bytes"] < steps[2]["optimizer_cache_budget_bytes"], steps[3]
+    assert [stats["optimizer_masters_written_behind"] for stats in steps] == [0] * 5, steps
+
+
 def test_memory_that_cannot_fit_the_next_step_stops_the_run_with_the_numbers_not_the_oom_killer(train,
                                                                                                  memory_cgroup):
     """Streaming (nothing to give back), and after step 2 the limit leaves half of what a step needs: the run stops
