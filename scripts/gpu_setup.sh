@@ -26,6 +26,9 @@ if [ "${1:-}" = "--prepare" ]; then
     "pydantic-core==$(python3 -c 'import pydantic_core; print(pydantic_core.__version__)')" \
     annotated-types typing-inspection hjson py-spy==0.4.0  # py-spy: scripts/gpu_lease.sh's profiles
   # DeepSpeed is published as an sdist only: a pure-Python wheel without prebuilt ops (they are JIT-built there).
+  # Built without isolation (its setup.py imports torch), so setuptools' bdist_wheel needs `wheel` here: a fresh
+  # machine's Python lacks it ("invalid command 'bdist_wheel'").
+  python3 -c "import wheel" 2>/dev/null || python3 -m pip install -q wheel
   python3 -m pip download -q --no-deps --no-binary=:all: -d /tmp/gpu-setup-sdist deepspeed==0.19.8
   DS_BUILD_OPS=0 python3 -m pip wheel -q --no-deps --no-build-isolation -w "$_tc_carry/whl" \
     /tmp/gpu-setup-sdist/deepspeed-0.19.8.tar.gz
