@@ -24,7 +24,9 @@ crash there becomes a clear error. The probes, and why each is measured the way 
   (plan/model_shapes.py, the same count the step model uses) / that time. Enough layers that their weights exceed
   ``COMPUTE_PROBE_WEIGHT_BYTES`` (or all of them): one layer's weights stay in the CPU's caches from step to step,
   while a whole model's stream from memory. With one layer and no head the probe ran gpt2-small's shape at
-  94-108 GFLOP/s where the whole model ran at 76.5 (docs/estimate.md, prospective run 3).
+  94-108 GFLOP/s where the whole model ran at 76.5 (docs/estimate.md, prospective run 3). The figure is the
+  fastest step's; the method also gives the figure from the steps' medians (on a slow day 15-20% lower), so that
+  a validation run can be recomputed with either (docs/estimate.md, run 12).
 - Collectives: two processes on this machine (a gloo group, as `deepspeed --num_gpus 2` starts them on the CPU
   accelerator) run the all-gather and the reduce-scatter stage 3 calls (``all_gather_into_tensor``,
   ``reduce_scatter_tensor``) at once, on a tensor of ``COLLECTIVE_BYTES``; the rate is the bytes a rank receives
@@ -37,6 +39,7 @@ crash there becomes a clear error. The probes, and why each is measured the way 
 import contextlib
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -474,7 +477,8 @@ def _forward_step(torch, model, vocab_size: int, micro_batch: int, seq_len: int)
 def _fastest(steps: Dict[str, Any], budget_s: float = MODEL_PROBE_BUDGET_S) -> Dict[str, Any]:
     """The fastest timed run of each step, interleaved (a machine whose speed drifts slows all of them alike):
     ``COMPUTE_REPEATS`` of them after ``COMPUTE_WARMUP``, or as many as ``budget_s`` allows after the first round
-    (at least 1 warm-up and 2 timed). Also says how many ran ("warmup", "repeats")."""
+    (at least 1 warm-up and 2 timed). Also says how many ran ("warmup", "repeats"), and each step's median
+    ("median": name -> seconds)."""
     started = time.perf_counter()
     for one_step in steps.values():  # the first warm-up round: kernels chosen and compiled, buffers allocated
         one_step()
@@ -490,7 +494,8 @@ def _fastest(steps: Dict[str, Any], budget_s: float = MODEL_PROBE_BUDGET_S) -> D
             started = time.perf_counter()
             one_step()
             times[name].append(time.perf_counter() - started)
-    return dict({name: min(seconds) for name, seconds in times.items()}, warmup=warmup, repeats=repeats)
+    return dict({name: min(seconds) for name, seconds in times.items()}, warmup=warmup, repeats=repeats,
+                median={name: statistics.median(seconds) for name, seconds in times.items()})
 
 
 def measure_compute(torch, model_config: Dict[str, Any], micro_batch: int, seq_len: int,
@@ -508,16 +513,22 @@ def measure_compute(torch, model_config: Dict[str, Any], micro_batch: int, seq_l
         steps["with_head"] = _training_step(torch, _probe_model(torch, model_config, layers, vocab, dtype), vocab,
                                             micro_batch, seq_len)
     fastest = _fastest(steps)
-    head_s = max(0.0, fastest["with_head"] - fastest["layers"]) if "with_head" in fastest else 0.0
-    layer_s = fastest["layers"] / layers
-    seconds = head_s + shape.layers * layer_s
+
+    def model_step_s(times):  # head + layers x (per layer), from one statistic of the probe's steps
+        head = max(0.0, times["with_head"] - times["layers"]) if "with_head" in times else 0.0
+        return head, times["layers"] / layers, head + shape.layers * times["layers"] / layers
+
+    head_s, layer_s, seconds = model_step_s(fastest)
+    median_s = model_step_s(fastest["median"])[2]
     flops = shape.train_flops(micro_batch * seq_len, seq_len, checkpointing=False)
     return {"method": f"{model_config.get('model_type')} with {layers} of its {shape.layers} layers, forward + "
                       f"backward, with vocabulary {cut} and {vocab} (the head: {head_s * 1e3:.1f} ms), micro-batch "
                       f"{micro_batch} x {seq_len} tokens, {dtype}, fastest of {fastest['repeats']} steps after "
                       f"{fastest['warmup']}, interleaved, {torch.get_num_threads()} threads; the model's step = head + "
-                      f"{shape.layers} x {layer_s * 1e3:.1f} ms a layer",
+                      f"{shape.layers} x {layer_s * 1e3:.1f} ms a layer (from the medians: {median_s:.3f} s, "
+                      f"{flops / median_s / 1e9:.1f} GFLOP/s)",
             "flops": flops, "step_s": seconds, "flops_per_s": flops / seconds, "layer_s": layer_s,
+            "median_step_s": median_s, "median_flops_per_s": flops / median_s,
             "head_s": head_s, "probe_layers": layers}
 
 
