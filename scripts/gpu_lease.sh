@@ -7,9 +7,12 @@
 #   there: bash scripts/gpu_lease.sh                      # device run, carry [".gpu"], timeout_s 600
 # Writes $OUT/gc.tgz (every log, result, metrics file and profile), plus gpu_check.md and bench.md beside it.
 # Options: --budget-s N (seconds the whole script may take, default 570), --model NAME (the bench's, gpt2-small),
-# --parts LIST (comma-separated, run in this order: probe, check, bench, phases/plainphases, ab, trace; default
-# check,phases,ab:
+# --parts LIST (comma-separated, run in this order: probe, check, estimate, bench, phases/plainphases, ab, trace;
+# default check,phases,ab:
 # the probe and the bench were measured in the earlier leases, docs/gpu_check.md).
+# estimate: `tencache-ds estimate --machine this` on the GPU (the calibration's GPU branch, never run on one before
+# the ninth lease), for gpt2-tiny as gpu_check trains it (bf16, micro-batch 2 x 64, GAS 1), so that its predicted
+# step times sit beside check's measured stock-gas1 and auto-gas1 runs; writes estimate.json and machine-this.json.
 # ab: the same-knobs bench's arms without a profiler, alternating, 16 steps each, through the launcher: tencache,
 # stock CPU offload, tencache with its device tier off (device_cache_bytes 0), then tencache and stock again (or the
 # runs named in AB_RUNS, e.g. "stockcpu-1 tencache-1 stockcpu-2 tencache-2"); tencache's arms keep their per-step
@@ -78,6 +81,14 @@ if has check; then
   check_rc=$?
   tail -16 "$G/check.txt"
   echo "gpu_check: exit $check_rc at $SECONDS s"
+fi
+if has estimate; then
+  timeout -k 10 "$(left 60)" python3 -m tencache_ds.cli.main estimate --model configs/models/gpt2-tiny.json \
+    --ds-config configs/stock-nvme.json --machine this --nvme-path "$G/nvme/estimate" --micro-batch 2 --seq 64 \
+    --gas 1 --save-machine "$G/machine-this.json" --json > "$G/estimate.json" 2> "$G/estimate.log"
+  echo "estimate: exit $? at $SECONDS s"
+  python3 -c "import json, sys; e = json.load(open(sys.argv[1])); print('predicted step', e['step_time_s'], \
+'bottleneck', e['bottleneck'])" "$G/estimate.json" 2>/dev/null || tail -5 "$G/estimate.log"
 fi
 has bench && timeout -k 10 "$(left 90)" python3 -m tencache_ds.cli.main bench --model "$MODEL" \
   --config configs/stock-nvme-defaults.json --compare cpu --steps 8 --warmup 2 --nvme-path "$G/nvme/bench" \

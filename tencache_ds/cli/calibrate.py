@@ -27,6 +27,12 @@ crash there becomes a clear error. The probes, and why each is measured the way 
   94-108 GFLOP/s where the whole model ran at 76.5 (docs/estimate.md, prospective run 3). The figure is the
   fastest step's; the method also gives the figure from the steps' medians (on a slow day 15-20% lower), so that
   a validation run can be recomputed with either (docs/estimate.md, run 12).
+- The accelerator, where CUDA sees one (``measure_accelerator``): its name, memory and count (one rank per GPU), the
+  host-to-device rate of a page-locked copy, and the compute probe above run on it (synchronised around each step).
+  DeepSpeed's CPU accelerator is then not what the run uses, so the probes of the CPU accelerator's own costs (the
+  collectives over gloo, ZeRO-3's hooks on host tensors) are left out and said to be: their figures would describe
+  a run nobody makes there. Not yet run on a GPU (docs/estimate.md, "This machine, calibrated"): the next lease's
+  `scripts/gpu_lease.sh --parts estimate` does.
 - Collectives: two processes on this machine (a gloo group, as `deepspeed --num_gpus 2` starts them on the CPU
   accelerator) run the all-gather and the reduce-scatter stage 3 calls (``all_gather_into_tensor``,
   ``reduce_scatter_tensor``) at once, on a tensor of ``COLLECTIVE_BYTES``; the rate is the bytes a rank receives
@@ -69,11 +75,13 @@ MODEL_PROBE_BUDGET_S = 75.0
 # Each probe reports the fastest of its repeats: what the hardware does when nothing else runs (on a shared
 # machine a median mixes in the other jobs; docs/estimate.md says which machine state each figure had).
 COPY_BYTES = 256 << 20
+H2D_REPEATS = 5
 CALIBRATION_VOCAB = 1024
 COMPUTE_PROBE_WEIGHT_BYTES = 256 << 20  # several times any CPU's last-level cache: the weights come from memory
 # the drive at three request sizes (up to ~90 s on a slow disk), two 75 s model probes, the collectives (at most 60 s)
 PROBE_TIMEOUT_S = 480.0
 PROBE_MARKER = "TENCACHE_CALIBRATE "
+NOT_ON_A_GPU = "{what}: not probed where CUDA sees a GPU"
 
 
 # The collectives' probe: a whole tensor of this size, each rank holding its share (gpt2-small's layers gather 28 MB,
@@ -143,13 +151,25 @@ def machine_from_calibration(measured: Dict[str, Any]):
     memory = read_host_memory()
     nvme, adam, copy, compute = measured["nvme"], measured["adam"], measured["host_copy"], measured["compute"]
     collectives = measured.get("collectives", {})
+    gpu = measured.get("accelerator")  # None: DeepSpeed's CPU accelerator
     where = f"measured by `tencache-ds estimate --machine this` (cli/calibrate.py) at {time.strftime('%Y-%m-%d %H:%M')}"
     collectives_source = f"not measured: {collectives['error']}" if "error" in collectives else \
         f"{where}: {collectives['method']}" if collectives else "not measured"
+    zero3 = measured.get("zero3_calls", {})
     load = _load_average()
+    name = (f"this machine ({os.cpu_count()} cores, {gpu['count']}x {gpu['name']})" if gpu else
+            f"this machine ({os.cpu_count()} cores, no GPU: DeepSpeed's CPU accelerator)")
+    accelerator_sources = {
+        "accelerator_memory_bytes": f"{where}: {gpu['method']}",
+        "h2d_bytes_per_s": f"{where}: {gpu['h2d_method']}",
+        "ranks_per_node": f"{where}: one rank per GPU CUDA sees",
+    } if gpu else {}
     return Machine(
-        name=f"this machine ({os.cpu_count()} cores, no GPU: DeepSpeed's CPU accelerator)",
-        accelerator_memory_bytes=0, accelerator_flops_per_s=compute["flops_per_s"], h2d_bytes_per_s=1e12,
+        name=name,
+        accelerator_memory_bytes=gpu["memory_bytes"] if gpu else 0,
+        accelerator_flops_per_s=compute["flops_per_s"],
+        h2d_bytes_per_s=gpu["h2d_bytes_per_s"] if gpu else 1e12,
+        ranks_per_node=gpu["count"] if gpu else 1,
         host_memory_bytes=memory.total_bytes, host_available_bytes=memory.available_bytes,
         nvme_read_bytes_per_s_per_drive=nvme["read_bytes_per_s"],
         nvme_write_bytes_per_s_per_drive=nvme["write_bytes_per_s"], drives=1,
@@ -157,12 +177,13 @@ def machine_from_calibration(measured: Dict[str, Any]):
         nvme_request_factors=tuple(map(tuple, nvme["request_factors"])) if nvme.get("request_factors") else None,
         cpu_adam_elements_per_s=adam["elements_per_s"], host_copy_bytes_per_s=copy["bytes_per_s"],
         host_fresh_write_bytes_per_s=copy.get("fresh_write_bytes_per_s"),
-        zero3_module_call_s=measured["zero3_calls"]["call_s"] if "zero3_calls" in measured else 0.0,
+        zero3_module_call_s=zero3.get("call_s", 0.0),
         allgather_bytes_per_s=collectives.get("allgather_bytes_per_s"),
         reduce_scatter_bytes_per_s=collectives.get("reduce_scatter_bytes_per_s"),
         process_baseline_bytes=int(measured.get("baseline_rss_bytes") or 0) or Machine.process_baseline_bytes,
-        accelerator_is_host=True,
+        accelerator_is_host=not gpu,
         sources={
+            **accelerator_sources,
             "accelerator_flops_per_s": f"{where}: {compute['method']}",
             "nvme_read_bytes_per_s_per_drive": f"{where}: {nvme['method']}",
             "nvme_write_bytes_per_s_per_drive": f"{where}: same run, writes",
@@ -173,8 +194,8 @@ def machine_from_calibration(measured: Dict[str, Any]):
             "host_copy_bytes_per_s": f"{where}: {copy['method']}",
             "host_fresh_write_bytes_per_s": f"{where}: {copy['fresh_method']}" if "fresh_method" in copy
             else "not measured",
-            "zero3_module_call_s": f"{where}: {measured['zero3_calls']['method']}" if "zero3_calls" in measured
-            else "not measured",
+            "zero3_module_call_s": f"not measured: {zero3['skipped']}" if "skipped" in zero3
+            else f"{where}: {zero3['method']}" if zero3 else "not measured",
             "allgather_bytes_per_s": collectives_source,
             "reduce_scatter_bytes_per_s": f"{where}: same run, the reduce-scatter" if "method" in collectives
             else collectives_source,
@@ -211,22 +232,29 @@ def _probe_main(argv: Sequence[str]) -> None:
         imported = _import_model_code(request["model_config"])
         _emit(baseline_rss_bytes=_rss_bytes(), baseline_imports=imported)
         probes = request.get("probes", ALL_PROBES)
+        gpu = measure_accelerator(torch)  # after the baseline: a training process's CUDA context comes later
+        _emit(accelerator=gpu)
         if "nvme" in probes:
             _emit(nvme=measure_nvme(request["nvme_path"], request["io_threads"]))
         if "adam" in probes:
             _emit(adam=measure_cpu_adam(torch))
         if "host_copy" in probes:
             _emit(host_copy=measure_host_copy(torch))
-        if "collectives" in probes:  # optional figures: a failure leaves them out, said in their source
+        if "collectives" in probes and gpu:
+            _emit(collectives={"error": NOT_ON_A_GPU.format(what="stage 3's collectives (NCCL there; this probe "
+                                                                 "times gloo between host processes)")})
+        elif "collectives" in probes:  # optional figures: a failure leaves them out, said in their source
             try:
                 _emit(collectives=measure_collectives(request["dtype"]))
             except Exception as err:  # pylint: disable=broad-except
                 _emit(collectives={"error": f"{type(err).__name__}: {err}"})
         if "compute" in probes:
             _emit(compute=measure_compute(torch, request["model_config"], request["micro_batch"],
-                                          request["seq_len"], request["dtype"]))
+                                          request["seq_len"], request["dtype"], device="cuda" if gpu else "cpu"))
         if "zero3_calls" in probes:
-            _emit(zero3_calls=measure_zero3_calls(torch, request["model_config"], request["micro_batch"],
+            _emit(zero3_calls={"skipped": NOT_ON_A_GPU.format(what="ZeRO-3's hooks on DeepSpeed's CUDA accelerator "
+                                                                   "(this probe times them on its CPU accelerator)")}
+                  if gpu else measure_zero3_calls(torch, request["model_config"], request["micro_batch"],
                                                   request["seq_len"], request["dtype"]))
     except Exception as err:  # reported to the parent, which names the probe's inputs
         _emit(error=f"{type(err).__name__}: {err}")
@@ -284,6 +312,32 @@ def measure_nvme(folder: str, io_threads: int) -> Dict[str, Any]:
             "request_factors": [[size, each.read_bytes_per_s / reference.read_bytes_per_s,
                                  each.write_bytes_per_s / reference.write_bytes_per_s]
                                 for size, each in by_size.items()]}
+
+
+def measure_accelerator(torch, nbytes: int = COPY_BYTES) -> Optional[Dict[str, Any]]:
+    """The GPUs CUDA sees (None where it sees none): the first one's name and memory, their count, and the rate
+    of a host-to-device copy from page-locked memory (what DeepSpeed's swap buffers and tencache's registered
+    slots are), synchronised, the fastest of ``H2D_REPEATS``."""
+    if not torch.cuda.is_available():
+        return None
+    props = torch.cuda.get_device_properties(0)
+    source = torch.empty(nbytes, dtype=torch.uint8).pin_memory()
+    target = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    target.copy_(source, non_blocking=True)
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(H2D_REPEATS):
+        started = time.perf_counter()
+        target.copy_(source, non_blocking=True)
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - started)
+    count = torch.cuda.device_count()
+    return {"name": props.name, "memory_bytes": int(props.total_memory), "count": count,
+            "method": f"torch.cuda.get_device_properties(0): {props.name}, {props.total_memory / 2**30:.1f} GiB; "
+                      f"{count} GPU(s) visible",
+            "h2d_bytes_per_s": nbytes / min(times),
+            "h2d_method": f"a {nbytes >> 20} MiB copy from page-locked host memory to GPU 0, synchronised, fastest "
+                          f"of {H2D_REPEATS}"}
 
 
 def measure_cpu_adam(torch, elements: int = ADAM_ELEMENTS) -> Dict[str, Any]:
@@ -451,14 +505,17 @@ def _probe_model(torch, model_config: Dict[str, Any], layers: int, vocab_size: i
     return model.to(_torch_dtype(torch, dtype))
 
 
-def _training_step(torch, model, vocab_size: int, micro_batch: int, seq_len: int):
-    """One forward + backward of ``model`` on fixed random tokens."""
-    tokens = torch.randint(0, vocab_size, (micro_batch, seq_len))
+def _training_step(torch, model, vocab_size: int, micro_batch: int, seq_len: int, device: str = "cpu"):
+    """One forward + backward of ``model`` on fixed random tokens, on ``device`` (on a GPU it returns when the GPU
+    is done: the timer around it times the GPU's work)."""
+    tokens = torch.randint(0, vocab_size, (micro_batch, seq_len), device=device)
 
     def one_step():
         model(input_ids=tokens, labels=tokens).loss.backward()
         for parameter in model.parameters():
             parameter.grad = None
+        if device != "cpu":
+            torch.cuda.synchronize()
 
     return one_step
 
@@ -499,19 +556,23 @@ def _fastest(steps: Dict[str, Any], budget_s: float = MODEL_PROBE_BUDGET_S) -> D
 
 
 def measure_compute(torch, model_config: Dict[str, Any], micro_batch: int, seq_len: int,
-                    dtype: str) -> Dict[str, Any]:
-    """FLOP/s of the whole model's forward + backward at the run's shape and dtype, from the architecture built
-    with ``probe_layers`` layers, without and with the real vocabulary (the module docstring says why)."""
+                    dtype: str, device: str = "cpu") -> Dict[str, Any]:
+    """FLOP/s of the whole model's forward + backward at the run's shape and dtype, on ``device`` ("cpu", or
+    "cuda" where the run's accelerator is a GPU), from the architecture built with ``probe_layers`` layers, without
+    and with the real vocabulary (the module docstring says why)."""
     from ..plan.model_shapes import model_shape
     shape = model_shape(model_config)
     layers = probe_layers(model_config, torch.finfo(_torch_dtype(torch, dtype)).bits // 8)
     vocab = int(model_config.get("vocab_size", CALIBRATION_VOCAB))
     cut = min(vocab, CALIBRATION_VOCAB)
-    steps = {"layers": _training_step(torch, _probe_model(torch, model_config, layers, cut, dtype), cut,
-                                      micro_batch, seq_len)}
+
+    def step(vocab_size):
+        model = _probe_model(torch, model_config, layers, vocab_size, dtype).to(device)
+        return _training_step(torch, model, vocab_size, micro_batch, seq_len, device)
+
+    steps = {"layers": step(cut)}
     if vocab > cut:
-        steps["with_head"] = _training_step(torch, _probe_model(torch, model_config, layers, vocab, dtype), vocab,
-                                            micro_batch, seq_len)
+        steps["with_head"] = step(vocab)
     fastest = _fastest(steps)
 
     def model_step_s(times):  # head + layers x (per layer), from one statistic of the probe's steps
@@ -521,11 +582,11 @@ def measure_compute(torch, model_config: Dict[str, Any], micro_batch: int, seq_l
     head_s, layer_s, seconds = model_step_s(fastest)
     median_s = model_step_s(fastest["median"])[2]
     flops = shape.train_flops(micro_batch * seq_len, seq_len, checkpointing=False)
+    ran_on = f"{torch.get_num_threads()} threads" if device == "cpu" else f"on {device}, synchronised"
     return {"method": f"{model_config.get('model_type')} with {layers} of its {shape.layers} layers, forward + "
                       f"backward, with vocabulary {cut} and {vocab} (the head: {head_s * 1e3:.1f} ms), micro-batch "
                       f"{micro_batch} x {seq_len} tokens, {dtype}, fastest of {fastest['repeats']} steps after "
-                      f"{fastest['warmup']}, interleaved, {torch.get_num_threads()} threads; the model's step = head + "
-                      f"{shape.layers} x {layer_s * 1e3:.1f} ms a layer (from the medians: {median_s:.3f} s, "
+                      f"{fastest['warmup']}, interleaved, {ran_on}; the model's step = head + {shape.layers} x {layer_s * 1e3:.1f} ms a layer (from the medians: {median_s:.3f} s, "
                       f"{flops / median_s / 1e9:.1f} GFLOP/s)",
             "flops": flops, "step_s": seconds, "flops_per_s": flops / seconds, "layer_s": layer_s,
             "median_step_s": median_s, "median_flops_per_s": flops / median_s,

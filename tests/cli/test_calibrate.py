@@ -46,3 +46,49 @@ def test_the_compute_probe_reports_its_steps_median_beside_the_fastest(monkeypat
     # after 6 warm-up calls of "a" (5 1 4 2 3 9), 8 timed ones: 5 1 4 2 3 9 5 1
     assert timed["a"] == pytest.approx(1) and timed["median"]["a"] == pytest.approx(3.5)  # of 1 1 2 3 4 5 5 9
     assert timed["b"] == pytest.approx(7) and timed["median"]["b"] == pytest.approx(7)
+
+
+def _measured(accelerator):
+    """What the probe child reports, with figures made up: the machine description is built from them alone."""
+    from tencache_ds.cli.calibrate import NOT_ON_A_GPU
+    measured = {"nvme": {"method": "engine", "read_bytes_per_s": 2e9, "write_bytes_per_s": 1e9},
+                "adam": {"method": "DeepSpeedCPUAdam", "elements_per_s": 1e9},
+                "host_copy": {"method": "copy", "bytes_per_s": 2e10},
+                "compute": {"method": "gpt2 layers", "flops_per_s": 3e14 if accelerator else 1e11},
+                "baseline_rss_bytes": 1 << 30, "accelerator": accelerator}
+    if accelerator:
+        measured["collectives"] = {"error": NOT_ON_A_GPU.format(what="stage 3's collectives")}
+        measured["zero3_calls"] = {"skipped": NOT_ON_A_GPU.format(what="ZeRO-3's hooks")}
+    else:
+        measured["zero3_calls"] = {"method": "hooks", "call_s": 1e-3}
+    return measured
+
+
+def test_where_cuda_sees_gpus_this_machine_is_described_with_them_not_as_a_cpu_accelerator():
+    """`--machine this` on a GPU box described DeepSpeed's CPU accelerator ("no GPU") until 2026-11-30: a
+    prediction for a run nobody makes there. The GPU's memory, count and H2D rate come from the probe, and the
+    CPU accelerator's own figures (gloo collectives, hooks on host tensors) are said to be not measured."""
+    from tencache_ds.cli.calibrate import machine_from_calibration
+    gpu = {"name": "NVIDIA H200", "memory_bytes": 150_000_000_000, "count": 8, "method": "props",
+           "h2d_bytes_per_s": 5e10, "h2d_method": "a 256 MiB page-locked copy"}
+    machine = machine_from_calibration(_measured(gpu))
+    assert not machine.accelerator_is_host and "8x NVIDIA H200" in machine.name and "no GPU" not in machine.name
+    assert (machine.accelerator_memory_bytes, machine.h2d_bytes_per_s, machine.ranks_per_node) == (150e9, 5e10, 8)
+    assert machine.accelerator_flops_per_s == 3e14 and machine.zero3_module_call_s == 0.0
+    assert machine.allgather_bytes_per_s is None
+    assert machine.sources["zero3_module_call_s"].startswith("not measured: ZeRO-3's hooks: not probed where CUDA")
+    assert machine.sources["allgather_bytes_per_s"].startswith("not measured: stage 3's collectives")
+    assert "page-locked" in machine.sources["h2d_bytes_per_s"] and "one rank per GPU" in machine.sources[
+        "ranks_per_node"]
+
+    cpu = machine_from_calibration(_measured(None))
+    assert cpu.accelerator_is_host and "no GPU" in cpu.name and cpu.ranks_per_node == 1
+    assert cpu.accelerator_memory_bytes == 0 and cpu.zero3_module_call_s == 1e-3
+
+
+def test_the_accelerator_probe_finds_none_without_cuda():
+    import torch
+    from tencache_ds.cli.calibrate import measure_accelerator
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible: scripts/gpu_lease.sh --parts estimate runs the probe there")
+    assert measure_accelerator(torch) is None
