@@ -586,7 +586,8 @@ def measure_compute(torch, model_config: Dict[str, Any], micro_batch: int, seq_l
     return {"method": f"{model_config.get('model_type')} with {layers} of its {shape.layers} layers, forward + "
                       f"backward, with vocabulary {cut} and {vocab} (the head: {head_s * 1e3:.1f} ms), micro-batch "
                       f"{micro_batch} x {seq_len} tokens, {dtype}, fastest of {fastest['repeats']} steps after "
-                      f"{fastest['warmup']}, interleaved, {ran_on}; the model's step = head + {shape.layers} x {layer_s * 1e3:.1f} ms a layer (from the medians: {median_s:.3f} s, "
+                      f"{fastest['warmup']}, interleaved, {ran_on}; the model's step = head + {shape.layers} x "
+                      f"{layer_s * 1e3:.1f} ms a layer (from the medians: {median_s:.3f} s, "
                       f"{flops / median_s / 1e9:.1f} GFLOP/s)",
             "flops": flops, "step_s": seconds, "flops_per_s": flops / seconds, "layer_s": layer_s,
             "median_step_s": median_s, "median_flops_per_s": flops / median_s,
