@@ -35,7 +35,7 @@ while [ $# -gt 0 ]; do
     --budget-s) BUDGET=$2; shift ;;
     --model) MODEL=$2; shift ;;
     --parts) PARTS=$2; shift ;;
-    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
     *) echo "gpu_lease.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -83,7 +83,11 @@ if has check; then
   echo "gpu_check: exit $check_rc at $SECONDS s"
 fi
 if has estimate; then
-  timeout -k 10 "$(left 60)" python3 -m tencache_ds.cli.main estimate --model configs/models/gpt2-tiny.json \
+  # at most 200 s (the calibration's probes at gpt2-tiny's size: about 2 minutes here), and never the time the
+  # parts after it are left
+  reserve=60; has ab && reserve=200; has phases && reserve=$((reserve + 60))
+  limit=$(left $reserve); [ "$limit" -gt 200 ] && limit=200
+  timeout -k 10 "$limit" python3 -m tencache_ds.cli.main estimate --model configs/models/gpt2-tiny.json \
     --ds-config configs/stock-nvme.json --machine this --nvme-path "$G/nvme/estimate" --micro-batch 2 --seq 64 \
     --gas 1 --save-machine "$G/machine-this.json" --json > "$G/estimate.json" 2> "$G/estimate.log"
   echo "estimate: exit $? at $SECONDS s"

@@ -25,14 +25,15 @@ crash there becomes a clear error. The probes, and why each is measured the way 
   ``COMPUTE_PROBE_WEIGHT_BYTES`` (or all of them): one layer's weights stay in the CPU's caches from step to step,
   while a whole model's stream from memory. With one layer and no head the probe ran gpt2-small's shape at
   94-108 GFLOP/s where the whole model ran at 76.5 (docs/estimate.md, prospective run 3). The figure is the
-  fastest step's; the method also gives the figure from the steps' medians (on a slow day 15-20% lower), so that
+  fastest step's; the method also gives the figure from the steps' medians (17-23% lower on a slow day), so that
   a validation run can be recomputed with either (docs/estimate.md, run 12).
 - The accelerator, where CUDA sees one (``measure_accelerator``): its name, memory and count (one rank per GPU), the
   host-to-device rate of a page-locked copy, and the compute probe above run on it (synchronised around each step).
   DeepSpeed's CPU accelerator is then not what the run uses, so the probes of the CPU accelerator's own costs (the
   collectives over gloo, ZeRO-3's hooks on host tensors) are left out and said to be: their figures would describe
-  a run nobody makes there. Not yet run on a GPU (docs/estimate.md, "This machine, calibrated"): the next lease's
-  `scripts/gpu_lease.sh --parts estimate` does.
+  a run nobody makes there. The child then runs DeepSpeed's CUDA accelerator (CPU Adam is the op a GPU run builds),
+  and its process baseline includes a CUDA context. Not yet run on a GPU (docs/estimate.md, "This machine,
+  calibrated"): the next lease's `scripts/gpu_lease.sh --parts estimate` does.
 - Collectives: two processes on this machine (a gloo group, as `deepspeed --num_gpus 2` starts them on the CPU
   accelerator) run the all-gather and the reduce-scatter stage 3 calls (``all_gather_into_tensor``,
   ``reduce_scatter_tensor``) at once, on a tensor of ``COLLECTIVE_BYTES``; the rate is the bytes a rank receives
@@ -102,7 +103,8 @@ def calibrate(nvme_path: str, model_config: Dict[str, Any], micro_batch: int, se
               timeout_s: float = PROBE_TIMEOUT_S, probes: Sequence[str] = ALL_PROBES,
               ds_config: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Run the probes in a child process; returns {"nvme": {...}, "adam": {...}, "host_copy": {...},
-    "compute": {...}, "zero3_calls": {...}, "baseline_rss_bytes": int, "seconds": float}, or only the ``probes``
+    "compute": {...}, "zero3_calls": {...}, "accelerator": {...} or None (the GPUs CUDA sees), "baseline_rss_bytes":
+    int, "seconds": float}, or only the ``probes``
     named (``MODEL_PROBES`` are the model's and shape's: another model on the same machine needs only those again).
     ``ds_config``: the run's DeepSpeed config; its aio.intra_op_parallelism sets the requests the drive probe keeps
     in flight, as the stores will. Raises TencacheConfigError when the probe fails (the message holds its last
@@ -115,8 +117,9 @@ def calibrate(nvme_path: str, model_config: Dict[str, Any], micro_batch: int, se
     env = dict(os.environ)
     package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
-    # The probes describe a host accelerator (machine_from_calibration): DeepSpeed's CPU accelerator, whatever GPU
-    # is visible, and a world of its own for the hooks probe, whatever launcher started `estimate`.
+    # Where CUDA sees no GPU the probes describe DeepSpeed's CPU accelerator, which DeepSpeed then picks anyway;
+    # where it sees one, the child sets the CUDA accelerator before importing DeepSpeed (_probe_main), so that CPU
+    # Adam is the op a GPU run builds. The hooks probe gets a world of its own, whatever launcher started `estimate`.
     env["DS_ACCELERATOR"] = "cpu"
     for key in [key for key in env if key.startswith(("OMPI_", "PMI_", "PMIX_", "SLURM_"))]:
         del env[key]
@@ -153,7 +156,8 @@ def machine_from_calibration(measured: Dict[str, Any]):
     collectives = measured.get("collectives", {})
     gpu = measured.get("accelerator")  # None: DeepSpeed's CPU accelerator
     where = f"measured by `tencache-ds estimate --machine this` (cli/calibrate.py) at {time.strftime('%Y-%m-%d %H:%M')}"
-    collectives_source = f"not measured: {collectives['error']}" if "error" in collectives else \
+    not_measured = collectives.get("skipped") or collectives.get("error")  # left out on a GPU, or failed
+    collectives_source = f"not measured: {not_measured}" if not_measured else \
         f"{where}: {collectives['method']}" if collectives else "not measured"
     zero3 = measured.get("zero3_calls", {})
     load = _load_average()
@@ -223,6 +227,10 @@ def _probe_main(argv: Sequence[str]) -> None:
     request = json.loads(argv[0])
     try:
         import torch
+        on_gpu = torch.cuda.is_available()
+        if on_gpu:  # before DeepSpeed reads it at import (calibrate() set the CPU accelerator)
+            os.environ["DS_ACCELERATOR"] = "cuda"
+            torch.zeros(1, device="cuda")  # a GPU training process has its CUDA context before any model state
         import transformers  # noqa: F401  (the baseline is a training process's: torch, transformers, DeepSpeed)
         try:
             import deepspeed  # noqa: F401
@@ -230,9 +238,9 @@ def _probe_main(argv: Sequence[str]) -> None:
             pass
         torch.set_num_threads(max(1, os.cpu_count() or 1))
         imported = _import_model_code(request["model_config"])
-        _emit(baseline_rss_bytes=_rss_bytes(), baseline_imports=imported)
+        _emit(baseline_rss_bytes=_rss_bytes(), baseline_imports=imported + (" and a CUDA context" if on_gpu else ""))
         probes = request.get("probes", ALL_PROBES)
-        gpu = measure_accelerator(torch)  # after the baseline: a training process's CUDA context comes later
+        gpu = measure_accelerator(torch)  # after the baseline: its page-locked buffer is not the process's
         _emit(accelerator=gpu)
         if "nvme" in probes:
             _emit(nvme=measure_nvme(request["nvme_path"], request["io_threads"]))
@@ -241,8 +249,8 @@ def _probe_main(argv: Sequence[str]) -> None:
         if "host_copy" in probes:
             _emit(host_copy=measure_host_copy(torch))
         if "collectives" in probes and gpu:
-            _emit(collectives={"error": NOT_ON_A_GPU.format(what="stage 3's collectives (NCCL there; this probe "
-                                                                 "times gloo between host processes)")})
+            _emit(collectives={"skipped": NOT_ON_A_GPU.format(what="stage 3's collectives (NCCL there; this probe "
+                                                                   "times gloo between host processes)")})
         elif "collectives" in probes:  # optional figures: a failure leaves them out, said in their source
             try:
                 _emit(collectives=measure_collectives(request["dtype"]))
@@ -315,13 +323,14 @@ def measure_nvme(folder: str, io_threads: int) -> Dict[str, Any]:
 
 
 def measure_accelerator(torch, nbytes: int = COPY_BYTES) -> Optional[Dict[str, Any]]:
-    """The GPUs CUDA sees (None where it sees none): the first one's name and memory, their count, and the rate
-    of a host-to-device copy from page-locked memory (what DeepSpeed's swap buffers and tencache's registered
-    slots are), synchronised, the fastest of ``H2D_REPEATS``."""
+    """The GPUs CUDA sees (None where it sees none): the first one's name and total memory (a machine file's
+    figure, as the datasheets give it), their count (one rank each), and the rate of a host-to-device copy from
+    page-locked memory (what DeepSpeed's swap buffers and tencache's registered slots are), synchronised, the
+    fastest of ``H2D_REPEATS``."""
     if not torch.cuda.is_available():
         return None
     props = torch.cuda.get_device_properties(0)
-    source = torch.empty(nbytes, dtype=torch.uint8).pin_memory()
+    source = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
     target = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
     target.copy_(source, non_blocking=True)
     torch.cuda.synchronize()

@@ -1,6 +1,8 @@
 """`--machine this`'s collectives probe (cli/calibrate.py, ``measure_collectives``): two processes of this machine in
 a gloo group, as `deepspeed --num_gpus 2` starts them on the CPU accelerator. The whole calibration runs in
 tests/cli/test_estimate.py (slow); this part alone takes a few seconds."""
+import os
+
 import pytest
 
 from tencache_ds.cli.calibrate import measure_collectives
@@ -57,23 +59,62 @@ def _measured(accelerator):
                 "compute": {"method": "gpt2 layers", "flops_per_s": 3e14 if accelerator else 1e11},
                 "baseline_rss_bytes": 1 << 30, "accelerator": accelerator}
     if accelerator:
-        measured["collectives"] = {"error": NOT_ON_A_GPU.format(what="stage 3's collectives")}
+        measured["collectives"] = {"skipped": NOT_ON_A_GPU.format(what="stage 3's collectives")}
         measured["zero3_calls"] = {"skipped": NOT_ON_A_GPU.format(what="ZeRO-3's hooks")}
     else:
         measured["zero3_calls"] = {"method": "hooks", "call_s": 1e-3}
     return measured
 
 
-def test_where_cuda_sees_gpus_this_machine_is_described_with_them_not_as_a_cpu_accelerator():
+class _FakeCuda:
+    """torch.cuda as measure_accelerator uses it, on a machine without one: 8 GPUs of 150 GB; every copy "takes"
+    the seconds the fake clock advances."""
+
+    def __init__(self, clock, copy_s):
+        self.clock, self.copy_s = clock, copy_s
+
+    def is_available(self):
+        return True
+
+    def get_device_properties(self, index):
+        return type("Props", (), {"name": "NVIDIA H200", "total_memory": 150_000_000_000})()
+
+    def device_count(self):
+        return 8
+
+    def synchronize(self):
+        self.clock[0] += self.copy_s.pop(0)
+
+
+class _FakeTorch:
+    uint8 = "uint8"
+
+    def __init__(self, clock, copy_s):
+        self.cuda = _FakeCuda(clock, copy_s)
+        self.allocated = []
+
+    def empty(self, nbytes, dtype, pin_memory=False, device="cpu"):
+        self.allocated.append((nbytes, pin_memory, device))
+        return type("Tensor", (), {"copy_": lambda self, source, non_blocking=False: None})()
+
+
+def test_where_cuda_sees_gpus_this_machine_is_described_with_them_not_as_a_cpu_accelerator(monkeypatch):
     """`--machine this` on a GPU box described DeepSpeed's CPU accelerator ("no GPU") until 2026-11-30: a
-    prediction for a run nobody makes there. The GPU's memory, count and H2D rate come from the probe, and the
-    CPU accelerator's own figures (gloo collectives, hooks on host tensors) are said to be not measured."""
-    from tencache_ds.cli.calibrate import machine_from_calibration
-    gpu = {"name": "NVIDIA H200", "memory_bytes": 150_000_000_000, "count": 8, "method": "props",
-           "h2d_bytes_per_s": 5e10, "h2d_method": "a 256 MiB page-locked copy"}
-    machine = machine_from_calibration(_measured(gpu))
+    prediction for a run nobody makes there. The GPU's memory, count and H2D rate come from the probe
+    (``measure_accelerator``, here over a stand-in for torch.cuda: no GPU on this machine), and the CPU
+    accelerator's own figures (gloo collectives, hooks on host tensors) are said to be not measured."""
+    from tencache_ds.cli import calibrate
+    clock = [0.0]
+    monkeypatch.setattr(calibrate.time, "perf_counter", lambda: clock[0])
+    # a warm-up copy, then H2D_REPEATS timed ones: the fastest moves 256 MiB in 5 ms
+    fake = _FakeTorch(clock, [1.0] + [0.006, 0.005, 0.007, 0.005, 0.008][:calibrate.H2D_REPEATS])
+    gpu = calibrate.measure_accelerator(fake, nbytes=256 << 20)
+    assert (256 << 20, True, "cpu") in fake.allocated and (256 << 20, False, "cuda") in fake.allocated
+    assert gpu["h2d_bytes_per_s"] == pytest.approx((256 << 20) / 0.005)
+    machine = calibrate.machine_from_calibration(_measured(gpu))
     assert not machine.accelerator_is_host and "8x NVIDIA H200" in machine.name and "no GPU" not in machine.name
-    assert (machine.accelerator_memory_bytes, machine.h2d_bytes_per_s, machine.ranks_per_node) == (150e9, 5e10, 8)
+    assert (machine.accelerator_memory_bytes, machine.ranks_per_node) == (150e9, 8)
+    assert machine.h2d_bytes_per_s == pytest.approx((256 << 20) / 0.005)
     assert machine.accelerator_flops_per_s == 3e14 and machine.zero3_module_call_s == 0.0
     assert machine.allgather_bytes_per_s is None
     assert machine.sources["zero3_module_call_s"].startswith("not measured: ZeRO-3's hooks: not probed where CUDA")
@@ -81,7 +122,7 @@ def test_where_cuda_sees_gpus_this_machine_is_described_with_them_not_as_a_cpu_a
     assert "page-locked" in machine.sources["h2d_bytes_per_s"] and "one rank per GPU" in machine.sources[
         "ranks_per_node"]
 
-    cpu = machine_from_calibration(_measured(None))
+    cpu = calibrate.machine_from_calibration(_measured(None))
     assert cpu.accelerator_is_host and "no GPU" in cpu.name and cpu.ranks_per_node == 1
     assert cpu.accelerator_memory_bytes == 0 and cpu.zero3_module_call_s == 1e-3
 
@@ -92,3 +133,40 @@ def test_the_accelerator_probe_finds_none_without_cuda():
     if torch.cuda.is_available():
         pytest.skip("a GPU is visible: scripts/gpu_lease.sh --parts estimate runs the probe there")
     assert measure_accelerator(torch) is None
+
+
+def test_where_cuda_sees_a_gpu_the_probe_child_runs_compute_there_and_leaves_the_cpu_accelerators_probes_out(
+        monkeypatch, capsys):
+    """The child's routing (``_probe_main``), in this process with the probes replaced by recorders and CUDA
+    pretended: the CUDA accelerator set before DeepSpeed is imported and a CUDA context before the baseline, the
+    compute probe on "cuda", the collectives and hooks probes not run, each said to be left out."""
+    import json
+    import torch
+    from tencache_ds.cli import calibrate
+    calls = []
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")  # as calibrate() starts the child; restored after the test
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    real_zeros = torch.zeros
+    monkeypatch.setattr(torch, "zeros", lambda *a, **k: calls.append(("cuda context", k.get("device")))
+                        if k.get("device") == "cuda" else real_zeros(*a, **k))
+    monkeypatch.setattr(calibrate, "measure_accelerator", lambda torch: {"name": "GPU", "count": 1})
+    for probe in ("nvme", "cpu_adam", "host_copy"):
+        monkeypatch.setattr(calibrate, f"measure_{probe}", lambda *a, probe=probe, **k: calls.append(probe) or {})
+    monkeypatch.setattr(calibrate, "measure_compute", lambda *a, device="cpu": calls.append(("compute", device))
+                        or {})
+    for probe in ("collectives", "zero3_calls"):
+        monkeypatch.setattr(calibrate, f"measure_{probe}", lambda *a, probe=probe, **k: pytest.fail(f"{probe} ran"))
+    request = {"nvme_path": "/nonexistent", "model_config": {"model_type": "gpt2"}, "micro_batch": 1, "seq_len": 8,
+               "dtype": "fp32", "probes": list(calibrate.ALL_PROBES), "io_threads": 1}
+    calibrate._probe_main([json.dumps(request)])
+    found = {}
+    for line in capsys.readouterr().out.splitlines():
+        if line.startswith(calibrate.PROBE_MARKER):
+            found.update(json.loads(line[len(calibrate.PROBE_MARKER):]))
+    assert "error" not in found, found.get("error")
+    assert calls[0] == ("cuda context", "cuda") and ("compute", "cuda") in calls
+    assert {"nvme", "cpu_adam", "host_copy"} <= set(calls) and found["accelerator"] == {"name": "GPU", "count": 1}
+    assert found["baseline_imports"].endswith("and a CUDA context")
+    assert "not probed where CUDA sees a GPU" in found["collectives"]["skipped"]
+    assert "not probed where CUDA sees a GPU" in found["zero3_calls"]["skipped"]
+    assert os.environ["DS_ACCELERATOR"] == "cuda"
