@@ -1,6 +1,7 @@
-"""`--machine this`'s collectives probe (cli/calibrate.py, ``measure_collectives``): two processes of this machine in
-a gloo group, as `deepspeed --num_gpus 2` starts them on the CPU accelerator. The whole calibration runs in
-tests/cli/test_estimate.py (slow); this part alone takes a few seconds."""
+"""`--machine this`'s probes apart (cli/calibrate.py): the collectives probe (two processes of this machine in a gloo
+group, as `deepspeed --num_gpus 2` starts them on the CPU accelerator), the process baseline, the compute probe's
+statistics, and the GPU branch over stand-ins for torch.cuda (no GPU here). The whole calibration runs in
+tests/cli/test_estimate.py (slow); these take seconds."""
 import os
 
 import pytest
@@ -35,7 +36,7 @@ def test_the_compute_probe_reports_its_steps_median_beside_the_fastest(monkeypat
     """Validation runs recompute their predictions with either statistic (docs/estimate.md, run 12): the probe's
     timed steps, interleaved, give each step's fastest and median time."""
     from tencache_ds.cli import calibrate
-    clock = iter(range(0, 10_000))  # perf_counter: 0, 1, 2, ... a call
+    clock = iter(range(0, 10_000))  # each perf_counter call a nanosecond later: the steps' own time is what counts
     durations = {"a": iter([5, 1, 4, 2, 3, 9] * 4), "b": iter([7] * 24)}
     now = [0.0]
 
