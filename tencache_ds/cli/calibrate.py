@@ -240,7 +240,8 @@ def _probe_main(argv: Sequence[str]) -> None:
         imported = _import_model_code(request["model_config"])
         _emit(baseline_rss_bytes=_rss_bytes(), baseline_imports=imported + (" and a CUDA context" if on_gpu else ""))
         probes = request.get("probes", ALL_PROBES)
-        gpu = measure_accelerator(torch)  # after the baseline: its page-locked buffer is not the process's
+        # after the baseline: its page-locked buffer is not the process's
+        gpu = measure_accelerator(torch) if on_gpu else None
         _emit(accelerator=gpu)
         if "nvme" in probes:
             _emit(nvme=measure_nvme(request["nvme_path"], request["io_threads"]))

@@ -146,6 +146,10 @@ def test_where_cuda_sees_a_gpu_the_probe_child_runs_compute_there_and_leaves_the
     from tencache_ds.cli import calibrate
     calls = []
     monkeypatch.setenv("DS_ACCELERATOR", "cpu")  # as calibrate() starts the child; restored after the test
+    # DeepSpeed picks its accelerator once per process: picked here, before the child's code sets "cuda", so that
+    # the later tests of this worker keep the CPU accelerator (its import in _probe_main is then a no-op)
+    from deepspeed.accelerator import get_accelerator
+    assert get_accelerator().device_name() == "cpu"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     real_zeros = torch.zeros
     monkeypatch.setattr(torch, "zeros", lambda *a, **k: calls.append(("cuda context", k.get("device")))
@@ -170,4 +174,4 @@ def test_where_cuda_sees_a_gpu_the_probe_child_runs_compute_there_and_leaves_the
     assert found["baseline_imports"].endswith("and a CUDA context")
     assert "not probed where CUDA sees a GPU" in found["collectives"]["skipped"]
     assert "not probed where CUDA sees a GPU" in found["zero3_calls"]["skipped"]
-    assert os.environ["DS_ACCELERATOR"] == "cuda"
+    assert os.environ["DS_ACCELERATOR"] == "cuda" and get_accelerator().device_name() == "cpu"
