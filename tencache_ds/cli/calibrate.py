@@ -24,9 +24,9 @@ crash there becomes a clear error. The probes, and why each is measured the way 
   (plan/model_shapes.py, the same count the step model uses) / that time. Enough layers that their weights exceed
   ``COMPUTE_PROBE_WEIGHT_BYTES`` (or all of them): one layer's weights stay in the CPU's caches from step to step,
   while a whole model's stream from memory. With one layer and no head the probe ran gpt2-small's shape at
-  94-108 GFLOP/s where the whole model ran at 76.5 (docs/estimate.md, prospective run 3). The figure is the
-  fastest step's; the method also gives the figure from the steps' medians (17-23% lower on a slow day), so that
-  a validation run can be recomputed with either (docs/estimate.md, run 12).
+  94-108 GFLOP/s where the whole model ran at 76.5 (docs/estimate.md, prospective run 3). The figure is from the
+  steps' medians, the statistic of the bench's step time: in runs 12 and 13 it moved tencache's rows closer than the
+  fastest steps' figure (4-23% higher), which the method still gives (docs/estimate.md, run 13).
 - The accelerator, where CUDA sees one (``measure_accelerator``): its name, memory and count (one rank per GPU), the
   host-to-device rate of a page-locked copy, and the compute probe above run on it (synchronised around each step).
   DeepSpeed's CPU accelerator is then not what the run uses, so the probes of the CPU accelerator's own costs (the
@@ -73,8 +73,10 @@ COMPUTE_REPEATS = 8
 # step of several layers takes seconds, so fewer rounds are run (at least 1 warm-up and 2 timed): the calibration's
 # child must finish within PROBE_TIMEOUT_S, NVMe and CPU Adam included.
 MODEL_PROBE_BUDGET_S = 75.0
-# Each probe reports the fastest of its repeats: what the hardware does when nothing else runs (on a shared
-# machine a median mixes in the other jobs; docs/estimate.md says which machine state each figure had).
+# Each probe but the compute one reports the fastest of its repeats: what the hardware does when nothing else runs
+# (on a shared machine a median mixes in the other jobs; docs/estimate.md says which machine state each figure had).
+# The compute probe's figure is its steps' medians: the step model's compute is most of a step, and the bench
+# measures a median step.
 COPY_BYTES = 256 << 20
 H2D_REPEATS = 5
 CALIBRATION_VOCAB = 1024
@@ -583,24 +585,25 @@ def measure_compute(torch, model_config: Dict[str, Any], micro_batch: int, seq_l
     steps = {"layers": step(cut)}
     if vocab > cut:
         steps["with_head"] = step(vocab)
-    fastest = _fastest(steps)
+    timed = _fastest(steps)
 
     def model_step_s(times):  # head + layers x (per layer), from one statistic of the probe's steps
         head = max(0.0, times["with_head"] - times["layers"]) if "with_head" in times else 0.0
         return head, times["layers"] / layers, head + shape.layers * times["layers"] / layers
 
-    head_s, layer_s, seconds = model_step_s(fastest)
-    median_s = model_step_s(fastest["median"])[2]
+    # The figure is the steps' medians, as the bench's step time is a median (validation runs 12 and 13)
+    head_s, layer_s, seconds = model_step_s(timed["median"])
+    fastest_s = model_step_s(timed)[2]
     flops = shape.train_flops(micro_batch * seq_len, seq_len, checkpointing=False)
     ran_on = f"{torch.get_num_threads()} threads" if device == "cpu" else f"on {device}, synchronised"
     return {"method": f"{model_config.get('model_type')} with {layers} of its {shape.layers} layers, forward + "
                       f"backward, with vocabulary {cut} and {vocab} (the head: {head_s * 1e3:.1f} ms), micro-batch "
-                      f"{micro_batch} x {seq_len} tokens, {dtype}, fastest of {fastest['repeats']} steps after "
-                      f"{fastest['warmup']}, interleaved, {ran_on}; the model's step = head + {shape.layers} x "
-                      f"{layer_s * 1e3:.1f} ms a layer (from the medians: {median_s:.3f} s, "
-                      f"{flops / median_s / 1e9:.1f} GFLOP/s)",
+                      f"{micro_batch} x {seq_len} tokens, {dtype}, median of {timed['repeats']} steps after "
+                      f"{timed['warmup']}, interleaved, {ran_on}; the model's step = head + {shape.layers} x "
+                      f"{layer_s * 1e3:.1f} ms a layer (from the fastest steps: {fastest_s:.3f} s, "
+                      f"{flops / fastest_s / 1e9:.1f} GFLOP/s)",
             "flops": flops, "step_s": seconds, "flops_per_s": flops / seconds, "layer_s": layer_s,
-            "median_step_s": median_s, "median_flops_per_s": flops / median_s,
+            "fastest_step_s": fastest_s, "fastest_flops_per_s": flops / fastest_s,
             "head_s": head_s, "probe_layers": layers}
 
 

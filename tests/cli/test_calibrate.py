@@ -51,6 +51,38 @@ def test_the_compute_probe_reports_its_steps_median_beside_the_fastest(monkeypat
     assert timed["b"] == pytest.approx(7) and timed["median"]["b"] == pytest.approx(7)
 
 
+
+def test_the_compute_figure_is_the_steps_medians_and_the_fastest_is_given_beside_it(monkeypatch):
+    """The bench's step time is a median, so the compute figure is the probe's steps' medians (docs/estimate.md,
+    runs 12 and 13); the fastest steps' figure stays in the method and the result. The probe's model and steps
+    are stand-ins here: only the arithmetic from the timed steps to the figure is under test."""
+    import json
+    import torch
+    from tencache_ds.cli import calibrate
+    from tencache_ds.plan.model_shapes import model_shape
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    with open(os.path.join(repo, "configs", "models", "gpt2-small.json")) as handle:
+        model_config = json.load(handle)
+
+    class Model:
+        def to(self, device):
+            return self
+
+    monkeypatch.setattr(calibrate, "_probe_model", lambda *args: Model())
+    monkeypatch.setattr(calibrate, "_training_step", lambda *args: (lambda: None))
+    monkeypatch.setattr(calibrate, "_fastest", lambda steps: {"layers": 1.0, "with_head": 1.5, "warmup": 6,
+                                                              "repeats": 8,
+                                                              "median": {"layers": 2.0, "with_head": 3.5}})
+    measured = calibrate.measure_compute(torch, model_config, 2, 64, "fp32")
+    shape, layers = model_shape(model_config), measured["probe_layers"]
+    median_s, fastest_s = 1.5 + shape.layers * 2.0 / layers, 0.5 + shape.layers * 1.0 / layers
+    assert measured["step_s"] == pytest.approx(median_s) and measured["head_s"] == pytest.approx(1.5)
+    assert measured["flops_per_s"] == pytest.approx(measured["flops"] / median_s)
+    assert measured["fastest_flops_per_s"] == pytest.approx(measured["flops"] / fastest_s)
+    assert "median of 8 steps after 6" in measured["method"]
+    assert f"from the fastest steps: {fastest_s:.3f} s" in measured["method"]
+
+
 def _measured(accelerator):
     """What the probe child reports, with figures made up: the machine description is built from them alone."""
     from tencache_ds.cli.calibrate import NOT_ON_A_GPU
