@@ -25,8 +25,9 @@ crash there becomes a clear error. The probes, and why each is measured the way 
   ``COMPUTE_PROBE_WEIGHT_BYTES`` (or all of them): one layer's weights stay in the CPU's caches from step to step,
   while a whole model's stream from memory. With one layer and no head the probe ran gpt2-small's shape at
   94-108 GFLOP/s where the whole model ran at 76.5 (docs/estimate.md, prospective run 3). The figure is from the
-  steps' medians, the statistic of the bench's step time: in runs 12 and 13 it moved tencache's rows closer than the
-  fastest steps' figure (4-23% higher), which the method still gives (docs/estimate.md, run 13).
+  steps' medians, the statistic of the bench's step time: in runs 12 and 13 it brought the mean error of tencache's
+  rows closer to 0 than the fastest steps' figure (4-30% higher), which the method still gives (docs/estimate.md,
+  run 13).
 - The accelerator, where CUDA sees one (``measure_accelerator``): its name, memory and count (one rank per GPU), the
   host-to-device rate of a page-locked copy, and the compute probe above run on it (synchronised around each step).
   DeepSpeed's CPU accelerator is then not what the run uses, so the probes of the CPU accelerator's own costs (the
@@ -75,8 +76,8 @@ COMPUTE_REPEATS = 8
 MODEL_PROBE_BUDGET_S = 75.0
 # Each probe but the compute one reports the fastest of its repeats: what the hardware does when nothing else runs
 # (on a shared machine a median mixes in the other jobs; docs/estimate.md says which machine state each figure had).
-# The compute probe's figure is its steps' medians: the step model's compute is most of a step, and the bench
-# measures a median step.
+# The compute probe's figure is its steps' medians: compute is the largest part of a step in the step model, and
+# the bench measures a median step.
 COPY_BYTES = 256 << 20
 H2D_REPEATS = 5
 CALIBRATION_VOCAB = 1024
@@ -544,7 +545,8 @@ def _forward_step(torch, model, vocab_size: int, micro_batch: int, seq_len: int)
 
 
 def _fastest(steps: Dict[str, Any], budget_s: float = MODEL_PROBE_BUDGET_S) -> Dict[str, Any]:
-    """The fastest timed run of each step, interleaved (a machine whose speed drifts slows all of them alike):
+    """The fastest timed run of each step, interleaved (a machine whose speed drifts slows all of them alike), and
+    its median (``measure_compute``'s figure):
     ``COMPUTE_REPEATS`` of them after ``COMPUTE_WARMUP``, or as many as ``budget_s`` allows after the first round
     (at least 1 warm-up and 2 timed). Also says how many ran ("warmup", "repeats"), and each step's median
     ("median": name -> seconds)."""

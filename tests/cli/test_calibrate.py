@@ -51,7 +51,6 @@ def test_the_compute_probe_reports_its_steps_median_beside_the_fastest(monkeypat
     assert timed["b"] == pytest.approx(7) and timed["median"]["b"] == pytest.approx(7)
 
 
-
 def test_the_compute_figure_is_the_steps_medians_and_the_fastest_is_given_beside_it(monkeypatch):
     """The bench's step time is a median, so the compute figure is the probe's steps' medians (docs/estimate.md,
     runs 12 and 13); the fastest steps' figure stays in the method and the result. The probe's model and steps
