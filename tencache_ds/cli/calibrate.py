@@ -544,12 +544,11 @@ def _forward_step(torch, model, vocab_size: int, micro_batch: int, seq_len: int)
     return one_step
 
 
-def _fastest(steps: Dict[str, Any], budget_s: float = MODEL_PROBE_BUDGET_S) -> Dict[str, Any]:
-    """The fastest timed run of each step, interleaved (a machine whose speed drifts slows all of them alike), and
-    its median (``measure_compute``'s figure):
-    ``COMPUTE_REPEATS`` of them after ``COMPUTE_WARMUP``, or as many as ``budget_s`` allows after the first round
-    (at least 1 warm-up and 2 timed). Also says how many ran ("warmup", "repeats"), and each step's median
-    ("median": name -> seconds)."""
+def _timed_steps(steps: Dict[str, Any], budget_s: float = MODEL_PROBE_BUDGET_S) -> Dict[str, Any]:
+    """Each step timed, interleaved (a machine whose speed drifts slows all of them alike): ``COMPUTE_REPEATS``
+    runs after ``COMPUTE_WARMUP``, or as many as ``budget_s`` allows after the first round (at least 1 warm-up and
+    2 timed). Gives each step's fastest run (name -> seconds; the hooks probe's statistic), its median ("median":
+    name -> seconds; the compute probe's) and how many ran ("warmup", "repeats")."""
     started = time.perf_counter()
     for one_step in steps.values():  # the first warm-up round: kernels chosen and compiled, buffers allocated
         one_step()
@@ -587,7 +586,7 @@ def measure_compute(torch, model_config: Dict[str, Any], micro_batch: int, seq_l
     steps = {"layers": step(cut)}
     if vocab > cut:
         steps["with_head"] = step(vocab)
-    timed = _fastest(steps)
+    timed = _timed_steps(steps)
 
     def model_step_s(times):  # head + layers x (per layer), from one statistic of the probe's steps
         head = max(0.0, times["with_head"] - times["layers"]) if "with_head" in times else 0.0
@@ -630,8 +629,8 @@ def measure_zero3_calls(torch, model_config: Dict[str, Any], micro_batch: int, s
         "train_micro_batch_size_per_gpu": micro_batch,
         "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
         "bf16": {"enabled": dtype == "bf16"}})
-    fastest = _fastest({"bare": _forward_step(torch, bare, vocab, micro_batch, seq_len),
-                        "zero3": _forward_step(torch, engine, vocab, micro_batch, seq_len)})
+    fastest = _timed_steps({"bare": _forward_step(torch, bare, vocab, micro_batch, seq_len),
+                            "zero3": _forward_step(torch, engine, vocab, micro_batch, seq_len)})
     uses = len(_probe_shape(model_config, layers, vocab).modules)
     extra_s = max(0.0, fastest["zero3"] - fastest["bare"])
     return {"method": f"{layers} layers of {model_config.get('model_type')} (vocabulary {vocab}), forward bare "

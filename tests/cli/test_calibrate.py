@@ -44,7 +44,7 @@ def test_the_compute_probe_reports_its_steps_median_beside_the_fastest(monkeypat
         return lambda: now.__setitem__(0, now[0] + next(durations[name]))
 
     monkeypatch.setattr(calibrate.time, "perf_counter", lambda: now[0] + 1e-9 * next(clock))
-    timed = calibrate._fastest({"a": step("a"), "b": step("b")}, budget_s=1e9)
+    timed = calibrate._timed_steps({"a": step("a"), "b": step("b")}, budget_s=1e9)
     assert timed["warmup"] == calibrate.COMPUTE_WARMUP and timed["repeats"] == calibrate.COMPUTE_REPEATS
     # after 6 warm-up calls of "a" (5 1 4 2 3 9), 8 timed ones: 5 1 4 2 3 9 5 1
     assert timed["a"] == pytest.approx(1) and timed["median"]["a"] == pytest.approx(3.5)  # of 1 1 2 3 4 5 5 9
@@ -69,9 +69,9 @@ def test_the_compute_figure_is_the_steps_medians_and_the_fastest_is_given_beside
 
     monkeypatch.setattr(calibrate, "_probe_model", lambda *args: Model())
     monkeypatch.setattr(calibrate, "_training_step", lambda *args: (lambda: None))
-    monkeypatch.setattr(calibrate, "_fastest", lambda steps: {"layers": 1.0, "with_head": 1.5, "warmup": 6,
-                                                              "repeats": 8,
-                                                              "median": {"layers": 2.0, "with_head": 3.5}})
+    monkeypatch.setattr(calibrate, "_timed_steps", lambda steps: {"layers": 1.0, "with_head": 1.5, "warmup": 6,
+                                                                  "repeats": 8,
+                                                                  "median": {"layers": 2.0, "with_head": 3.5}})
     measured = calibrate.measure_compute(torch, model_config, 2, 64, "fp32")
     shape, layers = model_shape(model_config), measured["probe_layers"]
     median_s, fastest_s = 1.5 + shape.layers * 2.0 / layers, 0.5 + shape.layers * 1.0 / layers
