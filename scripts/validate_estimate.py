@@ -2,10 +2,10 @@
 """Check `tencache-ds estimate` against measured runs: predicted vs measured step time, NVMe bytes per step and
 peak host memory, per configuration and arm (stock NVMe, tencache, stock CPU offload), as a Markdown table.
 
-Prospective (the default): calibrate this machine (every probe with the first model, and the compute and ZeRO-3
-hook probes again for each other model: their figures are the model's own; or read --machine), write every prediction to
-OUT/predictions.json, and only then run `tencache-ds bench` for each configuration (OUT/<model>-<budget>/);
-the table compares the saved predictions with those runs.
+Prospective (the default): calibrate this machine (every probe with the first model, and the compute, ZeRO-3
+hook and contention probes again for each other model: their figures are the model's own; or read --machine), write
+every prediction to OUT/predictions.json, and only then run `tencache-ds bench` for each configuration
+(OUT/<model>-<budget>/); the table compares the saved predictions with those runs.
 
     python scripts/validate_estimate.py --models gpt2-tiny gpt2-small gpt2-medium --budgets auto quarter stream \\
         --out validate-out [--machine configs/machines/this.json] [--steps 6 --warmup 2 --repeats 2]
@@ -170,7 +170,7 @@ def table(rows) -> str:
 def get_machine(args):
     """The machine file, or this machine calibrated now: every probe with the first model, and MODEL_PROBES again
     for each other model (their figures are the model's: the rate its own layers and head ran at, the hooks around
-    its submodules). Returns ({model: machine}, {model: path})."""
+    its submodules, what the drive beside its layers costs them). Returns ({model: machine}, {model: path})."""
     if args.machine:
         return {model: load_machine(args.machine) for model in args.models}, \
             {model: args.machine for model in args.models}

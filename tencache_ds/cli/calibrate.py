@@ -39,6 +39,15 @@ crash there becomes a clear error. The probes, and why each is measured the way 
   accelerator) run the all-gather and the reduce-scatter stage 3 calls (``all_gather_into_tensor``,
   ``reduce_scatter_tensor``) at once, on a tensor of ``COLLECTIVE_BYTES``; the rate is the bytes a rank receives
   from the other per second. At 2 ranks on this VM gloo's loops took 1.5-3.4 s of CPU a gpt2-small step.
+- The drive's cost to the cores (``measure_io_contention``, host accelerator only): the compute probe's layers
+  (vocabulary cut) timed alone and while tencache's engine reads beside them (``io_threads`` requests of
+  ``TENSOR_REQUEST_BYTES`` in flight, as the drive probe keeps them), in turn, three rounds; the seconds the steps
+  lose over the seconds the drive is busy (the bytes read beside them at the rate the same reads had alone, timed
+  just before) is the machine's ``io_contention``, the median of the rounds. On this VM gpt2-small's layers ran
+  about twice as long beside the drive, which moved 1.3 GB/s there against 1.8 alone: 0.66-0.78 of its busy seconds
+  lost (the I/O threads, the kernel and the virtual disk take turns with the two cores the layers use). A whole
+  step's layers, not a matrix product: the cost is the cores' and the memory's, which a lone product loads unlike
+  a model's step.
 - ZeRO-3's hooks: the same layers timed bare and inside a stage-3 engine without an optimizer (the hooks that
   fetch and release every submodule's parameters, nothing to reduce); the difference per submodule use is the
   machine's ``zero3_module_call_s``. In a DeepSpeed run gpt2-small computed at 64 GFLOP/s where the bare model ran
@@ -51,7 +60,7 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Callable, Dict, Optional, Sequence
 
 from ..errors import TencacheConfigError
 
@@ -74,7 +83,7 @@ COMPUTE_REPEATS = 8
 # step of several layers takes seconds, so fewer rounds are run (at least 1 warm-up and 2 timed): the calibration's
 # child must finish within PROBE_TIMEOUT_S, NVMe and CPU Adam included.
 MODEL_PROBE_BUDGET_S = 75.0
-# Each probe but the compute one reports the fastest of its repeats: what the hardware does when nothing else runs
+# Each probe but the compute and contention ones reports the fastest of its repeats: what the hardware does when nothing else runs
 # (on a shared machine a median mixes in the other jobs; docs/estimate.md says which machine state each figure had).
 # The compute probe's figure is its steps' medians: compute is the largest part of a step in the step model, and
 # the bench measures a median step.
@@ -82,7 +91,8 @@ COPY_BYTES = 256 << 20
 H2D_REPEATS = 5
 CALIBRATION_VOCAB = 1024
 COMPUTE_PROBE_WEIGHT_BYTES = 256 << 20  # several times any CPU's last-level cache: the weights come from memory
-# the drive at three request sizes (up to ~90 s on a slow disk), two 75 s model probes, the collectives (at most 60 s)
+# the drive at three request sizes (up to ~90 s on a slow disk), two 75 s model probes, the collectives (at most 60
+# s), the layers beside the drive (about 40 s)
 PROBE_TIMEOUT_S = 480.0
 PROBE_MARKER = "TENCACHE_CALIBRATE "
 NOT_ON_A_GPU = "{what}: not probed where CUDA sees a GPU"
@@ -97,9 +107,17 @@ COLLECTIVE_REPEATS = 3
 COLLECTIVE_TIMEOUT_S = 60.0  # about 5 s here, most of it two interpreters importing torch
 
 
-ALL_PROBES = ("nvme", "adam", "host_copy", "collectives", "compute", "zero3_calls")
+# The contention probe: rounds of the layers alone and with the drive busy, in turn; each timing at least this long
+# (several steps), the median of the rounds' ratios
+IO_CONTENTION_ROUNDS = 3
+IO_CONTENTION_TIMING_S = 2.0
+IO_CONTENTION_FILE_REQUESTS = 4  # the file read over and over: 4 requests of TENSOR_REQUEST_BYTES (O_DIRECT: no cache)
+
+
+ALL_PROBES = ("nvme", "adam", "host_copy", "collectives", "compute", "zero3_calls", "io_contention")
 BASELINE_IMPORTS = "torch, transformers, DeepSpeed"  # the process baseline's imports, besides _import_model_code's
-MODEL_PROBES = ("compute", "zero3_calls")  # the figures that are the model's and shape's, not only the machine's
+# the figures that are the model's and shape's, not only the machine's
+MODEL_PROBES = ("compute", "zero3_calls", "io_contention")
 
 
 def calibrate(nvme_path: str, model_config: Dict[str, Any], micro_batch: int, seq_len: int, dtype: str,
@@ -163,6 +181,7 @@ def machine_from_calibration(measured: Dict[str, Any]):
     collectives_source = f"not measured: {not_measured}" if not_measured else \
         f"{where}: {collectives['method']}" if collectives else "not measured"
     zero3 = measured.get("zero3_calls", {})
+    contention = measured.get("io_contention", {})
     load = _load_average()
     name = (f"this machine ({os.cpu_count()} cores, {gpu['count']}x {gpu['name']})" if gpu else
             f"this machine ({os.cpu_count()} cores, no GPU: DeepSpeed's CPU accelerator)")
@@ -185,6 +204,7 @@ def machine_from_calibration(measured: Dict[str, Any]):
         cpu_adam_elements_per_s=adam["elements_per_s"], host_copy_bytes_per_s=copy["bytes_per_s"],
         host_fresh_write_bytes_per_s=copy.get("fresh_write_bytes_per_s"),
         zero3_module_call_s=zero3.get("call_s", 0.0),
+        io_contention=contention.get("io_contention", 0.0),
         allgather_bytes_per_s=collectives.get("allgather_bytes_per_s"),
         reduce_scatter_bytes_per_s=collectives.get("reduce_scatter_bytes_per_s"),
         process_baseline_bytes=int(measured.get("baseline_rss_bytes") or 0) or Machine.process_baseline_bytes,
@@ -203,6 +223,8 @@ def machine_from_calibration(measured: Dict[str, Any]):
             else "not measured",
             "zero3_module_call_s": f"not measured: {zero3['skipped']}" if "skipped" in zero3
             else f"{where}: {zero3['method']}" if zero3 else "not measured",
+            "io_contention": f"not measured: {contention['skipped']}" if "skipped" in contention
+            else f"{where}: {contention['method']}" if contention else "not measured",
             "allgather_bytes_per_s": collectives_source,
             "reduce_scatter_bytes_per_s": f"{where}: same run, the reduce-scatter" if "method" in collectives
             else collectives_source,
@@ -263,6 +285,12 @@ def _probe_main(argv: Sequence[str]) -> None:
         if "compute" in probes:
             _emit(compute=measure_compute(torch, request["model_config"], request["micro_batch"],
                                           request["seq_len"], request["dtype"], device="cuda" if gpu else "cpu"))
+        if "io_contention" in probes:
+            _emit(io_contention={"skipped": NOT_ON_A_GPU.format(what="the drive's cost to the cores that compute (a "
+                                                                     "GPU computes apart from them)")}
+                  if gpu else measure_io_contention(torch, request["model_config"], request["micro_batch"],
+                                                    request["seq_len"], request["dtype"], request["nvme_path"],
+                                                    request["io_threads"]))
         if "zero3_calls" in probes:
             _emit(zero3_calls={"skipped": NOT_ON_A_GPU.format(what="ZeRO-3's hooks on DeepSpeed's CUDA accelerator "
                                                                    "(this probe times them on its CPU accelerator)")}
@@ -606,6 +634,81 @@ def measure_compute(torch, model_config: Dict[str, Any], micro_batch: int, seq_l
             "flops": flops, "step_s": seconds, "flops_per_s": flops / seconds, "layer_s": layer_s,
             "fastest_step_s": fastest_s, "fastest_flops_per_s": flops / fastest_s,
             "head_s": head_s, "probe_layers": layers}
+
+
+def measure_io_contention(torch, model_config: Dict[str, Any], micro_batch: int, seq_len: int, dtype: str,
+                          folder: str, io_threads: int) -> Dict[str, Any]:
+    """The seconds the compute probe's layers lose per second the drive is busy beside them (plan/machine.py,
+    ``io_contention``; the module docstring says how). The drive's busy seconds are the bytes read over its rate
+    reading alone, timed here too just before the rounds (the same engine, requests and concurrency)."""
+    import threading
+    from ..io.direct_io import DirectFileIO
+    from ..io.drive_rate import TENSOR_REQUEST_BYTES, TRIAL_FILE_PREFIX, aligned_buffer
+    layers = probe_layers(model_config, torch.finfo(_torch_dtype(torch, dtype)).bits // 8)
+    vocab = min(int(model_config.get("vocab_size", CALIBRATION_VOCAB)), CALIBRATION_VOCAB)
+    one_step = _training_step(torch, _probe_model(torch, model_config, layers, vocab, dtype), vocab, micro_batch,
+                              seq_len)
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, f"{TRIAL_FILE_PREFIX}{os.getpid()}-contention.bin")
+    io = DirectFileIO(num_threads=io_threads, name="tencache-contention")
+    buffers = [aligned_buffer(torch, TENSOR_REQUEST_BYTES) for _ in range(io_threads)]
+    requests = IO_CONTENTION_FILE_REQUESTS
+
+    def keep_reading(done: Callable[[], bool], moved: list) -> None:
+        """Reads of the file in turn, ``io_threads`` in flight, until ``done()``; ``moved[0]`` counts the bytes."""
+        pending, index = [], 0
+        while not done():
+            pending.append(io.read(buffers[index % io_threads], path, TENSOR_REQUEST_BYTES,
+                                   (index % requests) * TENSOR_REQUEST_BYTES))
+            index += 1
+            if len(pending) >= io_threads:
+                pending.pop(0).result()
+                moved[0] += TENSOR_REQUEST_BYTES
+        for future in pending:
+            future.result()
+
+    def timed(steps: int, with_drive: bool):
+        stop, moved = threading.Event(), [0]
+        reader = threading.Thread(target=keep_reading, args=(stop.is_set, moved), daemon=True) if with_drive \
+            else None
+        if reader:
+            reader.start()
+        started, before = time.perf_counter(), moved[0]
+        for _ in range(steps):
+            one_step()
+        seconds, read = time.perf_counter() - started, moved[0] - before
+        stop.set()
+        if reader:
+            reader.join()
+        return seconds, read
+
+    try:
+        for index in range(requests):
+            buffers[0].fill_(index + 1)
+            io.write(buffers[0], path, TENSOR_REQUEST_BYTES, index * TENSOR_REQUEST_BYTES).result()
+        one_step()  # warm-up: kernels chosen, buffers allocated
+        steps = max(1, int(IO_CONTENTION_TIMING_S / max(timed(1, False)[0], 1e-6)) + 1)
+        started, alone_moved = time.perf_counter(), [0]
+        keep_reading(lambda: alone_moved[0] >= 4 * requests * TENSOR_REQUEST_BYTES, alone_moved)
+        read_rate = alone_moved[0] / (time.perf_counter() - started)
+        ratios, details = [], []
+        for _ in range(IO_CONTENTION_ROUNDS):
+            alone, _ = timed(steps, False)
+            beside, read = timed(steps, True)
+            busy_s = read / read_rate
+            ratios.append(max(0.0, beside - alone) / busy_s if busy_s > 0 else 0.0)
+            details.append(f"{alone:.2f} s alone, {beside:.2f} s beside {read / 1e9:.2f} GB")
+    finally:
+        io.close()
+        with contextlib.suppress(OSError):
+            os.remove(path)
+    contention = statistics.median(ratios)
+    return {"method": f"{layers} layers of {model_config.get('model_type')} (vocabulary {vocab}), {steps} forward + "
+                      f"backward steps alone and while tencache's engine read {TENSOR_REQUEST_BYTES >> 20} MiB "
+                      f"requests beside them, {io_threads} in flight ({read_rate / 1e9:.2f} GB/s alone), in turn, "
+                      f"{IO_CONTENTION_ROUNDS} rounds ({'; '.join(details)}): the seconds lost over the drive's busy "
+                      f"seconds, the median of the rounds",
+            "io_contention": contention, "rounds": ratios, "read_bytes_per_s": read_rate}
 
 
 def measure_zero3_calls(torch, model_config: Dict[str, Any], micro_batch: int, seq_len: int,

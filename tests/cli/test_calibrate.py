@@ -93,8 +93,10 @@ def _measured(accelerator):
     if accelerator:
         measured["collectives"] = {"skipped": NOT_ON_A_GPU.format(what="stage 3's collectives")}
         measured["zero3_calls"] = {"skipped": NOT_ON_A_GPU.format(what="ZeRO-3's hooks")}
+        measured["io_contention"] = {"skipped": NOT_ON_A_GPU.format(what="the drive's cost to the cores")}
     else:
         measured["zero3_calls"] = {"method": "hooks", "call_s": 1e-3}
+        measured["io_contention"] = {"method": "layers beside the drive", "io_contention": 0.7}
     return measured
 
 
@@ -150,13 +152,15 @@ def test_where_cuda_sees_gpus_this_machine_is_described_with_them_not_as_a_cpu_a
     assert machine.accelerator_flops_per_s == 3e14 and machine.zero3_module_call_s == 0.0
     assert machine.allgather_bytes_per_s is None
     assert machine.sources["zero3_module_call_s"].startswith("not measured: ZeRO-3's hooks: not probed where CUDA")
+    assert machine.io_contention == 0.0 and machine.sources["io_contention"].startswith("not measured: the drive's")
     assert machine.sources["allgather_bytes_per_s"].startswith("not measured: stage 3's collectives")
     assert "page-locked" in machine.sources["h2d_bytes_per_s"] and "one rank per GPU" in machine.sources[
         "ranks_per_node"]
 
     cpu = calibrate.machine_from_calibration(_measured(None))
     assert cpu.accelerator_is_host and "no GPU" in cpu.name and cpu.ranks_per_node == 1
-    assert cpu.accelerator_memory_bytes == 0 and cpu.zero3_module_call_s == 1e-3
+    assert cpu.accelerator_memory_bytes == 0 and cpu.zero3_module_call_s == 1e-3 and cpu.io_contention == 0.7
+    assert "layers beside the drive" in cpu.sources["io_contention"]
 
 
 def test_the_accelerator_probe_finds_none_without_cuda():
@@ -190,7 +194,7 @@ def test_where_cuda_sees_a_gpu_the_probe_child_runs_compute_there_and_leaves_the
         monkeypatch.setattr(calibrate, f"measure_{probe}", lambda *a, probe=probe, **k: calls.append(probe) or {})
     monkeypatch.setattr(calibrate, "measure_compute", lambda *a, device="cpu": calls.append(("compute", device))
                         or {})
-    for probe in ("collectives", "zero3_calls"):
+    for probe in ("collectives", "zero3_calls", "io_contention"):
         monkeypatch.setattr(calibrate, f"measure_{probe}", lambda *a, probe=probe, **k: pytest.fail(f"{probe} ran"))
     request = {"nvme_path": "/nonexistent", "model_config": {"model_type": "gpt2"}, "micro_batch": 1, "seq_len": 8,
                "dtype": "fp32", "probes": list(calibrate.ALL_PROBES), "io_threads": 1}
@@ -205,4 +209,23 @@ def test_where_cuda_sees_a_gpu_the_probe_child_runs_compute_there_and_leaves_the
     assert found["baseline_imports"].endswith("and a CUDA context")
     assert "not probed where CUDA sees a GPU" in found["collectives"]["skipped"]
     assert "not probed where CUDA sees a GPU" in found["zero3_calls"]["skipped"]
+    assert "not probed where CUDA sees a GPU" in found["io_contention"]["skipped"]
     assert os.environ["DS_ACCELERATOR"] == "cuda" and get_accelerator().device_name() == "cpu"
+
+
+def test_the_contention_probe_times_the_layers_alone_and_beside_the_drive_and_removes_its_file(tmp_path):
+    """The drive's cost to the cores that compute (``io_contention``): gpt2-tiny's layers timed alone and while
+    tencache's engine reads beside them, in turn; the figure is the median of the rounds' seconds lost over the
+    drive's busy seconds, and the probe's file is gone after it."""
+    import json
+    import statistics
+    import torch
+    from tencache_ds.cli import calibrate
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    with open(os.path.join(repo, "configs", "models", "gpt2-tiny.json")) as handle:
+        model_config = json.load(handle)
+    measured = calibrate.measure_io_contention(torch, model_config, 1, 32, "fp32", str(tmp_path), 2)
+    assert len(measured["rounds"]) == calibrate.IO_CONTENTION_ROUNDS
+    assert measured["io_contention"] == statistics.median(measured["rounds"]) >= 0
+    assert measured["read_bytes_per_s"] > 0 and " GB; " in measured["method"] and "2 in flight" in measured["method"]
+    assert os.listdir(tmp_path) == []

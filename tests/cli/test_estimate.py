@@ -144,10 +144,12 @@ def test_machine_this_measures_and_cites_each_figure(tmp_path):
     import torch
     if torch.cuda.is_available():  # the CPU accelerator's own probes are left out where CUDA sees a GPU
         assert not machine.get("accelerator_is_host") and machine["accelerator_memory_bytes"] > 0
-        for figure in ("zero3_module_call_s", "allgather_bytes_per_s", "reduce_scatter_bytes_per_s"):
+        for figure in ("zero3_module_call_s", "allgather_bytes_per_s", "reduce_scatter_bytes_per_s", "io_contention"):
             assert machine["sources"][figure].startswith("not measured: ")
     else:
         assert machine["zero3_module_call_s"] >= 0 and "ZeRO-3 engine" in machine["sources"]["zero3_module_call_s"]
+        # the layers beside the drive, the engine's 3 requests in flight as a store keeps them
+        assert machine["io_contention"] >= 0 and "3 in flight" in machine["sources"]["io_contention"]
         # stage 3's collectives between 2 processes of this machine (gloo), the bytes a rank receives per second
         for figure in ("allgather_bytes_per_s", "reduce_scatter_bytes_per_s"):
             assert machine[figure] > 0 and "measured" in machine["sources"][figure]

@@ -15,8 +15,9 @@ Known simplifications (docs/estimate.md lists them with their effect): collectiv
 all-gathers and reduce-scatters between ranks) only as a machine file measures it (``allgather_bytes_per_s``,
 ``reduce_scatter_bytes_per_s``: `--machine this` does, at 2 ranks), and then on the compute thread, as gloo runs on
 a host accelerator (a GPU's NCCL would overlap part of it with compute; the GPU files have no figure); per-module
-framework overhead only as a machine file measures it (ZeRO-3's hooks, ``zero3_module_call_s``); host memory
-bandwidth is one figure for every copy.
+framework overhead only as a machine file measures it (ZeRO-3's hooks, ``zero3_module_call_s``); the drive's cost
+to the cores only as a machine file measures it (``io_contention``: work beside the drive slows, the drive beside
+work does not; timeline.py); host memory bandwidth is one figure for every copy.
 """
 import dataclasses
 from typing import Dict

@@ -14,10 +14,18 @@ such: results.CRITICAL_PARTS) and the
 largest part is the bottleneck. Three steps are replayed and the last one is reported: writes left behind by one
 step delay the next step's reads of the same tensors. The reported step is never shorter than any channel's busy
 time in it (``steady_step``): three steps do not build a backlog of writes left behind up to its steady size.
+
+Where the drive's requests cost the cores the step computes on (a host accelerator: the machine's
+``io_contention``), work that runs while the NVMe channels are busy takes longer: ``io_contention`` times the
+channels' busy seconds within it, charged to the same part (its compute, CPU Adam or collective). On this VM a
+forward and backward ran about twice as long with the drive reading beside it, and the drive read at 0.5-0.7 of its
+rate alone: the two took turns. The drive's own slowdown is not modelled (its requests end when its rates say): where a
+step waits on the drive, the work beside it still ends before the bytes do, and the prediction is short of the
+turn-taking.
 """
 import dataclasses
 from collections import defaultdict
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 from ..machine import Machine
 
@@ -33,14 +41,18 @@ class Timeline:
     """The compute thread's clock and the channels it issues to; waits are charged to the channel waited on."""
 
     def __init__(self, rates: Dict[str, float], shared_drive_scale: Optional[float] = None,
-                 nvme_request_factor: Callable[[str, int], float] = lambda direction, request_bytes: 1.0):
+                 nvme_request_factor: Callable[[str, int], float] = lambda direction, request_bytes: 1.0,
+                 io_contention: float = 0.0):
         """``shared_drive_scale``: None, reads and writes on separate channels; else (1 or more) the factor on the
         time of a request that follows one of the other direction on the shared drive (``shared_drive_scale()``).
         ``nvme_request_factor(direction, request_bytes)``: the drive's rate at that request size over its rate
-        figure (Machine.nvme_request_factor)."""
+        figure (Machine.nvme_request_factor). ``io_contention``: the seconds work loses per second the NVMe
+        channels are busy beside it (Machine.io_contention; 0: none)."""
         self.rates = rates
         self.shared_drive_scale = shared_drive_scale
         self.nvme_request_factor = nvme_request_factor
+        self.io_contention = io_contention
+        self.nvme_busy: List[Tuple[float, float]] = []  # (start, end) of each NVMe request not yet behind ``now``
         self.now = 0.0
         self.free = {channel: 0.0 for channel in rates}
         self.free[SHARED_DRIVE] = 0.0
@@ -51,8 +63,16 @@ class Timeline:
         self.written_at: Dict[str, float] = {}
 
     def work(self, seconds: float, part: str) -> None:
+        if self.io_contention and seconds > 0:
+            seconds += self.io_contention * self._nvme_busy_within(self.now, self.now + seconds)
         self.now += seconds
         self.parts[part] += seconds
+
+    def _nvme_busy_within(self, start: float, end: float) -> float:
+        """Seconds the NVMe channels are busy between ``start`` and ``end`` (both directions counted, each request
+        once), forgetting the requests that ended before ``start`` (``now`` never goes back)."""
+        self.nvme_busy = [(first, last) for first, last in self.nvme_busy if last > start]
+        return sum(max(0.0, min(end, last) - max(start, first)) for first, last in self.nvme_busy)
 
     def issue(self, channel: str, nbytes: int, key: Optional[str] = None, request_bytes: Optional[int] = None) -> float:
         """Queue ``nbytes`` on ``channel``; returns when they are done. ``request_bytes``: the size of each request
@@ -74,6 +94,8 @@ class Timeline:
                 seconds *= self.shared_drive_scale
             self.last_on_drive = channel
         done = start + seconds
+        if channel in NVME_DIRECTIONS and self.io_contention:
+            self.nvme_busy.append((start, done))
         self.free[queue] = done
         self.moved[channel] += nbytes
         self.busy[channel] += seconds
@@ -115,9 +137,10 @@ class Rates:
     shared_drive_scale: Optional[float] = None
     module_call_s: float = 0.0  # ZeRO-3's hooks per submodule use (plan/machine.py, zero3_module_call_s)
     nvme_request_factor: Callable[[str, int], float] = lambda direction, request_bytes: 1.0
+    io_contention: float = 0.0  # plan/machine.py, io_contention
 
     def timeline(self) -> "Timeline":
-        return Timeline(self.channels, self.shared_drive_scale, self.nvme_request_factor)
+        return Timeline(self.channels, self.shared_drive_scale, self.nvme_request_factor, self.io_contention)
 
 
 def shared_drive_scale(read: float, write: float, mixed: Optional[float]) -> Optional[float]:
@@ -139,4 +162,4 @@ def channel_rates(machine: Machine, pinned_h2d: bool) -> Rates:
     return Rates(machine.accelerator_flops_per_s_per_rank, machine.cpu_adam_elements_per_s_per_rank,
                  machine.host_copy_bytes_per_s_per_rank, {"nvme_read": read, "nvme_write": write, "h2d": h2d},
                  shared_drive_scale(read, write, machine.nvme_mixed_bytes_per_s_per_rank),
-                 machine.zero3_module_call_s, machine.nvme_request_factor)
+                 machine.zero3_module_call_s, machine.nvme_request_factor, machine.io_contention)
