@@ -83,10 +83,11 @@ COMPUTE_REPEATS = 8
 # step of several layers takes seconds, so fewer rounds are run (at least 1 warm-up and 2 timed): the calibration's
 # child must finish within PROBE_TIMEOUT_S, NVMe and CPU Adam included.
 MODEL_PROBE_BUDGET_S = 75.0
-# Each probe but the compute and contention ones reports the fastest of its repeats: what the hardware does when nothing else runs
-# (on a shared machine a median mixes in the other jobs; docs/estimate.md says which machine state each figure had).
-# The compute probe's figure is its steps' medians: compute is the largest part of a step in the step model, and
-# the bench measures a median step.
+# Each probe but the compute and contention ones reports the fastest of its repeats: what the hardware does when
+# nothing else runs (on a shared machine a median mixes in the other jobs; docs/estimate.md says which machine state
+# each figure had). The compute probe's figure is its steps' medians: compute is the largest part of a step in the
+# step model, and the bench measures a median step; the contention probe's, its rounds' median (a ratio of two
+# timings, each of which the machine's minute moves).
 COPY_BYTES = 256 << 20
 H2D_REPEATS = 5
 CALIBRATION_VOCAB = 1024
