@@ -41,11 +41,12 @@ crash there becomes a clear error. The probes, and why each is measured the way 
   from the other per second. At 2 ranks on this VM gloo's loops took 1.5-3.4 s of CPU a gpt2-small step.
 - The drive's cost to the cores (``measure_io_contention``, host accelerator only): the compute probe's layers
   (vocabulary cut) timed alone and while tencache's engine reads beside them (``io_threads`` requests of
-  ``TENSOR_REQUEST_BYTES`` in flight, as the drive probe keeps them), in turn, three rounds; the seconds the steps
-  lose over the seconds the drive is busy (the bytes read beside them at the rate the same reads had alone, timed
-  just before) is the machine's ``io_contention``, the median of the rounds. On this VM gpt2-small's layers ran
-  about twice as long beside the drive, which moved 1.3 GB/s there against 1.8 alone: 0.66-0.78 of its busy seconds
-  lost (the I/O threads, the kernel and the virtual disk take turns with the two cores the layers use). A whole
+  ``TENSOR_REQUEST_BYTES`` in flight, as the drive probe keeps them), in turn, up to three rounds; the seconds the
+  steps lose over the seconds the drive is busy within their time alone (all of it where the bytes read beside them
+  would have kept it busy that long at the rate the same reads had alone, timed just before: what the step model
+  charges, timeline.py) is the machine's ``io_contention``, the median of the rounds. On this VM gpt2-small's
+  layers ran 1.5-2x as long beside the drive (the I/O threads, the kernel and the virtual disk take turns with the
+  two cores the layers use). A whole
   step's layers, not a matrix product: the cost is the cores' and the memory's, which a lone product loads unlike
   a model's step.
 - ZeRO-3's hooks: the same layers timed bare and inside a stage-3 engine without an optimizer (the hooks that
@@ -93,7 +94,7 @@ H2D_REPEATS = 5
 CALIBRATION_VOCAB = 1024
 COMPUTE_PROBE_WEIGHT_BYTES = 256 << 20  # several times any CPU's last-level cache: the weights come from memory
 # the drive at three request sizes (up to ~90 s on a slow disk), two 75 s model probes, the collectives (at most 60
-# s), the layers beside the drive (about 40 s)
+# s), the layers beside the drive (about 40 s; its rounds 30 s at most past the first)
 PROBE_TIMEOUT_S = 480.0
 PROBE_MARKER = "TENCACHE_CALIBRATE "
 NOT_ON_A_GPU = "{what}: not probed where CUDA sees a GPU"
@@ -112,6 +113,7 @@ COLLECTIVE_TIMEOUT_S = 60.0  # about 5 s here, most of it two interpreters impor
 # (several steps), the median of the rounds' ratios
 IO_CONTENTION_ROUNDS = 3
 IO_CONTENTION_TIMING_S = 2.0
+IO_CONTENTION_BUDGET_S = 30.0  # the rounds' time at most, past one round (a long sequence's step takes seconds)
 IO_CONTENTION_FILE_REQUESTS = 4  # the file read over and over: 4 requests of TENSOR_REQUEST_BYTES (O_DIRECT: no cache)
 
 
@@ -125,9 +127,9 @@ def calibrate(nvme_path: str, model_config: Dict[str, Any], micro_batch: int, se
               timeout_s: float = PROBE_TIMEOUT_S, probes: Sequence[str] = ALL_PROBES,
               ds_config: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Run the probes in a child process; returns {"nvme": {...}, "adam": {...}, "host_copy": {...},
-    "compute": {...}, "zero3_calls": {...}, "accelerator": {...} or None (the GPUs CUDA sees), "baseline_rss_bytes":
-    int, "seconds": float}, or only the ``probes``
-    named (``MODEL_PROBES`` are the model's and shape's: another model on the same machine needs only those again).
+    "collectives": {...}, "compute": {...}, "zero3_calls": {...}, "io_contention": {...}, "accelerator": {...} or
+    None (the GPUs CUDA sees), "baseline_rss_bytes": int, "seconds": float}, or only the ``probes`` named
+    (``MODEL_PROBES`` are the model's and shape's: another model on the same machine needs only those again).
     ``ds_config``: the run's DeepSpeed config; its aio.intra_op_parallelism sets the requests the drive probe keeps
     in flight, as the stores will. Raises TencacheConfigError when the probe fails (the message holds its last
     output)."""
@@ -222,10 +224,8 @@ def machine_from_calibration(measured: Dict[str, Any]):
             "host_copy_bytes_per_s": f"{where}: {copy['method']}",
             "host_fresh_write_bytes_per_s": f"{where}: {copy['fresh_method']}" if "fresh_method" in copy
             else "not measured",
-            "zero3_module_call_s": f"not measured: {zero3['skipped']}" if "skipped" in zero3
-            else f"{where}: {zero3['method']}" if zero3 else "not measured",
-            "io_contention": f"not measured: {contention['skipped']}" if "skipped" in contention
-            else f"{where}: {contention['method']}" if contention else "not measured",
+            "zero3_module_call_s": _optional_source(zero3, where),
+            "io_contention": _optional_source(contention, where),
             "allgather_bytes_per_s": collectives_source,
             "reduce_scatter_bytes_per_s": f"{where}: same run, the reduce-scatter" if "method" in collectives
             else collectives_source,
@@ -235,6 +235,13 @@ def machine_from_calibration(measured: Dict[str, Any]):
                                       f"{measured.get('baseline_imports') or BASELINE_IMPORTS}",
             "load": f"1-minute load average {load} on {os.cpu_count()} cores when measured",
         })
+
+
+def _optional_source(found: Dict[str, Any], where: str) -> str:
+    """The source of a figure whose probe may be left out (its "skipped" says why) or not asked for."""
+    if "skipped" in found:
+        return f"not measured: {found['skipped']}"
+    return f"{where}: {found['method']}" if found else "not measured"
 
 
 def _load_average() -> str:
@@ -640,8 +647,9 @@ def measure_compute(torch, model_config: Dict[str, Any], micro_batch: int, seq_l
 def measure_io_contention(torch, model_config: Dict[str, Any], micro_batch: int, seq_len: int, dtype: str,
                           folder: str, io_threads: int) -> Dict[str, Any]:
     """The seconds the compute probe's layers lose per second the drive is busy beside them (plan/machine.py,
-    ``io_contention``; the module docstring says how). The drive's busy seconds are the bytes read over its rate
-    reading alone, timed here too just before the rounds (the same engine, requests and concurrency)."""
+    ``io_contention``; the module docstring says how). The drive's busy seconds within the layers' time alone are
+    what the step model charges (timeline.py): all of it where the reads beside them would have kept the drive busy
+    that long at the rate they had alone (timed here too, just before the rounds), else that share."""
     import threading
     from ..io.direct_io import DirectFileIO
     from ..io.drive_rate import TENSOR_REQUEST_BYTES, TRIAL_FILE_PREFIX, aligned_buffer
@@ -651,64 +659,86 @@ def measure_io_contention(torch, model_config: Dict[str, Any], micro_batch: int,
                               seq_len)
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, f"{TRIAL_FILE_PREFIX}{os.getpid()}-contention.bin")
-    io = DirectFileIO(num_threads=io_threads, name="tencache-contention")
-    buffers = [aligned_buffer(torch, TENSOR_REQUEST_BYTES) for _ in range(io_threads)]
-    requests = IO_CONTENTION_FILE_REQUESTS
+    requests, io = IO_CONTENTION_FILE_REQUESTS, None
 
-    def keep_reading(done: Callable[[], bool], moved: list) -> None:
-        """Reads of the file in turn, ``io_threads`` in flight, until ``done()``; ``moved[0]`` counts the bytes."""
+    def keep_reading(done: Callable[[], bool], moved: list, failed: list) -> None:
+        """Reads of the file in turn, ``io_threads`` in flight, until ``done()``; ``moved[0]`` counts the bytes of
+        each as it completes, ``failed`` gets the error that stopped them."""
         pending, index = [], 0
-        while not done():
-            pending.append(io.read(buffers[index % io_threads], path, TENSOR_REQUEST_BYTES,
-                                   (index % requests) * TENSOR_REQUEST_BYTES))
-            index += 1
-            if len(pending) >= io_threads:
-                pending.pop(0).result()
+        try:
+            while not done():
+                pending.append(io.read(buffers[index % io_threads], path, TENSOR_REQUEST_BYTES,
+                                       (index % requests) * TENSOR_REQUEST_BYTES))
+                index += 1
+                if len(pending) >= io_threads:
+                    pending.pop(0).result()
+                    moved[0] += TENSOR_REQUEST_BYTES
+            for future in pending:
+                future.result()
                 moved[0] += TENSOR_REQUEST_BYTES
-        for future in pending:
-            future.result()
+        except Exception as err:  # pylint: disable=broad-except  (re-raised by the timing that started the reads)
+            failed.append(err)
 
     def timed(steps: int, with_drive: bool):
-        stop, moved = threading.Event(), [0]
-        reader = threading.Thread(target=keep_reading, args=(stop.is_set, moved), daemon=True) if with_drive \
-            else None
-        if reader:
-            reader.start()
-        started, before = time.perf_counter(), moved[0]
-        for _ in range(steps):
-            one_step()
-        seconds, read = time.perf_counter() - started, moved[0] - before
-        stop.set()
-        if reader:
-            reader.join()
+        """``steps`` of the layers, alone or with the drive reading beside them: (seconds, bytes read meanwhile)."""
+        stop, moved, failed = threading.Event(), [0], []
+        reader = threading.Thread(target=keep_reading, args=(stop.is_set, moved, failed), daemon=True) \
+            if with_drive else None
+        try:
+            if reader:
+                reader.start()
+            started, before = time.perf_counter(), moved[0]
+            for _ in range(steps):
+                one_step()
+            seconds, read = time.perf_counter() - started, moved[0] - before
+        finally:
+            stop.set()
+            if reader:
+                reader.join()
+        if failed:
+            raise failed[0]
         return seconds, read
 
     try:
+        io = DirectFileIO(num_threads=io_threads, name="tencache-contention")
+        buffers = [aligned_buffer(torch, TENSOR_REQUEST_BYTES) for _ in range(io_threads)]
         for index in range(requests):
             buffers[0].fill_(index + 1)
             io.write(buffers[0], path, TENSOR_REQUEST_BYTES, index * TENSOR_REQUEST_BYTES).result()
+        alignment = io.alignment_for(path)
         one_step()  # warm-up: kernels chosen, buffers allocated
-        steps = max(1, int(IO_CONTENTION_TIMING_S / max(timed(1, False)[0], 1e-6)) + 1)
-        started, alone_moved = time.perf_counter(), [0]
-        keep_reading(lambda: alone_moved[0] >= 4 * requests * TENSOR_REQUEST_BYTES, alone_moved)
+        started = time.perf_counter()
+        one_step()
+        step_s = time.perf_counter() - started
+        steps = max(1, int(IO_CONTENTION_TIMING_S / max(step_s, 1e-6)) + 1)
+        # at least one round; fewer than IO_CONTENTION_ROUNDS where a step takes seconds (each round is 2 x steps)
+        rounds = max(1, min(IO_CONTENTION_ROUNDS, int(IO_CONTENTION_BUDGET_S / (2 * steps * step_s))))
+        started, alone_moved, failed = time.perf_counter(), [0], []
+        keep_reading(lambda: alone_moved[0] >= 4 * requests * TENSOR_REQUEST_BYTES, alone_moved, failed)
+        if failed:
+            raise failed[0]
         read_rate = alone_moved[0] / (time.perf_counter() - started)
         ratios, details = [], []
-        for _ in range(IO_CONTENTION_ROUNDS):
-            alone, _ = timed(steps, False)
-            beside, read = timed(steps, True)
-            busy_s = read / read_rate
+        for round_index in range(rounds):
+            # alone first in even rounds, beside first in odd ones: a drift of the machine's speed cancels out
+            order = (False, True) if round_index % 2 == 0 else (True, False)
+            timings = {with_drive: timed(steps, with_drive) for with_drive in order}
+            (alone, _), (beside, read) = timings[False], timings[True]
+            busy_s = min(alone, read / read_rate)  # the drive's busy seconds within the layers' own time
             ratios.append(max(0.0, beside - alone) / busy_s if busy_s > 0 else 0.0)
             details.append(f"{alone:.2f} s alone, {beside:.2f} s beside {read / 1e9:.2f} GB")
     finally:
-        io.close()
+        if io is not None:
+            io.close()
         with contextlib.suppress(OSError):
             os.remove(path)
     contention = statistics.median(ratios)
     return {"method": f"{layers} layers of {model_config.get('model_type')} (vocabulary {vocab}), {steps} forward + "
                       f"backward steps alone and while tencache's engine read {TENSOR_REQUEST_BYTES >> 20} MiB "
-                      f"requests beside them, {io_threads} in flight ({read_rate / 1e9:.2f} GB/s alone), in turn, "
-                      f"{IO_CONTENTION_ROUNDS} rounds ({'; '.join(details)}): the seconds lost over the drive's busy "
-                      f"seconds, the median of the rounds",
+                      f"requests beside them, {io_threads} in flight, O_DIRECT alignment {alignment} B (0: buffered) "
+                      f"({read_rate / 1e9:.2f} GB/s alone), in turn, {rounds} rounds ({'; '.join(details)}): the "
+                      f"seconds lost over the drive's busy seconds within the steps' time alone, the median of the "
+                      f"rounds",
             "io_contention": contention, "rounds": ratios, "read_bytes_per_s": read_rate}
 
 

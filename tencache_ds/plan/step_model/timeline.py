@@ -16,8 +16,9 @@ step delay the next step's reads of the same tensors. The reported step is never
 time in it (``steady_step``): three steps do not build a backlog of writes left behind up to its steady size.
 
 Where the drive's requests cost the cores the step computes on (a host accelerator: the machine's
-``io_contention``), work that runs while the NVMe channels are busy takes longer: ``io_contention`` times the
-channels' busy seconds within it, charged to the same part (its compute, CPU Adam or collective). On this VM a
+``io_contention``), work that runs while the drive is busy takes longer: ``io_contention`` times the seconds of it
+in which a request is in flight (either direction, a read and a write at once counted once), charged to the same
+part (its compute, CPU Adam or collective). On this VM a
 forward and backward ran about twice as long with the drive reading beside it, and the drive read at 0.5-0.7 of its
 rate alone: the two took turns. The drive's own slowdown is not modelled (its requests end when its rates say): where a
 step waits on the drive, the work beside it still ends before the bytes do, and the prediction is short of the
@@ -46,8 +47,8 @@ class Timeline:
         """``shared_drive_scale``: None, reads and writes on separate channels; else (1 or more) the factor on the
         time of a request that follows one of the other direction on the shared drive (``shared_drive_scale()``).
         ``nvme_request_factor(direction, request_bytes)``: the drive's rate at that request size over its rate
-        figure (Machine.nvme_request_factor). ``io_contention``: the seconds work loses per second the NVMe
-        channels are busy beside it (Machine.io_contention; 0: none)."""
+        figure (Machine.nvme_request_factor). ``io_contention``: the seconds work loses per second the drive is
+        busy beside it (Machine.io_contention; 0: none)."""
         self.rates = rates
         self.shared_drive_scale = shared_drive_scale
         self.nvme_request_factor = nvme_request_factor
@@ -69,10 +70,16 @@ class Timeline:
         self.parts[part] += seconds
 
     def _nvme_busy_within(self, start: float, end: float) -> float:
-        """Seconds the NVMe channels are busy between ``start`` and ``end`` (both directions counted, each request
-        once), forgetting the requests that ended before ``start`` (``now`` never goes back)."""
+        """Seconds between ``start`` and ``end`` in which the drive has a request in flight, either direction (a
+        read and a write at once count once: the probe times the drive busy, not each request), forgetting the
+        requests that ended before ``start`` (``now`` never goes back)."""
         self.nvme_busy = [(first, last) for first, last in self.nvme_busy if last > start]
-        return sum(max(0.0, min(end, last) - max(start, first)) for first, last in self.nvme_busy)
+        busy, covered_to = 0.0, start
+        for first, last in sorted((max(start, first), min(end, last)) for first, last in self.nvme_busy):
+            if last > covered_to:
+                busy += last - max(first, covered_to)
+                covered_to = last
+        return busy
 
     def issue(self, channel: str, nbytes: int, key: Optional[str] = None, request_bytes: Optional[int] = None) -> float:
         """Queue ``nbytes`` on ``channel``; returns when they are done. ``request_bytes``: the size of each request
