@@ -46,9 +46,8 @@ crash there becomes a clear error. The probes, and why each is measured the way 
   would have kept it busy that long at the rate the same reads had alone, timed just before: what the step model
   charges, timeline.py) is the machine's ``io_contention``, the median of the rounds. On this VM gpt2-small's
   layers ran 1.5-2x as long beside the drive (the I/O threads, the kernel and the virtual disk take turns with the
-  two cores the layers use). A whole
-  step's layers, not a matrix product: the cost is the cores' and the memory's, which a lone product loads unlike
-  a model's step.
+  two cores the layers use). A whole step's layers, not a matrix product: the cost is the cores' and the memory's,
+  which a lone product loads unlike a model's step (0.41-0.64 s lost per GB against the layers' 0.72-0.84, by hand).
 - ZeRO-3's hooks: the same layers timed bare and inside a stage-3 engine without an optimizer (the hooks that
   fetch and release every submodule's parameters, nothing to reduce); the difference per submodule use is the
   machine's ``zero3_module_call_s``. In a DeepSpeed run gpt2-small computed at 64 GFLOP/s where the bare model ran

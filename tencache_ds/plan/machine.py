@@ -66,11 +66,11 @@ class Machine:
     # accelerator (`--machine this`), where the hooks run on the cores that compute; 0 leaves it out (GPU boxes,
     # whose files have no measurement of it: there the hooks run on the host while the device computes).
     zero3_module_call_s: float = 0.0
-    # The seconds the step's work (compute, CPU Adam, collectives) loses for each second the NVMe channels are busy
-    # beside it: the drive's requests cost the cores that work runs on (the I/O threads, the kernel, a virtual
-    # disk's emulation). Measured on a host accelerator (`--machine this`: the compute probe's steps timed alone and
-    # with the drive reading beside them; 0.45-0.73 on this VM on 2026-11-30, where the two took turns); 0 leaves it out (GPU
-    # boxes, whose compute is the GPU's and whose files have no measurement of it).
+    # The seconds the step's work (compute, CPU Adam, collectives) loses for each second the drive is busy beside
+    # it: the drive's requests cost the cores that work runs on (the I/O threads, the kernel, a virtual disk's
+    # emulation). Measured on a host accelerator (`--machine this`: the compute probe's steps timed alone and with
+    # the drive reading beside them; 0.45-0.78 on this VM on 2026-11-30, where the two took turns); 0 leaves it out
+    # (GPU boxes, whose compute is the GPU's and whose files have no measurement of it).
     io_contention: float = 0.0
     # The data-parallel collectives stage 3 runs every step, as bytes a rank receives from the others per second
     # while every rank of the node runs the same collective: the all-gather of parameter partitions (forward and

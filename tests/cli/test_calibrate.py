@@ -213,7 +213,8 @@ def test_where_cuda_sees_a_gpu_the_probe_child_runs_compute_there_and_leaves_the
     assert os.environ["DS_ACCELERATOR"] == "cuda" and get_accelerator().device_name() == "cpu"
 
 
-def test_the_contention_probe_times_the_layers_alone_and_beside_the_drive_and_removes_its_file(tmp_path):
+def test_the_contention_probe_times_the_layers_alone_and_beside_the_drive_and_removes_its_file(tmp_path,
+                                                                                                 monkeypatch):
     """The drive's cost to the cores that compute (``io_contention``): gpt2-tiny's layers timed alone and while
     tencache's engine reads beside them, in turn; the figure is the median of the rounds' seconds lost over the
     drive's busy seconds, and the probe's file is gone after it."""
@@ -224,6 +225,7 @@ def test_the_contention_probe_times_the_layers_alone_and_beside_the_drive_and_re
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     with open(os.path.join(repo, "configs", "models", "gpt2-tiny.json")) as handle:
         model_config = json.load(handle)
+    monkeypatch.setattr(calibrate, "IO_CONTENTION_TIMING_S", 0.3)  # short timings: the arithmetic is under test
     measured = calibrate.measure_io_contention(torch, model_config, 1, 32, "fp32", str(tmp_path), 2)
     assert len(measured["rounds"]) == calibrate.IO_CONTENTION_ROUNDS
     # Alone this 2-core VM's layers lose 0.45-0.78 of the drive's busy seconds (docs/estimate.md, run 15); the suite
@@ -247,13 +249,14 @@ def test_a_failed_read_stops_the_contention_probe_with_its_error_and_removes_its
 
     real_read, calls = DirectFileIO.read, []
 
-    def failing_read(self, *args, **kwargs):  # the rate alone takes 17-18 reads; the 25th is beside the layers
+    def failing_read(self, *args, **kwargs):  # the rate alone takes 17 reads; the 20th is beside the layers
         calls.append(threading.current_thread().name)
-        if len(calls) >= 25:
+        if len(calls) >= 20:
             raise OSError(5, "Input/output error (a stand-in)")
         return real_read(self, *args, **kwargs)
 
     monkeypatch.setattr(DirectFileIO, "read", failing_read)
+    monkeypatch.setattr(calibrate, "IO_CONTENTION_TIMING_S", 0.3)
     with pytest.raises(OSError, match="a stand-in"):
         calibrate.measure_io_contention(torch, model_config, 1, 32, "fp32", str(tmp_path), 2)
     assert calls[-1] != threading.main_thread().name  # it failed in the reader beside the layers

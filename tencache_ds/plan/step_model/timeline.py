@@ -18,11 +18,10 @@ time in it (``steady_step``): three steps do not build a backlog of writes left 
 Where the drive's requests cost the cores the step computes on (a host accelerator: the machine's
 ``io_contention``), work that runs while the drive is busy takes longer: ``io_contention`` times the seconds of it
 in which a request is in flight (either direction, a read and a write at once counted once), charged to the same
-part (its compute, CPU Adam or collective). On this VM a
-forward and backward ran about twice as long with the drive reading beside it, and the drive read at 0.5-0.7 of its
-rate alone: the two took turns. The drive's own slowdown is not modelled (its requests end when its rates say): where a
-step waits on the drive, the work beside it still ends before the bytes do, and the prediction is short of the
-turn-taking.
+part (its compute, CPU Adam or collective). On this VM a forward and backward ran 1.5-2x as long with the drive
+reading beside it, and the drive read at 0.5-0.7 of its rate alone: the two took turns. The drive's own slowdown is
+not modelled (its requests end when its rates say): where a step waits on the drive, the work beside it still ends
+before the bytes do, and the prediction is short of the turn-taking.
 """
 import dataclasses
 from collections import defaultdict
