@@ -5,26 +5,14 @@ request's bytes counted, x 17/16 at 2 in flight), and the committed model withou
 model before it). Measured: the median of steps 3-7 of both runs of each arm (the bench's own median), and of each
 run alone.
 Run from the repository root: python docs/validate/fp32-2026-11-30-run15/recompute15.py"""
-import dataclasses
-import json
 import os
 import re
 import statistics
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "..", "..", "scripts"))
-import validate_estimate as v  # noqa: E402
-from tencache_ds.plan.machine import load_machine  # noqa: E402
-
-WARMUP = 3
-FILES = {"gpt2-tiny": "machine.json", "gpt2-small": "machine-gpt2-small.json",
-         "gpt2-medium": "machine-gpt2-medium.json"}
-
-
-def steps(name, arm, run):
-    path = os.path.join(HERE, name, f"{arm}-{run}.result.json")
-    return [step["time_s"] for step in json.load(open(path))["steps"][WARMUP:]]
+sys.path.insert(0, os.path.dirname(HERE))
+import recompute as r  # noqa: E402
 
 
 def renormalised(machine):
@@ -37,31 +25,25 @@ def renormalised(machine):
     return statistics.median(ratios)
 
 
-def within(predicted, measured):
-    return abs(predicted / measured - 1) <= 0.15
-
-
-predictions = json.load(open(os.path.join(HERE, "predictions.json")))["predictions"]
 print("| configuration | arm | measured: both runs / run 1 / run 2 (s) | predicted (s) | error "
       "| committed, renormalised figure (s) | error | without the term (s) | error |")
 print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 counts = {"with": 0, "renormalised": 0, "without": 0}
 figures = {}
+predictions = r.predictions(HERE)
 for name, p in predictions.items():
-    machine = load_machine(os.path.join(HERE, FILES[p["model"]]))
+    machine = r.machine_for(HERE, p["model"])
     figures[p["model"]] = (machine.io_contention, renormalised(machine))
-    without, now = (v.predict_configuration(dataclasses.replace(machine, io_contention=figure), p["model"],
-                                            p["config"], p["host_cache_bytes"], 2, 64, False, dtype="fp32")
-                    for figure in (0.0, figures[p["model"]][1]))
+    without, now = (r.predicted_again(machine, p, io_contention=figure) for figure in (0.0, figures[p["model"]][1]))
     for arm in ("stock", "tencache"):
-        one, two = steps(name, arm, 1), steps(name, arm, 2)
+        one, two = r.measured_steps(HERE, name, arm, 1), r.measured_steps(HERE, name, arm, 2)
         measured = statistics.median(one + two)
         row = {"with": p["predicted"][arm]["step_time_s"], "renormalised": now[arm]["step_time_s"],
                "without": without[arm]["step_time_s"]}
         cells = ""
         for column, predicted in row.items():
-            counts[column] += within(predicted, measured)
-            cells += f"| {predicted:.3f} | {100 * (predicted / measured - 1):+.0f}% "
+            counts[column] += r.within(predicted, measured)
+            cells += r.error(predicted, measured)
         print(f"| {name} | {arm} | {measured:.3f} / {statistics.median(one):.3f} / {statistics.median(two):.3f} "
               f"{cells}|")
 print()
