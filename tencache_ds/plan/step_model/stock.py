@@ -22,7 +22,7 @@ from .costs import (allgather_s, backward_host_memory_s, host_resident_bytes, in
                     optimizer_state_bytes_per_element, param_bytes, persistent_keys, reduce_scatter_s,
                     sub_group_file_bytes)
 from .results import STOCK, Prediction, finish
-from .timeline import STEPS_REPLAYED, Rates, Timeline, channel_rates
+from .timeline import OPTIMIZER, PARAMS, STEPS_REPLAYED, Rates, Timeline, channel_rates
 
 # Operations a pipelined optimizer swapper keeps alive at once: the sub-group read now, the next one read ahead, the
 # last one written behind (deepspeed-integration.md a.7: Adam needs 3 x 4 = 12 buffers)
@@ -55,13 +55,14 @@ def predict_stock(workload: Workload, machine: Machine) -> Prediction:
                 for key in nvme_reads.get(index, []):
                     done = prefetched.pop((index, key), None)
                     if done is None:
-                        done = timeline.issue("nvme_read", param_bytes(workload, key), key)
+                        done = timeline.issue("nvme_read", param_bytes(workload, key), key, store=PARAMS)
                     timeline.wait(done, "nvme_read")
                 if h2d and reads.get(index):
                     timeline.wait(timeline.issue("h2d", sum(workload.partitions[k].part_numel * elem
                                                             for k in reads[index])), "h2d")
                 for key in nvme_reads.get(index + 1, []):  # one module ahead
-                    prefetched[(index + 1, key)] = timeline.issue("nvme_read", param_bytes(workload, key), key)
+                    prefetched[(index + 1, key)] = timeline.issue("nvme_read", param_bytes(workload, key), key,
+                                                                  store=PARAMS)
                 timeline.work(allgather_s(workload, machine, reads.get(index, [])), "collective")
                 timeline.work(module_compute_s(fetch, rates), "compute")
             timeline.work(backward_host_memory_s(workload, machine, micro), "compute")
@@ -95,11 +96,11 @@ def _stock_optimizer(workload: Workload, timeline: Timeline, rates: Rates) -> No
         return files[i]["master"] + sum(files[i][name] for name in states)
 
     for i in groups:  # swap_out_gradients at the end of backward
-        timeline.issue("nvme_write", files[i]["gradient"], f"g{i}")
+        timeline.issue("nvme_write", files[i]["gradient"], f"g{i}", store=OPTIMIZER)
 
     def read(i):
-        state = timeline.issue("nvme_read", state_bytes(i), f"s{i}", request_bytes=request_bytes[i])
-        return max(state, timeline.issue("nvme_read", files[i]["gradient"], f"g{i}"))
+        state = timeline.issue("nvme_read", state_bytes(i), f"s{i}", request_bytes=request_bytes[i], store=OPTIMIZER)
+        return max(state, timeline.issue("nvme_read", files[i]["gradient"], f"g{i}", store=OPTIMIZER))
 
     pending_writes: List[float] = []
     ahead = read(0) if zero.pipelined_optimizer else None
@@ -109,13 +110,14 @@ def _stock_optimizer(workload: Workload, timeline: Timeline, rates: Rates) -> No
         if zero.pipelined_optimizer and i + 1 in sizes:
             ahead = read(i + 1)
         timeline.work(optimizer_cpu_s(workload, sizes[i], rates), "cpu_adam")
-        written = timeline.issue("nvme_write", state_bytes(i), f"s{i}", request_bytes=request_bytes[i])
+        written = timeline.issue("nvme_write", state_bytes(i), f"s{i}", request_bytes=request_bytes[i],
+                                 store=OPTIMIZER)
         if zero.pipelined_optimizer:
             pending_writes.append(written)
         else:
             timeline.wait(written, "nvme_write")
         # swap_out_partitioned_params: a request per partition, waited for together (synchronous)
-        swapped = [timeline.issue("nvme_write", param_bytes(workload, key))
+        swapped = [timeline.issue("nvme_write", param_bytes(workload, key), store=PARAMS)
                    for key in workload.sub_groups[i] if workload.partitions[key].on_nvme]
         timeline.wait(max(swapped, default=timeline.now), "nvme_write")
     for written in pending_writes:

@@ -39,7 +39,7 @@ from .costs import (allgather_s, backward_host_memory_s, device_step_bytes, devi
                     optimizer_cpu_s, optimizer_state_bytes_per_element, param_bytes, persistent_keys,
                     reduce_bucket_bytes, reduce_scatter_s, reduces_to_views, run_time_prior, sub_group_file_bytes)
 from .results import TENCACHE, Prediction, finish
-from .timeline import STEPS_REPLAYED, Rates, Timeline, channel_rates
+from .timeline import OPTIMIZER, PARAMS, STEPS_REPLAYED, Rates, Timeline, channel_rates
 
 
 @dataclasses.dataclass(frozen=True)
@@ -341,18 +341,19 @@ def predict_tencache(workload: Workload, machine: Machine) -> Prediction:
             for index, fetch in enumerate(workload.fetches):
                 if streams and micro == workload.gas - 1 and index == first_backward:
                     for name in _backward_reads_ahead(workload, plan):
-                        ahead[name] = timeline.issue("nvme_read", plan.optimizer_io_bytes(name, opt_sizes[name]), name)
+                        ahead[name] = timeline.issue("nvme_read", plan.optimizer_io_bytes(name, opt_sizes[name]), name,
+                                                     store=OPTIMIZER)
                 for position in lend_at.get(index, []):
                     if position in host_misses:
                         done = issued.pop(position, None)
                         if done is None:
                             done = timeline.issue("nvme_read", param_bytes(workload, lend_keys[position]),
-                                                  lend_keys[position])
+                                                  lend_keys[position], store=PARAMS)
                         timeline.wait(done, "nvme_read")
                     for target in (schedule.to_issue(position) if schedule else ()):
                         if target > position and target not in issued:
                             issued[target] = timeline.issue("nvme_read", param_bytes(workload, lend_keys[target]),
-                                                            lend_keys[target])
+                                                            lend_keys[target], store=PARAMS)
                 if h2d and gather_at.get(index):
                     timeline.wait(timeline.issue("h2d", sum(workload.partitions[k].part_numel * elem
                                                             for k in gather_at[index])), "h2d")
@@ -528,7 +529,8 @@ def _tencache_optimizer(workload: Workload, timeline: Timeline, rates: Rates, pl
     def read(i: int) -> None:
         for name in _read_keys(workload, plan, i):
             if name not in ahead:
-                ahead[name] = timeline.issue("nvme_read", plan.optimizer_io_bytes(name, sizes[name]), name)
+                ahead[name] = timeline.issue("nvme_read", plan.optimizer_io_bytes(name, sizes[name]), name,
+                                             store=OPTIMIZER)
 
     for i in range(groups):
         read(i)
@@ -544,18 +546,18 @@ def _tencache_optimizer(workload: Workload, timeline: Timeline, rates: Rates, pl
         # step's reads of the same tensors wait for them
         for key in workload.sub_groups[i]:
             if key in written_params:
-                timeline.issue("nvme_write", param_bytes(workload, key), key)
+                timeline.issue("nvme_write", param_bytes(workload, key), key, store=PARAMS)
         for name in _sub_group_keys(workload.zero, i):
             if not workload.zero.tencache_writes_behind:
                 # pipeline_write off: the update flushes each of the sub-group's tensors, held or not, the whole
                 # tensor, and waits (OptimizerSwapper.swap_out_optimizer_state: store.flush_key)
-                timeline.wait(timeline.issue("nvme_write", sizes[name], name), "nvme_write")
+                timeline.wait(timeline.issue("nvme_write", sizes[name], name, store=OPTIMIZER), "nvme_write")
                 continue
             # a master filled from the partitions is owed to its file, which nothing reads in a step: not written
             # (integrations/deepspeed/master_write_behind.py)
             owed = _filled_master(workload, plan, i, name)
             if name not in plan.optimizer_held and not owed:
-                timeline.issue("nvme_write", plan.optimizer_io_bytes(name, sizes[name]), name)
+                timeline.issue("nvme_write", plan.optimizer_io_bytes(name, sizes[name]), name, store=OPTIMIZER)
 
 
 def _tencache_memory(workload: Workload, machine: Machine, plan: TencachePlan) -> Dict[str, int]:
