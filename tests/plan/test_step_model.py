@@ -22,6 +22,7 @@ from tencache_ds.plan.step_model.costs import (allgather_s, backward_host_memory
                                               param_bytes, reduce_bucket_bytes, reduce_scatter_s, reduces_to_views,
                                               run_time_prior)
 from tencache_ds.plan.host_residency import steady_state
+from tencache_ds.plan.step_model.drive import drive_floor
 from tencache_ds.plan.step_model.timeline import OPTIMIZER, PARAMS, Timeline, mixed_share
 from tencache_ds.plan.step_model.tencache import _optimizer_sequence, _optimizer_streaming_bytes, _partitions_on_nvme
 from tencache_ds.plan.profile_timings import machine_from_profile
@@ -639,10 +640,14 @@ def test_work_beside_a_busy_drive_loses_the_machine_s_contention_share_of_the_dr
     timeline.work(2.0, "cpu_adam")            # 1.5-3.5 s: the drive busy 1.5-2.5 s (the read's end inside the write's)
     assert timeline.now == pytest.approx(1.5 + 2.0 + 0.5 * 1.0) and timeline.parts["cpu_adam"] == pytest.approx(2.5)
     timeline.work(1.0, "compute")             # the drive idle: as the figure says
-    assert timeline.parts["compute"] == pytest.approx(2.5) and timeline.nvme_busy == []
-    gaps = Timeline(rates, io_contention=1.0)
-    gaps.nvme_busy = [(0.0, 1.0), (2.0, 3.0), (2.5, 3.5), (5.0, 6.0)]  # requests with gaps, two overlapping
-    assert gaps._nvme_busy_within(0.5, 5.5) == pytest.approx(0.5 + 1.5 + 0.5)
+    assert timeline.parts["compute"] == pytest.approx(2.5) and not list(timeline.drive.pending())
+    both = Timeline(rates, io_contention=1.0)
+    both.issue("nvme_read", 2, "a", store=PARAMS)
+    both.issue("nvme_read", 2, "b", store=OPTIMIZER)  # the two share the drive: both done at 4 s
+    both.work(1.0, "compute")                         # two requests in flight count once
+    assert both.now == pytest.approx(2.0)
+    both.work(3.0, "compute")                         # 2-5 s: the drive busy until 4 s
+    assert both.now == pytest.approx(2.0 + 3.0 + 2.0)
     plain = Timeline(rates)
     plain.issue("nvme_read", 2)
     plain.work(1.0, "compute")
@@ -665,35 +670,36 @@ def test_work_beside_a_busy_drive_loses_the_machine_s_contention_share_of_the_dr
 
 def test_a_drive_that_does_not_add_reads_and_writes_shares_them():
     """This VM's disk moved 0.98-1.40 GB/s with reads and writes at once, about what either direction did alone
-    (docs/estimate.md, run 3). A machine's mixed rate below read + write makes the two share the drive: alone each
-    runs at its own rate; at once, each at a share of it, so that equal bytes take 2 x bytes / mixed."""
+    (docs/estimate.md, run 3). A machine's mixed rate below what the two move side by side makes them share the
+    drive: alone each runs at its own rate; at once, each at a share of it, so that equal bytes take 2 x bytes /
+    mixed. The share reaches 1 (separate channels) at a mixed rate of twice the slower direction's rate."""
     assert mixed_share(1.25e9, 1.38e9, None) is None
-    assert mixed_share(1.25e9, 1.38e9, 2.63e9) is None  # they add up: separate channels
+    assert mixed_share(1.25e9, 1.38e9, 2.6e9) is None  # above twice the slower rate: each as if alone
+    assert mixed_share(1.25e9, 1.38e9, 2.4e9) == pytest.approx(0.9560, rel=1e-3)
     assert mixed_share(1.25e9, 1.38e9, 1.4e9) == pytest.approx(0.5355, rel=1e-3)  # a little better than in turn
     assert mixed_share(1e9, 1e9, 1e9) == pytest.approx(0.5)  # in turn
     rates = {"nvme_read": 1e9, "nvme_write": 2e9, "h2d": 1e12}
     share = mixed_share(1e9, 2e9, 1e9)
     assert share == pytest.approx(1 / 3)
     alone = Timeline(rates, share)
-    assert alone.issue("nvme_read", 10 ** 9) == pytest.approx(1.0)  # nothing else queued: the read rate
+    assert alone.drive.finish(alone.issue("nvme_read", 10 ** 9)) == pytest.approx(1.0)  # alone: the read rate
     together = Timeline(rates, share)
     written = together.issue("nvme_write", 4 * 10 ** 9, "w")
     read = together.issue("nvme_read", 4 * 10 ** 9, "r")
-    assert written == pytest.approx(2.0)  # issued alone: the end it was given
-    assert read == pytest.approx(8 * 10 ** 9 / 1e9)  # 8 GB at the mixed 1 GB/s
-    assert together.free["nvme_write"] == pytest.approx(6.0)  # at a third of 2 GB/s while the read runs
+    assert together.drive.finish(written) == pytest.approx(6.0)  # at a third of 2 GB/s while the read moves
+    assert together.drive.finish(read) == pytest.approx(8 * 10 ** 9 / 1e9)  # 8 GB at the mixed 1 GB/s
     # a run of one direction keeps its rate: ten reads beside one small write, only the time they overlap shares
     runs = Timeline(rates, share)
     for index in range(10):
         done = runs.issue("nvme_read", 10 ** 9, f"r{index}")
         if index == 0:
             runs.issue("nvme_write", 2 ** 20, "w")
-    assert done == pytest.approx(10.0 + 2 ** 20 / 2e9 * 2, rel=1e-6)  # the write's work at a third: 2 x more
+    assert runs.drive.finish(done) == pytest.approx(10.0 + 2 ** 20 / 2e9 * 2, rel=1e-6)  # the write's work: 2x
     separate = Timeline(rates)
     for index in range(4):
         separate.issue("nvme_write", 10 ** 9, f"w{index}")
         done = separate.issue("nvme_read", 10 ** 9, f"r{index}")
-    assert done == pytest.approx(4.0)  # the reads' own channel
+    assert separate.drive.finish(done) == pytest.approx(4.0)  # the reads' own channel
     # in the replay: stock NVMe reads and writes in the same steps, so a shared drive slows it; tencache holding
     # everything moves nothing and is unchanged
     work = workload(config=ds_config(host_cache_bytes="auto"))
@@ -714,32 +720,51 @@ def test_two_stores_share_the_drive_instead_of_queueing_behind_each_other():
     reads are queued is in flight beside them, not behind them (one read queue had it wait for them all: on run 15's
     gpt2-small streaming row, the backward's first read waited 0.42 s behind the update's read-ahead, while the run's
     own metrics showed no optimizer wait and 0.63 s of parameter waits in the whole step). The drive's work is the
-    same: the optimizer's queue ends later by as much."""
+    same: the optimizer's request ends later by as much."""
     rates = {"nvme_read": 1.0, "nvme_write": 1.0, "h2d": 1.0}
-    timeline = Timeline(rates)
-    optimizer = timeline.issue("nvme_read", 10, "m0", store=OPTIMIZER)
-    parameter = timeline.issue("nvme_read", 1, "wte", store=PARAMS)
-    assert optimizer == 10.0  # the end it was given when issued alone
-    assert parameter == pytest.approx(2.0)  # half the drive while both read
-    assert timeline.free[f"nvme_read/{OPTIMIZER}"] == pytest.approx(11.0)
-    assert timeline.busy["nvme"] == pytest.approx(11.0) and timeline.busy["nvme_read"] == pytest.approx(11.0)
+
+    def ends(*requests, mixed_share=None):
+        """Each request's end: (channel, seconds alone, store, key) issued at 0 in turn."""
+        timeline = Timeline(rates, mixed_share)
+        issued = [timeline.issue(channel, size, key, store=store) for channel, size, store, key in requests]
+        return [timeline.drive.finish(request) for request in issued]
+
+    assert ends(("nvme_read", 10, OPTIMIZER, "m0"), ("nvme_read", 1, PARAMS, "wte")) == pytest.approx([11.0, 2.0])
     # a store's own requests still queue: its second read starts when its first is done
-    queued = Timeline(rates)
-    queued.issue("nvme_read", 10, "a", store=PARAMS)
-    assert queued.issue("nvme_read", 1, "b", store=PARAMS) == pytest.approx(11.0)
+    assert ends(("nvme_read", 10, PARAMS, "a"), ("nvme_read", 1, PARAMS, "b")) == pytest.approx([10.0, 11.0])
     # three queues reading at once each get a third
-    three = Timeline(rates)
-    three.issue("nvme_read", 10, "m0", store=OPTIMIZER)
-    three.issue("nvme_read", 10, "x")
-    assert three.issue("nvme_read", 1, "wte", store=PARAMS) == pytest.approx(3.0)
+    assert ends(("nvme_read", 10, OPTIMIZER, "m0"), ("nvme_read", 10, "", "x"),
+                ("nvme_read", 1, PARAMS, "wte"))[2] == pytest.approx(3.0)
     # where reads and writes add up (no mixed rate), a write beside a read is not slowed
-    separate = Timeline(rates)
-    separate.issue("nvme_read", 10, "m0", store=OPTIMIZER)
-    assert separate.issue("nvme_write", 1, "wte", store=PARAMS) == pytest.approx(1.0)
+    assert ends(("nvme_read", 10, OPTIMIZER, "m0"), ("nvme_write", 1, PARAMS, "wte")) == pytest.approx([10.0, 1.0])
+    # each direction's share is split among its queues: two reads and a write at 0.8 each
+    assert ends(("nvme_read", 10, PARAMS, "a"), ("nvme_write", 10, PARAMS, "b"), ("nvme_read", 10, OPTIMIZER, "c"),
+                mixed_share=0.8) == pytest.approx([22.5, 12.5, 22.5])
+    # a read of a tensor waits for its write, however much that write was slowed by another store's
+    assert ends(("nvme_write", 10, PARAMS, "k"), ("nvme_write", 10, OPTIMIZER, "o"),
+                ("nvme_read", 1, PARAMS, "k")) == pytest.approx([20.0, 20.0, 21.0])
+    # a queue waiting for a write is idle meanwhile: another store's read moves alone until then
+    assert ends(("nvme_write", 3, OPTIMIZER, "k"), ("nvme_read", 1, PARAMS, "k"),
+                ("nvme_read", 2, OPTIMIZER, "x")) == pytest.approx([3.0, 4.0, 2.0])
     # in the replay: a streaming run's reads at the backward's start share the drive with the update's read-ahead
     work = workload("gpt2-small", config=ds_config(host_cache_bytes=0))
     prediction = predict(work, this_vm())[TENCACHE]
     assert prediction.critical_path_s["nvme_read"] < 0.2  # 0.57 s when each read queued behind all reads before it
+
+
+def test_the_drive_floor_lets_reads_and_writes_overlap_where_the_drive_allows():
+    """The floor on a step is the drive's least time for its reads and writes: side by side without a mixed rate
+    (a step's reads and its writes left behind need not have overlapped in the replay: the next step's overlap),
+    in turn at a share of 0.5 or below, in between above it (drive.drive_floor)."""
+    timeline = Timeline({"nvme_read": 1.0, "nvme_write": 1.0, "h2d": 1.0})
+    timeline.wait(timeline.issue("nvme_read", 10, "r", store=PARAMS), "nvme_read")
+    timeline.issue("nvme_write", 10, "w", store=OPTIMIZER)  # left behind
+    timeline.work(1.0, "compute")
+    parts = dict(timeline.parts)
+    assert timeline.steady_step(11.0, parts, {}) == pytest.approx(11.0)
+    assert drive_floor(10.0, 4.0, None) == 10.0
+    assert drive_floor(10.0, 4.0, 0.8) == pytest.approx(11.0)
+    assert drive_floor(10.0, 4.0, 0.5) == drive_floor(10.0, 4.0, 0.3) == pytest.approx(14.0)
 
 
 def test_a_request_is_priced_at_the_drives_rate_for_its_size():
@@ -757,9 +782,9 @@ def test_a_request_is_priced_at_the_drives_rate_for_its_size():
     assert machine_from_dict(json.loads(json.dumps(machine.to_json()))) == machine  # a saved file reads back equal
     # a timeline prices each request by its size: one 1 GiB request at twice the rate, 1 GiB in 4 MiB ones at half
     rates = {"nvme_read": 1e9, "nvme_write": 1e9, "h2d": 1e12}
-    assert Timeline(rates, None, machine.nvme_request_factor).issue("nvme_read", GIB) == pytest.approx(GIB / 2e9)
-    assert Timeline(rates, None, machine.nvme_request_factor).issue("nvme_read", GIB, request_bytes=4 * MIB) == \
-        pytest.approx(GIB / 0.5e9)
+    whole, small = (Timeline(rates, None, machine.nvme_request_factor) for _ in range(2))
+    assert whole.drive.finish(whole.issue("nvme_read", GIB)) == pytest.approx(GIB / 2e9)
+    assert small.drive.finish(small.issue("nvme_read", GIB, request_bytes=4 * MIB)) == pytest.approx(GIB / 0.5e9)
     # stock streaming gpt2-small (one 0.5 GB sub-group): a drive twice as fast at every size halves its NVMe time
     work = workload("gpt2-small", config=ds_config())
     flat, doubled = this_vm(), this_vm(nvme_request_factors=((MIB, 2.0, 2.0), (GIB, 2.0, 2.0)))

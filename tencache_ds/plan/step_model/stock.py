@@ -22,7 +22,7 @@ from .costs import (allgather_s, backward_host_memory_s, host_resident_bytes, in
                     optimizer_state_bytes_per_element, param_bytes, persistent_keys, reduce_scatter_s,
                     sub_group_file_bytes)
 from .results import STOCK, Prediction, finish
-from .timeline import OPTIMIZER, PARAMS, STEPS_REPLAYED, Rates, Timeline, channel_rates
+from .timeline import OPTIMIZER, PARAMS, STEPS_REPLAYED, Pending, Rates, Timeline, channel_rates
 
 # Operations a pipelined optimizer swapper keeps alive at once: the sub-group read now, the next one read ahead, the
 # last one written behind (deepspeed-integration.md a.7: Adam needs 3 x 4 = 12 buffers)
@@ -50,7 +50,7 @@ def predict_stock(workload: Workload, machine: Machine) -> Prediction:
         parts_before = dict(timeline.parts)
         busy_before = dict(timeline.busy)
         for micro in range(workload.gas):
-            prefetched: Dict[Tuple[int, str], float] = {}
+            prefetched: Dict[Tuple[int, str], Pending] = {}
             for index, fetch in enumerate(workload.fetches):
                 for key in nvme_reads.get(index, []):
                     done = prefetched.pop((index, key), None)
@@ -100,9 +100,9 @@ def _stock_optimizer(workload: Workload, timeline: Timeline, rates: Rates) -> No
 
     def read(i):
         state = timeline.issue("nvme_read", state_bytes(i), f"s{i}", request_bytes=request_bytes[i], store=OPTIMIZER)
-        return max(state, timeline.issue("nvme_read", files[i]["gradient"], f"g{i}", store=OPTIMIZER))
+        return [state, timeline.issue("nvme_read", files[i]["gradient"], f"g{i}", store=OPTIMIZER)]
 
-    pending_writes: List[float] = []
+    pending_writes: List[Pending] = []
     ahead = read(0) if zero.pipelined_optimizer else None
     for i in groups:
         done = ahead if zero.pipelined_optimizer else read(i)
@@ -119,7 +119,7 @@ def _stock_optimizer(workload: Workload, timeline: Timeline, rates: Rates) -> No
         # swap_out_partitioned_params: a request per partition, waited for together (synchronous)
         swapped = [timeline.issue("nvme_write", param_bytes(workload, key), store=PARAMS)
                    for key in workload.sub_groups[i] if workload.partitions[key].on_nvme]
-        timeline.wait(max(swapped, default=timeline.now), "nvme_write")
+        timeline.wait(swapped, "nvme_write")
     for written in pending_writes:
         timeline.wait(written, "nvme_write")
 

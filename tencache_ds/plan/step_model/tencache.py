@@ -39,7 +39,7 @@ from .costs import (allgather_s, backward_host_memory_s, device_step_bytes, devi
                     optimizer_cpu_s, optimizer_state_bytes_per_element, param_bytes, persistent_keys,
                     reduce_bucket_bytes, reduce_scatter_s, reduces_to_views, run_time_prior, sub_group_file_bytes)
 from .results import TENCACHE, Prediction, finish
-from .timeline import OPTIMIZER, PARAMS, STEPS_REPLAYED, Rates, Timeline, channel_rates
+from .timeline import OPTIMIZER, PARAMS, STEPS_REPLAYED, Pending, Rates, Timeline, channel_rates
 
 
 @dataclasses.dataclass(frozen=True)
@@ -332,9 +332,9 @@ def predict_tencache(workload: Workload, machine: Machine) -> Prediction:
         moved_before = dict(timeline.moved)
         parts_before = dict(timeline.parts)
         busy_before = dict(timeline.busy)
-        ahead: Dict[str, float] = {}
+        ahead: Dict[str, Pending] = {}
         for micro in range(workload.gas):
-            issued: Dict[int, float] = {}
+            issued: Dict[int, Pending] = {}
             gathering = micro_steps[micro]
             lend_keys, host_misses, schedule = gathering.lend_keys, gathering.misses, gathering.schedule
             lend_at, gather_at = gathering.lend_at, gathering.gather_at
@@ -523,7 +523,7 @@ def _partitions_on_nvme(workload: Workload, i: int) -> bool:
 
 
 def _tencache_optimizer(workload: Workload, timeline: Timeline, rates: Rates, plan: TencachePlan,
-                        sizes: Dict[str, int], ahead: Dict[str, float], written_params: Set[str]) -> None:
+                        sizes: Dict[str, int], ahead: Dict[str, Pending], written_params: Set[str]) -> None:
     groups = len(workload.sub_groups)
 
     def read(i: int) -> None:
