@@ -48,8 +48,8 @@ class Machine:
     drives: int
     cpu_adam_elements_per_s: float
     # Reads and writes in flight together, bytes per second in all, per drive. None: the drive serves both at once,
-    # each at its own rate (a datasheet's sequential figures). Below what the two would move side by side, each
-    # direction runs at a share of its rate while the other is on the drive (step_model/timeline.py, mixed_share).
+    # each at its own rate (a datasheet's sequential figures). Below twice the slower direction's rate, each
+    # direction runs at a share of its rate while the other moves too (step_model/timeline.py, mixed_share).
     nvme_mixed_bytes_per_s_per_drive: Optional[float] = None
     # The drive's read and write rates at other request sizes, relative to the figures above: ((request bytes, read
     # factor, write factor), ...) by increasing size, 1.0 at the size those figures were measured at. A request of

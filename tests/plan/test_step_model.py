@@ -22,7 +22,7 @@ from tencache_ds.plan.step_model.costs import (allgather_s, backward_host_memory
                                               param_bytes, reduce_bucket_bytes, reduce_scatter_s, reduces_to_views,
                                               run_time_prior)
 from tencache_ds.plan.host_residency import steady_state
-from tencache_ds.plan.step_model.drive import drive_floor
+from tencache_ds.plan.step_model.drive import Drive, Request, drive_floor
 from tencache_ds.plan.step_model.timeline import OPTIMIZER, PARAMS, Timeline, mixed_share
 from tencache_ds.plan.step_model.tencache import _optimizer_sequence, _optimizer_streaming_bytes, _partitions_on_nvme
 from tencache_ds.plan.profile_timings import machine_from_profile
@@ -504,8 +504,8 @@ def test_a_step_is_never_shorter_than_its_bytes_at_the_drives_rates(arm):
 
 
 def test_a_shared_drive_moves_both_directions_within_the_step():
-    """On a drive that takes reads and writes in turn the floor is the time it has either in flight, their sum,
-    charged to the busier direction."""
+    """On a drive that moves reads and writes at once no faster than in turn (a share of 0.5) the floor is their
+    sum, charged to the direction with more work."""
     timeline = Timeline({"nvme_read": 1.0, "nvme_write": 1.0, "h2d": 1.0}, mixed_share=0.5)
     timeline.issue("nvme_read", 10)
     timeline.issue("nvme_write", 12)  # left behind: the step does not wait for it
@@ -670,9 +670,9 @@ def test_work_beside_a_busy_drive_loses_the_machine_s_contention_share_of_the_dr
 
 def test_a_drive_that_does_not_add_reads_and_writes_shares_them():
     """This VM's disk moved 0.98-1.40 GB/s with reads and writes at once, about what either direction did alone
-    (docs/estimate.md, run 3). A machine's mixed rate below what the two move side by side makes them share the
+    (docs/estimate.md, run 3). A machine's mixed rate below twice the slower direction's rate makes them share the
     drive: alone each runs at its own rate; at once, each at a share of it, so that equal bytes take 2 x bytes /
-    mixed. The share reaches 1 (separate channels) at a mixed rate of twice the slower direction's rate."""
+    mixed. At twice the slower rate or more the share would reach 1: separate channels."""
     assert mixed_share(1.25e9, 1.38e9, None) is None
     assert mixed_share(1.25e9, 1.38e9, 2.6e9) is None  # above twice the slower rate: each as if alone
     assert mixed_share(1.25e9, 1.38e9, 2.4e9) == pytest.approx(0.9560, rel=1e-3)
@@ -750,6 +750,30 @@ def test_two_stores_share_the_drive_instead_of_queueing_behind_each_other():
     work = workload("gpt2-small", config=ds_config(host_cache_bytes=0))
     prediction = predict(work, this_vm())[TENCACHE]
     assert prediction.critical_path_s["nvme_read"] < 0.2  # 0.57 s when each read queued behind all reads before it
+
+
+def test_the_thread_waits_for_requests_on_the_drive():
+    """``wait`` takes one of ``issue``'s results or a list of them, charges only the time not yet past, and an H2D
+    copy's end as before; the drive refuses what it cannot simulate (a request added before the time it was run to,
+    work that is not a finite number of seconds, a mixed share outside (0, 1))."""
+    timeline = Timeline({"nvme_read": 1.0, "nvme_write": 1.0, "h2d": 2.0})
+    first, second = (timeline.issue("nvme_read", size, key, store=store)
+                     for size, key, store in ((2, "a", PARAMS), (4, "b", OPTIMIZER)))
+    timeline.wait([first, second], "nvme_read")  # 2 s each at half the drive, then the rest of b alone
+    assert timeline.now == pytest.approx(6.0) and timeline.parts["nvme_read"] == pytest.approx(6.0)
+    timeline.wait(first, "nvme_read")  # done long ago: nothing charged
+    timeline.wait(timeline.issue("h2d", 4), "h2d")
+    assert timeline.now == pytest.approx(8.0) and timeline.parts == pytest.approx({"nvme_read": 6.0, "h2d": 2.0})
+    drive = Drive()
+    drive.finish(drive.add(Request("nvme_read/params", "nvme_read", 10.0), 0.0))
+    with pytest.raises(ValueError, match="added at 0.0 s to a drive already run to 10.0 s"):
+        drive.add(Request("nvme_read/optimizer", "nvme_read", 1.0), 0.0)
+    with pytest.raises(ValueError, match="finite"):
+        drive.add(Request("nvme_read/optimizer", "nvme_read", float("nan")), 10.0)
+    with pytest.raises(ValueError, match="mixed share"):
+        Drive(0.0)
+    with pytest.raises(RuntimeError, match="not on the drive"):
+        Drive().finish(Request("nvme_read/params", "nvme_read", 1.0))
 
 
 def test_the_drive_floor_lets_reads_and_writes_overlap_where_the_drive_allows():

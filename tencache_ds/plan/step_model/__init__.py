@@ -7,7 +7,8 @@ as at run time, and plan/memory_pressure.py how far an "auto" budget grows), whi
 given size serves (plan/host_residency.py) or how far ahead a read is issued (plan/prefetch.py). Pure: no clock,
 no I/O, no torch.
 
-The model's parts, one module each: timeline.py (the clock and the channels), costs.py (what both policies share:
+The model's parts, one module each: timeline.py (the clock and the channels), drive.py (the NVMe requests in
+flight, sharing the drive), costs.py (what both policies share:
 tensor bytes, common memory, the optimizer step's CPU time), stock.py and tencache.py (each policy's replay and
 memory), results.py (the Prediction, fits, drive wear). This module is the public face: predict() runs both.
 

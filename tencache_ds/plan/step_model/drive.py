@@ -5,16 +5,19 @@ request's work comes from, or what waits for it (timeline.py). Pure.
 Each store (parameters, optimizer state) issues through its own engine, so requests queue per store and direction
 (``Request.queue``), one moving at a time at the head of each queue, in the order issued. A head moves once the
 write it reads back (``Request.after``: a tensor read while its write is still queued) is done. The heads share the
-drive: each direction's capacity (1: a request alone moves at its own rate) is split evenly among its heads, and
-where both directions have heads each direction gets ``mixed_share`` of it (equal bytes read and written at once
-then move at the machine's mixed rate, timeline.mixed_share); without a mixed rate each direction is its own
-channel with a capacity of 1. A request's ``work`` is its seconds alone, so its bytes at the rate for its size.
+drive: each direction's capacity (1: a request alone moves at its own rate) is split evenly among its moving
+heads, and where both directions have a moving head each direction gets ``mixed_share`` of it (equal bytes read and
+written at once then move at the machine's mixed rate, timeline.mixed_share); without a mixed rate each direction
+is its own channel with a capacity of 1. A request's ``work`` is its seconds alone: its bytes at the rate for its
+size.
 
 The clock only moves forward and requests are added at its current time, so the drive can be advanced exactly: a
 request's end is known once the clock is past it, and ``finish`` runs the drive on (with nothing more added: the
-replay's thread is waiting) until a request is done.
+replay's thread is waiting, and goes on from the request's end) until a request is done. A request added before
+the time the drive was run to is refused: the drive would have run without it.
 """
 import dataclasses
+import math
 from collections import defaultdict, deque
 from typing import Deque, Dict, Iterable, List, Optional
 
@@ -36,11 +39,18 @@ class Drive:
     """The requests not yet done, per queue, and the time the drive has been advanced to."""
 
     def __init__(self, mixed_share: Optional[float] = None):
+        if mixed_share is not None and not 0.0 < mixed_share < 1.0:
+            raise ValueError(f"a drive's mixed share is above 0 and below 1 (None: separate channels), not "
+                             f"{mixed_share}")
         self.mixed_share = mixed_share
         self.queues: Dict[str, Deque[Request]] = defaultdict(deque)
         self.time = 0.0
 
     def add(self, request: Request, now: float) -> Request:
+        if now < self.time - 1e-9:
+            raise ValueError(f"a request added at {now} s to a drive already run to {self.time} s")
+        if not math.isfinite(request.work) or request.work < 0:
+            raise ValueError(f"a request's work is finite and not negative, not {request.work} s")
         self.advance(now)
         self.queues[request.queue].append(request)
         return request
@@ -49,8 +59,8 @@ class Drive:
         """When ``request`` is done, the drive advanced to then (nothing is added meanwhile)."""
         while request.done is None:
             if not self._step(None):
-                raise RuntimeError(f"a {request.channel} request on queue {request.queue} can never move: "
-                                   "the write it waits for is not on the drive")
+                raise RuntimeError(f"a {request.channel} request on queue {request.queue} is not on the drive, or "
+                                   "can never move (the write it waits for is not)")
         return request.done
 
     def advance(self, to: float) -> float:

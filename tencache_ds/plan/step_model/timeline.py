@@ -27,7 +27,7 @@ before the bytes do, and the prediction is short of the turn-taking.
 """
 import dataclasses
 from collections import defaultdict
-from typing import Callable, Dict, Iterable, Optional, Union
+from typing import Callable, Dict, Optional, Sequence, Union
 
 from ..machine import Machine
 from .drive import Drive, Request, drive_floor
@@ -51,7 +51,7 @@ class Timeline:
                  nvme_request_factor: Callable[[str, int], float] = lambda direction, request_bytes: 1.0,
                  io_contention: float = 0.0):
         """``mixed_share``: None, reads and writes on separate channels; else (above 0, below 1) the share of the
-        drive each direction gets while the other has work on it too (``mixed_share()``).
+        drive each direction gets while the other has a request moving too (``mixed_share()``).
         ``nvme_request_factor(direction, request_bytes)``: the drive's rate at that request size over its rate
         figure (Machine.nvme_request_factor). ``io_contention``: the seconds work loses per second the drive is
         busy beside it (Machine.io_contention; 0: none)."""
@@ -97,8 +97,8 @@ class Timeline:
             self.last_write[key] = request
         return request
 
-    def wait(self, pending: Union[Pending, Iterable[Pending]], channel: str) -> None:
-        """The thread waits until ``pending`` (one or several of ``issue``'s results) is done."""
+    def wait(self, pending: Union[Pending, Sequence[Pending]], channel: str) -> None:
+        """The thread waits until ``pending`` (one of ``issue``'s results, or a list of them) is done."""
         for each in (pending if isinstance(pending, (list, tuple)) else [pending]):
             done = self.drive.finish(each) if isinstance(each, Request) else each
             if done > self.now:
