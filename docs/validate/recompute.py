@@ -5,6 +5,7 @@ import dataclasses
 import json
 import os
 import re
+import statistics
 import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -47,6 +48,23 @@ def measured_steps(folder, configuration, arm, run):
     """The step times of one run of one arm after the bench's warm-up."""
     with open(os.path.join(folder, configuration, f"{arm}-{run}.result.json")) as handle:
         return [step["time_s"] for step in json.load(handle)["steps"][WARMUP:]]
+
+
+def print_rows(folder, columns, counts):
+    """Print each configuration's arms as a table row: the measured medians (both runs / run 1 / run 2), then each
+    column's prediction and its error; ``counts[column]`` gains the rows within 15%. ``columns(name, prediction)``
+    gives {arm: {column: predicted seconds}}, the columns in the table's order."""
+    for name, prediction in predictions(folder).items():
+        by_arm = columns(name, prediction)
+        for arm in ("stock", "tencache"):
+            one, two = measured_steps(folder, name, arm, 1), measured_steps(folder, name, arm, 2)
+            measured = statistics.median(one + two)
+            cells = ""
+            for column, predicted in by_arm[arm].items():
+                counts[column] += within(predicted, measured)
+                cells += error(predicted, measured)
+            print(f"| {name} | {arm} | {measured:.3f} / {statistics.median(one):.3f} / {statistics.median(two):.3f} "
+                  f"{cells}|")
 
 
 def within(predicted, measured, tolerance=0.15):

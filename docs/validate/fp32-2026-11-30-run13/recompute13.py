@@ -3,7 +3,6 @@ beside the fastest steps' figure the predictions used ("from the medians: ..." i
 source). Measured: the median of steps 3-7 of both runs of each arm (the bench's own median), and of each run alone.
 Run from the repository root: python docs/validate/fp32-2026-11-30-run13/recompute13.py"""
 import os
-import statistics
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -15,17 +14,16 @@ print("| configuration | arm | measured: both runs / run 1 / run 2 (s) | predict
 print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
 counts = {"fastest": 0, "medians": 0}
 predictions = r.predictions(HERE)
-for name, p in predictions.items():
+
+
+def columns(name, p):
     machine = r.machine_for(HERE, p["model"])
     now = r.predicted_again(machine, p, accelerator_flops_per_s=r.compute_figure(machine, "from the medians"))
-    for arm in ("stock", "tencache"):
-        one, two = r.measured_steps(HERE, name, arm, 1), r.measured_steps(HERE, name, arm, 2)
-        measured = statistics.median(one + two)
-        before, after = p["predicted"][arm]["step_time_s"], now[arm]["step_time_s"]
-        counts["fastest"] += r.within(before, measured)
-        counts["medians"] += r.within(after, measured)
-        print(f"| {name} | {arm} | {measured:.3f} / {statistics.median(one):.3f} / {statistics.median(two):.3f} "
-              f"{r.error(before, measured)}{r.error(after, measured)}|")
+    return {arm: {"fastest": p["predicted"][arm]["step_time_s"], "medians": now[arm]["step_time_s"]}
+            for arm in ("stock", "tencache")}
+
+
+r.print_rows(HERE, columns, counts)
 print()
 print(f"Step time within 15%: {counts['fastest']} of {2 * len(predictions)} with the fastest steps' figure, "
       f"{counts['medians']} of {2 * len(predictions)} with the medians' figure.")

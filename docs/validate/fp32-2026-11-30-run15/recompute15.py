@@ -31,21 +31,17 @@ print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 counts = {"with": 0, "renormalised": 0, "without": 0}
 figures = {}
 predictions = r.predictions(HERE)
-for name, p in predictions.items():
+
+
+def columns(name, p):
     machine = r.machine_for(HERE, p["model"])
     figures[p["model"]] = (machine.io_contention, renormalised(machine))
     without, now = (r.predicted_again(machine, p, io_contention=figure) for figure in (0.0, figures[p["model"]][1]))
-    for arm in ("stock", "tencache"):
-        one, two = r.measured_steps(HERE, name, arm, 1), r.measured_steps(HERE, name, arm, 2)
-        measured = statistics.median(one + two)
-        row = {"with": p["predicted"][arm]["step_time_s"], "renormalised": now[arm]["step_time_s"],
-               "without": without[arm]["step_time_s"]}
-        cells = ""
-        for column, predicted in row.items():
-            counts[column] += r.within(predicted, measured)
-            cells += r.error(predicted, measured)
-        print(f"| {name} | {arm} | {measured:.3f} / {statistics.median(one):.3f} / {statistics.median(two):.3f} "
-              f"{cells}|")
+    return {arm: {"with": p["predicted"][arm]["step_time_s"], "renormalised": now[arm]["step_time_s"],
+                  "without": without[arm]["step_time_s"]} for arm in ("stock", "tencache")}
+
+
+r.print_rows(HERE, columns, counts)
 print()
 total = 2 * len(predictions)
 print(f"Step time within 15%: {counts['with']} of {total} as predicted, {counts['renormalised']} of {total} with the "

@@ -6,7 +6,6 @@ median of steps 3-7 of both runs of each arm (the bench's own median), and of ea
 Run from the repository root: python docs/validate/fp32-2026-11-30-run16/recompute16.py"""
 import json
 import os
-import statistics
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -20,17 +19,8 @@ print("| configuration | arm | measured: both runs / run 1 / run 2 (s) | predict
 print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
 counts = {"as run": 0, "before": 0}
 predictions = r.predictions(HERE)
-for name, p in predictions.items():
-    for arm in ("stock", "tencache"):
-        one, two = r.measured_steps(HERE, name, arm, 1), r.measured_steps(HERE, name, arm, 2)
-        measured = statistics.median(one + two)
-        row = {"as run": p["predicted"][arm]["step_time_s"], "before": before[name][arm]}
-        cells = ""
-        for column, predicted in row.items():
-            counts[column] += r.within(predicted, measured)
-            cells += r.error(predicted, measured)
-        print(f"| {name} | {arm} | {measured:.3f} / {statistics.median(one):.3f} / {statistics.median(two):.3f} "
-              f"{cells}|")
+r.print_rows(HERE, lambda name, p: {arm: {"as run": p["predicted"][arm]["step_time_s"], "before": before[name][arm]}
+                                    for arm in ("stock", "tencache")}, counts)
 print()
 total = 2 * len(predictions)
 print(f"Step time within 15%: {counts['as run']} of {total} as predicted, {counts['before']} of {total} with the "
