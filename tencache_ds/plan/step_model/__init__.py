@@ -8,9 +8,9 @@ given size serves (plan/host_residency.py) or how far ahead a read is issued (pl
 no I/O, no torch.
 
 The model's parts, one module each: timeline.py (the clock and the channels), drive.py (the NVMe requests in
-flight, sharing the drive), costs.py (what both policies share:
-tensor bytes, common memory, the optimizer step's CPU time), stock.py and tencache.py (each policy's replay and
-memory), results.py (the Prediction, fits, drive wear). This module is the public face: predict() runs both.
+flight, sharing the drive), costs.py (what both policies share: tensor bytes, common memory, the optimizer step's
+CPU time), stock.py and tencache.py (each policy's replay and memory), results.py (the Prediction, fits, drive
+wear). This module is the public face: predict() runs both.
 
 Known simplifications (docs/estimate.md lists them with their effect): collective communication (stage 3's
 all-gathers and reduce-scatters between ranks) only as a machine file measures it (``allgather_bytes_per_s``,

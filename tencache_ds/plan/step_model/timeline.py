@@ -12,10 +12,10 @@ requests, queued on one line and each was given its end when issued: a parameter
 reads issued before it, as no engine here makes it wait. The thread waits when it needs bytes still moving; each
 wait is charged to its channel, so the step is ``compute + collectives + H2D wait + NVMe read wait + NVMe write
 wait + CPU Adam`` (the critical path, printed as such: results.CRITICAL_PARTS) and the largest part is the
-bottleneck. Three steps are replayed and the last one is
-reported: writes left behind by one step delay the next step's reads of the same tensors. The reported step is
-never shorter than any channel's busy time in it, nor than the drive's least time for its reads and writes
-(``steady_step``): three steps do not build a backlog of writes left behind up to its steady size.
+bottleneck. Three steps are replayed and the last one is reported: writes left behind by one step delay the next
+step's reads of the same tensors. The reported step is never shorter than any channel's busy time in it, nor than
+the drive's least time for its reads and writes (``steady_step``): three steps do not build a backlog of writes left
+behind up to its steady size.
 
 Where the drive's requests cost the cores the step computes on (a host accelerator: the machine's
 ``io_contention``), work that runs while the drive is busy takes longer: ``io_contention`` times the seconds of it
