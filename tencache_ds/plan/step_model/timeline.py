@@ -60,7 +60,7 @@ class Timeline:
         self.io_contention = io_contention
         self.drive = Drive(mixed_share)
         self.now = 0.0
-        self.free: Dict[str, float] = defaultdict(float)  # when the H2D channel's last copy is done
+        self.free: Dict[str, float] = defaultdict(float)  # when each channel off the drive (H2D) is free
         self.parts: Dict[str, float] = defaultdict(float)
         self.moved: Dict[str, int] = defaultdict(int)
         self.busy: Dict[str, float] = defaultdict(float)  # seconds each channel's bytes take at its rates
@@ -108,11 +108,10 @@ class Timeline:
     def steady_step(self, step_s: float, parts: Dict[str, float], busy_before: Dict[str, float]) -> float:
         """The step at steady state: at least each channel's busy time in it (its bytes at its rates), and the
         drive's least time for its reads and writes (drive.drive_floor: more than either direction's where they
-        share the drive).
-        Bytes a step leaves moving behind it (tencache's writes) are the next step's to wait for; the replayed
-        steps do not build that backlog up to its steady size, so a step shorter than a channel's busy time would
-        be one the channel cannot keep up with. The difference is added to that channel's entry of ``parts`` (the
-        drive's: to the direction that was busier), so the critical path still adds up to the step."""
+        share the drive). Bytes a step leaves moving behind it (tencache's writes) are the next step's to wait
+        for; the replayed steps do not build that backlog up to its steady size, so a step shorter than a channel's
+        busy time would be one the channel cannot keep up with. The difference is added to that channel's entry of
+        ``parts`` (the drive's: to the direction with more work), so the critical path still adds up to the step."""
         busy = {channel: seconds - busy_before.get(channel, 0.0) for channel, seconds in self.busy.items()}
         floors = {channel: seconds for channel, seconds in busy.items() if channel not in NVME_DIRECTIONS}
         if any(channel in busy for channel in NVME_DIRECTIONS):
