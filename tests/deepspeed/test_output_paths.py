@@ -8,6 +8,7 @@ And the swap folder two runs are given at once (one nvme_path for two experiment
 naming the key and the first run, and the first trains on undisturbed (io/folder_lock.py)."""
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -31,23 +32,31 @@ def test_an_unwritable_output_path_stops_the_run_before_any_swap_file(train, tmp
 
 def test_a_second_run_in_a_swap_folder_in_use_stops_and_the_first_trains_on(train, tmp_path):
     """Before, the second run emptied the folder under the first, which stopped at its next read ("swap file ...
-    is missing") or, with other timing, one run read the other's bytes."""
+    is missing") or, with other timing, one run read the other's bytes. The first run is stopped (SIGSTOP) once it
+    holds its folder and continued after the second has tried, so the two overlap however fast either is, and every
+    read of the first's steps comes after the second's attempt (60 bf16 steps kept them overlapping before: 6 minutes
+    of the suite)."""
     nvme = tmp_path / "nvme"
     lock = nvme / "zero_stage_3" / "bfloat16params" / "rank0.lock"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
+    steps = 3
     first = subprocess.Popen(
         [sys.executable, TRAIN, "--deepspeed_config", os.path.join(REPO, "configs", "stock-nvme.json"),
-         "--model", "gpt2-tiny", "--steps", "60", "--nvme-path", str(nvme), "--weights-gather", "none",
+         "--model", "gpt2-tiny", "--steps", str(steps), "--nvme-path", str(nvme), "--weights-gather", "none",
          "--tencache-block", '{"enabled": true, "host_cache_bytes": 0}'],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.time() + 120
         while not (lock.exists() and f"pid {first.pid} " in lock.read_text()) and first.poll() is None:
             assert time.time() < deadline, "the first run never held its swap folder"
-            time.sleep(0.2)
-        second = train(block={"host_cache_bytes": 0}, nvme_path=str(nvme), expect_failure=True, steps=1,
-                       weights_gather="none")
-        overlapped = first.poll() is None  # the second run was refused while the first trained
+            time.sleep(0.05)
+        first.send_signal(signal.SIGSTOP)
+        try:
+            second = train(block={"host_cache_bytes": 0}, nvme_path=str(nvme), expect_failure=True, steps=1,
+                           weights_gather="none")
+            overlapped = first.poll() is None  # the second run was refused while the first held the folder
+        finally:
+            first.send_signal(signal.SIGCONT)
         output, _ = first.communicate(timeout=600)
     finally:
         first.kill()
@@ -56,4 +65,4 @@ def test_a_second_run_in_a_swap_folder_in_use_stops_and_the_first_trains_on(trai
             f"/rank0 is in use by another run (pid {first.pid} on ") in second.output, second.output[-3000:]
     assert overlapped, "the first run ended before the second started: nothing was tested"
     assert first.returncode == 0, output[-3000:]
-    assert len(re.findall(r"^step \d+ loss ", output, re.M)) == 60
+    assert len(re.findall(r"^step \d+ loss ", output, re.M)) == steps
