@@ -6,6 +6,7 @@ line, after the swap files; not never, for a profile that would silently not be 
 
 And the swap folder two runs are given at once (one nvme_path for two experiments): the second stops at its start,
 naming the key and the first run, and the first trains on undisturbed (io/folder_lock.py)."""
+import ctypes
 import os
 import re
 import signal
@@ -17,6 +18,7 @@ import pytest
 from conftest import REPO, TRAIN
 
 pytestmark = pytest.mark.deepspeed
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 @pytest.mark.parametrize("key", ["metrics_path", "profile_path"])
@@ -30,39 +32,46 @@ def test_an_unwritable_output_path_stops_the_run_before_any_swap_file(train, tmp
     assert swap_files == []
 
 
+def _killed_with_this_process():
+    """A child's pre-exec hook: the kernel kills it when the test's process dies (a stopped child would otherwise
+    stay stopped for ever if the test worker were killed between its SIGSTOP and SIGCONT)."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
 def test_a_second_run_in_a_swap_folder_in_use_stops_and_the_first_trains_on(train, tmp_path):
     """Before, the second run emptied the folder under the first, which stopped at its next read ("swap file ...
     is missing") or, with other timing, one run read the other's bytes. The first run is stopped (SIGSTOP) once it
-    holds its folder and continued after the second has tried, so the two overlap however fast either is, and every
-    read of the first's steps comes after the second's attempt (60 bf16 steps kept them overlapping before: 6 minutes
-    of the suite)."""
+    holds both its folders (the optimizer's is taken at ``deepspeed.initialize``, after zero.Init wrote the
+    parameters' swap files) and continued after the second has tried: the two overlap however fast either is, and
+    every read of the first's steps comes after the second's attempt (60 bf16 steps kept them overlapping before: 6
+    minutes of the suite)."""
     nvme = tmp_path / "nvme"
-    lock = nvme / "zero_stage_3" / "bfloat16params" / "rank0.lock"
+    lock = nvme / "zero_stage_3" / "optimizer" / "rank0.lock"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
     steps = 3
     first = subprocess.Popen(
         [sys.executable, TRAIN, "--deepspeed_config", os.path.join(REPO, "configs", "stock-nvme.json"),
          "--model", "gpt2-tiny", "--steps", str(steps), "--nvme-path", str(nvme), "--weights-gather", "none",
          "--tencache-block", '{"enabled": true, "host_cache_bytes": 0}'],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=_killed_with_this_process)
     try:
         deadline = time.time() + 120
         while not (lock.exists() and f"pid {first.pid} " in lock.read_text()) and first.poll() is None:
-            assert time.time() < deadline, "the first run never held its swap folder"
+            assert time.time() < deadline, "the first run never held its swap folders"
             time.sleep(0.05)
         first.send_signal(signal.SIGSTOP)
+        assert first.poll() is None, first.communicate()[0][-3000:]  # held, not ended: the second meets it
         try:
             second = train(block={"host_cache_bytes": 0}, nvme_path=str(nvme), expect_failure=True, steps=1,
                            weights_gather="none")
-            overlapped = first.poll() is None  # the second run was refused while the first held the folder
         finally:
             first.send_signal(signal.SIGCONT)
         output, _ = first.communicate(timeout=600)
     finally:
         first.kill()
+        first.wait()
     assert "TencacheResourceError" in second.output, second.output[-3000:]
     assert (f"zero_optimization.offload_param.nvme_path = '{nvme}': its swap folder {nvme}/zero_stage_3/bfloat16params"
             f"/rank0 is in use by another run (pid {first.pid} on ") in second.output, second.output[-3000:]
-    assert overlapped, "the first run ended before the second started: nothing was tested"
     assert first.returncode == 0, output[-3000:]
     assert len(re.findall(r"^step \d+ loss ", output, re.M)) == steps
