@@ -73,8 +73,6 @@ LONGEST_FIRST = (  # by a full run's --durations on 2026-12-01 (the 2-core AMD V
     "tests/deepspeed/test_upstream_checkpoints.py::",
     "tests/deepspeed/test_hf_trainer.py::",
     "tests/cli/test_cli.py::test_bench_end_to_end",
-    "tests/deepspeed/test_master_copies.py::test_masters_filled_from_held_partitions_train_with_stocks_bits_and_"
-    "are_not_read[2-deepspeed]",
     "tests/deepspeed/test_memory_pressure_engine.py::test_auto_fills_the_memory_a_small_container_leaves_free",
     "tests/deepspeed/test_rank_agreement.py::test_ranks_with_different_budgets",
     "tests/deepspeed/test_tensor_fragments.py::",

@@ -31,6 +31,17 @@ shm_buffers = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(shm_buffers)
 
 
+def _log_run(kind, started, **facts):
+    """With TENCACHE_TEST_RUN_LOG=FILE, a JSON line per training or helper run (the test, its wall seconds and what
+    it ran) appended to FILE: where the suite's time goes, run by run (README.md, "The suite's time")."""
+    log = os.environ.get("TENCACHE_TEST_RUN_LOG")
+    if log:
+        line = dict(kind=kind, test=os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" ", 1)[0],
+                    wall_s=round(time.monotonic() - started, 2), **facts)
+        with open(log, "a") as handle:
+            handle.write(json.dumps(line, default=str) + "\n")
+
+
 class TrainRun:
     def __init__(self, result, output, returncode, shm_leftovers=()):
         self.result, self.output, self.returncode = result, output, returncode
@@ -69,6 +80,7 @@ def launch_ranks(script, args, ranks, cleanup=(), timeout=900, forked=False):
     args = [str(a) for a in args]
     command = ["deepspeed", "--num_gpus", str(ranks), "--master_port", str(port), script] + args
     env = dict(os.environ, PYTHONPATH=REPO)
+    started = time.monotonic()
     try:
         if forked and _FORK_SERVER.enabled:
             with tempfile.TemporaryDirectory() as outputs:
@@ -80,6 +92,7 @@ def launch_ranks(script, args, ranks, cleanup=(), timeout=900, forked=False):
         shm_buffers.remove_run_buffers(port)
         for folder in cleanup:
             shutil.rmtree(folder, ignore_errors=True)
+        _log_run("helper", started, script=os.path.basename(script), args=args, ranks=ranks, forked=forked)
     result = result_of(proc.stdout)
     assert result is not None, proc.stdout[-2000:] + proc.stderr[-4000:]
     return result
@@ -352,6 +365,7 @@ def train(tmp_path_factory):
         forkable = ((launcher == "python" and script == TRAIN or launcher == "ranks") and cgroup is None
                     and shm_size is None and all(key.startswith("TENCACHE_") for key in extra_env)
                     and _FORK_SERVER.enabled)
+        started = time.monotonic()
         try:
             if forkable:
                 proc = _FORK_SERVER.run(args, env, timeout, tmp_path / name, command,
@@ -365,6 +379,8 @@ def train(tmp_path_factory):
             leftovers = shm_buffers.remove_run_buffers(master_port) if master_port is not None else []
             if own_nvme:  # a run's swap files are hundreds of MiB and nothing reads them after it: a whole suite
                 shutil.rmtree(nvme_path, ignore_errors=True)  # of them would fill a CI disk
+            _log_run("train", started, config=config, stock=block is None, launcher=launcher, ranks=num_ranks,
+                     forked=forkable, script=os.path.basename(script), **options)
         output = proc.stdout + proc.stderr
         if expect_failure:
             assert proc.returncode != 0, output[-3000:]

@@ -89,8 +89,9 @@ def test_bit_identical_to_stock(train, dtype, grad_accum, block):
 
 
 def test_bit_identical_through_the_deepspeed_launcher(train):
-    stock = train(block=None, launcher="deepspeed", dtype="fp32", weights_gather="public")  # one rank, launched
-    ours = train(block=AUTO, launcher="deepspeed", dtype="fp32", weights_gather="public")
+    # the reference as a plain process (shared with test_bit_identical_to_stock[fp32-1-...]), ours launched
+    stock = train(block=None, **dict(BASE, weights_gather="public"))
+    ours = train(block=AUTO, launcher="deepspeed", **dict(BASE, weights_gather="public"))
     assert_identical(stock, ours)
     assert "[tencache] pinned" in ours.output  # stats logged once at start-up
     assert ours.output.count("[tencache] pinned") == 1
