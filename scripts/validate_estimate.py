@@ -5,7 +5,10 @@ peak host memory, per configuration and arm (stock NVMe, tencache, stock CPU off
 Prospective (the default): calibrate this machine (every probe with the first model, and the compute, ZeRO-3
 hook and contention probes again for each other model: their figures are the model's own; or read --machine), write
 every prediction to OUT/predictions.json, and only then run `tencache-ds bench` for each configuration
-(OUT/<model>-<budget>/); the table compares the saved predictions with those runs.
+(OUT/<model>-<budget>/); the table compares the saved predictions with those runs. With --recheck, the model's
+own probes (compute, ZeRO-3 hooks, the drive beside the layers) run again right before each configuration's bench:
+the predictions stay the saved ones, and the table adds each row's error priced with those figures instead
+(OUT/rechecks.json has them), which tells the step model's error from the machine's drift since the calibration.
 
     python scripts/validate_estimate.py --models gpt2-tiny gpt2-small gpt2-medium --budgets auto quarter stream \\
         --out validate-out [--machine configs/machines/this.json] [--steps 6 --warmup 2 --repeats 2]
@@ -164,7 +167,27 @@ def table(rows) -> str:
               <= 0.15]
     lines.append("")
     lines.append(f"Step time within 15%: {len(within)} of {len(rows)}.")
+    repriced = [row for row in rows if "repriced" in row]
+    if repriced:  # --recheck: the same rows priced with the model's probes run again right before each bench
+        lines += ["", "| configuration | arm | step time priced with the figures re-measured before the run / "
+                      "measured (s) | error |", "| --- | --- | ---: | ---: |"]
+        for row in repriced:
+            again, measured = row["repriced"]["step_time_s"], row["measured"]["step_time_s"]
+            lines.append(f"| {row['name']} | {row['arm']} | {again:.3f} / {measured:.3f} | "
+                         f"{error(again, measured):+.0%} |")
+        within = [row for row in repriced if abs(error(row["repriced"]["step_time_s"],
+                                                       row["measured"]["step_time_s"])) <= 0.15]
+        lines += ["", f"Re-priced, within 15%: {len(within)} of {len(repriced)}."]
     return "\n".join(lines)
+
+
+def with_model_probes(machine, found: dict):
+    """``machine`` with the figures MODEL_PROBES measure replaced by ``found`` (a calibrate() result of those
+    probes), as machine_from_calibration reads them."""
+    return dataclasses.replace(
+        machine, accelerator_flops_per_s=found["compute"]["flops_per_s"],
+        zero3_module_call_s=found.get("zero3_calls", {}).get("call_s", machine.zero3_module_call_s),
+        io_contention=found.get("io_contention", {}).get("io_contention", machine.io_contention))
 
 
 def get_machine(args):
@@ -205,6 +228,8 @@ def main(argv=None) -> int:
     parser.add_argument("--micro-batch", type=int, default=2)
     parser.add_argument("--seq-len", type=int, default=64)
     parser.add_argument("--compare-cpu", action="store_true", help="add the stock CPU offload arm")
+    parser.add_argument("--recheck", action="store_true",
+                        help="run the model's probes again before each bench and add the error priced with them")
     parser.add_argument("--nvme-path", default="/tmp/tencache-bench-nvme")
     parser.add_argument("--ranks", type=int, default=1,
                         help="ranks on this machine (the bench's --ranks; they share its cores, memory and drive)")
@@ -213,6 +238,8 @@ def main(argv=None) -> int:
     parser.add_argument("--dtype", choices=["bf16", "fp32"], default=None,
                         help="train in this dtype (scripts/train.py --dtype; default: the config's, bf16)")
     args = parser.parse_args(argv)
+    if args.from_bench and args.recheck:
+        parser.error("--recheck re-measures this machine before each bench it runs; --from-bench runs none")
     if args.from_bench and (args.ranks != 1 or args.config):  # each bench folder records its own
         parser.error("--ranks and --config describe the benches to run; with --from-bench each bench's settings say")
     os.makedirs(args.out, exist_ok=True)
@@ -262,8 +289,24 @@ def main(argv=None) -> int:
         with open(os.path.join(args.out, "predictions.json"), "w") as handle:  # before anything runs
             json.dump({"made_at": datetime.datetime.utcnow().isoformat() + "Z", "machines": machine_paths,
                        "predictions": predictions}, handle, indent=2)
+        rechecks = {}
         for name, entry in predictions.items():
             out = os.path.join(args.out, name)
+            if args.recheck:  # after the predictions were saved: this only re-prices them beside
+                model_config = read_json(os.path.join(REPO, "configs", "models", f"{entry['model']}.json"))
+                found = calibrate(args.nvme_path, model_config, args.micro_batch, args.seq_len, args.dtype or "bf16",
+                                  probes=MODEL_PROBES)
+                at_run = dataclasses.replace(with_model_probes(machines[entry["model"]], found),
+                                             ranks_per_node=args.ranks)
+                rechecks[name] = {"at": datetime.datetime.utcnow().isoformat() + "Z",
+                                  "accelerator_flops_per_s": at_run.accelerator_flops_per_s,
+                                  "zero3_module_call_s": at_run.zero3_module_call_s,
+                                  "io_contention": at_run.io_contention,
+                                  "repriced": predict_configuration(at_run, entry["model"], entry["config"],
+                                                                    entry["host_cache_bytes"], args.micro_batch,
+                                                                    args.seq_len, args.compare_cpu, args.dtype)}
+                with open(os.path.join(args.out, "rechecks.json"), "w") as handle:
+                    json.dump(rechecks, handle, indent=2)
             command = [sys.executable, "-m", "tencache_ds.cli.main", "bench", "--model", entry["model"],
                        "--config", entry["config"], "--steps", str(args.steps), "--warmup", str(args.warmup),
                        "--repeats", str(args.repeats), "--micro-batch", str(args.micro_batch), "--seq-len",
@@ -278,7 +321,8 @@ def main(argv=None) -> int:
             print(f"  {time.time() - started:.0f} s", flush=True)
             measured = measured_from_bench(out)
             for arm, values in measured["arms"].items():
-                rows.append({"name": name, "arm": arm, "predicted": entry["predicted"][arm], "measured": values})
+                rows.append({"name": name, "arm": arm, "predicted": entry["predicted"][arm], "measured": values,
+                             **({"repriced": rechecks[name]["repriced"][arm]} if name in rechecks else {})})
     text = table(rows)
     with open(os.path.join(args.out, "table.md"), "w") as handle:
         files = ", ".join(f"{model}: {path}" for model, path in machine_paths.items())

@@ -221,6 +221,27 @@ def test_the_retrospective_check_predicts_a_bench_at_its_ranks_and_gradient_accu
     assert stock["predicted"]["nvme_write_bytes"] == pytest.approx(1186.3 * (1 << 20), rel=0.01)
 
 
+def test_a_recheck_reprices_with_the_model_probes_figures_only_and_tables_both_errors():
+    """scripts/validate_estimate.py --recheck: the figures MODEL_PROBES measure replace the calibration's (the rest of
+    the machine stays), and the table keeps the saved predictions' errors and adds the re-priced ones."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("validate_estimate",
+                                                  os.path.join(REPO_ROOT, "scripts", "validate_estimate.py"))
+    validate = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(validate)
+    machine = validate.load_machine(os.path.join(REPO_ROOT, "configs", "machines", "this-2core-vm.json"))
+    again = validate.with_model_probes(machine, {"compute": {"flops_per_s": 1e11}, "zero3_calls": {"call_s": 2e-3},
+                                                 "io_contention": {"io_contention": 0.5}})
+    assert (again.accelerator_flops_per_s, again.zero3_module_call_s, again.io_contention) == (1e11, 2e-3, 0.5)
+    assert again.nvme_read_bytes_per_s_per_drive == machine.nvme_read_bytes_per_s_per_drive
+    figures = {"nvme_read_bytes": 0, "nvme_write_bytes": 0, "host_bytes": 1 << 30}
+    rows = [{"name": "gpt2-tiny-auto", "arm": "stock", "predicted": dict(figures, step_time_s=1.3),
+             "measured": dict(figures, step_time_s=1.0), "repriced": dict(figures, step_time_s=1.1)}]
+    text = validate.table(rows)
+    assert "| gpt2-tiny-auto | stock | 1.300 / 1.000 | +30% |" in text and "within 15%: 0 of 1" in text
+    assert "| gpt2-tiny-auto | stock | 1.100 / 1.000 | +10% |" in text and "Re-priced, within 15%: 1 of 1." in text
+
+
 def test_the_budgets_line_gives_the_start_up_split_and_what_the_governor_keeps(tmp_path):
     """gpt2-1.3b fp32 beyond RAM with 19 GiB available: "auto" starts at a quarter of it and gives back at the
     governor's first reading, a step's 4 GiB rise assumed (plan/step_model/tencache.py ``_governed_tier``); the

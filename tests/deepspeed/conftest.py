@@ -33,7 +33,7 @@ _spec.loader.exec_module(shm_buffers)
 
 def _log_run(kind, started, **facts):
     """With TENCACHE_TEST_RUN_LOG=FILE, a JSON line per training or helper run (the test, its wall seconds and what
-    it ran) appended to FILE: where the suite's time goes, run by run (README.md, "The suite's time")."""
+    it ran) appended to FILE: where the suite's time goes, run by run (README.md, under "The two commands")."""
     log = os.environ.get("TENCACHE_TEST_RUN_LOG")
     if log:
         line = dict(kind=kind, test=os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" ", 1)[0],
