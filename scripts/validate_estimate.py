@@ -41,7 +41,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from tencache_ds.bench.report import STAGE3_FETCH_KNOBS  # noqa: E402
-from tencache_ds.cli.calibrate import MODEL_PROBES, calibrate, machine_from_calibration  # noqa: E402
+from tencache_ds.cli.calibrate import (MODEL_PROBES, calibrate, machine_from_calibration,  # noqa: E402
+                                       model_probe_figures)
 from tencache_ds.plan.machine import load_machine  # noqa: E402
 from tencache_ds.plan.model_shapes import model_shape  # noqa: E402
 from tencache_ds.plan.step_model import STOCK, TENCACHE, predict  # noqa: E402
@@ -183,11 +184,8 @@ def table(rows) -> str:
 
 def with_model_probes(machine, found: dict):
     """``machine`` with the figures MODEL_PROBES measure replaced by ``found`` (a calibrate() result of those
-    probes), as machine_from_calibration reads them."""
-    return dataclasses.replace(
-        machine, accelerator_flops_per_s=found["compute"]["flops_per_s"],
-        zero3_module_call_s=found.get("zero3_calls", {}).get("call_s", machine.zero3_module_call_s),
-        io_contention=found.get("io_contention", {}).get("io_contention", machine.io_contention))
+    probes); the rest (the drive, the memory available) as calibrated."""
+    return dataclasses.replace(machine, **model_probe_figures(found, default=machine))
 
 
 def get_machine(args):
@@ -238,8 +236,9 @@ def main(argv=None) -> int:
     parser.add_argument("--dtype", choices=["bf16", "fp32"], default=None,
                         help="train in this dtype (scripts/train.py --dtype; default: the config's, bf16)")
     args = parser.parse_args(argv)
-    if args.from_bench and args.recheck:
-        parser.error("--recheck re-measures this machine before each bench it runs; --from-bench runs none")
+    if args.recheck and (args.from_bench or args.machine):
+        parser.error("--recheck compares this machine's calibration with the same probes before each bench: it "
+                     "needs the calibration (no --machine) and benches to run (no --from-bench)")
     if args.from_bench and (args.ranks != 1 or args.config):  # each bench folder records its own
         parser.error("--ranks and --config describe the benches to run; with --from-bench each bench's settings say")
     os.makedirs(args.out, exist_ok=True)
@@ -295,9 +294,9 @@ def main(argv=None) -> int:
             if args.recheck:  # after the predictions were saved: this only re-prices them beside
                 model_config = read_json(os.path.join(REPO, "configs", "models", f"{entry['model']}.json"))
                 found = calibrate(args.nvme_path, model_config, args.micro_batch, args.seq_len, args.dtype or "bf16",
-                                  probes=MODEL_PROBES)
+                                  probes=MODEL_PROBES, ds_config=read_json(os.path.join(REPO, entry["config"])))
                 at_run = dataclasses.replace(with_model_probes(machines[entry["model"]], found),
-                                             ranks_per_node=args.ranks)
+                                             ranks_per_node=entry["ranks"])
                 rechecks[name] = {"at": datetime.datetime.utcnow().isoformat() + "Z",
                                   "accelerator_flops_per_s": at_run.accelerator_flops_per_s,
                                   "zero3_module_call_s": at_run.zero3_module_call_s,

@@ -168,6 +168,16 @@ def calibrate(nvme_path: str, model_config: Dict[str, Any], micro_batch: int, se
     return found
 
 
+def model_probe_figures(measured: Dict[str, Any], default: Any = None) -> Dict[str, Any]:
+    """The Machine fields that ``MODEL_PROBES`` measure, from a calibrate() result: the compute rate, ZeRO-3's cost
+    per submodule call and the drive's cost to the cores (a probe left out or skipped keeps ``default``'s figure,
+    a Machine's, else 0)."""
+    zero3, contention = measured.get("zero3_calls", {}), measured.get("io_contention", {})
+    return {"accelerator_flops_per_s": measured["compute"]["flops_per_s"],
+            "zero3_module_call_s": zero3.get("call_s", getattr(default, "zero3_module_call_s", 0.0)),
+            "io_contention": contention.get("io_contention", getattr(default, "io_contention", 0.0))}
+
+
 def machine_from_calibration(measured: Dict[str, Any]):
     """This machine as plan/machine.py describes it: the probes' figures, the host memory and cgroup limit
     (probes/host_memory.py), DeepSpeed's CPU accelerator when no GPU is visible. Each figure's source says how it
@@ -195,7 +205,7 @@ def machine_from_calibration(measured: Dict[str, Any]):
     return Machine(
         name=name,
         accelerator_memory_bytes=gpu["memory_bytes"] if gpu else 0,
-        accelerator_flops_per_s=compute["flops_per_s"],
+        **model_probe_figures(measured),
         h2d_bytes_per_s=gpu["h2d_bytes_per_s"] if gpu else 1e12,
         ranks_per_node=gpu["count"] if gpu else 1,
         host_memory_bytes=memory.total_bytes, host_available_bytes=memory.available_bytes,
@@ -205,8 +215,6 @@ def machine_from_calibration(measured: Dict[str, Any]):
         nvme_request_factors=tuple(map(tuple, nvme["request_factors"])) if nvme.get("request_factors") else None,
         cpu_adam_elements_per_s=adam["elements_per_s"], host_copy_bytes_per_s=copy["bytes_per_s"],
         host_fresh_write_bytes_per_s=copy.get("fresh_write_bytes_per_s"),
-        zero3_module_call_s=zero3.get("call_s", 0.0),
-        io_contention=contention.get("io_contention", 0.0),
         allgather_bytes_per_s=collectives.get("allgather_bytes_per_s"),
         reduce_scatter_bytes_per_s=collectives.get("reduce_scatter_bytes_per_s"),
         process_baseline_bytes=int(measured.get("baseline_rss_bytes") or 0) or Machine.process_baseline_bytes,

@@ -4,6 +4,7 @@ a run asked for as forked (``launcher="ranks"``, ``launch_ranks(forked=True)``),
 which has imported torch, DeepSpeed and transformers once (half of a small run's time on 2 cores); launcher runs,
 cgroup runs and other helper scripts start fresh interpreters."""
 import atexit
+import contextlib
 import fcntl
 import hashlib
 import importlib.util
@@ -31,14 +32,16 @@ shm_buffers = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(shm_buffers)
 
 
-def _log_run(kind, started, **facts):
-    """With TENCACHE_TEST_RUN_LOG=FILE, a JSON line per training or helper run (the test, its wall seconds and what
-    it ran) appended to FILE: where the suite's time goes, run by run (README.md, under "The two commands")."""
+def _log_run(kind, started, facts):
+    """With TENCACHE_TEST_RUN_LOG=FILE (an absolute path), a JSON line per training or helper run (the test, its
+    wall seconds and ``facts``, what it ran) appended to FILE: where the suite's time goes, run by run (README.md,
+    under "The two commands"). Called as a run ends, however it ended: a log that cannot be written is skipped, not
+    raised in place of the run's own error."""
     log = os.environ.get("TENCACHE_TEST_RUN_LOG")
     if log:
-        line = dict(kind=kind, test=os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" ", 1)[0],
-                    wall_s=round(time.monotonic() - started, 2), **facts)
-        with open(log, "a") as handle:
+        line = dict(facts, kind=kind, test=os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" ", 1)[0],
+                    wall_s=round(time.monotonic() - started, 2))
+        with contextlib.suppress(OSError), open(log, "a") as handle:
             handle.write(json.dumps(line, default=str) + "\n")
 
 
@@ -92,7 +95,8 @@ def launch_ranks(script, args, ranks, cleanup=(), timeout=900, forked=False):
         shm_buffers.remove_run_buffers(port)
         for folder in cleanup:
             shutil.rmtree(folder, ignore_errors=True)
-        _log_run("helper", started, script=os.path.basename(script), args=args, ranks=ranks, forked=forked)
+        _log_run("helper", started, dict(script=os.path.basename(script), args=args, ranks=ranks,
+                                         forked=forked and _FORK_SERVER.enabled))
     result = result_of(proc.stdout)
     assert result is not None, proc.stdout[-2000:] + proc.stderr[-4000:]
     return result
@@ -379,8 +383,8 @@ def train(tmp_path_factory):
             leftovers = shm_buffers.remove_run_buffers(master_port) if master_port is not None else []
             if own_nvme:  # a run's swap files are hundreds of MiB and nothing reads them after it: a whole suite
                 shutil.rmtree(nvme_path, ignore_errors=True)  # of them would fill a CI disk
-            _log_run("train", started, config=config, stock=block is None, launcher=launcher, ranks=num_ranks,
-                     forked=forkable, script=os.path.basename(script), **options)
+            _log_run("train", started, dict(options, config=config, stock=block is None, launcher=launcher,
+                                            ranks=num_ranks, forked=forkable, script=os.path.basename(script)))
         output = proc.stdout + proc.stderr
         if expect_failure:
             assert proc.returncode != 0, output[-3000:]

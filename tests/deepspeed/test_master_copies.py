@@ -24,7 +24,7 @@ SLOW_MASTER_WRITES = {"SLOW_MASTER_WRITES_S": "1",
                       "PYTHONPATH": os.path.join(os.path.dirname(os.path.abspath(__file__)), "slow_master_writes")}
 
 
-# the second as the launcher starts its rank, forked (the launcher itself: 67 s of the suite for the two runs)
+# "ranks": the rank forked as the launcher starts it (through the launcher itself the two runs took 67 s)
 @pytest.mark.parametrize("grad_accum, launcher", [(1, "python"), (2, "ranks")])
 def test_masters_filled_from_held_partitions_train_with_stocks_bits_and_are_not_read(train, grad_accum, launcher):
     stock = train(block=None, grad_accum=grad_accum, launcher=launcher, **OPTIONS)

@@ -42,3 +42,4 @@ def test_zero3_scenarios_give_stock_cpu_offloads_results(tmp_path):
         assert all(checks), (name, reference[name])
     assert {run["optimizer"] for run in reference["other_optimizers"].values() if isinstance(run, dict)} == {
         "DeepSpeedCPUAdagrad", "DeepSpeedCPULion"}
+    assert reference["muon"]["heads"] == ["16", "None"]  # the weights orthogonalised per head, the biases by Adam

@@ -298,19 +298,21 @@ def muon(budget, device, nvme):
     config = ds_config(budget, device, nvme, gas=2, sub_group_size=HIDDEN * HIDDEN, reduce_scatter=False)
     config["optimizer"] = {"type": "Muon", "params": {"lr": 1e-3}}
 
-    def tagged():
-        model = Layers()
-        for param in model.parameters():
-            param.use_muon = param.ndim == 2
-            # orthogonalised per head, as deepspeed.initialize marks attention projections (16 heads of 64 rows):
-            # Newton-Schulz over the whole 1024 x 1024 matrix on every rank took 40 s of this scenario's 42 on 2
-            # cores, and the tensors swapped are the same either way
-            param.muon_num_heads = 16 if param.ndim == 2 else None
-        return model
+    def per_head(engine):
+        """Orthogonalise the weights per head, 16 of 64 rows: Newton-Schulz over the whole 1024 x 1024 matrix runs
+        on every rank (a launch of this scenario alone took 38 s, 32 per head, on 2 cores); the tensors swapped are
+        the same either way.
+        Set after ``deepspeed.initialize``, whose ``set_optimizer_flags`` tags every parameter (``use_muon`` from
+        its shape; ``muon_num_heads`` only for a Hugging Face model with ``per_head_muon``); stage 3 reads the tag
+        at each update. Returns the tags set, for the result."""
+        for param in engine.module.parameters():
+            param.muon_num_heads = 16 if param.use_muon else None
+        return sorted({str(param.muon_num_heads) for param in engine.module.parameters()})
 
     data, checkpoint = list(batches(10)), os.path.join(nvme, "checkpoint")
-    with engine_for(config, tagged) as engine:
-        result = dict(losses_and_weights(engine, trained(engine, data[:6])),
+    with engine_for(config) as engine:
+        heads = per_head(engine)
+        result = dict(losses_and_weights(engine, trained(engine, data[:6])), heads=heads,
                       optimizer=type(engine.optimizer.optimizer).__name__)
         # a checkpoint, two more steps, then back to the checkpoint and the same two steps again
         engine.save_checkpoint(checkpoint)
@@ -318,7 +320,8 @@ def muon(budget, device, nvme):
         after = losses_and_weights(engine, trained(engine, data[6:]))
         engine.load_checkpoint(checkpoint)
         again = losses_and_weights(engine, trained(engine, data[6:]))
-    with engine_for(config, tagged) as engine:  # and from the checkpoint in a new engine
+    with engine_for(config) as engine:  # and from the checkpoint in a new engine
+        per_head(engine)
         engine.load_checkpoint(checkpoint)
         fresh = losses_and_weights(engine, trained(engine, data[6:]))
     # a checkpoint of stock DeepSpeed's swappers (tencache off: stock NVMe, which writes the momentum widened to
@@ -326,11 +329,13 @@ def muon(budget, device, nvme):
     stock_config = ds_config(None, device, os.path.join(nvme, "stock-swappers"), gas=2,
                              sub_group_size=HIDDEN * HIDDEN, reduce_scatter=False)
     stock_config.update(optimizer=config["optimizer"], **({"tencache": {"enabled": False}} if budget else {}))
-    with engine_for(stock_config, tagged) as engine:
+    with engine_for(stock_config) as engine:
+        per_head(engine)
         swappers = type(getattr(engine.optimizer, "optimizer_swapper", None)).__name__
         trained(engine, data[:6])
         engine.save_checkpoint(os.path.join(nvme, "stock-checkpoint"))
-    with engine_for(config, tagged) as engine:
+    with engine_for(config) as engine:
+        per_head(engine)
         engine.load_checkpoint(os.path.join(nvme, "stock-checkpoint"))
         from_stock = losses_and_weights(engine, trained(engine, data[6:]))
     return dict(result, after_save=after, rolled_back_exactly=again == after, resumed_exactly=fresh == after,
