@@ -13,6 +13,13 @@ the predictions stay the saved ones, and the table adds each row's error priced 
     python scripts/validate_estimate.py --models gpt2-tiny gpt2-small gpt2-medium --budgets auto quarter stream \\
         --out validate-out [--machine configs/machines/this.json] [--steps 6 --warmup 2 --repeats 2]
 
+With --profile-runs, after the calibration each model first trains a few steps under tencache (the "auto" budget,
+the device tier off) with a profile, and its predictions take their compute figure, and read rate where that run
+read, from the profile's steady timings, as `tencache-ds estimate --profile` does (OUT/profile-<model>.json;
+OUT/machine-<model>-profiled.json). The calibration's compute probe is a bare forward and backward of the model's
+layers in a process of its own, whose ratio to a training step's compute changed with the VM's state (docs/estimate.md,
+run 19); the profile is a training step.
+
 Retrospective: compare with benches already on disk (bench.json folders, e.g. docs/bench/), measured before the
 model existed; nothing runs.
 
@@ -45,14 +52,20 @@ from tencache_ds.cli.calibrate import (MODEL_PROBES, calibrate, machine_from_cal
                                        model_probe_figures)
 from tencache_ds.plan.machine import load_machine  # noqa: E402
 from tencache_ds.plan.model_shapes import model_shape  # noqa: E402
+from tencache_ds.plan.profile_timings import machine_from_profile  # noqa: E402
 from tencache_ds.plan.step_model import STOCK, TENCACHE, predict  # noqa: E402
 from tencache_ds.plan.workload import ZeroSettings, build_workload  # noqa: E402
+from tencache_ds.profile.steady import STEADY_STEPS  # noqa: E402
+from tencache_ds.profile.store import read_sections  # noqa: E402
 
 QUARTER_BYTES = {"gpt2-tiny": "68MB", "gpt2-small": "560MB", "gpt2-medium": "1600MB"}
 DEFAULT_CONFIG = "configs/stock-nvme.json"
 CONFIG_FOR = {"gpt2-medium": "configs/stock-nvme-large-vocab.json",
               "gpt2-1.3b": "configs/stock-nvme-beyond-ram.json"}  # as scripts/bench_beyond_ram.sh (no --compare-cpu)
 ARMS = ("stock", "tencache", "stock-cpu")
+# the params profile's recorded step is the run's first; stage 3's second differs from it, and its third repeats the
+# second, which replaces it (profile/lifecycle.py); the repeats its steady timings summarise come after
+PROFILE_RUN_STEPS = 3 + STEADY_STEPS
 
 
 def budget_value(model: str, budget: str):
@@ -188,6 +201,33 @@ def with_model_probes(machine, found: dict):
     return dataclasses.replace(machine, **model_probe_figures(found, default=machine))
 
 
+def profiled_machine(args, model: str, machine):
+    """``machine`` with the figures of a short tencache run of this model's bench shape (``PROFILE_RUN_STEPS``,
+    the "auto" budget, its profile's steady timings; plan/profile_timings.machine_from_profile), and the notes on
+    what was taken. The device tier is off: on a host accelerator it serves every access after the first step,
+    and the host store's profile would see no step repeat it."""
+    config_path = args.config or CONFIG_FOR.get(model, DEFAULT_CONFIG)
+    profile = os.path.abspath(os.path.join(args.out, f"profile-{model}.json"))
+    if os.path.exists(profile):  # a profile of an earlier run would be loaded, and this run's steps time it
+        os.unlink(profile)
+    block = {"enabled": True, "host_cache_bytes": "auto", "device_cache_bytes": 0, "profile_path": profile}
+    command = [sys.executable, "scripts/train.py", "--deepspeed_config", config_path, "--model", model,
+               "--steps", str(PROFILE_RUN_STEPS), "--micro-batch", str(args.micro_batch), "--seq-len",
+               str(args.seq_len), "--nvme-path", args.nvme_path, "--weights-gather", "none", "--tencache-block",
+               json.dumps(block), "--result-file", os.path.join(os.path.abspath(args.out),
+                                                                f"profile-{model}.result.json")] \
+        + (["--dtype", args.dtype] if args.dtype else [])
+    print("profiling:", " ".join(command), flush=True)
+    with open(os.path.join(args.out, f"profile-{model}.log"), "w") as log:
+        subprocess.run(command, cwd=REPO, check=True, stdout=log, stderr=subprocess.STDOUT)
+    shape = model_shape(read_json(os.path.join(REPO, "configs", "models", f"{model}.json")))
+    ds_config = dict(with_dtype(read_json(os.path.join(REPO, config_path)), args.dtype), tencache=block)
+    zero = ZeroSettings.from_ds_config(ds_config)
+    work = build_workload(shape, zero, machine.world_size, args.micro_batch, args.seq_len,
+                          int(ds_config.get("gradient_accumulation_steps", 1)), False)
+    return machine_from_profile(machine, work, read_sections(profile), source=f"profile-{model}.json")
+
+
 def get_machine(args):
     """The machine file, or this machine calibrated now: every probe with the first model, and MODEL_PROBES again
     for each other model (their figures are the model's: the rate its own layers and head ran at, the hooks around
@@ -228,6 +268,8 @@ def main(argv=None) -> int:
     parser.add_argument("--compare-cpu", action="store_true", help="add the stock CPU offload arm")
     parser.add_argument("--recheck", action="store_true",
                         help="run the model's probes again before each bench and add the error priced with them")
+    parser.add_argument("--profile-runs", action="store_true",
+                        help="price each model with the profile of a short tencache run of it (compute, reads)")
     parser.add_argument("--nvme-path", default="/tmp/tencache-bench-nvme")
     parser.add_argument("--ranks", type=int, default=1,
                         help="ranks on this machine (the bench's --ranks; they share its cores, memory and drive)")
@@ -239,6 +281,9 @@ def main(argv=None) -> int:
     if args.recheck and (args.from_bench or args.machine):
         parser.error("--recheck compares this machine's calibration with the same probes before each bench: it "
                      "needs the calibration (no --machine) and benches to run (no --from-bench)")
+    if args.profile_runs and (args.from_bench or args.recheck or args.ranks != 1):
+        parser.error("--profile-runs trains each model at one rank before the predictions of the benches it runs: "
+                     "not with --from-bench, --recheck (which re-prices with the calibration's probes) or --ranks")
     if args.from_bench and (args.ranks != 1 or args.config):  # each bench folder records its own
         parser.error("--ranks and --config describe the benches to run; with --from-bench each bench's settings say")
     os.makedirs(args.out, exist_ok=True)
@@ -253,6 +298,15 @@ def main(argv=None) -> int:
     if benches:  # the models calibrated are the benches'
         args.models = list(dict.fromkeys(bench["settings"]["model"] for bench in benches))
     machines, machine_paths = get_machine(args)
+    profiled = {}
+    if args.profile_runs:  # before any prediction: these are the figures they are made with
+        for model in args.models:
+            machines[model], notes = profiled_machine(args, model, machines[model])
+            machine_paths[model] = os.path.join(args.out, f"machine-{model}-profiled.json")
+            with open(machine_paths[model], "w") as handle:
+                json.dump(machines[model].to_json(), handle, indent=2)
+            profiled[model] = notes
+            print(f"{model}: " + "; ".join(notes), flush=True)
     rows = []
     if args.from_bench:
         for folder, measured in zip(args.from_bench, benches):
@@ -287,7 +341,7 @@ def main(argv=None) -> int:
                                                    args.micro_batch, args.seq_len, args.compare_cpu, args.dtype)}
         with open(os.path.join(args.out, "predictions.json"), "w") as handle:  # before anything runs
             json.dump({"made_at": datetime.datetime.utcnow().isoformat() + "Z", "machines": machine_paths,
-                       "predictions": predictions}, handle, indent=2)
+                       "profiled": profiled, "predictions": predictions}, handle, indent=2)
         rechecks = {}
         for name, entry in predictions.items():
             out = os.path.join(args.out, name)

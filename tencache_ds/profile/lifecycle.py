@@ -21,16 +21,18 @@ Phases::
 A step that does not repeat the profile is kept as the candidate. If the next step repeats the candidate, the
 change lasts (a new setting, or DeepSpeed's steady state after its own first traced step) and the candidate
 replaces the profile, saved; a one-off (an eval pass) leaves the profile as it was. Either way the next step is
-predicted by the profile. Nothing here can change a result: eviction and prefetch choose *when* bytes move, never
+predicted by the profile. The first STEADY_STEPS steps that repeat a profile are timed and their summary saved with
+it (profile/steady.py): the recorded step carries first-step costs the later ones do not. Nothing here can change a result: eviction and prefetch choose *when* bytes move, never
 which bytes a tensor has.
 """
 import enum
-from typing import Callable, Hashable, Optional, Sequence, Tuple
+from typing import Callable, Hashable, List, Optional, Sequence, Tuple
 
 from ..log import logger
 from .next_use import NextUseIndex
 from . import store as profile_store
 from .recorder import StepRecorder
+from .steady import STEADY_STEPS, SteadyTimings
 from .step_profile import StepProfile
 
 
@@ -64,7 +66,8 @@ class ProfileLifecycle:
         to_file, from_file: store key <-> key written to the file (e.g. a path <-> its base name).
 
     Consumers read ``phase``, ``index`` (NextUseIndex, or None when the profile does not predict this step),
-    ``profile`` and ``generation`` (bumped whenever the profile is replaced: re-plan prefetch then).
+    ``profile``, ``generation`` (bumped whenever the profile is replaced: re-plan prefetch then) and ``steady``
+    (the timings of the steps that repeated this profile, or None before one did).
     """
 
     def __init__(self, recorder: StepRecorder, path: Optional[str], section: str, first_training_step: int = 1,
@@ -77,6 +80,8 @@ class ProfileLifecycle:
         self._profile: Optional[StepProfile] = None
         self._index: Optional[NextUseIndex] = None
         self._candidate: Optional[StepProfile] = None
+        self._repeats: List[StepProfile] = []  # the timed steps that repeated the profile, at most STEADY_STEPS
+        self.steady: Optional[SteadyTimings] = None
         self._fingerprint: Optional[str] = None
         self._facts: dict = {}
         self._steps_ended = 0
@@ -135,13 +140,26 @@ class ProfileLifecycle:
                 self._adopt(finished, source="recorded")
                 self._move(Phase.PREDICTING)
         elif self._phase is Phase.PREDICTING and accesses == len(self._profile):
-            pass  # the step repeated the profile
+            self._timed_repeat(finished)  # the step repeated the profile
         else:
             if self._phase is Phase.PREDICTING:
                 self._diverged(accesses)  # the step ended before the profile did
             self._end_diverged_step(finished)
         self._expect_profile()
         return self.index
+
+    def _timed_repeat(self, finished: Optional[StepProfile]) -> None:
+        if finished is None or len(self._repeats) >= STEADY_STEPS:
+            return
+        self._repeats.append(finished)
+        self.steady = SteadyTimings.of(self._repeats)
+        if self._fingerprint is None:
+            return
+        try:
+            profile_store.save_steady(self._path, self._section, self._fingerprint, self.steady)
+        except (OSError, TypeError, ValueError) as err:  # a profile is an optimisation: never stop training
+            logger.warning("profile %s [%s]: its steady timings could not be saved (%s)", self._path, self._section,
+                           err)
 
     def _end_diverged_step(self, finished: Optional[StepProfile]) -> None:
         if finished is not None and finished.same_sequence(self._candidate):
@@ -173,6 +191,7 @@ class ProfileLifecycle:
 
     def _adopt(self, step: StepProfile, source: str, save: bool = True) -> None:
         self._profile, self._index = step, NextUseIndex(step.keys)
+        self._repeats, self.steady = [], None  # timings of another sequence's repeats say nothing about this one
         self.source = source
         self.generation += 1
         if save and self._fingerprint is not None:

@@ -8,7 +8,11 @@ fingerprinted, for `tencache-ds profile show`.
 
     {"version": 2, "sections": {"params": {"fingerprint": "9f2c...", "recorded_unix": 1.7e9, "facts": {...},
                                            "step": {"keys": [12, 13, ...], "nbytes": [...], "offset_s": [...],
-                                                    "read_s": [...], "stall_s": [...], "step_s": 0.41}}}}
+                                                    "read_s": [...], "stall_s": [...], "step_s": 0.41},
+                                           "steady": {"steps": 5, "step_s": 0.30, ...}}}}
+
+"steady" (profile/steady.py) summarises the steps that repeated the recorded one; a section has none until a step
+repeated it (and none in files of an older tencache, which read as before).
 
 Version 1 files (order only, no timings) are reported and re-recorded, never read.
 """
@@ -22,6 +26,7 @@ import time
 from typing import Dict, Optional
 
 from ..log import logger
+from .steady import SteadyTimings
 from .step_profile import StepProfile
 
 PROFILE_VERSION = 2
@@ -34,6 +39,7 @@ class SavedSection:
     fingerprint: str
     facts: dict
     recorded_unix: Optional[float]
+    steady: Optional[SteadyTimings] = None
 
 
 def fingerprint(*facts) -> str:
@@ -55,7 +61,8 @@ def read_sections(path: str) -> Dict[str, SavedSection]:
         raise ValueError("no \"sections\" object")
     try:
         return {name: SavedSection(StepProfile.from_json(entry["step"]), str(entry["fingerprint"]),
-                                   dict(entry.get("facts") or {}), entry.get("recorded_unix"))
+                                   dict(entry.get("facts") or {}), entry.get("recorded_unix"),
+                                   SteadyTimings.from_json(entry.get("steady")))
                 for name, entry in sections.items()}
     except (KeyError, TypeError, AttributeError) as err:
         raise ValueError(f"malformed section ({type(err).__name__}: {err})") from None
@@ -90,23 +97,48 @@ def save_section(path: Optional[str], section: str, section_fingerprint: str, st
     if not path:
         return
     with _lock:
-        data = {"version": PROFILE_VERSION, "sections": {}}
-        try:
-            with open(path) as handle:
-                existing = json.load(handle)
-            if existing.get("version") == PROFILE_VERSION and isinstance(existing.get("sections"), dict):
-                data["sections"] = dict(existing["sections"])
-        except (OSError, ValueError, AttributeError):
-            pass
+        data = {"version": PROFILE_VERSION, "sections": _readable_sections(path)}
         data["sections"][section] = {"fingerprint": section_fingerprint, "recorded_unix": time.time(),
                                      "facts": dict(facts or {}), "step": step.to_json()}
-        folder = os.path.dirname(os.path.abspath(path))
-        os.makedirs(folder, exist_ok=True)
-        descriptor, temporary = tempfile.mkstemp(dir=folder, prefix=".profile-")
-        try:
-            with os.fdopen(descriptor, "w") as handle:
-                json.dump(data, handle)
-            os.replace(temporary, path)
-        except BaseException:
-            os.unlink(temporary)
-            raise
+        _replace_file(path, data)
+
+
+def save_steady(path: Optional[str], section: str, section_fingerprint: str, steady: SteadyTimings) -> bool:
+    """Set the steady timings of ``section`` where the file holds it for ``section_fingerprint`` (the rest of the
+    file as it was, atomically). False where it does not (another run replaced it meanwhile): nothing written."""
+    if not path:
+        return False
+    with _lock:
+        sections = _readable_sections(path)
+        entry = sections.get(section)
+        if not isinstance(entry, dict) or entry.get("fingerprint") != section_fingerprint:
+            return False
+        sections[section] = dict(entry, steady=steady.to_json())
+        _replace_file(path, {"version": PROFILE_VERSION, "sections": sections})
+        return True
+
+
+def _readable_sections(path: str) -> dict:
+    """The sections of the file as JSON, or {} where it is missing, unreadable or of another format version."""
+    try:
+        with open(path) as handle:
+            existing = json.load(handle)
+        if existing.get("version") == PROFILE_VERSION and isinstance(existing.get("sections"), dict):
+            return dict(existing["sections"])
+    except (OSError, ValueError, AttributeError):
+        pass
+    return {}
+
+
+def _replace_file(path: str, data: dict) -> None:
+    """Write ``data`` to a temporary file beside ``path``, then rename it over ``path``."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    descriptor, temporary = tempfile.mkstemp(dir=folder, prefix=".profile-")
+    try:
+        with os.fdopen(descriptor, "w") as handle:
+            json.dump(data, handle)
+        os.replace(temporary, path)
+    except BaseException:
+        os.unlink(temporary)
+        raise

@@ -224,11 +224,7 @@ def test_the_retrospective_check_predicts_a_bench_at_its_ranks_and_gradient_accu
 def test_a_recheck_reprices_with_the_model_probes_figures_only_and_tables_both_errors():
     """scripts/validate_estimate.py --recheck: the figures MODEL_PROBES measure replace the calibration's (the rest of
     the machine stays), and the table keeps the saved predictions' errors and adds the re-priced ones."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("validate_estimate",
-                                                  os.path.join(REPO_ROOT, "scripts", "validate_estimate.py"))
-    validate = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(validate)
+    validate = load_validate_script()
     machine = validate.load_machine(os.path.join(REPO_ROOT, "configs", "machines", "this-2core-vm.json"))
     again = validate.with_model_probes(machine, {"compute": {"flops_per_s": 1e11}, "zero3_calls": {"call_s": 2e-3},
                                                  "io_contention": {"io_contention": 0.5}})
@@ -240,6 +236,33 @@ def test_a_recheck_reprices_with_the_model_probes_figures_only_and_tables_both_e
     text = validate.table(rows)
     assert "| gpt2-tiny-auto | stock | 1.300 / 1.000 | +30% |" in text and "within 15%: 0 of 1" in text
     assert "| gpt2-tiny-auto | stock | 1.100 / 1.000 | +10% |" in text and "Re-priced, within 15%: 1 of 1." in text
+
+
+def load_validate_script():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("validate_estimate",
+                                                  os.path.join(REPO_ROOT, "scripts", "validate_estimate.py"))
+    validate = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(validate)
+    return validate
+
+
+@pytest.mark.deepspeed
+def test_a_profile_run_prices_the_model_with_the_steps_after_its_first(tmp_path):
+    """scripts/validate_estimate.py --profile-runs: a short tencache run of the bench's shape (the real engine,
+    real files), whose params profile has steady timings (the device tier off: on this host accelerator it would
+    serve every access after the first step) and sets the compute figure the predictions use."""
+    validate = load_validate_script()
+    args = validate.argparse.Namespace(config=None, out=str(tmp_path), micro_batch=2, seq_len=64,
+                                       nvme_path=str(tmp_path / "nvme"), dtype="fp32")
+    machine = validate.load_machine(os.path.join(REPO_ROOT, "configs", "machines", "this-2core-vm.json"))
+    profiled, notes = validate.profiled_machine(args, "gpt2-tiny", machine)
+    sections = validate.read_sections(str(tmp_path / "profile-gpt2-tiny.json"))
+    assert sections["params"].steady is not None and sections["params"].steady.steps == validate.STEADY_STEPS
+    assert sections["params"].steady.reads == 0  # "auto" holds gpt2-tiny: nothing read after the first fill
+    assert profiled.accelerator_flops_per_s != machine.accelerator_flops_per_s
+    assert profiled.nvme_read_bytes_per_s_per_drive == machine.nvme_read_bytes_per_s_per_drive
+    assert len(notes) == 1 and f"the median of {validate.STEADY_STEPS} steps after the recorded one" in notes[0]
 
 
 def test_the_budgets_line_gives_the_start_up_split_and_what_the_governor_keeps(tmp_path):

@@ -28,7 +28,8 @@ from tencache_ds.plan.step_model.tencache import _optimizer_sequence, _optimizer
 from tencache_ds.plan.profile_timings import machine_from_profile
 from tencache_ds.plan.workload import ZeroSettings, build_workload, model_element_bytes, optimizer_pipelining
 from tencache_ds.profile.step_profile import StepProfile
-from tencache_ds.profile.store import read_sections, save_section
+from tencache_ds.profile.steady import SteadyTimings
+from tencache_ds.profile.store import read_sections, save_section, save_steady
 from tencache_ds.units import PAGE_BYTES, round_up
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -1278,16 +1279,28 @@ def saved_profile(tmp_path, work, compute_s, read_s_each, scale=1.0):
     return read_sections(path)
 
 
+def tencache_compute_s(work, machine):
+    """The step model's compute-thread time for tencache's step without the drive's cost to the cores, and CPU
+    Adam's: what a profile's step less its waits measures."""
+    from tencache_ds.plan.step_model import optimizer_cpu_seconds
+    quiet = dataclasses.replace(machine, io_contention=0.0)
+    return predict(work, quiet)[TENCACHE].critical_path_s["compute"] + optimizer_cpu_seconds(work, machine)
+
+
 def test_a_profile_of_this_model_sets_compute_and_read_bandwidth(tmp_path):
     work = workload(config=ds_config(host_cache_bytes=0))
     sections = saved_profile(tmp_path, work, compute_s=0.5, read_s_each=0.01)
-    machine, notes = machine_from_profile(this_vm(), work, sections, source="profile p.json")
+    hooks = this_vm(zero3_module_call_s=1e-3)
+    machine, notes = machine_from_profile(hooks, work, sections, source="profile p.json")
+    # the measured compute is the model's compute at the fitted rate: the hooks it prices beside the FLOPs (and
+    # the backward's host memory work) are not counted again as FLOPs
+    assert tencache_compute_s(work, machine) == pytest.approx(0.5, rel=1e-6)
     fwd_bwd = sum(fetch.flops for fetch in work.fetches) / machine.accelerator_flops_per_s
-    from tencache_ds.plan.step_model import optimizer_cpu_seconds
-    assert fwd_bwd + optimizer_cpu_seconds(work, machine) == pytest.approx(0.5)  # the measured compute, split
+    assert fwd_bwd < 0.5 - len(work.fetches) * 1e-3
     read_bytes = sections["params"].step.read_bytes
     assert machine.nvme_read_bytes_per_s_per_rank == pytest.approx(read_bytes / (0.01 * len(sections["params"].step)))
     assert "profile p.json" in machine.sources["accelerator_flops_per_s"] and len(notes) == 2
+    assert "the recorded step, the run's first" in notes[0]
     # a machine measured by request size: the profile's read rate is at its own requests' mean size, so the read
     # factors are rescaled to be 1 there (gpt2-tiny's partitions are below 4 MiB: the smallest row's 0.5); the write
     # factors and their source stay
@@ -1296,6 +1309,22 @@ def test_a_profile_of_this_model_sets_compute_and_read_bandwidth(tmp_path):
     machine, _notes = machine_from_profile(by_size, work, sections, source="profile p.json")
     assert machine.nvme_request_factors == ((4 * MIB, 1.0, 0.8), (512 * MIB, 3.0, 1.2))
     assert machine.sources["nvme_request_factors"].startswith("measured here; the read factors rescaled")
+
+
+def test_a_profiles_steady_timings_set_compute_and_reads_instead_of_its_recorded_step(tmp_path):
+    """The recorded step is the run's first (the tier's first fill, first allocations); the steps that repeated it
+    are how the run goes on."""
+    work = workload(config=ds_config(host_cache_bytes=0))
+    path = str(tmp_path / "profile.json")
+    saved_profile(tmp_path, work, compute_s=2.0, read_s_each=0.05)
+    recorded = read_sections(path)["params"].step
+    save_steady(path, "params", "f" * 16, SteadyTimings(steps=3, step_s=0.6, compute_s=0.5, stall_s=0.1,
+                                                        read_bytes=recorded.read_bytes, read_s=0.2, reads=10))
+    sections = read_sections(path)
+    machine, notes = machine_from_profile(this_vm(), work, sections, source="profile p.json")
+    assert tencache_compute_s(work, machine) == pytest.approx(0.5, rel=1e-6)
+    assert machine.nvme_read_bytes_per_s_per_rank == pytest.approx(recorded.read_bytes / 0.2)
+    assert "the median of 3 steps after the recorded one" in notes[0]
 
 
 def test_a_profile_of_another_model_is_refused(tmp_path):

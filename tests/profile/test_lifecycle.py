@@ -7,6 +7,7 @@ import pytest
 
 from tencache_ds.profile.lifecycle import LEGAL_TRANSITIONS, Phase, ProfileLifecycle
 from tencache_ds.profile.recorder import StepRecorder
+from tencache_ds.profile.steady import STEADY_STEPS
 from tencache_ds.profile.store import load_section, read_sections
 
 TENSORS = [("a", 10), ("b", 20), ("c", 30)]
@@ -58,10 +59,36 @@ def test_first_training_step_is_recorded_saved_and_then_predicts(tmp_path):
     assert index is lifecycle.index and index.distance("a", 0) == 0 and lifecycle.generation == 1
     assert load_section(path, "params", lifecycle._fingerprint).keys == tuple(TRAIN)
     assert read_sections(path)["params"].facts == {"dtype": "bf16", "tensors": 3, "elements": 60}
-    # the next step repeats it: still predicting, nothing rewritten
+    # the next step repeats it: still predicting, the recorded step as it was (only its repeats' timings added)
     before = read_sections(path)["params"].recorded_unix
     assert run_step(lifecycle, TRAIN) is index and lifecycle.divergences == 0
     assert read_sections(path)["params"].recorded_unix == before
+    assert read_sections(path)["params"].step.to_json() == lifecycle.profile.to_json()
+
+
+def test_the_steps_that_repeat_the_profile_are_timed_and_saved_with_it_until_a_new_one_replaces_it(tmp_path):
+    """The recorded step is the run's first; the first STEADY_STEPS repeats, as medians, are how the run goes on
+    (plan/profile_timings.py prices from them)."""
+    path = str(tmp_path / "profile.json")
+    clock = iter(range(1000))
+    lifecycle = ProfileLifecycle(StepRecorder(clock=lambda: float(next(clock))), path, "params")
+    lifecycle.load(TENSORS, dtype="bf16")
+    run_step(lifecycle, "abc")                     # initialisation
+    run_step(lifecycle, TRAIN)                     # recorded: no repeat yet
+    assert lifecycle.steady is None and read_sections(path)["params"].steady is None
+    for repeats in range(1, STEADY_STEPS + 2):
+        run_step(lifecycle, TRAIN)
+        saved = read_sections(path)["params"].steady
+        assert saved == lifecycle.steady and saved.steps == min(repeats, STEADY_STEPS)
+    # each access takes one tick of the fake clock and the step's end one more: 7 a step, none of it waiting
+    assert (saved.step_s, saved.compute_s, saved.stall_s, saved.reads) == (7.0, 7.0, 0.0, 0)
+    # a lasting change replaces the profile: its own repeats start from none
+    run_step(lifecycle, "abba")
+    run_step(lifecycle, "abba")
+    assert lifecycle.profile.keys == tuple("abba") and lifecycle.steady is None
+    assert read_sections(path)["params"].steady is None
+    run_step(lifecycle, "abba")
+    assert read_sections(path)["params"].steady.steps == 1
 
 
 def test_a_saved_profile_is_reused_on_restart_and_serves_eviction_from_the_start(tmp_path):

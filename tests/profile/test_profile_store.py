@@ -1,11 +1,14 @@
 """The profile file: saved and loaded by fingerprint with its timings, stale, corrupt or version-1 files reported
 and never used (and never a crash), the step profile's JSON form."""
+import dataclasses
 import json
 
 import pytest
 
 from tencache_ds.profile.step_profile import StepProfile
-from tencache_ds.profile.store import PROFILE_VERSION, fingerprint, load_section, read_sections, save_section
+from tencache_ds.profile.steady import SteadyTimings
+from tencache_ds.profile.store import (PROFILE_VERSION, fingerprint, load_section, read_sections, save_section,
+                                       save_steady)
 
 TIMED = StepProfile(keys=(1, 2, 1), nbytes=(4096, 8192, 4096), offset_s=(0.1, 0.3, 0.6),
                     read_s=(0.05, None, 0.02), stall_s=(0.0, 0.05, 0.0, 0.02), step_s=0.7)
@@ -23,6 +26,38 @@ def test_round_trip_with_timings_and_sections_are_independent(tmp_path):
     sections = read_sections(path)
     assert sections["params"].facts == {"dtype": "bf16"} and sections["params"].recorded_unix > 0
     assert json.loads(open(path).read())["version"] == PROFILE_VERSION == 2
+
+
+def test_steady_timings_join_the_section_they_describe_and_no_other(tmp_path):
+    path = str(tmp_path / "p.json")
+    steady = SteadyTimings.of([TIMED, dataclasses.replace(TIMED, step_s=0.9), dataclasses.replace(TIMED, step_s=0.5)])
+    assert (steady.steps, steady.step_s, steady.stall_s, steady.reads) == (3, 0.7, pytest.approx(0.07), 6)
+    assert steady.read_bytes == 3 * 8192 and steady.read_s == pytest.approx(3 * 0.07)
+    assert not save_steady(path, "params", "f", steady)  # no file yet: nothing to describe
+    save_section(path, "params", "f", TIMED)
+    recorded = read_sections(path)["params"]
+    assert recorded.steady is None  # (as in files of an older tencache)
+    assert not save_steady(path, "params", "g", steady)  # another run's section: left alone
+    assert not save_steady(path, "optimizer", "f", steady)
+    assert save_steady(path, "params", "f", steady)
+    saved = read_sections(path)["params"]
+    assert saved.steady == steady and saved.step == TIMED and saved.recorded_unix == recorded.recorded_unix
+    save_section(path, "params", "f", TIMED)  # a new profile: its repeats are not the old one's
+    assert read_sections(path)["params"].steady is None
+
+
+@pytest.mark.parametrize("steady", [{"steps": 0, "step_s": 1, "compute_s": 1, "stall_s": 0, "read_bytes": 0,
+                                     "read_s": 0, "reads": 0}, {"steps": 2}, "fast"])
+def test_malformed_steady_timings_make_the_file_unusable_not_a_crash(tmp_path, messages, steady):
+    path = tmp_path / "p.json"
+    save_section(str(path), "params", "f", TIMED)
+    data = json.loads(path.read_text())
+    data["sections"]["params"]["steady"] = steady
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="steady timings"):
+        read_sections(str(path))
+    assert load_section(str(path), "params", "f") is None
+    assert any("unusable" in message for message in messages)
 
 
 def test_stale_profile_is_reported_and_not_used(tmp_path, messages):
