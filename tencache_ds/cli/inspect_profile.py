@@ -70,6 +70,7 @@ def summarize(saved: SavedSection, first: int) -> dict:
         "step_s": step.step_s, "compute_s": step.compute_s, "io_wait_s": step.total_stall_s,
         "reads": reads, "read_bytes": step.read_bytes, "read_s": step.measured_read_s,
         "read_bytes_per_s": step.measured_read_bytes_per_s, "accessed_bytes": step.accessed_bytes,
+        "steady": saved.steady.to_json() if saved.steady is not None else None,
     }
 
 
@@ -90,7 +91,16 @@ def _summary_lines(name: str, summary: dict) -> List[str]:
         + (f" ({fmt_bytes(bandwidth)}/s)" if bandwidth else ""),
         f"  bytes      {fmt_bytes(summary['accessed_bytes'])} accessed per step, {fmt_bytes(summary['read_bytes'])} "
         f"read",
+        _steady_line(summary["steady"]),
     ]
+
+
+def _steady_line(steady: Optional[dict]) -> str:
+    if steady is None:
+        return "  repeats    none timed (the timings above are the recorded step's, the run's first)"
+    return (f"  repeats    median of {steady['steps']} timed: step {steady['step_s']:.4f} s = compute "
+            f"{steady['compute_s']:.4f} s + I/O wait {steady['stall_s']:.4f} s; {steady['reads']} reads, "
+            f"{fmt_bytes(steady['read_bytes'])} in {steady['read_s']:.4f} s")
 
 
 # ------------------------------------------------------------------------------------------------------- plan

@@ -3,24 +3,28 @@ checking that a profile (profile/store.py sections) was recorded for this worklo
 time and NVMe read bandwidth into the figures the step model replays with. Does not own: the profile's format or
 the replay (plan/step_model/). Pure.
 
-What is taken from the profile, from each section's steady timings (the median of the steps that repeated the
-recorded one, profile/steady.py) where it has them, else from the recorded step, the run's first, with its
-first-step costs (a section saved before a step repeated it, or by an older tencache):
+What is taken from the profile: from its steady timings (profile/steady.py: the steps that repeated the recorded
+one) where every section has them, else from the recorded steps, the run's first, with their first-step costs (a
+profile saved before a step repeated it, or by an older tencache); never the two mixed:
 - compute: the "params" section's step less its I/O waits is forward, backward and the optimizer's CPU work; less
   the "optimizer" section's own waits (reads of optimizer state the update waited for) and less the model's CPU
   Adam time, it is the forward and backward. That time is more than FLOPs: the step model charges ZeRO-3's hooks
-  and a host accelerator's memory work to compute beside them. The FLOP rate is the one at which the model's
-  tencache compute for this workload takes the measured time (its compute is linear in the inverse rate: two
-  replays give the slope), so what the model prices apart is not counted twice;
-- NVMe reads: bytes over summed read durations, all sections pooled (the profile's own measure: with two reads in
-  flight each one's duration includes its wait behind the other, so this is per request, not the drive's total);
-  measured at the run's own request sizes, so the machine's read factors by request size are rescaled to be 1 at
-  the profile's mean read.
+  and a host accelerator's memory work to compute beside them, and the training thread's collectives and H2D
+  copies to parts of their own. The FLOP rate is the one at which the model's tencache step spends the measured
+  time on those parts together (linear in the inverse rate: two replays give the slope), so what the model
+  prices apart is not counted twice. Not taken out: the drive's cost to the cores (``io_contention``) in a
+  profile of a run that read or wrote while it computed. The fit leaves it at 0 and the prediction adds it
+  again, so profile a run whose budget holds what it trains where the host has room (as
+  scripts/validate_estimate.py --profile-runs does);
+- NVMe reads: bytes over summed read durations, all sections and steps pooled (the profile's own measure: with
+  two reads in flight each one's duration includes its wait behind the other, so this is per request, not the
+  drive's total); measured at the run's own request sizes, so the machine's read factors by request size are
+  rescaled to be 1 at the profile's mean read.
 The access sequence stays synthesised; the profile's partition sizes must match it (else it describes another
 model or config and is refused).
 """
 import dataclasses
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Tuple
 
 from ..errors import TencacheConfigError
 from ..profile.steady import SteadyTimings
@@ -31,9 +35,13 @@ from .workload import Workload
 
 SIZE_TOLERANCE = 0.05      # page rounding and alignment differ by far less than another model's sizes would
 MIN_COMPUTE_SHARE = 0.05   # a forward + backward below this share of the step is a profile we cannot read
+MIN_FLOP_SHARE = 0.05      # FLOPs below this share of the measured forward + backward: the model's other work
+                           # there is priced higher than the run spent on all of it, and no rate would fit
+# the parts of a replayed step spent on the training thread between its I/O waits (plan/step_model/results.py)
+THREAD_PARTS = ("compute", "collective", "h2d")
 
 
-def machine_from_profile(machine: Machine, workload: Workload, sections: Dict[str, object],
+def machine_from_profile(machine: Machine, workload: Workload, sections: Dict[str, SavedSection],
                          source: str) -> Tuple[Machine, List[str]]:
     """``machine`` with the profile's measured figures; and one note per figure taken (for the report). Raises
     TencacheConfigError naming ``source`` when the profile has no "params" section or was recorded for another
@@ -52,19 +60,24 @@ def machine_from_profile(machine: Machine, workload: Workload, sections: Dict[st
                                   f"config")
     notes: List[str] = []
     changes = {}
-    timings = {name: _timings(section) for name, section in sections.items()}
+    steady = all(section.steady is not None for section in sections.values())
+    timings = {name: section.steady if steady else SteadyTimings.of([section.step])
+               for name, section in sections.items()}
     optimizer_waits = timings["optimizer"].stall_s if "optimizer" in timings else 0.0
     fwd_bwd_flops = sum(fetch.flops for fetch in workload.fetches) * workload.gas
     measured = timings["params"].compute_s - optimizer_waits - optimizer_cpu_seconds(workload, machine)
-    fitted = _fitted_compute(machine, workload, measured) if fwd_bwd_flops > 0 else None
-    if measured > MIN_COMPUTE_SHARE * timings["params"].step_s and fitted is not None:
-        rate, flop_s = fitted
-        changes["accelerator_flops_per_s"] = rate
-        steps = (f"the median of {params.steady.steps} steps after the recorded one" if params.steady is not None
+    if measured > MIN_COMPUTE_SHARE * timings["params"].step_s and fwd_bwd_flops > 0:
+        steps = (f"the median of {params.steady.steps} steps after the recorded one" if steady
                  else "the recorded step, the run's first")
-        notes.append(f"compute {measured:.3f} s per step ({steps}), of which {flop_s:.3f} s FLOPs "
-                     f"({fwd_bwd_flops / flop_s / 1e9:.1f} GFLOP/s) and {measured - flop_s:.3f} s the work the "
-                     f"model prices beside them")
+        rate, flop_s, beside = _fitted_compute(machine, workload, measured)
+        if flop_s >= MIN_FLOP_SHARE * measured:
+            changes["accelerator_flops_per_s"] = rate
+            notes.append(f"compute {measured:.3f} s per step ({steps}), of which {flop_s:.3f} s FLOPs "
+                         f"({fwd_bwd_flops / flop_s / 1e9:.1f} GFLOP/s) and {beside:.3f} s the work the model "
+                         f"prices beside them")
+        else:
+            notes.append(f"compute not taken: {measured:.3f} s per step measured ({steps}), and the model prices "
+                         f"{beside:.3f} s of other work on the training thread there: no FLOP rate fits")
     read_s = sum(timing.read_s for timing in timings.values())
     read_bytes = sum(timing.read_bytes for timing in timings.values())
     if read_s > 0:
@@ -81,31 +94,29 @@ def machine_from_profile(machine: Machine, workload: Workload, sections: Dict[st
         notes.append("nothing measured that the machine's figures lack")
     sources = dict(machine.sources)
     for key in changes:
-        sources[key] = f"{source}: measured in a training step"
+        sources[key] = f"{source}: " + ("medians of the training steps that repeated the recorded one" if steady
+                                        else "the recorded training step")
     if "nvme_request_factors" in changes:
         sources["nvme_request_factors"] = (f"{machine.sources.get('nvme_request_factors', 'the machine file')}; the "
                                            f"read factors rescaled to 1 at the mean read of {source}")
     return dataclasses.replace(machine, sources=sources, **changes), notes
 
 
-def _timings(section: SavedSection) -> SteadyTimings:
-    """The section's steady timings, else its recorded step's as if one step had repeated it."""
-    return section.steady if section.steady is not None else SteadyTimings.of([section.step])
 
-
-
-def _fitted_compute(machine: Machine, workload: Workload, measured_s: float) -> Optional[Tuple[float, float]]:
-    """(accelerator_flops_per_s, the FLOP seconds at it) at which the step model's tencache compute for
-    ``workload`` takes ``measured_s``; None where the work it prices beside the FLOPs already takes that long."""
+def _fitted_compute(machine: Machine, workload: Workload, measured_s: float) -> Tuple[float, float, float]:
+    """(accelerator_flops_per_s, the FLOP seconds at it, the seconds the model prices beside the FLOPs) for which
+    the step model's tencache step spends ``measured_s`` on THREAD_PARTS; the FLOP seconds are
+    ``measured_s - beside`` (at most 0 where no rate fits)."""
     from .step_model import TENCACHE, predict
 
-    def compute_at(rate: float) -> float:
+    def thread_s(rate: float) -> float:
         at = dataclasses.replace(machine, accelerator_flops_per_s=rate, io_contention=0.0)
-        return predict(workload, at)[TENCACHE].critical_path_s["compute"]
+        parts = predict(workload, at)[TENCACHE].critical_path_s
+        return sum(parts[name] for name in THREAD_PARTS)
 
     rate = machine.accelerator_flops_per_s
-    flop_s = 2.0 * (compute_at(rate) - compute_at(2.0 * rate))  # compute(r) = beside + flops / r
-    beside = compute_at(rate) - flop_s
-    if flop_s <= 0 or measured_s - beside <= MIN_COMPUTE_SHARE * measured_s:
-        return None
-    return rate * flop_s / (measured_s - beside), measured_s - beside
+    at_rate = thread_s(rate)
+    flop_s_at_rate = 2.0 * (at_rate - thread_s(2.0 * rate))  # thread(r) = beside + flops / r
+    beside = at_rate - flop_s_at_rate
+    flop_s = measured_s - beside
+    return (rate * flop_s_at_rate / flop_s if flop_s > 0 else rate), flop_s, beside

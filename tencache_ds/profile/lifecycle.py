@@ -21,9 +21,13 @@ Phases::
 A step that does not repeat the profile is kept as the candidate. If the next step repeats the candidate, the
 change lasts (a new setting, or DeepSpeed's steady state after its own first traced step) and the candidate
 replaces the profile, saved; a one-off (an eval pass) leaves the profile as it was. Either way the next step is
-predicted by the profile. The first STEADY_STEPS steps that repeat a profile are timed and their summary saved with
-it (profile/steady.py): the recorded step carries first-step costs the later ones do not. Nothing here can change a result: eviction and prefetch choose *when* bytes move, never
+predicted by the profile. Nothing here can change a result: eviction and prefetch choose *when* bytes move, never
 which bytes a tensor has.
+
+Timing. The first STEADY_STEPS steps that repeat the profile, after the run's first training step, are timed and
+their summary saved with it (profile/steady.py): a run's first training step carries first-step costs the later
+ones do not, whether it was recorded or repeated a loaded profile. A summary on file is replaced only by one of as
+many steps (a restart that stops early leaves the longer one).
 """
 import enum
 from typing import Callable, Hashable, List, Optional, Sequence, Tuple
@@ -149,6 +153,8 @@ class ProfileLifecycle:
         return self.index
 
     def _timed_repeat(self, finished: Optional[StepProfile]) -> None:
+        if self._steps_ended <= self._first_training_step + 1:
+            return  # the run's first training step (a loaded profile predicts it): first-step costs
         if finished is None or len(self._repeats) >= STEADY_STEPS:
             return
         self._repeats.append(finished)

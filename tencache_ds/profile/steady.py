@@ -4,10 +4,11 @@ its JSON form. Pure.
 A profile is the first training step (profile/lifecycle.py), and that step carries costs the steps after it do not:
 the host tier's first fill, the allocator's first requests, DeepSpeed's first traced step. On this machine a
 gpt2-small step (fp32, 2 x 64 tokens, a budget that holds everything) took 3.05 s as the profile and 1.65-1.75 s in
-the five steps after it. The order of accesses the profile holds is what eviction and prefetch need. A planner that prices a step as it
-runs from the second on (`tencache-ds estimate --profile`, plan/profile_timings.py) reads this summary instead.
+the five steps after it. The order of accesses the profile holds is what eviction and prefetch need. A planner that
+prices a step as the run goes on (`tencache-ds estimate --profile`, plan/profile_timings.py) reads this summary.
 """
 import dataclasses
+import math
 import statistics
 from typing import Optional, Sequence
 
@@ -55,7 +56,8 @@ class SteadyTimings:
                          read_s=float(data["read_s"]), reads=int(data["reads"]))
         except (KeyError, TypeError) as err:
             raise ValueError(f"malformed steady timings ({type(err).__name__}: {err})") from None
-        if steady.steps < 1 or min(steady.step_s, steady.compute_s, steady.stall_s, steady.read_s) < 0 \
+        seconds = (steady.step_s, steady.compute_s, steady.stall_s, steady.read_s)
+        if steady.steps < 1 or not all(math.isfinite(value) and value >= 0 for value in seconds) \
                 or steady.read_bytes < 0 or steady.reads < 0:
             raise ValueError(f"steady timings out of range: {data}")
         return steady

@@ -62,10 +62,20 @@ def read_sections(path: str) -> Dict[str, SavedSection]:
     try:
         return {name: SavedSection(StepProfile.from_json(entry["step"]), str(entry["fingerprint"]),
                                    dict(entry.get("facts") or {}), entry.get("recorded_unix"),
-                                   SteadyTimings.from_json(entry.get("steady")))
+                                   _steady(path, name, entry.get("steady")))
                 for name, entry in sections.items()}
     except (KeyError, TypeError, AttributeError) as err:
         raise ValueError(f"malformed section ({type(err).__name__}: {err})") from None
+
+
+def _steady(path: str, section: str, data) -> Optional[SteadyTimings]:
+    """The section's steady timings; None, with a warning, where they are malformed: they only price steps
+    (plan/profile_timings.py), and the access order beside them still serves eviction."""
+    try:
+        return SteadyTimings.from_json(data)
+    except (ValueError, TypeError) as err:
+        logger.warning("profile %s [%s]: its steady timings are unusable (%s) and are ignored", path, section, err)
+        return None
 
 
 def load_section(path: Optional[str], section: str, expected_fingerprint: str) -> Optional[StepProfile]:
@@ -104,8 +114,9 @@ def save_section(path: Optional[str], section: str, section_fingerprint: str, st
 
 
 def save_steady(path: Optional[str], section: str, section_fingerprint: str, steady: SteadyTimings) -> bool:
-    """Set the steady timings of ``section`` where the file holds it for ``section_fingerprint`` (the rest of the
-    file as it was, atomically). False where it does not (another run replaced it meanwhile): nothing written."""
+    """Set the steady timings of ``section`` where the file holds it for ``section_fingerprint`` and no summary of
+    more steps (the rest of the file as it was, atomically). False, nothing written, where it does not (another
+    run replaced the section meanwhile, or an earlier run timed more of its repeats)."""
     if not path:
         return False
     with _lock:
@@ -113,6 +124,9 @@ def save_steady(path: Optional[str], section: str, section_fingerprint: str, ste
         entry = sections.get(section)
         if not isinstance(entry, dict) or entry.get("fingerprint") != section_fingerprint:
             return False
+        kept = _steady(path, section, entry.get("steady"))
+        if kept is not None and kept.steps > steady.steps:
+            return False  # a longer summary of the same sequence (an earlier run's) stays
         sections[section] = dict(entry, steady=steady.to_json())
         _replace_file(path, {"version": PROFILE_VERSION, "sections": sections})
         return True

@@ -9,7 +9,8 @@ import pytest
 
 from tencache_ds.cli.main import build_parser
 from tencache_ds.profile.step_profile import StepProfile
-from tencache_ds.profile.store import fingerprint, save_section
+from tencache_ds.profile.steady import SteadyTimings
+from tencache_ds.profile.store import fingerprint, save_section, save_steady
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MIB = 1 << 20
@@ -55,6 +56,13 @@ def test_profile_show_summarises_sequence_sizes_and_timings(profile_file):
     assert "1.00 MiB x 3" in out and "dtype=torch.bfloat16" in out
     assert "5 of 6 accesses read NVMe: 5.00 MiB in 0.0500 s (100.00 MiB/s)" in out
     assert "step 0.2000 s = compute 0.1500 s + I/O wait 0.0500 s" in out
+    assert "repeats    none timed (the timings above are the recorded step's, the run's first)" in out
+    save_steady(profile_file, "params", fingerprint([[1, 1]]),
+                SteadyTimings(steps=4, step_s=0.12, compute_s=0.1, stall_s=0.02, read_bytes=3 * MIB, read_s=0.03,
+                              reads=3))
+    out = run_cli("profile", "show", profile_file).stdout
+    assert ("repeats    median of 4 timed: step 0.1200 s = compute 0.1000 s + I/O wait 0.0200 s; 3 reads, 3.00 MiB "
+            "in 0.0300 s") in out
 
     data = json.loads(run_cli("profile", "show", profile_file, "--json").stdout)
     params = data["sections"]["params"]
@@ -62,6 +70,7 @@ def test_profile_show_summarises_sequence_sizes_and_timings(profile_file):
     assert params["read_bytes"] == 5 * MIB and params["compute_s"] == pytest.approx(0.15)
     assert params["size_histogram"] == {str(MIB): 3}
     assert data["sections"]["optimizer"]["reads"] == 0
+    assert params["steady"]["steps"] == 4 and data["sections"]["optimizer"]["steady"] is None
 
 
 def test_plan_reports_residency_leads_and_step_time(profile_file):

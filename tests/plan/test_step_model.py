@@ -1280,11 +1280,11 @@ def saved_profile(tmp_path, work, compute_s, read_s_each, scale=1.0):
 
 
 def tencache_compute_s(work, machine):
-    """The step model's compute-thread time for tencache's step without the drive's cost to the cores, and CPU
-    Adam's: what a profile's step less its waits measures."""
+    """The step model's training-thread time for tencache's step between its I/O waits (compute, collectives, H2D
+    copies) without the drive's cost to the cores, and CPU Adam's: what a profile's step less its waits measures."""
     from tencache_ds.plan.step_model import optimizer_cpu_seconds
-    quiet = dataclasses.replace(machine, io_contention=0.0)
-    return predict(work, quiet)[TENCACHE].critical_path_s["compute"] + optimizer_cpu_seconds(work, machine)
+    parts = predict(work, dataclasses.replace(machine, io_contention=0.0))[TENCACHE].critical_path_s
+    return parts["compute"] + parts["collective"] + parts["h2d"] + optimizer_cpu_seconds(work, machine)
 
 
 def test_a_profile_of_this_model_sets_compute_and_read_bandwidth(tmp_path):
@@ -1311,6 +1311,27 @@ def test_a_profile_of_this_model_sets_compute_and_read_bandwidth(tmp_path):
     assert machine.sources["nvme_request_factors"].startswith("measured here; the read factors rescaled")
 
 
+def test_a_profile_of_a_gpu_run_leaves_its_h2d_copies_out_of_the_flops(tmp_path):
+    """On a GPU the profile's compute holds the step's H2D copies, which the model prices as a part of their own."""
+    work = workload(config=ds_config(host_cache_bytes=0))
+    sections = saved_profile(tmp_path, work, compute_s=0.5, read_s_each=0.01)
+    gpu = this_vm(accelerator_is_host=False, accelerator_memory_bytes=80 * GIB, h2d_bytes_per_s=2e9)
+    machine, _notes = machine_from_profile(gpu, work, sections, source="profile p.json")
+    h2d = predict(work, machine)[TENCACHE].critical_path_s["h2d"]
+    assert h2d > 0.01 and tencache_compute_s(work, machine) == pytest.approx(0.5, rel=1e-6)
+    fwd_bwd = sum(fetch.flops for fetch in work.fetches) / machine.accelerator_flops_per_s
+    assert fwd_bwd < 0.5 - h2d
+
+
+def test_where_the_model_prices_more_than_the_run_took_no_compute_figure_is_taken(tmp_path):
+    work = workload(config=ds_config(host_cache_bytes=0))
+    sections = saved_profile(tmp_path, work, compute_s=0.5, read_s_each=0.01)
+    slow_hooks = this_vm(zero3_module_call_s=1.0)
+    machine, notes = machine_from_profile(slow_hooks, work, sections, source="profile p.json")
+    assert machine.accelerator_flops_per_s == slow_hooks.accelerator_flops_per_s
+    assert notes[0].startswith("compute not taken: 0.") and "no FLOP rate fits" in notes[0]
+
+
 def test_a_profiles_steady_timings_set_compute_and_reads_instead_of_its_recorded_step(tmp_path):
     """The recorded step is the run's first (the tier's first fill, first allocations); the steps that repeated it
     are how the run goes on."""
@@ -1325,6 +1346,11 @@ def test_a_profiles_steady_timings_set_compute_and_reads_instead_of_its_recorded
     assert tencache_compute_s(work, machine) == pytest.approx(0.5, rel=1e-6)
     assert machine.nvme_read_bytes_per_s_per_rank == pytest.approx(recorded.read_bytes / 0.2)
     assert "the median of 3 steps after the recorded one" in notes[0]
+    # an optimizer section without them: the recorded steps for both, never the two mixed
+    save_section(path, "optimizer", "o" * 16, StepProfile.untimed(["x"], [4096]))
+    machine, notes = machine_from_profile(this_vm(), work, read_sections(path), source="profile p.json")
+    assert tencache_compute_s(work, machine) == pytest.approx(recorded.compute_s, rel=1e-6)
+    assert "the recorded step, the run's first" in notes[0]
 
 
 def test_a_profile_of_another_model_is_refused(tmp_path):

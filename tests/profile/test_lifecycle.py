@@ -91,6 +91,24 @@ def test_the_steps_that_repeat_the_profile_are_timed_and_saved_with_it_until_a_n
     assert read_sections(path)["params"].steady.steps == 1
 
 
+def test_a_restart_does_not_time_its_first_training_step_nor_shorten_the_summary_on_file(tmp_path):
+    path = str(tmp_path / "profile.json")
+    first = new(path)
+    first.load(TENSORS, dtype="bf16")
+    for keys in ["abc", TRAIN] + [TRAIN] * (STEADY_STEPS + 1):
+        run_step(first, keys)
+    assert read_sections(path)["params"].steady.steps == STEADY_STEPS
+    restarted = new(path)
+    restarted.load(TENSORS, dtype="bf16")
+    assert restarted.source == "loaded" and restarted.steady is None
+    run_step(restarted, "abc")  # initialisation
+    run_step(restarted, TRAIN)  # the run's first training step repeats the loaded profile, with first-step costs
+    assert restarted.steady is None
+    run_step(restarted, TRAIN)
+    run_step(restarted, TRAIN)
+    assert restarted.steady.steps == 2 and read_sections(path)["params"].steady.steps == STEADY_STEPS
+
+
 def test_a_saved_profile_is_reused_on_restart_and_serves_eviction_from_the_start(tmp_path):
     path = str(tmp_path / "profile.json")
     first = new(path)
