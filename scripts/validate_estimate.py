@@ -14,11 +14,11 @@ the predictions stay the saved ones, and the table adds each row's error priced 
         --out validate-out [--machine configs/machines/this.json] [--steps 6 --warmup 2 --repeats 2]
 
 With --profile-runs, after the calibration each model first trains a few steps under tencache (the "auto" budget,
-the device tier off) with a profile, and its predictions take their compute figure, and read rate where that run
-read, from the profile's steady timings, as `tencache-ds estimate --profile` does (OUT/profile-<model>.json;
-OUT/machine-<model>-profiled.json). The calibration's compute probe is a bare forward and backward of the model's
-layers in a process of its own, whose ratio to a training step's compute changed with the VM's state (docs/estimate.md,
-run 19); the profile is a training step.
+the device tier off) with a profile, and its predictions take their compute figure from the profile's steady
+timings, as `tencache-ds estimate --profile` does (OUT/profile-<model>.json; OUT/machine-<model>-profiled.json).
+The calibration's compute probe is a bare forward and backward of the model's layers in a process of its own, whose
+ratio to a training step's compute changed with the VM's state (docs/estimate.md, run 19); the profile is a
+training step.
 
 Retrospective: compare with benches already on disk (bench.json folders, e.g. docs/bench/), measured before the
 model existed; nothing runs.
@@ -269,7 +269,7 @@ def main(argv=None) -> int:
     parser.add_argument("--recheck", action="store_true",
                         help="run the model's probes again before each bench and add the error priced with them")
     parser.add_argument("--profile-runs", action="store_true",
-                        help="price each model with the profile of a short tencache run of it (compute, reads)")
+                        help="price each model's compute with the profile of a short tencache run of it")
     parser.add_argument("--nvme-path", default="/tmp/tencache-bench-nvme")
     parser.add_argument("--ranks", type=int, default=1,
                         help="ranks on this machine (the bench's --ranks; they share its cores, memory and drive)")

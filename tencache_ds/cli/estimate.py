@@ -5,7 +5,7 @@ the numbers (plan/step_model/ computes them; cli/calibrate.py measures this mach
 
     tencache-ds estimate --model configs/models/llama-7b.json --ds-config ds_config.json \\
         --machine configs/machines/h100x1-2nvme.json [--micro-batch 1 --seq 2048 --gas 8] [--json]
-        [--profile runs/profile.json]   # the run's measured compute and read bandwidth instead of the machine's
+        [--profile runs/profile.json]   # the run's measured compute instead of the machine's (its reads reported)
 
 Every bad input is an error that names the file and the key, with exit code 2; nothing is written.
 """

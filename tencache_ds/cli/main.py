@@ -228,7 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
                           help="with --machine this: also write the measured machine file there")
     estimate.add_argument("--profile", default=None, metavar="PROFILE_JSON",
                           help="a saved tencache profile (config \"profile_path\") of this model and config: its "
-                          "measured compute time and NVMe read bandwidth replace the machine's figures")
+                          "measured compute time sets the FLOP rate (its reads' rate is reported, not taken)")
     estimate.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 
     for_cpu = subcommands.add_parser(

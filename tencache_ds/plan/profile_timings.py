@@ -1,7 +1,7 @@
 """A saved profile's measured timings in place of a machine's figures, for `tencache-ds estimate --profile`. Owns:
 checking that a profile (profile/store.py sections) was recorded for this workload, and turning its measured compute
-time and NVMe read bandwidth into the figures the step model replays with. Does not own: the profile's format or
-the replay (plan/step_model/). Pure.
+time into the FLOP rate the step model replays with. Does not own: the profile's format or the replay
+(plan/step_model/). Pure.
 
 What is taken from the profile: from its steady timings (profile/steady.py: the steps that repeated the recorded
 one) where every section has them, else from the recorded steps, the run's first, with their first-step costs (a
@@ -16,10 +16,11 @@ profile saved before a step repeated it, or by an older tencache); never the two
   profile of a run that read or wrote while it computed. The fit leaves it at 0 and the prediction adds it
   again, so profile a run whose budget holds what it trains where the host has room (as
   scripts/validate_estimate.py --profile-runs does);
-- NVMe reads: bytes over summed read durations, all sections and steps pooled (the profile's own measure: with
-  two reads in flight each one's duration includes its wait behind the other, so this is per request, not the
-  drive's total); measured at the run's own request sizes, so the machine's read factors by request size are
-  rescaled to be 1 at the profile's mean read.
+- NVMe reads: reported, not taken. The profile times each read from issue to completion; with several in flight
+  (tencache keeps them so) each one's time holds its wait behind the others, so bytes over summed times is a
+  rate per request, not the drive's. Taken as the drive's rate it made gpt2-1.3b's stock step 93 s where it
+  took 60 s (docs/estimate.md, run 20); the machine's drive figures (`--machine this` measures them with
+  tencache's own engine at its queue depth) stay.
 The access sequence stays synthesised; the profile's partition sizes must match it (else it describes another
 model or config and is refused).
 """
@@ -79,26 +80,16 @@ def machine_from_profile(machine: Machine, workload: Workload, sections: Dict[st
             notes.append(f"compute not taken: {measured:.3f} s per step measured ({steps}), and the model prices "
                          f"{beside:.3f} s of other work on the training thread there: no FLOP rate fits")
     read_s = sum(timing.read_s for timing in timings.values())
-    read_bytes = sum(timing.read_bytes for timing in timings.values())
-    if read_s > 0:
-        per_rank = read_bytes / read_s
-        changes["nvme_read_bytes_per_s_per_drive"] = per_rank * machine.ranks_per_node / machine.drives
-        notes.append(f"NVMe read {per_rank / 1e9:.2f} GB/s per rank")
-        if machine.nvme_request_factors:
-            # that rate is at the run's own requests' mean size: the read factors are rescaled to be 1 there
-            mean_request = read_bytes / max(1, sum(timing.reads for timing in timings.values()))
-            at_mean = machine.nvme_request_factor("read", int(mean_request))
-            changes["nvme_request_factors"] = tuple((size, read / at_mean, write)
-                                                    for size, read, write in machine.nvme_request_factors)
+    if read_s > 0:  # reported, not taken: see the module's docstring
+        per_request = sum(timing.read_bytes for timing in timings.values()) / read_s
+        notes.append(f"NVMe reads {per_request / 1e9:.2f} GB/s per request, not taken for the drive's rate (with "
+                     f"several in flight, each one's time holds its wait behind the others)")
     if not notes:
         notes.append("nothing measured that the machine's figures lack")
     sources = dict(machine.sources)
     for key in changes:
         sources[key] = f"{source}: " + ("medians of the training steps that repeated the recorded one" if steady
                                         else "the recorded training step")
-    if "nvme_request_factors" in changes:
-        sources["nvme_request_factors"] = (f"{machine.sources.get('nvme_request_factors', 'the machine file')}; the "
-                                           f"read factors rescaled to 1 at the mean read of {source}")
     return dataclasses.replace(machine, sources=sources, **changes), notes
 
 

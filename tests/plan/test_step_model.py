@@ -1287,7 +1287,7 @@ def tencache_compute_s(work, machine):
     return parts["compute"] + parts["collective"] + parts["h2d"] + optimizer_cpu_seconds(work, machine)
 
 
-def test_a_profile_of_this_model_sets_compute_and_read_bandwidth(tmp_path):
+def test_a_profile_of_this_model_sets_compute_and_reports_its_reads_without_taking_them(tmp_path):
     work = workload(config=ds_config(host_cache_bytes=0))
     sections = saved_profile(tmp_path, work, compute_s=0.5, read_s_each=0.01)
     hooks = this_vm(zero3_module_call_s=1e-3)
@@ -1297,18 +1297,18 @@ def test_a_profile_of_this_model_sets_compute_and_read_bandwidth(tmp_path):
     assert tencache_compute_s(work, machine) == pytest.approx(0.5, rel=1e-6)
     fwd_bwd = sum(fetch.flops for fetch in work.fetches) / machine.accelerator_flops_per_s
     assert fwd_bwd < 0.5 - len(work.fetches) * 1e-3
-    read_bytes = sections["params"].step.read_bytes
-    assert machine.nvme_read_bytes_per_s_per_rank == pytest.approx(read_bytes / (0.01 * len(sections["params"].step)))
     assert "profile p.json" in machine.sources["accelerator_flops_per_s"] and len(notes) == 2
     assert "the recorded step, the run's first" in notes[0]
-    # a machine measured by request size: the profile's read rate is at its own requests' mean size, so the read
-    # factors are rescaled to be 1 there (gpt2-tiny's partitions are below 4 MiB: the smallest row's 0.5); the write
-    # factors and their source stay
+    # its reads' rate is per request (with several in flight each one's time holds its wait behind the others),
+    # not the drive's: reported, while the machine's drive figures and their sources stay
+    per_request = sections["params"].step.read_bytes / (0.01 * len(sections["params"].step))
+    assert notes[1].startswith(f"NVMe reads {per_request / 1e9:.2f} GB/s per request, not taken")
     by_size = this_vm(nvme_request_factors=((4 * MIB, 0.5, 0.8), (512 * MIB, 1.5, 1.2)),
                       sources={"nvme_request_factors": "measured here"})
     machine, _notes = machine_from_profile(by_size, work, sections, source="profile p.json")
-    assert machine.nvme_request_factors == ((4 * MIB, 1.0, 0.8), (512 * MIB, 3.0, 1.2))
-    assert machine.sources["nvme_request_factors"].startswith("measured here; the read factors rescaled")
+    assert (machine.nvme_read_bytes_per_s_per_drive, machine.nvme_request_factors, machine.sources) == (
+        by_size.nvme_read_bytes_per_s_per_drive, by_size.nvme_request_factors,
+        dict(by_size.sources, accelerator_flops_per_s=machine.sources["accelerator_flops_per_s"]))
 
 
 def test_a_profile_of_a_gpu_run_leaves_its_h2d_copies_out_of_the_flops(tmp_path):
@@ -1344,7 +1344,7 @@ def test_a_profiles_steady_timings_set_compute_and_reads_instead_of_its_recorded
     sections = read_sections(path)
     machine, notes = machine_from_profile(this_vm(), work, sections, source="profile p.json")
     assert tencache_compute_s(work, machine) == pytest.approx(0.5, rel=1e-6)
-    assert machine.nvme_read_bytes_per_s_per_rank == pytest.approx(recorded.read_bytes / 0.2)
+    assert notes[1].startswith(f"NVMe reads {recorded.read_bytes / 0.2 / 1e9:.2f} GB/s per request")
     assert "the median of 3 steps after the recorded one" in notes[0]
     # an optimizer section without them: the recorded steps for both, never the two mixed
     save_section(path, "optimizer", "o" * 16, StepProfile.untimed(["x"], [4096]))
