@@ -93,7 +93,6 @@ def machine_from_profile(machine: Machine, workload: Workload, sections: Dict[st
     return dataclasses.replace(machine, sources=sources, **changes), notes
 
 
-
 def _fitted_compute(machine: Machine, workload: Workload, measured_s: float) -> Tuple[float, float, float]:
     """(accelerator_flops_per_s, the FLOP seconds at it, the seconds the model prices beside the FLOPs) for which
     the step model's tencache step spends ``measured_s`` on THREAD_PARTS; the FLOP seconds are
