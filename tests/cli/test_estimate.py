@@ -256,7 +256,10 @@ def test_a_profile_run_prices_the_model_with_the_steps_after_its_first(tmp_path)
     args = validate.argparse.Namespace(config=None, out=str(tmp_path), micro_batch=2, seq_len=64,
                                        nvme_path=str(tmp_path / "nvme"), dtype="fp32")
     machine = validate.load_machine(os.path.join(REPO_ROOT, "configs", "machines", "this-2core-vm.json"))
-    profiled, notes = validate.profiled_machine(args, "gpt2-tiny", machine)
+    try:
+        profiled, notes = validate.profiled_machine(args, "gpt2-tiny", machine)
+    finally:  # the run's swap files: nothing reads them after it
+        shutil.rmtree(args.nvme_path, ignore_errors=True)
     sections = validate.read_sections(str(tmp_path / "profile-gpt2-tiny.json"))
     assert sections["params"].steady is not None and sections["params"].steady.steps == validate.STEADY_STEPS
     assert sections["params"].steady.reads == 0  # "auto" holds gpt2-tiny: nothing read after the first fill

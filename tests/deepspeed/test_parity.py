@@ -208,6 +208,10 @@ def test_profile_is_recorded_then_reused_and_stays_bit_identical(train, tmp_path
     assert stats["optimizer_masters_from_partitions"] > 0
     assert_identical(stock, first)
     assert_identical(stock, second)
+    # the steps that repeated the profile were timed and saved beside it (profile/steady.py) while training kept
+    # stock's bits
+    from tencache_ds.profile.store import read_sections
+    assert any(section.steady is not None for section in read_sections(block["profile_path"]).values())
     # the same profile for another model is stale: reported, replaced, never used
     other = train(block=block, model="opt-tiny", steps=2)
     assert "is stale" in other.output and other.last_stats["param_profile"] == "recorded"
