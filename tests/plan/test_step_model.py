@@ -537,9 +537,8 @@ def test_a_host_accelerator_pays_for_the_backwards_fresh_memory_every_micro_batc
     (costs.py): at 1 GB/s, gpt2-tiny's 60.6 MB of fp32 parameters add 0.152 s per micro-batch to stock (its
     clipping norm's float64 copies are all under glibc's mmap threshold: no fresh memory), and 0.5x, 0.030 s, to
     tencache at one rank, whose reduce-scatter is handed views (one_rank_reduce.py): neither the flat buffer stock
-    concatenates nor gloo's buffer for the reduce-scatter is written. Page faults on gpt2-small
-    (scripts/count_fresh_memory.py, 2026-12-01): stock 2.63 fresh bytes per gathered byte beside the norms,
-    tencache 0.62. Fails with the 1.0 the model left out until then (1.5x here)."""
+    concatenates nor gloo's buffer for the reduce-scatter is written (costs.py, counted in page faults). Fails with
+    the 1.0 the model left out until 2026-12-01 (1.5x here)."""
     work = build_workload(model_shape(model_config("gpt2-tiny")), ZeroSettings.from_ds_config(
         dict(ds_config("stock-nvme.json", host_cache_bytes="auto"), bf16={"enabled": False})), 1, 2, 64, gas, False)
     without, fresh = predict(work, this_vm()), predict(work, this_vm(host_fresh_write_bytes_per_s=1e9))

@@ -77,8 +77,7 @@ EPILOGUE_PARTITION_PASSES = 4
 # left out: the flat buffer, and the one gloo writes for ``reduce_scatter_tensor`` at one rank. Measured as page
 # faults (scripts/count_fresh_memory.py, gpt2-small fp32 micro-batch 2 x 64, 2026-12-01): stock's backward 1246 MiB
 # beside the norms, tencache's 295, 474 MiB gathered: 2.63 and 0.62 per gathered byte. Until then 1.0 (the flat
-# buffer alone), which priced tencache's backward 0.24 s a step over on that model and, where a profile's timings
-# set the FLOP rate, stock's under by about as much.
+# buffer alone; docs/estimate.md, Run 21).
 ONE_RANK_VIEWS_FRESH_BYTES_PER_GATHERED_BYTE = 2.0
 ONE_RANK_VIEWS_GATHERED_PASSES = 3
 ONE_RANK_VIEWS_PARTITION_PASSES = 2
