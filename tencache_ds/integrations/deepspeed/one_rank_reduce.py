@@ -14,8 +14,9 @@ What DeepSpeed 0.19.8 does for every bucket of reduced gradients (stage3.py ``__
 At one rank each view holds the gradient's own values (x / 1 is x, in every dtype), so the views of the gradients
 themselves are the same list without the work: on a host accelerator the concatenation is fresh memory the size of
 the bucket (``reduce_bucket_size``, 2 GB with DeepSpeed's defaults in fp32), and gloo's reduce writes another fresh
-buffer of its size and copies through it (plan/step_model/costs.py, ONE_RANK_VIEWS_FRESH_BYTES_PER_GATHERED_BYTE). gpt2-small, fp32, one rank, tencache ``"auto"``: 2.36 s a step with stock's path, 1.545 s with views (medians,
-2 runs each, a wrapper doing what this module does; docs/benchmarks.md), the same weights. Stage 3 already takes
+buffer of its size and copies through it (plan/step_model/costs.py, ONE_RANK_VIEWS_FRESH_BYTES_PER_GATHERED_BYTE).
+gpt2-small, fp32, one rank, tencache ``"auto"``: 2.36 s a step with stock's path, 1.545 s with views (medians, 2 runs
+each, a wrapper doing what this module does; docs/benchmarks.md), the same weights. Stage 3 already takes
 views of its input in the one-tensor case: every caller only reads the result (``partition_grads`` copies or adds it
 into its gradient partitions, before the bucket is filled again: contract.py, CALL_ORDER).
 
