@@ -1334,7 +1334,7 @@ def test_where_the_model_prices_more_than_the_run_took_no_compute_figure_is_take
     assert notes[0].startswith("compute not taken: 0.") and "no FLOP rate fits" in notes[0]
 
 
-def test_a_profiles_steady_timings_set_compute_and_reads_instead_of_its_recorded_step(tmp_path):
+def test_a_profiles_steady_timings_set_compute_and_report_reads_instead_of_its_recorded_steps(tmp_path):
     """The recorded step is the run's first (the tier's first fill, first allocations); the steps that repeated it
     are how the run goes on."""
     work = workload(config=ds_config(host_cache_bytes=0))

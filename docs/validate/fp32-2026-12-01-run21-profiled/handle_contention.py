@@ -32,17 +32,26 @@ def submit(i):
 def finish(fs):
     if mode.startswith("ds"): h.wait()
     else: [f.result() for f in fs]
-step(); step()
-# drive alone
-s = time.perf_counter(); finish(submit(0)); drive_s = time.perf_counter() - s
-s = time.perf_counter(); finish(submit(7)); drive_s = min(drive_s, time.perf_counter() - s)
-res = []
-for r in range(4):
-    s = time.perf_counter(); step(); step(); alone = time.perf_counter() - s
-    fs = submit(r * 3); s = time.perf_counter(); step(); step(); beside = time.perf_counter() - s
-    s2 = time.perf_counter(); finish(fs); tail = time.perf_counter() - s2
-    busy = min(alone, drive_s)
-    res.append((beside - alone) / busy)
-    print(f"{mode}: alone {alone:.2f}s beside {beside:.2f}s drive-alone {drive_s:.2f}s ({K*REQ/drive_s/1e9:.2f} GB/s) tail {tail:.2f} ratio {res[-1]:.2f}", flush=True)
-print(mode, "median", round(statistics.median(res), 2))
-io.close()
+def remove_files():  # the data file and the written ones: nothing reads them after this run
+    for name in [path] + [path + ".w%d" % k for k in range(K)]:
+        try:
+            os.remove(name)
+        except FileNotFoundError:
+            pass
+try:
+  step(); step()
+  # drive alone
+  s = time.perf_counter(); finish(submit(0)); drive_s = time.perf_counter() - s
+  s = time.perf_counter(); finish(submit(7)); drive_s = min(drive_s, time.perf_counter() - s)
+  res = []
+  for r in range(4):
+      s = time.perf_counter(); step(); step(); alone = time.perf_counter() - s
+      fs = submit(r * 3); s = time.perf_counter(); step(); step(); beside = time.perf_counter() - s
+      s2 = time.perf_counter(); finish(fs); tail = time.perf_counter() - s2
+      busy = min(alone, drive_s)
+      res.append((beside - alone) / busy)
+      print(f"{mode}: alone {alone:.2f}s beside {beside:.2f}s drive-alone {drive_s:.2f}s ({K*REQ/drive_s/1e9:.2f} GB/s) tail {tail:.2f} ratio {res[-1]:.2f}", flush=True)
+  print(mode, "median", round(statistics.median(res), 2))
+finally:
+  io.close()
+  remove_files()

@@ -14,3 +14,4 @@ for trial in range(4):
     z2 = torch.empty(n); z2.fill_(1); t5 = time.perf_counter(); z2.copy_(y); t6 = time.perf_counter()
     print(f"cat {t1-t:.3f} div {t2-t1:.3f} rs {t3-t2:.3f} fresh-copy {t4-t3:.3f} fill-fresh {t5-t4:.3f} copy-mapped {t6-t5:.3f}")
     del y, z, z2
+dist.destroy_process_group()
