@@ -20,6 +20,13 @@ The calibration's compute probe is a bare forward and backward of the model's la
 ratio to a training step's compute changed with the VM's state (docs/estimate.md, run 19); the profile is a
 training step.
 
+Re-priced: price a prospective folder's configurations again with the code in this tree, from the machine files
+its calibration wrote and, by default, the profiles its --profile-runs recorded (as the run priced them; "--reprice-from
+calibration": from the calibration alone), against the benches it ran. Not prospective: what a change to the step
+model would have predicted. The table gives the saved predictions' errors and the re-priced ones.
+
+    python scripts/validate_estimate.py --reprice docs/validate/fp32-2026-12-01-run21-profiled --out repriced
+
 Retrospective: compare with benches already on disk (bench.json folders, e.g. docs/bench/), measured before the
 model existed; nothing runs.
 
@@ -66,6 +73,8 @@ ARMS = ("stock", "tencache", "stock-cpu")
 # the params profile's recorded step is the run's first; stage 3's second differs from it, and its third repeats the
 # second, which replaces it (profile/lifecycle.py); the repeats its steady timings summarise come after
 PROFILE_RUN_STEPS = 3 + STEADY_STEPS
+# the profile run's tencache block (and its profile_path): the device tier off, as profiled_machine says why
+PROFILE_RUN_BLOCK = {"enabled": True, "host_cache_bytes": "auto", "device_cache_bytes": 0}
 
 
 def budget_value(model: str, budget: str):
@@ -163,7 +172,7 @@ def error(predicted, measured):
     return predicted / measured - 1.0
 
 
-def table(rows) -> str:
+def table(rows, repriced_as="step time priced with the figures re-measured before the run") -> str:
     lines = ["| configuration | arm | step time predicted / measured (s) | error | NVMe read / written per step "
              "(MiB): predicted vs measured | peak host memory predicted / measured (GiB) | error |",
              "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
@@ -183,8 +192,7 @@ def table(rows) -> str:
     lines.append(f"Step time within 15%: {len(within)} of {len(rows)}.")
     repriced = [row for row in rows if "repriced" in row]
     if repriced:  # --recheck: the same rows priced with the model's probes run again right before each bench
-        lines += ["", "| configuration | arm | step time priced with the figures re-measured before the run / "
-                      "measured (s) | error |", "| --- | --- | ---: | ---: |"]
+        lines += ["", f"| configuration | arm | {repriced_as} / measured (s) | error |", "| --- | --- | ---: | ---: |"]
         for row in repriced:
             again, measured = row["repriced"]["step_time_s"], row["measured"]["step_time_s"]
             lines.append(f"| {row['name']} | {row['arm']} | {again:.3f} / {measured:.3f} | "
@@ -210,7 +218,7 @@ def profiled_machine(args, model: str, machine):
     profile = os.path.abspath(os.path.join(args.out, f"profile-{model}.json"))
     if os.path.exists(profile):  # a profile of an earlier run would be loaded, and this run's steps time it
         os.unlink(profile)
-    block = {"enabled": True, "host_cache_bytes": "auto", "device_cache_bytes": 0, "profile_path": profile}
+    block = dict(PROFILE_RUN_BLOCK, profile_path=profile)
     command = [sys.executable, "scripts/train.py", "--deepspeed_config", config_path, "--model", model,
                "--steps", str(PROFILE_RUN_STEPS), "--micro-batch", str(args.micro_batch), "--seq-len",
                str(args.seq_len), "--nvme-path", args.nvme_path, "--weights-gather", "none", "--tencache-block",
@@ -220,12 +228,53 @@ def profiled_machine(args, model: str, machine):
     print("profiling:", " ".join(command), flush=True)
     with open(os.path.join(args.out, f"profile-{model}.log"), "w") as log:
         subprocess.run(command, cwd=REPO, check=True, stdout=log, stderr=subprocess.STDOUT)
+    return machine_from_saved_profile(machine, model, config_path, args.dtype, args.micro_batch, args.seq_len,
+                                      profile)
+
+
+def machine_from_saved_profile(machine, model: str, config_path: str, dtype, micro_batch: int, seq_len: int,
+                               profile: str):
+    """``machine`` with the figures of the profile a ``profiled_machine`` run of this shape recorded, and the notes
+    on what was taken (plan/profile_timings.machine_from_profile)."""
     shape = model_shape(read_json(os.path.join(REPO, "configs", "models", f"{model}.json")))
-    ds_config = dict(with_dtype(read_json(os.path.join(REPO, config_path)), args.dtype), tencache=block)
-    zero = ZeroSettings.from_ds_config(ds_config)
-    work = build_workload(shape, zero, machine.world_size, args.micro_batch, args.seq_len,
+    ds_config = dict(with_dtype(read_json(os.path.join(REPO, config_path)), dtype), tencache=PROFILE_RUN_BLOCK)
+    work = build_workload(shape, ZeroSettings.from_ds_config(ds_config), machine.world_size, micro_batch, seq_len,
                           int(ds_config.get("gradient_accumulation_steps", 1)), False)
-    return machine_from_profile(machine, work, read_sections(profile), source=f"profile-{model}.json")
+    return machine_from_profile(machine, work, read_sections(profile), source=os.path.basename(profile))
+
+
+def calibration_path(out: str, model: str, first: bool) -> str:
+    """Where the calibration writes a model's machine file: the first model's (every probe) is machine.json, each
+    other's (the model's probes again) machine-<model>.json."""
+    return os.path.join(out, "machine.json" if first else f"machine-{model}.json")
+
+
+def reprice(folder: str, source: str) -> list:
+    """The rows of a prospective folder (its predictions.json and bench folders) with each configuration priced
+    again by the code in this tree: ``predicted`` the saved prediction, ``repriced`` the new one. The machine is
+    the model's calibration file and, with ``source`` "profiled" where the folder has the model's profile, that
+    profile's figures on it, as ``--profile-runs`` took them."""
+    saved = read_json(os.path.join(folder, "predictions.json"))["predictions"]
+    machines, rows = {}, []
+    for name, entry in saved.items():
+        model, measured = entry["model"], measured_from_bench(os.path.join(folder, name))
+        settings = measured["settings"]
+        if model not in machines:
+            own = calibration_path(folder, model, first=False)
+            machine = load_machine(own if os.path.exists(own) else calibration_path(folder, model, first=True))
+            profile = os.path.join(folder, f"profile-{model}.json")
+            if source == "profiled" and os.path.exists(profile):
+                machine, _ = machine_from_saved_profile(machine, model, entry["config"], settings.get("dtype"),
+                                                        settings["micro_batch"], settings["seq_len"], profile)
+            machines[model] = machine
+        again = predict_configuration(dataclasses.replace(machines[model], ranks_per_node=entry.get("ranks", 1)),
+                                      model, entry["config"], entry["host_cache_bytes"], settings["micro_batch"],
+                                      settings["seq_len"], "stock-cpu" in measured["arms"], settings.get("dtype"),
+                                      settings.get("grad_accum"), measured["stock_cpu_config"])
+        for arm, values in measured["arms"].items():
+            rows.append({"name": name, "arm": arm, "predicted": entry["predicted"][arm], "measured": values,
+                         "repriced": again[arm]})
+    return rows
 
 
 def get_machine(args):
@@ -246,7 +295,7 @@ def get_machine(args):
             measured = dict(measured, **calibrate(args.nvme_path, model_config, args.micro_batch, args.seq_len,
                                                   args.dtype or "bf16", probes=MODEL_PROBES))
         machines[model] = machine_from_calibration(measured)
-        paths[model] = os.path.join(args.out, "machine.json" if len(paths) == 0 else f"machine-{model}.json")
+        paths[model] = calibration_path(args.out, model, first=not paths)
         with open(paths[model], "w") as handle:
             json.dump(machines[model].to_json(), handle, indent=2)
     return machines, paths
@@ -270,6 +319,10 @@ def main(argv=None) -> int:
                         help="run the model's probes again before each bench and add the error priced with them")
     parser.add_argument("--profile-runs", action="store_true",
                         help="price each model's compute with the profile of a short tencache run of it")
+    parser.add_argument("--reprice", default=None, metavar="FOLDER",
+                        help="price a prospective run's folder again with this tree's code (not prospective)")
+    parser.add_argument("--reprice-from", choices=["profiled", "calibration"], default="profiled",
+                        help="with --reprice: the machine as the run priced it (its profiles), or its calibration")
     parser.add_argument("--nvme-path", default="/tmp/tencache-bench-nvme")
     parser.add_argument("--ranks", type=int, default=1,
                         help="ranks on this machine (the bench's --ranks; they share its cores, memory and drive)")
@@ -286,7 +339,15 @@ def main(argv=None) -> int:
                      "not with --from-bench, --recheck (which re-prices with the calibration's probes) or --ranks")
     if args.from_bench and (args.ranks != 1 or args.config):  # each bench folder records its own
         parser.error("--ranks and --config describe the benches to run; with --from-bench each bench's settings say")
+    if args.reprice and (args.from_bench or args.recheck or args.profile_runs or args.machine):
+        parser.error("--reprice prices the saved configurations of a prospective folder with its own machine files "
+                     "and profiles: not with --from-bench, --recheck, --profile-runs or --machine")
     os.makedirs(args.out, exist_ok=True)
+    if args.reprice:
+        rows = reprice(args.reprice, args.reprice_from)
+        return write_table(args.out, rows, f"Re-priced from {args.reprice}'s {args.reprice_from} machine files by "
+                                           "this tree's code (not prospective); the first table is the run's own.",
+                           repriced_as=f"step time re-priced ({args.reprice_from})")
     if args.from_bench:  # a glob such as docs/bench/gpt2-*-* also matches folders of ad-hoc runs, with no bench
         skipped = [folder for folder in args.from_bench if not os.path.exists(os.path.join(folder, "bench.json"))]
         for folder in skipped:
@@ -376,11 +437,16 @@ def main(argv=None) -> int:
             for arm, values in measured["arms"].items():
                 rows.append({"name": name, "arm": arm, "predicted": entry["predicted"][arm], "measured": values,
                              **({"repriced": rechecks[name]["repriced"][arm]} if name in rechecks else {})})
-    text = table(rows)
-    with open(os.path.join(args.out, "table.md"), "w") as handle:
-        files = ", ".join(f"{model}: {path}" for model, path in machine_paths.items())
-        handle.write(f"Machine: {next(iter(machines.values())).name} ({files}).\n\n{text}\n")
-    with open(os.path.join(args.out, "rows.json"), "w") as handle:
+    files = ", ".join(f"{model}: {path}" for model, path in machine_paths.items())
+    return write_table(args.out, rows, f"Machine: {next(iter(machines.values())).name} ({files}).")
+
+
+def write_table(out: str, rows: list, heading: str, **table_options) -> int:
+    """OUT/table.md (``heading``, then the table) and OUT/rows.json; the table printed."""
+    text = table(rows, **table_options)
+    with open(os.path.join(out, "table.md"), "w") as handle:
+        handle.write(f"{heading}\n\n{text}\n")
+    with open(os.path.join(out, "rows.json"), "w") as handle:
         json.dump(rows, handle, indent=2)
     print(text)
     return 0

@@ -238,6 +238,28 @@ def test_a_recheck_reprices_with_the_model_probes_figures_only_and_tables_both_e
     assert "| gpt2-tiny-auto | stock | 1.100 / 1.000 | +10% |" in text and "Re-priced, within 15%: 1 of 1." in text
 
 
+def test_a_reprice_prices_a_saved_run_again_from_its_own_machine_files_and_profiles(tmp_path):
+    """scripts/validate_estimate.py --reprice: each saved configuration of a prospective folder (run 21's) priced again
+    beside its saved prediction and its bench; "profiled" takes the model's profile on its calibration, as the run
+    did (so the profile's FLOP rate, not the calibration's, prices the compute), "calibration" the calibration
+    alone."""
+    validate = load_validate_script()
+    folder = os.path.join(REPO_ROOT, "docs", "validate", "fp32-2026-12-01-run21-profiled")
+    profiled, calibrated = validate.reprice(folder, "profiled"), validate.reprice(folder, "calibration")
+    assert len(profiled) == len(calibrated) == 18
+    saved = validate.read_json(os.path.join(folder, "predictions.json"))["predictions"]
+    for row in profiled:
+        assert row["predicted"] == saved[row["name"]]["predicted"][row["arm"]]
+        assert row["measured"] == validate.measured_from_bench(os.path.join(folder, row["name"]))["arms"][row["arm"]]
+    compute = {row["name"]: row["repriced"]["critical_path_s"]["compute"] for row in profiled if row["arm"] == "tencache"}
+    calibrated_compute = {row["name"]: row["repriced"]["critical_path_s"]["compute"] for row in calibrated
+                          if row["arm"] == "tencache"}
+    assert compute["gpt2-small-auto"] != pytest.approx(calibrated_compute["gpt2-small-auto"], rel=0.05)
+    assert validate.main(["--reprice", folder, "--out", str(tmp_path)]) == 0
+    text = (tmp_path / "table.md").read_text()
+    assert "not prospective" in text and "step time re-priced (profiled) / measured (s)" in text
+
+
 def load_validate_script():
     import importlib.util
     spec = importlib.util.spec_from_file_location("validate_estimate",
