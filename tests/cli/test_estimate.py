@@ -251,7 +251,8 @@ def test_a_reprice_prices_a_saved_run_again_from_its_own_machine_files_and_profi
     for row in profiled:
         assert row["predicted"] == saved[row["name"]]["predicted"][row["arm"]]
         assert row["measured"] == validate.measured_from_bench(os.path.join(folder, row["name"]))["arms"][row["arm"]]
-    compute = {row["name"]: row["repriced"]["critical_path_s"]["compute"] for row in profiled if row["arm"] == "tencache"}
+    compute = {row["name"]: row["repriced"]["critical_path_s"]["compute"] for row in profiled
+               if row["arm"] == "tencache"}
     calibrated_compute = {row["name"]: row["repriced"]["critical_path_s"]["compute"] for row in calibrated
                           if row["arm"] == "tencache"}
     assert compute["gpt2-small-auto"] != pytest.approx(calibrated_compute["gpt2-small-auto"], rel=0.05)
