@@ -759,8 +759,8 @@ def measure_zero3_calls(torch, model_config: Dict[str, Any], micro_batch: int, s
     refuses a backward (it has no optimizer to take the gradients), and one with an optimizer adds stage 3's
     gradient reduction, which the step model prices apart."""
     import deepspeed
-    from .bench import free_port
-    os.environ.setdefault("MASTER_PORT", str(free_port()))  # a world of one (calibrate() set the rest)
+    # a world of one (calibrate() set the rest): the kernel chooses the rendezvous store's port as it binds it
+    os.environ.setdefault("MASTER_PORT", "0")
     deepspeed.init_distributed(verbose=False)
     layers = probe_layers(model_config, torch.finfo(_torch_dtype(torch, dtype)).bits // 8)
     vocab = min(int(model_config.get("vocab_size", CALIBRATION_VOCAB)), CALIBRATION_VOCAB)

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from conftest import REPO, free_port, result_of
+from conftest import REPO, result_of
 
 pytestmark = pytest.mark.deepspeed
 SCRIPT = os.path.join(os.path.dirname(__file__), "one_rank_reduce_check.py")
@@ -17,7 +17,7 @@ SCRIPT = os.path.join(os.path.dirname(__file__), "one_rank_reduce_check.py")
 
 def test_at_one_rank_a_tencache_optimizer_gets_views_with_deepspeeds_values():
     proc = subprocess.run([sys.executable, SCRIPT], cwd=REPO, capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ, PYTHONPATH=REPO, MASTER_PORT=str(free_port())))
+                          env=dict(os.environ, PYTHONPATH=REPO, MASTER_PORT="0"))
     result = result_of(proc.stdout)
     assert result is not None, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert result.pop("reduces_to_views") == [True, False]
