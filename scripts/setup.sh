@@ -1,13 +1,21 @@
 #!/usr/bin/env bash
 # Set up this machine for tencache_ds and run the main job (the default stock-vs-tencache bench).
 #   bash scripts/setup.sh            # install everything, then `tencache-ds bench`
-#   bash scripts/setup.sh --no-bench # install only (used by scripts/test.sh)
+#   bash scripts/setup.sh --no-bench # install only
+#   bash scripts/setup.sh --no-bench --test-ops  # and the ops only the tests use (scripts/test.sh)
 # Idempotent: each step checks first and is skipped when already done.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 RUN_BENCH=1
-[ "${1:-}" = "--no-bench" ] && RUN_BENCH=0
+TEST_OPS=0
+for arg in "$@"; do
+  case "$arg" in
+    --no-bench) RUN_BENCH=0 ;;
+    --test-ops) TEST_OPS=1 ;;
+    *) echo "setup.sh: unknown option $arg (known: --no-bench, --test-ops)" >&2; exit 2 ;;
+  esac
+done
 say() { printf '\n== %s\n' "$*"; }
 
 # 1. libaio headers, for DeepSpeed's async_io op (stock ZeRO-Infinity's NVMe engine, which we compare against).
@@ -55,8 +63,12 @@ fi
 #    (DeepSpeed's ahead-of-time build, `DS_BUILD_AIO=1 DS_BUILD_CPU_ADAM=1 pip install deepspeed`, would need no
 #    JIT lock at all; tried with deepspeed 0.19.8 here, its async_io op then fails to import with "undefined
 #    symbol: io_submit" (not linked against libaio), so the ops are JIT-built once, here.)
-say "pre-building DeepSpeed ops (async_io, cpu_adam, shm_comm); cached after the first time"
-$PY - <<'PYEOF'
+#    --test-ops adds DeepSpeed's CPU Adagrad and Lion, which the suite trains with (test_parity.py, the scenarios
+#    of test_zero_scenarios.py): built inside the suite they took 74 and 132 s on 2026-12-01, on the cores the
+#    other test worker ran on, and stretched the scenarios' stock launch from about 50 s to 322 s.
+say "pre-building DeepSpeed ops (async_io, cpu_adam, shm_comm$([ "$TEST_OPS" = 1 ] && echo ", cpu_adagrad, cpu_lion")); cached after the first time"
+TEST_OPS=$TEST_OPS $PY - <<'PYEOF'
+import os
 import sys
 import warnings
 warnings.filterwarnings("ignore")
@@ -68,6 +80,9 @@ builders = [AsyncIOBuilder(), CPUAdamBuilder()]
 if get_accelerator().device_name() == "cpu":
     from deepspeed.ops.op_builder import ShareMemCommBuilder
     builders.append(ShareMemCommBuilder())
+if os.environ["TEST_OPS"] == "1":
+    from deepspeed.ops.op_builder import CPUAdagradBuilder, CPULionBuilder
+    builders += [CPUAdagradBuilder(), CPULionBuilder()]
 try:
     ext_lock.raise_if_stale_locks(ops=[builder.name for builder in builders])
 except TencacheResourceError as err:

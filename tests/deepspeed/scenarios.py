@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import sys
+import time
 import traceback
 
 import torch
@@ -27,12 +28,15 @@ def run_scenarios(runs):
         shm_buffers.remove_own_buffer()
     results = {}
     for name, scenario in runs:
+        started = time.monotonic()
         try:
             results[name] = {"ok": True, **scenario()}
         except Exception as err:
             traceback.print_exc()
             results[name] = {"ok": False, "error": f"{type(err).__name__}: {err}"}
             break
+        finally:  # where a launch's time goes (its output is the test's on failure)
+            print(f"scenario {name}: {time.monotonic() - started:.1f} s", file=sys.stderr, flush=True)
         torch.distributed.barrier()
     if torch.distributed.get_rank() == 0:
         print("RESULT " + json.dumps(results), flush=True)
