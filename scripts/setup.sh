@@ -66,7 +66,9 @@ fi
 #    --test-ops adds DeepSpeed's CPU Adagrad and Lion, which the suite trains with (test_parity.py, the scenarios
 #    of test_zero_scenarios.py): built inside the suite they took 74 and 132 s on 2026-12-01, on the cores the
 #    other test worker ran on, and stretched the scenarios' stock launch from about 50 s to 322 s.
-say "pre-building DeepSpeed ops (async_io, cpu_adam, shm_comm$([ "$TEST_OPS" = 1 ] && echo ", cpu_adagrad, cpu_lion")); cached after the first time"
+OPS="async_io, cpu_adam, shm_comm"
+if [ "$TEST_OPS" = 1 ]; then OPS="$OPS, cpu_adagrad, cpu_lion"; fi
+say "pre-building DeepSpeed ops ($OPS); cached after the first time"
 TEST_OPS=$TEST_OPS $PY - <<'PYEOF'
 import os
 import sys

@@ -172,9 +172,10 @@ def ensure_dist_env(local_rank=None):
     os.environ.setdefault("WORLD_SIZE", "1")
     os.environ.setdefault("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"])
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    # One process: port 0 lets the kernel choose the rendezvous store's port as it binds it. A port picked before
-    # (free_port) can be taken by another process in between (a suite run failed so, EADDRINUSE, on 2026-12-01).
-    os.environ.setdefault("MASTER_PORT", "0" if os.environ["WORLD_SIZE"] == "1" else str(free_port()))
+    # Port 0 lets the kernel choose the rendezvous store's port as it binds it; a port picked before (free_port) can
+    # be taken by another process in between (a suite run failed so, EADDRINUSE, on 2026-12-01). Not where DeepSpeed
+    # makes /dev/shm buffers (LOCAL_SIZE set): their names carry the port, and two runs must not share one.
+    os.environ.setdefault("MASTER_PORT", str(free_port()) if shm_buffers.creates_buffers() else "0")
 
 
 def start_distributed():

@@ -166,6 +166,14 @@ def measured_from_bench(folder: str) -> dict:
             "stock_cpu_config": stock_cpu_config}
 
 
+def arm_rows(name: str, measured: dict, predicted: dict, repriced: dict = None) -> list:
+    """The table's rows of one bench: an arm each, its prediction, its measurement and (--recheck, --reprice) its
+    price again."""
+    return [{"name": name, "arm": arm, "predicted": predicted[arm], "measured": values,
+             **({"repriced": repriced[arm]} if repriced is not None else {})}
+            for arm, values in measured["arms"].items()]
+
+
 def error(predicted, measured):
     if predicted is None or measured in (None, 0):
         return None
@@ -191,7 +199,7 @@ def table(rows, repriced_as="step time priced with the figures re-measured befor
     lines.append("")
     lines.append(f"Step time within 15%: {len(within)} of {len(rows)}.")
     repriced = [row for row in rows if "repriced" in row]
-    if repriced:  # --recheck: the same rows priced with the model's probes run again right before each bench
+    if repriced:  # --recheck or --reprice: the same rows priced again (``repriced_as`` says with what)
         lines += ["", f"| configuration | arm | {repriced_as} / measured (s) | error |", "| --- | --- | ---: | ---: |"]
         for row in repriced:
             again, measured = row["repriced"]["step_time_s"], row["measured"]["step_time_s"]
@@ -249,32 +257,40 @@ def calibration_path(out: str, model: str, first: bool) -> str:
     return os.path.join(out, "machine.json" if first else f"machine-{model}.json")
 
 
-def reprice(folder: str, source: str) -> list:
+def reprice(folder: str, source: str):
     """The rows of a prospective folder (its predictions.json and bench folders) with each configuration priced
-    again by the code in this tree: ``predicted`` the saved prediction, ``repriced`` the new one. The machine is
-    the model's calibration file and, with ``source`` "profiled" where the folder has the model's profile, that
-    profile's figures on it, as ``--profile-runs`` took them."""
-    saved = read_json(os.path.join(folder, "predictions.json"))["predictions"]
-    machines, rows = {}, []
-    for name, entry in saved.items():
-        model, measured = entry["model"], measured_from_bench(os.path.join(folder, name))
+    again by the code in this tree (``arm_rows``: ``predicted`` the saved prediction, ``repriced`` the new one), and
+    {model: the machine it was priced on}. The machine is the model's calibration file (or, for a run priced with
+    --machine, that file), and, with ``source`` "profiled" where the run took the model's profile (predictions.json
+    says so), that profile's figures on it, as ``--profile-runs`` took them. Each bench is priced at its own
+    micro-batch, sequence, dtype, gradient accumulation and stock CPU config, as ``--from-bench`` prices one (the
+    run used the same values). A configuration whose bench did not finish is left out, with a message."""
+    saved = read_json(os.path.join(folder, "predictions.json"))
+    machines, used, rows = {}, {}, []
+    for name, entry in saved["predictions"].items():
+        model, bench = entry["model"], os.path.join(folder, name)
+        if not os.path.exists(os.path.join(bench, "bench.json")):
+            print(f"skipped {name}: no bench.json in {bench}", file=sys.stderr)
+            continue
+        measured = measured_from_bench(bench)
         settings = measured["settings"]
         if model not in machines:
-            own = calibration_path(folder, model, first=False)
-            machine = load_machine(own if os.path.exists(own) else calibration_path(folder, model, first=True))
+            calibrated = [path for path in (calibration_path(folder, model, first=False),
+                                            calibration_path(folder, model, first=True)) if os.path.exists(path)]
+            path = calibrated[0] if calibrated else os.path.join(REPO, saved["machines"][model])
+            machines[model], used[model] = load_machine(path), os.path.relpath(path, REPO)
             profile = os.path.join(folder, f"profile-{model}.json")
-            if source == "profiled" and os.path.exists(profile):
-                machine, _ = machine_from_saved_profile(machine, model, entry["config"], settings.get("dtype"),
-                                                        settings["micro_batch"], settings["seq_len"], profile)
-            machines[model] = machine
+            if source == "profiled" and model in saved.get("profiled", {}):
+                machines[model], _ = machine_from_saved_profile(machines[model], model, entry["config"],
+                                                                settings.get("dtype"), settings["micro_batch"],
+                                                                settings["seq_len"], profile)
+                used[model] += f" with {os.path.relpath(profile, REPO)}"
         again = predict_configuration(dataclasses.replace(machines[model], ranks_per_node=entry.get("ranks", 1)),
                                       model, entry["config"], entry["host_cache_bytes"], settings["micro_batch"],
                                       settings["seq_len"], "stock-cpu" in measured["arms"], settings.get("dtype"),
                                       settings.get("grad_accum"), measured["stock_cpu_config"])
-        for arm, values in measured["arms"].items():
-            rows.append({"name": name, "arm": arm, "predicted": entry["predicted"][arm], "measured": values,
-                         "repriced": again[arm]})
-    return rows
+        rows += arm_rows(name, measured, entry["predicted"], again)
+    return rows, used
 
 
 def get_machine(args):
@@ -344,9 +360,12 @@ def main(argv=None) -> int:
                      "and profiles: not with --from-bench, --recheck, --profile-runs or --machine")
     os.makedirs(args.out, exist_ok=True)
     if args.reprice:
-        rows = reprice(args.reprice, args.reprice_from)
-        return write_table(args.out, rows, f"Re-priced from {args.reprice}'s {args.reprice_from} machine files by "
-                                           "this tree's code (not prospective); the first table is the run's own.",
+        if os.path.realpath(args.out) == os.path.realpath(args.reprice):
+            parser.error("--out is the --reprice folder: its table.md and rows.json are the run's own")
+        rows, used = reprice(args.reprice, args.reprice_from)
+        machines = "; ".join(f"{model}: {path}" for model, path in used.items())
+        return write_table(args.out, rows, f"Re-priced by this tree's code (not prospective), {args.reprice_from}: "
+                                           f"{machines}. The first table is the run's own predictions.",
                            repriced_as=f"step time re-priced ({args.reprice_from})")
     if args.from_bench:  # a glob such as docs/bench/gpt2-*-* also matches folders of ad-hoc runs, with no bench
         skipped = [folder for folder in args.from_bench if not os.path.exists(os.path.join(folder, "bench.json"))]
@@ -386,9 +405,7 @@ def main(argv=None) -> int:
                                               settings["seq_len"], "stock-cpu" in measured["arms"],
                                               settings.get("dtype") or args.dtype, settings.get("grad_accum"),
                                               measured["stock_cpu_config"])
-            for arm, values in measured["arms"].items():
-                rows.append({"name": os.path.basename(folder.rstrip("/")), "arm": arm, "predicted": predicted[arm],
-                             "measured": values})
+            rows += arm_rows(os.path.basename(folder.rstrip("/")), measured, predicted)
     else:
         plan = [(model, budget) for model in args.models for budget in args.budgets]
         predictions = {}
@@ -434,9 +451,8 @@ def main(argv=None) -> int:
             subprocess.run(command, cwd=REPO, check=True)
             print(f"  {time.time() - started:.0f} s", flush=True)
             measured = measured_from_bench(out)
-            for arm, values in measured["arms"].items():
-                rows.append({"name": name, "arm": arm, "predicted": entry["predicted"][arm], "measured": values,
-                             **({"repriced": rechecks[name]["repriced"][arm]} if name in rechecks else {})})
+            rows += arm_rows(name, measured, entry["predicted"],
+                             rechecks[name]["repriced"] if name in rechecks else None)
     files = ", ".join(f"{model}: {path}" for model, path in machine_paths.items())
     return write_table(args.out, rows, f"Machine: {next(iter(machines.values())).name} ({files}).")
 

@@ -216,7 +216,6 @@ def build_runs(args, repo_root: str, train_script: str, config_path: str, ds_con
                 # what a user whose host memory holds the model runs: CPU offload with DeepSpeed's default stage-3
                 # knobs (the config's may be there only to keep stock NVMe from crashing)
                 train_args += ["--offload-device", "cpu", "--stage3-defaults"]
-            port = free_port()
             env = dict(os.environ, PYTHONUNBUFFERED="1")
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [repo_root, env.get("PYTHONPATH")]))
             if launcher == "deepspeed":
@@ -224,10 +223,12 @@ def build_runs(args, repo_root: str, train_script: str, config_path: str, ds_con
                 # deepspeed 0.19.8). --num_gpus keeps a multi-GPU machine to the ranks asked for.
                 command = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus",
                            str(getattr(args, "ranks", 1)),
-                           "--master_port", str(port)] + train_args
+                           "--master_port", str(free_port())] + train_args
             else:
+                # one process: the kernel chooses the rendezvous store's port as it binds it (scripts/train.py,
+                # ensure_dist_env); a port picked now could be another process's by the time this run starts
                 command = [sys.executable, "-u"] + train_args
-                env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+                env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="0")
             specs.append(RunSpec(arm, repeat, command, env, os.path.join(out_dir, f"{label}.log"), result_path,
                                  metrics_path, nvme_dir))
     return specs

@@ -146,7 +146,9 @@ def calibrate(nvme_path: str, model_config: Dict[str, Any], micro_batch: int, se
     env["DS_ACCELERATOR"] = "cpu"
     for key in [key for key in env if key.startswith(("OMPI_", "PMI_", "PMIX_", "SLURM_"))]:
         del env[key]
-    env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1")
+    # port 0: the kernel chooses the rendezvous store's port as it binds it (a launcher's own port is its ranks')
+    env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+               MASTER_PORT="0")
     env.pop("LOCAL_SIZE", None)  # DeepSpeed's shared-memory all-reduce makes /dev/shm buffers when it is set
     try:
         done = subprocess.run([sys.executable, "-m", "tencache_ds.cli.calibrate", json.dumps(request)],
@@ -759,8 +761,7 @@ def measure_zero3_calls(torch, model_config: Dict[str, Any], micro_batch: int, s
     refuses a backward (it has no optimizer to take the gradients), and one with an optimizer adds stage 3's
     gradient reduction, which the step model prices apart."""
     import deepspeed
-    # a world of one (calibrate() set the rest): the kernel chooses the rendezvous store's port as it binds it
-    os.environ.setdefault("MASTER_PORT", "0")
+    os.environ.setdefault("MASTER_PORT", "0")  # a world of one (calibrate() sets it, and the rest, for its child)
     deepspeed.init_distributed(verbose=False)
     layers = probe_layers(model_config, torch.finfo(_torch_dtype(torch, dtype)).bits // 8)
     vocab = min(int(model_config.get("vocab_size", CALIBRATION_VOCAB)), CALIBRATION_VOCAB)

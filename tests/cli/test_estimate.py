@@ -240,25 +240,30 @@ def test_a_recheck_reprices_with_the_model_probes_figures_only_and_tables_both_e
 
 def test_a_reprice_prices_a_saved_run_again_from_its_own_machine_files_and_profiles(tmp_path):
     """scripts/validate_estimate.py --reprice: each saved configuration of a prospective folder (run 21's) priced again
-    beside its saved prediction and its bench; "profiled" takes the model's profile on its calibration, as the run
-    did (so the profile's FLOP rate, not the calibration's, prices the compute), "calibration" the calibration
-    alone."""
+    beside its saved prediction and its bench; "profiled" puts the model's profile on its calibration as the run did
+    (the run's profiled machine files have the FLOP rate this gives), "calibration" takes the calibration alone."""
     validate = load_validate_script()
     folder = os.path.join(REPO_ROOT, "docs", "validate", "fp32-2026-12-01-run21-profiled")
-    profiled, calibrated = validate.reprice(folder, "profiled"), validate.reprice(folder, "calibration")
+    (profiled, used), (calibrated, _) = validate.reprice(folder, "profiled"), validate.reprice(folder, "calibration")
     assert len(profiled) == len(calibrated) == 18
+    assert used["gpt2-small"].endswith("machine-gpt2-small.json with docs/validate/fp32-2026-12-01-run21-profiled/"
+                                       "profile-gpt2-small.json")
     saved = validate.read_json(os.path.join(folder, "predictions.json"))["predictions"]
     for row in profiled:
         assert row["predicted"] == saved[row["name"]]["predicted"][row["arm"]]
         assert row["measured"] == validate.measured_from_bench(os.path.join(folder, row["name"]))["arms"][row["arm"]]
-    compute = {row["name"]: row["repriced"]["critical_path_s"]["compute"] for row in profiled
-               if row["arm"] == "tencache"}
-    calibrated_compute = {row["name"]: row["repriced"]["critical_path_s"]["compute"] for row in calibrated
-                          if row["arm"] == "tencache"}
-    assert compute["gpt2-small-auto"] != pytest.approx(calibrated_compute["gpt2-small-auto"], rel=0.05)
+    for model in ("gpt2-tiny", "gpt2-small", "gpt2-medium"):  # the machine the run priced with, rebuilt
+        calibration = validate.load_machine(validate.calibration_path(folder, model, first=model == "gpt2-tiny"))
+        again, _ = validate.machine_from_saved_profile(calibration, model, validate.CONFIG_FOR.get(
+            model, validate.DEFAULT_CONFIG), "fp32", 2, 64, os.path.join(folder, f"profile-{model}.json"))
+        run = validate.load_machine(os.path.join(folder, f"machine-{model}-profiled.json"))
+        assert again.accelerator_flops_per_s == pytest.approx(run.accelerator_flops_per_s, rel=1e-9)
+        assert calibration.accelerator_flops_per_s != pytest.approx(run.accelerator_flops_per_s, rel=0.05)
     assert validate.main(["--reprice", folder, "--out", str(tmp_path)]) == 0
     text = (tmp_path / "table.md").read_text()
     assert "not prospective" in text and "step time re-priced (profiled) / measured (s)" in text
+    with pytest.raises(SystemExit):  # the run's own table is not overwritten
+        validate.main(["--reprice", folder, "--out", folder])
 
 
 def load_validate_script():

@@ -7,12 +7,9 @@ Usage: python two_engines.py NVME_PATH {tencache|tencache-mismatch|stock} {both|
 """
 import json
 import os
-import socket
 import sys
 
-with socket.socket() as probe:
-    probe.bind(("127.0.0.1", 0))
-    os.environ.setdefault("MASTER_PORT", str(probe.getsockname()[1]))
+os.environ.setdefault("MASTER_PORT", "0")  # one process: the kernel chooses the store's port as it binds it
 for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
     os.environ.setdefault(key, value)
 
