@@ -358,10 +358,12 @@ def main(argv=None) -> int:
     if args.reprice and (args.from_bench or args.recheck or args.profile_runs or args.machine):
         parser.error("--reprice prices the saved configurations of a prospective folder with its own machine files "
                      "and profiles: not with --from-bench, --recheck, --profile-runs or --machine")
+    if args.reprice and not os.path.exists(os.path.join(args.reprice, "predictions.json")):
+        parser.error(f"--reprice {args.reprice}: no predictions.json there (a prospective run's --out folder)")
+    if args.reprice and os.path.realpath(args.out) == os.path.realpath(args.reprice):
+        parser.error("--out is the --reprice folder: its table.md and rows.json are the run's own")
     os.makedirs(args.out, exist_ok=True)
     if args.reprice:
-        if os.path.realpath(args.out) == os.path.realpath(args.reprice):
-            parser.error("--out is the --reprice folder: its table.md and rows.json are the run's own")
         rows, used = reprice(args.reprice, args.reprice_from)
         machines = "; ".join(f"{model}: {path}" for model, path in used.items())
         return write_table(args.out, rows, f"Re-priced by this tree's code (not prospective), {args.reprice_from}: "

@@ -264,6 +264,9 @@ def test_a_reprice_prices_a_saved_run_again_from_its_own_machine_files_and_profi
     assert "not prospective" in text and "step time re-priced (profiled) / measured (s)" in text
     with pytest.raises(SystemExit):  # the run's own table is not overwritten
         validate.main(["--reprice", folder, "--out", folder])
+    with pytest.raises(SystemExit):  # a folder that is not a prospective run's: refused before anything is written
+        validate.main(["--reprice", str(tmp_path / "elsewhere"), "--out", str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()
 
 
 def load_validate_script():
