@@ -317,6 +317,11 @@ def get_machine(args):
     return machines, paths
 
 
+# the flags that describe the configurations to run (the dests of main's parser)
+RUN_FLAGS = ("models", "budgets", "steps", "warmup", "repeats", "micro_batch", "seq_len", "compare_cpu", "nvme_path",
+             "ranks", "config", "dtype")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", default=["gpt2-tiny"])
@@ -358,6 +363,15 @@ def main(argv=None) -> int:
     if args.reprice and (args.from_bench or args.recheck or args.profile_runs or args.machine):
         parser.error("--reprice prices the saved configurations of a prospective folder with its own machine files "
                      "and profiles: not with --from-bench, --recheck, --profile-runs or --machine")
+    # the folder's predictions.json and bench folders say what each configuration was: a flag that would describe
+    # the runs is refused rather than ignored
+    describes_runs = [action for action in parser._actions if action.dest in RUN_FLAGS
+                      and getattr(args, action.dest) != action.default]
+    if args.reprice and describes_runs:
+        parser.error(f"--reprice prices the configurations the folder saved: {describes_runs[0].option_strings[0]} "
+                     f"describes runs to make, and is not taken with it")
+    if not args.reprice and args.reprice_from != parser.get_default("reprice_from"):
+        parser.error("--reprice-from says how --reprice prices a saved folder: it needs --reprice FOLDER")
     if args.reprice and not os.path.exists(os.path.join(args.reprice, "predictions.json")):
         parser.error(f"--reprice {args.reprice}: no predictions.json there (a prospective run's --out folder)")
     if args.reprice and os.path.realpath(args.out) == os.path.realpath(args.reprice):

@@ -175,6 +175,11 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+# The launcher's --master_port in a planned command: a free port is put there as the run starts (execute), not
+# when the plan is made, minutes before, by which time another process may hold it.
+PORT_AT_START = "<a free port as the run starts>"
+
+
 def resolve_launcher(requested: str) -> str:
     """The launcher to use: the deepspeed one needs deepspeed.launcher.runner importable; else plain python."""
     if requested == "deepspeed":
@@ -223,7 +228,7 @@ def build_runs(args, repo_root: str, train_script: str, config_path: str, ds_con
                 # deepspeed 0.19.8). --num_gpus keeps a multi-GPU machine to the ranks asked for.
                 command = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus",
                            str(getattr(args, "ranks", 1)),
-                           "--master_port", str(free_port())] + train_args
+                           "--master_port", PORT_AT_START] + train_args
             else:
                 # one process: the kernel chooses the rendezvous store's port as it binds it (scripts/train.py,
                 # ensure_dist_env); a port picked now could be another process's by the time this run starts
@@ -258,6 +263,7 @@ def execute(spec: RunSpec, progress) -> None:
     shutil.rmtree(spec.nvme_dir, ignore_errors=True)
     os.makedirs(spec.nvme_dir, exist_ok=True)
     progress.set_description(f"{spec.label} (starting)")
+    spec.command = [str(free_port()) if part == PORT_AT_START else part for part in spec.command]
     started = time.perf_counter()
     with open(spec.log_path, "w") as log:
         log.write("# " + shlex.join(spec.command) + "\n")

@@ -432,6 +432,8 @@ def test_bench_run_plan_interleaves_repeats_and_differs_only_in_the_tencache_blo
         return [arg for index, arg in enumerate(spec.command) if index == 0 or spec.command[index - 1] not in varying]
     assert fixed_part(specs[0]) == fixed_part(specs[1])
     assert specs[0].command[1:4] == ["-m", "deepspeed.launcher.runner", "--num_gpus"]
+    # the launcher's port is chosen as each run starts, not now (another process may take it before then)
+    assert {spec.command[spec.command.index("--master_port") + 1] for spec in specs} == {bench.PORT_AT_START}
 
 
 def test_bench_measures_the_drive_with_the_configs_requests_in_flight(tmp_path):
@@ -471,6 +473,8 @@ def test_bench_end_to_end(tmp_path):
     assert "step time / bound" in result.stdout and "stats.param_hits" not in result.stdout
     bench = json.loads((out / "bench.json").read_text())
     assert [run["label"] for run in bench["runs"]] == ["stock-1", "tencache-1"]
+    for run in bench["runs"]:  # the port each run was given as it started, in the commands the bench records
+        assert run["command"][run["command"].index("--master_port") + 1].isdigit(), run["command"]
     assert bench["comparison"]["num_measured_steps"] == {"stock": 2, "tencache": 2}
     # Stock and tencache train the same model identically.
     assert bench["comparison"]["losses_identical"], bench["comparison"]["losses_detail"]

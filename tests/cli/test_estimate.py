@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from tencache_ds.cli import calibrate
 from tencache_ds.cli.main import build_parser
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -20,9 +21,10 @@ JSON_KEYS = {"fits", "needs", "budgets", "step_time_s", "nvme_read_bytes_per_ste
              "bottleneck", "drive_days_to_tbw"}
 
 
-def run_cli(*args, timeout=120):
+def run_cli(*args, timeout=120, env_extra=None):
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO_ROOT, env.get("PYTHONPATH")]))
+    env.update(env_extra or {})
     return subprocess.run([sys.executable, "-c", "from tencache_ds.cli.main import main; main()", *args],
                           cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
@@ -124,9 +126,10 @@ def test_machine_this_measures_and_cites_each_figure(tmp_path):
     data["aio"]["intra_op_parallelism"] = 3
     config = tmp_path / "ds.json"
     config.write_text(json.dumps(data))
+    # (the drive's trials shortened, calibrate.QUICK_DRIVE_ENV: its rate is not what this test checks)
     result = run_cli("estimate", "--model", "gpt2-tiny", "--ds-config", str(config), "--machine", "this", "--seq", "64",
-                     "--nvme-path", str(tmp_path / "nvme"),
-                     "--save-machine", str(saved), "--json", timeout=600)
+                     "--nvme-path", str(tmp_path / "nvme"), "--save-machine", str(saved), "--json", timeout=600,
+                     env_extra={calibrate.QUICK_DRIVE_ENV: "1"})
     assert result.returncode == 0, result.stderr
     # Step 2: the saved file loads as a machine file and says where each measured figure came from.
     machine = json.loads(saved.read_text())
@@ -135,6 +138,7 @@ def test_machine_this_measures_and_cites_each_figure(tmp_path):
         assert machine[figure] > 0 and "measured" in machine["sources"][figure]
     assert "tencache DirectFileIO" in machine["sources"]["nvme_read_bytes_per_s_per_drive"]
     assert ", 3 in flight" in machine["sources"]["nvme_read_bytes_per_s_per_drive"]
+    assert f"shortened by {calibrate.QUICK_DRIVE_ENV}" in machine["sources"]["nvme_read_bytes_per_s_per_drive"]
     # the drive at 4 MiB and large requests too, relative to the rates at 64 MiB (the large size: 512 MiB, cut so
     # that the 3 requests in flight take at most 1 GiB)
     sizes = [size for size, _read, _write in machine["nvme_request_factors"]]
@@ -266,6 +270,11 @@ def test_a_reprice_prices_a_saved_run_again_from_its_own_machine_files_and_profi
         validate.main(["--reprice", folder, "--out", folder])
     with pytest.raises(SystemExit):  # a folder that is not a prospective run's: refused before anything is written
         validate.main(["--reprice", str(tmp_path / "elsewhere"), "--out", str(tmp_path / "out")])
+    for flags in (["--models", "gpt2-small"], ["--seq-len", "128"], ["--compare-cpu"]):  # the folder says these
+        with pytest.raises(SystemExit):
+            validate.main(["--reprice", folder, "--out", str(tmp_path / "out")] + flags)
+    with pytest.raises(SystemExit):  # --reprice-from alone would run the benches it names nothing of
+        validate.main(["--reprice-from", "calibration", "--machine", "none.json", "--out", str(tmp_path / "out")])
     assert not (tmp_path / "out").exists()
 
 
