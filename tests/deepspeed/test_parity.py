@@ -144,7 +144,8 @@ def test_bit_identical_with_bf16_masters_and_optimizer_state(train, tmp_path):
     config["bf16"] = {"enabled": True, "bf16_master_weights_and_grads": True, "bf16_optimizer_states": True}
     path = tmp_path / "bf16-masters.json"
     path.write_text(json.dumps(config))
-    options = dict(grad_accum=1, sub_group_size=2_000_000)  # no dtype: train.py's would replace "bf16"
+    # no dtype: train.py's would replace "bf16"; 16 tokens (bf16 matrix products are slow on this CPU)
+    options = dict(grad_accum=1, sub_group_size=2_000_000, seq_len=16)
     folders = {name: str(tmp_path / name) for name in ("stock", "ours")}
     stock = train(config=str(path), block=None, offload_device="cpu", steps=3, save_after=1,
                   checkpoint_dir=folders["stock"], **options)
@@ -213,7 +214,7 @@ def test_profile_is_recorded_then_reused_and_stays_bit_identical(train, tmp_path
     from tencache_ds.profile.store import read_sections
     assert any(section.steady is not None for section in read_sections(block["profile_path"]).values())
     # the same profile for another model is stale: reported, replaced, never used
-    other = train(block=block, model="opt-tiny", steps=2)
+    other = train(block=block, model="opt-tiny", steps=2, dtype="fp32", seq_len=16)
     assert "is stale" in other.output and other.last_stats["param_profile"] == "recorded"
 
 
