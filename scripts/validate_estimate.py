@@ -317,25 +317,31 @@ def get_machine(args):
     return machines, paths
 
 
-# the flags that describe the configurations to run (the dests of main's parser)
-RUN_FLAGS = ("models", "budgets", "steps", "warmup", "repeats", "micro_batch", "seq_len", "compare_cpu", "nvme_path",
-             "ranks", "config", "dtype")
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", nargs="+", default=["gpt2-tiny"])
-    parser.add_argument("--budgets", nargs="+", default=["auto", "quarter", "stream"])
     parser.add_argument("--from-bench", nargs="+", default=None, metavar="BENCH_DIR",
                         help="retrospective: compare with these bench folders instead of running")
     parser.add_argument("--machine", default=None, help="a machine file (default: calibrate this machine now)")
     parser.add_argument("--out", default="validate-out")
-    parser.add_argument("--steps", type=int, default=6)
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--micro-batch", type=int, default=2)
-    parser.add_argument("--seq-len", type=int, default=64)
-    parser.add_argument("--compare-cpu", action="store_true", help="add the stock CPU offload arm")
+    # what a folder's predictions.json and bench folders record, so --reprice refuses them rather than ignore them
+    runs = parser.add_argument_group("the configurations to run (not with --reprice)")
+    run_flags = [
+        runs.add_argument("--models", nargs="+", default=["gpt2-tiny"]),
+        runs.add_argument("--budgets", nargs="+", default=["auto", "quarter", "stream"]),
+        runs.add_argument("--steps", type=int, default=6),
+        runs.add_argument("--warmup", type=int, default=2),
+        runs.add_argument("--repeats", type=int, default=2),
+        runs.add_argument("--micro-batch", type=int, default=2),
+        runs.add_argument("--seq-len", type=int, default=64),
+        runs.add_argument("--compare-cpu", action="store_true", help="add the stock CPU offload arm"),
+        runs.add_argument("--nvme-path", default="/tmp/tencache-bench-nvme"),
+        runs.add_argument("--ranks", type=int, default=1,
+                          help="ranks on this machine (the bench's --ranks; they share its cores, memory and drive)"),
+        runs.add_argument("--config", default=None,
+                          help="the DeepSpeed config of every configuration (default: the model's, CONFIG_FOR)"),
+        runs.add_argument("--dtype", choices=["bf16", "fp32"], default=None,
+                          help="train in this dtype (scripts/train.py --dtype; default: the config's, bf16)"),
+    ]
     parser.add_argument("--recheck", action="store_true",
                         help="run the model's probes again before each bench and add the error priced with them")
     parser.add_argument("--profile-runs", action="store_true",
@@ -344,13 +350,6 @@ def main(argv=None) -> int:
                         help="price a prospective run's folder again with this tree's code (not prospective)")
     parser.add_argument("--reprice-from", choices=["profiled", "calibration"], default="profiled",
                         help="with --reprice: the machine as the run priced it (its profiles), or its calibration")
-    parser.add_argument("--nvme-path", default="/tmp/tencache-bench-nvme")
-    parser.add_argument("--ranks", type=int, default=1,
-                        help="ranks on this machine (the bench's --ranks; they share its cores, memory and drive)")
-    parser.add_argument("--config", default=None,
-                        help="the DeepSpeed config of every configuration (default: the model's, CONFIG_FOR)")
-    parser.add_argument("--dtype", choices=["bf16", "fp32"], default=None,
-                        help="train in this dtype (scripts/train.py --dtype; default: the config's, bf16)")
     args = parser.parse_args(argv)
     if args.recheck and (args.from_bench or args.machine):
         parser.error("--recheck compares this machine's calibration with the same probes before each bench: it "
@@ -363,10 +362,7 @@ def main(argv=None) -> int:
     if args.reprice and (args.from_bench or args.recheck or args.profile_runs or args.machine):
         parser.error("--reprice prices the saved configurations of a prospective folder with its own machine files "
                      "and profiles: not with --from-bench, --recheck, --profile-runs or --machine")
-    # the folder's predictions.json and bench folders say what each configuration was: a flag that would describe
-    # the runs is refused rather than ignored
-    describes_runs = [action for action in parser._actions if action.dest in RUN_FLAGS
-                      and getattr(args, action.dest) != action.default]
+    describes_runs = [action for action in run_flags if getattr(args, action.dest) != action.default]
     if args.reprice and describes_runs:
         parser.error(f"--reprice prices the configurations the folder saved: {describes_runs[0].option_strings[0]} "
                      f"describes runs to make, and is not taken with it")

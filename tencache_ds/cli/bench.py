@@ -250,7 +250,8 @@ def _log_tail(path: str, num_lines: int = LOG_TAIL_LINES) -> str:
 
 
 def execute(spec: RunSpec, progress) -> None:
-    """Run one child to completion, its output to spec.log_path, each "step N ..." line advancing ``progress``.
+    """Run one child to completion, its output to spec.log_path, each "step N ..." line advancing ``progress``;
+    ``spec.command`` is given its free port first (PORT_AT_START), so that the log and bench.json hold the one used.
 
     Raises:
         BenchError: the child exited non-zero or wrote no result file (the message holds its log's tail).
@@ -477,7 +478,9 @@ def _run(args) -> int:
         json.dump({"command_line": args.command_line, "machine": machine, "total_wall_s": total_s,
                    "settings": {key: value for key, value in vars(args).items() if key != "command_line"},
                    "config_path": config_path, "train_script": train_script,
-                   "runs": [{"label": spec.label, "arm": spec.arm, "repeat": spec.repeat, "command": spec.command,
+                   # a run not made (stock's repeats after its crash) has no command: its port was never chosen
+                   "runs": [{"label": spec.label, "arm": spec.arm, "repeat": spec.repeat,
+                             "command": spec.command if spec.returncode is not None else None,
                              "log": spec.log_path, "result": spec.result_path, "metrics": spec.metrics_path,
                              "wall_s": spec.wall_s, "returncode": spec.returncode} for spec in specs],
                    "nvme_bandwidth": dict(bandwidth_record, **(dataclasses.asdict(bandwidth) if bandwidth else {})),

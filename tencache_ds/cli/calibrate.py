@@ -77,7 +77,8 @@ NVME_PROBE_BUFFER_BYTES = 1 << 30
 NVME_REPEATS = 3                  # a shared virtual disk's rate changes from minute to minute (0.53 to 1.66 GB/s read)
 # Test hook: the suite's calibration test (tests/cli/test_estimate.py) checks what each probe measures and cites, not
 # the drive's rate, whose trials take most of a calibration (about a minute here). Set to anything but "" or "0",
-# each drive trial is timed once, for at most QUICK_DRIVE_DEADLINE_S; read only in measure_nvme, whose method says so.
+# the drive is timed in one repeat, no trial issuing a request after QUICK_DRIVE_DEADLINE_S (each still moves one
+# request per buffer: a whole round); read only in measure_nvme, whose method says so.
 QUICK_DRIVE_ENV = "TENCACHE_CALIBRATE_QUICK_DRIVE"
 QUICK_DRIVE_DEADLINE_S = 0.25
 ADAM_ELEMENTS = 1 << 24           # 64 MiB of fp32 per tensor: larger than the CPU's caches, as a sub-group is
@@ -368,7 +369,8 @@ def measure_nvme(folder: str, io_threads: int) -> Dict[str, Any]:
                          deadline_s=deadline_s, repeats=repeats)
     by_size = {size: rate.at_request_size(size) for size in sizes}  # OSError: a size that timed no bytes
     reference = by_size[TENSOR_REQUEST_BYTES]
-    shortened = f" (shortened by {QUICK_DRIVE_ENV}: at most {deadline_s:g} s a trial)" if quick else ""
+    shortened = (f" (shortened by {QUICK_DRIVE_ENV}: no request issued after {deadline_s:g} s, one round at "
+                 f"least)") if quick else ""
     return {"method": f"{rate.method}; trials of {NVME_TRIAL_BYTES >> 20} MiB{shortened}, the fastest of {repeats}; "
                       f"the rates at {TENSOR_REQUEST_BYTES >> 20} MiB requests, the others relative to them",
             "path": folder, "read_bytes_per_s": reference.read_bytes_per_s,

@@ -4,6 +4,7 @@ environments (real checks, real probe process), `bench` argument errors, one rea
 test_checkpoint_for_cpu.py)."""
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -419,7 +420,7 @@ def test_bench_run_plan_interleaves_repeats_and_differs_only_in_the_tencache_blo
     # Step 2: stock and tencache alternate, each with its own swap folder, result file and log.
     assert [spec.label for spec in specs] == ["stock-1", "tencache-1", "stock-2", "tencache-2"]
     assert len({spec.nvme_dir for spec in specs}) == len({spec.result_path for spec in specs}) == 4
-    # Step 3: the command lines are identical except the tencache block, the per-run paths, label and port.
+    # Step 3: the command lines are identical except the tencache block, the per-run paths and label.
     def block_of(spec):
         return spec.command[spec.command.index("--tencache-block") + 1]
     assert block_of(specs[0]) == "none"
@@ -427,7 +428,7 @@ def test_bench_run_plan_interleaves_repeats_and_differs_only_in_the_tencache_blo
     assert block == {"enabled": True, "device_cache_bytes": 0, "host_cache_bytes": 1 << 30,
                      "metrics_path": str(tmp_path / "out" / "tencache-1.metrics.jsonl"),
                      "profile_path": str(tmp_path / "out" / "tencache-1.profile.json")}  # each run its own profile
-    varying = {"--tencache-block", "--nvme-path", "--result-file", "--label", "--master_port"}
+    varying = {"--tencache-block", "--nvme-path", "--result-file", "--label"}
     def fixed_part(spec):
         return [arg for index, arg in enumerate(spec.command) if index == 0 or spec.command[index - 1] not in varying]
     assert fixed_part(specs[0]) == fixed_part(specs[1])
@@ -475,6 +476,8 @@ def test_bench_end_to_end(tmp_path):
     assert [run["label"] for run in bench["runs"]] == ["stock-1", "tencache-1"]
     for run in bench["runs"]:  # the port each run was given as it started, in the commands the bench records
         assert run["command"][run["command"].index("--master_port") + 1].isdigit(), run["command"]
+        with open(run["log"]) as log:
+            assert log.readline() == "# " + shlex.join(run["command"]) + "\n"
     assert bench["comparison"]["num_measured_steps"] == {"stock": 2, "tencache": 2}
     # Stock and tencache train the same model identically.
     assert bench["comparison"]["losses_identical"], bench["comparison"]["losses_detail"]

@@ -242,7 +242,7 @@ def test_a_recheck_reprices_with_the_model_probes_figures_only_and_tables_both_e
     assert "| gpt2-tiny-auto | stock | 1.100 / 1.000 | +10% |" in text and "Re-priced, within 15%: 1 of 1." in text
 
 
-def test_a_reprice_prices_a_saved_run_again_from_its_own_machine_files_and_profiles(tmp_path):
+def test_a_reprice_prices_a_saved_run_again_from_its_own_machine_files_and_profiles(tmp_path, capsys):
     """scripts/validate_estimate.py --reprice: each saved configuration of a prospective folder (run 21's) priced again
     beside its saved prediction and its bench; "profiled" puts the model's profile on its calibration as the run did
     (the run's profiled machine files have the FLOP rate this gives), "calibration" takes the calibration alone."""
@@ -270,11 +270,14 @@ def test_a_reprice_prices_a_saved_run_again_from_its_own_machine_files_and_profi
         validate.main(["--reprice", folder, "--out", folder])
     with pytest.raises(SystemExit):  # a folder that is not a prospective run's: refused before anything is written
         validate.main(["--reprice", str(tmp_path / "elsewhere"), "--out", str(tmp_path / "out")])
-    for flags in (["--models", "gpt2-small"], ["--seq-len", "128"], ["--compare-cpu"]):  # the folder says these
+    # what the folder records is refused, not ignored: a list, a number, a switch, a flag whose default is None
+    for flags in (["--models", "gpt2-small"], ["--seq-len", "128"], ["--compare-cpu"], ["--dtype", "fp32"]):
         with pytest.raises(SystemExit):
             validate.main(["--reprice", folder, "--out", str(tmp_path / "out")] + flags)
-    with pytest.raises(SystemExit):  # --reprice-from alone would run the benches it names nothing of
+        assert f"{flags[0]} describes runs to make" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # --reprice-from without --reprice: refused, not ignored
         validate.main(["--reprice-from", "calibration", "--machine", "none.json", "--out", str(tmp_path / "out")])
+    assert "--reprice-from says how --reprice prices" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 
 

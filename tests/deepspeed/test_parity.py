@@ -144,8 +144,8 @@ def test_bit_identical_with_bf16_masters_and_optimizer_state(train, tmp_path):
     config["bf16"] = {"enabled": True, "bf16_master_weights_and_grads": True, "bf16_optimizer_states": True}
     path = tmp_path / "bf16-masters.json"
     path.write_text(json.dumps(config))
-    # no dtype: train.py's would replace "bf16"; 16 tokens (bf16 matrix products are slow on this CPU)
-    options = dict(grad_accum=1, sub_group_size=2_000_000, seq_len=16)
+    # no dtype: train.py's would replace "bf16"
+    options = dict(grad_accum=1, sub_group_size=2_000_000, seq_len=BF16["seq_len"])
     folders = {name: str(tmp_path / name) for name in ("stock", "ours")}
     stock = train(config=str(path), block=None, offload_device="cpu", steps=3, save_after=1,
                   checkpoint_dir=folders["stock"], **options)
