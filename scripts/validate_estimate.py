@@ -223,7 +223,7 @@ def profiled_machine(args, model: str, machine):
     what was taken. The device tier is off: on a host accelerator it serves every access after the first step,
     and the host store's profile would see no step repeat it."""
     config_path = args.config or CONFIG_FOR.get(model, DEFAULT_CONFIG)
-    profile = os.path.abspath(os.path.join(args.out, f"profile-{model}.json"))
+    profile = os.path.abspath(profile_path(args.out, model))
     if os.path.exists(profile):  # a profile of an earlier run would be loaded, and this run's steps time it
         os.unlink(profile)
     block = dict(PROFILE_RUN_BLOCK, profile_path=profile)
@@ -257,6 +257,11 @@ def calibration_path(out: str, model: str, first: bool) -> str:
     return os.path.join(out, "machine.json" if first else f"machine-{model}.json")
 
 
+def profile_path(out: str, model: str) -> str:
+    """Where --profile-runs keeps a model's profile."""
+    return os.path.join(out, f"profile-{model}.json")
+
+
 def reprice(folder: str, source: str):
     """The rows of a prospective folder (its predictions.json and bench folders) with each configuration priced
     again by the code in this tree (``arm_rows``: ``predicted`` the saved prediction, ``repriced`` the new one), and
@@ -279,7 +284,7 @@ def reprice(folder: str, source: str):
                                             calibration_path(folder, model, first=True)) if os.path.exists(path)]
             path = calibrated[0] if calibrated else os.path.join(REPO, saved["machines"][model])
             machines[model], used[model] = load_machine(path), os.path.relpath(path, REPO)
-            profile = os.path.join(folder, f"profile-{model}.json")
+            profile = profile_path(folder, model)
             if source == "profiled" and model in saved.get("profiled", {}):
                 machines[model], _ = machine_from_saved_profile(machines[model], model, entry["config"],
                                                                 settings.get("dtype"), settings["micro_batch"],
@@ -370,6 +375,13 @@ def main(argv=None) -> int:
         parser.error("--reprice-from says how --reprice prices a saved folder: it needs --reprice FOLDER")
     if args.reprice and not os.path.exists(os.path.join(args.reprice, "predictions.json")):
         parser.error(f"--reprice {args.reprice}: no predictions.json there (a prospective run's --out folder)")
+    if args.reprice and args.reprice_from == "profiled":  # a profile the run priced with, gone since
+        missing = [path for path in (profile_path(args.reprice, model) for model in
+                                     read_json(os.path.join(args.reprice, "predictions.json")).get("profiled", {}))
+                   if not os.path.exists(path)]
+        if missing:
+            parser.error(f"--reprice {args.reprice}: the run priced with {missing[0]}, which is missing "
+                         f"(--reprice-from calibration prices without it)")
     if args.reprice and os.path.realpath(args.out) == os.path.realpath(args.reprice):
         parser.error("--out is the --reprice folder: its table.md and rows.json are the run's own")
     os.makedirs(args.out, exist_ok=True)

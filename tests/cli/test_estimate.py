@@ -259,7 +259,7 @@ def test_a_reprice_prices_a_saved_run_again_from_its_own_machine_files_and_profi
     for model in ("gpt2-tiny", "gpt2-small", "gpt2-medium"):  # the machine the run priced with, rebuilt
         calibration = validate.load_machine(validate.calibration_path(folder, model, first=model == "gpt2-tiny"))
         again, _ = validate.machine_from_saved_profile(calibration, model, validate.CONFIG_FOR.get(
-            model, validate.DEFAULT_CONFIG), "fp32", 2, 64, os.path.join(folder, f"profile-{model}.json"))
+            model, validate.DEFAULT_CONFIG), "fp32", 2, 64, validate.profile_path(folder, model))
         run = validate.load_machine(os.path.join(folder, f"machine-{model}-profiled.json"))
         assert again.accelerator_flops_per_s == pytest.approx(run.accelerator_flops_per_s, rel=1e-9)
         assert calibration.accelerator_flops_per_s != pytest.approx(run.accelerator_flops_per_s, rel=0.05)
@@ -278,6 +278,12 @@ def test_a_reprice_prices_a_saved_run_again_from_its_own_machine_files_and_profi
     with pytest.raises(SystemExit):  # --reprice-from without --reprice: refused, not ignored
         validate.main(["--reprice-from", "calibration", "--machine", "none.json", "--out", str(tmp_path / "out")])
     assert "--reprice-from says how --reprice prices" in capsys.readouterr().err
+    copy = tmp_path / "run-without-a-profile"  # a profile the run priced with, deleted since: named, not a traceback
+    shutil.copytree(folder, copy, ignore=shutil.ignore_patterns("profile-gpt2-small.json"))
+    with pytest.raises(SystemExit):
+        validate.main(["--reprice", str(copy), "--out", str(tmp_path / "out")])
+    assert "profile-gpt2-small.json, which is missing" in capsys.readouterr().err
+    assert validate.main(["--reprice", str(copy), "--reprice-from", "calibration", "--out", str(tmp_path / "cal")]) == 0
     assert not (tmp_path / "out").exists()
 
 
