@@ -72,8 +72,14 @@ say "pre-building DeepSpeed ops ($OPS); cached after the first time"
 TEST_OPS=$TEST_OPS $PY - <<'PYEOF'
 import os
 import sys
+import functools
 import warnings
 warnings.filterwarnings("ignore")
+try:  # each op builder asks py-cpuinfo about the CPU (about 1 s a question): ask once (as scripts/train.py does)
+    import cpuinfo
+    cpuinfo.get_cpu_info = functools.lru_cache(maxsize=1)(cpuinfo.get_cpu_info)
+except ImportError:  # DeepSpeed falls back to lscpu then
+    pass
 from deepspeed.accelerator import get_accelerator
 from deepspeed.ops.op_builder import AsyncIOBuilder, CPUAdamBuilder
 from tencache_ds import ext_lock

@@ -80,7 +80,7 @@ LONGEST_FIRST = (  # by a full run's --durations on 2026-12-01 (the 2-core AMD V
     "tests/deepspeed/test_parity.py::test_bit_identical_through_the_deepspeed_launcher",
     "tests/test_step_phases.py::test_phases_under_the_launcher",
     "tests/deepspeed/test_parity.py::test_bit_identical_with_bf16_masters_and_optimizer_state",
-    "tests/deepspeed/test_forkserver.py::test_forked_ranks_give_the_launchers_bits",
+    "tests/deepspeed/test_forkserver.py::test_forked_ranks_compute_with_the_suites_one_thread",
     "tests/deepspeed/test_output_paths.py::test_a_second_run_in_a_swap_folder_in_use",
 )
 

@@ -75,12 +75,6 @@ NVME_TRIAL_DEADLINE_S = 2.0
 NVME_FACTOR_REQUEST_SIZES = (4 << 20, 512 << 20)
 NVME_PROBE_BUFFER_BYTES = 1 << 30
 NVME_REPEATS = 3                  # a shared virtual disk's rate changes from minute to minute (0.53 to 1.66 GB/s read)
-# Test hook: the suite's calibration test (tests/cli/test_estimate.py) checks what each probe measures and cites, not
-# the drive's rate, whose trials take most of a calibration (about a minute here). Set to anything but "" or "0",
-# the drive is timed in one repeat, no trial issuing a request after QUICK_DRIVE_DEADLINE_S (each still moves one
-# request per buffer: a whole round); read only in measure_nvme, whose method says so.
-QUICK_DRIVE_ENV = "TENCACHE_CALIBRATE_QUICK_DRIVE"
-QUICK_DRIVE_DEADLINE_S = 0.25
 ADAM_ELEMENTS = 1 << 24           # 64 MiB of fp32 per tensor: larger than the CPU's caches, as a sub-group is
 ADAM_REPEATS = 5
 COMPUTE_WARMUP = 6               # oneDNN picks and JIT-compiles its bf16 kernels over the first few steps
@@ -360,18 +354,15 @@ def measure_nvme(folder: str, io_threads: int) -> Dict[str, Any]:
     ``NVME_TRIAL_BYTES``: the rates at tensor-sized requests (``TENSOR_REQUEST_BYTES``), and relative to them the
     rates at ``NVME_FACTOR_REQUEST_SIZES``, the sizes timed in turn within each repeat (a drive that drifts from
     minute to minute drifts for all of them alike)."""
-    from ..io.drive_rate import TENSOR_REQUEST_BYTES, measure_drive
+    from ..io.drive_rate import TENSOR_REQUEST_BYTES, measure_drive, quick_drive
     largest = NVME_PROBE_BUFFER_BYTES // io_threads
     sizes = tuple(sorted({TENSOR_REQUEST_BYTES, *(min(size, largest) for size in NVME_FACTOR_REQUEST_SIZES)}))
-    quick = os.environ.get(QUICK_DRIVE_ENV, "") not in ("", "0")
-    repeats, deadline_s = (1, QUICK_DRIVE_DEADLINE_S) if quick else (NVME_REPEATS, NVME_TRIAL_DEADLINE_S)
     rate = measure_drive(folder, request_sizes=sizes, thread_counts=(io_threads,), trial_bytes=NVME_TRIAL_BYTES,
-                         deadline_s=deadline_s, repeats=repeats)
+                         deadline_s=NVME_TRIAL_DEADLINE_S, repeats=NVME_REPEATS)
     by_size = {size: rate.at_request_size(size) for size in sizes}  # OSError: a size that timed no bytes
     reference = by_size[TENSOR_REQUEST_BYTES]
-    shortened = (f" (shortened by {QUICK_DRIVE_ENV}: no request issued after {deadline_s:g} s, one round at "
-                 f"least)") if quick else ""
-    return {"method": f"{rate.method}; trials of {NVME_TRIAL_BYTES >> 20} MiB{shortened}, the fastest of {repeats}; "
+    repeats = 1 if quick_drive() else NVME_REPEATS  # the test hook's shortening: the rate's method says so
+    return {"method": f"{rate.method}; trials of {NVME_TRIAL_BYTES >> 20} MiB, the fastest of {repeats}; "
                       f"the rates at {TENSOR_REQUEST_BYTES >> 20} MiB requests, the others relative to them",
             "path": folder, "read_bytes_per_s": reference.read_bytes_per_s,
             "write_bytes_per_s": reference.write_bytes_per_s,

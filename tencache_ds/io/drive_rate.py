@@ -29,6 +29,12 @@ REQUEST_SIZES = (PARTITION_REQUEST_BYTES, TENSOR_REQUEST_BYTES)
 TRIAL_BYTES = 256 << 20              # per trial and direction: past a drive's write cache, < 0.2 s at 2 GB/s
 DEADLINE_S = 1.0                     # per trial: no new request is issued after it
 TRIAL_FILE_PREFIX = ".tencache-drive-"  # then the measuring process's pid
+# Test hook: the suite's tests of `doctor`, `bench` and `estimate --machine this` check what each measures and reports,
+# not the drive's rate, whose trials take most of their time (8 of doctor's 16 s here, a minute of a calibration). Set
+# to anything but "" or "0" (read only in quick_drive), the drive is timed in one repeat, no trial issuing a request
+# after QUICK_DEADLINE_S (each still moves one request per buffer: a whole round); the rate's method says so.
+QUICK_ENV = "TENCACHE_QUICK_DRIVE"
+QUICK_DEADLINE_S = 0.25
 
 
 def store_thread_counts(ds_config: Optional[Dict[str, Any]] = None) -> Tuple[int, int]:
@@ -42,6 +48,11 @@ def store_thread_counts(ds_config: Optional[Dict[str, Any]] = None) -> Tuple[int
 
 
 THREAD_COUNTS = store_thread_counts()  # (2, 4) for DeepSpeed's default aio config
+
+
+def quick_drive() -> bool:
+    """Whether the test hook QUICK_ENV shortens measure_drive in this process."""
+    return os.environ.get(QUICK_ENV, "") not in ("", "0")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,10 +131,13 @@ def measure_drive(folder: str, request_sizes: Sequence[int] = REQUEST_SIZES,
                   thread_counts: Sequence[int] = THREAD_COUNTS, trial_bytes: int = TRIAL_BYTES,
                   deadline_s: float = DEADLINE_S, repeats: int = 1) -> DriveRate:
     """Time writes, reads and both at once in ``folder`` (created if missing) for every request size and thread
-    count, ``repeats`` times over; the fastest trial of each kind gives the rates. Raises OSError when the folder
-    cannot be written."""
+    count, ``repeats`` times over; the fastest trial of each kind gives the rates (the test hook QUICK_ENV: one
+    repeat, no request issued after QUICK_DEADLINE_S). Raises OSError when the folder cannot be written."""
     import torch  # the engine moves tensors; imported here so that importing this module stays light
     from .direct_io import DirectFileIO
+    quick = quick_drive()
+    if quick:
+        repeats, deadline_s = 1, min(deadline_s, QUICK_DEADLINE_S)
     os.makedirs(folder, exist_ok=True)
     remove_stale_trial_files(folder)
     trials: List[Trial] = []
@@ -161,7 +175,9 @@ def measure_drive(folder: str, request_sizes: Sequence[int] = REQUEST_SIZES,
                         pass
     return _fastest(trials, f"tencache DirectFileIO, requests of {', '.join(_mib(size) for size in request_sizes)}, "
                             f"{' or '.join(map(str, thread_counts))} in flight, O_DIRECT alignment {alignment} B "
-                            f"(0: buffered), in {folder}")
+                            f"(0: buffered), in {folder}"
+                            + (f" (shortened by {QUICK_ENV}: one repeat, no request issued after {deadline_s:g} s, "
+                               "one round at least)" if quick else ""))
 
 
 def remove_stale_trial_files(folder: str) -> List[str]:

@@ -15,6 +15,7 @@ import pytest
 from tencache_ds import ext_lock
 from tencache_ds.cli import doctor
 from tencache_ds.cli.main import build_parser
+from tencache_ds.io import drive_rate
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -27,6 +28,11 @@ FROZEN_OPTIONS = {
     "config-reference": ["--help", "-h"],
     "checkpoint-for-cpu": ["--help", "-h"],
 }
+
+
+# The drive's trials shortened (io/drive_rate.py's test hook), for the tests that check what doctor and bench do with
+# the drive's rate, not the rate: test_doctor_on_a_good_folder_passes times it in full, as a user's doctor does.
+QUICK_DRIVE = {drive_rate.QUICK_ENV: "1"}
 
 
 def run_cli(*args, env_extra=None, timeout=300):
@@ -112,6 +118,7 @@ def test_doctor_on_a_good_folder_passes(tmp_path):
     # Step 4: and the drive as tencache's own engine uses it (reads, writes, both at once), in the same folder.
     assert lines["nvme drive"][0] == doctor.OK and "both at once" in lines["nvme drive"][1]
     assert "tencache DirectFileIO" in lines["nvme drive"][1] and str(nvme) in lines["nvme drive"][1]
+    assert "shortened" not in lines["nvme drive"][1]  # timed in full (the suite's other doctor runs are not)
     assert not (tmp_path / "nvme").exists()
     assert result.stdout.splitlines()[-1].startswith("doctor: ")
     assert "Traceback" not in result.stdout + result.stderr
@@ -146,7 +153,7 @@ def test_doctor_fails_on_an_unusable_nvme_path(tmp_path, kind):
 def test_doctor_fails_when_the_aio_op_is_missing(tmp_path):
     """Scenario: DeepSpeed's async_io op cannot be built (its libaio link test fails, forced through the
     documented test hook); doctor says so in a FAIL line and still measures bandwidth with plain file I/O."""
-    result = run_cli("doctor", "--nvme-path", str(tmp_path), env_extra={doctor.FORCE_NO_AIO_ENV: "1"})
+    result = run_cli("doctor", "--nvme-path", str(tmp_path), env_extra={doctor.FORCE_NO_AIO_ENV: "1", **QUICK_DRIVE})
     assert result.returncode == 1, result.stdout + result.stderr
     lines = status_lines(result.stdout)
     assert lines["async_io op"][0] == doctor.FAIL
@@ -205,7 +212,7 @@ def test_doctor_fails_on_a_stale_build_lock_with_the_remedy(tmp_path):
     # Step 2: doctor FAILs the build-lock line with the path and `rm <path>`, and the async_io line says why it did
     # not load the op (stock doctor would wait on the lock until its probe timeout).
     result = run_cli("doctor", "--nvme-path", str(tmp_path / "nvme"), timeout=150,
-                     env_extra={"TORCH_EXTENSIONS_DIR": str(tmp_path / "torch_extensions")})
+                     env_extra={"TORCH_EXTENSIONS_DIR": str(tmp_path / "torch_extensions"), **QUICK_DRIVE})
     assert result.returncode == 1, result.stdout + result.stderr
     lines = status_lines(result.stdout)
     assert lines["ext build lock"][0] == doctor.FAIL, result.stdout
@@ -437,10 +444,11 @@ def test_bench_run_plan_interleaves_repeats_and_differs_only_in_the_tencache_blo
     assert {spec.command[spec.command.index("--master_port") + 1] for spec in specs} == {bench.PORT_AT_START}
 
 
-def test_bench_measures_the_drive_with_the_configs_requests_in_flight(tmp_path):
+def test_bench_measures_the_drive_with_the_configs_requests_in_flight(tmp_path, monkeypatch):
     """Scenario: the bench's probe measures the drive under --nvme-path through tencache's engine, with as many
     requests in flight as the config's swappers issue (aio.intra_op_parallelism 3: 3 per store, 6 for both)."""
     from tencache_ds.cli import bench
+    monkeypatch.setenv(drive_rate.QUICK_ENV, "1")  # the probe's environment: what is checked is not the rate
     probe, why_not = bench.start_probe(str(tmp_path / "nvme"), True, {"aio": {"intra_op_parallelism": 3}})
     bandwidth, record = bench.nvme_bandwidth(str(tmp_path / "nvme"), probe, None, why_not)
     assert why_not is None and bandwidth is not None, record
@@ -467,7 +475,7 @@ def test_bench_end_to_end(tmp_path):
     tencache runs of gpt2-tiny on NVMe offload, compared."""
     out = tmp_path / "out"
     result = run_cli("bench", "--steps", "3", "--warmup", "1", "--dtype", "fp32", "--out", str(out), "--nvme-path",
-                     str(tmp_path / "nvme"), timeout=600)
+                     str(tmp_path / "nvme"), timeout=600, env_extra=QUICK_DRIVE)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     # The headline went to stdout, with both arms, the bound and the equality row; the full table did not.
     assert "step time (s, median)" in result.stdout and "identical losses / weights" in result.stdout

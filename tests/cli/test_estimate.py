@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from tencache_ds.cli import calibrate
 from tencache_ds.cli.main import build_parser
+from tencache_ds.io import drive_rate
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MACHINE = os.path.join(REPO_ROOT, "configs", "machines", "h100x1-2nvme-gen4.json")
@@ -126,10 +126,10 @@ def test_machine_this_measures_and_cites_each_figure(tmp_path):
     data["aio"]["intra_op_parallelism"] = 3
     config = tmp_path / "ds.json"
     config.write_text(json.dumps(data))
-    # (the drive's trials shortened, calibrate.QUICK_DRIVE_ENV: its rate is not what this test checks)
+    # (the drive's trials shortened, drive_rate.QUICK_ENV: its rate is not what this test checks)
     result = run_cli("estimate", "--model", "gpt2-tiny", "--ds-config", str(config), "--machine", "this", "--seq", "64",
                      "--nvme-path", str(tmp_path / "nvme"), "--save-machine", str(saved), "--json", timeout=600,
-                     env_extra={calibrate.QUICK_DRIVE_ENV: "1"})
+                     env_extra={drive_rate.QUICK_ENV: "1"})
     assert result.returncode == 0, result.stderr
     # Step 2: the saved file loads as a machine file and says where each measured figure came from.
     machine = json.loads(saved.read_text())
@@ -138,7 +138,7 @@ def test_machine_this_measures_and_cites_each_figure(tmp_path):
         assert machine[figure] > 0 and "measured" in machine["sources"][figure]
     assert "tencache DirectFileIO" in machine["sources"]["nvme_read_bytes_per_s_per_drive"]
     assert ", 3 in flight" in machine["sources"]["nvme_read_bytes_per_s_per_drive"]
-    assert f"shortened by {calibrate.QUICK_DRIVE_ENV}" in machine["sources"]["nvme_read_bytes_per_s_per_drive"]
+    assert f"shortened by {drive_rate.QUICK_ENV}" in machine["sources"]["nvme_read_bytes_per_s_per_drive"]
     # the drive at 4 MiB and large requests too, relative to the rates at 64 MiB (the large size: 512 MiB, cut so
     # that the 3 requests in flight take at most 1 GiB)
     sizes = [size for size, _read, _write in machine["nvme_request_factors"]]

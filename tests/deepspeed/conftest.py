@@ -102,6 +102,37 @@ def launch_ranks(script, args, ranks, cleanup=(), timeout=900, forked=False):
     return result
 
 
+# One stock launch of two ranks through DeepSpeed's launcher (about 40 s of the suite's CPU), memoised: the tests that
+# need one share it (test_forkserver.py: forked ranks give its bits; test_shm_buffers.py: it leaves no buffer).
+TWO_RANK_LAUNCH = dict(block=None, launcher="deepspeed", num_ranks=2, steps=2, seq_len=16, dtype="fp32",
+                       label="two-rank-launch")
+
+
+# Variables nothing reads at import: a run whose environment adds only these (and TENCACHE_*, which only tencache_ds
+# reads, and the server never imports it) can be forked from the fork server, whose modules were imported without them.
+READ_AFTER_IMPORT = ("MASTER_PORT",)
+
+
+def run_helper(script, args, timeout=600, env=None):
+    """``python SCRIPT ARGS`` for a helper script beside the tests (one process; the repository on PYTHONPATH, ``env``
+    added to this environment): forked from the fork server where it can be (``env`` adds only TENCACHE_* or
+    READ_AFTER_IMPORT), about 5 s of start-up less a run, a fresh interpreter otherwise. Its CompletedProcess (a run
+    that hangs past ``timeout`` is killed with its process group and fails the test); logged as a helper run."""
+    args = [str(arg) for arg in args]
+    extra = dict(env or {})
+    command = [sys.executable, script] + args
+    full_env = dict(os.environ, PYTHONPATH=REPO, **extra)
+    forked = _FORK_SERVER.enabled and all(key.startswith("TENCACHE_") or key in READ_AFTER_IMPORT for key in extra)
+    started = time.monotonic()
+    try:
+        if forked:
+            with tempfile.TemporaryDirectory() as outputs:
+                return _FORK_SERVER.run(args, full_env, timeout, os.path.join(outputs, "run"), command, script=script)
+        return _run_in_own_group(command, full_env, timeout)
+    finally:
+        _log_run("helper", started, dict(script=os.path.basename(script), args=args, ranks=1, forked=forked))
+
+
 def scenarios_against_stock_cpu(script, scenarios, budgets, device, tmp_path):
     """Run the ``scenarios`` of a helper script that takes ``SCENARIOS stock|tencache=BUDGETS DEVICE NVME_DIR``
     (tensor_fragments.py, zero_scenarios.py) twice: stock CPU offload in a process that never imports tencache_ds,

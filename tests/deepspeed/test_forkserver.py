@@ -1,8 +1,8 @@
 """The suite's fork server (forkserver.py, conftest's _ForkServer) behaves as a fresh interpreter would for the
 runs it serves: a run that outlives its timeout is killed with its process group and fails its test, and the
 server goes on serving; a stock reference forked from it never imported tencache_ds; a forked run and a fresh one
-compute with the same threads and give the same bits; ranks forked as DeepSpeed's launcher starts them get its
-environment and arguments, give its bits, and a rank that fails ends the launch with its status, without a hang."""
+compute with the same threads; ranks forked as DeepSpeed's launcher starts them get its environment and
+arguments, give its bits, and a rank that fails ends the launch with its status, without a hang."""
 import json
 import os
 import sys
@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from conftest import REPO, free_port
+from conftest import REPO, TWO_RANK_LAUNCH, free_port
 
 pytestmark = [pytest.mark.deepspeed]
 
@@ -26,24 +26,15 @@ def test_a_forked_run_past_its_timeout_is_killed_and_the_server_serves_the_next(
     assert len(stock.loss_bits) == 1
 
 
-def test_forked_and_fresh_runs_compute_with_the_suites_one_thread(train, fork_server):
+def test_forked_ranks_compute_with_the_suites_one_thread_and_give_the_launchers_bits(train, fork_server):
     """tests/conftest.py gives every process the suite starts one OpenMP thread (with two, forked runs computed
-    other last bits now and then on an Intel Xeon: docs/reliability.md). A run forked from the server and one in a
-    fresh interpreter (an environment variable the server was not started with) both compute with it."""
+    other last bits now and then on an Intel Xeon: docs/reliability.md). Ranks forked from the server and the ranks
+    the launcher starts in fresh interpreters both compute with it, and give the same bits."""
     if not fork_server.enabled:
         pytest.skip("TENCACHE_TEST_FORKSERVER=0: every run starts a fresh interpreter")
     threads = int(os.environ["OMP_NUM_THREADS"])  # set by tests/conftest.py unless the developer exported it
-    forked = train(block=None, steps=1, seq_len=16, label="threads-forked")
-    fresh = train(block=None, steps=1, seq_len=16, label="threads-fresh", env={"TEST_FRESH_INTERPRETER": "1"})
-    assert forked.result["compute"]["num_threads"] == fresh.result["compute"]["num_threads"] == threads
-    assert forked.loss_bits == fresh.loss_bits
-
-
-def test_forked_ranks_give_the_launchers_bits(train, fork_server):
-    if not fork_server.enabled:
-        pytest.skip("TENCACHE_TEST_FORKSERVER=0: every run starts a fresh interpreter")
-    options = dict(block=None, num_ranks=2, steps=2, seq_len=16, dtype="fp32", label="forked-ranks")
-    launched, forked = train(launcher="deepspeed", **options), train(launcher="ranks", **options)
+    launched, forked = train(**TWO_RANK_LAUNCH), train(**dict(TWO_RANK_LAUNCH, launcher="ranks"))
+    assert launched.result["compute"]["num_threads"] == forked.result["compute"]["num_threads"] == threads
     assert launched.result["world_size"] == forked.result["world_size"] == 2
     assert forked.loss_bits == launched.loss_bits and len(forked.loss_bits) == 2
     assert forked.result["weights_sha256"] == launched.result["weights_sha256"] is not None

@@ -91,8 +91,8 @@ def test_a_give_back_of_optimizer_state_leaves_the_owed_fp32_masters_unwritten_w
     2026-11-30: 5.1 GB on gpt2-1.3b), the partitions stay, and training goes on with stock's losses and fp32
     weights (their files are written at the end, from the partitions, before the weights are read)."""
     reference = train(block=None, **SUB_GROUPS)
-    ours = train(block={"host_cache_bytes": "100MB"}, launcher="deepspeed", script=SQUEEZE, cgroup=memory_cgroup,
-                 env=STEPS_THAT_ALLOCATE, squeeze_after=2, squeeze_to="window", **SUB_GROUPS)
+    ours = train(block={"host_cache_bytes": "100MB"}, script=SQUEEZE, cgroup=memory_cgroup, env=STEPS_THAT_ALLOCATE,
+                 squeeze_after=2, squeeze_to="window", **SUB_GROUPS)
     assert_same_bits(reference, ours)
     steps = [step["stats"] for step in ours.result["steps"]]
     assert [stats["host_pressure_shrinks"] for stats in steps] == [0, 0, 0, 1, 1]

@@ -4,20 +4,17 @@ DeepSpeed's function returns from its new buffer; for an optimizer tencache does
 path. The engine-level checks: test_parity.py (one rank, stock's bits, the path taken) and test_residency.py
 (two ranks: not taken)."""
 import os
-import subprocess
-import sys
 
 import pytest
 
-from conftest import REPO, result_of
+from conftest import result_of, run_helper
 
 pytestmark = pytest.mark.deepspeed
 SCRIPT = os.path.join(os.path.dirname(__file__), "one_rank_reduce_check.py")
 
 
 def test_at_one_rank_a_tencache_optimizer_gets_views_with_deepspeeds_values():
-    proc = subprocess.run([sys.executable, SCRIPT], cwd=REPO, capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ, PYTHONPATH=REPO, MASTER_PORT="0"))
+    proc = run_helper(SCRIPT, [], timeout=300, env={"MASTER_PORT": "0"})
     result = result_of(proc.stdout)
     assert result is not None, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert result.pop("reduces_to_views") == [True, False]

@@ -51,7 +51,8 @@ def test_a_second_run_in_a_swap_folder_in_use_stops_and_the_first_trains_on(trai
     steps = 3
     first = subprocess.Popen(
         [sys.executable, TRAIN, "--deepspeed_config", os.path.join(REPO, "configs", "stock-nvme.json"),
-         "--model", "gpt2-tiny", "--steps", str(steps), "--nvme-path", str(nvme), "--weights-gather", "none",
+         "--model", "gpt2-tiny", "--dtype", "fp32", "--steps", str(steps), "--nvme-path", str(nvme),
+         "--weights-gather", "none",
          "--tencache-block", '{"enabled": true, "host_cache_bytes": 0}'],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=_killed_with_this_process)
     try:
@@ -62,8 +63,8 @@ def test_a_second_run_in_a_swap_folder_in_use_stops_and_the_first_trains_on(trai
         first.send_signal(signal.SIGSTOP)
         assert first.poll() is None, first.communicate()[0][-3000:]  # held, not ended: the second meets it
         try:
-            second = train(block={"host_cache_bytes": 0}, nvme_path=str(nvme), expect_failure=True, steps=1,
-                           weights_gather="none")
+            second = train(block={"host_cache_bytes": 0}, nvme_path=str(nvme), expect_failure=True, dtype="fp32",
+                           steps=1, weights_gather="none")
         finally:
             first.send_signal(signal.SIGCONT)
         output, _ = first.communicate(timeout=600)
@@ -71,7 +72,7 @@ def test_a_second_run_in_a_swap_folder_in_use_stops_and_the_first_trains_on(trai
         first.kill()
         first.wait()
     assert "TencacheResourceError" in second.output, second.output[-3000:]
-    assert (f"zero_optimization.offload_param.nvme_path = '{nvme}': its swap folder {nvme}/zero_stage_3/bfloat16params"
+    assert (f"zero_optimization.offload_param.nvme_path = '{nvme}': its swap folder {nvme}/zero_stage_3/float32params"
             f"/rank0 is in use by another run (pid {first.pid} on ") in second.output, second.output[-3000:]
     assert first.returncode == 0, output[-3000:]
     assert len(re.findall(r"^step \d+ loss ", output, re.M)) == steps

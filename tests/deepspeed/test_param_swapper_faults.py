@@ -2,13 +2,12 @@
 and its partition records; and the optimizer swapper after an update that failed on a missing file, and a save
 after one that stopped with a master lent from the partitions its file is behind."""
 import os
-import subprocess
-import sys
 
 import pytest
 
+from conftest import run_helper
+
 pytestmark = pytest.mark.deepspeed
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def test_a_failed_read_is_reported_once_and_the_partition_can_be_read_again():
@@ -39,6 +38,5 @@ def test_a_save_after_an_update_stopped_with_a_master_lent_from_its_partitions_i
 def run_scenario(script):
     """Runs a scenario script beside this file (one process: its store on port 0, which the kernel chooses as it binds
     it); it prints OK or raises."""
-    proc = subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), script), "0"],
-                          capture_output=True, text=True, timeout=300, env=dict(os.environ, PYTHONPATH=REPO))
+    proc = run_helper(os.path.join(os.path.dirname(__file__), script), ["0"], timeout=300)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), proc.stdout[-2000:] + proc.stderr[-4000:]

@@ -10,7 +10,7 @@ import os
 import pytest
 import torch
 
-from conftest import REPO, result_of
+from conftest import REPO, result_of, run_helper
 from tencache_ds.probes.limits import UNLIMITED, lockable_bytes_now
 
 pytestmark = pytest.mark.deepspeed
@@ -232,14 +232,8 @@ def test_unusable_nvme_path_stops_with_an_error_naming_the_key(train, tmp_path):
 
 
 def run_two_engines(tmp_path, mode, which):
-    import os
-    import subprocess
-    import sys
-    script = os.path.join(os.path.dirname(__file__), "two_engines.py")
-    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = dict(os.environ, PYTHONPATH=repo)
-    proc = subprocess.run([sys.executable, script, str(tmp_path / f"nvme-{mode}-{which}"), mode, which],
-                          capture_output=True, text=True, timeout=600, env=env)
+    proc = run_helper(os.path.join(os.path.dirname(__file__), "two_engines.py"),
+                      [tmp_path / f"nvme-{mode}-{which}", mode, which])
     return proc, result_of(proc.stdout)
 
 

@@ -3,12 +3,10 @@ trains through it for every offload pair, gives stock's losses before the reload
 (stock does not: it never reads the loaded optimizer files), and closes its swappers with the engine."""
 import os
 import shutil
-import subprocess
-import sys
 
 import pytest
 
-from conftest import REPO, result_of
+from conftest import result_of, run_helper
 
 pytestmark = [pytest.mark.deepspeed, pytest.mark.slow]
 SCRIPT = os.path.join(os.path.dirname(__file__), "rebuild.py")
@@ -16,9 +14,8 @@ SCRIPT = os.path.join(os.path.dirname(__file__), "rebuild.py")
 
 def rebuild(tmp_path, mode, param_device, optimizer_device):
     name = f"{mode}-{param_device}-{optimizer_device}"
-    proc = subprocess.run([sys.executable, SCRIPT, mode, str(tmp_path / f"nvme-{name}"), str(tmp_path / f"ckpt-{name}"),
-                           param_device, optimizer_device], capture_output=True, text=True, timeout=600,
-                          env=dict(os.environ, PYTHONPATH=REPO))
+    proc = run_helper(SCRIPT, [mode, tmp_path / f"nvme-{name}", tmp_path / f"ckpt-{name}", param_device,
+                               optimizer_device])
     shutil.rmtree(tmp_path / f"nvme-{name}", ignore_errors=True)  # hundreds of MiB nothing reads afterwards
     result = result_of(proc.stdout)
     assert result is not None, proc.stdout[-2000:] + proc.stderr[-4000:]

@@ -5,14 +5,12 @@ checkpoint saved under write-back resumes exactly as stock's does. Real engine, 
 Where stock ZeRO-Infinity crashes (stage3_max_reuse_distance 1e9: `Not enough buffers`), the reference is stock
 with offload device "cpu", which gives stock NVMe's bits wherever both run."""
 import os
-import subprocess
-import sys
 
 import pytest
 
 from tencache_ds.integrations.deepspeed.stage3_gradients import STORE_GRADIENT_FRAGMENTS_ENV
 from tencache_ds.memory.device_staging import STAGE_HOST_PARTS_ENV
-from conftest import REPO, result_of
+from conftest import result_of, run_helper
 from test_parity import assert_identical, assert_same_bits  # tests/deepspeed is on sys.path (rootdir-relative)
 
 pytestmark = pytest.mark.deepspeed
@@ -194,8 +192,7 @@ def test_at_two_ranks_a_parameter_split_unevenly_makes_no_gradient_round_trip_ei
 
 def _skipped_branch(tmp_path, mode):
     script = os.path.join(os.path.dirname(__file__), "skipped_branch.py")
-    proc = subprocess.run([sys.executable, script, mode, str(tmp_path / f"nvme-{mode}")], cwd=REPO, capture_output=True,
-                          text=True, timeout=600, env=dict(os.environ, PYTHONPATH=REPO, MASTER_PORT="0"))
+    proc = run_helper(script, [mode, tmp_path / f"nvme-{mode}"], env={"MASTER_PORT": "0"})
     result = result_of(proc.stdout)
     assert result is not None, proc.stdout[-2000:] + proc.stderr[-4000:]
     return result, proc.stdout
