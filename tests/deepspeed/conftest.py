@@ -215,15 +215,17 @@ class _ForkServer:
         line, self._pending = self._pending.split(b"\n", 1)
         return line
 
-    def run(self, argv, env, timeout, output_stem, command, script=None, ranks=None, master_port=None):
+    def run(self, argv, env, timeout, output_stem, command, script=None, ranks=None, master_port=None, startup=None):
         """``command`` run by the server: train.py (or ``script``) with ``argv``; with ``ranks``, that many ranks
-        of it as ``deepspeed --num_gpus RANKS --master_port MASTER_PORT`` starts them."""
+        of it as ``deepspeed --num_gpus RANKS --master_port MASTER_PORT`` starts them; ``startup``, a
+        sitecustomize.py the run (each rank) runs first."""
         if self._proc is None or self._proc.poll() is not None:  # first run, or a server that died: a new one
             self._start(env)
         stdout, stderr = f"{output_stem}.stdout", f"{output_stem}.stderr"
         if ranks:
             env = dict(env, MASTER_PORT=str(master_port))
-        request = {"argv": argv, "env": env, "stdout": stdout, "stderr": stderr, "script": script, "ranks": ranks}
+        request = {"argv": argv, "env": env, "stdout": stdout, "stderr": stderr, "script": script, "ranks": ranks,
+                   "startup": startup}
         try:
             self._proc.stdin.write((json.dumps(request) + "\n").encode())
             self._proc.stdin.flush()
@@ -396,16 +398,20 @@ def train(tmp_path_factory):
                    **{"TENCACHE_DEBUG_CHECKS": "1", **extra_env})
         # Environment variables that only a run's own scripts read (train.py, its helpers, tencache_ds at import
         # in the child): a run adding any other goes through a fresh interpreter, since the fork server imported
-        # torch, DeepSpeed and transformers with its own environment.
+        # torch, DeepSpeed and transformers with its own environment. But for a start-up hook's: the forked child
+        # runs the hook first (as a fresh interpreter does), which reads them then.
+        startup = os.path.join(first[0], "sitecustomize.py") if first else None
+        startup = startup if startup and os.path.isfile(startup) else None
         forkable = ((launcher == "python" and script == TRAIN or launcher == "ranks") and cgroup is None
-                    and shm_size is None and all(key.startswith("TENCACHE_") for key in extra_env)
-                    and _FORK_SERVER.enabled)
+                    and shm_size is None and _FORK_SERVER.enabled
+                    and all(key.startswith("TENCACHE_") or startup for key in extra_env))
         started = time.monotonic()
         try:
             if forkable:
                 proc = _FORK_SERVER.run(args, env, timeout, tmp_path / name, command,
                                         script=None if script == TRAIN else script,
-                                        ranks=num_ranks if launcher == "ranks" else None, master_port=master_port)
+                                        ranks=num_ranks if launcher == "ranks" else None, master_port=master_port,
+                                        startup=startup)
             else:
                 proc = _run_in_own_group(command, env, timeout)
         finally:

@@ -12,8 +12,8 @@ already imported, with the server's environment (conftest sends only runs whose 
 read at import time), and py-cpuinfo's answer is already cached (train.py caches it for the process anyway).
 
 Protocol, one JSON object per line: requests on stdin ``{"argv": [...], "env": {...}, "stdout": path, "stderr":
-path}``, optionally with ``"script": path`` (another script than train.py) and ``"ranks": N`` (the env then holds
-MASTER_PORT); on stdout, ``READY`` once, then per request ``{"pid": N}`` when the child started and ``{"pid": N,
+path}``, optionally with ``"script": path`` (another script than train.py), ``"ranks": N`` (the env then holds
+MASTER_PORT) and ``"startup": path`` (a start-up hook, a sitecustomize.py, run in the child first); on stdout, ``READY`` once, then per request ``{"pid": N}`` when the child started and ``{"pid": N,
 "returncode": R}`` when it ended (R as subprocess reports it: negative for a signal). EOF on stdin ends the server.
 """
 import atexit
@@ -75,16 +75,20 @@ def run_child(request) -> int:
     os.environ.clear()
     os.environ.update(request["env"])
     if request.get("ranks"):
-        return launch_ranks(request["ranks"], request.get("script"), request["argv"])
-    return run_script(request.get("script"), request["argv"])
+        return launch_ranks(request["ranks"], request.get("script"), request["argv"], request.get("startup"))
+    return run_script(request.get("script"), request["argv"], request.get("startup"))
 
 
-def run_script(script, argv) -> int:
+def run_script(script, argv, startup=None) -> int:
     """train.py's ``main`` with ``argv`` (``script`` None), or ``script`` run as ``__main__`` with it, as
-    ``python SCRIPT ARGV`` would run it; its exit status."""
+    ``python SCRIPT ARGV`` would run it; its exit status. ``startup``: a sitecustomize.py run first, as a fresh
+    interpreter runs the one on its PYTHONPATH at start-up (before it imports tencache_ds, which the server never
+    did: a hook that patches it on import patches it here too)."""
     sys.argv = [script or train.__file__] + argv
     code = 0
     try:
+        if startup is not None:
+            runpy.run_path(startup, run_name="sitecustomize")
         if script is None:
             code = train.main(argv) or 0
         else:
@@ -109,7 +113,7 @@ def run_script(script, argv) -> int:
     return code
 
 
-def launch_ranks(ranks, script, argv) -> int:
+def launch_ranks(ranks, script, argv, startup=None) -> int:
     """What ``deepspeed --num_gpus RANKS --master_port PORT SCRIPT ARGV`` does on one node (DeepSpeed's
     launcher/runner.py and launch.py; PORT from the request's MASTER_PORT): a rank per process, each with the
     environment the launcher sets and ``--local_rank=i`` before the script's arguments, all writing to the same
@@ -128,7 +132,7 @@ def launch_ranks(ranks, script, argv) -> int:
                 # a line is written when it ends, in one write: with write-through on (python -u, PYTHONUNBUFFERED),
                 # print's text and its newline were two writes, and another rank's line could land between them
                 sys.stdout.reconfigure(line_buffering=True, write_through=False)
-                code = run_script(script, [f"--local_rank={rank}"] + argv)
+                code = run_script(script, [f"--local_rank={rank}"] + argv, startup)
             finally:
                 os._exit(code)
         live.append(pid)
