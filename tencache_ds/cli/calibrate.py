@@ -354,15 +354,15 @@ def measure_nvme(folder: str, io_threads: int) -> Dict[str, Any]:
     ``NVME_TRIAL_BYTES``: the rates at tensor-sized requests (``TENSOR_REQUEST_BYTES``), and relative to them the
     rates at ``NVME_FACTOR_REQUEST_SIZES``, the sizes timed in turn within each repeat (a drive that drifts from
     minute to minute drifts for all of them alike)."""
-    from ..io.drive_rate import TENSOR_REQUEST_BYTES, measure_drive, quick_drive
+    from ..io.drive_rate import TENSOR_REQUEST_BYTES, measure_drive, repeats_made
     largest = NVME_PROBE_BUFFER_BYTES // io_threads
     sizes = tuple(sorted({TENSOR_REQUEST_BYTES, *(min(size, largest) for size in NVME_FACTOR_REQUEST_SIZES)}))
     rate = measure_drive(folder, request_sizes=sizes, thread_counts=(io_threads,), trial_bytes=NVME_TRIAL_BYTES,
                          deadline_s=NVME_TRIAL_DEADLINE_S, repeats=NVME_REPEATS)
     by_size = {size: rate.at_request_size(size) for size in sizes}  # OSError: a size that timed no bytes
     reference = by_size[TENSOR_REQUEST_BYTES]
-    repeats = 1 if quick_drive() else NVME_REPEATS  # the test hook's shortening: the rate's method says so
-    return {"method": f"{rate.method}; trials of {NVME_TRIAL_BYTES >> 20} MiB, the fastest of {repeats}; "
+    return {"method": f"{rate.method}; trials of {NVME_TRIAL_BYTES >> 20} MiB, the fastest of "
+                      f"{repeats_made(NVME_REPEATS)}; "
                       f"the rates at {TENSOR_REQUEST_BYTES >> 20} MiB requests, the others relative to them",
             "path": folder, "read_bytes_per_s": reference.read_bytes_per_s,
             "write_bytes_per_s": reference.write_bytes_per_s,

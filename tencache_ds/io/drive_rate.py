@@ -51,8 +51,14 @@ THREAD_COUNTS = store_thread_counts()  # (2, 4) for DeepSpeed's default aio conf
 
 
 def quick_drive() -> bool:
-    """Whether the test hook QUICK_ENV shortens measure_drive in this process."""
+    """Whether the test hook QUICK_ENV shortens measure_drive in this process (every call: a test sets it for the
+    process it starts, not for a whole session, whose tests of measure_drive ask for their own repeats)."""
     return os.environ.get(QUICK_ENV, "") not in ("", "0")
+
+
+def repeats_made(repeats: int) -> int:
+    """The repeats measure_drive makes when asked for ``repeats``: one under the test hook."""
+    return 1 if quick_drive() else repeats
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,8 +142,7 @@ def measure_drive(folder: str, request_sizes: Sequence[int] = REQUEST_SIZES,
     import torch  # the engine moves tensors; imported here so that importing this module stays light
     from .direct_io import DirectFileIO
     quick = quick_drive()
-    if quick:
-        repeats, deadline_s = 1, min(deadline_s, QUICK_DEADLINE_S)
+    repeats, deadline_s = repeats_made(repeats), min(deadline_s, QUICK_DEADLINE_S) if quick else deadline_s
     os.makedirs(folder, exist_ok=True)
     remove_stale_trial_files(folder)
     trials: List[Trial] = []

@@ -1,8 +1,9 @@
 """Runs scripts/train.py (the real user script: real DeepSpeed engine on the CPU accelerator, real swap files)
 in a process of its own per training run, and reads its result JSON. A plain single-process run, and the ranks of
 a run asked for as forked (``launcher="ranks"``, ``launch_ranks(forked=True)``), are forked from forkserver.py,
-which has imported torch, DeepSpeed and transformers once (half of a small run's time on 2 cores); launcher runs,
-cgroup runs and other helper scripts start fresh interpreters."""
+which has imported torch, DeepSpeed and transformers once (half of a small run's time on 2 cores), and so is a
+helper script's (``run_helper``); launcher runs, cgroup runs and runs with a /dev/shm of their own start fresh
+interpreters."""
 import atexit
 import contextlib
 import fcntl
@@ -109,8 +110,15 @@ TWO_RANK_LAUNCH = dict(block=None, launcher="deepspeed", num_ranks=2, steps=2, s
 
 
 # Variables nothing reads at import: a run whose environment adds only these (and TENCACHE_*, which only tencache_ds
-# reads, and the server never imports it) can be forked from the fork server, whose modules were imported without them.
-READ_AFTER_IMPORT = ("MASTER_PORT",)
+# reads, and the server never imports it) can be forked from the fork server, whose modules were imported without
+# them. SLOW_MASTER_WRITES_S: read by the start-up hook slow_master_writes/sitecustomize.py, which a forked child runs
+# before the run.
+READ_AFTER_IMPORT = ("MASTER_PORT", "SLOW_MASTER_WRITES_S")
+
+
+def read_after_import(extra_env) -> bool:
+    """Whether every variable ``extra_env`` adds is read after import only (TENCACHE_* or READ_AFTER_IMPORT)."""
+    return all(key.startswith("TENCACHE_") or key in READ_AFTER_IMPORT for key in extra_env)
 
 
 def run_helper(script, args, timeout=600, env=None):
@@ -122,7 +130,7 @@ def run_helper(script, args, timeout=600, env=None):
     extra = dict(env or {})
     command = [sys.executable, script] + args
     full_env = dict(os.environ, PYTHONPATH=REPO, **extra)
-    forked = _FORK_SERVER.enabled and all(key.startswith("TENCACHE_") or key in READ_AFTER_IMPORT for key in extra)
+    forked = _FORK_SERVER.enabled and read_after_import(extra)
     started = time.monotonic()
     try:
         if forked:
@@ -220,7 +228,9 @@ class _ForkServer:
         of it as ``deepspeed --num_gpus RANKS --master_port MASTER_PORT`` starts them; ``startup``, a
         sitecustomize.py the run (each rank) runs first."""
         if self._proc is None or self._proc.poll() is not None:  # first run, or a server that died: a new one
-            self._start(env)
+            # with this environment, not the run's: a start-up hook's PYTHONPATH would load the hook into the
+            # server itself (Python runs a sitecustomize.py at start-up), and every child after it would have it
+            self._start(dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")])))
         stdout, stderr = f"{output_stem}.stdout", f"{output_stem}.stderr"
         if ranks:
             env = dict(env, MASTER_PORT=str(master_port))
@@ -327,7 +337,8 @@ def train(tmp_path_factory):
     ``launcher``: "python", one process (forked from the fork server where it can be); "deepspeed", the
     ``deepspeed --num_gpus NUM_RANKS`` command; "ranks", NUM_RANKS ranks started as that command starts them,
     forked from the fork server (the launcher's command where a run cannot be forked: a cgroup, a /dev/shm of its
-    own, other environment variables than TENCACHE_*). The families README.md lists keep a run through the launcher.
+    own, environment variables read at import: other than ``read_after_import`` allows, or a PYTHONPATH that is no
+    start-up hook's folder). The families README.md lists keep a run through the launcher.
 
     ``block=None``: stock DeepSpeed in a process that never imports tencache_ds (train.py --untouched-stock: the
     parity reference; its result has no stats), unless ``plugin_imported=True`` (tencache_ds imported, no block).
@@ -398,13 +409,12 @@ def train(tmp_path_factory):
                    **{"TENCACHE_DEBUG_CHECKS": "1", **extra_env})
         # Environment variables that only a run's own scripts read (train.py, its helpers, tencache_ds at import
         # in the child): a run adding any other goes through a fresh interpreter, since the fork server imported
-        # torch, DeepSpeed and transformers with its own environment. But for a start-up hook's: the forked child
-        # runs the hook first (as a fresh interpreter does), which reads them then.
+        # torch, DeepSpeed and transformers with its own environment. A PYTHONPATH added is a start-up hook's
+        # folder: the forked child runs its sitecustomize.py first, as a fresh interpreter does at start-up.
         startup = os.path.join(first[0], "sitecustomize.py") if first else None
-        startup = startup if startup and os.path.isfile(startup) else None
         forkable = ((launcher == "python" and script == TRAIN or launcher == "ranks") and cgroup is None
-                    and shm_size is None and _FORK_SERVER.enabled
-                    and all(key.startswith("TENCACHE_") or startup for key in extra_env))
+                    and shm_size is None and _FORK_SERVER.enabled and read_after_import(extra_env)
+                    and (startup is None or os.path.isfile(startup)))
         started = time.monotonic()
         try:
             if forkable:

@@ -9,12 +9,14 @@ What a child shares with a fresh process: everything train.py does, from parsing
 model, ``deepspeed.initialize``, tencache_ds's import when the run is not --untouched-stock: the server never
 imports tencache_ds, so a stock reference is still a process that never did). What differs: the modules are
 already imported, with the server's environment (conftest sends only runs whose environment adds nothing that is
-read at import time), and py-cpuinfo's answer is already cached (train.py caches it for the process anyway).
+read at import time; a start-up hook's sitecustomize.py, which a fresh interpreter runs first, the child runs before
+the run), and py-cpuinfo's answer is already cached (train.py caches it for the process anyway).
 
 Protocol, one JSON object per line: requests on stdin ``{"argv": [...], "env": {...}, "stdout": path, "stderr":
 path}``, optionally with ``"script": path`` (another script than train.py), ``"ranks": N`` (the env then holds
-MASTER_PORT) and ``"startup": path`` (a start-up hook, a sitecustomize.py, run in the child first); on stdout, ``READY`` once, then per request ``{"pid": N}`` when the child started and ``{"pid": N,
-"returncode": R}`` when it ended (R as subprocess reports it: negative for a signal). EOF on stdin ends the server.
+MASTER_PORT) and ``"startup": path`` (a start-up hook, a sitecustomize.py, run in the child first); on stdout,
+``READY`` once, then per request ``{"pid": N}`` when the child started and ``{"pid": N, "returncode": R}`` when it
+ended (R as subprocess reports it: negative for a signal). EOF on stdin ends the server.
 """
 import atexit
 import ctypes

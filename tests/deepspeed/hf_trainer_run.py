@@ -21,7 +21,7 @@ ARGS = [arg for arg in sys.argv[1:] if not arg.startswith("--local_rank")]  # th
 MODE, DEVICE, OUT = ARGS[:3]
 RESUME = ARGS[3:4] == ["resume"]
 if MODE.startswith("tencache"):
-    import tencache_ds  # installs before DeepSpeed is imported
+    import tencache_ds  # installs the swappers (DeepSpeed is imported already where forked)
 import torch  # noqa: E402
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments  # noqa: E402
 

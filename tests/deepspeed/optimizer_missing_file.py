@@ -9,7 +9,7 @@ import tempfile
 
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1], RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
 sys.argv = [sys.argv[0], "none", "tencache", "nvme+params", "unused"]  # zero_scenarios.py reads its arguments
-import tencache_ds  # noqa: E402,F401  (installs before DeepSpeed is imported)
+import tencache_ds  # noqa: E402,F401  (installs the swappers; DeepSpeed is imported already where forked)
 import deepspeed  # noqa: E402
 
 import zero_scenarios as scenarios  # noqa: E402  (tests/deepspeed)

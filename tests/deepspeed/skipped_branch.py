@@ -15,7 +15,7 @@ import torch
 
 MODE, NVME = sys.argv[1], sys.argv[2]
 if MODE == "tencache":
-    import tencache_ds  # noqa: F401  (installs before DeepSpeed is imported)
+    import tencache_ds  # noqa: F401  (installs the swappers; DeepSpeed is imported already where forked)
 import deepspeed  # noqa: E402
 
 HIDDEN = 1024

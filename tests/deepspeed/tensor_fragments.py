@@ -27,7 +27,7 @@ from scenarios import digest, gathered, run_scenarios  # tests/deepspeed/scenari
 
 ARGS = [arg for arg in sys.argv[1:] if not arg.startswith("--local_rank")]  # the launcher adds --local_rank=N
 if ARGS[1].startswith("tencache"):
-    import tencache_ds  # noqa: F401  (installs before DeepSpeed is imported)
+    import tencache_ds  # noqa: F401  (installs the swappers; DeepSpeed is imported already where forked)
 import deepspeed  # noqa: E402
 from deepspeed.utils import (safe_get_full_fp32_param, safe_get_full_grad, safe_get_full_optimizer_state,  # noqa: E402
                              safe_get_local_fp32_param, safe_get_local_grad, safe_get_local_optimizer_state,

@@ -29,7 +29,7 @@ from scenarios import digest, gathered, run_scenarios  # tests/deepspeed/scenari
 
 ARGS = [arg for arg in sys.argv[1:] if not arg.startswith("--local_rank")]  # the launcher adds --local_rank=N
 if ARGS[1].startswith("tencache"):
-    import tencache_ds  # noqa: F401  (installs before DeepSpeed is imported)
+    import tencache_ds  # noqa: F401  (installs the swappers; DeepSpeed is imported already where forked)
 import deepspeed  # noqa: E402
 from deepspeed.utils.zero_to_fp32 import (get_fp32_state_dict_from_zero_checkpoint,  # noqa: E402
                                           load_state_dict_from_zero_checkpoint)
