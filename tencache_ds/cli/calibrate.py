@@ -661,8 +661,8 @@ def measure_io_contention(torch, model_config: Dict[str, Any], micro_batch: int,
     what the step model charges (timeline.py): all of it where the reads beside them would have kept the drive busy
     that long at the rate they had alone (timed here too, just before the rounds), else that share."""
     import threading
-    from ..io.direct_io import DirectFileIO
-    from ..io.drive_rate import TENSOR_REQUEST_BYTES, TRIAL_FILE_PREFIX, aligned_buffer
+    from ..io.direct_io import DirectFileIO, aligned_buffer
+    from ..io.drive_rate import TENSOR_REQUEST_BYTES, TRIAL_FILE_PREFIX
     layers = probe_layers(model_config, torch.finfo(_torch_dtype(torch, dtype)).bits // 8)
     vocab = min(int(model_config.get("vocab_size", CALIBRATION_VOCAB)), CALIBRATION_VOCAB)
     one_step = _training_step(torch, _probe_model(torch, model_config, layers, vocab, dtype), vocab, micro_batch,
@@ -711,7 +711,7 @@ def measure_io_contention(torch, model_config: Dict[str, Any], micro_batch: int,
 
     try:
         io = DirectFileIO(num_threads=io_threads, name="tencache-contention")
-        buffers = [aligned_buffer(torch, TENSOR_REQUEST_BYTES) for _ in range(io_threads)]
+        buffers = [aligned_buffer(TENSOR_REQUEST_BYTES) for _ in range(io_threads)]
         for index in range(requests):
             buffers[0].fill_(index + 1)
             io.write(buffers[0], path, TENSOR_REQUEST_BYTES, index * TENSOR_REQUEST_BYTES).result()

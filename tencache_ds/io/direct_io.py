@@ -41,6 +41,15 @@ def store_io_threads(intra_op_parallelism: int) -> int:
     return max(2, int(intra_op_parallelism))
 
 
+def aligned_buffer(nbytes: int):
+    """A 4 KiB-aligned pageable tensor of ``nbytes`` bytes, as the optimizer store's (O_DIRECT needs the address
+    aligned)."""
+    import torch  # imported here so that importing this module stays light
+    raw = torch.empty(nbytes + 4096, dtype=torch.uint8)
+    offset = (-raw.data_ptr()) % 4096
+    return raw[offset:offset + nbytes]
+
+
 class _DirectRefused(Exception):
     """The device refused an O_DIRECT transfer (EINVAL): stricter than the alignment we were told."""
 

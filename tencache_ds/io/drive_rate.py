@@ -139,8 +139,7 @@ def measure_drive(folder: str, request_sizes: Sequence[int] = REQUEST_SIZES,
     """Time writes, reads and both at once in ``folder`` (created if missing) for every request size and thread
     count, ``repeats`` times over; the fastest trial of each kind gives the rates (the test hook QUICK_ENV: one
     repeat, no request issued after QUICK_DEADLINE_S). Raises OSError when the folder cannot be written."""
-    import torch  # the engine moves tensors; imported here so that importing this module stays light
-    from .direct_io import DirectFileIO
+    from .direct_io import DirectFileIO, aligned_buffer
     quick = quick_drive()
     repeats, deadline_s = repeats_made(repeats), min(deadline_s, QUICK_DEADLINE_S) if quick else deadline_s
     os.makedirs(folder, exist_ok=True)
@@ -151,7 +150,7 @@ def measure_drive(folder: str, request_sizes: Sequence[int] = REQUEST_SIZES,
         for threads in thread_counts:
             requests = max(threads, trial_bytes // request_bytes)  # every thread busy, whatever the request size
             io = DirectFileIO(num_threads=threads, name="tencache-drive-rate")
-            buffers = [aligned_buffer(torch, request_bytes) for _ in range(threads)]
+            buffers = [aligned_buffer(request_bytes) for _ in range(threads)]
             for index, buffer in enumerate(buffers):
                 buffer.fill_(index + 1)  # not zeros: a file system may treat zero pages specially
             first, second = (os.path.join(folder, f"{TRIAL_FILE_PREFIX}{os.getpid()}-{name}.bin") for name in "ab")
@@ -248,13 +247,6 @@ def _fsync(path: str) -> None:
         os.fsync(descriptor)
     finally:
         os.close(descriptor)
-
-
-def aligned_buffer(torch, nbytes: int):
-    """A 4 KiB-aligned pageable buffer, as the optimizer store's (O_DIRECT needs the address aligned)."""
-    raw = torch.empty(nbytes + 4096, dtype=torch.uint8)
-    offset = (-raw.data_ptr()) % 4096
-    return raw[offset:offset + nbytes]
 
 
 def _mib(nbytes: int) -> str:

@@ -1,6 +1,6 @@
 """Files a process killed before its cleanup left behind. Owns: reading the process id a file name carries, telling
 whether that process is gone, and removing such files. Does not own: how each writer names its files
-(io/drive_rate.py's trial files, io/cloned_save.py's temporary checkpoint files), which it is told.
+(io/drive_rate.py's trial files, io/save_from_files.py's temporary checkpoint files), which it is told.
 
 Plain module: imports nothing of torch or DeepSpeed.
 """

@@ -4,8 +4,8 @@ line: for each save its wall time, the time until the checkpoint is on disk (os.
 (/proc/self/io write_bytes: O_DIRECT and buffered), the bytes the checkpoint holds (each inode once; blocks a file
 shares with another by reflink are counted in both), and under tencache the bytes each swapper wrote during the save
 (the flush of what the host tier owes its files; of it, the fp32 masters owed to their files, and how many were
-owed before the save) and, where the file system clones, the ZeRO file's bytes shared with the swap files and
-written.
+owed before the save) and, where the ZeRO file took its masters from the swap files (torch's own checkpoint engine),
+its bytes shared with them (a file system that clones), copied from them, and written from memory, and its time.
 
     python tests/deepspeed/measure_checkpoint_save.py stock|tencache MODEL NVME_DIR CKPT_DIR [HOST_CACHE_BYTES|auto]
         [SUB_GROUP_SIZE|-] [DS_CONFIG]
@@ -87,10 +87,12 @@ def main(mode, model, nvme, checkpoint, host_cache_bytes="auto", sub_group_size=
                 saves[-1][key] = stats_after[key] - stats_before.get(key, 0)
         if "optimizer_masters_owed" in stats_before:  # masters whose files were behind their partitions
             saves[-1]["optimizer_masters_owed_before"] = stats_before["optimizer_masters_owed"]
-        shared = getattr(getattr(engine.optimizer, "optimizer_swapper", None), "last_zero_file_save", None)
-        if shared is not None:  # the ZeRO file's masters shared with the swap files (a file system that clones)
-            saves[-1]["zero_file_shared_bytes"] = shared.cloned_bytes
-            saves[-1]["zero_file_written_bytes"] = shared.written_bytes
+        zero_file = getattr(getattr(engine.optimizer, "optimizer_swapper", None), "last_zero_file_save", None)
+        if zero_file is not None:  # the ZeRO file's masters taken from the swap files (io/save_from_files.py)
+            saves[-1]["zero_file_shared_bytes"] = zero_file.cloned_bytes
+            saves[-1]["zero_file_copied_bytes"] = zero_file.copied_bytes
+            saves[-1]["zero_file_written_bytes"] = zero_file.written_bytes
+            saves[-1]["zero_file_s"] = round(zero_file.seconds, 3)
         train.train_step(engine, stream, 1)
     if mode == "tencache" and not train.plugin_stats(engine):
         raise SystemExit("tencache mode, but the engine runs stock DeepSpeed's swappers")

@@ -12,6 +12,7 @@ import warnings
 import pytest
 import torch
 from conftest import unshare_mounts
+from tencache_ds.io import save_from_files
 
 pytestmark = [pytest.mark.deepspeed, pytest.mark.slow]  # about 20 s a training run
 
@@ -39,12 +40,14 @@ def assert_bit_for_bit(ours, stock, name):
         assert torch.equal(ours[key].view(torch.int32), tensor.view(torch.int32)), f"{name}: {key} differs"
 
 
-def zero_files_shared(run) -> dict:
-    """{ZeRO file name: (bytes shared with the swap files, bytes written)}, from the run's log lines
-    (integrations/deepspeed/checkpoint_save.py)."""
-    found = [re.search(r"ZeRO file \S*/(\S+): (\d+) bytes shared with the swap files, (\d+) bytes written", line)
+def zero_files_saved(run) -> dict:
+    """{ZeRO file name: (bytes shared with the swap files, bytes copied from them and written from memory)}, from the
+    run's log lines (integrations/deepspeed/checkpoint_save.py)."""
+    found = [re.search(r"ZeRO file \S*/(\S+): (\d+) bytes shared with the swap files, (\d+) copied from them, "
+                       r"(\d+) written from memory", line)
              for line in run.output.splitlines() if "shared with the swap files" in line]
-    return {match.group(1): (int(match.group(2)), int(match.group(3))) for match in found if match}
+    return {match.group(1): (int(match.group(2)), int(match.group(3)) + int(match.group(4)))
+            for match in found if match}
 
 
 @contextlib.contextmanager
@@ -64,7 +67,8 @@ def test_zero_to_fp32_of_a_tencache_checkpoint_is_stock_cpu_offloads_bit_for_bit
     copies (checkpoint_save.masters_shown; before, a mapped master failed to pickle: OSError, Bad file descriptor).
     The queued runs have a /dev/shm of 16 MiB, as a container caps it, where the masters are 61 MB: the queue moved
     anonymous copies into /dev/shm and the save stopped ("unable to allocate shared memory"); the copies are
-    file-backed now. One test: the stock run is the reference of all."""
+    file-backed now. Torch's own engine takes the masters on file from their swap files (copied through O_DIRECT on this
+    machine's ext4: io/save_from_files.py). One test: the stock run is the reference of all."""
     small_shm = unshare_mounts()
     if not small_shm:
         warnings.warn("this machine does not let a run mount a /dev/shm of its own (unshare --mount): the queued runs "
@@ -80,6 +84,12 @@ def test_zero_to_fp32_of_a_tencache_checkpoint_is_stock_cpu_offloads_bit_for_bit
                     **FAST, **(script or {}))
         if block is not None:
             assert run.last_stats["tencache_enabled"] == 1
+        if name == "ours-nvme" and save_from_files.supported():  # torch's engine: the masters on file taken from
+            stats = run.last_stats                                  # them (copied on this machine's ext4)
+            assert (stats["optimizer_checkpoint_zero_files_from_swap_files"],
+                    stats["optimizer_checkpoint_zero_files_saved_usual_way"]) == (1, 0), stats
+            assert stats["optimizer_checkpoint_zero_file_copied_bytes"] + \
+                stats["optimizer_checkpoint_zero_file_shared_bytes"] > 1_000_000, stats
         states[name], losses[name] = consolidate(folder), run.loss_bits
     stock = states.pop("stock")
     assert isinstance(stock, dict) and len(stock) > 10, stock
@@ -100,10 +110,11 @@ def test_where_the_file_system_clones_the_masters_share_the_swap_files_blocks(tr
         run = train(block=QUARTER, steps=3, save_after=1, checkpoint_dir=os.path.join(folder, "ckpt"),
                     nvme_path=os.path.join(folder, "nvme"), optimizer_offload_device="nvme", **HASHED)
         assert run.loss_bits[:2] == stock.loss_bits  # the save changed nothing the steps compute
-        [(shared, written)] = zero_files_shared(run).values()
+        [(shared, written)] = zero_files_saved(run).values()
         assert shared > 10_000_000 and written < 100_000, (shared, written)  # gpt2-tiny's masters; small tensors
         stats = run.last_stats  # the same, in the swapper's stats: one ZeRO file shared, every swap file linked
-        assert (stats["optimizer_checkpoint_zero_files_shared"], stats["optimizer_checkpoint_zero_files_not_shared"],
+        assert (stats["optimizer_checkpoint_zero_files_from_swap_files"],
+                stats["optimizer_checkpoint_zero_files_saved_usual_way"],
                 stats["optimizer_checkpoint_zero_file_shared_bytes"]) == (1, 0, shared), stats
         assert stats["optimizer_checkpoint_folder_files"] == stats["optimizer_checkpoint_folder_files_linked"] > 0
         assert_bit_for_bit(consolidate(os.path.join(folder, "ckpt")), consolidate(stock_folder), "ours-reflinked")
@@ -127,7 +138,7 @@ def test_at_two_ranks_each_rank_shares_its_own_masters(train, tmp_path, reflink_
                     nvme_path=os.path.join(folder, "nvme"), offload_device="nvme", **two)
         assert run.loss_bits == stock.loss_bits
         assert run.result["weights_sha256"] == stock.result["weights_sha256"] is not None
-        shared = zero_files_shared(run)
+        shared = zero_files_saved(run)
         assert sorted(shared) == [f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt" for rank in (0, 1)], shared
         for cloned, written in shared.values():  # each rank's half of gpt2-tiny's masters; the small tensors written
             assert cloned > 5_000_000 and written < 100_000, shared

@@ -1,5 +1,5 @@
-"""The ZeRO file written through DeepSpeed's own TorchCheckpointEngine while the masters share the swap files' blocks
-(integrations/deepspeed/checkpoint_save.py, ``_saving_by_shared_blocks``): where the sharing save fails, the engine's
+"""The ZeRO file written through DeepSpeed's own TorchCheckpointEngine while the masters come from the swap files
+(integrations/deepspeed/checkpoint_save.py, ``_saving_from_files``): where that save fails, the engine's
 usual save makes the file, with a warning that names the cause, and the engine's own method is back afterwards; which
 engines are shown the host tier's own buffers, and the refusal of copies the host, or the /dev/shm torch would put
 them in, has no room for."""
@@ -13,11 +13,11 @@ from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchChe
 
 from tencache_ds.errors import TencacheOutOfMemory
 from tencache_ds.integrations.deepspeed.checkpoint_save import (_check_room_for_copies, _copy_for_a_later_writer,
-                                                                _saving_by_shared_blocks, serialises_during_save)
+                                                                _saving_from_files, serialises_during_save)
 from tencache_ds.integrations.deepspeed.optimizer_swapper import CheckpointTotals
 
 
-def test_a_sharing_save_that_fails_falls_back_to_the_engines_own_save(tmp_path):
+def test_a_save_from_the_swap_files_that_fails_falls_back_to_the_engines_own_save(tmp_path):
     master = torch.randn(10_000)
     engine = TorchCheckpointEngine()
     swapper = types.SimpleNamespace(last_zero_file_save="untouched", checkpoint_totals=CheckpointTotals())
@@ -28,14 +28,14 @@ def test_a_sharing_save_that_fails_falls_back_to_the_engines_own_save(tmp_path):
     handler.emit = records.append
     logging.getLogger("tencache_ds").addHandler(handler)  # the package logger does not propagate (log.py)
     try:
-        with _saving_by_shared_blocks(engine, missing, swapper):
+        with _saving_from_files(engine, missing, swapper):
             engine.save({"fp32_flat_groups": [master]}, path)
     finally:
         logging.getLogger("tencache_ds").removeHandler(handler)
     assert torch.equal(torch.load(path, weights_only=False)["fp32_flat_groups"][0], master)
     assert swapper.last_zero_file_save is None
-    assert swapper.checkpoint_totals == CheckpointTotals(zero_files_not_shared=1)  # counted in the swapper's stats
-    assert any("written the usual way (masters not shared): FileNotFoundError" in record.getMessage()
+    assert swapper.checkpoint_totals == CheckpointTotals(zero_files_saved_usual_way=1)  # counted in the swapper's stats
+    assert any("written the usual way (masters not taken from the swap files): FileNotFoundError" in record.getMessage()
                for record in records)
     assert "save" not in vars(engine) and os.listdir(os.path.dirname(path)) == [os.path.basename(path)]
 

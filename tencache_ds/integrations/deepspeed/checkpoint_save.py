@@ -15,10 +15,13 @@ checkpoint-for-cpu`` writes them there, checkpoint_for_cpu.py). Stock's loaders 
 load the swap files, ``zero_to_fp32`` the masters. The masters are shown only while the engine's save runs, so a
 checkpoint engine that may serialise them later is given copies of its own (below; the moments' meta tensors hold
 no bytes to copy).
-Where the checkpoint and the swap folder share a file system that clones ranges (XFS, btrfs: io/reflink.py), the
-masters are not written at all: each swap file is made current (what the host tier holds changed is written, as it
-is owed anyway) and its blocks are shared with the ZeRO file (io/cloned_save.py), so the save writes the dirty
-bytes, not the masters. On ext4 they are written.
+With torch's own checkpoint engine (zip files, torch >= 2.6) the ZeRO file is saved in two passes that take each
+mapped master's bytes from its swap file (io/save_from_files.py). Where the checkpoint and the swap folder share a
+file system that clones ranges (XFS, btrfs: io/reflink.py), the masters are not written at all: each swap file is
+made current (what the host tier holds changed is written, as it is owed anyway) and its blocks are shared with the
+ZeRO file, so the save writes the dirty bytes, not the masters. Where nothing clones (ext4) the masters are written
+once more, copied from file to file through O_DIRECT, and the host tier's copies written from memory (torch.save's
+own writer read the mapped files page by page, computed each record's CRC-32 and wrote through the page cache).
 """
 import contextlib
 import functools
@@ -35,7 +38,7 @@ from deepspeed.runtime.swap_tensor.optimizer_utils import OptimizerSwapper
 
 from ...cache.entry import EntryState
 from ...errors import TencacheOutOfMemory
-from ...io import cloned_save
+from ...io import save_from_files
 from ...io.reflink import folder_clones
 from ...io.shared_files import place
 from ...log import logger
@@ -181,57 +184,66 @@ def swapped_state_described(optimizer):
 
 
 def saving_masters(save_zero_checkpoint):
-    """engine._save_zero_checkpoint with the swapped masters in the file it writes (their blocks shared with the
-    swap files where the file system clones), and the swapped moments described (``swapped_state_described``)."""
+    """engine._save_zero_checkpoint with the swapped masters in the file it writes (taken from the swap files:
+    their blocks shared where the file system clones, else copied), and the swapped moments described
+    (``swapped_state_described``)."""
     @functools.wraps(save_zero_checkpoint)
     def save_zero_checkpoint_with_masters(self, save_path, tag, *args, **kwargs):
         swapper = getattr(self.optimizer, "optimizer_swapper", None)
-        sharing = isinstance(swapper, TencacheOptimizerSwapper) and _can_share_blocks(
-            self.checkpoint_engine, swapper.files_folder, os.path.dirname(self._get_zero_ckpt_name(save_path, tag)))
+        from_files = isinstance(swapper, TencacheOptimizerSwapper) and _saves_from_files(self.checkpoint_engine)
+        # where the blocks can be shared, every master is shown from its file (made current); else the host tier's
+        # copies are written from memory, which spares a write to their files and a read back
+        sharing = from_files and _can_share_blocks(
+            swapper.files_folder, os.path.dirname(self._get_zero_ckpt_name(save_path, tag)))
         copies = not serialises_during_save(self.checkpoint_engine)
         with masters_shown(self.optimizer, from_files=sharing, copies=copies) as files, \
                 swapped_state_described(self.optimizer):
-            if not sharing:
+            if not from_files:
                 return save_zero_checkpoint(self, save_path, tag, *args, **kwargs)
-            with _saving_by_shared_blocks(self.checkpoint_engine, files, swapper):
+            with _saving_from_files(self.checkpoint_engine, files, swapper):
                 return save_zero_checkpoint(self, save_path, tag, *args, **kwargs)
 
     return save_zero_checkpoint_with_masters
 
 
-def _can_share_blocks(checkpoint_engine, swap_folder: str, checkpoint_folder: str) -> bool:
-    """Can the ZeRO file share the swap files' blocks: torch's own checkpoint engine writing zip files, and one
-    file system that clones holding both folders?"""
-    if type(checkpoint_engine) is not TorchCheckpointEngine or not checkpoint_engine.zipfile_serialization \
-            or not cloned_save.supported():
-        return False
+def _saves_from_files(checkpoint_engine) -> bool:
+    """Can the ZeRO file take the masters' bytes from their swap files (io/save_from_files.py): torch's own
+    checkpoint engine writing zip files, with a torch that saves in two passes?"""
+    return (type(checkpoint_engine) is TorchCheckpointEngine and checkpoint_engine.zipfile_serialization
+            and save_from_files.supported())
+
+
+def _can_share_blocks(swap_folder: str, checkpoint_folder: str) -> bool:
+    """Does one file system that clones ranges hold both folders?"""
     existing = os.path.abspath(checkpoint_folder)
     while not os.path.isdir(existing) and os.path.dirname(existing) != existing:
         existing = os.path.dirname(existing)  # the tag's folder may not be made yet: its file system is its parent's
     try:
         return os.stat(swap_folder).st_dev == os.stat(existing).st_dev and folder_clones(existing)
     except OSError as err:  # e.g. a folder we may not write the probe's files in: the masters are written
-        logger.info("the ZeRO file's masters are written, not shared: %s", err)
+        logger.info("the ZeRO file's masters are copied, not shared: %s", err)
         return False
 
 
 @contextlib.contextmanager
-def _saving_by_shared_blocks(checkpoint_engine, files, swapper):
-    """While inside, ``checkpoint_engine.save`` writes its file with the masters' blocks shared with ``files``
-    (io/cloned_save.py), or the usual way where that cannot account for the whole structure."""
+def _saving_from_files(checkpoint_engine, files, swapper):
+    """While inside, ``checkpoint_engine.save`` writes its file with the masters' bytes taken from ``files``
+    (io/save_from_files.py), or the usual way where that cannot account for the whole structure."""
     def save(state_dict, path):
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         try:
-            done = cloned_save.save_sharing(state_dict, path, files)
+            done = save_from_files.save_from_files(state_dict, path, files)
             why = "its structure could not be walked"
         except Exception as err:  # pylint: disable=broad-except  (the usual save still makes the checkpoint)
             done, why = None, f"{type(err).__name__}: {err}"
         if done is None:
-            logger.warning("the ZeRO file %s is written the usual way (masters not shared): %s", path, why)
+            logger.warning("the ZeRO file %s is written the usual way (masters not taken from the swap files): %s",
+                           path, why)
             TorchCheckpointEngine.save(checkpoint_engine, state_dict, path)
         else:
-            logger.info("ZeRO file %s: %d bytes shared with the swap files, %d bytes written, in %.2f s", path,
-                        done.cloned_bytes, done.written_bytes, done.seconds)
+            logger.info("ZeRO file %s: %d bytes shared with the swap files, %d copied from them, %d written from "
+                        "memory, in %.2f s", path, done.cloned_bytes, done.copied_bytes, done.written_bytes,
+                        done.seconds)
         swapper.last_zero_file_save = done
         swapper.checkpoint_totals.add_zero_file(done)
 

@@ -144,7 +144,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
                                         lambda: optimizer_host_share(self.config, self.optimizer))
             self.pool, self.budget = self.store.pool, self.store.budget  # what memory pressure and stats read
             self.last_folder_transfer = None  # what the last checkpoint save or load of the folder did
-            self.last_zero_file_save = None  # what the last ZeRO file with shared blocks cost (io/cloned_save.py)
+            self.last_zero_file_save = None  # what the last ZeRO file from the swap files cost (io/save_from_files.py)
             self.checkpoint_totals = CheckpointTotals()  # what checkpoint saves and loads did, in all (in stats())
             # The optimizer's tensors are used in the same order every step. log_timers() ends each step; the first
             # call ends initialisation, the second the first training step, in which Adam creates its moments (stored
@@ -780,17 +780,18 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
 class CheckpointTotals:
     """What this swapper's checkpoint saves and loads did, in all (integrations/deepspeed/checkpoint_save.py counts
     them; ``stats()`` reports them as ``optimizer_checkpoint_*``): swap files placed in checkpoints (saves) or taken
-    from them (loads), how many of those were linked rather than copied, the bytes the copies wrote; and, where the
-    checkpoint and the swap folder share a file system that clones, the ZeRO files saved with their masters' blocks
-    shared (the bytes shared and written for them) and those that fell back to the usual save. A ZeRO file saved
-    where nothing clones is the engine's own save and is not counted here."""
+    from them (loads), how many of those were linked rather than copied, the bytes the copies wrote; and the ZeRO
+    files saved with their masters' bytes taken from the swap files (io/save_from_files.py: the bytes shared with
+    them where the file system clones, copied from them, and written from memory) and those that fell
+    back to the usual save. A ZeRO file saved by another checkpoint engine than torch's is not counted here."""
     folder_files: int = 0
     folder_files_linked: int = 0
     folder_bytes_written: int = 0
-    zero_files_shared: int = 0
+    zero_files_from_swap_files: int = 0
     zero_file_shared_bytes: int = 0
+    zero_file_copied_bytes: int = 0
     zero_file_written_bytes: int = 0
-    zero_files_not_shared: int = 0
+    zero_files_saved_usual_way: int = 0
 
     def add_folder(self, transfer) -> None:
         self.folder_files += transfer.files
@@ -798,12 +799,14 @@ class CheckpointTotals:
         self.folder_bytes_written += transfer.bytes_written
 
     def add_zero_file(self, done) -> None:
-        """``done``: io/cloned_save.py's SharedSave, or None where the file was saved the usual way instead."""
+        """``done``: io/save_from_files.py's SavedFromFiles, or None where the file was saved the usual way
+        instead."""
         if done is None:
-            self.zero_files_not_shared += 1
+            self.zero_files_saved_usual_way += 1
             return
-        self.zero_files_shared += 1
+        self.zero_files_from_swap_files += 1
         self.zero_file_shared_bytes += done.cloned_bytes
+        self.zero_file_copied_bytes += done.copied_bytes
         self.zero_file_written_bytes += done.written_bytes
 
 

@@ -1,17 +1,28 @@
-"""A torch.save file whose large tensors share blocks with the files that hold their bytes (io/cloned_save.py), on
+"""A torch.save file whose large tensors take their bytes from the files that hold them (io/save_from_files.py), on
 real files: it reads back as torch.save's own would, storage for storage (views and shared storages included); on an
 XFS image the masters' blocks are shared and only the rest is written, and training's later writes to the swap files
-leave it alone; where nothing clones, every byte is written; a structure it cannot walk is refused, never half
-saved."""
+leave it alone; where nothing clones, the masters are copied from their files (O_DIRECT), and what a file does not
+hold is written from memory; a structure it cannot walk is refused, never half saved."""
 import os
+import shutil
+import tempfile
+import threading
 
 import pytest
 import torch
 
-from tencache_ds.io.cloned_save import save_sharing
+from tencache_ds.io import save_from_files as save_from_files_module
+from tencache_ds.io.direct_io import DirectFileIO
+from tencache_ds.io.save_from_files import WHOLE_BYTES, save_from_files
 from tencache_ds.io.reflink import block_size
 
 MASTER_ELEMENTS = 1_000_003  # not a whole number of blocks: the tail is written
+SMALL_BYTES = 7 * 2 + 100 * 4 + 8  # the state's other storages: bf16, the views' base, the step
+
+
+def whole(nbytes: int) -> int:
+    """The part of ``nbytes`` a copy moves (whole units; the tail is written from memory)."""
+    return nbytes - nbytes % WHOLE_BYTES
 
 
 class Holder:
@@ -80,7 +91,7 @@ def test_on_a_file_system_that_clones_the_masters_blocks_are_shared_and_survive_
     os.makedirs(folder, exist_ok=True)
     state, masters, sources = zero_state(folder)
     path = os.path.join(folder, "zero.pt")
-    done = save_sharing(state, path, sources)
+    done = save_from_files(state, path, sources)
     block = block_size(folder)
     assert done.records == 6  # the empty placeholder, the step, two masters, bf16, and the base of every view
     assert done.cloned_bytes == (MASTER_ELEMENTS * 4 // block + 4096 * 4 // block) * block
@@ -92,13 +103,94 @@ def test_on_a_file_system_that_clones_the_masters_blocks_are_shared_and_survive_
     assert_reads_back(path, state, masters)
 
 
-def test_where_nothing_clones_every_byte_is_written(tmp_path):
+def test_where_nothing_clones_the_masters_are_copied_from_their_files(tmp_path):
+    """ext4 (this machine's /tmp): each master is copied from its file (O_DIRECT); the small tensors are written."""
     state, masters, sources = zero_state(str(tmp_path))
-    done = save_sharing(state, str(tmp_path / "zero.pt"), sources)
+    done = save_from_files(state, str(tmp_path / "zero.pt"), sources)
     if done.cloned_bytes:
         pytest.skip("the test folder's file system clones ranges")
-    assert done.written_bytes == sum(master.numel() * 4 for master in masters) + 7 * 2 + 100 * 4 + 8
+    assert done.copied_bytes == whole(MASTER_ELEMENTS * 4) + 4096 * 4
+    assert done.written_bytes == MASTER_ELEMENTS * 4 % WHOLE_BYTES + SMALL_BYTES  # the first master's tail
     assert_reads_back(str(tmp_path / "zero.pt"), state, masters)
+
+
+def test_what_a_source_file_does_not_hold_is_written_from_memory(tmp_path):
+    """A file that ends before the master's bytes do gives what it has; the rest is written from the tensor."""
+    state, masters, sources = zero_state(str(tmp_path))
+    first = state["optimizer_state_dict"]["fp32_flat_groups"][0]
+    half = str(tmp_path / "first-half.swp")
+    with open(half, "wb") as handle:
+        handle.write(masters[0].numpy().tobytes()[:MASTER_ELEMENTS * 2])
+    sources[first.untyped_storage().data_ptr()] = half
+    done = save_from_files(state, str(tmp_path / "zero.pt"), sources)
+    if done.cloned_bytes:
+        pytest.skip("the test folder's file system clones ranges")
+    assert done.copied_bytes == whole(MASTER_ELEMENTS * 2) + 4096 * 4
+    assert done.written_bytes == MASTER_ELEMENTS * 4 - whole(MASTER_ELEMENTS * 2) + SMALL_BYTES
+    assert_reads_back(str(tmp_path / "zero.pt"), state, masters)
+
+
+def test_a_source_on_another_file_system_gives_the_same_file(tmp_path):
+    """Swap files in /dev/shm (tmpfs, whose O_DIRECT older kernels refuse: buffered there), the checkpoint on this
+    machine's disk: the masters are copied across, byte for byte."""
+    if not os.path.isdir("/dev/shm") or os.stat("/dev/shm").st_dev == os.stat(tmp_path).st_dev:
+        pytest.skip("no /dev/shm on a file system of its own")
+    shm = tempfile.mkdtemp(dir="/dev/shm", prefix="tencache-test-")
+    try:
+        state, masters, sources = zero_state(shm)
+        done = save_from_files(state, str(tmp_path / "zero.pt"), sources)
+        assert (done.cloned_bytes, done.copied_bytes) == (0, whole(MASTER_ELEMENTS * 4) + 4096 * 4)
+        assert_reads_back(str(tmp_path / "zero.pt"), state, masters)
+    finally:
+        shutil.rmtree(shm, ignore_errors=True)
+
+
+def test_masters_larger_than_a_copy_chunk_are_copied_whole_through_o_direct(tmp_path, monkeypatch):
+    """The copy's lanes take chunks of 64 KiB in turn over a 4 MB master, every request aligned (O_DIRECT where
+    the folder has it); the tail is written from memory."""
+    monkeypatch.setattr(save_from_files_module, "COPY_CHUNK_BYTES", 64 * 1024)
+    moves = []
+    original = DirectFileIO._move
+
+    def move(self, view, start, end, path, file_offset, is_write, direct):
+        moves.append((is_write, direct, end - start))
+        return original(self, view, start, end, path, file_offset, is_write, direct)
+
+    monkeypatch.setattr(DirectFileIO, "_move", move)
+    state, masters, sources = zero_state(str(tmp_path))
+    done = save_from_files(state, str(tmp_path / "zero.pt"), sources)
+    if done.cloned_bytes:
+        pytest.skip("the test folder's file system clones ranges")
+    assert done.copied_bytes == whole(MASTER_ELEMENTS * 4) + 4096 * 4
+    assert_reads_back(str(tmp_path / "zero.pt"), state, masters)
+    if DirectFileIO().alignment_for(str(tmp_path / "zero.pt")):
+        assert moves and all(direct for _write, direct, _size in moves), moves
+        assert sum(size for is_write, _direct, size in moves if is_write) == done.copied_bytes
+
+
+def test_a_copy_that_fails_stops_every_lane_and_leaves_the_file_it_replaces(tmp_path, monkeypatch):
+    """A write that fails in one lane stops the others at their next chunk; the error is the one raised, the
+    checkpoint saved before is whole, and no temporary file is left."""
+    monkeypatch.setattr(save_from_files_module, "COPY_CHUNK_BYTES", 64 * 1024)
+    state, masters, sources = zero_state(str(tmp_path))
+    path = str(tmp_path / "zero.pt")
+    assert save_from_files(state, path, sources) is not None
+    writes = []
+    original = DirectFileIO.write
+
+    def write(self, *args, **kwargs):
+        writes.append(args)
+        if len(writes) == 2:
+            raise OSError(5, "Input/output error (injected)")
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(DirectFileIO, "write", write)
+    with pytest.raises(OSError, match="injected"):
+        save_from_files(state, path, sources)
+    assert len(writes) < 10  # of 61 chunks: the lanes stopped
+    assert_reads_back(path, state, masters)
+    assert sorted(name for name in os.listdir(tmp_path) if not name.endswith(".swp")) == ["zero.pt"]
+    assert not [thread for thread in threading.enumerate() if thread.name.startswith("tencache-save")]
 
 
 class Swapped:
@@ -116,7 +208,7 @@ class Swapped:
 def test_a_structure_that_cannot_be_walked_is_refused_and_nothing_is_left(tmp_path, hidden):
     state, _masters, sources = zero_state(str(tmp_path))
     state["optimizer_state_dict"]["hidden"] = hidden
-    assert save_sharing(state, str(tmp_path / "zero.pt"), sources) is None
+    assert save_from_files(state, str(tmp_path / "zero.pt"), sources) is None
     assert not [name for name in os.listdir(tmp_path) if name.endswith((".pt", ".sharing"))]
 
 
@@ -125,17 +217,17 @@ def test_a_save_that_fails_half_way_leaves_the_file_it_replaces(tmp_path):
     save, and the checkpoint saved before is still whole, with no temporary file beside it."""
     state, masters, sources = zero_state(str(tmp_path))
     path = str(tmp_path / "zero.pt")
-    assert save_sharing(state, path, sources) is not None
+    assert save_from_files(state, path, sources) is not None
     os.unlink(next(iter(sources.values())))  # the first master's swap file is gone
     with pytest.raises(FileNotFoundError):
-        save_sharing(state, path, sources)
+        save_from_files(state, path, sources)
     assert_reads_back(path, state, masters)
     assert sorted(name for name in os.listdir(tmp_path) if not name.endswith(".swp")) == ["zero.pt"]
 
 
 def test_a_temporary_file_left_by_a_killed_save_is_removed_by_the_next_save(tmp_path):
     """A save killed between its first pass and its rename leaves ``.<name>.<pid>.sharing`` (never a name a loader
-    opens), whose shared blocks would keep old masters on the drive: the next sharing save into the same checkpoint
+    opens), whose blocks would keep old masters on the drive: the next such save into the same checkpoint
     directory removes it, in its own tag's folder or another's, once that process is gone; a live process's stays,
     and so do files that only look alike."""
     import subprocess
@@ -154,7 +246,7 @@ def test_a_temporary_file_left_by_a_killed_save_is_removed_by_the_next_save(tmp_
         alike = [tag / f"zero.pt.{killed.pid}.sharing", tag / ".zero.pt.sharing", tag / f".{killed.pid}.sharing"]
         for path in (left, left_in_other_tag, live, *alike):
             path.write_bytes(b"\0" * 4096)
-        assert save_sharing(state, str(tag / "zero.pt"), sources) is not None
+        assert save_from_files(state, str(tag / "zero.pt"), sources) is not None
         assert not left.exists() and not left_in_other_tag.exists()
         assert live.exists() and all(path.exists() for path in alike)
         assert_reads_back(str(tag / "zero.pt"), state, masters)

@@ -1,0 +1,20 @@
+#!/bin/bash
+# The beyond-RAM model's checkpoint saves on ext4 (docs/benchmarks.md, "ZeRO files from the swap files"), one run
+# each, in this order: the code before (a71c388, in a worktree) with the masters owed at the save (3 steps first), this
+# code with none owed (2 steps first), the code before with none owed, this code with them owed; stock with its own
+# config (micro-batch 2, which a copy of the swap folder does not depend on). Run from the repository's root.
+set -e
+O=$(cd "$(dirname "$0")" && pwd) REPO=$(pwd) NVME=${NVME_DIR:-/tmp/ck-nvme} CKPT=${CKPT_DIR:-/tmp/ck-dir}
+C=$O/stock-nvme-beyond-ram-micro-batch-1.json
+[ -d /tmp/wt-before ] || { git worktree add -f /tmp/wt-before a71c388 -q; cp tencache_ds/_tencache_arena*.so /tmp/wt-before/tencache_ds/; }
+one() {  # name, code folder, mode, warm-up steps, config
+    rm -rf "$NVME" "$CKPT"; mkdir -p "$NVME" "$CKPT"
+    (cd "$2" && PYTHONPATH="$2" CHECKPOINT_SAVE_WARMUP=$4 python tests/deepspeed/measure_checkpoint_save.py "$3" gpt2-1.3b \
+        "$NVME" "$CKPT" auto - "$5" > "$O/$1.log" 2>&1)
+}
+one before-owed /tmp/wt-before tencache 3 "$C"
+one tencache-none-owed "$REPO" tencache 2 "$C"
+one before-none-owed /tmp/wt-before tencache 2 "$C"
+one tencache-owed "$REPO" tencache 3 "$C"  # (the row in docs: tencache-owed-o-direct-reads.log, measured with the copy reading through O_DIRECT)
+one stock "$REPO" stock 2 configs/stock-nvme-beyond-ram.json
+rm -rf "$NVME" "$CKPT"

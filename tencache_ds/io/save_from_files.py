@@ -1,0 +1,347 @@
+"""A ``torch.save`` file whose large tensors take their bytes from files that already hold them. Owns: the two passes
+that make such a file (``save_from_files``), how each storage's bytes get there (cloned, copied through O_DIRECT, or
+written from memory), and the check that every tensor's bytes were put in it.
+
+Why: a checkpoint's ZeRO file must hold the fp32 masters (``zero_to_fp32`` reads them there), and with the optimizer
+on NVMe their bytes are already in the swap files. On a file system that clones ranges (io/reflink.py) the file can
+name those blocks instead of writing them again: a 1.3B-parameter fp32 model's 5.1 GB of masters cost no writes.
+Where nothing clones (ext4), they are copied from file to file through O_DIRECT (``_Copier``), where ``torch.save``
+read each master mapped, page by page, computed its CRC-32 and wrote it through its zip writer and the page cache
+(docs/benchmarks.md, "ZeRO files from the swap files").
+
+How, in torch's own terms (torch >= 2.6):
+1. ``torch.save`` under ``torch.serialization.skip_data``, with ``storage_alignment`` set to the file system's block
+   size: the file gets every record, the pickled structure and each storage's place, but no storage bytes (holes).
+2. The file is read back on the ``meta`` device, which gives each storage its offset in the file; the structure
+   read back is walked beside the object saved, so that each offset is paired with the storage it holds.
+3. Each storage whose bytes a file holds (``sources``) is cloned from it in whole blocks where the file system
+   clones, and what is not cloned is copied from it; what the file does not hold, and every other storage, is
+   written from memory.
+
+The result reads with ``torch.load`` as a plain ``torch.save`` of the same object would, byte for byte in every
+storage. Its data records carry no CRC-32 (skip_data writes none; torch's reader does not check it, as with
+``torch.serialization.set_crc32_options(False)``; Python's ``zipfile`` reports them as bad). The file is made under
+a temporary name and renamed over ``path`` only once every storage is in it: a save that fails or stops half way
+never leaves a file whose holes would read as zeros; a process killed before the rename leaves its temporary
+file, which the next such save into the same checkpoint directory (its tag or another) removes. Objects are
+walked through their attributes only where they pickle as their attributes (no ``__reduce__``, ``__reduce_ex__`` or
+``__getstate__`` of their own); a tensor the walk cannot reach leaves a record unaccounted for, and then
+``save_from_files`` returns None and the caller saves the usual way.
+"""
+import ctypes
+import errno
+import mmap
+import os
+import struct
+import threading
+import time
+import zipfile
+from concurrent.futures import ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from typing import Dict, Optional
+
+import torch
+
+from ..log import logger
+from .reflink import block_size, clone_range
+from .stale_files import pid_in_name, remove_files_of_dead_processes
+
+_LOCAL_HEADER = struct.Struct("<IHHHHHIIIHH")  # a zip local file header: 30 bytes, then the name and the extra field
+_LOCAL_HEADER_SIGNATURE = 0x04034B50
+# (the name from when only a file system that clones made these files: leftovers of older runs are still found)
+TEMPORARY_SUFFIX = ".sharing"
+
+# A copy moves this much per request, in COPY_LANES lanes at once, each a buffer of this size read into and
+# written from in turn: the drive serves a few requests in flight faster than one (io/drive_rate.py)
+COPY_CHUNK_BYTES = 16 * 1024 * 1024
+COPY_LANES = 4
+# Storages start, and copies move, in whole units of this: O_DIRECT's largest alignment (a 4Kn drive) and the page,
+# so that no page of the file is written buffered (the first pass, a storage's tail) and by O_DIRECT at once, which
+# can leave a stale cached page that writeback later puts over the O_DIRECT bytes
+WHOLE_BYTES = max(4096, mmap.PAGESIZE)
+
+
+@dataclass
+class SavedFromFiles:
+    """What ``save_from_files`` did: storage bytes cloned from ``sources``, copied from them, and written from
+    memory; records; seconds."""
+    cloned_bytes: int = 0
+    copied_bytes: int = 0
+    written_bytes: int = 0
+    records: int = 0
+    seconds: float = 0.0
+
+
+def supported() -> bool:
+    """Has this torch the two-pass save (``skip_data`` and a configurable storage alignment: torch >= 2.6)?"""
+    try:
+        from torch.utils.serialization import config
+    except ImportError:
+        return False
+    return hasattr(torch.serialization, "skip_data") and hasattr(config.save, "storage_alignment")
+
+
+def save_from_files(obj, path: str, sources: Dict[int, str]) -> Optional[SavedFromFiles]:
+    """``torch.save(obj, path)``, except that a storage whose ``data_ptr()`` is a key of ``sources`` takes its bytes
+    from that file (its first ``nbytes`` bytes): cloned where the file system allows, else copied through O_DIRECT.
+    The files must hold those bytes (what is dirty in memory written first). Returns what it did, or None
+    (``path`` untouched) where the structure could not be accounted for: save it the usual way. Raises what the
+    save raises, ``path`` untouched then too."""
+    from torch.utils.serialization import config as serialization_config
+    started = time.perf_counter()
+    folder = os.path.dirname(os.path.abspath(path))
+    block = block_size(folder)
+    temporary = os.path.join(folder, _temporary_name(os.path.basename(path), os.getpid()))
+    _remove_temporaries_of_killed_saves(folder)
+    try:
+        config = serialization_config.save
+        alignment = config.storage_alignment
+        config.storage_alignment = max(alignment, block, WHOLE_BYTES)
+        try:
+            with torch.serialization.skip_data():
+                torch.save(obj, temporary)
+        finally:
+            config.storage_alignment = alignment
+        storages = _storages_by_offset(obj, torch.load(temporary, map_location="meta", weights_only=False))
+        records = _data_records(temporary)
+        if storages is None or set(storages) != set(records) or any(
+                storages[offset].nbytes() != records[offset] for offset in records):
+            return None
+        done = SavedFromFiles(records=len(records))
+        copier = _Copier()
+        try:
+            with open(temporary, "r+b") as target:
+                for offset, storage in sorted(storages.items()):
+                    source = sources.get(storage.data_ptr()) if storage.device.type == "cpu" else None
+                    cloned = copied = 0
+                    if source is not None:
+                        with open(source, "rb") as handle:
+                            cloned = clone_range(handle.fileno(), 0, target.fileno(), offset, storage.nbytes(),
+                                                 block)
+                        copied = copier.copy(source, cloned, target.fileno(), temporary, offset + cloned,
+                                             storage.nbytes() - cloned)
+                    done.cloned_bytes += cloned
+                    done.copied_bytes += copied
+                    done.written_bytes += _write(target.fileno(), offset + cloned + copied, storage,
+                                                 cloned + copied)
+        finally:
+            copier.close()
+        os.replace(temporary, path)
+        done.seconds = time.perf_counter() - started
+        return done
+    finally:
+        if os.path.lexists(temporary):
+            os.unlink(temporary)
+
+
+def _temporary_name(name: str, pid: int) -> str:
+    """The file a save by process ``pid`` makes before it is whole: hidden, never a name a loader opens."""
+    return f".{name}.{pid}{TEMPORARY_SUFFIX}"
+
+
+def _pid_of_temporary(candidate: str) -> Optional[int]:
+    """The process whose save made ``candidate`` (``_temporary_name``: ``.<name>.<pid>.sharing``), or None if it is
+    no such file."""
+    if not (candidate.startswith(".") and candidate.endswith(TEMPORARY_SUFFIX)):
+        return None
+    name_part, _dot, pid_text = candidate[:-len(TEMPORARY_SUFFIX)].rpartition(".")
+    return pid_in_name(pid_text, "") if len(name_part) > 1 else None
+
+
+def _remove_temporaries_of_killed_saves(folder: str) -> None:
+    """A save killed before its rename leaves its temporary file, whose blocks (shared or written) keep old masters on
+    the drive: remove those of processes that are gone, in ``folder`` (the tag's) and in the folders beside it (the
+    other tags of the same checkpoint directory, which later saves may never write again). Best effort: a folder that
+    cannot be read or a file that cannot be removed is logged and left."""
+    parent = os.path.dirname(folder)
+    folders = [folder] + sorted(os.path.join(parent, name) for name in _listdir(parent)
+                                if os.path.join(parent, name) != folder and os.path.isdir(os.path.join(parent, name)))
+    for each in folders:
+        try:
+            remove_files_of_dead_processes(each, _pid_of_temporary)
+        except OSError as err:
+            logger.info("temporary files of killed checkpoint saves left in %s: %s", each, err)
+
+
+def _listdir(folder: str) -> list:
+    try:
+        return os.listdir(folder)
+    except OSError as err:
+        logger.info("temporary files of killed checkpoint saves not looked for beside %s: %s", folder, err)
+        return []
+
+
+def _storages_by_offset(saved, loaded) -> Optional[dict]:
+    """Each storage of ``saved``, keyed by its offset in the file ``loaded`` (``saved`` read back on ``meta``) came
+    from; None where the two structures do not walk alike."""
+    found = {}
+
+    def walk(ours, theirs):
+        if isinstance(ours, torch.Tensor):
+            if not isinstance(theirs, torch.Tensor):
+                raise LookupError
+            if ours.is_meta:  # a tensor described, without bytes: torch.save writes no record for it
+                return
+            offset = getattr(theirs.untyped_storage(), "_checkpoint_offset", None)
+            if offset is None:
+                raise LookupError
+            found[offset] = ours.untyped_storage()
+        elif isinstance(ours, dict):
+            if not isinstance(theirs, dict) or ours.keys() != theirs.keys():
+                raise LookupError
+            for key in ours:
+                walk(ours[key], theirs[key])
+        elif isinstance(ours, (list, tuple)):
+            if type(theirs) is not type(ours) or len(ours) != len(theirs):
+                raise LookupError
+            for mine, other in zip(ours, theirs):
+                walk(mine, other)
+        elif _pickles_as_its_attributes(ours):
+            walk(vars(ours), vars(theirs))
+
+    try:
+        walk(saved, loaded)
+    except (LookupError, TypeError):
+        return None
+    return found
+
+
+def _pickles_as_its_attributes(obj) -> bool:
+    """Is ``obj`` an instance that pickle saves as its ``__dict__`` (no reduce or state methods of its own)? Only
+    then does the structure read back hold its tensors where the object holds them."""
+    cls = type(obj)
+    if isinstance(obj, type) or not hasattr(obj, "__dict__"):
+        return False
+    return (cls.__reduce_ex__ is object.__reduce_ex__ and cls.__reduce__ is object.__reduce__
+            and getattr(cls, "__getstate__", object.__getstate__) is object.__getstate__
+            and not hasattr(cls, "__setstate__"))
+
+
+def _data_records(path: str) -> dict:
+    """Offset in the file -> size of each storage record (``<archive>/data/<key>``) of a torch.save zip file."""
+    records = {}
+    with open(path, "rb") as handle, zipfile.ZipFile(handle) as archive:
+        for info in archive.infolist():
+            if info.filename.split("/")[-2:-1] != ["data"]:
+                continue
+            handle.seek(info.header_offset)
+            header = _LOCAL_HEADER.unpack(handle.read(_LOCAL_HEADER.size))
+            if header[0] != _LOCAL_HEADER_SIGNATURE:
+                raise zipfile.BadZipFile(f"{path}: no local header for {info.filename}")
+            records[info.header_offset + _LOCAL_HEADER.size + header[9] + header[10]] = info.file_size
+    return records
+
+
+class _Copier:
+    """Copies bytes from file to file: COPY_LANES chunks at a time, each read into a buffer of its own through the
+    page cache and written from it through O_DIRECT (io/direct_io.py). Why not the kernel's ``copy_file_range``: on
+    ext4 it copies through the page cache, and with little of it free (the beyond-RAM model's run, 17.5 of 23.5 GiB
+    resident) the dirty pages throttle it: a ZeRO file's 5.1 GB of masters took 13.3-23.1 s that way, 8.5-15.6 s
+    with the writes through O_DIRECT. Reads stay buffered: masters that the save before read are still cached (the
+    second save's ZeRO file took 9.4 s, 12.7 s read through O_DIRECT; docs/benchmarks.md, "ZeRO files from the swap
+    files"). The engine and its buffers are made at the first copy; its requests are not counted in the training
+    steps' drive activity."""
+
+    def __init__(self):
+        self._io, self._lanes, self._buffers = None, None, []
+
+    def copy(self, source: str, source_offset: int, target_fd: int, target: str, target_offset: int,
+             length: int) -> int:
+        """Copy the whole units (WHOLE_BYTES) of ``length`` bytes of ``source`` from ``source_offset`` into
+        ``target`` (open as ``target_fd``) at ``target_offset``. Returns how many bytes were copied: the caller
+        writes the rest from memory (a tail short of a unit, what ``source`` does not hold, all of it where an
+        offset is not a whole unit)."""
+        if source_offset % WHOLE_BYTES or target_offset % WHOLE_BYTES:
+            return 0
+        length = max(0, min(length, os.path.getsize(source) - source_offset))
+        length -= length % WHOLE_BYTES
+        if length == 0:
+            return 0
+        self._start()
+        _allocate(target_fd, target_offset, length)
+        chunks = [(start, min(COPY_CHUNK_BYTES, length - start)) for start in range(0, length, COPY_CHUNK_BYTES)]
+        failed = threading.Event()
+        source_fd = os.open(source, os.O_RDONLY)
+        try:
+            os.posix_fadvise(source_fd, source_offset, length, os.POSIX_FADV_SEQUENTIAL)
+
+            def lane(index: int) -> None:  # chunks index, index + COPY_LANES, ...: one buffer, read then written
+                buffer = self._buffers[index]
+                for start, size in chunks[index::COPY_LANES]:
+                    if failed.is_set():
+                        return  # another lane failed: the save stops, no use copying on
+                    try:
+                        _read_whole(source_fd, buffer, size, source_offset + start, source)
+                        self._io.write(buffer, target, size, target_offset + start).result()
+                    except BaseException:
+                        failed.set()
+                        raise
+
+            lanes = [self._lanes.submit(lane, index) for index in range(min(COPY_LANES, len(chunks)))]
+            wait(lanes)  # every lane stopped before the buffers are used again or the file is removed
+            for running in lanes:
+                running.result()  # a lane's failure, raised (the others stopped at their next chunk)
+        finally:
+            os.close(source_fd)
+        return length
+
+    def _start(self) -> None:
+        if self._io is None:
+            from .activity import IoActivity
+            from .direct_io import DirectFileIO, aligned_buffer
+            self._io = DirectFileIO(num_threads=COPY_LANES, name="tencache-save-copy", activity=IoActivity())
+            self._lanes = ThreadPoolExecutor(max_workers=COPY_LANES, thread_name_prefix="tencache-save-lane")
+            self._buffers = [aligned_buffer(COPY_CHUNK_BYTES) for _ in range(COPY_LANES)]
+
+    def close(self) -> None:
+        io, lanes = self._io, self._lanes
+        self._io, self._lanes, self._buffers = None, None, []
+        try:
+            if lanes is not None:
+                lanes.shutdown(wait=True)
+        finally:
+            if io is not None:
+                io.close()
+
+
+def _read_whole(fd: int, buffer, size: int, offset: int, path: str) -> None:
+    """Read ``size`` bytes of the file at ``offset`` into ``buffer`` (a uint8 tensor), through the page cache."""
+    view = memoryview(buffer.numpy()).cast("B")[:size]
+    done = 0
+    while done < size:
+        moved = os.preadv(fd, [view[done:]], offset + done)
+        if moved == 0:
+            raise OSError(f"{path} ended at {offset + done} bytes while a ZeRO file copied {size} from {offset}")
+        done += moved
+
+
+def _allocate(fd: int, offset: int, length: int) -> None:
+    """Allocate the file's blocks for [offset, offset + length) ahead of O_DIRECT writes, where the file system
+    does it itself (fallocate(2), mode 0: unwritten extents, nothing written): into the holes of a sparse file,
+    O_DIRECT wrote at half the rate on this project's ext4. Not glibc's posix_fallocate, which emulates it, a write
+    per block, where the file system has none (NFSv3, FUSE)."""
+    if _FALLOCATE is not None and _FALLOCATE(fd, 0, offset, length) != 0:
+        code = ctypes.get_errno()
+        if code not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.ENOTSUP):
+            logger.info("fallocate of %d bytes in a ZeRO file refused (%s): the writes allocate", length,
+                        os.strerror(code))
+
+
+_FALLOCATE = getattr(ctypes.CDLL(None, use_errno=True), "fallocate", None)
+if _FALLOCATE is not None:
+    _FALLOCATE.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+    _FALLOCATE.restype = ctypes.c_int
+
+
+def _write(fd: int, offset: int, storage, start: int) -> int:
+    """Write ``storage``'s bytes from ``start`` on at ``offset``; returns the bytes written."""
+    if storage.device.type != "cpu":
+        storage = storage.cpu()
+    size = storage.nbytes() - start
+    if size <= 0:
+        return 0
+    data = memoryview(torch.empty(0, dtype=torch.uint8).set_(storage).numpy())[start:]
+    done = 0
+    while done < size:
+        done += os.pwrite(fd, data[done:], offset + done)
+    return size
