@@ -124,6 +124,10 @@ def save_from_files(obj, path: str, sources: Dict[int, str]) -> Optional[SavedFr
                     done.copied_bytes += copied
                     done.written_bytes += _write(target.fileno(), offset + cloned + copied, storage,
                                                  cloned + copied)
+                # the copy writes by name: a file removed under us (by another node's cleanup of a shared checkpoint
+                # folder, which takes our pid for a dead one) would have come back holding only the copied bytes
+                if os.stat(temporary).st_ino != os.fstat(target.fileno()).st_ino:
+                    raise OSError(f"{temporary} was replaced while the ZeRO file was written: it was not saved")
         finally:
             copier.close()
         os.replace(temporary, path)
@@ -278,7 +282,11 @@ class _Copier:
                         raise
 
             lanes = [self._lanes.submit(lane, index) for index in range(min(COPY_LANES, len(chunks)))]
-            wait(lanes)  # every lane stopped before the buffers are used again or the file is removed
+            try:
+                wait(lanes)
+            finally:  # interrupted too: every lane stopped before the source is closed, the buffers used again or
+                failed.set()  # the file removed
+                wait(lanes)
             for running in lanes:
                 running.result()  # a lane's failure, raised (the others stopped at their next chunk)
         finally:
@@ -327,7 +335,8 @@ def _allocate(fd: int, offset: int, length: int) -> None:
                         os.strerror(code))
 
 
-_FALLOCATE = getattr(ctypes.CDLL(None, use_errno=True), "fallocate", None)
+_LIBC = ctypes.CDLL(None, use_errno=True)
+_FALLOCATE = getattr(_LIBC, "fallocate64", None) or getattr(_LIBC, "fallocate", None)  # a 64-bit off_t either way
 if _FALLOCATE is not None:
     _FALLOCATE.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
     _FALLOCATE.restype = ctypes.c_int

@@ -253,3 +253,24 @@ def test_a_temporary_file_left_by_a_killed_save_is_removed_by_the_next_save(tmp_
     finally:
         running.kill()
         running.wait()
+
+
+def test_a_temporary_file_removed_during_the_copy_is_not_renamed_into_the_checkpoint(tmp_path, monkeypatch):
+    """Another node's cleanup of a shared checkpoint folder may take this process's pid for a dead one and remove
+    its temporary file; the copy, which writes by name, would make a new one holding only the copied bytes. The
+    save stops instead, and the checkpoint saved before stays."""
+    state, masters, sources = zero_state(str(tmp_path))
+    path = str(tmp_path / "zero.pt")
+    assert save_from_files(state, path, sources) is not None
+    original = save_from_files_module._Copier.copy
+
+    def copy_after_a_removal(self, source, source_offset, target_fd, target, target_offset, length):
+        if os.path.exists(target):
+            os.unlink(target)
+        return original(self, source, source_offset, target_fd, target, target_offset, length)
+
+    monkeypatch.setattr(save_from_files_module._Copier, "copy", copy_after_a_removal)
+    with pytest.raises(OSError, match="was replaced while the ZeRO file was written"):
+        save_from_files(state, path, sources)
+    assert_reads_back(path, state, masters)
+    assert sorted(name for name in os.listdir(tmp_path) if not name.endswith(".swp")) == ["zero.pt"]

@@ -15,6 +15,9 @@ one() {  # name, code folder, mode, warm-up steps, config
 one before-owed /tmp/wt-before tencache 3 "$C"
 one tencache-none-owed "$REPO" tencache 2 "$C"
 one before-none-owed /tmp/wt-before tencache 2 "$C"
-one tencache-owed "$REPO" tencache 3 "$C"  # (the row in docs: tencache-owed-o-direct-reads.log, measured with the copy reading through O_DIRECT)
+one tencache-owed "$REPO" tencache 3 "$C"
+# (the *-o-direct-reads.log rows: the same with the copy's reads through O_DIRECT; copy-method/: the first two
+# versions, O_DIRECT reads and copy_file_range, whose RESULT lines predate the ZeRO file's fields: its times are in
+# the "ZeRO file ..." log lines)
 one stock "$REPO" stock 2 configs/stock-nvme-beyond-ram.json
 rm -rf "$NVME" "$CKPT"
