@@ -21,3 +21,4 @@ one tencache-owed "$REPO" tencache 3 "$C"
 # the "ZeRO file ..." log lines)
 one stock "$REPO" stock 2 configs/stock-nvme-beyond-ram.json
 rm -rf "$NVME" "$CKPT"
+git worktree remove --force /tmp/wt-before && git worktree prune

@@ -20,8 +20,9 @@ mapped master's bytes from its swap file (io/save_from_files.py). Where the chec
 file system that clones ranges (XFS, btrfs: io/reflink.py), the masters are not written at all: each swap file is
 made current (what the host tier holds changed is written, as it is owed anyway) and its blocks are shared with the
 ZeRO file, so the save writes the dirty bytes, not the masters. Where nothing clones (ext4) the masters are written
-once more, copied from file to file through O_DIRECT, and the host tier's copies written from memory (torch.save's
-own writer read the mapped files page by page, computed each record's CRC-32 and wrote through the page cache).
+once more, copied from file to file (read through the page cache, written through O_DIRECT), and the host tier's
+copies written from memory (torch.save's own writer read the mapped files page by page, computed each record's
+CRC-32 and wrote through the page cache).
 """
 import contextlib
 import functools
@@ -190,15 +191,15 @@ def saving_masters(save_zero_checkpoint):
     @functools.wraps(save_zero_checkpoint)
     def save_zero_checkpoint_with_masters(self, save_path, tag, *args, **kwargs):
         swapper = getattr(self.optimizer, "optimizer_swapper", None)
-        from_files = isinstance(swapper, TencacheOptimizerSwapper) and _saves_from_files(self.checkpoint_engine)
+        two_pass = isinstance(swapper, TencacheOptimizerSwapper) and _saves_from_files(self.checkpoint_engine)
         # where the blocks can be shared, every master is shown from its file (made current); else the host tier's
         # copies are written from memory, which spares a write to their files and a read back
-        sharing = from_files and _can_share_blocks(
+        sharing = two_pass and _can_share_blocks(
             swapper.files_folder, os.path.dirname(self._get_zero_ckpt_name(save_path, tag)))
         copies = not serialises_during_save(self.checkpoint_engine)
         with masters_shown(self.optimizer, from_files=sharing, copies=copies) as files, \
                 swapped_state_described(self.optimizer):
-            if not from_files:
+            if not two_pass:
                 return save_zero_checkpoint(self, save_path, tag, *args, **kwargs)
             with _saving_from_files(self.checkpoint_engine, files, swapper):
                 return save_zero_checkpoint(self, save_path, tag, *args, **kwargs)
