@@ -5,9 +5,10 @@ written from memory), and the check that every tensor's bytes were put in it.
 Why: a checkpoint's ZeRO file must hold the fp32 masters (``zero_to_fp32`` reads them there), and with the optimizer
 on NVMe their bytes are already in the swap files. On a file system that clones ranges (io/reflink.py) the file can
 name those blocks instead of writing them again: a 1.3B-parameter fp32 model's 5.1 GB of masters cost no writes.
-Where nothing clones (ext4), they are copied from file to file through O_DIRECT (``_Copier``), where ``torch.save``
-read each master mapped, page by page, computed its CRC-32 and wrote it through its zip writer and the page cache
-(docs/benchmarks.md, "ZeRO files from the swap files").
+Where nothing clones (ext4), they are copied from file to file through O_DIRECT (``_DirectWrites``), where
+``torch.save`` read each master mapped, page by page, computed its CRC-32 and wrote it through its zip writer and the
+page cache (docs/benchmarks.md, "ZeRO files from the swap files"); and where host memory holds a master's bytes (the
+parameter partitions of a model trained in fp32), they are gathered from there instead of read from its file.
 
 How, in torch's own terms (torch >= 2.6):
 1. ``torch.save`` under ``torch.serialization.skip_data``, with ``storage_alignment`` set to the file system's block
@@ -15,8 +16,9 @@ How, in torch's own terms (torch >= 2.6):
 2. The file is read back on the ``meta`` device, which gives each storage its offset in the file; the structure
    read back is walked beside the object saved, so that each offset is paired with the storage it holds.
 3. Each storage whose bytes a file holds (``sources``) is cloned from it in whole blocks where the file system
-   clones, and what is not cloned is copied from it; what the file does not hold, and every other storage, is
-   written from memory.
+   clones, and what is not cloned is copied from it; what the file does not hold is written from memory; a storage
+   whose bytes host memory holds (``sources``' tensors, or the storage itself where it is large) is gathered from
+   there and written through O_DIRECT; the small ones are written as they are.
 
 The result reads with ``torch.load`` as a plain ``torch.save`` of the same object would, byte for byte in every
 storage. Its data records carry no CRC-32 (skip_data writes none; torch's reader does not check it, as with
@@ -38,7 +40,7 @@ import time
 import zipfile
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Dict, Optional
+from typing import Callable, Dict, Optional, Sequence, Union
 
 import torch
 
@@ -59,6 +61,13 @@ COPY_LANES = 4
 # so that no page of the file is written buffered (the first pass, a storage's tail) and by O_DIRECT at once, which
 # can leave a stale cached page that writeback later puts over the O_DIRECT bytes
 WHOLE_BYTES = max(4096, mmap.PAGESIZE)
+# A storage in host memory at least this large is written through O_DIRECT too (gathered into the lanes' buffers),
+# for the reason the copies are (``_DirectWrites``): the page cache's dirty pages, where little memory is free
+DIRECT_FROM_MEMORY_BYTES = 1024 * 1024
+
+# Where a storage's bytes are: a file that holds them (its first bytes), or host-memory tensors whose bytes, one
+# after the other, are the storage's (a master's parameter partitions)
+Source = Union[str, Sequence[torch.Tensor]]
 
 
 @dataclass
@@ -81,12 +90,13 @@ def supported() -> bool:
     return hasattr(torch.serialization, "skip_data") and hasattr(config.save, "storage_alignment")
 
 
-def save_from_files(obj, path: str, sources: Dict[int, str]) -> Optional[SavedFromFiles]:
+def save_from_files(obj, path: str, sources: Dict[int, Source]) -> Optional[SavedFromFiles]:
     """``torch.save(obj, path)``, except that a storage whose ``data_ptr()`` is a key of ``sources`` takes its bytes
-    from that file (its first ``nbytes`` bytes): cloned where the file system allows, else copied through O_DIRECT.
-    The files must hold those bytes (what is dirty in memory written first). Returns what it did, or None
-    (``path`` untouched) where the structure could not be accounted for: save it the usual way. Raises what the
-    save raises, ``path`` untouched then too."""
+    from there: from a file (its first ``nbytes`` bytes), cloned where the file system allows, else copied through
+    O_DIRECT; or from host-memory tensors whose bytes, one after the other, are the storage's, gathered and written
+    through O_DIRECT. The files must hold those bytes (what is dirty in memory written first), and the tensors must
+    not change until it returns. Returns what it did, or None (``path`` untouched) where the structure could not be
+    accounted for: save it the usual way. Raises what the save raises, ``path`` untouched then too."""
     from torch.utils.serialization import config as serialization_config
     started = time.perf_counter()
     folder = os.path.dirname(os.path.abspath(path))
@@ -108,28 +118,31 @@ def save_from_files(obj, path: str, sources: Dict[int, str]) -> Optional[SavedFr
                 storages[offset].nbytes() != records[offset] for offset in records):
             return None
         done = SavedFromFiles(records=len(records))
-        copier = _Copier()
+        placed = [(offset, storage, _source_of(storage, sources)) for offset, storage in sorted(storages.items())]
+        writes = _DirectWrites()
         try:
             with open(temporary, "r+b") as target:
-                for offset, storage in sorted(storages.items()):
-                    source = sources.get(storage.data_ptr()) if storage.device.type == "cpu" else None
-                    cloned = copied = 0
-                    if source is not None:
+                fd = target.fileno()
+                for offset, storage, source in placed:
+                    if isinstance(source, str):
                         with open(source, "rb") as handle:
-                            cloned = clone_range(handle.fileno(), 0, target.fileno(), offset, storage.nbytes(),
-                                                 block)
-                        copied = copier.copy(source, cloned, target.fileno(), temporary, offset + cloned,
-                                             storage.nbytes() - cloned)
-                    done.cloned_bytes += cloned
-                    done.copied_bytes += copied
-                    done.written_bytes += _write(target.fileno(), offset + cloned + copied, storage,
-                                                 cloned + copied)
-                # the copy writes by name: a file removed under us (by another node's cleanup of a shared checkpoint
-                # folder, which takes our pid for a dead one) would have come back holding only the copied bytes
+                            cloned = clone_range(handle.fileno(), 0, fd, offset, storage.nbytes(), block)
+                        copied = writes.copy(source, cloned, fd, temporary, offset + cloned, storage.nbytes() - cloned)
+                        done.cloned_bytes += cloned
+                        done.copied_bytes += copied
+                        done.written_bytes += _write(fd, offset + cloned + copied, storage, cloned + copied)
+                    elif source is not None:
+                        direct = writes.write(source, fd, temporary, offset)
+                        done.written_bytes += direct + source.write_tail(fd, offset + direct, direct)
+                    else:
+                        done.written_bytes += _write(fd, offset, storage, 0)
+                # O_DIRECT writes open the file by name: a file removed under us (by another node's cleanup of a
+                # shared checkpoint folder, which takes our pid for a dead one) would have come back holding only
+                # their bytes
                 if os.stat(temporary).st_ino != os.fstat(target.fileno()).st_ino:
                     raise OSError(f"{temporary} was replaced while the ZeRO file was written: it was not saved")
         finally:
-            copier.close()
+            writes.close()
         os.replace(temporary, path)
         done.seconds = time.perf_counter() - started
         return done
@@ -236,15 +249,32 @@ def _data_records(path: str) -> dict:
     return records
 
 
-class _Copier:
-    """Copies bytes from file to file: COPY_LANES chunks at a time, each read into a buffer of its own through the
-    page cache and written from it through O_DIRECT (io/direct_io.py). Why not the kernel's ``copy_file_range``: on
-    ext4 it copies through the page cache, and with little of it free (the beyond-RAM model's run, 17.5 of 23.5 GiB
-    resident) the dirty pages throttle it: a ZeRO file's 5.1 GB of masters took 13.3-23.1 s that way, 8.5-15.6 s
-    with the writes through O_DIRECT. Reads stay buffered: masters that the save before read are still cached (the
-    second save's ZeRO file took 9.4 s, 12.7 s read through O_DIRECT; docs/benchmarks.md, "ZeRO files from the swap
-    files"). The engine and its buffers are made at the first copy; its requests are not counted in the training
-    steps' drive activity."""
+def _source_of(storage, sources: Dict[int, Source]):
+    """Where ``storage``'s bytes are taken from: a file's path, ``_Pieces`` of host memory (what ``sources`` gives,
+    or the storage itself where it is large enough to be worth O_DIRECT), or None: written as it is."""
+    if storage.device.type != "cpu":
+        return None
+    source = sources.get(storage.data_ptr())
+    if isinstance(source, str):
+        return source
+    if source is not None:
+        pieces = _Pieces(source)
+        if pieces.nbytes != storage.nbytes():
+            raise ValueError(f"the host memory given for a storage of {storage.nbytes()} bytes holds {pieces.nbytes}")
+        return pieces
+    return _Pieces.of_storage(storage) if storage.nbytes() >= DIRECT_FROM_MEMORY_BYTES else None
+
+
+class _DirectWrites:
+    """Writes a file's large storages through O_DIRECT (io/direct_io.py), COPY_LANES chunks at a time, each put into
+    a buffer of its own first: read from a file that holds the bytes (through the page cache), or gathered from the
+    host memory that does. Why not the kernel's ``copy_file_range``, nor buffered writes: on ext4 both write
+    through the page cache, and with little of it free (the beyond-RAM model's run, 17.5 of 23.5 GiB resident) the
+    dirty pages throttle them: a ZeRO file's 5.1 GB of masters took 13.3-23.1 s that way, 8.5-15.6 s with the writes
+    through O_DIRECT. Reads stay buffered: masters that the save before read are still cached (the second save's ZeRO
+    file took 9.4 s, 12.7 s read through O_DIRECT; docs/benchmarks.md, "ZeRO files from the swap files"). The engine
+    and its buffers are made at the first write; its requests are not counted in the training steps' drive
+    activity."""
 
     def __init__(self):
         self._io, self._lanes, self._buffers = None, None, []
@@ -261,37 +291,56 @@ class _Copier:
         length -= length % WHOLE_BYTES
         if length == 0:
             return 0
-        self._start()
-        _allocate(target_fd, target_offset, length)
-        chunks = [(start, min(COPY_CHUNK_BYTES, length - start)) for start in range(0, length, COPY_CHUNK_BYTES)]
-        failed = threading.Event()
         source_fd = os.open(source, os.O_RDONLY)
         try:
             os.posix_fadvise(source_fd, source_offset, length, os.POSIX_FADV_SEQUENTIAL)
 
-            def lane(index: int) -> None:  # chunks index, index + COPY_LANES, ...: one buffer, read then written
-                buffer = self._buffers[index]
-                for start, size in chunks[index::COPY_LANES]:
-                    if failed.is_set():
-                        return  # another lane failed: the save stops, no use copying on
-                    try:
-                        _read_whole(source_fd, buffer, size, source_offset + start, source)
-                        self._io.write(buffer, target, size, target_offset + start).result()
-                    except BaseException:
-                        failed.set()
-                        raise
+            def read(buffer, start: int, size: int) -> None:
+                _read_whole(source_fd, buffer, size, source_offset + start, source)
 
-            lanes = [self._lanes.submit(lane, index) for index in range(min(COPY_LANES, len(chunks)))]
-            try:
-                wait(lanes)
-            finally:  # interrupted too: every lane stopped before the source is closed, the buffers used again or
-                failed.set()  # the file removed
-                wait(lanes)
-            for running in lanes:
-                running.result()  # a lane's failure, raised (the others stopped at their next chunk)
+            self._through_lanes(read, target_fd, target, target_offset, length)
         finally:
             os.close(source_fd)
         return length
+
+    def write(self, pieces: "_Pieces", target_fd: int, target: str, target_offset: int) -> int:
+        """Write the whole units of ``pieces``' bytes into ``target`` at ``target_offset``, each chunk gathered into
+        a lane's buffer. Returns how many bytes were written: the caller writes the tail (``pieces.write_tail``),
+        and all of it where the offset is not a whole unit."""
+        length = pieces.nbytes - pieces.nbytes % WHOLE_BYTES
+        if target_offset % WHOLE_BYTES or length == 0:
+            return 0
+        self._through_lanes(pieces.gather, target_fd, target, target_offset, length)
+        return length
+
+    def _through_lanes(self, fill: Callable, target_fd: int, target: str, target_offset: int, length: int) -> None:
+        """Write ``length`` bytes (whole units) at ``target_offset``: chunk by chunk, ``fill(buffer, start, size)``
+        puts the bytes from ``start`` on into a lane's buffer, which is then written through O_DIRECT."""
+        self._start()
+        _allocate(target_fd, target_offset, length)
+        chunks = [(start, min(COPY_CHUNK_BYTES, length - start)) for start in range(0, length, COPY_CHUNK_BYTES)]
+        failed = threading.Event()
+
+        def lane(index: int) -> None:  # chunks index, index + COPY_LANES, ...: one buffer, filled then written
+            buffer = self._buffers[index]
+            for start, size in chunks[index::COPY_LANES]:
+                if failed.is_set():
+                    return  # another lane failed: the save stops, no use writing on
+                try:
+                    fill(buffer, start, size)
+                    self._io.write(buffer, target, size, target_offset + start).result()
+                except BaseException:
+                    failed.set()
+                    raise
+
+        lanes = [self._lanes.submit(lane, index) for index in range(min(COPY_LANES, len(chunks)))]
+        try:
+            wait(lanes)
+        finally:  # interrupted too: every lane stopped before a source is closed, the buffers used again or the
+            failed.set()  # file removed
+            wait(lanes)
+        for running in lanes:
+            running.result()  # a lane's failure, raised (the others stopped at their next chunk)
 
     def _start(self) -> None:
         if self._io is None:
@@ -323,6 +372,52 @@ def _read_whole(fd: int, buffer, size: int, offset: int, path: str) -> None:
         done += moved
 
 
+class _Pieces:
+    """A storage's bytes as host-memory tensors' bytes, one after the other (a master's parameter partitions, or the
+    storage itself)."""
+
+    def __init__(self, tensors: Sequence[torch.Tensor]):
+        self._bytes = []
+        for tensor in tensors:
+            if tensor.device.type != "cpu" or not tensor.is_contiguous():
+                raise ValueError(f"a ZeRO file's storage is written from contiguous host memory, not from a "
+                                 f"{tensor.device} tensor (contiguous: {tensor.is_contiguous()})")
+            self._bytes.append(tensor.reshape(-1).view(torch.uint8))
+        self.nbytes = sum(piece.numel() for piece in self._bytes)
+
+    @classmethod
+    def of_storage(cls, storage) -> "_Pieces":
+        return cls([torch.empty(0, dtype=torch.uint8).set_(storage)])
+
+    def ranges(self, start: int, size: int):
+        """(piece's bytes, offset in the range) for the bytes [start, start + size), piece by piece."""
+        end, position = start + size, 0
+        for piece in self._bytes:
+            first, last = max(start, position), min(end, position + piece.numel())
+            if first < last:
+                yield piece[first - position:last - position], first - start
+            position += piece.numel()
+            if position >= end:
+                return
+
+    def gather(self, buffer, start: int, size: int) -> None:
+        """Put the bytes [start, start + size) into ``buffer`` (a uint8 tensor; torch's copy lets other lanes run)."""
+        for piece, at in self.ranges(start, size):
+            buffer[at:at + piece.numel()].copy_(piece)
+
+    def write_tail(self, fd: int, offset: int, start: int) -> int:
+        """Write the bytes from ``start`` on at ``offset`` (through the page cache); returns how many."""
+        for piece, at in self.ranges(start, self.nbytes - start):
+            _pwrite_whole(fd, memoryview(piece.numpy()), offset + at)
+        return max(0, self.nbytes - start)
+
+
+def _pwrite_whole(fd: int, data: memoryview, offset: int) -> None:
+    done = 0
+    while done < len(data):
+        done += os.pwrite(fd, data[done:], offset + done)
+
+
 def _allocate(fd: int, offset: int, length: int) -> None:
     """Allocate the file's blocks for [offset, offset + length) ahead of O_DIRECT writes, where the file system
     does it itself (fallocate(2), mode 0: unwritten extents, nothing written): into the holes of a sparse file,
@@ -343,14 +438,12 @@ if _FALLOCATE is not None:
 
 
 def _write(fd: int, offset: int, storage, start: int) -> int:
-    """Write ``storage``'s bytes from ``start`` on at ``offset``; returns the bytes written."""
+    """Write ``storage``'s bytes from ``start`` on at ``offset`` (through the page cache); returns the bytes
+    written."""
     if storage.device.type != "cpu":
         storage = storage.cpu()
     size = storage.nbytes() - start
     if size <= 0:
         return 0
-    data = memoryview(torch.empty(0, dtype=torch.uint8).set_(storage).numpy())[start:]
-    done = 0
-    while done < size:
-        done += os.pwrite(fd, data[done:], offset + done)
+    _pwrite_whole(fd, memoryview(torch.empty(0, dtype=torch.uint8).set_(storage).numpy())[start:], offset)
     return size

@@ -2,10 +2,14 @@
 in fp32 whose parameter partitions the host tier holds, and whose optimizer state it cannot hold, reads no master
 from its file in steady state, and trains with stock's bits. Real engine, real files; the reference never imported
 tencache_ds."""
+import glob
+import hashlib
 import json
 import os
+import re
 
 import pytest
+import torch
 
 from test_parity import assert_identical, assert_same_bits
 
@@ -122,7 +126,32 @@ def test_a_resume_from_a_save_right_after_masters_were_written_behind_gives_the_
     behind = [step["stats"]["optimizer_masters_written_behind"] for step in uninterrupted.result["steps"]]
     assert owed[2] > 0 and behind[2] == 0, (owed, behind)  # the third update's masters were owed when the save came
     assert behind[3] > behind[2], behind  # ... and the save wrote them
+    # the ZeRO file took the masters from the partitions, not from the files just written (io/save_from_files.py),
+    # and holds what those files hold, bit for bit
+    stats = uninterrupted.last_stats
+    assert (stats["optimizer_checkpoint_zero_files_from_swap_files"],
+            stats["optimizer_checkpoint_zero_file_copied_bytes"],
+            stats["optimizer_checkpoint_zero_file_shared_bytes"]) == (1, 0, 0), stats
+    assert_zero_file_masters_are_the_master_files(folder)
     resumed = train(block=PARTITIONS_HELD, **dict(options, steps=2), resume=True, checkpoint_dir=folder)
     assert [step["step"] for step in resumed.result["steps"]] == [3, 4]
     assert resumed.loss_bits == uninterrupted.loss_bits[3:]
     assert resumed.result["weights_sha256"] == uninterrupted.result["weights_sha256"]
+
+
+def assert_zero_file_masters_are_the_master_files(checkpoint_dir):
+    """Every master swap file in the checkpoint (``<ds_id>.tensor.swp``) holds one of the ZeRO file's fp32 groups in
+    its first bytes, bit for bit (the files are what the resume reads; the ZeRO file, what zero_to_fp32 reads)."""
+    zero_files = glob.glob(os.path.join(checkpoint_dir, "*", "zero_pp_rank_0_*optim_states.pt"))
+    assert len(zero_files) == 1, zero_files
+    groups = torch.load(zero_files[0], weights_only=False)["optimizer_state_dict"]["fp32_flat_groups"]
+    by_size = {}
+    for group in groups:
+        by_size.setdefault(group.numel() * 4, set()).add(hashlib.sha256(group.detach().numpy().tobytes()).hexdigest())
+    master_files = [path for path in glob.glob(os.path.join(checkpoint_dir, "**", "*.tensor.swp"), recursive=True)
+                    if re.fullmatch(r"\d+_\d+\.tensor\.swp", os.path.basename(path))]
+    assert master_files
+    for path in master_files:
+        with open(path, "rb") as handle:
+            data = handle.read()
+        assert any(hashlib.sha256(data[:size]).hexdigest() in hashes for size, hashes in by_size.items()), path

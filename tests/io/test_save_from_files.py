@@ -262,15 +262,91 @@ def test_a_temporary_file_removed_during_the_copy_is_not_renamed_into_the_checkp
     state, masters, sources = zero_state(str(tmp_path))
     path = str(tmp_path / "zero.pt")
     assert save_from_files(state, path, sources) is not None
-    original = save_from_files_module._Copier.copy
+    original = save_from_files_module._DirectWrites.copy
 
     def copy_after_a_removal(self, source, source_offset, target_fd, target, target_offset, length):
         if os.path.exists(target):
             os.unlink(target)
         return original(self, source, source_offset, target_fd, target, target_offset, length)
 
-    monkeypatch.setattr(save_from_files_module._Copier, "copy", copy_after_a_removal)
+    monkeypatch.setattr(save_from_files_module._DirectWrites, "copy", copy_after_a_removal)
     with pytest.raises(OSError, match="was replaced while the ZeRO file was written"):
+        save_from_files(state, path, sources)
+    assert_reads_back(path, state, masters)
+    assert sorted(name for name in os.listdir(tmp_path) if not name.endswith(".swp")) == ["zero.pt"]
+
+
+def direct_moves(monkeypatch) -> list:
+    """(is_write, direct, bytes) of every transfer the O_DIRECT engine moves from now on."""
+    moves = []
+    original = DirectFileIO._move
+
+    def move(self, view, start, end, path, file_offset, is_write, direct):
+        moves.append((is_write, direct, end - start))
+        return original(self, view, start, end, path, file_offset, is_write, direct)
+
+    monkeypatch.setattr(DirectFileIO, "_move", move)
+    return moves
+
+
+def test_a_master_whose_bytes_host_memory_holds_is_gathered_from_there_and_its_file_never_read(tmp_path,
+                                                                                             monkeypatch):
+    """The first master given as the pieces that hold it (a model's parameter partitions: odd sizes, views into
+    larger buffers), its file made wrong: the ZeRO file has the pieces' bytes, in whole units through O_DIRECT across
+    64 KiB chunks and pieces' edges, the tail through the page cache; the other master is still copied."""
+    monkeypatch.setattr(save_from_files_module, "COPY_CHUNK_BYTES", 64 * 1024)
+    moves = direct_moves(monkeypatch)
+    state, masters, sources = zero_state(str(tmp_path))
+    first = state["optimizer_state_dict"]["fp32_flat_groups"][0]
+    path_of_first = sources[first.untyped_storage().data_ptr()]
+    cuts = [0, 1, 12_345, 500_000, 777_777, MASTER_ELEMENTS]
+    buffers = [torch.full((end - start + 10,), float("nan")) for start, end in zip(cuts, cuts[1:])]
+    pieces = []
+    for buffer, start, end in zip(buffers, cuts, cuts[1:]):
+        buffer[3:3 + end - start] = masters[0][start:end]
+        pieces.append(buffer[3:3 + end - start])
+    sources[first.untyped_storage().data_ptr()] = pieces
+    with open(path_of_first, "r+b") as handle:  # nothing may come from the file
+        handle.write(b"\xff" * (MASTER_ELEMENTS * 4))
+    done = save_from_files(state, str(tmp_path / "zero.pt"), sources)
+    if done.cloned_bytes:
+        pytest.skip("the test folder's file system clones ranges")
+    assert done.copied_bytes == 4096 * 4  # the second master only
+    assert done.written_bytes == MASTER_ELEMENTS * 4 + SMALL_BYTES
+    assert_reads_back(str(tmp_path / "zero.pt"), state, masters)
+    if DirectFileIO().alignment_for(str(tmp_path / "zero.pt")):
+        written_direct = [size for is_write, direct, size in moves if is_write and direct]
+        assert sum(written_direct) == whole(MASTER_ELEMENTS * 4) + 4096 * 4, moves
+        assert not [size for is_write, direct, size in moves if is_write and not direct]
+
+
+def test_a_large_storage_in_memory_is_written_through_o_direct(tmp_path, monkeypatch):
+    """A storage of host memory no file holds (the host tier's copy of a master) and at least
+    DIRECT_FROM_MEMORY_BYTES is written in whole units through O_DIRECT, its tail through the page cache; the small
+    ones as they are."""
+    monkeypatch.setattr(save_from_files_module, "COPY_CHUNK_BYTES", 64 * 1024)
+    moves = direct_moves(monkeypatch)
+    state, masters, sources = zero_state(str(tmp_path))
+    first = state["optimizer_state_dict"]["fp32_flat_groups"][0]
+    del sources[first.untyped_storage().data_ptr()]
+    state["optimizer_state_dict"]["fp32_flat_groups"][0] = masters[0].clone()  # held in memory, no file
+    done = save_from_files(state, str(tmp_path / "zero.pt"), sources)
+    if done.cloned_bytes:
+        pytest.skip("the test folder's file system clones ranges")
+    assert (done.copied_bytes, done.written_bytes) == (4096 * 4, MASTER_ELEMENTS * 4 + SMALL_BYTES)
+    assert_reads_back(str(tmp_path / "zero.pt"), state, masters)
+    if DirectFileIO().alignment_for(str(tmp_path / "zero.pt")):
+        assert sum(size for is_write, direct, size in moves if is_write and direct) == \
+            whole(MASTER_ELEMENTS * 4) + 4096 * 4, moves
+
+
+def test_host_memory_that_does_not_hold_a_storages_size_is_refused_before_anything_is_written(tmp_path):
+    state, masters, sources = zero_state(str(tmp_path))
+    path = str(tmp_path / "zero.pt")
+    assert save_from_files(state, path, sources) is not None
+    first = state["optimizer_state_dict"]["fp32_flat_groups"][0]
+    sources[first.untyped_storage().data_ptr()] = [masters[0][:-1]]
+    with pytest.raises(ValueError, match=f"a storage of {MASTER_ELEMENTS * 4} bytes holds {MASTER_ELEMENTS * 4 - 4}"):
         save_from_files(state, path, sources)
     assert_reads_back(path, state, masters)
     assert sorted(name for name in os.listdir(tmp_path) if not name.endswith(".swp")) == ["zero.pt"]

@@ -20,9 +20,10 @@ mapped master's bytes from its swap file (io/save_from_files.py). Where the chec
 file system that clones ranges (XFS, btrfs: io/reflink.py), the masters are not written at all: each swap file is
 made current (what the host tier holds changed is written, as it is owed anyway) and its blocks are shared with the
 ZeRO file, so the save writes the dirty bytes, not the masters. Where nothing clones (ext4) the masters are written
-once more, copied from file to file (read through the page cache, written through O_DIRECT), and the host tier's
-copies written from memory (torch.save's own writer read the mapped files page by page, computed each record's
-CRC-32 and wrote through the page cache).
+once more through O_DIRECT: from host memory where it holds them (the host tier's copies; in a model trained in fp32,
+the parameter partitions the parameter tier keeps, which are the masters bit for bit: master_copies.py), else copied
+from their files (read through the page cache). torch.save's own writer read the mapped files page by page, computed
+each record's CRC-32 and wrote through the page cache.
 """
 import contextlib
 import functools
@@ -73,10 +74,12 @@ def masters_shown(optimizer, from_files: bool = False, copies: bool = False):
     host tier's copy when it holds one (unless ``from_files``), else its swap file's bytes (made current first),
     mapped read-only; ``copies``: a copy of those bytes in a memory file of its own instead, for a checkpoint engine
     that pickles them in its save and writes them later (refused before anything is copied where the host has not
-    the memory for all of them). Afterwards the placeholders are back. Yields {master's data_ptr: its swap file} for the
-    masters shown from files (the file's first bytes are the master's; never for copies)."""
+    the memory for all of them). Afterwards the placeholders are back. Yields, for the masters shown from files (never
+    for copies), {master's data_ptr: where io/save_from_files.py takes its bytes}: the views of the parameter
+    partitions that hold them (a model trained in fp32 whose partitions the host tier keeps; not ``from_files``),
+    else its swap file (whose first bytes are the master's)."""
     swapper = getattr(optimizer, "optimizer_swapper", None)
-    shown, lent, files = [], [], {}
+    shown, lent, sources = [], [], {}
     try:
         if isinstance(swapper, TencacheOptimizerSwapper):
             swapper.settle_master_writes()  # the files read below: what the partitions owe them first
@@ -105,10 +108,11 @@ def masters_shown(optimizer, from_files: bool = False, copies: bool = False):
                     # whatever the masters' dtype (bf16 with bf16_master_weights_and_grads)
                     mapped = torch.from_file(path, shared=False, size=info.numel(), dtype=swapper.dtype)
                     master.data = _copy_for_a_later_writer(mapped) if copies else mapped
-                    if not copies:
-                        files[master.untyped_storage().data_ptr()] = path
+                    if not copies:  # (where the save is not in two passes, torch.save reads the mapped file)
+                        in_memory = None if from_files else swapper.master_in_host_memory(info.param_id)
+                        sources[master.untyped_storage().data_ptr()] = path if in_memory is None else in_memory
                 shown.append(master)
-        yield files
+        yield sources
     finally:
         for master in shown:
             master.data = torch.Tensor()  # stock's placeholder (optimizer_utils SwapTensorContext.release_memory)
@@ -192,16 +196,17 @@ def saving_masters(save_zero_checkpoint):
     def save_zero_checkpoint_with_masters(self, save_path, tag, *args, **kwargs):
         swapper = getattr(self.optimizer, "optimizer_swapper", None)
         two_pass = isinstance(swapper, TencacheOptimizerSwapper) and _saves_from_files(self.checkpoint_engine)
-        # where the blocks can be shared, every master is shown from its file (made current); else the host tier's
-        # copies are written from memory, which spares a write to their files and a read back
+        # where the blocks can be shared, every master is shown from its file (made current); else what host memory
+        # holds (the host tier's copies, the parameter partitions) is written from there: no read of its file (nor,
+        # for the host tier's changed copies, a write to it first)
         sharing = two_pass and _can_share_blocks(
             swapper.files_folder, os.path.dirname(self._get_zero_ckpt_name(save_path, tag)))
         copies = not serialises_during_save(self.checkpoint_engine)
-        with masters_shown(self.optimizer, from_files=sharing, copies=copies) as files, \
+        with masters_shown(self.optimizer, from_files=sharing, copies=copies) as sources, \
                 swapped_state_described(self.optimizer):
             if not two_pass:
                 return save_zero_checkpoint(self, save_path, tag, *args, **kwargs)
-            with _saving_from_files(self.checkpoint_engine, files, swapper):
+            with _saving_from_files(self.checkpoint_engine, sources, swapper):
                 return save_zero_checkpoint(self, save_path, tag, *args, **kwargs)
 
     return save_zero_checkpoint_with_masters
@@ -227,13 +232,14 @@ def _can_share_blocks(swap_folder: str, checkpoint_folder: str) -> bool:
 
 
 @contextlib.contextmanager
-def _saving_from_files(checkpoint_engine, files, swapper):
-    """While inside, ``checkpoint_engine.save`` writes its file with the masters' bytes taken from ``files``
-    (io/save_from_files.py), or the usual way where that cannot account for the whole structure."""
+def _saving_from_files(checkpoint_engine, sources, swapper):
+    """While inside, ``checkpoint_engine.save`` writes its file with the masters' bytes taken from ``sources``
+    (files, or host memory: io/save_from_files.py), or the usual way where that cannot account for the whole
+    structure."""
     def save(state_dict, path):
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         try:
-            done = save_from_files.save_from_files(state_dict, path, files)
+            done = save_from_files.save_from_files(state_dict, path, sources)
             why = "its structure could not be walked"
         except Exception as err:  # pylint: disable=broad-except  (the usual save still makes the checkpoint)
             done, why = None, f"{type(err).__name__}: {err}"

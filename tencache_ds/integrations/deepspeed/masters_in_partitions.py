@@ -41,6 +41,16 @@ class MastersInPartitions:
         """Do the partitions hold ``group``'s master now (master_copies.py ``current``)?"""
         return self.copies is not None and self.copies.current(group)
 
+    def views(self, group) -> Optional[list]:
+        """The host memory that holds ``group``'s master now: its partitions' views, in the master's order, their
+        bytes one after the other the master's; None where the partitions are no current copy, or one is not in host
+        memory the parameter swapper keeps. Valid until a partition is written or leaves memory (the parameter
+        swapper's next call: a checkpoint's save of the ZeRO file reads them between steps)."""
+        if not self.current(group):
+            return None
+        found = self.copies.partition_views(group)
+        return None if found is None else found[1]
+
     def before_lend(self, group, from_partitions: bool) -> None:
         """``group`` is about to be lent. Filled ``from_partitions``: its file is not read, and what it is owed goes
         with what is lent (master_write_behind.py ``take_over``). Otherwise its file is read, and its partitions

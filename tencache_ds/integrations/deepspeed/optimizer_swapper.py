@@ -749,6 +749,12 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         if masters is not None:
             masters.settle(groups)
 
+    def master_in_host_memory(self, group) -> Optional[list]:
+        """Views of the parameter partitions that hold ``group``'s master now (their bytes one after the other are
+        its bytes), or None (masters_in_partitions.py ``views``): what a checkpoint's ZeRO file takes the master from
+        instead of reading its file."""
+        return self.masters.views(group)
+
     def _paths_to_read(self, swap_info) -> list:
         """The files of the sub-group's master and state tensors that its update reads: all but a master the
         parameter partitions hold (filled from them at the swap-in instead)."""
