@@ -1,6 +1,7 @@
-"""A ``torch.save`` file whose large tensors take their bytes from files that already hold them. Owns: the two passes
-that make such a file (``save_from_files``), how each storage's bytes get there (cloned, copied through O_DIRECT, or
-written from memory), and the check that every tensor's bytes were put in it.
+"""A ``torch.save`` file whose large tensors take their bytes from where they already are: files, or other host memory.
+Owns: the two passes that make such a file (``save_from_files``), how each storage's bytes get there (cloned, copied
+through O_DIRECT, gathered from host memory through O_DIRECT, or written from memory), and the check that every
+tensor's bytes were put in it.
 
 Why: a checkpoint's ZeRO file must hold the fp32 masters (``zero_to_fp32`` reads them there), and with the optimizer
 on NVMe their bytes are already in the swap files. On a file system that clones ranges (io/reflink.py) the file can
@@ -53,13 +54,13 @@ _LOCAL_HEADER_SIGNATURE = 0x04034B50
 # (the name from when only a file system that clones made these files: leftovers of older runs are still found)
 TEMPORARY_SUFFIX = ".sharing"
 
-# A copy moves this much per request, in COPY_LANES lanes at once, each a buffer of this size read into and
-# written from in turn: the drive serves a few requests in flight faster than one (io/drive_rate.py)
+# An O_DIRECT write moves this much per request, in COPY_LANES lanes at once, each a buffer of this size filled (read
+# or gathered) and written from in turn: the drive serves a few requests in flight faster than one (io/drive_rate.py)
 COPY_CHUNK_BYTES = 16 * 1024 * 1024
 COPY_LANES = 4
-# Storages start, and copies move, in whole units of this: O_DIRECT's largest alignment (a 4Kn drive) and the page,
-# so that no page of the file is written buffered (the first pass, a storage's tail) and by O_DIRECT at once, which
-# can leave a stale cached page that writeback later puts over the O_DIRECT bytes
+# Storages start, and O_DIRECT writes move, in whole units of this: O_DIRECT's largest alignment (a 4Kn drive) and the
+# page, so that no page of the file is written buffered (the first pass, a storage's tail) and by O_DIRECT at once,
+# which can leave a stale cached page that writeback later puts over the O_DIRECT bytes
 WHOLE_BYTES = max(4096, mmap.PAGESIZE)
 # A storage in host memory at least this large is written through O_DIRECT too (gathered into the lanes' buffers),
 # for the reason the copies are (``_DirectWrites``): the page cache's dirty pages, where little memory is free
@@ -346,7 +347,7 @@ class _DirectWrites:
         if self._io is None:
             from .activity import IoActivity
             from .direct_io import DirectFileIO, aligned_buffer
-            self._io = DirectFileIO(num_threads=COPY_LANES, name="tencache-save-copy", activity=IoActivity())
+            self._io = DirectFileIO(num_threads=COPY_LANES, name="tencache-save-direct", activity=IoActivity())
             self._lanes = ThreadPoolExecutor(max_workers=COPY_LANES, thread_name_prefix="tencache-save-lane")
             self._buffers = [aligned_buffer(COPY_CHUNK_BYTES) for _ in range(COPY_LANES)]
 
@@ -368,7 +369,7 @@ def _read_whole(fd: int, buffer, size: int, offset: int, path: str) -> None:
     while done < size:
         moved = os.preadv(fd, [view[done:]], offset + done)
         if moved == 0:
-            raise OSError(f"{path} ended at {offset + done} bytes while a ZeRO file copied {size} from {offset}")
+            raise OSError(f"{path} ended at {offset + done} bytes while a ZeRO file's save read {size} from {offset}")
         done += moved
 
 
@@ -377,12 +378,14 @@ class _Pieces:
     storage itself)."""
 
     def __init__(self, tensors: Sequence[torch.Tensor]):
+        if isinstance(tensors, torch.Tensor):
+            raise TypeError("a storage's host memory is given as a sequence of tensors, not one tensor")
         self._bytes = []
         for tensor in tensors:
             if tensor.device.type != "cpu" or not tensor.is_contiguous():
                 raise ValueError(f"a ZeRO file's storage is written from contiguous host memory, not from a "
                                  f"{tensor.device} tensor (contiguous: {tensor.is_contiguous()})")
-            self._bytes.append(tensor.reshape(-1).view(torch.uint8))
+            self._bytes.append(tensor.detach().reshape(-1).view(torch.uint8))
         self.nbytes = sum(piece.numel() for piece in self._bytes)
 
     @classmethod
@@ -401,9 +404,12 @@ class _Pieces:
                 return
 
     def gather(self, buffer, start: int, size: int) -> None:
-        """Put the bytes [start, start + size) into ``buffer`` (a uint8 tensor; torch's copy lets other lanes run)."""
+        """Put the bytes [start, start + size) into ``buffer`` (a uint8 tensor of at least ``size`` bytes). One
+        memmove per piece, which lets the other lanes run (ctypes lets the GIL go) and starts no thread team of its
+        own, as torch's copy would in each lane."""
+        base = buffer.data_ptr()
         for piece, at in self.ranges(start, size):
-            buffer[at:at + piece.numel()].copy_(piece)
+            ctypes.memmove(base + at, piece.data_ptr(), piece.numel())
 
     def write_tail(self, fd: int, offset: int, start: int) -> int:
         """Write the bytes from ``start`` on at ``offset`` (through the page cache); returns how many."""

@@ -11,6 +11,7 @@ import re
 import pytest
 import torch
 
+from tencache_ds.io import save_from_files
 from test_parity import assert_identical, assert_same_bits
 
 pytestmark = pytest.mark.deepspeed
@@ -126,12 +127,12 @@ def test_a_resume_from_a_save_right_after_masters_were_written_behind_gives_the_
     behind = [step["stats"]["optimizer_masters_written_behind"] for step in uninterrupted.result["steps"]]
     assert owed[2] > 0 and behind[2] == 0, (owed, behind)  # the third update's masters were owed when the save came
     assert behind[3] > behind[2], behind  # ... and the save wrote them
-    # the ZeRO file took the masters from the partitions, not from the files just written (io/save_from_files.py),
-    # and holds what those files hold, bit for bit
-    stats = uninterrupted.last_stats
-    assert (stats["optimizer_checkpoint_zero_files_from_swap_files"],
-            stats["optimizer_checkpoint_zero_file_copied_bytes"],
-            stats["optimizer_checkpoint_zero_file_shared_bytes"]) == (1, 0, 0), stats
+    # the ZeRO file took the masters from the partitions, not from the files just written (io/save_from_files.py;
+    # on a file system that clones, their blocks are shared instead), and holds what those files hold, bit for bit
+    if save_from_files.supported():
+        stats = uninterrupted.last_stats
+        assert (stats["optimizer_checkpoint_zero_files_from_swap_files"],
+                stats["optimizer_checkpoint_zero_file_copied_bytes"]) == (1, 0), stats
     assert_zero_file_masters_are_the_master_files(folder)
     resumed = train(block=PARTITIONS_HELD, **dict(options, steps=2), resume=True, checkpoint_dir=folder)
     assert [step["step"] for step in resumed.result["steps"]] == [3, 4]

@@ -2,7 +2,8 @@
 real files: it reads back as torch.save's own would, storage for storage (views and shared storages included); on an
 XFS image the masters' blocks are shared and only the rest is written, and training's later writes to the swap files
 leave it alone; where nothing clones, the masters are copied from their files (O_DIRECT), and what a file does not
-hold is written from memory; a structure it cannot walk is refused, never half saved."""
+hold is written from memory; a master given as the host memory that holds it is gathered from there, and a large
+storage in memory is written through O_DIRECT too; a structure it cannot walk is refused, never half saved."""
 import os
 import shutil
 import tempfile

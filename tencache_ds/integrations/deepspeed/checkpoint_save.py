@@ -16,14 +16,15 @@ load the swap files, ``zero_to_fp32`` the masters. The masters are shown only wh
 checkpoint engine that may serialise them later is given copies of its own (below; the moments' meta tensors hold
 no bytes to copy).
 With torch's own checkpoint engine (zip files, torch >= 2.6) the ZeRO file is saved in two passes that take each
-mapped master's bytes from its swap file (io/save_from_files.py). Where the checkpoint and the swap folder share a
-file system that clones ranges (XFS, btrfs: io/reflink.py), the masters are not written at all: each swap file is
-made current (what the host tier holds changed is written, as it is owed anyway) and its blocks are shared with the
-ZeRO file, so the save writes the dirty bytes, not the masters. Where nothing clones (ext4) the masters are written
-once more through O_DIRECT: from host memory where it holds them (the host tier's copies; in a model trained in fp32,
-the parameter partitions the parameter tier keeps, which are the masters bit for bit: master_copies.py), else copied
-from their files (read through the page cache). torch.save's own writer read the mapped files page by page, computed
-each record's CRC-32 and wrote through the page cache.
+mapped master's bytes from its swap file, or from host memory that holds them (io/save_from_files.py). Where the
+checkpoint and the swap folder share a file system that clones ranges (XFS, btrfs: io/reflink.py), the masters are
+not written at all: each swap file is made current (what the host tier holds changed is written, as it is owed
+anyway) and its blocks are shared with the ZeRO file, so the save writes the dirty bytes, not the masters. Where
+nothing clones (ext4) the masters are written once more, through O_DIRECT: from host memory where it holds them (the
+host tier's copies; in a model trained in fp32, the parameter partitions the parameter tier keeps, which are the
+masters bit for bit: master_copies.py), else copied from their files (read through the page cache). (torch.save's
+own writer, used before, read the mapped files page by page, computed each record's CRC-32 and wrote through the page
+cache.)
 """
 import contextlib
 import functools
@@ -110,6 +111,8 @@ def masters_shown(optimizer, from_files: bool = False, copies: bool = False):
                     master.data = _copy_for_a_later_writer(mapped) if copies else mapped
                     if not copies:  # (where the save is not in two passes, torch.save reads the mapped file)
                         in_memory = None if from_files else swapper.master_in_host_memory(info.param_id)
+                        if in_memory is not None and sum(view.numel() for view in in_memory) != info.numel():
+                            in_memory = None  # (never seen) its file, rather than the whole ZeRO file the usual way
                         sources[master.untyped_storage().data_ptr()] = path if in_memory is None else in_memory
                 shown.append(master)
         yield sources
@@ -189,9 +192,9 @@ def swapped_state_described(optimizer):
 
 
 def saving_masters(save_zero_checkpoint):
-    """engine._save_zero_checkpoint with the swapped masters in the file it writes (taken from the swap files:
-    their blocks shared where the file system clones, else copied), and the swapped moments described
-    (``swapped_state_described``)."""
+    """engine._save_zero_checkpoint with the swapped masters in the file it writes (their swap files' blocks shared
+    where the file system clones; else written from host memory that holds them, or copied from the files), and the
+    swapped moments described (``swapped_state_described``)."""
     @functools.wraps(save_zero_checkpoint)
     def save_zero_checkpoint_with_masters(self, save_path, tag, *args, **kwargs):
         swapper = getattr(self.optimizer, "optimizer_swapper", None)
@@ -213,8 +216,8 @@ def saving_masters(save_zero_checkpoint):
 
 
 def _saves_from_files(checkpoint_engine) -> bool:
-    """Can the ZeRO file take the masters' bytes from their swap files (io/save_from_files.py): torch's own
-    checkpoint engine writing zip files, with a torch that saves in two passes?"""
+    """Can the ZeRO file take the masters' bytes from their swap files or host memory (io/save_from_files.py):
+    torch's own checkpoint engine writing zip files, with a torch that saves in two passes?"""
     return (type(checkpoint_engine) is TorchCheckpointEngine and checkpoint_engine.zipfile_serialization
             and save_from_files.supported())
 
@@ -227,7 +230,7 @@ def _can_share_blocks(swap_folder: str, checkpoint_folder: str) -> bool:
     try:
         return os.stat(swap_folder).st_dev == os.stat(existing).st_dev and folder_clones(existing)
     except OSError as err:  # e.g. a folder we may not write the probe's files in: the masters are written
-        logger.info("the ZeRO file's masters are copied, not shared: %s", err)
+        logger.info("the ZeRO file's masters are written, not shared: %s", err)
         return False
 
 

@@ -1,5 +1,6 @@
 """The fp32 masters' second copy: the parameter partitions. Owns: whether a swapped sub-group's fp32 master can be
-filled from its parameter partitions instead of read from its file, and that fill.
+filled from its parameter partitions instead of read from its file, and that fill (and the partitions' views, which
+a write behind and a checkpoint's ZeRO file write the master from).
 
 Why it can: after each sub-group's update stage 3 copies the new master into the sub-group's parameter partitions
 (``_partitioned_params_swap_out``: partition by partition, in ``fp16_groups`` order, ``ds_numel`` elements each),

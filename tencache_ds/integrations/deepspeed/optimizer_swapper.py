@@ -144,7 +144,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
                                         lambda: optimizer_host_share(self.config, self.optimizer))
             self.pool, self.budget = self.store.pool, self.store.budget  # what memory pressure and stats read
             self.last_folder_transfer = None  # what the last checkpoint save or load of the folder did
-            self.last_zero_file_save = None  # what the last ZeRO file from the swap files cost (io/save_from_files.py)
+            self.last_zero_file_save = None  # what the last ZeRO file saved in two passes cost (io/save_from_files.py)
             self.checkpoint_totals = CheckpointTotals()  # what checkpoint saves and loads did, in all (in stats())
             # The optimizer's tensors are used in the same order every step. log_timers() ends each step; the first
             # call ends initialisation, the second the first training step, in which Adam creates its moments (stored
@@ -787,9 +787,10 @@ class CheckpointTotals:
     """What this swapper's checkpoint saves and loads did, in all (integrations/deepspeed/checkpoint_save.py counts
     them; ``stats()`` reports them as ``optimizer_checkpoint_*``): swap files placed in checkpoints (saves) or taken
     from them (loads), how many of those were linked rather than copied, the bytes the copies wrote; and the ZeRO
-    files saved with their masters' bytes taken from the swap files (io/save_from_files.py: the bytes shared with
-    them where the file system clones, copied from them, and written from memory) and those that fell
-    back to the usual save. A ZeRO file saved by another checkpoint engine than torch's is not counted here."""
+    files saved with their masters' bytes taken from the swap files or host memory (io/save_from_files.py: the bytes
+    shared with the swap files where the file system clones, copied from them, and written from memory: the host
+    tier's copies, the parameter partitions that hold masters, the small tensors) and those that fell back to the
+    usual save. A ZeRO file saved by another checkpoint engine than torch's is not counted here."""
     folder_files: int = 0
     folder_files_linked: int = 0
     folder_bytes_written: int = 0
