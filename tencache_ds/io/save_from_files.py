@@ -269,13 +269,13 @@ def _source_of(storage, sources: Dict[int, Source]):
 class _DirectWrites:
     """Writes a file's large storages through O_DIRECT (io/direct_io.py), COPY_LANES chunks at a time, each put into
     a buffer of its own first: read from a file that holds the bytes (through the page cache), or gathered from the
-    host memory that does. Why not the kernel's ``copy_file_range``, nor buffered writes: on ext4 both write
-    through the page cache, and with little of it free (the beyond-RAM model's run, 17.5 of 23.5 GiB resident) the
-    dirty pages throttle them: a ZeRO file's 5.1 GB of masters took 13.3-23.1 s that way, 8.5-15.6 s with the writes
-    through O_DIRECT. Reads stay buffered: masters that the save before read are still cached (the second save's ZeRO
-    file took 9.4 s, 12.7 s read through O_DIRECT; docs/benchmarks.md, "ZeRO files from the swap files"). The engine
-    and its buffers are made at the first write; its requests are not counted in the training steps' drive
-    activity."""
+    host memory that does. Why not the kernel's ``copy_file_range``: on ext4 it copies through the page cache, and
+    with little of it free (the beyond-RAM model's run, 17.5 of 23.5 GiB resident) the dirty pages throttle it: a
+    ZeRO file's 5.1 GB of masters took 13.3-23.1 s that way, 8.5-15.6 s with the writes through O_DIRECT (buffered
+    writes from memory make the same dirty pages). Reads stay buffered: masters that the save before read are still
+    cached (the second save's ZeRO file took 9.4 s, 12.7 s read through O_DIRECT; docs/benchmarks.md, "ZeRO files
+    from the swap files"). The engine and its buffers are made at the first write; its requests are not counted in
+    the training steps' drive activity."""
 
     def __init__(self):
         self._io, self._lanes, self._buffers = None, None, []

@@ -112,7 +112,7 @@ def masters_shown(optimizer, from_files: bool = False, copies: bool = False):
                     if not copies:  # (where the save is not in two passes, torch.save reads the mapped file)
                         in_memory = None if from_files else swapper.master_in_host_memory(info.param_id)
                         if in_memory is not None and sum(view.numel() for view in in_memory) != info.numel():
-                            in_memory = None  # (never seen) its file, rather than the whole ZeRO file the usual way
+                            in_memory = None  # (never seen) this master from its file, not the whole file the usual way
                         sources[master.untyped_storage().data_ptr()] = path if in_memory is None else in_memory
                 shown.append(master)
         yield sources
