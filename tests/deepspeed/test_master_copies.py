@@ -13,6 +13,7 @@ import torch
 
 from tencache_ds.io import save_from_files
 from test_parity import assert_identical, assert_same_bits
+from test_zero_to_fp32 import assert_bit_for_bit, consolidate, zero_files_saved
 
 pytestmark = pytest.mark.deepspeed
 
@@ -100,14 +101,22 @@ def test_weights_edited_while_masters_are_written_behind_are_not_written_into_th
     assert behind[4] > behind[3], behind  # ... and written then
 
 
-def test_at_two_ranks_each_rank_fills_the_masters_of_its_own_partitions_with_stock_cpu_offloads_bits(train):
+def test_at_two_ranks_each_rank_fills_the_masters_of_its_own_partitions_with_stock_cpu_offloads_bits(train,
+                                                                                                     tmp_path):
     """2 ranks, each with its own partitions and masters (stock NVMe drifts there with the optimizer on NVMe and
-    stops with the parameters on it: the reference is stock CPU offload, as in test_residency.py)."""
-    options = dict(OPTIONS, launcher="ranks", num_ranks=2, steps=3, seq_len=32, micro_batch=1)
-    reference = train(block=None, offload_device="cpu", **options)
-    ours = train(block={"host_cache_bytes": "50MB"}, **options)
+    stops with the parameters on it: the reference is stock CPU offload, as in test_residency.py). Both save after
+    step 2: each rank's ZeRO file takes its masters from its own partitions (none copied from a file on this ext4),
+    and the checkpoint consolidates to the reference's fp32 weights bit for bit."""
+    options = dict(OPTIONS, launcher="ranks", num_ranks=2, steps=3, seq_len=32, micro_batch=1, save_after=2)
+    reference = train(block=None, offload_device="cpu", checkpoint_dir=str(tmp_path / "reference"), **options)
+    ours = train(block={"host_cache_bytes": "50MB"}, checkpoint_dir=str(tmp_path / "ours"), **options)
     assert_same_bits(reference, ours)
     assert ours.last_stats["optimizer_masters_from_partitions"] > 0
+    if save_from_files.supported():  # one ZeRO file a rank, each in the two-pass save, nothing copied from a file
+        zero_files = zero_files_saved(ours)
+        assert len(zero_files) == 2 and all(copied == 0 for _shared, copied, _written in zero_files.values()), \
+            zero_files
+    assert_bit_for_bit(consolidate(str(tmp_path / "ours")), consolidate(str(tmp_path / "reference")), "2 ranks")
 
 
 def test_a_resume_from_a_save_right_after_masters_were_written_behind_gives_the_uninterrupted_runs_bits(train,
