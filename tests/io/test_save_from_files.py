@@ -146,10 +146,8 @@ def test_a_source_on_another_file_system_gives_the_same_file(tmp_path):
         shutil.rmtree(shm, ignore_errors=True)
 
 
-def test_masters_larger_than_a_copy_chunk_are_copied_whole_through_o_direct(tmp_path, monkeypatch):
-    """The copy's lanes take chunks of 64 KiB in turn over a 4 MB master, every request aligned (O_DIRECT where
-    the folder has it); the tail is written from memory."""
-    monkeypatch.setattr(save_from_files_module, "COPY_CHUNK_BYTES", 64 * 1024)
+def direct_moves(monkeypatch) -> list:
+    """(is_write, direct, bytes) of every transfer the O_DIRECT engine moves from now on."""
     moves = []
     original = DirectFileIO._move
 
@@ -158,6 +156,14 @@ def test_masters_larger_than_a_copy_chunk_are_copied_whole_through_o_direct(tmp_
         return original(self, view, start, end, path, file_offset, is_write, direct)
 
     monkeypatch.setattr(DirectFileIO, "_move", move)
+    return moves
+
+
+def test_masters_larger_than_a_copy_chunk_are_copied_whole_through_o_direct(tmp_path, monkeypatch):
+    """The copy's lanes take chunks of 64 KiB in turn over a 4 MB master, every request aligned (O_DIRECT where
+    the folder has it); the tail is written from memory."""
+    monkeypatch.setattr(save_from_files_module, "COPY_CHUNK_BYTES", 64 * 1024)
+    moves = direct_moves(monkeypatch)
     state, masters, sources = zero_state(str(tmp_path))
     done = save_from_files(state, str(tmp_path / "zero.pt"), sources)
     if done.cloned_bytes:
@@ -275,19 +281,6 @@ def test_a_temporary_file_removed_during_the_copy_is_not_renamed_into_the_checkp
         save_from_files(state, path, sources)
     assert_reads_back(path, state, masters)
     assert sorted(name for name in os.listdir(tmp_path) if not name.endswith(".swp")) == ["zero.pt"]
-
-
-def direct_moves(monkeypatch) -> list:
-    """(is_write, direct, bytes) of every transfer the O_DIRECT engine moves from now on."""
-    moves = []
-    original = DirectFileIO._move
-
-    def move(self, view, start, end, path, file_offset, is_write, direct):
-        moves.append((is_write, direct, end - start))
-        return original(self, view, start, end, path, file_offset, is_write, direct)
-
-    monkeypatch.setattr(DirectFileIO, "_move", move)
-    return moves
 
 
 def test_a_master_whose_bytes_host_memory_holds_is_gathered_from_there_and_its_file_never_read(tmp_path,
