@@ -78,10 +78,13 @@ class DirectFileIO:
     """
 
     def __init__(self, num_threads: int = 2, name: str = "tencache-io", align_bytes: Optional[int] = None,
-                 activity: IoActivity = PROCESS_ACTIVITY):
+                 activity: IoActivity = PROCESS_ACTIVITY, files: str = "swap file",
+                 folder_set_by: str = "zero_optimization.offload_*.nvme_path"):
         """``align_bytes`` forces the O_DIRECT alignment of every folder (tests, or a device that misreports it);
         None reads it per folder (alignment.py), unless the TENCACHE_DIRECT_ALIGN_BYTES variable is set.
-        ``activity``: where executing requests are counted (activity.py; the process's tracker by default)."""
+        ``activity``: where executing requests are counted (activity.py; the process's tracker by default).
+        ``files`` (what its files are) and ``folder_set_by`` (what the user sets to put them elsewhere) word its
+        errors: a full disk or a refused file names them."""
         if align_bytes is None and os.environ.get(ALIGN_ENV):
             align_bytes = int(os.environ[ALIGN_ENV])
         if align_bytes is not None and (align_bytes <= 0 or align_bytes & (align_bytes - 1)):
@@ -93,6 +96,7 @@ class DirectFileIO:
         self._forced_align = align_bytes
         self._align_by_dir = {}  # folder -> O_DIRECT alignment in bytes; NO_DIRECT_IO (0): buffered only
         self.activity = activity
+        self._files, self._folder_set_by = files, folder_set_by
 
     # ----------------------------------------------------------------------------------------------- public
     def read(self, tensor, path: str, nbytes: int = None, file_offset: int = 0) -> Future:
@@ -222,18 +226,16 @@ class DirectFileIO:
         except OSError as err:
             raise self._explain(err, path, 0, is_write) from err
 
-    @staticmethod
-    def _explain(err: OSError, path: str, nbytes: int, is_write: bool) -> Exception:
+    def _explain(self, err: OSError, path: str, nbytes: int, is_write: bool) -> Exception:
         folder = os.path.dirname(path)
         if err.errno == errno.ENOSPC:
             free = shutil.disk_usage(folder).free if os.path.isdir(folder) else 0
             return TencacheResourceError(
                 f"no space left on {folder} while writing {fmt_bytes(nbytes)} to {os.path.basename(path)} "
-                f"({fmt_bytes(free)} free): free space there or point zero_optimization.offload_*.nvme_path at a "
-                f"larger device")
+                f"({fmt_bytes(free)} free): free space there or point {self._folder_set_by} at a larger device")
         if err.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-            return TencacheResourceError(f"cannot {'write' if is_write else 'read'} swap file {path}: "
-                                         f"{os.strerror(err.errno)}; check zero_optimization.offload_*.nvme_path")
+            return TencacheResourceError(f"cannot {'write' if is_write else 'read'} {self._files} {path}: "
+                                         f"{os.strerror(err.errno)}; check {self._folder_set_by}")
         if err.errno == errno.ENOENT and not is_write:
-            return StaleFileError(f"swap file {path} is missing: it was never written by this run or was deleted")
+            return StaleFileError(f"{self._files} {path} is missing: it was never written by this run or was deleted")
         return err

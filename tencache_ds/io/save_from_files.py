@@ -131,12 +131,13 @@ def save_from_files(obj, path: str, sources: Dict[int, Source]) -> Optional[Save
                         copied = writes.copy(source, cloned, fd, temporary, offset + cloned, storage.nbytes() - cloned)
                         done.cloned_bytes += cloned
                         done.copied_bytes += copied
-                        done.written_bytes += _write(fd, offset + cloned + copied, storage, cloned + copied)
+                        done.written_bytes += _Pieces.of_storage(storage).write_tail(fd, offset + cloned + copied,
+                                                                                     cloned + copied)
                     elif source is not None:
                         direct = writes.write(source, fd, temporary, offset)
                         done.written_bytes += direct + source.write_tail(fd, offset + direct, direct)
                     else:
-                        done.written_bytes += _write(fd, offset, storage, 0)
+                        done.written_bytes += _Pieces.of_storage(storage.cpu()).write_tail(fd, offset, 0)
                 # O_DIRECT writes open the file by name: a file removed under us (by another node's cleanup of a
                 # shared checkpoint folder, which takes our pid for a dead one) would have come back holding only
                 # their bytes
@@ -347,7 +348,8 @@ class _DirectWrites:
         if self._io is None:
             from .activity import IoActivity
             from .direct_io import DirectFileIO, aligned_buffer
-            self._io = DirectFileIO(num_threads=COPY_LANES, name="tencache-save-direct", activity=IoActivity())
+            self._io = DirectFileIO(num_threads=COPY_LANES, name="tencache-save-direct", activity=IoActivity(),
+                                    files="checkpoint file", folder_set_by="the checkpoint's save_dir")
             self._lanes = ThreadPoolExecutor(max_workers=COPY_LANES, thread_name_prefix="tencache-save-lane")
             self._buffers = [aligned_buffer(COPY_CHUNK_BYTES) for _ in range(COPY_LANES)]
 
@@ -441,15 +443,3 @@ _FALLOCATE = getattr(_LIBC, "fallocate64", None) or getattr(_LIBC, "fallocate", 
 if _FALLOCATE is not None:
     _FALLOCATE.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
     _FALLOCATE.restype = ctypes.c_int
-
-
-def _write(fd: int, offset: int, storage, start: int) -> int:
-    """Write ``storage``'s bytes from ``start`` on at ``offset`` (through the page cache); returns the bytes
-    written."""
-    if storage.device.type != "cpu":
-        storage = storage.cpu()
-    size = storage.nbytes() - start
-    if size <= 0:
-        return 0
-    _pwrite_whole(fd, memoryview(torch.empty(0, dtype=torch.uint8).set_(storage).numpy())[start:], offset)
-    return size

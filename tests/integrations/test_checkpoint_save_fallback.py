@@ -11,7 +11,7 @@ import pytest
 import torch
 from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
 
-from tencache_ds.errors import TencacheOutOfMemory
+from tencache_ds.errors import TencacheOutOfMemory, TencacheResourceError
 from tencache_ds.integrations.deepspeed.checkpoint_save import (_check_room_for_copies, _copy_for_a_later_writer,
                                                                 _saving_from_files, serialises_during_save)
 from tencache_ds.integrations.deepspeed.optimizer_swapper import CheckpointTotals
@@ -38,6 +38,26 @@ def test_a_save_from_the_swap_files_that_fails_falls_back_to_the_engines_own_sav
     assert any("written the usual way (masters not taken from the swap files): FileNotFoundError" in record.getMessage()
                for record in records)
     assert "save" not in vars(engine) and os.listdir(os.path.dirname(path)) == [os.path.basename(path)]
+
+
+def test_a_full_disk_stops_the_save_with_its_own_error_rather_than_a_second_attempt(tmp_path, monkeypatch):
+    """io/save_from_files.py names the folder and the checkpoint's save_dir when the disk is full
+    (tests/io/test_save_from_files.py); the usual save would write the whole file again to the same disk."""
+    from tencache_ds.io import save_from_files
+    full = TencacheResourceError(f"no space left on {tmp_path} while writing 4 MiB to zero.pt (0 B free)")
+
+    def save_on_a_full_disk(state_dict, path, sources):
+        raise full
+
+    monkeypatch.setattr(save_from_files, "save_from_files", save_on_a_full_disk)
+    engine = TorchCheckpointEngine()
+    swapper = types.SimpleNamespace(last_zero_file_save="untouched", checkpoint_totals=CheckpointTotals())
+    path = str(tmp_path / "tag" / "zero_pp_rank_0_mp_rank_00_optim_states.pt")
+    with _saving_from_files(engine, {}, swapper), pytest.raises(TencacheResourceError) as raised:
+        engine.save({"fp32_flat_groups": [torch.randn(10)]}, path)
+    assert raised.value is full
+    assert not os.path.exists(path) and swapper.checkpoint_totals == CheckpointTotals()
+    assert "save" not in vars(engine)
 
 
 def test_only_deepspeeds_synchronous_engines_are_shown_the_tiers_own_buffers():

@@ -40,7 +40,7 @@ from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchChe
 from deepspeed.runtime.swap_tensor.optimizer_utils import OptimizerSwapper
 
 from ...cache.entry import EntryState
-from ...errors import TencacheOutOfMemory
+from ...errors import TencacheOutOfMemory, TencacheResourceError
 from ...io import save_from_files
 from ...io.reflink import folder_clones
 from ...io.shared_files import place
@@ -244,6 +244,8 @@ def _saving_from_files(checkpoint_engine, sources, swapper):
         try:
             done = save_from_files.save_from_files(state_dict, path, sources)
             why = "its structure could not be walked"
+        except TencacheResourceError:  # a full disk, a folder that cannot be written: the usual save would fail too,
+            raise                      # after writing the whole file again, with torch's word for it, not ours
         except Exception as err:  # pylint: disable=broad-except  (the usual save still makes the checkpoint)
             done, why = None, f"{type(err).__name__}: {err}"
         if done is None:
