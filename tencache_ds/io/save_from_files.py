@@ -26,7 +26,7 @@ storage. Its data records carry no CRC-32 (skip_data writes none; torch's reader
 ``torch.serialization.set_crc32_options(False)``; Python's ``zipfile`` reports them as bad). The file is made under
 a temporary name and renamed over ``path`` only once every storage is in it: a save that fails or stops half way
 never leaves a file whose holes would read as zeros; a process killed before the rename leaves its temporary
-file, which the next such save into the same checkpoint directory (its tag or another) removes. Objects are
+file, which the next such save on the same host into the same checkpoint directory (its tag or another) removes. Objects are
 walked through their attributes only where they pickle as their attributes (no ``__reduce__``, ``__reduce_ex__`` or
 ``__getstate__`` of their own); a tensor the walk cannot reach leaves a record unaccounted for, and then
 ``save_from_files`` returns None and the caller saves the usual way.
@@ -35,6 +35,7 @@ import ctypes
 import errno
 import mmap
 import os
+import socket
 import struct
 import threading
 import time
@@ -138,9 +139,9 @@ def save_from_files(obj, path: str, sources: Dict[int, Source]) -> Optional[Save
                         done.written_bytes += direct + source.write_tail(fd, offset + direct, direct)
                     else:
                         done.written_bytes += _Pieces.of_storage(storage.cpu()).write_tail(fd, offset, 0)
-                # O_DIRECT writes open the file by name: a file removed under us (by another node's cleanup of a
-                # shared checkpoint folder, which takes our pid for a dead one) would have come back holding only
-                # their bytes
+                # O_DIRECT writes open the file by name: a file removed under us (by an older version's cleanup on
+                # another node of a shared checkpoint folder, which took our pid for a dead one) would have come back
+                # holding only their bytes
                 if os.stat(temporary).st_ino != os.fstat(target.fileno()).st_ino:
                     raise OSError(f"{temporary} was replaced while the ZeRO file was written: it was not saved")
         finally:
@@ -154,16 +155,25 @@ def save_from_files(obj, path: str, sources: Dict[int, Source]) -> Optional[Save
 
 
 def _temporary_name(name: str, pid: int) -> str:
-    """The file a save by process ``pid`` makes before it is whole: hidden, never a name a loader opens."""
-    return f".{name}.{pid}{TEMPORARY_SUFFIX}"
+    """The file a save by process ``pid`` on this host makes before it is whole: hidden, never a name a loader opens.
+    The host is in it because a checkpoint folder may be shared between nodes (NFS, Lustre), whose processes cannot
+    be seen from here: without it, another node's cleanup would take a live save's pid for a dead one and remove its
+    file (the save then stops, and the caller saves the usual way). A host name has no ``@``."""
+    return f".{name}.{pid}@{socket.gethostname()}{TEMPORARY_SUFFIX}"
 
 
 def _pid_of_temporary(candidate: str) -> Optional[int]:
-    """The process whose save made ``candidate`` (``_temporary_name``: ``.<name>.<pid>.sharing``), or None if it is
-    no such file."""
+    """The process on this host whose save made ``candidate`` (``_temporary_name``: ``.<name>.<pid>@<host>.sharing``;
+    before 2026-12-02 ``.<name>.<pid>.sharing``, judged as this host's), or None if it is no such file or was made on
+    another host."""
     if not (candidate.startswith(".") and candidate.endswith(TEMPORARY_SUFFIX)):
         return None
-    name_part, _dot, pid_text = candidate[:-len(TEMPORARY_SUFFIX)].rpartition(".")
+    named, at, host = candidate[:-len(TEMPORARY_SUFFIX)].rpartition("@")
+    if not at:
+        named = host
+    elif host != socket.gethostname():
+        return None
+    name_part, _dot, pid_text = named.rpartition(".")
     return pid_in_name(pid_text, "") if len(name_part) > 1 else None
 
 

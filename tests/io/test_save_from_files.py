@@ -233,29 +233,35 @@ def test_a_save_that_fails_half_way_leaves_the_file_it_replaces(tmp_path):
 
 
 def test_a_temporary_file_left_by_a_killed_save_is_removed_by_the_next_save(tmp_path):
-    """A save killed between its first pass and its rename leaves ``.<name>.<pid>.sharing`` (never a name a loader
-    opens), whose blocks would keep old masters on the drive: the next such save into the same checkpoint
-    directory removes it, in its own tag's folder or another's, once that process is gone; a live process's stays,
-    and so do files that only look alike."""
+    """A save killed between its first pass and its rename leaves ``.<name>.<pid>@<host>.sharing`` (never a name a
+    loader opens), whose blocks would keep old masters on the drive: the next such save on the same host into the
+    same checkpoint directory removes it, in its own tag's folder or another's, once that process is gone, and the
+    name older versions gave it (no host) too; a live process's stays, so does one another host made (a checkpoint
+    folder shared between nodes: that pid means nothing here), and so do files that only look alike."""
+    import socket
     import subprocess
     import sys
     killed = subprocess.Popen([sys.executable, "-c", "pass"])
     killed.wait()
     running = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    here = socket.gethostname()
     try:
         tag, other_tag = tmp_path / "global_step2", tmp_path / "global_step1"
         tag.mkdir()
         other_tag.mkdir()
         state, masters, sources = zero_state(str(tmp_path))
-        left = tag / f".zero.pt.{killed.pid}.sharing"
-        left_in_other_tag = other_tag / f".zero_pp_rank_1_optim_states.pt.{killed.pid}.sharing"
-        live = tag / f".zero.pt.{running.pid}.sharing"  # a save in progress in another process
-        alike = [tag / f"zero.pt.{killed.pid}.sharing", tag / ".zero.pt.sharing", tag / f".{killed.pid}.sharing"]
-        for path in (left, left_in_other_tag, live, *alike):
+        left = tag / f".zero.pt.{killed.pid}@{here}.sharing"
+        left_in_other_tag = other_tag / f".zero_pp_rank_1_optim_states.pt.{killed.pid}@{here}.sharing"
+        left_by_an_older_version = tag / f".zero_pp_rank_2_optim_states.pt.{killed.pid}.sharing"
+        live = tag / f".zero.pt.{running.pid}@{here}.sharing"  # a save in progress in another process
+        another_node = tag / f".zero_pp_rank_3_optim_states.pt.{killed.pid}@{here}x.cluster-1.sharing"
+        alike = [tag / f"zero.pt.{killed.pid}@{here}.sharing", tag / ".zero.pt.sharing", tag / f".{killed.pid}.sharing",
+                 tag / f".zero.pt.{killed.pid}@.sharing", tag / f".zero.pt.@{here}.sharing"]
+        for path in (left, left_in_other_tag, left_by_an_older_version, live, another_node, *alike):
             path.write_bytes(b"\0" * 4096)
         assert save_from_files(state, str(tag / "zero.pt"), sources) is not None
-        assert not left.exists() and not left_in_other_tag.exists()
-        assert live.exists() and all(path.exists() for path in alike)
+        assert not left.exists() and not left_in_other_tag.exists() and not left_by_an_older_version.exists()
+        assert live.exists() and another_node.exists() and all(path.exists() for path in alike)
         assert_reads_back(str(tag / "zero.pt"), state, masters)
     finally:
         running.kill()
