@@ -45,6 +45,7 @@ import dataclasses
 import datetime
 import glob
 import json
+import math
 import os
 import re
 import subprocess
@@ -146,6 +147,17 @@ def predict_configuration(machine, model: str, config_path: str, host_cache, mic
     if compare_cpu:
         out["stock-cpu"] = run(stock_cpu_config or cpu_offload(ds_config), STOCK)
     return out
+
+
+def steps_to_run(steps: int, warmup: int, min_measured_s: float, predicted: dict) -> int:
+    """A configuration's ``--steps``: ``steps``, or more where its measured steps (those after ``warmup``) would take
+    less than ``min_measured_s`` at the fastest arm's predicted step time. This VM's speed drifts in phases of
+    several seconds (gpt2-tiny's steps, 0.3 s, ran at 0.27-0.31 s for ten steps and 0.43-0.55 s for the next ten, both
+    arms alike: docs/estimate.md, run 23); five such steps measure one phase. Sized from the predictions, made
+    before anything runs, so the run's length does not depend on what it measures."""
+    fastest = min(arm["step_time_s"] for arm in predicted.values())
+    needed = math.ceil(min_measured_s / fastest) if min_measured_s > 0 and fastest > 0 else 0
+    return warmup + max(steps - warmup, needed)
 
 
 def measured_from_bench(folder: str) -> dict:
@@ -336,6 +348,9 @@ def main(argv=None) -> int:
         runs.add_argument("--steps", type=int, default=6),
         runs.add_argument("--warmup", type=int, default=2),
         runs.add_argument("--repeats", type=int, default=2),
+        runs.add_argument("--min-measured-s", type=float, default=0.0,
+                          help="measure each configuration's steps for at least this long per arm and repeat, by "
+                               "its fastest predicted arm (more steps than --steps where those are short)"),
         runs.add_argument("--micro-batch", type=int, default=2),
         runs.add_argument("--seq-len", type=int, default=64),
         runs.add_argument("--compare-cpu", action="store_true", help="add the stock CPU offload arm"),
@@ -436,11 +451,13 @@ def main(argv=None) -> int:
         for model, budget in plan:
             config = args.config or CONFIG_FOR.get(model, DEFAULT_CONFIG)
             ranks_machine = dataclasses.replace(machines[model], ranks_per_node=args.ranks)
+            predicted = predict_configuration(ranks_machine, model, config, budget_value(model, budget),
+                                              args.micro_batch, args.seq_len, args.compare_cpu, args.dtype)
             predictions[f"{model}-{budget}"] = {
                 "model": model, "budget": budget, "config": config, "ranks": args.ranks,
                 "host_cache_bytes": budget_value(model, budget),
-                "predicted": predict_configuration(ranks_machine, model, config, budget_value(model, budget),
-                                                   args.micro_batch, args.seq_len, args.compare_cpu, args.dtype)}
+                "steps": steps_to_run(args.steps, args.warmup, args.min_measured_s, predicted),
+                "predicted": predicted}
         with open(os.path.join(args.out, "predictions.json"), "w") as handle:  # before anything runs
             json.dump({"made_at": datetime.datetime.utcnow().isoformat() + "Z", "machines": machine_paths,
                        "profiled": profiled, "predictions": predictions}, handle, indent=2)
@@ -463,7 +480,7 @@ def main(argv=None) -> int:
                 with open(os.path.join(args.out, "rechecks.json"), "w") as handle:
                     json.dump(rechecks, handle, indent=2)
             command = [sys.executable, "-m", "tencache_ds.cli.main", "bench", "--model", entry["model"],
-                       "--config", entry["config"], "--steps", str(args.steps), "--warmup", str(args.warmup),
+                       "--config", entry["config"], "--steps", str(entry["steps"]), "--warmup", str(args.warmup),
                        "--repeats", str(args.repeats), "--micro-batch", str(args.micro_batch), "--seq-len",
                        str(args.seq_len), "--host-cache-bytes", str(entry["host_cache_bytes"]), "--out", out,
                        "--nvme-path", args.nvme_path, "--no-plots"] + (["--compare", "cpu"] if args.compare_cpu
