@@ -11,7 +11,8 @@ the predictions stay the saved ones, and the table adds each row's error priced 
 (OUT/rechecks.json has them), which tells the step model's error from the machine's drift since the calibration.
 
     python scripts/validate_estimate.py --models gpt2-tiny gpt2-small gpt2-medium --budgets auto quarter stream \\
-        --out validate-out [--machine configs/machines/this.json] [--steps 6 --warmup 2 --repeats 2]
+        --out validate-out [--machine configs/machines/this.json] [--steps 6 --warmup 2 --repeats 2] \\
+        [--min-measured-s 10]
 
 With --profile-runs, after the calibration each model first trains a few steps under tencache (the "auto" budget,
 the device tier off) with a profile, and its predictions take their compute figure from the profile's steady
@@ -151,10 +152,11 @@ def predict_configuration(machine, model: str, config_path: str, host_cache, mic
 
 def steps_to_run(steps: int, warmup: int, min_measured_s: float, predicted: dict) -> int:
     """A configuration's ``--steps``: ``steps``, or more where its measured steps (those after ``warmup``) would take
-    less than ``min_measured_s`` at the fastest arm's predicted step time. This VM's speed drifts in phases of
-    several seconds (gpt2-tiny's steps, 0.3 s, ran at 0.27-0.31 s for ten steps and 0.43-0.55 s for the next ten, both
-    arms alike: docs/estimate.md, run 23); five such steps measure one phase. Sized from the predictions, made
-    before anything runs, so the run's length does not depend on what it measures."""
+    less than ``min_measured_s`` at the fastest arm's predicted step time (predicted: an arm that runs faster measures
+    less). This VM's speed drifts in phases of several seconds (one gpt2-tiny run stepped 0.27-0.33 s for thirteen
+    steps and 0.38-0.57 s for eighteen later ones: docs/estimate.md, run 23); five steps of 0.3 s measure one phase.
+    Sized from the predictions, made before anything runs, so the run's length does not depend on what it
+    measures."""
     fastest = min(arm["step_time_s"] for arm in predicted.values())
     needed = math.ceil(min_measured_s / fastest) if min_measured_s > 0 and fastest > 0 else 0
     return warmup + max(steps - warmup, needed)
@@ -349,8 +351,9 @@ def main(argv=None) -> int:
         runs.add_argument("--warmup", type=int, default=2),
         runs.add_argument("--repeats", type=int, default=2),
         runs.add_argument("--min-measured-s", type=float, default=0.0,
-                          help="measure each configuration's steps for at least this long per arm and repeat, by "
-                               "its fastest predicted arm (more steps than --steps where those are short)"),
+                          help="run each configuration for enough steps that its fastest arm's measured steps "
+                               "last at least this long at its predicted step time (more than --steps where those "
+                               "are short)"),
         runs.add_argument("--micro-batch", type=int, default=2),
         runs.add_argument("--seq-len", type=int, default=64),
         runs.add_argument("--compare-cpu", action="store_true", help="add the stock CPU offload arm"),

@@ -26,8 +26,9 @@ storage. Its data records carry no CRC-32 (skip_data writes none; torch's reader
 ``torch.serialization.set_crc32_options(False)``; Python's ``zipfile`` reports them as bad). The file is made under
 a temporary name and renamed over ``path`` only once every storage is in it: a save that fails or stops half way
 never leaves a file whose holes would read as zeros; a process killed before the rename leaves its temporary
-file, which the next such save on the same host into the same checkpoint directory (its tag or another) removes. Objects are
-walked through their attributes only where they pickle as their attributes (no ``__reduce__``, ``__reduce_ex__`` or
+file, which the next such save into the same checkpoint directory (its tag or another) removes: on the same host
+once that process is gone, from another host once nothing has written the file for an hour. Objects are walked
+through their attributes only where they pickle as their attributes (no ``__reduce__``, ``__reduce_ex__`` or
 ``__getstate__`` of their own); a tensor the walk cannot reach leaves a record unaccounted for, and then
 ``save_from_files`` returns None and the caller saves the usual way.
 """
@@ -35,6 +36,7 @@ import ctypes
 import errno
 import mmap
 import os
+import re
 import socket
 import struct
 import threading
@@ -42,7 +44,7 @@ import time
 import zipfile
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Callable, Dict, Optional, Sequence, Union
+from typing import Callable, Dict, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -54,6 +56,10 @@ _LOCAL_HEADER = struct.Struct("<IHHHHHIIIHH")  # a zip local file header: 30 byt
 _LOCAL_HEADER_SIGNATURE = 0x04034B50
 # (the name from when only a file system that clones made these files: leftovers of older runs are still found)
 TEMPORARY_SUFFIX = ".sharing"
+# A temporary file's name (``_temporary_name``), the host absent from older saves' names
+_TEMPORARY = re.compile(r"\.(?P<name>[^@]+)\.(?P<pid>[^.@]+)(?:@(?P<host>[^@]+))?" + re.escape(TEMPORARY_SUFFIX))
+# Another host's temporary file is removed once nothing wrote it for this long (its process cannot be seen from here)
+ELSEWHERE_UNTOUCHED_S = 3600.0
 
 # An O_DIRECT write moves this much per request, in COPY_LANES lanes at once, each a buffer of this size filled (read
 # or gathered) and written from in turn: the drive serves a few requests in flight faster than one (io/drive_rate.py)
@@ -139,9 +145,10 @@ def save_from_files(obj, path: str, sources: Dict[int, Source]) -> Optional[Save
                         done.written_bytes += direct + source.write_tail(fd, offset + direct, direct)
                     else:
                         done.written_bytes += _Pieces.of_storage(storage.cpu()).write_tail(fd, offset, 0)
-                # O_DIRECT writes open the file by name: a file removed under us (by an older version's cleanup on
-                # another node of a shared checkpoint folder, which took our pid for a dead one) would have come back
-                # holding only their bytes
+                # O_DIRECT writes open the file by name: a file removed under us would have come back holding only
+                # their bytes. Who could: a cleanup by a process that takes our pid for a dead one (an older version
+                # on another node sharing the folder, whose names have no host; a host of the same name in another
+                # pid namespace), or one that takes this file for an untouched one of another host's
                 if os.stat(temporary).st_ino != os.fstat(target.fileno()).st_ino:
                     raise OSError(f"{temporary} was replaced while the ZeRO file was written: it was not saved")
         finally:
@@ -158,38 +165,62 @@ def _temporary_name(name: str, pid: int) -> str:
     """The file a save by process ``pid`` on this host makes before it is whole: hidden, never a name a loader opens.
     The host is in it because a checkpoint folder may be shared between nodes (NFS, Lustre), whose processes cannot
     be seen from here: without it, another node's cleanup would take a live save's pid for a dead one and remove its
-    file (the save then stops, and the caller saves the usual way). A host name has no ``@``."""
+    file (the save then stops, and the caller saves the usual way)."""
     return f".{name}.{pid}@{socket.gethostname()}{TEMPORARY_SUFFIX}"
 
 
+def _temporary_parts(candidate: str) -> Optional[Tuple[int, Optional[str]]]:
+    """(pid, host) of a ``_temporary_name`` (``.<name>.<pid>@<host>.sharing``; host None for the name older saves
+    gave it, ``.<name>.<pid>.sharing``, before 2026-12-02), or None if ``candidate`` is no such file. A name or a host
+    with an ``@`` in it is no such file: never removed."""
+    match = _TEMPORARY.fullmatch(candidate)
+    pid = None if match is None else pid_in_name(match["pid"], "")
+    return None if pid is None else (pid, match["host"])
+
+
 def _pid_of_temporary(candidate: str) -> Optional[int]:
-    """The process on this host whose save made ``candidate`` (``_temporary_name``: ``.<name>.<pid>@<host>.sharing``;
-    before 2026-12-02 ``.<name>.<pid>.sharing``, judged as this host's), or None if it is no such file or was made on
-    another host."""
-    if not (candidate.startswith(".") and candidate.endswith(TEMPORARY_SUFFIX)):
-        return None
-    named, at, host = candidate[:-len(TEMPORARY_SUFFIX)].rpartition("@")
-    if not at:
-        named = host
-    elif host != socket.gethostname():
-        return None
-    name_part, _dot, pid_text = named.rpartition(".")
-    return pid_in_name(pid_text, "") if len(name_part) > 1 else None
+    """The process on this host whose save made ``candidate`` (an older save's name counts as this host's), or None
+    if it is no such file or was made on another host."""
+    parts = _temporary_parts(candidate)
+    return None if parts is None or _made_elsewhere(parts) else parts[0]
+
+
+def _made_elsewhere(parts: Tuple[int, Optional[str]]) -> bool:
+    """Was the temporary file whose ``_temporary_parts`` these are made on another host?"""
+    return parts[1] not in (None, socket.gethostname())
 
 
 def _remove_temporaries_of_killed_saves(folder: str) -> None:
     """A save killed before its rename leaves its temporary file, whose blocks (shared or written) keep old masters on
     the drive: remove those of processes that are gone, in ``folder`` (the tag's) and in the folders beside it (the
-    other tags of the same checkpoint directory, which later saves may never write again). Best effort: a folder that
-    cannot be read or a file that cannot be removed is logged and left."""
+    other tags of the same checkpoint directory, which later saves may never write again). Another host's, whose
+    process cannot be seen from here, once nothing has written it for ``ELSEWHERE_UNTOUCHED_S``: a live save writes its
+    file from its first pass to its rename, and a restarted job often runs on other nodes, or under another host name
+    (a container's), so a killed save's file would otherwise stay for good. Best effort: a folder that cannot be read
+    or a file that cannot be removed is logged and left."""
     parent = os.path.dirname(folder)
     folders = [folder] + sorted(os.path.join(parent, name) for name in _listdir(parent)
                                 if os.path.join(parent, name) != folder and os.path.isdir(os.path.join(parent, name)))
     for each in folders:
         try:
             remove_files_of_dead_processes(each, _pid_of_temporary)
+            for name in os.listdir(each):
+                parts = _temporary_parts(name)
+                if parts is not None and _made_elsewhere(parts):
+                    _remove_if_untouched(os.path.join(each, name))
         except OSError as err:
             logger.info("temporary files of killed checkpoint saves left in %s: %s", each, err)
+
+
+def _remove_if_untouched(path: str) -> None:
+    try:
+        untouched_s = time.time() - os.stat(path).st_mtime
+        if untouched_s >= ELSEWHERE_UNTOUCHED_S:
+            os.remove(path)
+            logger.info("removed %s, a checkpoint save's temporary file made on another host and not written for "
+                        "%.0f s", path, untouched_s)
+    except FileNotFoundError:
+        pass
 
 
 def _listdir(folder: str) -> list:

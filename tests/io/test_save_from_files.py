@@ -8,6 +8,7 @@ import os
 import shutil
 import tempfile
 import threading
+import time
 
 import pytest
 import torch
@@ -232,36 +233,52 @@ def test_a_save_that_fails_half_way_leaves_the_file_it_replaces(tmp_path):
     assert sorted(name for name in os.listdir(tmp_path) if not name.endswith(".swp")) == ["zero.pt"]
 
 
-def test_a_temporary_file_left_by_a_killed_save_is_removed_by_the_next_save(tmp_path):
+def test_a_temporary_file_left_by_a_killed_save_is_removed_by_the_next_save(tmp_path, monkeypatch):
     """A save killed between its first pass and its rename leaves ``.<name>.<pid>@<host>.sharing`` (never a name a
     loader opens), whose blocks would keep old masters on the drive: the next such save on the same host into the
     same checkpoint directory removes it, in its own tag's folder or another's, once that process is gone, and the
-    name older versions gave it (no host) too; a live process's stays, so does one another host made (a checkpoint
-    folder shared between nodes: that pid means nothing here), and so do files that only look alike."""
-    import socket
+    name older versions gave it (no host) too; a live process's stays, and so do files that only look alike. One
+    another host made (a checkpoint folder shared between nodes: its pid means nothing here) stays while something
+    writes it, and is removed once nothing has for ``ELSEWHERE_UNTOUCHED_S`` (a job restarted elsewhere)."""
     import subprocess
     import sys
     killed = subprocess.Popen([sys.executable, "-c", "pass"])
     killed.wait()
     running = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    here = socket.gethostname()
+    host = {"name": "node-2.cluster.example"}
+    monkeypatch.setattr(save_from_files_module.socket, "gethostname", lambda: host["name"])
+    temporary_name = save_from_files_module._temporary_name
     try:
         tag, other_tag = tmp_path / "global_step2", tmp_path / "global_step1"
         tag.mkdir()
         other_tag.mkdir()
         state, masters, sources = zero_state(str(tmp_path))
-        left = tag / f".zero.pt.{killed.pid}@{here}.sharing"
-        left_in_other_tag = other_tag / f".zero_pp_rank_1_optim_states.pt.{killed.pid}@{here}.sharing"
+        # made by the save on node 1, whose pid is not a process here (nor is any pid another node's)
+        host["name"] = "node-1.cluster.example"
+        another_node_live = tag / temporary_name("zero_pp_rank_3_optim_states.pt", killed.pid)
+        another_node_killed = other_tag / temporary_name("zero_pp_rank_4_optim_states.pt", killed.pid)
+        host["name"] = "node-2.cluster.example"
+        left = tag / temporary_name("zero.pt", killed.pid)
+        assert left.name == f".zero.pt.{killed.pid}@node-2.cluster.example.sharing"
+        assert save_from_files_module._pid_of_temporary(left.name) == killed.pid
+        assert save_from_files_module._pid_of_temporary(another_node_live.name) is None
+        left_in_other_tag = other_tag / temporary_name("zero_pp_rank_1_optim_states.pt", killed.pid)
         left_by_an_older_version = tag / f".zero_pp_rank_2_optim_states.pt.{killed.pid}.sharing"
-        live = tag / f".zero.pt.{running.pid}@{here}.sharing"  # a save in progress in another process
-        another_node = tag / f".zero_pp_rank_3_optim_states.pt.{killed.pid}@{here}x.cluster-1.sharing"
-        alike = [tag / f"zero.pt.{killed.pid}@{here}.sharing", tag / ".zero.pt.sharing", tag / f".{killed.pid}.sharing",
-                 tag / f".zero.pt.{killed.pid}@.sharing", tag / f".zero.pt.@{here}.sharing"]
-        for path in (left, left_in_other_tag, left_by_an_older_version, live, another_node, *alike):
+        live = tag / temporary_name("zero.pt", running.pid)  # a save in progress in another process
+        alike = [tag / f"zero.pt.{killed.pid}@node-2.cluster.example.sharing", tag / ".zero.pt.sharing",
+                 tag / f".{killed.pid}.sharing", tag / f".zero.pt.{killed.pid}@.sharing",
+                 tag / ".zero.pt.@node-2.cluster.example.sharing", tag / f".zero.pt.{killed.pid}@a@b.sharing",
+                 tag / f".zero.pt.x{killed.pid}@node-1.sharing"]
+        for path in (left, left_in_other_tag, left_by_an_older_version, live, another_node_live, another_node_killed,
+                     *alike):
             path.write_bytes(b"\0" * 4096)
+        untouched = time.time() - save_from_files_module.ELSEWHERE_UNTOUCHED_S - 60
+        for path in (another_node_killed, alike[-1]):
+            os.utime(path, (untouched, untouched))
         assert save_from_files(state, str(tag / "zero.pt"), sources) is not None
         assert not left.exists() and not left_in_other_tag.exists() and not left_by_an_older_version.exists()
-        assert live.exists() and another_node.exists() and all(path.exists() for path in alike)
+        assert not another_node_killed.exists()
+        assert live.exists() and another_node_live.exists() and all(path.exists() for path in alike)
         assert_reads_back(str(tag / "zero.pt"), state, masters)
     finally:
         running.kill()
