@@ -374,6 +374,8 @@ def main(argv=None) -> int:
     parser.add_argument("--reprice-from", choices=["profiled", "calibration"], default="profiled",
                         help="with --reprice: the machine as the run priced it (its profiles), or its calibration")
     args = parser.parse_args(argv)
+    if args.min_measured_s < 0:
+        parser.error(f"--min-measured-s {args.min_measured_s}: seconds of measured steps, at least 0")
     if args.recheck and (args.from_bench or args.machine):
         parser.error("--recheck compares this machine's calibration with the same probes before each bench: it "
                      "needs the calibration (no --machine) and benches to run (no --from-bench)")

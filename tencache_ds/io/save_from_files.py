@@ -58,8 +58,6 @@ _LOCAL_HEADER_SIGNATURE = 0x04034B50
 TEMPORARY_SUFFIX = ".sharing"
 # A temporary file's name (``_temporary_name``), the host absent from older saves' names
 _TEMPORARY = re.compile(r"\.(?P<name>[^@]+)\.(?P<pid>[^.@]+)(?:@(?P<host>[^@]+))?" + re.escape(TEMPORARY_SUFFIX))
-# Another host's temporary file is removed once nothing wrote it for this long (its process cannot be seen from here)
-ELSEWHERE_UNTOUCHED_S = 3600.0
 
 # An O_DIRECT write moves this much per request, in COPY_LANES lanes at once, each a buffer of this size filled (read
 # or gathered) and written from in turn: the drive serves a few requests in flight faster than one (io/drive_rate.py)
@@ -179,48 +177,33 @@ def _temporary_parts(candidate: str) -> Optional[Tuple[int, Optional[str]]]:
 
 
 def _pid_of_temporary(candidate: str) -> Optional[int]:
-    """The process on this host whose save made ``candidate`` (an older save's name counts as this host's), or None
-    if it is no such file or was made on another host."""
+    """The process whose save made ``candidate``, on the host ``_host_of_temporary`` names, or None if it is no such
+    file."""
     parts = _temporary_parts(candidate)
-    return None if parts is None or _made_elsewhere(parts) else parts[0]
+    return None if parts is None else parts[0]
 
 
-def _made_elsewhere(parts: Tuple[int, Optional[str]]) -> bool:
-    """Was the temporary file whose ``_temporary_parts`` these are made on another host?"""
-    return parts[1] not in (None, socket.gethostname())
+def _host_of_temporary(candidate: str) -> Optional[str]:
+    """The host whose save made ``candidate`` (None: an older save's name, which records none)."""
+    parts = _temporary_parts(candidate)
+    return None if parts is None else parts[1]
 
 
 def _remove_temporaries_of_killed_saves(folder: str) -> None:
     """A save killed before its rename leaves its temporary file, whose blocks (shared or written) keep old masters on
     the drive: remove those of processes that are gone, in ``folder`` (the tag's) and in the folders beside it (the
-    other tags of the same checkpoint directory, which later saves may never write again). Another host's, whose
-    process cannot be seen from here, once nothing has written it for ``ELSEWHERE_UNTOUCHED_S``: a live save writes its
-    file from its first pass to its rename, and a restarted job often runs on other nodes, or under another host name
-    (a container's), so a killed save's file would otherwise stay for good. Best effort: a folder that cannot be read
-    or a file that cannot be removed is logged and left."""
+    other tags of the same checkpoint directory, which later saves may never write again); another host's once
+    nothing has written it for an hour (io/stale_files.py). Best effort: a folder that cannot be read or a file that
+    cannot be removed is logged and left."""
     parent = os.path.dirname(folder)
     folders = [folder] + sorted(os.path.join(parent, name) for name in _listdir(parent)
                                 if os.path.join(parent, name) != folder and os.path.isdir(os.path.join(parent, name)))
     for each in folders:
         try:
-            remove_files_of_dead_processes(each, _pid_of_temporary)
-            for name in os.listdir(each):
-                parts = _temporary_parts(name)
-                if parts is not None and _made_elsewhere(parts):
-                    _remove_if_untouched(os.path.join(each, name))
+            for path in remove_files_of_dead_processes(each, _pid_of_temporary, _host_of_temporary):
+                logger.info("removed %s, the temporary file of a checkpoint save that did not finish", path)
         except OSError as err:
             logger.info("temporary files of killed checkpoint saves left in %s: %s", each, err)
-
-
-def _remove_if_untouched(path: str) -> None:
-    try:
-        untouched_s = time.time() - os.stat(path).st_mtime
-        if untouched_s >= ELSEWHERE_UNTOUCHED_S:
-            os.remove(path)
-            logger.info("removed %s, a checkpoint save's temporary file made on another host and not written for "
-                        "%.0f s", path, untouched_s)
-    except FileNotFoundError:
-        pass
 
 
 def _listdir(folder: str) -> list:

@@ -287,15 +287,20 @@ def test_a_reprice_prices_a_saved_run_again_from_its_own_machine_files_and_profi
     assert not (tmp_path / "out").exists()
 
 
-def test_short_steps_are_measured_for_at_least_the_time_asked_by_the_fastest_predicted_arm():
+def test_short_steps_are_measured_for_at_least_the_time_asked_by_the_fastest_predicted_arm(tmp_path, capsys):
     """scripts/validate_estimate.py --min-measured-s: a configuration whose fastest arm is predicted at 0.25 s a step
-    runs 3 + 40 steps for 10 s of measured steps; a slow one keeps --steps; 0 (the default) changes nothing."""
+    runs 3 + 40 steps for 10 s of measured steps; a slow one keeps --steps; 0 (the default) changes nothing; a
+    negative one is refused before anything is written."""
     validate = load_validate_script()
     tiny = {"stock": {"step_time_s": 0.8}, "tencache": {"step_time_s": 0.25}}
     medium = {"stock": {"step_time_s": 18.0}, "tencache": {"step_time_s": 6.0}}
     assert validate.steps_to_run(8, 3, 10.0, tiny) == 43
     assert validate.steps_to_run(8, 3, 10.0, medium) == 8
     assert validate.steps_to_run(8, 3, 0.0, tiny) == 8
+    with pytest.raises(SystemExit):
+        validate.main(["--min-measured-s", "-1", "--out", str(tmp_path / "out")])
+    assert "--min-measured-s -1.0: seconds of measured steps, at least 0" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
 
 
 def load_validate_script():

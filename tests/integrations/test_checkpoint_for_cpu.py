@@ -9,12 +9,14 @@ import os
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
 
 from tencache_ds.errors import TencacheError
 from tencache_ds.integrations.deepspeed.checkpoint_for_cpu import fill_zero_files
+from tencache_ds.io.stale_files import UNTOUCHED_ELSEWHERE_S
 
 # swapped sub-groups (id, elements) in stage 3's order: two parameter groups (decay, no decay) whose ids interleave,
 # so that the ids' order is not the sub-groups'
@@ -147,16 +149,21 @@ def test_a_zero_file_that_cannot_be_read_is_refused_naming_it(tmp_path):
 
 
 def test_a_zero_file_left_half_written_by_a_killed_run_is_removed(tmp_path):
-    """A run killed while writing leaves <ZeRO file>.filling-<pid>; the next run removes it (not a live run's)."""
+    """A run killed while writing leaves <ZeRO file>.filling-<host>-<pid>; the next run removes it (not a live
+    run's). Another host's (a shared file system: its process is not seen here) stays while something writes it,
+    and is removed once nothing has for an hour (a job restarted on other nodes)."""
     expected = checkpoint(tmp_path)
     finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     zero_file = "zero_pp_rank_0_mp_rank_00_optim_states.pt"
-    host = socket.gethostname()
-    dead, live = (tmp_path / f"{zero_file}.filling-{host}-{finished.stdout.strip()}",
-                  tmp_path / f"{zero_file}.filling-{host}-1")
-    elsewhere = tmp_path / f"{zero_file}.filling-another-{host}-{finished.stdout.strip()}"  # a shared file system
-    for leftover in (dead, live, elsewhere):
+    host, pid = socket.gethostname(), finished.stdout.strip()
+    dead, live = (tmp_path / f"{zero_file}.filling-{host}-{pid}", tmp_path / f"{zero_file}.filling-{host}-1")
+    elsewhere = tmp_path / f"{zero_file}.filling-another-{host}-{pid}"  # a shared file system
+    elsewhere_untouched = tmp_path / f"{zero_file}.filling-node-7.cluster-{pid}"
+    for leftover in (dead, live, elsewhere, elsewhere_untouched):
         leftover.write_bytes(b"half a ZeRO file")
+    untouched = time.time() - UNTOUCHED_ELSEWHERE_S - 60
+    os.utime(elsewhere_untouched, (untouched, untouched))
     fill_zero_files(str(tmp_path))
     assert_filled(tmp_path, expected)
-    assert not dead.exists() and live.exists() and elsewhere.exists()  # pid 1 runs; another host's is not seen
+    assert not dead.exists() and live.exists() and elsewhere.exists()  # pid 1 runs; another host's is written now
+    assert not elsewhere_untouched.exists()

@@ -17,6 +17,7 @@ from tencache_ds.io import save_from_files as save_from_files_module
 from tencache_ds.io.direct_io import DirectFileIO
 from tencache_ds.io.save_from_files import WHOLE_BYTES, save_from_files
 from tencache_ds.io.reflink import block_size
+from tencache_ds.io.stale_files import UNTOUCHED_ELSEWHERE_S
 
 MASTER_ELEMENTS = 1_000_003  # not a whole number of blocks: the tail is written
 SMALL_BYTES = 7 * 2 + 100 * 4 + 8  # the state's other storages: bf16, the views' base, the step
@@ -239,7 +240,7 @@ def test_a_temporary_file_left_by_a_killed_save_is_removed_by_the_next_save(tmp_
     same checkpoint directory removes it, in its own tag's folder or another's, once that process is gone, and the
     name older versions gave it (no host) too; a live process's stays, and so do files that only look alike. One
     another host made (a checkpoint folder shared between nodes: its pid means nothing here) stays while something
-    writes it, and is removed once nothing has for ``ELSEWHERE_UNTOUCHED_S`` (a job restarted elsewhere)."""
+    writes it, and is removed once nothing has for ``UNTOUCHED_ELSEWHERE_S`` (a job restarted elsewhere)."""
     import subprocess
     import sys
     killed = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -261,7 +262,7 @@ def test_a_temporary_file_left_by_a_killed_save_is_removed_by_the_next_save(tmp_
         left = tag / temporary_name("zero.pt", killed.pid)
         assert left.name == f".zero.pt.{killed.pid}@node-2.cluster.example.sharing"
         assert save_from_files_module._pid_of_temporary(left.name) == killed.pid
-        assert save_from_files_module._pid_of_temporary(another_node_live.name) is None
+        assert save_from_files_module._host_of_temporary(another_node_live.name) == "node-1.cluster.example"
         left_in_other_tag = other_tag / temporary_name("zero_pp_rank_1_optim_states.pt", killed.pid)
         left_by_an_older_version = tag / f".zero_pp_rank_2_optim_states.pt.{killed.pid}.sharing"
         live = tag / temporary_name("zero.pt", running.pid)  # a save in progress in another process
@@ -272,7 +273,7 @@ def test_a_temporary_file_left_by_a_killed_save_is_removed_by_the_next_save(tmp_
         for path in (left, left_in_other_tag, left_by_an_older_version, live, another_node_live, another_node_killed,
                      *alike):
             path.write_bytes(b"\0" * 4096)
-        untouched = time.time() - save_from_files_module.ELSEWHERE_UNTOUCHED_S - 60
+        untouched = time.time() - UNTOUCHED_ELSEWHERE_S - 60
         for path in (another_node_killed, alike[-1]):
             os.utime(path, (untouched, untouched))
         assert save_from_files(state, str(tag / "zero.pt"), sources) is not None

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from tencache_ds.io.stale_files import pid_in_name, remove_files_of_dead_processes
+from tencache_ds.io.stale_files import UNTOUCHED_ELSEWHERE_S, pid_in_name, remove_files_of_dead_processes
 
 
 @pytest.mark.parametrize("name, pid", [
@@ -28,3 +28,22 @@ def test_only_files_of_processes_that_are_gone_are_removed(tmp_path):
     removed = remove_files_of_dead_processes(str(tmp_path), lambda name: pid_in_name(name, ".tmp.", ".sharing"))
     assert removed == [str(tmp_path / f".tmp.{gone}.sharing")]
     assert sorted(os.listdir(tmp_path)) == sorted([f".tmp.{os.getpid()}.sharing", "kept.bin"])
+
+
+def test_another_hosts_files_are_removed_once_nothing_has_written_them_for_an_hour(tmp_path):
+    """``host_of``: a file another host made is judged by its age, not its pid (which names no process here); this
+    host's, or one whose name records no host, by its pid."""
+    import socket
+    import time
+    gone = 4_000_000
+    here = socket.gethostname()
+    names = {"fresh": f".tmp.{gone}@elsewhere", "old": f".tmp.{gone}@elsewhere-2", "here": f".tmp.{gone}@{here}",
+             "live": f".tmp.{os.getpid()}@{here}", "no host": f".tmp.{gone}"}
+    for name in names.values():
+        (tmp_path / name).write_bytes(b"x")
+    old = time.time() - UNTOUCHED_ELSEWHERE_S - 60
+    os.utime(tmp_path / names["old"], (old, old))
+    removed = remove_files_of_dead_processes(str(tmp_path), lambda name: pid_in_name(name.split("@")[0], ".tmp."),
+                                             lambda name: name.split("@")[1] if "@" in name else None)
+    assert sorted(removed) == sorted(str(tmp_path / names[key]) for key in ("old", "here", "no host"))
+    assert sorted(os.listdir(tmp_path)) == sorted([names["fresh"], names["live"]])

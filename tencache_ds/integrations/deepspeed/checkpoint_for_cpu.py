@@ -50,14 +50,26 @@ class Converted:
 
 def _remove_leftovers(tag_folder: str, zero_files: List[str]) -> None:
     """ZeRO files a run of this command killed while writing left under their temporary name (no loader reads them;
-    each is the size of its ZeRO file with the moments in): removed, unless written on another host (a shared file
-    system: its process cannot be seen from here) or by a process that still runs (io/stale_files.py)."""
-    prefixes = [f"{name}{FILLING}{socket.gethostname()}-" for name in zero_files]
+    each is the size of its ZeRO file with the moments in): removed once their process is gone, or, written on
+    another host (a shared file system: its process cannot be seen from here), once nothing has written them for an
+    hour (io/stale_files.py)."""
+    def owner(name: str):  # (pid, host) of <ZeRO file>.filling-<host>-<pid>, or None
+        for zero_file in zero_files:
+            if name.startswith(zero_file + FILLING):
+                host, dash, pid = name[len(zero_file + FILLING):].rpartition("-")
+                pid = pid_in_name(pid, "") if dash and host else None
+                return None if pid is None else (pid, host)
+        return None
 
     def pid_of(name: str) -> Optional[int]:
-        return next((pid for pid in (pid_in_name(name, prefix) for prefix in prefixes) if pid is not None), None)
+        found = owner(name)
+        return None if found is None else found[0]
 
-    for path in remove_files_of_dead_processes(tag_folder, pid_of):
+    def host_of(name: str) -> Optional[str]:
+        found = owner(name)
+        return None if found is None else found[1]
+
+    for path in remove_files_of_dead_processes(tag_folder, pid_of, host_of):
         logger.info("checkpoint-for-cpu: removed %s, left by a run that did not finish", path)
 
 
