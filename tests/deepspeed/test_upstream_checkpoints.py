@@ -12,6 +12,9 @@ NVMe under tencache: each passes with the results of stock CPU offload, bit for 
 - load_into_trained_engine (not upstream): an engine that has trained loads a checkpoint without its optimizer's
   state, or the module only, and trains on: the weights are the checkpoint's, Adam's moments stay live (the
   engine's NVMe branch copied the checkpoint's moment files over the live ones; tencache copies the masters only);
+- load_after_a_backward_without_its_step (not upstream): a backward whose step never comes, then a load of a
+  checkpoint with its optimizer's state, then training on: the reads that backward started ahead (tencache, the state
+  streaming) are not served to the load;
 - load_at_other_world_size (DeepSpeed's stage 3 has no elastic checkpoint; in bf16, so that a load that set the fp32
   masters from the bf16 weights shows): a checkpoint saved by 2 ranks (save_for_other_world_size) loaded by 1, with the
   optimizer's state (stock CPU offload's error) and without it (the weights repartitioned, training on); and its
@@ -41,7 +44,8 @@ from conftest import REPO, launch_ranks
 pytestmark = [pytest.mark.deepspeed, pytest.mark.slow]  # about 60 s a launch of 2 ranks, two, and two of 1
 SCRIPT = os.path.join(os.path.dirname(__file__), "upstream_checkpoints.py")
 SCENARIOS = ("zero_to_fp32", "zero_to_fp32_frozen", "immediate_save_load", "load_immediate_save",
-             "load_into_new_engine", "load_into_trained_engine", "save_for_other_world_size", "load_saved_on_cpu")
+             "load_into_new_engine", "load_into_trained_engine", "load_after_a_backward_without_its_step",
+             "save_for_other_world_size", "load_saved_on_cpu")
 
 
 # tencache's arm only, last (bad input, no upstream test): a module-only load stage 3 cannot finish is refused

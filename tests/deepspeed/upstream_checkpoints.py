@@ -9,7 +9,8 @@ ranks, layers of 1024 so that the optimizer state is large enough to be swapped)
         NVME_DIR CKPT_DIR
 
 SCENARIOS: comma-separated, of zero_to_fp32, zero_to_fp32_frozen, immediate_save_load, load_immediate_save,
-load_into_new_engine, load_into_trained_engine (not upstream), module_only_params_on_file (tencache's error; no
+load_into_new_engine, load_into_trained_engine and load_after_a_backward_without_its_step (not upstream),
+module_only_params_on_file (tencache's error; no
 upstream test), save_for_other_world_size and load_at_other_world_size (the second in a launch of another world
 size, on the first's checkpoint: ``deepspeed --num_gpus 1``), load_saved_on_cpu and saved_on_nvme (not upstream; the
 second with the optimizer on cpu loads what it saved with the optimizer on NVMe in another launch); they run one
@@ -219,6 +220,35 @@ def load_into_trained_engine(mode, device, nvme, ckpt):
     return result
 
 
+def load_after_a_backward_without_its_step(mode, device, nvme, ckpt):
+    """Not an upstream test: an engine trains 3 steps and saves, trains 2 more, runs a backward whose step never
+    comes (a step skipped on overflow, a load in the middle of gradient accumulation), then loads the checkpoint with
+    its optimizer's state and trains 3 more steps. Under tencache the state streams (``host_cache_bytes`` 0), so that
+    backward reads the update's first sub-group ahead, from the files the load then replaces: the load's swap-ins
+    were served those reads, 2 steps newer than the checkpoint, until 2026-12-02. The losses and trained weights."""
+    if mode.startswith("tencache"):
+        mode = "tencache=0"
+    torch.manual_seed(1234)
+    engine = bf16_engine(mode, device, nvme, [0.8, 0.999], 3e-7)
+    train(engine, 3, 2, torch.bfloat16)
+    engine.save_checkpoint(ckpt)
+    train(engine, 2, 2, torch.bfloat16)
+    issued = reads_issued(engine, mode)
+    for x, y in batches(1, 2, seed=5, dtype=torch.bfloat16):
+        engine.backward(engine(x, y))
+    if mode.startswith("tencache") and reads_issued(engine, mode) == issued:
+        raise AssertionError("the backward read nothing ahead: the scenario tests nothing")
+    engine.load_checkpoint(ckpt)
+    result = {"losses": train_recording(engine, 3, seed=11), "trained": digest(gathered(engine))}
+    engine.destroy()
+    return result
+
+
+def reads_issued(engine, mode):
+    """The optimizer's reads started ahead so far (tencache's stats; None under stock)."""
+    return tencache_ds.stats(engine)["optimizer_cache_prefetch_issued"] if mode.startswith("tencache") else None
+
+
 def module_only_params_on_file(mode, device, nvme, ckpt):
     """Bad input, not a port: ``load_module_only`` with the parameters on NVMe beyond ``max_in_cpu``, which stage 3
     cannot finish (no flat 16-bit partition to set the masters from). Under tencache it stops before the load with
@@ -369,6 +399,7 @@ SCENARIOS = {
     "load_immediate_save": load_immediate_save,
     "load_into_new_engine": load_into_new_engine,
     "load_into_trained_engine": load_into_trained_engine,
+    "load_after_a_backward_without_its_step": load_after_a_backward_without_its_step,
     "module_only_params_on_file": module_only_params_on_file,
     "save_for_other_world_size": save_for_other_world_size,
     "load_at_other_world_size": load_at_other_world_size,

@@ -28,6 +28,7 @@ import torch
 from deepspeed.checkpoint.constants import FP32_FLAT_GROUPS, OPTIMIZER_STATE_DICT
 
 from ...errors import TencacheError
+from ...io.durable import replace_durably
 from ...io.stale_files import pid_in_name, remove_files_of_dead_processes
 from ...log import logger
 from .swap_files import SWAP_FILE_NAME, swap_file_name
@@ -107,7 +108,8 @@ def fill_zero_files(tag_folder: str) -> Converted:
         temporary = f"{zero_file}{FILLING}{socket.gethostname()}-{os.getpid()}"
         try:
             torch.save(saved, temporary)
-            os.replace(temporary, zero_file)  # never a half-written ZeRO file under its name
+            # never a half-written ZeRO file under its name, nor, after a crash, one whose bytes never reached the drive
+            replace_durably(temporary, zero_file)
         finally:
             if os.path.exists(temporary):
                 os.unlink(temporary)

@@ -376,7 +376,8 @@ def _fill_from_host_tier(swapper, path: str):
     def fill(handle):
         view = swapper.store.lend(path)
         try:
-            handle.write(memoryview(view.numpy()).cast("B"))
+            # as bytes: numpy has no bfloat16, and bf16 masters (bf16_master_weights_and_grads) are held as such
+            handle.write(memoryview(view.view(torch.uint8).numpy()))
         finally:
             swapper.store.release(path)
 

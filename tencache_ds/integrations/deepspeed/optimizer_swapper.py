@@ -225,6 +225,11 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         or what ``before_copy(places, source)`` returns when the copy starts (``begin_load_copy``: by then the
         engine has read the checkpoint's own description, e.g. how many ranks saved it)."""
         self._checkpoint_load_pending = True
+        # Reads a backward started ahead for an update that never came (a step skipped on overflow, a load in the
+        # middle of gradient accumulation) are of the files the load replaces, and the swap-ins after its copy would
+        # be served them: given back first, then dropped with every copy held (_drop_copies_held_before_load). With
+        # the optimizer on NVMe stage 3's purge_state, which gives them back too, is not called on a load.
+        self.ahead.release_all()
         self.forget_master_copies()  # (what the partitions owe the files is written first: before they are replaced)
         self._load_places = places or LoadPlaces.ALL
         self._before_load_copy = before_copy
