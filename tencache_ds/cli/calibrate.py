@@ -114,6 +114,9 @@ IO_CONTENTION_ROUNDS = 3
 IO_CONTENTION_TIMING_S = 2.0
 IO_CONTENTION_BUDGET_S = 30.0  # the rounds' time at most, past one round (a long sequence's step takes seconds)
 IO_CONTENTION_FILE_REQUESTS = 4  # the file read over and over: 4 requests of TENSOR_REQUEST_BYTES (O_DIRECT: no cache)
+# Under the drive's test hook (io/drive_rate.py QUICK_ENV) the probe of the drive beside the layers is shortened too:
+# one round of timings this long (the calibration's test checks the figure is measured and cited, not its value)
+IO_CONTENTION_QUICK_TIMING_S = 0.5
 
 
 ALL_PROBES = ("nvme", "adam", "host_copy", "collectives", "compute", "zero3_calls", "io_contention")
@@ -662,7 +665,10 @@ def measure_io_contention(torch, model_config: Dict[str, Any], micro_batch: int,
     that long at the rate they had alone (timed here too, just before the rounds), else that share."""
     import threading
     from ..io.direct_io import DirectFileIO, aligned_buffer
-    from ..io.drive_rate import TENSOR_REQUEST_BYTES, TRIAL_FILE_PREFIX
+    from ..io.drive_rate import QUICK_ENV, TENSOR_REQUEST_BYTES, TRIAL_FILE_PREFIX, quick_drive
+    quick = quick_drive()
+    timing_s, most_rounds = (IO_CONTENTION_QUICK_TIMING_S, 1) if quick else (IO_CONTENTION_TIMING_S,
+                                                                             IO_CONTENTION_ROUNDS)
     layers = probe_layers(model_config, torch.finfo(_torch_dtype(torch, dtype)).bits // 8)
     vocab = min(int(model_config.get("vocab_size", CALIBRATION_VOCAB)), CALIBRATION_VOCAB)
     one_step = _training_step(torch, _probe_model(torch, model_config, layers, vocab, dtype), vocab, micro_batch,
@@ -720,9 +726,9 @@ def measure_io_contention(torch, model_config: Dict[str, Any], micro_batch: int,
         started = time.perf_counter()
         one_step()
         step_s = time.perf_counter() - started
-        steps = max(1, int(IO_CONTENTION_TIMING_S / max(step_s, 1e-6)) + 1)
+        steps = max(1, int(timing_s / max(step_s, 1e-6)) + 1)
         # at least one round; fewer than IO_CONTENTION_ROUNDS where a step takes seconds (each round is 2 x steps)
-        rounds = max(1, min(IO_CONTENTION_ROUNDS, int(IO_CONTENTION_BUDGET_S / (2 * steps * step_s))))
+        rounds = max(1, min(most_rounds, int(IO_CONTENTION_BUDGET_S / (2 * steps * step_s))))
         started, alone_moved, failed = time.perf_counter(), [0], []
         keep_reading(lambda: alone_moved[0] >= 4 * requests * TENSOR_REQUEST_BYTES, alone_moved, failed)
         if failed:
@@ -746,9 +752,9 @@ def measure_io_contention(torch, model_config: Dict[str, Any], micro_batch: int,
     return {"method": f"{layers} layers of {model_config.get('model_type')} (vocabulary {vocab}), {steps} forward + "
                       f"backward steps alone and while tencache's engine read {TENSOR_REQUEST_BYTES >> 20} MiB "
                       f"requests beside them, {io_threads} in flight, O_DIRECT alignment {alignment} B (0: buffered) "
-                      f"({read_rate / 1e9:.2f} GB/s alone), in turn, {rounds} rounds ({'; '.join(details)}): the "
+                      f"({read_rate / 1e9:.2f} GB/s alone), in turn, {rounds} round{'s' * (rounds != 1)} ({'; '.join(details)}): the "
                       f"seconds lost over the drive's busy seconds within the steps' time alone, the median of the "
-                      f"rounds",
+                      f"rounds" + (f" (shortened by {QUICK_ENV})" if quick else ""),
             "io_contention": contention, "rounds": ratios, "read_bytes_per_s": read_rate}
 
 

@@ -154,6 +154,8 @@ def test_machine_this_measures_and_cites_each_figure(tmp_path):
         assert machine["zero3_module_call_s"] >= 0 and "ZeRO-3 engine" in machine["sources"]["zero3_module_call_s"]
         # the layers beside the drive, the engine's 3 requests in flight as a store keeps them
         assert machine["io_contention"] >= 0 and "3 in flight" in machine["sources"]["io_contention"]
+        assert "1 round (" in machine["sources"]["io_contention"] and drive_rate.QUICK_ENV in machine["sources"][
+            "io_contention"]  # (shortened by the drive's test hook: one round)
         # stage 3's collectives between 2 processes of this machine (gloo), the bytes a rank receives per second
         for figure in ("allgather_bytes_per_s", "reduce_scatter_bytes_per_s"):
             assert machine[figure] > 0 and "measured" in machine["sources"][figure]

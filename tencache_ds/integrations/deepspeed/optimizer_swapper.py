@@ -361,22 +361,32 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             self.masters.owed_again_unlent(group, master_path)
             raise
         keys = self._lent[group] = []  # filled as each is lent: a failed read still gives the others back
-        for index, context in enumerate(swap_info.tensors):
-            path = context.swap_path
-            numel = self._stored_numel(path, swap_info.numel())
-            if index == 0 and from_partitions:  # the first is the master, lent above
-                buffer = master
-            else:
-                buffer = self._lend(path, numel, read_ahead)
-            keys.append(path)
-            view = self._as_state(path, buffer, swap_info.numel())
-            context.compute_tensor.data = view.data
-            context.swap_tensor.data = view.data
-        if swap_info.has_gradients():
-            path = gradient_path(swap_info)
-            parameter.grad = self.gradients.lend(group, path, swap_info.numel(),
-                                                 functools.partial(self._lend, path, swap_info.numel(), read_ahead))
-            keys.append(path)
+        try:
+            for index, context in enumerate(swap_info.tensors):
+                path = context.swap_path
+                numel = self._stored_numel(path, swap_info.numel())
+                if index == 0 and from_partitions:  # the first is the master, lent above
+                    buffer = master
+                else:
+                    buffer = self._lend(path, numel, read_ahead)
+                keys.append(path)
+                view = self._as_state(path, buffer, swap_info.numel())
+                context.compute_tensor.data = view.data
+                context.swap_tensor.data = view.data
+            if swap_info.has_gradients():
+                path = gradient_path(swap_info)
+                parameter.grad = self.gradients.lend(group, path, swap_info.numel(),
+                                                     functools.partial(self._lend, path, swap_info.numel(), read_ahead))
+                keys.append(path)
+        except BaseException:
+            # The reads started ahead for this sub-group that were not lent yet are no longer ReadsAhead's (taken
+            # above) nor in _lent: given back here, or they stay READING, and a later swap-in of the sub-group
+            # stops on "already lent or being read" instead of the error above.
+            for path in read_ahead:
+                if path not in keys:
+                    with contextlib.suppress(Exception):  # (the same failure, most likely: the first is raised)
+                        self.store.release(path)
+            raise
         if async_parameter is not None and self.reads_ahead:
             next_info = self._get_param_swap_info(async_parameter)
             if next_info is not None and OptimizerSwapper.parameter_id(async_parameter) not in self._lent:
