@@ -220,8 +220,12 @@ class Transfers:
             if entry.prefix_dirty:
                 skip = self._prefix_elements(entry)
                 self.counters.prefix_write_bytes_saved += entry.prefix_nbytes
-        entry.io = self.io.write(view.narrow(0, skip, view.numel() - skip), entry.path,
-                                 file_offset=skip * self.element_size)
+        try:
+            entry.io = self.io.write(view.narrow(0, skip, view.numel() - skip), entry.path,
+                                     file_offset=skip * self.element_size)
+        except Exception:  # refused before it started (a shared file copied first on a full disk): as a failed write
+            self._write_failed(entry)
+            raise
         entry.evicting = evicting
         self.counters.written_back += 1
         self.table.set(entry, S.WRITING)
@@ -260,14 +264,7 @@ class Transfers:
                     self.table.set(entry, S.LENT_DIRTY)
             return
         if error is not None:
-            entry.io, entry.evicting = None, False
-            if not entry.kept:  # a transient buffer holding owed bytes: keep it, counted as held
-                entry.kept = True
-                if entry.prefix_dirty:  # the write was past the prefix: those bytes were not saved after all
-                    self.counters.prefix_write_bytes_saved -= entry.prefix_nbytes
-                self.drop_prefix(entry)  # the buffer holds every byte the prefix does
-            self.table.set(entry, S.DIRTY)
-            self.counters.write_errors += 1
+            self._write_failed(entry)
             if raise_error:
                 raise error
             logger.warning("%s: writing %s failed (%s); its bytes stay in host memory and the write is retried "
@@ -278,6 +275,18 @@ class Transfers:
         else:
             entry.io = None
             self.table.set(entry, S.CLEAN)
+
+    def _write_failed(self, entry: Entry) -> None:
+        """``entry``'s write failed: its bytes stay in its buffer, still owed to the file (DIRTY)."""
+        entry.io, entry.evicting = None, False
+        if not entry.kept:  # a transient buffer holding owed bytes: keep it, counted as held
+            entry.kept = True
+            if entry.prefix_dirty:  # the write was past the prefix: those bytes were not saved after all
+                self.counters.prefix_write_bytes_saved -= entry.prefix_nbytes
+            self.drop_prefix(entry)  # the buffer holds every byte the prefix does
+        if entry.state != S.DIRTY:
+            self.table.set(entry, S.DIRTY)
+        self.counters.write_errors += 1
 
     @staticmethod
     def read_of(entry: Optional[Entry]) -> Optional[Future]:

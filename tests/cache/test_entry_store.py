@@ -682,3 +682,36 @@ def test_newest_view_shows_the_buffer_holding_the_newest_bytes_and_nothing_for_a
     store.release("p")
     store.trim_kept(0)
     assert store.newest_view("p") is None and store.newest_view("unknown") is None
+
+
+class RefusesWrites(DirectFileIO):
+    """Real I/O whose next write is refused before it starts, as LinkSafeIO refuses one whose file, shared with a
+    checkpoint, it cannot copy first on a full disk."""
+
+    refuse = True
+
+    def write(self, *args, **kwargs):
+        if self.refuse:
+            self.refuse = False
+            raise OSError(28, "No space left on device")
+        return super().write(*args, **kwargs)
+
+
+def test_a_write_refused_before_it_starts_leaves_the_bytes_held_and_owed(tmp_path):
+    """Nothing kept: a changed tensor is written at its release, and that write is refused at once. The entry was
+    left lent and dirty for good (every later use and flush stopped on "lent"); now it is as after a write that
+    failed in flight: DIRTY, its bytes held, written by the next flush."""
+    refusing = RefusesWrites(num_threads=2)
+    store = make(tmp_path, refusing, budget_bytes=0)
+    view = store.lend_new("m", NUMEL, str(tmp_path / "m.swp"))
+    view.fill_(3.0)
+    with pytest.raises(OSError, match="No space left"):
+        store.release("m", changed=True)
+    assert store.state("m") == EntryState.DIRTY and store.kept("m")
+    assert store.stats()["write_errors"] == 1
+    assert store.flush() == 1
+    on_file = torch.empty(NUMEL)
+    refusing.read(on_file, store.path("m")).result()
+    assert torch.all(on_file == 3.0)
+    store.close()
+    refusing.close()
