@@ -1,6 +1,7 @@
 """Byte sizes as users write them ("4GiB", 1e9, "auto") and as we print them. Leaf module: no torch."""
 import math
 import re
+from fractions import Fraction
 
 _UNIT_BYTES = {
     "": 1, "b": 1,
@@ -10,13 +11,17 @@ _UNIT_BYTES = {
 _SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 
 PAGE_BYTES = 4096  # O_DIRECT-safe alignment for addresses, sizes and file offsets
+# the largest byte size read: what a signed 64-bit count holds (torch's sizes, the kernel's offsets); "1e400" is a typo
+MAX_BYTES = (1 << 63) - 1
 
 
 def parse_bytes(value) -> int:
     """Parse ``value`` into a number of bytes.
 
     Accepts an int, a float that is a whole number (``1e9``), or a string with an optional unit
-    (``"512MiB"``, ``"1.5GB"``, ``"2e9"``). Raises ValueError naming the value otherwise.
+    (``"512MiB"``, ``"1.5GB"``, ``"2e9"``), read exactly: "4.1GB" is 4,100,000,000 bytes (in binary floating point
+    4.1 x 10^9 came out 0.5 ns short of a whole number, and was refused as one). Raises ValueError naming the value
+    otherwise.
     """
     if isinstance(value, bool):
         raise ValueError(f"expected a byte size, got a boolean {value!r}")
@@ -28,7 +33,7 @@ def parse_bytes(value) -> int:
         match = _SIZE_RE.match(value)
         if not match:
             raise ValueError(f"cannot read {value!r} as a byte size (examples: 1073741824, \"1GiB\", \"512MB\")")
-        number, unit = float(match.group(1)), match.group(2).lower()
+        number, unit = Fraction(match.group(1)), match.group(2).lower()
         if unit not in _UNIT_BYTES:
             raise ValueError(f"unknown unit {match.group(2)!r} in {value!r} (use B, KB, MB, GB, KiB, MiB, GiB, TiB)")
     else:
@@ -38,7 +43,9 @@ def parse_bytes(value) -> int:
         raise ValueError(f"a byte size must be a finite number: {value!r}")
     if nbytes < 0:
         raise ValueError(f"a byte size cannot be negative: {value!r}")
-    if isinstance(nbytes, float) and nbytes != int(nbytes):
+    if nbytes > MAX_BYTES:
+        raise ValueError(f"a byte size must be at most {MAX_BYTES} (2^63 - 1): {value!r}")
+    if nbytes != int(nbytes):
         raise ValueError(f"a byte size must be a whole number of bytes: {value!r}")
     return int(nbytes)
 

@@ -59,6 +59,13 @@ def test_units():
     assert round_up(5000) == 8192 and round_up(4096) == 4096
     with pytest.raises(ValueError):
         parse_bytes("1.5")  # not a whole number of bytes
+    # read exactly: in binary floating point 4.1 x 10^9 is 4099999999.9999995, refused as no whole number until
+    # 2026-12-02, while "1.5GB" passed
+    assert parse_bytes("4.1GB") == 4_100_000_000 and parse_bytes("8.2GB") == 8_200_000_000
+    assert parse_bytes("2e9") == 2_000_000_000 and parse_bytes("0.5KiB") == 512
+    for bad in ("1e400", "9.3e18", float("inf"), float("nan"), "0.1", "1.0000000001KB"):
+        with pytest.raises(ValueError):
+            parse_bytes(bad)
 
 
 def test_auto_budgets_follow_the_machine():
