@@ -112,7 +112,11 @@ def parse_config(block: Any) -> TencacheConfig:
     except ValidationError as err:
         problems = []
         for item in err.errors():
-            key = ".".join(str(part) for part in item["loc"] if not str(part).startswith(("int", "literal")))
+            # the key is the location's first part; pydantic may add the branch of a union it tried ("int",
+            # "literal['auto']"), which a key of the block may begin with too ("intra_op_parallelism")
+            key = ".".join([str(item["loc"][0])] + [str(part) for part in item["loc"][1:]
+                                                     if not str(part).startswith(("int", "literal"))]) \
+                if item["loc"] else ""
             problem = _PROBLEMS.get(item["type"], item["msg"])
             problem = problem.removeprefix("Value error, ")  # our validators' own words are enough
             problems.append(f'{CONFIG_KEY}.{key}: {problem} (got {item.get("input")!r})')

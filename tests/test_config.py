@@ -51,6 +51,11 @@ def test_the_block_of_a_ds_config_dict():
     assert not config_of_ds_dict({"tencache": False}).enabled
     with pytest.raises(TencacheConfigError, match="tencache.host_cach: unknown key"):
         config_of_ds_dict({"tencache": {"host_cach": 0}})
+    # a key that begins as pydantic's union branches do keeps its name ("tencache.: unknown key" until 2026-12-02)
+    with pytest.raises(TencacheConfigError, match="tencache.intra_op_parallelism: unknown key"):
+        config_of_ds_dict({"tencache": {"intra_op_parallelism": 4}})
+    with pytest.raises(TencacheConfigError, match=r"tencache.host_cache_bytes: .*\(got 'lots'\)"):
+        config_of_ds_dict({"tencache": {"host_cache_bytes": "lots"}})
 
 
 def test_units():
