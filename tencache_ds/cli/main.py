@@ -16,6 +16,7 @@ neither torch nor deepspeed).
 Also runnable as `python -m tencache_ds.cli.main ...`.
 """
 import argparse
+import math
 import shlex
 import sys
 from typing import List, NoReturn, Optional, Sequence
@@ -84,8 +85,8 @@ def _drive_rating(text: str) -> float:
                 value = float(stripped[:-len(unit)]) * factor
             except ValueError:
                 break
-            if value <= 0:
-                raise argparse.ArgumentTypeError(f"a drive rating must be positive, got {text!r}")
+            if not math.isfinite(value) or value <= 0:  # float() reads "nan" and "inf"
+                raise argparse.ArgumentTypeError(f"a drive rating must be a positive finite number, got {text!r}")
             return value
     value = _byte_size(text)
     if value <= 0:

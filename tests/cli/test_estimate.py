@@ -77,6 +77,14 @@ def test_drive_tbw_overrides_the_machine_file():
     assert days == pytest.approx(default * 1e15 / (3.84e12 * 1.3 * 365 * 5), rel=1e-3)
 
 
+@pytest.mark.parametrize("rating", ["nanTB", "infPB", "0TB", "0"])
+def test_a_drive_rating_that_is_no_positive_finite_number_is_refused_naming_it(rating):
+    result = estimate("--drive-tbw", rating)  # nanTB stopped the estimate's rendering with a traceback
+    assert result.returncode == 2 and "a drive rating must be" in result.stderr and rating in result.stderr, \
+        result.stderr
+    assert "Traceback" not in result.stderr
+
+
 @pytest.mark.parametrize("kind", ["missing_model", "unknown_architecture", "missing_ds_config", "bad_machine",
                                   "missing_machine", "zero_stage_2", "bad_profile"])
 def test_bad_inputs_are_named(tmp_path, kind):

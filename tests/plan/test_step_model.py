@@ -1239,6 +1239,10 @@ def valid_machine():
     (lambda d: d.update(nvme_request_factors=[[4 << 20, 1.2, 1.1]]), r"\"nvme_request_factors\": 1 row"),
     (lambda d: d.update(nvme_request_factors=[[64 << 20, 1, 1], [4 << 20, 1.2, 1.1]]), r"sizes not increasing"),
     (lambda d: d.update(nvme_request_factors=[[4 << 20, 0, 1], [64 << 20, 1, 1]]), r"row \[4194304, 0, 1\] is not"),
+    # JSON readers take NaN and Infinity (1e400 too): an int() of them stopped the estimate with a traceback
+    (lambda d: d.update(host_memory_bytes=float("inf")), r"\"host_memory_bytes\" must be a finite number"),
+    (lambda d: d.update(h2d_bytes_per_s=float("nan")), r"\"h2d_bytes_per_s\" must be a finite number"),
+    (lambda d: d.update(nvme_request_factors=[[4 << 20, float("inf"), 1], [64 << 20, 1, 1]]), r"row \[4194304, inf"),
 ])
 def test_a_bad_machine_file_names_the_file_and_the_key(change, message):
     data = valid_machine()
