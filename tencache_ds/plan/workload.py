@@ -5,6 +5,7 @@ rank's parameter partitions, which of them live on NVMe, the optimizer sub-group
 issues per micro-step. Does not own: timing or memory (plan/step_model/). Pure.
 """
 import dataclasses
+import math
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from ..config import TencacheConfig, config_of_ds_dict
@@ -188,13 +189,26 @@ class ZeroSettings:
         """Raises TencacheConfigError naming ``source`` and the key for a config the model cannot describe."""
         if not isinstance(ds_config, Mapping):
             raise TencacheConfigError(f"{source}: a DeepSpeed config is a JSON object")
-        zero = ds_config.get("zero_optimization") or {}
+
+        def section(parent: Mapping[str, Any], key: str, path: str) -> Mapping[str, Any]:
+            """``parent[key]``, an object (absent or null: empty); anything else is refused naming ``path``."""
+            value = parent.get(key)
+            if value is None:
+                return {}
+            if not isinstance(value, Mapping):
+                raise TencacheConfigError(f"{source}: {path} must be an object, got {value!r}")
+            return value
+
+        # sections the other readers below take as objects too (a "bf16": true stopped them with an AttributeError)
+        for key in ("fp16", "bf16", "bfloat16", "data_types"):
+            section(ds_config, key, key)
+        zero = section(ds_config, "zero_optimization", "zero_optimization")
         if zero.get("stage") != 3:
             raise TencacheConfigError(f"{source}: zero_optimization.stage must be 3 (ZeRO-3 / ZeRO-Infinity), got "
                                       f"{zero.get('stage')!r}")
-        offload_param = zero.get("offload_param") or {}
-        offload_optimizer = zero.get("offload_optimizer") or {}
-        aio = ds_config.get("aio") or {}
+        offload_param = section(zero, "offload_param", "zero_optimization.offload_param")
+        offload_optimizer = section(zero, "offload_optimizer", "zero_optimization.offload_optimizer")
+        aio = section(ds_config, "aio", "aio")
         config = config_of_ds_dict(ds_config)
 
         def device(section: Mapping[str, Any], key: str) -> str:
@@ -204,10 +218,10 @@ class ZeroSettings:
                                           f"{section.get('device')!r}")
             return value
 
-        def number(section: Mapping[str, Any], key: str, path: str, default: int) -> int:
-            value = section.get(key, default)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-                raise TencacheConfigError(f"{source}: {path}.{key} must be a non-negative number, got {value!r}")
+        def number(parent: Mapping[str, Any], key: str, path: str, default: int) -> int:
+            value = parent.get(key, default)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise TencacheConfigError(f"{source}: {path}.{key} must be a finite non-negative number, got {value!r}")
             return int(value)
 
         z, p, o = "zero_optimization", "zero_optimization.offload_param", "zero_optimization.offload_optimizer"

@@ -6,6 +6,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 
 import pytest
 
@@ -902,6 +903,29 @@ def test_communication_data_type_sizes_the_reduce_and_its_bucket_not_the_gathers
     assert workload(config=fp32_config()).zero.comm_element_bytes == 4  # an fp32 model reduces in fp32
     with pytest.raises(TencacheConfigError, match="communication_data_type must be one of fp32, fp16 or bf16"):
         ZeroSettings.from_ds_config({**ds_config(), "communication_data_type": "fp8"})
+
+
+def _zero_edit(key, value):
+    def edit(config):
+        config["zero_optimization"][key] = value
+    return edit
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda config: config.update(zero_optimization=True), "zero_optimization must be an object, got True"),
+    (_zero_edit("offload_param", "nvme"), "zero_optimization.offload_param must be an object, got 'nvme'"),
+    (lambda config: config.update(bf16=True), "bf16 must be an object, got True"),
+    (lambda config: config.update(aio=[1]), "aio must be an object"),
+    (_zero_edit("sub_group_size", float("inf")), "zero_optimization.sub_group_size must be a finite non-negative"),
+    (_zero_edit("reduce_bucket_size", float("nan")), "zero_optimization.reduce_bucket_size must be a finite"),
+])
+def test_a_ds_config_section_of_another_type_or_a_number_that_is_not_finite_is_named(edit, message):
+    """JSON readers take NaN and Infinity, and DeepSpeed's older forms put true where an object goes: each stopped
+    the estimate with a traceback (an AttributeError, int() of inf) instead of naming the key."""
+    config = ds_config()
+    edit(config)
+    with pytest.raises(TencacheConfigError, match=re.escape(message)):
+        ZeroSettings.from_ds_config(config, source="ds.json")
 
 
 def test_with_pipeline_read_off_the_model_reads_nothing_ahead_as_the_swapper():
