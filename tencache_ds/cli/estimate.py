@@ -62,31 +62,56 @@ def build_inputs(args) -> Dict[str, Any]:
     # (the calibration's compute dtype; "bfloat16" is DeepSpeed's old name for the bf16 block)
     dtype = next((name for key, name in (("bf16", "bf16"), ("bfloat16", "bf16"), ("fp16", "fp16"))
                   if (ds_config.get(key) or {}).get("enabled")), "fp32")
+    sections = _profile_sections(args)  # (read before a calibration of a minute, which a bad profile would waste)
+    if args.save_machine:
+        _check_writable(args.save_machine, args.machine)
     if args.machine == THIS:
         from .calibrate import calibrate, machine_from_calibration
         measured = calibrate(args.nvme_path, model_config, micro_batch, args.seq, dtype, ds_config=ds_config)
-        machine = machine_from_calibration(measured)
+        machine = measured_machine = machine_from_calibration(measured)
         busy = _busy(machine)
         if busy:
             print(f"tencache-ds estimate: warning: {busy}", file=sys.stderr)
-        if args.save_machine:
-            with open(args.save_machine, "w") as handle:
-                json.dump(machine.to_json(), handle, indent=2)
-                handle.write("\n")
     else:
         machine = load_machine(args.machine)
     workload = build_workload(shape, zero, machine.world_size, micro_batch, args.seq, gas, args.checkpointing)
     profile_notes: List[str] = []
-    if getattr(args, "profile", None):
+    if sections is not None:
         from ..plan.profile_timings import machine_from_profile
-        from ..profile.store import read_sections
-        try:
-            sections = read_sections(args.profile)
-        except (OSError, ValueError) as err:
-            raise TencacheConfigError(f"profile {args.profile} cannot be read: {err}") from None
         machine, profile_notes = machine_from_profile(machine, workload, sections, source=f"profile {args.profile}")
+    if args.save_machine:  # the machine measured (before a profile's timings), once every input has been read
+        try:
+            with open(args.save_machine, "w") as handle:
+                json.dump(measured_machine.to_json(), handle, indent=2)
+                handle.write("\n")
+        except OSError as err:
+            raise TencacheConfigError(f"--save-machine {args.save_machine} cannot be written: {err}") from None
     return {"model_path": model_path, "shape": shape, "zero": zero, "machine": machine, "workload": workload,
             "micro_batch": micro_batch, "gas": gas, "dtype": dtype, "profile_notes": profile_notes}
+
+
+def _profile_sections(args):
+    """The sections of ``--profile``, or None without one. Raises TencacheConfigError naming the file."""
+    if not getattr(args, "profile", None):
+        return None
+    from ..profile.store import read_sections
+    try:
+        return read_sections(args.profile)
+    except (OSError, ValueError) as err:
+        raise TencacheConfigError(f"profile {args.profile} cannot be read: {err}") from None
+
+
+def _check_writable(path: str, machine: str) -> None:
+    """``--save-machine`` saves a measured machine: refused without ``--machine this``, and where its folder cannot
+    take the file, before anything is measured."""
+    if machine != THIS:
+        raise TencacheConfigError(f"--save-machine saves the machine `--machine {THIS}` measures; with --machine "
+                                  f"{machine} there is nothing measured to save")
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path) or not os.path.isdir(folder) or not os.access(folder, os.W_OK) or (
+            os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise TencacheConfigError(f"--save-machine {path} cannot be written (a folder, or a folder missing or "
+                                  f"read-only)")
 
 
 def _busy(machine) -> Optional[str]:

@@ -77,6 +77,19 @@ def test_drive_tbw_overrides_the_machine_file():
     assert days == pytest.approx(default * 1e15 / (3.84e12 * 1.3 * 365 * 5), rel=1e-3)
 
 
+def test_save_machine_without_a_measured_machine_or_into_a_missing_folder_is_refused_before_anything(tmp_path):
+    """--save-machine saves what --machine this measures: with a machine file it was ignored without a word; into a
+    folder that does not exist it failed with a traceback after a minute of measuring."""
+    saved = tmp_path / "m.json"
+    result = estimate("--save-machine", str(saved))
+    assert result.returncode == 2 and "--save-machine saves the machine `--machine this` measures" in result.stderr
+    assert not saved.exists() and "Traceback" not in result.stderr
+    nowhere = tmp_path / "missing" / "m.json"
+    result = estimate("--save-machine", str(nowhere), machine="this")
+    assert result.returncode == 2 and f"--save-machine {nowhere} cannot be written" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+
+
 @pytest.mark.parametrize("rating", ["nanTB", "infPB", "0TB", "0"])
 def test_a_drive_rating_that_is_no_positive_finite_number_is_refused_naming_it(rating):
     result = estimate("--drive-tbw", rating)  # nanTB stopped the estimate's rendering with a traceback
