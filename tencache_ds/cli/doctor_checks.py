@@ -10,7 +10,7 @@ import platform
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from .. import ext_lock
-from ..errors import TencacheConfigError
+from ..errors import TencacheConfigError, TencacheResourceError
 from ..units import fmt_bytes
 from .ds_config_file import read_ds_config
 
@@ -245,6 +245,8 @@ def load_ds_config(path: Optional[str]) -> Tuple[Optional[Dict[str, Any]], Optio
 
 def nvme_path_from_config(config: Optional[Dict[str, Any]]) -> Optional[str]:
     zero = (config or {}).get("zero_optimization") or {}
+    if not isinstance(zero, dict):  # DeepSpeed's older "zero_optimization": true has no offload section
+        return None
     for section in ("offload_param", "offload_optimizer"):
         block = zero.get(section) or {}
         if isinstance(block, dict) and block.get("device") == "nvme" and block.get("nvme_path"):
@@ -256,6 +258,7 @@ def check_budgets(config: Optional[Dict[str, Any]], device_free_bytes: int, acce
     """The budgets the config's block resolves to here (``accelerator_is_host``: DeepSpeed runs on its CPU
     accelerator, where "best_effort" locks no parameter slot and the memlock limit bounds nothing)."""
     from ..config import CONFIG_KEY, config_of_ds_dict, parse_config
+    from ..config_checks import check_host_budget
     from ..plan.budget import UNLIMITED, MachineResources, parameter_lock_mode, resolve_budgets
     origin = "the config's \"tencache\" block" if config is not None and CONFIG_KEY in config else "defaults"
     try:  # no block (or "tencache": null): the budgets the defaults give
@@ -263,6 +266,10 @@ def check_budgets(config: Optional[Dict[str, Any]], device_free_bytes: int, acce
     except TencacheConfigError as err:
         return CheckResult("budgets", FAIL, str(err).replace("\n", " "))
     machine = MachineResources.probe(device_free_bytes=device_free_bytes)
+    try:  # what the run refuses at initialize (a budget above the node's memory, say): a failure here too
+        check_host_budget(parsed, machine)
+    except (TencacheConfigError, TencacheResourceError) as err:
+        return CheckResult("budgets", FAIL, str(err))
     locks_memory = parameter_lock_mode(parsed.pin_memory, accelerator_is_host) != "off"
     # no model here: no streaming slots yet
     budgets = resolve_budgets(parsed, machine, stream_min_bytes=0, locks_memory=locks_memory)
