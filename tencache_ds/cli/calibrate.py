@@ -752,7 +752,8 @@ def measure_io_contention(torch, model_config: Dict[str, Any], micro_batch: int,
     return {"method": f"{layers} layers of {model_config.get('model_type')} (vocabulary {vocab}), {steps} forward + "
                       f"backward steps alone and while tencache's engine read {TENSOR_REQUEST_BYTES >> 20} MiB "
                       f"requests beside them, {io_threads} in flight, O_DIRECT alignment {alignment} B (0: buffered) "
-                      f"({read_rate / 1e9:.2f} GB/s alone), in turn, {rounds} round{'s' * (rounds != 1)} ({'; '.join(details)}): the "
+                      f"({read_rate / 1e9:.2f} GB/s alone), in turn, {rounds} round{'s' * (rounds != 1)} "
+                      f"({'; '.join(details)}): the "
                       f"seconds lost over the drive's busy seconds within the steps' time alone, the median of the "
                       f"rounds" + (f" (shortened by {QUICK_ENV})" if quick else ""),
             "io_contention": contention, "rounds": ratios, "read_bytes_per_s": read_rate}

@@ -13,4 +13,5 @@ def test_a_host_budget_above_the_nodes_memory_fails_as_the_run_refuses_it():
 
 def test_an_older_zero_optimization_true_has_no_nvme_path():
     assert nvme_path_from_config({"zero_optimization": True}) is None
-    assert nvme_path_from_config({"zero_optimization": {"offload_param": {"device": "nvme", "nvme_path": "/x"}}}) == "/x"
+    on_nvme = {"zero_optimization": {"offload_param": {"device": "nvme", "nvme_path": "/x"}}}
+    assert nvme_path_from_config(on_nvme) == "/x"
