@@ -35,8 +35,10 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..bench import dashboard, report
 from ..config import AUTO, CONFIG_KEY, parse_config
-from ..errors import TencacheConfigError
+from ..config_checks import check_host_budget
+from ..errors import TencacheConfigError, TencacheResourceError
 from ..io.drive_rate import TRIAL_BYTES, DriveRate, store_thread_counts
+from ..plan.budget import MachineResources
 from ..units import fmt_bytes, parse_bytes
 from .ds_config_file import read_ds_config
 
@@ -132,7 +134,9 @@ def tencache_block(ds_config: Dict[str, Any], host_cache_bytes: Optional[str], d
         block["metrics_path"] = metrics_path
     if profile_path:
         block["profile_path"] = profile_path
-    parse_config(block)
+    # what the tencache run would refuse at initialize (a budget above the node's memory), refused before stock's
+    # run has trained for nothing
+    check_host_budget(parse_config(block), MachineResources.probe())
     return block
 
 
@@ -410,8 +414,8 @@ def run(args) -> int:
     """`tencache-ds bench`. Exit code 0 when all runs finished (whether or not they match), 1 on failure."""
     try:
         return _run(args)
-    except (BenchError, TencacheConfigError, ValueError) as err:
-        print(f"bench: {err}", file=sys.stderr)
+    except (BenchError, TencacheConfigError, TencacheResourceError, ValueError, OSError) as err:
+        print(f"bench: {err}", file=sys.stderr)  # (an OSError names its path: --nvme-path not a folder, say)
         return 1
     except KeyboardInterrupt:  # execute() has already stopped the running child
         print(f"bench: interrupted; the logs so far are in {os.path.abspath(args.out)}", file=sys.stderr)
@@ -427,12 +431,15 @@ def _run(args) -> int:
     config_path = os.path.abspath(args.config or os.path.join(repo_root, "configs", f"stock-{args.offload}.json"))
     ds_config = load_ds_config(config_path)
     out_dir = os.path.abspath(args.out)
-    os.makedirs(out_dir, exist_ok=True)
     launcher = resolve_launcher(args.launcher)
     if getattr(args, "ranks", 1) > 1 and launcher != "deepspeed":
         raise BenchError(f"--ranks {args.ranks} needs the deepspeed launcher (--launcher deepspeed, and "
                          "deepspeed.launcher.runner importable)")
     specs = build_runs(args, repo_root, train_script, config_path, ds_config, out_dir, launcher)
+    try:  # every argument checked first: a refused bench leaves no folder behind
+        os.makedirs(out_dir, exist_ok=True)
+    except OSError as err:
+        raise BenchError(f"--out {out_dir} cannot be created: {err}") from None
     given_bandwidth = getattr(args, "nvme_bandwidth", None)
     probe, why_not_measured = start_probe(args.nvme_path, measure_bandwidth=given_bandwidth is None,
                                           ds_config=ds_config)

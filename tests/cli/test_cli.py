@@ -321,6 +321,15 @@ def test_bench_rejects_bad_arguments_before_running(tmp_path):
     missing_config = run_cli("bench", "--config", str(tmp_path / "nope.json"), "--out", str(tmp_path / "out"))
     assert missing_config.returncode == 1 and "nope.json" in missing_config.stderr
     assert "Traceback" not in no_measured.stderr + bad_budget.stderr + missing_config.stderr
+    # a budget the tencache run would refuse at initialize: refused before stock's run, and before --out is made
+    # (until 2026-12-02 the out folder was made first, and stock trained before the tencache run stopped)
+    too_large = run_cli("bench", "--host-cache-bytes", "10000TB", "--out", str(tmp_path / "never"))
+    assert too_large.returncode == 1 and "tencache.host_cache_bytes = 10000000000000000" in too_large.stderr, \
+        too_large.stderr
+    assert not (tmp_path / "never").exists() and "Traceback" not in too_large.stderr
+    (tmp_path / "a-file").write_text("")
+    on_a_file = run_cli("bench", "--out", str(tmp_path / "a-file" / "out"))
+    assert on_a_file.returncode == 1 and "--out" in on_a_file.stderr and "Traceback" not in on_a_file.stderr
     for bad in ("0", "fast"):
         with pytest.raises(SystemExit):
             build_parser().parse_args(["bench", "--nvme-bandwidth", bad])
