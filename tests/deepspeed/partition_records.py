@@ -108,6 +108,17 @@ assert read(2) is Read.AHEAD
 swapper.end_optimizer_step()
 assert read(2) is Read.NONE and b.ds_tensor.status == Status.NOT_AVAILABLE
 
+# 8b. b is read ahead, then released without being asked for (a parameter the device tier kept gathered is
+#     partitioned at its release, and DeepSpeed gives the partition back): the record settles with the read, so a
+#     later ask reads the partition (a leftover "read ahead" mark started no read, and the wait found none in flight)
+read_ahead(b)
+assert read(2) is Read.AHEAD
+swapper.remove_partition_and_release_buffers([b])
+assert read(2) is Read.NONE and b.ds_tensor.status == Status.NOT_AVAILABLE
+swapper.swap_in([b], async_op=False)
+assert torch.equal(b.ds_tensor, bytes_of(b)) and read(2) is Read.NONE
+swapper.remove_partition_and_release_buffers([b])
+
 # 9. a max_in_cpu swap-in of a partition read ahead: the read is given back, the caller gets its own copy
 read_ahead(c)
 own = torch.empty(NUMEL)

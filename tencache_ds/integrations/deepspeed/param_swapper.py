@@ -271,6 +271,12 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
         fence = _device_copy_fence()
         with self._lock:
             for param in params:
+                record = self._partitions.get(param.ds_id)
+                if record is not None and record.read is Read.AHEAD:
+                    # read ahead, never asked for (a parameter the device tier kept gathered, partitioned at its
+                    # release): the release below gives that read back, so the record must not promise it, or the
+                    # next ask waits for a read that is not there ("has no read in flight")
+                    record.settle()
                 self._settle_asked(param)
                 self.store.release(param.ds_id, fence=fence)
                 self._mark_on_file(param)
@@ -443,8 +449,8 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
             record = self._partitions.get(key)
             param = None if record is None else record.param()
             if target < position or param is None or record.read is Read.AHEAD or \
-                    param.ds_tensor.status != PartitionedParamStatus.NOT_AVAILABLE:
-                continue
+                    param.ds_tensor.status != PartitionedParamStatus.NOT_AVAILABLE or _is_gathered(param):
+                continue  # (gathered: kept by the device tier, its next use needs no partition)
             if self.store.prefetch_if_free(key):
                 record.read = Read.AHEAD
                 self.scheduled_reads += 1
