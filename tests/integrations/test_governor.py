@@ -110,6 +110,23 @@ def test_a_rank_whose_own_reading_fails_still_joins_both_collectives_then_raises
     assert agree.calls == [[1 << 62], [-1]]
 
 
+def test_a_rank_whose_start_up_plan_fails_still_joins_both_collectives_then_raises():
+    """The first reading plans the parameter stores first; that plan failing on one rank (outside the agreement
+    until 2026-12-02) left the other ranks waiting in the governor's collectives."""
+    class FailingPlan:
+        def plan(self):
+            raise RuntimeError("no slot fits the largest partition")
+
+    agree = OtherRanks([1 << 62], [0])
+    governor = HostTierGovernor([FailingPlan()], None, None, read_memory=lambda: HostMemory(64 * GiB, 48 * GiB),
+                                agree=agree)
+    governor.meter.close()
+    governor.meter = ScriptedMeter([None])
+    with pytest.raises(RuntimeError, match="no slot fits"):
+        governor.before_forward()
+    assert agree.calls == [[1 << 62], [-1]]
+
+
 class OptimizerStoreSums:
     """The optimizer swapper's footprint methods the governor calls, as plain sums: ``state`` bytes of state in
     all, ``least`` the streaming slots an update needs, ``auto``: the config's host_cache_bytes, ``update_slot``:

@@ -160,18 +160,19 @@ class HostTierGovernor:
 
     def before_forward(self) -> None:
         """A reading, and what follows from it. Raises TencacheOutOfMemory when the next step cannot fit."""
-        if self.start_budget_bytes is None:
-            self._start()
-        self._rise_boundary()  # since the last forward pass (its backward) or update (before_update)
-        if self._step_ended:  # this reading covered the end of the step: the step's rise is complete
-            self.policy.observe_step_rise(self._step_rise)
-            self._step_rise, self._step_ended = None, False
-            self._note_slots_at_step_end()
-        # Every rank makes the same two collectives below whatever happens on it: a rank whose own work fails
-        # votes to stop, and raises its error once every rank knows (instead of leaving them waiting).
+        # Every rank makes the same two collectives below whatever happens on it: a rank whose own work fails (its
+        # start-up plan included) votes to stop, and raises its error once every rank knows (instead of leaving them
+        # waiting).
         failure: Optional[Exception] = None
         memory, decision, targets = None, HOLD, None
         try:
+            if self.start_budget_bytes is None:
+                self._start()
+            self._rise_boundary()  # since the last forward pass (its backward) or update (before_update)
+            if self._step_ended:  # this reading covered the end of the step: the step's rise is complete
+                self.policy.observe_step_rise(self._step_rise)
+                self._step_rise, self._step_ended = None, False
+                self._note_slots_at_step_end()
             memory = self._read_memory()
             decision = self._decide(memory)
             if decision.action is Action.SHRINK:
