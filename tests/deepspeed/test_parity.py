@@ -262,6 +262,17 @@ def test_two_engines_sharing_an_nvme_path_keep_their_files(tmp_path):
     assert len(ours["second"]) == 3
 
 
+def test_destroying_one_of_two_engines_over_models_of_one_zero_init_leaves_the_other_training(tmp_path):
+    """Two models built in one zero.Init context share its parameter swapper; each gets an engine, and the first
+    is destroyed after a step. The swapper counted the contexts that built it, not the engines: the first destroy
+    closed it, and the second engine's next swap-in failed. Now the second trains on with stock NVMe's bits."""
+    stock_proc, stock = run_two_engines(tmp_path, "stock", "one-init")
+    assert stock_proc.returncode == 0, stock_proc.stderr[-3000:]
+    ours_proc, ours = run_two_engines(tmp_path, "tencache", "one-init")
+    assert ours_proc.returncode == 0, ours_proc.stderr[-3000:]
+    assert ours == stock and len(ours["second"]) == 3 and len(ours["first"]) == 1
+
+
 def test_a_second_model_with_another_tencache_block_in_the_same_nvme_path_is_refused(tmp_path):
     """The two models share one parameter swapper (one per nvme_path, dtype and rank), so the second cannot have
     its own budget: an error names the keys instead of silently running with the first model's settings."""

@@ -2,8 +2,9 @@
 
 Stock DeepSpeed's second zero.Init deletes the first model's swap files (its constructor empties
 <nvme_path>/zero_stage_3/<dtype>params/rank<r>). Prints one JSON line: the losses of each engine.
-Usage: python two_engines.py NVME_PATH {tencache|tencache-mismatch|stock} {both|first-only}
-(tencache-mismatch: the second model's "tencache" block differs from the first's.)
+Usage: python two_engines.py NVME_PATH {tencache|tencache-mismatch|stock} {both|first-only|one-init}
+(tencache-mismatch: the second model's "tencache" block differs from the first's. one-init: both models built in
+one zero.Init context, an engine each; both train a step, the first engine is destroyed, the second trains on.)
 """
 import json
 import os
@@ -40,13 +41,24 @@ def build(seed):
     return engine
 
 
-engines = {"first": build(1)}
+def built_in_one_init():
+    torch.manual_seed(1)
+    with deepspeed.zero.Init(config_dict_or_path=config):
+        models = [torch.nn.Sequential(*[torch.nn.Linear(HIDDEN, HIDDEN, bias=False) for _ in range(3)])
+                  for _ in range(2)]
+    return {name: deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)[0]
+            for name, model in zip(("first", "second"), models)}
+
+
+engines = built_in_one_init() if which == "one-init" else {"first": build(1)}
 if which == "both":
     engines["second"] = build(2)
 losses = {name: [] for name in engines}
 data = torch.Generator().manual_seed(3)
 for step in range(3):
     batch = torch.randn(2, HIDDEN, generator=data)
+    if which == "one-init" and step == 1:
+        engines.pop("first").destroy()
     for name, engine in engines.items():
         loss = engine(batch).float().pow(2).mean()
         engine.backward(loss)

@@ -101,6 +101,8 @@ def _building_with_config(init):
         ds_config = signature.bind_partial(self, *args, **kwargs).arguments.get("ds_config")
         with building_stage3(ds_config, optimizer=self):
             init(self, *args, **kwargs)
+        for swapper in reporting.param_swappers_of_optimizer(self):  # released by its destroy (close_swappers_of)
+            swapper.add_user()
         reporting.attach_step_meter(self)
 
     return init_with_config_and_meter

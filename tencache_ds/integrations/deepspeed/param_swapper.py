@@ -76,7 +76,6 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
                     f"a second zero.Init model uses {self.swap_folder} (offload_param.nvme_path) with a different "
                     f'"tencache" block ({", ".join(f"tencache.{key}" for key in changed)}) while the first one is '
                     f"alive; give it its own nvme_path, the same block, or destroy the first engine first")
-            self._users += 1
             return
         self.config = tencache_config(ds_config)  # validated in __new__
         raise_if_stale_locks(ops=DEEPSPEED_OPS)
@@ -131,7 +130,10 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
             self._schedule_generation = -1
             self.scheduled_reads = 0  # COUNT: reads started ahead by the schedule
             self.closed = False
-            self._users = 1  # zero.Init models using this swapper; the last engine destroyed closes it
+            # engines whose ZeRO-3 optimizer uses this swapper (add_user): the last one destroyed closes it. Not the
+            # zero.Init contexts that built it: two models built in one context, each with an engine, counted once,
+            # and destroying one engine closed the swapper the other still trained with
+            self._users = 0
             self._one_rank = None  # world size 1? (asked at the first prefetch: the process group is up by then)
             self._constructed = True  # last: a constructor that raised is run again in full next time
 
@@ -356,6 +358,11 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
     def synchronize_writes(self):
         self.store.flush()
 
+    def add_user(self):
+        """An engine's ZeRO-3 optimizer uses this swapper's partitions (install.py, once it is built)."""
+        with self._lock:
+            self._users += 1
+
     def release_user(self):
         """An engine over this swapper's partitions was destroyed: close once no other model uses it."""
         settle_owed_masters()  # (close settles too: here first, outside the lock the writes' views take)
@@ -449,8 +456,8 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
             record = self._partitions.get(key)
             param = None if record is None else record.param()
             if target < position or param is None or record.read is Read.AHEAD or \
-                    param.ds_tensor.status != PartitionedParamStatus.NOT_AVAILABLE or _is_gathered(param):
-                continue  # (gathered: kept by the device tier, its next use needs no partition)
+                    param.ds_tensor.status != PartitionedParamStatus.NOT_AVAILABLE:
+                continue
             if self.store.prefetch_if_free(key):
                 record.read = Read.AHEAD
                 self.scheduled_reads += 1
