@@ -114,9 +114,8 @@ def parse_config(block: Any) -> TencacheConfig:
         for item in err.errors():
             # the key is the location's first part; pydantic may add the branch of a union it tried ("int",
             # "literal['auto']"), which a key of the block may begin with too ("intra_op_parallelism")
-            key = ".".join([str(item["loc"][0])] + [str(part) for part in item["loc"][1:]
-                                                     if not str(part).startswith(("int", "literal"))]) \
-                if item["loc"] else ""
+            where = [str(part) for part in item["loc"]]
+            key = ".".join(where[:1] + [part for part in where[1:] if not part.startswith(("int", "literal"))])
             problem = _PROBLEMS.get(item["type"], item["msg"])
             problem = problem.removeprefix("Value error, ")  # our validators' own words are enough
             problems.append(f'{CONFIG_KEY}.{key}: {problem} (got {item.get("input")!r})')

@@ -13,6 +13,7 @@ _SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\
 PAGE_BYTES = 4096  # O_DIRECT-safe alignment for addresses, sizes and file offsets
 # the largest byte size read: what a signed 64-bit count holds (torch's sizes, the kernel's offsets); "1e400" is a typo
 MAX_BYTES = (1 << 63) - 1
+_MAX_EXPONENT = 30  # of a size's decimal exponent: past MAX_BYTES whatever the digits before it (or below a byte)
 
 
 def parse_bytes(value) -> int:
@@ -20,8 +21,8 @@ def parse_bytes(value) -> int:
 
     Accepts an int, a float that is a whole number (``1e9``), or a string with an optional unit
     (``"512MiB"``, ``"1.5GB"``, ``"2e9"``), read exactly: "4.1GB" is 4,100,000,000 bytes (in binary floating point
-    4.1 x 10^9 came out 0.5 ns short of a whole number, and was refused as one). Raises ValueError naming the value
-    otherwise.
+    4.1 x 10^9 came out 5e-7 of a byte short of a whole number, and was refused as one). Raises ValueError naming
+    the value otherwise.
     """
     if isinstance(value, bool):
         raise ValueError(f"expected a byte size, got a boolean {value!r}")
@@ -33,6 +34,11 @@ def parse_bytes(value) -> int:
         match = _SIZE_RE.match(value)
         if not match:
             raise ValueError(f"cannot read {value!r} as a byte size (examples: 1073741824, \"1GiB\", \"512MB\")")
+        exponent = re.search(r"[eE]([+-]?[0-9]+)$", match.group(1))
+        if exponent is not None and abs(int(exponent.group(1))) > _MAX_EXPONENT:  # (an exact 10^999999999 is slow)
+            raise ValueError(f"a byte size must be at most {MAX_BYTES} (2^63 - 1): {value!r}"
+                             if int(exponent.group(1)) > 0 else f"a byte size must be a whole number of bytes: "
+                             f"{value!r}")
         number, unit = Fraction(match.group(1)), match.group(2).lower()
         if unit not in _UNIT_BYTES:
             raise ValueError(f"unknown unit {match.group(2)!r} in {value!r} (use B, KB, MB, GB, KiB, MiB, GiB, TiB)")
@@ -48,6 +54,15 @@ def parse_bytes(value) -> int:
     if nbytes != int(nbytes):
         raise ValueError(f"a byte size must be a whole number of bytes: {value!r}")
     return int(nbytes)
+
+
+def finite(number) -> bool:
+    """Whether a JSON number is finite as a float: JSON readers take NaN and Infinity, read 1e400 as infinity, and
+    an integer past float's range (10**400) raises OverflowError where it meets float arithmetic."""
+    try:
+        return math.isfinite(number)
+    except OverflowError:
+        return False
 
 
 def fmt_bytes(nbytes: float) -> str:

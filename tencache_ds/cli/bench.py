@@ -115,13 +115,15 @@ def load_ds_config(path: str) -> Dict[str, Any]:
 
 
 def tencache_block(ds_config: Dict[str, Any], host_cache_bytes: Optional[str], device_cache_bytes: Optional[str],
-                   metrics_path: Optional[str], profile_path: Optional[str] = None) -> Dict[str, Any]:
+                   metrics_path: Optional[str], profile_path: Optional[str] = None, ranks: int = 1) -> Dict[str, Any]:
     """The block for the tencache run: the config's own block (if any), enabled, with the budget options applied
     (None keeps the config's value, else "auto") and this run's metrics and profile files (a profile the
     config names would be shared by the repeats: each run records its own). Validated here, before any run.
 
     Raises:
-        TencacheConfigError: the resulting block is invalid (the message names the key).
+        TencacheConfigError: the resulting block is invalid (the message names the key), or its host budget, per
+            rank, is more than the node's memory for ``ranks`` ranks (what the run refuses at initialize).
+        TencacheResourceError: with "pin_memory": "required", more than the node has available or may lock.
     """
     base = ds_config.get(CONFIG_KEY)
     block = dict(base) if isinstance(base, dict) else {}
@@ -136,7 +138,8 @@ def tencache_block(ds_config: Dict[str, Any], host_cache_bytes: Optional[str], d
         block["profile_path"] = profile_path
     # what the tencache run would refuse at initialize (a budget above the node's memory), refused before stock's
     # run has trained for nothing
-    check_host_budget(parse_config(block), MachineResources.probe())
+    machine = MachineResources.probe()  # (this process's own LOCAL_WORLD_SIZE: the bench's runs have ``ranks``)
+    check_host_budget(parse_config(block), dataclasses.replace(machine, local_world_size=max(1, ranks)))
     return block
 
 
@@ -209,7 +212,8 @@ def build_runs(args, repo_root: str, train_script: str, config_path: str, ds_con
             metrics_path = os.path.join(out_dir, f"{label}.metrics.jsonl") if arm == report.TENCACHE else None
             profile_path = os.path.join(out_dir, f"{label}.profile.json") if arm == report.TENCACHE else None
             block = "none" if arm != report.TENCACHE else json.dumps(
-                tencache_block(ds_config, args.host_cache_bytes, args.device_cache_bytes, metrics_path, profile_path))
+                tencache_block(ds_config, args.host_cache_bytes, args.device_cache_bytes, metrics_path, profile_path,
+                               ranks=getattr(args, "ranks", 1)))
             nvme_dir = os.path.join(os.path.abspath(args.nvme_path), label)
             result_path = os.path.join(out_dir, f"{label}.result.json")
             train_args = [train_script, "--deepspeed_config", config_path, "--model", args.model,

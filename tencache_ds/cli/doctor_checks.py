@@ -267,7 +267,8 @@ def check_budgets(config: Optional[Dict[str, Any]], device_free_bytes: int, acce
         return CheckResult("budgets", FAIL, str(err).replace("\n", " "))
     machine = MachineResources.probe(device_free_bytes=device_free_bytes)
     try:  # what the run refuses at initialize (a budget above the node's memory, say): a failure here too
-        check_host_budget(parsed, machine)
+        if parsed.enabled:  # (a disabled block is stock DeepSpeed's run, which checks nothing of it)
+            check_host_budget(parsed, machine)
     except (TencacheConfigError, TencacheResourceError) as err:
         return CheckResult("budgets", FAIL, str(err))
     locks_memory = parameter_lock_mode(parsed.pin_memory, accelerator_is_host) != "off"

@@ -45,7 +45,8 @@ def model_config_path(model: str) -> str:
 
 
 def build_inputs(args) -> Dict[str, Any]:
-    """Read and check every input. Raises TencacheConfigError naming the file and the key."""
+    """Read and check every input (and, with ``--machine this``, measure the machine, written to
+    ``--save-machine`` once every input has been read). Raises TencacheConfigError naming the file and the key."""
     from ..plan.machine import load_machine
     from ..plan.model_shapes import model_shape
     from ..plan.workload import ZeroSettings, build_workload
@@ -63,6 +64,7 @@ def build_inputs(args) -> Dict[str, Any]:
     dtype = next((name for key, name in (("bf16", "bf16"), ("bfloat16", "bf16"), ("fp16", "fp16"))
                   if (ds_config.get(key) or {}).get("enabled")), "fp32")
     sections = _profile_sections(args)  # (read before a calibration of a minute, which a bad profile would waste)
+    measured_machine = None
     if args.save_machine:
         _check_writable(args.save_machine, args.machine)
     if args.machine == THIS:

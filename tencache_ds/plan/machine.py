@@ -21,6 +21,7 @@ import math
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 from ..errors import TencacheConfigError
+from ..units import finite
 
 # the host memory a fresh process finds available, as a share of the total, when a file does not say (the kernel,
 # page tables and daemons keep the rest; 0.9 is what a quiet Linux box with no other job reports)
@@ -201,7 +202,7 @@ def _checked_values(data: Mapping[str, Any], source: str) -> Dict[str, Any]:
         else:
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise MachineFileError(f"{source}: key \"{key}\" must be a number, got {value!r}")
-            if not math.isfinite(value):  # JSON readers take NaN and Infinity (and 1e400 as inf)
+            if not finite(value):
                 raise MachineFileError(f"{source}: key \"{key}\" must be a finite number, got {value!r}")
             if key in _POSITIVE and value <= 0 or value < 0:
                 raise MachineFileError(f"{source}: key \"{key}\" must be positive, got {value!r}")
@@ -224,7 +225,7 @@ def _checked_request_factors(value: Any, source: str) -> Tuple[Tuple[int, float,
     rows = []
     for row in value:
         if isinstance(row, (str, bytes)) or not isinstance(row, (list, tuple)) or len(row) != 3 or any(
-                isinstance(number, bool) or not isinstance(number, (int, float)) or not math.isfinite(number)
+                isinstance(number, bool) or not isinstance(number, (int, float)) or not finite(number)
                 or number <= 0 for number in row):
             refuse(f"row {row!r} is not three positive numbers")
         rows.append((int(row[0]), float(row[1]), float(row[2])))

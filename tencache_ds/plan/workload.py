@@ -5,11 +5,11 @@ rank's parameter partitions, which of them live on NVMe, the optimizer sub-group
 issues per micro-step. Does not own: timing or memory (plan/step_model/). Pure.
 """
 import dataclasses
-import math
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from ..config import TencacheConfig, config_of_ds_dict
 from ..errors import TencacheConfigError
+from ..units import finite
 from .model_shapes import ModelShape
 
 MIB = 1 << 20
@@ -211,16 +211,16 @@ class ZeroSettings:
         aio = section(ds_config, "aio", "aio")
         config = config_of_ds_dict(ds_config)
 
-        def device(section: Mapping[str, Any], key: str) -> str:
-            value = str(section.get("device", "none")).lower()
+        def device(offload: Mapping[str, Any], key: str) -> str:
+            value = str(offload.get("device", "none")).lower()
             if value not in ("nvme", "cpu", "none"):
                 raise TencacheConfigError(f"{source}: zero_optimization.{key}.device must be nvme, cpu or none, got "
-                                          f"{section.get('device')!r}")
+                                          f"{offload.get('device')!r}")
             return value
 
         def number(parent: Mapping[str, Any], key: str, path: str, default: int) -> int:
             value = parent.get(key, default)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not finite(value) or value < 0:
                 raise TencacheConfigError(f"{source}: {path}.{key} must be a finite non-negative number, got {value!r}")
             return int(value)
 

@@ -327,6 +327,11 @@ def test_bench_rejects_bad_arguments_before_running(tmp_path):
     assert too_large.returncode == 1 and "tencache.host_cache_bytes = 10000000000000000" in too_large.stderr, \
         too_large.stderr
     assert not (tmp_path / "never").exists() and "Traceback" not in too_large.stderr
+    # per rank: at --ranks 2, 60% of the node's memory each is more than the node has
+    from tencache_ds.plan.budget import MachineResources
+    share = int(0.6 * MachineResources.probe().host_total_bytes)
+    two_ranks = run_cli("bench", "--ranks", "2", "--host-cache-bytes", str(share), "--out", str(tmp_path / "never"))
+    assert two_ranks.returncode == 1 and "x 2 ranks on this node" in two_ranks.stderr, two_ranks.stderr
     (tmp_path / "a-file").write_text("")
     on_a_file = run_cli("bench", "--out", str(tmp_path / "a-file" / "out"))
     assert on_a_file.returncode == 1 and "--out" in on_a_file.stderr and "Traceback" not in on_a_file.stderr

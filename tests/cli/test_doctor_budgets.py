@@ -9,6 +9,9 @@ def test_a_host_budget_above_the_nodes_memory_fails_as_the_run_refuses_it():
     assert refused.status == FAIL and "tencache.host_cache_bytes = 10995116277760" in refused.message, refused
     taken = check_budgets({"tencache": {"host_cache_bytes": "64MiB"}}, device_free_bytes=0, accelerator_is_host=True)
     assert taken.status == OK and "host_cache_bytes=67108864" in taken.message, taken
+    disabled = check_budgets({"tencache": {"enabled": False, "host_cache_bytes": "10TiB"}}, device_free_bytes=0,
+                             accelerator_is_host=True)
+    assert disabled.status == OK and "stock DeepSpeed" in disabled.message, disabled  # the run checks nothing of it
 
 
 def test_an_older_zero_optimization_true_has_no_nvme_path():

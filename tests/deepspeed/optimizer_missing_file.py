@@ -19,9 +19,10 @@ from tencache_ds.errors import StaleFileError  # noqa: E402
 from tencache_ds.integrations.deepspeed.swap_files import SWAP_FILE_NAME  # noqa: E402
 
 
-
 def sub_group_of(path):
-    return SWAP_FILE_NAME.match(os.path.basename(path))["id"]
+    """The sub-group id of a master's or state's swap file; None for any other file (a gradient's)."""
+    match = SWAP_FILE_NAME.match(os.path.basename(path))
+    return None if match is None else match["id"]
 
 
 deepspeed.init_distributed()

@@ -12,12 +12,15 @@ def test_the_bytes_are_synced_before_the_rename_and_the_folder_after(tmp_path, m
     calls = []
     real_fsync, real_replace = os.fsync, os.replace
 
-    def fsync(descriptor):
-        calls.append(("fsync", os.readlink(f"/proc/self/fd/{descriptor}")))
+    def fsync(descriptor):  # (only this test's files: another thread of the process may sync its own)
+        path = os.readlink(f"/proc/self/fd/{descriptor}")
+        if path.startswith(str(tmp_path)):
+            calls.append(("fsync", path))
         real_fsync(descriptor)
 
     def replace(source, destination):
-        calls.append(("replace", str(source)))
+        if str(source).startswith(str(tmp_path)):
+            calls.append(("replace", str(source)))
         real_replace(source, destination)
 
     monkeypatch.setattr(durable.os, "fsync", fsync)

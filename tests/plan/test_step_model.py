@@ -918,6 +918,7 @@ def _zero_edit(key, value):
     (lambda config: config.update(aio=[1]), "aio must be an object"),
     (_zero_edit("sub_group_size", float("inf")), "zero_optimization.sub_group_size must be a finite non-negative"),
     (_zero_edit("reduce_bucket_size", float("nan")), "zero_optimization.reduce_bucket_size must be a finite"),
+    (_zero_edit("reduce_bucket_size", 10 ** 400), "zero_optimization.reduce_bucket_size must be a finite"),
 ])
 def test_a_ds_config_section_of_another_type_or_a_number_that_is_not_finite_is_named(edit, message):
     """JSON readers take NaN and Infinity, and DeepSpeed's older forms put true where an object goes: each stopped
@@ -1266,6 +1267,7 @@ def valid_machine():
     # JSON readers take NaN and Infinity (1e400 too): an int() of them stopped the estimate with a traceback
     (lambda d: d.update(host_memory_bytes=float("inf")), r"\"host_memory_bytes\" must be a finite number"),
     (lambda d: d.update(h2d_bytes_per_s=float("nan")), r"\"h2d_bytes_per_s\" must be a finite number"),
+    (lambda d: d.update(drives=10 ** 400), r"\"drives\" must be a finite number"),  # (float arithmetic overflows)
     (lambda d: d.update(nvme_request_factors=[[4 << 20, float("inf"), 1], [64 << 20, 1, 1]]), r"row \[4194304, inf"),
 ])
 def test_a_bad_machine_file_names_the_file_and_the_key(change, message):

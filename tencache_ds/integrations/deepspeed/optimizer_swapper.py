@@ -48,6 +48,7 @@ from ...io.direct_io import DirectFileIO, store_io_threads
 from ...io import folder_lock
 from ...io.shared_files import LinkSafeIO, unshare_folder
 from ...memory.pool import BufferPool
+from ...log import logger
 from ...plan.workload import optimizer_pipelining
 from ...profile.lifecycle import ProfileLifecycle
 from .profiling import rank_profile_path
@@ -225,21 +226,29 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         or what ``before_copy(places, source)`` returns when the copy starts (``begin_load_copy``: by then the
         engine has read the checkpoint's own description, e.g. how many ranks saved it)."""
         self._checkpoint_load_pending = True
-        # Reads a backward started ahead for an update that never came (a step skipped on overflow, a load in the
-        # middle of gradient accumulation) are of the files the load replaces, and the swap-ins after its copy would
-        # be served them: given back first, then dropped with every copy held (_drop_copies_held_before_load). With
-        # the optimizer on NVMe stage 3's purge_state, which gives them back too, is not called on a load.
-        self.ahead.release_all()
-        self.forget_master_copies()  # (what the partitions owe the files is written first: before they are replaced)
-        self._load_places = places or LoadPlaces.ALL
-        self._before_load_copy = before_copy
-        self.last_load_places = self.last_load_source = None
         try:
+            self._give_back_reads_ahead_before_load()
+            self.forget_master_copies()  # (what the partitions owe the files is written first: before they go)
+            self._load_places = places or LoadPlaces.ALL
+            self._before_load_copy = before_copy
+            self.last_load_places = self.last_load_source = None
             yield
         finally:
             self._checkpoint_load_pending = False
             self._load_places = LoadPlaces.ALL
             self._before_load_copy = None
+
+    def _give_back_reads_ahead_before_load(self) -> None:
+        """Reads a backward started ahead for an update that never came (a step skipped on overflow, a load in the
+        middle of gradient accumulation) are of the files the load replaces, and the swap-ins after its copy would
+        be served them: given back first, then dropped with every copy held (_drop_copies_held_before_load). With the
+        optimizer on NVMe stage 3's purge_state, which gives them back too, is not called on a load. One that failed
+        (its file missing, say) read a file the load replaces: said, not raised."""
+        try:
+            self.ahead.release_all()
+        except Exception as err:  # noqa: BLE001  (the load replaces the file that read failed on)
+            logger.warning("tencache: a read started ahead before a checkpoint load failed (%s); the load replaces "
+                           "its file", err)
 
     def begin_load_copy(self, source: str) -> None:
         """The engine's copy of a checkpoint's folder ``source`` over the swap folder starts (checkpoint_save.py):
@@ -359,6 +368,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
                 master = self.store.lend_copied(master_path, functools.partial(self.masters.fill, group))
         except BaseException:
             self.masters.owed_again_unlent(group, master_path)
+            self._give_back_unlent(read_ahead, ())
             raise
         keys = self._lent[group] = []  # filled as each is lent: a failed read still gives the others back
         try:
@@ -379,13 +389,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
                                                      functools.partial(self._lend, path, swap_info.numel(), read_ahead))
                 keys.append(path)
         except BaseException:
-            # The reads started ahead for this sub-group that were not lent yet are no longer ReadsAhead's (taken
-            # above) nor in _lent: given back here, or they stay READING, and a later swap-in of the sub-group
-            # stops on "already lent or being read" instead of the error above.
-            for path in read_ahead:
-                if path not in keys:
-                    with contextlib.suppress(Exception):  # (the same failure, most likely: the first is raised)
-                        self.store.release(path)
+            self._give_back_unlent(read_ahead, keys)
             raise
         if async_parameter is not None and self.reads_ahead:
             next_info = self._get_param_swap_info(async_parameter)
@@ -639,6 +643,15 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         return int(self.swap_config.buffer_count) * self.largest_numel * self.swap_element_size
 
     # ------------------------------------------------------------------------------------------- private
+    def _give_back_unlent(self, read_ahead, lent) -> None:
+        """A swap-in stopped: the reads started ahead for its sub-group that were not lent yet are no longer
+        ReadsAhead's (taken) nor in _lent. Given back here, or they stay READING, and a later swap-in of the
+        sub-group stops on "already lent or being read" instead of the error that stopped this one."""
+        for path in read_ahead:
+            if path not in lent:
+                with contextlib.suppress(Exception):  # (the same failure, most likely: the swap-in's is raised)
+                    self.store.release(path)
+
     def _lend(self, path, numel, read_ahead):
         if path in read_ahead:
             return self.store.wait_read(path)
