@@ -163,6 +163,25 @@ class OptimizerStoreSums:
         self.budget.resize(target)
 
 
+def test_at_two_ranks_a_shrink_counts_the_unfilled_promise_of_every_rank_on_the_node(monkeypatch):
+    """Two ranks on the node, each with an 8 GiB optimizer budget no update has filled yet (it fills at the next
+    one, on both ranks), 13 GiB available: 13 - 8 leaves the reserve, 13 - 2 x 8 does not. A shrink counted this
+    rank's promise alone (a growth counted it as many times as there are ranks), so both ranks held, and their
+    updates would have taken 3 GiB more than the node had."""
+    class NotFilledYet(OptimizerStoreSums):
+        def host_footprint_bytes(self):  # what it holds now: no update has filled its budget
+            return self.budget.used_bytes
+
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    optimizer = NotFilledYet(state=16 * GiB, start=8 * GiB, least=GiB, auto=False)
+    optimizer.budget.release(optimizer.budget.used_bytes)  # promised to the next update
+    governor = HostTierGovernor([], optimizer, None, read_memory=lambda: HostMemory(64 * GiB, 13 * GiB))
+    governor.meter.close()
+    governor.meter = ScriptedMeter([None])
+    governor.before_forward()
+    assert optimizer.footprint < 8 * GiB, optimizer.footprint / GiB
+
+
 @pytest.mark.parametrize("auto", [True, False])
 def test_an_auto_budget_grows_into_free_memory_once_a_step_is_measured_and_an_explicit_one_does_not(auto):
     """16 GiB of optimizer state, 4 GiB held at start-up, 40 GiB of 64 available, steps rising 1 GiB. "auto"

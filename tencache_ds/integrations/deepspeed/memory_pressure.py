@@ -212,11 +212,13 @@ class HostTierGovernor:
         """The policy's decision on this reading, what this engine promised counted as taken; a growth only on what
         every engine of the process has not promised. Each rank of the node makes the same decision on the same
         memory (it takes its share), and the other ranks' engines promise alike: counted as this rank's times the
-        ranks on the node."""
+        ranks on the node, in a shrink as in a growth (until 2026-12-02 a shrink counted this rank's alone: at 2
+        ranks it held where both ranks' next updates would fill more than the node had)."""
         decide = functools.partial(self.policy.decide, memory.total_bytes, reducible_bytes=self.reducible_bytes(),
                                    given_back_bytes=self.given_back_bytes, growable_bytes=self.growable_bytes(),
                                    optimizer_reducible_bytes=self._optimizer_reducible_bytes())
-        decision = decide(memory.available_bytes - self._promised_bytes())
+        # every rank of the node promises alike, and its updates fill on every rank: a shrink counts them all too
+        decision = decide(memory.available_bytes - self._promised_bytes() * self.policy.ranks)
         if decision.action is Action.GROW:
             with _LIVE_GOVERNORS_LOCK:
                 governors = list(_LIVE_GOVERNORS)
