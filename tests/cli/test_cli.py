@@ -332,6 +332,8 @@ def test_bench_rejects_bad_arguments_before_running(tmp_path):
     share = int(0.6 * MachineResources.probe().host_total_bytes)
     two_ranks = run_cli("bench", "--ranks", "2", "--host-cache-bytes", str(share), "--out", str(tmp_path / "never"))
     assert two_ranks.returncode == 1 and "x 2 ranks on this node" in two_ranks.stderr, two_ranks.stderr
+    # refused before any run (the tencache run's own refusal came after stock's had trained)
+    assert not (tmp_path / "never").exists()
     (tmp_path / "a-file").write_text("")
     on_a_file = run_cli("bench", "--out", str(tmp_path / "a-file" / "out"))
     assert on_a_file.returncode == 1 and "--out" in on_a_file.stderr and "Traceback" not in on_a_file.stderr
