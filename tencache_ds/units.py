@@ -45,7 +45,7 @@ def parse_bytes(value) -> int:
     else:
         raise ValueError(f"expected a byte size, got {type(value).__name__} {value!r}")
     nbytes = number * _UNIT_BYTES[unit]
-    if isinstance(nbytes, float) and not math.isfinite(nbytes):  # "1e400", float("inf"), NaN
+    if not finite(nbytes):  # float("inf"), NaN
         raise ValueError(f"a byte size must be a finite number: {value!r}")
     if nbytes < 0:
         raise ValueError(f"a byte size cannot be negative: {value!r}")

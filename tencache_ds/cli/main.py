@@ -16,7 +16,6 @@ neither torch nor deepspeed).
 Also runnable as `python -m tencache_ds.cli.main ...`.
 """
 import argparse
-import math
 import shlex
 import sys
 from typing import List, NoReturn, Optional, Sequence
@@ -78,6 +77,7 @@ _DRIVE_UNITS = {"TB": 10 ** 12, "PB": 10 ** 15, "TIB": 1 << 40, "PIB": 1 << 50}
 
 def _drive_rating(text: str) -> float:
     """A drive's rated endurance in bytes: "1200TB", "9.1PB" (decimal, as datasheets give them) or any byte size."""
+    from ..units import finite
     stripped = text.strip().upper().replace(" ", "")
     for unit, factor in _DRIVE_UNITS.items():
         if stripped.endswith(unit):
@@ -85,7 +85,7 @@ def _drive_rating(text: str) -> float:
                 value = float(stripped[:-len(unit)]) * factor
             except ValueError:
                 break
-            if not math.isfinite(value) or value <= 0:  # float() reads "nan" and "inf"
+            if not finite(value) or value <= 0:  # float() reads "nan" and "inf"
                 raise argparse.ArgumentTypeError(f"a drive rating must be a positive finite number, got {text!r}")
             return value
     value = _byte_size(text)

@@ -270,7 +270,8 @@ def test_destroying_one_of_two_engines_over_models_of_one_zero_init_leaves_the_o
     assert stock_proc.returncode == 0, stock_proc.stderr[-3000:]
     ours_proc, ours = run_two_engines(tmp_path, "tencache", "one-init")
     assert ours_proc.returncode == 0, ours_proc.stderr[-3000:]
-    assert ours == stock and len(ours["second"]) == 3 and len(ours["first"]) == 1
+    assert ours == stock and len(ours["second"]) == 3 and len(ours["first"]) == 1  # losses and trained weights
+    assert len(ours["second_weights_sha256"]) == 64
 
 
 def test_a_second_model_with_another_tencache_block_in_the_same_nvme_path_is_refused(tmp_path):

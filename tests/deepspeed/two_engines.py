@@ -4,8 +4,10 @@ Stock DeepSpeed's second zero.Init deletes the first model's swap files (its con
 <nvme_path>/zero_stage_3/<dtype>params/rank<r>). Prints one JSON line: the losses of each engine.
 Usage: python two_engines.py NVME_PATH {tencache|tencache-mismatch|stock} {both|first-only|one-init}
 (tencache-mismatch: the second model's "tencache" block differs from the first's. one-init: both models built in
-one zero.Init context, an engine each; both train a step, the first engine is destroyed, the second trains on.)
+one zero.Init context, an engine each; both train a step, the first engine is destroyed, the second trains on;
+the second's trained weights are hashed too.)
 """
+import hashlib
 import json
 import os
 import sys
@@ -64,6 +66,11 @@ for step in range(3):
         engine.backward(loss)
         engine.step()
         losses[name].append(loss.float().view(torch.int32).item())
+if which == "one-init":  # and the trained fp32 weights of the engine that trained on (fp32 training: its masters')
+    engine = engines["second"]
+    with deepspeed.zero.GatheredParameters(list(engine.module.parameters())):
+        weights = torch.cat([param.detach().reshape(-1).float() for param in engine.module.parameters()])
+        losses["second_weights_sha256"] = hashlib.sha256(weights.numpy().tobytes()).hexdigest()
 print("RESULT " + json.dumps(losses), flush=True)
 # Stock DeepSpeed's aio handles sometimes abort the interpreter's teardown ("terminate called without an active
 # exception"); the run is over, so leave without it.
