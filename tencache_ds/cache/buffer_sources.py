@@ -122,7 +122,11 @@ class BudgetedPageable:
         capacity = round_up(nbytes, PAGE_BYTES)
         if not self.budget.try_reserve(capacity):
             return None
-        buffer = self.pool.acquire_pageable(capacity, count_as_fallback=False)
+        try:
+            buffer = self.pool.acquire_pageable(capacity, count_as_fallback=False)
+        except BaseException:  # no memory mapped (the kernel refused it): nothing is held, so nothing reserved
+            self.budget.release(capacity)
+            raise
         self._budgeted[buffer.ptr] = capacity
         return buffer
 

@@ -349,6 +349,8 @@ class EntryStore:
             entry.copy_elsewhere = copy_elsewhere
             if fence is not None:
                 entry.buffer.fence = fence
+            if entry.kept and not self._transfers.keeps(entry):
+                entry.kept = False  # held only for a failed write's bytes: the write is retried now, then it goes
             if entry.kept:
                 self._table.set(entry, released(entry.state))
             elif entry.state == S.LENT_CLEAN:

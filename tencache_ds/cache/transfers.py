@@ -270,14 +270,21 @@ class Transfers:
             logger.warning("%s: writing %s failed (%s); its bytes stay in host memory and the write is retried "
                            "when it is evicted or flushed", self.name, entry.path, error)
             return
-        if entry.evicting or not entry.kept:
+        if entry.evicting or not self.keeps(entry):
             self.drop(entry, S.ON_FILE)
         else:
             entry.io = None
             self.table.set(entry, S.CLEAN)
 
+    def keeps(self, entry: Entry) -> bool:
+        """Does ``entry``'s buffer stay after its bytes are on file? Not where it is held only because a write of
+        it failed (``_write_failed``): a transient buffer goes back once a retry writes its bytes."""
+        return entry.kept and self.source.keeps(entry.buffer)
+
     def _write_failed(self, entry: Entry) -> None:
-        """``entry``'s write failed: its bytes stay in its buffer, still owed to the file (DIRTY)."""
+        """``entry``'s write failed: its bytes stay in its buffer, still owed to the file (DIRTY). A transient
+        buffer is held until a retry writes them: at the entry's next release or eviction, or a flush; then it
+        goes back (``keeps``), where it would otherwise stay a held copy outside the budget for good."""
         entry.io, entry.evicting = None, False
         if not entry.kept:  # a transient buffer holding owed bytes: keep it, counted as held
             entry.kept = True

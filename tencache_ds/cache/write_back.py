@@ -123,8 +123,9 @@ class WriteBack:
             self._checked()
 
     def flush(self, skip: Optional[Callable[[Hashable], bool]] = None) -> int:
-        """Write every dirty held entry, and every dirty prefix, to its file and wait; they stay held, clean.
-        Returns how many were written. Lent entries must have been released (a checkpoint is taken between steps).
+        """Write every dirty held entry, and every dirty prefix, to its file and wait; they stay held, clean (a
+        transient buffer held only for a failed write's bytes goes back: ``Transfers.keeps``). Returns how many were
+        written. Lent entries must have been released (a checkpoint is taken between steps).
         ``skip(key)``: leave that entry dirty (a checkpoint does not need it)."""
         transfers = self._transfers
         with transfers.lock:

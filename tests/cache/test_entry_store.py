@@ -715,3 +715,35 @@ def test_a_write_refused_before_it_starts_leaves_the_bytes_held_and_owed(tmp_pat
     assert torch.all(on_file == 3.0)
     store.close()
     refusing.close()
+
+
+@pytest.mark.parametrize("retry", ["flush", "next_release"])
+def test_a_transient_buffer_held_for_a_write_that_failed_in_flight_goes_back_once_a_retry_writes_it(tmp_path, retry):
+    """Nothing kept: a changed tensor is written at its release from a transient buffer, and that write fails in
+    flight (a folder stands where its file goes). The buffer is held, its bytes owed (DIRTY). Once a retry writes
+    them, at a flush or at the entry's next release, the buffer goes back and the entry is on file: it used to stay
+    a held copy, counted as kept, outside the budget and never evicted (nothing evicts a buffer the budget did not
+    give), for the rest of the run."""
+    io = DirectFileIO(num_threads=2)
+    store = make(tmp_path, io, budget_bytes=0)
+    path = tmp_path / "m.swp"
+    view = store.lend_new("m", NUMEL, str(path))
+    view.fill_(3.0)
+    path.mkdir()  # the write's open fails in its I/O thread: IsADirectoryError, in flight
+    store.release("m", changed=True)
+    with pytest.raises(IsADirectoryError):
+        store.wait_writes()
+    assert store.state("m") == EntryState.DIRTY and store.kept("m") and store.stats()["write_errors"] == 1
+    path.rmdir()
+    if retry == "flush":
+        assert store.flush() == 1
+    else:
+        assert torch.all(store.lend("m") == 3.0)  # a hit: the held bytes, the newest
+        store.release("m")
+        store.wait_writes()
+    assert store.state("m") == EntryState.ON_FILE and not store.kept("m") and store.kept_bytes() == 0
+    on_file = torch.empty(NUMEL)
+    io.read(on_file, str(path)).result()
+    assert torch.all(on_file == 3.0)
+    store.close()
+    io.close()
