@@ -286,18 +286,18 @@ def compare(runs: Sequence[BenchRun], warmup_steps: int, nvme_bandwidth: Optiona
     if any(_nvme_footprint(run) is not None for run in runs):
         details.append(make_row("swap files on NVMe after the run", "bytes", per_arm(
             lambda rs: _median([value for value in map(_nvme_footprint, rs) if value is not None]))))
-    # Every other stats key, whatever features add later: the value after the last step.
+    # Every metrics key, whatever features add later (a step's own number, or a gauge at its end): the median over
+    # measured steps. The stats repeat the last step's metrics under the same names
+    # (integrations/deepspeed/stats.py), one sample where the median of every measured step is known.
+    metrics_keys = sorted({name[len("metrics."):] for run in runs for name in series[run.label]
+                           if name.startswith("metrics.")} - FIXED_KEYS)
+    # Every other stats key: the value after the last step.
     stats_keys = sorted({key for run in runs for stats in _stats_rows(run) if stats for key, value in stats.items()
-                         if (is_number(value) or isinstance(value, str)) and key not in FIXED_KEYS})
+                         if (is_number(value) or isinstance(value, str))} - FIXED_KEYS - set(metrics_keys))
     for key in stats_keys:
         values = per_arm(lambda rs: _arm_final(rs, key))
         unit = "text" if any(isinstance(value, str) for value in values.values()) else unit_of_key(key)
         details.append(make_row(f"stats.{key} (after last step)", unit, values))
-    # Every metrics key the stats do not already show (metrics rows usually repeat the stats and add per-step
-    # values): the median over measured steps.
-    shown = set(stats_keys) | FIXED_KEYS
-    metrics_keys = sorted({name[len("metrics."):] for run in runs for name in series[run.label]
-                           if name.startswith("metrics.") and name[len("metrics."):] not in shown})
     for key in metrics_keys:
         details.append(make_row(f"metrics.{key} (median/step)", unit_of_key(key), per_arm(median_of(f"metrics.{key}"))))
 

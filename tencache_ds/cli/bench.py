@@ -31,12 +31,13 @@ import socket
 import subprocess
 import sys
 import time
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..bench import dashboard, report
 from ..config import AUTO, CONFIG_KEY, parse_config
 from ..config_checks import check_host_budget
 from ..errors import TencacheConfigError, TencacheResourceError
+from ..io import folder_lock
 from ..io.drive_rate import TRIAL_BYTES, DriveRate, store_thread_counts
 from ..plan.budget import MachineResources
 from ..units import fmt_bytes, parse_bytes
@@ -440,10 +441,44 @@ def _run(args) -> int:
         raise BenchError(f"--ranks {args.ranks} needs the deepspeed launcher (--launcher deepspeed, and "
                          "deepspeed.launcher.runner importable)")
     specs = build_runs(args, repo_root, train_script, config_path, ds_config, out_dir, launcher)
-    try:  # every argument checked first: a refused bench leaves no folder behind
+    # Every argument checked first: a refused bench leaves no folder behind. Then --nvme-path is held for the whole
+    # bench: two benches given the same one (the default, say) would use the same run folders, each emptying the
+    # other's live swap files before its own runs (io/folder_lock.py).
+    try:
+        nvme_lock = folder_lock.hold(args.nvme_path)
+    except folder_lock.FolderInUse as err:
+        raise BenchError(f"--nvme-path {err.folder} is in use by another bench ({err.holder}); give this one a "
+                         f"--nvme-path of its own") from None
+    try:
+        return _run_holding_the_nvme_path(args, specs, config_path, ds_config, out_dir, launcher, train_script)
+    finally:
+        folder_lock.let_go(nvme_lock)
+
+
+def _write_replacing(path: str, write: Callable[[Any], None]) -> None:
+    """``write(handle)`` into a temporary file beside ``path``, then renamed over it: a bench killed while writing
+    leaves the old file or the new one, never a truncated one that a later reader (validate_estimate.py --reprice)
+    stops on."""
+    temporary = f"{path}.{os.getpid()}.tmp"
+    try:
+        with open(temporary, "w") as handle:
+            write(handle)
+        os.replace(temporary, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(temporary)
+
+
+def _run_holding_the_nvme_path(args, specs: List[RunSpec], config_path: str, ds_config: Dict[str, Any],
+                               out_dir: str, launcher: str, train_script: str) -> int:
+    try:
         os.makedirs(out_dir, exist_ok=True)
     except OSError as err:
         raise BenchError(f"--out {out_dir} cannot be created: {err}") from None
+    # An earlier bench's summary in --out would stand beside this one's logs if this one fails: it goes now.
+    for name in ("bench.json", "bench.md", DASHBOARD_FILE):
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(out_dir, name))
     given_bandwidth = getattr(args, "nvme_bandwidth", None)
     probe, why_not_measured = start_probe(args.nvme_path, measure_bandwidth=given_bandwidth is None,
                                           ds_config=ds_config)
@@ -485,8 +520,7 @@ def _run(args) -> int:
 
     print(report.render_table(comparison))
     bench_json = os.path.join(out_dir, "bench.json")
-    with open(bench_json, "w") as fh:
-        json.dump({"command_line": args.command_line, "machine": machine, "total_wall_s": total_s,
+    _write_replacing(bench_json, lambda fh: json.dump({"command_line": args.command_line, "machine": machine, "total_wall_s": total_s,
                    "settings": {key: value for key, value in vars(args).items() if key != "command_line"},
                    "config_path": config_path, "train_script": train_script,
                    # a run not made (stock's repeats after its crash) has no command: its port was never chosen
@@ -497,12 +531,11 @@ def _run(args) -> int:
                    "nvme_bandwidth": dict(bandwidth_record, **(dataclasses.asdict(bandwidth) if bandwidth else {})),
                    "comparison": comparison.to_dict(),
                    "figure": os.path.relpath(figure_path, out_dir) if figure_path else None,
-                   "figure_note": figure_note, "constant_series": list(constants)}, fh, indent=1, default=str)
-    bench_md = os.path.join(out_dir, "bench.md")
-    with open(bench_md, "w") as fh:
-        fh.write(report.render_markdown(comparison, args.command_line, machine, child_commands,
-                                        os.path.relpath(figure_path, out_dir) if figure_path else None,
-                                        figure_note, constants))
+                   "figure_note": figure_note, "constant_series": list(constants)}, fh, indent=1, default=str))
+    markdown = report.render_markdown(comparison, args.command_line, machine, child_commands,
+                                      os.path.relpath(figure_path, out_dir) if figure_path else None, figure_note,
+                                      constants)
+    _write_replacing(os.path.join(out_dir, "bench.md"), lambda fh: fh.write(markdown))
     _print_outputs(out_dir, specs, figure_path, figure_note)
     print(f"bench: {len(specs)} runs in {total_s:.0f} s")
     return 0

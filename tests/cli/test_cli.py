@@ -343,6 +343,43 @@ def test_bench_rejects_bad_arguments_before_running(tmp_path):
     assert build_parser().parse_args(["bench", "--nvme-bandwidth", "2GB"]).nvme_bandwidth == 2 * 10 ** 9
 
 
+def test_bench_holds_its_nvme_path_and_leaves_no_earlier_summary_beside_a_failed_run(tmp_path):
+    """Scenario: two benches given one --nvme-path (the default, say) used the same run folders, each emptying the
+    other's live swap files before its own runs; and a bench that failed left an earlier bench's bench.json in
+    --out beside its own logs, which validate_estimate.py --reprice reads as this bench's."""
+    from tencache_ds.cli.bench import TRAIN_SCRIPT_ENV
+    from tencache_ds.io import folder_lock
+    nvme = tmp_path / "nvme"
+    # Step 1: another process holds --nvme-path (as a running bench does): refused by name, nothing made.
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from tencache_ds.io import folder_lock; "
+                               "folder_lock.hold(sys.argv[1]); print('held', flush=True); time.sleep(60)", str(nvme)],
+                              cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True,
+                              env=dict(os.environ, PYTHONPATH=REPO_ROOT))
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        refused = run_cli("bench", "--nvme-path", str(nvme), "--nvme-bandwidth", "1GB", "--out", str(tmp_path / "no"))
+    finally:
+        holder.kill()
+        holder.wait()
+    assert refused.returncode == 1 and f"--nvme-path {nvme} is in use by another bench" in refused.stderr, \
+        refused.stderr
+    assert f"pid {holder.pid}" in refused.stderr and not (tmp_path / "no").exists()
+    # Step 2: let go, the bench runs; its first run fails (a train script that exits 1): the earlier bench's
+    # summary in --out is gone, and the lock went with the bench.
+    out = tmp_path / "out"
+    out.mkdir()
+    for name in ("bench.json", "bench.md", "dashboard.png"):
+        (out / name).write_text("an earlier bench's")
+    failing = tmp_path / "fails.py"
+    failing.write_text("import sys; sys.exit(1)\n")
+    failed = run_cli("bench", "--nvme-path", str(nvme), "--nvme-bandwidth", "1GB", "--launcher", "python", "--out",
+                     str(out), "--steps", "2", "--warmup", "1", "--config",
+                     os.path.join(REPO_ROOT, "configs", "stock-nvme.json"), env_extra={TRAIN_SCRIPT_ENV: str(failing)})
+    assert failed.returncode == 1 and "stock-1 failed with exit code 1" in failed.stderr, failed.stderr
+    assert sorted(path.name for path in out.iterdir()) == ["stock-1.log"]
+    folder_lock.let_go(folder_lock.hold(str(nvme)))  # free again
+
+
 def test_bench_dependency_check_names_the_missing_modules_and_the_install_command():
     from tencache_ds.cli import bench
     # Real look-ups: a module that exists and two that do not.

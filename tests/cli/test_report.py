@@ -109,18 +109,20 @@ def test_unknown_stats_and_metrics_keys_get_rows():
     comparison = compare(runs, warmup_steps=1)
     names = [row.name for row in comparison.rows]
     # Step 2: every new stats key has a row with the value after the last step; units follow the name.
-    assert comparison.row("stats.brand_new_counter (after last step)").tencache == 2
     fancy = comparison.row("stats.fancy_cache_bytes (after last step)")
     assert fancy.tencache == 3072 and fancy.cells()[2] == "3.00 KiB" and fancy.cells()[1] == "–"
     assert comparison.row("stats.arena_backend (after last step)").tencache == "native"
-    # Step 3: a metrics-only key has a median-per-step row (steps 1, 2 -> 10, 20 -> 15); keys the stats already
-    # show and wall-clock stamps do not get a second row.
+    # Step 3: a metrics key has a median-per-step row (steps 1, 2 -> 10, 20 -> 15), also where the stats repeat the
+    # last step's value under its name (they do for every metrics key: integrations/deepspeed/stats.py): the median,
+    # not that one sample (steps 1, 2 -> 1, 2 -> 1.5, where the stats' last value is 2), with no second row; wall-clock
+    # stamps get none.
     assert comparison.row("metrics.prefetch_late_per_step (median/step)").tencache == 15
-    assert "metrics.brand_new_counter (median/step)" not in names
+    assert comparison.row("metrics.brand_new_counter (median/step)").tencache == 1.5
+    assert "stats.brand_new_counter (after last step)" not in names
     assert not any("time_unix" in name for name in names)
     # Step 4: the new keys reach bench.md's full table, not the terminal's headline.
     markdown = report.render_markdown(comparison, "tencache-ds bench", {})
-    assert "stats.brand_new_counter" in markdown and "metrics.prefetch_late_per_step" in markdown
+    assert "metrics.brand_new_counter" in markdown and "metrics.prefetch_late_per_step" in markdown
     assert "brand_new_counter" not in report.render_table(comparison)
 
 
