@@ -431,7 +431,6 @@ def _run(args) -> int:
     if args.warmup >= args.steps:
         raise BenchError(f"--warmup {args.warmup} leaves no measured step of --steps {args.steps}")
     check_dependencies()
-    from tqdm import tqdm
     repo_root, train_script = locate_train_script()
     config_path = os.path.abspath(args.config or os.path.join(repo_root, "configs", f"stock-{args.offload}.json"))
     ds_config = load_ds_config(config_path)
@@ -471,6 +470,7 @@ def _write_replacing(path: str, write: Callable[[Any], None]) -> None:
 
 def _run_holding_the_nvme_path(args, specs: List[RunSpec], config_path: str, ds_config: Dict[str, Any],
                                out_dir: str, launcher: str, train_script: str) -> int:
+    from tqdm import tqdm  # (checked by check_dependencies: part of the bench extra)
     try:
         os.makedirs(out_dir, exist_ok=True)
     except OSError as err:
@@ -520,18 +520,19 @@ def _run_holding_the_nvme_path(args, specs: List[RunSpec], config_path: str, ds_
 
     print(report.render_table(comparison))
     bench_json = os.path.join(out_dir, "bench.json")
-    _write_replacing(bench_json, lambda fh: json.dump({"command_line": args.command_line, "machine": machine, "total_wall_s": total_s,
-                   "settings": {key: value for key, value in vars(args).items() if key != "command_line"},
-                   "config_path": config_path, "train_script": train_script,
-                   # a run not made (stock's repeats after its crash) has no command: its port was never chosen
-                   "runs": [{"label": spec.label, "arm": spec.arm, "repeat": spec.repeat,
-                             "command": spec.command if spec.returncode is not None else None,
-                             "log": spec.log_path, "result": spec.result_path, "metrics": spec.metrics_path,
-                             "wall_s": spec.wall_s, "returncode": spec.returncode} for spec in specs],
-                   "nvme_bandwidth": dict(bandwidth_record, **(dataclasses.asdict(bandwidth) if bandwidth else {})),
-                   "comparison": comparison.to_dict(),
-                   "figure": os.path.relpath(figure_path, out_dir) if figure_path else None,
-                   "figure_note": figure_note, "constant_series": list(constants)}, fh, indent=1, default=str))
+    summary = {"command_line": args.command_line, "machine": machine, "total_wall_s": total_s,
+               "settings": {key: value for key, value in vars(args).items() if key != "command_line"},
+               "config_path": config_path, "train_script": train_script,
+               # a run not made (stock's repeats after its crash) has no command: its port was never chosen
+               "runs": [{"label": spec.label, "arm": spec.arm, "repeat": spec.repeat,
+                         "command": spec.command if spec.returncode is not None else None,
+                         "log": spec.log_path, "result": spec.result_path, "metrics": spec.metrics_path,
+                         "wall_s": spec.wall_s, "returncode": spec.returncode} for spec in specs],
+               "nvme_bandwidth": dict(bandwidth_record, **(dataclasses.asdict(bandwidth) if bandwidth else {})),
+               "comparison": comparison.to_dict(),
+               "figure": os.path.relpath(figure_path, out_dir) if figure_path else None,
+               "figure_note": figure_note, "constant_series": list(constants)}
+    _write_replacing(bench_json, lambda fh: json.dump(summary, fh, indent=1, default=str))
     markdown = report.render_markdown(comparison, args.command_line, machine, child_commands,
                                       os.path.relpath(figure_path, out_dir) if figure_path else None, figure_note,
                                       constants)

@@ -380,6 +380,22 @@ def test_bench_holds_its_nvme_path_and_leaves_no_earlier_summary_beside_a_failed
     folder_lock.let_go(folder_lock.hold(str(nvme)))  # free again
 
 
+def test_a_bench_summary_is_replaced_whole_or_not_at_all(tmp_path):
+    """A bench killed while writing bench.json (here: its writer raises half-way) leaves the earlier file and no
+    temporary one, never a truncated file that a later reader stops on."""
+    from tencache_ds.cli.bench import _write_replacing
+    path = tmp_path / "bench.json"
+    _write_replacing(str(path), lambda handle: json.dump({"runs": 1}, handle))
+
+    def half_then_raise(handle):
+        handle.write('{"runs": ')
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        _write_replacing(str(path), half_then_raise)
+    assert json.loads(path.read_text()) == {"runs": 1} and os.listdir(tmp_path) == ["bench.json"]
+
+
 def test_bench_dependency_check_names_the_missing_modules_and_the_install_command():
     from tencache_ds.cli import bench
     # Real look-ups: a module that exists and two that do not.
