@@ -116,7 +116,9 @@ class BufferPool:
 
     def release(self, buffer: HostBuffer) -> None:
         with self._mutex:
-            assert self._live.pop(buffer.ptr, None) is buffer, f"{self.name}: release of a buffer not handed out"
+            # (not an assert: ``python -O`` drops an assert's expression, and this pop is what frees the buffer)
+            if self._live.pop(buffer.ptr, None) is not buffer:
+                raise ValueError(f"{self.name}: release of a buffer not handed out")
             if buffer.slot is not None:
                 if buffer.fence is not None:
                     self._fences[buffer.ptr] = buffer.fence

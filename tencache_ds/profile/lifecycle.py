@@ -144,7 +144,10 @@ class ProfileLifecycle:
                 self._adopt(finished, source="recorded")
                 self._move(Phase.PREDICTING)
         elif self._phase is Phase.PREDICTING and accesses == len(self._profile):
-            self._timed_repeat(finished)  # the step repeated the profile
+            # The step repeated the profile: a step that left it before was a one-off, not the first of a change
+            # (an eval pass every N steps is the same one-off each time, and must not replace the profile).
+            self._candidate = None
+            self._timed_repeat(finished)
         else:
             if self._phase is Phase.PREDICTING:
                 self._diverged(accesses)  # the step ended before the profile did

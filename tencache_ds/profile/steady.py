@@ -54,7 +54,7 @@ class SteadyTimings:
             steady = cls(steps=int(data["steps"]), step_s=float(data["step_s"]), compute_s=float(data["compute_s"]),
                          stall_s=float(data["stall_s"]), read_bytes=int(data["read_bytes"]),
                          read_s=float(data["read_s"]), reads=int(data["reads"]))
-        except (KeyError, TypeError) as err:
+        except (KeyError, TypeError, OverflowError) as err:  # (OverflowError: a count of 1e400 in the file)
             raise ValueError(f"malformed steady timings ({type(err).__name__}: {err})") from None
         seconds = (steady.step_s, steady.compute_s, steady.stall_s, steady.read_s)
         if steady.steps < 1 or not all(math.isfinite(value) and value >= 0 for value in seconds) \

@@ -16,6 +16,7 @@ the rest of the gap is compute. E.g. offsets [0.1, 0.5], stall_s [0, 0.3, 0.05],
 is 0.1, between a0 and a1 0.4 - 0.3 = 0.1, after a1 0.25 - 0.05 = 0.2.
 """
 import dataclasses
+import math
 from typing import Callable, Dict, Hashable, List, Optional, Sequence, Tuple
 
 _ROUND_DIGITS = 7  # 0.1 microsecond: finer than any clock step we measure, and keeps the file small
@@ -110,14 +111,25 @@ class StepProfile:
 
     @classmethod
     def from_json(cls, data: dict) -> "StepProfile":
-        """Raises ValueError (or TypeError/KeyError) for anything that is not a well-formed step profile."""
+        """Raises ValueError (or TypeError/KeyError) for anything that is not a well-formed step profile: sizes
+        are whole bytes, times finite seconds, none negative (they plan reads and price steps)."""
         keys = tuple(_hashable(key) for key in data["keys"])
-        nbytes = tuple(int(size) for size in data["nbytes"])
+        try:
+            nbytes = tuple(int(size) for size in data["nbytes"])
+        except OverflowError:  # JSON reads 1e400 (and Infinity) as an infinite float
+            raise ValueError("an access size that is not finite") from None
         if any(size < 0 for size in nbytes):
             raise ValueError("negative access size")
-        return cls(keys, nbytes, tuple(float(value) for value in data["offset_s"]),
-                   tuple(None if value is None else float(value) for value in data["read_s"]),
-                   tuple(float(value) for value in data["stall_s"]), float(data["step_s"]))
+        return cls(keys, nbytes, tuple(_seconds(value) for value in data["offset_s"]),
+                   tuple(None if value is None else _seconds(value) for value in data["read_s"]),
+                   tuple(_seconds(value) for value in data["stall_s"]), _seconds(data["step_s"]))
+
+
+def _seconds(value) -> float:
+    seconds = float(value)
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ValueError(f"a time of {value!r} s (times are finite and not negative)")
+    return seconds
 
 
 def _hashable(key):

@@ -20,6 +20,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import stat
 import tempfile
 import threading
 import time
@@ -48,8 +49,8 @@ def fingerprint(*facts) -> str:
 
 
 def read_sections(path: str) -> Dict[str, SavedSection]:
-    """Every section of the file. Raises OSError if it cannot be read, ValueError if it is not a version-2
-    profile (the message says why)."""
+    """Every well-formed section of the file (a malformed one is left out, with a warning). Raises OSError if it
+    cannot be read, ValueError if it is not a version-2 profile (the message says why)."""
     with open(path) as handle:
         data = json.load(handle)
     if not isinstance(data, dict):
@@ -59,13 +60,18 @@ def read_sections(path: str) -> Dict[str, SavedSection]:
     sections = data.get("sections")
     if not isinstance(sections, dict):
         raise ValueError("no \"sections\" object")
-    try:
-        return {name: SavedSection(StepProfile.from_json(entry["step"]), str(entry["fingerprint"]),
-                                   dict(entry.get("facts") or {}), entry.get("recorded_unix"),
-                                   _steady(path, name, entry.get("steady")))
-                for name, entry in sections.items()}
-    except (KeyError, TypeError, AttributeError) as err:
-        raise ValueError(f"malformed section ({type(err).__name__}: {err})") from None
+    readable = {}
+    for name, entry in sections.items():
+        # One section at a time: a damaged section (a corrupt number, a foreign writer) is left out with a warning,
+        # and the file's other sections still serve (a save keeps them as they are).
+        try:
+            readable[name] = SavedSection(StepProfile.from_json(entry["step"]), str(entry["fingerprint"]),
+                                          dict(entry.get("facts") or {}), entry.get("recorded_unix"),
+                                          _steady(path, name, entry.get("steady")))
+        except (KeyError, TypeError, AttributeError, ValueError, OverflowError) as err:
+            logger.warning("profile %s [%s] is unusable (malformed section, %s: %s): re-profiling it; it will be "
+                           "replaced once a training step is recorded", path, name, type(err).__name__, err)
+    return readable
 
 
 def _steady(path: str, section: str, data) -> Optional[SteadyTimings]:
@@ -73,7 +79,7 @@ def _steady(path: str, section: str, data) -> Optional[SteadyTimings]:
     (plan/profile_timings.py), and the access order beside them still serves eviction."""
     try:
         return SteadyTimings.from_json(data)
-    except (ValueError, TypeError) as err:
+    except (ValueError, TypeError, OverflowError) as err:
         logger.warning("profile %s [%s]: its steady timings are unusable (%s) and are ignored", path, section, err)
         return None
 
@@ -150,9 +156,26 @@ def _replace_file(path: str, data: dict) -> None:
     os.makedirs(folder, exist_ok=True)
     descriptor, temporary = tempfile.mkstemp(dir=folder, prefix=".profile-")
     try:
+        # mkstemp makes the file 0600: the profile would turn unreadable to the other users sharing it at each save
+        os.fchmod(descriptor, _mode_for(path))
         with os.fdopen(descriptor, "w") as handle:
             json.dump(data, handle)
         os.replace(temporary, path)
     except BaseException:
         os.unlink(temporary)
         raise
+
+
+def _mode_for(path: str) -> int:
+    """The permissions of the file ``path`` names, or where there is none, those a new file gets (0666 less this
+    process's umask, read from /proc: setting it to read it would change it for every thread meanwhile)."""
+    try:
+        return stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        pass
+    try:
+        with open("/proc/self/status") as handle:
+            umask = next(int(line.split()[1], 8) for line in handle if line.startswith("Umask:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        umask = 0o022
+    return 0o666 & ~umask

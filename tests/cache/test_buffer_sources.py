@@ -21,3 +21,31 @@ def test_a_buffer_the_kernel_refuses_to_map_leaves_nothing_reserved_from_the_bud
     assert budget.used_bytes == 4096 and source.keeps(buffer)
     source.release(buffer)
     assert budget.used_bytes == 0
+
+
+def test_under_python_dash_o_a_released_pageable_buffer_is_freed_and_a_second_release_refused():
+    """``python -O`` (PYTHONOPTIMIZE, set by some launch scripts) drops asserts with their expressions: the pool's
+    release did its bookkeeping inside one, so under -O every pageable buffer (optimizer state, transient mappings,
+    zero.Init staging) stayed mapped after its release, and host memory grew until the kernel killed the run."""
+    import os
+    import subprocess
+    import sys
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    script = ("import gc, weakref\n"
+              "from tencache_ds.memory.pool import BufferPool\n"
+              "pool = BufferPool('optimizer', lock='off')\n"
+              "buffer = pool.acquire_pageable(1 << 20)\n"
+              "base = weakref.ref(buffer._base)\n"
+              "pool.release(buffer)\n"
+              "try:\n"
+              "    pool.release(buffer)\n"
+              "    print('second release accepted')\n"
+              "except ValueError:\n"
+              "    pass\n"
+              "del buffer\n"
+              "gc.collect()\n"
+              "print('freed' if base() is None else 'still mapped')\n")
+    done = subprocess.run([sys.executable, "-O", "-c", script], cwd=repo, capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=repo), timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["freed"], done.stdout

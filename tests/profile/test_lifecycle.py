@@ -147,6 +147,22 @@ def test_an_eval_pass_falls_back_to_demand_fetching_and_keeps_the_profile(tmp_pa
     assert lifecycle.divergences == 1 and lifecycle.profile is profile
 
 
+def test_a_one_off_that_recurs_between_training_steps_never_replaces_the_profile(tmp_path):
+    """An eval pass (or a 16-bit save, which gathers every parameter) every few steps is the same one-off each time.
+    The step that left the profile was remembered until a later one left it the same way, however many steps
+    repeated the profile between: the second eval pass replaced the profile with the eval step, and the training
+    steps after it left that one (two steps on demand fetching, the profile file written twice, each period)."""
+    lifecycle = new(str(tmp_path / "p.json"), first_training_step=0)
+    run_step(lifecycle, TRAIN)  # recorded
+    profile = lifecycle.profile
+    for _period in range(3):
+        run_step(lifecycle, EVAL_THEN_TRAIN)
+        run_step(lifecycle, TRAIN)
+        run_step(lifecycle, TRAIN)
+    assert lifecycle.profile is profile and lifecycle.generation == 1
+    assert lifecycle.divergences == 3  # the eval steps alone
+
+
 def test_a_lasting_change_replaces_the_profile_once_it_repeats(tmp_path, messages):
     path = str(tmp_path / "p.json")
     lifecycle = new(path, first_training_step=0)

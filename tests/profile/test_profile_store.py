@@ -90,6 +90,14 @@ def test_version_1_file_is_reported_not_used_and_replaced(tmp_path, messages):
     json.dumps({"version": 2, "sections": {"params": {"fingerprint": "f", "step": {
         "keys": [1, 2], "nbytes": [1], "offset_s": [0, 0], "read_s": [None, None], "stall_s": [0, 0, 0],
         "step_s": 0}}}}),  # columns of different lengths
+    # numbers no clock or size gives: JSON reads 1e400 as infinity (int() of it raised OverflowError, which stopped
+    # the run at start-up), and a NaN or negative time would plan reads and price steps
+    '{"version": 2, "sections": {"params": {"fingerprint": "f", "step": {"keys": [1], "nbytes": [1e400], '
+    '"offset_s": [0], "read_s": [null], "stall_s": [0, 0], "step_s": 1}}}}',
+    '{"version": 2, "sections": {"params": {"fingerprint": "f", "step": {"keys": [1], "nbytes": [8], '
+    '"offset_s": [NaN], "read_s": [null], "stall_s": [0, 0], "step_s": 1}}}}',
+    '{"version": 2, "sections": {"params": {"fingerprint": "f", "step": {"keys": [1], "nbytes": [8], '
+    '"offset_s": [0], "read_s": [-5.0], "stall_s": [0, 0], "step_s": 1}}}}',
 ])
 def test_corrupt_profile_is_reported_not_used_and_replaced(tmp_path, messages, content):
     path = tmp_path / "p.json"
@@ -98,6 +106,25 @@ def test_corrupt_profile_is_reported_not_used_and_replaced(tmp_path, messages, c
     assert any("unusable" in message for message in messages)
     save_section(str(path), "params", "f", TIMED)  # and replacing it works
     assert load_section(str(path), "params", "f") == TIMED
+
+
+def test_a_damaged_section_leaves_the_files_other_sections_serving(tmp_path, messages):
+    """One section damaged (its steady count 1e400, and its step's sizes): the other section still loads, before
+    and after a save of it (a save keeps the damaged one as it is), and the damaged one is reported."""
+    path = str(tmp_path / "p.json")
+    save_section(path, "params", "f", TIMED)
+    save_section(path, "optimizer", "g", StepProfile.untimed(["x"], [1]))
+    text = open(path).read()
+    data = json.loads(text)
+    data["sections"]["optimizer"]["step"]["nbytes"] = ["BIG"]
+    data["sections"]["params"]["steady"] = {"steps": "HUGE"}
+    open(path, "w").write(json.dumps(data).replace('["BIG"]', "[1e400]").replace('"HUGE"', "1e400"))
+    assert load_section(path, "params", "f") == TIMED
+    assert load_section(path, "optimizer", "g") is None
+    assert any("[optimizer] is unusable" in message for message in messages)
+    assert read_sections(path)["params"].steady is None  # its steady timings are ignored, its order serves
+    save_section(path, "params", "f", TIMED)
+    assert load_section(path, "params", "f") == TIMED
 
 
 def test_step_profile_json_round_trip_keeps_tuple_keys_and_missing_reads():
@@ -115,3 +142,18 @@ def test_compute_never_goes_negative_when_clocks_disagree():
     its gap must not make compute negative."""
     step = StepProfile(("a",), (1,), (0.1,), (None,), (0.0, 0.2), 0.25)
     assert step.gap_compute_s() == [0.1, 0.0]
+
+
+def test_a_save_keeps_the_files_permissions_and_a_new_file_gets_the_umasks(tmp_path):
+    """The temporary file a save renames over the profile was made 0600 (mkstemp): each save turned a profile that
+    several users share unreadable to the others."""
+    import os
+    import stat
+    path = tmp_path / "p.json"
+    save_section(str(path), "params", "f", TIMED)
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~umask
+    path.chmod(0o664)
+    save_section(str(path), "params", "f", TIMED)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o664
