@@ -21,8 +21,10 @@ profile saved before a step repeated it, or by an older tencache); never the two
   rate per request, not the drive's. Taken as the drive's rate it made gpt2-1.3b's stock step 93 s where it
   took 60 s (docs/estimate.md, run 20); the machine's drive figures (`--machine this` measures them with
   tencache's own engine at its queue depth) stay.
-The access sequence stays synthesised; the profile's partition sizes must match it (else it describes another
-model or config and is refused).
+The access sequence stays synthesised; the profile's partition sizes must match it, and the gradient accumulation
+and world size it was recorded with this estimate's (else it describes another model or config and is refused).
+Micro-batch and sequence length are not recorded (they change no access): a profile of other ones prices compute
+at their token count.
 """
 import dataclasses
 from typing import Dict, List, Tuple
@@ -59,6 +61,13 @@ def machine_from_profile(machine: Machine, workload: Workload, sections: Dict[st
         raise TencacheConfigError(f"{source} [params] holds {fmt_bytes(recorded)} of parameter partitions, this "
                                   f"model and config {fmt_bytes(expected)}: it was recorded for another model or "
                                   f"config")
+    # Gradient accumulation repeats the forward and backward without changing a partition's size: a profile of
+    # another GAS would fit this step's compute to another number of micro steps (the rate off by their ratio).
+    for fact, this_run in (("gradient_accumulation_steps", workload.gas), ("world_size", workload.world_size)):
+        recorded_with = params.facts.get(fact)
+        if recorded_with is not None and recorded_with != this_run:
+            raise TencacheConfigError(f"{source} [params] was recorded with {fact} {recorded_with}, this estimate "
+                                      f"has {this_run}: its step times are another config's")
     notes: List[str] = []
     changes = {}
     steady = all(section.steady is not None for section in sections.values())

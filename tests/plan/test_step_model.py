@@ -1392,6 +1392,19 @@ def test_a_profile_of_another_model_is_refused(tmp_path):
         machine_from_profile(this_vm(), work, sections, source="profile p.json")
 
 
+def test_a_profile_of_another_gradient_accumulation_is_refused(tmp_path):
+    """GAS repeats the forward and backward without changing a partition's size, so the size check passed: a
+    profile recorded at GAS 1 fitted a GAS-4 step's compute to one micro step's time, a FLOP rate 4x too high."""
+    work = workload(config=ds_config(host_cache_bytes=0), gas=4)
+    recorded = saved_profile(tmp_path, work, compute_s=0.5, read_s_each=0.01)["params"].step
+    path = str(tmp_path / "profile.json")
+    save_section(path, "params", "f" * 16, recorded, facts={"gradient_accumulation_steps": 1, "world_size": 1})
+    with pytest.raises(TencacheConfigError, match="recorded with gradient_accumulation_steps 1, this estimate has 4"):
+        machine_from_profile(this_vm(), work, read_sections(path), source="profile p.json")
+    save_section(path, "params", "f" * 16, recorded, facts={"gradient_accumulation_steps": 4, "world_size": 1})
+    machine_from_profile(this_vm(), work, read_sections(path), source="profile p.json")  # the same GAS: taken
+
+
 # ------------------------------------------------------------------------- gradients read from stage 3's buffer
 def fp32_config(**data_types):
     config = ds_config()
