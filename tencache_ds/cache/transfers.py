@@ -93,7 +93,12 @@ class Transfers:
         """Read ``entry``'s file into its attached buffer (``access``: the recorded use it serves; None for a read
         ahead, whose use is recorded later)."""
         timer = self._read_timer(entry, access)  # after the buffer was found: those waits are stalls, not read time
-        entry.io = self._read_past_prefix(entry, self.swap_view(entry))
+        try:
+            entry.io = self._read_past_prefix(entry, self.swap_view(entry))
+        except BaseException:  # refused before it started (an engine closed): the entry is on file, bufferless
+            entry.pending_use = None
+            self.release_buffer(entry)
+            raise
         entry.io.add_done_callback(timer)
         self.table.set(entry, S.READING)
 

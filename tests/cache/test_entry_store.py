@@ -747,3 +747,22 @@ def test_a_transient_buffer_held_for_a_write_that_failed_in_flight_goes_back_onc
     assert torch.all(on_file == 3.0)
     store.close()
     io.close()
+
+
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_a_read_refused_before_it_starts_gives_its_buffer_back(tmp_path, prefetch):
+    """The engine refuses the read as it is issued (closed under the store, as at a teardown racing a prefetch): the
+    entry stays on file without the buffer it was given. The buffer used to stay attached, counted as kept, and the
+    next read of the entry attached another over it (the first never went back)."""
+    io = DirectFileIO(num_threads=2)
+    store = make(tmp_path, io, budget_bytes=10 * NBYTES)
+    put(store, tmp_path, "p", 1.0)
+    store.trim_kept(0)  # on file now
+    assert store.state("p") == EntryState.ON_FILE and store.kept_bytes() == 0
+    io.close()
+    with pytest.raises(RuntimeError):
+        if prefetch:
+            store.prefetch_if_free("p")
+        else:
+            store.start_read("p")
+    assert store.state("p") == EntryState.ON_FILE and store.kept_bytes() == 0
