@@ -272,7 +272,7 @@ def compare(runs: Sequence[BenchRun], warmup_steps: int, nvme_bandwidth: Optiona
                                           f"budget {fmt_bytes(store_least.capacity_bytes)}"))
     written_per_day = {arm: bytes_written_per_day(nvme["write"][arm], step_time[arm])
                        if is_number(nvme["write"][arm]) and is_number(step_time[arm]) else None for arm in arms}
-    details.append(make_row(ROW_WRITTEN_PER_DAY, "bytes", written_per_day,
+    details.append(make_row(ROW_WRITTEN_PER_DAY, "decimal TB", written_per_day,
                             note="the median NVMe bytes written per step at the median step's rate, per rank"))
     days = {arm: days_to_rated_tbw(nvme["write"][arm], step_time[arm], drive_tbw_bytes, ranks_per_drive)
             if drive_tbw_bytes and is_number(nvme["write"][arm]) and is_number(step_time[arm]) else None
@@ -308,8 +308,10 @@ def compare(runs: Sequence[BenchRun], warmup_steps: int, nvme_bandwidth: Optiona
     notes.append(f"medians exclude the first {warmup_steps} (warm-up) steps of each run; peaks cover all steps")
     notes.append("stage-3 fetch knobs: " + "; ".join(f"{arm}: {_stage3_knobs(by_arm[arm][0])}" for arm in arms))
     notes.insert(0, _wear_note(arms, written_per_day, days, drive_tbw_bytes, ranks_per_drive))
-    if stock_crashed:
-        notes.insert(0, f"stock NVMe crashed, so its column is empty: {stock_crashed}")
+    if stock_crashed:  # its other repeats were skipped; one that finished before the crash is in its column
+        notes.insert(0, f"stock NVMe crashed, so its column is empty: {stock_crashed}" if not by_arm.get(STOCK) else
+                     f"stock NVMe crashed, so its column is from {len(by_arm[STOCK])} finished run(s): "
+                     f"{stock_crashed}")
     if STOCK_CPU in arms and is_number(step_time.get(STOCK_CPU)) and is_number(step_time[TENCACHE]):
         notes.insert(0, f"step time tencache / stock-cpu: {step_time[TENCACHE] / step_time[STOCK_CPU]:.3f}")
     run_dicts = [{"label": run.label, "arm": run.arm, "repeat": run.repeat, "model": run.result.get("model"),

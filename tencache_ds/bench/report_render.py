@@ -4,6 +4,7 @@ how a value is shown in a cell, the terminal's table and bench.md. Does not own:
 import dataclasses
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from ..drive_wear import fmt_decimal_tb
 from ..units import fmt_bytes
 from .report_bound import Bound
 from .report_runs import MISSING, STOCK, STOCK_CPU, TENCACHE, Value
@@ -85,7 +86,7 @@ class Comparison:
 # Rendering
 # ----------------------------------------------------------------------------------------------------------------
 def format_value(value: Value, unit: str) -> str:
-    """A cell: bytes in binary units, seconds with 3 decimals, fractions and percents as %, counts with
+    """A cell: bytes in binary units (drive wear in decimal TB), seconds with 3 decimals, fractions and percents as %, counts with
     separators, None as "–"."""
     if value is None:
         return MISSING
@@ -93,6 +94,8 @@ def format_value(value: Value, unit: str) -> str:
         return str(value)
     if unit == "bytes":
         return fmt_bytes(value)
+    if unit == "decimal TB":  # drive wear: in the units drive ratings (TBW) are given in
+        return fmt_decimal_tb(value)
     if unit == "s":
         return f"{value:.3f}"
     if unit == "fraction":

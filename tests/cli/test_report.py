@@ -290,6 +290,7 @@ def test_drive_wear_per_arm_at_its_measured_rate():
     comparison = compare(three_arms(), warmup_steps=1)
     per_day = comparison.row(report.ROW_WRITTEN_PER_DAY)
     assert (per_day.stock, per_day.tencache, per_day.stock_cpu) == (4 * GB * 28800, GB // 2 * 43200, 0)
+    assert per_day.cells()[1:3] == ("115 TB", "21.60 TB")  # as drive ratings are given (was 104.77 TiB, 19.65 TiB)
     assert not [row for row in comparison.details if row.name == report.ROW_DAYS_TO_TBW]
     wear = next(note for note in comparison.notes if note.startswith("drive wear"))
     assert "stock 115 TB, tencache 21.60 TB, stock-cpu 0 TB" in wear and "--drive-tbw" in wear
@@ -452,6 +453,11 @@ def test_a_stock_arm_that_crashed_leaves_tencache_compared_with_stock_cpu_offloa
     assert comparison.notes[0] == "step time tencache / stock-cpu: 0.800"
     assert comparison.notes[1].startswith("stock NVMe crashed, so its column is empty: stock-1 exited 1")
     assert comparison.losses_identical
+    # a repeat crashed after one had finished: its column holds that run, and the note no longer says it is empty
+    runs.append(BenchRun("stock", 1, make_result([9.0, 3.0, 3.0, 3.0])))
+    comparison = compare(runs, warmup_steps=1, stock_crashed="stock-2 exited 1: AssertionError: Not enough buffers")
+    assert comparison.row(report.ROW_STEP_TIME).stock == 3.0
+    assert comparison.notes[1].startswith("stock NVMe crashed, so its column is from 1 finished run(s): stock-2")
 
 
 def test_bytes_over_least_bytes_is_never_below_1(tmp_path):
