@@ -13,6 +13,8 @@ One line per optimizer step at the config's ``metrics_path``, and the latest one
      "host_step_rise_bytes": ...}
 
 What each per-step number means (this step's, not a running total):
+- ``step``: the optimizer step's index as the engine counts them from 0 (a resumed run's go on from the step it
+  loaded: integrations/deepspeed/reporting.py ``restart_metering``).
 - ``param_nvme_wait_s`` / ``optimizer_nvme_wait_s``: time the training thread was blocked on NVMe for parameter
   partitions / optimizer state; ``fetch_wait_s`` is their sum.
 - ``device_fetch_s``: time the training thread spent gathering parameters for modules (DeepSpeed's
@@ -147,6 +149,11 @@ class StepMeter:
         self._last_totals = start
         self._steps = 0
         self.latest: Optional[StepMetrics] = None
+
+    def restart(self, totals: RunningTotals, next_step: int) -> None:
+        """Measure the next step from now and ``totals`` (what happened since the last step is not one: a
+        checkpoint load), numbered ``next_step`` (the loaded run's next step, as the run that saved numbered it)."""
+        self._last_time, self._last_totals, self._steps = self._clock(), totals, int(next_step)
 
     def step_end(self, totals: RunningTotals, gauges: Gauges, device_tier_applies: bool = True) -> StepMetrics:
         """``device_tier_applies``: False where a gather is a view of the partition (the device numbers are None)."""

@@ -7,6 +7,8 @@ What the checkpoint did not carry (integrations/deepspeed/checkpoint.py): on NVM
 registrations (stock's NVMe load path skips the optimizer's state dict); on either device, DeepSpeedCPUAdam's
 running products beta^t, which a fresh process recomputes with pow() at its first update (the last bits differ,
 and with them every loss from the second resumed step on)."""
+import json
+
 import pytest
 
 from test_residency import FAST, PREFIX  # fp32 (why: there); tests/deepspeed is on sys.path (rootdir-relative imports)
@@ -22,12 +24,17 @@ SUB_GROUPS = {"one": {}, "many": {"sub_group_size": 2e6}}  # gpt2-tiny: 1 sub-gr
 def test_resume_gives_the_uninterrupted_runs_bits(train, tmp_path, optimizer_device, sub_groups):
     options = dict(FAST, optimizer_offload_device=optimizer_device, **SUB_GROUPS[sub_groups])
     folder = str(tmp_path / "ckpt")
-    uninterrupted = train(block=AUTO, steps=4, save_after=2, checkpoint_dir=folder, **options)
-    resumed = train(block=AUTO, steps=2, resume=True, checkpoint_dir=folder, **options)
+    metrics = tmp_path / "metrics.jsonl"  # both runs append to it, as a run resumed with its own config does
+    block = dict(AUTO, metrics_path=str(metrics))
+    uninterrupted = train(block=block, steps=4, save_after=2, checkpoint_dir=folder, **options)
+    resumed = train(block=block, steps=2, resume=True, checkpoint_dir=folder, **options)
     assert resumed.last_stats["tencache_enabled"] == 1
     assert [step["step"] for step in resumed.result["steps"]] == [2, 3]
     assert resumed.loss_bits == uninterrupted.loss_bits[2:]
     assert resumed.result["weights_sha256"] == uninterrupted.result["weights_sha256"]
+    # one metrics record per optimizer step, numbered as the engine numbers its steps: the resumed run's go on from
+    # step 2 (they restarted at 0 before 2026-12-02, and its first held the load's I/O)
+    assert [json.loads(line)["step"] for line in metrics.read_text().splitlines()] == [0, 1, 2, 3, 2, 3]
 
 
 def test_resume_with_a_prefix_held_at_the_save_gives_the_uninterrupted_runs_bits(train, tmp_path):

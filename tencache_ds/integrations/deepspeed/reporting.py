@@ -63,6 +63,16 @@ def attach_step_meter(optimizer) -> None:
                              prior=stage3_prior(optimizer, accelerator_is_host(), reduces_to_views(optimizer))))
 
 
+def restart_metering(optimizer, next_step: int) -> None:
+    """engine.load_checkpoint is done (install.py wraps it): the meter starts again from here, so that the next
+    metrics record holds the next step's own I/O and time, not the load's (its reads of the checkpoint, the
+    engine's swap-ins that follow them), numbered ``next_step`` (the engine's global step: the record the run that
+    saved would have written next; a resumed run appending to its metrics file numbered from 0 again)."""
+    meter = getattr(optimizer, METRICS_METER_ATTRIBUTE, None)
+    if meter is not None:
+        meter.restart(running_totals(*_components(optimizer)), next_step)
+
+
 def on_optimizer_step_end(optimizer) -> None:
     """Stage 3 finished an optimizer step (its _post_step)."""
     meter = getattr(optimizer, METRICS_METER_ATTRIBUTE, None)
