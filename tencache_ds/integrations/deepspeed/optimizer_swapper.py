@@ -31,6 +31,7 @@ import contextlib
 import dataclasses
 import functools
 import os
+import weakref
 from typing import Optional
 
 import torch
@@ -168,6 +169,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             self.ahead = ReadsAhead(self.store, self._paths_to_read, gradient_path)
             self._backwards_this_step = 0  # backward passes since the last optimizer step ended (log_timers)
             stage3 = find_stage3_optimizer()
+            self._stage3 = weakref.ref(stage3) if stage3 is not None else None  # (it holds this swapper)
             # the gradients stage 3 hands: read from its own gradient buffer at the update where it keeps them,
             # stored otherwise (optimizer_gradients.py)
             self.gradients = SubGroupGradients(stage3, self.store, dtype)
@@ -590,8 +592,20 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         if self.reads_ahead:
             if self._drop_held_copies:  # a checkpoint was loaded: drop the copies held before first
                 self._drop_copies_held_before_load()
-            self.ahead.during_backward(list(self.swap_params_info.values()), self._lent,
+            self.ahead.during_backward(self._sub_groups_in_update_order(), self._lent,
                                        last_backward=self._backwards_this_step >= self._micro_steps)
+
+    def _sub_groups_in_update_order(self) -> list:
+        """The sub-groups' swap info in the order stage 3's update steps them: its fp32 partitions' order. The
+        order they were registered in differs where stage 3 keeps some 16-bit partitions in memory
+        (offload_param.max_in_cpu, 1e9 by default, below the model's size): the sub-groups without a flat partition
+        in memory register as they are built, the others after them. The backward then read ahead a sub-group from
+        the middle of the update for its first, which it held until the update came to it."""
+        stage3 = self._stage3() if self._stage3 is not None else None
+        flats = getattr(stage3, "fp32_partitioned_groups_flat", None) or []
+        ordered = [self.swap_params_info[flat.ds_id] for flat in flats
+                   if getattr(flat, "ds_id", None) in self.swap_params_info]
+        return ordered if len(ordered) == len(self.swap_params_info) else list(self.swap_params_info.values())
 
     def gradient_reduced(self) -> None:
         """Stage 3 reduced a gradient in the backward (install.py): reads ahead that waited for the last update's
