@@ -62,7 +62,7 @@ class PrefetchSchedule:
     """
 
     def __init__(self, profile: StepProfile, read_seconds: Dict[int, float], read_bytes_per_s: float,
-                 in_flight_budget_bytes: Optional[int] = None):
+                 in_flight_budget_bytes: Optional[int] = None, within_step: bool = False):
         self.profile = profile
         self._n = n = len(profile)
         self._read_bytes_per_s = read_bytes_per_s
@@ -71,6 +71,8 @@ class PrefetchSchedule:
         self._gap_s = [gaps[0] + gaps[n]] + gaps[1:n] if n else []  # steady state: the tail precedes access 0
         self._read_seconds = dict(read_seconds)
         self._cap = _issue_caps(profile.keys)
+        if within_step:  # issued at access 1 or later of the same step: see from_profile
+            self._cap = [min(cap, max(0, position - 1)) for position, cap in enumerate(self._cap)]
         self.leads: List[int] = [0] * n
         self.in_flight_bytes: List[int] = [0] * n
         self._issue_at: List[List[int]] = [[] for _ in range(n)]
@@ -82,8 +84,8 @@ class PrefetchSchedule:
 
     @classmethod
     def from_profile(cls, profile: StepProfile, read_bytes_per_s: Optional[float] = None,
-                     in_flight_budget_bytes: Optional[int] = None,
-                     reads_at: Optional[Iterable[int]] = None) -> "PrefetchSchedule":
+                     in_flight_budget_bytes: Optional[int] = None, reads_at: Optional[Iterable[int]] = None,
+                     within_step: bool = False) -> "PrefetchSchedule":
         """Plan ``profile``'s reads.
 
         Args:
@@ -92,6 +94,11 @@ class PrefetchSchedule:
             in_flight_budget_bytes: buffer bytes for reads in flight (None: unbounded).
             reads_at: positions whose access reads NVMe (None: every access; plan/host_residency.py predicts
                 them for a host tier).
+            within_step: every read is issued in the step that uses it, at its access 1 or later: parameter
+                partitions, which the optimizer step rewrites before the next step (a read issued in the step
+                before would read the old bytes, so the consumer never issues one), and whose first read ahead
+                comes once the step's first use is recorded. Without it the first accesses' leads reach into
+                the previous step's tail (its optimizer step, the longest gap), where none of them is issued.
         """
         positions = range(len(profile)) if reads_at is None else sorted(set(reads_at))
         if read_bytes_per_s is None and not positions:
@@ -106,7 +113,7 @@ class PrefetchSchedule:
             if read_bytes_per_s <= 0:
                 raise ValueError(f"read bandwidth must be positive, got {read_bytes_per_s}")
             seconds = {i: profile.nbytes[i] / read_bytes_per_s for i in positions}
-        return cls(profile, seconds, read_bytes_per_s, in_flight_budget_bytes)
+        return cls(profile, seconds, read_bytes_per_s, in_flight_budget_bytes, within_step)
 
     # ------------------------------------------------------------------------------------------ consumer API
     def to_issue(self, position: int) -> Tuple[int, ...]:

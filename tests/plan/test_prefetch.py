@@ -129,8 +129,25 @@ def test_a_read_is_issued_only_after_the_previous_use_of_its_tensor():
     check_invariants(schedule)
 
 
+def test_within_the_step_the_first_reads_are_issued_in_their_own_step_from_its_second_access():
+    """Parameter partitions (the optimizer step rewrites them before the next step, so the swapper issues no read
+    in the step before): the reads of the step's first accesses were planned into the previous step's tail, its
+    longest gap, where none was ever issued: the first reads of every step waited in full. Within the step, each is
+    issued at the step's access 1 or later, before its own access."""
+    tail_heavy = StepProfile(tuple(range(6)), (100,) * 6, tuple(0.05 * (i + 1) for i in range(6)), (None,) * 6,
+                             (0.0,) * 7, 0.7)  # 0.05 s of compute between accesses, a 0.4 s tail
+    crossing = PrefetchSchedule.from_profile(tail_heavy, read_bytes_per_s=1000)  # 0.1 s reads
+    assert [crossing.issue_position(i) for i in range(5)] == [5] * 5  # the previous step's last access
+    within = PrefetchSchedule.from_profile(tail_heavy, read_bytes_per_s=1000, within_step=True)
+    issued = {i: within.issue_position(i) for i in range(6) if within.leads[i]}
+    assert sorted(issued) == [2, 3, 4, 5] and all(1 <= at < i for i, at in issued.items())
+    assert within.leads[0] == within.leads[1] == 0  # nothing before them in the step to issue them at
+    check_invariants(within)
+
+
+@pytest.mark.parametrize("within_step", [False, True])
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
-def test_random_profiles_keep_the_invariants(seed):
+def test_random_profiles_keep_the_invariants(seed, within_step):
     # Fixed seeds: every run checks the same 80 profiles, and a failure names the seed that replays it.
     rng = random.Random(seed)
     for _case in range(20):
@@ -140,10 +157,12 @@ def test_random_profiles_keep_the_invariants(seed):
         budget = rng.choice([None, 100, 1000, 5000])
         profile = synthetic(sizes, compute_s=[rng.random() for _ in range(n)], keys=keys)
         schedule = PrefetchSchedule.from_profile(profile, read_bytes_per_s=rng.choice([100, 1000, 10000]),
-                                                 in_flight_budget_bytes=budget)
+                                                 in_flight_budget_bytes=budget, within_step=within_step)
         for _late in range(5):
             schedule.late(rng.randrange(n), late_s=rng.random())
         check_invariants(schedule, budget if budget is not None else math.inf)
+        if within_step:
+            assert all(1 <= schedule.issue_position(i) < i for i in range(n) if schedule.leads[i])
 
 
 def test_worth_evicting_only_for_a_tensor_needed_sooner():

@@ -440,7 +440,7 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
             self._schedule_generation = lifecycle.generation
             profile = lifecycle.profile
             # No read in the profile (everything held): nothing to plan. Reads' times come from the profile.
-            self._schedule = PrefetchSchedule.from_profile(profile) \
+            self._schedule = PrefetchSchedule.from_profile(profile, within_step=True) \
                 if profile.measured_read_bytes_per_s is not None else None
         return self._schedule
 

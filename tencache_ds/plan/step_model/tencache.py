@@ -467,7 +467,9 @@ def _micro_step_gathers(workload: Workload, machine: Machine, plan: TencachePlan
 
 def _param_schedule(workload: Workload, lends, misses: Set[int], rates: Rates,
                     in_flight_bytes: int) -> Optional[PrefetchSchedule]:
-    """plan/prefetch.py's schedule over the lends of one micro-step, with the compute between them."""
+    """plan/prefetch.py's schedule over the lends of one micro-step, with the compute between them: reads issued
+    within it, as the parameter swapper issues them (within its step: under gradient accumulation the run's reads
+    may start in the micro-step before, which makes the model pessimistic there)."""
     if not misses:
         return None
     elapsed = 0.0
@@ -483,7 +485,8 @@ def _param_schedule(workload: Workload, lends, misses: Set[int], rates: Rates,
                           (None,) * len(keys), (0.0,) * (len(keys) + 1), elapsed)
     missed = [param_bytes(workload, keys[position]) for position in misses]
     read_rate = rates.channels["nvme_read"] * rates.nvme_request_factor("read", sum(missed) // max(1, len(missed)))
-    return PrefetchSchedule.from_profile(profile, read_rate, max(1, in_flight_bytes), reads_at=misses)
+    return PrefetchSchedule.from_profile(profile, read_rate, max(1, in_flight_bytes), reads_at=misses,
+                                         within_step=True)
 
 
 def _backward_reads_ahead(workload: Workload, plan: TencachePlan) -> List[str]:
