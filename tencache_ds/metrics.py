@@ -13,8 +13,9 @@ One line per optimizer step at the config's ``metrics_path``, and the latest one
      "host_step_rise_bytes": ...}
 
 What each per-step number means (this step's, not a running total):
-- ``step``: the optimizer step's index as the engine counts them from 0 (a resumed run's go on from the step it
-  loaded: integrations/deepspeed/reporting.py ``restart_metering``).
+- ``step``: the record's index from 0, one per optimizer step that ran (not per step skipped on an overflow); after
+  a checkpoint load, from the engine's global step there (integrations/deepspeed/reporting.py ``restart_metering``:
+  a resumed run's records go on where the run that saved left off).
 - ``param_nvme_wait_s`` / ``optimizer_nvme_wait_s``: time the training thread was blocked on NVMe for parameter
   partitions / optimizer state; ``fetch_wait_s`` is their sum.
 - ``device_fetch_s``: time the training thread spent gathering parameters for modules (DeepSpeed's

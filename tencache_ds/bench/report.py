@@ -20,8 +20,8 @@ from ..plan.least_bytes import LeastBytes
 from ..units import fmt_bytes
 from .report_bound import (Bound, NvmeBandwidth, compute_bound, least_compute,  # noqa: F401 (re-exported)
                            run_least_bytes)
-from .report_render import (HEADER, Comparison, ComparisonRow, format_ratio, format_value,  # noqa: F401
-                            render_markdown, render_table)
+from .report_render import (HEADER, WEAR_BYTES, Comparison, ComparisonRow, format_ratio,  # noqa: F401
+                            format_value, render_markdown, render_table)
 from .report_runs import (ARMS, DEVICE_HIT, FETCH_WAIT, FIXED_KEYS, HOST_HIT, MISSING, NVME_READ,  # noqa: F401
                           NVME_WRITE, PEAK_RSS, PINNED, PINNED_PEAK_KEY, STEP_SERIES, STEP_TIME, STOCK, STOCK_CPU,
                           TENCACHE, BenchRun, Value, _max, _measured, _median, _stats_rows, compare_losses,
@@ -272,7 +272,7 @@ def compare(runs: Sequence[BenchRun], warmup_steps: int, nvme_bandwidth: Optiona
                                           f"budget {fmt_bytes(store_least.capacity_bytes)}"))
     written_per_day = {arm: bytes_written_per_day(nvme["write"][arm], step_time[arm])
                        if is_number(nvme["write"][arm]) and is_number(step_time[arm]) else None for arm in arms}
-    details.append(make_row(ROW_WRITTEN_PER_DAY, "decimal TB", written_per_day,
+    details.append(make_row(ROW_WRITTEN_PER_DAY, WEAR_BYTES, written_per_day,
                             note="the median NVMe bytes written per step at the median step's rate, per rank"))
     days = {arm: days_to_rated_tbw(nvme["write"][arm], step_time[arm], drive_tbw_bytes, ranks_per_drive)
             if drive_tbw_bytes and is_number(nvme["write"][arm]) and is_number(step_time[arm]) else None

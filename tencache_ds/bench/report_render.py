@@ -9,12 +9,15 @@ from ..units import fmt_bytes
 from .report_bound import Bound
 from .report_runs import MISSING, STOCK, STOCK_CPU, TENCACHE, Value
 
+WEAR_BYTES = "bytes (shown in decimal TB)"  # a unit: the value is bytes, shown as drive ratings are given
+
 
 @dataclasses.dataclass(frozen=True)
 class ComparisonRow:
-    """One line of the comparison. ``unit`` is "s", "bytes", "count", "fraction" (shown as %), "percent", "times"
-    or "text". ``verdict`` replaces the ratio cell for rows that compare equality (losses, weights). ``stock_cpu``
-    is the third arm's value (None when that arm did not run or has no such value)."""
+    """One line of the comparison. ``unit`` is "s", "bytes", WEAR_BYTES (bytes shown in decimal TB), "count",
+    "fraction" (shown as %), "percent", "times" or "text". ``verdict`` replaces the ratio cell for rows that compare
+    equality (losses, weights). ``stock_cpu`` is the third arm's value (None when that arm did not run or has no
+    such value)."""
 
     name: str
     unit: str
@@ -86,15 +89,15 @@ class Comparison:
 # Rendering
 # ----------------------------------------------------------------------------------------------------------------
 def format_value(value: Value, unit: str) -> str:
-    """A cell: bytes in binary units (drive wear in decimal TB), seconds with 3 decimals, fractions and percents as %, counts with
-    separators, None as "–"."""
+    """A cell: bytes in binary units (drive wear in decimal TB), seconds with 3 decimals, fractions and percents
+    as %, counts with separators, None as "–"."""
     if value is None:
         return MISSING
     if isinstance(value, str) or unit == "text":
         return str(value)
     if unit == "bytes":
         return fmt_bytes(value)
-    if unit == "decimal TB":  # drive wear: in the units drive ratings (TBW) are given in
+    if unit == WEAR_BYTES:  # drive wear: in the units drive ratings (TBW) are given in
         return fmt_decimal_tb(value)
     if unit == "s":
         return f"{value:.3f}"

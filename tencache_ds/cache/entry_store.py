@@ -186,17 +186,18 @@ class EntryStore:
                     entry.pending_use = PendingUse()  # no read to time
                 self._checked()
                 return
-            self.counters.misses += 1
-            self.counters.prefetch_issued += prefetch
             if into is not None:
                 self._transfers.start_external_read(entry, into, access)
-                entry.prefetched = prefetch
-                return
-            buffer, kept = self._admission.acquire(self.swap_nbytes(entry.numel), key, use_pending=prefetch)
-            self._transfers.attach(entry, buffer, kept)
-            self._transfers.start_read(entry, access)
+            else:
+                buffer, kept = self._admission.acquire(self.swap_nbytes(entry.numel), key, use_pending=prefetch)
+                self._transfers.attach(entry, buffer, kept)
+                self._transfers.start_read(entry, access)
+            # counted once the read is in flight (one the engine refuses is no miss served)
+            self.counters.misses += 1
+            self.counters.prefetch_issued += prefetch
             entry.prefetched = prefetch  # once the read is in flight (the entry's invariants hold at every wait)
-            self._checked()
+            if into is None:
+                self._checked()
 
     def prefetch_if_free(self, key, idle_slot: bool = False) -> bool:
         """Start reading ``key`` ahead of its use if it is on file and a buffer is free right now: never waits,
@@ -215,10 +216,10 @@ class EntryStore:
                 buffer = self.source.try_acquire_idle(nbytes)
             if buffer is None:
                 return False
-            self.counters.misses += 1
-            self.counters.prefetch_issued += 1
             self._transfers.attach(entry, buffer, self.source.keeps(buffer))
             self._transfers.start_read(entry, None)
+            self.counters.misses += 1
+            self.counters.prefetch_issued += 1
             entry.prefetched = True
             self._checked()
             return True

@@ -83,16 +83,23 @@ class TensorStore(EntryStoreWrapper):
         if not self._unplanned:
             return
         histogram = merge_close_classes(size_histogram(list(self._unplanned.values())))
-        self._unplanned = {}
         counts = streaming_slot_counts(histogram, self._slots_per_class)
         extra = cache_slot_counts(histogram, counts, self._cache_room(class_bytes(counts)))
         if extra and not self._budget.try_reserve(class_bytes(extra)):
             extra = {}
+        planned = dict(counts)
+        for size, count in extra.items():
+            planned[size] = planned.get(size, 0) + count
+        try:
+            self.pool.add_classes(planned)
+        except BaseException:  # no slots (the kernel refused the mapping, a lock that was required): nothing taken
+            self._budget.release(class_bytes(extra))
+            raise
+        # Recorded once the slots exist: a plan that raised leaves the sizes unplanned and the budget as it was.
+        self._unplanned = {}
         self.cache_bytes_reserved += class_bytes(extra)
         for size, count in extra.items():
-            counts[size] += count
             self._cache_slots[size] = self._cache_slots.get(size, 0) + count
-        self.pool.add_classes(counts)
 
     def hand_over(self, key) -> None:
         """DeepSpeed keeps ``key``'s bytes in memory of its own from now on (stage 3's ``max_in_cpu`` buffer): forget

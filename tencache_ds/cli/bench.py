@@ -1,6 +1,7 @@
 """`tencache-ds bench`: train one model under stock ZeRO-Infinity and under tencache_ds and compare them.
-Owns: the run plan (interleaved repeats), the child command lines, their logs and progress, and writing the
-outputs. Does not own: training (scripts/train.py, run as a child process through the `deepspeed` launcher or plain
+Owns: the run plan (interleaved repeats), the child command lines, their logs and progress, holding --nvme-path
+for the whole bench (a second bench there stops before it runs: both would use the same run folders), and writing
+the outputs. Does not own: training (scripts/train.py, run as a child process through the `deepspeed` launcher or plain
 python) or the comparison itself (tencache_ds/bench/report.py).
 
 Both arms get the same DeepSpeed config file; the stock run passes ``--tencache-block none`` and the tencache run a
@@ -444,20 +445,28 @@ def _run(args) -> int:
     # bench: two benches given the same one (the default, say) would use the same run folders, each emptying the
     # other's live swap files before its own runs (io/folder_lock.py).
     try:
-        nvme_lock = folder_lock.hold(args.nvme_path)
+        nvme_lock = folder_lock.hold(bench_lock_folder(args.nvme_path))
     except folder_lock.FolderInUse as err:
-        raise BenchError(f"--nvme-path {err.folder} is in use by another bench ({err.holder}); give this one a "
+        raise BenchError(f"--nvme-path {args.nvme_path} is in use by another bench ({err.holder}); give this one a "
                          f"--nvme-path of its own") from None
+    except OSError as err:
+        raise BenchError(f"--nvme-path {args.nvme_path} cannot hold the bench's lock: {err}") from None
     try:
         return _run_holding_the_nvme_path(args, specs, config_path, ds_config, out_dir, launcher, train_script)
     finally:
         folder_lock.let_go(nvme_lock)
 
 
+def bench_lock_folder(nvme_path: str) -> str:
+    """What a bench holds (io/folder_lock.py) for its whole run: a name inside ``--nvme-path`` (its lock file goes
+    beside it, so inside ``--nvme-path`` too: a mount point's parent may take no new file), which no run empties."""
+    return os.path.join(os.path.abspath(nvme_path), ".bench")
+
+
 def _write_replacing(path: str, write: Callable[[Any], None]) -> None:
     """``write(handle)`` into a temporary file beside ``path``, then renamed over it: a bench killed while writing
-    leaves the old file or the new one, never a truncated one that a later reader (validate_estimate.py --reprice)
-    stops on."""
+    leaves the whole new file or none (the last bench's was removed at the start), never a truncated one that a
+    later reader (validate_estimate.py --reprice) stops on."""
     temporary = f"{path}.{os.getpid()}.tmp"
     try:
         with open(temporary, "w") as handle:

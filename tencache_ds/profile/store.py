@@ -16,6 +16,7 @@ repeated it (and none in files of an older tencache, which read as before).
 
 Version 1 files (order only, no timings) are reported and re-recorded, never read.
 """
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -48,9 +49,11 @@ def fingerprint(*facts) -> str:
     return hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def read_sections(path: str) -> Dict[str, SavedSection]:
-    """Every well-formed section of the file (a malformed one is left out, with a warning). Raises OSError if it
-    cannot be read, ValueError if it is not a version-2 profile (the message says why)."""
+def read_sections(path: str, skip_damaged: bool = False) -> Dict[str, SavedSection]:
+    """Every section of the file. Raises OSError if it cannot be read, ValueError if it is not a version-2 profile
+    or a section is malformed (the message names the section and says why). ``skip_damaged``: a malformed section
+    is left out instead, with a warning, and the others are returned (a training run re-profiles only what it
+    cannot use: ``load_section``)."""
     with open(path) as handle:
         data = json.load(handle)
     if not isinstance(data, dict):
@@ -62,15 +65,16 @@ def read_sections(path: str) -> Dict[str, SavedSection]:
         raise ValueError("no \"sections\" object")
     readable = {}
     for name, entry in sections.items():
-        # One section at a time: a damaged section (a corrupt number, a foreign writer) is left out with a warning,
-        # and the file's other sections still serve (a save keeps them as they are).
         try:
             readable[name] = SavedSection(StepProfile.from_json(entry["step"]), str(entry["fingerprint"]),
                                           dict(entry.get("facts") or {}), entry.get("recorded_unix"),
                                           _steady(path, name, entry.get("steady")))
         except (KeyError, TypeError, AttributeError, ValueError, OverflowError) as err:
-            logger.warning("profile %s [%s] is unusable (malformed section, %s: %s): re-profiling it; it will be "
-                           "replaced once a training step is recorded", path, name, type(err).__name__, err)
+            why = f"[{name}] is a malformed section ({type(err).__name__}: {err})"
+            if not skip_damaged:
+                raise ValueError(why) from None
+            logger.warning("profile %s %s, unusable: re-profiling it; it will be replaced once a training step is "
+                           "recorded (the file's other sections still serve)", path, why)
     return readable
 
 
@@ -90,7 +94,7 @@ def load_section(path: Optional[str], section: str, expected_fingerprint: str) -
     if not path or not os.path.exists(path):
         return None
     try:
-        sections = read_sections(path)
+        sections = read_sections(path, skip_damaged=True)  # one damaged section spoils only itself
     except (OSError, ValueError) as err:
         logger.warning("profile %s is unusable (%s): re-profiling; it will be replaced once a training step is "
                        "recorded", path, err)
@@ -156,9 +160,10 @@ def _replace_file(path: str, data: dict) -> None:
     os.makedirs(folder, exist_ok=True)
     descriptor, temporary = tempfile.mkstemp(dir=folder, prefix=".profile-")
     try:
-        # mkstemp makes the file 0600: the profile would turn unreadable to the other users sharing it at each save
-        os.fchmod(descriptor, _mode_for(path))
         with os.fdopen(descriptor, "w") as handle:
+            # mkstemp makes the file 0600: the profile would turn unreadable to the others sharing it at each save
+            with contextlib.suppress(OSError):  # (a file system that refuses chmod keeps its own modes)
+                os.fchmod(handle.fileno(), _mode_for(path))
             json.dump(data, handle)
         os.replace(temporary, path)
     except BaseException:

@@ -760,9 +760,13 @@ def test_a_read_refused_before_it_starts_gives_its_buffer_back(tmp_path, prefetc
     store.trim_kept(0)  # on file now
     assert store.state("p") == EntryState.ON_FILE and store.kept_bytes() == 0
     io.close()
+    misses = store.stats()["misses"]
     with pytest.raises(RuntimeError):
         if prefetch:
             store.prefetch_if_free("p")
         else:
             store.start_read("p")
     assert store.state("p") == EntryState.ON_FILE and store.kept_bytes() == 0
+    assert store.stats()["misses"] == misses  # no read was served
+    store.check_invariants()
+    store.close()

@@ -405,3 +405,62 @@ def test_a_smaller_cache_retires_its_slots_and_gives_the_memory_back_then_takes_
     finally:
         store.close()
         io.close()
+
+
+_PLAN_REFUSED_CHILD = """
+import json, resource, sys
+import torch
+sys.path.insert(0, sys.argv[2])
+from test_tensor_store import aligned, create
+from tencache_ds.cache.host_budget import HostBudget
+from tencache_ds.cache.tensor_store import TensorStore
+from tencache_ds.io.direct_io import DirectFileIO
+
+from tencache_ds.memory import _native
+_native.lib()  # loaded before the limit (a load refused under it would be remembered)
+budget, io = HostBudget(64 << 20), DirectFileIO(num_threads=2)
+# lock "off": the cache's room does not depend on this machine's memlock limit
+store = TensorStore(sys.argv[1], torch.float32, aligned, slots_per_class=1, lock="off", io=io,
+                    cache_budget=budget)
+expected = {key: create(store, key, 300_000 + key, seed=key) for key in range(3)}
+with open("/proc/self/status") as status:
+    mapped = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmSize:"))
+soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+resource.setrlimit(resource.RLIMIT_AS, (mapped + (2 << 20), hard))  # the plan's arena (about 7 MB) cannot be mapped
+result = {}
+try:
+    store.plan()
+except (MemoryError, OSError) as err:
+    result["refused"] = f"{type(err).__name__}: {err}"[:200]
+result["budget_used"], result["cache_reserved"] = budget.used_bytes, store.cache_bytes_reserved
+result["budget_peak"] = budget.peak_bytes  # the plan did reserve cache slots before the pool refused them
+resource.setrlimit(resource.RLIMIT_AS, (soft, hard))  # room again: the same sizes are planned now
+store.plan()
+result["planned_classes"] = store.stats()["num_classes"]
+result["cache_reserved_after"] = store.cache_bytes_reserved
+store.start_read(1)
+result["read_back"] = bool(torch.equal(store.wait_read(1), expected[1]))
+store.release(1)
+store.close()
+io.close()
+print(json.dumps(result))
+"""
+
+
+def test_a_plan_whose_slots_cannot_be_made_takes_nothing_and_plans_the_same_sizes_next_time(tmp_path):
+    """The kernel refused the mapping of the plan's slots (here: an address-space limit just above what the process
+    maps; or "required" locking under a memlock limit). The plan had already taken the cache's budget and recorded
+    the slots and the sizes as planned: the budget stayed taken for slots that never existed, and the sizes were
+    never planned again (their partitions then always went to pageable fallback memory)."""
+    import json
+    import subprocess
+    import sys
+    here = os.path.dirname(os.path.abspath(__file__))
+    repo = os.path.dirname(os.path.dirname(here))
+    proc = subprocess.run([sys.executable, "-c", _PLAN_REFUSED_CHILD, str(tmp_path), here], cwd=repo,
+                          env=dict(os.environ, PYTHONPATH=repo), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["refused"]
+    assert result["budget_peak"] > 0 and result["budget_used"] == 0 and result["cache_reserved"] == 0
+    assert result["planned_classes"] >= 1 and result["cache_reserved_after"] > 0 and result["read_back"]

@@ -352,7 +352,9 @@ def test_bench_holds_its_nvme_path_and_leaves_no_earlier_summary_beside_a_failed
     nvme = tmp_path / "nvme"
     # Step 1: another process holds --nvme-path (as a running bench does): refused by name, nothing made.
     holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from tencache_ds.io import folder_lock; "
-                               "folder_lock.hold(sys.argv[1]); print('held', flush=True); time.sleep(60)", str(nvme)],
+                               "from tencache_ds.cli.bench import bench_lock_folder; "
+                               "folder_lock.hold(bench_lock_folder(sys.argv[1])); print('held', flush=True); "
+                               "time.sleep(60)", str(nvme)],
                               cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True,
                               env=dict(os.environ, PYTHONPATH=REPO_ROOT))
     try:
@@ -377,7 +379,8 @@ def test_bench_holds_its_nvme_path_and_leaves_no_earlier_summary_beside_a_failed
                      os.path.join(REPO_ROOT, "configs", "stock-nvme.json"), env_extra={TRAIN_SCRIPT_ENV: str(failing)})
     assert failed.returncode == 1 and "stock-1 failed with exit code 1" in failed.stderr, failed.stderr
     assert sorted(path.name for path in out.iterdir()) == ["stock-1.log"]
-    folder_lock.let_go(folder_lock.hold(str(nvme)))  # free again
+    from tencache_ds.cli.bench import bench_lock_folder
+    folder_lock.let_go(folder_lock.hold(bench_lock_folder(str(nvme))))  # free again
 
 
 def test_a_bench_summary_is_replaced_whole_or_not_at_all(tmp_path):

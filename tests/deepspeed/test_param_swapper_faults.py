@@ -1,7 +1,10 @@
 """The parameter swapper on its own (real swapper, real files, DeepSpeed's CPU accelerator): after a failed read,
-and its partition records; and the optimizer swapper after an update that failed on a missing file, and a save
-after one that stopped with a master lent from the partitions its file is behind."""
+and its partition records; and the optimizer swapper after an update that failed on a missing file or on a write
+refused as it started, and a save after one that stopped with a master lent from the partitions its file is
+behind."""
+import contextlib
 import os
+import subprocess
 
 import pytest
 
@@ -27,6 +30,22 @@ def test_an_update_that_stops_on_a_missing_file_reports_that_file_after_destroy(
     """Defect: the failed update left its sub-group lent, and ``engine.destroy()`` then raised "cannot forget tensor
     ...: it is lent" over the missing file's StaleFileError."""
     run_scenario("optimizer_missing_file.py")
+
+
+def test_a_give_back_refused_as_its_writes_start_leaves_nothing_lent_and_destroy_closes(tmp_path):
+    """Defect: a sub-group's give-back stopped at the first tensor whose write was refused as it started (its swap
+    file linked into a checkpoint, and no room for a file of its own): the tensors after it stayed lent, recorded
+    nowhere, and ``engine.destroy()`` stopped on "cannot forget tensor ...: it is lent"."""
+    try:
+        proc = run_helper(os.path.join(os.path.dirname(__file__), "optimizer_refused_write.py"), ["0", tmp_path],
+                          timeout=300)
+    finally:  # a helper killed while its folder was immutable would leave a folder nothing can remove
+        with contextlib.suppress(OSError):
+            subprocess.run(["chattr", "-R", "-i", str(tmp_path)], capture_output=True)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    if proc.stdout.strip().endswith("SKIP: chattr +i is refused here"):
+        pytest.skip("chattr +i is refused on this file system")
+    assert proc.stdout.strip().endswith("OK"), proc.stdout[-2000:]
 
 
 def test_a_save_after_an_update_stopped_with_a_master_lent_from_its_partitions_is_refused_with_why():

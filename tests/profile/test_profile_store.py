@@ -121,10 +121,13 @@ def test_a_damaged_section_leaves_the_files_other_sections_serving(tmp_path, mes
     open(path, "w").write(json.dumps(data).replace('["BIG"]', "[1e400]").replace('"HUGE"', "1e400"))
     assert load_section(path, "params", "f") == TIMED
     assert load_section(path, "optimizer", "g") is None
-    assert any("[optimizer] is unusable" in message for message in messages)
-    assert read_sections(path)["params"].steady is None  # its steady timings are ignored, its order serves
+    assert any("[optimizer] is a malformed section" in message for message in messages)
+    assert read_sections(path, skip_damaged=True)["params"].steady is None  # ignored: its order serves
     save_section(path, "params", "f", TIMED)
     assert load_section(path, "params", "f") == TIMED
+    # read as the CLIs read it (estimate --profile, profile show): refused, naming the section
+    with pytest.raises(ValueError, match=r"\[optimizer\] is a malformed section \(ValueError: an access size"):
+        read_sections(path)
 
 
 def test_step_profile_json_round_trip_keeps_tuple_keys_and_missing_reads():

@@ -218,7 +218,8 @@ def _restoring_optimizer_scalars(load_checkpoint):
                 replay_adam_step_products(self.optimizer)
         elif result[0] is not None:
             masters_from_loaded_weights(self.optimizer)
-        reporting.restart_metering(self.optimizer, self.global_steps)
+        if result[0] is not None:  # (a load that found no checkpoint changed nothing)
+            reporting.restart_metering(self.optimizer, self.global_steps)
         return result
 
     return load_checkpoint_exactly

@@ -758,7 +758,10 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         """Give back the entries in ``lent`` of sub-group ``swap_info``: its tensors (the master, the first, with
         ``master_elsewhere``: the parameter partitions hold it; changed for its file where it was lent with the
         debt of an owed master), and its gradient (discarded where it was a copy of fragments stage 3 still holds:
-        nothing to keep or write)."""
+        nothing to keep or write). Every one goes back whatever another's give-back raised (a write refused as it
+        starts leaves its entry DIRTY, its bytes held: cache/transfers.py); the first error is raised after. The
+        caller no longer records them as lent: one left lent here would stay so for good, and the store's close
+        would stop on it."""
         error = None
         master_owed = self.masters.take_debt(swap_info.param_id)
         for index, context in enumerate(swap_info.tensors):
@@ -771,12 +774,19 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
                                                    self.store.release_rewritten_elsewhere):
                         continue
                 except Exception as err:  # noqa: BLE001  (the store writes it below; raised once all went back)
-                    error = err
-            self.store.release(context.swap_path, changed=changed, copy_elsewhere=master_elsewhere and index == 0)
+                    error = error or err
+            try:
+                self.store.release(context.swap_path, changed=changed,
+                                   copy_elsewhere=master_elsewhere and index == 0)
+            except Exception as err:  # noqa: BLE001  (raised once all went back)
+                error = error or err
         if swap_info.has_gradients():
             path = gradient_path(swap_info)
             if path in lent:
-                self.gradients.give_back(swap_info.param_id, path, gradient_changed)
+                try:
+                    self.gradients.give_back(swap_info.param_id, path, gradient_changed)
+                except Exception as err:  # noqa: BLE001  (raised once all went back)
+                    error = error or err
         if error is not None:
             raise error
 
