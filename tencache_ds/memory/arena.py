@@ -7,6 +7,8 @@ what to do when no slot fits (the caller: wait, evict or fall back).
 """
 import ctypes
 import logging
+import mmap
+import os
 import resource
 import warnings
 from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
@@ -20,6 +22,8 @@ if TYPE_CHECKING:  # torch is imported only when a tensor view is asked for
     import torch
 
 logger = logging.getLogger(__name__)
+# Forces the page size slots are aligned to (a power of two of at least 4096): a 64 KiB-page kernel in tests.
+PAGE_ENV = "TENCACHE_ARENA_PAGE_BYTES"
 MEMLOCK_RAISE = "raise it with `ulimit -l unlimited`, or --ulimit memlock=-1 in docker"
 MEMLOCK_FIX = MEMLOCK_RAISE + ", or set \"tencache\": {\"pin_memory\": \"best_effort\"}"
 
@@ -75,16 +79,17 @@ class ArenaSlot:
 
 
 class PinnedArena:
-    """Fixed size classes of page-locked, 4 KiB aligned host slots, with O(1) alloc/free (native code).
+    """Fixed size classes of page-locked, page-aligned host slots, with O(1) alloc/free (native code).
 
-    Invariants (checked by ``validate()``): every slot address and ``slot_bytes`` is a multiple of 4096; a
+    Invariants (checked by ``validate()``): every slot address and ``slot_bytes`` is a multiple of the page
+    (``page_bytes``, at least 4096); a
     slot is handed out at most once until freed; ``in_use_bytes`` is the sum of ``slot_bytes`` of the live
     slots and ``requested_in_use_bytes`` the sum of their ``nbytes`` (the difference is size-class waste);
     ``locked_bytes <= reserved_bytes``. alloc/free/stats are thread-safe; close() must not race with them.
 
     Args:
-        class_counts: slot_bytes -> number of slots. Sizes are rounded up to 4096; sizes equal after
-            rounding are merged. At most 64 classes.
+        class_counts: slot_bytes -> number of slots. Sizes are rounded up to a whole number of pages (4096
+            bytes at least); sizes equal after rounding are merged. At most 64 classes.
         lock: "off" (never mlock), "best_effort" (mlock; regions that cannot be locked stay pageable, with
             one warning) or "required" (raise if any region cannot be locked).
         register_with_cuda: register every region with cudaHostRegister when CUDA is available, so slot
@@ -103,6 +108,7 @@ class PinnedArena:
         self._registered: List[Tuple[int, int]] = []
         self.name = name
         _check_class_counts(class_counts)
+        class_counts = _whole_pages(class_counts)
         if lock not in _native.LOCK_MODES:
             raise TencacheConfigError(f"{name}: lock must be one of {sorted(_native.LOCK_MODES)}, got {lock!r}")
         try:
@@ -315,6 +321,34 @@ class PinnedArena:
         code = self._lib.tc_arena_class_stats(self._live_handle(), cls, ctypes.byref(out))
         assert code == _native.TC_OK, _native.strerror(code)
         return out
+
+
+def page_bytes() -> int:
+    """The unit the kernel locks, unlocks and gives back (mlock, munlock, madvise act on whole pages): 4 KiB on
+    x86, often 64 KiB on arm64 (Grace)."""
+    forced = os.environ.get(PAGE_ENV)
+    if forced:
+        page = int(forced)
+        if page < 4096 or page & (page - 1):
+            raise TencacheConfigError(f"{PAGE_ENV}={forced}: a power of two of at least 4096")
+        return page
+    return max(4096, mmap.PAGESIZE)
+
+
+def _whole_pages(class_counts: Dict[int, int]) -> Dict[int, int]:
+    """``class_counts`` with every slot size a whole number of pages (sizes equal after rounding merged). The
+    native arena aligns slots to 4 KiB; where pages are larger, a slot would share a page with its neighbour, and
+    retiring it (munlock and madvise round out to whole pages) would give back, and so zero, the neighbour's
+    first bytes."""
+    page = page_bytes()
+    if page <= 4096:
+        return class_counts
+    merged: Dict[int, int] = {}
+    for slot_bytes, count in class_counts.items():
+        size = round_up(slot_bytes, page)
+        merged[size] = merged.get(size, 0) + count
+    _check_class_counts(merged)  # (merged counts may pass the native limit)
+    return merged
 
 
 def _check_class_counts(class_counts) -> None:

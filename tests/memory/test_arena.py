@@ -318,6 +318,36 @@ def test_retired_slots_give_their_memory_back_and_restored_ones_take_it_again(ma
     arena.validate()
 
 
+def test_on_a_kernel_with_64_kib_pages_every_slot_is_whole_pages_and_retiring_one_spares_its_neighbours(
+        make_arena, monkeypatch):
+    """A 64 KiB-page kernel (arm64, e.g. Grace), forced through the page-size test hook. Slots were 4 KiB-aligned
+    whatever the page: a slot then shared a page with its neighbour, and retiring it (munlock and madvise round out
+    to whole pages) gave back the neighbour's first bytes, which read as zeros after. Now every slot is a whole
+    number of pages, sizes equal after that rounding merged."""
+    from tencache_ds.memory.arena import PAGE_ENV
+    page = 64 * KiB
+    monkeypatch.setenv(PAGE_ENV, str(page))
+    arena = make_arena({5 * PAGE: 4, 8 * PAGE: 2, 20 * PAGE: 2})
+    assert arena.classes == [(page, 6), (2 * page, 2)]
+    slots = [arena.alloc(5 * PAGE) for _ in range(6)]
+    # whole pages from the region's start (a real 64 KiB-page kernel maps the region at a page boundary; here it is
+    # 4 KiB-aligned)
+    base = min(slot.ptr for slot in slots)
+    assert all(slot is not None and (slot.ptr - base) % page == 0 and slot.slot_bytes % page == 0 for slot in slots)
+    for index, slot in enumerate(slots):  # every other slot keeps its bytes; the others are retired
+        slot.as_tensor(torch.uint8, 5 * PAGE).fill_(index + 1)
+    for slot in slots[::2]:
+        arena.free(slot)
+    assert arena.retire(slots[0].size_class, 3) == 3
+    for index, slot in enumerate(slots):
+        if index % 2:
+            assert torch.all(slot.as_tensor(torch.uint8, 5 * PAGE) == index + 1), index
+    arena.validate()
+    monkeypatch.setenv(PAGE_ENV, "12288")  # not a power of two
+    with pytest.raises(TencacheConfigError, match=PAGE_ENV):
+        make_arena({PAGE: 1})
+
+
 def test_retiring_is_refused_where_cuda_registered_the_pages(make_arena):
     arena = make_arena({4 * KiB: 2})
     arena._registered = [(0, 1)]  # what register_regions leaves when CUDA accepted a region (no GPU here)
