@@ -22,7 +22,8 @@ profile saved before a step repeated it, or by an older tencache); never the two
   took 60 s (docs/estimate.md, run 20); the machine's drive figures (`--machine this` measures them with
   tencache's own engine at its queue depth) stay.
 The access sequence stays synthesised; the profile's partition sizes must match it, and the gradient accumulation
-and world size it was recorded with this estimate's (else it describes another model or config and is refused).
+and world size it was recorded with must be this estimate's (else it describes another model or config and is
+refused).
 Micro-batch and sequence length are not recorded (they change no access): a profile of other ones prices compute
 at their token count.
 """
