@@ -1,5 +1,6 @@
 """Byte sizes as users write them ("4GiB", 1e9, "auto") and as we print them. Leaf module: no torch."""
 import math
+import mmap
 import re
 from fractions import Fraction
 
@@ -11,6 +12,9 @@ _UNIT_BYTES = {
 _SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 
 PAGE_BYTES = 4096  # O_DIRECT-safe alignment for addresses, sizes and file offsets
+# The kernel's page: what mmap hands out and mlock, munlock, madvise and the page cache act on whole (4 KiB on x86,
+# often 64 KiB on arm64), never below PAGE_BYTES
+HOST_PAGE_BYTES = max(PAGE_BYTES, mmap.PAGESIZE)
 # the largest byte size read: what a signed 64-bit count holds (torch's sizes, the kernel's offsets); "1e400" is a typo
 MAX_BYTES = (1 << 63) - 1
 _MAX_EXPONENT = 30  # of a size's decimal exponent: past MAX_BYTES whatever the digits before it (or below a byte)

@@ -6,7 +6,7 @@ cache/entry_store.py), the arena's slots and classes (memory/pool.py), how large
 from typing import Dict, Optional, Protocol
 
 from ..memory.pool import BufferPool, HostBuffer
-from ..units import PAGE_BYTES, round_up
+from ..units import HOST_PAGE_BYTES, round_up
 from .host_budget import HostBudget
 
 
@@ -119,7 +119,7 @@ class BudgetedPageable:
         self._budgeted: Dict[int, int] = {}  # ptr -> bytes reserved from the budget
 
     def try_acquire(self, nbytes: int) -> Optional[HostBuffer]:
-        capacity = round_up(nbytes, PAGE_BYTES)
+        capacity = round_up(nbytes, HOST_PAGE_BYTES)  # what the mapping takes (whole pages), all of it counted
         if not self.budget.try_reserve(capacity):
             return None
         try:
@@ -149,7 +149,7 @@ class BudgetedPageable:
         return buffer.ptr in self._budgeted
 
     def room_needed(self, nbytes: int) -> int:
-        return max(0, round_up(nbytes, PAGE_BYTES) - self.budget.available())
+        return max(0, round_up(nbytes, HOST_PAGE_BYTES) - self.budget.available())
 
     def transient_available(self, nbytes: int) -> bool:
         size = self.pool.class_bytes(nbytes)

@@ -39,6 +39,7 @@ from ..config import AUTO, CONFIG_KEY, parse_config
 from ..config_checks import check_host_budget
 from ..errors import TencacheConfigError, TencacheResourceError
 from ..io import folder_lock
+from ..io.durable import replace_durably
 from ..io.drive_rate import TRIAL_BYTES, DriveRate, store_thread_counts
 from ..plan.budget import MachineResources
 from ..units import fmt_bytes, parse_bytes
@@ -471,7 +472,7 @@ def _write_replacing(path: str, write: Callable[[Any], None]) -> None:
     try:
         with open(temporary, "w") as handle:
             write(handle)
-        os.replace(temporary, path)
+        replace_durably(temporary, path)
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.remove(temporary)

@@ -4,7 +4,8 @@ leaves the old file or the new one, never a name whose blocks were not written y
 A rename reaches the drive in the file system's journal, possibly before the file's own bytes do: after a crash the
 name then holds a file of zeros, or of none, depending on the file system (ext4 flushes a file renamed over another
 by its ``auto_da_alloc`` heuristic; XFS does not). Used where the name held a file someone relies on:
-checkpoint-for-cpu rewrites the ZeRO files of an existing checkpoint. A checkpoint save is not: stock's
+checkpoint-for-cpu rewrites the ZeRO files of an existing checkpoint, and the bench writes its summary files (which
+a later `validate_estimate.py --reprice` reads). A checkpoint save is not: stock's
 ``torch.save`` writes its files in place without a sync, and a save under a new tag replaces nothing.
 
 Plain module: imports nothing of torch or DeepSpeed.

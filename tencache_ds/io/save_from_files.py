@@ -34,7 +34,6 @@ through their attributes only where they pickle as their attributes (no ``__redu
 """
 import ctypes
 import errno
-import mmap
 import os
 import re
 import socket
@@ -49,6 +48,7 @@ from typing import Callable, Dict, Optional, Sequence, Tuple, Union
 import torch
 
 from ..log import logger
+from ..units import HOST_PAGE_BYTES
 from .reflink import block_size, clone_range
 from .stale_files import pid_in_name, remove_files_of_dead_processes
 
@@ -66,7 +66,7 @@ COPY_LANES = 4
 # Storages start, and O_DIRECT writes move, in whole units of this: O_DIRECT's largest alignment (a 4Kn drive) and the
 # page, so that no page of the file is written buffered (the first pass, a storage's tail) and by O_DIRECT at once,
 # which can leave a stale cached page that writeback later puts over the O_DIRECT bytes
-WHOLE_BYTES = max(4096, mmap.PAGESIZE)
+WHOLE_BYTES = HOST_PAGE_BYTES
 # A storage in host memory at least this large is written through O_DIRECT too (gathered into the lanes' buffers),
 # for the reason the copies are (``_DirectWrites``): the page cache's dirty pages, where little memory is free
 DIRECT_FROM_MEMORY_BYTES = 1024 * 1024

@@ -7,7 +7,6 @@ what to do when no slot fits (the caller: wait, evict or fall back).
 """
 import ctypes
 import logging
-import mmap
 import os
 import resource
 import warnings
@@ -15,7 +14,7 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 from ..errors import TencacheConfigError, TencacheOutOfMemory, TencacheResourceError
 from ..probes.limits import locked_bytes_now
-from ..units import fmt_bytes, round_up
+from ..units import HOST_PAGE_BYTES, fmt_bytes, round_up
 from . import _native, pinning
 
 if TYPE_CHECKING:  # torch is imported only when a tensor view is asked for
@@ -332,7 +331,7 @@ def page_bytes() -> int:
         if page < 4096 or page & (page - 1):
             raise TencacheConfigError(f"{PAGE_ENV}={forced}: a power of two of at least 4096")
         return page
-    return max(4096, mmap.PAGESIZE)
+    return HOST_PAGE_BYTES
 
 
 def _whole_pages(class_counts: Dict[int, int]) -> Dict[int, int]:

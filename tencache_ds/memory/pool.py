@@ -15,6 +15,7 @@ from typing import Dict, List, Optional
 
 import torch
 
+from ..units import HOST_PAGE_BYTES, round_up
 from .arena import ArenaSlot, PinnedArena
 
 
@@ -220,7 +221,7 @@ class BufferPool:
 
     def _acquire_fallback(self, nbytes: int, count_as_fallback: bool = True) -> HostBuffer:
         # An anonymous mapping is page-aligned (O_DIRECT-safe) and zero-filled, like a fresh arena slot.
-        capacity = max(mmap.PAGESIZE, -(-nbytes // mmap.PAGESIZE) * mmap.PAGESIZE)
+        capacity = round_up(max(1, nbytes), HOST_PAGE_BYTES)
         base = torch.frombuffer(mmap.mmap(-1, capacity), dtype=torch.uint8)
         buffer = HostBuffer(base.data_ptr(), capacity, False, None, base, counted_as_fallback=count_as_fallback)
         with self._mutex:

@@ -34,8 +34,10 @@ def test_with_part_of_the_model_kept_in_cpu_the_backward_reads_ahead_the_updates
     others after, so the registered order starts in the middle of the update's. The backward's reads ahead took the
     registered order for the update's: the first sub-group the update steps was not read ahead (its whole read
     waited for in the update), and another was, held until the update came to it."""
-    ours = train(block={"host_cache_bytes": 0}, max_in_cpu=7e6, sub_group_size=2e6, script=UPDATE_ORDER,
-                 optimizer_offload_device="nvme", **FAST)
+    options = dict(max_in_cpu=7e6, sub_group_size=2e6, optimizer_offload_device="nvme", **FAST)
+    stock = train(block=None, **options)
+    ours = train(block={"host_cache_bytes": 0}, script=UPDATE_ORDER, **options)
+    assert_identical(stock, ours)  # the order reads ahead in moves bytes, never the update's math
     record = ours.result["update_order"]
     # the sub-groups the swapper swaps (stage 3 leaves out any it keeps in memory), in the update's order
     swapped = [key for key in record["update_order"] if key in record["registered_order"]]

@@ -774,19 +774,19 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
                                                    self.store.release_rewritten_elsewhere):
                         continue
                 except Exception as err:  # noqa: BLE001  (the store writes it below; raised once all went back)
-                    error = error or err
+                    error = _first_error(error, err, swap_info)
             try:
                 self.store.release(context.swap_path, changed=changed,
                                    copy_elsewhere=master_elsewhere and index == 0)
             except Exception as err:  # noqa: BLE001  (raised once all went back)
-                error = error or err
+                error = _first_error(error, err, swap_info)
         if swap_info.has_gradients():
             path = gradient_path(swap_info)
             if path in lent:
                 try:
                     self.gradients.give_back(swap_info.param_id, path, gradient_changed)
                 except Exception as err:  # noqa: BLE001  (raised once all went back)
-                    error = error or err
+                    error = _first_error(error, err, swap_info)
         if error is not None:
             raise error
 
@@ -877,3 +877,12 @@ class _PoolView:
 
     def is_pinned(self, tensor: torch.Tensor) -> bool:
         return self._pool.owns(tensor)
+
+
+def _first_error(first: Optional[BaseException], another: BaseException, swap_info) -> BaseException:
+    """The error a give-back raises once every tensor went back: the first; any later one is logged, not lost."""
+    if first is None:
+        return another
+    logger.warning("tencache: giving back sub-group %s also failed with %s: %s (the first error is raised)",
+                   swap_info.param_id, type(another).__name__, another)
+    return first
