@@ -53,6 +53,7 @@ ask_cpuinfo_once()  # before deepspeed is imported, so every op load finds the c
 import torch  # noqa: E402
 import deepspeed  # noqa: E402
 import shm_buffers  # noqa: E402  (beside this script)
+from proc_io import io_delta, read_proc_io  # noqa: E402  (beside this script)
 
 tencache_ds = None  # the plugin, once main() imported it (every run but --untouched-stock)
 
@@ -371,19 +372,6 @@ def count_params(model):
 # ----------------------------------------------------------------------------------------------------------------
 # Measurements
 # ----------------------------------------------------------------------------------------------------------------
-def read_proc_io():
-    """read_bytes/write_bytes of this process (all threads, storage layer, O_DIRECT included)."""
-    out = {}
-    try:
-        with open("/proc/self/io") as fh:
-            for line in fh:
-                key, _, value = line.partition(":")
-                out[key.strip()] = int(value)
-    except OSError:
-        pass
-    return {"read_bytes": out.get("read_bytes", 0), "write_bytes": out.get("write_bytes", 0)}
-
-
 def cpu_times():
     """CPU time of the training thread and of the whole process, context switches, and the core the training thread
     last ran on: a step slower than its neighbours then shows whether the training thread worked longer, waited, or
@@ -549,8 +537,8 @@ def run_steps(engine, batches, steps, grad_accum, first_step=0, save_after=None,
             "loss_bits": loss_bits(value),
             "time_s": elapsed,
             "peak_rss_bytes": peak_rss_bytes(),
-            "io_read_bytes": io1["read_bytes"] - io0["read_bytes"],
-            "io_write_bytes": io1["write_bytes"] - io0["write_bytes"],
+            "io_read_bytes": io_delta(io0, io1, "read_bytes"),
+            "io_write_bytes": io_delta(io0, io1, "write_bytes"),
             "stats": plugin_stats(engine),
             "cpu": {key: cpu1[key] - cpu0[key] for key in cpu0 if key != "last_cpu"} | {"last_cpu": cpu1["last_cpu"]},
         })

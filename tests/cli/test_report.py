@@ -2,7 +2,9 @@
 contract): medians leave out warm-up steps, ratios, loss/weight equality, the headline and its bound, the stock-cpu
 column, old and new metrics files, generic stats and metrics rows, rendering and the figure. No DeepSpeed."""
 import dataclasses
+import importlib.util
 import json
+import os
 
 import pytest
 
@@ -10,6 +12,8 @@ from tencache_ds.bench import dashboard, report
 from tencache_ds.bench.report import BenchRun, compare
 from tencache_ds.profile.step_profile import StepProfile
 from tencache_ds.profile.store import save_section
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def make_result(times_s, loss_bits=None, stats=None, sha="a" * 64, io_read=None, io_write=None, **top_level):
@@ -150,6 +154,34 @@ def test_nvme_bytes_per_step_from_tencaches_counters_where_the_kernel_has_none()
     for step in result["steps"]:
         step.pop("io_read_bytes"), step.pop("io_write_bytes")
     assert report.nvme_per_step(BenchRun("tencache", 1, result), "read") == ([100, 200, 300, 400], "stats")
+
+
+def test_io_counters_the_kernel_does_not_give_are_missing_not_zero(tmp_path):
+    """Scenario: a machine whose /proc/self/io cannot be read (no task I/O accounting, a container hiding it).
+    scripts/train.py records no I/O bytes for its steps; the headline then takes tencache's own counters and shows no
+    figure for stock, not 0 bytes and a drive that is never worn out."""
+    spec = importlib.util.spec_from_file_location("proc_io", os.path.join(REPO, "scripts", "proc_io.py"))
+    proc_io = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(proc_io)
+    # Step 1: the counters, read and not.
+    assert proc_io.read_proc_io(str(tmp_path / "no-such-file")) is None
+    (tmp_path / "io").write_text("rchar: 5\nwchar: 6\n")  # a kernel that counts characters, not storage bytes
+    assert proc_io.read_proc_io(str(tmp_path / "io")) is None
+    assert set(proc_io.read_proc_io()) == {"read_bytes", "write_bytes"}
+    assert proc_io.io_delta(None, {"read_bytes": 5}, "read_bytes") is None
+    assert proc_io.io_delta({"read_bytes": 2}, {"read_bytes": 5}, "read_bytes") == 3
+    # Step 2: steps recorded that way (None), both arms.
+    stats = [{"nvme_read_bytes": total, "nvme_write_bytes": 2 * total} for total in (100, 300, 600, 1000)]
+    missing = [None] * 4
+    runs = [BenchRun("stock", 1, make_result([1.0] * 4)), BenchRun("tencache", 1, make_result([1.0] * 4, stats=stats))]
+    for run in runs:
+        for step in run.result["steps"]:
+            step["io_read_bytes"] = step["io_write_bytes"] = None
+    assert report.nvme_per_step(runs[0], "write") == (missing, "none")
+    comparison = compare(runs, warmup_steps=1, drive_tbw_bytes=600e12)
+    written = comparison.row(report.ROW_NVME_WRITE)
+    assert written.stock is None and written.tencache == 600.0  # tencache's own count: median of 400, 600, 800
+    assert comparison.row(report.ROW_DAYS_TO_TBW).stock in (None, report.MISSING)
 
 
 def test_per_step_deltas():
