@@ -665,7 +665,7 @@ def measure_io_contention(torch, model_config: Dict[str, Any], micro_batch: int,
     that long at the rate they had alone (timed here too, just before the rounds), else that share."""
     import threading
     from ..io.direct_io import DirectFileIO, aligned_buffer
-    from ..io.drive_rate import QUICK_ENV, TENSOR_REQUEST_BYTES, TRIAL_FILE_PREFIX, quick_drive
+    from ..io.drive_rate import QUICK_ENV, TENSOR_REQUEST_BYTES, quick_drive, trial_file
     quick = quick_drive()
     timing_s, most_rounds = (IO_CONTENTION_QUICK_TIMING_S, 1) if quick else (IO_CONTENTION_TIMING_S,
                                                                              IO_CONTENTION_ROUNDS)
@@ -674,7 +674,7 @@ def measure_io_contention(torch, model_config: Dict[str, Any], micro_batch: int,
     one_step = _training_step(torch, _probe_model(torch, model_config, layers, vocab, dtype), vocab, micro_batch,
                               seq_len)
     os.makedirs(folder, exist_ok=True)
-    path = os.path.join(folder, f"{TRIAL_FILE_PREFIX}{os.getpid()}-contention.bin")
+    path = trial_file(folder, "contention")
     requests, io = IO_CONTENTION_FILE_REQUESTS, None
 
     def keep_reading(done: Callable[[], bool], moved: list, failed: list) -> None:

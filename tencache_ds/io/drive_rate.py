@@ -16,6 +16,8 @@ late), so the whole measurement takes a few seconds. The files live in the folde
 """
 import dataclasses
 import os
+import re
+import socket
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -28,7 +30,9 @@ TENSOR_REQUEST_BYTES = 64 << 20     # an optimizer sub-group's tensor (sub_group
 REQUEST_SIZES = (PARTITION_REQUEST_BYTES, TENSOR_REQUEST_BYTES)
 TRIAL_BYTES = 256 << 20              # per trial and direction: past a drive's write cache, < 0.2 s at 2 GB/s
 DEADLINE_S = 1.0                     # per trial: no new request is issued after it
-TRIAL_FILE_PREFIX = ".tencache-drive-"  # then the measuring process's pid
+TRIAL_FILE_PREFIX = ".tencache-drive-"  # then the measuring process's pid, the file's kind and its host (trial_file)
+# <prefix><pid>-<kind>@<host>.bin; without "@<host>": the name measurements gave their files before 2026-12-02
+_TRIAL_FILE = re.compile(re.escape(TRIAL_FILE_PREFIX) + r"(?P<pid>[0-9]+)-(?P<kind>[a-z]+)(?:@(?P<host>[^@/]+))?\.bin")
 # Test hook: the suite's tests of `doctor`, `bench` and `estimate --machine this` check what each measures and reports,
 # not the drive's rate, whose trials take most of their time (8 of doctor's 16 s here, a minute of a calibration). Set
 # to anything but "" or "0" (read only in quick_drive), the drive is timed in one repeat, no trial issuing a request
@@ -153,7 +157,7 @@ def measure_drive(folder: str, request_sizes: Sequence[int] = REQUEST_SIZES,
             buffers = [aligned_buffer(request_bytes) for _ in range(threads)]
             for index, buffer in enumerate(buffers):
                 buffer.fill_(index + 1)  # not zeros: a file system may treat zero pages specially
-            first, second = (os.path.join(folder, f"{TRIAL_FILE_PREFIX}{os.getpid()}-{name}.bin") for name in "ab")
+            first, second = (trial_file(folder, kind) for kind in "ab")
             try:
                 # Twice: a new file's blocks are allocated as it is written, which was 20-40% slower here than
                 # overwriting them, and the stores overwrite their swap files step after step (the fastest counts).
@@ -184,14 +188,27 @@ def measure_drive(folder: str, request_sizes: Sequence[int] = REQUEST_SIZES,
                                "one round at least)" if quick else ""))
 
 
+def trial_file(folder: str, kind: str) -> str:
+    """The path of this process's trial file of ``kind`` (lower-case letters) in ``folder``. The host is in its name
+    because the folder measured may be shared between nodes (NFS, Lustre), whose processes cannot be seen from here:
+    without it another node's cleanup would take a live measurement's pid for a dead one and remove its file, and
+    two nodes' measurements with the same pid would write the same file."""
+    return os.path.join(folder, f"{TRIAL_FILE_PREFIX}{os.getpid()}-{kind}@{socket.gethostname()}.bin")
+
+
 def remove_stale_trial_files(folder: str) -> List[str]:
     """Remove trial files that a measurement killed before its cleanup left in ``folder`` (a calibration stopped by
-    its timeout leaves up to 2 GiB): those whose process is gone. Returns the paths removed."""
-    def pid_of(name: str) -> Optional[int]:  # <prefix><pid>-<file>.bin
-        head = TRIAL_FILE_PREFIX + name[len(TRIAL_FILE_PREFIX):].split("-", 1)[0]
-        return pid_in_name(head, TRIAL_FILE_PREFIX) if name.startswith(TRIAL_FILE_PREFIX) else None
+    its timeout leaves up to 2 GiB): this host's whose process is gone, another host's once nothing has written them
+    for an hour (io/stale_files.py). Returns the paths removed."""
+    def pid_of(name: str) -> Optional[int]:
+        match = _TRIAL_FILE.fullmatch(name)
+        return None if match is None else pid_in_name(match["pid"], "")
 
-    return remove_files_of_dead_processes(folder, pid_of)
+    def host_of(name: str) -> Optional[str]:  # None: a name that records no host, judged as this host's
+        match = _TRIAL_FILE.fullmatch(name)
+        return None if match is None else match["host"]
+
+    return remove_files_of_dead_processes(folder, pid_of, host_of)
 
 
 def _fastest(trials: Sequence[Trial], method: str) -> DriveRate:

@@ -2,6 +2,7 @@
 time those rates give for a step's reads and writes."""
 import math
 import os
+import time
 
 import pytest
 
@@ -112,6 +113,34 @@ def test_a_measurement_removes_the_files_a_killed_one_left_and_no_living_ones(tm
     assert not any(path.exists() for path in left)
     assert running.exists() and other.exists()
     assert remove_stale_trial_files(str(tmp_path)) == []
+
+
+def test_trial_files_name_their_host_and_another_hosts_are_left_while_written(tmp_path):
+    """A folder shared between nodes: another node's live measurement, whose pid means nothing here, keeps its files;
+    one of its files that nothing has written for an hour is removed; this host's are judged by their process, in
+    the names measurements give them now and in the older names without a host."""
+    import socket
+    import subprocess
+    import sys
+    from tencache_ds.io.drive_rate import TRIAL_FILE_PREFIX, remove_stale_trial_files, trial_file
+    from tencache_ds.io.stale_files import UNTOUCHED_ELSEWHERE_S
+    here = socket.gethostname()
+    assert trial_file(str(tmp_path), "a") == str(tmp_path / f"{TRIAL_FILE_PREFIX}{os.getpid()}-a@{here}.bin")
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(ended.stdout)
+    elsewhere_live = tmp_path / f"{TRIAL_FILE_PREFIX}{dead_pid}-a@other-node.cluster.bin"
+    elsewhere_left = tmp_path / f"{TRIAL_FILE_PREFIX}{dead_pid}-b@other-node.cluster.bin"
+    here_dead = [tmp_path / f"{TRIAL_FILE_PREFIX}{dead_pid}-contention@{here}.bin",
+                 tmp_path / f"{TRIAL_FILE_PREFIX}{dead_pid}-b.bin"]
+    here_live = tmp_path / f"{TRIAL_FILE_PREFIX}{os.getppid()}-a@{here}.bin"
+    not_trials = [tmp_path / f"{TRIAL_FILE_PREFIX}{dead_pid}-a@x@y.bin", tmp_path / f"{TRIAL_FILE_PREFIX}x-a.bin"]
+    for path in [elsewhere_live, elsewhere_left, here_live] + here_dead + not_trials:
+        path.write_bytes(b"x" * 4096)
+    long_ago = time.time() - UNTOUCHED_ELSEWHERE_S - 60
+    os.utime(elsewhere_left, (long_ago, long_ago))
+    removed = remove_stale_trial_files(str(tmp_path))
+    assert sorted(removed) == sorted(map(str, here_dead + [elsewhere_left]))
+    assert elsewhere_live.exists() and here_live.exists() and all(path.exists() for path in not_trials)
 
 
 def test_the_rates_at_one_request_size_come_from_that_sizes_trials_only():
