@@ -87,6 +87,14 @@ class TencacheConfig(BaseModel):
                              f"(docs/configuration.md); set \"version\": {SCHEMA_VERSION} or leave the key out")
         return value
 
+    @field_validator("metrics_path", "profile_path", mode="before")
+    @classmethod
+    def _check_file_path(cls, value: Any):
+        # "" would otherwise mean "no file" silently (the writers test the path's truth); null or no key says that
+        if isinstance(value, str) and value.strip() == "":
+            raise ValueError("an empty path: name a file, or leave the key out (or null) for no file")
+        return value
+
     @field_validator("host_cache_bytes", "device_cache_bytes", mode="before")
     @classmethod
     def _parse_budget(cls, value: Any):

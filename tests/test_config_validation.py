@@ -109,6 +109,7 @@ CASES = [
     Case("budget-infinite", "infinite budget", block(host_cache_bytes="1e400"), "tencache.host_cache_bytes"),
     Case("budget-bool", "budget is a boolean", block(device_cache_bytes=True), "tencache.device_cache_bytes"),
     Case("path-type", "path is a number", block(metrics_path=5), "tencache.metrics_path"),
+    Case("path-empty", 'path is "" (not null)', block(profile_path=""), "tencache.profile_path"),
     Case("pin-memory", "unknown pin_memory mode", block(pin_memory="sometimes"), "tencache.pin_memory"),
     Case("log-stats", '"log_stats" is a string', block(log_stats="no"), "tencache.log_stats"),
     # --- the block against the machine (config_checks.py)
@@ -134,6 +135,9 @@ CASES = [
     Case("profile-is-folder", "profile_path is a folder",
          lambda config, tmp: config["tencache"].update(profile_path=tmp), "tencache.profile_path",
          TencacheResourceError),
+    Case("metrics-folder-to-be", "metrics_path ends with a separator (a folder not made yet)",
+         lambda config, tmp: config["tencache"].update(metrics_path=os.path.join(tmp, "runs", "metrics") + os.sep),
+         "tencache.metrics_path", TencacheResourceError),
     Case("same-file", "metrics_path and profile_path are the same file",
          lambda config, tmp: config["tencache"].update(profile_path=config["tencache"]["metrics_path"]),
          "tencache.profile_path"),
@@ -167,6 +171,14 @@ CASES = [
     Case("nvme-path-unwritable", "nvme_path this user cannot write", offload("offload_param", nvme_path=UNWRITABLE_DIR),
          "zero_optimization.offload_param.nvme_path", TencacheResourceError),
     Case("gds", "aio.use_gds: true", _set("aio", "use_gds", True), "aio.use_gds"),
+    Case("aio-threads-zero", "aio.intra_op_parallelism: 0", _set("aio", "intra_op_parallelism", 0),
+         "aio.intra_op_parallelism"),
+    Case("aio-threads-negative", "aio.intra_op_parallelism below 0", _set("aio", "intra_op_parallelism", -2),
+         "aio.intra_op_parallelism"),
+    Case("aio-threads-fraction", "aio.intra_op_parallelism a fraction", _set("aio", "intra_op_parallelism", 1.5),
+         "aio.intra_op_parallelism"),
+    Case("aio-block-string", 'aio.block_size a size string ("1M")', _set("aio", "block_size", "1M"), "aio.block_size"),
+    Case("aio-not-object", '"aio" is not an object', _set("aio", True), "aio"),
     Case("hpz-params-on-nvme", "ZeRO++ hpZ (`zero_hpz_partition_size` > 1) with the parameters on NVMe",
          _set("zero_optimization", "zero_hpz_partition_size", 2), "zero_optimization.zero_hpz_partition_size"),
     Case("bf16-masters-fp32-state", "bf16 masters (`bf16_master_weights_and_grads`) with the optimizer on NVMe "
@@ -227,6 +239,15 @@ def test_best_effort_accepts_a_budget_the_machine_cannot_hold_now(case_id, tmp_p
     config = build(case, str(tmp_path))
     config["tencache"]["pin_memory"] = "best_effort"
     assert validate_ds_config(config, machine=case.machine).enabled
+
+
+def test_aio_numbers_written_as_json_floats_pass(tmp_path):
+    """JSON's 1e6 is a float: a whole one is the number it says (DeepSpeed's own examples write block sizes so)."""
+    config = valid_config(str(tmp_path))
+    config["aio"].update(block_size=1e6, intra_op_parallelism=2.0)
+    assert validate_ds_config(config, machine=MACHINE).enabled
+    config["aio"] = None  # DeepSpeed's defaults
+    assert validate_ds_config(config, machine=MACHINE).enabled
 
 
 def test_a_disabled_block_is_only_parsed(tmp_path):

@@ -8,6 +8,7 @@ import dataclasses
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from ..config import TencacheConfig, config_of_ds_dict
+from ..config_checks import check_aio_settings
 from ..errors import TencacheConfigError
 from ..units import finite
 from .model_shapes import ModelShape
@@ -209,6 +210,7 @@ class ZeroSettings:
         offload_param = section(zero, "offload_param", "zero_optimization.offload_param")
         offload_optimizer = section(zero, "offload_optimizer", "zero_optimization.offload_optimizer")
         aio = section(ds_config, "aio", "aio")
+        check_aio_settings(aio, source=f"{source}: ")  # as the run refuses them (integrations/deepspeed/config_bridge)
         config = config_of_ds_dict(ds_config)
 
         def device(offload: Mapping[str, Any], key: str) -> str:
@@ -244,7 +246,7 @@ class ZeroSettings:
             prefetch_bucket_size=number(zero, "stage3_prefetch_bucket_size", z, cls.prefetch_bucket_size),
             reduce_bucket_size=number(zero, "reduce_bucket_size", z, cls.reduce_bucket_size),
             aio_block_size=number(aio, "block_size", "aio", cls.aio_block_size),
-            aio_intra_op=max(1, number(aio, "intra_op_parallelism", "aio", cls.aio_intra_op)),
+            aio_intra_op=number(aio, "intra_op_parallelism", "aio", cls.aio_intra_op),
             element_bytes=model_element_bytes(ds_config),
             grad_accum_bytes=gradient_accumulation_bytes(ds_config, source),
             comm_element_bytes=communication_bytes(ds_config, source),

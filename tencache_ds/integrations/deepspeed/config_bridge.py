@@ -13,7 +13,7 @@ import torch
 from deepspeed.accelerator import get_accelerator
 
 from ...config import CONFIG_KEY, TencacheConfig, config_of_ds_dict
-from ...config_checks import check_host_budget, check_output_paths, check_swap_folder
+from ...config_checks import check_aio_settings, check_host_budget, check_output_paths, check_swap_folder
 from ...errors import TencacheConfigError, TencacheResourceError
 from ...io import folder_lock
 from ...plan.budget import MachineResources
@@ -61,6 +61,7 @@ def validate_ds_config(ds_config: Any, machine: Optional[MachineResources] = Non
     zero = zero if isinstance(zero, dict) else {"stage": _legacy_stage(zero)}
     _check_stage(zero.get("stage", 0))
     nvme_sections = _nvme_offload_sections(zero)
+    check_aio_settings(raw.get("aio"))
     aio = raw.get("aio") if isinstance(raw.get("aio"), dict) else {}
     if aio.get("use_gds"):
         raise TencacheConfigError(f'aio.use_gds: true puts swap buffers in GPU memory, which tencache does not '
