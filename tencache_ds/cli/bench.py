@@ -18,6 +18,7 @@ tencache's own engine uses it (io/drive_rate.py, in `tencache-ds doctor`'s probe
 gives a rate), for the I/O part of the bound.
 """
 import contextlib
+import copy
 import dataclasses
 import glob
 import importlib.util
@@ -36,13 +37,14 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..bench import dashboard, report
 from ..config import AUTO, CONFIG_KEY, parse_config
-from ..config_checks import check_host_budget
+from ..config_checks import check_host_budget, check_output_paths
 from ..errors import TencacheConfigError, TencacheResourceError
 from ..io import folder_lock
 from ..io.durable import replace_durably
 from ..io.drive_rate import TRIAL_BYTES, DriveRate, store_thread_counts
 from ..plan.budget import MachineResources
 from ..units import fmt_bytes, parse_bytes
+from ..zero_sections import check_zero_sections
 from .ds_config_file import read_ds_config
 
 TRAIN_SCRIPT_ENV = "TENCACHE_BENCH_TRAIN_SCRIPT"
@@ -146,6 +148,33 @@ def tencache_block(ds_config: Dict[str, Any], host_cache_bytes: Optional[str], d
     return block
 
 
+def check_tencache_arm(ds_config: Dict[str, Any], block: Dict[str, Any], dtype: str, nvme_dir: str) -> None:
+    """What the tencache run would refuse at initialize, refused before stock's run has trained for nothing and
+    before ``--out`` is made: DeepSpeed's sections as scripts/train.py hands them to that run (its --dtype and
+    --nvme-path edits, repeated here: the script cannot import tencache_ds for its stock arms) with ``block``
+    (zero_sections.py), and the files the block names (config_checks.check_output_paths).
+
+    Raises:
+        TencacheConfigError, TencacheResourceError: naming the key (e.g. ``--offload cpu``, whose config puts
+            nothing on NVMe: zero_optimization.offload_param.device).
+    """
+    arm = copy.deepcopy(ds_config)
+    arm[CONFIG_KEY] = block
+    if dtype == "bf16":
+        arm["bf16"] = {"enabled": True}
+        arm.pop("fp16", None)
+    elif dtype == "fp32":
+        arm.pop("bf16", None)
+        arm.pop("fp16", None)
+    zero = arm.get("zero_optimization")
+    for section in (zero.get(name) for name in ("offload_param", "offload_optimizer")) if isinstance(zero, dict) \
+            else ():
+        if isinstance(section, dict) and (section.get("device") == "nvme" or "nvme_path" in section):
+            section["nvme_path"] = nvme_dir
+    check_zero_sections(arm)
+    check_output_paths(parse_config(block))
+
+
 def missing_modules(names: Sequence[str]) -> List[str]:
     """The top-level modules in ``names`` that cannot be imported here (looked up, not imported)."""
     missing = []
@@ -214,10 +243,13 @@ def build_runs(args, repo_root: str, train_script: str, config_path: str, ds_con
             label = f"{arm}-{repeat}"
             metrics_path = os.path.join(out_dir, f"{label}.metrics.jsonl") if arm == report.TENCACHE else None
             profile_path = os.path.join(out_dir, f"{label}.profile.json") if arm == report.TENCACHE else None
-            block = "none" if arm != report.TENCACHE else json.dumps(
-                tencache_block(ds_config, args.host_cache_bytes, args.device_cache_bytes, metrics_path, profile_path,
-                               ranks=getattr(args, "ranks", 1)))
             nvme_dir = os.path.join(os.path.abspath(args.nvme_path), label)
+            block = "none"
+            if arm == report.TENCACHE:
+                tencache = tencache_block(ds_config, args.host_cache_bytes, args.device_cache_bytes, metrics_path,
+                                          profile_path, ranks=getattr(args, "ranks", 1))
+                check_tencache_arm(ds_config, tencache, args.dtype, nvme_dir)
+                block = json.dumps(tencache)
             result_path = os.path.join(out_dir, f"{label}.result.json")
             train_args = [train_script, "--deepspeed_config", config_path, "--model", args.model,
                           "--steps", str(args.steps), "--micro-batch", str(args.micro_batch),
@@ -441,6 +473,11 @@ def _run(args) -> int:
     if getattr(args, "ranks", 1) > 1 and launcher != "deepspeed":
         raise BenchError(f"--ranks {args.ranks} needs the deepspeed launcher (--launcher deepspeed, and "
                          "deepspeed.launcher.runner importable)")
+    ancestor = out_dir  # checked before the runs' files in it are (build_runs), whose messages would name those
+    while not os.path.exists(ancestor):
+        ancestor = os.path.dirname(ancestor)
+    if not os.path.isdir(ancestor):
+        raise BenchError(f"--out {out_dir} cannot be created: {ancestor} is a file, not a folder")
     specs = build_runs(args, repo_root, train_script, config_path, ds_config, out_dir, launcher)
     # Every argument checked first: a refused bench leaves no folder behind. Then --nvme-path is held for the whole
     # bench: two benches given the same one (the default, say) would use the same run folders, each emptying the

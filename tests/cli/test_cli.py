@@ -493,7 +493,8 @@ def test_bench_run_plan_interleaves_repeats_and_differs_only_in_the_tencache_blo
     # Step 1: parse the options as the CLI does and build the plan for the deepspeed launcher.
     args = build_parser().parse_args(["bench", "--repeats", "2", "--host-cache-bytes", "1GiB", "--nvme-path",
                                       str(tmp_path / "nvme"), "--out", str(tmp_path / "out")])
-    ds_config = {"zero_optimization": {"stage": 3}, "tencache": {"device_cache_bytes": 0}}
+    ds_config = {"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": "/local_nvme"}},
+                 "tencache": {"device_cache_bytes": 0}}
     specs = bench.build_runs(args, REPO_ROOT, os.path.join(REPO_ROOT, "scripts", "train.py"), "/cfg.json",
                              ds_config, str(tmp_path / "out"), "deepspeed")
     # Step 2: stock and tencache alternate, each with its own swap folder, result file and log.
@@ -538,6 +539,37 @@ def test_bench_rejects_an_invalid_tencache_block_before_running():
     from tencache_ds.errors import TencacheConfigError
     with pytest.raises(TencacheConfigError, match="no_such_key"):
         bench.tencache_block({"tencache": {"no_such_key": 1}}, None, None, None)
+
+
+def test_bench_refuses_a_config_the_tencache_run_would_refuse_before_anything_runs_or_is_written(tmp_path):
+    """Scenario: `bench --offload cpu` (its config offloads nothing to NVMe) and a config whose aio settings the
+    tencache run refuses. Before, stock's run trained first and the tencache run stopped at its initialize, with
+    --out, logs and the drive probe's files already written."""
+    out, nvme = tmp_path / "out", tmp_path / "nvme"
+    result = run_cli("bench", "--offload", "cpu", "--steps", "3", "--warmup", "1", "--out", str(out),
+                     "--nvme-path", str(nvme))
+    assert result.returncode == 1 and "zero_optimization.offload_param.device" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr and not out.exists() and not nvme.exists()
+    config = json.load(open(os.path.join(REPO_ROOT, "configs", "stock-nvme.json")))
+    config["aio"]["intra_op_parallelism"] = 0
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps(config))
+    result = run_cli("bench", "--config", str(path), "--out", str(out), "--nvme-path", str(nvme))
+    assert result.returncode == 1 and "aio.intra_op_parallelism" in result.stderr, result.stderr
+    assert not out.exists() and not nvme.exists()
+    # the arm's config as train.py hands it over: its --nvme-path, and --dtype's rewrite of the precision sections
+    # (bf16 masters in the file, --dtype bf16 replaces the section: the run is not refused for them)
+    from tencache_ds.cli import bench
+    from tencache_ds.errors import TencacheConfigError
+    from tencache_ds.zero_sections import check_zero_sections
+    config["aio"]["intra_op_parallelism"] = 1
+    config["bf16"] = {"enabled": True, "bf16_master_weights_and_grads": True}
+    config["optimizer"] = {"type": "AdamW", "params": {"lr": 1e-4}}
+    block = bench.tencache_block(config, None, None, None)
+    with pytest.raises(TencacheConfigError, match="bf16.bf16_master_weights_and_grads"):
+        check_zero_sections(dict(config, tencache=block))  # the file as it is
+    bench.check_tencache_arm(config, block, "bf16", str(nvme / "tencache-1"))  # as the run gets it
+    assert not nvme.exists()
 
 
 @pytest.mark.slow

@@ -1,23 +1,24 @@
-"""The "tencache" block against DeepSpeed. Owns: the checks of the block against DeepSpeed's own sections
-(validate_ds_config), which config the ZeRO-3 optimizer or the ``deepspeed.initialize`` call being built has, and
-the facts about DeepSpeed's swap layout that both swappers share. Does not own: the block's keys and types
-(config.py), reading a DeepSpeed config and finding the block in it (config_source.py) or checks against the
-machine alone (config_checks.py)."""
+"""The "tencache" block against DeepSpeed. Owns: the call that runs every check before a file is written
+(validate_ds_config: the installed DeepSpeed's version, then the checks of zero_sections.py and config_checks.py),
+which config the ZeRO-3 optimizer or the ``deepspeed.initialize`` call being built has, and the facts about
+DeepSpeed's swap layout that both swappers share. Does not own: the block's keys and types (config.py), reading a
+DeepSpeed config and finding the block in it (config_source.py), the checks of DeepSpeed's sections themselves
+(zero_sections.py, which needs no DeepSpeed) or checks against the machine alone (config_checks.py)."""
 import contextlib
 import os
 import sys
 import threading
-from typing import Any, List, Optional, Tuple
+from typing import Any, Optional
 
 import torch
 from deepspeed.accelerator import get_accelerator
 
-from ...config import CONFIG_KEY, TencacheConfig, config_of_ds_dict
-from ...config_checks import check_aio_settings, check_host_budget, check_output_paths, check_swap_folder
-from ...errors import TencacheConfigError, TencacheResourceError
+from ...config import TencacheConfig, config_of_ds_dict
+from ...config_checks import check_host_budget, check_output_paths
+from ...errors import TencacheResourceError
 from ...io import folder_lock
 from ...plan.budget import MachineResources
-from ...plan.workload import optimizer_precision
+from ...zero_sections import check_zero_sections, reject_nested_blocks
 from .config_source import ds_config_dict
 from .contract import require_supported_deepspeed
 
@@ -29,14 +30,6 @@ MIN_SWAPPABLE_BYTES = 1024 * 1024
 # DeepSpeed ops a ZeRO-Infinity run loads (cpu_adam in deepspeed.initialize, async_io by stock swappers): a stale
 # build lock of either makes the run wait forever, silently (ext_lock.py).
 DEEPSPEED_OPS = ("cpu_adam", "async_io")
-
-
-# DeepSpeed's sections that reject unknown keys (pydantic extra="forbid"), or ignore them ("aio"): a "tencache"
-# block there is a misplaced top-level block (deepspeed-integration.md, e).
-NESTED_BLOCK_SECTIONS = ("zero_optimization", "zero_optimization.offload_param",
-                         "zero_optimization.offload_optimizer", "aio")
-OFFLOAD_SECTIONS = ("offload_param", "offload_optimizer")
-DISABLE_HINT = 'or set "tencache": {"enabled": false} to run stock DeepSpeed'
 
 
 def validate_ds_config(ds_config: Any, machine: Optional[MachineResources] = None) -> TencacheConfig:
@@ -52,118 +45,15 @@ def validate_ds_config(ds_config: Any, machine: Optional[MachineResources] = Non
     raw = ds_config_dict(ds_config)
     if raw is None:
         return config_of_ds_dict(None)
-    _reject_nested_blocks(raw)
+    reject_nested_blocks(raw)
     config = config_of_ds_dict(raw)
     if not config.enabled:
         return config
     require_supported_deepspeed()  # an unsupported DeepSpeed refuses the block, naming both versions
-    zero = raw.get("zero_optimization")
-    zero = zero if isinstance(zero, dict) else {"stage": _legacy_stage(zero)}
-    _check_stage(zero.get("stage", 0))
-    nvme_sections = _nvme_offload_sections(zero)
-    check_aio_settings(raw.get("aio"))
-    aio = raw.get("aio") if isinstance(raw.get("aio"), dict) else {}
-    if aio.get("use_gds"):
-        raise TencacheConfigError(f'aio.use_gds: true puts swap buffers in GPU memory, which tencache does not '
-                                  f'manage: remove it, {DISABLE_HINT}')
-    _check_secondary_partitions(zero, nvme_sections)
-    _check_optimizer_state_dtype(raw, nvme_sections)
-    for key, section in nvme_sections:
-        check_swap_folder(f"{key}.nvme_path", section.get("nvme_path"))
+    check_zero_sections(raw)
     check_host_budget(config, machine or MachineResources.probe())
     check_output_paths(config)
     return config
-
-
-def _reject_nested_blocks(raw: dict) -> None:
-    for dotted in NESTED_BLOCK_SECTIONS:
-        section = raw
-        for part in dotted.split("."):
-            section = section.get(part) if isinstance(section, dict) else None
-        if isinstance(section, dict) and CONFIG_KEY in section:
-            ignored = " (DeepSpeed would silently ignore it there)" if dotted == "aio" else ""
-            raise TencacheConfigError(
-                f'{dotted}.{CONFIG_KEY}: the "{CONFIG_KEY}" block belongs at the top level of the DeepSpeed '
-                f'config, beside "zero_optimization", not inside "{dotted.split(".")[-1]}"{ignored}: move it up')
-
-
-def _legacy_stage(value: Any) -> Any:
-    # DeepSpeed still reads "zero_optimization": true/false as stage 1/0 (read_zero_config_deprecated).
-    if isinstance(value, bool):
-        return int(value)
-    return 0 if value is None else value
-
-
-def _check_stage(stage: Any) -> None:
-    try:
-        number = int(stage)
-    except (TypeError, ValueError):
-        number = None
-    if number != 3:
-        raise TencacheConfigError(
-            f'zero_optimization.stage: tencache needs ZeRO stage 3 (got {stage!r}): it replaces the swappers that '
-            f'only ZeRO-3 offload uses; set "stage": 3, {DISABLE_HINT}')
-
-
-def _nvme_offload_sections(zero: dict) -> List[Tuple[str, dict]]:
-    """The offload sections that put tensors on NVMe, as (dotted key, section); at least one is required."""
-    found, devices = [], []
-    for name in OFFLOAD_SECTIONS:
-        section = zero.get(name)
-        device = section.get("device", "none") if isinstance(section, dict) else "none"
-        device = str(getattr(device, "value", device))  # OffloadDeviceEnum in a dict built from DeepSpeed's models
-        devices.append(f"{name}.device = {device!r}" if isinstance(section, dict) else f"no {name}")
-        if device == "nvme":
-            found.append((f"zero_optimization.{name}", section))
-    if not found:
-        raise TencacheConfigError(
-            f'zero_optimization.offload_param.device / zero_optimization.offload_optimizer.device: tencache is '
-            f'enabled but nothing is offloaded to NVMe ({", ".join(devices)}), so it would have nothing to do and '
-            f'the run would silently be stock DeepSpeed; set "device": "nvme" and "nvme_path" in one of them, '
-            f'{DISABLE_HINT}')
-    return found
-
-
-def _check_secondary_partitions(zero: dict, nvme_sections: List[Tuple[str, dict]]) -> None:
-    """ZeRO++'s hierarchical partitioning (hpZ) keeps a secondary copy of each parameter partition on the
-    parameters' offload device, and stage 3 (DeepSpeed 0.19.8, ``_partition_param_sec``) allocates it there with
-    ``torch.empty(device=...)``: with parameters on NVMe that is ``device="nvme"``, and zero.Init stops with
-    "Expected one of cpu, cuda, ... device type at start of device string: nvme", stock's swappers and tencache's
-    alike. Said here, naming both keys, before anything is partitioned."""
-    try:
-        hpz = int(zero.get("zero_hpz_partition_size", 1) or 1)
-    except (TypeError, ValueError):
-        return  # DeepSpeed's own config model reports a value that is not a number
-    if hpz > 1 and any(key == "zero_optimization.offload_param" for key, _section in nvme_sections):
-        raise TencacheConfigError(
-            f"zero_optimization.zero_hpz_partition_size: {hpz} (ZeRO++ hpZ) keeps a secondary copy of every "
-            f'parameter partition on the offload_param device, which DeepSpeed cannot allocate on "nvme" '
-            f'(zero_optimization.offload_param.device): set zero_hpz_partition_size to 1, or offload the '
-            f'parameters to "cpu" (the optimizer state can stay on NVMe)')
-
-
-def optimizer_state_dtype_message(master_key: str, optimizer: str, remedy: str) -> str:
-    """Why a run whose optimizer keeps fp32 state beside narrower masters (``master_key``: the config key that made
-    them so) is refused, and ``remedy``: what to set instead."""
-    masters = master_key.rsplit(".", 1)[-1][:4]  # bf16 / fp16
-    return (f"{master_key}: the masters are {masters} but {optimizer} keeps its state in fp32 "
-            f"(fp32_optimizer_states), and tencache's optimizer tier stores a sub-group's tensors in one dtype (the "
-            f"state would be narrowed to {masters}: other results than stock CPU offload's); {remedy}, or set "
-            f'zero_optimization.offload_optimizer.device to "cpu", {DISABLE_HINT}')
-
-
-def _check_optimizer_state_dtype(raw: dict, nvme_sections: List[Tuple[str, dict]]) -> None:
-    """With the optimizer on NVMe, masters narrower than fp32 and the optimizer DeepSpeed builds from the config
-    keeping its state in fp32 (its default): refused here, before anything is partitioned (optimizer_swapper.py says
-    why; it checks a client optimizer itself when stage 3 builds its swapper). Stage 3 reads the masters' keys
-    whatever "enabled" says."""
-    if not any(key == "zero_optimization.offload_optimizer" for key, _section in nvme_sections):
-        return
-    precision = optimizer_precision(raw)
-    if precision.mixed and precision.from_config:  # a client optimizer is checked when stage 3 builds the swapper
-        raise TencacheConfigError(optimizer_state_dtype_message(
-            precision.master_key, f'the optimizer ("{raw["optimizer"]["type"]}", built as DeepSpeedCPUAdam)',
-            precision.remedy))
 
 
 _initializing = threading.local()  # the validated block of the deepspeed.initialize call this thread is in

@@ -52,10 +52,10 @@ from ...memory.pool import BufferPool
 from ...log import logger
 from ...plan.workload import optimizer_pipelining
 from ...profile.lifecycle import ProfileLifecycle
+from ...zero_sections import optimizer_state_dtype_message
 from .profiling import rank_profile_path
 from .config_bridge import (DEEPSPEED_OPS, MIN_SWAPPABLE_BYTES, find_stage3_ds_config, find_stage3_optimizer,
-                            initialize_call_config, io_aligned_numel,
-                            optimizer_state_dtype_message, prepare_swap_folder, swap_folder_held,
+                            initialize_call_config, io_aligned_numel, prepare_swap_folder, swap_folder_held,
                             validate_ds_config)
 from . import param_swapper, reporting
 from .host_tier_share import optimizer_host_share
