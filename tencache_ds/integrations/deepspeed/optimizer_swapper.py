@@ -102,6 +102,25 @@ def _refuse_states_of_another_dtype(optimizer, dtype: torch.dtype) -> None:
             master_key, name, f"construct {name} with fp32_optimizer_states=False (the state in the masters' dtype)"))
 
 
+def _unshare_when_the_process_ends(swapper_ref) -> None:
+    """At exit (weakref.finalize), for a swapper never closed: its names still shared with a checkpoint leave the
+    folder (what close() does; nothing else of it runs then: the tier's state dies with the process). A swapper
+    collected without close() is gone: nothing is known of its files then. Never raises: the process is ending."""
+    swapper = swapper_ref()
+    if swapper is None or swapper.closed:
+        return
+    try:
+        removed = unshare_folder(swapper.files_folder, swapper.owns_file)
+    except OSError as err:
+        logger.warning("optimizer swap folder %s: its files shared with a checkpoint could not be removed at exit "
+                       "(%s); a stock DeepSpeed run in this nvme_path would write into that checkpoint",
+                       swapper.files_folder, err)
+        return
+    if removed:
+        logger.info("optimizer swap folder %s: %d files shared with a checkpoint removed at exit",
+                    swapper.files_folder, removed)
+
+
 class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
     """Stands in for both PartitionedOptimizerSwapper and PipelinedOptimizerSwapper in stage3's namespace
     (subclass: stage 3 calls ``OptimizerSwapper.parameter_id`` through the base class)."""
@@ -190,8 +209,13 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             self._started = False  # a backward has begun: log_timers() calls from now on end training steps
             self._deferred = None  # parameters whose release waits for a fragment getter's read (releases_deferred)
             self.closed = False
+            # A run that ends without engine.destroy() (most training scripts) never closes this swapper: its files
+            # still shared with a checkpoint are removed from the folder when the process ends instead, so that a
+            # later stock run in this nvme_path (its aio writes existing files in place, and it does not empty the
+            # folder) cannot reach the checkpoint through them. (A killed process leaves them: docs/reliability.md.)
+            self._unshare_at_exit = weakref.finalize(self, _unshare_when_the_process_ends, weakref.ref(self))
             self.print_exclude_list = ["optimizer", "swap_params_info", "timers", "timer_names", "print_exclude_list",
-                                       "io", "pool", "config", "store", "budget"]
+                                       "io", "pool", "config", "store", "budget", "_unshare_at_exit"]
 
     @property
     def files_folder(self) -> str:
@@ -522,6 +546,8 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         finally:
             folder_lock.let_go(self._folder_key)
             self.closed = True
+            if getattr(self, "_unshare_at_exit", None) is not None:  # (None: closed before its set-up ended)
+                self._unshare_at_exit.detach()
 
     # ---------------------------------------------------------------------------------- memory pressure
     def host_footprint_bytes(self) -> int:
