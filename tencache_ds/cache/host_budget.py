@@ -29,7 +29,9 @@ class HostBudget:
 
     def release(self, nbytes: int) -> None:
         with self._lock:
-            assert nbytes <= self._used, (nbytes, self._used)
+            if nbytes > self._used:  # a release twice: the budget would admit more than its total (not an assert:
+                # python -O strips those)
+                raise RuntimeError(f"host budget: {nbytes} bytes released, but only {self._used} are reserved")
             self._used -= nbytes
 
     def available(self) -> int:

@@ -49,3 +49,15 @@ def test_under_python_dash_o_a_released_pageable_buffer_is_freed_and_a_second_re
                           env=dict(os.environ, PYTHONPATH=repo), timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["freed"], done.stdout
+
+
+def test_a_host_budget_released_twice_is_refused_not_driven_negative():
+    """The check was an assert: under ``python -O`` a second release drove the reserved bytes below 0, and the
+    budget then admitted more than its total. A RuntimeError (not an AssertionError) is what -O keeps."""
+    from tencache_ds.cache.host_budget import HostBudget
+    budget = HostBudget(100)
+    assert budget.try_reserve(60)
+    budget.release(60)
+    with pytest.raises(RuntimeError, match="60 bytes released, but only 0 are reserved"):
+        budget.release(60)
+    assert budget.used_bytes == 0 and budget.try_reserve(100) and not budget.try_reserve(1)

@@ -253,8 +253,8 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
             self._checked()
 
     def swap_into_buffer(self, param, dest_buffer):
-        assert param.ds_tensor.status == PartitionedParamStatus.NOT_AVAILABLE, \
-            f"param {param.ds_id} is already available or inflight"
+        if param.ds_tensor.status != PartitionedParamStatus.NOT_AVAILABLE:  # (stock's assert; python -O strips those)
+            raise RuntimeError(f"param {param.ds_id} is already available or inflight")
         settle_owed_masters()  # may evict, and hands the partition to stage 3's buffer
         with self._lock:
             self.plan()
