@@ -26,6 +26,7 @@ masters bit for bit: master_copies.py), else copied from their files (read throu
 own writer, used before, read the mapped files page by page, computed each record's CRC-32 and wrote through the page
 cache.)
 """
+import collections
 import contextlib
 import functools
 import os
@@ -191,6 +192,41 @@ def swapped_state_described(optimizer):
             state[key] = placeholder
 
 
+@contextlib.contextmanager
+def _handed_over_as_its_own(checkpoint_engine):
+    """While inside: ``checkpoint_engine.save`` is given a state dict of its own: new dicts, lists and tensor objects
+    (each a view of the same storage: no bytes copied). Stage 3's state dict holds live objects (its list of fp32
+    masters, torch's per-parameter state dicts), into which masters_shown and swapped_state_described put the
+    copies and the moments' descriptions, and out of which they take them again when the save returns: an engine
+    that serialises later (DataStates' background writer, one whose commit writes) found the empty placeholders
+    there, not the masters."""
+    save = checkpoint_engine.save
+
+    def save_its_own(state_dict, path, *args, **kwargs):
+        return save(_own_tree(state_dict), path, *args, **kwargs)
+
+    checkpoint_engine.save = save_its_own  # on the instance: the class's method stays as it is
+    try:
+        yield
+    finally:
+        del checkpoint_engine.save
+
+
+def _own_tree(value):
+    """``value`` with new dicts, lists and tuples all the way down (of their exact types; other containers as they
+    are) and each tensor a new object over the same storage, as it would pickle (a parameter, requires_grad)."""
+    if torch.is_tensor(value):
+        own = value.detach()
+        if isinstance(value, torch.nn.Parameter):
+            return torch.nn.Parameter(own, requires_grad=value.requires_grad)
+        return own.requires_grad_() if value.requires_grad else own
+    if type(value) in (dict, collections.OrderedDict):
+        return type(value)((key, _own_tree(item)) for key, item in value.items())
+    if type(value) in (list, tuple):
+        return type(value)(_own_tree(item) for item in value)
+    return value
+
+
 def saving_masters(save_zero_checkpoint):
     """engine._save_zero_checkpoint with the swapped masters in the file it writes (their swap files' blocks shared
     where the file system clones; else written from host memory that holds them, or copied from the files), and the
@@ -206,7 +242,8 @@ def saving_masters(save_zero_checkpoint):
             swapper.files_folder, os.path.dirname(self._get_zero_ckpt_name(save_path, tag)))
         copies = not serialises_during_save(self.checkpoint_engine)
         with masters_shown(self.optimizer, from_files=sharing, copies=copies) as sources, \
-                swapped_state_described(self.optimizer):
+                swapped_state_described(self.optimizer), \
+                (_handed_over_as_its_own(self.checkpoint_engine) if copies else contextlib.nullcontext()):
             if not two_pass:
                 return save_zero_checkpoint(self, save_path, tag, *args, **kwargs)
             with _saving_from_files(self.checkpoint_engine, sources, swapper):
