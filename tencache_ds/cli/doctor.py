@@ -61,7 +61,7 @@ def run_checks(nvme_path: Optional[str] = None, config_path: Optional[str] = Non
         accelerator_is_host = device_name == "cpu" if device_name else not gpus
         memlock = check_memlock(accelerator_is_host)
         budgets = check_budgets(config, gpus[0]["free_bytes"] if gpus else 0, accelerator_is_host) \
-            if config_check is None or config_check.status != FAIL else \
+            if config_path is None or config is not None else \
             CheckResult("budgets", FAIL, "not resolved: the config cannot be read")
         why_not = None
         if not state.usable:

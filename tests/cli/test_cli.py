@@ -179,6 +179,30 @@ def test_doctor_reports_a_bad_tencache_block_and_an_unreadable_config(tmp_path):
     assert "Traceback" not in missing.stdout + missing.stderr
 
 
+def test_doctor_reads_a_config_as_the_run_checks_it(tmp_path):
+    """Scenario: configs the run refuses at initialize (before writing anything) are FAIL lines of doctor's config
+    check too, naming the key; before, doctor said OK to them (only the budgets were checked)."""
+    from tencache_ds.cli.doctor_checks import load_ds_config
+    base = json.load(open(os.path.join(REPO_ROOT, "configs", "stock-nvme.json")))
+    for section in ("offload_param", "offload_optimizer"):
+        base["zero_optimization"][section]["nvme_path"] = str(tmp_path / "nvme")
+    base["tencache"] = {}
+    edits = {"zero_optimization.stage": lambda config: config["zero_optimization"].update(stage=2),
+             "aio.tencache": lambda config: config["aio"].update(tencache=config.pop("tencache")),
+             "aio.intra_op_parallelism": lambda config: config["aio"].update(intra_op_parallelism=0),
+             "tencache.metrics_path": lambda config: config["tencache"].update(metrics_path="/proc/x/m.jsonl")}
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps(base))
+    assert load_ds_config(str(path))[1].status == doctor.OK
+    for key, edit in edits.items():
+        config = json.loads(json.dumps(base))
+        edit(config)
+        path.write_text(json.dumps(config))
+        read, check = load_ds_config(str(path))
+        assert read is not None and check.status == doctor.FAIL and key in check.message, (key, check)
+    assert not (tmp_path / "nvme").exists()
+
+
 def test_doctor_survives_a_probe_that_does_not_finish(tmp_path):
     """Scenario: the probe (torch/DeepSpeed import, async_io load) outlives its timeout, as a first JIT build of the
     op does. The checks that need it FAIL with the reason, the rest still run, and nothing raises."""
