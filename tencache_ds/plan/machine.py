@@ -207,6 +207,8 @@ def _checked_values(data: Mapping[str, Any], source: str) -> Dict[str, Any]:
             if key in _POSITIVE and value <= 0 or value < 0:
                 raise MachineFileError(f"{source}: key \"{key}\" must be positive, got {value!r}")
             if key in _INTEGERS:
+                if value != int(value):  # "drives": 2.5 became 2 drives silently
+                    raise MachineFileError(f"{source}: key \"{key}\" must be a whole number, got {value!r}")
                 values[key] = int(value)
     return values
 
@@ -228,6 +230,8 @@ def _checked_request_factors(value: Any, source: str) -> Tuple[Tuple[int, float,
                 isinstance(number, bool) or not isinstance(number, (int, float)) or not finite(number)
                 or number <= 0 for number in row):
             refuse(f"row {row!r} is not three positive numbers")
+        if row[0] != int(row[0]):
+            refuse(f"row {row!r} has a request size that is no whole number of bytes")
         rows.append((int(row[0]), float(row[1]), float(row[2])))
     if any(later[0] <= earlier[0] for earlier, later in zip(rows, rows[1:])):
         refuse(f"sizes not increasing: {[row[0] for row in rows]}")

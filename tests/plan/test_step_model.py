@@ -670,6 +670,13 @@ def test_work_beside_a_busy_drive_loses_the_machine_s_contention_share_of_the_dr
     assert this_vm().io_contention == 0.0
     with pytest.raises(MachineFileError, match="io_contention"):
         machine_from_dict(dict(this_vm().to_json(), io_contention=-0.5), "m.json")
+    # whole-number figures: a fraction was truncated silently (2.5 drives: 2), or to 0 with a message naming 0
+    for key, value in (("drives", 2.5), ("ranks_per_node", 0.5)):
+        with pytest.raises(MachineFileError, match=f'm.json: key "{key}" must be a whole number, got {value}'):
+            machine_from_dict(dict(this_vm().to_json(), **{key: value}), "m.json")
+    assert machine_from_dict(dict(this_vm().to_json(), drives=2.0), "m.json").drives == 2
+    with pytest.raises(MachineFileError, match="no whole number of bytes"):
+        machine_from_dict(dict(this_vm().to_json(), nvme_request_factors=[[4194304.5, 1, 1], [64 << 20, 1, 1]]), "m.json")
 
 
 def test_a_drive_that_does_not_add_reads_and_writes_shares_them():
