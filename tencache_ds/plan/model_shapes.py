@@ -103,7 +103,7 @@ def model_shape(config: Mapping[str, Any], source: str = "config") -> ModelShape
     """Shapes of a Hugging Face config dict. Raises ModelConfigError naming ``source`` and the key for an unknown
     ``model_type`` or a missing/invalid size."""
     model_type = config.get("model_type")
-    builder = _BUILDERS.get(model_type)
+    builder = _BUILDERS.get(model_type) if isinstance(model_type, str) else None  # (a list is no dict key)
     if builder is None:
         raise ModelConfigError(f"{source}: model_type {model_type!r} is not one the estimate knows (key "
                                f"\"model_type\"; known: {', '.join(sorted(_BUILDERS))})")

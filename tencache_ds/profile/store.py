@@ -18,6 +18,7 @@ Version 1 files (order only, no timings) are reported and re-recorded, never rea
 """
 import contextlib
 import dataclasses
+import datetime
 import hashlib
 import json
 import os
@@ -28,6 +29,7 @@ import time
 from typing import Dict, Optional
 
 from ..log import logger
+from ..units import finite
 from .steady import SteadyTimings
 from .step_profile import StepProfile
 
@@ -67,7 +69,7 @@ def read_sections(path: str, skip_damaged: bool = False) -> Dict[str, SavedSecti
     for name, entry in sections.items():
         try:
             readable[name] = SavedSection(StepProfile.from_json(entry["step"]), str(entry["fingerprint"]),
-                                          dict(entry.get("facts") or {}), entry.get("recorded_unix"),
+                                          dict(entry.get("facts") or {}), _recorded_unix(entry.get("recorded_unix")),
                                           _steady(path, name, entry.get("steady")))
         except (KeyError, TypeError, AttributeError, ValueError, OverflowError) as err:
             why = f"[{name}] is a malformed section ({type(err).__name__}: {err})"
@@ -76,6 +78,22 @@ def read_sections(path: str, skip_damaged: bool = False) -> Dict[str, SavedSecti
             logger.warning("profile %s %s, unusable: re-profiling it; it will be replaced once a training step is "
                            "recorded (the file's other sections still serve)", path, why)
     return readable
+
+
+def _recorded_unix(value) -> Optional[float]:
+    """When the section was recorded (seconds since the epoch; None: not said). Anything but a finite, non-negative
+    number that a date can be made of is a malformed section (NaN, which JSON readers take, stopped `profile show`
+    with a traceback; true read as 1970)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not finite(value) or value < 0:
+        raise ValueError(f"recorded_unix must be a time in seconds, got {value!r}")
+    try:
+        datetime.datetime.fromtimestamp(value)
+    except (ValueError, OverflowError, OSError) as err:  # past year 9999, or the platform's time_t
+        raise ValueError(f"recorded_unix must be a time in seconds a date can be made of, got {value!r} ({err})") \
+            from None
+    return float(value)
 
 
 def _steady(path: str, section: str, data) -> Optional[SteadyTimings]:

@@ -102,6 +102,9 @@ def test_a_tied_head_is_the_embedding_fetched_again():
 def test_unknown_architecture_names_the_file_and_the_key():
     with pytest.raises(ModelConfigError, match=r"my/config\.json: model_type 'mamba'.*\"model_type\""):
         model_shape({"model_type": "mamba", "hidden_size": 8}, source="my/config.json")
+    # a list (no dict key) stopped the estimate with "unhashable type" instead
+    with pytest.raises(ModelConfigError, match=r"my/config\.json: model_type \['gpt2'\]"):
+        model_shape({"model_type": ["gpt2"], "n_embd": 8}, source="my/config.json")
 
 
 def test_missing_or_bad_size_names_the_key():

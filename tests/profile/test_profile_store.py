@@ -160,3 +160,17 @@ def test_a_save_keeps_the_files_permissions_and_a_new_file_gets_the_umasks(tmp_p
     path.chmod(0o664)
     save_section(str(path), "params", "f", TIMED)
     assert stat.S_IMODE(path.stat().st_mode) == 0o664
+
+
+@pytest.mark.parametrize("recorded", ["NaN", '"x"', "1e20", "true", "-5"])
+def test_a_recording_time_no_date_can_be_made_of_is_a_malformed_section(tmp_path, recorded):
+    """JSON readers take NaN; a date of 1e20 s overflows; true read as 1970: `profile show` stopped with a traceback
+    (ValueError, TypeError, OverflowError in fromtimestamp) or printed a false date."""
+    path = str(tmp_path / "p.json")
+    save_section(path, "params", "f", TIMED)
+    data = json.loads(open(path).read())
+    data["sections"]["params"]["recorded_unix"] = "PLACE"
+    open(path, "w").write(json.dumps(data).replace('"PLACE"', recorded))
+    with pytest.raises(ValueError, match=r"\[params\] is a malformed section \(ValueError: recorded_unix must be"):
+        read_sections(path)
+    assert load_section(path, "params", "f") is None  # a run re-profiles it
