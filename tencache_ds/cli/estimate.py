@@ -15,7 +15,7 @@ import sys
 from typing import Any, Dict, List, Optional
 
 from ..drive_wear import fmt_decimal_tb
-from ..errors import TencacheConfigError
+from ..errors import TencacheConfigError, TencacheResourceError
 from ..units import fmt_bytes
 from .ds_config_file import read_ds_config
 
@@ -77,6 +77,10 @@ def build_inputs(args) -> Dict[str, Any]:
     else:
         machine = load_machine(args.machine)
     workload = build_workload(shape, zero, machine.world_size, micro_batch, args.seq, gas, args.checkpointing)
+    if zero.tencache is not None:  # an explicit budget the run would refuse on that machine, refused here too
+        from ..config_checks import check_host_budget
+        from ..plan.step_model.tencache import described_resources
+        check_host_budget(zero.tencache, described_resources(workload, machine))
     profile_notes: List[str] = []
     if sections is not None:
         from ..plan.profile_timings import machine_from_profile
@@ -273,7 +277,7 @@ def _finite(value):
 def run(args) -> int:
     try:
         report = estimate(args)
-    except (TencacheConfigError, ValueError) as err:
+    except (TencacheConfigError, TencacheResourceError, ValueError) as err:
         print(f"tencache-ds estimate: {err}", file=sys.stderr)
         return 2
     if args.json:  # JSON has no infinity: a drive never written has null days (and 0 bytes written)

@@ -99,7 +99,7 @@ def test_a_drive_rating_that_is_no_positive_finite_number_is_refused_naming_it(r
 
 
 @pytest.mark.parametrize("kind", ["missing_model", "unknown_architecture", "missing_ds_config", "bad_machine",
-                                  "missing_machine", "zero_stage_2", "bad_profile"])
+                                  "missing_machine", "zero_stage_2", "bad_profile", "budget_over_the_machine"])
 def test_bad_inputs_are_named(tmp_path, kind):
     model, machine, ds_config = "llama-7b", MACHINE, DS_CONFIG
     if kind == "missing_model":
@@ -124,6 +124,12 @@ def test_bad_inputs_are_named(tmp_path, kind):
         assert result.returncode == 2 and f"profile {tmp_path}/profile.json cannot be read: profile format version 1" \
             in result.stderr, result.stderr
         return
+    elif kind == "budget_over_the_machine":  # the run refuses it at initialize: the estimate said "fits: yes"
+        data = json.load(open(DS_CONFIG))
+        data["tencache"] = {"host_cache_bytes": "2TiB"}  # the machine file's host has 256 GiB
+        ds_config = str(tmp_path / "ds.json")
+        (tmp_path / "ds.json").write_text(json.dumps(data))
+        expected = "tencache.host_cache_bytes = 2199023255552 (2.00 TiB) is more than"
     else:
         data = json.load(open(DS_CONFIG))
         data["zero_optimization"]["stage"] = 2

@@ -72,6 +72,18 @@ class TencachePlan:
         return nbytes - self.optimizer_prefixes.get(name, 0)
 
 
+def described_resources(workload: Workload, machine: Machine) -> MachineResources:
+    """What a rank of ``workload`` finds on the described ``machine``, as MachineResources.probe reads a real one:
+    the budgets resolve from it, and the run's own checks of an explicit budget (config_checks) take it."""
+    return MachineResources(host_total_bytes=machine.host_memory_bytes,
+                            host_available_bytes=machine.available_host_bytes,
+                            memlock_limit_bytes=UNLIMITED,
+                            device_free_bytes=0 if machine.accelerator_is_host else
+                            max(0, machine.accelerator_memory_bytes
+                                - device_working_bytes(workload, machine.accelerator_is_host)),
+                            local_world_size=machine.ranks_per_node)
+
+
 def tencache_plan(workload: Workload, machine: Machine) -> TencachePlan:
     """The budgets, by the same functions the swappers call at run time."""
     zero = workload.zero
@@ -79,13 +91,7 @@ def tencache_plan(workload: Workload, machine: Machine) -> TencachePlan:
     swapped = {key: param_bytes(workload, key) for key, p in workload.partitions.items() if p.on_nvme}
     histogram = merge_close_classes(size_histogram(swapped.values()))
     streaming = class_bytes(streaming_slot_counts(histogram, max(1, zero.param_buffer_count))) if swapped else 0
-    resources = MachineResources(host_total_bytes=machine.host_memory_bytes,
-                                 host_available_bytes=machine.available_host_bytes,
-                                 memlock_limit_bytes=UNLIMITED,
-                                 device_free_bytes=0 if machine.accelerator_is_host else
-                                 max(0, machine.accelerator_memory_bytes
-                                     - device_working_bytes(workload, machine.accelerator_is_host)),
-                                 local_world_size=machine.ranks_per_node)
+    resources = described_resources(workload, machine)
     slots_locked = parameter_lock_mode(config.pin_memory, machine.accelerator_is_host) != "off"
     budgets = resolve_budgets(config, resources, stream_min_bytes=streaming, locks_memory=slots_locked)
     host = budgets.host_cache_bytes
