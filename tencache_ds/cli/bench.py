@@ -108,6 +108,29 @@ def locate_train_script() -> Tuple[str, str]:
                      f"tencache_ds or set {TRAIN_SCRIPT_ENV}")
 
 
+def check_model(repo_root: str, model: str, seq_len: int) -> None:
+    """--model and --seq-len as scripts/train.py will take them (a name in configs/models/ or a JSON path; a sequence
+    no longer than the model's position table), checked before anything runs or is written: the runs stopped there
+    after the drive's probe and stock's start, with --out made."""
+    models = os.path.join(repo_root, "configs", "models")
+    path = model if model.endswith(".json") and os.path.exists(model) else os.path.join(models, model + ".json")
+    if not os.path.isfile(path):
+        known = sorted(name[:-5] for name in os.listdir(models) if name.endswith(".json")) \
+            if os.path.isdir(models) else []
+        raise BenchError(f"--model {model}: no such model ({path} does not exist); known: {', '.join(known)}")
+    try:
+        with open(path) as handle:
+            config = json.load(handle)
+    except (OSError, ValueError) as err:
+        raise BenchError(f"--model {model}: {path} cannot be read as JSON: {err}") from None
+    for key in ("n_positions", "max_position_embeddings"):  # (scripts/train.py max_positions)
+        positions = config.get(key) if isinstance(config, dict) else None
+        if positions:
+            if isinstance(positions, int) and seq_len > positions:
+                raise BenchError(f"--seq-len {seq_len} is longer than {model}'s position table ({key} {positions})")
+            return
+
+
 def load_ds_config(path: str) -> Dict[str, Any]:
     """The DeepSpeed config file both arms run with (JSON or HJSON), read as DeepSpeed reads it
     (cli/ds_config_file.py). A file: each run reads it again."""
@@ -466,6 +489,7 @@ def _run(args) -> int:
         raise BenchError(f"--warmup {args.warmup} leaves no measured step of --steps {args.steps}")
     check_dependencies()
     repo_root, train_script = locate_train_script()
+    check_model(repo_root, args.model, args.seq_len)
     config_path = os.path.abspath(args.config or os.path.join(repo_root, "configs", f"stock-{args.offload}.json"))
     ds_config = load_ds_config(config_path)
     out_dir = os.path.abspath(args.out)

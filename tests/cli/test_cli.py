@@ -358,6 +358,12 @@ def test_bench_rejects_bad_arguments_before_running(tmp_path):
     assert two_ranks.returncode == 1 and "x 2 ranks on this node" in two_ranks.stderr, two_ranks.stderr
     # refused before any run (the tencache run's own refusal came after stock's had trained)
     assert not (tmp_path / "never").exists()
+    # a model scripts/train.py does not know, a sequence past the model's position table (gpt2-tiny: 256)
+    unknown = run_cli("bench", "--model", "gtp2-tiny", "--out", str(tmp_path / "never"))
+    assert unknown.returncode == 1 and "--model gtp2-tiny: no such model" in unknown.stderr, unknown.stderr
+    too_long = run_cli("bench", "--seq-len", "512", "--out", str(tmp_path / "never"))
+    assert too_long.returncode == 1 and "--seq-len 512 is longer than gpt2-tiny's" in too_long.stderr, too_long.stderr
+    assert not (tmp_path / "never").exists()
     (tmp_path / "a-file").write_text("")
     on_a_file = run_cli("bench", "--out", str(tmp_path / "a-file" / "out"))
     assert on_a_file.returncode == 1 and "--out" in on_a_file.stderr and "Traceback" not in on_a_file.stderr
