@@ -3,6 +3,7 @@ real swapper: after every call the records agree with DeepSpeed's view of each p
 itself under TENCACHE_DEBUG_CHECKS=1, and the scenario checks them again). The prefetch schedule is a stand-in that
 names the reads ahead each step wants. Runs on DeepSpeed's CPU accelerator; prints OK or raises."""
 import gc
+import shutil
 import sys
 import types
 
@@ -10,6 +11,7 @@ import torch
 from deepspeed.runtime.swap_tensor.partitioned_param_swapper import PartitionedParamStatus as Status
 
 from lone_swapper import Param, lone_swapper
+from tencache_ds.errors import StaleFileError
 from tencache_ds.integrations.deepspeed.partition_record import Read
 
 NUMEL = 1 << 18  # 1 MiB of float32: DeepSpeed swaps nothing smaller
@@ -115,6 +117,25 @@ read_ahead(b)
 assert read(2) is Read.AHEAD
 swapper.remove_partition_and_release_buffers([b])
 assert read(2) is Read.NONE and b.ds_tensor.status == Status.NOT_AVAILABLE
+swapper.swap_in([b], async_op=False)
+assert torch.equal(b.ds_tensor, bytes_of(b)) and read(2) is Read.NONE
+swapper.remove_partition_and_release_buffers([b])
+
+# 8c. b is read ahead and its file is gone (the read fails), and nobody asks: the end of the optimizer step raises
+#     the read's error after giving every read back, with b's record settled (a record left "read ahead" after its
+#     release raised made the next ask wait for no read: "no read in flight"); the file back, an ask reads it
+path = swapper.get_path(b)
+shutil.move(path, path + ".away")
+read_ahead(b)
+assert read(2) is Read.AHEAD
+try:
+    swapper.end_optimizer_step()
+    raise SystemExit("a read ahead that failed was not reported")
+except StaleFileError:
+    pass
+assert read(2) is Read.NONE and b.ds_tensor.status == Status.NOT_AVAILABLE
+swapper.check_records()
+shutil.move(path + ".away", path)
 swapper.swap_in([b], async_op=False)
 assert torch.equal(b.ds_tensor, bytes_of(b)) and read(2) is Read.NONE
 swapper.remove_partition_and_release_buffers([b])

@@ -21,8 +21,8 @@ def test_a_failed_read_is_reported_once_and_the_partition_can_be_read_again():
 
 def test_the_partition_records_agree_with_deepspeed_after_every_call():
     """One record per partition (integrations/deepspeed/partition_record.py): asked for, read ahead, waited for,
-    released, rewritten and handed over, each checked against DeepSpeed's status (tests/deepspeed/
-    partition_records.py narrates the steps)."""
+    released, rewritten and handed over, and a read ahead that failed, each checked against DeepSpeed's status
+    (tests/deepspeed/partition_records.py narrates the steps)."""
     run_scenario("partition_records.py")
 
 

@@ -331,11 +331,18 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
             self._checked()
 
     def _end_step_segment(self):
-        # Reads ahead nobody asked for (the sequence diverged): the step is about to write new weights.
+        # Reads ahead nobody asked for (the sequence diverged): the step is about to write new weights. Each record
+        # is settled before its release, which raises the error of a read that failed: a record left AHEAD with no
+        # read behind it made the next swap_in wait for none ("no read in flight"), on that rank only. Every one is
+        # released; the first error is raised after the rest (the others' buffers would stay lent otherwise).
+        failed = None
         for key, record in list(self._partitions.items()):
             if record.read is Read.AHEAD:
-                self.store.release(key)
                 record.settle()
+                try:
+                    self.store.release(key)
+                except Exception as err:  # noqa: BLE001  (raised below, once every read ahead is released)
+                    failed = failed or err
             if record.param() is None:  # its model is gone (the swapper serves another): nothing asks for it again
                 del self._partitions[key]
         if self._reads_since_write_back:
@@ -345,6 +352,8 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
         # the newest, owed to the file. (A partition still being prefetched is finished and released by the
         # caller of swap_out_partitioned_params.)
         self.store.mark_all_lent_changed()
+        if failed is not None:
+            raise failed
 
     def reserve_available_buffers(self):
         # fast_init lends these to the optimizer swapper as fp16 staging; tencache's optimizer swapper reads the
