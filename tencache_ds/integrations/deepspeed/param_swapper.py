@@ -20,6 +20,7 @@ import torch
 from deepspeed import comm as dist
 from deepspeed.runtime.swap_tensor.partitioned_param_swapper import (AsyncPartitionedParameterSwapper,
                                                                      PartitionedParamStatus)
+from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
 
 from ...cache.entry_store import DEBUG_CHECKS_ENV
 from ...cache.host_budget import HostBudget
@@ -270,7 +271,7 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
             self._checked()
 
     def remove_partition_and_release_buffers(self, params):
-        fence = _device_copy_fence()
+        fence = _device_copy_fence(params)
         with self._lock:
             for param in params:
                 record = self._partitions.get(param.ds_id)
@@ -503,15 +504,20 @@ def _is_gathered(param) -> bool:
     return getattr(param, "ds_status", None) == ZeroParamStatus.AVAILABLE
 
 
-def _device_copy_fence():
+def _device_copy_fence(params=()):
     """A CUDA event after the copies queued so far on the current stream (None without CUDA). DeepSpeed copies
     a partition to the device with non_blocking=True; over registered memory that copy is truly asynchronous, so the
     slot may not be reused before this event. The copy itself runs on the coordinator's all-gather stream, not this
-    one: an event here still comes after it, because a partition is released only after its gather was waited for,
+    one: an event here still comes after it where a partition is released only after its gather was waited for,
     and that wait makes the current stream wait for the all-gather stream (partitioned_param_coordinator.py,
     fetch_sub_module: ``current_stream().wait_stream(allgather_stream)`` on CUDA, where data dependencies are not
-    resolved by the device)."""
+    resolved by the device). Persisted parameters on NVMe are released right after their gather starts, before any
+    wait (``__all_gather_params``: "Release swap buffers for persisted params on nvme"): where one of ``params`` is
+    still INFLIGHT the device is synchronised first, all its streams, so that the event comes after that copy too
+    (rare: a persisted parameter is gathered once and stays)."""
     if torch.cuda.is_available() and torch.cuda.is_initialized():
+        if any(getattr(param, "ds_status", None) == ZeroParamStatus.INFLIGHT for param in params):
+            torch.cuda.synchronize()
         event = torch.cuda.Event()
         event.record()
         return event
