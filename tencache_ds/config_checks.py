@@ -9,9 +9,8 @@ swappers create and probe it (config_bridge.prepare_swap_folder).
 
 Leaf module: imports neither torch nor deepspeed, so `tencache-ds doctor` can use it too.
 """
-import math
 import os
-from typing import Any, Mapping, Optional
+from typing import Optional
 
 from .config import AUTO, CONFIG_KEY, TencacheConfig
 from .errors import TencacheConfigError, TencacheResourceError
@@ -117,32 +116,6 @@ def _try_writing(key: str, path: str, what: str, attempt) -> None:
     except OSError as err:
         raise TencacheResourceError(f"{key} = {path!r} is not usable: {what} ({err.strerror or err}); choose a "
                                     f"writable location") from None
-
-
-# The "aio" settings tencache's swappers read themselves: threads per store and tensor padding
-# (intra_op_parallelism), the smallest tensor swapped (block_size). DeepSpeed reads them unchecked
-# (runtime/swap_tensor/aio_config.py): 0 divided a padding by zero after the swap folder was made, a negative
-# count padded tensors shorter than themselves, a fraction was truncated.
-AIO_WHOLE_NUMBERS = ("intra_op_parallelism", "block_size")
-
-
-def check_aio_settings(aio: Any, source: str = "") -> None:
-    """``aio`` (a DeepSpeed config's "aio" section, None: absent): the settings tencache reads are positive whole
-    numbers (JSON 1e6 counts as one). Raises TencacheConfigError naming ``source`` (a prefix, e.g. the file) and the
-    key."""
-    if aio is None:
-        return
-    if not isinstance(aio, Mapping):
-        raise TencacheConfigError(f"{source}aio must be an object, got {aio!r}")
-    for name in AIO_WHOLE_NUMBERS:
-        if name not in aio:
-            continue
-        value = aio[name]
-        whole = (not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
-                 and value == int(value) and value >= 1)
-        if not whole:
-            raise TencacheConfigError(f"{source}aio.{name} must be a whole number of 1 or more, got {value!r}: "
-                                      f"tencache's swappers size their threads and tensor padding from it")
 
 
 def check_swap_folder(key: str, path: Optional[str]) -> None:

@@ -11,9 +11,9 @@ arm trains for nothing.
 from typing import Any, List, Tuple
 
 from .config import CONFIG_KEY
-from .config_checks import check_aio_settings, check_swap_folder
+from .config_checks import check_swap_folder
 from .errors import TencacheConfigError
-from .plan.workload import optimizer_precision
+from .plan.workload import check_aio_settings, optimizer_precision
 
 # DeepSpeed's sections that reject unknown keys (pydantic extra="forbid"), or ignore them ("aio"): a "tencache"
 # block there is a misplaced top-level block (deepspeed-integration.md, e).

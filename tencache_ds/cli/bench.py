@@ -114,9 +114,10 @@ def check_model(repo_root: str, model: str, seq_len: int) -> None:
     after the drive's probe and stock's start, with --out made."""
     models = os.path.join(repo_root, "configs", "models")
     path = model if model.endswith(".json") and os.path.exists(model) else os.path.join(models, model + ".json")
+    if not os.path.isdir(models) and path != model:
+        return  # a script of one's own (TENCACHE_BENCH_TRAIN_SCRIPT) outside a checkout: it knows its models
     if not os.path.isfile(path):
-        known = sorted(name[:-5] for name in os.listdir(models) if name.endswith(".json")) \
-            if os.path.isdir(models) else []
+        known = sorted(name[:-5] for name in os.listdir(models) if name.endswith(".json"))
         raise BenchError(f"--model {model}: no such model ({path} does not exist); known: {', '.join(known)}")
     try:
         with open(path) as handle:

@@ -8,7 +8,6 @@ import dataclasses
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from ..config import TencacheConfig, config_of_ds_dict
-from ..config_checks import check_aio_settings
 from ..errors import TencacheConfigError
 from ..units import finite
 from .model_shapes import ModelShape
@@ -152,6 +151,32 @@ def optimizer_precision(ds_config: Mapping[str, Any]) -> OptimizerPrecision:
     asked = params.get("fp32_optimizer_states")
     fp32_states = cpu_adam and fp32_states_default and (asked is None or bool(asked))
     return OptimizerPrecision(2, 4 if fp32_states else 2, master_key, remedy, **state)
+
+
+# The "aio" settings tencache's swappers read themselves: threads per store and tensor padding
+# (intra_op_parallelism), the smallest tensor swapped (block_size). DeepSpeed reads them unchecked
+# (runtime/swap_tensor/aio_config.py): 0 divided a padding by zero after the swap folder was made, a negative
+# count padded tensors shorter than themselves, a fraction was truncated.
+AIO_WHOLE_NUMBERS = ("intra_op_parallelism", "block_size")
+
+
+def check_aio_settings(aio: Any, source: str = "") -> None:
+    """``aio`` (a DeepSpeed config's "aio" section, None: absent): the settings tencache reads are positive whole
+    numbers (JSON 1e6 counts as one). Raises TencacheConfigError naming ``source`` (a prefix, e.g. the file) and the
+    key."""
+    if aio is None:
+        return
+    if not isinstance(aio, Mapping):
+        raise TencacheConfigError(f"{source}aio must be an object, got {aio!r}")
+    for name in AIO_WHOLE_NUMBERS:
+        if name not in aio:
+            continue
+        value = aio[name]
+        whole = (not isinstance(value, bool) and isinstance(value, (int, float)) and finite(value)
+                 and value == int(value) and value >= 1)
+        if not whole:
+            raise TencacheConfigError(f"{source}aio.{name} must be a whole number of 1 or more, got {value!r}: "
+                                      f"tencache's swappers size their threads and tensor padding from it")
 
 
 @dataclasses.dataclass(frozen=True)

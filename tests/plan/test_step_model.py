@@ -929,7 +929,7 @@ def _zero_edit(key, value):
     (_zero_edit("sub_group_size", float("inf")), "zero_optimization.sub_group_size must be a finite non-negative"),
     (_zero_edit("reduce_bucket_size", float("nan")), "zero_optimization.reduce_bucket_size must be a finite"),
     (_zero_edit("reduce_bucket_size", 10 ** 400), "zero_optimization.reduce_bucket_size must be a finite"),
-    # as the run refuses it (config_checks.check_aio_settings); the estimate priced 0 as 1 before
+    # as the run refuses it (plan/workload.check_aio_settings); the estimate priced 0 as 1 before
     (lambda config: config.update(aio={"intra_op_parallelism": 0}),
      "ds.json: aio.intra_op_parallelism must be a whole number of 1 or more, got 0"),
 ])
