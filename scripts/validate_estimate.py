@@ -194,6 +194,11 @@ def error(predicted, measured):
     return predicted / measured - 1.0
 
 
+def _shown(value, unit: int, digits: int) -> str:
+    """A measured figure in ``unit``; a dash where the run has none (unreadable /proc/self/io), not a false 0."""
+    return "–" if value is None else f"{value / unit:.{digits}f}"
+
+
 def table(rows, repriced_as="step time priced with the figures re-measured before the run") -> str:
     lines = ["| configuration | arm | step time predicted / measured (s) | error | NVMe read / written per step "
              "(MiB): predicted vs measured | peak host memory predicted / measured (GiB) | error |",
@@ -205,8 +210,8 @@ def table(rows, repriced_as="step time priced with the figures re-measured befor
         lines.append(
             f"| {row['name']} | {row['arm']} | {p['step_time_s']:.3f} / {m['step_time_s']:.3f} | "
             f"{step_error:+.0%} | {p['nvme_read_bytes'] / mib:.1f} / {p['nvme_write_bytes'] / mib:.1f} vs "
-            f"{(m['nvme_read_bytes'] or 0) / mib:.1f} / {(m['nvme_write_bytes'] or 0) / mib:.1f} | "
-            f"{p['host_bytes'] / (1 << 30):.2f} / {(m['host_bytes'] or 0) / (1 << 30):.2f} | "
+            f"{_shown(m['nvme_read_bytes'], mib, 1)} / {_shown(m['nvme_write_bytes'], mib, 1)} | "
+            f"{p['host_bytes'] / (1 << 30):.2f} / {_shown(m['host_bytes'], 1 << 30, 2)} | "
             + (f"{host_error:+.0%}" if host_error is not None else "–") + " |")
     within = [row for row in rows if abs(error(row["predicted"]["step_time_s"], row["measured"]["step_time_s"]))
               <= 0.15]

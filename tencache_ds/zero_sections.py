@@ -44,6 +44,8 @@ def check_zero_sections(raw: dict) -> List[Tuple[str, dict]]:
 
 
 def reject_nested_blocks(raw: dict) -> None:
+    """A "tencache" block inside one of DeepSpeed's sections (NESTED_BLOCK_SECTIONS) is refused, naming where it is
+    (whether or not a top-level block exists or is enabled: there it is no block at all)."""
     for dotted in NESTED_BLOCK_SECTIONS:
         section = raw
         for part in dotted.split("."):

@@ -77,10 +77,6 @@ def build_inputs(args) -> Dict[str, Any]:
     else:
         machine = load_machine(args.machine)
     workload = build_workload(shape, zero, machine.world_size, micro_batch, args.seq, gas, args.checkpointing)
-    if zero.tencache is not None:  # an explicit budget the run would refuse on that machine, refused here too
-        from ..config_checks import check_host_budget
-        from ..plan.step_model.tencache import described_resources
-        check_host_budget(zero.tencache, described_resources(workload, machine))
     profile_notes: List[str] = []
     if sections is not None:
         from ..plan.profile_timings import machine_from_profile
@@ -92,6 +88,11 @@ def build_inputs(args) -> Dict[str, Any]:
                 handle.write("\n")
         except OSError as err:
             raise TencacheConfigError(f"--save-machine {args.save_machine} cannot be written: {err}") from None
+    if zero.tencache is not None:  # an explicit budget the run would refuse on that machine (after a measured
+        # machine is saved: its minute of calibration is not lost to this)
+        from ..config_checks import check_host_budget
+        from ..plan.step_model.tencache import described_resources
+        check_host_budget(zero.tencache, described_resources(workload, machine))
     return {"model_path": model_path, "shape": shape, "zero": zero, "machine": machine, "workload": workload,
             "micro_batch": micro_batch, "gas": gas, "dtype": dtype, "profile_notes": profile_notes}
 

@@ -147,7 +147,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16", help="training dtype")
     bench.add_argument("--offload", choices=["nvme", "cpu"], default="nvme",
                        help="where ZeRO offloads to: picks configs/stock-nvme.json or configs/stock-cpu.json "
-                       "(ignored with --config)")
+                       "(ignored with --config); cpu is refused before any run, since the tencache arm needs "
+                       "something offloaded to NVMe (compare with stock CPU offload: --compare cpu)")
     bench.add_argument("--host-cache-bytes", type=_budget, default=None, metavar="auto|N",
                        help="tencache host_cache_bytes (default: the config's \"tencache\" block, else auto)")
     bench.add_argument("--device-cache-bytes", type=_budget, default=None, metavar="auto|N",

@@ -47,7 +47,9 @@ def store_thread_counts(ds_config: Optional[Dict[str, Any]] = None) -> Tuple[int
     aio.intra_op_parallelism (DeepSpeed's default 1 without a config)."""
     aio = (ds_config or {}).get("aio") or {}
     intra_op = aio.get("intra_op_parallelism", 1) if isinstance(aio, dict) else 1
-    one = store_io_threads(intra_op if isinstance(intra_op, int) else 1)
+    # a whole number written as a float (JSON 4.0) is that number, as the swappers' int() reads it
+    whole = not isinstance(intra_op, bool) and isinstance(intra_op, (int, float)) and float(intra_op).is_integer()
+    one = store_io_threads(int(intra_op) if whole and intra_op >= 1 else 1)
     return one, 2 * one
 
 

@@ -235,7 +235,7 @@ class ZeroSettings:
         offload_param = section(zero, "offload_param", "zero_optimization.offload_param")
         offload_optimizer = section(zero, "offload_optimizer", "zero_optimization.offload_optimizer")
         aio = section(ds_config, "aio", "aio")
-        check_aio_settings(aio, source=f"{source}: ")  # as the run refuses them (integrations/deepspeed/config_bridge)
+        check_aio_settings(aio, source=f"{source}: ")  # as the run refuses them (zero_sections.py)
         config = config_of_ds_dict(ds_config)
 
         def device(offload: Mapping[str, Any], key: str) -> str:

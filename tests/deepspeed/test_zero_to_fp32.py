@@ -62,19 +62,19 @@ def folder_on(file_system_folder, name):
 def test_zero_to_fp32_of_a_tencache_checkpoint_is_stock_cpu_offloads_bit_for_bit(train, tmp_path):
     """Checkpoints saved after 1 of 2 steps: stock's with the optimizer on CPU, tencache's with it on CPU and on NVMe,
     and on NVMe through checkpoint engines that serialise after their save returns (queued_checkpoint.py: DeepSpeed's
-    decoupled writer's way, and one that writes at the commit, DataStates' way), with the masters held by the host
-    tier and streamed from their files: those are given copies, in a state dict of the engine's own
+    decoupled writer's way, with the masters the host tier holds; and one that writes at the commit, DataStates' way,
+    every master streamed from its file): those are given copies, in a state dict of the engine's own
     (checkpoint_save.masters_shown; before, a mapped master failed to pickle: OSError, Bad file descriptor; and the
     engine writing at the commit found the placeholders put back: "consumed ... numels out of 0").
-    The queued runs have a /dev/shm of 16 MiB, as a container caps it, where the masters are 61 MB: the queue moved
+    The queued run has a /dev/shm of 16 MiB, as a container caps it, where the masters are 61 MB: the queue moved
     anonymous copies into /dev/shm and the save stopped ("unable to allocate shared memory"); the copies are
     file-backed now. Torch's own engine takes the masters on file from their swap files (copied through O_DIRECT on this
     machine's ext4: io/save_from_files.py), or from the parameter partitions that hold them (fp32). One test: the
     stock run is the reference of all."""
     small_shm = unshare_mounts()
     if not small_shm:
-        warnings.warn("this machine does not let a run mount a /dev/shm of its own (unshare --mount): the queued runs "
-                      "have the machine's /dev/shm")
+        warnings.warn("this machine does not let a run mount a /dev/shm of its own (unshare --mount): the queued run "
+                      "has the machine's /dev/shm")
     states, losses = {}, {}
     queued = {"script": QUEUED, "timeout": 300, **({"shm_size": "16m"} if small_shm else {})}
     # an engine that writes when the save is committed, after the save returned (DataStates' way): it was handed
@@ -83,8 +83,7 @@ def test_zero_to_fp32_of_a_tencache_checkpoint_is_stock_cpu_offloads_bit_for_bit
     for name, block, device, script in (("stock", None, "cpu", None), ("ours-cpu", QUARTER, "cpu", None),
                                         ("ours-nvme", QUARTER, "nvme", None),
                                         ("ours-nvme-queued", QUARTER, "nvme", queued),
-                                        ("ours-nvme-queued-streaming", STREAMING, "nvme", queued),
-                                        ("ours-nvme-written-at-commit", QUARTER, "nvme", at_commit)):
+                                        ("ours-nvme-streaming-written-at-commit", STREAMING, "nvme", at_commit)):
         folder = str(tmp_path / f"ckpt-{name}")
         run = train(block=block, steps=2, save_after=1, checkpoint_dir=folder, optimizer_offload_device=device,
                     **FAST, **(script or {}))

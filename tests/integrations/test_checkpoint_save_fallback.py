@@ -89,3 +89,56 @@ def test_copies_torch_would_put_in_a_dev_shm_too_small_for_them_are_refused_nami
             _check_room_for_copies(1 << 60, dev_shm=str(tmp_path))
     finally:
         torch.multiprocessing.set_sharing_strategy(strategy)
+
+
+def test_an_engine_that_serialises_later_is_handed_a_state_dict_of_its_own():
+    """checkpoint_save._handed_over_as_its_own: the engine's save gets new containers and tensor objects over the same
+    storages (what it pickles later is what was there at the save, not stage 3's live objects, emptied again when the
+    save returns), with each tensor's attributes (stage 3's masters carry ds_id) and Parameter-ness; a save the
+    instance had of its own is back afterwards."""
+    from tencache_ds.integrations.deepspeed.checkpoint_save import _handed_over_as_its_own
+    master = torch.arange(4, dtype=torch.float32).requires_grad_()
+    master.ds_id = 7
+    weight = torch.nn.Parameter(torch.ones(2))
+    state = {"fp32_flat_groups": [master], "optimizer_state_dict": {"state": {0: {"exp_avg": torch.zeros(3)}}},
+             "shapes": ({"w": weight},)}
+    handed = []
+
+    def own_save(state_dict, path):  # set on the instance, as a user's wrapper would be
+        handed.append(state_dict)
+
+    engine = types.SimpleNamespace(save=own_save)
+    with _handed_over_as_its_own(engine):
+        engine.save(state, "zero.pt")
+    assert engine.save is own_save
+    [given] = handed
+    master.data = torch.Tensor()  # what masters_shown does when the save returns
+    state["optimizer_state_dict"]["state"][0]["exp_avg"] = torch.Tensor()  # ... and swapped_state_described
+    kept = given["fp32_flat_groups"][0]
+    assert kept is not master and kept.ds_id == 7 and kept.requires_grad and torch.equal(kept, torch.arange(4.0))
+    assert given["optimizer_state_dict"]["state"][0]["exp_avg"].shape == (3,)
+    assert isinstance(given["shapes"], tuple) and isinstance(given["shapes"][0]["w"], torch.nn.Parameter)
+    assert given["shapes"][0]["w"].data_ptr() == weight.data_ptr()  # no bytes copied
+
+
+def test_names_shared_with_a_checkpoint_leave_the_swap_folder_at_exit_only_in_the_process_that_trains(tmp_path):
+    """optimizer_swapper._unshare_when_the_process_ends (a weakref.finalize handler): at exit an unclosed swapper's
+    names still linked into a checkpoint are removed, those of other engines kept; a child forked from the training
+    process inherits the handler and must leave them (its parent still trains on them); a closed swapper did it
+    already."""
+    from tencache_ds.integrations.deepspeed.optimizer_swapper import _unshare_when_the_process_ends
+    folder, checkpoint = tmp_path / "rank0", tmp_path / "ckpt"
+    folder.mkdir(), checkpoint.mkdir()
+    for name in ("exp_avg-1_2.tensor.swp", "exp_avg-3_4.tensor.swp"):
+        (folder / name).write_bytes(b"x")
+        os.link(folder / name, checkpoint / name)
+    (folder / "5_6.tensor.swp").write_bytes(b"y")  # not shared: stays
+    swapper = types.SimpleNamespace(closed=False, files_folder=str(folder),
+                                    owns_file=lambda name: "1_2" in name or "5_6" in name)
+    ref = lambda: swapper  # noqa: E731  (what the weakref gives while the swapper lives)
+    _unshare_when_the_process_ends(ref, os.getpid() + 1)  # a forked child's exit
+    assert sorted(os.listdir(folder)) == ["5_6.tensor.swp", "exp_avg-1_2.tensor.swp", "exp_avg-3_4.tensor.swp"]
+    _unshare_when_the_process_ends(ref, os.getpid())
+    assert sorted(os.listdir(folder)) == ["5_6.tensor.swp", "exp_avg-3_4.tensor.swp"]  # the other engine's stays
+    assert (checkpoint / "exp_avg-1_2.tensor.swp").read_bytes() == b"x"
+    _unshare_when_the_process_ends(lambda: None, os.getpid())  # collected without close(): nothing known

@@ -69,6 +69,7 @@ def test_requests_in_flight_follow_the_swappers_engines():
     """Each store's engine has max(2, aio.intra_op_parallelism) threads; both stores at once twice that."""
     assert store_thread_counts() == (2, 4) == store_thread_counts({"aio": {"intra_op_parallelism": 1}})
     assert store_thread_counts({"aio": {"intra_op_parallelism": 4}}) == (4, 8)
+    assert store_thread_counts({"aio": {"intra_op_parallelism": 4.0}}) == (4, 8)  # JSON's 4.0: the swappers' 4
     assert store_thread_counts({"zero_optimization": {}}) == (2, 4)
 
 

@@ -200,6 +200,7 @@ def _handed_over_as_its_own(checkpoint_engine):
     copies and the moments' descriptions, and out of which they take them again when the save returns: an engine
     that serialises later (DataStates' background writer, one whose commit writes) found the empty placeholders
     there, not the masters."""
+    before = checkpoint_engine.__dict__.get("save", _NOT_SET)  # a save set on the instance itself: put back after
     save = checkpoint_engine.save
 
     def save_its_own(state_dict, path, *args, **kwargs):
@@ -209,17 +210,27 @@ def _handed_over_as_its_own(checkpoint_engine):
     try:
         yield
     finally:
-        del checkpoint_engine.save
+        if before is _NOT_SET:
+            del checkpoint_engine.save
+        else:
+            checkpoint_engine.save = before
+
+
+_NOT_SET = object()
 
 
 def _own_tree(value):
     """``value`` with new dicts, lists and tuples all the way down (of their exact types; other containers as they
-    are) and each tensor a new object over the same storage, as it would pickle (a parameter, requires_grad)."""
+    are) and each tensor a new object over the same storage, as it would pickle (a parameter, requires_grad, its
+    attributes). A tensor met twice becomes two objects (over one storage: torch.save writes the bytes once)."""
     if torch.is_tensor(value):
         own = value.detach()
         if isinstance(value, torch.nn.Parameter):
-            return torch.nn.Parameter(own, requires_grad=value.requires_grad)
-        return own.requires_grad_() if value.requires_grad else own
+            own = torch.nn.Parameter(own, requires_grad=value.requires_grad)
+        elif value.requires_grad:
+            own.requires_grad_()
+        own.__dict__.update(value.__dict__)  # what pickles with it (stage 3's masters carry their ds_id)
+        return own
     if type(value) in (dict, collections.OrderedDict):
         return type(value)((key, _own_tree(item)) for key, item in value.items())
     if type(value) in (list, tuple):
@@ -240,7 +251,8 @@ def saving_masters(save_zero_checkpoint):
         # for the host tier's changed copies, a write to it first)
         sharing = two_pass and _can_share_blocks(
             swapper.files_folder, os.path.dirname(self._get_zero_ckpt_name(save_path, tag)))
-        copies = not serialises_during_save(self.checkpoint_engine)
+        # (stock's run, tencache installed but not swapping this optimizer: its engine is given what stock gives it)
+        copies = isinstance(swapper, TencacheOptimizerSwapper) and not serialises_during_save(self.checkpoint_engine)
         with masters_shown(self.optimizer, from_files=sharing, copies=copies) as sources, \
                 swapped_state_described(self.optimizer), \
                 (_handed_over_as_its_own(self.checkpoint_engine) if copies else contextlib.nullcontext()):

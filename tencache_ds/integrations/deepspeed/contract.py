@@ -207,7 +207,9 @@ PRIVATE_MEMBERS = (
                   "there, so max_live_parameters still bounds its prefetch"),
     PrivateMember(COORDINATOR, "__allgather_stream", "attribute", "param_swapper.py (_device_copy_fence)",
                   "not read: the H2D copies of partitions run on it, and the fence argument relies on "
-                  "fetch_sub_module making the current stream wait for it before a module runs"),
+                  "fetch_sub_module making the current stream wait for it before a module runs; where "
+                  "__all_gather_params releases persisted parameters on NVMe right after starting their gather "
+                  "(still INFLIGHT), the fence synchronises the device first"),
     # Stage 3 (install.py, checkpoint.py, coordinator.py, reporting.py)
     PrivateMember(STAGE3, "_set_fp32_optimizer_param_groups", "method", "checkpoint.py",
                   "puts the fp32 partitions into the torch optimizer's param groups, so saved Adam state pairs "

@@ -102,12 +102,14 @@ def _refuse_states_of_another_dtype(optimizer, dtype: torch.dtype) -> None:
             master_key, name, f"construct {name} with fp32_optimizer_states=False (the state in the masters' dtype)"))
 
 
-def _unshare_when_the_process_ends(swapper_ref) -> None:
+def _unshare_when_the_process_ends(swapper_ref, owner_pid: int) -> None:
     """At exit (weakref.finalize), for a swapper never closed: its names still shared with a checkpoint leave the
     folder (what close() does; nothing else of it runs then: the tier's state dies with the process). A swapper
-    collected without close() is gone: nothing is known of its files then. Never raises: the process is ending."""
+    collected without close() is gone: nothing is known of its files then. A child forked from the process that
+    made the swapper inherits the handler: it leaves the files to their owner, still training on them. Never
+    raises: the process is ending."""
     swapper = swapper_ref()
-    if swapper is None or swapper.closed:
+    if swapper is None or swapper.closed or os.getpid() != owner_pid:
         return
     try:
         removed = unshare_folder(swapper.files_folder, swapper.owns_file)
@@ -213,7 +215,8 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             # still shared with a checkpoint are removed from the folder when the process ends instead, so that a
             # later stock run in this nvme_path (its aio writes existing files in place, and it does not empty the
             # folder) cannot reach the checkpoint through them. (A killed process leaves them: docs/reliability.md.)
-            self._unshare_at_exit = weakref.finalize(self, _unshare_when_the_process_ends, weakref.ref(self))
+            self._unshare_at_exit = weakref.finalize(self, _unshare_when_the_process_ends, weakref.ref(self),
+                                                     os.getpid())
             self.print_exclude_list = ["optimizer", "swap_params_info", "timers", "timer_names", "print_exclude_list",
                                        "io", "pool", "config", "store", "budget", "_unshare_at_exit"]
 

@@ -20,7 +20,6 @@ import torch
 from deepspeed import comm as dist
 from deepspeed.runtime.swap_tensor.partitioned_param_swapper import (AsyncPartitionedParameterSwapper,
                                                                      PartitionedParamStatus)
-from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
 
 from ...cache.entry_store import DEBUG_CHECKS_ENV
 from ...cache.host_budget import HostBudget
@@ -516,6 +515,7 @@ def _device_copy_fence(params=()):
     still INFLIGHT the device is synchronised first, all its streams, so that the event comes after that copy too
     (rare: a persisted parameter is gathered once and stays)."""
     if torch.cuda.is_available() and torch.cuda.is_initialized():
+        from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus  # (at call time: _is_gathered)
         if any(getattr(param, "ds_status", None) == ZeroParamStatus.INFLIGHT for param in params):
             torch.cuda.synchronize()
         event = torch.cuda.Event()
