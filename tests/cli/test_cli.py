@@ -133,17 +133,25 @@ def test_doctor_fails_on_an_unusable_nvme_path(tmp_path, kind):
     blocker.write_text("not a folder")
     path = {"file_in_the_way": str(blocker / "swap"), "under_proc": "/proc/tencache-doctor-test/swap",
             "is_a_file": str(blocker)}[kind]
-    # Step 2: doctor --json names the path in a FAIL entry and exits non-zero, without a traceback.
-    result = run_cli("doctor", "--nvme-path", path, "--json")
-    assert result.returncode == 1, result.stdout + result.stderr
-    checks = json.loads(result.stdout)
-    failures = [check for check in checks if check["status"] == doctor.FAIL]
-    assert [check["name"] for check in failures] == ["nvme path"]
-    assert path in failures[0]["message"]
-    assert {check["status"] for check in checks} <= {doctor.OK, doctor.WARN, doctor.FAIL}
-    assert "Traceback" not in result.stdout + result.stderr
-    # Step 3: the same in text form (once; each doctor run takes seconds): a FAIL line naming the path.
+    # Step 2: the path's check (doctor_nvme.check_nvme_path, which doctor runs) fails naming the path, nothing else.
+    from tencache_ds.cli.doctor_nvme import check_nvme_path
+    state = check_nvme_path(path, "--nvme-path")
+    try:
+        assert [(check.name, check.status) for check in state.checks] == [("nvme path", doctor.FAIL)], state.checks
+        assert path in state.checks[0].message and not state.usable
+    finally:
+        state.cleanup()
+    # Step 3: once through the command (each doctor run takes seconds): doctor --json names the path in a FAIL entry
+    # and exits non-zero, without a traceback, and so does its text form
     if kind == "file_in_the_way":
+        result = run_cli("doctor", "--nvme-path", path, "--json")
+        assert result.returncode == 1, result.stdout + result.stderr
+        checks = json.loads(result.stdout)
+        failures = [check for check in checks if check["status"] == doctor.FAIL]
+        assert [check["name"] for check in failures] == ["nvme path"]
+        assert path in failures[0]["message"]
+        assert {check["status"] for check in checks} <= {doctor.OK, doctor.WARN, doctor.FAIL}
+        assert "Traceback" not in result.stdout + result.stderr
         text = run_cli("doctor", "--nvme-path", path)
         assert text.returncode == 1
         assert any(line.startswith("FAIL") and path in line for line in text.stdout.splitlines()), text.stdout
