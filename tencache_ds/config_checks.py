@@ -1,6 +1,7 @@
 """Checks of a parsed "tencache" block against the machine it will run on. Owns: "can this budget or path work
 here?" answered before the run writes anything, and leaving nothing behind. Does not own: the block's own keys
-and types (config.py) or DeepSpeed's sections (integrations/deepspeed/config_bridge.py, which calls these).
+and types (config.py) or DeepSpeed's sections (zero_sections.py; integrations/deepspeed/config_bridge.py calls
+both).
 
 A file the block names (metrics_path, profile_path) is tried for real: permission bits say nothing to root, and
 some folders accept no new file whatever they say (/proc, /sys, a name too long), so the check creates the file's
