@@ -57,6 +57,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from tencache_ds.bench.report import STAGE3_FETCH_KNOBS  # noqa: E402
+from tencache_ds.cli.bench import with_dtype  # noqa: E402
 from tencache_ds.cli.calibrate import (MODEL_PROBES, calibrate, machine_from_calibration,  # noqa: E402
                                        model_probe_figures)
 from tencache_ds.plan.machine import load_machine  # noqa: E402
@@ -109,18 +110,6 @@ def cpu_offload(ds_config: dict) -> dict:
             block["device"] = "cpu"
             for key in ("nvme_path", "buffer_count", "buffer_size", "max_in_cpu", "pipeline_read", "pipeline_write"):
                 block.pop(key, None)
-    return config
-
-
-def with_dtype(ds_config: dict, dtype) -> dict:
-    """The config as scripts/train.py --dtype leaves it (None: as it is)."""
-    config = dict(ds_config)
-    if dtype == "bf16":
-        config["bf16"] = {"enabled": True}
-        config.pop("fp16", None)
-    elif dtype == "fp32":
-        config.pop("bf16", None)
-        config.pop("fp16", None)
     return config
 
 

@@ -172,24 +172,31 @@ def tencache_block(ds_config: Dict[str, Any], host_cache_bytes: Optional[str], d
     return block
 
 
+def with_dtype(ds_config: Dict[str, Any], dtype: Optional[str]) -> Dict[str, Any]:
+    """The config as scripts/train.py --dtype leaves it (None: as it is): its precision sections rewritten, the rest
+    shared with ``ds_config``. (train.py cannot import this: its stock arms never import tencache_ds.)"""
+    config = dict(ds_config)
+    if dtype == "bf16":
+        config["bf16"] = {"enabled": True}
+        config.pop("fp16", None)
+    elif dtype == "fp32":
+        config.pop("bf16", None)
+        config.pop("fp16", None)
+    return config
+
+
 def check_tencache_arm(ds_config: Dict[str, Any], block: Dict[str, Any], dtype: str, nvme_dir: str) -> None:
     """What the tencache run would refuse at initialize, refused before stock's run has trained for nothing and
-    before ``--out`` is made: DeepSpeed's sections as scripts/train.py hands them to that run (its --dtype and
-    --nvme-path edits, repeated here: the script cannot import tencache_ds for its stock arms) with ``block``
-    (zero_sections.py), and the files the block names (config_checks.check_output_paths).
+    before ``--out`` is made: DeepSpeed's sections as scripts/train.py hands them to that run (its --dtype
+    (with_dtype) and --nvme-path edits, repeated here: the script cannot import tencache_ds for its stock arms) with
+    ``block`` (zero_sections.py), and the files the block names (config_checks.check_output_paths).
 
     Raises:
         TencacheConfigError, TencacheResourceError: naming the key (e.g. ``--offload cpu``, whose config puts
             nothing on NVMe: zero_optimization.offload_param.device).
     """
-    arm = copy.deepcopy(ds_config)
+    arm = with_dtype(copy.deepcopy(ds_config), dtype)
     arm[CONFIG_KEY] = block
-    if dtype == "bf16":
-        arm["bf16"] = {"enabled": True}
-        arm.pop("fp16", None)
-    elif dtype == "fp32":
-        arm.pop("bf16", None)
-        arm.pop("fp16", None)
     zero = arm.get("zero_optimization")
     for section in (zero.get(name) for name in ("offload_param", "offload_optimizer")) if isinstance(zero, dict) \
             else ():
