@@ -67,9 +67,14 @@ def build_inputs(args) -> Dict[str, Any]:
     measured_machine = None
     if args.save_machine:
         _check_writable(args.save_machine, args.machine)
+    if getattr(args, "nvme_path", None) is not None and args.machine != THIS:  # (it was ignored, silently)
+        raise TencacheConfigError(f"--nvme-path names the folder `--machine {THIS}` measures; with --machine "
+                                  f"{args.machine} nothing is measured")
     if args.machine == THIS:
         from .calibrate import calibrate, machine_from_calibration
-        measured = calibrate(args.nvme_path, model_config, micro_batch, args.seq, dtype, ds_config=ds_config)
+        from .doctor import DEFAULT_NVME_PATH
+        measured = calibrate(args.nvme_path or DEFAULT_NVME_PATH, model_config, micro_batch, args.seq, dtype,
+                             ds_config=ds_config)
         machine = measured_machine = machine_from_calibration(measured)
         busy = _busy(machine)
         if busy:

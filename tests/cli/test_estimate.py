@@ -99,7 +99,8 @@ def test_a_drive_rating_that_is_no_positive_finite_number_is_refused_naming_it(r
 
 
 @pytest.mark.parametrize("kind", ["missing_model", "unknown_architecture", "missing_ds_config", "bad_machine",
-                                  "missing_machine", "zero_stage_2", "bad_profile", "budget_over_the_machine"])
+                                  "missing_machine", "zero_stage_2", "bad_profile", "budget_over_the_machine",
+                                  "nvme_path_with_a_machine_file"])
 def test_bad_inputs_are_named(tmp_path, kind):
     model, machine, ds_config = "llama-7b", MACHINE, DS_CONFIG
     if kind == "missing_model":
@@ -123,6 +124,11 @@ def test_bad_inputs_are_named(tmp_path, kind):
         result = estimate("--profile", str(tmp_path / "profile.json"))
         assert result.returncode == 2 and f"profile {tmp_path}/profile.json cannot be read: profile format version 1" \
             in result.stderr, result.stderr
+        return
+    elif kind == "nvme_path_with_a_machine_file":  # nothing is measured: the folder was ignored, silently
+        result = estimate("--nvme-path", str(tmp_path / "nvme"))
+        assert result.returncode == 2 and "--nvme-path names the folder `--machine this` measures" in result.stderr, \
+            result.stderr
         return
     elif kind == "budget_over_the_machine":  # the run refuses it at initialize: the estimate said "fits: yes"
         data = json.load(open(DS_CONFIG))
