@@ -31,6 +31,7 @@ from ...plan.prefetch import PrefetchSchedule
 from ...profile.lifecycle import Phase, ProfileLifecycle
 from ...errors import TencacheConfigError
 from ...ext_lock import raise_if_stale_locks
+from ...log import logger
 from .config_bridge import (DEEPSPEED_OPS, MIN_SWAPPABLE_BYTES, accelerator_is_host, io_aligned_numel,
                             prepare_swap_folder, swap_folder_held, validate_ds_config)
 from .config_source import tencache_config
@@ -342,6 +343,8 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
                 try:
                     self.store.release(key)
                 except Exception as err:  # noqa: BLE001  (raised below, once every read ahead is released)
+                    if failed is not None:  # only the first is raised: the others are said, not dropped
+                        logger.error("partition %s: its read ahead failed too (%s)", key, err)
                     failed = failed or err
             if record.param() is None:  # its model is gone (the swapper serves another): nothing asks for it again
                 del self._partitions[key]
