@@ -185,6 +185,28 @@ def with_dtype(ds_config: Dict[str, Any], dtype: Optional[str]) -> Dict[str, Any
     return config
 
 
+def config_dtype(ds_config: Dict[str, Any]) -> str:
+    """The training dtype ``ds_config``'s precision sections give: "bf16", "fp16" or "fp32"."""
+    for name in ("bf16", "fp16"):
+        section = ds_config.get(name)
+        if isinstance(section, dict) and section.get("enabled"):
+            return name
+    return "fp32"
+
+
+def replaced_config_values(ds_config: Dict[str, Any], dtype: str, micro_batch: int) -> List[str]:
+    """What the bench's --dtype and --micro-batch (both with defaults) replace in the config every arm trains with,
+    one sentence each: said, so that a config's fp32 run or micro-batch is not benchmarked as another unnoticed."""
+    replaced = []
+    if config_dtype(ds_config) != dtype:
+        replaced.append(f"--dtype {dtype} replaces the config's {config_dtype(ds_config)}")
+    configured = ds_config.get("train_micro_batch_size_per_gpu")
+    if configured is not None and configured != micro_batch:
+        replaced.append(f"--micro-batch {micro_batch} replaces the config's train_micro_batch_size_per_gpu "
+                        f"{configured}")
+    return replaced
+
+
 def check_tencache_arm(ds_config: Dict[str, Any], block: Dict[str, Any], dtype: str, nvme_dir: str) -> None:
     """What the tencache run would refuse at initialize, refused before stock's run has trained for nothing and
     before ``--out`` is made: DeepSpeed's sections as scripts/train.py hands them to that run (its --dtype
@@ -511,6 +533,9 @@ def _run(args) -> int:
     if not os.path.isdir(ancestor):
         raise BenchError(f"--out {out_dir} cannot be created: {ancestor} is a file, not a folder")
     specs = build_runs(args, repo_root, train_script, config_path, ds_config, out_dir, launcher)
+    args.replaced_config_values = replaced_config_values(ds_config, args.dtype, args.micro_batch)
+    for sentence in args.replaced_config_values:
+        print(f"bench: {sentence} (in every arm)", file=sys.stderr)
     # Every argument checked first: a refused bench leaves no folder behind. Then --nvme-path is held for the whole
     # bench: two benches given the same one (the default, say) would use the same run folders, each emptying the
     # other's live swap files before its own runs (io/folder_lock.py).
@@ -594,6 +619,7 @@ def _run_holding_the_nvme_path(args, specs: List[RunSpec], config_path: str, ds_
     comparison = report.compare(runs, args.warmup, bandwidth, stock_crashed=stock_crashed,
                                 drive_tbw_bytes=getattr(args, "drive_tbw", None),
                                 ranks_per_drive=getattr(args, "ranks", 1))  # every rank writes under --nvme-path
+    comparison.notes.extend(f"{sentence}, in every arm" for sentence in getattr(args, "replaced_config_values", ()))
     figure_path, figure_note, constants = write_figure(args, runs, out_dir, f"{args.model}: tencache vs stock")
     child_commands = [shlex.join(spec.command) for spec in specs if spec.returncode is not None]
 

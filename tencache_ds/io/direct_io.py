@@ -86,7 +86,11 @@ class DirectFileIO:
         ``files`` (what its files are) and ``folder_set_by`` (what the user sets to put them elsewhere) word its
         errors: a full disk or a refused file names them."""
         if align_bytes is None and os.environ.get(ALIGN_ENV):
-            align_bytes = int(os.environ[ALIGN_ENV])
+            try:
+                align_bytes = int(os.environ[ALIGN_ENV])
+            except ValueError:
+                raise ValueError(f"{ALIGN_ENV}={os.environ[ALIGN_ENV]!r}: O_DIRECT alignment must be a power of two "
+                                 f"in bytes") from None
         if align_bytes is not None and (align_bytes <= 0 or align_bytes & (align_bytes - 1)):
             raise ValueError(f"O_DIRECT alignment must be a power of two, got {align_bytes} "
                              f"(align_bytes or {ALIGN_ENV})")

@@ -327,7 +327,10 @@ def page_bytes() -> int:
     x86, often 64 KiB on arm64 (Grace)."""
     forced = os.environ.get(PAGE_ENV)
     if forced:
-        page = int(forced)
+        try:
+            page = int(forced)
+        except ValueError:
+            raise TencacheConfigError(f"{PAGE_ENV}={forced!r}: a power of two of at least 4096, in bytes") from None
         if page < 4096 or page & (page - 1):
             raise TencacheConfigError(f"{PAGE_ENV}={forced}: a power of two of at least 4096")
         return page

@@ -30,6 +30,9 @@ AUTO_DEVICE_CACHE_FRACTION = 0.5
 
 
 
+DESCRIBED = "described:"  # MachineResources.host_bound_by of a machine file's host
+
+
 @dataclasses.dataclass(frozen=True)
 class MachineResources:
     """What the planner needs to know about the machine, in bytes. Host memory is the node's, or its memory
@@ -42,7 +45,9 @@ class MachineResources:
     memlock_limit_bytes: int
     device_free_bytes: int = 0
     local_world_size: int = 1
-    host_bound_by: str = "node"  # or the memory cgroup folder whose limit bounds the host memory (for messages)
+    # "node", or the memory cgroup folder whose limit bounds the host memory, or DESCRIBED + a machine file's name
+    # (an estimate's machine, not this one): for messages
+    host_bound_by: str = "node"
 
     @classmethod
     def probe(cls, device_free_bytes: int = 0) -> "MachineResources":
@@ -54,6 +59,8 @@ class MachineResources:
     @property
     def host_memory_name(self) -> str:
         """How messages name the host memory: the machine's, or its container's."""
+        if self.host_bound_by.startswith(DESCRIBED):
+            return f"the physical memory of the described machine {self.host_bound_by[len(DESCRIBED):]}"
         return "this machine's physical memory" if self.host_bound_by == "node" else \
             f"the memory limit of this process's cgroup ({self.host_bound_by})"
 

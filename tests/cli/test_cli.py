@@ -610,6 +610,19 @@ def test_bench_refuses_a_config_the_tencache_run_would_refuse_before_anything_ru
     assert not nvme.exists()
 
 
+def test_bench_says_what_its_dtype_and_micro_batch_replace_in_the_config():
+    """Scenario: a config that trains fp32 at micro-batch 1, benchmarked without --dtype or --micro-batch. The
+    bench's defaults (bf16, 2) replace both in every arm; before, nothing said so."""
+    from tencache_ds.cli import bench
+    config = {"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": False}}
+    assert bench.replaced_config_values(config, "bf16", 2) == [
+        "--dtype bf16 replaces the config's fp32",
+        "--micro-batch 2 replaces the config's train_micro_batch_size_per_gpu 1"]
+    assert bench.replaced_config_values(config, "fp32", 1) == []
+    assert bench.replaced_config_values({"fp16": {"enabled": True}}, "bf16", 2) == [
+        "--dtype bf16 replaces the config's fp16"]
+
+
 @pytest.mark.slow
 @pytest.mark.deepspeed
 def test_bench_end_to_end(tmp_path):
@@ -639,6 +652,7 @@ def test_bench_end_to_end(tmp_path):
     assert (out / "tencache-1.profile.json").is_file()
     markdown = (out / "bench.md").read_text()
     assert "tencache-ds bench --steps 3" in markdown and "accelerator" in markdown and "## Full table" in markdown
+    assert "--dtype fp32 replaces the config's bf16, in every arm" in markdown  # configs/stock-nvme.json's bf16
     for name in ("stock-1.log", "tencache-1.log"):
         assert (out / name).is_file(), name
     # One figure, no per-stat PNGs.

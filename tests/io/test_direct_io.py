@@ -211,3 +211,6 @@ def test_alignment_can_be_forced_from_the_environment(monkeypatch, tmp_path):
     monkeypatch.setenv(ALIGN_ENV, "1000")
     with pytest.raises(ValueError, match=ALIGN_ENV):
         DirectFileIO()
+    monkeypatch.setenv(ALIGN_ENV, "4KiB")  # not a number of bytes: named, not int()'s bare message
+    with pytest.raises(ValueError, match=ALIGN_ENV):
+        DirectFileIO()

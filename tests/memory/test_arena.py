@@ -346,6 +346,9 @@ def test_on_a_kernel_with_64_kib_pages_every_slot_is_whole_pages_and_retiring_on
     monkeypatch.setenv(PAGE_ENV, "12288")  # not a power of two
     with pytest.raises(TencacheConfigError, match=PAGE_ENV):
         make_arena({PAGE: 1})
+    monkeypatch.setenv(PAGE_ENV, "64k")  # not a number: named, not int()'s bare message
+    with pytest.raises(TencacheConfigError, match=PAGE_ENV):
+        make_arena({PAGE: 1})
 
 
 def test_retiring_is_refused_where_cuda_registered_the_pages(make_arena):

@@ -23,7 +23,8 @@ from typing import Dict, FrozenSet, List, Mapping, Optional, Set, Tuple
 from ...config import AUTO
 from ...profile.step_profile import StepProfile
 from ...units import PAGE_BYTES, round_up
-from ..budget import AUTO_DEVICE_CACHE_FRACTION, UNLIMITED, MachineResources, parameter_lock_mode, resolve_budgets
+from ..budget import (AUTO_DEVICE_CACHE_FRACTION, DESCRIBED, UNLIMITED, MachineResources, parameter_lock_mode,
+                      resolve_budgets)
 from ..device_tier import device_tier_budget
 from ..host_residency import steady_state
 from ..host_tier import (OPTIMIZER_BYTES_PER_ELEMENT, OPTIMIZER_IO_BYTES_PER_HELD_BYTE, OPTIMIZER_STREAMING_SLOTS,
@@ -81,7 +82,7 @@ def described_resources(workload: Workload, machine: Machine) -> MachineResource
                             device_free_bytes=0 if machine.accelerator_is_host else
                             max(0, machine.accelerator_memory_bytes
                                 - device_working_bytes(workload, machine.accelerator_is_host)),
-                            local_world_size=machine.ranks_per_node)
+                            local_world_size=machine.ranks_per_node, host_bound_by=DESCRIBED + machine.name)
 
 
 def tencache_plan(workload: Workload, machine: Machine) -> TencachePlan:
