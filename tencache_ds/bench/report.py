@@ -214,7 +214,8 @@ def compare(runs: Sequence[BenchRun], warmup_steps: int, nvme_bandwidth: Optiona
     compute_s, compute_source = least_compute(step_time.get(STOCK_CPU), step_time[TENCACHE], fetch_wait[TENCACHE])
     least, least_by_store, least_source = least_bytes_of(by_arm[TENCACHE], warmup_steps)
     bound = compute_bound(least.read_bytes if least else None, least.write_bytes if least else None, nvme_bandwidth,
-                          compute_s, compute_source, io_missing=f"no least bytes per step: {least_source}")
+                          compute_s, compute_source, io_missing=f"no least bytes per step: {least_source}",
+                          ranks_per_drive=ranks_per_drive)
     own = {direction: {run.label: own_nvme_per_step(run, direction)[0] for run in runs}
            for direction in ("read", "write")}
     own_moved = {direction: per_arm(lambda rs, d=direction: _median([value for run in rs for value in

@@ -73,6 +73,9 @@ class Bound:
     write_bytes: Optional[float] = None
     compute_source: str = "the stock-cpu step"
     io_missing: str = "tencache's bytes per step are unknown"
+    # ranks whose bytes the one drive moves: ``read_bytes``/``write_bytes`` are one rank's (rank 0's profile), and
+    # every rank of a bench swaps under the same --nvme-path
+    ranks_per_drive: int = 1
 
     @property
     def seconds(self) -> Optional[float]:
@@ -91,8 +94,9 @@ class Bound:
         parts = [f"compute {self.compute_s:.3f} s ({self.compute_source})" if self.compute_s is not None
                  else "compute: unknown (run with --compare cpu)"]
         if self.io_s is not None:
+            ranks = "" if self.ranks_per_drive == 1 else f" and rank, x {self.ranks_per_drive} ranks on the drive,"
             parts.append(f"NVMe {self.io_s:.3f} s (the least {fmt_bytes(self.read_bytes or 0)} read + "
-                         f"{fmt_bytes(self.write_bytes or 0)} written per step at {self.bandwidth.speeds()})")
+                         f"{fmt_bytes(self.write_bytes or 0)} written per step{ranks} at {self.bandwidth.speeds()})")
         elif self.bandwidth is None:
             parts.append("NVMe: no bandwidth (not measured; pass --nvme-bandwidth)")
         else:
@@ -104,20 +108,23 @@ class Bound:
     def to_dict(self) -> Dict[str, Any]:
         return {"seconds": self.seconds, "limited_by": self.limited_by, "compute_s": self.compute_s,
                 "io_s": self.io_s, "read_bytes_per_step": self.read_bytes, "write_bytes_per_step": self.write_bytes,
+                "ranks_per_drive": self.ranks_per_drive,
                 "bandwidth": dataclasses.asdict(self.bandwidth) if self.bandwidth else None,
                 "text": self.describe()}
 
 
 def compute_bound(read_bytes: Optional[float], write_bytes: Optional[float], bandwidth: Optional[NvmeBandwidth],
                   compute_s: Optional[float], compute_source: str = "the stock-cpu step",
-                  io_missing: str = "tencache's bytes per step are unknown") -> Bound:
-    """The Bound for a step that must move at least ``read_bytes``/``write_bytes``; e.g. 2 GB read + 1 GB written
-    at 2 GB/s each, no combined rate -> io_s 1.5 s, and with a 1.2 s stock CPU offload step the bound is 1.5 s
-    (NVMe-limited). ``io_missing``: why the bytes are None, for the report."""
+                  io_missing: str = "tencache's bytes per step are unknown", ranks_per_drive: int = 1) -> Bound:
+    """The Bound for a step whose rank must move at least ``read_bytes``/``write_bytes``, ``ranks_per_drive`` ranks
+    alike on one drive; e.g. 2 GB read + 1 GB written at 2 GB/s each, no combined rate -> io_s 1.5 s (3 s at 2
+    ranks), and with a 1.2 s stock CPU offload step the bound is 1.5 s (NVMe-limited). ``io_missing``: why the
+    bytes are None, for the report."""
     io_s = None
+    ranks = max(1, int(ranks_per_drive))
     if bandwidth is not None and is_number(read_bytes) and is_number(write_bytes):
-        io_s = bandwidth.least_seconds(read_bytes, write_bytes)
-    return Bound(compute_s, io_s, bandwidth, read_bytes, write_bytes, compute_source, io_missing)
+        io_s = bandwidth.least_seconds(read_bytes * ranks, write_bytes * ranks)
+    return Bound(compute_s, io_s, bandwidth, read_bytes, write_bytes, compute_source, io_missing, ranks)
 
 
 def least_compute(stock_cpu_step: Value, tencache_step: Value, tencache_io_wait: Value
@@ -128,7 +135,7 @@ def least_compute(stock_cpu_step: Value, tencache_step: Value, tencache_io_wait:
     candidates = []
     if is_number(stock_cpu_step):
         candidates.append((float(stock_cpu_step), "the stock-cpu step"))
-    if is_number(tencache_step) and is_number(tencache_io_wait):
+    if is_number(tencache_step) and is_number(tencache_io_wait) and float(tencache_step) > float(tencache_io_wait):
         candidates.append((float(tencache_step) - float(tencache_io_wait), "tencache's step less its NVMe wait"))
     return min(candidates) if candidates else (None, "")
 

@@ -405,8 +405,8 @@ class EntryStore:
     def write_and_release(self, keys: Iterable) -> None:
         self._write_back.write_and_release(keys)
 
-    def flush(self, skip: Optional[Callable[[Hashable], bool]] = None) -> int:
-        return self._write_back.flush(skip)
+    def flush(self, skip: Optional[Callable[[Hashable], bool]] = None, lent_stay: bool = False) -> int:
+        return self._write_back.flush(skip, lent_stay)
 
     def flush_key(self, key) -> None:
         self._write_back.flush_key(key)

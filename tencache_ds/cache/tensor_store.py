@@ -109,14 +109,21 @@ class TensorStore(EntryStoreWrapper):
         partitions over after zero.Init's gathers have planned slots for all)."""
         self.entries.forget(key)
         self._unplanned.pop(key, None)
+        self.give_back_slots()
+
+    def give_back_slots(self) -> bool:
+        """While no partition is lent, in flight or owed to its file: drop the clean copies (their files hold the
+        same bytes), unmap the arena and give back the cache budget it took; the partitions are planned anew at the
+        next ``plan``. Returns whether it did (False: the slots stay as planned)."""
         with self.entries.exclusive() as store:
             if not store.idle():
-                return  # a partition is lent, in flight or owed to its file: keep the slots as planned
-            store.drop_clean_copies()  # their files hold the same bytes
+                return False
+            store.drop_clean_copies()
             if self.pool.stats()["in_use_bytes"]:
-                return
+                return False
             self._close_pool()
             self._unplanned = store.swap_nbytes_by_key()
+            return True
 
     @property
     def streaming_bytes_reserved(self) -> int:

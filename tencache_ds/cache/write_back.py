@@ -122,15 +122,16 @@ class WriteBack:
                 transfers.wait_write(entry)
             self._checked()
 
-    def flush(self, skip: Optional[Callable[[Hashable], bool]] = None) -> int:
+    def flush(self, skip: Optional[Callable[[Hashable], bool]] = None, lent_stay: bool = False) -> int:
         """Write every dirty held entry, and every dirty prefix, to its file and wait; they stay held, clean (a
         transient buffer held only for a failed write's bytes goes back: ``Transfers.keeps``). Returns how many were
-        written. Lent entries must have been released (a checkpoint is taken between steps).
-        ``skip(key)``: leave that entry dirty (a checkpoint does not need it)."""
+        written. Lent entries must have been released (a checkpoint is taken between steps), unless ``lent_stay``:
+        then they stay lent, as they are (their borrower holds their newest bytes: a parameter stage 3 keeps
+        gathered when its engine goes). ``skip(key)``: leave that entry dirty (a checkpoint does not need it)."""
         transfers = self._transfers
         with transfers.lock:
             lent_dirty = [entry.key for entry in self._table if entry.state == S.LENT_DIRTY]
-            if lent_dirty:
+            if lent_dirty and not lent_stay:
                 raise RuntimeError(f"{transfers.name}: cannot flush while tensors {lent_dirty[:5]} are lent and "
                                    f"changed")
             dirty = [entry for entry in self._table if entry.state == S.DIRTY and (skip is None or not skip(entry.key))]

@@ -212,20 +212,13 @@ def render(report: Dict[str, Any]) -> List[str]:
     lines.append(f"needs per rank (stock):    device {fmt_bytes(stock_needs['device'])}, pinned host "
                  f"{fmt_bytes(stock_needs['pinned'])}, pageable host {fmt_bytes(stock_needs['pageable'])}, NVMe "
                  f"{fmt_bytes(stock_needs['nvme'])}")
-    start = budgets.get("optimizer_start_share_bytes", budgets["optimizer_share_bytes"])
-    start_cache = budgets.get("param_cache_start_bytes", budgets["param_cache_bytes"])
-    steady = (budgets["param_cache_bytes"], budgets["optimizer_share_bytes"])
-    # the governor gives back from its first reading, a step's rise assumed; it grows once one is measured
-    when = "from its first reading, before any step" if sum(steady) < start_cache + start else \
-        "once a step's rise is measured"
-    changed = "" if steady == (start_cache, start) else (
-        f" at start-up; the governor keeps {fmt_bytes(steady[0])} + {fmt_bytes(steady[1])} {when} (a rise of "
-        f"{fmt_bytes(budgets['step_rise_bytes'])} assumed)")
-    lines.append(f"budgets (tencache): host tier {fmt_bytes(budgets['host_cache_bytes'])} = parameter cache slots "
-                 f"{fmt_bytes(start_cache)} + optimizer state {fmt_bytes(start)}{changed}"
-                 f"; streaming slots {fmt_bytes(budgets['param_streaming_bytes'])}; device tier "
-                 f"{fmt_bytes(budgets['device_cache_bytes'])}")
-    lines.append(f"step time: stock {seconds(stock)}, tencache {seconds(tencache)} ({tencache / stock:.2f}x); "
+    lines.append(_budgets_line(budgets))
+    # a policy that does not fit is priced all the same (what its step would take), said beside its figure
+    runs = {"stock": report["fits_stock"], "tencache": report["fits"]}
+    shown = {name: seconds(value) + ("" if runs[name] else " (does not fit)")
+             for name, value in (("stock", stock), ("tencache", tencache))}
+    ratio = f" ({tencache / stock:.2f}x)" if all(runs.values()) else ""
+    lines.append(f"step time: stock {shown['stock']}, tencache {shown['tencache']}{ratio}; "
                  f"bottleneck: stock {PART_NAMES[report['bottleneck']['stock']]}, tencache "
                  f"{PART_NAMES[report['bottleneck']['tencache']]}")
     parts = list(report["critical_path_s"]["stock"])
@@ -245,6 +238,26 @@ def render(report: Dict[str, Any]) -> List[str]:
     else:
         lines.append("drive wear: no rated TBW (pass --drive-tbw BYTES, or set drive_tbw_bytes in the machine file)")
     return lines
+
+
+def _budgets_line(budgets: Dict[str, Any]) -> str:
+    """The budgets tencache would choose, as one line; none where nothing is offloaded to NVMe (tencache replaces
+    the NVMe swappers only: such a run is stock DeepSpeed's, and ``budgets`` is empty)."""
+    if not budgets:
+        return "budgets (tencache): none: nothing is offloaded to NVMe, so the run is stock DeepSpeed's"
+    start = budgets.get("optimizer_start_share_bytes", budgets["optimizer_share_bytes"])
+    start_cache = budgets.get("param_cache_start_bytes", budgets["param_cache_bytes"])
+    steady = (budgets["param_cache_bytes"], budgets["optimizer_share_bytes"])
+    # the governor gives back from its first reading, a step's rise assumed; it grows once one is measured
+    when = "from its first reading, before any step" if sum(steady) < start_cache + start else \
+        "once a step's rise is measured"
+    changed = "" if steady == (start_cache, start) else (
+        f" at start-up; the governor keeps {fmt_bytes(steady[0])} + {fmt_bytes(steady[1])} {when} (a rise of "
+        f"{fmt_bytes(budgets['step_rise_bytes'])} assumed)")
+    return (f"budgets (tencache): host tier {fmt_bytes(budgets['host_cache_bytes'])} = parameter cache slots "
+            f"{fmt_bytes(start_cache)} + optimizer state {fmt_bytes(start)}{changed}"
+            f"; streaming slots {fmt_bytes(budgets['param_streaming_bytes'])}; device tier "
+            f"{fmt_bytes(budgets['device_cache_bytes'])}")
 
 
 def _narrow_optimizer(report: Dict[str, Any]) -> str:

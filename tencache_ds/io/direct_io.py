@@ -124,8 +124,10 @@ class DirectFileIO:
         with self._lock:
             return dataclasses.replace(self._counters)
 
-    def close(self) -> None:
-        self._pool.shutdown(wait=True)
+    def close(self, wait: bool = True) -> None:
+        """Stop the I/O threads once the requests submitted are done; ``wait``: until then (not from a finalizer,
+        which may run in one of them)."""
+        self._pool.shutdown(wait=wait)
 
     # ---------------------------------------------------------------------------------------------- private
     def _submit(self, is_write, tensor, path, nbytes, file_offset) -> Future:

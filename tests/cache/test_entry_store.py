@@ -102,6 +102,23 @@ def test_a_held_entry_is_lent_without_copy_and_written_only_when_flushed(tmp_pat
     store.close()
 
 
+def test_a_flush_refuses_lent_changed_bytes_unless_they_stay_lent(tmp_path, io):
+    """A checkpoint's flush comes between steps: a tensor lent and changed then is an error. An engine destroyed
+    with parameters stage 3 keeps gathered (param_swapper.release_user) writes the others and leaves those lent."""
+    store = make(tmp_path, io, budget_bytes=10 * NBYTES)
+    put(store, tmp_path, "held", 1.0)
+    put(store, tmp_path, "gathered", 2.0)
+    store.lend("gathered").add_(1.0)
+    store.mark_changed("gathered")
+    with pytest.raises(RuntimeError, match="lent and changed"):
+        store.flush()
+    assert store.state("held") == EntryState.DIRTY  # refused before anything was written
+    assert store.flush(lent_stay=True) == 1
+    assert store.state("held") == EntryState.CLEAN and store.state("gathered") == EntryState.LENT_DIRTY
+    store.release("gathered", changed=True)
+    store.close()
+
+
 @pytest.mark.parametrize("copy_found", [True, False])
 def test_an_entry_on_file_is_lent_from_another_copy_of_its_bytes_without_a_read(tmp_path, io, copy_found):
     """lend_copied: the optimizer's fp32 master filled from the parameter partitions (master_copies.py). Where the

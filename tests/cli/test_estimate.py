@@ -71,6 +71,18 @@ def test_a_model_that_runs_out_of_memory_does_not_fit():
     assert report["fits"] is True
 
 
+def test_a_policy_that_does_not_fit_is_priced_but_marked_and_a_config_without_nvme_has_no_budgets():
+    """Until 2026-12-02 the text gave stock's step and a speed-up over it for a config the line above said stock
+    refuses at init, and a config that offloads nothing to NVMe (stock's own prediction standing in for tencache's,
+    which has no budgets) stopped on a KeyError traceback."""
+    text = estimate(ds_config=os.path.join(REPO_ROOT, "configs", "stock-nvme.json")).stdout  # buffer_size 4e7
+    assert "fits (stock): NO" in text and "(does not fit), tencache" in text and "x); bottleneck" not in text
+    result = estimate(ds_config=os.path.join(REPO_ROOT, "configs", "stock-cpu.json"), model="gpt2-tiny")
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    assert "budgets (tencache): none: nothing is offloaded to NVMe" in result.stdout
+    assert "(1.00x); bottleneck" in result.stdout  # both fit: the ratio is given
+
+
 def test_drive_tbw_overrides_the_machine_file():
     days = json.loads(estimate("--json", "--drive-tbw", "1PB").stdout)["drive_days_to_tbw"]["stock"]
     default = json.loads(estimate("--json").stdout)["drive_days_to_tbw"]["stock"]

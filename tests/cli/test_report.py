@@ -369,6 +369,10 @@ def test_bound_is_the_slower_of_compute_and_nvme(tmp_path):
     # 1 s, writes alone 1 s: 1.5 s.
     combined = report.NvmeBandwidth(GB, GB / 2, "test", combined_bytes_per_s=GB)
     assert report.compute_bound(GB, GB / 2, combined, None).io_s == pytest.approx(1.5)
+    # Two ranks swap under one --nvme-path: the drive moves both ranks' bytes (rank 0's profile gives one rank's).
+    # Until 2026-12-02 the bound of a `bench --ranks 2` priced one rank's bytes at the whole drive's rate.
+    two_ranks = report.compute_bound(GB, GB / 2, combined, None, ranks_per_drive=2)
+    assert two_ranks.io_s == pytest.approx(3.0) and "x 2 ranks on the drive" in two_ranks.describe()
     # Step 2: NVMe-limited: 2 s of I/O beats the 1.5 s stock CPU offload step; step time / bound = 2 / 2.
     comparison = compare(three_arms(profile_dir=tmp_path), warmup_steps=1, nvme_bandwidth=bandwidth)
     assert comparison.bound.seconds == pytest.approx(2.0) and comparison.bound.limited_by == "NVMe"
@@ -407,6 +411,10 @@ def test_bound_is_the_slower_of_compute_and_nvme(tmp_path):
     assert row.tencache is None and "the bound is wrong" in row.note and "faster than measured" in row.note
     # Step 8: neither part (no timings, no bandwidth): no bound, and the table says "–" rather than inventing one.
     assert report.least_compute(None, None, None) == (None, "")
+    # A wait above the step (clocks of two threads) gives no compute figure below 0 that would hide stock CPU
+    # offload's step: the bound then takes that step.
+    assert report.least_compute(1.5, 1.0, 2.0) == (1.5, "the stock-cpu step")
+    assert report.least_compute(None, 1.0, 2.0) == (None, "")
     none = report.compute_bound(GB, GB, None, None)
     assert none.seconds is None and "no bound" in none.describe() and "--compare cpu" in none.describe()
 

@@ -64,7 +64,8 @@ def main(mode, nvme, checkpoint, param_device, optimizer_device):
     closed = None
     if mode != "stock":
         stats = tencache_ds.stats(engine)
-        closed = [stats.get("param_swapper_closed"), stats.get("optimizer_swapper_closed")]
+        # the optimizer swapper closes with its engine; the parameter swapper rests (its model could still use it)
+        closed = [stats.get("param_swapper_resting"), stats.get("optimizer_swapper_closed")]
     del engine
     gc.collect()
     engine = build()

@@ -1,6 +1,7 @@
 """An engine destroyed and rebuilt in one process (DeepSpeed's own NVMe checkpoint tests do this): tencache
 trains through it for every offload pair, gives stock's losses before the reload and the checkpoint's after it
-(stock does not: it never reads the loaded optimizer files), and closes its swappers with the engine."""
+(stock does not: it never reads the loaded optimizer files), and closes its swappers with the engine (the
+parameter swapper rests: its model may be given a new engine, as Accelerate does)."""
 import os
 import shutil
 
@@ -46,3 +47,20 @@ def test_rebuilt_engine_trains_with_stocks_losses_resumes_exactly_and_closes_its
     assert ours["after"] == ours["before"]
     expected_closed = [1 if param_device == "nvme" else None, 1 if optimizer_device == "nvme" else None]
     assert ours["closed"] == expected_closed
+
+
+def test_the_same_model_under_a_new_engine_after_destroy_trains_on_with_stocks_losses(tmp_path):
+    """Scenario: Accelerate's free_memory() destroys the engine, then the same zero.Init model is prepared again
+    (tests/deepspeed/reinitialize.py; two rounds, each destroy called twice). Until 2026-12-02 destroy closed the
+    parameter swapper, dropping the partitions' newest weights (held changed, written back only on eviction): the
+    new engine's first swap-in stopped on a KeyError, where stock trains on. A second destroy of one engine also
+    took a second user from the swapper. Parity with a process that never imported tencache_ds."""
+    results = {}
+    for mode in ("stock", "tencache"):
+        proc = run_helper(os.path.join(os.path.dirname(__file__), "reinitialize.py"), [mode, tmp_path / mode])
+        results[mode] = result_of(proc.stdout)
+        assert results[mode] is not None, proc.stdout[-2000:] + proc.stderr[-4000:]
+        shutil.rmtree(tmp_path / mode, ignore_errors=True)
+    assert results["tencache"]["losses"] == results["stock"]["losses"]
+    # after each destroy: the parameter swapper resting, not closed; the optimizer's closed
+    assert results["tencache"]["states"] == [[1, 0, 1], [1, 0, 1]]

@@ -77,10 +77,18 @@ def _closing_swappers(destroy):
     return destroy_and_close_swappers
 
 
+_SWAPPERS_CLOSED = "_tencache_swappers_closed"
+
+
 def close_swappers_of(optimizer) -> None:
     """Close the tencache swappers a ZeRO-3 optimizer used: its optimizer swapper, and its parameters' swappers
     once no other zero.Init model uses them (stock DeepSpeed leaves its swappers to the garbage collector; ours
-    hold I/O threads, pinned memory and host-tier bytes, which a rebuilt engine in the same process needs)."""
+    hold I/O threads, pinned memory and host-tier bytes, which a rebuilt engine in the same process needs). Once per
+    optimizer: a second destroy of one engine must not take a user from a swapper another engine still trains with
+    (stock tolerates a second destroy)."""
+    if getattr(optimizer, _SWAPPERS_CLOSED, False):
+        return
+    setattr(optimizer, _SWAPPERS_CLOSED, True)
     governor = governor_of(optimizer)
     if governor is not None:
         governor.close()

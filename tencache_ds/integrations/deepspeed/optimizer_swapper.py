@@ -388,7 +388,11 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         from_partitions = self._master_in_partitions(group, swap_info.tensors[0].swap_path) and \
             swap_info.tensors[0].swap_path not in read_ahead
         master_path = swap_info.tensors[0].swap_path
-        self.masters.before_lend(group, from_partitions)
+        try:
+            self.masters.before_lend(group, from_partitions)  # (a failed write of a master behind is raised here)
+        except BaseException:
+            self._give_back_unlent(read_ahead, ())
+            raise
         try:
             self.masters.lent(group)
             if from_partitions:

@@ -46,7 +46,8 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
     """Drop-in for AsyncPartitionedParameterSwapper (subclass, so DeepSpeed's isinstance checks hold).
 
     Construction returns the stock class when the config has no enabled "tencache" block, and returns the
-    existing instance for a (swap folder) it already serves.
+    existing instance for a (swap folder) it already serves, unless that one is resting (``release_user``): a new
+    zero.Init model then gets a swapper of its own, which empties the folder as stock's does.
     """
 
     _instances = weakref.WeakValueDictionary()  # swap folder -> live swapper
@@ -59,7 +60,7 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
         folder = _swap_folder(ds_config, model_dtype)
         with cls._instances_lock:
             swapper = cls._instances.get(folder)
-            if swapper is None:
+            if swapper is None or getattr(swapper, "resting", False):
                 swapper = super().__new__(cls)
                 swapper._constructed = False
                 cls._instances[folder] = swapper
@@ -131,10 +132,16 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
             self._schedule_generation = -1
             self.scheduled_reads = 0  # COUNT: reads started ahead by the schedule
             self.closed = False
-            # engines whose ZeRO-3 optimizer uses this swapper (add_user): the last one destroyed closes it. Not the
-            # zero.Init contexts that built it: two models built in one context, each with an engine, counted once,
-            # and destroying one engine closed the swapper the other still trained with
+            # engines whose ZeRO-3 optimizer uses this swapper (add_user): the last one destroyed puts it to rest.
+            # Not the zero.Init contexts that built it: two models built in one context, each with an engine,
+            # counted once, and destroying one engine closed the swapper the other still trained with
             self._users = 0
+            self.resting = False  # no engine uses it any more, its model still may (release_user)
+            # Its I/O threads and the folder let go when it is garbage collected (its model gone), if not before
+            # (close). Not at the process's end: the kernel takes both back then, and the model may still hold
+            # partitions (lent) that a close would refuse to forget.
+            self._let_go = weakref.finalize(self, _let_go, self.io, self._folder_key, False)
+            self._let_go.atexit = False
             self._one_rank = None  # world size 1? (asked at the first prefetch: the process group is up by then)
             self._constructed = True  # last: a constructor that raised is run again in full next time
 
@@ -374,18 +381,33 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
         """An engine's ZeRO-3 optimizer uses this swapper's partitions (install.py, once it is built)."""
         with self._lock:
             self._users += 1
+            self.resting = False
 
     def release_user(self):
-        """An engine over this swapper's partitions was destroyed: close once no other model uses it."""
+        """An engine over this swapper's partitions was destroyed. Once no engine uses it, it rests: it writes the
+        partitions it holds changed, and gives back its slots (pinned memory) and its share of the host tier. It does
+        not close: its model may still use it, as stock's does (stock's destroy only takes the hooks off), and
+        Accelerate's ``free_memory`` destroys an engine before preparing the same model again (a new engine then
+        uses it once more: ``add_user``; slots are planned anew at its first swap). A new zero.Init model in its
+        folder gets a swapper of its own (``__new__``). Files, I/O threads and the folder lock stay until it is
+        garbage collected with its model, or ``close``."""
         settle_owed_masters()  # (close settles too: here first, outside the lock the writes' views take)
         with self._lock:
             self._users -= 1
-            if self._users <= 0:
-                self.close()
+            if self._users > 0 or self.closed:
+                return
+            self.resting = True
+            # the newest weights of partitions held changed (write-back) to their files; those stage 3 keeps gathered
+            # (persistent parameters) stay lent, the model's
+            self.store.flush(lent_stay=True)
+            if not self.store.give_back_slots():
+                logger.info("%s: a partition is still lent after its last engine was destroyed: the slots stay",
+                            self.swap_folder)
 
     def close(self):
-        """Wait for I/O in flight and give back slots, pinned memory and I/O threads. Dirty partitions are not
-        written: DeepSpeed rebuilds partition files from the fp32 masters on every load."""
+        """Wait for I/O in flight and give back slots, pinned memory, I/O threads and the folder. Dirty partitions
+        are not written: nothing can use them any more (tests and the process's end close; ``release_user`` is what
+        an engine's destroy does)."""
         settle_owed_masters()  # masters written from these partitions first
         with self._lock:
             with TencacheParamSwapper._instances_lock:
@@ -395,9 +417,9 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
                 return
             try:
                 self.store.close()
-                self.io.close()
             finally:
-                folder_lock.let_go(self._folder_key)
+                self._let_go.detach()
+                _let_go(self.io, self._folder_key)
                 self.closed = True
 
     # ---------------------------------------------------------------------------------------------- stats
@@ -409,6 +431,7 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
         stats["param_profile_divergences"] = self.profile.divergences
         stats["param_scheduled_reads"] = self.scheduled_reads
         stats["param_swapper_closed"] = int(self.closed)
+        stats["param_swapper_resting"] = int(self.resting)
         stats.update(param_nvme_read_bytes=counters.read_bytes, param_nvme_write_bytes=counters.write_bytes,
                      host_cache_budget_bytes=self.budgets.host_cache_bytes,
                      stock_param_pinned_bytes_estimate=self.stock_pinned_bytes_estimate())
@@ -525,6 +548,15 @@ def _device_copy_fence(params=()):
         event.record()
         return event
     return None
+
+
+def _let_go(io: DirectFileIO, folder_key: str, wait: bool = True) -> None:
+    """A swapper's I/O threads and folder lock, given back (also its finalizer, which must not hold the swapper and
+    may run in any thread: ``wait`` False there)."""
+    try:
+        io.close(wait)
+    finally:
+        folder_lock.let_go(folder_key)
 
 
 def _numel(param) -> int:
