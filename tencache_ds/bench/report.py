@@ -307,6 +307,9 @@ def compare(runs: Sequence[BenchRun], warmup_steps: int, nvme_bandwidth: Optiona
         notes.append(f"stats is null in some runs (stock DeepSpeed has no tencache_ds.stats); their stats rows read "
                      f"{MISSING}")
     notes.append(f"medians exclude the first {warmup_steps} (warm-up) steps of each run; peaks cover all steps")
+    if ranks_per_drive > 1:  # (scripts/train.py records rank 0's; the losses are the ranks' mean)
+        notes.append(f"{ranks_per_drive} ranks: memory, NVMe bytes and tencache's figures are rank 0's, not the "
+                     f"node's; the bound's NVMe part moves every rank's bytes")
     notes.append("stage-3 fetch knobs: " + "; ".join(f"{arm}: {_stage3_knobs(by_arm[arm][0])}" for arm in arms))
     notes.insert(0, _wear_note(arms, written_per_day, days, drive_tbw_bytes, ranks_per_drive))
     if stock_crashed:  # its other repeats were skipped; one that finished before the crash is in its column

@@ -336,6 +336,9 @@ def test_drive_wear_per_arm_at_its_measured_rate():
     # Step 3: two ranks writing to the one drive (bench --ranks 2) wear it twice as fast.
     shared = compare(three_arms(), warmup_steps=1, drive_tbw_bytes=600e12, ranks_per_drive=2)
     assert shared.row(report.ROW_DAYS_TO_TBW).stock == "2.6"
+    # ... and the headline's per-rank figures say whose they are (until 2026-12-02 only the wear note did)
+    assert any(note.startswith("2 ranks: memory, NVMe bytes and tencache's figures are rank 0's") for note in
+               shared.notes) and not any(note.startswith("1 ranks") for note in rated.notes)
 
 
 def test_stock_cpu_column():
