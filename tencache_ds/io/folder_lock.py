@@ -26,7 +26,8 @@ from typing import Dict, List, Optional
 from ..log import logger
 
 _held: Dict[str, List] = {}  # the folder's real path -> [descriptor of its lock file (None: unlocked), holders]
-_guard = threading.Lock()
+# reentrant: a parameter swapper's finalizer (garbage collection, at any allocation) may let go inside hold()
+_guard = threading.RLock()
 _NO_FLOCK = {errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL}
 
 
@@ -101,7 +102,7 @@ def _locked_descriptor(key: str) -> Optional[int]:
 def _forget_in_child() -> None:
     """In a forked child: close the inherited descriptors (the parent's locks stay the parent's)."""
     global _guard
-    _guard = threading.Lock()  # the parent's may have been taken at the fork
+    _guard = threading.RLock()  # the parent's may have been taken at the fork
     for fd, _holders in _held.values():
         if fd is not None:
             os.close(fd)

@@ -38,7 +38,8 @@ def main(mode, nvme):
         if mode != "stock":
             stats = tencache_ds.stats(engine)
             states.append([stats.get("param_swapper_resting"), stats.get("param_swapper_closed"),
-                           stats.get("optimizer_swapper_closed")])
+                           stats.get("optimizer_swapper_closed"),
+                           stats.get("param_reserved_bytes") == 0])  # its slots given back
     print("RESULT " + json.dumps({"losses": losses, "states": states}), flush=True)
 
 

@@ -65,7 +65,7 @@ def _closing_swappers(destroy):
     @functools.wraps(destroy)
     def destroy_and_close_swappers(self, *args, **kwargs):
         # Parameters the device tier keeps gathered hold lent host buffers: partition them while the engine's
-        # structures still exist, so the swappers close with nothing lent.
+        # structures still exist, so the swappers close or rest with nothing of theirs lent.
         coordinator = coordinator_of(self)
         if coordinator is not None and coordinator.tier is not None:
             coordinator.release_and_reset_all(self.parameter_offload.module)
@@ -77,26 +77,31 @@ def _closing_swappers(destroy):
     return destroy_and_close_swappers
 
 
-_SWAPPERS_CLOSED = "_tencache_swappers_closed"
+_SWAPPERS_RELEASED = "_tencache_swappers_released"
 
 
 def close_swappers_of(optimizer) -> None:
-    """Close the tencache swappers a ZeRO-3 optimizer used: its optimizer swapper, and its parameters' swappers
-    once no other zero.Init model uses them (stock DeepSpeed leaves its swappers to the garbage collector; ours
-    hold I/O threads, pinned memory and host-tier bytes, which a rebuilt engine in the same process needs). Once per
-    optimizer: a second destroy of one engine must not take a user from a swapper another engine still trains with
-    (stock tolerates a second destroy)."""
-    if getattr(optimizer, _SWAPPERS_CLOSED, False):
+    """Close the tencache swappers a ZeRO-3 optimizer used: its optimizer swapper; its parameters' swappers rest
+    once no other engine uses them (param_swapper.release_user). Stock DeepSpeed leaves its swappers to the garbage
+    collector; ours hold I/O threads, pinned memory and host-tier bytes, which a rebuilt engine in the same process
+    needs. Once per optimizer: a second destroy of one engine must not take a user from a swapper another engine
+    still trains with (stock tolerates a second destroy). Each part runs though one before it raised (that error is
+    raised), since a second destroy will not retry."""
+    if getattr(optimizer, _SWAPPERS_RELEASED, False):
         return
-    setattr(optimizer, _SWAPPERS_CLOSED, True)
-    governor = governor_of(optimizer)
-    if governor is not None:
-        governor.close()
-    swapper = getattr(optimizer, "optimizer_swapper", None)
-    if isinstance(swapper, TencacheOptimizerSwapper):
-        swapper.close()
-    for candidate in reporting.param_swappers_of_optimizer(optimizer):
-        candidate.release_user()
+    setattr(optimizer, _SWAPPERS_RELEASED, True)
+    try:
+        governor = governor_of(optimizer)
+        if governor is not None:
+            governor.close()
+    finally:
+        try:
+            swapper = getattr(optimizer, "optimizer_swapper", None)
+            if isinstance(swapper, TencacheOptimizerSwapper):
+                swapper.close()
+        finally:
+            for candidate in reporting.param_swappers_of_optimizer(optimizer):
+                candidate.release_user()
 
 
 def _building_with_config(init):
@@ -106,7 +111,15 @@ def _building_with_config(init):
 
     @functools.wraps(init)
     def init_with_config_and_meter(self, *args, **kwargs):
-        ds_config = signature.bind_partial(self, *args, **kwargs).arguments.get("ds_config")
+        arguments = signature.bind_partial(self, *args, **kwargs).arguments
+        ds_config = arguments.get("ds_config")
+        # a model given a new engine after its last one was destroyed: its resting parameter swapper counts as live
+        # again before this optimizer's swapper takes its share of the host tier (host_tier_share.py)
+        module = arguments.get("module")
+        for swapper in {id(s): s for s in (getattr(p, "nvme_swapper", None) for p in
+                                           (module.parameters() if module is not None else ()))
+                        if isinstance(s, TencacheParamSwapper)}.values():
+            swapper.wake()
         with building_stage3(ds_config, optimizer=self):
             init(self, *args, **kwargs)
         for swapper in reporting.param_swappers_of_optimizer(self):  # released by its destroy (close_swappers_of)

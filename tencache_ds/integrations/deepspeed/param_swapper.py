@@ -61,6 +61,8 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
         with cls._instances_lock:
             swapper = cls._instances.get(folder)
             if swapper is None or getattr(swapper, "resting", False):
+                if swapper is not None:  # its files go with the new swapper's emptying of the folder
+                    swapper.replaced = True
                 swapper = super().__new__(cls)
                 swapper._constructed = False
                 cls._instances[folder] = swapper
@@ -136,12 +138,14 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
             # Not the zero.Init contexts that built it: two models built in one context, each with an engine,
             # counted once, and destroying one engine closed the swapper the other still trained with
             self._users = 0
-            self.resting = False  # no engine uses it any more, its model still may (release_user)
+            # no engine uses it any more, its model still may (release_user; read unlocked by __new__: a bool)
+            self.resting = False
+            self.replaced = False  # a new zero.Init model took its folder while it rested: its files are gone
             # Its I/O threads and the folder let go when it is garbage collected (its model gone), if not before
             # (close). Not at the process's end: the kernel takes both back then, and the model may still hold
             # partitions (lent) that a close would refuse to forget.
-            self._let_go = weakref.finalize(self, _let_go, self.io, self._folder_key, False)
-            self._let_go.atexit = False
+            self._finalizer = weakref.finalize(self, _let_go, self.io, self._folder_key, False)
+            self._finalizer.atexit = False
             self._one_rank = None  # world size 1? (asked at the first prefetch: the process group is up by then)
             self._constructed = True  # last: a constructor that raised is run again in full next time
 
@@ -380,7 +384,19 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
     def add_user(self):
         """An engine's ZeRO-3 optimizer uses this swapper's partitions (install.py, once it is built)."""
         with self._lock:
+            self.wake()
             self._users += 1
+
+    def wake(self):
+        """A new engine is being built over this swapper's model (install.py, before its optimizer takes its share
+        of the host tier): no longer resting. Raises if its files went with its folder (``replaced``)."""
+        with self._lock:
+            if self.replaced:
+                raise TencacheConfigError(
+                    f"{self.swap_folder}: this model's parameter swap files were removed when a new zero.Init model "
+                    f"took the folder (offload_param.nvme_path) after its engine was destroyed, as stock DeepSpeed "
+                    f"removes them; build this model's engine before the new model, or give that one its own "
+                    f"nvme_path")
             self.resting = False
 
     def release_user(self):
@@ -406,8 +422,8 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
 
     def close(self):
         """Wait for I/O in flight and give back slots, pinned memory, I/O threads and the folder. Dirty partitions
-        are not written: nothing can use them any more (tests and the process's end close; ``release_user`` is what
-        an engine's destroy does)."""
+        are not written: nothing uses them any more (tests close; an engine's destroy puts the swapper to rest:
+        ``release_user``)."""
         settle_owed_masters()  # masters written from these partitions first
         with self._lock:
             with TencacheParamSwapper._instances_lock:
@@ -418,7 +434,7 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
             try:
                 self.store.close()
             finally:
-                self._let_go.detach()
+                self._finalizer.detach()
                 _let_go(self.io, self._folder_key)
                 self.closed = True
 
@@ -570,8 +586,10 @@ def _swap_folder(ds_config, model_dtype) -> str:
 
 
 def live_swappers():
-    """Every live TencacheParamSwapper (usually one: one per nvme_path, dtype and rank)."""
-    return list(TencacheParamSwapper._instances.values())
+    """Every live TencacheParamSwapper an engine uses or a zero.Init model is being built on (usually one: one per
+    nvme_path, dtype and rank); not those resting (``release_user``), whose slots another engine must not plan."""
+    return [swapper for swapper in list(TencacheParamSwapper._instances.values())
+            if not getattr(swapper, "resting", False)]
 
 
 def dtype_of_swap_file(path: str) -> torch.dtype:
