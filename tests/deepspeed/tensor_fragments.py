@@ -8,8 +8,9 @@ Rank 0 prints one RESULT line.
 
     deepspeed --num_gpus 2 tests/deepspeed/tensor_fragments.py SCENARIOS stock|tencache[=BUDGETS] nvme|cpu NVME_DIR
 
-SCENARIOS: comma-separated, of get_, set_, update_, clip_, save16_ + fp32 or bf16 (test_zero_grad_clip.py's custom
-clipping for clip; the 16-bit model file saved with the parameters offloaded too for save16); they run one after
+SCENARIOS: comma-separated, of get_, set_, update_, clip_, save16_, missing_ + fp32 or bf16 (test_zero_grad_clip.py's
+custom clipping for clip; the 16-bit model file saved with the parameters offloaded too for save16; a state key the
+optimizer lacks asked for first, for missing); they run one after
 the other in the same processes, each with its own engine and folder under NVME_DIR. ``tencache=BUDGETS``:
 comma-separated values of the block's ``host_cache_bytes`` ("auto" without any), each running every scenario (its
 results under "SCENARIO@BUDGET"). A scenario's result holds
@@ -138,6 +139,27 @@ def get(budget, device, nvme, dtype):
         return trained(engine, dtype, after_backward, after_step)
 
 
+def missing(budget, device, nvme, dtype):
+    """A state key the optimizer does not have, asked for first, as generic code does (SGD's "momentum_buffer", then
+    Adam's "exp_avg"), whole and this rank's part, after every step: stage 3's getter raises KeyError after its
+    swap-in, before its release. Training goes on, and the key it has reads as always (until 2026-12-03 tencache
+    left the sub-group lent and the next swap-in stopped on "already lent"; stock NVMe stops on an empty buffer
+    list)."""
+    def after_step(engine, _step):
+        values, missed = {}, 0
+        for name, lp in engine.module.named_parameters():
+            for scope, getter in (("full", safe_get_full_optimizer_state), ("local", safe_get_local_optimizer_state)):
+                for key in ("momentum_buffer", "exp_avg"):
+                    try:
+                        values[f"{name}.{scope}_{key}"] = getter(lp, key)
+                    except KeyError:
+                        missed += 1
+        return {**_by_getter(engine, values), "missed": missed}
+
+    with engine_for(budget, device, nvme, dtype) as engine:
+        return trained(engine, dtype, lambda _engine, _step: None, after_step)
+
+
 def _by_getter(engine, values):
     """A digest per getter ("full_fp32", "local_grad", ...: what follows the parameter's name) and whether frozen
     parameters read as None."""
@@ -236,7 +258,7 @@ def save16(budget, device, nvme, dtype):
 
 SCENARIOS = {f"{name}_{label}": (function, dtype) for name, function in (("get", get), ("set", set_),
                                                                          ("update", update), ("clip", clip),
-                                                                         ("save16", save16))
+                                                                         ("save16", save16), ("missing", missing))
              for label, dtype in DTYPES.items()}
 
 

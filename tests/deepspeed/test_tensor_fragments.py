@@ -2,7 +2,8 @@
 tensor_fragments.py), 2 ranks, ZeRO-3, fp32 and bf16, with the optimizer on NVMe under tencache: every getter (fp32
 weights and gradients after backward, Adam's moments after the step; whole and this rank's part), every setter (read
 back as set, and the training that follows uses what was set), the vectorised gradient update and a user's own
-clipping, and the 16-bit model saved at the end with the parameters offloaded too, give the results of stock CPU
+clipping, the 16-bit model saved at the end with the parameters offloaded too, and a getter asked first for a
+state key the optimizer lacks (its KeyError raised between its swap-in and its release), give the results of stock CPU
 offload run in a process that never imported tencache_ds, bit for bit, whether the host tier streams everything or
 holds part of the state. Real engine, real files, 2 ranks forked as the launcher starts them
 (tests/deepspeed/forkserver.py)."""
@@ -16,7 +17,8 @@ pytestmark = [pytest.mark.deepspeed, pytest.mark.slow]  # two launches, about 30
 SCRIPT = os.path.join(os.path.dirname(__file__), "tensor_fragments.py")
 # every call in fp32 and bf16; the update, the clipping and the 16-bit save, which read nothing a getter has not
 # read in the other dtype, in one of them (the suite's time)
-SCENARIOS = ("get_fp32", "get_bf16", "set_fp32", "set_bf16", "update_bf16", "clip_fp32", "save16_bf16")
+SCENARIOS = ("get_fp32", "get_bf16", "set_fp32", "set_bf16", "update_bf16", "clip_fp32", "save16_bf16",
+             "missing_fp32")
 # nothing held (every fragment call reads and writes the files: where the getters' bug showed), part of the state
 # held (6 MB of each rank's 25 MB: some tensors, prefixes of others); all of it held ("auto") is left out for the
 # suite's time (it passed, 2026-11-26: a held tensor is read as the partly held ones are)
@@ -31,3 +33,5 @@ def test_fragment_calls_give_stock_cpu_offloads_results(tmp_path):
         checks += [value.get("frozen_none", value.get("fell")) for value in reference[name].values()
                    if isinstance(value, dict)]
         assert all(checks), (name, reference[name])
+    # the missing key was asked for, and raised, in the reference too: twice (whole, local) per trained parameter
+    assert all(reference["missing_fp32"][f"after_step_{step}"]["missed"] == 8 for step in range(3))

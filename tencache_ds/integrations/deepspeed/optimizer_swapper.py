@@ -210,6 +210,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             self._profile_looked_up = False
             self._started = False  # a backward has begun: log_timers() calls from now on end training steps
             self._deferred = None  # parameters whose release waits for a fragment getter's read (releases_deferred)
+            self._getter_swap_ins = None  # parameters a fragment getter swapped in (releases_deferred)
             self.closed = False
             # A run that ends without engine.destroy() (most training scripts) never closes this swapper: its files
             # still shared with a checkpoint are removed from the folder when the process ends instead, so that a
@@ -424,6 +425,8 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         except BaseException:
             self._give_back_unlent(read_ahead, keys)
             raise
+        if self._getter_swap_ins is not None:
+            self._getter_swap_ins.append(parameter)
         if async_parameter is not None and self.reads_ahead:
             next_info = self._get_param_swap_info(async_parameter)
             if next_info is not None and OptimizerSwapper.parameter_id(async_parameter) not in self._lent:
@@ -455,11 +458,21 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         view after the release; the local getters return the view itself): its buffer is a streaming slot, or a
         held one, that the next read or eviction gives another tensor (install.py wraps them)."""
         outer, self._deferred = self._deferred, []
+        outer_swap_ins, self._getter_swap_ins = self._getter_swap_ins, []
         try:
             yield
         finally:
             deferred, self._deferred = self._deferred, outer
-            for parameter in deferred:
+            swapped_in, self._getter_swap_ins = self._getter_swap_ins, outer_swap_ins
+            # A getter that raised between its swap-in and its release released nothing: stage 3 reads
+            # optimizer.state[master][key] in between, and generic code asks for a key the optimizer may not have
+            # (SGD's "momentum_buffer", then Adam's "exp_avg"). Its sub-group goes back unchanged here; left lent,
+            # the next swap-in of it stopped on "already lent" (stock NVMe's leaks its buffers and stops on an empty
+            # buffer list; stock CPU offload trains on).
+            released = {id(parameter) for parameter in deferred}
+            left = {id(parameter): parameter for parameter in swapped_in
+                    if id(parameter) not in released and OptimizerSwapper.parameter_id(parameter) in self._lent}
+            for parameter in deferred + list(left.values()):
                 self.release_swap_buffers(parameter)
 
     def writeback_optimizer_state_and_gradients(self, parameter, write_opt_state, write_gradients):
