@@ -192,14 +192,16 @@ class Admission:
 
     def trim_kept(self, target_bytes: int) -> int:
         """Keep at most ``target_bytes`` of buffers from now on: prefixes go first (the last bytes admitted), then
-        held entries (``evict_held``); if that is not enough, lent entries are no longer kept and go when released,
-        farthest next use first. Returns the kept bytes left."""
+        held entries (``evict_held``); if that is not enough, lent entries and reads in flight are no longer kept and
+        go when released, farthest next use first. Returns the kept bytes left."""
         self._transfers.reap_writes()
         excess = self.kept_bytes() - max(0, int(target_bytes))
         if excess > 0:
             excess -= self.give_up_prefixes(excess)
         excess -= self.evict_held(excess, lambda buffer: True)
-        lent = self._copies_elsewhere_first(entry.key for entry in self._table if entry.state in LENT and entry.kept)
+        # reads in flight too (a sub-group's state read ahead in backward): skipped, they stayed over the new total
+        lent = self._copies_elsewhere_first(entry.key for entry in self._table
+                                            if (entry.state in LENT or entry.state == S.READING) and entry.kept)
         for key in farthest_first(lent, self._index(), self._recorder.position):
             if excess <= 0:
                 break

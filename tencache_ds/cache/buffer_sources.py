@@ -149,7 +149,8 @@ class BudgetedPageable:
         return buffer.ptr in self._budgeted
 
     def room_needed(self, nbytes: int) -> int:
-        return max(0, round_up(nbytes, HOST_PAGE_BYTES) - self.budget.available())
+        # headroom, not available(): over a total set below what is reserved, the excess must go too
+        return max(0, round_up(nbytes, HOST_PAGE_BYTES) - self.budget.headroom())
 
     def transient_available(self, nbytes: int) -> bool:
         size = self.pool.class_bytes(nbytes)

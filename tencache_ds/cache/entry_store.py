@@ -149,7 +149,6 @@ class EntryStore:
             if entry.state in LENT or entry.state == S.READING:  # (a read into the caller's buffer may go on)
                 raise RuntimeError(f"{self.name}: tensor {key} is already lent or being read")
             if entry.state == S.ON_FILE:
-                transfers.drop_prefix(entry)  # the new bytes replace the whole tensor: its prefix is dead
                 if staging:
                     transfers.attach(entry, transfers.staging.acquire_pageable(self.swap_nbytes(numel), False), False)
                     entry.staged = True
@@ -157,6 +156,9 @@ class EntryStore:
                     transfers.attach(entry, *self._admission.acquire_transient(self.swap_nbytes(numel)))
                 else:
                     transfers.attach(entry, *self._admission.acquire(self.swap_nbytes(numel), key))
+                # the new bytes replace the whole tensor: its prefix is dead (not before the buffer is secured: an
+                # acquire that raised would have left the file's older first bytes the newest)
+                transfers.drop_prefix(entry)
             else:
                 transfers.fence(entry.buffer)
             self._table.set(entry, S.LENT_DIRTY)

@@ -38,6 +38,11 @@ class HostBudget:
         with self._lock:
             return max(0, self.total_bytes - self._used)
 
+    def headroom(self) -> int:
+        """The total less what is reserved: negative where a new total (memory pressure) fell below it."""
+        with self._lock:
+            return self.total_bytes - self._used
+
     @property
     def used_bytes(self) -> int:
         return self._used

@@ -328,4 +328,5 @@ def _wait_quietly(future: Future) -> None:
     try:
         future.result()
     except BaseException:  # the caller reads future.exception() and decides
-        pass
+        if not future.done():  # the wait itself was interrupted (Ctrl-C): swallowed, the caller waited again
+            raise

@@ -41,14 +41,31 @@ class WriteBack:
             entry = self._table[key]
             transfers.wait_write(entry)
             self._refuse_if_in_use(entry)
-            if entry.state == S.ON_FILE:
-                transfers.drop_prefix(entry)  # the new bytes replace the whole tensor: its prefix is dead
+            was_on_file = entry.state == S.ON_FILE
+            if was_on_file:
                 transfers.attach(entry, *self._admission.acquire(transfers.swap_nbytes(entry.numel), key))
             else:
                 transfers.fence(entry.buffer)
-            self._table.set(entry, S.LENT_DIRTY)  # held by us for the copy
-        transfers.compute_view(entry).copy_(source)
+            self._fill(entry, lambda view: view.copy_(source))
+            if was_on_file:  # the new bytes replace the whole tensor: its prefix is dead (not before: an acquire
+                transfers.drop_prefix(entry)  # that raised would have left the file's older first bytes newest)
+            self._table.set(entry, S.LENT_DIRTY)
         self._release(key)
+
+    def _fill(self, entry, fill: Callable[[torch.Tensor], None]) -> None:
+        """``fill(view)`` of ``entry``'s buffer, with the lock held and the entry in its old state: a fill that
+        raises (a tensor of another size, a device copy that fails, Ctrl-C) leaves the newest bytes where they were,
+        not a half-filled buffer lent for good (every flush, so every checkpoint, then stopped on it). On file: the
+        buffer just attached goes back. Clean: the file holds them, the touched buffer goes. Dirty: its buffer was
+        their only copy, so it stays, owed to the file as before."""
+        try:
+            fill(self._transfers.compute_view(entry))
+        except BaseException:
+            if entry.state == S.ON_FILE:
+                self._transfers.release_buffer(entry)
+            elif entry.state == S.CLEAN:
+                self._transfers.drop(entry, S.ON_FILE)
+            raise
 
     def write_parts(self, key, numel: int, path: str, parts: Sequence[Tuple[int, torch.Tensor]]) -> None:
         """Place each (element offset, tensor) of ``parts`` into ``key``'s bytes, the rest left as it was (stage 3
@@ -79,15 +96,23 @@ class WriteBack:
                     return
                 transfers.counters.hits += 1
                 transfers.fence(entry.buffer)
+                self._fill(entry, lambda view: self._place(view, parts))
                 self._table.set(entry, S.LENT_DIRTY)
-                view = transfers.compute_view(entry)
         if entry is None:
             view = self._lend_new(key, numel, path)
-            with transfers.lock:
-                transfers.recorder.touch(key, transfers.swap_nbytes(numel))
-            view.zero_()
-        self._device_copy.copy([(view.narrow(0, offset, part.numel()), part) for offset, part in parts])
+            try:
+                with transfers.lock:
+                    transfers.recorder.touch(key, transfers.swap_nbytes(numel))
+                view.zero_()
+                self._place(view, parts)
+            except BaseException:  # a new tensor half placed: it goes (held lent, every flush would stop on it)
+                with transfers.lock:
+                    transfers.forget(self._table[key])
+                raise
         self._release(key, changed=True)
+
+    def _place(self, view: torch.Tensor, parts: Sequence[Tuple[int, torch.Tensor]]) -> None:
+        self._device_copy.copy([(view.narrow(0, offset, part.numel()), part) for offset, part in parts])
 
     def _on_host(self, parts: Sequence[Tuple[int, torch.Tensor]]) -> List[Tuple[int, torch.Tensor]]:
         """Each part as a flat host tensor of the store's dtype: a host part cast where its dtype differs (as it is
@@ -110,7 +135,8 @@ class WriteBack:
         with transfers.lock:
             entries = [self._table[key] for key in keys]
             for entry in entries:
-                if entry.state == S.READING:
+                if entry.state == S.READING:  # read ahead (no use comes for it: its bytes are replaced)
+                    entry.prefetched, entry.pending_use = False, None
                     transfers.wait_unlocked(entry.io)
                     transfers.finish_io(entry)
                 if entry.state not in LENT:

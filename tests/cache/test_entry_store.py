@@ -787,3 +787,97 @@ def test_a_read_refused_before_it_starts_gives_its_buffer_back(tmp_path, prefetc
     assert store.stats()["misses"] == misses  # no read was served
     store.check_invariants()
     store.close()
+
+
+def test_trimming_takes_the_keep_from_a_read_in_flight_too(tmp_path, io):
+    """Memory pressure while a tensor is read ahead (a sub-group's state in backward): its buffer is no longer kept
+    either, and goes when released. Until 2026-12-03 trimming skipped reads in flight: the read's buffer stayed held
+    over the new total until a later admission evicted it."""
+    store = make(tmp_path, io, budget_bytes=10 * NBYTES)
+    put(store, tmp_path, "a", 1.0)
+    store.trim_kept(0)  # written, on file
+    store.start_read("a", prefetch=True)
+    assert store.state("a") == EntryState.READING and store.kept_bytes() > 0
+    assert store.trim_kept(0) == 0
+    assert torch.all(store.wait_read("a") == 1.0)
+    store.release("a")
+    assert store.state("a") == EntryState.ON_FILE and store.kept_bytes() == 0 and store.held_keys() == []
+
+
+def test_the_room_a_tensor_needs_counts_what_is_reserved_over_a_lowered_total():
+    """A total set below what is reserved (memory pressure, before the trim has taken it back): the room a new
+    buffer needs is its size plus that excess, not its size alone (``available`` stops at 0)."""
+    budget = HostBudget(10 * 4096)
+    source = BudgetedPageable(BufferPool("optimizer", lock="off"), budget)
+    assert budget.try_reserve(8 * 4096)
+    budget.resize(4 * 4096)
+    assert budget.available() == 0 and budget.headroom() == -4 * 4096
+    assert source.room_needed(4096) == 5 * 4096
+
+
+def test_an_interrupted_wait_for_io_is_not_swallowed():
+    """Ctrl-C while a store waits for a read or write (the store lock released): the interrupt reaches the caller.
+    Until 2026-12-03 the wait caught it and waited again, so the first Ctrl-C was lost."""
+    from tencache_ds.cache.transfers import _wait_quietly
+
+    class Interrupted(Future):
+        def result(self, timeout=None):
+            raise KeyboardInterrupt  # as the signal arrives while the future is still pending
+
+    with pytest.raises(KeyboardInterrupt):
+        _wait_quietly(Interrupted())
+    failed = Future()
+    failed.set_exception(OSError("disk"))
+    _wait_quietly(failed)  # the I/O's own error: the caller reads future.exception()
+
+
+def test_a_read_ahead_written_over_and_released_leaves_no_use_pending(tmp_path, io):
+    """A partition read ahead, then given new bytes whole and written through (zero.Init's re-partitioning after a
+    modifying gather: ``write_and_release``): no use is pending for the read any more. Until 2026-12-03 the entry
+    stayed marked as read ahead on file, which the invariants forbid, and its next lend recorded a use that never
+    happened, moving the profile's position."""
+    store = make(tmp_path, io, budget_bytes=10 * NBYTES)
+    put(store, tmp_path, "a", 1.0)
+    store.trim_kept(0)
+    store.start_read("a", prefetch=True)
+    store.write_and_release(["a"])  # the debug checks run at its end
+    assert store.state("a") in (EntryState.ON_FILE, EntryState.CLEAN)
+    assert torch.all(store.lend("a") == 1.0)
+    store.release("a")
+
+
+@pytest.mark.parametrize("held", [False, True])
+def test_new_bytes_that_fail_to_arrive_leave_the_old_ones_newest_and_nothing_lent(tmp_path, io, held):
+    """``store`` whose copy raises (here a tensor of another size; on a GPU a device copy that fails, or Ctrl-C):
+    the tensor's newest bytes are still its old ones, on file or held clean, and nothing stays lent. Until
+    2026-12-03 the entry stayed lent and changed with a half-filled buffer: every flush after it, so every checkpoint
+    save, stopped on "lent and changed"."""
+    store = make(tmp_path, io, budget_bytes=10 * NBYTES)
+    put(store, tmp_path, "a", 1.0)
+    if held:
+        store.flush()
+        assert store.state("a") == EntryState.CLEAN
+    else:
+        store.trim_kept(0)
+        assert store.state("a") == EntryState.ON_FILE
+    with pytest.raises(RuntimeError):
+        store.store("a", torch.full((NUMEL + 5,), 2.0))
+    assert store.state("a") == EntryState.ON_FILE and store.kept_bytes() == 0
+    store.flush()
+    assert torch.all(store.lend("a") == 1.0)
+    store.release("a")
+
+
+def test_gradient_parts_that_fail_to_arrive_leave_no_new_tensor_lent(tmp_path, io):
+    """``write_parts`` of a tensor the store does not know yet, whose part does not fit (or whose device copy
+    fails): the half-placed tensor goes, so flushes (checkpoints) still work, and the next parts start it anew.
+    Until 2026-12-03 it stayed lent and changed."""
+    store = make(tmp_path, io, budget_bytes=10 * NBYTES)
+    path = str(tmp_path / "g.swp")
+    with pytest.raises(RuntimeError):
+        store.write_parts("g", NUMEL, path, [(NUMEL - 10, torch.ones(20))])
+    store.flush()
+    store.write_parts("g", NUMEL, path, [(0, torch.ones(10))])
+    lent = store.lend("g")
+    assert torch.all(lent[:10] == 1.0) and torch.all(lent[10:] == 0.0)
+    store.release("g")
