@@ -38,6 +38,7 @@ class Admission:
         self._recorder = recorder
         self._counters = counters
         self.next_use: Optional[NextUseIndex] = None
+        self._bypassing = False
 
     def _index(self) -> Optional[CopiesElsewhere]:
         if self.next_use is None or not self._recorder.on_track:  # a step that left the profile: LRU
@@ -59,6 +60,7 @@ class Admission:
         else a write in flight that frees a fitting buffer is waited for; else a transient buffer.
         ``use_pending``: the read is a prefetch, its use (not yet recorded) still ahead."""
         self._transfers.reap_writes()
+        self._bypassing = False  # set where every victim was needed sooner (counted once, if it ends transient)
         while True:
             buffer = self._source.try_acquire(nbytes)
             if buffer is not None:
@@ -84,6 +86,7 @@ class Admission:
             if self._waited_for_transient_room(nbytes):
                 continue
             self._counters.transient_buffers += 1
+            self._counters.bypassed += self._bypassing
             return self._source.fallback(nbytes), False
 
     def _gave_up_own_prefix(self, nbytes: int, incoming) -> bool:
@@ -136,7 +139,7 @@ class Admission:
                               lambda key: self._table[key].buffer.capacity_bytes, index, position,
                               kept_until(index, incoming, position, use_pending))
         if not victims:
-            self._counters.bypassed += 1
+            self._bypassing = True
             return None
         return self._table[victims[0]]
 
