@@ -10,6 +10,7 @@ checkpoint, where a partial write would first copy the file: io/shared_files.py)
 Locking: every method is called with the store's lock held; ``wait_unlocked`` releases it while it waits, so the
 caller looks at the entry's state again afterwards.
 """
+import concurrent.futures
 from concurrent.futures import Future
 from typing import Callable, Optional, Tuple
 
@@ -328,5 +329,7 @@ def _wait_quietly(future: Future) -> None:
     try:
         future.result()
     except BaseException:  # the caller reads future.exception() and decides
-        if not future.done():  # the wait itself was interrupted (Ctrl-C): swallowed, the caller waited again
+        if not future.done():  # the wait itself was interrupted (Ctrl-C; it was swallowed, and the wait began
+            # again): the I/O still uses its buffer, and some callers no longer track it, so it ends first
+            concurrent.futures.wait([future])
             raise

@@ -47,8 +47,11 @@ class WriteBack:
             else:
                 transfers.fence(entry.buffer)
             self._fill(entry, lambda view: view.copy_(source))
-            if was_on_file:  # the new bytes replace the whole tensor: its prefix is dead (not before: an acquire
-                transfers.drop_prefix(entry)  # that raised would have left the file's older first bytes newest)
+            # the new bytes replace the whole tensor: its prefix is dead. Not dropped before: an acquire that raised
+            # would have left the file's older first bytes the newest (an acquire that needs the prefix's room
+            # writes it first, a write for nothing: the price of that order)
+            if was_on_file:
+                transfers.drop_prefix(entry)
             self._table.set(entry, S.LENT_DIRTY)
         self._release(key)
 

@@ -816,16 +816,22 @@ def test_the_room_a_tensor_needs_counts_what_is_reserved_over_a_lowered_total():
 
 
 def test_an_interrupted_wait_for_io_is_not_swallowed():
-    """Ctrl-C while a store waits for a read or write (the store lock released): the interrupt reaches the caller.
-    Until 2026-12-03 the wait caught it and waited again, so the first Ctrl-C was lost."""
+    """Ctrl-C while a store waits for a read or write (the store lock released): the interrupt reaches the caller,
+    once the I/O has ended (it still uses its buffer, which some callers no longer track). Until 2026-12-03 the
+    wait caught it and waited again, so the first Ctrl-C was lost."""
+    import threading
+
     from tencache_ds.cache.transfers import _wait_quietly
 
     class Interrupted(Future):
         def result(self, timeout=None):
-            raise KeyboardInterrupt  # as the signal arrives while the future is still pending
+            raise KeyboardInterrupt  # as the signal arrives while the I/O is still in flight
 
+    in_flight = Interrupted()
+    threading.Timer(0.2, in_flight.set_result, [None]).start()  # the I/O ends a little later
     with pytest.raises(KeyboardInterrupt):
-        _wait_quietly(Interrupted())
+        _wait_quietly(in_flight)
+    assert in_flight.done()
     failed = Future()
     failed.set_exception(OSError("disk"))
     _wait_quietly(failed)  # the I/O's own error: the caller reads future.exception()

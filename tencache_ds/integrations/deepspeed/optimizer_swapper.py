@@ -472,6 +472,8 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             released = {id(parameter) for parameter in deferred}
             left = {id(parameter): parameter for parameter in swapped_in
                     if id(parameter) not in released and OptimizerSwapper.parameter_id(parameter) in self._lent}
+            for parameter in left.values():
+                parameter.grad = None  # as stage 3's own release does: the lent gradient's buffer goes back
             for parameter in deferred + list(left.values()):
                 self.release_swap_buffers(parameter)
 
