@@ -69,13 +69,13 @@ class Admission:
                 continue
             victim = self._choose_victim(nbytes, incoming, use_pending)
             if victim is not None:
-                self._counters.evictions += 1
                 if victim.state == S.CLEAN:
                     self._transfers.drop(victim, S.ON_FILE)
                 else:
                     self._transfers.start_write(victim, evicting=True)
                     self._counters.waits_for_slots += 1
                     self._transfers.wait_write(victim)
+                self._counters.evictions += 1  # (a write that failed raised above: nothing was evicted)
                 continue
             pending = next((entry for entry in self._table.writing()
                             if entry.evicting and self._source.frees_room_for(entry.buffer, nbytes)), None)

@@ -146,7 +146,9 @@ class EntryStore:
             if entry is None:
                 entry = self._table.new(key, numel, path, S.ON_FILE)
             transfers.wait_write(entry)
-            if entry.state in LENT or entry.state == S.READING:  # (a read into the caller's buffer may go on)
+            # a read into the caller's buffer too: the new bytes would be lent while it reads the file, which a
+            # release not kept then overwrites under it (the invariants forbid both at once: cache/entry.py)
+            if entry.state in LENT or entry.state == S.READING or entry.external_read is not None:
                 raise RuntimeError(f"{self.name}: tensor {key} is already lent or being read")
             if entry.state == S.ON_FILE:
                 if staging:

@@ -887,3 +887,19 @@ def test_gradient_parts_that_fail_to_arrive_leave_no_new_tensor_lent(tmp_path, i
     lent = store.lend("g")
     assert torch.all(lent[:10] == 1.0) and torch.all(lent[10:] == 0.0)
     store.release("g")
+
+
+def test_new_bytes_are_refused_while_the_file_is_read_into_the_callers_buffer(tmp_path, io):
+    """``lend_new`` while the file is being read into the caller's own buffer (a swap-in into stage 3's buffer):
+    refused, as every other write is while the tensor is read (``store``, ``write_parts``). Until 2026-12-03 it let
+    the read go on: the new bytes were lent while the file was read, which the invariants forbid, and a release not
+    kept then wrote the file under that read."""
+    store = make(tmp_path, io, budget_bytes=10 * NBYTES)
+    put(store, tmp_path, "a", 1.0)
+    store.trim_kept(0)
+    into = torch.empty(-(-NUMEL // 256) * 256)
+    store.start_read("a", into=into)
+    with pytest.raises(RuntimeError, match="already lent or being read"):
+        store.lend_new("a", NUMEL, store.path("a"))
+    store.wait_read("a")
+    assert torch.all(into[:NUMEL] == 1.0) and store.state("a") == EntryState.ON_FILE
