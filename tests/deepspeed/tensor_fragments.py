@@ -141,19 +141,31 @@ def get(budget, device, nvme, dtype):
 
 def missing(budget, device, nvme, dtype):
     """A state key the optimizer does not have, asked for first, as generic code does (SGD's "momentum_buffer", then
-    Adam's "exp_avg"), whole and this rank's part, after every step: stage 3's getter raises KeyError after its
-    swap-in, before its release. Training goes on, and the key it has reads as always (until 2026-12-03 tencache
-    left the sub-group lent and the next swap-in stopped on "already lent"; stock NVMe stops on an empty buffer
-    list)."""
+    Adam's "exp_avg"), whole and this rank's part, after every step, read and then set: stage 3's getter and setter
+    raise KeyError after their swap-in, before their release or swap-out. Training goes on, and the key it has
+    reads and sets as always (until 2026-12-03 tencache left the sub-group lent and the next swap-in or flush
+    stopped on it; stock NVMe stops on an empty buffer list)."""
     def after_step(engine, _step):
         values, missed = {}, 0
         for name, lp in engine.module.named_parameters():
             for scope, getter in (("full", safe_get_full_optimizer_state), ("local", safe_get_local_optimizer_state)):
                 for key in ("momentum_buffer", "exp_avg"):
                     try:
-                        values[f"{name}.{scope}_{key}"] = getter(lp, key)
+                        value = getter(lp, key)
                     except KeyError:
                         missed += 1
+                        continue
+                    # as read: stock CPU offload's local getter returns a view of the state the setters change below
+                    values[f"{name}.{scope}_{key}"] = None if value is None else value.clone()
+            if lp.requires_grad:  # the setters too, with a value the key it has is then set to
+                for scope, setter, shape in (("full", safe_set_full_optimizer_state, lp.ds_shape),
+                                             ("local", safe_set_local_optimizer_state, lp.ds_tensor.shape)):
+                    value = torch.full(shape, 0.5)
+                    for key in ("momentum_buffer", "exp_avg"):
+                        try:
+                            setter(lp, value, key)
+                        except KeyError:
+                            missed += 1
         return {**_by_getter(engine, values), "missed": missed}
 
     with engine_for(budget, device, nvme, dtype) as engine:

@@ -157,6 +157,15 @@ REBINDINGS = (
                   "host): it is copied before the release"),
     Rebinding(STAGE3, "get_local_fp32_grad_for_param", "copying_local_fragment_before_release", wraps=True,
               why="safe_get_local_grad: the same, for the sub-group's gradient"),
+    Rebinding(STAGE3, "set_full_hp_param", "giving_back_when_a_setter_raises", wraps=True,
+              why="safe_set_full_fp32_param / _optimizer_state swap the sub-group in, write, and swap it out; one that "
+                  "raises in between (a state key the optimizer lacks) gives it back unchanged, not lent for good"),
+    Rebinding(STAGE3, "set_fp32_grad_for_param", "giving_back_when_a_setter_raises", wraps=True,
+              why="safe_set_full_grad: the same (a sub-group with no gradient yet raises in between)"),
+    Rebinding(STAGE3, "set_local_hp_param", "giving_back_when_a_setter_raises", wraps=True,
+              why="safe_set_local_fp32_param / _optimizer_state: the same"),
+    Rebinding(STAGE3, "set_local_grad_for_param", "giving_back_when_a_setter_raises", wraps=True,
+              why="safe_set_local_grad: the same"),
     Rebinding(STAGE3, "_rigid_load_state_dict", "rigid_load_with_params_on_file", wraps=True,
               why="stock's ZeRO-file load with parameters on file and the optimizer on cpu stops ('NoneType' object "
                   "has no attribute 'data'): the parameters are rebuilt from the loaded masters as a step does "

@@ -183,6 +183,23 @@ def _reading_fragments_before_release(getter, copy_view: bool):
     return getter_reading_before_release
 
 
+def _giving_back_when_a_setter_raises(setter):
+    """stage 3's fragment setters (safe_set_full_fp32_param, _optimizer_state, _grad; their local variants) with the
+    optimizer on NVMe swap the sub-group in, write, and swap it out. One that raises in between, before it writes (a
+    state key the optimizer lacks, a gradient not there yet), gives the sub-group back unchanged instead of leaving
+    it lent, where every later swap-in of it and every flush stopped (``releases_deferred``, which defers nothing
+    here: a setter swaps out, it does not release)."""
+    @functools.wraps(setter)
+    def setter_giving_back_when_it_raises(self, *args, **kwargs):
+        swapper = getattr(self, "optimizer_swapper", None)
+        if not isinstance(swapper, TencacheOptimizerSwapper):
+            return setter(self, *args, **kwargs)
+        with swapper.releases_deferred():
+            return setter(self, *args, **kwargs)
+
+    return setter_giving_back_when_it_raises
+
+
 def _keeping_device_tier(partition_all_parameters):
     """stage 3's step() partitions every parameter before updating them; our coordinator keeps its device tier
     through that one call (checkpoints and the other callers still partition everything)."""
@@ -323,6 +340,7 @@ REPLACEMENTS = {
     "restoring_kept_partitions": restoring_kept_partitions,
     "reading_full_fragment_before_release": lambda getter: _reading_fragments_before_release(getter, False),
     "copying_local_fragment_before_release": lambda getter: _reading_fragments_before_release(getter, True),
+    "giving_back_when_a_setter_raises": _giving_back_when_a_setter_raises,
 }
 
 

@@ -210,7 +210,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             self._profile_looked_up = False
             self._started = False  # a backward has begun: log_timers() calls from now on end training steps
             self._deferred = None  # parameters whose release waits for a fragment getter's read (releases_deferred)
-            self._getter_swap_ins = None  # parameters a fragment getter swapped in (releases_deferred)
+            self._getter_swap_ins = None  # parameters a fragment getter or setter swapped in (releases_deferred)
             self.closed = False
             # A run that ends without engine.destroy() (most training scripts) never closes this swapper: its files
             # still shared with a checkpoint are removed from the folder when the process ends instead, so that a
@@ -456,7 +456,9 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         """Inside, a sub-group swapped in and released unchanged stays lent until the end. Stage 3's fragment
         getters release the sub-group before they read what they return (``get_full_hp_param`` gathers from its
         view after the release; the local getters return the view itself): its buffer is a streaming slot, or a
-        held one, that the next read or eviction gives another tensor (install.py wraps them)."""
+        held one, that the next read or eviction gives another tensor (install.py wraps them). A sub-group swapped
+        in inside and neither released nor swapped out by the end (a getter or setter that raised) is given back
+        unchanged then."""
         outer, self._deferred = self._deferred, []
         outer_swap_ins, self._getter_swap_ins = self._getter_swap_ins, []
         try:
@@ -464,11 +466,11 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         finally:
             deferred, self._deferred = self._deferred, outer
             swapped_in, self._getter_swap_ins = self._getter_swap_ins, outer_swap_ins
-            # A getter that raised between its swap-in and its release released nothing: stage 3 reads
-            # optimizer.state[master][key] in between, and generic code asks for a key the optimizer may not have
-            # (SGD's "momentum_buffer", then Adam's "exp_avg"). Its sub-group goes back unchanged here; left lent,
-            # the next swap-in of it stopped on "already lent" (stock NVMe's leaks its buffers and stops on an empty
-            # buffer list; stock CPU offload trains on).
+            # A getter (or setter) that raised between its swap-in and its release (or swap-out) gave nothing back:
+            # stage 3 reads optimizer.state[master][key] in between, and generic code asks for a key the optimizer
+            # may not have (SGD's "momentum_buffer", then Adam's "exp_avg"). Its sub-group goes back unchanged here;
+            # left lent, the next swap-in of it stopped on "already lent" (stock NVMe's leaks its buffers and stops
+            # on an empty buffer list; stock CPU offload trains on).
             released = {id(parameter) for parameter in deferred}
             left = {id(parameter): parameter for parameter in swapped_in
                     if id(parameter) not in released and OptimizerSwapper.parameter_id(parameter) in self._lent}
