@@ -405,6 +405,8 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             self._give_back_unlent(read_ahead, ())
             raise
         keys = self._lent[group] = []  # filled as each is lent: a failed read still gives the others back
+        if self._getter_swap_ins is not None:  # (before the reads: one that fails leaves the others lent)
+            self._getter_swap_ins.append(parameter)
         try:
             for index, context in enumerate(swap_info.tensors):
                 path = context.swap_path
@@ -425,8 +427,6 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         except BaseException:
             self._give_back_unlent(read_ahead, keys)
             raise
-        if self._getter_swap_ins is not None:
-            self._getter_swap_ins.append(parameter)
         if async_parameter is not None and self.reads_ahead:
             next_info = self._get_param_swap_info(async_parameter)
             if next_info is not None and OptimizerSwapper.parameter_id(async_parameter) not in self._lent:
@@ -461,8 +461,12 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         unchanged then."""
         outer, self._deferred = self._deferred, []
         outer_swap_ins, self._getter_swap_ins = self._getter_swap_ins, []
+        raised = False
         try:
             yield
+        except BaseException:
+            raised = True
+            raise
         finally:
             deferred, self._deferred = self._deferred, outer
             swapped_in, self._getter_swap_ins = self._getter_swap_ins, outer_swap_ins
@@ -476,8 +480,13 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
                     if id(parameter) not in released and OptimizerSwapper.parameter_id(parameter) in self._lent}
             for parameter in left.values():
                 parameter.grad = None  # as stage 3's own release does: the lent gradient's buffer goes back
-            for parameter in deferred + list(left.values()):
-                self.release_swap_buffers(parameter)
+            try:
+                for parameter in deferred + list(left.values()):
+                    self.release_swap_buffers(parameter)
+            except Exception:  # noqa: BLE001  (the call's own error is the one its caller catches: KeyError)
+                if not raised:
+                    raise
+                logger.exception("giving back the sub-groups a fragment call swapped in failed too")
 
     def writeback_optimizer_state_and_gradients(self, parameter, write_opt_state, write_gradients):
         # A gradient set through DeepSpeed's API (set_full_fp32_grad): its newest bytes are the lent buffer's,
