@@ -157,7 +157,7 @@ def missing(budget, device, nvme, dtype):
                         continue
                     # as read: stock CPU offload's local getter returns a view of the state the setters change below
                     values[f"{name}.{scope}_{key}"] = None if value is None else value.clone()
-            if lp.requires_grad:  # the setters too, with a value the key it has is then set to
+            if lp.requires_grad:  # the setters too: the missing key first, then the one it has, set to 0.5
                 for scope, setter, shape in (("full", safe_set_full_optimizer_state, lp.ds_shape),
                                              ("local", safe_set_local_optimizer_state, lp.ds_tensor.shape)):
                     value = torch.full(shape, 0.5)
