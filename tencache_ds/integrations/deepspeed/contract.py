@@ -393,7 +393,7 @@ CALL_ORDER = (
               "tests/deepspeed/test_residency.py (bf16 and fp32, stock's bits, no gradient file)"),
     CallOrder("stage 3's fragment getters release a swapped-in sub-group through release_swap_buffers (never "
               "with its state changed) before they read the view they gather from or return",
-              "install.py (reading_fragments_before_release), optimizer_swapper.py (releases_deferred)",
+              "install.py (_fragment_call_within_releases_deferred), optimizer_swapper.py (releases_deferred)",
               "those releases are deferred until the getter returns, so the view still holds the sub-group's bytes "
               "when it is read", "tests/deepspeed/test_tensor_fragments.py (nothing held: stock CPU offload's "
               "values)"),

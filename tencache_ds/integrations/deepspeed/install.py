@@ -162,42 +162,32 @@ def _reading_ahead_between_gradients(reduce_ready):
     return reduce_ready_then_read_ahead
 
 
-def _reading_fragments_before_release(getter, copy_view: bool):
-    """stage 3's fragment getters (safe_get_full_fp32_param, _optimizer_state, _grad; their local variants) with
-    the optimizer on NVMe: swap the sub-group in, release it, then gather from (full) or return (local) a view of
-    it. Stock relies on its pool buffer keeping the bytes after the release; ours is a streaming slot or a held
-    buffer that the next read or eviction gives to another tensor (with nothing held, safe_get_local_fp32_param's
-    view showed the next tensor read). The release waits until the getter is done, and a local getter's view on
-    the host is copied (on a device it is a copy already)."""
-    @functools.wraps(getter)
-    def getter_reading_before_release(self, *args, **kwargs):
+def _fragment_call_within_releases_deferred(call, copy_view: bool):
+    """stage 3's fragment calls with the optimizer on NVMe, inside ``releases_deferred``.
+
+    Getters (safe_get_full_fp32_param, _optimizer_state, _grad; their local variants) swap the sub-group in,
+    release it, then gather from (full) or return (local) a view of it. Stock relies on its pool buffer keeping the
+    bytes after the release; ours is a streaming slot or a held buffer that the next read or eviction gives to
+    another tensor (with nothing held, safe_get_local_fp32_param's view showed the next tensor read). The release
+    waits until the getter is done, and with ``copy_view`` a local getter's view on the host is copied (on a device
+    it is a copy already).
+
+    Setters (safe_set_*) swap the sub-group in, write, and swap it out: nothing is deferred for them. Either kind
+    that raises after its swap-in, before it writes or releases (a state key the optimizer lacks, a gradient not
+    there yet), gives the sub-group back unchanged instead of leaving it lent, where every later swap-in of it and
+    every flush stopped."""
+    @functools.wraps(call)
+    def within_releases_deferred(self, *args, **kwargs):
         swapper = getattr(self, "optimizer_swapper", None)
         if not isinstance(swapper, TencacheOptimizerSwapper):
-            return getter(self, *args, **kwargs)
+            return call(self, *args, **kwargs)
         with swapper.releases_deferred():
-            value = getter(self, *args, **kwargs)
+            value = call(self, *args, **kwargs)
             if copy_view and value is not None and value.device.type == "cpu":
                 value = value.clone()
         return value
 
-    return getter_reading_before_release
-
-
-def _giving_back_when_a_setter_raises(setter):
-    """stage 3's fragment setters (safe_set_full_fp32_param, _optimizer_state, _grad; their local variants) with the
-    optimizer on NVMe swap the sub-group in, write, and swap it out. One that raises in between, before it writes (a
-    state key the optimizer lacks, a gradient not there yet), gives the sub-group back unchanged instead of leaving
-    it lent, where every later swap-in of it and every flush stopped (``releases_deferred``, which defers nothing
-    here: a setter swaps out, it does not release)."""
-    @functools.wraps(setter)
-    def setter_giving_back_when_it_raises(self, *args, **kwargs):
-        swapper = getattr(self, "optimizer_swapper", None)
-        if not isinstance(swapper, TencacheOptimizerSwapper):
-            return setter(self, *args, **kwargs)
-        with swapper.releases_deferred():
-            return setter(self, *args, **kwargs)
-
-    return setter_giving_back_when_it_raises
+    return within_releases_deferred
 
 
 def _keeping_device_tier(partition_all_parameters):
@@ -338,9 +328,9 @@ REPLACEMENTS = {
     "marking_tencache_reductions": marking_tencache_reductions,
     "reducing_without_copy_at_one_rank": reducing_without_copy_at_one_rank,
     "restoring_kept_partitions": restoring_kept_partitions,
-    "reading_full_fragment_before_release": lambda getter: _reading_fragments_before_release(getter, False),
-    "copying_local_fragment_before_release": lambda getter: _reading_fragments_before_release(getter, True),
-    "giving_back_when_a_setter_raises": _giving_back_when_a_setter_raises,
+    "reading_full_fragment_before_release": lambda getter: _fragment_call_within_releases_deferred(getter, False),
+    "copying_local_fragment_before_release": lambda getter: _fragment_call_within_releases_deferred(getter, True),
+    "giving_back_when_a_setter_raises": lambda setter: _fragment_call_within_releases_deferred(setter, False),
 }
 
 
