@@ -802,6 +802,7 @@ def test_trimming_takes_the_keep_from_a_read_in_flight_too(tmp_path, io):
     assert torch.all(store.wait_read("a") == 1.0)
     store.release("a")
     assert store.state("a") == EntryState.ON_FILE and store.kept_bytes() == 0 and store.held_keys() == []
+    store.close()
 
 
 def test_the_room_a_tensor_needs_counts_what_is_reserved_over_a_lowered_total():
@@ -828,10 +829,12 @@ def test_an_interrupted_wait_for_io_is_not_swallowed():
             raise KeyboardInterrupt  # as the signal arrives while the I/O is still in flight
 
     in_flight = Interrupted()
-    threading.Timer(0.2, in_flight.set_result, [None]).start()  # the I/O ends a little later
+    io_thread = threading.Timer(0.2, in_flight.set_result, [None])  # the I/O ends a little later
+    io_thread.start()
     with pytest.raises(KeyboardInterrupt):
         _wait_quietly(in_flight)
     assert in_flight.done()
+    io_thread.join()
     failed = Future()
     failed.set_exception(OSError("disk"))
     _wait_quietly(failed)  # the I/O's own error: the caller reads future.exception()
@@ -850,6 +853,7 @@ def test_a_read_ahead_written_over_and_released_leaves_no_use_pending(tmp_path, 
     assert store.state("a") in (EntryState.ON_FILE, EntryState.CLEAN)
     assert torch.all(store.lend("a") == 1.0)
     store.release("a")
+    store.close()
 
 
 @pytest.mark.parametrize("held", [False, True])
@@ -872,6 +876,7 @@ def test_new_bytes_that_fail_to_arrive_leave_the_old_ones_newest_and_nothing_len
     store.flush()
     assert torch.all(store.lend("a") == 1.0)
     store.release("a")
+    store.close()
 
 
 def test_gradient_parts_that_fail_to_arrive_leave_no_new_tensor_lent(tmp_path, io):
@@ -887,6 +892,7 @@ def test_gradient_parts_that_fail_to_arrive_leave_no_new_tensor_lent(tmp_path, i
     lent = store.lend("g")
     assert torch.all(lent[:10] == 1.0) and torch.all(lent[10:] == 0.0)
     store.release("g")
+    store.close()
 
 
 def test_new_bytes_are_refused_while_the_file_is_read_into_the_callers_buffer(tmp_path, io):
@@ -903,3 +909,4 @@ def test_new_bytes_are_refused_while_the_file_is_read_into_the_callers_buffer(tm
         store.lend_new("a", NUMEL, store.path("a"))
     store.wait_read("a")
     assert torch.all(into[:NUMEL] == 1.0) and store.state("a") == EntryState.ON_FILE
+    store.close()
