@@ -75,7 +75,9 @@ class Admission:
                     self._transfers.start_write(victim, evicting=True)
                     self._counters.waits_for_slots += 1
                     self._transfers.wait_write(victim)
-                self._counters.evictions += 1  # (a write that failed raised above: nothing was evicted)
+                # a write that failed raised above, or (reaped by another thread while this one waited) left the
+                # victim DIRTY, its buffer still held: no eviction then
+                self._counters.evictions += victim.state != S.DIRTY
                 continue
             pending = next((entry for entry in self._table.writing()
                             if entry.evicting and self._source.frees_room_for(entry.buffer, nbytes)), None)
@@ -184,13 +186,15 @@ class Admission:
             victims.append(self._table[key])
             freed += self._table[key].buffer.capacity_bytes
         for victim in victims:
-            self._counters.evictions += 1
             if victim.state == S.CLEAN:
                 self._transfers.drop(victim, S.ON_FILE)
+                self._counters.evictions += 1
             else:
                 self._transfers.start_write(victim, evicting=True)
         for victim in victims:
-            self._transfers.wait_write(victim)
+            written = victim.state == S.WRITING
+            self._transfers.wait_write(victim)  # (one that failed raises: the victims after it are not counted)
+            self._counters.evictions += written and victim.state != S.DIRTY
         return freed
 
     def trim_kept(self, target_bytes: int) -> int:

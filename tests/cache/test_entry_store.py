@@ -402,6 +402,26 @@ def test_trimming_keeps_what_is_needed_soonest_writes_dirty_bytes_and_lets_lent_
     store.close()
 
 
+def test_a_victim_whose_write_failed_is_not_counted_as_evicted(tmp_path, io):
+    """Trimming evicts "d" and "c", both dirty; "c"'s write fails in flight (a folder stands where its file goes):
+    its buffer stays held, its bytes owed, and only "d" counts as an eviction (both were counted, before the
+    writes)."""
+    store = make(tmp_path, io, budget_bytes=10 * NBYTES)
+    keys = ["a", "b", "c", "d"]
+    for index, key in enumerate(keys):
+        put(store, tmp_path, key, float(index))
+    store.next_use = NextUseIndex(keys)
+    capacity = -(-NBYTES // 4096) * 4096
+    (tmp_path / "c.swp").mkdir()
+    with pytest.raises(IsADirectoryError):
+        store.trim_kept(2 * capacity)
+    assert store.state("c") == EntryState.DIRTY and store.state("d") == EntryState.ON_FILE
+    assert store.stats()["evictions"] == 1 and store.stats()["write_errors"] == 1
+    (tmp_path / "c.swp").rmdir()
+    store.flush()
+    store.close()
+
+
 def test_forget_all_drops_every_entry_and_reads_files_anew(tmp_path, io):
     store = make(tmp_path, io, budget_bytes=10 * NBYTES)
     put(store, tmp_path, "x", 1.0)

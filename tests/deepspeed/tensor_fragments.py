@@ -141,12 +141,31 @@ def get(budget, device, nvme, dtype):
 
 def missing(budget, device, nvme, dtype):
     """A state key the optimizer does not have, asked for first, as generic code does (SGD's "momentum_buffer", then
-    Adam's "exp_avg"), whole and this rank's part, after every step, read and then set: stage 3's getter and setter
-    raise KeyError after their swap-in, before their release or swap-out. Training goes on, and the key it has
-    reads and sets as always (until 2026-12-03 tencache left the sub-group lent and the next swap-in or flush
-    stopped on it; stock NVMe stops on an empty buffer list)."""
+    Adam's "exp_avg"), whole and this rank's part, after every step, read and then set, and where it lives
+    (get_hp_param_device, offload_states' question): stage 3's getter and setter raise KeyError after their swap-in,
+    before their release or swap-out. After every backward, a vectorised gradient update whose function raises at
+    the third trained parameter, once the first two of the sub-group have their new gradients. Training goes on, the
+    key it has reads and sets as always, and the gradients written before the raise are the step's (until
+    2026-12-03 tencache left the sub-group lent and the next swap-in or flush stopped on it; stock NVMe stops on an
+    empty buffer list)."""
+    def after_backward(engine, _step):
+        trained_params = [lp for lp in engine.module.parameters() if lp.requires_grad]
+
+        def halved_until_the_third(gradient, lp):
+            if lp is trained_params[2]:
+                raise ValueError("the user's update function fails here")
+            return gradient * 0.5
+
+        try:
+            safe_update_full_grad_vectorized(trained_params, halved_until_the_third)
+            raised = False
+        except ValueError:
+            raised = True
+        return {"update_raised": raised,
+                "grads": digest({str(index): safe_get_full_grad(lp) for index, lp in enumerate(trained_params)})}
+
     def after_step(engine, _step):
-        values, missed = {}, 0
+        values, missed, devices = {}, 0, set()
         for name, lp in engine.module.named_parameters():
             for scope, getter in (("full", safe_get_full_optimizer_state), ("local", safe_get_local_optimizer_state)):
                 for key in ("momentum_buffer", "exp_avg"):
@@ -166,10 +185,15 @@ def missing(budget, device, nvme, dtype):
                             setter(lp, value, key)
                         except KeyError:
                             missed += 1
-        return {**_by_getter(engine, values), "missed": missed}
+            for key in ("momentum_buffer", "exp_avg"):
+                try:
+                    devices.add(str(engine.optimizer.get_hp_param_device(lp, key)))
+                except KeyError:
+                    missed += 1
+        return {**_by_getter(engine, values), "missed": missed, "devices": sorted(devices)}
 
     with engine_for(budget, device, nvme, dtype) as engine:
-        return trained(engine, dtype, lambda _engine, _step: None, after_step)
+        return trained(engine, dtype, after_backward, after_step)
 
 
 def _by_getter(engine, values):

@@ -166,6 +166,14 @@ REBINDINGS = (
               why="safe_set_local_fp32_param / _optimizer_state: the same"),
     Rebinding(STAGE3, "set_local_grad_for_param", "giving_back_when_a_setter_raises", wraps=True,
               why="safe_set_local_grad: the same"),
+    Rebinding(STAGE3, "update_fp32_grad_for_param_vectorized", "keeping_gradients_written_when_an_update_raises",
+              wraps=True,
+              why="safe_update_full_grad_vectorized writes each parameter's gradient fragment between its sub-group's "
+                  "swap-in and write-back: an update_func that raises part way (or no gradient yet) gives the "
+                  "sub-group back with the fragments written so far, as stock CPU offload keeps them"),
+    Rebinding(STAGE3, "get_hp_param_device", "reading_full_fragment_before_release", wraps=True,
+              why="offload_states asks where a state lives: stage 3 swaps the sub-group in for it, so a state key the "
+                  "optimizer lacks raises before the release, as in the getters"),
     Rebinding(STAGE3, "_rigid_load_state_dict", "rigid_load_with_params_on_file", wraps=True,
               why="stock's ZeRO-file load with parameters on file and the optimizer on cpu stops ('NoneType' object "
                   "has no attribute 'data'): the parameters are rebuilt from the loaded masters as a step does "

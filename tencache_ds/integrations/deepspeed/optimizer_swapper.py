@@ -452,13 +452,15 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         self._give_back(parameter, states_changed=False, gradient_changed=False)
 
     @contextlib.contextmanager
-    def releases_deferred(self):
+    def releases_deferred(self, gradients_written: bool = False):
         """Inside, a sub-group swapped in and released unchanged stays lent until the end. Stage 3's fragment
         getters release the sub-group before they read what they return (``get_full_hp_param`` gathers from its
         view after the release; the local getters return the view itself): its buffer is a streaming slot, or a
         held one, that the next read or eviction gives another tensor (install.py wraps them). A sub-group swapped
         in inside and neither released nor swapped out by the end (a getter or setter that raised) is given back
-        unchanged then."""
+        unchanged then; with ``gradients_written`` (a call that writes its sub-group's gradient fragment by
+        fragment, ``update_fp32_grad_for_param_vectorized``) its gradient is given back changed: the fragments
+        written before the call raised are kept, as stock CPU offload keeps them."""
         outer, self._deferred = self._deferred, []
         outer_swap_ins, self._getter_swap_ins = self._getter_swap_ins, []
         raised = False
@@ -478,11 +480,15 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             released = {id(parameter) for parameter in deferred}
             left = {id(parameter): parameter for parameter in swapped_in
                     if id(parameter) not in released and OptimizerSwapper.parameter_id(parameter) in self._lent}
-            for parameter in left.values():
-                parameter.grad = None  # as stage 3's own release does: the lent gradient's buffer goes back
             try:
-                for parameter in deferred + list(left.values()):
+                for parameter in deferred:
                     self.release_swap_buffers(parameter)
+                for parameter in left.values():
+                    if gradients_written and parameter.grad is not None:
+                        self.writeback_optimizer_state_and_gradients(parameter, False, True)
+                    else:
+                        self.release_swap_buffers(parameter)
+                    parameter.grad = None  # as stage 3's own release does: the lent gradient's buffer goes back
             except Exception:  # noqa: BLE001  (the call's own error is the one its caller catches: KeyError)
                 if not raised:
                     raise
