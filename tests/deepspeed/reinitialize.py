@@ -3,8 +3,15 @@ the engine before the same model is prepared again (a second ``trainer.train()``
 that swap optimizers). Train two steps, destroy (twice: stock tolerates it), ``deepspeed.initialize`` the same
 zero.Init model, train two more. Prints one RESULT line: the losses, and tencache's swapper states.
 
-    python tests/deepspeed/reinitialize.py stock|tencache NVME_DIR
+    python tests/deepspeed/reinitialize.py stock|tencache NVME_DIR [refused-model-between]
+
+``refused-model-between`` (tencache): after the first destroy, a second zero.Init model in the same folder is
+refused before it empties the folder (a stale build lock of DeepSpeed's async_io op, left by a killed build, in a
+TORCH_EXTENSIONS_DIR of its own: the swapper's constructor checks for one first); the lock removed, the first model
+gets its new engine and trains on with its own files. The error is in the RESULT line.
 """
+import contextlib
+import tempfile
 import json
 import os
 import sys
@@ -17,7 +24,35 @@ import deepspeed  # noqa: E402
 from rebuild import config  # noqa: E402
 
 
-def main(mode, nvme):
+@contextlib.contextmanager
+def stale_async_io_lock():
+    """A stale build lock of the async_io op under a TORCH_EXTENSIONS_DIR of its own (the ops this process loaded
+    stay loaded), removed afterwards."""
+    before = os.environ.get("TORCH_EXTENSIONS_DIR")
+    with tempfile.TemporaryDirectory() as root:
+        os.makedirs(os.path.join(root, "async_io"))
+        open(os.path.join(root, "async_io", "lock"), "w").close()
+        os.environ["TORCH_EXTENSIONS_DIR"] = root
+        try:
+            yield
+        finally:
+            if before is None:
+                del os.environ["TORCH_EXTENSIONS_DIR"]
+            else:
+                os.environ["TORCH_EXTENSIONS_DIR"] = before
+
+
+def refused_model(cfg, model_cfg):
+    """A second zero.Init model in the folder, refused before it empties it: its error."""
+    with stale_async_io_lock():
+        try:
+            train.build_model("zero", model_cfg, json.loads(json.dumps(cfg)))
+        except Exception as err:  # noqa: BLE001  (reported)
+            return f"{type(err).__name__}: {err}"
+    return None
+
+
+def main(mode, nvme, between=None):
     train.ensure_dist_env()
     deepspeed.init_distributed()
     if mode != "stock":
@@ -29,7 +64,10 @@ def main(mode, nvme):
     stream = train.synthetic_batches(model_cfg.vocab_size, 2, 64, 1)
     states = []
     losses = []
-    for _ in range(2):
+    refused = None
+    for round_ in range(2):
+        if round_ == 1 and between == "refused-model-between":
+            refused = refused_model(cfg, model_cfg)
         engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
                                           config=json.loads(json.dumps(cfg)))
         losses += [train.train_step(engine, stream, 1).item() for _ in range(2)]
@@ -40,8 +78,8 @@ def main(mode, nvme):
             states.append([stats.get("param_swapper_resting"), stats.get("param_swapper_closed"),
                            stats.get("optimizer_swapper_closed"),
                            stats.get("param_reserved_bytes") == 0])  # its slots given back
-    print("RESULT " + json.dumps({"losses": losses, "states": states}), flush=True)
+    print("RESULT " + json.dumps({"losses": losses, "states": states, "refused": refused}), flush=True)
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
+    main(*sys.argv[1:4])

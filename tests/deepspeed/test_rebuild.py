@@ -54,13 +54,22 @@ def test_the_same_model_under_a_new_engine_after_destroy_trains_on_with_stocks_l
     (tests/deepspeed/reinitialize.py; two rounds, each destroy called twice). Until 2026-12-02 destroy closed the
     parameter swapper, dropping the partitions' newest weights (held changed, written back only on eviction): the
     new engine's first swap-in stopped on a KeyError, where stock trains on. A second destroy of one engine also
-    took a second user from the swapper. Parity with a process that never imported tencache_ds."""
+    took a second user from the swapper. Parity with a process that never imported tencache_ds; also where a second
+    zero.Init model in the folder is refused between the rounds, before it emptied the folder."""
     results = {}
-    for mode in ("stock", "tencache"):
-        proc = run_helper(os.path.join(os.path.dirname(__file__), "reinitialize.py"), [mode, tmp_path / mode])
-        results[mode] = result_of(proc.stdout)
-        assert results[mode] is not None, proc.stdout[-2000:] + proc.stderr[-4000:]
-        shutil.rmtree(tmp_path / mode, ignore_errors=True)
+    runs = {"stock": ["stock"], "tencache": ["tencache"], "refused": ["tencache", "refused-model-between"]}
+    for name, args in runs.items():
+        proc = run_helper(os.path.join(os.path.dirname(__file__), "reinitialize.py"),
+                          [args[0], tmp_path / name] + args[1:])
+        results[name] = result_of(proc.stdout)
+        assert results[name] is not None, proc.stdout[-2000:] + proc.stderr[-4000:]
+        shutil.rmtree(tmp_path / name, ignore_errors=True)
     assert results["tencache"]["losses"] == results["stock"]["losses"]
     # after each destroy: the parameter swapper resting, not closed, its slots given back; the optimizer's closed
     assert results["tencache"]["states"] == [[1, 0, 1, True], [1, 0, 1, True]]
+    # A new zero.Init model in the resting swapper's folder refused before it emptied the folder (a stale build
+    # lock): the first model's files are still there, and its new engine trains on with stock's losses. Until
+    # 2026-12-03 the resting swapper was marked replaced as the new one was created, before its constructor ran:
+    # the new engine stopped on "swap files were removed".
+    assert "stale torch extension build lock" in results["refused"]["refused"], results["refused"]
+    assert results["refused"]["losses"] == results["stock"]["losses"]

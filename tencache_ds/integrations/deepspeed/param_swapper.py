@@ -61,11 +61,11 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
         with cls._instances_lock:
             swapper = cls._instances.get(folder)
             if swapper is None or getattr(swapper, "resting", False):
-                if swapper is not None:  # its files go with the new swapper's emptying of the folder
-                    swapper.replaced = True
+                # registered once constructed (a constructor that raised leaves the folder to the one before, or to
+                # nobody: live_swappers never lists a swapper without a store); a resting one it replaces is marked
+                # so once the folder is emptied, not before (the folder held by another run raises first)
                 swapper = super().__new__(cls)
                 swapper._constructed = False
-                cls._instances[folder] = swapper
             return swapper
 
     def __init__(self, ds_config, model_dtype):  # pylint: disable=super-init-not-called
@@ -101,6 +101,10 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
         # run that uses it now.
         with swap_folder_held(self.swap_folder, self.swap_config.nvme_path, NVME_PATH_KEY) as self._folder_key:
             shutil.rmtree(self.swap_folder, ignore_errors=True)
+            with TencacheParamSwapper._instances_lock:
+                resting = TencacheParamSwapper._instances.get(self.swap_folder)
+                if resting is not None:  # its files went with the folder
+                    resting.replaced = True
             prepare_swap_folder(self.swap_folder, self.swap_config.nvme_path, NVME_PATH_KEY)
             # No streaming slot is planned yet (zero.Init registers the partitions next); TensorStore.plan fits the
             # cache slots to the memlock limit after the streaming slots once their sizes are known.
@@ -148,6 +152,8 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
             self._finalizer.atexit = False
             self._one_rank = None  # world size 1? (asked at the first prefetch: the process group is up by then)
             self._constructed = True  # last: a constructor that raised is run again in full next time
+            with TencacheParamSwapper._instances_lock:
+                TencacheParamSwapper._instances[self.swap_folder] = self
 
     # ------------------------------------------------------------------------------ queries DeepSpeed makes
     def swappable_tensor(self, param=None, numel=None):
