@@ -24,9 +24,9 @@ DISABLE_HINT = 'or set "tencache": {"enabled": false} to run stock DeepSpeed'
 
 
 def check_zero_sections(raw: dict) -> List[Tuple[str, dict]]:
-    """Every check of DeepSpeed's sections that an enabled block needs (the module docstring), in the order a user
-    would fix them. Returns the offload sections on NVMe, as (dotted key, section)."""
-    reject_nested_blocks(raw)
+    """Every check of DeepSpeed's sections that an enabled block needs (the module docstring; a block misplaced
+    inside one is ``reject_nested_blocks``', which preflight.py runs first), in the order a user would fix them.
+    Returns the offload sections on NVMe, as (dotted key, section)."""
     zero = raw.get("zero_optimization")
     zero = zero if isinstance(zero, dict) else {"stage": _legacy_stage(zero)}
     _check_stage(zero.get("stage", 0))

@@ -15,7 +15,7 @@ PACKAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 LAYERS = (
     ("config", {"config"}),
     ("profile", {"profile"}),
-    ("plan", {"plan", "config_checks", "zero_sections"}),
+    ("plan", {"plan", "config_checks", "zero_sections", "preflight"}),
     ("memory/io", {"memory", "io"}),
     ("cache", {"cache"}),
     ("integrations", {"integrations"}),
@@ -206,8 +206,8 @@ def test_only_the_deepspeed_adapters_import_deepspeed():
 
 
 def test_pure_layers_import_neither_torch_nor_deepspeed():
-    for layer in ("config.py", "config_checks.py", "zero_sections.py", "units.py", "errors.py", "plan", "profile",
-                  "probes"):
+    for layer in ("config.py", "config_checks.py", "zero_sections.py", "preflight.py", "units.py", "errors.py", "plan",
+                  "profile", "probes"):
         root = os.path.join(PACKAGE, layer)
         paths = [root] if root.endswith(".py") else [os.path.join(folder, n) for folder, _dirs, names in os.walk(root)
                                                      for n in names if n.endswith(".py")]  # subpackages too

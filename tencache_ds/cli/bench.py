@@ -37,14 +37,14 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..bench import dashboard, report
 from ..config import AUTO, CONFIG_KEY, parse_config
-from ..config_checks import check_host_budget, check_output_paths
+from ..config_checks import check_host_budget
 from ..errors import TencacheConfigError, TencacheResourceError
 from ..io import folder_lock
 from ..io.durable import replace_durably
 from ..io.drive_rate import TRIAL_BYTES, DriveRate, store_thread_counts
 from ..plan.budget import MachineResources
+from ..preflight import checked_block
 from ..units import fmt_bytes, parse_bytes
-from ..zero_sections import check_zero_sections
 from .ds_config_file import read_ds_config
 
 TRAIN_SCRIPT_ENV = "TENCACHE_BENCH_TRAIN_SCRIPT"
@@ -211,7 +211,8 @@ def check_tencache_arm(ds_config: Dict[str, Any], block: Dict[str, Any], dtype: 
     """What the tencache run would refuse at initialize, refused before stock's run has trained for nothing and
     before ``--out`` is made: DeepSpeed's sections as scripts/train.py hands them to that run (its --dtype
     (with_dtype) and --nvme-path edits, repeated here: the script cannot import tencache_ds for its stock arms) with
-    ``block`` (zero_sections.py), and the files the block names (config_checks.check_output_paths).
+    ``block``, through the run's own sequence (preflight.py: its sections and the files the block names; the host
+    budget is checked where the block is built, for the bench's ranks: tencache_block).
 
     Raises:
         TencacheConfigError, TencacheResourceError: naming the key (e.g. ``--offload cpu``, whose config puts
@@ -224,8 +225,7 @@ def check_tencache_arm(ds_config: Dict[str, Any], block: Dict[str, Any], dtype: 
             else ():
         if isinstance(section, dict) and (section.get("device") == "nvme" or "nvme_path" in section):
             section["nvme_path"] = nvme_dir
-    check_zero_sections(arm)
-    check_output_paths(parse_config(block))
+    checked_block(arm)
 
 
 def missing_modules(names: Sequence[str]) -> List[str]:

@@ -236,19 +236,13 @@ def load_ds_config(path: Optional[str]) -> Tuple[Optional[Dict[str, Any]], Optio
     """(the ds_config dict or None, a FAIL result when it cannot be read)."""
     if path is None:
         return None, None
-    from ..config import config_of_ds_dict
-    from ..config_checks import check_output_paths
-    from ..zero_sections import check_zero_sections, reject_nested_blocks
+    from ..preflight import checked_block
     try:
         config = read_ds_config(path)
     except TencacheConfigError as err:
         return None, CheckResult("config", FAIL, str(err))
-    try:  # what the run refuses at initialize before writing anything (its other checks: the lines below)
-        reject_nested_blocks(config)  # a block inside "aio" would read as no block
-        parsed = config_of_ds_dict(config)
-        if parsed.enabled:
-            check_zero_sections(config)
-            check_output_paths(parsed)
+    try:  # what the run refuses at initialize before writing anything (its budget: the budgets line below)
+        checked_block(config)
     except (TencacheConfigError, TencacheResourceError) as err:
         return config, CheckResult("config", FAIL, f"{path}: " + str(err).replace("\n", " "))
     return config, CheckResult("config", OK, f"{path}: {'has a' if 'tencache' in config else 'no'} \"tencache\" block")

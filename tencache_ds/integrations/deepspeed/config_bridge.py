@@ -1,5 +1,5 @@
 """The "tencache" block against DeepSpeed. Owns: the call that runs every check before a file is written
-(validate_ds_config: the installed DeepSpeed's version, then the checks of zero_sections.py and config_checks.py),
+(validate_ds_config: preflight.py's sequence, with the installed DeepSpeed's version checked within it),
 which config the ZeRO-3 optimizer or the ``deepspeed.initialize`` call being built has, and the facts about
 DeepSpeed's swap layout that both swappers share. Does not own: the block's keys and types (config.py), reading a
 DeepSpeed config and finding the block in it (config_source.py), the checks of DeepSpeed's sections themselves
@@ -14,11 +14,10 @@ import torch
 from deepspeed.accelerator import get_accelerator
 
 from ...config import TencacheConfig, config_of_ds_dict
-from ...config_checks import check_host_budget, check_output_paths
 from ...errors import TencacheResourceError
 from ...io import folder_lock
 from ...plan.budget import MachineResources
-from ...zero_sections import check_zero_sections, reject_nested_blocks
+from ...preflight import checked_block
 from .config_source import ds_config_dict
 from .contract import require_supported_deepspeed
 
@@ -45,15 +44,9 @@ def validate_ds_config(ds_config: Any, machine: Optional[MachineResources] = Non
     raw = ds_config_dict(ds_config)
     if raw is None:
         return config_of_ds_dict(None)
-    reject_nested_blocks(raw)
-    config = config_of_ds_dict(raw)
-    if not config.enabled:
-        return config
-    require_supported_deepspeed()  # an unsupported DeepSpeed refuses the block, naming both versions
-    check_zero_sections(raw)
-    check_host_budget(config, machine or MachineResources.probe())
-    check_output_paths(config)
-    return config
+    # an unsupported DeepSpeed refuses an enabled block, naming both versions, before DeepSpeed's sections are read
+    return checked_block(raw, machine=(lambda: machine) if machine is not None else MachineResources.probe,
+                         before_sections=require_supported_deepspeed)
 
 
 _initializing = threading.local()  # the validated block of the deepspeed.initialize call this thread is in
