@@ -185,16 +185,27 @@ class Admission:
                 break
             victims.append(self._table[key])
             freed += self._table[key].buffer.capacity_bytes
-        for victim in victims:
-            if victim.state == S.CLEAN:
-                self._transfers.drop(victim, S.ON_FILE)
-                self._counters.evictions += 1
-            else:
-                self._transfers.start_write(victim, evicting=True)
-        for victim in victims:
-            written = victim.state == S.WRITING
-            self._transfers.wait_write(victim)  # (one that failed raises: the victims after it are not counted)
-            self._counters.evictions += written and victim.state != S.DIRTY
+        started, error = [], None
+        try:
+            for victim in victims:
+                if victim.state == S.CLEAN:
+                    self._transfers.drop(victim, S.ON_FILE)
+                    self._counters.evictions += 1
+                else:
+                    self._transfers.start_write(victim, evicting=True)
+                    started.append(victim)
+        finally:
+            # every write started is waited for whatever another raised; a victim is evicted once its write
+            # succeeded (one that failed stays DIRTY, its bytes held: cache/transfers.py)
+            for victim in started:
+                try:
+                    self._transfers.wait_write(victim)
+                except Exception as err:  # noqa: BLE001  (the first is raised once all were waited for)
+                    error = error or err
+                    continue
+                self._counters.evictions += victim.state != S.DIRTY
+        if error is not None:
+            raise error
         return freed
 
     def trim_kept(self, target_bytes: int) -> int:

@@ -11,10 +11,10 @@ TORCH_EXTENSIONS_DIR of its own: the swapper's constructor checks for one first)
 gets its new engine and trains on with its own files. The error is in the RESULT line.
 """
 import contextlib
-import tempfile
 import json
 import os
 import sys
+import tempfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(REPO, "scripts"))

@@ -71,5 +71,6 @@ def test_the_same_model_under_a_new_engine_after_destroy_trains_on_with_stocks_l
     # lock): the first model's files are still there, and its new engine trains on with stock's losses. Until
     # 2026-12-03 the resting swapper was marked replaced as the new one was created, before its constructor ran:
     # the new engine stopped on "swap files were removed".
+    assert results["refused"].get("refused") is not None, results["refused"]
     assert "stale torch extension build lock" in results["refused"]["refused"], results["refused"]
     assert results["refused"]["losses"] == results["stock"]["losses"]

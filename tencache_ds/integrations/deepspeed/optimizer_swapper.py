@@ -385,6 +385,16 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         if swap_info is None:
             return
         group = OptimizerSwapper.parameter_id(parameter)
+        if group in self._lent:
+            # A fragment call inside one that holds this sub-group: a vectorised update's function reading a
+            # gradient of its own sub-group. Lending it again would replace what the outer call holds, and stage 3
+            # sets the sub-group's gradient to None at the inner release under the outer's feet (stock NVMe stops
+            # there); refused before anything changes, so the outer call gives its sub-group back as it is.
+            raise RuntimeError(
+                f"optimizer sub-group {group} is already swapped in: a fragment call (safe_get_full_grad, "
+                "safe_get_full_fp32_param, ...) for a parameter of the sub-group a vectorised gradient update is "
+                "updating, from inside its update function, is not supported with the optimizer on NVMe; read "
+                "what it needs before or after safe_update_full_grad_vectorized")
         read_ahead = self.ahead.take(group)
         from_partitions = self._master_in_partitions(group, swap_info.tensors[0].swap_path) and \
             swap_info.tensors[0].swap_path not in read_ahead
@@ -480,19 +490,30 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             released = {id(parameter) for parameter in deferred}
             left = {id(parameter): parameter for parameter in swapped_in
                     if id(parameter) not in released and OptimizerSwapper.parameter_id(parameter) in self._lent}
-            try:
-                for parameter in deferred:
-                    self.release_swap_buffers(parameter)
-                for parameter in left.values():
-                    if gradients_written and parameter.grad is not None:
+            error = None
+            for parameter, left_lent in [(p, False) for p in deferred] + [(p, True) for p in left.values()]:
+                try:  # each goes back whatever another's give-back raised
+                    if left_lent and gradients_written and self._gradient_lent(parameter):
                         self.writeback_optimizer_state_and_gradients(parameter, False, True)
                     else:
                         self.release_swap_buffers(parameter)
-                    parameter.grad = None  # as stage 3's own release does: the lent gradient's buffer goes back
-            except Exception:  # noqa: BLE001  (the call's own error is the one its caller catches: KeyError)
+                except Exception as err:  # noqa: BLE001  (raised once all went back)
+                    error = error or err
+                finally:
+                    if left_lent:  # as stage 3's own release does: the lent gradient's buffer went back
+                        parameter.grad = None
+            if error is not None:
                 if not raised:
-                    raise
-                logger.exception("giving back the sub-groups a fragment call swapped in failed too")
+                    raise error
+                # the call's own error is the one its caller catches (KeyError)
+                logger.error("giving back the sub-groups a fragment call swapped in failed too", exc_info=error)
+
+    def _gradient_lent(self, parameter) -> bool:
+        """Whether ``parameter``'s sub-group has its gradient lent now (a getter lends it with the states)."""
+        group = OptimizerSwapper.parameter_id(parameter)
+        swap_info = self.swap_params_info.get(group)
+        return swap_info is not None and swap_info.has_gradients() and \
+            gradient_path(swap_info) in self._lent.get(group, ())
 
     def writeback_optimizer_state_and_gradients(self, parameter, write_opt_state, write_gradients):
         # A gradient set through DeepSpeed's API (set_full_fp32_grad): its newest bytes are the lent buffer's,
