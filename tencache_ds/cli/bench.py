@@ -602,7 +602,7 @@ def _run_holding_the_nvme_path(args, specs: List[RunSpec], config_path: str, ds_
                     continue  # stock is deterministic: it crashes again, and its other repeats are skipped
                 try:
                     execute(spec, progress)
-                except BenchError as err:
+                except BenchError:
                     # stock NVMe crashes on configs tencache trains (small buffer_count, DeepSpeed's default reuse
                     # distance, 2 ranks...): with a stock CPU offload arm to compare with, that is a result
                     if spec.arm != report.STOCK or report.STOCK_CPU not in {other.arm for other in specs}:
