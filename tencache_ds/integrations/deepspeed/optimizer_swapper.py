@@ -391,10 +391,10 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             # sets the sub-group's gradient to None at the inner release under the outer's feet (stock NVMe stops
             # there); refused before anything changes, so the outer call gives its sub-group back as it is.
             raise RuntimeError(
-                f"optimizer sub-group {group} is already swapped in: a fragment call (safe_get_full_grad, "
-                "safe_get_full_fp32_param, ...) for a parameter of the sub-group a vectorised gradient update is "
-                "updating, from inside its update function, is not supported with the optimizer on NVMe; read "
-                "what it needs before or after safe_update_full_grad_vectorized")
+                f"optimizer sub-group {group} is already swapped in: with the optimizer on NVMe a sub-group is "
+                "swapped in once at a time. A fragment call (safe_get_full_grad, safe_get_full_fp32_param, ...) for "
+                "a parameter of the sub-group safe_update_full_grad_vectorized is updating, made from inside its "
+                "update function, is not supported: read what it needs before or after the update")
         read_ahead = self.ahead.take(group)
         from_partitions = self._master_in_partitions(group, swap_info.tensors[0].swap_path) and \
             swap_info.tensors[0].swap_path not in read_ahead
@@ -469,8 +469,8 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         held one, that the next read or eviction gives another tensor (install.py wraps them). A sub-group swapped
         in inside and neither released nor swapped out by the end (a getter or setter that raised) is given back
         unchanged then; with ``gradients_written`` (a call that writes its sub-group's gradient fragment by
-        fragment, ``update_fp32_grad_for_param_vectorized``) its gradient is given back changed: the fragments
-        written before the call raised are kept, as stock CPU offload keeps them."""
+        fragment, ``update_fp32_grad_for_param_vectorized``) its gradient, where lent, is given back changed: the
+        fragments written before the call raised are kept, as stock CPU offload keeps them."""
         outer, self._deferred = self._deferred, []
         outer_swap_ins, self._getter_swap_ins = self._getter_swap_ins, []
         raised = False
