@@ -394,7 +394,8 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
                 f"optimizer sub-group {group} is already swapped in: with the optimizer on NVMe a sub-group is "
                 "swapped in once at a time. A fragment call (safe_get_full_grad, safe_get_full_fp32_param, ...) for "
                 "a parameter of the sub-group safe_update_full_grad_vectorized is updating, made from inside its "
-                "update function, is not supported: read what it needs before or after the update")
+                "update function, is not supported: read what it needs before or after the update. (After an "
+                "optimizer step that stopped part way, its sub-group stays swapped in until engine.destroy().)")
         read_ahead = self.ahead.take(group)
         from_partitions = self._master_in_partitions(group, swap_info.tensors[0].swap_path) and \
             swap_info.tensors[0].swap_path not in read_ahead
