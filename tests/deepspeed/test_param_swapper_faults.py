@@ -1,7 +1,7 @@
 """The parameter swapper on its own (real swapper, real files, DeepSpeed's CPU accelerator): after a failed read,
 and its partition records; and the optimizer swapper after an update that failed on a missing file or on a write
 refused as it started, and a save after one that stopped with a master lent from the partitions its file is
-behind."""
+behind; and its fast_init stopped by a missing partition file."""
 import contextlib
 import os
 import subprocess
@@ -30,6 +30,13 @@ def test_an_update_that_stops_on_a_missing_file_reports_that_file_after_destroy(
     """Defect: the failed update left its sub-group lent, and ``engine.destroy()`` then raised "cannot forget tensor
     ...: it is lent" over the missing file's StaleFileError."""
     run_scenario("optimizer_missing_file.py")
+
+
+def test_a_fast_init_stopped_by_a_missing_partition_file_leaves_no_master_lent():
+    """Defect: ``initialize_from_swapped_fp16_params`` left the master it was filling lent when a parameter
+    partition's file could not be read; closing the swapper then stopped on "lent and changed" over the file's
+    error (checked: fails without the fix)."""
+    run_scenario("fast_init_failed_read.py")
 
 
 def test_a_give_back_refused_as_its_writes_start_leaves_nothing_lent_and_destroy_closes(tmp_path):

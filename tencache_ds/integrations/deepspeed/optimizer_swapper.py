@@ -363,18 +363,17 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         self.forget_master_copies()
         paths = self._get_swap_paths(parameters=fp32_parameters, num_elems=fp16_num_elems)
         for partitions, numel, path in zip(fp16_partitions_info, fp16_num_elems, paths):
-            master = self.store.lend_new(path, numel, path)
-            offset = 0
-            for tensor, partition_numel, partition_path in partitions:
-                destination = master.narrow(0, offset, partition_numel)
-                if partition_path is None:
-                    destination.copy_(tensor.data)
-                else:
-                    low = torch.empty(partition_numel, dtype=param_swapper.dtype_of_swap_file(partition_path))
-                    self.io.read(low, partition_path).result()
-                    destination.copy_(low)
-                offset += partition_numel
-            self.store.release(path, changed=True)
+            with self._new_bytes(path, numel) as master:
+                offset = 0
+                for tensor, partition_numel, partition_path in partitions:
+                    destination = master.narrow(0, offset, partition_numel)
+                    if partition_path is None:
+                        destination.copy_(tensor.data)
+                    else:
+                        low = torch.empty(partition_numel, dtype=param_swapper.dtype_of_swap_file(partition_path))
+                        self.io.read(low, partition_path).result()  # a partition's file missing raises here
+                        destination.copy_(low)
+                    offset += partition_numel
 
     # ------------------------------------------------------------------------------------ swap in and out
     def swap_in_optimizer_state(self, parameter, async_parameter=None):
@@ -766,9 +765,21 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         if registered != source.dtype and not widen:
             raise RuntimeError(f"optimizer state {os.path.basename(path)} is {source.dtype}, registered as "
                                f"{registered}")
-        view = self._as_state(path, self.store.lend_new(path, self._stored_numel(path, source.numel()), path),
-                              source.numel())
-        view.copy_(source.data.reshape(-1))
+        with self._new_bytes(path, self._stored_numel(path, source.numel())) as buffer:
+            self._as_state(path, buffer, source.numel()).copy_(source.data.reshape(-1))
+
+    @contextlib.contextmanager
+    def _new_bytes(self, path, numel):
+        """A buffer for ``path``'s first bytes, released changed once the body filled it. A fill that raises (a
+        parameter partition's file missing under fast_init, a copy of another size) gives it back unwritten and
+        forgets the entry, whose file owes nothing yet (every caller's entry is new: built at init, or a state the
+        optimizer just created); left lent, it stopped every flush and the swapper's close on "lent and changed"."""
+        buffer = self.store.lend_new(path, numel, path)
+        try:
+            yield buffer
+        except BaseException:
+            self.store.discard(path)
+            raise
         self.store.release(path, changed=True)
 
     # ------------------------------------------------------------------------- state in another dtype
