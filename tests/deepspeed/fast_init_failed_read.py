@@ -2,7 +2,7 @@
 (``initialize_from_swapped_fp16_params``); a partition file that cannot be read (deleted here after zero.Init wrote
 it) stops ``deepspeed.initialize`` with that file's error, and leaves no master lent: the swapper built so far closes
 and gives its buffers back. Until 2026-12-03 the master being filled stayed lent, and closing the swapper stopped on
-"cannot forget tensor ...: it is lent". Real DeepSpeed, one rank, its CPU accelerator; prints OK or raises.
+"cannot flush while tensors [...] are lent and changed". Real DeepSpeed, one rank, its CPU accelerator; prints OK or raises.
 ``python fast_init_failed_read.py PORT``"""
 import gc
 import glob
