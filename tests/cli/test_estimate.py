@@ -89,6 +89,23 @@ def test_drive_tbw_overrides_the_machine_file():
     assert days == pytest.approx(default * 1e15 / (3.84e12 * 1.3 * 365 * 5), rel=1e-3)
 
 
+def test_null_days_to_the_rating_are_told_apart_by_the_fields_beside_them(tmp_path):
+    """JSON has no infinity: days are null where nothing is written (that policy writes 0 bytes a step) and where
+    there is no rating (``drive_tbw_bytes`` null); docs/estimate.md says how to tell them apart."""
+    never = json.loads(estimate("--json", ds_config=os.path.join(REPO_ROOT, "configs", "stock-cpu.json"),
+                                model="gpt2-tiny").stdout)
+    assert never["drive_days_to_tbw"] == {"stock": None, "tencache": None} and never["drive_tbw_bytes"] > 0
+    assert never["nvme_write_bytes_per_step"] == {"stock": 0, "tencache": 0}
+    with open(MACHINE) as handle:
+        machine = json.load(handle)
+    machine["drive_tbw_bytes"] = None
+    unrated = tmp_path / "unrated.json"
+    unrated.write_text(json.dumps(machine))
+    report = json.loads(estimate("--json", machine=str(unrated)).stdout)
+    assert report["drive_days_to_tbw"] == {"stock": None, "tencache": None} and report["drive_tbw_bytes"] is None
+    assert report["nvme_write_bytes_per_step"]["stock"] > 0
+
+
 def test_save_machine_without_a_measured_machine_or_into_a_missing_folder_is_refused_before_anything(tmp_path):
     """--save-machine saves what --machine this measures: with a machine file it was ignored without a word; into a
     folder that does not exist it failed with a traceback after a minute of measuring."""

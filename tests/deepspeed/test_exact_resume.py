@@ -8,6 +8,7 @@ registrations (stock's NVMe load path skips the optimizer's state dict); on eith
 running products beta^t, which a fresh process recomputes with pow() at its first update (the last bits differ,
 and with them every loss from the second resumed step on)."""
 import json
+import os
 
 import pytest
 
@@ -63,6 +64,36 @@ def test_resume_of_a_frozen_base_model_at_two_ranks_gives_the_uninterrupted_runs
     assert [step["step"] for step in resumed.result["steps"]] == [2, 3]
     assert resumed.loss_bits == uninterrupted.loss_bits[2:]
     assert resumed.result["weights_sha256"] == uninterrupted.result["weights_sha256"]
+
+
+def lost_moment_files(swap_folder, count):
+    """Delete the last ``count`` second-moment files of a checkpoint's rank folder; their paths."""
+    lost = sorted(os.path.join(swap_folder, name) for name in os.listdir(swap_folder)
+                  if name.startswith("exp_avg_sq-"))[-count:]
+    assert len(lost) == count, os.listdir(swap_folder)
+    for path in lost:
+        os.unlink(path)
+    return lost
+
+
+def test_a_resume_from_a_checkpoint_that_lost_moment_files_stops_on_every_rank_naming_them(train, tmp_path):
+    """Regression test: a checkpoint whose swap folder lacks moment files its ZeRO file describes (a save that did
+    not finish on every rank, a copy that lost files) was loaded with a warning, and Adam started over for those
+    sub-groups. Now the load stops before it places any file, naming them (integrations/deepspeed/saved_layout.py),
+    at 2 ranks on both, each saying why: rank 0's files are all there, and were rank 1 to stop alone, rank 0 would
+    go on into the load's next collective (where DeepSpeed's launcher kills it, and another launcher may leave it
+    waiting). The run that saves forked as the launcher starts its ranks (tests/deepspeed/forkserver.py), the
+    resume through the launcher."""
+    options = dict(FAST, optimizer_offload_device="nvme", num_ranks=2, seq_len=32, micro_batch=1, timeout=300,
+                   **SUB_GROUPS["many"])
+    folder = str(tmp_path / "ckpt")
+    train(block=AUTO, steps=3, save_after=2, checkpoint_dir=folder, launcher="ranks", **options)
+    lost = lost_moment_files(os.path.join(folder, "ckpt", "offloaded_tensors", "rank01"), 2)
+    stopped = train(block=AUTO, steps=1, resume=True, checkpoint_dir=folder, launcher="deepspeed",
+                    expect_failure=True, **options)
+    assert "the checkpoint is incomplete: 2 optimizer state file(s) that its ZeRO file describes" in stopped.output
+    assert all(path in stopped.output for path in lost) and "No swap file was placed." in stopped.output
+    assert "another rank refused the checkpoint's optimizer swap files" in stopped.output
 
 
 def test_resume_with_the_trainers_two_parameter_groups_gives_the_uninterrupted_runs_bits(train, tmp_path):

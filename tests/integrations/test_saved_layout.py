@@ -21,10 +21,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))  # a folder that exists, for t
 
 @pytest.fixture
 def engine(monkeypatch):
-    """engine(saved_ranks, ranks, mismatch=None, flat_partitions=..., universal=False): an engine whose
-    checkpoint's swap files (in any folder that exists) have ``mismatch``; and the list its refreshes go to."""
-    def make(saved_ranks, ranks, mismatch=None, flat_partitions=("flat", "flat"), universal=False):
+    """engine(saved_ranks, ranks, mismatch=None, flat_partitions=..., universal=False, missing=()): an engine whose
+    checkpoint's swap files (in any folder that exists) have ``mismatch`` and lack the state files ``missing``; and
+    the list its refreshes go to."""
+    def make(saved_ranks, ranks, mismatch=None, flat_partitions=("flat", "flat"), universal=False, missing=()):
         monkeypatch.setattr(saved_layout, "sub_group_layout_mismatch", lambda swapper, folder: mismatch)
+        monkeypatch.setattr(saved_layout, "missing_state_files", lambda engine, tag, folder: list(missing))
         refreshed = []
         optimizer = types.SimpleNamespace(fp16_partitioned_groups_flat=list(flat_partitions), optimizer_swapper=None,
                                           refresh_fp32_params=lambda: refreshed.append(True))
@@ -82,6 +84,36 @@ def test_a_checkpoint_saved_with_the_optimizer_on_cpu_loads_its_state_from_the_z
     assert loaded_from == [str(tmp_path / "tag")] and not refreshed
     assert places_for_saved_layout(saved_on_cpu, LoadPlaces.MASTERS, missing) is LoadPlaces.NOTHING and refreshed
     assert loaded_from == [str(tmp_path / "tag")]
+
+
+def test_the_optimizers_state_with_state_files_missing_is_refused_naming_them(engine):
+    """Regression test: a checkpoint whose swap folder lacked a moment file its ZeRO file describes (a save that
+    did not finish on every rank, a copy that lost files) loaded with a warning, and a fresh engine's Adam started
+    over for that sub-group (a continued engine kept its own moments from after the save, without a word). The
+    masters alone (load_optimizer_states=False) still load."""
+    lacking = [f"{HERE}/exp_avg_sq-{n}_{n}.tensor.swp" for n in range(5)]
+    incomplete, refreshed = engine(1, 1, missing=lacking)
+    with pytest.raises(TencacheError, match="the checkpoint is incomplete: 5 optimizer state file") as error:
+        places_for_saved_layout(incomplete, LoadPlaces.ALL, HERE)
+    assert lacking[0] in str(error.value) and "and 2 more" in str(error.value)
+    assert "No swap file was placed" in str(error.value) and not refreshed
+    assert places_for_saved_layout(incomplete, LoadPlaces.MASTERS, HERE) is LoadPlaces.MASTERS
+
+
+def test_the_files_a_zero_file_describes_without_bytes_must_be_there(tmp_path):
+    """state_files_missing pairs the torch optimizer's n-th parameter with the n-th sub-group, and its files with
+    the checkpoint's (here under other ids: a rebuilt model). Only state saved without bytes (stage 3's empty
+    placeholder, tencache's meta tensor) is looked for; a sub-group kept in memory has its state in the ZeRO file."""
+    for name in ("exp_avg-0_9.tensor.swp", "exp_avg_sq-0_9.tensor.swp", "exp_avg-10_19.tensor.swp"):
+        (tmp_path / name).write_bytes(b"\0" * 8)
+    described = {"step": torch.tensor(2.0), "exp_avg": torch.empty(0), "exp_avg_sq": torch.empty(4, device="meta")}
+    torch_state = {"param_groups": [{"params": [7, 8]}, {"params": [9]}],
+                   "state": {7: dict(described), 8: dict(described), 9: {"exp_avg": torch.zeros(4)}}}
+    saved_ids = {"30_39": "0_9", "40_49": "10_19"}  # the third sub-group is not swapped
+    assert saved_layout.state_files_missing(torch_state, ["30_39", "40_49", "50_59"], saved_ids, str(tmp_path)) == [
+        str(tmp_path / "exp_avg_sq-10_19.tensor.swp")]
+    (tmp_path / "exp_avg_sq-10_19.tensor.swp").write_bytes(b"\0" * 8)
+    assert saved_layout.state_files_missing(torch_state, ["30_39", "40_49", "50_59"], saved_ids, str(tmp_path)) == []
 
 
 def test_a_load_of_the_module_only_places_nothing_whatever_the_layout(engine):

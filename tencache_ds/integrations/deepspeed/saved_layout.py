@@ -21,17 +21,20 @@ optimizer was on cpu: its state is in the ZeRO file, and is written into this en
 CPU offload does, and places nothing (the engine rebuilds the parameters from the masters right after the copy:
 ``reset_swap_buffers``). A universal checkpoint is loaded from its own files, state or weights (universal.py).
 """
+import itertools
 import os
-from typing import Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
+from deepspeed.checkpoint.constants import OPTIMIZER_STATE_DICT
 from deepspeed.runtime.zero.utils import ZeRORuntimeException
 
 from ...errors import TencacheError
 from ...log import logger
+from .agreement import agree_min
 from .config_bridge import io_aligned_numel
-from .swap_files import SWAP_FILE_NAME, LoadPlaces, sub_group_order
+from .swap_files import SWAP_FILE_NAME, LoadPlaces, sub_group_order, swap_file_name
 from .universal import load_state_from_universal, load_weights_from_universal
-from .zero_file import load_state_from_zero_file
+from .zero_file import holds_no_bytes, load_state_from_zero_file, load_zero_state
 
 # tencache's assumption, not a DeepSpeed limit: a checkpoint's swap files were padded for at most this many aio
 # threads (``aio.intra_op_parallelism``; the padding is 1 KiB per thread), so sub-groups whose sizes differ by
@@ -56,14 +59,15 @@ def places_for_saved_layout(engine, places: LoadPlaces, source: str) -> LoadPlac
     if places is LoadPlaces.NOTHING:
         return places
     misfit = _misfit(engine, source)
+    if places is LoadPlaces.ALL:
+        _refuse_on_any_rank(_refusal(engine, *misfit) if misfit is not None and misfit[0] != NO_SWAP_FILES
+                            else _incomplete(engine, tag_folder, source) if misfit is None else None)
     if misfit is None:
         return places
     cause, why = misfit
-    if places is LoadPlaces.ALL and cause == NO_SWAP_FILES:  # saved with the optimizer on cpu: its ZeRO file has it
+    if places is LoadPlaces.ALL:  # saved with the optimizer on cpu: its ZeRO file has it
         load_state_from_zero_file(engine, tag_folder, source)
         return LoadPlaces.STATE_WRITTEN
-    if places is LoadPlaces.ALL:
-        raise _refusal(engine, cause, why)
     optimizer = engine.optimizer
     on_file = sum(flat is None for flat in optimizer.fp16_partitioned_groups_flat)
     if on_file:
@@ -95,6 +99,35 @@ def _misfit(engine, source: str) -> Optional[Tuple[str, str]]:
                                           f"the checkpoint's optimizer swap files in {source} have {mismatch}")
 
 
+def _incomplete(engine, tag_folder: str, source: str) -> Optional[Exception]:
+    """Why the checkpoint's swap files cannot be loaded though they fit: state files its ZeRO file describes are
+    missing (a save that did not finish on every rank, a copy that lost files). Without this check the load went
+    on: a fresh engine's Adam started over for those sub-groups, with a warning, and a continued engine silently
+    kept its own state from after the save beside the loaded masters."""
+    try:
+        missing = missing_state_files(engine, tag_folder, source)
+    except Exception as err:  # noqa: BLE001  (refused on every rank, not raised on this one alone)
+        return err
+    if not missing:
+        return None
+    shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+    return TencacheError(
+        f"load_checkpoint: the checkpoint is incomplete: {len(missing)} optimizer state file(s) that its ZeRO file "
+        f"describes are not in {source} ({shown}). Was the save interrupted, or the checkpoint copied without "
+        f"them? Load a complete checkpoint, or load the weights only: load_checkpoint(..., "
+        f"load_optimizer_states=False). {KEPT}")
+
+
+def _refuse_on_any_rank(refusal: Optional[Exception]) -> None:
+    """Raise ``refusal`` where there is one, and on every rank where any rank has one: a rank that goes on would
+    wait for the one that stopped in the load's next collective. Every rank's load copies its own swap folder, so
+    every rank passes here once per load, in the same order."""
+    if agree_min([0 if refusal is not None else 1]) == [1]:
+        return
+    raise refusal if refusal is not None else TencacheError(
+        f"load_checkpoint: another rank refused the checkpoint's optimizer swap files (its error says why). {KEPT}")
+
+
 def _refusal(engine, cause: str, why: str) -> Exception:
     weights_only = "load the weights only: load_checkpoint(..., load_optimizer_states=False)"
     if cause == OTHER_WORLD_SIZE:  # stock CPU offload's own error, then ours
@@ -117,20 +150,62 @@ def sub_group_layout_mismatch(swapper, folder: str) -> Optional[str]:
     padding). By id where the checkpoint has every sub-group of this engine (a stock save of a folder other engines
     share takes their files too); else in sub-group order, as many (ids differ in a rebuilt model: adoption renames
     them)."""
-    saved = {match["id"]: os.path.getsize(os.path.join(folder, name)) for name in os.listdir(folder)
-             if (match := SWAP_FILE_NAME.match(name)) and match["state"] is None}
-    current = sorted(swapper.swap_params_info, key=sub_group_order)
-    if set(current) <= set(saved):
-        pairs = [(sub_group, saved[sub_group], sub_group) for sub_group in current]
-    elif len(saved) != len(current):
-        return f"{len(saved)} optimizer sub-groups, this engine {len(current)}"
-    else:
-        pairs = [(saved_id, saved[saved_id], sub_group)
-                 for saved_id, sub_group in zip(sorted(saved, key=sub_group_order), current)]
-    for saved_id, saved_bytes, sub_group in pairs:
+    saved = _saved_master_sizes(folder)
+    saved_ids = saved_ids_by_sub_group(swapper, folder)
+    if saved_ids is None:
+        return f"{len(saved)} optimizer sub-groups, this engine {len(swapper.swap_params_info)}"
+    for sub_group, saved_id in saved_ids.items():
+        saved_bytes = saved[saved_id]
         numel = swapper.swap_params_info[sub_group].numel()
         if not any(saved_bytes == io_aligned_numel(numel, swapper.dtype, intra_op) * swapper.swap_element_size
                    for intra_op in range(1, MAX_INTRA_OP_PARALLELISM + 1)):
             return (f"sub-group {saved_id}'s master file holds {saved_bytes} bytes, for this engine's sub-group "
                     f"{sub_group} of {numel} elements")
     return None
+
+
+def _saved_master_sizes(folder: str) -> Dict[str, int]:
+    """{sub-group id: bytes} of the fp32 master files in ``folder``."""
+    return {match["id"]: os.path.getsize(os.path.join(folder, name)) for name in os.listdir(folder)
+            if (match := SWAP_FILE_NAME.match(name)) and match["state"] is None}
+
+
+def saved_ids_by_sub_group(swapper, folder: str) -> Optional[Dict[str, str]]:
+    """{this engine's sub-group id: the id of its files in ``folder``}, by id where the checkpoint has every
+    sub-group of this engine, else in sub-group order; None where the checkpoint has another number of them."""
+    saved = _saved_master_sizes(folder)
+    current = sorted(swapper.swap_params_info, key=sub_group_order)
+    if set(current) <= set(saved):
+        return {sub_group: sub_group for sub_group in current}
+    if len(saved) != len(current):
+        return None
+    return dict(zip(current, sorted(saved, key=sub_group_order)))
+
+
+def missing_state_files(engine, tag_folder: str, source: str) -> List[str]:
+    """The optimizer state files this rank's ZeRO file in ``tag_folder`` describes without bytes (their bytes are
+    in the swap files) that are not in the checkpoint's swap folder ``source``, whose masters fit this engine."""
+    _zero_file, stage3 = load_zero_state(engine, tag_folder)
+    live_ids = [getattr(flat, "ds_id", None) for flat in engine.optimizer.fp32_partitioned_groups_flat]
+    return state_files_missing(stage3.get(OPTIMIZER_STATE_DICT) or {}, live_ids,
+                               saved_ids_by_sub_group(engine.optimizer.optimizer_swapper, source) or {}, source)
+
+
+def state_files_missing(torch_state: dict, live_ids: List[Optional[str]], saved_ids: Dict[str, str],
+                        folder: str) -> List[str]:
+    """The paths under ``folder`` of the swapped state tensors ``torch_state`` (a torch optimizer's state dict, as
+    a ZeRO file saves it) describes without bytes and ``folder`` lacks. The torch optimizer numbers the masters in
+    group order, the sub-groups' order: its n-th parameter is sub-group ``live_ids[n]``, whose files in ``folder``
+    are named ``saved_ids[live_ids[n]]``. A sub-group not swapped (kept in memory) has its state in the ZeRO file."""
+    order = itertools.chain.from_iterable(group["params"] for group in torch_state.get("param_groups", []))
+    state = torch_state.get("state", {})
+    missing = []
+    for saved_param, live_id in zip(order, live_ids):
+        saved_id = saved_ids.get(live_id)
+        if saved_id is None:
+            continue
+        for key, value in state.get(saved_param, {}).items():
+            path = os.path.join(folder, swap_file_name(saved_id, key))
+            if holds_no_bytes(value) and not os.path.isfile(path):
+                missing.append(path)
+    return missing
