@@ -1,6 +1,6 @@
-"""Whether a checkpoint's optimizer swap files fit this engine. Owns: the check made when the engine's load starts
-copying them over the swap folder (``places_for_saved_layout``, called through
-``TencacheOptimizerSwapper.begin_load_copy``), and what a load does when they do not fit.
+"""Whether a checkpoint's optimizer swap files fit this engine and are all there. Owns: the check made when the
+engine's load starts copying them over the swap folder (``places_for_saved_layout``, called through
+``TencacheOptimizerSwapper.begin_load_copy``), and what a load does when they do not fit or some are missing.
 
 The swap files hold each rank's sub-groups (fp32 masters and optimizer state), sized for the world size, the
 ``sub_group_size`` and the model they were saved with. Stock DeepSpeed compares world sizes before it loads the
@@ -20,6 +20,11 @@ optimizer was on cpu: its state is in the ZeRO file, and is written into this en
 (zero_file.py), as stock CPU offload loads it; a load without it sets the masters from the loaded weights, as stock
 CPU offload does, and places nothing (the engine rebuilds the parameters from the masters right after the copy:
 ``reset_swap_buffers``). A universal checkpoint is loaded from its own files, state or weights (universal.py).
+
+Files that fit can still be too few: a state file the ZeRO file describes may be missing (a save that did not finish
+on every rank, a copy that lost files). A load of the optimizer's state then stops too, naming them: it went on, and
+Adam started over for those sub-groups (a fresh engine) or kept its own state from after the save (a continued one).
+Every refusal here is agreed over the ranks, so that no rank goes on alone into the load's next collective.
 """
 import itertools
 import os
@@ -59,9 +64,14 @@ def places_for_saved_layout(engine, places: LoadPlaces, source: str) -> LoadPlac
     if places is LoadPlaces.NOTHING:
         return places
     misfit = _misfit(engine, source)
-    if places is LoadPlaces.ALL:
-        _refuse_on_any_rank(_refusal(engine, *misfit) if misfit is not None and misfit[0] != NO_SWAP_FILES
-                            else _incomplete(engine, tag_folder, source) if misfit is None else None)
+    if places is LoadPlaces.ALL:  # the optimizer's state, from files that may not fit or be all there
+        if misfit is None:
+            refusal = _incomplete(engine, tag_folder, source)
+        elif misfit[0] == NO_SWAP_FILES:
+            refusal = None  # loaded from the ZeRO file below
+        else:
+            refusal = _refusal(engine, *misfit)
+        _refuse_on_any_rank(refusal)
     if misfit is None:
         return places
     cause, why = misfit
