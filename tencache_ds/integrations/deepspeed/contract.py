@@ -382,6 +382,11 @@ CALL_ORDER = (
               "memory_pressure.py, agreement.py",
               "data-parallel training does; a forward on one rank only would hang in ZeRO-3's all-gathers anyway",
               "tests/deepspeed/test_rank_agreement.py"),
+    CallOrder("every rank's engine.load_checkpoint with the optimizer on NVMe copies its own checkpoint folder "
+              "over its swap folder (shutil.copytree) once per load, at the same point",
+              "saved_layout.py (the refusals at the copy, agreed over the ranks: one all-reduce)",
+              "a rank that skipped the copy would leave the others waiting in the agreement",
+              "tests/deepspeed/test_exact_resume.py (a checkpoint that lost moment files, 2 ranks)"),
     CallOrder("the engine reads the optimizer swapper's swap_folder just before it copies the folder into a "
               "checkpoint (save) or over it (load)", "optimizer_swapper.py (swap_folder property)",
               "held changed state is flushed to its files exactly then", "tests/deepspeed/test_parity.py (resume)"),
