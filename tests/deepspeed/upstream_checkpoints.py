@@ -1,6 +1,7 @@
 """Our versions of some of DeepSpeed's own checkpoint tests, with the optimizer offloaded (our code, written after
 the scenarios of tests/unit/v1/zero/test_zero.py::TestZeroToFP32::test_1_param_group and tests/unit/checkpoint/
-test_zero_optimizer.py::TestZeROSaveLoadEdgeCase::test_immediate_save_load / ::test_load_immediate_save and
+test_zero_optimizer.py::TestZeROSaveLoadEdgeCase::test_immediate_save_load / ::test_load_immediate_save /
+::test_save_before_accum_grad_is_done and
 TestZeROCheckpoint::test_load_optimizer_state / test_not_load_optimizer_state / test_load_module_only in DeepSpeed's
 repository; fp32 (bf16 in TestZeROCheckpoint's and at another world size) instead of fp16, the CPU accelerator, 2
 ranks, layers of 1024 so that the optimizer state is large enough to be swapped). Rank 0 prints one RESULT line.
@@ -9,7 +10,8 @@ ranks, layers of 1024 so that the optimizer state is large enough to be swapped)
         NVME_DIR CKPT_DIR
 
 SCENARIOS: comma-separated, of zero_to_fp32, zero_to_fp32_frozen, immediate_save_load, load_immediate_save,
-load_into_new_engine, load_into_trained_engine and load_after_a_backward_without_its_step (not upstream),
+load_into_new_engine, save_before_accumulation_is_done, load_into_trained_engine and
+load_after_a_backward_without_its_step (the last two not upstream),
 module_only_params_on_file (tencache's error; no
 upstream test), save_for_other_world_size and load_at_other_world_size (the second in a launch of another world
 size, on the first's checkpoint: ``deepspeed --num_gpus 1``), load_saved_on_cpu and saved_on_nvme (not upstream; the
@@ -244,6 +246,51 @@ def load_after_a_backward_without_its_step(mode, device, nvme, ckpt):
     return result
 
 
+def save_before_accumulation_is_done(mode, device, nvme, ckpt):
+    """TestZeROSaveLoadEdgeCase::test_save_before_accum_grad_is_done (stage 3, bf16), carried on: with GAS 2, after
+    one micro-batch's backward and step (no update: the window is not done), ``save_16bit_model`` and
+    ``save_checkpoint``; then the window's second micro-batch and two more steps; then a fresh engine loads that
+    checkpoint and trains two steps. Under tencache the state streams (``host_cache_bytes`` 0), so that the backward
+    has read the update's first sub-group ahead when the saves come. The 16-bit model's weights, and the losses and
+    trained weights of both engines."""
+    if mode.startswith("tencache"):
+        mode = "tencache=0"
+
+    def new_engine():
+        torch.manual_seed(1234)
+        config = ds_config(mode, device, nvme, 2, 2, bf16=True)
+        config["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] = True
+        model = Layers(2, False)
+        return deepspeed.initialize(config=config, model=model, model_parameters=model.parameters())[0]
+
+    def steps(engine, micro_batches):
+        losses = []
+        for x, y in micro_batches:
+            loss = engine(x, y)
+            engine.backward(loss)
+            engine.step()
+            losses.append(loss)
+        return {"losses": digest({f"{i}": loss for i, loss in enumerate(losses)}), "trained": digest(gathered(engine))}
+
+    micro_batches = list(batches(6, 2, seed=13, dtype=torch.bfloat16))
+    engine = new_engine()
+    issued = reads_issued(engine, mode)
+    steps(engine, micro_batches[:1])
+    if mode.startswith("tencache") and reads_issued(engine, mode) == issued:
+        raise AssertionError("the backward read nothing ahead: the scenario tests nothing")
+    engine.empty_partition_cache()
+    engine.save_16bit_model(ckpt, "model.pt")
+    engine.save_checkpoint(ckpt)
+    saved = digest(torch.load(os.path.join(ckpt, "model.pt"))) if torch.distributed.get_rank() == 0 else None
+    result = {"model_16bit": saved, "trained_on": steps(engine, micro_batches[1:])}
+    engine.destroy()
+    fresh = new_engine()
+    fresh.load_checkpoint(ckpt)
+    result["resumed"] = steps(fresh, micro_batches[2:])
+    fresh.destroy()
+    return result
+
+
 def reads_issued(engine, mode):
     """The optimizer's reads started ahead so far (tencache's stats; None under stock)."""
     return tencache_ds.stats(engine)["optimizer_cache_prefetch_issued"] if mode.startswith("tencache") else None
@@ -400,6 +447,7 @@ SCENARIOS = {
     "load_into_new_engine": load_into_new_engine,
     "load_into_trained_engine": load_into_trained_engine,
     "load_after_a_backward_without_its_step": load_after_a_backward_without_its_step,
+    "save_before_accumulation_is_done": save_before_accumulation_is_done,
     "module_only_params_on_file": module_only_params_on_file,
     "save_for_other_world_size": save_for_other_world_size,
     "load_at_other_world_size": load_at_other_world_size,

@@ -1,5 +1,5 @@
 """Our versions of scenarios from DeepSpeed's ZeRO-3 tests, with the optimizer (and, with ``nvme+params``, the
-parameters) offloaded (our code, written after tests/unit/runtime/zero/test_zero.py in DeepSpeed's repository:
+parameters) offloaded (our code, written after tests/unit/v1/zero/test_zero.py in DeepSpeed's repository:
 TestZeroUnbalancedGradients, TestZero3RepeatForwardLoop, TestZeroAdamOptimizerStepCount,
 TestZero3ParamPartitioningBase, TestZeroPartitionCache, TestEmptyParameterGroup; and test_zero_context.py's
 test_ext_param_getattr and TestGatherUpdate; ZeRO-3, 2 ranks, bf16 instead of fp16, the CPU accelerator, layers of
