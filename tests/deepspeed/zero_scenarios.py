@@ -2,13 +2,13 @@
 parameters) offloaded (our code, written after tests/unit/v1/zero/test_zero.py in DeepSpeed's repository:
 TestZeroUnbalancedGradients, TestZero3RepeatForwardLoop, TestZeroAdamOptimizerStepCount,
 TestZero3ParamPartitioningBase, TestZeroPartitionCache, TestEmptyParameterGroup; and test_zero_context.py's
-test_ext_param_getattr and TestGatherUpdate; ZeRO-3, 2 ranks, bf16 instead of fp16, the CPU accelerator, layers of
+test_ext_param_getattr and TestGatherUpdate; and test_unwrap_model.py; ZeRO-3, 2 ranks, bf16 instead of fp16, the CPU accelerator, layers of
 1024 so that the optimizer state is large enough to be swapped). They are what users do besides the plain step:
 parameters that take turns receiving gradients, one layer applied several times in a forward, several sub-groups
 whose Adam step counts must agree, several backward passes before one step, the partition cache emptied after an
 evaluation, an empty parameter group, a weight used outside its module, a weight one rank changes between steps,
-an update skipped for gradients that are not finite, stage 3's gradient-path knobs, DeepSpeed's Muon, and a run
-whose step changes under it (``torch_autocast``, leaf modules, the batch size changed mid-run).
+an update skipped for gradients that are not finite, stage 3's gradient-path knobs, DeepSpeed's Muon, the whole
+model unwrapped for generation between steps, and a run whose step changes under it (``torch_autocast``, leaf modules, the batch size changed mid-run).
 Rank 0 prints one RESULT line.
 
     deepspeed --num_gpus 2 tests/deepspeed/zero_scenarios.py SCENARIOS stock|tencache[=BUDGETS] DEVICE NVME_DIR
@@ -496,12 +496,33 @@ def gradient_paths(budget, device, nvme):
     return results
 
 
+def unwrap_for_generation(budget, device, nvme):
+    """test_unwrap_model.py's TestUnwrapModel and TestUnwrapModelTraceInvalidate, trained: between steps,
+    ``unwrap_model_for_generation`` (TRL's generation in RLHF) gathers every parameter and takes ZeRO-3's hooks off;
+    a forward runs on the whole model there; the hooks go back on (stage 3 invalidates the step's trace, which
+    tencache's prefetch and profile follow) and training goes on. The forward's output, the losses, the weights."""
+    from deepspeed.runtime.zero import unwrap_model_for_generation
+
+    with engine_for(ds_config(budget, device, nvme)) as engine:
+        data = list(batches(5))
+        losses = trained(engine, data[:2])
+        with unwrap_model_for_generation(engine) as whole:
+            unhooked = not list(engine.optimizer.parameter_offload.forward_hooks)
+            with torch.no_grad():
+                generated = whole(*data[2])
+        hooked = bool(list(engine.optimizer.parameter_offload.forward_hooks))
+        losses += trained(engine, data[2:])
+        return dict(losses_and_weights(engine, losses), generated=digest({"loss": generated}), unhooked=unhooked,
+                    hooked=hooked)
+
+
 SCENARIOS = {"unbalanced": unbalanced, "repeat": repeat, "step_count": step_count, "backward_thrice": backward_thrice,
              "empty_cache": empty_cache, "empty_group": empty_group, "external": external, "modified": modified,
              "other_optimizers": other_optimizers, "unmanaged_accumulation": unmanaged_accumulation,
              "inference": inference,
              "two_engines": two_engines, "skipped_update": skipped_update,
              "gradient_paths": gradient_paths, "muon": muon, "run_changes": run_changes,
+             "unwrap_for_generation": unwrap_for_generation,
              # the upstream test's own getter: fails with the optimizer on NVMe, stock's swappers and tencache's alike
              "grad_partitions": functools.partial(backward_thrice, partitions_getter=True)}
 
