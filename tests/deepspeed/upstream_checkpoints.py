@@ -1,10 +1,10 @@
 """Our versions of some of DeepSpeed's own checkpoint tests, with the optimizer offloaded (our code, written after
 the scenarios of tests/unit/v1/zero/test_zero.py::TestZeroToFP32::test_1_param_group and tests/unit/checkpoint/
 test_zero_optimizer.py::TestZeROSaveLoadEdgeCase::test_immediate_save_load / ::test_load_immediate_save /
-::test_save_before_accum_grad_is_done and
-TestZeROCheckpoint::test_load_optimizer_state / test_not_load_optimizer_state / test_load_module_only in DeepSpeed's
-repository; fp32 (bf16 in TestZeROCheckpoint's and at another world size) instead of fp16, the CPU accelerator, 2
-ranks, layers of 1024 so that the optimizer state is large enough to be swapped). Rank 0 prints one RESULT line.
+::test_save_before_accum_grad_is_done and TestZeROCheckpoint::test_load_optimizer_state /
+test_not_load_optimizer_state / test_load_module_only in DeepSpeed's repository; fp32 (bf16 in TestZeROCheckpoint's,
+in save_before_accumulation_is_done and at another world size) instead of fp16, the CPU accelerator, 2 ranks, layers
+of 1024 so that the optimizer state is large enough to be swapped). Rank 0 prints one RESULT line.
 
     deepspeed --num_gpus 2 tests/deepspeed/upstream_checkpoints.py SCENARIOS stock|tencache[=BYTES] nvme|cpu
         NVME_DIR CKPT_DIR

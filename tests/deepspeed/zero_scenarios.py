@@ -499,8 +499,9 @@ def gradient_paths(budget, device, nvme):
 def unwrap_for_generation(budget, device, nvme):
     """test_unwrap_model.py's TestUnwrapModel and TestUnwrapModelTraceInvalidate, trained: between steps,
     ``unwrap_model_for_generation`` (TRL's generation in RLHF) gathers every parameter and takes ZeRO-3's hooks off;
-    a forward runs on the whole model there; the hooks go back on (stage 3 invalidates the step's trace, which
-    tencache's prefetch and profile follow) and training goes on. The forward's output, the losses, the weights."""
+    a forward runs on the whole model there; the hooks go back on (stage 3 invalidates the step's trace) and
+    training goes on. The forward's output, the losses, the weights (the results: a stale trace in tencache's
+    prefetch would cost time, not bits, and is not looked for here)."""
     from deepspeed.runtime.zero import unwrap_model_for_generation
 
     with engine_for(ds_config(budget, device, nvme)) as engine:

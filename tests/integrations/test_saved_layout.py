@@ -100,8 +100,53 @@ def test_the_optimizers_state_with_state_files_missing_is_refused_naming_them(en
     assert places_for_saved_layout(incomplete, LoadPlaces.MASTERS, HERE) is LoadPlaces.MASTERS
 
 
+def other_rank(monkeypatch, refused=False, has_folder=True):
+    """The agreement as it comes out with a second rank that refused or not and has its swap folder or not."""
+    other = [int(not refused), int(has_folder), int(not has_folder)]
+    monkeypatch.setattr(saved_layout, "agree_min", lambda values: [min(int(v), o) for v, o in zip(values, other)])
+
+
+def test_a_refusal_on_another_rank_stops_this_one_too(engine, monkeypatch):
+    """Regression test: the refusals at the copy were each rank's own, and a rank whose files were all there went
+    on into the load's next collective, to wait there for the rank that had stopped."""
+    fine, refreshed = engine(1, 1)
+    other_rank(monkeypatch, refused=True)
+    with pytest.raises(TencacheError, match="another rank refused the checkpoint's optimizer swap files"):
+        places_for_saved_layout(fine, LoadPlaces.ALL, HERE)
+    assert not refreshed
+
+
+def test_swap_folders_of_some_ranks_only_are_an_incomplete_checkpoint(engine, monkeypatch, tmp_path):
+    """A save that stopped after a rank's ZeRO file and before its swap folder: that rank would have loaded its
+    state from the ZeRO file (as from a checkpoint saved with the optimizer on cpu), and failed there alone."""
+    missing = str(tmp_path / "tag" / "offloaded_tensors" / "rank01")
+    lacking, _refreshed = engine(1, 1)
+    loaded_from = []
+    monkeypatch.setattr(saved_layout, "load_state_from_zero_file",
+                        lambda engine, folder, source: loaded_from.append(folder))
+    other_rank(monkeypatch, has_folder=True)
+    with pytest.raises(TencacheError, match="incomplete: this rank's optimizer swap folder is missing while other"):
+        places_for_saved_layout(lacking, LoadPlaces.ALL, missing)
+    other_rank(monkeypatch, has_folder=False)
+    with pytest.raises(TencacheError, match="incomplete: other ranks' optimizer swap folders are missing"):
+        places_for_saved_layout(lacking, LoadPlaces.ALL, HERE)
+    assert not loaded_from
+
+
+def test_a_check_that_cannot_read_the_checkpoint_is_a_refusal_naming_the_folder(engine, monkeypatch):
+    unreadable, _refreshed = engine(1, 1)
+
+    def unpickling_fails(engine, tag, folder):
+        raise KeyError("fp32_flat_groups")
+
+    monkeypatch.setattr(saved_layout, "missing_state_files", unpickling_fails)
+    with pytest.raises(TencacheError, match=f"files in {HERE} could not be checked \\(KeyError") as error:
+        places_for_saved_layout(unreadable, LoadPlaces.ALL, HERE)
+    assert isinstance(error.value.__cause__, KeyError) and "No swap file was placed" in str(error.value)
+
+
 def test_the_files_a_zero_file_describes_without_bytes_must_be_there(tmp_path):
-    """state_files_missing pairs the torch optimizer's n-th parameter with the n-th sub-group, and its files with
+    """described_files_absent pairs the torch optimizer's n-th parameter with the n-th sub-group, and its files with
     the checkpoint's (here under other ids: a rebuilt model). Only state saved without bytes (stage 3's empty
     placeholder, tencache's meta tensor) is looked for; a sub-group kept in memory has its state in the ZeRO file."""
     for name in ("exp_avg-0_9.tensor.swp", "exp_avg_sq-0_9.tensor.swp", "exp_avg-10_19.tensor.swp"):
@@ -110,10 +155,10 @@ def test_the_files_a_zero_file_describes_without_bytes_must_be_there(tmp_path):
     torch_state = {"param_groups": [{"params": [7, 8]}, {"params": [9]}],
                    "state": {7: dict(described), 8: dict(described), 9: {"exp_avg": torch.zeros(4)}}}
     saved_ids = {"30_39": "0_9", "40_49": "10_19"}  # the third sub-group is not swapped
-    assert saved_layout.state_files_missing(torch_state, ["30_39", "40_49", "50_59"], saved_ids, str(tmp_path)) == [
+    assert saved_layout.described_files_absent(torch_state, ["30_39", "40_49", "50_59"], saved_ids, str(tmp_path)) == [
         str(tmp_path / "exp_avg_sq-10_19.tensor.swp")]
     (tmp_path / "exp_avg_sq-10_19.tensor.swp").write_bytes(b"\0" * 8)
-    assert saved_layout.state_files_missing(torch_state, ["30_39", "40_49", "50_59"], saved_ids, str(tmp_path)) == []
+    assert saved_layout.described_files_absent(torch_state, ["30_39", "40_49", "50_59"], saved_ids, str(tmp_path)) == []
 
 
 def test_a_load_of_the_module_only_places_nothing_whatever_the_layout(engine):

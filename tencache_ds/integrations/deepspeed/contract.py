@@ -385,7 +385,9 @@ CALL_ORDER = (
     CallOrder("every rank's engine.load_checkpoint with the optimizer on NVMe copies its own checkpoint folder "
               "over its swap folder (shutil.copytree) once per load, at the same point",
               "saved_layout.py (the refusals at the copy, agreed over the ranks: one all-reduce)",
-              "a rank that skipped the copy would leave the others waiting in the agreement",
+              "a rank that skipped the copy would leave the others waiting in the agreement (an all-reduce over the "
+              "whole world, as agreement.py's others: engines on disjoint sets of ranks in one world are not "
+              "supported)",
               "tests/deepspeed/test_exact_resume.py (a checkpoint that lost moment files, 2 ranks)"),
     CallOrder("the engine reads the optimizer swapper's swap_folder just before it copies the folder into a "
               "checkpoint (save) or over it (load)", "optimizer_swapper.py (swap_folder property)",

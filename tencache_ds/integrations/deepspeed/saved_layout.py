@@ -24,7 +24,8 @@ CPU offload does, and places nothing (the engine rebuilds the parameters from th
 Files that fit can still be too few: a state file the ZeRO file describes may be missing (a save that did not finish
 on every rank, a copy that lost files). A load of the optimizer's state then stops too, naming them: it went on, and
 Adam started over for those sub-groups (a fresh engine) or kept its own state from after the save (a continued one).
-Every refusal here is agreed over the ranks, so that no rank goes on alone into the load's next collective.
+A load of the optimizer's state agrees these refusals over the ranks (and refuses where some ranks' swap folders
+are missing), so that no rank goes on alone into the load's next collective.
 """
 import itertools
 import os
@@ -63,15 +64,10 @@ def places_for_saved_layout(engine, places: LoadPlaces, source: str) -> LoadPlac
         return LoadPlaces.NOTHING
     if places is LoadPlaces.NOTHING:
         return places
-    misfit = _misfit(engine, source)
     if places is LoadPlaces.ALL:  # the optimizer's state, from files that may not fit or be all there
-        if misfit is None:
-            refusal = _incomplete(engine, tag_folder, source)
-        elif misfit[0] == NO_SWAP_FILES:
-            refusal = None  # loaded from the ZeRO file below
-        else:
-            refusal = _refusal(engine, *misfit)
-        _refuse_on_any_rank(refusal)
+        misfit = _misfit_agreed(engine, tag_folder, source)
+    else:
+        misfit = _misfit(engine, source)
     if misfit is None:
         return places
     cause, why = misfit
@@ -109,15 +105,35 @@ def _misfit(engine, source: str) -> Optional[Tuple[str, str]]:
                                           f"the checkpoint's optimizer swap files in {source} have {mismatch}")
 
 
+def _misfit_agreed(engine, tag_folder: str, source: str) -> Optional[Tuple[str, str]]:
+    """``_misfit`` for a load of the optimizer's state, with every refusal agreed over the ranks: it raises on every
+    rank where any rank's files do not fit, lack what the ZeRO file describes, cannot be checked, or where some
+    ranks have a swap folder and others none (a save that did not finish on every rank: a rank without one would load
+    from its ZeRO file alone). Returns the misfit that is left: None, or NO_SWAP_FILES on every rank."""
+    try:
+        misfit = _misfit(engine, source)
+        if misfit is None:
+            refusal = _incomplete(engine, tag_folder, source)
+        elif misfit[0] == NO_SWAP_FILES:
+            refusal = None  # saved with the optimizer on cpu: loaded from the ZeRO file, unless other ranks have folders
+        else:
+            refusal = _refusal(engine, *misfit)
+    except Exception as err:  # noqa: BLE001  (refused on every rank, not raised on this one alone)
+        misfit, refusal = None, err
+        if not isinstance(err, TencacheError):
+            refusal = TencacheError(f"load_checkpoint: the checkpoint's optimizer swap files in {source} could not "
+                                    f"be checked ({type(err).__name__}: {err}). {KEPT}")
+            refusal.__cause__ = err
+    _refuse_on_any_rank(refusal, source)
+    return misfit
+
+
 def _incomplete(engine, tag_folder: str, source: str) -> Optional[Exception]:
     """Why the checkpoint's swap files cannot be loaded though they fit: state files its ZeRO file describes are
     missing (a save that did not finish on every rank, a copy that lost files). Without this check the load went
     on: a fresh engine's Adam started over for those sub-groups, with a warning, and a continued engine silently
     kept its own state from after the save beside the loaded masters."""
-    try:
-        missing = missing_state_files(engine, tag_folder, source)
-    except Exception as err:  # noqa: BLE001  (refused on every rank, not raised on this one alone)
-        return err
+    missing = missing_state_files(engine, tag_folder, source)
     if not missing:
         return None
     shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
@@ -128,14 +144,25 @@ def _incomplete(engine, tag_folder: str, source: str) -> Optional[Exception]:
         f"load_optimizer_states=False). {KEPT}")
 
 
-def _refuse_on_any_rank(refusal: Optional[Exception]) -> None:
-    """Raise ``refusal`` where there is one, and on every rank where any rank has one: a rank that goes on would
-    wait for the one that stopped in the load's next collective. Every rank's load copies its own swap folder, so
-    every rank passes here once per load, in the same order."""
-    if agree_min([0 if refusal is not None else 1]) == [1]:
-        return
-    raise refusal if refusal is not None else TencacheError(
-        f"load_checkpoint: another rank refused the checkpoint's optimizer swap files (its error says why). {KEPT}")
+def _refuse_on_any_rank(refusal: Optional[Exception], source: str) -> None:
+    """Raise ``refusal`` where there is one, and on every rank where any rank has one, or where some ranks have
+    their swap folder in the checkpoint (``source``, this rank's) and others none: a rank that goes on would wait for the one that
+    stopped in the load's next collective. Every rank's load copies its own swap folder, so every rank passes here
+    once per load of the optimizer's state, in the same order (contract.py)."""
+    has_folder = os.path.isdir(source)
+    none_refused, every_folder, no_folder = agree_min([refusal is None, has_folder, not has_folder])
+    if refusal is None and not every_folder and not no_folder:
+        which = ("this rank's optimizer swap folder is missing while other ranks' are there" if not has_folder
+                 else "other ranks' optimizer swap folders are missing while this rank's is there")
+        refusal = TencacheError(
+            f"load_checkpoint: the checkpoint is incomplete: {which} ({source}; a save that did not finish on every "
+            f"rank?). Load a complete checkpoint, or load the weights only: load_checkpoint(..., "
+            f"load_optimizer_states=False). {KEPT}")
+    if refusal is not None:
+        raise refusal
+    if not none_refused:
+        raise TencacheError(f"load_checkpoint: another rank refused the checkpoint's optimizer swap files (its error "
+                            f"says why). {KEPT}")
 
 
 def _refusal(engine, cause: str, why: str) -> Exception:
@@ -197,16 +224,18 @@ def missing_state_files(engine, tag_folder: str, source: str) -> List[str]:
     in the swap files) that are not in the checkpoint's swap folder ``source``, whose masters fit this engine."""
     _zero_file, stage3 = load_zero_state(engine, tag_folder)
     live_ids = [getattr(flat, "ds_id", None) for flat in engine.optimizer.fp32_partitioned_groups_flat]
-    return state_files_missing(stage3.get(OPTIMIZER_STATE_DICT) or {}, live_ids,
-                               saved_ids_by_sub_group(engine.optimizer.optimizer_swapper, source) or {}, source)
+    return described_files_absent(stage3.get(OPTIMIZER_STATE_DICT) or {}, live_ids,
+                               saved_ids_by_sub_group(engine.optimizer.optimizer_swapper, source), source)
 
 
-def state_files_missing(torch_state: dict, live_ids: List[Optional[str]], saved_ids: Dict[str, str],
+def described_files_absent(torch_state: dict, live_ids: List[Optional[str]], saved_ids: Dict[str, str],
                         folder: str) -> List[str]:
     """The paths under ``folder`` of the swapped state tensors ``torch_state`` (a torch optimizer's state dict, as
     a ZeRO file saves it) describes without bytes and ``folder`` lacks. The torch optimizer numbers the masters in
     group order, the sub-groups' order: its n-th parameter is sub-group ``live_ids[n]``, whose files in ``folder``
-    are named ``saved_ids[live_ids[n]]``. A sub-group not swapped (kept in memory) has its state in the ZeRO file."""
+    are named ``saved_ids[live_ids[n]]``. A sub-group not swapped (kept in memory) has its state in the ZeRO file.
+    (A state tensor that is truly empty cannot be told from stage 3's empty placeholder: it would be looked for too;
+    ``zero_file.load_state_from_zero_file`` has the same limit.)"""
     order = itertools.chain.from_iterable(group["params"] for group in torch_state.get("param_groups", []))
     state = torch_state.get("state", {})
     missing = []
