@@ -165,8 +165,13 @@ def bf16_engine(mode, device, nvme, betas, weight_decay):
 
 def train_recording(engine, count, seed):
     """``count`` bf16 steps; the digest of their losses."""
+    return recorded(engine, batches(count, 2, seed=seed, dtype=torch.bfloat16))
+
+
+def recorded(engine, micro_batches):
+    """A forward, backward and step for each of ``micro_batches``; the digest of their losses."""
     losses = []
-    for x, y in batches(count, 2, seed=seed, dtype=torch.bfloat16):
+    for x, y in micro_batches:
         loss = engine(x, y)
         engine.backward(loss)
         engine.step()
@@ -264,13 +269,7 @@ def save_before_accumulation_is_done(mode, device, nvme, ckpt):
         return deepspeed.initialize(config=config, model=model, model_parameters=model.parameters())[0]
 
     def steps(engine, micro_batches):
-        losses = []
-        for x, y in micro_batches:
-            loss = engine(x, y)
-            engine.backward(loss)
-            engine.step()
-            losses.append(loss)
-        return {"losses": digest({f"{i}": loss for i, loss in enumerate(losses)}), "trained": digest(gathered(engine))}
+        return {"losses": recorded(engine, micro_batches), "trained": digest(gathered(engine))}
 
     micro_batches = list(batches(6, 2, seed=13, dtype=torch.bfloat16))
     engine = new_engine()
