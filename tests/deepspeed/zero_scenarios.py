@@ -1,14 +1,15 @@
 """Our versions of scenarios from DeepSpeed's ZeRO-3 tests, with the optimizer (and, with ``nvme+params``, the
 parameters) offloaded (our code, written after tests/unit/v1/zero/test_zero.py in DeepSpeed's repository:
 TestZeroUnbalancedGradients, TestZero3RepeatForwardLoop, TestZeroAdamOptimizerStepCount,
-TestZero3ParamPartitioningBase, TestZeroPartitionCache, TestEmptyParameterGroup; and test_zero_context.py's
-test_ext_param_getattr and TestGatherUpdate; and test_unwrap_model.py; ZeRO-3, 2 ranks, bf16 instead of fp16, the CPU accelerator, layers of
-1024 so that the optimizer state is large enough to be swapped). They are what users do besides the plain step:
-parameters that take turns receiving gradients, one layer applied several times in a forward, several sub-groups
-whose Adam step counts must agree, several backward passes before one step, the partition cache emptied after an
-evaluation, an empty parameter group, a weight used outside its module, a weight one rank changes between steps,
-an update skipped for gradients that are not finite, stage 3's gradient-path knobs, DeepSpeed's Muon, the whole
-model unwrapped for generation between steps, and a run whose step changes under it (``torch_autocast``, leaf modules, the batch size changed mid-run).
+TestZero3ParamPartitioningBase, TestZeroPartitionCache, TestEmptyParameterGroup; test_zero_context.py's
+test_ext_param_getattr and TestGatherUpdate; and test_unwrap_model.py; ZeRO-3, 2 ranks, bf16 instead of fp16, the
+CPU accelerator, layers of 1024 so that the optimizer state is large enough to be swapped). They are what users do
+besides the plain step: parameters that take turns receiving gradients, one layer applied several times in a
+forward, several sub-groups whose Adam step counts must agree, several backward passes before one step, the
+partition cache emptied after an evaluation, an empty parameter group, a weight used outside its module, a weight
+one rank changes between steps, an update skipped for gradients that are not finite, stage 3's gradient-path knobs,
+DeepSpeed's Muon, the whole model unwrapped for generation between steps, and a run whose step changes under it
+(``torch_autocast``, leaf modules, the batch size changed mid-run).
 Rank 0 prints one RESULT line.
 
     deepspeed --num_gpus 2 tests/deepspeed/zero_scenarios.py SCENARIOS stock|tencache[=BUDGETS] DEVICE NVME_DIR

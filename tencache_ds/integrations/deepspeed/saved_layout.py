@@ -115,7 +115,7 @@ def _misfit_agreed(engine, tag_folder: str, source: str) -> Optional[Tuple[str, 
         if misfit is None:
             refusal = _incomplete(engine, tag_folder, source)
         elif misfit[0] == NO_SWAP_FILES:
-            refusal = None  # saved with the optimizer on cpu: loaded from the ZeRO file, unless other ranks have folders
+            refusal = None  # saved with the optimizer on cpu: loaded from the ZeRO file (if no rank has a folder)
         else:
             refusal = _refusal(engine, *misfit)
     except Exception as err:  # noqa: BLE001  (refused on every rank, not raised on this one alone)
@@ -146,9 +146,9 @@ def _incomplete(engine, tag_folder: str, source: str) -> Optional[Exception]:
 
 def _refuse_on_any_rank(refusal: Optional[Exception], source: str) -> None:
     """Raise ``refusal`` where there is one, and on every rank where any rank has one, or where some ranks have
-    their swap folder in the checkpoint (``source``, this rank's) and others none: a rank that goes on would wait for the one that
-    stopped in the load's next collective. Every rank's load copies its own swap folder, so every rank passes here
-    once per load of the optimizer's state, in the same order (contract.py)."""
+    their swap folder in the checkpoint (``source``, this rank's) and others none: a rank that goes on would wait
+    for the one that stopped in the load's next collective. Every rank's load copies its own swap folder, so every
+    rank passes here once per load of the optimizer's state, in the same order (contract.py)."""
     has_folder = os.path.isdir(source)
     none_refused, every_folder, no_folder = agree_min([refusal is None, has_folder, not has_folder])
     if refusal is None and not every_folder and not no_folder:
