@@ -19,6 +19,9 @@ NVMe under tencache: each passes with the results of stock CPU offload, bit for 
   GAS 2, the 16-bit model and a checkpoint saved after one micro-batch, then the window finished and training on, and
   a fresh engine resumed from that checkpoint (tencache with the state streaming: the backward has read ahead when
   the saves come; stock NVMe's trained weights differ there, its 2-rank drift);
+- latest_checkpoint (TestLatestCheckpoint): a load from a folder with no ``latest`` file returns no path and the
+  engine trains on; a save and a load with no tag go through ``latest``, and the resumed weights are those of the
+  run that never stopped (stock CPU offload's own resume differs from it in the last bits);
 - load_at_other_world_size (DeepSpeed's stage 3 has no elastic checkpoint; in bf16, so that a load that set the fp32
   masters from the bf16 weights shows): a checkpoint saved by 2 ranks (save_for_other_world_size) loaded by 1, with the
   optimizer's state (stock CPU offload's error) and without it (the weights repartitioned, training on); and its
@@ -49,7 +52,7 @@ pytestmark = [pytest.mark.deepspeed, pytest.mark.slow]  # about 60 s a launch of
 SCRIPT = os.path.join(os.path.dirname(__file__), "upstream_checkpoints.py")
 SCENARIOS = ("zero_to_fp32", "zero_to_fp32_frozen", "immediate_save_load", "load_immediate_save",
              "load_into_new_engine", "load_into_trained_engine", "load_after_a_backward_without_its_step",
-             "save_before_accumulation_is_done", "save_for_other_world_size", "load_saved_on_cpu")
+             "save_before_accumulation_is_done", "latest_checkpoint", "save_for_other_world_size", "load_saved_on_cpu")
 
 
 # tencache's arm only, last (bad input, no upstream test): a module-only load stage 3 cannot finish is refused
@@ -155,6 +158,13 @@ def test_optimizer_on_nvme_gives_stock_cpu_offloads_results(tmp_path):
     other_sub_groups = ours["load_saved_on_cpu"]["other_sub_groups"].pop("optimizer")
     assert reference["load_saved_on_cpu"]["other_sub_groups"].pop("optimizer")["error"].startswith("ValueError")
     assert other_sub_groups["error"].startswith("TencacheError") and "sub_group_size" in other_sub_groups["error"]
+    # a save and a load through `latest`: the same checkpoint path and losses as stock CPU offload, and the weights
+    # of the run that never stopped, which stock CPU offload's own resume misses in the last bits (DeepSpeedCPUAdam's
+    # beta products, checkpoint.replay_adam_step_products)
+    ours_latest = ours["latest_checkpoint"].pop("existing")
+    stock_latest = reference["latest_checkpoint"].pop("existing")
+    assert (ours_latest["path"], ours_latest["losses"]) == (stock_latest["path"], stock_latest["losses"])
+    assert ours_latest["trained"] == reference["latest_checkpoint"]["uninterrupted"]["trained"], ours_latest
     for name in SCENARIOS:
         assert name in reference and name in ours, (name, reference, ours)  # a failure stops the scenarios after it
         assert reference[name]["ok"], (name, reference[name])

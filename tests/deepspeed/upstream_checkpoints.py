@@ -1,16 +1,17 @@
 """Our versions of some of DeepSpeed's own checkpoint tests, with the optimizer offloaded (our code, written after
 the scenarios of tests/unit/v1/zero/test_zero.py::TestZeroToFP32::test_1_param_group and tests/unit/checkpoint/
 test_zero_optimizer.py::TestZeROSaveLoadEdgeCase::test_immediate_save_load / ::test_load_immediate_save /
-::test_save_before_accum_grad_is_done and TestZeROCheckpoint::test_load_optimizer_state /
-test_not_load_optimizer_state / test_load_module_only in DeepSpeed's repository; fp32 (bf16 in TestZeROCheckpoint's,
-in save_before_accumulation_is_done and at another world size) instead of fp16, the CPU accelerator, 2 ranks, layers
-of 1024 so that the optimizer state is large enough to be swapped). Rank 0 prints one RESULT line.
+::test_save_before_accum_grad_is_done, TestZeROCheckpoint::test_load_optimizer_state /
+test_not_load_optimizer_state / test_load_module_only and test_latest_checkpoint.py in DeepSpeed's repository;
+fp32 (bf16 in TestZeROCheckpoint's, in save_before_accumulation_is_done and at another world size) instead of
+fp16, the CPU accelerator, 2 ranks, layers of 1024 so that the optimizer state is large enough to be swapped).
+Rank 0 prints one RESULT line.
 
     deepspeed --num_gpus 2 tests/deepspeed/upstream_checkpoints.py SCENARIOS stock|tencache[=BYTES] nvme|cpu
         NVME_DIR CKPT_DIR
 
 SCENARIOS: comma-separated, of zero_to_fp32, zero_to_fp32_frozen, immediate_save_load, load_immediate_save,
-load_into_new_engine, save_before_accumulation_is_done, load_into_trained_engine and
+load_into_new_engine, save_before_accumulation_is_done, latest_checkpoint, load_into_trained_engine and
 load_after_a_backward_without_its_step (the last two not upstream),
 module_only_params_on_file (tencache's error; no
 upstream test), save_for_other_world_size and load_at_other_world_size (the second in a launch of another world
@@ -290,6 +291,37 @@ def save_before_accumulation_is_done(mode, device, nvme, ckpt):
     return result
 
 
+def latest_checkpoint(mode, device, nvme, ckpt):
+    """TestLatestCheckpoint (stage 3, fp32): ``test_missing_latest``, a load from a folder with no ``latest`` file (a
+    script's first run) returns no path and changes nothing, and the engine trains on; ``test_existing_latest``, a
+    save and a load with no tag go through ``latest`` (the tag ``global_step2``), and the new engine trains on. The
+    paths returned, the losses and the trained weights."""
+    def new_engine():
+        torch.manual_seed(1234)
+        model = Layers(2, False)
+        return deepspeed.initialize(config=ds_config(mode, device, nvme, 2, 1), model=model,
+                                    model_parameters=model.parameters())[0]
+
+    def steps(engine, seed):
+        return {"losses": recorded(engine, batches(2, 2, seed=seed)), "trained": digest(gathered(engine))}
+
+    os.makedirs(ckpt, exist_ok=True)
+    engine = new_engine()
+    missing_path, _client_state = engine.load_checkpoint(ckpt)
+    result = {"missing": dict(steps(engine, seed=3), path=missing_path)}
+    engine.save_checkpoint(ckpt)
+    engine.destroy()
+    fresh = new_engine()
+    loaded_path, _client_state = fresh.load_checkpoint(ckpt)
+    result["existing"] = dict(steps(fresh, seed=5), path=os.path.relpath(loaded_path, ckpt))
+    fresh.destroy()
+    uninterrupted = new_engine()
+    steps(uninterrupted, seed=3)
+    result["uninterrupted"] = steps(uninterrupted, seed=5)
+    uninterrupted.destroy()
+    return result
+
+
 def reads_issued(engine, mode):
     """The optimizer's reads started ahead so far (tencache's stats; None under stock)."""
     return tencache_ds.stats(engine)["optimizer_cache_prefetch_issued"] if mode.startswith("tencache") else None
@@ -447,6 +479,7 @@ SCENARIOS = {
     "load_into_trained_engine": load_into_trained_engine,
     "load_after_a_backward_without_its_step": load_after_a_backward_without_its_step,
     "save_before_accumulation_is_done": save_before_accumulation_is_done,
+    "latest_checkpoint": latest_checkpoint,
     "module_only_params_on_file": module_only_params_on_file,
     "save_for_other_world_size": save_for_other_world_size,
     "load_at_other_world_size": load_at_other_world_size,
