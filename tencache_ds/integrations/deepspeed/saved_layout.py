@@ -188,7 +188,7 @@ def sub_group_layout_mismatch(swapper, folder: str) -> Optional[str]:
     share takes their files too); else in sub-group order, as many (ids differ in a rebuilt model: adoption renames
     them)."""
     saved = _saved_master_sizes(folder)
-    saved_ids = saved_ids_by_sub_group(swapper, folder)
+    saved_ids = saved_ids_by_sub_group(swapper, saved)
     if saved_ids is None:
         return f"{len(saved)} optimizer sub-groups, this engine {len(swapper.swap_params_info)}"
     for sub_group, saved_id in saved_ids.items():
@@ -207,10 +207,10 @@ def _saved_master_sizes(folder: str) -> Dict[str, int]:
             if (match := SWAP_FILE_NAME.match(name)) and match["state"] is None}
 
 
-def saved_ids_by_sub_group(swapper, folder: str) -> Optional[Dict[str, str]]:
-    """{this engine's sub-group id: the id of its files in ``folder``}, by id where the checkpoint has every
-    sub-group of this engine, else in sub-group order; None where the checkpoint has another number of them."""
-    saved = _saved_master_sizes(folder)
+def saved_ids_by_sub_group(swapper, saved: Dict[str, int]) -> Optional[Dict[str, str]]:
+    """{this engine's sub-group id: the id of its files in a checkpoint whose master files are ``saved``
+    (``_saved_master_sizes``)}, by id where the checkpoint has every sub-group of this engine, else in sub-group
+    order; None where the checkpoint has another number of them."""
     current = sorted(swapper.swap_params_info, key=sub_group_order)
     if set(current) <= set(saved):
         return {sub_group: sub_group for sub_group in current}
@@ -224,12 +224,12 @@ def missing_state_files(engine, tag_folder: str, source: str) -> List[str]:
     in the swap files) that are not in the checkpoint's swap folder ``source``, whose masters fit this engine."""
     _zero_file, stage3 = load_zero_state(engine, tag_folder)
     live_ids = [getattr(flat, "ds_id", None) for flat in engine.optimizer.fp32_partitioned_groups_flat]
-    return described_files_absent(stage3.get(OPTIMIZER_STATE_DICT) or {}, live_ids,
-                               saved_ids_by_sub_group(engine.optimizer.optimizer_swapper, source), source)
+    saved_ids = saved_ids_by_sub_group(engine.optimizer.optimizer_swapper, _saved_master_sizes(source))
+    return described_files_absent(stage3.get(OPTIMIZER_STATE_DICT) or {}, live_ids, saved_ids, source)
 
 
 def described_files_absent(torch_state: dict, live_ids: List[Optional[str]], saved_ids: Dict[str, str],
-                        folder: str) -> List[str]:
+                           folder: str) -> List[str]:
     """The paths under ``folder`` of the swapped state tensors ``torch_state`` (a torch optimizer's state dict, as
     a ZeRO file saves it) describes without bytes and ``folder`` lacks. The torch optimizer numbers the masters in
     group order, the sub-groups' order: its n-th parameter is sub-group ``live_ids[n]``, whose files in ``folder``
