@@ -14,7 +14,9 @@ round-robin gradients, buckets smaller than a layer), and DeepSpeed's Muon (its 
 tencache stopped at the first update before 2026-11-27), saved, rolled back to and resumed, and a checkpoint of
 stock's swappers resumed, and a run whose step changes under it (``torch_autocast`` with fp32 parameters, leaf
 modules fetched whole, the batch size changed twice mid-run), and the whole model unwrapped for generation between
-steps (``unwrap_model_for_generation``, TRL's RLHF loop). Each gives the results of stock CPU offload run in a
+steps (``unwrap_model_for_generation``, TRL's RLHF loop), LoRA with gradient checkpointing (a frozen base
+gathered again by each block's recompute in backward), and a forward stopped half-way by an error the training
+loop catches (the batch dropped, training on). Each gives the results of stock CPU offload run in a
 process that never imported tencache_ds, bit for bit, with the host tier holding part of the state. Real engine,
 real files, 2 ranks forked as the launcher starts them (tests/deepspeed/forkserver.py)."""
 import os
@@ -27,7 +29,8 @@ pytestmark = [pytest.mark.deepspeed, pytest.mark.slow]  # two launches, about 80
 SCRIPT = os.path.join(os.path.dirname(__file__), "zero_scenarios.py")
 SCENARIOS = ("unbalanced", "repeat", "step_count", "backward_thrice", "empty_cache", "empty_group", "external",
              "modified", "other_optimizers", "unmanaged_accumulation", "two_engines", "inference", "skipped_update",
-             "gradient_paths", "muon", "run_changes", "unwrap_for_generation")
+             "gradient_paths", "muon", "run_changes", "unwrap_for_generation", "frozen_checkpointed",
+             "forward_raises")
 # part of each rank's state held (about a quarter of it: some tensors whole, prefixes of others, evictions); nothing
 # held and "auto" (all of it) passed too (2026-11-27) and are left out for the suite's time
 BUDGETS = ("6MB",)

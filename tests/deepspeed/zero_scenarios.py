@@ -2,13 +2,15 @@
 parameters) offloaded (our code, written after tests/unit/v1/zero/test_zero.py in DeepSpeed's repository:
 TestZeroUnbalancedGradients, TestZero3RepeatForwardLoop, TestZeroAdamOptimizerStepCount,
 TestZero3ParamPartitioningBase, TestZeroPartitionCache, TestEmptyParameterGroup; test_zero_context.py's
-test_ext_param_getattr and TestGatherUpdate; and test_unwrap_model.py; ZeRO-3, 2 ranks, bf16 instead of fp16, the
+test_ext_param_getattr and TestGatherUpdate; test_unwrap_model.py; and test_zero_user_backward.py's frozen-parameter
+checkpointing tests; ZeRO-3, 2 ranks, bf16 instead of fp16, the
 CPU accelerator, layers of 1024 so that the optimizer state is large enough to be swapped). They are what users do
 besides the plain step: parameters that take turns receiving gradients, one layer applied several times in a
 forward, several sub-groups whose Adam step counts must agree, several backward passes before one step, the
 partition cache emptied after an evaluation, an empty parameter group, a weight used outside its module, a weight
 one rank changes between steps, an update skipped for gradients that are not finite, stage 3's gradient-path knobs,
-DeepSpeed's Muon, the whole model unwrapped for generation between steps, and a run whose step changes under it
+DeepSpeed's Muon, the whole model unwrapped for generation between steps, LoRA with gradient checkpointing, a
+forward stopped by an error the loop catches, and a run whose step changes under it
 (``torch_autocast``, leaf modules, the batch size changed mid-run).
 Rank 0 prints one RESULT line.
 
@@ -27,6 +29,7 @@ import os
 import sys
 
 import torch
+import torch.utils.checkpoint
 
 from scenarios import digest, gathered, run_scenarios  # tests/deepspeed/scenarios.py
 
@@ -518,13 +521,144 @@ def unwrap_for_generation(budget, device, nvme):
                     hooked=hooked)
 
 
+class FrozenBlock(torch.nn.Module):
+    """A LoRA-shaped block: a frozen layer norm and base layer, and a trainable low-rank adapter beside the base."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm, self.base = torch.nn.LayerNorm(HIDDEN), torch.nn.Linear(HIDDEN, HIDDEN, bias=False)
+        self.lora_a, self.lora_b = torch.nn.Linear(HIDDEN, 8, bias=False), torch.nn.Linear(8, HIDDEN, bias=False)
+        for param in (*self.norm.parameters(), *self.base.parameters()):
+            param.requires_grad_(False)
+
+    def forward(self, x):
+        h = self.norm(x)
+        return x + torch.relu(self.base(h) + self.lora_b(self.lora_a(h)))
+
+
+class TwoOutputLeaf(torch.nn.Module):
+    """A frozen layer norm and two trainable layers, returning both layers' outputs; marked a leaf, so stage 3
+    fetches its parameters together and its backward hook fires once for each output."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(HIDDEN).requires_grad_(False)
+        self.a, self.b = torch.nn.Linear(HIDDEN, HIDDEN), torch.nn.Linear(HIDDEN, HIDDEN)
+
+    def forward(self, x):
+        h = self.norm(x)
+        return self.a(h), self.b(h)
+
+
+class TwoOutputLeafBlock(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.leaf = TwoOutputLeaf()
+
+    def forward(self, x):
+        a, b = self.leaf(x)
+        return x + torch.relu(a + b)
+
+
+class CheckpointedFrozenBlocks(torch.nn.Module):
+    """Three blocks with a frozen base, each under ``torch.utils.checkpoint`` in training, and a trainable head."""
+
+    def __init__(self, use_reentrant, block=FrozenBlock):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(block() for _ in range(3))
+        if block is TwoOutputLeafBlock:
+            deepspeed.utils.set_z3_leaf_modules(self, [TwoOutputLeaf])
+        self.head = torch.nn.Linear(HIDDEN, HIDDEN)
+        self.use_reentrant = use_reentrant
+        self.cross_entropy_loss = torch.nn.CrossEntropyLoss()
+
+    def forward(self, x, y):
+        for block in self.blocks:
+            if self.training:
+                x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=self.use_reentrant)
+            else:
+                x = block(x)
+        return self.cross_entropy_loss(self.head(x).float(), y)
+
+
+def frozen_checkpointed(budget, device, nvme):
+    """test_zero_user_backward.py's frozen-parameter checkpointing tests (TestZeroFrozenParamCheckpointingVariants'
+    multi-block and LoRA-style models, TestZeroFrozenParamNoGradInputAccumulation), trained: LoRA with gradient
+    checkpointing, the frozen base re-gathered by each block's recompute in backward (stage 3 releases what a
+    recompute gathers with the module whose backward is running). Reentrant and non-reentrant checkpointing, and
+    TestZeroFrozenParamMultiTensorLeaf's leaf of two outputs (non-reentrant), each with gradient accumulation 2 and an
+    evaluation pass between steps. The non-reentrant blocks' inputs do not require a gradient; the reentrant ones'
+    do (their adapters get none otherwise), and the leaf's. Every parameter is partitioned after each optimizer
+    step."""
+    results = {}
+    # (a leaf's inputs must require a gradient for its backward hook to run, DeepSpeed #5074: with an input that
+    # does not, stock fails in the first backward, offloaded or not)
+    for name, use_reentrant, block, input_grad in (("reentrant", True, FrozenBlock, True),
+                                                   ("non_reentrant", False, FrozenBlock, False),
+                                                   ("two_output_leaf", False, TwoOutputLeafBlock, True)):
+        config = ds_config(budget, device, os.path.join(nvme, name), gas=2)
+        with engine_for(config, functools.partial(CheckpointedFrozenBlocks, use_reentrant, block)) as engine:
+            losses, partitioned = [], True
+            for micro, (x, y) in enumerate(batches(8)):
+                loss = engine(x.requires_grad_(input_grad), y)
+                engine.backward(loss)
+                engine.step()
+                losses.append(loss)
+                if micro % 2 == 1:  # after an optimizer step
+                    partitioned &= all(p.ds_status == ZeroParamStatus.NOT_AVAILABLE
+                                       for p in engine.module.parameters())
+                if micro == 3:
+                    engine.eval()
+                    with torch.no_grad():
+                        losses.append(engine(x, y))
+                    engine.train()
+            results[name] = dict(losses_and_weights(engine, losses), partitioned=partitioned)
+    return results
+
+
+class LayersRaisingInForward(Layers):
+    """Four layers; after the second, an error while ``armed`` (an out-of-memory error in a forward)."""
+
+    def __init__(self):
+        super().__init__(layers=4)
+        self.armed = False
+
+    def forward(self, x, y):
+        for index, layer in enumerate(self.ll):
+            x = x + torch.relu(layer(x))
+            if index == 1 and self.armed:
+                raise RuntimeError("injected error in forward")
+        return self.cross_entropy_loss(x.float(), y)
+
+
+def forward_raises(budget, device, nvme):
+    """A forward that stops half-way with an exception the training loop catches (an out-of-memory error on a long
+    batch), the batch dropped and training on with the next: the first two layers gathered and in use when it
+    comes. Once at the first micro-batch of an accumulation window of 2, once at the second (the first's gradients
+    handed to the optimizer), a sub-group per layer (about two layers' partitions each at 2 ranks)."""
+    config = ds_config(budget, device, nvme, gas=2, sub_group_size=HIDDEN * HIDDEN)
+    with engine_for(config, LayersRaisingInForward) as engine:
+        losses, raised = [], []
+        for micro, (x, y) in enumerate(batches(12)):
+            engine.module.armed = micro in (2, 7)
+            try:
+                loss = engine(x, y)
+            except RuntimeError as err:
+                raised.append("injected error in forward" in str(err))
+                continue
+            engine.backward(loss)
+            engine.step()
+            losses.append(loss)
+        return dict(losses_and_weights(engine, losses), steps=engine.global_steps, raised=raised == [True, True])
+
 SCENARIOS = {"unbalanced": unbalanced, "repeat": repeat, "step_count": step_count, "backward_thrice": backward_thrice,
              "empty_cache": empty_cache, "empty_group": empty_group, "external": external, "modified": modified,
              "other_optimizers": other_optimizers, "unmanaged_accumulation": unmanaged_accumulation,
              "inference": inference,
              "two_engines": two_engines, "skipped_update": skipped_update,
              "gradient_paths": gradient_paths, "muon": muon, "run_changes": run_changes,
-             "unwrap_for_generation": unwrap_for_generation,
+             "unwrap_for_generation": unwrap_for_generation, "frozen_checkpointed": frozen_checkpointed,
+             "forward_raises": forward_raises,
              # the upstream test's own getter: fails with the optimizer on NVMe, stock's swappers and tencache's alike
              "grad_partitions": functools.partial(backward_thrice, partitions_getter=True)}
 
