@@ -22,6 +22,9 @@ NVMe under tencache: each passes with the results of stock CPU offload, bit for 
 - latest_checkpoint (TestLatestCheckpoint): a load from a folder with no ``latest`` file returns no path and the
   engine trains on; a save and a load with no tag go through ``latest``, and the resumed weights are those of the
   run that never stopped (stock CPU offload's own resume differs from it in the last bits);
+- tag_validation (TestCheckpointValidationTag): each rank saves under a tag of its own; ``"FAIL"`` stops the save
+  on every rank before any file is written, ``"WARN"`` saves each rank's files into its own tag, and training goes
+  on after both; an unknown mode stops ``deepspeed.initialize``;
 - load_at_other_world_size (DeepSpeed's stage 3 has no elastic checkpoint; in bf16, so that a load that set the fp32
   masters from the bf16 weights shows): a checkpoint saved by 2 ranks (save_for_other_world_size) loaded by 1, with the
   optimizer's state (stock CPU offload's error) and without it (the weights repartitioned, training on); and its
@@ -52,7 +55,8 @@ pytestmark = [pytest.mark.deepspeed, pytest.mark.slow]  # about 60 s a launch of
 SCRIPT = os.path.join(os.path.dirname(__file__), "upstream_checkpoints.py")
 SCENARIOS = ("zero_to_fp32", "zero_to_fp32_frozen", "immediate_save_load", "load_immediate_save",
              "load_into_new_engine", "load_into_trained_engine", "load_after_a_backward_without_its_step",
-             "save_before_accumulation_is_done", "latest_checkpoint", "save_for_other_world_size", "load_saved_on_cpu")
+             "save_before_accumulation_is_done", "latest_checkpoint", "tag_validation", "save_for_other_world_size",
+             "load_saved_on_cpu")
 
 
 # tencache's arm only, last (bad input, no upstream test): a module-only load stage 3 cannot finish is refused
@@ -165,6 +169,10 @@ def test_optimizer_on_nvme_gives_stock_cpu_offloads_results(tmp_path):
     stock_latest = reference["latest_checkpoint"].pop("existing")
     assert (ours_latest["path"], ours_latest["losses"]) == (stock_latest["path"], stock_latest["losses"])
     assert ours_latest["trained"] == reference["latest_checkpoint"]["uninterrupted"]["trained"], ours_latest
+    # a tag of each rank's own: refused on every rank before any file is written ("FAIL"), saved by each ("WARN")
+    tags = reference["tag_validation"]
+    assert (tags["FAIL"]["refused"], tags["FAIL"]["written"], tags["WARN"]["own_zero_file"]) == (True, False, True)
+    assert tags["unknown"] == "DeepSpeedConfigError", tags
     for name in SCENARIOS:
         assert name in reference and name in ours, (name, reference, ours)  # a failure stops the scenarios after it
         assert reference[name]["ok"], (name, reference[name])

@@ -2,7 +2,8 @@
 the scenarios of tests/unit/v1/zero/test_zero.py::TestZeroToFP32::test_1_param_group and tests/unit/checkpoint/
 test_zero_optimizer.py::TestZeROSaveLoadEdgeCase::test_immediate_save_load / ::test_load_immediate_save /
 ::test_save_before_accum_grad_is_done, TestZeROCheckpoint::test_load_optimizer_state /
-test_not_load_optimizer_state / test_load_module_only and test_latest_checkpoint.py in DeepSpeed's repository;
+test_not_load_optimizer_state / test_load_module_only, test_latest_checkpoint.py and test_tag_validation.py in
+DeepSpeed's repository;
 fp32 (bf16 in TestZeROCheckpoint's, in save_before_accumulation_is_done and at another world size) instead of
 fp16, the CPU accelerator, 2 ranks, layers of 1024 so that the optimizer state is large enough to be swapped).
 Rank 0 prints one RESULT line.
@@ -11,7 +12,7 @@ Rank 0 prints one RESULT line.
         NVME_DIR CKPT_DIR
 
 SCENARIOS: comma-separated, of zero_to_fp32, zero_to_fp32_frozen, immediate_save_load, load_immediate_save,
-load_into_new_engine, save_before_accumulation_is_done, latest_checkpoint, load_into_trained_engine and
+load_into_new_engine, save_before_accumulation_is_done, latest_checkpoint, tag_validation, load_into_trained_engine and
 load_after_a_backward_without_its_step (the last two not upstream),
 module_only_params_on_file (tencache's error; no
 upstream test), save_for_other_world_size and load_at_other_world_size (the second in a launch of another world
@@ -470,6 +471,43 @@ def load_at_other_world_size(mode, device, nvme, ckpt):
                                              bf16=True))
 
 
+def tag_validation(mode, device, nvme, ckpt):
+    """test_tag_validation.py (TestCheckpointValidationTag), trained: each rank saves under a tag of its own
+    (``tag-RANK``). With ``"tag_validation": "FAIL"`` the save stops with stock's AssertionError on every rank, before
+    any file is written, and the engine trains on; with ``"WARN"`` each rank saves into its tag's folder and the
+    engine trains on. An unknown mode stops ``deepspeed.initialize`` with DeepSpeedConfigError. The errors, the
+    files each tag's folder got, the losses and the trained weights."""
+    def new_engine(validation):
+        config = dict(ds_config(mode, device, os.path.join(nvme, validation), 2, 1),
+                      checkpoint={"tag_validation": validation})
+        torch.manual_seed(1234)
+        model = Layers(2, False)
+        return deepspeed.initialize(config=config, model=model, model_parameters=model.parameters())[0]
+
+    rank, result = torch.distributed.get_rank(), {}
+    for validation in ("FAIL", "WARN"):
+        engine, folder = new_engine(validation), os.path.join(ckpt, validation)
+        before = recorded(engine, batches(2, 2, seed=3))
+        try:
+            engine.save_checkpoint(folder, tag=f"tag-{rank}")
+            refused = False
+        except AssertionError as err:
+            refused = "not consistent across all ranks" in str(err)
+        torch.distributed.barrier()
+        tag_folder = os.path.join(folder, f"tag-{rank}")
+        result[validation] = {
+            "refused": refused, "written": os.path.exists(tag_folder) and bool(os.listdir(tag_folder)),
+            "own_zero_file": os.path.exists(os.path.join(tag_folder, f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt")),
+            "losses": [before, recorded(engine, batches(2, 2, seed=5))], "trained": digest(gathered(engine))}
+        engine.destroy()
+    try:
+        new_engine("foo")
+        result["unknown"] = None
+    except deepspeed.DeepSpeedConfigError as err:
+        result["unknown"] = type(err).__name__
+    return result
+
+
 SCENARIOS = {
     "zero_to_fp32": lambda *args: zero_to_fp32(*args, freeze=False),
     "zero_to_fp32_frozen": lambda *args: zero_to_fp32(*args, freeze=True),
@@ -480,6 +518,7 @@ SCENARIOS = {
     "load_after_a_backward_without_its_step": load_after_a_backward_without_its_step,
     "save_before_accumulation_is_done": save_before_accumulation_is_done,
     "latest_checkpoint": latest_checkpoint,
+    "tag_validation": tag_validation,
     "module_only_params_on_file": module_only_params_on_file,
     "save_for_other_world_size": save_for_other_world_size,
     "load_at_other_world_size": load_at_other_world_size,
