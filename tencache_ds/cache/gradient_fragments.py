@@ -9,6 +9,11 @@ fragments arrive or are used (integrations/deepspeed/optimizer_gradients.py).
 A kept copy may be of a narrower dtype than the fragment (bf16 gradients, an fp32 optimizer): the fill widens it,
 which is exact; the lookup only offers copies for which it is.
 
+A fragment not handed again (a parameter that got no gradient in a later window: a branch or head a batch does not
+use) is read again at later updates, as stock CPU offload reads what its gradient buffer last held there. Each update
+multiplies its lent gradient in place (the unscale and clip factor, ``scaled``); stock's buffer keeps those products,
+so the fill multiplies such a fragment by each factor since it was handed, in order: the same float operations.
+
 Plain class: imports torch, not DeepSpeed.
 """
 from typing import Callable, Dict, Hashable, List, Optional, Sequence, Set, Tuple
@@ -32,6 +37,8 @@ class GradientFragments:
         self._changed_unhanded: Dict[Hashable, Set[int]] = {}
         self._views: Dict[Hashable, Dict[int, torch.Tensor]] = {}
         self._only_views: Set[Hashable] = set()  # lent gradients filled from fragments alone: nothing to keep
+        # group -> (window, factor) for each time an update multiplied its lent gradient, since its oldest fragment
+        self._scales: Dict[Hashable, List[Tuple[int, torch.Tensor]]] = {}
 
     def remember(self, group, parts: Sequence[Part], kept_copy: KeptCopy) -> List[Part]:
         """Remember the kept copy of each part that has one; returns the others, to be stored (a stored part is
@@ -56,8 +63,20 @@ class GradientFragments:
 
     def end_window(self) -> None:
         """An optimizer step ended its accumulation window: fragments remembered so far were handed in an earlier
-        one from now on."""
+        one from now on. Factors older than a group's oldest fragment apply to none of them any more."""
         self._window += 1
+        for group, scales in self._scales.items():
+            oldest = min(self._handed_in.get(group, {}).values(), default=self._window)
+            scales[:] = [(window, factor) for window, factor in scales if window >= oldest]
+
+    def scaled(self, group, factor: torch.Tensor) -> None:
+        """The update multiplied ``group``'s lent gradient in place by ``factor`` (one element, the gradient's dtype;
+        stage 3's unscale and clip): fragments handed in this window or before and not since are read so at later
+        updates."""
+        # one factor a step is kept while a fragment goes unhanded; a factor of one (no clipping, no loss scale)
+        # changes no bytes
+        if self._handed_in.get(group) and factor.item() != 1.0:
+            self._scales.setdefault(group, []).append((self._window, factor))
 
     def not_handed_this_window(self, group) -> List[int]:
         """Offsets of ``group`` whose remembered copy was handed in an earlier window, not this one: the update reads
@@ -95,8 +114,16 @@ class GradientFragments:
                 end = max(end, offset + fragment.numel())
             if end < gradient.numel():
                 gradient.narrow(0, end, gradient.numel() - end).zero_()
+        handed_in, changed = self._handed_in.get(group, {}), self._changed_unhanded.get(group, set())
+        scales = self._scales.get(group, ())
         for offset, fragment in parts:
-            gradient.narrow(0, offset, fragment.numel()).copy_(fragment.reshape(-1))
+            region = gradient.narrow(0, offset, fragment.numel())
+            region.copy_(fragment.reshape(-1))
+            if offset in changed:
+                continue  # the caller's copy no longer holds what was handed: nothing stock kept to replay
+            for window, factor in scales:
+                if handed_in[offset] <= window < self._window:
+                    region.mul_(factor)
 
     def filled_alone(self, group) -> bool:
         """Was the sub-group's lent gradient filled from remembered fragments alone (its bytes need neither keeping
@@ -111,8 +138,9 @@ class GradientFragments:
         self._views.pop(group, None)
         self._handed_in.pop(group, None)
         self._changed_unhanded.pop(group, None)
+        self._scales.pop(group, None)
         self._only_views.discard(group)
 
     def clear(self) -> None:
         """A checkpoint was loaded: no gradient survives it."""
-        self._views, self._only_views, self._handed_in, self._changed_unhanded = {}, set(), {}, {}
+        self._views, self._only_views, self._handed_in, self._changed_unhanded, self._scales = {}, set(), {}, {}, {}

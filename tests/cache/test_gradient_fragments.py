@@ -98,3 +98,48 @@ def test_copies_changed_without_being_handed_stay_named_until_handed_again():
     fragments.note_changed_unhanded("g", [0])
     fragments.clear()
     assert fragments.changed_unhanded("g") == set()
+
+
+def test_a_fragment_not_handed_again_is_filled_with_each_factor_its_updates_scaled_it_by_since():
+    """Stock CPU offload's gradient buffer keeps what each update's unscale and clip left in it; a parameter that gets
+    no gradient in a later window is updated from those bytes. Fragments handed in this window are not scaled, nor
+    one whose copy the caller changed without handing it (nothing of stock's to replay there)."""
+    flat = torch.tensor([3.0, 5.0, 7.0, 11.0])
+    fragments, a, b = GradientFragments(), flat.narrow(0, 0, 2), flat.narrow(0, 2, 2)
+    fragments.remember("g", [(0, a), (2, b)], _views_of(flat))
+    half, third = torch.tensor([0.5]), torch.tensor([1 / 3])
+    fragments.scaled("g", half)  # window 0's update
+    fragments.end_window()
+    fragments.remember("g", [(2, b)], _views_of(flat))  # window 1: only b handed again
+    gradient = torch.zeros(4)
+    fragments.fill("g", gradient, alone=True)
+    assert gradient.tolist() == [1.5, 2.5, 7.0, 11.0]
+    fragments.scaled("g", third)
+    fragments.end_window()
+    fragments.fill("g", gradient, alone=True)  # window 2, nothing handed: each factor in turn, as stock's buffer
+    expected = [(torch.tensor([x]) * half * third).item() for x in (3.0, 5.0)] + \
+               [(torch.tensor([x]) * third).item() for x in (7.0, 11.0)]
+    assert gradient.tolist() == expected
+    fragments.note_changed_unhanded("g", [0])
+    fragments.fill("g", gradient, alone=True)
+    assert gradient.tolist()[:2] == [3.0, 5.0]
+
+
+def test_factors_older_than_every_remembered_fragment_are_dropped():
+    flat = torch.ones(2)
+    fragments, whole = GradientFragments(), flat.narrow(0, 0, 2)
+    fragments.scaled("g", torch.tensor([2.0]))  # nothing remembered yet: nothing to scale
+    fragments.remember("g", [(0, whole)], _views_of(flat))
+    fragments.scaled("g", torch.tensor([1.0]))  # changes no bytes: not kept
+    for _ in range(3):
+        fragments.scaled("g", torch.tensor([2.0]))
+        fragments.end_window()
+    assert len(fragments._scales["g"]) == 3
+    fragments.remember("g", [(0, whole)], _views_of(flat))
+    fragments.end_window()
+    assert fragments._scales["g"] == []  # the one fragment was handed again: no older factor applies
+    gradient = torch.zeros(2)
+    fragments.fill("g", gradient, alone=True)
+    assert gradient.tolist() == [1.0, 1.0]
+    fragments.forget("g")
+    assert "g" not in fragments._scales

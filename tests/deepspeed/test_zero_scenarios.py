@@ -15,8 +15,9 @@ tencache stopped at the first update before 2026-11-27), saved, rolled back to a
 stock's swappers resumed, and a run whose step changes under it (``torch_autocast`` with fp32 parameters, leaf
 modules fetched whole, the batch size changed twice mid-run), and the whole model unwrapped for generation between
 steps (``unwrap_model_for_generation``, TRL's RLHF loop), LoRA with gradient checkpointing (a frozen base
-gathered again by each block's recompute in backward), and a forward stopped half-way by an error the training
-loop catches (the batch dropped, training on). Each gives the results of stock CPU offload run in a
+gathered again by each block's recompute in backward), a forward stopped half-way by an error the training
+loop catches (the batch dropped, training on), and accumulation windows of varying length, managed and not, with a
+layer that gets no gradient in some windows. Each gives the results of stock CPU offload run in a
 process that never imported tencache_ds, bit for bit, with the host tier holding part of the state. Real engine,
 real files, 2 ranks forked as the launcher starts them (tests/deepspeed/forkserver.py)."""
 import os
@@ -30,7 +31,7 @@ SCRIPT = os.path.join(os.path.dirname(__file__), "zero_scenarios.py")
 SCENARIOS = ("unbalanced", "repeat", "step_count", "backward_thrice", "empty_cache", "empty_group", "external",
              "modified", "other_optimizers", "unmanaged_accumulation", "two_engines", "inference", "skipped_update",
              "gradient_paths", "muon", "run_changes", "unwrap_for_generation", "frozen_checkpointed",
-             "forward_raises")
+             "forward_raises", "varying_accumulation")
 # part of each rank's state held (about a quarter of it: some tensors whole, prefixes of others, evictions); nothing
 # held and "auto" (all of it) passed too (2026-11-27) and are left out for the suite's time
 BUDGETS = ("6MB",)

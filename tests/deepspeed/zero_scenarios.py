@@ -651,6 +651,66 @@ def forward_raises(budget, device, nvme):
             losses.append(loss)
         return dict(losses_and_weights(engine, losses), steps=engine.global_steps, raised=raised == [True, True])
 
+class TwoHeads(torch.nn.Module):
+    """Two square layers of which a forward uses one (``use_a``): the other gets no gradient."""
+
+    def __init__(self):
+        super().__init__()
+        self.head_a, self.head_b = (torch.nn.Linear(HIDDEN, HIDDEN, bias=False) for _ in range(2))
+        self.use_a = True
+        self.cross_entropy_loss = torch.nn.CrossEntropyLoss()
+
+    def forward(self, x, y):
+        return self.cross_entropy_loss((self.head_a if self.use_a else self.head_b)(x).float(), y)
+
+
+def varying_accumulation(budget, device, nvme):
+    """test_zero_user_backward.py's TestUnmanagedGradientAccumulation::test_unmanaged_varying_backward_count and
+    TestUnmanagedGradientAccumulationOffloadInactiveParams: accumulation windows of 2, 5 and 3 micro-batches (each
+    loss divided by its window's length), driven by the caller (``managed_gradient_accumulation`` false: the
+    ``step()`` is the boundary; every step applied, ``global_samples`` advanced by the window) and by DeepSpeed with
+    ``set_gradient_accumulation_boundary`` at each window's last micro-batch; and, unmanaged, windows in which one
+    of two layers gets no gradient at all (``ignore_unused_parameters``), each layer a sub-group of its own."""
+    results, windows = {}, (2, 5, 3)
+    for managed in (False, True):
+        config = dict(ds_config(budget, device, os.path.join(nvme, f"managed={managed}"), gas=4,
+                                sub_group_size=HIDDEN * HIDDEN), managed_gradient_accumulation=managed)
+        with engine_for(config, functools.partial(Layers, layers=4)) as engine:
+            losses, data, counted = [], iter(batches(sum(windows))), True
+            for window in windows:
+                samples = engine.global_samples
+                for micro in range(window):
+                    if managed:
+                        engine.set_gradient_accumulation_boundary(micro == window - 1)
+                    loss = engine(*next(data))
+                    engine.backward(loss / window, scale_wrt_gas=False)
+                    losses.append(loss)
+                    if managed:
+                        engine.step()
+                if not managed:
+                    engine.step()
+                    counted &= engine.was_step_applied() and engine.global_samples == samples + 2 * 2 * window
+            results[f"managed={managed}"] = dict(losses_and_weights(engine, losses), counted=counted)
+    for managed in (False, True):
+        config = dict(ds_config(budget, device, os.path.join(nvme, f"inactive-managed={managed}"), gas=2,
+                                sub_group_size=HIDDEN * HIDDEN, ignore_unused_parameters=True),
+                      managed_gradient_accumulation=managed)
+        with engine_for(config, TwoHeads) as engine:
+            losses, data = [], iter(batches(6))
+            for use_a in (True, False, True):
+                engine.module.use_a = use_a
+                for _ in range(2):
+                    loss = engine(*next(data))
+                    engine.backward(loss)
+                    losses.append(loss)
+                    if managed:
+                        engine.step()
+                if not managed:
+                    engine.step()
+            results[f"inactive-managed={managed}"] = losses_and_weights(engine, losses)
+    return results
+
+
 SCENARIOS = {"unbalanced": unbalanced, "repeat": repeat, "step_count": step_count, "backward_thrice": backward_thrice,
              "empty_cache": empty_cache, "empty_group": empty_group, "external": external, "modified": modified,
              "other_optimizers": other_optimizers, "unmanaged_accumulation": unmanaged_accumulation,
@@ -658,7 +718,7 @@ SCENARIOS = {"unbalanced": unbalanced, "repeat": repeat, "step_count": step_coun
              "two_engines": two_engines, "skipped_update": skipped_update,
              "gradient_paths": gradient_paths, "muon": muon, "run_changes": run_changes,
              "unwrap_for_generation": unwrap_for_generation, "frozen_checkpointed": frozen_checkpointed,
-             "forward_raises": forward_raises,
+             "forward_raises": forward_raises, "varying_accumulation": varying_accumulation,
              # the upstream test's own getter: fails with the optimizer on NVMe, stock's swappers and tencache's alike
              "grad_partitions": functools.partial(backward_thrice, partitions_getter=True)}
 

@@ -182,6 +182,11 @@ REBINDINGS = (
               why="stage 3 casts each reduced gradient partition of a swapped sub-group to fp32 before handing it to "
                   "the swapper, which reads stage 3's host copy instead: where it will, the cast (a new tensor the "
                   "size of every gradient, each step) is skipped (stage3_gradients.py)"),
+    Rebinding(STAGE3, "unscale_and_clip_grads", "noting_gradient_scales", wraps=True,
+              why="stage 3 multiplies each sub-group's gradient in place before its update, and stock CPU offload's "
+                  "buffer keeps the product for a parameter that gets no gradient in a later window: the swapper, "
+                  "whose gradient is a fill of stage 3's copies, is told each factor to replay it "
+                  "(stage3_gradients.py)"),
     Rebinding(STAGE3, "_DeepSpeedZeroOptimizer_Stage3__avg_scatter_grads", "marking_tencache_reductions",
               wraps=True,
               why="marks the reduce-scatter of each gradient bucket as one for a tencache optimizer on a host "

@@ -40,7 +40,7 @@ from .memory_pressure import governor_of
 from .one_rank_reduce import marking_tencache_reductions, reducing_without_copy_at_one_rank
 from .optimizer_swapper import TencacheOptimizerSwapper
 from .param_swapper import TencacheParamSwapper
-from .stage3_gradients import handing_gradients_uncast
+from .stage3_gradients import handing_gradients_uncast, noting_gradient_scales
 
 
 def _validating(initialize):
@@ -327,6 +327,7 @@ REPLACEMENTS = {
     "rigid_load_with_params_on_file": rigid_load_with_params_on_file,
     "refresh_masters_swapping_in": refresh_masters_swapping_in,
     "handing_gradients_uncast": handing_gradients_uncast,
+    "noting_gradient_scales": noting_gradient_scales,
     "marking_tencache_reductions": marking_tencache_reductions,
     "reducing_without_copy_at_one_rank": reducing_without_copy_at_one_rank,
     "restoring_kept_partitions": restoring_kept_partitions,

@@ -98,7 +98,7 @@ class SubGroupGradients:
         fragments = self.fragments
         if not fragments.has(group):
             return lend_stored()
-        self._count_reduced_not_handed(group)
+        self._note_reduced_not_handed(group)
         alone = not self.store.knows(path)
         if alone:
             gradient = self.store.lend_new(path, numel, path, transient=True)
@@ -122,6 +122,11 @@ class SubGroupGradients:
             self.store.discard(path)
         else:
             self.store.release(path, changed=changed)
+
+    def scaled(self, group, factor: torch.Tensor) -> None:
+        """Stage 3's update multiplied sub-group ``group``'s lent gradient in place by ``factor``
+        (stage3_gradients.noting_gradient_scales): remembered fragments not handed again are read so later."""
+        self.fragments.scaled(group, factor)
 
     # -------------------------------------------------------------------------------------------- windows
     def end_window(self) -> None:
@@ -159,20 +164,24 @@ class SubGroupGradients:
             return lambda offset, fragment: None
         return lambda offset, fragment: stage3.host_copy(group, offset, fragment)
 
-    def _count_reduced_not_handed(self, group: Hashable) -> None:
+    def _note_reduced_not_handed(self, group: Hashable) -> None:
         """Before the update reads the sub-group's remembered fragments: those handed in an earlier window whose
         parameter stage 3 has reduced since without handing it (a gradient in an earlier micro-batch, none in the
         last): the update reads what stage 3 accumulated where stock reads the bytes last handed
-        (stage3_gradients.py). Counted once per fragment and window; a warning at the first."""
+        (stage3_gradients.py). Noted as changed at once (so the fill replays no factor on them), counted once per
+        fragment and window; a warning at the first."""
         stage3, fragments = self.stage3, self.fragments
         if stage3 is None:
             return
-        reductions, changed = self._window_reductions or (), fragments.changed_unhanded(group)
+        reductions = self._window_reductions or ()
         offsets: List[int] = fragments.not_handed_this_window(group)
+        fragments.note_changed_unhanded(group, [offset for offset in offsets
+                                                if stage3.param_at(group, offset) in reductions])
+        changed = fragments.changed_unhanded(group)
         for offset in offsets:
             if (group, offset) in self._counted_this_window:
                 continue  # a second swap-in in the window (safe_get_full_grad, Muon) reads the same bytes
-            if offset in changed or stage3.param_at(group, offset) in reductions:
+            if offset in changed:
                 if not self.reduced_not_handed:
                     logger.warning("optimizer sub-group %s: a parameter's gradient was reduced in an earlier "
                                    "micro-batch of an accumulation window but not in its last one; its update "

@@ -33,10 +33,17 @@ window's gradient of that parameter is lost); a view remembered from that hand-o
 since. The swapper counts such reads and warns at the first (``reductions``, ``param_at``;
 ``optimizer_gradient_fragments_reduced_not_handed``). Models whose every parameter gets a gradient in every
 micro-batch (all of ours) see no difference.
+A parameter reduced in no micro-batch of a window (a head or branch that window's batches do not use) is handed at
+no boundary either, and its view still holds what was handed. Stock CPU offload's update reads what its own gradient
+buffer last held there: those bytes multiplied in place by each update's unscale and clip since (DeepSpeed's default
+clipping, 1.0, scales most steps). The swapper is told each factor (``noting_gradient_scales``) and the fill replays
+them in order (cache/gradient_fragments.py), which gives stock CPU offload's bits; stock NVMe's update reads its file
+unscaled there (and at 2 ranks changed a head no batch had used yet at the first step).
 These facts are in contract.py (PRIVATE_MEMBERS, CALL_ORDER); the parity tests check the bits.
 """
 import functools
 import os
+import types
 import weakref
 from typing import Dict, Hashable, Optional, Set
 
@@ -137,4 +144,38 @@ def handing_gradients_uncast(original):
     return offload_grad_partition_at_boundary
 
 
-__all__ = ["Stage3Gradients", "stage3_gradients_of", "handing_gradients_uncast", "STORE_GRADIENT_FRAGMENTS_ENV"]
+class _FactorProbe:
+    """Stage 3 as its ``unscale_and_clip_grads`` sees it, except that the sub-group's gradient is one element of
+    ones: what the call leaves there is the factor it multiplies the gradient by (DeepSpeed's formula, not a copy)."""
+
+    def __init__(self, stage3, sub_group_id: int, like: torch.Tensor):
+        self._stage3 = stage3
+        self.factor = torch.ones(1, dtype=like.dtype, device=like.device)
+        self.fp32_partitioned_groups_flat = {sub_group_id: types.SimpleNamespace(grad=self.factor)}
+
+    def __getattr__(self, name):
+        return getattr(self._stage3, name)
+
+
+def noting_gradient_scales(original):
+    """Wraps stage 3's ``unscale_and_clip_grads``, which multiplies a sub-group's gradient in place by the step's
+    unscale and clip factor before the update. Stock CPU offload's gradient buffer keeps the product, and a parameter
+    that gets no gradient in a later window (a branch a batch does not use) is updated from it again then. The
+    optimizer swapper, whose gradient is a transient fill of stage 3's copies, is told each factor
+    (``gradient_scaled``), so that such a fill gives the same bytes (cache/gradient_fragments.py). Another swapper, or
+    a sub-group not swapped, goes to DeepSpeed's method alone."""
+    @functools.wraps(original)
+    def unscale_and_clip_grads(self, sub_group_id, total_norm):
+        noted = getattr(getattr(self, "optimizer_swapper", None), "gradient_scaled", None)
+        if noted is not None and self._swappable_optimizer_subgroup(sub_group_id):
+            master = self.fp32_partitioned_groups_flat[sub_group_id]
+            probe = _FactorProbe(self, sub_group_id, master.grad)
+            original(probe, sub_group_id, total_norm)
+            noted(master, probe.factor)
+        return original(self, sub_group_id, total_norm)
+
+    return unscale_and_clip_grads
+
+
+__all__ = ["Stage3Gradients", "stage3_gradients_of", "handing_gradients_uncast", "noting_gradient_scales",
+           "STORE_GRADIENT_FRAGMENTS_ENV"]
