@@ -29,7 +29,8 @@ NVMe under tencache: each passes with the results of stock CPU offload, bit for 
   masters from the bf16 weights shows): a checkpoint saved by 2 ranks (save_for_other_world_size) loaded by 1, with the
   optimizer's state (stock CPU offload's error) and without it (the weights repartitioned, training on); and its
   universal version (``ds_to_universal``, after `tencache-ds checkpoint-for-cpu` for tencache's), with and without the
-  optimizer's state (stock NVMe: FileNotFoundError); and (in save_for_other_world_size) loaded by an engine with another
+  optimizer's state (stock NVMe: FileNotFoundError); the same loads by 2 ranks (the universal version:
+  TestZeROUniversalCheckpointDP's 2 to 2); and (in save_for_other_world_size) loaded by an engine with another
   ``sub_group_size``: the same two loads;
 - load_saved_on_cpu (not upstream): a checkpoint saved with the optimizer on cpu loaded with it on NVMe, with its
   optimizer's state (from the ZeRO file into the swap files: the losses and weights of the uninterrupted run) and
@@ -51,7 +52,7 @@ import pytest
 
 from conftest import REPO, launch_ranks
 
-pytestmark = [pytest.mark.deepspeed, pytest.mark.slow]  # about 60 s a launch of 2 ranks, two, and two of 1
+pytestmark = [pytest.mark.deepspeed, pytest.mark.slow]  # about 60 s a launch of 2 ranks, four, and two of 1
 SCRIPT = os.path.join(os.path.dirname(__file__), "upstream_checkpoints.py")
 SCENARIOS = ("zero_to_fp32", "zero_to_fp32_frozen", "immediate_save_load", "load_immediate_save",
              "load_into_new_engine", "load_into_trained_engine", "load_after_a_backward_without_its_step",
@@ -133,6 +134,15 @@ def test_optimizer_on_nvme_gives_stock_cpu_offloads_results(tmp_path):
     for load in ("weights", "optimizer", "module"):
         assert "loaded" in reference_universal[load], reference_universal
         assert ours_universal[load] == reference_universal[load], (load, ours_universal, reference_universal)
+    # ... and at the world size that saved it (TestZeROUniversalCheckpointDP's 2 ranks to 2): the same three loads of
+    # the universal version as stock CPU offload's, and of the checkpoint itself the weights alone; with the
+    # optimizer's state the same loaded weights and losses (the trained weights differ in the last bits: tencache's
+    # resume replays DeepSpeedCPUAdam's beta products, stock CPU offload's recomputes them, as at "latest" below)
+    reference_same, ours_same = (scenarios(tmp_path, mode, device, [OTHER_WORLD_SIZE], ranks=2)[OTHER_WORLD_SIZE]
+                                 for mode, device in (("stock", "cpu"), ("tencache", "nvme")))
+    assert reference_same["ok"] and ours_same["universal"] == reference_same["universal"], (ours_same, reference_same)
+    assert ours_same["weights"] == reference_same["weights"], (ours_same, reference_same)
+    assert all(ours_same["optimizer"][key] == reference_same["optimizer"][key] for key in ("loaded", "losses"))
     assert reference_other["ok"] and "loaded" in reference_other["weights"], reference_other
     assert ours_other["weights"] == reference_other["weights"], (ours_other, reference_other)
     stock_error = reference_other["optimizer"]["error"]
