@@ -10,7 +10,8 @@ forward, several sub-groups whose Adam step counts must agree, several backward 
 partition cache emptied after an evaluation, an empty parameter group, a weight used outside its module, a weight
 one rank changes between steps, an update skipped for gradients that are not finite, stage 3's gradient-path knobs,
 DeepSpeed's Muon, the whole model unwrapped for generation between steps, LoRA with gradient checkpointing, a
-forward stopped by an error the loop catches, and a run whose step changes under it
+forward stopped by an error the loop catches, accumulation windows of varying length, PyTorch-style backward (three
+engines' losses in one), and a run whose step changes under it
 (``torch_autocast``, leaf modules, the batch size changed mid-run).
 Rank 0 prints one RESULT line.
 
@@ -711,6 +712,54 @@ def varying_accumulation(budget, device, nvme):
     return results
 
 
+class LayersOutput(Layers):
+    """Layers that return their last hidden state: a non-scalar output, for a backward given its gradient."""
+
+    def forward(self, x):
+        for layer in self.ll:
+            x = x + torch.relu(layer(x))
+        return x
+
+
+def user_backward(budget, device, nvme):
+    """test_zero_user_backward.py's PyTorch-style backward (DeepSpeed 0.18+: the engine's hooks run without
+    ``engine.backward``), GAS 2: ``loss.backward()`` (TestZeroUserBackwardBasic), ``engine.scale(loss).backward()``
+    (TestZeroUserBackwardWithScale), a non-scalar output's ``backward(gradient)`` (TestZeroUserBackwardNonScalar),
+    and three engines whose losses are summed into one backward (TestZeroUserBackwardMultipleEngines: their hooks
+    interleave in one autograd pass), each then ``engine.step()``."""
+    results = {}
+    for name in ("loss_backward", "scale_backward", "non_scalar"):
+        config = ds_config(budget, device, os.path.join(nvme, name), gas=2)
+        with engine_for(config, LayersOutput if name == "non_scalar" else Layers) as engine:
+            losses = []
+            for x, y in batches(6):
+                if name == "non_scalar":
+                    out = engine(x)
+                    out.backward(torch.full_like(out, 1e-3) * y.view(-1, 1).to(out.dtype))
+                    losses.append(out.float().pow(2).sum())
+                else:
+                    loss = engine(x, y)
+                    (engine.scale(loss) if name == "scale_backward" else loss).backward()
+                    losses.append(loss)
+                engine.step()
+            results[name] = losses_and_weights(engine, losses)
+    with contextlib.ExitStack() as stack:
+        engines = []
+        for index in range(3):  # models of 2, 3 and 4 layers
+            config = ds_config(budget, device, os.path.join(nvme, f"combined-{index}"), gas=2)
+            engines.append(stack.enter_context(engine_for(config, functools.partial(Layers, layers=2 + index))))
+        losses = []
+        for x, y in batches(4):
+            combined = sum(engine(x, y) / (index + 1) for index, engine in enumerate(engines))
+            combined.backward()
+            for engine in engines:
+                engine.step()
+            losses.append(combined)
+        results["combined"] = {"losses": digest({f"{i}": loss for i, loss in enumerate(losses)}),
+                               "weights": [digest(gathered(engine)) for engine in engines]}
+    return results
+
+
 SCENARIOS = {"unbalanced": unbalanced, "repeat": repeat, "step_count": step_count, "backward_thrice": backward_thrice,
              "empty_cache": empty_cache, "empty_group": empty_group, "external": external, "modified": modified,
              "other_optimizers": other_optimizers, "unmanaged_accumulation": unmanaged_accumulation,
@@ -719,6 +768,7 @@ SCENARIOS = {"unbalanced": unbalanced, "repeat": repeat, "step_count": step_coun
              "gradient_paths": gradient_paths, "muon": muon, "run_changes": run_changes,
              "unwrap_for_generation": unwrap_for_generation, "frozen_checkpointed": frozen_checkpointed,
              "forward_raises": forward_raises, "varying_accumulation": varying_accumulation,
+             "user_backward": user_backward,
              # the upstream test's own getter: fails with the optimizer on NVMe, stock's swappers and tencache's alike
              "grad_partitions": functools.partial(backward_thrice, partitions_getter=True)}
 
