@@ -117,7 +117,8 @@ def trained(engine, dtype, after_backward, after_step, steps=3):
 
 
 def get(budget, device, nvme, dtype):
-    """TestTensorFragmentGet: every getter, full and local, after backward and after the step."""
+    """TestTensorFragmentGet: every getter, full and local, after backward and after the step (the gradients too,
+    which stock CPU offload's update has unscaled and clipped in place by then)."""
     def after_backward(engine, _step):
         values = {}
         for name, lp in engine.module.named_parameters():
@@ -133,6 +134,8 @@ def get(budget, device, nvme, dtype):
             for key in MOMENTS:
                 values[f"{name}.full_{key}"] = safe_get_full_optimizer_state(lp, key)
                 values[f"{name}.local_{key}"] = safe_get_local_optimizer_state(lp, key)
+            values[f"{name}.full_grad"] = safe_get_full_grad(lp)
+            values[f"{name}.local_grad"] = safe_get_local_grad(lp)
         return _by_getter(engine, values)
 
     with engine_for(budget, device, nvme, dtype) as engine:
