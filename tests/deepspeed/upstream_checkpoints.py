@@ -2,8 +2,8 @@
 the scenarios of tests/unit/v1/zero/test_zero.py::TestZeroToFP32::test_1_param_group and tests/unit/checkpoint/
 test_zero_optimizer.py::TestZeROSaveLoadEdgeCase::test_immediate_save_load / ::test_load_immediate_save /
 ::test_save_before_accum_grad_is_done, TestZeROCheckpoint::test_load_optimizer_state /
-test_not_load_optimizer_state / test_load_module_only, test_latest_checkpoint.py and test_tag_validation.py in
-DeepSpeed's repository;
+test_not_load_optimizer_state / test_load_module_only, test_latest_checkpoint.py, test_tag_validation.py and
+tests/unit/runtime/zero/test_nvme_checkpointing.py in DeepSpeed's repository;
 fp32 (bf16 in TestZeROCheckpoint's, in save_before_accumulation_is_done and at another world size) instead of
 fp16, the CPU accelerator, 2 ranks, layers of 1024 so that the optimizer state is large enough to be swapped).
 Rank 0 prints one RESULT line.
@@ -12,7 +12,8 @@ Rank 0 prints one RESULT line.
         NVME_DIR CKPT_DIR
 
 SCENARIOS: comma-separated, of zero_to_fp32, zero_to_fp32_frozen, immediate_save_load, load_immediate_save,
-load_into_new_engine, save_before_accumulation_is_done, latest_checkpoint, tag_validation, load_into_trained_engine and
+load_into_new_engine, save_before_accumulation_is_done, latest_checkpoint, tag_validation, nvme_checkpointing,
+load_into_trained_engine and
 load_after_a_backward_without_its_step (the last two not upstream),
 module_only_params_on_file (tencache's error; no
 upstream test), save_for_other_world_size and load_at_other_world_size (the second in a launch of another world
@@ -508,6 +509,62 @@ def tag_validation(mode, device, nvme, ckpt):
     return result
 
 
+# (parameters, optimizer) offload devices of TestNVMeCheckpointing; the reference's launch (device "cpu") runs each
+# with "nvme" replaced by "cpu"
+NVME_CHECKPOINTING = (("none", "nvme"), ("cpu", "nvme"), ("nvme", "none"), ("nvme", "cpu"), ("nvme", "nvme"))
+
+
+def nvme_checkpointing(mode, device, nvme, ckpt):
+    """test_nvme_checkpointing.py (TestNVMeCheckpointing), in bf16 and at 2 ranks: for each placement of the
+    parameters and the optimizer on NVMe, cpu or neither (``NVME_CHECKPOINTING``), with ``sub_group_size`` 100 and
+    ``stage3_max_live_parameters`` 100 (a sub-group per parameter, nothing kept gathered): train 2 steps, save,
+    train 2 more and take the loss of a last batch; a fresh engine loads the checkpoint, trains the same 2 steps and
+    takes the same loss. The losses, both last losses (upstream: equal) and the trained weights."""
+    placements = {}
+    for params, optimizer in NVME_CHECKPOINTING:
+        def placed(where):
+            return "cpu" if device == "cpu" and where == "nvme" else where
+
+        name = f"params={params},optimizer={optimizer}"
+        config = ds_config(mode, placed(optimizer), os.path.join(nvme, name), 1, 1, bf16=True)
+        if optimizer == "none":
+            del config["zero_optimization"]["offload_optimizer"]
+        if params != "none":
+            config["zero_optimization"]["offload_param"] = {"device": placed(params), "pin_memory": False}
+            if placed(params) == "nvme":
+                config["zero_optimization"]["offload_param"].update(nvme_path=os.path.join(nvme, name),
+                                                                      buffer_count=6, buffer_size=2_000_000)
+        config["zero_optimization"].update(sub_group_size=100, stage3_max_live_parameters=100)
+
+        def new_engine():
+            torch.manual_seed(123)
+            with deepspeed.zero.Init(config_dict_or_path=config):
+                model = Layers(2, False)
+            return deepspeed.initialize(config=config, model=model, model_parameters=model.parameters())[0]
+
+        def second_stage_and_last_loss(engine):
+            losses = recorded(engine, batches(2, 1, seed=5, dtype=torch.bfloat16))
+            [(x, y)] = batches(1, 1, seed=9, dtype=torch.bfloat16)
+            return losses, engine(x, y)
+
+        engine = new_engine()
+        engine.empty_partition_cache()
+        first = recorded(engine, batches(2, 1, seed=3, dtype=torch.bfloat16))
+        engine.save_checkpoint(os.path.join(ckpt, name))
+        second, last_before = second_stage_and_last_loss(engine)
+        trained = digest(gathered(engine))
+        engine.destroy()
+        engine = new_engine()
+        engine.load_checkpoint(os.path.join(ckpt, name))
+        resumed, last_after = second_stage_and_last_loss(engine)
+        placements[name] = {"losses": [first, second, resumed],
+                            "last": digest({"before": last_before, "after": last_after}),
+                            "equal": bool(torch.equal(last_before, last_after)),
+                            "trained": [trained, digest(gathered(engine))]}
+        engine.destroy()
+    return {"placements": placements}
+
+
 SCENARIOS = {
     "zero_to_fp32": lambda *args: zero_to_fp32(*args, freeze=False),
     "zero_to_fp32_frozen": lambda *args: zero_to_fp32(*args, freeze=True),
@@ -519,6 +576,7 @@ SCENARIOS = {
     "save_before_accumulation_is_done": save_before_accumulation_is_done,
     "latest_checkpoint": latest_checkpoint,
     "tag_validation": tag_validation,
+    "nvme_checkpointing": nvme_checkpointing,
     "module_only_params_on_file": module_only_params_on_file,
     "save_for_other_world_size": save_for_other_world_size,
     "load_at_other_world_size": load_at_other_world_size,
