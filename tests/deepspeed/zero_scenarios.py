@@ -484,14 +484,15 @@ def run_changes(budget, device, nvme):
 GRADIENT_PATH_KNOBS = {"not_contiguous_no_overlap_round_robin": {"contiguous_gradients": False, "overlap_comm": False,
                                                                  "round_robin_gradients": True},
                        "all_reduce_small_buckets": {"reduce_scatter": False, "reduce_bucket_size": 300_000,
-                                                    "stage3_prefetch_bucket_size": 100_000}}
+                                                    "stage3_prefetch_bucket_size": 100_000,
+                                                    "stage3_use_all_reduce_for_fetch_params": True}}
 
 
 def gradient_paths(budget, device, nvme):
     """Stage 3's knobs that change how a gradient reaches the offloaded optimizer: without contiguous gradients,
     without reduce-scatter (an all-reduce), without overlapped communication, round-robin gradients, buckets
     smaller than a layer (``GRADIENT_PATH_KNOBS``); with gradient accumulation 2 and ``sub_group_size`` one layer's
-    weight."""
+    weight. And how a parameter is gathered: by an all-reduce (``stage3_use_all_reduce_for_fetch_params``)."""
     results = {}
     for name, knobs in GRADIENT_PATH_KNOBS.items():
         config = ds_config(budget, device, os.path.join(nvme, name), gas=2, sub_group_size=HIDDEN * HIDDEN,
