@@ -12,7 +12,9 @@ which is exact; the lookup only offers copies for which it is.
 A fragment not handed again (a parameter that got no gradient in a later window: a branch or head a batch does not
 use) is read again at later updates, as stock CPU offload reads what its gradient buffer last held there. Each update
 multiplies its lent gradient in place (the unscale and clip factor, ``scaled``); stock's buffer keeps those products,
-so the fill multiplies such a fragment by each factor since it was handed, in order: the same float operations.
+so the fill multiplies such a fragment by each factor since it was handed, in order: the same float operations. The
+product is then kept as that fragment's bytes (host memory the size of its part, until it is handed again), so that
+each factor is applied once however long the parameter goes unused.
 
 Plain class: imports torch, not DeepSpeed.
 """
@@ -39,6 +41,9 @@ class GradientFragments:
         self._only_views: Set[Hashable] = set()  # lent gradients filled from fragments alone: nothing to keep
         # group -> (window, factor) for each time an update multiplied its lent gradient, since its oldest fragment
         self._scales: Dict[Hashable, List[Tuple[int, torch.Tensor]]] = {}
+        # group -> offset -> (window, bytes): an unhanded fragment as stock's buffer held it when that window's update
+        # began (the factors since its hand-off applied)
+        self._replayed: Dict[Hashable, Dict[int, Tuple[int, torch.Tensor]]] = {}
 
     def remember(self, group, parts: Sequence[Part], kept_copy: KeptCopy) -> List[Part]:
         """Remember the kept copy of each part that has one; returns the others, to be stored (a stored part is
@@ -47,8 +52,10 @@ class GradientFragments:
         handed_in = self._handed_in.setdefault(group, {})
         stored = []
         changed = self._changed_unhanded.get(group, set())
+        replayed = self._replayed.get(group, {})
         for offset, fragment in parts:
             changed.discard(offset)  # handed again: its newest bytes are what is remembered or stored
+            replayed.pop(offset, None)
             kept = kept_copy(offset, fragment)
             if kept is not None:
                 views[offset] = kept
@@ -66,17 +73,25 @@ class GradientFragments:
         one from now on. Factors older than a group's oldest fragment apply to none of them any more."""
         self._window += 1
         for group, scales in self._scales.items():
-            oldest = min(self._handed_in.get(group, {}).values(), default=self._window)
+            oldest = min(self._replay_from(group).values(), default=self._window)
             scales[:] = [(window, factor) for window, factor in scales if window >= oldest]
 
     def scaled(self, group, factor: torch.Tensor) -> None:
-        """The update multiplied ``group``'s lent gradient in place by ``factor`` (one element, the gradient's dtype;
-        stage 3's unscale and clip): fragments handed in this window or before and not since are read so at later
-        updates."""
-        # one factor a step is kept while a fragment goes unhanded; a factor of one (no clipping, no loss scale)
-        # changes no bytes
-        if self._handed_in.get(group) and factor.item() != 1.0:
+        """The update multiplied ``group``'s lent gradient in place by ``factor`` (one fp32 element): fragments
+        handed in this window or before and not since are read so at later updates."""
+        if self._handed_in.get(group) and factor.item() != 1.0:  # one (no clipping, no loss scale) changes no byte
             self._scales.setdefault(group, []).append((self._window, factor))
+
+    def factors_kept(self, group) -> int:
+        """Factors kept for ``group`` (those a later fill may still apply)."""
+        return len(self._scales.get(group, ()))
+
+    def _replay_from(self, group) -> Dict[int, int]:
+        """offset -> the window from which factors apply to the bytes a fill copies, for the fragments that get
+        them (not those the caller changed)."""
+        changed, replayed = self._changed_unhanded.get(group, set()), self._replayed.get(group, {})
+        return {offset: replayed[offset][0] if offset in replayed else window
+                for offset, window in self._handed_in.get(group, {}).items() if offset not in changed}
 
     def not_handed_this_window(self, group) -> List[int]:
         """Offsets of ``group`` whose remembered copy was handed in an earlier window, not this one: the update reads
@@ -114,16 +129,20 @@ class GradientFragments:
                 end = max(end, offset + fragment.numel())
             if end < gradient.numel():
                 gradient.narrow(0, end, gradient.numel() - end).zero_()
-        handed_in, changed = self._handed_in.get(group, {}), self._changed_unhanded.get(group, set())
-        scales = self._scales.get(group, ())
+        replay_from, scales = self._replay_from(group), self._scales.get(group, ())
+        replayed = self._replayed.setdefault(group, {})
         for offset, fragment in parts:
             region = gradient.narrow(0, offset, fragment.numel())
-            region.copy_(fragment.reshape(-1))
-            if offset in changed:
-                continue  # the caller's copy no longer holds what was handed: nothing stock kept to replay
-            for window, factor in scales:
-                if handed_in[offset] <= window < self._window:
-                    region.mul_(factor)
+            if offset not in replay_from:  # the caller changed its copy since: nothing stock kept to replay
+                region.copy_(fragment.reshape(-1))
+                continue
+            since = replay_from[offset]
+            region.copy_((replayed[offset][1] if offset in replayed else fragment).reshape(-1))
+            factors = [factor for window, factor in scales if since <= window < self._window]
+            for factor in factors:
+                region.mul_(factor)
+            if factors:
+                replayed[offset] = (self._window, region.clone())
 
     def filled_alone(self, group) -> bool:
         """Was the sub-group's lent gradient filled from remembered fragments alone (its bytes need neither keeping
@@ -139,8 +158,10 @@ class GradientFragments:
         self._handed_in.pop(group, None)
         self._changed_unhanded.pop(group, None)
         self._scales.pop(group, None)
+        self._replayed.pop(group, None)
         self._only_views.discard(group)
 
     def clear(self) -> None:
         """A checkpoint was loaded: no gradient survives it."""
-        self._views, self._only_views, self._handed_in, self._changed_unhanded, self._scales = {}, set(), {}, {}, {}
+        self._views, self._only_views, self._handed_in, self._changed_unhanded = {}, set(), {}, {}
+        self._scales, self._replayed = {}, {}

@@ -125,21 +125,30 @@ def test_a_fragment_not_handed_again_is_filled_with_each_factor_its_updates_scal
     assert gradient.tolist()[:2] == [3.0, 5.0]
 
 
-def test_factors_older_than_every_remembered_fragment_are_dropped():
-    flat = torch.ones(2)
-    fragments, whole = GradientFragments(), flat.narrow(0, 0, 2)
+
+def test_each_factor_is_applied_once_however_long_a_fragment_goes_unhanded():
+    """The replayed product is kept as the fragment's bytes: later fills apply only the newer factors (in order, as
+    stock's buffer got them), and no factor is kept longer than a fill may need it."""
+    flat = torch.tensor([3.0, 5.0, 7.0, 11.0])
+    fragments, a, b = GradientFragments(), flat.narrow(0, 0, 2), flat.narrow(0, 2, 2)
     fragments.scaled("g", torch.tensor([2.0]))  # nothing remembered yet: nothing to scale
-    fragments.remember("g", [(0, whole)], _views_of(flat))
-    fragments.scaled("g", torch.tensor([1.0]))  # changes no bytes: not kept
-    for _ in range(3):
-        fragments.scaled("g", torch.tensor([2.0]))
+    fragments.remember("g", [(0, a), (2, b)], _views_of(flat))
+    expected, gradient = torch.tensor([3.0, 5.0]), torch.zeros(4)
+    for window in range(6):
+        fragments.remember("g", [(2, b)], _views_of(flat))  # b handed in every window, a only in the first
+        fragments.fill("g", gradient, alone=True)
+        assert gradient[:2].tolist() == expected.tolist() and gradient[2:].tolist() == [7.0, 11.0], window
+        factor = torch.tensor([0.9 - window / 100])
+        fragments.scaled("g", factor)
+        gradient.mul_(factor)  # the update scales what it was lent
+        expected.mul_(factor)
         fragments.end_window()
-    assert len(fragments._scales["g"]) == 3
-    fragments.remember("g", [(0, whole)], _views_of(flat))
+        assert fragments.factors_kept("g") == 1  # the newest, for a's next fill
+    flat.fill_(1.0)  # a is handed again: its view is read again, and no factor is kept for it
+    fragments.remember("g", [(0, a), (2, b)], _views_of(flat))
     fragments.end_window()
-    assert fragments._scales["g"] == []  # the one fragment was handed again: no older factor applies
-    gradient = torch.zeros(2)
+    assert fragments.factors_kept("g") == 0
     fragments.fill("g", gradient, alone=True)
-    assert gradient.tolist() == [1.0, 1.0]
+    assert gradient.tolist() == [1.0, 1.0, 1.0, 1.0]
     fragments.forget("g")
-    assert "g" not in fragments._scales
+    assert fragments.factors_kept("g") == 0

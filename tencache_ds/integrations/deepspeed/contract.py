@@ -183,10 +183,8 @@ REBINDINGS = (
                   "the swapper, which reads stage 3's host copy instead: where it will, the cast (a new tensor the "
                   "size of every gradient, each step) is skipped (stage3_gradients.py)"),
     Rebinding(STAGE3, "unscale_and_clip_grads", "noting_gradient_scales", wraps=True,
-              why="stage 3 multiplies each sub-group's gradient in place before its update, and stock CPU offload's "
-                  "buffer keeps the product for a parameter that gets no gradient in a later window: the swapper, "
-                  "whose gradient is a fill of stage 3's copies, is told each factor to replay it "
-                  "(stage3_gradients.py)"),
+              why="the swapper is told the factor stage 3 scales each swapped sub-group's gradient by in place, "
+                  "to replay it where stock CPU offload's buffer keeps the product (stage3_gradients.py)"),
     Rebinding(STAGE3, "_DeepSpeedZeroOptimizer_Stage3__avg_scatter_grads", "marking_tencache_reductions",
               wraps=True,
               why="marks the reduce-scatter of each gradient bucket as one for a tencache optimizer on a host "
@@ -303,7 +301,8 @@ PRIVATE_MEMBERS = (
     PrivateMember(STAGE3, "_constant_buffered_norm2", "method", "stage3_gradients.py",
                   "the norm stage 3 records for clipping, computed as stage 3 computes it"),
     PrivateMember(STAGE3, "fp32_partitioned_groups_flat", "attribute", "stage3_gradients.py, master_copies.py",
-                  "each sub-group's fp32 partition, whose id names the sub-group in swap_out_gradients"),
+                  "each sub-group's fp32 partition, whose id names the sub-group in swap_out_gradients, and whose "
+                  "gradient is the only thing unscale_and_clip_grads changes (its probe stands in for it)"),
     # The engine (checkpoint.py, checkpoint_save.py, saved_layout.py, universal.py)
     PrivateMember(ENGINE, "load_universal_checkpoint", "method", "saved_layout.py, install.py",
                   "whether the load is of a universal checkpoint (config checkpoint.load_universal), which the NVMe "
@@ -336,6 +335,14 @@ PRIVATE_MEMBERS = (
 )
 
 CALL_ORDER = (
+    CallOrder("stage 3 changes a swapped sub-group's lent gradient in place only in unscale_and_clip_grads, once per "
+              "step that updates the sub-group, after the swap-in that lends it (a GradScaler's unscale, "
+              "torch_autocast in fp16 on a GPU, changes it too and is not replayed)",
+              "stage3_gradients.py (noting_gradient_scales) -> cache/gradient_fragments.py",
+              "a fragment not handed again is filled with the factors noted; another in-place change would be "
+              "missing from it, and its update would differ from stock CPU offload's",
+              "tests/deepspeed/test_zero_scenarios.py (varying_accumulation), tests/deepspeed/test_tensor_fragments.py "
+              "(get_: the gradients after the step), tests/integrations/test_gradient_scales.py"),
     CallOrder("stage 3 only reads the partitions __avg_scatter_grads returns (scaled or cast into new tensors, "
               "copied or added into its gradient partitions by partition_grads), and does so before the reduced "
               "bucket's gradients are written again (the bucket is reset only after partition_grads)",

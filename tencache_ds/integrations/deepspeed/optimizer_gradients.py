@@ -124,8 +124,7 @@ class SubGroupGradients:
             self.store.release(path, changed=changed)
 
     def scaled(self, group, factor: torch.Tensor) -> None:
-        """Stage 3's update multiplied sub-group ``group``'s lent gradient in place by ``factor``
-        (stage3_gradients.noting_gradient_scales): remembered fragments not handed again are read so later."""
+        """Stage 3's update multiplied sub-group ``group``'s lent gradient in place by ``factor``."""
         self.fragments.scaled(group, factor)
 
     # -------------------------------------------------------------------------------------------- windows

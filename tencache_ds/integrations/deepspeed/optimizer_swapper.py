@@ -550,8 +550,8 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         return self.gradients.reads_stage3_copy(OptimizerSwapper.parameter_id(parameter), offset, fragment)
 
     def gradient_scaled(self, parameter, factor) -> None:
-        """Stage 3 multiplied the lent gradient of ``parameter``'s sub-group in place by ``factor`` (its unscale and
-        clip; stage3_gradients.noting_gradient_scales)."""
+        """Stage 3 multiplied the lent gradient of ``parameter``'s sub-group in place by ``factor``
+        (stage3_gradients.noting_gradient_scales)."""
         self.gradients.scaled(OptimizerSwapper.parameter_id(parameter), factor)
 
     def flush_gradients(self):

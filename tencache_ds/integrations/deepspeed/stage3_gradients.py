@@ -1,6 +1,7 @@
 """Stage 3's own host copy of each reduced gradient. Owns: finding, for a gradient fragment that stage 3 hands the
 optimizer swapper, the view of stage 3's gradient partition buffer that holds the same values, so that the swapper
-remembers that view (cache/gradient_fragments.py) instead of copying the fragment. Does not own: what is remembered
+remembers that view (cache/gradient_fragments.py) instead of copying the fragment; and telling the swapper the
+factor stage 3 scales each sub-group's gradient by in place (``noting_gradient_scales``). Does not own: what is remembered
 or filled (cache/gradient_fragments.py), when fragments arrive (optimizer_gradients.py).
 
 What DeepSpeed 0.19.8 does (stage3.py ``partition_grads``, per reduced parameter partition), with the optimizer
@@ -38,7 +39,9 @@ no boundary either, and its view still holds what was handed. Stock CPU offload'
 buffer last held there: those bytes multiplied in place by each update's unscale and clip since (DeepSpeed's default
 clipping, 1.0, scales most steps). The swapper is told each factor (``noting_gradient_scales``) and the fill replays
 them in order (cache/gradient_fragments.py), which gives stock CPU offload's bits; stock NVMe's update reads its file
-unscaled there (and at 2 ranks changed a head no batch had used yet at the first step).
+unscaled there (and at 2 ranks changed a head no batch had used yet at the first step). Not replayed: a GradScaler's
+own unscale (``torch_autocast`` in fp16, a GPU path), and a gradient the tier stores rather than views (after
+``safe_set_full_grad``, or Muon's), whose scaled bytes stay where the tier holds it and not where it streams.
 These facts are in contract.py (PRIVATE_MEMBERS, CALL_ORDER); the parity tests check the bits.
 """
 import functools
@@ -150,7 +153,8 @@ class _FactorProbe:
 
     def __init__(self, stage3, sub_group_id: int, like: torch.Tensor):
         self._stage3 = stage3
-        self.factor = torch.ones(1, dtype=like.dtype, device=like.device)
+        # fp32 whatever the gradient's dtype: stock multiplies a bf16 or fp16 gradient by the factor as fp32
+        self.factor = torch.ones(1, dtype=torch.float32, device=like.device)
         self.fp32_partitioned_groups_flat = {sub_group_id: types.SimpleNamespace(grad=self.factor)}
 
     def __getattr__(self, name):
@@ -158,21 +162,19 @@ class _FactorProbe:
 
 
 def noting_gradient_scales(original):
-    """Wraps stage 3's ``unscale_and_clip_grads``, which multiplies a sub-group's gradient in place by the step's
-    unscale and clip factor before the update. Stock CPU offload's gradient buffer keeps the product, and a parameter
-    that gets no gradient in a later window (a branch a batch does not use) is updated from it again then. The
-    optimizer swapper, whose gradient is a transient fill of stage 3's copies, is told each factor
-    (``gradient_scaled``), so that such a fill gives the same bytes (cache/gradient_fragments.py). Another swapper, or
-    a sub-group not swapped, goes to DeepSpeed's method alone."""
+    """Wraps stage 3's ``unscale_and_clip_grads``, which multiplies a sub-group's gradient in place before the
+    update: after it, a tencache optimizer swapper is told the factor (``gradient_scaled``; why: the module's
+    docstring). Another swapper, or a sub-group not swapped, goes to DeepSpeed's method alone."""
     @functools.wraps(original)
     def unscale_and_clip_grads(self, sub_group_id, total_norm):
-        noted = getattr(getattr(self, "optimizer_swapper", None), "gradient_scaled", None)
-        if noted is not None and self._swappable_optimizer_subgroup(sub_group_id):
+        result = original(self, sub_group_id, total_norm)
+        gradient_scaled = getattr(getattr(self, "optimizer_swapper", None), "gradient_scaled", None)
+        if gradient_scaled is not None and self._swappable_optimizer_subgroup(sub_group_id):
             master = self.fp32_partitioned_groups_flat[sub_group_id]
             probe = _FactorProbe(self, sub_group_id, master.grad)
-            original(probe, sub_group_id, total_norm)
-            noted(master, probe.factor)
-        return original(self, sub_group_id, total_norm)
+            original(probe, sub_group_id, total_norm)  # reads the loss scale and clip, which the call left as they were
+            gradient_scaled(master, probe.factor)
+        return result
 
     return unscale_and_clip_grads
 
