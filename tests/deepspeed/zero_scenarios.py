@@ -714,11 +714,19 @@ def varying_accumulation(budget, device, nvme):
 
 
 class LayersOutput(Layers):
-    """Layers that return their last hidden state: a non-scalar output, for a backward given its gradient."""
+    """Layers that return their last hidden state: a non-scalar output, for a backward given its gradient; with
+    ``reentrant``, each layer under reentrant activation checkpointing (its forward runs again in the backward)."""
+
+    def __init__(self, reentrant=False):
+        super().__init__()
+        self.reentrant = reentrant
 
     def forward(self, x):
         for layer in self.ll:
-            x = x + torch.relu(layer(x))
+            if self.reentrant:
+                x = x + torch.relu(torch.utils.checkpoint.checkpoint(layer, x, use_reentrant=True))
+            else:
+                x = x + torch.relu(layer(x))
         return x
 
 
@@ -726,16 +734,19 @@ def user_backward(budget, device, nvme):
     """test_zero_user_backward.py's PyTorch-style backward (DeepSpeed 0.18+: the engine's hooks run without
     ``engine.backward``), GAS 2: ``loss.backward()`` (TestZeroUserBackwardBasic), ``engine.scale(loss).backward()``
     (TestZeroUserBackwardWithScale), a non-scalar output's ``backward(gradient)`` (TestZeroUserBackwardNonScalar),
-    and three engines whose losses are summed into one backward (TestZeroUserBackwardMultipleEngines: their hooks
-    interleave in one autograd pass), each then ``engine.step()``."""
+    the same with each layer under reentrant checkpointing (TestZeroUserBackwardWithCheckpointing), and three engines
+    whose losses are summed into one backward (TestZeroUserBackwardMultipleEngines: their hooks interleave in one
+    autograd pass), each then ``engine.step()``."""
     results = {}
-    for name in ("loss_backward", "scale_backward", "non_scalar"):
+    models = {"loss_backward": Layers, "scale_backward": Layers, "non_scalar": LayersOutput,
+              "checkpointed_non_scalar": functools.partial(LayersOutput, reentrant=True)}
+    for name, model in models.items():
         config = ds_config(budget, device, os.path.join(nvme, name), gas=2)
-        with engine_for(config, LayersOutput if name == "non_scalar" else Layers) as engine:
+        with engine_for(config, model) as engine:
             losses = []
             for x, y in batches(6):
-                if name == "non_scalar":
-                    out = engine(x)
+                if model is not Layers:
+                    out = engine(x.requires_grad_(True))
                     out.backward(torch.full_like(out, 1e-3) * y.view(-1, 1).to(out.dtype))
                     losses.append(out.float().pow(2).sum())
                 else:
