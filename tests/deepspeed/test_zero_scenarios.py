@@ -18,7 +18,8 @@ steps (``unwrap_model_for_generation``, TRL's RLHF loop), LoRA with gradient che
 gathered again by each block's recompute in backward), a forward stopped half-way by an error the training
 loop catches (the batch dropped, training on), and accumulation windows of varying length, managed and not, with a
 layer that gets no gradient in some windows, and PyTorch-style backward (``loss.backward()``, ``engine.scale``, a
-non-scalar output's gradient, three engines' losses summed into one backward). Each gives the results of stock CPU offload run in a
+non-scalar output's gradient, three engines' losses summed into one backward), and a model whose encoder is built
+in a ``zero.Init`` nested in the model's. Each gives the results of stock CPU offload run in a
 process that never imported tencache_ds, bit for bit, with the host tier holding part of the state. Real engine,
 real files, 2 ranks forked as the launcher starts them (tests/deepspeed/forkserver.py)."""
 import os
@@ -32,7 +33,7 @@ SCRIPT = os.path.join(os.path.dirname(__file__), "zero_scenarios.py")
 SCENARIOS = ("unbalanced", "repeat", "step_count", "backward_thrice", "empty_cache", "empty_group", "external",
              "modified", "other_optimizers", "unmanaged_accumulation", "two_engines", "inference", "skipped_update",
              "gradient_paths", "muon", "run_changes", "unwrap_for_generation", "frozen_checkpointed",
-             "forward_raises", "varying_accumulation", "user_backward")
+             "forward_raises", "varying_accumulation", "user_backward", "nested_init")
 # part of each rank's state held (about a quarter of it: some tensors whole, prefixes of others, evictions); nothing
 # held and "auto" (all of it) passed too (2026-11-27) and are left out for the suite's time
 BUDGETS = ("6MB",)

@@ -11,7 +11,7 @@ partition cache emptied after an evaluation, an empty parameter group, a weight 
 one rank changes between steps, an update skipped for gradients that are not finite, stage 3's gradient-path knobs,
 DeepSpeed's Muon, the whole model unwrapped for generation between steps, LoRA with gradient checkpointing, a
 forward stopped by an error the loop catches, accumulation windows of varying length, PyTorch-style backward (three
-engines' losses in one), and a run whose step changes under it
+engines' losses in one), a model built in nested ``zero.Init`` contexts, and a run whose step changes under it
 (``torch_autocast``, leaf modules, the batch size changed mid-run).
 Rank 0 prints one RESULT line.
 
@@ -772,6 +772,33 @@ def user_backward(budget, device, nvme):
     return results
 
 
+class Composed(torch.nn.Module):
+    """An encoder built in a ``zero.Init`` of its own inside the one the whole model is built in (Hugging Face's
+    VisionEncoderDecoderModel builds its parts so), and a decoder built in the outer one."""
+
+    def __init__(self, config):
+        super().__init__()
+        with deepspeed.zero.Init(config_dict_or_path=config):
+            self.encoder = torch.nn.ModuleList(torch.nn.Linear(HIDDEN, HIDDEN) for _ in range(2))
+        self.decoder = torch.nn.ModuleList(torch.nn.Linear(HIDDEN, HIDDEN) for _ in range(2))
+        self.cross_entropy_loss = torch.nn.CrossEntropyLoss()
+
+    def forward(self, x, y):
+        for layer in (*self.encoder, *self.decoder):
+            x = x + torch.relu(layer(x))
+        return self.cross_entropy_loss(x.float(), y)
+
+
+def nested_init(budget, device, nvme):
+    """test_zero_nesting_init.py (TestNestingInit, TestNestedParallelInit), trained: a model whose encoder is built
+    in a ``zero.Init`` nested in the one the whole model is built in (every parameter a ZeRO-3 parameter, checked);
+    GAS 2."""
+    config = ds_config(budget, device, nvme, gas=2)
+    with engine_for(config, functools.partial(Composed, config)) as engine:
+        zero_params = all(hasattr(param, "ds_id") for param in engine.module.parameters())
+        return dict(losses_and_weights(engine, trained(engine, batches(6))), zero_params=zero_params)
+
+
 SCENARIOS = {"unbalanced": unbalanced, "repeat": repeat, "step_count": step_count, "backward_thrice": backward_thrice,
              "empty_cache": empty_cache, "empty_group": empty_group, "external": external, "modified": modified,
              "other_optimizers": other_optimizers, "unmanaged_accumulation": unmanaged_accumulation,
@@ -780,7 +807,7 @@ SCENARIOS = {"unbalanced": unbalanced, "repeat": repeat, "step_count": step_coun
              "gradient_paths": gradient_paths, "muon": muon, "run_changes": run_changes,
              "unwrap_for_generation": unwrap_for_generation, "frozen_checkpointed": frozen_checkpointed,
              "forward_raises": forward_raises, "varying_accumulation": varying_accumulation,
-             "user_backward": user_backward,
+             "user_backward": user_backward, "nested_init": nested_init,
              # the upstream test's own getter: fails with the optimizer on NVMe, stock's swappers and tencache's alike
              "grad_partitions": functools.partial(backward_thrice, partitions_getter=True)}
 
