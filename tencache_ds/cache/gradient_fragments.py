@@ -12,9 +12,9 @@ which is exact; the lookup only offers copies for which it is.
 A fragment not handed again (a parameter that got no gradient in a later window: a branch or head a batch does not
 use) is read again at later updates, as stock CPU offload reads what its gradient buffer last held there. Each update
 multiplies its lent gradient in place (the unscale and clip factor, ``scaled``); stock's buffer keeps those products,
-so the fill multiplies such a fragment by each factor since it was handed, in order: the same float operations. The
-product is then kept as that fragment's bytes (host memory the size of its part, until it is handed again), so that
-each factor is applied once however long the parameter goes unused.
+so the fill multiplies such a fragment by each factor since it was handed, in order: the same float operations. After
+``REPLAY_BEFORE_KEEPING`` factors the product is kept as that fragment's bytes (host memory the size of its part,
+until it is handed again), so that a fill's work stays bounded however long the parameter goes unused.
 
 Plain class: imports torch, not DeepSpeed.
 """
@@ -23,6 +23,9 @@ from typing import Callable, Dict, Hashable, List, Optional, Sequence, Set, Tupl
 import torch
 
 Part = Tuple[int, torch.Tensor]  # (element offset in the sub-group's gradient, fragment)
+# Factors a fill applies to a fragment before it keeps the product: a read between steps (a getter after the step:
+# one factor) copies nothing, and no fill multiplies a fragment more than this many times.
+REPLAY_BEFORE_KEEPING = 4
 # (offset, fragment) -> the copy of the fragment's values its caller keeps until the update, or None
 KeptCopy = Callable[[int, torch.Tensor], Optional[torch.Tensor]]
 
@@ -141,7 +144,7 @@ class GradientFragments:
             factors = [factor for window, factor in scales if since <= window < self._window]
             for factor in factors:
                 region.mul_(factor)
-            if factors:
+            if len(factors) >= REPLAY_BEFORE_KEEPING:
                 replayed[offset] = (self._window, region.clone())
 
     def filled_alone(self, group) -> bool:

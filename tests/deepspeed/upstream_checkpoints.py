@@ -498,7 +498,8 @@ def tag_validation(mode, device, nvme, ckpt):
         tag_folder = os.path.join(folder, f"tag-{rank}")
         result[validation] = {
             "refused": refused, "written": os.path.exists(tag_folder) and bool(os.listdir(tag_folder)),
-            "own_zero_file": os.path.exists(os.path.join(tag_folder, f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt")),
+            "own_zero_file": os.path.exists(
+                os.path.join(tag_folder, f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt")),
             "losses": [before, recorded(engine, batches(2, 2, seed=5))], "trained": digest(gathered(engine))}
         engine.destroy()
     try:

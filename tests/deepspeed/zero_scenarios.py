@@ -671,8 +671,9 @@ def varying_accumulation(budget, device, nvme):
     TestUnmanagedGradientAccumulationOffloadInactiveParams: accumulation windows of 2, 5 and 3 micro-batches (each
     loss divided by its window's length), driven by the caller (``managed_gradient_accumulation`` false: the
     ``step()`` is the boundary; every step applied, ``global_samples`` advanced by the window) and by DeepSpeed with
-    ``set_gradient_accumulation_boundary`` at each window's last micro-batch; and, unmanaged, windows in which one
-    of two layers gets no gradient at all (``ignore_unused_parameters``), each layer a sub-group of its own."""
+    ``set_gradient_accumulation_boundary`` at each window's last micro-batch; and windows in which one of two
+    layers gets no gradient at all (``ignore_unused_parameters``), managed and not, each layer a sub-group of its
+    own."""
     results, windows = {}, (2, 5, 3)
     for managed in (False, True):
         config = dict(ds_config(budget, device, os.path.join(nvme, f"managed={managed}"), gas=4,
@@ -698,8 +699,9 @@ def varying_accumulation(budget, device, nvme):
                                 sub_group_size=HIDDEN * HIDDEN, ignore_unused_parameters=True),
                       managed_gradient_accumulation=managed)
         with engine_for(config, TwoHeads) as engine:
-            losses, data = [], iter(batches(6))
-            for use_a in (True, False, True):
+            losses, data = [], iter(batches(14))
+            # the second layer unused for five windows: its update's gradient kept after four (gradient_fragments.py)
+            for use_a in (True, False) + (True,) * 5:
                 engine.module.use_a = use_a
                 for _ in range(2):
                     loss = engine(*next(data))

@@ -1,8 +1,8 @@
 """Stage 3's own host copy of each reduced gradient. Owns: finding, for a gradient fragment that stage 3 hands the
 optimizer swapper, the view of stage 3's gradient partition buffer that holds the same values, so that the swapper
 remembers that view (cache/gradient_fragments.py) instead of copying the fragment; and telling the swapper the
-factor stage 3 scales each sub-group's gradient by in place (``noting_gradient_scales``). Does not own: what is remembered
-or filled (cache/gradient_fragments.py), when fragments arrive (optimizer_gradients.py).
+factor stage 3 scales each sub-group's gradient by in place (``noting_gradient_scales``). Does not own: what is
+remembered or filled (cache/gradient_fragments.py), when fragments arrive (optimizer_gradients.py).
 
 What DeepSpeed 0.19.8 does (stage3.py ``partition_grads``, per reduced parameter partition), with the optimizer
 offloaded, which it is whenever an optimizer swapper exists:
@@ -36,10 +36,11 @@ since. The swapper counts such reads and warns at the first (``reductions``, ``p
 micro-batch (all of ours) see no difference.
 A parameter reduced in no micro-batch of a window (a head or branch that window's batches do not use) is handed at
 no boundary either, and its view still holds what was handed. Stock CPU offload's update reads what its own gradient
-buffer last held there: those bytes multiplied in place by each update's unscale and clip since (DeepSpeed's default
-clipping, 1.0, scales most steps). The swapper is told each factor (``noting_gradient_scales``) and the fill replays
-them in order (cache/gradient_fragments.py), which gives stock CPU offload's bits; stock NVMe's update reads its file
-unscaled there (and at 2 ranks changed a head no batch had used yet at the first step). Not replayed: a GradScaler's
+buffer last held there: those bytes multiplied in place by each update's unscale and clip since (with DeepSpeed's
+default clipping, 1.0, whenever the gradient norm is above 1). The swapper is told each factor
+(``noting_gradient_scales``) and the fill replays them in order (cache/gradient_fragments.py), which gives stock CPU
+offload's bits; stock NVMe's update reads its file unscaled there (and at 2 ranks changed a head no batch had used
+yet at the first step). Not replayed: a GradScaler's
 own unscale (``torch_autocast`` in fp16, a GPU path), and a gradient the tier stores rather than views (after
 ``safe_set_full_grad``, or Muon's), whose scaled bytes stay where the tier holds it and not where it streams.
 These facts are in contract.py (PRIVATE_MEMBERS, CALL_ORDER); the parity tests check the bits.
