@@ -41,8 +41,8 @@ default clipping, 1.0, whenever the gradient norm is above 1). The swapper is to
 (``noting_gradient_scales``) and the fill replays them in order (cache/gradient_fragments.py), which gives stock CPU
 offload's bits; stock NVMe's update reads its file unscaled there (and at 2 ranks changed a head no batch had used
 yet at the first step). Not replayed: a GradScaler's
-own unscale (``torch_autocast`` in fp16, a GPU path), and a gradient the tier stores rather than views (after
-``safe_set_full_grad``, or Muon's), whose scaled bytes stay where the tier holds it and not where it streams.
+own unscale (``torch_autocast`` in fp16, a GPU path), and a gradient the tier stores with no view filled over it
+(``STORE_GRADIENT_FRAGMENTS_ENV``), whose scaled bytes stay where the tier holds it and not where it streams.
 These facts are in contract.py (PRIVATE_MEMBERS, CALL_ORDER); the parity tests check the bits.
 """
 import functools
