@@ -153,3 +153,20 @@ def test_a_fill_applies_a_bounded_number_of_factors_however_long_a_fragment_goes
     assert gradient.tolist() == [1.0, 1.0, 1.0, 1.0]
     fragments.forget("g")
     assert fragments.factors_kept("g") == 0
+
+
+def test_a_read_between_steps_keeps_no_copy():
+    """One factor to apply (a getter after the step, or a parameter unused for one window): the fill reads the
+    caller's copy each time and keeps none of its own (keeping one at every fill copied the whole gradient at the
+    fp32 gather after training, and two memory-limited engine tests were killed)."""
+    flat = torch.tensor([3.0, 5.0])
+    fragments, half = GradientFragments(), torch.tensor([0.5])
+    fragments.remember("g", [(0, flat.narrow(0, 0, 2))], _views_of(flat))
+    fragments.scaled("g", half)
+    fragments.end_window()
+    gradient = torch.zeros(2)
+    fragments.fill("g", gradient, alone=True)
+    assert gradient.tolist() == [1.5, 2.5]
+    flat.add_(1)  # the next fill reads the caller's bytes again: no copy of the first fill's was kept
+    fragments.fill("g", gradient, alone=True)
+    assert gradient.tolist() == [2.0, 3.0]
