@@ -347,29 +347,33 @@ def heap_is_kept(machine: Machine, reduce_views: bool) -> bool:
 
 
 def heap_kept_bytes(workload: Workload, machine: Machine, *, reduce_views: bool) -> int:
-    """What a training process keeps beside its tensors where ``heap_is_kept``: ``HEAP_KEPT_BYTES_PER_ELEMENT`` per
-    element of the parameters whose tensors glibc serves from its heap (at most ``FRESH_ALLOCATION_BYTES`` in their
-    largest dtype; larger ones are mapped and unmapped). Every backward allocates and frees each such parameter's
-    gradient there, stage 3's reduce its copies, and the heap keeps its high-water mark; the same at any number of
-    ranks and sub-groups. E.g. gpt2-small in fp32: 86 M elements outside its embedding, 0.80 GiB. It replaces the
-    largest sub-group's initialisation term (``init_outside_pool_bytes``) where it applies; without optimizer
-    offload, which had no such term, it is an addition that no run has measured.
+    """What a training process keeps beside its tensors on a host accelerator, per element of the parameters whose
+    tensors glibc serves from its heap (at most ``FRESH_ALLOCATION_BYTES`` in their largest dtype; larger ones are
+    mapped and unmapped). Every backward allocates and frees each such parameter's gradient there, stage 3's reduce
+    its copies, and the heap keeps its high-water mark; the same at any number of ranks and sub-groups: where stage 3
+    reduces the gradients itself (``heap_is_kept``) ``HEAP_KEPT_BYTES_PER_ELEMENT``, e.g. gpt2-small in fp32: 86 M
+    elements outside its embedding, 0.80 GiB. It replaces the largest sub-group's initialisation term
+    (``init_outside_pool_bytes``) there; without optimizer offload, which had no such term, it is an addition that
+    no run has measured. Where tencache hands that reduce views (``reduce_views``), the gradients alone: their
+    element bytes (gpt2-small fp32: 0.32 GiB), beside initialisation's term (not kept by then). 0 on a GPU.
 
     Measured as peak RSS less the model's other terms (scripts/measure_host_rest.py, fp32, micro-batch 1 x 32,
     2026-11-30; docs/estimate.md, "Host memory beside the tensors"): stock CPU offload with DeepSpeed's defaults
     kept 0.96 and 1.01 GiB on gpt2-small at one rank with 1 and 37 sub-groups, 1.13 and 1.08 GiB at two (12-14 B
     an element), 2.2 GiB on gpt2-medium with 178 sub-groups (303 M elements: 8 B); gpt2-1.3b's stock NVMe rows,
     whose large matrices are mapped, about 0.4 GiB (103 M: 4 B). tencache at one rank, whose reduce takes views,
-    kept 0.05-0.39 GiB on gpt2-small and 0.76 GiB on gpt2-medium (37 and 178 sub-groups): not priced
-    (``heap_is_kept``). The initialisation term it replaces shrank with sub-groups and ranks, and the peaks do not
-    (stock CPU offload on gpt2-small: 5.07 and 5.12 GiB at one rank with 1 and 37 sub-groups, 4.08 and 4.03 at
-    two)."""
-    if not heap_is_kept(machine, reduce_views):
+    kept 0.05-0.39 GiB on gpt2-small and 0.76 GiB on gpt2-medium (37 and 178 sub-groups), unpriced until
+    2026-12-04; then, sampled every 2 ms through the first steps (one sub-group, 2 x 64; docs/estimate.md, "The
+    first update's memory"), 0.25-0.34 GiB on gpt2-small and 1.43 GiB on gpt2-medium above the model's other terms
+    when the first update starts, and 0.2 and 0.5-0.95 GiB at the steady steps' peaks. The initialisation term it
+    replaces for stock shrank with sub-groups and ranks, and the peaks do not (stock CPU offload on gpt2-small: 5.07
+    and 5.12 GiB at one rank with 1 and 37 sub-groups, 4.08 and 4.03 at two)."""
+    if not machine.accelerator_is_host:
         return 0
     zero = workload.zero
     elem = max(zero.element_bytes, zero.precision.master_bytes)
-    return HEAP_KEPT_BYTES_PER_ELEMENT * sum(p.numel for p in workload.partitions.values()
-                                             if p.numel * elem <= FRESH_ALLOCATION_BYTES)
+    per_element = zero.element_bytes if reduce_views else HEAP_KEPT_BYTES_PER_ELEMENT
+    return per_element * sum(p.numel for p in workload.partitions.values() if p.numel * elem <= FRESH_ALLOCATION_BYTES)
 
 
 def host_resident_bytes(workload: Workload, machine: Machine, *, reduce_views: bool) -> Dict[str, int]:

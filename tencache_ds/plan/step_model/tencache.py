@@ -35,7 +35,7 @@ from ..prefetch import PrefetchSchedule
 from ..size_classes import cache_slot_counts, class_bytes, merge_close_classes, size_histogram, streaming_slot_counts
 from ..workload import Workload, ZeroSettings
 from .costs import (allgather_s, backward_host_memory_s, device_step_bytes, device_working_bytes, gathered_bytes,
-                    host_resident_bytes, host_step_rise_bytes, init_outside_pool_bytes,
+                    heap_is_kept, host_resident_bytes, host_step_rise_bytes, init_outside_pool_bytes,
                     init_bytes_per_element_pooled, module_compute_s, nvme_space, one_rank_on_a_host_accelerator,
                     optimizer_cpu_s, optimizer_state_bytes_per_element, param_bytes, persistent_keys,
                     reduce_bucket_bytes, reduce_scatter_s, reduces_to_views, run_time_prior, sub_group_file_bytes)
@@ -571,24 +571,54 @@ def _tencache_optimizer(workload: Workload, timeline: Timeline, rates: Rates, pl
 
 
 def _tencache_memory(workload: Workload, machine: Machine, plan: TencachePlan) -> Dict[str, int]:
-    """The larger of the steady state's memory and the start-up split's (host memory: the tiers the two differ
-    in). The start-up split holds through initialisation only: the governor's first reading, before the first
-    forward pass, decides with the step's rise assumed (``RisePrior``: the model's rise) where it would give
-    back, so no step runs with it (until 2026-11-29 the first two steps did: gpt2-1.3b's did not fit in 16.5 GiB
-    where stock's did)."""
+    """The largest of three moments' memory (host memory: the tiers they differ in):
+
+    - the steady step's;
+    - the start-up split's, through initialisation only: the governor's first reading, before the first forward
+      pass, decides with the step's rise assumed (``RisePrior``: the model's rise) where it would give back, so no
+      step runs with it (until 2026-11-29 the first two steps did: gpt2-1.3b's did not fit in 16.5 GiB where
+      stock's did);
+    - the first update's (``_first_update_optimizer_bytes``), on top of what the first backward left."""
     steady_optimizer = (sum(_optimizer_sequence(workload)[1][name] for name in plan.optimizer_held)
                         + sum(plan.optimizer_prefixes.values()) + plan.optimizer_streaming_bytes)
     steady = _memory_with(workload, machine, plan, plan.param_cache_bytes, steady_optimizer)
     start = _memory_with(workload, machine, plan, plan.param_cache_start_bytes, plan.optimizer_start_footprint_bytes,
                          stepping=False)
-    return max((steady, start), key=lambda memory: memory["pinned"] + memory["pageable"])
+    moments = [steady, start]
+    if workload.zero.offload_optimizer == "nvme":
+        moments.append(_memory_with(workload, machine, plan, plan.param_cache_bytes,
+                                    _first_update_optimizer_bytes(workload, plan, steady_optimizer)))
+    return max(moments, key=lambda memory: memory["pinned"] + memory["pageable"])
+
+
+def _first_update_optimizer_bytes(workload: Workload, plan: TencachePlan, steady_optimizer: int) -> int:
+    """The optimizer's host memory at the first update's peak. Adam creates its moments there, not at
+    initialisation (DeepSpeed 0.19.8's ``initialize_optimizer_states`` only swaps each sub-group in and out; CPU Adam
+    initialises its state lazily), as fresh memory beside the sub-group's master and gradient buffers: the pooled
+    bytes per element of the largest sub-group, or the steady footprint where that is more. Where the tier keeps the
+    whole state, the tier's copies of the new moments (optimizer_swapper ``_store_new``) stand beside Adam's own
+    until the update gives those back: the state's bytes once more.
+
+    Measured (/proc/self/statm sampled every 2 ms with the stack, gpt2-small and gpt2-medium fp32, one sub-group, 2
+    x 64, 2026-12-04; docs/estimate.md, "The first update's memory"): from the first update's start to its peak
+    gpt2-small rose 1.87 GiB streaming (16 B an element: the gradient's fill 0.46, Adam's two moments 0.92, a
+    written state's slot 0.41), 1.69 at a quarter and 2.32 at "auto" (the moments' copies into the tier 0.90
+    more); gpt2-medium 5.29 streaming and 6.44 at "auto"."""
+    zero = workload.zero
+    largest = workload.largest_sub_group_elements
+    first = max(steady_optimizer, largest * init_bytes_per_element_pooled(zero))
+    if len(plan.optimizer_held) == len(_optimizer_sequence(workload)[1]):
+        first += largest * len(zero.precision.state_names) * zero.precision.state_bytes
+    return first
 
 
 def _memory_with(workload: Workload, machine: Machine, plan: TencachePlan, param_cache: int,
-                 optimizer_footprint: int, stepping: bool = True) -> Dict[str, int]:
-    """One rank's memory per tier with ``param_cache`` bytes of parameter cache slots and the optimizer tier at
-    ``optimizer_footprint`` (kept state and streaming slots); without ``stepping`` (initialisation), less what a
-    step's forward and backward hold on a host accelerator."""
+                 optimizer_bytes: int, stepping: bool = True) -> Dict[str, int]:
+    """One rank's memory per tier with ``param_cache`` bytes of parameter cache slots and ``optimizer_bytes`` of the
+    optimizer tier's host memory (kept state and streaming slots, or ``_first_update_optimizer_bytes``); without
+    ``stepping`` (initialisation), less what a step's forward and backward hold on a host accelerator, and with the
+    initialisation of the largest sub-group where that is more than ``optimizer_bytes`` (and no heap a backward
+    left, where initialisation's term stands in for it: ``heap_is_kept``)."""
     zero = workload.zero
     views = reduces_to_views(workload, machine)
     common = host_resident_bytes(workload, machine, reduce_views=views)
@@ -602,16 +632,20 @@ def _memory_with(workload: Workload, machine: Machine, plan: TencachePlan, param
         on_host -= device_step_bytes(workload, True) - device_step_bytes(workload, True, reduce_views=True)
     if not stepping and machine.accelerator_is_host:  # nor the gradient bucket, untouched until a backward
         on_host -= device_step_bytes(workload, host_accelerator=True) + reduce_bucket_bytes(workload, True)
-    pageable = common["baseline"] + common["heap"] + on_host + (0 if plan.param_slots_locked else slots)
+    heap = common["heap"] if stepping or heap_is_kept(machine, views) else 0
+    pageable = common["baseline"] + heap + on_host + (0 if plan.param_slots_locked else slots)
     if zero.offload_optimizer != "none" and zero.optimizer_pin_memory:
         pinned += common["gradients"]
     else:
         pageable += common["gradients"]
     if zero.offload_optimizer == "nvme":
-        largest = workload.largest_sub_group_elements
-        init = (init_outside_pool_bytes(workload, machine, reduce_views=views)
-                + largest * init_bytes_per_element_pooled(zero))
-        pageable += max(init, optimizer_footprint)
+        if stepping:
+            pageable += optimizer_bytes
+        else:
+            largest = workload.largest_sub_group_elements
+            init = (init_outside_pool_bytes(workload, machine, reduce_views=views)
+                    + largest * init_bytes_per_element_pooled(zero))
+            pageable += max(init, optimizer_bytes)
     elif zero.offload_optimizer == "cpu":
         states = workload.rank_elements * optimizer_state_bytes_per_element(zero)
         pinned += states if zero.optimizer_pin_memory else 0
