@@ -27,8 +27,9 @@ def init_bytes_per_element_outside_pool(zero: ZeroSettings) -> int:
 
 
 def init_outside_pool_bytes(workload: Workload, machine: Machine, *, reduce_views: bool) -> int:
-    """Stage 3's initialisation outside the pool, of the largest sub-group; 0 where ``heap_kept_bytes`` stands in
-    its place (measured there: a step's peak does not follow the largest sub-group)."""
+    """Stage 3's initialisation outside the pool, of the largest sub-group; 0 where stock's heap (``heap_is_kept``:
+    ``heap_kept_bytes`` at 10 B an element) stands in its place (measured there: a step's peak does not follow the
+    largest sub-group)."""
     if heap_is_kept(machine, reduce_views):
         return 0
     return workload.largest_sub_group_elements * init_bytes_per_element_outside_pool(workload.zero)
@@ -90,7 +91,8 @@ NORM_CHUNK_ELEMENTS = 250_000_000  # _constant_buffered_norm2's buffer_size (Dee
 # the heap. One of exactly this size takes free heap first when there is any: gpt2-medium's 4 Mi-element matrices
 # (float64 copies of 32 MiB, 1536 MiB in all) faulted 27 to 1098 MiB a step, so they count as mapped.
 FRESH_ALLOCATION_BYTES = 32 * 1024**2
-# What a process keeps in its heap beside its tensors, per element of the parameters it serves (``heap_kept_bytes``):
+# What a process keeps in its heap beside its tensors, per element of the parameters it serves, where stage 3 reduces
+# the gradients itself (``heap_kept_bytes``; where tencache hands that reduce views, the gradients' element bytes):
 # the figure the largest sub-group's initialisation term had with fp32 masters, inside the 8-14 B measured (fp32
 # runs; with bf16 masters, where that term was 6 B, nothing has been measured)
 HEAP_KEPT_BYTES_PER_ELEMENT = 10
@@ -339,10 +341,11 @@ def nvme_space(workload: Workload, gradient_files: bool) -> int:
 
 
 def heap_is_kept(machine: Machine, reduce_views: bool) -> bool:
-    """Does the process keep a heap beside its tensors that the model prices (``heap_kept_bytes``): on a host
-    accelerator, where stage 3 reduces the gradients itself. Not where tencache hands that reduce views
-    (``reduce_views``: one rank on a host accelerator), nor on a GPU: there the initialisation's buffers
-    (``init_outside_pool_bytes``) stand, as before."""
+    """Does the process keep stock's heap beside its tensors (``heap_kept_bytes`` at ``HEAP_KEPT_BYTES_PER_ELEMENT``)
+    in place of the initialisation's buffers: on a host accelerator, where stage 3 reduces the gradients itself.
+    Not where tencache hands that reduce views (``reduce_views``: one rank on a host accelerator), whose smaller
+    heap (the gradients' bytes) is priced beside those buffers' start-up term, nor on a GPU: there the
+    initialisation's buffers (``init_outside_pool_bytes``) stand, as before."""
     return machine.accelerator_is_host and not reduce_views
 
 

@@ -35,7 +35,7 @@ from ..prefetch import PrefetchSchedule
 from ..size_classes import cache_slot_counts, class_bytes, merge_close_classes, size_histogram, streaming_slot_counts
 from ..workload import Workload, ZeroSettings
 from .costs import (allgather_s, backward_host_memory_s, device_step_bytes, device_working_bytes, gathered_bytes,
-                    heap_is_kept, host_resident_bytes, host_step_rise_bytes, init_outside_pool_bytes,
+                    heap_is_kept, heap_kept_bytes, host_resident_bytes, host_step_rise_bytes, init_outside_pool_bytes,
                     init_bytes_per_element_pooled, module_compute_s, nvme_space, one_rank_on_a_host_accelerator,
                     optimizer_cpu_s, optimizer_state_bytes_per_element, param_bytes, persistent_keys,
                     reduce_bucket_bytes, reduce_scatter_s, reduces_to_views, run_time_prior, sub_group_file_bytes)
@@ -216,9 +216,11 @@ def _governed_tier(workload: Workload, machine: Machine, grows: bool, start_shar
     measured = MemoryPressurePolicy(ranks)
     measured.observe_step_rise(rise)  # the first measured step creates the optimizer's state: the policy drops it
     measured.observe_step_rise(rise)
-    for policy in (first, measured):
+    # no backward has run at the first reading: the heap it keeps (in ``_held_between_steps``) is not there yet
+    not_yet_kept = ranks * heap_kept_bytes(workload, machine, reduce_views=reduces_to_views(workload, machine))
+    for policy, unseen in ((first, not_yet_kept), (measured, 0)):
         cache_given = param_cache if cache_reducible else 0
-        decision = policy.decide(machine.host_memory_bytes, available,
+        decision = policy.decide(machine.host_memory_bytes, available + unseen,
                                  reducible_bytes=max(0, footprint - least) + cache_given, given_back_bytes=given,
                                  growable_bytes=max(0, state + update_slot - footprint) if grows and state else 0,
                                  optimizer_reducible_bytes=max(0, footprint - least))
@@ -281,7 +283,8 @@ def _update_slot_bytes(workload: Workload) -> int:
 def _held_between_steps(workload: Workload, machine: Machine, param_slot_bytes: int) -> int:
     """Host bytes a rank holds between two steps besides its optimizer footprint: what ``_tencache_memory`` counts
     less the optimizer's, less a step's own working set on a host accelerator (freed by the time memory is read)
-    and the optimizer's one-off initialisation."""
+    and the optimizer's one-off initialisation. The heap a backward keeps (``heap_kept_bytes``) among it: from the
+    first step on (``_governed_tier``'s first reading, before any backward, leaves it out)."""
     common = host_resident_bytes(workload, machine, reduce_views=reduces_to_views(workload, machine))
     step = device_step_bytes(workload, host_accelerator=True) if machine.accelerator_is_host else 0
     on_host = common["device_on_host"] - step
@@ -592,24 +595,25 @@ def _tencache_memory(workload: Workload, machine: Machine, plan: TencachePlan) -
 
 
 def _first_update_optimizer_bytes(workload: Workload, plan: TencachePlan, steady_optimizer: int) -> int:
-    """The optimizer's host memory at the first update's peak. Adam creates its moments there, not at
-    initialisation (DeepSpeed 0.19.8's ``initialize_optimizer_states`` only swaps each sub-group in and out; CPU Adam
-    initialises its state lazily), as fresh memory beside the sub-group's master and gradient buffers: the pooled
-    bytes per element of the largest sub-group, or the steady footprint where that is more. Where the tier keeps the
-    whole state, the tier's copies of the new moments (optimizer_swapper ``_store_new``) stand beside Adam's own
-    until the update gives those back: the state's bytes once more.
+    """The optimizer's host memory at the first update's peak. Adam creates its moments there, not at initialisation
+    (DeepSpeed 0.19.8's ``initialize_optimizer_states`` only swaps each sub-group in and out; CPU Adam initialises its
+    state lazily). Where state streams, the streaming slots hold what that update creates: the steady footprint.
+    Where the tier keeps the whole state, the tier's copies of the new moments (optimizer_swapper ``_store_new``)
+    stand beside Adam's own until the update gives those back: the state's bytes of the largest sub-group once more.
 
-    Measured (/proc/self/statm sampled every 2 ms with the stack, gpt2-small and gpt2-medium fp32, one sub-group, 2
-    x 64, 2026-12-04; docs/estimate.md, "The first update's memory"): from the first update's start to its peak
-    gpt2-small rose 1.87 GiB streaming (16 B an element: the gradient's fill 0.46, Adam's two moments 0.92, a
-    written state's slot 0.41), 1.69 at a quarter and 2.32 at "auto" (the moments' copies into the tier 0.90
-    more); gpt2-medium 5.29 streaming and 6.44 at "auto"."""
+    Measured (scripts/sample_step_rss.py, gpt2-small and gpt2-medium fp32, one sub-group, 2 x 64, 2026-12-04;
+    docs/estimate.md, "The first update's memory"): from the first update's start to its peak gpt2-small rose 16 B an
+    element of its sub-group streaming and at a quarter (the gradient's fill, Adam's two moments, a written state's
+    slot: what its four streaming slots hold), gpt2-medium 15 B streaming; at "auto" 20 B (the moments' copies into
+    the tier 0.90 GiB of the 0.92 priced here), which the steady footprint with these 8 B prices at 24 B (+5% to
+    +11% on the runs' peaks). Not measured with several sub-groups. The plan is the steady state's: where "auto"
+    keeps the whole state only after growing at a measured step, this prices copies the first update does not
+    have (the safe side of "fits")."""
+    if len(plan.optimizer_held) < len(_optimizer_sequence(workload)[1]):
+        return steady_optimizer
     zero = workload.zero
-    largest = workload.largest_sub_group_elements
-    first = max(steady_optimizer, largest * init_bytes_per_element_pooled(zero))
-    if len(plan.optimizer_held) == len(_optimizer_sequence(workload)[1]):
-        first += largest * len(zero.precision.state_names) * zero.precision.state_bytes
-    return first
+    return steady_optimizer + workload.largest_sub_group_elements * len(zero.precision.state_names) \
+        * zero.precision.state_bytes
 
 
 def _memory_with(workload: Workload, machine: Machine, plan: TencachePlan, param_cache: int,
