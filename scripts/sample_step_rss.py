@@ -1,7 +1,9 @@
 """Host memory through a training run's phases, sampled: runs scripts/train.py's main in this process (its arguments,
 unchanged) while a thread reads the resident set (/proc/self/statm) every 2 ms, and records the peak of each phase
 of each step (initialisation, forward, backward, the optimizer step, and the gaps between them) and, during the
-optimizer steps, every rise or fall of 40 MiB with the training thread's stack at that moment. What showed that
+optimizer steps, every change of 40 MiB (a rise or a fall) with the training thread's stack at that moment. A step
+here is a call of ``engine.step``: one a micro-batch, so at gradient accumulation above 1 the optimizer's update is
+in the boundary's call only. What showed that
 tencache's streaming runs peak in their first update, where Adam creates its moments beside what the first backward
 left (plan/step_model/tencache.py ``_first_update_optimizer_bytes``; docs/estimate.md, "The first update's memory").
 scripts/measure_host_rest.py records the same process's memory between steps only, with glibc's heap.
@@ -10,7 +12,7 @@ scripts/measure_host_rest.py records the same process's memory between steps onl
         --micro-batch 2 --seq-len 64 --nvme-path DIR --weights-gather none --dtype fp32 \\
         --tencache-block '{"enabled": true, "host_cache_bytes": 0, "device_cache_bytes": 0}'
 
-Writes ``$STEP_RSS_OUT`` (default ``step-rss.json``): {"peaks": {"STEP:PHASE": bytes}, "rises": [[step, bytes,
+Writes ``$STEP_RSS_OUT`` (default ``step-rss.json``): {"peaks": {"STEP:PHASE": bytes}, "changes": [[step, bytes,
 stack], ...]}, and prints both. One rank (the sampler reads this process only). Linux.
 """
 import json
@@ -44,30 +46,30 @@ class PhaseSampler:
     """The peak resident set per (step, phase), and the optimizer steps' changes with the stack that made them."""
 
     def __init__(self, training_thread: int):
-        self.step, self.phase = 0, "init"
-        self.peaks, self.rises = {}, []
+        self.where = (0, "init")  # (step, phase), replaced whole: the sampler never sees one without the other
+        self.peaks, self.changes = {}, []
         self._training_thread, self._last_traced = training_thread, 0
 
     def sample_forever(self):
         while True:
-            key, now = f"{self.step}:{self.phase}", resident_bytes()
+            (step, phase), now = self.where, resident_bytes()
+            key = f"{step}:{phase}"
             if now > self.peaks.get(key, 0):
                 self.peaks[key] = now
-            if self.phase == "step" and abs(now - self._last_traced) > TRACED_CHANGE_BYTES:
-                self.rises.append([self.step, now, stack_of(self._training_thread)])
+            if phase == "step" and abs(now - self._last_traced) > TRACED_CHANGE_BYTES:
+                self.changes.append([step, now, stack_of(self._training_thread)])
                 self._last_traced = now
             time.sleep(SAMPLE_S)
 
     def marking(self, name, method):
         """``method`` with its phase marked: ``name`` while it runs, "after_<name>" once it returned."""
         def marked(engine, *args, **kwargs):
-            self.phase = name
+            step = self.where[0]
+            self.where = (step, name)
             try:
                 return method(engine, *args, **kwargs)
             finally:
-                self.phase = "after_" + name
-                if name == "step":
-                    self.step += 1
+                self.where = (step + 1 if name == "step" else step, "after_" + name)
         return marked
 
 
@@ -84,12 +86,12 @@ def main() -> int:
     try:
         return train.main(sys.argv[1:])
     finally:
-        peaks, rises = dict(sampler.peaks), list(sampler.rises)
+        peaks, changes = dict(sampler.peaks), list(sampler.changes)
         with open(out, "w") as handle:
-            json.dump({"argv": sys.argv[1:], "peaks": peaks, "rises": rises}, handle, indent=1)
+            json.dump({"argv": sys.argv[1:], "peaks": peaks, "changes": changes}, handle, indent=1)
         for key, nbytes in peaks.items():
             print(f"[sample_step_rss] peak {key:18s} {nbytes / GIB:.3f} GiB", flush=True)
-        for step, nbytes, stack in rises:
+        for step, nbytes, stack in changes:
             print(f"[sample_step_rss] step {step} {nbytes / GIB:.3f} GiB {stack}", flush=True)
 
 
