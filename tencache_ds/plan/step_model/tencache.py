@@ -603,8 +603,8 @@ def _first_update_optimizer_bytes(workload: Workload, plan: TencachePlan, steady
 
     Measured (scripts/sample_step_rss.py, gpt2-small and gpt2-medium fp32, one sub-group, 2 x 64, 2026-12-04;
     docs/estimate.md, "The first update's memory"): from the first update's start to its peak gpt2-small rose 16 B an
-    element of its sub-group streaming and at a quarter (the gradient's fill, Adam's two moments, a written state's
-    slot: what its four streaming slots hold), gpt2-medium 15 B streaming; at "auto" 20 B (the moments' copies into
+    element of its sub-group streaming and 15 B at a quarter (the gradient's fill, Adam's two moments, a written
+    state's slot: what its four streaming slots hold), gpt2-medium 15 B streaming; at "auto" 20 B (the moments' copies into
     the tier 0.90 GiB of the 0.92 priced here), which the steady footprint with these 8 B prices at 24 B (+5% to
     +11% on the runs' peaks). Not measured with several sub-groups. The plan is the steady state's: where "auto"
     keeps the whole state only after growing at a measured step, this prices copies the first update does not
