@@ -7,12 +7,16 @@
 #   there: bash scripts/gpu_lease.sh                      # device run, carry [".gpu"], timeout_s 600
 # Writes $OUT/gc.tgz (every log, result, metrics file and profile), plus gpu_check.md and bench.md beside it.
 # Options: --budget-s N (seconds the whole script may take, default 570), --model NAME (the bench's, gpt2-small),
-# --parts LIST (comma-separated, run in this order: probe, check, estimate, bench, phases/plainphases, ab, trace;
+# --parts LIST (comma-separated, run in this order: probe, check, estimate, validate, bench, phases/plainphases, ab,
+# trace;
 # default check,phases,ab:
 # the probe and the bench were measured in the earlier leases, docs/gpu_check.md).
 # estimate: `tencache-ds estimate --machine this` on the GPU (the calibration's GPU branch, never run on one before
 # the ninth lease), for gpt2-tiny as gpu_check trains it (bf16, micro-batch 2 x 64, GAS 1), so that its predicted
 # step times sit beside check's measured stock-gas1 and auto-gas1 runs; writes estimate.json and machine-this.json.
+# validate: scripts/validate_estimate.py, prospective, on the GPU (VALIDATE_MODELS, default gpt2-small;
+# VALIDATE_BUDGETS, default "auto stream"; bf16, --profile-runs, VALIDATE_STEPS steps, default 5, after 2): the
+# step model's predictions for stock NVMe and tencache written before their benches run; writes validate/.
 # ab: the same-knobs bench's arms without a profiler, alternating, 16 steps each, through the launcher: tencache,
 # stock CPU offload, tencache with its device tier off (device_cache_bytes 0), then tencache and stock again (or the
 # runs named in AB_RUNS, e.g. "stockcpu-1 tencache-1 stockcpu-2 tencache-2"); tencache's arms keep their per-step
@@ -35,7 +39,7 @@ while [ $# -gt 0 ]; do
     --budget-s) BUDGET=$2; shift ;;
     --model) MODEL=$2; shift ;;
     --parts) PARTS=$2; shift ;;
-    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
     *) echo "gpu_lease.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -93,6 +97,18 @@ if has estimate; then
   echo "estimate: exit $? at $SECONDS s"
   python3 -c "import json, sys; e = json.load(open(sys.argv[1])); print('predicted step', e['step_time_s'], \
 'bottleneck', e['bottleneck'])" "$G/estimate.json" 2>/dev/null || tail -5 "$G/estimate.log"
+fi
+if has validate; then
+  # issue 14 on a GPU, prospective: scripts/validate_estimate.py calibrates this machine, profiles the model's
+  # tencache run, writes every prediction (validate/predictions.json), and only then benches stock NVMe and
+  # tencache for each budget; the parts after it keep what they reserve
+  reserve=10; has ab && reserve=200; has phases && reserve=$((reserve + 60))
+  # shellcheck disable=SC2086
+  timeout -k 10 "$(left $reserve)" python3 scripts/validate_estimate.py --models ${VALIDATE_MODELS:-gpt2-small} \
+    --budgets ${VALIDATE_BUDGETS:-auto stream} --dtype bf16 --steps "${VALIDATE_STEPS:-5}" --warmup 2 --repeats 1 \
+    --profile-runs --nvme-path "$G/nvme/validate" --out "$G/validate" > "$G/validate.log" 2>&1
+  echo "validate: exit $? at $SECONDS s"
+  grep -v WARN "$G/validate.log" | tail -20
 fi
 has bench && timeout -k 10 "$(left 90)" python3 -m tencache_ds.cli.main bench --model "$MODEL" \
   --config configs/stock-nvme-defaults.json --compare cpu --steps 8 --warmup 2 --nvme-path "$G/nvme/bench" \
