@@ -15,7 +15,7 @@ the predictions stay the saved ones, and the table adds each row's error priced 
         [--min-measured-s 10]
 
 With --profile-runs, after the calibration each model first trains a few steps under tencache (the "auto" budget,
-the device tier off) with a profile, and its predictions take their compute figure from the profile's steady
+the device tier off on a host accelerator, on as the benches run it on a GPU) with a profile, and its predictions take their compute figure from the profile's steady
 timings, as `tencache-ds estimate --profile` does (OUT/profile-<model>.json; OUT/machine-<model>-profiled.json).
 The calibration's compute probe is a bare forward and backward of the model's layers in a process of its own, whose
 ratio to a training step's compute changed with the VM's state (docs/estimate.md, run 19); the profile is a
@@ -76,8 +76,19 @@ ARMS = ("stock", "tencache", "stock-cpu")
 # the params profile's recorded step is the run's first; stage 3's second differs from it, and its third repeats the
 # second, which replaces it (profile/lifecycle.py); the repeats its steady timings summarise come after
 PROFILE_RUN_STEPS = 3 + STEADY_STEPS
-# the profile run's tencache block (and its profile_path): the device tier off, as profiled_machine says why
-PROFILE_RUN_BLOCK = {"enabled": True, "host_cache_bytes": "auto", "device_cache_bytes": 0}
+# the profile run's tencache block (and its profile_path): on a host accelerator the device tier off, on a GPU as
+# the benches run it; profile_run_block says why
+PROFILE_RUN_BLOCK = {"enabled": True, "host_cache_bytes": "auto"}
+
+
+def profile_run_block(machine) -> dict:
+    """The tencache block of a ``profiled_machine`` run on ``machine``. On a host accelerator the device tier is off:
+    it serves every access after the first step there, and the host store's profile would see no step repeat it.
+    On a GPU it is on, as every bench runs it: the optimizer step makes the tier's copies stale, so each step
+    fetches every partition once and the profile's steps repeat; with it off, each use of a partition is a gather
+    of its own, and the first GPU run (docs/estimate.md, "On a GPU") timed that profile's step 0.288 s where the
+    "auto" bench's, tier on, took 0.243 s: its compute priced tencache's step 16% over."""
+    return dict(PROFILE_RUN_BLOCK, device_cache_bytes=0) if machine.accelerator_is_host else dict(PROFILE_RUN_BLOCK)
 
 
 def budget_value(model: str, budget: str):
@@ -228,18 +239,17 @@ def with_model_probes(machine, found: dict):
 def profiled_machine(args, model: str, machine):
     """``machine`` with the figures of a short tencache run of this model's bench shape (``PROFILE_RUN_STEPS``,
     the "auto" budget, its profile's steady timings; plan/profile_timings.machine_from_profile), and the notes on
-    what was taken. The device tier is off: on a host accelerator it serves every access after the first step,
-    and the host store's profile would see no step repeat it."""
+    what was taken. Its tencache block is ``profile_run_block``'s."""
     config_path = args.config or CONFIG_FOR.get(model, DEFAULT_CONFIG)
     profile = os.path.abspath(profile_path(args.out, model))
     if os.path.exists(profile):  # a profile of an earlier run would be loaded, and this run's steps time it
         os.unlink(profile)
-    block = dict(PROFILE_RUN_BLOCK, profile_path=profile)
+    block = dict(profile_run_block(machine), profile_path=profile)
     command = [sys.executable, "scripts/train.py", "--deepspeed_config", config_path, "--model", model,
                "--steps", str(PROFILE_RUN_STEPS), "--micro-batch", str(args.micro_batch), "--seq-len",
                str(args.seq_len), "--nvme-path", args.nvme_path, "--weights-gather", "none", "--tencache-block",
                json.dumps(block), "--result-file", os.path.join(os.path.abspath(args.out),
-                                                                f"profile-{model}.result.json")] \
+                                                                profile_result_name(model))] \
         + (["--dtype", args.dtype] if args.dtype else [])
     print("profiling:", " ".join(command), flush=True)
     with open(os.path.join(args.out, f"profile-{model}.log"), "w") as log:
@@ -253,7 +263,9 @@ def machine_from_saved_profile(machine, model: str, config_path: str, dtype, mic
     """``machine`` with the figures of the profile a ``profiled_machine`` run of this shape recorded, and the notes
     on what was taken (plan/profile_timings.machine_from_profile)."""
     shape = model_shape(read_json(os.path.join(REPO, "configs", "models", f"{model}.json")))
-    ds_config = dict(with_dtype(read_json(os.path.join(REPO, config_path)), dtype), tencache=PROFILE_RUN_BLOCK)
+    result = os.path.join(os.path.dirname(profile), profile_result_name(model))
+    ds_config = dict(with_dtype(read_json(os.path.join(REPO, config_path)), dtype),
+                     tencache=profiled_block(machine, result))
     work = build_workload(shape, ZeroSettings.from_ds_config(ds_config), machine.world_size, micro_batch, seq_len,
                           int(ds_config.get("gradient_accumulation_steps", 1)), False)
     return machine_from_profile(machine, work, read_sections(profile), source=os.path.basename(profile))
@@ -268,6 +280,21 @@ def calibration_path(out: str, model: str, first: bool) -> str:
 def profile_path(out: str, model: str) -> str:
     """Where --profile-runs keeps a model's profile."""
     return os.path.join(out, f"profile-{model}.json")
+
+
+def profile_result_name(model: str) -> str:
+    """The result file of a model's profile run, beside its profile."""
+    return f"profile-{model}.result.json"
+
+
+def profiled_block(machine, result_path: str) -> dict:
+    """The tencache block the profile run ran with, as its result file recorded it (the fit prices that run's
+    step), less its profile_path; ``profile_run_block(machine)`` where the file is missing."""
+    if not os.path.exists(result_path):
+        return profile_run_block(machine)
+    block = dict(read_json(result_path)["ds_config"]["tencache"])
+    block.pop("profile_path", None)
+    return block
 
 
 def reprice(folder: str, source: str):

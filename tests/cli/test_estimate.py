@@ -353,6 +353,43 @@ def test_a_reprice_prices_a_saved_run_again_from_its_own_machine_files_and_profi
     assert not (tmp_path / "out").exists()
 
 
+def test_a_gpu_profile_run_keeps_the_device_tier_and_a_reprice_fits_the_block_its_profile_ran_with(tmp_path):
+    """scripts/validate_estimate.py --profile-runs: on a host accelerator the profile run turns the device tier off,
+    on a GPU it keeps it as the benches run it. The first GPU run (docs/validate/bf16-2026-12-04-gpu1-h200) profiled
+    with it off, and that profile's step (0.288 s, a gather for each use of a partition) priced tencache's "auto"
+    step, tier on, 16% over (0.283 s against 0.243). A reprice fits the compute to the block the profile run
+    recorded: the folder's own reproduces its predictions; a tier-on profile of the same shape (the "auto" bench's
+    own, so not a prediction) prices that step within 2%: the profile's step is what moved it, the block fitted to
+    it changes the price by 2.4%."""
+    validate = load_validate_script()
+    folder = os.path.join(REPO_ROOT, "docs", "validate", "bf16-2026-12-04-gpu1-h200")
+    cpu = validate.load_machine(os.path.join(REPO_ROOT, "configs", "machines", "this-2core-vm.json"))
+    gpu = validate.load_machine(os.path.join(folder, "machine.json"))
+    assert cpu.accelerator_is_host and not gpu.accelerator_is_host
+    assert validate.profile_run_block(cpu)["device_cache_bytes"] == 0
+    assert "device_cache_bytes" not in validate.profile_run_block(gpu)
+
+    def auto_step(where):
+        rows, _ = validate.reprice(where, "profiled")
+        row = next(row for row in rows if row["name"] == "gpt2-small-auto" and row["arm"] == "tencache")
+        return row["repriced"]["step_time_s"], row["measured"]["step_time_s"]
+
+    rows, _ = validate.reprice(folder, "profiled")
+    assert len(rows) == 4 and all(row["repriced"] == row["predicted"] for row in rows)
+    tier_on = tmp_path / "tier-on"
+    shutil.copytree(folder, tier_on)
+    shutil.copy(tier_on / "gpt2-small-auto" / "tencache-1.profile.json", tier_on / "profile-gpt2-small.json")
+    result = validate.read_json(str(tier_on / "profile-gpt2-small.result.json"))
+    del result["ds_config"]["tencache"]["device_cache_bytes"]  # as the profile run on a GPU now runs
+    (tier_on / "profile-gpt2-small.result.json").write_text(json.dumps(result))
+    priced, measured = auto_step(str(tier_on))
+    assert priced == pytest.approx(measured, rel=0.02)
+    result["ds_config"]["tencache"]["device_cache_bytes"] = 0  # the same profile fitted as a tier-off run's
+    (tier_on / "profile-gpt2-small.result.json").write_text(json.dumps(result))
+    as_off = auto_step(str(tier_on))[0]  # the fit's other prices beside the FLOPs: 6 ms here, the profile's step
+    assert as_off != pytest.approx(priced, rel=1e-3) and as_off == pytest.approx(priced, rel=0.05)  # the rest
+
+
 def test_short_steps_are_measured_for_at_least_the_time_asked_by_the_fastest_predicted_arm(tmp_path, capsys):
     """scripts/validate_estimate.py --min-measured-s: a configuration whose fastest arm is predicted at 0.25 s a step
     runs 3 + 40 steps for 10 s of measured steps; a slow one keeps --steps; 0 (the default) changes nothing; a
