@@ -60,7 +60,7 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Any, Callable, Dict, Optional, Sequence
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 from ..errors import TencacheConfigError
 
@@ -283,7 +283,11 @@ def _probe_main(argv: Sequence[str]) -> None:
             pass
         torch.set_num_threads(max(1, os.cpu_count() or 1))
         imported = _import_model_code(request["model_config"])
-        _emit(baseline_rss_bytes=_rss_bytes(), baseline_imports=imported + (" and a CUDA context" if on_gpu else ""))
+        if on_gpu:
+            baseline, held = _gpu_process_baseline(torch, request["dtype"])
+            _emit(baseline_rss_bytes=baseline, baseline_imports=f"{imported} and {held}")
+        else:
+            _emit(baseline_rss_bytes=_rss_bytes(), baseline_imports=imported)
         probes = request.get("probes", ALL_PROBES)
         # after the baseline: its page-locked buffer is not the process's
         gpu = measure_accelerator(torch) if on_gpu else None
@@ -338,6 +342,43 @@ def _import_model_code(model_config: Dict[str, Any]) -> str:
     except Exception as err:  # pylint: disable=broad-except  (the compute probe names a model transformers lacks)
         imported += f" ({step} not imported: {type(err).__name__}: {err})"
     return imported
+
+
+def _gpu_process_baseline(torch, dtype: str) -> Tuple[Optional[int], str]:
+    """The resident memory of a GPU training process before any model state, and what it holds: beyond the imports
+    and its CUDA context, the math libraries its first matmul and that matmul's backward load, and NCCL's
+    communicator (DeepSpeed's engine broadcasts the model at start, at one rank too). The first GPU runs measured
+    their processes 0.4-1.0 GiB above a baseline of the imports and a CUDA context alone (docs/estimate.md, "On a
+    GPU"). Each part's resident memory is in the description, a part that failed says so and the rest stand; the
+    process group is taken down after the reading."""
+    import tempfile
+    import torch.distributed as torch_dist
+
+    def gib() -> str:
+        rss = _rss_bytes()
+        return f"{rss / 2**30:.2f} GiB" if rss is not None else "unknown"
+
+    held = [f"a CUDA context ({gib()})"]
+    try:
+        weight = torch.ones(64, 64, device="cuda", dtype=_torch_dtype(torch, dtype), requires_grad=True)
+        (weight @ weight).float().sum().backward()
+        torch.cuda.synchronize()
+        held.append(f"a matmul's forward and backward ({gib()})")
+    except Exception as err:  # pylint: disable=broad-except  (the baseline stands without it, said so)
+        held.append(f"no matmul ({type(err).__name__}: {err})")
+    with tempfile.TemporaryDirectory(prefix="tencache-nccl-") as folder:
+        try:
+            torch_dist.init_process_group("nccl", init_method="file://" + os.path.join(folder, "store"), rank=0,
+                                          world_size=1)
+            torch_dist.broadcast(torch.ones(1, device="cuda"), 0)
+            torch.cuda.synchronize()
+            held.append(f"NCCL's communicator at one rank ({gib()})")
+        except Exception as err:  # pylint: disable=broad-except
+            held.append(f"no NCCL communicator ({type(err).__name__}: {err})")
+        baseline = _rss_bytes()
+        if torch_dist.is_initialized():
+            torch_dist.destroy_process_group()
+    return baseline, ", ".join(held)
 
 
 def _rss_bytes() -> Optional[int]:

@@ -190,6 +190,8 @@ def test_where_cuda_sees_a_gpu_the_probe_child_runs_compute_there_and_leaves_the
     monkeypatch.setattr(torch, "zeros", lambda *a, **k: calls.append(("cuda context", k.get("device")))
                         if k.get("device") == "cuda" else real_zeros(*a, **k))
     monkeypatch.setattr(calibrate, "measure_accelerator", lambda torch: {"name": "GPU", "count": 1})
+    monkeypatch.setattr(calibrate, "_gpu_process_baseline", lambda torch, dtype: calls.append(("baseline", dtype))
+                        or (123, "a CUDA context (1.00 GiB), a matmul's forward and backward (1.40 GiB)"))
     for probe in ("nvme", "cpu_adam", "host_copy"):
         monkeypatch.setattr(calibrate, f"measure_{probe}", lambda *a, probe=probe, **k: calls.append(probe) or {})
     monkeypatch.setattr(calibrate, "measure_compute", lambda *a, device="cpu": calls.append(("compute", device))
@@ -206,11 +208,28 @@ def test_where_cuda_sees_a_gpu_the_probe_child_runs_compute_there_and_leaves_the
     assert "error" not in found, found.get("error")
     assert calls[0] == ("cuda context", "cuda") and ("compute", "cuda") in calls
     assert {"nvme", "cpu_adam", "host_copy"} <= set(calls) and found["accelerator"] == {"name": "GPU", "count": 1}
-    assert found["baseline_imports"].endswith("and a CUDA context")
+    assert calls[1] == ("baseline", "fp32") and found["baseline_rss_bytes"] == 123
+    assert found["baseline_imports"].endswith(" and a CUDA context (1.00 GiB), a matmul's forward and backward "
+                                              "(1.40 GiB)")
     assert "not probed where CUDA sees a GPU" in found["collectives"]["skipped"]
     assert "not probed where CUDA sees a GPU" in found["zero3_calls"]["skipped"]
     assert "not probed where CUDA sees a GPU" in found["io_contention"]["skipped"]
     assert os.environ["DS_ACCELERATOR"] == "cuda" and get_accelerator().device_name() == "cpu"
+
+
+def test_the_gpu_baseline_says_what_it_could_not_hold_and_leaves_no_process_group():
+    """``_gpu_process_baseline`` on this machine, where CUDA and NCCL are missing: the matmul and the communicator
+    each say why they are not in the baseline, the reading is the process's resident memory, and no process group
+    is left behind (the probes after it, and this test worker, run without one)."""
+    import torch
+    import torch.distributed as torch_dist
+    from tencache_ds.cli import calibrate
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available here: the parts would be held")
+    baseline, held = calibrate._gpu_process_baseline(torch, "bf16")
+    assert baseline == pytest.approx(calibrate._rss_bytes(), rel=0.05)
+    assert held.startswith("a CUDA context (") and ", no matmul (" in held and ", no NCCL communicator (" in held
+    assert not torch_dist.is_initialized()
 
 
 def test_the_contention_probe_times_the_layers_alone_and_beside_the_drive_and_removes_its_file(tmp_path,
