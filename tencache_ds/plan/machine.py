@@ -27,7 +27,9 @@ from ..units import finite
 # page tables and daemons keep the rest; 0.9 is what a quiet Linux box with no other job reports)
 DEFAULT_AVAILABLE_FRACTION = 0.9
 # host memory the training process holds before any model state: Python, torch, DeepSpeed, the launcher's
-# process group, allocator caches (a file may override it; `--machine this` measures it)
+# process group, allocator caches (a file may override it; `--machine this` measures it). On an H200 (the ninth
+# lease, docs/estimate.md "On a GPU") a GPU process's floor came to about 1.9 GiB: gpt2-tiny's peaks less the
+# model's other terms, in stock's run and tencache's alike
 DEFAULT_PROCESS_BASELINE_BYTES = 2 << 30
 
 
