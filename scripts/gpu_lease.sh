@@ -108,6 +108,9 @@ if has validate; then
     --budgets ${VALIDATE_BUDGETS:-auto stream} --dtype bf16 --steps "${VALIDATE_STEPS:-5}" --warmup 2 --repeats 1 \
     --profile-runs --nvme-path "$G/nvme/validate" --out "$G/validate" > "$G/validate.log" 2>&1
   echo "validate: exit $? at $SECONDS s"
+  # the process baseline and what it held (a GPU's: the process's size after its context, a matmul, NCCL's group)
+  python3 -c "import json, sys; m = json.load(open(sys.argv[1])); print('baseline', m['process_baseline_bytes'], \
+m['sources']['process_baseline_bytes'])" "$G/validate/machine.json" 2>/dev/null
   grep -v WARN "$G/validate.log" | tail -20
 fi
 has bench && timeout -k 10 "$(left 90)" python3 -m tencache_ds.cli.main bench --model "$MODEL" \

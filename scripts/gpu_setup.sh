@@ -34,9 +34,11 @@ if [ "${1:-}" = "--prepare" ]; then
     /tmp/gpu-setup-sdist/deepspeed-0.19.8.tar.gz
   (cd "$_tc_carry/deb" && apt-get download libaio1 libaio-dev)
   ls -la "$_tc_carry"/whl "$_tc_carry"/deb
-  # The device tool sends the tracked files and the carried .gpu/, at most 64 MiB: docs/ alone passed that in the
-  # ninth lease (its validation records), and the call was refused. The runs need none of docs/validate.
-  mib=$( (cd "$_tc_root" && git ls-files -z | xargs -0 stat -c %s 2>/dev/null; du -sb "$_tc_carry" | cut -f1) |
+  # The device tool sends the tracked files, the untracked ones git does not ignore and the carried .gpu/, at most
+  # 64 MiB: docs/ alone passed that in the ninth lease (its validation records), and the call was refused. The runs
+  # need none of docs/validate.
+  mib=$( (cd "$_tc_root" && git ls-files -z --cached --others --exclude-standard | xargs -0 stat -c %s 2>/dev/null
+          du -sb "$_tc_carry" | cut -f1) |
         awk '{s += $1} END {printf "%d", s / 1048576}')
   echo "gpu_setup: the working tree and .gpu/ come to $mib MiB (the device tool sends at most 64)"
   if [ "$mib" -gt 60 ]; then

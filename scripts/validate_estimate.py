@@ -290,11 +290,10 @@ def profile_result_name(model: str) -> str:
 def profiled_block(machine, result_path: str) -> dict:
     """The tencache block the profile run ran with, as its result file recorded it (the fit prices that run's
     step), less its profile_path; ``profile_run_block(machine)`` where the file is missing."""
-    if not os.path.exists(result_path):
+    recorded = read_json(result_path).get("ds_config", {}).get("tencache") if os.path.exists(result_path) else None
+    if not isinstance(recorded, dict):
         return profile_run_block(machine)
-    block = dict(read_json(result_path)["ds_config"]["tencache"])
-    block.pop("profile_path", None)
-    return block
+    return {key: value for key, value in recorded.items() if key != "profile_path"}
 
 
 def reprice(folder: str, source: str):
@@ -423,6 +422,13 @@ def main(argv=None) -> int:
         if missing:
             parser.error(f"--reprice {args.reprice}: the run priced with {missing[0]}, which is missing "
                          f"(--reprice-from calibration prices without it)")
+    if args.profile_runs and args.machine:  # the profile run trains here, its block follows the file's accelerator
+        import torch
+        if load_machine(args.machine).accelerator_is_host == torch.cuda.is_available():
+            parser.error(f"--profile-runs trains here, and --machine {args.machine} describes "
+                         f"{'a host' if torch.cuda.is_available() else 'a GPU'} accelerator where this machine has "
+                         f"{'a GPU' if torch.cuda.is_available() else 'none'}: its profile would price another "
+                         f"machine's step")
     if args.reprice and os.path.realpath(args.out) == os.path.realpath(args.reprice):
         parser.error("--out is the --reprice folder: its table.md and rows.json are the run's own")
     os.makedirs(args.out, exist_ok=True)

@@ -97,6 +97,7 @@ COMPUTE_PROBE_WEIGHT_BYTES = 256 << 20  # several times any CPU's last-level cac
 PROBE_TIMEOUT_S = 480.0
 PROBE_MARKER = "TENCACHE_CALIBRATE "
 NOT_ON_A_GPU = "{what}: not probed where CUDA sees a GPU"
+NCCL_BASELINE_TIMEOUT_S = 60  # the one-rank communicator of a GPU process's baseline (_gpu_process_baseline)
 
 
 # The collectives' probe: a whole tensor of this size, each rank holding its share (gpt2-small's layers gather 28 MB,
@@ -347,16 +348,17 @@ def _import_model_code(model_config: Dict[str, Any]) -> str:
 def _gpu_process_baseline(torch, dtype: str) -> Tuple[Optional[int], str]:
     """The resident memory of a GPU training process before any model state, and what it holds: beyond the imports
     and its CUDA context, the math libraries its first matmul and that matmul's backward load, and NCCL's
-    communicator (DeepSpeed's engine broadcasts the model at start, at one rank too). The first GPU runs measured
-    their processes 0.4-1.0 GiB above a baseline of the imports and a CUDA context alone (docs/estimate.md, "On a
-    GPU"). Each part's resident memory is in the description, a part that failed says so and the rest stand; the
-    process group is taken down after the reading."""
+    communicator (stage 3's collectives and barriers create it, at one rank too). The first GPU runs put that
+    floor 0.98 GiB above a baseline of the imports and a CUDA context alone (docs/estimate.md, "On a GPU"). The
+    description gives the process's resident memory after each part; a part that failed says so and the rest
+    stand; the process group is taken down after the reading."""
+    import datetime
     import tempfile
     import torch.distributed as torch_dist
 
-    def gib() -> str:
+    def gib() -> str:  # the whole process's, after the part named beside it
         rss = _rss_bytes()
-        return f"{rss / 2**30:.2f} GiB" if rss is not None else "unknown"
+        return f"the process at {rss / 2**30:.2f} GiB" if rss is not None else "the process's size unknown"
 
     held = [f"a CUDA context ({gib()})"]
     try:
@@ -368,8 +370,9 @@ def _gpu_process_baseline(torch, dtype: str) -> Tuple[Optional[int], str]:
         held.append(f"no matmul ({type(err).__name__}: {err})")
     with tempfile.TemporaryDirectory(prefix="tencache-nccl-") as folder:
         try:
+            # a bound on the broadcast: NCCL's watchdog ends a collective that hangs, and the probe goes on
             torch_dist.init_process_group("nccl", init_method="file://" + os.path.join(folder, "store"), rank=0,
-                                          world_size=1)
+                                          world_size=1, timeout=datetime.timedelta(seconds=NCCL_BASELINE_TIMEOUT_S))
             torch_dist.broadcast(torch.ones(1, device="cuda"), 0)
             torch.cuda.synchronize()
             held.append(f"NCCL's communicator at one rank ({gib()})")

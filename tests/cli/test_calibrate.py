@@ -228,7 +228,7 @@ def test_the_gpu_baseline_says_what_it_could_not_hold_and_leaves_no_process_grou
         pytest.skip("CUDA is available here: the parts would be held")
     baseline, held = calibrate._gpu_process_baseline(torch, "bf16")
     assert baseline == pytest.approx(calibrate._rss_bytes(), rel=0.05)
-    assert held.startswith("a CUDA context (") and ", no matmul (" in held and ", no NCCL communicator (" in held
+    assert held.startswith("a CUDA context (the process at ") and ", no matmul (" in held and ", no NCCL communicator (" in held
     assert not torch_dist.is_initialized()
 
 

@@ -386,6 +386,10 @@ def test_a_gpu_profile_run_keeps_the_device_tier_and_a_reprice_fits_the_block_it
     assert priced == pytest.approx(measured, rel=0.02)
     result["ds_config"]["tencache"]["device_cache_bytes"] = 0  # the same profile fitted as a tier-off run's
     (tier_on / "profile-gpt2-small.result.json").write_text(json.dumps(result))
+    with pytest.raises(SystemExit):  # a GPU's machine file with a profile run on this machine: refused, nothing run
+        validate.main(["--profile-runs", "--machine", os.path.join(folder, "machine.json"), "--out",
+                       str(tmp_path / "refused")])
+    assert not (tmp_path / "refused").exists()
     as_off = auto_step(str(tier_on))[0]  # the fit's other prices beside the FLOPs: 6 ms here, the profile's step
     assert as_off != pytest.approx(priced, rel=1e-3) and as_off == pytest.approx(priced, rel=0.05)  # the rest
 
