@@ -15,8 +15,9 @@ the predictions stay the saved ones, and the table adds each row's error priced 
         [--min-measured-s 10]
 
 With --profile-runs, after the calibration each model first trains a few steps under tencache (the "auto" budget,
-the device tier off on a host accelerator, on as the benches run it on a GPU) with a profile, and its predictions take their compute figure from the profile's steady
-timings, as `tencache-ds estimate --profile` does (OUT/profile-<model>.json; OUT/machine-<model>-profiled.json).
+the device tier off on a host accelerator, on as the benches run it on a GPU) with a profile, and its predictions
+take their compute figure from the profile's steady timings, as `tencache-ds estimate --profile` does
+(OUT/profile-<model>.json; OUT/machine-<model>-profiled.json).
 The calibration's compute probe is a bare forward and backward of the model's layers in a process of its own, whose
 ratio to a training step's compute changed with the VM's state (docs/estimate.md, run 19); the profile is a
 training step.

@@ -175,7 +175,8 @@ def test_where_cuda_sees_a_gpu_the_probe_child_runs_compute_there_and_leaves_the
         monkeypatch, capsys):
     """The child's routing (``_probe_main``), in this process with the probes replaced by recorders and CUDA
     pretended: the CUDA accelerator set before DeepSpeed is imported and a CUDA context before the baseline, the
-    compute probe on "cuda", the collectives and hooks probes not run, each said to be left out."""
+    compute and hooks probes on "cuda" (a hooks probe that fails there leaves its figure out, said why), the
+    collectives and contention probes not run, each said to be left out."""
     import json
     import torch
     from tencache_ds.cli import calibrate
@@ -196,8 +197,14 @@ def test_where_cuda_sees_a_gpu_the_probe_child_runs_compute_there_and_leaves_the
         monkeypatch.setattr(calibrate, f"measure_{probe}", lambda *a, probe=probe, **k: calls.append(probe) or {})
     monkeypatch.setattr(calibrate, "measure_compute", lambda *a, device="cpu": calls.append(("compute", device))
                         or {})
-    for probe in ("collectives", "zero3_calls", "io_contention"):
+    for probe in ("collectives", "io_contention"):
         monkeypatch.setattr(calibrate, f"measure_{probe}", lambda *a, probe=probe, **k: pytest.fail(f"{probe} ran"))
+
+    def zero3_calls(*args, device="cpu"):  # run on the GPU, and a failure there leaves the figure out, said why
+        calls.append(("zero3_calls", device))
+        raise RuntimeError("no engine here")
+
+    monkeypatch.setattr(calibrate, "measure_zero3_calls", zero3_calls)
     request = {"nvme_path": "/nonexistent", "model_config": {"model_type": "gpt2"}, "micro_batch": 1, "seq_len": 8,
                "dtype": "fp32", "probes": list(calibrate.ALL_PROBES), "io_threads": 1}
     calibrate._probe_main([json.dumps(request)])
@@ -206,13 +213,14 @@ def test_where_cuda_sees_a_gpu_the_probe_child_runs_compute_there_and_leaves_the
         if line.startswith(calibrate.PROBE_MARKER):
             found.update(json.loads(line[len(calibrate.PROBE_MARKER):]))
     assert "error" not in found, found.get("error")
-    assert calls[0] == ("cuda context", "cuda") and ("compute", "cuda") in calls
+    assert calls[0] == ("cuda context", "cuda") and ("compute", "cuda") in calls and ("zero3_calls", "cuda") in calls
     assert {"nvme", "cpu_adam", "host_copy"} <= set(calls) and found["accelerator"] == {"name": "GPU", "count": 1}
     assert calls[1] == ("baseline", "fp32") and found["baseline_rss_bytes"] == 123
     assert found["baseline_imports"].endswith(" and a CUDA context (1.00 GiB), a matmul's forward and backward "
                                               "(1.40 GiB)")
     assert "not probed where CUDA sees a GPU" in found["collectives"]["skipped"]
-    assert "not probed where CUDA sees a GPU" in found["zero3_calls"]["skipped"]
+    assert found["zero3_calls"] == {"skipped": "ZeRO-3's hooks on the GPU: the probe failed (RuntimeError: no engine "
+                                               "here)"}
     assert "not probed where CUDA sees a GPU" in found["io_contention"]["skipped"]
     assert os.environ["DS_ACCELERATOR"] == "cuda" and get_accelerator().device_name() == "cpu"
 
@@ -228,7 +236,8 @@ def test_the_gpu_baseline_says_what_it_could_not_hold_and_leaves_no_process_grou
         pytest.skip("CUDA is available here: the parts would be held")
     baseline, held = calibrate._gpu_process_baseline(torch, "bf16")
     assert baseline == pytest.approx(calibrate._rss_bytes(), rel=0.05)
-    assert held.startswith("a CUDA context (the process at ") and ", no matmul (" in held and ", no NCCL communicator (" in held
+    assert held.startswith("a CUDA context (the process at ") and ", no matmul (" in held
+    assert ", no NCCL communicator (" in held
     assert not torch_dist.is_initialized()
 
 
