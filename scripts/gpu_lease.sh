@@ -112,6 +112,9 @@ if has validate; then
   python3 -c "import json, sys; m = json.load(open(sys.argv[1])); print('baseline', m['process_baseline_bytes'], \
 m['sources']['process_baseline_bytes'])" "$G/validate/machine.json" 2>/dev/null
   grep -v WARN "$G/validate.log" | tail -20
+  # the same rows priced from the calibration alone (no profile): what `tencache-ds estimate --machine this` says
+  timeout -k 5 60 python3 scripts/validate_estimate.py --reprice "$G/validate" --reprice-from calibration \
+    --out "$G/validate-calibration" 2>&1 | grep -v WARN | tail -12
 fi
 has bench && timeout -k 10 "$(left 90)" python3 -m tencache_ds.cli.main bench --model "$MODEL" \
   --config configs/stock-nvme-defaults.json --compare cpu --steps 8 --warmup 2 --nvme-path "$G/nvme/bench" \
