@@ -375,7 +375,8 @@ def _gpu_process_baseline(torch, dtype: str) -> Tuple[Optional[int], str]:
         held.append(f"no matmul ({type(err).__name__}: {err})")
     with tempfile.TemporaryDirectory(prefix="tencache-nccl-") as folder:
         try:
-            # a bound on the broadcast: NCCL's watchdog ends a collective that hangs, and the probe goes on
+            # a bound on the broadcast: NCCL's watchdog ends a collective that hangs within it (its default error
+            # handling may end this process: the calibration then fails in a minute, not after PROBE_TIMEOUT_S)
             torch_dist.init_process_group("nccl", init_method="file://" + os.path.join(folder, "store"), rank=0,
                                           world_size=1, timeout=datetime.timedelta(seconds=NCCL_BASELINE_TIMEOUT_S))
             torch_dist.broadcast(torch.ones(1, device="cuda"), 0)
