@@ -290,9 +290,12 @@ def profile_result_name(model: str) -> str:
 
 def profiled_block(machine, result_path: str) -> dict:
     """The tencache block the profile run ran with, as its result file recorded it (the fit prices that run's
-    step), less its profile_path; ``profile_run_block(machine)`` where the file is missing."""
+    step), less its profile_path; ``profile_run_block(machine)``, said on stderr, where the file or its block is
+    missing."""
     recorded = read_json(result_path).get("ds_config", {}).get("tencache") if os.path.exists(result_path) else None
     if not isinstance(recorded, dict):
+        print(f"{result_path}: no tencache block recorded for the profile run; fitting it as "
+              f"{json.dumps(profile_run_block(machine))}", file=sys.stderr)
         return profile_run_block(machine)
     return {key: value for key, value in recorded.items() if key != "profile_path"}
 
