@@ -35,14 +35,16 @@ if [ "${1:-}" = "--prepare" ]; then
   (cd "$_tc_carry/deb" && apt-get download libaio1 libaio-dev)
   ls -la "$_tc_carry"/whl "$_tc_carry"/deb
   # The device tool sends the tracked files, the untracked ones git does not ignore and the carried .gpu/, at most
-  # 64 MiB: docs/ alone passed that in the ninth lease (its validation records), and the call was refused. The runs
-  # need none of docs/validate.
+  # 64 MiB: docs/ alone passed that in the ninth lease (its validation records, plain then), and the call was refused.
+  # docs/ keeps its records gzipped since (scripts/archive_records.py; tests/test_records.py checks it); the runs need
+  # none of docs/validate.
   mib=$( (cd "$_tc_root" && git ls-files -z --cached --others --exclude-standard | xargs -0 stat -c %s 2>/dev/null
           du -sb "$_tc_carry" | cut -f1) |
         awk '{s += $1} END {printf "%d", s / 1048576}')
   echo "gpu_setup: the working tree and .gpu/ come to $mib MiB (the device tool sends at most 64)"
   if [ "$mib" -gt 60 ]; then
-    echo "gpu_setup: move docs/validate aside for the call, and back after it:" \
+    echo "gpu_setup: archive the records (python scripts/archive_records.py docs); if it is still above 60 MiB," \
+         "move docs/validate aside for the call, and back after it:" \
          "mv docs/validate /tmp/tc-docs-validate ... mv /tmp/tc-docs-validate docs/validate" >&2
   fi
   exit 0

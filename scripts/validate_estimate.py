@@ -45,7 +45,6 @@ run it without --compare-cpu (stock CPU offload is killed for memory) and with t
 import argparse
 import dataclasses
 import datetime
-import glob
 import json
 import math
 import os
@@ -57,6 +56,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+from tencache_ds.bench.records import glob_records, read_json_record, record_exists  # noqa: E402
 from tencache_ds.bench.report import STAGE3_FETCH_KNOBS  # noqa: E402
 from tencache_ds.cli.bench import with_dtype  # noqa: E402
 from tencache_ds.cli.calibrate import (MODEL_PROBES, calibrate, machine_from_calibration,  # noqa: E402
@@ -106,8 +106,8 @@ def budget_value(model: str, budget: str):
 
 
 def read_json(path):
-    with open(path) as handle:
-        return json.load(handle)
+    """A JSON file, or a record archived beside its name (docs/ keeps result files and bench.json so)."""
+    return read_json_record(path)
 
 
 def cpu_offload(ds_config: dict) -> dict:
@@ -175,7 +175,7 @@ def measured_from_bench(folder: str) -> dict:
         out[arm] = {"step_time_s": step, "nvme_read_bytes": rows["NVMe read / step (median)"].get(arm),
                     "nvme_write_bytes": rows["NVMe written / step (median)"].get(arm),
                     "host_bytes": rows["peak host RSS"].get(arm)}
-    recorded = sorted(glob.glob(os.path.join(folder, "stock-cpu-*.result.json")))
+    recorded = glob_records(folder, "stock-cpu-*.result.json")
     stock_cpu_config = read_json(recorded[0]).get("ds_config") if recorded else None
     return {"settings": bench["settings"], "machine": bench.get("machine", {}), "arms": out,
             "stock_cpu_config": stock_cpu_config}
@@ -292,7 +292,7 @@ def profiled_block(machine, result_path: str) -> dict:
     """The tencache block the profile run ran with, as its result file recorded it (the fit prices that run's
     step), less its profile_path; ``profile_run_block(machine)``, said on stderr, where the file or its block is
     missing."""
-    recorded = read_json(result_path).get("ds_config", {}).get("tencache") if os.path.exists(result_path) else None
+    recorded = read_json(result_path).get("ds_config", {}).get("tencache") if record_exists(result_path) else None
     if not isinstance(recorded, dict):
         print(f"{result_path}: no tencache block recorded for the profile run; fitting it as "
               f"{json.dumps(profile_run_block(machine))}", file=sys.stderr)
@@ -312,7 +312,7 @@ def reprice(folder: str, source: str):
     machines, used, rows = {}, {}, []
     for name, entry in saved["predictions"].items():
         model, bench = entry["model"], os.path.join(folder, name)
-        if not os.path.exists(os.path.join(bench, "bench.json")):
+        if not record_exists(os.path.join(bench, "bench.json")):
             print(f"skipped {name}: no bench.json in {bench}", file=sys.stderr)
             continue
         measured = measured_from_bench(bench)
@@ -443,7 +443,7 @@ def main(argv=None) -> int:
                                            f"{machines}. The first table is the run's own predictions.",
                            repriced_as=f"step time re-priced ({args.reprice_from})")
     if args.from_bench:  # a glob such as docs/bench/gpt2-*-* also matches folders of ad-hoc runs, with no bench
-        skipped = [folder for folder in args.from_bench if not os.path.exists(os.path.join(folder, "bench.json"))]
+        skipped = [folder for folder in args.from_bench if not record_exists(os.path.join(folder, "bench.json"))]
         for folder in skipped:
             print(f"skipped {folder}: no bench.json", file=sys.stderr)
         args.from_bench = [folder for folder in args.from_bench if folder not in skipped]

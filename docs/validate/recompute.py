@@ -46,8 +46,8 @@ def compute_figure(machine, statistic):
 
 def measured_steps(folder, configuration, arm, run):
     """The step times of one run of one arm after the bench's warm-up."""
-    with open(os.path.join(folder, configuration, f"{arm}-{run}.result.json")) as handle:
-        return [step["time_s"] for step in json.load(handle)["steps"][WARMUP:]]
+    result = validate_estimate.read_json(os.path.join(folder, configuration, f"{arm}-{run}.result.json"))
+    return [step["time_s"] for step in result["steps"][WARMUP:]]
 
 
 def print_rows(folder, columns, counts):

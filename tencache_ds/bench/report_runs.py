@@ -29,6 +29,8 @@ import re
 import statistics
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
+from .records import open_record
+
 STOCK = "stock"
 TENCACHE = "tencache"
 ARMS = (STOCK, TENCACHE)
@@ -83,8 +85,9 @@ class BenchRun:
 # Loading
 # ----------------------------------------------------------------------------------------------------------------
 def load_result(path: str) -> Dict[str, Any]:
-    """A result file written by scripts/train.py. Raises ValueError naming the file when it is not one."""
-    with open(path) as fh:
+    """A result file written by scripts/train.py, plain or archived (bench/records.py). Raises ValueError naming the
+    file when it is not one."""
+    with open_record(path) as fh:
         try:
             result = json.load(fh)
         except json.JSONDecodeError as err:

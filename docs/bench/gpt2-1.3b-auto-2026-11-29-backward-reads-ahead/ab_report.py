@@ -4,13 +4,11 @@ import glob
 import json
 import os
 import statistics
+import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def load(path):
-    with open(path) as handle:
-        return json.load(handle)
+sys.path.insert(0, os.path.join(HERE, "..", "..", ".."))
+from tencache_ds.bench.records import read_json_record as load  # noqa: E402  (result files are archived: .gz)
 
 
 for path in sorted(glob.glob(os.path.join(HERE, "*.metrics.jsonl"))):

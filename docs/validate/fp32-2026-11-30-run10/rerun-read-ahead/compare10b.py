@@ -7,7 +7,7 @@ pred = json.load(open(os.path.join(REPO, "docs/validate/fp32-2026-11-30-run10/pr
 rows = []
 for name in sys.argv[1:]:
     folder = os.path.join(os.environ.get("OUT", os.path.dirname(os.path.abspath(__file__))), name)
-    if not os.path.exists(folder + "/bench.json"):
+    if not v.record_exists(folder + "/bench.json"):  # archived as bench.json.gz
         continue
     measured = v.measured_from_bench(folder)
     for arm, values in measured["arms"].items():
