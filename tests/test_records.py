@@ -50,6 +50,34 @@ def test_a_missing_record_names_both_forms(tmp_path):
         records.read_json_record(missing)
 
 
+def test_a_broken_record_is_a_value_error_that_names_the_file_read(tmp_path):
+    """An archive cut short (a copy interrupted), a file that is not gzip and plain text that is not JSON: each a
+    ValueError naming the file that was read, as load_result promises, not an EOFError or a gzip error."""
+    whole = records.archive(write(tmp_path / "whole.result.json", RESULT))
+    cut = tmp_path / "cut.result.json.gz"
+    cut.write_bytes(open(whole, "rb").read()[:20])
+    (tmp_path / "not-gzip.result.json.gz").write_text("{}")
+    (tmp_path / "not-json.result.json").write_text("{not json")
+    for name in ("cut", "not-gzip", "not-json"):
+        plain = str(tmp_path / f"{name}.result.json")
+        with pytest.raises(ValueError, match=f"{name}.result.json"):
+            records.read_json_record(plain)
+        with pytest.raises(ValueError, match=f"not a JSON result file: .*{name}.result.json"):
+            load_result(plain)
+
+
+def test_an_archive_that_fails_part_way_leaves_the_plain_record_and_nothing_beside_it(tmp_path, monkeypatch):
+    plain = write(tmp_path / "bench.json", RESULT)
+
+    def disk_full(*_args, **_kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(records, "replace_durably", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        records.archive(plain)
+    assert os.listdir(tmp_path) == ["bench.json"] and records.read_json_record(plain) == RESULT
+
+
 def test_glob_finds_each_record_once_by_its_plain_name(tmp_path):
     records.archive(write(tmp_path / "stock-cpu-1.result.json", RESULT))
     write(tmp_path / "stock-cpu-2.result.json", RESULT)
@@ -58,7 +86,9 @@ def test_glob_finds_each_record_once_by_its_plain_name(tmp_path):
     write(tmp_path / "stock-1.result.json", RESULT)
     assert records.glob_records(str(tmp_path), "stock-cpu-*.result.json") == [
         str(tmp_path / f"stock-cpu-{n}.result.json") for n in (1, 2, 3)]
+    (tmp_path / "stock-cpu-4.result.json").mkdir()  # a folder of that name is no record
     assert records.glob_records(str(tmp_path / "absent"), "*.json") == []
+    assert records.glob_records(str(tmp_path), "stock-cpu-4*") == []
 
 
 def test_the_archive_script_archives_only_records_and_its_check_lists_what_is_left(tmp_path):
@@ -77,8 +107,20 @@ def test_the_archive_script_archives_only_records_and_its_check_lists_what_is_le
 
 
 def test_docs_keeps_its_records_archived():
-    """docs/ stays within what the device tool sends (64 MiB): a bench or validation folder committed with plain
-    records fails here, with the command that archives them."""
+    """No plain bench.json or result file in docs/ (the working tree's, committed or not): a bench or validation
+    folder added with plain records fails here, with the command that archives them."""
     check = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "archive_records.py"), "--check",
                             os.path.join(REPO, "docs")], capture_output=True, text=True)
     assert check.returncode == 0, check.stdout[-2000:] + check.stderr
+
+
+def test_the_tracked_tree_stays_within_what_the_device_tool_sends():
+    """The device tool sends the working tree to a GPU machine only up to 64 MiB (the ninth lease's first call was
+    refused at 74 MiB); 60 leaves room for the set-up's .gpu/ folder. Whatever grows the tree (logs, figures, records
+    named otherwise) fails here first."""
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True)
+    if listed.returncode != 0:
+        pytest.skip(f"not a git checkout: {listed.stderr.decode().strip()}")
+    paths = [os.path.join(REPO, name) for name in listed.stdout.decode().split("\0") if name]
+    total = sum(os.path.getsize(path) for path in paths if os.path.isfile(path))
+    assert total < 60 * 2**20, f"the tracked files come to {total / 2**20:.1f} MiB"

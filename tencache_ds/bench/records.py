@@ -3,16 +3,20 @@ of scripts/train.py, a bench's bench.json) and the reads that find either form. 
 (bench/report_runs.py, scripts/validate_estimate.py) or writing one (scripts/train.py, cli/bench.py write them plain).
 
 A record is read from its name or, where it was archived, from NAME.gz beside it. docs/ keeps its records archived
-(``scripts/archive_records.py``; tests/test_records.py checks that it does): gzip takes a result file to about a
-twentieth of its size, and the records were three fifths of a working tree that the device tool refuses above 64 MiB
-(the ninth GPU lease's first call was refused at 74 MiB). Where both forms exist the plain file is read: it is the
-one something wrote since.
+(``scripts/archive_records.py``; tests/test_records.py checks that it does): gzip took docs/' records from 40.2 to
+3.7 MiB, and they were three fifths of a working tree that the device tool refuses above 64 MiB (the ninth GPU lease's
+first call was refused at 74 MiB). Where both forms exist the plain file is read: it is the one something wrote since
+(the bench removes both forms of what it is about to write, cli/bench.py).
 """
+import contextlib
 import fnmatch
 import gzip
 import json
 import os
+import zlib
 from typing import IO, Any, List, Optional
+
+from ..io.durable import replace_durably
 
 ARCHIVED_SUFFIX = ".gz"
 # The records docs/ keeps archived, by file name (fnmatch patterns): the large, machine-written ones. Machine files,
@@ -29,20 +33,44 @@ def stored_path(path: str) -> Optional[str]:
 
 
 def record_exists(path: str) -> bool:
+    """Whether the record named ``path`` is on disk, in either form."""
     return stored_path(path) is not None
+
+
+def both_forms(path: str) -> List[str]:
+    """The two paths the record named ``path`` may be stored at: what to remove before something writes it anew."""
+    return [path, path + ARCHIVED_SUFFIX]
+
+
+def _found(path: str) -> str:
+    stored = stored_path(path)
+    if stored is None:
+        raise FileNotFoundError(f"no record {path} (nor {path + ARCHIVED_SUFFIX})")
+    return stored
+
+
+def _open_stored(stored: str) -> IO[str]:
+    # UTF-8 whatever the locale: json.dump writes ASCII by default, but a record written with ensure_ascii=False
+    # would otherwise read differently on another machine
+    if stored.endswith(ARCHIVED_SUFFIX):
+        return gzip.open(stored, "rt", encoding="utf-8")
+    return open(stored, encoding="utf-8")
 
 
 def open_record(path: str) -> IO[str]:
     """The record named ``path``, opened as text, in either form. FileNotFoundError names both paths looked for."""
-    stored = stored_path(path)
-    if stored is None:
-        raise FileNotFoundError(f"no record {path} (nor {path + ARCHIVED_SUFFIX})")
-    return gzip.open(stored, "rt") if stored.endswith(ARCHIVED_SUFFIX) else open(stored)
+    return _open_stored(_found(path))
 
 
 def read_json_record(path: str) -> Any:
-    with open_record(path) as handle:
-        return json.load(handle)
+    """The JSON value of the record named ``path``, in either form. FileNotFoundError names both paths looked for;
+    ValueError names the file read when it is not JSON or is an archive cut short or not gzip at all."""
+    stored = _found(path)
+    try:
+        with _open_stored(stored) as handle:
+            return json.load(handle)
+    except (ValueError, EOFError, gzip.BadGzipFile, zlib.error) as err:  # JSON and UTF-8 errors are ValueErrors
+        raise ValueError(f"{stored}: not a whole JSON record ({type(err).__name__}: {err})") from None
 
 
 def glob_records(folder: str, pattern: str) -> List[str]:
@@ -51,7 +79,8 @@ def glob_records(folder: str, pattern: str) -> List[str]:
     if not os.path.isdir(folder):
         return []
     names = {name[:-len(ARCHIVED_SUFFIX)] if name.endswith(ARCHIVED_SUFFIX) else name for name in os.listdir(folder)}
-    return sorted(os.path.join(folder, name) for name in names if fnmatch.fnmatch(name, pattern))
+    paths = (os.path.join(folder, name) for name in names if fnmatch.fnmatch(name, pattern))
+    return sorted(path for path in paths if record_exists(path))  # files only: a folder may match the pattern
 
 
 def is_archivable(name: str) -> bool:
@@ -61,18 +90,23 @@ def is_archivable(name: str) -> bool:
 
 def archive(path: str) -> str:
     """Replace the plain record ``path`` by its archived form (gzip, no name or time in its header, so that the same
-    record archives to the same bytes); returns the new path. The plain file is removed only once the archive is
-    written whole and reads back to the same bytes."""
+    record archives to the same bytes with the same zlib); returns the new path. The plain file, often the only copy
+    (a run's folder is archived before it is committed), is removed only once the archive reads back to the same
+    bytes and is on the drive (io/durable.py); an archive that fails part way leaves no partial file."""
     target = path + ARCHIVED_SUFFIX
     with open(path, "rb") as handle:
         data = handle.read()
     partial = target + ".partial"
-    with open(partial, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as packed:
-        packed.write(data)
-    with gzip.open(partial, "rb") as check:
-        if check.read() != data:
+    try:
+        with open(partial, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as packed:
+            packed.write(data)
+        with gzip.open(partial, "rb") as check:
+            if check.read() != data:
+                raise OSError(f"{partial} did not read back as {path}; {path} left as it was")
+        replace_durably(partial, target)
+    except BaseException:  # a full disk, an interrupt: the plain file stays, and nothing half-written beside it
+        with contextlib.suppress(FileNotFoundError):
             os.remove(partial)
-            raise OSError(f"{partial} did not read back as {path}; {path} left as it was")
-    os.replace(partial, target)
+        raise
     os.remove(path)
     return target

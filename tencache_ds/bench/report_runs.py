@@ -29,7 +29,7 @@ import re
 import statistics
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
-from .records import open_record
+from .records import read_json_record
 
 STOCK = "stock"
 TENCACHE = "tencache"
@@ -87,11 +87,10 @@ class BenchRun:
 def load_result(path: str) -> Dict[str, Any]:
     """A result file written by scripts/train.py, plain or archived (bench/records.py). Raises ValueError naming the
     file when it is not one."""
-    with open_record(path) as fh:
-        try:
-            result = json.load(fh)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path}: not a JSON result file ({err})") from None
+    try:
+        result = read_json_record(path)
+    except ValueError as err:  # it names the file read: the plain one or its archive
+        raise ValueError(f"not a JSON result file: {err}") from None
     if not isinstance(result, dict) or not isinstance(result.get("steps"), list):
         raise ValueError(f"{path}: a result file needs a 'steps' list (scripts/train.py --result-file)")
     return result

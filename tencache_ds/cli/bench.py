@@ -36,6 +36,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..bench import dashboard, report
+from ..bench.records import both_forms
 from ..config import AUTO, CONFIG_KEY, parse_config
 from ..config_checks import check_host_budget
 from ..errors import TencacheConfigError, TencacheResourceError
@@ -354,7 +355,8 @@ def execute(spec: RunSpec, progress) -> None:
     """
     # a profile left by an earlier bench in --out would be adopted: each run records its own (per rank: .rank<r>)
     profile_root = spec.result_path[:-len(".result.json")] + ".profile"
-    for path in [spec.result_path, spec.metrics_path] + glob.glob(glob.escape(profile_root) + "*.json"):
+    # (and an archived result of that bench, bench/records.py: read in place of a run that wrote none)
+    for path in both_forms(spec.result_path) + [spec.metrics_path] + glob.glob(glob.escape(profile_root) + "*.json"):
         if path and os.path.exists(path):
             os.remove(path)
     shutil.rmtree(spec.nvme_dir, ignore_errors=True)
@@ -580,9 +582,10 @@ def _run_holding_the_nvme_path(args, specs: List[RunSpec], config_path: str, ds_
     except OSError as err:
         raise BenchError(f"--out {out_dir} cannot be created: {err}") from None
     # An earlier bench's summary in --out would stand beside this one's logs if this one fails: it goes now.
-    for name in ("bench.json", "bench.md", DASHBOARD_FILE):
+    for path in both_forms(os.path.join(out_dir, "bench.json")) + [os.path.join(out_dir, name)
+                                                                   for name in ("bench.md", DASHBOARD_FILE)]:
         with contextlib.suppress(FileNotFoundError):
-            os.remove(os.path.join(out_dir, name))
+            os.remove(path)
     given_bandwidth = getattr(args, "nvme_bandwidth", None)
     probe, why_not_measured = start_probe(args.nvme_path, measure_bandwidth=given_bandwidth is None,
                                           ds_config=ds_config)

@@ -405,10 +405,12 @@ def test_bench_holds_its_nvme_path_and_leaves_no_earlier_summary_beside_a_failed
         refused.stderr
     assert f"pid {holder.pid}" in refused.stderr and not (tmp_path / "no").exists()
     # Step 2: let go, the bench runs; its first run fails (a train script that exits 1): the earlier bench's
-    # summary in --out is gone, and the lock went with the bench.
+    # summary in --out is gone, in either form, and so is its result file for the run that failed; the lock went
+    # with the bench.
     out = tmp_path / "out"
     out.mkdir()
-    for name in ("bench.json", "bench.md", "dashboard.png"):
+    # (and as docs/ keeps them, archived: bench/records.py reads an archive where the plain file is missing)
+    for name in ("bench.json", "bench.md", "dashboard.png", "bench.json.gz", "stock-1.result.json.gz"):
         (out / name).write_text("an earlier bench's")
     failing = tmp_path / "fails.py"
     failing.write_text("import sys; sys.exit(1)\n")
