@@ -24,22 +24,20 @@ ARCHIVED_SUFFIX = ".gz"
 ARCHIVED_NAMES = ("*.result.json", "bench.json")
 
 
+def both_forms(path: str) -> List[str]:
+    """The two paths the record named ``path`` may be stored at, the plain one first: what to remove before something
+    writes it anew."""
+    return [path, path + ARCHIVED_SUFFIX]
+
+
 def stored_path(path: str) -> Optional[str]:
     """The file that holds the record named ``path``: ``path`` itself, else its archived form, else None."""
-    for candidate in (path, path + ARCHIVED_SUFFIX):
-        if os.path.isfile(candidate):
-            return candidate
-    return None
+    return next((candidate for candidate in both_forms(path) if os.path.isfile(candidate)), None)
 
 
 def record_exists(path: str) -> bool:
     """Whether the record named ``path`` is on disk, in either form."""
     return stored_path(path) is not None
-
-
-def both_forms(path: str) -> List[str]:
-    """The two paths the record named ``path`` may be stored at: what to remove before something writes it anew."""
-    return [path, path + ARCHIVED_SUFFIX]
 
 
 def _found(path: str) -> str:
