@@ -16,14 +16,18 @@ from tencache_ds.bench.records import archive, is_archivable  # noqa: E402
 
 
 def plain_records(folders):
-    """The plain records under ``folders``, sorted."""
-    found = []
+    """The plain records under ``folders``, sorted, each once (a folder given beside one inside it lists the inner
+    one's records twice, and the second archive of a record found its plain file gone)."""
+    found = {}
     for folder in folders:
         if not os.path.isdir(folder):
             raise SystemExit(f"archive_records: {folder} is not a folder")
         for root, _dirs, files in os.walk(folder):
-            found.extend(os.path.join(root, name) for name in files if is_archivable(name))
-    return sorted(found)
+            for name in files:
+                if is_archivable(name):
+                    path = os.path.join(root, name)
+                    found.setdefault(os.path.realpath(path), path)
+    return sorted(found.values())
 
 
 def main(argv=None) -> int:
