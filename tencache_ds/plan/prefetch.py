@@ -17,6 +17,7 @@ What a consumer calls::
     # when access `position` had to wait for a read issued ahead:
     schedule.late(position, late_s=waited)        # grows its lead from the next step on
     schedule.leads[position], schedule.predicted_step_s, schedule.io_bound_s (= max(compute_s, read_s))
+    schedule.tail_reads   # within_step: the reads to start in the previous step's tail (see from_profile)
     eviction.worth_evicting(victim_next_use, incoming_next_use)  # plan/eviction.py: before evicting for a prefetch
 
 The model (what "predicted" means):
@@ -81,6 +82,7 @@ class PrefetchSchedule:
         self.read_s = sum(self._read_seconds.values())  # the channel's busy time per step
         self.io_bound_s = max(self.compute_s, self.read_s)
         self.predicted_step_s = self._plan()
+        self.tail_reads: Tuple[int, ...] = self._reads_cut_short() if within_step else ()
 
     @classmethod
     def from_profile(cls, profile: StepProfile, read_bytes_per_s: Optional[float] = None,
@@ -99,6 +101,10 @@ class PrefetchSchedule:
                 before would read the old bytes, so the consumer never issues one), and whose first read ahead
                 comes once the step's first use is recorded. Without it the first accesses' leads reach into
                 the previous step's tail (its optimizer step, the longest gap), where none of them is issued.
+                ``tail_reads`` then lists the reads that cap leaves late (each at the first access of its tensor
+                in the step, its lead as long as the step allows, late in the replay), soonest needed first: a
+                consumer that can start them in that tail once their tensors' new bytes are on file (the
+                parameter swapper, during the optimizer step) does so.
         """
         positions = range(len(profile)) if reads_at is None else sorted(set(reads_at))
         if read_bytes_per_s is None and not positions:
@@ -138,6 +144,16 @@ class PrefetchSchedule:
         """Where access ``position``'s read is issued (None: not prefetched)."""
         lead = self.leads[position]
         return (position - lead) % self._n if lead else None
+
+    def _reads_cut_short(self) -> Tuple[int, ...]:
+        """Within the step: the positions whose reads arrive late because the step begins too close before them
+        (their lead is at the cap, the tensor's first access in the step), in position order."""
+        _step_s, late = self.replay()
+        first: Dict[object, int] = {}
+        for position, key in enumerate(self.profile.keys):
+            first.setdefault(key, position)
+        return tuple(position for position in sorted(late)
+                     if first[self.profile.keys[position]] == position and self.leads[position] == self._cap[position])
 
     # ------------------------------------------------------------------------------------------- planning
     def _plan(self) -> float:

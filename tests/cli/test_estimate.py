@@ -375,7 +375,7 @@ def test_a_gpu_profile_run_keeps_the_device_tier_and_a_reprice_fits_the_block_it
         return row["repriced"]["step_time_s"], row["measured"]["step_time_s"]
 
     rows, _ = validate.reprice(folder, "profiled")
-    assert len(rows) == 4 and all(row["repriced"] == row["predicted"] for row in rows)
+    assert len(rows) == 4 and all(_same_prices(row["repriced"], row["predicted"]) for row in rows)
     tier_on = tmp_path / "tier-on"
     shutil.copytree(folder, tier_on)
     shutil.copy(tier_on / "gpt2-small-auto" / "tencache-1.profile.json", tier_on / "profile-gpt2-small.json")
@@ -459,3 +459,12 @@ def test_the_budgets_line_gives_the_start_up_split_and_what_the_governor_keeps(t
         "budgets"]
     assert budgets["param_cache_bytes"] < budgets["param_cache_start_bytes"]
     assert budgets["optimizer_share_bytes"] < budgets["optimizer_start_share_bytes"]
+
+
+def _same_prices(repriced: dict, predicted: dict) -> bool:
+    """The same prediction to the rounding of its sums: the model's later changes may reorder them (the streaming
+    row's first reads started during the update moved its critical path's NVMe read by 2e-15 s)."""
+    return repriced.keys() == predicted.keys() and all(
+        _same_prices(value, predicted[key]) if isinstance(value, dict) else
+        value == pytest.approx(predicted[key], rel=1e-12) if isinstance(value, float) else value == predicted[key]
+        for key, value in repriced.items())

@@ -157,6 +157,57 @@ gc.collect()
 swapper.end_optimizer_step()
 assert read(4) is None and [read(p.ds_id) for p in (a, b, c)] == [Read.NONE] * 3
 
+# 10b. the next step's first partitions (the schedule's tail reads: a, then b) are read during the optimizer step,
+#      each once its new bytes are written (a read before would give the step the old weights); their records stay
+#      "read ahead" past the step's end, and the next step's asks wait for those reads and get the new bytes
+swapper._tail_read_keys = (1, 2)
+swapper.swap_in([b], async_op=False)  # a read of the step: the optimizer step below ends it
+swapper.remove_partition_and_release_buffers([b])
+swapper.swap_out_partitioned_params([a], [bytes_of(a) + 2])
+assert read(2) is Read.NONE  # not rewritten yet: its read would give the old bytes (a: read once its write is done)
+swapper.store.wait_writes()
+swapper.swap_out_partitioned_params([b], [bytes_of(b) + 2])  # a's write is done: a is read by now
+assert read(1) is Read.AHEAD
+swapper.store.wait_writes()
+swapper.end_optimizer_step()  # b's write done: b too; a's read is not given back at the step's end
+assert read(1) is read(2) is Read.AHEAD and swapper.update_reads == 2
+assert a.ds_tensor.status == b.ds_tensor.status == Status.NOT_AVAILABLE
+swapper.end_optimizer_step()  # stage 3's _post_step after the last sub-group: still kept
+assert read(1) is read(2) is Read.AHEAD
+swapper.swap_in([a], async_op=True)
+assert read(1) is Read.ASKED_AHEAD and read(2) is Read.AHEAD
+swapper.synchronize_reads()
+assert torch.equal(a.ds_tensor, bytes_of(a) + 2) and read(1) is Read.NONE
+swapper.remove_partition_and_release_buffers([a])
+swapper.swap_in([b], async_op=False)
+assert torch.equal(b.ds_tensor, bytes_of(b) + 2) and read(2) is Read.NONE
+swapper.remove_partition_and_release_buffers([b])
+
+# 10c. a second optimizer step with no forward between (a is read for the next step, then rewritten again): the
+#      stale read is given back before the write, and the new bytes are read once written
+swapper.swap_out_partitioned_params([a], [bytes_of(a) + 3])
+swapper.store.wait_writes()
+swapper.end_optimizer_step()
+assert read(1) is Read.AHEAD
+swapper.swap_out_partitioned_params([a], [bytes_of(a) + 4])
+swapper.store.wait_writes()
+swapper.end_optimizer_step()
+assert read(1) is Read.AHEAD
+swapper.swap_in([a], async_op=False)
+assert torch.equal(a.ds_tensor, bytes_of(a) + 4) and read(1) is Read.NONE
+swapper.remove_partition_and_release_buffers([a])
+
+# 10d. the last engine goes (release_user) with a read for a next step that will not come: given back, slots too
+swapper.swap_out_partitioned_params([a], [bytes_of(a) + 5])
+swapper.store.wait_writes()
+swapper.end_optimizer_step()
+assert read(1) is Read.AHEAD
+swapper.add_user()
+swapper.release_user()
+assert read(1) is Read.NONE and swapper.resting and swapper.store.lent_or_reading() == 0
+swapper.wake()
+swapper._tail_read_keys = ()
+
 # 11. the check catches a record that disagrees with DeepSpeed: "asked for" while DeepSpeed sees NOT_AVAILABLE
 swapper._partitions[2].ask(b, ahead=False, order=99)
 try:

@@ -5,7 +5,8 @@ for that pass, then a new profile)."""
 import pytest
 
 from test_device_tier_engine import SEQUENCE_CHANGES  # tests/deepspeed is on sys.path (rootdir-relative imports)
-from test_parity import assert_same_bits
+from test_parity import assert_identical, assert_same_bits
+from test_residency import SUB_GROUPS
 
 pytestmark = pytest.mark.deepspeed
 
@@ -22,3 +23,15 @@ def test_scheduled_reads_ahead_through_eval_and_a_changed_sequence(train):
     assert steps[2]["stats"]["param_scheduled_reads"] > 0  # the schedule read ahead before the change
     assert ours.last_stats["param_profile_divergences"] > 0  # and the change was seen as a divergence
     assert ours.last_stats["device_tier_admitted"] == 0  # device_cache_bytes 0: the tier kept nothing
+
+
+def test_the_next_steps_first_reads_start_during_the_optimizer_step(train):
+    """Issue 15, item 4: the step's first partitions, which no access of the step comes early enough to read ahead,
+    are read during the optimizer step before it, each once its new bytes are written (8 optimizer sub-groups: the
+    first ones' partitions are on file while the later ones update). The same bits as stock; a read before the write
+    would have given the step the old weights."""
+    stock = train(block=None, **SUB_GROUPS)
+    ours = train(block=STREAMING, **SUB_GROUPS)
+    assert_identical(stock, ours)
+    steps = ours.result["steps"]
+    assert steps[-1]["stats"]["param_update_reads"] > steps[2]["stats"]["param_update_reads"] > 0

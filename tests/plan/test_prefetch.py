@@ -143,6 +143,23 @@ def test_within_the_step_the_first_reads_are_issued_in_their_own_step_from_its_s
     assert sorted(issued) == [2, 3, 4, 5] and all(1 <= at < i for i, at in issued.items())
     assert within.leads[0] == within.leads[1] == 0  # nothing before them in the step to issue them at
     check_invariants(within)
+    # what the cap leaves late is listed for the consumer to start in the previous step's tail: the two read on
+    # demand, and those issued at access 1 that still arrive late (the reads queue behind each other)
+    _step_s, late = within.replay()
+    assert within.tail_reads[:2] == (0, 1) and set(within.tail_reads) <= set(late)
+    assert all(within.leads[i] == max(0, i - 1) for i in within.tail_reads)
+    assert crossing.tail_reads == ()  # without the cap nothing is cut short
+
+
+def test_the_tail_reads_are_first_accesses_cut_short_by_the_step_start_only():
+    """A read late for another reason (its tensor used earlier in the step, so not readable before it) is no tail
+    read; a compute-bound step lists only its first accesses, which nothing in the step can issue."""
+    roomy = PrefetchSchedule.from_profile(synthetic([100] * 8), read_bytes_per_s=400, within_step=True)
+    assert roomy.tail_reads == (0, 1)
+    repeated = PrefetchSchedule.from_profile(synthetic([100] * 6, compute_s=0.01, keys="abccba"),
+                                             read_bytes_per_s=100, within_step=True)
+    _step_s, late = repeated.replay()
+    assert {3, 4, 5} & set(late) and set(repeated.tail_reads) <= {0, 1, 2}
 
 
 @pytest.mark.parametrize("within_step", [False, True])

@@ -137,6 +137,12 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
             self._schedule = None
             self._schedule_generation = -1
             self.scheduled_reads = 0  # COUNT: reads started ahead by the schedule
+            # The next step's first reads, which the schedule cannot start in time within that step (its tail_reads),
+            # are started during the optimizer step instead, each once its partition's new bytes are written:
+            self._tail_read_keys = ()  # those partitions, soonest needed first
+            self._rewritten = set()  # partitions given their new bytes since the optimizer step began
+            self._read_for_next_step = set()  # read ahead during the optimizer step: kept past its end
+            self.update_reads = 0  # COUNT: reads started during an optimizer step for the step after it
             self.closed = False
             # engines whose ZeRO-3 optimizer uses this swapper (add_user): the last one destroyed puts it to rest.
             # Not the zero.Init contexts that built it: two models built in one context, each with an engine,
@@ -190,7 +196,7 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
             if self._one_rank is None:
                 self._one_rank = dist.get_world_size() == 1
             in_use = self.store.lent_or_reading()
-            if not self._one_rank and self.scheduled_reads:  # no read ahead ever started (all held): nothing to scan
+            if not self._one_rank and (self.scheduled_reads or self.update_reads):  # none ever started: no scan
                 in_use -= sum(1 for record in self._partitions.values() if record.read is Read.AHEAD)
             free = max(0, int(self.param_buffer_count) - in_use)
             return free + self.store.lendable_without_buffer() if self._one_rank else free
@@ -206,10 +212,13 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
         # a partition changed by a gather that modified its parameter (GatheredParameters with a modifier rank).
         settle_owed_masters([param.ds_id for param in params])
         with self._lock:
-            self.store.write_and_release([param.ds_id for param in params])
+            self.store.write_and_release([param.ds_id for param in params])  # a read ahead of one is finished there
             for param in params:
                 self.partition_writes[param.ds_id] += 1
-                record_of(self._partitions, param)
+                record = record_of(self._partitions, param)
+                if record.read is Read.AHEAD:  # its bytes were replaced: no read of ours is pending any more
+                    record.settle()
+                    self._read_for_next_step.discard(param.ds_id)
                 self._mark_on_file(param)
             self._checked()
 
@@ -220,7 +229,7 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
             settle_owed_masters()  # a partition not held: its read may evict one an owed master is written from
         with self._lock:
             self.plan()
-            self._reads_since_write_back = True
+            self._step_reads_begin()
             for index, param in enumerate(params):
                 record = record_of(self._partitions, param)
                 if param.ds_tensor.status != PartitionedParamStatus.NOT_AVAILABLE:
@@ -276,7 +285,7 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
         settle_owed_masters()  # may evict, and hands the partition to stage 3's buffer
         with self._lock:
             self.plan()
-            self._reads_since_write_back = True
+            self._step_reads_begin()
             record = self._partitions.get(param.ds_id)
             if record is not None and record.read is Read.AHEAD:  # read into our buffer; the caller wants its own
                 record.settle()
@@ -297,6 +306,7 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
                     # release): the release below gives that read back, so the record must not promise it, or the
                     # next ask waits for a read that is not there ("has no read in flight")
                     record.settle()
+                    self._read_for_next_step.discard(param.ds_id)
                 self._settle_asked(param)
                 self.store.release(param.ds_id, fence=fence)
                 self._mark_on_file(param)
@@ -319,12 +329,14 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
             self.plan()
             self._end_step_segment()
             for param in dst_fp16_params:
-                if self._settle_asked(param):
+                if self._settle_asked(param) or self._drop_read_for_next_step(param.ds_id):
                     self.store.release(param.ds_id)
             for param, source in zip(dst_fp16_params, src_fp32_params):
                 self.store.write_from(param.ds_id, source)
                 self.partition_writes[param.ds_id] += 1
+                self._rewritten.add(param.ds_id)
                 param.ds_tensor.status = PartitionedParamStatus.NOT_AVAILABLE
+            self._read_ahead_for_next_step()
             self._checked()
 
     def partition_view(self, param):
@@ -346,17 +358,20 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
         tier), stage 3 wrote all new weights in place and never called swap_out_partitioned_params."""
         with self._lock:
             self._end_step_segment()
+            self._read_ahead_for_next_step()
             self._checked()
 
-    def _end_step_segment(self):
-        # Reads ahead nobody asked for (the sequence diverged): the step is about to write new weights. Each record
-        # is settled before its release, which raises the error of a read that failed: a record left AHEAD with no
-        # read behind it made the next swap_in wait for none ("no read in flight"), on that rank only. Every one is
-        # released; the first error is raised after the rest (the others' buffers would stay lent otherwise).
+    def _release_reads_ahead(self, keep=frozenset()):
+        """Release the reads ahead nobody asked for, but those of ``keep``; forget the records of partitions whose
+        model is gone. Each record is settled before its release, which raises the error of a read that failed: a
+        record left AHEAD with no read behind it made the next swap_in wait for none ("no read in flight"), on that
+        rank only. Every one is released; the first error is raised after the rest (the others' buffers would stay
+        lent otherwise)."""
         failed = None
         for key, record in list(self._partitions.items()):
-            if record.read is Read.AHEAD:
+            if record.read is Read.AHEAD and (key not in keep or record.param() is None):
                 record.settle()
+                self._read_for_next_step.discard(key)
                 try:
                     self.store.release(key)
                 except Exception as err:  # noqa: BLE001  (raised below, once every read ahead is released)
@@ -365,6 +380,17 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
                     failed = failed or err
             if record.param() is None:  # its model is gone (the swapper serves another): nothing asks for it again
                 del self._partitions[key]
+        if failed is not None:
+            raise failed
+
+    def _end_step_segment(self):
+        # Reads ahead nobody asked for (the sequence diverged): the step is about to write new weights. Those read
+        # during this optimizer step for the next hold the new bytes: they stay.
+        failed = None
+        try:
+            self._release_reads_ahead(keep=self._read_for_next_step)
+        except Exception as err:  # noqa: BLE001  (raised below, once the segment has ended)
+            failed = err
         if self._reads_since_write_back:
             self._reads_since_write_back = False
             self.store.next_use = self.profile.end_step()
@@ -419,6 +445,9 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
             if self._users > 0 or self.closed:
                 return
             self.resting = True
+            # reads ahead for a step that no engine will run (those of the last optimizer step for the next) go back
+            # with their slots
+            self._release_reads_ahead()
             # the newest weights of partitions held changed (write-back) to their files; those stage 3 keeps gathered
             # (persistent parameters) stay lent, the model's
             self.store.flush(lent_stay=True)
@@ -452,6 +481,7 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
         stats["param_profile_phase"] = self.profile.phase.value
         stats["param_profile_divergences"] = self.profile.divergences
         stats["param_scheduled_reads"] = self.scheduled_reads
+        stats["param_update_reads"] = self.update_reads
         stats["param_swapper_closed"] = int(self.closed)
         stats["param_swapper_resting"] = int(self.resting)
         stats.update(param_nvme_read_bytes=counters.read_bytes, param_nvme_write_bytes=counters.write_bytes,
@@ -499,6 +529,8 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
             # No read in the profile (everything held): nothing to plan. Reads' times come from the profile.
             self._schedule = PrefetchSchedule.from_profile(profile, within_step=True) \
                 if profile.measured_read_bytes_per_s is not None else None
+            self._tail_read_keys = () if self._schedule is None else \
+                tuple(profile.keys[position] for position in self._schedule.tail_reads)
         return self._schedule
 
     def _read_ahead_by_schedule(self):
@@ -518,6 +550,51 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
             if self.store.prefetch_if_free(key):
                 record.read = Read.AHEAD
                 self.scheduled_reads += 1
+
+    def _read_ahead_for_next_step(self):
+        """During the optimizer step: start reading the next step's first partitions that its schedule cannot read
+        in time within it (PrefetchSchedule.tail_reads), each once its new bytes are on file, where a buffer is free
+        now (never waits, never evicts; a partition still being written is tried again at the next call). A read
+        before its partition's write would read the old bytes, so only the rewritten ones are read. Their records
+        stay AHEAD past the step's end; the next step's swap-in waits for them as for any read ahead."""
+        if not self._rewritten or self._current_schedule() is None:
+            return
+        # As many as DeepSpeed's depth leaves buffers for, less one: the update's writes and the step's first asks
+        # take slots of the same classes, and starved of them they fall back to pageable memory (measured: every
+        # read the schedule lists at once took them)
+        room = int(self.param_buffer_count) - 1 - self.store.lent_or_reading()
+        for key in self._tail_read_keys:
+            if room <= 0:
+                return
+            if key not in self._rewritten or key in self._read_for_next_step:
+                continue
+            record = self._partitions.get(key)
+            param = None if record is None else record.param()
+            if param is None or record.read is not Read.NONE or \
+                    param.ds_tensor.status != PartitionedParamStatus.NOT_AVAILABLE:
+                continue
+            if self.store.prefetch_if_free(key):
+                record.read = Read.AHEAD
+                self._read_for_next_step.add(key)
+                self.update_reads += 1
+                room -= 1
+
+    def _drop_read_for_next_step(self, key) -> bool:
+        """``key`` gets new bytes again before the step its read ahead was for (a second optimizer step with no
+        forward between): True if that read, now stale, is to be released."""
+        if key not in self._read_for_next_step:
+            return False
+        self._read_for_next_step.discard(key)
+        self._partitions[key].settle()
+        return True
+
+    def _step_reads_begin(self):
+        """A read of the step (swap-in): the first after an optimizer step ends its reads for this step, which
+        become ordinary reads ahead (released at the next optimizer step if never asked for)."""
+        if not self._reads_since_write_back:
+            self._reads_since_write_back = True
+            self._rewritten.clear()
+            self._read_for_next_step.clear()
 
     # -------------------------------------------------------------------------------------------- private
     def _mark_on_file(self, param):

@@ -83,7 +83,9 @@ def _stock_optimizer(workload: Workload, timeline: Timeline, rates: Rates) -> No
     zero = workload.zero
     if zero.offload_optimizer != "nvme":
         if zero.offload_optimizer == "cpu":
-            timeline.work(optimizer_cpu_s(workload, workload.rank_elements, rates), "cpu_adam")
+            for i in range(len(workload.sub_groups)):  # each sub-group's Adam, then its partitions written back
+                timeline.work(optimizer_cpu_s(workload, workload.sub_group_elements(i), rates), "cpu_adam")
+                _swap_out_partitions(workload, timeline, i)
         return
     groups = range(len(workload.sub_groups))
     files = {i: sub_group_file_bytes(zero, workload.sub_group_elements(i)) for i in groups}
@@ -116,12 +118,17 @@ def _stock_optimizer(workload: Workload, timeline: Timeline, rates: Rates) -> No
             pending_writes.append(written)
         else:
             timeline.wait(written, "nvme_write")
-        # swap_out_partitioned_params: a request per partition, waited for together (synchronous)
-        swapped = [timeline.issue("nvme_write", param_bytes(workload, key), store=PARAMS)
-                   for key in workload.sub_groups[i] if workload.partitions[key].on_nvme]
-        timeline.wait(swapped, "nvme_write")
+        _swap_out_partitions(workload, timeline, i)
     for written in pending_writes:
         timeline.wait(written, "nvme_write")
+
+
+def _swap_out_partitions(workload: Workload, timeline: Timeline, i: int) -> None:
+    """swap_out_partitioned_params of sub-group ``i``: a request per partition on NVMe, waited for together
+    (synchronous)."""
+    swapped = [timeline.issue("nvme_write", param_bytes(workload, key), store=PARAMS)
+               for key in workload.sub_groups[i] if workload.partitions[key].on_nvme]
+    timeline.wait(swapped, "nvme_write")
 
 
 def _stock_failures(workload: Workload) -> List[str]:

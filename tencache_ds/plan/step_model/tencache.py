@@ -337,6 +337,7 @@ def predict_tencache(workload: Workload, machine: Machine) -> Prediction:
     opt_keys, opt_sizes = _optimizer_sequence(workload)
     streams = zero.offload_optimizer == "nvme"
     first_backward = next((i for i, f in enumerate(workload.fetches) if f.phase != "forward"), 0)
+    read_in_update: Dict[int, Pending] = {}  # the first micro-step's reads started during the update before it
     for _step in range(STEPS_REPLAYED):
         start = timeline.now
         moved_before = dict(timeline.moved)
@@ -344,7 +345,7 @@ def predict_tencache(workload: Workload, machine: Machine) -> Prediction:
         busy_before = dict(timeline.busy)
         ahead: Dict[str, Pending] = {}
         for micro in range(workload.gas):
-            issued: Dict[int, Pending] = {}
+            issued: Dict[int, Pending] = read_in_update if micro == 0 else {}
             gathering = micro_steps[micro]
             lend_keys, host_misses, schedule = gathering.lend_keys, gathering.misses, gathering.schedule
             lend_at, gather_at = gathering.lend_at, gathering.gather_at
@@ -375,10 +376,18 @@ def predict_tencache(workload: Workload, machine: Machine) -> Prediction:
             timeline.work(reduce_scatter_s(workload, machine), "collective")
             if h2d and zero.offload_optimizer != "none":
                 timeline.wait(timeline.issue("h2d", workload.rank_elements * elem), "h2d")
+        tail_reads = _tail_reads(micro_steps[0])
+        read_in_update = {}
         if streams:
-            _tencache_optimizer(workload, timeline, rates, plan, opt_sizes, ahead, written_params)
+            _tencache_optimizer(workload, timeline, rates, plan, opt_sizes, ahead, written_params,
+                                tail_reads, read_in_update)
         elif zero.offload_optimizer == "cpu":
-            timeline.work(optimizer_cpu_s(workload, workload.rank_elements, rates), "cpu_adam")
+            for i in range(len(workload.sub_groups)):  # stage 3 writes each sub-group's partitions after its Adam
+                timeline.work(optimizer_cpu_s(workload, workload.sub_group_elements(i), rates), "cpu_adam")
+                _write_back_partitions(workload, timeline, i, written_params, tail_reads, read_in_update)
+        for position, key in tail_reads.items():  # those of no sub-group the replay walks: at the update's end
+            if position not in read_in_update:
+                read_in_update[position] = timeline.issue("nvme_read", param_bytes(workload, key), key, store=PARAMS)
         timeline.work(allgather_s(workload, machine, persistent_keys(workload)), "collective")
         step_s = timeline.now - start
     moved = {k: v - moved_before.get(k, 0) for k, v in timeline.moved.items()}
@@ -499,6 +508,16 @@ def _param_schedule(workload: Workload, lends, misses: Set[int], rates: Rates,
                                          within_step=True)
 
 
+def _tail_reads(first: "_MicroStepGathers") -> Dict[int, str]:
+    """{position: partition} of the next step's first parameter reads that its schedule cannot start in time within
+    it (``PrefetchSchedule.tail_reads``): the parameter swapper starts them during the update before, each once its
+    partition is rewritten (the replay: right after its sub-group's writes are issued; with the optimizer on the CPU,
+    whose update it does not walk by sub-group, at the update's end)."""
+    if first.schedule is None:
+        return {}
+    return {position: first.lend_keys[position] for position in first.schedule.tail_reads if position in first.misses}
+
+
 def _backward_reads_ahead(workload: Workload, plan: TencachePlan) -> List[str]:
     """The optimizer tensors a backward reads ahead (cache/optimizer_reads_ahead.py
     ``during_backward``): the first sub-group's that are not held, then the next sub-groups' in the update's order,
@@ -536,7 +555,10 @@ def _partitions_on_nvme(workload: Workload, i: int) -> bool:
 
 
 def _tencache_optimizer(workload: Workload, timeline: Timeline, rates: Rates, plan: TencachePlan,
-                        sizes: Dict[str, int], ahead: Dict[str, Pending], written_params: Set[str]) -> None:
+                        sizes: Dict[str, int], ahead: Dict[str, Pending], written_params: Set[str],
+                        tail_reads: Mapping[int, str], read_in_update: Dict[int, Pending]) -> None:
+    """The update, sub-group by sub-group; each of ``tail_reads`` is issued into ``read_in_update`` once its
+    sub-group's partitions are written."""
     groups = len(workload.sub_groups)
 
     def read(i: int) -> None:
@@ -557,9 +579,7 @@ def _tencache_optimizer(workload: Workload, timeline: Timeline, rates: Rates, pl
         timeline.work(optimizer_cpu_s(workload, workload.sub_group_elements(i), rates), "cpu_adam")
         # written behind, in stage 3's order (the sub-group's fp16 partitions, then its optimizer state); the next
         # step's reads of the same tensors wait for them
-        for key in workload.sub_groups[i]:
-            if key in written_params:
-                timeline.issue("nvme_write", param_bytes(workload, key), key, store=PARAMS)
+        _write_back_partitions(workload, timeline, i, written_params, tail_reads, read_in_update)
         for name in _sub_group_keys(workload.zero, i):
             if not workload.zero.tencache_writes_behind:
                 # pipeline_write off: the update flushes each of the sub-group's tensors, held or not, the whole
@@ -571,6 +591,20 @@ def _tencache_optimizer(workload: Workload, timeline: Timeline, rates: Rates, pl
             owed = _filled_master(workload, plan, i, name)
             if name not in plan.optimizer_held and not owed:
                 timeline.issue("nvme_write", plan.optimizer_io_bytes(name, sizes[name]), name, store=OPTIMIZER)
+
+
+def _write_back_partitions(workload: Workload, timeline: Timeline, i: int, written_params: Set[str],
+                           tail_reads: Mapping[int, str], read_in_update: Dict[int, Pending]) -> None:
+    """Sub-group ``i``'s updated partitions, written behind where the tier does not hold them (the next step's
+    reads of the same tensors wait for them); then those of ``tail_reads`` it rewrote are read back for the next
+    step (param_swapper.py ``_read_ahead_for_next_step``)."""
+    for key in workload.sub_groups[i]:
+        if key in written_params:
+            timeline.issue("nvme_write", param_bytes(workload, key), key, store=PARAMS)
+    rewritten = set(workload.sub_groups[i])
+    for position, key in tail_reads.items():
+        if key in rewritten:
+            read_in_update[position] = timeline.issue("nvme_read", param_bytes(workload, key), key, store=PARAMS)
 
 
 def _tencache_memory(workload: Workload, machine: Machine, plan: TencachePlan) -> Dict[str, int]:
