@@ -210,10 +210,10 @@ class EntryStore:
         streaming slot nothing uses now; never new memory). The use that follows is ``wait_read`` (the profile
         records it then)."""
         with self._lock:
+            self._transfers.reap_writes()  # first: a write done since leaves its tensor on file, readable
             entry = self._table.get(key)
             if entry is None or entry.state != S.ON_FILE or entry.external_read is not None:
                 return False
-            self._transfers.reap_writes()
             nbytes = self.swap_nbytes(entry.numel)
             buffer = self.source.try_acquire(nbytes)
             if buffer is None and idle_slot:

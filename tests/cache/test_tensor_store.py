@@ -103,6 +103,23 @@ def test_streaming_writes_hold_slots_until_done_then_give_them_back(store):
         assert torch.all(dest == key)
 
 
+def test_a_write_done_since_is_reaped_before_a_read_ahead_is_refused(store):
+    """A partition the update rewrote is read ahead for the next step once its write is done (param_swapper.py
+    ``_read_ahead_for_next_step``): the store reaps the writes done before it looks at the entry, which otherwise
+    still showed "writing" and was refused until some later call reaped it."""
+    create(store, "w", 100_000, seed=1)
+    store.plan()
+    store.write_from("w", torch.full((100_000,), 7.0))  # streaming: written at once, asynchronously
+    assert store.state("w") is EntryState.WRITING
+    deadline = time.monotonic() + 30
+    write = store.entries._table["w"].io  # the write in flight (the store's own record of it)
+    while not write.done() and time.monotonic() < deadline:
+        time.sleep(0.01)  # done on the drive; the entry says so only once reaped
+    assert store.prefetch_if_free("w")
+    assert torch.all(store.wait_read("w") == 7.0)
+    store.release("w")
+
+
 def test_caller_buffer_read(store):
     expected = create(store, "c", 50_000, seed=3)
     into = torch.empty(aligned(50_000))

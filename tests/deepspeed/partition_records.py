@@ -197,8 +197,29 @@ swapper.swap_in([a], async_op=False)
 assert torch.equal(a.ds_tensor, bytes_of(a) + 4) and read(1) is Read.NONE
 swapper.remove_partition_and_release_buffers([a])
 
+# 10e. stage 3 gathers its persistent parameters again at the update's end (_post_step, before end_optimizer_step):
+#      that swap-in is no read of the next step, so the reads started for it stay (a swap-in of another parameter
+#      would have made them ordinary reads ahead, given back at the step's end)
+p = Param(5, NUMEL)
+p.ds_persist = True
+swapper.get_buffer(p, NUMEL).copy_(bytes_of(p))
+swapper.swap_out_and_release([p])
+started = swapper.update_reads
+swapper.swap_out_partitioned_params([a], [bytes_of(a) + 6])
+swapper.store.wait_writes()
+swapper.swap_out_partitioned_params([b], [bytes_of(b) + 6])
+assert read(1) is Read.AHEAD
+swapper.swap_in([p], async_op=False)
+swapper.store.wait_writes()
+swapper.end_optimizer_step()
+assert read(1) is read(2) is Read.AHEAD and p.ds_tensor.status == Status.AVAILABLE
+assert swapper.update_reads - started == 2  # each read once: a's was not given back and started again
+swapper.swap_in([a, b], async_op=False)
+assert torch.equal(a.ds_tensor, bytes_of(a) + 6) and torch.equal(b.ds_tensor, bytes_of(b) + 6)
+swapper.remove_partition_and_release_buffers([a, b, p])
+
 # 10d. the last engine goes (release_user) with a read for a next step that will not come: given back, slots too
-swapper.swap_out_partitioned_params([a], [bytes_of(a) + 5])
+swapper.swap_out_partitioned_params([a], [bytes_of(a) + 7])
 swapper.store.wait_writes()
 swapper.end_optimizer_step()
 assert read(1) is Read.AHEAD

@@ -1,4 +1,4 @@
-"""Medians of steps 3-9 per run (step time, parameter NVMe wait, NVMe bytes), per shape and arm; loss bits and
+"""Medians of steps 3-9 per run (counted from 0: steps 4-10 counted from 1) (step time, parameter NVMe wait, NVMe bytes), per shape and arm; loss bits and
 weights digests compared across the arms of a shape."""
 import glob, json, os, statistics, sys
 HERE = os.path.dirname(os.path.abspath(__file__))

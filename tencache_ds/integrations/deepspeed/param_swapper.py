@@ -142,6 +142,7 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
             self._tail_read_keys = ()  # those partitions, soonest needed first
             self._rewritten = set()  # partitions given their new bytes since the optimizer step began
             self._read_for_next_step = set()  # read ahead during the optimizer step: kept past its end
+            self._update_open = False  # an optimizer step has written back and not ended, nor has a step begun
             self.update_reads = 0  # COUNT: reads started during an optimizer step for the step after it
             self.closed = False
             # engines whose ZeRO-3 optimizer uses this swapper (add_user): the last one destroyed puts it to rest.
@@ -229,7 +230,7 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
             settle_owed_masters()  # a partition not held: its read may evict one an owed master is written from
         with self._lock:
             self.plan()
-            self._step_reads_begin()
+            self._step_reads_begin(params)
             for index, param in enumerate(params):
                 record = record_of(self._partitions, param)
                 if param.ds_tensor.status != PartitionedParamStatus.NOT_AVAILABLE:
@@ -243,6 +244,7 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
                 into = None if swap_in_buffers is None else swap_in_buffers[index]
                 read_ahead = record.read is Read.AHEAD
                 record.settle()
+                self._read_for_next_step.discard(param.ds_id)
                 if read_ahead and into is not None:  # the caller wants the bytes in its own buffer
                     self.store.release(param.ds_id)
                     self.store.start_read(param.ds_id, into=into)
@@ -285,10 +287,11 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
         settle_owed_masters()  # may evict, and hands the partition to stage 3's buffer
         with self._lock:
             self.plan()
-            self._step_reads_begin()
+            self._step_reads_begin([param])
             record = self._partitions.get(param.ds_id)
             if record is not None and record.read is Read.AHEAD:  # read into our buffer; the caller wants its own
                 record.settle()
+                self._read_for_next_step.discard(param.ds_id)
                 self.store.release(param.ds_id)
             self.store.read_into(param.ds_id, dest_buffer.narrow(0, 0, _numel(param)))
             self.partition_writes[param.ds_id] += 1  # stage 3's buffer holds it from now on, not ours
@@ -328,6 +331,9 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
         with self._lock:
             self.plan()
             self._end_step_segment()
+            if not self._update_open:  # the update's first write-back: what the last one rewrote is rewritten again
+                self._update_open = True
+                self._rewritten.clear()
             for param in dst_fp16_params:
                 if self._settle_asked(param) or self._drop_read_for_next_step(param.ds_id):
                     self.store.release(param.ds_id)
@@ -359,6 +365,7 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
         with self._lock:
             self._end_step_segment()
             self._read_ahead_for_next_step()
+            self._update_open = False
             self._checked()
 
     def _release_reads_ahead(self, keep=frozenset()):
@@ -541,14 +548,7 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
             return
         position, keys = self.store.recorder.position, self.profile.profile.keys
         for target in schedule.to_issue(position):
-            key = keys[target]
-            record = self._partitions.get(key)
-            param = None if record is None else record.param()
-            if target < position or param is None or record.read is Read.AHEAD or \
-                    param.ds_tensor.status != PartitionedParamStatus.NOT_AVAILABLE:
-                continue
-            if self.store.prefetch_if_free(key):
-                record.read = Read.AHEAD
+            if target > position and self._start_read_ahead(keys[target]):
                 self.scheduled_reads += 1
 
     def _read_ahead_for_next_step(self):
@@ -566,34 +566,41 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
         for key in self._tail_read_keys:
             if room <= 0:
                 return
-            if key not in self._rewritten or key in self._read_for_next_step:
-                continue
-            record = self._partitions.get(key)
-            param = None if record is None else record.param()
-            if param is None or record.read is not Read.NONE or \
-                    param.ds_tensor.status != PartitionedParamStatus.NOT_AVAILABLE:
-                continue
-            if self.store.prefetch_if_free(key):
-                record.read = Read.AHEAD
+            if key in self._rewritten and self._start_read_ahead(key):
                 self._read_for_next_step.add(key)
                 self.update_reads += 1
                 room -= 1
 
+    def _start_read_ahead(self, key) -> bool:
+        """Read ``key`` ahead of DeepSpeed's ask where it is on file with no read of ours pending and a buffer is
+        free now (EntryStore.prefetch_if_free: never waits, never evicts); DeepSpeed is not told (NOT_AVAILABLE)."""
+        record = self._partitions.get(key)
+        param = None if record is None else record.param()
+        if param is None or record.read is not Read.NONE or \
+                param.ds_tensor.status != PartitionedParamStatus.NOT_AVAILABLE:
+            return False
+        if not self.store.prefetch_if_free(key):
+            return False
+        record.read = Read.AHEAD
+        return True
+
     def _drop_read_for_next_step(self, key) -> bool:
         """``key`` gets new bytes again before the step its read ahead was for (a second optimizer step with no
-        forward between): True if that read, now stale, is to be released."""
+        forward between, a checkpoint's load rebuilding the partitions): True if that read, now stale, is to be
+        released."""
         if key not in self._read_for_next_step:
             return False
         self._read_for_next_step.discard(key)
         self._partitions[key].settle()
         return True
 
-    def _step_reads_begin(self):
-        """A read of the step (swap-in): the first after an optimizer step ends its reads for this step, which
-        become ordinary reads ahead (released at the next optimizer step if never asked for)."""
-        if not self._reads_since_write_back:
-            self._reads_since_write_back = True
-            self._rewritten.clear()
+    def _step_reads_begin(self, params):
+        """A swap-in of ``params``. Unless they are all persistent (stage 3 gathers those again at the update's end,
+        before end_optimizer_step), the step has begun: the reads started during the optimizer step for it become
+        ordinary reads ahead (released at the next optimizer step if never asked for)."""
+        self._reads_since_write_back = True
+        if not all(getattr(param, "ds_persist", False) for param in params):
+            self._update_open = False  # (a checkpoint's load rebuilds the partitions with no end_optimizer_step)
             self._read_for_next_step.clear()
 
     # -------------------------------------------------------------------------------------------- private
@@ -611,14 +618,21 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
         return True
 
     def check_records(self):
-        """The partition records' invariants (partition_record.check_records); after every call under
-        TENCACHE_DEBUG_CHECKS=1."""
+        """The partition records' invariants (partition_record.check_records), and every partition read for the
+        next step is read ahead; after every call under TENCACHE_DEBUG_CHECKS=1."""
         with self._lock:
-            check_records(self._partitions)
+            self._check_records_locked()
 
     def _checked(self):
         if self._debug_checks:
-            check_records(self._partitions)
+            self._check_records_locked()
+
+    def _check_records_locked(self):
+        check_records(self._partitions)
+        for key in self._read_for_next_step:
+            record = self._partitions.get(key)
+            assert record is not None and record.read is Read.AHEAD and record.param() is not None, \
+                f"partition {key}: read for the next step but {None if record is None else record.read.value}"
 
 
 def _is_gathered(param) -> bool:

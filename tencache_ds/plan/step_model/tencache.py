@@ -376,7 +376,7 @@ def predict_tencache(workload: Workload, machine: Machine) -> Prediction:
             timeline.work(reduce_scatter_s(workload, machine), "collective")
             if h2d and zero.offload_optimizer != "none":
                 timeline.wait(timeline.issue("h2d", workload.rank_elements * elem), "h2d")
-        tail_reads = _tail_reads(micro_steps[0])
+        tail_reads = _tail_reads(workload, micro_steps[0])
         read_in_update = {}
         if streams:
             _tencache_optimizer(workload, timeline, rates, plan, opt_sizes, ahead, written_params,
@@ -508,14 +508,16 @@ def _param_schedule(workload: Workload, lends, misses: Set[int], rates: Rates,
                                          within_step=True)
 
 
-def _tail_reads(first: "_MicroStepGathers") -> Dict[int, str]:
+def _tail_reads(workload: Workload, first: "_MicroStepGathers") -> Dict[int, str]:
     """{position: partition} of the next step's first parameter reads that its schedule cannot start in time within
-    it (``PrefetchSchedule.tail_reads``): the parameter swapper starts them during the update before, each once its
-    partition is rewritten (the replay: right after its sub-group's writes are issued; with the optimizer on the CPU,
-    whose update it does not walk by sub-group, at the update's end)."""
+    it (``PrefetchSchedule.tail_reads``), as many as the parameter swapper starts during the update before: the
+    first ``buffer_count`` - 1, soonest needed first (param_swapper.py ``_read_ahead_for_next_step``; nothing else is
+    lent then). The replay issues each right after its sub-group's writes (the run: once they are done), and those
+    of no sub-group it walks at the update's end."""
     if first.schedule is None:
         return {}
-    return {position: first.lend_keys[position] for position in first.schedule.tail_reads if position in first.misses}
+    reads = [position for position in first.schedule.tail_reads if position in first.misses]
+    return {position: first.lend_keys[position] for position in reads[:max(0, workload.zero.param_buffer_count - 1)]}
 
 
 def _backward_reads_ahead(workload: Workload, plan: TencachePlan) -> List[str]:
