@@ -3,8 +3,8 @@
 # tencache streaming gpt2-small fp32 with 37 optimizer sub-groups (configs/stock-nvme-many-sub-groups.json),
 # micro-batch 1 x 32, alternating, 10 steps each; shapes as ab3.sh's "many" and "cpuopt" (the optimizer on the CPU).
 OUT=${OUT:-/tmp/ab-update-reads/two-ranks}; mkdir -p $OUT
-for rep in 1 2; do
- for shape in cpuopt many; do
+for rep in ${REPS:-1 2}; do
+ for shape in ${SHAPES:-cpuopt many}; do
   for arm in old new; do
    tree=/work/main; [ $arm = old ] && tree=/tmp/wt-old
    extra=""; [ $shape = cpuopt ] && extra="--optimizer-offload-device cpu"
