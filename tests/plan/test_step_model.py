@@ -481,20 +481,24 @@ def test_the_backward_reads_ahead_as_many_optimizer_tensors_as_idle_streaming_sl
     assert _backward_reads_ahead(workload(), held) == []
 
 
-@pytest.mark.parametrize("optimizer, sub_group_size", [("cpu", 1e9), ("cpu", 2e6), ("nvme", 2e6)],
-                         ids=["cpu-one-sub-group", "cpu-many-sub-groups", "nvme-many-sub-groups"])
+@pytest.mark.parametrize("optimizer, sub_group_size", [("cpu", 1e9), ("cpu", 2e6), ("nvme", 2e6), ("none", 2e6)],
+                         ids=["cpu-one-sub-group", "cpu-many-sub-groups", "nvme-many-sub-groups",
+                              "device-many-sub-groups"])
 def test_the_next_steps_first_parameter_reads_start_during_the_update(monkeypatch, optimizer, sub_group_size):
     """As the swapper does (PrefetchSchedule.tail_reads): the step's first parameter reads, which nothing in the step
     comes early enough to start, are started during the update before it, each once its sub-group's partitions are
     written. With the optimizer on the CPU and 37 sub-groups the first ones' partitions are rewritten early and read
     while the rest update, on a drive idle meanwhile: the forward's first waits go. With one sub-group they are
     rewritten at the update's end, and with the optimizer on NVMe they queue behind its reads and writes: no gain.
-    Never a longer step, never other bytes; and with the optimizer on the CPU both updates write each sub-group's
-    partitions back (neither replay wrote any before)."""
+    Never a longer step, never other bytes; and with the optimizer on the CPU or the device both updates write each
+    sub-group's partitions back (neither replay wrote any before: stage 3 swaps them out wherever the optimizer
+    runs, _reassign_or_swap_out_partitioned_parameters)."""
     from tencache_ds.plan.step_model import tencache
     config = ds_config(host_cache_bytes=0, device_cache_bytes=0)
     config["zero_optimization"]["sub_group_size"] = sub_group_size
     config["zero_optimization"]["offload_optimizer"] = {"device": optimizer, "nvme_path": "/tmp/x"}
+    if optimizer == "none":
+        del config["zero_optimization"]["offload_optimizer"]
     work = workload("gpt2-small", config=config)
     started = tencache.predict_tencache(work, this_vm())
     monkeypatch.setattr(tencache, "_tail_reads", lambda *args: {})
@@ -503,7 +507,7 @@ def test_the_next_steps_first_parameter_reads_start_during_the_update(monkeypatc
     assert (started.nvme_read_bytes, started.nvme_write_bytes) == (on_demand.nvme_read_bytes,
                                                                    on_demand.nvme_write_bytes)
     assert started.nvme_write_bytes > 0.99 * work.rank_elements * 2  # bf16 partitions (but the few too small to swap)
-    if optimizer == "cpu":  # stock's update writes the same partitions back (neither replay wrote any before)
+    if optimizer != "nvme":  # stock's update writes the same partitions back (neither replay wrote any before)
         assert predict_stock(work, this_vm()).nvme_write_bytes == started.nvme_write_bytes
     if optimizer == "cpu" and sub_group_size == 2e6:
         assert len(work.sub_groups) > 30 and started.step_time_s < on_demand.step_time_s - 0.02

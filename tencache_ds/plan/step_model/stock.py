@@ -82,10 +82,12 @@ def predict_stock(workload: Workload, machine: Machine) -> Prediction:
 def _stock_optimizer(workload: Workload, timeline: Timeline, rates: Rates) -> None:
     zero = workload.zero
     if zero.offload_optimizer != "nvme":
-        if zero.offload_optimizer == "cpu":
-            for i in range(len(workload.sub_groups)):  # each sub-group's Adam, then its partitions written back
+        # each sub-group's Adam, then its partitions written back: stage 3 swaps a sub-group's parameters out after
+        # its update wherever they live on NVMe, the optimizer on the host or the device (whose Adam is not priced)
+        for i in range(len(workload.sub_groups)):
+            if zero.offload_optimizer == "cpu":
                 timeline.work(optimizer_cpu_s(workload, workload.sub_group_elements(i), rates), "cpu_adam")
-                _swap_out_partitions(workload, timeline, i)
+            _swap_out_partitions(workload, timeline, i)
         return
     groups = range(len(workload.sub_groups))
     files = {i: sub_group_file_bytes(zero, workload.sub_group_elements(i)) for i in groups}

@@ -381,9 +381,10 @@ def predict_tencache(workload: Workload, machine: Machine) -> Prediction:
         if streams:
             _tencache_optimizer(workload, timeline, rates, plan, opt_sizes, ahead, written_params,
                                 tail_reads, read_in_update)
-        elif zero.offload_optimizer == "cpu":
-            for i in range(len(workload.sub_groups)):  # stage 3 writes each sub-group's partitions after its Adam
-                timeline.work(optimizer_cpu_s(workload, workload.sub_group_elements(i), rates), "cpu_adam")
+        else:  # stage 3 writes each sub-group's partitions after its Adam (on the host, or the device's, not priced)
+            for i in range(len(workload.sub_groups)):
+                if zero.offload_optimizer == "cpu":
+                    timeline.work(optimizer_cpu_s(workload, workload.sub_group_elements(i), rates), "cpu_adam")
                 _write_back_partitions(workload, timeline, i, written_params, tail_reads, read_in_update)
         for position, key in tail_reads.items():  # those of no sub-group the replay walks: at the update's end
             if position not in read_in_update:
