@@ -41,9 +41,8 @@ def test_the_next_steps_first_reads_start_during_the_optimizer_step(train):
 def test_at_two_ranks_the_next_steps_first_reads_during_the_update_give_stock_cpu_offloads_bits(train):
     """The reads started during the update at 2 ranks, where each rank updates its own partitions and the
     coordinator's prefetch depth (available_swap_in_buffers) leaves our reads ahead out, so that the ranks answer
-    alike and gather the same buckets: rank 0 (whose stats the
-    run reports) starts them, and the run gives stock CPU offload's bits (stock NVMe crashes at 2 ranks with
-    parameters on NVMe)."""
+    alike and gather the same buckets: rank 0 (whose stats the run reports) starts them, and the run gives stock
+    CPU offload's bits (stock NVMe crashes at 2 ranks with parameters on NVMe)."""
     two_ranks = dict(SUB_GROUPS, launcher="ranks", num_ranks=2, steps=4)
     reference = train(block=None, offload_device="cpu", **two_ranks)
     ours = train(block=STREAMING, **two_ranks)
