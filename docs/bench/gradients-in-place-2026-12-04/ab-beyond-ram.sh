@@ -1,0 +1,13 @@
+#!/bin/bash
+# beyond-RAM, tencache "auto" only: 34d0e4d (a worktree at /tmp/wt-old: arms named old*) against the session's code
+# (/work/main: the other arms), one run per arm, in the order given. The two pairs here:
+#   bash ab.sh                    # old, new
+#   ARMS="new2 old2" bash ab.sh   # the second pair, in the other order
+OUT=${OUT:-/tmp/br-ab}
+for arm in ${ARMS:-old new}; do
+  tree=/work/main; case $arm in old*) tree=/tmp/wt-old;; esac
+  rm -rf /tmp/br-nvme; mkdir -p /tmp/br-nvme
+  block="{\"enabled\": true, \"host_cache_bytes\": \"auto\", \"metrics_path\": \"$OUT/$arm.metrics.jsonl\"}"
+  (cd $tree && MASTER_ADDR=127.0.0.1 MASTER_PORT=29544 RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 PYTHONPATH=$tree python3 -u scripts/train.py --deepspeed_config configs/stock-nvme-beyond-ram.json --model gpt2-1.3b --dtype fp32 --seq-len 32 --micro-batch 1 --steps 5 --nvme-path /tmp/br-nvme --weights-gather none --tencache-block "$block" --result-file $OUT/$arm.result.json --label $arm > $OUT/$arm.log 2>&1)
+  echo "$arm rc=$? $(date +%T)"
+done
