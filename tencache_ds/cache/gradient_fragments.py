@@ -9,11 +9,6 @@ fragments arrive or are used (integrations/deepspeed/optimizer_gradients.py).
 A kept copy may be of a narrower dtype than the fragment (bf16 gradients, an fp32 optimizer): the fill widens it,
 which is exact; the lookup only offers copies for which it is.
 
-Where the kept copies are the whole gradient already (of its dtype, adjacent in one storage, all handed in this
-window: fp32 gradients in stage 3's buffer), the update can be lent them as one view (``whole_view``) instead of a fill:
-no buffer and no pass over the gradient. It then scales the caller's bytes in place, as stock CPU offload's update
-scales its own buffer, so that factor is in the kept copies themselves and is not kept for a replay.
-
 A fragment not handed again (a parameter that got no gradient in a later window: a branch or head a batch does not
 use) is read again at later updates, as stock CPU offload reads what its gradient buffer last held there. Each update
 multiplies its lent gradient in place (the unscale and clip factor, ``scaled``); stock's buffer keeps those products,
@@ -151,28 +146,6 @@ class GradientFragments:
                 region.mul_(factor)
             if len(factors) >= REPLAY_BEFORE_KEEPING:
                 replayed[offset] = (self._window, region.clone())
-
-    def whole_view(self, group, numel: int, dtype: torch.dtype) -> Optional[torch.Tensor]:
-        """The sub-group's ``numel``-element gradient as one view of the kept copies, where they are exactly that:
-        every fragment handed in this window and not changed since (nothing to replay, no zeros between them), of
-        ``dtype``, adjacent in one storage in offset order from offset 0. None otherwise: the fill copies them.
-        A factor the update then scales the view by is in the kept copies' own bytes: not to be kept for a replay
-        (the borrower does not tell ``scaled``)."""
-        parts = sorted(self._views.get(group, {}).items())
-        if not parts or self.not_handed_this_window(group) or self._changed_unhanded.get(group) \
-                or self._replayed.get(group):
-            return None
-        first = parts[0][1]
-        storage, start, end = first.untyped_storage().data_ptr(), first.storage_offset(), 0
-        for offset, fragment in parts:
-            if offset != end or fragment.dtype != dtype or not fragment.is_contiguous() or \
-                    fragment.device != first.device or fragment.untyped_storage().data_ptr() != storage or \
-                    fragment.storage_offset() != start + offset:
-                return None
-            end += fragment.numel()
-        if end != numel:
-            return None
-        return torch.as_strided(first, (numel,), (1,), start)
 
     def filled_alone(self, group) -> bool:
         """Was the sub-group's lent gradient filled from remembered fragments alone (its bytes need neither keeping

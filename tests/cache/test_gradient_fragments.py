@@ -170,33 +170,3 @@ def test_a_read_between_steps_keeps_no_copy():
     flat.add_(1)  # the next fill reads the caller's bytes again: no copy of the first fill's was kept
     fragments.fill("g", gradient, alone=True)
     assert gradient.tolist() == [2.0, 3.0]
-
-
-def test_the_kept_copies_are_lent_as_one_view_only_where_they_are_the_whole_gradient_of_its_dtype():
-    """fp32 gradients in stage 3's buffer, adjacent, all handed in this window: the update can read them in place
-    (no buffer, no copy). Anything else is filled: a gap or a shorter share (an unevenly split parameter), another
-    dtype (bf16 gradients, widened by the fill), a part not handed in this window (its factors to replay), a copy
-    changed without being handed, or fewer elements than the sub-group's."""
-    flat = torch.arange(1.0, 11.0)
-    fragments = GradientFragments()
-    fragments.remember("g", [(0, flat.narrow(0, 0, 4)), (4, flat.narrow(0, 4, 6))], _views_of(flat))
-    view = fragments.whole_view("g", 10, torch.float32)
-    assert view is not None and view.data_ptr() == flat.data_ptr() and view.numel() == 10
-    view.mul_(2)  # the update scales it in place: stage 3's bytes, as stock CPU offload's own buffer
-    assert flat.tolist() == [2.0 * x for x in range(1, 11)]
-    assert fragments.whole_view("g", 12, torch.float32) is None  # fewer elements than the sub-group's
-    assert fragments.whole_view("g", 10, torch.bfloat16) is None
-    gap = GradientFragments()
-    gap.remember("g", [(0, flat.narrow(0, 0, 4)), (4, flat.narrow(0, 5, 5))], _views_of(flat))
-    assert gap.whole_view("g", 9, torch.float32) is None  # the second share starts one element later
-    late = GradientFragments()
-    late.remember("g", [(0, flat.narrow(0, 0, 4)), (4, flat.narrow(0, 4, 6))], _views_of(flat))
-    late.end_window()
-    late.remember("g", [(4, flat.narrow(0, 4, 6))], _views_of(flat))  # the first part not handed again
-    assert late.whole_view("g", 10, torch.float32) is None
-    changed = GradientFragments()
-    changed.remember("g", [(0, flat.narrow(0, 0, 10))], _views_of(flat))
-    assert changed.whole_view("g", 10, torch.float32) is not None
-    changed.note_changed_unhanded("g", [0])
-    assert changed.whole_view("g", 10, torch.float32) is None
-    assert GradientFragments().whole_view("g", 10, torch.float32) is None  # nothing remembered

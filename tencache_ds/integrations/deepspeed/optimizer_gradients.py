@@ -1,9 +1,8 @@
 """The sub-groups' fp32 gradients, as one optimizer swapper is handed them and lends them to the update. Owns: what
 happens to each fragment stage 3 hands (its host copy remembered, or the fragment stored in the tier), how a
-sub-group's gradient is lent to its update (the remembered copies themselves where they are the whole gradient,
-else filled from them into a transient buffer, over the stored gradient where there is one, or the stored one
-alone) and how it comes back (nothing to do for the copies themselves, discarded where it was a copy, released
-otherwise), the accumulation windows (the parameters stage 3 reduced in a window without handing them,
+sub-group's gradient is lent to its update (filled from the remembered copies into a transient buffer, over the
+stored gradient where there is one, or the stored one alone) and how it comes back (discarded where it was a copy,
+released otherwise), the accumulation windows (the parameters stage 3 reduced in a window without handing them,
 counted and warned about), and the gradient counters in stats. optimizer_swapper.py asks it at each hand-off,
 swap-in, give-back, write-back through DeepSpeed's API, step end and checkpoint load.
 
@@ -14,7 +13,7 @@ and the fill (cache/gradient_fragments.py). The store (cache/optimizer_store.py)
 Without stage 3's lookup (an optimizer swapper made outside its initialisation, or
 ``TENCACHE_STORE_GRADIENT_FRAGMENTS``) every fragment is stored, as stock stores them in its files.
 """
-from typing import Callable, Dict, Hashable, List, Optional, Sequence, Tuple
+from typing import Callable, Hashable, List, Optional, Sequence
 
 import torch
 
@@ -50,9 +49,6 @@ class SubGroupGradients:
         # window's end and hand-off, it is that window's)
         self._window_reductions = None
         self._counted_this_window = set()  # (sub-group, offset) read so and counted in this window
-        # sub-group -> (path, view): lent stage 3's own bytes as its gradient (``lend``), until given back
-        self._lent_whole: Dict[Hashable, Tuple[str, torch.Tensor]] = {}
-        self.lent_whole = 0  # COUNT: updates lent stage 3's bytes themselves, no buffer filled
 
     # ---------------------------------------------------------------------------------------- what is held
     @property
@@ -67,9 +63,7 @@ class SubGroupGradients:
 
     def update_slots(self, sub_groups: int) -> int:
         """Streaming slots an update lends even when the tier keeps everything: the transient buffer a gradient
-        read from stage 3's buffer is filled into (``lend``), one sub-group at a time. (Planned where the copies
-        may turn out to be the whole gradient, lent without one: a slot planned and never touched maps no
-        memory.)"""
+        read from stage 3's buffer is filled into (``lend``), one sub-group at a time."""
         return 1 if self.views and len(self.stored) < sub_groups else 0
 
     # -------------------------------------------------------------------------------------------- hand-offs
@@ -91,37 +85,21 @@ class SubGroupGradients:
         return self.stage3 is not None and self.stage3.host_copy(group, offset, fragment) is not None
 
     def written_back(self, group) -> None:
-        """A gradient set through DeepSpeed's API (set_full_fp32_grad, Muon's update): its newest bytes are the lent
-        buffer's, kept or written as any changed entry; fragments still in stage 3's buffer are older. Where stage
-        3's bytes themselves were lent, the store takes a copy of them now, lent as that buffer would have been
-        (``give_back`` releases it changed)."""
-        whole = self._lent_whole.pop(group, None)
+        """A gradient set through DeepSpeed's API (set_full_fp32_grad): its newest bytes are the lent buffer's,
+        kept or written as any changed entry; fragments still in stage 3's buffer are older."""
         self.fragments.forget(group)
         self.stored.add(group)
-        if whole is not None:
-            path, view = whole
-            self.store.lend_new(path, view.numel(), path).copy_(view)
 
     # ----------------------------------------------------------------------------------- lend, give back
-    def lend(self, group, path: str, numel: int, lend_stored: Callable[[], torch.Tensor],
-             whole: bool = False) -> torch.Tensor:
+    def lend(self, group, path: str, numel: int, lend_stored: Callable[[], torch.Tensor]) -> torch.Tensor:
         """The sub-group's gradient for its update: the stored one (``lend_stored``: held, or read), with the
         fragments still in stage 3's buffer copied over it; only those, in a transient buffer, when none was
-        stored. That buffer is neither kept nor written (``give_back``). With ``whole``, where stage 3's bytes
-        are the whole gradient in the masters' dtype (fp32 gradients) and none was stored, those bytes themselves:
-        the update reads and scales them in place, as stock CPU offload's update its own buffer, with no buffer and
-        no copy."""
+        stored. That buffer is neither kept nor written (``give_back``)."""
         fragments = self.fragments
-        self._lent_whole.pop(group, None)  # (left by an update that stopped before giving it back)
         if not fragments.has(group):
             return lend_stored()
         self._note_reduced_not_handed(group)
         alone = not self.store.knows(path)
-        view = fragments.whole_view(group, numel, self.dtype) if alone and whole else None
-        if view is not None:
-            self._lent_whole[group] = (path, view)
-            self.lent_whole += 1
-            return view
         if alone:
             gradient = self.store.lend_new(path, numel, path, transient=True)
         else:  # a gradient stored before (a fragment that was no view, or one written back): the views are newer
@@ -139,20 +117,15 @@ class SubGroupGradients:
 
     def give_back(self, group, path: str, changed: bool) -> None:
         """The update is done with the gradient lent at ``path``: a copy of fragments stage 3 still holds is
-        discarded (nothing to keep or write), a stored one released; stage 3's own bytes need nothing."""
-        if self._lent_whole.pop(group, None) is not None:
-            return
+        discarded (nothing to keep or write), a stored one released."""
         if self.fragments.filled_alone(group):
             self.store.discard(path)
         else:
             self.store.release(path, changed=changed)
 
     def scaled(self, group, factor: torch.Tensor) -> None:
-        """Stage 3's update multiplied sub-group ``group``'s lent gradient in place by ``factor``. Where that was
-        stage 3's own bytes, the factor is in them, as in stock CPU offload's buffer: a later fill reads it there,
-        so it is not kept for a replay."""
-        if group not in self._lent_whole:
-            self.fragments.scaled(group, factor)
+        """Stage 3's update multiplied sub-group ``group``'s lent gradient in place by ``factor``."""
+        self.fragments.scaled(group, factor)
 
     # -------------------------------------------------------------------------------------------- windows
     def end_window(self) -> None:
@@ -175,14 +148,12 @@ class SubGroupGradients:
         self.fragments.clear()
         self._counted_this_window = set()
         self.stored = set()
-        self._lent_whole = {}
 
     def stats(self) -> dict:
         return dict(optimizer_gradient_fragments_remembered=self.fragments.remembered,
                     optimizer_gradient_fragments_stored=self.fragments.stored,
                     optimizer_gradient_fragments_reduced_not_handed=self.reduced_not_handed,
-                    optimizer_gradient_fragments_uncast=self.uncast,
-                    optimizer_gradients_lent_whole=self.lent_whole)
+                    optimizer_gradient_fragments_uncast=self.uncast)
 
     # -------------------------------------------------------------------------------------------- private
     def _kept_copy_in(self, group) -> Callable[[int, torch.Tensor], Optional[torch.Tensor]]:

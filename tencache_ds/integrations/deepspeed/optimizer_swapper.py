@@ -9,15 +9,13 @@ optimizer_gradients.py.
 What changes for users:
 - Zero copies on a hit: a swap-in lends the held buffers themselves as the sub-group's fp32 master, Adam moments
   and gradient; a swap-out takes them back, changed. When the tier holds everything, a step moves the bytes stock
-  CPU offload moves (with 16-bit gradients one widening copy of each into its sub-group's gradient buffer; fp32
-  ones not even that), and nothing else.
+  CPU offload moves (one copy of each gradient fragment into its sub-group's gradient buffer, and nothing else).
 - Write-back: changed state reaches its file when evicted, when a checkpoint is saved (the engine reads
   ``swap_folder`` just before it copies the folder: the property flushes first), when a checkpoint is loaded,
   and at close. In steady state with everything held, nothing is written per step (stock: all optimizer state).
 - No NVMe round trip for gradients, and no copy of them in the backward: stage 3 keeps each one in a host buffer
-  until the update, and the update reads it from there: fp32 gradients in place, as stock CPU offload's update
-  does, 16-bit ones widened into a buffer (stage3_gradients.py, cache/gradient_fragments.py). Stock writes every
-  gradient and reads it back each step.
+  until the update, and the update copies it from there (stage3_gradients.py, cache/gradient_fragments.py). Stock
+  writes every gradient and reads it back each step.
 - File layout is stock's (``<ds_id>.tensor.swp``, ``<state>-<ds_id>.tensor.swp``), so checkpoints copy it file by
   file; a sub-group's gradient fragments share one file (``<ds_id>_gradient_0_<numel>.tensor.swp``), which
   checkpoints skip as they skip stock's.
@@ -433,11 +431,8 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
                 context.swap_tensor.data = view.data
             if swap_info.has_gradients():
                 path = gradient_path(swap_info)
-                # stage 3's own bytes where they are the whole gradient, except to a fragment call (a getter or
-                # setter), whose reads and writes must not reach stage 3's buffer
                 parameter.grad = self.gradients.lend(group, path, swap_info.numel(),
-                                                     functools.partial(self._lend, path, swap_info.numel(), read_ahead),
-                                                     whole=self._getter_swap_ins is None)
+                                                     functools.partial(self._lend, path, swap_info.numel(), read_ahead))
                 keys.append(path)
         except BaseException:
             self._give_back_unlent(read_ahead, keys)

@@ -620,8 +620,7 @@ def _tencache_memory(workload: Workload, machine: Machine, plan: TencachePlan) -
       stock's did);
     - the first update's (``_first_update_optimizer_bytes``), on top of what the first backward left."""
     steady_optimizer = (sum(_optimizer_sequence(workload)[1][name] for name in plan.optimizer_held)
-                        + sum(plan.optimizer_prefixes.values()) + plan.optimizer_streaming_bytes
-                        - _gradient_slot_untouched_bytes(workload, plan))
+                        + sum(plan.optimizer_prefixes.values()) + plan.optimizer_streaming_bytes)
     steady = _memory_with(workload, machine, plan, plan.param_cache_bytes, steady_optimizer)
     start = _memory_with(workload, machine, plan, plan.param_cache_start_bytes, plan.optimizer_start_footprint_bytes,
                          stepping=False)
@@ -630,29 +629,6 @@ def _tencache_memory(workload: Workload, machine: Machine, plan: TencachePlan) -
         moments.append(_memory_with(workload, machine, plan, plan.param_cache_bytes,
                                     _first_update_optimizer_bytes(workload, plan, steady_optimizer)))
     return max(moments, key=lambda memory: memory["pinned"] + memory["pageable"])
-
-
-def gradients_lent_in_place(workload: Workload) -> bool:
-    """Is each update lent stage 3's own gradient bytes (integrations/deepspeed/optimizer_gradients.py ``lend``,
-    ``whole``) rather than a buffer filled from them? Where stage 3 accumulates gradients in the masters' dtype and
-    every parameter splits evenly over the ranks (a shorter share leaves a gap between a sub-group's fragments)."""
-    zero = workload.zero
-    return zero.offload_optimizer == "nvme" and zero.grad_accum_bytes == zero.precision.master_bytes and \
-        all(p.numel % workload.world_size == 0 for p in workload.partitions.values())
-
-
-def _gradient_slot_untouched_bytes(workload: Workload, plan: TencachePlan) -> int:
-    """The streaming slot an update's gradient would be filled into, planned (the run's budget arithmetic keeps it,
-    OptimizerStore.resize_host_footprint) but never written where gradients are lent in place, so no memory: where
-    the tier keeps every sub-group (the update's one slot), or one sub-group streams (a fourth slot beside its
-    master and moments). With several sub-groups streaming it is not left idle: the reads ahead and the writes
-    behind take every slot (gpt2-1.3b, 13 sub-groups: none idle at any swap-in, 2026-12-04)."""
-    if not gradients_lent_in_place(workload) or not plan.optimizer_streaming_bytes:
-        return 0
-    streams = len(plan.optimizer_held) < len(_optimizer_sequence(workload)[1])
-    if streams and len(workload.sub_groups) > 1:
-        return 0
-    return _update_slot_bytes(workload)
 
 
 def _first_update_optimizer_bytes(workload: Workload, plan: TencachePlan, steady_optimizer: int) -> int:
