@@ -190,9 +190,9 @@ def test_at_two_ranks_a_parameter_split_unevenly_makes_no_gradient_round_trip_ei
     assert ours.last_stats["gradient_reductions_without_copy"] == 0  # two ranks reduce: DeepSpeed's path
 
 
-def _skipped_branch(tmp_path, mode):
+def _skipped_branch(tmp_path, mode, *late):
     script = os.path.join(os.path.dirname(__file__), "skipped_branch.py")
-    proc = run_helper(script, [mode, tmp_path / f"nvme-{mode}"], env={"MASTER_PORT": "0"})
+    proc = run_helper(script, [mode, tmp_path / f"nvme-{mode}", *late], env={"MASTER_PORT": "0"})
     result = result_of(proc.stdout)
     assert result is not None, proc.stdout[-2000:] + proc.stderr[-4000:]
     return result, proc.stdout
@@ -212,6 +212,19 @@ def test_a_gradient_reduced_but_not_handed_in_a_window_is_counted_and_warned_of(
     assert ours["losses"][3] != stock["losses"][3]
     assert ours["reduced_not_handed"] == [0, 2, 4, 4]
     assert output.count("reduced in an earlier micro-batch of an accumulation window") == 1
+
+
+def test_a_gradient_reduced_only_late_in_a_window_accumulates_onto_the_reduced_bytes_not_the_scaled_ones(tmp_path):
+    """fp32, accumulation 2, every update clipping: a branch skipped in each window's first micro-batch and taken in
+    its last. Stage 3 adds its new gradient to what its buffer kept from the window before; the update must have
+    scaled a copy, never that buffer (stock keeps the two apart). Regression: an update lent stage 3's buffer itself
+    (tried 2026-12-04, reverted: docs/benchmarks.md) gave the same bits on every bench, whose parameters all get a
+    gradient in every micro-batch, and would have differed here from the second window on. Against stock CPU
+    offload, a process that never imported tencache_ds (stock NVMe drifts with the optimizer on NVMe)."""
+    stock, _ = _skipped_branch(tmp_path, "stock-cpu", "late")
+    ours, _ = _skipped_branch(tmp_path, "tencache", "late")
+    assert ours["losses"] == stock["losses"]
+    assert ours["reduced_not_handed"] == [0, 0, 0, 0]
 
 
 @pytest.mark.parametrize("block", [STREAMING, AUTO], ids=["streaming", "auto"])
