@@ -8,7 +8,7 @@ With ``late`` the branch is taken only in each window's last micro-batch after t
 clipped hard (every update scales them): stage 3 then accumulates the branch's new gradient onto what its buffer
 kept from the window before (it copies over the buffer only in a window's first micro-batch), so that buffer must
 hold what was reduced, never what an update scaled (stock keeps the update's gradient apart from it). ``stock-cpu``
-is stock with the optimizer offloaded to the CPU, the reference there.
+is stock with the optimizer offloaded to the CPU (stock NVMe gives its bits here).
 
     python tests/deepspeed/skipped_branch.py stock|stock-cpu|tencache NVME_DIR [late]
 """

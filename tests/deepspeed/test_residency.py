@@ -219,11 +219,12 @@ def test_a_gradient_reduced_only_late_in_a_window_accumulates_onto_the_reduced_b
     its last. Stage 3 adds its new gradient to what its buffer kept from the window before; the update must have
     scaled a copy, never that buffer (stock keeps the two apart). Regression: an update lent stage 3's buffer itself
     (tried 2026-12-04, reverted: docs/benchmarks.md) gave the same bits on every bench, whose parameters all get a
-    gradient in every micro-batch, and would have differed here from the second window on. Against stock CPU
-    offload, a process that never imported tencache_ds (stock NVMe drifts with the optimizer on NVMe)."""
-    stock, _ = _skipped_branch(tmp_path, "stock-cpu", "late")
+    gradient in every micro-batch, and would have differed here from the second window on. Against stock NVMe and
+    stock CPU offload, processes that never imported tencache_ds (both give the same bits here)."""
+    stock, _ = _skipped_branch(tmp_path, "stock", "late")
+    stock_cpu, _ = _skipped_branch(tmp_path, "stock-cpu", "late")
     ours, _ = _skipped_branch(tmp_path, "tencache", "late")
-    assert ours["losses"] == stock["losses"]
+    assert ours["losses"] == stock["losses"] == stock_cpu["losses"]
     assert ours["reduced_not_handed"] == [0, 0, 0, 0]
 
 
