@@ -735,6 +735,8 @@ def main(argv=None):
             "weights_sha256": sha,
             "weights_gather": args.weights_gather,
             "weights_gather_time_s": gather_time,
+            # the plugin's counters once the gather's swap-ins are done too (None without a gather or the plugin)
+            "stats_after_weights_gather": plugin_stats(engine) if sha is not None else None,
             "nvme_usage": nvme_usage(recorded_config),
             "torch_version": torch.__version__,
             "deepspeed_version": deepspeed.__version__,

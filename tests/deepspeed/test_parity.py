@@ -102,6 +102,9 @@ def test_bit_identical_through_the_deepspeed_launcher(train):
     assert_identical(stock, ours)
     assert "[tencache] pinned" in ours.output  # stats logged once at start-up
     assert ours.output.count("[tencache] pinned") == 1
+    # safe_get_full_fp32_param reads the master alone: its sub-group is lent without the gradient (which was filled
+    # from stage 3's buffer at every call, a pass over the sub-group's gradient for nothing), with stock's bits
+    assert ours.result["stats_after_weights_gather"]["optimizer_fragment_swap_ins_without_gradient"] > 0
 
 
 # bf16 for "convert": DeepSpeed's conversion of a model built outside zero.Init casts it to bf16 on the CPU

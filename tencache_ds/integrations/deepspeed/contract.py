@@ -146,23 +146,25 @@ REBINDINGS = (
               why="at one rank on a host accelerator the gathered tensor is the partition itself, which code inside "
                   "the context may change in place before _partition runs: the fp32 masters owed to their files "
                   "from those partitions are written first (master_write_behind.py)"),
-    Rebinding(STAGE3, "get_full_hp_param", "reading_full_fragment_before_release", wraps=True,
+    Rebinding(STAGE3, "get_full_hp_param", "reading_full_state_before_release", wraps=True,
               why="safe_get_full_fp32_param / _optimizer_state: stage 3 releases the swapped-in sub-group before "
                   "it gathers from its view; the release waits until the getter is done (a streaming slot or held "
-                  "buffer goes to another tensor at the next read)"),
+                  "buffer goes to another tensor at the next read). It reads the master or a state tensor, never "
+                  "the gradient (_get_fp32_opt_state_partition): the sub-group is lent without it"),
     Rebinding(STAGE3, "get_fp32_grad_for_param", "reading_full_fragment_before_release", wraps=True,
               why="safe_get_full_grad: the same, for the sub-group's gradient"),
-    Rebinding(STAGE3, "get_local_fp32_param", "copying_local_fragment_before_release", wraps=True,
+    Rebinding(STAGE3, "get_local_fp32_param", "copying_local_state_before_release", wraps=True,
               why="safe_get_local_fp32_param / _optimizer_state return a view of the released sub-group (on the "
-                  "host): it is copied before the release"),
+                  "host): it is copied before the release; lent without its gradient, as get_full_hp_param"),
     Rebinding(STAGE3, "get_local_fp32_grad_for_param", "copying_local_fragment_before_release", wraps=True,
               why="safe_get_local_grad: the same, for the sub-group's gradient"),
-    Rebinding(STAGE3, "set_full_hp_param", "giving_back_when_a_setter_raises", wraps=True,
+    Rebinding(STAGE3, "set_full_hp_param", "giving_back_when_a_state_setter_raises", wraps=True,
               why="safe_set_full_fp32_param / _optimizer_state swap the sub-group in, write, and swap it out; one that "
-                  "raises in between (a state key the optimizer lacks) gives it back unchanged, not lent for good"),
+                  "raises in between (a state key the optimizer lacks) gives it back unchanged, not lent for good; "
+                  "lent without its gradient, which it does not touch"),
     Rebinding(STAGE3, "set_fp32_grad_for_param", "giving_back_when_a_setter_raises", wraps=True,
               why="safe_set_full_grad: the same (a sub-group with no gradient yet raises in between)"),
-    Rebinding(STAGE3, "set_local_hp_param", "giving_back_when_a_setter_raises", wraps=True,
+    Rebinding(STAGE3, "set_local_hp_param", "giving_back_when_a_state_setter_raises", wraps=True,
               why="safe_set_local_fp32_param / _optimizer_state: the same"),
     Rebinding(STAGE3, "set_local_grad_for_param", "giving_back_when_a_setter_raises", wraps=True,
               why="safe_set_local_grad: the same"),
@@ -171,9 +173,9 @@ REBINDINGS = (
               why="safe_update_full_grad_vectorized writes each parameter's gradient fragment between its sub-group's "
                   "swap-in and write-back: an update_func that raises part way (or no gradient yet) gives the "
                   "sub-group back with the fragments written so far, as stock CPU offload keeps them"),
-    Rebinding(STAGE3, "get_hp_param_device", "reading_full_fragment_before_release", wraps=True,
+    Rebinding(STAGE3, "get_hp_param_device", "reading_full_state_before_release", wraps=True,
               why="offload_states asks where a state lives: stage 3 swaps the sub-group in for it, so a state key the "
-                  "optimizer lacks raises before the release, as in the getters"),
+                  "optimizer lacks raises before the release, as in the getters; lent without its gradient"),
     Rebinding(STAGE3, "_rigid_load_state_dict", "rigid_load_with_params_on_file", wraps=True,
               why="stock's ZeRO-file load with parameters on file and the optimizer on cpu stops ('NoneType' object "
                   "has no attribute 'data'): the parameters are rebuilt from the loaded masters as a step does "

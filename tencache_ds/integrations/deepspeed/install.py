@@ -162,7 +162,8 @@ def _reading_ahead_between_gradients(reduce_ready):
     return reduce_ready_then_read_ahead
 
 
-def _fragment_call_within_releases_deferred(call, copy_view: bool, gradients_written: bool = False):
+def _fragment_call_within_releases_deferred(call, copy_view: bool, gradients_written: bool = False,
+                                            reads_gradient: bool = True):
     """stage 3's fragment calls with the optimizer on NVMe, inside ``releases_deferred``.
 
     Getters (safe_get_full_fp32_param, _optimizer_state, _grad; their local variants) swap the sub-group in,
@@ -177,13 +178,14 @@ def _fragment_call_within_releases_deferred(call, copy_view: bool, gradients_wri
     there yet), gives the sub-group back unchanged instead of leaving it lent, where every later swap-in of it and
     every flush stopped. The vectorised gradient update (``gradients_written``) writes each parameter's fragment as
     it goes: one that raises part way through a sub-group gives it back with the fragments written so far, as stock
-    CPU offload keeps them."""
+    CPU offload keeps them. A call on the masters or the state alone (``reads_gradient`` false) is lent the
+    sub-group without its gradient, which it never touches."""
     @functools.wraps(call)
     def within_releases_deferred(self, *args, **kwargs):
         swapper = getattr(self, "optimizer_swapper", None)
         if not isinstance(swapper, TencacheOptimizerSwapper):
             return call(self, *args, **kwargs)
-        with swapper.releases_deferred(gradients_written):
+        with swapper.releases_deferred(gradients_written, reads_gradient):
             value = call(self, *args, **kwargs)
             if copy_view and value is not None and value.device.type == "cpu":
                 value = value.clone()
@@ -334,6 +336,12 @@ REPLACEMENTS = {
     "reading_full_fragment_before_release": lambda getter: _fragment_call_within_releases_deferred(getter, False),
     "copying_local_fragment_before_release": lambda getter: _fragment_call_within_releases_deferred(getter, True),
     "giving_back_when_a_setter_raises": lambda setter: _fragment_call_within_releases_deferred(setter, False),
+    "reading_full_state_before_release":
+        lambda getter: _fragment_call_within_releases_deferred(getter, False, reads_gradient=False),
+    "copying_local_state_before_release":
+        lambda getter: _fragment_call_within_releases_deferred(getter, True, reads_gradient=False),
+    "giving_back_when_a_state_setter_raises":
+        lambda setter: _fragment_call_within_releases_deferred(setter, False, reads_gradient=False),
     "keeping_gradients_written_when_an_update_raises":
         lambda update: _fragment_call_within_releases_deferred(update, False, gradients_written=True),
 }

@@ -211,6 +211,8 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             self._started = False  # a backward has begun: log_timers() calls from now on end training steps
             self._deferred = None  # parameters whose release waits for a fragment getter's read (releases_deferred)
             self._getter_swap_ins = None  # parameters a fragment getter or setter swapped in (releases_deferred)
+            self._fragment_reads_gradient = True  # does the fragment call inside releases_deferred read .grad?
+            self.fragment_swap_ins_without_gradient = 0  # COUNT: (releases_deferred, reads_gradient false)
             self.closed = False
             # A run that ends without engine.destroy() (most training scripts) never closes this swapper: its files
             # still shared with a checkpoint are removed from the folder when the process ends instead, so that a
@@ -429,7 +431,14 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
                 view = self._as_state(path, buffer, swap_info.numel())
                 context.compute_tensor.data = view.data
                 context.swap_tensor.data = view.data
-            if swap_info.has_gradients():
+            # a fragment call that reads only the masters or the state (safe_get_full_fp32_param and the like) is
+            # not lent the gradient: a fill of the whole sub-group's, or its read, for nothing
+            lends_gradient = self._getter_swap_ins is None or self._fragment_reads_gradient
+            if swap_info.has_gradients() and not lends_gradient:
+                self.fragment_swap_ins_without_gradient += 1
+                if gradient_path(swap_info) in read_ahead:  # (only an update reads a gradient ahead)
+                    self.store.release(gradient_path(swap_info))
+            elif swap_info.has_gradients():
                 path = gradient_path(swap_info)
                 parameter.grad = self.gradients.lend(group, path, swap_info.numel(),
                                                      functools.partial(self._lend, path, swap_info.numel(), read_ahead))
@@ -462,7 +471,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         self._give_back(parameter, states_changed=False, gradient_changed=False)
 
     @contextlib.contextmanager
-    def releases_deferred(self, gradients_written: bool = False):
+    def releases_deferred(self, gradients_written: bool = False, reads_gradient: bool = True):
         """Inside, a sub-group swapped in and released unchanged stays lent until the end. Stage 3's fragment
         getters release the sub-group before they read what they return (``get_full_hp_param`` gathers from its
         view after the release; the local getters return the view itself): its buffer is a streaming slot, or a
@@ -470,9 +479,12 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         in inside and neither released nor swapped out by the end (a getter or setter that raised) is given back
         unchanged then; with ``gradients_written`` (a call that writes its sub-group's gradient fragment by
         fragment, ``update_fp32_grad_for_param_vectorized``) its gradient, where lent, is given back changed: the
-        fragments written before the call raised are kept, as stock CPU offload keeps them."""
+        fragments written before the call raised are kept, as stock CPU offload keeps them. Without
+        ``reads_gradient`` (a call that reads or writes only the masters or the state) a sub-group swapped in
+        inside is lent without its gradient."""
         outer, self._deferred = self._deferred, []
         outer_swap_ins, self._getter_swap_ins = self._getter_swap_ins, []
+        outer_reads_gradient, self._fragment_reads_gradient = self._fragment_reads_gradient, reads_gradient
         raised = False
         try:
             yield
@@ -482,6 +494,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         finally:
             deferred, self._deferred = self._deferred, outer
             swapped_in, self._getter_swap_ins = self._getter_swap_ins, outer_swap_ins
+            self._fragment_reads_gradient = outer_reads_gradient
             # A getter (or setter) that raised between its swap-in and its release (or swap-out) gave nothing back:
             # stage 3 reads optimizer.state[master][key] in between, and generic code asks for a key the optimizer
             # may not have (SGD's "momentum_buffer", then Adam's "exp_avg"). Its sub-group goes back unchanged here;
@@ -729,6 +742,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         stats["optimizer_swapper_closed"] = int(self.closed)
         stats["optimizer_backward_reads_ahead"] = self.ahead.in_backward
         stats["optimizer_reads_ahead_after_writes"] = self.ahead.after_their_writes
+        stats["optimizer_fragment_swap_ins_without_gradient"] = self.fragment_swap_ins_without_gradient
         # the masters filled from the parameter partitions: the only reads the store serves by a copy
         stats["optimizer_masters_from_partitions"] = self.store.counters.copied
         stats["optimizer_master_bytes_from_partitions"] = self.store.counters.copied_bytes
