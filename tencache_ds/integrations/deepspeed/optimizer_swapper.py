@@ -436,7 +436,9 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             lends_gradient = self._getter_swap_ins is None or self._fragment_reads_gradient
             if swap_info.has_gradients() and not lends_gradient:
                 self.fragment_swap_ins_without_gradient += 1
-                if gradient_path(swap_info) in read_ahead:  # (only an update reads a gradient ahead)
+                # a gradient read ahead for this sub-group by an update that stopped before it (only an update reads
+                # a gradient ahead): taken from ReadsAhead above, so given back here or left reading for good
+                if gradient_path(swap_info) in read_ahead:
                     self.store.release(gradient_path(swap_info))
             elif swap_info.has_gradients():
                 path = gradient_path(swap_info)
