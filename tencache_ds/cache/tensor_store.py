@@ -58,8 +58,12 @@ class TensorStore(EntryStoreWrapper):
         self._lockable_bytes = lockable_bytes
         self._budget = cache_budget if cache_budget is not None else HostBudget(0)
         self.pool = BufferPool("params", lock=lock)
+        # Set once: a store made without a host cache streams for good (its slots keep no copy between uses, but for
+        # bytes a failed write still owes), while one made with a cache may keep a copy in any slot, streaming slots
+        # too, whatever its budget later.
+        self.keeps_copies = self._budget.total_bytes > 0
         super().__init__(EntryStore("params", dtype, aligned_numel, io,
-                                    ArenaSlots(self.pool, caching=self._budget.total_bytes > 0)))
+                                    ArenaSlots(self.pool, caching=self.keeps_copies)))
         self.folder = folder
         self._slots_per_class = slots_per_class
         self._file_suffix = file_suffix
@@ -229,7 +233,8 @@ class TensorStore(EntryStoreWrapper):
     def stats(self):
         stats = self.pool.stats()
         store = self.entries.stats()
-        stats.update(store, cache_hits=store["hits"], cache_misses=store["misses"])
+        stats.update(store, cache_hits=store["hits"], cache_misses=store["misses"],
+                     keeps_copies=int(self.keeps_copies))
         return stats
 
     def close(self) -> None:

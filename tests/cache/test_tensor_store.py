@@ -129,6 +129,19 @@ def test_caller_buffer_read(store):
     assert store.state("c") == EntryState.ON_FILE
 
 
+def test_a_store_made_without_a_host_cache_keeps_no_copy_in_a_free_slot_and_says_so(store, caching_store):
+    """Streaming (no host cache): a partition read and released leaves its slot free, and the next use reads the
+    file again; the stats say the store keeps no copy (the bench's least bytes then count no slot as room,
+    bench/report_bound.py). A store made with a cache says it does."""
+    expected = create(store, 0, 200_000, seed=0)
+    store.plan()
+    assert torch.equal(read(store, 0), expected) and torch.equal(read(store, 0), expected)
+    assert store.counters.misses == 2 and store.counters.hits == 0  # two slots, one tensor: still no copy kept
+    assert store.state(0) == EntryState.ON_FILE and store.pool.stats()["buffer_fallbacks"] == 0  # read into slots
+    assert store.stats()["keeps_copies"] == 0
+    assert caching_store.stats()["keeps_copies"] == 1
+
+
 def test_cache_hits_are_zero_copy_and_evict_least_recently_used(caching_store):
     """4 tensors, 1 streaming slot + room for ~2 cached copies: the second pass hits for the recent ones, and a
     hit lends the cached buffer itself."""

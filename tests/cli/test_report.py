@@ -270,11 +270,15 @@ def schema_rows(num_steps, read=(0,), write=(0,), device_hit=(0.9,), host_hit=(1
                   "host_cache_bytes_in_use": 1 << 30, "device_cache_bytes_in_use": 0} for step in range(num_steps))
 
 
-def three_arms(stock_cpu_times=(1.5, 1.5, 1.5, 1.5), profile_dir=None, param_budget=0):
+def three_arms(stock_cpu_times=(1.5, 1.5, 1.5, 1.5), profile_dir=None, param_budget=0, param_keeps_copies=None):
     """stock (3 s steps), tencache (2 s steps, 1 GB read + 0.5 GB written per step, new metrics) and stock-cpu.
     ``profile_dir``: tencache saved its profile there: one 0.5 GB parameter used twice a step (forward and
-    backward), so with a ``param_budget`` of 0 it must read 1 GB and write 0.5 GB (its new bytes) every step."""
+    backward), so with a ``param_budget`` of 0 it must read 1 GB and write 0.5 GB (its new bytes) every step.
+    ``param_keeps_copies``: the stat of that name (None: a record from before it)."""
     stats = [{"pinned_bytes_reserved": 64 << 20, "param_reserved_bytes": param_budget} for _ in range(4)]
+    if param_keeps_copies is not None:
+        for row in stats:
+            row["param_keeps_copies"] = param_keeps_copies
     top_level = {}
     if profile_dir is not None:
         path = str(profile_dir / "tencache-1.profile.json")
@@ -517,6 +521,19 @@ def test_bytes_over_least_bytes_is_never_below_1(tmp_path):
     held = compare(three_arms(profile_dir=tmp_path, param_budget=GB), warmup_steps=1)
     assert held.row(report.ROW_VS_LEAST).tencache is None
     assert "where the budgets hold every tensor" in held.row(report.ROW_VS_LEAST).note
+    # Step 2b: a store that keeps no copy between uses (streaming), with slots too few for every partition of the
+    # step (a quarter of the 0.5 GB one): they are no room to keep it in, so the least is every byte, as in step 1
+    # (counted as room, the least came out below what any such run moves).
+    streaming = compare(three_arms(profile_dir=tmp_path, param_budget=GB // 8, param_keeps_copies=0), warmup_steps=1)
+    assert streaming.row(report.ROW_VS_LEAST).tencache == pytest.approx(1.0)
+    assert "params 0 B" in streaming.row(report.ROW_VS_LEAST).note
+    caching = compare(three_arms(profile_dir=tmp_path, param_budget=GB // 8, param_keeps_copies=1), warmup_steps=1)
+    assert caching.row(report.ROW_VS_LEAST).tencache > 1.0  # a caching store's slots may keep part of it
+    # Step 2c: streaming slots that take every partition: at one rank on a host accelerator the device tier holds
+    # them lent from use to use (param_swapper.host_param_capacity), so they count, as in step 2.
+    whole = compare(three_arms(profile_dir=tmp_path, param_budget=GB, param_keeps_copies=0), warmup_steps=1)
+    assert whole.row(report.ROW_VS_LEAST).tencache is None
+    assert "where the budgets hold every tensor" in whole.row(report.ROW_VS_LEAST).note
     # Step 3: a least above what moved is a wrong least: no ratio below 1, and the note says why.
     runs = three_arms(profile_dir=tmp_path)
     save_section(runs[1].result["ds_config"]["tencache"]["profile_path"], "params", "f" * 16,
