@@ -126,7 +126,9 @@ def stage3_rise_prior(accelerator_is_host: bool, gathered_bytes: int, bucket_byt
       otherwise grow into them, and the memory stock's step leaves free between steps is what a user's code there
       counts on (gathering the fp32 weights after training: 5.1 GB on gpt2-1.3b, killed by the kernel with 1 GiB
       left when the tier had grown from 5.7 to 10.6 GiB). The step does without the buffers' work; the tier holds what
-      it held.
+      it held. Since 2026-12-05 such a step also leaves the bucket itself untouched (each gradient partitioned at
+      once): the first reading still counts it as ``untouched_bytes``, as it counts the reduce's buffers, memory a
+      stock run of the same config holds; the step model prices the same start-up share.
     """
     update = max(0, int(largest_sub_group_bytes))
     if not accelerator_is_host:

@@ -80,8 +80,10 @@ def test_bit_identical_to_stock(train, dtype, grad_accum, block, gather):
     assert stock.result["ds_config"]["gradient_clipping"] > 0
     assert ours.last_stats["nvme_write_bytes"] > 0
     stats = ours.last_stats
-    # one rank: every gradient bucket's reduce-scatter gave views of the gradients (one_rank_reduce.py)
+    # one rank: every gradient bucket's reduce-scatter gave views of the gradients, and each gradient was partitioned
+    # at once, not copied into stage 3's contiguous bucket first (one_rank_reduce.py)
     assert stats["gradient_reductions_without_copy"] > 0
+    assert stats["gradients_partitioned_at_once"] > 0
     for key in ("pinned_bytes_reserved", "pinned_bytes_peak_in_use", "nvme_read_bytes", "nvme_write_bytes",
                 "stock_pinned_bytes_estimate"):
         assert key in stats, key

@@ -14,6 +14,7 @@ Owners are written "module:Class" (or a bare module). Names are written as DeepS
 name-mangled one (``self.__step_id`` in PartitionedParameterCoordinator) as ``__step_id``, except in a rebinding,
 which install.py sets by the name the class holds (``_DeepSpeedZeroOptimizer_Stage3__avg_scatter_grads``).
 """
+import dataclasses
 import importlib
 import inspect
 import re
@@ -53,7 +54,8 @@ class PrivateMember:
     """A DeepSpeed attribute or method that is no public API, which the adapters read, call or override."""
     owner: str
     name: str
-    kind: str       # "method", or "attribute" (an instance attribute DeepSpeed's __init__ assigns)
+    # "method", "attribute" (an instance attribute DeepSpeed's __init__ assigns) or "field" (a dataclass field)
+    kind: str
     used_in: str    # the adapter module that relies on it
     why: str
 
@@ -191,6 +193,11 @@ REBINDINGS = (
               wraps=True,
               why="marks the reduce-scatter of each gradient bucket as one for a tencache optimizer on a host "
                   "accelerator (one_rank_reduce.py)"),
+    Rebinding(STAGE3, "_DeepSpeedZeroOptimizer_Stage3__add_grad_to_ipg_bucket", "partitioning_each_gradient_at_once",
+              wraps=True,
+              why="where a gradient's reduce will be handed views, its copy into the contiguous bucket is a pass for "
+                  "nothing that keeps the bucket's pages resident: it is reduced and partitioned at once, alone "
+                  "(one_rank_reduce.py)"),
     Rebinding("deepspeed.runtime.zero.stage3", "reduce_scatter_coalesced", "reducing_without_copy_at_one_rank",
               wraps=True,
               why="__avg_scatter_grads calls it by this module-global name: at a group of one rank it copies the "
@@ -208,6 +215,18 @@ PRIVATE_MEMBERS = (
                   "the group a parameter's gradient is reduce-scattered over: of one rank, tencache hands views"),
     PrivateMember(STAGE3, "reduce_scatter", "attribute", "one_rank_reduce.py",
                   "off, stage 3 all-reduces its contiguous bucket and the reduce-scatter (and its views) is not used"),
+    PrivateMember(STAGE3, "ipg_buckets", "attribute", "one_rank_reduce.py",
+                  "the buckets by communication dtype: a gradient partitioned at once joins its bucket alone"),
+    PrivateMember(STAGE3, "get_param_comm_dtype", "method", "one_rank_reduce.py", "which bucket a gradient joins"),
+    PrivateMember(STAGE3, "__reduce_and_partition_ipg_grads", "method", "one_rank_reduce.py",
+                  "stage 3's own flush of a bucket (reduce, partition_grads, the gradient freed, the bucket reset), "
+                  "called for a bucket of one gradient"),
+    PrivateMember("deepspeed.runtime.zero.stage3:IPGBucketZ3", "params", "field", "one_rank_reduce.py",
+                  "the bucket's parameters, which the flush reduces"),
+    PrivateMember("deepspeed.runtime.zero.stage3:IPGBucketZ3", "elements", "field", "one_rank_reduce.py",
+                  "the bucket's element count, which stage 3's own add keeps beside the parameters"),
+    PrivateMember("deepspeed.runtime.zero.stage3:IPGBucketZ3", "process_group", "field", "one_rank_reduce.py",
+                  "the bucket's partition group, which stage 3's own add sets"),
     # The coordinator subclass (coordinator.py)
     PrivateMember(COORDINATOR, "__release_param", "method", "coordinator.py",
                   "overridden by its mangled name: every release of a gathered parameter passes through it, so the "
@@ -345,6 +364,14 @@ CALL_ORDER = (
               "missing from it, and its update would differ from stock CPU offload's",
               "tests/deepspeed/test_zero_scenarios.py (varying_accumulation), tests/deepspeed/test_tensor_fragments.py "
               "(get_: the gradients after the step), tests/integrations/test_gradient_scales.py"),
+    CallOrder("stage 3 reads a gradient added to a bucket only in that bucket's flush, and with reduce_scatter on "
+              "each parameter's grad there, not the bucket's buffer; partition_grads copies or adds each gradient's "
+              "partition on its own",
+              "one_rank_reduce.py (partitioning_each_gradient_at_once)",
+              "a gradient whose reduce is handed views is partitioned at once, without the bucket's copy: were the "
+              "buffer read, or one gradient's partition made from another's, the values would differ",
+              "tests/deepspeed/test_parity.py (bit-identical losses and weights, gradients_partitioned_at_once > 0), "
+              "tests/deepspeed/test_zero_scenarios.py"),
     CallOrder("stage 3 only reads the partitions __avg_scatter_grads returns (scaled or cast into new tensors, "
               "copied or added into its gradient partitions by partition_grads), and does so before the reduced "
               "bucket's gradients are written again (the bucket is reset only after partition_grads)",
@@ -501,6 +528,9 @@ def missing_from_deepspeed() -> List[str]:
             continue
         if member.kind == "method":
             found = callable(getattr(owner, member.attribute, None))
+        elif member.kind == "field":
+            found = dataclasses.is_dataclass(owner) and \
+                member.name in {field.name for field in dataclasses.fields(owner)}
         else:
             found = _assigns_attribute(owner, member.name)
         if not found:

@@ -37,7 +37,8 @@ from .config_source import ds_config_of_initialize_call
 from .coordinator import TencacheCoordinator, coordinator_of, restoring_kept_partitions
 from .master_write_behind import settle_owed_masters
 from .memory_pressure import governor_of
-from .one_rank_reduce import marking_tencache_reductions, reducing_without_copy_at_one_rank
+from .one_rank_reduce import (marking_tencache_reductions, partitioning_each_gradient_at_once,
+                              reducing_without_copy_at_one_rank)
 from .optimizer_swapper import TencacheOptimizerSwapper
 from .param_swapper import TencacheParamSwapper
 from .stage3_gradients import handing_gradients_uncast, noting_gradient_scales
@@ -331,6 +332,7 @@ REPLACEMENTS = {
     "handing_gradients_uncast": handing_gradients_uncast,
     "noting_gradient_scales": noting_gradient_scales,
     "marking_tencache_reductions": marking_tencache_reductions,
+    "partitioning_each_gradient_at_once": partitioning_each_gradient_at_once,
     "reducing_without_copy_at_one_rank": reducing_without_copy_at_one_rank,
     "restoring_kept_partitions": restoring_kept_partitions,
     "reading_full_fragment_before_release": lambda getter: _fragment_call_within_releases_deferred(getter, False),

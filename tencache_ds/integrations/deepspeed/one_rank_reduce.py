@@ -1,6 +1,7 @@
-"""Stage 3's gradient reduce-scatter where the partition group is one rank: the values it would copy, not a copy.
-Owns: which calls take that path, and the path itself. Does not own: what stage 3 does with the partitions after
-(partition_grads, stage3_gradients.py).
+"""Stage 3's gradient reduce-scatter where the partition group is one rank: the values it would copy, not a copy;
+and each such gradient partitioned as soon as it is ready, not first copied into stage 3's contiguous bucket.
+Owns: which calls take those paths, and the paths themselves. Does not own: what stage 3 does with the partitions
+after (partition_grads, stage3_gradients.py).
 
 What DeepSpeed 0.19.8 does for every bucket of reduced gradients (stage3.py ``__avg_scatter_grads`` ->
 ``runtime/comm/coalesced_collectives.reduce_scatter_coalesced``), at a group of one rank as at any other:
@@ -20,6 +21,20 @@ each, a wrapper doing what this module does; docs/benchmarks.md), the same weigh
 views of its input in the one-tensor case: every caller only reads the result (``partition_grads`` copies or adds it
 into its gradient partitions, before the bucket is filled again: contract.py, CALL_ORDER).
 
+**The contiguous bucket.** Before that reduce, stage 3 copies each gradient autograd produced into its bucket
+(``__add_grad_to_ipg_bucket``, ``contiguous_gradients`` on, DeepSpeed's default), a buffer of ``reduce_bucket_size``
+elements allocated at initialisation, and reduces the bucket once it is full. With ``reduce_scatter`` on, nothing
+reads the bucket as one buffer: ``__avg_scatter_grads`` reads each parameter's ``grad``, which the copy made a view
+of the bucket. So where that reduce is handed views, the copy moves the same values into a buffer of their own for
+nothing: a pass over every gradient, and on a host accelerator the bucket's pages, which memory takes only where
+written, resident for good from the first backward (2 GB with DeepSpeed's defaults in fp32; gpt2-1.3b, fp32,
+``"auto"``: the process's level between steps 17.1 GiB with the copy, 15.4 without, and its peak 17.7 / 16.1 GiB,
+docs/benchmarks.md). There each gradient is partitioned as soon as its hook hands it over, as a bucket of one:
+stage 3's own path for a gradient larger than the bucket (left where autograd put it, ``contiguous_gradients``
+off), and with its own flush (``__reduce_and_partition_ipg_grads``), which frees the gradient at once. The values
+partition_grads copies or adds are the gradient's own either way, and each is copied or added on its own, so when a
+bucket is reduced does not change them.
+
 Only where the accelerator is host memory (ordered by construction: one thread, no streams; on a GPU the copies run
 on ``reduce_and_partition_stream`` and the argument that the bucket is not refilled before they are done would
 rest on stage 3's stream waits, not checked on a GPU here), and only for optimizers tencache swaps for (the host
@@ -36,10 +51,16 @@ from .memory_pressure import governor_of
 # the tencache optimizer on a host accelerator whose __avg_scatter_grads runs: its reduce-scatter may skip the copy
 _REDUCING_FOR = contextvars.ContextVar("tencache_reducing_for", default=None)
 COUNT_ATTRIBUTE = "_tencache_reductions_without_copy"  # on the ZeRO-3 optimizer: SUM of calls that took the views
+# on the ZeRO-3 optimizer: SUM of gradients partitioned at once, without the bucket's copy
+AT_ONCE_ATTRIBUTE = "_tencache_gradients_partitioned_at_once"
 
 
 def reductions_without_copy(optimizer) -> int:
     return getattr(optimizer, COUNT_ATTRIBUTE, 0)
+
+
+def gradients_partitioned_at_once(optimizer) -> int:
+    return getattr(optimizer, AT_ONCE_ATTRIBUTE, 0)
 
 
 def reduces_to_views(stage3) -> bool:
@@ -54,6 +75,36 @@ def reduces_to_views(stage3) -> bool:
     return bool(groups) and all(dist.get_world_size(group) == 1 for group in groups.values())
 
 
+def _takes_views(stage3) -> bool:
+    """Are this optimizer's reduce-scatters marked for views (``marking_tencache_reductions``): a tencache optimizer on
+    a host accelerator with ``reduce_scatter`` on. The group of each call is checked where the call is made."""
+    return governor_of(stage3) is not None and accelerator_is_host() and stage3.reduce_scatter
+
+
+def partitioning_each_gradient_at_once(add_grad_to_ipg_bucket):
+    """Wraps stage 3's ``__add_grad_to_ipg_bucket``: a gradient whose reduce will be handed views (``_takes_views``,
+    its parameter's partition group one rank) is not copied into the contiguous bucket but reduced and partitioned
+    at once, alone (the module's docstring says why that leaves the values as they are). ZenFlow's bucket copy
+    (transposed, for its channel selection) is left to DeepSpeed, as is every other gradient."""
+    @functools.wraps(add_grad_to_ipg_bucket)
+    def add_grad_partitioned_at_once(self, param):
+        # ZenFlow sets its flag on the instance from its own module (zenflow/engine_stage3.py), not in stage 3's
+        # __init__: an optimizer without it has none
+        if not _takes_views(self) or getattr(self, "zenflow", False) or \
+                dist.get_world_size(self._get_param_partition_group(param)) != 1:
+            return add_grad_to_ipg_bucket(self, param)
+        comm_dtype = self.get_param_comm_dtype(param)
+        bucket = self.ipg_buckets[comm_dtype]
+        # what DeepSpeed's add does beside the copy; the caller has reduced a bucket of another group already
+        bucket.params.append(param)
+        bucket.process_group = self._get_param_partition_group(param)
+        bucket.elements += param.grad.numel()
+        setattr(self, AT_ONCE_ATTRIBUTE, gradients_partitioned_at_once(self) + 1)
+        self._DeepSpeedZeroOptimizer_Stage3__reduce_and_partition_ipg_grads(comm_dtype)
+
+    return add_grad_partitioned_at_once
+
+
 def marking_tencache_reductions(avg_scatter_grads):
     """Wraps stage 3's ``__avg_scatter_grads``: its call of ``reduce_scatter_coalesced`` is marked as one for a
     tencache optimizer on a host accelerator with ``reduce_scatter`` on."""
@@ -62,8 +113,7 @@ def marking_tencache_reductions(avg_scatter_grads):
         # a stock optimizer's call clears the mark too: one called from inside a tencache one's is not taken for it.
         # Without reduce_scatter, stage 3 comes here only for a bucket over its size: left to DeepSpeed, as
         # reduces_to_views (and so the governor's reserve) has it
-        takes_views = governor_of(self) is not None and accelerator_is_host() and self.reduce_scatter
-        token = _REDUCING_FOR.set(self if takes_views else None)
+        token = _REDUCING_FOR.set(self if _takes_views(self) else None)
         try:
             return avg_scatter_grads(self, *args, **kwargs)
         finally:
@@ -87,5 +137,5 @@ def reducing_without_copy_at_one_rank(reduce_scatter_coalesced):
     return reduce_scatter_coalesced_at_one_rank
 
 
-__all__ = ["marking_tencache_reductions", "reduces_to_views", "reducing_without_copy_at_one_rank",
-           "reductions_without_copy"]
+__all__ = ["gradients_partitioned_at_once", "marking_tencache_reductions", "partitioning_each_gradient_at_once",
+           "reduces_to_views", "reducing_without_copy_at_one_rank", "reductions_without_copy"]

@@ -8,7 +8,7 @@ from ...memory.pinning import torch_host_allocator_bytes
 from ...metrics import Gauges, RunningTotals
 from .coordinator import coordinator_of
 from .memory_pressure import governor_of
-from .one_rank_reduce import reductions_without_copy
+from .one_rank_reduce import gradients_partitioned_at_once, reductions_without_copy
 
 METRICS_METER_ATTRIBUTE = "_tencache_step_meter"  # on the ZeRO-3 optimizer: its StepMeter (reporting.py)
 
@@ -49,7 +49,8 @@ def engine_stats(engine) -> Dict[str, object]:
                      host_rise_boundaries=governor.rise_boundaries,
                      host_memory_bound_by=governor.last_memory.bound_by if governor.last_memory else None)
     if governor is not None:  # tencache swaps for this optimizer (one_rank_reduce.py)
-        stats.update(gradient_reductions_without_copy=reductions_without_copy(optimizer))
+        stats.update(gradient_reductions_without_copy=reductions_without_copy(optimizer),
+                     gradients_partitioned_at_once=gradients_partitioned_at_once(optimizer))
     meter = getattr(optimizer, METRICS_METER_ATTRIBUTE, None)
     if meter is not None and meter.latest is not None:
         latest = meter.latest.flat()

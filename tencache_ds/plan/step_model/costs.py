@@ -74,13 +74,14 @@ EPILOGUE_PARTITION_PASSES = 4
 # Where the partition group is one rank on a host accelerator, tencache hands stage 3 views of the gradients for
 # their reduce-scatter (integrations/deepspeed/one_rank_reduce.py): no new flat buffer (the read of the bucket that
 # fills it: 1 pass), no pre-divide over it (2), no reduce-scatter copy into its output (2 over the partition, which
-# at one rank is the gradient). Of the 2.5 fresh bytes per gathered byte above, two buffers of the gathered size are
+# at one rank is the gradient); and since 2026-12-05 no copy into the reduce bucket either (2: each gradient is
+# partitioned at once), so none of the gathered passes is left. Of the 2.5 fresh bytes per gathered byte above, two buffers of the gathered size are
 # left out: the flat buffer, and the one gloo writes for ``reduce_scatter_tensor`` at one rank. Measured as page
 # faults (scripts/count_fresh_memory.py, gpt2-small fp32 micro-batch 2 x 64, 2026-12-01): stock's backward 1246 MiB
 # beside the norms, tencache's 295, 474 MiB gathered: 2.63 and 0.62 per gathered byte. Until then 1.0 (the flat
 # buffer alone; docs/estimate.md, Run 21).
 ONE_RANK_VIEWS_FRESH_BYTES_PER_GATHERED_BYTE = 2.0
-ONE_RANK_VIEWS_GATHERED_PASSES = 3
+ONE_RANK_VIEWS_GATHERED_PASSES = 5
 ONE_RANK_VIEWS_PARTITION_PASSES = 2
 EPILOGUE_ACCUMULATE_EXTRA_PASSES = 1
 NORM_FLOAT64_BYTES = 16
@@ -229,11 +230,12 @@ def _activation_bytes(workload: Workload) -> int:
                                            workload.zero.element_bytes)
 
 
-def device_working_bytes(workload: Workload, host_accelerator: bool) -> int:
+def device_working_bytes(workload: Workload, host_accelerator: bool, reduce_views: bool = False) -> int:
     """Accelerator memory ZeRO-3 needs besides a device tier: what a step allocates and frees
     (``device_step_bytes``), the gradient reduce bucket (``reduce_bucket_bytes``: allocated at initialisation and
-    resident between steps once a backward has filled it), persistent parameters, and model states not
-    offloaded."""
+    resident between steps once a backward has filled it; with ``reduce_views`` on a host accelerator never written,
+    so never resident: each gradient is partitioned at once, integrations/deepspeed/one_rank_reduce.py), persistent
+    parameters, and model states not offloaded."""
     zero, elem = workload.zero, workload.zero.element_bytes
     persistent = sum(p.numel for p in workload.partitions.values() if p.persistent) * elem
     not_offloaded = 0
@@ -242,8 +244,8 @@ def device_working_bytes(workload: Workload, host_accelerator: bool) -> int:
     if zero.offload_optimizer == "none":
         not_offloaded += workload.rank_elements * (optimizer_state_bytes_per_element(zero)
                                                    + zero.precision.master_bytes)  # and the gradient
-    return (device_step_bytes(workload, host_accelerator) + reduce_bucket_bytes(workload, host_accelerator)
-            + persistent + not_offloaded)
+    bucket = 0 if reduce_views and host_accelerator else reduce_bucket_bytes(workload, host_accelerator)
+    return device_step_bytes(workload, host_accelerator) + bucket + persistent + not_offloaded
 
 
 def device_step_bytes(workload: Workload, host_accelerator: bool, reduce_views: bool = False) -> int:
@@ -383,7 +385,7 @@ def host_resident_bytes(workload: Workload, machine: Machine, *, reduce_views: b
     """Host-side bytes every policy has: the process, the heap it keeps (``heap_kept_bytes``; ``reduce_views``:
     tencache's reduce takes views), stage 3's gradient partitions, and (on the CPU accelerator) what would be
     device memory."""
-    device = device_working_bytes(workload, machine.accelerator_is_host)
+    device = device_working_bytes(workload, machine.accelerator_is_host, reduce_views=reduce_views)
     return {"baseline": machine.process_baseline_bytes,
             "heap": heap_kept_bytes(workload, machine, reduce_views=reduce_views),
             # stage 3's gradient partitions (grad_partitions_flat_buffer), in the gradient accumulation dtype

@@ -672,7 +672,8 @@ def _memory_with(workload: Workload, machine: Machine, plan: TencachePlan, param
     if stepping and views:  # the reduce's buffers are not taken (one_rank_reduce.py)
         on_host -= device_step_bytes(workload, True) - device_step_bytes(workload, True, reduce_views=True)
     if not stepping and machine.accelerator_is_host:  # nor the gradient bucket, untouched until a backward
-        on_host -= device_step_bytes(workload, host_accelerator=True) + reduce_bucket_bytes(workload, True)
+        on_host -= device_step_bytes(workload, host_accelerator=True) + \
+            (0 if views else reduce_bucket_bytes(workload, True))  # (with views never: host_resident_bytes)
     heap = common["heap"] if stepping or heap_is_kept(machine, views) else 0
     pageable = common["baseline"] + heap + on_host + (0 if plan.param_slots_locked else slots)
     if zero.offload_optimizer != "none" and zero.optimizer_pin_memory:
