@@ -72,10 +72,11 @@ class WriteBack:
 
     def write_parts(self, key, numel: int, path: str, parts: Sequence[Tuple[int, torch.Tensor]]) -> None:
         """Place each (element offset, tensor) of ``parts`` into ``key``'s bytes, the rest left as it was (stage 3
-        stores a sub-group's gradient fragments reduce bucket by reduce bucket). Held: copied into the buffer, no
-        I/O. On file: written at their offsets, nothing read back. New: a buffer, zeros between the parts (a new
-        file is sparse). Recorded as one use in every case: the recorded order must not depend on what the tier
-        happens to hold, or the profile would stop predicting the step as soon as the tier follows it.
+        stores a sub-group's gradient fragments reduce bucket by reduce bucket; at one rank on a host accelerator,
+        gradient by gradient). Held: copied into the buffer, no I/O. On file: written at their offsets, nothing read
+        back. New: a buffer, zeros between the parts (a new file is sparse). Recorded as one use in every case: the
+        recorded order must not depend on what the tier happens to hold, or the profile would stop predicting the step
+        as soon as the tier follows it.
 
         The writes to a file run with the lock released and the entry still on file: the caller (stage 3's one
         training thread) starts no read of ``key`` meanwhile, and a read already pending is refused above."""

@@ -12,7 +12,9 @@ from deepspeed.runtime.comm.coalesced_collectives import reduce_scatter_coalesce
 
 import tencache_ds  # noqa: F401  (installs the rebinding)
 from tencache_ds.integrations.deepspeed.memory_pressure import GOVERNOR_ATTRIBUTE
-from tencache_ds.integrations.deepspeed.one_rank_reduce import (marking_tencache_reductions, reduces_to_views,
+from tencache_ds.integrations.deepspeed.one_rank_reduce import (gradients_partitioned_at_once,
+                                                                marking_tencache_reductions,
+                                                                partitioning_each_gradient_at_once, reduces_to_views,
                                                                 reductions_without_copy)
 
 
@@ -34,6 +36,42 @@ class Stage3:
 
     def _get_param_partition_group(self, param):
         return None  # the world: one rank here
+
+
+class Adding(Optimizer):
+    """Stands for a ZeRO-3 optimizer a gradient is added to a bucket of: its model dtype, one bucket of its
+    communication dtype, and the flush, which notes the bucket's gradients' dtypes and empties it."""
+
+    def __init__(self, tencache, dtype, comm_dtype, reduce_scatter=True, zenflow=False):
+        super().__init__(tencache)
+        self.reduce_scatter, self.zenflow = reduce_scatter, zenflow
+        self.dtype, self.comm_dtype = dtype, comm_dtype
+        self.ipg_buckets = {comm_dtype: stage3.IPGBucketZ3()}
+        self.flushed = []
+
+    def get_param_comm_dtype(self, param):
+        return self.comm_dtype
+
+    def _get_param_partition_group(self, param):
+        return None  # the world: one rank here
+
+    def _DeepSpeedZeroOptimizer_Stage3__reduce_and_partition_ipg_grads(self, comm_dtype):
+        bucket = self.ipg_buckets[comm_dtype]
+        self.flushed.append((len(bucket.params), bucket.elements))
+        bucket.clear_params()
+
+
+def deepspeeds_add(self, param):
+    """Stands for stage 3's __add_grad_to_ipg_bucket: notes that the gradient went DeepSpeed's way."""
+    self.flushed.append("deepspeed's add")
+
+
+def added(optimizer, grad_dtype):
+    """What became of one gradient of ``grad_dtype`` added through tencache's wrapper."""
+    param = torch.nn.Parameter(torch.zeros(6, dtype=grad_dtype))
+    param.grad = torch.ones(6, dtype=grad_dtype)
+    partitioning_each_gradient_at_once(deepspeeds_add)(optimizer, param)
+    return {"flushed": optimizer.flushed, "counted": gradients_partitioned_at_once(optimizer)}
 
 
 def avg_scatter_grads(self, tensors):
@@ -83,6 +121,16 @@ def main():
     # all-reduces its contiguous bucket instead
     result["reduces_to_views"] = [reduces_to_views(Stage3(reduce_scatter=True)),
                                   reduces_to_views(Stage3(reduce_scatter=False))]
+    # each gradient partitioned at once, alone, where its reduce takes views and the bucket's copy changes no value
+    f32, bf16 = torch.float32, torch.bfloat16
+    result["added"] = {
+        "fp32 model and gradient": added(Adding(True, f32, f32), f32),
+        "bf16 gradient, fp32 communication": added(Adding(True, bf16, f32), bf16),  # cast by __avg_scatter_grads
+        "fp32 gradient, bf16 model and communication": added(Adding(True, bf16, bf16), f32),  # the copy would cast
+        "stock optimizer": added(Adding(False, f32, f32), f32),
+        "without reduce_scatter": added(Adding(True, f32, f32, reduce_scatter=False), f32),
+        "zenflow": added(Adding(True, f32, f32, zenflow=True), f32),
+    }
     print("RESULT " + json.dumps(result), flush=True)
 
 

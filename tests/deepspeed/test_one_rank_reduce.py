@@ -13,12 +13,17 @@ pytestmark = pytest.mark.deepspeed
 SCRIPT = os.path.join(os.path.dirname(__file__), "one_rank_reduce_check.py")
 
 
-def test_at_one_rank_a_tencache_optimizer_gets_views_with_deepspeeds_values():
+def test_at_one_rank_a_tencache_optimizer_gets_views_with_deepspeeds_values_and_each_gradient_at_once():
     proc = run_helper(SCRIPT, [], timeout=300, env={"MASTER_PORT": "0"})
     result = result_of(proc.stdout)
     assert result is not None, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert result.pop("reduces_to_views") == [True, False]
     assert result.pop("without_reduce_scatter_counted") == 0
+    at_once, deepspeeds = {"flushed": [[1, 6]], "counted": 1}, {"flushed": ["deepspeed's add"], "counted": 0}
+    assert result.pop("added") == {
+        "fp32 model and gradient": at_once, "bf16 gradient, fp32 communication": at_once,
+        "fp32 gradient, bf16 model and communication": deepspeeds, "stock optimizer": deepspeeds,
+        "without reduce_scatter": deepspeeds, "zenflow": deepspeeds}
     for name, checks in result.items():
         assert checks["same_bits"] and checks["shapes"] and checks["inputs_unchanged"], (name, checks)
         assert all(checks["views_of_inputs"]), (name, checks)  # no new buffer

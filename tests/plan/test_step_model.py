@@ -438,20 +438,21 @@ def test_a_tier_that_keeps_every_optimizer_tensor_gives_back_down_to_its_streami
     config = ds_config("stock-nvme-many-sub-groups.json", host_cache_bytes="3GB")
     config["bf16"] = {"enabled": False}
     work = workload("gpt2-small", config=config, micro_batch=1, seq=32)
-    keeps = tencache_plan(work, this_vm(host_available_bytes=int(5.04 * GIB)))  # each 0.3 GiB less before the heap
-    # a backward keeps was priced (costs.heap_kept_bytes), from the first step on, and 0.46 GiB more before the
-    # gradient bucket was left untouched at one rank (one_rank_reduce.py)
+    keeps = tencache_plan(work, this_vm(host_available_bytes=int(5.2 * GIB)))  # each 0.3 GiB less before the heap
+    # a backward keeps was priced (costs.heap_kept_bytes), from the first step on
     assert len(keeps.optimizer_held) == len(_optimizer_sequence(work)[1])
     assert keeps.param_cache_bytes == keeps.param_cache_start_bytes > 0
-    streams = tencache_plan(work, this_vm(host_available_bytes=int(4.64 * GIB)))
-    assert streams.optimizer_share_bytes == 0 and not streams.optimizer_held  # optimizer state first
-    assert streams.param_cache_bytes == streams.param_cache_start_bytes
-    gives = tencache_plan(work, this_vm(host_available_bytes=int(4.44 * GIB)))
+    # optimizer state first: at the edge a few tensors' worth is kept and every cache slot; below it none, then slots
+    edge = tencache_plan(work, this_vm(host_available_bytes=int(4.78 * GIB)))
+    assert 0 < edge.optimizer_share_bytes < 100 * MIB and edge.param_cache_bytes == edge.param_cache_start_bytes
+    gives = tencache_plan(work, this_vm(host_available_bytes=int(4.7 * GIB)))
     assert gives.optimizer_share_bytes == 0 and gives.param_cache_bytes < gives.param_cache_start_bytes  # then cache
-    # the first reading decides before any step: on the rise assumed, and the 0.46 GiB gradient bucket the first
-    # backward fills (until 2026-11-29 the model, like the run, decided on the measured rise only: it kept
-    # everything down to 4.9 GiB available, 5.2 with the heap)
-    first = tencache_plan(work, this_vm(host_available_bytes=int(4.94 * GIB)))
+    # the first reading decides before any step: on the rise assumed, and the 0.46 GiB gradient bucket the run's
+    # prior counts as taken by the first backward (until 2026-11-29 the model, like the run, decided on the measured
+    # rise only: it kept everything down to 4.9 GiB available, 5.2 with the heap). Since the bucket is never written
+    # at one rank (2026-12-05, one_rank_reduce.py) the later readings find that room and grow back into part of it:
+    # the edges above were 5.5, 5.1 and 4.9 GiB before
+    first = tencache_plan(work, this_vm(host_available_bytes=int(5.0 * GIB)))
     assert 0 < first.optimizer_share_bytes < keeps.optimizer_share_bytes
     assert first.param_cache_bytes == first.param_cache_start_bytes
 

@@ -218,6 +218,9 @@ PRIVATE_MEMBERS = (
     PrivateMember(STAGE3, "ipg_buckets", "attribute", "one_rank_reduce.py",
                   "the buckets by communication dtype: a gradient partitioned at once joins its bucket alone"),
     PrivateMember(STAGE3, "get_param_comm_dtype", "method", "one_rank_reduce.py", "which bucket a gradient joins"),
+    PrivateMember(STAGE3, "dtype", "attribute", "one_rank_reduce.py",
+                  "the model's dtype: __avg_scatter_grads casts a gradient to the communication dtype only where "
+                  "that differs from it, so a gradient partitioned at once must be of the communication dtype then"),
     PrivateMember(STAGE3, "__reduce_and_partition_ipg_grads", "method", "one_rank_reduce.py",
                   "stage 3's own flush of a bucket (reduce, partition_grads, the gradient freed, the bucket reset), "
                   "called for a bucket of one gradient"),
@@ -366,7 +369,8 @@ CALL_ORDER = (
               "(get_: the gradients after the step), tests/integrations/test_gradient_scales.py"),
     CallOrder("stage 3 reads a gradient added to a bucket only in that bucket's flush, and with reduce_scatter on "
               "each parameter's grad there, not the bucket's buffer; partition_grads copies or adds each gradient's "
-              "partition on its own",
+              "partition on its own; __avg_scatter_grads casts to the communication dtype where it is not the "
+              "model's",
               "one_rank_reduce.py (partitioning_each_gradient_at_once)",
               "a gradient whose reduce is handed views is partitioned at once, without the bucket's copy: were the "
               "buffer read, or one gradient's partition made from another's, the values would differ",

@@ -28,12 +28,17 @@ reads the bucket as one buffer: ``__avg_scatter_grads`` reads each parameter's `
 of the bucket. So where that reduce is handed views, the copy moves the same values into a buffer of their own for
 nothing: a pass over every gradient, and on a host accelerator the bucket's pages, which memory takes only where
 written, resident for good from the first backward (2 GB with DeepSpeed's defaults in fp32; gpt2-1.3b, fp32,
-``"auto"``: the process's level between steps 17.1 GiB with the copy, 15.4 without, and its peak 17.7 / 16.1 GiB,
-docs/benchmarks.md). There each gradient is partitioned as soon as its hook hands it over, as a bucket of one:
-stage 3's own path for a gradient larger than the bucket (left where autograd put it, ``contiguous_gradients``
-off), and with its own flush (``__reduce_and_partition_ipg_grads``), which frees the gradient at once. The values
-partition_grads copies or adds are the gradient's own either way, and each is copied or added on its own, so when a
-bucket is reduced does not change them.
+``"auto"``: peak RSS 17.8 GiB with the copy, 16.1 without, docs/bench/gradients-at-once-2026-12-05). There each
+gradient is partitioned as soon as its hook hands it over, as a bucket of one: stage 3's own path for a gradient
+larger than the bucket (left where autograd put it, ``contiguous_gradients`` off), and with its own flush
+(``__reduce_and_partition_ipg_grads``), which frees the gradient at once. The values partition_grads copies or adds
+are the gradient's own either way, and each is copied or added on its own, so when a bucket is reduced does not
+change them; the copy's cast into the bucket's dtype is made all the same where it changes a value:
+``__avg_scatter_grads`` casts each gradient to the communication dtype where that is not the model's, and a gradient
+of another dtype beside a communication dtype that is the model's keeps DeepSpeed's path. (A parameter whose hook
+fires twice in one backward is partitioned twice, the second copy over the first, as stock does where a flush comes
+between the two; where both land in one of stock's buckets, stock stops at its assertion that a bucket holds each
+parameter once.)
 
 Only where the accelerator is host memory (ordered by construction: one thread, no streams; on a GPU the copies run
 on ``reduce_and_partition_stream`` and the argument that the bucket is not refilled before they are done would
@@ -88,12 +93,15 @@ def partitioning_each_gradient_at_once(add_grad_to_ipg_bucket):
     (transposed, for its channel selection) is left to DeepSpeed, as is every other gradient."""
     @functools.wraps(add_grad_to_ipg_bucket)
     def add_grad_partitioned_at_once(self, param):
-        # ZenFlow sets its flag on the instance from its own module (zenflow/engine_stage3.py), not in stage 3's
-        # __init__: an optimizer without it has none
+        # ZenFlow's prologue sets its flag from its own module (zenflow/engine_stage3.py), which contract.py's check
+        # of stage 3's source cannot see: read with a default
         if not _takes_views(self) or getattr(self, "zenflow", False) or \
                 dist.get_world_size(self._get_param_partition_group(param)) != 1:
             return add_grad_to_ipg_bucket(self, param)
         comm_dtype = self.get_param_comm_dtype(param)
+        if param.grad.dtype != comm_dtype and comm_dtype == self.dtype:
+            # the bucket's copy would cast it and __avg_scatter_grads would not: DeepSpeed's path
+            return add_grad_to_ipg_bucket(self, param)
         bucket = self.ipg_buckets[comm_dtype]
         # what DeepSpeed's add does beside the copy; the caller has reduced a bucket of another group already
         bucket.params.append(param)

@@ -539,8 +539,8 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
 
     def swap_out_gradients(self, parameter, gradient_offsets, gradient_tensors):
         """Keep the sub-group's fp32 gradient fragments as stock does: each at its offset of the sub-group's
-        gradient, the bytes between them left as they were. Stage 3 calls this once per reduce bucket, so a
-        sub-group that spans several buckets gets its fragments in several calls.
+        gradient, the bytes between them left as they were. Stage 3 calls this once per reduce bucket (at one rank on a
+        host accelerator once per gradient: one_rank_reduce.py), so a sub-group gets its fragments in several calls.
 
         A fragment whose values stage 3 keeps in its host gradient buffer until the update (stage3_gradients.py:
         when and why) is not copied: that view of the buffer is remembered and the update reads it from there

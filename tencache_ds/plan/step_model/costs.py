@@ -71,15 +71,15 @@ BACKWARD_FRESH_BYTES_PER_GATHERED_BYTE = 2.5
 # Priced at the host-copy rate, not fitted. On a GPU these passes run in device memory and are left out.
 EPILOGUE_GATHERED_PASSES = 5
 EPILOGUE_PARTITION_PASSES = 4
-# Where the partition group is one rank on a host accelerator, tencache hands stage 3 views of the gradients for
-# their reduce-scatter (integrations/deepspeed/one_rank_reduce.py): no new flat buffer (the read of the bucket that
-# fills it: 1 pass), no pre-divide over it (2), no reduce-scatter copy into its output (2 over the partition, which
-# at one rank is the gradient); and since 2026-12-05 no copy into the reduce bucket either (2: each gradient is
-# partitioned at once), so none of the gathered passes is left. Of the 2.5 fresh bytes per gathered byte above, two buffers of the gathered size are
-# left out: the flat buffer, and the one gloo writes for ``reduce_scatter_tensor`` at one rank. Measured as page
-# faults (scripts/count_fresh_memory.py, gpt2-small fp32 micro-batch 2 x 64, 2026-12-01): stock's backward 1246 MiB
-# beside the norms, tencache's 295, 474 MiB gathered: 2.63 and 0.62 per gathered byte. Until then 1.0 (the flat
-# buffer alone; docs/estimate.md, Run 21).
+# Where the partition group is one rank on a host accelerator, tencache hands stage 3 views of the gradients for their
+# reduce-scatter (integrations/deepspeed/one_rank_reduce.py): no new flat buffer (the read of the bucket that fills
+# it: 1 pass), no pre-divide over it (2), no reduce-scatter copy into its output (2 over the partition, which at one
+# rank is the gradient); and since 2026-12-05 no copy into the reduce bucket either (2: each gradient is partitioned
+# at once), so none of the gathered passes is left. Of the 2.5 fresh bytes per gathered byte above, two buffers of the
+# gathered size are left out: the flat buffer, and the one gloo writes for ``reduce_scatter_tensor`` at one rank.
+# Measured as page faults (scripts/count_fresh_memory.py, gpt2-small fp32 micro-batch 2 x 64, 2026-12-01): stock's
+# backward 1246 MiB beside the norms, tencache's 295, 474 MiB gathered: 2.63 and 0.62 per gathered byte. Until then
+# 1.0 (the flat buffer alone; docs/estimate.md, Run 21).
 ONE_RANK_VIEWS_FRESH_BYTES_PER_GATHERED_BYTE = 2.0
 ONE_RANK_VIEWS_GATHERED_PASSES = 5
 ONE_RANK_VIEWS_PARTITION_PASSES = 2

@@ -209,15 +209,18 @@ def _governed_tier(workload: Workload, machine: Machine, grows: bool, start_shar
     start_footprint, planned_cache = footprint, param_cache
     given = 0
     # the first reading, before any step, on the run's prior; then the readings on the measured rise, from where
-    # that left the tier. The run's first reading sees the gradient bucket untouched and its prior counts it: the
-    # same as this available memory, which has it resident, against a prior without it
+    # that left the tier. The run's first reading sees the gradient bucket untouched and its prior counts it: where
+    # stage 3 reduces itself the same as this available memory, which has it resident, against a prior without it;
+    # where tencache's reduce takes views this available memory leaves it out (it is never written), and the prior
+    # keeps it, as the run's does
     prior = run_time_prior(workload, machine.accelerator_is_host)
-    first = MemoryPressurePolicy(ranks, dataclasses.replace(prior, untouched_bytes=0))
+    views = reduces_to_views(workload, machine)
+    first = MemoryPressurePolicy(ranks, prior if views else dataclasses.replace(prior, untouched_bytes=0))
     measured = MemoryPressurePolicy(ranks)
     measured.observe_step_rise(rise)  # the first measured step creates the optimizer's state: the policy drops it
     measured.observe_step_rise(rise)
     # no backward has run at the first reading: the heap it keeps (in ``_held_between_steps``) is not there yet
-    not_yet_kept = ranks * heap_kept_bytes(workload, machine, reduce_views=reduces_to_views(workload, machine))
+    not_yet_kept = ranks * heap_kept_bytes(workload, machine, reduce_views=views)
     for policy, unseen in ((first, not_yet_kept), (measured, 0)):
         cache_given = param_cache if cache_reducible else 0
         decision = policy.decide(machine.host_memory_bytes, available + unseen,
