@@ -95,8 +95,10 @@ def partitioning_each_gradient_at_once(add_grad_to_ipg_bucket):
     def add_grad_partitioned_at_once(self, param):
         # ZenFlow's prologue sets its flag from its own module (zenflow/engine_stage3.py), which contract.py's check
         # of stage 3's source cannot see: read with a default
-        if not _takes_views(self) or getattr(self, "zenflow", False) or \
-                dist.get_world_size(self._get_param_partition_group(param)) != 1:
+        if not _takes_views(self) or getattr(self, "zenflow", False):
+            return add_grad_to_ipg_bucket(self, param)
+        group = self._get_param_partition_group(param)
+        if dist.get_world_size(group) != 1:
             return add_grad_to_ipg_bucket(self, param)
         comm_dtype = self.get_param_comm_dtype(param)
         if param.grad.dtype != comm_dtype and comm_dtype == self.dtype:
@@ -105,7 +107,7 @@ def partitioning_each_gradient_at_once(add_grad_to_ipg_bucket):
         bucket = self.ipg_buckets[comm_dtype]
         # what DeepSpeed's add does beside the copy; the caller has reduced a bucket of another group already
         bucket.params.append(param)
-        bucket.process_group = self._get_param_partition_group(param)
+        bucket.process_group = group
         bucket.elements += param.grad.numel()
         setattr(self, AT_ONCE_ATTRIBUTE, gradients_partitioned_at_once(self) + 1)
         self._DeepSpeedZeroOptimizer_Stage3__reduce_and_partition_ipg_grads(comm_dtype)
