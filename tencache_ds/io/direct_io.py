@@ -14,7 +14,16 @@ O_DIRECT needs the address, length and file offset aligned to what the folder's 
 uses ordinary buffered I/O on the same file (Linux keeps the two coherent); a request that starts aligned but
 ends in a partial sector moves the aligned part with O_DIRECT and the tail buffered. A file system without
 O_DIRECT (EINVAL at open), or a device stricter than it said (EINVAL on the transfer), turns the folder buffered.
+
+Which waiting request a free thread takes (``_WaitingRequests``): the oldest of the kind fewer threads are moving,
+reads or writes, so that where both wait a read and a write are in flight together; the oldest overall where only
+one kind waits or both run alike. First come, first served put the optimizer's update into lockstep on this
+project's VM: both threads wrote the last sub-group's two moments, then both read the next one's (the two
+requests of a kind come together), and two writes at once moved 2.8 GB/s where a read beside a write moved 4.1
+(docs/benchmarks.md, "A read beside a write"). A store never depends on the order: a read of a tensor waits for
+that tensor's own write (cache/transfers.py ``wait_write``).
 """
+import collections
 import ctypes
 import dataclasses
 import errno
@@ -22,7 +31,7 @@ import os
 import shutil
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Optional
+from typing import Deque, Dict, Optional, Tuple
 
 from ..errors import StaleFileError, TencacheResourceError
 from ..log import logger
@@ -48,6 +57,45 @@ def aligned_buffer(nbytes: int):
     raw = torch.empty(nbytes + 4096, dtype=torch.uint8)
     offset = (-raw.data_ptr()) % 4096
     return raw[offset:offset + nbytes]
+
+
+class _WaitingRequests:
+    """Requests waiting for an I/O thread, reads apart from writes, and how many of each the threads move now.
+    Owns: which request a free thread takes (the module's docstring says why). Not thread-safe: the engine's lock
+    guards it."""
+
+    def __init__(self):
+        self._queues: Dict[bool, Deque[Tuple[int, object]]] = {False: collections.deque(), True: collections.deque()}
+        self.running: Dict[bool, int] = {False: 0, True: 0}  # COUNT: requests being moved, by is_write
+        self._arrivals = 0  # COUNT: requests ever put, for their age
+
+    def put(self, is_write: bool, request) -> None:
+        self._arrivals += 1
+        self._queues[is_write].append((self._arrivals, request))
+
+    def remove(self, is_write: bool, request) -> None:
+        """Take back a request no thread will run (the pool refused the task that would have)."""
+        queue = self._queues[is_write]
+        for item in queue:
+            if item[1] is request:
+                queue.remove(item)
+                return
+
+    def take(self):
+        """(is_write, request) for a thread that is free, counted as running until ``done``; None when nothing
+        waits. E.g. one write running, a write and a read waiting: the read, although the write came first."""
+        reads, writes = self._queues[False], self._queues[True]
+        if not reads and not writes:
+            return None
+        if reads and writes and self.running[False] != self.running[True]:
+            is_write = self.running[True] < self.running[False]
+        else:
+            is_write = not reads or bool(writes and writes[0][0] < reads[0][0])
+        self.running[is_write] += 1
+        return is_write, self._queues[is_write].popleft()[1]
+
+    def done(self, is_write: bool) -> None:
+        self.running[is_write] -= 1
 
 
 class _DirectRefused(Exception):
@@ -96,6 +144,7 @@ class DirectFileIO:
                              f"(align_bytes or {ALIGN_ENV})")
         self._pool = ThreadPoolExecutor(max_workers=max(1, num_threads), thread_name_prefix=name)
         self._lock = threading.Lock()
+        self._waiting = _WaitingRequests()  # guarded by _lock; each request submits one task that takes one
         self._counters = IoCounters()
         self._forced_align = align_bytes
         self._align_by_dir = {}  # folder -> O_DIRECT alignment in bytes; NO_DIRECT_IO (0): buffered only
@@ -138,11 +187,36 @@ class DirectFileIO:
         if nbytes > total:
             raise ValueError(f"cannot move {nbytes} bytes through a {total}-byte tensor ({path})")
         self._count(is_write, nbytes, 1)
+        future = Future()
+        request = (future, (is_write, tensor, tensor.data_ptr(), nbytes, path, file_offset))
+        with self._lock:
+            self._waiting.put(is_write, request)
         try:
-            return self._pool.submit(self._run, is_write, tensor, tensor.data_ptr(), nbytes, path, file_offset)
+            self._pool.submit(self._run_next)
         except BaseException:  # not issued (the engine is closed)
+            with self._lock:
+                self._waiting.remove(is_write, request)
             self._count(is_write, -nbytes, -1)
             raise
+        return future
+
+    def _run_next(self) -> None:
+        """One task per request submitted: moves the request ``_WaitingRequests`` picks, which need not be the one
+        that submitted this task."""
+        with self._lock:
+            is_write, (future, args) = self._waiting.take()
+        try:
+            if not future.set_running_or_notify_cancel():
+                return
+            try:
+                moved = self._run(*args)
+            except BaseException as err:
+                future.set_exception(err)
+            else:
+                future.set_result(moved)
+        finally:
+            with self._lock:
+                self._waiting.done(is_write)
 
     def _count(self, is_write: bool, nbytes: int, requests: int) -> None:
         with self._lock:

@@ -1,0 +1,8 @@
+#!/bin/bash
+# As run (2026-12-05, sixty-ninth session): copied to /tmp/wp; wait_probe.py wraps EntryStore calls, the I/O engine's
+# requests (start, end, kind, bytes, file, thread) and /proc snapshots around each update; io_an.py ARM... summarises.
+OUT=/tmp/wp; arm=$1; hb=$2
+rm -rf /tmp/br-nvme; mkdir -p /tmp/br-nvme
+block="{\"enabled\": true, \"host_cache_bytes\": $hb, \"metrics_path\": \"$OUT/$arm.metrics.jsonl\"}"
+cd /work/main && WAIT_PROBE_OUT=$OUT/$arm.waits.json MASTER_ADDR=127.0.0.1 MASTER_PORT=29546 RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 python3 -u /tmp/wp/wait_probe.py scripts/train.py --deepspeed_config configs/stock-nvme-beyond-ram.json --model gpt2-1.3b --dtype fp32 --seq-len 32 --micro-batch 1 --steps ${STEPS:-5} --nvme-path /tmp/br-nvme --weights-gather none --tencache-block "$block" --result-file $OUT/$arm.result.json --label $arm > $OUT/$arm.log 2>&1
+echo "$arm rc=$?"
