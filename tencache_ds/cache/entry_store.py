@@ -203,11 +203,13 @@ class EntryStore:
             if into is None:
                 self._checked()
 
-    def prefetch_if_free(self, key, idle_slot: bool = False) -> bool:
+    def prefetch_if_free(self, key, idle_slot: bool = False, room: bool = True) -> bool:
         """Start reading ``key`` ahead of its use if it is on file and a buffer is free right now: never waits,
         never evicts (a prefetch must not stall the caller or push out what is needed sooner). False if not
         started. ``idle_slot``: with no room to keep it, a transient buffer the source holds idle will do (a
-        streaming slot nothing uses now; never new memory). The use that follows is ``wait_read`` (the profile
+        streaming slot nothing uses now; never new memory). ``room`` False: only such a slot, and nothing where
+        the budget has room for it (that room is another use's, made before this one: the swap-in in progress
+        when the optimizer reads the next sub-group early). The use that follows is ``wait_read`` (the profile
         records it then)."""
         with self._lock:
             self._transfers.reap_writes()  # first: a write done since leaves its tensor on file, readable
@@ -215,7 +217,9 @@ class EntryStore:
             if entry is None or entry.state != S.ON_FILE or entry.external_read is not None:
                 return False
             nbytes = self.swap_nbytes(entry.numel)
-            buffer = self.source.try_acquire(nbytes)
+            if not room and self.source.room_needed(nbytes) == 0:
+                return False
+            buffer = self.source.try_acquire(nbytes) if room else None
             if buffer is None and idle_slot:
                 buffer = self.source.try_acquire_idle(nbytes)
             if buffer is None:

@@ -35,6 +35,7 @@ class ReadsAhead:
         self._after_writes: Dict[object, List[str]] = {}
         self.in_backward = 0  # COUNT: tensors of sub-groups after the first read ahead in backward
         self.after_their_writes = 0  # COUNT: tensors of the first sub-group read ahead once written (after_writes)
+        self.before_own_waits = 0  # COUNT: tensors of the next sub-group started before the update's own waits
 
     def take(self, group) -> Sequence[str]:
         """The files whose reads were started for ``group``, now its swap-in's to wait for (and no longer here); any
@@ -72,7 +73,23 @@ class ReadsAhead:
             if spare <= 0:
                 break
             if swap_info.param_id not in lent:
-                spare -= self._into_idle_slots(swap_info, spare)
+                started = self._into_idle_slots(swap_info, spare)
+                self.in_backward += started
+                spare -= started
+
+    def next_sub_group_if_free(self, swap_info, spare: int) -> None:
+        """Before the update waits for the reads of the sub-group it steps: start reading the next one's state
+        tensors that are on file into streaming slots idle now, at most ``spare`` of them, never waiting or
+        evicting, and none the budget has room for (that room is the current swap-in's to take first).
+        ``next_sub_group`` starts the rest once those waits are over.
+
+        Why before: started after them, the next sub-group's reads reached the I/O engine just after the last
+        update's writes behind, which took both of its threads the moment the current reads ended. The drive then
+        wrote two tensors at once and read the next two after them, instead of a read beside a write, which moves
+        more (io/direct_io.py; docs/benchmarks.md, "The next sub-group read before the update's own waits")."""
+        if spare <= 0:
+            return
+        self.before_own_waits += self._into_idle_slots(swap_info, spare, room=False)
 
     def next_sub_group(self, swap_info) -> None:
         """Start reading the entries of the sub-group the update steps next (``async_parameter``), its gradient too,
@@ -139,16 +156,16 @@ class ReadsAhead:
                 if path not in waiting:  # (each backward of an accumulation window looks again)
                     waiting.append(path)
 
-    def _into_idle_slots(self, swap_info, limit: int) -> int:
+    def _into_idle_slots(self, swap_info, limit: int, room: bool = True) -> int:
         """Start reading up to ``limit`` of the sub-group's state tensors that are on file into buffers free right
-        now (room the budget has, else idle streaming slots); the rest are read when the update asks
-        (``next_sub_group``). Returns how many were started."""
+        now (room the budget has, else idle streaming slots; ``room`` False: idle slots only, and none of a tensor
+        the budget has room for); the rest are read when the update asks (``next_sub_group``). Returns how many
+        were started."""
         started = self._started.setdefault(swap_info.param_id, [])
         count = 0
         for path in self._paths_to_read(swap_info):
             if count < limit and path not in started and self.store.knows(path) and \
-                    self.store.prefetch_if_free(path, idle_slot=True):
+                    self.store.prefetch_if_free(path, idle_slot=True, room=room):
                 started.append(path)
                 count += 1
-        self.in_backward += count
         return count

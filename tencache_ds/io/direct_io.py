@@ -19,9 +19,15 @@ Which waiting request a free thread takes (``_WaitingRequests``): the oldest of 
 reads or writes, so that where both wait a read and a write are in flight together; the oldest overall where only
 one kind waits or both run alike. First come, first served put the optimizer's update into lockstep on this
 project's VM: both threads wrote the last sub-group's two moments, then both read the next one's (the two
-requests of a kind come together), and two writes at once moved 2.8 GB/s where a read beside a write moved 4.1
-(docs/benchmarks.md, "A read beside a write"). A store never depends on the order: a read of a tensor waits for
-that tensor's own write (cache/transfers.py ``wait_write``).
+requests of a kind come together), and the reads the update waited for queued behind two writes (docs/benchmarks.md,
+"A read beside a write"; on this VM the drive's rate is about the same either way: "The next sub-group read beside
+the last one's writes"). A store never depends on the order: a read of a tensor waits for that tensor's own write
+(cache/transfers.py ``wait_write``).
+
+A request above ``PIECE_BYTES`` waits as pieces of that size, each taken on its own, so that the choice is made
+again every piece. Whole, two 400 MB writes behind took both threads a moment before the next sub-group's read
+came, and the read waited for them: the update still wrote two at once, then read two, a sub-group in three (the
+order above could only choose among requests already waiting). A request's future is done when its last piece is.
 """
 import collections
 import ctypes
@@ -40,6 +46,10 @@ from .activity import PROCESS_ACTIVITY, IoActivity
 from .alignment import NO_DIRECT_IO, direct_io_alignment
 
 CHUNK_BYTES = 16 * 1024 * 1024    # one system call moves at most this much; keeps each call short
+# A request above this waits as pieces of it, each taken by a thread on its own (the module's docstring says why):
+# 50-60 ms of one thread's transfer on this project's VM. A multiple of every O_DIRECT alignment, so each piece of
+# an aligned request is aligned.
+PIECE_BYTES = 4 * CHUNK_BYTES
 # Forces the O_DIRECT alignment of every folder (bytes, a power of two), e.g. 4096 to act like a 4Kn drive in tests.
 ALIGN_ENV = "TENCACHE_DIRECT_ALIGN_BYTES"
 
@@ -73,13 +83,14 @@ class _WaitingRequests:
         self._arrivals += 1
         self._queues[is_write].append((self._arrivals, request))
 
-    def remove(self, is_write: bool, request) -> None:
-        """Take back a request no thread will run (the pool refused the task that would have)."""
+    def remove(self, is_write: bool, request, pieces: int) -> int:
+        """Take back up to ``pieces`` of ``request``'s pieces still waiting (no task will take them); returns how
+        many. Items are ``(request, start, end)``."""
         queue = self._queues[is_write]
-        for item in queue:
-            if item[1] is request:
-                queue.remove(item)
-                return
+        mine = [item for item in queue if item[1][0] is request][:max(0, pieces)]
+        for item in mine:
+            queue.remove(item)
+        return len(mine)
 
     def take(self):
         """(is_write, request) for a thread that is free, counted as running until ``done``; None when nothing
@@ -96,6 +107,29 @@ class _WaitingRequests:
 
     def done(self, is_write: bool) -> None:
         self.running[is_write] -= 1
+
+
+@dataclasses.dataclass(eq=False)
+class _Request:
+    """One read or write submitted: its pieces wait in ``_WaitingRequests`` as ``(request, start, end)``; the
+    engine's lock guards ``pieces_left``, ``failure`` and ``cancelled``."""
+
+    future: Future
+    is_write: bool
+    tensor: object  # held only so that the memory cannot be freed while a piece moves it
+    address: int
+    nbytes: int
+    path: str
+    file_offset: int
+    pieces_left: int = 0
+    started: bool = False
+    cancelled: bool = False
+    failure: Optional[BaseException] = None
+
+    def pieces(self, piece_bytes: int):
+        """``(start, end)`` byte ranges of ``piece_bytes`` (one empty range for an empty request)."""
+        return [(start, min(start + piece_bytes, self.nbytes)) for start in range(0, self.nbytes, piece_bytes)] \
+            or [(0, 0)]
 
 
 class _DirectRefused(Exception):
@@ -127,12 +161,13 @@ class DirectFileIO:
 
     def __init__(self, num_threads: int = 2, name: str = "tencache-io", align_bytes: Optional[int] = None,
                  activity: IoActivity = PROCESS_ACTIVITY, files: str = "swap file",
-                 folder_set_by: str = "zero_optimization.offload_*.nvme_path"):
+                 folder_set_by: str = "zero_optimization.offload_*.nvme_path", piece_bytes: int = PIECE_BYTES):
         """``align_bytes`` forces the O_DIRECT alignment of every folder (tests, or a device that misreports it);
         None reads it per folder (alignment.py), unless the TENCACHE_DIRECT_ALIGN_BYTES variable is set.
         ``activity``: where executing requests are counted (activity.py; the process's tracker by default).
         ``files`` (what its files are) and ``folder_set_by`` (what the user sets to put them elsewhere) word its
-        errors: a full disk or a refused file names them."""
+        errors: a full disk or a refused file names them. ``piece_bytes``: the size a request above it waits as
+        pieces of (tests make it small); a multiple of every O_DIRECT alignment used."""
         if align_bytes is None and os.environ.get(ALIGN_ENV):
             try:
                 align_bytes = int(os.environ[ALIGN_ENV])
@@ -142,9 +177,16 @@ class DirectFileIO:
         if align_bytes is not None and (align_bytes <= 0 or align_bytes & (align_bytes - 1)):
             raise ValueError(f"O_DIRECT alignment must be a power of two, got {align_bytes} "
                              f"(align_bytes or {ALIGN_ENV})")
+        if piece_bytes <= 0 or piece_bytes % 4096:
+            raise ValueError(f"piece_bytes must be a positive multiple of 4096 (every O_DIRECT alignment divides "
+                             f"it), got {piece_bytes}")
         self._pool = ThreadPoolExecutor(max_workers=max(1, num_threads), thread_name_prefix=name)
-        self._lock = threading.Lock()
-        self._waiting = _WaitingRequests()  # guarded by _lock; each request submits one task that takes one
+        # Reentrant: close() takes it, and the swappers' finalizers call close() from whatever thread the garbage
+        # collector runs in, which may be one holding it (in _submit, say).
+        self._lock = threading.RLock()
+        self._waiting = _WaitingRequests()  # guarded by _lock; each piece submits one task that takes one
+        self._closed = False  # guarded by _lock
+        self._piece_bytes = piece_bytes
         self._counters = IoCounters()
         self._forced_align = align_bytes
         self._align_by_dir = {}  # folder -> O_DIRECT alignment in bytes; NO_DIRECT_IO (0): buffered only
@@ -175,7 +217,10 @@ class DirectFileIO:
 
     def close(self, wait: bool = True) -> None:
         """Stop the I/O threads once the requests submitted are done; ``wait``: until then (not from a finalizer,
-        which may run in one of them)."""
+        which may run in one of them). A request submitted after this is refused before it waits: queued, a task
+        of an older request could have taken it, and then that older one had no task left."""
+        with self._lock:
+            self._closed = True
         self._pool.shutdown(wait=wait)
 
     # ---------------------------------------------------------------------------------------------- private
@@ -186,58 +231,87 @@ class DirectFileIO:
         nbytes = total if nbytes is None else nbytes
         if nbytes > total:
             raise ValueError(f"cannot move {nbytes} bytes through a {total}-byte tensor ({path})")
-        self._count(is_write, nbytes, 1)
-        future = Future()
-        request = (future, (is_write, tensor, tensor.data_ptr(), nbytes, path, file_offset))
+        request = _Request(Future(), is_write, tensor, tensor.data_ptr(), nbytes, path, file_offset)
+        pieces = request.pieces(self._piece_bytes)
+        tasks = 0
+        # Under the lock, the pieces and their tasks together: close() cannot shut the pool down between the two
+        # (a piece queued without its task strands another request's piece, which that task may take instead).
         with self._lock:
-            self._waiting.put(is_write, request)
-        try:
-            self._pool.submit(self._run_next)
-        except BaseException:  # not issued (the engine is closed)
-            with self._lock:
-                self._waiting.remove(is_write, request)
-            self._count(is_write, -nbytes, -1)
-            raise
-        return future
+            if self._closed:
+                raise RuntimeError(f"the I/O engine is closed: cannot {'write' if is_write else 'read'} {path}")
+            request.pieces_left = len(pieces)
+            for start, end in pieces:
+                self._waiting.put(is_write, (request, start, end))
+            self._count(is_write, nbytes, 1)
+            try:
+                for _ in pieces:  # one task per piece; a task takes whichever piece _WaitingRequests picks
+                    self._pool.submit(self._run_next)
+                    tasks += 1
+            except BaseException as err:  # no thread could be started: the pieces without a task are taken back
+                removed = self._waiting.remove(is_write, request, len(pieces) - tasks)
+                request.pieces_left -= removed
+                request.failure = err
+                if tasks == 0:
+                    self._count(is_write, -nbytes, -1)
+                    raise
+        return request.future
 
     def _run_next(self) -> None:
-        """One task per request submitted: moves the request ``_WaitingRequests`` picks, which need not be the one
+        """One task per piece submitted: moves the piece ``_WaitingRequests`` picks, which need not be the one
         that submitted this task."""
         with self._lock:
-            is_write, (future, args) = self._waiting.take()
-        try:
-            if not future.set_running_or_notify_cancel():
+            taken = self._waiting.take()
+            if taken is None:  # (never: a task per piece, and a piece taken back takes its task's place)
                 return
-            try:
-                moved = self._run(*args)
-            except BaseException as err:
-                future.set_exception(err)
-            else:
-                future.set_result(moved)
+            is_write, (request, start, end) = taken
+            if not request.started:
+                request.started = True
+                request.cancelled = not request.future.set_running_or_notify_cancel()
+            run = not request.cancelled and request.failure is None
+        failure = None
+        try:
+            if run:
+                self._run_piece(request, start, end)
+        except BaseException as err:  # noqa: BLE001  (the request's future raises it)
+            failure = err
         finally:
             with self._lock:
                 self._waiting.done(is_write)
+                request.failure = request.failure or failure
+                request.pieces_left -= 1
+                finished = request.pieces_left == 0
+        if finished:
+            self._finish(request)
+
+    def _finish(self, request: _Request) -> None:
+        """The request's last piece has ended: its future gets the bytes moved, or the first failure (the bytes are
+        then not counted: a failed request is retried, or its error raised)."""
+        request.tensor = None
+        if request.cancelled:
+            return
+        if request.failure is not None:
+            with self._lock:
+                self._count(request.is_write, -request.nbytes, -1)
+            request.future.set_exception(request.failure)
+        else:
+            request.future.set_result(request.nbytes)
 
     def _count(self, is_write: bool, nbytes: int, requests: int) -> None:
-        with self._lock:
-            if is_write:
-                self._counters.write_bytes += nbytes
-                self._counters.write_requests += requests
-            else:
-                self._counters.read_bytes += nbytes
-                self._counters.read_requests += requests
+        """Add to the counters. The caller holds the engine's lock."""
+        if is_write:
+            self._counters.write_bytes += nbytes
+            self._counters.write_requests += requests
+        else:
+            self._counters.read_bytes += nbytes
+            self._counters.read_requests += requests
 
-    def _run(self, is_write: bool, tensor, address: int, nbytes: int, path: str, file_offset: int) -> int:
-        del tensor  # held by the submitted call only to keep the memory alive until the request ran
+    def _run_piece(self, request: _Request, start: int, end: int) -> None:
+        self.activity.started()
         try:
-            self.activity.started()
-            try:
-                return self._transfer(is_write, address, nbytes, path, file_offset)
-            finally:
-                self.activity.finished()
-        except BaseException:  # it moved nothing we count (a failed request is retried, or its error raised)
-            self._count(is_write, -nbytes, -1)
-            raise
+            self._transfer(request.is_write, request.address + start, end - start, request.path,
+                           request.file_offset + start)
+        finally:
+            self.activity.finished()
 
     def _transfer(self, is_write: bool, address: int, nbytes: int, path: str, file_offset: int) -> int:
         view = memoryview((ctypes.c_char * nbytes).from_address(address)).cast("B") if nbytes else memoryview(b"")

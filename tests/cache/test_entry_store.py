@@ -479,10 +479,10 @@ def test_a_new_tensor_under_an_old_key_replaces_the_entry(tmp_path, io):
 class SlowReads(DirectFileIO):
     """Real reads that each take at least READ_DELAY_S (a slow device), so waits for them are measurable."""
 
-    def _run(self, is_write, *args):
+    def _transfer(self, is_write, *args):
         if not is_write:
             time.sleep(READ_DELAY_S)
-        return super()._run(is_write, *args)
+        return super()._transfer(is_write, *args)
 
 
 READ_DELAY_S = 0.05
@@ -565,10 +565,10 @@ class SlowWrites(DirectFileIO):
     """Real writes that each take at least WRITE_DELAY_S (a busy device), so they are still in flight when the
     caller goes on."""
 
-    def _run(self, is_write, *args):
+    def _transfer(self, is_write, *args):
         if is_write:
             time.sleep(WRITE_DELAY_S)
-        return super()._run(is_write, *args)
+        return super()._transfer(is_write, *args)
 
 
 WRITE_DELAY_S = 0.2

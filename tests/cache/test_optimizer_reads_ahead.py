@@ -92,6 +92,50 @@ def test_backward_reads_the_first_sub_group_then_later_ones_into_idle_slots_in_t
     store.close()
 
 
+def test_the_next_sub_group_is_read_into_spare_slots_before_the_update_waits_never_waiting(io, tmp_path):
+    """``next_sub_group_if_free``, called before the update waits for the current sub-group's reads: it starts the
+    next sub-group's reads only into slots free now, at most ``spare`` of them, never waiting for a write; what it
+    leaves, ``next_sub_group`` starts after the waits, and what it started is not read twice."""
+    store = make(io)
+    groups = sub_groups_on_file(store, tmp_path, 3)
+    warm_slots(store, tmp_path)
+    held = [f"busy{slot}" for slot in range(7)]  # the update's other tensors: one idle slot left
+    for key in held:
+        store.lend_new(key, NUMEL, str(tmp_path / f"{key}.swp"))
+    ahead = ReadsAhead(store, all_paths, lambda group: None)
+    ahead.next_sub_group_if_free(groups[1], spare=0)  # nothing spare: nothing started
+    assert ahead.before_own_waits == 0
+    ahead.next_sub_group_if_free(groups[1], spare=2)  # two spare, one slot idle: one read, no wait
+    assert ahead.before_own_waits == 1
+    assert [store.state(path) for path in all_paths(groups[1])] == \
+        [EntryState.READING, EntryState.ON_FILE, EntryState.ON_FILE]
+    for key in held:
+        store.release(key)  # unchanged: their slots are free at once
+    ahead.next_sub_group(groups[1])  # after the waits: the rest
+    paths = list(ahead.take("1"))
+    assert paths == all_paths(groups[1])
+    for index, path in enumerate(paths):
+        assert torch.all(store.wait_read(path) == 10 + index)
+        store.release(path)
+    store.close()
+
+
+def test_the_next_sub_group_is_not_read_early_into_room_the_budget_has(io, tmp_path):
+    """Where the budget has room for the next sub-group's tensors, that room is the current swap-in's to take first
+    (a lend without it would evict, maybe waiting for a write): the early read leaves them to ``next_sub_group``,
+    which reads them into that room after the waits, kept."""
+    store = OptimizerStore(torch.float32, lambda n: -(-n // 256) * 256, io, largest_numel=NUMEL, streaming_slots=8,
+                           host_tier_share=lambda: 100 * NUMEL * 4)
+    groups = sub_groups_on_file(store, tmp_path, 2)
+    store.trim_kept(0)  # nothing kept: each tensor on file, the budget's room free
+    warm_slots(store, tmp_path)
+    ahead = ReadsAhead(store, all_paths, lambda group: None)
+    ahead.next_sub_group_if_free(groups[1], spare=8)
+    assert ahead.before_own_waits == 0
+    assert [store.state(path) for path in all_paths(groups[1])] == [EntryState.ON_FILE] * 3
+    store.close()
+
+
 def test_every_read_started_is_given_back_and_a_failed_one_raised_after_the_rest(io, tmp_path):
     store = make(io)
     groups = sub_groups_on_file(store, tmp_path, 2)

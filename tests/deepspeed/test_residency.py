@@ -113,6 +113,8 @@ def test_the_backward_reads_later_sub_groups_ahead_into_idle_streaming_slots(tra
     ours = train(block=STREAMING, grad_accum=grad_accum, **SUB_GROUPS)
     assert_identical(stock, ours)
     assert_reads_ahead_up_to(backward_reads_ahead_per_step(ours), 8 - 3 - 1)
+    # the update starts the next sub-group's reads into the slots it leaves spare before waiting for its own
+    assert ours.last_stats["optimizer_reads_ahead_before_own_waits"] > 0
 
 
 def test_one_sub_group_streaming_is_read_ahead_in_every_backward(train):

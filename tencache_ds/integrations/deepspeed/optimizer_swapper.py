@@ -43,6 +43,7 @@ from deepspeed import comm as dist
 from ...config import CONFIG_KEY
 from ...errors import TencacheConfigError
 from ...ext_lock import raise_if_stale_locks
+from ...cache.entry import CACHED
 from ...cache.optimizer_store import OptimizerStore
 from ...cache.state_dtype import narrow_stock_layout, stored_numel, viewed_as
 from ...io.direct_io import DirectFileIO, store_io_threads
@@ -416,6 +417,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             self.masters.owed_again_unlent(group, master_path)
             self._give_back_unlent(read_ahead, ())
             raise
+        self._read_next_if_free(swap_info, async_parameter, read_ahead, from_partitions)
         keys = self._lent[group] = []  # filled as each is lent: a failed read still gives the others back
         if self._getter_swap_ins is not None:  # (before the reads: one that fails leaves the others lent)
             self._getter_swap_ins.append(parameter)
@@ -452,6 +454,26 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             next_info = self._get_param_swap_info(async_parameter)
             if next_info is not None and OptimizerSwapper.parameter_id(async_parameter) not in self._lent:
                 self.ahead.next_sub_group(next_info)
+
+    def _read_next_if_free(self, swap_info, async_parameter, read_ahead, master_lent: bool) -> None:
+        """Before this swap-in waits for its sub-group's reads: the next sub-group's reads, into the streaming slots
+        this one will not need (cache/optimizer_reads_ahead.py ``next_sub_group_if_free``)."""
+        if async_parameter is None or not self.reads_ahead:
+            return
+        next_info = self._get_param_swap_info(async_parameter)
+        if next_info is None or OptimizerSwapper.parameter_id(async_parameter) in self._lent:
+            return
+        spare = self.store.idle_streaming_slots() - self._buffers_still_needed(swap_info, read_ahead, master_lent)
+        self.ahead.next_sub_group_if_free(next_info, spare)
+
+    def _buffers_still_needed(self, swap_info, read_ahead, master_lent: bool) -> int:
+        """Buffers the swap-in of ``swap_info`` has still to take: one for each of its tensors on file not read
+        ahead (the master unless ``master_lent``), and one for its gradient unless the tier holds it."""
+        paths = [context.swap_path for context in swap_info.tensors][1 if master_lent else 0:]
+        if swap_info.has_gradients():
+            paths.append(gradient_path(swap_info))
+        return sum(1 for path in paths if path not in read_ahead and
+                   not (self.store.knows(path) and self.store.state(path) in CACHED))
 
     def swap_out_optimizer_state(self, parameter, async_swap=False):
         # The step changed the master and state tensors in place; new state tensors (Adam's moments on its first
@@ -744,6 +766,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         stats["optimizer_swapper_closed"] = int(self.closed)
         stats["optimizer_backward_reads_ahead"] = self.ahead.in_backward
         stats["optimizer_reads_ahead_after_writes"] = self.ahead.after_their_writes
+        stats["optimizer_reads_ahead_before_own_waits"] = self.ahead.before_own_waits
         stats["optimizer_fragment_swap_ins_without_gradient"] = self.fragment_swap_ins_without_gradient
         # the masters filled from the parameter partitions: the only reads the store serves by a copy
         stats["optimizer_masters_from_partitions"] = self.store.counters.copied
