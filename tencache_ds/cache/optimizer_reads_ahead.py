@@ -84,9 +84,9 @@ class ReadsAhead:
         ``next_sub_group`` starts the rest once those waits are over.
 
         Why before: started after them, the next sub-group's reads reached the I/O engine just after the last
-        update's writes behind, which took both of its threads the moment the current reads ended. The drive then
-        wrote two tensors at once and read the next two after them, instead of a read beside a write, which moves
-        more (io/direct_io.py; docs/benchmarks.md, "The next sub-group read before the update's own waits")."""
+        update's writes behind, which took both of its threads the moment the current reads ended, and the reads
+        waited behind them while the drive had idle moments elsewhere in the update (io/direct_io.py;
+        docs/benchmarks.md, "The next sub-group read beside the last one's writes")."""
         if spare <= 0:
             return
         self.before_own_waits += self._into_idle_slots(swap_info, spare, room=False)
