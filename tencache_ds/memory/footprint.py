@@ -25,6 +25,14 @@ SAMPLE_INTERVAL_S = 0.02
 class StepRiseMeter:
     """``boundary()`` at each boundary returns how far resident memory rose above its level at the two boundaries
     around the stretch just ended (its own temporaries, not what it left allocated), or None for the first call.
+    ``boundary(ends_span=True)`` also closes a span of stretches (the governor's: an optimizer step, from one
+    step's first forward pass to the next one's) and returns the larger of the stretch's rise and the span's: its
+    highest sample above its level at the span's two ends. A stretch alone misses memory that one stretch leaves
+    allocated and the next frees: at 2 ranks gpt2-1.3b's backward rose 2.6 GiB above the step's start and kept 1.9
+    GiB of it until the update had begun, so the backward's stretch measured 0.73 GiB, "auto" took back 2.4 GiB a
+    rank on it, and the next step ended with the OOM killer (docs/reliability.md). A span alone misses a rise
+    measured against a level the span ends higher at (an update that brings streaming slots back, a grown budget
+    filled): why the stretches are there. Both are at most the true rise above the step's start.
     ``close()`` stops the sampling thread (idempotent; also when the meter is garbage collected); a closed meter
     returns None."""
 
@@ -34,22 +42,32 @@ class StepRiseMeter:
         self._lock = threading.Lock()
         self._peak = 0             # LOCK: the highest sample since the last boundary
         self._at_boundary: Optional[int] = None
+        self._span_peak = 0        # LOCK: the highest sample since the span began, up to the last boundary
+        self._span_start: Optional[int] = None  # LOCK: the level where the span began
         self._stop = threading.Event()
         # The thread holds the meter weakly, so a meter nobody closes still ends with its owner.
         self._thread = threading.Thread(target=_sample, args=(weakref.ref(self), self._stop, interval_s),
                                         name="tencache-footprint", daemon=True)
         self._thread.start()
 
-    def boundary(self) -> Optional[int]:
+    def boundary(self, ends_span: bool = False) -> Optional[int]:
         if self._stop.is_set():
             return None
         now = self._read()
         with self._lock:
             peak, self._peak = max(self._peak, now), now
             previous, self._at_boundary = self._at_boundary, now
+            span_peak, span_start = max(self._span_peak, peak), self._span_start
+            if ends_span or span_start is None:  # a new span begins here
+                self._span_peak, self._span_start = now, now
+            else:
+                self._span_peak = span_peak
         if previous is None:
             return None
-        return max(0, peak - max(previous, now))
+        rise = max(0, peak - max(previous, now))
+        if ends_span and span_start is not None:
+            rise = max(rise, span_peak - max(span_start, now))
+        return rise
 
     @property
     def running(self) -> bool:

@@ -28,3 +28,11 @@ def test_at_one_rank_a_tencache_optimizer_gets_views_with_deepspeeds_values_and_
         assert checks["same_bits"] and checks["shapes"] and checks["inputs_unchanged"], (name, checks)
         assert all(checks["views_of_inputs"]), (name, checks)  # no new buffer
         assert checks["counted"] == [1, 0], (name, checks)  # the tencache optimizer's call only
+
+
+def test_the_step_model_partitions_at_once_where_the_run_does():
+    """One fact in two layers (plan/ never imports DeepSpeed): the largest group the run partitions each gradient of
+    at once, and the step model's mirror of it (plan/step_model/costs.py partitions_gradients_at_once)."""
+    from tencache_ds.integrations.deepspeed import one_rank_reduce
+    from tencache_ds.plan.step_model import costs
+    assert one_rank_reduce.AT_ONCE_MAX_GROUP_RANKS == costs.AT_ONCE_MAX_GROUP_RANKS == 2

@@ -22,12 +22,15 @@ def no_governor_of_another_test():
 
 
 class ScriptedMeter:
-    """Stands in for StepRiseMeter: boundary() returns the rises listed, in order (None: the first boundary)."""
+    """Stands in for StepRiseMeter: boundary() returns the rises listed, in order (None: the first boundary), and
+    notes whether each call closed a span (an optimizer step)."""
 
     def __init__(self, rises):
         self._rises = list(rises)
+        self.spans_ended = []
 
-    def boundary(self):
+    def boundary(self, ends_span=False):
+        self.spans_ended.append(ends_span)
         return self._rises.pop(0)
 
     def close(self):
@@ -52,6 +55,21 @@ def test_the_first_update_is_left_out_of_the_step_rise_with_gradient_accumulatio
         governor.end_optimizer_step()
     governor.before_forward()  # the next step's first reading completes step 2
     assert governor.policy.step_rise_bytes == 130 * MiB  # steps 1 and 2 (120 and 130 MiB); step 0 is left out
+
+
+def test_the_meter_measures_each_optimizer_step_whole_from_its_first_forward_pass_to_the_next_ones():
+    """memory/footprint.py's span: closed at the first reading after an optimizer step, and only there (not at the
+    second micro-batch's forward pass, nor where the update starts), so that memory the backward holds until the
+    update has begun and the update frees counts in the step's rise (docs/reliability.md, "Two ranks beyond RAM")."""
+    governor = governor_with([None, 100 * MiB, 100 * MiB, 2 * GiB, 100 * MiB, 100 * MiB, 2 * GiB])
+    for step in range(2):
+        governor.before_forward()  # micro-batch 0
+        governor.before_forward()  # micro-batch 1
+        governor.before_update()
+        governor.end_optimizer_step()
+    governor.before_forward()
+    assert governor.meter.spans_ended == [False, False, False, True, False, False, True]
+    assert governor.policy.step_rise_bytes == 2 * GiB  # the second step's (the first is left out)
 
 
 def test_the_first_update_is_left_out_of_the_step_rise_without_accumulation():

@@ -372,10 +372,11 @@ CALL_ORDER = (
               "partition on its own; __avg_scatter_grads casts to the communication dtype where it is not the "
               "model's",
               "one_rank_reduce.py (partitioning_each_gradient_at_once)",
-              "a gradient whose reduce is handed views is partitioned at once, without the bucket's copy: were the "
+              "a gradient of a group of one or two ranks is partitioned at once, without the bucket's copy: were the "
               "buffer read, or one gradient's partition made from another's, the values would differ",
               "tests/deepspeed/test_parity.py (bit-identical losses and weights, gradients_partitioned_at_once > 0), "
-              "tests/deepspeed/test_zero_scenarios.py"),
+              "tests/deepspeed/test_residency.py (two ranks, an odd split: stock CPU offload's bits, "
+              "gradients_partitioned_at_once > 0), tests/deepspeed/test_zero_scenarios.py"),
     CallOrder("stage 3 only reads the partitions __avg_scatter_grads returns (scaled or cast into new tensors, "
               "copied or added into its gradient partitions by partition_grads), and does so before the reduced "
               "bucket's gradients are written again (the bucket is reset only after partition_grads)",

@@ -168,7 +168,8 @@ class HostTierGovernor:
         try:
             if self.start_budget_bytes is None:
                 self._start()
-            self._rise_boundary()  # since the last forward pass (its backward) or update (before_update)
+            # since the last forward pass (its backward) or update (before_update); at a step's end, the step too
+            self._rise_boundary(ends_step=self._step_ended)
             if self._step_ended:  # this reading covered the end of the step: the step's rise is complete
                 self.policy.observe_step_rise(self._step_rise)
                 self._step_rise, self._step_ended = None, False
@@ -248,9 +249,11 @@ class HostTierGovernor:
         self.meter.close()
 
     # ------------------------------------------------------------------------------------------- private
-    def _rise_boundary(self) -> None:
-        """A boundary of the rise meter: the stretch since the last one counts in the current step's rise."""
-        rise = self.meter.boundary()
+    def _rise_boundary(self, ends_step: bool = False) -> None:
+        """A boundary of the rise meter: the stretch since the last one counts in the current step's rise, and
+        where ``ends_step`` (the first forward pass after an optimizer step) the whole step since the last such
+        boundary too (memory/footprint.py: the span)."""
+        rise = self.meter.boundary(ends_span=ends_step)
         self.rise_boundaries += 1
         if rise is not None:
             self._step_rise = max(self._step_rise or 0, rise)

@@ -1,5 +1,6 @@
 """Stage 3's gradient reduce-scatter where the partition group is one rank: the values it would copy, not a copy;
-and each such gradient partitioned as soon as it is ready, not first copied into stage 3's contiguous bucket.
+and each gradient of a group of one or two ranks partitioned as soon as it is ready, not first copied into stage 3's
+contiguous bucket.
 Owns: which calls take those paths, and the paths themselves. Does not own: what stage 3 does with the partitions
 after (partition_grads, stage3_gradients.py).
 
@@ -21,14 +22,15 @@ each, a wrapper doing what this module does; docs/benchmarks.md), the same weigh
 views of its input in the one-tensor case: every caller only reads the result (``partition_grads`` copies or adds it
 into its gradient partitions, before the bucket is filled again: contract.py, CALL_ORDER).
 
-**The contiguous bucket.** Before that reduce, stage 3 copies each gradient autograd produced into its bucket
-(``__add_grad_to_ipg_bucket``, ``contiguous_gradients`` on, DeepSpeed's default), a buffer of ``reduce_bucket_size``
-elements allocated at initialisation, and reduces the bucket once it is full. With ``reduce_scatter`` on, nothing
-reads the bucket as one buffer: ``__avg_scatter_grads`` reads each parameter's ``grad``, which the copy made a view
-of the bucket. So where that reduce is handed views, the copy moves the same values into a buffer of their own for
-nothing: a pass over every gradient, and on a host accelerator the bucket's pages, which memory takes only where
-written, resident for good from the first backward (2 GB with DeepSpeed's defaults in fp32; gpt2-1.3b, fp32,
-``"auto"``: peak RSS 17.8 GiB with the copy, 16.1 without, docs/bench/gradients-at-once-2026-12-05). There each
+**The contiguous bucket, at one rank and at two.** Before that reduce, stage 3 copies each gradient autograd
+produced into its bucket (``__add_grad_to_ipg_bucket``, ``contiguous_gradients`` on, DeepSpeed's default), a buffer
+of ``reduce_bucket_size`` elements allocated at initialisation, and reduces the bucket once it is full. With
+``reduce_scatter`` on, nothing reads the bucket as one buffer: ``__avg_scatter_grads`` reads each parameter's
+``grad``, which the copy made a view of the bucket. So where that reduce is handed views, the copy moves the same
+values into a buffer of their own for nothing: a pass over every gradient, and on a host accelerator the bucket's
+pages, which memory takes only where written, resident for good from the first backward (2 GB with DeepSpeed's
+defaults in fp32; gpt2-1.3b, fp32, ``"auto"``: peak RSS 17.8 GiB with the copy, 16.1 without,
+docs/bench/gradients-at-once-2026-12-05). There each
 gradient is partitioned as soon as its hook hands it over, as a bucket of one: stage 3's own path for a gradient
 larger than the bucket (left where autograd put it, ``contiguous_gradients`` off), and with its own flush
 (``__reduce_and_partition_ipg_grads``), which frees the gradient at once. The values partition_grads copies or adds
@@ -39,6 +41,14 @@ of another dtype beside a communication dtype that is the model's keeps DeepSpee
 fires twice in one backward is partitioned twice, the second copy over the first, as stock does where a flush comes
 between the two; where both land in one of stock's buckets, stock stops at its assertion that a bucket holds each
 parameter once.)
+
+At two ranks the same holds, with DeepSpeed's own reduce: ``reduce_scatter_coalesced`` of one gradient concatenates
+nothing (unless it pads an odd length: then a buffer of that gradient's size, not the bucket's), divides it in place
+and reduce-scatters it, so what each rank's partition receives is, element by element, the sum of the two ranks'
+values divided by two, as from the bucket (a sum of two values has one result in any order; beyond two ranks the
+bucket's path is kept: ``AT_ONCE_MAX_GROUP_RANKS``). What it saves is the bucket's pages and the concatenation's:
+gpt2-1.3b beyond RAM at two ranks peaked at 20.85 GiB on the node in its first step with the bucket and 15.40 without
+(docs/reliability.md, "Two ranks beyond RAM"). Each gradient is then one collective call instead of one a bucket.
 
 Only where the accelerator is host memory (ordered by construction: one thread, no streams; on a GPU the copies run
 on ``reduce_and_partition_stream`` and the argument that the bucket is not refilled before they are done would
@@ -58,6 +68,11 @@ _REDUCING_FOR = contextvars.ContextVar("tencache_reducing_for", default=None)
 COUNT_ATTRIBUTE = "_tencache_reductions_without_copy"  # on the ZeRO-3 optimizer: SUM of calls that took the views
 # on the ZeRO-3 optimizer: SUM of gradients partitioned at once, without the bucket's copy
 AT_ONCE_ATTRIBUTE = "_tencache_gradients_partitioned_at_once"
+# The largest partition group whose gradients are partitioned at once: there each reduced element is the sum of at
+# most two values (each already divided by the group's size), which no order of the reduce can change, so reducing a
+# gradient alone gives the bucket's bits. With more ranks the summation order is gloo's, and may depend on the length
+# of what it reduces.
+AT_ONCE_MAX_GROUP_RANKS = 2
 
 
 def reductions_without_copy(optimizer) -> int:
@@ -87,10 +102,11 @@ def _takes_views(stage3) -> bool:
 
 
 def partitioning_each_gradient_at_once(add_grad_to_ipg_bucket):
-    """Wraps stage 3's ``__add_grad_to_ipg_bucket``: a gradient whose reduce will be handed views (``_takes_views``,
-    its parameter's partition group one rank) is not copied into the contiguous bucket but reduced and partitioned
-    at once, alone (the module's docstring says why that leaves the values as they are). ZenFlow's bucket copy
-    (transposed, for its channel selection) is left to DeepSpeed, as is every other gradient."""
+    """Wraps stage 3's ``__add_grad_to_ipg_bucket``: for a tencache optimizer on a host accelerator
+    (``_takes_views``), a gradient whose partition group has at most ``AT_ONCE_MAX_GROUP_RANKS`` ranks is not copied
+    into the contiguous bucket but reduced and partitioned at once, alone (the module's docstring says why that
+    leaves the values as they are). ZenFlow's bucket copy (transposed, for its channel selection) is left to
+    DeepSpeed, as is every other gradient."""
     @functools.wraps(add_grad_to_ipg_bucket)
     def add_grad_partitioned_at_once(self, param):
         # ZenFlow's prologue sets its flag from its own module (zenflow/engine_stage3.py), which contract.py's check
@@ -98,7 +114,7 @@ def partitioning_each_gradient_at_once(add_grad_to_ipg_bucket):
         if not _takes_views(self) or getattr(self, "zenflow", False):
             return add_grad_to_ipg_bucket(self, param)
         group = self._get_param_partition_group(param)
-        if dist.get_world_size(group) != 1:
+        if dist.get_world_size(group) > AT_ONCE_MAX_GROUP_RANKS:
             return add_grad_to_ipg_bucket(self, param)
         comm_dtype = self.get_param_comm_dtype(param)
         if param.grad.dtype != comm_dtype and comm_dtype == self.dtype:

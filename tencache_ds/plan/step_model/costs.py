@@ -1,7 +1,7 @@
 """What both policies' replays share about a workload: the bytes of its tensors on file and gathered, the memory
 every policy has (ZeRO-3's working set on the accelerator, the process, gradient partitions), its NVMe space, and
 the CPU time of the optimizer step. Pure."""
-from typing import Dict
+from typing import Dict, Optional
 
 from ..machine import Machine
 from ..memory_pressure import RisePrior, stage3_rise_prior
@@ -144,6 +144,20 @@ def reduces_to_views(workload: Workload, machine: Machine) -> bool:
     return one_rank_on_a_host_accelerator(workload, machine)
 
 
+# The largest partition group whose gradients tencache partitions at once on a host accelerator, without stage 3's
+# contiguous bucket (integrations/deepspeed/one_rank_reduce.py, AT_ONCE_MAX_GROUP_RANKS: the same number, checked by
+# tests/deepspeed/test_one_rank_reduce.py)
+AT_ONCE_MAX_GROUP_RANKS = 2
+
+
+def partitions_gradients_at_once(workload: Workload, machine: Machine) -> bool:
+    """Does tencache partition each gradient as its hook hands it over, so that stage 3's contiguous reduce bucket
+    is never written (one_rank_reduce.partitioning_each_gradient_at_once): on a host accelerator, at most
+    ``AT_ONCE_MAX_GROUP_RANKS`` ranks in the partition group. At one rank its reduce also takes views
+    (``reduces_to_views``); at two it is DeepSpeed's reduce of one gradient at a time."""
+    return machine.accelerator_is_host and workload.world_size <= AT_ONCE_MAX_GROUP_RANKS
+
+
 def backward_host_memory_s(workload: Workload, machine: Machine, micro: int, reduce_views: bool = False) -> float:
     """Host memory work of micro-batch ``micro``'s backward on a host accelerator, beyond its FLOPs: the fresh
     memory it writes (page faults; without the machine's figure, left out) and stage 3's gradient epilogue's
@@ -230,12 +244,14 @@ def _activation_bytes(workload: Workload) -> int:
                                            workload.zero.element_bytes)
 
 
-def device_working_bytes(workload: Workload, host_accelerator: bool, reduce_views: bool = False) -> int:
+def device_working_bytes(workload: Workload, host_accelerator: bool, reduce_views: bool = False,
+                         bucket_unused: Optional[bool] = None) -> int:
     """Accelerator memory ZeRO-3 needs besides a device tier: what a step allocates and frees
     (``device_step_bytes``), the gradient reduce bucket (``reduce_bucket_bytes``: allocated at initialisation and
-    resident between steps once a backward has filled it; with ``reduce_views`` on a host accelerator never written,
-    so never resident: each gradient is partitioned at once, integrations/deepspeed/one_rank_reduce.py), persistent
-    parameters, and model states not offloaded."""
+    resident between steps once a backward has filled it; with ``bucket_unused`` (default: ``reduce_views``) on a
+    host accelerator never written, so never resident: each gradient is partitioned at once,
+    ``partitions_gradients_at_once``), persistent parameters, and model states not offloaded."""
+    bucket_unused = reduce_views if bucket_unused is None else bucket_unused
     zero, elem = workload.zero, workload.zero.element_bytes
     persistent = sum(p.numel for p in workload.partitions.values() if p.persistent) * elem
     not_offloaded = 0
@@ -244,7 +260,7 @@ def device_working_bytes(workload: Workload, host_accelerator: bool, reduce_view
     if zero.offload_optimizer == "none":
         not_offloaded += workload.rank_elements * (optimizer_state_bytes_per_element(zero)
                                                    + zero.precision.master_bytes)  # and the gradient
-    bucket = 0 if reduce_views and host_accelerator else reduce_bucket_bytes(workload, host_accelerator)
+    bucket = 0 if bucket_unused and host_accelerator else reduce_bucket_bytes(workload, host_accelerator)
     return device_step_bytes(workload, host_accelerator) + bucket + persistent + not_offloaded
 
 
@@ -381,11 +397,13 @@ def heap_kept_bytes(workload: Workload, machine: Machine, *, reduce_views: bool)
     return per_element * sum(p.numel for p in workload.partitions.values() if p.numel * elem <= FRESH_ALLOCATION_BYTES)
 
 
-def host_resident_bytes(workload: Workload, machine: Machine, *, reduce_views: bool) -> Dict[str, int]:
+def host_resident_bytes(workload: Workload, machine: Machine, *, reduce_views: bool,
+                        bucket_unused: Optional[bool] = None) -> Dict[str, int]:
     """Host-side bytes every policy has: the process, the heap it keeps (``heap_kept_bytes``; ``reduce_views``:
     tencache's reduce takes views), stage 3's gradient partitions, and (on the CPU accelerator) what would be
-    device memory."""
-    device = device_working_bytes(workload, machine.accelerator_is_host, reduce_views=reduce_views)
+    device memory (``bucket_unused``: device_working_bytes)."""
+    device = device_working_bytes(workload, machine.accelerator_is_host, reduce_views=reduce_views,
+                                  bucket_unused=bucket_unused)
     return {"baseline": machine.process_baseline_bytes,
             "heap": heap_kept_bytes(workload, machine, reduce_views=reduce_views),
             # stage 3's gradient partitions (grad_partitions_flat_buffer), in the gradient accumulation dtype

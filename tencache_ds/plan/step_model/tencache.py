@@ -38,7 +38,8 @@ from .costs import (allgather_s, backward_host_memory_s, device_step_bytes, devi
                     heap_is_kept, heap_kept_bytes, host_resident_bytes, host_step_rise_bytes, init_outside_pool_bytes,
                     init_bytes_per_element_pooled, module_compute_s, nvme_space, one_rank_on_a_host_accelerator,
                     optimizer_cpu_s, optimizer_state_bytes_per_element, param_bytes, persistent_keys,
-                    reduce_bucket_bytes, reduce_scatter_s, reduces_to_views, run_time_prior, sub_group_file_bytes)
+                    reduce_bucket_bytes, reduce_scatter_s, reduces_to_views, run_time_prior, sub_group_file_bytes,
+                    partitions_gradients_at_once)
 from .results import TENCACHE, Prediction, finish
 from .timeline import OPTIMIZER, PARAMS, STEPS_REPLAYED, Pending, Rates, Timeline, channel_rates
 
@@ -211,11 +212,12 @@ def _governed_tier(workload: Workload, machine: Machine, grows: bool, start_shar
     # the first reading, before any step, on the run's prior; then the readings on the measured rise, from where
     # that left the tier. The run's first reading sees the gradient bucket untouched and its prior counts it: where
     # stage 3 reduces itself the same as this available memory, which has it resident, against a prior without it;
-    # where tencache's reduce takes views this available memory leaves it out (it is never written), and the prior
-    # keeps it, as the run's does
+    # where tencache partitions each gradient at once this available memory leaves it out (it is never written),
+    # and the prior keeps it, as the run's does
     prior = run_time_prior(workload, machine.accelerator_is_host)
     views = reduces_to_views(workload, machine)
-    first = MemoryPressurePolicy(ranks, prior if views else dataclasses.replace(prior, untouched_bytes=0))
+    first = MemoryPressurePolicy(ranks, prior if partitions_gradients_at_once(workload, machine)
+                                 else dataclasses.replace(prior, untouched_bytes=0))
     measured = MemoryPressurePolicy(ranks)
     measured.observe_step_rise(rise)  # the first measured step creates the optimizer's state: the policy drops it
     measured.observe_step_rise(rise)
@@ -288,7 +290,8 @@ def _held_between_steps(workload: Workload, machine: Machine, param_slot_bytes: 
     less the optimizer's, less a step's own working set on a host accelerator (freed by the time memory is read)
     and the optimizer's one-off initialisation. The heap a backward keeps (``heap_kept_bytes``) among it: from the
     first step on (``_governed_tier``'s first reading, before any backward, leaves it out)."""
-    common = host_resident_bytes(workload, machine, reduce_views=reduces_to_views(workload, machine))
+    common = host_resident_bytes(workload, machine, reduce_views=reduces_to_views(workload, machine),
+                                 bucket_unused=partitions_gradients_at_once(workload, machine))
     step = device_step_bytes(workload, host_accelerator=True) if machine.accelerator_is_host else 0
     on_host = common["device_on_host"] - step
     return (common["baseline"] + common["heap"] + common["gradients"] + on_host + param_slot_bytes
@@ -664,8 +667,8 @@ def _memory_with(workload: Workload, machine: Machine, plan: TencachePlan, param
     initialisation of the largest sub-group where that is more than ``optimizer_bytes`` (and no heap a backward
     left, where initialisation's term stands in for it: ``heap_is_kept``)."""
     zero = workload.zero
-    views = reduces_to_views(workload, machine)
-    common = host_resident_bytes(workload, machine, reduce_views=views)
+    views, at_once = reduces_to_views(workload, machine), partitions_gradients_at_once(workload, machine)
+    common = host_resident_bytes(workload, machine, reduce_views=views, bucket_unused=at_once)
     device = common["device"] + (0 if machine.accelerator_is_host else plan.device_tier_bytes)
     slots = plan.param_streaming_bytes + param_cache
     pinned = (slots if plan.param_slots_locked else 0) + _params_off_nvme_bytes(workload)
@@ -676,7 +679,7 @@ def _memory_with(workload: Workload, machine: Machine, plan: TencachePlan, param
         on_host -= device_step_bytes(workload, True) - device_step_bytes(workload, True, reduce_views=True)
     if not stepping and machine.accelerator_is_host:  # nor the gradient bucket, untouched until a backward
         on_host -= device_step_bytes(workload, host_accelerator=True) + \
-            (0 if views else reduce_bucket_bytes(workload, True))  # (with views never: host_resident_bytes)
+            (0 if at_once else reduce_bucket_bytes(workload, True))  # (at once never: host_resident_bytes)
     heap = common["heap"] if stepping or heap_is_kept(machine, views) else 0
     pageable = common["baseline"] + heap + on_host + (0 if plan.param_slots_locked else slots)
     if zero.offload_optimizer != "none" and zero.optimizer_pin_memory:
