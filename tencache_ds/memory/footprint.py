@@ -69,6 +69,24 @@ class StepRiseMeter:
             rise = max(rise, span_peak - max(span_start, now))
         return rise
 
+    def rebase(self) -> None:
+        """Memory was given back right after a boundary (the host tier's shrink, at the same reading): the levels
+        measured since the stretch and the span began are lowered by what the resident set fell, so that the next
+        rise is measured against the level the step starts from, not the one before the give-back (which would hide
+        up to the bytes given back)."""
+        if self._stop.is_set():
+            return
+        now = self._read()
+        with self._lock:
+            if self._at_boundary is None:
+                return
+            drop = max(0, self._at_boundary - now)
+            self._at_boundary -= drop
+            self._peak = max(now, self._peak - drop)
+            if self._span_start is not None:
+                self._span_start -= drop
+                self._span_peak = max(self._span_start, self._span_peak - drop)
+
     @property
     def running(self) -> bool:
         return self._thread.is_alive()

@@ -96,7 +96,7 @@ class RisePrior:
 
     rise_bytes: int = 0
     untouched_bytes: int = 0
-    # a rise the reserve keeps counting once steps are measured lower (``stage3_rise_prior``'s ``reduce_views``)
+    # a rise the reserve keeps counting once steps are measured lower (``stage3_rise_prior``'s ``bucket_unused``)
     kept_rise_bytes: int = 0
 
 
@@ -104,7 +104,7 @@ NO_PRIOR = RisePrior()
 
 
 def stage3_rise_prior(accelerator_is_host: bool, gathered_bytes: int, bucket_bytes: int, bucket_allocated: bool,
-                      around_bytes: int, largest_sub_group_bytes: int, reduce_views: bool = False) -> RisePrior:
+                      around_bytes: int, largest_sub_group_bytes: int, bucket_unused: bool = False) -> RisePrior:
     """A ZeRO-3 step's rise in host memory before one is measured (DeepSpeed 0.19.8's defaults); the step model
     prices the same moment with it (plan/step_model/costs.py ``device_step_bytes``).
 
@@ -120,22 +120,23 @@ def stage3_rise_prior(accelerator_is_host: bool, gathered_bytes: int, bucket_byt
       embedding around it) rose 3.96 GiB a step, this gives 4.21 GiB; its first backward rose 5.9 GiB above the
       memory read before it, 4.0 GiB in each later one (a trace of 2026-11-29: the bucket, once); gpt2-small (124 M
       elements, one reduce at the backward's end) rose 995.5 MB, this gives 995.5 MB.
-    - ``reduce_views``: tencache hands that reduce views of the gradients (integrations/deepspeed/one_rank_reduce.py:
-      one rank in the partition group, a host accelerator), so it takes no buffers: gpt2-1.3b then rose 0.44 GiB a
-      step instead of 4 GiB. The reserve still counts the reduce's buffers (``kept_rise_bytes``): "auto" would
-      otherwise grow into them, and the memory stock's step leaves free between steps is what a user's code there
-      counts on (gathering the fp32 weights after training: 5.1 GB on gpt2-1.3b, killed by the kernel with 1 GiB
-      left when the tier had grown from 5.7 to 10.6 GiB). The step does without the buffers' work; the tier holds what
-      it held. Since 2026-12-05 such a step also leaves the bucket itself untouched (each gradient partitioned at
-      once): the first reading still counts it as ``untouched_bytes``, as it counts the reduce's buffers, memory a
-      stock run of the same config holds; the step model prices the same start-up share.
+    - ``bucket_unused``: tencache partitions each gradient at once (integrations/deepspeed/one_rank_reduce.py: a
+      host accelerator, at most two ranks in the partition group), so the reduce takes none of the bucket's buffers
+      (at one rank it takes views: gpt2-1.3b then rose 0.44 GiB a step instead of 4 GiB; at two it reduces one
+      gradient at a time: 2.56 GiB a rank, docs/reliability.md, "Two ranks beyond RAM"). The reserve still counts
+      the reduce's buffers (``kept_rise_bytes``): "auto" would otherwise grow into them, and the memory stock's step
+      leaves free between steps is what a user's code there counts on (gathering the fp32 weights after training:
+      5.1 GB on gpt2-1.3b, killed by the kernel with 1 GiB left when the tier had grown from 5.7 to 10.6 GiB). The
+      step does without the buffers' work; the tier holds what it held. The bucket itself stays untouched: the
+      first reading still counts it as ``untouched_bytes``, as it counts the reduce's buffers, memory a stock run
+      of the same config holds; the step model prices the same start-up share.
     """
     update = max(0, int(largest_sub_group_bytes))
     if not accelerator_is_host:
         return RisePrior(update)
     fill = min(bucket_bytes, gathered_bytes)
     reduce = 2 * fill + (2 * around_bytes if gathered_bytes > bucket_bytes else 0)
-    return RisePrior(max(update, reduce), fill if bucket_allocated else 0, reduce if reduce_views else 0)
+    return RisePrior(max(update, reduce), fill if bucket_allocated else 0, reduce if bucket_unused else 0)
 
 
 class MemoryPressurePolicy:

@@ -14,7 +14,8 @@ import tencache_ds  # noqa: F401  (installs the rebinding)
 from tencache_ds.integrations.deepspeed.memory_pressure import GOVERNOR_ATTRIBUTE
 from tencache_ds.integrations.deepspeed.one_rank_reduce import (gradients_partitioned_at_once,
                                                                 marking_tencache_reductions,
-                                                                partitioning_each_gradient_at_once, reduces_to_views,
+                                                                partitioning_each_gradient_at_once,
+                                                                partitions_each_gradient_at_once, reduces_to_views,
                                                                 reductions_without_copy)
 
 
@@ -121,6 +122,8 @@ def main():
     # all-reduces its contiguous bucket instead
     result["reduces_to_views"] = [reduces_to_views(Stage3(reduce_scatter=True)),
                                   reduces_to_views(Stage3(reduce_scatter=False))]
+    result["partitions_at_once"] = [partitions_each_gradient_at_once(Stage3(reduce_scatter=True)),
+                                    partitions_each_gradient_at_once(Stage3(reduce_scatter=False))]
     # each gradient partitioned at once, alone, where its reduce takes views and the bucket's copy changes no value
     f32, bf16 = torch.float32, torch.bfloat16
     result["added"] = {

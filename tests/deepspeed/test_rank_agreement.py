@@ -34,6 +34,8 @@ def test_ranks_with_different_budgets_agree_and_give_stock_cpu_offloads_bits(tra
     assert stats["device_tier_applicable"] == 1
     assert 0 < stats["device_cache_budget_bytes"] <= 4_000_000
     assert stats["device_tier_evicted"] > 0
+    # gradients accumulated over 2 micro-batches, each partitioned at once at 2 ranks (one_rank_reduce.py)
+    assert stats["gradients_partitioned_at_once"] > 0
 
 
 def test_ranks_with_different_host_tiers_and_no_device_tier_gather_alike(train):

@@ -33,6 +33,9 @@ class ScriptedMeter:
         self.spans_ended.append(ends_span)
         return self._rises.pop(0)
 
+    def rebase(self):
+        self.rebases = getattr(self, "rebases", 0) + 1
+
     def close(self):
         pass
 
@@ -452,7 +455,7 @@ def test_the_prior_comes_from_stage_3s_bucket_parameters_and_sub_groups():
     # one rank on a host accelerator: the reduce is handed views (one_rank_reduce.py) and takes no buffers, which
     # the reserve keeps counting however low the measured rise (plan/memory_pressure.py, kept_rise_bytes)
     reduce = 2 * 4000 * 4 + 2 * 5000 * 4
-    assert memory_pressure.stage3_prior(stage3, True, reduce_views=True) == RisePrior(reduce, 4000 * 4, reduce)
+    assert memory_pressure.stage3_prior(stage3, True, bucket_unused=True) == RisePrior(reduce, 4000 * 4, reduce)
 
 
 class ParamCacheSums:
@@ -493,6 +496,8 @@ def test_the_first_reading_gives_back_what_the_first_step_is_expected_to_take():
         swapper = ParamCacheSums(3 * GiB)
         governor = first_reading([swapper], None, prior, 4 * GiB)
         assert (governor.shrinks == 1) is gives_back
+        # the step after a give-back rises from the level after it (memory/footprint.py rebase)
+        assert getattr(governor.meter, "rebases", 0) == (1 if gives_back else 0)
         # the bucket is resident from the first backward on: the next reading (with gradient accumulation, the
         # first step's second micro-batch) sees it in its memory, and the reserve no longer counts it
         assert governor.policy.untouched_bytes == 0

@@ -65,6 +65,26 @@ def test_memory_one_stretch_leaves_and_the_next_frees_is_the_steps_rise():
         meter.close()
 
 
+def test_a_step_after_memory_was_given_back_rises_from_the_level_after_it():
+    """The host tier gives memory back right after a reading's boundary: the next step's rise is measured from the
+    level it starts at, not from the one before the give-back, which would hide up to the bytes given back."""
+    meter = StepRiseMeter()
+    try:
+        meter.boundary(ends_span=True)
+        held = touch(256 * MiB)  # the tier's memory
+        time.sleep(0.1)
+        meter.boundary(ends_span=True)  # a reading: the tier gives it back at once
+        del held
+        meter.rebase()
+        temporaries = touch(128 * MiB)  # the next step
+        time.sleep(0.1)
+        del temporaries
+        rise = meter.boundary(ends_span=True)
+        assert 100 * MiB < rise < 200 * MiB, rise
+    finally:
+        meter.close()
+
+
 def test_the_thread_ends_at_close_and_with_an_unclosed_meter():
     meter = StepRiseMeter()
     assert meter.running

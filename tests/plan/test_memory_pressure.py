@@ -80,7 +80,7 @@ def test_a_reduce_handed_views_keeps_its_buffers_in_the_reserve_however_low_the_
     counting the reduce's buffers: grown into them, "auto" left 1 GiB free and the fp32 weights gathered after
     training (5.1 GB) were killed by the kernel. A rise measured above them counts as ever."""
     model, bucket, embedding, sub_group = 1_276_235_776 * 4, 5 * 10**8 * 4, 65_536_000 * 4, 10**8 * 4
-    prior = stage3_rise_prior(True, model, bucket, True, embedding, sub_group, reduce_views=True)
+    prior = stage3_rise_prior(True, model, bucket, True, embedding, sub_group, bucket_unused=True)
     reduce = 2 * bucket + 2 * embedding
     assert prior == RisePrior(reduce, bucket, kept_rise_bytes=reduce)
     policy = MemoryPressurePolicy(prior=prior)
@@ -95,7 +95,7 @@ def test_a_reduce_handed_views_keeps_its_buffers_in_the_reserve_however_low_the_
     assert policy.reserve_bytes(100 * GiB) == 2 * GiB + int(STEP_RISE_MARGIN * 5 * GiB)
     # the reduce between ranks, or on a GPU, keeps nothing beyond its measured rise
     assert stage3_rise_prior(True, model, bucket, True, embedding, sub_group).kept_rise_bytes == 0
-    assert stage3_rise_prior(False, model, bucket, True, embedding, sub_group, reduce_views=True).kept_rise_bytes == 0
+    assert stage3_rise_prior(False, model, bucket, True, embedding, sub_group, bucket_unused=True).kept_rise_bytes == 0
 
 
 def test_the_first_measured_step_does_not_count_and_the_rise_is_the_most_of_the_last_few():

@@ -189,6 +189,7 @@ class HostTierGovernor:
             try:
                 if decision.action is Action.SHRINK:
                     self._give_back(decision.nbytes)
+                    self.meter.rebase()  # the step starts from the level after it
                 if decision.action is not Action.HOLD:
                     level = logging.WARNING if decision.action is Action.SHRINK else logging.INFO
                     logger.log(level, "tencache: host memory %s (%s): %s; host cache budget now %s",
@@ -358,10 +359,10 @@ def _where(memory: HostMemory) -> str:
     return "this node" if memory.bound_by == "node" else f"cgroup {memory.bound_by}"
 
 
-def stage3_prior(stage3, accelerator_is_host: bool, reduce_views: bool = False) -> RisePrior:
+def stage3_prior(stage3, accelerator_is_host: bool, bucket_unused: bool = False) -> RisePrior:
     """The step rise ``stage3`` (a built DeepSpeedZeroOptimizer_Stage3) is expected to have before one is measured
     (plan/memory_pressure.py ``stage3_rise_prior``), from its parameters, its gradient bucket and its sub-groups;
-    ``reduce_views``: its reduces are handed views (one_rank_reduce.reduces_to_views)."""
+    ``bucket_unused``: each gradient is partitioned at once (one_rank_reduce.partitions_each_gradient_at_once)."""
     # DeepSpeed 0.19.8's names, read directly (contract.py pins the version): a renamed one fails here, loudly
     params = [param for group in stage3.fp16_groups for param in group]
     if not params:
@@ -377,7 +378,7 @@ def stage3_prior(stage3, accelerator_is_host: bool, reduce_views: bool = False) 
     largest_gathered = max(param.ds_numel * param.element_size() for param in params)
     largest_sub_group = max(stage3.fp16_partitioned_groups_flat_numel, default=0)
     return stage3_rise_prior(accelerator_is_host, gathered * gradient_bytes, stage3.reduce_bucket_size * gradient_bytes,
-                             bool(buffers), largest_gathered, largest_sub_group * 4, reduce_views)
+                             bool(buffers), largest_gathered, largest_sub_group * 4, bucket_unused)
 
 
 def governor_of(optimizer) -> Optional[HostTierGovernor]:

@@ -48,7 +48,10 @@ and reduce-scatters it, so what each rank's partition receives is, element by el
 values divided by two, as from the bucket (a sum of two values has one result in any order; beyond two ranks the
 bucket's path is kept: ``AT_ONCE_MAX_GROUP_RANKS``). What it saves is the bucket's pages and the concatenation's:
 gpt2-1.3b beyond RAM at two ranks peaked at 20.85 GiB on the node in its first step with the bucket and 15.40 without
-(docs/reliability.md, "Two ranks beyond RAM"). Each gradient is then one collective call instead of one a bucket.
+(docs/reliability.md, "Two ranks beyond RAM"). Each gradient is then one collective call instead of one a bucket,
+so both ranks must hand their gradients over in the same order (stock sorts a bucket by ``ds_id`` and is indifferent
+within one): autograd's order is the same on both, for the same model and inputs' shapes, and DeepSpeed's
+``enable_sanity_checks`` compares the ids of each reduce.
 
 Only where the accelerator is host memory (ordered by construction: one thread, no streams; on a GPU the copies run
 on ``reduce_and_partition_stream`` and the argument that the bucket is not refilled before they are done would
@@ -88,11 +91,24 @@ def reduces_to_views(stage3) -> bool:
     accelerator, with ``reduce_scatter`` on (off, stage 3 all-reduces its contiguous bucket instead and calls
     ``reduce_scatter_coalesced`` only for a bucket over its size), every parameter's partition group of one rank.
     The step model's mirror: plan/step_model/costs.py ``reduces_to_views``."""
+    return _largest_partition_group(stage3) == 1
+
+
+def partitions_each_gradient_at_once(stage3) -> bool:
+    """Will a built ZeRO-3 optimizer's gradients all be partitioned at once, its bucket never written (once tencache
+    swaps for it): as ``reduces_to_views``, with partition groups of up to ``AT_ONCE_MAX_GROUP_RANKS`` ranks. The
+    step model's mirror: plan/step_model/costs.py ``partitions_gradients_at_once``."""
+    return 0 < _largest_partition_group(stage3) <= AT_ONCE_MAX_GROUP_RANKS
+
+
+def _largest_partition_group(stage3) -> int:
+    """The most ranks any parameter's gradient is reduce-scattered over where tencache could take that reduce (a
+    host accelerator, ``reduce_scatter`` on); 0 where it cannot, or there are no parameters."""
     if not accelerator_is_host() or not stage3.reduce_scatter:
-        return False
+        return 0
     groups = {id(group): group for group in (stage3._get_param_partition_group(param)
                                              for params in stage3.fp16_groups for param in params)}
-    return bool(groups) and all(dist.get_world_size(group) == 1 for group in groups.values())
+    return max((dist.get_world_size(group) for group in groups.values()), default=0)
 
 
 def _takes_views(stage3) -> bool:
@@ -164,4 +180,5 @@ def reducing_without_copy_at_one_rank(reduce_scatter_coalesced):
 
 
 __all__ = ["gradients_partitioned_at_once", "marking_tencache_reductions", "partitioning_each_gradient_at_once",
-           "reduces_to_views", "reducing_without_copy_at_one_rank", "reductions_without_copy"]
+           "partitions_each_gradient_at_once", "reduces_to_views", "reducing_without_copy_at_one_rank",
+           "reductions_without_copy"]

@@ -9,7 +9,7 @@ from ...units import fmt_bytes
 from .config_bridge import accelerator_is_host
 from .coordinator import coordinator_of
 from .memory_pressure import GOVERNOR_ATTRIBUTE, HostTierGovernor, governor_of, stage3_prior
-from .one_rank_reduce import reduces_to_views
+from .one_rank_reduce import partitions_each_gradient_at_once
 from .param_swapper import TencacheParamSwapper
 from .stats import METRICS_METER_ATTRIBUTE, combined_stats, gauges, running_totals
 
@@ -60,7 +60,8 @@ def attach_step_meter(optimizer) -> None:
             StepMeter(start=running_totals(param_swapper, optimizer_swapper, coordinator)))
     setattr(optimizer, GOVERNOR_ATTRIBUTE,
             HostTierGovernor(param_swappers_of_optimizer(optimizer), optimizer_swapper, coordinator,
-                             prior=stage3_prior(optimizer, accelerator_is_host(), reduces_to_views(optimizer))))
+                             prior=stage3_prior(optimizer, accelerator_is_host(),
+                                                partitions_each_gradient_at_once(optimizer))))
 
 
 def restart_metering(optimizer, next_step: int) -> None:

@@ -47,6 +47,8 @@ def engine_stats(engine) -> Dict[str, object]:
     if governor is not None:
         stats.update(host_pressure_shrinks=governor.shrinks, host_pressure_grows=governor.grows,
                      host_rise_boundaries=governor.rise_boundaries,
+                     # the reduce's buffers the reserve counts though the step does not take them (plan/memory_pressure)
+                     host_rise_kept_bytes=governor.policy.prior.kept_rise_bytes,
                      host_memory_bound_by=governor.last_memory.bound_by if governor.last_memory else None)
     if governor is not None:  # tencache swaps for this optimizer (one_rank_reduce.py)
         stats.update(gradient_reductions_without_copy=reductions_without_copy(optimizer),
