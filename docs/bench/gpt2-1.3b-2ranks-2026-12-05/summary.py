@@ -1,7 +1,7 @@
 """Per step of each arm: the node's peak RSS (both ranks), each rank's, and the least memory available."""
 import json, os, sys
 HERE = os.path.dirname(os.path.abspath(__file__))
-for arm in sys.argv[1:] or ["before", "at-once-only", "at-once-and-step-rise", "stock-nvme"]:
+for arm in sys.argv[1:] or ["before", "at-once-only", "at-once-and-step-rise", "final", "stock-nvme"]:
     rows = [json.loads(line) for line in open(os.path.join(HERE, f"{arm}.rss.jsonl"))]
     ends = [float(line.split()[0]) for line in open(os.path.join(HERE, f"{arm}.out")) if " step " in line and " loss " in line]
     last = [line for line in open(os.path.join(HERE, f"{arm}.out")) if "in_memory_cgroup" in line]
