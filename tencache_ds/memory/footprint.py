@@ -32,7 +32,8 @@ class StepRiseMeter:
     GiB of it until the update had begun, so the backward's stretch measured 0.73 GiB, "auto" took back 2.4 GiB a
     rank on it, and the next step ended with the OOM killer (docs/reliability.md). A span alone misses a rise
     measured against a level the span ends higher at (an update that brings streaming slots back, a grown budget
-    filled): why the stretches are there. Both are at most the true rise above the step's start.
+    filled): why the stretches are there. Both are at most the rise above the step's start (after ``rebase``: above
+    the level the give-back left, or above the step's end where that is higher).
     ``close()`` stops the sampling thread (idempotent; also when the meter is garbage collected); a closed meter
     returns None."""
 
@@ -44,6 +45,7 @@ class StepRiseMeter:
         self._at_boundary: Optional[int] = None
         self._span_peak = 0        # LOCK: the highest sample since the span began, up to the last boundary
         self._span_start: Optional[int] = None  # LOCK: the level where the span began
+        self._generation = 0       # LOCK: rebases so far: a sample read before one is dropped
         self._stop = threading.Event()
         # The thread holds the meter weakly, so a meter nobody closes still ends with its owner.
         self._thread = threading.Thread(target=_sample, args=(weakref.ref(self), self._stop, interval_s),
@@ -78,6 +80,7 @@ class StepRiseMeter:
             return
         now = self._read()
         with self._lock:
+            self._generation += 1
             if self._at_boundary is None:
                 return
             drop = max(0, self._at_boundary - now)
@@ -100,9 +103,12 @@ class StepRiseMeter:
         self._stop.set()
 
     def _take_sample(self) -> None:
+        with self._lock:
+            generation = self._generation
         value = self._read()
         with self._lock:
-            if value > self._peak:
+            # read before a rebase: the level before the give-back, which would count as a rise that never was
+            if value > self._peak and generation == self._generation:
                 self._peak = value
 
 

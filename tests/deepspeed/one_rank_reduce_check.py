@@ -1,6 +1,7 @@
 """Run by test_one_rank_reduce.py in a process of its own (it starts a one-rank gloo group): stage 3's
 reduce_scatter_coalesced as tencache installs it, marked for a tencache optimizer and not, against DeepSpeed's own
 function, on the bucket shapes stage 3 hands it. Prints RESULT {json}."""
+import contextlib
 import json
 import os
 
@@ -11,6 +12,7 @@ import deepspeed.runtime.zero.stage3 as stage3
 from deepspeed.runtime.comm.coalesced_collectives import reduce_scatter_coalesced as deepspeeds
 
 import tencache_ds  # noqa: F401  (installs the rebinding)
+from tencache_ds.integrations.deepspeed import one_rank_reduce
 from tencache_ds.integrations.deepspeed.memory_pressure import GOVERNOR_ATTRIBUTE
 from tencache_ds.integrations.deepspeed.one_rank_reduce import (gradients_partitioned_at_once,
                                                                 marking_tencache_reductions,
@@ -28,15 +30,34 @@ class Optimizer:
             setattr(self, GOVERNOR_ATTRIBUTE, object())
 
 
+class Group:
+    """A partition group of ``ranks`` ranks, for the functions that ask its size (``group_sizes``)."""
+
+    def __init__(self, ranks):
+        self.ranks = ranks
+
+
+@contextlib.contextmanager
+def group_sizes():
+    """deepspeed.comm's get_world_size answers a ``Group`` by its ranks (one process cannot make a group of two)."""
+    real = one_rank_reduce.dist.get_world_size
+    one_rank_reduce.dist.get_world_size = lambda group=None: group.ranks if isinstance(group, Group) else real(group)
+    try:
+        yield
+    finally:
+        one_rank_reduce.dist.get_world_size = real
+
+
 class Stage3:
     """What reduces_to_views reads of a built ZeRO-3 optimizer: reduce_scatter, its parameters and their groups."""
 
-    def __init__(self, reduce_scatter):
+    def __init__(self, reduce_scatter, ranks=None):
         self.reduce_scatter = reduce_scatter
         self.fp16_groups = [[torch.empty(3), torch.empty(5)]]
+        self.group = None if ranks is None else Group(ranks)
 
     def _get_param_partition_group(self, param):
-        return None  # the world: one rank here
+        return self.group  # None: the world, one rank here
 
 
 class Adding(Optimizer):
@@ -122,8 +143,12 @@ def main():
     # all-reduces its contiguous bucket instead
     result["reduces_to_views"] = [reduces_to_views(Stage3(reduce_scatter=True)),
                                   reduces_to_views(Stage3(reduce_scatter=False))]
-    result["partitions_at_once"] = [partitions_each_gradient_at_once(Stage3(reduce_scatter=True)),
-                                    partitions_each_gradient_at_once(Stage3(reduce_scatter=False))]
+    with group_sizes():  # and which partition each gradient at once: groups of one or two ranks
+        result["partitions_at_once"] = [partitions_each_gradient_at_once(Stage3(reduce_scatter=True)),
+                                        partitions_each_gradient_at_once(Stage3(reduce_scatter=False)),
+                                        partitions_each_gradient_at_once(Stage3(True, ranks=2)),
+                                        partitions_each_gradient_at_once(Stage3(True, ranks=3))]
+        result["views_at_two_ranks"] = reduces_to_views(Stage3(True, ranks=2))
     # each gradient partitioned at once, alone, where its reduce takes views and the bucket's copy changes no value
     f32, bf16 = torch.float32, torch.bfloat16
     result["added"] = {

@@ -18,7 +18,8 @@ def test_at_one_rank_a_tencache_optimizer_gets_views_with_deepspeeds_values_and_
     result = result_of(proc.stdout)
     assert result is not None, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert result.pop("reduces_to_views") == [True, False]
-    assert result.pop("partitions_at_once") == [True, False]
+    assert result.pop("partitions_at_once") == [True, False, True, False]  # 1 rank, off, 2 ranks, 3 ranks
+    assert result.pop("views_at_two_ranks") is False
     assert result.pop("without_reduce_scatter_counted") == 0
     at_once, deepspeeds = {"flushed": [[1, 6]], "counted": 1}, {"flushed": ["deepspeed's add"], "counted": 0}
     assert result.pop("added") == {
