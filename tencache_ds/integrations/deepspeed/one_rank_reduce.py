@@ -111,23 +111,25 @@ def _largest_partition_group(stage3) -> int:
     return max((dist.get_world_size(group) for group in groups.values()), default=0)
 
 
-def _takes_views(stage3) -> bool:
-    """Are this optimizer's reduce-scatters marked for views (``marking_tencache_reductions``): a tencache optimizer on
-    a host accelerator with ``reduce_scatter`` on. The group of each call is checked where the call is made."""
+def _reduces_for_tencache(stage3) -> bool:
+    """Does this module take this optimizer's gradients (partitioned at once) and reduce-scatters (marked for views:
+    ``marking_tencache_reductions``): a tencache optimizer on a host accelerator with ``reduce_scatter`` on. The group
+    of each gradient or call (one rank for views, at most ``AT_ONCE_MAX_GROUP_RANKS`` at once) is checked where it is
+    handed over."""
     return governor_of(stage3) is not None and accelerator_is_host() and stage3.reduce_scatter
 
 
 def partitioning_each_gradient_at_once(add_grad_to_ipg_bucket):
     """Wraps stage 3's ``__add_grad_to_ipg_bucket``: for a tencache optimizer on a host accelerator
-    (``_takes_views``), a gradient whose partition group has at most ``AT_ONCE_MAX_GROUP_RANKS`` ranks is not copied
-    into the contiguous bucket but reduced and partitioned at once, alone (the module's docstring says why that
-    leaves the values as they are). ZenFlow's bucket copy (transposed, for its channel selection) is left to
+    (``_reduces_for_tencache``), a gradient whose partition group has at most ``AT_ONCE_MAX_GROUP_RANKS`` ranks is
+    not copied into the contiguous bucket but reduced and partitioned at once, alone (the module's docstring says
+    why that leaves the values as they are). ZenFlow's bucket copy (transposed, for its channel selection) is left to
     DeepSpeed, as is every other gradient."""
     @functools.wraps(add_grad_to_ipg_bucket)
     def add_grad_partitioned_at_once(self, param):
         # ZenFlow's prologue sets its flag from its own module (zenflow/engine_stage3.py), which contract.py's check
         # of stage 3's source cannot see: read with a default
-        if not _takes_views(self) or getattr(self, "zenflow", False):
+        if not _reduces_for_tencache(self) or getattr(self, "zenflow", False):
             return add_grad_to_ipg_bucket(self, param)
         group = self._get_param_partition_group(param)
         if dist.get_world_size(group) > AT_ONCE_MAX_GROUP_RANKS:
@@ -155,7 +157,7 @@ def marking_tencache_reductions(avg_scatter_grads):
         # a stock optimizer's call clears the mark too: one called from inside a tencache one's is not taken for it.
         # Without reduce_scatter, stage 3 comes here only for a bucket over its size: left to DeepSpeed, as
         # reduces_to_views (and so the governor's reserve) has it
-        token = _REDUCING_FOR.set(self if _takes_views(self) else None)
+        token = _REDUCING_FOR.set(self if _reduces_for_tencache(self) else None)
         try:
             return avg_scatter_grads(self, *args, **kwargs)
         finally:

@@ -325,9 +325,10 @@ def reduce_bucket_bytes(workload: Workload, host_accelerator: bool) -> int:
 
 def host_step_rise_bytes(workload: Workload, machine: Machine) -> int:
     """How far a rank's host memory rises during a step above its level between steps: what the host-tier governor
-    measures (memory/footprint.py) and sizes its reserve by (plan/memory_pressure.py). tencache at one rank on a host
-    accelerator rises less (its reduce takes no buffers: integrations/deepspeed/one_rank_reduce.py) and its reserve
-    keeps counting them (``kept_rise_bytes``): this is what that reserve counts, for both policies.
+    measures (memory/footprint.py) and sizes its reserve by (plan/memory_pressure.py). tencache at one or two ranks on
+    a host accelerator rises less (its reduce takes none of the bucket's buffers:
+    integrations/deepspeed/one_rank_reduce.py) and its reserve keeps counting them (``kept_rise_bytes``): this is what
+    that reserve counts, for both policies.
 
     - the optimizer update's temporaries: taken as one fp32 tensor of the largest sub-group. An assumption, not a
       measurement: no GPU run has measured a step's host rise; on a GPU it is the whole estimate.
