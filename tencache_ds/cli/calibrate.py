@@ -59,8 +59,9 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..errors import TencacheConfigError
 
@@ -121,6 +122,11 @@ IO_CONTENTION_QUICK_TIMING_S = 0.5
 
 
 ALL_PROBES = ("nvme", "adam", "host_copy", "collectives", "compute", "zero3_calls", "io_contention")
+# what the progress lines call each figure the child reports (calibrate's ``progress``)
+PROBE_NAMES = {"baseline_rss_bytes": "the process baseline", "nvme": "the drive", "adam": "CPU Adam",
+               "host_copy": "host copies", "collectives": "the collectives", "compute": "the model's layers",
+               "io_contention": "the layers beside the drive", "zero3_calls": "ZeRO-3's hooks"}
+READER_JOIN_S = 5.0  # how long the child's output is awaited once it has ended
 BASELINE_IMPORTS = "torch, transformers, DeepSpeed"  # the process baseline's imports, besides _import_model_code's
 # the figures that are the model's and shape's, not only the machine's
 MODEL_PROBES = ("compute", "zero3_calls", "io_contention")
@@ -128,14 +134,16 @@ MODEL_PROBES = ("compute", "zero3_calls", "io_contention")
 
 def calibrate(nvme_path: str, model_config: Dict[str, Any], micro_batch: int, seq_len: int, dtype: str,
               timeout_s: float = PROBE_TIMEOUT_S, probes: Sequence[str] = ALL_PROBES,
-              ds_config: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+              ds_config: Optional[Dict[str, Any]] = None,
+              progress: Optional[Callable[[str], None]] = None) -> Dict[str, Any]:
     """Run the probes in a child process; returns {"nvme": {...}, "adam": {...}, "host_copy": {...},
     "collectives": {...}, "compute": {...}, "zero3_calls": {...}, "io_contention": {...}, "accelerator": {...} or
     None (the GPUs CUDA sees), "baseline_rss_bytes": int, "seconds": float}, or only the ``probes`` named
     (``MODEL_PROBES`` are the model's and shape's: another model on the same machine needs only those again).
     ``ds_config``: the run's DeepSpeed config; its aio.intra_op_parallelism sets the requests the drive probe keeps
-    in flight, as the stores will. Raises TencacheConfigError when the probe fails (the message holds its last
-    output)."""
+    in flight, as the stores will. ``progress``: called with a line as each probe's figures arrive (the whole
+    calibration takes minutes, and `estimate` printed nothing until it ended). Raises TencacheConfigError when the
+    probe fails (the message holds its last output)."""
     from ..io.drive_rate import store_thread_counts
     request = {"nvme_path": nvme_path, "model_config": model_config, "micro_batch": micro_batch,
                "seq_len": seq_len, "dtype": dtype, "probes": list(probes),
@@ -154,21 +162,40 @@ def calibrate(nvme_path: str, model_config: Dict[str, Any], micro_batch: int, se
     env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
                MASTER_PORT="0")
     env.pop("LOCAL_SIZE", None)  # DeepSpeed's shared-memory all-reduce makes /dev/shm buffers when it is set
+    child = subprocess.Popen([sys.executable, "-m", "tencache_ds.cli.calibrate", json.dumps(request)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    found: Dict[str, Any] = {}
+    output: Dict[str, List[str]] = {"stdout": [], "stderr": []}
+
+    def read_stdout() -> None:
+        for line in child.stdout:
+            output["stdout"].append(line)
+            if line.startswith(PROBE_MARKER):
+                figures = json.loads(line[len(PROBE_MARKER):])
+                found.update(figures)
+                measured = [PROBE_NAMES[key] for key in figures if key in PROBE_NAMES]
+                if progress is not None and measured:
+                    progress(f"measured {', '.join(measured)} ({time.perf_counter() - started:.0f} s)")
+
+    readers = [threading.Thread(target=read_stdout, daemon=True),
+               threading.Thread(target=lambda: output["stderr"].extend(child.stderr), daemon=True)]
+    for reader in readers:
+        reader.start()
     try:
-        done = subprocess.run([sys.executable, "-m", "tencache_ds.cli.calibrate", json.dumps(request)],
-                              capture_output=True, text=True, timeout=timeout_s, env=env)
+        child.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()
         from ..io.drive_rate import remove_stale_trial_files
         with contextlib.suppress(OSError):  # the killed probe's drive files (up to 2 GiB)
             remove_stale_trial_files(nvme_path)
         raise TencacheConfigError(f"calibration of this machine took more than {timeout_s:.0f} s; pass a machine "
                                   f"file instead of --machine this") from None
-    found = {}
-    for line in done.stdout.splitlines():
-        if line.startswith(PROBE_MARKER):
-            found.update(json.loads(line[len(PROBE_MARKER):]))
-    if done.returncode != 0 or "error" in found or not set(probes) <= set(found):
-        tail = (found.get("error") or (done.stderr or done.stdout).strip()[-800:])
+    finally:
+        for reader in readers:  # (bounded: a process the probe started could still hold a pipe open)
+            reader.join(timeout=READER_JOIN_S)
+    if child.returncode != 0 or "error" in found or not set(probes) <= set(found):
+        tail = (found.get("error") or ("".join(output["stderr"]) or "".join(output["stdout"])).strip()[-800:])
         raise TencacheConfigError(f"calibration of this machine failed (nvme path {nvme_path}): {tail}")
     found["seconds"] = time.perf_counter() - started
     return found

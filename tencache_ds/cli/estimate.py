@@ -71,10 +71,14 @@ def build_inputs(args) -> Dict[str, Any]:
         raise TencacheConfigError(f"--nvme-path names the folder `--machine {THIS}` measures; with --machine "
                                   f"{args.machine} nothing is measured")
     if args.machine == THIS:
-        from .calibrate import calibrate, machine_from_calibration
+        from .calibrate import PROBE_TIMEOUT_S, calibrate, machine_from_calibration
         from .doctor import DEFAULT_NVME_PATH
+        keep = "" if args.save_machine else "; --save-machine PATH keeps the figures for --machine PATH"
+        print(f"tencache-ds estimate: measuring this machine (the drive, CPU Adam, the model's layers; up to "
+              f"{PROBE_TIMEOUT_S / 60:.0f} min){keep}", file=sys.stderr, flush=True)
         measured = calibrate(args.nvme_path or DEFAULT_NVME_PATH, model_config, micro_batch, args.seq, dtype,
-                             ds_config=ds_config)
+                             ds_config=ds_config,
+                             progress=lambda line: print(f"tencache-ds estimate: {line}", file=sys.stderr, flush=True))
         machine = measured_machine = machine_from_calibration(measured)
         busy = _busy(machine)
         if busy:

@@ -26,8 +26,11 @@ def test_the_process_baseline_is_measured_after_a_training_process_s_imports(tmp
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     with open(os.path.join(repo, "configs", "models", "gpt2-tiny.json")) as handle:
         model_config = json.load(handle)
-    measured = calibrate(str(tmp_path), model_config, 1, 32, "fp32", probes=())
+    lines = []
+    measured = calibrate(str(tmp_path), model_config, 1, 32, "fp32", probes=(), progress=lines.append)
     assert measured["baseline_rss_bytes"] > 0
+    # each figure is reported as it arrives (the whole calibration takes minutes): the baseline's is the one here
+    assert len(lines) == 1 and lines[0].startswith("measured the process baseline ("), lines
     assert measured["baseline_imports"] == ("torch, transformers, DeepSpeed, torch._dynamo and "
                                             "transformers.models.gpt2.modeling_gpt2")
 

@@ -195,6 +195,9 @@ def test_machine_this_measures_and_cites_each_figure(tmp_path):
                      "--nvme-path", str(tmp_path / "nvme"), "--save-machine", str(saved), "--json", timeout=600,
                      env_extra={drive_rate.QUICK_ENV: "1"})
     assert result.returncode == 0, result.stderr
+    # the minutes of measuring are said on stderr as they pass (stdout stays the JSON report)
+    assert "measuring this machine" in result.stderr and "measured the drive (" in result.stderr and \
+        "measured the layers beside the drive (" in result.stderr, result.stderr
     # Step 2: the saved file loads as a machine file and says where each measured figure came from.
     machine = json.loads(saved.read_text())
     for figure in ("accelerator_flops_per_s", "nvme_read_bytes_per_s_per_drive", "cpu_adam_elements_per_s",
