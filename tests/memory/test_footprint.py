@@ -1,6 +1,7 @@
 """StepRiseMeter (memory/footprint.py) on this process's real resident set: a step that allocates and frees
 memory shows its rise, also where one stretch of it allocates and the next frees; memory a step leaves allocated is
-not a rise; the sampling thread ends with the meter."""
+not a rise; memory given back lowers the level the next rise is measured from, inside a span too; the sampling
+thread ends with the meter."""
 import gc
 import time
 
@@ -81,6 +82,31 @@ def test_a_step_after_memory_was_given_back_rises_from_the_level_after_it():
         del temporaries
         rise = meter.boundary(ends_span=True)
         assert 100 * MiB < rise < 200 * MiB, rise
+    finally:
+        meter.close()
+
+
+def test_a_give_back_inside_a_span_lowers_the_level_the_span_is_measured_from():
+    """Gradient accumulation: the governor reads at every forward pass, and a reading that is not a step's first
+    (no span ends there) can give memory back too. The span's start is lowered with it, so that what the backward
+    left allocated, and the update's temporaries, still count as the step's rise; measured against the level
+    before the give-back they hid behind the bytes given back."""
+    meter = StepRiseMeter()
+    try:
+        held = touch(256 * MiB)  # the tier's memory
+        meter.boundary(ends_span=True)  # the step's first forward pass: the span begins
+        left = touch(128 * MiB)  # the first backward, left allocated until the update
+        time.sleep(0.1)
+        assert meter.boundary() < 64 * MiB  # the second forward pass: a reading inside the span
+        del held  # ... gives the tier's memory back
+        meter.rebase()
+        temporaries = touch(64 * MiB)  # the update's, beside what the backward left; it frees both
+        time.sleep(0.1)
+        del left, temporaries
+        rise = meter.boundary(ends_span=True)  # the next step's first forward pass
+        # 192 MiB above the level the give-back left; the span unlowered gave 128 (its start and peak both before
+        # the give-back), the stretch alone 64
+        assert 150 * MiB < rise < 300 * MiB, rise
     finally:
         meter.close()
 
