@@ -168,14 +168,24 @@ def calibrate(nvme_path: str, model_config: Dict[str, Any], micro_batch: int, se
     output: Dict[str, List[str]] = {"stdout": [], "stderr": []}
 
     def read_stdout() -> None:
+        """Every line, to the end: a reader that stopped early would leave the child blocked on a full pipe."""
+        report = progress
         for line in child.stdout:
             output["stdout"].append(line)
-            if line.startswith(PROBE_MARKER):
+            if not line.startswith(PROBE_MARKER):
+                continue
+            try:
                 figures = json.loads(line[len(PROBE_MARKER):])
-                found.update(figures)
-                measured = [PROBE_NAMES[key] for key in figures if key in PROBE_NAMES]
-                if progress is not None and measured:
-                    progress(f"measured {', '.join(measured)} ({time.perf_counter() - started:.0f} s)")
+            except ValueError as err:  # reported as the calibration's failure below
+                found.setdefault("error", f"unreadable probe output ({err}): {line.strip()[:200]}")
+                continue
+            found.update(figures)
+            measured = [PROBE_NAMES[key] for key in figures if key in PROBE_NAMES]
+            if report is not None and measured:
+                try:
+                    report(f"measured {', '.join(measured)} ({time.perf_counter() - started:.0f} s)")
+                except Exception:  # pylint: disable=broad-except  (a line that cannot be written, e.g. a closed
+                    report = None  # stderr, ends the progress lines, not the calibration)
 
     readers = [threading.Thread(target=read_stdout, daemon=True),
                threading.Thread(target=lambda: output["stderr"].extend(child.stderr), daemon=True)]

@@ -31,6 +31,12 @@ def test_the_process_baseline_is_measured_after_a_training_process_s_imports(tmp
     assert measured["baseline_rss_bytes"] > 0
     # each figure is reported as it arrives (the whole calibration takes minutes): the baseline's is the one here
     assert len(lines) == 1 and lines[0].startswith("measured the process baseline ("), lines
+    # a progress line that cannot be written ends the lines, not the reading of the probe's figures after it
+
+    def closed(_line):
+        raise BrokenPipeError("stderr closed")
+    measured = calibrate(str(tmp_path), model_config, 1, 32, "fp32", probes=(), progress=closed)
+    assert measured["baseline_rss_bytes"] > 0 and "accelerator" in measured
     assert measured["baseline_imports"] == ("torch, transformers, DeepSpeed, torch._dynamo and "
                                             "transformers.models.gpt2.modeling_gpt2")
 
