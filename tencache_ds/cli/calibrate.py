@@ -123,7 +123,7 @@ IO_CONTENTION_QUICK_TIMING_S = 0.5
 
 ALL_PROBES = ("nvme", "adam", "host_copy", "collectives", "compute", "zero3_calls", "io_contention")
 # what the progress lines call each figure the child reports (calibrate's ``progress``)
-PROBE_NAMES = {"baseline_rss_bytes": "the process baseline", "nvme": "the drive", "adam": "CPU Adam",
+FIGURE_NAMES = {"baseline_rss_bytes": "the process baseline", "nvme": "the drive", "adam": "CPU Adam",
                "host_copy": "host copies", "collectives": "the collectives", "compute": "the model's layers",
                "io_contention": "the layers beside the drive", "zero3_calls": "ZeRO-3's hooks"}
 READER_JOIN_S = 5.0  # how long the child's output is awaited once it has ended
@@ -163,12 +163,13 @@ def calibrate(nvme_path: str, model_config: Dict[str, Any], micro_batch: int, se
                MASTER_PORT="0")
     env.pop("LOCAL_SIZE", None)  # DeepSpeed's shared-memory all-reduce makes /dev/shm buffers when it is set
     child = subprocess.Popen([sys.executable, "-m", "tencache_ds.cli.calibrate", json.dumps(request)],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace", env=env)
     found: Dict[str, Any] = {}
     output: Dict[str, List[str]] = {"stdout": [], "stderr": []}
 
     def read_stdout() -> None:
-        """Every line, to the end: a reader that stopped early would leave the child blocked on a full pipe."""
+        """Every line, to the end, whatever a line holds: a reader that stopped early would leave the child blocked
+        on a full pipe, and the calibration would end as a timeout minutes later."""
         report = progress
         for line in child.stdout:
             output["stdout"].append(line)
@@ -176,16 +177,18 @@ def calibrate(nvme_path: str, model_config: Dict[str, Any], micro_batch: int, se
                 continue
             try:
                 figures = json.loads(line[len(PROBE_MARKER):])
-            except ValueError as err:  # reported as the calibration's failure below
+                if not isinstance(figures, dict):
+                    raise ValueError(f"a {type(figures).__name__}, not an object")
+            except ValueError as err:  # the calibration's failure, below
                 found.setdefault("error", f"unreadable probe output ({err}): {line.strip()[:200]}")
                 continue
             found.update(figures)
-            measured = [PROBE_NAMES[key] for key in figures if key in PROBE_NAMES]
-            if report is not None and measured:
+            said = _progress_line(figures, time.perf_counter() - started)
+            if report is not None and said:
                 try:
-                    report(f"measured {', '.join(measured)} ({time.perf_counter() - started:.0f} s)")
-                except Exception:  # pylint: disable=broad-except  (a line that cannot be written, e.g. a closed
-                    report = None  # stderr, ends the progress lines, not the calibration)
+                    report(said)
+                except (OSError, ValueError):  # a line that cannot be written (a closed stderr or file) ends the
+                    report = None              # progress lines, not the calibration
 
     readers = [threading.Thread(target=read_stdout, daemon=True),
                threading.Thread(target=lambda: output["stderr"].extend(child.stderr), daemon=True)]
@@ -202,13 +205,40 @@ def calibrate(nvme_path: str, model_config: Dict[str, Any], micro_batch: int, se
         raise TencacheConfigError(f"calibration of this machine took more than {timeout_s:.0f} s; pass a machine "
                                   f"file instead of --machine this") from None
     finally:
+        if child.poll() is None:  # interrupted (Ctrl-C): the probe does not outlive its caller
+            child.kill()
+            child.wait()
         for reader in readers:  # (bounded: a process the probe started could still hold a pipe open)
             reader.join(timeout=READER_JOIN_S)
+    still_open = any(reader.is_alive() for reader in readers)
+    if not still_open:
+        child.stdout.close()
+        child.stderr.close()
     if child.returncode != 0 or "error" in found or not set(probes) <= set(found):
         tail = (found.get("error") or ("".join(output["stderr"]) or "".join(output["stdout"])).strip()[-800:])
+        if still_open:
+            tail += (f" (the probe's output was still open {READER_JOIN_S:.0f} s after it ended: a process it started "
+                     f"holds it)")
         raise TencacheConfigError(f"calibration of this machine failed (nvme path {nvme_path}): {tail}")
     found["seconds"] = time.perf_counter() - started
     return found
+
+
+def _progress_line(figures: Dict[str, Any], seconds: float) -> str:
+    """What a progress line says of the figures one line of the probe reported ("" where it names none):
+    measured, skipped (a figure a GPU machine does not probe) or failed (an optional figure)."""
+    said = []
+    for key, value in figures.items():
+        name = FIGURE_NAMES.get(key)
+        if name is None:
+            continue
+        if isinstance(value, dict) and "error" in value:
+            said.append(f"{name} failed")
+        elif isinstance(value, dict) and "skipped" in value:
+            said.append(f"{name} skipped")
+        else:
+            said.append(f"measured {name}")
+    return f"{', '.join(said)} ({seconds:.0f} s)" if said else ""
 
 
 def model_probe_figures(measured: Dict[str, Any], default: Any = None) -> Dict[str, Any]:

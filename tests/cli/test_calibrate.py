@@ -298,3 +298,16 @@ def test_a_failed_read_stops_the_contention_probe_with_its_error_and_removes_its
         calibrate.measure_io_contention(torch, model_config, 1, 32, "fp32", str(tmp_path), 2)
     assert calls[-1] != threading.main_thread().name  # it failed in the reader beside the layers
     assert os.listdir(tmp_path) == []
+
+
+def test_a_progress_line_says_what_each_figure_came_to():
+    """`estimate --machine this` prints a line as each probe reports (cli/calibrate.py ``_progress_line``): a figure a
+    GPU machine does not probe is said as skipped, an optional one that failed as failed, not as measured."""
+    from tencache_ds.cli.calibrate import _progress_line
+    assert _progress_line({"nvme": {"read_bytes_per_s": 1e9}}, 41.2) == "measured the drive (41 s)"
+    assert _progress_line({"collectives": {"error": "RuntimeError: gloo"}}, 50) == "the collectives failed (50 s)"
+    assert _progress_line({"io_contention": {"skipped": "not probed"}}, 60) == \
+        "the layers beside the drive skipped (60 s)"
+    assert _progress_line({"baseline_rss_bytes": 1, "baseline_imports": "torch"}, 3) == \
+        "measured the process baseline (3 s)"
+    assert _progress_line({"accelerator": None}, 3) == ""  # nothing a user asked about

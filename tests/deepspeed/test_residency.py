@@ -120,8 +120,9 @@ def test_the_update_reads_the_next_sub_group_into_spare_slots_before_waiting_for
     """Streaming, 8 sub-groups: each swap-in starts the next sub-group's reads into the streaming slots it leaves
     spare before it waits for its own reads (cache/optimizer_reads_ahead.py ``next_sub_group_if_free``), with
     stock's bits. How many slots are spare then depends on whether the last sub-group's writes behind have ended,
-    which is timing (a full suite once saw none spare in 5 steps); ``pipeline_write: false`` ends those writes
-    inside the update's swap-out, so from the second swap-in of every update on the slots the backward's reads
+    which is timing (a full suite once saw none spare in 5 steps); ``pipeline_write: false`` given explicitly ends
+    those writes inside the update's swap-out (DeepSpeed's default too, but tencache writes behind where the key is
+    absent: plan/workload.py), so from the second swap-in of every update on the slots the backward's reads
     ahead and the last sub-group left are spare: some of the next one's tensors are started there, as many every
     step."""
     with open(os.path.join(REPO, "configs", "stock-nvme.json")) as source:

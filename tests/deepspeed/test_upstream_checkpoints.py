@@ -75,7 +75,13 @@ def scenarios(tmp_path, mode, device, names, ranks=2):
     """Every scenario in one launch (each with its own engines and folders): the launch's start-up, not the
     scenarios, was most of the time when each had its own."""
     nvme, ckpt = tmp_path / f"nvme-{mode}-{device}-{ranks}", tmp_path / f"ckpt-{mode}-{device}"
-    return launch_ranks(SCRIPT, [",".join(names), mode, device, nvme, ckpt], ranks, cleanup=[nvme], forked=True)
+    results = launch_ranks(SCRIPT, [",".join(names), mode, device, nvme, ckpt], ranks, cleanup=[nvme], forked=True)
+    # every scenario returns its findings, errors included, as a result: one that raised stopped the launch there
+    # (scenarios.run_scenarios), and a test reading a later one's folder failed on a missing file, the error unsaid
+    failed = {name: results.get(name, "not run: a scenario before it raised") for name in names
+              if not results.get(name, {}).get("ok")}
+    assert not failed, (mode, device, ranks, failed)
+    return results
 
 
 # saved by tencache's launch with the optimizer on NVMe, loaded by stock's with the optimizer on cpu
