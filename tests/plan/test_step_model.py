@@ -1597,6 +1597,19 @@ def test_parameter_slots_are_pinned_where_the_run_locks_them(machine_changes, be
         sum(memory["best_effort"][k] for k in ("pinned", "pageable"))
 
 
+def test_nothing_deepspeed_allocates_is_pinned_on_a_host_accelerator():
+    """DeepSpeed's CPU accelerator returns ``pin_memory``'s tensor unpinned (a run there reports "pinned 0 B"): stock's
+    swap buffers and stage 3's gradient buffer are pageable memory there, the same bytes; on a GPU they are pinned.
+    tencache's own slots follow its own rule (the test above)."""
+    work = workload("gpt2-small", config=ds_config(host_cache_bytes=560_000_000))
+    for machine, pinned in ((this_vm(), False), (this_vm(accelerator_is_host=False, accelerator_memory_bytes=80 * GIB),
+                                                 True)):
+        predictions = predict(work, machine)
+        for policy in (STOCK, TENCACHE):
+            memory = predictions[policy].memory
+            assert (memory["pinned"] > 0) is pinned, (policy, machine.accelerator_is_host, memory)
+
+
 def test_the_gradient_bucket_is_host_memory_between_steps_on_a_host_accelerator():
     """Stage 3 allocates its gradient bucket at initialisation; the first backward fills it and it stays resident
     (gpt2-1.3b fp32: the first backward rose 5.9 GiB above the memory before it, each later one 4.0). Counted in

@@ -137,6 +137,14 @@ def one_rank_on_a_host_accelerator(workload: Workload, machine: Machine) -> bool
     return machine.accelerator_is_host and workload.world_size == 1
 
 
+def deepspeed_pins(machine: Machine) -> bool:
+    """Does what DeepSpeed page-locks (``get_accelerator().pin_memory``: stock's swap buffers, stage 3's gradient
+    buffer with the optimizer's ``pin_memory``) count as pinned memory on this machine? Not on a host accelerator:
+    DeepSpeed 0.19.8's CPU accelerator returns the tensor unpinned (a run reports "pinned 0 B"), so the same bytes
+    are pageable there. tencache's own parameter slots are locked by its own rule (plan/budget.parameter_lock_mode)."""
+    return not machine.accelerator_is_host
+
+
 def reduces_to_views(workload: Workload, machine: Machine) -> bool:
     """Does tencache hand stage 3's reduce-scatter views of the gradients (one_rank_reduce.reduces_to_views): one
     rank in the partition group, on a host accelerator? ``reduce_scatter`` is taken as on, DeepSpeed's default, as

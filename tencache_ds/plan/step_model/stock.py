@@ -9,7 +9,8 @@ stock asserts, and the memory it locks. Pure.
   synchronously (PartitionedOptimizerSwapper); with ``pipeline_read``/``pipeline_write`` the next sub-group's
   read and this one's write overlap the step (PipelinedOptimizerSwapper); nothing is held between steps;
 - pinned: ``buffer_count x buffer_size`` parameter slots, the fp16 staging area of the largest sub-group,
-  ``buffer_count`` optimizer buffers of the largest sub-group.
+  ``buffer_count`` optimizer buffers of the largest sub-group (on a GPU: on a host accelerator the same bytes are
+  pageable, costs.deepspeed_pins).
 """
 from collections import defaultdict
 from typing import Dict, List, Tuple
@@ -17,10 +18,10 @@ from typing import Dict, List, Tuple
 from ..host_tier import tensors_per_update
 from ..machine import Machine
 from ..workload import Workload, ZeroSettings
-from .costs import (allgather_s, backward_host_memory_s, host_resident_bytes, init_outside_pool_bytes,
-                    init_bytes_per_element_pooled, module_compute_s, nvme_space, optimizer_cpu_s,
-                    optimizer_state_bytes_per_element, param_bytes, persistent_keys, reduce_scatter_s,
-                    sub_group_file_bytes)
+from .costs import (allgather_s, backward_host_memory_s, deepspeed_pins, host_resident_bytes,
+                    init_outside_pool_bytes, init_bytes_per_element_pooled, module_compute_s, nvme_space,
+                    optimizer_cpu_s, optimizer_state_bytes_per_element, param_bytes, persistent_keys,
+                    reduce_scatter_s, sub_group_file_bytes)
 from .results import STOCK, Prediction, finish
 from .timeline import OPTIMIZER, PARAMS, STEPS_REPLAYED, Pending, Rates, Timeline, channel_rates
 
@@ -208,6 +209,8 @@ def _stock_memory(workload: Workload, machine: Machine) -> Dict[str, int]:
         pinned += gradients
     else:
         pageable += gradients
+    if not deepspeed_pins(machine):  # the same bytes, none of them page-locked
+        pinned, pageable = 0, pageable + pinned
     return {"device": common["device"], "pinned": pinned, "pageable": pageable,
             "nvme": nvme_space(workload, gradient_files=True)}
 

@@ -34,12 +34,12 @@ from ..memory_pressure import Action, MemoryPressurePolicy, give_back_split
 from ..prefetch import PrefetchSchedule
 from ..size_classes import cache_slot_counts, class_bytes, merge_close_classes, size_histogram, streaming_slot_counts
 from ..workload import Workload, ZeroSettings
-from .costs import (allgather_s, backward_host_memory_s, device_step_bytes, device_working_bytes, gathered_bytes,
-                    heap_is_kept, heap_kept_bytes, host_resident_bytes, host_step_rise_bytes, init_outside_pool_bytes,
-                    init_bytes_per_element_pooled, module_compute_s, nvme_space, one_rank_on_a_host_accelerator,
-                    optimizer_cpu_s, optimizer_state_bytes_per_element, param_bytes, persistent_keys,
-                    reduce_bucket_bytes, reduce_scatter_s, reduces_to_views, run_time_prior, sub_group_file_bytes,
-                    partitions_gradients_at_once)
+from .costs import (allgather_s, backward_host_memory_s, deepspeed_pins, device_step_bytes, device_working_bytes,
+                    gathered_bytes, heap_is_kept, heap_kept_bytes, host_resident_bytes, host_step_rise_bytes,
+                    init_outside_pool_bytes, init_bytes_per_element_pooled, module_compute_s, nvme_space,
+                    one_rank_on_a_host_accelerator, optimizer_cpu_s, optimizer_state_bytes_per_element, param_bytes,
+                    persistent_keys, reduce_bucket_bytes, reduce_scatter_s, reduces_to_views, run_time_prior,
+                    sub_group_file_bytes, partitions_gradients_at_once)
 from .results import TENCACHE, Prediction, finish
 from .timeline import OPTIMIZER, PARAMS, STEPS_REPLAYED, Pending, Rates, Timeline, channel_rates
 
@@ -682,7 +682,7 @@ def _memory_with(workload: Workload, machine: Machine, plan: TencachePlan, param
             (0 if at_once else reduce_bucket_bytes(workload, True))  # (at once never: host_resident_bytes)
     heap = common["heap"] if stepping or heap_is_kept(machine, views) else 0
     pageable = common["baseline"] + heap + on_host + (0 if plan.param_slots_locked else slots)
-    if zero.offload_optimizer != "none" and zero.optimizer_pin_memory:
+    if zero.offload_optimizer != "none" and zero.optimizer_pin_memory and deepspeed_pins(machine):
         pinned += common["gradients"]
     else:
         pageable += common["gradients"]
