@@ -138,10 +138,12 @@ def one_rank_on_a_host_accelerator(workload: Workload, machine: Machine) -> bool
 
 
 def deepspeed_pins(machine: Machine) -> bool:
-    """Does what DeepSpeed page-locks (``get_accelerator().pin_memory``: stock's swap buffers, stage 3's gradient
-    buffer with the optimizer's ``pin_memory``) count as pinned memory on this machine? Not on a host accelerator:
-    DeepSpeed 0.19.8's CPU accelerator returns the tensor unpinned (a run reports "pinned 0 B"), so the same bytes
-    are pageable there. tencache's own parameter slots are locked by its own rule (plan/budget.parameter_lock_mode)."""
+    """Is what stage 3 pins through the accelerator (``get_accelerator().pin_memory``: its gradient buffer with the
+    optimizer's ``pin_memory``, partitions kept off NVMe) pinned memory on this machine? Not on a host accelerator:
+    DeepSpeed 0.19.8's CPU accelerator returns the tensor unpinned (unless ``DS_PIN_MEMORY_BACKEND`` is "native"),
+    so the same bytes are pageable there. Not the swap buffers: the aio handle locks those itself
+    (``new_cpu_locked_tensor``) on any accelerator. tencache's own parameter slots are locked by its own rule
+    (plan/budget.parameter_lock_mode)."""
     return not machine.accelerator_is_host
 
 

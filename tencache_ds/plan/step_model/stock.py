@@ -9,8 +9,8 @@ stock asserts, and the memory it locks. Pure.
   synchronously (PartitionedOptimizerSwapper); with ``pipeline_read``/``pipeline_write`` the next sub-group's
   read and this one's write overlap the step (PipelinedOptimizerSwapper); nothing is held between steps;
 - pinned: ``buffer_count x buffer_size`` parameter slots, the fp16 staging area of the largest sub-group,
-  ``buffer_count`` optimizer buffers of the largest sub-group (on a GPU: on a host accelerator the same bytes are
-  pageable, costs.deepspeed_pins).
+  ``buffer_count`` optimizer buffers of the largest sub-group (locked by the aio handle on any accelerator); what
+  stage 3 pins through the accelerator on a GPU only (``_stock_memory``).
 """
 from collections import defaultdict
 from typing import Dict, List, Tuple
@@ -181,36 +181,41 @@ def _max_retained_swapped(workload: Workload) -> int:
 
 
 def _stock_memory(workload: Workload, machine: Machine) -> Dict[str, int]:
+    """Stock's memory per tier. Pinned: the swap buffers, which the aio handle page-locks itself
+    (``new_cpu_locked_tensor``: mlock) on any accelerator, the optimizer's pool whatever its ``pin_memory``
+    (``SwapBufferManager``); and what stage 3 pins through the accelerator (the gradient buffer, partitions kept off
+    NVMe, CPU-offloaded states), pinned on a GPU only (``costs.deepspeed_pins``)."""
     zero = workload.zero
     common = host_resident_bytes(workload, machine, reduce_views=False)  # stock's reduce is its own
-    pinned = 0
+    pinned = through_accelerator = 0
     if zero.offload_param == "nvme" and any(p.on_nvme for p in workload.partitions.values()):
         pinned += zero.param_buffer_count * zero.swap_nbytes(zero.param_buffer_size)
         largest = max(range(len(workload.sub_groups)), key=workload.sub_group_elements)
         pinned += sum(zero.swap_nbytes(workload.partitions[k].part_numel) for k in workload.sub_groups[largest])
     largest_group = workload.largest_sub_group_elements
     if zero.offload_param in ("cpu",) or (zero.offload_param == "nvme" and zero.max_in_cpu > 0):
-        pinned += sum(p.part_numel for p in workload.partitions.values() if not p.on_nvme) * zero.element_bytes
+        through_accelerator += sum(p.part_numel for p in workload.partitions.values() if not p.on_nvme) * \
+            zero.element_bytes
     pageable = common["baseline"] + common["heap"] + common["device_on_host"]
     gradients = common["gradients"]
     if zero.offload_optimizer == "nvme":
-        pool = zero.optimizer_buffer_count * zero.swap_nbytes(largest_group, zero.precision.master_bytes)
-        pinned += pool if zero.optimizer_pin_memory else 0
-        pageable += 0 if zero.optimizer_pin_memory else pool
+        pinned += zero.optimizer_buffer_count * zero.swap_nbytes(largest_group, zero.precision.master_bytes)
         pooled = max(0, init_bytes_per_element_pooled(zero) - zero.optimizer_buffer_count * zero.precision.master_bytes)
         pageable += init_outside_pool_bytes(workload, machine, reduce_views=False) + largest_group * pooled
     elif zero.offload_optimizer == "cpu":
         states = workload.rank_elements * optimizer_state_bytes_per_element(zero)
-        pinned += states if zero.optimizer_pin_memory else 0
+        through_accelerator += states if zero.optimizer_pin_memory else 0
         pageable += 0 if zero.optimizer_pin_memory else states
         # the same initialisation, in memory
         pageable += init_outside_pool_bytes(workload, machine, reduce_views=False)
     if zero.offload_optimizer != "none" and zero.optimizer_pin_memory:
-        pinned += gradients
+        through_accelerator += gradients
     else:
         pageable += gradients
-    if not deepspeed_pins(machine):  # the same bytes, none of them page-locked
-        pinned, pageable = 0, pageable + pinned
+    if deepspeed_pins(machine):
+        pinned += through_accelerator
+    else:  # the same bytes, none of them page-locked
+        pageable += through_accelerator
     return {"device": common["device"], "pinned": pinned, "pageable": pageable,
             "nvme": nvme_space(workload, gradient_files=True)}
 

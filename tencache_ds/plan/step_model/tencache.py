@@ -671,7 +671,8 @@ def _memory_with(workload: Workload, machine: Machine, plan: TencachePlan, param
     common = host_resident_bytes(workload, machine, reduce_views=views, bucket_unused=at_once)
     device = common["device"] + (0 if machine.accelerator_is_host else plan.device_tier_bytes)
     slots = plan.param_streaming_bytes + param_cache
-    pinned = (slots if plan.param_slots_locked else 0) + _params_off_nvme_bytes(workload)
+    pinned = slots if plan.param_slots_locked else 0
+    through_accelerator = _params_off_nvme_bytes(workload)  # stage 3 pins them: pinned on a GPU only
     on_host = common["device_on_host"]
     if stepping and machine.accelerator_is_host and not gathers_alias_partitions(workload, machine):
         on_host += _device_tier_held_bytes(workload, plan)  # gathered copies of their own, in host memory
@@ -682,8 +683,8 @@ def _memory_with(workload: Workload, machine: Machine, plan: TencachePlan, param
             (0 if at_once else reduce_bucket_bytes(workload, True))  # (at once never: host_resident_bytes)
     heap = common["heap"] if stepping or heap_is_kept(machine, views) else 0
     pageable = common["baseline"] + heap + on_host + (0 if plan.param_slots_locked else slots)
-    if zero.offload_optimizer != "none" and zero.optimizer_pin_memory and deepspeed_pins(machine):
-        pinned += common["gradients"]
+    if zero.offload_optimizer != "none" and zero.optimizer_pin_memory:
+        through_accelerator += common["gradients"]
     else:
         pageable += common["gradients"]
     if zero.offload_optimizer == "nvme":
@@ -696,7 +697,11 @@ def _memory_with(workload: Workload, machine: Machine, plan: TencachePlan, param
             pageable += max(init, optimizer_bytes)
     elif zero.offload_optimizer == "cpu":
         states = workload.rank_elements * optimizer_state_bytes_per_element(zero)
-        pinned += states if zero.optimizer_pin_memory else 0
+        through_accelerator += states if zero.optimizer_pin_memory else 0
         pageable += 0 if zero.optimizer_pin_memory else states
+    if deepspeed_pins(machine):
+        pinned += through_accelerator
+    else:  # the same bytes, none of them page-locked (costs.deepspeed_pins)
+        pageable += through_accelerator
     return {"device": device, "pinned": pinned, "pageable": pageable,
             "nvme": nvme_space(workload, gradient_files=False)}
