@@ -1613,6 +1613,20 @@ def test_what_stage_3_pins_through_the_accelerator_is_pageable_on_a_host_acceler
     assert gradients > 0 and gpu[STOCK].memory["pinned"] - host[STOCK].memory["pinned"] == gradients
 
 
+def test_cpu_offloaded_optimizer_state_is_pageable_even_with_pin_memory():
+    """With the optimizer offloaded to cpu, stage 3 keeps its masters as ``.to().clone()`` copies and the optimizer
+    allocates its own state: neither is pinned, ``pin_memory`` or not, on a GPU too (the gradient buffer is). Both
+    models counted the whole state as pinned until 2026-12-05."""
+    from tencache_ds.plan.step_model.costs import optimizer_state_bytes_per_element
+    work = workload("gpt2-small", config=ds_config("stock-cpu.json"))
+    assert work.zero.optimizer_pin_memory
+    states = work.rank_elements * optimizer_state_bytes_per_element(work.zero)
+    predictions = predict(work, this_vm(accelerator_is_host=False, accelerator_memory_bytes=80 * GIB))
+    for policy in (STOCK, TENCACHE):
+        memory = predictions[policy].memory
+        assert 0 < memory["pinned"] < states, (policy, memory, states)
+
+
 def test_the_gradient_bucket_is_host_memory_between_steps_on_a_host_accelerator():
     """Stage 3 allocates its gradient bucket at initialisation; the first backward fills it and it stays resident
     (gpt2-1.3b fp32: the first backward rose 5.9 GiB above the memory before it, each later one 4.0). Counted in

@@ -184,7 +184,7 @@ def _stock_memory(workload: Workload, machine: Machine) -> Dict[str, int]:
     """Stock's memory per tier. Pinned: the swap buffers, which the aio handle page-locks itself
     (``new_cpu_locked_tensor``: mlock) on any accelerator, the optimizer's pool whatever its ``pin_memory``
     (``SwapBufferManager``); and what stage 3 pins through the accelerator (the gradient buffer, partitions kept off
-    NVMe, CPU-offloaded states), pinned on a GPU only (``costs.deepspeed_pins``)."""
+    NVMe), pinned on a GPU only (``costs.deepspeed_pins``). CPU-offloaded optimizer state is pageable on either."""
     zero = workload.zero
     common = host_resident_bytes(workload, machine, reduce_views=False)  # stock's reduce is its own
     pinned = through_accelerator = 0
@@ -204,8 +204,7 @@ def _stock_memory(workload: Workload, machine: Machine) -> Dict[str, int]:
         pageable += init_outside_pool_bytes(workload, machine, reduce_views=False) + largest_group * pooled
     elif zero.offload_optimizer == "cpu":
         states = workload.rank_elements * optimizer_state_bytes_per_element(zero)
-        through_accelerator += states if zero.optimizer_pin_memory else 0
-        pageable += 0 if zero.optimizer_pin_memory else states
+        pageable += states  # never pinned: stage 3 copies the masters (``.to().clone()``), Adam's state is its own
         # the same initialisation, in memory
         pageable += init_outside_pool_bytes(workload, machine, reduce_views=False)
     if zero.offload_optimizer != "none" and zero.optimizer_pin_memory:

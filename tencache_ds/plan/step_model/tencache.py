@@ -697,8 +697,7 @@ def _memory_with(workload: Workload, machine: Machine, plan: TencachePlan, param
             pageable += max(init, optimizer_bytes)
     elif zero.offload_optimizer == "cpu":
         states = workload.rank_elements * optimizer_state_bytes_per_element(zero)
-        through_accelerator += states if zero.optimizer_pin_memory else 0
-        pageable += 0 if zero.optimizer_pin_memory else states
+        pageable += states  # never pinned: stage 3 copies the masters (``.to().clone()``), Adam's state is its own
     if deepspeed_pins(machine):
         pinned += through_accelerator
     else:  # the same bytes, none of them page-locked (costs.deepspeed_pins)
