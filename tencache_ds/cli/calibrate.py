@@ -194,20 +194,23 @@ def calibrate(nvme_path: str, model_config: Dict[str, Any], micro_batch: int, se
                threading.Thread(target=lambda: output["stderr"].extend(child.stderr), daemon=True)]
     for reader in readers:
         reader.start()
-    try:
-        child.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
+    def stop_child() -> None:
+        """Kill the probe and remove the drive files it leaves (up to 2 GiB)."""
         child.kill()
         child.wait()
         from ..io.drive_rate import remove_stale_trial_files
-        with contextlib.suppress(OSError):  # the killed probe's drive files (up to 2 GiB)
+        with contextlib.suppress(OSError):
             remove_stale_trial_files(nvme_path)
+
+    try:
+        child.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        stop_child()
         raise TencacheConfigError(f"calibration of this machine took more than {timeout_s:.0f} s; pass a machine "
                                   f"file instead of --machine this") from None
     finally:
-        if child.poll() is None:  # interrupted (Ctrl-C): the probe does not outlive its caller
-            child.kill()
-            child.wait()
+        if child.poll() is None:  # interrupted (Ctrl-C): the probe and its files do not outlive its caller
+            stop_child()
         for reader in readers:  # (bounded: a process the probe started could still hold a pipe open)
             reader.join(timeout=READER_JOIN_S)
     still_open = any(reader.is_alive() for reader in readers)

@@ -311,3 +311,19 @@ def test_a_progress_line_says_what_each_figure_came_to():
     assert _progress_line({"baseline_rss_bytes": 1, "baseline_imports": "torch"}, 3) == \
         "measured the process baseline (3 s)"
     assert _progress_line({"accelerator": None}, 3) == ""  # nothing a user asked about
+
+
+def test_a_calibration_past_its_timeout_is_stopped_with_the_limit_named_and_nothing_left_running(tmp_path):
+    """The probe's child is killed at the timeout (1 s here: it is still importing torch), the error names the limit
+    and the way round it, and neither the child nor the threads reading its output outlive the call."""
+    import json
+    import threading
+    from tencache_ds.cli.calibrate import calibrate
+    from tencache_ds.errors import TencacheConfigError
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    with open(os.path.join(repo, "configs", "models", "gpt2-tiny.json")) as handle:
+        model_config = json.load(handle)
+    before = set(threading.enumerate())
+    with pytest.raises(TencacheConfigError, match=r"took more than 1 s; pass a machine file instead of --machine this"):
+        calibrate(str(tmp_path), model_config, 1, 32, "fp32", probes=(), timeout_s=1)
+    assert set(threading.enumerate()) <= before
