@@ -93,7 +93,7 @@ def parse_args(argv=None):
     p.add_argument("--result-file", default=None, help="write the result JSON here (rank 0)")
     p.add_argument("--save-weights", action="store_true", help="also torch.save fp32 weights to RESULT.weights.pt")
     p.add_argument("--weights-gather", choices=["public", "grouped", "none"], default="public",
-                   help="how to read the fp32 master weights at the end (see gather_fp32_weights); none: no hash")
+                   help="how to read the fp32 master weights at the end (see fp32_weights); none: no hash")
     p.add_argument("--label", default=None, help="free-form label stored in the result (default: config name)")
     p.add_argument("--offload-device", choices=["cpu", "nvme"], default=None,
                    help="replaces offload_param/offload_optimizer device (cpu: stock CPU offload, same config else)")
@@ -555,8 +555,10 @@ def run_steps(engine, batches, steps, grad_accum, first_step=0, save_after=None,
 # ----------------------------------------------------------------------------------------------------------------
 # Weights
 # ----------------------------------------------------------------------------------------------------------------
-def gather_fp32_weights(engine, how="public"):
-    """{name: full fp32 master weight on CPU}, in name order. Collective: every rank must call it.
+def fp32_weights(engine, how="public"):
+    """(name, full fp32 master weight on CPU), in name order, one at a time: a caller that hashes and drops each one
+    holds one weight, not the model (at 2 ranks beyond RAM the whole dict, 5.1 GB a rank, ended the run with the OOM
+    killer). Collective: every rank must iterate it to the end.
 
     how="public": deepspeed.utils.safe_get_full_fp32_param(p) per parameter, DeepSpeed's public API. With an
       NVMe-offloaded optimizer every call swaps in (and releases) the parameter's whole optimizer sub-group, so the
@@ -565,22 +567,21 @@ def gather_fp32_weights(engine, how="public"):
       optimizer's own swap-in/release methods, i.e. through whatever optimizer swapper is installed) and all its
       params are read from it. Same result; falls back to "public" when the optimizer lacks those methods."""
     named = sorted(engine.module.named_parameters(), key=lambda kv: kv[0])
-    trained = [(name, p) for name, p in named if p.requires_grad]
-    if how == "grouped" and _has_grouped_fp32_access(engine.optimizer):
-        weights = _gather_fp32_grouped(engine.optimizer, trained)
-    else:
-        from deepspeed.utils import safe_get_full_fp32_param
-        weights = {}
-        for name, p in trained:
-            full = safe_get_full_fp32_param(p)
-            if full is not None:
-                weights[name] = full.detach().float().cpu().contiguous()
-    # frozen parameters (--train-only) have no fp32 master: their weights are the parameters themselves
+    grouped = how == "grouped" and _has_grouped_fp32_access(engine.optimizer)
+    # grouped: every sub-group's weights at once (the sub-groups' order is not the names')
+    from_groups = _gather_fp32_grouped(engine.optimizer, [(name, p) for name, p in named if p.requires_grad]) \
+        if grouped else {}
+    from deepspeed.utils import safe_get_full_fp32_param
     for name, p in named:
-        if name not in weights:
+        full = from_groups.pop(name, None)
+        if full is None and p.requires_grad and not grouped:
+            full = safe_get_full_fp32_param(p)
+            full = None if full is None else full.detach().float().cpu().contiguous()
+        if full is None:
+            # frozen parameters (--train-only) have no fp32 master: their weights are the parameters themselves
             with deepspeed.zero.GatheredParameters(p, modifier_rank=None):
-                weights[name] = p.detach().float().cpu().clone()
-    return {name: weights[name] for name, _ in named}
+                full = p.detach().float().cpu().clone()
+        yield name, full
 
 
 _GROUPED_ATTRS = ("grad_position", "get_param_id", "fp32_partitioned_groups_flat", "_swappable_optimizer_subgroup",
@@ -610,11 +611,14 @@ def _gather_fp32_grouped(opt, named):
     return weights
 
 
-def weights_sha256(weights):
-    """SHA-256 over the raw bytes of each tensor, concatenated in name order."""
+def weights_sha256(weights, kept=None):
+    """SHA-256 over the raw bytes of each tensor of ``weights`` ((name, tensor) in name order), concatenated; each
+    tensor is put in the dict ``kept`` where one is given, else dropped once hashed."""
     h = hashlib.sha256()
-    for name in sorted(weights):
-        h.update(weights[name].numpy().tobytes())
+    for name, tensor in weights:
+        h.update(tensor.numpy().tobytes())
+        if kept is not None:
+            kept[name] = tensor
     return h.hexdigest()
 
 
@@ -712,13 +716,13 @@ def main(argv=None):
     sha, gather_time = None, None
     if args.weights_gather != "none":
         t0 = time.perf_counter()
-        weights = gather_fp32_weights(engine, args.weights_gather)
+        kept = {} if rank() == 0 and args.save_weights else None
+        sha = weights_sha256(fp32_weights(engine, args.weights_gather), kept)
         gather_time = time.perf_counter() - t0
-        sha = weights_sha256(weights)
         log0(f"weights sha256 {sha} ({args.weights_gather}, {gather_time:.1f}s)")
-        if rank() == 0 and args.save_weights:
-            torch.save(weights, args.result_file + ".weights.pt")
-        del weights
+        if kept is not None:
+            torch.save(kept, args.result_file + ".weights.pt")
+        del kept
 
     if rank() == 0 and args.result_file:
         write_result(args.result_file, {
