@@ -5,7 +5,8 @@
 # (before), with gradients partitioned at once at 2 ranks only (at-once-only), with both changes
 # (at-once-and-step-rise), and stock (stock-nvme: TENCACHE=none EXTRA="--untouched-stock --weights-gather none").
 # The tencache arms' final weights hash (--weights-gather public, the default) was OOM-killed after the last step
-# at 2 ranks: pass --weights-gather none to see the runs end.
+# at 2 ranks until scripts/train.py hashed the weights one at a time (8e2e264, the seventy-third session): the arm
+# gather-public is that code, ARM=gather-public STEPS=3 EXTRA="--result-file $OUT/gather-public.result.json".
 cd "$(dirname "$0")/../../.."
 ARM=${ARM:-at-once-and-step-rise}; OUT=$(dirname "$0"); STEPS=${STEPS:-6}
 TENCACHE=${TENCACHE:-"{\"enabled\": true, \"metrics_path\": \"$OUT/$ARM.metrics.jsonl\"}"}
