@@ -556,9 +556,10 @@ def run_steps(engine, batches, steps, grad_accum, first_step=0, save_after=None,
 # Weights
 # ----------------------------------------------------------------------------------------------------------------
 def fp32_weights(engine, how="public"):
-    """(name, full fp32 master weight on CPU), in name order, one at a time: a caller that hashes and drops each one
-    holds one weight, not the model (at 2 ranks beyond RAM the whole dict, 5.1 GB a rank, ended the run with the OOM
-    killer). Collective: every rank must iterate it to the end.
+    """(name, full fp32 master weight on CPU), in name order, one at a time. With how="public" a caller that hashes
+    and drops each one holds a weight or two, not the model (at 2 ranks beyond RAM the whole dict, 5.1 GB a rank,
+    ended the run with the OOM killer); "grouped" reads every weight first. Collective: every rank must iterate it to
+    the end.
 
     how="public": deepspeed.utils.safe_get_full_fp32_param(p) per parameter, DeepSpeed's public API. With an
       NVMe-offloaded optimizer every call swaps in (and releases) the parameter's whole optimizer sub-group, so the
@@ -612,14 +613,16 @@ def _gather_fp32_grouped(opt, named):
 
 
 def weights_sha256(weights, kept=None):
-    """SHA-256 over the raw bytes of each tensor of ``weights`` ((name, tensor) in name order), concatenated; each
-    tensor is put in the dict ``kept`` where one is given, else dropped once hashed."""
-    h = hashlib.sha256()
+    """(SHA-256 over the raw bytes of each tensor of ``weights`` ((name, tensor) in name order), concatenated; the
+    seconds spent hashing). Each tensor is put in the dict ``kept`` where one is given, else dropped once hashed."""
+    h, hashing_s = hashlib.sha256(), 0.0
     for name, tensor in weights:
+        started = time.perf_counter()
         h.update(tensor.numpy().tobytes())
+        hashing_s += time.perf_counter() - started
         if kept is not None:
             kept[name] = tensor
-    return h.hexdigest()
+    return h.hexdigest(), hashing_s
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -717,8 +720,8 @@ def main(argv=None):
     if args.weights_gather != "none":
         t0 = time.perf_counter()
         kept = {} if rank() == 0 and args.save_weights else None
-        sha = weights_sha256(fp32_weights(engine, args.weights_gather), kept)
-        gather_time = time.perf_counter() - t0
+        sha, hashing_s = weights_sha256(fp32_weights(engine, args.weights_gather), kept)
+        gather_time = time.perf_counter() - t0 - hashing_s  # the gather alone, as before the hash was streamed
         log0(f"weights sha256 {sha} ({args.weights_gather}, {gather_time:.1f}s)")
         if kept is not None:
             torch.save(kept, args.result_file + ".weights.pt")

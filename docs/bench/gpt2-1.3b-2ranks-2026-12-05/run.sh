@@ -6,7 +6,8 @@
 # (at-once-and-step-rise), and stock (stock-nvme: TENCACHE=none EXTRA="--untouched-stock --weights-gather none").
 # The tencache arms' final weights hash (--weights-gather public, the default) was OOM-killed after the last step
 # at 2 ranks until scripts/train.py hashed the weights one at a time (8e2e264, the seventy-third session): the arm
-# gather-public is that code, ARM=gather-public STEPS=3 EXTRA="--result-file $OUT/gather-public.result.json".
+# gather-public is that code, run by gather-public.sh (this script's launch with 3 steps and a result file, its
+# outputs written to /tmp/br2 and copied here).
 cd "$(dirname "$0")/../../.."
 ARM=${ARM:-at-once-and-step-rise}; OUT=$(dirname "$0"); STEPS=${STEPS:-6}
 TENCACHE=${TENCACHE:-"{\"enabled\": true, \"metrics_path\": \"$OUT/$ARM.metrics.jsonl\"}"}
