@@ -49,6 +49,7 @@ import json
 import math
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -246,15 +247,22 @@ def profiled_machine(args, model: str, machine):
     if os.path.exists(profile):  # a profile of an earlier run would be loaded, and this run's steps time it
         os.unlink(profile)
     block = dict(profile_run_block(machine), profile_path=profile)
+    # its own swap folder under --nvme-path, removed after it, as the bench does for each of its runs: a training
+    # run leaves its swap files (stock does too), 1.6 GB for gpt2-medium's parameters
+    nvme_dir = os.path.join(os.path.abspath(args.nvme_path), f"profile-{model}")
     command = [sys.executable, "scripts/train.py", "--deepspeed_config", config_path, "--model", model,
                "--steps", str(PROFILE_RUN_STEPS), "--micro-batch", str(args.micro_batch), "--seq-len",
-               str(args.seq_len), "--nvme-path", args.nvme_path, "--weights-gather", "none", "--tencache-block",
+               str(args.seq_len), "--nvme-path", nvme_dir, "--weights-gather", "none", "--tencache-block",
                json.dumps(block), "--result-file", os.path.join(os.path.abspath(args.out),
                                                                 profile_result_name(model))] \
         + (["--dtype", args.dtype] if args.dtype else [])
     print("profiling:", " ".join(command), flush=True)
-    with open(os.path.join(args.out, f"profile-{model}.log"), "w") as log:
-        subprocess.run(command, cwd=REPO, check=True, stdout=log, stderr=subprocess.STDOUT)
+    shutil.rmtree(nvme_dir, ignore_errors=True)
+    try:
+        with open(os.path.join(args.out, f"profile-{model}.log"), "w") as log:
+            subprocess.run(command, cwd=REPO, check=True, stdout=log, stderr=subprocess.STDOUT)
+    finally:
+        shutil.rmtree(nvme_dir, ignore_errors=True)
     return machine_from_saved_profile(machine, model, config_path, args.dtype, args.micro_batch, args.seq_len,
                                       profile)
 

@@ -124,8 +124,8 @@ IO_CONTENTION_QUICK_TIMING_S = 0.5
 ALL_PROBES = ("nvme", "adam", "host_copy", "collectives", "compute", "zero3_calls", "io_contention")
 # what the progress lines call each figure the child reports (calibrate's ``progress``)
 FIGURE_NAMES = {"baseline_rss_bytes": "the process baseline", "nvme": "the drive", "adam": "CPU Adam",
-               "host_copy": "host copies", "collectives": "the collectives", "compute": "the model's layers",
-               "io_contention": "the layers beside the drive", "zero3_calls": "ZeRO-3's hooks"}
+                "host_copy": "host copies", "collectives": "the collectives", "compute": "the model's layers",
+                "io_contention": "the layers beside the drive", "zero3_calls": "ZeRO-3's hooks"}
 READER_JOIN_S = 5.0  # how long the child's output is awaited once it has ended
 BASELINE_IMPORTS = "torch, transformers, DeepSpeed"  # the process baseline's imports, besides _import_model_code's
 # the figures that are the model's and shape's, not only the machine's
