@@ -289,6 +289,7 @@ def machine_from_calibration(measured: Dict[str, Any]):
         nvme_write_bytes_per_s_per_drive=nvme["write_bytes_per_s"], drives=1,
         nvme_mixed_bytes_per_s_per_drive=nvme.get("mixed_bytes_per_s"),
         nvme_request_factors=tuple(map(tuple, nvme["request_factors"])) if nvme.get("request_factors") else None,
+        nvme_small_page_factors=tuple(nvme["small_page_factors"]) if nvme.get("small_page_factors") else None,
         cpu_adam_elements_per_s=adam["elements_per_s"], host_copy_bytes_per_s=copy["bytes_per_s"],
         host_fresh_write_bytes_per_s=copy.get("fresh_write_bytes_per_s"),
         allgather_bytes_per_s=collectives.get("allgather_bytes_per_s"),
@@ -303,6 +304,9 @@ def machine_from_calibration(measured: Dict[str, Any]):
             "nvme_mixed_bytes_per_s_per_drive": f"{where}: same run, reads and writes at once, both counted",
             "nvme_request_factors": f"{where}: same run, the fastest trial at each request size over the fastest at "
                                     f"the rate figures' size",
+            "nvme_small_page_factors": f"{where}: same run, the fastest trials into torch.empty buffers at the rate "
+                                       f"figures' size over the fastest into arena slots"
+            if nvme.get("small_page_factors") else "not measured",
             "cpu_adam_elements_per_s": f"{where}: {adam['method']}",
             "host_copy_bytes_per_s": f"{where}: {copy['method']}",
             "host_fresh_write_bytes_per_s": f"{where}: {copy['fresh_method']}" if "fresh_method" in copy
@@ -477,22 +481,31 @@ def measure_nvme(folder: str, io_threads: int) -> Dict[str, Any]:
     ``NVME_TRIAL_BYTES``: the rates at tensor-sized requests (``TENSOR_REQUEST_BYTES``), and relative to them the
     rates at ``NVME_FACTOR_REQUEST_SIZES``, the sizes timed in turn within each repeat (a drive that drifts from
     minute to minute drifts for all of them alike)."""
-    from ..io.drive_rate import TENSOR_REQUEST_BYTES, measure_drive, repeats_made
+    from ..io.drive_rate import TENSOR_REQUEST_BYTES, TORCH_BUFFERS, measure_drive, repeats_made
     largest = NVME_PROBE_BUFFER_BYTES // io_threads
     sizes = tuple(sorted({TENSOR_REQUEST_BYTES, *(min(size, largest) for size in NVME_FACTOR_REQUEST_SIZES)}))
     rate = measure_drive(folder, request_sizes=sizes, thread_counts=(io_threads,), trial_bytes=NVME_TRIAL_BYTES,
-                         deadline_s=NVME_TRIAL_DEADLINE_S, repeats=NVME_REPEATS)
+                         deadline_s=NVME_TRIAL_DEADLINE_S, repeats=NVME_REPEATS,
+                         torch_buffer_sizes=(TENSOR_REQUEST_BYTES,))
     by_size = {size: rate.at_request_size(size) for size in sizes}  # OSError: a size that timed no bytes
     reference = by_size[TENSOR_REQUEST_BYTES]
+    small_pages = rate.at_request_size(TENSOR_REQUEST_BYTES, TORCH_BUFFERS)
+
+    def mixed(each) -> float:
+        return each.both_read_bytes_per_s + each.both_write_bytes_per_s
+
     return {"method": f"{rate.method}; trials of {NVME_TRIAL_BYTES >> 20} MiB, the fastest of "
                       f"{repeats_made(NVME_REPEATS)}; "
                       f"the rates at {TENSOR_REQUEST_BYTES >> 20} MiB requests, the others relative to them",
             "path": folder, "read_bytes_per_s": reference.read_bytes_per_s,
             "write_bytes_per_s": reference.write_bytes_per_s,
-            "mixed_bytes_per_s": reference.both_read_bytes_per_s + reference.both_write_bytes_per_s,
+            "mixed_bytes_per_s": mixed(reference),
             "request_factors": [[size, each.read_bytes_per_s / reference.read_bytes_per_s,
                                  each.write_bytes_per_s / reference.write_bytes_per_s]
-                                for size, each in by_size.items()]}
+                                for size, each in by_size.items()],
+            "small_page_factors": [small_pages.read_bytes_per_s / reference.read_bytes_per_s,
+                                   small_pages.write_bytes_per_s / reference.write_bytes_per_s,
+                                   mixed(small_pages) / mixed(reference)]}
 
 
 def measure_accelerator(torch, nbytes: int = COPY_BYTES) -> Optional[Dict[str, Any]]:
@@ -786,8 +799,8 @@ def measure_io_contention(torch, model_config: Dict[str, Any], micro_batch: int,
     what the step model charges (timeline.py): all of it where the reads beside them would have kept the drive busy
     that long at the rate they had alone (timed here too, just before the rounds), else that share."""
     import threading
-    from ..io.direct_io import DirectFileIO, aligned_buffer
-    from ..io.drive_rate import QUICK_ENV, TENSOR_REQUEST_BYTES, quick_drive, trial_file
+    from ..io.direct_io import DirectFileIO
+    from ..io.drive_rate import ARENA_BUFFERS, QUICK_ENV, TENSOR_REQUEST_BYTES, quick_drive, trial_buffers, trial_file
     quick = quick_drive()
     timing_s, most_rounds = (IO_CONTENTION_QUICK_TIMING_S, 1) if quick else (IO_CONTENTION_TIMING_S,
                                                                              IO_CONTENTION_ROUNDS)
@@ -837,9 +850,16 @@ def measure_io_contention(torch, model_config: Dict[str, Any], micro_batch: int,
             raise failed[0]
         return seconds, read
 
-    try:
+    def remove_file() -> None:
+        with contextlib.suppress(OSError):
+            os.remove(path)
+
+    with contextlib.ExitStack() as stack:  # on leaving: the engine closed, then the buffers, then the file removed
+        stack.callback(remove_file)
+        # the stores' kind of buffer: the drive's busy seconds for the bytes, which the model charges, are theirs
+        buffers = stack.enter_context(trial_buffers(ARENA_BUFFERS, TENSOR_REQUEST_BYTES, io_threads))
         io = DirectFileIO(num_threads=io_threads, name="tencache-contention")
-        buffers = [aligned_buffer(TENSOR_REQUEST_BYTES) for _ in range(io_threads)]
+        stack.callback(io.close)
         for index in range(requests):
             buffers[0].fill_(index + 1)
             io.write(buffers[0], path, TENSOR_REQUEST_BYTES, index * TENSOR_REQUEST_BYTES).result()
@@ -865,15 +885,10 @@ def measure_io_contention(torch, model_config: Dict[str, Any], micro_batch: int,
             busy_s = min(alone, read / read_rate)  # the drive's busy seconds within the layers' own time
             ratios.append(max(0.0, beside - alone) / busy_s if busy_s > 0 else 0.0)
             details.append(f"{alone:.2f} s alone, {beside:.2f} s beside {read / 1e9:.2f} GB")
-    finally:
-        if io is not None:
-            io.close()
-        with contextlib.suppress(OSError):
-            os.remove(path)
     contention = statistics.median(ratios)
     return {"method": f"{layers} layers of {model_config.get('model_type')} (vocabulary {vocab}), {steps} forward + "
                       f"backward steps alone and while tencache's engine read {TENSOR_REQUEST_BYTES >> 20} MiB "
-                      f"requests beside them, {io_threads} in flight, O_DIRECT alignment {alignment} B (0: buffered) "
+                      f"requests into arena slots beside them, {io_threads} in flight, O_DIRECT alignment {alignment} B (0: buffered) "
                       f"({read_rate / 1e9:.2f} GB/s alone), in turn, {rounds} round{'s' * (rounds != 1)} "
                       f"({'; '.join(details)}): the "
                       f"seconds lost over the drive's busy seconds within the steps' time alone, the median of the "

@@ -11,9 +11,19 @@ reads and writes overlap (an update writes sub-group i while reading i + 1). So 
 requests of ``request_bytes`` in flight, for each of reads, writes and an even mix of both, and the rates kept
 are the fastest trial's: the bound these rates feed must not be above what tencache can get from the drive.
 
+The buffers are the stores' own kind: slots of the native arena (``ARENA_BUFFERS``: huge pages, page-locked where
+the limit allows; the parameter store's buffers and the optimizer store's streaming ones). O_DIRECT pins every page
+of a request's buffer, so the pages' size sets the rate as much as the drive does: on this VM (2026-12-06) 64 MiB
+requests into a torch.empty buffer (4 KiB pages: DeepSpeed's swap buffers) read at 1.9-2.7 GB/s and wrote at
+1.5-2.5, into arena slots at 4.1-4.5 and 2.9-3.5; tencache's training steps moved their bytes at 2.8-3.7 GB/s of
+busy drive (metrics' ``nvme_busy_fraction``) where trials into torch.empty buffers had measured 1.6-2.1. Until
+then every trial used torch.empty buffers. ``torch_buffer_sizes`` times those sizes into such buffers as well
+(``TORCH_BUFFERS``), in the same repeats, for a model of DeepSpeed's own swapping.
+
 A trial moves at most ``trial_bytes`` and stops issuing at ``deadline_s`` (a slow disk ends early rather than
 late), so the whole measurement takes a few seconds. The files live in the folder measured and are removed.
 """
+import contextlib
 import dataclasses
 import os
 import re
@@ -25,6 +35,7 @@ from .direct_io import store_io_threads
 from .stale_files import pid_in_name, remove_files_of_dead_processes
 
 READ, WRITE, BOTH = "read", "write", "read+write"
+ARENA_BUFFERS, TORCH_BUFFERS = "arena", "torch.empty"  # the buffers a trial moves bytes into (module docstring)
 PARTITION_REQUEST_BYTES = 4 << 20   # a parameter partition
 TENSOR_REQUEST_BYTES = 64 << 20     # an optimizer sub-group's tensor (sub_group_size 1.6e7), or a large partition
 REQUEST_SIZES = (PARTITION_REQUEST_BYTES, TENSOR_REQUEST_BYTES)
@@ -77,6 +88,7 @@ class Trial:
     read_bytes: int
     write_bytes: int
     seconds: float
+    buffers: str  # what the bytes moved into: ARENA_BUFFERS or TORCH_BUFFERS
 
     @property
     def read_bytes_per_s(self) -> float:
@@ -118,11 +130,12 @@ class DriveRate:
         return max(read_bytes / read_rate, write_bytes / write_rate,
                    (read_bytes + write_bytes) / self.combined_bytes_per_s)
 
-    def at_request_size(self, request_bytes: int) -> "DriveRate":
-        """The same measurement's rates from its trials of ``request_bytes`` requests only. Raises OSError when
-        those moved no bytes in some mode."""
-        return _fastest([trial for trial in self.trials if trial.request_bytes == request_bytes],
-                        f"{self.method}; requests of {_mib(request_bytes)} only")
+    def at_request_size(self, request_bytes: int, buffers: str = ARENA_BUFFERS) -> "DriveRate":
+        """The same measurement's rates from its trials of ``request_bytes`` requests into ``buffers`` only. Raises
+        OSError when those moved no bytes in some mode."""
+        return _fastest([trial for trial in self.trials
+                         if trial.request_bytes == request_bytes and trial.buffers == buffers],
+                        f"{self.method}; requests of {_mib(request_bytes)} into {buffers} buffers only")
 
     def describe(self) -> str:
         return (f"read {self.read_bytes_per_s / 1e9:.2f} GB/s, write {self.write_bytes_per_s / 1e9:.2f} GB/s, both at "
@@ -133,7 +146,8 @@ class DriveRate:
 
     @classmethod
     def from_dict(cls, data: Dict[str, Any]) -> "DriveRate":
-        trials = tuple(Trial(**trial) for trial in data.get("trials") or ())
+        # records made before 2026-12-06 name no buffers: their trials moved bytes into torch.empty ones
+        trials = tuple(Trial(**{"buffers": TORCH_BUFFERS, **trial}) for trial in data.get("trials") or ())
         return cls(float(data["read_bytes_per_s"]), float(data["write_bytes_per_s"]),
                    float(data["both_read_bytes_per_s"]), float(data["both_write_bytes_per_s"]), str(data["method"]),
                    trials)
@@ -141,40 +155,31 @@ class DriveRate:
 
 def measure_drive(folder: str, request_sizes: Sequence[int] = REQUEST_SIZES,
                   thread_counts: Sequence[int] = THREAD_COUNTS, trial_bytes: int = TRIAL_BYTES,
-                  deadline_s: float = DEADLINE_S, repeats: int = 1) -> DriveRate:
+                  deadline_s: float = DEADLINE_S, repeats: int = 1,
+                  torch_buffer_sizes: Sequence[int] = ()) -> DriveRate:
     """Time writes, reads and both at once in ``folder`` (created if missing) for every request size and thread
-    count, ``repeats`` times over; the fastest trial of each kind gives the rates (the test hook QUICK_ENV: one
-    repeat, no request issued after QUICK_DEADLINE_S). Raises OSError when the folder cannot be written."""
-    from .direct_io import DirectFileIO, aligned_buffer
+    count, ``repeats`` times over, into arena slots, and for the sizes in ``torch_buffer_sizes`` into torch.empty
+    buffers too (the module docstring says why); the fastest trial of each mode into arena slots gives the rates
+    (the test hook QUICK_ENV: one repeat, no request issued after QUICK_DEADLINE_S). Raises OSError when the folder
+    cannot be written."""
+    from .direct_io import DirectFileIO
     quick = quick_drive()
     repeats, deadline_s = repeats_made(repeats), min(deadline_s, QUICK_DEADLINE_S) if quick else deadline_s
     os.makedirs(folder, exist_ok=True)
     remove_stale_trial_files(folder)
     trials: List[Trial] = []
     alignment = None
-    for request_bytes in [size for _repeat in range(repeats) for size in request_sizes]:
+    timed = [(size, buffers) for size in request_sizes
+             for buffers in (ARENA_BUFFERS, TORCH_BUFFERS)[:2 if size in torch_buffer_sizes else 1]]
+    for request_bytes, buffers_kind in [each for _repeat in range(repeats) for each in timed]:
         for threads in thread_counts:
             requests = max(threads, trial_bytes // request_bytes)  # every thread busy, whatever the request size
             io = DirectFileIO(num_threads=threads, name="tencache-drive-rate")
-            buffers = [aligned_buffer(request_bytes) for _ in range(threads)]
-            for index, buffer in enumerate(buffers):
-                buffer.fill_(index + 1)  # not zeros: a file system may treat zero pages specially
-            first, second = (trial_file(folder, kind) for kind in "ab")
+            first, second = (trial_file(folder, name) for name in "ab")
             try:
-                # Twice: a new file's blocks are allocated as it is written, which was 20-40% slower here than
-                # overwriting them, and the stores overwrite their swap files step after step (the fastest counts).
-                for _pass in range(2):
-                    trials.append(_trial(io, WRITE, buffers, [(first, index) for index in range(requests)],
-                                         request_bytes, deadline_s))
-                written = trials[-1].write_bytes // request_bytes  # a deadline may have cut the file short
-                trials.append(_trial(io, READ, buffers, [(first, index) for index in range(written)],
-                                     request_bytes, deadline_s))
-                # Reads of the first file interleaved with writes of the second: an update reading sub-group i + 1
-                # while writing i. The second file is written once untimed first, so that the mixed trial overwrites
-                # it too (a new file's block allocation would be timed otherwise).
-                _trial(io, WRITE, buffers, [(second, index) for index in range(written)], request_bytes, deadline_s)
-                mixed = [(first if index % 2 == 0 else second, index // 2) for index in range(2 * written)]
-                trials.append(_trial(io, BOTH, buffers, mixed, request_bytes, deadline_s))
+                with trial_buffers(buffers_kind, request_bytes, threads) as buffers:
+                    trials.extend(_one_round(io, buffers, buffers_kind, first, second, requests, request_bytes,
+                                             deadline_s))
                 alignment = io.alignment_for(first)
             finally:
                 io.close()
@@ -183,11 +188,63 @@ def measure_drive(folder: str, request_sizes: Sequence[int] = REQUEST_SIZES,
                         os.remove(path)
                     except FileNotFoundError:
                         pass
-    return _fastest(trials, f"tencache DirectFileIO, requests of {', '.join(_mib(size) for size in request_sizes)}, "
-                            f"{' or '.join(map(str, thread_counts))} in flight, O_DIRECT alignment {alignment} B "
-                            f"(0: buffered), in {folder}"
+    return _fastest(trials, f"tencache DirectFileIO, requests of {', '.join(_mib(size) for size in request_sizes)} "
+                            f"into arena slots, {' or '.join(map(str, thread_counts))} in flight, O_DIRECT alignment "
+                            f"{alignment} B (0: buffered), in {folder}"
                             + (f" (shortened by {QUICK_ENV}: one repeat, no request issued after {deadline_s:g} s, "
-                               "one round at least)" if quick else ""))
+                               "one round at least)" if quick else ""), ARENA_BUFFERS)
+
+
+def _one_round(io, buffers, buffers_kind: str, first: str, second: str, requests: int, request_bytes: int,
+               deadline_s: float) -> List[Trial]:
+    """Writes, reads, and both at once, of ``requests`` requests through ``io`` from ``buffers``."""
+    trials = []
+    # Twice: a new file's blocks are allocated as it is written, which was 20-40% slower here than overwriting them,
+    # and the stores overwrite their swap files step after step (the fastest counts).
+    for _pass in range(2):
+        trials.append(_trial(io, WRITE, buffers, [(first, index) for index in range(requests)], request_bytes,
+                             deadline_s, buffers_kind))
+    written = trials[-1].write_bytes // request_bytes  # a deadline may have cut the file short
+    trials.append(_trial(io, READ, buffers, [(first, index) for index in range(written)], request_bytes, deadline_s,
+                         buffers_kind))
+    # Reads of the first file interleaved with writes of the second: an update reading sub-group i + 1 while writing
+    # i. The second file is written once untimed first, so that the mixed trial overwrites it too (a new file's block
+    # allocation would be timed otherwise).
+    _trial(io, WRITE, buffers, [(second, index) for index in range(written)], request_bytes, deadline_s, buffers_kind)
+    mixed = [(first if index % 2 == 0 else second, index // 2) for index in range(2 * written)]
+    trials.append(_trial(io, BOTH, buffers, mixed, request_bytes, deadline_s, buffers_kind))
+    return trials
+
+
+@contextlib.contextmanager
+def trial_buffers(kind: str, nbytes: int, count: int):
+    """``count`` uint8 tensors of ``nbytes``, each filled with its index + 1 (not zeros: a file system may treat zero
+    pages specially), of ``kind``: ARENA_BUFFERS, slots of a native arena (the stores' kind: huge pages, locked
+    where the memlock limit allows, else left pageable without a warning); TORCH_BUFFERS, 4 KiB-aligned torch.empty
+    memory (DeepSpeed's swap buffers). The arena is closed on leaving."""
+    from .direct_io import aligned_buffer
+    if kind == TORCH_BUFFERS:
+        buffers = [aligned_buffer(nbytes) for _ in range(count)]
+        arena = None
+    elif kind == ARENA_BUFFERS:
+        import warnings
+        import torch
+        from ..memory.arena import PinnedArena
+        with warnings.catch_warnings():  # a memlock limit below the slots leaves them pageable: still huge pages
+            warnings.simplefilter("ignore", RuntimeWarning)
+            arena = PinnedArena({nbytes: count}, lock="best_effort", register_with_cuda=False,
+                                name="tencache-drive-rate")
+        buffers = [arena.alloc(nbytes).as_tensor(torch.uint8, nbytes) for _ in range(count)]
+    else:
+        raise ValueError(f"trial buffers: {kind!r} is not {ARENA_BUFFERS!r} or {TORCH_BUFFERS!r}")
+    try:
+        for index, buffer in enumerate(buffers):
+            buffer.fill_(index + 1)
+        yield buffers
+    finally:
+        del buffers
+        if arena is not None:
+            arena.close()
 
 
 def trial_file(folder: str, kind: str) -> str:
@@ -213,9 +270,11 @@ def remove_stale_trial_files(folder: str) -> List[str]:
     return remove_files_of_dead_processes(folder, pid_of, host_of)
 
 
-def _fastest(trials: Sequence[Trial], method: str) -> DriveRate:
+def _fastest(trials: Sequence[Trial], method: str, buffers: Optional[str] = None) -> DriveRate:
+    """The fastest rates among ``trials`` (those into ``buffers`` only, where given), all of them kept."""
     def best(mode: str) -> Optional[Trial]:
-        done = [trial for trial in trials if trial.mode == mode and trial.seconds > 0]
+        done = [trial for trial in trials if trial.mode == mode and trial.seconds > 0
+                and (buffers is None or trial.buffers == buffers)]
         return max(done, key=lambda trial: trial.bytes_per_s) if done else None
 
     reads, writes, both = best(READ), best(WRITE), best(BOTH)
@@ -226,7 +285,7 @@ def _fastest(trials: Sequence[Trial], method: str) -> DriveRate:
 
 
 def _trial(io, mode: str, buffers, requests: Sequence[Tuple[str, int]], request_bytes: int,
-           deadline_s: float) -> Trial:
+           deadline_s: float, buffers_kind: str) -> Trial:
     """Issue ``requests`` ((path, index): offset index x request_bytes) with len(buffers) in flight; in mode BOTH
     the first file is read and any other written. Stops issuing at the deadline (after one request per buffer);
     waits for what is in flight."""
@@ -254,7 +313,8 @@ def _trial(io, mode: str, buffers, requests: Sequence[Tuple[str, int]], request_
         for path in {path for path, _index in requests if path != first_path or mode == WRITE}:
             if io.alignment_for(path) == 0:
                 _fsync(path)
-    return Trial(mode, request_bytes, len(buffers), moved[False], moved[True], time.perf_counter() - started)
+    return Trial(mode, request_bytes, len(buffers), moved[False], moved[True], time.perf_counter() - started,
+                 buffers_kind)
 
 
 def _fsync(path: str) -> None:

@@ -60,6 +60,12 @@ class Machine:
     # Measured with tencache's engine (`--machine this`): on this VM 400 MiB requests read about 1.4x faster than
     # 64 MiB ones. None: one rate for every size (a datasheet's sequential figures).
     nvme_request_factors: Optional[Tuple[Tuple[int, float, float], ...]] = None
+    # The drive's read, write and mixed rates into buffers of 4 KiB pages, relative to the figures above, which are
+    # its rates into the stores' buffers (arena slots: huge pages). DeepSpeed's swap buffers are torch.empty memory
+    # of 4 KiB pages, and O_DIRECT pins each page of a request: on this VM 64 MiB requests read 2.2x and wrote 1.7x
+    # as fast into huge pages (io/drive_rate.py). The model's stock policy moves its bytes at these shares
+    # (step_model/timeline.py, channel_rates). None: the same rates for both (a datasheet's figures).
+    nvme_small_page_factors: Optional[Tuple[float, float, float]] = None
     host_copy_bytes_per_s: float = 1.0e10
     # Writing host memory the process has not touched yet (each page faulted in first). Only a host accelerator pays
     # it per step (step_model/costs.py, backward_host_memory_s); None leaves that term out (GPU boxes).
@@ -197,10 +203,18 @@ def _checked_values(data: Mapping[str, Any], source: str) -> Dict[str, Any]:
                 raise MachineFileError(f"{source}: key \"{key}\" must be true or false, got {value!r}")
         elif value is None and key in ("drive_tbw_bytes", "host_available_bytes", "host_fresh_write_bytes_per_s",
                                        "nvme_mixed_bytes_per_s_per_drive", "nvme_request_factors",
+                                       "nvme_small_page_factors",
                                        "allgather_bytes_per_s", "reduce_scatter_bytes_per_s"):
             continue
         elif key == "nvme_request_factors":
             values[key] = _checked_request_factors(value, source)
+        elif key == "nvme_small_page_factors":
+            if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)) or len(value) != 3 or any(
+                    isinstance(number, bool) or not isinstance(number, (int, float)) or not finite(number)
+                    or number <= 0 for number in value):
+                raise MachineFileError(f"{source}: key \"nvme_small_page_factors\" must be three positive numbers "
+                                       f"[read, write, mixed], got {value!r}")
+            values[key] = tuple(float(number) for number in value)
         else:
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise MachineFileError(f"{source}: key \"{key}\" must be a number, got {value!r}")

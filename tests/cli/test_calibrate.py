@@ -269,7 +269,29 @@ def test_the_contention_probe_times_the_layers_alone_and_beside_the_drive_and_re
     # runs this test beside another (-n 2), which takes the cores in both timings, so only the sign is certain here.
     assert measured["io_contention"] == statistics.median(measured["rounds"]) >= 0
     assert measured["read_bytes_per_s"] > 0 and " GB; " in measured["method"] and "2 in flight" in measured["method"]
+    assert "into arena slots" in measured["method"]  # the stores' buffers: the drive's busy seconds are theirs
     assert os.listdir(tmp_path) == []
+
+
+def test_the_drive_is_timed_into_arena_slots_and_torch_buffers_give_stocks_factors(tmp_path, monkeypatch):
+    """The machine's NVMe figures are the drive's rates into the stores' arena slots; the same repeats time
+    torch.empty buffers (DeepSpeed's swap buffers) at the figures' request size, and their rates over the figures'
+    are ``nvme_small_page_factors`` (read, write, mixed), which the model's stock policy moves its bytes at."""
+    from tencache_ds.cli import calibrate
+    from tencache_ds.io.drive_rate import QUICK_ENV
+    monkeypatch.setenv(QUICK_ENV, "1")
+    monkeypatch.setattr(calibrate, "NVME_PROBE_BUFFER_BYTES", 256 << 20)  # the largest request 128 MiB: seconds
+    nvme = calibrate.measure_nvme(str(tmp_path / "drive"), 2)
+    factors = nvme["small_page_factors"]
+    assert len(factors) == 3 and all(factor > 0 for factor in factors)
+    assert "into arena slots" in nvme["method"]
+    measured = dict(_measured(None), nvme=nvme)
+    machine = calibrate.machine_from_calibration(measured)
+    assert machine.nvme_small_page_factors == pytest.approx(tuple(factors))
+    assert machine.nvme_read_bytes_per_s_per_drive == nvme["read_bytes_per_s"]
+    assert "torch.empty buffers" in machine.sources["nvme_small_page_factors"]
+    without = calibrate.machine_from_calibration(_measured(None))  # a calibration of before 2026-12-06
+    assert without.nvme_small_page_factors is None and without.sources["nvme_small_page_factors"] == "not measured"
 
 
 def test_a_failed_read_stops_the_contention_probe_with_its_error_and_removes_its_file(tmp_path, monkeypatch):

@@ -24,7 +24,7 @@ from tencache_ds.plan.step_model.costs import (allgather_s, backward_host_memory
                                               run_time_prior)
 from tencache_ds.plan.host_residency import steady_state
 from tencache_ds.plan.step_model.drive import Drive, Request, drive_floor
-from tencache_ds.plan.step_model.timeline import OPTIMIZER, PARAMS, Timeline, mixed_share
+from tencache_ds.plan.step_model.timeline import OPTIMIZER, PARAMS, Timeline, channel_rates, mixed_share
 from tencache_ds.plan.step_model.tencache import _optimizer_sequence, _optimizer_streaming_bytes, _partitions_on_nvme
 from tencache_ds.plan.profile_timings import machine_from_profile
 from tencache_ds.plan.workload import ZeroSettings, build_workload, model_element_bytes, optimizer_pipelining
@@ -880,6 +880,30 @@ def test_a_request_is_priced_at_the_drives_rate_for_its_size():
     assert predict(work, above)[STOCK].step_time_s == pytest.approx(predict(work, flat)[STOCK].step_time_s)
 
 
+def test_stocks_requests_move_at_the_drives_rate_into_small_pages_and_tencaches_at_its_figures():
+    """nvme_small_page_factors (measured by `--machine this`: torch.empty buffers against arena slots, 2026-12-06):
+    DeepSpeed's swap buffers are 4 KiB pages, the stores' arena slots huge ones, and O_DIRECT pins every page. The
+    factors slow stock's NVMe channels only (its mixed rate too), and a file without them prices both alike."""
+    factors = (0.45, 0.5, 0.4)
+    machine = this_vm(nvme_mixed_bytes_per_s_per_drive=3.0e9, nvme_small_page_factors=factors)
+    stock, tencache = channel_rates(machine, arena_buffers=False), channel_rates(machine, arena_buffers=True)
+    assert stock.channels["nvme_read"] == pytest.approx(2.1e9 * 0.45)
+    assert stock.channels["nvme_write"] == pytest.approx(2.1e9 * 0.5)
+    assert stock.mixed_share == pytest.approx(mixed_share(2.1e9 * 0.45, 2.1e9 * 0.5, 3.0e9 * 0.4))
+    assert tencache.channels["nvme_read"] == tencache.channels["nvme_write"] == 2.1e9
+    assert tencache.mixed_share == pytest.approx(mixed_share(2.1e9, 2.1e9, 3.0e9))
+    assert machine_from_dict(json.loads(json.dumps(machine.to_json()))) == machine  # a saved file reads back equal
+    # stock streaming gpt2-small waits on the drive longer; tencache's step with the same budget does not change
+    work = workload("gpt2-small", config=ds_config())
+    plain = this_vm(nvme_mixed_bytes_per_s_per_drive=3.0e9)
+    io = ("nvme_read", "nvme_write")
+    slow, fast = (predict(work, each)[STOCK].critical_path_s for each in (machine, plain))
+    assert sum(slow[part] for part in io) > 1.5 * sum(fast[part] for part in io)
+    tencache_work = workload("gpt2-small", config=ds_config(host_cache_bytes=0))
+    assert predict(tencache_work, machine)[TENCACHE].step_time_s == pytest.approx(
+        predict(tencache_work, plain)[TENCACHE].step_time_s)
+
+
 def test_ranks_on_a_node_share_its_drives_and_memory():
     machine = this_vm(ranks_per_node=2)
     assert machine.nvme_read_bytes_per_s_per_rank == pytest.approx(this_vm().nvme_read_bytes_per_s_per_rank / 2)
@@ -1360,6 +1384,9 @@ def valid_machine():
     (lambda d: d.update(h2d_bytes_per_s=float("nan")), r"\"h2d_bytes_per_s\" must be a finite number"),
     (lambda d: d.update(drives=10 ** 400), r"\"drives\" must be a finite number"),  # (float arithmetic overflows)
     (lambda d: d.update(nvme_request_factors=[[4 << 20, float("inf"), 1], [64 << 20, 1, 1]]), r"row \[4194304, inf"),
+    (lambda d: d.update(nvme_small_page_factors=[0.5, 0.5]), r"\"nvme_small_page_factors\" must be three positive"),
+    (lambda d: d.update(nvme_small_page_factors=[0.5, 0, 0.5]), r"\"nvme_small_page_factors\" must be three"),
+    (lambda d: d.update(nvme_small_page_factors="0.5"), r"\"nvme_small_page_factors\" must be three"),
 ])
 def test_a_bad_machine_file_names_the_file_and_the_key(change, message):
     data = valid_machine()

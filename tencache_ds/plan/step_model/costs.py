@@ -128,7 +128,7 @@ def optimizer_cpu_seconds(workload: Workload, machine: Machine) -> float:
     """The step's CPU Adam and epilogue on this machine (host optimizer; 0 without optimizer offload)."""
     if workload.zero.offload_optimizer == "none":
         return 0.0
-    return optimizer_cpu_s(workload, workload.rank_elements, channel_rates(machine, pinned_h2d=True))
+    return optimizer_cpu_s(workload, workload.rank_elements, channel_rates(machine, arena_buffers=True))
 
 
 def one_rank_on_a_host_accelerator(workload: Workload, machine: Machine) -> bool:

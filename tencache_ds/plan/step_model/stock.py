@@ -39,7 +39,7 @@ def stock_optimizer_buffers(zero: ZeroSettings) -> int:
 
 def predict_stock(workload: Workload, machine: Machine) -> Prediction:
     elem = workload.zero.element_bytes
-    rates = channel_rates(machine, pinned_h2d=False)
+    rates = channel_rates(machine, arena_buffers=False)
     reads = _read_positions(workload)
     nvme_reads = {i: [k for k in keys if workload.partitions[k].on_nvme] for i, keys in reads.items()}
     failures = _stock_failures(workload)

@@ -333,7 +333,7 @@ def _optimizer_sequence(workload: Workload) -> Tuple[List[str], Dict[str, int]]:
 def predict_tencache(workload: Workload, machine: Machine) -> Prediction:
     zero, elem = workload.zero, workload.zero.element_bytes
     plan = tencache_plan(workload, machine)
-    rates = channel_rates(machine, pinned_h2d=True)
+    rates = channel_rates(machine, arena_buffers=True)
     gathers = workload.read_fetches()
     micro_steps = _micro_step_gathers(workload, machine, plan, rates, gathers)
     written_params = {key for micro in micro_steps for position, (_index, key) in enumerate(micro.lends)

@@ -155,10 +155,17 @@ def mixed_share(read: float, write: float, mixed: Optional[float]) -> Optional[f
     return share if share < 1.0 else None
 
 
-def channel_rates(machine: Machine, pinned_h2d: bool) -> Rates:
-    h2d = machine.h2d_bytes_per_s * (1.0 if pinned_h2d else PAGEABLE_H2D_FACTOR)
-    read, write = machine.nvme_read_bytes_per_s_per_rank, machine.nvme_write_bytes_per_s_per_rank
+def channel_rates(machine: Machine, arena_buffers: bool) -> Rates:
+    """The machine's rates for a policy whose swap buffers are the arena's (``arena_buffers``: tencache's pinned,
+    huge-page slots) or DeepSpeed's (stock: torch.empty memory of 4 KiB pages, not CUDA-registered: its H2D copies
+    at the pageable share, its NVMe requests at the machine's ``nvme_small_page_factors``)."""
+    h2d = machine.h2d_bytes_per_s * (1.0 if arena_buffers else PAGEABLE_H2D_FACTOR)
+    factors = (1.0, 1.0, 1.0) if arena_buffers or machine.nvme_small_page_factors is None \
+        else machine.nvme_small_page_factors
+    read, write = machine.nvme_read_bytes_per_s_per_rank * factors[0], \
+        machine.nvme_write_bytes_per_s_per_rank * factors[1]
+    mixed = machine.nvme_mixed_bytes_per_s_per_rank
     return Rates(machine.accelerator_flops_per_s_per_rank, machine.cpu_adam_elements_per_s_per_rank,
                  machine.host_copy_bytes_per_s_per_rank, {"nvme_read": read, "nvme_write": write, "h2d": h2d},
-                 mixed_share(read, write, machine.nvme_mixed_bytes_per_s_per_rank),
+                 mixed_share(read, write, mixed * factors[2] if mixed is not None else None),
                  machine.zero3_module_call_s, machine.nvme_request_factor, machine.io_contention)
