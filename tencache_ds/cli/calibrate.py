@@ -810,7 +810,7 @@ def measure_io_contention(torch, model_config: Dict[str, Any], micro_batch: int,
                               seq_len)
     os.makedirs(folder, exist_ok=True)
     path = trial_file(folder, "contention")
-    requests, io = IO_CONTENTION_FILE_REQUESTS, None
+    requests = IO_CONTENTION_FILE_REQUESTS
 
     def keep_reading(done: Callable[[], bool], moved: list, failed: list) -> None:
         """Reads of the file in turn, ``io_threads`` in flight, until ``done()``; ``moved[0]`` counts the bytes of
@@ -888,7 +888,8 @@ def measure_io_contention(torch, model_config: Dict[str, Any], micro_batch: int,
     contention = statistics.median(ratios)
     return {"method": f"{layers} layers of {model_config.get('model_type')} (vocabulary {vocab}), {steps} forward + "
                       f"backward steps alone and while tencache's engine read {TENSOR_REQUEST_BYTES >> 20} MiB "
-                      f"requests into arena slots beside them, {io_threads} in flight, O_DIRECT alignment {alignment} B (0: buffered) "
+                      f"requests into arena slots beside them, {io_threads} in flight, O_DIRECT alignment "
+                      f"{alignment} B (0: buffered) "
                       f"({read_rate / 1e9:.2f} GB/s alone), in turn, {rounds} round{'s' * (rounds != 1)} "
                       f"({'; '.join(details)}): the "
                       f"seconds lost over the drive's busy seconds within the steps' time alone, the median of the "

@@ -61,8 +61,8 @@ def store_io_threads(intra_op_parallelism: int) -> int:
 
 
 def aligned_buffer(nbytes: int):
-    """A 4 KiB-aligned pageable tensor of ``nbytes`` bytes, as the optimizer store's (O_DIRECT needs the address
-    aligned)."""
+    """A 4 KiB-aligned pageable tensor of ``nbytes`` bytes (O_DIRECT needs the address aligned): torch.empty memory
+    of 4 KiB pages, as DeepSpeed's swap buffers are (io/drive_rate.py, TORCH_BUFFERS)."""
     import torch  # imported here so that importing this module stays light
     raw = torch.empty(nbytes + 4096, dtype=torch.uint8)
     offset = (-raw.data_ptr()) % 4096

@@ -11,14 +11,16 @@ reads and writes overlap (an update writes sub-group i while reading i + 1). So 
 requests of ``request_bytes`` in flight, for each of reads, writes and an even mix of both, and the rates kept
 are the fastest trial's: the bound these rates feed must not be above what tencache can get from the drive.
 
-The buffers are the stores' own kind: slots of the native arena (``ARENA_BUFFERS``: huge pages, page-locked where
-the limit allows; the parameter store's buffers and the optimizer store's streaming ones). O_DIRECT pins every page
-of a request's buffer, so the pages' size sets the rate as much as the drive does: on this VM (2026-12-06) 64 MiB
-requests into a torch.empty buffer (4 KiB pages: DeepSpeed's swap buffers) read at 1.9-2.7 GB/s and wrote at
-1.5-2.5, into arena slots at 4.1-4.5 and 2.9-3.5; tencache's training steps moved their bytes at 2.8-3.7 GB/s of
-busy drive (metrics' ``nvme_busy_fraction``) where trials into torch.empty buffers had measured 1.6-2.1. Until
-then every trial used torch.empty buffers. ``torch_buffer_sizes`` times those sizes into such buffers as well
-(``TORCH_BUFFERS``), in the same repeats, for a model of DeepSpeed's own swapping.
+The buffers are the kind most of the stores' bytes move through: slots of the native arena (``ARENA_BUFFERS``: huge
+pages, page-locked where the limit allows; the parameter store's buffers and the optimizer store's streaming ones).
+O_DIRECT pins every page of a request's buffer, so the pages' size sets the rate as much as the drive does: on this
+VM (2026-12-06) 64 MiB requests into torch.empty buffers (4 KiB pages: DeepSpeed's swap buffers) read at 1.9-2.7
+GB/s and wrote at 1.5-2.6, into arena slots at 4.1-4.5 and 2.9-3.5; tencache's training steps had moved their bytes
+at 2.8-3.4 GB/s of busy drive (metrics' ``nvme_busy_fraction``, run 27) where trials into torch.empty buffers had
+measured 1.6-1.7. Until then every trial used torch.empty buffers. The optimizer store's kept entries are shared
+mappings of 4 KiB pages (memory/pool.py) and move at about the torch.empty rate; the step model does not tell them
+apart (their bytes move when first read and when evicted, not every step). ``torch_buffer_sizes`` times those sizes
+into torch.empty buffers as well (``TORCH_BUFFERS``), in the same repeats, for a model of DeepSpeed's own swapping.
 
 A trial moves at most ``trial_bytes`` and stops issuing at ``deadline_s`` (a slow disk ends early rather than
 late), so the whole measurement takes a few seconds. The files live in the folder measured and are removed.
@@ -161,7 +163,7 @@ def measure_drive(folder: str, request_sizes: Sequence[int] = REQUEST_SIZES,
     count, ``repeats`` times over, into arena slots, and for the sizes in ``torch_buffer_sizes`` into torch.empty
     buffers too (the module docstring says why); the fastest trial of each mode into arena slots gives the rates
     (the test hook QUICK_ENV: one repeat, no request issued after QUICK_DEADLINE_S). Raises OSError when the folder
-    cannot be written."""
+    cannot be written, TencacheResourceError without the native arena library (which training needs too)."""
     from .direct_io import DirectFileIO
     quick = quick_drive()
     repeats, deadline_s = repeats_made(repeats), min(deadline_s, QUICK_DEADLINE_S) if quick else deadline_s
@@ -174,20 +176,21 @@ def measure_drive(folder: str, request_sizes: Sequence[int] = REQUEST_SIZES,
     for request_bytes, buffers_kind in [each for _repeat in range(repeats) for each in timed]:
         for threads in thread_counts:
             requests = max(threads, trial_bytes // request_bytes)  # every thread busy, whatever the request size
-            io = DirectFileIO(num_threads=threads, name="tencache-drive-rate")
             first, second = (trial_file(folder, name) for name in "ab")
-            try:
-                with trial_buffers(buffers_kind, request_bytes, threads) as buffers:
+            with trial_buffers(buffers_kind, request_bytes, threads) as buffers:
+                io = DirectFileIO(num_threads=threads, name="tencache-drive-rate")
+                try:
                     trials.extend(_one_round(io, buffers, buffers_kind, first, second, requests, request_bytes,
                                              deadline_s))
-                alignment = io.alignment_for(first)
-            finally:
-                io.close()
-                for path in (first, second):
-                    try:
-                        os.remove(path)
-                    except FileNotFoundError:
-                        pass
+                    alignment = io.alignment_for(first)
+                finally:
+                    # before the buffers go: a trial that failed part way may have requests still moving into them
+                    io.close()
+                    for path in (first, second):
+                        try:
+                            os.remove(path)
+                        except FileNotFoundError:
+                            pass
     return _fastest(trials, f"tencache DirectFileIO, requests of {', '.join(_mib(size) for size in request_sizes)} "
                             f"into arena slots, {' or '.join(map(str, thread_counts))} in flight, O_DIRECT alignment "
                             f"{alignment} B (0: buffered), in {folder}"
@@ -221,28 +224,29 @@ def trial_buffers(kind: str, nbytes: int, count: int):
     """``count`` uint8 tensors of ``nbytes``, each filled with its index + 1 (not zeros: a file system may treat zero
     pages specially), of ``kind``: ARENA_BUFFERS, slots of a native arena (the stores' kind: huge pages, locked
     where the memlock limit allows, else left pageable without a warning); TORCH_BUFFERS, 4 KiB-aligned torch.empty
-    memory (DeepSpeed's swap buffers). The arena is closed on leaving."""
+    memory (DeepSpeed's swap buffers). The arena is closed on leaving: its tensors must not be used after the block,
+    nor any request into them still be moving (close the engine inside it)."""
     from .direct_io import aligned_buffer
-    if kind == TORCH_BUFFERS:
-        buffers = [aligned_buffer(nbytes) for _ in range(count)]
-        arena = None
-    elif kind == ARENA_BUFFERS:
+    if kind not in (ARENA_BUFFERS, TORCH_BUFFERS):
+        raise ValueError(f"trial buffers: {kind!r} is not {ARENA_BUFFERS!r} or {TORCH_BUFFERS!r}")
+    arena = None
+    if kind == ARENA_BUFFERS:
         import warnings
-        import torch
         from ..memory.arena import PinnedArena
         with warnings.catch_warnings():  # a memlock limit below the slots leaves them pageable: still huge pages
             warnings.simplefilter("ignore", RuntimeWarning)
             arena = PinnedArena({nbytes: count}, lock="best_effort", register_with_cuda=False,
                                 name="tencache-drive-rate")
-        buffers = [arena.alloc(nbytes).as_tensor(torch.uint8, nbytes) for _ in range(count)]
-    else:
-        raise ValueError(f"trial buffers: {kind!r} is not {ARENA_BUFFERS!r} or {TORCH_BUFFERS!r}")
     try:
+        if arena is None:
+            buffers = [aligned_buffer(nbytes) for _ in range(count)]
+        else:
+            import torch
+            buffers = [arena.alloc(nbytes).as_tensor(torch.uint8, nbytes) for _ in range(count)]
         for index, buffer in enumerate(buffers):
             buffer.fill_(index + 1)
         yield buffers
     finally:
-        del buffers
         if arena is not None:
             arena.close()
 
