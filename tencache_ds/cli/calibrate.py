@@ -13,6 +13,9 @@ crash there becomes a clear error. The probes, and why each is measured the way 
   to be the rate a step sustains, three times over. Reads, writes, and both at once: the last gives the machine's
   mixed rate (a drive that does not add the two shares them in the step model). Not DeepSpeed's aio handle (which
   `doctor`'s bandwidth line uses): its single synchronous request understates what tencache gets from the drive.
+  Into arena slots, as the stores' requests are; and at the rate figures' size into torch.empty buffers too, within
+  each repeat, whose rates over the figures are ``nvme_small_page_factors``: DeepSpeed's swap buffers are 4 KiB
+  pages, which O_DIRECT filled at about half the rate on this VM (io/drive_rate.py).
 - CPU Adam: DeepSpeed's ``DeepSpeedCPUAdam`` (what ZeRO-Offload steps with) on one fp32 tensor, timed after a
   warm-up; torch's AdamW when DeepSpeed's op cannot be built (the source says which).
 - Host memory: a large copy between tensors already mapped (the optimizer step's epilogue), and writing a fresh
