@@ -11,11 +11,11 @@ profile saved before a step repeated it, or by an older tencache); never the two
   Adam time, it is the forward and backward. That time is more than FLOPs: the step model charges ZeRO-3's hooks
   and a host accelerator's memory work to compute beside them, and the training thread's collectives and H2D
   copies to parts of their own. The FLOP rate is the one at which the model's tencache step spends the measured
-  time on those parts together (linear in the inverse rate: two replays give the slope), so what the model
-  prices apart is not counted twice. Not taken out: the drive's cost to the cores (``io_contention``) in a
-  profile of a run that read or wrote while it computed. The fit leaves it at 0 and the prediction adds it
-  again, so profile a run whose budget holds what it trains where the host has room (as
-  scripts/validate_estimate.py --profile-runs does);
+  time on those parts together, so what the model prices apart is not counted twice. That includes the drive's
+  cost to the cores (``io_contention``) where the profile's run read or wrote while it computed (a model beyond
+  the host's memory, whose "auto" budget cannot hold what it trains): the fit replays with the machine's term, and
+  the prediction adds it once. Until 2026-12-06 the fit left it at 0 and gpt2-1.3b's predictions counted it twice;
+  where the run moved no bytes while it computed the term adds nothing either way;
 - NVMe reads: reported, not taken. The profile times each read from issue to completion; with several in flight
   (tencache keeps them so) each one's time holds its wait behind the others, so bytes over summed times is a
   rate per request, not the drive's. Taken as the drive's rate it made gpt2-1.3b's stock step 93 s where it
@@ -43,6 +43,9 @@ MIN_FLOP_SHARE = 0.05      # FLOPs below this share of the measured forward + ba
                            # there is priced higher than the run spent on all of it, and no rate would fit
 # the parts of a replayed step spent on the training thread between its I/O waits (plan/step_model/results.py)
 THREAD_PARTS = ("compute", "collective", "h2d")
+FLOP_FREE_RATE_FACTOR = 1e6  # a rate this many times the machine's prices the FLOPs at next to nothing
+FIT_TOLERANCE = 1e-6         # of the measured seconds: where the fitted rate's replay lands
+FIT_MAX_REPLAYS = 30         # the secant converges in a few where the thread's time is near linear in 1 / rate
 
 
 def machine_from_profile(machine: Machine, workload: Workload, sections: Dict[str, SavedSection],
@@ -80,12 +83,13 @@ def machine_from_profile(machine: Machine, workload: Workload, sections: Dict[st
     if measured > MIN_COMPUTE_SHARE * timings["params"].step_s and fwd_bwd_flops > 0:
         steps = (f"the median of {params.steady.steps} steps after the recorded one" if steady
                  else "the recorded step, the run's first")
-        rate, flop_s, beside = _fitted_compute(machine, workload, measured)
+        rate, flop_s, beside, contended = _fitted_compute(machine, workload, measured)
         if flop_s >= MIN_FLOP_SHARE * measured:
             changes["accelerator_flops_per_s"] = rate
             notes.append(f"compute {measured:.3f} s per step ({steps}), of which {flop_s:.3f} s FLOPs "
-                         f"({fwd_bwd_flops / flop_s / 1e9:.1f} GFLOP/s) and {beside:.3f} s the work the model "
-                         f"prices beside them")
+                         f"({fwd_bwd_flops / flop_s / 1e9:.1f} GFLOP/s), {beside:.3f} s the work the model "
+                         f"prices beside them and {contended:.3f} s the drive's cost to the cores "
+                         f"(io_contention {machine.io_contention:.2f})")
         else:
             notes.append(f"compute not taken: {measured:.3f} s per step measured ({steps}), and the model prices "
                          f"{beside:.3f} s of other work on the training thread there: no FLOP rate fits")
@@ -103,20 +107,39 @@ def machine_from_profile(machine: Machine, workload: Workload, sections: Dict[st
     return dataclasses.replace(machine, sources=sources, **changes), notes
 
 
-def _fitted_compute(machine: Machine, workload: Workload, measured_s: float) -> Tuple[float, float, float]:
-    """(accelerator_flops_per_s, the FLOP seconds at it, the seconds the model prices beside the FLOPs) for which
-    the step model's tencache step spends ``measured_s`` on THREAD_PARTS; the FLOP seconds are
-    ``measured_s - beside`` (at most 0 where no rate fits)."""
+def _fitted_compute(machine: Machine, workload: Workload,
+                    measured_s: float) -> Tuple[float, float, float, float]:
+    """(accelerator_flops_per_s, the FLOP seconds at it, the seconds of the work the model prices beside the FLOPs,
+    the seconds the drive costs the cores there: ``io_contention``) for which the step model's tencache step spends
+    ``measured_s`` on THREAD_PARTS, the three seconds adding up to it. Where no rate fits (the model prices more
+    than ``measured_s`` with the FLOPs at next to nothing): the machine's rate, ``measured_s`` less that least
+    time (at most 0), that least time, 0.
+
+    The replays keep the machine's ``io_contention``: the profile run's steps were slowed by its own reads and
+    writes as much as the model prices them, so what the fit leaves to the FLOPs is the work without them, and the
+    prediction does not add the drive's cost to the cores a second time. Without the term the thread's time is
+    linear in the inverse rate; with it, the seconds lost beside the drive move with how long the work takes, so
+    the rate is found by the secant method on that inverse."""
     from .step_model import TENCACHE, predict
 
-    def thread_s(rate: float) -> float:
-        at = dataclasses.replace(machine, accelerator_flops_per_s=rate, io_contention=0.0)
+    def thread_s(rate: float, io_contention: float = machine.io_contention) -> float:
+        at = dataclasses.replace(machine, accelerator_flops_per_s=rate, io_contention=io_contention)
         parts = predict(workload, at)[TENCACHE].critical_path_s
         return sum(parts[name] for name in THREAD_PARTS)
 
     rate = machine.accelerator_flops_per_s
-    at_rate = thread_s(rate)
-    flop_s_at_rate = 2.0 * (at_rate - thread_s(2.0 * rate))  # thread(r) = beside + flops / r
-    beside = at_rate - flop_s_at_rate
-    flop_s = measured_s - beside
-    return (rate * flop_s_at_rate / flop_s if flop_s > 0 else rate), flop_s, beside
+    fastest = 1.0 / (rate * FLOP_FREE_RATE_FACTOR)  # u = 1 / rate at which the FLOPs take next to nothing
+    least = thread_s(1.0 / fastest)
+    if measured_s <= least:
+        return rate, measured_s - least, least, 0.0
+    # secant on u, from the FLOP-free point and the machine's rate
+    u_prev, err_prev, u = fastest, least - measured_s, 1.0 / rate
+    for _ in range(FIT_MAX_REPLAYS):
+        err = thread_s(1.0 / u) - measured_s
+        if abs(err) <= FIT_TOLERANCE * measured_s or err == err_prev:
+            break
+        u_prev, err_prev, u = u, err, max(fastest, u - err * (u - u_prev) / (err - err_prev))
+    fitted = 1.0 / u
+    without_term = thread_s(fitted, io_contention=0.0)
+    beside = thread_s(fitted * FLOP_FREE_RATE_FACTOR, io_contention=0.0)
+    return fitted, without_term - beside, beside, measured_s - without_term

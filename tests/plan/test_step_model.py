@@ -1461,6 +1461,27 @@ def test_a_profile_of_this_model_sets_compute_and_reports_its_reads_without_taki
         dict(by_size.sources, accelerator_flops_per_s=machine.sources["accelerator_flops_per_s"]))
 
 
+def test_a_profile_of_a_run_that_moved_bytes_while_it_computed_leaves_the_drives_cost_to_the_cores_out_of_the_flops(
+        tmp_path):
+    """A streaming run's steps were slowed by its own reads as much as the model prices (``io_contention``): the fit
+    leaves that to the term, so the prediction does not add it a second time (gpt2-1.3b's profile runs read and
+    wrote 16-25 GiB a step while they computed)."""
+    work = workload(config=ds_config(host_cache_bytes=0))
+    sections = saved_profile(tmp_path, work, compute_s=0.5, read_s_each=0.01)
+    contended = this_vm(io_contention=0.7, nvme_read_bytes_per_s_per_drive=2e8, nvme_write_bytes_per_s_per_drive=2e8)
+    machine, _notes = machine_from_profile(contended, work, sections, source="profile p.json")
+    assert machine.io_contention == 0.7
+    parts = predict(work, machine)[TENCACHE].critical_path_s
+    from tencache_ds.plan.step_model import optimizer_cpu_seconds
+    with_term = parts["compute"] + parts["collective"] + parts["h2d"] + optimizer_cpu_seconds(work, machine)
+    assert with_term == pytest.approx(0.5, rel=1e-5)
+    # the term is there to take out: the same rate without it prices the thread shorter than the run took
+    assert tencache_compute_s(work, machine) < 0.5 - 0.01
+    uncontended, _notes = machine_from_profile(dataclasses.replace(contended, io_contention=0.0), work, sections,
+                                               source="profile p.json")
+    assert machine.accelerator_flops_per_s > 1.02 * uncontended.accelerator_flops_per_s
+
+
 def test_a_profile_of_a_gpu_run_leaves_its_h2d_copies_out_of_the_flops(tmp_path):
     """On a GPU the profile's compute holds the step's H2D copies, which the model prices as a part of their own."""
     work = workload(config=ds_config(host_cache_bytes=0))
