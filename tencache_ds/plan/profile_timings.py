@@ -111,7 +111,7 @@ def _fitted_compute(machine: Machine, workload: Workload,
                     measured_s: float) -> Tuple[float, float, float, float]:
     """(accelerator_flops_per_s, the FLOP seconds at it, the seconds of the work the model prices beside the FLOPs,
     the seconds the drive costs the cores there: ``io_contention``) for which the step model's tencache step spends
-    ``measured_s`` on THREAD_PARTS, the three seconds adding up to it. Where no rate fits (the model prices more
+    ``measured_s`` on THREAD_PARTS, the three seconds adding up to it (within FIT_TOLERANCE). Where no rate fits (the model prices more
     than ``measured_s`` with the FLOPs at next to nothing): the machine's rate, ``measured_s`` less that least
     time (at most 0), that least time, 0.
 
@@ -142,4 +142,4 @@ def _fitted_compute(machine: Machine, workload: Workload,
     fitted = 1.0 / u
     without_term = thread_s(fitted, io_contention=0.0)
     beside = thread_s(fitted * FLOP_FREE_RATE_FACTOR, io_contention=0.0)
-    return fitted, without_term - beside, beside, measured_s - without_term
+    return fitted, without_term - beside, beside, thread_s(fitted) - without_term
