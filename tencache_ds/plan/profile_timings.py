@@ -45,7 +45,7 @@ MIN_FLOP_SHARE = 0.05      # FLOPs below this share of the measured forward + ba
 THREAD_PARTS = ("compute", "collective", "h2d")
 FLOP_FREE_RATE_FACTOR = 1e6  # a rate this many times the machine's prices the FLOPs at next to nothing
 FIT_TOLERANCE = 1e-6         # of the measured seconds: where the fitted rate's replay lands
-FIT_MAX_REPLAYS = 30         # the secant converges in a few where the thread's time is near linear in 1 / rate
+FIT_MAX_REPLAYS = 60         # per phase: one where the thread's time is linear in 1 / rate, a few where near it
 
 
 def machine_from_profile(machine: Machine, workload: Workload, sections: Dict[str, SavedSection],
@@ -92,7 +92,8 @@ def machine_from_profile(machine: Machine, workload: Workload, sections: Dict[st
                          f"(io_contention {machine.io_contention:.2f})")
         else:
             notes.append(f"compute not taken: {measured:.3f} s per step measured ({steps}), and the model prices "
-                         f"{beside:.3f} s of other work on the training thread there: no FLOP rate fits")
+                         f"{beside + contended:.3f} s of other work on the training thread there (the drive's cost "
+                         f"to the cores included): no FLOP rate fits")
     read_s = sum(timing.read_s for timing in timings.values())
     if read_s > 0:  # reported, not taken: see the module's docstring
         per_request = sum(timing.read_bytes for timing in timings.values()) / read_s
@@ -111,15 +112,15 @@ def _fitted_compute(machine: Machine, workload: Workload,
                     measured_s: float) -> Tuple[float, float, float, float]:
     """(accelerator_flops_per_s, the FLOP seconds at it, the seconds of the work the model prices beside the FLOPs,
     the seconds the drive costs the cores there: ``io_contention``) for which the step model's tencache step spends
-    ``measured_s`` on THREAD_PARTS, the three seconds adding up to it (within FIT_TOLERANCE). Where no rate fits (the model prices more
-    than ``measured_s`` with the FLOPs at next to nothing): the machine's rate, ``measured_s`` less that least
-    time (at most 0), that least time, 0.
+    ``measured_s`` on THREAD_PARTS, the three seconds adding up to it (within FIT_TOLERANCE). Where no rate fits
+    (the model prices more than ``measured_s`` with the FLOPs at next to nothing): the machine's rate,
+    ``measured_s`` less that least time (at most 0), that least time, 0.
 
     The replays keep the machine's ``io_contention``: the profile run's steps were slowed by its own reads and
     writes as much as the model prices them, so what the fit leaves to the FLOPs is the work without them, and the
     prediction does not add the drive's cost to the cores a second time. Without the term the thread's time is
     linear in the inverse rate; with it, the seconds lost beside the drive move with how long the work takes, so
-    the rate is found by the secant method on that inverse."""
+    the rate is found on that inverse by regula falsi within a bracket of the root."""
     from .step_model import TENCACHE, predict
 
     def thread_s(rate: float, io_contention: float = machine.io_contention) -> float:
@@ -132,13 +133,37 @@ def _fitted_compute(machine: Machine, workload: Workload,
     least = thread_s(1.0 / fastest)
     if measured_s <= least:
         return rate, measured_s - least, least, 0.0
-    # secant on u, from the FLOP-free point and the machine's rate
-    u_prev, err_prev, u = fastest, least - measured_s, 1.0 / rate
+    # The root of err(u) = thread_s(1 / u) - measured_s, bracketed between u_low (err < 0: the FLOP-free point) and
+    # u_high (err > 0, found by doubling from the machine's rate), by the Illinois method (regula falsi that halves
+    # the weight of an end kept twice): one step where err is linear in u, as without the term; within the bracket
+    # always, where the term makes err jump (a piece of work starts or stops overlapping a request) and a plain
+    # secant was seen to cycle. With no exact root at a jump, the end nearer to it.
+    tolerance = FIT_TOLERANCE * measured_s
+    u_low, err_low = fastest, least - measured_s
+    u_high, err_high = 1.0 / rate, thread_s(rate) - measured_s
     for _ in range(FIT_MAX_REPLAYS):
-        err = thread_s(1.0 / u) - measured_s
-        if abs(err) <= FIT_TOLERANCE * measured_s or err == err_prev:
+        if err_high > 0:
             break
-        u_prev, err_prev, u = u, err, max(fastest, u - err * (u - u_prev) / (err - err_prev))
+        u_low, err_low = u_high, err_high
+        u_high *= 2.0
+        err_high = thread_s(1.0 / u_high) - measured_s
+    u, kept = u_high, 0
+    if abs(err_high) > tolerance:
+        for _ in range(FIT_MAX_REPLAYS):
+            u = (u_low * err_high - u_high * err_low) / (err_high - err_low)
+            if not u_low < u < u_high:
+                u = 0.5 * (u_low + u_high)
+            err = thread_s(1.0 / u) - measured_s
+            if abs(err) <= tolerance:
+                break
+            if err > 0:
+                u_high, err_high = u, err
+                err_low, kept = (err_low / 2.0 if kept == 1 else err_low), 1
+            else:
+                u_low, err_low = u, err
+                err_high, kept = (err_high / 2.0 if kept == -1 else err_high), -1
+        else:
+            u = u_high if thread_s(1.0 / u_high) - measured_s < measured_s - thread_s(1.0 / u_low) else u_low
     fitted = 1.0 / u
     without_term = thread_s(fitted, io_contention=0.0)
     beside = thread_s(fitted * FLOP_FREE_RATE_FACTOR, io_contention=0.0)

@@ -1469,7 +1469,7 @@ def test_a_profile_of_a_run_that_moved_bytes_while_it_computed_leaves_the_drives
     work = workload(config=ds_config(host_cache_bytes=0))
     sections = saved_profile(tmp_path, work, compute_s=0.5, read_s_each=0.01)
     contended = this_vm(io_contention=0.7, nvme_read_bytes_per_s_per_drive=2e8, nvme_write_bytes_per_s_per_drive=2e8)
-    machine, _notes = machine_from_profile(contended, work, sections, source="profile p.json")
+    machine, notes = machine_from_profile(contended, work, sections, source="profile p.json")
     assert machine.io_contention == 0.7
     parts = predict(work, machine)[TENCACHE].critical_path_s
     from tencache_ds.plan.step_model import optimizer_cpu_seconds
@@ -1480,6 +1480,27 @@ def test_a_profile_of_a_run_that_moved_bytes_while_it_computed_leaves_the_drives
     uncontended, _notes = machine_from_profile(dataclasses.replace(contended, io_contention=0.0), work, sections,
                                                source="profile p.json")
     assert machine.accelerator_flops_per_s > 1.02 * uncontended.accelerator_flops_per_s
+    assert "s the drive's cost to the cores (io_contention 0.70)" in notes[0]
+
+
+@pytest.mark.parametrize("drive_bytes_per_s, io_contention, measured_s",
+                         [(2e8, 0.3, 0.6), (2e9, 0.3, 1.2), (1e9, 1.0, 2.5),
+                          (1e9, 1.0, 2.8)])  # a plain secant cycled on the last: 0.05% off after 30 replays
+def test_the_fit_with_the_drives_cost_lands_on_the_measured_compute_where_the_cost_jumps(drive_bytes_per_s,
+                                                                                       io_contention, measured_s):
+    """With the term the thread's time is not linear in the inverse rate and jumps where work starts or stops
+    overlapping a request; the fit stays in a bracket of the root, and its three parts add up to what was
+    measured."""
+    from tencache_ds.plan.profile_timings import _fitted_compute
+    work = workload(model="gpt2-small", config=ds_config(host_cache_bytes=0))
+    machine = this_vm(io_contention=io_contention, nvme_read_bytes_per_s_per_drive=drive_bytes_per_s,
+                      nvme_write_bytes_per_s_per_drive=drive_bytes_per_s)
+    rate, flop_s, beside, contended = _fitted_compute(machine, work, measured_s)
+    assert flop_s > 0 and contended >= 0
+    parts = predict(work, dataclasses.replace(machine, accelerator_flops_per_s=rate))[TENCACHE].critical_path_s
+    thread = parts["compute"] + parts["collective"] + parts["h2d"]
+    assert thread == pytest.approx(measured_s, rel=1e-5)
+    assert flop_s + beside + contended == pytest.approx(measured_s, rel=1e-5)
 
 
 def test_a_profile_of_a_gpu_run_leaves_its_h2d_copies_out_of_the_flops(tmp_path):
