@@ -84,6 +84,8 @@ def test_bit_identical_to_stock(train, dtype, grad_accum, block, gather):
     # at once, not copied into stage 3's contiguous bucket first (one_rank_reduce.py)
     assert stats["gradient_reductions_without_copy"] > 0
     assert stats["gradients_partitioned_at_once"] > 0
+    # the clipped steps' norms were tencache's (gradient_norms.py): one float64 buffer, let go at each update
+    assert stats["gradient_norms_in_reused_memory"] > 0 and stats["gradient_norm_scratch_peak_bytes"] > 0
     for key in ("pinned_bytes_reserved", "pinned_bytes_peak_in_use", "nvme_read_bytes", "nvme_write_bytes",
                 "stock_pinned_bytes_estimate"):
         assert key in stats, key

@@ -597,6 +597,28 @@ def test_a_host_accelerator_pays_for_the_backwards_fresh_memory_every_micro_batc
 
 
 @pytest.mark.parametrize("model, world, fresh_elements", [
+    ("gpt2-small", 1, 38597376),     # the embedding (309 MB of float64, above the ceiling); the rest mapped anyway
+    ("gpt2-medium", 1, 51463168),    # likewise
+    ("gpt2-1.3b", 1, 65536000 + 16777216),  # the embedding (524 MB), and the buffer once: its 16.8 M-element matrices
+    ("gpt2-1.3b", 2, 32768000),      # each rank's half of the embedding (262 MB) fits: the buffer, once
+])
+def test_tencaches_clipping_norms_copy_into_one_buffer_fresh_once_a_step_and_above_its_ceiling_each_time(
+        model, world, fresh_elements):
+    """tencache's norms (integrations/deepspeed/gradient_norms.py) copy each gradient's float64 widening into one
+    buffer of at most NORM_SCRATCH_MAX_BYTES, let go at the update: its pages fault in once a step (where it is
+    larger than glibc's mmap threshold), and a copy above the ceiling faults in as DeepSpeed's does. Stock's
+    prediction keeps every copy fresh; tencache's backward is priced that much shorter. Fails with the norms priced
+    as stock's (before 2026-12-06)."""
+    fp32 = dict(ds_config("stock-nvme-beyond-ram.json"), bf16={"enabled": False})
+    work = workload(model, config=fp32, world=world, micro_batch=1, seq=32)
+    assert norm_fresh_elements(work, reused=True) == fresh_elements
+    fresh_vm = this_vm(host_fresh_write_bytes_per_s=1e9, ranks_per_node=world)
+    saved = (norm_fresh_elements(work) - fresh_elements) * (8 / 1e9 - 8 / 1e10) * world
+    assert backward_host_memory_s(work, fresh_vm, 0) - backward_host_memory_s(work, fresh_vm, 0, norms_reuse_memory=True) \
+        == pytest.approx(saved, rel=1e-9)
+
+
+@pytest.mark.parametrize("model, world, fresh_elements", [
     ("gpt2-tiny", 1, 0),
     ("gpt2-small", 1, 38597376),     # the embedding alone (294.5 MiB of float64; 294-312 MiB of faults measured)
     ("gpt2-medium", 1, 51463168),    # the embedding; the 4 Mi-element matrices' copies are 32 MiB exactly: mapped

@@ -39,6 +39,7 @@ from .master_write_behind import settle_owed_masters
 from .memory_pressure import governor_of
 from .one_rank_reduce import (marking_tencache_reductions, partitioning_each_gradient_at_once,
                               reducing_without_copy_at_one_rank)
+from .gradient_norms import attach_norm_scratch, norming_in_reused_memory, release_norm_scratch
 from .optimizer_swapper import TencacheOptimizerSwapper
 from .param_swapper import TencacheParamSwapper
 from .stage3_gradients import handing_gradients_uncast, noting_gradient_scales
@@ -126,6 +127,7 @@ def _building_with_config(init):
         for swapper in reporting.param_swappers_of_optimizer(self):  # released by its destroy (close_swappers_of)
             swapper.add_user()
         reporting.attach_step_meter(self)
+        attach_norm_scratch(self)  # after the governor: it marks an optimizer tencache swaps for
 
     return init_with_config_and_meter
 
@@ -139,6 +141,7 @@ def _marking_step(step):
         governor = governor_of(self)
         if governor is not None:  # the rise meter: the backward's peak is measured apart from the update's
             governor.before_update()
+        release_norm_scratch(self)  # the backward's norms are done: the update gets that memory
         setattr(self, _IN_STEP, True)
         try:
             return step(self, *args, **kwargs)
@@ -330,6 +333,7 @@ REPLACEMENTS = {
     "rigid_load_with_params_on_file": rigid_load_with_params_on_file,
     "refresh_masters_swapping_in": refresh_masters_swapping_in,
     "handing_gradients_uncast": handing_gradients_uncast,
+    "norming_in_reused_memory": norming_in_reused_memory,
     "noting_gradient_scales": noting_gradient_scales,
     "marking_tencache_reductions": marking_tencache_reductions,
     "partitioning_each_gradient_at_once": partitioning_each_gradient_at_once,

@@ -7,6 +7,7 @@ from ...io.activity import PROCESS_ACTIVITY
 from ...memory.pinning import torch_host_allocator_bytes
 from ...metrics import Gauges, RunningTotals
 from .coordinator import coordinator_of
+from .gradient_norms import norm_scratch_of
 from .memory_pressure import governor_of
 from .one_rank_reduce import gradients_partitioned_at_once, reductions_without_copy
 
@@ -53,6 +54,12 @@ def engine_stats(engine) -> Dict[str, object]:
     if governor is not None:  # tencache swaps for this optimizer (one_rank_reduce.py)
         stats.update(gradient_reductions_without_copy=reductions_without_copy(optimizer),
                      gradients_partitioned_at_once=gradients_partitioned_at_once(optimizer))
+    scratch = norm_scratch_of(optimizer)
+    if scratch is not None:  # the clipping norms' float64 copies (gradient_norms.py)
+        stats.update(gradient_norms_in_reused_memory=scratch.views,
+                     gradient_norms_above_scratch_ceiling=scratch.refused,
+                     gradient_norm_scratch_peak_bytes=scratch.peak_bytes,
+                     gradient_norm_scratch_allocations=scratch.grows)
     meter = getattr(optimizer, METRICS_METER_ATTRIBUTE, None)
     if meter is not None and meter.latest is not None:
         latest = meter.latest.flat()

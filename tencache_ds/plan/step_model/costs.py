@@ -92,6 +92,11 @@ NORM_CHUNK_ELEMENTS = 250_000_000  # _constant_buffered_norm2's buffer_size (Dee
 # the heap. One of exactly this size takes free heap first when there is any: gpt2-medium's 4 Mi-element matrices
 # (float64 copies of 32 MiB, 1536 MiB in all) faulted 27 to 1098 MiB a step, so they count as mapped.
 FRESH_ALLOCATION_BYTES = 32 * 1024**2
+# tencache's clipping norms copy into one reused buffer of at most this many bytes (integrations/deepspeed/
+# gradient_norms.py); a larger copy is made fresh, as DeepSpeed makes it. So the buffer adds at most this to the
+# backward's memory over stock's, and what it leaves fresh is the rare very large partition (on gpt2-1.3b its 65.5
+# M-element embedding, 0.5 GB of faults a step, against 9 GB for the 96 layer matrices it serves).
+NORM_SCRATCH_MAX_BYTES = 256 * 1024**2
 # What a process keeps in its heap beside its tensors, per element of the parameters it serves, where stage 3 reduces
 # the gradients itself (``heap_kept_bytes``; where tencache hands that reduce views, the gradients' element bytes):
 # the figure the largest sub-group's initialisation term had with fp32 masters, inside the 8-14 B measured (fp32
@@ -168,11 +173,13 @@ def partitions_gradients_at_once(workload: Workload, machine: Machine) -> bool:
     return machine.accelerator_is_host and workload.world_size <= AT_ONCE_MAX_GROUP_RANKS
 
 
-def backward_host_memory_s(workload: Workload, machine: Machine, micro: int, reduce_views: bool = False) -> float:
+def backward_host_memory_s(workload: Workload, machine: Machine, micro: int, reduce_views: bool = False,
+                           norms_reuse_memory: bool = False) -> float:
     """Host memory work of micro-batch ``micro``'s backward on a host accelerator, beyond its FLOPs: the fresh
     memory it writes (page faults; without the machine's figure, left out) and stage 3's gradient epilogue's
     passes over memory already mapped. 0 on a GPU, where that memory is the device's. ``reduce_views``: the
-    reduce-scatter is handed views (``reduces_to_views``), without its buffer and its passes."""
+    reduce-scatter is handed views (``reduces_to_views``), without its buffer and its passes. ``norms_reuse_memory``:
+    the clipping norms' float64 copies go into one reused buffer (tencache: ``norm_fresh_elements``)."""
     if not machine.accelerator_is_host:
         return 0.0
     elem = workload.zero.element_bytes
@@ -186,23 +193,32 @@ def backward_host_memory_s(workload: Workload, machine: Machine, micro: int, red
     gathered_passes = EPILOGUE_GATHERED_PASSES - (ONE_RANK_VIEWS_GATHERED_PASSES if reduce_views else 0)
     passes_bytes = (gathered * gathered_passes + workload.rank_elements * partition_passes) * elem
     if micro == workload.gas - 1:
-        norm_fresh = norm_fresh_elements(workload) * NORM_COPY_ELEMENT_BYTES if fresh_rate else 0
+        norm_fresh = norm_fresh_elements(workload, norms_reuse_memory) * NORM_COPY_ELEMENT_BYTES if fresh_rate else 0
         fresh_bytes += norm_fresh
         passes_bytes += workload.rank_elements * (elem + NORM_FLOAT64_BYTES) - norm_fresh
     fresh_s = fresh_bytes / fresh_rate if fresh_rate else 0.0
     return fresh_s + passes_bytes / machine.host_copy_bytes_per_s_per_rank
 
 
-def norm_fresh_elements(workload: Workload) -> int:
+def norm_fresh_elements(workload: Workload, reused: bool = False) -> int:
     """The rank's gradient elements whose float64 copy for the clipping norm is fresh memory: the chunks
     (``NORM_CHUNK_ELEMENTS``) of each gradient partition whose copy is larger than ``FRESH_ALLOCATION_BYTES``. E.g.
     gpt2-small at one rank: its 38.6 M-element embedding (294.5 MiB of float64, 294-312 MiB of faults measured), not
-    its layers' 2.4 M-element matrices."""
-    fresh = 0
+    its layers' 2.4 M-element matrices. ``reused``: the copies up to ``NORM_SCRATCH_MAX_BYTES`` share one buffer,
+    fresh once a step (it is let go at the update) where it is a mapping of its own; larger ones are fresh each."""
+    chunks = []
     for partition in workload.partitions.values():
-        whole, rest = divmod(partition.part_numel, NORM_CHUNK_ELEMENTS)  # a whole chunk's copy is 2 GB: fresh
-        fresh += whole * NORM_CHUNK_ELEMENTS + (rest if rest * NORM_COPY_ELEMENT_BYTES > FRESH_ALLOCATION_BYTES else 0)
-    return fresh
+        whole, rest = divmod(partition.part_numel, NORM_CHUNK_ELEMENTS)
+        chunks += [NORM_CHUNK_ELEMENTS] * whole + ([rest] if rest else [])
+
+    def fresh_copy(elements: int) -> bool:
+        return elements * NORM_COPY_ELEMENT_BYTES > FRESH_ALLOCATION_BYTES
+
+    if not reused:
+        return sum(chunk for chunk in chunks if fresh_copy(chunk))
+    above = [chunk for chunk in chunks if chunk * NORM_COPY_ELEMENT_BYTES > NORM_SCRATCH_MAX_BYTES]
+    buffer = max((chunk for chunk in chunks if chunk * NORM_COPY_ELEMENT_BYTES <= NORM_SCRATCH_MAX_BYTES), default=0)
+    return sum(above) + (buffer if fresh_copy(buffer) else 0)
 
 
 def allgather_s(workload: Workload, machine: Machine, keys) -> float:

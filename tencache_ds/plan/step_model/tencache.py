@@ -377,8 +377,8 @@ def predict_tencache(workload: Workload, machine: Machine) -> Prediction:
                 # a gathered parameter the device tier keeps is not gathered again
                 timeline.work(allgather_s(workload, machine, gather_at.get(index, [])), "collective")
                 timeline.work(module_compute_s(fetch, rates), "compute")
-            timeline.work(backward_host_memory_s(workload, machine, micro, reduces_to_views(workload, machine)),
-                          "compute")
+            timeline.work(backward_host_memory_s(workload, machine, micro, reduces_to_views(workload, machine),
+                                                 norms_reuse_memory=True), "compute")
             timeline.work(reduce_scatter_s(workload, machine), "collective")
             if h2d and zero.offload_optimizer != "none":
                 timeline.wait(timeline.issue("h2d", workload.rank_elements * elem), "h2d")
