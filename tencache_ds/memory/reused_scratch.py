@@ -5,7 +5,7 @@ it, or when a run of copies ends (integrations/deepspeed/gradient_norms.py).
 Why: a fresh tensor above glibc's mmap threshold (at most 32 MiB) is a new mapping, unmapped when freed, so every
 such temporary faults all of its pages in again; on this project's 2-core VM first touch runs at about 3.3 GiB/s
 against 32 GiB/s for a copy into memory already touched (2026-12-06). Stage 3 takes each gradient's norm over a
-float64 copy of it: on gpt2-1.3b that is 9.5 GB of fresh memory a backward (docs/benchmarks.md, "The clipping
+float64 copy of it: on gpt2-1.3b that is 9.5 GiB of fresh memory a backward (docs/benchmarks.md, "The clipping
 norms' copies in one reused buffer"). Copied into one buffer instead, only the buffer's first use of each page
 faults.
 
@@ -13,7 +13,9 @@ A view starts at the buffer's first element, so the copy sits at the same alignm
 kernel that runs over it sees the same memory layout: the values and their order are the fresh copy's.
 
 The ceiling (``max_bytes``): a copy larger than it gets no view (``None``: the caller makes it fresh, as before), so
-that the buffer never holds more than that beside what the process held without it.
+that the buffer never holds more than that beside what the process held without it. ``largest_numel``: the largest
+copy the caller expects within the ceiling, allocated at the first view, so that a run of copies that grows (the
+largest one coming last) takes one buffer, not one per larger copy, each faulted in anew.
 """
 from typing import Optional
 
@@ -27,8 +29,9 @@ class ReusedScratch:
     memory goes back when no view of it is left). Counters: ``views`` handed out, ``refused`` (copies above the
     ceiling), ``grows`` (buffers allocated), ``peak_bytes`` (the largest buffer)."""
 
-    def __init__(self, max_bytes: int):
+    def __init__(self, max_bytes: int, largest_numel: int = 0):
         self.max_bytes = int(max_bytes)
+        self.largest_numel = int(largest_numel)
         self._buffer: Optional[torch.Tensor] = None
         self.views = 0
         self.refused = 0
@@ -36,13 +39,15 @@ class ReusedScratch:
         self.peak_bytes = 0
 
     def view(self, numel: int, dtype: torch.dtype, device: torch.device) -> Optional[torch.Tensor]:
-        if numel * torch.empty((), dtype=dtype).element_size() > self.max_bytes:
+        element_size = torch.empty((), dtype=dtype).element_size()
+        if numel * element_size > self.max_bytes:
             self.refused += 1
             return None
         buffer = self._buffer
         if buffer is None or buffer.dtype != dtype or buffer.device != device or buffer.numel() < numel:
             self._buffer = None  # the old buffer's memory goes back before the new one is taken
-            buffer = self._buffer = torch.empty(numel, dtype=dtype, device=device)
+            expected = self.largest_numel if self.largest_numel * element_size <= self.max_bytes else 0
+            buffer = self._buffer = torch.empty(max(numel, expected), dtype=dtype, device=device)
             self.grows += 1
             self.peak_bytes = max(self.peak_bytes, buffer.numel() * buffer.element_size())
         self.views += 1

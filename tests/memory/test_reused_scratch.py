@@ -46,3 +46,13 @@ def test_a_copy_above_the_ceiling_gets_no_view_and_leaves_the_buffer_as_it_was()
     assert (scratch.views, scratch.refused, scratch.grows) == (1, 2, 1)
     assert scratch.held_bytes == 8000
     assert scratch.view(10, torch.float64, CPU).data_ptr() == first.data_ptr()
+
+
+def test_the_expected_largest_copy_is_allocated_at_the_first_view_so_a_growing_run_takes_one_buffer():
+    scratch = ReusedScratch(8000, largest_numel=900)
+    first = scratch.view(100, torch.float64, CPU)
+    later = scratch.view(900, torch.float64, CPU)  # the largest, coming last: no new buffer
+    assert later.data_ptr() == first.data_ptr() and scratch.grows == 1 and scratch.held_bytes == 7200
+    # an expectation above the ceiling is not allocated: the buffer is the request's size
+    above = ReusedScratch(8000, largest_numel=5000)
+    assert above.view(100, torch.float64, CPU).numel() == 100 and above.held_bytes == 800

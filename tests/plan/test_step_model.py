@@ -603,10 +603,11 @@ def test_a_host_accelerator_pays_for_the_backwards_fresh_memory_every_micro_batc
     ("gpt2-1.3b", 2, 32768000),      # each rank's half of the embedding (262 MB) fits: the buffer, once
 ])
 def test_tencaches_clipping_norms_copy_into_one_buffer_fresh_once_a_step_and_above_its_ceiling_each_time(
-        model, world, fresh_elements):
+        model, world, fresh_elements, monkeypatch):
     """tencache's norms (integrations/deepspeed/gradient_norms.py) copy each gradient's float64 widening into one
-    buffer of at most NORM_SCRATCH_MAX_BYTES, let go at the update: its pages fault in once a step (where it is
-    larger than glibc's mmap threshold), and a copy above the ceiling faults in as DeepSpeed's does. Stock's
+    buffer of at most NORM_SCRATCH_MAX_BYTES, as large as the largest partition within it from the first norm on
+    and let go at the update: its pages fault in once a step (where it is larger than glibc's mmap threshold), and a
+    copy above the ceiling faults in as DeepSpeed's does. Stock's
     prediction keeps every copy fresh; tencache's backward is priced that much shorter. Fails with the norms priced
     as stock's (before 2026-12-06)."""
     fp32 = dict(ds_config("stock-nvme-beyond-ram.json"), bf16={"enabled": False})
@@ -616,6 +617,17 @@ def test_tencaches_clipping_norms_copy_into_one_buffer_fresh_once_a_step_and_abo
     saved = (norm_fresh_elements(work) - fresh_elements) * (8 / 1e9 - 8 / 1e10) * world
     assert backward_host_memory_s(work, fresh_vm, 0) - backward_host_memory_s(work, fresh_vm, 0, norms_reuse_memory=True) \
         == pytest.approx(saved, rel=1e-9)
+    # and tencache's prediction is made so (its backward only; stock's keeps every copy fresh)
+    import tencache_ds.plan.step_model.tencache as tencache_model
+    calls = []
+
+    def recording(*args, **kwargs):
+        calls.append(kwargs.get("norms_reuse_memory", False))
+        return backward_host_memory_s(*args, **kwargs)
+
+    monkeypatch.setattr(tencache_model, "backward_host_memory_s", recording)
+    predict(work, fresh_vm)
+    assert calls and all(calls)
 
 
 @pytest.mark.parametrize("model, world, fresh_elements", [

@@ -188,7 +188,7 @@ REBINDINGS = (
                   "size of every gradient, each step) is skipped (stage3_gradients.py)"),
     Rebinding(STAGE3, "_constant_buffered_norm2", "norming_in_reused_memory", wraps=True,
               why="stage 3 takes every gradient's norm over a fresh float64 copy of it, on a host accelerator a new "
-                  "mapping whose pages fault in again at each norm (9.5 GB a backward on gpt2-1.3b): the copy goes "
+                  "mapping whose pages fault in again at each norm (10 GB a backward on gpt2-1.3b): the copy goes "
                   "into one reused buffer, the operations unchanged (gradient_norms.py)"),
     Rebinding(STAGE3, "unscale_and_clip_grads", "noting_gradient_scales", wraps=True,
               why="the swapper is told the factor stage 3 scales each swapped sub-group's gradient by in place, "

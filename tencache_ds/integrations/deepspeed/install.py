@@ -74,6 +74,7 @@ def _closing_swappers(destroy):
         try:
             return destroy(self, *args, **kwargs)
         finally:
+            release_norm_scratch(self)
             close_swappers_of(self)
 
     return destroy_and_close_swappers

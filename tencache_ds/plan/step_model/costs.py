@@ -95,7 +95,7 @@ FRESH_ALLOCATION_BYTES = 32 * 1024**2
 # tencache's clipping norms copy into one reused buffer of at most this many bytes (integrations/deepspeed/
 # gradient_norms.py); a larger copy is made fresh, as DeepSpeed makes it. So the buffer adds at most this to the
 # backward's memory over stock's, and what it leaves fresh is the rare very large partition (on gpt2-1.3b its 65.5
-# M-element embedding, 0.5 GB of faults a step, against 9 GB for the 96 layer matrices it serves).
+# M-element embedding, 0.5 GB of faults a step, against 9 GiB for the 96 layer matrices it serves).
 NORM_SCRATCH_MAX_BYTES = 256 * 1024**2
 # What a process keeps in its heap beside its tensors, per element of the parameters it serves, where stage 3 reduces
 # the gradients itself (``heap_kept_bytes``; where tencache hands that reduce views, the gradients' element bytes):
