@@ -5,8 +5,8 @@ it, or when a run of copies ends (integrations/deepspeed/gradient_norms.py).
 Why: a fresh tensor above glibc's mmap threshold (at most 32 MiB) is a new mapping, unmapped when freed, so every
 such temporary faults all of its pages in again; on this project's 2-core VM first touch runs at about 3.3 GiB/s
 against 32 GiB/s for a copy into memory already touched (2026-12-06). Stage 3 takes each gradient's norm over a
-float64 copy of it: on gpt2-1.3b that is 9.5 GiB of fresh memory a backward (docs/benchmarks.md, "The clipping
-norms' copies in one reused buffer"). Copied into one buffer instead, only the buffer's first use of each page
+float64 copy of it: on gpt2-1.3b that is 9.5 GiB of fresh memory a backward (docs/benchmarks.md, "Beyond RAM, traced
+by phase"). Copied into one buffer instead, only the buffer's first use of each page
 faults.
 
 A view starts at the buffer's first element, so the copy sits at the same alignment as a fresh tensor's and any

@@ -12,8 +12,8 @@ accumulation boundary (``_offload_grad_partition_at_boundary``) and for a gradie
 
 ``.to(float64)`` is a fresh tensor the size of the gradient. Above glibc's mmap threshold (4 Mi fp32 elements) it is
 a new mapping every time, so on a host accelerator each norm first faults its pages in: on gpt2-1.3b 9.5 GiB of
-fresh memory a backward, in stock and tencache alike; with the copies in one buffer its backward took 5.4 s instead
-of 7.3 (docs/benchmarks.md, "The clipping norms' copies in one reused buffer").
+fresh memory a backward, in stock and tencache alike; with the copies in one buffer its backward took 5.2 s instead
+of 6.6-7.4 (docs/benchmarks.md, "Beyond RAM, traced by phase").
 
 Ours: the same parts, the same operations in the same order, with the widening written into one buffer
 (``copy_``: fp32 and bf16 widen to float64 exactly, so the copy holds the values ``.to`` gives) that is reused from
@@ -26,9 +26,9 @@ norm, so this is the CPU accelerator's case). Only for optimizers that tencache 
 attached: reporting.attach_step_meter): a stock engine in the same process is untouched. The buffer, as large as the
 largest copy up to ``NORM_SCRATCH_MAX_BYTES`` (the largest gradient partition within it, allocated at the first
 norm, so that one buffer serves a backward whatever order its gradients come in), is let go where the optimizer
-step starts and where the engine is destroyed, so between steps the
-process holds what stock's holds; during the backward it holds it from the first norm on, where stock holds each
-copy for one norm: that difference is what the ceiling bounds.
+step starts and where the engine is destroyed, so between steps the process holds what stock's holds; during the
+backward it holds it from the first norm on, where stock holds each copy for one norm: that difference is what the
+ceiling bounds.
 """
 import functools
 from typing import Optional

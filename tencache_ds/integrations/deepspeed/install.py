@@ -35,11 +35,11 @@ from .checkpoint_save import saving_masters, swap_files_linked
 from .config_bridge import DEEPSPEED_OPS, building_stage3, initializing, validate_ds_config
 from .config_source import ds_config_of_initialize_call
 from .coordinator import TencacheCoordinator, coordinator_of, restoring_kept_partitions
+from .gradient_norms import attach_norm_scratch, norming_in_reused_memory, release_norm_scratch
 from .master_write_behind import settle_owed_masters
 from .memory_pressure import governor_of
 from .one_rank_reduce import (marking_tencache_reductions, partitioning_each_gradient_at_once,
                               reducing_without_copy_at_one_rank)
-from .gradient_norms import attach_norm_scratch, norming_in_reused_memory, release_norm_scratch
 from .optimizer_swapper import TencacheOptimizerSwapper
 from .param_swapper import TencacheParamSwapper
 from .stage3_gradients import handing_gradients_uncast, noting_gradient_scales
