@@ -26,6 +26,7 @@ import re
 import resource
 import signal
 import socket
+import struct
 import sys
 import threading
 import time
@@ -411,6 +412,16 @@ def loss_bits(loss):
     return f"0x{bits:08x}"
 
 
+def grad_norm_bits(engine):
+    """The engine's global gradient norm after its last step, the one clipping divided by, as the hex of its float64
+    bits (None where the engine has none yet)."""
+    norm = engine.get_global_grad_norm()
+    if norm is None:
+        return None
+    value = norm.item() if torch.is_tensor(norm) else float(norm)
+    return struct.pack(">d", value).hex()
+
+
 def plugin_stats(engine):
     """tencache_ds.stats(engine) if the plugin has that API (a flat dict), else None."""
     fn = getattr(tencache_ds, "stats", None)  # None: --untouched-stock
@@ -535,6 +546,7 @@ def run_steps(engine, batches, steps, grad_accum, first_step=0, save_after=None,
             "step": step,
             "loss": value,
             "loss_bits": loss_bits(value),
+            "grad_norm_bits": grad_norm_bits(engine),
             "time_s": elapsed,
             "peak_rss_bytes": peak_rss_bytes(),
             "io_read_bytes": io_delta(io0, io1, "read_bytes"),

@@ -8,6 +8,7 @@ import functools
 import json
 import os
 import shutil
+import struct
 
 import pytest
 import torch
@@ -78,6 +79,13 @@ def test_bit_identical_to_stock(train, dtype, grad_accum, block, gather):
     assert_identical(stock, ours)
     # gradient clipping is on in the config, and the runs really used NVMe
     assert stock.result["ds_config"]["gradient_clipping"] > 0
+    # the global gradient norm, summed from each gradient's norm (tencache's: gradient_norms.py), is stock's bit for
+    # bit at every step, and above the clipping threshold at some: the norms reach the weights, so a norm that
+    # differed would show in them too
+    norms = [step["grad_norm_bits"] for step in stock.result["steps"]]
+    assert [step["grad_norm_bits"] for step in ours.result["steps"]] == norms
+    assert any(struct.unpack(">d", bytes.fromhex(bits))[0] > stock.result["ds_config"]["gradient_clipping"]
+               for bits in norms if bits is not None)
     assert ours.last_stats["nvme_write_bytes"] > 0
     stats = ours.last_stats
     # one rank: every gradient bucket's reduce-scatter gave views of the gradients, and each gradient was partitioned
