@@ -24,10 +24,12 @@ import json
 import os
 import re
 import resource
+import shutil
 import signal
 import socket
 import struct
 import sys
+import tempfile
 import threading
 import time
 
@@ -567,7 +569,7 @@ def run_steps(engine, batches, steps, grad_accum, first_step=0, save_after=None,
 # ----------------------------------------------------------------------------------------------------------------
 # Weights
 # ----------------------------------------------------------------------------------------------------------------
-def fp32_weights(engine, how="public"):
+def fp32_weights(engine, how="public", spill_parent=None):
     """(name, full fp32 master weight on CPU), in name order, one at a time. With how="public" a caller that hashes
     and drops each one holds a weight or two, not the model (at 2 ranks beyond RAM the whole dict, 5.1 GB a rank,
     ended the run with the OOM killer); "grouped" reads every weight first. Collective: every rank must iterate it to
@@ -578,15 +580,38 @@ def fp32_weights(engine, how="public"):
       cost is (number of params) x (sub-group bytes): ~6 s for gpt2-tiny, ~2 min for gpt2-small.
     how="grouped": the same reads, hoisted: each optimizer sub-group is swapped in once (through the ZeRO-3
       optimizer's own swap-in/release methods, i.e. through whatever optimizer swapper is installed) and all its
-      params are read from it. Same result; falls back to "public" when the optimizer lacks those methods."""
+      params are read from it. Same result; falls back to "public" when the optimizer lacks those methods. Where
+      the weights are more than a quarter of the memory available, each is kept in a file until its turn
+      (``spill_dir``, removed after): gpt2-2.7b's 10.4 GB held at once ended stock's bench run with the OOM killer
+      after its last step."""
     named = sorted(engine.module.named_parameters(), key=lambda kv: kv[0])
     grouped = how == "grouped" and _has_grouped_fp32_access(engine.optimizer)
+    trained = [(name, p) for name, p in named if p.requires_grad]
+    spill_dir = None
+    if grouped and 4 * sum(4 * p.ds_numel for _, p in trained) > _available_memory_bytes():
+        spill_dir = tempfile.mkdtemp(prefix="fp32-weights-", dir=spill_parent)
     # grouped: every sub-group's weights at once (the sub-groups' order is not the names')
-    from_groups = _gather_fp32_grouped(engine.optimizer, [(name, p) for name, p in named if p.requires_grad]) \
-        if grouped else {}
+    try:
+        from_groups = _gather_fp32_grouped(engine.optimizer, trained, spill_dir) if grouped else {}
+        yield from _in_name_order(named, from_groups, grouped)
+    finally:
+        if spill_dir is not None:
+            shutil.rmtree(spill_dir, ignore_errors=True)
+
+
+def _available_memory_bytes():
+    with open("/proc/meminfo") as handle:
+        fields = dict(line.split(":", 1) for line in handle)
+    return int(fields["MemAvailable"].split()[0]) * 1024
+
+
+def _in_name_order(named, from_groups, grouped):
     from deepspeed.utils import safe_get_full_fp32_param
     for name, p in named:
         full = from_groups.pop(name, None)
+        if isinstance(full, str):  # spilled: read back, then dropped by the caller once hashed
+            path, full = full, torch.load(full)
+            os.remove(path)
         if full is None and p.requires_grad and not grouped:
             full = safe_get_full_fp32_param(p)
             full = None if full is None else full.detach().float().cpu().contiguous()
@@ -605,8 +630,9 @@ def _has_grouped_fp32_access(optimizer):
     return all(hasattr(optimizer, a) for a in _GROUPED_ATTRS)
 
 
-def _gather_fp32_grouped(opt, named):
-    """One swap-in per optimizer sub-group (what DeepSpeedZeroOptimizer_Stage3.get_full_hp_param does per param)."""
+def _gather_fp32_grouped(opt, named, spill_dir=None):
+    """One swap-in per optimizer sub-group (what DeepSpeedZeroOptimizer_Stage3.get_full_hp_param does per param):
+    {name: tensor}, or {name: file} with ``spill_dir``."""
     by_group = {}
     for name, p in named:
         group_idx, offset, numel = opt.grad_position[opt.get_param_id(p)]
@@ -618,7 +644,12 @@ def _gather_fp32_grouped(opt, named):
             opt._optimizer_states_and_gradient_swap_in(group_idx)
         flat = opt.fp32_partitioned_groups_flat[group_idx]
         for name, p, offset, numel in by_group[group_idx]:
-            weights[name] = opt._fp32_state_allgather(p, flat.narrow(0, offset, numel)).float().cpu().clone()
+            weight = opt._fp32_state_allgather(p, flat.narrow(0, offset, numel)).float().cpu().clone()
+            if spill_dir is not None:
+                path = os.path.join(spill_dir, f"{len(weights)}.pt")
+                torch.save(weight, path)
+                weight = path
+            weights[name] = weight
         if swapped:
             opt._release_swap_buffers(group_idx)
     return weights
@@ -732,7 +763,9 @@ def main(argv=None):
     if args.weights_gather != "none":
         t0 = time.perf_counter()
         kept = {} if rank() == 0 and args.save_weights else None
-        sha, hashing_s = weights_sha256(fp32_weights(engine, args.weights_gather), kept)
+        # a file kept until its turn goes beside the swap folder, not in it (nvme_usage counts that)
+        spill_parent = os.path.dirname(os.path.abspath(args.nvme_path)) if args.nvme_path else None
+        sha, hashing_s = weights_sha256(fp32_weights(engine, args.weights_gather, spill_parent), kept)
         gather_time = time.perf_counter() - t0 - hashing_s  # the gather alone, as before the hash was streamed
         log0(f"weights sha256 {sha} ({args.weights_gather}, {gather_time:.1f}s)")
         if kept is not None:

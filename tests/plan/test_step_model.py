@@ -40,7 +40,7 @@ MIB, GIB = 1 << 20, 1 << 30
 BUILT_PARAMETERS = {"bloom-7b1": 7069016064, "bloom-tiny": 14965248, "falcon-11b": 11102822400,
                     "falcon-7b": 6921720704, "falcon-tiny": 12784128, "gpt2-small": 124439808, "gpt2-tiny": 15160320,
                     "llama-1.1b": 1100048384, "llama-7b": 6738415616, "llama-tiny": 15732480,
-                    "mistral-7b": 7241732096, "qwen2-7b": 7615616512, "gpt2-1.3b": 1276235776,
+                    "mistral-7b": 7241732096, "qwen2-7b": 7615616512, "gpt2-1.3b": 1276235776, "gpt2-2.7b": 2602193920,
                     "gpt2-medium": 354823168, "llama-13b": 13015864320, "llama-70b": 68976648192,
                     "opt-1.3b": 1315758080, "opt-13b": 12853473280, "opt-6.7b": 6658473984, "opt-tiny": 15161856}
 LARGEST_TENSOR = {"bloom-7b1": 1027604480, "falcon-7b": 295469056, "gpt2-small": 38597376, "llama-7b": 131072000,
