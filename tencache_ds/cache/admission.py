@@ -15,7 +15,8 @@ is waited for with it held, ``Transfers.write_prefix``).
 from typing import Callable, Dict, Hashable, Optional, Tuple
 
 from ..memory.pool import HostBuffer
-from ..plan.eviction import CopiesElsewhere, choose_victim, farthest_first, kept_until, prefix_nbytes, victims_for
+from ..plan.eviction import (CopiesElsewhere, choose_victim, farthest_first, kept_until, prefix_nbytes, victims_for,
+                             worth_evicting)
 from ..profile.next_use import NextUseIndex
 from ..profile.recorder import StepRecorder
 from .buffer_sources import BufferSource
@@ -144,6 +145,33 @@ class Admission:
             self._bypassing = True
             return None
         return self._table[victims[0]]
+
+    def eviction_in_flight(self, nbytes: int) -> bool:
+        """Is a held buffer that fits ``nbytes`` being written out to be given up (an eviction in flight)?"""
+        return any(entry.evicting and self._source.frees_room_for(entry.buffer, nbytes)
+                   for entry in self._table.writing())
+
+    def victim_for_read_ahead(self, nbytes: int, incoming) -> Optional[Entry]:
+        """A held entry whose buffer a read ahead of ``incoming`` may have: of the buffer class the read needs, the
+        one used farthest in the profiled order, provided that is after ``incoming``'s own use (Belady: the read
+        that use would make on demand evicts that same entry then; reading ahead only moves that eviction earlier,
+        to a moment the entry is not needed before). None while the order is unknown. Unchanged (CLEAN), its
+        buffer goes at once; changed (DIRTY), its write has to end first, which the caller starts and does not
+        wait for. Why: where every slot holds a cached partition (a host cache smaller than the partitions a step
+        reads: gpt2-2.7b beyond RAM), a read ahead that may take no held buffer never started, and in the forward
+        pass each read waited at its use behind the write of the partition it evicted, while the drive idled a
+        third of the time."""
+        index = self._index()
+        if index is None or incoming not in index:
+            return None
+        fitting = [entry.key for entry in self._table.held() if self._source.frees_room_for(entry.buffer, nbytes)]
+        if not fitting:
+            return None
+        position = self._recorder.position
+        victim = choose_victim(fitting, index, position)
+        if not worth_evicting(index.distance(victim, position), index.distance(incoming, position)):
+            return None
+        return self._table[victim]
 
     def grant_prefix(self, entry: Entry) -> None:
         """Before ``entry``'s transient buffer is written out: let the room whole tensors leave in the budget hold

@@ -203,14 +203,18 @@ class EntryStore:
             if into is None:
                 self._checked()
 
-    def prefetch_if_free(self, key, idle_slot: bool = False, room: bool = True) -> bool:
+    def prefetch_if_free(self, key, idle_slot: bool = False, room: bool = True, make_room: bool = False) -> bool:
         """Start reading ``key`` ahead of its use if it is on file and a buffer is free right now: never waits,
         never evicts (a prefetch must not stall the caller or push out what is needed sooner). False if not
         started. ``idle_slot``: with no room to keep it, a transient buffer the source holds idle will do (a
         streaming slot nothing uses now; never new memory). ``room`` False: only such a slot, and nothing where
         the budget has room for it (that room is another use's, made before this one: the swap-in in progress
-        when the optimizer reads the next sub-group early). The use that follows is ``wait_read`` (the profile
-        records it then)."""
+        when the optimizer reads the next sub-group early). ``make_room``: with no buffer free, the held entry
+        needed farthest after ``key`` gives its buffer up (``Admission.victim_for_read_ahead``): at once where it
+        is unchanged; where it changed, its write starts (not waited for) and this read is for a later call (or
+        its use, which then finds the buffer free or waits for that write only). Not while a write that will free
+        a buffer of the class is in flight: one per class at a time, not a victim per retry. The use that follows is
+        ``wait_read`` (the profile records it then)."""
         with self._lock:
             self._transfers.reap_writes()  # first: a write done since leaves its tensor on file, readable
             entry = self._table.get(key)
@@ -220,6 +224,18 @@ class EntryStore:
             if not room and self.source.room_needed(nbytes) == 0:
                 return False
             buffer = self.source.try_acquire(nbytes) if room else None
+            if buffer is None and room and make_room and not self._admission.eviction_in_flight(nbytes):
+                victim = self._admission.victim_for_read_ahead(nbytes, key)
+                if victim is not None and victim.state == S.DIRTY:
+                    self._transfers.start_write(victim, evicting=True)  # its buffer goes when it is done
+                    self.counters.prefetch_evictions += 1
+                    self._checked()
+                    return False
+                if victim is not None:
+                    self._transfers.drop(victim, S.ON_FILE)
+                    self.counters.evictions += 1
+                    self.counters.prefetch_evictions += 1
+                    buffer = self.source.try_acquire(nbytes)
             if buffer is None and idle_slot:
                 buffer = self.source.try_acquire_idle(nbytes)
             if buffer is None:

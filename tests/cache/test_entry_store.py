@@ -9,7 +9,7 @@ import torch
 
 from tencache_ds.cache.entry import (LEGAL_TRANSITIONS, Entry, EntryState, IllegalTransition, PendingUse, check_entry,
                                      check_transition)
-from tencache_ds.cache.buffer_sources import BudgetedPageable
+from tencache_ds.cache.buffer_sources import ArenaSlots, BudgetedPageable
 from tencache_ds.cache.entry_store import EntryStore
 from tencache_ds.cache.host_budget import HostBudget
 from tencache_ds.io.direct_io import DirectFileIO
@@ -929,4 +929,57 @@ def test_new_bytes_are_refused_while_the_file_is_read_into_the_callers_buffer(tm
         store.lend_new("a", NUMEL, store.path("a"))
     store.wait_read("a")
     assert torch.all(into[:NUMEL] == 1.0) and store.state("a") == EntryState.ON_FILE
+    store.close()
+
+
+def make_partitions(tmp_path, io, slots):
+    """A parameter store: one arena class of ``slots`` slots that stay as cached copies after use (ArenaSlots)."""
+    pool = BufferPool("params", lock="off")
+    pool.add_classes({401408: slots})
+    return EntryStore("params", torch.float32, lambda n: -(-n // 256) * 256, io, ArenaSlots(pool, caching=True))
+
+
+def test_a_read_ahead_takes_the_buffer_of_the_entry_needed_farthest_only_if_after_its_target(tmp_path, io):
+    """Every slot holds a cached partition (a host cache smaller than the partitions a step reads): a read ahead
+    that may take no held buffer never starts, and each read waits at its use behind the write of what it evicts.
+    With ``make_room`` it takes the buffer of the held entry used farthest ahead, only when that use comes after its
+    own target's, and only once the order is known: an unchanged one at once; a changed one is written first (the
+    write started, not waited for; the read is for a later call), and while that write is in flight no other
+    victim is taken. Order a b c d, two slots."""
+    store = make_partitions(tmp_path, io, slots=2)
+    keys = ["a", "b", "c", "d"]
+    for index, key in enumerate(keys):
+        put(store, tmp_path, key, float(index))
+    store.flush()
+    for key in ("a", "b"):  # the step's first two uses; both stay held, clean
+        store.lend(key)
+        store.release(key)
+    assert not store.prefetch_if_free("c", make_room=True)  # no order known yet: nothing to judge "later" by
+    store.next_use = NextUseIndex(keys)
+    store.recorder.end_step()
+    store.lend("a")  # the next step, at position 1: a (next used in the next step) and b (used now) held
+    store.release("a")
+    writes = io.counters().write_requests
+    assert not store.prefetch_if_free("d")  # as before: no buffer free
+    assert store.prefetch_if_free("d", make_room=True)  # a is needed after d: its buffer goes, unwritten
+    assert store.state("a") == EntryState.ON_FILE and store.state("b") == EntryState.CLEAN
+    assert io.counters().write_requests == writes
+    # c is needed after b: b stays, and c is not read ahead
+    assert not store.prefetch_if_free("c", make_room=True) and store.state("b") == EntryState.CLEAN
+    assert torch.all(store.lend("b") == 1.0)
+    store.release("b", changed=True)  # at position 2 now; b changed, next needed in the next step
+    # c (needed now) takes b's buffer only once b's new bytes are on file: the write starts, the read waits
+    assert not store.prefetch_if_free("c", make_room=True)
+    assert store.state("b") == EntryState.WRITING and io.counters().write_requests == writes + 1
+    deadline = time.time() + 10
+    while not store.prefetch_if_free("c", make_room=True):
+        assert io.counters().write_requests == writes + 1  # no second victim while that write frees a buffer
+        assert time.time() < deadline
+        time.sleep(0.01)
+    assert store.state("b") == EntryState.ON_FILE and store.counters.prefetch_evictions == 2
+    for key, value in (("c", 2.0), ("d", 3.0)):  # their uses, in order
+        assert torch.all(store.wait_read(key) == value)
+        store.release(key)
+    assert torch.all(store.lend("b") == 1.0)  # b's changed bytes reached its file
+    store.release("b")
     store.close()

@@ -48,3 +48,16 @@ def test_at_two_ranks_the_next_steps_first_reads_during_the_update_give_stock_cp
     ours = train(block=STREAMING, **two_ranks)
     assert_same_bits(reference, ours)
     assert ours.last_stats["param_update_reads"] > 0
+
+
+def test_reads_ahead_take_the_buffers_of_partitions_held_for_later_under_a_small_host_cache(train):
+    """A host cache a fifth of the partitions a step reads (gpt2-small, 12 partitions of a size to the 5 slots of its
+    class): every slot holds a cached partition, and a read ahead that took only free buffers seldom started
+    (gpt2-2.7b beyond RAM: never; each read waited at its use behind the write of what it evicted). A read ahead now
+    takes the buffer of the partition held for the farthest use after its target's (written first where the update
+    changed it), and the run gives stock's bits."""
+    shape = dict(model="gpt2-small", dtype="fp32", steps=5, seq_len=32, micro_batch=1)
+    stock = train(block=None, **shape)
+    ours = train(block={"host_cache_bytes": 100_000_000, "device_cache_bytes": 0}, **shape)
+    assert_identical(stock, ours)
+    assert ours.last_stats["param_prefetch_evictions"] > 0

@@ -63,6 +63,14 @@ def settle_owed_masters(partition_ids: Optional[Iterable[Hashable]] = None) -> N
         writer.settle(writer.groups_of(ids))
 
 
+def partitions_owed() -> bool:
+    """Does any live optimizer owe a master file the bytes of partitions it holds (or is writing them)? Where one
+    does, a read ahead takes no held partition's buffer: it may not settle first (that waits, and takes the locks
+    the writes' views take)."""
+    with _LIVE_LOCK:
+        return any(writer.owes_any for writer in _LIVE)
+
+
 class MasterWriteBehind:
     """The owed master writes of one optimizer swapper.
 

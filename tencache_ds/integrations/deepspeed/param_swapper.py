@@ -35,7 +35,7 @@ from ...log import logger
 from .config_bridge import (DEEPSPEED_OPS, MIN_SWAPPABLE_BYTES, accelerator_is_host, io_aligned_numel,
                             prepare_swap_folder, swap_folder_held, validate_ds_config)
 from .config_source import tencache_config
-from .master_write_behind import settle_owed_masters
+from .master_write_behind import partitions_owed, settle_owed_masters
 from .partition_record import Read, asked_in_order, check_records, record_of
 from .profiling import param_sequence_facts, rank_profile_path
 
@@ -140,6 +140,7 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
             # The next step's first reads, which the schedule cannot start in time within that step (its tail_reads),
             # are started during the optimizer step instead, each once its partition's new bytes are written:
             self._tail_read_keys = ()  # those partitions, soonest needed first
+            self._reads_not_started = []  # schedule positions due whose read ahead found no buffer yet
             self._rewritten = set()  # partitions given their new bytes since the optimizer step began
             self._read_for_next_step = set()  # read ahead during the optimizer step: kept past its end
             self._update_open = False  # an optimizer step has written back and not ended, nor has a step begun
@@ -394,6 +395,7 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
         # Reads ahead nobody asked for (the sequence diverged): the step is about to write new weights. Those read
         # during this optimizer step for the next hold the new bytes: they stay.
         failed = None
+        self._reads_not_started = []  # positions of the step that ends
         try:
             self._release_reads_ahead(keep=self._read_for_next_step)
         except Exception as err:  # noqa: BLE001  (raised below, once the segment has ended)
@@ -547,9 +549,17 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
         if schedule is None:
             return
         position, keys = self.store.recorder.position, self.profile.profile.keys
-        for target in schedule.to_issue(position):
-            if target > position and self._start_read_ahead(keys[target]):
+        # a read not started (its buffer still being written out, say: EntryStore.prefetch_if_free) is tried again
+        # at each access until its own
+        due = [target for target in self._reads_not_started if target > position]
+        due += [target for target in schedule.to_issue(position) if target > position]
+        self._reads_not_started = []
+        make_room = not partitions_owed()
+        for target in due:
+            if self._start_read_ahead(keys[target], make_room):
                 self.scheduled_reads += 1
+            elif make_room:
+                self._reads_not_started.append(target)
 
     def _read_ahead_for_next_step(self):
         """During the optimizer step: start reading the next step's first partitions that its schedule cannot read
@@ -571,15 +581,16 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
                 self.update_reads += 1
                 room -= 1
 
-    def _start_read_ahead(self, key) -> bool:
+    def _start_read_ahead(self, key, make_room: bool = False) -> bool:
         """Read ``key`` ahead of DeepSpeed's ask where it is on file with no read of ours pending and a buffer is
-        free now (EntryStore.prefetch_if_free: never waits, never evicts); DeepSpeed is not told (NOT_AVAILABLE)."""
+        free now, or (``make_room``) held by a partition needed after it (EntryStore.prefetch_if_free: never waits,
+        evicts nothing needed sooner); DeepSpeed is not told (NOT_AVAILABLE)."""
         record = self._partitions.get(key)
         param = None if record is None else record.param()
         if param is None or record.read is not Read.NONE or \
                 param.ds_tensor.status != PartitionedParamStatus.NOT_AVAILABLE:
             return False
-        if not self.store.prefetch_if_free(key):
+        if not self.store.prefetch_if_free(key, make_room=make_room):
             return False
         record.read = Read.AHEAD
         return True
