@@ -57,8 +57,9 @@ class Admission:
 
     def acquire(self, nbytes: int, incoming, use_pending: bool = False) -> Tuple[HostBuffer, bool]:
         """(buffer, kept) for ``nbytes`` of entry ``incoming``: a free buffer from the source; else a held entry
-        gives its buffer up (Belady victim; a dirty one is written first, and only its write is waited for);
-        else a write in flight that frees a fitting buffer is waited for; else a transient buffer.
+        gives its buffer up (Belady victim; a dirty one is written first, and only its write is waited for, unless
+        a write that frees a fitting buffer already runs: then that one); else a write in flight that frees a
+        fitting buffer is waited for; else a transient buffer.
         ``use_pending``: the read is a prefetch, its use (not yet recorded) still ahead."""
         self._transfers.reap_writes()
         self._bypassing = False  # set where every victim was needed sooner (counted once, if it ends transient)
@@ -69,6 +70,8 @@ class Admission:
             if self._gave_up_own_prefix(nbytes, incoming):
                 continue
             victim = self._choose_victim(nbytes, incoming, use_pending)
+            if victim is not None and victim.state != S.CLEAN and self._evicting_write(nbytes) is not None:
+                victim = None  # a write that frees a fitting buffer already runs (a read ahead's): that one, not two
             if victim is not None:
                 if victim.state == S.CLEAN:
                     self._transfers.drop(victim, S.ON_FILE)
@@ -80,8 +83,7 @@ class Admission:
                 # victim DIRTY, its buffer still held: no eviction then
                 self._counters.evictions += victim.state != S.DIRTY
                 continue
-            pending = next((entry for entry in self._table.writing()
-                            if entry.evicting and self._source.frees_room_for(entry.buffer, nbytes)), None)
+            pending = self._evicting_write(nbytes)
             if pending is not None:
                 self._counters.waits_for_slots += 1
                 self._transfers.wait_write(pending)
@@ -148,8 +150,11 @@ class Admission:
 
     def eviction_in_flight(self, nbytes: int) -> bool:
         """Is a held buffer that fits ``nbytes`` being written out to be given up (an eviction in flight)?"""
-        return any(entry.evicting and self._source.frees_room_for(entry.buffer, nbytes)
-                   for entry in self._table.writing())
+        return self._evicting_write(nbytes) is not None
+
+    def _evicting_write(self, nbytes: int) -> Optional[Entry]:
+        return next((entry for entry in self._table.writing()
+                     if entry.evicting and self._source.frees_room_for(entry.buffer, nbytes)), None)
 
     def victim_for_read_ahead(self, nbytes: int, incoming) -> Optional[Entry]:
         """A held entry whose buffer a read ahead of ``incoming`` may have: of the buffer class the read needs, the

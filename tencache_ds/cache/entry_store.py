@@ -204,9 +204,9 @@ class EntryStore:
                 self._checked()
 
     def prefetch_if_free(self, key, idle_slot: bool = False, room: bool = True, make_room: bool = False) -> bool:
-        """Start reading ``key`` ahead of its use if it is on file and a buffer is free right now: never waits,
-        never evicts (a prefetch must not stall the caller or push out what is needed sooner). False if not
-        started. ``idle_slot``: with no room to keep it, a transient buffer the source holds idle will do (a
+        """Start reading ``key`` ahead of its use if it is on file and a buffer is free right now: never waits for
+        I/O, never evicts what is needed sooner (a prefetch must not stall the caller or push out what is needed
+        first). False if not started. ``idle_slot``: with no room to keep it, a transient buffer the source holds idle will do (a
         streaming slot nothing uses now; never new memory). ``room`` False: only such a slot, and nothing where
         the budget has room for it (that room is another use's, made before this one: the swap-in in progress
         when the optimizer reads the next sub-group early). ``make_room``: with no buffer free, the held entry
@@ -227,8 +227,13 @@ class EntryStore:
             if buffer is None and room and make_room and not self._admission.eviction_in_flight(nbytes):
                 victim = self._admission.victim_for_read_ahead(nbytes, key)
                 if victim is not None and victim.state == S.DIRTY:
-                    self._transfers.start_write(victim, evicting=True)  # its buffer goes when it is done
-                    self.counters.prefetch_evictions += 1
+                    try:
+                        self._transfers.start_write(victim, evicting=True)  # its buffer goes when it is done
+                    except Exception:  # noqa: BLE001  refused: the victim stays DIRTY, and the eviction that its
+                        return False   # use makes writes it again and raises there
+                    # counted as started (a write that fails later leaves the victim held, DIRTY)
+                    self.counters.evictions += 1
+                    self.counters.prefetch_write_backs += 1
                     self._checked()
                     return False
                 if victim is not None:

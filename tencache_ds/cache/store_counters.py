@@ -20,6 +20,7 @@ class StoreCounters:
     io_wait_s: float = 0.0   # time callers were blocked on this store's reads and writes
     prefetch_issued: int = 0  # reads started ahead of their use (start_read(prefetch=True) of a miss)
     prefetch_late: int = 0   # ... not finished when wait_read came
-    prefetch_evictions: int = 0  # held buffers a read ahead took (given up, or written to be), each needed later
+    prefetch_evictions: int = 0  # held unchanged buffers a read ahead took at once (each needed after its target)
+    prefetch_write_backs: int = 0  # evictions of changed ones started for a read ahead (its buffer once written)
     prefix_read_bytes_saved: int = 0   # bytes a read took from an entry's prefix instead of its file
     prefix_write_bytes_saved: int = 0  # bytes an eviction's write left in an entry's prefix instead of its file

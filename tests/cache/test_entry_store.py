@@ -939,47 +939,45 @@ def make_partitions(tmp_path, io, slots):
     return EntryStore("params", torch.float32, lambda n: -(-n // 256) * 256, io, ArenaSlots(pool, caching=True))
 
 
-def test_a_read_ahead_takes_the_buffer_of_the_entry_needed_farthest_only_if_after_its_target(tmp_path, io):
+def test_a_read_ahead_takes_the_buffer_of_the_entry_needed_farthest_only_if_after_its_target(tmp_path):
     """Every slot holds a cached partition (a host cache smaller than the partitions a step reads): a read ahead
     that may take no held buffer never starts, and each read waits at its use behind the write of what it evicts.
     With ``make_room`` it takes the buffer of the held entry used farthest ahead, only when that use comes after its
     own target's, and only once the order is known: an unchanged one at once; a changed one is written first (the
-    write started, not waited for; the read is for a later call), and while that write is in flight no other
-    victim is taken. Order a b c d, two slots."""
-    store = make_partitions(tmp_path, io, slots=2)
-    keys = ["a", "b", "c", "d"]
-    for index, key in enumerate(keys):
+    write started, not waited for: the read is for a later call), and while that write runs no other victim is
+    taken, by a read ahead or by a use, which waits for that write instead of writing a second entry. Three
+    slots, order a b d e c, writes that take 0.2 s (a busy drive)."""
+    slow = SlowWrites(num_threads=2)
+    store = make_partitions(tmp_path, slow, slots=3)
+    for index, key in enumerate("abcde"):
         put(store, tmp_path, key, float(index))
     store.flush()
-    for key in ("a", "b"):  # the step's first two uses; both stay held, clean
+    for key in "abc":  # held: a and b unchanged, c changed
         store.lend(key)
-        store.release(key)
-    assert not store.prefetch_if_free("c", make_room=True)  # no order known yet: nothing to judge "later" by
-    store.next_use = NextUseIndex(keys)
+        store.release(key, changed=key == "c")
+    assert not store.prefetch_if_free("d", make_room=True)  # no order known yet: nothing to judge "later" by
+    store.next_use = NextUseIndex(list("abdec"))
     store.recorder.end_step()
-    store.lend("a")  # the next step, at position 1: a (next used in the next step) and b (used now) held
+    store.lend("a")  # at position 1 now: a next used in the next step, b now, d next, e after, c last
     store.release("a")
-    writes = io.counters().write_requests
+    writes = slow.counters().write_requests
     assert not store.prefetch_if_free("d")  # as before: no buffer free
     assert store.prefetch_if_free("d", make_room=True)  # a is needed after d: its buffer goes, unwritten
-    assert store.state("a") == EntryState.ON_FILE and store.state("b") == EntryState.CLEAN
-    assert io.counters().write_requests == writes
-    # c is needed after b: b stays, and c is not read ahead
-    assert not store.prefetch_if_free("c", make_room=True) and store.state("b") == EntryState.CLEAN
+    assert store.state("a") == EntryState.ON_FILE and store.counters.prefetch_evictions == 1
     assert torch.all(store.lend("b") == 1.0)
-    store.release("b", changed=True)  # at position 2 now; b changed, next needed in the next step
-    # c (needed now) takes b's buffer only once b's new bytes are on file: the write starts, the read waits
-    assert not store.prefetch_if_free("c", make_room=True)
-    assert store.state("b") == EntryState.WRITING and io.counters().write_requests == writes + 1
-    deadline = time.time() + 10
-    while not store.prefetch_if_free("c", make_room=True):
-        assert io.counters().write_requests == writes + 1  # no second victim while that write frees a buffer
-        assert time.time() < deadline
-        time.sleep(0.01)
-    assert store.state("b") == EntryState.ON_FILE and store.counters.prefetch_evictions == 2
-    for key, value in (("c", 2.0), ("d", 3.0)):  # their uses, in order
-        assert torch.all(store.wait_read(key) == value)
-        store.release(key)
-    assert torch.all(store.lend("b") == 1.0)  # b's changed bytes reached its file
-    store.release("b")
+    store.release("b", changed=True)  # at position 2; b changed, next used in the next step, c before it
+    # e (used next but one) takes b's buffer once b's new bytes are on file: its write starts, the read waits
+    assert not store.prefetch_if_free("e", make_room=True)
+    assert store.state("b") == EntryState.WRITING and store.counters.prefetch_write_backs == 1
+    # c, changed and also needed after e, is not written too while b's write frees a buffer
+    assert not store.prefetch_if_free("e", make_room=True) and store.state("c") == EntryState.DIRTY
+    assert torch.all(store.wait_read("d") == 3.0)  # d's use (still lent: its buffer is no victim)
+    assert torch.all(store.lend("e") == 4.0)  # e's use, before b's write is done: it waits for that write only
+    store.release("d")
+    store.release("e")
+    assert store.state("b") == EntryState.ON_FILE and store.state("c") == EntryState.DIRTY
+    assert slow.counters().write_requests == writes + 1
+    assert torch.all(store.lend("c") == 2.0)
+    store.release("c")
     store.close()
+    slow.close()

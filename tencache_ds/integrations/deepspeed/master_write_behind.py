@@ -27,7 +27,8 @@ place:
   (checkpoint_save.py) and its and a load's flush, a purge, close;
 - the parameter swapper (``settle_owed_masters``): every call that writes a partition or may evict one (a swap-in
   of a partition not held, zero.Init's writes, stage 3's copy of a master, a hand-over to stage 3's buffer), and the
-  memory-pressure governor before it shrinks a parameter cache;
+  memory-pressure governor before it shrinks a parameter cache; its reads ahead, which may not settle (that waits),
+  take no held partition's buffer while anything is owed (``partitions_owed``);
 - a partition changed in place: at ``GatheredParameters.__enter__`` (at one rank on a host accelerator the gathered
   tensor is the partition itself, which code inside the context may change), and where DeepSpeed writes gathered
   values back (``Init._partition`` with ``has_been_updated``: a modifier rank's exit, ``module.apply`` under zero.Init,

@@ -21,6 +21,7 @@ from deepspeed import comm as dist
 from deepspeed.runtime.swap_tensor.partitioned_param_swapper import (AsyncPartitionedParameterSwapper,
                                                                      PartitionedParamStatus)
 
+from ...cache.entry import EntryState
 from ...cache.entry_store import DEBUG_CHECKS_ENV
 from ...cache.host_budget import HostBudget
 from ...cache.tensor_store import TensorStore
@@ -544,21 +545,24 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
 
     def _read_ahead_by_schedule(self):
         """Start the reads the schedule says are due at the current access (only this step's: the optimizer
-        step rewrites every partition before the next), where a buffer is free now."""
+        step rewrites every partition before the next), where a buffer is free now or can be made so
+        (``_start_read_ahead``)."""
         schedule = self._current_schedule()
         if schedule is None:
             return
         position, keys = self.store.recorder.position, self.profile.profile.keys
-        # a read not started (its buffer still being written out, say: EntryStore.prefetch_if_free) is tried again
-        # at each access until its own
-        due = [target for target in self._reads_not_started if target > position]
-        due += [target for target in schedule.to_issue(position) if target > position]
+        # a read that found no buffer (one being written out for it, say: EntryStore.prefetch_if_free) is tried
+        # again at the next calls until its use; each position once (several calls come at one position)
+        due = dict.fromkeys(target for target in self._reads_not_started if target > position)
+        due.update(dict.fromkeys(target for target in schedule.to_issue(position) if target > position))
         self._reads_not_started = []
+        if not due:
+            return
         make_room = not partitions_owed()
         for target in due:
             if self._start_read_ahead(keys[target], make_room):
                 self.scheduled_reads += 1
-            elif make_room:
+            elif make_room and self.store.state(keys[target]) is EntryState.ON_FILE:  # no buffer for it yet
                 self._reads_not_started.append(target)
 
     def _read_ahead_for_next_step(self):
