@@ -57,9 +57,8 @@ class Admission:
 
     def acquire(self, nbytes: int, incoming, use_pending: bool = False) -> Tuple[HostBuffer, bool]:
         """(buffer, kept) for ``nbytes`` of entry ``incoming``: a free buffer from the source; else a held entry
-        gives its buffer up (Belady victim; a dirty one is written first, and only its write is waited for, unless
-        a write that frees a fitting buffer already runs: then that one); else a write in flight that frees a
-        fitting buffer is waited for; else a transient buffer.
+        gives its buffer up (Belady victim; a dirty one is written first, and only its write is waited for);
+        else a write in flight that frees a fitting buffer is waited for; else a transient buffer.
         ``use_pending``: the read is a prefetch, its use (not yet recorded) still ahead."""
         self._transfers.reap_writes()
         self._bypassing = False  # set where every victim was needed sooner (counted once, if it ends transient)
@@ -70,8 +69,6 @@ class Admission:
             if self._gave_up_own_prefix(nbytes, incoming):
                 continue
             victim = self._choose_victim(nbytes, incoming, use_pending)
-            if victim is not None and victim.state != S.CLEAN and self._evicting_write(nbytes) is not None:
-                victim = None  # a write that frees a fitting buffer already runs (a read ahead's): that one, not two
             if victim is not None:
                 if victim.state == S.CLEAN:
                     self._transfers.drop(victim, S.ON_FILE)

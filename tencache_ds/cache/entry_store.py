@@ -212,7 +212,7 @@ class EntryStore:
         when the optimizer reads the next sub-group early). ``make_room``: with no buffer free, the held entry
         needed farthest after ``key`` gives its buffer up (``Admission.victim_for_read_ahead``): at once where it
         is unchanged; where it changed, its write starts (not waited for) and this read is for a later call (or
-        its use, which then finds the buffer free or waits for that write only). Not while a write that will free
+        its use, which finds the buffer free once that write is done, and evicts as any use does before). Not while a write that will free
         a buffer of the class is in flight: one per class at a time, not a victim per retry. The use that follows is
         ``wait_read`` (the profile records it then)."""
         with self._lock:
