@@ -206,15 +206,15 @@ class EntryStore:
     def prefetch_if_free(self, key, idle_slot: bool = False, room: bool = True, make_room: bool = False) -> bool:
         """Start reading ``key`` ahead of its use if it is on file and a buffer is free right now: never waits for
         I/O, never evicts what is needed sooner (a prefetch must not stall the caller or push out what is needed
-        first). False if not started. ``idle_slot``: with no room to keep it, a transient buffer the source holds idle will do (a
-        streaming slot nothing uses now; never new memory). ``room`` False: only such a slot, and nothing where
-        the budget has room for it (that room is another use's, made before this one: the swap-in in progress
-        when the optimizer reads the next sub-group early). ``make_room``: with no buffer free, the held entry
-        needed farthest after ``key`` gives its buffer up (``Admission.victim_for_read_ahead``): at once where it
-        is unchanged; where it changed, its write starts (not waited for) and this read is for a later call (or
-        its use, which finds the buffer free once that write is done, and evicts as any use does before). Not while a write that will free
-        a buffer of the class is in flight: one per class at a time, not a victim per retry. The use that follows is
-        ``wait_read`` (the profile records it then)."""
+        first). False if not started. ``idle_slot``: with no room to keep it, a transient buffer the source holds
+        idle will do (a streaming slot nothing uses now; never new memory). ``room`` False: only such a slot, and
+        nothing where the budget has room for it (that room is another use's, made before this one: the swap-in in
+        progress when the optimizer reads the next sub-group early). ``make_room``: with no buffer free, the held
+        entry needed farthest after ``key`` gives its buffer up (``Admission.victim_for_read_ahead``): at once
+        where it is unchanged; where it changed, its write starts (not waited for) and this read is for a later
+        call (or its use, which finds the buffer free once that write is done, and otherwise evicts as any use
+        does). Not while a write that frees a buffer of the class is in flight: one at a time, not a victim per
+        retry. The use that follows is ``wait_read`` (the profile records it then)."""
         with self._lock:
             self._transfers.reap_writes()  # first: a write done since leaves its tensor on file, readable
             entry = self._table.get(key)
