@@ -588,7 +588,7 @@ def fp32_weights(engine, how="public", spill_parent=None):
     grouped = how == "grouped" and _has_grouped_fp32_access(engine.optimizer)
     trained = [(name, p) for name, p in named if p.requires_grad]
     spill_dir = None
-    if grouped and 4 * sum(4 * p.ds_numel for _, p in trained) > _available_memory_bytes():
+    if grouped and 4 * sum(4 * getattr(p, "ds_numel", p.numel()) for _, p in trained) > _available_memory_bytes():
         spill_dir = tempfile.mkdtemp(prefix="fp32-weights-", dir=spill_parent)
     # grouped: every sub-group's weights at once (the sub-groups' order is not the names')
     try:
