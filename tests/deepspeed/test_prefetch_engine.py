@@ -1,7 +1,8 @@
 """The profile-driven prefetch on the real engine: with every partition read from NVMe (no host cache, no device
 tier) the schedule reads partitions ahead of their use, and stays bit-identical through an evaluation pass between
 steps and activation checkpointing switched on mid-run (the sequence diverges from the profile: demand fetching
-for that pass, then a new profile)."""
+for that pass, then a new profile); the next step's first reads during the update; and, under a host cache
+smaller than the partitions, reads ahead that take the buffers of partitions held for later."""
 import pytest
 
 from test_device_tier_engine import SEQUENCE_CHANGES  # tests/deepspeed is on sys.path (rootdir-relative imports)
