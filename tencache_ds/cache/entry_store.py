@@ -26,6 +26,7 @@ from typing import Callable, Dict, Hashable, Iterable, Iterator, List, Optional,
 import torch
 
 from ..io.direct_io import DirectFileIO
+from ..log import logger
 from ..memory.device_staging import StagedDeviceCopy
 from ..profile.next_use import NextUseIndex
 from ..profile.recorder import StepRecorder
@@ -229,8 +230,11 @@ class EntryStore:
                 if victim is not None and victim.state == S.DIRTY:
                     try:
                         self._transfers.start_write(victim, evicting=True)  # its buffer goes when it is done
-                    except Exception:  # noqa: BLE001  refused: the victim stays DIRTY, and the eviction that its
-                        return False   # use makes writes it again and raises there
+                    except Exception as err:  # noqa: BLE001  refused: the victim stays DIRTY (write_errors), and
+                        # the eviction its use makes writes it again and raises there
+                        logger.warning("%s: the write of %s for a read ahead was refused (%s); it is retried when "
+                                       "that partition is evicted or flushed", self.name, victim.path, err)
+                        return False
                     # counted as started (a write that fails later leaves the victim held, DIRTY)
                     self.counters.evictions += 1
                     self.counters.prefetch_write_backs += 1
