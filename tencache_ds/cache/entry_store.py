@@ -21,6 +21,7 @@ import contextlib
 import dataclasses
 import os
 import threading
+from concurrent.futures import Future
 from typing import Callable, Dict, Hashable, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import torch
@@ -71,6 +72,7 @@ class EntryStore:
         self.device_copy = device_copy or StagedDeviceCopy.for_store(f"{name}-staging")
         self._write_back = WriteBack(self._transfers, self._admission, self._checked, self.lend_new, self.release,
                                      self.device_copy)
+        self._copy_of = None  # key -> the fill of a copy newer than its file, or None (read_from_copies)
 
     @property
     def next_use(self) -> Optional[NextUseIndex]:
@@ -169,6 +171,27 @@ class EntryStore:
             self._checked()
             return view
 
+    def read_from_copies(self, copy_of: Callable[[Hashable], Optional[Callable]]) -> None:
+        """Have every read of an entry on file ask ``copy_of(key)`` first: a fill (as ``lend_copied`` takes) where its
+        file is behind a copy of its bytes kept elsewhere, which the read then takes instead of the file, at a use or
+        ahead of one (the optimizer's fp32 masters owed to their files: integrations/deepspeed/
+        master_write_behind.py); None where the file is current."""
+        self._copy_of = copy_of
+
+    def _start_file_read(self, entry: Entry, access: Optional[int]) -> bool:
+        """Read ``entry`` into its attached buffer: from its file (a miss: returns True), or from the copy
+        ``read_from_copies`` names (counted as ``copied``, as ``lend_copied`` counts it). ``access``: the use it
+        serves, recorded already; None for a read ahead, whose use is recorded when it comes (``wait_read``)."""
+        fill = self._copy_of(entry.key) if self._copy_of is not None else None
+        if fill is not None and self._transfers.start_copied_read(entry, fill):
+            self.counters.copied += 1
+            self.counters.copied_bytes += self.swap_nbytes(entry.numel)
+            if access is None:
+                entry.pending_use = PendingUse()  # not timed: the copy's own reads
+            return False
+        self._transfers.start_read(entry, access)
+        return True
+
     def start_read(self, key, into: Optional[torch.Tensor] = None, prefetch: bool = False) -> None:
         """Begin lending ``key``: a held entry is a hit (no I/O); otherwise its file is read into a buffer of ours,
         or into the caller's ``into`` (aligned length; the entry then stays on file). ``wait_read`` finishes.
@@ -191,14 +214,15 @@ class EntryStore:
                     entry.pending_use = PendingUse()  # no read to time
                 self._checked()
                 return
+            missed = True
             if into is not None:
                 self._transfers.start_external_read(entry, into, access)
             else:
                 buffer, kept = self._admission.acquire(self.swap_nbytes(entry.numel), key, use_pending=prefetch)
                 self._transfers.attach(entry, buffer, kept)
-                self._transfers.start_read(entry, access)
+                missed = self._start_file_read(entry, access)
             # counted once the read is in flight (one the engine refuses is no miss served)
-            self.counters.misses += 1
+            self.counters.misses += missed
             self.counters.prefetch_issued += prefetch
             entry.prefetched = prefetch  # once the read is in flight (the entry's invariants hold at every wait)
             if into is None:
@@ -250,8 +274,7 @@ class EntryStore:
             if buffer is None:
                 return False
             self._transfers.attach(entry, buffer, self.source.keeps(buffer))
-            self._transfers.start_read(entry, None)
-            self.counters.misses += 1
+            self.counters.misses += self._start_file_read(entry, None)
             self.counters.prefetch_issued += 1
             entry.prefetched = True
             self._checked()
@@ -294,12 +317,13 @@ class EntryStore:
         self.start_read(key)
         return self.wait_read(key)
 
-    def lend_copied(self, key, fill: Callable[[torch.Tensor], bool]) -> torch.Tensor:
-        """Lend ``key`` as ``lend`` does, but where it is on file, have ``fill(view)`` copy its bytes into the
+    def lend_copied(self, key, fill: Callable[[torch.Tensor], Optional[Sequence[Future]]]) -> torch.Tensor:
+        """Lend ``key`` as ``lend`` does, but where it is on file, have ``fill(view)`` put its bytes into the
         buffer from another copy of what its file holds (the optimizer's fp32 master from the parameter partitions
-        it was last copied into: integrations/deepspeed/master_copies.py) instead of reading the file: a read that
-        is done at once. ``fill`` returns False where it finds no such copy: the file is read then. The use is
-        recorded as any lend's."""
+        it was last copied into: integrations/deepspeed/master_copies.py) instead of reading the file: copied at
+        once, or read from the copy's own files (the reads ``fill`` returns, waited for as a read of this file
+        would be). ``fill`` returns None where it finds no such copy: the file is read then. The use is recorded as
+        any lend's."""
         with self._lock:
             entry = self._table[key]
             self._transfers.wait_write(entry)
@@ -329,17 +353,6 @@ class EntryStore:
     def _copyable(entry: Entry) -> bool:
         return entry.state == S.ON_FILE and entry.external_read is None and entry.prefix is None
 
-    def copy_newest(self, key, into: torch.Tensor) -> bool:
-        """Copy ``key``'s newest bytes into ``into`` (``numel`` elements) where a buffer of ours holds them (held,
-        lent or being written), without lending, reading or recording a use; False where only its file has them
-        (or a read into our buffer is still in flight)."""
-        with self._lock:
-            entry = self._table.get(key)
-            if entry is None or entry.buffer is None or entry.state == S.READING:
-                return False
-            into.copy_(self._transfers.compute_view(entry))
-            return True
-
     def newest_view(self, key) -> Optional[torch.Tensor]:
         """A view (``numel`` elements) of the buffer of ours that holds ``key``'s newest bytes (held, lent or being
         written), without lending, reading or recording a use; None where only its file has them (or a read into our
@@ -350,6 +363,20 @@ class EntryStore:
             if entry is None or entry.buffer is None or entry.state == S.READING:
                 return None
             return self._transfers.compute_view(entry)
+
+    def read_newest_into(self, key, dest: torch.Tensor) -> Optional[Future]:
+        """Fill ``dest`` (exactly ``numel`` elements, at any address: its neighbours in a larger tensor are not
+        touched) with ``key``'s newest bytes without lending, taking a buffer or recording a use: copied now where a
+        buffer of ours holds them (held, lent or being written; returns None), else read from its file (returns that
+        read, for the caller to wait for: the file keeps those bytes until the entry's next write, which only new
+        bytes lent or stored bring). The fp32 master filled from parameter partitions on file
+        (integrations/deepspeed/master_copies.py)."""
+        with self._lock:
+            entry = self._table[key]
+            if entry.buffer is not None and entry.state != S.READING:
+                dest.copy_(self._transfers.compute_view(entry))
+                return None
+            return self._transfers.read_exactly(entry, dest)
 
     def read_into(self, key, dest: torch.Tensor) -> None:
         """Copy ``key``'s newest bytes into ``dest`` (``numel`` elements of any CPU tensor) without lending."""

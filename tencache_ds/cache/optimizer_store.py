@@ -50,7 +50,7 @@ class OptimizerStore(EntryStoreWrapper):
     # The EntryStore calls the optimizer swapper and the checkpoint code make, forwarded as they are.
     FORWARDED = frozenset({
         "add", "knows", "state", "kept", "path", "numels", "swap_nbytes", "lend", "lend_copied", "copyable", "lend_new",
-        "start_read", "prefetch_if_free",
+        "start_read", "prefetch_if_free", "read_from_copies",
         "wait_read", "release", "release_rewritten_elsewhere", "mark_changed", "write_parts", "flush", "flush_key",
         "wait_writes", "reap_writes", "held_keys",
         "forget", "discard", "forget_all", "trim_kept", "stats", "check_invariants", "recorder", "counters"})

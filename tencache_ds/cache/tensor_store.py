@@ -46,8 +46,8 @@ class TensorStore(EntryStoreWrapper):
     # pressure, stats, tests), forwarded as they are.
     FORWARDED = frozenset({
         "knows", "state", "kept", "path", "numels", "lent_or_reading", "lendable_without_buffer", "swap_nbytes", "lend",
-        "lend_new", "copy_newest", "newest_view", "start_read", "prefetch_if_free", "read_done", "wait_read",
-        "read_into", "release",
+        "lend_new", "newest_view", "start_read", "prefetch_if_free", "read_done", "wait_read",
+        "read_into", "read_newest_into", "release",
         "mark_all_lent_changed", "store", "write_and_release", "flush", "flush_key", "wait_writes", "held_keys", "forget", "check_invariants",
         "recorder", "counters", "name", "dtype", "element_size"})
 

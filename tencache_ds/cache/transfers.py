@@ -11,8 +11,9 @@ Locking: every method is called with the store's lock held; ``wait_unlocked`` re
 caller looks at the entry's state again afterwards.
 """
 import concurrent.futures
+import threading
 from concurrent.futures import Future
-from typing import Callable, Optional, Tuple
+from typing import Callable, Optional, Sequence, Tuple
 
 import torch
 
@@ -103,21 +104,21 @@ class Transfers:
         entry.io.add_done_callback(timer)
         self.table.set(entry, S.READING)
 
-    def start_copied_read(self, entry: Entry, fill: Callable[[torch.Tensor], bool]) -> bool:
-        """A read of ``entry`` into its attached buffer served by ``fill``, which copies the bytes its file holds
-        from another copy of them: done at once (READING, then lent by the wait as a file read is). False, and
-        nothing started, where ``fill`` finds no such copy."""
+    def start_copied_read(self, entry: Entry, fill: Callable[[torch.Tensor], Optional[Sequence[Future]]]) -> bool:
+        """A read of ``entry`` into its attached buffer served by ``fill``, which fills it with the bytes its file
+        holds from another copy of them: copied at once, or read from other files (the reads ``fill`` returns;
+        READING until they are done, then lent by the wait as a file read is). False, and nothing started, where
+        ``fill`` finds no such copy (None)."""
         try:
-            filled = fill(self.compute_view(entry))
+            reads = fill(self.compute_view(entry))
         except BaseException:  # the entry is on file again, without the buffer it was given
             self.release_buffer(entry)
             raise
-        if not filled:
+        if reads is None:
             return False
         tail = self.swap_view(entry).narrow(0, entry.numel, self._aligned_numel(entry.numel) - entry.numel)
         tail.zero_()  # past the tensor, up to the I/O alignment: written back with it, so never another's bytes
-        entry.io = Future()  # no NVMe read to time for the profile
-        entry.io.set_result(None)
+        entry.io = all_done(reads)  # not timed for the profile: the copy's own reads
         self.table.set(entry, S.READING)
         return True
 
@@ -140,6 +141,22 @@ class Transfers:
         self.counters.prefix_read_bytes_saved += entry.prefix_nbytes
         return self.io.read(target.narrow(0, skip, nbytes // self.element_size - skip), entry.path,
                             file_offset=entry.prefix_nbytes)
+
+    def read_exactly(self, entry: Entry, dest: torch.Tensor) -> Future:
+        """Read ``entry``'s ``numel`` elements into ``dest`` and nothing past them (not its aligned length: ``dest``
+        may be a slice of a larger tensor): its prefix copied now, the rest read from its file at the prefix's
+        offset. The entry stays as it is."""
+        skip = min(self._prefix_elements(entry), entry.numel)
+        if skip:
+            assert dest.dtype == self.dtype, (entry.key, dest.dtype)
+            dest.narrow(0, 0, skip).copy_(self._prefix_view(entry).narrow(0, 0, skip))
+            self.counters.prefix_read_bytes_saved += skip * self.element_size
+        rest = dest.narrow(0, skip, entry.numel - skip)
+        if not rest.numel():
+            done = Future()
+            done.set_result(None)
+            return done
+        return self.io.read(rest, entry.path, file_offset=skip * self.element_size)
 
     # ------------------------------------------------------------------------------------------ prefixes
     def _prefix_elements(self, entry: Entry) -> int:
@@ -333,3 +350,27 @@ def _wait_quietly(future: Future) -> None:
             # again): the I/O still uses its buffer, and some callers no longer track it, so it ends first
             concurrent.futures.wait([future])
             raise
+
+
+def all_done(futures: Sequence[Future]) -> Future:
+    """A future done once every one of ``futures`` is, with the first exception among them (done at once where
+    there are none)."""
+    combined, left = Future(), [len(futures)]
+    lock = threading.Lock()
+
+    def one_done(_future) -> None:
+        with lock:
+            left[0] -= 1
+            if left[0]:
+                return
+        errors = [future.exception() for future in futures if future.exception() is not None]
+        if errors:
+            combined.set_exception(errors[0])
+        else:
+            combined.set_result(None)
+
+    if not futures:
+        combined.set_result(None)
+    for future in futures:
+        future.add_done_callback(one_done)
+    return combined

@@ -131,7 +131,7 @@ def test_an_entry_on_file_is_lent_from_another_copy_of_its_bytes_without_a_read(
 
     def fill(view):
         view.fill_(3.0)
-        return copy_found
+        return [] if copy_found else None
 
     lent = store.lend_copied("m", fill)
     assert torch.all(lent == 3.0) and lent.numel() == NUMEL
@@ -142,6 +142,102 @@ def test_an_entry_on_file_is_lent_from_another_copy_of_its_bytes_without_a_read(
     assert store.recorder.position == position + 1
     store.release("m")  # unchanged: nothing written (its file holds the same bytes)
     assert store.state("m") == EntryState.ON_FILE and store.counters.written_back == 1
+    store.close()
+
+
+def test_an_entry_is_lent_from_a_copy_read_from_other_files_once_those_reads_are_done(tmp_path, io):
+    """lend_copied whose filler reads the bytes from other files (an fp32 master from parameter partitions on file:
+    master_copies.py): the lend waits for those reads and lends their bytes, never the stale file's; a read that
+    fails leaves the entry on file with its buffer given back, and the error reaches the caller."""
+    store = make(tmp_path, io, budget_bytes=0)
+    put(store, tmp_path, "m", 3.0)  # the file's bytes: stale, the copy is newer
+    store.wait_writes()
+    copy_path = str(tmp_path / "copy.swp")
+    half = NUMEL // 2
+    with open(copy_path, "wb") as out:
+        out.write(torch.full((NUMEL,), 5.0).numpy().tobytes())
+
+    def fill(view):
+        view.narrow(0, 0, half).fill_(5.0)  # copied from host memory
+        return [io.read(view.narrow(0, half, NUMEL - half), copy_path, file_offset=half * 4)]  # and read
+
+    lent = store.lend_copied("m", fill)
+    assert torch.all(lent == 5.0), "lent before the copy's reads were done, or from the stale file"
+    assert store.counters.copied == 1
+    store.release("m", changed=True)
+    store.wait_writes()
+    assert torch.all(store.lend("m") == 5.0)  # written back whole, the aligned tail zeroed, never another's
+    store.release("m")
+
+    def failing(view):
+        return [io.read(view, str(tmp_path / "missing.swp"))]
+
+    with pytest.raises(Exception, match="missing"):
+        store.lend_copied("m", failing)
+    store.check_invariants()
+    assert store.state("m") == EntryState.ON_FILE
+    assert torch.all(store.lend("m") == 5.0)
+    store.release("m")
+    store.close()
+
+
+def test_reads_of_an_entry_whose_file_is_behind_a_copy_take_the_copy_ahead_of_a_use_and_at_it(tmp_path, io):
+    """read_from_copies (the optimizer's fp32 masters owed to their files: master_write_behind.py): while the source
+    names a fill for a key, every read of it on file, a read ahead (start_read, prefetch_if_free) or a use's, takes
+    the copy's bytes, never the stale file's; once it names none, the file is read."""
+    store = make(tmp_path, io, budget_bytes=10 * NBYTES)  # room for a read ahead
+    put(store, tmp_path, "m", 3.0)
+    store.flush()
+    store.trim_kept(0)  # on file only
+    newer = {"m": 8.0}
+
+    def fill(view):
+        view.fill_(newer["m"])
+        return []
+
+    store.read_from_copies(lambda key: fill if key in newer else None)
+    position, misses = store.recorder.position, store.counters.misses
+    store.start_read("m", prefetch=True)
+    assert torch.all(store.wait_read("m") == 8.0)
+    store.release("m")
+    store.trim_kept(0)  # unchanged: dropped, on file again
+    assert store.prefetch_if_free("m")
+    assert torch.all(store.wait_read("m") == 8.0)
+    store.release("m")
+    store.trim_kept(0)  # unchanged: dropped, on file again
+    assert torch.all(store.lend("m") == 8.0) and store.counters.copied == 3
+    # each use recorded once, the reads ahead' when they came (the profile's order), and none counted a miss
+    assert store.recorder.position == position + 3 and store.counters.misses == misses
+    store.release("m")
+    store.trim_kept(0)  # unchanged: dropped, on file again
+    del newer["m"]  # the file is current again (a settle wrote it: here, it never was)
+    assert torch.all(store.lend("m") == 3.0)
+    store.release("m")
+    store.trim_kept(0)  # unchanged: dropped, on file again
+    store.close()
+
+
+def test_read_newest_into_copies_held_bytes_and_reads_exactly_the_tensor_from_its_file(tmp_path, io):
+    """read_newest_into (the master's fill from a partition: master_copies.py): where a buffer holds the newest
+    bytes they are copied; where only the file does, exactly ``numel`` elements are read into a slice of a larger
+    tensor, its neighbours untouched (the file's aligned length is longer). No use is recorded, no buffer taken."""
+    store = make(tmp_path, io, budget_bytes=10 * NBYTES)  # kept: "h" stays held
+    put(store, tmp_path, "h", 2.0)
+    small = store.lend_new("f", 1000, str(tmp_path / "f.swp"))  # 1000 elements: 4000 bytes, aligned to 1024
+    small.fill_(4.0)
+    store.release("f", changed=True)
+    store.flush()
+    store.trim_kept(0)  # "f" and "h" written and dropped: only their files hold them
+    put(store, tmp_path, "h", 2.0)  # "h" held again, newer than its file
+    position = store.recorder.position
+    into = torch.full((NUMEL + 1000 + 24,), -1.0)
+    assert store.read_newest_into("h", into.narrow(0, 0, NUMEL)) is None
+    read = store.read_newest_into("f", into.narrow(0, NUMEL, 1000))
+    assert read is not None
+    read.result()
+    assert torch.all(into[:NUMEL] == 2.0) and torch.all(into[NUMEL:NUMEL + 1000] == 4.0)
+    assert torch.all(into[NUMEL + 1000:] == -1.0), "read past the tensor into its neighbour"
+    assert store.recorder.position == position and store.state("f") == EntryState.ON_FILE
     store.close()
 
 
@@ -187,7 +283,7 @@ def test_masters_filled_from_elsewhere_leave_the_held_room_to_the_moments(tmp_pa
 
     def fill(key, view):
         view.copy_(partitions[key])
-        return True
+        return []
 
     reads = []
     for _step in range(4):
@@ -230,7 +326,7 @@ def test_a_master_filled_from_elsewhere_gives_up_its_prefix_to_a_tensor_that_is_
     store.release("p", changed=True, copy_elsewhere=True)
     store.wait_writes()
     assert store.copyable("p")  # no prefix: the next update may fill it
-    assert not store.lend_copied("p", lambda view: False).ne(2.0).any()  # no copy found: its whole file is read
+    assert not store.lend_copied("p", lambda view: None).ne(2.0).any()  # no copy found: its whole file is read
     store.release("p")
     view = store.lend("m")
     view.add_(1.0)
@@ -248,16 +344,20 @@ def test_an_entry_held_is_lent_as_it_is_and_its_newest_bytes_can_be_copied_witho
     put(store, tmp_path, "m", 1.0)
     out = torch.zeros(NUMEL)
     position = store.recorder.position
-    assert store.copy_newest("m", out) and torch.all(out == 1.0)  # DIRTY: the held bytes, not the file's
+    assert store.read_newest_into("m", out) is None and torch.all(out == 1.0)  # DIRTY: the held bytes, copied
     assert store.recorder.position == position
     called = []
     assert torch.all(store.lend_copied("m", called.append) == 1.0) and not called  # a hit: the filler unused
-    store.copy_newest("m", out)  # lent: the same bytes
+    out.zero_()
+    assert store.read_newest_into("m", out) is None and torch.all(out == 1.0)  # lent: the same bytes
     store.release("m")
     store.trim_kept(0)
     store.wait_writes()
-    assert store.state("m") == EntryState.ON_FILE and not store.copy_newest("m", out)  # only the file has them
-    assert not store.copy_newest("unknown", out)
+    out.zero_()
+    read = store.read_newest_into("m", out)  # only the file has them: read
+    assert store.state("m") == EntryState.ON_FILE and read is not None
+    read.result()
+    assert torch.all(out == 1.0)
     store.close()
 
 

@@ -149,6 +149,34 @@ def test_a_resume_from_a_save_right_after_masters_were_written_behind_gives_the_
     assert resumed.result["weights_sha256"] == uninterrupted.result["weights_sha256"]
 
 
+def test_masters_whose_partitions_stream_are_read_from_the_partitions_files_never_written_and_resume_exactly(
+        train, tmp_path):
+    """No host tier (and no device tier, which at one rank here keeps the partitions themselves): the partitions
+    stream, each written to its own file after its update. Those files then hold the new masters, so an update's master goes back unwritten, owed, and the
+    next update reads it from the partitions' files (master_write_behind.py, master_copies.py): stock's bits, with
+    no master written in a step. A save before step 3 writes the owed masters from those files (landing a second
+    apart: SLOW_MASTER_WRITES) before it reads them, and the resume gives the uninterrupted run's bits. (Before,
+    every master was written in its update where any partition streamed: 0 owed, nothing read from partitions.)"""
+    folder = str(tmp_path / "ckpt")
+    options = dict(OPTIONS, steps=5)
+    streamed = {"host_cache_bytes": 0, "device_cache_bytes": 0}
+    stock = train(block=None, **options)
+    uninterrupted = train(block=streamed, save_after=3, checkpoint_dir=folder, env=SLOW_MASTER_WRITES, **options)
+    assert_identical(stock, uninterrupted)
+    steps = [step["stats"] for step in uninterrupted.result["steps"]]
+    owed = [stats["optimizer_masters_owed"] for stats in steps]
+    behind = [stats["optimizer_masters_written_behind"] for stats in steps]
+    from_files = [stats["optimizer_master_bytes_read_from_partition_files"] for stats in steps]
+    assert owed[2] == 6 and behind[2] == 0, (owed, behind)  # every swapped master owed, none written in a step
+    assert from_files[1] < from_files[2] and from_files[2] > 0, from_files  # ... and read from the partitions
+    assert behind[3] > behind[2], behind  # the save wrote them
+    assert_zero_file_masters_are_the_master_files(folder)
+    resumed = train(block=streamed, **dict(options, steps=2), resume=True, checkpoint_dir=folder)
+    assert [step["step"] for step in resumed.result["steps"]] == [3, 4]
+    assert resumed.loss_bits == uninterrupted.loss_bits[3:]
+    assert resumed.result["weights_sha256"] == uninterrupted.result["weights_sha256"]
+
+
 def assert_zero_file_masters_are_the_master_files(checkpoint_dir):
     """Every master swap file in the checkpoint (``<ds_id>.tensor.swp``) holds one of the ZeRO file's fp32 groups in
     its first bytes, bit for bit (the files are what the resume reads; the ZeRO file, what zero_to_fp32 reads)."""

@@ -553,32 +553,10 @@ def test_the_first_reading_cuts_the_optimizer_budget_not_filled_yet_before_param
     assert swapper.store.cache_bytes_reserved == 3 * GiB  # untouched
 
 
-def test_owed_masters_are_written_only_where_a_parameter_cache_shrinks(monkeypatch):
-    """A give-back the optimizer's state covers leaves the parameter partitions in place, and with them what the
-    owed masters are written from: nothing is written. One that reaches a parameter cache writes them first (on
-    gpt2-1.3b every give-back wrote the 5.1 GB of owed masters, one the optimizer's share covered too)."""
-    from tencache_ds.plan.memory_pressure import RisePrior
-    reserve = int(0.02 * 64 * GiB) + int(1.25 * 2 * GiB + 1 * GiB)
-    for short, settles in ((GiB // 2, 0), (2 * GiB, 1)):  # the optimizer can give 1.5 GiB
-        settled = []
-        swapper = ParamCacheSums(3 * GiB)
-        # what the cache holds when the masters are written: all of it (before it shrinks)
-        monkeypatch.setattr(memory_pressure, "settle_owed_masters",
-                            lambda *ids: settled.append(swapper.store.cache_bytes_reserved))
-        optimizer = NotFilledYet(budget=3 * GiB // 2, slots=GiB // 2, state=16 * GiB, explicit=True)
-        # the optimizer's 2 GiB to fill count as taken: the reading is ``short`` below the reserve
-        first_reading([swapper], optimizer, RisePrior(2 * GiB, 1 * GiB), reserve + 2 * GiB - short)
-        assert settled == [3 * GiB] * settles
-        assert (swapper.store.cache_bytes_reserved < 3 * GiB) is bool(settles)
-
-
-def test_a_measured_shortfall_the_optimizers_state_covers_leaves_the_parameter_cache_whole(monkeypatch):
+def test_a_measured_shortfall_the_optimizers_state_covers_leaves_the_parameter_cache_whole():
     """With a measured rise: a reading 600 MiB short, with 1 GiB of optimizer state to give, gives that 1 GiB (not
-    twice the shortfall, which would take 200 MiB of cache slots and end the masters' debt): the parameter cache
-    whole, no master written. The next reading 100 MiB short, with no optimizer state left, takes twice that from
-    the cache, the owed masters written first."""
-    settled = []
-    monkeypatch.setattr(memory_pressure, "settle_owed_masters", lambda *ids: settled.append(ids))
+    twice the shortfall, which would take 200 MiB of cache slots): the parameter cache whole. The next reading 100
+    MiB short, with no optimizer state left, takes twice that from the cache."""
     optimizer = OptimizerStoreSums(state=16 * GiB, start=2 * GiB, least=GiB, auto=False)
     swapper = ParamCacheSums(3 * GiB)
     available = [40 * GiB]
@@ -593,12 +571,12 @@ def test_a_measured_shortfall_the_optimizers_state_covers_leaves_the_parameter_c
     reserve = governor.policy.reserve_bytes(64 * GiB)
     available[0] = reserve - 600 * MiB
     governor.before_forward()
-    assert optimizer.footprint == GiB and swapper.store.cache_bytes_reserved == 3 * GiB and settled == []
+    assert optimizer.footprint == GiB and swapper.store.cache_bytes_reserved == 3 * GiB
     optimizer.update()  # the step's update holds what its smaller budget allows
     governor.end_optimizer_step()
     available[0] = reserve - 100 * MiB
     governor.before_forward()
-    assert swapper.store.cache_bytes_reserved == 3 * GiB - 200 * MiB and len(settled) == 1
+    assert swapper.store.cache_bytes_reserved == 3 * GiB - 200 * MiB
 
 
 def test_the_device_tiers_budget_counts_the_prior_before_a_rise_is_measured():

@@ -14,17 +14,43 @@ from tencache_ds.io.direct_io import DirectFileIO
 
 
 class Partitions:
-    """group -> (ds_ids, views), with groups that can be taken out of memory (``gone``)."""
+    """group -> (ds_ids, tensors), each group's tensors in host memory or on a file of their own (``to_file``: a
+    fill reads them from there, as master_copies.py reads partitions on file), or not available at all (``gone``:
+    a resident partition stage 3 does not have)."""
 
-    def __init__(self, groups):
+    def __init__(self, groups, io=None):
         self.groups = groups
+        self.io = io
+        self.on_file = {}  # group -> the file holding its tensors one after the other
         self.gone = set()
 
-    def __call__(self, group):
-        if group in self.gone or group not in self.groups:
+    def views(self, group):
+        if group in self.gone or group in self.on_file or group not in self.groups:
             return None
         ids, views = self.groups[group]
         return ids, views
+
+    def ids(self, group):
+        if group not in self.groups:
+            return None
+        ids, views = self.groups[group]
+        return frozenset(ids), sum(view.numel() for view in views)
+
+    def fill(self, group, into):
+        if group in self.gone:
+            return None
+        if group in self.on_file:
+            return [self.io.read(into, self.on_file[group])]
+        into.copy_(torch.cat(self.groups[group][1]))
+        return []
+
+    def to_file(self, group, path):
+        torch.cat(self.groups[group][1]).numpy().tofile(path)
+        self.on_file[group] = path
+
+
+def writer(partitions, write):
+    return MasterWriteBehind(partitions.views, partitions.ids, partitions.fill, write, torch.float32)
 
 
 class HeldWrites:
@@ -77,7 +103,7 @@ def test_an_owed_master_is_written_from_its_partitions_at_their_offsets_at_a_set
     path = str(tmp_path / "master.swp")
     open(path, "wb").write(bytes(4 * 10))  # the old master: zeros
     first, second = torch.arange(4, dtype=torch.float32), torch.arange(10, 16, dtype=torch.float32)
-    writes = MasterWriteBehind(Partitions({"g": ([1, 2], [first, second])}), io.write)
+    writes = writer(Partitions({"g": ([1, 2], [first, second])}), io.write)
     writes.owe("g", path)
     assert writes.owed_masters == 1
     assert torch.equal(torch.from_file(path, size=10, dtype=torch.float32), torch.zeros(10))  # nothing yet
@@ -93,7 +119,7 @@ def test_an_owed_master_is_written_from_its_partitions_at_their_offsets_at_a_set
 def test_a_settle_waits_for_the_masters_made_of_the_partitions_named_and_no_other():
     engine = HeldWrites()
     views = {"a": ([1, 2], [torch.ones(2), torch.ones(2)]), "b": ([3], [torch.ones(4)])}
-    writes = MasterWriteBehind(Partitions(views), engine.write)
+    writes = writer(Partitions(views), engine.write)
     writes.owe("a", "a.swp")
     writes.owe("b", "b.swp")
     settled = threading.Thread(target=settle_owed_masters, args=([3],))
@@ -116,7 +142,7 @@ def test_a_failed_write_stops_every_later_settle():
     engine = HeldWrites()
     engine.error = OSError(5, "I/O error")
     engine.gate.set()
-    writes = MasterWriteBehind(Partitions({"g": ([1], [torch.ones(4)])}), engine.write)
+    writes = writer(Partitions({"g": ([1], [torch.ones(4)])}), engine.write)
     writes.owe("g", "g.swp")
     with pytest.raises(OSError):
         writes.settle()
@@ -129,7 +155,7 @@ def test_a_failed_write_stops_every_later_settle():
 def test_a_write_that_cannot_be_issued_leaves_the_file_stale_for_good():
     def refused(tensor, path, file_offset=0):
         raise OSError(28, "No space left on device")
-    writes = MasterWriteBehind(Partitions({"g": ([1], [torch.ones(4)])}), refused)
+    writes = writer(Partitions({"g": ([1], [torch.ones(4)])}), refused)
     writes.owe("g", "g.swp")
     with pytest.raises(OSError):
         writes.settle()
@@ -137,31 +163,48 @@ def test_a_write_that_cannot_be_issued_leaves_the_file_stale_for_good():
         writes.settle()
 
 
-def test_a_master_whose_partitions_are_not_all_in_memory_is_not_owed_and_one_owed_can_be_cancelled():
-    partitions = Partitions({"g": ([1], [torch.ones(4)]), "h": ([2], [torch.ones(4)])})
+def test_a_master_without_partitions_of_its_optimizer_is_not_owed_and_one_owed_can_be_cancelled():
+    partitions = Partitions({"h": ([2], [torch.ones(4)])})
     engine = HeldWrites()
-    writes = MasterWriteBehind(partitions, engine.write)
-    partitions.gone.add("g")
+    writes = writer(partitions, engine.write)
     assert not writes.owe("g", "g.swp") and not writes.owes_any
-    assert writes.owe("h", "h.swp")
+    assert writes.owe("h", "h.swp") and writes.owes("h")
     writes.cancel("h")  # its store wrote it after all
-    assert not writes.owes_any
+    assert not writes.owes_any and not writes.owes("h")
     writes.settle()
     assert engine.issued == []
 
 
-def test_partitions_that_left_memory_before_their_write_started_are_an_error_not_a_stale_file():
+def test_a_master_whose_partitions_went_to_their_files_is_written_from_what_is_read_there(tmp_path, io):
+    """Partitions evicted after the master was owed (a parameter cache smaller than the model: they stream): the
+    settle fills a copy from their files, as an update's fill would, and writes the master from it whole."""
+    first, second = torch.arange(4, dtype=torch.float32), torch.arange(10, 1034, dtype=torch.float32)
+    partitions = Partitions({"g": ([1, 2], [first, second])}, io)
+    writes = writer(partitions, io.write)
+    path = str(tmp_path / "master.swp")
+    open(path, "wb").write(bytes(4 * 1028))
+    assert writes.owe("g", path)
+    partitions.to_file("g", str(tmp_path / "partitions.swp"))  # their host memory now holds other bytes
+    first.zero_()
+    settle_owed_masters()
+    expected = torch.cat([torch.arange(4, dtype=torch.float32), second])
+    assert torch.equal(torch.from_file(path, size=1028, dtype=torch.float32), expected)
+    assert (writes.masters_written_behind, writes.bytes_written_behind) == (1, 4 * 1028)
+    assert not writes.owes_any
+
+
+def test_partitions_not_available_at_the_write_are_an_error_not_a_stale_file():
     partitions = Partitions({"g": ([1], [torch.ones(4)])})
-    writes = MasterWriteBehind(partitions, HeldWrites().write)
+    writes = writer(partitions, HeldWrites().write)
     writes.owe("g", "g.swp")
     partitions.gone.add("g")
-    with pytest.raises(RuntimeError, match="left host memory"):
+    with pytest.raises(RuntimeError, match="not available"):
         writes.settle()
 
 
 def test_a_swap_in_filled_from_the_partitions_takes_the_debt_over_and_writes_nothing():
     engine = HeldWrites()
-    writes = MasterWriteBehind(Partitions({"g": ([1], [torch.ones(4)]), "h": ([2], [torch.ones(4)])}), engine.write)
+    writes = writer(Partitions({"g": ([1], [torch.ones(4)]), "h": ([2], [torch.ones(4)])}), engine.write)
     writes.owe("g", "g.swp")
     assert writes.take_over("g") and not writes.owes_any  # the lent master owes the file now
     assert not writes.take_over("g") and not writes.take_over("h")  # nothing owed: nothing taken
@@ -177,7 +220,7 @@ def test_a_swap_in_filled_from_the_partitions_takes_the_debt_over_and_writes_not
 
 def test_a_master_owed_again_waits_for_its_last_write_first():
     engine = HeldWrites()
-    writes = MasterWriteBehind(Partitions({"g": ([1], [torch.ones(4)])}), engine.write)
+    writes = writer(Partitions({"g": ([1], [torch.ones(4)])}), engine.write)
     writes.owe("g", "g.swp")
     started = threading.Thread(target=writes.settle)  # its write is issued, and held in flight
     started.start()
@@ -194,3 +237,22 @@ def test_a_master_owed_again_waits_for_its_last_write_first():
     writes.settle()
     assert len(engine.issued) == 2
     writes.close()
+
+
+def test_a_change_to_a_partition_waits_for_the_reads_of_its_file_that_fill_a_master_and_no_other():
+    """A master filled from its partitions' files (ahead of its update, say) while a weight edit is about to rewrite
+    one of them: the edit's settle (settle_owed_masters with that partition) waits for those reads, so they never
+    take the new bytes or a mix; an edit of another partition does not wait."""
+    writes = writer(Partitions({"g": ([1, 2], [torch.ones(2), torch.ones(2)])}), HeldWrites().write)
+    reading = Future()
+    writes.filling("g", [reading])
+    assert writes.filling_any
+    settle_owed_masters([3])  # not one of g's: returns at once
+    edit = threading.Thread(target=settle_owed_masters, args=([2],))
+    edit.start()
+    edit.join(timeout=0.5)
+    assert edit.is_alive()  # waiting for the read
+    reading.set_result(None)
+    edit.join(timeout=5)
+    assert not edit.is_alive() and not writes.filling_any
+

@@ -22,13 +22,17 @@ A partition of another dtype (bf16 or fp16 training), or a sub-group whose param
 buffer, is never a copy.
 
 The fill copies each partition from host memory of the parameter swapper's (held, lent, or being written) or from
-the resident tensor; where one is only on file, it reports so and the master's own file is read instead. That file
-is current then: a master is owed to its file, unwritten, only while every partition it is made of is in host
-memory, and written from them before one leaves it or anything reads the file (master_write_behind.py); a fill
-that finds an owed master's partition only on file is a broken rule, raised (masters_in_partitions.py).
+the resident tensor, and reads one that is only on file from that file (exactly its bytes, at its offset in the
+master: ``read_partition_into``); the caller waits for those reads. An evicted partition's file holds its bytes
+unchanged, so a master whose own file is behind its partitions (owed: master_write_behind.py) is filled so wherever
+they are; the reads are reported to the writer (``filling``), and a change to one of those partitions waits for
+them. A resident partition that is not available is a broken rule where the master is owed, raised
+(masters_in_partitions.py); otherwise the master's own file, current then, is read instead.
 """
+import concurrent.futures
 import weakref
-from typing import Optional, Tuple
+from concurrent.futures import Future
+from typing import List, Optional, Tuple
 
 import torch
 from deepspeed.runtime.swap_tensor.partitioned_param_swapper import PartitionedParamStatus
@@ -47,6 +51,7 @@ class MasterCopies:
         self.dtype = dtype
         self.validity = CopyValidity()
         self._index = None  # group id -> sub-group index, built at first use (the masters exist by then)
+        self.bytes_read_from_partition_files = 0  # SUM: master bytes a fill read from partitions' own files
 
     # ------------------------------------------------------------------------- the optimizer swapper's calls
     def lent(self, group) -> None:
@@ -67,43 +72,56 @@ class MasterCopies:
     def forget_all(self) -> None:
         self.validity.forget_all()
 
-    def current(self, group) -> bool:
+    def current(self, group, anywhere: bool = False) -> bool:
         """Do the partitions hold ``group``'s master now, each in host memory the parameter swapper keeps? (Kept, not
         merely lent: a partition streamed through a slot is gone by the update, and the master's read is then better
-        started ahead than found missing at the fill.)"""
+        started ahead than found missing at the fill.) ``anywhere``: in host memory or on the partitions' own files
+        (a fill reads those: the master's file need not be written for them, master_write_behind.py)."""
         index = self._sub_group_index(group)
         if index is None:
             return False
         versions = self._versions(index)
-        return versions is not None and self.validity.current(group, versions) and self._kept(index)
+        return versions is not None and self.validity.current(group, versions) and (anywhere or self._kept(index))
 
-    def fill(self, group, into: torch.Tensor) -> bool:
-        """Copy ``group``'s partitions into ``into`` (the master's numel); False, with ``into`` partly written,
-        where one is on file only."""
+    def fill(self, group, into: torch.Tensor) -> Optional[List[Future]]:
+        """Fill ``into`` (the master's numel) with ``group``'s partitions: copied from host memory, and read from
+        their files where they are there only (those reads are returned, for the caller to wait for; none where
+        every partition was in host memory). None, with ``into`` partly written and no read of it in flight, where a
+        partition stage 3 keeps resident is not available."""
         stage3, index = self._stage3(), self._sub_group_index(group)
         if stage3 is None or index is None:
-            return False
-        offset = 0
-        for param, partition, swapper in self._partitions(index):
-            dest = into.narrow(0, offset, partition.ds_numel)
-            if swapper is not None:
-                if not swapper.copy_partition(param, dest):
-                    return False
-            elif partition.status == PartitionedParamStatus.AVAILABLE:
-                dest.copy_(partition.data)
-            else:
-                return False
-            offset += partition.ds_numel
+            return None
+        offset, reads = 0, []
+        try:
+            for param, partition, swapper in self._partitions(index):
+                dest = into.narrow(0, offset, partition.ds_numel)
+                if swapper is not None:
+                    read = swapper.read_partition_into(param, dest)
+                    if read is not None:
+                        reads.append(read)
+                        self.bytes_read_from_partition_files += dest.numel() * dest.element_size()
+                elif partition.status == PartitionedParamStatus.AVAILABLE:
+                    dest.copy_(partition.data)
+                else:
+                    concurrent.futures.wait(reads)  # nothing may land in ``into`` once the caller has it back
+                    return None
+                offset += partition.ds_numel
+        except BaseException:
+            concurrent.futures.wait(reads)
+            raise
         if offset != into.numel():
+            concurrent.futures.wait(reads)
             raise RuntimeError(f"the partitions of optimizer sub-group {group} hold {offset} elements, its fp32 "
                                f"master {into.numel()}")
-        return True  # (counted by the store that lent the buffer: its copied and copied_bytes)
+        return reads  # (counted by the store that lent the buffer: its copied and copied_bytes)
 
-    def all_partitions_held(self) -> bool:
-        """Does host memory the parameter swapper keeps (or stage 3's own) hold every sub-group's partitions? Then no
-        swap-in of a step reads one, and none evicts one. (A walk over every parameter: asked at each give-back.)"""
-        stage3 = self._stage3()
-        return stage3 is not None and all(self._kept(index) for index in range(len(stage3.fp16_groups)))
+    def partition_ids(self, group) -> Optional[Tuple[frozenset, int]]:
+        """(ds_ids of ``group``'s partitions, the master's numel), or None where it has none of this optimizer's."""
+        stage3, index = self._stage3(), self._sub_group_index(group)
+        if stage3 is None or index is None:
+            return None
+        found = [(param.ds_id, partition.ds_numel) for param, partition, _ in self._partitions(index)]
+        return frozenset(ds_id for ds_id, _ in found), sum(numel for _, numel in found)
 
     def partition_views(self, group) -> Optional[Tuple[list, list]]:
         """(ds_ids, views) of ``group``'s partitions: the views of the host memory holding them now, in the master's

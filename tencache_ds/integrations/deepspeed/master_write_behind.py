@@ -1,45 +1,44 @@
 """The fp32 masters' writes, kept out of the steps. Owns: which sub-groups' master files are owed the bytes their
 parameter partitions hold, writing them from the partitions only where something needs the file, and waiting for
-those writes (``settle``) wherever a partition could change, or a master file be read, first.
+those writes (``settle``), and for the reads of partitions' files that fill a master (``filling``), wherever a
+partition could change, or a master file be read, first.
 
-Why: beyond host memory the update is bound by the drive. Each sub-group's master is filled from the parameter
-partitions the host tier holds (master_copies.py), stepped, copied back into them by stage 3, and its file written:
-4.75 GiB a step on gpt2-1.3b, a third of the update's writes. After the update the partitions are the new master,
-bit for bit (master_copies.py), and they stay in memory, unchanged, through the next forward and backward, and the
-next update fills the master from them again without reading its file. So nothing reads that file in a step: the
-update gives the master back without writing it (its slot is free at once), and the file gets the bytes only where
-something is about to read it, or to change or give up one of the partitions (``settle``: a checkpoint, an edit of a
-weight, a cache that shrinks, the end of the run). Step after step, while the partitions stay held, the masters cost
-the drive nothing. The next update of an owed master takes the debt over (``take_over``): what it gives back is owed
-again (or written by its store, where the partitions no longer hold it).
+Why: beyond host memory the update is bound by the drive. Each sub-group's master is stepped, copied back into its
+parameter partitions by stage 3, and its file written: 4.75 GiB a step on gpt2-1.3b, a third of the update's
+writes; on gpt2-2.7b, whose partitions stream, 10.4 GB beside the same bytes written again as the partitions. After
+the update the partitions are the new master, bit for bit (master_copies.py), wherever they are: in host memory,
+unchanged through the next forward and backward, or written to their own files (an eviction writes a partition's
+bytes, it does not change them). The next update fills the master from them (copied, or read from the partitions'
+files) without reading its file. So nothing reads that file in a step: the update gives the master back without
+writing it (its slot is free at once), and the file gets the bytes only where something is about to read it, or
+to change one of the partitions (``settle``: a checkpoint, an edit of a weight, the end of the run). Step after
+step the masters' files cost the drive nothing. The next update of an owed master takes the debt over
+(``take_over``): what it gives back is owed again (or written by its store).
 
 When a master is owed: a swap-in gave it back changed, or lent it with the debt taken over (a getter's swap-in gives
-it back unchanged, still owed), its partitions are a current copy of it (master_copies.py ``current``), every one of
-them is in host memory now (``MasterCopies.partition_views``), and so are all the model's partitions (the optimizer
-swapper asks at each give-back: where some stream, a swap-in of one, or stage 3's copy into one, may evict a
-partition an owed master is written from, and would wait for that write in the update).
+it back unchanged, still owed), and its partitions are a current copy of it (master_copies.py ``current``, anywhere).
 
-The rule that keeps every result stock's: nothing may read an owed master's file, or write or give up the memory of
-one of its partitions, before its write is done. ``settle`` (start what is owed, then wait) runs first at each such
-place:
+The rule that keeps every result stock's: nothing may read an owed master's file, or change one of its partitions,
+before its write is done. ``settle`` (start what is owed, then wait) runs first at each such place:
 - the optimizer swapper: every swap-in that reads the master's file (one whose partitions fill it takes the debt
-  over instead), a read ahead of a master from its file, the checkpoint save's reads of the master files
-  (checkpoint_save.py) and its and a load's flush, a purge, close;
-- the parameter swapper (``settle_owed_masters``): every call that writes a partition or may evict one (a swap-in
-  of a partition not held, zero.Init's writes, stage 3's copy of a master, a hand-over to stage 3's buffer), and the
-  memory-pressure governor before it shrinks a parameter cache; its reads ahead, which may not settle (that waits),
-  take no held partition's buffer while anything is owed (``partitions_owed``);
+  over instead; a read ahead of an owed master reads the partitions, never its file), the checkpoint save's reads
+  of the master files (checkpoint_save.py) and its and a load's flush, a purge, close;
+- the parameter swapper (``settle_owed_masters``): every call that writes a partition (zero.Init's writes, stage
+  3's copy of a master, a hand-over to stage 3's buffer), an engine's destroy and close (its files and I/O go);
 - a partition changed in place: at ``GatheredParameters.__enter__`` (at one rank on a host accelerator the gathered
   tensor is the partition itself, which code inside the context may change), and where DeepSpeed writes gathered
   values back (``Init._partition`` with ``has_been_updated``: a modifier rank's exit, ``module.apply`` under zero.Init,
   the compile fallback); install.py;
 - a checkpoint load's adoption of files under other ids, before it renames them (checkpoint.py).
+A partition evicted or read is not changed: neither settles. A settle writes from the partitions' host memory where
+all of them are there, and otherwise from a copy it fills as an update does (reading those on file); it waits for its
+writes before it returns, on the caller's thread, which is the thread of every call that may evict a partition, so
+no eviction lands while a write reads a partition's memory.
 A master file linked into a checkpoint is replaced by an empty one of its size before its writes, never copied
 (io/shared_files.py ``make_own_file``). A write that fails, or cannot be issued, leaves its file stale for good:
 every later settle raises it.
-A swap-in of a partition the tier holds lends its buffer unchanged, so the forward and backward of a model whose
-partitions are all held never wait here.
 """
+import concurrent.futures
 import threading
 import weakref
 from concurrent.futures import Future
@@ -47,6 +46,7 @@ from typing import Callable, Dict, Hashable, Iterable, List, Optional, Tuple
 
 import torch
 
+from ...io.direct_io import aligned_buffer
 from ...io.shared_files import make_own_file
 
 _LIVE = weakref.WeakSet()  # every MasterWriteBehind not closed: the parameter swapper settles them all
@@ -55,21 +55,14 @@ _LIVE_LOCK = threading.Lock()
 
 def settle_owed_masters(partition_ids: Optional[Iterable[Hashable]] = None) -> None:
     """Write what every live optimizer owes the master files made of the partitions ``partition_ids`` (their
-    ``ds_id``; None: of any partition) and wait, before they change or leave memory (see the module's rule). Cheap
-    when nothing is owed."""
+    ``ds_id``; None: of any partition) and wait, and wait for the reads of those partitions' files that fill a
+    master (``filling``), before a partition changes (see the module's rule). Cheap when nothing is owed or read."""
     with _LIVE_LOCK:
-        writers = [writer for writer in _LIVE if writer.owes_any]
+        writers = [writer for writer in _LIVE if writer.owes_any or writer.filling_any]
     ids = None if partition_ids is None else set(partition_ids)
     for writer in writers:
         writer.settle(writer.groups_of(ids))
-
-
-def partitions_owed() -> bool:
-    """Does any live optimizer owe a master file the bytes of partitions it holds (or is writing them)? Where one
-    does, a read ahead takes no held partition's buffer: it may not settle first (that waits, and takes the locks
-    the writes' views take)."""
-    with _LIVE_LOCK:
-        return any(writer.owes_any for writer in _LIVE)
+        writer.wait_fills(ids)
 
 
 class MasterWriteBehind:
@@ -78,17 +71,31 @@ class MasterWriteBehind:
     Args:
         partition_views: group -> (ds_ids, views) of the group's partitions, the views of the host memory holding
             them now in the master's order, or None where one is not in memory (MasterCopies.partition_views).
+        partition_ids: group -> (ds_ids of its partitions, the master's numel), None where it has none
+            (MasterCopies.partition_ids).
+        fill: (group, tensor) -> the reads that fill the tensor with the partitions, as an update's fill does, or
+            None where one cannot be had (MasterCopies.fill).
         write: the I/O engine's ``write(tensor, path, file_offset=...)`` (a LinkSafeIO's: a file linked into a
             checkpoint is copied before a partial write).
+        dtype: the masters' dtype.
     """
 
-    def __init__(self, partition_views: Callable[[Hashable], Optional[Tuple[list, List[torch.Tensor]]]], write):
+    def __init__(self, partition_views: Callable[[Hashable], Optional[Tuple[list, List[torch.Tensor]]]],
+                 partition_ids: Callable[[Hashable], Optional[Tuple[frozenset, int]]],
+                 fill: Callable[[Hashable, torch.Tensor], Optional[List[Future]]], write, dtype: torch.dtype):
         self._partition_views = partition_views
+        self._partition_ids = partition_ids
+        self._fill = fill
         self._write = write
+        self._dtype = dtype
         self._lock = threading.RLock()
         self._owed: Dict[Hashable, str] = {}             # group -> master file, write not started
         self._writing: Dict[Hashable, List[Future]] = {}  # group -> the writes of its partitions in flight
         self._partitions: Dict[Hashable, frozenset] = {}  # group -> its partitions' ds_ids, while owed or writing
+        self._copies: Dict[Hashable, torch.Tensor] = {}    # group -> the copy its writes read, until waited for
+        # group -> the reads of its partitions' files that fill it (at a swap-in, or ahead of one), until waited for:
+        # a partition's file rewritten under one would fill the master with the new bytes, or a mix
+        self._fills: Dict[Hashable, Tuple[frozenset, List[Future]]] = {}
         self.masters_written_behind = 0  # COUNT: masters written from the partitions (at a settle)
         self.bytes_written_behind = 0    # SUM: their bytes
         self._failed: Optional[BaseException] = None  # a write that failed: its file is stale for good
@@ -99,6 +106,26 @@ class MasterWriteBehind:
     def owes_any(self) -> bool:
         return bool(self._partitions)
 
+    @property
+    def filling_any(self) -> bool:
+        return bool(self._fills)
+
+    def filling(self, group, reads: List[Future]) -> None:
+        """``reads`` of ``group``'s partitions' files fill its master now: a change to one of those partitions waits
+        for them first (``settle_owed_masters``)."""
+        found = self._partition_ids(group)
+        if reads and found is not None:
+            with self._lock:
+                self._fills[group] = (found[0], list(reads))
+
+    def wait_fills(self, partition_ids: Optional[set]) -> None:
+        """Wait for the fills reading any of ``partition_ids`` (None: every fill) from their files."""
+        with self._lock:
+            waiting = [group for group, (ids, _reads) in self._fills.items()
+                       if partition_ids is None or ids & partition_ids]
+            for group in waiting:
+                concurrent.futures.wait(self._fills.pop(group)[1])
+
     def groups_of(self, partition_ids: Optional[set]) -> Optional[list]:
         """The owed groups made of any of ``partition_ids`` (None: every group)."""
         if partition_ids is None:
@@ -107,19 +134,25 @@ class MasterWriteBehind:
             return [group for group, ids in self._partitions.items() if ids & partition_ids]
 
     def owe(self, group, path: str) -> bool:
-        """The update gives ``group``'s master back changed without writing it: its partitions hold the bytes. False,
-        and nothing owed, where they are not all in host memory (the caller writes the master itself then)."""
+        """The update gives ``group``'s master back changed without writing it: its partitions, a current copy of it
+        (the caller's check), hold the bytes, in host memory or on their files. False, and nothing owed, where it has
+        no partitions of this optimizer's (the caller writes the master itself then)."""
         with self._lock:
             if self._failed is not None:
                 raise self._failed
             if group in self._writing:  # a settle's write not waited for: never reordered
                 self._wait(group)
-            found = self._partition_views(group)
+            found = self._partition_ids(group)
             if found is None:
                 return False
             self._owed[group] = path
-            self._partitions[group] = frozenset(found[0])
+            self._partitions[group] = found[0]
             return True
+
+    def owes(self, group) -> bool:
+        """Is ``group``'s master file behind its partitions now (a swap-in fills it from them, never from the file)?"""
+        with self._lock:
+            return group in self._owed
 
     def cancel(self, group) -> None:
         """The master ``owe`` recorded is written by its store after all (nothing was started for it)."""
@@ -183,24 +216,44 @@ class MasterWriteBehind:
         self._writing[group] = futures
         try:
             found = self._partition_views(group)
-            if found is None:
-                raise RuntimeError(f"tencache: the parameter partitions of optimizer sub-group {group} left host "
-                                   f"memory before its fp32 master ({path}) was written from them")
+            views = found[1] if found is not None else [self._filled_copy(group, path)]
             # every byte of the master is written: a file linked into a checkpoint is replaced by an empty one of its
             # size rather than copied first (the partial writes below would copy it: shared_files.LinkSafeIO)
             make_own_file(path)
-            for view in found[1]:
+            for view in views:
                 futures.append(self._write(view, path, file_offset=offset))
                 offset += view.numel() * view.element_size()
         except BaseException as err:
             self._failed = err
+            self._copies.pop(group, None)  # (a write issued holds its tensor until it is done)
             raise
         self.masters_written_behind += 1
         self.bytes_written_behind += offset
 
+    def _filled_copy(self, group, path: str) -> torch.Tensor:
+        """The master's bytes in memory of their own (4 KiB-aligned: written with O_DIRECT), filled from the
+        partitions as an update's fill is, some read from their files: the settle's source where they are not all in
+        host memory."""
+        found = self._partition_ids(group)
+        copy = None
+        if found is not None:
+            copy = aligned_buffer(found[1] * torch.empty((), dtype=self._dtype).element_size()).view(self._dtype)
+            reads = self._fill(group, copy)
+            if reads is None:
+                copy = None
+            else:
+                for read in reads:
+                    read.result()  # raises a failed read's error: the master is then stale for good
+        if copy is None:
+            raise RuntimeError(f"tencache: a parameter partition of optimizer sub-group {group} is not available to "
+                               f"write its fp32 master ({path}) from")
+        self._copies[group] = copy
+        return copy
+
     def _wait(self, group) -> None:
         futures = self._writing.pop(group)
         self._partitions.pop(group, None)
+        self._copies.pop(group, None)
         errors = [future.exception() for future in futures]
         error = next((error for error in errors if error is not None), None)
         if error is not None:

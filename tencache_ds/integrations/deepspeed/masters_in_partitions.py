@@ -9,7 +9,8 @@ read or replaced.
 Without stage 3 (an optimizer swapper made outside its initialisation) no partition holds a master: every method is
 then the no-op or the False it would be with nothing held.
 """
-from typing import Callable, Hashable, Iterable, Mapping, Optional
+from concurrent.futures import Future
+from typing import Callable, Hashable, Iterable, List, Mapping, Optional
 
 import torch
 
@@ -30,8 +31,8 @@ class MastersInPartitions:
 
     def __init__(self, stage3, dtype: torch.dtype, write, writes_behind: bool):
         self.copies = MasterCopies(stage3, dtype) if stage3 is not None else None
-        self.writes = MasterWriteBehind(self.copies.partition_views, write) \
-            if self.copies is not None and writes_behind else None
+        self.writes = MasterWriteBehind(self.copies.partition_views, self.copies.partition_ids, self.copies.fill,
+                                        write, dtype) if self.copies is not None and writes_behind else None
         # sub-groups lent with their master filled from partitions it was owed from: whatever the borrower does, the
         # master goes back as changed (the file is behind it)
         self._lent_with_debt = set()
@@ -65,23 +66,30 @@ class MastersInPartitions:
         if self.copies is not None:
             self.copies.lent(group)
 
-    def fill(self, group, view: torch.Tensor) -> bool:
-        """The store's fill of ``group``'s master from its partitions (``lend_copied``). Where it cannot and the
-        master was owed, its file is behind: a broken rule (owed partitions leave memory only after a settle), raised
-        rather than read."""
-        if self.copies is not None and self.copies.fill(group, view):
-            return True
-        if group in self._lent_with_debt:
+    def fill(self, group, view: torch.Tensor) -> Optional[List[Future]]:
+        """The store's fill of ``group``'s master from its partitions (``lend_copied``): copied from host memory, and
+        the reads of those on file only (master_copies.py). Where it cannot (a partition stage 3 keeps resident is
+        not available) and the master was owed, its file is behind: raised rather than read."""
+        reads = self.copies.fill(group, view) if self.copies is not None else None
+        if reads is not None:
+            if reads and self.writes is not None:
+                self.writes.filling(group, reads)  # a change to one of those partitions waits for these reads
+            return reads
+        if group in self._lent_with_debt or self.owed(group):
             self._lent_with_debt.discard(group)  # nothing to write it from: never given back as changed
             raise self.writes.stale_for_good(RuntimeError(
-                f"tencache: the parameter partitions of optimizer sub-group {group} left host memory while its fp32 "
-                f"master's file was behind them"))
-        return False
+                f"tencache: a parameter partition of optimizer sub-group {group} is not available while its fp32 "
+                f"master's file is behind the partitions"))
+        return None
+
+    def owed(self, group) -> bool:
+        """Is ``group``'s master file behind its partitions (its swap-in fills it from them: never read the file)?"""
+        return self.writes is not None and self.writes.owes(group)
 
     def owed_again_unlent(self, group, path: str) -> None:
         """The debt ``group``'s master took over goes back to the writer: its lend failed, or the swapper closes
         with it lent (an update that stopped: the partitions still hold the master as it was before that update,
-        which its moments' files hold too). Where they are not all in memory any more, the file stays behind for
+        which its moments' files hold too). Where they are no current copy any more, the file stays behind for
         good (raised at every later settle) rather than be read or linked stale. Never raises itself: the error
         being handled is the one the caller raises."""
         if group not in self._lent_with_debt:
@@ -93,8 +101,8 @@ class MastersInPartitions:
             return
         if not owed:
             self.writes.stale_for_good(RuntimeError(
-                f"tencache: optimizer sub-group {group}'s fp32 master was not given back, and its partitions left "
-                f"host memory before its file ({path}) was written from them"))
+                f"tencache: optimizer sub-group {group}'s fp32 master was not given back, and its partitions were "
+                f"changed before its file ({path}) was written from them"))
 
     def check_none_lent_behind(self, lent_groups: Iterable[Hashable]) -> None:
         """A save reads and links the swap files between steps: a master lent with its file's debt (a swap-in, an
@@ -130,7 +138,7 @@ class MastersInPartitions:
         """Give ``group``'s changed master (at ``path``) back unwritten, owed to its file, which the partitions that
         hold its bytes fill where something needs it (master_write_behind.py): ``release_unwritten(path)`` gives the
         store's buffer back without a write (False where the store owes the file something else). False where the
-        partitions are not all in memory, or that release refused: the caller releases it as changed."""
+        partitions are no current copy of it, or that release refused: the caller releases it as changed."""
         if self.writes is None or not self._owe_from_partitions(group, path):
             return False
         if not release_unwritten(path):
@@ -139,9 +147,8 @@ class MastersInPartitions:
         return True
 
     def _owe_from_partitions(self, group, path: str) -> bool:
-        # only while the parameter tier holds every partition: where some stream, a swap-in of one or stage 3's copy
-        # into one may evict a partition an owed master is written from, and would wait for that write in the update
-        return self.copies.all_partitions_held() and self.writes.owe(group, path)
+        # wherever the partitions are: in host memory, or on their own files, which a fill or a settle reads
+        return self.copies.current(group, anywhere=True) and self.writes.owe(group, path)
 
     # ---------------------------------------------------------------- files read, replaced or rebuilt
     def settle(self, groups: Optional[Iterable[Hashable]] = None) -> None:
@@ -175,9 +182,11 @@ class MastersInPartitions:
     def stats(self) -> Mapping[str, int]:
         """The masters written from the partitions where something needed their files, and owed to the files now."""
         writes = self.writes
+        from_files = 0 if self.copies is None else self.copies.bytes_read_from_partition_files
         if writes is None:
             return {"optimizer_masters_written_behind": 0, "optimizer_master_bytes_written_behind": 0,
-                    "optimizer_masters_owed": 0}
+                    "optimizer_masters_owed": 0, "optimizer_master_bytes_read_from_partition_files": from_files}
         return {"optimizer_masters_written_behind": writes.masters_written_behind,
                 "optimizer_master_bytes_written_behind": writes.bytes_written_behind,
-                "optimizer_masters_owed": writes.owed_masters}
+                "optimizer_masters_owed": writes.owed_masters,
+                "optimizer_master_bytes_read_from_partition_files": from_files}

@@ -32,7 +32,6 @@ from ...plan.memory_pressure import (HOLD, NO_PRIOR, Action, MemoryPressurePolic
                                      stage3_rise_prior)
 from ...units import fmt_bytes
 from .agreement import agree_min
-from .master_write_behind import settle_owed_masters
 
 GOVERNOR_ATTRIBUTE = "_tencache_host_governor"  # on the ZeRO-3 optimizer: its HostTierGovernor (reporting.py)
 # Every governor of this process that is not closed (one per engine): before a growth, a reading counts what all of
@@ -274,10 +273,9 @@ class HostTierGovernor:
 
     def _give_back(self, nbytes: int) -> None:
         """Optimizer state first, then parameter cache slots (``give_back_split``); a cache that retires more or
-        less than its share (whole slots) passes the difference on to the next. The masters owed to their files are
-        written only where a parameter cache shrinks (it gives up partitions they are written from): on gpt2-1.3b
-        that is 5.1 GB, which a give-back the optimizer's state covers does not need."""
-        left, settled = nbytes, False
+        less than its share (whole slots) passes the difference on to the next. (A partition a shrinking cache gives
+        up goes to its file unchanged: the masters owed to their files are filled from there, master_write_behind.py.)"""
+        left = nbytes
         if self._optimizer is not None:
             footprint = self._optimizer_footprint()
             cut = give_back_split(left, self._optimizer_reducible_bytes(), ())[0]
@@ -289,9 +287,6 @@ class HostTierGovernor:
             cut = min(left, swapper.store.reducible_cache_bytes)
             if cut <= 0:
                 continue
-            if not settled:
-                settle_owed_masters()
-                settled = True
             cache = swapper.store.cache_bytes_reserved
             left -= cache - swapper.store.resize_cache(cache - cut)
         self.given_back_bytes += nbytes - left

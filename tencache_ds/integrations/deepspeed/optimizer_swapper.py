@@ -199,6 +199,9 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             # there instead of read, and their files written from there only where something needs them, not in the
             # update (masters_in_partitions.py)
             self.masters = MastersInPartitions(stage3, dtype, LinkSafeIO(self.io).write, self.writes_behind)
+            # a master whose file is behind its partitions is read from them, ahead of its update or at it, never
+            # from its file
+            self.store.read_from_copies(self._owed_master_fill)
             # the backward passes of one optimizer step: stage 3's gradient accumulation (set before it builds its
             # swappers) until a step has counted them (log_timers), which the caller's own boundaries may change
             self._micro_steps = max(1, int(getattr(stage3, "gradient_accumulation_steps", 1) or 1))
@@ -399,11 +402,13 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
                 "update function, is not supported: read what it needs before or after the update. (After an "
                 "optimizer step that stopped part way, its sub-group stays swapped in until engine.destroy().)")
         read_ahead = self.ahead.take(group)
-        from_partitions = self._master_in_partitions(group, swap_info.tensors[0].swap_path) and \
-            swap_info.tensors[0].swap_path not in read_ahead
         master_path = swap_info.tensors[0].swap_path
+        from_partitions = self._master_in_partitions(group, master_path) and master_path not in read_ahead
+        # a master read ahead while its file was behind the partitions was read from them (_owed_master_fill): its
+        # lend takes the debt over as a fill does
+        read_from_partitions = from_partitions or (master_path in read_ahead and self.masters.owed(group))
         try:
-            self.masters.before_lend(group, from_partitions)  # (a failed write of a master behind is raised here)
+            self.masters.before_lend(group, read_from_partitions)  # (a failed write of one behind is raised here)
         except BaseException:
             self._give_back_unlent(read_ahead, ())
             raise
@@ -449,6 +454,8 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
                 keys.append(path)
         except BaseException:
             self._give_back_unlent(read_ahead, keys)
+            if master_path not in keys:  # its read (ahead, from the partitions) failed: they still hold it, owed
+                self.masters.owed_again_unlent(group, master_path)
             raise
         if async_parameter is not None and self.reads_ahead:
             next_info = self._get_param_swap_info(async_parameter)
@@ -910,8 +917,8 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             if context.swap_path not in lent:
                 continue
             changed = states_changed or (index == 0 and master_owed)
-            if index == 0 and master_elsewhere and changed:
-                try:  # owed to its file, unwritten (masters_in_partitions.py)
+            if index == 0 and changed:
+                try:  # owed to its file, unwritten, where its partitions hold it (masters_in_partitions.py)
                     if self.masters.give_back_owed(swap_info.param_id, context.swap_path,
                                                    self.store.release_rewritten_elsewhere):
                         continue
@@ -951,17 +958,32 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
 
     def _paths_to_read(self, swap_info) -> list:
         """The files of the sub-group's master and state tensors that its update reads: all but a master the
-        parameter partitions hold (filled from them at the swap-in instead)."""
+        parameter partitions hold in host memory (copied from them at the swap-in instead). A master whose file is
+        behind partitions some of which are on file is read from those (``_owed_master_fill``)."""
         paths = [context.swap_path for context in swap_info.tensors]
-        if self._master_in_partitions(swap_info.param_id, paths[0]):
+        if self.store.copyable(paths[0]) and self.masters.current(swap_info.param_id):
             return paths[1:]
-        self.settle_master_writes([swap_info.param_id])  # its file is read: what the partitions owe it first
         return paths
+
+    def _owed_master_fill(self, path):
+        """The store asks at every read of a tensor on file (OptimizerStore ``read_from_copies``): where ``path`` is
+        a master whose file is behind its parameter partitions (owed: master_write_behind.py), the fill that reads it
+        from them (copied from host memory, read from their files), so that its stale file is never read; else
+        None."""
+        match = SWAP_FILE_NAME.match(os.path.basename(path))
+        if match is None or match["state"] is not None:  # a moment's or a gradient's file: never owed
+            return None
+        group = match["id"]
+        info = self.swap_params_info.get(group)
+        if info is None or not info.tensors or info.tensors[0].swap_path != path or not self.masters.owed(group):
+            return None
+        return functools.partial(self.masters.fill, group)
 
     def _master_in_partitions(self, group, path) -> bool:
         """Will the swap-in fill the sub-group's master (its entry at ``path``) from the parameter partitions? Where
-        they hold it, and the store would take the copy (on file, without a prefix of its own: lend_copied)."""
-        return self.store.copyable(path) and self.masters.current(group)
+        they hold it in host memory, or its file is behind them (filled then from wherever they are, some read from
+        their files), and the store would take the copy (on file, without a prefix of its own: lend_copied)."""
+        return self.store.copyable(path) and (self.masters.current(group) or self.masters.owed(group))
 
     def master_copied_to_partitions(self, sub_group_index: int, master) -> None:
         """Stage 3 has copied sub-group ``sub_group_index``'s fp32 ``master`` into its parameter partitions

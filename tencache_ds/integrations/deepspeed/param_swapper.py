@@ -15,6 +15,8 @@ import os
 import shutil
 import threading
 import weakref
+from concurrent.futures import Future
+from typing import Optional
 
 import torch
 from deepspeed import comm as dist
@@ -36,7 +38,7 @@ from ...log import logger
 from .config_bridge import (DEEPSPEED_OPS, MIN_SWAPPABLE_BYTES, accelerator_is_host, io_aligned_numel,
                             prepare_swap_folder, swap_folder_held, validate_ds_config)
 from .config_source import tencache_config
-from .master_write_behind import partitions_owed, settle_owed_masters
+from .master_write_behind import settle_owed_masters
 from .partition_record import Read, asked_in_order, check_records, record_of
 from .profiling import param_sequence_facts, rank_profile_path
 
@@ -227,9 +229,6 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
 
     # ------------------------------------------------------------------------------------------ swap in
     def swap_in(self, params, async_op=True, swap_in_buffers=None):
-        if any(param.ds_tensor.status == PartitionedParamStatus.NOT_AVAILABLE and not self.store.kept(param.ds_id)
-               for param in params):
-            settle_owed_masters()  # a partition not held: its read may evict one an owed master is written from
         with self._lock:
             self.plan()
             self._step_reads_begin(params)
@@ -286,7 +285,7 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
     def swap_into_buffer(self, param, dest_buffer):
         if param.ds_tensor.status != PartitionedParamStatus.NOT_AVAILABLE:  # (stock's assert; python -O strips those)
             raise RuntimeError(f"param {param.ds_id} is already available or inflight")
-        settle_owed_masters()  # may evict, and hands the partition to stage 3's buffer
+        settle_owed_masters([param.ds_id])  # handed to stage 3's buffer, which may change it
         with self._lock:
             self.plan()
             self._step_reads_begin([param])
@@ -327,9 +326,7 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
     def swap_out_partitioned_params(self, dst_fp16_params, src_fp32_params):
         if len(dst_fp16_params) != len(src_fp32_params):
             raise ValueError(f"{len(dst_fp16_params)} params for {len(src_fp32_params)} fp32 sources")
-        # the partitions are about to be written; one not held takes a buffer, which may evict any held partition
-        held = all(self.store.kept(param.ds_id) for param in dst_fp16_params)
-        settle_owed_masters([param.ds_id for param in dst_fp16_params] if held else None)
+        settle_owed_masters([param.ds_id for param in dst_fp16_params])  # the partitions are about to be written
         with self._lock:
             self.plan()
             self._end_step_segment()
@@ -354,12 +351,12 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
         with self._lock:
             return self.store.newest_view(param.ds_id)
 
-    def copy_partition(self, param, into: torch.Tensor) -> bool:
-        """Copy ``param``'s partition into ``into`` where host memory of ours holds its newest bytes (held, lent or
-        being written); False where only its file does. No read, and no use recorded (the optimizer's fp32 master
-        filled from its partitions: master_copies.py)."""
+    def read_partition_into(self, param, into: torch.Tensor) -> Optional[Future]:
+        """Fill ``into`` with ``param``'s newest partition bytes: copied from host memory of ours (returns None), or
+        read from its file (returns that read, for the caller to wait for). No buffer taken, no use recorded (the
+        optimizer's fp32 master filled from partitions some of which are on file: master_copies.py)."""
         with self._lock:
-            return self.store.copy_newest(param.ds_id, into)
+            return self.store.read_newest_into(param.ds_id, into)
 
     def end_optimizer_step(self):
         """After every optimizer step (stage 3's _post_step). When every partition was resident (kept by the device
@@ -558,11 +555,10 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
         self._reads_not_started = []
         if not due:
             return
-        make_room = not partitions_owed()
         for target in due:
-            if self._start_read_ahead(keys[target], make_room):
+            if self._start_read_ahead(keys[target], make_room=True):
                 self.scheduled_reads += 1
-            elif make_room and self.store.state(keys[target]) is EntryState.ON_FILE:  # no buffer for it yet
+            elif self.store.state(keys[target]) is EntryState.ON_FILE:  # no buffer for it yet
                 self._reads_not_started.append(target)
 
     def _read_ahead_for_next_step(self):

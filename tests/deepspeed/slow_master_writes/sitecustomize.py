@@ -38,14 +38,14 @@ def _slow(cls) -> None:
 
     threading.Thread(target=worker, daemon=True).start()
 
-    def init_slowed(self, partition_views, write):
+    def init_slowed(self, partition_views, partition_ids, fill, write, dtype):
         def write_later(tensor, path, file_offset=0):
             future = Future()
             with ready:
                 queue.append((write, tensor, path, file_offset, future))
                 ready.notify()
             return future
-        init(self, partition_views, write_later)
+        init(self, partition_views, partition_ids, fill, write_later, dtype)
 
     cls.__init__ = init_slowed
 
