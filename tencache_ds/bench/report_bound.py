@@ -39,6 +39,7 @@ BUDGET_OF = {OPTIMIZER: lambda stats, _step: stats.get("optimizer_cache_budget_b
 # and the bytes those fills took in the optimizer store (its running totals)
 MASTERS_FROM_PARTITIONS = "optimizer_masters_from_partitions"
 COPIED_BYTES = "optimizer_cache_copied_bytes"
+MASTER_BYTES_FROM_PARTITION_FILES = "optimizer_master_bytes_read_from_partition_files"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,20 +157,24 @@ def least_compute(stock_cpu_step: Value, tencache_step: Value, tencache_io_wait:
     return min(candidates) if candidates else (None, "")
 
 
-def _masters_filled(elsewhere: LeastBytes, read: LeastBytes, copied_per_step: Optional[int]) -> LeastBytes:
+def _masters_filled(elsewhere: LeastBytes, read: LeastBytes, copied_per_step: Optional[int],
+                    copied_from_memory_per_step: Optional[int] = None) -> LeastBytes:
     """The optimizer's least bytes where a run filled fp32 masters from its parameter partitions (master_copies.py)
     in its measured steps, some or all of them: ``elsewhere`` owes the drive no master's read nor write (the
     partitions hold what the update leaves: master_write_behind.py), a bound below any set of masters filled;
     ``read`` owes every one, and since keeping a tensor then saves no more than it can when some are filled,
-    ``read`` less the most bytes a step filled (``copied_per_step``), once for the reads and once for the writes, is
-    a bound too. The larger of the two, field by field (without the bytes per step, ``elsewhere``)."""
+    ``read`` less the most bytes a step filled (``copied_per_step``) for the writes, and less the most a step filled
+    from partitions in host memory (``copied_from_memory_per_step``, default all of them) for the reads, is a bound
+    too: a master filled from partitions on file is read all the same, from their files. The larger of the two,
+    field by field (without the bytes per step, ``elsewhere``)."""
     if copied_per_step is None:
         return elsewhere
+    from_memory = copied_per_step if copied_from_memory_per_step is None else copied_from_memory_per_step
     return dataclasses.replace(
-        elsewhere, read_bytes=max(elsewhere.read_bytes, read.read_bytes - copied_per_step),
+        elsewhere, read_bytes=max(elsewhere.read_bytes, read.read_bytes - from_memory),
         write_bytes=max(elsewhere.write_bytes, read.write_bytes - copied_per_step),
-        total_bytes=max(elsewhere.total_bytes, read.total_bytes - 2 * copied_per_step),
-        all_read_bytes=max(elsewhere.all_read_bytes, read.all_read_bytes - copied_per_step),
+        total_bytes=max(elsewhere.total_bytes, read.total_bytes - from_memory - copied_per_step),
+        all_read_bytes=max(elsewhere.all_read_bytes, read.all_read_bytes - from_memory),
         all_write_bytes=max(elsewhere.all_write_bytes, read.all_write_bytes - copied_per_step))
 
 
@@ -198,6 +203,11 @@ def run_least_bytes(run: BenchRun, warmup_steps: int = 0) -> Tuple[Dict[str, Lea
     masters_in_partitions = bool(filled) and filled[-1] > (filled[0] if len(filled) > 1 else 0)
     copied = [stats.get(COPIED_BYTES) or 0 for stats in stats_rows]
     copied_per_step = max((after - before for before, after in zip(copied, copied[1:])), default=None)
+    # ... of which read from the partitions' own files (those on file only): reads all the same
+    from_files = [stats.get(MASTER_BYTES_FROM_PARTITION_FILES) or 0 for stats in stats_rows]
+    from_memory_per_step = max((copied_after - copied_before - (files_after - files_before)
+                                for copied_before, copied_after, files_before, files_after
+                                in zip(copied, copied[1:], from_files, from_files[1:])), default=None)
     found = {}
     for store, saved in sections.items():
         budgets = [BUDGET_OF[store](stats, saved.step) for stats in stats_rows] if store in BUDGET_OF else []
@@ -207,7 +217,7 @@ def run_least_bytes(run: BenchRun, warmup_steps: int = 0) -> Tuple[Dict[str, Lea
             found[store] = least_bytes(saved.step, store, capacity)
             if masters_in_partitions and store == OPTIMIZER:
                 found[store] = _masters_filled(least_bytes(saved.step, store, capacity, masters_in_partitions=True),
-                                               found[store], copied_per_step)
+                                               found[store], copied_per_step, from_memory_per_step)
     if not found:
         return {}, f"its profile {path} has no store whose budget the stats give"
     return found, f"{os.path.basename(path)} through budgets of " + ", ".join(
