@@ -589,7 +589,8 @@ def fp32_weights(engine, how="public", spill_parent=None):
     trained = [(name, p) for name, p in named if p.requires_grad]
     spill_dir = None
     if grouped and 4 * sum(4 * getattr(p, "ds_numel", p.numel()) for _, p in trained) > _available_memory_bytes():
-        spill_dir = tempfile.mkdtemp(prefix="fp32-weights-", dir=spill_parent)
+        _drop_stale_spills(spill_parent)
+        spill_dir = tempfile.mkdtemp(prefix=f"{SPILL_PREFIX}{os.getpid()}-", dir=spill_parent)
     # grouped: every sub-group's weights at once (the sub-groups' order is not the names')
     try:
         from_groups = _gather_fp32_grouped(engine.optimizer, trained, spill_dir) if grouped else {}
@@ -597,6 +598,25 @@ def fp32_weights(engine, how="public", spill_parent=None):
     finally:
         if spill_dir is not None:
             shutil.rmtree(spill_dir, ignore_errors=True)
+
+
+SPILL_PREFIX = "fp32-weights-"  # + the pid of the run that made it
+
+
+def _drop_stale_spills(parent):
+    """Remove the spill folders of runs that are gone (killed before their ``finally``): gpt2-2.7b's are 10.4 GB,
+    and a later run on the same drive would meet a full disk."""
+    parent = parent or tempfile.gettempdir()
+    for name in os.listdir(parent):
+        pid = name[len(SPILL_PREFIX):].split("-", 1)[0]
+        if not name.startswith(SPILL_PREFIX) or not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+        except PermissionError:  # alive, another user's
+            pass
 
 
 def _available_memory_bytes():

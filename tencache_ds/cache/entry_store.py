@@ -359,10 +359,14 @@ class EntryStore:
         buffer is still in flight). It shows those bytes only until the entry is evicted or written into: the caller
         keeps both from happening while it reads (integrations/deepspeed/master_write_behind.py)."""
         with self._lock:
-            entry = self._table.get(key)
-            if entry is None or entry.buffer is None or entry.state == S.READING:
-                return None
-            return self._transfers.compute_view(entry)
+            return self._held_view(self._table.get(key))
+
+    def _held_view(self, entry: Optional[Entry]) -> Optional[torch.Tensor]:
+        """The view of a buffer of ours holding ``entry``'s newest bytes, or None (on file, or a read into our buffer
+        still in flight)."""
+        if entry is None or entry.buffer is None or entry.state == S.READING:
+            return None
+        return self._transfers.compute_view(entry)
 
     def read_newest_into(self, key, dest: torch.Tensor) -> Optional[Future]:
         """Fill ``dest`` (exactly ``numel`` elements, at any address: its neighbours in a larger tensor are not
@@ -373,8 +377,9 @@ class EntryStore:
         (integrations/deepspeed/master_copies.py)."""
         with self._lock:
             entry = self._table[key]
-            if entry.buffer is not None and entry.state != S.READING:
-                dest.copy_(self._transfers.compute_view(entry))
+            held = self._held_view(entry)
+            if held is not None:
+                dest.copy_(held)
                 return None
             return self._transfers.read_exactly(entry, dest)
 
