@@ -68,6 +68,7 @@ class TencachePlan:
     param_cache_start_bytes: int = 0
     optimizer_start_footprint_bytes: int = 0  # the optimizer tier's memory before the governor's first decision
     masters_in_partitions: bool = False  # each update fills its masters from the held partitions (no read)
+    masters_owed: bool = False  # an updated master is owed to its file, not written (read from its partitions)
 
     def optimizer_io_bytes(self, name: str, nbytes: int) -> int:
         """What a read or write of optimizer tensor ``name`` (``nbytes``) moves: less the prefix the tier holds."""
@@ -123,24 +124,6 @@ def tencache_plan(workload: Workload, machine: Machine) -> TencachePlan:
     # at one rank bf16 it read none.
     params_all_held = bool(swapped) and (host > 0 or gathers_alias_partitions(workload, machine)) and \
         streaming + param_cache >= class_bytes(histogram)
-    # integrations/deepspeed/master_copies.py: partitions in the masters' dtype, swapped by tencache, all held
-    # between uses (with a host tier at all: without one, the slots keep nothing after the update writes them)
-    masters_in_partitions = zero.offload_optimizer == "nvme" and params_all_held and host > 0 and \
-        zero.element_bytes == zero.precision.master_bytes
-    held = frozenset()
-    prefixes: Dict[str, int] = {}
-    optimizer_streaming = 0
-    if zero.offload_optimizer == "nvme":
-        keys, sizes = _optimizer_sequence(workload)
-        # the masters filled from the partitions yield the tier's room to the moments (plan/eviction.CopiesElsewhere)
-        filled = frozenset(f"p{i}" for i in range(len(workload.sub_groups))
-                           if masters_in_partitions and _partitions_on_nvme(workload, i))
-        residency = steady_state(keys, sizes, optimizer_share, prefixes=True, elsewhere=filled)
-        held, prefixes = residency.held, dict(residency.prefixes)
-        if len(held) < len(sizes):  # a sub-group's tensors stream through slots (_optimizer_streaming_bytes)
-            optimizer_streaming = _optimizer_streaming_bytes(workload)
-        else:  # the gradient an update fills from stage 3's buffer still takes one
-            optimizer_streaming = _update_slot_bytes(workload)
     param_capacity = all_swapped if params_all_held else param_cache
     # as the coordinator proposes it (integrations/deepspeed/coordinator.py, propose_device_budget): on a host
     # accelerator at several ranks the all-gather's output is host memory of its own, the rank's share of what the
@@ -153,9 +136,35 @@ def tencache_plan(workload: Workload, machine: Machine) -> TencachePlan:
     device = device_tier_budget(config.device_cache_bytes, aliasing, param_capacity, device_free,
                                 AUTO_DEVICE_CACHE_FRACTION, step_peak_rise_bytes=device_rise) \
         if config.device_cache_bytes != 0 else 0
+    # integrations/deepspeed/master_copies.py: partitions in the masters' dtype, swapped by tencache, all kept in
+    # host memory between uses: by a host tier, or as the gathers a device tier keeps where they are the partitions
+    # (gpt2-tiny with bf16 masters, host_cache_bytes 0 and the device tier "auto", 2026-12-06: every master copied
+    # from its partitions, none read). Without either the slots keep nothing after the update writes them.
+    masters_in_partitions = zero.offload_optimizer == "nvme" and params_all_held and \
+        (host > 0 or (aliasing and device >= all_swapped)) and zero.element_bytes == zero.precision.master_bytes
+    # integrations/deepspeed/master_write_behind.py: with the update's writes behind it, a master its partitions
+    # hold (in host memory or on their own files) is owed to its file from the update that changed both, never
+    # written in a step; the next update fills it from the partitions: copied where they are held, else read from
+    # the partitions' files (the same bytes as the master's own file)
+    masters_owed = zero.offload_optimizer == "nvme" and zero.tencache_writes_behind and bool(swapped) and \
+        zero.element_bytes == zero.precision.master_bytes
+    held = frozenset()
+    prefixes: Dict[str, int] = {}
+    optimizer_streaming = 0
+    if zero.offload_optimizer == "nvme":
+        keys, sizes = _optimizer_sequence(workload)
+        # the masters the partitions hold yield the tier's room to the moments (plan/eviction.CopiesElsewhere)
+        filled = frozenset(f"p{i}" for i in range(len(workload.sub_groups))
+                           if (masters_in_partitions or masters_owed) and _partitions_on_nvme(workload, i))
+        residency = steady_state(keys, sizes, optimizer_share, prefixes=True, elsewhere=filled)
+        held, prefixes = residency.held, dict(residency.prefixes)
+        if len(held) < len(sizes):  # a sub-group's tensors stream through slots (_optimizer_streaming_bytes)
+            optimizer_streaming = _optimizer_streaming_bytes(workload)
+        else:  # the gradient an update fills from stage 3's buffer still takes one
+            optimizer_streaming = _update_slot_bytes(workload)
     return TencachePlan(host, streaming, param_cache, optimizer_share, device, params_all_held, held,
                         optimizer_streaming, start_share, rise, slots_locked, prefixes, start_cache,
-                        governed.start_footprint_bytes, masters_in_partitions)
+                        governed.start_footprint_bytes, masters_in_partitions, masters_owed)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -551,11 +560,23 @@ def _read_keys(workload: Workload, plan: TencachePlan, i: int) -> List[str]:
 
 def _filled_master(workload: Workload, plan: TencachePlan, i: int, name: str) -> bool:
     """Is ``name`` sub-group ``i``'s master, which its update fills from the held parameter partitions
-    (``masters_in_partitions``)? Not where the tier holds it, nor where it holds a prefix of it (the store reads
-    those), nor where none of its partitions is on NVMe (``max_in_cpu``: stage 3 keeps such a sub-group in its own
-    flat buffer; a partition too small to swap beside swapped ones is resident, and filled from)."""
-    return plan.masters_in_partitions and _OPTIMIZER_KEYS[name[0]] == "master" and \
-        name not in plan.optimizer_held and name not in plan.optimizer_prefixes and _partitions_on_nvme(workload, i)
+    (``masters_in_partitions``; ``_master_of_partitions``: a partition too small to swap beside swapped ones is
+    resident, and filled from)."""
+    return plan.masters_in_partitions and _master_of_partitions(workload, plan, i, name)
+
+
+def _owed_master(workload: Workload, plan: TencachePlan, i: int, name: str) -> bool:
+    """Is ``name`` sub-group ``i``'s master, owed to its file by each update and so never written in a step
+    (``masters_owed``)? Where the partitions are not held, the update reads it from their files instead."""
+    return plan.masters_owed and _master_of_partitions(workload, plan, i, name)
+
+
+def _master_of_partitions(workload: Workload, plan: TencachePlan, i: int, name: str) -> bool:
+    """Is ``name`` sub-group ``i``'s master, of which its parameter partitions are a copy the store takes? Not where
+    the tier holds it, nor a prefix of it (the store reads and writes those itself), nor where none of its
+    partitions is on NVMe (``max_in_cpu``: stage 3 keeps such a sub-group in its own flat buffer)."""
+    return _OPTIMIZER_KEYS[name[0]] == "master" and name not in plan.optimizer_held and \
+        name not in plan.optimizer_prefixes and _partitions_on_nvme(workload, i)
 
 
 def _partitions_on_nvme(workload: Workload, i: int) -> bool:
@@ -595,9 +616,9 @@ def _tencache_optimizer(workload: Workload, timeline: Timeline, rates: Rates, pl
                 # tensor, and waits (OptimizerSwapper.swap_out_optimizer_state: store.flush_key)
                 timeline.wait(timeline.issue("nvme_write", sizes[name], name, store=OPTIMIZER), "nvme_write")
                 continue
-            # a master filled from the partitions is owed to its file, which nothing reads in a step: not written
+            # a master its partitions hold is owed to its file, which nothing reads in a step: not written
             # (integrations/deepspeed/master_write_behind.py)
-            owed = _filled_master(workload, plan, i, name)
+            owed = _owed_master(workload, plan, i, name)
             if name not in plan.optimizer_held and not owed:
                 timeline.issue("nvme_write", plan.optimizer_io_bytes(name, sizes[name]), name, store=OPTIMIZER)
 
