@@ -27,6 +27,10 @@ import deepspeed  # noqa: E402
 # steps before the first save (CHECKPOINT_SAVE_WARMUP; 3 or more for a first save under tencache with fp32 masters
 # owed to their files, which starts at the third step: integrations/deepspeed/master_write_behind.py)
 WARMUP = int(os.environ.get("CHECKPOINT_SAVE_WARMUP", "2"))
+# saves, and whether a step follows the last (CHECKPOINT_SAVES=1 CHECKPOINT_STEP_AFTER_LAST=0 on a disk that holds
+# the swap folder and one checkpoint but not the files a step rewrites beside the checkpoint's: gpt2-2.7b here)
+SAVES = int(os.environ.get("CHECKPOINT_SAVES", "2"))
+STEP_AFTER_LAST = os.environ.get("CHECKPOINT_STEP_AFTER_LAST", "1") != "0"
 
 
 def written_bytes():
@@ -72,7 +76,7 @@ def main(mode, model, nvme, checkpoint, host_cache_bytes="auto", sub_group_size=
         train.train_step(engine, stream, 1)
         owed.append((train.plugin_stats(engine) or {}).get("optimizer_masters_owed"))
     saves = []
-    for number in range(2):
+    for number in range(SAVES):
         tag = f"save{number}"
         os.sync()
         stats_before = train.plugin_stats(engine) or {}
@@ -97,7 +101,8 @@ def main(mode, model, nvme, checkpoint, host_cache_bytes="auto", sub_group_size=
             saves[-1]["zero_file_copied_bytes"] = zero_file.copied_bytes
             saves[-1]["zero_file_written_bytes"] = zero_file.written_bytes
             saves[-1]["zero_file_s"] = round(zero_file.seconds, 3)
-        train.train_step(engine, stream, 1)
+        if number + 1 < SAVES or STEP_AFTER_LAST:
+            train.train_step(engine, stream, 1)
     if mode == "tencache" and not train.plugin_stats(engine):
         raise SystemExit("tencache mode, but the engine runs stock DeepSpeed's swappers")
     print("RESULT " + json.dumps({"mode": mode, "model": model, "host_cache_bytes": host_cache_bytes,

@@ -1,0 +1,17 @@
+#!/bin/bash
+# A checkpoint save of gpt2-2.7b (fp32, twice this machine's memory; its partitions stream, so the save writes the
+# fp32 masters owed to their files from the partitions' files first): one save after 3 steps (masters owed from the
+# third), no step after it (the swap folder, 39 GB, and one checkpoint fit this disk; the files a step would rewrite
+# beside the checkpoint's do not). Then stock's, whose copy of its 48 GB swap folder does not fit beside it.
+# Run from the repository's root: bash docs/bench/gpt2-2.7b-checkpoint-2026-12-06/run.sh [tencache|stock]
+set -e
+O=$(cd "$(dirname "$0")" && pwd) NVME=${NVME_DIR:-/tmp/ck-nvme} CKPT=${CKPT_DIR:-/tmp/ck-dir}
+C=$O/stock-nvme-beyond-ram-2.7b-micro-batch-1.json
+trap 'rm -rf "$NVME" "$CKPT"' EXIT
+for mode in ${*:-tencache stock}; do
+    rm -rf "$NVME" "$CKPT"; mkdir -p "$NVME" "$CKPT"
+    df -B1 --output=avail "$NVME" > "$O/$mode-free-before.txt"
+    CHECKPOINT_SAVE_WARMUP=3 CHECKPOINT_SAVES=1 CHECKPOINT_STEP_AFTER_LAST=0 /usr/bin/time -v \
+        python tests/deepspeed/measure_checkpoint_save.py "$mode" gpt2-2.7b "$NVME" "$CKPT" auto - "$C" \
+        > "$O/$mode.log" 2>&1 || echo "$mode: exit $?" >> "$O/$mode.log"
+done
