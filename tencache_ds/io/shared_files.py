@@ -16,7 +16,9 @@ import os
 import shutil
 import uuid
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Optional
+
+from ..units import fmt_bytes
 
 # link() failed because this file system or this pair of folders cannot share an inode: copy instead
 _NO_LINK = {errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EACCES}
@@ -61,6 +63,21 @@ def is_shared(path: str) -> bool:
         return os.stat(path).st_nlink > 1
     except FileNotFoundError:
         return False
+
+
+def room_to_write_again(folder: str, shared_bytes: int) -> Optional[str]:
+    """After ``shared_bytes`` of ``folder``'s files were linked into a checkpoint: a warning where ``folder``'s file
+    system has less free than that, else None. Training on writes each of those files again as a new file beside the
+    checkpoint's (``give_own_file``), so it takes up to that much more room, which comes back only when the checkpoint
+    is removed; a write that finds none stops the step ("no space left", io/direct_io.py). Stock's save, a copy of
+    the folder, needs the same room at the save itself."""
+    free = shutil.disk_usage(folder).free
+    if shared_bytes <= free:
+        return None
+    return (f"the checkpoint shares {fmt_bytes(shared_bytes)} of swap files with {folder}; training on writes them "
+            f"again as new files beside the checkpoint's as they change, and that file system has {fmt_bytes(free)} "
+            f"free: a later step or save may stop with \"no space left\". Free space there, remove older checkpoints, "
+            f"or save checkpoints on another file system (the swap files are then copied into them)")
 
 
 def give_own_file(path: str, whole: bool) -> bool:

@@ -2,12 +2,15 @@
 file is a link where the file system allows and a copy elsewhere, a name is replaced without writing through it, and
 no write through LinkSafeIO changes a file's other names."""
 import os
+import shutil
 
 import pytest
 import torch
 
 from tencache_ds.io.direct_io import DirectFileIO
-from tencache_ds.io.shared_files import LinkSafeIO, give_own_file, make_own_file, place, unshare_folder
+from tencache_ds.io.shared_files import (LinkSafeIO, give_own_file, make_own_file, place, room_to_write_again,
+                                         unshare_folder)
+from tencache_ds.units import fmt_bytes
 from tencache_ds.memory.pool import BufferPool
 
 SHM = "/dev/shm"
@@ -131,3 +134,14 @@ def test_unshare_folder_leaves_the_files_of_another_owner(tmp_path):
         os.link(folder / name, checkpoint / name)
     assert unshare_folder(str(folder), lambda name: name.startswith("mine")) == 1
     assert sorted(os.listdir(folder)) == ["theirs.swp"]
+
+
+def test_files_shared_beyond_the_room_left_are_named_with_the_folder_and_what_training_on_needs(tmp_path):
+    """A save that linked more of a swap folder into a checkpoint than its file system has free says so (gpt2-2.7b
+    here, 2026-12-06: 31 GB of swap files shared, 11 GB free; the next step's new files would not fit); one that
+    linked less says nothing."""
+    free = shutil.disk_usage(tmp_path).free
+    assert room_to_write_again(str(tmp_path), free // 2) is None
+    warning = room_to_write_again(str(tmp_path), 2 * free)
+    assert warning is not None and str(tmp_path) in warning and fmt_bytes(2 * free) in warning
+    assert "no space left" in warning and "another file system" in warning

@@ -44,7 +44,7 @@ from ...cache.entry import EntryState
 from ...errors import TencacheOutOfMemory, TencacheResourceError
 from ...io import save_from_files
 from ...io.reflink import folder_clones
-from ...io.shared_files import place
+from ...io.shared_files import place, room_to_write_again
 from ...log import logger
 from ...memory.descriptor_shared import copied_into_dev_shm, empty_shared_by_descriptor
 from ...probes.host_memory import read_host_memory
@@ -392,6 +392,7 @@ def _link_folder(swapper, source: str, target: str, ignore, direction: str) -> F
                if name not in skipped and not name.startswith(".")}
     targets = {name: target_name for name, target_name in targets.items() if target_name is not None}
     os.makedirs(target, exist_ok=True)
+    linked_bytes = 0
     for name, target_name in targets.items():
         source_path, target_path = os.path.join(source, name), os.path.join(target, target_name)
         placed = place(source_path, target_path, _fill_from_host_tier(swapper, source_path)
@@ -399,10 +400,14 @@ def _link_folder(swapper, source: str, target: str, ignore, direction: str) -> F
         transfer.files += 1
         transfer.linked += int(placed.linked)
         transfer.bytes_written += placed.bytes_written
+        linked_bytes += os.path.getsize(source_path) if placed.linked else 0
     if direction == "save":  # a save into a tag saved before: files of sub-groups this engine does not have go
         for name in set(os.listdir(target)) - set(targets):
             if os.path.isfile(os.path.join(target, name)):
                 os.unlink(os.path.join(target, name))
+        short_of_room = room_to_write_again(source, linked_bytes)
+        if short_of_room is not None:
+            logger.warning("checkpoint folder %s: %s", target, short_of_room)
     transfer.seconds = time.perf_counter() - started
     logger.info("%s %d swap files (%d linked, %d bytes written) from %s to %s in %.2f s", direction, transfer.files,
                 transfer.linked, transfer.bytes_written, source, target, transfer.seconds)
