@@ -70,8 +70,13 @@ def room_to_write_again(folder: str, shared_bytes: int) -> Optional[str]:
     system has less free than that, else None. Training on writes each of those files again as a new file beside the
     checkpoint's (``give_own_file``), so it takes up to that much more room, which comes back only when the checkpoint
     is removed; a write that finds none stops the step ("no space left", io/direct_io.py). Stock's save, a copy of
-    the folder, needs the same room at the save itself."""
-    free = shutil.disk_usage(folder).free
+    the folder, needs the same room at the save itself. Each rank says so of its own folder's files: ranks sharing a
+    file system can together need more than any one of them sees. None where the room cannot be read (advice only:
+    the save goes on)."""
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        return None
     if shared_bytes <= free:
         return None
     return (f"the checkpoint shares {fmt_bytes(shared_bytes)} of swap files with {folder}; training on writes them "

@@ -198,11 +198,18 @@ class MemoryPressurePolicy:
 
     def decide(self, total_bytes: int, available_bytes: int, reducible_bytes: int,
                given_back_bytes: int, growable_bytes: int = 0,
-               optimizer_reducible_bytes: Optional[int] = None) -> PressureDecision:
-        """After a reading of ``available_bytes`` of the node's (or cgroup's) ``total_bytes``, with this rank's
+               optimizer_reducible_bytes: Optional[int] = None, promised_bytes: int = 0) -> PressureDecision:
+        """After a reading of ``available_bytes`` of the node's (or cgroup's) ``total_bytes``, ``promised_bytes`` of
+        it counted as taken (what the tiers will still fill, which no reading shows yet), with this rank's
         tier able to give back ``reducible_bytes`` (``optimizer_reducible_bytes`` of it optimizer state, which goes
         first; None: all of it), having given back ``given_back_bytes`` net so far (negative: grown beyond its
         start), and able to use ``growable_bytes`` more than its start-up size ("auto" only)."""
+        # the reading as read, in what the decision says (the net could be below zero: "-2.82 GiB available" at 2
+        # ranks on gpt2-2.7b, 2026-12-06), and net of the promises in what it decides
+        read = f"{fmt_bytes(available_bytes)} of {fmt_bytes(total_bytes)} available" + (
+            f" ({fmt_bytes(promised_bytes)} of it promised to the optimizer tier's next updates)"
+            if promised_bytes else "")
+        available_bytes -= promised_bytes
         reserve = self.reserve_bytes(total_bytes)
         middle = int(BAND_MIDDLE * reserve)
         if available_bytes < reserve:
@@ -218,16 +225,15 @@ class MemoryPressurePolicy:
             if give <= 0:
                 return HOLD
             return PressureDecision(Action.SHRINK, give, self._describe(
-                f"{fmt_bytes(available_bytes)} of {fmt_bytes(total_bytes)} available, below the "
-                f"{fmt_bytes(reserve)} kept available for the next step and the rest of the node", "gives back", give))
+                f"{read}, below the {fmt_bytes(reserve)} kept available for the next step and the rest of the node",
+                "gives back", give))
         if available_bytes >= int(BAND_TOP * reserve):
             # growing past the start needs a measured step rise: before that the reserve knows only the prior
             room = max(0, given_back_bytes) + (max(0, growable_bytes) if self._rises else 0)
             take = min(room, (available_bytes - middle) // self.ranks)
             if take > 0:
                 verb = "takes back" if take <= given_back_bytes else "takes"
-                return PressureDecision(Action.GROW, take, self._describe(
-                    f"{fmt_bytes(available_bytes)} of {fmt_bytes(total_bytes)} available", verb, take))
+                return PressureDecision(Action.GROW, take, self._describe(read, verb, take))
         return HOLD
 
     def exhausted(self, total_bytes: int, allocatable_bytes: int, reducible_bytes: int,

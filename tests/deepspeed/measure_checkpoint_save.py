@@ -1,5 +1,6 @@
 """Time and bytes of engine.save_checkpoint, stock DeepSpeed against tencache, with the optimizer on NVMe. Trains
-WARMUP steps, then saves twice with one step between (the first save, and one in steady state), and prints a RESULT
+WARMUP steps, then saves twice with one step between (the first save, and one in steady state; SAVES below), and
+prints a RESULT
 line: for each save its wall time, the time until the checkpoint is on disk (os.sync), the bytes this process wrote
 (/proc/self/io write_bytes: O_DIRECT and buffered), the bytes the checkpoint holds (each inode once; blocks a file
 shares with another by reflink are counted in both), and under tencache the bytes each swapper wrote during the save
@@ -25,7 +26,8 @@ import train  # noqa: E402
 import deepspeed  # noqa: E402
 
 # steps before the first save (CHECKPOINT_SAVE_WARMUP; 3 or more for a first save under tencache with fp32 masters
-# owed to their files, which starts at the third step: integrations/deepspeed/master_write_behind.py)
+# owed to their files, which starts at the third step where the host tier holds the partitions, gpt2-1.3b's
+# [0, 0, 13], and at the first where they stream, gpt2-2.7b's [25, 25, 25]: master_write_behind.py)
 WARMUP = int(os.environ.get("CHECKPOINT_SAVE_WARMUP", "2"))
 # saves, and whether a step follows the last (CHECKPOINT_SAVES=1 CHECKPOINT_STEP_AFTER_LAST=0 on a disk that holds
 # the swap folder and one checkpoint but not the files a step rewrites beside the checkpoint's: gpt2-2.7b here)

@@ -82,7 +82,8 @@ def test_across_file_systems_the_checkpoint_is_written(train, tmp_path):
 
 @pytest.fixture
 def small_file_system(tmp_path):
-    """A 384 MiB ext4 file system (an image on a loop device: root and mkfs.ext4), else the test is skipped."""
+    """A small ext4 file system (a 420 MiB image on a loop device, 384 MiB free: root and mkfs.ext4), else the test is
+    skipped."""
     if os.geteuid() != 0 or shutil.which("mkfs.ext4") is None:
         pytest.skip("needs root and mkfs.ext4 for a small file system on a loop device")
     image, mount_point = str(tmp_path / "ext4.img"), str(tmp_path / "mnt")

@@ -122,6 +122,25 @@ def test_a_shortfall_is_given_back_up_to_the_middle_of_the_band():
     assert "100.00 MiB of 3.00 GiB available" in decision.reason and "gives back 292.50 MiB" in decision.reason
 
 
+def test_memory_promised_counts_as_taken_and_the_reason_says_what_was_read_and_what_was_promised():
+    """The governor counts what the tiers will still fill as taken (integrations/deepspeed/memory_pressure.py
+    ``_promised_bytes``). It passed the reading net of it, and the reason then said "-2.82 GiB of 23.54 GiB
+    available" (gpt2-2.7b at 2 ranks, 2026-12-06): the reading and the promise are said apart now."""
+    policy = policy_with_rise(200 * MiB)
+    net = policy.decide(TOTAL, 100 * MiB, reducible_bytes=800 * MiB, given_back_bytes=0)
+    promised = policy.decide(TOTAL, 400 * MiB, reducible_bytes=800 * MiB, given_back_bytes=0,
+                             promised_bytes=300 * MiB)
+    assert (promised.action, promised.nbytes) == (net.action, net.nbytes) == (Action.SHRINK, net.nbytes)
+    assert "400.00 MiB of 3.00 GiB available (300.00 MiB of it promised to the optimizer tier's next updates)" \
+        in promised.reason, promised.reason
+    below_zero = policy.decide(TOTAL, 100 * MiB, reducible_bytes=800 * MiB, given_back_bytes=0,
+                               promised_bytes=300 * MiB)
+    assert below_zero.action is Action.SHRINK and "-" not in below_zero.reason.split("available")[0]
+    grow = policy_with_rise(200 * MiB).decide(TOTAL, 2 * GiB, 1 * GiB, given_back_bytes=1 * GiB,
+                                              promised_bytes=100 * MiB)
+    assert grow.action is Action.GROW and "(100.00 MiB of it promised" in grow.reason
+
+
 def test_a_small_shortfall_is_given_back_twice_not_up_to_the_middle_of_the_band():
     """A reading a little short of the reserve gives back as much again as it lacks, not the band's quarter: on
     gpt2-1.3b beyond RAM a reading 10 MiB short gave back 1.45 GiB of the optimizer's 1.5 GiB share."""

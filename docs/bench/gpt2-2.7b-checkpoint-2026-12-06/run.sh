@@ -1,8 +1,9 @@
 #!/bin/bash
 # A checkpoint save of gpt2-2.7b (fp32, twice this machine's memory; its partitions stream, so the save writes the
-# fp32 masters owed to their files from the partitions' files first): one save after 3 steps (masters owed from the
-# third), no step after it (the swap folder, 39 GB, and one checkpoint fit this disk; the files a step would rewrite
-# beside the checkpoint's do not). Then stock's, whose copy of its 48 GB swap folder does not fit beside it.
+# fp32 masters owed to their files from the partitions' files first): one save after 3 steps (every master owed from
+# the first step here), no step after it (the swap files, 41.6 GB, and one checkpoint fit this disk; the files a step
+# would write again beside the checkpoint's do not). Then stock's, whose copy of its 31.2 GB optimizer swap folder
+# does not fit beside its swap files.
 # Run from the repository's root: bash docs/bench/gpt2-2.7b-checkpoint-2026-12-06/run.sh [tencache|stock]
 set -e
 O=$(cd "$(dirname "$0")" && pwd) NVME=${NVME_DIR:-/tmp/ck-nvme} CKPT=${CKPT_DIR:-/tmp/ck-dir}

@@ -219,12 +219,12 @@ class HostTierGovernor:
                                    given_back_bytes=self.given_back_bytes, growable_bytes=self.growable_bytes(),
                                    optimizer_reducible_bytes=self._optimizer_reducible_bytes())
         # every rank of the node promises alike, and its updates fill on every rank: a shrink counts them all too
-        decision = decide(memory.available_bytes - self._promised_bytes() * self.policy.ranks)
+        decision = decide(memory.available_bytes, promised_bytes=self._promised_bytes() * self.policy.ranks)
         if decision.action is Action.GROW:
             with _LIVE_GOVERNORS_LOCK:
                 governors = list(_LIVE_GOVERNORS)
             promised = sum(governor._promised_bytes() for governor in governors) * self.policy.ranks
-            decision = decide(memory.available_bytes - promised)
+            decision = decide(memory.available_bytes, promised_bytes=promised)
             if decision.action is not Action.GROW:
                 decision = HOLD  # another engine's promise takes this free memory: no reason to give any back
         return decision

@@ -136,18 +136,20 @@ def tencache_plan(workload: Workload, machine: Machine) -> TencachePlan:
     device = device_tier_budget(config.device_cache_bytes, aliasing, param_capacity, device_free,
                                 AUTO_DEVICE_CACHE_FRACTION, step_peak_rise_bytes=device_rise) \
         if config.device_cache_bytes != 0 else 0
-    # integrations/deepspeed/master_copies.py: partitions in the masters' dtype, swapped by tencache, all kept in
-    # host memory between uses: by a host tier, or as the gathers a device tier keeps where they are the partitions
-    # (gpt2-tiny with bf16 masters, host_cache_bytes 0 and the device tier "auto", 2026-12-06: every master copied
-    # from its partitions, none read). Without either the slots keep nothing after the update writes them.
-    masters_in_partitions = zero.offload_optimizer == "nvme" and params_all_held and \
-        (host > 0 or (aliasing and device >= all_swapped)) and zero.element_bytes == zero.precision.master_bytes
     # integrations/deepspeed/master_write_behind.py: with the update's writes behind it, a master its partitions
     # hold (in host memory or on their own files) is owed to its file from the update that changed both, never
-    # written in a step; the next update fills it from the partitions: copied where they are held, else read from
-    # the partitions' files (the same bytes as the master's own file)
+    # written in a step; the next update fills it from the partitions: copied where they are in host memory, else
+    # read from the partitions' files (the same bytes as the master's own file)
     masters_owed = zero.offload_optimizer == "nvme" and zero.tencache_writes_behind and bool(swapped) and \
         zero.element_bytes == zero.precision.master_bytes
+    # integrations/deepspeed/master_copies.py: partitions in the masters' dtype, swapped by tencache, all in host
+    # memory at the update: kept by a host tier (any master, owed or not), or, without one, lent as the gathers a
+    # device tier keeps where they are the partitions (one rank on a host accelerator), which only an owed master's
+    # fill copies from (gpt2-tiny with host_cache_bytes 0 and the device tier "auto", 2026-12-06: every master
+    # copied from its partitions, none read). Without either the slots keep nothing after the update writes them.
+    masters_in_partitions = zero.offload_optimizer == "nvme" and params_all_held and \
+        zero.element_bytes == zero.precision.master_bytes and \
+        (host > 0 or (masters_owed and aliasing and device >= all_swapped))
     held = frozenset()
     prefixes: Dict[str, int] = {}
     optimizer_streaming = 0
