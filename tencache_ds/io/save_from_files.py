@@ -71,8 +71,16 @@ WHOLE_BYTES = HOST_PAGE_BYTES
 # for the reason the copies are (``_DirectWrites``): the page cache's dirty pages, where little memory is free
 DIRECT_FROM_MEMORY_BYTES = 1024 * 1024
 
-# Where a storage's bytes are: a file that holds them (its first bytes), or host-memory tensors whose bytes, one
-# after the other, are the storage's (a master's parameter partitions)
+
+
+class UncachedFile(str):
+    """A source file none of whose bytes the page cache holds (just written through O_DIRECT: a master its save
+    wrote to its swap file first), read through O_DIRECT too (``_DirectWrites.copy``). A plain path is read
+    through the page cache, which may hold it (a master the save before read)."""
+
+
+# Where a storage's bytes are: a file that holds them (its first bytes; an UncachedFile), or host-memory tensors
+# whose bytes, one after the other, are the storage's (a master's parameter partitions)
 Source = Union[str, Sequence[torch.Tensor]]
 
 
@@ -299,7 +307,8 @@ class _DirectWrites:
     ZeRO file's 5.1 GB of masters took 13.3-23.1 s that way, 8.5-15.6 s with the writes through O_DIRECT (buffered
     writes from memory make the same dirty pages). Reads stay buffered: masters that the save before read are still
     cached (the second save's ZeRO file took 9.4 s, 12.7 s read through O_DIRECT; docs/benchmarks.md, "ZeRO files
-    from the swap files"). The engine and its buffers are made at the first write; its requests are not counted in
+    from the swap files"), except from an UncachedFile, which the page cache cannot hold: read through O_DIRECT
+    (with its masters owed, gpt2-1.3b's ZeRO file took 11.5 / 8.5 s so, 13.2 / 9.6 s buffered). The engine and its buffers are made at the first write; its requests are not counted in
     the training steps' drive activity."""
 
     def __init__(self):
@@ -317,6 +326,12 @@ class _DirectWrites:
         length -= length % WHOLE_BYTES
         if length == 0:
             return 0
+        if isinstance(source, UncachedFile):
+            def read_direct(buffer, start: int, size: int) -> None:
+                self._io.read(buffer, source, size, source_offset + start).result()
+
+            self._through_lanes(read_direct, target_fd, target, target_offset, length)
+            return length
         source_fd = os.open(source, os.O_RDONLY)
         try:
             os.posix_fadvise(source_fd, source_offset, length, os.POSIX_FADV_SEQUENTIAL)

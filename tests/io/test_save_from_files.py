@@ -15,7 +15,7 @@ import torch
 
 from tencache_ds.io import save_from_files as save_from_files_module
 from tencache_ds.io.direct_io import DirectFileIO
-from tencache_ds.io.save_from_files import WHOLE_BYTES, save_from_files
+from tencache_ds.io.save_from_files import WHOLE_BYTES, UncachedFile, save_from_files
 from tencache_ds.io.reflink import block_size
 from tencache_ds.io.stale_files import UNTOUCHED_ELSEWHERE_S
 
@@ -175,6 +175,33 @@ def test_masters_larger_than_a_copy_chunk_are_copied_whole_through_o_direct(tmp_
     if DirectFileIO().alignment_for(str(tmp_path / "zero.pt")):
         assert moves and all(direct for _write, direct, _size in moves), moves
         assert sum(size for is_write, _direct, size in moves if is_write) == done.copied_bytes
+
+
+def test_a_file_the_page_cache_does_not_hold_is_read_through_o_direct_and_a_plain_one_through_the_cache(
+        tmp_path, monkeypatch):
+    """A master its save has just written to its swap file (through O_DIRECT: nothing of it cached) is named an
+    UncachedFile and read through the engine's O_DIRECT reads; another source is read through the page cache, which
+    may hold it (no engine read). The same file either way."""
+    monkeypatch.setattr(save_from_files_module, "COPY_CHUNK_BYTES", 64 * 1024)
+    moves = direct_moves(monkeypatch)
+    state, masters, sources = zero_state(str(tmp_path))
+    for name in ("plain", "uncached"):  # the same file name in each (the zip's records are named after it)
+        os.makedirs(tmp_path / name)
+    plain = save_from_files(state, str(tmp_path / "plain" / "zero.pt"), sources)
+    if plain.cloned_bytes:
+        pytest.skip("the test folder's file system clones ranges")
+    assert not [size for is_write, _direct, size in moves if not is_write]
+    moves.clear()
+    uncached = save_from_files(state, str(tmp_path / "uncached" / "zero.pt"),
+                               {pointer: UncachedFile(path) for pointer, path in sources.items()})
+    reads = [(direct, size) for is_write, direct, size in moves if not is_write]
+    assert sum(size for _direct, size in reads) == uncached.copied_bytes == plain.copied_bytes
+    if DirectFileIO().alignment_for(str(tmp_path / "uncached" / "zero.pt")):
+        assert all(direct for direct, _size in reads), reads
+    for name in ("plain", "uncached"):
+        assert_reads_back(str(tmp_path / name / "zero.pt"), state, masters)
+    with open(tmp_path / "plain" / "zero.pt", "rb") as one, open(tmp_path / "uncached" / "zero.pt", "rb") as other:
+        assert one.read() == other.read()
 
 
 def test_a_copy_that_fails_stops_every_lane_and_leaves_the_file_it_replaces(tmp_path, monkeypatch):

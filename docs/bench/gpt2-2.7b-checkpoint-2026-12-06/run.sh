@@ -16,3 +16,9 @@ for mode in ${*:-tencache stock}; do
         python tests/deepspeed/measure_checkpoint_save.py "$mode" gpt2-2.7b "$NVME" "$CKPT" auto - "$C" \
         > "$O/$mode.log" 2>&1 || echo "$mode: exit $?" >> "$O/$mode.log"
 done
+# Then, for the ZeRO file's reads of the masters the save has just written (io/save_from_files.UncachedFile), the
+# tencache arm alone, the same command with its log named: tencache-uncached-reads.log (the change, uncommitted in
+# the main checkout), then tencache-again-b3d3cbc.log (the code before, run from a worktree at b3d3cbc with
+# PYTHONPATH set to it):
+#   CHECKPOINT_SAVE_WARMUP=3 CHECKPOINT_SAVES=1 CHECKPOINT_STEP_AFTER_LAST=0 /usr/bin/time -v python \
+#       tests/deepspeed/measure_checkpoint_save.py tencache gpt2-2.7b /tmp/ck-nvme /tmp/ck-dir auto - "$C"

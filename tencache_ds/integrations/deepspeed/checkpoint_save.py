@@ -43,6 +43,7 @@ from deepspeed.runtime.swap_tensor.optimizer_utils import OptimizerSwapper
 from ...cache.entry import EntryState
 from ...errors import TencacheOutOfMemory, TencacheResourceError
 from ...io import save_from_files
+from ...io.save_from_files import UncachedFile
 from ...io.reflink import folder_clones
 from ...io.shared_files import place, room_to_write_again
 from ...log import logger
@@ -84,7 +85,10 @@ def masters_shown(optimizer, from_files: bool = False, copies: bool = False):
     shown, lent, sources = [], [], {}
     try:
         if isinstance(swapper, TencacheOptimizerSwapper):
-            swapper.settle_master_writes()  # the files read below: what the partitions owe them first
+            # the files read below: what the partitions owe them first, written through O_DIRECT (so none of it
+            # cached: the ZeRO file's copy reads those through O_DIRECT too)
+            just_written = swapper.owed_master_groups()
+            swapper.settle_master_writes()
             swapped = [(master, info) for master in optimizer.fp32_partitioned_groups_flat
                        for info in [swapper.swap_params_info.get(OptimizerSwapper.parameter_id(master))]
                        if info is not None and master.numel() == 0]  # (not swapped, or swapped in now: as it is)
@@ -114,7 +118,8 @@ def masters_shown(optimizer, from_files: bool = False, copies: bool = False):
                         in_memory = None if from_files else swapper.master_in_host_memory(info.param_id)
                         if in_memory is not None and sum(view.numel() for view in in_memory) != info.numel():
                             in_memory = None  # (never seen) this master from its file, not the whole file the usual way
-                        sources[master.untyped_storage().data_ptr()] = path if in_memory is None else in_memory
+                        on_file = UncachedFile(path) if info.param_id in just_written else path
+                        sources[master.untyped_storage().data_ptr()] = on_file if in_memory is None else in_memory
                 shown.append(master)
         yield sources
     finally:

@@ -950,6 +950,12 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         if masters is not None:
             masters.settle(groups)
 
+    def owed_master_groups(self) -> frozenset:
+        """The sub-groups whose master files are behind their partitions now (``settle_master_writes`` writes
+        them)."""
+        masters = getattr(self, "masters", None)
+        return frozenset(group for group in self.swap_params_info if masters is not None and masters.owed(group))
+
     def master_in_host_memory(self, group) -> Optional[list]:
         """Views of the parameter partitions that hold ``group``'s master now (their bytes one after the other are
         its bytes), or None (masters_in_partitions.py ``views``): what a checkpoint's ZeRO file takes the master from
