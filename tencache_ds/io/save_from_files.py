@@ -47,6 +47,7 @@ from typing import Callable, Dict, Optional, Sequence, Tuple, Union
 
 import torch
 
+from ..errors import TencacheError
 from ..log import logger
 from ..units import HOST_PAGE_BYTES
 from .reflink import block_size, clone_range
@@ -72,11 +73,12 @@ WHOLE_BYTES = HOST_PAGE_BYTES
 DIRECT_FROM_MEMORY_BYTES = 1024 * 1024
 
 
-
 class UncachedFile(str):
-    """A source file none of whose bytes the page cache holds (just written through O_DIRECT: a master its save
-    wrote to its swap file first), read through O_DIRECT too (``_DirectWrites.copy``). A plain path is read
-    through the page cache, which may hold it (a master the save before read)."""
+    """A source file whose bytes the page cache is not expected to hold (just written through O_DIRECT where
+    aligned: a master its save wrote to its swap file first, from an aligned copy), read through O_DIRECT too
+    (``_DirectWrites.copy``). A hint only: a page still cached is written back before an O_DIRECT read of it, so
+    the bytes are the same either way. A plain path is read through the page cache, which may hold it (a master the
+    save before read)."""
 
 
 # Where a storage's bytes are: a file that holds them (its first bytes; an UncachedFile), or host-memory tensors
@@ -86,10 +88,11 @@ Source = Union[str, Sequence[torch.Tensor]]
 
 @dataclass
 class SavedFromFiles:
-    """What ``save_from_files`` did: storage bytes cloned from ``sources``, copied from them, and written from
-    memory; records; seconds."""
+    """What ``save_from_files`` did: storage bytes cloned from ``sources``, copied from them (of those, from
+    UncachedFile sources through O_DIRECT reads), and written from memory; records; seconds."""
     cloned_bytes: int = 0
     copied_bytes: int = 0
+    copied_direct_bytes: int = 0
     written_bytes: int = 0
     records: int = 0
     seconds: float = 0.0
@@ -144,6 +147,7 @@ def save_from_files(obj, path: str, sources: Dict[int, Source]) -> Optional[Save
                         copied = writes.copy(source, cloned, fd, temporary, offset + cloned, storage.nbytes() - cloned)
                         done.cloned_bytes += cloned
                         done.copied_bytes += copied
+                        done.copied_direct_bytes += copied if isinstance(source, UncachedFile) else 0
                         done.written_bytes += _Pieces.of_storage(storage).write_tail(fd, offset + cloned + copied,
                                                                                      cloned + copied)
                     elif source is not None:
@@ -307,9 +311,10 @@ class _DirectWrites:
     ZeRO file's 5.1 GB of masters took 13.3-23.1 s that way, 8.5-15.6 s with the writes through O_DIRECT (buffered
     writes from memory make the same dirty pages). Reads stay buffered: masters that the save before read are still
     cached (the second save's ZeRO file took 9.4 s, 12.7 s read through O_DIRECT; docs/benchmarks.md, "ZeRO files
-    from the swap files"), except from an UncachedFile, which the page cache cannot hold: read through O_DIRECT
-    (with its masters owed, gpt2-1.3b's ZeRO file took 11.5 / 8.5 s so, 13.2 / 9.6 s buffered). The engine and its buffers are made at the first write; its requests are not counted in
-    the training steps' drive activity."""
+    from the swap files"), except from an UncachedFile, read through O_DIRECT (with its masters owed, gpt2-1.3b's
+    ZeRO file took 11.5 / 8.5 s so, 13.2 / 9.6 s buffered: the table there; gpt2-2.7b's 10.4 s against 13.3-15.1 s,
+    "Checkpoint save"). The engine and its buffers are made at the first write; its requests are not counted in the
+    training steps' drive activity."""
 
     def __init__(self):
         self._io, self._lanes, self._buffers = None, None, []
@@ -328,7 +333,11 @@ class _DirectWrites:
             return 0
         if isinstance(source, UncachedFile):
             def read_direct(buffer, start: int, size: int) -> None:
-                self._io.read(buffer, source, size, source_offset + start).result()
+                try:
+                    self._io.read(buffer, source, size, source_offset + start).result()
+                except TencacheError as err:  # the engine's words are the checkpoint's (its files, its folder):
+                    # a read of a swap file that fails is the caller's to judge, as a buffered read's OSError is
+                    raise OSError(f"{source}: reading its bytes for a ZeRO file: {err}") from err
 
             self._through_lanes(read_direct, target_fd, target, target_offset, length)
             return length

@@ -85,8 +85,8 @@ def masters_shown(optimizer, from_files: bool = False, copies: bool = False):
     shown, lent, sources = [], [], {}
     try:
         if isinstance(swapper, TencacheOptimizerSwapper):
-            # the files read below: what the partitions owe them first, written through O_DIRECT (so none of it
-            # cached: the ZeRO file's copy reads those through O_DIRECT too)
+            # the files read below: what the partitions owe them first, written through O_DIRECT where aligned
+            # (not expected in the page cache: the ZeRO file's copy reads those through O_DIRECT too)
             just_written = swapper.owed_master_groups()
             swapper.settle_master_writes()
             swapped = [(master, info) for master in optimizer.fp32_partitioned_groups_flat
