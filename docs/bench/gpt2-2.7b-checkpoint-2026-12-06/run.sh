@@ -19,6 +19,6 @@ done
 # Then, for the ZeRO file's reads of the masters the save has just written (io/save_from_files.UncachedFile), the
 # tencache arm alone, the same command with its log named: tencache-uncached-reads.log (the change, uncommitted in
 # the main checkout), then tencache-again-b3d3cbc.log (the code before, run from a worktree at b3d3cbc with
-# PYTHONPATH set to it):
+# PYTHONPATH set to it), then tencache-uncached-reads-6032de4.log (the change as committed):
 #   CHECKPOINT_SAVE_WARMUP=3 CHECKPOINT_SAVES=1 CHECKPOINT_STEP_AFTER_LAST=0 /usr/bin/time -v python \
 #       tests/deepspeed/measure_checkpoint_save.py tencache gpt2-2.7b /tmp/ck-nvme /tmp/ck-dir auto - "$C"
