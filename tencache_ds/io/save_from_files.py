@@ -89,10 +89,10 @@ Source = Union[str, Sequence[torch.Tensor]]
 @dataclass
 class SavedFromFiles:
     """What ``save_from_files`` did: storage bytes cloned from ``sources``, copied from them (of those, from
-    UncachedFile sources through O_DIRECT reads), and written from memory; records; seconds."""
+    UncachedFile sources, read through the O_DIRECT engine), and written from memory; records; seconds."""
     cloned_bytes: int = 0
     copied_bytes: int = 0
-    copied_direct_bytes: int = 0
+    copied_uncached_bytes: int = 0
     written_bytes: int = 0
     records: int = 0
     seconds: float = 0.0
@@ -147,7 +147,7 @@ def save_from_files(obj, path: str, sources: Dict[int, Source]) -> Optional[Save
                         copied = writes.copy(source, cloned, fd, temporary, offset + cloned, storage.nbytes() - cloned)
                         done.cloned_bytes += cloned
                         done.copied_bytes += copied
-                        done.copied_direct_bytes += copied if isinstance(source, UncachedFile) else 0
+                        done.copied_uncached_bytes += copied if isinstance(source, UncachedFile) else 0
                         done.written_bytes += _Pieces.of_storage(storage).write_tail(fd, offset + cloned + copied,
                                                                                      cloned + copied)
                     elif source is not None:

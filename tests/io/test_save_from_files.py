@@ -196,7 +196,7 @@ def test_a_file_the_page_cache_does_not_hold_is_read_through_o_direct_and_a_plai
                                {pointer: UncachedFile(path) for pointer, path in sources.items()})
     reads = [(direct, size) for is_write, direct, size in moves if not is_write]
     assert sum(size for _direct, size in reads) == uncached.copied_bytes == plain.copied_bytes
-    assert (plain.copied_direct_bytes, uncached.copied_direct_bytes) == (0, uncached.copied_bytes)
+    assert (plain.copied_uncached_bytes, uncached.copied_uncached_bytes) == (0, uncached.copied_bytes)
     if DirectFileIO().alignment_for(str(tmp_path / "uncached" / "zero.pt")):
         assert all(direct for direct, _size in reads), reads
     for name in ("plain", "uncached"):

@@ -1019,7 +1019,9 @@ class CheckpointTotals:
     zero_files_from_swap_files: int = 0
     zero_file_shared_bytes: int = 0
     zero_file_copied_bytes: int = 0
-    zero_file_copied_direct_bytes: int = 0  # ... of them, masters the save had just written, read through O_DIRECT
+    # ... of them, masters the save had just written (io/save_from_files.UncachedFile): read through the O_DIRECT
+    # engine, which reads buffered where the file system has no O_DIRECT
+    zero_file_copied_uncached_bytes: int = 0
     zero_file_written_bytes: int = 0
     zero_files_saved_usual_way: int = 0
 
@@ -1037,7 +1039,7 @@ class CheckpointTotals:
         self.zero_files_from_swap_files += 1
         self.zero_file_shared_bytes += done.cloned_bytes
         self.zero_file_copied_bytes += done.copied_bytes
-        self.zero_file_copied_direct_bytes += done.copied_direct_bytes
+        self.zero_file_copied_uncached_bytes += done.copied_uncached_bytes
         self.zero_file_written_bytes += done.written_bytes
 
 
