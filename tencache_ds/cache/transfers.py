@@ -146,9 +146,11 @@ class Transfers:
         """Read ``entry``'s ``numel`` elements into ``dest`` and nothing past them (not its aligned length: ``dest``
         may be a slice of a larger tensor): its prefix copied now, the rest read from its file at the prefix's
         offset. The entry stays as it is."""
+        if dest.dtype != self.dtype or dest.numel() != entry.numel:  # (the file's bytes would land as other values)
+            raise ValueError(f"{entry.key}: its {entry.numel} {self.dtype} elements cannot be read into "
+                             f"{dest.numel()} {dest.dtype} elements")
         skip = min(self._prefix_elements(entry), entry.numel)
         if skip:
-            assert dest.dtype == self.dtype, (entry.key, dest.dtype)
             dest.narrow(0, 0, skip).copy_(self._prefix_view(entry).narrow(0, 0, skip))
             self.counters.prefix_read_bytes_saved += skip * self.element_size
         rest = dest.narrow(0, skip, entry.numel - skip)
@@ -363,9 +365,13 @@ def all_done(futures: Sequence[Future]) -> Future:
             left[0] -= 1
             if left[0]:
                 return
-        errors = [future.exception() for future in futures if future.exception() is not None]
-        if errors:
-            combined.set_exception(errors[0])
+        # a cancelled one is an error too (its exception() would raise CancelledError inside this callback, which
+        # Future swallows: ``combined`` would then never be done, and its entry READING for good)
+        errors = [concurrent.futures.CancelledError() if future.cancelled() else future.exception()
+                  for future in futures]
+        error = next((error for error in errors if error is not None), None)
+        if error is not None:
+            combined.set_exception(error)
         else:
             combined.set_result(None)
 

@@ -2,7 +2,7 @@
 lending, write-back, Belady admission with bypass, forgetting on checkpoint load. Real files, real I/O; the
 store's invariants are checked after every call."""
 import time
-from concurrent.futures import Future
+from concurrent.futures import CancelledError, Future
 
 import pytest
 import torch
@@ -11,6 +11,7 @@ from tencache_ds.cache.entry import (LEGAL_TRANSITIONS, Entry, EntryState, Illeg
                                      check_transition)
 from tencache_ds.cache.buffer_sources import ArenaSlots, BudgetedPageable
 from tencache_ds.cache.entry_store import EntryStore
+from tencache_ds.cache.transfers import all_done
 from tencache_ds.cache.host_budget import HostBudget
 from tencache_ds.io.direct_io import DirectFileIO
 from tencache_ds.memory.device_staging import StagedDeviceCopy
@@ -238,7 +239,27 @@ def test_read_newest_into_copies_held_bytes_and_reads_exactly_the_tensor_from_it
     assert torch.all(into[:NUMEL] == 2.0) and torch.all(into[NUMEL:NUMEL + 1000] == 4.0)
     assert torch.all(into[NUMEL + 1000:] == -1.0), "read past the tensor into its neighbour"
     assert store.recorder.position == position and store.state("f") == EntryState.ON_FILE
+    # a slice of another length or dtype would take the file's bytes as other values: refused, nothing read
+    with pytest.raises(ValueError, match="1000 torch.float32 elements cannot be read into 999"):
+        store.read_newest_into("f", into.narrow(0, NUMEL, 999))
+    with pytest.raises(ValueError, match="into 1000 torch.float64"):
+        store.read_newest_into("f", torch.zeros(1000, dtype=torch.float64))
     store.close()
+
+
+def test_all_done_ends_with_an_error_when_one_of_its_futures_is_cancelled():
+    """A cancelled future among a copied read's futures: all_done ends with CancelledError (its exception() raised
+    inside the callback, which Future swallows, and the combined future never ended: the entry READING for good)."""
+    first, second = Future(), Future()
+    combined = all_done([first, second])
+    assert second.cancel()
+    first.set_result(None)
+    assert combined.done() and isinstance(combined.exception(), CancelledError)
+    failed, ok = Future(), Future()
+    combined = all_done([failed, ok])
+    failed.set_exception(OSError("read"))
+    ok.set_result(None)
+    assert isinstance(combined.exception(), OSError)
 
 
 def test_a_fill_that_raises_leaves_the_entry_on_file_with_its_buffer_given_back(tmp_path, io):

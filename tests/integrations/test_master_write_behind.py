@@ -256,3 +256,36 @@ def test_a_change_to_a_partition_waits_for_the_reads_of_its_file_that_fill_a_mas
     edit.join(timeout=5)
     assert not edit.is_alive() and not writes.filling_any
 
+
+
+def test_a_settle_that_fails_still_waits_for_the_fills_and_a_closed_writer_leaves_none_reading():
+    """A settle raises once a master's file is stale for good; the fills reading the partition it settles for are
+    waited all the same (before, the raise skipped the wait, and a partition could change under a fill), and close
+    waits for every fill before the writer leaves the ones settle_owed_masters asks."""
+    writes = writer(Partitions({"g": ([1], [torch.ones(2)]), "h": ([2], [torch.ones(2)])}), HeldWrites().write)
+    writes.stale_for_good(RuntimeError("behind"))
+    reading = Future()
+    writes.filling("g", [reading])
+    outcome = []
+
+    def edit():
+        try:
+            settle_owed_masters([1])
+        except RuntimeError as err:
+            outcome.append(err)
+    thread = threading.Thread(target=edit)
+    thread.start()
+    thread.join(timeout=0.5)
+    assert thread.is_alive()  # the settle raised, and the fill is still waited
+    reading.set_result(None)
+    thread.join(timeout=5)
+    assert not thread.is_alive() and outcome and not writes.filling_any
+    late = Future()
+    writes.filling("h", [late])
+    closing = threading.Thread(target=lambda: pytest.raises(RuntimeError, writes.close))
+    closing.start()
+    closing.join(timeout=0.5)
+    assert closing.is_alive()  # close waits for the fill
+    late.set_result(None)
+    closing.join(timeout=5)
+    assert not closing.is_alive() and not writes.filling_any

@@ -51,7 +51,7 @@ class MasterCopies:
         self.dtype = dtype
         self.validity = CopyValidity()
         self._index = None  # group id -> sub-group index, built at first use (the masters exist by then)
-        self.bytes_read_from_partition_files = 0  # SUM: master bytes a fill read from partitions' own files
+        self.bytes_read_from_partition_files = 0  # SUM: master bytes an update's fill read from partitions' files
 
     # ------------------------------------------------------------------------- the optimizer swapper's calls
     def lent(self, group) -> None:
@@ -83,11 +83,13 @@ class MasterCopies:
         versions = self._versions(index)
         return versions is not None and self.validity.current(group, versions) and (anywhere or self._kept(index))
 
-    def fill(self, group, into: torch.Tensor) -> Optional[List[Future]]:
+    def fill(self, group, into: torch.Tensor, counted: bool = True) -> Optional[List[Future]]:
         """Fill ``into`` (the master's numel) with ``group``'s partitions: copied from host memory, and read from
         their files where they are there only (those reads are returned, for the caller to wait for; none where
         every partition was in host memory). None, with ``into`` partly written and no read of it in flight, where a
-        partition stage 3 keeps resident is not available."""
+        partition stage 3 keeps resident is not available. ``counted``: the bytes read are an update's (the store's
+        fill, ``bytes_read_from_partition_files``), not a settle's, which the store's copied bytes do not count
+        either (bench/report_bound.py takes one from the other)."""
         stage3, index = self._stage3(), self._sub_group_index(group)
         if stage3 is None or index is None:
             return None
@@ -99,7 +101,7 @@ class MasterCopies:
                     read = swapper.read_partition_into(param, dest)
                     if read is not None:
                         reads.append(read)
-                        self.bytes_read_from_partition_files += dest.numel() * dest.element_size()
+                        self.bytes_read_from_partition_files += dest.numel() * dest.element_size() if counted else 0
                 elif partition.status == PartitionedParamStatus.AVAILABLE:
                     dest.copy_(partition.data)
                 else:

@@ -61,8 +61,10 @@ def settle_owed_masters(partition_ids: Optional[Iterable[Hashable]] = None) -> N
         writers = [writer for writer in _LIVE if writer.owes_any or writer.filling_any]
     ids = None if partition_ids is None else set(partition_ids)
     for writer in writers:
-        writer.settle(writer.groups_of(ids))
-        writer.wait_fills(ids)
+        try:
+            writer.settle(writer.groups_of(ids))
+        finally:  # a failed settle too: no partition changes under a fill still reading it
+            writer.wait_fills(ids)
 
 
 class MasterWriteBehind:
@@ -205,8 +207,11 @@ class MasterWriteBehind:
         try:
             self.settle()
         finally:
-            with _LIVE_LOCK:
-                _LIVE.discard(self)
+            try:
+                self.wait_fills(None)  # (out of _LIVE, no settle would wait for them any more)
+            finally:
+                with _LIVE_LOCK:
+                    _LIVE.discard(self)
 
     def _start(self, group) -> None:
         """Issue ``group``'s writes. Any error leaves the master file stale for good (``_failed``), with the writes
@@ -237,11 +242,12 @@ class MasterWriteBehind:
         found = self._partition_ids(group)
         copy = None
         if found is not None:
-            copy = aligned_buffer(found[1] * torch.empty((), dtype=self._dtype).element_size()).view(self._dtype)
+            copy = aligned_buffer(found[1] * self._dtype.itemsize).view(self._dtype)
             reads = self._fill(group, copy)
             if reads is None:
                 copy = None
             else:
+                concurrent.futures.wait(reads)  # every read landed before any error is raised (or ``copy`` freed)
                 for read in reads:
                     read.result()  # raises a failed read's error: the master is then stale for good
         if copy is None:

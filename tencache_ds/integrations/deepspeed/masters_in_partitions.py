@@ -9,6 +9,7 @@ read or replaced.
 Without stage 3 (an optimizer swapper made outside its initialisation) no partition holds a master: every method is
 then the no-op or the False it would be with nothing held.
 """
+import functools
 from concurrent.futures import Future
 from typing import Callable, Hashable, Iterable, List, Mapping, Optional
 
@@ -31,7 +32,9 @@ class MastersInPartitions:
 
     def __init__(self, stage3, dtype: torch.dtype, write, writes_behind: bool):
         self.copies = MasterCopies(stage3, dtype) if stage3 is not None else None
-        self.writes = MasterWriteBehind(self.copies.partition_views, self.copies.partition_ids, self.copies.fill,
+        # (a settle's fills are not an update's: not counted as its reads)
+        self.writes = MasterWriteBehind(self.copies.partition_views, self.copies.partition_ids,
+                                        functools.partial(self.copies.fill, counted=False),
                                         write, dtype) if self.copies is not None and writes_behind else None
         # sub-groups lent with their master filled from partitions it was owed from: whatever the borrower does, the
         # master goes back as changed (the file is behind it)
