@@ -32,6 +32,12 @@ def test_an_update_that_stops_on_a_missing_file_reports_that_file_after_destroy(
     run_scenario("optimizer_missing_file.py")
 
 
+def test_a_close_whose_master_settle_fails_closes_then_raises():
+    """A settle of an optimizer's owed masters that raises (a master file stale for good) used to stop the parameter
+    swapper's close before anything was closed: its I/O threads, files and folder lock stayed."""
+    run_scenario("close_after_stale_master.py")
+
+
 def test_a_fast_init_stopped_by_a_missing_partition_file_leaves_no_master_lent():
     """Defect: ``initialize_from_swapped_fp16_params`` left the master it was filling lent when a parameter
     partition's file could not be read; closing the swapper then stopped on "lent and changed" over the file's

@@ -466,19 +466,24 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
         """Wait for I/O in flight and give back slots, pinned memory, I/O threads and the folder. Dirty partitions
         are not written: nothing uses them any more (tests close; an engine's destroy puts the swapper to rest:
         ``release_user``)."""
-        settle_owed_masters()  # masters written from these partitions first
+        settle_error = None
+        try:
+            settle_owed_masters()  # masters written from these partitions first
+        except Exception as err:  # noqa: BLE001  (raised once closed: a stale master file must not keep the
+            settle_error = err    # I/O threads, files and the folder lock open)
         with self._lock:
             with TencacheParamSwapper._instances_lock:
                 if TencacheParamSwapper._instances.get(self.swap_folder) is self:
                     del TencacheParamSwapper._instances[self.swap_folder]
-            if self.closed:
-                return
-            try:
-                self.store.close()
-            finally:
-                self._finalizer.detach()
-                _let_go(self.io, self._folder_key)
-                self.closed = True
+            if not self.closed:
+                try:
+                    self.store.close()
+                finally:
+                    self._finalizer.detach()
+                    _let_go(self.io, self._folder_key)
+                    self.closed = True
+        if settle_error is not None:
+            raise settle_error
 
     # ---------------------------------------------------------------------------------------------- stats
     def stats(self) -> dict:
