@@ -289,3 +289,58 @@ def test_a_settle_that_fails_still_waits_for_the_fills_and_a_closed_writer_leave
     late.set_result(None)
     closing.join(timeout=5)
     assert not closing.is_alive() and not writes.filling_any
+
+
+def test_a_wait_for_a_fill_holds_no_lock_the_update_needs():
+    """A change to a partition waits for the fill reading its file without the writer's lock: the update's calls on
+    another thread (owes, owe) go on meanwhile (before, they waited for the drive's read)."""
+    writes = writer(Partitions({"g": ([1], [torch.ones(2)]), "h": ([2], [torch.ones(2)])}), HeldWrites().write)
+    reading = Future()
+    writes.filling("g", [reading])
+    edit = threading.Thread(target=settle_owed_masters, args=([1],), daemon=True)
+    edit.start()
+    edit.join(timeout=0.3)
+    assert edit.is_alive()  # waiting for the read
+    update = threading.Thread(target=lambda: (writes.owes("h"), writes.owe("h", "/nonexistent")), daemon=True)
+    update.start()
+    update.join(timeout=2)
+    held = update.is_alive()
+    reading.set_result(None)  # (before the assert: a failed test leaves no thread waiting)
+    assert not held and writes.owes("h")  # not held behind the read
+    edit.join(timeout=5)
+    assert not edit.is_alive() and not writes.filling_any
+    writes.cancel("h")
+    writes.close()
+
+
+def test_a_fill_done_is_forgotten_and_one_still_reading_is_not_replaced_by_the_next():
+    """A fill that is done is forgotten without a wait (before, it stayed until a settle waited for it, and every
+    change of any partition took the writer's lock for it); a second fill of a master while the first still reads
+    keeps both waited for."""
+    writes = writer(Partitions({"g": ([1], [torch.ones(2)])}), HeldWrites().write)
+    done = Future()
+    done.set_result(None)
+    writes.filling("g", [done])
+    assert not writes.filling_any
+    first, second = Future(), Future()
+    writes.filling("g", [first])
+    writes.filling("g", [second])
+    second.set_result(None)
+    assert writes.filling_any  # the first still reads
+    first.set_result(None)
+    assert not writes.filling_any
+    writes.close()
+
+
+def test_a_writer_with_a_master_file_behind_for_good_stops_every_change_of_a_partition_though_it_owes_nothing():
+    """The master whose partitions changed before its file was written is no debt the writer keeps (its group was
+    taken over, then lost), but its file is stale: every settle raises, settle_owed_masters's before a partition's
+    change too (before the fills done were forgotten, a done fill kept such a writer asked; without one it was
+    skipped)."""
+    writes = writer(Partitions({"g": ([1], [torch.ones(2)])}), HeldWrites().write)
+    writes.stale_for_good(RuntimeError("behind for good"))
+    assert not writes.owes_any and not writes.filling_any
+    with pytest.raises(RuntimeError, match="behind for good"):
+        settle_owed_masters([1])
+    with pytest.raises(RuntimeError, match="behind for good"):
+        writes.close()

@@ -58,7 +58,7 @@ def settle_owed_masters(partition_ids: Optional[Iterable[Hashable]] = None) -> N
     ``ds_id``; None: of any partition) and wait, and wait for the reads of those partitions' files that fill a
     master (``filling``), before a partition changes (see the module's rule). Cheap when nothing is owed or read."""
     with _LIVE_LOCK:
-        writers = [writer for writer in _LIVE if writer.owes_any or writer.filling_any]
+        writers = [writer for writer in _LIVE if writer.owes_any or writer.filling_any or writer.stale]
     ids = None if partition_ids is None else set(partition_ids)
     for writer in writers:
         try:
@@ -95,8 +95,8 @@ class MasterWriteBehind:
         self._writing: Dict[Hashable, List[Future]] = {}  # group -> the writes of its partitions in flight
         self._partitions: Dict[Hashable, frozenset] = {}  # group -> its partitions' ds_ids, while owed or writing
         self._copies: Dict[Hashable, torch.Tensor] = {}    # group -> the copy its writes read, until waited for
-        # group -> the reads of its partitions' files that fill it (at a swap-in, or ahead of one), until waited for:
-        # a partition's file rewritten under one would fill the master with the new bytes, or a mix
+        # group -> the reads of its partitions' files that fill it (at a swap-in, or ahead of one), until done: a
+        # partition's file rewritten under one would fill the master with the new bytes, or a mix
         self._fills: Dict[Hashable, Tuple[frozenset, List[Future]]] = {}
         self.masters_written_behind = 0  # COUNT: masters written from the partitions (at a settle)
         self.bytes_written_behind = 0    # SUM: their bytes
@@ -109,8 +109,18 @@ class MasterWriteBehind:
         return bool(self._partitions)
 
     @property
+    def stale(self) -> bool:
+        """Is a master file behind for good (every settle raises)?"""
+        return self._failed is not None
+
+    @property
     def filling_any(self) -> bool:
-        return bool(self._fills)
+        """Is a fill still reading a partition's file? (Fills done are forgotten here: settle_owed_masters asks at
+        every change of a partition, and a done fill would make each take this writer's lock for nothing.)"""
+        with self._lock:
+            for group in [group for group, (_ids, reads) in self._fills.items() if all(r.done() for r in reads)]:
+                del self._fills[group]
+            return bool(self._fills)
 
     def filling(self, group, reads: List[Future]) -> None:
         """``reads`` of ``group``'s partitions' files fill its master now: a change to one of those partitions waits
@@ -118,15 +128,24 @@ class MasterWriteBehind:
         found = self._partition_ids(group)
         if reads and found is not None:
             with self._lock:
+                earlier = self._fills.get(group)
+                if earlier is not None and not all(read.done() for read in earlier[1]):
+                    reads = list(earlier[1]) + list(reads)  # (still reading: waited for as well)
                 self._fills[group] = (found[0], list(reads))
 
     def wait_fills(self, partition_ids: Optional[set]) -> None:
         """Wait for the fills reading any of ``partition_ids`` (None: every fill) from their files."""
         with self._lock:
-            waiting = [group for group, (ids, _reads) in self._fills.items()
+            waiting = [(group, reads) for group, (ids, reads) in self._fills.items()
                        if partition_ids is None or ids & partition_ids]
-            for group in waiting:
-                concurrent.futures.wait(self._fills.pop(group)[1])
+        # not under the lock: a read from the drive takes long, and the update's owe or take_over on another thread
+        # must not wait for it. The fills stay recorded until done, so that a wait on another thread waits for them too.
+        for _group, reads in waiting:
+            concurrent.futures.wait(reads)
+        with self._lock:
+            for group, reads in waiting:
+                if self._fills.get(group, (None, None))[1] is reads:  # (not a newer fill of the group)
+                    del self._fills[group]
 
     def groups_of(self, partition_ids: Optional[set]) -> Optional[list]:
         """The owed groups made of any of ``partition_ids`` (None: every group)."""

@@ -93,14 +93,18 @@ class MastersInPartitions:
         """The debt ``group``'s master took over goes back to the writer: its lend failed, or the swapper closes
         with it lent (an update that stopped: the partitions still hold the master as it was before that update,
         which its moments' files hold too). Where they are no current copy any more, the file stays behind for
-        good (raised at every later settle) rather than be read or linked stale. Never raises itself: the error
-        being handled is the one the caller raises."""
+        good (raised at every later settle) rather than be read or linked stale; so too where it cannot be told
+        (an error in stage 3's walk of the partitions). Never raises itself: the error being handled is the one the
+        caller raises."""
         if group not in self._lent_with_debt:
             return
         self._lent_with_debt.discard(group)
         try:
             owed = self._owe_from_partitions(group, path)
-        except Exception:  # noqa: BLE001  (a writer that failed before: it raises at every later settle)
+        except Exception as err:  # noqa: BLE001  (a writer that failed before keeps its first error)
+            self.writes.stale_for_good(RuntimeError(
+                f"tencache: optimizer sub-group {group}'s fp32 master was not given back, and its file ({path}) "
+                f"could not be owed to its partitions again: {err}"))
             return
         if not owed:
             self.writes.stale_for_good(RuntimeError(

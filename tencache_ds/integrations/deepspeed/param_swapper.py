@@ -446,31 +446,33 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
         uses it once more: ``add_user``; slots are planned anew at its first swap). A new zero.Init model in its
         folder gets a swapper of its own (``__new__``). Files, I/O threads and the folder lock stay until it is
         garbage collected with its model, or ``close``."""
-        settle_owed_masters()  # (close settles too: here first, outside the lock the writes' views take)
+        # (close settles too: here first, outside the lock the writes' views take). Its error is raised once the
+        # swapper rests: a master file stale for good must not keep the slots and the host tier's share.
+        settle_error = _owed_masters_settled()
         with self._lock:
             self._users -= 1
-            if self._users > 0 or self.closed:
-                return
-            self.resting = True
-            # reads ahead for a step that no engine will run (those of the last optimizer step for the next) go back
-            # with their slots
-            self._release_reads_ahead()
-            # the newest weights of partitions held changed (write-back) to their files; those stage 3 keeps gathered
-            # (persistent parameters) stay lent, the model's
-            self.store.flush(lent_stay=True)
-            if not self.store.give_back_slots():
-                logger.info("%s: a partition is still lent after its last engine was destroyed: the slots stay",
-                            self.swap_folder)
+            if self._users <= 0 and not self.closed:
+                self._rest()
+        if settle_error is not None:
+            raise settle_error
+
+    def _rest(self):
+        self.resting = True
+        # reads ahead for a step that no engine will run (those of the last optimizer step for the next) go back
+        # with their slots
+        self._release_reads_ahead()
+        # the newest weights of partitions held changed (write-back) to their files; those stage 3 keeps gathered
+        # (persistent parameters) stay lent, the model's
+        self.store.flush(lent_stay=True)
+        if not self.store.give_back_slots():
+            logger.info("%s: a partition is still lent after its last engine was destroyed: the slots stay",
+                        self.swap_folder)
 
     def close(self):
         """Wait for I/O in flight and give back slots, pinned memory, I/O threads and the folder. Dirty partitions
         are not written: nothing uses them any more (tests close; an engine's destroy puts the swapper to rest:
         ``release_user``)."""
-        settle_error = None
-        try:
-            settle_owed_masters()  # masters written from these partitions first
-        except Exception as err:  # noqa: BLE001  (raised once closed: a stale master file must not keep the
-            settle_error = err    # I/O threads, files and the folder lock open)
+        settle_error = _owed_masters_settled()  # masters written from these partitions first
         with self._lock:
             with TencacheParamSwapper._instances_lock:
                 if TencacheParamSwapper._instances.get(self.swap_folder) is self:
@@ -649,6 +651,17 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
             record = self._partitions.get(key)
             assert record is not None and record.read is Read.AHEAD and record.param() is not None, \
                 f"partition {key}: read for the next step but {None if record is None else record.read.value}"
+
+
+def _owed_masters_settled() -> Optional[Exception]:
+    """Settle every optimizer's owed masters (master_write_behind.py), returning the error instead of raising it: the
+    caller lets go of what it holds first (a master file stale for good must not keep I/O threads, files, slots or
+    the folder lock), then raises it."""
+    try:
+        settle_owed_masters()
+    except Exception as err:  # noqa: BLE001  (raised by the caller)
+        return err
+    return None
 
 
 def _is_gathered(param) -> bool:
