@@ -178,18 +178,29 @@ class EntryStore:
         master_write_behind.py); None where the file is current."""
         self._copy_of = copy_of
 
-    def _start_file_read(self, entry: Entry, access: Optional[int]) -> bool:
-        """Read ``entry`` into its attached buffer: from its file (a miss: returns True), or from the copy
-        ``read_from_copies`` names (counted as ``copied``, as ``lend_copied`` counts it). ``access``: the use it
-        serves, recorded already; None for a read ahead, whose use is recorded when it comes (``wait_read``)."""
-        fill = self._copy_of(entry.key) if self._copy_of is not None else None
-        if fill is not None and self._transfers.start_copied_read(entry, fill):
-            self.counters.copied += 1
-            self.counters.copied_bytes += self.swap_nbytes(entry.numel)
-            if access is None:
-                entry.pending_use = PendingUse()  # not timed: the copy's own reads
-            return False
-        self._transfers.start_read(entry, access)
+    def _start_file_read(self, entry: Entry, access: Optional[int], fill=None,
+                         into: Optional[torch.Tensor] = None) -> bool:
+        """Read ``entry`` into its attached buffer (or the caller's ``into``): from its file (a miss: returns True),
+        or from a copy: ``fill`` (``lend_copied``'s), else the one ``read_from_copies`` names, counted as ``copied``.
+        ``access``: the use it serves, recorded already; None for a read ahead, whose use is recorded when it comes
+        (``wait_read``)."""
+        if fill is None and self._copy_of is not None:
+            fill = self._copy_of(entry.key)
+        if fill is not None:
+            if into is None:
+                copied = self._transfers.start_copied_read(entry, fill)
+            else:
+                copied = self._transfers.start_copied_external_read(entry, into, fill)
+            if copied:
+                self.counters.copied += 1
+                self.counters.copied_bytes += self.swap_nbytes(entry.numel)
+                if access is None:
+                    entry.pending_use = PendingUse()  # not timed: the copy's own reads
+                return False
+        if into is None:
+            self._transfers.start_read(entry, access)
+        else:
+            self._transfers.start_external_read(entry, into, access)
         return True
 
     def start_read(self, key, into: Optional[torch.Tensor] = None, prefetch: bool = False) -> None:
@@ -214,13 +225,10 @@ class EntryStore:
                     entry.pending_use = PendingUse()  # no read to time
                 self._checked()
                 return
-            missed = True
-            if into is not None:
-                self._transfers.start_external_read(entry, into, access)
-            else:
+            if into is None:
                 buffer, kept = self._admission.acquire(self.swap_nbytes(entry.numel), key, use_pending=prefetch)
                 self._transfers.attach(entry, buffer, kept)
-                missed = self._start_file_read(entry, access)
+            missed = self._start_file_read(entry, access, into=into)
             # counted once the read is in flight (one the engine refuses is no miss served)
             self.counters.misses += missed
             self.counters.prefetch_issued += prefetch
@@ -332,12 +340,7 @@ class EntryStore:
                 nbytes = self.swap_nbytes(entry.numel)
                 access = self.recorder.touch(key, nbytes)
                 self._transfers.attach(entry, *self._admission.acquire(nbytes, key))
-                if self._transfers.start_copied_read(entry, fill):
-                    self.counters.copied += 1
-                    self.counters.copied_bytes += nbytes
-                else:
-                    self.counters.misses += 1
-                    self._transfers.start_read(entry, access)
+                self.counters.misses += self._start_file_read(entry, access, fill=fill)
                 self._checked()
         return self.wait_read(key) if copyable else self.lend(key)
 

@@ -96,7 +96,7 @@ class Transfers:
         ahead, whose use is recorded later)."""
         timer = self._read_timer(entry, access)  # after the buffer was found: those waits are stalls, not read time
         try:
-            entry.io = self._read_past_prefix(entry, self.swap_view(entry))
+            entry.io = self._read_past_prefix(entry, self.swap_view(entry), self._aligned_numel(entry.numel))
         except BaseException:  # refused before it started (an engine closed): the entry is on file, bufferless
             entry.pending_use = None
             self.release_buffer(entry)
@@ -125,22 +125,36 @@ class Transfers:
     def start_external_read(self, entry: Entry, into: torch.Tensor, access: Optional[int]) -> None:
         """Read ``entry``'s file into the caller's ``into``; the entry stays as it is."""
         timer = self._read_timer(entry, access)
-        entry.external_read = self._read_past_prefix(entry, into)
+        entry.external_read = self._read_past_prefix(entry, into, self._aligned_numel(entry.numel))
         entry.external_read.target = into
         entry.external_read.add_done_callback(timer)
 
-    def _read_past_prefix(self, entry: Entry, target: torch.Tensor) -> Future:
-        """Fill ``target`` (at least the aligned length) with ``entry``'s bytes: its prefix copied now, the rest
-        read from its file at the prefix's offset."""
-        nbytes = self.swap_nbytes(entry.numel)
-        skip = self._prefix_elements(entry)
-        if not skip:
-            return self.io.read(target, entry.path, nbytes=nbytes)
-        assert target.dtype == self.dtype, (entry.key, target.dtype)
-        target.narrow(0, 0, skip).copy_(self._prefix_view(entry))
-        self.counters.prefix_read_bytes_saved += entry.prefix_nbytes
-        return self.io.read(target.narrow(0, skip, nbytes // self.element_size - skip), entry.path,
-                            file_offset=entry.prefix_nbytes)
+    def start_copied_external_read(self, entry: Entry, into: torch.Tensor,
+                                   fill: Callable[[torch.Tensor], Optional[Sequence[Future]]]) -> bool:
+        """``start_copied_read`` into the caller's ``into`` (its first ``numel`` elements); the entry stays as it
+        is. False, and nothing started, where ``fill`` finds no copy."""
+        reads = fill(into.narrow(0, 0, entry.numel))
+        if reads is None:
+            return False
+        entry.external_read = all_done(reads)
+        entry.external_read.target = into
+        return True
+
+    def _read_past_prefix(self, entry: Entry, target: torch.Tensor, numel: int) -> Future:
+        """Fill ``target``'s first ``numel`` elements (the tensor's, or its aligned length) with ``entry``'s bytes:
+        those its prefix holds copied now, the rest read from its file at the prefix's offset."""
+        if target.dtype != self.dtype:  # (the file's bytes would land as other values)
+            raise ValueError(f"{entry.key}: its {self.dtype} elements cannot be read into {target.dtype} ones")
+        skip = min(self._prefix_elements(entry), numel)
+        if skip:
+            target.narrow(0, 0, skip).copy_(self._prefix_view(entry).narrow(0, 0, skip))
+            self.counters.prefix_read_bytes_saved += skip * self.element_size
+        rest = target.narrow(0, skip, numel - skip)
+        if not rest.numel():
+            done = Future()
+            done.set_result(None)
+            return done
+        return self.io.read(rest, entry.path, file_offset=skip * self.element_size)
 
     def read_exactly(self, entry: Entry, dest: torch.Tensor) -> Future:
         """Read ``entry``'s ``numel`` elements into ``dest`` and nothing past them (not its aligned length: ``dest``
@@ -149,16 +163,7 @@ class Transfers:
         if dest.dtype != self.dtype or dest.numel() != entry.numel:  # (the file's bytes would land as other values)
             raise ValueError(f"{entry.key}: its {entry.numel} {self.dtype} elements cannot be read into "
                              f"{dest.numel()} {dest.dtype} elements")
-        skip = min(self._prefix_elements(entry), entry.numel)
-        if skip:
-            dest.narrow(0, 0, skip).copy_(self._prefix_view(entry).narrow(0, 0, skip))
-            self.counters.prefix_read_bytes_saved += skip * self.element_size
-        rest = dest.narrow(0, skip, entry.numel - skip)
-        if not rest.numel():
-            done = Future()
-            done.set_result(None)
-            return done
-        return self.io.read(rest, entry.path, file_offset=skip * self.element_size)
+        return self._read_past_prefix(entry, dest, entry.numel)
 
     # ------------------------------------------------------------------------------------------ prefixes
     def _prefix_elements(self, entry: Entry) -> int:

@@ -185,7 +185,8 @@ def test_an_entry_is_lent_from_a_copy_read_from_other_files_once_those_reads_are
 def test_reads_of_an_entry_whose_file_is_behind_a_copy_take_the_copy_ahead_of_a_use_and_at_it(tmp_path, io):
     """read_from_copies (the optimizer's fp32 masters owed to their files: master_write_behind.py): while the source
     names a fill for a key, every read of it on file, a read ahead (start_read, prefetch_if_free) or a use's, takes
-    the copy's bytes, never the stale file's; once it names none, the file is read."""
+    the copy's bytes, never the stale file's, and so does a read into the caller's buffer; once it names none, the
+    file is read."""
     store = make(tmp_path, io, budget_bytes=10 * NBYTES)  # room for a read ahead
     put(store, tmp_path, "m", 3.0)
     store.flush()
@@ -211,6 +212,11 @@ def test_reads_of_an_entry_whose_file_is_behind_a_copy_take_the_copy_ahead_of_a_
     assert store.recorder.position == position + 3 and store.counters.misses == misses
     store.release("m")
     store.trim_kept(0)  # unchanged: dropped, on file again
+    # a read into the caller's buffer (its aligned length) takes the copy too (it read the stale file)
+    mine = torch.zeros(store.swap_nbytes(NUMEL) // 4)
+    store.start_read("m", into=mine)
+    assert torch.all(store.wait_read("m") == 8.0) and torch.all(mine[:NUMEL] == 8.0) and store.counters.copied == 4
+    assert store.state("m") == EntryState.ON_FILE and store.counters.misses == misses
     del newer["m"]  # the file is current again (a settle wrote it: here, it never was)
     assert torch.all(store.lend("m") == 3.0)
     store.release("m")
