@@ -18,8 +18,9 @@ How, in torch's own terms (torch >= 2.6):
    read back is walked beside the object saved, so that each offset is paired with the storage it holds.
 3. Each storage whose bytes a file holds (``sources``) is cloned from it in whole blocks where the file system
    clones, and what is not cloned is copied from it; what the file does not hold is written from memory; a storage
-   whose bytes host memory holds (``sources``' tensors, or the storage itself where it is large) is gathered from
-   there and written through O_DIRECT; the small ones are written as they are.
+   whose bytes host memory holds (``sources``' tensors, made when its turn comes where a FilledWhenWritten makes
+   them, or the storage itself where it is large) is gathered from there and written through O_DIRECT; the small
+   ones are written as they are.
 
 The result reads with ``torch.load`` as a plain ``torch.save`` of the same object would, byte for byte in every
 storage. Its data records carry no CRC-32 (skip_data writes none; torch's reader does not check it, as with
@@ -43,7 +44,7 @@ import time
 import zipfile
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Callable, Dict, Optional, Sequence, Tuple, Union
+from typing import Callable, ContextManager, Dict, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -81,19 +82,33 @@ class UncachedFile(str):
     save before read)."""
 
 
-# Where a storage's bytes are: a file that holds them (its first bytes; an UncachedFile), or host-memory tensors
-# whose bytes, one after the other, are the storage's (a master's parameter partitions)
-Source = Union[str, Sequence[torch.Tensor]]
+class FilledWhenWritten:
+    """A source of host memory made only when its storage's turn comes: ``make()`` returns a context manager that
+    yields the tensors whose bytes, one after the other, are the storage's, valid inside it. A master that its save
+    writes to its swap file from a copy it fills: the ZeRO file's bytes are written from that copy while those writes
+    are in flight, instead of read back from the file (integrations/deepspeed/checkpoint_save.py), and one copy at a
+    time is in memory."""
+
+    def __init__(self, make: Callable[[], ContextManager[Sequence[torch.Tensor]]]):
+        self.make = make
+
+
+# Where a storage's bytes are: a file that holds them (its first bytes; an UncachedFile), host-memory tensors whose
+# bytes, one after the other, are the storage's (a master's parameter partitions), or such tensors made when the
+# storage's turn comes (FilledWhenWritten)
+Source = Union[str, Sequence[torch.Tensor], FilledWhenWritten]
 
 
 @dataclass
 class SavedFromFiles:
     """What ``save_from_files`` did: storage bytes cloned from ``sources``, copied from them (of those, from
-    UncachedFile sources, read through the O_DIRECT engine), and written from memory; records; seconds."""
+    UncachedFile sources, read through the O_DIRECT engine), and written from memory (of those, from
+    FilledWhenWritten sources); records; seconds."""
     cloned_bytes: int = 0
     copied_bytes: int = 0
     copied_uncached_bytes: int = 0
     written_bytes: int = 0
+    filled_when_written_bytes: int = 0
     records: int = 0
     seconds: float = 0.0
 
@@ -110,8 +125,9 @@ def supported() -> bool:
 def save_from_files(obj, path: str, sources: Dict[int, Source]) -> Optional[SavedFromFiles]:
     """``torch.save(obj, path)``, except that a storage whose ``data_ptr()`` is a key of ``sources`` takes its bytes
     from there: from a file (its first ``nbytes`` bytes), cloned where the file system allows, else copied through
-    O_DIRECT; or from host-memory tensors whose bytes, one after the other, are the storage's, gathered and written
-    through O_DIRECT. The files must hold those bytes (what is dirty in memory written first), and the tensors must
+    O_DIRECT; or from host-memory tensors whose bytes, one after the other, are the storage's (given, or made when
+    the storage's turn comes: FilledWhenWritten), gathered and written through O_DIRECT. The files must hold those
+    bytes (what is dirty in memory written first), and the tensors must
     not change until it returns. Returns what it did, or None (``path`` untouched) where the structure could not be
     accounted for: save it the usual way. Raises what the save raises, ``path`` untouched then too."""
     from torch.utils.serialization import config as serialization_config
@@ -150,6 +166,13 @@ def save_from_files(obj, path: str, sources: Dict[int, Source]) -> Optional[Save
                         done.copied_uncached_bytes += copied if isinstance(source, UncachedFile) else 0
                         done.written_bytes += _Pieces.of_storage(storage).write_tail(fd, offset + cloned + copied,
                                                                                      cloned + copied)
+                    elif isinstance(source, FilledWhenWritten):
+                        with source.make() as tensors:
+                            pieces = _Pieces.checked(tensors, storage)
+                            direct = writes.write(pieces, fd, temporary, offset)
+                            written = direct + pieces.write_tail(fd, offset + direct, direct)
+                        done.written_bytes += written
+                        done.filled_when_written_bytes += written
                     elif source is not None:
                         direct = writes.write(source, fd, temporary, offset)
                         done.written_bytes += direct + source.write_tail(fd, offset + direct, direct)
@@ -289,17 +312,15 @@ def _data_records(path: str) -> dict:
 
 def _source_of(storage, sources: Dict[int, Source]):
     """Where ``storage``'s bytes are taken from: a file's path, ``_Pieces`` of host memory (what ``sources`` gives,
-    or the storage itself where it is large enough to be worth O_DIRECT), or None: written as it is."""
+    or the storage itself where it is large enough to be worth O_DIRECT), a FilledWhenWritten, or None: written as
+    it is."""
     if storage.device.type != "cpu":
         return None
     source = sources.get(storage.data_ptr())
-    if isinstance(source, str):
+    if isinstance(source, (str, FilledWhenWritten)):
         return source
     if source is not None:
-        pieces = _Pieces(source)
-        if pieces.nbytes != storage.nbytes():
-            raise ValueError(f"the host memory given for a storage of {storage.nbytes()} bytes holds {pieces.nbytes}")
-        return pieces
+        return _Pieces.checked(source, storage)
     return _Pieces.of_storage(storage) if storage.nbytes() >= DIRECT_FROM_MEMORY_BYTES else None
 
 
@@ -437,6 +458,14 @@ class _Pieces:
                                  f"{tensor.device} tensor (contiguous: {tensor.is_contiguous()})")
             self._bytes.append(tensor.detach().reshape(-1).view(torch.uint8))
         self.nbytes = sum(piece.numel() for piece in self._bytes)
+
+    @classmethod
+    def checked(cls, tensors: Sequence[torch.Tensor], storage) -> "_Pieces":
+        """``tensors`` as the pieces of ``storage``'s bytes: a ValueError where they hold another number of bytes."""
+        pieces = cls(tensors)
+        if pieces.nbytes != storage.nbytes():
+            raise ValueError(f"the host memory given for a storage of {storage.nbytes()} bytes holds {pieces.nbytes}")
+        return pieces
 
     @classmethod
     def of_storage(cls, storage) -> "_Pieces":

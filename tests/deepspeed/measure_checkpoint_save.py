@@ -102,6 +102,7 @@ def main(mode, model, nvme, checkpoint, host_cache_bytes="auto", sub_group_size=
             saves[-1]["zero_file_shared_bytes"] = zero_file.cloned_bytes
             saves[-1]["zero_file_copied_bytes"] = zero_file.copied_bytes
             saves[-1]["zero_file_written_bytes"] = zero_file.written_bytes
+            saves[-1]["zero_file_written_with_master_settle_bytes"] = getattr(zero_file, "filled_when_written_bytes", 0)
             saves[-1]["zero_file_s"] = round(zero_file.seconds, 3)
         if number + 1 < SAVES or STEP_AFTER_LAST:
             train.train_step(engine, stream, 1)

@@ -12,8 +12,9 @@ import torch
 from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
 
 from tencache_ds.errors import TencacheOutOfMemory, TencacheResourceError
-from tencache_ds.integrations.deepspeed.checkpoint_save import (_check_room_for_copies, _copy_for_a_later_writer,
-                                                                _saving_from_files, serialises_during_save)
+from tencache_ds.integrations.deepspeed.checkpoint_save import (MasterSources, _check_room_for_copies,
+                                                                _copy_for_a_later_writer, _saving_from_files,
+                                                                serialises_during_save)
 from tencache_ds.integrations.deepspeed.optimizer_swapper import CheckpointTotals
 
 
@@ -21,7 +22,8 @@ def test_a_save_from_the_swap_files_that_fails_falls_back_to_the_engines_own_sav
     master = torch.randn(10_000)
     engine = TorchCheckpointEngine()
     swapper = types.SimpleNamespace(last_zero_file_save="untouched", checkpoint_totals=CheckpointTotals())
-    missing = {master.untyped_storage().data_ptr(): str(tmp_path / "gone.swp")}  # its swap file cannot be read
+    missing = MasterSources(swapper)
+    missing[master.untyped_storage().data_ptr()] = str(tmp_path / "gone.swp")  # its swap file cannot be read
     path = str(tmp_path / "tag" / "zero_pp_rank_0_mp_rank_00_optim_states.pt")
     records = []
     handler = logging.Handler(logging.WARNING)
@@ -142,3 +144,30 @@ def test_names_shared_with_a_checkpoint_leave_the_swap_folder_at_exit_only_in_th
     assert sorted(os.listdir(folder)) == ["5_6.tensor.swp", "exp_avg-3_4.tensor.swp"]  # the other engine's stays
     assert (checkpoint / "exp_avg-1_2.tensor.swp").read_bytes() == b"x"
     _unshare_when_the_process_ends(lambda: None, os.getpid())  # collected without close(): nothing known
+
+
+def test_a_save_the_usual_way_settles_the_masters_the_writer_was_to_settle_and_reads_their_new_files(tmp_path,
+                                                                                                    monkeypatch):
+    """checkpoint_save.MasterSources: a master owed to its file is shown mapped from the file, behind until the ZeRO
+    file's writer settles it. Where the two-pass save gives up (here: its structure cannot be walked), torch.save
+    reads the mapped masters: they are settled first and mapped again (a settle may replace a linked file), so the
+    file has the master's bits, not the stale file's (before, it would have saved the stale bytes)."""
+    from tencache_ds.io import save_from_files
+    path = str(tmp_path / "master.swp")
+    stale, current = torch.zeros(10_000), torch.randn(10_000)
+    stale.numpy().tofile(path)
+
+    def settle_master_writes(groups=None, but=()):
+        os.unlink(path)  # as make_own_file does to a file linked into a checkpoint: a new file
+        current.numpy().tofile(path)
+    swapper = types.SimpleNamespace(last_zero_file_save="untouched", checkpoint_totals=CheckpointTotals(),
+                                    dtype=torch.float32, settle_master_writes=settle_master_writes)
+    master = torch.from_file(path, shared=False, size=10_000, dtype=torch.float32)
+    sources = MasterSources(swapper)
+    sources.settled_by_the_writer(master, path, "g")
+    monkeypatch.setattr(save_from_files, "save_from_files", lambda state_dict, path, sources: None)
+    engine = TorchCheckpointEngine()
+    zero_file = str(tmp_path / "tag" / "zero_pp_rank_0_mp_rank_00_optim_states.pt")
+    with _saving_from_files(engine, sources, swapper):
+        engine.save({"fp32_flat_groups": [master]}, zero_file)
+    assert torch.equal(torch.load(zero_file, weights_only=False)["fp32_flat_groups"][0], current)

@@ -344,3 +344,50 @@ def test_a_writer_with_a_master_file_behind_for_good_stops_every_change_of_a_par
         settle_owed_masters([1])
     with pytest.raises(RuntimeError, match="behind for good"):
         writes.close()
+
+
+def test_a_master_settled_with_its_memory_shown_is_written_once_from_the_copy_it_shows(tmp_path, io):
+    """settled_with (a checkpoint's ZeRO file written from the copy a settle fills, not from the file read back):
+    the master's partitions on file are read once into a copy, which the settle writes to the master's file and
+    shows inside; its writes are waited for on the way out; a master owed nothing shows None; a settle that leaves
+    some groups (``but``) to settled_with does not start them."""
+    first, second = torch.arange(4, dtype=torch.float32), torch.arange(10, 16, dtype=torch.float32)
+    partitions = Partitions({"g": ([1, 2], [first, second]), "h": ([3], [torch.ones(3)])}, io=io)
+    partitions.to_file("g", str(tmp_path / "partitions-g.swp"))
+    path = str(tmp_path / "master.swp")
+    open(path, "wb").write(bytes(4 * 10))
+    writes = writer(partitions, io.write)
+    writes.owe("g", path)
+    writes.owe("h", str(tmp_path / "h.swp"))
+    writes.settle(but={"g"})  # h only
+    assert writes.owes("g") and not writes.owes("h")
+    with writes.settled_with("g") as shown:
+        assert len(shown) == 1 and torch.equal(shown[0], torch.cat([first, second]))
+        assert not writes.owes("g")
+    assert torch.equal(torch.from_file(path, size=10, dtype=torch.float32), torch.cat([first, second]))
+    assert (writes.masters_written_behind, writes.bytes_written_behind) == (2, 52) and not writes.owes_any
+    with writes.settled_with("g") as shown:  # current now: nothing to show
+        assert shown is None
+    writes.close()
+
+
+def test_a_master_settled_with_an_error_inside_still_has_its_writes_waited_for():
+    engine = HeldWrites()
+    writes = writer(Partitions({"g": ([1], [torch.ones(2)])}), engine.write)
+    writes.owe("g", "g.swp")
+    outcome = []
+
+    def save():
+        try:
+            with writes.settled_with("g"):
+                raise OSError("the ZeRO file's write failed")
+        except OSError as err:
+            outcome.append(err)
+    thread = threading.Thread(target=save, daemon=True)
+    thread.start()
+    thread.join(timeout=0.5)
+    assert thread.is_alive()  # waiting for the master file's write before the error goes on
+    engine.gate.set()
+    thread.join(timeout=5)
+    assert not thread.is_alive() and outcome and not writes.owes_any
+    writes.close()

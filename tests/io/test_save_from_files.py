@@ -4,6 +4,7 @@ XFS image the masters' blocks are shared and only the rest is written, and train
 leave it alone; where nothing clones, the masters are copied from their files (O_DIRECT), and what a file does not
 hold is written from memory; a master given as the host memory that holds it is gathered from there, and a large
 storage in memory is written through O_DIRECT too; a structure it cannot walk is refused, never half saved."""
+import contextlib
 import os
 import shutil
 import tempfile
@@ -422,3 +423,41 @@ def test_a_full_disk_during_the_write_names_the_checkpoint_folder_and_leaves_not
         assert os.listdir(small) == []
     finally:
         subprocess.run(["umount", "-l", str(small)], capture_output=True)
+
+
+def test_a_source_filled_when_written_is_made_at_its_turn_in_its_context_and_its_file_never_read(tmp_path):
+    """FilledWhenWritten (a master its save writes to its swap file from a copy it fills): made only when the
+    writer reaches its storage, after the first pass, once, its bytes written from the tensors it yields while its
+    context is open, and counted apart; its file (made wrong here) is never read. A maker that yields the wrong
+    size is refused with ValueError, the file it would replace untouched, and its context is closed."""
+    state, masters, sources = zero_state(str(tmp_path))
+    first = state["optimizer_state_dict"]["fp32_flat_groups"][0]
+    path_of_first = sources[first.untyped_storage().data_ptr()]
+    with open(path_of_first, "r+b") as handle:  # nothing may come from the file
+        handle.write(b"\xff" * (MASTER_ELEMENTS * 4))
+    events = []
+
+    @contextlib.contextmanager
+    def filled(tensors):
+        first_pass_done = any(name.endswith(save_from_files_module.TEMPORARY_SUFFIX) for name in os.listdir(tmp_path))
+        events.append(("made", first_pass_done))
+        try:
+            yield tensors
+        finally:
+            events.append("closed")
+
+    sources[first.untyped_storage().data_ptr()] = save_from_files_module.FilledWhenWritten(
+        lambda: filled([masters[0][:500_000].clone(), masters[0][500_000:].clone()]))
+    done = save_from_files(state, str(tmp_path / "zero.pt"), sources)
+    if done.cloned_bytes:
+        pytest.skip("the test folder's file system clones ranges")
+    assert events == [("made", True), "closed"]
+    assert done.filled_when_written_bytes == MASTER_ELEMENTS * 4 and done.copied_bytes == 4096 * 4
+    assert_reads_back(str(tmp_path / "zero.pt"), state, masters)
+    events.clear()
+    sources[first.untyped_storage().data_ptr()] = save_from_files_module.FilledWhenWritten(
+        lambda: filled([masters[0][:-1]]))
+    with pytest.raises(ValueError, match=f"a storage of {MASTER_ELEMENTS * 4} bytes holds {MASTER_ELEMENTS * 4 - 4}"):
+        save_from_files(state, str(tmp_path / "zero.pt"), sources)
+    assert events == [("made", True), "closed"]
+    assert_reads_back(str(tmp_path / "zero.pt"), state, masters)

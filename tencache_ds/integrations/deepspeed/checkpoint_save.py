@@ -22,9 +22,12 @@ not written at all: each swap file is made current (what the host tier holds cha
 anyway) and its blocks are shared with the ZeRO file, so the save writes the dirty bytes, not the masters. Where
 nothing clones (ext4) the masters are written once more, through O_DIRECT: from host memory where it holds them (the
 host tier's copies; in a model trained in fp32, the parameter partitions the parameter tier keeps, which are the
-masters bit for bit: master_copies.py), else copied from their files (read through the page cache). (torch.save's
-own writer, used before, read the mapped files page by page, computed each record's CRC-32 and wrote through the page
-cache.)
+masters bit for bit: master_copies.py), else copied from their files (read through the page cache). A master owed
+to its file whose partitions are not all in host memory (they stream: master_write_behind.py) is settled as the
+writer reaches it, and the ZeRO file is written from the copy the settle fills for its swap file, while that file's
+writes are in flight: the partitions' files are read once for both, and the master file just written is not read
+back (``MasterSources``; a save that falls back to torch.save settles them all first). (torch.save's own writer, used
+before, read the mapped files page by page, computed each record's CRC-32 and wrote through the page cache.)
 """
 import collections
 import contextlib
@@ -43,7 +46,7 @@ from deepspeed.runtime.swap_tensor.optimizer_utils import OptimizerSwapper
 from ...cache.entry import EntryState
 from ...errors import TencacheOutOfMemory, TencacheResourceError
 from ...io import save_from_files
-from ...io.save_from_files import UncachedFile
+from ...io.save_from_files import FilledWhenWritten, UncachedFile
 from ...io.reflink import folder_clones
 from ...io.shared_files import place, room_to_write_again
 from ...log import logger
@@ -71,24 +74,66 @@ def serialises_during_save(checkpoint_engine) -> bool:
     return type(checkpoint_engine) in SERIALISED_DURING_SAVE
 
 
+class MasterSources(dict):
+    """{master's data_ptr: where io/save_from_files.py takes its bytes} (``masters_shown``), and the masters whose
+    swap files the ZeRO file's writer settles as it reaches them (FilledWhenWritten): shown mapped from files that
+    are behind until then, so a save the usual way settles them first (``make_files_current``)."""
+
+    def __init__(self, swapper=None):
+        super().__init__()
+        self._swapper = swapper
+        self._settled_by_the_writer = []  # (master, swap file)
+
+    def settled_by_the_writer(self, master, path: str, group) -> None:
+        """``master``'s file (``path``) is settled by the ZeRO file's writer from the copy the settle fills (one
+        fill for both: no read of the file just written)."""
+        self._settled_by_the_writer.append((master, path))
+        self[master.untyped_storage().data_ptr()] = FilledWhenWritten(
+            functools.partial(_settled_master, self._swapper, group, path, master.numel()))
+
+    def make_files_current(self) -> None:
+        """Before ``torch.save`` reads the masters shown mapped (a save the usual way): the files the writer would
+        have settled are settled now, and mapped again (a settle may replace a file linked into a checkpoint)."""
+        if self._settled_by_the_writer:
+            self._swapper.settle_master_writes()
+            for master, path in self._settled_by_the_writer:
+                master.data = torch.from_file(path, shared=False, size=master.numel(), dtype=self._swapper.dtype)
+
+
 @contextlib.contextmanager
-def masters_shown(optimizer, from_files: bool = False, copies: bool = False):
+def _settled_master(swapper, group, path: str, numel: int):
+    """The bytes of sub-group ``group``'s master, for the ZeRO file: the memory its settle writes its file from, or
+    where it was settled since (its file current), the file mapped."""
+    with swapper.master_settled_with(group) as written_from:
+        yield written_from if written_from is not None else \
+            [torch.from_file(path, shared=False, size=numel, dtype=swapper.dtype)]
+
+
+@contextlib.contextmanager
+def masters_shown(optimizer, from_files: bool = False, copies: bool = False, settled_by_the_writer: bool = False):
     """While inside: each swapped-out fp32 master of a ZeRO-3 optimizer under tencache's optimizer swapper is the
     host tier's copy when it holds one (unless ``from_files``), else its swap file's bytes (made current first),
     mapped read-only; ``copies``: a copy of those bytes in a memory file of its own instead, for a checkpoint engine
     that pickles them in its save and writes them later (refused before anything is copied where the host has not
     the memory for all of them). Afterwards the placeholders are back. Yields, for the masters shown from files (never
-    for copies), {master's data_ptr: where io/save_from_files.py takes its bytes}: the views of the parameter
-    partitions that hold them (a model trained in fp32 whose partitions the host tier keeps; not ``from_files``),
-    else its swap file (whose first bytes are the master's)."""
+    for copies), MasterSources {master's data_ptr: where io/save_from_files.py takes its bytes}: the views of the
+    parameter partitions that hold them (a model trained in fp32 whose partitions the host tier keeps; not
+    ``from_files``), else its swap file (whose first bytes are the master's). ``settled_by_the_writer`` (a save in two
+    passes that writes the masters, not ``from_files``): a master owed to its file and not in host memory is settled
+    as the ZeRO file's writer reaches it, which writes it from the copy the settle fills rather than read the file
+    back (the save's reads of the masters, halved)."""
     swapper = getattr(optimizer, "optimizer_swapper", None)
-    shown, lent, sources = [], [], {}
+    shown, lent, sources = [], [], MasterSources(swapper)
     try:
         if isinstance(swapper, TencacheOptimizerSwapper):
             # the files read below: what the partitions owe them first, written through O_DIRECT where aligned
-            # (not expected in the page cache: the ZeRO file's copy reads those through O_DIRECT too)
+            # (not expected in the page cache: the ZeRO file's copy reads those through O_DIRECT too), but those the
+            # ZeRO file's writer settles as it reaches them
             just_written = swapper.owed_master_groups()
-            swapper.settle_master_writes()
+            by_the_writer = frozenset(
+                group for group in just_written if swapper.master_in_host_memory(group) is None) \
+                if settled_by_the_writer and not from_files and not copies else frozenset()
+            swapper.settle_master_writes(but=by_the_writer)
             swapped = [(master, info) for master in optimizer.fp32_partitioned_groups_flat
                        for info in [swapper.swap_params_info.get(OptimizerSwapper.parameter_id(master))]
                        if info is not None and master.numel() == 0]  # (not swapped, or swapped in now: as it is)
@@ -118,8 +163,11 @@ def masters_shown(optimizer, from_files: bool = False, copies: bool = False):
                         in_memory = None if from_files else swapper.master_in_host_memory(info.param_id)
                         if in_memory is not None and sum(view.numel() for view in in_memory) != info.numel():
                             in_memory = None  # (never seen) this master from its file, not the whole file the usual way
-                        on_file = UncachedFile(path) if info.param_id in just_written else path
-                        sources[master.untyped_storage().data_ptr()] = on_file if in_memory is None else in_memory
+                        if info.param_id in by_the_writer:
+                            sources.settled_by_the_writer(master, path, info.param_id)
+                        else:
+                            on_file = UncachedFile(path) if info.param_id in just_written else path
+                            sources[master.untyped_storage().data_ptr()] = on_file if in_memory is None else in_memory
                 shown.append(master)
         yield sources
     finally:
@@ -258,7 +306,8 @@ def saving_masters(save_zero_checkpoint):
             swapper.files_folder, os.path.dirname(self._get_zero_ckpt_name(save_path, tag)))
         # (stock's run, tencache installed but not swapping this optimizer: its engine is given what stock gives it)
         copies = isinstance(swapper, TencacheOptimizerSwapper) and not serialises_during_save(self.checkpoint_engine)
-        with masters_shown(self.optimizer, from_files=sharing, copies=copies) as sources, \
+        with masters_shown(self.optimizer, from_files=sharing, copies=copies, settled_by_the_writer=two_pass) \
+                as sources, \
                 swapped_state_described(self.optimizer), \
                 (_handed_over_as_its_own(self.checkpoint_engine) if copies else contextlib.nullcontext()):
             if not two_pass:
@@ -305,6 +354,7 @@ def _saving_from_files(checkpoint_engine, sources, swapper):
         if done is None:
             logger.warning("the ZeRO file %s is written the usual way (masters not taken from the swap files): %s",
                            path, why)
+            sources.make_files_current()  # torch.save reads the mapped masters
             TorchCheckpointEngine.save(checkpoint_engine, state_dict, path)
         else:
             logger.info("ZeRO file %s: %d bytes shared with the swap files, %d copied from them, %d written from "

@@ -22,7 +22,9 @@ The rule that keeps every result stock's: nothing may read an owed master's file
 before its write is done. ``settle`` (start what is owed, then wait) runs first at each such place:
 - the optimizer swapper: every swap-in that reads the master's file (one whose partitions fill it takes the debt
   over instead; a read ahead of an owed master reads the partitions, never its file), the checkpoint save's reads
-  of the master files (checkpoint_save.py) and its and a load's flush, a purge, close;
+  of the master files (checkpoint_save.py; a ZeRO file saved in two passes settles a master whose partitions are
+  not all in host memory as its writer reaches it, and writes its copy from the memory the settle writes the file
+  from: ``settled_with``) and its and a load's flush, a purge, close;
 - the parameter swapper (``settle_owed_masters``): every call that writes a partition (zero.Init's writes, stage
   3's copy of a master, a hand-over to stage 3's buffer), an engine's destroy and close (its files and I/O go);
 - a partition changed in place: at ``GatheredParameters.__enter__`` (at one rank on a host accelerator the gathered
@@ -39,10 +41,11 @@ A master file linked into a checkpoint is replaced by an empty one of its size b
 every later settle raises it.
 """
 import concurrent.futures
+import contextlib
 import threading
 import weakref
 from concurrent.futures import Future
-from typing import Callable, Dict, Hashable, Iterable, List, Optional, Tuple
+from typing import Callable, Dict, Hashable, Iterable, Iterator, List, Optional, Tuple
 
 import torch
 
@@ -209,18 +212,45 @@ class MasterWriteBehind:
         with self._lock:
             return len(self._owed)
 
-    def settle(self, groups: Optional[Iterable[Hashable]] = None) -> None:
-        """Start what ``groups`` (None: every group) owe and wait for their writes; raises the first failed write's
-        error (the master file is then not current: nothing may read it, so the run stops, and so does every later
-        settle)."""
+    def settle(self, groups: Optional[Iterable[Hashable]] = None, but: Iterable[Hashable] = ()) -> None:
+        """Start what ``groups`` (None: every group) but those in ``but`` owe and wait for their writes; raises the
+        first failed write's error (the master file is then not current: nothing may read it, so the run stops, and
+        so does every later settle)."""
+        but = frozenset(but)
         with self._lock:
             if self._failed is not None:
                 raise self._failed
             for group in list(self._partitions) if groups is None else list(groups):
+                if group in but:
+                    continue
                 if group in self._owed:
                     self._start(group)
                 if group in self._writing:
                     self._wait(group)
+
+    @contextlib.contextmanager
+    def settled_with(self, group) -> Iterator[Optional[List[torch.Tensor]]]:
+        """Settle ``group`` as ``settle`` does, yielding the host memory its master file's writes take their bytes
+        from (the partitions' views, or the copy filled from them, one after the other the master's bytes), valid
+        inside only, while those writes are in flight; waited for on the way out. None where it owed nothing (its
+        file is current). A checkpoint's ZeRO file writes its copy of the master from them instead of reading the
+        file back (checkpoint_save.py): one fill of the master for both."""
+        with self._lock:
+            if self._failed is not None:
+                raise self._failed
+            if group in self._writing:
+                self._wait(group)
+            views = self._start(group) if group in self._owed else None
+        try:
+            yield views
+        except BaseException:
+            with self._lock, contextlib.suppress(Exception):  # (a failed write is kept: every later settle raises it)
+                if group in self._writing:
+                    self._wait(group)
+            raise
+        with self._lock:
+            if group in self._writing:
+                self._wait(group)
 
     def close(self) -> None:
         try:
@@ -232,9 +262,9 @@ class MasterWriteBehind:
                 with _LIVE_LOCK:
                     _LIVE.discard(self)
 
-    def _start(self, group) -> None:
-        """Issue ``group``'s writes. Any error leaves the master file stale for good (``_failed``), with the writes
-        already issued waited for by the next settle (which raises it)."""
+    def _start(self, group) -> List[torch.Tensor]:
+        """Issue ``group``'s writes; returns the memory they read. Any error leaves the master file stale for good
+        (``_failed``), with the writes already issued waited for by the next settle (which raises it)."""
         path = self._owed.pop(group)
         futures, offset = [], 0
         self._writing[group] = futures
@@ -253,6 +283,7 @@ class MasterWriteBehind:
             raise
         self.masters_written_behind += 1
         self.bytes_written_behind += offset
+        return views
 
     def _filled_copy(self, group, path: str) -> torch.Tensor:
         """The master's bytes in memory of their own (4 KiB-aligned: written with O_DIRECT), filled from the

@@ -9,9 +9,10 @@ read or replaced.
 Without stage 3 (an optimizer swapper made outside its initialisation) no partition holds a master: every method is
 then the no-op or the False it would be with nothing held.
 """
+import contextlib
 import functools
 from concurrent.futures import Future
-from typing import Callable, Hashable, Iterable, List, Mapping, Optional
+from typing import Callable, ContextManager, Hashable, Iterable, List, Mapping, Optional
 
 import torch
 
@@ -158,11 +159,16 @@ class MastersInPartitions:
         return self.copies.current(group, anywhere=True) and self.writes.owe(group, path)
 
     # ---------------------------------------------------------------- files read, replaced or rebuilt
-    def settle(self, groups: Optional[Iterable[Hashable]] = None) -> None:
-        """Write the masters ``groups`` (None: all) owe their files from the partitions, and wait: before those files
-        are read or replaced other than through a swap-in that fills them."""
+    def settle(self, groups: Optional[Iterable[Hashable]] = None, but: Iterable[Hashable] = ()) -> None:
+        """Write the masters ``groups`` (None: all) but those in ``but`` owe their files from the partitions, and
+        wait: before those files are read or replaced other than through a swap-in that fills them."""
         if self.writes is not None:
-            self.writes.settle(groups)
+            self.writes.settle(groups, but)
+
+    def settled_with(self, group) -> ContextManager[Optional[List[torch.Tensor]]]:
+        """``settle`` of ``group`` alone, yielding the memory its master file is written from (None: it owed nothing):
+        master_write_behind.py ``settled_with``."""
+        return self.writes.settled_with(group) if self.writes is not None else contextlib.nullcontext(None)
 
     def copied_to_partitions(self, sub_group_index: int, group, lent: bool) -> None:
         """Stage 3 has copied sub-group ``sub_group_index``'s master (``group``) into its partitions. While it is

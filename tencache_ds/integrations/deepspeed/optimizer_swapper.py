@@ -943,12 +943,19 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         """Raised at a save's start while a master is lent with its file's debt (masters_in_partitions.py)."""
         self.masters.check_none_lent_behind(self._lent)
 
-    def settle_master_writes(self, groups=None) -> None:
-        """Write the masters ``groups`` (None: all) owe their files from the partitions, and wait: before those files
-        are read or replaced other than through a swap-in that fills them (checkpoint_save.py reads them directly)."""
+    def settle_master_writes(self, groups=None, but=()) -> None:
+        """Write the masters ``groups`` (None: all) but those in ``but`` owe their files from the partitions, and
+        wait: before those files are read or replaced other than through a swap-in that fills them
+        (checkpoint_save.py reads them directly, but those the ZeRO file's writer settles: ``master_settled_with``)."""
         masters = getattr(self, "masters", None)  # (None until __init__ made it)
         if masters is not None:
-            masters.settle(groups)
+            masters.settle(groups, but)
+
+    def master_settled_with(self, group):
+        """A context manager: ``settle_master_writes`` of ``group`` alone, yielding the host memory its master file's
+        bytes are written from, valid inside only (None where it owed nothing: its file is current). A checkpoint's
+        ZeRO file writes the master from there (checkpoint_save.py)."""
+        return self.masters.settled_with(group)
 
     def owed_master_groups(self) -> frozenset:
         """The sub-groups whose master files are behind their partitions now (``settle_master_writes`` writes
@@ -1023,6 +1030,8 @@ class CheckpointTotals:
     # engine, which reads buffered where the file system has no O_DIRECT
     zero_file_copied_uncached_bytes: int = 0
     zero_file_written_bytes: int = 0
+    # ... of them, masters written from the copy their settle filled for their swap files (FilledWhenWritten)
+    zero_file_written_with_master_settle_bytes: int = 0
     zero_files_saved_usual_way: int = 0
 
     def add_folder(self, transfer) -> None:
@@ -1041,6 +1050,7 @@ class CheckpointTotals:
         self.zero_file_copied_bytes += done.copied_bytes
         self.zero_file_copied_uncached_bytes += done.copied_uncached_bytes
         self.zero_file_written_bytes += done.written_bytes
+        self.zero_file_written_with_master_settle_bytes += done.filled_when_written_bytes
 
 
 class _PoolView:
