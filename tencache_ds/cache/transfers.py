@@ -133,6 +133,8 @@ class Transfers:
                                    fill: Callable[[torch.Tensor], Optional[Sequence[Future]]]) -> bool:
         """``start_copied_read`` into the caller's ``into`` (its first ``numel`` elements); the entry stays as it
         is. False, and nothing started, where ``fill`` finds no copy."""
+        if into.dtype != self.dtype:  # (as a read of the file refuses it: _read_past_prefix)
+            raise ValueError(f"{entry.key}: its {self.dtype} elements cannot be read into {into.dtype} ones")
         reads = fill(into.narrow(0, 0, entry.numel))
         if reads is None:
             return False

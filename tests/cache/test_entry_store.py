@@ -217,6 +217,8 @@ def test_reads_of_an_entry_whose_file_is_behind_a_copy_take_the_copy_ahead_of_a_
     store.start_read("m", into=mine)
     assert torch.all(store.wait_read("m") == 8.0) and torch.all(mine[:NUMEL] == 8.0) and store.counters.copied == 4
     assert store.state("m") == EntryState.ON_FILE and store.counters.misses == misses
+    with pytest.raises(ValueError, match="float64"):  # refused as a read of the file refuses it
+        store.start_read("m", into=torch.zeros(store.swap_nbytes(NUMEL) // 4, dtype=torch.float64))
     del newer["m"]  # the file is current again (a settle wrote it: here, it never was)
     assert torch.all(store.lend("m") == 3.0)
     store.release("m")

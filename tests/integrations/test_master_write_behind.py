@@ -332,18 +332,34 @@ def test_a_fill_done_is_forgotten_and_one_still_reading_is_not_replaced_by_the_n
     writes.close()
 
 
-def test_a_writer_with_a_master_file_behind_for_good_stops_every_change_of_a_partition_though_it_owes_nothing():
+def test_a_writer_with_a_master_file_behind_for_good_stops_a_close_though_it_owes_nothing_and_others_still_settle(
+        monkeypatch):
     """The master whose partitions changed before its file was written is no debt the writer keeps (its group was
-    taken over, then lost), but its file is stale: every settle raises, settle_owed_masters's before a partition's
-    change too (before the fills done were forgotten, a done fill kept such a writer asked; without one it was
-    skipped)."""
-    writes = writer(Partitions({"g": ([1], [torch.ones(2)])}), HeldWrites().write)
-    writes.stale_for_good(RuntimeError("behind for good"))
-    assert not writes.owes_any and not writes.filling_any
+    taken over, then lost), but its file is stale: a settle of every partition (a close, an engine's destroy) raises
+    it (before the fills done were forgotten, a done fill kept such a writer asked; without one it was skipped). A
+    change of some partitions does not (it cannot tell them from its own; another model's zero.Init must go on).
+    Another optimizer's masters are settled all the same, whichever writer comes first (before, the first error
+    stopped the loop: measured 9 of 20 runs leaving the other's master owed)."""
+    from tencache_ds.integrations.deepspeed import master_write_behind
+    stale = writer(Partitions({"g": ([1], [torch.ones(2)])}), HeldWrites().write)
+    stale.stale_for_good(RuntimeError("behind for good"))
+    engine = HeldWrites()
+    engine.gate.set()
+    other = writer(Partitions({"h": ([2], [torch.ones(2)])}), engine.write)
+    other.owe("h", "h.swp")
+    assert not stale.owes_any and not stale.filling_any
+    settle_owed_masters([1])  # a change of some partitions: not stopped
+
+    class InOrder(list):  # _LIVE's set, in an order of the test's
+        def discard(self, item):
+            if item in self:
+                self.remove(item)
+    monkeypatch.setattr(master_write_behind, "_LIVE", InOrder([stale, other]))  # the stale one first
     with pytest.raises(RuntimeError, match="behind for good"):
-        settle_owed_masters([1])
+        settle_owed_masters()
+    assert not other.owes_any and len(engine.issued) == 1
     with pytest.raises(RuntimeError, match="behind for good"):
-        writes.close()
+        stale.close()
 
 
 def test_a_master_settled_with_its_memory_shown_is_written_once_from_the_copy_it_shows(tmp_path, io):

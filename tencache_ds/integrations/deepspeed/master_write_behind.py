@@ -59,15 +59,27 @@ _LIVE_LOCK = threading.Lock()
 def settle_owed_masters(partition_ids: Optional[Iterable[Hashable]] = None) -> None:
     """Write what every live optimizer owes the master files made of the partitions ``partition_ids`` (their
     ``ds_id``; None: of any partition) and wait, and wait for the reads of those partitions' files that fill a
-    master (``filling``), before a partition changes (see the module's rule). Cheap when nothing is owed or read."""
+    master (``filling``), before a partition changes (see the module's rule). Cheap when nothing is owed or read.
+    Every writer is settled, and its fills waited for, before the first error is raised (one optimizer's stale file
+    must not leave another's masters unwritten); a writer whose master file is behind for good (``stale``) raises
+    here only for every partition (None: a close, an engine's destroy), not for a change of some partitions, which
+    it cannot tell apart from its own (its debt is gone with the master it lost)."""
     with _LIVE_LOCK:
-        writers = [writer for writer in _LIVE if writer.owes_any or writer.filling_any or writer.stale]
+        live = list(_LIVE)
+    # (asked outside _LIVE_LOCK: a writer's lock may be held across a settle's reads and writes)
+    writers = [writer for writer in live
+               if writer.owes_any or writer.filling_any or (partition_ids is None and writer.stale)]
     ids = None if partition_ids is None else set(partition_ids)
+    first_error = None
     for writer in writers:
         try:
             writer.settle(writer.groups_of(ids))
+        except Exception as err:  # noqa: BLE001  (raised once every writer is settled)
+            first_error = first_error or err
         finally:  # a failed settle too: no partition changes under a fill still reading it
             writer.wait_fills(ids)
+    if first_error is not None:
+        raise first_error
 
 
 class MasterWriteBehind:
@@ -213,9 +225,10 @@ class MasterWriteBehind:
             return len(self._owed)
 
     def settle(self, groups: Optional[Iterable[Hashable]] = None, but: Iterable[Hashable] = ()) -> None:
-        """Start what ``groups`` (None: every group) but those in ``but`` owe and wait for their writes; raises the
-        first failed write's error (the master file is then not current: nothing may read it, so the run stops, and
-        so does every later settle)."""
+        """Start what ``groups`` (None: every group) owe and wait for their writes; raises the first failed write's
+        error (the master file is then not current: nothing may read it, so the run stops, and so does every later
+        settle). The groups in ``but`` are left as they are, a write in flight included (``settled_with`` settles
+        them)."""
         but = frozenset(but)
         with self._lock:
             if self._failed is not None:
@@ -234,7 +247,9 @@ class MasterWriteBehind:
         from (the partitions' views, or the copy filled from them, one after the other the master's bytes), valid
         inside only, while those writes are in flight; waited for on the way out. None where it owed nothing (its
         file is current). A checkpoint's ZeRO file writes its copy of the master from them instead of reading the
-        file back (checkpoint_save.py): one fill of the master for both."""
+        file back (checkpoint_save.py): one fill of the master for both. Where they are the partitions' own views,
+        nothing may change a partition inside (a settle on another thread would find the writes waited for): the
+        caller is the save, on the thread that changes partitions."""
         with self._lock:
             if self._failed is not None:
                 raise self._failed
