@@ -152,12 +152,12 @@ def test_a_resume_from_a_save_right_after_masters_were_written_behind_gives_the_
 def test_masters_whose_partitions_stream_are_read_from_the_partitions_files_never_written_and_resume_exactly(
         train, tmp_path):
     """No host tier (and no device tier, which at one rank here keeps the partitions themselves): the partitions
-    stream, each written to its own file after its update. Those files then hold the new masters, so an update's master goes back unwritten, owed, and the
-    next update reads it from the partitions' files (master_write_behind.py, master_copies.py): stock's bits, with
-    no master written in a step. A save before step 3 writes the owed masters from those files (landing a second
-    apart: SLOW_MASTER_WRITES), its ZeRO file from the same copies, and the resume gives the uninterrupted run's
-    bits. (Before,
-    every master was written in its update where any partition streamed: 0 owed, nothing read from partitions.)"""
+    stream, each written to its own file after its update. Those files then hold the new masters, so an update's
+    master goes back unwritten, owed, and the next update reads it from the partitions' files (master_write_behind.py,
+    master_copies.py): stock's bits, with no master written in a step. A save before step 3 writes the owed masters
+    from those files (landing a second apart: SLOW_MASTER_WRITES), its ZeRO file from the same copies, and the resume
+    gives the uninterrupted run's bits. (Before, every master was written in its update where any partition
+    streamed: 0 owed, nothing read from partitions.)"""
     folder = str(tmp_path / "ckpt")
     options = dict(OPTIONS, steps=5)
     streamed = {"host_cache_bytes": 0, "device_cache_bytes": 0}
