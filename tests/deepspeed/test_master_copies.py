@@ -188,19 +188,43 @@ def test_masters_whose_partitions_stream_are_read_from_the_partitions_files_neve
     assert resumed.result["weights_sha256"] == uninterrupted.result["weights_sha256"]
 
 
-def assert_zero_file_masters_are_the_master_files(checkpoint_dir):
-    """Every master swap file in the checkpoint (``<ds_id>.tensor.swp``) holds one of the ZeRO file's fp32 groups in
-    its first bytes, bit for bit (the files are what the resume reads; the ZeRO file, what zero_to_fp32 reads)."""
-    zero_files = glob.glob(os.path.join(checkpoint_dir, "*", "zero_pp_rank_0_*optim_states.pt"))
+def assert_zero_file_masters_are_the_master_files(checkpoint_dir, rank: int = 0):
+    """Every master swap file of ``rank`` in the checkpoint (``<ds_id>.tensor.swp``) holds one of its ZeRO file's
+    fp32 groups in its first bytes, bit for bit (the files are what the resume reads; the ZeRO file, what zero_to_fp32
+    reads)."""
+    zero_files = glob.glob(os.path.join(checkpoint_dir, "*", f"zero_pp_rank_{rank}_*optim_states.pt"))
     assert len(zero_files) == 1, zero_files
     groups = torch.load(zero_files[0], weights_only=False)["optimizer_state_dict"]["fp32_flat_groups"]
     by_size = {}
     for group in groups:
         by_size.setdefault(group.numel() * 4, set()).add(hashlib.sha256(group.detach().numpy().tobytes()).hexdigest())
-    master_files = [path for path in glob.glob(os.path.join(checkpoint_dir, "**", "*.tensor.swp"), recursive=True)
+    master_files = [path for path in glob.glob(os.path.join(checkpoint_dir, "**", f"rank{rank:02d}", "*.tensor.swp"),
+                                               recursive=True)
                     if re.fullmatch(r"\d+_\d+\.tensor\.swp", os.path.basename(path))]
     assert master_files
     for path in master_files:
         with open(path, "rb") as handle:
             data = handle.read()
         assert any(hashlib.sha256(data[:size]).hexdigest() in hashes for size, hashes in by_size.items()), path
+
+
+def test_at_two_ranks_each_rank_writes_its_streaming_masters_to_both_files_from_one_fill_and_resumes_exactly(
+        train, tmp_path):
+    """The save's masters settled by the ZeRO file's writer (checkpoint_save.MasterSources) at two ranks, ranks
+    forked as the launcher starts them: each rank writes its own owed masters into its swap files and its ZeRO file
+    from the copies its settles fill (no master copied back from a file), the checkpoint's master files equal its
+    ZeRO file's, and the resume gives the uninterrupted run's bits on both ranks' weights."""
+    folder = str(tmp_path / "ckpt")
+    streamed = {"host_cache_bytes": 0, "device_cache_bytes": 0}
+    options = dict(OPTIONS, steps=5, launcher="ranks", num_ranks=2)
+    uninterrupted = train(block=streamed, save_after=3, checkpoint_dir=folder, **options)
+    at_save = uninterrupted.result["steps"][3]["stats"]
+    if save_from_files.supported():
+        assert at_save["optimizer_checkpoint_zero_file_written_with_master_settle_bytes"] > 0, at_save
+        assert at_save["optimizer_checkpoint_zero_file_copied_bytes"] == 0, at_save
+    for rank in range(2):
+        assert_zero_file_masters_are_the_master_files(folder, rank)
+    resumed = train(block=streamed, **dict(options, steps=2), resume=True, checkpoint_dir=folder)
+    assert [step["step"] for step in resumed.result["steps"]] == [3, 4]
+    assert resumed.loss_bits == uninterrupted.loss_bits[3:]
+    assert resumed.result["weights_sha256"] == uninterrupted.result["weights_sha256"]
