@@ -51,6 +51,7 @@ import torch
 
 from ...io.direct_io import aligned_buffer
 from ...io.shared_files import make_own_file
+from ...log import logger
 
 _LIVE = weakref.WeakSet()  # every MasterWriteBehind not closed: the parameter swapper settles them all
 _LIVE_LOCK = threading.Lock()
@@ -75,6 +76,9 @@ def settle_owed_masters(partition_ids: Optional[Iterable[Hashable]] = None) -> N
         try:
             writer.settle(writer.groups_of(ids))
         except Exception as err:  # noqa: BLE001  (raised once every writer is settled)
+            if first_error is not None:  # (logged, not lost: the first is raised)
+                logger.warning("tencache: another optimizer's owed masters also failed to settle: %s: %s",
+                               type(err).__name__, err)
             first_error = first_error or err
         finally:  # a failed settle too: no partition changes under a fill still reading it
             writer.wait_fills(ids)
