@@ -3,6 +3,7 @@ master_write_behind.py): what is owed goes to the right offsets of the master's 
 settle waits only for the masters made of the partitions named, a failed write stops every later settle, a swap-in
 that fills a master from its partitions takes its debt over, and a master owed again waits for its last write first.
 Real files through the real I/O engine; partitions are plain tensors."""
+import logging
 import threading
 from concurrent.futures import Future
 
@@ -358,6 +359,17 @@ def test_a_writer_with_a_master_file_behind_for_good_stops_a_close_though_it_owe
     with pytest.raises(RuntimeError, match="behind for good"):
         settle_owed_masters()
     assert not other.owes_any and len(engine.issued) == 1
+    other.stale_for_good(OSError("another file behind"))  # a second error is logged, not lost
+    records = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = records.append
+    logging.getLogger("tencache_ds").addHandler(handler)  # the package logger does not propagate (log.py)
+    try:
+        with pytest.raises(RuntimeError, match="behind for good"):
+            settle_owed_masters()
+    finally:
+        logging.getLogger("tencache_ds").removeHandler(handler)
+    assert any("OSError: another file behind" in record.getMessage() for record in records), records
     with pytest.raises(RuntimeError, match="behind for good"):
         stale.close()
 
