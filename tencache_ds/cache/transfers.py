@@ -125,7 +125,11 @@ class Transfers:
     def start_external_read(self, entry: Entry, into: torch.Tensor, access: Optional[int]) -> None:
         """Read ``entry``'s file into the caller's ``into``; the entry stays as it is."""
         timer = self._read_timer(entry, access)
-        entry.external_read = self._read_past_prefix(entry, into, self._aligned_numel(entry.numel))
+        try:
+            entry.external_read = self._read_past_prefix(entry, into, self._aligned_numel(entry.numel))
+        except BaseException:  # refused before it started: no read, so no use pending for one
+            entry.pending_use = None
+            raise
         entry.external_read.target = into
         entry.external_read.add_done_callback(timer)
 

@@ -1113,3 +1113,20 @@ def test_a_read_ahead_takes_the_buffer_of_the_entry_needed_farthest_only_if_afte
     store.release("b")
     store.close()
     slow.close()
+
+
+def test_a_read_ahead_into_the_callers_buffer_refused_as_it_starts_leaves_no_use_pending(tmp_path, io):
+    """A read ahead into a buffer of another dtype is refused (ValueError) before it starts: the entry keeps no
+    pending use (before, the timer's pending use stayed with nothing read for it, against the entry's invariants,
+    and a later wait would have recorded a use that never came)."""
+    store = make(tmp_path, io, budget_bytes=10 * NBYTES)
+    put(store, tmp_path, "a", 3.0)
+    store.flush()
+    store.trim_kept(0)  # on file only
+    position = store.recorder.position
+    with pytest.raises(ValueError, match="float64"):
+        store.start_read("a", into=torch.zeros(store.swap_nbytes(NUMEL) // 4, dtype=torch.float64), prefetch=True)
+    store.check_invariants()
+    assert torch.all(store.lend("a") == 3.0) and store.recorder.position == position + 1
+    store.release("a")
+    store.close()
