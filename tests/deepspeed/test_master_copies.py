@@ -213,11 +213,17 @@ def test_at_two_ranks_each_rank_writes_its_streaming_masters_to_both_files_from_
     """The save's masters settled by the ZeRO file's writer (checkpoint_save.MasterSources) at two ranks, ranks
     forked as the launcher starts them: each rank writes its own owed masters into its swap files and its ZeRO file
     from the copies its settles fill (no master copied back from a file), the checkpoint's master files equal its
-    ZeRO file's, and the resume gives the uninterrupted run's bits on both ranks' weights."""
-    folder = str(tmp_path / "ckpt")
+    ZeRO file's, the run and its checkpoint consolidated with zero_to_fp32 equal stock's with both offloads on CPU
+    at 2 ranks bit for bit (stock NVMe crashes there with parameters on NVMe; a process that never imported
+    tencache_ds), and the resume gives the uninterrupted run's bits on both ranks' weights."""
+    folder, stock_folder = str(tmp_path / "ckpt"), str(tmp_path / "ckpt-stock-cpu")
     streamed = {"host_cache_bytes": 0, "device_cache_bytes": 0}
     options = dict(OPTIONS, steps=5, launcher="ranks", num_ranks=2)
+    stock = train(block=None, save_after=3, checkpoint_dir=stock_folder, offload_device="cpu", **options)
     uninterrupted = train(block=streamed, save_after=3, checkpoint_dir=folder, **options)
+    assert uninterrupted.loss_bits == stock.loss_bits
+    assert uninterrupted.result["weights_sha256"] == stock.result["weights_sha256"] is not None
+    assert_bit_for_bit(consolidate(folder), consolidate(stock_folder), "2 ranks, masters settled by the writer")
     at_save = uninterrupted.result["steps"][3]["stats"]
     if save_from_files.supported():
         assert at_save["optimizer_checkpoint_zero_file_written_with_master_settle_bytes"] > 0, at_save
