@@ -5,11 +5,13 @@ that fills a master from its partitions takes its debt over, and a master owed a
 Real files through the real I/O engine; partitions are plain tensors."""
 import logging
 import threading
+import time
 from concurrent.futures import Future
 
 import pytest
 import torch
 
+from tencache_ds.integrations.deepspeed import master_write_behind
 from tencache_ds.integrations.deepspeed.master_write_behind import MasterWriteBehind, settle_owed_masters
 from tencache_ds.io.direct_io import DirectFileIO
 
@@ -24,6 +26,8 @@ class Partitions:
         self.io = io
         self.on_file = {}  # group -> the file holding its tensors one after the other
         self.gone = set()
+        self.fills = []  # the groups filled, in order
+        self.reading = {}  # group -> the read its fill returns instead of reading its file (held until set)
 
     def views(self, group):
         if group in self.gone or group in self.on_file or group not in self.groups:
@@ -40,6 +44,9 @@ class Partitions:
     def fill(self, group, into):
         if group in self.gone:
             return None
+        self.fills.append(group)
+        if group in self.reading:
+            return [self.reading[group]]
         if group in self.on_file:
             return [self.io.read(into, self.on_file[group])]
         into.copy_(torch.cat(self.groups[group][1]))
@@ -419,3 +426,127 @@ def test_a_master_settled_with_an_error_inside_still_has_its_writes_waited_for()
     thread.join(timeout=5)
     assert not thread.is_alive() and outcome and not writes.owes_any
     writes.close()
+
+
+def until(condition, seconds=5.0):
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return condition()
+
+
+def streaming(tmp_path, io, names):
+    """Partitions of ``names`` on their files (a model whose partitions stream), each group's master owed."""
+    groups = {name: ([index], [torch.arange(1024, dtype=torch.float32) + 1000 * index])
+              for index, name in enumerate(names)}
+    partitions = Partitions(groups, io)
+    for name in names:
+        partitions.to_file(name, str(tmp_path / f"partitions-{name}.swp"))
+    return partitions, {name: groups[name][1][0] for name in names}
+
+
+@pytest.fixture
+def allocations(monkeypatch):
+    """The sizes of the copies' memory a writer allocates fresh."""
+    made, real = [], master_write_behind.aligned_buffer
+    monkeypatch.setattr(master_write_behind, "aligned_buffer", lambda nbytes: made.append(nbytes) or real(nbytes))
+    return made
+
+
+def test_a_settle_of_masters_on_file_fills_each_while_the_last_ones_writes_run_in_two_copies(tmp_path, io,
+                                                                                            allocations):
+    """A settle of several masters whose partitions stream (an engine's end, a save the usual way): each master's
+    fill from its partitions' files starts while the one before it is written, not after, and the copies' memory is
+    used again: two copies for any number of masters (fresh memory costs a page fault a page). The files get the
+    partitions' bytes."""
+    partitions, expected = streaming(tmp_path, io, "abcd")
+    engine = HeldWrites()
+    writes = writer(partitions, engine.write)
+    for name in "abcd":
+        writes.owe(name, str(tmp_path / f"{name}.swp"))
+    settle = threading.Thread(target=writes.settle, daemon=True)
+    settle.start()
+    try:
+        assert until(lambda: partitions.fills == ["a", "b"])  # b's fill while a's write is held
+        time.sleep(0.1)
+        assert partitions.fills == ["a", "b"] and len(engine.issued) == 1 and settle.is_alive()
+    finally:  # (a failed check leaves no write held: the writer's close waits for them)
+        engine.gate.set()
+    settle.join(timeout=10)
+    assert not settle.is_alive() and partitions.fills == list("abcd") and not writes.owes_any
+    assert len(allocations) == 2
+    # with the real engine: each file holds its own master's bytes
+    partitions.fills.clear()
+    real = writer(partitions, io.write)
+    for name in "abcd":
+        real.owe(name, str(tmp_path / f"{name}.swp"))
+    real.settle()
+    for name in "abcd":
+        assert torch.equal(torch.from_file(str(tmp_path / f"{name}.swp"), size=1024, dtype=torch.float32),
+                           expected[name])
+
+
+def test_a_master_settled_with_the_next_named_starts_that_fill_inside_and_the_next_settle_takes_it(tmp_path, io,
+                                                                                                   allocations):
+    """A checkpoint's ZeRO file names the master it writes next (``then``): that master's fill starts while this
+    one's writes run, and its own settled_with shows that copy without filling again; the last one names none, and
+    nothing is filled ahead after it."""
+    partitions, expected = streaming(tmp_path, io, "ghk")
+    writes = writer(partitions, io.write)
+    for name in "ghk":
+        writes.owe(name, str(tmp_path / f"{name}.swp"))
+    for name, then in (("g", "h"), ("h", "k"), ("k", None)):
+        with writes.settled_with(name, then=then) as shown:
+            assert partitions.fills == list("ghk"[:"ghk".index(name) + (2 if then else 1)])
+            assert len(shown) == 1 and torch.equal(shown[0], expected[name])
+    assert partitions.fills == list("ghk") and not writes.owes_any and len(allocations) == 2
+    for name in "ghk":
+        assert torch.equal(torch.from_file(str(tmp_path / f"{name}.swp"), size=1024, dtype=torch.float32),
+                           expected[name])
+
+
+def test_a_fill_ahead_no_settle_took_is_waited_for_by_a_change_and_by_the_swap_in_that_takes_its_debt(tmp_path):
+    """A save that stopped after naming the next master (its fill still reading): a change to one of that master's
+    partitions waits for the read first, and writes the master from it; the next update's swap-in of a master whose
+    fill ahead is still reading takes the debt over only once the read is done (nothing lands in freed memory)."""
+    partitions = Partitions({"g": ([1], [torch.ones(4)]), "h": ([2], [torch.ones(4)]), "k": ([3], [torch.ones(4)])})
+    for name in "hk":
+        partitions.on_file[name] = f"{name}.swp"  # not in host memory: filled from a read (held below)
+        partitions.reading[name] = Future()
+    engine = HeldWrites()
+    engine.gate.set()  # writes complete at once
+    writes = writer(partitions, engine.write)
+    try:
+        held_fill_ahead(writes, partitions)
+    finally:  # (a failed check leaves no read held: the writer's close waits for them)
+        for read in partitions.reading.values():
+            if not read.done():
+                read.set_result(None)
+
+
+def held_fill_ahead(writes, partitions):
+    for name in "ghk":
+        writes.owe(name, f"{name}.swp")
+    with pytest.raises(OSError):
+        with writes.settled_with("g", then="h"):  # g's partitions in host memory: written from them, no fill
+            raise OSError("the ZeRO file's write failed")
+    assert partitions.fills == ["h"] and writes.filling_any
+    edit = threading.Thread(target=settle_owed_masters, args=([2],), daemon=True)
+    edit.start()
+    edit.join(timeout=0.3)
+    assert edit.is_alive()  # h's partition is not changed under its fill
+    partitions.reading["h"].set_result(None)
+    edit.join(timeout=5)
+    assert not edit.is_alive() and not writes.owes("h") and partitions.fills == ["h"]  # written from that fill
+    # k filled ahead by a settle of g named next, then taken over by a swap-in while its read is in flight
+    writes.owe("g", "g.swp")
+    with writes.settled_with("g", then="k"):
+        pass
+    taken = []
+    swap_in = threading.Thread(target=lambda: taken.append(writes.take_over("k")), daemon=True)
+    swap_in.start()
+    swap_in.join(timeout=0.3)
+    assert swap_in.is_alive()
+    partitions.reading["k"].set_result(None)
+    swap_in.join(timeout=5)
+    assert taken == [True] and not writes.owes_any and not writes.filling_any

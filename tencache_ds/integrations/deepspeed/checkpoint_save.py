@@ -82,31 +82,37 @@ class MasterSources(dict):
     def __init__(self, swapper=None):
         super().__init__()
         self._swapper = swapper
-        self._settled_by_the_writer = []  # (master, swap file)
+        self._settled_by_the_writer = []  # (master, swap file, group), in the order the masters are shown
 
     def settled_by_the_writer(self, master, path: str, group) -> None:
         """``master``'s file (``path``) is settled by the ZeRO file's writer from the copy the settle fills (one
         fill for both: no read of the file just written)."""
-        self._settled_by_the_writer.append((master, path))
+        self._settled_by_the_writer.append((master, path, group))
         self[master.untyped_storage().data_ptr()] = FilledWhenWritten(
-            functools.partial(_settled_master, self._swapper, group, path, master.numel()))
+            functools.partial(self._settled_master, group, path, master.numel()))
+
+    def settled_after(self, group):
+        """The group the writer is expected to settle after ``group`` (the ZeRO file holds the masters in the order
+        they are shown: stage 3's sub-groups), or None: its fill starts while ``group``'s writes run."""
+        groups = [each for _master, _path, each in self._settled_by_the_writer]
+        index = groups.index(group) if group in groups else len(groups)
+        return groups[index + 1] if index + 1 < len(groups) else None
+
+    @contextlib.contextmanager
+    def _settled_master(self, group, path: str, numel: int):
+        """The bytes of sub-group ``group``'s master, for the ZeRO file: the memory its settle writes its file from,
+        or where it was settled since (its file current), the file mapped."""
+        with self._swapper.master_settled_with(group, then=self.settled_after(group)) as written_from:
+            yield written_from if written_from is not None else \
+                [torch.from_file(path, shared=False, size=numel, dtype=self._swapper.dtype)]
 
     def make_files_current(self) -> None:
         """Before ``torch.save`` reads the masters shown mapped (a save the usual way): the files the writer would
         have settled are settled now, and mapped again (a settle may replace a file linked into a checkpoint)."""
         if self._settled_by_the_writer:
             self._swapper.settle_master_writes()
-            for master, path in self._settled_by_the_writer:
+            for master, path, _group in self._settled_by_the_writer:
                 master.data = torch.from_file(path, shared=False, size=master.numel(), dtype=self._swapper.dtype)
-
-
-@contextlib.contextmanager
-def _settled_master(swapper, group, path: str, numel: int):
-    """The bytes of sub-group ``group``'s master, for the ZeRO file: the memory its settle writes its file from, or
-    where it was settled since (its file current), the file mapped."""
-    with swapper.master_settled_with(group) as written_from:
-        yield written_from if written_from is not None else \
-            [torch.from_file(path, shared=False, size=numel, dtype=swapper.dtype)]
 
 
 @contextlib.contextmanager

@@ -165,10 +165,10 @@ class MastersInPartitions:
         if self.writes is not None:
             self.writes.settle(groups, but)
 
-    def settled_with(self, group) -> ContextManager[Optional[List[torch.Tensor]]]:
-        """``settle`` of ``group`` alone, yielding the memory its master file is written from (None: it owed nothing):
-        master_write_behind.py ``settled_with``."""
-        return self.writes.settled_with(group) if self.writes is not None else contextlib.nullcontext(None)
+    def settled_with(self, group, then=None) -> ContextManager[Optional[List[torch.Tensor]]]:
+        """``settle`` of ``group`` alone, yielding the memory its master file is written from (None: it owed nothing),
+        the fill of ``then``'s (settled next) started meanwhile: master_write_behind.py ``settled_with``."""
+        return self.writes.settled_with(group, then) if self.writes is not None else contextlib.nullcontext(None)
 
     def copied_to_partitions(self, sub_group_index: int, group, lent: bool) -> None:
         """Stage 3 has copied sub-group ``sub_group_index``'s master (``group``) into its partitions. While it is

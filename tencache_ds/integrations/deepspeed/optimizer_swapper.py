@@ -951,11 +951,12 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         if masters is not None:
             masters.settle(groups, but)
 
-    def master_settled_with(self, group):
+    def master_settled_with(self, group, then=None):
         """A context manager: ``settle_master_writes`` of ``group`` alone, yielding the host memory its master file's
         bytes are written from, valid inside only (None where it owed nothing: its file is current). A checkpoint's
-        ZeRO file writes the master from there (checkpoint_save.py)."""
-        return self.masters.settled_with(group)
+        ZeRO file writes the master from there (checkpoint_save.py), and names the one it writes next (``then``),
+        whose fill from its partitions starts meanwhile."""
+        return self.masters.settled_with(group, then)
 
     def owed_master_groups(self) -> frozenset:
         """The sub-groups whose master files are behind their partitions now (``settle_master_writes`` writes
