@@ -86,8 +86,8 @@ class FilledWhenWritten:
     """A source of host memory made only when its storage's turn comes: ``make()`` returns a context manager that
     yields the tensors whose bytes, one after the other, are the storage's, valid inside it. A master that its save
     writes to its swap file from a copy it fills: the ZeRO file's bytes are written from that copy while those writes
-    are in flight, instead of read back from the file (integrations/deepspeed/checkpoint_save.py), and one copy at a
-    time is in memory."""
+    are in flight, instead of read back from the file (integrations/deepspeed/checkpoint_save.py), and two copies at
+    most are in memory (the next master's fill runs while this one is written)."""
 
     def __init__(self, make: Callable[[], ContextManager[Sequence[torch.Tensor]]]):
         self.make = make

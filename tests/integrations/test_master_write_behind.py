@@ -475,6 +475,7 @@ def test_a_settle_of_masters_on_file_fills_each_while_the_last_ones_writes_run_i
     settle.join(timeout=10)
     assert not settle.is_alive() and partitions.fills == list("abcd") and not writes.owes_any
     assert len(allocations) == 2
+    assert writes._spare is None and not writes._prefilled  # nothing held once the settle is done
     # with the real engine: each file holds its own master's bytes
     partitions.fills.clear()
     real = writer(partitions, io.write)
@@ -500,6 +501,7 @@ def test_a_master_settled_with_the_next_named_starts_that_fill_inside_and_the_ne
             assert partitions.fills == list("ghk"[:"ghk".index(name) + (2 if then else 1)])
             assert len(shown) == 1 and torch.equal(shown[0], expected[name])
     assert partitions.fills == list("ghk") and not writes.owes_any and len(allocations) == 2
+    assert writes._spare is None and not writes._prefilled  # the last named none: nothing held after it
     for name in "ghk":
         assert torch.equal(torch.from_file(str(tmp_path / f"{name}.swp"), size=1024, dtype=torch.float32),
                            expected[name])
@@ -550,3 +552,41 @@ def held_fill_ahead(writes, partitions):
     partitions.reading["k"].set_result(None)
     swap_in.join(timeout=5)
     assert taken == [True] and not writes.owes_any and not writes.filling_any
+    assert writes._spare is None and not writes._prefilled  # the stopped save's memory went with the swap-in
+
+
+def test_a_copy_shown_to_the_zero_files_writer_is_not_filled_again_by_a_settle_on_another_thread(tmp_path, io):
+    """While settled_with shows a master's copy (the ZeRO file's writer reads it), a settle of every master on
+    another thread waits for that master's writes and settles the others, filling them ahead in turn: never into
+    the copy shown, whose bytes stay the master's until the caller is done."""
+    partitions, expected = streaming(tmp_path, io, "ghk")
+    writes = writer(partitions, io.write)
+    for name in "ghk":
+        writes.owe(name, str(tmp_path / f"{name}.swp"))
+    with writes.settled_with("g") as shown:
+        other = threading.Thread(target=settle_owed_masters, daemon=True)
+        other.start()
+        other.join(timeout=10)
+        assert not other.is_alive() and not writes.owes_any and partitions.fills == list("ghk")
+        assert torch.equal(shown[0], expected["g"])
+    for name in "ghk":
+        assert torch.equal(torch.from_file(str(tmp_path / f"{name}.swp"), size=1024, dtype=torch.float32),
+                           expected[name])
+
+
+def test_a_failed_write_lets_go_of_the_fill_ahead_and_the_spare_copy(tmp_path, io):
+    """A master file's write that fails (its file stale for good: every later settle raises) leaves no copy
+    referenced: neither the next master's fill ahead nor the copy its writes were done with."""
+    partitions, _expected = streaming(tmp_path, io, "gh")
+    engine = HeldWrites()
+    engine.error = OSError("no space left on device")
+    engine.gate.set()
+    writes = writer(partitions, engine.write)
+    for name in "gh":
+        writes.owe(name, str(tmp_path / f"{name}.swp"))
+    with pytest.raises(OSError, match="no space"):
+        with writes.settled_with("g", then="h"):
+            pass
+    assert writes._spare is None and not writes._prefilled and not writes.filling_any
+    with pytest.raises(OSError, match="no space"):
+        writes.settle()

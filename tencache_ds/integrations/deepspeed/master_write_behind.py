@@ -127,6 +127,9 @@ class MasterWriteBehind:
         # a settled copy's memory, for the next fill of the same settle (fresh memory costs a page fault a page):
         # kept within one settle, or from one ``settled_with`` to the next it names
         self._spare: Optional[torch.Tensor] = None
+        # groups whose copy ``settled_with`` shows its caller now: a settle on another thread that waits for their
+        # writes must not use that memory again under the caller's reads
+        self._shown: set = set()
         self.masters_written_behind = 0  # COUNT: masters written from the partitions (at a settle)
         self.bytes_written_behind = 0    # SUM: their bytes
         self._failed: Optional[BaseException] = None  # a write that failed: its file is stale for good
@@ -207,6 +210,7 @@ class MasterWriteBehind:
     def cancel(self, group) -> None:
         """The master ``owe`` recorded is written by its store after all (nothing was started for it)."""
         with self._lock:
+            self._drop_prefilled(group)
             if self._owed.pop(group, None) is not None:
                 self._partitions.pop(group, None)
 
@@ -230,8 +234,7 @@ class MasterWriteBehind:
         """A master file left behind with nothing to write it from: every later settle and owe raises ``error``
         (returned, for the caller to raise)."""
         with self._lock:
-            if self._failed is None:
-                self._failed = error
+            self._fail(error)
             return error
 
     @property
@@ -280,21 +283,30 @@ class MasterWriteBehind:
             if group in self._writing:
                 self._wait(group)
             views = self._start(group) if group in self._owed else None
+            shown = self._copies.get(group)  # (None where the views are the partitions')
+            self._shown.add(group)
             if then is not None:
                 self._prefill(then)
         try:
             yield views
         except BaseException:
             with self._lock, contextlib.suppress(Exception):  # (a failed write is kept: every later settle raises it)
-                if group in self._writing:
-                    self._wait(group)
-                self._spare = None
+                try:
+                    if group in self._writing:
+                        self._wait(group)
+                finally:
+                    self._shown.discard(group)
+                    self._spare = None
             raise
         with self._lock:
-            if group in self._writing:
-                self._wait(group)
-            if then is None or then not in self._prefilled:  # (no next settle to fill into it)
-                self._spare = None
+            try:
+                if group in self._writing:
+                    self._wait(group)
+            finally:
+                self._shown.discard(group)
+                # its writes are done (here, or by a settle on another thread, under this lock): the next settle
+                # named fills into it
+                self._spare = shown if then is not None and then in self._prefilled and shown is not None else None
 
     def close(self) -> None:
         try:
@@ -328,7 +340,7 @@ class MasterWriteBehind:
                 futures.append(self._write(view, path, file_offset=offset))
                 offset += view.numel() * view.element_size()
         except BaseException as err:
-            self._failed = err
+            self._fail(err)
             self._copies.pop(group, None)  # (a write issued holds its tensor until it is done)
             raise
         self.masters_written_behind += 1
@@ -390,6 +402,15 @@ class MasterWriteBehind:
         still = [read for read in earlier[1] if not read.done()] if earlier is not None else []
         self._fills[group] = (found[0], still + list(reads))
 
+    def _fail(self, error: BaseException) -> None:
+        """A master file is behind for good (lock held): every later settle raises ``error`` (the first kept), so
+        no fill ahead will be written, nor its memory used again."""
+        if self._failed is None:
+            self._failed = error
+        for group in list(self._prefilled):
+            self._drop_prefilled(group)
+        self._spare = None
+
     def _drop_prefilled(self, group) -> None:
         """Forget a fill ahead that no settle took, once its reads are done (lock held)."""
         copy, reads = self._prefilled.pop(group, (None, None))
@@ -408,9 +429,10 @@ class MasterWriteBehind:
         self._partitions.pop(group, None)
         copy = self._copies.pop(group, None)
         errors = [future.exception() for future in futures]  # (each done now)
-        if copy is not None and (self._spare is None or self._spare.numel() < copy.numel()):
-            self._spare = copy  # no write reads it any more
+        if copy is not None and group not in self._shown and (self._spare is None
+                                                              or self._spare.numel() < copy.numel()):
+            self._spare = copy  # no write reads it any more (nor, unless shown, anything else)
         error = next((error for error in errors if error is not None), None)
         if error is not None:
-            self._failed = error
+            self._fail(error)
             raise error
