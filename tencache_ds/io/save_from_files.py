@@ -375,12 +375,20 @@ class _DirectWrites:
         return length
 
     def write(self, pieces: "_Pieces", target_fd: int, target: str, target_offset: int) -> int:
-        """Write the whole units of ``pieces``' bytes into ``target`` at ``target_offset``, each chunk gathered into
-        a lane's buffer. Returns how many bytes were written: the caller writes the tail (``pieces.write_tail``),
-        and all of it where the offset is not a whole unit."""
+        """Write the whole units of ``pieces``' bytes into ``target`` at ``target_offset``: straight from their memory
+        where it is one piece starting at a whole unit (a master's copy its settle filled: 400 MB took 0.14 s so
+        against 0.21-0.33 s gathered, on this project's VM), else each chunk gathered into a lane's buffer. Returns
+        how many bytes were written: the caller writes the tail (``pieces.write_tail``), and all of it where the
+        offset is not a whole unit."""
         length = pieces.nbytes - pieces.nbytes % WHOLE_BYTES
         if target_offset % WHOLE_BYTES or length == 0:
             return 0
+        whole = pieces.aligned_whole()
+        if whole is not None:
+            self._start()
+            _allocate(target_fd, target_offset, length)
+            self._io.write(whole, target, length, target_offset).result()  # (in the engine's pieces, its threads)
+            return length
         self._through_lanes(pieces.gather, target_fd, target, target_offset, length)
         return length
 
@@ -466,6 +474,13 @@ class _Pieces:
         if pieces.nbytes != storage.nbytes():
             raise ValueError(f"the host memory given for a storage of {storage.nbytes()} bytes holds {pieces.nbytes}")
         return pieces
+
+    def aligned_whole(self) -> Optional[torch.Tensor]:
+        """The bytes as one tensor whose address is a whole unit (O_DIRECT writes from it as it is), or None where
+        they are several pieces or the one starts elsewhere."""
+        if len(self._bytes) == 1 and self._bytes[0].data_ptr() % WHOLE_BYTES == 0:
+            return self._bytes[0]
+        return None
 
     @classmethod
     def of_storage(cls, storage) -> "_Pieces":

@@ -461,3 +461,32 @@ def test_a_source_filled_when_written_is_made_at_its_turn_in_its_context_and_its
         save_from_files(state, str(tmp_path / "zero.pt"), sources)
     assert events == [("made", True), "closed"]
     assert_reads_back(str(tmp_path / "zero.pt"), state, masters)
+
+
+def test_a_source_in_one_aligned_tensor_is_written_from_it_as_it_is_and_several_pieces_are_gathered(tmp_path,
+                                                                                                    monkeypatch):
+    """A master's copy its settle filled (one tensor, 4 KiB-aligned) goes to the ZeRO file through O_DIRECT straight
+    from its memory, no chunk gathered into a lane's buffer (400 MB took 0.14 s so against 0.21-0.33 s gathered);
+    the same bytes given as two pieces (a master's parameter partitions) are gathered. The file reads back the same
+    either way."""
+    from tencache_ds.io.direct_io import aligned_buffer
+    gathered = []
+    gather = save_from_files_module._Pieces.gather
+    monkeypatch.setattr(save_from_files_module._Pieces, "gather",
+                        lambda self, buffer, start, size: gathered.append(size) or gather(self, buffer, start, size))
+    state, masters, sources = zero_state(str(tmp_path))
+    first = state["optimizer_state_dict"]["fp32_flat_groups"][0]
+    copy = aligned_buffer(MASTER_ELEMENTS * 4).view(torch.float32)
+    copy.copy_(masters[0])
+    sources[first.untyped_storage().data_ptr()] = save_from_files_module.FilledWhenWritten(
+        lambda: contextlib.nullcontext([copy]))
+    done = save_from_files(state, str(tmp_path / "zero.pt"), sources)
+    if done.cloned_bytes:
+        pytest.skip("the test folder's file system clones ranges")
+    assert done.filled_when_written_bytes == MASTER_ELEMENTS * 4 and gathered == []
+    assert_reads_back(str(tmp_path / "zero.pt"), state, masters)
+    sources[first.untyped_storage().data_ptr()] = save_from_files_module.FilledWhenWritten(
+        lambda: contextlib.nullcontext([copy[:500_000], copy[500_000:]]))
+    save_from_files(state, str(tmp_path / "zero.pt"), sources)
+    assert sum(gathered) == whole(MASTER_ELEMENTS * 4)
+    assert_reads_back(str(tmp_path / "zero.pt"), state, masters)
