@@ -5,7 +5,8 @@
 # code before it ("before": a worktree at 66b7a16 with its native arena built). Each run is a tree's own
 # tests/deepspeed/measure_checkpoint_save.py, run from that tree. Run from the repository root:
 #   BEFORE=/path/to/worktree bash docs/bench/gpt2-2.7b-checkpoint-fill-ahead-2026-12-06/run.sh
-# The order run: after27-1, before27-1, before27-2, after27-2 (then, on gpt2-1.3b with host_cache_bytes 1e9 so that
+# The order run: after27-1, before27-1, before27-2, after27-2 (logs after-1 ... here as after27-*.log, before27-*.log), and
+# at d9d7bb5 (the copy written to the ZeRO file straight from its memory) direct-1.log (then, on gpt2-1.3b with host_cache_bytes 1e9 so that
 # its partitions stream too: base13-1 (the code before), after13-1, before13-2, after13-2; MODEL=gpt2-1.3b BUDGET=1000000000
 # CONFIG=configs/stock-nvme-beyond-ram.json).
 set -e
