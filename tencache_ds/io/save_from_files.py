@@ -387,7 +387,11 @@ class _DirectWrites:
         if whole is not None:
             self._start()
             _allocate(target_fd, target_offset, length)
-            self._io.write(whole, target, length, target_offset).result()  # (in the engine's pieces, its threads)
+            written = self._io.write(whole, target, length, target_offset)  # (in the engine's pieces, its threads)
+            try:
+                written.result()
+            finally:  # interrupted too: nothing reads the caller's memory once this returns (as the lanes wait)
+                wait([written])
             return length
         self._through_lanes(pieces.gather, target_fd, target, target_offset, length)
         return length

@@ -181,6 +181,11 @@ def test_masters_whose_partitions_stream_are_read_from_the_partitions_files_neve
         written = steps[3]["optimizer_master_bytes_written_behind"] - steps[2]["optimizer_master_bytes_written_behind"]
         assert settled == written > 0, (settled, written)
         assert steps[3]["optimizer_checkpoint_zero_file_copied_bytes"] == 0, steps[3]
+        # masters filled while the one before was written (MasterSources.settled_after): all but the first of those
+        # filled from a copy (here 3 of 6: the last layers' partitions are still in host memory at the save, and
+        # those masters are written from them)
+        filled_ahead = steps[3]["optimizer_masters_filled_ahead"] - steps[2]["optimizer_masters_filled_ahead"]
+        assert 0 < filled_ahead < owed[2], (filled_ahead, owed)
     assert_zero_file_masters_are_the_master_files(folder)
     resumed = train(block=streamed, **dict(options, steps=2), resume=True, checkpoint_dir=folder)
     assert [step["step"] for step in resumed.result["steps"]] == [3, 4]

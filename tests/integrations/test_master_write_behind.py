@@ -474,7 +474,7 @@ def test_a_settle_of_masters_on_file_fills_each_while_the_last_ones_writes_run_i
         engine.gate.set()
     settle.join(timeout=10)
     assert not settle.is_alive() and partitions.fills == list("abcd") and not writes.owes_any
-    assert len(allocations) == 2
+    assert len(allocations) == 2 and writes.masters_filled_ahead == 3
     assert writes._spare is None and not writes._prefilled  # nothing held once the settle is done
     # with the real engine: each file holds its own master's bytes
     partitions.fills.clear()

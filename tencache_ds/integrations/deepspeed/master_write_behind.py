@@ -132,6 +132,7 @@ class MasterWriteBehind:
         self._shown: set = set()
         self.masters_written_behind = 0  # COUNT: masters written from the partitions (at a settle)
         self.bytes_written_behind = 0    # SUM: their bytes
+        self.masters_filled_ahead = 0    # COUNT: of them, masters whose copy was filled while the one before was written
         self._failed: Optional[BaseException] = None  # a write that failed: its file is stale for good
         with _LIVE_LOCK:
             _LIVE.add(self)
@@ -352,6 +353,7 @@ class MasterWriteBehind:
         partitions as an update's fill is, some read from their files: the settle's source where they are not all in
         host memory."""
         copy, reads = self._prefilled.pop(group, (None, None))
+        self.masters_filled_ahead += copy is not None
         if copy is None:
             found = self._partition_ids(group)
             if found is not None:
