@@ -487,6 +487,40 @@ def test_a_settle_of_masters_on_file_fills_each_while_the_last_ones_writes_run_i
                            expected[name])
 
 
+@pytest.mark.parametrize("call", ["settle", "settled_with"])
+def test_a_fill_ahead_whose_memory_is_refused_is_left_to_the_settle_and_the_writes_in_flight_are_waited_for(
+        tmp_path, io, monkeypatch, call):
+    """The fill ahead takes a second copy's memory while the first copy's writes run. Where that memory is refused
+    (strict overcommit, a ``ulimit -v``), the fill is left to the next master's own settle: the writes in flight are
+    waited for and every file is written. Regression (helper-136's review): the refusal was raised out of the settle
+    with the first master's writes still in flight (and, in ``settled_with``, its copy shown for good)."""
+    partitions, expected = streaming(tmp_path, io, "gh")
+    writes = writer(partitions, io.write)
+    for name in "gh":
+        writes.owe(name, str(tmp_path / f"{name}.swp"))
+    real, made = master_write_behind.aligned_buffer, []
+
+    def second_refused(nbytes):
+        made.append(nbytes)
+        if len(made) == 2:  # the fill ahead's copy, while g's writes run
+            raise RuntimeError("DefaultCPUAllocator: can't allocate memory")
+        return real(nbytes)
+    monkeypatch.setattr(master_write_behind, "aligned_buffer", second_refused)
+    if call == "settle":
+        writes.settle()
+    else:
+        for name, then in (("g", "h"), ("h", None)):
+            with writes.settled_with(name, then=then):
+                pass
+    # h filled by its own settle: into g's copy once written (settle), fresh where g's was shown (settled_with)
+    assert len(made) == (2 if call == "settle" else 3)
+    assert not writes.owes_any and not writes._writing and not writes._shown
+    assert writes.masters_filled_ahead == 0
+    for name in "gh":
+        assert torch.equal(torch.from_file(str(tmp_path / f"{name}.swp"), size=1024, dtype=torch.float32),
+                           expected[name])
+
+
 def test_a_master_settled_with_the_next_named_starts_that_fill_inside_and_the_next_settle_takes_it(tmp_path, io,
                                                                                                    allocations):
     """A checkpoint's ZeRO file names the master it writes next (``then``): that master's fill starts while this

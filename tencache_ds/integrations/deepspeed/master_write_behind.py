@@ -383,15 +383,16 @@ class MasterWriteBehind:
     def _prefill(self, group) -> None:
         """Start the fill of ``group``'s master ahead of its settle (lock held), where it is owed, its partitions
         are not all in host memory (its writes read theirs then: no copy), and no other is filled ahead. A fill that
-        cannot start is left to the settle, which then says why."""
-        if (self._failed is not None or self._prefilled or group not in self._owed or group in self._writing
-                or self._partition_views(group) is not None):
-            return
-        found = self._partition_ids(group)
-        if found is None:
-            return
-        copy = self._copy_memory(found[1])
+        cannot start (its memory refused, a read refused) is left to the settle, which then says why: the callers
+        have writes in flight here, which must still be waited for."""
         try:
+            if (self._failed is not None or self._prefilled or group not in self._owed or group in self._writing
+                    or self._partition_views(group) is not None):
+                return
+            found = self._partition_ids(group)
+            if found is None:
+                return
+            copy = self._copy_memory(found[1])
             reads = self._fill(group, copy)  # (one that raises has waited for the reads it issued)
         except Exception as err:  # noqa: BLE001  (the settle's own fill raises it, and stops there)
             logger.debug("tencache: the fill of sub-group %s's master ahead of its settle failed: %s", group, err)
