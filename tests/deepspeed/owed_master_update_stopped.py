@@ -2,9 +2,12 @@
 (integrations/deepspeed/master_write_behind.py: the master's file is behind them, the debt went with the lent
 master), then a checkpoint save: refused with an error that says why before any of its files is written, never a
 checkpoint that links the stale master file. The update stops on the moments' files moved away (put back before
-the save). gpt2-tiny in fp32 with every parameter partition held and the optimizer state streamed (as in
-test_master_copies.py), one rank, DeepSpeed's CPU accelerator; prints OK or raises.
-``python owed_master_update_stopped.py PORT``"""
+the save). With ``read-ahead``, the update stops instead on an error from the read ahead of the next sub-group,
+which a swap-in starts after its master was lent (until 2026-12-06 outside what records it as lent: the debt
+was then recorded nowhere and the save linked the stale file). gpt2-tiny in fp32 with every parameter partition
+held and the optimizer state streamed (as in test_master_copies.py), one rank, DeepSpeed's CPU accelerator; prints
+OK or raises.
+``python owed_master_update_stopped.py PORT [read-ahead]``"""
 import glob
 import json
 import os
@@ -39,23 +42,34 @@ with tempfile.TemporaryDirectory() as nvme, tempfile.TemporaryDirectory() as che
         train.train_step(engine, stream, 1)
     stats = train.plugin_stats(engine)
     assert stats["optimizer_masters_owed"] > 0, stats["optimizer_masters_owed"]
-    moved = glob.glob(os.path.join(nvme, "zero_stage_3", "optimizer", "rank0", "exp_avg*.swp"))
-    for path in moved:
-        shutil.move(path, path + ".away")
-    try:
-        train.train_step(engine, stream, 1)
-        raise AssertionError("the update went on without its moments' files")
-    except StaleFileError:
-        pass
-    for path in moved:
-        shutil.move(path + ".away", path)
+    swapper = engine.optimizer.optimizer_swapper
+    if sys.argv[2:] == ["read-ahead"]:
+        def refused(*_args, **_kwargs):
+            raise OSError("the read ahead of the next sub-group was refused")
+        swapper.ahead.next_sub_group_if_free = refused
+        try:
+            train.train_step(engine, stream, 1)
+            raise AssertionError("the update went on past its refused read ahead")
+        except OSError as err:
+            assert "read ahead" in str(err), err
+        del swapper.ahead.next_sub_group_if_free
+    else:
+        moved = glob.glob(os.path.join(nvme, "zero_stage_3", "optimizer", "rank0", "exp_avg*.swp"))
+        for path in moved:
+            shutil.move(path, path + ".away")
+        try:
+            train.train_step(engine, stream, 1)
+            raise AssertionError("the update went on without its moments' files")
+        except StaleFileError:
+            pass
+        for path in moved:
+            shutil.move(path + ".away", path)
     try:
         engine.save_checkpoint(checkpoints, tag="stopped")
         raise AssertionError("saved with a master's file behind its lent master")
     except RuntimeError as err:
         assert "masters' files behind them" in str(err), err
     assert not os.path.exists(os.path.join(checkpoints, "stopped")), os.listdir(checkpoints)  # refused at its start
-    swapper = engine.optimizer.optimizer_swapper
     try:
         engine.destroy()
     except StaleFileError:  # the reads ahead of the moved files: the error the run stopped on, again

@@ -67,8 +67,16 @@ def test_a_save_after_an_update_stopped_with_a_master_lent_from_its_partitions_i
     run_scenario("owed_master_update_stopped.py")
 
 
-def run_scenario(script):
+def test_a_save_after_an_update_stopped_by_the_next_read_ahead_with_a_master_lent_is_refused_with_why():
+    """The same, the update stopped by an error from the read ahead of the next sub-group, which the swap-in starts
+    after lending its master from the partitions. Defect (helper-138's review): that call was outside what records
+    the sub-group as lent, so the master's debt was recorded nowhere and the save linked its stale file (checked:
+    fails without the fix)."""
+    run_scenario("owed_master_update_stopped.py", "read-ahead")
+
+
+def run_scenario(script, *args):
     """Runs a scenario script beside this file (one process: its store on port 0, which the kernel chooses as it binds
     it); it prints OK or raises."""
-    proc = run_helper(os.path.join(os.path.dirname(__file__), script), ["0"], timeout=300)
+    proc = run_helper(os.path.join(os.path.dirname(__file__), script), ["0", *args], timeout=300)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), proc.stdout[-2000:] + proc.stderr[-4000:]

@@ -422,11 +422,13 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             self.masters.owed_again_unlent(group, master_path)
             self._give_back_unlent(read_ahead, ())
             raise
-        self._read_next_if_free(swap_info, async_parameter, read_ahead, from_partitions)
-        keys = self._lent[group] = []  # filled as each is lent: a failed read still gives the others back
+        # filled as each is lent (the master lent above first): a failed read still gives the others back, and a
+        # master lent with its file's debt stays recorded as lent (a save refuses it; close owes it again)
+        keys = self._lent[group] = [master_path] if from_partitions else []
         if self._getter_swap_ins is not None:  # (before the reads: one that fails leaves the others lent)
             self._getter_swap_ins.append(parameter)
         try:
+            self._read_next_if_free(swap_info, async_parameter, read_ahead, from_partitions)
             for index, context in enumerate(swap_info.tensors):
                 path = context.swap_path
                 numel = self._stored_numel(path, swap_info.numel())
@@ -434,7 +436,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
                     buffer = master
                 else:
                     buffer = self._lend(path, numel, read_ahead)
-                keys.append(path)
+                    keys.append(path)
                 view = self._as_state(path, buffer, swap_info.numel())
                 context.compute_tensor.data = view.data
                 context.swap_tensor.data = view.data
