@@ -120,6 +120,7 @@ class Entry:
     io: Optional[Future] = None   # the read or write in flight (READING, WRITING)
     kept: bool = False            # the buffer may stay after use (else it goes back once the bytes are safe)
     evicting: bool = False        # WRITING: the buffer goes when the write is done (else the entry stays CLEAN)
+    write_failed: bool = False    # its last write failed (its bytes kept, owed): until its file is current again
     staged: bool = False          # the buffer is a one-time staging buffer (lend_new(staging=True))
     # A read of the file into the caller's own buffer (start_read(into=...)), not waited for yet; the entry's state
     # is not changed by it (its bytes stay where they were).
@@ -145,6 +146,7 @@ def check_entry(entry: Entry) -> None:
         assert entry.kept, (key, "a buffer that may not be kept is held between uses")
     assert entry.buffer is not None or not (entry.kept or entry.staged), (key, "kept or staged without a buffer")
     assert not entry.evicting or state == S.WRITING, (key, state, "evicting without a write in flight")
+    assert not entry.write_failed or state in OWES_FILE, (key, state, "a failed write pending on a current file")
     being_used = state in LENT or state == S.READING  # lent, or read into our buffer for a use
     assert entry.external_read is None or not being_used, (key, state, "read into the caller's buffer and ours")
     if entry.prefetched:  # its read is in flight or done, not yet waited for

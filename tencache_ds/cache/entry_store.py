@@ -247,7 +247,9 @@ class EntryStore:
         where it is unchanged; where it changed, its write starts (not waited for) and this read is for a later
         call (or its use, which finds the buffer free once that write is done, and otherwise evicts as any use
         does). Not while a write that frees a buffer of the class is in flight: one at a time, not a victim per
-        retry. The use that follows is ``wait_read`` (the profile records it then)."""
+        retry; nor where the victim's last write failed (a failing drive: its use's own eviction retries it and
+        raises there, rather than every access writing it again). The use that follows is ``wait_read`` (the profile
+        records it then)."""
         with self._lock:
             self._transfers.reap_writes()  # first: a write done since leaves its tensor on file, readable
             entry = self._table.get(key)
@@ -259,6 +261,8 @@ class EntryStore:
             buffer = self.source.try_acquire(nbytes) if room else None
             if buffer is None and room and make_room and not self._admission.eviction_in_flight(nbytes):
                 victim = self._admission.victim_for_read_ahead(nbytes, key)
+                if victim is not None and victim.write_failed:
+                    return False
                 if victim is not None and victim.state == S.DIRTY:
                     try:
                         self._transfers.start_write(victim, evicting=True)  # its buffer goes when it is done

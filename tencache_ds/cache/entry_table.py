@@ -6,7 +6,7 @@ bookkeeping: no I/O, no lock (the store's lock guards it).
 import collections
 from typing import Callable, Dict, Hashable, Iterator, List, Optional
 
-from .entry import CACHED, Entry, EntryState, check_entry, check_transition
+from .entry import CACHED, OWES_FILE, Entry, EntryState, check_entry, check_transition
 
 S = EntryState
 AWAY = frozenset({S.ON_FILE, S.WRITING})  # no buffer to lend: on file, or on its way there
@@ -51,6 +51,8 @@ class EntryTable:
         old = entry.state
         check_transition(entry.key, old, new)
         entry.state = new
+        if new not in OWES_FILE:  # its file is current, or its bytes are given up: no failed write is pending
+            entry.write_failed = False
         self._count[old] -= 1
         self._count[new] += 1
         if new in CACHED:

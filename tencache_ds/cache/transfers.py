@@ -321,7 +321,7 @@ class Transfers:
         """``entry``'s write failed: its bytes stay in its buffer, still owed to the file (DIRTY). A transient
         buffer is held until a retry writes them: at the entry's next release or eviction, or a flush; then it
         goes back (``keeps``), where it would otherwise stay a held copy outside the budget for good."""
-        entry.io, entry.evicting = None, False
+        entry.io, entry.evicting, entry.write_failed = None, False, True
         if not entry.kept:  # a transient buffer holding owed bytes: keep it, counted as held
             entry.kept = True
             if entry.prefix_dirty:  # the write was past the prefix: those bytes were not saved after all

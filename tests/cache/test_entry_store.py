@@ -1115,6 +1115,57 @@ def test_a_read_ahead_takes_the_buffer_of_the_entry_needed_farthest_only_if_afte
     slow.close()
 
 
+class FailingWrites(DirectFileIO):
+    """Real I/O whose writes fail (no room on the drive) while ``fail`` is set."""
+
+    fail = False
+    failed = 0  # writes refused so far
+
+    def _transfer(self, is_write, *args):
+        if is_write and self.fail:
+            self.failed += 1
+            time.sleep(0.05)
+            raise OSError(28, "No space left on device")
+        return super()._transfer(is_write, *args)
+
+
+def test_a_read_ahead_does_not_write_again_a_victim_whose_last_write_failed(tmp_path):
+    """A read ahead starts its changed victim's write; on a failing drive that write fails in the background and
+    the victim stays held, DIRTY. Retried at every later access, each retry wrote it again and counted an eviction
+    and a warning (helper-137's review): now a victim whose last write failed is not written for a read ahead (its
+    use's own eviction retries it and raises there); once a write of it succeeds it may be one again."""
+    failing = FailingWrites(num_threads=2)
+    store = make_partitions(tmp_path, failing, slots=3)
+    try:
+        for index, key in enumerate("abcde"):
+            put(store, tmp_path, key, float(index))
+        store.flush()
+        for key in "abc":
+            store.lend(key)
+            store.release(key, changed=True)
+        store.next_use = NextUseIndex(list("abdec"))
+        store.recorder.end_step()
+        store.lend("a")
+        store.release("a", changed=True)  # every held one changed: the read ahead of d writes its victim first
+        failing.fail = True
+        evictions = store.counters.evictions
+        for _ in range(10):
+            assert not store.prefetch_if_free("d", make_room=True)
+            time.sleep(0.1)
+        assert failing.failed >= 1 and store.counters.write_errors == 1  # one write (in pieces), failed once
+        assert store.counters.prefetch_write_backs == 1 and store.counters.evictions == evictions + 1
+        failing.fail = False
+        store.flush()  # the retry succeeds: a victim again, unchanged now (its buffer goes at once)
+        assert store.prefetch_if_free("d", make_room=True)
+        assert torch.all(store.wait_read("d") == 3.0)
+        store.release("d")
+        store.check_invariants()
+    finally:
+        failing.fail = False
+        store.close()
+        failing.close()
+
+
 def test_a_read_ahead_into_the_callers_buffer_refused_as_it_starts_leaves_no_use_pending(tmp_path, io):
     """A read ahead into a buffer of another dtype is refused (ValueError) before it starts: the entry keeps no
     pending use (before, the timer's pending use stayed with nothing read for it, against the entry's invariants,
