@@ -9,6 +9,11 @@ NVMe under tencache: each passes with the results of stock CPU offload, bit for 
 - load_into_new_engine: train with a warm-up lr scheduler and biases kept whole on every rank (DeepSpeed's default
   persistence threshold), save; a new engine in the same process loads the optimizer's state, or not, or the module
   only, and trains on (the loaded files take the new engine's sub-group ids);
+- loss_scale_restored (not upstream): a load of the optimizer's state restores the loss scaler's (its scale set to
+  4 before the save; stock's NVMe load skipped it, restarting an fp16 run's dynamic scale);
+- load_saved_before_any_step (not upstream): a checkpoint saved right after ``initialize``, loaded with its
+  optimizer's state by the same engine 2 steps later: Adam starts over (tencache kept the live state until
+  2026-12-06: other losses);
 - load_into_trained_engine (not upstream): an engine that has trained loads a checkpoint without its optimizer's
   state, or the module only, and trains on: the weights are the checkpoint's, Adam's moments stay live (the
   engine's NVMe branch copied the checkpoint's moment files over the live ones; tencache copies the masters only);
@@ -58,7 +63,8 @@ from conftest import REPO, launch_ranks
 pytestmark = [pytest.mark.deepspeed, pytest.mark.slow]  # about 60 s a launch of 2 ranks, four, and two of 1
 SCRIPT = os.path.join(os.path.dirname(__file__), "upstream_checkpoints.py")
 SCENARIOS = ("zero_to_fp32", "zero_to_fp32_frozen", "immediate_save_load", "load_immediate_save",
-             "load_into_new_engine", "load_into_trained_engine", "load_after_a_backward_without_its_step",
+             "load_into_new_engine", "loss_scale_restored", "load_saved_before_any_step", "load_into_trained_engine",
+             "load_after_a_backward_without_its_step",
              "save_before_accumulation_is_done", "latest_checkpoint", "tag_validation", "nvme_checkpointing",
              "save_for_other_world_size", "load_saved_on_cpu")
 
@@ -204,6 +210,7 @@ def test_optimizer_on_nvme_gives_stock_cpu_offloads_results(tmp_path):
     tags = reference["tag_validation"]
     assert (tags["FAIL"]["refused"], tags["FAIL"]["written"], tags["WARN"]["own_zero_file"]) == (True, False, True)
     assert tags["unknown"] == "DeepSpeedConfigError", tags
+    assert reference["loss_scale_restored"] == {"ok": True, "scale_before_load": 1.0, "scale_after_load": 4.0}
     for name in SCENARIOS:
         assert name in reference and name in ours, (name, reference, ours)  # a failure stops the scenarios after it
         assert reference[name]["ok"], (name, reference[name])

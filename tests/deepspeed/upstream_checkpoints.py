@@ -12,8 +12,8 @@ Rank 0 prints one RESULT line.
         NVME_DIR CKPT_DIR
 
 SCENARIOS: comma-separated, of zero_to_fp32, zero_to_fp32_frozen, immediate_save_load, load_immediate_save,
-load_into_new_engine, save_before_accumulation_is_done, latest_checkpoint, tag_validation, nvme_checkpointing,
-load_into_trained_engine and
+load_into_new_engine, loss_scale_restored, load_saved_before_any_step, save_before_accumulation_is_done,
+latest_checkpoint, tag_validation, nvme_checkpointing, load_into_trained_engine and
 load_after_a_backward_without_its_step (the last two not upstream),
 module_only_params_on_file (tencache's error; no
 upstream test), save_for_other_world_size and load_at_other_world_size (the second in a launch of another world
@@ -180,6 +180,48 @@ def recorded(engine, micro_batches):
         engine.step()
         losses.append(loss)
     return digest({f"{i}": loss for i, loss in enumerate(losses)})
+
+
+def loss_scale_restored(mode, device, nvme, ckpt):
+    """Not upstream: the loss scaler's state is saved with the optimizer's (the ZeRO file) and a load of the
+    optimizer's state restores it (stock CPU offload's does; stock's NVMe load skipped it, so an fp16 run's dynamic
+    scale restarted at its initial power). fp32 here, the CPU accelerator having no fp16: its static scaler set to
+    another scale before the save; a new engine that loads the checkpoint has that scale, and trains on."""
+    torch.manual_seed(1234)
+    model = Simple()
+    engine, *_ = deepspeed.initialize(config=ds_config(mode, device, nvme, 2, 1), model=model,
+                                      model_parameters=model.parameters())
+    train(engine, 2, 2)
+    engine.optimizer.loss_scaler.cur_scale = 4.0
+    engine.save_checkpoint(ckpt)
+    engine.destroy()
+    torch.manual_seed(4321)
+    model = Simple()
+    engine, *_ = deepspeed.initialize(config=ds_config(mode, device, nvme, 2, 1), model=model,
+                                      model_parameters=model.parameters())
+    before = engine.optimizer.loss_scaler.cur_scale
+    engine.load_checkpoint(ckpt)
+    after = engine.optimizer.loss_scaler.cur_scale
+    train(engine, 1, 2)
+    engine.destroy()
+    return {"scale_before_load": float(before), "scale_after_load": float(after)}
+
+
+def load_saved_before_any_step(mode, device, nvme, ckpt):
+    """Not upstream: a checkpoint saved right after ``initialize`` (no optimizer state yet), loaded with its
+    optimizer's state by the engine after it trained 2 steps, which trains on: Adam starts over, as it does with
+    the optimizer on cpu (torch's ``load_state_dict`` of an empty state). The losses and trained weights."""
+    torch.manual_seed(1234)
+    model = Simple()
+    engine, *_ = deepspeed.initialize(config=ds_config(mode, device, nvme, 2, 1), model=model,
+                                      model_parameters=model.parameters())
+    engine.save_checkpoint(ckpt)
+    train(engine, 2, 2)
+    engine.load_checkpoint(ckpt)
+    result = {"loaded": digest(gathered(engine)), "losses": recorded(engine, batches(2, 2, seed=11)),
+              "trained": digest(gathered(engine))}
+    engine.destroy()
+    return result
 
 
 def load_into_new_engine(mode, device, nvme, ckpt):
@@ -572,6 +614,8 @@ SCENARIOS = {
     "immediate_save_load": immediate_save_load,
     "load_immediate_save": load_immediate_save,
     "load_into_new_engine": load_into_new_engine,
+    "loss_scale_restored": loss_scale_restored,
+    "load_saved_before_any_step": load_saved_before_any_step,
     "load_into_trained_engine": load_into_trained_engine,
     "load_after_a_backward_without_its_step": load_after_a_backward_without_its_step,
     "save_before_accumulation_is_done": save_before_accumulation_is_done,

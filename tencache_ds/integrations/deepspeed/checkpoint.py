@@ -71,7 +71,8 @@ from .optimizer_swapper import TencacheOptimizerSwapper
 from .swap_files import SWAP_FILE_NAME, LoadPlaces, staged_load_name, sub_group_order, swap_file_name
 from .reporting import param_swappers_of_optimizer
 from .saved_layout import places_for_saved_layout
-from .zero_file import holds_no_bytes, live_by_saved_id, load_zero_state, restore_group_settings
+from .zero_file import (holds_no_bytes, live_by_saved_id, load_zero_state, restore_group_settings,
+                        restore_loss_scaling)
 
 
 @contextlib.contextmanager
@@ -146,8 +147,9 @@ def _adopt(swapper, optimizer, loaded_dir, masters_only: bool) -> int:
 
 
 def restore_optimizer_scalars(engine, load_dir, load_path, load_optimizer_states=True, load_module_only=False) -> int:
-    """After ``engine.load_checkpoint`` returned ``load_path``: copy the optimizer's saved scalar state into the
-    live state when tencache swaps the optimizer. Returns how many entries were restored."""
+    """After ``engine.load_checkpoint`` returned ``load_path``: copy the optimizer's saved scalar state (and the
+    loss scaler's) into the live state when tencache swaps the optimizer. Returns how many optimizer state entries
+    were restored."""
     optimizer = getattr(engine, "optimizer", None)
     swapper = getattr(optimizer, "optimizer_swapper", None)
     if not isinstance(swapper, TencacheOptimizerSwapper):
@@ -156,6 +158,8 @@ def restore_optimizer_scalars(engine, load_dir, load_path, load_optimizer_states
             swapper.last_load_places is LoadPlaces.STATE_WRITTEN:  # set there already, with the tensors
         return 0
     zero_file, zero_state = load_zero_state(engine, os.path.dirname(load_path))
+    if LOSS_SCALER in zero_state:  # with the optimizer's state, as stock CPU offload's load restores it
+        restore_loss_scaling(optimizer, zero_state)
     saved = zero_state.get(OPTIMIZER_STATE_DICT)  # stage 3's dict holds the torch optimizer's under the same key
     if not saved or "state" not in saved:
         return 0
@@ -187,6 +191,14 @@ def restore_optimizer_scalars(engine, load_dir, load_path, load_optimizer_states
                     continue
                 live[key] = value.clone() if torch.is_tensor(value) else value
                 restored += 1
+        # torch's load_state_dict (stock CPU offload's load) replaces the whole state: a sub-group the checkpoint holds
+        # no state for (saved before its first step) starts Adam over, whatever this engine had trained
+        with_state = {id(by_saved_id[saved_id]) for saved_id in saved["state"]}
+        for group in live_groups:
+            for param in group["params"]:
+                if id(param) not in with_state and optimizer.optimizer.state.get(param):
+                    optimizer.optimizer.state[param] = {}
+                    restored += 1 + swapper.forget_state_tensors(param)
         restored += restore_group_settings(live_groups, saved["param_groups"], zero_file)
     finally:
         optimizer._clear_fp32_optimizer_param_groups()
@@ -303,9 +315,7 @@ def rigid_load_with_params_on_file(rigid_load_state_dict):
         if all(flat is not None for flat in self.fp16_partitioned_groups_flat) or not tencache_runs(self):
             return rigid_load_state_dict(self, state_dict, load_optimizer_states=load_optimizer_states)
         # stage3.py _rigid_load_state_dict (0.19.8), up to the restore of the 16-bit partitions
-        self.loss_scaler = state_dict[LOSS_SCALER]
-        self.dynamic_loss_scale = state_dict["dynamic_loss_scale"]
-        self.overflow = state_dict["overflow"]
+        restore_loss_scaling(self, state_dict)
         saved_partition_groups = state_dict.get("ds_zero_partition_groups")
         if saved_partition_groups is not None and saved_partition_groups != self._zero3_partition_group_metadata():
             raise RuntimeError("AutoEP ZeRO-3 checkpoints can only be loaded with the same parameter placement "

@@ -603,6 +603,25 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
     def flush_gradients(self):
         pass  # nothing is staged: swap_out_gradients stores into the entries directly
 
+    def forget_state_tensors(self, parameter) -> int:
+        """A load of a checkpoint that holds no optimizer state for ``parameter``'s sub-group (saved before its first
+        step): Adam starts over there, as torch's ``load_state_dict`` of that state does (stock CPU offload), so its
+        state tensors are no longer registered or held (the live ones were this engine's, not the checkpoint's); the
+        next step creates them anew. Returns how many were forgotten."""
+        swap_info = self._get_param_swap_info(parameter)
+        if swap_info is None or not swap_info.has_state_tensors:
+            return 0
+        if OptimizerSwapper.parameter_id(parameter) in self._lent:
+            raise RuntimeError(f"optimizer sub-group {OptimizerSwapper.parameter_id(parameter)} is swapped in: its "
+                               "state cannot be forgotten by a checkpoint load")
+        states = swap_info.tensors[1:]
+        for context in states:
+            if self.store.knows(context.swap_path):
+                self.store.forget(context.swap_path)
+        swap_info.tensors = swap_info.tensors[:1]
+        swap_info.has_state_tensors = False
+        return len(states)
+
     def purge_state(self):
         """Checkpoint load: DeepSpeed forgets the state-tensor registrations and will copy the checkpoint's files
         over the folder; the tier writes what it owes first (a load without optimizer files then still finds every

@@ -121,15 +121,22 @@ def load_state_from_zero_file(engine, tag_folder: str, swap_source: str) -> int:
     # the masters' own sizes: a swapped-out master is an empty placeholder
     _check_layout(zero_file, saved_masters, saved["param_groups"], optimizer.fp16_partitioned_groups_flat_numel,
                   groups)
-    optimizer.loss_scaler = zero_state[LOSS_SCALER]
-    optimizer.dynamic_loss_scale = zero_state["dynamic_loss_scale"]
-    optimizer.overflow = zero_state["overflow"]
+    restore_loss_scaling(optimizer, zero_state)
     restore_group_settings(base.param_groups, saved["param_groups"], zero_file)
     write_sub_groups(optimizer, lambda sub_group_id, master: (
         saved_masters[sub_group_id], state_of[id(master)]))
     logger.info("loaded the optimizer state of %d sub-groups from %s (saved with the optimizer on cpu) into the "
                 "swap files", len(saved_masters), zero_file)
     return len(saved_masters)
+
+
+def restore_loss_scaling(optimizer, zero_state: dict) -> None:
+    """Set on the live stage 3 ``optimizer`` the loss scaler's state its ZeRO file holds (the scaler, with its
+    current scale; whether it is dynamic; the last overflow), as stage 3's own load does (``_rigid_load_state_dict``,
+    which stock's NVMe load never calls: an fp16 run's dynamic scale restarted there at its initial power)."""
+    optimizer.loss_scaler = zero_state[LOSS_SCALER]
+    optimizer.dynamic_loss_scale = zero_state["dynamic_loss_scale"]
+    optimizer.overflow = zero_state["overflow"]
 
 
 def write_sub_groups(optimizer, values_of: Callable) -> None:
