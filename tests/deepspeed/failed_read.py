@@ -1,6 +1,10 @@
 """A parameter partition whose read fails: synchronize_reads raises the I/O error, the partition is NOT_AVAILABLE
 (not left INFLIGHT), a second synchronize_reads has nothing to report, and once the file is back a swap-in
-reads the right bytes. Runs the real swapper on DeepSpeed's CPU accelerator; prints OK or raises."""
+reads the right bytes. Then a wait for its read interrupted (Ctrl-C, as the signal lands while the read is in
+flight): the interrupt reaches the caller, and a swap-in after it reads the right bytes (until 2026-12-06 the read,
+ended but unapplied, left the partition "already lent or being read" for good: helper-140's review). Runs the real
+swapper on DeepSpeed's CPU accelerator; prints OK or raises."""
+import concurrent.futures
 import shutil
 import sys
 
@@ -8,6 +12,7 @@ import torch
 from deepspeed.runtime.swap_tensor.partitioned_param_swapper import PartitionedParamStatus
 
 from lone_swapper import Param, lone_swapper
+from tencache_ds.cache import transfers
 from tencache_ds.errors import StaleFileError
 
 swapper, _nvme = lone_swapper(sys.argv[1])
@@ -28,6 +33,29 @@ except StaleFileError:
 assert param.ds_tensor.status == PartitionedParamStatus.NOT_AVAILABLE, param.ds_tensor.status
 swapper.synchronize_reads()  # nothing in flight: no stale "no read in flight" error
 shutil.move(path + ".away", path)
+swapper.swap_in([param], async_op=False)
+assert torch.equal(param.ds_tensor.data, torch.arange(1 << 19, dtype=torch.float32))
+swapper.remove_partition_and_release_buffers([param])
+
+waited = transfers._wait_quietly
+
+
+def interrupted(future):
+    """What the wait does when Ctrl-C lands in it: waits for the I/O to end (it still uses its buffer), re-raises."""
+    concurrent.futures.wait([future])
+    raise KeyboardInterrupt
+
+
+transfers._wait_quietly = interrupted
+swapper.swap_in([param], async_op=True)
+try:
+    swapper.synchronize_reads()
+    raise AssertionError("the interrupt was swallowed")
+except KeyboardInterrupt:
+    pass
+finally:
+    transfers._wait_quietly = waited
+assert param.ds_tensor.status == PartitionedParamStatus.NOT_AVAILABLE, param.ds_tensor.status
 swapper.swap_in([param], async_op=False)
 assert torch.equal(param.ds_tensor.data, torch.arange(1 << 19, dtype=torch.float32))
 swapper.remove_partition_and_release_buffers([param])

@@ -15,7 +15,9 @@ pytestmark = pytest.mark.deepspeed
 
 def test_a_failed_read_is_reported_once_and_the_partition_can_be_read_again():
     """Defect: the partition stayed INFLIGHT after its read failed, so the next synchronize_reads said "no read in
-    flight" instead of the I/O error, and the partition could never be read again."""
+    flight" instead of the I/O error, and the partition could never be read again. The same after a wait for its
+    read interrupted (Ctrl-C): the read, ended but unapplied, left it "already lent or being read" (helper-140's
+    review; checked: fails without the fix)."""
     run_scenario("failed_read.py")
 
 
