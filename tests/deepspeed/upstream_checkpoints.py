@@ -210,16 +210,20 @@ def loss_scale_restored(mode, device, nvme, ckpt):
 def load_saved_before_any_step(mode, device, nvme, ckpt):
     """Not upstream: a checkpoint saved right after ``initialize`` (no optimizer state yet), loaded with its
     optimizer's state by the engine after it trained 2 steps, which trains on: Adam starts over, as it does with
-    the optimizer on cpu (torch's ``load_state_dict`` of an empty state). The losses and trained weights."""
+    the optimizer on cpu (torch's ``load_state_dict`` of an empty state). Then the same again from a checkpoint saved
+    right after that load (its sub-groups' state saved empty). The losses and trained weights."""
     torch.manual_seed(1234)
     model = Simple()
     engine, *_ = deepspeed.initialize(config=ds_config(mode, device, nvme, 2, 1), model=model,
                                       model_parameters=model.parameters())
-    engine.save_checkpoint(ckpt)
+    engine.save_checkpoint(ckpt, tag="initialized")
     train(engine, 2, 2)
-    engine.load_checkpoint(ckpt)
+    engine.load_checkpoint(ckpt, tag="initialized")
+    engine.save_checkpoint(ckpt, tag="loaded")
     result = {"loaded": digest(gathered(engine)), "losses": recorded(engine, batches(2, 2, seed=11)),
               "trained": digest(gathered(engine))}
+    engine.load_checkpoint(ckpt, tag="loaded")
+    result["again"] = {"losses": recorded(engine, batches(2, 2, seed=11)), "trained": digest(gathered(engine))}
     engine.destroy()
     return result
 

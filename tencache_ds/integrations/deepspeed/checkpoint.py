@@ -72,7 +72,7 @@ from .swap_files import SWAP_FILE_NAME, LoadPlaces, staged_load_name, sub_group_
 from .reporting import param_swappers_of_optimizer
 from .saved_layout import places_for_saved_layout
 from .zero_file import (holds_no_bytes, live_by_saved_id, load_zero_state, restore_group_settings,
-                        restore_loss_scaling)
+                        restore_loss_scaling, start_adam_over)
 
 
 @contextlib.contextmanager
@@ -192,13 +192,10 @@ def restore_optimizer_scalars(engine, load_dir, load_path, load_optimizer_states
                 live[key] = value.clone() if torch.is_tensor(value) else value
                 restored += 1
         # torch's load_state_dict (stock CPU offload's load) replaces the whole state: a sub-group the checkpoint holds
-        # no state for (saved before its first step) starts Adam over, whatever this engine had trained
-        with_state = {id(by_saved_id[saved_id]) for saved_id in saved["state"]}
-        for group in live_groups:
-            for param in group["params"]:
-                if id(param) not in with_state and optimizer.optimizer.state.get(param):
-                    optimizer.optimizer.state[param] = {}
-                    restored += 1 + swapper.forget_state_tensors(param)
+        # no state for, or an empty one (saved before its first step), starts Adam over, whatever this engine trained
+        with_state = {id(by_saved_id[saved_id]) for saved_id, saved_state in saved["state"].items() if saved_state}
+        restored += start_adam_over(optimizer, [param for group in live_groups for param in group["params"]
+                                                if id(param) not in with_state])
         restored += restore_group_settings(live_groups, saved["param_groups"], zero_file)
     finally:
         optimizer._clear_fp32_optimizer_param_groups()

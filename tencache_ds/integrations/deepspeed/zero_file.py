@@ -99,8 +99,8 @@ def load_state_from_zero_file(engine, tag_folder: str, swap_source: str) -> int:
     scaler, as stock CPU offload's load sets them. Raises before anything is set when the file's sub-groups are not
     this engine's, or hold their state without its bytes (a checkpoint of the optimizer on NVMe whose swap files are
     not in ``swap_source``). Returns the number of sub-groups set. The engine rebuilds the parameters from the
-    masters after (``reset_swap_buffers``). Keys and sub-groups the file has no state for keep the live state (torch's
-    load would drop it: Adam starts it again; every sub-group has state from the engine's initialisation on)."""
+    masters after (``reset_swap_buffers``). A sub-group the file has no state for (saved before its first step)
+    starts Adam over (``start_adam_over``), as torch's load does."""
     optimizer = engine.optimizer
     zero_file, zero_state = load_zero_state(engine, tag_folder)
     saved_masters, saved = zero_state.get(FP32_FLAT_GROUPS), zero_state.get(OPTIMIZER_STATE_DICT)
@@ -125,6 +125,8 @@ def load_state_from_zero_file(engine, tag_folder: str, swap_source: str) -> int:
     restore_group_settings(base.param_groups, saved["param_groups"], zero_file)
     write_sub_groups(optimizer, lambda sub_group_id, master: (
         saved_masters[sub_group_id], state_of[id(master)]))
+    start_adam_over(optimizer, [master for master in optimizer.fp32_partitioned_groups_flat
+                                if not state_of.get(id(master))])
     logger.info("loaded the optimizer state of %d sub-groups from %s (saved with the optimizer on cpu) into the "
                 "swap files", len(saved_masters), zero_file)
     return len(saved_masters)
@@ -137,6 +139,20 @@ def restore_loss_scaling(optimizer, zero_state: dict) -> None:
     optimizer.loss_scaler = zero_state[LOSS_SCALER]
     optimizer.dynamic_loss_scale = zero_state["dynamic_loss_scale"]
     optimizer.overflow = zero_state["overflow"]
+
+
+def start_adam_over(optimizer, masters) -> int:
+    """The sub-groups of ``masters`` (fp32 masters of a ZeRO-3 optimizer under tencache's optimizer swapper) whose
+    loaded checkpoint holds no optimizer state (saved before their first step): Adam starts over there, as torch's
+    ``load_state_dict`` of that state does (stock CPU offload's load), whatever this engine trained: the live state
+    emptied, its swapped tensors no longer registered or held (the next step makes them anew). Returns how many
+    state entries and tensors went."""
+    base, forgotten = optimizer.optimizer, 0
+    for master in masters:
+        if base.state.get(master):
+            base.state[master] = {}
+            forgotten += 1 + optimizer.optimizer_swapper.forget_state_tensors(master)
+    return forgotten
 
 
 def write_sub_groups(optimizer, values_of: Callable) -> None:
