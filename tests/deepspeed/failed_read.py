@@ -23,19 +23,30 @@ buffer.copy_(torch.arange(1 << 19, dtype=torch.float32))
 param.ds_tensor.data = buffer.data
 swapper.swap_out_and_release([param])
 path = swapper.get_path(param)
+
+
+def read_stops_on(error, why: str) -> None:
+    """A swap-in whose wait for the read stops on ``error`` leaves the partition NOT_AVAILABLE (not INFLIGHT)."""
+    swapper.swap_in([param], async_op=True)
+    try:
+        swapper.synchronize_reads()
+        raise AssertionError(why)
+    except error:
+        pass
+    assert param.ds_tensor.status == PartitionedParamStatus.NOT_AVAILABLE, param.ds_tensor.status
+
+
+def reads_the_right_bytes() -> None:
+    swapper.swap_in([param], async_op=False)
+    assert torch.equal(param.ds_tensor.data, torch.arange(1 << 19, dtype=torch.float32))
+    swapper.remove_partition_and_release_buffers([param])
+
+
 shutil.move(path, path + ".away")
-swapper.swap_in([param], async_op=True)
-try:
-    swapper.synchronize_reads()
-    raise AssertionError("a failed read was not reported")
-except StaleFileError:
-    pass
-assert param.ds_tensor.status == PartitionedParamStatus.NOT_AVAILABLE, param.ds_tensor.status
+read_stops_on(StaleFileError, "a failed read was not reported")
 swapper.synchronize_reads()  # nothing in flight: no stale "no read in flight" error
 shutil.move(path + ".away", path)
-swapper.swap_in([param], async_op=False)
-assert torch.equal(param.ds_tensor.data, torch.arange(1 << 19, dtype=torch.float32))
-swapper.remove_partition_and_release_buffers([param])
+reads_the_right_bytes()
 
 waited = transfers._wait_quietly
 
@@ -47,17 +58,10 @@ def interrupted(future):
 
 
 transfers._wait_quietly = interrupted
-swapper.swap_in([param], async_op=True)
 try:
-    swapper.synchronize_reads()
-    raise AssertionError("the interrupt was swallowed")
-except KeyboardInterrupt:
-    pass
+    read_stops_on(KeyboardInterrupt, "the interrupt was swallowed")
 finally:
     transfers._wait_quietly = waited
-assert param.ds_tensor.status == PartitionedParamStatus.NOT_AVAILABLE, param.ds_tensor.status
-swapper.swap_in([param], async_op=False)
-assert torch.equal(param.ds_tensor.data, torch.arange(1 << 19, dtype=torch.float32))
-swapper.remove_partition_and_release_buffers([param])
+reads_the_right_bytes()
 swapper.close()
 print("OK")

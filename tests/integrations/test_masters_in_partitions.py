@@ -28,7 +28,8 @@ def test_without_stage3_no_master_is_in_partitions_and_nothing_is_owed():
     masters.settle()
     masters.close()
     assert masters.stats() == {"optimizer_masters_written_behind": 0, "optimizer_master_bytes_written_behind": 0,
-                               "optimizer_masters_filled_ahead": 0, "optimizer_masters_owed": 0, "optimizer_master_bytes_read_from_partition_files": 0}
+                               "optimizer_masters_filled_ahead": 0, "optimizer_masters_owed": 0,
+                               "optimizer_master_bytes_read_from_partition_files": 0}
 
 
 class _WalkFails:

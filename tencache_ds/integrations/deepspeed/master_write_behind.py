@@ -132,7 +132,7 @@ class MasterWriteBehind:
         self._shown: set = set()
         self.masters_written_behind = 0  # COUNT: masters written from the partitions (at a settle)
         self.bytes_written_behind = 0    # SUM: their bytes
-        self.masters_filled_ahead = 0    # COUNT: of them, masters whose copy was filled while the one before was written
+        self.masters_filled_ahead = 0    # COUNT: of them, masters filled while the one before was written
         self._failed: Optional[BaseException] = None  # a write that failed: its file is stale for good
         with _LIVE_LOCK:
             _LIVE.add(self)

@@ -199,7 +199,8 @@ class MastersInPartitions:
         from_files = 0 if self.copies is None else self.copies.bytes_read_from_partition_files
         if writes is None:
             return {"optimizer_masters_written_behind": 0, "optimizer_master_bytes_written_behind": 0,
-                    "optimizer_masters_filled_ahead": 0, "optimizer_masters_owed": 0, "optimizer_master_bytes_read_from_partition_files": from_files}
+                    "optimizer_masters_filled_ahead": 0, "optimizer_masters_owed": 0,
+                    "optimizer_master_bytes_read_from_partition_files": from_files}
         return {"optimizer_masters_written_behind": writes.masters_written_behind,
                 "optimizer_master_bytes_written_behind": writes.bytes_written_behind,
                 "optimizer_masters_filled_ahead": writes.masters_filled_ahead,
