@@ -36,7 +36,7 @@ from .buffer_sources import BufferSource
 from .entry import CACHED, LENT, Entry, EntryState, PendingUse, lent_state, released
 from .entry_table import EntryTable
 from .store_counters import StoreCounters
-from .transfers import Transfers
+from .transfers import PostponedInterrupt, Transfers
 from .write_back import WriteBack
 
 S = EntryState
@@ -315,8 +315,12 @@ class EntryStore:
                         raise error
                     return external.target.narrow(0, 0, entry.numel)
                 if entry.state == S.READING:
-                    self._transfers.wait_unlocked(entry.io)
+                    postponed = PostponedInterrupt(self._transfers)
+                    postponed.wait(entry.io)
                     self._transfers.finish_io(entry)  # raises the read's error, entry back ON_FILE
+                    if postponed.error is not None:  # the caller never gets the view: the lend goes back
+                        self._release_lent(entry, changed=False, fence=None, copy_elsewhere=False)
+                        postponed.raise_if_any()
                 if entry.state not in LENT:
                     raise RuntimeError(f"{self.name}: tensor {key} has no read in flight ({entry.state.value})")
                 view = self._transfers.compute_view(entry)
@@ -409,31 +413,37 @@ class EntryStore:
                 return
             # released unused: neither used nor late, nor recorded
             entry.prefetched, entry.pending_use = False, None
+            postponed = PostponedInterrupt(self._transfers)  # interrupted, the release is still made
             external, entry.external_read = entry.external_read, None
             if external is not None:
-                self._transfers.wait_unlocked(external)
+                postponed.wait(external)
             if entry.state == S.READING:
-                self._transfers.wait_unlocked(entry.io)
+                postponed.wait(entry.io)
                 self._transfers.finish_io(entry)
-            if entry.state not in LENT:
-                return
-            if changed and entry.state == S.LENT_CLEAN:
-                self._table.set(entry, S.LENT_DIRTY)
-            entry.copy_elsewhere = copy_elsewhere
-            if fence is not None:
-                entry.buffer.fence = fence
-            if entry.kept and not self._transfers.keeps(entry):
-                entry.kept = False  # held only for a failed write's bytes: the write is retried now, then it goes
-            if entry.kept:
-                self._table.set(entry, released(entry.state))
-            elif entry.state == S.LENT_CLEAN:
-                self._transfers.drop(entry, S.ON_FILE)
-            else:  # no room to keep it: to the file (past a prefix, if spare room holds one), then it goes
-                if entry.copy_elsewhere:  # the lent buffer holds every byte: the prefix's are written with the rest
-                    self._transfers.drop_prefix(entry)
-                self._admission.grant_prefix(entry)
-                self._transfers.start_write(entry, evicting=True)
-            self._checked()
+            self._release_lent(entry, changed, fence, copy_elsewhere)
+            postponed.raise_if_any()
+
+    def _release_lent(self, entry: Entry, changed: bool, fence, copy_elsewhere: bool) -> None:
+        """``release`` once no read of ``entry`` is in flight; nothing for an entry not lent."""
+        if entry.state not in LENT:
+            return
+        if changed and entry.state == S.LENT_CLEAN:
+            self._table.set(entry, S.LENT_DIRTY)
+        entry.copy_elsewhere = copy_elsewhere
+        if fence is not None:
+            entry.buffer.fence = fence
+        if entry.kept and not self._transfers.keeps(entry):
+            entry.kept = False  # held only for a failed write's bytes: the write is retried now, then it goes
+        if entry.kept:
+            self._table.set(entry, released(entry.state))
+        elif entry.state == S.LENT_CLEAN:
+            self._transfers.drop(entry, S.ON_FILE)
+        else:  # no room to keep it: to the file (past a prefix, if spare room holds one), then it goes
+            if entry.copy_elsewhere:  # the lent buffer holds every byte: the prefix's are written with the rest
+                self._transfers.drop_prefix(entry)
+            self._admission.grant_prefix(entry)
+            self._transfers.start_write(entry, evicting=True)
+        self._checked()
 
     def release_rewritten_elsewhere(self, key) -> bool:
         """The borrower gives ``key`` back changed and writes its file itself, from a copy of the new bytes it keeps

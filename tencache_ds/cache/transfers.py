@@ -74,15 +74,17 @@ class Transfers:
     def forget(self, entry: Entry) -> None:
         """Take ``entry`` out of the table without writing: its I/O in flight is waited for (a read into the
         caller's buffer must not outlive the entry either), its buffer goes back."""
+        postponed = PostponedInterrupt(self)  # interrupted, it is forgotten all the same, then the interrupt raised
         if entry.state in IO_IN_FLIGHT:
-            self.wait_unlocked(entry.io)
+            postponed.wait(entry.io)
         if entry.external_read is not None:
-            self.wait_unlocked(entry.external_read)
+            postponed.wait(entry.external_read)
         entry.prefetched, entry.pending_use, entry.external_read = False, None, None
         if entry.buffer is not None:
             self.release_buffer(entry)
         self.drop_prefix(entry)
         self.table.remove(entry)
+        postponed.raise_if_any()
 
     @staticmethod
     def fence(buffer: HostBuffer) -> None:
@@ -353,6 +355,27 @@ class Transfers:
 
     def close(self) -> None:
         self.staging.close()
+
+
+class PostponedInterrupt:
+    """Waits whose interruption (Ctrl-C) is raised only once the caller's bookkeeping is done: the I/O has ended by
+    then (``_wait_quietly``), so a caller that applies it first leaves no entry READING for good: a release, a
+    forget, a lend whose caller never gets the view. ``wait`` returns the I/O's own error, as ``wait_unlocked``."""
+
+    def __init__(self, transfers: Transfers):
+        self._transfers = transfers
+        self.error: Optional[BaseException] = None
+
+    def wait(self, future: Future) -> Optional[BaseException]:
+        try:
+            return self._transfers.wait_unlocked(future)
+        except BaseException as err:  # noqa: BLE001  only an interruption comes here (_wait_quietly)
+            self.error = self.error or err
+            return future.exception()
+
+    def raise_if_any(self) -> None:
+        if self.error is not None:
+            raise self.error
 
 
 def _wait_quietly(future: Future) -> None:

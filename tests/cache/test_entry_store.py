@@ -1,6 +1,7 @@
 """EntryStore over budgeted pageable memory (the optimizer's host tier) and the entry state machine: zero-copy
 lending, write-back, Belady admission with bypass, forgetting on checkpoint load. Real files, real I/O; the
 store's invariants are checked after every call."""
+import concurrent.futures
 import time
 from concurrent.futures import CancelledError, Future
 
@@ -987,6 +988,45 @@ def test_an_interrupted_wait_for_io_is_not_swallowed():
     failed = Future()
     failed.set_exception(OSError("disk"))
     _wait_quietly(failed)  # the I/O's own error: the caller reads future.exception()
+
+
+@pytest.mark.parametrize("call", ["lend", "read_into", "release", "forget"])
+def test_a_call_whose_wait_for_a_read_is_interrupted_leaves_no_entry_reading(tmp_path, monkeypatch, call):
+    """Ctrl-C while the store waits for a read (the read ends first, ``_wait_quietly``): the interrupt reaches the
+    caller, and the call's books are done all the same: a lend the caller never gets goes back, a release or a forget
+    is made. Until 2026-12-07 the entry stayed READING with its read ended, and every later lend of it stopped on
+    "already lent or being read" (a caller that catches KeyboardInterrupt to save a checkpoint, say)."""
+    from tencache_ds.cache import transfers
+
+    def interrupted(future):  # what the wait does when the signal lands in it
+        concurrent.futures.wait([future])
+        raise KeyboardInterrupt
+
+    slow = SlowReads(num_threads=1)  # the read is still in flight when the call waits for it
+    store = make(tmp_path, slow, budget_bytes=10 * NBYTES)
+    put(store, tmp_path, "a", 1.0)
+    store.trim_kept(0)  # on file
+    store.trim_kept(10 * NBYTES)
+    if call in ("release", "forget"):
+        store.start_read("a", prefetch=True)
+    monkeypatch.setattr(transfers, "_wait_quietly", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        if call == "lend":
+            store.lend("a")
+        elif call == "read_into":
+            store.read_into("a", torch.empty(NUMEL))
+        else:
+            getattr(store, call)("a")
+    monkeypatch.undo()
+    store.check_invariants()
+    if call == "forget":
+        assert not store.knows("a")
+        store.add("a", NUMEL, str(tmp_path / "a.swp"))
+    assert store.state("a") in (EntryState.ON_FILE, EntryState.CLEAN)
+    assert torch.all(store.lend("a") == 1.0)
+    store.release("a")
+    store.close()
+    slow.close()
 
 
 def test_a_read_ahead_written_over_and_released_leaves_no_use_pending(tmp_path, io):

@@ -11,7 +11,6 @@ swap-in of a partition that is already resident or in flight (the coordinator's 
 an error.
 """
 import collections
-import contextlib
 import os
 import shutil
 import threading
@@ -273,11 +272,8 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
                     data = self.store.wait_read(key)
                 except BaseException:
                     # The store left the partition on file (no partial bytes); DeepSpeed sees it NOT_AVAILABLE, so
-                    # a retry reads it again instead of finding "no read in flight". The rest stay INFLIGHT. A wait
-                    # interrupted (Ctrl-C) left the read, ended by then, unapplied: given back here, or every later
-                    # swap-in of it stopped on "already lent or being read".
-                    with contextlib.suppress(Exception):  # (a failed read's error is the one raised)
-                        self.store.release(key)
+                    # a retry reads it again instead of finding "no read in flight". The rest stay INFLIGHT. (A wait
+                    # interrupted by Ctrl-C gave the lend back too: the store's wait_read.)
                     self._mark_on_file(param)
                     raise
                 param.ds_tensor.data = data.data
