@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from ..units import fmt_bytes
+from .stale_files import hidden_name
 
 # link() failed because this file system or this pair of folders cannot share an inode: copy instead
 _NO_LINK = {errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EACCES}
@@ -154,8 +155,13 @@ class LinkSafeIO:
         return getattr(self._io, name)
 
 
+TEMPORARY_KIND = "tmp"  # the ``hidden_name`` kind of the files below before their rename: a start sweeps them
+
+
 def _temporary_name(target: str) -> str:
-    return os.path.join(os.path.dirname(target) or ".", f".{os.path.basename(target)}.{uuid.uuid4().hex[:8]}.tmp")
+    # (the random part: two threads of one process may copy the same file)
+    return os.path.join(os.path.dirname(target) or ".",
+                        hidden_name(f"{uuid.uuid4().hex[:8]}.{os.path.basename(target)}", TEMPORARY_KIND))
 
 
 def _copy(source: str, target: str, fill) -> int:

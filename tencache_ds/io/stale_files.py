@@ -1,14 +1,17 @@
 """Files a process killed before its cleanup left behind. Owns: reading the process id a file name carries, telling
-whether that process is gone, and removing such files, also where another host made them. Does not own: how each
-writer names its files (io/drive_rate.py's trial files, io/save_from_files.py's temporary checkpoint files,
+whether that process is gone, and removing such files, also where another host made them; and one name for the
+hidden files a process makes beside others until it renames or removes them (``hidden_name``: a swap folder's
+temporary copies and the checkpoint files a load stages there), which a later start sweeps. Does not own: how other
+writers name their files (io/drive_rate.py's trial files, io/save_from_files.py's temporary checkpoint files,
 checkpoint-for-cpu's ZeRO files being filled), which it is told.
 
 Plain module: imports nothing of torch or DeepSpeed.
 """
 import os
+import re
 import socket
 import time
-from typing import Callable, List, Optional
+from typing import Callable, Iterable, List, Optional, Tuple
 
 MAX_PID = 1 << 22  # Linux's pid_max cannot exceed 2^22; anything larger in a name is not a process id
 # A file another host made (a folder shared between nodes) is removed once nothing has written it for this long: its
@@ -27,6 +30,38 @@ def pid_in_name(name: str, prefix: str, suffix: str = "") -> Optional[int]:
         return None
     pid = int(text)
     return pid if 0 < pid <= MAX_PID else None
+
+
+# ``hidden_name``'s names: ".<kind>.<pid>@<host>@<name>" (a host name has no "@"; the name is anything)
+_HIDDEN = re.compile(r"\.(?P<kind>[a-z]+)\.(?P<pid>[0-9]+)@(?P<host>[^@/]+)@(?P<name>.+)")
+
+
+def hidden_name(name: str, kind: str) -> str:
+    """The name of a file this process makes beside ``name`` (``kind``: what it is for, lower-case letters) until it
+    renames or removes it: hidden (a save, a load and stock's copy skip names that start with "."), and carrying the
+    process and host, so that a later start removes those a killed process left (``remove_hidden_files_of_dead_
+    processes``) and never a live one's."""
+    return f".{kind}.{os.getpid()}@{socket.gethostname()}@{name}"
+
+
+def hidden_parts(candidate: str) -> Optional[Tuple[str, int, str, str]]:
+    """(kind, pid, host, name) of a ``hidden_name``, or None where ``candidate`` is no such name."""
+    match = _HIDDEN.fullmatch(candidate)
+    pid = None if match is None else pid_in_name(match["pid"], "")
+    return None if pid is None else (match["kind"], pid, match["host"], match["name"])
+
+
+def remove_hidden_files_of_dead_processes(folder: str, kinds: Iterable[str]) -> List[str]:
+    """Remove the ``hidden_name`` files of those ``kinds`` in ``folder`` whose process is gone (another host's once
+    untouched for ``UNTOUCHED_ELSEWHERE_S``). Returns the paths removed."""
+    kinds = frozenset(kinds)
+
+    def parts(name: str):
+        found = hidden_parts(name)
+        return found if found is not None and found[0] in kinds else None
+
+    return remove_files_of_dead_processes(folder, lambda name: (parts(name) or (None, None))[1],
+                                          lambda name: (parts(name) or (None, None, None))[2])
 
 
 def process_alive(pid: int) -> bool:

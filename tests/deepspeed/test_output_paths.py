@@ -76,3 +76,23 @@ def test_a_second_run_in_a_swap_folder_in_use_stops_and_the_first_trains_on(trai
             f"/rank0 is in use by another run (pid {first.pid} on ") in second.output, second.output[-3000:]
     assert first.returncode == 0, output[-3000:]
     assert len(re.findall(r"^step \d+ loss ", output, re.M)) == steps
+
+
+def test_what_a_killed_run_left_hidden_in_the_swap_folder_is_removed_at_the_next_start(train, tmp_path):
+    """A run killed in a checkpoint load (the checkpoint's files staged, or being adopted) or in a copy before a
+    write leaves hidden files in the optimizer's swap folder, whole swap files' size each; nothing removed them,
+    since the folder outlives runs (stock never empties it either). The next start removes a dead process's, not a
+    live one's, and leaves other names alone."""
+    import socket
+    nvme = tmp_path / "nvme"
+    folder = nvme / "zero_stage_3" / "optimizer" / "rank0"
+    folder.mkdir(parents=True)
+    here, gone = socket.gethostname(), 4_000_000  # above the default pid_max: no such process
+    dead = [f".{kind}.{gone}@{here}@0_9.tensor.swp" for kind in ("tmp", "loading", "adopting")]
+    kept = [f".tmp.{os.getpid()}@{here}@a1b2c3d4.0_9.tensor.swp", "notes.txt"]
+    for name in dead + kept:
+        (folder / name).write_bytes(b"\0" * 4096)
+    train(block={"enabled": True}, nvme_path=str(nvme), steps=1, weights_gather="none")
+    left = set(os.listdir(folder))
+    assert not left & set(dead), sorted(left)
+    assert set(kept) <= left, sorted(left)

@@ -14,7 +14,7 @@ from tencache_ds.integrations.deepspeed.checkpoint import adopt_loaded_files
 from tencache_ds.integrations.deepspeed.checkpoint_save import _link_folder
 from tencache_ds.integrations.deepspeed.masters_in_partitions import MastersInPartitions
 from tencache_ds.integrations.deepspeed.optimizer_swapper import TencacheOptimizerSwapper
-from tencache_ds.integrations.deepspeed.swap_files import LoadPlaces
+from tencache_ds.integrations.deepspeed.swap_files import LoadPlaces, staged_load_name
 
 
 def engine_with(folder, sub_groups):
@@ -134,7 +134,7 @@ def test_files_a_failed_load_left_staged_go_at_the_next_load(tmp_path):
     files(folder, ["10_19"], [None], "live")
     engine, _, _ = engine_with(folder, ["10_19"])
     load_copy(engine, loaded, folder, LoadPlaces.ALL)  # ... and the load stops here
-    assert (folder / ".loading-0_9.tensor.swp").exists()
+    assert (folder / staged_load_name("0_9.tensor.swp")).exists()
     (loaded / "0_9.tensor.swp").unlink()  # the next checkpoint has no file of that id
     load_copy(engine, loaded, folder, LoadPlaces.ALL)
     assert sorted(os.listdir(folder)) == ["10_19.tensor.swp"]

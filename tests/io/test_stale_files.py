@@ -47,3 +47,23 @@ def test_another_hosts_files_are_removed_once_nothing_has_written_them_for_an_ho
                                              lambda name: name.split("@")[1] if "@" in name else None)
     assert sorted(removed) == sorted(str(tmp_path / names[key]) for key in ("old", "here", "no host"))
     assert sorted(os.listdir(tmp_path)) == sorted([names["fresh"], names["live"]])
+
+
+def test_hidden_names_carry_their_process_and_only_a_dead_ones_of_the_kinds_asked_are_removed(tmp_path):
+    """``hidden_name``: the swap folder's temporary copies and a load's staged files. A start removes a killed
+    process's, of the kinds it names; a live process's, another kind's and an ordinary file stay."""
+    import socket
+
+    from tencache_ds.io.stale_files import hidden_name, hidden_parts, remove_hidden_files_of_dead_processes
+    name = hidden_name("exp_avg-0_9.tensor.swp", "loading")
+    assert name.startswith(".") and hidden_parts(name) == ("loading", os.getpid(), socket.gethostname(),
+                                                           "exp_avg-0_9.tensor.swp")
+    gone = 4_000_000  # above the default pid_max: no such process
+    here = socket.gethostname()
+    dead = {kind: f".{kind}.{gone}@{here}@0_9.tensor.swp" for kind in ("tmp", "loading", "other")}
+    for each in list(dead.values()) + [hidden_name("0_9.tensor.swp", "tmp"), "0_9.tensor.swp",
+                                       f".tmp.{gone}@{here}", f".tmp.x{gone}@{here}@0_9.tensor.swp"]:
+        (tmp_path / each).write_bytes(b"x")
+    removed = remove_hidden_files_of_dead_processes(str(tmp_path), ("tmp", "loading"))
+    assert sorted(removed) == sorted(str(tmp_path / dead[kind]) for kind in ("tmp", "loading"))
+    assert len(os.listdir(tmp_path)) == 5

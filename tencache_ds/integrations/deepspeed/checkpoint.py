@@ -66,9 +66,11 @@ from deepspeed.checkpoint.constants import FP32_FLAT_GROUPS, LOSS_SCALER, OPTIMI
 from deepspeed.runtime.swap_tensor.optimizer_utils import OptimizerSwapper
 
 from ...errors import TencacheError
+from ...io.stale_files import hidden_name
 from ...log import logger
 from .optimizer_swapper import TencacheOptimizerSwapper
-from .swap_files import SWAP_FILE_NAME, LoadPlaces, staged_load_name, sub_group_order, swap_file_name
+from .swap_files import (ADOPTING_KIND, SWAP_FILE_NAME, LoadPlaces, staged_load_name, sub_group_order,
+                         swap_file_name)
 from .reporting import param_swappers_of_optimizer
 from .saved_layout import places_for_saved_layout
 from .zero_file import (holds_no_bytes, live_by_saved_id, load_zero_state, restore_group_settings,
@@ -132,7 +134,7 @@ def _adopt(swapper, optimizer, loaded_dir, masters_only: bool) -> int:
             source = os.path.join(swapper.files_folder, name if old in swapper.swap_params_info
                                   else staged_load_name(name))
             target = os.path.join(swapper.files_folder, swap_file_name(new, state))
-            staging = os.path.join(swapper.files_folder, f".adopting-{swap_file_name(new, state)}")  # saves skip "."
+            staging = os.path.join(swapper.files_folder, hidden_name(swap_file_name(new, state), ADOPTING_KIND))
             os.replace(source, staging)
             staged.append((staging, target))
     swapper.forget_master_copies()  # the parameter partitions hold this engine's masters, not the loaded ones

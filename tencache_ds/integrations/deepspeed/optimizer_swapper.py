@@ -48,7 +48,8 @@ from ...cache.optimizer_store import OptimizerStore
 from ...cache.state_dtype import narrow_stock_layout, stored_numel, viewed_as
 from ...io.direct_io import DirectFileIO, store_io_threads
 from ...io import folder_lock
-from ...io.shared_files import LinkSafeIO, unshare_folder
+from ...io.shared_files import TEMPORARY_KIND, LinkSafeIO, unshare_folder
+from ...io.stale_files import remove_hidden_files_of_dead_processes
 from ...memory.pool import BufferPool
 from ...log import logger
 from ...plan.workload import optimizer_pipelining
@@ -63,12 +64,27 @@ from .host_tier_share import optimizer_host_share
 from .masters_in_partitions import MastersInPartitions
 from ...cache.optimizer_reads_ahead import ReadsAhead
 from .optimizer_gradients import SubGroupGradients, gradient_path
-from .swap_files import SWAP_FILE_NAME, STAGED_LOAD_PREFIX, LoadPlaces, staged_load_name, swap_file_name
+from .swap_files import (ADOPTING_KIND, SWAP_FILE_NAME, STAGED_LOAD_KIND, LoadPlaces, is_staged_load,
+                         staged_load_name, swap_file_name)
 
 NVME_PATH_KEY = "zero_optimization.offload_optimizer.nvme_path"
 # A sub-group whose optimizer has not made its state yet is counted with Adam's two moments, the most DeepSpeed's
 # CPU optimizers keep (DeepSpeedCPULion allocates two as well; Adagrad and Muon keep one).
 UNREGISTERED_STATES = 2
+
+
+def _remove_what_killed_runs_left(folder: str) -> None:
+    """The hidden files a process killed in a checkpoint save or load, or in a copy before a write, left in the swap
+    folder (whole swap files, or links keeping a deleted checkpoint's blocks): nothing else removes them, since the
+    folder outlives runs (stock's is never emptied either). Best effort: a folder that cannot be read is logged."""
+    try:
+        removed = remove_hidden_files_of_dead_processes(folder, (TEMPORARY_KIND, STAGED_LOAD_KIND, ADOPTING_KIND))
+    except OSError as err:
+        logger.warning("optimizer swap folder %s: the files killed runs left there could not be removed (%s)",
+                       folder, err)
+        return
+    for path in removed:
+        logger.info("removed %s, left in the swap folder by a run that was killed", path)
 
 
 def _refuse_without_config() -> None:
@@ -155,6 +171,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         self._folder = os.path.join(base_folder, "optimizer", f"rank{dist.get_rank()}")
         with swap_folder_held(self._folder, swap_config.nvme_path, NVME_PATH_KEY) as self._folder_key:
             prepare_swap_folder(self._folder, swap_config.nvme_path, NVME_PATH_KEY)
+            _remove_what_killed_runs_left(self._folder)
             self.optimizer = optimizer
             self.min_aio_bytes = max(MIN_SWAPPABLE_BYTES, int(aio_config.get("block_size", 0)))
             self.aligned_bytes = 1024 * intra_op
@@ -299,7 +316,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
     def drop_staged_loads(self) -> None:
         """Delete the checkpoint's files a load placed hidden (``staged_load_name``) that adoption did not take."""
         for name in os.listdir(self._folder) if os.path.isdir(self._folder) else ():  # (removed by its user)
-            if name.startswith(STAGED_LOAD_PREFIX):
+            if is_staged_load(name):
                 os.unlink(os.path.join(self._folder, name))
 
     def owns_file(self, name: str) -> bool:

@@ -8,6 +8,8 @@ import enum
 import re
 from typing import Optional
 
+from ...io.stale_files import hidden_name, hidden_parts
+
 # The swap files' names (stock's, optimizer_utils.py): ``<ds_id>.tensor.swp`` for a sub-group's fp32 master,
 # ``<state>-<ds_id>.tensor.swp`` for its optimizer state (the state dict's key: ``exp_avg``, ``momentum_buffer``,
 # or a client optimizer's own); ``<ds_id>`` is "<first>_<last>" parameter ids. Gradient files
@@ -25,13 +27,22 @@ def swap_file_name(sub_group: str, state: Optional[str] = None) -> str:
     return f"{state}-{sub_group}.tensor.swp" if state else f"{sub_group}.tensor.swp"
 
 
-STAGED_LOAD_PREFIX = ".loading-"
+# The ``hidden_name`` kinds of the files a load leaves in the swap folder until adoption renames them: those it
+# stages, and those adoption is renaming (checkpoint.py). A start removes what a killed process left of either.
+STAGED_LOAD_KIND = "loading"
+ADOPTING_KIND = "adopting"
 
 
 def staged_load_name(name: str) -> str:
     """Where a load puts a checkpoint's swap file ``name`` of a sub-group the swapper does not have, until adoption
     renames it (TencacheOptimizerSwapper.load_target_name): hidden, so saves and loads skip it."""
-    return STAGED_LOAD_PREFIX + name
+    return hidden_name(name, STAGED_LOAD_KIND)
+
+
+def is_staged_load(name: str) -> bool:
+    """Whether ``name`` is a ``staged_load_name`` (of any process)."""
+    parts = hidden_parts(name)
+    return parts is not None and parts[0] == STAGED_LOAD_KIND
 
 
 class LoadPlaces(enum.Enum):
