@@ -92,7 +92,8 @@ def test_a_resume_from_a_checkpoint_that_lost_moment_files_stops_on_every_rank_n
     stopped = train(block=AUTO, steps=1, resume=True, checkpoint_dir=folder, launcher="deepspeed",
                     expect_failure=True, **options)
     assert "the checkpoint is incomplete: 2 optimizer state file(s) that its ZeRO file describes" in stopped.output
-    assert all(path in stopped.output for path in lost) and "No swap file was placed." in stopped.output
+    assert all(path in stopped.output for path in lost)
+    assert "No swap file was placed and no optimizer state set" in stopped.output
     assert "another rank refused the checkpoint's optimizer swap files" in stopped.output
 
 

@@ -38,7 +38,7 @@ from ...errors import TencacheError
 from ...log import logger
 from .agreement import agree_min
 from .config_bridge import io_aligned_numel
-from .swap_files import SWAP_FILE_NAME, LoadPlaces, sub_group_order, swap_file_name
+from .swap_files import LOAD_REFUSED, SWAP_FILE_NAME, LoadPlaces, sub_group_order, swap_file_name
 from .universal import load_state_from_universal, load_weights_from_universal
 from .zero_file import holds_no_bytes, load_state_from_zero_file, load_zero_state
 
@@ -46,7 +46,6 @@ from .zero_file import holds_no_bytes, load_state_from_zero_file, load_zero_stat
 # threads (``aio.intra_op_parallelism``; the padding is 1 KiB per thread), so sub-groups whose sizes differ by
 # more than 64 KiB are told apart by their files
 MAX_INTRA_OP_PARALLELISM = 64
-KEPT = "No swap file was placed."
 
 
 def places_for_saved_layout(engine, places: LoadPlaces, source: str) -> LoadPlaces:
@@ -81,7 +80,7 @@ def places_for_saved_layout(engine, places: LoadPlaces, source: str) -> LoadPlac
             f"load_checkpoint(load_optimizer_states=False): {why}, and with the parameters offloaded to NVMe beyond "
             f"offload_param.max_in_cpu ({on_file} of {len(optimizer.fp16_partitioned_groups_flat)} sub-groups on "
             f"file) the fp32 masters cannot be set from the loaded weights (no flat 16-bit partition). Load with the "
-            f"checkpoint's layout, raise max_in_cpu, or offload the parameters to cpu. {KEPT}")
+            f"checkpoint's layout, raise max_in_cpu, or offload the parameters to cpu. {LOAD_REFUSED}")
     optimizer.refresh_fp32_params()  # refresh_masters_swapping_in: each sub-group swapped in, set, swapped out
     logger.info("%s: the fp32 masters are set from the loaded weights, and none of its swap files is placed", why)
     return LoadPlaces.NOTHING
@@ -122,7 +121,7 @@ def _misfit_agreed(engine, tag_folder: str, source: str) -> Optional[Tuple[str, 
         misfit, refusal = None, err
         if not isinstance(err, TencacheError):
             refusal = TencacheError(f"load_checkpoint: the checkpoint's optimizer swap files in {source} could not "
-                                    f"be checked ({type(err).__name__}: {err}). {KEPT}")
+                                    f"be checked ({type(err).__name__}: {err}). {LOAD_REFUSED}")
             refusal.__cause__ = err
     _refuse_on_any_rank(refusal, source)
     return misfit
@@ -141,7 +140,7 @@ def _incomplete(engine, tag_folder: str, source: str) -> Optional[Exception]:
         f"load_checkpoint: the checkpoint is incomplete: {len(missing)} optimizer state file(s) that its ZeRO file "
         f"describes are not in {source} ({shown}). Was the save interrupted, or the checkpoint copied without "
         f"them? Load a complete checkpoint, or load the weights only: load_checkpoint(..., "
-        f"load_optimizer_states=False). {KEPT}")
+        f"load_optimizer_states=False). {LOAD_REFUSED}")
 
 
 def _refuse_on_any_rank(refusal: Optional[Exception], source: str) -> None:
@@ -157,12 +156,12 @@ def _refuse_on_any_rank(refusal: Optional[Exception], source: str) -> None:
         refusal = TencacheError(
             f"load_checkpoint: the checkpoint is incomplete: {which} ({source}; a save that did not finish on every "
             f"rank?). Load a complete checkpoint, or load the weights only: load_checkpoint(..., "
-            f"load_optimizer_states=False). {KEPT}")
+            f"load_optimizer_states=False). {LOAD_REFUSED}")
     if refusal is not None:
         raise refusal
     if not none_refused:
         raise TencacheError(f"load_checkpoint: another rank refused the checkpoint's optimizer swap files (its error "
-                            f"says why). {KEPT}")
+                            f"says why). {LOAD_REFUSED}")
 
 
 def _refusal(engine, cause: str, why: str) -> Exception:
@@ -173,12 +172,12 @@ def _refusal(engine, cause: str, why: str) -> Exception:
             f"The checkpoint being loaded used a DP world size of {saved_ranks} but the current world size is {ranks}. "
             f"Automatic adjustment of ZeRO's optimizer state partitioning with a new world size is not currently "
             f"supported (DeepSpeed's own check, which its load with the optimizer on NVMe skips: {why}). Resume with "
-            f"{saved_ranks} ranks, or {weights_only}. {KEPT}")
+            f"{saved_ranks} ranks, or {weights_only}. {LOAD_REFUSED}")
     return TencacheError(
         f"load_checkpoint: {why}: its optimizer state cannot be loaded into this engine's sub-groups (stock CPU "
         f"offload stops too: a parameter group that doesn't match the size of the optimizer's). Did "
         f"zero_optimization.sub_group_size, aio.block_size (which sub-groups are swapped), the model or its frozen "
-        f"parameters change since the save? Load with those as they were, or {weights_only}. {KEPT}")
+        f"parameters change since the save? Load with those as they were, or {weights_only}. {LOAD_REFUSED}")
 
 
 def sub_group_layout_mismatch(swapper, folder: str) -> Optional[str]:

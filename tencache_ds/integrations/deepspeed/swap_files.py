@@ -45,6 +45,13 @@ def is_staged_load(name: str) -> bool:
     return parts is not None and parts[0] == STAGED_LOAD_KIND
 
 
+# The last words of every refusal of a load with the optimizer on NVMe: they come when the engine copies the swap
+# folder (engine.py load_checkpoint), after its _load_checkpoint set the module's state, the lr scheduler and the step
+# counts from the checkpoint, which a refusal here cannot take back
+LOAD_REFUSED = ("No swap file was placed and no optimizer state set; the engine had set the module's state, the lr "
+                "scheduler and the step counts from the checkpoint already: load one that fits before training on.")
+
+
 class LoadPlaces(enum.Enum):
     """What the engine's copy of a checkpoint's swap files over the folder places, by what the load loads (the
     engine copies the whole folder whatever was asked: engine.py ``load_checkpoint``):

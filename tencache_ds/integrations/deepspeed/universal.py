@@ -21,10 +21,10 @@ from deepspeed.checkpoint.constants import OPTIMIZER_STATE_DICT, PARAM
 
 from ...errors import TencacheError
 from ...log import logger
+from .swap_files import LOAD_REFUSED
 from .zero_file import load_mapped, write_sub_groups
 
 STATE_KEYS = ("exp_avg", "exp_avg_sq")  # what ds_to_universal writes besides the fp32 weights (stage 3's loader's)
-NOTHING_LOADED = "Nothing was loaded."
 
 
 def load_state_from_universal(engine, tag_folder: str) -> None:
@@ -36,7 +36,7 @@ def load_state_from_universal(engine, tag_folder: str) -> None:
     if not os.path.isfile(optimizer_file):
         raise TencacheError(f"load_checkpoint of a universal checkpoint: {optimizer_file}, which holds its optimizer "
                             f"state's step and settings, does not exist; load the weights only: load_checkpoint(..., "
-                            f"load_optimizer_states=False). {NOTHING_LOADED}")
+                            f"load_optimizer_states=False). {LOAD_REFUSED}")
     # ds_to_universal's copy of a saved rank's whole stage 3 state dict: mapped, only its scalars are read
     stage3 = load_mapped(optimizer_file)
     try:
@@ -44,7 +44,7 @@ def load_state_from_universal(engine, tag_folder: str) -> None:
         settings = stage3[OPTIMIZER_STATE_DICT]["param_groups"][0]
     except (KeyError, IndexError) as err:
         raise TencacheError(f"load_checkpoint of a universal checkpoint: {optimizer_file} has no step count or "
-                            f"parameter group ({err!r}). {NOTHING_LOADED}") from None
+                            f"parameter group ({err!r}). {LOAD_REFUSED}") from None
     optimizer._load_global_state_stage3(stage3)  # the loss scaler
     write_sub_groups(optimizer, lambda sub_group_id, _master: (
         _assembled(optimizer, zero_folder, sub_group_id, "fp32"),
@@ -71,7 +71,7 @@ def load_weights_from_universal(engine, tag_folder: str) -> None:
         raise TencacheError(f"load_checkpoint(load_optimizer_states=False) of a universal checkpoint with "
                             f"zero_optimization.load_from_fp32_weights false sets the 16-bit partitions, and the "
                             f"parameters of sub-groups {on_file} are on NVMe beyond offload_param.max_in_cpu (stock "
-                            f"stops too); raise max_in_cpu, or set load_from_fp32_weights. {NOTHING_LOADED}")
+                            f"stops too); raise max_in_cpu, or set load_from_fp32_weights. {LOAD_REFUSED}")
     for sub_group_id, bit16 in enumerate(optimizer.fp16_partitioned_groups_flat):
         bit16.data.copy_(_assembled(optimizer, zero_folder, sub_group_id, "fp32"))
     optimizer.refresh_fp32_params()  # checkpoint.refresh_masters_swapping_in
@@ -83,24 +83,24 @@ def _checked(optimizer, tag_folder: str, keys) -> str:
     zero_folder = os.path.join(tag_folder, "zero")
     if not os.path.isdir(zero_folder):
         raise TencacheError(f"load_checkpoint of a universal checkpoint: {zero_folder} does not exist; is "
-                            f"{tag_folder} ds_to_universal's output? {NOTHING_LOADED}")
+                            f"{tag_folder} ds_to_universal's output? {LOAD_REFUSED}")
     for sub_group_id, params in enumerate(optimizer.fp16_groups):
         for param in params:
             if param not in optimizer.param_names:
                 raise TencacheError(f"load_checkpoint of a universal checkpoint: a parameter of sub-group "
                                     f"{sub_group_id} has no name (the engine's param_names), so its folder under "
-                                    f"{zero_folder} is not known. {NOTHING_LOADED}")
+                                    f"{zero_folder} is not known. {LOAD_REFUSED}")
             for key in keys:
                 path = os.path.join(zero_folder, optimizer.param_names[param], f"{key}.pt")
                 if not os.path.isfile(path):
                     raise TencacheError(f"load_checkpoint of a universal checkpoint: {path} does not exist (was "
-                                        f"the model changed since ds_to_universal?). {NOTHING_LOADED}")
+                                        f"the model changed since ds_to_universal?). {LOAD_REFUSED}")
                 if key in STATE_KEYS and _without_bytes(path):
                     raise TencacheError(
                         f"load_checkpoint of a universal checkpoint: {path} holds no bytes: ds_to_universal converted "
                         f"a checkpoint saved under tencache with the optimizer on NVMe, whose moments are in its "
                         f"swap files; run `tencache-ds checkpoint-for-cpu` on that checkpoint, then ds_to_universal "
-                        f"again. {NOTHING_LOADED}")
+                        f"again. {LOAD_REFUSED}")
     return zero_folder
 
 

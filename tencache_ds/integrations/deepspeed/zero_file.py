@@ -22,6 +22,7 @@ from deepspeed.checkpoint.constants import FP32_FLAT_GROUPS, LOSS_SCALER, OPTIMI
 
 from ...errors import TencacheError
 from ...log import logger
+from .swap_files import LOAD_REFUSED
 
 
 def load_zero_state(engine, tag_folder: str):
@@ -107,7 +108,7 @@ def load_state_from_zero_file(engine, tag_folder: str, swap_source: str) -> int:
     if saved_masters is None or not saved or "state" not in saved:
         raise TencacheError(f"load_checkpoint: {zero_file} holds no optimizer state (no fp32_flat_groups or "
                             f"optimizer_state_dict), and the checkpoint has no optimizer swap files either; load the "
-                            f"weights only: load_checkpoint(..., load_optimizer_states=False). Nothing was loaded.")
+                            f"weights only: load_checkpoint(..., load_optimizer_states=False). {LOAD_REFUSED}")
     base = optimizer.optimizer
     optimizer._set_fp32_optimizer_param_groups()
     try:
@@ -193,7 +194,7 @@ def _check_bytes(zero_file, swap_source, saved_masters, saved_states) -> None:
                 f"{', '.join(missing)} without its bytes: "
                 f"it was saved with the optimizer on NVMe, and its swap files are not in {swap_source}. Copy the "
                 f"checkpoint whole (offloaded_tensors/ with it), or load the weights only: load_checkpoint(..., "
-                f"load_optimizer_states=False). Nothing was loaded.")
+                f"load_optimizer_states=False). {LOAD_REFUSED}")
 
 
 def _check_layout(zero_file, saved_masters, saved_groups, numels, groups: List[list]) -> None:
@@ -216,4 +217,4 @@ def _check_layout(zero_file, saved_masters, saved_groups, numels, groups: List[l
             f"{mismatch}: its optimizer state cannot be loaded into this engine's sub-groups (stock CPU offload stops "
             f"too). Did zero_optimization.sub_group_size, the model or its frozen parameters change since the save? "
             f"Load with those as they were, or load the weights only: load_checkpoint(..., "
-            f"load_optimizer_states=False). Nothing was loaded.")
+            f"load_optimizer_states=False). {LOAD_REFUSED}")
