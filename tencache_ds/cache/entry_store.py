@@ -318,7 +318,8 @@ class EntryStore:
                     postponed = PostponedInterrupt(self._transfers)
                     postponed.wait(entry.io)
                     self._transfers.finish_io(entry)  # raises the read's error, entry back ON_FILE
-                    if postponed.error is not None:  # the caller never gets the view: the lend goes back
+                    if postponed.error is not None:  # the caller never gets the view: the lend goes back, unused
+                        entry.prefetched, entry.pending_use = False, None
                         self._release_lent(entry, changed=False, fence=None, copy_elsewhere=False)
                         postponed.raise_if_any()
                 if entry.state not in LENT:

@@ -347,7 +347,7 @@ class Transfers:
             try:
                 _wait_quietly(future)
             finally:
-                self.lock.acquire()
+                _acquire_through_interrupts(self.lock)
             waited = self.recorder.clock() - started
             self.counters.io_wait_s += waited
             self.recorder.stalled(waited)  # the profile's compute excludes I/O waits
@@ -376,6 +376,19 @@ class PostponedInterrupt:
     def raise_if_any(self) -> None:
         if self.error is not None:
             raise self.error
+
+
+def _acquire_through_interrupts(lock) -> None:
+    """``lock.acquire()`` that an interruption (Ctrl-C: a lock's acquire is interruptible) does not give up: the
+    caller's books and its ``with`` block's release need the lock held. The interruption is raised once it is."""
+    interrupted, acquired = None, False
+    while not acquired:
+        try:
+            acquired = lock.acquire()
+        except BaseException as err:  # noqa: BLE001  raised below, with the lock held
+            interrupted = interrupted or err
+    if interrupted is not None:
+        raise interrupted
 
 
 def _wait_quietly(future: Future) -> None:

@@ -990,12 +990,13 @@ def test_an_interrupted_wait_for_io_is_not_swallowed():
     _wait_quietly(failed)  # the I/O's own error: the caller reads future.exception()
 
 
-@pytest.mark.parametrize("call", ["lend", "read_into", "release", "forget"])
+@pytest.mark.parametrize("call", ["lend", "lend_read_ahead", "read_into", "release", "forget"])
 def test_a_call_whose_wait_for_a_read_is_interrupted_leaves_no_entry_reading(tmp_path, monkeypatch, call):
     """Ctrl-C while the store waits for a read (the read ends first, ``_wait_quietly``): the interrupt reaches the
     caller, and the call's books are done all the same: a lend the caller never gets goes back, a release or a forget
     is made. Until 2026-12-07 the entry stayed READING with its read ended, and every later lend of it stopped on
-    "already lent or being read" (a caller that catches KeyboardInterrupt to save a checkpoint, say)."""
+    "already lent or being read" (a caller that catches KeyboardInterrupt to save a checkpoint, say). A read ahead
+    whose wait is interrupted records no use (helper-142's review of the fix)."""
     from tencache_ds.cache import transfers
 
     def interrupted(future):  # what the wait does when the signal lands in it
@@ -1007,12 +1008,14 @@ def test_a_call_whose_wait_for_a_read_is_interrupted_leaves_no_entry_reading(tmp
     put(store, tmp_path, "a", 1.0)
     store.trim_kept(0)  # on file
     store.trim_kept(10 * NBYTES)
-    if call in ("release", "forget"):
+    if call in ("lend_read_ahead", "release", "forget"):
         store.start_read("a", prefetch=True)
     monkeypatch.setattr(transfers, "_wait_quietly", interrupted)
     with pytest.raises(KeyboardInterrupt):
         if call == "lend":
             store.lend("a")
+        elif call == "lend_read_ahead":  # its use never came: not recorded (nor pending, which the checks refuse)
+            store.wait_read("a")
         elif call == "read_into":
             store.read_into("a", torch.empty(NUMEL))
         else:
@@ -1023,10 +1026,35 @@ def test_a_call_whose_wait_for_a_read_is_interrupted_leaves_no_entry_reading(tmp
         assert not store.knows("a")
         store.add("a", NUMEL, str(tmp_path / "a.swp"))
     assert store.state("a") in (EntryState.ON_FILE, EntryState.CLEAN)
+    step = store.recorder.end_step()  # (None: no use recorded)
+    assert (step and step.keys) == (("a",) if call in ("lend", "read_into") else None), step
     assert torch.all(store.lend("a") == 1.0)
     store.release("a")
     store.close()
     slow.close()
+
+
+def test_the_stores_lock_is_taken_again_after_a_wait_where_ctrl_c_lands_in_that_acquire():
+    """A lock's acquire is interruptible: where the interrupt lands in the one that takes the store's lock back after
+    a wait for I/O, the lock is still taken before it goes on (the caller's books, its ``with`` block's release need
+    it held; before, it was raised with the lock free, and the ``with`` released it unheld: helper-142's review)."""
+    from tencache_ds.cache.transfers import _acquire_through_interrupts
+
+    class InterruptedOnce:
+        def __init__(self):
+            self.held, self.tries = False, 0
+
+        def acquire(self):
+            self.tries += 1
+            if self.tries == 1:
+                raise KeyboardInterrupt
+            self.held = True
+            return True
+
+    lock = InterruptedOnce()
+    with pytest.raises(KeyboardInterrupt):
+        _acquire_through_interrupts(lock)
+    assert lock.held and lock.tries == 2
 
 
 def test_a_read_ahead_written_over_and_released_leaves_no_use_pending(tmp_path, io):

@@ -109,8 +109,15 @@ class WrittenAtCommitCheckpointEngine(QueuedCheckpointEngine):
 ENGINES = {"queued": QueuedCheckpointEngine, "at_commit": WrittenAtCommitCheckpointEngine}
 
 
+# TENCACHE_TEST_FILE_SYSTEM_SHARING_RANK=<rank>: that rank shares tensors through files in /dev/shm (torch's
+# "file_system" strategy), so that its copies of the masters need room there and the other ranks' do not
+FILE_SYSTEM_SHARING_RANK = "TENCACHE_TEST_FILE_SYSTEM_SHARING_RANK"
+
+
 def main() -> int:
     from deepspeed.runtime.engine import DeepSpeedEngine
+    if os.environ.get(FILE_SYSTEM_SHARING_RANK) == os.environ.get("RANK", "0"):
+        mp.set_sharing_strategy("file_system")
     configure = DeepSpeedEngine._configure_checkpointing
     engine_class = ENGINES[os.environ.get("TENCACHE_TEST_CHECKPOINT_ENGINE", "queued")]
 

@@ -158,3 +158,21 @@ def test_stocks_checkpoint_with_the_optimizer_on_nvme_cannot_be_consolidated(tra
     folder = str(tmp_path / "ckpt-stock-nvme")
     train(block=None, steps=2, save_after=1, checkpoint_dir=folder, optimizer_offload_device="nvme", **FAST)
     assert isinstance(consolidate(folder), ValueError)
+
+
+def test_a_save_one_rank_cannot_make_is_refused_on_every_rank_before_any_file_is_written(train, tmp_path):
+    """A checkpoint engine that writes after its save returns (queued_checkpoint.py: DeepSpeed's decoupled writer's
+    way) is given copies of the masters. At 2 ranks rank 1 shares them through a /dev/shm of 16 MiB (torch's
+    "file_system" strategy), where its ranks' copies (its half of gpt2-tiny's 61 MB of masters, once a rank) do not
+    fit; rank 0 shares by descriptor. Every rank stops at the save's start, rank 1 naming /dev/shm, and the
+    checkpoint folder holds no file. Before, rank 1 decided alone, after its model file was queued, and rank 0 went
+    on into the save's barrier (helper-144's review)."""
+    if not unshare_mounts():
+        pytest.skip("this machine does not let a run mount a /dev/shm of its own (unshare --mount)")
+    folder = tmp_path / "ckpt"
+    stopped = train(block=QUARTER, steps=2, save_after=1, checkpoint_dir=str(folder), offload_device="nvme",
+                    launcher="ranks", num_ranks=2, expect_failure=True, script=QUEUED, timeout=120,
+                    shm_size="160m", env={"TENCACHE_TEST_FILE_SYSTEM_SHARING_RANK": "1"}, **FAST)
+    assert "which torch's \"file_system\" sharing strategy" in stopped.output, stopped.output[-3000:]
+    assert "another rank refused the save (its error says why); nothing was written" in stopped.output
+    assert [name for _root, _dirs, names in os.walk(folder) for name in names] == []

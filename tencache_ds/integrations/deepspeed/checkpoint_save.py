@@ -44,7 +44,7 @@ from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchChe
 from deepspeed.runtime.swap_tensor.optimizer_utils import OptimizerSwapper
 
 from ...cache.entry import EntryState
-from ...errors import TencacheOutOfMemory, TencacheResourceError
+from ...errors import TencacheError, TencacheOutOfMemory, TencacheResourceError
 from ...io import save_from_files
 from ...io.save_from_files import FilledWhenWritten, UncachedFile
 from ...io.reflink import folder_clones
@@ -52,7 +52,9 @@ from ...io.shared_files import place, room_to_write_again
 from ...log import logger
 from ...memory.descriptor_shared import copied_into_dev_shm, empty_shared_by_descriptor
 from ...probes.host_memory import read_host_memory
+from ...probes.limits import local_world_size
 from ...units import fmt_bytes
+from .agreement import agree_min
 from .optimizer_swapper import TencacheOptimizerSwapper
 
 
@@ -120,8 +122,8 @@ def masters_shown(optimizer, from_files: bool = False, copies: bool = False, set
     """While inside: each swapped-out fp32 master of a ZeRO-3 optimizer under tencache's optimizer swapper is the
     host tier's copy when it holds one (unless ``from_files``), else its swap file's bytes (made current first),
     mapped read-only; ``copies``: a copy of those bytes in a memory file of its own instead, for a checkpoint engine
-    that pickles them in its save and writes them later (refused before anything is copied where the host has not
-    the memory for all of them). Afterwards the placeholders are back. Yields, for the masters shown from files (never
+    that pickles them in its save and writes them later (the room for them checked at the save's start:
+    ``_refuse_save_on_any_rank``). Afterwards the placeholders are back. Yields, for the masters shown from files (never
     for copies), MasterSources {master's data_ptr: where io/save_from_files.py takes its bytes}: the views of the
     parameter partitions that hold them (a model trained in fp32 whose partitions the host tier keeps; not
     ``from_files``), else its swap file (whose first bytes are the master's). ``settled_by_the_writer`` (a save in two
@@ -140,12 +142,9 @@ def masters_shown(optimizer, from_files: bool = False, copies: bool = False, set
                 group for group in just_written if swapper.master_in_host_memory(group) is None) \
                 if settled_by_the_writer and not from_files and not copies else frozenset()
             swapper.settle_master_writes(but=by_the_writer)
-            swapped = [(master, info) for master in optimizer.fp32_partitioned_groups_flat
-                       for info in [swapper.swap_params_info.get(OptimizerSwapper.parameter_id(master))]
-                       if info is not None and master.numel() == 0]  # (not swapped, or swapped in now: as it is)
-            if copies:
-                _check_room_for_copies(sum(info.numel() * swapper.swap_element_size for _master, info in swapped))
-            for master, info in swapped:
+            # (room for copies: checked before the engine's save wrote anything, agreed over the ranks:
+            # _refuse_save_on_any_rank)
+            for master, info in _swapped_masters(optimizer, swapper):
                 path = info.tensors[0].swap_path  # the master: the first tensor of its swap info
                 held = swapper.store.knows(path) and swapper.store.kept(path)
                 if held and not from_files and swapper.store.state(path) != EntryState.READING:
@@ -181,6 +180,36 @@ def masters_shown(optimizer, from_files: bool = False, copies: bool = False, set
             master.data = torch.Tensor()  # stock's placeholder (optimizer_utils SwapTensorContext.release_memory)
         for path in lent:
             swapper.store.release(path)
+
+
+def _swapped_masters(optimizer, swapper):
+    """(master, swap info) of each fp32 master swapped out now (not swapped, or swapped in now: shown as it is)."""
+    return [(master, info) for master in optimizer.fp32_partitioned_groups_flat
+            for info in [swapper.swap_params_info.get(OptimizerSwapper.parameter_id(master))]
+            if info is not None and master.numel() == 0]
+
+
+def _refuse_save_on_any_rank(engine, swapper) -> None:
+    """Before the engine's save writes any file: raise where this rank cannot save (a master lent with its file
+    behind; no room for the copies a checkpoint engine that writes after its save returns is given), and on every
+    rank where any rank cannot. Decided later, each rank on its own, a refusal came after that rank's model file was
+    queued, while the other ranks went on into the save's barrier (helper-144's review). The copies' room counts
+    every rank of this node (each makes its own, from the same memory)."""
+    refusal = None
+    try:
+        swapper.check_no_master_lent_behind()
+        if not serialises_during_save(engine.checkpoint_engine):
+            own = sum(info.numel() * swapper.swap_element_size for _master, info in
+                      _swapped_masters(engine.optimizer, swapper))
+            _check_room_for_copies(own * local_world_size())
+    except Exception as err:  # noqa: BLE001  (raised on every rank below, not on this one alone)
+        refusal = err
+    none_refused, = agree_min([refusal is None])
+    if refusal is not None:
+        raise refusal
+    if not none_refused:
+        raise TencacheError("save_checkpoint: another rank refused the save (its error says why); nothing was "
+                            "written")
 
 
 def _copy_for_a_later_writer(source: torch.Tensor) -> torch.Tensor:
@@ -410,7 +439,7 @@ def swap_files_linked(method, direction: str):
         if not isinstance(swapper, TencacheOptimizerSwapper):
             return method(self, *args, **kwargs)
         if direction == "save":  # before the engine writes any file of the checkpoint
-            swapper.check_no_master_lent_behind()
+            _refuse_save_on_any_rank(self, swapper)
         with _copytree_linking(swapper, direction):
             return method(self, *args, **kwargs)
 

@@ -11,6 +11,7 @@ swap-in of a partition that is already resident or in flight (the coordinator's 
 an error.
 """
 import collections
+import contextlib
 import os
 import shutil
 import threading
@@ -272,8 +273,12 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
                     data = self.store.wait_read(key)
                 except BaseException:
                     # The store left the partition on file (no partial bytes); DeepSpeed sees it NOT_AVAILABLE, so
-                    # a retry reads it again instead of finding "no read in flight". The rest stay INFLIGHT. (A wait
-                    # interrupted by Ctrl-C gave the lend back too: the store's wait_read.)
+                    # a retry reads it again instead of finding "no read in flight". The rest stay INFLIGHT. A wait
+                    # interrupted by Ctrl-C gives the lend back itself (the store's wait_read), but not one
+                    # interrupted before it waits (taking the store's lock): given back here, or every later swap-in
+                    # of it stopped on "already lent or being read".
+                    with contextlib.suppress(Exception):  # (a failed read's error is the one raised)
+                        self.store.release(key)
                     self._mark_on_file(param)
                     raise
                 param.ds_tensor.data = data.data

@@ -14,7 +14,9 @@ from ...io.stale_files import hidden_name, hidden_parts
 # ``<state>-<ds_id>.tensor.swp`` for its optimizer state (the state dict's key: ``exp_avg``, ``momentum_buffer``,
 # or a client optimizer's own); ``<ds_id>`` is "<first>_<last>" parameter ids. Gradient files
 # (``<ds_id>_gradient_<offset>_<numel>.tensor.swp``) do not match.
-SWAP_FILE_NAME = re.compile(r"^(?:(?P<state>.+)-)?(?P<id>\d+_\d+)\.tensor\.swp$")
+# A hidden name (".<...>") is none: the files a process makes beside them (io/stale_files.py ``hidden_name``) end with
+# the name they stand in for.
+SWAP_FILE_NAME = re.compile(r"^(?!\.)(?:(?P<state>.+)-)?(?P<id>\d+_\d+)\.tensor\.swp$")
 
 
 def sub_group_order(sub_group: str):
@@ -39,17 +41,23 @@ def staged_load_name(name: str) -> str:
     return hidden_name(name, STAGED_LOAD_KIND)
 
 
+# what ``staged_load_name`` gave before 2026-12-07: such leftovers are still dropped after a load
+_STAGED_LOAD_PREFIX_BEFORE = ".loading-"
+
+
 def is_staged_load(name: str) -> bool:
-    """Whether ``name`` is a ``staged_load_name`` (of any process)."""
+    """Whether ``name`` is a ``staged_load_name`` (of any process, or of a version before process ids in names)."""
     parts = hidden_parts(name)
-    return parts is not None and parts[0] == STAGED_LOAD_KIND
+    return (parts is not None and parts[0] == STAGED_LOAD_KIND) or name.startswith(_STAGED_LOAD_PREFIX_BEFORE)
 
 
 # The last words of every refusal of a load with the optimizer on NVMe: they come when the engine copies the swap
-# folder (engine.py load_checkpoint), after its _load_checkpoint set the module's state, the lr scheduler and the step
-# counts from the checkpoint, which a refusal here cannot take back
-LOAD_REFUSED = ("No swap file was placed and no optimizer state set; the engine had set the module's state, the lr "
-                "scheduler and the step counts from the checkpoint already: load one that fits before training on.")
+# folder (engine.py load_checkpoint), after its _load_checkpoint set what the load asked of it (the module's state but
+# for a universal checkpoint, the lr scheduler and the step counts but for a load of the module only), which a
+# refusal here cannot take back
+LOAD_REFUSED = ("No swap file was placed and no optimizer state set, but what the engine's load sets first (the "
+                "module's state, the lr scheduler, the step counts, as asked) may be the checkpoint's already: load "
+                "one that fits before training on.")
 
 
 class LoadPlaces(enum.Enum):
