@@ -53,12 +53,16 @@ def test_ids_shifted_by_whole_sub_groups_are_renamed_without_overwriting_a_loade
     """Regression test: the checkpoint's ids (0_9, 10_19) and this engine's (10_19, 20_29) overlap. Renaming in one
     pass moved 0_9's file onto 10_19 before 10_19's own file had gone to 20_29: that file was lost and the next
     rename found nothing (FileNotFoundError). Without the optimizer's state only the masters are renamed; this
-    engine's live moments stay under its ids."""
+    engine's live moments stay under its ids. Until 2026-12-07 the copy placed the checkpoint's 10_19 under its own
+    name, over this engine's live 10_19, until adoption."""
     tag_dir, loaded, folder = checkpoint_and_swap_folders(tmp_path)
     files(loaded, ["0_9", "10_19"], [None, "exp_avg"], "checkpoint")  # what the checkpoint holds
     files(folder, ["10_19", "20_29"], [None, "exp_avg"], "live")  # this engine's own state
     engine, forgotten, rebuilt = engine_with(folder, ["10_19", "20_29"])
     load_copy(engine, loaded, folder, LoadPlaces.MASTERS if masters_only else LoadPlaces.ALL)
+    # every loaded file hidden until adoption: the live 10_19 is not the checkpoint's 10_19, which the engine's
+    # reset right after the copy read as its own and wrote back changed (helper-143's review)
+    assert (folder / "10_19.tensor.swp").read_text() == "live:10_19"
     renamed = adopt_loaded_files(engine, str(tmp_path / "ckpt"), str(tag_dir / "mp_rank_00_model_states.pt"),
                                  masters_only=masters_only)
     assert renamed == (2 if masters_only else 4) and rebuilt == [True]

@@ -69,8 +69,7 @@ from ...errors import TencacheError
 from ...io.stale_files import hidden_name
 from ...log import logger
 from .optimizer_swapper import TencacheOptimizerSwapper
-from .swap_files import (ADOPTING_KIND, SWAP_FILE_NAME, LoadPlaces, staged_load_name, sub_group_order,
-                         swap_file_name)
+from .swap_files import ADOPTING_KIND, SWAP_FILE_NAME, LoadPlaces, sub_group_order, swap_file_name
 from .reporting import param_swappers_of_optimizer
 from .saved_layout import places_for_saved_layout
 from .zero_file import (holds_no_bytes, live_by_saved_id, load_zero_state, restore_group_settings,
@@ -131,8 +130,7 @@ def _adopt(swapper, optimizer, loaded_dir, masters_only: bool) -> int:
     for old, new in zip(sorted(loaded, key=sub_group_order), sorted(current, key=sub_group_order)):
         for state in loaded[old]:
             name = swap_file_name(old, state)
-            source = os.path.join(swapper.files_folder, name if old in swapper.swap_params_info
-                                  else staged_load_name(name))
+            source = os.path.join(swapper.files_folder, swapper.load_target_name(name))  # (where the copy put it)
             target = os.path.join(swapper.files_folder, swap_file_name(new, state))
             staging = os.path.join(swapper.files_folder, hidden_name(swap_file_name(new, state), ADOPTING_KIND))
             os.replace(source, staging)

@@ -224,6 +224,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             self._micro_steps = max(1, int(getattr(stage3, "gradient_accumulation_steps", 1) or 1))
             self._checkpoint_load_pending = False  # the engine's load_checkpoint is running (loading_checkpoint)
             self._load_places = LoadPlaces.ALL  # ... and what its copy of the checkpoint's files places
+            self._stage_every_loaded_file = False  # ... and whether it places them all hidden (begin_load_copy)
             self._before_load_copy = None  # ... settled when the copy starts (begin_load_copy)
             self.last_load_places: Optional[LoadPlaces] = None  # what the last load's copy placed (None: no copy)
             self.last_load_source: Optional[str] = None  # ... from which folder (the checkpoint's, for this rank)
@@ -309,6 +310,14 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         ``last_load_places``: adoption). Files an earlier load left staged (it stopped before adoption) go."""
         self.drop_staged_loads()
         self.last_load_source = source
+        # Where the checkpoint's sub-group ids are not this engine's, adoption renames its files to them afterwards
+        # (checkpoint.adopt_loaded_files): every file is placed hidden until then. One under its own name, where the
+        # two sets of ids overlap, replaced this engine's live file of that id, which the engine's reset right after
+        # the copy then read as this engine's sub-group and wrote back changed (its write possibly still in flight
+        # when adoption renamed the file away): the loaded bytes adopted were those (helper-143's review).
+        loaded_ids = {match["id"] for name in (os.listdir(source) if os.path.isdir(source) else ())
+                      for match in [SWAP_FILE_NAME.match(name)] if match is not None}
+        self._stage_every_loaded_file = not set(self.swap_params_info) <= loaded_ids
         if self._before_load_copy is not None:
             self._load_places = self._before_load_copy(self._load_places, source)
         self.last_load_places = self._load_places
@@ -331,14 +340,15 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
     def load_target_name(self, name: str) -> Optional[str]:
         """The name under which the engine's copy of a checkpoint over the swap folder (checkpoint_save.py) places
         the checkpoint's file ``name``, or None where it places nothing (LoadPlaces). A swap file of a sub-group
-        this swapper does not have (a checkpoint from a rebuilt model or another process) is placed hidden,
-        ``staged_load_name``, for adoption to rename (checkpoint.adopt_loaded_files): under its own name it could
-        replace the live file of another engine sharing the folder, whose sub-group ids may be the checkpoint's."""
+        this swapper does not have (a checkpoint from a rebuilt model or another process), and every one where
+        adoption will rename them (``begin_load_copy``), is placed hidden, ``staged_load_name``, for adoption to
+        rename (checkpoint.adopt_loaded_files): under its own name it could replace the live file of another engine
+        sharing the folder, whose sub-group ids may be the checkpoint's."""
         match = SWAP_FILE_NAME.match(name)
         if not self._load_places.places_files or (
                 self._load_places is LoadPlaces.MASTERS and (match is None or match["state"] is not None)):
             return None
-        if match is not None and match["id"] not in self.swap_params_info:
+        if match is not None and (self._stage_every_loaded_file or match["id"] not in self.swap_params_info):
             return staged_load_name(name)
         return name
 
