@@ -62,7 +62,9 @@ class EntryStore:
         self.recorder = StepRecorder()
         self.counters = StoreCounters()
         self.debug_checks = os.environ.get(DEBUG_CHECKS_ENV) == "1"
-        self._lock = threading.Lock()
+        # reentrant only so that its owner is known (Transfers takes it back after a wait through interrupts); no
+        # call takes it twice: a wait releases it once
+        self._lock = threading.RLock()
         self._table = EntryTable()
         self._transfers = Transfers(name, dtype, aligned_numel, io, source, self._table, self._lock, self.recorder,
                                     self.counters)

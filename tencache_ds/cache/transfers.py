@@ -379,12 +379,15 @@ class PostponedInterrupt:
 
 
 def _acquire_through_interrupts(lock) -> None:
-    """``lock.acquire()`` that an interruption (Ctrl-C: a lock's acquire is interruptible) does not give up: the
-    caller's books and its ``with`` block's release need the lock held. The interruption is raised once it is."""
-    interrupted, acquired = None, False
-    while not acquired:
+    """``lock.acquire()`` (an RLock: its owner is known) that an interruption does not give up: Ctrl-C may land in
+    the acquire (it is interruptible) or right after it returned, and the caller's books and its ``with`` block's
+    release need the lock held, once. The interruption is raised once it is."""
+    interrupted = None
+    while True:
         try:
-            acquired = lock.acquire()
+            if not lock._is_owned():  # (taken already where the interrupt came right after the acquire)
+                lock.acquire()
+            break
         except BaseException as err:  # noqa: BLE001  raised below, with the lock held
             interrupted = interrupted or err
     if interrupted is not None:

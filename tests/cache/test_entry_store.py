@@ -1036,25 +1036,38 @@ def test_a_call_whose_wait_for_a_read_is_interrupted_leaves_no_entry_reading(tmp
 
 def test_the_stores_lock_is_taken_again_after_a_wait_where_ctrl_c_lands_in_that_acquire():
     """A lock's acquire is interruptible: where the interrupt lands in the one that takes the store's lock back after
-    a wait for I/O, the lock is still taken before it goes on (the caller's books, its ``with`` block's release need
-    it held; before, it was raised with the lock free, and the ``with`` released it unheld: helper-142's review)."""
+    a wait for I/O, the lock is still taken, once, before it goes on (the caller's books, its ``with`` block's release
+    need it held; before, it was raised with the lock free, and the ``with`` released it unheld: helper-142's review;
+    a first fix took it twice where the interrupt came as the acquire returned: helper-145's)."""
     from tencache_ds.cache.transfers import _acquire_through_interrupts
 
-    class InterruptedOnce:
-        def __init__(self):
-            self.held, self.tries = False, 0
+    import threading
+
+    class Interrupted:
+        """The store's lock (an RLock), where Ctrl-C lands in the first acquire: before it took the lock (a wait
+        interrupted) or right after (raised as the call returns: taking it again would have hung for good)."""
+
+        def __init__(self, after: bool):
+            self.lock, self.after, self.tries = threading.RLock(), after, 0
 
         def acquire(self):
             self.tries += 1
             if self.tries == 1:
+                if self.after:
+                    self.lock.acquire()
                 raise KeyboardInterrupt
-            self.held = True
-            return True
+            return self.lock.acquire()
 
-    lock = InterruptedOnce()
-    with pytest.raises(KeyboardInterrupt):
-        _acquire_through_interrupts(lock)
-    assert lock.held and lock.tries == 2
+        def _is_owned(self):
+            return self.lock._is_owned()
+
+    for after in (False, True):
+        lock = Interrupted(after)
+        with pytest.raises(KeyboardInterrupt):
+            _acquire_through_interrupts(lock)
+        assert lock.tries == (1 if after else 2)
+        lock.lock.release()  # held once: free after one release
+        assert not lock.lock._is_owned()
 
 
 def test_a_read_ahead_written_over_and_released_leaves_no_use_pending(tmp_path, io):

@@ -27,8 +27,9 @@ def test_masters_and_state_files(name, state, sub_group):
                                   # hidden files that end with the name they stand in for: a copy before its rename in
                                   # a checkpoint folder (a save killed there) was taken for a state file of sub-group
                                   # 3_4 until 2026-12-07, and adoption stopped on it (helper-142's review)
-                                  hidden_name("a1b2c3d4.exp_avg-3_4.tensor.swp", "tmp"),
-                                  staged_load_name("3_4.tensor.swp"), ".loading-3_4.tensor.swp"])
+                                  pytest.param(hidden_name("a1b2c3d4.exp_avg-3_4.tensor.swp", "tmp"), id="tmp"),
+                                  pytest.param(staged_load_name("3_4.tensor.swp"), id="staged"),
+                                  ".loading-3_4.tensor.swp"])  # (ids without the pid: the same in every worker)
 def test_other_files_are_neither(name):
     assert SWAP_FILE_NAME.match(name) is None
 
