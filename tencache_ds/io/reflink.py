@@ -1,5 +1,6 @@
 """Blocks shared between two files (a reflink), where the file system allows. Owns: cloning a byte range of one file
-into another (``clone_range``), and knowing whether a folder's file system clones at all (``folder_clones``).
+into another (``clone_range``), and knowing whether a folder's file system clones at all (``folder_clones``), or
+from one folder into another (``clones_between``).
 
 XFS (with ``reflink=1``, mkfs.xfs's default since xfsprogs 5.1), btrfs, bcachefs and OCFS2 let one file's blocks
 appear in another without copying them (``ioctl(FICLONERANGE)``); a later write to either file gets new blocks
@@ -22,7 +23,7 @@ FICLONERANGE = 0x4020940D
 _CANNOT_CLONE = {errno.EOPNOTSUPP, errno.ENOTSUP, errno.EXDEV, errno.EINVAL, errno.ENOTTY, errno.EPERM,
                  errno.ETXTBSY, errno.ENOSYS}
 
-_clones_by_device: dict = {}
+_clones_by_folders: dict = {}  # (source folder's device, target's; their real paths where they differ) -> bool
 _clones_lock = threading.Lock()
 
 
@@ -51,16 +52,28 @@ def clone_range(source_fd: int, source_offset: int, target_fd: int, target_offse
 def folder_clones(folder: str) -> bool:
     """Does the file system holding ``folder`` (which must exist) clone ranges? Probed once per file system, with
     two one-block files in ``folder`` that are removed afterwards."""
-    device = os.stat(folder).st_dev
+    return clones_between(folder, folder)
+
+
+def clones_between(source_folder: str, target_folder: str) -> bool:
+    """Can a file in ``source_folder`` share its blocks with one in ``target_folder`` (both must exist)? One file
+    system is not enough: before Linux 5.18 a clone across two mounts of it (bind mounts: a container's volumes)
+    fails with EXDEV. Probed once per pair of folders (once per file system for one folder), with a one-block file
+    in each, removed afterwards."""
+    devices = (os.stat(source_folder).st_dev, os.stat(target_folder).st_dev)
+    if devices[0] != devices[1]:
+        return False
+    paths = (os.path.realpath(source_folder), os.path.realpath(target_folder))
+    key = devices if paths[0] == paths[1] else devices + paths
     with _clones_lock:
-        if device not in _clones_by_device:
-            _clones_by_device[device] = _probe(folder)
-        return _clones_by_device[device]
+        if key not in _clones_by_folders:
+            _clones_by_folders[key] = _probe(source_folder, target_folder)
+        return _clones_by_folders[key]
 
 
-def _probe(folder: str) -> bool:
-    block = block_size(folder)
-    with tempfile.TemporaryFile(dir=folder) as source, tempfile.TemporaryFile(dir=folder) as target:
+def _probe(source_folder: str, target_folder: str) -> bool:
+    block = block_size(target_folder)
+    with tempfile.TemporaryFile(dir=source_folder) as source, tempfile.TemporaryFile(dir=target_folder) as target:
         source.write(b"\x5a" * block)
         source.flush()
         target.truncate(block)

@@ -69,6 +69,11 @@ COPY_LANES = 4
 # page, so that no page of the file is written buffered (the first pass, a storage's tail) and by O_DIRECT at once,
 # which can leave a stale cached page that writeback later puts over the O_DIRECT bytes
 WHOLE_BYTES = HOST_PAGE_BYTES
+# The largest storage alignment torch's writer gets right: it pads each record in its zip local header's extra field,
+# whose 16-bit length holds the padding plus 4 bytes (at 128 KiB it wrote a file torch cannot read, "Couldn't parse
+# the version"; at 64 KiB a padding of 65532 or more would wrap). A file system reporting larger blocks (ZFS's
+# recordsize, NFS's wsize, CephFS's object size) is not aligned to them: its ranges are copied, not cloned.
+TORCH_ALIGNMENT_LIMIT = 32 * 1024
 # A storage in host memory at least this large is written through O_DIRECT too (gathered into the lanes' buffers),
 # for the reason the copies are (``_DirectWrites``): the page cache's dirty pages, where little memory is free
 DIRECT_FROM_MEMORY_BYTES = 1024 * 1024
@@ -139,7 +144,7 @@ def save_from_files(obj, path: str, sources: Dict[int, Source]) -> Optional[Save
     try:
         config = serialization_config.save
         alignment = config.storage_alignment
-        config.storage_alignment = max(alignment, block, WHOLE_BYTES)
+        config.storage_alignment = max(alignment, WHOLE_BYTES, block if block <= TORCH_ALIGNMENT_LIMIT else 0)
         try:
             with torch.serialization.skip_data():
                 torch.save(obj, temporary)

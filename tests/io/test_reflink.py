@@ -42,3 +42,16 @@ def test_a_file_system_that_does_not_clone_clones_nothing_and_leaves_the_target_
     block = block_size(str(tmp_path))
     assert clone(str(tmp_path), b"\x02" * (2 * block), b"\x01" * (2 * block), 0, 0, 2 * block) == 0
     assert read(tmp_path / "target") == b"\x01" * (2 * block)
+
+
+def test_clones_between_two_folders_are_probed_between_them(reflink_folder, tmp_path):
+    """Whether a swap folder's files can share blocks with a checkpoint folder's is probed from the one into the
+    other (a clone across two mounts of one file system, a container's bind-mounted volumes, fails with EXDEV before
+    Linux 5.18, where a probe inside one folder said yes and every master was then copied after all: helper-146's
+    review): two folders of the XFS image clone, and the image and the test folder (another file system) do not."""
+    from tencache_ds.io.reflink import clones_between
+    first, second = os.path.join(reflink_folder, "swap"), os.path.join(reflink_folder, "checkpoints")
+    os.makedirs(first, exist_ok=True)
+    os.makedirs(second, exist_ok=True)
+    assert clones_between(first, second) and clones_between(second, first)
+    assert not clones_between(first, str(tmp_path)) and not clones_between(str(tmp_path), first)

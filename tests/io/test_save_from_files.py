@@ -118,6 +118,19 @@ def test_where_nothing_clones_the_masters_are_copied_from_their_files(tmp_path):
     assert_reads_back(str(tmp_path / "zero.pt"), state, masters)
 
 
+def test_a_file_system_reporting_blocks_larger_than_torch_can_align_to_still_saves_in_two_passes(tmp_path,
+                                                                                                 monkeypatch):
+    """ZFS reports its recordsize (128 KiB) as its block size, NFS its wsize (often 1 MiB): storages aligned to that
+    made torch write a file it cannot read back ("Couldn't parse the version"), so every save fell back to a plain
+    torch.save after a wasted first pass (helper-146's review). They are page-aligned there, and copied."""
+    monkeypatch.setattr(save_from_files_module, "block_size", lambda _folder: 128 * 1024)
+    state, masters, sources = zero_state(str(tmp_path))
+    done = save_from_files(state, str(tmp_path / "zero.pt"), sources)
+    assert done is not None and done.cloned_bytes == 0
+    assert done.copied_bytes == whole(MASTER_ELEMENTS * 4) + 4096 * 4
+    assert_reads_back(str(tmp_path / "zero.pt"), state, masters)
+
+
 def test_what_a_source_file_does_not_hold_is_written_from_memory(tmp_path):
     """A file that ends before the master's bytes do gives what it has; the rest is written from the tensor."""
     state, masters, sources = zero_state(str(tmp_path))

@@ -47,7 +47,7 @@ from ...cache.entry import EntryState
 from ...errors import TencacheError, TencacheOutOfMemory, TencacheResourceError
 from ...io import save_from_files
 from ...io.save_from_files import FilledWhenWritten, UncachedFile
-from ...io.reflink import folder_clones
+from ...io.reflink import clones_between
 from ...io.shared_files import place, room_to_write_again
 from ...log import logger
 from ...memory.descriptor_shared import copied_into_dev_shm, empty_shared_by_descriptor
@@ -361,12 +361,12 @@ def _saves_from_files(checkpoint_engine) -> bool:
 
 
 def _can_share_blocks(swap_folder: str, checkpoint_folder: str) -> bool:
-    """Does one file system that clones ranges hold both folders?"""
+    """Can the swap files share their blocks with files in the checkpoint's folder?"""
     existing = os.path.abspath(checkpoint_folder)
     while not os.path.isdir(existing) and os.path.dirname(existing) != existing:
         existing = os.path.dirname(existing)  # the tag's folder may not be made yet: its file system is its parent's
     try:
-        return os.stat(swap_folder).st_dev == os.stat(existing).st_dev and folder_clones(existing)
+        return clones_between(swap_folder, existing)
     except OSError as err:  # e.g. a folder we may not write the probe's files in: the masters are written
         logger.info("the ZeRO file's masters are written, not shared: %s", err)
         return False
