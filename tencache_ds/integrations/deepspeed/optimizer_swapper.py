@@ -645,6 +645,10 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         for context in states:
             if self.store.knows(context.swap_path):
                 self.store.forget(context.swap_path)
+            # its file goes too: a save before the next step (which writes it anew) linked it into the checkpoint,
+            # whose ZeRO file says the state is empty (the checkpoint's room taken for nothing)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(context.swap_path)
         swap_info.tensors = swap_info.tensors[:1]
         swap_info.has_state_tensors = False
         return len(states)
