@@ -174,7 +174,6 @@ def ensure_dist_env(local_rank=None):
     os.environ.setdefault("RANK", "0")
     os.environ.setdefault("LOCAL_RANK", str(local_rank if local_rank is not None else 0))
     os.environ.setdefault("WORLD_SIZE", "1")
-    os.environ.setdefault("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"])
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     # Port 0 lets the kernel choose the rendezvous store's port as it binds it; a port picked before (free_port) can
     # be taken by another process in between (a suite run failed so, EADDRINUSE, on 2026-12-01). Not where DeepSpeed

@@ -4,9 +4,9 @@ not own: probing devices beyond what the standard library and psutil can see (th
 passed in).
 
 Host memory is a node's: "auto" and the "fits the machine" checks divide it between the ranks of the node
-(``LOCAL_WORLD_SIZE``, set by the deepspeed launcher and torchrun). In a container it is the container's: the
-node's memory bounded by the memory cgroup's limit (probes/host_memory.py). RLIMIT_MEMLOCK is a process's: each
-rank may lock up to the whole limit, so it is never divided.
+(probes/limits.py: ``LOCAL_SIZE`` from the deepspeed launcher, ``LOCAL_WORLD_SIZE`` from torchrun). In a container
+it is the container's: the node's memory bounded by the memory cgroup's limit (probes/host_memory.py).
+RLIMIT_MEMLOCK is a process's: each rank may lock up to the whole limit, so it is never divided.
 
 Pure but for MachineResources.probe, which gathers the machine's readings from probes/ (the leaf that reads /proc,
 cgroups and rlimits). Imports neither torch nor deepspeed (nor psutil), so it is testable anywhere and usable by

@@ -1,5 +1,5 @@
 """This process's limits and place on the node. Owns: reading RLIMIT_MEMLOCK and CAP_IPC_LOCK (how much it may
-page-lock), VmLck (how much it has locked), and LOCAL_WORLD_SIZE (how many ranks share the node). Does not own:
+page-lock), VmLck (how much it has locked), and how many ranks share the node (the launcher's variable). Does not own:
 what to do with the numbers (plan/budget.py, memory/arena.py).
 
 Leaf module: imports nothing from tencache_ds, nor torch or deepspeed.
@@ -9,15 +9,20 @@ import resource
 from typing import Optional
 
 UNLIMITED = -1
-LOCAL_WORLD_SIZE_ENV = "LOCAL_WORLD_SIZE"  # ranks on this node (deepspeed launcher, torchrun)
+# Ranks on this node, as each launcher says it: torchrun's, the deepspeed launcher's (launcher/launch.py sets
+# LOCAL_SIZE, never LOCAL_WORLD_SIZE: until 2026-12-07 every rank it started counted itself alone on its node, and
+# split nothing between the ranks: helper-148's review), Open MPI's (DeepSpeed's mpirun runners)
+LOCAL_WORLD_SIZE_ENVS = ("LOCAL_WORLD_SIZE", "LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE")
 
 
 def local_world_size() -> int:
-    """Ranks on this node: ``LOCAL_WORLD_SIZE`` when a launcher set it (deepspeed, torchrun), else 1."""
-    try:
-        return max(1, int(os.environ.get(LOCAL_WORLD_SIZE_ENV, "1")))
-    except ValueError:
-        return 1
+    """Ranks on this node: the first of ``LOCAL_WORLD_SIZE_ENVS`` a launcher set (to a whole number), else 1."""
+    for name in LOCAL_WORLD_SIZE_ENVS:
+        try:
+            return max(1, int(os.environ[name]))
+        except (KeyError, ValueError):
+            continue
+    return 1
 
 
 def locked_bytes_now() -> Optional[int]:

@@ -27,11 +27,18 @@ def test_auto_is_shared_by_the_ranks_of_a_node():
 
 
 def test_local_world_size_comes_from_the_launcher(monkeypatch):
-    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    """torchrun's LOCAL_WORLD_SIZE, the deepspeed launcher's LOCAL_SIZE (it sets no LOCAL_WORLD_SIZE: every rank it
+    started counted itself alone until 2026-12-07), Open MPI's; 1 where none is set or none is a number."""
+    for name in ("LOCAL_WORLD_SIZE", "LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"):
+        monkeypatch.delenv(name, raising=False)
     assert local_world_size() == 1
+    monkeypatch.setenv("LOCAL_SIZE", "2")  # deepspeed --num_gpus 2
+    assert local_world_size() == 2
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
     assert local_world_size() == 8 and MachineResources.probe().local_world_size == 8
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "garbage")
+    assert local_world_size() == 2
+    monkeypatch.delenv("LOCAL_SIZE")
     assert local_world_size() == 1
 
 
