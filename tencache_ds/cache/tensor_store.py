@@ -107,13 +107,12 @@ class TensorStore(EntryStoreWrapper):
 
     def hand_over(self, key) -> None:
         """DeepSpeed keeps ``key``'s bytes in memory of its own from now on (stage 3's ``max_in_cpu`` buffer): forget
-        the entry (its buffer goes back, nothing is written). While no partition is lent, in flight or dirty, the
-        clean copies of the others are dropped too, the arena and the cache budget it took go back, and the
-        partitions still swapped are planned anew at the next ``plan``: slots only for them (stage 3 hands
-        partitions over after zero.Init's gathers have planned slots for all)."""
+        the entry (its buffer goes back, nothing is written). The slots planned for it stay until the caller's
+        ``give_back_slots`` once the hand-overs are over (stage 3 hands partitions over one after the other, after
+        zero.Init's gathers have planned slots for all): then the partitions still swapped are planned anew, slots
+        only for them."""
         self.entries.forget(key)
         self._unplanned.pop(key, None)
-        self.give_back_slots()
 
     def give_back_slots(self) -> bool:
         """While no partition is lent, in flight or owed to its file: drop the clean copies (their files hold the

@@ -356,8 +356,9 @@ def test_cache_slots_fit_the_memlock_limit_after_the_streaming_slots(tmp_path):
 
 def test_a_partition_handed_over_to_deepspeed_keeps_no_copy_and_no_slot(tmp_path):
     """stage 3 moves partitions into its own CPU buffer (max_in_cpu) after zero.Init planned slots for all: the
-    handed-over ones leave no cached copy, the arena is planned again for the rest only, and handing over the
-    last one gives back every slot and the cache budget."""
+    handed-over ones leave no cached copy; once the hand-overs are over the slots go back and the arena is planned
+    again for the rest only (not after each: it was mapped anew for every partition handed over), and after the
+    last one every slot and the cache budget are given back."""
     budget = HostBudget(64 << 20)
     io = DirectFileIO(num_threads=2)
     store = TensorStore(str(tmp_path), torch.float32, aligned, slots_per_class=1, lock="best_effort", io=io,
@@ -368,11 +369,14 @@ def test_a_partition_handed_over_to_deepspeed_keeps_no_copy_and_no_slot(tmp_path
         for key in range(4):
             read(store, key)  # zero.Init's gathers: every partition now has a cached copy
         assert store.stats()["cached_bytes"] > 0 and budget.used_bytes > 0
-        for key in range(3):  # the 1.2 MB partitions go to DeepSpeed's buffer
+        mapped = store.pool.stats()["reserved_bytes"]
+        for key in range(3):  # the 1.2 MB partitions go to DeepSpeed's buffer, one after the other
             dest = torch.empty(300_000)
             store.read_into(key, dest)
             store.hand_over(key)
             assert torch.equal(dest, expected[key]) and not store.knows(key)
+            assert store.pool.stats()["reserved_bytes"] == mapped  # the arena is not mapped anew for each
+        assert store.give_back_slots()  # once they are over
         stats = store.stats()
         assert stats["cached_bytes"] == 0 and stats["in_use_bytes"] == 0 and stats["reserved_bytes"] == 0
         assert budget.used_bytes == 0
@@ -380,6 +384,7 @@ def test_a_partition_handed_over_to_deepspeed_keeps_no_copy_and_no_slot(tmp_path
         assert store.pool.stats()["reserved_bytes"] == store.pool.class_bytes(store.swap_nbytes(100_000))
         assert torch.equal(read(store, 3), expected[3])
         store.hand_over(3)
+        assert store.give_back_slots()
         assert store.pool.stats()["reserved_bytes"] == 0 and budget.used_bytes == 0
     finally:
         store.close()

@@ -127,6 +127,7 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
             self._sequence_facts = param_sequence_facts(ds_config)
             self._reads_since_write_back = False
             self._profile_looked_up = False
+            self._handed_over = False  # stage 3 took partitions (swap_into_buffer) since the slots were last planned
             self._lock = threading.RLock()
             # ds_id -> what the swapper knows of the partition beyond the store: its parameter and where it is in a
             # read of ours (partition_record.py). Reads ahead planned from the profile (plan/prefetch.py) are started
@@ -293,7 +294,7 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
             raise RuntimeError(f"param {param.ds_id} is already available or inflight")
         settle_owed_masters([param.ds_id])  # handed to stage 3's buffer, which may change it
         with self._lock:
-            self.plan()
+            self._plan_slots()  # (not plan(): the slots are given back once, after the hand-overs: below)
             self._step_reads_begin([param])
             record = self._partitions.get(param.ds_id)
             if record is not None and record.read is Read.AHEAD:  # read into our buffer; the caller wants its own
@@ -304,6 +305,7 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
             self.partition_writes[param.ds_id] += 1  # stage 3's buffer holds it from now on, not ours
             self._mark_on_file(param)
             self.store.hand_over(param.ds_id)  # stage 3 keeps it in its max_in_cpu buffer: no copy of ours stays
+            self._handed_over = True
             self._checked()
 
     def remove_partition_and_release_buffers(self, params):
@@ -530,7 +532,17 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
 
     # ------------------------------------------------------------------------------------------- planning
     def plan(self):
-        """Reserve slots for newly seen partitions; the first time, also look for a saved profile of them."""
+        """Reserve slots for newly seen partitions; the first time, also look for a saved profile of them. After
+        partitions were handed over to stage 3 (``swap_into_buffer``: one after the other, at start-up), the slots go
+        back first, once, so that the arena is planned for those still swapped only: given back at each hand-over,
+        the arena was mapped, locked (and on a GPU registered) anew for every partition stage 3 took (helper-149's
+        review)."""
+        if self._handed_over:
+            self._handed_over = False
+            self.store.give_back_slots()
+        self._plan_slots()
+
+    def _plan_slots(self):
         self.store.plan()
         if not self._profile_looked_up:
             self._profile_looked_up = True
