@@ -48,7 +48,8 @@ class TensorStore(EntryStoreWrapper):
         "knows", "state", "kept", "path", "numels", "lent_or_reading", "lendable_without_buffer", "swap_nbytes", "lend",
         "lend_new", "newest_view", "start_read", "prefetch_if_free", "read_done", "wait_read",
         "read_into", "read_newest_into", "release",
-        "mark_all_lent_changed", "store", "write_and_release", "flush", "flush_key", "wait_writes", "held_keys", "forget", "check_invariants",
+        "mark_changed", "mark_all_lent_changed", "store", "write_and_release", "flush", "flush_key", "wait_writes",
+        "held_keys", "forget", "check_invariants",
         "recorder", "counters", "name", "dtype", "element_size"})
 
     def __init__(self, folder: str, dtype: torch.dtype, aligned_numel: Callable[[int], int], slots_per_class: int,

@@ -21,6 +21,12 @@ def test_a_failed_read_is_reported_once_and_the_partition_can_be_read_again():
     run_scenario("failed_read.py")
 
 
+def test_a_resident_partition_rewritten_in_place_outside_a_step_keeps_its_new_bytes():
+    """Defect: stage 3's in-place copy of new weights into a resident partition was marked only at a step's end; a
+    load's rebuild ends none, and the partition released before one was dropped clean (rewritten_in_place.py)."""
+    run_scenario("rewritten_in_place.py")
+
+
 def test_the_partition_records_agree_with_deepspeed_after_every_call():
     """One record per partition (integrations/deepspeed/partition_record.py): asked for, read ahead, waited for,
     released, rewritten and handed over, and a read ahead that failed, each checked against DeepSpeed's status

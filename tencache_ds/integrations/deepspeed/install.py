@@ -41,7 +41,7 @@ from .memory_pressure import governor_of
 from .one_rank_reduce import (marking_tencache_reductions, partitioning_each_gradient_at_once,
                               reducing_without_copy_at_one_rank)
 from .optimizer_swapper import TencacheOptimizerSwapper
-from .param_swapper import TencacheParamSwapper
+from .param_swapper import TencacheParamSwapper, rewritten_in_place
 from .stage3_gradients import handing_gradients_uncast, noting_gradient_scales
 
 
@@ -214,10 +214,12 @@ def _keeping_device_tier(partition_all_parameters):
 
 def _noting_master_copies(partitioned_params_swap_out):
     """stage 3 copies a sub-group's fp32 master into its parameter partitions (after its update, at
-    initialisation, at loads): the optimizer swapper notes that they hold the master (master_copies.py)."""
+    initialisation, at loads): the optimizer swapper notes that they hold the master (master_copies.py), and the
+    parameter swapper that those copied in place, resident, hold the newest bytes."""
     @functools.wraps(partitioned_params_swap_out)
     def partitioned_params_swap_out_noted(self, i, *args, **kwargs):
         result = partitioned_params_swap_out(self, i, *args, **kwargs)
+        rewritten_in_place(self.fp16_groups[i], self.fp16_partitioned_groups[i])
         swapper = getattr(self, "optimizer_swapper", None)
         if isinstance(swapper, TencacheOptimizerSwapper):
             swapper.master_copied_to_partitions(i, self.fp32_partitioned_groups_flat[i])

@@ -416,6 +416,17 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
         if failed is not None:
             raise failed
 
+    def partitions_rewritten_in_place(self, params) -> None:
+        """stage 3 copied new weights into these partitions in place, resident (``_partitioned_params_swap_out``:
+        the AVAILABLE ones, not through us): their bytes are the newest, owed to their files. Marked at once, not
+        only when the step ends (``_end_step_segment``): a load's rebuild of the parameters (reset_swap_buffers, the
+        rigid load) ends no step, and a partition released clean after the next forward was dropped, and the
+        backward read its file's old bytes (helper-149's review)."""
+        with self._lock:
+            for param in params:
+                if self.store.knows(param.ds_id):
+                    self.store.mark_changed(param.ds_id)
+
     def reserve_available_buffers(self):
         # fast_init lends these to the optimizer swapper as fp16 staging; tencache's optimizer swapper reads the
         # fp16 files itself (optimizer_swapper.initialize_from_swapped_fp16_params) and ignores them, but stage 3
@@ -687,6 +698,19 @@ def _is_gathered(param) -> bool:
     # ZeroParamStatus is looked up at call time
     from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
     return getattr(param, "ds_status", None) == ZeroParamStatus.AVAILABLE
+
+
+def rewritten_in_place(params, partitions) -> None:
+    """Of a sub-group's parameters and their partitions (stage 3's ``fp16_groups[i]``, ``fp16_partitioned_groups[i]``)
+    after stage 3 copied new weights into the resident ones: tell the swappers of ours that hold them
+    (``partitions_rewritten_in_place``)."""
+    by_swapper = {}
+    for param, partition in zip(params, partitions):
+        swapper = getattr(param, "nvme_swapper", None)
+        if isinstance(swapper, TencacheParamSwapper) and partition.status == PartitionedParamStatus.AVAILABLE:
+            by_swapper.setdefault(id(swapper), (swapper, []))[1].append(param)
+    for swapper, rewritten in by_swapper.values():
+        swapper.partitions_rewritten_in_place(rewritten)
 
 
 def _device_copy_fence(params=()):
