@@ -44,9 +44,8 @@ class TencacheConfig(BaseModel):
     at 25% of the memory available at start-up divided between the ranks of the node (the launcher's LOCAL_SIZE or
     LOCAL_WORLD_SIZE), capped by the memlock limit (per process) minus the streaming slots, and from the second
     optimizer step on (once a step's memory rise has been measured; the first step's, which creates the optimizer's
-    state, does not count) grows its
-    optimizer state into the memory the steps leave free (giving it back under memory pressure); 0 = pure streaming
-    (every use reads NVMe, as stock does)."""
+    state, does not count) grows its optimizer state into the memory the steps leave free (giving it back under
+    memory pressure); 0 = pure streaming (every use reads NVMe, as stock does)."""
 
     device_cache_bytes: ByteBudget = AUTO
     """Accelerator memory for gathered parameters kept between uses (the device tier): chosen by next use over the
