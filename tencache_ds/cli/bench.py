@@ -168,7 +168,7 @@ def tencache_block(ds_config: Dict[str, Any], host_cache_bytes: Optional[str], d
         block["profile_path"] = profile_path
     # what the tencache run would refuse at initialize (a budget above the node's memory), refused before stock's
     # run has trained for nothing
-    machine = MachineResources.probe()  # (this process's own LOCAL_WORLD_SIZE: the bench's runs have ``ranks``)
+    machine = MachineResources.probe()  # (this process's own ranks on the node: the bench's runs have ``ranks``)
     check_host_budget(parse_config(block), dataclasses.replace(machine, local_world_size=max(1, ranks)))
     return block
 
