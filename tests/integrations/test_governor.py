@@ -361,6 +361,24 @@ def test_streaming_slots_that_never_come_back_are_not_promised_forever():
     assert optimizer.budget.total_bytes > 2 * GiB  # grown past its start
 
 
+def test_streaming_slots_beyond_the_least_are_not_given_back_and_an_exhausted_host_stops_the_run():
+    """Regression test: 8 GiB of streaming slots brought back where an update needs 4 (no reads ahead, a slow
+    drive), and nothing left in the budget. A resize keeps the slots (the store retires them only where it keeps
+    everything), but they counted as reducible: every reading "gave back" 4 GiB that were never released, and the
+    run went on into the OOM killer instead of stopping with TencacheOutOfMemory between steps."""
+    optimizer = SlotsComeBack(state=15 * GiB, budget=0, slots=8 * GiB, in_use=8 * GiB, per_update=0)
+    optimizer.least = 4 * GiB
+    governor = HostTierGovernor([], optimizer, None, read_memory=lambda: HostMemory(24 * GiB, GiB))
+    governor.meter.close()
+    governor.meter = ScriptedMeter([None] + [3 * GiB] * 8)
+    with pytest.raises(TencacheOutOfMemory, match="nothing more to give back"):
+        for _step in range(4):  # (the first step's rise, which creates the optimizer's state, does not count)
+            governor.before_forward()
+            optimizer.update()
+            governor.end_optimizer_step()
+    assert governor.given_back_bytes == 0 and governor._optimizer_reducible_bytes() == 0
+
+
 def test_auto_keeps_all_of_a_state_that_its_budget_and_streaming_slots_would_hold_anyway():
     """One sub-group: a 3 GiB budget beside 2 GiB of streaming slots for a 5 GiB state. Streaming the 2 GiB the
     budget leaves out takes the same memory as keeping it, plus I/O every step: at its first reading "auto" keeps

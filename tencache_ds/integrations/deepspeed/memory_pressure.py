@@ -97,10 +97,15 @@ class HostTierGovernor:
 
     def _optimizer_reducible_bytes(self) -> int:
         """Optimizer memory above the least it streams an update through (0 without an optimizer store), counting
-        the footprint it is planned to fill (``_optimizer_footprint``)."""
+        the footprint it is planned to fill (``_optimizer_footprint``), and at most its budget: a give-back takes
+        kept buffers and budget not filled yet, never streaming slots brought back beyond the least (no reads
+        ahead, a slow drive: OptimizerStore.resize_host_footprint retires slots only where it keeps everything).
+        Counted, they were given back at every reading with nothing released, and the run never stopped with
+        TencacheOutOfMemory before the OOM killer came (helper-148's review)."""
         if self._optimizer is None:
             return 0
-        return max(0, self._optimizer_footprint() - self._optimizer.least_host_footprint_bytes())
+        above_least = max(0, self._optimizer_footprint() - self._optimizer.least_host_footprint_bytes())
+        return min(above_least, self._optimizer.budget.total_bytes)
 
     def _optimizer_footprint(self) -> int:
         """The optimizer's footprint once what it is set to fill is filled (``_promised_bytes``): at the first
