@@ -231,3 +231,41 @@ def test_a_folder_that_is_not_a_universal_checkpoint_is_refused(engine, tmp_path
     universal, _refreshed = engine(1, 1, universal=True)
     with pytest.raises(TencacheError, match="ds_to_universal's output"):
         places_for_saved_layout(universal, LoadPlaces.ALL, str(tmp_path / "tag" / "offloaded_tensors" / "rank00"))
+
+
+def agreements(monkeypatch, *others):
+    """The agreement as it comes out with a second rank whose values are ``others[k]`` at the k-th call."""
+    calls = list(others)
+    monkeypatch.setattr(saved_layout, "agree_min",
+                        lambda values: [min(int(v), o) for v, o in zip(values, calls.pop(0))])
+
+
+def test_a_zero_file_that_another_rank_cannot_load_stops_every_rank(engine, monkeypatch, tmp_path):
+    """Regression test (helper-152's review): a checkpoint saved with the optimizer on cpu, whose ZeRO file one rank
+    cannot load (missing, unreadable, its masters without bytes). That rank stopped alone, and the others went on
+    into the load's next collective, to wait there. Now every rank stops; this rank's own error is its own."""
+    missing = str(tmp_path / "tag" / "offloaded_tensors" / "rank00")
+    saved_on_cpu, _refreshed = engine(1, 1)
+    monkeypatch.setattr(saved_layout, "load_state_from_zero_file", lambda engine, folder, source: None)
+    agreements(monkeypatch, [1, 0, 1], [0])  # the folders agreed (none anywhere), then the other rank's load failed
+    with pytest.raises(TencacheError, match="another rank could not load its optimizer state"):
+        places_for_saved_layout(saved_on_cpu, LoadPlaces.ALL, missing)
+
+    def unreadable(engine, folder, source):
+        raise TencacheError("this rank's ZeRO file holds no optimizer state")
+
+    monkeypatch.setattr(saved_layout, "load_state_from_zero_file", unreadable)
+    agreements(monkeypatch, [1, 0, 1], [1])
+    with pytest.raises(TencacheError, match="this rank's ZeRO file"):
+        places_for_saved_layout(saved_on_cpu, LoadPlaces.ALL, missing)
+
+
+def test_without_the_state_a_misfit_on_another_rank_sets_every_ranks_masters_from_the_weights(engine, monkeypatch):
+    """Regression test (helper-152's review): load_optimizer_states=False decided each rank alone whether its files
+    fit; a rank that placed its masters and one that set them from the loaded weights went on into different
+    collectives. Where any rank's do not fit, every rank sets them from the weights."""
+    fine, refreshed = engine(1, 1)
+    agreements(monkeypatch, [0])
+    assert places_for_saved_layout(fine, LoadPlaces.MASTERS, HERE) is LoadPlaces.NOTHING and refreshed == [True]
+    agreements(monkeypatch, [1])
+    assert places_for_saved_layout(fine, LoadPlaces.MASTERS, HERE) is LoadPlaces.MASTERS

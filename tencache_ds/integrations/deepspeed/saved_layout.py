@@ -66,12 +66,12 @@ def places_for_saved_layout(engine, places: LoadPlaces, source: str) -> LoadPlac
     if places is LoadPlaces.ALL:  # the optimizer's state, from files that may not fit or be all there
         misfit = _misfit_agreed(engine, tag_folder, source)
     else:
-        misfit = _misfit(engine, source)
+        misfit = _misfit_of_any_rank(engine, source)
     if misfit is None:
         return places
     cause, why = misfit
     if places is LoadPlaces.ALL:  # saved with the optimizer on cpu: its ZeRO file has it
-        load_state_from_zero_file(engine, tag_folder, source)
+        _load_state_from_zero_file_on_every_rank(engine, tag_folder, source)
         return LoadPlaces.STATE_WRITTEN
     optimizer = engine.optimizer
     on_file = sum(flat is None for flat in optimizer.fp16_partitioned_groups_flat)
@@ -125,6 +125,40 @@ def _misfit_agreed(engine, tag_folder: str, source: str) -> Optional[Tuple[str, 
             refusal.__cause__ = err
     _refuse_on_any_rank(refusal, source)
     return misfit
+
+
+def _misfit_of_any_rank(engine, source: str) -> Optional[Tuple[str, str]]:
+    """``_misfit`` for a load of the masters alone, where any rank's files do not fit (or cannot be checked): then
+    every rank sets its masters from the loaded weights. Decided by each rank alone, ranks that placed the masters
+    and ranks that set them from the weights went on into different collectives (the regather of persistent
+    parameters after a load that set masters kept in memory: helper-152's review)."""
+    try:
+        misfit = _misfit(engine, source)
+    except Exception as err:  # noqa: BLE001  (the weights then, on every rank)
+        misfit = OTHER_SUB_GROUPS, (f"the checkpoint's optimizer swap files in {source} could not be checked "
+                                    f"({type(err).__name__}: {err})")
+    fits_on_every_rank, = agree_min([misfit is None])
+    if misfit is None and not fits_on_every_rank:
+        misfit = OTHER_SUB_GROUPS, "another rank's optimizer swap files in the checkpoint do not fit (its log says why)"
+    return misfit
+
+
+def _load_state_from_zero_file_on_every_rank(engine, tag_folder: str, source: str) -> None:
+    """``load_state_from_zero_file``, stopped on every rank where it stops on any (this rank's ZeRO file missing or
+    unreadable, its masters without their bytes): the others went on into the load's next collective, to wait there
+    for the rank that had stopped (helper-152's review)."""
+    refusal = None
+    try:
+        load_state_from_zero_file(engine, tag_folder, source)
+    except Exception as err:  # noqa: BLE001  (raised on every rank below, not on this one alone)
+        refusal = err
+    loaded_on_every_rank, = agree_min([refusal is None])
+    if refusal is not None:
+        raise refusal
+    if not loaded_on_every_rank:
+        raise TencacheError("load_checkpoint: another rank could not load its optimizer state from the checkpoint's "
+                            "ZeRO file (its error says why); this rank's is written into its swap files, but the "
+                            "load stops on every rank: load a checkpoint that every rank can load before training on.")
 
 
 def _incomplete(engine, tag_folder: str, source: str) -> Optional[Exception]:
