@@ -10,7 +10,7 @@ import torch
 from deepspeed.runtime.zero.utils import ZeRORuntimeException
 
 from tencache_ds.errors import TencacheError
-from tencache_ds.integrations.deepspeed import saved_layout
+from tencache_ds.integrations.deepspeed import agreement, saved_layout
 from tencache_ds.integrations.deepspeed.config_bridge import io_aligned_numel
 from tencache_ds.integrations.deepspeed.optimizer_swapper import TencacheOptimizerSwapper
 from tencache_ds.integrations.deepspeed.swap_files import LoadPlaces
@@ -236,8 +236,12 @@ def test_a_folder_that_is_not_a_universal_checkpoint_is_refused(engine, tmp_path
 def agreements(monkeypatch, *others):
     """The agreement as it comes out with a second rank whose values are ``others[k]`` at the k-th call."""
     calls = list(others)
-    monkeypatch.setattr(saved_layout, "agree_min",
-                        lambda values: [min(int(v), o) for v, o in zip(values, calls.pop(0))])
+
+    def agree_min(values):
+        return [min(int(v), o) for v, o in zip(values, calls.pop(0))]
+
+    monkeypatch.setattr(saved_layout, "agree_min", agree_min)
+    monkeypatch.setattr(agreement, "agree_min", agree_min)
 
 
 def test_a_zero_file_that_another_rank_cannot_load_stops_every_rank(engine, monkeypatch, tmp_path):

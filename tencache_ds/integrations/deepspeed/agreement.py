@@ -9,7 +9,7 @@ match expected size") where NCCL would hang or mix up data. Likewise a rank that
 go on leaves them waiting in their next collective. So budgets are agreed (the smallest wins: it fits every rank)
 and a stop anywhere is a stop everywhere, each at a point every rank passes in the same order.
 """
-from typing import List, Sequence
+from typing import Callable, List, Sequence
 
 from deepspeed import comm as dist
 from deepspeed.accelerator import get_accelerator
@@ -31,3 +31,18 @@ def agree_min(values: Sequence[int]) -> List[int]:
     tensor = torch.tensor(values, dtype=torch.int64, device=get_accelerator().current_device_name())
     dist.all_reduce(tensor, op=dist.ReduceOp.MIN)
     return [int(value) for value in tensor.tolist()]
+
+
+def raised_on_every_rank(attempt: Callable[[], None], elsewhere: Callable[[], Exception]) -> None:
+    """Run ``attempt``; where it raises on any rank, raise on every rank: its own error where it raised, else
+    ``elsewhere()`` (which says that another rank stopped). Every rank must call this at the same point."""
+    error = None
+    try:
+        attempt()
+    except Exception as err:  # noqa: BLE001  (raised on every rank below, not on this one alone)
+        error = err
+    none_raised, = agree_min([error is None])
+    if error is not None:
+        raise error
+    if not none_raised:
+        raise elsewhere()

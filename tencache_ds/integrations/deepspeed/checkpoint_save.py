@@ -54,7 +54,7 @@ from ...memory.descriptor_shared import copied_into_dev_shm, empty_shared_by_des
 from ...probes.host_memory import read_host_memory
 from ...probes.limits import local_world_size
 from ...units import fmt_bytes
-from .agreement import agree_min
+from .agreement import raised_on_every_rank
 from .optimizer_swapper import TencacheOptimizerSwapper
 
 
@@ -195,21 +195,15 @@ def _refuse_save_on_any_rank(engine, swapper) -> None:
     rank where any rank cannot. Decided later, each rank on its own, a refusal came after that rank's model file was
     queued, while the other ranks went on into the save's barrier (helper-144's review). The copies' room counts
     every rank of this node (each makes its own, from the same memory)."""
-    refusal = None
-    try:
+    def check():
         swapper.check_no_master_lent_behind()
         if not serialises_during_save(engine.checkpoint_engine):
             own = sum(info.numel() * swapper.swap_element_size for _master, info in
                       _swapped_masters(engine.optimizer, swapper))
             _check_room_for_copies(own * local_world_size())
-    except Exception as err:  # noqa: BLE001  (raised on every rank below, not on this one alone)
-        refusal = err
-    none_refused, = agree_min([refusal is None])
-    if refusal is not None:
-        raise refusal
-    if not none_refused:
-        raise TencacheError("save_checkpoint: another rank refused the save (its error says why); nothing was "
-                            "written")
+
+    raised_on_every_rank(check, lambda: TencacheError(
+        "save_checkpoint: another rank refused the save (its error says why); nothing was written"))
 
 
 def _copy_for_a_later_writer(source: torch.Tensor) -> torch.Tensor:

@@ -36,7 +36,7 @@ from deepspeed.runtime.zero.utils import ZeRORuntimeException
 
 from ...errors import TencacheError
 from ...log import logger
-from .agreement import agree_min
+from .agreement import agree_min, raised_on_every_rank
 from .config_bridge import io_aligned_numel
 from .swap_files import LOAD_REFUSED, SWAP_FILE_NAME, LoadPlaces, sub_group_order, swap_file_name
 from .universal import load_state_from_universal, load_weights_from_universal
@@ -147,18 +147,10 @@ def _load_state_from_zero_file_on_every_rank(engine, tag_folder: str, source: st
     """``load_state_from_zero_file``, stopped on every rank where it stops on any (this rank's ZeRO file missing or
     unreadable, its masters without their bytes): the others went on into the load's next collective, to wait there
     for the rank that had stopped (helper-152's review)."""
-    refusal = None
-    try:
-        load_state_from_zero_file(engine, tag_folder, source)
-    except Exception as err:  # noqa: BLE001  (raised on every rank below, not on this one alone)
-        refusal = err
-    loaded_on_every_rank, = agree_min([refusal is None])
-    if refusal is not None:
-        raise refusal
-    if not loaded_on_every_rank:
-        raise TencacheError("load_checkpoint: another rank could not load its optimizer state from the checkpoint's "
-                            "ZeRO file (its error says why); this rank's is written into its swap files, but the "
-                            "load stops on every rank: load a checkpoint that every rank can load before training on.")
+    raised_on_every_rank(lambda: load_state_from_zero_file(engine, tag_folder, source), lambda: TencacheError(
+        "load_checkpoint: another rank could not load its optimizer state from the checkpoint's ZeRO file (its error "
+        "says why); this rank's is written into its swap files, but the load stops on every rank: load a checkpoint "
+        "that every rank can load before training on."))
 
 
 def _incomplete(engine, tag_folder: str, source: str) -> Optional[Exception]:
