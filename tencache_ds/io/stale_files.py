@@ -56,12 +56,11 @@ def remove_hidden_files_of_dead_processes(folder: str, kinds: Iterable[str]) -> 
     untouched for ``UNTOUCHED_ELSEWHERE_S``). Returns the paths removed."""
     kinds = frozenset(kinds)
 
-    def parts(name: str):
+    def part(name: str, index: int):
         found = hidden_parts(name)
-        return found if found is not None and found[0] in kinds else None
+        return found[index] if found is not None and found[0] in kinds else None
 
-    return remove_files_of_dead_processes(folder, lambda name: (parts(name) or (None, None))[1],
-                                          lambda name: (parts(name) or (None, None, None))[2])
+    return remove_files_of_dead_processes(folder, lambda name: part(name, 1), lambda name: part(name, 2))
 
 
 def process_alive(pid: int) -> bool:

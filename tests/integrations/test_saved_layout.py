@@ -273,3 +273,20 @@ def test_without_the_state_a_misfit_on_another_rank_sets_every_ranks_masters_fro
     assert places_for_saved_layout(fine, LoadPlaces.MASTERS, HERE) is LoadPlaces.NOTHING and refreshed == [True]
     agreements(monkeypatch, [1])
     assert places_for_saved_layout(fine, LoadPlaces.MASTERS, HERE) is LoadPlaces.MASTERS
+
+
+def test_a_universal_checkpoint_another_rank_cannot_load_stops_every_rank(engine, monkeypatch, tmp_path):
+    """As a ZeRO file's: a universal checkpoint's state (or weights) that one rank cannot load stops every rank,
+    not that rank alone while the others go on into the load's next collective."""
+    universal, _refreshed = engine(1, 2, universal=True)
+    source = str(tmp_path / "tag" / "offloaded_tensors" / "rank00")
+    monkeypatch.setattr(saved_layout, "load_state_from_universal", lambda engine, folder: None)
+    monkeypatch.setattr(saved_layout, "load_weights_from_universal", lambda engine, folder: None)
+    agreements(monkeypatch, [0])
+    with pytest.raises(TencacheError, match="another rank could not load its optimizer state"):
+        places_for_saved_layout(universal, LoadPlaces.ALL, source)
+    agreements(monkeypatch, [0])
+    with pytest.raises(TencacheError, match="another rank could not load its weights"):
+        places_for_saved_layout(universal, LoadPlaces.MASTERS, source)
+    agreements(monkeypatch, [1])
+    assert places_for_saved_layout(universal, LoadPlaces.ALL, source) is LoadPlaces.STATE_WRITTEN

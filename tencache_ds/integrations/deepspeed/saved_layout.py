@@ -56,10 +56,17 @@ def places_for_saved_layout(engine, places: LoadPlaces, source: str) -> LoadPlac
     here. Raises when the state was asked for and the files do not fit."""
     tag_folder = os.path.dirname(os.path.dirname(source))  # source: <tag>/offloaded_tensors/rankNN
     if engine.load_universal_checkpoint():  # no swap files, and at any world size: universal.py
+        # (stopped on every rank where it stops on any, as a ZeRO file's load: _load_state_from_zero_file_on_every_rank)
         if places is LoadPlaces.ALL:
-            load_state_from_universal(engine, tag_folder)
+            raised_on_every_rank(lambda: load_state_from_universal(engine, tag_folder), lambda: TencacheError(
+                "load_checkpoint of a universal checkpoint: another rank could not load its optimizer state (its "
+                "error says why); the load stops on every rank: load a checkpoint that every rank can load before "
+                "training on."))
             return LoadPlaces.STATE_WRITTEN
-        load_weights_from_universal(engine, tag_folder)  # as stock CPU offload, in a load of the module only too
+        # as stock CPU offload, in a load of the module only too
+        raised_on_every_rank(lambda: load_weights_from_universal(engine, tag_folder), lambda: TencacheError(
+            "load_checkpoint of a universal checkpoint: another rank could not load its weights (its error says "
+            "why); the load stops on every rank."))
         return LoadPlaces.NOTHING
     if places is LoadPlaces.NOTHING:
         return places
