@@ -28,6 +28,7 @@ TESTED_VERSION = "0.19.8"    # the release the test suite runs against
 
 STAGE3 = "deepspeed.runtime.zero.stage3:DeepSpeedZeroOptimizer_Stage3"
 ENGINE = "deepspeed.runtime.engine:DeepSpeedEngine"
+ZERO_OFFLOAD = "deepspeed.runtime.zero.parameter_offload:DeepSpeedZeRoOffload"
 COORDINATOR = "deepspeed.runtime.zero.partitioned_param_coordinator:PartitionedParameterCoordinator"
 OPTIMIZER_SWAPPER = "deepspeed.runtime.swap_tensor.optimizer_utils:OptimizerSwapper"
 PARAM_SWAPPER = "deepspeed.runtime.swap_tensor.partitioned_param_swapper:AsyncPartitionedParameterSwapper"
@@ -95,6 +96,12 @@ REBINDINGS = (
     Rebinding(STAGE3, "destroy", "closing_swappers", wraps=True,
               why="engine.destroy() -> optimizer.destroy(): our swappers hold I/O threads, pinned memory and "
                   "host-tier bytes, which a rebuilt engine in the same process needs back"),
+    Rebinding(ZERO_OFFLOAD, "__init__", "counting_offload_users", wraps=True,
+              why="an engine without an optimizer takes a DeepSpeedZeRoOffload as its optimizer: its model's "
+                  "parameter swappers count that engine as a user, as they count a ZeRO-3 optimizer"),
+    Rebinding(ZERO_OFFLOAD, "destroy", "resting_offload_users", wraps=True,
+              why="... so that its destroy puts them to rest, giving back slots and host-tier bytes (stock's "
+                  "destroy only takes the hooks off)"),
     Rebinding("deepspeed.runtime.zero.parameter_offload", "PartitionedParameterCoordinator", "TencacheCoordinator",
               why="ZeRO-3 builds its parameter coordinator by this module-global name: ours adds the device tier"),
     Rebinding(STAGE3, "__init__", "building_with_config", wraps=True,

@@ -32,7 +32,7 @@ from .checkpoint import (adopt_loaded_files, loading_checkpoint, masters_from_lo
                          regather_persistent_parameters, replay_adam_step_products, restore_optimizer_scalars,
                          restore_unswapped_masters, rigid_load_with_params_on_file)
 from .checkpoint_save import saving_masters, swap_files_linked
-from .config_bridge import DEEPSPEED_OPS, building_stage3, initializing, validate_ds_config
+from .config_bridge import DEEPSPEED_OPS, building_stage3, find_stage3_optimizer, initializing, validate_ds_config
 from .config_source import ds_config_of_initialize_call
 from .coordinator import TencacheCoordinator, coordinator_of, restoring_kept_partitions
 from .gradient_norms import attach_norm_scratch, norming_in_reused_memory, release_norm_scratch
@@ -63,14 +63,17 @@ def _validating(initialize):
     return validating_initialize
 
 
+def _release_device_tier(coordinator, module) -> None:
+    """Parameters the device tier keeps gathered hold lent host buffers: partition them while the engine's structures
+    still exist, so the swappers close or rest with nothing of theirs lent."""
+    if coordinator is not None and coordinator.tier is not None:
+        coordinator.release_and_reset_all(module)
+
+
 def _closing_swappers(destroy):
     @functools.wraps(destroy)
     def destroy_and_close_swappers(self, *args, **kwargs):
-        # Parameters the device tier keeps gathered hold lent host buffers: partition them while the engine's
-        # structures still exist, so the swappers close or rest with nothing of theirs lent.
-        coordinator = coordinator_of(self)
-        if coordinator is not None and coordinator.tier is not None:
-            coordinator.release_and_reset_all(self.parameter_offload.module)
+        _release_device_tier(coordinator_of(self), self.parameter_offload.module)
         try:
             return destroy(self, *args, **kwargs)
         finally:
@@ -107,6 +110,62 @@ def close_swappers_of(optimizer) -> None:
                 candidate.release_user()
 
 
+_OFFLOAD_USERS = "_tencache_param_swapper_users"
+
+
+def _param_swappers_of_module(module):
+    """The tencache parameter swappers of ``module``'s parameters (usually one)."""
+    found = {}
+    for param in module.parameters() if module is not None else ():
+        swapper = getattr(param, "nvme_swapper", None)
+        if isinstance(swapper, TencacheParamSwapper):
+            found[id(swapper)] = swapper
+    return list(found.values())
+
+
+def _counting_offload_users(init):
+    """``DeepSpeedZeRoOffload.__init__``. An engine without an optimizer (a DPO trainer's reference model, an
+    evaluation engine) takes one as its optimizer: its model's parameter swappers count it as a user, as they count a
+    ZeRO-3 optimizer (``_building_with_config``), so that its destroy puts them to rest (their slots and host-tier
+    share given back). Not the one a ZeRO-3 optimizer builds for itself: that optimizer is the user."""
+    signature = inspect.signature(init)
+
+    @functools.wraps(init)
+    def init_counting_users(self, *args, **kwargs):
+        if find_stage3_optimizer() is not None:
+            return init(self, *args, **kwargs)
+        swappers = _param_swappers_of_module(signature.bind_partial(self, *args, **kwargs).arguments.get("module"))
+        for swapper in swappers:
+            swapper.wake()
+        init(self, *args, **kwargs)
+        for swapper in swappers:
+            swapper.add_user()
+        setattr(self, _OFFLOAD_USERS, swappers)
+
+    return init_counting_users
+
+
+def _resting_offload_users(destroy):
+    """``DeepSpeedZeRoOffload.destroy``: an engine without an optimizer is destroyed (``_counting_offload_users``);
+    once, as ``close_swappers_of``."""
+    @functools.wraps(destroy)
+    def destroy_and_rest_swappers(self, *args, **kwargs):
+        swappers = self.__dict__.pop(_OFFLOAD_USERS, None)
+        if swappers is None:  # a ZeRO-3 optimizer's own (its destroy closes), or destroyed already
+            return destroy(self, *args, **kwargs)
+        coordinator = self.get_param_coordinator()
+        try:
+            _release_device_tier(coordinator if isinstance(coordinator, TencacheCoordinator) else None, self.module)
+        finally:
+            try:
+                return destroy(self, *args, **kwargs)
+            finally:
+                for swapper in swappers:
+                    swapper.release_user()
+
+    return destroy_and_rest_swappers
+
+
 def _building_with_config(init):
     """The ZeRO-3 optimizer's __init__ with its config named for the optimizer swapper it builds (config_bridge.
     building_stage3), then metering of its steps from there on."""
@@ -118,10 +177,7 @@ def _building_with_config(init):
         ds_config = arguments.get("ds_config")
         # a model given a new engine after its last one was destroyed: its resting parameter swapper counts as live
         # again before this optimizer's swapper takes its share of the host tier (host_tier_share.py)
-        module = arguments.get("module")
-        for swapper in {id(s): s for s in (getattr(p, "nvme_swapper", None) for p in
-                                           (module.parameters() if module is not None else ()))
-                        if isinstance(s, TencacheParamSwapper)}.values():
+        for swapper in _param_swappers_of_module(arguments.get("module")):
             swapper.wake()
         with building_stage3(ds_config, optimizer=self):
             init(self, *args, **kwargs)
@@ -320,6 +376,8 @@ REPLACEMENTS = {
     "TencacheCoordinator": TencacheCoordinator,
     "validating_initialize": _validating,
     "closing_swappers": _closing_swappers,
+    "counting_offload_users": _counting_offload_users,
+    "resting_offload_users": _resting_offload_users,
     "building_with_config": _building_with_config,
     "ending_steps": _ending_steps,
     "marking_step": _marking_step,
