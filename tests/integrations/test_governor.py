@@ -107,6 +107,25 @@ def test_a_rank_whose_memory_is_fine_stops_with_a_rank_that_cannot_go_on():
     assert agree.calls == [[1 << 62], [0]]  # every rank: one device-budget proposal, then one stop vote
 
 
+@pytest.mark.parametrize("done, says", [(0, "between two steps: a checkpoint saved now (engine.save_checkpoint) is "
+                                             "complete"),
+                                         (2, "within a gradient accumulation window (2 of its 4 micro-batches done): a "
+                                             "checkpoint saved now (engine.save_checkpoint) holds the last step's "
+                                             "weights and optimizer state, not this window's gradients"),
+                                         (None, "not the gradients of micro-batches since")])
+def test_a_stop_says_what_a_checkpoint_saved_then_holds(done, says):
+    """Regression test: a stop at a forward pass in the middle of a gradient accumulation window said a checkpoint
+    saved then was complete, though the window's gradients so far are in no checkpoint (helper-148's review)."""
+    governor = HostTierGovernor([], None, None, read_memory=lambda: HostMemory(64 * GiB, 48 * GiB),
+                                agree=OtherRanks([1 << 62], [-1]))
+    governor.meter.close()
+    governor.meter = ScriptedMeter([None])
+    with pytest.raises(TencacheOutOfMemory) as raised:
+        governor.before_forward(micro_batches_done=done, window=4)
+    assert says in str(raised.value)
+    assert ("is complete" in str(raised.value)) == (done == 0)
+
+
 def test_ranks_go_on_when_none_must_stop():
     agree = OtherRanks([1 << 62], [0])
     governor = HostTierGovernor([], None, None, read_memory=lambda: HostMemory(64 * GiB, 48 * GiB), agree=agree)

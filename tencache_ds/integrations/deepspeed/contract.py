@@ -342,6 +342,14 @@ PRIVATE_MEMBERS = (
     PrivateMember(ENGINE, "load_universal_checkpoint", "method", "saved_layout.py, install.py",
                   "whether the load is of a universal checkpoint (config checkpoint.load_universal), which the NVMe "
                   "load path skips and after which Adam's beta products are not replayed"),
+    PrivateMember(ENGINE, "micro_steps", "attribute", "install.py",
+                  "micro-batches stepped so far: with gradient_accumulation_steps, how far into its window a forward "
+                  "pass is, which the memory-pressure stop's message tells (a checkpoint saved then lacks the window's "
+                  "gradients)"),
+    PrivateMember(ENGINE, "managed_gradient_accumulation", "method", "install.py",
+                  "... only where DeepSpeed counts the window itself"),
+    PrivateMember(ENGINE, "_is_gradient_accumulation_boundary", "attribute", "install.py",
+                  "... and the user set no boundary by hand (set_gradient_accumulation_boundary)"),
     PrivateMember(ENGINE, "zero_load_from_fp32_weights", "method", "universal.py",
                   "whether a load without the optimizer's state sets the masters from the checkpoint's fp32 weights"),
     PrivateMember(ENGINE, "_get_zero_ckpt_name", "method", "checkpoint.py, checkpoint_save.py",

@@ -18,6 +18,7 @@ import functools
 import os
 import inspect
 import threading
+from typing import Optional
 
 import deepspeed
 import deepspeed.runtime.engine as _engine
@@ -346,6 +347,14 @@ def _gathering_after_owed_masters(enter):
     return enter_after_owed_masters
 
 
+def _micro_batches_done(engine, window: int) -> Optional[int]:
+    """Micro-batches of the engine's gradient accumulation window done before this forward pass; None where the user
+    marks the window's end (set_gradient_accumulation_boundary, or an unmanaged accumulation): not known here."""
+    if not engine.managed_gradient_accumulation() or engine._is_gradient_accumulation_boundary is not None:
+        return None
+    return engine.micro_steps % window
+
+
 def _governing_host_memory(forward):
     """engine.forward after a reading of the host's memory (memory_pressure.py): between two steps, the host tier
     gives memory back or takes it again, or the run stops with the numbers before the next step is started."""
@@ -353,7 +362,8 @@ def _governing_host_memory(forward):
     def forward_within_host_memory(self, *args, **kwargs):
         governor = governor_of(getattr(self, "optimizer", None))
         if governor is not None:
-            governor.before_forward()
+            window = self.gradient_accumulation_steps()
+            governor.before_forward(micro_batches_done=_micro_batches_done(self, window), window=window)
         return forward(self, *args, **kwargs)
 
     return forward_within_host_memory

@@ -40,8 +40,14 @@ GOVERNOR_ATTRIBUTE = "_tencache_host_governor"  # on the ZeRO-3 optimizer: its H
 # may read first). Only growth: another engine's unfilled promise does not make this one give memory back.
 _LIVE_GOVERNORS = weakref.WeakSet()
 _LIVE_GOVERNORS_LOCK = threading.Lock()  # an engine may be built on another thread while one reads
-REMEDY = ("free memory on this node, lower the micro batch size, or turn on activation checkpointing; the engine "
-          "is between two steps: a checkpoint saved now (engine.save_checkpoint) is complete")
+REMEDY = "free memory on this node, lower the micro batch size, or turn on activation checkpointing"
+# What a checkpoint saved after the stop holds, by where the forward pass is in the gradient accumulation window
+BETWEEN_STEPS = "the engine is between two steps: a checkpoint saved now (engine.save_checkpoint) is complete"
+WITHIN_WINDOW = ("the engine is within a gradient accumulation window ({done} of its {window} micro-batches done): a "
+                 "checkpoint saved now (engine.save_checkpoint) holds the last step's weights and optimizer state, "
+                 "not this window's gradients")
+WINDOW_UNKNOWN = ("a checkpoint saved now (engine.save_checkpoint) holds the last step's weights and optimizer state, "
+                  "not the gradients of micro-batches since")
 
 
 class HostTierGovernor:
@@ -162,8 +168,10 @@ class HostTierGovernor:
         """Given back: more tensors may stream at once, so slots may come back again and the count starts over."""
         self._slots_at_step_end, self._slots_settled = None, False
 
-    def before_forward(self) -> None:
-        """A reading, and what follows from it. Raises TencacheOutOfMemory when the next step cannot fit."""
+    def before_forward(self, micro_batches_done: Optional[int] = 0, window: int = 1) -> None:
+        """A reading, and what follows from it. Raises TencacheOutOfMemory when the next step cannot fit; its message
+        says what a checkpoint saved then holds: the forward pass comes after ``micro_batches_done`` of the
+        gradient accumulation window's ``window`` micro-batches (None: not known)."""
         # Every rank makes the same two collectives below whatever happens on it: a rank whose own work fails (its
         # start-up plan included) votes to stop, and raises its error once every rank knows (instead of leaving them
         # waiting).
@@ -212,7 +220,9 @@ class HostTierGovernor:
                 raise failure
             if reason is None:
                 reason = "another rank cannot go on (its error has the reason)"
-            raise TencacheOutOfMemory(f"{reason} ({_where(memory)}). To go on: {REMEDY}")
+            where_in_step = WINDOW_UNKNOWN if micro_batches_done is None else BETWEEN_STEPS \
+                if micro_batches_done == 0 else WITHIN_WINDOW.format(done=micro_batches_done, window=window)
+            raise TencacheOutOfMemory(f"{reason} ({_where(memory)}). To go on: {REMEDY}; {where_in_step}")
 
     def _decide(self, memory: HostMemory):
         """The policy's decision on this reading, what this engine promised counted as taken; a growth only on what
