@@ -319,7 +319,7 @@ class EntryStore:
                 if entry.state == S.READING:
                     postponed = PostponedInterrupt(self._transfers)
                     postponed.wait(entry.io)
-                    self._transfers.finish_io(entry)  # raises the read's error, entry back ON_FILE
+                    postponed.finish_io(entry)  # raises the read's error, entry back ON_FILE
                     if postponed.error is not None:  # the caller never gets the view: the lend goes back, unused
                         entry.prefetched, entry.pending_use = False, None
                         self._release_lent(entry, changed=False, fence=None, copy_elsewhere=False)
@@ -334,7 +334,11 @@ class EntryStore:
 
     def lend(self, key) -> torch.Tensor:
         self.start_read(key)
-        return self.wait_read(key)
+        try:
+            return self.wait_read(key)
+        except BaseException:  # (Ctrl-C before the wait began) the caller never gets the view: the lend goes back
+            self.release(key)
+            raise
 
     def lend_copied(self, key, fill: Callable[[torch.Tensor], Optional[Sequence[Future]]]) -> torch.Tensor:
         """Lend ``key`` as ``lend`` does, but where it is on file, have ``fill(view)`` put its bytes into the
@@ -400,8 +404,10 @@ class EntryStore:
     def read_into(self, key, dest: torch.Tensor) -> None:
         """Copy ``key``'s newest bytes into ``dest`` (``numel`` elements of any CPU tensor) without lending."""
         self.start_read(key)
-        dest.copy_(self.wait_read(key))
-        self.release(key)
+        try:
+            dest.copy_(self.wait_read(key))
+        finally:  # (Ctrl-C in the copy) lent for the copy only
+            self.release(key)
 
     def release(self, key, changed: bool = False, fence=None, copy_elsewhere: bool = False) -> None:
         """The borrower is done with ``key`` (``changed``: it wrote to the bytes). The entry stays held if its
@@ -422,7 +428,7 @@ class EntryStore:
                 postponed.wait(external)
             if entry.state == S.READING:
                 postponed.wait(entry.io)
-                self._transfers.finish_io(entry)
+                postponed.finish_io(entry)
             self._release_lent(entry, changed, fence, copy_elsewhere)
             postponed.raise_if_any()
 

@@ -268,14 +268,19 @@ class Transfers:
         self.counters.written_back += 1
         self.table.set(entry, S.WRITING)
 
-    def wait_write(self, entry: Entry) -> None:
+    def wait_write(self, entry: Entry, postponed: Optional["PostponedInterrupt"] = None) -> None:
         """Wait for ``entry``'s write (lock released meanwhile) and apply its outcome; raises a failed write's
         error with the entry DIRTY again (its bytes are kept, still owed to the file). Before using an entry: its
-        write in flight, if any, is all a read of it waits for."""
+        write in flight, if any, is all a read of it waits for. With ``postponed``, an interruption of the wait is
+        kept there for the caller to raise once its books are done."""
         if entry.state != S.WRITING:
             return
-        self.wait_unlocked(entry.io)
-        self.finish_io(entry)
+        if postponed is None:
+            self.wait_unlocked(entry.io)
+            self.finish_io(entry)
+        else:
+            postponed.wait(entry.io)
+            postponed.finish_io(entry)
 
     def reap_writes(self) -> None:
         """Apply the outcome of writes that finished on their own (frees their buffers); never waits."""
@@ -343,8 +348,8 @@ class Transfers:
     def wait_unlocked(self, future: Future) -> Optional[BaseException]:
         if not future.done():
             started = self.recorder.clock()
-            self.lock.release()
-            try:
+            try:  # (the release inside: an interrupt right after it still takes the lock back)
+                self.lock.release()
                 _wait_quietly(future)
             finally:
                 _acquire_through_interrupts(self.lock)
@@ -377,6 +382,15 @@ class PostponedInterrupt:
         if self.error is not None:
             raise self.error
 
+    def finish_io(self, entry: Entry) -> None:
+        """``Transfers.finish_io(entry)`` after a ``wait``: a failed read's error raised in its place is the context
+        of the interruption, which is raised (the user's Ctrl-C is not lost to an I/O error)."""
+        try:
+            self._transfers.finish_io(entry)
+        except BaseException:
+            self.raise_if_any()
+            raise
+
 
 def _acquire_through_interrupts(lock) -> None:
     """``lock.acquire()`` (an RLock: its owner is known) that an interruption does not give up: Ctrl-C may land in
@@ -397,11 +411,13 @@ def _acquire_through_interrupts(lock) -> None:
 def _wait_quietly(future: Future) -> None:
     try:
         future.result()
-    except BaseException:  # the caller reads future.exception() and decides
-        if not future.done():  # the wait itself was interrupted (Ctrl-C; it was swallowed, and the wait began
-            # again): the I/O still uses its buffer, and some callers no longer track it, so it ends first
-            concurrent.futures.wait([future])
-            raise
+    except BaseException as err:
+        if future.cancelled() or (future.done() and err is future.exception()):
+            return  # the I/O's own outcome: the caller reads future.exception() and decides
+        # the wait itself was interrupted (Ctrl-C), even as the I/O ended: the I/O still uses its buffer, and some
+        # callers no longer track it, so it ends first
+        concurrent.futures.wait([future])
+        raise
 
 
 def all_done(futures: Sequence[Future]) -> Future:

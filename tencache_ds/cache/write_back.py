@@ -10,7 +10,7 @@ import torch
 from ..memory.device_staging import StagedDeviceCopy
 from .admission import Admission
 from .entry import LENT, EntryState
-from .transfers import Transfers
+from .transfers import PostponedInterrupt, Transfers
 
 S = EntryState
 
@@ -136,21 +136,23 @@ class WriteBack:
         """Write each lent key's bytes (new, or changed by the borrower) to its file, wait, and let the buffers go
         (zero.Init's first write of a partition, and its re-partitioning after a gathered parameter was modified)."""
         transfers = self._transfers
+        postponed = PostponedInterrupt(transfers)  # interrupted, the writes are still made, then it is raised
         with transfers.lock:
             entries = [self._table[key] for key in keys]
             for entry in entries:
                 if entry.state == S.READING:  # read ahead (no use comes for it: its bytes are replaced)
                     entry.prefetched, entry.pending_use = False, None
-                    transfers.wait_unlocked(entry.io)
-                    transfers.finish_io(entry)
+                    postponed.wait(entry.io)
+                    postponed.finish_io(entry)
                 if entry.state not in LENT:
                     raise RuntimeError(f"{transfers.name}: tensor {entry.key} is not lent ({entry.state.value})")
                 if entry.state == S.LENT_CLEAN:
                     self._table.set(entry, S.LENT_DIRTY)
                 transfers.start_write(entry, evicting=True)
             for entry in entries:
-                transfers.wait_write(entry)
+                transfers.wait_write(entry, postponed)
             self._checked()
+        postponed.raise_if_any()
 
     def flush(self, skip: Optional[Callable[[Hashable], bool]] = None, lent_stay: bool = False) -> int:
         """Write every dirty held entry, and every dirty prefix, to its file and wait; they stay held, clean (a

@@ -989,8 +989,17 @@ def test_an_interrupted_wait_for_io_is_not_swallowed():
     failed.set_exception(OSError("disk"))
     _wait_quietly(failed)  # the I/O's own error: the caller reads future.exception()
 
+    class InterruptedAsItEnds(Future):
+        def result(self, timeout=None):
+            raise KeyboardInterrupt  # the signal lands as the I/O ends: done, but not the I/O's error
 
-@pytest.mark.parametrize("call", ["lend", "lend_read_ahead", "read_into", "release", "forget"])
+    ended = InterruptedAsItEnds()
+    ended.set_result(None)
+    with pytest.raises(KeyboardInterrupt):  # (until 2026-12-07 taken for the I/O's own error: helper-154)
+        _wait_quietly(ended)
+
+
+@pytest.mark.parametrize("call", ["lend", "lend_read_ahead", "read_into", "release", "forget", "write_and_release"])
 def test_a_call_whose_wait_for_a_read_is_interrupted_leaves_no_entry_reading(tmp_path, monkeypatch, call):
     """Ctrl-C while the store waits for a read (the read ends first, ``_wait_quietly``): the interrupt reaches the
     caller, and the call's books are done all the same: a lend the caller never gets goes back, a release or a forget
@@ -1008,7 +1017,7 @@ def test_a_call_whose_wait_for_a_read_is_interrupted_leaves_no_entry_reading(tmp
     put(store, tmp_path, "a", 1.0)
     store.trim_kept(0)  # on file
     store.trim_kept(10 * NBYTES)
-    if call in ("lend_read_ahead", "release", "forget"):
+    if call in ("lend_read_ahead", "release", "forget", "write_and_release"):
         store.start_read("a", prefetch=True)
     monkeypatch.setattr(transfers, "_wait_quietly", interrupted)
     with pytest.raises(KeyboardInterrupt):
@@ -1018,6 +1027,8 @@ def test_a_call_whose_wait_for_a_read_is_interrupted_leaves_no_entry_reading(tmp
             store.wait_read("a")
         elif call == "read_into":
             store.read_into("a", torch.empty(NUMEL))
+        elif call == "write_and_release":  # its bytes written all the same (helper-154's review)
+            store.write_and_release(["a"])
         else:
             getattr(store, call)("a")
     monkeypatch.undo()
@@ -1032,6 +1043,118 @@ def test_a_call_whose_wait_for_a_read_is_interrupted_leaves_no_entry_reading(tmp
     store.release("a")
     store.close()
     slow.close()
+
+
+class FailingReads(DirectFileIO):
+    """Real I/O whose reads fail (a drive error)."""
+
+    def _transfer(self, is_write, *args):
+        if not is_write:
+            raise OSError(5, "Input/output error")
+        return super()._transfer(is_write, *args)
+
+
+@pytest.mark.parametrize("call", ["lend", "release", "write_and_release"])
+def test_ctrl_c_in_a_wait_for_a_read_that_fails_is_raised_not_the_reads_error(tmp_path, monkeypatch, call):
+    """Ctrl-C lands in the wait for a read, and the read fails: the caller gets the KeyboardInterrupt (the read's
+    error as its context), the entry on file. Until 2026-12-07 the read's error replaced it: a loop that catches
+    Exception and retries went on as if Ctrl-C had never been pressed (helper-154's review)."""
+    from tencache_ds.cache import transfers
+
+    def interrupted(future):
+        concurrent.futures.wait([future])
+        raise KeyboardInterrupt
+
+    io = FailingReads(num_threads=1)
+    store = make(tmp_path, io, budget_bytes=10 * NBYTES)
+    put(store, tmp_path, "a", 1.0)
+    store.trim_kept(0)  # on file
+    if call != "lend":
+        store.start_read("a", prefetch=True)
+    monkeypatch.setattr(transfers, "_wait_quietly", interrupted)
+    with pytest.raises(KeyboardInterrupt) as raised:
+        if call == "write_and_release":
+            store.write_and_release(["a"])
+        else:
+            getattr(store, call)("a")
+    monkeypatch.undo()
+    assert isinstance(raised.value.__context__, OSError)
+    assert store.state("a") == EntryState.ON_FILE
+    store.check_invariants()
+    store.close()
+    io.close()
+
+
+def test_interrupted_calls_leave_nothing_lent_or_reading(tmp_path, io, monkeypatch):
+    """Ctrl-C outside the waits the store postpones it in: in ``read_into``'s copy out of the lent buffer, and in a
+    ``lend`` before its wait began (right after the read started). The entry goes back, so the next lend works.
+    Until 2026-12-07 it stayed lent (LENT_CLEAN) or READING, and every later lend stopped on "already lent or being
+    read" (helper-154's review)."""
+    store = make(tmp_path, io, budget_bytes=10 * NBYTES)
+    put(store, tmp_path, "a", 1.0)
+    store.trim_kept(0)
+
+    class InterruptedCopy:
+        def copy_(self, _source):
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        store.read_into("a", InterruptedCopy())
+    assert store.state("a") in (EntryState.ON_FILE, EntryState.CLEAN)
+    store.trim_kept(0)
+    wait_read = store.wait_read
+
+    def interrupted_before_the_wait(key):
+        monkeypatch.setattr(store, "wait_read", wait_read)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(store, "wait_read", interrupted_before_the_wait)
+    with pytest.raises(KeyboardInterrupt):
+        store.lend("a")
+    assert store.state("a") in (EntryState.ON_FILE, EntryState.CLEAN)
+    store.check_invariants()
+    assert torch.all(store.lend("a") == 1.0)
+    store.release("a")
+    store.close()
+
+
+def test_an_interrupt_as_the_store_lock_is_let_go_for_a_wait_takes_it_back(tmp_path, io):
+    """Ctrl-C raised right as ``wait_unlocked`` lets the store's lock go: the lock is held again when the interrupt
+    reaches the caller, whose ``with`` block releases it. Until 2026-12-07 the release came before the ``try`` that
+    takes it back: the caller's books ran unlocked and its ``with`` raised "cannot release un-acquired lock" in place
+    of the KeyboardInterrupt (helper-154's review)."""
+    import threading
+
+    store = make(tmp_path, io, budget_bytes=10 * NBYTES)
+    transfers = store._transfers
+
+    class InterruptedRelease:
+        def __init__(self, lock):
+            self.lock = lock
+
+        def release(self):
+            self.lock.release()
+            raise KeyboardInterrupt
+
+        def acquire(self):
+            return self.lock.acquire()
+
+        def _is_owned(self):
+            return self.lock._is_owned()
+
+    real = transfers.lock
+    transfers.lock = InterruptedRelease(threading.RLock())
+    pending = Future()
+    threading.Timer(0.1, pending.set_result, [None]).start()
+    transfers.lock.acquire()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            transfers.wait_unlocked(pending)
+        assert transfers.lock._is_owned()
+        transfers.lock.lock.release()
+    finally:
+        transfers.lock = real
+    store.close()
 
 
 def test_the_stores_lock_is_taken_again_after_a_wait_where_ctrl_c_lands_in_that_acquire():
