@@ -77,8 +77,12 @@ class OptimizerStore(EntryStoreWrapper):
     def host_footprint_bytes(self) -> int:
         """Host memory the tier holds for optimizer state now: buffers kept between uses, and streaming slots
         brought into use."""
+        return self.budget.used_bytes + self._streaming_slots_bytes()
+
+    def _streaming_slots_bytes(self) -> int:
+        """The streaming slots in memory (in use or idle; not the retired)."""
         stats = self.pool.stats()
-        return self.budget.used_bytes + stats["reserved_bytes"] - stats["retired_bytes"]
+        return stats["reserved_bytes"] - stats["retired_bytes"]
 
     def idle_streaming_slots(self) -> int:
         """Streaming slots in memory that nothing uses now (a retired one is not: using it would map memory)."""
@@ -102,8 +106,12 @@ class OptimizerStore(EntryStoreWrapper):
         own buffer, which is never kept): planned, not brought back and given up again at every resize."""
         kept_for_updates = update_slots * self.streaming_slot_bytes
         everything = target_bytes >= state_bytes + kept_for_updates
-        budget = (target_bytes - kept_for_updates if everything
-                  else max(0, target_bytes - self.least_host_footprint_bytes(reads_ahead, writes_behind)))
+        # Streaming, the slots in memory stay (only keeping everything retires them): beyond the least an update
+        # holds (no reads ahead, a slow drive) they are footprint too. Counting only the least, a target below the
+        # footprint could leave a larger budget than before (helper-156's review: memory pressure then "gave back"
+        # at every reading and never stopped the run before the OOM killer)
+        streaming = max(self.least_host_footprint_bytes(reads_ahead, writes_behind), self._streaming_slots_bytes())
+        budget = target_bytes - kept_for_updates if everything else max(0, target_bytes - streaming)
         self.budget.resize(budget)
         self.entries.trim_kept(budget)
         if everything:  # a slot still writing out the last update's sub-group is not free: wait for it first

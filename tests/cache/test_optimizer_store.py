@@ -107,3 +107,25 @@ def test_a_read_ahead_into_idle_slots_takes_only_streaming_slots_already_in_memo
     store.release("a")
     assert store.idle_streaming_slots() == 1
     store.close()
+
+
+def test_a_footprint_below_the_present_one_never_leaves_a_larger_budget(io, tmp_path):
+    """Regression (helper-156's review): 6 streaming slots in memory where an update without reads ahead needs 4 (a
+    slow drive, or no reads ahead: only keeping everything retires them), and no budget. Memory pressure asks for
+    the footprint less a cut: the budget counted only the least slots, so it grew by the 2 slots beyond it (a
+    give-back under pressure that took memory), and every later reading "gave back" the same bytes again."""
+    store = make(io)  # budget 0: every tensor streams
+    slot = store.streaming_slot_bytes
+    keys = [f"t{index}" for index in range(6)]
+    for key in keys:  # six at once: six slots brought back
+        store.lend_new(key, NUMEL, str(tmp_path / f"{key}.swp")).fill_(1.0)
+    for key in keys:
+        store.release(key, changed=True)
+    store.wait_writes()
+    assert active_streaming_slots(store) == 6 and store.host_footprint_bytes() == 6 * slot
+    state = store.state_bytes([NUMEL] * 100)
+    store.resize_host_footprint(store.host_footprint_bytes() - slot // 2, state, reads_ahead=False)
+    assert store.budget.total_bytes == 0
+    store.resize_host_footprint(8 * slot, state, reads_ahead=False)  # memory back: 2 slots' worth to keep
+    assert store.budget.total_bytes == 2 * slot
+    store.close()
