@@ -5,24 +5,49 @@ what to do with the numbers (plan/budget.py, memory/arena.py).
 Leaf module: imports nothing from tencache_ds, nor torch or deepspeed.
 """
 import os
+import re
 import resource
 from typing import Optional
 
 UNLIMITED = -1
 # Ranks on this node, as each launcher says it: torchrun's, the deepspeed launcher's (launcher/launch.py sets
 # LOCAL_SIZE, never LOCAL_WORLD_SIZE: until 2026-12-07 every rank it started counted itself alone on its node, and
-# split nothing between the ranks: helper-148's review), Open MPI's (DeepSpeed's mpirun runners)
-LOCAL_WORLD_SIZE_ENVS = ("LOCAL_WORLD_SIZE", "LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE")
+# split nothing between the ranks: helper-148's review), Open MPI's (DeepSpeed's openmpi runner), MVAPICH's and
+# MPICH's or Intel MPI's (its mvapich and mpich/impi runners; helper-156's review); Slurm's srun below
+LOCAL_WORLD_SIZE_ENVS = ("LOCAL_WORLD_SIZE", "LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MV2_COMM_WORLD_LOCAL_SIZE",
+                         "MPI_LOCALNRANKS")
 
 
 def local_world_size() -> int:
-    """Ranks on this node: the first of ``LOCAL_WORLD_SIZE_ENVS`` a launcher set (to a whole number), else 1."""
+    """Ranks on this node: the first of ``LOCAL_WORLD_SIZE_ENVS`` a launcher set (to a whole number), else what
+    srun says of this node (``_slurm_step_tasks_on_this_node``), else 1."""
     for name in LOCAL_WORLD_SIZE_ENVS:
         try:
             return max(1, int(os.environ[name]))
         except (KeyError, ValueError):
             continue
-    return 1
+    return max(1, _slurm_step_tasks_on_this_node() or 1)
+
+
+def _slurm_step_tasks_on_this_node() -> Optional[int]:
+    """The tasks srun started on this node (DeepSpeed's slurm runner, a bare srun): ``SLURM_STEP_TASKS_PER_NODE``
+    lists them per node of the step ("2(x3),1": 2 on each of the first three nodes, then 1), ``SLURM_NODEID`` is
+    this node's place. Not the allocation's ``SLURM_TASKS_PER_NODE``, which a batch script's own single process
+    sees too. None where either is missing or not understood."""
+    spec, node = os.environ.get("SLURM_STEP_TASKS_PER_NODE"), os.environ.get("SLURM_NODEID")
+    if spec is None or node is None:
+        return None
+    counts = []
+    for part in spec.split(","):
+        match = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
+        if match is None:
+            return None
+        counts += [int(match.group(1))] * int(match.group(2) or 1)
+    try:
+        index = int(node)
+    except ValueError:
+        return None
+    return counts[index] if 0 <= index < len(counts) else None
 
 
 def locked_bytes_now() -> Optional[int]:

@@ -5,6 +5,7 @@ import pytest
 from tencache_ds.config import TencacheConfig
 from tencache_ds.plan.budget import (AUTO_HOST_CACHE_FRACTION, UNLIMITED, MachineResources, cache_lock_room,
                                      local_world_size, parameter_lock_mode, resolve_budgets)
+from tencache_ds.probes.limits import LOCAL_WORLD_SIZE_ENVS
 
 GiB, MiB = 1 << 30, 1 << 20
 
@@ -29,7 +30,7 @@ def test_auto_is_shared_by_the_ranks_of_a_node():
 def test_local_world_size_comes_from_the_launcher(monkeypatch):
     """torchrun's LOCAL_WORLD_SIZE, the deepspeed launcher's LOCAL_SIZE (it sets no LOCAL_WORLD_SIZE: every rank it
     started counted itself alone until 2026-12-07), Open MPI's; 1 where none is set or none is a number."""
-    for name in ("LOCAL_WORLD_SIZE", "LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"):
+    for name in LOCAL_WORLD_SIZE_ENVS + ("SLURM_STEP_TASKS_PER_NODE", "SLURM_NODEID"):
         monkeypatch.delenv(name, raising=False)
     assert local_world_size() == 1
     monkeypatch.setenv("LOCAL_SIZE", "2")  # deepspeed --num_gpus 2
@@ -40,6 +41,27 @@ def test_local_world_size_comes_from_the_launcher(monkeypatch):
     assert local_world_size() == 2
     monkeypatch.delenv("LOCAL_SIZE")
     assert local_world_size() == 1
+
+
+@pytest.mark.parametrize("variables, ranks", [
+    ({"MV2_COMM_WORLD_LOCAL_SIZE": "4"}, 4),  # deepspeed --launcher mvapich
+    ({"MPI_LOCALNRANKS": "3"}, 3),  # --launcher mpich / impi
+    ({"SLURM_STEP_TASKS_PER_NODE": "2(x3),1", "SLURM_NODEID": "1"}, 2),  # --launcher slurm (srun)
+    ({"SLURM_STEP_TASKS_PER_NODE": "2(x3),1", "SLURM_NODEID": "3"}, 1),
+    ({"SLURM_STEP_TASKS_PER_NODE": "8", "SLURM_NODEID": "0"}, 8),
+    ({"SLURM_STEP_TASKS_PER_NODE": "8"}, 1),  # not understood: alone
+    ({"SLURM_STEP_TASKS_PER_NODE": "8(x", "SLURM_NODEID": "0"}, 1),
+    ({"SLURM_TASKS_PER_NODE": "8", "SLURM_NODEID": "0"}, 1),  # the allocation's, seen by a batch script too
+])
+def test_local_world_size_from_the_other_launchers(monkeypatch, variables, ranks):
+    """Regression (helper-156's review): DeepSpeed's slurm and mvapich runners, and MPICH's or Intel MPI's mpirun,
+    set none of the variables read before, so every rank counted itself alone on its node ("auto" took its share of
+    the node's memory per rank, and the governor's reserve counted one rank's rise)."""
+    for name in LOCAL_WORLD_SIZE_ENVS + ("SLURM_STEP_TASKS_PER_NODE", "SLURM_NODEID", "SLURM_TASKS_PER_NODE"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    assert local_world_size() == ranks
 
 
 def test_memlock_is_per_process_and_leaves_the_streaming_slots_their_share():
