@@ -275,8 +275,10 @@ def _noting_master_copies(partitioned_params_swap_out):
     parameter swapper that those copied in place, resident, hold the newest bytes."""
     @functools.wraps(partitioned_params_swap_out)
     def partitioned_params_swap_out_noted(self, i, *args, **kwargs):
-        result = partitioned_params_swap_out(self, i, *args, **kwargs)
-        rewritten_in_place(self.fp16_groups[i], self.fp16_partitioned_groups[i])
+        try:
+            result = partitioned_params_swap_out(self, i, *args, **kwargs)
+        finally:  # stage 3 copies into the resident partitions first: where its swap-out of the others raised too
+            rewritten_in_place(self.fp16_groups[i], self.fp16_partitioned_groups[i])
         swapper = getattr(self, "optimizer_swapper", None)
         if isinstance(swapper, TencacheOptimizerSwapper):
             swapper.master_copied_to_partitions(i, self.fp32_partitioned_groups_flat[i])
