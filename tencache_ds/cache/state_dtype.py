@@ -8,6 +8,9 @@ import os
 import torch
 
 from ..errors import TencacheError
+from ..io.stale_files import hidden_name
+
+NARROWING_KIND = "narrowing"  # the ``hidden_name`` kind of a narrowed file before its rename (a start sweeps them)
 
 
 def stored_numel(numel: int, dtype: torch.dtype, store_dtype: torch.dtype) -> int:
@@ -39,7 +42,7 @@ def narrow_stock_layout(path: str, numel: int, dtype: torch.dtype, store_dtype: 
             f"tencache_ds, or with zero_optimization.offload_optimizer.device \"cpu\"")
     data = torch.zeros(own_bytes, dtype=torch.uint8)
     viewed_as(data, numel, dtype).copy_(narrow)
-    staged = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{os.getpid()}.narrowing")
+    staged = os.path.join(os.path.dirname(path), hidden_name(os.path.basename(path), NARROWING_KIND))
     try:
         with open(staged, "wb") as handle:
             handle.write(data.numpy().tobytes())

@@ -69,6 +69,13 @@ def let_go(key: str) -> None:
                 os.close(entry[0])  # closing the descriptor lets the lock go; the file stays (see above)
 
 
+def locked(key: str) -> bool:
+    """Does this process hold ``hold``'s lock on the folder of ``key`` (not where its file system cannot lock)?"""
+    with _guard:
+        entry = _held.get(key)
+        return entry is not None and entry[0] is not None
+
+
 def held_folders() -> List[str]:
     with _guard:
         return sorted(_held)

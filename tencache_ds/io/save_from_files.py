@@ -74,6 +74,14 @@ WHOLE_BYTES = HOST_PAGE_BYTES
 # the version"; at 64 KiB a padding of 65532 or more would wrap). A file system reporting larger blocks (ZFS's
 # recordsize, NFS's wsize, CephFS's object size) is not aligned to them: its ranges are copied, not cloned.
 TORCH_ALIGNMENT_LIMIT = 32 * 1024
+
+
+def aligns_storages_to_blocks(block: int) -> bool:
+    """Does the ZeRO file's save start its storages on the file system's ``block``-byte blocks, so that they can
+    share the swap files' blocks (cloned, not copied)? Not beyond TORCH_ALIGNMENT_LIMIT."""
+    return block <= TORCH_ALIGNMENT_LIMIT
+
+
 # A storage in host memory at least this large is written through O_DIRECT too (gathered into the lanes' buffers),
 # for the reason the copies are (``_DirectWrites``): the page cache's dirty pages, where little memory is free
 DIRECT_FROM_MEMORY_BYTES = 1024 * 1024
@@ -144,7 +152,7 @@ def save_from_files(obj, path: str, sources: Dict[int, Source]) -> Optional[Save
     try:
         config = serialization_config.save
         alignment = config.storage_alignment
-        config.storage_alignment = max(alignment, WHOLE_BYTES, block if block <= TORCH_ALIGNMENT_LIMIT else 0)
+        config.storage_alignment = max(alignment, WHOLE_BYTES, block if aligns_storages_to_blocks(block) else 0)
         try:
             with torch.serialization.skip_data():
                 torch.save(obj, temporary)

@@ -51,16 +51,17 @@ def hidden_parts(candidate: str) -> Optional[Tuple[str, int, str, str]]:
     return None if pid is None else (match["kind"], pid, match["host"], match["name"])
 
 
-def remove_hidden_files_of_dead_processes(folder: str, kinds: Iterable[str]) -> List[str]:
+def remove_hidden_files_of_dead_processes(folder: str, kinds: Iterable[str], held: bool = False) -> List[str]:
     """Remove the ``hidden_name`` files of those ``kinds`` in ``folder`` whose process is gone (another host's once
-    untouched for ``UNTOUCHED_ELSEWHERE_S``). Returns the paths removed."""
+    untouched for ``UNTOUCHED_ELSEWHERE_S``); with ``held`` (this process holds the folder's lock, so no other
+    process can be using it), those of every other process, alive or not. Returns the paths removed."""
     kinds = frozenset(kinds)
 
     def part(name: str, index: int):
         found = hidden_parts(name)
         return found[index] if found is not None and found[0] in kinds else None
 
-    return remove_files_of_dead_processes(folder, lambda name: part(name, 1), lambda name: part(name, 2))
+    return remove_files_of_dead_processes(folder, lambda name: part(name, 1), lambda name: part(name, 2), held)
 
 
 def process_alive(pid: int) -> bool:
@@ -74,11 +75,15 @@ def process_alive(pid: int) -> bool:
 
 
 def remove_files_of_dead_processes(folder: str, pid_of: Callable[[str], Optional[int]],
-                                   host_of: Optional[Callable[[str], Optional[str]]] = None) -> List[str]:
+                                   host_of: Optional[Callable[[str], Optional[str]]] = None,
+                                   held: bool = False) -> List[str]:
     """Remove the files in ``folder`` whose name ``pid_of`` maps to a process that is gone (None: not such a file).
     ``host_of``: the host a file's name records (None where it records none: judged as this host's); a file another
-    host made is removed once nothing has written it for ``UNTOUCHED_ELSEWHERE_S`` instead. Returns the paths
-    removed; a file another process removed first is skipped."""
+    host made is removed once nothing has written it for ``UNTOUCHED_ELSEWHERE_S`` instead. ``held``: this process
+    holds the folder's lock, so every other process's file is a dead one's, whatever the process id or host (a
+    container restarted with a fresh pid namespace gives its new processes the old ones' ids: the killed run's files
+    were taken for a live process's, for good: helper-155's review). Returns the paths removed; a file another
+    process removed first is skipped."""
     removed, here = [], socket.gethostname()
     for name in os.listdir(folder):
         pid = pid_of(name)
@@ -87,7 +92,10 @@ def remove_files_of_dead_processes(folder: str, pid_of: Callable[[str], Optional
         host = host_of(name) if host_of is not None else None
         path = os.path.join(folder, name)
         try:
-            if host not in (None, here):
+            if held:
+                if pid == os.getpid() and host in (None, here):
+                    continue
+            elif host not in (None, here):
                 if time.time() - os.stat(path).st_mtime < UNTOUCHED_ELSEWHERE_S:
                     continue
             elif process_alive(pid):

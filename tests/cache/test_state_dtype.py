@@ -75,3 +75,17 @@ def test_a_narrowing_that_fails_leaves_the_old_file_and_no_staged_one(tmp_path, 
         narrow_stock_layout(path, 1000, torch.bfloat16, torch.float32, own_bytes=4096, stock_bytes=16384)
     assert sorted(os.listdir(tmp_path)) == ["momentum_buffer-0_2.tensor.swp"]
     assert os.path.getsize(path) == 16384
+
+
+def test_a_narrowed_file_is_written_under_a_hidden_name_a_start_sweeps(tmp_path, monkeypatch):
+    """Killed while writing it, the narrowed copy (a whole swap file) was left for good under a name no sweep knew
+    (helper-155's review): it is a ``hidden_name`` of its own kind, which the optimizer swapper's start sweeps."""
+    from tencache_ds.cache.state_dtype import NARROWING_KIND
+    from tencache_ds.io.stale_files import hidden_parts
+    values = torch.randn(1000).to(torch.bfloat16)
+    path = stock_file(tmp_path, values)
+    staged = []
+    replace = os.replace
+    monkeypatch.setattr(os, "replace", lambda source, target: staged.append(source) or replace(source, target))
+    assert narrow_stock_layout(path, 1000, torch.bfloat16, torch.float32, own_bytes=4096, stock_bytes=16384)
+    assert hidden_parts(os.path.basename(staged[0]))[0] == NARROWING_KIND

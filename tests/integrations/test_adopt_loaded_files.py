@@ -164,3 +164,20 @@ def test_a_checkpoint_with_this_engines_sub_groups_beside_other_engines_files_ne
     assert warnings == []
     assert rebuilt == [] and sorted(os.listdir(folder)) == ["10_19.tensor.swp", "exp_avg-10_19.tensor.swp"]
     assert (folder / "10_19.tensor.swp").read_text() == "checkpoint:10_19"
+
+
+def test_an_adoption_that_stops_part_way_leaves_nothing_renamed_behind(tmp_path):
+    """Regression test (helper-155's review): adoption's first pass renames each loaded file to a hidden name of its
+    own kind; one that raised there (a loaded file gone) left those renamed so far (whole swap files) until a later
+    start swept them. Now they go with the error, and the live files stay."""
+    tag_dir, loaded, folder = checkpoint_and_swap_folders(tmp_path)
+    files(loaded, ["0_9", "10_19"], [None, "exp_avg"], "checkpoint")
+    files(folder, ["20_29", "30_39"], [None, "exp_avg"], "live")
+    engine, _forgotten, rebuilt = engine_with(folder, ["20_29", "30_39"])
+    load_copy(engine, loaded, folder, LoadPlaces.ALL)
+    swapper = engine.optimizer.optimizer_swapper
+    os.remove(folder / swapper.load_target_name("exp_avg-10_19.tensor.swp"))  # the last one renamed: gone
+    with pytest.raises(FileNotFoundError):
+        adopt_loaded_files(engine, str(tmp_path / "ckpt"), str(tag_dir / "mp_rank_00_model_states.pt"))
+    assert not [name for name in os.listdir(folder) if name.startswith(".")] and rebuilt == []
+    assert (folder / "20_29.tensor.swp").read_text() == "live:20_29"

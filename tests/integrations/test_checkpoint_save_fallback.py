@@ -171,3 +171,15 @@ def test_a_save_the_usual_way_settles_the_masters_the_writer_was_to_settle_and_r
     with _saving_from_files(engine, sources, swapper):
         engine.save({"fp32_flat_groups": [master]}, zero_file)
     assert torch.equal(torch.load(zero_file, weights_only=False)["fp32_flat_groups"][0], current)
+
+
+@pytest.mark.parametrize("block, shared", [(4096, True), (32 * 1024, True), (128 * 1024, False), (1 << 20, False)])
+def test_blocks_larger_than_the_storages_alignment_are_not_shared(monkeypatch, tmp_path, block, shared):
+    """Regression test (helper-157's review): a checkpoint folder that clones but reports blocks larger than the ZeRO
+    file's storages can be aligned to (ZFS's 128 KiB records, an NFS server's 1 MiB wsize) was taken for one whose
+    blocks the masters share: they were written to their swap files first and then copied (almost no storage starts
+    on such a block), where written once from memory they cost half."""
+    from tencache_ds.integrations.deepspeed import checkpoint_save
+    monkeypatch.setattr(checkpoint_save, "block_size", lambda path: block)
+    monkeypatch.setattr(checkpoint_save, "clones_between", lambda source, target: True)
+    assert checkpoint_save._can_share_blocks(str(tmp_path), str(tmp_path / "tag")) is shared

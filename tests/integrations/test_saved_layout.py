@@ -269,7 +269,7 @@ def test_without_the_state_a_misfit_on_another_rank_sets_every_ranks_masters_fro
     fit; a rank that placed its masters and one that set them from the loaded weights went on into different
     collectives. Where any rank's do not fit, every rank sets them from the weights."""
     fine, refreshed = engine(1, 1)
-    agreements(monkeypatch, [0])
+    agreements(monkeypatch, [0], [1])  # (then the refresh: done on every rank)
     assert places_for_saved_layout(fine, LoadPlaces.MASTERS, HERE) is LoadPlaces.NOTHING and refreshed == [True]
     agreements(monkeypatch, [1])
     assert places_for_saved_layout(fine, LoadPlaces.MASTERS, HERE) is LoadPlaces.MASTERS
@@ -290,3 +290,80 @@ def test_a_universal_checkpoint_another_rank_cannot_load_stops_every_rank(engine
         places_for_saved_layout(universal, LoadPlaces.MASTERS, source)
     agreements(monkeypatch, [1])
     assert places_for_saved_layout(universal, LoadPlaces.ALL, source) is LoadPlaces.STATE_WRITTEN
+
+
+def test_masters_another_rank_cannot_set_from_the_weights_stop_every_rank(engine, monkeypatch):
+    """Regression test (helper-156's review): load_optimizer_states=False where the files do not fit, and one rank's
+    refresh of the masters from the loaded weights fails (its drive): that rank stopped alone, and the others went
+    on into the load's gathers. Now every rank stops (as on the universal path)."""
+    fine, refreshed = engine(1, 1)
+    agreements(monkeypatch, [0], [0])
+    with pytest.raises(TencacheError, match="another rank could not set its fp32 masters"):
+        places_for_saved_layout(fine, LoadPlaces.MASTERS, HERE)
+    assert refreshed == [True]
+
+
+def test_a_checkpoint_folder_one_rank_cannot_read_stops_every_ranks_load_before_its_agreements(monkeypatch,
+                                                                                                tmp_path):
+    """Regression test (helper-156's review): the copy's start lists the checkpoint's folder and tidies the swap
+    folder before the load's agreements (places_for_saved_layout); an OSError there on one rank (EIO, ESTALE)
+    left the others waiting in those agreements. Now every rank stops there, nothing placed."""
+    swapper = swapper_with({0: 10})
+    swapper._load_places = LoadPlaces.ALL
+    agreed = []
+    swapper._before_load_copy = lambda places, source: agreed.append(source) or places
+
+    def unreadable():
+        raise OSError(5, "Input/output error")
+
+    agreements(monkeypatch, [0])
+    monkeypatch.setattr(swapper, "drop_staged_loads", lambda: None)
+    with pytest.raises(TencacheError, match="another rank could not read its checkpoint folder"):
+        swapper.begin_load_copy(str(tmp_path))
+    agreements(monkeypatch, [1])
+    monkeypatch.setattr(swapper, "drop_staged_loads", unreadable)
+    with pytest.raises(OSError, match="Input/output error"):
+        swapper.begin_load_copy(str(tmp_path))
+    assert agreed == []
+    agreements(monkeypatch, [1])
+    monkeypatch.setattr(swapper, "drop_staged_loads", lambda: None)
+    swapper.begin_load_copy(str(tmp_path))
+    assert agreed == [str(tmp_path)] and swapper.last_load_places is LoadPlaces.ALL
+
+
+def test_a_load_copy_that_stops_part_way_leaves_the_live_swap_files_whole(monkeypatch, tmp_path):
+    """Regression test (helper-155's review): a resume (the checkpoint's sub-group ids this engine's) whose copy of the
+    checkpoint's swap files stops part way (no room where they are copied, a drive's error, Ctrl-C): each placed file
+    had replaced its live one, so the folder held some of the checkpoint's files and the rest of the engine's, which a
+    caller that caught the error and trained on then read. Now the copy places them hidden and renames them over the
+    live ones once all are placed. A copy that finishes replaces every live file."""
+    from tencache_ds.integrations.deepspeed import checkpoint_save
+    live, saved = tmp_path / "swap", tmp_path / "checkpoint"
+    live.mkdir()
+    saved.mkdir()
+    names = ["1_0.tensor.swp", "exp_avg-1_0.tensor.swp", "1_1.tensor.swp", "exp_avg-1_1.tensor.swp"]
+    for name in names:
+        (live / name).write_bytes(b"live")
+        (saved / name).write_bytes(b"saved")
+    swapper = swapper_with({"1_0": 1, "1_1": 1})
+    swapper._folder = str(live)
+    swapper._load_places, swapper._before_load_copy = LoadPlaces.ALL, None
+    place = checkpoint_save.place
+    placed = []
+
+    def no_room_at_the_third(source, target, fill=None):
+        if len(placed) == 2:
+            raise OSError(28, "No space left on device")
+        placed.append(target)
+        return place(source, target, fill)
+
+    monkeypatch.setattr(checkpoint_save, "place", no_room_at_the_third)
+    with pytest.raises(OSError, match="No space left"):
+        checkpoint_save._link_folder(swapper, str(saved), str(live), None, "load")
+    assert all((live / name).read_bytes() == b"live" for name in names)
+    swapper.drop_staged_loads()
+    assert sorted(os.listdir(live)) == sorted(names)
+    monkeypatch.setattr(checkpoint_save, "place", place)
+    checkpoint_save._link_folder(swapper, str(saved), str(live), None, "load")
+    assert sorted(os.listdir(live)) == sorted(names)
+    assert all((live / name).read_bytes() == b"saved" for name in names)

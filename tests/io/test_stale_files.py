@@ -67,3 +67,34 @@ def test_hidden_names_carry_their_process_and_only_a_dead_ones_of_the_kinds_aske
     removed = remove_hidden_files_of_dead_processes(str(tmp_path), ("tmp", "loading"))
     assert sorted(removed) == sorted(str(tmp_path / dead[kind]) for kind in ("tmp", "loading"))
     assert len(os.listdir(tmp_path)) == 5
+
+
+def test_in_a_folder_this_process_holds_every_other_processs_hidden_files_go(tmp_path):
+    """Regression test (helper-155's review): a container restarted with a fresh pid namespace gives its processes
+    the killed run's process ids (pid 1, low numbers), so that run's files were taken for a live process's at every
+    start, and kept for good (whole swap files). Where this process holds the folder's lock no other process can
+    use it: every other process's hidden file goes, alive or not, of this host or another; its own stay."""
+    import socket
+
+    from tencache_ds.io.stale_files import hidden_name, remove_hidden_files_of_dead_processes
+    here = socket.gethostname()
+    alive = os.getppid()  # a live process other than this one
+    others = [f".tmp.{alive}@{here}@0_9.tensor.swp", f".loading.1@{here}@0_9.tensor.swp",
+              f".tmp.{alive}@elsewhere@1_9.tensor.swp"]
+    own = hidden_name("0_9.tensor.swp", "tmp")
+    for name in others + [own]:
+        (tmp_path / name).write_bytes(b"x")
+    assert remove_hidden_files_of_dead_processes(str(tmp_path), ("tmp", "loading")) == []  # not held: kept
+    removed = remove_hidden_files_of_dead_processes(str(tmp_path), ("tmp", "loading"), held=True)
+    assert sorted(removed) == sorted(str(tmp_path / name) for name in others)
+    assert os.listdir(tmp_path) == [own]
+
+
+def test_a_folder_is_locked_only_where_its_lock_was_taken(tmp_path):
+    from tencache_ds.io import folder_lock
+    key = folder_lock.hold(str(tmp_path / "swap"))
+    try:
+        assert folder_lock.locked(key)
+    finally:
+        folder_lock.let_go(key)
+    assert not folder_lock.locked(key)

@@ -127,14 +127,19 @@ def _adopt(swapper, optimizer, loaded_dir, masters_only: bool) -> int:
     # sub-groups), and a rename into an id still to be renamed from would overwrite that loaded file first.
     swapper.settle_master_writes()  # masters owed to the files about to be renamed (the load's own): written first
     staged = []
-    for old, new in zip(sorted(loaded, key=sub_group_order), sorted(current, key=sub_group_order)):
-        for state in loaded[old]:
-            name = swap_file_name(old, state)
-            source = os.path.join(swapper.files_folder, swapper.load_target_name(name))  # (where the copy put it)
-            target = os.path.join(swapper.files_folder, swap_file_name(new, state))
-            staging = os.path.join(swapper.files_folder, hidden_name(swap_file_name(new, state), ADOPTING_KIND))
-            os.replace(source, staging)
-            staged.append((staging, target))
+    try:
+        for old, new in zip(sorted(loaded, key=sub_group_order), sorted(current, key=sub_group_order)):
+            for state in loaded[old]:
+                name = swap_file_name(old, state)
+                source = os.path.join(swapper.files_folder, swapper.load_target_name(name))  # (where the copy put it)
+                target = os.path.join(swapper.files_folder, swap_file_name(new, state))
+                staging = os.path.join(swapper.files_folder, hidden_name(swap_file_name(new, state), ADOPTING_KIND))
+                os.replace(source, staging)
+                staged.append((staging, target))
+    except BaseException:  # (a loaded file missing, say) nothing adopted: the ones renamed so far go too
+        for staging, _target in staged:
+            os.remove(staging)
+        raise
     swapper.forget_master_copies()  # the parameter partitions hold this engine's masters, not the loaded ones
     for staging, target in staged:
         swapper.store.forget(target)  # a copy of this engine's own state: the loaded file replaces it

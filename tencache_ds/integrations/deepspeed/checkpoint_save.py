@@ -47,7 +47,7 @@ from ...cache.entry import EntryState
 from ...errors import TencacheError, TencacheOutOfMemory, TencacheResourceError
 from ...io import save_from_files
 from ...io.save_from_files import FilledWhenWritten, UncachedFile
-from ...io.reflink import clones_between
+from ...io.reflink import block_size, clones_between
 from ...io.shared_files import place, room_to_write_again
 from ...log import logger
 from ...memory.descriptor_shared import copied_into_dev_shm, empty_shared_by_descriptor
@@ -355,11 +355,17 @@ def _saves_from_files(checkpoint_engine) -> bool:
 
 
 def _can_share_blocks(swap_folder: str, checkpoint_folder: str) -> bool:
-    """Can the swap files share their blocks with files in the checkpoint's folder?"""
+    """Can the swap files share their blocks with files in the checkpoint's folder? Not where the ZeRO file's
+    storages cannot start on its blocks (ZFS's 128 KiB records, NFS's wsize: helper-157's review): a probe there said
+    yes, and the masters were written to their swap files first, then copied, instead of written once."""
     existing = os.path.abspath(checkpoint_folder)
     while not os.path.isdir(existing) and os.path.dirname(existing) != existing:
         existing = os.path.dirname(existing)  # the tag's folder may not be made yet: its file system is its parent's
     try:
+        if not save_from_files.aligns_storages_to_blocks(block_size(existing)):
+            logger.info("the ZeRO file's masters are written, not shared: %s's blocks of %s are larger than the "
+                        "storages' alignment", existing, fmt_bytes(block_size(existing)))
+            return False
         return clones_between(swap_folder, existing)
     except OSError as err:  # e.g. a folder we may not write the probe's files in: the masters are written
         logger.info("the ZeRO file's masters are written, not shared: %s", err)
@@ -485,6 +491,11 @@ def _link_folder(swapper, source: str, target: str, ignore, direction: str) -> F
         transfer.linked += int(placed.linked)
         transfer.bytes_written += placed.bytes_written
         linked_bytes += os.path.getsize(source_path) if placed.linked else 0
+    if direction == "load":  # every file placed: the live ones replaced at once (renames, which need no room)
+        for name, target_name in targets.items():
+            final = swapper.name_after_load_copy(name)
+            if final is not None:
+                os.replace(os.path.join(target, target_name), os.path.join(target, final))
     if direction == "save":  # a save into a tag saved before: files of sub-groups this engine does not have go
         for name in set(os.listdir(target)) - set(targets):
             if os.path.isfile(os.path.join(target, name)):

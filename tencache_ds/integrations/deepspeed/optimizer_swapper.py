@@ -41,11 +41,11 @@ from deepspeed.runtime.swap_tensor.pipelined_optimizer_swapper import PipelinedO
 from deepspeed import comm as dist
 
 from ...config import CONFIG_KEY
-from ...errors import TencacheConfigError
+from ...errors import TencacheConfigError, TencacheError
 from ...ext_lock import raise_if_stale_locks
 from ...cache.entry import CACHED
 from ...cache.optimizer_store import OptimizerStore
-from ...cache.state_dtype import narrow_stock_layout, stored_numel, viewed_as
+from ...cache.state_dtype import NARROWING_KIND, narrow_stock_layout, stored_numel, viewed_as
 from ...io.direct_io import DirectFileIO, store_io_threads
 from ...io import folder_lock
 from ...io.shared_files import TEMPORARY_KIND, LinkSafeIO, unshare_folder
@@ -64,7 +64,8 @@ from .host_tier_share import optimizer_host_share
 from .masters_in_partitions import MastersInPartitions
 from ...cache.optimizer_reads_ahead import ReadsAhead
 from .optimizer_gradients import SubGroupGradients, gradient_path
-from .swap_files import (ADOPTING_KIND, SWAP_FILE_NAME, STAGED_LOAD_KIND, LoadPlaces, is_staged_load,
+from .agreement import raised_on_every_rank
+from .swap_files import (ADOPTING_KIND, LOAD_REFUSED, SWAP_FILE_NAME, STAGED_LOAD_KIND, LoadPlaces, is_staged_load,
                          staged_load_name, swap_file_name)
 
 NVME_PATH_KEY = "zero_optimization.offload_optimizer.nvme_path"
@@ -73,12 +74,14 @@ NVME_PATH_KEY = "zero_optimization.offload_optimizer.nvme_path"
 UNREGISTERED_STATES = 2
 
 
-def _remove_what_killed_runs_left(folder: str) -> None:
+def _remove_what_killed_runs_left(folder: str, held: bool) -> None:
     """The hidden files a process killed in a checkpoint save or load, or in a copy before a write, left in the swap
     folder (whole swap files, or links keeping a deleted checkpoint's blocks): nothing else removes them, since the
-    folder outlives runs (stock's is never emptied either). Best effort: a folder that cannot be read is logged."""
+    folder outlives runs (stock's is never emptied either). ``held``: this process holds the folder's lock (every
+    other process's are left files). Best effort: a folder that cannot be read is logged."""
     try:
-        removed = remove_hidden_files_of_dead_processes(folder, (TEMPORARY_KIND, STAGED_LOAD_KIND, ADOPTING_KIND))
+        removed = remove_hidden_files_of_dead_processes(
+            folder, (TEMPORARY_KIND, STAGED_LOAD_KIND, ADOPTING_KIND, NARROWING_KIND), held)
     except OSError as err:
         logger.warning("optimizer swap folder %s: the files killed runs left there could not be removed (%s)",
                        folder, err)
@@ -171,7 +174,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         self._folder = os.path.join(base_folder, "optimizer", f"rank{dist.get_rank()}")
         with swap_folder_held(self._folder, swap_config.nvme_path, NVME_PATH_KEY) as self._folder_key:
             prepare_swap_folder(self._folder, swap_config.nvme_path, NVME_PATH_KEY)
-            _remove_what_killed_runs_left(self._folder)
+            _remove_what_killed_runs_left(self._folder, folder_lock.locked(self._folder_key))
             self.optimizer = optimizer
             self.min_aio_bytes = max(MIN_SWAPPABLE_BYTES, int(aio_config.get("block_size", 0)))
             self.aligned_bytes = 1024 * intra_op
@@ -308,15 +311,25 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         """The engine's copy of a checkpoint's folder ``source`` over the swap folder starts (checkpoint_save.py):
         settle what it places, and remember both for what follows the load (``last_load_source``,
         ``last_load_places``: adoption). Files an earlier load left staged (it stopped before adoption) go."""
-        self.drop_staged_loads()
+        loaded_ids = set()
+
+        def look():
+            self.drop_staged_loads()
+            loaded_ids.update(match["id"] for name in (os.listdir(source) if os.path.isdir(source) else ())
+                              for match in [SWAP_FILE_NAME.match(name)] if match is not None)
+
+        if self._before_load_copy is None:
+            look()
+        else:  # the engine's load, whose agreements over the ranks follow: one rank's error stops every rank
+            raised_on_every_rank(look, lambda: TencacheError(
+                f"load_checkpoint: another rank could not read its checkpoint folder or tidy its swap folder (its "
+                f"error says why); the load stops on every rank. {LOAD_REFUSED}"))
         self.last_load_source = source
         # Where the checkpoint's sub-group ids are not this engine's, adoption renames its files to them afterwards
         # (checkpoint.adopt_loaded_files): every file is placed hidden until then. One under its own name, where the
         # two sets of ids overlap, replaced this engine's live file of that id, which the engine's reset right after
         # the copy then read as this engine's sub-group and wrote back changed (its write possibly still in flight
         # when adoption renamed the file away): the loaded bytes adopted were those (helper-143's review).
-        loaded_ids = {match["id"] for name in (os.listdir(source) if os.path.isdir(source) else ())
-                      for match in [SWAP_FILE_NAME.match(name)] if match is not None}
         self._stage_every_loaded_file = not set(self.swap_params_info) <= loaded_ids
         if self._before_load_copy is not None:
             self._load_places = self._before_load_copy(self._load_places, source)
@@ -339,17 +352,29 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
 
     def load_target_name(self, name: str) -> Optional[str]:
         """The name under which the engine's copy of a checkpoint over the swap folder (checkpoint_save.py) places
-        the checkpoint's file ``name``, or None where it places nothing (LoadPlaces). A swap file of a sub-group
-        this swapper does not have (a checkpoint from a rebuilt model or another process), and every one where
-        adoption will rename them (``begin_load_copy``), is placed hidden, ``staged_load_name``, for adoption to
-        rename (checkpoint.adopt_loaded_files): under its own name it could replace the live file of another engine
-        sharing the folder, whose sub-group ids may be the checkpoint's."""
+        the checkpoint's file ``name``, or None where it places nothing (LoadPlaces). Every swap file is placed
+        hidden, ``staged_load_name``; once the copy is done, those of this engine's sub-groups take their own names
+        (``name_after_load_copy``). A swap file of a sub-group this swapper does not have (a checkpoint from a rebuilt
+        model or another process), and every one where adoption will rename them (``begin_load_copy``), stays hidden
+        for adoption to rename (checkpoint.adopt_loaded_files): under its own name it could replace the live file of
+        another engine sharing the folder, whose sub-group ids may be the checkpoint's."""
         match = SWAP_FILE_NAME.match(name)
         if not self._load_places.places_files or (
                 self._load_places is LoadPlaces.MASTERS and (match is None or match["state"] is not None)):
             return None
-        if match is not None and (self._stage_every_loaded_file or match["id"] not in self.swap_params_info):
+        if match is not None:  # hidden while the copy runs: see name_after_load_copy
             return staged_load_name(name)
+        return name
+
+    def name_after_load_copy(self, name: str) -> Optional[str]:
+        """The name the checkpoint's swap file ``name``, placed hidden by the copy (``load_target_name``), takes once
+        the whole copy is done: its own, where it is one of this engine's sub-groups and no adoption renames the
+        files; else None (it stays hidden: adopted, or dropped). A copy that stops part way (no room, a drive's
+        error, Ctrl-C) so leaves the live files whole, not some replaced by the checkpoint's and the rest not
+        (helper-155's review)."""
+        match = SWAP_FILE_NAME.match(name)
+        if match is None or self._stage_every_loaded_file or match["id"] not in self.swap_params_info:
+            return None
         return name
 
     def _drop_copies_held_before_load(self) -> None:

@@ -88,7 +88,11 @@ def places_for_saved_layout(engine, places: LoadPlaces, source: str) -> LoadPlac
             f"offload_param.max_in_cpu ({on_file} of {len(optimizer.fp16_partitioned_groups_flat)} sub-groups on "
             f"file) the fp32 masters cannot be set from the loaded weights (no flat 16-bit partition). Load with the "
             f"checkpoint's layout, raise max_in_cpu, or offload the parameters to cpu. {LOAD_REFUSED}")
-    optimizer.refresh_fp32_params()  # refresh_masters_swapping_in: each sub-group swapped in, set, swapped out
+    # refresh_masters_swapping_in: each sub-group swapped in, set, swapped out (a drive's error on one rank stops
+    # every rank: the others would go on into the load's gathers)
+    raised_on_every_rank(optimizer.refresh_fp32_params, lambda: TencacheError(
+        "load_checkpoint(load_optimizer_states=False): another rank could not set its fp32 masters from the loaded "
+        "weights (its error says why); the load stops on every rank."))
     logger.info("%s: the fp32 masters are set from the loaded weights, and none of its swap files is placed", why)
     return LoadPlaces.NOTHING
 
