@@ -63,5 +63,20 @@ try:
 finally:
     transfers._wait_quietly = waited
 reads_the_right_bytes()
+
+# A partition asked for (its read in flight) whose read fails, then rewritten whole by the update before anyone waits
+# (stage 3's swap_out_partitioned_params): the failed read's bytes are never needed, the new ones are written, and
+# a swap-in reads them. Until 2026-12-07 the read's error stopped the update with the partition INFLIGHT and no
+# record of it (helper-149's review).
+with open(path, "r+b") as handle:
+    saved = handle.read()
+    handle.truncate(0)  # the read fails: the file is short
+swapper.swap_in([param], async_op=True)
+new = torch.full((1 << 19,), 5.0)
+swapper.swap_out_partitioned_params([param], [new])
+assert param.ds_tensor.status == PartitionedParamStatus.NOT_AVAILABLE, param.ds_tensor.status
+swapper.swap_in([param], async_op=False)
+assert torch.equal(param.ds_tensor.data, new)
+swapper.remove_partition_and_release_buffers([param])
 swapper.close()
 print("OK")

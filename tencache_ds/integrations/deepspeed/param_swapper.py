@@ -343,7 +343,13 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
                 self._rewritten.clear()
             for param in dst_fp16_params:
                 if self._settle_asked(param) or self._drop_read_for_next_step(param.ds_id):
-                    self.store.release(param.ds_id)
+                    try:
+                        self.store.release(param.ds_id)
+                    except Exception as err:  # noqa: BLE001  its read failed: those bytes are replaced whole below
+                        # (raised, it stopped the update with the partition INFLIGHT and no record: helper-149)
+                        logger.warning("partition %s: its read failed (%s); the update writes its new bytes whole",
+                                       param.ds_id, err)
+                        self._mark_on_file(param)
             for param, source in zip(dst_fp16_params, src_fp32_params):
                 self.store.write_from(param.ds_id, source)
                 self.partition_writes[param.ds_id] += 1
