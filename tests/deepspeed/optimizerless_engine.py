@@ -3,7 +3,10 @@ model, an evaluation engine): DeepSpeed gives it a ``DeepSpeedZeRoOffload`` as i
 without gradients, ``engine.destroy()`` (twice: stock tolerates it), then an engine with an optimizer over the same
 model trains two steps. Prints one RESULT line: the losses, and tencache's swapper states after the destroy.
 
-    python tests/deepspeed/optimizerless_engine.py stock|tencache NVME_DIR
+    python tests/deepspeed/optimizerless_engine.py stock|tencache NVME_DIR [zero|convert]
+
+``convert``: the model is built plainly, and the engine without an optimizer converts it (its parameter swapper is
+made inside DeepSpeedZeRoOffload's constructor).
 """
 import json
 import os
@@ -19,18 +22,20 @@ import deepspeed  # noqa: E402
 from rebuild import config  # noqa: E402
 
 
-def main(mode, nvme):
+def main(mode, nvme, init="zero"):
     train.ensure_dist_env()
     deepspeed.init_distributed()
     if mode != "stock":
         import tencache_ds
     cfg = config(mode, nvme, "nvme", "nvme")
+    if init == "convert":  # (in fp32 the engine's conversion leaves the biases fp32 and the weights bf16, stock too)
+        cfg["bf16"] = {"enabled": True}
     without_optimizer = json.loads(json.dumps(cfg))
     without_optimizer.pop("optimizer", None)
     without_optimizer["zero_optimization"].pop("offload_optimizer", None)
     _, model_cfg = train.load_model_config("gpt2-tiny")
     train.seed_everything(1234)
-    model, _ = train.build_model("zero", model_cfg, json.loads(json.dumps(cfg)))
+    model, _ = train.build_model(init, model_cfg, json.loads(json.dumps(cfg)))
     stream = train.synthetic_batches(model_cfg.vocab_size, 2, 64, 1)
 
     engine, *_ = deepspeed.initialize(model=model, config=without_optimizer)
@@ -57,4 +62,4 @@ def main(mode, nvme):
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
+    main(*sys.argv[1:4])

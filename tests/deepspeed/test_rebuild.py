@@ -76,15 +76,19 @@ def test_the_same_model_under_a_new_engine_after_destroy_trains_on_with_stocks_l
     assert results["refused"]["losses"] == results["stock"]["losses"]
 
 
-def test_an_engine_without_an_optimizer_puts_its_parameter_swapper_to_rest_at_destroy(tmp_path):
+@pytest.mark.parametrize("init", ["zero", "convert"])
+def test_an_engine_without_an_optimizer_puts_its_parameter_swapper_to_rest_at_destroy(tmp_path, init):
     """Scenario: a DPO trainer's reference model, or an evaluation engine: no optimizer, so DeepSpeed makes a
     DeepSpeedZeRoOffload the engine's optimizer (tests/deepspeed/optimizerless_engine.py: three forward passes without
     gradients, destroy twice, then an engine with an optimizer over the same model trains two steps). Until
     2026-12-07 its destroy left the parameter swapper's slots and host-tier share taken until the model was garbage
-    collected (only a ZeRO-3 optimizer counted as its user). Parity with a process that never imported tencache_ds."""
+    collected (only a ZeRO-3 optimizer counted as its user). Also for a model built plainly, which that engine
+    converts (its swapper made inside the engine's build: helper-158's review). Parity with a process that never
+    imported tencache_ds."""
     results = {}
     for mode in ("stock", "tencache"):
-        proc = run_helper(os.path.join(os.path.dirname(__file__), "optimizerless_engine.py"), [mode, tmp_path / mode])
+        proc = run_helper(os.path.join(os.path.dirname(__file__), "optimizerless_engine.py"),
+                          [mode, tmp_path / mode, init])
         results[mode] = result_of(proc.stdout)
         assert results[mode] is not None, proc.stdout[-2000:] + proc.stderr[-4000:]
         shutil.rmtree(tmp_path / mode, ignore_errors=True)

@@ -135,10 +135,11 @@ def _counting_offload_users(init):
     def init_counting_users(self, *args, **kwargs):
         if find_stage3_optimizer() is not None:
             return init(self, *args, **kwargs)
-        swappers = _param_swappers_of_module(signature.bind_partial(self, *args, **kwargs).arguments.get("module"))
-        for swapper in swappers:
+        for swapper in _param_swappers_of_module(signature.bind_partial(self, *args, **kwargs).arguments.get("module")):
             swapper.wake()
         init(self, *args, **kwargs)
+        # after: a model built outside zero.Init gets its swapper here (_convert_to_zero_parameters: helper-158)
+        swappers = _param_swappers_of_module(self.module)
         for swapper in swappers:
             swapper.add_user()
         setattr(self, _OFFLOAD_USERS, swappers)
