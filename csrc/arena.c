@@ -197,6 +197,10 @@ int tc_arena_create(const tc_class_spec_t* classes, uint32_t n_classes, int lock
             tc_arena_destroy(arena);
             return TC_ELOCK;
         } else {
+            /* mlock may have locked and faulted in part of the region before it failed (a memory limit): undo,
+               or those pages stay pinned, count against the limit, and retiring them fails for good */
+            (void)munlock(c->base, (size_t)c->region_bytes);
+            (void)madvise(c->base, (size_t)c->region_bytes, MADV_DONTNEED);
             arena->stats.lock_fallbacks++; /* keep going: a later, smaller region may still fit the limit */
         }
     }

@@ -201,8 +201,10 @@ class BufferPool:
             arenas, self._arenas = self._arenas, []
             regions = {(base, base + nbytes) for arena in arenas for base, nbytes in arena.regions()}
             self._ranges = [span for span in self._ranges if span not in regions]
-            self._fences = {ptr: fence for ptr, fence in self._fences.items()
-                            if not any(start <= ptr < end for start, end in regions)}
+            inside = {ptr for ptr in self._fences if any(start <= ptr < end for start, end in regions)}
+            pending = [self._fences.pop(ptr) for ptr in inside]
+        for fence in pending:  # a device copy may still read a released slot: its memory goes only after it ended
+            fence.synchronize()  # (dropped unwaited until 2026-12-07: helper-159's review)
         for arena in arenas:
             arena.close()
 

@@ -460,3 +460,25 @@ def test_c_driver(tmp_path, build):
     assert summary, run.stdout + run.stderr
     assert int(summary.group(2)) == 0 and int(summary.group(1)) > 0, run.stdout
     assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_a_pools_close_waits_for_the_device_copies_still_reading_its_released_slots():
+    """Regression test (helper-159's review): a slot released with a fence (DeepSpeed's non-blocking copy to the
+    device may still read it) and the pool closed before the slot was taken again: the fence was dropped unwaited and
+    the memory unmapped under the copy. The close waits for it first."""
+    from tencache_ds.memory.pool import BufferPool
+
+    class Fence:
+        waited = False
+
+        def synchronize(self):
+            self.waited = True
+
+    pool = BufferPool("params", lock="off")
+    pool.add_classes({4096: 2})
+    buffer = pool.acquire(4096)
+    buffer.fence = fence = Fence()
+    pool.release(buffer)
+    assert not fence.waited
+    pool.close()
+    assert fence.waited
