@@ -186,6 +186,11 @@ class DirectFileIO:
         self._lock = threading.RLock()
         self._waiting = _WaitingRequests()  # guarded by _lock; each piece submits one task that takes one
         self._closed = False  # guarded by _lock
+        # guarded by _lock: a thread is inside the pool's submit, which holds the pool's own (plain) lock, so a close
+        # from a finalizer the garbage collector runs there must not shut the pool down (it would wait for that lock
+        # for good: helper-160's review); the submit does it once it is out (``_shutdown_owed``)
+        self._submitting = False
+        self._shutdown_owed = False
         self._piece_bytes = piece_bytes
         self._counters = IoCounters()
         self._forced_align = align_bytes
@@ -221,6 +226,9 @@ class DirectFileIO:
         of an older request could have taken it, and then that older one had no task left."""
         with self._lock:
             self._closed = True
+            if self._submitting and not wait:
+                self._shutdown_owed = True
+                return
         self._pool.shutdown(wait=wait)
 
     # ---------------------------------------------------------------------------------------------- private
@@ -243,6 +251,7 @@ class DirectFileIO:
             for start, end in pieces:
                 self._waiting.put(is_write, (request, start, end))
             self._count(is_write, nbytes, 1)
+            self._submitting = True
             try:
                 for _ in pieces:  # one task per piece; a task takes whichever piece _WaitingRequests picks
                     self._pool.submit(self._run_next)
@@ -254,6 +263,11 @@ class DirectFileIO:
                 if tasks == 0:
                     self._count(is_write, -nbytes, -1)
                     raise
+            finally:
+                self._submitting = False
+                shutdown_owed, self._shutdown_owed = self._shutdown_owed, False
+        if shutdown_owed:  # a close came from within the pool's submit (a finalizer): made now
+            self._pool.shutdown(wait=False)
         return request.future
 
     def _run_next(self) -> None:
@@ -350,6 +364,9 @@ class DirectFileIO:
                         raise StaleFileError(
                             f"swap file {path} holds {size} bytes but {file_offset + len(view)} were expected: it "
                             f"was truncated or written by another run; delete the swap folder and restart")
+                if moved == 0:  # (a FUSE handler's reply, a stale size): no progress, so an error, not a spin
+                    raise OSError(errno.EIO, f"{path}: the file system {'wrote' if is_write else 'read'} no byte at "
+                                             f"offset {file_offset + done}")
                 done += moved
         except OSError as err:
             if direct and err.errno == errno.EINVAL:

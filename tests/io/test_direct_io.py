@@ -356,3 +356,41 @@ def test_alignment_can_be_forced_from_the_environment(monkeypatch, tmp_path):
     monkeypatch.setenv(ALIGN_ENV, "4KiB")  # not a number of bytes: named, not int()'s bare message
     with pytest.raises(ValueError, match=ALIGN_ENV):
         DirectFileIO()
+
+
+def test_a_close_from_a_finalizer_inside_the_pools_submit_does_not_hang(tmp_path):
+    """Regression test (helper-160's review): a swapper's finalizer closes its I/O engine from whatever thread the
+    garbage collector runs in; where that was inside the engine's own ThreadPoolExecutor.submit (which holds the
+    pool's plain lock while it allocates), the shutdown waited for that lock for good. The close is made once the
+    submit is out; the request goes through, and the engine refuses the next."""
+    io = DirectFileIO(num_threads=1)
+    submit = io._pool.submit
+    closes = []
+
+    def collected_inside_submit(*args, **kwargs):
+        with io._pool._shutdown_lock:  # held as the real submit holds it while it allocates
+            if not closes:
+                closes.append(True)
+                io.close(wait=False)  # what the finalizer does
+        return submit(*args, **kwargs)
+
+    io._pool.submit = collected_inside_submit
+    done = []
+    writer = threading.Thread(target=lambda: done.append(
+        io.write(torch.ones(1024), str(tmp_path / "file")).result(timeout=30)), daemon=True)
+    writer.start()
+    writer.join(timeout=30)
+    assert not writer.is_alive(), "the submit hung in the close"
+    assert len(done) == 1 and io._pool._shutdown
+    with pytest.raises(RuntimeError, match="closed"):
+        io.write(torch.ones(1024), str(tmp_path / "file"))
+
+
+def test_a_transfer_that_moves_no_byte_is_an_error_not_a_spin(tmp_path, monkeypatch):
+    """Regression test (helper-160's review): a pwritev (or a preadv past a stale size) that returns 0 left the loop
+    at the same offset for good: an I/O thread spinning and a request never done. It is an I/O error now."""
+    io = DirectFileIO(num_threads=1)
+    monkeypatch.setattr(os, "pwritev", lambda fd, buffers, offset: 0)
+    with pytest.raises(OSError, match="wrote no byte at offset 0"):
+        io.write(torch.ones(1024), str(tmp_path / "file")).result(timeout=30)
+    io.close()
