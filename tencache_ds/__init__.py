@@ -11,7 +11,7 @@ import importlib.machinery
 import os
 import sys
 
-from .config import TencacheConfig, parse_config
+from .config import NO_AUTO_INSTALL_ENV, TencacheConfig, parse_config
 from .errors import (StaleFileError, TencacheConfigError, TencacheError, TencacheOutOfMemory,
                      TencacheResourceError)
 
@@ -73,7 +73,10 @@ class _InstallAfterDeepSpeedImport(importlib.abc.MetaPathFinder):
             if hook in sys.meta_path:
                 sys.meta_path.remove(hook)
             try:
-                install()
+                if os.environ.get(NO_AUTO_INSTALL_ENV) == "1":
+                    _refuse_until_installed()
+                else:
+                    install()
             except Exception as err:  # never break `import deepspeed` because of us ...
                 if _install_module_is_being_imported():
                     return  # the adapters' own import is what imported DeepSpeed: it installs when it finishes
@@ -99,11 +102,19 @@ def _refuse_tencache_configs(err: Exception) -> None:
     warnings.warn(f"tencache_ds could not install its swappers ({err!r}); DeepSpeed runs stock, and a config with "
                   f'an enabled "tencache" block will be refused')
     from .integrations.deepspeed.refusal import refuse_tencache_configs
-    refuse_tencache_configs(err)
+    refuse_tencache_configs(f"tencache_ds could not install its swappers when DeepSpeed was imported: {err!r}", err)
 
 
-if os.environ.get("TENCACHE_NO_AUTO_INSTALL") != "1":
-    if "deepspeed" in sys.modules:
+def _refuse_until_installed() -> None:
+    """NO_AUTO_INSTALL_ENV set: until tencache_ds.install(), a config that enables tencache is refused."""
+    from .integrations.deepspeed.refusal import refuse_until_installed
+    refuse_until_installed()
+
+
+if "deepspeed" in sys.modules:
+    if os.environ.get(NO_AUTO_INSTALL_ENV) == "1":
+        _refuse_until_installed()
+    else:
         install()
-    elif not any(isinstance(finder, _InstallAfterDeepSpeedImport) for finder in sys.meta_path):
-        sys.meta_path.insert(0, _InstallAfterDeepSpeedImport())
+elif not any(isinstance(finder, _InstallAfterDeepSpeedImport) for finder in sys.meta_path):
+    sys.meta_path.insert(0, _InstallAfterDeepSpeedImport())

@@ -16,6 +16,10 @@ from pydantic import BaseModel, ConfigDict, StrictBool, ValidationError, field_v
 from .errors import TencacheConfigError
 from .units import parse_bytes
 
+# ``import tencache_ds`` installs the swappers in DeepSpeed unless this is "1" (then tencache_ds.install() does, and
+# until it is called a config that enables tencache is refused: integrations/deepspeed/refusal.py)
+NO_AUTO_INSTALL_ENV = "TENCACHE_NO_AUTO_INSTALL"
+
 CONFIG_KEY = "tencache"
 AUTO = "auto"
 SCHEMA_VERSION = 1

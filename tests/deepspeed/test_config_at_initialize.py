@@ -51,15 +51,40 @@ def test_initialize_refuses_a_block_with_nothing_on_nvme(how, tmp_path):
         deepspeed.initialize(model=torch.nn.Linear(2, 2), **kwargs)
 
 
-def test_uninstall_gives_deepspeed_its_initialize_back():
+def test_uninstall_gives_deepspeed_its_initialize_back_and_refuses_a_config_that_asks_for_tencache():
+    """After uninstall a config without the block reaches DeepSpeed's own initialize; one that enables tencache is
+    refused, saying why (until 2026-12-07 it trained stock, silently: helper-161's review); install() puts tencache's
+    initialize back."""
+    from tencache_ds.integrations.deepspeed.refusal import unrefused
     assert tencache_ds.integrations.deepspeed.install.is_installed()
     wrapped = deepspeed.initialize
     tencache_ds.uninstall()
     try:
-        assert deepspeed.initialize is not wrapped and deepspeed.initialize is wrapped.__wrapped__
+        assert deepspeed.initialize is not wrapped and unrefused(deepspeed.initialize) is wrapped.__wrapped__
+        with pytest.raises(tencache_ds.TencacheError, match=r"tencache_ds.uninstall\(\) took tencache's swappers out"):
+            deepspeed.initialize(model=torch.nn.Linear(2, 2), config=dict(cpu_offload_config(), tencache={}))
     finally:
         tencache_ds.install()
     assert deepspeed.initialize is wrapped
+
+
+def test_a_config_that_asks_for_tencache_is_refused_while_no_auto_install_keeps_it_out(tmp_path):
+    """TENCACHE_NO_AUTO_INSTALL=1: importing tencache_ds installs nothing, and until tencache_ds.install() a config
+    that enables tencache is refused, not trained stock (helper-161's review); after install() it is validated."""
+    import subprocess
+    import sys
+    code = ("import tencache_ds, deepspeed, torch\n"
+            "for step in ('before', 'after'):\n"
+            "    if step == 'after':\n"
+            "        tencache_ds.install()\n"
+            "    try:\n"
+            "        deepspeed.initialize(model=torch.nn.Linear(2, 2), config={'train_batch_size': 1, 'tencache': {}})\n"
+            "    except tencache_ds.TencacheError as err:\n"
+            "        print(step, 'REFUSED', 'TENCACHE_NO_AUTO_INSTALL' in str(err), 'zero_optimization' in str(err))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=str(tmp_path),
+                          env=dict(os.environ, TENCACHE_NO_AUTO_INSTALL="1"), timeout=300)
+    assert "before REFUSED True False" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "after REFUSED False True" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-3000:]
 
 
 @pytest.mark.deepspeed

@@ -26,6 +26,7 @@ import deepspeed.runtime.zero.parameter_offload as _parameter_offload
 import deepspeed.runtime.zero.partition_parameters as _partition_parameters
 import deepspeed.runtime.zero.stage3 as _stage3
 
+from ...config import NO_AUTO_INSTALL_ENV
 from ...ext_lock import raise_if_stale_locks
 from . import contract, reporting
 from .checkpoint import (adopt_loaded_files, loading_checkpoint, masters_from_loaded_weights,
@@ -43,6 +44,7 @@ from .one_rank_reduce import (marking_tencache_reductions, partitioning_each_gra
                               reducing_without_copy_at_one_rank)
 from .optimizer_swapper import TencacheOptimizerSwapper
 from .param_swapper import TencacheParamSwapper, rewritten_in_place
+from .refusal import refuse_tencache_configs, refuse_until_installed, unrefused
 from .stage3_gradients import handing_gradients_uncast, noting_gradient_scales
 
 
@@ -437,7 +439,7 @@ def _rebindings(supported: bool):
             continue
         try:
             owner = contract.resolve(entry.owner)
-            original = getattr(owner, entry.name)
+            original = unrefused(getattr(owner, entry.name))  # (not a refusal of configs while not installed)
         except (ImportError, AttributeError):
             if supported:
                 raise
@@ -463,13 +465,19 @@ def install() -> None:
                 setattr(module, name, ours)
 
 
+UNINSTALLED = ("tencache_ds.uninstall() took tencache's swappers out of DeepSpeed: remove the block (or set its "
+               '"enabled": false) to train stock DeepSpeed, or call tencache_ds.install() again')
+
+
 def uninstall() -> None:
-    """Restore DeepSpeed's own classes (for tests and for users who want stock back in-process)."""
+    """Restore DeepSpeed's own classes (for tests and for users who want stock back in-process). A config that
+    enables tencache is then refused at deepspeed.initialize, not trained stock (helper-161's review)."""
     with _lock:
         for module, name, _ours in _REBINDINGS:
             original = _originals.pop((module.__name__, name), None)
             if original is not None:
                 setattr(module, name, original)
+        refuse_tencache_configs(UNINSTALLED)
 
 
 def initialize(*args, **kwargs):
@@ -485,5 +493,7 @@ def is_installed() -> bool:
 # Importing this module directly (``import tencache_ds.integrations.deepspeed.install`` before DeepSpeed) imports
 # DeepSpeed above, whose import hook (tencache_ds/__init__.py) cannot install from a module still being imported:
 # install here instead, as ``import tencache_ds`` promises.
-if os.environ.get("TENCACHE_NO_AUTO_INSTALL") != "1":
+if os.environ.get(NO_AUTO_INSTALL_ENV) != "1":
     install()
+else:
+    refuse_until_installed()

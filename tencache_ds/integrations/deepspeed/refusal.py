@@ -1,17 +1,31 @@
-"""When tencache's swappers could not be installed. Owns: refusing, at ``deepspeed.initialize``, a config that
-enables tencache, so such a run fails with the install error instead of silently training stock DeepSpeed.
-Imports only DeepSpeed, tencache's config and config_source.py, the block's reader (the rest of the adapters may be
-what failed)."""
+"""When tencache's swappers are not in DeepSpeed: they could not be installed, were kept out
+(``TENCACHE_NO_AUTO_INSTALL=1``) or taken out (``uninstall``). Owns: refusing, at ``deepspeed.initialize``, a config
+that enables tencache, so such a run fails saying why instead of silently training stock DeepSpeed. Imports only
+DeepSpeed, tencache's config and config_source.py, the block's reader (the rest of the adapters may be what failed)."""
 import inspect
+from typing import Optional
 
 import deepspeed
 
+from ...config import NO_AUTO_INSTALL_ENV
 from ...errors import TencacheConfigError, TencacheError
 from .config_source import ds_config_of_initialize_call, tencache_config
 
+NOT_INSTALLED = (f"{NO_AUTO_INSTALL_ENV}=1 kept tencache's swappers out of DeepSpeed: call tencache_ds.install() (or "
+                 f"use tencache_ds.initialize) first, or remove the block to train stock DeepSpeed")
+_REFUSING = "_tencache_refusal_of"  # on a refusing initialize: the deepspeed.initialize it stands before
 
-def refuse_tencache_configs(install_error: Exception) -> None:
-    original = deepspeed.initialize
+
+def unrefused(initialize):
+    """The ``deepspeed.initialize`` a refusal stands before, or ``initialize`` itself (install.py wraps that one)."""
+    return getattr(initialize, _REFUSING, initialize)
+
+
+def refuse_tencache_configs(why: str, cause: Optional[BaseException] = None) -> None:
+    """From now on ``deepspeed.initialize`` refuses a config that enables tencache, the message ending in ``why``
+    (install() puts its own initialize in its place, and uninstall() puts this one back). A second call replaces the
+    first's reason instead of stacking a second refusal."""
+    original = unrefused(deepspeed.initialize)
     signature = inspect.signature(original)
 
     def initialize(*args, **kwargs):
@@ -23,11 +37,15 @@ def refuse_tencache_configs(install_error: Exception) -> None:
         try:
             enabled = tencache_config(ds_config).enabled
         except TencacheConfigError as err:  # a block there, but not a valid one: it asked for tencache
-            raise TencacheError(f"{err}; besides, tencache_ds could not install its swappers when DeepSpeed was "
-                                f"imported: {install_error!r}") from install_error
+            raise TencacheError(f"{err}; besides, {why}") from cause
         if enabled:
-            raise TencacheError('the DeepSpeed config enables "tencache", but tencache_ds could not install its '
-                                f"swappers when DeepSpeed was imported: {install_error!r}") from install_error
+            raise TencacheError(f'the DeepSpeed config enables "tencache", but {why}') from cause
         return original(*args, **kwargs)
 
+    setattr(initialize, _REFUSING, original)
     deepspeed.initialize = initialize
+
+
+def refuse_until_installed() -> None:
+    """``NO_AUTO_INSTALL_ENV`` kept the swappers out (until 2026-12-07 such a config trained stock: helper-161)."""
+    refuse_tencache_configs(NOT_INSTALLED)
