@@ -483,14 +483,23 @@ def _link_folder(swapper, source: str, target: str, ignore, direction: str) -> F
     targets = {name: target_name for name, target_name in targets.items() if target_name is not None}
     os.makedirs(target, exist_ok=True)
     linked_bytes = 0
-    for name, target_name in targets.items():
-        source_path, target_path = os.path.join(source, name), os.path.join(target, target_name)
-        placed = place(source_path, target_path, _fill_from_host_tier(swapper, source_path)
-                       if direction == "save" else None)
-        transfer.files += 1
-        transfer.linked += int(placed.linked)
-        transfer.bytes_written += placed.bytes_written
-        linked_bytes += os.path.getsize(source_path) if placed.linked else 0
+    placed_hidden = []
+    try:
+        for name, target_name in targets.items():
+            source_path, target_path = os.path.join(source, name), os.path.join(target, target_name)
+            placed = place(source_path, target_path, _fill_from_host_tier(swapper, source_path)
+                           if direction == "save" else None)
+            if direction == "load" and target_name.startswith("."):
+                placed_hidden.append(target_path)
+            transfer.files += 1
+            transfer.linked += int(placed.linked)
+            transfer.bytes_written += placed.bytes_written
+            linked_bytes += os.path.getsize(source_path) if placed.linked else 0
+    except BaseException:  # a load stopped part way: the copies placed hidden go now, not at the next load
+        for path in placed_hidden:
+            with contextlib.suppress(OSError):
+                os.remove(path)
+        raise
     if direction == "load":  # every file placed: the live ones replaced at once (renames, which need no room)
         for name, target_name in targets.items():
             final = swapper.name_after_load_copy(name)

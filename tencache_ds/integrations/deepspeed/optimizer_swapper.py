@@ -31,6 +31,7 @@ import contextlib
 import dataclasses
 import functools
 import os
+import shutil
 import weakref
 from typing import Optional
 
@@ -53,6 +54,8 @@ from ...io.stale_files import remove_hidden_files_of_dead_processes
 from ...memory.pool import BufferPool
 from ...log import logger
 from ...plan.workload import optimizer_pipelining
+from ...probes.limits import local_world_size
+from ...units import fmt_bytes
 from ...profile.lifecycle import ProfileLifecycle
 from ...zero_sections import optimizer_state_dtype_message
 from .profiling import rank_profile_path
@@ -228,6 +231,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             self._checkpoint_load_pending = False  # the engine's load_checkpoint is running (loading_checkpoint)
             self._load_places = LoadPlaces.ALL  # ... and what its copy of the checkpoint's files places
             self._stage_every_loaded_file = False  # ... and whether it places them all hidden (begin_load_copy)
+            self._stage_own_files = True  # ... and this engine's own until all are placed (begin_load_copy)
             self._before_load_copy = None  # ... settled when the copy starts (begin_load_copy)
             self.last_load_places: Optional[LoadPlaces] = None  # what the last load's copy placed (None: no copy)
             self.last_load_source: Optional[str] = None  # ... from which folder (the checkpoint's, for this rank)
@@ -315,8 +319,12 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
 
         def look():
             self.drop_staged_loads()
-            loaded_ids.update(match["id"] for name in (os.listdir(source) if os.path.isdir(source) else ())
+            names = os.listdir(source) if os.path.isdir(source) else ()
+            loaded_ids.update(match["id"] for name in names
                               for match in [SWAP_FILE_NAME.match(name)] if match is not None)
+            self._stage_own_files = self._room_to_stage(source, [
+                name for name in names for match in [SWAP_FILE_NAME.match(name)]
+                if match is not None and match["id"] in self.swap_params_info])
 
         if self._before_load_copy is None:
             look()
@@ -334,6 +342,22 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         if self._before_load_copy is not None:
             self._load_places = self._before_load_copy(self._load_places, source)
         self.last_load_places = self._load_places
+
+    def _room_to_stage(self, source: str, names) -> bool:
+        """Can the copy place this engine's own files ``names`` of ``source`` hidden beside the live ones until all
+        are placed (``name_after_load_copy``)? Linked (one file system) they take no room; copied, as much again as
+        they hold, on every rank of the node at once (helper-158's review: a load that fitted stopped on no room). Where
+        not, each replaces its live file as it is placed (as stock's copy does), said in the log."""
+        if not names or os.stat(source).st_dev == os.stat(self._folder).st_dev:
+            return True
+        needed = sum(os.path.getsize(os.path.join(source, name)) for name in names) * local_world_size()
+        free = shutil.disk_usage(self._folder).free
+        if free >= needed:
+            return True
+        logger.info("load: %s free in %s, %s to copy: each swap file replaces its live one as it is copied (a copy "
+                    "stopped part way leaves some live files the checkpoint's)", fmt_bytes(free), self._folder,
+                    fmt_bytes(needed))
+        return False
 
     def drop_staged_loads(self) -> None:
         """Delete the checkpoint's files a load placed hidden (``staged_load_name``) that adoption did not take."""
@@ -362,8 +386,9 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         if not self._load_places.places_files or (
                 self._load_places is LoadPlaces.MASTERS and (match is None or match["state"] is not None)):
             return None
-        if match is not None:  # hidden while the copy runs: see name_after_load_copy
-            return staged_load_name(name)
+        if match is not None and (self._stage_own_files or self._stage_every_loaded_file or
+                                  match["id"] not in self.swap_params_info):
+            return staged_load_name(name)  # hidden while the copy runs: see name_after_load_copy
         return name
 
     def name_after_load_copy(self, name: str) -> Optional[str]:
@@ -373,7 +398,8 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         error, Ctrl-C) so leaves the live files whole, not some replaced by the checkpoint's and the rest not
         (helper-155's review)."""
         match = SWAP_FILE_NAME.match(name)
-        if match is None or self._stage_every_loaded_file or match["id"] not in self.swap_params_info:
+        if match is None or not self._stage_own_files or self._stage_every_loaded_file or \
+                match["id"] not in self.swap_params_info:
             return None
         return name
 
