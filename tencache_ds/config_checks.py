@@ -71,6 +71,7 @@ def check_output_paths(config: TencacheConfig) -> None:
 def check_output_file(key: str, path: str) -> None:
     """``path`` is a file we may create or append to (its missing folders are created by the writer): tried by
     creating its missing folders and a probe file beside it, all removed again."""
+    _refuse_nul(key, path)
     absolute = os.path.abspath(path)
     # a trailing separator names a folder even where none exists yet (abspath drops it, and the check would then
     # probe the parent while the writer's open fails after the first step)
@@ -111,6 +112,12 @@ def _probe_file(folder: str, name: str) -> None:
                 pass
 
 
+def _refuse_nul(key: str, path: str) -> None:
+    """No path holds a NUL byte (the OS's calls raise a bare ValueError on one: helper-161's review)."""
+    if "\0" in path:
+        raise TencacheConfigError(f"{key} = {path!r} holds a NUL byte (\\u0000), which no file name can: remove it")
+
+
 def _try_writing(key: str, path: str, what: str, attempt) -> None:
     try:
         attempt()
@@ -125,6 +132,7 @@ def check_swap_folder(key: str, path: Optional[str]) -> None:
         raise TencacheConfigError(f"{key} is missing: \"device\": \"nvme\" needs a folder on the NVMe drive for "
                                   f"the swap files, e.g. \"nvme_path\": \"/local_nvme\"")
     path = str(path)
+    _refuse_nul(key, path)
     absolute = os.path.abspath(path)
     if os.path.exists(absolute) and not os.path.isdir(absolute):
         raise TencacheResourceError(f"{key} = {path!r} is a file, not a folder: point it at a folder on the NVMe "

@@ -45,7 +45,15 @@ def check_zero_sections(raw: dict) -> List[Tuple[str, dict]]:
 
 def reject_nested_blocks(raw: dict) -> None:
     """A "tencache" block inside one of DeepSpeed's sections (NESTED_BLOCK_SECTIONS) is refused, naming where it is
-    (whether or not a top-level block exists or is enabled: there it is no block at all)."""
+    (whether or not a top-level block exists or is enabled: there it is no block at all); so is a top-level key
+    spelled nearly as the block ("tencache_ds", "TenCache", "ten-cache": DeepSpeed ignores it, and the run was
+    stock: helper-161's review)."""
+    for key in raw:
+        if isinstance(key, str) and key != CONFIG_KEY and \
+                "".join(filter(str.isalpha, key.lower())) in (CONFIG_KEY, CONFIG_KEY + "ds"):
+            raise TencacheConfigError(
+                f'{key}: the block is spelled "{CONFIG_KEY}" (DeepSpeed ignores "{key}", and the run would be stock '
+                f'DeepSpeed): rename it')
     for dotted in NESTED_BLOCK_SECTIONS:
         section = raw
         for part in dotted.split("."):

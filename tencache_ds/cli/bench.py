@@ -156,6 +156,8 @@ def tencache_block(ds_config: Dict[str, Any], host_cache_bytes: Optional[str], d
         TencacheResourceError: with "pin_memory": "required", more than the node has available or may lock.
     """
     base = ds_config.get(CONFIG_KEY)
+    if base is not None:  # the config's own block is valid as it stands ("enabled": "no", "tencache": "on" were
+        parse_config(base)  # replaced quietly: helper-161's review); a valid one is then enabled for this arm
     block = dict(base) if isinstance(base, dict) else {}
     block["enabled"] = True
     for key, option in (("host_cache_bytes", host_cache_bytes), ("device_cache_bytes", device_cache_bytes)):

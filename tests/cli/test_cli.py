@@ -668,3 +668,15 @@ def test_checkpoint_for_cpu_on_a_folder_that_is_no_checkpoint_exits_2_naming_it(
     result = run_cli("checkpoint-for-cpu", str(tmp_path))
     assert result.returncode == 2, result.stdout + result.stderr
     assert f"tencache-ds checkpoint-for-cpu: {tmp_path} holds no ZeRO-3 optimizer file" in result.stderr
+
+
+@pytest.mark.parametrize("block, says", [("on", "must be an object"), ([], "must be an object"),
+                                         ({"enabled": "no"}, "tencache.enabled")])
+def test_the_bench_refuses_a_bad_block_in_its_config_instead_of_replacing_it(block, says):
+    """Regression test (helper-161's review): the bench's tencache arm replaced a block that was no object, and
+    forced an invalid "enabled" to true, where doctor and the run refuse them; a valid block is enabled for the arm."""
+    from tencache_ds.cli.bench import tencache_block
+    from tencache_ds.errors import TencacheConfigError
+    with pytest.raises(TencacheConfigError, match=says):
+        tencache_block({"tencache": block}, None, None, None)
+    assert tencache_block({"tencache": {"enabled": False}}, None, None, None)["enabled"] is True
