@@ -346,3 +346,27 @@ if __name__ == "__main__":  # rewrite the generated table in docs/reliability.md
         handle.write(text)
     print(f"wrote {len(CASES)} cases to {DOC}", file=sys.stderr)
 
+
+
+def test_a_device_budget_above_the_devices_memory_is_refused_on_a_gpu(monkeypatch, tmp_path):
+    """Regression test (helper-161's review): a configured device_cache_bytes was taken as it was, so a typo
+    ("16TB") or a budget meant for another card kept every gathered parameter and the step ran out of device memory
+    mid-run, after the swap files were written. On a GPU (here a stand-in: the check reads only the accelerator's
+    name and total memory) it is refused naming the key; "auto" and what fits pass; the CPU accelerator caps it."""
+    import types
+
+    from tencache_ds.integrations.deepspeed import config_bridge
+    gpu = types.SimpleNamespace(total_memory=lambda: 24 << 30, device_name=lambda: "cuda")
+    monkeypatch.setattr(config_bridge, "accelerator_is_host", lambda: False)
+    monkeypatch.setattr(config_bridge, "get_accelerator", lambda: gpu)
+    config = valid_config(str(tmp_path))
+    config["tencache"]["device_cache_bytes"] = "80GiB"
+    with pytest.raises(TencacheConfigError, match=r"tencache.device_cache_bytes = 80.00 GiB is more than the device"):
+        validate_ds_config(config, machine=MACHINE)
+    config["tencache"]["device_cache_bytes"] = "16GiB"
+    validate_ds_config(config, machine=MACHINE)
+    config["tencache"]["device_cache_bytes"] = "auto"
+    validate_ds_config(config, machine=MACHINE)
+    monkeypatch.setattr(config_bridge, "accelerator_is_host", lambda: True)
+    config["tencache"]["device_cache_bytes"] = "80GiB"
+    validate_ds_config(config, machine=MACHINE)

@@ -13,11 +13,12 @@ from typing import Any, Optional
 import torch
 from deepspeed.accelerator import get_accelerator
 
-from ...config import TencacheConfig, config_of_ds_dict
-from ...errors import TencacheResourceError
+from ...config import AUTO, CONFIG_KEY, TencacheConfig, config_of_ds_dict
+from ...errors import TencacheConfigError, TencacheResourceError
 from ...io import folder_lock
 from ...plan.budget import MachineResources
 from ...preflight import checked_block
+from ...units import fmt_bytes
 from .config_source import ds_config_dict
 from .contract import require_supported_deepspeed
 
@@ -45,8 +46,25 @@ def validate_ds_config(ds_config: Any, machine: Optional[MachineResources] = Non
     if raw is None:
         return config_of_ds_dict(None)
     # an unsupported DeepSpeed refuses an enabled block, naming both versions, before DeepSpeed's sections are read
-    return checked_block(raw, machine=(lambda: machine) if machine is not None else MachineResources.probe,
-                         before_sections=require_supported_deepspeed)
+    config = checked_block(raw, machine=(lambda: machine) if machine is not None else MachineResources.probe,
+                           before_sections=require_supported_deepspeed)
+    if config.enabled:
+        check_device_budget(config)
+    return config
+
+
+def check_device_budget(config: TencacheConfig) -> None:
+    """A configured ``device_cache_bytes`` fits the device: on a GPU, gathered parameters kept past their release
+    take its memory, so a budget above what it has (a typo: "16TB") kept everything and the step ran out of memory
+    mid-run (helper-161's review). On the CPU accelerator the budget is capped by the host tier's parameter share."""
+    if config.device_cache_bytes == AUTO or accelerator_is_host():
+        return
+    total = int(get_accelerator().total_memory())
+    if config.device_cache_bytes > total:
+        raise TencacheConfigError(
+            f"{CONFIG_KEY}.device_cache_bytes = {fmt_bytes(config.device_cache_bytes)} is more than the device has "
+            f"({fmt_bytes(total)} on {get_accelerator().device_name()}): the parameters it keeps gathered would not "
+            f'fit beside a step; set less, or "auto"')
 
 
 _initializing = threading.local()  # the validated block of the deepspeed.initialize call this thread is in
