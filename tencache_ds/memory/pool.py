@@ -88,6 +88,8 @@ class BufferPool:
         own = self.class_bytes(nbytes) if own_class_only else None
         with self._mutex:
             for arena in self._arenas:
+                if own is not None and not _has_free_slot(arena, own):
+                    continue  # (an alloc would take a larger class's slot, counted in its peaks: helper-159)
                 slot = arena.alloc(nbytes)
                 if slot is not None and own is not None and slot.slot_bytes != own:
                     arena.free(slot)
@@ -236,3 +238,9 @@ class BufferPool:
             else:
                 self._pageable_in_use += capacity
         return buffer
+
+
+def _has_free_slot(arena, slot_bytes: int) -> bool:
+    """Has ``arena`` a slot of the class ``slot_bytes`` neither in use nor retired?"""
+    stats, key = arena.stats(), f"class.{slot_bytes}."
+    return int(stats.get(key + "slots", 0)) - int(stats.get(key + "in_use", 0)) - int(stats.get(key + "retired", 0)) > 0

@@ -482,3 +482,16 @@ def test_a_pools_close_waits_for_the_device_copies_still_reading_its_released_sl
     assert not fence.waited
     pool.close()
     assert fence.waited
+
+
+def test_a_request_for_its_own_class_only_leaves_the_larger_classes_peaks_alone():
+    """Regression test (helper-159's review): with its own class full, the request took a larger class's slot and gave
+    it back at once, which counted in the arena's peak in use (the reported pinned peak) and the class's peak."""
+    from tencache_ds.memory.pool import BufferPool
+    pool = BufferPool("params", lock="off")
+    pool.add_classes({4096: 1, 1 << 20: 1})
+    first = pool.try_acquire(4096, own_class_only=True)
+    assert first is not None and pool.try_acquire(4096, own_class_only=True) is None
+    assert pool.stats()["peak_in_use_bytes"] == 4096
+    pool.release(first)
+    pool.close()
