@@ -48,9 +48,9 @@ def reject_nested_blocks(raw: dict) -> None:
     (whether or not a top-level block exists or is enabled: there it is no block at all); so is a top-level key
     spelled nearly as the block ("tencache_ds", "TenCache", "ten-cache": DeepSpeed ignores it, and the run was
     stock: helper-161's review)."""
-    for key in raw:
-        if isinstance(key, str) and key != CONFIG_KEY and \
-                "".join(filter(str.isalpha, key.lower())) in (CONFIG_KEY, CONFIG_KEY + "ds"):
+    for key in raw:  # (not "_tencache", "//tencache", "tencache_", "tencache2": ways of switching the block off)
+        if isinstance(key, str) and key != CONFIG_KEY and key[:1].isalpha() and key[-1:].isalpha() and \
+                key.lower().replace("_", "").replace("-", "") in (CONFIG_KEY, CONFIG_KEY + "ds"):
             raise TencacheConfigError(
                 f'{key}: the block is spelled "{CONFIG_KEY}" (DeepSpeed ignores "{key}", and the run would be stock '
                 f'DeepSpeed): rename it')

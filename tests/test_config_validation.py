@@ -370,3 +370,12 @@ def test_a_device_budget_above_the_devices_memory_is_refused_on_a_gpu(monkeypatc
     monkeypatch.setattr(config_bridge, "accelerator_is_host", lambda: True)
     config["tencache"]["device_cache_bytes"] = "80GiB"
     validate_ds_config(config, machine=MACHINE)
+
+
+@pytest.mark.parametrize("key", ["_tencache", "//tencache", "tencache_", "tencache2", "#tencache", "tencache-1"])
+def test_a_block_switched_off_by_renaming_it_is_no_misspelling(key, tmp_path):
+    """Renaming the block with a mark ("_tencache", "//tencache") is JSON's way of switching it off: that config is
+    stock's, not a misspelled block (helper-164's review of the misspelling check)."""
+    config = valid_config(str(tmp_path))
+    config[key] = config.pop("tencache")
+    assert not validate_ds_config(config, machine=MACHINE).enabled

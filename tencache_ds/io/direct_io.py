@@ -241,12 +241,23 @@ class DirectFileIO:
             raise ValueError(f"cannot move {nbytes} bytes through a {total}-byte tensor ({path})")
         request = _Request(Future(), is_write, tensor, tensor.data_ptr(), nbytes, path, file_offset)
         pieces = request.pieces(self._piece_bytes)
-        tasks = 0
-        # Under the lock, the pieces and their tasks together: close() cannot shut the pool down between the two
-        # (a piece queued without its task strands another request's piece, which that task may take instead).
+        try:
+            self._queue(request, pieces)
+        finally:  # raised or not
+            with self._lock:
+                shutdown_owed, self._shutdown_owed = self._shutdown_owed, False
+            if shutdown_owed:  # a close came from within the pool's submit (a finalizer): made now
+                self._pool.shutdown(wait=False)
+        return request.future
+
+    def _queue(self, request, pieces) -> None:
+        """Under the lock, the pieces and their tasks together: close() cannot shut the pool down between the two
+        (a piece queued without its task strands another request's piece, which that task may take instead)."""
+        is_write, nbytes, tasks = request.is_write, request.nbytes, 0
         with self._lock:
             if self._closed:
-                raise RuntimeError(f"the I/O engine is closed: cannot {'write' if is_write else 'read'} {path}")
+                raise RuntimeError(f"the I/O engine is closed: cannot {'write' if is_write else 'read'} "
+                                   f"{request.path}")
             request.pieces_left = len(pieces)
             for start, end in pieces:
                 self._waiting.put(is_write, (request, start, end))
@@ -265,10 +276,6 @@ class DirectFileIO:
                     raise
             finally:
                 self._submitting = False
-                shutdown_owed, self._shutdown_owed = self._shutdown_owed, False
-        if shutdown_owed:  # a close came from within the pool's submit (a finalizer): made now
-            self._pool.shutdown(wait=False)
-        return request.future
 
     def _run_next(self) -> None:
         """One task per piece submitted: moves the piece ``_WaitingRequests`` picks, which need not be the one

@@ -205,10 +205,16 @@ class BufferPool:
             self._ranges = [span for span in self._ranges if span not in regions]
             inside = {ptr for ptr in self._fences if any(start <= ptr < end for start, end in regions)}
             pending = [self._fences.pop(ptr) for ptr in inside]
+        error = None
         for fence in pending:  # a device copy may still read a released slot: its memory goes only after it ended
-            fence.synchronize()  # (dropped unwaited until 2026-12-07: helper-159's review)
+            try:  # (dropped unwaited until 2026-12-07: helper-159's review)
+                fence.synchronize()
+            except Exception as err:  # noqa: BLE001  (a sticky device error: the arenas still go, then it is raised)
+                error = error or err
         for arena in arenas:
             arena.close()
+        if error is not None:
+            raise error
 
     # ---------------------------------------------------------------------------------------------- private
     def _each_class_of(self, slot_bytes: int, count: int, operation) -> int:

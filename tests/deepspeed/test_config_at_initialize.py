@@ -74,17 +74,21 @@ def test_a_config_that_asks_for_tencache_is_refused_while_no_auto_install_keeps_
     import subprocess
     import sys
     code = ("import tencache_ds, deepspeed, torch\n"
-            "for step in ('before', 'after'):\n"
+            "from deepspeed import initialize as bound_early\n"
+            "for step in ('before', 'after', 'bound early'):\n"
             "    if step == 'after':\n"
             "        tencache_ds.install()\n"
+            "    call = bound_early if step == 'bound early' else deepspeed.initialize\n"
             "    try:\n"
-            "        deepspeed.initialize(model=torch.nn.Linear(2, 2), config={'train_batch_size': 1, 'tencache': {}})\n"
+            "        call(model=torch.nn.Linear(2, 2), config={'train_batch_size': 1, 'tencache': {}})\n"
             "    except tencache_ds.TencacheError as err:\n"
             "        print(step, 'REFUSED', 'TENCACHE_NO_AUTO_INSTALL' in str(err), 'zero_optimization' in str(err))\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=str(tmp_path),
                           env=dict(os.environ, TENCACHE_NO_AUTO_INSTALL="1"), timeout=300)
     assert "before REFUSED True False" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert "after REFUSED False True" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-3000:]
+    # a name bound before install() reaches tencache's initialize after it (helper-164's review)
+    assert "bound early REFUSED False True" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-3000:]
 
 
 @pytest.mark.deepspeed

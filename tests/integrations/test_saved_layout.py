@@ -379,11 +379,15 @@ def test_a_load_copied_across_file_systems_without_room_for_both_replaces_file_b
     (saved / "1_0.tensor.swp").write_bytes(b"\0" * 4096)
     swapper = swapper_with({"1_0": 1})
     swapper._folder = str(live)
-    real_stat = os.stat
-    monkeypatch.setattr(optimizer_swapper.os, "stat", lambda path, *args, **kwargs: os.stat_result(
-        (0, 0, 1 if str(path) == str(saved) else 2) + tuple(real_stat(path, *args, **kwargs))[3:]))
+    real_link = os.link
+
+    def across_mounts(source, target, *args, **kwargs):  # two mounts of one file system: EXDEV (helper-164)
+        raise OSError(18, "Invalid cross-device link")
+
+    monkeypatch.setattr(optimizer_swapper.os, "link", across_mounts)
     for free, staged in ((4096 * 8, True), (4095, False)):
         monkeypatch.setattr(optimizer_swapper.shutil, "disk_usage", lambda path: types.SimpleNamespace(free=free))
         assert swapper._room_to_stage(str(saved), ["1_0.tensor.swp"]) is staged
-    monkeypatch.setattr(optimizer_swapper.os, "stat", real_stat)
-    assert swapper._room_to_stage(str(saved), ["1_0.tensor.swp"])  # one file system: linked, no room needed
+    monkeypatch.setattr(optimizer_swapper.os, "link", real_link)
+    assert swapper._room_to_stage(str(saved), ["1_0.tensor.swp"])  # linked: no room needed
+    assert sorted(os.listdir(live)) == []  # the link's probe undone

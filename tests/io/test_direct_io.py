@@ -385,6 +385,18 @@ def test_a_close_from_a_finalizer_inside_the_pools_submit_does_not_hang(tmp_path
     with pytest.raises(RuntimeError, match="closed"):
         io.write(torch.ones(1024), str(tmp_path / "file"))
 
+    # ... and where that submit then raises (no thread could start), the pool is shut down all the same
+    io = DirectFileIO(num_threads=1)
+
+    def closed_then_no_thread(*args, **kwargs):
+        io.close(wait=False)
+        raise RuntimeError("can't start new thread")
+
+    io._pool.submit = closed_then_no_thread
+    with pytest.raises(RuntimeError, match="can't start new thread"):
+        io.write(torch.ones(1024), str(tmp_path / "file"))
+    assert io._pool._shutdown
+
 
 def test_a_transfer_that_moves_no_byte_is_an_error_not_a_spin(tmp_path, monkeypatch):
     """Regression test (helper-160's review): a pwritev (or a preadv past a stale size) that returns 0 left the loop

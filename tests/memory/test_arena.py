@@ -483,6 +483,19 @@ def test_a_pools_close_waits_for_the_device_copies_still_reading_its_released_sl
     pool.close()
     assert fence.waited
 
+    class FailingFence:  # a sticky device error: the arenas are unmapped all the same, then it is raised
+        def synchronize(self):
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    pool.add_classes({4096: 1})
+    buffer = pool.acquire(4096)
+    buffer.fence = FailingFence()
+    pool.release(buffer)
+    arenas = list(pool._arenas)
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        pool.close()
+    assert arenas and all(arena.closed for arena in arenas)
+
 
 def test_a_request_for_its_own_class_only_leaves_the_larger_classes_peaks_alone():
     """Regression test (helper-159's review): with its own class full, the request took a larger class's slot and gave

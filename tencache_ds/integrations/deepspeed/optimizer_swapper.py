@@ -50,7 +50,7 @@ from ...cache.state_dtype import NARROWING_KIND, narrow_stock_layout, stored_num
 from ...io.direct_io import DirectFileIO, store_io_threads
 from ...io import folder_lock
 from ...io.shared_files import TEMPORARY_KIND, LinkSafeIO, unshare_folder
-from ...io.stale_files import remove_hidden_files_of_dead_processes
+from ...io.stale_files import hidden_name, remove_hidden_files_of_dead_processes
 from ...memory.pool import BufferPool
 from ...log import logger
 from ...plan.workload import optimizer_pipelining
@@ -91,6 +91,19 @@ def _remove_what_killed_runs_left(folder: str, held: bool) -> None:
         return
     for path in removed:
         logger.info("removed %s, left in the swap folder by a run that was killed", path)
+
+
+def _links_into(path: str, folder: str) -> bool:
+    """Can ``path`` be hard-linked into ``folder``? Tried (and undone): one file system is not enough, a link across
+    two mounts of it (a container's bind-mounted volumes) fails with EXDEV, and one to another user's file may be
+    refused (fs.protected_hardlinks: helper-164's review)."""
+    probe = os.path.join(folder, hidden_name(os.path.basename(path), TEMPORARY_KIND))
+    try:
+        os.link(path, probe)
+    except OSError:
+        return False
+    os.unlink(probe)
+    return True
 
 
 def _refuse_without_config() -> None:
@@ -348,7 +361,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         are placed (``name_after_load_copy``)? Linked (one file system) they take no room; copied, as much again as
         they hold, on every rank of the node at once (helper-158's review: a load that fitted stopped on no room). Where
         not, each replaces its live file as it is placed (as stock's copy does), said in the log."""
-        if not names or os.stat(source).st_dev == os.stat(self._folder).st_dev:
+        if not names or not os.path.isdir(self._folder) or _links_into(os.path.join(source, names[0]), self._folder):
             return True
         needed = sum(os.path.getsize(os.path.join(source, name)) for name in names) * local_world_size()
         free = shutil.disk_usage(self._folder).free

@@ -29,6 +29,8 @@ def refuse_tencache_configs(why: str, cause: Optional[BaseException] = None) -> 
     signature = inspect.signature(original)
 
     def initialize(*args, **kwargs):
+        if deepspeed.initialize is not initialize:  # a name bound early, called after install(): its initialize
+            return deepspeed.initialize(*args, **kwargs)
         try:
             bound = signature.bind_partial(*args, **kwargs).arguments
             ds_config = ds_config_of_initialize_call(bound)
