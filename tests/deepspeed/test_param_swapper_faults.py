@@ -27,6 +27,12 @@ def test_a_resident_partition_rewritten_in_place_outside_a_step_keeps_its_new_by
     run_scenario("rewritten_in_place.py")
 
 
+def test_reads_ahead_due_at_positions_a_gather_bucket_passed_are_started():
+    """One swap-in records a whole gather bucket's accesses: the reads the schedule issues at the positions passed
+    are started too, not only those of the position reached (schedule_positions.py; helper-162's review)."""
+    run_scenario("schedule_positions.py")
+
+
 def test_the_partition_records_agree_with_deepspeed_after_every_call():
     """One record per partition (integrations/deepspeed/partition_record.py): asked for, read ahead, waited for,
     released, rewritten and handed over, and a read ahead that failed, each checked against DeepSpeed's status

@@ -43,3 +43,30 @@ def test_without_stage3_the_fragments_are_stored_and_the_update_is_lent_them(io,
         assert gradients.stored == set() and gradients.held_by_store("g")  # without the lookup, always the tier's
     finally:
         store.close()
+
+
+def test_a_gradient_set_through_the_api_and_scaled_by_the_update_keeps_the_scaled_bytes_when_it_streams(io, tmp_path):
+    """Regression test (helper-147's and helper-163's reviews): a gradient set through DeepSpeed's API (or Muon's
+    write-back), lent from the store alone and scaled in place by the update (clipping), went back unchanged where
+    the tier streams it (the swapper counts it changed only where held): its file kept the unscaled bytes, which a
+    parameter without a gradient in the next window then read, where stock CPU offload (and a tier that holds it)
+    reads the scaled ones. Now the scaled bytes are kept or written."""
+    store = OptimizerStore(torch.float32, lambda numel: numel, io, largest_numel=NUMEL, streaming_slots=8,
+                           host_tier_share=lambda: 0)  # nothing held: the gradient streams
+    try:
+        gradients = SubGroupGradients(None, store, torch.float32)
+        info = sub_group(str(tmp_path / "0_gradient_0_1024.tensor.swp"))
+        path = gradient_path(info)
+        gradients.handed("g", info, [0], [torch.full((NUMEL,), 2.0)])
+        gradients.written_back("g")  # set through the API: its newest bytes are the store's
+        lent = gradients.lend("g", path, NUMEL, lambda: store.lend(path))
+        lent.mul_(0.5)  # the update's clipping, in place
+        gradients.scaled("g", torch.tensor([0.5]), path)
+        gradients.give_back("g", path, changed=store.kept(path))  # as swap_out_optimizer_state gives it back
+        store.flush()
+        store.trim_kept(0)
+        again = store.lend(path)
+        assert torch.all(again == 1.0), again[:4]
+        store.release(path)
+    finally:
+        store.close()

@@ -43,6 +43,7 @@ class SubGroupGradients:
         self.fragments = GradientFragments()
         self.stage3 = stage3_gradients_of(stage3)  # None: no lookup
         self.stored = set()  # sub-group ids whose gradient the store holds (a fragment without a copy, a write-back)
+        self.written_back_groups = set()  # ... of them, those set through DeepSpeed's API or Muon's write-back
         self.reduced_not_handed = 0  # updates' reads of fragments stage 3 changed without handing them
         self.uncast = 0  # fragments handed without stage 3's cast to the master dtype
         # stage 3's set of the parameters reduced in this window (it starts a new one at each step: taken at each
@@ -89,6 +90,7 @@ class SubGroupGradients:
         kept or written as any changed entry; fragments still in stage 3's buffer are older."""
         self.fragments.forget(group)
         self.stored.add(group)
+        self.written_back_groups.add(group)
 
     # ----------------------------------------------------------------------------------- lend, give back
     def lend(self, group, path: str, numel: int, lend_stored: Callable[[], torch.Tensor]) -> torch.Tensor:
@@ -123,9 +125,15 @@ class SubGroupGradients:
         else:
             self.store.release(path, changed=changed)
 
-    def scaled(self, group, factor: torch.Tensor) -> None:
-        """Stage 3's update multiplied sub-group ``group``'s lent gradient in place by ``factor``."""
+    def scaled(self, group, factor: torch.Tensor, path: str) -> None:
+        """Stage 3's update multiplied sub-group ``group``'s lent gradient (at ``path``) in place by ``factor``. One
+        set through DeepSpeed's API or Muon's write-back and lent from the store alone keeps the scaled bytes, as
+        stock CPU offload's buffer does: streamed, its file kept the unscaled ones, so a parameter of it without a
+        gradient in a later window read other bits by the budget (helper-147's and helper-163's reviews)."""
         self.fragments.scaled(group, factor)
+        if group in self.written_back_groups and not self.fragments.has(group) and factor.item() != 1.0 and \
+                self.store.knows(path):
+            self.store.mark_changed(path)
 
     # -------------------------------------------------------------------------------------------- windows
     def end_window(self) -> None:
@@ -146,6 +154,7 @@ class SubGroupGradients:
     def forget_all(self) -> None:
         """A checkpoint was loaded: no gradient survives it (stock's checkpoints skip them too)."""
         self.fragments.clear()
+        self.written_back_groups.clear()
         self._counted_this_window = set()
         self.stored = set()
 

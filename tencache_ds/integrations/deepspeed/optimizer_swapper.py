@@ -689,7 +689,10 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
     def gradient_scaled(self, parameter, factor) -> None:
         """Stage 3 multiplied the lent gradient of ``parameter``'s sub-group in place by ``factor``
         (stage3_gradients.noting_gradient_scales)."""
-        self.gradients.scaled(OptimizerSwapper.parameter_id(parameter), factor)
+        group = OptimizerSwapper.parameter_id(parameter)
+        swap_info = self.swap_params_info.get(group)
+        if swap_info is not None and swap_info.has_gradients():
+            self.gradients.scaled(group, factor, gradient_path(swap_info))
 
     def flush_gradients(self):
         pass  # nothing is staged: swap_out_gradients stores into the entries directly
