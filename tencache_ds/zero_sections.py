@@ -50,7 +50,7 @@ def reject_nested_blocks(raw: dict) -> None:
     stock: helper-161's review)."""
     for key in raw:  # (not "_tencache", "//tencache", "tencache_", "tencache2": ways of switching the block off)
         if isinstance(key, str) and key != CONFIG_KEY and key[:1].isalpha() and key[-1:].isalpha() and \
-                key.lower().replace("_", "").replace("-", "") in (CONFIG_KEY, CONFIG_KEY + "ds"):
+                "".join(filter(str.isalpha, key.lower())) in (CONFIG_KEY, CONFIG_KEY + "ds"):
             raise TencacheConfigError(
                 f'{key}: the block is spelled "{CONFIG_KEY}" (DeepSpeed ignores "{key}", and the run would be stock '
                 f'DeepSpeed): rename it')

@@ -7,6 +7,7 @@ test_reliability_doc_is_current keeps it current). Each case edits a valid ZeRO-
 import copy
 import dataclasses
 import os
+import re
 import sys
 from typing import Callable
 
@@ -370,6 +371,14 @@ def test_a_device_budget_above_the_devices_memory_is_refused_on_a_gpu(monkeypatc
     monkeypatch.setattr(config_bridge, "accelerator_is_host", lambda: True)
     config["tencache"]["device_cache_bytes"] = "80GiB"
     validate_ds_config(config, machine=MACHINE)
+
+
+@pytest.mark.parametrize("key", ["TenCache", "ten cache", "Ten.Cache", "tencache_ds"])
+def test_a_misspelled_block_is_refused(key, tmp_path):
+    config = valid_config(str(tmp_path))
+    config[key] = config.pop("tencache")
+    with pytest.raises(TencacheConfigError, match=f"{re.escape(key)}: the block is spelled"):
+        validate_ds_config(config, machine=MACHINE)
 
 
 @pytest.mark.parametrize("key", ["_tencache", "//tencache", "tencache_", "tencache2", "#tencache", "tencache-1"])

@@ -63,6 +63,12 @@ def test_uninstall_gives_deepspeed_its_initialize_back_and_refuses_a_config_that
         assert deepspeed.initialize is not wrapped and unrefused(deepspeed.initialize) is wrapped.__wrapped__
         with pytest.raises(tencache_ds.TencacheError, match=r"tencache_ds.uninstall\(\) took tencache's swappers out"):
             deepspeed.initialize(model=torch.nn.Linear(2, 2), config=dict(cpu_offload_config(), tencache={}))
+        refusal = deepspeed.initialize
+        # a user's wrapper (a spy) around the refusal: its calls come back to it without looping (helper-167)
+        deepspeed.initialize = lambda *args, **kwargs: refusal(*args, **kwargs)
+        with pytest.raises(tencache_ds.TencacheError, match="took tencache's swappers out"):
+            deepspeed.initialize(model=torch.nn.Linear(2, 2), config=dict(cpu_offload_config(), tencache={}))
+        deepspeed.initialize = refusal
     finally:
         tencache_ds.install()
     assert deepspeed.initialize is wrapped

@@ -68,5 +68,11 @@ def test_a_gradient_set_through_the_api_and_scaled_by_the_update_keeps_the_scale
         again = store.lend(path)
         assert torch.all(again == 1.0), again[:4]
         store.release(path)
+        # new fragments from stage 3: scaled as before the write-back, not marked changed at every later step
+        gradients.handed("g", info, [0], [torch.full((NUMEL,), 2.0)])
+        lent = gradients.lend("g", path, NUMEL, lambda: store.lend(path))
+        gradients.scaled("g", torch.tensor([0.5]), path)
+        assert store.state(path).value == "lent_clean"
+        gradients.give_back("g", path, changed=False)
     finally:
         store.close()

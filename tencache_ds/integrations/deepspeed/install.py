@@ -44,7 +44,7 @@ from .one_rank_reduce import (marking_tencache_reductions, partitioning_each_gra
                               reducing_without_copy_at_one_rank)
 from .optimizer_swapper import TencacheOptimizerSwapper
 from .param_swapper import TencacheParamSwapper, rewritten_in_place
-from .refusal import refuse_tencache_configs, refuse_until_installed, unrefused
+from .refusal import INSTALLED, installed_call, refuse_tencache_configs, refuse_until_installed, unrefused
 from .stage3_gradients import handing_gradients_uncast, noting_gradient_scales
 
 
@@ -60,9 +60,10 @@ def _validating(initialize):
         config = validate_ds_config(ds_config_of_initialize_call(bound))
         if config.enabled:
             raise_if_stale_locks(ops=DEEPSPEED_OPS)  # cpu_adam loads below, before any swapper exists
-        with initializing(config):  # what the optimizer swapper checks when it cannot find its own config
-            return initialize(*args, **kwargs)
+        with initializing(config), installed_call():  # (what the optimizer swapper checks when it cannot find
+            return initialize(*args, **kwargs)  # its own config; what a refusal inside passes through)
 
+    setattr(validating_initialize, INSTALLED, True)
     return validating_initialize
 
 

@@ -71,6 +71,7 @@ class SubGroupGradients:
     def handed(self, group, swap_info, offsets: Sequence[int], tensors: Sequence[torch.Tensor]) -> None:
         """Stage 3 handed fragments of sub-group ``group``'s gradient (optimizer_swapper.swap_out_gradients): each
         one's host copy is remembered, the others stored at their offsets (EntryStore.write_parts)."""
+        self.written_back_groups.discard(group)  # (new fragments: stage 3's again, scaled as before: helper-167)
         stored = self.fragments.remember(group, list(zip(offsets, tensors)), self._kept_copy_in(group))
         # handed in the gradients' own dtype, without stage 3's cast (stage3_gradients.handing_gradients_uncast)
         self.uncast += sum(1 for fragment in tensors if fragment.dtype != self.dtype)

@@ -2,7 +2,9 @@
 (``TENCACHE_NO_AUTO_INSTALL=1``) or taken out (``uninstall``). Owns: refusing, at ``deepspeed.initialize``, a config
 that enables tencache, so such a run fails saying why instead of silently training stock DeepSpeed. Imports only
 DeepSpeed, tencache's config and config_source.py, the block's reader (the rest of the adapters may be what failed)."""
+import contextlib
 import inspect
+import threading
 from typing import Optional
 
 import deepspeed
@@ -14,6 +16,19 @@ from .config_source import ds_config_of_initialize_call, tencache_config
 NOT_INSTALLED = (f"{NO_AUTO_INSTALL_ENV}=1 kept tencache's swappers out of DeepSpeed: call tencache_ds.install() (or "
                  f"use tencache_ds.initialize) first, or remove the block to train stock DeepSpeed")
 _REFUSING = "_tencache_refusal_of"  # on a refusing initialize: the deepspeed.initialize it stands before
+INSTALLED = "_tencache_installed"  # on tencache's own initialize (install.py)
+_in_installed = threading.local()  # depth of tencache's own initialize calls on this thread
+
+
+@contextlib.contextmanager
+def installed_call():
+    """While tencache's own initialize runs (install.py): a refusal reached from inside it (a name bound early, a
+    user's wrapper around the refusal that install() then wrapped) is passed through, not refused nor handed back."""
+    _in_installed.depth = getattr(_in_installed, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _in_installed.depth -= 1
 
 
 def unrefused(initialize):
@@ -29,8 +44,11 @@ def refuse_tencache_configs(why: str, cause: Optional[BaseException] = None) -> 
     signature = inspect.signature(original)
 
     def initialize(*args, **kwargs):
-        if deepspeed.initialize is not initialize:  # a name bound early, called after install(): its initialize
-            return deepspeed.initialize(*args, **kwargs)
+        if getattr(_in_installed, "depth", 0):  # tencache's initialize is what called this: DeepSpeed's own
+            return original(*args, **kwargs)
+        current = deepspeed.initialize
+        if getattr(current, INSTALLED, False):  # a name bound early, called after install(): tencache's (only that:
+            return current(*args, **kwargs)  # any other wrapper may call back here, forever: helper-167's review)
         try:
             bound = signature.bind_partial(*args, **kwargs).arguments
             ds_config = ds_config_of_initialize_call(bound)
