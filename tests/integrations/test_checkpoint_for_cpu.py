@@ -136,6 +136,11 @@ def test_stock_nvme_checkpoints_and_folders_without_zero_files_are_refused(tmp_p
     torch.save({"optimizer_state_dict": stage3}, tmp_path / "zero_pp_rank_0_mp_rank_00_optim_states.pt")
     with pytest.raises(TencacheError, match="saved by DeepSpeed's own NVMe offload"):
         fill_zero_files(str(tmp_path))
+    # saved before its first step: no state described either, and it was said to need nothing (helper-166's review)
+    stage3["optimizer_state_dict"]["state"] = {}
+    torch.save({"optimizer_state_dict": stage3}, tmp_path / "zero_pp_rank_0_mp_rank_00_optim_states.pt")
+    with pytest.raises(TencacheError, match="saved by DeepSpeed's own NVMe offload"):
+        fill_zero_files(str(tmp_path))
     (tmp_path / "empty").mkdir()
     for not_a_tag in (tmp_path / "empty", tmp_path / "missing"):
         with pytest.raises(TencacheError, match="holds no ZeRO-3 optimizer file"):
@@ -167,3 +172,26 @@ def test_a_zero_file_left_half_written_by_a_killed_run_is_removed(tmp_path):
     assert_filled(tmp_path, expected)
     assert not dead.exists() and live.exists() and elsewhere.exists()  # pid 1 runs; another host's is written now
     assert not elsewhere_untouched.exists()
+
+
+def test_a_write_that_fails_part_way_names_what_was_written_and_says_to_run_again(tmp_path, monkeypatch):
+    """Regression test (helper-166's review): with two ranks, the second ZeRO file's write failed (a full disk:
+    torch.save raises RuntimeError) and the command stopped with a traceback. Now it says which files were written
+    (each whole) and to run it again, which finishes the job."""
+    first, second = checkpoint(tmp_path, rank=0), checkpoint(tmp_path, rank=1)
+    save = torch.save
+    saves = []
+
+    def full_at_the_second(obj, path, *args, **kwargs):
+        saves.append(path)
+        if len(saves) == 2:
+            raise RuntimeError("PytorchStreamWriter failed writing file data/0: file write failed")
+        return save(obj, path, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", full_at_the_second)
+    with pytest.raises(TencacheError, match=r"1 of 2 ZeRO files were written .*run the command again"):
+        fill_zero_files(str(tmp_path))
+    monkeypatch.setattr(torch, "save", save)
+    fill_zero_files(str(tmp_path))
+    assert_filled(tmp_path, first, rank=0)
+    assert_filled(tmp_path, second, rank=1)

@@ -104,12 +104,19 @@ def fill_zero_files(tag_folder: str) -> Converted:
             done.tensors += tensors
             done.bytes += nbytes
     _remove_leftovers(tag_folder, names)  # every ZeRO file paired: the checkpoint is changed from here on
+    written = []
     for zero_file, saved in filled:
         temporary = f"{zero_file}{FILLING}{socket.gethostname()}-{os.getpid()}"
         try:
             torch.save(saved, temporary)
             # never a half-written ZeRO file under its name, nor, after a crash, one whose bytes never reached the drive
             replace_durably(temporary, zero_file)
+            written.append(zero_file)
+        except Exception as err:  # (torch.save's RuntimeError on a full disk too: helper-166's review)
+            raise TencacheError(
+                f"checkpoint-for-cpu: writing {zero_file} failed ({type(err).__name__}: {err}); "
+                f"{len(written)} of {len(filled)} ZeRO files were written ({', '.join(written) or 'none'}), each whole, "
+                f"the others unchanged: free room and run the command again to finish") from err
         finally:
             if os.path.exists(temporary):
                 os.unlink(temporary)
@@ -142,6 +149,13 @@ def _filled(zero_file: str, master_files: Dict[bytes, List[_MasterFile]]):
     stage3 = saved.get(OPTIMIZER_STATE_DICT) or {}
     masters, torch_state = stage3.get(FP32_FLAT_GROUPS), stage3.get(OPTIMIZER_STATE_DICT) or {}
     state = torch_state.get("state", {})
+    if masters is not None and any(master is None or master.numel() == 0 or master.is_meta for master in masters):
+        # (stock NVMe's, saved before its first step, describes no state either: "nothing to do" was said of it, and
+        # stock CPU offload's load then stopped on the empty master: helper-166's review)
+        raise TencacheError(
+            f"checkpoint-for-cpu: {zero_file} holds a sub-group's fp32 master without its bytes: it was saved by "
+            f"DeepSpeed's own NVMe offload, whose ZeRO file has none; only checkpoints saved under tencache_ds can be "
+            f"converted. {NOTHING_CHANGED}")
     # the torch optimizer numbers the masters in group order, which is the sub-groups' order (stage 3 builds them
     # group by group): the n-th id is the n-th master
     position = {saved_id: n for n, saved_id in enumerate(
