@@ -160,6 +160,26 @@ def test_a_failed_write_stops_every_later_settle():
         writes.owe("g", "g.swp")
 
 
+def test_a_failed_write_does_not_stop_a_change_of_partitions_no_master_of_it_is_made_of():
+    """Regression test (helper-165's review): a writer whose write failed, still owing another master, raised that
+    error at every partition change in the process (a gather of any parameter, another model's zero.Init), because it
+    was settled for partitions none of its masters is made of. It raises only for its own partitions now."""
+    engine = HeldWrites()
+    engine.error = OSError(5, "I/O error")
+    engine.gate.set()
+    writes = writer(Partitions({"g": ([1], [torch.ones(4)]), "h": ([2], [torch.ones(4)])}), engine.write)
+    writes.owe("g", "g.swp")
+    writes.owe("h", "h.swp")
+    with pytest.raises(OSError):
+        writes.settle(["g"])
+    assert writes.owes_any  # h still owed
+    settle_owed_masters([99])  # another model's partition: not stopped
+    with pytest.raises(OSError):  # h's own partitions: its file cannot be made current
+        settle_owed_masters([2])
+    with pytest.raises(OSError):
+        writes.close()
+
+
 def test_a_write_that_cannot_be_issued_leaves_the_file_stale_for_good():
     def refused(tensor, path, file_offset=0):
         raise OSError(28, "No space left on device")

@@ -78,7 +78,11 @@ def settle_owed_masters(partition_ids: Optional[Iterable[Hashable]] = None) -> N
     first_error = None
     for writer in writers:
         try:
-            writer.settle(writer.groups_of(ids))
+            # none of its masters made of these partitions: nothing to settle, and a stale writer's error is not
+            # raised (it stopped every partition change in the process: helper-165's review)
+            groups = writer.groups_of(ids)
+            if groups is None or groups:
+                writer.settle(groups)
         except Exception as err:  # noqa: BLE001  (raised once every writer is settled)
             if first_error is not None:  # (logged, not lost: the first is raised)
                 logger.warning("tencache: another optimizer's owed masters also failed to settle: %s: %s",
@@ -181,11 +185,12 @@ class MasterWriteBehind:
                     del self._fills[group]
 
     def groups_of(self, partition_ids: Optional[set]) -> Optional[list]:
-        """The owed groups made of any of ``partition_ids`` (None: every group)."""
+        """The groups owed, being written or filled made of any of ``partition_ids`` (None: every group)."""
         if partition_ids is None:
             return None
         with self._lock:
-            return [group for group, ids in self._partitions.items() if ids & partition_ids]
+            made_of = {**{group: ids for group, (ids, _reads) in self._fills.items()}, **self._partitions}
+            return [group for group, ids in made_of.items() if ids & partition_ids]
 
     def owe(self, group, path: str) -> bool:
         """The update gives ``group``'s master back changed without writing it: its partitions, a current copy of it
