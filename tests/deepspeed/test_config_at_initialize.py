@@ -103,3 +103,31 @@ def test_block_without_nvme_offload_stops_the_training_script(train):
     failed = train(config="stock-cpu.json", block={}, expect_failure=True, steps=1)
     assert "TencacheConfigError" in failed.output
     assert "zero_optimization.offload_param.device / zero_optimization.offload_optimizer.device" in failed.output
+
+
+def test_a_refusal_bound_before_install_hands_its_calls_to_tencaches_initialize_and_nests_right():
+    """A name bound to the refusal (``from deepspeed import initialize`` while tencache is out) called after install()
+    gets tencache's initialize, which validates its config, whatever deepspeed.initialize is then (a user's wrapper);
+    inside tencache's initialize of one config, a nested call of another config through it is validated too, and the
+    call of that same config reaches DeepSpeed's own (helper-167's and helper-168's reviews: a loop, and a nested
+    config trained stock unvalidated)."""
+    from tencache_ds.integrations.deepspeed.refusal import installed_call
+    tencache_ds.uninstall()
+    refusal = deepspeed.initialize
+    tencache_ds.install()
+    asks_for_tencache = {"train_batch_size": 1, "tencache": {}}  # on ZeRO stage 0: refused by the validation
+    with pytest.raises(tencache_ds.TencacheError, match="zero_optimization.stage"):
+        refusal(model=torch.nn.Linear(2, 2), config=asks_for_tencache)
+    installed = deepspeed.initialize
+    deepspeed.initialize = lambda *args, **kwargs: installed(*args, **kwargs)  # a user's wrapper, no mark
+    try:
+        with pytest.raises(tencache_ds.TencacheError, match="zero_optimization.stage"):
+            refusal(model=torch.nn.Linear(2, 2), config=asks_for_tencache)
+    finally:
+        deepspeed.initialize = installed
+    outer = {"train_batch_size": 1}
+    with installed_call((None, outer, None)):
+        with pytest.raises(tencache_ds.TencacheError, match="zero_optimization.stage"):
+            refusal(model=torch.nn.Linear(2, 2), config=asks_for_tencache)
+        with pytest.raises(AssertionError, match="requires a model"):  # the same call: DeepSpeed's own, no loop
+            refusal(model=None, config=outer)

@@ -44,7 +44,8 @@ from .one_rank_reduce import (marking_tencache_reductions, partitioning_each_gra
                               reducing_without_copy_at_one_rank)
 from .optimizer_swapper import TencacheOptimizerSwapper
 from .param_swapper import TencacheParamSwapper, rewritten_in_place
-from .refusal import INSTALLED, installed_call, refuse_tencache_configs, refuse_until_installed, unrefused
+from .refusal import (config_arguments_of, installed_as, installed_call, refuse_tencache_configs,
+                      refuse_until_installed, unrefused)
 from .stage3_gradients import handing_gradients_uncast, noting_gradient_scales
 
 
@@ -60,10 +61,10 @@ def _validating(initialize):
         config = validate_ds_config(ds_config_of_initialize_call(bound))
         if config.enabled:
             raise_if_stale_locks(ops=DEEPSPEED_OPS)  # cpu_adam loads below, before any swapper exists
-        with initializing(config), installed_call():  # (what the optimizer swapper checks when it cannot find
-            return initialize(*args, **kwargs)  # its own config; what a refusal inside passes through)
+        # (what the optimizer swapper checks when it cannot find its own config; what a refusal inside passes on)
+        with initializing(config), installed_call(config_arguments_of(bound)):
+            return initialize(*args, **kwargs)
 
-    setattr(validating_initialize, INSTALLED, True)
     return validating_initialize
 
 
@@ -464,6 +465,8 @@ def install() -> None:
             if current is not ours:
                 _originals[(module.__name__, name)] = current
                 setattr(module, name, ours)
+            if module is deepspeed and name == "initialize":
+                installed_as(ours)
 
 
 UNINSTALLED = ("tencache_ds.uninstall() took tencache's swappers out of DeepSpeed: remove the block (or set its "
@@ -478,6 +481,7 @@ def uninstall() -> None:
             original = _originals.pop((module.__name__, name), None)
             if original is not None:
                 setattr(module, name, original)
+        installed_as(None)
         refuse_tencache_configs(UNINSTALLED)
 
 

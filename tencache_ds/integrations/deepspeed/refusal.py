@@ -16,19 +16,34 @@ from .config_source import ds_config_of_initialize_call, tencache_config
 NOT_INSTALLED = (f"{NO_AUTO_INSTALL_ENV}=1 kept tencache's swappers out of DeepSpeed: call tencache_ds.install() (or "
                  f"use tencache_ds.initialize) first, or remove the block to train stock DeepSpeed")
 _REFUSING = "_tencache_refusal_of"  # on a refusing initialize: the deepspeed.initialize it stands before
-INSTALLED = "_tencache_installed"  # on tencache's own initialize (install.py)
-_in_installed = threading.local()  # depth of tencache's own initialize calls on this thread
+_installed = {"initialize": None}  # tencache's own initialize while installed (install.py: installed_as)
+_calls = threading.local()  # the config arguments of tencache's initialize calls running on this thread
+
+
+def installed_as(initialize) -> None:
+    """install() put ``initialize`` in DeepSpeed (None: uninstall() took it out): a refusal bound before hands its
+    calls to it."""
+    _installed["initialize"] = initialize
 
 
 @contextlib.contextmanager
-def installed_call():
-    """While tencache's own initialize runs (install.py): a refusal reached from inside it (a name bound early, a
-    user's wrapper around the refusal that install() then wrapped) is passed through, not refused nor handed back."""
-    _in_installed.depth = getattr(_in_installed, "depth", 0) + 1
+def installed_call(config_arguments: tuple):
+    """While tencache's own initialize runs with ``config_arguments`` (``config_arguments_of``): the refusal reached
+    from inside it with those same arguments (its wrapped DeepSpeed initialize is a user's wrapper around the refusal,
+    or a name bound early) passes the call to DeepSpeed; a nested initialize of another config does not."""
+    stack = getattr(_calls, "stack", None)
+    if stack is None:
+        stack = _calls.stack = []
+    stack.append(config_arguments)
     try:
         yield
     finally:
-        _in_installed.depth -= 1
+        stack.pop()
+
+
+def config_arguments_of(bound: dict) -> tuple:
+    """The arguments a ``deepspeed.initialize`` call's config comes from (config_source.py reads the same)."""
+    return tuple(bound.get(name) for name in ("args", "config", "config_params"))
 
 
 def unrefused(initialize):
@@ -44,13 +59,16 @@ def refuse_tencache_configs(why: str, cause: Optional[BaseException] = None) -> 
     signature = inspect.signature(original)
 
     def initialize(*args, **kwargs):
-        if getattr(_in_installed, "depth", 0):  # tencache's initialize is what called this: DeepSpeed's own
-            return original(*args, **kwargs)
-        current = deepspeed.initialize
-        if getattr(current, INSTALLED, False):  # a name bound early, called after install(): tencache's (only that:
-            return current(*args, **kwargs)  # any other wrapper may call back here, forever: helper-167's review)
         try:
             bound = signature.bind_partial(*args, **kwargs).arguments
+        except TypeError:
+            bound = {}  # DeepSpeed reports a bad call itself
+        running = getattr(_calls, "stack", None)
+        if running and all(a is b for a, b in zip(running[-1], config_arguments_of(bound))):
+            return original(*args, **kwargs)  # tencache's initialize of this very call led here: DeepSpeed's own
+        if _installed["initialize"] is not None:  # a name bound early, called after install(): tencache's (not the
+            return _installed["initialize"](*args, **kwargs)  # current deepspeed.initialize: a wrapper may loop)
+        try:
             ds_config = ds_config_of_initialize_call(bound)
         except (TypeError, ValueError, TencacheError):
             ds_config = None  # DeepSpeed reports a bad call or an unreadable config itself
