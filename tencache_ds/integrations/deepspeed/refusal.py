@@ -1,6 +1,7 @@
 """When tencache's swappers are not in DeepSpeed: they could not be installed, were kept out
 (``TENCACHE_NO_AUTO_INSTALL=1``) or taken out (``uninstall``). Owns: refusing, at ``deepspeed.initialize``, a config
-that enables tencache, so such a run fails saying why instead of silently training stock DeepSpeed. Imports only
+that enables tencache, so such a run fails saying why instead of silently training stock DeepSpeed; and where a name
+bound to the refusal is called once tencache is installed, handing the call to tencache's own initialize. Imports only
 DeepSpeed, tencache's config and config_source.py, the block's reader (the rest of the adapters may be what failed)."""
 import contextlib
 import inspect
