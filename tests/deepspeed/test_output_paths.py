@@ -81,15 +81,18 @@ def test_a_second_run_in_a_swap_folder_in_use_stops_and_the_first_trains_on(trai
 def test_what_a_killed_run_left_hidden_in_the_swap_folder_is_removed_at_the_next_start(train, tmp_path):
     """A run killed in a checkpoint load (the checkpoint's files staged, or being adopted) or in a copy before a
     write leaves hidden files in the optimizer's swap folder, whole swap files' size each; nothing removed them,
-    since the folder outlives runs (stock never empties it either). The next start removes a dead process's, not a
-    live one's, and leaves other names alone."""
+    since the folder outlives runs (stock never empties it either). The next start removes them, and leaves other
+    names alone. Since 2026-12-07 also those of a process that is alive (here the test's own): the start holds the
+    folder's lock, so no other process uses the folder, and a container restarted with a fresh pid namespace gives
+    live processes the killed run's ids (helper-155's review)."""
     import socket
     nvme = tmp_path / "nvme"
     folder = nvme / "zero_stage_3" / "optimizer" / "rank0"
     folder.mkdir(parents=True)
     here, gone = socket.gethostname(), 4_000_000  # above the default pid_max: no such process
-    dead = [f".{kind}.{gone}@{here}@0_9.tensor.swp" for kind in ("tmp", "loading", "adopting")]
-    kept = [f".tmp.{os.getpid()}@{here}@a1b2c3d4.0_9.tensor.swp", "notes.txt"]
+    dead = [f".{kind}.{gone}@{here}@0_9.tensor.swp" for kind in ("tmp", "loading", "adopting", "narrowing")]
+    dead.append(f".tmp.{os.getpid()}@{here}@a1b2c3d4.0_9.tensor.swp")  # a live process's, its id reused
+    kept = ["notes.txt"]
     for name in dead + kept:
         (folder / name).write_bytes(b"\0" * 4096)
     train(block={"enabled": True}, nvme_path=str(nvme), steps=1, weights_gather="none")
