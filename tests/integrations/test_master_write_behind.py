@@ -174,6 +174,10 @@ def test_a_failed_write_does_not_stop_a_change_of_partitions_no_master_of_it_is_
         writes.settle(["g"])
     assert writes.owes_any  # h still owed
     settle_owed_masters([99])  # another model's partition: not stopped
+    done = Future()
+    done.set_result(None)
+    writes.filling("g", [done])  # a fill of g that has ended (not cleared yet): g's partitions are not stopped either
+    settle_owed_masters([1])
     with pytest.raises(OSError):  # h's own partitions: its file cannot be made current
         settle_owed_masters([2])
     with pytest.raises(OSError):

@@ -185,11 +185,12 @@ class MasterWriteBehind:
                     del self._fills[group]
 
     def groups_of(self, partition_ids: Optional[set]) -> Optional[list]:
-        """The groups owed, being written or filled made of any of ``partition_ids`` (None: every group)."""
+        """The groups owed, being written or being filled made of any of ``partition_ids`` (None: every group)."""
         if partition_ids is None:
             return None
         with self._lock:
-            made_of = {**{group: ids for group, (ids, _reads) in self._fills.items()}, **self._partitions}
+            made_of = {**{group: ids for group, (ids, reads) in self._fills.items()  # (done ones: none to settle)
+                          if not all(read.done() for read in reads)}, **self._partitions}
             return [group for group, ids in made_of.items() if ids & partition_ids]
 
     def owe(self, group, path: str) -> bool:
