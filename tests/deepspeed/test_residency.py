@@ -267,6 +267,20 @@ def test_gradients_set_through_the_api_reach_the_update(train, block):
     assert_same_bits(reference, ours)
 
 
+def test_a_gradient_set_through_the_api_and_clipped_is_read_scaled_where_its_parameter_has_none_next_step(tmp_path):
+    """written_back_gradient.py: gradients set back through DeepSpeed's API, every update clipping, a branch without a
+    gradient in the next step, the gradient streaming (host cache 0). The branch's update reads its old gradient, which
+    stock CPU offload's buffer holds scaled; tencache's file kept it unscaled until 2026-12-07 (losses from step 2 and
+    the fp32 weights differed). Against stock CPU offload in a process that never imported tencache_ds."""
+    results = {}
+    for mode in ("stock-cpu", "tencache"):
+        proc = run_helper(os.path.join(os.path.dirname(__file__), "written_back_gradient.py"),
+                          [mode, tmp_path / f"nvme-{mode}"], env={"MASTER_PORT": "0"})
+        results[mode] = result_of(proc.stdout)
+        assert results[mode] is not None, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert results["tencache"] == results["stock-cpu"]
+
+
 def test_steady_state_writes_nothing_when_everything_fits(train):
     stock = train(block=None, steps=3, **FAST)
     ours = train(block=AUTO, steps=3, **FAST)

@@ -118,16 +118,6 @@ def close_swappers_of(optimizer) -> None:
 _OFFLOAD_USERS = "_tencache_param_swapper_users"
 
 
-def _param_swappers_of_module(module):
-    """The tencache parameter swappers of ``module``'s parameters (usually one)."""
-    found = {}
-    for param in module.parameters() if module is not None else ():
-        swapper = getattr(param, "nvme_swapper", None)
-        if isinstance(swapper, TencacheParamSwapper):
-            found[id(swapper)] = swapper
-    return list(found.values())
-
-
 def _counting_offload_users(init):
     """``DeepSpeedZeRoOffload.__init__``. An engine without an optimizer (a DPO trainer's reference model, an
     evaluation engine) takes one as its optimizer: its model's parameter swappers count it as a user, as they count a
@@ -139,11 +129,12 @@ def _counting_offload_users(init):
     def init_counting_users(self, *args, **kwargs):
         if find_stage3_optimizer() is not None:
             return init(self, *args, **kwargs)
-        for swapper in _param_swappers_of_module(signature.bind_partial(self, *args, **kwargs).arguments.get("module")):
+        module = signature.bind_partial(self, *args, **kwargs).arguments.get("module")
+        for swapper in reporting.param_swappers_of_module(module):
             swapper.wake()
         init(self, *args, **kwargs)
         # after: a model built outside zero.Init gets its swapper here (_convert_to_zero_parameters: helper-158)
-        swappers = _param_swappers_of_module(self.module)
+        swappers = reporting.param_swappers_of_module(self.module)
         for swapper in swappers:
             swapper.add_user()
         setattr(self, _OFFLOAD_USERS, swappers)
@@ -183,7 +174,7 @@ def _building_with_config(init):
         ds_config = arguments.get("ds_config")
         # a model given a new engine after its last one was destroyed: its resting parameter swapper counts as live
         # again before this optimizer's swapper takes its share of the host tier (host_tier_share.py)
-        for swapper in _param_swappers_of_module(arguments.get("module")):
+        for swapper in reporting.param_swappers_of_module(arguments.get("module")):
             swapper.wake()
         with building_stage3(ds_config, optimizer=self):
             init(self, *args, **kwargs)

@@ -27,6 +27,16 @@ def log_startup_stats(param_swappers, optimizer_swapper) -> None:
                 fmt_bytes(stats["host_bytes_reserved"]), fmt_bytes(stats.get("host_cache_budget_bytes", 0)))
 
 
+def param_swappers_of_module(module):
+    """The tencache parameter swappers of ``module``'s parameters, frozen ones included (usually one)."""
+    found = {}
+    for param in module.parameters() if module is not None else ():
+        swapper = getattr(param, "nvme_swapper", None)
+        if isinstance(swapper, TencacheParamSwapper):
+            found[id(swapper)] = swapper
+    return list(found.values())
+
+
 def param_swappers_of_optimizer(optimizer):
     """The tencache parameter swappers of a ZeRO-3 optimizer's parameters (usually one)."""
     found = {}
