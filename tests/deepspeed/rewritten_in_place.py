@@ -42,7 +42,8 @@ other.ds_tensor.data = buffer.data
 swapper.swap_out_and_release([other])
 swapper.swap_in([param], async_op=False)
 stage3 = types.SimpleNamespace(fp32_partitioned_groups_flat=[torch.full((2 * numel,), 3.0)],
-                               fp16_groups=[[param, other]], fp16_partitioned_groups=[[param.ds_tensor, other.ds_tensor]])
+                               fp16_groups=[[param, other]],
+                               fp16_partitioned_groups=[[param.ds_tensor, other.ds_tensor]])
 
 
 def drive_error(*args, **kwargs):

@@ -114,9 +114,9 @@ def fill_zero_files(tag_folder: str) -> Converted:
             written.append(zero_file)
         except Exception as err:  # (torch.save's RuntimeError on a full disk too: helper-166's review)
             raise TencacheError(
-                f"checkpoint-for-cpu: writing {zero_file} failed ({type(err).__name__}: {err}); "
-                f"{len(written)} of {len(filled)} ZeRO files were written ({', '.join(written) or 'none'}), each whole, "
-                f"the others unchanged: free room and run the command again to finish") from err
+                f"checkpoint-for-cpu: writing {zero_file} failed ({type(err).__name__}: {err}); {len(written)} of "
+                f"{len(filled)} ZeRO files were written ({', '.join(written) or 'none'}), each whole, the others "
+                f"unchanged: free room and run the command again to finish") from err
         finally:
             if os.path.exists(temporary):
                 os.unlink(temporary)
