@@ -20,7 +20,7 @@ from ..plan.prefetch import PrefetchSchedule
 from ..plan.host_residency import steady_state
 from ..plan.size_classes import size_histogram
 from ..profile.step_profile import StepProfile
-from ..profile.store import SavedSection, read_sections
+from ..profile.store import SavedSection, read_sections, section_kind
 from ..units import fmt_bytes
 
 READ_TIME_SOURCES = {"given": "from --read-bandwidth", "measured": "as measured",
@@ -110,7 +110,7 @@ def plan(args) -> int:
         return 1
     steps = {name: saved.step for name, saved in sections.items()}
     shares = split_host_budget(args.host_cache_bytes, [
-        TierDemand(name, sum(step.tensor_nbytes().values()), IO_BYTES_PER_HELD_BYTE.get(name, 1.0))
+        TierDemand(name, sum(step.tensor_nbytes().values()), IO_BYTES_PER_HELD_BYTE.get(section_kind(name), 1.0))
         for name, step in steps.items()])
     report = {"path": args.path, "host_cache_bytes": args.host_cache_bytes, "read_bytes_per_s": args.read_bandwidth,
               "in_flight_budget_bytes": args.in_flight_bytes, "host_tier_split": shares, "sections": {}}

@@ -1,6 +1,7 @@
 """The profile file (config "profile_path"). Owns: its JSON format, fingerprints, atomic replacement, staleness.
 
-One file holds one section per store ("params", "optimizer"); each section is one step (profile/step_profile.py)
+One file holds one section per store ("params", "optimizer"; "optimizer-2" and on for the optimizers of engines
+trained at once in one process: ``section_kind``); each section is one step (profile/step_profile.py)
 and the fingerprint of what it describes (tensor sizes, dtype, world size, the config facts that change the
 access sequence), so a profile recorded for another model or config is recognised as stale, reported, and
 replaced once the new run has recorded its own, never used. ``facts`` repeats the readable part of what was
@@ -35,6 +36,13 @@ from .step_profile import StepProfile
 
 PROFILE_VERSION = 2
 _lock = threading.Lock()
+
+
+def section_kind(section: str) -> str:
+    """What store a section profiles: "optimizer" for "optimizer-2", "optimizer-3", ... (the optimizers of engines
+    alive at once in one process, each with its own section); the name itself otherwise."""
+    kind, dash, ordinal = section.rpartition("-")
+    return kind if dash and ordinal.isdigit() else section
 
 
 @dataclasses.dataclass(frozen=True)

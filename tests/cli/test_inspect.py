@@ -10,7 +10,7 @@ import pytest
 from tencache_ds.cli.main import build_parser
 from tencache_ds.profile.step_profile import StepProfile
 from tencache_ds.profile.steady import SteadyTimings
-from tencache_ds.profile.store import fingerprint, save_section, save_steady
+from tencache_ds.profile.store import fingerprint, read_sections, save_section, save_steady
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MIB = 1 << 20
@@ -95,6 +95,18 @@ def test_plan_reports_residency_leads_and_step_time(profile_file):
     assert "0 of 3 tensors (0 B) stay in host memory" in streaming.stdout
     assert "position:lead 0:0, 1:1, 2:1, 3:0, 4:1, 5:1" in streaming.stdout  # 3 and 0 follow their own use
     assert "predicted" in streaming.stdout and "I/O bound" in streaming.stdout
+
+
+def test_plan_weighs_a_second_optimizers_section_as_an_optimizers(tmp_path, profile_file):
+    """Engines trained at once each profile their optimizer in a section of their own ("optimizer-2": profiling.
+    optimizer_section); it saves as many bytes per held byte as "optimizer" (a tie, split in the file's order)."""
+    path = str(tmp_path / "two-optimizers.json")
+    for section in ("params", "optimizer-2", "optimizer"):  # the second optimizer's section first in the file
+        saved = read_sections(profile_file)[section.partition("-")[0]]
+        save_section(path, section, saved.fingerprint, saved.step, saved.facts)
+    data = json.loads(run_cli("plan", path, "--host-cache-bytes", "19MiB", "--read-bandwidth", "100MiB/s",
+                              "--json").stdout)
+    assert data["host_tier_split"] == {"params": 3 * MIB, "optimizer-2": 16 * MIB, "optimizer": 0}
 
 
 def test_a_profile_without_measured_reads_needs_a_bandwidth_unless_nothing_is_read(tmp_path):

@@ -282,6 +282,21 @@ def test_two_engines_sharing_an_nvme_path_keep_their_files(tmp_path):
     assert len(ours["second"]) == 3
 
 
+def test_two_engines_trained_at_once_each_reuse_their_own_optimizer_profile(tmp_path):
+    """An actor and a critic of different sizes, one profile file: each optimizer swapper records its own section
+    ("optimizer", "optimizer-2"), so that a second run loads both. Until 2026-12-07 both wrote "optimizer": each
+    run found the other engine's profile there, stale, and profiled again (helper-162)."""
+    runs = [run_two_engines(tmp_path, "tencache-profiled", "both") for _ in range(2)]
+    for proc, _ in runs:
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    (_, first), (_, second) = runs
+    assert first["optimizer_profiles"] == {"first": "recorded", "second": "recorded"}
+    assert second["optimizer_profiles"] == {"first": "loaded", "second": "loaded"}
+    assert second["first"] == first["first"] and second["second"] == first["second"]  # a profile moves no bits
+    from tencache_ds.profile.store import read_sections
+    assert {"optimizer", "optimizer-2"} <= set(read_sections(str(tmp_path / "profile.json")))
+
+
 def test_destroying_one_of_two_engines_over_models_of_one_zero_init_leaves_the_other_training(tmp_path):
     """Two models built in one zero.Init context share its parameter swapper; each gets an engine, and the first
     is destroyed after a step. The swapper counted the contexts that built it, not the engines: the first destroy

@@ -2,8 +2,9 @@
 
 Stock DeepSpeed's second zero.Init deletes the first model's swap files (its constructor empties
 <nvme_path>/zero_stage_3/<dtype>params/rank<r>). Prints one JSON line: the losses of each engine.
-Usage: python two_engines.py NVME_PATH {tencache|tencache-mismatch|stock} {both|first-only|one-init}
-(tencache-mismatch: the second model's "tencache" block differs from the first's. one-init: both models built in
+Usage: python two_engines.py NVME_PATH {tencache|tencache-mismatch|tencache-profiled|stock} {both|first-only|one-init}
+(tencache-mismatch: the second model's "tencache" block differs from the first's. tencache-profiled: a profile file
+beside NVME_PATH, and the result says where each engine's optimizer profile came from. one-init: both models built in
 one zero.Init context, an engine each; both train a step, the first engine is destroyed, the second trains on;
 the second's trained weights are hashed too.)
 """
@@ -31,6 +32,8 @@ config = {"train_micro_batch_size_per_gpu": 2, "steps_per_print": 10**6, "gradie
                                 "offload_optimizer": {"device": "nvme", "nvme_path": nvme_path}}}
 if mode.startswith("tencache"):
     config["tencache"] = {"host_cache_bytes": 0}
+if mode == "tencache-profiled":
+    config["tencache"]["profile_path"] = os.path.join(os.path.dirname(nvme_path), "profile.json")
 
 
 def build(seed):
@@ -71,6 +74,9 @@ if which == "one-init":  # and the trained fp32 weights of the engine that train
     with deepspeed.zero.GatheredParameters(list(engine.module.parameters())):
         weights = torch.cat([param.detach().reshape(-1).float() for param in engine.module.parameters()])
         losses["second_weights_sha256"] = hashlib.sha256(weights.numpy().tobytes()).hexdigest()
+if mode == "tencache-profiled":
+    losses["optimizer_profiles"] = {name: tencache_ds.stats(engine)["optimizer_profile"]
+                                    for name, engine in engines.items()}
 print("RESULT " + json.dumps(losses), flush=True)
 # Stock DeepSpeed's aio handles sometimes abort the interpreter's teardown ("terminate called without an active
 # exception"); the run is over, so leave without it.

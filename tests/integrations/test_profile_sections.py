@@ -1,0 +1,30 @@
+"""Which profile section an optimizer swapper records in (integrations/deepspeed/profiling.optimizer_section): its
+own among those alive at once in one process, the first one's "optimizer" again once it is closed or gone; and
+what a section's name says it profiles (profile/store.section_kind). The real engines: test_parity.py's
+test_two_engines_trained_at_once_each_reuse_their_own_optimizer_profile."""
+import gc
+
+from tencache_ds.integrations.deepspeed.profiling import optimizer_section
+from tencache_ds.profile.store import section_kind
+
+
+class Swapper:
+    closed = False
+
+
+def test_optimizers_alive_at_once_get_their_own_sections_and_a_closed_ones_is_free_again(tmp_path):
+    path = str(tmp_path / "profile.json")
+    actor, critic = Swapper(), Swapper()
+    assert (optimizer_section(path, actor), optimizer_section(path, critic)) == ("optimizer", "optimizer-2")
+    assert optimizer_section(str(tmp_path / "other.json"), Swapper()) == "optimizer"  # another file: its own
+    actor.closed = True  # destroyed: the next engine made is "the first" again, as in a run that makes it first
+    reward = Swapper()
+    assert optimizer_section(path, reward) == "optimizer"
+    del critic
+    gc.collect()  # gone without a close: its ordinal is free too
+    assert optimizer_section(path, Swapper()) == "optimizer-2"
+
+
+def test_a_sections_kind_is_its_name_without_an_ordinal():
+    assert [section_kind(name) for name in ("params", "optimizer", "optimizer-2", "optimizer-12", "optimizer-x")] \
+        == ["params", "optimizer", "optimizer", "optimizer", "optimizer-x"]
