@@ -297,6 +297,22 @@ def test_two_engines_trained_at_once_each_reuse_their_own_optimizer_profile(tmp_
     assert {"optimizer", "optimizer-2"} <= set(read_sections(str(tmp_path / "profile.json")))
 
 
+def test_two_engines_trained_at_once_share_one_host_tier(tmp_path):
+    """``host_cache_bytes`` is the rank's: the first engine's optimizer takes what its state needs of it, the second
+    what is left, and both train with the bits of one trained alone (stock). Until 2026-12-07 each optimizer took the
+    whole tier after the parameter cache, twice the budget in all (helper-162)."""
+    proc, ours = run_two_engines(tmp_path, "tencache-budget", "both")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (first_budget, first_state), (second_budget, second_state) = ours["budgets"]["first"], ours["budgets"]["second"]
+    tier = 40 * 2**20
+    assert first_state < tier - ours["param_cache"] < first_state + second_state  # the tier cannot hold both
+    assert min(first_budget, first_state) + second_budget + ours["param_cache"] <= tier
+    assert second_budget > 0 and min(first_budget, first_state) == first_state  # the first keeps all it needs
+    alone_proc, alone = run_two_engines(tmp_path, "stock", "first-only")
+    assert alone_proc.returncode == 0, alone_proc.stderr[-3000:]
+    assert ours["first"] == alone["first"]
+
+
 def test_destroying_one_of_two_engines_over_models_of_one_zero_init_leaves_the_other_training(tmp_path):
     """Two models built in one zero.Init context share its parameter swapper; each gets an engine, and the first
     is destroyed after a step. The swapper counted the contexts that built it, not the engines: the first destroy

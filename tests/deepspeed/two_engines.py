@@ -2,9 +2,11 @@
 
 Stock DeepSpeed's second zero.Init deletes the first model's swap files (its constructor empties
 <nvme_path>/zero_stage_3/<dtype>params/rank<r>). Prints one JSON line: the losses of each engine.
-Usage: python two_engines.py NVME_PATH {tencache|tencache-mismatch|tencache-profiled|stock} {both|first-only|one-init}
+Usage: python two_engines.py NVME_PATH {tencache|tencache-mismatch|tencache-profiled|tencache-budget|stock}
+    {both|first-only|one-init}
 (tencache-mismatch: the second model's "tencache" block differs from the first's. tencache-profiled: a profile file
-beside NVME_PATH, and the result says where each engine's optimizer profile came from. one-init: both models built in
+beside NVME_PATH, and the result says where each engine's optimizer profile came from. tencache-budget: a 40 MiB host
+tier, and the result has each engine's optimizer budget, its state's bytes and the parameter cache's. one-init: both models built in
 one zero.Init context, an engine each; both train a step, the first engine is destroyed, the second trains on;
 the second's trained weights are hashed too.)
 """
@@ -32,6 +34,8 @@ config = {"train_micro_batch_size_per_gpu": 2, "steps_per_print": 10**6, "gradie
                                 "offload_optimizer": {"device": "nvme", "nvme_path": nvme_path}}}
 if mode.startswith("tencache"):
     config["tencache"] = {"host_cache_bytes": 0}
+if mode == "tencache-budget":
+    config["tencache"]["host_cache_bytes"] = "40MiB"
 if mode == "tencache-profiled":
     config["tencache"]["profile_path"] = os.path.join(os.path.dirname(nvme_path), "profile.json")
 
@@ -77,6 +81,11 @@ if which == "one-init":  # and the trained fp32 weights of the engine that train
 if mode == "tencache-profiled":
     losses["optimizer_profiles"] = {name: tencache_ds.stats(engine)["optimizer_profile"]
                                     for name, engine in engines.items()}
+if mode == "tencache-budget":
+    from tencache_ds.integrations.deepspeed.stats import param_swapper_of
+    losses["budgets"] = {name: [engine.optimizer.optimizer_swapper.budget.total_bytes,
+                                engine.optimizer.optimizer_swapper.state_bytes()] for name, engine in engines.items()}
+    losses["param_cache"] = param_swapper_of(engines["first"]).store.cache_bytes_reserved
 print("RESULT " + json.dumps(losses), flush=True)
 # Stock DeepSpeed's aio handles sometimes abort the interpreter's teardown ("terminate called without an active
 # exception"); the run is over, so leave without it.

@@ -201,7 +201,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             # LinkSafeIO: a swap file linked into a checkpoint (checkpoint_save.py) is replaced, never written in place
             self.store = OptimizerStore(dtype, lambda numel: io_aligned_numel(numel, dtype, intra_op),
                                         LinkSafeIO(self.io), self.largest_numel, int(swap_config.buffer_count),
-                                        lambda: optimizer_host_share(self.config, self.optimizer))
+                                        lambda: optimizer_host_share(self.config, self.optimizer, self))
             self.pool, self.budget = self.store.pool, self.store.budget  # what memory pressure and stats read
             self.last_folder_transfer = None  # what the last checkpoint save or load of the folder did
             self.last_zero_file_save = None  # what the last ZeRO file saved in two passes cost (io/save_from_files.py)
