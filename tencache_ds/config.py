@@ -67,8 +67,9 @@ class TencacheConfig(BaseModel):
     metrics_path: Optional[str] = None
     """Where per-step metrics are appended as JSON lines, one object per optimizer step (schema "tencache.metrics/8":
     step time, fetch wait, device and host hit rates, NVMe bytes, prefetches, memory, the host cache budget and the
-    host memory reading it follows); tencache_ds.stats(engine)
-    returns the latest. None: no file."""
+    host memory reading it follows); tencache_ds.stats(engine) returns the latest. Engines trained at once in one
+    process write one file each: a second one alive beside the first to `<root>.engine2<ext>`, and so on. None: no
+    file."""
 
     profile_path: Optional[str] = None
     """Where the execution profile (the steady training step's access order, tensor sizes, compute time between

@@ -150,6 +150,7 @@ class StepMeter:
         self._last_totals = start
         self._steps = 0
         self.latest: Optional[StepMetrics] = None
+        self.path: Optional[str] = None  # the file its records are appended to (None: none)
 
     def restart(self, totals: RunningTotals, next_step: int) -> None:
         """Measure the next step from now and ``totals`` (what happened since the last step is not one: a

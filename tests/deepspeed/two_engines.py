@@ -5,7 +5,7 @@ Stock DeepSpeed's second zero.Init deletes the first model's swap files (its con
 Usage: python two_engines.py NVME_PATH {tencache|tencache-mismatch|tencache-profiled|tencache-budget|stock}
     {both|first-only|one-init}
 (tencache-mismatch: the second model's "tencache" block differs from the first's. tencache-profiled: a profile file
-beside NVME_PATH, and the result says where each engine's optimizer profile came from. tencache-budget: a 40 MiB host
+and a metrics file beside NVME_PATH, and the result says where each engine's optimizer profile came from. tencache-budget: a 40 MiB host
 tier, and the result has each engine's optimizer budget, its state's bytes and the parameter cache's. one-init: both models built in
 one zero.Init context, an engine each; both train a step, the first engine is destroyed, the second trains on;
 the second's trained weights are hashed too.)
@@ -38,6 +38,7 @@ if mode == "tencache-budget":
     config["tencache"]["host_cache_bytes"] = "40MiB"
 if mode == "tencache-profiled":
     config["tencache"]["profile_path"] = os.path.join(os.path.dirname(nvme_path), "profile.json")
+    config["tencache"]["metrics_path"] = os.path.join(os.path.dirname(nvme_path), "metrics.jsonl")
 
 
 def build(seed):

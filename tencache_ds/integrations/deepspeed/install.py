@@ -88,7 +88,7 @@ def _closing_swappers(destroy):
     return destroy_and_close_swappers
 
 
-_SWAPPERS_RELEASED = "_tencache_swappers_released"
+_SWAPPERS_RELEASED = reporting.SWAPPERS_RELEASED
 
 
 def close_swappers_of(optimizer) -> None:

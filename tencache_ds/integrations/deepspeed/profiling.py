@@ -1,15 +1,13 @@
-"""Profiles for the swappers: what needs DeepSpeed. Owns: which profile file a rank uses and which DeepSpeed
-config facts change the access sequence, and which section of that file an optimizer swapper writes. The lifecycle
-itself (recording, divergence, saving) is
-profile/lifecycle.py."""
+"""Profiles for the swappers: what needs DeepSpeed. Owns: which profile file a rank uses, which DeepSpeed config
+facts change the access sequence, and which section of that file an optimizer swapper writes. The lifecycle itself
+(recording, divergence, saving) is profile/lifecycle.py."""
 import os
-import threading
-import weakref
-from typing import Dict, List, Optional
+from typing import Optional
 
 from deepspeed import comm as dist
 
 from .config_source import ds_config_dict
+from .engine_ordinals import LiveOrdinals
 
 
 def rank_profile_path(profile_path: Optional[str]) -> Optional[str]:
@@ -20,28 +18,16 @@ def rank_profile_path(profile_path: Optional[str]) -> Optional[str]:
     return f"{root}.rank{dist.get_rank()}{ext}"
 
 
-# profile file -> the optimizer swappers writing a section of it, by ordinal (None: a free ordinal)
-_optimizer_sections: Dict[Optional[str], List[Optional[weakref.ref]]] = {}
-_sections_lock = threading.Lock()
+# the optimizer swappers recording in each profile file; one closed frees its section
+_OPTIMIZER_SECTIONS = LiveOrdinals(lambda swapper: getattr(swapper, "closed", False))
 
 
 def optimizer_section(profile_file: Optional[str], swapper) -> str:
     """The section of ``profile_file`` that ``swapper`` records its profile in: "optimizer" for the first optimizer
     swapper alive in this process, "optimizer-2" for a second one alive beside it (an actor and a critic trained at
-    once), and so on. One section shared by two optimizers would hold each one's profile in turn: each run would
-    find the other's, stale, and profile again. The ordinal is free again once its swapper is closed or gone, so
-    engines made one after another all use "optimizer"; engines made together get the same ordinals in each run
-    that makes them in the same order."""
-    with _sections_lock:
-        owners = _optimizer_sections.setdefault(profile_file, [])
-        for ordinal, owner in enumerate(owners):
-            alive = owner() if owner is not None else None
-            if alive is None or getattr(alive, "closed", False):
-                break
-        else:
-            ordinal = len(owners)
-            owners.append(None)
-        owners[ordinal] = weakref.ref(swapper)
+    once), and so on (engine_ordinals.py). One section shared by two optimizers would hold each one's profile in
+    turn: each run would find the other's, stale, and profile again."""
+    ordinal = _OPTIMIZER_SECTIONS.claim(profile_file, swapper)
     return "optimizer" if ordinal == 0 else f"optimizer-{ordinal + 1}"
 
 

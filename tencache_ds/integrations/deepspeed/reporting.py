@@ -1,6 +1,8 @@
 """Start-up log line, step boundaries and the per-step metrics file. Owns: what happens at the end of every
 optimizer step (the parameter swappers' step boundary, one metrics record) and where stats are emitted. The numbers
 themselves come from stats.py."""
+import os
+
 from deepspeed import comm as dist
 
 from ...log import logger
@@ -8,12 +10,16 @@ from ...metrics import MetricsWriter, StepMeter
 from ...units import fmt_bytes
 from .config_bridge import accelerator_is_host
 from .coordinator import coordinator_of
+from .engine_ordinals import LiveOrdinals
 from .memory_pressure import GOVERNOR_ATTRIBUTE, HostTierGovernor, governor_of, stage3_prior
 from .one_rank_reduce import partitions_each_gradient_at_once
 from .param_swapper import TencacheParamSwapper
 from .stats import METRICS_METER_ATTRIBUTE, combined_stats, gauges, running_totals
 
 _writers = {}  # metrics path -> MetricsWriter (one file per path for the whole process)
+SWAPPERS_RELEASED = "_tencache_swappers_released"  # set on a ZeRO-3 optimizer by its destroy (install.py)
+# the ZeRO-3 optimizers metering steps, per metrics path; one destroyed frees its file
+_METRICS_FILES = LiveOrdinals(lambda optimizer: getattr(optimizer, SWAPPERS_RELEASED, False))
 
 
 def log_startup_stats(param_swappers, optimizer_swapper) -> None:
@@ -66,8 +72,11 @@ def attach_step_meter(optimizer) -> None:
     param_swapper, optimizer_swapper, coordinator = _components(optimizer)
     if param_swapper is None and optimizer_swapper is None:
         return
-    setattr(optimizer, METRICS_METER_ATTRIBUTE,
-            StepMeter(start=running_totals(param_swapper, optimizer_swapper, coordinator)))
+    meter = StepMeter(start=running_totals(param_swapper, optimizer_swapper, coordinator))
+    metrics_path = (param_swapper or optimizer_swapper).config.metrics_path
+    if metrics_path:
+        meter.path = engine_metrics_path(metrics_path, _METRICS_FILES.claim(metrics_path, optimizer))
+    setattr(optimizer, METRICS_METER_ATTRIBUTE, meter)
     setattr(optimizer, GOVERNOR_ATTRIBUTE,
             HostTierGovernor(param_swappers_of_optimizer(optimizer), optimizer_swapper, coordinator,
                              prior=stage3_prior(optimizer, accelerator_is_host(),
@@ -100,10 +109,19 @@ def on_optimizer_step_end(optimizer) -> None:
                              device_tier_applies=coordinator is None or not coordinator.gathers_alias_partitions)
     if coordinator is not None:
         coordinator.restart_device_peak()  # the next step's peak
-    config = (param_swapper or optimizer_swapper).config
-    if not config.metrics_path or dist.get_rank() != 0:
+    if meter.path is None or dist.get_rank() != 0:
         return
-    writer = _writers.get(config.metrics_path)
+    writer = _writers.get(meter.path)
     if writer is None:
-        writer = _writers[config.metrics_path] = MetricsWriter(config.metrics_path)
+        writer = _writers[meter.path] = MetricsWriter(meter.path)
     writer.write(metrics)
+
+
+def engine_metrics_path(metrics_path: str, ordinal: int) -> str:
+    """Where an engine's metrics records go: ``metrics_path`` for the first engine alive in the process,
+    ``<root>.engine2<ext>`` for a second alive beside it (an actor and a critic), and so on (engine_ordinals.py).
+    In one file, both engines' records were numbered from 0 with nothing to tell them apart (helper-173)."""
+    if ordinal == 0:
+        return metrics_path
+    root, ext = os.path.splitext(metrics_path)
+    return f"{root}.engine{ordinal + 1}{ext}"

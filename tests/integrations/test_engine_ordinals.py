@@ -1,10 +1,13 @@
-"""Which profile section an optimizer swapper records in (integrations/deepspeed/profiling.optimizer_section): its
-own among those alive at once in one process, the first one's "optimizer" again once it is closed or gone; and
-what a section's name says it profiles (profile/store.section_kind). The real engines: test_parity.py's
-test_two_engines_trained_at_once_each_reuse_their_own_optimizer_profile."""
+"""Engines alive at once in one process each get their own file or section (integrations/deepspeed/
+engine_ordinals.py): the profile section an optimizer swapper records in (profiling.optimizer_section), its own among
+those alive, the first one's "optimizer" again once it is closed or gone; the metrics file of an engine (reporting.
+engine_metrics_path); and what a section's name says it profiles (profile/store.section_kind). The real engines:
+test_parity.py's test_two_engines_trained_at_once_each_reuse_their_own_optimizer_profile_and_meter_to_their_own_file.
+"""
 import gc
 
 from tencache_ds.integrations.deepspeed.profiling import optimizer_section
+from tencache_ds.integrations.deepspeed.reporting import engine_metrics_path
 from tencache_ds.profile.store import section_kind
 
 
@@ -28,3 +31,9 @@ def test_optimizers_alive_at_once_get_their_own_sections_and_a_closed_ones_is_fr
 def test_a_sections_kind_is_its_name_without_an_ordinal():
     assert [section_kind(name) for name in ("params", "optimizer", "optimizer-2", "optimizer-12", "optimizer-x")] \
         == ["params", "optimizer", "optimizer", "optimizer", "optimizer-x"]
+
+
+def test_a_second_engines_metrics_go_beside_the_firsts():
+    assert [engine_metrics_path("runs/metrics.jsonl", ordinal) for ordinal in (0, 1, 2)] == \
+        ["runs/metrics.jsonl", "runs/metrics.engine2.jsonl", "runs/metrics.engine3.jsonl"]
+    assert engine_metrics_path("metrics", 1) == "metrics.engine2"
