@@ -13,9 +13,10 @@ One line per optimizer step at the config's ``metrics_path``, and the latest one
      "host_step_rise_bytes": ...}
 
 What each per-step number means (this step's, not a running total):
-- ``step``: the record's index from 0, one per optimizer step that ran (not per step skipped on an overflow); after
-  a checkpoint load, from the engine's global step there (integrations/deepspeed/reporting.py ``restart_metering``:
-  a resumed run's records go on where the run that saved left off).
+- ``step``: the optimizer step's index from 0, as the engine counts its global steps; a step skipped on an
+  overflow writes no record, and its number is missing (the next record's time and bytes include its forward and
+  backward); after a checkpoint load, from the engine's global step there (integrations/deepspeed/reporting.py
+  ``restart_metering``: a resumed run's records go on where the run that saved left off).
 - ``param_nvme_wait_s`` / ``optimizer_nvme_wait_s``: time the training thread was blocked on NVMe for parameter
   partitions / optimizer state; ``fetch_wait_s`` is their sum.
 - ``device_fetch_s``: time the training thread spent gathering parameters for modules (DeepSpeed's
@@ -156,6 +157,17 @@ class StepMeter:
         """Measure the next step from now and ``totals`` (what happened since the last step is not one: a
         checkpoint load), numbered ``next_step`` (the loaded run's next step, as the run that saved numbered it)."""
         self._last_time, self._last_totals, self._steps = self._clock(), totals, int(next_step)
+
+    def optimizer_step(self, step: Callable[[], object]) -> object:
+        """Run one optimizer ``step()``: one that ended without ``step_end`` (skipped on an overflow: stage 3 returns
+        before its _post_step) takes its number all the same, as the engine counts it in its global steps, so that
+        the records stay numbered by optimizer step, and a resumed run's (``restart``) go on from the right one. Its
+        time and I/O are the next record's."""
+        numbered = self._steps
+        result = step()
+        if self._steps == numbered:
+            self._steps += 1
+        return result
 
     def step_end(self, totals: RunningTotals, gauges: Gauges, device_tier_applies: bool = True) -> StepMetrics:
         """``device_tier_applies``: False where a gather is a view of the partition (the device numbers are None)."""

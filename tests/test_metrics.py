@@ -92,3 +92,19 @@ def test_busy_fraction_and_queue_depth_come_from_the_drive_activity_of_the_step(
     clock.now += 1.0
     idle = meter.step_end(RunningTotals(nvme_busy_s=11.5, nvme_depth_s=23.0), Gauges())
     assert (idle.nvme_busy_fraction, idle.nvme_queue_depth) == (0.0, None)
+
+
+def test_a_step_skipped_on_an_overflow_keeps_its_number():
+    """Stage 3 returns from a step skipped on an overflow before its _post_step: no record, but the engine counts the
+    step, and a resumed run numbers its records from the engine's global step (``restart``). Until 2026-12-07 the
+    records were numbered by the steps that ran: after a skip, record k was not step k, and a resume jumped."""
+    meter = StepMeter(clock=Clock())
+    ran = meter.optimizer_step(lambda: meter.step_end(RunningTotals(), Gauges()))
+    assert ran.step == 0
+    assert meter.optimizer_step(lambda: "skipped") == "skipped"  # no step_end: an overflow
+    assert meter.optimizer_step(lambda: meter.step_end(RunningTotals(), Gauges())).step == 2
+    try:
+        meter.optimizer_step(lambda: 1 / 0)  # a step that raised is no step the engine counted
+    except ZeroDivisionError:
+        pass
+    assert meter.optimizer_step(lambda: meter.step_end(RunningTotals(), Gauges())).step == 3

@@ -432,8 +432,12 @@ def skipped_update(budget, device, nvme):
             engine.backward(loss * float("inf") if micro in (3, 6) else loss)
             engine.step()
             losses.append(loss)
+        # tencache's last metrics record is numbered by the engine's step count, the skipped steps counted
+        # (metrics.StepMeter.optimizer_step); stock has none
+        tencache = sys.modules.get("tencache_ds")
+        numbered = tencache is None or tencache.stats(engine)["step"] == engine.global_steps - 1
         return {**losses_and_weights(engine, losses), "skipped": engine.skipped_steps,
-                "two_skipped": engine.skipped_steps == 2}
+                "two_skipped": engine.skipped_steps == 2, "records_numbered_by_step": numbered}
 
 
 class Block(torch.nn.Module):

@@ -43,3 +43,22 @@ def test_stock_pinned_memory_is_its_swap_buffers():
     assert headline["tencache_enabled"] == 0
     assert headline["pinned_bytes_reserved"] == headline["pinned_bytes_peak_in_use"] == 4 * MIB
     assert headline["torch_pinned_bytes"] == 0
+
+
+def test_the_last_steps_gauges_do_not_replace_what_is_read_now():
+    """tencache_ds.stats(engine) adds the last step's record; where the record has a gauge the stats read now
+    (pinned bytes), the one read now stays (after a load, an eval or a gather it differs: helper-173)."""
+    from types import SimpleNamespace
+
+    from tencache_ds.integrations.deepspeed.stats import METRICS_METER_ATTRIBUTE, engine_stats
+    from tencache_ds.metrics import Gauges, RunningTotals, StepMeter
+
+    optimizer = SimpleNamespace(optimizer_swapper=Swapper({"optimizer_locked_bytes": 0,
+                                                           "optimizer_registered_bytes": 0,
+                                                           "optimizer_cache_staging_registered_bytes": 32 * MIB}))
+    meter = StepMeter()
+    meter.step_end(RunningTotals(), Gauges(pinned_bytes_reserved=1, host_cache_bytes_in_use=7))
+    setattr(optimizer, METRICS_METER_ATTRIBUTE, meter)
+    stats = engine_stats(SimpleNamespace(optimizer=optimizer, module=torch.nn.Linear(1, 1)))
+    assert stats["pinned_bytes_reserved"] == 32 * MIB  # now, not the step's end
+    assert stats["host_cache_bytes_in_use"] == 7 and stats["step"] == 0  # what only the record has

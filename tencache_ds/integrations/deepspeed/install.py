@@ -47,6 +47,7 @@ from .param_swapper import TencacheParamSwapper, rewritten_in_place
 from .refusal import (config_arguments_of, installed_as, installed_call, refuse_tencache_configs,
                       refuse_until_installed, unrefused)
 from .stage3_gradients import handing_gradients_uncast, noting_gradient_scales
+from .stats import METRICS_METER_ATTRIBUTE
 
 
 def _validating(initialize):
@@ -198,7 +199,10 @@ def _marking_step(step):
         release_norm_scratch(self)  # the backward's norms are done: the update gets that memory
         setattr(self, _IN_STEP, True)
         try:
-            return step(self, *args, **kwargs)
+            meter = getattr(self, METRICS_METER_ATTRIBUTE, None)
+            if meter is None:
+                return step(self, *args, **kwargs)
+            return meter.optimizer_step(lambda: step(self, *args, **kwargs))
         finally:
             setattr(self, _IN_STEP, False)
 

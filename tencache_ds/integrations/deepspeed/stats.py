@@ -66,7 +66,9 @@ def engine_stats(engine) -> Dict[str, object]:
         latest["step_nvme_read_bytes"] = latest.pop("nvme_read_bytes")
         latest["step_nvme_write_bytes"] = latest.pop("nvme_write_bytes")
         latest["metrics_schema"] = latest.pop("schema")
-        stats.update(latest)
+        # the last step's end, beside what was read now: a gauge read now (pinned bytes, the device tier's) is not
+        # replaced by the one read then (after a load, an eval, a gather: helper-173)
+        stats.update({key: value for key, value in latest.items() if key not in stats})
     return stats
 
 
