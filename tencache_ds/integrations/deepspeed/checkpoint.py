@@ -284,7 +284,7 @@ def replay_adam_step_products(optimizer) -> int:
     steps come one after another, and recomputes them with ``pow`` when a step number jumps, which is what the first
     update after a load sees; ``pow`` and the running product differ in the last bits. This resets it (a step 0 with
     other betas: ``pow(x, 0)`` is exactly 1) and replays the step numbers each sub-group was updated with, in
-    sub-group order, on a scratch tensor. Returns the number of steps replayed."""
+    sub-group order, on a scratch tensor (``step_product_calls``). Returns the number of calls made."""
     from deepspeed.ops.adam import DeepSpeedCPUAdam  # here: importing deepspeed.ops runs tencache's install hook
 
     base = getattr(optimizer, "optimizer", None)
@@ -294,17 +294,30 @@ def replay_adam_step_products(optimizer) -> int:
     for sub_group_id, master in enumerate(optimizer.fp32_partitioned_groups_flat):
         group = base.param_groups[optimizer.sub_group_to_group_id[sub_group_id]]
         sub_groups.append((int(base.state[master].get("step", 0)) if master in base.state else 0, group))
-    last = max((step for step, _group in sub_groups), default=0)
+    calls = step_product_calls([(step, tuple(group["betas"]), group["eps"]) for step, group in sub_groups])
     scratch = [torch.zeros(_DUMMY_NUMEL) for _ in range(4)]  # params, grads, exp_avg, exp_avg_sq
     reset_betas = (float("nan"), float("nan"))  # differs from any beta: the branch that sets the step as given
     base.ds_opt_adam.adam_update(base.opt_id, 0, 0.0, *reset_betas, 1e-8, 0.0, False, *scratch)
+    for step, (beta1, beta2), eps in calls:
+        base.ds_opt_adam.adam_update(base.opt_id, step, 0.0, beta1, beta2, eps, 0.0, False, *scratch)
+    return len(calls)
+
+
+def step_product_calls(sub_groups) -> list:
+    """The C++ optimizer's calls (step, betas, eps) that leave its beta products as an uninterrupted run's, after a
+    reset, for sub-groups given as (step count, betas, eps) in the order stage 3 steps them: each step number from 1
+    to the largest, for every sub-group updated that many times or more, in order; less the calls the C++ side
+    returns from unchanged (``IncrementStep``: the step it is at, with the betas it has), which are all but the
+    first of each step where the sub-groups share their betas. A resume after 100 000 steps of 70 sub-groups made
+    7 million calls, minutes of a silent stall (helper-172); it makes 100 000."""
+    last = max((step for step, _betas, _eps in sub_groups), default=0)
+    calls, at_step, at_betas = [], 0, None  # where the C++ side is (after the reset: other betas than any)
     for step in range(1, last + 1):
-        for saved_step, group in sub_groups:
-            if saved_step >= step:
-                beta1, beta2 = group["betas"]
-                base.ds_opt_adam.adam_update(base.opt_id, step, 0.0, beta1, beta2, group["eps"], 0.0, False,
-                                             *scratch)
-    return last
+        for saved_step, betas, eps in sub_groups:
+            if saved_step >= step and (step, betas) != (at_step, at_betas):
+                calls.append((step, betas, eps))
+                at_step, at_betas = step, betas
+    return calls
 
 
 def rigid_load_with_params_on_file(rigid_load_state_dict):
