@@ -259,8 +259,9 @@ class Admission:
 
     def kept_bytes(self) -> int:
         """Bytes of buffers kept between uses (held now, or lent and to be held again at release), prefixes
-        included."""
-        return sum((entry.buffer.capacity_bytes if entry.buffer is not None and entry.kept else 0)
+        included; not a transient buffer held only for a failed write's bytes (``Transfers.keeps``): the budget
+        never held it, and a trim would evict budgeted state to cover it (helper-171)."""
+        return sum((entry.buffer.capacity_bytes if entry.buffer is not None and self._transfers.keeps(entry) else 0)
                    + (entry.prefix.capacity_bytes if entry.prefix is not None else 0) for entry in self._table)
 
 

@@ -187,7 +187,12 @@ class EntryStore:
         ``access``: the use it serves, recorded already; None for a read ahead, whose use is recorded when it comes
         (``wait_read``)."""
         if fill is None and self._copy_of is not None:
-            fill = self._copy_of(entry.key)
+            try:
+                fill = self._copy_of(entry.key)
+            except BaseException:  # (Ctrl-C in its lock, a bug) the buffer just attached goes back: the entry is on
+                if into is None:   # file without one, not holding a reservation for good (helper-171)
+                    self._transfers.release_buffer(entry)
+                raise
         if fill is not None:
             if into is None:
                 copied = self._transfers.start_copied_read(entry, fill)
@@ -357,7 +362,13 @@ class EntryStore:
                 self._transfers.attach(entry, *self._admission.acquire(nbytes, key))
                 self.counters.misses += self._start_file_read(entry, access, fill=fill)
                 self._checked()
-        return self.wait_read(key) if copyable else self.lend(key)
+        if not copyable:
+            return self.lend(key)
+        try:
+            return self.wait_read(key)
+        except BaseException:  # (Ctrl-C before the wait began) the caller never gets the view: the lend goes back,
+            self.release(key)  # as ``lend``'s (helper-171: left READING, every later lend of it refused)
+            raise
 
     def copyable(self, key) -> bool:
         """Would ``lend_copied`` take ``key``'s bytes from a copy (the entry on file, or being written there, with no

@@ -37,23 +37,28 @@ class WriteBack:
         """``source`` (cast to our dtype) becomes ``key``'s newest bytes: into its held buffer or a new one, kept
         dirty (write-back), or written now when it cannot be kept."""
         transfers = self._transfers
-        with transfers.lock:
-            entry = self._table[key]
-            transfers.wait_write(entry)
-            self._refuse_if_in_use(entry)
-            was_on_file = entry.state == S.ON_FILE
-            if was_on_file:
-                transfers.attach(entry, *self._admission.acquire(transfers.swap_nbytes(entry.numel), key))
-            else:
-                transfers.fence(entry.buffer)
-            self._fill(entry, lambda view: view.copy_(source))
-            # the new bytes replace the whole tensor: its prefix is dead. Not dropped before: an acquire that raised
-            # would have left the file's older first bytes the newest (an acquire that needs the prefix's room
-            # writes it first, a write for nothing: the price of that order)
-            if was_on_file:
-                transfers.drop_prefix(entry)
-            self._table.set(entry, S.LENT_DIRTY)
-        self._release(key)
+        lent = False  # set LENT_DIRTY here: released whatever comes after (Ctrl-C: helper-171)
+        try:
+            with transfers.lock:
+                entry = self._table[key]
+                transfers.wait_write(entry)
+                self._refuse_if_in_use(entry)
+                was_on_file = entry.state == S.ON_FILE
+                if was_on_file:
+                    transfers.attach(entry, *self._admission.acquire(transfers.swap_nbytes(entry.numel), key))
+                else:
+                    transfers.fence(entry.buffer)
+                self._fill(entry, lambda view: view.copy_(source))
+                # the new bytes replace the whole tensor: its prefix is dead. Not dropped before: an acquire that
+                # raised would have left the file's older first bytes the newest (an acquire that needs the prefix's
+                # room writes it first, a write for nothing: the price of that order)
+                if was_on_file:
+                    transfers.drop_prefix(entry)
+                self._table.set(entry, S.LENT_DIRTY)
+                lent = True
+        finally:
+            if lent:
+                self._release(key)
 
     def _fill(self, entry, fill: Callable[[torch.Tensor], None]) -> None:
         """``fill(view)`` of ``entry``'s buffer, with the lock held and the entry in its old state: a fill that
@@ -81,39 +86,53 @@ class WriteBack:
         The writes to a file run with the lock released and the entry still on file: the caller (stage 3's one
         training thread) starts no read of ``key`` meanwhile, and a read already pending is refused above."""
         transfers = self._transfers
-        with transfers.lock:
-            entry = self._table.get(key)
-            if entry is not None:
-                transfers.wait_write(entry)
-                self._refuse_if_in_use(entry)
-                transfers.recorder.touch(key, transfers.swap_nbytes(entry.numel))
-                if entry.state == S.ON_FILE:
-                    writes, on_host = [], self._on_host(parts)
-                    for offset, flat in on_host:
-                        if entry.prefix is not None:  # the elements in the prefix go there
-                            offset, flat = transfers.store_prefix_part(entry, offset, flat)
-                        if flat.numel():
-                            writes.append(transfers.io.write(flat, entry.path,
-                                                             file_offset=offset * transfers.element_size))
-                    errors = [transfers.wait_unlocked(write) for write in writes]
-                    _raise_first(errors)  # the bytes are owed to the file: never dropped quietly
-                    return
-                transfers.counters.hits += 1
-                transfers.fence(entry.buffer)
-                self._fill(entry, lambda view: self._place(view, parts))
-                self._table.set(entry, S.LENT_DIRTY)
-        if entry is None:
-            view = self._lend_new(key, numel, path)
-            try:
-                with transfers.lock:
-                    transfers.recorder.touch(key, transfers.swap_nbytes(numel))
-                view.zero_()
-                self._place(view, parts)
-            except BaseException:  # a new tensor half placed: it goes (held lent, every flush would stop on it)
-                with transfers.lock:
-                    transfers.forget(self._table[key])
-                raise
-        self._release(key, changed=True)
+        placed = False  # the parts are in a lent buffer: released whatever comes after (Ctrl-C: helper-171)
+        try:
+            with transfers.lock:
+                entry = self._table.get(key)
+                if entry is not None:
+                    transfers.wait_write(entry)
+                    self._refuse_if_in_use(entry)
+                    transfers.recorder.touch(key, transfers.swap_nbytes(entry.numel))
+                    if entry.state == S.ON_FILE:
+                        self._write_parts_to_file(entry, parts)
+                        return
+                    transfers.counters.hits += 1
+                    transfers.fence(entry.buffer)
+                    self._fill(entry, lambda view: self._place(view, parts))
+                    self._table.set(entry, S.LENT_DIRTY)
+                    placed = True
+            if entry is None:
+                view = self._lend_new(key, numel, path)
+                try:
+                    with transfers.lock:
+                        transfers.recorder.touch(key, transfers.swap_nbytes(numel))
+                    view.zero_()
+                    self._place(view, parts)
+                    placed = True
+                except BaseException:
+                    if not placed:  # a new tensor half placed: it goes (held lent, every flush would stop on it)
+                        with transfers.lock:
+                            transfers.forget(self._table[key])
+                    raise
+        finally:
+            if placed:
+                self._release(key, changed=True)
+
+    def _write_parts_to_file(self, entry, parts: Sequence[Tuple[int, torch.Tensor]]) -> None:
+        """``write_parts`` on an entry on file: each part written at its offset, nothing read back. Every write is
+        waited for, an interruption raised once all have ended: a retry must not race writes of the same offsets
+        still landing, and no write's error may go unseen (helper-171)."""
+        transfers, writes = self._transfers, []
+        for offset, flat in self._on_host(parts):
+            if entry.prefix is not None:  # the elements in the prefix go there
+                offset, flat = transfers.store_prefix_part(entry, offset, flat)
+            if flat.numel():
+                writes.append(transfers.io.write(flat, entry.path, file_offset=offset * transfers.element_size))
+        postponed = PostponedInterrupt(transfers)
+        errors = [postponed.wait(write) for write in writes]
+        _raise_first(errors)  # the bytes are owed to the file: never dropped quietly
+        postponed.raise_if_any()
 
     def _place(self, view: torch.Tensor, parts: Sequence[Tuple[int, torch.Tensor]]) -> None:
         self._device_copy.copy([(view.narrow(0, offset, part.numel()), part) for offset, part in parts])

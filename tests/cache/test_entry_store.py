@@ -3,6 +3,8 @@ lending, write-back, Belady admission with bypass, forgetting on checkpoint load
 store's invariants are checked after every call."""
 import concurrent.futures
 import time
+
+import numpy as np
 from concurrent.futures import CancelledError, Future
 
 import pytest
@@ -1385,3 +1387,148 @@ def test_a_read_ahead_into_the_callers_buffer_refused_as_it_starts_leaves_no_use
     assert torch.all(store.lend("a") == 3.0) and store.recorder.position == position + 1
     store.release("a")
     store.close()
+
+
+class InterruptedAtExit:
+    """The store's lock, whose ``with`` block's end raises KeyboardInterrupt once, the lock let go first (Ctrl-C
+    landing as a call leaves its locked part)."""
+
+    def __init__(self, lock):
+        self._lock, self.armed = lock, False
+
+    def __enter__(self):
+        return self._lock.__enter__()
+
+    def __exit__(self, *exc):
+        self._lock.__exit__(*exc)
+        if self.armed and exc == (None, None, None):
+            self.armed = False
+            raise KeyboardInterrupt
+
+    def __getattr__(self, name):  # acquire, release, _is_owned: the lock's own
+        return getattr(self._lock, name)
+
+
+@pytest.mark.parametrize("call", ["lend_copied", "store", "write_parts"])
+def test_a_call_interrupted_between_its_locked_part_and_its_release_leaves_nothing_lent(tmp_path, io, monkeypatch,
+                                                                                      call):
+    """Ctrl-C after a call lent an entry to itself and before it gave it back: ``lend_copied`` interrupted before its
+    wait began, ``store`` and ``write_parts`` (into a held buffer) as they leave their locked part. The entry goes
+    back, its bytes the call's. Until 2026-12-07 it stayed READING (every later lend refused) or LENT_DIRTY (every
+    flush, so every checkpoint, refused: "cannot flush while tensors ['a'] are lent and changed"; helper-171)."""
+    store = make(tmp_path, io, budget_bytes=10 * NBYTES)
+    put(store, tmp_path, "a", 1.0)  # held
+    if call == "lend_copied":
+        store.flush()
+        store.trim_kept(0)  # on file: copied from elsewhere
+        wait_read = store.wait_read
+
+        def interrupted_before_the_wait(key):
+            monkeypatch.setattr(store, "wait_read", wait_read)
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(store, "wait_read", interrupted_before_the_wait)
+        with pytest.raises(KeyboardInterrupt):
+            store.lend_copied("a", lambda view: (view.fill_(1.0), [])[1])
+        expected = 1.0
+    else:
+        lock = InterruptedAtExit(store._transfers.lock)
+        monkeypatch.setattr(store._transfers, "lock", lock)
+        lock.armed = True
+        with pytest.raises(KeyboardInterrupt):
+            if call == "store":
+                store.store("a", torch.full((NUMEL,), 2.0))
+            else:
+                store.write_parts("a", NUMEL, str(tmp_path / "a.swp"), [(0, torch.full((10,), 2.0))])
+        monkeypatch.undo()
+        expected = 2.0
+    assert store.state("a") in (EntryState.ON_FILE, EntryState.CLEAN, EntryState.DIRTY), store.state("a")
+    store.check_invariants()
+    store.flush()  # refused while the entry was lent and changed
+    assert store.lend("a")[0] == expected
+    store.release("a")
+    store.close()
+
+
+def test_an_interrupted_write_of_parts_to_a_file_raises_once_every_part_is_written(tmp_path, monkeypatch):
+    """``write_parts`` on an entry on file writes each part at its offset and waits: Ctrl-C in the first wait is
+    raised once every write has ended, so none is left landing unobserved (its error never seen, a retry racing it).
+    Until 2026-12-07 the interrupt left the others in flight (helper-171)."""
+    from tencache_ds.cache import transfers
+
+    slow = SlowWrites(num_threads=1)  # the second part's write starts as the first one's ends
+    store = make(tmp_path, slow, budget_bytes=0)
+    put(store, tmp_path, "a", 1.0)
+    store.wait_writes()
+    assert store.state("a") == EntryState.ON_FILE
+    waits = []
+
+    def interrupted_once(future):
+        concurrent.futures.wait([future])
+        waits.append(future)
+        if len(waits) == 1:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(transfers, "_wait_quietly", interrupted_once)
+    half = NUMEL // 2
+    parts = [(0, torch.full((half,), 5.0)), (half, torch.full((NUMEL - half,), 6.0))]
+    with pytest.raises(KeyboardInterrupt):
+        store.write_parts("a", NUMEL, str(tmp_path / "a.swp"), parts)
+    monkeypatch.undo()
+    on_file = torch.from_numpy(np.fromfile(str(tmp_path / "a.swp"), dtype=np.float32, count=NUMEL))
+    assert torch.all(on_file[:half] == 5.0) and torch.all(on_file[half:] == 6.0)  # both written by the raise
+    store.check_invariants()
+    store.close()
+    slow.close()
+
+
+def test_a_copy_lookup_that_raises_gives_the_attached_buffer_back(tmp_path, io):
+    """A read of an entry on file asks ``read_from_copies``'s lookup after attaching a buffer; where the lookup
+    raises (Ctrl-C in its lock, a bug) the buffer goes back and the entry stays on file. Until 2026-12-07 the entry
+    was on file holding a budgeted buffer, the reservation used for good (helper-171)."""
+    budget = HostBudget(10 * NBYTES)
+    store = EntryStore("optimizer", torch.float32, lambda n: -(-n // 256) * 256, io,
+                       BudgetedPageable(BufferPool("optimizer", lock="off"), budget))
+    put(store, tmp_path, "a", 1.0)
+    store.flush()
+    store.trim_kept(0)
+    assert budget.used_bytes == 0
+
+    def failing_lookup(key):
+        raise KeyboardInterrupt
+
+    store.read_from_copies(failing_lookup)
+    with pytest.raises(KeyboardInterrupt):
+        store.lend("a")
+    assert store.state("a") == EntryState.ON_FILE
+    store.check_invariants()
+    assert budget.used_bytes == 0
+    store.read_from_copies(lambda key: None)
+    assert store.lend("a")[0] == 1.0
+    store.release("a")
+    store.close()
+
+
+def test_a_buffer_held_only_for_a_failed_write_is_not_counted_as_kept(tmp_path):
+    """A transient buffer whose write failed is held until a retry writes its bytes: the budget never held it, so
+    ``kept_bytes`` (what a trim under memory pressure measures) leaves it out. Until 2026-12-07 it counted, and a
+    trim evicted budgeted state to cover it (helper-171)."""
+    failing = FailingWrites(num_threads=1)
+    store = make(tmp_path, failing, budget_bytes=0)  # nothing kept: every entry goes to its file
+    try:
+        failing.fail = True
+        put(store, tmp_path, "a", 1.0)
+        deadline = time.monotonic() + 10
+        while store.state("a") == EntryState.WRITING and time.monotonic() < deadline:
+            time.sleep(0.05)
+            store.reap_writes()
+        failing.fail = False
+        assert store.state("a") == EntryState.DIRTY, store.state("a")  # held for the failed write's bytes
+        assert store.kept_bytes() == 0
+        store.flush()  # the retry writes them; the buffer goes back
+        assert store.state("a") == EntryState.ON_FILE and store.kept_bytes() == 0
+        store.check_invariants()
+    finally:
+        failing.fail = False
+        store.close()
+        failing.close()
