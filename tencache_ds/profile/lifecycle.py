@@ -18,6 +18,9 @@ Phases::
 - DIVERGED: an access differed from the profile, or came after its end, or the step ended before it (an eval
   pass, generation, a changed setting): consumers fall back to demand fetching until the step ends.
 
+A step that repeats a profile without NVMe reads, reading NVMe itself (a smaller budget than the recording run's,
+a tier given back under memory pressure), replaces it: reads ahead are planned from reads' times.
+
 A step that does not repeat the profile is kept as the candidate. If the next step repeats the candidate, the
 change lasts (a new setting, or DeepSpeed's steady state after its own first traced step) and the candidate
 replaces the profile, saved; a one-off (an eval pass) leaves the profile as it was. Either way the next step is
@@ -156,6 +159,8 @@ class ProfileLifecycle:
         return self.index
 
     def _timed_repeat(self, finished: Optional[StepProfile]) -> None:
+        if self._reads_first_measured(finished):
+            return
         if self._steps_ended <= self._first_training_step + 1:
             return  # the run's first training step (a loaded profile predicts it): first-step costs
         if finished is None or len(self._repeats) >= STEADY_STEPS:
@@ -169,6 +174,20 @@ class ProfileLifecycle:
         except (OSError, TypeError, ValueError) as err:  # a profile is an optimisation: never stop training
             logger.warning("profile %s [%s]: its steady timings could not be saved (%s)", self._path, self._section,
                            err)
+
+    def _reads_first_measured(self, finished: Optional[StepProfile]) -> bool:
+        """A step that repeated a profile without a read (everything was held when it was recorded) and read NVMe
+        itself (a smaller budget in this run, a tier given back under memory pressure) becomes the profile: its reads'
+        times are what reads ahead are planned from (none is planned from a profile without them), and the
+        sequence is the same. Until 2026-12-07 such a profile stayed, and no read was ever scheduled ahead
+        (helper-169). Returns whether it did."""
+        if finished is None or self._profile.measured_read_bytes_per_s is not None \
+                or finished.measured_read_bytes_per_s is None:
+            return False
+        logger.info("profile [%s]: the step read NVMe where the profile read nothing; its timings replace the "
+                    "profile's, and reads ahead are planned from them", self._section)
+        self._adopt(finished, source=self.source)
+        return True
 
     def _end_diverged_step(self, finished: Optional[StepProfile]) -> None:
         if finished is not None and finished.same_sequence(self._candidate):

@@ -258,3 +258,29 @@ def test_a_profile_loaded_after_warm_up_predicts_from_then_on(tmp_path):
     assert late.load(TENSORS) is not None and late.phase is Phase.PREDICTING
     run_step(late, TRAIN)
     assert late.divergences == 0 and late.source == "loaded"
+
+
+def test_a_repeat_that_reads_replaces_a_profile_that_read_nothing(tmp_path, messages):
+    """A profile recorded with everything held has no read times, and reads ahead are planned from read times
+    (none is, from it). A later step of the same sequence that reads NVMe (a smaller budget in this run, a tier given
+    back under memory pressure) replaces it, saved; its repeats are timed from there. Until 2026-12-07 the profile
+    without reads stayed for good, and the run read nothing ahead (helper-169)."""
+    path = str(tmp_path / "profile.json")
+    lifecycle = new(path)
+    lifecycle.load(TENSORS, dtype="bf16")
+    run_step(lifecycle, "abc")                     # initialisation
+    run_step(lifecycle, TRAIN)                     # recorded, every access a hit
+    run_step(lifecycle, TRAIN)
+    assert lifecycle.profile.measured_read_bytes_per_s is None and lifecycle.generation == 1
+
+    def read_c(key):
+        if key == "c":
+            lifecycle.recorder.read_took(lifecycle.recorder.position - 1, 0.5)
+
+    run_step(lifecycle, TRAIN, check=read_c)       # the same sequence, two reads of c
+    assert lifecycle.profile.keys == tuple(TRAIN) and lifecycle.generation == 2
+    assert lifecycle.profile.measured_read_bytes_per_s == 4096 * 2 / 1.0
+    assert lifecycle.source == "recorded" and any("its timings replace" in message for message in messages)
+    assert load_section(path, "params", lifecycle._fingerprint).measured_read_bytes_per_s is not None
+    run_step(lifecycle, TRAIN)                     # a hit again: the profile with reads stays
+    assert lifecycle.generation == 2 and lifecycle.phase is Phase.PREDICTING
