@@ -295,9 +295,10 @@ PRIVATE_MEMBERS = (
                   "this rank's partition of one parameter's fp32 weights or moments in a universal checkpoint"),
     PrivateMember(STAGE3, "param_names", "attribute", "universal.py",
                   "each parameter's name: its folder in a universal checkpoint"),
-    PrivateMember(STAGE3, "_swappable_optimizer_subgroup", "method", "checkpoint.py, stage3_gradients.py",
-                  "tells the sub-groups too small to swap, whose masters a load restores from the ZeRO file, and "
-                  "whose gradients stage 3 does not hand the swapper"),
+    PrivateMember(STAGE3, "_swappable_optimizer_subgroup", "method",
+                  "checkpoint.py, stage3_gradients.py, saved_layout.py",
+                  "tells the sub-groups too small to swap, whose masters a load restores from the ZeRO file, whose "
+                  "gradients stage 3 does not hand the swapper, and which a checkpoint must not have swap files of"),
     PrivateMember(STAGE3, "_reassign_or_swap_out_partitioned_parameters", "method", "checkpoint.py",
                   "rebuilds a sub-group's parameters from its master, as a step does"),
     PrivateMember(STAGE3, "fp16_partitioned_groups_flat", "attribute", "checkpoint.py, master_copies.py",

@@ -111,8 +111,24 @@ def _misfit(engine, source: str) -> Optional[Tuple[str, str]]:
         return NO_SWAP_FILES, (f"the checkpoint has no optimizer swap files ({source} does not exist: it was saved "
                                f"with zero_optimization.offload_optimizer.device cpu or none)")
     mismatch = sub_group_layout_mismatch(engine.optimizer.optimizer_swapper, source)
+    if mismatch is None:
+        mismatch = _swapped_then_kept_in_memory(engine.optimizer, source)
     return None if mismatch is None else (OTHER_SUB_GROUPS,
                                           f"the checkpoint's optimizer swap files in {source} have {mismatch}")
+
+
+def _swapped_then_kept_in_memory(stage3, source: str) -> Optional[str]:
+    """A sub-group this engine keeps in memory (below the swap threshold, ``aio.block_size``) whose files the
+    checkpoint has (swapped when it was saved): the match by id leaves it out, and its saved moments were dropped
+    (a fresh engine started its Adam over; one that loads again kept its own moments with the checkpoint's step:
+    helper-172). Named, for a refusal before anything is placed; None where there is none."""
+    saved = _saved_master_sizes(source)
+    for index, flat in enumerate(stage3.fp32_partitioned_groups_flat):
+        ds_id = getattr(flat, "ds_id", None)
+        if ds_id is not None and str(ds_id) in saved and not stage3._swappable_optimizer_subgroup(index):
+            return (f"files of sub-group {ds_id}, which this engine keeps in memory ({flat.numel()} elements, below "
+                    f"the swap threshold: was aio.block_size smaller at the save?)")
+    return None
 
 
 def _misfit_agreed(engine, tag_folder: str, source: str) -> Optional[Tuple[str, str]]:
