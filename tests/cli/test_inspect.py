@@ -99,7 +99,7 @@ def test_plan_reports_residency_leads_and_step_time(profile_file):
 
 def test_plan_weighs_a_second_optimizers_section_as_an_optimizers(tmp_path, profile_file):
     """Engines trained at once each profile their optimizer in a section of their own ("optimizer-2": profiling.
-    optimizer_section); it saves as many bytes per held byte as "optimizer" (a tie, split in the file's order)."""
+    profile_section); it saves as many bytes per held byte as "optimizer" (a tie, split in the file's order)."""
     path = str(tmp_path / "two-optimizers.json")
     for section in ("params", "optimizer-2", "optimizer"):  # the second optimizer's section first in the file
         saved = read_sections(profile_file)[section.partition("-")[0]]

@@ -284,7 +284,7 @@ def test_two_engines_sharing_an_nvme_path_keep_their_files(tmp_path):
 
 def test_two_engines_trained_at_once_each_reuse_their_own_optimizer_profile_and_meter_to_their_own_file(tmp_path):
     """An actor and a critic, one profile file: each optimizer swapper records its own section ("optimizer",
-    "optimizer-2"), so that a second run loads both. Until 2026-12-07 both wrote "optimizer": each run found the
+    "optimizer-2"), and each parameter swapper ("params", "params-2"), so that a second run loads both. Until 2026-12-07 both wrote "optimizer": each run found the
     other engine's profile there, stale, and profiled again (helper-162). One metrics_path: the second engine's
     records go to metrics.engine2.jsonl; in one file both were numbered from 0, nothing telling them apart
     (helper-173)."""
@@ -294,9 +294,13 @@ def test_two_engines_trained_at_once_each_reuse_their_own_optimizer_profile_and_
     (_, first), (_, second) = runs
     assert first["optimizer_profiles"] == {"first": "recorded", "second": "recorded"}
     assert second["optimizer_profiles"] == {"first": "loaded", "second": "loaded"}
+    # the second model's parameters in a folder of their own: a parameter swapper each, "params" and "params-2"
+    # (helper-169: both wrote "params")
+    assert first["param_profiles"] == {"first": "recorded", "second": "recorded"}
+    assert second["param_profiles"] == {"first": "loaded", "second": "loaded"}
     assert second["first"] == first["first"] and second["second"] == first["second"]  # a profile moves no bits
     from tencache_ds.profile.store import read_sections
-    assert {"optimizer", "optimizer-2"} <= set(read_sections(str(tmp_path / "profile.json")))
+    assert {"optimizer", "optimizer-2", "params", "params-2"} <= set(read_sections(str(tmp_path / "profile.json")))
     for name in ("metrics.jsonl", "metrics.engine2.jsonl"):  # two runs of three steps each, appended
         with open(tmp_path / name) as handle:
             assert [json.loads(line)["step"] for line in handle] == [0, 1, 2, 0, 1, 2], name

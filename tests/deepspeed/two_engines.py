@@ -5,7 +5,8 @@ Stock DeepSpeed's second zero.Init deletes the first model's swap files (its con
 Usage: python two_engines.py NVME_PATH {tencache|tencache-mismatch|tencache-profiled|tencache-budget|stock}
     {both|first-only|one-init}
 (tencache-mismatch: the second model's "tencache" block differs from the first's. tencache-profiled: a profile file
-and a metrics file beside NVME_PATH, and the result says where each engine's optimizer profile came from. tencache-budget: a 40 MiB host
+and a metrics file beside NVME_PATH, the second model's parameters in a folder of their own, and the result says where
+each engine's optimizer and parameter profiles came from. tencache-budget: a 40 MiB host
 tier, and the result has each engine's optimizer budget, its state's bytes and the parameter cache's. one-init: both models built in
 one zero.Init context, an engine each; both train a step, the first engine is destroyed, the second trains on;
 the second's trained weights are hashed too.)
@@ -44,6 +45,8 @@ if mode == "tencache-profiled":
 def build(seed):
     if mode == "tencache-mismatch" and seed == 2:
         config["tencache"] = {"host_cache_bytes": "64MiB"}
+    if mode == "tencache-profiled" and seed == 2:  # its parameters in a folder of their own: a swapper of their own
+        config["zero_optimization"]["offload_param"]["nvme_path"] = nvme_path + "-second"
     torch.manual_seed(seed)
     with deepspeed.zero.Init(config_dict_or_path=config):
         model = torch.nn.Sequential(*[torch.nn.Linear(HIDDEN, HIDDEN, bias=False) for _ in range(3)])
@@ -82,6 +85,7 @@ if which == "one-init":  # and the trained fp32 weights of the engine that train
 if mode == "tencache-profiled":
     losses["optimizer_profiles"] = {name: tencache_ds.stats(engine)["optimizer_profile"]
                                     for name, engine in engines.items()}
+    losses["param_profiles"] = {name: tencache_ds.stats(engine)["param_profile"] for name, engine in engines.items()}
 if mode == "tencache-budget":
     from tencache_ds.integrations.deepspeed.stats import param_swapper_of
     losses["budgets"] = {name: [engine.optimizer.optimizer_swapper.budget.total_bytes,

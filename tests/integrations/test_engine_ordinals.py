@@ -1,12 +1,12 @@
 """Engines alive at once in one process each get their own file or section (integrations/deepspeed/
-engine_ordinals.py): the profile section an optimizer swapper records in (profiling.optimizer_section), its own among
+engine_ordinals.py): the profile section an optimizer swapper records in (profiling.profile_section), its own among
 those alive, the first one's "optimizer" again once it is closed or gone; the metrics file of an engine (reporting.
 engine_metrics_path); and what a section's name says it profiles (profile/store.section_kind). The real engines:
 test_parity.py's test_two_engines_trained_at_once_each_reuse_their_own_optimizer_profile_and_meter_to_their_own_file.
 """
 import gc
 
-from tencache_ds.integrations.deepspeed.profiling import optimizer_section
+from tencache_ds.integrations.deepspeed.profiling import profile_section
 from tencache_ds.integrations.deepspeed.reporting import engine_metrics_path
 from tencache_ds.profile.store import section_kind
 
@@ -18,14 +18,14 @@ class Swapper:
 def test_optimizers_alive_at_once_get_their_own_sections_and_a_closed_ones_is_free_again(tmp_path):
     path = str(tmp_path / "profile.json")
     actor, critic = Swapper(), Swapper()
-    assert (optimizer_section(path, actor), optimizer_section(path, critic)) == ("optimizer", "optimizer-2")
-    assert optimizer_section(str(tmp_path / "other.json"), Swapper()) == "optimizer"  # another file: its own
+    assert (profile_section("optimizer", path, actor), profile_section("optimizer", path, critic)) == ("optimizer", "optimizer-2")
+    assert profile_section("optimizer", str(tmp_path / "other.json"), Swapper()) == "optimizer"  # another file: its own
     actor.closed = True  # destroyed: the next engine made is "the first" again, as in a run that makes it first
     reward = Swapper()
-    assert optimizer_section(path, reward) == "optimizer"
+    assert profile_section("optimizer", path, reward) == "optimizer"
     del critic
     gc.collect()  # gone without a close: its ordinal is free too
-    assert optimizer_section(path, Swapper()) == "optimizer-2"
+    assert profile_section("optimizer", path, Swapper()) == "optimizer-2"
 
 
 def test_a_sections_kind_is_its_name_without_an_ordinal():
@@ -37,3 +37,13 @@ def test_a_second_engines_metrics_go_beside_the_firsts():
     assert [engine_metrics_path("runs/metrics.jsonl", ordinal) for ordinal in (0, 1, 2)] == \
         ["runs/metrics.jsonl", "runs/metrics.engine2.jsonl", "runs/metrics.engine3.jsonl"]
     assert engine_metrics_path("metrics", 1) == "metrics.engine2"
+
+
+def test_parameter_swappers_alive_at_once_get_their_own_sections(tmp_path):
+    """Two engines with nvme_paths of their own have a parameter swapper each: "params" and "params-2" (helper-169:
+    both wrote "params", each run finding the other's profile, stale); the optimizers' ordinals are counted apart."""
+    path = str(tmp_path / "profile.json")
+    first, second = Swapper(), Swapper()
+    assert (profile_section("params", path, first), profile_section("params", path, second)) == ("params", "params-2")
+    assert profile_section("optimizer", path, Swapper()) == "optimizer"
+    assert section_kind("params-2") == "params"

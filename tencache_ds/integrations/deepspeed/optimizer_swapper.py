@@ -58,7 +58,7 @@ from ...probes.limits import local_world_size
 from ...units import fmt_bytes
 from ...profile.lifecycle import ProfileLifecycle
 from ...zero_sections import optimizer_state_dtype_message
-from .profiling import optimizer_section, rank_profile_path
+from .profiling import profile_section, rank_profile_path
 from .config_bridge import (DEEPSPEED_OPS, MIN_SWAPPABLE_BYTES, find_stage3_ds_config, find_stage3_optimizer,
                             initialize_call_config, io_aligned_numel, prepare_swap_folder, swap_folder_held,
                             validate_ds_config)
@@ -212,8 +212,8 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             # becomes the profile (recording the first would cost two more steps of demand fetching before the
             # lifecycle saw the change repeat and adopted it).
             profile_file = rank_profile_path(self.config.profile_path)
-            self.profile = ProfileLifecycle(self.store.recorder, profile_file, optimizer_section(profile_file, self),
-                                            first_training_step=2, to_file=os.path.basename,
+            self.profile = ProfileLifecycle(self.store.recorder, profile_file,
+                                            profile_section("optimizer", profile_file, self), first_training_step=2, to_file=os.path.basename,
                                             from_file=lambda name: os.path.join(self._folder, name))
             self.timers = timers
             self.timer_names = set()

@@ -41,7 +41,7 @@ from .config_bridge import (DEEPSPEED_OPS, MIN_SWAPPABLE_BYTES, accelerator_is_h
 from .config_source import tencache_config
 from .master_write_behind import settle_owed_masters
 from .partition_record import Read, asked_in_order, check_records, record_of
-from .profiling import param_sequence_facts, rank_profile_path
+from .profiling import param_sequence_facts, profile_section, rank_profile_path
 
 NVME_PATH_KEY = "zero_optimization.offload_param.nvme_path"
 
@@ -122,8 +122,9 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
                                      io=self.io, cache_budget=HostBudget(self.budgets.host_cache_bytes))
             # Step boundaries: the fp16 write-back after each optimizer step. The first segment is initialisation
             # (stage 3 reads every partition to build the fp32 masters), the second is the first training step.
-            self.profile = ProfileLifecycle(self.store.recorder, rank_profile_path(self.config.profile_path), "params",
-                                            first_training_step=1)
+            profile_file = rank_profile_path(self.config.profile_path)
+            self.profile = ProfileLifecycle(self.store.recorder, profile_file,
+                                            profile_section("params", profile_file, self), first_training_step=1)
             self._sequence_facts = param_sequence_facts(ds_config)
             self._reads_since_write_back = False
             self._profile_looked_up = False

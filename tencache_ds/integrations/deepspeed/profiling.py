@@ -18,17 +18,18 @@ def rank_profile_path(profile_path: Optional[str]) -> Optional[str]:
     return f"{root}.rank{dist.get_rank()}{ext}"
 
 
-# the optimizer swappers recording in each profile file; one closed frees its section
-_OPTIMIZER_SECTIONS = LiveOrdinals(lambda swapper: getattr(swapper, "closed", False))
+# the swappers recording in each profile file, per kind of store; one closed frees its section
+_SECTIONS = {kind: LiveOrdinals(lambda swapper: getattr(swapper, "closed", False)) for kind in ("params", "optimizer")}
 
 
-def optimizer_section(profile_file: Optional[str], swapper) -> str:
-    """The section of ``profile_file`` that ``swapper`` records its profile in: "optimizer" for the first optimizer
-    swapper alive in this process, "optimizer-2" for a second one alive beside it (an actor and a critic trained at
-    once), and so on (engine_ordinals.py). One section shared by two optimizers would hold each one's profile in
-    turn: each run would find the other's, stale, and profile again."""
-    ordinal = _OPTIMIZER_SECTIONS.claim(profile_file, swapper)
-    return "optimizer" if ordinal == 0 else f"optimizer-{ordinal + 1}"
+def profile_section(kind: str, profile_file: Optional[str], swapper) -> str:
+    """The section of ``profile_file`` that ``swapper`` (``kind``: "params" or "optimizer") records its profile in:
+    the kind for the first swapper of that kind alive in this process, "<kind>-2" for a second one alive beside it
+    (an actor and a critic trained at once: two optimizers; and two parameter swappers where the engines have
+    nvme_paths of their own), and so on (engine_ordinals.py). One section shared by two swappers would hold each
+    one's profile in turn: each run would find the other's, stale, and profile again (helper-162, helper-169)."""
+    ordinal = _SECTIONS[kind].claim(profile_file, swapper)
+    return kind if ordinal == 0 else f"{kind}-{ordinal + 1}"
 
 
 def param_sequence_facts(ds_config) -> dict:
