@@ -284,10 +284,10 @@ def test_two_engines_sharing_an_nvme_path_keep_their_files(tmp_path):
 
 def test_two_engines_trained_at_once_each_reuse_their_own_optimizer_profile_and_meter_to_their_own_file(tmp_path):
     """An actor and a critic, one profile file: each optimizer swapper records its own section ("optimizer",
-    "optimizer-2"), and each parameter swapper ("params", "params-2"), so that a second run loads both. Until 2026-12-07 both wrote "optimizer": each run found the
-    other engine's profile there, stale, and profiled again (helper-162). One metrics_path: the second engine's
-    records go to metrics.engine2.jsonl; in one file both were numbered from 0, nothing telling them apart
-    (helper-173)."""
+    "optimizer-2"), and each parameter swapper ("params", "params-2"), so that a second run loads both. Until
+    2026-12-07 both wrote "optimizer": each run found the other engine's profile there, stale, and profiled again
+    (helper-162). One metrics_path: the second engine's records go to metrics.engine2.jsonl; in one file both were
+    numbered from 0, nothing telling them apart (helper-173)."""
     runs = [run_two_engines(tmp_path, "tencache-profiled", "both") for _ in range(2)]
     for proc, _ in runs:
         assert proc.returncode == 0, proc.stderr[-3000:]

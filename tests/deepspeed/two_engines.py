@@ -6,10 +6,10 @@ Usage: python two_engines.py NVME_PATH {tencache|tencache-mismatch|tencache-prof
     {both|first-only|one-init}
 (tencache-mismatch: the second model's "tencache" block differs from the first's. tencache-profiled: a profile file
 and a metrics file beside NVME_PATH, the second model's parameters in a folder of their own, and the result says where
-each engine's optimizer and parameter profiles came from. tencache-budget: a 40 MiB host
-tier, and the result has each engine's optimizer budget, its state's bytes and the parameter cache's. one-init: both models built in
-one zero.Init context, an engine each; both train a step, the first engine is destroyed, the second trains on;
-the second's trained weights are hashed too.)
+each engine's optimizer and parameter profiles came from. tencache-budget: a 40 MiB host tier, and the result has
+each engine's optimizer budget, its state's bytes and the parameter cache's. one-init: both models built in one
+zero.Init context, an engine each; both train a step, the first engine is destroyed, the second trains on; the
+second's trained weights are hashed too.)
 """
 import hashlib
 import json

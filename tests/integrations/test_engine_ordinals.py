@@ -18,7 +18,8 @@ class Swapper:
 def test_optimizers_alive_at_once_get_their_own_sections_and_a_closed_ones_is_free_again(tmp_path):
     path = str(tmp_path / "profile.json")
     actor, critic = Swapper(), Swapper()
-    assert (profile_section("optimizer", path, actor), profile_section("optimizer", path, critic)) == ("optimizer", "optimizer-2")
+    sections = (profile_section("optimizer", path, actor), profile_section("optimizer", path, critic))
+    assert sections == ("optimizer", "optimizer-2")
     assert profile_section("optimizer", str(tmp_path / "other.json"), Swapper()) == "optimizer"  # another file: its own
     actor.closed = True  # destroyed: the next engine made is "the first" again, as in a run that makes it first
     reward = Swapper()

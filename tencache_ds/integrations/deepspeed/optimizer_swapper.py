@@ -213,7 +213,8 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             # lifecycle saw the change repeat and adopted it).
             profile_file = rank_profile_path(self.config.profile_path)
             self.profile = ProfileLifecycle(self.store.recorder, profile_file,
-                                            profile_section("optimizer", profile_file, self), first_training_step=2, to_file=os.path.basename,
+                                            profile_section("optimizer", profile_file, self), first_training_step=2,
+                                            to_file=os.path.basename,
                                             from_file=lambda name: os.path.join(self._folder, name))
             self.timers = timers
             self.timer_names = set()
