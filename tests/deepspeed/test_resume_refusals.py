@@ -1,5 +1,6 @@
 """Checkpoints a resuming engine cannot take whole are refused before anything is placed, with an error naming the
-setting that changed (the upstream scenarios with another world size and other sub-groups: test_upstream_checkpoints.py)."""
+setting that changed (the upstream scenarios with another world size and other sub-groups:
+test_upstream_checkpoints.py)."""
 import os
 
 import pytest
