@@ -12,7 +12,9 @@ One line per optimizer step at the config's ``metrics_path``, and the latest one
      "device_cache_peak_bytes": ..., "host_cache_budget_bytes": ..., "host_memory_available_bytes": ...,
      "host_step_rise_bytes": ...}
 
-What each per-step number means (this step's, not a running total):
+What each per-step number means (this step's, not a running total). A step's record covers everything since the
+previous record: an evaluation pass or a checkpoint save between two steps (its time, and the writes of what it
+flushed) counts towards the next record; a checkpoint load does not (the meter starts again after it).
 - ``step``: the optimizer step's index from 0, as the engine counts its global steps; a step skipped on an
   overflow writes no record, and its number is missing (the next record's time and bytes include its forward and
   backward); after a checkpoint load, from the engine's global step there (integrations/deepspeed/reporting.py
