@@ -12,7 +12,7 @@ Every bad input is an error that names the file and the key, with exit code 2; n
 import json
 import os
 import sys
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from ..drive_wear import fmt_decimal_tb
 from ..errors import TencacheConfigError, TencacheResourceError
@@ -56,10 +56,13 @@ def build_inputs(args) -> Dict[str, Any]:
     if not isinstance(model_config, dict):
         raise TencacheConfigError(f"model config {model_path}: a Hugging Face config.json is a JSON object")
     shape = model_shape(model_config, source=f"model config {model_path}")
+    args.seq = sequence_length(model_config, args.seq, model_path)
     ds_config = read_ds_config(args.ds_config)
     zero = ZeroSettings.from_ds_config(ds_config, source=f"DeepSpeed config {args.ds_config}")
-    micro_batch = args.micro_batch or _positive(ds_config, "train_micro_batch_size_per_gpu", args.ds_config, 1)
-    gas = args.gas or _positive(ds_config, "gradient_accumulation_steps", args.ds_config, 1)
+    if args.machine != THIS:  # (read first: the batch shape follows from the ranks, as DeepSpeed derives it)
+        machine = load_machine(args.machine)
+    ranks = machine.world_size if args.machine != THIS else _visible_gpus()
+    micro_batch, gas = batch_shape(ds_config, args.ds_config, ranks, args.micro_batch, args.gas)
     # (the calibration's compute dtype; "bfloat16" is DeepSpeed's old name for the bf16 block)
     dtype = next((name for key, name in (("bf16", "bf16"), ("bfloat16", "bf16"), ("fp16", "fp16"))
                   if (ds_config.get(key) or {}).get("enabled")), "fp32")
@@ -83,8 +86,6 @@ def build_inputs(args) -> Dict[str, Any]:
         busy = _busy(machine)
         if busy:
             print(f"tencache-ds estimate: warning: {busy}", file=sys.stderr)
-    else:
-        machine = load_machine(args.machine)
     workload = build_workload(shape, zero, machine.world_size, micro_batch, args.seq, gas, args.checkpointing)
     profile_notes: List[str] = []
     if sections is not None:
@@ -145,13 +146,70 @@ def _busy(machine) -> Optional[str]:
             f"a quiet measurement with --save-machine and pass that file")
 
 
-def _positive(config: Dict[str, Any], key: str, path: str, default: int) -> int:
-    value = config.get(key, default)
-    if value == "auto":
-        return default
+def _positive(config: Dict[str, Any], key: str, path: str) -> Optional[int]:
+    """``key``'s value, None where it is absent or "auto" (a Hugging Face Trainer fills those in)."""
+    value = config.get(key)
+    if value is None or value == "auto":
+        return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise TencacheConfigError(f"DeepSpeed config {path}: {key} must be a positive integer, got {value!r}")
     return value
+
+
+def batch_shape(config: Dict[str, Any], path: str, ranks: int, micro_batch: Optional[int] = None,
+                gas: Optional[int] = None) -> Tuple[int, int]:
+    """(micro-batch per rank, gradient accumulation steps) as DeepSpeed derives them (runtime/config.py
+    ``_set_batch_related_parameters``) from the config's ``train_batch_size``, ``train_micro_batch_size_per_gpu`` and
+    ``gradient_accumulation_steps`` at ``ranks`` ranks; ``--micro-batch`` and ``--gas`` given replace the config's.
+    Neither batch size given: a micro-batch of 1 (DeepSpeed would refuse the config). Until 2026-12-07 a missing one
+    was taken for 1: a config with ``train_batch_size`` 64 alone was priced at a micro-batch of 1 (helper-176)."""
+    train_batch = _positive(config, "train_batch_size", path)
+    micro_batch = micro_batch or _positive(config, "train_micro_batch_size_per_gpu", path)
+    gas = gas or _positive(config, "gradient_accumulation_steps", path)
+    if micro_batch is None and train_batch is not None:
+        gas = gas or 1
+        micro_batch = train_batch // max(1, ranks) // gas
+        what = f"train_batch_size {train_batch} / {ranks} rank(s) / gradient_accumulation_steps {gas}"
+    elif gas is None and train_batch is not None:
+        gas = train_batch // micro_batch // max(1, ranks)
+        what = f"train_batch_size {train_batch} / train_micro_batch_size_per_gpu {micro_batch} / {ranks} rank(s)"
+    else:
+        micro_batch, gas, what = micro_batch or 1, gas or 1, None
+    if micro_batch < 1 or gas < 1:
+        raise TencacheConfigError(f"DeepSpeed config {path}: {what} leaves less than one sample a step")
+    return micro_batch, gas
+
+
+# the model types whose positions are a learned table: a sequence longer than it stops the first forward pass
+LEARNED_POSITIONS = {"gpt2": "n_positions", "opt": "max_position_embeddings"}
+
+
+DEFAULT_SEQ = 2048
+
+
+def sequence_length(model_config: Dict[str, Any], seq: Optional[int], path: str) -> int:
+    """``--seq``, refused where it is longer than the model's learned position table (the first forward pass would
+    stop: helper-176, where the default 2048 was priced for gpt2-tiny's 256); not given: DEFAULT_SEQ, or the table's
+    length where shorter."""
+    key = LEARNED_POSITIONS.get(model_config.get("model_type"))
+    positions = model_config.get(key) if key else None
+    if not isinstance(positions, int) or isinstance(positions, bool) or positions < 1:
+        return seq or DEFAULT_SEQ
+    if seq is None:
+        return min(DEFAULT_SEQ, positions)
+    if seq > positions:
+        raise TencacheConfigError(f"model config {path}: --seq {seq} is longer than its position table ({key} "
+                                  f"{positions}): the first forward pass would stop; pass --seq {positions} or less")
+    return seq
+
+
+def _visible_gpus() -> int:
+    """The ranks ``--machine this`` runs: one per GPU CUDA sees (as its measurement counts them), else one."""
+    try:
+        import torch
+        return max(1, torch.cuda.device_count()) if torch.cuda.is_available() else 1
+    except Exception:  # noqa: BLE001  (no usable CUDA: one rank on the host)
+        return 1
 
 
 def estimate(args) -> Dict[str, Any]:

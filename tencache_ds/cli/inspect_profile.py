@@ -130,7 +130,7 @@ def plan(args) -> int:
             bandwidth, source = (None, "measured") if measured or pooled is None else (pooled, "other sections")
         try:
             section = plan_section(step, shares[name], bandwidth, args.in_flight_bytes, args.first,
-                                   prefixes=name == "optimizer")
+                                   prefixes=section_kind(name) == "optimizer")
         except ValueError as err:  # no bandwidth to plan with
             section = {"error": f"{err}: pass --read-bandwidth"}
             failed = True

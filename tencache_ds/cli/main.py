@@ -214,11 +214,13 @@ def build_parser() -> argparse.ArgumentParser:
                           help="a machine file (configs/machines/), or `this`: measure this machine (NVMe with "
                           "tencache's engine, CPU Adam, one layer's forward/backward; about a minute)")
     estimate.add_argument("--micro-batch", type=_positive_int, default=None,
-                          help="default: train_micro_batch_size_per_gpu of --ds-config, else 1")
-    estimate.add_argument("--seq", type=_positive_int, default=2048, help="tokens per sample")
+                          help="default: train_micro_batch_size_per_gpu of --ds-config, or what DeepSpeed derives "
+                          "from its train_batch_size, else 1")
+    estimate.add_argument("--seq", type=_positive_int, default=None,
+                          help="tokens per sample (default: 2048, or a learned position table's length where shorter)")
     estimate.add_argument("--gas", type=_positive_int, default=None,
                           help="gradient accumulation steps (default: gradient_accumulation_steps of --ds-config, "
-                          "else 1)")
+                          "or what DeepSpeed derives from its train_batch_size, else 1)")
     estimate.add_argument("--activation-checkpointing", dest="checkpointing", action="store_true",
                           help="the blocks' forward runs again in backward (Hugging Face gradient checkpointing)")
     estimate.add_argument("--drive-tbw", type=_drive_rating, default=None, metavar="BYTES",

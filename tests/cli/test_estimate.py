@@ -474,3 +474,39 @@ def _same_prices(repriced: dict, predicted: dict) -> bool:
         _same_prices(value, predicted[key]) if isinstance(value, dict) else
         value == pytest.approx(predicted[key], rel=1e-12) if isinstance(value, float) else value == predicted[key]
         for key, value in repriced.items())
+
+
+@pytest.mark.parametrize("config, ranks, expected", [
+    ({"train_batch_size": 64}, 1, (64, 1)),                                        # DeepSpeed: micro 64, GAS 1
+    ({"train_batch_size": 16, "train_micro_batch_size_per_gpu": 2}, 1, (2, 8)),   # GAS derived
+    ({"train_batch_size": 16, "gradient_accumulation_steps": 2}, 4, (2, 2)),      # micro derived at 4 ranks
+    ({"train_micro_batch_size_per_gpu": 3, "gradient_accumulation_steps": 5}, 8, (3, 5)),
+    ({"train_micro_batch_size_per_gpu": "auto", "train_batch_size": "auto"}, 1, (1, 1)),  # a Trainer fills them
+    ({}, 1, (1, 1)),
+])
+def test_the_batch_shape_is_derived_as_deepspeed_derives_it(config, ranks, expected):
+    """Until 2026-12-07 a missing micro-batch or GAS was taken for 1: a config with train_batch_size 64 alone was
+    priced at a micro-batch of 1 (helper-176)."""
+    from tencache_ds.cli.estimate import batch_shape
+    assert batch_shape(config, "ds.json", ranks) == expected
+    assert batch_shape(config, "ds.json", ranks, micro_batch=7, gas=2) == (7, 2)  # --micro-batch and --gas rule
+
+
+def test_a_train_batch_too_small_for_the_ranks_and_a_sequence_beyond_the_position_table_are_refused(tmp_path):
+    from tencache_ds.cli.estimate import batch_shape, sequence_length
+    from tencache_ds.errors import TencacheConfigError
+    with pytest.raises(TencacheConfigError, match="train_batch_size 4 / 8 rank"):
+        batch_shape({"train_batch_size": 4}, "ds.json", 8)
+    gpt2 = {"model_type": "gpt2", "n_positions": 256}
+    assert sequence_length(gpt2, None, "m.json") == 256 and sequence_length(gpt2, 128, "m.json") == 128
+    with pytest.raises(TencacheConfigError, match="n_positions 256"):
+        sequence_length(gpt2, 2048, "m.json")
+    assert sequence_length({"model_type": "llama", "max_position_embeddings": 256}, 4096, "m.json") == 4096  # RoPE
+    ds_config = tmp_path / "ds.json"
+    ds_config.write_text(json.dumps({"train_batch_size": 64, "zero_optimization": {"stage": 3}}))
+    result = estimate("--json", ds_config=str(ds_config), model="gpt2-tiny")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert (report["micro_batch"], report["gas"], report["seq"]) == (64, 1, 256)
+    refused = estimate("--seq", "512", ds_config=str(ds_config), model="gpt2-tiny")
+    assert refused.returncode == 2 and "--seq 512 is longer than its position table" in refused.stderr
