@@ -246,7 +246,8 @@ class Admission:
         excess = self.kept_bytes() - max(0, int(target_bytes))
         if excess > 0:
             excess -= self.give_up_prefixes(excess)
-        excess -= self.evict_held(excess, lambda buffer: True)
+        # (a transient buffer held only for a failed write is not counted kept: not taken for one either)
+        excess -= self.evict_held(excess, self._transfers.source.keeps)
         # reads in flight too (a sub-group's state read ahead in backward): skipped, they stayed over the new total
         lent = self._copies_elsewhere_first(entry.key for entry in self._table
                                             if (entry.state in LENT or entry.state == S.READING) and entry.kept)

@@ -148,7 +148,8 @@ class EntryStore:
             if entry is not None and (entry.numel, entry.path) != (numel, path):
                 self._forget_locked(entry)  # a new tensor under an old key (a rebuilt model): the old bytes go
                 entry = None
-            if entry is None:
+            created = entry is None
+            if created:
                 entry = self._table.new(key, numel, path, S.ON_FILE)
             transfers.wait_write(entry)
             # a read into the caller's buffer too: the new bytes would be lent while it reads the file, which a
@@ -156,13 +157,19 @@ class EntryStore:
             if entry.state in LENT or entry.state == S.READING or entry.external_read is not None:
                 raise RuntimeError(f"{self.name}: tensor {key} is already lent or being read")
             if entry.state == S.ON_FILE:
-                if staging:
-                    transfers.attach(entry, transfers.staging.acquire_pageable(self.swap_nbytes(numel), False), False)
-                    entry.staged = True
-                elif transient:
-                    transfers.attach(entry, *self._admission.acquire_transient(self.swap_nbytes(numel)))
-                else:
-                    transfers.attach(entry, *self._admission.acquire(self.swap_nbytes(numel), key))
+                try:
+                    if staging:
+                        transfers.attach(entry, transfers.staging.acquire_pageable(self.swap_nbytes(numel), False),
+                                         False)
+                        entry.staged = True
+                    elif transient:
+                        transfers.attach(entry, *self._admission.acquire_transient(self.swap_nbytes(numel)))
+                    else:
+                        transfers.attach(entry, *self._admission.acquire(self.swap_nbytes(numel), key))
+                except BaseException:  # (a victim's write failed, Ctrl-C) a tensor made here has no bytes anywhere:
+                    if created:        # it goes, where it stayed known on file, its file never written (a later
+                        self._forget_locked(entry)  # lend read a missing file, or a stale one: helper-174's test)
+                    raise
                 # the new bytes replace the whole tensor: its prefix is dead (not before the buffer is secured: an
                 # acquire that raised would have left the file's older first bytes the newest)
                 transfers.drop_prefix(entry)

@@ -2,6 +2,7 @@
 lending, write-back, Belady admission with bypass, forgetting on checkpoint load. Real files, real I/O; the
 store's invariants are checked after every call."""
 import concurrent.futures
+import os
 import time
 
 import numpy as np
@@ -1528,6 +1529,71 @@ def test_a_buffer_held_only_for_a_failed_write_is_not_counted_as_kept(tmp_path):
         store.flush()  # the retry writes them; the buffer goes back
         assert store.state("a") == EntryState.ON_FILE and store.kept_bytes() == 0
         store.check_invariants()
+    finally:
+        failing.fail = False
+        store.close()
+        failing.close()
+
+
+def test_a_trim_evicts_budgeted_state_not_a_buffer_held_for_a_failed_write(tmp_path):
+    """``trim_kept`` (memory pressure) counts the buffers the budget holds, and evicts those: a transient buffer
+    held only for a failed write's bytes is neither counted (``kept_bytes``) nor taken for one, even where it is the
+    least recently used. Until 2026-12-07 it was taken, its bytes subtracted from an excess that never held them, and
+    the trim stopped with the budgeted state still over its target (helper-174)."""
+    failing = FailingWrites(num_threads=1)
+    store = make(tmp_path, failing, budget_bytes=2 * store_nbytes())  # room for two entries kept
+    try:
+        put(store, tmp_path, "a", 1.0)
+        put(store, tmp_path, "b", 2.0)
+        store.lend("a")
+        store.lend("b")  # both lent: c gets a transient buffer, whose write fails
+        failing.fail = True
+        put(store, tmp_path, "c", 3.0)
+        deadline = time.monotonic() + 10
+        while store.state("c") == EntryState.WRITING and time.monotonic() < deadline:
+            time.sleep(0.05)
+            store.reap_writes()
+        failing.fail = False
+        assert store.state("c") == EntryState.DIRTY
+        for key in "ab":
+            store.release(key)
+        for key in "ab":  # used after c: c is the least recently used
+            store.lend(key)
+            store.release(key)
+        kept = store.kept_bytes()
+        assert store.trim_kept(kept // 2) <= kept // 2  # one of a and b evicted
+        assert store.state("c") == EntryState.DIRTY  # still held for its bytes: a flush or its next use writes them
+        store.flush()
+        store.check_invariants()
+    finally:
+        failing.fail = False
+        store.close()
+        failing.close()
+
+
+def store_nbytes():
+    """What one NUMEL-element tensor takes of a budget (page-rounded)."""
+    return -(-NBYTES // 4096) * 4096
+
+
+def test_a_new_tensor_whose_buffer_cannot_be_had_is_not_left_known_on_file(tmp_path):
+    """``lend_new`` of a new key whose acquire raises (the write of the victim it evicts fails): the key is not
+    left known, on file, with no file written (a later lend read a missing file, or a stale one from an earlier run).
+    Until 2026-12-07 it was (found writing helper-174's test)."""
+    failing = FailingWrites(num_threads=1)
+    store = make(tmp_path, failing, budget_bytes=2 * store_nbytes())
+    try:
+        put(store, tmp_path, "a", 1.0)
+        put(store, tmp_path, "b", 2.0)  # both held dirty: the new one evicts one of them, whose write fails
+        failing.fail = True
+        with pytest.raises(OSError):
+            store.lend_new("c", NUMEL, str(tmp_path / "c.swp"))
+        failing.fail = False
+        assert not store.knows("c") and not os.path.exists(tmp_path / "c.swp")
+        store.check_invariants()
+        put(store, tmp_path, "c", 3.0)
+        assert store.lend("c")[0] == 3.0
+        store.release("c")
     finally:
         failing.fail = False
         store.close()

@@ -7,7 +7,7 @@ test_parity.py's test_two_engines_trained_at_once_each_reuse_their_own_optimizer
 import gc
 
 from tencache_ds.integrations.deepspeed.profiling import profile_section
-from tencache_ds.integrations.deepspeed.reporting import engine_metrics_path
+from tencache_ds.integrations.deepspeed.reporting import engine_metrics_file, engine_metrics_path
 from tencache_ds.profile.store import section_kind
 
 
@@ -48,3 +48,14 @@ def test_parameter_swappers_alive_at_once_get_their_own_sections(tmp_path):
     assert (profile_section("params", path, first), profile_section("params", path, second)) == ("params", "params-2")
     assert profile_section("optimizer", path, Swapper()) == "optimizer"
     assert section_kind("params-2") == "params"
+
+
+def test_a_file_spelled_two_ways_is_one(tmp_path, monkeypatch):
+    """Engines whose paths name one file differently ("runs/m.jsonl", "./runs/m.jsonl") get ordinals of one file:
+    each keyed its own, both were the first, and both wrote into one file (helper-174)."""
+    monkeypatch.chdir(tmp_path)
+    actor, critic = Swapper(), Swapper()
+    assert (profile_section("params", "runs/p.json", actor), profile_section("params", "./runs/p.json", critic)) \
+        == ("params", "params-2")
+    assert (engine_metrics_file("runs/m.jsonl", actor), engine_metrics_file("./runs/m.jsonl", critic)) \
+        == ("runs/m.jsonl", "./runs/m.engine2.jsonl")

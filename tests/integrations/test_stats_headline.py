@@ -55,10 +55,13 @@ def test_the_last_steps_gauges_do_not_replace_what_is_read_now():
 
     optimizer = SimpleNamespace(optimizer_swapper=Swapper({"optimizer_locked_bytes": 0,
                                                            "optimizer_registered_bytes": 0,
-                                                           "optimizer_cache_staging_registered_bytes": 32 * MIB}))
+                                                           "optimizer_cache_staging_registered_bytes": 32 * MIB,
+                                                           "host_cache_budget_bytes": 9}))  # (a start-up budget)
     meter = StepMeter()
-    meter.step_end(RunningTotals(), Gauges(pinned_bytes_reserved=1, host_cache_bytes_in_use=7))
+    meter.step_end(RunningTotals(), Gauges(pinned_bytes_reserved=1, host_cache_bytes_in_use=7,
+                                           host_cache_budget_bytes=5))
     setattr(optimizer, METRICS_METER_ATTRIBUTE, meter)
     stats = engine_stats(SimpleNamespace(optimizer=optimizer, module=torch.nn.Linear(1, 1)))
     assert stats["pinned_bytes_reserved"] == 32 * MIB  # now, not the step's end
     assert stats["host_cache_bytes_in_use"] == 7 and stats["step"] == 0  # what only the record has
+    assert stats["host_cache_budget_bytes"] == 5  # the governor's at the step's end, not a swapper's at start-up

@@ -28,7 +28,8 @@ def profile_section(kind: str, profile_file: Optional[str], swapper) -> str:
     (an actor and a critic trained at once: two optimizers; and two parameter swappers where the engines have
     nvme_paths of their own), and so on (engine_ordinals.py). One section shared by two swappers would hold each
     one's profile in turn: each run would find the other's, stale, and profile again (helper-162, helper-169)."""
-    ordinal = _SECTIONS[kind].claim(profile_file, swapper)
+    # (by the file: "runs/p.json" and "./runs/p.json" are one: helper-174)
+    ordinal = _SECTIONS[kind].claim(os.path.abspath(profile_file) if profile_file else None, swapper)
     return kind if ordinal == 0 else f"{kind}-{ordinal + 1}"
 
 

@@ -75,7 +75,7 @@ def attach_step_meter(optimizer) -> None:
     meter = StepMeter(start=running_totals(param_swapper, optimizer_swapper, coordinator))
     metrics_path = (param_swapper or optimizer_swapper).config.metrics_path
     if metrics_path:
-        meter.path = engine_metrics_path(metrics_path, _METRICS_FILES.claim(metrics_path, optimizer))
+        meter.path = engine_metrics_file(metrics_path, optimizer)
     setattr(optimizer, METRICS_METER_ATTRIBUTE, meter)
     setattr(optimizer, GOVERNOR_ATTRIBUTE,
             HostTierGovernor(param_swappers_of_optimizer(optimizer), optimizer_swapper, coordinator,
@@ -115,6 +115,12 @@ def on_optimizer_step_end(optimizer) -> None:
     if writer is None:
         writer = _writers[meter.path] = MetricsWriter(meter.path)
     writer.write(metrics)
+
+
+def engine_metrics_file(metrics_path: str, optimizer) -> str:
+    """The file ``optimizer``'s engine appends its records to: its ordinal among the engines alive that meter to
+    ``metrics_path`` (one file, however its path is spelled: helper-174)."""
+    return engine_metrics_path(metrics_path, _METRICS_FILES.claim(os.path.abspath(metrics_path), optimizer))
 
 
 def engine_metrics_path(metrics_path: str, ordinal: int) -> str:

@@ -121,9 +121,14 @@ def _swapped_then_kept_in_memory(stage3, source: str) -> Optional[str]:
     """A sub-group this engine keeps in memory (below the swap threshold, ``aio.block_size``) whose files the
     checkpoint has (swapped when it was saved): the match by id leaves it out, and its saved moments were dropped
     (a fresh engine started its Adam over; one that loads again kept its own moments with the checkpoint's step:
-    helper-172). Named, for a refusal before anything is placed; None where there is none."""
+    helper-172). Named, for a refusal before anything is placed; None where there is none. Asked only where the
+    swapped sub-groups matched by id: matched by order (ids shifted), a kept sub-group's id may be another's at the
+    save, and the count already tells a sub-group more swapped then (helper-174)."""
     saved = _saved_master_sizes(source)
-    for index, flat in enumerate(stage3.fp32_partitioned_groups_flat):
+    swapped = getattr(getattr(stage3, "optimizer_swapper", None), "swap_params_info", None) or {}
+    if not set(swapped) <= set(saved):  # matched by order
+        return None
+    for index, flat in enumerate(getattr(stage3, "fp32_partitioned_groups_flat", None) or []):
         ds_id = getattr(flat, "ds_id", None)
         if ds_id is not None and str(ds_id) in saved and not stage3._swappable_optimizer_subgroup(index):
             return (f"files of sub-group {ds_id}, which this engine keeps in memory ({flat.numel()} elements, below "

@@ -26,6 +26,10 @@ def optimizer_swapper_of(engine) -> Optional[object]:
     return getattr(getattr(engine, "optimizer", None), "optimizer_swapper", None)
 
 
+# the gauges engine_stats reads now, which the last step's record (read then) does not replace
+READ_NOW = ("pinned_bytes_reserved", "device_cache_bytes_in_use")
+
+
 def engine_stats(engine) -> Dict[str, object]:
     """combined_stats, the coordinator's device tier, and the latest step's metrics (the metrics file's last line,
     under the schema's keys; ``nvme_*_bytes`` stay running totals here, the step's are ``step_nvme_*_bytes``)."""
@@ -67,8 +71,9 @@ def engine_stats(engine) -> Dict[str, object]:
         latest["step_nvme_write_bytes"] = latest.pop("nvme_write_bytes")
         latest["metrics_schema"] = latest.pop("schema")
         # the last step's end, beside what was read now: a gauge read now (pinned bytes, the device tier's) is not
-        # replaced by the one read then (after a load, an eval, a gather: helper-173)
-        stats.update({key: value for key, value in latest.items() if key not in stats})
+        # replaced by the one read then (after a load, an eval, a gather: helper-173); the host budget is the
+        # record's, the governor's (the parameter swapper's own is its start-up budget: helper-174)
+        stats.update({key: value for key, value in latest.items() if key not in READ_NOW})
     return stats
 
 
