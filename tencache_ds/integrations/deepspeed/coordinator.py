@@ -42,13 +42,14 @@ from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
 from deepspeed.runtime.zero.partitioned_param_coordinator import PartitionedParameterCoordinator, iter_params
 from deepspeed.utils import z3_leaf_module
 
+from ...config import AUTO
 from ...plan.budget import AUTO_DEVICE_CACHE_FRACTION
 from ...probes.limits import local_world_size
 from ...plan.device_tier import DeviceTier, device_tier_budget
 from ...probes.host_memory import read_host_memory
 from ...profile.next_use import NextUseIndex
 from .agreement import agree_min, world_size
-from .config_bridge import accelerator_is_host
+from .config_bridge import accelerator_is_host, device_room_bytes
 from .param_swapper import TencacheParamSwapper
 
 _BASE = PartitionedParameterCoordinator
@@ -191,11 +192,13 @@ class TencacheCoordinator(PartitionedParameterCoordinator):
         if aliasing:  # the tier is carved out of the parameters' host capacity
             capacity = self.swapper.host_param_capacity() if host_param_capacity_bytes is None \
                 else host_param_capacity_bytes
+        elif self.swapper.config.device_cache_bytes != AUTO:
+            pass  # a size given is the budget: nothing to read (device_tier_budget)
         elif accelerator_is_host():  # the all-gather's output is this rank's share of the node's available memory
             free, rise = read_host_memory().available_bytes // local_world_size(), step_rise_bytes
         else:
             accelerator = get_accelerator()
-            free = int(accelerator.available_memory())
+            free = device_room_bytes(accelerator)
             # the highest any step has risen above the level between steps: its activations and temporaries
             rise = max(0, int(accelerator.max_memory_allocated()) - int(accelerator.memory_allocated()))
         resident = self.tier.resident_bytes if self.tier is not None else 0
