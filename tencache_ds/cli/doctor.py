@@ -10,6 +10,7 @@ here, so ``doctor.X`` keeps working.
 """
 import contextlib
 import json
+import os
 import sys
 import time
 from typing import List, Optional, Sequence
@@ -19,7 +20,8 @@ from ..units import fmt_bytes
 from .doctor_checks import (EXPECTED_DEEPSPEED_VERSION, FAIL, MIN_MEMLOCK_BYTES, OK, STATUS_ORDER,  # noqa: F401
                             WARN, CheckResult, check_accelerator, check_async_io, check_budgets, check_build_locks,
                             check_gpus, check_host, check_libaio, check_memlock, check_native_arena, check_versions,
-                            describe_host, load_ds_config, nvme_path_from_config, probe_gpus)
+                            describe_host, load_ds_config, nvme_path_from_config, nvme_paths_from_config,
+                            probe_gpus)
 from .doctor_nvme import (BANDWIDTH_FILE_BYTES, MIN_NVME_FREE_BYTES, NvmePathState, bandwidth_check,  # noqa: F401
                           bytes_per_s, check_nvme_path, drive_check, mount_of, nvme_bandwidth, plain_io_bandwidth)
 from .doctor_probe import (AIO_OP, FORCE_NO_AIO_ENV, PROBE_TIMEOUT_S, Probe, _probe_main,  # noqa: F401
@@ -87,7 +89,22 @@ def run_checks(nvme_path: Optional[str] = None, config_path: Optional[str] = Non
     if config_check is not None:
         checks.append(config_check)
     checks += state.checks + [bandwidth, drive, budgets]
-    return checks
+    return checks + _other_nvme_paths(config, config_path, state.path if nvme_path is None else None)
+
+
+def _other_nvme_paths(config, config_path: Optional[str], checked: Optional[str]) -> List[CheckResult]:
+    """The checks of the config's other nvme_path (the optimizer's in a folder of its own, with most of the bytes:
+    writable, free space, filesystem and O_DIRECT), where one was checked above; it went unchecked (helper-176)."""
+    results = []
+    for key, path in nvme_paths_from_config(config).items():
+        if checked is None or os.path.abspath(os.path.expanduser(path)) == checked:
+            continue
+        other = check_nvme_path(path, f"{key} in {config_path}")
+        try:
+            results += other.checks
+        finally:
+            other.cleanup()
+    return results
 
 
 def render(checks: Sequence[CheckResult], elapsed_s: float) -> str:

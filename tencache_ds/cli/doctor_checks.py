@@ -248,15 +248,22 @@ def load_ds_config(path: Optional[str]) -> Tuple[Optional[Dict[str, Any]], Optio
     return config, CheckResult("config", OK, f"{path}: {'has a' if 'tencache' in config else 'no'} \"tencache\" block")
 
 
-def nvme_path_from_config(config: Optional[Dict[str, Any]]) -> Optional[str]:
+def nvme_paths_from_config(config: Optional[Dict[str, Any]]) -> Dict[str, str]:
+    """{"zero_optimization.<section>.nvme_path": path} of each offload section on NVMe, parameters first."""
     zero = (config or {}).get("zero_optimization") or {}
     if not isinstance(zero, dict):  # DeepSpeed's older "zero_optimization": true has no offload section
-        return None
+        return {}
+    paths = {}
     for section in ("offload_param", "offload_optimizer"):
         block = zero.get(section) or {}
         if isinstance(block, dict) and block.get("device") == "nvme" and block.get("nvme_path"):
-            return str(block["nvme_path"])
-    return None
+            paths[f"zero_optimization.{section}.nvme_path"] = str(block["nvme_path"])
+    return paths
+
+
+def nvme_path_from_config(config: Optional[Dict[str, Any]]) -> Optional[str]:
+    """The first of ``nvme_paths_from_config`` (the parameters', else the optimizer's), or None."""
+    return next(iter(nvme_paths_from_config(config).values()), None)
 
 
 def check_budgets(config: Optional[Dict[str, Any]], device_free_bytes: int, accelerator_is_host: bool) -> CheckResult:

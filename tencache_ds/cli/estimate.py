@@ -75,11 +75,11 @@ def build_inputs(args) -> Dict[str, Any]:
                                   f"{args.machine} nothing is measured")
     if args.machine == THIS:
         from .calibrate import PROBE_TIMEOUT_S, calibrate, machine_from_calibration
-        from .doctor import DEFAULT_NVME_PATH
         keep = "" if args.save_machine else "; --save-machine PATH keeps the figures for --machine PATH"
-        print(f"tencache-ds estimate: measuring this machine (the drive, CPU Adam, the model's layers; up to "
-              f"{PROBE_TIMEOUT_S / 60:.0f} min){keep}", file=sys.stderr, flush=True)
-        measured = calibrate(args.nvme_path or DEFAULT_NVME_PATH, model_config, micro_batch, args.seq, dtype,
+        drive_folder, named_by = measured_folder(args.nvme_path, ds_config, args.ds_config)
+        print(f"tencache-ds estimate: measuring this machine (the drive in {drive_folder}, {named_by}; CPU Adam, the "
+              f"model's layers; up to {PROBE_TIMEOUT_S / 60:.0f} min){keep}", file=sys.stderr, flush=True)
+        measured = calibrate(drive_folder, model_config, micro_batch, args.seq, dtype,
                              ds_config=ds_config,
                              progress=lambda line: print(f"tencache-ds estimate: {line}", file=sys.stderr, flush=True))
         machine = measured_machine = machine_from_calibration(measured)
@@ -182,6 +182,22 @@ def batch_shape(config: Dict[str, Any], path: str, ranks: int, micro_batch: Opti
 
 # the model types whose positions are a learned table: a sequence longer than it stops the first forward pass
 LEARNED_POSITIONS = {"gpt2": "n_positions", "opt": "max_position_embeddings"}
+
+
+def measured_folder(nvme_path: Optional[str], ds_config: Dict[str, Any], ds_config_path: str) -> Tuple[str, str]:
+    """The folder ``--machine this`` measures the drive in, and what named it: ``--nvme-path``, else the config's
+    nvme_path (the optimizer's, which moves most of the bytes, where both are on NVMe), else the default. The
+    config's was ignored: the default folder (often the root disk, or a tmpfs) was measured for a run whose swap
+    files go elsewhere (helper-176)."""
+    from .doctor import DEFAULT_NVME_PATH
+    from .doctor_checks import nvme_paths_from_config
+    if nvme_path is not None:
+        return nvme_path, "--nvme-path"
+    paths = nvme_paths_from_config(ds_config)
+    for key in ("zero_optimization.offload_optimizer.nvme_path", "zero_optimization.offload_param.nvme_path"):
+        if key in paths:
+            return paths[key], f"{key} in {ds_config_path}"
+    return DEFAULT_NVME_PATH, "the default folder: the config names none"
 
 
 DEFAULT_SEQ = 2048

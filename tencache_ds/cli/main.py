@@ -227,8 +227,8 @@ def build_parser() -> argparse.ArgumentParser:
                           help="each drive's rated endurance, e.g. 1200TB or 9.1PB (default: drive_tbw_bytes of the "
                           "machine file)")
     estimate.add_argument("--nvme-path", default=None,
-                          help=f"with --machine this: the folder whose drive is measured (default: "
-                          f"{DEFAULT_NVME_PATH})")
+                          help=f"with --machine this: the folder whose drive is measured (default: the nvme_path "
+                          f"of --ds-config, the optimizer's first, else {DEFAULT_NVME_PATH})")
     estimate.add_argument("--save-machine", default=None, metavar="PATH",
                           help="with --machine this: also write the measured machine file there")
     estimate.add_argument("--profile", default=None, metavar="PROFILE_JSON",

@@ -1,6 +1,8 @@
 """doctor's budgets line judges a config's block as the run does (cli/doctor_checks.py): a host budget the run
 refuses at initialize is a FAIL here, not an OK line with the budget lowered; and DeepSpeed's older
 "zero_optimization": true has no nvme_path to take instead of a traceback."""
+import os
+
 from tencache_ds.cli.doctor_checks import FAIL, OK, check_budgets, nvme_path_from_config
 
 
@@ -18,3 +20,28 @@ def test_an_older_zero_optimization_true_has_no_nvme_path():
     assert nvme_path_from_config({"zero_optimization": True}) is None
     on_nvme = {"zero_optimization": {"offload_param": {"device": "nvme", "nvme_path": "/x"}}}
     assert nvme_path_from_config(on_nvme) == "/x"
+
+
+def test_each_offload_sections_nvme_path_is_named_and_the_measured_one_is_the_optimizers():
+    """doctor checks every nvme_path the config names (the optimizer's, in a folder of its own, went unchecked),
+    and `estimate --machine this` measures the drive of the config's (it measured the default folder: helper-176)."""
+    from tencache_ds.cli.doctor import _other_nvme_paths
+    from tencache_ds.cli.estimate import measured_folder
+    from tencache_ds.cli.doctor_checks import nvme_paths_from_config
+    both = {"zero_optimization": {"offload_param": {"device": "nvme", "nvme_path": "/p"},
+                                  "offload_optimizer": {"device": "nvme", "nvme_path": "/o"}}}
+    assert nvme_paths_from_config(both) == {"zero_optimization.offload_param.nvme_path": "/p",
+                                            "zero_optimization.offload_optimizer.nvme_path": "/o"}
+    assert measured_folder(None, both, "ds.json") == ("/o", "zero_optimization.offload_optimizer.nvme_path in ds.json")
+    assert measured_folder("/x", both, "ds.json") == ("/x", "--nvme-path")
+    assert measured_folder(None, {}, "ds.json")[1] == "the default folder: the config names none"
+    # the optimizer's folder a file, not a folder: its own FAIL line, where only the parameters' was checked
+    import tempfile
+    with tempfile.TemporaryDirectory() as folder:
+        blocker = os.path.join(folder, "a-file")
+        open(blocker, "w").close()
+        both["zero_optimization"]["offload_param"]["nvme_path"] = folder
+        both["zero_optimization"]["offload_optimizer"]["nvme_path"] = blocker
+        [line] = _other_nvme_paths(both, "ds.json", os.path.abspath(folder))
+        assert line.status == FAIL and "offload_optimizer.nvme_path in ds.json" in line.message
+        assert _other_nvme_paths(both, "ds.json", None) == []  # --nvme-path given: only that folder
