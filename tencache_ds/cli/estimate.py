@@ -9,8 +9,10 @@ the numbers (plan/step_model/ computes them; cli/calibrate.py measures this mach
 
 Every bad input is an error that names the file and the key, with exit code 2; nothing is written.
 """
+import dataclasses
 import json
 import os
+import shutil
 import sys
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -82,7 +84,10 @@ def build_inputs(args) -> Dict[str, Any]:
         measured = calibrate(drive_folder, model_config, micro_batch, args.seq, dtype,
                              ds_config=ds_config,
                              progress=lambda line: print(f"tencache-ds estimate: {line}", file=sys.stderr, flush=True))
-        machine = measured_machine = machine_from_calibration(measured)
+        calibrated = machine_from_calibration(measured)
+        machine = measured_machine = dataclasses.replace(
+            calibrated, nvme_free_bytes=_free_bytes(drive_folder),
+            sources={**calibrated.sources, "nvme_free_bytes": f"free space in {drive_folder} when measured"})
         busy = _busy(machine)
         if busy:
             print(f"tencache-ds estimate: warning: {busy}", file=sys.stderr)
@@ -182,6 +187,18 @@ def batch_shape(config: Dict[str, Any], path: str, ranks: int, micro_batch: Opti
 
 # the model types whose positions are a learned table: a sequence longer than it stops the first forward pass
 LEARNED_POSITIONS = {"gpt2": "n_positions", "opt": "max_position_embeddings"}
+
+
+def _free_bytes(folder: str) -> Optional[int]:
+    """Free bytes on the file system of ``folder`` (its nearest existing parent: the measurement removes what it
+    made); None where none can be read."""
+    path = os.path.abspath(folder)
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    try:
+        return shutil.disk_usage(path).free
+    except OSError:
+        return None
 
 
 def measured_folder(nvme_path: Optional[str], ds_config: Dict[str, Any], ds_config_path: str) -> Tuple[str, str]:

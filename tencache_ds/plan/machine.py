@@ -92,6 +92,9 @@ class Machine:
     nodes: int = 1
     drive_tbw_bytes: Optional[float] = None
     host_available_bytes: Optional[int] = None
+    # free bytes where the swap files go (the folder `--machine this` measured; a machine file may say): the node's
+    # ranks' swap files must fit there. None: not known, not checked
+    nvme_free_bytes: Optional[int] = None
     process_baseline_bytes: int = DEFAULT_PROCESS_BASELINE_BYTES
     accelerator_is_host: bool = False
     sources: Dict[str, str] = dataclasses.field(default_factory=dict)
@@ -183,7 +186,7 @@ _POSITIVE = {"accelerator_flops_per_s", "h2d_bytes_per_s", "host_memory_bytes", 
              "drive_tbw_bytes", "process_baseline_bytes", "allgather_bytes_per_s",
              "reduce_scatter_bytes_per_s"}  # host_available_bytes may be 0: a full cgroup
 _INTEGERS = {"accelerator_memory_bytes", "host_memory_bytes", "drives", "ranks_per_node", "nodes",
-             "host_available_bytes", "process_baseline_bytes"}
+             "host_available_bytes", "process_baseline_bytes", "nvme_free_bytes"}
 
 
 def _checked_values(data: Mapping[str, Any], source: str) -> Dict[str, Any]:
@@ -201,7 +204,8 @@ def _checked_values(data: Mapping[str, Any], source: str) -> Dict[str, Any]:
         elif key == "accelerator_is_host":
             if not isinstance(value, bool):
                 raise MachineFileError(f"{source}: key \"{key}\" must be true or false, got {value!r}")
-        elif value is None and key in ("drive_tbw_bytes", "host_available_bytes", "host_fresh_write_bytes_per_s",
+        elif value is None and key in ("drive_tbw_bytes", "host_available_bytes", "nvme_free_bytes",
+                                       "host_fresh_write_bytes_per_s",
                                        "nvme_mixed_bytes_per_s_per_drive", "nvme_request_factors",
                                        "nvme_small_page_factors",
                                        "allgather_bytes_per_s", "reduce_scatter_bytes_per_s"):

@@ -510,3 +510,21 @@ def test_a_train_batch_too_small_for_the_ranks_and_a_sequence_beyond_the_positio
     assert (report["micro_batch"], report["gas"], report["seq"]) == (64, 1, 256)
     refused = estimate("--seq", "512", ds_config=str(ds_config), model="gpt2-tiny")
     assert refused.returncode == 2 and "--seq 512 is longer than its position table" in refused.stderr
+
+
+def test_swap_files_larger_than_the_free_space_do_not_fit(tmp_path):
+    """A machine that says how much is free where the swap files go (`--machine this` reads it in the folder it
+    measures): the node's swap files must fit there. Until 2026-12-07 nothing compared them (helper-176): llama-70b's
+    899 GiB "fit" a 500 GB drive."""
+    with open(MACHINE) as handle:
+        machine = json.load(handle)
+    machine["nvme_free_bytes"] = 10 * 2**30
+    small = tmp_path / "small-drive.json"
+    small.write_text(json.dumps(machine))
+    report = json.loads(estimate("--json", machine=str(small)).stdout)  # llama-7b on NVMe: ~110 GiB of files
+    assert not report["fits"] and any("NVMe space" in reason for reason in report["why_not"]["tencache"])
+    assert any("NVMe space" in reason for reason in report["why_not"]["stock"])
+    machine["nvme_free_bytes"] = 10 * 2**40
+    small.write_text(json.dumps(machine))
+    report = json.loads(estimate("--json", machine=str(small)).stdout)
+    assert not any("NVMe space" in reason for reasons in report["why_not"].values() for reason in reasons)

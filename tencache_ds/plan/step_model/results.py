@@ -61,6 +61,10 @@ def fits(prediction: Prediction, workload: Workload, machine: Machine) -> Tuple[
     if node_host > machine.available_host_bytes:
         reasons.append(f"host memory: the node's {machine.ranks_per_node} rank(s) need {node_host} B, "
                        f"{machine.available_host_bytes} B available")
+    node_files = prediction.memory.get("nvme", 0) * machine.ranks_per_node
+    if machine.nvme_free_bytes is not None and node_files > machine.nvme_free_bytes:  # (helper-176: not checked)
+        reasons.append(f"NVMe space: the node's {machine.ranks_per_node} rank(s) write {node_files} B of swap files, "
+                       f"{machine.nvme_free_bytes} B free where they go")
     return not reasons, reasons
 
 
