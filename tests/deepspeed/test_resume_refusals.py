@@ -1,6 +1,6 @@
 """Checkpoints a resuming engine cannot take whole are refused before anything is placed, with an error naming the
 setting that changed (the upstream scenarios with another world size and other sub-groups:
-test_upstream_checkpoints.py)."""
+test_upstream_checkpoints.py); and a save that cannot hold a whole step is refused before anything is written."""
 import os
 
 import pytest
@@ -31,3 +31,16 @@ def test_a_sub_group_swapped_at_the_save_and_kept_in_memory_at_the_load_is_refus
 
 def test_the_same_block_size_resumes(tmp_path):
     assert resume(tmp_path, MIB, MIB)["error"] is None
+
+
+def test_a_save_after_a_step_that_stopped_part_way_is_refused_before_anything_is_written(tmp_path):
+    """The update raised after a sub-group's swap-in (Ctrl-C, an error in the step): the save names that sub-group
+    and writes nothing. Until 2026-12-07 it wrote the model's files, then stopped at the lent gradient's flush
+    (helper-177)."""
+    proc = run_helper(os.path.join(os.path.dirname(__file__), "stopped_step_save.py"),
+                      [tmp_path / "nvme", tmp_path / "checkpoint"])
+    result = result_of(proc.stdout)
+    assert result is not None, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert result["error"] is not None and result["error"].startswith("TencacheError"), result
+    assert "still swapped in" in result["error"] and "Nothing was written" in result["error"]
+    assert result["written"] == [], result

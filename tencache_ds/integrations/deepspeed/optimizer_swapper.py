@@ -1064,6 +1064,19 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         """Raised at a save's start while a master is lent with its file's debt (masters_in_partitions.py)."""
         self.masters.check_none_lent_behind(self._lent)
 
+    def check_none_lent(self) -> None:
+        """Raised at a save's start while a sub-group is swapped in: an optimizer step (or a fragment call) stopped
+        between its swap-in and its swap-out, leaving that sub-group's update half done. The save went on, wrote the
+        model's files, and stopped at the flush of the lent gradient ("cannot flush while tensors ... are lent"), a
+        part-written checkpoint, that rank alone (helper-177)."""
+        if self._lent:
+            groups = sorted(str(group) for group in self._lent)
+            raise TencacheError(
+                f"save_checkpoint: optimizer sub-groups {groups[:5]} are still swapped in: an optimizer step or a "
+                f"fragment call stopped part way (an exception, Ctrl-C), and their update is half done, so no "
+                f"checkpoint of a whole step can be taken now. Save from the last step that ended, or destroy the "
+                f"engine and load the last checkpoint. Nothing was written")
+
     def settle_master_writes(self, groups=None, but=()) -> None:
         """Write the masters ``groups`` (None: all) but those in ``but`` owe their files from the partitions, and
         wait: before those files are read or replaced other than through a swap-in that fills them
