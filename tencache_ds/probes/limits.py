@@ -20,13 +20,23 @@ LOCAL_WORLD_SIZE_ENVS = ("LOCAL_WORLD_SIZE", "LOCAL_SIZE", "OMPI_COMM_WORLD_LOCA
 
 def local_world_size() -> int:
     """Ranks on this node: the first of ``LOCAL_WORLD_SIZE_ENVS`` a launcher set (to a whole number), else what
-    srun says of this node (``_slurm_step_tasks_on_this_node``), else 1."""
+    srun says of this node (``_slurm_step_tasks_on_this_node``), else every rank of ``WORLD_SIZE``: a launch that
+    says nothing of the node (Lightning's subprocess launcher, an mp.spawn script set LOCAL_RANK and WORLD_SIZE
+    only) is taken for one node, where each rank counting itself alone took the whole node's share per rank (eight
+    ranks, twice the node's memory: helper-178); on several nodes that leaves each rank less than its share, never
+    more. Else 1."""
     for name in LOCAL_WORLD_SIZE_ENVS:
         try:
             return max(1, int(os.environ[name]))
         except (KeyError, ValueError):
             continue
-    return max(1, _slurm_step_tasks_on_this_node() or 1)
+    slurm = _slurm_step_tasks_on_this_node()
+    if slurm:
+        return max(1, slurm)
+    try:
+        return max(1, int(os.environ["WORLD_SIZE"]))
+    except (KeyError, ValueError):
+        return 1
 
 
 def _slurm_step_tasks_on_this_node() -> Optional[int]:

@@ -30,7 +30,7 @@ def test_auto_is_shared_by_the_ranks_of_a_node():
 def test_local_world_size_comes_from_the_launcher(monkeypatch):
     """torchrun's LOCAL_WORLD_SIZE, the deepspeed launcher's LOCAL_SIZE (it sets no LOCAL_WORLD_SIZE: every rank it
     started counted itself alone until 2026-12-07), Open MPI's; 1 where none is set or none is a number."""
-    for name in LOCAL_WORLD_SIZE_ENVS + ("SLURM_STEP_TASKS_PER_NODE", "SLURM_NODEID"):
+    for name in LOCAL_WORLD_SIZE_ENVS + ("SLURM_STEP_TASKS_PER_NODE", "SLURM_NODEID", "WORLD_SIZE"):
         monkeypatch.delenv(name, raising=False)
     assert local_world_size() == 1
     monkeypatch.setenv("LOCAL_SIZE", "2")  # deepspeed --num_gpus 2
@@ -52,12 +52,19 @@ def test_local_world_size_comes_from_the_launcher(monkeypatch):
     ({"SLURM_STEP_TASKS_PER_NODE": "8"}, 1),  # not understood: alone
     ({"SLURM_STEP_TASKS_PER_NODE": "8(x", "SLURM_NODEID": "0"}, 1),
     ({"SLURM_TASKS_PER_NODE": "8", "SLURM_NODEID": "0"}, 1),  # the allocation's, seen by a batch script too
+    # a launch that says nothing of the node (Lightning's subprocess launcher, mp.spawn: LOCAL_RANK and WORLD_SIZE
+    # only) is taken for one node: each rank counted itself alone, eight ranks took twice the node (helper-178)
+    ({"WORLD_SIZE": "8", "LOCAL_RANK": "3"}, 8),
+    ({"WORLD_SIZE": "8", "SLURM_STEP_TASKS_PER_NODE": "2(x4)", "SLURM_NODEID": "0"}, 2),  # srun says more
+    ({"WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4"}, 4),
+    ({"WORLD_SIZE": "x"}, 1),
 ])
 def test_local_world_size_from_the_other_launchers(monkeypatch, variables, ranks):
     """Regression (helper-156's review): DeepSpeed's slurm and mvapich runners, and MPICH's or Intel MPI's mpirun,
     set none of the variables read before, so every rank counted itself alone on its node ("auto" took its share of
     the node's memory per rank, and the governor's reserve counted one rank's rise)."""
-    for name in LOCAL_WORLD_SIZE_ENVS + ("SLURM_STEP_TASKS_PER_NODE", "SLURM_NODEID", "SLURM_TASKS_PER_NODE"):
+    for name in LOCAL_WORLD_SIZE_ENVS + ("SLURM_STEP_TASKS_PER_NODE", "SLURM_NODEID", "SLURM_TASKS_PER_NODE",
+                                         "WORLD_SIZE"):
         monkeypatch.delenv(name, raising=False)
     for name, value in variables.items():
         monkeypatch.setenv(name, value)
