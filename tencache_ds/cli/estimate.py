@@ -85,9 +85,9 @@ def build_inputs(args) -> Dict[str, Any]:
                              ds_config=ds_config,
                              progress=lambda line: print(f"tencache-ds estimate: {line}", file=sys.stderr, flush=True))
         calibrated = machine_from_calibration(measured)
-        machine = measured_machine = dataclasses.replace(
-            calibrated, nvme_free_bytes=_free_bytes(drive_folder),
-            sources={**calibrated.sources, "nvme_free_bytes": f"free space in {drive_folder} when measured"})
+        free, free_source = _swap_files_room(ds_config, drive_folder)
+        machine = measured_machine = dataclasses.replace(calibrated, nvme_free_bytes=free,
+                                                         sources={**calibrated.sources, "nvme_free_bytes": free_source})
         busy = _busy(machine)
         if busy:
             print(f"tencache-ds estimate: warning: {busy}", file=sys.stderr)
@@ -152,10 +152,13 @@ def _busy(machine) -> Optional[str]:
 
 
 def _positive(config: Dict[str, Any], key: str, path: str) -> Optional[int]:
-    """``key``'s value, None where it is absent or "auto" (a Hugging Face Trainer fills those in)."""
+    """``key``'s value, None where it is absent or "auto" (a Hugging Face Trainer fills those in); a whole float
+    (64.0) as DeepSpeed's arithmetic takes it."""
     value = config.get(key)
     if value is None or value == "auto":
         return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise TencacheConfigError(f"DeepSpeed config {path}: {key} must be a positive integer, got {value!r}")
     return value
@@ -169,8 +172,15 @@ def batch_shape(config: Dict[str, Any], path: str, ranks: int, micro_batch: Opti
     Neither batch size given: a micro-batch of 1 (DeepSpeed would refuse the config). Until 2026-12-07 a missing one
     was taken for 1: a config with ``train_batch_size`` 64 alone was priced at a micro-batch of 1 (helper-176)."""
     train_batch = _positive(config, "train_batch_size", path)
+    given_micro_batch, given_gas = micro_batch, gas
     micro_batch = micro_batch or _positive(config, "train_micro_batch_size_per_gpu", path)
     gas = gas or _positive(config, "gradient_accumulation_steps", path)
+    ranks = max(1, ranks // (_positive(config, "sequence_parallel_size", path) or 1))  # DeepSpeed's data ranks
+    if None not in (train_batch, micro_batch, gas) and not (given_micro_batch or given_gas) \
+            and train_batch != micro_batch * gas * ranks:  # DeepSpeed's _batch_assertion
+        raise TencacheConfigError(
+            f"DeepSpeed config {path}: train_batch_size {train_batch} is not train_micro_batch_size_per_gpu "
+            f"{micro_batch} x gradient_accumulation_steps {gas} x {ranks} rank(s) (DeepSpeed refuses it)")
     if micro_batch is None and train_batch is not None:
         gas = gas or 1
         micro_batch = train_batch // max(1, ranks) // gas
@@ -185,8 +195,32 @@ def batch_shape(config: Dict[str, Any], path: str, ranks: int, micro_batch: Opti
     return micro_batch, gas
 
 
-# the model types whose positions are a learned table: a sequence longer than it stops the first forward pass
-LEARNED_POSITIONS = {"gpt2": "n_positions", "opt": "max_position_embeddings"}
+# the model types whose positions are a learned table: a sequence longer than it stops the first forward pass;
+# (its key, Hugging Face's default where a config.json leaves it out)
+LEARNED_POSITIONS = {"gpt2": ("n_positions", 1024), "opt": ("max_position_embeddings", 2048)}
+
+
+def _swap_files_room(ds_config: Dict[str, Any], measured: str) -> Tuple[Optional[int], str]:
+    """The free bytes the swap files have, and where it was read: the measured folder's file system, where every
+    nvme_path of the config is on it; not known where they are on several, or on another one (the parameters' bytes
+    were charged to the optimizer's drive: helper-179)."""
+    from .doctor_checks import nvme_paths_from_config
+    folders = list(nvme_paths_from_config(ds_config).values()) or [measured]
+    devices = {_device_of(folder) for folder in folders + [measured]}
+    if len(devices) > 1 or None in devices:
+        return None, (f"not known: the swap files ({', '.join(folders)}) and the folder measured ({measured}) are on "
+                      f"more than one file system")
+    return _free_bytes(measured), f"free space in {measured} when measured"
+
+
+def _device_of(folder: str) -> Optional[int]:
+    path = os.path.abspath(folder)
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    try:
+        return os.stat(path).st_dev
+    except OSError:
+        return None
 
 
 def _free_bytes(folder: str) -> Optional[int]:
@@ -224,8 +258,8 @@ def sequence_length(model_config: Dict[str, Any], seq: Optional[int], path: str)
     """``--seq``, refused where it is longer than the model's learned position table (the first forward pass would
     stop: helper-176, where the default 2048 was priced for gpt2-tiny's 256); not given: DEFAULT_SEQ, or the table's
     length where shorter."""
-    key = LEARNED_POSITIONS.get(model_config.get("model_type"))
-    positions = model_config.get(key) if key else None
+    key, default = LEARNED_POSITIONS.get(model_config.get("model_type"), (None, None))
+    positions = model_config.get(key, default) if key else None
     if not isinstance(positions, int) or isinstance(positions, bool) or positions < 1:
         return seq or DEFAULT_SEQ
     if seq is None:

@@ -528,3 +528,32 @@ def test_swap_files_larger_than_the_free_space_do_not_fit(tmp_path):
     small.write_text(json.dumps(machine))
     report = json.loads(estimate("--json", machine=str(small)).stdout)
     assert not any("NVMe space" in reason for reasons in report["why_not"].values() for reason in reasons)
+
+
+def test_the_swap_files_room_is_read_only_where_they_all_go_to_the_folder_measured(tmp_path):
+    """The parameters' and the optimizer's nvme_paths on two file systems: their bytes were all charged to the
+    measured folder's (helper-179); not known then. Same file system: its free bytes."""
+    from tencache_ds.cli.estimate import _swap_files_room
+    one = {"zero_optimization": {"offload_param": {"device": "nvme", "nvme_path": str(tmp_path / "p")},
+                                 "offload_optimizer": {"device": "nvme", "nvme_path": str(tmp_path / "o")}}}
+    free, source = _swap_files_room(one, str(tmp_path / "o"))
+    assert free is not None and free > 0 and source.startswith("free space in")
+    two = {"zero_optimization": {"offload_param": {"device": "nvme", "nvme_path": "/dev/shm/p"},
+                                 "offload_optimizer": {"device": "nvme", "nvme_path": str(tmp_path / "o")}}}
+    if os.stat("/dev/shm").st_dev != os.stat(tmp_path).st_dev:
+        assert _swap_files_room(two, str(tmp_path / "o"))[0] is None
+
+
+@pytest.mark.parametrize("config, message", [
+    ({"train_batch_size": 64, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2}, "is not"),
+])
+def test_a_batch_shape_deepspeed_refuses_is_refused(config, message):
+    """All three given and inconsistent: DeepSpeed's _batch_assertion stops the run; it was priced (helper-179).
+    A whole float is DeepSpeed's arithmetic's; sequence parallelism divides the data ranks."""
+    from tencache_ds.cli.estimate import batch_shape, sequence_length
+    from tencache_ds.errors import TencacheConfigError
+    with pytest.raises(TencacheConfigError, match=message):
+        batch_shape(config, "ds.json", 8)
+    assert batch_shape({"train_batch_size": 64.0}, "ds.json", 1) == (64, 1)
+    assert batch_shape({"train_batch_size": 64, "sequence_parallel_size": 4}, "ds.json", 8) == (32, 1)
+    assert sequence_length({"model_type": "gpt2"}, None, "m.json") == 1024  # Hugging Face's default n_positions

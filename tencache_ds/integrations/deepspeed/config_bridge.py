@@ -67,20 +67,18 @@ def check_device_budget(config: TencacheConfig) -> None:
             f'fit beside a step; set less, or "auto"')
 
 
-def device_room_bytes(accelerator=None) -> int:
-    """What the device tier may take of the device's memory now: the device's free memory plus the caching
-    allocator's blocks reserved and free (the tier's tensors reuse them; a free reading alone counts them as used, and
-    the tier's own bytes of a step before with them). On CUDA through ``torch.cuda.mem_get_info``, which honours
-    CUDA_VISIBLE_DEVICES and MIG: DeepSpeed's ``available_memory()`` reads NVML by index, parsing
-    CUDA_VISIBLE_DEVICES as integers (a UUID or MIG name there stopped the run at its second step, whatever
-    device_cache_bytes said) and reading the parent GPU on MIG (helper-175). Elsewhere the accelerator's
-    ``available_memory()``."""
+def device_free_bytes(accelerator=None) -> int:
+    """The device's free memory now, as the device tier's "auto" budget reads it: on CUDA through
+    ``torch.cuda.mem_get_info``, which honours CUDA_VISIBLE_DEVICES and MIG: DeepSpeed's ``available_memory()``
+    reads NVML by index, parsing CUDA_VISIBLE_DEVICES as integers (a UUID or MIG name there stopped the run at its
+    second step, whatever device_cache_bytes said) and reading the parent GPU on MIG (helper-175). The caching
+    allocator's free blocks count as used, as in NVML's reading: the budget is sized against the step's peak, which
+    leaves no room for the allocator's own at that peak where they count as free (helper-179); counting them needs
+    the tier's own bytes out of the peak (not built). Elsewhere the accelerator's ``available_memory()``."""
     accelerator = accelerator or get_accelerator()
     if accelerator.device_name() == "cuda" and torch.cuda.is_available():
-        device = torch.cuda.current_device()
-        free, _total = torch.cuda.mem_get_info(device)
-        cached = int(torch.cuda.memory_reserved(device)) - int(torch.cuda.memory_allocated(device))
-        return int(free) + max(0, cached)
+        free, _total = torch.cuda.mem_get_info(torch.cuda.current_device())
+        return int(free)
     return int(accelerator.available_memory())
 
 

@@ -49,7 +49,7 @@ from ...plan.device_tier import DeviceTier, device_tier_budget
 from ...probes.host_memory import read_host_memory
 from ...profile.next_use import NextUseIndex
 from .agreement import agree_min, world_size
-from .config_bridge import accelerator_is_host, device_room_bytes
+from .config_bridge import accelerator_is_host, device_free_bytes
 from .param_swapper import TencacheParamSwapper
 
 _BASE = PartitionedParameterCoordinator
@@ -198,7 +198,7 @@ class TencacheCoordinator(PartitionedParameterCoordinator):
             free, rise = read_host_memory().available_bytes // local_world_size(), step_rise_bytes
         else:
             accelerator = get_accelerator()
-            free = device_room_bytes(accelerator)
+            free = device_free_bytes(accelerator)
             # the highest any step has risen above the level between steps: its activations and temporaries
             rise = max(0, int(accelerator.max_memory_allocated()) - int(accelerator.memory_allocated()))
         resident = self.tier.resident_bytes if self.tier is not None else 0
