@@ -213,24 +213,25 @@ def _swap_files_room(ds_config: Dict[str, Any], measured: str) -> Tuple[Optional
     return _free_bytes(measured), f"free space in {measured} when measured"
 
 
-def _device_of(folder: str) -> Optional[int]:
+def _existing(folder: str) -> str:
+    """``folder``, or its nearest existing parent (the measurement removes what it made)."""
     path = os.path.abspath(folder)
     while not os.path.exists(path) and os.path.dirname(path) != path:
         path = os.path.dirname(path)
+    return path
+
+
+def _device_of(folder: str) -> Optional[int]:
     try:
-        return os.stat(path).st_dev
+        return os.stat(_existing(folder)).st_dev
     except OSError:
         return None
 
 
 def _free_bytes(folder: str) -> Optional[int]:
-    """Free bytes on the file system of ``folder`` (its nearest existing parent: the measurement removes what it
-    made); None where none can be read."""
-    path = os.path.abspath(folder)
-    while not os.path.exists(path) and os.path.dirname(path) != path:
-        path = os.path.dirname(path)
+    """Free bytes on the file system of ``folder``; None where none can be read."""
     try:
-        return shutil.disk_usage(path).free
+        return shutil.disk_usage(_existing(folder)).free
     except OSError:
         return None
 

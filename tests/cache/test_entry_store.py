@@ -1088,6 +1088,17 @@ def test_ctrl_c_in_a_wait_for_a_read_that_fails_is_raised_not_the_reads_error(tm
     io.close()
 
 
+def interrupt_the_next_wait(store, monkeypatch):
+    """Ctrl-C as the store's next ``wait_read`` would begin (right after a read started), once."""
+    wait_read = store.wait_read
+
+    def interrupted_before_the_wait(key):
+        monkeypatch.setattr(store, "wait_read", wait_read)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(store, "wait_read", interrupted_before_the_wait)
+
+
 def test_interrupted_calls_leave_nothing_lent_or_reading(tmp_path, io, monkeypatch):
     """Ctrl-C outside the waits the store postpones it in: in ``read_into``'s copy out of the lent buffer, and in a
     ``lend`` before its wait began (right after the read started). The entry goes back, so the next lend works.
@@ -1105,13 +1116,7 @@ def test_interrupted_calls_leave_nothing_lent_or_reading(tmp_path, io, monkeypat
         store.read_into("a", InterruptedCopy())
     assert store.state("a") in (EntryState.ON_FILE, EntryState.CLEAN)
     store.trim_kept(0)
-    wait_read = store.wait_read
-
-    def interrupted_before_the_wait(key):
-        monkeypatch.setattr(store, "wait_read", wait_read)
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(store, "wait_read", interrupted_before_the_wait)
+    interrupt_the_next_wait(store, monkeypatch)
     with pytest.raises(KeyboardInterrupt):
         store.lend("a")
     assert store.state("a") in (EntryState.ON_FILE, EntryState.CLEAN)
@@ -1422,13 +1427,7 @@ def test_a_call_interrupted_between_its_locked_part_and_its_release_leaves_nothi
     if call == "lend_copied":
         store.flush()
         store.trim_kept(0)  # on file: copied from elsewhere
-        wait_read = store.wait_read
-
-        def interrupted_before_the_wait(key):
-            monkeypatch.setattr(store, "wait_read", wait_read)
-            raise KeyboardInterrupt
-
-        monkeypatch.setattr(store, "wait_read", interrupted_before_the_wait)
+        interrupt_the_next_wait(store, monkeypatch)
         with pytest.raises(KeyboardInterrupt):
             store.lend_copied("a", lambda view: (view.fill_(1.0), [])[1])
         expected = 1.0
@@ -1510,6 +1509,14 @@ def test_a_copy_lookup_that_raises_gives_the_attached_buffer_back(tmp_path, io):
     store.close()
 
 
+def wait_for_the_write(store, key, timeout_s=10):
+    """Until ``key``'s write in flight has ended and been reaped (a failed one leaves it DIRTY)."""
+    deadline = time.monotonic() + timeout_s
+    while store.state(key) == EntryState.WRITING and time.monotonic() < deadline:
+        time.sleep(0.05)
+        store.reap_writes()
+
+
 def test_a_buffer_held_only_for_a_failed_write_is_not_counted_as_kept(tmp_path):
     """A transient buffer whose write failed is held until a retry writes its bytes: the budget never held it, so
     ``kept_bytes`` (what a trim under memory pressure measures) leaves it out. Until 2026-12-07 it counted, and a
@@ -1519,10 +1526,7 @@ def test_a_buffer_held_only_for_a_failed_write_is_not_counted_as_kept(tmp_path):
     try:
         failing.fail = True
         put(store, tmp_path, "a", 1.0)
-        deadline = time.monotonic() + 10
-        while store.state("a") == EntryState.WRITING and time.monotonic() < deadline:
-            time.sleep(0.05)
-            store.reap_writes()
+        wait_for_the_write(store, "a")
         failing.fail = False
         assert store.state("a") == EntryState.DIRTY, store.state("a")  # held for the failed write's bytes
         assert store.kept_bytes() == 0
@@ -1549,10 +1553,7 @@ def test_a_trim_evicts_budgeted_state_not_a_buffer_held_for_a_failed_write(tmp_p
         store.lend("b")  # both lent: c gets a transient buffer, whose write fails
         failing.fail = True
         put(store, tmp_path, "c", 3.0)
-        deadline = time.monotonic() + 10
-        while store.state("c") == EntryState.WRITING and time.monotonic() < deadline:
-            time.sleep(0.05)
-            store.reap_writes()
+        wait_for_the_write(store, "c")
         failing.fail = False
         assert store.state("c") == EntryState.DIRTY
         for key in "ab":
