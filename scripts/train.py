@@ -105,6 +105,8 @@ def parse_args(argv=None):
     p.add_argument("--max-in-cpu", type=float, default=None,
                    help="offload_param.max_in_cpu: parameter elements stage 3 moves into its own CPU buffer")
     p.add_argument("--reuse-distance", type=float, default=None, help="zero_optimization.stage3_max_reuse_distance")
+    p.add_argument("--persistence-threshold", type=float, default=None,
+                   help="zero_optimization.stage3_param_persistence_threshold")
     p.add_argument("--stage3-defaults", action="store_true",
                    help="drop the config's stage-3 fetch knobs (reuse distance, live parameters, prefetch bucket, "
                         "persistence threshold): DeepSpeed's defaults, as a stock CPU offload user runs")
@@ -257,6 +259,8 @@ def load_ds_config(path, args):
             zero.pop(key, None)
     if args.reuse_distance is not None:
         zero["stage3_max_reuse_distance"] = args.reuse_distance
+    if args.persistence_threshold is not None:
+        zero["stage3_param_persistence_threshold"] = args.persistence_threshold
     if args.sub_group_size is not None:
         zero["sub_group_size"] = int(args.sub_group_size)
     if args.reduce_bucket_size is not None:

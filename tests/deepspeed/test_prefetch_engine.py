@@ -62,3 +62,17 @@ def test_reads_ahead_take_the_buffers_of_partitions_held_for_later_under_a_small
     ours = train(block={"host_cache_bytes": 100_000_000, "device_cache_bytes": 0}, **shape)
     assert_identical(stock, ours)
     assert ours.last_stats["param_prefetch_evictions"] > 0
+
+
+def test_persistent_parameters_on_nvme_leave_the_profile_to_the_training_step(train):
+    """A persistence threshold above the swap threshold puts persistent parameters on NVMe (gpt2-tiny fp32, 1e6
+    elements: its 768 x 768 weights). Stage 3 gathers them again at each step's end; that gather made a profile step
+    of its own, which became the profile: every training step then left it at its first access, and nothing was read
+    ahead (helper-169, helper-180). Now it starts the next step's sequence, which settles as the profile."""
+    shape = dict(dtype="fp32", steps=6, persistence_threshold=1e6)
+    stock = train(block=None, **shape)
+    ours = train(block=STREAMING, **shape)
+    assert_identical(stock, ours)
+    steps = ours.result["steps"]
+    assert steps[-1]["stats"]["param_profile_divergences"] <= 2  # the first steps' own changes, then none
+    assert steps[-1]["stats"]["param_scheduled_reads"] > steps[2]["stats"]["param_scheduled_reads"]

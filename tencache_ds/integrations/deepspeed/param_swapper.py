@@ -658,10 +658,12 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
 
     def _step_reads_begin(self, params):
         """A swap-in of ``params``. Unless they are all persistent (stage 3 gathers those again at the update's end,
-        before end_optimizer_step), the step has begun: the reads started during the optimizer step for it become
-        ordinary reads ahead (released at the next optimizer step if never asked for)."""
-        self._reads_since_write_back = True
+        before end_optimizer_step: the first accesses of the next step's profile, not a step of their own, which
+        became the profile, every training step leaving it at its first access: helper-169, helper-180), the step has
+        begun: the reads started during the optimizer step for it become ordinary reads ahead (released at the next
+        optimizer step if never asked for)."""
         if not all(getattr(param, "ds_persist", False) for param in params):
+            self._reads_since_write_back = True
             self._update_open = False  # (a checkpoint's load rebuilds the partitions with no end_optimizer_step)
             self._read_for_next_step.clear()
 
