@@ -83,9 +83,10 @@ class StepProfile:
 
     @property
     def measured_read_bytes_per_s(self) -> Optional[float]:
-        """Read bandwidth seen by this step's reads (bytes over summed durations); None without measured reads."""
-        seconds = self.measured_read_s
-        return self.read_bytes / seconds if seconds > 0 else None
+        """Read bandwidth seen by this step's reads (bytes over summed durations); None without measured reads, or
+        where they read no byte (a profile file's zero sizes: its planning divided by it, helper-180)."""
+        seconds, nbytes = self.measured_read_s, self.read_bytes
+        return nbytes / seconds if seconds > 0 and nbytes > 0 else None
 
     def tensor_nbytes(self) -> Dict[Hashable, int]:
         """Each distinct key's size (its largest access)."""

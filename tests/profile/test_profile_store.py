@@ -174,3 +174,12 @@ def test_a_recording_time_no_date_can_be_made_of_is_a_malformed_section(tmp_path
     with pytest.raises(ValueError, match=r"\[params\] is a malformed section \(ValueError: recorded_unix must be"):
         read_sections(path)
     assert load_section(path, "params", "f") is None  # a run re-profiles it
+
+
+def test_a_profile_whose_reads_moved_no_byte_has_no_bandwidth():
+    """Measured reads of size 0 (a hand-edited file: recording never makes them) read as no bandwidth, not 0 B/s,
+    which the prefetch planner divided by inside a swap-in (helper-180); the parameter swapper plans no schedule
+    from a profile without a bandwidth."""
+    from tencache_ds.profile.step_profile import StepProfile
+    step = StepProfile(("a", "b"), (0, 0), (0.0, 0.1), (0.01, 0.02), (0.0, 0.0, 0.0), 0.2)
+    assert step.measured_read_bytes_per_s is None
