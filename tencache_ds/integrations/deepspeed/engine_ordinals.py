@@ -2,7 +2,7 @@
 share one file. Owns: the ordinals: 0 for the first alive, the lowest free one for the next; an owner that is done
 (closed, destroyed) or garbage collected frees its own. Engines made one after another are each the first; engines
 made together get the same ordinals in every run that makes them in the same order. What is named by them: the
-optimizer's profile sections (profiling.py), the per-step metrics files (reporting.py)."""
+swappers' profile sections (profiling.py), the per-step metrics files (reporting.py)."""
 import threading
 import weakref
 from typing import Callable, Dict, Hashable, List, Optional
