@@ -191,10 +191,11 @@ def _swapped_masters(optimizer, swapper):
 
 def _refuse_save_on_any_rank(engine, swapper) -> None:
     """Before the engine's save writes any file: raise where this rank cannot save (a master lent with its file
-    behind; a sub-group left swapped in by a step that stopped part way; no room for the copies a checkpoint engine that writes after its save returns is given), and on every
-    rank where any rank cannot. Decided later, each rank on its own, a refusal came after that rank's model file was
-    queued, while the other ranks went on into the save's barrier (helper-144's review). The copies' room counts
-    every rank of this node (each makes its own, from the same memory)."""
+    behind; a sub-group left swapped in by a step that stopped part way; no room for the copies a checkpoint engine
+    that writes after its save returns is given), and on every rank where any rank cannot. Decided later, each rank
+    on its own, a refusal came after that rank's model file was queued, while the other ranks went on into the
+    save's barrier (helper-144's review). The copies' room counts every rank of this node (each makes its own, from
+    the same memory)."""
     def check():
         swapper.check_no_master_lent_behind()
         swapper.check_none_lent()
