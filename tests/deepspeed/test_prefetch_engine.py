@@ -77,4 +77,4 @@ def test_persistent_parameters_on_nvme_leave_the_profile_to_the_training_step(tr
     # without the change no read was ever scheduled (0 in every step) and every step diverged twice; with it the
     # schedule reads ahead from the third step on (its divergences, 2 to 5, follow the machine's load: the order a
     # step records depends on which reads ahead were in time, helper-180, left alone)
-    assert steps[-1]["stats"]["param_scheduled_reads"] > steps[2]["stats"]["param_scheduled_reads"]
+    assert steps[-1]["stats"]["param_scheduled_reads"] > 0
