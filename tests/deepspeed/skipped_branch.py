@@ -25,26 +25,13 @@ if MODE == "tencache":
     import tencache_ds  # noqa: F401  (installs the swappers; DeepSpeed is imported already where forked)
 import deepspeed  # noqa: E402
 
-HIDDEN = 1024
+from branch_net import HIDDEN, Net  # noqa: E402  (tests/deepspeed/branch_net.py)
 # micro-batches of each optimizer step (gradient accumulation 2) that take the branch: step 0 hands its gradient
 # at the boundary; step 1 reduces it in micro-batch 0 only, and hands nothing; step 2 does not take it at all (stage
 # 3's buffer still holds step 1's sum); step 3 hands it again
 BRANCH = [(True, True), (True, False), (False, False), (True, True)]
 # ``late``: handed in every window, reduced in the first micro-batch of the first window only
 BRANCH_LATE = [(True, True), (False, True), (False, True), (False, True)]
-
-
-class Net(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.trunk = torch.nn.Linear(HIDDEN, HIDDEN)
-        self.branch = torch.nn.Linear(HIDDEN, HIDDEN)
-
-    def forward(self, x, take_branch):
-        hidden = self.trunk(x)
-        if take_branch:
-            hidden = hidden + self.branch(x)
-        return hidden.pow(2).mean()
 
 
 def main():

@@ -21,21 +21,8 @@ if MODE == "tencache":
 import deepspeed  # noqa: E402
 from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_grad, safe_set_full_grad  # noqa: E402
 
-HIDDEN = 1024
+from branch_net import HIDDEN, Net  # noqa: E402  (tests/deepspeed/branch_net.py)
 BRANCH = [True, False, True, True]  # the branch's gradient is stale (the last set one, scaled) at step 1
-
-
-class Net(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.trunk = torch.nn.Linear(HIDDEN, HIDDEN)
-        self.branch = torch.nn.Linear(HIDDEN, HIDDEN)
-
-    def forward(self, x, take_branch):
-        hidden = self.trunk(x)
-        if take_branch:
-            hidden = hidden + self.branch(x)
-        return hidden.pow(2).mean()
 
 
 def main():
