@@ -66,15 +66,14 @@ def test_reads_ahead_take_the_buffers_of_partitions_held_for_later_under_a_small
 
 def test_persistent_parameters_on_nvme_leave_the_profile_to_the_training_step(train):
     """A persistence threshold above the swap threshold puts persistent parameters on NVMe (gpt2-tiny fp32, 1e6
-    elements: its 768 x 768 weights). Stage 3 gathers them again at each step's end; that gather made a profile step
-    of its own, which became the profile: every training step then left it at its first access, and nothing was read
-    ahead (helper-169, helper-180). Now it starts the next step's sequence, which the schedule reads ahead from."""
+    elements). Stage 3 gathers them again at each step's end; that gather made a profile step of its own, which
+    became the profile: every training step then left it twice, at its first access and at the gather, and nothing
+    was read ahead (helper-169, helper-180): 11 divergences in 6 steps. Now the gather starts the next step's
+    sequence. What is left follows the machine's load (the order a step records depends on which reads ahead were in
+    time, helper-180, left alone): 2 divergences alone, 5 in the loaded suite, whose run then scheduled no read
+    ahead; so the count, not the reads, is what tells the change apart here."""
     shape = dict(dtype="fp32", steps=6, persistence_threshold=1e6)
     stock = train(block=None, **shape)
     ours = train(block=STREAMING, **shape)
     assert_identical(stock, ours)
-    steps = ours.result["steps"]
-    # without the change no read was ever scheduled (0 in every step) and every step diverged twice; with it the
-    # schedule reads ahead from the third step on (its divergences, 2 to 5, follow the machine's load: the order a
-    # step records depends on which reads ahead were in time, helper-180, left alone)
-    assert steps[-1]["stats"]["param_scheduled_reads"] > 0
+    assert ours.last_stats["param_profile_divergences"] <= 7  # without the change: two in every step after the first
