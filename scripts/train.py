@@ -102,6 +102,8 @@ def parse_args(argv=None):
                    help="replaces offload_param/offload_optimizer device (cpu: stock CPU offload, same config else)")
     p.add_argument("--optimizer-offload-device", choices=["cpu", "nvme"], default=None,
                    help="replaces the device of offload_optimizer only (after --offload-device)")
+    p.add_argument("--param-offload-device", choices=["cpu", "nvme"], default=None,
+                   help="replaces the device of offload_param only (after --offload-device)")
     p.add_argument("--max-in-cpu", type=float, default=None,
                    help="offload_param.max_in_cpu: parameter elements stage 3 moves into its own CPU buffer")
     p.add_argument("--reuse-distance", type=float, default=None, help="zero_optimization.stage3_max_reuse_distance")
@@ -252,6 +254,12 @@ def load_ds_config(path, args):
         if args.optimizer_offload_device == "cpu":
             for key in ("nvme_path", "buffer_count", "pipeline_read", "pipeline_write"):
                 optimizer_block.pop(key, None)
+    param_block = zero.get("offload_param")
+    if args.param_offload_device and isinstance(param_block, dict):
+        param_block["device"] = args.param_offload_device
+        if args.param_offload_device == "cpu":
+            for key in ("nvme_path", "buffer_count", "buffer_size", "max_in_cpu"):
+                param_block.pop(key, None)
     if args.max_in_cpu is not None and isinstance(zero.get("offload_param"), dict):
         zero["offload_param"]["max_in_cpu"] = int(args.max_in_cpu)
     if args.stage3_defaults:

@@ -29,7 +29,9 @@ def check_host_budget(config: TencacheConfig, machine: MachineResources) -> None
     budget = config.host_cache_bytes
     if budget == AUTO:
         return
-    ranks = max(1, machine.local_world_size)
+    # (a guessed count, every rank of the job, would refuse a budget that fits each node: the swappers check again
+    # once the ranks on the node are counted, before anything is written)
+    ranks = 1 if machine.local_world_size_guessed else max(1, machine.local_world_size)
     node = budget * ranks
     per_node = "" if ranks == 1 else f" per rank, x {ranks} ranks on this node = {node} ({fmt_bytes(node)}),"
     if node > machine.host_total_bytes:

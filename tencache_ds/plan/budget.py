@@ -19,7 +19,8 @@ from ..config import AUTO, TencacheConfig
 from ..log import logger
 from ..probes.host_memory import read_host_memory
 # UNLIMITED and lockable_bytes_now are also the planner's vocabulary for its callers (config_checks, the stores)
-from ..probes.limits import UNLIMITED, local_world_size, lockable_bytes_now, memlock_limit_bytes  # noqa: F401
+from ..probes.limits import (UNLIMITED, local_world_size, lockable_bytes_now, memlock_limit_bytes,  # noqa: F401
+                             ranks_on_node_known)
 from ..units import fmt_bytes
 
 # "auto" takes this share of the host memory that is available when the run starts. The rest stays for the
@@ -38,13 +39,15 @@ class MachineResources:
     """What the planner needs to know about the machine, in bytes. Host memory is the node's, or its memory
     cgroup's when that is smaller (all its ranks share it); ``memlock_limit_bytes`` is this process's, UNLIMITED
     (-1) when there is no limit; ``device_free_bytes`` is 0 without an accelerator; ``local_world_size``: ranks on
-    this node."""
+    this node, ``local_world_size_guessed`` where no launcher said and they were not counted yet (probes/limits.py:
+    every rank of the job taken for this node's, which divides shares safely but must not multiply a demand)."""
 
     host_total_bytes: int
     host_available_bytes: int
     memlock_limit_bytes: int
     device_free_bytes: int = 0
     local_world_size: int = 1
+    local_world_size_guessed: bool = False
     # "node", or the memory cgroup folder whose limit bounds the host memory, or DESCRIBED + a machine file's name
     # (an estimate's machine, not this one): for messages
     host_bound_by: str = "node"
@@ -54,7 +57,8 @@ class MachineResources:
         memory = read_host_memory()
         return cls(host_total_bytes=memory.total_bytes, host_available_bytes=memory.available_bytes,
                    memlock_limit_bytes=memlock_limit_bytes(), device_free_bytes=device_free_bytes,
-                   local_world_size=local_world_size(), host_bound_by=memory.bound_by)
+                   local_world_size=local_world_size(), local_world_size_guessed=not ranks_on_node_known(),
+                   host_bound_by=memory.bound_by)
 
     @property
     def host_memory_name(self) -> str:

@@ -1,5 +1,5 @@
 """This process's limits and place on the node. Owns: reading RLIMIT_MEMLOCK and CAP_IPC_LOCK (how much it may
-page-lock), VmLck (how much it has locked), and how many ranks share the node (the launcher's variable). Does not own:
+page-lock), VmLck (how much it has locked), and how many ranks share the node (the launcher's variable, or as counted). Does not own:
 what to do with the numbers (plan/budget.py, memory/arena.py).
 
 Leaf module: imports nothing from tencache_ds, nor torch or deepspeed.
@@ -18,13 +18,43 @@ LOCAL_WORLD_SIZE_ENVS = ("LOCAL_WORLD_SIZE", "LOCAL_SIZE", "OMPI_COMM_WORLD_LOCA
                          "MPI_LOCALNRANKS")
 
 
+# Ranks on this node as counted among the job's ranks (integrations/deepspeed/node_ranks.py), where no launcher
+# variable says: None until counted
+_counted_ranks_on_node: Optional[int] = None
+
+
 def local_world_size() -> int:
     """Ranks on this node: the first of ``LOCAL_WORLD_SIZE_ENVS`` a launcher set (to a whole number), else what
-    srun says of this node (``_slurm_step_tasks_on_this_node``), else every rank of ``WORLD_SIZE``: a launch that
-    says nothing of the node (Lightning's subprocess launcher, an mp.spawn script set LOCAL_RANK and WORLD_SIZE
-    only) is taken for one node, where each rank counting itself alone took the whole node's share per rank (eight
-    ranks, twice the node's memory: helper-178); on several nodes that leaves each rank less than its share, never
-    more. Else 1."""
+    srun says of this node (``_slurm_step_tasks_on_this_node``), else the ranks counted on this node among the job's
+    (``note_ranks_on_node``), else every rank of ``WORLD_SIZE``: a launch that says nothing of the node (Lightning's
+    subprocess launcher, an mp.spawn script set LOCAL_RANK and WORLD_SIZE only) is taken for one node until its ranks
+    are counted, where each rank counting itself alone took the whole node's share per rank (eight ranks, twice the
+    node's memory: helper-178); on several nodes that guess leaves each rank less than its share, and is used for
+    nothing else (``ranks_on_node_known``). Else 1."""
+    told = _told_ranks_on_node()
+    if told is not None:
+        return told
+    try:
+        return max(1, int(os.environ["WORLD_SIZE"]))
+    except (KeyError, ValueError):
+        return 1
+
+
+def ranks_on_node_known() -> bool:
+    """Whether ``local_world_size`` is what a launcher said or what was counted, not the guess from WORLD_SIZE (which
+    on several nodes is every node's ranks: a reserve or a refusal multiplied by it stopped runs that fit, where a
+    share divided by it only leaves less: helper-184). True without WORLD_SIZE (one process)."""
+    return _told_ranks_on_node() is not None or "WORLD_SIZE" not in os.environ
+
+
+def note_ranks_on_node(count: int) -> None:
+    """The ranks found on this node by counting them (where no launcher variable says): ``local_world_size`` from
+    now on."""
+    global _counted_ranks_on_node
+    _counted_ranks_on_node = max(1, int(count))
+
+
+def _told_ranks_on_node() -> Optional[int]:
     for name in LOCAL_WORLD_SIZE_ENVS:
         try:
             return max(1, int(os.environ[name]))
@@ -33,10 +63,7 @@ def local_world_size() -> int:
     slurm = _slurm_step_tasks_on_this_node()
     if slurm:
         return max(1, slurm)
-    try:
-        return max(1, int(os.environ["WORLD_SIZE"]))
-    except (KeyError, ValueError):
-        return 1
+    return _counted_ranks_on_node
 
 
 def _slurm_step_tasks_on_this_node() -> Optional[int]:

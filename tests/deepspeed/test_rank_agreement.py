@@ -74,3 +74,21 @@ def test_two_ranks_gather_each_parameter_once_per_optimizer_step(train, tmp_path
         assert run.last_stats["device_tier_applicable"] == 1
         assert lines[-1]["device_gathers"] > 0
     assert 0 < fetched[4] <= 1.05 * fetched[1]
+
+
+NODE_COUNT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "node_count.py")
+
+
+def test_ranks_on_a_node_are_counted_where_the_launcher_says_nothing(train):
+    """Regression (helper-184's review): a launch that sets WORLD_SIZE and nothing of the node took every rank of
+    the job for this node's, so on several nodes the memory governor's reserve counted every node's step rises
+    (it gave back the whole host tier and stopped runs that fit). The ranks now count themselves on their node
+    (node_ranks.py): two ranks of one node 2, two ranks on nodes of their own 1 each; with stock CPU offload's bits
+    either way."""
+    options = dict(TWO_RANKS, steps=2)
+    reference = train(block=None, offload_device="cpu", **options)
+    for split, local in (("0", 2), ("1", 1)):
+        run = train(block={}, script=NODE_COUNT, env={"TENCACHE_TEST_SPLIT_NODES": split}, **options)
+        for rank in (0, 1):
+            assert f"NODE_RANKS rank={rank} local={local} known=True" in run.output, run.output[-3000:]
+        assert_same_bits(reference, run)

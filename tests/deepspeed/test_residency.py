@@ -281,6 +281,17 @@ def test_a_gradient_set_through_the_api_and_clipped_is_read_scaled_where_its_par
     assert results["tencache"] == results["stock-cpu"]
 
 
+@pytest.mark.parametrize("param_device, optimizer_device", [("nvme", "cpu"), ("cpu", "nvme")])
+def test_the_start_up_line_is_logged_whichever_tensors_tencache_swaps(train, param_device, optimizer_device):
+    """Regression (helper-184's review): ``log_stats`` logged from the optimizer swapper's first backward, so with
+    parameters alone on NVMe nothing was logged, and with the optimizer alone the host cache budget read 0 B."""
+    run = train(block={"log_stats": True}, steps=1, param_offload_device=param_device,
+                optimizer_offload_device=optimizer_device, **FAST)
+    lines = [line for line in run.output.splitlines() if "stock DeepSpeed would pin" in line]
+    assert len(lines) == 1, run.output[-3000:]
+    assert "host cache budget 0 B" not in lines[0], lines[0]
+
+
 def test_steady_state_writes_nothing_when_everything_fits(train):
     stock = train(block=None, steps=3, **FAST)
     ours = train(block=AUTO, steps=3, **FAST)

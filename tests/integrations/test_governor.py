@@ -8,6 +8,8 @@ from tencache_ds.integrations.deepspeed import memory_pressure
 from tencache_ds.integrations.deepspeed.memory_pressure import HostTierGovernor
 from tencache_ds.memory.footprint import StepRiseMeter
 from tencache_ds.probes.host_memory import HostMemory
+from tencache_ds.probes import limits
+from tencache_ds.probes.limits import LOCAL_WORLD_SIZE_ENVS
 
 GiB, MiB = 1 << 30, 1 << 20
 
@@ -644,3 +646,37 @@ def test_the_device_tiers_budget_counts_the_prior_before_a_rise_is_measured():
         governor.before_forward()
         governor.before_forward()  # the bucket is resident by the next reading
         assert coordinator.rises == [rise, rise - prior.untouched_bytes]
+
+
+def test_the_reserve_counts_no_ranks_guessed_from_world_size(monkeypatch):
+    """Regression (helper-184's review): WORLD_SIZE alone (a launcher that says nothing of the node) is every node's
+    ranks; the reserve counted 64 step rises on each node of a 64-rank job, gave back the whole tier and stopped the
+    run. Guessed, it counts this rank; counted on the node (node_ranks.py), the ranks counted."""
+    for name in LOCAL_WORLD_SIZE_ENVS + ("SLURM_STEP_TASKS_PER_NODE", "SLURM_NODEID"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("WORLD_SIZE", "64")
+    monkeypatch.setattr(limits, "_counted_ranks_on_node", None)
+    optimizer = OptimizerStoreSums(state=16 * GiB, start=4 * GiB, least=GiB, auto=False)
+    for counted, ranks in ((None, 1), (8, 8)):
+        if counted is not None:
+            limits.note_ranks_on_node(counted)
+        governor = HostTierGovernor([], optimizer, None, read_memory=lambda: HostMemory(64 * GiB, 40 * GiB))
+        governor.close()
+        assert governor.policy.ranks == ranks
+
+
+def test_a_give_back_whose_resize_raises_keeps_count_of_what_was_cut():
+    """Regression (helper-184's review): the optimizer's target was cut, then the parameter cache's resize raised
+    (a victim's write failed, Ctrl-C): nothing was counted given back, so the cut could never be taken back."""
+    optimizer = OptimizerStoreSums(state=16 * GiB, start=8 * GiB, least=GiB, auto=False)
+    swapper = ParamCacheSums(3 * GiB)
+
+    def failing_resize(target):
+        raise OSError(28, "No space left on device")
+    swapper.store.resize_cache = failing_resize
+    governor = HostTierGovernor([swapper], optimizer, None, read_memory=lambda: HostMemory(64 * GiB, 40 * GiB))
+    governor.close()
+    with pytest.raises(OSError):
+        governor._give_back(9 * GiB)  # 7 GiB of optimizer state above its least, then the parameter cache's
+    assert optimizer.footprint == GiB
+    assert governor.given_back_bytes == 7 * GiB and governor.shrinks == 1

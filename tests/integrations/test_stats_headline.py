@@ -35,6 +35,29 @@ def test_pinned_memory_adds_the_slots_the_optimizer_arena_and_the_staging_chunks
     assert headline["pinned_bytes_peak_in_use"] == 200 * MIB + 32 * MIB  # the slots' peak, the chunks whole
 
 
+def test_memory_in_use_counts_as_pinned_only_where_locked_and_host_memory_counts_every_live_buffer():
+    """Regression (helper-184's review), a recorded step's numbers (gpt2-small streaming, CPU accelerator: nothing
+    locked): ``pinned_bytes_in_use`` added the slots in use, locked or not (1.45 GiB, with 0 B pinned), and
+    ``host_bytes_reserved`` left out the optimizer's live slots and counted the parameter slots given back."""
+    from tencache_ds.integrations.deepspeed.stats import gauges
+
+    params = Swapper({"param_reserved_bytes": 406298624, "param_retired_bytes": 8 * MIB, "param_locked_bytes": 0,
+                      "param_in_use_bytes": 66060288, "param_fallback_bytes_in_use": MIB,
+                      "param_pageable_bytes_in_use": 0})
+    optimizer = Swapper({"optimizer_reserved_bytes": 3982098432, "optimizer_retired_bytes": 1991049216,
+                         "optimizer_locked_bytes": 0, "optimizer_in_use_bytes": 1493286912,
+                         "optimizer_pageable_bytes_in_use": 2 * MIB, "optimizer_fallback_bytes_in_use": 3 * MIB})
+    headline = combined_stats(params, optimizer)
+    assert headline["pinned_bytes_reserved"] == headline["pinned_bytes_peak_in_use"] == 0
+    assert headline["host_bytes_reserved"] == (406298624 - 8 * MIB + MIB) + (3982098432 - 1991049216 + 5 * MIB)
+    assert gauges(params, optimizer, None).pinned_bytes_in_use == 0
+    # locked: every live parameter slot (those retired are not), so all of their bytes in use are pinned
+    params.stats()["param_locked_bytes"] = 406298624 - 8 * MIB
+    assert gauges(params, optimizer, None).pinned_bytes_in_use == 66060288
+    params.stats()["param_locked_bytes"] = 32 * MIB  # part of them (best effort): at most what is locked
+    assert gauges(params, optimizer, None).pinned_bytes_in_use == 32 * MIB
+
+
 def test_stock_pinned_memory_is_its_swap_buffers():
     class StockParams:  # stock's AsyncPartitionedParameterSwapper keeps its pinned pool in ``buffers``
         buffers = torch.empty(4 * MIB, dtype=torch.uint8)

@@ -3,9 +3,12 @@ ranks; the memlock limit, which is per process, is never divided and always leav
 import pytest
 
 from tencache_ds.config import TencacheConfig
+from tencache_ds.config_checks import check_host_budget
+from tencache_ds.errors import TencacheConfigError
 from tencache_ds.plan.budget import (AUTO_HOST_CACHE_FRACTION, UNLIMITED, MachineResources, cache_lock_room,
                                      local_world_size, parameter_lock_mode, resolve_budgets)
-from tencache_ds.probes.limits import LOCAL_WORLD_SIZE_ENVS
+from tencache_ds.probes import limits
+from tencache_ds.probes.limits import LOCAL_WORLD_SIZE_ENVS, ranks_on_node_known
 
 GiB, MiB = 1 << 30, 1 << 20
 
@@ -111,3 +114,27 @@ def test_cache_lock_room_subtracts_the_streaming_slots():
     assert cache_lock_room(UNLIMITED, 123) == UNLIMITED
     assert cache_lock_room(1 * GiB, 256 * MiB) == 768 * MiB
     assert cache_lock_room(100 * MiB, 256 * MiB) == 0
+
+
+def test_ranks_counted_on_the_node_replace_the_guess_from_world_size(monkeypatch):
+    """Regression (helper-184's review): where no launcher variable says, WORLD_SIZE is a guess (every node's ranks
+    on a multi-node launch): it divides an "auto" share, but refuses no budget and, once the ranks are counted
+    (integrations/deepspeed/node_ranks.py), gives way to their count; a launcher's variable still comes first."""
+    for name in LOCAL_WORLD_SIZE_ENVS + ("SLURM_STEP_TASKS_PER_NODE", "SLURM_NODEID", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(limits, "_counted_ranks_on_node", None)
+    assert ranks_on_node_known() and local_world_size() == 1  # one process
+    monkeypatch.setenv("WORLD_SIZE", "64")
+    assert local_world_size() == 64 and not ranks_on_node_known()
+    machine = MachineResources.probe()
+    assert machine.local_world_size == 64 and machine.local_world_size_guessed
+    # a budget that fits one node of 8 ranks is not refused for 64
+    check_host_budget(TencacheConfig(host_cache_bytes=machine.host_total_bytes // 8), machine)
+    with pytest.raises(TencacheConfigError, match="host_cache_bytes"):  # still more than the node on its own
+        check_host_budget(TencacheConfig(host_cache_bytes=machine.host_total_bytes + 1), machine)
+    limits.note_ranks_on_node(8)
+    assert local_world_size() == 8 and ranks_on_node_known() and not MachineResources.probe().local_world_size_guessed
+    with pytest.raises(TencacheConfigError, match="x 8 ranks"):
+        check_host_budget(TencacheConfig(host_cache_bytes=machine.host_total_bytes // 4), MachineResources.probe())
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")  # what a launcher says comes first
+    assert local_world_size() == 4

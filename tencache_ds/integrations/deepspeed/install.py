@@ -366,6 +366,7 @@ def _governing_host_memory(forward):
         if governor is not None:
             window = self.gradient_accumulation_steps()
             governor.before_forward(micro_batches_done=_micro_batches_done(self, window), window=window)
+            reporting.log_startup_stats(self.optimizer)  # (once: every partition's slots are planned by now)
         return forward(self, *args, **kwargs)
 
     return forward_within_host_memory

@@ -26,7 +26,7 @@ from ...config import AUTO
 from ...errors import TencacheOutOfMemory
 from ...log import logger
 from ...memory.footprint import StepRiseMeter
-from ...probes.limits import local_world_size
+from ...probes.limits import local_world_size, ranks_on_node_known
 from ...probes.host_memory import HostMemory, read_host_memory
 from ...plan.memory_pressure import (HOLD, NO_PRIOR, Action, MemoryPressurePolicy, RisePrior, give_back_split,
                                      stage3_rise_prior)
@@ -69,7 +69,8 @@ class HostTierGovernor:
         self._coordinator = coordinator
         self._read_memory = read_memory
         self._agree = agree  # element-wise minimum over ranks
-        self.policy = MemoryPressurePolicy(local_world_size(), prior)
+        # (a guessed count, every rank of the job, would multiply the reserve by the nodes: the swappers counted)
+        self.policy = MemoryPressurePolicy(local_world_size() if ranks_on_node_known() else 1, prior)
         self.meter = StepRiseMeter()
         self.last_memory: Optional[HostMemory] = None
         self._step_rise: Optional[int] = None  # the most any reading of the current optimizer step rose
@@ -291,22 +292,26 @@ class HostTierGovernor:
         less than its share (whole slots) passes the difference on to the next. (A partition a shrinking cache gives
         up goes to its file unchanged: the masters owed to their files are filled from there, master_write_behind.py.)"""
         left = nbytes
-        if self._optimizer is not None:
-            footprint = self._optimizer_footprint()
-            cut = give_back_split(left, self._optimizer_reducible_bytes(), ())[0]
-            if cut > 0:
-                self._optimizer_target = footprint - cut
-                self._optimizer.resize_host_footprint(self._optimizer_target)
-                left -= cut
-        for swapper in self._param_swappers:
-            cut = min(left, swapper.store.reducible_cache_bytes)
-            if cut <= 0:
-                continue
-            cache = swapper.store.cache_bytes_reserved
-            left -= cache - swapper.store.resize_cache(cache - cut)
-        self.given_back_bytes += nbytes - left
-        self.shrinks += 1
-        self._footprint_changed()
+        try:
+            if self._optimizer is not None:
+                footprint = self._optimizer_footprint()
+                cut = give_back_split(left, self._optimizer_reducible_bytes(), ())[0]
+                if cut > 0:
+                    self._optimizer_target = footprint - cut
+                    left -= cut  # (the target is lowered: counted given back even where the resize raises)
+                    self._optimizer.resize_host_footprint(self._optimizer_target)
+            for swapper in self._param_swappers:
+                cut = min(left, swapper.store.reducible_cache_bytes)
+                if cut <= 0:
+                    continue
+                cache = swapper.store.cache_bytes_reserved
+                left -= cache - swapper.store.resize_cache(cache - cut)
+        finally:
+            # what was cut before a resize raised (a victim's write failed, Ctrl-C) stays counted: growing takes
+            # it back (helper-184's review: it was never counted, so an explicit budget could not grow back)
+            self.given_back_bytes += nbytes - left
+            self.shrinks += 1
+            self._footprint_changed()
 
     def _take(self, nbytes: int) -> None:
         """Parameter cache slots first (up to what was planned), then optimizer state: up to its start-up

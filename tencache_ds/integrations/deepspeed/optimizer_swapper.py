@@ -62,9 +62,10 @@ from .profiling import profile_section, rank_profile_path
 from .config_bridge import (DEEPSPEED_OPS, MIN_SWAPPABLE_BYTES, find_stage3_ds_config, find_stage3_optimizer,
                             initialize_call_config, io_aligned_numel, prepare_swap_folder, swap_folder_held,
                             validate_ds_config)
-from . import param_swapper, reporting
+from . import param_swapper
 from .host_tier_share import optimizer_host_share
 from .masters_in_partitions import MastersInPartitions
+from .node_ranks import count_ranks_on_node
 from ...cache.optimizer_reads_ahead import ReadsAhead
 from .optimizer_gradients import SubGroupGradients, gradient_path
 from .agreement import raised_on_every_rank
@@ -164,6 +165,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
     (subclass: stage 3 calls ``OptimizerSwapper.parameter_id`` through the base class)."""
 
     def __new__(cls, swap_config, aio_config, base_folder, optimizer, largest_numel, device, dtype, timers):
+        count_ranks_on_node()  # (a collective: ZeRO-3's __init__ builds the swapper on every rank, its device set)
         ds_config = find_stage3_ds_config()
         config = validate_ds_config(ds_config)  # before any folder is written
         if ds_config is None:
@@ -252,7 +254,6 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             self.last_load_source: Optional[str] = None  # ... from which folder (the checkpoint's, for this rank)
             self._drop_held_copies = False  # a checkpoint was copied over the folder: drop every held copy first
             self._profile_looked_up = False
-            self._started = False  # a backward has begun: log_timers() calls from now on end training steps
             self._deferred = None  # parameters whose release waits for a fragment getter's read (releases_deferred)
             self._getter_swap_ins = None  # parameters a fragment getter or setter swapped in (releases_deferred)
             self._fragment_reads_gradient = True  # does the fragment call inside releases_deferred read .grad?
@@ -841,9 +842,6 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
     # ------------------------------------------------------------------ step boundaries: logging, metrics
     def pre_backward(self):
         super().pre_backward()
-        if not self._started:
-            self._started = True
-            reporting.log_startup_stats(param_swapper.live_swappers(), self)
         self._backwards_this_step += 1
         if self.reads_ahead:
             if self._drop_held_copies:  # a checkpoint was loaded: drop the copies held before first

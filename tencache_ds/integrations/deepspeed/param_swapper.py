@@ -40,6 +40,7 @@ from .config_bridge import (DEEPSPEED_OPS, MIN_SWAPPABLE_BYTES, accelerator_is_h
                             prepare_swap_folder, swap_folder_held, validate_ds_config)
 from .config_source import tencache_config
 from .master_write_behind import settle_owed_masters
+from .node_ranks import count_ranks_on_node
 from .partition_record import Read, asked_in_order, check_records, record_of
 from .profiling import param_sequence_facts, profile_section, rank_profile_path
 
@@ -58,6 +59,7 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
     _instances_lock = threading.Lock()
 
     def __new__(cls, ds_config, model_dtype):
+        count_ranks_on_node()  # (a collective: zero.Init builds the swapper on every rank, its device set)
         config = validate_ds_config(ds_config)  # before any folder is emptied or written
         if not config.enabled:
             return AsyncPartitionedParameterSwapper(ds_config, model_dtype)

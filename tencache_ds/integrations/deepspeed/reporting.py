@@ -18,19 +18,31 @@ from .stats import METRICS_METER_ATTRIBUTE, combined_stats, gauges, running_tota
 
 _writers = {}  # metrics path -> MetricsWriter (one file per path for the whole process)
 SWAPPERS_RELEASED = "_tencache_swappers_released"  # set on a ZeRO-3 optimizer by its destroy (install.py)
+_STATS_LOGGED = "_tencache_startup_stats_logged"  # on a ZeRO-3 optimizer: log_startup_stats ran
 # the ZeRO-3 optimizers metering steps, per metrics path; one destroyed frees its file
 _METRICS_FILES = LiveOrdinals(lambda optimizer: getattr(optimizer, SWAPPERS_RELEASED, False))
 
 
-def log_startup_stats(param_swappers, optimizer_swapper) -> None:
-    config = optimizer_swapper.config
-    if not config.log_stats or dist.get_rank() != 0:
+def log_startup_stats(optimizer) -> None:
+    """The start-up log line of a ZeRO-3 optimizer tencache swaps for (``log_stats``, rank 0): once, at its engine's
+    first forward pass (install.py), whichever of its tensors tencache swaps. Until 2026-12-07 the optimizer swapper
+    logged it at its first backward: with parameters alone on NVMe nothing was logged, and with the optimizer alone
+    the host cache budget read 0 B (the parameter swapper's key; helper-184's review): the host tier's resolved
+    budget, which is the optimizer's where the parameters are not on NVMe."""
+    if getattr(optimizer, _STATS_LOGGED, False):
         return
-    stats = combined_stats(param_swappers[0] if param_swappers else None, optimizer_swapper)
+    param_swapper, optimizer_swapper, _coordinator = _components(optimizer)
+    if param_swapper is None and optimizer_swapper is None:
+        return
+    setattr(optimizer, _STATS_LOGGED, True)
+    if not (optimizer_swapper or param_swapper).config.log_stats or dist.get_rank() != 0:
+        return
+    stats = combined_stats(param_swapper, optimizer_swapper)
+    budget = stats.get("host_cache_budget_bytes", stats.get("optimizer_cache_budget_bytes", 0))
     logger.info("pinned %s (stock DeepSpeed would pin %s for this config), host buffers %s, host cache budget %s; "
                 "tencache_ds.stats(engine) has the details",
                 fmt_bytes(stats["pinned_bytes_reserved"]), fmt_bytes(stats["stock_pinned_bytes_estimate"]),
-                fmt_bytes(stats["host_bytes_reserved"]), fmt_bytes(stats.get("host_cache_budget_bytes", 0)))
+                fmt_bytes(stats["host_bytes_reserved"]), fmt_bytes(budget))
 
 
 def param_swappers_of_module(module):

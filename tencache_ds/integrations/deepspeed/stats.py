@@ -105,7 +105,8 @@ def gauges(param_swapper, optimizer_swapper, coordinator, governor=None) -> Gaug
     stats = combined_stats(param_swapper, optimizer_swapper)
     memory = governor.last_memory if governor is not None else None
     return Gauges(pinned_bytes_reserved=int(stats.get("pinned_bytes_reserved", 0)),
-                  pinned_bytes_in_use=int(stats.get("param_in_use_bytes", 0)) + int(stats.get("optimizer_in_use_bytes", 0)),
+                  pinned_bytes_in_use=_locked_part(stats, "param", "in_use_bytes")
+                  + _locked_part(stats, "optimizer", "in_use_bytes"),
                   host_cache_bytes_in_use=int(stats.get("param_kept_bytes", 0))
                   + int(stats.get("optimizer_cache_kept_bytes", 0)),
                   device_cache_bytes_in_use=coordinator.device_cache_bytes_in_use() if coordinator is not None else 0,
@@ -133,10 +134,9 @@ def combined_stats(param_swapper, optimizer_swapper) -> Dict[str, object]:
         "tencache_enabled": 1,
         "pinned_bytes_reserved": _pinned(detail, "param") + _pinned(detail, "optimizer") + _staging(detail)
         + torch_pinned,
-        "pinned_bytes_peak_in_use": _locked_peak(detail, "param") + _locked_peak(detail, "optimizer")
-        + _staging(detail) + torch_host_allocator_bytes(peak=True),
-        "host_bytes_reserved": int(detail.get("param_reserved_bytes", 0))
-        + int(detail.get("optimizer_pageable_bytes_in_use", 0)),
+        "pinned_bytes_peak_in_use": _locked_part(detail, "param", "peak_in_use_bytes")
+        + _locked_part(detail, "optimizer", "peak_in_use_bytes") + _staging(detail) + torch_host_allocator_bytes(peak=True),
+        "host_bytes_reserved": _host_mapped(detail, "param") + _host_mapped(detail, "optimizer"),
         "nvme_read_bytes": int(detail.get("param_nvme_read_bytes", 0)) + int(detail.get("optimizer_nvme_read_bytes", 0)),
         "nvme_write_bytes": int(detail.get("param_nvme_write_bytes", 0)) + int(detail.get("optimizer_nvme_write_bytes", 0)),
         "buffer_fallbacks": int(detail.get("param_buffer_fallbacks", 0)) + int(detail.get("optimizer_buffer_fallbacks", 0)),
@@ -158,11 +158,24 @@ def _staging(detail) -> int:
     return sum(int(detail.get(f"{prefix}staging_registered_bytes", 0)) for prefix in ("param_", "optimizer_cache_"))
 
 
-def _locked_peak(detail, prefix) -> int:
-    reserved = int(detail.get(f"{prefix}_reserved_bytes", 0))
+def _locked_part(detail, prefix, key) -> int:
+    """Of the slots' ``key`` bytes (in use now, or at the peak), those page-locked: all where every live slot (not
+    retired) is locked, else at most what is locked. The optimizer's pool is never locked (its state is pageable by
+    design), nor are slots on the CPU accelerator: their bytes in use counted as pinned until 2026-12-07, 1.45 GiB
+    with nothing locked (helper-184's review)."""
+    live = int(detail.get(f"{prefix}_reserved_bytes", 0)) - int(detail.get(f"{prefix}_retired_bytes", 0))
     locked = _pinned(detail, prefix)
-    peak = int(detail.get(f"{prefix}_peak_in_use_bytes", 0))
-    return peak if reserved and locked == reserved else min(peak, locked)
+    amount = int(detail.get(f"{prefix}_{key}", 0))
+    return amount if live > 0 and locked >= live else min(amount, locked)
+
+
+def _host_mapped(detail, prefix) -> int:
+    """A pool's host memory: its slots but those retired (their pages given back), its pageable buffers and its
+    fallback buffers. Until 2026-12-07 the optimizer's slots and both pools' fallbacks were left out, and retired
+    parameter slots counted (helper-184's review)."""
+    return (int(detail.get(f"{prefix}_reserved_bytes", 0)) - int(detail.get(f"{prefix}_retired_bytes", 0))
+            + int(detail.get(f"{prefix}_pageable_bytes_in_use", 0))
+            + int(detail.get(f"{prefix}_fallback_bytes_in_use", 0)))
 
 
 def _stock_locked_bytes(param_swapper, optimizer_swapper) -> int:
