@@ -3,10 +3,11 @@ model, an evaluation engine): DeepSpeed gives it a ``DeepSpeedZeRoOffload`` as i
 without gradients, ``engine.destroy()`` (twice: stock tolerates it), then an engine with an optimizer over the same
 model trains two steps. Prints one RESULT line: the losses, and tencache's swapper states after the destroy.
 
-    python tests/deepspeed/optimizerless_engine.py stock|tencache NVME_DIR [zero|convert]
+    python tests/deepspeed/optimizerless_engine.py stock|stock-cpu|tencache|tencache-streaming NVME_DIR [zero|convert] [PERSISTENCE]
 
 ``convert``: the model is built plainly, and the engine without an optimizer converts it (its parameter swapper is
-made inside DeepSpeedZeRoOffload's constructor).
+made inside DeepSpeedZeRoOffload's constructor). ``stock-cpu``: stock with both offloads on cpu. ``PERSISTENCE``:
+stage3_param_persistence_threshold (parameters up to it stay gathered once gathered).
 """
 import json
 import os
@@ -22,12 +23,18 @@ import deepspeed  # noqa: E402
 from rebuild import config  # noqa: E402
 
 
-def main(mode, nvme, init="zero"):
+def main(mode, nvme, init="zero", persistence=None):
     train.ensure_dist_env()
     deepspeed.init_distributed()
-    if mode != "stock":
+    stock = mode.startswith("stock")
+    if not stock:
         import tencache_ds
-    cfg = config(mode, nvme, "nvme", "nvme")
+    device = "cpu" if mode == "stock-cpu" else "nvme"
+    cfg = config("stock" if stock else "tencache", nvme, device, device)
+    if mode == "tencache-streaming":  # a host tier that holds no parameter partition beyond the streaming slots
+        cfg["tencache"]["host_cache_bytes"] = 0
+    if persistence is not None:
+        cfg["zero_optimization"]["stage3_param_persistence_threshold"] = float(persistence)
     if init == "convert":  # (in fp32 the engine's conversion leaves the biases fp32 and the weights bf16, stock too)
         cfg["bf16"] = {"enabled": True}
     without_optimizer = json.loads(json.dumps(cfg))
@@ -48,7 +55,7 @@ def main(mode, nvme, init="zero"):
     engine.destroy()
     engine.destroy()
     states = None
-    if mode != "stock":
+    if not stock:
         stats = tencache_ds.stats(engine)
         # an engine that no longer exists: its model's parameter swapper rests, its slots given back
         states = [stats.get("param_swapper_resting"), stats.get("param_swapper_closed"),
@@ -62,4 +69,4 @@ def main(mode, nvme, init="zero"):
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:4])
+    main(*sys.argv[1:5])

@@ -44,3 +44,17 @@ def test_a_save_after_a_step_that_stopped_part_way_is_refused_before_anything_is
     assert result["error"] is not None and result["error"].startswith("TencacheError"), result
     assert "still swapped in" in result["error"] and "Nothing was written" in result["error"]
     assert result["written"] == [], result
+
+
+def test_a_save_into_a_tag_saved_before_stopped_part_way_is_refused_at_its_load(tmp_path):
+    """Regression (helper-182's review): a second save into a tag replaced its swap files one by one after the new
+    model and ZeRO files; stopped between (Ctrl-C, a full disk), the tag mixed new step counts with the earlier
+    save's masters and moments, and a load took it without a word. The earlier save's swap files go first now: the
+    load refuses the tag as incomplete."""
+    script = os.path.join(os.path.dirname(__file__), "interrupted_resave.py")
+    saved = result_of(run_helper(script, ["save", tmp_path / "nvme", tmp_path / "checkpoint"]).stdout)
+    assert saved == {"stopped": True}, saved
+    proc = run_helper(script, ["load", tmp_path / "nvme-load", tmp_path / "checkpoint"])
+    loaded = result_of(proc.stdout)
+    assert loaded is not None, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert loaded["error"] is not None and "load_checkpoint" in loaded["error"], loaded

@@ -4,6 +4,8 @@ NVMe under tencache: each passes with the results of stock CPU offload, bit for 
 
 - zero_to_fp32 (both variants of test_1_param_group: all parameters trained, first layer frozen): train, save, then
   ``load_state_dict_from_zero_checkpoint`` gives the trained fp32 weights, and ``zero_to_fp32`` consolidates them;
+  and (not upstream) with the parameters offloaded too, built under zero.Init, the frozen layer's partitions on NVMe
+  (saved as their swapped-out placeholder, zero_to_fp32 stopped: helper-182);
 - immediate_save_load: save right after ``initialize``, load it (``load_optimizer_states=False``), train on;
 - load_immediate_save: train, save, a new engine loads it and saves again into the same tag at once;
 - load_into_new_engine: train with a warm-up lr scheduler and biases kept whole on every rank (DeepSpeed's default
@@ -62,7 +64,8 @@ from conftest import REPO, launch_ranks
 
 pytestmark = [pytest.mark.deepspeed, pytest.mark.slow]  # about 60 s a launch of 2 ranks, four, and two of 1
 SCRIPT = os.path.join(os.path.dirname(__file__), "upstream_checkpoints.py")
-SCENARIOS = ("zero_to_fp32", "zero_to_fp32_frozen", "immediate_save_load", "load_immediate_save",
+SCENARIOS = ("zero_to_fp32", "zero_to_fp32_frozen", "zero_to_fp32_frozen_params_offloaded", "immediate_save_load",
+             "load_immediate_save",
              "load_into_new_engine", "loss_scale_restored", "load_saved_before_any_step", "load_into_trained_engine",
              "load_after_a_backward_without_its_step",
              "save_before_accumulation_is_done", "latest_checkpoint", "tag_validation", "nvme_checkpointing",
@@ -217,3 +220,4 @@ def test_optimizer_on_nvme_gives_stock_cpu_offloads_results(tmp_path):
         assert ours[name] == reference[name], name
         if name.startswith("zero_to_fp32"):
             assert ours[name]["loaded_equals_trained"] and ours[name]["fp32"] == ours[name]["trained"], name
+            assert ours[name].get("reloaded", ours[name]["trained"]) == ours[name]["trained"], name

@@ -11,7 +11,8 @@ Rank 0 prints one RESULT line.
     deepspeed --num_gpus 2 tests/deepspeed/upstream_checkpoints.py SCENARIOS stock|tencache[=BYTES] nvme|cpu
         NVME_DIR CKPT_DIR
 
-SCENARIOS: comma-separated, of zero_to_fp32, zero_to_fp32_frozen, immediate_save_load, load_immediate_save,
+SCENARIOS: comma-separated, of zero_to_fp32, zero_to_fp32_frozen, zero_to_fp32_frozen_params_offloaded,
+immediate_save_load, load_immediate_save,
 load_into_new_engine, loss_scale_restored, load_saved_before_any_step, save_before_accumulation_is_done,
 latest_checkpoint, tag_validation, nvme_checkpointing, load_into_trained_engine and
 load_after_a_backward_without_its_step (the last two not upstream),
@@ -43,7 +44,8 @@ from deepspeed.utils.zero_to_fp32 import (get_fp32_state_dict_from_zero_checkpoi
 HIDDEN = 1024
 
 
-def ds_config(mode, device, nvme, micro_batch, grad_accum, lr=1e-3, bf16=False):
+def ds_config(mode, device, nvme, micro_batch, grad_accum, lr=1e-3, bf16=False, params_too=False):
+    """``params_too``: the parameters offloaded to ``device`` as well."""
     offload = {"device": device, "pin_memory": False}
     if device == "nvme":
         offload.update(nvme_path=nvme, buffer_count=4)
@@ -53,6 +55,8 @@ def ds_config(mode, device, nvme, micro_batch, grad_accum, lr=1e-3, bf16=False):
                                     "offload_optimizer": offload},
               "aio": {"block_size": 1048576, "queue_depth": 8, "intra_op_parallelism": 1, "single_submit": False,
                       "overlap_events": True}}
+    if params_too:
+        config["zero_optimization"]["offload_param"] = dict(offload)
     if mode.startswith("tencache"):  # "tencache=BYTES": that host_cache_bytes
         config["tencache"] = {"host_cache_bytes": int(mode.partition("=")[2])} if "=" in mode else {}
     if bf16:
@@ -100,11 +104,16 @@ def train(engine, count, micro_batch, dtype=torch.float32):
         engine.step()
 
 
-def zero_to_fp32(mode, device, nvme, ckpt, freeze):
+def zero_to_fp32(mode, device, nvme, ckpt, freeze, params_too=False):
+    """``params_too``: the parameters offloaded too (frozen ones on NVMe were saved as their swapped-out
+    placeholder, a 0-dim tensor, and zero_to_fp32 stopped on it: helper-182)."""
     torch.manual_seed(1234)
-    model = Layers(2 * torch.distributed.get_world_size(), freeze)
-    engine, *_ = deepspeed.initialize(config=ds_config(mode, device, nvme, 2, 2), model=model,
-                                      model_parameters=model.parameters())
+    config = ds_config(mode, device, nvme, 2, 2, params_too=params_too)
+    # (parameters offloaded are partitioned as built: zero.Init; the engine's own conversion of a plain model
+    # leaves the weights bf16 in an fp32 run, stock's too)
+    with deepspeed.zero.Init(config_dict_or_path=config, enabled=params_too):
+        model = Layers(2 * torch.distributed.get_world_size(), freeze)
+    engine, *_ = deepspeed.initialize(config=config, model=model, model_parameters=model.parameters())
     engine.empty_partition_cache()
     train(engine, 8, 2)
     engine.empty_partition_cache()
@@ -117,7 +126,16 @@ def zero_to_fp32(mode, device, nvme, ckpt, freeze):
     consolidated = get_fp32_state_dict_from_zero_checkpoint(ckpt)
     equal = all(torch.equal(before[name], loaded[name]) for name in before)
     engine.destroy()
-    return {"trained": digest(before), "fp32": digest(consolidated), "loaded_equals_trained": equal}
+    result = {"trained": digest(before), "fp32": digest(consolidated), "loaded_equals_trained": equal}
+    if params_too:  # an engine over a model initialised otherwise loads it: the frozen layer's weights too
+        torch.manual_seed(4321)
+        with deepspeed.zero.Init(config_dict_or_path=config):
+            model = Layers(2 * torch.distributed.get_world_size(), freeze)
+        engine, *_ = deepspeed.initialize(config=config, model=model, model_parameters=model.parameters())
+        engine.load_checkpoint(ckpt)
+        result["reloaded"] = digest(gathered(engine))
+        engine.destroy()
+    return result
 
 
 def immediate_save_load(mode, device, nvme, ckpt):
@@ -620,6 +638,7 @@ def nvme_checkpointing(mode, device, nvme, ckpt):
 SCENARIOS = {
     "zero_to_fp32": lambda *args: zero_to_fp32(*args, freeze=False),
     "zero_to_fp32_frozen": lambda *args: zero_to_fp32(*args, freeze=True),
+    "zero_to_fp32_frozen_params_offloaded": lambda *args: zero_to_fp32(*args, freeze=True, params_too=True),
     "immediate_save_load": immediate_save_load,
     "load_immediate_save": load_immediate_save,
     "load_into_new_engine": load_into_new_engine,

@@ -166,12 +166,13 @@ def test_a_load_of_the_module_only_places_nothing_whatever_the_layout(engine):
     assert places_for_saved_layout(other, LoadPlaces.NOTHING, HERE) is LoadPlaces.NOTHING and not refreshed
 
 
-def swapper_with(sub_groups):
-    """{sub-group id: numel}, as the swapper's sub-groups."""
+def swapper_with(sub_groups, intra_op=1):
+    """{sub-group id: numel}, as the swapper's sub-groups; ``intra_op``: its aio.intra_op_parallelism."""
     swapper = object.__new__(TencacheOptimizerSwapper)
     swapper.swap_params_info = {sub_group: types.SimpleNamespace(numel=lambda n=numel: n)
                                 for sub_group, numel in sub_groups.items()}
     swapper.dtype, swapper.swap_element_size = torch.float32, 4
+    swapper.aio_config = {"intra_op_parallelism": intra_op}
     return swapper
 
 
@@ -185,6 +186,18 @@ def test_sub_groups_fit_under_other_ids_and_another_aio_padding(tmp_path):
     master_files(tmp_path, {"0_9": io_aligned_numel(1000, torch.float32, 4) * 4,
                             "10_19": io_aligned_numel(300000, torch.float32, 4) * 4})
     assert sub_group_layout_mismatch(swapper_with({"30_39": 1000, "40_49": 300000}), str(tmp_path)) is None
+
+
+def test_master_files_padded_less_than_this_engine_reads_do_not_fit(tmp_path):
+    """Regression (helper-182's review): saved at aio.intra_op_parallelism 1, loaded at 8, a master file is shorter
+    than the engine reads; it was accepted, placed, and its read stopped the load ("truncated") after the live files
+    were replaced. Padded more than this engine reads (saved at 8, loaded at 1), it fits."""
+    master_files(tmp_path, {"0_9": io_aligned_numel(1000, torch.float32, 1) * 4})
+    assert io_aligned_numel(1000, torch.float32, 1) < io_aligned_numel(1000, torch.float32, 8)
+    mismatch = sub_group_layout_mismatch(swapper_with({"0_9": 1000}, intra_op=8), str(tmp_path))
+    assert "aio.intra_op_parallelism than this engine's 8" in mismatch, mismatch
+    master_files(tmp_path, {"0_9": io_aligned_numel(1000, torch.float32, 8) * 4})
+    assert sub_group_layout_mismatch(swapper_with({"0_9": 1000}, intra_op=1), str(tmp_path)) is None
 
 
 def test_another_count_or_size_of_sub_groups_does_not_fit(tmp_path):

@@ -32,6 +32,7 @@ before, read the mapped files page by page, computed each record's CRC-32 and wr
 import collections
 import contextlib
 import functools
+import inspect
 import os
 import shutil
 import threading
@@ -39,6 +40,7 @@ import time
 from dataclasses import dataclass
 
 import torch
+from deepspeed.checkpoint.ds_to_universal import dp_index_to_str
 from deepspeed.runtime.checkpoint_engine.fast_checkpoint_engine import FastCheckpointEngine
 from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
 from deepspeed.runtime.swap_tensor.optimizer_utils import OptimizerSwapper
@@ -435,6 +437,8 @@ class FolderTransfer:
 
 def swap_files_linked(method, direction: str):
     """engine.save_checkpoint / load_checkpoint with its copy of the optimizer swap folder made by links."""
+    signature = inspect.signature(method)
+
     @functools.wraps(method)
     def with_swap_files_linked(self, *args, **kwargs):
         swapper = getattr(getattr(self, "optimizer", None), "optimizer_swapper", None)
@@ -442,10 +446,25 @@ def swap_files_linked(method, direction: str):
             return method(self, *args, **kwargs)
         if direction == "save":  # before the engine writes any file of the checkpoint
             _refuse_save_on_any_rank(self, swapper)
+            arguments = signature.bind(self, *args, **kwargs).arguments
+            _forget_earlier_swap_files(self, arguments["save_dir"], arguments.get("tag"))
         with _copytree_linking(swapper, direction):
             return method(self, *args, **kwargs)
 
     return with_swap_files_linked
+
+
+def _forget_earlier_swap_files(engine, save_dir: str, tag) -> None:
+    """A save into a tag saved before: this rank's swap files of the earlier save go first, so that a save stopped
+    part way (Ctrl-C, a full disk, preemption) leaves a checkpoint the load refuses as incomplete. The files were
+    replaced one by one after the new model and ZeRO files: stopped between, the tag mixed new step counts with old
+    masters and moments, and loaded without a word (helper-182's review; stock NVMe refuses a second save into a
+    tag: its copytree's dirs_exist_ok=False). The folder is the one engine.save_checkpoint copies into."""
+    rank = engine.local_rank if engine.use_node_local_storage() else engine.global_rank
+    tag = f"global_step{engine.global_steps}" if tag is None else str(tag)
+    folder = os.path.join(save_dir, tag, "offloaded_tensors", "rank" + dp_index_to_str(rank))
+    if os.path.isdir(folder):
+        shutil.rmtree(folder)
 
 
 @contextlib.contextmanager
@@ -507,10 +526,7 @@ def _link_folder(swapper, source: str, target: str, ignore, direction: str) -> F
             final = swapper.name_after_load_copy(name)
             if final is not None:
                 os.replace(os.path.join(target, target_name), os.path.join(target, final))
-    if direction == "save":  # a save into a tag saved before: files of sub-groups this engine does not have go
-        for name in set(os.listdir(target)) - set(targets):
-            if os.path.isfile(os.path.join(target, name)):
-                os.unlink(os.path.join(target, name))
+    if direction == "save":  # (a tag saved before had its files removed first: _forget_earlier_swap_files)
         short_of_room = room_to_write_again(source, linked_bytes)
         if short_of_room is not None:
             logger.warning("checkpoint folder %s: %s", target, short_of_room)

@@ -135,6 +135,14 @@ REBINDINGS = (
               why="with the optimizer on NVMe the fp32 masters live only in the swap folder: they go into the "
                   "ZeRO file, so zero_to_fp32 and load_state_dict_from_zero_checkpoint read the checkpoint "
                   "(checkpoint_save.py)"),
+    Rebinding(ENGINE, "_get_param_fragment_func", "reading_frozen_fragments_from_file", wraps=True,
+              why="a frozen parameter's fragment in the checkpoint is its ds_tensor: for a partition on NVMe the "
+                  "swapped-out placeholder (a 0-dim tensor), which zero_to_fp32 cannot concatenate; it is read from "
+                  "its file (frozen_fragments.py)"),
+    Rebinding(ENGINE, "load_module_state_dict", "loading_frozen_fragments_into_files", wraps=True,
+              why="a load copies a frozen parameter's saved fragment into its ds_tensor: for a partition on NVMe the "
+                  "placeholder, so the frozen weights were never loaded; the partition is read first and written "
+                  "back after (frozen_fragments.py)"),
     Rebinding(ENGINE, "save_checkpoint", "linking_saved_swap_files", wraps=True,
               why="stock copies the whole optimizer swap folder (copytree) into every checkpoint: the files are "
                   "linked instead, and written once across file systems (checkpoint_save.py)"),
@@ -260,11 +268,13 @@ PRIVATE_MEMBERS = (
     PrivateMember(COORDINATOR, "__n_available_params", "attribute", "coordinator.py",
                   "stock's count of gathered numel, zeroed at every reset_step: set to the device tier's residents "
                   "there, so max_live_parameters still bounds its prefetch"),
-    PrivateMember(COORDINATOR, "__allgather_stream", "attribute", "param_swapper.py (_device_copy_fence)",
-                  "not read: the H2D copies of partitions run on it, and the fence argument relies on "
-                  "fetch_sub_module making the current stream wait for it before a module runs; where "
-                  "__all_gather_params releases persisted parameters on NVMe right after starting their gather "
-                  "(still INFLIGHT), the fence synchronises the device first"),
+    PrivateMember(COORDINATOR, "__allgather_stream", "attribute",
+                  "coordinator.py (_give_back_partition), param_swapper.py (_device_copy_fence)",
+                  "the H2D copies of partitions run on it; the fence argument relies on fetch_sub_module making the "
+                  "current stream wait for it before a module runs, except where the device tier keeps a parameter "
+                  "whose gather reset_step waited for on the current stream alone: its partition's fence is also "
+                  "recorded on this stream; where __all_gather_params releases persisted parameters on NVMe right "
+                  "after starting their gather (still INFLIGHT), the fence synchronises the device first"),
     # Stage 3 (install.py, checkpoint.py, coordinator.py, reporting.py)
     PrivateMember(STAGE3, "_set_fp32_optimizer_param_groups", "method", "checkpoint.py",
                   "puts the fp32 partitions into the torch optimizer's param groups, so saved Adam state pairs "

@@ -152,7 +152,7 @@ class TencacheCoordinator(PartitionedParameterCoordinator):
             elif not self.gathers_alias_partitions and self.is_complete_trace():
                 # within a traced step only: outside one (after an eval pass) a resident may meet a partitioning
                 # that writes into its partition (GatheredParameters with a modifier rank), so it keeps it
-                _give_back_partition(param)
+                _give_back_partition(param, getattr(self, _MANGLED + "allgather_stream"))
 
     # ------------------------------------------------------------------------------- our hooks
     def release_for_optimizer_step(self, module) -> None:
@@ -272,16 +272,18 @@ class TencacheCoordinator(PartitionedParameterCoordinator):
             self.tier.set_index(NextUseIndex.from_positions(positions, steps))
 
 
-def _give_back_partition(param) -> None:
+def _give_back_partition(param, gather_stream=None) -> None:
     """A kept parameter whose gathered tensor is memory of its own (a GPU; the CPU accelerator at several ranks) has
     no use for its host partition until the optimizer step, which releases it first: the partition's slot goes back
     to the host tier now, for DeepSpeed's prefetch of the parameters it will need and for the store's cache. The
-    bytes are unchanged (only the optimizer step changes them) and stay in the host tier or on file."""
+    bytes are unchanged (only the optimizer step changes them) and stay in the host tier or on file. The slot is
+    reused only after the copies on ``gather_stream`` (the coordinator's all-gather stream, None where the device
+    is synchronised): a gather in flight at reset_step is waited for on the current stream alone."""
     partition = param.ds_tensor
     if (partition is not None and isinstance(getattr(param, "nvme_swapper", None), TencacheParamSwapper)
             and getattr(partition, "final_location", None) == OffloadDeviceEnum.nvme
             and partition.status == PartitionedParamStatus.AVAILABLE):
-        param.nvme_swapper.remove_partition_and_release_buffers([param])
+        param.nvme_swapper.remove_partition_and_release_buffers([param], copies_on=gather_stream)
 
 
 def restoring_kept_partitions(ensure_availability):

@@ -37,6 +37,7 @@ from .checkpoint_save import saving_masters, swap_files_linked
 from .config_bridge import DEEPSPEED_OPS, building_stage3, find_stage3_optimizer, initializing, validate_ds_config
 from .config_source import ds_config_of_initialize_call
 from .coordinator import TencacheCoordinator, coordinator_of, restoring_kept_partitions
+from .frozen_fragments import loading_frozen_fragments_into_files, reading_frozen_fragments_from_file
 from .gradient_norms import attach_norm_scratch, norming_in_reused_memory, release_norm_scratch
 from .master_write_behind import settle_owed_masters
 from .memory_pressure import governor_of
@@ -403,6 +404,8 @@ REPLACEMENTS = {
     "noting_master_copies": _noting_master_copies,
     "reading_ahead_between_gradients": _reading_ahead_between_gradients,
     "saving_masters": saving_masters,
+    "reading_frozen_fragments_from_file": reading_frozen_fragments_from_file,
+    "loading_frozen_fragments_into_files": loading_frozen_fragments_into_files,
     "linking_saved_swap_files": lambda save: swap_files_linked(save, "save"),
     "rigid_load_with_params_on_file": rigid_load_with_params_on_file,
     "refresh_masters_swapping_in": refresh_masters_swapping_in,

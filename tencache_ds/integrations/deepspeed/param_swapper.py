@@ -312,10 +312,21 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
             self._handed_over = True
             self._checked()
 
-    def remove_partition_and_release_buffers(self, params):
-        fence = _device_copy_fence(params)
+    def remove_partition_and_release_buffers(self, params, copies_on=None):
+        """Release ``params``' partitions, except those a gathered parameter is a view of (the CPU accelerator at one
+        rank gathers a partition as a view of it, NoGatherHandle): stage 3 releases persistent parameters' partitions
+        on NVMe right after their gather starts, and they stay gathered, so their slot must stay lent, as stock CPU
+        offload keeps the partition. Released, the slot took another partition's bytes at its next read, which the
+        persistent parameter then computed with: after a skipped update, after empty_partition_cache, and in every
+        forward pass of an engine without an optimizer (helper-183's review; stock NVMe does the same). Such a
+        partition is released when stage 3 partitions the parameter (_partition_param frees its data first).
+        ``copies_on``: a stream whose device copies from the partitions may not be waited for yet (ours, not
+        DeepSpeed's: coordinator._give_back_partition)."""
+        fence = _device_copy_fence(params, copies_on)
         with self._lock:
             for param in params:
+                if _gathered_as_partition_view(param):
+                    continue
                 record = self._partitions.get(param.ds_id)
                 if record is not None and record.read is Read.AHEAD:
                     # read ahead, never asked for (a parameter the device tier kept gathered, partitioned at its
@@ -712,6 +723,13 @@ def _owed_masters_settled() -> Optional[Exception]:
     return None
 
 
+def _gathered_as_partition_view(param) -> bool:
+    """``param``'s gathered tensor is a view of its partition (while the gather is in flight too)."""
+    data, partition = param.data, param.ds_tensor
+    return partition is not None and data.numel() > 0 and partition.numel() > 0 and \
+        data.device == partition.device and data.data_ptr() == partition.data_ptr()
+
+
 def _is_gathered(param) -> bool:
     # partition_parameters imports this module (through install.py) while it is being imported itself: its
     # ZeroParamStatus is looked up at call time
@@ -732,7 +750,18 @@ def rewritten_in_place(params, partitions) -> None:
         swapper.partitions_rewritten_in_place(rewritten)
 
 
-def _device_copy_fence(params=()):
+class _Fences:
+    """Events that must all have passed before a slot is reused (the pool calls ``synchronize``)."""
+
+    def __init__(self, *events):
+        self._events = events
+
+    def synchronize(self) -> None:
+        for event in self._events:
+            event.synchronize()
+
+
+def _device_copy_fence(params=(), copies_on=None):
     """A CUDA event after the copies queued so far on the current stream (None without CUDA). DeepSpeed copies
     a partition to the device with non_blocking=True; over registered memory that copy is truly asynchronous, so the
     slot may not be reused before this event. The copy itself runs on the coordinator's all-gather stream, not this
@@ -742,14 +771,21 @@ def _device_copy_fence(params=()):
     resolved by the device). Persisted parameters on NVMe are released right after their gather starts, before any
     wait (``__all_gather_params``: "Release swap buffers for persisted params on nvme"): where one of ``params`` is
     still INFLIGHT the device is synchronised first, all its streams, so that the event comes after that copy too
-    (rare: a persisted parameter is gathered once and stays)."""
+    (rare: a persisted parameter is gathered once and stays). ``copies_on``: a stream whose copies from the
+    partitions may not be ordered before the current stream's (a gather in flight at a step's reset_step, waited for
+    on the current stream alone: NoGatherCoalescedHandle.wait, then kept by the device tier: helper-185): an event
+    after its copies too."""
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus  # (at call time: _is_gathered)
         if any(getattr(param, "ds_status", None) == ZeroParamStatus.INFLIGHT for param in params):
             torch.cuda.synchronize()
         event = torch.cuda.Event()
         event.record()
-        return event
+        if copies_on is None:
+            return event
+        on_copies = torch.cuda.Event()
+        on_copies.record(copies_on)
+        return _Fences(event, on_copies)
     return None
 
 

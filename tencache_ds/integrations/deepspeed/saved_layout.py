@@ -234,8 +234,8 @@ def _refusal(engine, cause: str, why: str) -> Exception:
     return TencacheError(
         f"load_checkpoint: {why}: its optimizer state cannot be loaded into this engine's sub-groups (stock CPU "
         f"offload stops too: a parameter group that doesn't match the size of the optimizer's). Did "
-        f"zero_optimization.sub_group_size, aio.block_size (which sub-groups are swapped), the model or its frozen "
-        f"parameters change since the save? Load with those as they were, or {weights_only}. {LOAD_REFUSED}")
+        f"zero_optimization.sub_group_size, aio.block_size (which sub-groups are swapped), aio.intra_op_parallelism, "
+        f"the model or its frozen parameters change since the save? Load with those as they were, or {weights_only}. {LOAD_REFUSED}")
 
 
 def sub_group_layout_mismatch(swapper, folder: str) -> Optional[str]:
@@ -248,6 +248,7 @@ def sub_group_layout_mismatch(swapper, folder: str) -> Optional[str]:
     saved_ids = saved_ids_by_sub_group(swapper, saved)
     if saved_ids is None:
         return f"{len(saved)} optimizer sub-groups, this engine {len(swapper.swap_params_info)}"
+    own_intra_op = int(swapper.aio_config.get("intra_op_parallelism", 1))
     for sub_group, saved_id in saved_ids.items():
         saved_bytes = saved[saved_id]
         numel = swapper.swap_params_info[sub_group].numel()
@@ -255,6 +256,14 @@ def sub_group_layout_mismatch(swapper, folder: str) -> Optional[str]:
                    for intra_op in range(1, MAX_INTRA_OP_PARALLELISM + 1)):
             return (f"sub-group {saved_id}'s master file holds {saved_bytes} bytes, for this engine's sub-group "
                     f"{sub_group} of {numel} elements")
+        # this engine reads its own padding: a file padded less (a smaller intra_op_parallelism at the save) was
+        # accepted, placed, then its read stopped the load as "truncated" with the live files already replaced
+        # (helper-182's review)
+        own_bytes = io_aligned_numel(numel, swapper.dtype, own_intra_op) * swapper.swap_element_size
+        if saved_bytes < own_bytes:
+            return (f"sub-group {saved_id}'s master file holds {saved_bytes} bytes, padded for a smaller "
+                    f"aio.intra_op_parallelism than this engine's {own_intra_op}, which reads {own_bytes} bytes for "
+                    f"its sub-group {sub_group} of {numel} elements")
     return None
 
 
