@@ -38,10 +38,11 @@ if ! command -v mkfs.xfs >/dev/null 2>&1; then
 fi
 
 # 2. torch. Never let pip resolve a bare "torch" on a machine without one: it would pull several GB of CUDA
-#    wheels. Without a GPU we install the CPU build this machine kind provides; with one, the default build.
+#    wheels. Without a GPU we install the CPU build this machine kind provides; with one, the default (CUDA) build,
+#    of the same tested version.
 if ! $PY -c "import torch" 2>/dev/null; then
   if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-    say "installing torch (CUDA build: a GPU is present)"; $PY -m pip install -q torch
+    say "installing torch==2.13.0 (CUDA build: a GPU is present)"; $PY -m pip install -q torch==2.13.0
   else
     say "installing torch==2.13.0 (CPU build: no GPU)"; $PY -m pip install -q torch==2.13.0
   fi
@@ -50,8 +51,8 @@ fi
 # 3. The package with its native arena and the bench/test extras. torch is already satisfied, so nothing
 #    here can pull another torch build.
 if ! $PY -c "import tencache_ds.memory as m, transformers, matplotlib, pytest, xdist
-assert m.native_available()" 2>/dev/null \
-   || ! command -v tencache-ds >/dev/null 2>&1; then
+import tencache_ds.cli.main
+assert m.native_available()" 2>/dev/null; then
   say "installing tencache-ds (editable, with its native arena)"
   $PY -m pip install -q -e ".[bench,test]"
 fi
@@ -102,5 +103,5 @@ PYEOF
 
 if [ "$RUN_BENCH" = 1 ]; then
   say "main job: tencache-ds bench (stock ZeRO-Infinity vs tencache, embedded default)"
-  tencache-ds bench
+  $PY -m tencache_ds.cli.main bench  # (not the console script: PYTHON's folder need not be on PATH)
 fi

@@ -72,23 +72,43 @@ def import_plugin():
 # ----------------------------------------------------------------------------------------------------------------
 # Command line
 # ----------------------------------------------------------------------------------------------------------------
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive whole number, got {text}")
+    return value
+
+
+def _tencache_block(text: str) -> str:
+    """--tencache-block: "none", or a JSON object (checked here: a typo stopped the run with a bare JSONDecodeError
+    that named no flag, helper-186)."""
+    if text.strip().lower() != "none":
+        try:
+            block = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise argparse.ArgumentTypeError(f"not JSON ({err}): {text!r}") from None
+        if not isinstance(block, dict):
+            raise argparse.ArgumentTypeError(f'a JSON object ({{"host_cache_bytes": "auto"}}) or "none", got {text!r}')
+    return text
+
+
 def parse_args(argv=None):
     """The command line (also accepts the --local_rank the DeepSpeed launcher appends)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--deepspeed_config", "--deepspeed-config", dest="ds_config_path",
                    help="ds_config JSON file (e.g. configs/stock-nvme.json)")
     p.add_argument("--model", default="gpt2-tiny", help="name in configs/models/ or a path to a HF config JSON")
-    p.add_argument("--steps", type=int, default=6, help="optimizer steps")
-    p.add_argument("--micro-batch", type=int, default=None, help="train_micro_batch_size_per_gpu (default: config)")
+    p.add_argument("--steps", type=_positive_int, default=6, help="optimizer steps")
+    p.add_argument("--micro-batch", type=_positive_int, default=None, help="train_micro_batch_size_per_gpu (default: config)")
     p.add_argument("--grad-accum", type=int, default=None, help="gradient_accumulation_steps (default: config)")
-    p.add_argument("--seq-len", type=int, default=64)
+    p.add_argument("--seq-len", type=_positive_int, default=64)
     p.add_argument("--dtype", choices=["bf16", "fp32"], default=None, help="default: what the ds_config says")
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--nvme-path", default=None, help="replaces nvme_path in offload_param/offload_optimizer")
     p.add_argument("--init", choices=["zero", "hf", "convert"], default="zero",
                    help="zero: under deepspeed.zero.Init; hf: HfDeepSpeedConfig + from_config; "
                    "convert: plain model converted by deepspeed.initialize")
-    p.add_argument("--tencache-block", default=None,
+    p.add_argument("--tencache-block", type=_tencache_block, default=None,
                    help='JSON for the top-level "tencache" key, or "none" to remove it')
     p.add_argument("--untouched-stock", action="store_true",
                    help="stock DeepSpeed in a process that never imports tencache_ds (no stats in the result); "

@@ -493,7 +493,13 @@ def write_figure(args, runs: List[report.BenchRun], out_dir: str, title: str
         return None, ("No figure: matplotlib is not installed (`pip install matplotlib`, part of the bench extra: "
                       "`pip install -e '.[bench]'`)."), plan.constants
     path = os.path.join(out_dir, DASHBOARD_FILE)
-    if not dashboard.write_dashboard(plan, runs, path, args.warmup, title):
+    try:
+        drawn = dashboard.write_dashboard(plan, runs, path, args.warmup, title)
+    except Exception as err:  # noqa: BLE001  (said in the summary: the runs' comparison is still written after it)
+        # a figure that fails to draw (a full disk, a matplotlib error) left neither bench.json nor bench.md, the
+        # summary of runs that took minutes (helper-186's review)
+        return None, f"No figure: drawing it failed ({type(err).__name__}: {err}).", plan.constants
+    if not drawn:
         return None, "No figure: no run has a per-step value to draw.", plan.constants
     return path, "", plan.constants
 

@@ -258,9 +258,9 @@ class ZeroSettings:
             param_buffer_count=number(offload_param, "buffer_count", p, cls.param_buffer_count),
             param_buffer_size=number(offload_param, "buffer_size", p, cls.param_buffer_size),
             max_in_cpu=number(offload_param, "max_in_cpu", p, cls.max_in_cpu),
-            param_pin_memory=bool(offload_param.get("pin_memory", True)),
+            param_pin_memory=lax_bool(offload_param.get("pin_memory", True)),
             optimizer_buffer_count=number(offload_optimizer, "buffer_count", o, cls.optimizer_buffer_count),
-            optimizer_pin_memory=bool(offload_optimizer.get("pin_memory", True)),
+            optimizer_pin_memory=lax_bool(offload_optimizer.get("pin_memory", True)),
             pipelined_optimizer=lax_bool(offload_optimizer.get("pipeline_read", False))
             or lax_bool(offload_optimizer.get("pipeline_write", False)),
             tencache_reads_ahead=optimizer_pipelining(offload_optimizer)[0],

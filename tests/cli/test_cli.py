@@ -512,6 +512,21 @@ def test_bench_writes_one_dashboard_and_no_per_stat_pngs(tmp_path):
     assert (path, note) == (None, "No figure (--no-plots).")
 
 
+def test_a_figure_that_fails_to_draw_leaves_the_summary_to_be_written(tmp_path, monkeypatch):
+    """Regression (helper-186's review): a dashboard that raised (a full disk, a matplotlib error) stopped the bench
+    before bench.json and bench.md, the summary of runs that took minutes; now the figure is left out, said why."""
+    from tencache_ds.bench import dashboard
+    from tencache_ds.cli import bench
+
+    def fails(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(dashboard, "matplotlib_available", lambda: True)
+    monkeypatch.setattr(dashboard, "write_dashboard", fails)
+    args = build_parser().parse_args(["bench", "--out", str(tmp_path)])
+    path, note, _ = bench.write_figure(args, synthetic_runs(), str(tmp_path), "gpt2-tiny")
+    assert path is None and note.startswith("No figure: drawing it failed (OSError") and "No space" in note, note
+
+
 def test_bench_without_matplotlib_writes_no_figure_and_says_so(tmp_path):
     code = ("import sys; sys.modules['matplotlib'] = None\n"
             "sys.path.insert(0, 'tests/cli')\n"
@@ -680,3 +695,14 @@ def test_the_bench_refuses_a_bad_block_in_its_config_instead_of_replacing_it(blo
     with pytest.raises(TencacheConfigError, match=says):
         tencache_block({"tencache": block}, None, None, None)
     assert tencache_block({"tencache": {"enabled": False}}, None, None, None)["enabled"] is True
+
+
+def test_train_py_names_the_flag_of_a_bad_value():
+    """Regression (helper-186's review): scripts/train.py (the bench's and the tests' training script) stopped on a
+    mistyped --tencache-block with a bare JSONDecodeError, and took --steps 0 into DeepSpeed."""
+    for args, message in ((["--tencache-block", "{bad"], "argument --tencache-block: not JSON"),
+                          (["--tencache-block", "[1]"], "argument --tencache-block: a JSON object"),
+                          (["--steps", "0"], "argument --steps: must be a positive whole number")):
+        result = subprocess.run([sys.executable, os.path.join(REPO_ROOT, "scripts", "train.py"), *args],
+                                capture_output=True, text=True, timeout=120)
+        assert result.returncode == 2 and message in result.stderr, (args, result.stderr[-2000:])

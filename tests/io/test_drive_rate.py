@@ -149,6 +149,25 @@ def test_writes_through_o_direct_are_timed_without_an_fsync_and_buffered_ones_wi
     assert all(os.path.basename(path).startswith(".tencache-drive-") for path in flushed)
 
 
+def test_buffered_reads_are_timed_from_the_drive_not_the_page_cache(tmp_path, monkeypatch):
+    """Regression (helper-187's review): where the engine falls back to buffered I/O, the read trials read the file
+    the write trials had just left in the page cache: the "drive's" read rate was a memory copy's. The written files'
+    pages are dropped after their flush, so the reads come from the drive (this process's storage reads, in
+    /proc/self/io, cover them)."""
+    from tencache_ds.io.direct_io import DirectFileIO
+
+    def storage_read_bytes():
+        with open("/proc/self/io") as io:
+            return next(int(line.split()[1]) for line in io if line.startswith("read_bytes:"))
+    monkeypatch.setattr(DirectFileIO, "alignment_for", lambda self, path: 0)
+    before = storage_read_bytes()
+    rate = measure_drive(str(tmp_path), request_sizes=(MIB,), thread_counts=(2,), trial_bytes=8 * MIB,
+                         deadline_s=math.inf)
+    read = sum(trial.read_bytes for trial in rate.trials if trial.mode in (READ, BOTH))
+    assert read >= 8 * MIB
+    assert storage_read_bytes() - before >= read, (storage_read_bytes() - before, read)
+
+
 def test_a_measurement_removes_the_files_a_killed_one_left_and_no_living_ones(tmp_path):
     """A calibration stopped by its timeout cannot remove its trial files (up to 2 GiB): the next measurement in that
     folder does, and leaves those of a measurement still running, and other files, alone."""

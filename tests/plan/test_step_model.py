@@ -1655,6 +1655,15 @@ def test_the_optimizers_pipelining_is_on_unless_turned_off_explicitly(given, exp
     assert optimizer_pipelining(given) == expected
 
 
+def test_pin_memory_given_as_a_string_is_read_as_deepspeed_reads_it():
+    """Regression (helper-186's review): ``"pin_memory": "false"`` was read with bool(): True; pydantic reads False."""
+    config = ds_config()
+    config["zero_optimization"]["offload_param"]["pin_memory"] = "false"
+    config["zero_optimization"]["offload_optimizer"]["pin_memory"] = "False"
+    zero = ZeroSettings.from_ds_config(config)
+    assert (zero.param_pin_memory, zero.optimizer_pin_memory) == (False, False)
+
+
 def test_the_old_bfloat16_block_is_a_bf16_model_in_every_element_size():
     """DeepSpeed still reads ``"bfloat16"``, the bf16 block's old name (precision_config.get_bfloat16_config): the
     model's, the gradient accumulation's and the reduce's element sizes all say bf16 (the first said fp32 until
