@@ -58,3 +58,15 @@ def test_a_save_into_a_tag_saved_before_stopped_part_way_is_refused_at_its_load(
     loaded = result_of(proc.stdout)
     assert loaded is not None, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert loaded["error"] is not None and "load_checkpoint" in loaded["error"], loaded
+
+
+def test_a_checkpoint_of_other_parameter_groups_is_refused_as_stock_cpu_offload_refuses_it(tmp_path):
+    """Regression (helper-190's review): sub-groups of the same sizes in other parameter groups passed the swap
+    files' layout check, and the load went on with each group's settings copied by its index."""
+    script = os.path.join(os.path.dirname(__file__), "regrouped_load.py")
+    assert result_of(run_helper(script, ["save", tmp_path / "nvme", tmp_path / "checkpoint"]).stdout) == {"saved": True}
+    proc = run_helper(script, ["load", tmp_path / "nvme-load", tmp_path / "checkpoint"])
+    loaded = result_of(proc.stdout)
+    assert loaded is not None, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert loaded["error"] is not None and "parameter groups hold [2, 1] optimizer sub-groups, this engine's [1, 2]" \
+        in loaded["error"], loaded

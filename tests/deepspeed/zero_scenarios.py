@@ -716,6 +716,20 @@ def varying_accumulation(budget, device, nvme):
                 if not managed:
                     engine.step()
             results[f"inactive-managed={managed}"] = losses_and_weights(engine, losses)
+    # each head a sub-group of its own at 2 ranks too (half a layer a partition): the second one has no gradient at
+    # its first step (stock CPU offload steps it with zeros; the NVMe path stopped in stage 3's unscale: helper-190)
+    config = ds_config(budget, device, os.path.join(nvme, "inactive-own-sub-groups"), gas=2,
+                       sub_group_size=HIDDEN * HIDDEN // 2, ignore_unused_parameters=True)
+    with engine_for(config, TwoHeads) as engine:
+        losses, data = [], iter(batches(6))
+        for use_a in (True, False, True):
+            engine.module.use_a = use_a
+            for _ in range(2):
+                loss = engine(*next(data))
+                engine.backward(loss)
+                engine.step()
+                losses.append(loss)
+        results["inactive-own-sub-groups"] = losses_and_weights(engine, losses)
     return results
 
 

@@ -27,6 +27,7 @@ def engine(monkeypatch):
     def make(saved_ranks, ranks, mismatch=None, flat_partitions=("flat", "flat"), universal=False, missing=()):
         monkeypatch.setattr(saved_layout, "sub_group_layout_mismatch", lambda swapper, folder: mismatch)
         monkeypatch.setattr(saved_layout, "missing_state_files", lambda engine, tag, folder: list(missing))
+        monkeypatch.setattr(saved_layout, "_other_parameter_groups", lambda engine, tag: None)
         refreshed = []
         optimizer = types.SimpleNamespace(fp16_partitioned_groups_flat=list(flat_partitions), optimizer_swapper=None,
                                           refresh_fp32_params=lambda: refreshed.append(True))

@@ -548,6 +548,12 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
                 parameter.grad = self.gradients.lend(group, path, swap_info.numel(),
                                                      functools.partial(self._lend, path, swap_info.numel(), read_ahead))
                 keys.append(path)
+            elif lends_gradient:
+                # no micro-batch has reduced into this sub-group yet (a head, a branch or an expert unused so far):
+                # stock CPU offload steps it with its gradient buffer's zeros; with none, stage 3's unscale stopped
+                # the first step (AttributeError on the gradient's mul_; stock NVMe too: helper-190's review). Its
+                # memory goes with the step (stage 3 drops the gradient at the sub-group's swap-out).
+                parameter.grad = torch.zeros(swap_info.numel(), dtype=parameter.dtype, device=parameter.device)
         except BaseException:
             self._give_back_unlent(read_ahead, keys)
             if master_path not in keys:  # its read (ahead, from the partitions) failed: they still hold it, owed

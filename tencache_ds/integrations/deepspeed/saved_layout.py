@@ -40,7 +40,7 @@ from .agreement import agree_min, raised_on_every_rank
 from .config_bridge import io_aligned_numel
 from .swap_files import LOAD_REFUSED, SWAP_FILE_NAME, LoadPlaces, sub_group_order, swap_file_name
 from .universal import load_state_from_universal, load_weights_from_universal
-from .zero_file import holds_no_bytes, load_state_from_zero_file, load_zero_state
+from .zero_file import holds_no_bytes, live_param_groups, load_state_from_zero_file, load_zero_state
 
 # tencache's assumption, not a DeepSpeed limit: a checkpoint's swap files were padded for at most this many aio
 # threads (``aio.intra_op_parallelism``; the padding is 1 KiB per thread), so sub-groups whose sizes differ by
@@ -190,6 +190,9 @@ def _incomplete(engine, tag_folder: str, source: str) -> Optional[Exception]:
     missing (a save that did not finish on every rank, a copy that lost files). Without this check the load went
     on: a fresh engine's Adam started over for those sub-groups, with a warning, and a continued engine silently
     kept its own state from after the save beside the loaded masters."""
+    regrouped = _other_parameter_groups(engine, tag_folder)
+    if regrouped is not None:
+        return regrouped
     missing = missing_state_files(engine, tag_folder, source)
     if not missing:
         return None
@@ -199,6 +202,23 @@ def _incomplete(engine, tag_folder: str, source: str) -> Optional[Exception]:
         f"describes are not in {source} ({shown}). Was the save interrupted, or the checkpoint copied without "
         f"them? Load a complete checkpoint, or load the weights only: load_checkpoint(..., "
         f"load_optimizer_states=False). {LOAD_REFUSED}")
+
+
+def _other_parameter_groups(engine, tag_folder: str) -> Optional[Exception]:
+    """The checkpoint's parameter groups where they are not this engine's (their sub-group counts): torch's load,
+    stock CPU offload's, refuses them ("different number of parameter groups", "doesn't match the size of optimizer's
+    group"). The swap files fitted by size and order, so a model regrouped with its sub-groups' sizes kept was
+    loaded, each group's settings (lr, weight decay) copied by its index or left as configured (helper-190)."""
+    _zero_file, stage3 = load_zero_state(engine, tag_folder)
+    saved = [len(group["params"]) for group in (stage3.get(OPTIMIZER_STATE_DICT) or {}).get("param_groups", [])]
+    live = [len(group) for group in live_param_groups(engine.optimizer)]
+    if not saved or saved == live:
+        return None
+    return TencacheError(
+        f"load_checkpoint: the checkpoint's parameter groups hold {saved} optimizer sub-groups, this engine's {live}: "
+        f"its optimizer state cannot be loaded into these groups (stock CPU offload stops too). Were the parameters "
+        f"grouped otherwise (model_parameters given to deepspeed.initialize) since the save? Group them as they "
+        f"were, or load the weights only: load_checkpoint(..., load_optimizer_states=False). {LOAD_REFUSED}")
 
 
 def _refuse_on_any_rank(refusal: Optional[Exception], source: str) -> None:

@@ -46,6 +46,16 @@ def load_mapped(path: str, read_all: Optional[Callable] = None):
         return torch.load(path, map_location="cpu", weights_only=False)
 
 
+def live_param_groups(optimizer) -> List[list]:
+    """The torch optimizer's parameter groups of a ZeRO-3 optimizer, each its list of fp32 masters (one a sub-group;
+    stage 3 empties the groups between steps)."""
+    optimizer._set_fp32_optimizer_param_groups()
+    try:
+        return [list(group["params"]) for group in optimizer.optimizer.param_groups]
+    finally:
+        optimizer._clear_fp32_optimizer_param_groups()
+
+
 def holds_no_bytes(value) -> bool:
     """Is ``value``, a state tensor saved in a ZeRO file, a stand-in for one whose bytes are in swap files? Stage 3
     saves a swapped-out state tensor as an empty placeholder; tencache's save as a meta tensor of its size
@@ -109,12 +119,7 @@ def load_state_from_zero_file(engine, tag_folder: str, swap_source: str) -> int:
         raise TencacheError(f"load_checkpoint: {zero_file} holds no optimizer state (no fp32_flat_groups or "
                             f"optimizer_state_dict), and the checkpoint has no optimizer swap files either; load the "
                             f"weights only: load_checkpoint(..., load_optimizer_states=False). {LOAD_REFUSED}")
-    base = optimizer.optimizer
-    optimizer._set_fp32_optimizer_param_groups()
-    try:
-        groups = [list(group["params"]) for group in base.param_groups]
-    finally:
-        optimizer._clear_fp32_optimizer_param_groups()
+    groups = live_param_groups(optimizer)
     state_of = {id(master): saved["state"].get(saved_id, {})
                 for saved_id, master in live_by_saved_id(saved["param_groups"], groups).items()}
     _check_bytes(zero_file, swap_source, saved_masters,
