@@ -72,6 +72,17 @@ def import_plugin():
 # ----------------------------------------------------------------------------------------------------------------
 # Command line
 # ----------------------------------------------------------------------------------------------------------------
+# the keys of an offload section that only NVMe offload reads (stock CPU offload refuses some of them)
+NVME_ONLY_OFFLOAD_KEYS = ("nvme_path", "buffer_count", "buffer_size", "max_in_cpu", "pipeline_read", "pipeline_write")
+
+
+def _set_offload_device(block: dict, device: str) -> None:
+    block["device"] = device
+    if device == "cpu":
+        for key in NVME_ONLY_OFFLOAD_KEYS:
+            block.pop(key, None)
+
+
 def _positive_int(text: str) -> int:
     value = int(text)
     if value <= 0:
@@ -263,23 +274,12 @@ def load_ds_config(path, args):
         for section in ("offload_param", "offload_optimizer"):
             block = zero.get(section)
             if isinstance(block, dict) and block.get("device") in ("cpu", "nvme"):
-                block["device"] = args.offload_device
-                if args.offload_device == "cpu":
-                    for key in ("nvme_path", "buffer_count", "buffer_size", "max_in_cpu", "pipeline_read",
-                                "pipeline_write"):
-                        block.pop(key, None)
-    optimizer_block = zero.get("offload_optimizer")
-    if args.optimizer_offload_device and isinstance(optimizer_block, dict):
-        optimizer_block["device"] = args.optimizer_offload_device
-        if args.optimizer_offload_device == "cpu":
-            for key in ("nvme_path", "buffer_count", "pipeline_read", "pipeline_write"):
-                optimizer_block.pop(key, None)
-    param_block = zero.get("offload_param")
-    if args.param_offload_device and isinstance(param_block, dict):
-        param_block["device"] = args.param_offload_device
-        if args.param_offload_device == "cpu":
-            for key in ("nvme_path", "buffer_count", "buffer_size", "max_in_cpu"):
-                param_block.pop(key, None)
+                _set_offload_device(block, args.offload_device)
+    # one section's device, after --offload-device
+    for section, device in (("offload_optimizer", args.optimizer_offload_device),
+                            ("offload_param", args.param_offload_device)):
+        if device and isinstance(zero.get(section), dict):
+            _set_offload_device(zero[section], device)
     if args.max_in_cpu is not None and isinstance(zero.get("offload_param"), dict):
         zero["offload_param"]["max_in_cpu"] = int(args.max_in_cpu)
     if args.stage3_defaults:

@@ -47,6 +47,11 @@ def ranks_on_node_known() -> bool:
     return _told_ranks_on_node() is not None or "WORLD_SIZE" not in os.environ
 
 
+def ranks_on_node_told() -> bool:
+    """Whether a launcher variable said, or the ranks were counted (``note_ranks_on_node``)."""
+    return _told_ranks_on_node() is not None
+
+
 def note_ranks_on_node(count: int) -> None:
     """The ranks found on this node by counting them (where no launcher variable says): ``local_world_size`` from
     now on."""

@@ -1,7 +1,8 @@
 """scripts/train.py launched as a launcher that says nothing of the node does it (WORLD_SIZE, RANK and LOCAL_RANK
 only: a Kubeflow PyTorchJob running plain python, Lightning or mp.spawn across nodes): the deepspeed launcher's
 LOCAL_SIZE is taken out of the environment. TENCACHE_TEST_SPLIT_NODES=1 puts every rank on a node of its own (its
-node key made from its rank), as on several machines. Prints ``NODE_RANKS rank=R local=N known=K`` once trained:
+node key made from its rank), as on several machines. TENCACHE_TEST_NO_WORLD_SIZE=1 takes WORLD_SIZE out too once
+torch.distributed is up (a script that initialised it itself, with no variable of the launch left). Prints ``NODE_RANKS rank=R local=N known=K`` once trained:
 what the host budgets and the memory governor were built on (probes/limits.py). Takes train.py's arguments."""
 import os
 import sys
@@ -20,6 +21,16 @@ def main() -> int:
     rank = int(os.environ["RANK"])
     if os.environ.get("TENCACHE_TEST_SPLIT_NODES") == "1":
         node_ranks.node_key = lambda: 1000 + rank
+    if os.environ.get("TENCACHE_TEST_NO_WORLD_SIZE") == "1":
+        start = train.start_distributed
+
+        ranks = int(os.environ["WORLD_SIZE"])
+
+        def started_then_forgotten():
+            start()
+            os.environ.pop("WORLD_SIZE")
+        train.start_distributed = started_then_forgotten
+        train.world_size = lambda: ranks  # (train.py's own batch size and loss average read the variable)
     code = train.main(sys.argv[1:])
     print(f"NODE_RANKS rank={rank} local={local_world_size()} known={ranks_on_node_known()}", flush=True)
     return code

@@ -11,26 +11,14 @@ import json
 import os
 import sys
 
-os.environ.setdefault("MASTER_PORT", "0")
-for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
-    os.environ.setdefault(key, value)
-
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from tiny_nvme_engine import tiny_nvme_engine, train_step  # noqa: E402  (sets the one-rank environment first)
 import torch  # noqa: E402
-import tencache_ds  # noqa: E402,F401
-import deepspeed  # noqa: E402
 from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3  # noqa: E402
 
 nvme, checkpoint = sys.argv[1], sys.argv[2]
-config = {"train_micro_batch_size_per_gpu": 2, "steps_per_print": 10**6,
-          "optimizer": {"type": "Adam", "params": {"lr": 1e-3}},
-          "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0, "sub_group_size": 768 * 768,
-                                "offload_optimizer": {"device": "nvme", "nvme_path": nvme}},
-          "tencache": {"host_cache_bytes": 0}}
-torch.manual_seed(1)
-model = torch.nn.Sequential(*[torch.nn.Linear(768, 768, bias=False) for _ in range(3)])
-engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
-engine.backward(engine(torch.randn(2, 768)).pow(2).mean())
-engine.step()
+engine = tiny_nvme_engine(nvme)
+train_step(engine)
 engine.backward(engine(torch.randn(2, 768)).pow(2).mean())
 step = DeepSpeedZeroOptimizer_Stage3._optimizer_step
 

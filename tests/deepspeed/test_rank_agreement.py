@@ -87,8 +87,10 @@ def test_ranks_on_a_node_are_counted_where_the_launcher_says_nothing(train):
     either way."""
     options = dict(TWO_RANKS, steps=2)
     reference = train(block=None, offload_device="cpu", **options)
-    for split, local in (("0", 2), ("1", 1)):
-        run = train(block={}, script=NODE_COUNT, env={"TENCACHE_TEST_SPLIT_NODES": split}, **options)
+    # ... and where WORLD_SIZE is gone too (torch.distributed initialised by the script itself: helper-188)
+    for split, no_world_size, local in (("0", "0", 2), ("1", "0", 1), ("0", "1", 2)):
+        run = train(block={}, script=NODE_COUNT, **options,
+                    env={"TENCACHE_TEST_SPLIT_NODES": split, "TENCACHE_TEST_NO_WORLD_SIZE": no_world_size})
         for rank in (0, 1):
             assert f"NODE_RANKS rank={rank} local={local} known=True" in run.output, run.output[-3000:]
         assert_same_bits(reference, run)

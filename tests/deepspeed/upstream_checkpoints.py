@@ -127,15 +127,42 @@ def zero_to_fp32(mode, device, nvme, ckpt, freeze, params_too=False):
     equal = all(torch.equal(before[name], loaded[name]) for name in before)
     engine.destroy()
     result = {"trained": digest(before), "fp32": digest(consolidated), "loaded_equals_trained": equal}
-    if params_too:  # an engine over a model initialised otherwise loads it: the frozen layer's weights too
-        torch.manual_seed(4321)
-        with deepspeed.zero.Init(config_dict_or_path=config):
-            model = Layers(2 * torch.distributed.get_world_size(), freeze)
-        engine, *_ = deepspeed.initialize(config=config, model=model, model_parameters=model.parameters())
-        engine.load_checkpoint(ckpt)
-        result["reloaded"] = digest(gathered(engine))
-        engine.destroy()
+    if params_too:  # engines over a model initialised otherwise load it, the frozen layer's weights too
+        for load, kwargs in (("reloaded", {}), ("reloaded_weights_only", {"load_optimizer_states": False})):
+            engine = frozen_base_engine(config, freeze)
+            engine.load_checkpoint(ckpt, **kwargs)
+            result[load] = digest(gathered(engine))
+            engine.destroy()
+        if mode.startswith("tencache"):
+            result["placeholders_keep_weights"] = placeholders_keep_weights(config, freeze, ckpt)
     return result
+
+
+def frozen_base_engine(config, freeze):
+    torch.manual_seed(4321)
+    with deepspeed.zero.Init(config_dict_or_path=config):
+        model = Layers(2 * torch.distributed.get_world_size(), freeze)
+    engine, *_ = deepspeed.initialize(config=config, model=model, model_parameters=model.parameters())
+    return engine
+
+
+def placeholders_keep_weights(config, freeze, ckpt):
+    """A checkpoint whose frozen fragments are swapped-out placeholders (0-dim tensors holding 1: what stock NVMe
+    offload and tencache before 2026-12-07 saved) loaded with the frozen partitions read first: they keep their
+    weights (copied, the placeholder's 1 filled them: helper-188)."""
+    engine = frozen_base_engine(config, freeze)
+    with open(os.path.join(ckpt, "latest")) as latest:
+        path = engine._get_ckpt_name(ckpt, latest.read().strip())
+    state = torch.load(path, weights_only=False)
+    state["frozen_param_fragments"] = {name: torch.tensor(1).half() for name in state["frozen_param_fragments"]}
+    torch.save(state, path)
+    torch.distributed.barrier()
+    frozen = [name for name, param in engine.module.named_parameters() if not param.requires_grad]
+    before = {name: weight for name, weight in gathered(engine).items() if name in frozen}
+    engine.load_checkpoint(ckpt)
+    after = gathered(engine)
+    engine.destroy()
+    return bool(frozen) and all(torch.equal(before[name], after[name]) for name in frozen)
 
 
 def immediate_save_load(mode, device, nvme, ckpt):

@@ -1,7 +1,6 @@
 """Frozen parameters' fragments in a checkpoint (engine.py's ``frozen_param_fragments``: each frozen parameter's
 partition, saved beside the module and copied back into ``param.ds_tensor`` at a load) where the partition is on
-file with one of our parameter swappers. Owns: reading such a partition for the save, and having it present for the
-load's copy and written back after.
+file with one of our parameter swappers. Owns: reading such a partition for the save, and the load's copy into it.
 
 Why: on file a partition's ``ds_tensor`` is the swapped-out placeholder (a 0-dim tensor). The save stored it, and
 zero_to_fp32 and a load without the optimizer's state stopped on it ("zero-dimensional tensor cannot be
@@ -15,6 +14,7 @@ from deepspeed.checkpoint.constants import FROZEN_PARAM_FRAGMENTS
 from deepspeed.runtime.swap_tensor.partitioned_param_swapper import PartitionedParamStatus
 from deepspeed.runtime.utils import is_optimized_parameter
 
+from ...log import logger
 from .param_swapper import TencacheParamSwapper
 
 
@@ -36,35 +36,65 @@ def reading_frozen_fragments_from_file(get_fragment):
 
 
 def loading_frozen_fragments_into_files(load_module_state_dict):
-    """engine.load_module_state_dict, which copies a checkpoint's frozen fragments into ``param.ds_tensor``: the
-    partitions of ours on file are read first, and every frozen partition of ours is marked changed after (its new
-    bytes owed to its file: released clean, the old ones would be read again), those read first given back."""
+    """engine.load_module_state_dict, which copies a checkpoint's frozen fragments into ``param.ds_tensor`` last
+    (after a weights-only load's GatheredParameters has put the placeholders back): where a frozen partition is ours,
+    stock's copy is left out and the fragments are copied here instead, one partition at a time (read, copied, marked
+    changed, given back: all of them read at once took a base model's partitions into host memory together;
+    helper-188's review)."""
     signature = inspect.signature(load_module_state_dict)
 
     @functools.wraps(load_module_state_dict)
-    def load_into_present_partitions(self, *args, **kwargs):
+    def load_then_copy_frozen_fragments(self, *args, **kwargs):
         checkpoint = signature.bind(self, *args, **kwargs).arguments["checkpoint"]
-        frozen = {}  # swapper id -> (swapper, its frozen parameters)
-        if checkpoint.get(FROZEN_PARAM_FRAGMENTS) is not None:
-            for param in self.module.parameters():
-                swapper = None if is_optimized_parameter(param) else _our_swapper(param)
-                if swapper is not None:
-                    frozen.setdefault(id(swapper), (swapper, []))[1].append(param)
-        read = [(swapper, [param for param in params if param.ds_tensor.status == PartitionedParamStatus.NOT_AVAILABLE])
-                for swapper, params in frozen.values()]
-        for swapper, params in read:
-            if params:
-                swapper.swap_in(params, async_op=False)
-        try:
+        fragments = checkpoint.get(FROZEN_PARAM_FRAGMENTS)
+        frozen = [param for param in self.module.parameters() if not is_optimized_parameter(param)]
+        if fragments is None or all(_our_swapper(param) is None for param in frozen):
             return load_module_state_dict(self, *args, **kwargs)
+        checkpoint[FROZEN_PARAM_FRAGMENTS] = None
+        try:
+            result = load_module_state_dict(self, *args, **kwargs)
         finally:
-            for swapper, params in frozen.values():
-                swapper.partitions_rewritten_in_place(params)  # (what the copy reached, if it stopped part way)
-            for swapper, params in read:
-                if params:
-                    swapper.remove_partition_and_release_buffers(params)
+            checkpoint[FROZEN_PARAM_FRAGMENTS] = fragments
+        _copy_frozen_fragments(self, frozen, fragments)
+        return result
 
-    return load_into_present_partitions
+    return load_then_copy_frozen_fragments
+
+
+def _copy_frozen_fragments(engine, frozen, fragments) -> None:
+    """Stock's copy of the saved fragments (engine.load_module_state_dict's last loop), ours on file read and written
+    back. A saved fragment that is a swapped-out placeholder (a 0-dim tensor: a checkpoint of stock's NVMe offload,
+    or of tencache before 2026-12-07) holds no weights: the partition keeps its own, as those loads left it (copied,
+    the placeholder's 1 filled the whole partition)."""
+    placeholders = []
+    for param in frozen:
+        if param not in engine.param_names:
+            raise ValueError(f"failed to find frozen {param} in named params")  # (stock's error)
+        name = engine.param_names[param]
+        saved, swapper = fragments[name], _our_swapper(param)
+        if swapper is None:
+            (param.ds_tensor if hasattr(param, "ds_id") else param).data.copy_(saved.data)
+        elif saved.dim() == 0 or saved.numel() != param.ds_tensor.ds_numel:
+            placeholders.append(name)
+        else:
+            _copy_into_partition(swapper, param, saved)
+    if placeholders:
+        logger.warning("load_checkpoint: the checkpoint holds no weights of %d frozen parameters on NVMe (%s%s): "
+                       "saved as their swapped-out placeholders (by stock NVMe offload, or tencache_ds before "
+                       "2026-12-07); they keep the weights they have", len(placeholders), ", ".join(placeholders[:3]),
+                       " ..." if len(placeholders) > 3 else "")
+
+
+def _copy_into_partition(swapper, param, saved) -> None:
+    on_file = param.ds_tensor.status == PartitionedParamStatus.NOT_AVAILABLE
+    if on_file:
+        swapper.swap_in([param], async_op=False)
+    try:
+        param.ds_tensor.data.copy_(saved.data)
+        swapper.partitions_rewritten_in_place([param])  # its new bytes are owed to its file
+    finally:
+        if on_file:
+            swapper.remove_partition_and_release_buffers([param])
 
 
 def _our_swapper(param):

@@ -16,7 +16,7 @@ import socket
 from deepspeed import comm as dist
 from deepspeed.accelerator import get_accelerator
 
-from ...probes.limits import note_ranks_on_node, ranks_on_node_known
+from ...probes.limits import note_ranks_on_node, ranks_on_node_told
 from .agreement import world_size
 
 BOOT_ID_FILE = "/proc/sys/kernel/random/boot_id"
@@ -42,8 +42,9 @@ def ranks_sharing(keys, mine: int) -> int:
 
 def count_ranks_on_node() -> None:
     """Count the ranks on this node once (a collective: every rank calls it at the same point), unless a launcher
-    said or torch.distributed is not up (one process)."""
-    if ranks_on_node_known() or not dist.is_initialized():
+    said or torch.distributed is not up (one process). Also where WORLD_SIZE is not set either (a script that
+    initialised torch.distributed itself: every rank took itself for the node's only one, helper-188)."""
+    if ranks_on_node_told() or not dist.is_initialized():
         return
     ranks = world_size()
     if ranks <= 1:

@@ -313,7 +313,7 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
             self._checked()
 
     def remove_partition_and_release_buffers(self, params, copies_on=None):
-        """Release ``params``' partitions, except those a gathered parameter is a view of (the CPU accelerator at one
+        """Release ``params``' partitions, except those a gather in flight is a view of (the CPU accelerator at one
         rank gathers a partition as a view of it, NoGatherHandle): stage 3 releases persistent parameters' partitions
         on NVMe right after their gather starts, and they stay gathered, so their slot must stay lent, as stock CPU
         offload keeps the partition. Released, the slot took another partition's bytes at its next read, which the
@@ -325,7 +325,7 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
         fence = _device_copy_fence(params, copies_on)
         with self._lock:
             for param in params:
-                if _gathered_as_partition_view(param):
+                if _persisted_gather_in_flight(param):
                     continue
                 record = self._partitions.get(param.ds_id)
                 if record is not None and record.read is Read.AHEAD:
@@ -723,11 +723,17 @@ def _owed_masters_settled() -> Optional[Exception]:
     return None
 
 
-def _gathered_as_partition_view(param) -> bool:
-    """``param``'s gathered tensor is a view of its partition (while the gather is in flight too)."""
+def _persisted_gather_in_flight(param) -> bool:
+    """``param``'s gather has started (INFLIGHT: __all_gather_params releases persisted parameters' partitions right
+    after starting it) and its gathered tensor is a view of its partition. Not a partitioning's release: there
+    (_partition_param with free_data False, a leaf module's) stage 3 replaces the view right after, and a partition
+    kept lent then stayed so for good (helper-188's review)."""
+    from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus  # (at call time: _is_gathered)
+    if getattr(param, "ds_status", None) != ZeroParamStatus.INFLIGHT or param.ds_tensor is None:
+        return False
     data, partition = param.data, param.ds_tensor
-    return partition is not None and data.numel() > 0 and partition.numel() > 0 and \
-        data.device == partition.device and data.data_ptr() == partition.data_ptr()
+    return data.numel() > 0 and partition.numel() > 0 and data.device == partition.device and \
+        data.data_ptr() == partition.data_ptr()
 
 
 def _is_gathered(param) -> bool:
