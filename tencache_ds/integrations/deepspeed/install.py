@@ -199,6 +199,10 @@ def _marking_step(step):
             governor.before_update()
         release_norm_scratch(self)  # the backward's norms are done: the update gets that memory
         setattr(self, _IN_STEP, True)
+        swapper = getattr(self, "optimizer_swapper", None)
+        ours = isinstance(swapper, TencacheOptimizerSwapper)
+        if ours:
+            swapper.stepping = True
         try:
             meter = getattr(self, METRICS_METER_ATTRIBUTE, None)
             if meter is None:
@@ -206,6 +210,8 @@ def _marking_step(step):
             return meter.optimizer_step(lambda: step(self, *args, **kwargs))
         finally:
             setattr(self, _IN_STEP, False)
+            if ours:
+                swapper.stepping = False
 
     return step_marked
 

@@ -258,6 +258,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             self._getter_swap_ins = None  # parameters a fragment getter or setter swapped in (releases_deferred)
             self._fragment_reads_gradient = True  # does the fragment call inside releases_deferred read .grad?
             self.fragment_swap_ins_without_gradient = 0  # COUNT: (releases_deferred, reads_gradient false)
+            self.stepping = False  # within stage 3's step() (install.py marks it)
             self.closed = False
             # A run that ends without engine.destroy() (most training scripts) never closes this swapper: its files
             # still shared with a checkpoint are removed from the folder when the process ends instead, so that a
@@ -548,11 +549,12 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
                 parameter.grad = self.gradients.lend(group, path, swap_info.numel(),
                                                      functools.partial(self._lend, path, swap_info.numel(), read_ahead))
                 keys.append(path)
-            elif lends_gradient:
+            elif self.stepping and self._getter_swap_ins is None:
                 # no micro-batch has reduced into this sub-group yet (a head, a branch or an expert unused so far):
                 # stock CPU offload steps it with its gradient buffer's zeros; with none, stage 3's unscale stopped
                 # the first step (AttributeError on the gradient's mul_; stock NVMe too: helper-190's review). Its
-                # memory goes with the step (stage 3 drops the gradient at the sub-group's swap-out).
+                # memory goes with the step (stage 3 drops the gradient at the sub-group's swap-out). Only in a step:
+                # the swap-ins of start-up and of a load's rebuild take no gradient (helper-191).
                 parameter.grad = torch.zeros(swap_info.numel(), dtype=parameter.dtype, device=parameter.device)
         except BaseException:
             self._give_back_unlent(read_ahead, keys)
@@ -665,7 +667,14 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         # A gradient set through DeepSpeed's API (set_full_fp32_grad): its newest bytes are the lent buffer's,
         # kept or written as any changed entry; fragments still in DeepSpeed's buffer are older.
         if write_gradients:
-            self.gradients.written_back(OptimizerSwapper.parameter_id(parameter))
+            group = OptimizerSwapper.parameter_id(parameter)
+            swap_info = self.swap_params_info.get(group)
+            if swap_info is not None and not swap_info.has_gradients() and parameter.grad is not None:
+                # the zeros a step lent a sub-group with no gradient yet, written (Muon's pass): its first gradient,
+                # stored as a new one (given back with the states, the written values were dropped: helper-191)
+                swap_info.get_or_create_gradient_paths([0], [swap_info.numel()])
+                self._store_new(gradient_path(swap_info), parameter.grad)
+            self.gradients.written_back(group)
         self._give_back(parameter, states_changed=write_opt_state, gradient_changed=write_gradients)
 
     def swap_out_gradients(self, parameter, gradient_offsets, gradient_tensors):
