@@ -128,7 +128,7 @@ def load_state_from_zero_file(engine, tag_folder: str, swap_source: str) -> int:
     _check_layout(zero_file, saved_masters, saved["param_groups"], optimizer.fp16_partitioned_groups_flat_numel,
                   groups)
     restore_loss_scaling(optimizer, zero_state)
-    restore_group_settings(base.param_groups, saved["param_groups"], zero_file)
+    restore_group_settings(optimizer.optimizer.param_groups, saved["param_groups"], zero_file)
     write_sub_groups(optimizer, lambda sub_group_id, master: (
         saved_masters[sub_group_id], state_of[id(master)]))
     start_adam_over(optimizer, [master for master in optimizer.fp32_partitioned_groups_flat
