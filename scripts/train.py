@@ -110,7 +110,8 @@ def parse_args(argv=None):
                    help="ds_config JSON file (e.g. configs/stock-nvme.json)")
     p.add_argument("--model", default="gpt2-tiny", help="name in configs/models/ or a path to a HF config JSON")
     p.add_argument("--steps", type=_positive_int, default=6, help="optimizer steps")
-    p.add_argument("--micro-batch", type=_positive_int, default=None, help="train_micro_batch_size_per_gpu (default: config)")
+    p.add_argument("--micro-batch", type=_positive_int, default=None,
+                   help="train_micro_batch_size_per_gpu (default: config)")
     p.add_argument("--grad-accum", type=int, default=None, help="gradient_accumulation_steps (default: config)")
     p.add_argument("--seq-len", type=_positive_int, default=64)
     p.add_argument("--dtype", choices=["bf16", "fp32"], default=None, help="default: what the ds_config says")
