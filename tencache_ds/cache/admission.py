@@ -55,11 +55,16 @@ class Admission:
         the access order is unknown (with it, their distance puts them first: CopiesElsewhere)."""
         return sorted(keys, key=lambda key: not self._copy_elsewhere(key))
 
-    def acquire(self, nbytes: int, incoming, use_pending: bool = False) -> Tuple[HostBuffer, bool]:
+    def acquire(self, nbytes: int, incoming, use_pending: bool = False,
+                needed_now: bool = True) -> Tuple[HostBuffer, bool]:
         """(buffer, kept) for ``nbytes`` of entry ``incoming``: a free buffer from the source; else a held entry
         gives its buffer up (Belady victim; a dirty one is written first, and only its write is waited for);
         else a write in flight that frees a fitting buffer is waited for; else a transient buffer.
-        ``use_pending``: the read is a prefetch, its use (not yet recorded) still ahead."""
+        ``use_pending``: the read is a prefetch, its use (not yet recorded) still ahead. ``needed_now`` False:
+        new bytes stored, not a use (the update's write of a parameter partition): even a source that evicts for
+        whatever is needed now (``BufferSource.bypass`` False) keeps a held entry needed sooner, and the newcomer
+        goes through a transient buffer to its file (helper-189: each update's writes rotated the held partitions,
+        and the next forward read one back, behind a write)."""
         self._transfers.reap_writes()
         self._bypassing = False  # set where every victim was needed sooner (counted once, if it ends transient)
         while True:
@@ -68,7 +73,7 @@ class Admission:
                 return buffer, self._source.keeps(buffer)
             if self._gave_up_own_prefix(nbytes, incoming):
                 continue
-            victim = self._choose_victim(nbytes, incoming, use_pending)
+            victim = self._choose_victim(nbytes, incoming, use_pending, needed_now)
             if victim is not None:
                 if victim.state == S.CLEAN:
                     self._transfers.drop(victim, S.ON_FILE)
@@ -125,14 +130,15 @@ class Admission:
         self._transfers.wait_write(freeing)
         return True
 
-    def _choose_victim(self, nbytes: int, incoming, use_pending: bool) -> Optional[Entry]:
+    def _choose_victim(self, nbytes: int, incoming, use_pending: bool, needed_now: bool = True) -> Optional[Entry]:
         fitting = self._copies_elsewhere_first(
             entry.key for entry in self._table.held() if self._source.frees_room_for(entry.buffer, nbytes))
         if not fitting:
             return None
         position = self._recorder.position
         index = self._index()
-        if not (self._source.bypass and index is not None and incoming in index):
+        bypass = self._source.bypass or not needed_now
+        if not (bypass and index is not None and incoming in index):
             return self._table[choose_victim(fitting, index, position)]
         # All the room the newcomer needs, from victims each needed later than keeping it pays off, or none: a
         # victim evicted before the next one turns out not worth it would be a write (or a read) for nothing. The

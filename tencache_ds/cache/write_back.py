@@ -45,7 +45,8 @@ class WriteBack:
                 self._refuse_if_in_use(entry)
                 was_on_file = entry.state == S.ON_FILE
                 if was_on_file:
-                    transfers.attach(entry, *self._admission.acquire(transfers.swap_nbytes(entry.numel), key))
+                    transfers.attach(entry, *self._admission.acquire(transfers.swap_nbytes(entry.numel), key,
+                                                                     needed_now=False))
                 else:
                     transfers.fence(entry.buffer)
                 self._fill(entry, lambda view: view.copy_(source))

@@ -499,3 +499,30 @@ def test_a_plan_whose_slots_cannot_be_made_takes_nothing_and_plans_the_same_size
     assert result["refused"]
     assert result["budget_peak"] > 0 and result["budget_used"] == 0 and result["cache_reserved"] == 0
     assert result["planned_classes"] >= 1 and result["cache_reserved_after"] > 0 and result["read_back"]
+
+
+def test_the_updates_writes_keep_the_partitions_needed_sooner(caching_store):
+    """Regression (helper-189's review): a write of new bytes (the update's, stage 3's partitions in forward order)
+    is no use, yet it took a slot from a held partition the next forward needs sooner than the written one: each
+    update rotated the held set, and the forward read one back behind a write (gpt2-small fp32 at a 150 MB budget:
+    16.5 MB more read and written a step, 35 evictions a step against 22). Now a write keeps what is needed sooner
+    and goes to its file through a transient buffer."""
+    from tencache_ds.profile.next_use import NextUseIndex
+    store = caching_store
+    for key in range(5):
+        create(store, key, 300_000, seed=key)
+    store.plan()
+    for key in (0, 1):  # the next forward's first two: held
+        read(store, key)
+    assert {store.state(key) for key in (0, 1)} == {EntryState.CLEAN}
+    store.start_read(4)
+    store.wait_read(4)  # lent through the update: the streaming slot is taken
+    store.recorder.end_step()  # the update: positions start over at the next step's first access
+    store.next_use = NextUseIndex([0, 1, 2, 3, 4])
+    new = {key: torch.randn(300_000) for key in (2, 3)}
+    for key in (2, 3):  # needed after 0 and 1
+        store.write_from(key, new[key])
+    store.release(4)
+    store.flush()
+    assert [store.state(key) for key in (0, 1)] == [EntryState.CLEAN] * 2  # still held: the next forward hits
+    assert all(torch.equal(read(store, key), new[key]) for key in (2, 3))
