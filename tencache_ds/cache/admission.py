@@ -135,6 +135,8 @@ class Admission:
             entry.key for entry in self._table.held() if self._source.frees_room_for(entry.buffer, nbytes))
         if not fitting:
             return None
+        if self._freeable_bytes(fitting, nbytes, incoming) < self._source.room_needed(nbytes):
+            return None  # evicting every one would not make the room: the newcomer goes transient, they stay
         position = self._recorder.position
         index = self._index()
         bypass = self._source.bypass or not needed_now
@@ -150,6 +152,19 @@ class Admission:
             self._bypassing = True
             return None
         return self._table[victims[0]]
+
+    def _freeable_bytes(self, fitting, nbytes: int, incoming) -> int:
+        """The room evictions could make for ``incoming``: the held buffers that fit, the evicting writes in flight
+        that do, and its own prefix (given up once the rest is made: ``_gave_up_own_prefix``). Less than it needs
+        (a budget smaller than the tensor, other tensors' prefixes holding the rest), every held buffer was given up
+        before the newcomer went transient anyway, written where dirty and read again at its next use (helper-189:
+        the optimizer store with no profile yet, or off it)."""
+        held = sum(self._table[key].buffer.capacity_bytes for key in fitting)
+        writing = sum(entry.buffer.capacity_bytes for entry in self._table.writing()
+                      if entry.evicting and self._source.frees_room_for(entry.buffer, nbytes))
+        entry = self._table.get(incoming)
+        own_prefix = entry.prefix.capacity_bytes if entry is not None and entry.prefix is not None else 0
+        return held + writing + own_prefix
 
     def eviction_in_flight(self, nbytes: int) -> bool:
         """Is a held buffer that fits ``nbytes`` being written out to be given up (an eviction in flight)?"""

@@ -3,6 +3,7 @@ slots, and the slot an update lends even when everything is kept (a gradient fil
 import pytest
 import torch
 
+from tencache_ds.cache.entry import EntryState
 from tencache_ds.cache.optimizer_store import OptimizerStore
 
 NUMEL = 100_000  # per tensor: 400000 bytes -> 401408 page-rounded (the slot size)
@@ -128,4 +129,21 @@ def test_a_footprint_below_the_present_one_never_leaves_a_larger_budget(io, tmp_
     assert store.budget.total_bytes == 0
     store.resize_host_footprint(8 * slot, state, reads_ahead=False)  # memory back: 2 slots' worth to keep
     assert store.budget.total_bytes == 2 * slot
+    store.close()
+
+
+def test_a_tensor_that_no_eviction_makes_room_for_leaves_the_held_ones_held(io, tmp_path):
+    """Regression (helper-189's review): with no profile, a tensor larger than all the room evictions could make (a
+    300 kB budget holding a 200 kB tensor, a 400 kB one lent) evicted every held tensor (written, to be read again)
+    and then went transient all the same."""
+    store = make(io, start_bytes=300_000)
+    held = store.lend_new("small", NUMEL // 2, str(tmp_path / "small.swp"))
+    held.fill_(1.0)
+    store.release("small", changed=True)
+    assert store.state("small") == EntryState.DIRTY
+    store.lend_new("large", NUMEL, str(tmp_path / "large.swp")).fill_(2.0)
+    assert store.state("small") == EntryState.DIRTY and store.counters.evictions == 0
+    store.release("large", changed=True)
+    store.flush()
+    assert store.state("large") == EntryState.ON_FILE
     store.close()
