@@ -11,7 +11,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from tiny_nvme_engine import tiny_nvme_engine, train_step  # noqa: E402  (sets the one-rank environment first)
+from tiny_nvme_engine import print_load_result, tiny_nvme_engine, train_step  # noqa: E402  (sets the one-rank environment first)
 from tencache_ds.integrations.deepspeed import checkpoint_save  # noqa: E402
 
 mode, nvme, checkpoint = sys.argv[1:4]
@@ -37,10 +37,5 @@ if mode == "save":
         stopped = True
     print("RESULT " + json.dumps({"stopped": stopped}), flush=True)
 else:
-    try:
-        engine.load_checkpoint(checkpoint, tag="t")
-        error = None
-    except Exception as err:  # noqa: BLE001  (reported)
-        error = f"{type(err).__name__}: {err}"
-    print("RESULT " + json.dumps({"error": error}), flush=True)
+    print_load_result(engine, checkpoint, "t")
 os._exit(0)

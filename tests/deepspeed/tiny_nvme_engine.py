@@ -1,6 +1,7 @@
 """Three 768 x 768 linear layers, one optimizer sub-group each, the optimizer on NVMe under tencache with no host
 tier (every state on file): the engine of the single-process checkpoint scripts (stopped_step_save.py,
 interrupted_resave.py), one rank, one process."""
+import json
 import os
 
 for _key, _value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"),
@@ -30,3 +31,13 @@ def tiny_nvme_engine(nvme: str, groups=None):
 def train_step(engine) -> None:
     engine.backward(engine(torch.randn(2, 768)).pow(2).mean())
     engine.step()
+
+
+def print_load_result(engine, checkpoint: str, tag: str) -> None:
+    """engine.load_checkpoint(checkpoint, tag), then one line ``RESULT {"error": its error or null}``."""
+    try:
+        engine.load_checkpoint(checkpoint, tag=tag)
+        error = None
+    except Exception as err:  # noqa: BLE001  (reported)
+        error = f"{type(err).__name__}: {err}"
+    print("RESULT " + json.dumps({"error": error}), flush=True)
