@@ -47,11 +47,11 @@ class TencacheConfig(BaseModel):
     each held byte saves a read and a write). Per rank: engines trained at once in one process (an actor and a critic)
     share it, the first made taking what its optimizer state needs first. An integer or a size string ("4GiB");
     "auto" starts at 25% of the memory available at start-up divided between the ranks of the node (as the launcher
-    tells them: torchrun, deepspeed, mpirun, srun; one that does not: all of WORLD_SIZE), capped by the memlock
-    limit (per process) minus the streaming slots, and after the second optimizer step (once a step's memory rise
-    has been measured; the first step's, which creates the optimizer's state, does not count) grows its optimizer
-    state into the memory the steps leave free (giving it back under memory pressure); 0 = pure streaming (every use
-    reads NVMe, as stock does)."""
+    tells them: torchrun, deepspeed, mpirun, srun; where none does, as counted among the job's ranks), capped by the
+    memlock limit (per process) minus the streaming slots, and after the second optimizer step (once a step's memory
+    rise has been measured; the first step's, which creates the optimizer's state, does not count) grows its
+    optimizer state into the memory the steps leave free (giving it back under memory pressure); 0 = pure streaming
+    (every use reads NVMe, as stock does)."""
 
     device_cache_bytes: ByteBudget = AUTO
     """Accelerator memory for gathered parameters kept between uses (the device tier): chosen by next use over the

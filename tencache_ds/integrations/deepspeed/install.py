@@ -43,7 +43,7 @@ from .master_write_behind import settle_owed_masters
 from .memory_pressure import governor_of
 from .one_rank_reduce import (marking_tencache_reductions, partitioning_each_gradient_at_once,
                               reducing_without_copy_at_one_rank)
-from .optimizer_swapper import TencacheOptimizerSwapper
+from .optimizer_swapper import IN_STEP_ATTRIBUTE, TencacheOptimizerSwapper
 from .param_swapper import TencacheParamSwapper, rewritten_in_place
 from .refusal import (config_arguments_of, installed_as, installed_call, refuse_tencache_configs,
                       refuse_until_installed, unrefused)
@@ -188,9 +188,6 @@ def _building_with_config(init):
     return init_with_config_and_meter
 
 
-_IN_STEP = "_tencache_in_step"
-
-
 def _marking_step(step):
     @functools.wraps(step)
     def step_marked(self, *args, **kwargs):
@@ -198,20 +195,14 @@ def _marking_step(step):
         if governor is not None:  # the rise meter: the backward's peak is measured apart from the update's
             governor.before_update()
         release_norm_scratch(self)  # the backward's norms are done: the update gets that memory
-        setattr(self, _IN_STEP, True)
-        swapper = getattr(self, "optimizer_swapper", None)
-        ours = isinstance(swapper, TencacheOptimizerSwapper)
-        if ours:
-            swapper.stepping = True
+        setattr(self, IN_STEP_ATTRIBUTE, True)
         try:
             meter = getattr(self, METRICS_METER_ATTRIBUTE, None)
             if meter is None:
                 return step(self, *args, **kwargs)
             return meter.optimizer_step(lambda: step(self, *args, **kwargs))
         finally:
-            setattr(self, _IN_STEP, False)
-            if ours:
-                swapper.stepping = False
+            setattr(self, IN_STEP_ATTRIBUTE, False)
 
     return step_marked
 
@@ -269,7 +260,7 @@ def _keeping_device_tier(partition_all_parameters):
     @functools.wraps(partition_all_parameters)
     def partition_all_parameters_but_device_tier(self, *args, **kwargs):
         coordinator = coordinator_of(self)
-        if coordinator is None or not getattr(self, _IN_STEP, False):
+        if coordinator is None or not getattr(self, IN_STEP_ATTRIBUTE, False):
             return partition_all_parameters(self, *args, **kwargs)
         return coordinator.release_for_optimizer_step(self.parameter_offload.module)
 

@@ -160,6 +160,9 @@ def _unshare_when_the_process_ends(swapper_ref, owner_pid: int) -> None:
                     swapper.files_folder, removed)
 
 
+IN_STEP_ATTRIBUTE = "_tencache_in_step"  # on a ZeRO-3 optimizer, True while its step() runs (install.py)
+
+
 class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
     """Stands in for both PartitionedOptimizerSwapper and PipelinedOptimizerSwapper in stage3's namespace
     (subclass: stage 3 calls ``OptimizerSwapper.parameter_id`` through the base class)."""
@@ -258,7 +261,6 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             self._getter_swap_ins = None  # parameters a fragment getter or setter swapped in (releases_deferred)
             self._fragment_reads_gradient = True  # does the fragment call inside releases_deferred read .grad?
             self.fragment_swap_ins_without_gradient = 0  # COUNT: (releases_deferred, reads_gradient false)
-            self.stepping = False  # within stage 3's step() (install.py marks it)
             self.closed = False
             # A run that ends without engine.destroy() (most training scripts) never closes this swapper: its files
             # still shared with a checkpoint are removed from the folder when the process ends instead, so that a
@@ -549,7 +551,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
                 parameter.grad = self.gradients.lend(group, path, swap_info.numel(),
                                                      functools.partial(self._lend, path, swap_info.numel(), read_ahead))
                 keys.append(path)
-            elif self.stepping and self._getter_swap_ins is None:
+            elif self._in_stage3_step() and self._getter_swap_ins is None:
                 # no micro-batch has reduced into this sub-group yet (a head, a branch or an expert unused so far):
                 # stock CPU offload steps it with its gradient buffer's zeros; with none, stage 3's unscale stopped
                 # the first step (AttributeError on the gradient's mul_; stock NVMe too: helper-190's review). Its
@@ -655,6 +657,11 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
                     raise error
                 # the call's own error is the one its caller catches (KeyError)
                 logger.error("giving back the sub-groups a fragment call swapped in failed too", exc_info=error)
+
+    def _in_stage3_step(self) -> bool:
+        """Within stage 3's step() (install.py marks its optimizer)."""
+        stage3 = self._stage3() if self._stage3 is not None else None
+        return stage3 is not None and getattr(stage3, IN_STEP_ATTRIBUTE, False)
 
     def _gradient_lent(self, parameter) -> bool:
         """Whether ``parameter``'s sub-group has its gradient lent now (a getter lends it with the states)."""
