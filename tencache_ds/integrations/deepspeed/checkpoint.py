@@ -363,56 +363,58 @@ def masters_from_loaded_weights(optimizer) -> bool:
     (``_restore_from_bit16_weights``). The engine's NVMe branch instead copies the checkpoint's swap folder in
     whatever was asked and rebuilds the parameters from its masters: in bf16 the masters then kept the checkpoint's
     fp32 bits where CPU offload's are the 16-bit weights widened, and the losses differed from the first update on
-    (a fresh process; module only also after the refresh that ran before the copy). Sub-groups without a flat 16-bit
-    partition (parameters on file beyond ``max_in_cpu``) keep the checkpoint's masters, as before. Returns whether
-    the masters were set."""
+    (a fresh process; module only also after the refresh that ran before the copy). Returns whether the masters
+    were set."""
     swapper = getattr(optimizer, "optimizer_swapper", None)
     if not isinstance(swapper, TencacheOptimizerSwapper):
         return False
     if swapper.last_load_places is LoadPlaces.NOTHING:  # set before the copy, which placed no master over them
         return True
-    if any(flat is None for flat in optimizer.fp16_partitioned_groups_flat):
-        return False
     optimizer.refresh_fp32_params()  # refresh_masters_swapping_in: each sub-group swapped in, set, swapped out
     return True
 
 
-def refuse_module_only_load_without_flat_partitions(optimizer) -> None:
-    """Stops a ``load_module_only`` that stage 3 cannot finish, before the load changes anything (install.py calls
-    it first; the refresh below again, for a call from elsewhere): with tencache swapping the optimizer and the
-    parameters on file beyond ``max_in_cpu``, some sub-group has no flat 16-bit partition to set its master from
-    (stock stops half-loaded, with ``'NoneType' object has no attribute 'data'``)."""
-    if not isinstance(getattr(optimizer, "optimizer_swapper", None), TencacheOptimizerSwapper):
-        return
-    missing = sum(flat is None for flat in optimizer.fp16_partitioned_groups_flat)
-    if missing:
-        raise TencacheError(f"load_checkpoint(load_module_only=True) with the parameters offloaded to NVMe beyond "
-                            f"offload_param.max_in_cpu ({missing} of {len(optimizer.fp16_partitioned_groups_flat)} "
-                            f"sub-groups on file): ZeRO-3 sets the fp32 masters from flat 16-bit partitions, which "
-                            f"sub-groups on file do not have (stock DeepSpeed stops here too, with the optimizer on "
-                            f"cpu or nvme); load the optimizer state too, raise max_in_cpu, or offload the parameters "
-                            f"to cpu. Nothing was loaded.")
+def set_master_from_16bit_weights(optimizer, sub_group_id: int, master) -> None:
+    """One sub-group's fp32 master set from its 16-bit weights, as ``_restore_from_bit16_weights`` sets it from the
+    flat 16-bit partition; a sub-group without one (its parameters on file beyond ``offload_param.max_in_cpu``,
+    which configs/stock-nvme.json sets to 0: every sub-group) reads its parameters' partitions from their files, as
+    stage 3 builds the masters at start-up (``_swap_in_sub_group_to_flat_buffer``). Stock stops there, half-loaded
+    (``'NoneType' object has no attribute 'data'``, with the optimizer on cpu or on NVMe)."""
+    bit16 = optimizer.fp16_partitioned_groups_flat[sub_group_id]
+    if bit16 is not None:
+        master.data.copy_(bit16.data)
+    else:
+        optimizer._swap_in_sub_group_to_flat_buffer(master, sub_group_id)
+
+
+def restoring_masters_from_files(restore_from_bit16_weights):
+    """stage 3's ``_restore_from_bit16_weights`` (a load without the optimizer's state, or of the module only, with
+    the optimizer in memory sets the fp32 masters from the loaded 16-bit weights) where tencache's parameters are on
+    file beyond ``max_in_cpu``: each master is set by ``set_master_from_16bit_weights``."""
+    @functools.wraps(restore_from_bit16_weights)
+    def restore_reading_partitions_on_file(self):
+        if all(flat is not None for flat in self.fp16_partitioned_groups_flat) or not tencache_runs(self):
+            return restore_from_bit16_weights(self)
+        for sub_group_id, master in enumerate(self.fp32_partitioned_groups_flat):
+            set_master_from_16bit_weights(self, sub_group_id, master)
+
+    return restore_reading_partitions_on_file
 
 
 def refresh_masters_swapping_in(refresh_fp32_params):
     """stage 3's ``refresh_fp32_params`` (``load_checkpoint(load_module_only=True)`` calls it: the fp32 masters are
     set from the loaded 16-bit weights) with tencache swapping the optimizer: stock copies into each master in
     place, which with the optimizer on NVMe is an empty placeholder ("The size of tensor a (0) must match the size
-    of tensor b", stock's swappers and tencache's alike). Here each sub-group is swapped in, its master set, and
-    swapped out, as the step does. With the parameters on file beyond what stage 3 keeps in CPU memory
-    (``max_in_cpu``), a sub-group has no flat 16-bit partition to copy from, and stock stops
-    (``'NoneType' object has no attribute 'data'``, with the optimizer on cpu too): a clear error says so, before
-    the load (``refuse_module_only_load_without_flat_partitions``)."""
+    of tensor b", stock's swappers and tencache's alike). Here each sub-group is swapped in, its master set
+    (``set_master_from_16bit_weights``), and swapped out, as the step does."""
     @functools.wraps(refresh_fp32_params)
     def refresh_fp32_params_swapping_in(self):
         if not isinstance(getattr(self, "optimizer_swapper", None), TencacheOptimizerSwapper):
             return refresh_fp32_params(self)
-        refuse_module_only_load_without_flat_partitions(self)
         timer_names = set()
-        for sub_group_id, (bit16, master) in enumerate(zip(self.fp16_partitioned_groups_flat,
-                                                           self.fp32_partitioned_groups_flat)):
+        for sub_group_id, master in enumerate(self.fp32_partitioned_groups_flat):
             self._prepare_sub_group(sub_group_id, timer_names)
-            master.data.copy_(bit16.data)
+            set_master_from_16bit_weights(self, sub_group_id, master)
             self._release_sub_group(sub_group_id, timer_names)
 
     return refresh_fp32_params_swapping_in

@@ -226,6 +226,10 @@ REBINDINGS = (
               why="load_checkpoint(load_module_only=True) copies the loaded 16-bit weights into the fp32 masters in "
                   "place, which with the optimizer on NVMe are empty placeholders (it stopped): each sub-group is "
                   "swapped in, set and swapped out (checkpoint.py)"),
+    Rebinding(STAGE3, "_restore_from_bit16_weights", "restoring_masters_from_files", wraps=True,
+              why="a load without the optimizer's state (or of the module only) sets the fp32 masters from the flat "
+                  "16-bit partitions, which parameters on file beyond max_in_cpu do not have (it stopped, "
+                  "half-loaded): their partitions are read from file (checkpoint.py)"),
 )
 
 PRIVATE_MEMBERS = (
@@ -283,6 +287,9 @@ PRIVATE_MEMBERS = (
                   "undoes _set_fp32_optimizer_param_groups"),
     PrivateMember(STAGE3, "reset_swap_buffers", "method", "checkpoint.py",
                   "reads adopted masters back and rebuilds the parameters from them, as the engine's load does"),
+    PrivateMember(STAGE3, "_swap_in_sub_group_to_flat_buffer", "method", "checkpoint.py",
+                  "a sub-group's 16-bit weights read from its parameters' partitions, on file or not, into a flat "
+                  "fp32 buffer (how stage 3 builds the masters of parameters beyond max_in_cpu)"),
     PrivateMember(STAGE3, "_prepare_sub_group", "method", "checkpoint.py, zero_file.py",
                   "swaps a sub-group's master and optimizer state in (as step() does), so that a load can set them"),
     PrivateMember(STAGE3, "_release_sub_group", "method", "checkpoint.py, zero_file.py",

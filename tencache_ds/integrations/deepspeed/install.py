@@ -30,9 +30,8 @@ from ...config import NO_AUTO_INSTALL_ENV
 from ...ext_lock import raise_if_stale_locks
 from . import contract, reporting
 from .checkpoint import (adopt_loaded_files, loading_checkpoint, masters_from_loaded_weights,
-                         refresh_masters_swapping_in, refuse_module_only_load_without_flat_partitions,
-                         regather_persistent_parameters, replay_adam_step_products, restore_optimizer_scalars,
-                         restore_unswapped_masters, rigid_load_with_params_on_file)
+                         refresh_masters_swapping_in, regather_persistent_parameters, replay_adam_step_products, restore_optimizer_scalars,
+                         restore_unswapped_masters, restoring_masters_from_files, rigid_load_with_params_on_file)
 from .checkpoint_save import saving_masters, swap_files_linked
 from .config_bridge import DEEPSPEED_OPS, building_stage3, find_stage3_optimizer, initializing, validate_ds_config
 from .config_source import ds_config_of_initialize_call
@@ -297,8 +296,6 @@ def _restoring_optimizer_scalars(load_checkpoint):
         bound.apply_defaults()
         arguments = bound.arguments
         load_dir, module_only = arguments["load_dir"], arguments["load_module_only"]
-        if module_only:
-            refuse_module_only_load_without_flat_partitions(self.optimizer)
         optimizer_state = arguments["load_optimizer_states"] and not module_only
         # the copies the optimizer store holds are dropped after the copy; the live state stays without a load of it
         with loading_checkpoint(self, optimizer_state, module_only):
@@ -406,6 +403,7 @@ REPLACEMENTS = {
     "linking_saved_swap_files": lambda save: swap_files_linked(save, "save"),
     "rigid_load_with_params_on_file": rigid_load_with_params_on_file,
     "refresh_masters_swapping_in": refresh_masters_swapping_in,
+    "restoring_masters_from_files": restoring_masters_from_files,
     "handing_gradients_uncast": handing_gradients_uncast,
     "norming_in_reused_memory": norming_in_reused_memory,
     "noting_gradient_scales": noting_gradient_scales,
