@@ -18,6 +18,20 @@ for arg in "$@"; do
 done
 say() { printf '\n== %s\n' "$*"; }
 
+# 0. A system Python that refuses pip installs (PEP 668: Debian 12, Ubuntu 24.04) stops here, before anything is
+#    installed, with what to do, instead of at pip's first install with "externally-managed-environment".
+if ! $PY - <<'PYEOF'
+import os, sys, sysconfig
+managed = sys.prefix == sys.base_prefix and os.path.exists(os.path.join(sysconfig.get_path("stdlib"), "EXTERNALLY-MANAGED"))
+sys.exit(1 if managed else 0)
+PYEOF
+then
+  echo "setup.sh: $(command -v "$PY") is the system's Python, which does not take pip installs (PEP 668)." >&2
+  echo "  Create a virtual environment and run this again in it:" >&2
+  echo "    python3 -m venv .venv && . .venv/bin/activate && bash scripts/setup.sh" >&2
+  exit 2
+fi
+
 # 1. libaio headers, for DeepSpeed's async_io op (stock ZeRO-Infinity's NVMe engine, which we compare against).
 if [ ! -e /usr/include/libaio.h ]; then
   say "installing libaio-dev"
