@@ -1,6 +1,7 @@
 """The fp32 masters written from the parameter partitions where something needs their files (integrations/deepspeed/
 master_write_behind.py): what is owed goes to the right offsets of the master's file at a settle and not before, a
-settle waits only for the masters made of the partitions named, a failed write stops every later settle, a swap-in
+settle waits only for the masters made of the partitions named, a failed write leaves the master owed (the next
+settle writes it again, a change of its partitions waits for that), a swap-in
 that fills a master from its partitions takes its debt over, and a master owed again waits for its last write first.
 Real files through the real I/O engine; partitions are plain tensors."""
 import logging
@@ -146,24 +147,57 @@ def test_a_settle_waits_for_the_masters_made_of_the_partitions_named_and_no_othe
     writes.close()
 
 
-def test_a_failed_write_stops_every_later_settle():
+def test_a_failed_write_leaves_the_master_owed_and_the_next_settle_writes_it_once_the_drive_takes_it(tmp_path, io):
+    """Regression test (helper-182's review): a failed write (a full disk at a checkpoint's settle) left the file
+    stale for good: every later settle raised, and so did the next update's take-over, though the partitions still
+    held the bytes: training stopped for good where stock's failed save lets it go on. The master stays owed now."""
+    path = str(tmp_path / "g.swp")
+    open(path, "wb").write(bytes(16))
+    failing = OSError(28, "No space left on device")
+
+    def write(tensor, path, file_offset=0):
+        if failing is not None:
+            raise failing
+        return io.write(tensor, path, file_offset=file_offset)
+    values = torch.arange(4, dtype=torch.float32)
+    writes = writer(Partitions({"g": ([1], [values])}), write)
+    writes.owe("g", path)
+    with pytest.raises(OSError, match="No space"):
+        writes.settle()
+    assert writes.owes("g") and not writes.stale  # behind its partitions still, not for good
+    with pytest.raises(OSError, match="No space"):  # a change of its partition waits for the write: still refused
+        settle_owed_masters([1])
+    settle_owed_masters([2])  # (another partition's change is not stopped)
+    failing = None  # room made
+    writes.settle()
+    assert torch.equal(torch.from_file(path, size=4, dtype=torch.float32), values)
+    assert not writes.owes_any and writes.masters_written_behind == 1
+
+
+def test_a_write_that_failed_in_flight_is_owed_again_and_an_update_takes_its_debt_over():
     engine = HeldWrites()
     engine.error = OSError(5, "I/O error")
     engine.gate.set()
-    writes = writer(Partitions({"g": ([1], [torch.ones(4)])}), engine.write)
+    writes = writer(Partitions({"g": ([1], [torch.ones(4)]), "h": ([2], [torch.ones(4)])}), engine.write)
     writes.owe("g", "g.swp")
+    writes.owe("h", "h.swp")
     with pytest.raises(OSError):
-        writes.settle()
-    with pytest.raises(OSError):  # the file is stale for good: nothing may read it
         writes.settle(["g"])
-    with pytest.raises(OSError):  # and no master is owed again
-        writes.owe("g", "g.swp")
+    assert writes.owes("g")
+    with pytest.raises(OSError):  # the file is behind: nothing may read it before a settle writes it
+        writes.settle(["g"])
+    assert writes.take_over("g") and not writes.owes("g")  # the update fills the master from the partitions
+    writes.owe("g", "g.swp")  # and gives it back changed: owed again, no error
+    engine.error = None
+    writes.settle()
+    assert not writes.owes_any
 
 
 def test_a_failed_write_does_not_stop_a_change_of_partitions_no_master_of_it_is_made_of():
     """Regression test (helper-165's review): a writer whose write failed, still owing another master, raised that
     error at every partition change in the process (a gather of any parameter, another model's zero.Init), because it
-    was settled for partitions none of its masters is made of. It raises only for its own partitions now."""
+    was settled for partitions none of its masters is made of. It raises only for its own partitions now (the failed
+    master's too: it is owed still)."""
     engine = HeldWrites()
     engine.error = OSError(5, "I/O error")
     engine.gate.set()
@@ -176,21 +210,23 @@ def test_a_failed_write_does_not_stop_a_change_of_partitions_no_master_of_it_is_
     settle_owed_masters([99])  # another model's partition: not stopped
     done = Future()
     done.set_result(None)
-    writes.filling("g", [done])  # a fill of g that has ended (not cleared yet): g's partitions are not stopped either
-    settle_owed_masters([1])
+    writes.filling("g", [done])  # a fill of g that has ended (not cleared yet)
+    with pytest.raises(OSError):  # g's own partitions: its file is still behind them
+        settle_owed_masters([1])
     with pytest.raises(OSError):  # h's own partitions: its file cannot be made current
         settle_owed_masters([2])
     with pytest.raises(OSError):
         writes.close()
 
 
-def test_a_write_that_cannot_be_issued_leaves_the_file_stale_for_good():
+def test_a_write_that_cannot_be_issued_leaves_the_master_owed():
     def refused(tensor, path, file_offset=0):
         raise OSError(28, "No space left on device")
     writes = writer(Partitions({"g": ([1], [torch.ones(4)])}), refused)
     writes.owe("g", "g.swp")
     with pytest.raises(OSError):
         writes.settle()
+    assert writes.owes("g") and not writes.stale
     with pytest.raises(OSError):
         writes.settle()
 
@@ -633,7 +669,7 @@ def test_a_copy_shown_to_the_zero_files_writer_is_not_filled_again_by_a_settle_o
 
 
 def test_a_failed_write_lets_go_of_the_fill_ahead_and_the_spare_copy(tmp_path, io):
-    """A master file's write that fails (its file stale for good: every later settle raises) leaves no copy
+    """A master file's write that fails (the master owed again: the next settle writes it again) leaves no copy
     referenced: neither the next master's fill ahead nor the copy its writes were done with."""
     partitions, _expected = streaming(tmp_path, io, "gh")
     engine = HeldWrites()

@@ -41,8 +41,11 @@ while the last one's writes run, a fill like any other (a change to its partitio
 copies' memory used again from master to master: a save of gpt2-2.7b settles 26 masters of 400 MB, which one copy at
 a time, fresh for each, left the drive idle between a fill and the writes and paid a page fault a page.
 A master file linked into a checkpoint is replaced by an empty one of its size before its writes, never copied
-(io/shared_files.py ``make_own_file``). A write that fails, or cannot be issued, leaves its file stale for good:
-every later settle raises it.
+(io/shared_files.py ``make_own_file``). A write that fails, or cannot be issued (a full disk), leaves the master
+owed, its partitions unchanged (a change of one settles first, and raises the error again): the next settle writes
+it again, so a save stopped by a full disk can be made again once there is room, and training goes on meanwhile
+(the update takes an owed master's debt over without its file), as it does after stock's failed copy. Only a master
+left with nothing to write it from (``stale_for_good``) stops every later settle.
 """
 import concurrent.futures
 import contextlib
@@ -120,6 +123,7 @@ class MasterWriteBehind:
         self._lock = threading.RLock()
         self._owed: Dict[Hashable, str] = {}             # group -> master file, write not started
         self._writing: Dict[Hashable, List[Future]] = {}  # group -> the writes of its partitions in flight
+        self._writing_to: Dict[Hashable, str] = {}         # group -> the master file those writes go to
         self._partitions: Dict[Hashable, frozenset] = {}  # group -> its partitions' ds_ids, while owed or writing
         self._copies: Dict[Hashable, torch.Tensor] = {}    # group -> the copy its writes read, until waited for
         # group -> the reads of its partitions' files that fill it (at a swap-in, or ahead of one), until done: a
@@ -137,7 +141,7 @@ class MasterWriteBehind:
         self.masters_written_behind = 0  # COUNT: masters written from the partitions (at a settle)
         self.bytes_written_behind = 0    # SUM: their bytes
         self.masters_filled_ahead = 0    # COUNT: of them, masters filled while the one before was written
-        self._failed: Optional[BaseException] = None  # a write that failed: its file is stale for good
+        self._failed: Optional[BaseException] = None  # a master with nothing to write it from: stale for good
         with _LIVE_LOCK:
             _LIVE.add(self)
 
@@ -201,7 +205,7 @@ class MasterWriteBehind:
             if self._failed is not None:
                 raise self._failed
             if group in self._writing:  # a settle's write not waited for: never reordered
-                self._wait(group)
+                self._wait_superseded(group)
             found = self._partition_ids(group)
             if found is None:
                 return False
@@ -229,7 +233,7 @@ class MasterWriteBehind:
             if self._failed is not None:
                 raise self._failed
             if group in self._writing:
-                self._wait(group)
+                self._wait_superseded(group)
             self._spare = None  # (a save stopped between two settles: its memory goes with the next update)
             self._drop_prefilled(group)  # the swap-in fills it itself
             if self._owed.pop(group, None) is None:
@@ -252,8 +256,8 @@ class MasterWriteBehind:
 
     def settle(self, groups: Optional[Iterable[Hashable]] = None, but: Iterable[Hashable] = ()) -> None:
         """Start what ``groups`` (None: every group) owe and wait for their writes; raises the first failed write's
-        error (the master file is then not current: nothing may read it, so the run stops, and so does every later
-        settle). The groups in ``but`` are left as they are, a write in flight included (``settled_with`` settles
+        error (the master file is then not current: nothing may read it; it stays owed, and the next settle writes
+        it again). The groups in ``but`` are left as they are, a write in flight included (``settled_with`` settles
         them)."""
         but = frozenset(but)
         with self._lock:
@@ -297,7 +301,7 @@ class MasterWriteBehind:
         try:
             yield views
         except BaseException:
-            with self._lock, contextlib.suppress(Exception):  # (a failed write is kept: every later settle raises it)
+            with self._lock, contextlib.suppress(Exception):  # (a failed write stays owed: the next settle raises it)
                 try:
                     if group in self._writing:
                         self._wait(group)
@@ -330,11 +334,12 @@ class MasterWriteBehind:
                     _LIVE.discard(self)
 
     def _start(self, group) -> List[torch.Tensor]:
-        """Issue ``group``'s writes; returns the memory they read. Any error leaves the master file stale for good
-        (``_failed``), with the writes already issued waited for by the next settle (which raises it)."""
+        """Issue ``group``'s writes; returns the memory they read. Any error leaves the master owed again, the writes
+        already issued waited for first (the next settle starts them all again)."""
         path = self._owed.pop(group)
         futures, offset = [], 0
         self._writing[group] = futures
+        self._writing_to[group] = path
         try:
             found = self._partition_views(group)
             if found is not None:
@@ -346,9 +351,14 @@ class MasterWriteBehind:
             for view in views:
                 futures.append(self._write(view, path, file_offset=offset))
                 offset += view.numel() * view.element_size()
-        except BaseException as err:
-            self._fail(err)
-            self._copies.pop(group, None)  # (a write issued holds its tensor until it is done)
+        except BaseException:
+            concurrent.futures.wait(futures)  # (none may still read a copy, nor land after the next settle's)
+            self._writing.pop(group)
+            self._owed[group] = self._writing_to.pop(group)
+            self._copies.pop(group, None)
+            for other in list(self._prefilled):  # (a fill ahead is a settle's, which stops here)
+                self._drop_prefilled(other)
+            self._spare = None
             raise
         self.masters_written_behind += 1
         self.bytes_written_behind += offset
@@ -434,14 +444,29 @@ class MasterWriteBehind:
             del self._fills[group]
 
     def _wait(self, group) -> None:
+        """Wait for ``group``'s writes (lock held). One that failed leaves the master owed again (its partitions, a
+        current copy still: any change of them settles first) and raises its error."""
         futures = self._writing.pop(group)
-        self._partitions.pop(group, None)
+        path = self._writing_to.pop(group)
         copy = self._copies.pop(group, None)
         errors = [future.exception() for future in futures]  # (each done now)
+        error = next((error for error in errors if error is not None), None)
+        if error is not None:
+            self._owed[group] = path
+            for other in list(self._prefilled):  # (a fill ahead is a settle's, which stops here)
+                self._drop_prefilled(other)
+            self._spare = None
+            raise error
+        self._partitions.pop(group, None)
         if copy is not None and group not in self._shown and (self._spare is None
                                                               or self._spare.numel() < copy.numel()):
             self._spare = copy  # no write reads it any more (nor, unless shown, anything else)
-        error = next((error for error in errors if error is not None), None)
-        if error is not None:
-            self._fail(error)
-            raise error
+
+    def _wait_superseded(self, group) -> None:
+        """Wait for ``group``'s writes where its master is about to be owed anew or taken over (lock held): a write
+        that failed is no error of this call (the new debt replaces the one it was paying), and is logged."""
+        try:
+            self._wait(group)
+        except Exception as err:  # noqa: BLE001  (logged: the debt it paid is owed again by the caller, or taken)
+            logger.warning("tencache: the write of optimizer sub-group %s's fp32 master to its file failed (%s: %s); "
+                           "it is owed again and written at the next settle", group, type(err).__name__, err)
