@@ -58,7 +58,13 @@ if ! $PY -c "import torch" 2>/dev/null; then
   if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
     say "installing torch==2.13.0 (CUDA build: a GPU is present)"; $PY -m pip install -q torch==2.13.0
   else
-    say "installing torch==2.13.0 (CPU build: no GPU)"; $PY -m pip install -q torch==2.13.0
+    # PyPI's x86_64 torch is the CUDA build: the CPU one is "+cpu", from where pip's configuration offers it (this
+    # project's VMs: a local wheel folder), else from PyTorch's CPU index (helper-194: both branches were the same
+    # command, which on a machine without such a configuration pulled the CUDA wheels)
+    say "installing torch==2.13.0 (CPU build: no GPU)"
+    $PY -m pip install -q "torch==2.13.0+cpu" 2>/dev/null \
+      || $PY -m pip install -q "torch==2.13.0+cpu" --index-url https://download.pytorch.org/whl/cpu \
+           --extra-index-url https://pypi.org/simple
   fi
 fi
 

@@ -97,7 +97,7 @@ def _other_nvme_paths(config, config_path: Optional[str], checked: Optional[str]
     writable, free space, filesystem and O_DIRECT), where one was checked above; it went unchecked (helper-176)."""
     results = []
     for key, path in nvme_paths_from_config(config).items():
-        if checked is None or os.path.abspath(os.path.expanduser(path)) == checked:
+        if checked is None or os.path.abspath(path) == checked:
             continue
         other = check_nvme_path(path, f"{key} in {config_path}")
         try:

@@ -167,9 +167,15 @@ class NvmePathState:
 def check_nvme_path(path: str, source: str) -> NvmePathState:
     """Exists or creatable, writable, free space, filesystem (and O_DIRECT). ``source`` says where the path came
     from, for the messages."""
-    path = os.path.abspath(os.path.expanduser(path))
-    state = NvmePathState(path, [])
     fix = "choose a folder on a local SSD/NVMe that this user can write, with --nvme-path"
+    if path.startswith("~"):  # DeepSpeed joins it as given: the run would swap into ./~/... under its working folder
+        state = NvmePathState(os.path.abspath(path), [])
+        state.checks.append(CheckResult(
+            "nvme path", FAIL, f"{path} ({source}) starts with '~', which DeepSpeed does not expand (the run would "
+            f"swap into {os.path.abspath(path)}): give the folder as an absolute path", {"path": path}))
+        return state
+    path = os.path.abspath(path)
+    state = NvmePathState(path, [])
     if os.path.exists(path) and not os.path.isdir(path):
         state.checks.append(CheckResult("nvme path", FAIL, f"{path} ({source}) exists and is not a directory; {fix}",
                                         {"path": path}))

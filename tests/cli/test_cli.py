@@ -124,15 +124,17 @@ def test_doctor_on_a_good_folder_passes(tmp_path):
     assert "Traceback" not in result.stdout + result.stderr
 
 
-@pytest.mark.parametrize("kind", ["file_in_the_way", "under_proc", "is_a_file"])
+@pytest.mark.parametrize("kind", ["file_in_the_way", "under_proc", "is_a_file", "tilde"])
 def test_doctor_fails_on_an_unusable_nvme_path(tmp_path, kind):
     """Scenario: the NVMe path cannot hold swap files (as root, permissions do not stop us, so the path is made
     unusable structurally: a file where a folder must be, a folder under /proc, or a plain file)."""
     # Step 1: build the unusable path.
     blocker = tmp_path / "blocker"
     blocker.write_text("not a folder")
+    # "tilde": DeepSpeed does not expand "~" in a config's nvme_path (the run swaps into ./~/...): doctor checked
+    # $HOME's folder instead (helper-194)
     path = {"file_in_the_way": str(blocker / "swap"), "under_proc": "/proc/tencache-doctor-test/swap",
-            "is_a_file": str(blocker)}[kind]
+            "is_a_file": str(blocker), "tilde": "~/tencache-doctor-test"}[kind]
     # Step 2: the path's check (doctor_nvme.check_nvme_path, which doctor runs) fails naming the path, nothing else.
     from tencache_ds.cli.doctor_nvme import check_nvme_path
     state = check_nvme_path(path, "--nvme-path")
