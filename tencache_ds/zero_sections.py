@@ -8,7 +8,7 @@ all at initialize (integrations/deepspeed/config_bridge.validate_ds_config).
 Plain module: imports neither torch nor DeepSpeed, so `tencache-ds bench` refuses a config here before its stock
 arm trains for nothing.
 """
-from typing import Any, List, Tuple
+from typing import Any, List, Optional, Tuple
 
 from .config import CONFIG_KEY
 from .config_checks import check_swap_folder
@@ -27,6 +27,15 @@ def check_zero_sections(raw: dict) -> List[Tuple[str, dict]]:
     """Every check of DeepSpeed's sections that an enabled block needs (the module docstring; a block misplaced
     inside one is ``reject_nested_blocks``', which preflight.py runs first), in the order a user would fix them.
     Returns the offload sections on NVMe, as (dotted key, section)."""
+    nvme_sections = check_zero_sections_but_folders(raw)
+    for key, section in nvme_sections:
+        check_swap_folder(f"{key}.nvme_path", section.get("nvme_path"))
+    return nvme_sections
+
+
+def check_zero_sections_but_folders(raw: dict) -> List[Tuple[str, dict]]:
+    """``check_zero_sections`` but the swap folders' (which may be on another machine: `tencache-ds estimate`
+    prices a config for one)."""
     zero = raw.get("zero_optimization")
     zero = zero if isinstance(zero, dict) else {"stage": _legacy_stage(zero)}
     _check_stage(zero.get("stage", 0))
@@ -38,8 +47,6 @@ def check_zero_sections(raw: dict) -> List[Tuple[str, dict]]:
                                   f'manage: remove it, {DISABLE_HINT}')
     _check_secondary_partitions(zero, nvme_sections)
     _check_optimizer_state_dtype(raw, nvme_sections)
-    for key, section in nvme_sections:
-        check_swap_folder(f"{key}.nvme_path", section.get("nvme_path"))
     return nvme_sections
 
 
@@ -103,18 +110,30 @@ def _nvme_offload_sections(zero: dict) -> List[Tuple[str, dict]]:
 
 
 def _check_secondary_partitions(zero: dict, nvme_sections: List[Tuple[str, dict]]) -> None:
+    if any(key == "zero_optimization.offload_param" for key, _section in nvme_sections):
+        refusal = secondary_partitions_on_nvme(zero)
+        if refusal is not None:
+            raise TencacheConfigError(refusal)
+
+
+def secondary_partitions_on_nvme(zero: dict) -> Optional[str]:
     """ZeRO++'s hierarchical partitioning (hpZ) keeps a secondary copy of each parameter partition on the
     parameters' offload device, and stage 3 (DeepSpeed 0.19.8, ``_partition_param_sec``) allocates it there with
     ``torch.empty(device=...)``: with parameters on NVMe that is ``device="nvme"``, and zero.Init stops with
     "Expected one of cpu, cuda, ... device type at start of device string: nvme", stock's swappers and tencache's
-    alike. Said here, naming both keys, before anything is partitioned."""
+    alike. Why, naming both keys (said before anything is partitioned), or None where the ``zero_optimization``
+    section ``zero`` asks for no such copies."""
+    section = zero.get("offload_param")
+    device = section.get("device", "none") if isinstance(section, dict) else "none"
+    if str(getattr(device, "value", device)) != "nvme":
+        return None
     try:
         hpz = int(zero.get("zero_hpz_partition_size", 1) or 1)
     except (TypeError, ValueError):
-        return  # DeepSpeed's own config model reports a value that is not a number
-    if hpz > 1 and any(key == "zero_optimization.offload_param" for key, _section in nvme_sections):
-        raise TencacheConfigError(
-            f"zero_optimization.zero_hpz_partition_size: {hpz} (ZeRO++ hpZ) keeps a secondary copy of every "
+        return None  # DeepSpeed's own config model reports a value that is not a number
+    if hpz <= 1:
+        return None
+    return (f"zero_optimization.zero_hpz_partition_size: {hpz} (ZeRO++ hpZ) keeps a secondary copy of every "
             f'parameter partition on the offload_param device, which DeepSpeed cannot allocate on "nvme" '
             f'(zero_optimization.offload_param.device): set zero_hpz_partition_size to 1, or offload the '
             f'parameters to "cpu" (the optimizer state can stay on NVMe)')

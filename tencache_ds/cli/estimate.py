@@ -19,6 +19,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from ..drive_wear import fmt_decimal_tb
 from ..errors import TencacheConfigError, TencacheResourceError
 from ..units import fmt_bytes
+from ..zero_sections import reject_nested_blocks
 from .ds_config_file import read_ds_config
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -60,6 +61,7 @@ def build_inputs(args) -> Dict[str, Any]:
     shape = model_shape(model_config, source=f"model config {model_path}")
     args.seq = sequence_length(model_config, args.seq, model_path)
     ds_config = read_ds_config(args.ds_config)
+    reject_nested_blocks(ds_config)  # (a misplaced or misspelled block: the run stops on it, stock's or tencache's)
     zero = ZeroSettings.from_ds_config(ds_config, source=f"DeepSpeed config {args.ds_config}")
     if args.machine != THIS:  # (read first: the batch shape follows from the ranks, as DeepSpeed derives it)
         machine = load_machine(args.machine)
@@ -109,7 +111,8 @@ def build_inputs(args) -> Dict[str, Any]:
         from ..plan.step_model.tencache import described_resources
         check_host_budget(zero.tencache, described_resources(workload, machine))
     return {"model_path": model_path, "shape": shape, "zero": zero, "machine": machine, "workload": workload,
-            "micro_batch": micro_batch, "gas": gas, "dtype": dtype, "profile_notes": profile_notes}
+            "micro_batch": micro_batch, "gas": gas, "dtype": dtype, "profile_notes": profile_notes,
+            "ds_config": ds_config}
 
 
 def _profile_sections(args):
@@ -298,6 +301,8 @@ def estimate(args) -> Dict[str, Any]:
         "optimizer_state_known": workload.zero.precision.state_known, "drive_tbw_bytes": tbw,
     }
     fit = {name: fits(prediction, workload, machine) for name, prediction in predictions.items()}
+    for name, reason in refusals_at_initialize(inputs["ds_config"], inputs["zero"]).items():
+        fit[name] = (False, fit[name][1] + [reason])
     report["fits"] = fit[TENCACHE][0]
     report["fits_stock"] = fit[STOCK][0]
     report["why_not"] = {name: reasons for name, (_ok, reasons) in fit.items()}
@@ -315,6 +320,27 @@ def estimate(args) -> Dict[str, Any]:
     report["machine_figures"] = machine.to_json()
     report["profile"] = {"path": getattr(args, "profile", None), "used": inputs["profile_notes"]}
     return report
+
+
+def refusals_at_initialize(ds_config: Dict[str, Any], zero) -> Dict[str, str]:
+    """Why the run stops at start-up, whatever the machine, by arm (``stock``, ``tencache``; none where it starts):
+    the checks of DeepSpeed's sections tencache makes at deepspeed.initialize, but the swap folders' (they may be on
+    another machine), and hpZ copies on NVMe, which stop stock's zero.Init too (helper-194: "fits: yes" for both).
+    A config that offloads nothing to NVMe is priced as stock for both (``zero``: its ZeroSettings)."""
+    from ..plan.step_model import STOCK, TENCACHE
+    from ..zero_sections import check_zero_sections_but_folders, secondary_partitions_on_nvme
+
+    refusals = {}
+    section = ds_config.get("zero_optimization")
+    hpz = secondary_partitions_on_nvme(section) if isinstance(section, dict) else None
+    if hpz is not None:
+        refusals[STOCK] = f"DeepSpeed stops in zero.Init: {hpz}"
+    try:
+        if "nvme" in (zero.offload_param, zero.offload_optimizer):
+            check_zero_sections_but_folders(ds_config)
+    except TencacheConfigError as err:
+        refusals[TENCACHE] = f"tencache refuses it at deepspeed.initialize: {err}"
+    return refusals
 
 
 def render(report: Dict[str, Any]) -> List[str]:

@@ -129,7 +129,7 @@ def test_a_drive_rating_that_is_no_positive_finite_number_is_refused_naming_it(r
 
 @pytest.mark.parametrize("kind", ["missing_model", "unknown_architecture", "missing_ds_config", "bad_machine",
                                   "missing_machine", "zero_stage_2", "bad_profile", "budget_over_the_machine",
-                                  "nvme_path_with_a_machine_file"])
+                                  "nvme_path_with_a_machine_file", "nested_block"])
 def test_bad_inputs_are_named(tmp_path, kind):
     model, machine, ds_config = "llama-7b", MACHINE, DS_CONFIG
     if kind == "missing_model":
@@ -159,6 +159,12 @@ def test_bad_inputs_are_named(tmp_path, kind):
         assert result.returncode == 2 and "--nvme-path names the folder `--machine this` measures" in result.stderr, \
             result.stderr
         return
+    elif kind == "nested_block":  # the run stops on it (DeepSpeed's own model, tencache's check): it was priced
+        data = json.load(open(DS_CONFIG))
+        data["zero_optimization"]["tencache"] = {}
+        ds_config = str(tmp_path / "ds.json")
+        (tmp_path / "ds.json").write_text(json.dumps(data))
+        expected = 'zero_optimization.tencache: the "tencache" block belongs at the top level'
     elif kind == "budget_over_the_machine":  # the run refuses it at initialize: the estimate said "fits: yes"
         data = json.load(open(DS_CONFIG))
         data["tencache"] = {"host_cache_bytes": "2TiB"}  # the machine file's host has 256 GiB
@@ -231,6 +237,28 @@ def test_machine_this_measures_and_cites_each_figure(tmp_path):
     # Step 3: the probe's files are gone.
     assert os.listdir(tmp_path / "nvme") == []
     shutil.rmtree(tmp_path / "nvme", ignore_errors=True)
+
+
+@pytest.mark.parametrize("change, stock_fits, reason", [
+    ({"aio": {"use_gds": True}}, True, "aio.use_gds"),
+    ({"zero_optimization": {"zero_hpz_partition_size": 2}}, False, "zero_optimization.zero_hpz_partition_size"),
+])
+def test_a_config_the_run_refuses_at_start_up_does_not_fit(tmp_path, change, stock_fits, reason):
+    """Regression test (helper-194): a config tencache refuses at deepspeed.initialize (GPUDirect Storage's buffers,
+    hpZ copies on NVMe, which stop stock's zero.Init too) was answered "fits: yes"."""
+    with open(DS_CONFIG) as handle:
+        config = json.load(handle)
+    for section, keys in change.items():
+        config[section] = dict(config.get(section) or {}, **keys)
+    path = tmp_path / "refused.json"
+    path.write_text(json.dumps(config))
+    result = estimate("--json", ds_config=str(path))
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert not report["fits"] and report["fits_stock"] is stock_fits, report["why_not"]
+    assert any(why.startswith("tencache refuses it at deepspeed.initialize: " + reason)
+               for why in report["why_not"]["tencache"]), report["why_not"]
+    assert stock_fits or any(reason in why for why in report["why_not"]["stock"]), report["why_not"]
 
 
 def test_bf16_masters_and_state_are_read_from_the_config_and_stop_stock(tmp_path):
