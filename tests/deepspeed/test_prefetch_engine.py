@@ -77,3 +77,16 @@ def test_persistent_parameters_on_nvme_leave_the_profile_to_the_training_step(tr
     ours = train(block=STREAMING, **shape)
     assert_identical(stock, ours)
     assert ours.last_stats["param_profile_divergences"] <= 7  # without the change: two in every step after the first
+
+
+@pytest.mark.parametrize("block", [{}, STREAMING], ids=["auto", "streaming"])
+def test_persistent_parameters_on_nvme_at_two_ranks_keep_their_partition_until_their_gather_is_done(train, block):
+    """Regression test (helper-195): at 2 ranks stage 3 releases a persistent parameter's partition right after
+    starting its gather, which on a host accelerator reads the partition itself, on gloo's thread: released, the
+    gather read the placeholder and the first forward stopped ("out->size == in->size * context->size"), or (a
+    coalesced gather) the parameter came back in the placeholder's fp16 ("Float and Half"). Stock NVMe crashes at 2
+    ranks with parameters on NVMe: the reference is stock CPU offload."""
+    shape = dict(dtype="fp32", steps=3, seq_len=16, persistence_threshold=1e6, launcher="ranks", num_ranks=2)
+    reference = train(block=None, offload_device="cpu", **shape)
+    ours = train(block=block, **shape)
+    assert_same_bits(reference, ours)

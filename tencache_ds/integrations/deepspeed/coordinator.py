@@ -312,8 +312,8 @@ def restoring_kept_partitions(ensure_availability):
 
 def _gathered_bytes(param) -> int:
     """The bytes of ``param`` gathered: its full size in its own dtype. Not the partition's element size: a partition
-    swapped out to NVMe is DeepSpeed's one-element fp16 placeholder (the swapper's ``invalid_buffer``), which made
-    an fp32 parameter count half its bytes."""
+    swapped out to NVMe holds a one-element placeholder (the swapper's ``invalid_buffer``; DeepSpeed's own is fp16,
+    which made an fp32 parameter count half its bytes)."""
     return param.ds_numel * param.element_size()
 
 

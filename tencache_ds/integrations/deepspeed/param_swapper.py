@@ -100,7 +100,10 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
         self.numel_alignment = io_aligned_numel(1, model_dtype, intra_op)
         self.elements_per_buffer = self.swap_config.buffer_size
         self.param_buffer_count = self.swap_config.buffer_count
-        self.invalid_buffer = torch.tensor(1).half()
+        # the placeholder a partition on file holds (DeepSpeed's is fp16): in the partitions' own dtype, because
+        # stage 3 casts a gathered parameter to its partition's dtype, and at 2 ranks it releases a persistent
+        # partition on NVMe while its coalesced gather is still in flight (the forward stopped: "Float and Half")
+        self.invalid_buffer = torch.tensor(1, dtype=model_dtype)
         self.largest_partition_numels = []   # the largest sub-group's partitions (reserve_partitioned_swap_space)
 
         # Our own folder, emptied once per process like stock does, so no stale file is ever read; not under another
@@ -725,15 +728,20 @@ def _owed_masters_settled() -> Optional[Exception]:
 
 def _persisted_gather_in_flight(param) -> bool:
     """``param``'s gather has started (INFLIGHT: __all_gather_params releases persisted parameters' partitions right
-    after starting it) and its gathered tensor is a view of its partition. Not a partitioning's release: there
-    (_partition_param with free_data False, a leaf module's) stage 3 replaces the view right after, and a partition
-    kept lent then stayed so for good (helper-188's review)."""
+    after starting it) and reads its partition in place: on a host accelerator the collective's input is the
+    partition itself, read on the collective's own thread after this returns (at 2 ranks gloo read the placeholder:
+    "out->size == in->size * context->size"; helper-195), and at one rank the gathered tensor is a view of it. Not a
+    partitioning's release: there (_partition_param with free_data False, a leaf module's) stage 3 replaces the view
+    right after, and a partition kept lent then stayed so for good (helper-188's review). On a GPU the gather reads
+    a device copy of the partition, fenced at the release (``_device_copy_fence``)."""
     from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus  # (at call time: _is_gathered)
     if getattr(param, "ds_status", None) != ZeroParamStatus.INFLIGHT or param.ds_tensor is None:
         return False
     data, partition = param.data, param.ds_tensor
-    return data.numel() > 0 and partition.numel() > 0 and data.device == partition.device and \
-        data.data_ptr() == partition.data_ptr()
+    if getattr(partition, "status", None) != PartitionedParamStatus.AVAILABLE:  # (on file already: nothing to keep)
+        return False
+    return accelerator_is_host() or (data.numel() > 0 and data.device == partition.device and
+                                     data.data_ptr() == partition.data_ptr())
 
 
 def _is_gathered(param) -> bool:
