@@ -110,3 +110,25 @@ def test_resume_with_the_trainers_two_parameter_groups_gives_the_uninterrupted_r
     assert [step["step"] for step in resumed.result["steps"]] == [2, 3]
     assert resumed.loss_bits == uninterrupted.loss_bits[2:]
     assert resumed.result["weights_sha256"] == uninterrupted.result["weights_sha256"]
+
+
+def test_a_save_before_any_step_after_a_load_describes_the_moments_and_resumes_as_the_loaded_checkpoint(tmp_path):
+    """Regression test (helper-192): a fresh engine that loaded a checkpoint and saved at once (a preemption
+    handler's save, a re-tag script) wrote the moments into its ZeRO file as full-size tensors of no set value (set
+    from the load as placeholders, registered only at the next swap-in): a stock CPU offload load or `tencache-ds
+    checkpoint-for-cpu` took them for Adam's. They are described (meta tensors) as after a step now, and the second
+    checkpoint resumes as the first does. Each stage a process of its own (save_after_load.py)."""
+    from conftest import result_of, run_helper  # (tests/deepspeed/conftest.py)
+    script = os.path.join(os.path.dirname(__file__), "save_after_load.py")
+
+    def stage(*args):
+        proc = run_helper(script, list(args))
+        result = result_of(proc.stdout)
+        assert result is not None, proc.stdout[-2000:] + proc.stderr[-4000:]
+        return result
+
+    checkpoint = tmp_path / "checkpoint"
+    uninterrupted = stage("train", tmp_path / "nvme-train", checkpoint)
+    assert stage("resave", tmp_path / "nvme-resave", checkpoint) == {"described": True, "moments": 6}
+    resumed = {tag: stage("resume", tmp_path / f"nvme-{tag}", checkpoint, tag)["losses"] for tag in ("first", "second")}
+    assert resumed["first"][0] == uninterrupted["loss"] and resumed["second"] == resumed["first"], resumed

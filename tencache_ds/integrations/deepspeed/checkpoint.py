@@ -188,14 +188,18 @@ def restore_optimizer_scalars(engine, load_dir, load_path, load_optimizer_states
                 logger.warning("optimizer sub-group %s: no loaded swap file for %s; its optimizer state is not "
                                "restored (as in stock DeepSpeed)", OptimizerSwapper.parameter_id(param), missing)
                 continue
+            placed = 0
             for key, value in saved_state.items():
                 if key in swapped:  # its bytes are in the loaded swap folder
                     if key not in live:
                         live[key] = torch.empty(swap_info.numel(), dtype=value.dtype)  # untouched: no memory
-                        restored += 1
+                        placed += 1
                     continue
                 live[key] = value.clone() if torch.is_tensor(value) else value
                 restored += 1
+            if placed:
+                swapper.register_loaded_state(swap_info, param)
+                restored += placed
         # torch's load_state_dict (stock CPU offload's load) replaces the whole state: a sub-group the checkpoint holds
         # no state for, or an empty one (saved before its first step), starts Adam over, whatever this engine trained
         with_state = {id(by_saved_id[saved_id]) for saved_id, saved_state in saved["state"].items() if saved_state}

@@ -1016,6 +1016,17 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         dtype = self._state_dtypes.get(path)
         return buffer if dtype is None else viewed_as(buffer, numel, dtype)
 
+    def register_loaded_state(self, swap_info, parameter) -> None:
+        """A load put state tensors of a sub-group that registered none yet (a fresh engine: Adam's moments, as
+        full-size placeholders of their dtype; their bytes are the loaded swap files): registered now and emptied, as
+        a step's give-back leaves a sub-group, without storing them. Left registered at the next swap-in instead, a
+        save before any step held them as full-size tensors of no set value, and saved them as the moments in the
+        ZeRO file (helper-192: a stock CPU offload load or `checkpoint-for-cpu` then took them for Adam's)."""
+        if swap_info.has_state_tensors or swap_info.param_id in self._lent:
+            return
+        self._update_param_state_info(swap_info, parameter)
+        swap_info.release_memory()
+
     def _give_back(self, parameter, states_changed: bool, gradient_changed: bool) -> None:
         swap_info = self.swap_params_info.get(OptimizerSwapper.parameter_id(parameter))
         if swap_info is None:
