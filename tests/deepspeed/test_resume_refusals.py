@@ -70,3 +70,16 @@ def test_a_checkpoint_of_other_parameter_groups_is_refused_as_stock_cpu_offload_
     assert loaded is not None, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert loaded["error"] is not None and "parameter groups hold [2, 1] optimizer sub-groups, this engine's [1, 2]" \
         in loaded["error"], loaded
+
+
+def test_a_save_dir_deepspeed_refuses_removes_nothing(tmp_path):
+    """Regression test (helper-192): save_checkpoint("") removed this rank's swap files of a tag under the working
+    folder before DeepSpeed's own refusal, and save_checkpoint(None) stopped in os.path.join instead of on it."""
+    (tmp_path / "checkpoint").mkdir()
+    proc = run_helper(os.path.join(os.path.dirname(__file__), "interrupted_resave.py"),
+                      ["no_save_dir", tmp_path / "nvme", tmp_path / "checkpoint"])
+    result = result_of(proc.stdout)
+    assert result is not None, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert result["kept"], result
+    assert all(error is not None and error.startswith("ValueError: save_dir must be a non-empty string")
+               for error in result["errors"]), result

@@ -454,12 +454,15 @@ def swap_files_linked(method, direction: str):
     return with_swap_files_linked
 
 
-def _forget_earlier_swap_files(engine, save_dir: str, tag) -> None:
+def _forget_earlier_swap_files(engine, save_dir, tag) -> None:
     """A save into a tag saved before: this rank's swap files of the earlier save go first, so that a save stopped
     part way (Ctrl-C, a full disk, preemption) leaves a checkpoint the load refuses as incomplete. The files were
     replaced one by one after the new model and ZeRO files: stopped between, the tag mixed new step counts with old
     masters and moments, and loaded without a word (helper-182's review; stock NVMe refuses a second save into a
-    tag: its copytree's dirs_exist_ok=False). The folder is the one engine.save_checkpoint copies into."""
+    tag: its copytree's dirs_exist_ok=False). The folder is the one engine.save_checkpoint copies into. A ``save_dir``
+    DeepSpeed refuses ("" or None) removes nothing: "" named the folder under the working directory (helper-192)."""
+    if not save_dir or not isinstance(save_dir, (str, os.PathLike)):  # DeepSpeed's save refuses it, with its error
+        return
     rank = engine.local_rank if engine.use_node_local_storage() else engine.global_rank
     tag = f"global_step{engine.global_steps}" if tag is None else str(tag)
     folder = os.path.join(save_dir, tag, "offloaded_tensors", "rank" + dp_index_to_str(rank))
