@@ -75,6 +75,16 @@ def test_a_give_back_refused_as_its_writes_start_leaves_nothing_lent_and_destroy
     assert proc.stdout.strip().endswith("OK"), proc.stdout[-2000:]
 
 
+def test_an_interrupt_while_a_sub_group_goes_back_leaves_none_of_its_tensors_lent(tmp_path):
+    """Regression test (helper-193): Ctrl-C (or a SystemExit) landing right after the first of a sub-group's tensors
+    went back to the optimizer store skipped the others, lent for good and recorded nowhere: ``engine.destroy()``
+    stopped on the lent gradient. The rest go back too now, and the interrupt is raised after."""
+    from conftest import result_of
+    proc = run_helper(os.path.join(os.path.dirname(__file__), "interrupted_give_back.py"), [tmp_path / "nvme"])
+    assert result_of(proc.stdout) == {"interrupted": True, "destroy_error": None}, \
+        proc.stdout[-2000:] + proc.stderr[-4000:]
+
+
 def test_a_save_after_an_update_stopped_with_a_master_lent_from_its_partitions_is_refused_with_why():
     """integrations/deepspeed/masters_in_partitions.py check_none_lent_behind: the master's file is behind the
     partitions it was filled from, and a save would link it stale (checked: without the check the save goes on)."""

@@ -499,12 +499,12 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
                 "update function, is not supported: read what it needs before or after the update. (After an "
                 "optimizer step that stopped part way, its sub-group stays swapped in until engine.destroy().)")
         read_ahead = self.ahead.take(group)
-        master_path = swap_info.tensors[0].swap_path
-        from_partitions = self._master_in_partitions(group, master_path) and master_path not in read_ahead
-        # a master read ahead while its file was behind the partitions was read from them (_owed_master_fill): its
-        # lend takes the debt over as a fill does
-        read_from_partitions = from_partitions or (master_path in read_ahead and self.masters.owed(group))
-        try:
+        try:  # (the reads taken are no longer ReadsAhead's: whatever stops here gives them back)
+            master_path = swap_info.tensors[0].swap_path
+            from_partitions = self._master_in_partitions(group, master_path) and master_path not in read_ahead
+            # a master read ahead while its file was behind the partitions was read from them (_owed_master_fill):
+            # its lend takes the debt over as a fill does
+            read_from_partitions = from_partitions or (master_path in read_ahead and self.masters.owed(group))
             self.masters.before_lend(group, read_from_partitions)  # (a failed write of one behind is raised here)
         except BaseException:
             self._give_back_unlent(read_ahead, ())
@@ -1032,10 +1032,12 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         if swap_info is None:
             return
         lent = set(self._lent.pop(OptimizerSwapper.parameter_id(parameter), ()))
-        refused = True  # until the state tensors the step just created are registered: then lent ones go back as is
+        refused = False  # a state the step just created refused: then lent ones go back as they were lent
         try:
             self._update_param_state_info(swap_info, parameter)  # may refuse a state of another dtype
-            refused = False
+        except TencacheConfigError:  # (not an interrupt: Adam's new bytes are kept then, as after any step)
+            refused = True
+            raise
         finally:
             changed = states_changed and not refused
             master_elsewhere = False
@@ -1060,9 +1062,9 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         ``master_elsewhere``: the parameter partitions hold it; changed for its file where it was lent with the
         debt of an owed master), and its gradient (discarded where it was a copy of fragments stage 3 still holds:
         nothing to keep or write). Every one goes back whatever another's give-back raised (a write refused as it
-        starts leaves its entry DIRTY, its bytes held: cache/transfers.py); the first error is raised after. The
-        caller no longer records them as lent: one left lent here would stay so for good, and the store's close
-        would stop on it."""
+        starts leaves its entry DIRTY, its bytes held: cache/transfers.py), a Ctrl-C or SystemExit too (it skipped
+        the rest: helper-193); the first error is raised after, an interrupt before any other. The caller no longer
+        records them as lent: one left lent here would stay so for good, and the store's close would stop on it."""
         error = None
         master_owed = self.masters.take_debt(swap_info.param_id)
         for index, context in enumerate(swap_info.tensors):
@@ -1074,19 +1076,19 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
                     if self.masters.give_back_owed(swap_info.param_id, context.swap_path,
                                                    self.store.release_rewritten_elsewhere):
                         continue
-                except Exception as err:  # noqa: BLE001  (the store writes it below; raised once all went back)
+                except BaseException as err:  # noqa: BLE001  (the store writes it below; raised once all went back)
                     error = _first_error(error, err, swap_info)
             try:
                 self.store.release(context.swap_path, changed=changed,
                                    copy_elsewhere=master_elsewhere and index == 0)
-            except Exception as err:  # noqa: BLE001  (raised once all went back)
+            except BaseException as err:  # noqa: BLE001  (raised once all went back)
                 error = _first_error(error, err, swap_info)
         if swap_info.has_gradients():
             path = gradient_path(swap_info)
             if path in lent:
                 try:
                     self.gradients.give_back(swap_info.param_id, path, gradient_changed)
-                except Exception as err:  # noqa: BLE001  (raised once all went back)
+                except BaseException as err:  # noqa: BLE001  (raised once all went back)
                     error = _first_error(error, err, swap_info)
         if error is not None:
             raise error
@@ -1230,9 +1232,12 @@ class _PoolView:
 
 
 def _first_error(first: Optional[BaseException], another: BaseException, swap_info) -> BaseException:
-    """The error a give-back raises once every tensor went back: the first; any later one is logged, not lost."""
+    """The error a give-back raises once every tensor went back: the first, or the first interrupt (KeyboardInterrupt,
+    SystemExit: the user's, which an error must not hide); any other is logged, not lost."""
     if first is None:
         return another
+    if isinstance(first, Exception) and not isinstance(another, Exception):
+        first, another = another, first
     logger.warning("tencache: giving back sub-group %s also failed with %s: %s (the first error is raised)",
                    swap_info.param_id, type(another).__name__, another)
     return first
