@@ -8,9 +8,10 @@ Rank 0 prints one RESULT line.
 
     deepspeed --num_gpus 2 tests/deepspeed/tensor_fragments.py SCENARIOS stock|tencache[=BUDGETS] nvme|cpu NVME_DIR
 
-SCENARIOS: comma-separated, of get_, set_, update_, clip_, save16_, missing_ + fp32 or bf16 (test_zero_grad_clip.py's
-custom clipping for clip; the 16-bit model file saved with the parameters offloaded too for save16; a state key the
-optimizer lacks asked for first, for missing); they run one after
+SCENARIOS: comma-separated, of get_, set_, update_, clip_, save16_, missing_, set_params_, clip_params_ + fp32 or
+bf16 (test_zero_grad_clip.py's custom clipping for clip; the 16-bit model file saved with the parameters offloaded
+too for save16, and set and clip so in set_params and clip_params; a state key the optimizer lacks asked for first,
+for missing); they run one after
 the other in the same processes, each with its own engine and folder under NVME_DIR. ``tencache=BUDGETS``:
 comma-separated values of the block's ``host_cache_bytes`` ("auto" without any), each running every scenario (its
 results under "SCENARIO@BUDGET"). A scenario's result holds
@@ -41,6 +42,9 @@ MOMENTS = ("exp_avg", "exp_avg_sq")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
+ON_FILE = "on_file"  # params_too: the parameters offloaded, and on NVMe each partition on file between its uses
+
+
 def ds_config(budget, device, nvme, dtype, params_too=False):
     offload = {"device": device, "pin_memory": False}
     if device == "nvme":
@@ -54,6 +58,8 @@ def ds_config(budget, device, nvme, dtype, params_too=False):
     if params_too:  # the parameters offloaded as well, and gathered whole into the 16-bit model file at a save
         config["zero_optimization"]["offload_param"] = dict(offload, buffer_count=6, buffer_size=2_000_000)
         config["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] = True
+        if params_too == ON_FILE:  # none kept in a flat CPU buffer of stage 3's (at its default 1e9, all of them)
+            config["zero_optimization"]["offload_param"]["max_in_cpu"] = 0
     if dtype == torch.bfloat16:
         config["bf16"] = {"enabled": True}
     if budget is not None:  # tencache's
@@ -226,9 +232,11 @@ def _frozen_none(engine, values):
     return all((values[key] is None) == (key.split(".full_")[0].split(".local_")[0] in frozen) for key in values)
 
 
-def set_(budget, device, nvme, dtype):
+def set_(budget, device, nvme, dtype, params_too=False):
     """TestTensorFragmentSet: set weights and gradients after backward, weights and moments after the step, full at
-    even steps and local at odd ones; each value is read back as set, and training on uses them."""
+    even steps and local at odd ones; each value is read back as set, and training on uses them. ``params_too``:
+    the parameters offloaded as well (on NVMe a partition on file holds a one-element placeholder, by whose size
+    stage 3's local setters checked the value: helper-195)."""
     def put(engine, step, keys):
         matches = True
         rank = torch.distributed.get_rank()
@@ -244,7 +252,7 @@ def set_(budget, device, nvme, dtype):
                         key, (lambda p, v, k=key: safe_set_full_optimizer_state(p, v, k),
                               lambda p, k=key: safe_get_full_optimizer_state(p, k)))
                 else:  # this rank's part: different values on each rank
-                    value = random_like(lp.ds_tensor.shape, seed + 100_000 * (rank + 1),
+                    value = random_like((lp.ds_tensor.ds_numel,), seed + 100_000 * (rank + 1),
                                         dtype if key == "grad" else torch.float32)
                     setter, getter = {"weight": (safe_set_local_fp32_param, safe_get_local_fp32_param),
                                       "grad": (safe_set_local_grad, safe_get_local_grad)}.get(
@@ -254,7 +262,7 @@ def set_(budget, device, nvme, dtype):
                 matches &= bool(torch.equal(getter(lp).to(value.dtype), value))
         return matches
 
-    with engine_for(budget, device, nvme, dtype) as engine:
+    with engine_for(budget, device, nvme, dtype, params_too) as engine:
         return trained(engine, dtype, lambda engine, step: put(engine, step, ("weight", "grad")),
                        lambda engine, step: put(engine, step, ("weight",) + MOMENTS))
 
@@ -272,10 +280,10 @@ def update(budget, device, nvme, dtype):
         return trained(engine, dtype, after_backward, lambda _engine, _step: None)
 
 
-def clip(budget, device, nvme, dtype):
+def clip(budget, device, nvme, dtype, params_too=False):
     """test_zero_grad_clip.py: a user's own clipping after backward, each rank clamping its part of every gradient
     (safe_get_local_grad, safe_set_local_grad); stage 3's gradient norm falls, and the step uses the clamped
-    gradients."""
+    gradients. ``params_too``: as in ``set_``."""
     def after_backward(engine, _step):
         optimizer = engine.optimizer
         before = torch.linalg.vector_norm(torch.stack(optimizer._get_norm_groups()))
@@ -286,7 +294,7 @@ def clip(budget, device, nvme, dtype):
         after = torch.linalg.vector_norm(torch.stack(optimizer._get_norm_groups()))
         return {"norms": digest({"before": before, "after": after}), "fell": bool(after < before)}
 
-    with engine_for(budget, device, nvme, dtype) as engine:
+    with engine_for(budget, device, nvme, dtype, params_too) as engine:
         return trained(engine, dtype, after_backward, lambda _engine, _step: None)
 
 
@@ -307,9 +315,11 @@ def save16(budget, device, nvme, dtype):
         return seen
 
 
-SCENARIOS = {f"{name}_{label}": (function, dtype) for name, function in (("get", get), ("set", set_),
-                                                                         ("update", update), ("clip", clip),
-                                                                         ("save16", save16), ("missing", missing))
+SCENARIOS = {f"{name}_{label}": (function, dtype)
+             for name, function in (("get", get), ("set", set_), ("update", update), ("clip", clip),
+                                    ("save16", save16), ("missing", missing),
+                                    ("set_params", functools.partial(set_, params_too=ON_FILE)),
+                                    ("clip_params", functools.partial(clip, params_too=ON_FILE)))
              for label, dtype in DTYPES.items()}
 
 

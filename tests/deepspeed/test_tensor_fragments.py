@@ -2,7 +2,9 @@
 tensor_fragments.py), 2 ranks, ZeRO-3, fp32 and bf16, with the optimizer on NVMe under tencache: every getter (fp32
 weights and gradients after backward, Adam's moments after the step; whole and this rank's part), every setter (read
 back as set, and the training that follows uses what was set), the vectorised gradient update and a user's own
-clipping, the 16-bit model saved at the end with the parameters offloaded too, getters and setters (and
+clipping, the 16-bit model saved at the end with the parameters offloaded too (and the setters and the clipping:
+stage 3's local setters checked a value's size against a partition on file's one-element placeholder), getters and
+setters (and
 get_hp_param_device) asked first for a state key the optimizer lacks (its KeyError raised after the swap-in), and a
 vectorised update whose function raises part way through a sub-group, give the results of stock CPU
 offload run in a process that never imported tencache_ds, bit for bit, whether the host tier streams everything or
@@ -19,7 +21,7 @@ SCRIPT = os.path.join(os.path.dirname(__file__), "tensor_fragments.py")
 # every call in fp32 and bf16; the update, the clipping and the 16-bit save, which read nothing a getter has not
 # read in the other dtype, in one of them (the suite's time)
 SCENARIOS = ("get_fp32", "get_bf16", "set_fp32", "set_bf16", "update_bf16", "clip_fp32", "save16_bf16",
-             "missing_fp32")
+             "missing_fp32", "set_params_fp32", "clip_params_bf16")
 # nothing held (every fragment call reads and writes the files: where the getters' bug showed), part of the state
 # held (6 MB of each rank's 25 MB: some tensors, prefixes of others); all of it held ("auto") is left out for the
 # suite's time (it passed, 2026-11-26: a held tensor is read as the partly held ones are)

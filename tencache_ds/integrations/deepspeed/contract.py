@@ -181,9 +181,11 @@ REBINDINGS = (
                   "lent without its gradient, which it does not touch"),
     Rebinding(STAGE3, "set_fp32_grad_for_param", "giving_back_when_a_setter_raises", wraps=True,
               why="safe_set_full_grad: the same (a sub-group with no gradient yet raises in between)"),
-    Rebinding(STAGE3, "set_local_hp_param", "giving_back_when_a_state_setter_raises", wraps=True,
-              why="safe_set_local_fp32_param / _optimizer_state: the same"),
-    Rebinding(STAGE3, "set_local_grad_for_param", "giving_back_when_a_setter_raises", wraps=True,
+    Rebinding(STAGE3, "set_local_hp_param", "giving_back_when_a_local_state_setter_raises", wraps=True,
+              why="safe_set_local_fp32_param / _optimizer_state: the same; and the value's size checked against the "
+                  "parameter's partition, not its one-element placeholder while on file with our parameter swapper "
+                  "(a value of the partition's size was refused, one element broadcast over it: install.py)"),
+    Rebinding(STAGE3, "set_local_grad_for_param", "giving_back_when_a_local_setter_raises", wraps=True,
               why="safe_set_local_grad: the same"),
     Rebinding(STAGE3, "update_fp32_grad_for_param_vectorized", "keeping_gradients_written_when_an_update_raises",
               wraps=True,

@@ -25,6 +25,7 @@ import deepspeed.runtime.engine as _engine
 import deepspeed.runtime.zero.parameter_offload as _parameter_offload
 import deepspeed.runtime.zero.partition_parameters as _partition_parameters
 import deepspeed.runtime.zero.stage3 as _stage3
+from deepspeed.runtime.swap_tensor.partitioned_param_swapper import PartitionedParamStatus
 
 from ...config import NO_AUTO_INSTALL_ENV
 from ...ext_lock import raise_if_stale_locks
@@ -253,6 +254,31 @@ def _fragment_call_within_releases_deferred(call, copy_view: bool, gradients_wri
     return within_releases_deferred
 
 
+def _sized_by_the_partition(setter):
+    """stage 3's local setters (safe_set_local_fp32_param, _optimizer_state, _grad) check the value's size against
+    ``param.ds_tensor.numel()``, which for a partition on file with our parameter swapper is the one-element
+    placeholder: a value of the partition's size was refused ("Number of elements do not match: N != N"), and one
+    element passed and was broadcast over the whole fragment (helper-195). Here the value is checked against the
+    partition's own size, with stock's message, and stock's check sees that size during the call."""
+    @functools.wraps(setter)
+    def set_sized_by_the_partition(self, value, param, *args, **kwargs):
+        partition = getattr(param, "ds_tensor", None)
+        if partition is None or not param.requires_grad or \
+                partition.status != PartitionedParamStatus.NOT_AVAILABLE or \
+                not isinstance(getattr(param, "nvme_swapper", None), TencacheParamSwapper):
+            return setter(self, value, param, *args, **kwargs)
+        if value.numel() != partition.ds_numel:
+            raise AssertionError(f" Number of elements do not match: {value.numel()} != {partition.ds_numel}")
+        placeholder = partition.data
+        partition.data = placeholder.reshape(1).expand(partition.ds_numel)  # (no memory: one element, stride 0)
+        try:
+            return setter(self, value, param, *args, **kwargs)
+        finally:
+            partition.data = placeholder
+
+    return set_sized_by_the_partition
+
+
 def _keeping_device_tier(partition_all_parameters):
     """stage 3's step() partitions every parameter before updating them; our coordinator keeps its device tier
     through that one call (checkpoints and the other callers still partition everything)."""
@@ -420,6 +446,11 @@ REPLACEMENTS = {
         lambda getter: _fragment_call_within_releases_deferred(getter, True, reads_gradient=False),
     "giving_back_when_a_state_setter_raises":
         lambda setter: _fragment_call_within_releases_deferred(setter, False, reads_gradient=False),
+    "giving_back_when_a_local_setter_raises":
+        lambda setter: _fragment_call_within_releases_deferred(_sized_by_the_partition(setter), False),
+    "giving_back_when_a_local_state_setter_raises":
+        lambda setter: _fragment_call_within_releases_deferred(_sized_by_the_partition(setter), False,
+                                                               reads_gradient=False),
     "keeping_gradients_written_when_an_update_raises":
         lambda update: _fragment_call_within_releases_deferred(update, False, gradients_written=True),
 }
