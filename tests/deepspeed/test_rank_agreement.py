@@ -94,3 +94,18 @@ def test_ranks_on_a_node_are_counted_where_the_launcher_says_nothing(train):
         for rank in (0, 1):
             assert f"NODE_RANKS rank={rank} local={local} known=True" in run.output, run.output[-3000:]
         assert_same_bits(reference, run)
+
+
+@pytest.mark.parametrize("swapper", ["params", "optimizer"])
+def test_a_swapper_one_rank_cannot_build_stops_every_rank(tmp_path, swapper):
+    """Regression test (helper-195): a swapper refused on one rank alone (its swap folder held by another run, a
+    stale build lock or a memlock limit on its node) stopped that rank with a clear error and left the other
+    waiting for it in the next collective (NCCL: until its timeout; gloo: "Connection reset by peer" once it
+    exited). Every rank stops now, the others saying why."""
+    from conftest import launch_ranks
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "one_rank_refused.py")
+    result = launch_ranks(script, [swapper, tmp_path / "nvme"], 2, cleanup=[tmp_path / "nvme"], timeout=240,
+                          forked=True)
+    what = {"params": "parameter swapper", "optimizer": "optimizer swapper"}[swapper]
+    assert result["error"] == f"TencacheError: another rank could not build its {what} (its error says why): " \
+                              f"stopped on every rank rather than leave this one waiting for it", result

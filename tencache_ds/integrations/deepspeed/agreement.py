@@ -9,10 +9,14 @@ match expected size") where NCCL would hang or mix up data. Likewise a rank that
 go on leaves them waiting in their next collective. So budgets are agreed (the smallest wins: it fits every rank)
 and a stop anywhere is a stop everywhere, each at a point every rank passes in the same order.
 """
-from typing import Callable, List, Sequence
+from typing import Callable, List, Sequence, TypeVar
 
 from deepspeed import comm as dist
 from deepspeed.accelerator import get_accelerator
+
+from ...errors import TencacheError
+
+T = TypeVar("T")
 
 
 def world_size() -> int:
@@ -46,3 +50,17 @@ def raised_on_every_rank(attempt: Callable[[], None], elsewhere: Callable[[], Ex
         raise error
     if not none_raised:
         raise elsewhere()
+
+
+def built_on_every_rank(build: Callable[[], T], what: str) -> T:
+    """``build()``'s result where it returned on every rank; where it raised on any rank, it raises on every rank
+    (its own error there, elsewhere a TencacheError naming ``what``). The swappers are built at a point every rank
+    passes (zero.Init, ZeRO-3's __init__), and a rank that stopped there alone (another run holding its swap folder,
+    a stale build lock, a memlock limit of its node) left the others in the next collective, zero.Init's broadcast:
+    waiting for it (NCCL, until its timeout), or stopped by gloo's "Connection reset by peer" once it exited, with
+    nothing said of why (helper-195's review)."""
+    built = []
+    raised_on_every_rank(lambda: built.append(build()), lambda: TencacheError(
+        f"another rank could not build its {what} (its error says why): stopped on every rank rather than leave "
+        f"this one waiting for it"))
+    return built[0]

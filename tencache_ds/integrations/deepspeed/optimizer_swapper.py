@@ -68,7 +68,7 @@ from .masters_in_partitions import MastersInPartitions
 from .node_ranks import count_ranks_on_node
 from ...cache.optimizer_reads_ahead import ReadsAhead
 from .optimizer_gradients import SubGroupGradients, gradient_path
-from .agreement import raised_on_every_rank
+from .agreement import built_on_every_rank, raised_on_every_rank
 from .swap_files import (ADOPTING_KIND, LOAD_REFUSED, SWAP_FILE_NAME, STAGED_LOAD_KIND, LoadPlaces, is_staged_load,
                          staged_load_name, swap_file_name)
 
@@ -169,6 +169,16 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
 
     def __new__(cls, swap_config, aio_config, base_folder, optimizer, largest_numel, device, dtype, timers):
         count_ranks_on_node()  # (a collective: ZeRO-3's __init__ builds the swapper on every rank, its device set)
+        return built_on_every_rank(lambda: cls._new(swap_config, aio_config, base_folder, optimizer, largest_numel,
+                                                    device, dtype, timers), "optimizer swapper")
+
+    def __init__(self, swap_config, aio_config, base_folder, optimizer, largest_numel, device, dtype, timers):
+        # pylint: disable=super-init-not-called
+        built_on_every_rank(lambda: self._build(swap_config, aio_config, base_folder, optimizer, largest_numel,
+                                                device, dtype, timers), "optimizer swapper")
+
+    @classmethod
+    def _new(cls, swap_config, aio_config, base_folder, optimizer, largest_numel, device, dtype, timers):
         ds_config = find_stage3_ds_config()
         config = validate_ds_config(ds_config)  # before any folder is written
         if ds_config is None:
@@ -182,8 +192,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         swapper.config = config
         return swapper
 
-    def __init__(self, swap_config, aio_config, base_folder, optimizer, largest_numel, device, dtype, timers):
-        # pylint: disable=super-init-not-called
+    def _build(self, swap_config, aio_config, base_folder, optimizer, largest_numel, device, dtype, timers):
         # The stock constructors lock buffer_count x largest_numel through DeepSpeed's aio handle; what else they
         # set up (the attributes the base class's helpers read) is set here.
         raise_if_stale_locks(ops=DEEPSPEED_OPS)

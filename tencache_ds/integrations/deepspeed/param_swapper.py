@@ -38,6 +38,7 @@ from ...ext_lock import raise_if_stale_locks
 from ...log import logger
 from .config_bridge import (DEEPSPEED_OPS, MIN_SWAPPABLE_BYTES, accelerator_is_host, io_aligned_numel,
                             prepare_swap_folder, swap_folder_held, validate_ds_config)
+from .agreement import built_on_every_rank
 from .config_source import tencache_config
 from .master_write_behind import settle_owed_masters
 from .node_ranks import count_ranks_on_node
@@ -60,6 +61,13 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
 
     def __new__(cls, ds_config, model_dtype):
         count_ranks_on_node()  # (a collective: zero.Init builds the swapper on every rank, its device set)
+        return built_on_every_rank(lambda: cls._new(ds_config, model_dtype), "parameter swapper")
+
+    def __init__(self, ds_config, model_dtype):  # pylint: disable=super-init-not-called
+        built_on_every_rank(lambda: self._build(ds_config, model_dtype), "parameter swapper")
+
+    @classmethod
+    def _new(cls, ds_config, model_dtype):
         config = validate_ds_config(ds_config)  # before any folder is emptied or written
         if not config.enabled:
             return AsyncPartitionedParameterSwapper(ds_config, model_dtype)
@@ -74,7 +82,7 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
                 swapper._constructed = False
             return swapper
 
-    def __init__(self, ds_config, model_dtype):  # pylint: disable=super-init-not-called
+    def _build(self, ds_config, model_dtype):
         # Stock __init__ is not called on purpose: it locks buffer_count x buffer_size of memory up front.
         if self._constructed:
             # another zero.Init model in the same swap folder shares this swapper, so it must ask for the same
