@@ -71,6 +71,10 @@ def build_inputs(args) -> Dict[str, Any]:
     dtype = next((name for key, name in (("bf16", "bf16"), ("bfloat16", "bf16"), ("fp16", "fp16"))
                   if (ds_config.get(key) or {}).get("enabled")), "fp32")
     sections = _profile_sections(args)  # (read before a calibration of a minute, which a bad profile would waste)
+    if sections is not None:  # ... and checked against this model and config then (helper-194)
+        from ..plan.profile_timings import check_profile_fits
+        check_profile_fits(build_workload(shape, zero, ranks, micro_batch, args.seq, gas, args.checkpointing),
+                           sections, source=f"profile {args.profile}")
     measured_machine = None
     if args.save_machine:
         _check_writable(args.save_machine, args.machine)
@@ -98,6 +102,10 @@ def build_inputs(args) -> Dict[str, Any]:
     if sections is not None:
         from ..plan.profile_timings import machine_from_profile
         machine, profile_notes = machine_from_profile(machine, workload, sections, source=f"profile {args.profile}")
+        # the profile records neither the micro-batch nor the sequence (nor checkpointing in the model): its step's
+        # compute is taken as measured, whatever these options say (helper-194: its rate was scaled by them)
+        profile_notes.append("the step's compute is the profiled run's, at its micro-batch, sequence and activation "
+                             "checkpointing: --micro-batch, --seq and --activation-checkpointing do not change it")
     if args.save_machine:  # the machine measured (before a profile's timings), once every input has been read
         try:
             with open(args.save_machine, "w") as handle:

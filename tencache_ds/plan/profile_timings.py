@@ -48,12 +48,10 @@ FIT_TOLERANCE = 1e-6         # of the measured seconds: where the fitted rate's 
 FIT_MAX_REPLAYS = 60         # per phase: one where the thread's time is linear in 1 / rate, a few where near it
 
 
-def machine_from_profile(machine: Machine, workload: Workload, sections: Dict[str, SavedSection],
-                         source: str) -> Tuple[Machine, List[str]]:
-    """``machine`` with the profile's measured figures; and one note per figure taken (for the report). Raises
-    TencacheConfigError naming ``source`` when the profile has no "params" section or was recorded for another
-    model or config."""
-    from .step_model import optimizer_cpu_seconds
+def check_profile_fits(workload: Workload, sections: Dict[str, SavedSection], source: str) -> None:
+    """Raises TencacheConfigError naming ``source`` when the profile has no "params" section or was recorded for
+    another model or config (its partitions' bytes, its gradient accumulation or world size). Needs no machine:
+    `tencache-ds estimate --machine this` asks before its calibration, which a profile refused after it wasted."""
     params = sections.get("params")
     if params is None:
         raise TencacheConfigError(f"{source}: no \"params\" section (a profile of a run with parameters on NVMe and "
@@ -72,6 +70,15 @@ def machine_from_profile(machine: Machine, workload: Workload, sections: Dict[st
         if recorded_with is not None and recorded_with != this_run:
             raise TencacheConfigError(f"{source} [params] was recorded with {fact} {recorded_with}, this estimate "
                                       f"has {this_run}: its step times are another config's")
+
+
+def machine_from_profile(machine: Machine, workload: Workload, sections: Dict[str, SavedSection],
+                         source: str) -> Tuple[Machine, List[str]]:
+    """``machine`` with the profile's measured figures; and one note per figure taken (for the report). Raises
+    as ``check_profile_fits``."""
+    from .step_model import optimizer_cpu_seconds
+    check_profile_fits(workload, sections, source)
+    params = sections["params"]
     notes: List[str] = []
     changes = {}
     steady = all(section.steady is not None for section in sections.values())

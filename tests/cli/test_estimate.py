@@ -239,6 +239,19 @@ def test_machine_this_measures_and_cites_each_figure(tmp_path):
     shutil.rmtree(tmp_path / "nvme", ignore_errors=True)
 
 
+def test_a_profile_of_another_model_is_refused_before_this_machine_is_measured(tmp_path):
+    """Regression test (helper-194): with ``--machine this``, a profile recorded for another model was refused only
+    after the calibration (minutes), and ``--save-machine`` never written: it is checked first now."""
+    profile = os.path.join(REPO_ROOT, "docs", "validate", "fp32-2026-11-30-run11", "gpt2-tiny-auto",
+                           "tencache-1.profile.json")
+    result = estimate("--profile", profile, "--nvme-path", str(tmp_path), "--save-machine", str(tmp_path / "m.json"),
+                      model="gpt2-small", machine="this", ds_config=os.path.join(REPO_ROOT, "configs",
+                                                                                  "stock-nvme.json"))
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "recorded for another model or config" in result.stderr, result.stderr
+    assert "measuring this machine" not in result.stderr, result.stderr
+
+
 @pytest.mark.parametrize("change, stock_fits, reason", [
     ({"aio": {"use_gds": True}}, True, "aio.use_gds"),
     ({"zero_optimization": {"zero_hpz_partition_size": 2}}, False, "zero_optimization.zero_hpz_partition_size"),
