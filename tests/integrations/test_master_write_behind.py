@@ -191,6 +191,46 @@ def test_a_write_that_failed_in_flight_is_owed_again_and_an_update_takes_its_deb
     engine.error = None
     writes.settle()
     assert not writes.owes_any
+    assert writes.masters_written_behind == 2 and writes.bytes_written_behind == 32  # g and h; failed attempts: not
+
+
+def test_an_interrupt_in_a_settles_wait_leaves_the_writes_in_flight_waited_for_by_the_next(monkeypatch):
+    """Regression test (helper-196): the wait forgot the group's writes first, then waited; interrupted there (a
+    save's settle is where Ctrl-C lands), the writes went on unwatched, the group neither owed nor writing: the next
+    settle did nothing for it, and a failed write went unseen."""
+    engine = HeldWrites()
+    writes = writer(Partitions({"g": ([1], [torch.ones(4)])}), engine.write)
+    writes.owe("g", "g.swp")
+    wait = master_write_behind.concurrent.futures.wait
+    interrupted = []
+
+    def interrupted_once(futures, *args, **kwargs):
+        if not interrupted:
+            interrupted.append(True)
+            raise KeyboardInterrupt
+        return wait(futures, *args, **kwargs)
+    monkeypatch.setattr(master_write_behind.concurrent.futures, "wait", interrupted_once)
+    raised = []
+
+    def settle():
+        try:
+            writes.settle()
+        except BaseException as err:  # noqa: BLE001  (looked at below)
+            raised.append(err)
+    settling = threading.Thread(target=settle)
+    settling.start()
+    settling.join(timeout=5)
+    if settling.is_alive():  # it waited on the write itself, where no interrupt was simulated
+        engine.gate.set()
+        settling.join()
+        pytest.fail("the settle's wait was not the one an interrupt is simulated in")
+    assert len(raised) == 1 and isinstance(raised[0], KeyboardInterrupt), raised
+    assert writes.groups_of({1}) == ["g"]  # still writing: known
+    engine.error = OSError(28, "No space left on device")
+    engine.gate.set()
+    with pytest.raises(OSError):  # the next settle waits for those writes, and sees their error
+        writes.settle()
+    assert writes.owes("g")
 
 
 def test_a_failed_write_does_not_stop_a_change_of_partitions_no_master_of_it_is_made_of():

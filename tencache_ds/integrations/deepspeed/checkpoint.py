@@ -387,8 +387,15 @@ def set_master_from_16bit_weights(optimizer, sub_group_id: int, master) -> None:
     bit16 = optimizer.fp16_partitioned_groups_flat[sub_group_id]
     if bit16 is not None:
         master.data.copy_(bit16.data)
-    else:
-        optimizer._swap_in_sub_group_to_flat_buffer(master, sub_group_id)
+        return
+    # a read a prefetch asked for that nothing waited for (INFLIGHT: an evaluation's last forward) lands first: stage
+    # 3 copies any partition not NOT_AVAILABLE as it is, and its placeholder's 1 would fill the fragment (helper-196)
+    swappers = {id(swapper): swapper for swapper in (getattr(param, "nvme_swapper", None)
+                                                      for param in optimizer.fp16_groups[sub_group_id])
+                if swapper is not None}
+    for swapper in swappers.values():
+        swapper.synchronize_reads()
+    optimizer._swap_in_sub_group_to_flat_buffer(master, sub_group_id)
 
 
 def restoring_masters_from_files(restore_from_bit16_weights):
@@ -418,7 +425,9 @@ def refresh_masters_swapping_in(refresh_fp32_params):
         timer_names = set()
         for sub_group_id, master in enumerate(self.fp32_partitioned_groups_flat):
             self._prepare_sub_group(sub_group_id, timer_names)
-            set_master_from_16bit_weights(self, sub_group_id, master)
-            self._release_sub_group(sub_group_id, timer_names)
+            try:
+                set_master_from_16bit_weights(self, sub_group_id, master)
+            finally:  # (a partition's read that failed: the sub-group goes back all the same, not lent for good)
+                self._release_sub_group(sub_group_id, timer_names)
 
     return refresh_fp32_params_swapping_in

@@ -274,7 +274,8 @@ def _sized_by_the_partition(setter):
         try:
             return setter(self, value, param, *args, **kwargs)
         finally:
-            partition.data = placeholder
+            if partition.status == PartitionedParamStatus.NOT_AVAILABLE:  # (not swapped in meanwhile: its data stays)
+                partition.data = placeholder
 
     return set_sized_by_the_partition
 

@@ -123,7 +123,7 @@ class MasterWriteBehind:
         self._lock = threading.RLock()
         self._owed: Dict[Hashable, str] = {}             # group -> master file, write not started
         self._writing: Dict[Hashable, List[Future]] = {}  # group -> the writes of its partitions in flight
-        self._writing_to: Dict[Hashable, str] = {}         # group -> the master file those writes go to
+        self._writing_to: Dict[Hashable, Tuple[str, int]] = {}  # group -> (the master file they go to, their bytes)
         self._partitions: Dict[Hashable, frozenset] = {}  # group -> its partitions' ds_ids, while owed or writing
         self._copies: Dict[Hashable, torch.Tensor] = {}    # group -> the copy its writes read, until waited for
         # group -> the reads of its partitions' files that fill it (at a swap-in, or ahead of one), until done: a
@@ -339,7 +339,7 @@ class MasterWriteBehind:
         path = self._owed.pop(group)
         futures, offset = [], 0
         self._writing[group] = futures
-        self._writing_to[group] = path
+        self._writing_to[group] = (path, 0)
         try:
             found = self._partition_views(group)
             if found is not None:
@@ -352,16 +352,18 @@ class MasterWriteBehind:
                 futures.append(self._write(view, path, file_offset=offset))
                 offset += view.numel() * view.element_size()
         except BaseException:
-            concurrent.futures.wait(futures)  # (none may still read a copy, nor land after the next settle's)
-            self._writing.pop(group)
-            self._owed[group] = self._writing_to.pop(group)
-            self._copies.pop(group, None)
-            for other in list(self._prefilled):  # (a fill ahead is a settle's, which stops here)
-                self._drop_prefilled(other)
-            self._spare = None
+            try:
+                concurrent.futures.wait(futures)  # (none may still read a copy, nor land after the next settle's)
+            finally:  # (a second interrupt in the wait: owed again all the same; a late write has the same bytes)
+                self._writing.pop(group)
+                self._writing_to.pop(group)
+                self._owed[group] = path
+                self._copies.pop(group, None)
+                for other in list(self._prefilled):  # (a fill ahead is a settle's, which stops here)
+                    self._drop_prefilled(other)
+                self._spare = None
             raise
-        self.masters_written_behind += 1
-        self.bytes_written_behind += offset
+        self._writing_to[group] = (path, offset)
         return views
 
     def _filled_copy(self, group, path: str) -> torch.Tensor:
@@ -381,7 +383,7 @@ class MasterWriteBehind:
             concurrent.futures.wait(reads)  # every read landed before any error is raised (or ``copy`` freed)
             self._forget_fill(group, reads)
             for read in reads:
-                read.result()  # raises a failed read's error: the master is then stale for good
+                read.result()  # raises a failed read's error: the master stays owed (_start)
         if copy is None:
             raise RuntimeError(f"tencache: a parameter partition of optimizer sub-group {group} is not available to "
                                f"write its fp32 master ({path}) from")
@@ -446,8 +448,12 @@ class MasterWriteBehind:
     def _wait(self, group) -> None:
         """Wait for ``group``'s writes (lock held). One that failed leaves the master owed again (its partitions, a
         current copy still: any change of them settles first) and raises its error."""
-        futures = self._writing.pop(group)
-        path = self._writing_to.pop(group)
+        futures = self._writing[group]
+        # before any state changes: interrupted here (a save's wait is where Ctrl-C lands), the group is still
+        # writing, and the next settle waits for it (popped first, its writes went on unwatched: helper-196)
+        concurrent.futures.wait(futures)
+        del self._writing[group]
+        path, nbytes = self._writing_to.pop(group)
         copy = self._copies.pop(group, None)
         errors = [future.exception() for future in futures]  # (each done now)
         error = next((error for error in errors if error is not None), None)
@@ -458,6 +464,8 @@ class MasterWriteBehind:
             self._spare = None
             raise error
         self._partitions.pop(group, None)
+        self.masters_written_behind += 1  # (written: a failed attempt, retried, is not counted)
+        self.bytes_written_behind += nbytes
         if copy is not None and group not in self._shown and (self._spare is None
                                                               or self._spare.numel() < copy.numel()):
             self._spare = copy  # no write reads it any more (nor, unless shown, anything else)

@@ -81,15 +81,9 @@ def places_for_saved_layout(engine, places: LoadPlaces, source: str) -> LoadPlac
         _load_state_from_zero_file_on_every_rank(engine, tag_folder, source)
         return LoadPlaces.STATE_WRITTEN
     optimizer = engine.optimizer
-    on_file = sum(flat is None for flat in optimizer.fp16_partitioned_groups_flat)
-    if on_file:
-        raise TencacheError(
-            f"load_checkpoint(load_optimizer_states=False): {why}, and with the parameters offloaded to NVMe beyond "
-            f"offload_param.max_in_cpu ({on_file} of {len(optimizer.fp16_partitioned_groups_flat)} sub-groups on "
-            f"file) the fp32 masters cannot be set from the loaded weights (no flat 16-bit partition). Load with the "
-            f"checkpoint's layout, raise max_in_cpu, or offload the parameters to cpu. {LOAD_REFUSED}")
-    # refresh_masters_swapping_in: each sub-group swapped in, set, swapped out (a drive's error on one rank stops
-    # every rank: the others would go on into the load's gathers)
+    # refresh_masters_swapping_in: each sub-group swapped in, set (from its parameters' files where they are beyond
+    # max_in_cpu: refused until 2026-12-07), swapped out (a drive's error on one rank stops every rank: the others
+    # would go on into the load's gathers)
     raised_on_every_rank(optimizer.refresh_fp32_params, lambda: TencacheError(
         "load_checkpoint(load_optimizer_states=False): another rank could not set its fp32 masters from the loaded "
         "weights (its error says why); the load stops on every rank."))
