@@ -85,6 +85,9 @@ def test_plan_reports_residency_leads_and_step_time(profile_file):
     # every optimizer tensor is read, back to back with no compute between: the device is the bound
     assert optimizer["reads"] == 4 and optimizer["read_s"] == pytest.approx(0.16)
     assert optimizer["io_bound_s"] == pytest.approx(0.16) and optimizer["predicted_step_s"] >= 0.16 - 1e-9
+    # with two sections, each one's compute holds the other's waits: the bound is its reads alone (helper-199: the
+    # params' "bound" was its whole recorded step, the update's reads in it)
+    assert params["io_bound_s"] == 0 and params["io_bound_of"] == optimizer["io_bound_of"] == "reads"
 
     # no host tier, measured bandwidth (100 MiB/s), 1 MiB in flight: every read of the params one access ahead
     streaming = run_cli("plan", profile_file, "--in-flight-bytes", "1MiB")
