@@ -232,7 +232,12 @@ class BufferPool:
     def _acquire_fallback(self, nbytes: int, count_as_fallback: bool = True) -> HostBuffer:
         # An anonymous mapping is page-aligned (O_DIRECT-safe) and zero-filled, like a fresh arena slot.
         capacity = round_up(max(1, nbytes), HOST_PAGE_BYTES)
-        base = torch.frombuffer(mmap.mmap(-1, capacity), dtype=torch.uint8)
+        mapping = mmap.mmap(-1, capacity)
+        # kept out of fork()ed children (DataLoader workers), as the arena's regions are: an anonymous mapping is
+        # shared with them, so giving it back freed nothing while one lived, and the memory governor gave back more
+        # and more on readings that did not rise (helper-197)
+        mapping.madvise(mmap.MADV_DONTFORK)
+        base = torch.frombuffer(mapping, dtype=torch.uint8)
         buffer = HostBuffer(base.data_ptr(), capacity, False, None, base, counted_as_fallback=count_as_fallback)
         with self._mutex:
             self._live[buffer.ptr] = buffer

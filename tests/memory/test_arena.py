@@ -508,3 +508,29 @@ def test_a_request_for_its_own_class_only_leaves_the_larger_classes_peaks_alone(
     assert pool.stats()["peak_in_use_bytes"] == 4096
     pool.release(first)
     pool.close()
+
+
+def test_a_pageable_buffer_is_not_shared_with_a_forked_child_so_giving_it_back_frees_it():
+    """Regression test (helper-197): the pool's pageable buffers (kept optimizer state, fallbacks) were shared
+    anonymous mappings, inherited by every fork()ed child (DataLoader workers): the parent's release freed nothing
+    while one lived. They are MADV_DONTFORK, as the arena's regions are: the child has no such mapping."""
+    from tencache_ds.memory.pool import BufferPool
+    pool = BufferPool("optimizer", lock="off")
+    buffer = pool.acquire_pageable(1 << 20, count_as_fallback=False)
+    start = buffer.ptr
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # the child: is the buffer's address mapped here?
+        os.close(read)
+        with open("/proc/self/maps") as maps:
+            mapped = any(int(low, 16) <= start < int(high, 16)
+                         for low, high in (line.split()[0].split("-") for line in maps))
+        os.write(write, b"1" if mapped else b"0")
+        os._exit(0)
+    os.close(write)
+    answer = os.read(read, 1)
+    os.close(read)
+    os.waitpid(child, 0)
+    pool.release(buffer)
+    pool.close()
+    assert answer == b"0", "a fork()ed child shares the pool's pageable buffer"
