@@ -72,6 +72,12 @@ def check_profile_fits(workload: Workload, sections: Dict[str, SavedSection], so
                                       f"has {this_run}: its step times are another config's")
 
 
+def _optimizer_section_of(workload: Workload, section: SavedSection) -> bool:
+    """Can ``section`` (an optimizer's) be this workload's run's: its optimizer state on NVMe, at its world size?"""
+    recorded_ranks = section.facts.get("world_size")
+    return workload.zero.offload_optimizer == "nvme" and recorded_ranks in (None, workload.world_size)
+
+
 def machine_from_profile(machine: Machine, workload: Workload, sections: Dict[str, SavedSection],
                          source: str) -> Tuple[Machine, List[str]]:
     """``machine`` with the profile's measured figures; and one note per figure taken (for the report). Raises
@@ -80,6 +86,11 @@ def machine_from_profile(machine: Machine, workload: Workload, sections: Dict[st
     check_profile_fits(workload, sections, source)
     params = sections["params"]
     notes: List[str] = []
+    # only this run's optimizer section: a file keeps the sections other runs wrote (another model's, whose step
+    # recorded no optimizer section, or one with the optimizer on cpu), whose waits would come off this compute and
+    # whose missing repeats would put its medians aside (helper-199)
+    dropped = [name for name in sections if name != "params" and not _optimizer_section_of(workload, sections[name])]
+    sections = {name: section for name, section in sections.items() if name not in dropped}
     changes = {}
     steady = all(section.steady is not None for section in sections.values())
     timings = {name: section.steady if steady else SteadyTimings.of([section.step])
@@ -108,6 +119,9 @@ def machine_from_profile(machine: Machine, workload: Workload, sections: Dict[st
                      f"several in flight, each one's time holds its wait behind the others)")
     if not notes:
         notes.append("nothing measured that the machine's figures lack")
+    if dropped:
+        notes.append(f"section(s) {', '.join(dropped)} not taken: recorded by another run (the optimizer not on "
+                     f"NVMe here, or another world size)")
     sources = dict(machine.sources)
     for key in changes:
         sources[key] = f"{source}: " + ("medians of the training steps that repeated the recorded one" if steady
