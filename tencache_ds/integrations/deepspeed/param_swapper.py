@@ -299,7 +299,10 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
                     raise
                 param.ds_tensor.data = data.data
                 param.ds_tensor.status = PartitionedParamStatus.AVAILABLE
-                if late and self._schedule is not None:
+                # (only on the profile's track: a step that left it, an evaluation's, has other positions, and its
+                # late reads lengthened the leads of unrelated ones: helper-199)
+                if late and self._schedule is not None and self.profile.phase is Phase.PREDICTING and \
+                        self.store.recorder.on_track:
                     self._schedule.late(self.store.recorder.position - 1)  # its use was just recorded
             self._read_ahead_by_schedule()
             self._checked()
