@@ -12,6 +12,7 @@ import os
 
 import pytest
 
+from conftest import result_of, run_helper  # tests/deepspeed/conftest.py
 from test_residency import FAST, PREFIX  # fp32 (why: there); tests/deepspeed is on sys.path (rootdir-relative imports)
 
 pytestmark = [pytest.mark.deepspeed, pytest.mark.slow]  # about 50 s each (two training runs)
@@ -118,7 +119,6 @@ def test_a_save_before_any_step_after_a_load_describes_the_moments_and_resumes_a
     from the load as placeholders, registered only at the next swap-in): a stock CPU offload load or `tencache-ds
     checkpoint-for-cpu` took them for Adam's. They are described (meta tensors) as after a step now, and the second
     checkpoint resumes as the first does. Each stage a process of its own (save_after_load.py)."""
-    from conftest import result_of, run_helper  # (tests/deepspeed/conftest.py)
     script = os.path.join(os.path.dirname(__file__), "save_after_load.py")
 
     def stage(*args):

@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from conftest import run_helper
+from conftest import result_of, run_helper
 
 pytestmark = pytest.mark.deepspeed
 
@@ -79,7 +79,6 @@ def test_an_interrupt_while_a_sub_group_goes_back_leaves_none_of_its_tensors_len
     """Regression test (helper-193): Ctrl-C (or a SystemExit) landing right after the first of a sub-group's tensors
     went back to the optimizer store skipped the others, lent for good and recorded nowhere: ``engine.destroy()``
     stopped on the lent gradient. The rest go back too now, and the interrupt is raised after."""
-    from conftest import result_of
     proc = run_helper(os.path.join(os.path.dirname(__file__), "interrupted_give_back.py"), [tmp_path / "nvme"])
     assert result_of(proc.stdout) == {"interrupted": True, "destroy_error": None}, \
         proc.stdout[-2000:] + proc.stderr[-4000:]

@@ -9,6 +9,7 @@ import os
 
 import pytest
 
+from conftest import launch_ranks
 from test_parity import assert_same_bits
 from test_residency import FAST  # fp32 (why: there)
 
@@ -102,7 +103,6 @@ def test_a_swapper_one_rank_cannot_build_stops_every_rank(tmp_path, swapper):
     stale build lock or a memlock limit on its node) stopped that rank with a clear error and left the other
     waiting for it in the next collective (NCCL: until its timeout; gloo: "Connection reset by peer" once it
     exited). Every rank stops now, the others saying why."""
-    from conftest import launch_ranks
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "one_rank_refused.py")
     result = launch_ranks(script, [swapper, tmp_path / "nvme"], 2, cleanup=[tmp_path / "nvme"], timeout=240,
                           forked=True)
