@@ -151,7 +151,7 @@ class EntryStore:
             created = entry is None
             if created:
                 entry = self._table.new(key, numel, path, S.ON_FILE)
-            transfers.wait_write(entry)
+            transfers.wait_write(entry, raise_error=False)  # (the new bytes replace what it was writing)
             # a read into the caller's buffer too: the new bytes would be lent while it reads the file, which a
             # release not kept then overwrites under it (the invariants forbid both at once: cache/entry.py)
             if entry.state in LENT or entry.state == S.READING or entry.external_read is not None:

@@ -41,7 +41,7 @@ class WriteBack:
         try:
             with transfers.lock:
                 entry = self._table[key]
-                transfers.wait_write(entry)
+                transfers.wait_write(entry, raise_error=False)  # (the new bytes replace what it was writing)
                 self._refuse_if_in_use(entry)
                 was_on_file = entry.state == S.ON_FILE
                 if was_on_file:

@@ -1599,3 +1599,37 @@ def test_a_new_tensor_whose_buffer_cannot_be_had_is_not_left_known_on_file(tmp_p
         failing.fail = False
         store.close()
         failing.close()
+
+
+def test_new_bytes_for_a_tensor_whose_write_failed_in_flight_replace_it_without_raising(tmp_path):
+    """Regression test (helper-198): a whole new tensor (lend_new) for an entry whose eviction write was failing in
+    flight raised that write's error, or not where a reap had come first: the same event stopped an update or not
+    by timing. The new bytes replace the old, which no longer matter: the error is logged and counted, and the new
+    bytes are written by the next flush."""
+    failing = FailingWrites(num_threads=2)
+    store = make_partitions(tmp_path, failing, slots=3)
+    try:
+        for index, key in enumerate("abcde"):
+            put(store, tmp_path, key, float(index))
+        store.flush()
+        for key in "abc":
+            store.lend(key)
+            store.release(key, changed=True)
+        store.next_use = NextUseIndex(list("abdec"))
+        store.recorder.end_step()
+        failing.fail = True
+        assert not store.prefetch_if_free("d", make_room=True)  # its victim's write starts, and will fail
+        victim, = [key for key in "abc" if store.state(key) == EntryState.WRITING]
+        view = store.lend_new(victim, NUMEL, str(tmp_path / f"{victim}.swp"))  # waits for that write: no raise
+        view.fill_(9.0)
+        store.release(victim, changed=True)
+        assert store.counters.write_errors == 1
+        failing.fail = False
+        store.flush()
+        assert torch.all(store.lend(victim) == 9.0)
+        store.release(victim)
+        store.check_invariants()
+    finally:
+        failing.fail = False
+        store.close()
+        failing.close()
