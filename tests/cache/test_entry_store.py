@@ -1341,22 +1341,29 @@ class FailingWrites(DirectFileIO):
         return super()._transfer(is_write, *args)
 
 
+def holding_three_changed(tmp_path, io):
+    """A parameter store of 3 slots (make_partitions) with a to e written, a, b and c held and changed, and the
+    profile a b d e c recorded: a read ahead of d writes a changed victim first."""
+    store = make_partitions(tmp_path, io, slots=3)
+    for index, key in enumerate("abcde"):
+        put(store, tmp_path, key, float(index))
+    store.flush()
+    for key in "abc":
+        store.lend(key)
+        store.release(key, changed=True)
+    store.next_use = NextUseIndex(list("abdec"))
+    store.recorder.end_step()
+    return store
+
+
 def test_a_read_ahead_does_not_write_again_a_victim_whose_last_write_failed(tmp_path):
     """A read ahead starts its changed victim's write; on a failing drive that write fails in the background and
     the victim stays held, DIRTY. Retried at every later access, each retry wrote it again and counted an eviction
     and a warning (helper-137's review): now a victim whose last write failed is not written for a read ahead (its
     use's own eviction retries it and raises there); once a write of it succeeds it may be one again."""
     failing = FailingWrites(num_threads=2)
-    store = make_partitions(tmp_path, failing, slots=3)
+    store = holding_three_changed(tmp_path, failing)
     try:
-        for index, key in enumerate("abcde"):
-            put(store, tmp_path, key, float(index))
-        store.flush()
-        for key in "abc":
-            store.lend(key)
-            store.release(key, changed=True)
-        store.next_use = NextUseIndex(list("abdec"))
-        store.recorder.end_step()
         store.lend("a")
         store.release("a", changed=True)  # every held one changed: the read ahead of d writes its victim first
         failing.fail = True
@@ -1607,16 +1614,8 @@ def test_new_bytes_for_a_tensor_whose_write_failed_in_flight_replace_it_without_
     by timing. The new bytes replace the old, which no longer matter: the error is logged and counted, and the new
     bytes are written by the next flush."""
     failing = FailingWrites(num_threads=2)
-    store = make_partitions(tmp_path, failing, slots=3)
+    store = holding_three_changed(tmp_path, failing)
     try:
-        for index, key in enumerate("abcde"):
-            put(store, tmp_path, key, float(index))
-        store.flush()
-        for key in "abc":
-            store.lend(key)
-            store.release(key, changed=True)
-        store.next_use = NextUseIndex(list("abdec"))
-        store.recorder.end_step()
         failing.fail = True
         assert not store.prefetch_if_free("d", make_room=True)  # its victim's write starts, and will fail
         victim, = [key for key in "abc" if store.state(key) == EntryState.WRITING]
