@@ -18,7 +18,7 @@ NVMe under tencache: each passes with the results of stock CPU offload, bit for 
   2026-12-06: other losses);
 - load_into_trained_engine (not upstream): an engine that has trained loads a checkpoint without its optimizer's
   state, or the module only, and trains on: the weights are the checkpoint's, Adam's moments stay live (the
-  engine's NVMe branch copied the checkpoint's moment files over the live ones; tencache copies the masters only);
+  engine's NVMe branch copied the checkpoint's moment files over the live ones; tencache copies none of them);
 - load_after_a_backward_without_its_step (not upstream): a backward whose step never comes, then a load of a
   checkpoint with its optimizer's state, then training on: the reads that backward started ahead (tencache, the state
   streaming) are not served to the load;
@@ -49,6 +49,8 @@ NVMe under tencache: each passes with the results of stock CPU offload, bit for 
   tencache_ds): the weights load and train on, the optimizer's state stops the load with an error (the moments are in
   the checkpoint's swap files only), and loads once `tencache-ds checkpoint-for-cpu` has written them into the ZeRO
   files: the run goes on as stock CPU offload goes on from its own checkpoint of the same run;
+- load_into_reordered_model (not upstream): a weights-only load by a model whose parameters are registered in
+  another order, with the same names and shapes: the weights are the saved ones, by name;
 - loads_params_beyond_max_in_cpu (not upstream): loads without the optimizer's state and of the module only with
   the parameters on NVMe beyond ``max_in_cpu`` (which stage 3 cannot finish: by its code, it reads ``.data`` of a
   missing flat partition, mid-load), the optimizer on NVMe and on cpu: stock CPU offload's bits.
@@ -69,7 +71,7 @@ SCENARIOS = ("zero_to_fp32", "zero_to_fp32_frozen", "zero_to_fp32_frozen_params_
              "load_into_new_engine", "loss_scale_restored", "load_saved_before_any_step", "load_into_trained_engine",
              "load_after_a_backward_without_its_step",
              "save_before_accumulation_is_done", "latest_checkpoint", "tag_validation", "nvme_checkpointing",
-             "save_for_other_world_size", "load_saved_on_cpu")
+             "save_for_other_world_size", "load_saved_on_cpu", "load_into_reordered_model")
 
 
 # tencache's arm has the optimizer on NVMe and on cpu, stock's (the reference, CPU offload) on cpu
@@ -167,6 +169,9 @@ def test_optimizer_on_nvme_gives_stock_cpu_offloads_results(tmp_path):
     assert stock_error.startswith("ZeRORuntimeException: The checkpoint being loaded used a DP world size of 2")
     assert ours_other["optimizer"]["error"].startswith(stock_error.rstrip(".")), ours_other["optimizer"]
     # before anything is loaded, with an error that names the limit, and the engine trains on
+    # a model whose parameters are registered in another order loads the weights by name (helper-192: the masters'
+    # files, placed by position, scrambled them)
+    assert ours["load_into_reordered_model"]["loaded"] == ours["load_into_reordered_model"]["saved"]
     # loads without the optimizer's state with the parameters on NVMe beyond max_in_cpu (stock stops half-loaded,
     # tencache refused the module-only load and kept the saved fp32 masters at the other): stock CPU offload's bits,
     # with the optimizer on NVMe and on cpu

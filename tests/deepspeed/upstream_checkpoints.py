@@ -16,8 +16,8 @@ immediate_save_load, load_immediate_save,
 load_into_new_engine, loss_scale_restored, load_saved_before_any_step, save_before_accumulation_is_done,
 latest_checkpoint, tag_validation, nvme_checkpointing, load_into_trained_engine and
 load_after_a_backward_without_its_step (the last two not upstream),
-loads_params_beyond_max_in_cpu (not
-upstream), save_for_other_world_size and load_at_other_world_size (the second in a launch of another world
+loads_params_beyond_max_in_cpu and
+load_into_reordered_model (not upstream), save_for_other_world_size and load_at_other_world_size (the second in a launch of another world
 size, on the first's checkpoint: ``deepspeed --num_gpus 1``), load_saved_on_cpu and saved_on_nvme (not upstream; the
 second with the optimizer on cpu loads what it saved with the optimizer on NVMe in another launch); they run one
 after the other in the same processes (one launch: its start-up is most of a
@@ -82,6 +82,19 @@ class Layers(torch.nn.Module):
         for layer in self.ll:
             hidden = layer(hidden)
         return self.cross_entropy_loss(hidden, y)
+
+
+class LayersReordered(Layers):
+    """``Layers`` with its parameters registered in another order, the same names and shapes (a refactor between
+    the save and the load)."""
+
+    def __init__(self, n_layers, freeze):
+        torch.nn.Module.__init__(self)
+        self.classifier = torch.nn.Linear(4, 1)
+        self.ll = torch.nn.ModuleList(torch.nn.Linear(HIDDEN, HIDDEN) for _ in range(n_layers))
+        self.cross_entropy_loss = torch.nn.CrossEntropyLoss()
+        if freeze:
+            self.ll[0].weight.requires_grad = False
 
 
 class Simple(Layers):
@@ -455,6 +468,28 @@ def loads_params_beyond_max_in_cpu(mode, device, nvme, ckpt):
     return result
 
 
+def load_into_reordered_model(mode, device, nvme, ckpt):
+    """Not a port: a checkpoint loaded without its optimizer's state by a model whose parameters are registered in
+    another order, with the same names and shapes (helper-192: the masters' files, placed by position, undid the
+    module's load by name, and the model trained on from scrambled weights). In bf16: train 2 steps and save; a
+    fresh engine of the reordered model loads the weights and trains 3 steps (``loads_and_trains_on``)."""
+    config = ds_config(mode, device, os.path.join(nvme, "saving"), 2, 1, bf16=True)
+    torch.manual_seed(1234)
+    model = Layers(2, False)
+    engine, *_ = deepspeed.initialize(config=config, model=model, model_parameters=model.parameters())
+    train(engine, 2, 2, torch.bfloat16)
+    engine.save_checkpoint(ckpt, tag="saved")
+    saved = digest(gathered(engine))
+    engine.destroy()
+    config = ds_config(mode, device, os.path.join(nvme, "loading"), 2, 1, bf16=True)
+    torch.manual_seed(99)
+    model = LayersReordered(2, False)
+    engine, *_ = deepspeed.initialize(config=config, model=model, model_parameters=model.parameters())
+    result = loads_and_trains_on(engine, ckpt, "weights")
+    engine.destroy()
+    return dict(result, saved=saved)
+
+
 def other_world_engine(mode, device, nvme, sub_group_size=None, universal=False, lr=1e-3, bf16=False):
     torch.manual_seed(1234)
     model = Layers(3, False)
@@ -684,6 +719,7 @@ SCENARIOS = {
     "tag_validation": tag_validation,
     "nvme_checkpointing": nvme_checkpointing,
     "loads_params_beyond_max_in_cpu": loads_params_beyond_max_in_cpu,
+    "load_into_reordered_model": load_into_reordered_model,
     "save_for_other_world_size": save_for_other_world_size,
     "load_at_other_world_size": load_at_other_world_size,
     "load_saved_on_cpu": load_saved_on_cpu,

@@ -37,10 +37,19 @@ def engine(monkeypatch):
     return make
 
 
-@pytest.mark.parametrize("places", list(LoadPlaces))
+@pytest.mark.parametrize("places", [places for places in LoadPlaces if places is not LoadPlaces.MASTERS])
 def test_the_same_layout_places_what_was_asked(engine, places):
     same, refreshed = engine(2, 2)
     assert places_for_saved_layout(same, places, HERE) is places and not refreshed
+
+
+def test_without_the_optimizers_state_no_file_is_placed_and_the_masters_come_from_the_weights_loaded_by_name(engine):
+    """Regression test (helper-192): the masters' files were placed where they fit, by position, and the engine's
+    rebuild of the partitions from them undid the module's load by name: a model whose parameters were registered
+    in another order (the same names and shapes) was scrambled. The masters are set from the loaded weights (as
+    stock CPU offload sets them), and nothing is placed, whether the files fit or not."""
+    same, refreshed = engine(2, 2)
+    assert places_for_saved_layout(same, LoadPlaces.MASTERS, HERE) is LoadPlaces.NOTHING and refreshed == [True]
 
 
 def test_the_optimizers_state_of_another_world_size_is_refused_as_stock_cpu_offload_refuses_it(engine):
@@ -98,7 +107,7 @@ def test_the_optimizers_state_with_state_files_missing_is_refused_naming_them(en
         places_for_saved_layout(incomplete, LoadPlaces.ALL, HERE)
     assert lacking[0] in str(error.value) and "and 2 more" in str(error.value)
     assert "No swap file was placed" in str(error.value) and not refreshed
-    assert places_for_saved_layout(incomplete, LoadPlaces.MASTERS, HERE) is LoadPlaces.MASTERS
+    assert places_for_saved_layout(incomplete, LoadPlaces.MASTERS, HERE) is LoadPlaces.NOTHING and refreshed
 
 
 def other_rank(monkeypatch, refused=False, has_folder=True):
@@ -278,15 +287,13 @@ def test_a_zero_file_that_another_rank_cannot_load_stops_every_rank(engine, monk
         places_for_saved_layout(saved_on_cpu, LoadPlaces.ALL, missing)
 
 
-def test_without_the_state_a_misfit_on_another_rank_sets_every_ranks_masters_from_the_weights(engine, monkeypatch):
+def test_without_the_state_every_rank_sets_its_masters_from_the_weights_whatever_its_files(engine, monkeypatch):
     """Regression test (helper-152's review): load_optimizer_states=False decided each rank alone whether its files
     fit; a rank that placed its masters and one that set them from the loaded weights went on into different
-    collectives. Where any rank's do not fit, every rank sets them from the weights."""
+    collectives. Every rank sets them from the weights now (helper-192), asking no rank about its files."""
     fine, refreshed = engine(1, 1)
-    agreements(monkeypatch, [0], [1])  # (then the refresh: done on every rank)
+    agreements(monkeypatch, [1])  # (the refresh's own: done on every rank)
     assert places_for_saved_layout(fine, LoadPlaces.MASTERS, HERE) is LoadPlaces.NOTHING and refreshed == [True]
-    agreements(monkeypatch, [1])
-    assert places_for_saved_layout(fine, LoadPlaces.MASTERS, HERE) is LoadPlaces.MASTERS
 
 
 def test_a_universal_checkpoint_another_rank_cannot_load_stops_every_rank(engine, monkeypatch, tmp_path):

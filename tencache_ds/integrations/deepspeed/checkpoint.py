@@ -44,14 +44,13 @@ More things a resume loses or stops at, in stock DeepSpeed too (a resume then di
   (``rigid_load_with_params_on_file``).
 - ``load_checkpoint(load_module_only=True)`` sets the fp32 masters from the loaded 16-bit weights in place, and
   with the optimizer on NVMe they are empty placeholders: it stops (stock's swappers too). tencache swaps each
-  sub-group in to set it (``refresh_masters_swapping_in``). After it, and after ``load_optimizer_states=False``, the
-  engine's NVMe branch has still copied the checkpoint's masters in: tencache sets them from the loaded 16-bit
-  weights again, as stock CPU offload does (``masters_from_loaded_weights``; in bf16 the two differ).
+  sub-group in to set it (``refresh_masters_swapping_in``). After ``load_optimizer_states=False`` the engine's NVMe
+  branch copied the checkpoint's masters in: tencache sets them from the loaded 16-bit weights before that copy
+  instead, and places no file (saved_layout.py), as stock CPU offload sets them (in bf16 the two differ).
 - Such a load (no optimizer state) into an engine that has trained: the engine's NVMe branch copies the
   checkpoint's moment files over the live ones, so Adam goes on with the checkpoint's moments (registered,
   read at the next swap-in), where stock CPU offload keeps the live moments and step counts. tencache's copy of the
-  folder places the masters' files only then, and none in a load of the module only (``loading_checkpoint``;
-  swap_files.py ``LoadPlaces``).
+  folder places none of them then (``loading_checkpoint``; swap_files.py ``LoadPlaces``).
 - A checkpoint laid out for another run (another world size, other sub-groups, the optimizer on cpu, universal):
   its swap files do not fit, or there are none; stock's NVMe load copied them in anyway and stopped, or dropped the
   loaded weights. tencache does as stock CPU offload (saved_layout.py), and loads the optimizer state of a cpu
@@ -81,8 +80,8 @@ def loading_checkpoint(engine, optimizer_state: bool, module_only: bool):
     """Around ``engine.load_checkpoint``: the engine copies the checkpoint's swap files over the swap folder, so
     every copy of optimizer state the host tier holds then is dropped before its next use (optimizer_swapper.py,
     ``swap_folder``); file timestamps are not trusted to say which copies went stale. A load without the
-    optimizer's state places the masters' files only, a load of the module only none (swap_files.LoadPlaces):
-    the live optimizer state stays the engine's, as with the optimizer on cpu."""
+    optimizer's state, or of the module only, places none (swap_files.LoadPlaces): the live optimizer state stays
+    the engine's, as with the optimizer on cpu, and the masters are the loaded weights."""
     swapper = getattr(getattr(engine, "optimizer", None), "optimizer_swapper", None)
     if not isinstance(swapper, TencacheOptimizerSwapper):
         yield

@@ -70,25 +70,27 @@ def places_for_saved_layout(engine, places: LoadPlaces, source: str) -> LoadPlac
         return LoadPlaces.NOTHING
     if places is LoadPlaces.NOTHING:
         return places
-    if places is LoadPlaces.ALL:  # the optimizer's state, from files that may not fit or be all there
-        misfit = _misfit_agreed(engine, tag_folder, source)
-    else:
-        misfit = _misfit_of_any_rank(engine, source)
+    if places is LoadPlaces.MASTERS:
+        # Without the optimizer's state the masters are the loaded weights, as stock CPU offload sets them
+        # (_restore_from_bit16_weights): set here, before the copy, which then places none of the checkpoint's files
+        # and rebuilds the partitions from them. The checkpoint's master files were placed where they fit until
+        # 2026-12-07: placed by position, over weights the module's load had set by name, they scrambled a model
+        # whose parameters were registered in another order (the same names and shapes: helper-192), and the masters
+        # were set from the weights after the load all the same. refresh_masters_swapping_in: each sub-group swapped
+        # in, set (from its parameters' files beyond max_in_cpu), swapped out; a drive's error on one rank stops
+        # every rank (the others would go on into the load's gathers).
+        raised_on_every_rank(engine.optimizer.refresh_fp32_params, lambda: TencacheError(
+            "load_checkpoint(load_optimizer_states=False): another rank could not set its fp32 masters from the "
+            "loaded weights (its error says why); the load stops on every rank."))
+        logger.info("load_checkpoint(load_optimizer_states=False): the fp32 masters are set from the loaded "
+                    "weights, and none of the checkpoint's swap files is placed")
+        return LoadPlaces.NOTHING
+    misfit = _misfit_agreed(engine, tag_folder, source)  # the optimizer's state, from files that may not fit
     if misfit is None:
         return places
-    cause, why = misfit
-    if places is LoadPlaces.ALL:  # saved with the optimizer on cpu: its ZeRO file has it
-        _load_state_from_zero_file_on_every_rank(engine, tag_folder, source)
-        return LoadPlaces.STATE_WRITTEN
-    optimizer = engine.optimizer
-    # refresh_masters_swapping_in: each sub-group swapped in, set (from its parameters' files where they are beyond
-    # max_in_cpu: refused until 2026-12-07), swapped out (a drive's error on one rank stops every rank: the others
-    # would go on into the load's gathers)
-    raised_on_every_rank(optimizer.refresh_fp32_params, lambda: TencacheError(
-        "load_checkpoint(load_optimizer_states=False): another rank could not set its fp32 masters from the loaded "
-        "weights (its error says why); the load stops on every rank."))
-    logger.info("%s: the fp32 masters are set from the loaded weights, and none of its swap files is placed", why)
-    return LoadPlaces.NOTHING
+    # saved with the optimizer on cpu: its ZeRO file has it (_misfit_agreed raised for every other misfit)
+    _load_state_from_zero_file_on_every_rank(engine, tag_folder, source)
+    return LoadPlaces.STATE_WRITTEN
 
 
 # why a checkpoint's swap files do not fit (_misfit's first value)
@@ -150,22 +152,6 @@ def _misfit_agreed(engine, tag_folder: str, source: str) -> Optional[Tuple[str, 
                                     f"be checked ({type(err).__name__}: {err}). {LOAD_REFUSED}")
             refusal.__cause__ = err
     _refuse_on_any_rank(refusal, source)
-    return misfit
-
-
-def _misfit_of_any_rank(engine, source: str) -> Optional[Tuple[str, str]]:
-    """``_misfit`` for a load of the masters alone, where any rank's files do not fit (or cannot be checked): then
-    every rank sets its masters from the loaded weights. Decided by each rank alone, ranks that placed the masters
-    and ranks that set them from the weights went on into different collectives (the regather of persistent
-    parameters after a load that set masters kept in memory: helper-152's review)."""
-    try:
-        misfit = _misfit(engine, source)
-    except Exception as err:  # noqa: BLE001  (the weights then, on every rank)
-        misfit = OTHER_SUB_GROUPS, (f"the checkpoint's optimizer swap files in {source} could not be checked "
-                                    f"({type(err).__name__}: {err})")
-    fits_on_every_rank, = agree_min([misfit is None])
-    if misfit is None and not fits_on_every_rank:
-        misfit = OTHER_SUB_GROUPS, "another rank's optimizer swap files in the checkpoint do not fit (its log says why)"
     return misfit
 
 
