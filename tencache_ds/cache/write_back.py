@@ -92,7 +92,7 @@ class WriteBack:
             with transfers.lock:
                 entry = self._table.get(key)
                 if entry is not None:
-                    transfers.wait_write(entry)
+                    transfers.wait_write(entry, raise_error=False)  # (failed: its bytes are held, DIRTY)
                     self._refuse_if_in_use(entry)
                     transfers.recorder.touch(key, transfers.swap_nbytes(entry.numel))
                     if entry.state == S.ON_FILE:

@@ -72,10 +72,17 @@ def check_profile_fits(workload: Workload, sections: Dict[str, SavedSection], so
                                       f"has {this_run}: its step times are another config's")
 
 
-def _optimizer_section_of(workload: Workload, section: SavedSection) -> bool:
-    """Can ``section`` (an optimizer's) be this workload's run's: its optimizer state on NVMe, at its world size?"""
-    recorded_ranks = section.facts.get("world_size")
-    return workload.zero.offload_optimizer == "nvme" and recorded_ranks in (None, workload.world_size)
+def _of_this_model(workload: Workload, params: SavedSection, section: SavedSection) -> bool:
+    """Can the optimizer's ``section`` have been recorded with ``params`` for this model: at its world size, its
+    masters this model's per rank (the elements its swapper registered; within SIZE_TOLERANCE: alignment)? A file
+    keeps the sections of every run that wrote it, and neither their times nor anything else says which run wrote
+    which (a run saves its parameters' section after its optimizer's, or before)."""
+    ranks, params_ranks = section.facts.get("world_size"), params.facts.get("world_size")
+    if ranks is not None and params_ranks is not None and ranks != params_ranks:
+        return False
+    elements = section.facts.get("elements")
+    masters = sum(workload.sub_group_elements(i) for i in range(len(workload.sub_groups)))
+    return elements is None or (masters > 0 and abs(elements / masters - 1.0) <= SIZE_TOLERANCE)
 
 
 def machine_from_profile(machine: Machine, workload: Workload, sections: Dict[str, SavedSection],
@@ -86,10 +93,11 @@ def machine_from_profile(machine: Machine, workload: Workload, sections: Dict[st
     check_profile_fits(workload, sections, source)
     params = sections["params"]
     notes: List[str] = []
-    # only this run's optimizer section: a file keeps the sections other runs wrote (another model's, whose step
-    # recorded no optimizer section, or one with the optimizer on cpu), whose waits would come off this compute and
-    # whose missing repeats would put its medians aside (helper-199)
-    dropped = [name for name in sections if name != "params" and not _optimizer_section_of(workload, sections[name])]
+    # only the optimizer section of the run that recorded [params]: a file keeps the sections other runs wrote
+    # (another model's, whose run recorded none: the optimizer on cpu, or a single step), whose waits would come off
+    # this compute and whose missing repeats would put its medians aside (helper-199, helper-200)
+    dropped = [name for name in sections
+               if name.startswith("optimizer") and not _of_this_model(workload, params, sections[name])]
     sections = {name: section for name, section in sections.items() if name not in dropped}
     changes = {}
     steady = all(section.steady is not None for section in sections.values())
@@ -120,8 +128,8 @@ def machine_from_profile(machine: Machine, workload: Workload, sections: Dict[st
     if not notes:
         notes.append("nothing measured that the machine's figures lack")
     if dropped:
-        notes.append(f"section(s) {', '.join(dropped)} not taken: recorded by another run (the optimizer not on "
-                     f"NVMe here, or another world size)")
+        notes.append(f"section(s) {', '.join(dropped)} not taken: recorded by another run (another world size, or "
+                     f"another model's masters)")
     sources = dict(machine.sources)
     for key in changes:
         sources[key] = f"{source}: " + ("medians of the training steps that repeated the recorded one" if steady

@@ -1591,13 +1591,20 @@ def test_a_profiles_steady_timings_set_compute_and_report_reads_instead_of_its_r
     machine, notes = machine_from_profile(this_vm(), work, read_sections(path), source="profile p.json")
     assert tencache_compute_s(work, machine) == pytest.approx(recorded.compute_s, rel=1e-6)
     assert "the recorded step, the run's first" in notes[0]
-    # ... unless that section is another run's (recorded at another world size; the file keeps each run's
-    # sections): left out and said so, the medians taken (helper-199: it set them aside, its waits taken off)
-    save_section(path, "optimizer", "o" * 16, StepProfile.untimed(["x"], [4096]), facts={"world_size": 8})
-    machine, notes = machine_from_profile(this_vm(), work, read_sections(path), source="profile p.json")
-    assert tencache_compute_s(work, machine) == pytest.approx(0.5, rel=1e-6)
-    assert "the median of 3 steps after the recorded one" in notes[0]
-    assert notes[-1].startswith("section(s) optimizer not taken: recorded by another run"), notes
+    # ... unless that section is another run's (the file keeps each run's sections): another model's masters, or
+    # another world size, it is left out and said so, the medians taken (helper-199: it set them aside, its waits
+    # taken off; helper-200: decided by the sections, not by where this estimate puts the optimizer)
+    sections = read_sections(path)
+    masters = sum(work.sub_group_elements(i) for i in range(len(work.sub_groups)))
+    another_model = dataclasses.replace(sections["optimizer"], facts={"elements": masters // 2})
+    params_at_one = dataclasses.replace(sections["params"], facts={"world_size": work.world_size})
+    at_eight = dataclasses.replace(sections["optimizer"], facts={"world_size": 8, "elements": masters})
+    for case in ({**sections, "optimizer": another_model},
+                 {**sections, "params": params_at_one, "optimizer": at_eight}):
+        machine, notes = machine_from_profile(this_vm(), work, case, source="profile p.json")
+        assert tencache_compute_s(work, machine) == pytest.approx(0.5, rel=1e-6)
+        assert "the median of 3 steps after the recorded one" in notes[0]
+        assert notes[-1].startswith("section(s) optimizer not taken: recorded by another run"), notes
 
 
 def test_a_profile_of_another_model_is_refused(tmp_path):
