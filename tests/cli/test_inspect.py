@@ -88,6 +88,10 @@ def test_plan_reports_residency_leads_and_step_time(profile_file):
     # with two sections, each one's compute holds the other's waits: the bound is its reads alone (helper-199: the
     # params' "bound" was its whole recorded step, the update's reads in it)
     assert params["io_bound_s"] == 0 and params["io_bound_of"] == optimizer["io_bound_of"] == "reads"
+    streamed = json.loads(run_cli("plan", profile_file, "--host-cache-bytes", "0", "--read-bandwidth", "100MiB/s",
+                                  "--json").stdout)["sections"]["params"]
+    assert streamed["io_bound_s"] == pytest.approx(streamed["read_s"]), streamed
+    assert 0 < streamed["read_s"] < streamed["compute_s"], streamed  # (max(compute, reads) would be the compute)
 
     # no host tier, measured bandwidth (100 MiB/s), 1 MiB in flight: every read of the params one access ahead
     streaming = run_cli("plan", profile_file, "--in-flight-bytes", "1MiB")
