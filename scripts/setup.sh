@@ -22,7 +22,8 @@ say() { printf '\n== %s\n' "$*"; }
 #    installed, with what to do, instead of at pip's first install with "externally-managed-environment".
 if ! $PY - <<'PYEOF'
 import os, sys, sysconfig
-managed = sys.prefix == sys.base_prefix and os.path.exists(os.path.join(sysconfig.get_path("stdlib"), "EXTERNALLY-MANAGED"))
+marker = os.path.join(sysconfig.get_path("stdlib"), "EXTERNALLY-MANAGED")
+managed = sys.prefix == sys.base_prefix and os.path.exists(marker)
 sys.exit(1 if managed else 0)
 PYEOF
 then

@@ -15,12 +15,11 @@ SCENARIOS: comma-separated, of zero_to_fp32, zero_to_fp32_frozen, zero_to_fp32_f
 immediate_save_load, load_immediate_save,
 load_into_new_engine, loss_scale_restored, load_saved_before_any_step, save_before_accumulation_is_done,
 latest_checkpoint, tag_validation, nvme_checkpointing, load_into_trained_engine and
-load_after_a_backward_without_its_step (the last two not upstream),
-loads_params_beyond_max_in_cpu and
-load_into_reordered_model (not upstream), save_for_other_world_size and load_at_other_world_size (the second in a launch of another world
-size, on the first's checkpoint: ``deepspeed --num_gpus 1``), load_saved_on_cpu and saved_on_nvme (not upstream; the
-second with the optimizer on cpu loads what it saved with the optimizer on NVMe in another launch); they run one
-after the other in the same processes (one launch: its start-up is most of a
+load_after_a_backward_without_its_step (the last two not upstream), loads_params_beyond_max_in_cpu and
+load_into_reordered_model (not upstream), save_for_other_world_size and load_at_other_world_size (the second in a
+launch of another world size, on the first's checkpoint: ``deepspeed --num_gpus 1``), load_saved_on_cpu and
+saved_on_nvme (not upstream; the second with the optimizer on cpu loads what it saved with the optimizer on NVMe in
+another launch); they run one after the other in the same processes (one launch: its start-up is most of a
 scenario's time), each with its own engines and its own folders under NVME_DIR and CKPT_DIR. The result maps each
 scenario to the SHA-256 sums of the weights (and losses) it produces, so that runs can be compared bit for bit,
 and, where it fails, its error (the scenarios after a failure do not run). ``tencache=BYTES``: that

@@ -31,8 +31,9 @@ from ...config import NO_AUTO_INSTALL_ENV
 from ...ext_lock import raise_if_stale_locks
 from . import contract, reporting
 from .checkpoint import (adopt_loaded_files, loading_checkpoint, masters_from_loaded_weights,
-                         refresh_masters_swapping_in, regather_persistent_parameters, replay_adam_step_products, restore_optimizer_scalars,
-                         restore_unswapped_masters, restoring_masters_from_files, rigid_load_with_params_on_file)
+                         refresh_masters_swapping_in, regather_persistent_parameters, replay_adam_step_products,
+                         restore_optimizer_scalars, restore_unswapped_masters, restoring_masters_from_files,
+                         rigid_load_with_params_on_file)
 from .checkpoint_save import saving_masters, swap_files_linked
 from .config_bridge import DEEPSPEED_OPS, building_stage3, find_stage3_optimizer, initializing, validate_ds_config
 from .config_source import ds_config_of_initialize_call
