@@ -64,7 +64,6 @@ import torch
 from deepspeed.checkpoint.constants import FP32_FLAT_GROUPS, LOSS_SCALER, OPTIMIZER_STATE_DICT
 from deepspeed.runtime.swap_tensor.optimizer_utils import OptimizerSwapper
 
-from ...errors import TencacheError
 from ...io.stale_files import hidden_name
 from ...log import logger
 from .optimizer_swapper import TencacheOptimizerSwapper
