@@ -151,7 +151,7 @@ class EntryStore:
             created = entry is None
             if created:
                 entry = self._table.new(key, numel, path, S.ON_FILE)
-            transfers.wait_write(entry, raise_error=False)  # (the new bytes replace what it was writing)
+            transfers.wait_write(entry)
             # a read into the caller's buffer too: the new bytes would be lent while it reads the file, which a
             # release not kept then overwrites under it (the invariants forbid both at once: cache/entry.py)
             if entry.state in LENT or entry.state == S.READING or entry.external_read is not None:
@@ -223,7 +223,7 @@ class EntryStore:
         ``prefetch``: the use is still ahead (counted as a prefetch, and as late if wait_read has to wait)."""
         with self._lock:
             entry = self._table[key]
-            self._transfers.wait_write(entry, raise_error=False)  # (failed: its bytes are held, DIRTY: a hit)
+            self._transfers.wait_write(entry)
             if entry.state in LENT or entry.state == S.READING or entry.external_read is not None:
                 raise RuntimeError(f"{self.name}: tensor {key} is already lent or being read")
             # The profile records uses: a prefetch is recorded when wait_read hands it over (its pending use), so
@@ -361,7 +361,7 @@ class EntryStore:
         any lend's."""
         with self._lock:
             entry = self._table[key]
-            self._transfers.wait_write(entry, raise_error=False)  # (failed: its bytes are held, DIRTY: a hit)
+            self._transfers.wait_write(entry)
             copyable = self._copyable(entry)
             if copyable:
                 nbytes = self.swap_nbytes(entry.numel)

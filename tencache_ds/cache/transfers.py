@@ -268,22 +268,19 @@ class Transfers:
         self.counters.written_back += 1
         self.table.set(entry, S.WRITING)
 
-    def wait_write(self, entry: Entry, postponed: Optional["PostponedInterrupt"] = None,
-                   raise_error: bool = True) -> None:
+    def wait_write(self, entry: Entry, postponed: Optional["PostponedInterrupt"] = None) -> None:
         """Wait for ``entry``'s write (lock released meanwhile) and apply its outcome; raises a failed write's
         error with the entry DIRTY again (its bytes are kept, still owed to the file). Before using an entry: its
         write in flight, if any, is all a read of it waits for. With ``postponed``, an interruption of the wait is
-        kept there for the caller to raise once its books are done. ``raise_error`` False: the caller replaces the
-        whole tensor, so the failed write's bytes no longer matter (logged and counted, as a reap does: whether it
-        raised depended on a reap having come first; helper-198)."""
+        kept there for the caller to raise once its books are done."""
         if entry.state != S.WRITING:
             return
         if postponed is None:
             self.wait_unlocked(entry.io)
-            self.finish_io(entry, raise_error=raise_error)
+            self.finish_io(entry)
         else:
             postponed.wait(entry.io)
-            postponed.finish_io(entry, raise_error=raise_error)
+            postponed.finish_io(entry)
 
     def reap_writes(self) -> None:
         """Apply the outcome of writes that finished on their own (frees their buffers); never waits."""
@@ -385,11 +382,11 @@ class PostponedInterrupt:
         if self.error is not None:
             raise self.error
 
-    def finish_io(self, entry: Entry, raise_error: bool = True) -> None:
+    def finish_io(self, entry: Entry) -> None:
         """``Transfers.finish_io(entry)`` after a ``wait``: a failed read's error raised in its place is the context
         of the interruption, which is raised (the user's Ctrl-C is not lost to an I/O error)."""
         try:
-            self._transfers.finish_io(entry, raise_error=raise_error)
+            self._transfers.finish_io(entry)
         except BaseException:
             self.raise_if_any()
             raise

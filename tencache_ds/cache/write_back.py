@@ -41,7 +41,7 @@ class WriteBack:
         try:
             with transfers.lock:
                 entry = self._table[key]
-                transfers.wait_write(entry, raise_error=False)  # (the new bytes replace what it was writing)
+                transfers.wait_write(entry)
                 self._refuse_if_in_use(entry)
                 was_on_file = entry.state == S.ON_FILE
                 if was_on_file:
@@ -92,7 +92,7 @@ class WriteBack:
             with transfers.lock:
                 entry = self._table.get(key)
                 if entry is not None:
-                    transfers.wait_write(entry, raise_error=False)  # (failed: its bytes are held, DIRTY)
+                    transfers.wait_write(entry)
                     self._refuse_if_in_use(entry)
                     transfers.recorder.touch(key, transfers.swap_nbytes(entry.numel))
                     if entry.state == S.ON_FILE:
