@@ -1,7 +1,9 @@
 """A TencacheParamSwapper on its own, for the scenario scripts beside this file (failed_read.py,
 partition_records.py): one rank on DeepSpeed's CPU accelerator, a fresh NVMe folder, no host cache, and stand-in
 parameters that carry only what the swapper reads (ds_id, ds_tensor with ds_numel and status)."""
+import atexit
 import os
+import shutil
 import tempfile
 
 import torch
@@ -19,6 +21,7 @@ def lone_swapper(port: str, **env):
 
     deepspeed.init_distributed(dist_backend="gloo")
     nvme = tempfile.mkdtemp()
+    atexit.register(shutil.rmtree, nvme, True)  # (left behind, 5 MiB a run: about 120 such folders in /tmp)
     config = DeepSpeedConfig({"train_batch_size": 1, "zero_optimization": {
         "stage": 3, "offload_param": {"device": "nvme", "nvme_path": nvme, "max_in_cpu": 0},
         "offload_optimizer": {"device": "nvme", "nvme_path": nvme}}, "tencache": {"host_cache_bytes": 0}})
