@@ -236,7 +236,8 @@ class BufferPool:
         # kept out of fork()ed children (DataLoader workers), as the arena's regions are: an anonymous mapping is
         # shared with them, so giving it back freed nothing while one lived, and the memory governor gave back more
         # and more on readings that did not rise (helper-197)
-        mapping.madvise(mmap.MADV_DONTFORK)
+        if hasattr(mmap, "MADV_DONTFORK"):  # (Linux's)
+            mapping.madvise(mmap.MADV_DONTFORK)
         base = torch.frombuffer(mapping, dtype=torch.uint8)
         buffer = HostBuffer(base.data_ptr(), capacity, False, None, base, counted_as_fallback=count_as_fallback)
         with self._mutex:

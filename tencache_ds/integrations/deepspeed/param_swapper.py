@@ -327,10 +327,10 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
             self._checked()
 
     def remove_partition_and_release_buffers(self, params, copies_on=None):
-        """Release ``params``' partitions, except those a gather in flight is a view of (the CPU accelerator at one
-        rank gathers a partition as a view of it, NoGatherHandle): stage 3 releases persistent parameters' partitions
-        on NVMe right after their gather starts, and they stay gathered, so their slot must stay lent, as stock CPU
-        offload keeps the partition. Released, the slot took another partition's bytes at its next read, which the
+        """Release ``params``' partitions, except those a gather in flight reads in place (``_persisted_gather_in_
+        flight``: on a host accelerator the collective's input, and at one rank the gathered tensor, is the partition
+        itself): stage 3 releases persistent parameters' partitions on NVMe right after their gather starts, and
+        they stay gathered, so their slot must stay lent, as stock CPU offload keeps the partition. Released, the slot took another partition's bytes at its next read, which the
         persistent parameter then computed with: after a skipped update, after empty_partition_cache, and in every
         forward pass of an engine without an optimizer (helper-183's review; stock NVMe does the same). Such a
         partition is released when stage 3 partitions the parameter (_partition_param frees its data first).

@@ -235,7 +235,8 @@ def _refusal(engine, cause: str, why: str) -> Exception:
         f"load_checkpoint: {why}: its optimizer state cannot be loaded into this engine's sub-groups (stock CPU "
         f"offload stops too: a parameter group that doesn't match the size of the optimizer's). Did "
         f"zero_optimization.sub_group_size, aio.block_size (which sub-groups are swapped), aio.intra_op_parallelism, "
-        f"the model or its frozen parameters change since the save? Load with those as they were, or {weights_only}. {LOAD_REFUSED}")
+        f"the model or its frozen parameters change since the save? Load with those as they were, or "
+        f"{weights_only}. {LOAD_REFUSED}")
 
 
 def sub_group_layout_mismatch(swapper, folder: str) -> Optional[str]:
