@@ -48,32 +48,28 @@ def files(folder, sub_groups, states, tag):
             (folder / f"{prefix}{sub_group}.tensor.swp").write_text(f"{tag}:{prefix}{sub_group}")
 
 
-@pytest.mark.parametrize("masters_only", [False, True])
-def test_ids_shifted_by_whole_sub_groups_are_renamed_without_overwriting_a_loaded_file(tmp_path, masters_only):
+def test_ids_shifted_by_whole_sub_groups_are_renamed_without_overwriting_a_loaded_file(tmp_path):
     """Regression test: the checkpoint's ids (0_9, 10_19) and this engine's (10_19, 20_29) overlap. Renaming in one
     pass moved 0_9's file onto 10_19 before 10_19's own file had gone to 20_29: that file was lost and the next
-    rename found nothing (FileNotFoundError). Without the optimizer's state only the masters are renamed; this
-    engine's live moments stay under its ids. Until 2026-12-07 the copy placed the checkpoint's 10_19 under its own
+    rename found nothing (FileNotFoundError). (A load without the optimizer's state places no file since 2026-12-07:
+    test_saved_layout.py.) Until 2026-12-07 the copy placed the checkpoint's 10_19 under its own
     name, over this engine's live 10_19, until adoption."""
     tag_dir, loaded, folder = checkpoint_and_swap_folders(tmp_path)
     files(loaded, ["0_9", "10_19"], [None, "exp_avg"], "checkpoint")  # what the checkpoint holds
     files(folder, ["10_19", "20_29"], [None, "exp_avg"], "live")  # this engine's own state
     engine, forgotten, rebuilt = engine_with(folder, ["10_19", "20_29"])
-    load_copy(engine, loaded, folder, LoadPlaces.MASTERS if masters_only else LoadPlaces.ALL)
+    load_copy(engine, loaded, folder, LoadPlaces.ALL)
     # every loaded file hidden until adoption: the live 10_19 is not the checkpoint's 10_19, which the engine's
     # reset right after the copy read as its own and wrote back changed (helper-143's review)
     assert (folder / "10_19.tensor.swp").read_text() == "live:10_19"
-    renamed = adopt_loaded_files(engine, str(tmp_path / "ckpt"), str(tag_dir / "mp_rank_00_model_states.pt"),
-                                 masters_only=masters_only)
-    assert renamed == (2 if masters_only else 4) and rebuilt == [True]
+    renamed = adopt_loaded_files(engine, str(tmp_path / "ckpt"), str(tag_dir / "mp_rank_00_model_states.pt"))
+    assert renamed == 4 and rebuilt == [True]
     assert (folder / "10_19.tensor.swp").read_text() == "checkpoint:0_9"
     assert (folder / "20_29.tensor.swp").read_text() == "checkpoint:10_19"
-    moments = (folder / "exp_avg-20_29.tensor.swp").read_text()
-    assert moments == ("live:exp_avg-20_29" if masters_only else "checkpoint:exp_avg-10_19")
+    assert (folder / "exp_avg-20_29.tensor.swp").read_text() == "checkpoint:exp_avg-10_19"
     assert not [name for name in os.listdir(folder) if name.startswith(".")]  # nothing left staged
     assert sorted(os.path.basename(path) for path in forgotten) == sorted(
-        f"{prefix}{new}.tensor.swp" for new in ("10_19", "20_29")
-        for prefix in ([""] if masters_only else ["", "exp_avg-"]))
+        f"{prefix}{new}.tensor.swp" for new in ("10_19", "20_29") for prefix in ("", "exp_avg-"))
 
 
 def checkpoint_and_swap_folders(tmp_path):
@@ -86,8 +82,7 @@ def checkpoint_and_swap_folders(tmp_path):
     return tag_dir, loaded, folder
 
 
-@pytest.mark.parametrize("masters_only", [False, True])
-def test_a_load_never_replaces_the_files_of_another_engine_sharing_the_folder(tmp_path, masters_only):
+def test_a_load_never_replaces_the_files_of_another_engine_sharing_the_folder(tmp_path):
     """Regression test: two engines alive in one process share the swap folder (one config, one nvme_path), the
     critic with sub-groups 0_9 and 10_19, the actor with 20_29 and 30_39. The actor loads a checkpoint written by
     another process where its ids were 0_9 and 10_19. The copy placed the checkpoint's files under their own names,
@@ -101,16 +96,14 @@ def test_a_load_never_replaces_the_files_of_another_engine_sharing_the_folder(tm
     critic_files = {name: (folder / name).read_text() for name in os.listdir(folder) if "critic" in
                     (folder / name).read_text()}
     actor, _, rebuilt = engine_with(folder, ["20_29", "30_39"])
-    load_copy(actor, loaded, folder, LoadPlaces.MASTERS if masters_only else LoadPlaces.ALL)
+    load_copy(actor, loaded, folder, LoadPlaces.ALL)
     assert {name: (folder / name).read_text() for name in critic_files} == critic_files
-    renamed = adopt_loaded_files(actor, str(tmp_path / "ckpt"), str(tag_dir / "mp_rank_00_model_states.pt"),
-                                 masters_only=masters_only)
-    assert renamed == (2 if masters_only else 4) and rebuilt == [True]
+    renamed = adopt_loaded_files(actor, str(tmp_path / "ckpt"), str(tag_dir / "mp_rank_00_model_states.pt"))
+    assert renamed == 4 and rebuilt == [True]
     assert {name: (folder / name).read_text() for name in critic_files} == critic_files
     assert (folder / "20_29.tensor.swp").read_text() == "checkpoint:0_9"
     assert (folder / "30_39.tensor.swp").read_text() == "checkpoint:10_19"
-    assert (folder / "exp_avg-30_39.tensor.swp").read_text() == (
-        "actor:exp_avg-30_39" if masters_only else "checkpoint:exp_avg-10_19")
+    assert (folder / "exp_avg-30_39.tensor.swp").read_text() == "checkpoint:exp_avg-10_19"
     assert not [name for name in os.listdir(folder) if name.startswith(".")]
 
 

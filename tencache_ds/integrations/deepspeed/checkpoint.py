@@ -90,10 +90,10 @@ def loading_checkpoint(engine, optimizer_state: bool, module_only: bool):
         yield
 
 
-def adopt_loaded_files(engine, load_dir, load_path, masters_only: bool = False) -> int:
+def adopt_loaded_files(engine, load_dir, load_path) -> int:
     """After ``engine.load_checkpoint``: when the checkpoint's sub-group ids are not this engine's (a rebuilt
-    model), rename the loaded swap files to this engine's ids and rebuild the parameters from them (``masters_only``:
-    the load placed the masters' files only, ``loading_checkpoint``). The load placed files of ids this engine does
+    model), rename the loaded swap files to this engine's ids and rebuild the parameters from them (a load of the
+    optimizer's state: no other places files, ``loading_checkpoint``). The load placed files of ids this engine does
     not have hidden (``staged_load_name``); what is not adopted of them is deleted. Returns the number of files
     renamed (0: the ids matched, or nothing to do)."""
     optimizer = getattr(engine, "optimizer", None)
@@ -103,16 +103,16 @@ def adopt_loaded_files(engine, load_dir, load_path, masters_only: bool = False) 
     if swapper.last_load_places is None or not swapper.last_load_places.places_files:  # none placed: saved_layout.py
         return 0
     try:
-        return _adopt(swapper, optimizer, swapper.last_load_source, masters_only)
+        return _adopt(swapper, optimizer, swapper.last_load_source)
     finally:
         swapper.drop_staged_loads()
 
 
-def _adopt(swapper, optimizer, loaded_dir, masters_only: bool) -> int:
+def _adopt(swapper, optimizer, loaded_dir) -> int:
     loaded = {}
     for name in os.listdir(loaded_dir):
         match = SWAP_FILE_NAME.match(name)
-        if match and not (masters_only and match["state"]):
+        if match:
             loaded.setdefault(match["id"], []).append(match["state"])
     current = list(swapper.swap_params_info)  # sub-group order
     if not loaded or set(current) <= set(loaded):  # its own ids (beside other engines' files a stock save took)

@@ -328,7 +328,7 @@ def _restoring_optimizer_scalars(load_checkpoint):
         # the copies the optimizer store holds are dropped after the copy; the live state stays without a load of it
         with loading_checkpoint(self, optimizer_state, module_only):
             result = load_checkpoint(self, *args, **kwargs)
-        renamed = 0 if module_only else adopt_loaded_files(self, load_dir, result[0], masters_only=not optimizer_state)
+        renamed = 0 if module_only else adopt_loaded_files(self, load_dir, result[0])
         restore_optimizer_scalars(self, load_dir, result[0], arguments["load_optimizer_states"], module_only)
         if renamed + restore_unswapped_masters(self, load_dir, result[0], module_only):
             regather_persistent_parameters(self.optimizer)  # rebuilt after the engine's load had gathered them

@@ -410,10 +410,9 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         model or another process), and every one where adoption will rename them (``begin_load_copy``), stays hidden
         for adoption to rename (checkpoint.adopt_loaded_files): under its own name it could replace the live file of
         another engine sharing the folder, whose sub-group ids may be the checkpoint's."""
-        match = SWAP_FILE_NAME.match(name)
-        if not self._load_places.places_files or (
-                self._load_places is LoadPlaces.MASTERS and (match is None or match["state"] is not None)):
+        if not self._load_places.places_files:
             return None
+        match = SWAP_FILE_NAME.match(name)
         if match is not None and (self._stage_own_files or self._stage_every_loaded_file or
                                   match["id"] not in self.swap_params_info):
             return staged_load_name(name)  # hidden while the copy runs: see name_after_load_copy

@@ -65,9 +65,10 @@ class LoadPlaces(enum.Enum):
     engine copies the whole folder whatever was asked: engine.py ``load_checkpoint``):
     - ALL: the optimizer's state is loaded;
     - MASTERS: it is not (``load_optimizer_states=False``), so the live state (Adam's moments, with its step counts)
-      stays, as with the optimizer on cpu. Asked for, never placed since 2026-12-07: saved_layout sets the fp32
-      masters from the weights the module's load set by name before the copy, and places NOTHING (the
-      checkpoint's master files, placed by position, scrambled a model registered in another order: helper-192);
+      stays, as with the optimizer on cpu. What such a load asks for, never what a copy places: saved_layout sets
+      the fp32 masters from the weights the module's load set by name before the copy, and answers NOTHING (the
+      checkpoint's master files, placed by position until 2026-12-07, scrambled a model registered in another
+      order: helper-192);
     - NOTHING: the module only: stage 3 has already set the masters from the loaded weights before the copy
       (``refresh_fp32_params``), as stock CPU offload has them; the checkpoint's would replace them (in bf16 with
       other values) until checkpoint.masters_from_loaded_weights set them again, and be left behind under the
@@ -83,4 +84,4 @@ class LoadPlaces(enum.Enum):
     @property
     def places_files(self) -> bool:
         """Does the copy place checkpoint files in the swap folder?"""
-        return self in (LoadPlaces.ALL, LoadPlaces.MASTERS)
+        return self is LoadPlaces.ALL
