@@ -74,6 +74,7 @@ def check_output_file(key: str, path: str) -> None:
     """``path`` is a file we may create or append to (its missing folders are created by the writer): tried by
     creating its missing folders and a probe file beside it, all removed again."""
     _refuse_nul(key, path)
+    _refuse_tilde(key, path, "tencache would write into")
     absolute = os.path.abspath(path)
     # a trailing separator names a folder even where none exists yet (abspath drops it, and the check would then
     # probe the parent while the writer's open fails after the first step)
@@ -94,30 +95,41 @@ def check_output_file(key: str, path: str) -> None:
 
 
 def _probe_file(folder: str, name: str) -> None:
-    """Create ``folder`` (and its missing parents) and a file named like ``name`` in it; remove all of them."""
-    created = []
-    missing = folder
-    while not os.path.exists(missing):
-        created.append(missing)
-        missing = os.path.dirname(missing)
+    """Create a file named like ``name`` in ``folder``, or where ``folder`` is missing, a folder and a file in it in
+    its nearest existing ancestor; remove them. Every name is this process's own: ranks check one path at once
+    (before 2026-12-07 each made and removed the missing folders themselves, and a rank met another's mkdir or rmdir:
+    "File exists", "No such file or directory", a start-up refused at random: helper-206)."""
+    ancestor = folder
+    while not os.path.exists(ancestor):
+        ancestor = os.path.dirname(ancestor)
+    own = f".{name}.tencache-probe-{os.getpid()}"
+    if ancestor == folder:
+        probe = os.path.join(folder, own)
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        os.remove(probe)
+        return
+    made = os.path.join(ancestor, own)
+    os.mkdir(made)  # (the writer makes the missing folders with its first write)
     try:
-        for made in reversed(created):
-            os.mkdir(made)
-        probe = os.path.join(folder, f".{name}.tencache-probe-{os.getpid()}")
+        probe = os.path.join(made, own)
         os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
         os.remove(probe)
     finally:
-        for made in created:  # deepest first; a folder that was not made is not there to remove
-            try:
-                os.rmdir(made)
-            except OSError:
-                pass
+        os.rmdir(made)
 
 
 def _refuse_nul(key: str, path: str) -> None:
     """No path holds a NUL byte (the OS's calls raise a bare ValueError on one: helper-161's review)."""
     if "\0" in path:
         raise TencacheConfigError(f"{key} = {path!r} holds a NUL byte (\\u0000), which no file name can: remove it")
+
+
+def _refuse_tilde(key: str, path: str, what: str) -> None:
+    """No path starts with "~": nothing expands it (DeepSpeed joins nvme_path as given), so ``what`` would go to a
+    folder named "~" under the working folder, perhaps not on the drive meant (doctor FAILs it too: helper-206)."""
+    if path.startswith("~"):
+        raise TencacheConfigError(f"{key} = {path!r} starts with '~', which is not expanded ({what} a folder "
+                                  f"named '~' under the working folder): give it as an absolute path")
 
 
 def _try_writing(key: str, path: str, what: str, attempt) -> None:
@@ -135,6 +147,7 @@ def check_swap_folder(key: str, path: Optional[str]) -> None:
                                   f"the swap files, e.g. \"nvme_path\": \"/local_nvme\"")
     path = str(path)
     _refuse_nul(key, path)
+    _refuse_tilde(key, path, "DeepSpeed would swap into")
     absolute = os.path.abspath(path)
     if os.path.exists(absolute) and not os.path.isdir(absolute):
         raise TencacheResourceError(f"{key} = {path!r} is a file, not a folder: point it at a folder on the NVMe "

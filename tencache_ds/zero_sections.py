@@ -1,6 +1,6 @@
 """DeepSpeed's own sections as tencache needs them: ZeRO stage 3, something offloaded to NVMe (with a usable
-nvme_path), no GPUDirect Storage, no hpZ copies on NVMe, optimizer state in the masters' dtype, the "aio" numbers
-the swappers read, and no "tencache" block misplaced inside a section. Owns: these checks of a raw DeepSpeed config
+nvme_path), no GPUDirect Storage, no hpZ copies on NVMe, no SuperOffload of an optimizer on NVMe, optimizer state in
+the masters' dtype, the "aio" numbers the swappers read, and no "tencache" block misplaced inside a section. Owns: these checks of a raw DeepSpeed config
 dict, each naming its key and the remedy before anything is written. Does not own: the block's own keys
 (config.py), the checks against the machine (config_checks.py), DeepSpeed's version and the call that runs them
 all at initialize (integrations/deepspeed/config_bridge.validate_ds_config).
@@ -46,6 +46,7 @@ def check_zero_sections_but_folders(raw: dict) -> List[Tuple[str, dict]]:
         raise TencacheConfigError(f'aio.use_gds: true puts swap buffers in GPU memory, which tencache does not '
                                   f'manage: remove it, {DISABLE_HINT}')
     _check_secondary_partitions(zero, nvme_sections)
+    _check_super_offload(nvme_sections)
     _check_optimizer_state_dtype(raw, nvme_sections)
     return nvme_sections
 
@@ -137,6 +138,19 @@ def secondary_partitions_on_nvme(zero: dict) -> Optional[str]:
             f'parameter partition on the offload_param device, which DeepSpeed cannot allocate on "nvme" '
             f'(zero_optimization.offload_param.device): set zero_hpz_partition_size to 1, or offload the '
             f'parameters to "cpu" (the optimizer state can stay on NVMe)')
+
+
+def _check_super_offload(nvme_sections: List[Tuple[str, dict]]) -> None:
+    """SuperOffload (``offload_optimizer.super_offload``) builds DeepSpeed's SuperOffloadOptimizer_Stage3, whose
+    ``partition_grads`` copies each gradient into its sub-group's fp32 ``.grad`` without swapping it in: with the
+    optimizer on NVMe that gradient is None once the sub-group was swapped out, and the first accumulation boundary
+    stops with AttributeError mid-backward, stock's swapper and tencache's alike (helper-206)."""
+    for key, section in nvme_sections:
+        if key == "zero_optimization.offload_optimizer" and section.get("super_offload"):
+            raise TencacheConfigError(
+                f"{key}.super_offload: SuperOffload steps the optimizer from fp32 gradients it never swaps in, so "
+                f'it cannot keep the optimizer state on NVMe ({key}.device "nvme"): set super_offload to false, or '
+                f'offload the optimizer to "cpu" (the parameters can stay on NVMe)')
 
 
 def optimizer_state_dtype_message(master_key: str, optimizer: str, remedy: str) -> str:

@@ -175,6 +175,10 @@ CASES = [
          offload("offload_optimizer", nvme_path="/local\0nvme"), "zero_optimization.offload_optimizer.nvme_path"),
     Case("metrics-path-nul", "metrics_path with a NUL byte",
          lambda config, tmp: config["tencache"].update(metrics_path="runs/m\0.jsonl"), "tencache.metrics_path"),
+    Case("nvme-path-tilde", 'nvme_path starting with "~" (nothing expands it)',
+         offload("offload_param", nvme_path="~/nvme"), "zero_optimization.offload_param.nvme_path"),
+    Case("profile-path-tilde", 'profile_path starting with "~"', block(profile_path="~/runs/profile.json"),
+         "tencache.profile_path"),
     Case("block-misspelled", 'the block spelled "tencache_ds" (DeepSpeed ignores it: the run would be stock)',
          lambda config, tmp: config.update(tencache_ds=config.pop("tencache")), "tencache_ds"),
     Case("gds", "aio.use_gds: true", _set("aio", "use_gds", True), "aio.use_gds"),
@@ -184,10 +188,14 @@ CASES = [
          "aio.intra_op_parallelism"),
     Case("aio-threads-fraction", "aio.intra_op_parallelism a fraction", _set("aio", "intra_op_parallelism", 1.5),
          "aio.intra_op_parallelism"),
+    Case("aio-threads-over-64", "aio.intra_op_parallelism above 64 (tencache's checkpoints tell their files apart "
+         "for at most 64)", _set("aio", "intra_op_parallelism", 128), "aio.intra_op_parallelism"),
     Case("aio-block-string", 'aio.block_size a size string ("1M")', _set("aio", "block_size", "1M"), "aio.block_size"),
     Case("aio-not-object", '"aio" is not an object', _set("aio", True), "aio"),
     Case("hpz-params-on-nvme", "ZeRO++ hpZ (`zero_hpz_partition_size` > 1) with the parameters on NVMe",
          _set("zero_optimization", "zero_hpz_partition_size", 2), "zero_optimization.zero_hpz_partition_size"),
+    Case("super-offload-nvme", "SuperOffload (`offload_optimizer.super_offload`) with the optimizer on NVMe",
+         offload("offload_optimizer", super_offload=True), "zero_optimization.offload_optimizer.super_offload"),
     Case("bf16-masters-fp32-state", "bf16 masters (`bf16_master_weights_and_grads`) with the optimizer on NVMe "
          "keeping its state in fp32 (without `bf16_optimizer_states`)", lambda config, tmp: config.update(
              bf16=BF16_MASTERS, optimizer={"type": "AdamW", "params": {"lr": 1e-4}}),
@@ -388,3 +396,34 @@ def test_a_block_switched_off_by_renaming_it_is_no_misspelling(key, tmp_path):
     config = valid_config(str(tmp_path))
     config[key] = config.pop("tencache")
     assert not validate_ds_config(config, machine=MACHINE).enabled
+
+
+def _check_output_file_repeatedly(barrier, path: str, rounds: int, errors) -> None:
+    from tencache_ds.config_checks import check_output_file
+    failed = []
+    for _ in range(rounds):
+        barrier.wait()
+        try:
+            check_output_file("tencache.metrics_path", path)
+        except Exception as err:  # noqa: BLE001  (counted: the test asserts there are none)
+            failed.append(str(err))
+    errors.put(failed)
+
+
+def test_ranks_checking_one_output_path_at_once_all_pass(tmp_path):
+    """Regression test (helper-206): every rank checks metrics_path at initialize, at once. The check made the
+    missing folders and removed them: a rank met another's mkdir ("File exists") or rmdir ("No such file or
+    directory"), and the start-up was refused at random. Each rank's probe names are its own now."""
+    import multiprocessing
+    context = multiprocessing.get_context("fork")
+    barrier, errors = context.Barrier(2), context.Queue()
+    path = str(tmp_path / "runs" / "deeper" / "metrics.jsonl")
+    ranks = [context.Process(target=_check_output_file_repeatedly, args=(barrier, path, 40, errors))
+             for _ in range(2)]
+    for rank in ranks:
+        rank.start()
+    failed = [message for _ in ranks for message in errors.get(timeout=120)]
+    for rank in ranks:
+        rank.join(timeout=60)
+    assert failed == [], failed[:3]
+    assert files_under(str(tmp_path)) == []  # nothing left: no folder, no probe

@@ -23,7 +23,7 @@ LAYERS = (
     ("package", {"__init__"}),  # tencache_ds/__init__.py: the public face, imports the adapters on demand
 )
 # Leaves: used from every layer, and import nothing of tencache_ds but other leaves.
-LEAVES = {"units", "errors", "log", "metrics", "drive_wear", "ext_lock", "probes"}
+LEAVES = {"units", "errors", "log", "metrics", "drive_wear", "ext_lock", "probes", "supported_deepspeed"}
 
 
 def imported_modules(path):

@@ -17,7 +17,7 @@ from typing import List, Optional, Sequence
 
 from ..io.drive_rate import store_thread_counts
 from ..units import fmt_bytes
-from .doctor_checks import (EXPECTED_DEEPSPEED_VERSION, FAIL, MIN_MEMLOCK_BYTES, OK, STATUS_ORDER,  # noqa: F401
+from .doctor_checks import (FAIL, MIN_MEMLOCK_BYTES, OK, STATUS_ORDER,  # noqa: F401
                             WARN, CheckResult, check_accelerator, check_async_io, check_budgets, check_build_locks,
                             check_gpus, check_host, check_libaio, check_memlock, check_native_arena, check_versions,
                             describe_host, load_ds_config, nvme_path_from_config, nvme_paths_from_config,

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from .. import ext_lock
 from ..errors import TencacheConfigError, TencacheResourceError
+from ..supported_deepspeed import TESTED_VERSION, version_problem
 from ..units import fmt_bytes
 from .ds_config_file import read_ds_config
 
@@ -20,7 +21,6 @@ if TYPE_CHECKING:
 OK, WARN, FAIL = "OK", "WARN", "FAIL"
 STATUS_ORDER = (OK, WARN, FAIL)
 
-EXPECTED_DEEPSPEED_VERSION = "0.19.8"
 MIN_MEMLOCK_BYTES = 1 << 30        # 1 GiB: below this, stock DeepSpeed's default pinned pools already do not fit
 
 
@@ -52,10 +52,12 @@ def check_versions(probe: "Probe") -> CheckResult:
                            {"python": python})
     versions = dict(facts["versions"], python=python)
     text = f"python {python}, torch {versions['torch']}, deepspeed {versions['deepspeed']}"
-    if versions["deepspeed"] != EXPECTED_DEEPSPEED_VERSION:
-        return CheckResult("versions", WARN, f"{text}; tencache_ds is written against deepspeed "
-                           f"{EXPECTED_DEEPSPEED_VERSION} (pip install deepspeed=={EXPECTED_DEEPSPEED_VERSION})",
-                           versions)
+    problem = version_problem(versions["deepspeed"])
+    if problem is not None:  # deepspeed.initialize refuses it (before 2026-12-07 a WARN, doctor's exit 0: helper-206)
+        return CheckResult("versions", FAIL, f"{text}; {problem}", versions)
+    if versions["deepspeed"] != TESTED_VERSION:
+        return CheckResult("versions", WARN, f"{text}; tencache_ds is tested with deepspeed {TESTED_VERSION} "
+                           f"(pip install deepspeed=={TESTED_VERSION})", versions)
     return CheckResult("versions", OK, text, versions)
 
 

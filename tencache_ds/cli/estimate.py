@@ -334,7 +334,8 @@ def refusals_at_initialize(ds_config: Dict[str, Any], zero) -> Dict[str, str]:
     """Why the run stops at start-up, whatever the machine, by arm (``stock``, ``tencache``; none where it starts):
     the checks of DeepSpeed's sections tencache makes at deepspeed.initialize, but the swap folders' (they may be on
     another machine), and hpZ copies on NVMe, which stop stock's zero.Init too (helper-194: "fits: yes" for both).
-    A config that offloads nothing to NVMe is priced as stock for both (``zero``: its ZeroSettings)."""
+    A config that offloads nothing to NVMe is priced as stock for both (``zero``: its ZeroSettings), but where its
+    "tencache" block is enabled: the run refuses that (it would silently be stock: helper-206)."""
     from ..plan.step_model import STOCK, TENCACHE
     from ..zero_sections import check_zero_sections_but_folders, secondary_partitions_on_nvme
 
@@ -344,7 +345,7 @@ def refusals_at_initialize(ds_config: Dict[str, Any], zero) -> Dict[str, str]:
     if hpz is not None:
         refusals[STOCK] = f"DeepSpeed stops in zero.Init: {hpz}"
     try:
-        if "nvme" in (zero.offload_param, zero.offload_optimizer):
+        if "nvme" in (zero.offload_param, zero.offload_optimizer) or zero.tencache is not None:
             check_zero_sections_but_folders(ds_config)
     except TencacheConfigError as err:
         refusals[TENCACHE] = f"tencache refuses it at deepspeed.initialize: {err}"

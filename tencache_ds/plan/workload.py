@@ -158,6 +158,9 @@ def optimizer_precision(ds_config: Mapping[str, Any]) -> OptimizerPrecision:
 # (runtime/swap_tensor/aio_config.py): 0 divided a padding by zero after the swap folder was made, a negative
 # count padded tensors shorter than themselves, a fraction was truncated.
 AIO_WHOLE_NUMBERS = ("intra_op_parallelism", "block_size")
+# tencache's limit, not DeepSpeed's: a checkpoint's swap files are told apart by their padding for at most this many
+# aio threads (saved_layout.py; 1 KiB per thread), so a run with more could not load its own checkpoints (helper-206)
+MAX_INTRA_OP_PARALLELISM = 64
 
 
 def check_aio_settings(aio: Any, source: str = "") -> None:
@@ -177,6 +180,11 @@ def check_aio_settings(aio: Any, source: str = "") -> None:
         if not whole:
             raise TencacheConfigError(f"{source}aio.{name} must be a whole number of 1 or more, got {value!r}: "
                                       f"tencache's swappers size their threads and tensor padding from it")
+    threads = aio.get("intra_op_parallelism", 1)
+    if threads > MAX_INTRA_OP_PARALLELISM:
+        raise TencacheConfigError(f"{source}aio.intra_op_parallelism is {threads!r}, more than tencache's "
+                                  f"{MAX_INTRA_OP_PARALLELISM} I/O threads per swapper (its checkpoints' swap files "
+                                  f"are padded for at most that many): set it to {MAX_INTRA_OP_PARALLELISM} or less")
 
 
 @dataclasses.dataclass(frozen=True)

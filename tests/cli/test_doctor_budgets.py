@@ -45,3 +45,23 @@ def test_each_offload_sections_nvme_path_is_named_and_the_measured_one_is_the_op
         [line] = _other_nvme_paths(both, "ds.json", os.path.abspath(folder))
         assert line.status == FAIL and "offload_optimizer.nvme_path in ds.json" in line.message
         assert _other_nvme_paths(both, "ds.json", None) == []  # --nvme-path given: only that folder
+
+
+class VersionsProbe:
+    """The doctor's probe (a subprocess that imports torch and DeepSpeed) as check_versions reads it."""
+
+    def __init__(self, deepspeed: str):
+        self.deepspeed = deepspeed
+
+    def facts(self):
+        return {"versions": {"torch": "2.13.0", "deepspeed": self.deepspeed}}
+
+
+def test_a_deepspeed_the_run_refuses_fails_and_another_of_its_series_warns():
+    """Regression test (helper-206): a DeepSpeed outside 0.19.x, which deepspeed.initialize refuses with an enabled
+    block, was a WARN: doctor exited 0 for a run that could not start."""
+    from tencache_ds.cli.doctor_checks import WARN, check_versions
+    refused = check_versions(VersionsProbe("0.20.1"))
+    assert refused.status == FAIL and "supports DeepSpeed 0.19.x" in refused.message, refused
+    assert check_versions(VersionsProbe("0.19.3")).status == WARN
+    assert check_versions(VersionsProbe("0.19.8")).status == OK

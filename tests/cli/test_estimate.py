@@ -255,6 +255,9 @@ def test_a_profile_of_another_model_is_refused_before_this_machine_is_measured(t
 @pytest.mark.parametrize("change, stock_fits, reason", [
     ({"aio": {"use_gds": True}}, True, "aio.use_gds"),
     ({"zero_optimization": {"zero_hpz_partition_size": 2}}, False, "zero_optimization.zero_hpz_partition_size"),
+    # an enabled block with nothing on NVMe (helper-206: "fits: yes", "the run is stock DeepSpeed's")
+    ({"zero_optimization": {"offload_param": {"device": "cpu"}, "offload_optimizer": {"device": "cpu"}},
+      "tencache": {}}, True, "zero_optimization.offload_param.device"),
 ])
 def test_a_config_the_run_refuses_at_start_up_does_not_fit(tmp_path, change, stock_fits, reason):
     """Regression test (helper-194): a config tencache refuses at deepspeed.initialize (GPUDirect Storage's buffers,

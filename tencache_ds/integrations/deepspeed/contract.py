@@ -19,12 +19,11 @@ import importlib
 import inspect
 import re
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import List
 
 from ...errors import TencacheConfigError
+from ...supported_deepspeed import SUPPORTED_SERIES, TESTED_VERSION, version_problem
 
-SUPPORTED_SERIES = "0.19"    # releases 0.19.x: the private names below are those of this series
-TESTED_VERSION = "0.19.8"    # the release the test suite runs against
 
 STAGE3 = "deepspeed.runtime.zero.stage3:DeepSpeedZeroOptimizer_Stage3"
 ENGINE = "deepspeed.runtime.engine:DeepSpeedEngine"
@@ -502,21 +501,6 @@ CALL_ORDER = (
               "that call is the one whose masters share the swap files' blocks, where the file system clones",
               "tests/deepspeed/test_zero_to_fp32.py (the file system that clones)"),
 )
-
-
-def _series(version: str) -> str:
-    match = re.match(r"(\d+)\.(\d+)", version)
-    return f"{match.group(1)}.{match.group(2)}" if match else version
-
-
-def version_problem(version: str) -> Optional[str]:
-    """Why DeepSpeed ``version`` cannot run tencache, or None when it can."""
-    if _series(version) == SUPPORTED_SERIES:
-        return None
-    return (f"DeepSpeed {version} is installed; tencache_ds supports DeepSpeed {SUPPORTED_SERIES}.x (tested with "
-            f"{TESTED_VERSION}), whose private interfaces it relies on "
-            f"(tencache_ds/integrations/deepspeed/contract.py): install deepspeed=={TESTED_VERSION}, or set "
-            f'"tencache": {{"enabled": false}} to run stock DeepSpeed')
 
 
 def require_supported_deepspeed() -> None:

@@ -36,16 +36,16 @@ from deepspeed.runtime.zero.utils import ZeRORuntimeException
 
 from ...errors import TencacheError
 from ...log import logger
+from ...plan.workload import MAX_INTRA_OP_PARALLELISM
 from .agreement import agree_min, raised_on_every_rank
 from .config_bridge import io_aligned_numel
 from .swap_files import LOAD_REFUSED, SWAP_FILE_NAME, LoadPlaces, sub_group_order, swap_file_name
 from .universal import load_state_from_universal, load_weights_from_universal
 from .zero_file import holds_no_bytes, live_param_groups, load_state_from_zero_file, load_zero_state
 
-# tencache's assumption, not a DeepSpeed limit: a checkpoint's swap files were padded for at most this many aio
-# threads (``aio.intra_op_parallelism``; the padding is 1 KiB per thread), so sub-groups whose sizes differ by
-# more than 64 KiB are told apart by their files
-MAX_INTRA_OP_PARALLELISM = 64
+# A checkpoint's swap files were padded for at most MAX_INTRA_OP_PARALLELISM aio threads (the padding is 1 KiB per
+# thread; a run with more is refused at start-up: plan/workload.py), so sub-groups whose sizes differ by more than
+# 64 KiB are told apart by their files. (Stock's checkpoint of a run with more is taken for another layout.)
 
 
 def places_for_saved_layout(engine, places: LoadPlaces, source: str) -> LoadPlaces:
