@@ -416,4 +416,11 @@ class DirectFileIO:
                                          f"{os.strerror(err.errno)}; check {self._folder_set_by}")
         if err.errno == errno.ENOENT and not is_write:
             return StaleFileError(f"{self._files} {path} is missing: it was never written by this run or was deleted")
-        return err
+        if err.errno in (errno.EDQUOT, errno.EFBIG):  # a cluster's scratch quota: as a full disk, named
+            return TencacheResourceError(
+                f"cannot write {fmt_bytes(nbytes)} to {self._files} {path}: {os.strerror(err.errno)}; free space "
+                f"under that quota or point {self._folder_set_by} elsewhere")
+        # any other (EIO, a folder deleted mid-run): the descriptor's error named no file (helper-203)
+        return OSError(err.errno, f"{err.strerror or err}: "
+                                  f"{'writing' if is_write else 'reading'} {self._files} {path} (set by "
+                                  f"{self._folder_set_by})")

@@ -406,3 +406,23 @@ def test_a_transfer_that_moves_no_byte_is_an_error_not_a_spin(tmp_path, monkeypa
     with pytest.raises(OSError, match="wrote no byte at offset 0"):
         io.write(torch.ones(1024), str(tmp_path / "file")).result(timeout=30)
     io.close()
+
+
+@pytest.mark.parametrize("code, raised", [(errno.EDQUOT, TencacheResourceError), (errno.EFBIG, TencacheResourceError),
+                                          (errno.EIO, OSError)])
+def test_every_failed_transfer_names_its_file_and_the_key(tmp_path, monkeypatch, code, raised):
+    """Regression test (helper-203's review): a quota exceeded (a cluster's scratch), a file too large or an I/O
+    error came out as the bare OSError of a descriptor call ("[Errno 122] Disk quota exceeded"), naming no file,
+    folder or config key. A quota is a resource error as a full disk is; any other keeps its errno."""
+    io = DirectFileIO(num_threads=1, folder_set_by="zero_optimization.offload_optimizer.nvme_path")
+
+    def failing(fd, buffers, offset):
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(os, "pwritev", failing)
+    path = str(tmp_path / "file")
+    with pytest.raises(raised) as err:
+        io.write(torch.ones(1024), path).result(timeout=30)
+    io.close()
+    assert path in str(err.value) and "offload_optimizer.nvme_path" in str(err.value), err.value
+    assert raised is not OSError or err.value.errno == code
