@@ -124,16 +124,23 @@ class ReadsAhead:
                 del self._after_writes[group]
 
     def release_all(self) -> None:
-        """Give back every read started ahead; one that failed (its file missing, say) is raised after the rest."""
+        """Give back every read started ahead; one that failed (its file missing, say) is raised after the rest, and
+        an interrupt (Ctrl-C during a wait, which the store raises once that entry went back) before any error: it
+        stopped the loop until 2026-12-07, the reads not yet given back left READING and known to nobody, and every
+        later swap-in of their sub-groups raised "already lent or being read" (helper-203)."""
         self._after_writes = {}
         started, self._started = self._started, {}
-        failure = None
+        failure = interrupt = None
         for paths in started.values():
             for path in paths:
                 try:
                     self.store.release(path)
                 except Exception as err:  # noqa: BLE001  (raised once all are given back)
                     failure = failure or err
+                except BaseException as err:  # noqa: BLE001  (KeyboardInterrupt, SystemExit: raised first)
+                    interrupt = interrupt or err
+        if interrupt is not None:
+            raise interrupt
         if failure is not None:
             raise failure
 

@@ -151,6 +151,33 @@ def test_every_read_started_is_given_back_and_a_failed_one_raised_after_the_rest
     store.close()
 
 
+def test_an_interrupt_while_giving_back_reads_ahead_gives_back_the_rest_then_is_raised(io, tmp_path, monkeypatch):
+    """Regression test (helper-203's review): the store raises a Ctrl-C that lands in a release's wait once that
+    entry went back; release_all stopped there, and the reads not yet given back stayed READING, known to nobody
+    (every later swap-in of their sub-groups: "already lent or being read"). A failure is raised after it."""
+    store = make(io)
+    groups = sub_groups_on_file(store, tmp_path, 2)
+    os.unlink(groups[1].tensors[2].swap_path)  # one read fails as well
+    ahead = ReadsAhead(store, all_paths, lambda group: None)
+    for group in groups:
+        ahead.next_sub_group(group)
+    release, calls = store.release, []
+
+    def interrupted_once(path, *args, **kwargs):
+        calls.append(path)
+        release(path, *args, **kwargs)  # the entry went back, then the postponed interrupt is raised
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(store, "release", interrupted_once)
+    with pytest.raises(KeyboardInterrupt):
+        ahead.release_all()
+    assert len(calls) == 6
+    store.check_invariants()
+    assert [store.state(path) for group in groups for path in all_paths(group)] == [EntryState.ON_FILE] * 6
+    store.close()
+
+
 def test_a_lent_first_sub_group_is_not_read_and_a_second_gradient_on_file_keeps_its_slot(io, tmp_path):
     """The first sub-group already swapped in (lent) is not read again; where the second sub-group's gradient is on
     file (not in stage 3's buffer), its read while the first steps needs a slot: one fewer for later sub-groups."""
