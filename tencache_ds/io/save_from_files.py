@@ -532,7 +532,10 @@ class _Pieces:
 def _pwrite_whole(fd: int, data: memoryview, offset: int) -> None:
     done = 0
     while done < len(data):
-        done += os.pwrite(fd, data[done:], offset + done)
+        moved = os.pwrite(fd, data[done:], offset + done)
+        if moved == 0:  # (a FUSE handler's reply): no progress, so an error, not a spin (helper-202)
+            raise OSError(errno.EIO, f"the file system wrote no byte of a ZeRO file at offset {offset + done}")
+        done += moved
 
 
 def _allocate(fd: int, offset: int, length: int) -> None:

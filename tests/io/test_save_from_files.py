@@ -503,3 +503,20 @@ def test_a_source_in_one_aligned_tensor_is_written_from_it_as_it_is_and_several_
     save_from_files(state, str(tmp_path / "zero.pt"), sources)
     assert sum(gathered) == whole(MASTER_ELEMENTS * 4)
     assert_reads_back(str(tmp_path / "zero.pt"), state, masters)
+
+
+def test_a_write_that_moves_no_byte_is_an_error_not_a_spin(tmp_path, monkeypatch):
+    """Regression test (helper-202's review): a pwrite of a ZeRO file's buffered bytes that returns 0 (a FUSE
+    handler's reply) left the loop at the same offset for good: the save spun on that rank. An I/O error now."""
+    calls = []
+
+    def no_progress(fd, data, offset):
+        calls.append(offset)
+        if len(calls) > 1000:
+            raise RuntimeError("spinning")
+        return 0
+
+    monkeypatch.setattr(os, "pwrite", no_progress)
+    with open(tmp_path / "zero.pt", "wb") as handle:
+        with pytest.raises(OSError, match="wrote no byte of a ZeRO file at offset 4096"):
+            save_from_files_module._pwrite_whole(handle.fileno(), memoryview(b"x" * 100), 4096)
