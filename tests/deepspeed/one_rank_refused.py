@@ -2,14 +2,17 @@
 its node, its node's memlock limit): every rank stops with an error that says so (helper-195: the other rank went
 on into zero.Init's broadcast, or stage 3's next collective, and waited there: with NCCL until its timeout, with
 gloo until rank 1 exited, then "Connection reset by peer"). Rank 1's
-parameter swapper (``params``) or optimizer swapper (``optimizer``) is refused by a patched check.
+parameter swapper (``params``) or optimizer swapper (``optimizer``) is refused by a patched check; or (``save``)
+rank 1 cannot remove its swap files of an earlier save into the same tag (root-squashed NFS, say: helper-202), at
+the second of two saves into one tag.
 
-    deepspeed --num_gpus 2 one_rank_refused.py params|optimizer NVME_DIR
+    deepspeed --num_gpus 2 one_rank_refused.py params|optimizer|save NVME_DIR
 
 Rank 0 prints one RESULT line: {"error": rank 0's error, or null}.
 """
 import json
 import os
+import shutil
 import sys
 
 import torch
@@ -29,7 +32,7 @@ def refused(*_args, **_kwargs):
 if int(os.environ["RANK"]) == 1:
     if which == "params":
         param_swapper.resolve_budgets = refused
-    else:
+    elif which == "optimizer":
         optimizer_swapper.raise_if_stale_locks = refused
 deepspeed.init_distributed()
 offload = {"device": "nvme", "nvme_path": nvme, "pin_memory": False}
@@ -42,6 +45,19 @@ try:
     with deepspeed.zero.Init(config_dict_or_path=config):
         model = torch.nn.Sequential(*[torch.nn.Linear(512, 512) for _ in range(2)])
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+    if which == "save":
+        checkpoints = os.path.join(nvme, "checkpoints")
+        engine.save_checkpoint(checkpoints, tag="t")
+        if int(os.environ["RANK"]) == 1:
+            rmtree = shutil.rmtree
+
+            def refused_removal(path, *args, **kwargs):
+                if "offloaded_tensors" in str(path):
+                    raise PermissionError(13, "Permission denied (the test's patched removal)", str(path))
+                return rmtree(path, *args, **kwargs)
+
+            shutil.rmtree = refused_removal
+        engine.save_checkpoint(checkpoints, tag="t")
     error = None
 except Exception as err:  # noqa: BLE001  (reported)
     error = f"{type(err).__name__}: {err}"

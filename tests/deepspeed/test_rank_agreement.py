@@ -109,3 +109,14 @@ def test_a_swapper_one_rank_cannot_build_stops_every_rank(tmp_path, swapper):
     what = {"params": "parameter swapper", "optimizer": "optimizer swapper"}[swapper]
     assert result["error"] == f"TencacheError: another rank could not build its {what} (its error says why): " \
                               f"stopped on every rank rather than leave this one waiting for it", result
+
+
+def test_a_save_one_rank_cannot_clear_its_earlier_files_for_stops_every_rank(tmp_path):
+    """Regression test (helper-202): a save into a tag saved before removes each rank's swap files of that save
+    first; where that failed on one rank (files of another uid on root-squashed NFS), that rank raised before
+    DeepSpeed's save and the other went on into the save's barrier (NCCL: until its timeout). Every rank stops."""
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "one_rank_refused.py")
+    result = launch_ranks(script, ["save", tmp_path / "nvme"], 2, cleanup=[tmp_path / "nvme"], timeout=240,
+                          forked=True)
+    assert result["error"] == "TencacheError: save_checkpoint: another rank could not remove its swap files of an " \
+                              "earlier save into this tag (its error says why); the save stops on every rank", result

@@ -447,7 +447,12 @@ def swap_files_linked(method, direction: str):
         if direction == "save":  # before the engine writes any file of the checkpoint
             _refuse_save_on_any_rank(self, swapper)
             arguments = signature.bind(self, *args, **kwargs).arguments
-            _forget_earlier_swap_files(self, arguments["save_dir"], arguments.get("tag"))
+            # in a round of its own, after the refusal's: a rank that removed its files while another refused
+            # would leave the tag without them, where a refusal writes nothing
+            raised_on_every_rank(
+                lambda: _forget_earlier_swap_files(self, arguments["save_dir"], arguments.get("tag")),
+                lambda: TencacheError("save_checkpoint: another rank could not remove its swap files of an earlier "
+                                      "save into this tag (its error says why); the save stops on every rank"))
         with _copytree_linking(swapper, direction):
             return method(self, *args, **kwargs)
 
@@ -460,7 +465,9 @@ def _forget_earlier_swap_files(engine, save_dir, tag) -> None:
     replaced one by one after the new model and ZeRO files: stopped between, the tag mixed new step counts with old
     masters and moments, and loaded without a word (helper-182's review; stock NVMe refuses a second save into a
     tag: its copytree's dirs_exist_ok=False). The folder is the one engine.save_checkpoint copies into. A ``save_dir``
-    DeepSpeed refuses ("" or None) removes nothing: "" named the folder under the working directory (helper-192)."""
+    DeepSpeed refuses ("" or None) removes nothing: "" named the folder under the working directory (helper-192).
+    The caller raises a removal that failed on any rank on every rank: one rank stopped here alone left the others
+    in the save's barrier (helper-202)."""
     if not save_dir or not isinstance(save_dir, (str, os.PathLike)):  # DeepSpeed's save refuses it, with its error
         return
     rank = engine.local_rank if engine.use_node_local_storage() else engine.global_rank
