@@ -13,8 +13,8 @@ from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchChe
 
 from tencache_ds.errors import TencacheOutOfMemory, TencacheResourceError
 from tencache_ds.integrations.deepspeed.checkpoint_save import (MasterSources, _check_room_for_copies,
-                                                                _copy_for_a_later_writer, _saving_from_files,
-                                                                serialises_during_save)
+                                                                _copy_for_a_later_writer, _saves_from_files,
+                                                                _saving_from_files, serialises_during_save)
 from tencache_ds.integrations.deepspeed.optimizer_swapper import CheckpointTotals
 
 
@@ -183,3 +183,18 @@ def test_blocks_larger_than_the_storages_alignment_are_not_shared(monkeypatch, t
     monkeypatch.setattr(checkpoint_save, "block_size", lambda path: block)
     monkeypatch.setattr(checkpoint_save, "clones_between", lambda source, target: True)
     assert checkpoint_save._can_share_blocks(str(tmp_path), str(tmp_path / "tag")) is shared
+
+
+def test_an_engine_whose_instance_has_its_own_save_is_saved_through_it():
+    """Regression test (helper-202): a framework that sets its own ``save`` on the checkpoint engine (an upload, an
+    integrity hash) was passed by: the save from the swap files replaced it, and the ZeRO file skipped the hook."""
+    engine = TorchCheckpointEngine()
+    engine.zipfile_serialization = True  # (the engine's default within DeepSpeed's config: zip files)
+    assert _saves_from_files(engine) is save_from_files_supported()
+    engine.save = lambda state_dict, path: None
+    assert _saves_from_files(engine) is False
+
+
+def save_from_files_supported() -> bool:
+    from tencache_ds.io import save_from_files
+    return bool(save_from_files.supported())

@@ -147,6 +147,9 @@ def masters_shown(optimizer, from_files: bool = False, copies: bool = False, set
             # (room for copies: checked before the engine's save wrote anything, agreed over the ranks:
             # _refuse_save_on_any_rank)
             for master, info in _swapped_masters(optimizer, swapper):
+                # recorded before it is shown or lent, so that an interrupt in between leaves neither behind (a
+                # master left mapped is skipped by the next save's _swapped_masters: helper-202)
+                shown.append(master)
                 path = info.tensors[0].swap_path  # the master: the first tensor of its swap info
                 held = swapper.store.knows(path) and swapper.store.kept(path)
                 if held and not from_files and swapper.store.state(path) != EntryState.READING:
@@ -157,8 +160,8 @@ def masters_shown(optimizer, from_files: bool = False, copies: bool = False, set
                         finally:
                             swapper.store.release(path)
                     else:
-                        master.data = view  # the host tier's copy itself: no read, no copy
                         lent.append(path)
+                        master.data = view  # the host tier's copy itself: no read, no copy
                 else:  # on file: current there once what the tier holds changed, or an eviction's write, is done
                     if swapper.store.knows(path):
                         swapper.store.flush_key(path)
@@ -175,7 +178,6 @@ def masters_shown(optimizer, from_files: bool = False, copies: bool = False, set
                         else:
                             on_file = UncachedFile(path) if info.param_id in just_written else path
                             sources[master.untyped_storage().data_ptr()] = on_file if in_memory is None else in_memory
-                shown.append(master)
         yield sources
     finally:
         for master in shown:
@@ -353,9 +355,10 @@ def saving_masters(save_zero_checkpoint):
 
 def _saves_from_files(checkpoint_engine) -> bool:
     """Can the ZeRO file take the masters' bytes from their swap files or host memory (io/save_from_files.py):
-    torch's own checkpoint engine writing zip files, with a torch that saves in two passes?"""
-    return (type(checkpoint_engine) is TorchCheckpointEngine and checkpoint_engine.zipfile_serialization
-            and save_from_files.supported())
+    torch's own checkpoint engine writing zip files, with a torch that saves in two passes, and no ``save`` of the
+    instance's own (a framework's upload or hash, which the save from files would pass by: helper-202)?"""
+    return (type(checkpoint_engine) is TorchCheckpointEngine and "save" not in vars(checkpoint_engine)
+            and checkpoint_engine.zipfile_serialization and save_from_files.supported())
 
 
 def _can_share_blocks(swap_folder: str, checkpoint_folder: str) -> bool:
