@@ -5,6 +5,7 @@ import dataclasses
 import importlib.util
 import json
 import os
+import types
 
 import pytest
 
@@ -270,7 +271,8 @@ def schema_rows(num_steps, read=(0,), write=(0,), device_hit=(0.9,), host_hit=(1
                   "host_cache_bytes_in_use": 1 << 30, "device_cache_bytes_in_use": 0} for step in range(num_steps))
 
 
-def three_arms(stock_cpu_times=(1.5, 1.5, 1.5, 1.5), profile_dir=None, param_budget=0, param_keeps_copies=None):
+def three_arms(stock_cpu_times=(1.5, 1.5, 1.5, 1.5), profile_dir=None, param_budget=0, param_keeps_copies=None,
+               tencache_times=(9.0, 2.0, 2.0, 2.0)):
     """stock (3 s steps), tencache (2 s steps, 1 GB read + 0.5 GB written per step, new metrics) and stock-cpu.
     ``profile_dir``: tencache saved its profile there: one 0.5 GB parameter used twice a step (forward and
     backward), so with a ``param_budget`` of 0 it must read 1 GB and write 0.5 GB (its new bytes) every step.
@@ -286,7 +288,7 @@ def three_arms(stock_cpu_times=(1.5, 1.5, 1.5, 1.5), profile_dir=None, param_bud
         top_level["ds_config"] = {"tencache": {"enabled": True, "profile_path": path}}
     return [BenchRun("stock", 1, make_result([9.0, 3.0, 3.0, 3.0], stats=[{"pinned_bytes_reserved": 2 << 30}] * 4,
                                              io_read=[5 * GB] * 4, io_write=[4 * GB] * 4)),
-            BenchRun("tencache", 1, make_result([9.0, 2.0, 2.0, 2.0], stats=stats, io_read=[GB] * 4,
+            BenchRun("tencache", 1, make_result(list(tencache_times), stats=stats, io_read=[GB] * 4,
                                                 io_write=[GB // 2] * 4, **top_level),
                      schema_rows(4, read=(GB,), write=(GB // 2,), fetch_wait=(0.5,))),
             BenchRun("stock-cpu", 1, make_result([9.0] + list(stock_cpu_times[1:]), io_read=[0] * 4,
@@ -417,13 +419,37 @@ def test_bound_is_the_slower_of_compute_and_nvme(tmp_path):
     row = understated.row(report.ROW_VS_BOUND)
     assert row.tencache is None and "the bound is wrong" in row.note and "faster than measured" in row.note
     # Step 8: neither part (no timings, no bandwidth): no bound, and the table says "–" rather than inventing one.
-    assert report.least_compute(None, None, None) == (None, "")
+    assert report.least_compute([], []) == (None, "")
     # A wait above the step (clocks of two threads) gives no compute figure below 0 that would hide stock CPU
     # offload's step: the bound then takes that step.
-    assert report.least_compute(1.5, 1.0, 2.0) == (1.5, "the stock-cpu step")
-    assert report.least_compute(None, 1.0, 2.0) == (None, "")
+    assert report.least_compute([1.5], [(1.0, 2.0)]) == (1.5, "the stock-cpu step (fastest measured)")
+    assert report.least_compute([None], [(1.0, 2.0)]) == (None, "")
     none = report.compute_bound(GB, GB, None, None)
     assert none.seconds is None and "no bound" in none.describe() and "--compare cpu" in none.describe()
+
+
+def test_no_measured_step_is_below_the_bound_whose_compute_is_the_fastest_step_less_its_own_wait(tmp_path):
+    """Regression test (helper-205's review): the compute part was the median step less the median wait, and only
+    the median step was held against the bound: about half of the measured steps came out below it, and where the
+    wait was 0 "step time / bound" was 1.00x by construction. The compute part is now the fastest measured step
+    less its own wait, and every measured step is held against the bound."""
+    runs = [BenchRun("stock", 1, make_result([9.0, 3.0, 3.0, 3.0], io_read=[0] * 4, io_write=[0] * 4)),
+            BenchRun("tencache", 1, make_result([9.0, 2.0, 1.6, 2.4], io_read=[0] * 4, io_write=[0] * 4),
+                     schema_rows(4, fetch_wait=(0.0, 0.0, 0.2, 0.0)))]
+    comparison = compare(runs, warmup_steps=1)
+    # the steps after warm-up: 2.0 (wait 0), 1.6 (wait 0.2), 2.4 (wait 0): the least is 1.6 - 0.2
+    assert comparison.bound.compute_s == pytest.approx(1.4) and comparison.bound.limited_by == "compute"
+    assert "fastest measured" in comparison.row(report.ROW_BOUND).note
+    assert comparison.row(report.ROW_VS_BOUND).tencache == pytest.approx(2.0 / 1.4)
+    # a bound above one measured step gives no ratio, though the median step is above it: 1 GB read and 0.5 GB
+    # written at 1 GB/s, 1.5 s, against steps of 2.0, 1.4 and 2.4 s
+    varied = compare(three_arms(profile_dir=tmp_path, tencache_times=(9.0, 2.0, 1.4, 2.4)), warmup_steps=1,
+                     nvme_bandwidth=report.NvmeBandwidth(GB, GB, "test"))
+    assert varied.bound.seconds == pytest.approx(1.5) and varied.bound.limited_by == "NVMe"
+    row = varied.row(report.ROW_VS_BOUND)
+    assert row.tencache is None and "a measured step (1.400 s) is below the bound" in row.note, row
+    assert report.least_compute([1.5, 1.2], [(2.0, 0.1), (1.9, 0.8)]) == (
+        pytest.approx(1.1), "tencache's step less its NVMe wait (fastest measured)")
 
 
 def test_old_metrics_files_still_give_per_step_nvme_bytes():
@@ -572,3 +598,16 @@ def test_masters_filled_from_the_partitions_are_no_bytes_the_least_bytes_owe_the
     least, _source = report.run_least_bytes(run, warmup_steps=1)
     assert (least["optimizer"].read_bytes, least["optimizer"].write_bytes) == (least_read * GB, least_write * GB)
     assert least["optimizer"].total_bytes == (least_read + least_write) * GB
+
+
+def test_the_smallest_least_of_the_repeats_is_chosen_by_the_figure_the_ratio_divides_by(monkeypatch):
+    """Regression test (helper-205's review): repeats with other "auto" budgets have other least bytes; the smallest
+    was chosen by total_bytes, while the ratio divides by the larger of total and read + written: a least of 12
+    was taken over one of 11."""
+    from tencache_ds.plan.least_bytes import LeastBytes
+    leasts = {"a": LeastBytes(6, 6, 10, 20, 20, 0), "b": LeastBytes(6, 5, 11, 20, 20, 0)}
+    monkeypatch.setattr(report, "run_least_bytes",
+                        lambda run, warmup_steps: ({"optimizer": leasts[run.label]}, f"run {run.label}"))
+    runs = [types.SimpleNamespace(label="a"), types.SimpleNamespace(label="b")]
+    total, stores, source = report.least_bytes_of(runs)
+    assert source == "run b" and report.least_total(total) == 11
