@@ -63,6 +63,14 @@ def test_uninstall_gives_deepspeed_its_initialize_back_and_refuses_a_config_that
         assert deepspeed.initialize is not wrapped and unrefused(deepspeed.initialize) is wrapped.__wrapped__
         with pytest.raises(tencache_ds.TencacheError, match=r"tencache_ds.uninstall\(\) took tencache's swappers out"):
             deepspeed.initialize(model=torch.nn.Linear(2, 2), config=dict(cpu_offload_config(), tencache={}))
+        # a block misspelled or misplaced asks for tencache too: it trained stock (helper-206)
+        misspelled = cpu_offload_config()
+        misspelled["TenCache"] = misspelled.pop("tencache")
+        misplaced = cpu_offload_config()
+        misplaced["aio"] = {"tencache": misplaced.pop("tencache")}
+        for config, named in ((misspelled, "TenCache: the block is spelled"), (misplaced, "aio.tencache: the")):
+            with pytest.raises(tencache_ds.TencacheError, match=named + ".*took tencache's swappers out"):
+                deepspeed.initialize(model=torch.nn.Linear(2, 2), config=config)
         refusal = deepspeed.initialize
         # a user's wrapper (a spy) around the refusal: its calls come back to it without looping (helper-167)
         deepspeed.initialize = lambda *args, **kwargs: refusal(*args, **kwargs)

@@ -2,7 +2,8 @@
 (``TENCACHE_NO_AUTO_INSTALL=1``) or taken out (``uninstall``). Owns: refusing, at ``deepspeed.initialize``, a config
 that enables tencache, so such a run fails saying why instead of silently training stock DeepSpeed; and where a name
 bound to the refusal is called once tencache is installed, handing the call to tencache's own initialize. Imports only
-DeepSpeed, tencache's config and config_source.py, the block's reader (the rest of the adapters may be what failed)."""
+DeepSpeed, tencache's config, zero_sections (a block misplaced or misspelled) and config_source.py, the block's reader
+(the rest of the adapters may be what failed)."""
 import contextlib
 import inspect
 import threading
@@ -12,6 +13,7 @@ import deepspeed
 
 from ...config import NO_AUTO_INSTALL_ENV
 from ...errors import TencacheConfigError, TencacheError
+from ...zero_sections import reject_nested_blocks
 from .config_source import ds_config_of_initialize_call, tencache_config
 
 NOT_INSTALLED = (f"{NO_AUTO_INSTALL_ENV}=1 kept tencache's swappers out of DeepSpeed: call tencache_ds.install() (or "
@@ -74,6 +76,8 @@ def refuse_tencache_configs(why: str, cause: Optional[BaseException] = None) -> 
         except (TypeError, ValueError, TencacheError):
             ds_config = None  # DeepSpeed reports a bad call or an unreadable config itself
         try:
+            if isinstance(ds_config, dict):  # a block misplaced or misspelled asks for tencache too (helper-206)
+                reject_nested_blocks(ds_config)
             enabled = tencache_config(ds_config).enabled
         except TencacheConfigError as err:  # a block there, but not a valid one: it asked for tencache
             raise TencacheError(f"{err}; besides, {why}") from cause
