@@ -203,6 +203,11 @@ def batch_shape(config: Dict[str, Any], path: str, ranks: int, micro_batch: Opti
         micro_batch, gas, what = micro_batch or 1, gas or 1, None
     if micro_batch < 1 or gas < 1:
         raise TencacheConfigError(f"DeepSpeed config {path}: {what} leaves less than one sample a step")
+    if what is not None and not (given_micro_batch or given_gas) and train_batch != micro_batch * gas * ranks:
+        # derived with a remainder: DeepSpeed's _batch_assertion refuses it at initialize (helper-212)
+        raise TencacheConfigError(
+            f"DeepSpeed config {path}: train_batch_size {train_batch} is no whole multiple of {what.split(' / ', 1)[1]}"
+            f" (DeepSpeed refuses it: {micro_batch} x {gas} x {ranks} rank(s) is {micro_batch * gas * ranks})")
     return micro_batch, gas
 
 

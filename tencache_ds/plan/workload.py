@@ -5,7 +5,7 @@ rank's parameter partitions, which of them live on NVMe, the optimizer sub-group
 issues per micro-step. Does not own: timing or memory (plan/step_model/). Pure.
 """
 import dataclasses
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..config import TencacheConfig, config_of_ds_dict
 from ..errors import TencacheConfigError
@@ -349,6 +349,19 @@ class Workload:
         return sum(self.partitions[key].part_numel for key in self.sub_groups[index])
 
     @property
+    def params_in_host_memory_elements(self) -> int:
+        """The parameter partitions' elements stage 3 keeps in host memory for good: with ``offload_param`` "cpu"
+        all of them (its flat buffer); on "nvme" its flat buffer of ``max_in_cpu`` elements at most, allocated whole
+        whatever fits in it (``_create_param_groups_fp16_flat_cpu_memory``). (Not counted, as before: partitions too
+        small to swap outside it, each in its own tensor, a few hundred KiB on gpt2-small.)"""
+        zero = self.zero
+        if zero.offload_param == "cpu":
+            return self.rank_elements
+        if zero.offload_param != "nvme":
+            return 0
+        return min(max(0, zero.max_in_cpu), self.rank_elements)
+
+    @property
     def largest_sub_group_elements(self) -> int:
         return max((self.sub_group_elements(i) for i in range(len(self.sub_groups))), default=0)
 
@@ -405,15 +418,15 @@ class Workload:
 def build_workload(shape: ModelShape, zero: ZeroSettings, world_size: int, micro_batch: int, seq_len: int,
                    gas: int, checkpointing: bool) -> Workload:
     partitions: Dict[str, Partition] = {}
-    in_cpu = 0
     for key, numel in shape.parameters().items():
         part = -(-numel // world_size)
         swappable = zero.offload_param == "nvme" and part * zero.element_bytes >= zero.min_swap_bytes
-        # stage 3 pulls the first max_in_cpu elements (in parameter order) into a CPU buffer for good
-        if swappable and in_cpu + part <= zero.max_in_cpu:
-            in_cpu += part
-            swappable = False
         partitions[key] = Partition(key, numel, part, swappable, numel < zero.persistence_threshold)
+    sub_groups = _sub_groups(partitions, zero.sub_group_size)
+    if zero.offload_param == "nvme":  # the sub-groups stage 3 pulls into its CPU buffer for good are off NVMe
+        for group in _sub_groups_in_cpu_buffer(partitions, sub_groups, zero.max_in_cpu):
+            for key in group:
+                partitions[key] = dataclasses.replace(partitions[key], on_nvme=False)
     tokens = micro_batch * seq_len
     forward = [Fetch(m.name, tuple(k for k, _ in m.params), "forward", shape.module_forward_flops(m, tokens, seq_len))
                for m in shape.modules]
@@ -434,13 +447,31 @@ def build_workload(shape: ModelShape, zero: ZeroSettings, world_size: int, micro
     else:
         backward = [dataclasses.replace(f, phase="backward", flops=2 * f.flops) for f in reversed(forward)]
     return Workload(shape, zero, world_size, micro_batch, seq_len, gas, checkpointing, partitions,
-                    tuple(forward + backward), _sub_groups(partitions, zero.sub_group_size))
+                    tuple(forward + backward), sub_groups)
+
+
+def _sub_groups_in_cpu_buffer(partitions: Dict[str, Partition], sub_groups: Sequence[Tuple[str, ...]],
+                              max_in_cpu: int) -> List[Tuple[str, ...]]:
+    """The sub-groups stage 3 keeps in its CPU buffer of ``max_in_cpu`` elements with the parameters on NVMe
+    (``_create_fp16_partitions_with_defragmentation``): whole sub-groups in order while they fit, none after the
+    first that does not (its offset moves past it all the same). Until 2026-12-07 the model took single parameters
+    while they fit: at DeepSpeed's defaults (max_in_cpu and sub_group_size 1e9) a rank of more than 1e9 elements
+    keeps nothing there, and the model kept 1e9 elements off NVMe (helper-212)."""
+    kept, offset = [], 0
+    for group in sub_groups:
+        total = sum(partitions[key].part_numel for key in group)
+        if offset + total > max_in_cpu:
+            break
+        kept.append(group)
+        offset += total
+    return kept
 
 
 def _sub_groups(partitions: Dict[str, Partition], sub_group_size: int) -> Tuple[Tuple[str, ...], ...]:
-    """stage3._create_fp16_sub_groups: parameters in order, a new group once one reaches sub_group_size."""
+    """stage3._create_fp16_sub_groups: parameters in order, a new group once one reaches sub_group_size (0: one
+    parameter each, as DeepSpeed takes it; was one sub-group for all until 2026-12-07: helper-212)."""
     total = sum(p.part_numel for p in partitions.values())
-    if sub_group_size <= 0 or sub_group_size >= total:
+    if sub_group_size >= total:
         return (tuple(partitions),)
     groups, group, size = [], [], 0
     for key, partition in partitions.items():

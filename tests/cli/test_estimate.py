@@ -541,6 +541,13 @@ def test_a_train_batch_too_small_for_the_ranks_and_a_sequence_beyond_the_positio
     from tencache_ds.errors import TencacheConfigError
     with pytest.raises(TencacheConfigError, match="train_batch_size 4 / 8 rank"):
         batch_shape({"train_batch_size": 4}, "ds.json", 8)
+    # derived with a remainder: 10 / 4 per micro-batch is 2 steps of accumulation and 2 samples left over, which
+    # DeepSpeed's _batch_assertion refuses (helper-212: priced as fitting)
+    with pytest.raises(TencacheConfigError, match="train_batch_size 10 is no whole multiple"):
+        batch_shape({"train_batch_size": 10, "train_micro_batch_size_per_gpu": 4}, "ds.json", 1)
+    with pytest.raises(TencacheConfigError, match="train_batch_size 10 is no whole multiple"):
+        batch_shape({"train_batch_size": 10, "gradient_accumulation_steps": 3}, "ds.json", 1)
+    assert batch_shape({"train_batch_size": 12, "train_micro_batch_size_per_gpu": 3}, "ds.json", 2) == (3, 2)
     gpt2 = {"model_type": "gpt2", "n_positions": 256}
     assert sequence_length(gpt2, None, "m.json") == 256 and sequence_length(gpt2, 128, "m.json") == 128
     with pytest.raises(TencacheConfigError, match="n_positions 256"):

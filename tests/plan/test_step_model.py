@@ -1873,3 +1873,66 @@ def test_with_its_partitions_streaming_an_fp32_master_is_read_from_their_files_a
     assert owed.nvme_read_bytes == flushed.nvme_read_bytes
     assert flushed.nvme_write_bytes - owed.nvme_write_bytes == (masters if dtype == "fp32" else 0)
     assert masters > 0
+
+
+def test_sub_group_size_0_is_a_sub_group_per_parameter_as_deepspeed_makes_them():
+    """Regression test (helper-212): DeepSpeed accepts sub_group_size 0 and closes a sub-group after every
+    parameter (stage3._create_fp16_sub_groups); the model took it for one sub-group of all, and priced stock's
+    pinned optimizer pool and tencache's streaming slots at the whole model's state."""
+    config = ds_config()
+    config["zero_optimization"]["sub_group_size"] = 0
+    work = workload(config=config)
+    assert len(work.sub_groups) == len(work.partitions) > 1
+
+
+def test_stocks_pinned_swap_out_buffer_is_sized_from_whole_parameters_and_its_pool_always_made():
+    """Regression test (helper-212): stage 3's buffer for the updated partitions' swap-out
+    (reserve_partitioned_swap_space) holds the largest sub-group's whole parameters (``ds_numel``), whatever the
+    world size: the model priced this rank's partitions, a world size's share of it (8 ranks' llama-70b: 14 GB a
+    rank short). And the parameter swapper's pool is made with it, parameters on NVMe or kept off it."""
+    from tencache_ds.plan.step_model.stock import _stock_memory
+    config = ds_config()
+    config["zero_optimization"]["offload_optimizer"] = {"device": "cpu"}  # only the parameters' buffers pinned
+    one, two = (_stock_memory(workload(config=config, world=world), this_vm())["pinned"] for world in (1, 2))
+    assert one == two > 0
+    zero = ZeroSettings.from_ds_config(config)
+    pool = zero.param_buffer_count * zero.swap_nbytes(zero.param_buffer_size)
+    config["zero_optimization"]["offload_param"]["max_in_cpu"] = 10**12  # every partition kept off NVMe
+    assert _stock_memory(workload(config=config), this_vm())["pinned"] == pool
+
+
+def test_parameters_kept_on_the_device_are_gathered_without_a_host_to_device_copy():
+    """Regression test (helper-212): with offload_param "none" on a GPU the partitions live on the device, and a
+    gather copies nothing from the host; both models charged each gather the host-to-device copy of its partitions
+    (llama-7b at 8 ranks: 37 GB a step that never moves). What crosses is the gradients to the offloaded optimizer."""
+    config = ds_config()
+    del config["zero_optimization"]["offload_param"]
+    gpu = this_vm(accelerator_is_host=False, accelerator_memory_bytes=80 * GIB)
+    work = workload(config=config)
+    for policy, prediction in predict(work, gpu).items():
+        assert prediction.h2d_bytes == work.rank_elements * work.zero.element_bytes, policy
+
+
+def test_max_in_cpu_keeps_whole_sub_groups_in_order_and_none_after_the_first_that_does_not_fit():
+    """Regression test (helper-212): stage 3 keeps whole sub-groups in its CPU buffer of max_in_cpu elements, in
+    order, and none after the first that does not fit (its offset moves past it all the same); the model kept
+    single parameters while they fit: at DeepSpeed's defaults (max_in_cpu = sub_group_size = 1e9) a rank of more
+    than 1e9 elements keeps nothing off NVMe, and the model kept 1e9 elements there. The buffer is allocated
+    whole, whatever fits in it."""
+    config = ds_config()
+    config["zero_optimization"]["sub_group_size"] = 2_000_000
+    first = workload(config=config)
+    sizes = [first.sub_group_elements(i) for i in range(len(first.sub_groups))]
+    assert len(sizes) >= 3
+
+    def off_nvme(max_in_cpu):
+        """Which sub-groups max_in_cpu takes off NVMe (their swappable partitions), and the workload."""
+        config["zero_optimization"]["offload_param"]["max_in_cpu"] = max_in_cpu
+        work = workload(config=config)
+        return [any(first.partitions[key].on_nvme and not work.partitions[key].on_nvme for key in group)
+                for group in work.sub_groups], work
+
+    kept, work = off_nvme(sizes[0] - 1)  # the first sub-group does not fit: none does, though its parameters might
+    assert not any(kept) and work.params_in_host_memory_elements == sizes[0] - 1
+    kept, work = off_nvme(sizes[0] + sizes[1] - 1)  # the first fits, the second not: only the first
+    assert kept[0] and not any(kept[1:])

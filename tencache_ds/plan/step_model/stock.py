@@ -58,7 +58,7 @@ def predict_stock(workload: Workload, machine: Machine) -> Prediction:
                     if done is None:
                         done = timeline.issue("nvme_read", param_bytes(workload, key), key, store=PARAMS)
                     timeline.wait(done, "nvme_read")
-                if h2d and reads.get(index):
+                if h2d and workload.zero.offload_param != "none" and reads.get(index):  # (none: on the device)
                     timeline.wait(timeline.issue("h2d", sum(workload.partitions[k].part_numel * elem
                                                             for k in reads[index])), "h2d")
                 for key in nvme_reads.get(index + 1, []):  # one module ahead
@@ -188,14 +188,16 @@ def _stock_memory(workload: Workload, machine: Machine) -> Dict[str, int]:
     zero = workload.zero
     common = host_resident_bytes(workload, machine, reduce_views=False)  # stock's reduce is its own
     pinned = through_accelerator = 0
-    if zero.offload_param == "nvme" and any(p.on_nvme for p in workload.partitions.values()):
+    if zero.offload_param == "nvme":  # the swapper's pool, made with it (partition_parameters.py), whatever is swapped
         pinned += zero.param_buffer_count * zero.swap_nbytes(zero.param_buffer_size)
+    if zero.offload_param == "nvme" and any(p.on_nvme for p in workload.partitions.values()):
+        # stage 3's buffer for the updated partitions' swap-out (reserve_partitioned_swap_space), sized from the
+        # largest sub-group's whole parameters (``ds_numel``), not this rank's partitions: world size times them
+        # (helper-212: 8 ranks' llama-70b was priced 14 GB a rank short, "fits" for a stock run that could not)
         largest = max(range(len(workload.sub_groups)), key=workload.sub_group_elements)
-        pinned += sum(zero.swap_nbytes(workload.partitions[k].part_numel) for k in workload.sub_groups[largest])
+        pinned += sum(zero.swap_nbytes(workload.partitions[k].numel) for k in workload.sub_groups[largest])
     largest_group = workload.largest_sub_group_elements
-    if zero.offload_param in ("cpu",) or (zero.offload_param == "nvme" and zero.max_in_cpu > 0):
-        through_accelerator += sum(p.part_numel for p in workload.partitions.values() if not p.on_nvme) * \
-            zero.element_bytes
+    through_accelerator += workload.params_in_host_memory_elements * zero.element_bytes
     pageable = common["baseline"] + common["heap"] + common["device_on_host"]
     gradients = common["gradients"]
     if zero.offload_optimizer == "nvme":

@@ -311,10 +311,7 @@ def _held_between_steps(workload: Workload, machine: Machine, param_slot_bytes: 
 
 def _params_off_nvme_bytes(workload: Workload) -> int:
     """Parameter partitions kept in pinned host memory rather than on NVMe (offload to cpu, or ``max_in_cpu``)."""
-    zero = workload.zero
-    if zero.offload_param == "cpu" or (zero.offload_param == "nvme" and zero.max_in_cpu > 0):
-        return sum(p.part_numel for p in workload.partitions.values() if not p.on_nvme) * zero.element_bytes
-    return 0
+    return workload.params_in_host_memory_elements * workload.zero.element_bytes
 
 
 # The replay's keys for a sub-group's tensors in the optimizer store ("p3": sub-group 3's master), by file
@@ -382,7 +379,7 @@ def predict_tencache(workload: Workload, machine: Machine) -> Prediction:
                         if target > position and target not in issued:
                             issued[target] = timeline.issue("nvme_read", param_bytes(workload, lend_keys[target]),
                                                             lend_keys[target], store=PARAMS)
-                if h2d and gather_at.get(index):
+                if h2d and zero.offload_param != "none" and gather_at.get(index):  # (none: partitions on the device)
                     timeline.wait(timeline.issue("h2d", sum(workload.partitions[k].part_numel * elem
                                                             for k in gather_at[index])), "h2d")
                 # a gathered parameter the device tier keeps is not gathered again
