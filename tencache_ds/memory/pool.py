@@ -104,7 +104,12 @@ class BufferPool:
         if fence is not None:
             # DeepSpeed copies a partition to the device with non_blocking=True and may release it right after;
             # over registered memory that copy really is asynchronous, so wait before anything overwrites it.
-            fence.synchronize()
+            try:
+                fence.synchronize()
+            except BaseException:  # Ctrl-C in the wait, a device error: the slot goes back with its fence still
+                buffer.fence = fence  # owed (no caller ever got it: it was lost for good, helper-211)
+                self.release(buffer)
+                raise
         return buffer
 
     def acquire(self, nbytes: int) -> HostBuffer:

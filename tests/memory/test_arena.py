@@ -497,6 +497,34 @@ def test_a_pools_close_waits_for_the_device_copies_still_reading_its_released_sl
     assert arenas and all(arena.closed for arena in arenas)
 
 
+def test_an_interrupt_in_the_wait_for_a_released_slots_fence_gives_the_slot_back():
+    """Regression test (helper-211's review): taking a slot released with a fence waits for that fence outside the
+    pool's lock, the slot already handed out; a Ctrl-C (or a device error) there lost the slot for good: no caller
+    got it, the class one slot short, its bytes counted in use. It goes back, its fence still owed."""
+    from tencache_ds.memory.pool import BufferPool
+
+    class Fence:
+        waits = 0
+
+        def synchronize(self):
+            self.waits += 1
+            if self.waits == 1:
+                raise KeyboardInterrupt
+
+    pool = BufferPool("params", lock="off")
+    pool.add_classes({4096: 1})
+    buffer = pool.acquire(4096)
+    buffer.fence = fence = Fence()
+    pool.release(buffer)
+    with pytest.raises(KeyboardInterrupt):
+        pool.try_acquire(4096)
+    assert pool.stats()["in_use_bytes"] == 0
+    again = pool.try_acquire(4096)  # the one slot, its fence waited for this time
+    assert again is not None and fence.waits == 2
+    pool.release(again)
+    pool.close()
+
+
 def test_a_request_for_its_own_class_only_leaves_the_larger_classes_peaks_alone():
     """Regression test (helper-159's review): with its own class full, the request took a larger class's slot and gave
     it back at once, which counted in the arena's peak in use (the reported pinned peak) and the class's peak."""
