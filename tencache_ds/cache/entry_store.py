@@ -589,6 +589,18 @@ class EntryStore:
                 self._forget_locked(entry)
             self._checked()
 
+    def busy_slots(self) -> Dict[int, int]:
+        """Arena slots no eviction can free now, by slot bytes: those of tensors lent (persistent parameters stay
+        lent for the whole run) or with I/O in flight."""
+        counts: Dict[int, int] = {}
+        with self._lock:
+            for entry in self._table:
+                buffer = entry.buffer
+                if buffer is not None and buffer.slot is not None and \
+                        (entry.state in LENT or entry.state in (S.READING, S.WRITING)):
+                    counts[buffer.capacity_bytes] = counts.get(buffer.capacity_bytes, 0) + 1
+        return counts
+
     # ------------------------------------------------------------------------------------ checks and stats
     def check_invariants(self) -> None:
         """Raise AssertionError if any invariant of the store is broken (tests run it after every call)."""

@@ -137,8 +137,19 @@ class TensorStore(EntryStoreWrapper):
 
     @property
     def reducible_cache_bytes(self) -> int:
-        """Cache bytes ``resize_cache`` could give back to the kernel: none where CUDA registered the arena."""
-        return self.cache_bytes_reserved if self.pool.can_retire else 0
+        """Cache bytes ``resize_cache`` could give back to the kernel: none where CUDA registered the arena, nor
+        slots that no eviction frees (a class's slots lent or in I/O beyond its streaming slots: persistent
+        parameters stay lent for the run). Counted, they kept the governor from ever finding the tier exhausted:
+        each reading "gave back" bytes it could not free, and the OOM killer ended the run (helper-208)."""
+        if not self.pool.can_retire:
+            return 0
+        slots, busy = self.pool.class_slots(), self.entries.busy_slots()
+        reducible = 0
+        for size, cache_slots in self._cache_slots.items():
+            retired = slots[size]["retired"]
+            freeable = slots[size]["slots"] - retired - busy.get(size, 0)
+            reducible += max(0, min(cache_slots - retired, freeable)) * size
+        return reducible
 
     @property
     def planned_cache_bytes(self) -> int:

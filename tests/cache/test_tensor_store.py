@@ -442,6 +442,37 @@ def test_a_smaller_cache_retires_its_slots_and_gives_the_memory_back_then_takes_
         io.close()
 
 
+def test_the_cache_bytes_it_could_give_back_leave_out_slots_lent_for_good(tmp_path):
+    """Regression test (helper-208's review): persistent parameters on NVMe stay lent in their slots for the whole
+    run (on a host accelerator), and slots lent or read into are freed by no eviction; ``reducible_cache_bytes`` was
+    every committed cache byte, so the governor never found the tier exhausted, "gave back" bytes it could not free
+    at every reading, and the OOM killer ended the run. It is what ``resize_cache`` frees."""
+    slot = -(-aligned(300_000) * 4 // 4096) * 4096
+    io = DirectFileIO(num_threads=2)
+    store = TensorStore(str(tmp_path), torch.float32, aligned, slots_per_class=1, lock="best_effort", io=io,
+                        cache_budget=HostBudget(5 * slot))
+    try:
+        for key in range(6):
+            create(store, key, 300_000, seed=key)
+        store.plan()
+        assert store.reducible_cache_bytes == 5 * slot  # nothing lent: every cache slot can go
+        for key in range(6):
+            store.start_read(key)
+            store.wait_read(key)                  # all 6 slots lent (1 streaming + 5 cache)
+        assert store.reducible_cache_bytes == 0
+        store.release(0)
+        store.release(1)                          # two held: evicted, their slots can go
+        reducible = store.reducible_cache_bytes
+        assert reducible == 2 * slot
+        assert store.resize_cache(0) == 5 * slot - reducible
+        for key in range(2, 6):
+            store.release(key)
+        store.check_invariants()
+    finally:
+        store.close()
+        io.close()
+
+
 _PLAN_REFUSED_CHILD = """
 import json, resource, sys
 import torch
