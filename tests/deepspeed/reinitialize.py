@@ -3,12 +3,15 @@ the engine before the same model is prepared again (a second ``trainer.train()``
 that swap optimizers). Train two steps, destroy (twice: stock tolerates it), ``deepspeed.initialize`` the same
 zero.Init model, train two more. Prints one RESULT line: the losses, and tencache's swapper states.
 
-    python tests/deepspeed/reinitialize.py stock|tencache NVME_DIR [refused-model-between]
+    python tests/deepspeed/reinitialize.py stock|tencache NVME_DIR [refused-model-between|stock-model-alongside]
 
 ``refused-model-between`` (tencache): after the first destroy, a second zero.Init model in the same folder is
 refused before it empties the folder (a stale build lock of DeepSpeed's async_io op, left by a killed build, in a
 TORCH_EXTENSIONS_DIR of its own: the swapper's constructor checks for one first); the lock removed, the first model
 gets its new engine and trains on with its own files. The error is in the RESULT line.
+``stock-model-alongside`` (tencache): before the first engine, while the first model's swapper is live, a second
+zero.Init model in the same folder under a config without the "tencache" block is refused (DeepSpeed's own swapper
+would delete the folder's files: helper-207); the first model trains on with its own files.
 """
 import contextlib
 import json
@@ -52,6 +55,17 @@ def refused_model(cfg, model_cfg):
     return None
 
 
+def stock_model(cfg, model_cfg):
+    """A second zero.Init model in the folder under a config without the "tencache" block: its error."""
+    stock_cfg = json.loads(json.dumps(cfg))
+    del stock_cfg["tencache"]
+    try:
+        train.build_model("zero", model_cfg, stock_cfg)
+    except Exception as err:  # noqa: BLE001  (reported)
+        return f"{type(err).__name__}: {err}"
+    return None
+
+
 def main(mode, nvme, between=None):
     train.ensure_dist_env()
     deepspeed.init_distributed()
@@ -68,6 +82,8 @@ def main(mode, nvme, between=None):
     for round_ in range(2):
         if round_ == 1 and between == "refused-model-between":
             refused = refused_model(cfg, model_cfg)
+        if round_ == 0 and between == "stock-model-alongside":
+            refused = stock_model(cfg, model_cfg)
         engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
                                           config=json.loads(json.dumps(cfg)))
         losses += [train.train_step(engine, stream, 1).item() for _ in range(2)]

@@ -69,9 +69,22 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
     @classmethod
     def _new(cls, ds_config, model_dtype):
         config = validate_ds_config(ds_config)  # before any folder is emptied or written
-        if not config.enabled:
-            return AsyncPartitionedParameterSwapper(ds_config, model_dtype)
         folder = _swap_folder(ds_config, model_dtype)
+        if not config.enabled:
+            # stock's swapper empties the folder first: not one a live tencache swapper keeps files in (a second
+            # zero.Init model built without the block deleted them, and its engine failed later on a missing
+            # file: helper-207); a resting one's files go with it, as under a new tencache swapper
+            with cls._instances_lock:
+                swapper = cls._instances.get(folder)
+                if swapper is not None and not getattr(swapper, "resting", False):
+                    raise TencacheConfigError(
+                        f"a zero.Init model without an enabled \"tencache\" block uses {folder} "
+                        f"(zero_optimization.offload_param.nvme_path), where a live tencache swapper keeps its "
+                        f"files, which DeepSpeed's own swapper would delete: give it its own nvme_path, or the "
+                        f"same \"tencache\" block")
+                if swapper is not None:
+                    swapper.replaced = True
+            return AsyncPartitionedParameterSwapper(ds_config, model_dtype)
         with cls._instances_lock:
             swapper = cls._instances.get(folder)
             if swapper is None or getattr(swapper, "resting", False):
@@ -378,7 +391,10 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
                         # (raised, it stopped the update with the partition INFLIGHT and no record: helper-149)
                         logger.warning("partition %s: its read failed (%s); the update writes its new bytes whole",
                                        param.ds_id, err)
-                        self._mark_on_file(param)
+                    # on file at once, not at its write below: a write of an earlier partition that raised (a full
+                    # disk, Ctrl-C) left it INFLIGHT with no record, and a later gather read the placeholder
+                    # (helper-207)
+                    self._mark_on_file(param)
             for param, source in zip(dst_fp16_params, src_fp32_params):
                 self.store.write_from(param.ds_id, source)
                 self.partition_writes[param.ds_id] += 1
