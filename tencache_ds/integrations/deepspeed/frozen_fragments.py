@@ -24,6 +24,8 @@ def reading_frozen_fragments_from_file(get_fragment):
     @functools.wraps(get_fragment)
     def fragment_read_from_file(self, param):
         swapper = _our_swapper(param)
+        if swapper is not None:
+            _landed(swapper, param)
         if swapper is None or param.ds_tensor.status != PartitionedParamStatus.NOT_AVAILABLE:
             return get_fragment(self, param)
         swapper.swap_in([param], async_op=False)
@@ -85,7 +87,16 @@ def _copy_frozen_fragments(engine, frozen, fragments) -> None:
                        " ..." if len(placeholders) > 3 else "")
 
 
+def _landed(swapper, param) -> None:
+    """A read a prefetch asked for that nothing waited for (INFLIGHT: an evaluation's last forward) lands first: its
+    ``ds_tensor`` is the placeholder until then, which the save stored as the fragment, and into which the load's
+    copy raised (helper-210; the masters' load does the same: checkpoint.set_master_from_16bit_weights)."""
+    if param.ds_tensor.status == PartitionedParamStatus.INFLIGHT:
+        swapper.synchronize_reads()
+
+
 def _copy_into_partition(swapper, param, saved) -> None:
+    _landed(swapper, param)
     on_file = param.ds_tensor.status == PartitionedParamStatus.NOT_AVAILABLE
     if on_file:
         swapper.swap_in([param], async_op=False)

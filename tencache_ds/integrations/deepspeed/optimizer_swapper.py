@@ -435,8 +435,13 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         the checkpoint put there, narrowed first where it is a state in stock's widened layout."""
         self._drop_held_copies = False
         self.forget_master_copies()
+        # but gradients: the load places no gradient file, and one held only here (never written: the flush leaves
+        # gradients) was forgotten, its file missing at the rebuild's swap-in (helper-209; stock's gradient files
+        # survive its copy too)
+        gradients = self._gradient_keys()
         for key in self.store.held_keys():
-            self.store.forget(key)
+            if key not in gradients:
+                self.store.forget(key)
         self.narrow_loaded_states()
 
     def narrow_loaded_states(self) -> None:
