@@ -171,6 +171,22 @@ def test_the_files_a_zero_file_describes_without_bytes_must_be_there(tmp_path):
     assert saved_layout.described_files_absent(torch_state, ["30_39", "40_49", "50_59"], saved_ids, str(tmp_path)) == []
 
 
+def test_a_described_file_shorter_than_its_sub_group_counts_as_missing(tmp_path):
+    """Regression test (helper-210): a state file cut short (a copy that died part way) passed, was placed over the
+    live one, and the first step stopped on it part way through the update, advising to delete the swap folder
+    (whose file is a link to the checkpoint's). It is refused with the missing ones, before anything is placed."""
+    described = {"exp_avg": torch.empty(0), "exp_avg_sq": torch.empty(4, device="meta", dtype=torch.bfloat16)}
+    torch_state = {"param_groups": [{"params": [7]}], "state": {7: dict(described)}}
+    (tmp_path / "exp_avg-0_9.tensor.swp").write_bytes(b"\0" * 16)    # 4 fp32 elements: whole
+    (tmp_path / "exp_avg_sq-0_9.tensor.swp").write_bytes(b"\0" * 6)  # 3 of 4 bf16 elements: short
+    found = saved_layout.described_files_absent(torch_state, ["30_39"], {"30_39": "0_9"}, str(tmp_path),
+                                                {"30_39": 4})
+    assert found == [str(tmp_path / "exp_avg_sq-0_9.tensor.swp")]
+    (tmp_path / "exp_avg_sq-0_9.tensor.swp").write_bytes(b"\0" * 8)
+    assert saved_layout.described_files_absent(torch_state, ["30_39"], {"30_39": "0_9"}, str(tmp_path),
+                                               {"30_39": 4}) == []
+
+
 def test_a_load_of_the_module_only_places_nothing_whatever_the_layout(engine):
     other, refreshed = engine(2, 1, mismatch="anything")
     assert places_for_saved_layout(other, LoadPlaces.NOTHING, HERE) is LoadPlaces.NOTHING and not refreshed

@@ -179,8 +179,8 @@ def _incomplete(engine, tag_folder: str, source: str) -> Optional[Exception]:
     shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
     return TencacheError(
         f"load_checkpoint: the checkpoint is incomplete: {len(missing)} optimizer state file(s) that its ZeRO file "
-        f"describes are not in {source} ({shown}). Was the save interrupted, or the checkpoint copied without "
-        f"them? Load a complete checkpoint, or load the weights only: load_checkpoint(..., "
+        f"describes are not in {source}, or shorter than their sub-groups ({shown}). Was the save interrupted, or "
+        f"the checkpoint copied without them? Load a complete checkpoint, or load the weights only: load_checkpoint(..., "
         f"load_optimizer_states=False). {LOAD_REFUSED}")
 
 
@@ -291,16 +291,20 @@ def missing_state_files(engine, tag_folder: str, source: str) -> List[str]:
     in the swap files) that are not in the checkpoint's swap folder ``source``, whose masters fit this engine."""
     _zero_file, stage3 = load_zero_state(engine, tag_folder)
     live_ids = [getattr(flat, "ds_id", None) for flat in engine.optimizer.fp32_partitioned_groups_flat]
-    saved_ids = saved_ids_by_sub_group(engine.optimizer.optimizer_swapper, _saved_master_sizes(source))
-    return described_files_absent(stage3.get(OPTIMIZER_STATE_DICT) or {}, live_ids, saved_ids, source)
+    swapper = engine.optimizer.optimizer_swapper
+    saved_ids = saved_ids_by_sub_group(swapper, _saved_master_sizes(source))
+    numels = {sub_group: info.numel() for sub_group, info in swapper.swap_params_info.items()}
+    return described_files_absent(stage3.get(OPTIMIZER_STATE_DICT) or {}, live_ids, saved_ids, source, numels)
 
 
 def described_files_absent(torch_state: dict, live_ids: List[Optional[str]], saved_ids: Dict[str, str],
-                           folder: str) -> List[str]:
+                           folder: str, numels: Optional[Dict[str, int]] = None) -> List[str]:
     """The paths under ``folder`` of the swapped state tensors ``torch_state`` (a torch optimizer's state dict, as
-    a ZeRO file saves it) describes without bytes and ``folder`` lacks. The torch optimizer numbers the masters in
-    group order, the sub-groups' order: its n-th parameter is sub-group ``live_ids[n]``, whose files in ``folder``
-    are named ``saved_ids[live_ids[n]]``. A sub-group not swapped (kept in memory) has its state in the ZeRO file.
+    a ZeRO file saves it) describes without bytes and ``folder`` lacks, or holds fewer bytes than the sub-group's
+    elements (``numels``, by live id) in the described dtype (a copy cut short: it was placed, and the first step
+    stopped on it part way through the update: helper-210). The torch optimizer numbers the masters in group order,
+    the sub-groups' order: its n-th parameter is sub-group ``live_ids[n]``, whose files in ``folder`` are named
+    ``saved_ids[live_ids[n]]``. A sub-group not swapped (kept in memory) has its state in the ZeRO file.
     (A state tensor that is truly empty cannot be told from stage 3's empty placeholder: it would be looked for too;
     ``zero_file.load_state_from_zero_file`` has the same limit.)"""
     order = itertools.chain.from_iterable(group["params"] for group in torch_state.get("param_groups", []))
@@ -310,8 +314,10 @@ def described_files_absent(torch_state: dict, live_ids: List[Optional[str]], sav
         saved_id = saved_ids.get(live_id)
         if saved_id is None:
             continue
+        least = (numels or {}).get(live_id, 0)
         for key, value in state.get(saved_param, {}).items():
             path = os.path.join(folder, swap_file_name(saved_id, key))
-            if holds_no_bytes(value) and not os.path.isfile(path):
+            if holds_no_bytes(value) and (not os.path.isfile(path) or
+                                          os.path.getsize(path) < least * value.element_size()):
                 missing.append(path)
     return missing
