@@ -3,9 +3,14 @@ the store at its swap-out: the interrupt lands right after the first of them wen
 the engine closes (helper-193: they stayed lent, recorded nowhere, and the store's close stopped on them: "cannot
 forget tensor ... it is lent", the streaming arena never unmapped).
 
-    python interrupted_give_back.py NVME_DIR
+    python interrupted_give_back.py NVME_DIR [first]
 
-Prints one JSON line: {"interrupted": the step raised KeyboardInterrupt, "destroy_error": destroy's error or null}.
+``first``: the interrupt lands in the first step, whose Adam moments are new (not lent), and a second step follows:
+they are stored all the same (helper-209: registered with no entry and no file, the next swap-in read a missing
+file).
+
+Prints one JSON line: {"interrupted": the step raised KeyboardInterrupt, "next_step_error": the next step's error or
+null (``first``), "destroy_error": destroy's error or null}.
 """
 import json
 import os
@@ -16,7 +21,9 @@ from tiny_nvme_engine import tiny_nvme_engine, train_step  # noqa: E402  (sets t
 from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3  # noqa: E402
 
 engine = tiny_nvme_engine(sys.argv[1])
-train_step(engine)  # (the moments exist: the second step's swap-out gives back master, moments and gradient)
+first = sys.argv[2:3] == ["first"]
+if not first:
+    train_step(engine)  # (the moments exist: the second step's swap-out gives back master, moments and gradient)
 store = engine.optimizer.optimizer_swapper.store
 release, step = store.release, DeepSpeedZeroOptimizer_Stage3._optimizer_step
 armed = []
@@ -46,10 +53,19 @@ except KeyboardInterrupt:
     interrupted = True
 DeepSpeedZeroOptimizer_Stage3._optimizer_step = step
 store.release = release
+next_step_error = None
+if first:
+    try:
+        train_step(engine)
+    except Exception as err:  # noqa: BLE001  (reported)
+        next_step_error = f"{type(err).__name__}: {err}"
 try:
     engine.destroy()
     error = None
 except Exception as err:  # noqa: BLE001  (reported)
     error = f"{type(err).__name__}: {err}"
-print("RESULT " + json.dumps({"interrupted": interrupted, "destroy_error": error}), flush=True)
+result = {"interrupted": interrupted, "destroy_error": error}
+if first:
+    result["next_step_error"] = next_step_error
+print("RESULT " + json.dumps(result), flush=True)
 os._exit(0)

@@ -84,6 +84,17 @@ def test_an_interrupt_while_a_sub_group_goes_back_leaves_none_of_its_tensors_len
         proc.stdout[-2000:] + proc.stderr[-4000:]
 
 
+def test_an_interrupt_in_a_first_steps_give_back_still_stores_the_new_moments(tmp_path):
+    """Regression test (helper-209): in a sub-group's first step Adam's moments are new, stored after the lent
+    tensors went back; a give-back that raised skipped that, and the moments stayed registered with no entry and no
+    file: the next step's swap-in stopped on the missing file (or read an earlier run's). They are stored, then the
+    give-back's error raised."""
+    proc = run_helper(os.path.join(os.path.dirname(__file__), "interrupted_give_back.py"),
+                      [tmp_path / "nvme", "first"])
+    assert result_of(proc.stdout) == {"interrupted": True, "next_step_error": None, "destroy_error": None}, \
+        proc.stdout[-2000:] + proc.stderr[-4000:]
+
+
 def test_a_save_after_an_update_stopped_with_a_master_lent_from_its_partitions_is_refused_with_why():
     """integrations/deepspeed/masters_in_partitions.py check_none_lent_behind: the master's file is behind the
     partitions it was filled from, and a save would link it stale (checked: without the check the save goes on)."""

@@ -1047,27 +1047,51 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         lent = set(self._lent.pop(OptimizerSwapper.parameter_id(parameter), ()))
         refused = False  # a state the step just created refused: then lent ones go back as they were lent
         try:
-            self._update_param_state_info(swap_info, parameter)  # may refuse a state of another dtype
-        except TencacheConfigError:  # (not an interrupt: Adam's new bytes are kept then, as after any step)
-            refused = True
-            raise
-        finally:
-            changed = states_changed and not refused
-            master_elsewhere = False
             try:
-                try:
-                    # a master the partitions hold now: its next update fills it from them, so keeping its buffer
-                    # would save only its write (the store gives that room to tensors whose reads it saves)
-                    master_elsewhere = self.masters.released(swap_info.param_id, changed)
-                finally:  # whatever that found, what was lent goes back
-                    self._return_lent(swap_info, lent, changed, gradient_changed and not refused, master_elsewhere)
-            except BaseException:  # what reached the store is not known: no copy of the master is trusted
-                self.masters.forget(swap_info.param_id)
+                self._update_param_state_info(swap_info, parameter)  # may refuse a state of another dtype
+            except TencacheConfigError:  # (not an interrupt: Adam's new bytes are kept then, as after any step)
+                refused = True
                 raise
-        for context in swap_info.tensors:
-            if context.swap_path not in lent and context.compute_tensor.numel() > 0:  # the optimizer's: first bytes
-                self._store_new(context.swap_path, context.compute_tensor)
-        swap_info.release_memory()
+            finally:
+                changed = states_changed and not refused
+                master_elsewhere = False
+                try:
+                    try:
+                        # a master the partitions hold now: its next update fills it from them, so keeping its
+                        # buffer would save only its write (the store gives that room to tensors whose reads it saves)
+                        master_elsewhere = self.masters.released(swap_info.param_id, changed)
+                    finally:  # whatever that found, what was lent goes back
+                        self._return_lent(swap_info, lent, changed, gradient_changed and not refused,
+                                          master_elsewhere)
+                except BaseException:  # what reached the store is not known: no copy of the master is trusted
+                    self.masters.forget(swap_info.param_id)
+                    raise
+        except BaseException:
+            if not refused:  # a give-back that raised: the step's new state is stored all the same (helper-209:
+                # registered with no entry and no file, its next swap-in read a missing or an earlier run's file)
+                self._store_new_state(swap_info, lent, raising=False)
+            raise
+        self._store_new_state(swap_info, lent, raising=True)
+
+    def _store_new_state(self, swap_info, lent: set, raising: bool) -> None:
+        """Store the state tensors the optimizer created in this step (its first for the sub-group: not ``lent``),
+        then empty the sub-group's tensors. ``raising`` False (a give-back raised already): a failure is logged."""
+        if raising:
+            for context in swap_info.tensors:
+                if context.swap_path not in lent and context.compute_tensor.numel() > 0:  # the optimizer's: new
+                    self._store_new(context.swap_path, context.compute_tensor)
+            swap_info.release_memory()
+            return
+        try:
+            for context in swap_info.tensors:
+                if context.swap_path not in lent and context.compute_tensor.numel() > 0:
+                    try:
+                        self._store_new(context.swap_path, context.compute_tensor)
+                    except Exception as err:  # noqa: BLE001  (the give-back's error is the one raised)
+                        logger.warning("tencache: sub-group %s's new state %s could not be stored either: %s",
+                                       swap_info.param_id, os.path.basename(context.swap_path), err)
+        finally:
+            swap_info.release_memory()
 
     def _return_lent(self, swap_info, lent: set, states_changed: bool, gradient_changed: bool,
                      master_elsewhere: bool) -> None:
