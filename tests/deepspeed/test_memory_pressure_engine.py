@@ -111,7 +111,7 @@ def test_memory_that_cannot_fit_the_next_step_stops_the_run_with_the_numbers_not
     assert failed.returncode == 1, (failed.returncode, failed.output[-3000:])
     assert failed.returncode != -signal.SIGKILL
     assert "TencacheOutOfMemory: host memory:" in failed.output, failed.output[-3000:]
-    assert "can be allocated (page cache included), but a training step needs" in failed.output
+    assert "can be allocated (page cache and free swap included), but a training step needs" in failed.output
     assert memory_cgroup in failed.output
     assert "the engine is between two steps: a checkpoint saved now" in failed.output  # no accumulation here
     assert "step 2 loss" in failed.output and "step 3 loss" not in failed.output

@@ -215,3 +215,30 @@ def test_this_machine():
 def test_v2_membership_without_a_mount_is_ignored(tmp_path, line):
     proc = fake_proc(tmp_path, [line], [])
     assert memory_cgroup_folder(proc) == (None, None, 0)
+
+
+def test_free_swap_counts_as_allocatable_within_each_cgroups_swap_limit(tmp_path):
+    """Regression test (helper-208): allocatable (before the OOM killer acts) left swap out, so with swap the host
+    tier stopped a run, saying the OOM killer would end it, where the kernel swaps and stock DeepSpeed goes on. The
+    node's free swap counts, bounded by each cgroup's swap limit (v2 memory.swap.max, v1 memory.memsw.*)."""
+    mount = tmp_path / "unified"
+    v2_group(str(mount / "job"), 8 * GiB, 6 * GiB)
+    proc = fake_proc(tmp_path, ["0::/job"], [("/", str(mount), "cgroup2", "rw")])
+    with open(os.path.join(proc, "meminfo"), "a") as handle:
+        handle.write(f"SwapTotal: {16 * GiB // 1024} kB\nSwapFree: {10 * GiB // 1024} kB\n")
+    assert read_host_memory(proc).allocatable_bytes == 2 * GiB + 10 * GiB  # no swap limit of its own
+    write(str(mount / "job" / "memory.swap.max"), f"{4 * GiB}\n")
+    write(str(mount / "job" / "memory.swap.current"), f"{1 * GiB}\n")
+    memory = read_host_memory(proc)
+    assert memory.allocatable_bytes == 2 * GiB + 3 * GiB and memory.available_bytes == 2 * GiB
+    write(str(mount / "job" / "memory.swap.max"), "0\n")  # swap off for the job: as before
+    assert read_host_memory(proc).allocatable_bytes == 2 * GiB
+    # v1: memory and swap limited together
+    v1 = tmp_path / "v1" / "memory"
+    v1_group(str(v1 / "job"), 8 * GiB, 6 * GiB)
+    write(str(v1 / "job" / "memory.memsw.limit_in_bytes"), f"{10 * GiB}\n")
+    write(str(v1 / "job" / "memory.memsw.usage_in_bytes"), f"{7 * GiB}\n")
+    proc = fake_proc(tmp_path / "other", ["4:memory:/job"], [("/", str(v1), "cgroup", "rw,memory")])
+    with open(os.path.join(proc, "meminfo"), "a") as handle:
+        handle.write(f"SwapFree: {10 * GiB // 1024} kB\n")
+    assert read_host_memory(proc).allocatable_bytes == 2 * GiB + 3 * GiB
