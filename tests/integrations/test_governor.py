@@ -680,3 +680,48 @@ def test_a_give_back_whose_resize_raises_keeps_count_of_what_was_cut():
         governor._give_back(9 * GiB)  # 7 GiB of optimizer state above its least, then the parameter cache's
     assert optimizer.footprint == GiB
     assert governor.given_back_bytes == 7 * GiB and governor.shrinks == 1
+
+
+class OptimizerWithSlots:
+    """An optimizer store whose footprint is its budget's bytes plus its streaming slots, which can come back beyond
+    the least (no reads ahead, a slow drive): ``resize_host_footprint`` gives the budget what the slots leave."""
+
+    def __init__(self, budget, least):
+        self.config = type("Config", (), {"host_cache_bytes": budget})()
+        self.slots, self.least = least, least
+        self.budget = HostBudget(budget)
+        self.budget.try_reserve(budget)
+
+    def state_bytes(self):
+        return 64 * GiB
+
+    def footprint_keeping_everything_bytes(self):
+        return 64 * GiB
+
+    def planned_host_footprint_bytes(self):
+        return self.budget.total_bytes + self.least
+
+    def host_footprint_bytes(self):
+        return self.budget.used_bytes + self.slots
+
+    def least_host_footprint_bytes(self):
+        return self.least
+
+    def resize_host_footprint(self, target):
+        self.budget.resize(max(0, target - self.slots))
+        self.budget.release(max(0, self.budget.used_bytes - self.budget.total_bytes))
+
+
+def test_taking_memory_back_never_lowers_the_optimizers_budget_after_its_slots_grew():
+    """Regression test (helper-208's review): the optimizer's target was the footprint last set; streaming slots
+    brought back beyond the least since then are in what the resize subtracts, so taking back less than them
+    lowered the budget (here 1 GiB to 0.5) while the governor counted it taken."""
+    optimizer = OptimizerWithSlots(budget=3 * GiB, least=GiB)
+    governor = HostTierGovernor([], optimizer, None, read_memory=lambda: HostMemory(64 * GiB, 40 * GiB))
+    governor.meter.close()
+    governor._start()
+    governor._give_back(2 * GiB)
+    assert optimizer.budget.total_bytes == GiB
+    optimizer.slots = 2 * GiB  # a slow drive: one more slot came back
+    governor._take(GiB // 2)
+    assert optimizer.budget.total_bytes >= GiB

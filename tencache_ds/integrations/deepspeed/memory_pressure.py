@@ -326,8 +326,12 @@ class HostTierGovernor:
             ceiling = self._optimizer_start
             if self.fills_free_memory:
                 ceiling = max(ceiling, self._optimizer.footprint_keeping_everything_bytes())
-            target = min(ceiling, self._optimizer_target + left)
-            left -= target - self._optimizer_target
+            # from what it takes now: streaming slots brought back beyond the least since the target was set (no
+            # reads ahead, a slow drive) are in the footprint the resize subtracts, and a growth from the stale
+            # target lowered the budget by the difference (helper-208)
+            base = max(self._optimizer_target, self._optimizer_footprint())
+            target = max(base, min(ceiling, base + left))
+            left -= target - base
             self._optimizer_target = target
             self._optimizer.resize_host_footprint(target)
         self.given_back_bytes -= wanted - left  # negative once grown beyond the start-up budget
