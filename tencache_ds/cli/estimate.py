@@ -13,6 +13,7 @@ import dataclasses
 import json
 import os
 import shutil
+import socket
 import sys
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -50,7 +51,7 @@ def model_config_path(model: str) -> str:
 def build_inputs(args) -> Dict[str, Any]:
     """Read and check every input (and, with ``--machine this``, measure the machine, written to
     ``--save-machine`` once every input has been read). Raises TencacheConfigError naming the file and the key."""
-    from ..plan.machine import load_machine
+    from ..plan.machine import load_machine, measured_differently
     from ..plan.model_shapes import model_shape
     from ..plan.workload import ZeroSettings, build_workload
 
@@ -70,6 +71,15 @@ def build_inputs(args) -> Dict[str, Any]:
     # (the calibration's compute dtype; "bfloat16" is DeepSpeed's old name for the bf16 block)
     dtype = next((name for key, name in (("bf16", "bf16"), ("bfloat16", "bf16"), ("fp16", "fp16"))
                   if (ds_config.get(key) or {}).get("enabled")), "fp32")
+    measured_for = {"host": socket.gethostname(), "model": os.path.basename(model_path),
+                    "micro_batch": str(micro_batch), "seq": str(args.seq), "dtype": dtype}
+    if args.machine != THIS:
+        differs = measured_differently(machine, measured_for)
+        if differs:  # its compute figures are another model's, or another host's (helper-212)
+            print(f"tencache-ds estimate: warning: machine file {args.machine} was measured for another run ("
+                  + ", ".join(f"{name} {then} there, {now} here" for name, (then, now) in differs.items())
+                  + "): its compute figures are that model's and host's; `--machine this` measures this one",
+                  file=sys.stderr)
     sections = _profile_sections(args)  # (read before a calibration of a minute, which a bad profile would waste)
     if sections is not None:  # ... and checked against this model and config then (helper-194)
         from ..plan.profile_timings import check_profile_fits
@@ -93,7 +103,8 @@ def build_inputs(args) -> Dict[str, Any]:
         calibrated = machine_from_calibration(measured)
         free, free_source = _swap_files_room(ds_config, drive_folder)
         machine = measured_machine = dataclasses.replace(calibrated, nvme_free_bytes=free,
-                                                         sources={**calibrated.sources, "nvme_free_bytes": free_source})
+                                                         sources={**calibrated.sources, "nvme_free_bytes": free_source},
+                                                         measured_for=measured_for)
         busy = _busy(machine)
         if busy:
             print(f"tencache-ds estimate: warning: {busy}", file=sys.stderr)

@@ -98,6 +98,9 @@ class Machine:
     process_baseline_bytes: int = DEFAULT_PROCESS_BASELINE_BYTES
     accelerator_is_host: bool = False
     sources: Dict[str, str] = dataclasses.field(default_factory=dict)
+    # what a measured machine's model figures (compute rates, module calls, I/O contention) were measured on: the host
+    # and the model's shape (`--machine this --save-machine`); ``measured_differently`` compares a later estimate's
+    measured_for: Dict[str, str] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
         # The same checks as a file's, for a Machine built in code (a zero rate would divide by zero in the model),
@@ -197,9 +200,9 @@ def _checked_values(data: Mapping[str, Any], source: str) -> Dict[str, Any]:
         if key in ("name",):
             if not isinstance(value, str) or not value:
                 raise MachineFileError(f"{source}: key \"{key}\" must be a non-empty string, got {value!r}")
-        elif key == "sources":
+        elif key in ("sources", "measured_for"):
             if not isinstance(value, Mapping) or not all(isinstance(v, str) for v in value.values()):
-                raise MachineFileError(f"{source}: key \"sources\" must map figure names to strings")
+                raise MachineFileError(f"{source}: key \"{key}\" must map names to strings")
             values[key] = dict(value)
         elif key == "accelerator_is_host":
             if not isinstance(value, bool):
@@ -256,6 +259,14 @@ def _checked_request_factors(value: Any, source: str) -> Tuple[Tuple[int, float,
     if any(later[0] <= earlier[0] for earlier, later in zip(rows, rows[1:])):
         refuse(f"sizes not increasing: {[row[0] for row in rows]}")
     return tuple(rows)
+
+
+def measured_differently(machine: Machine, now: Mapping[str, str]) -> Dict[str, Tuple[str, str]]:
+    """{name: (measured on, now)} where a machine measured for one host and model shape (``measured_for``) prices
+    another (``now``, the same names): its compute rates are that model's and that host's (helper-212: a saved
+    file was reused for any model, silently)."""
+    return {name: (value, str(now[name])) for name, value in machine.measured_for.items()
+            if name in now and str(now[name]) != value}
 
 
 def machine_from_dict(data: Mapping[str, Any], source: str = "machine") -> Machine:

@@ -234,9 +234,29 @@ def test_machine_this_measures_and_cites_each_figure(tmp_path):
             assert machine[figure] > 0 and "measured" in machine["sources"][figure]
         assert "2 processes, gloo" in machine["sources"]["allgather_bytes_per_s"]
     assert json.loads(result.stdout)["step_time_s"]["stock"] > 0
+    assert machine["measured_for"]["model"] == "gpt2-tiny.json" and machine["measured_for"]["seq"] == "64"
     # Step 3: the probe's files are gone.
     assert os.listdir(tmp_path / "nvme") == []
     shutil.rmtree(tmp_path / "nvme", ignore_errors=True)
+
+
+def test_a_machine_measured_for_another_model_or_host_is_said_so(tmp_path):
+    """Regression test (helper-212): a machine `--machine this --save-machine` measured holds that model's and
+    host's compute figures; reused with another model (or on another host) it priced the run silently."""
+    import socket
+    with open(os.path.join(REPO_ROOT, "configs", "machines", "this-2core-vm.json")) as handle:
+        machine = json.load(handle)
+    machine["measured_for"] = {"host": socket.gethostname(), "model": "gpt2-tiny.json", "micro_batch": "2",
+                               "seq": "64", "dtype": "bf16"}
+    path = tmp_path / "measured.json"
+    path.write_text(json.dumps(machine))
+    same = estimate("--seq", "64", model="gpt2-tiny", machine=str(path), ds_config=os.path.join(
+        REPO_ROOT, "configs", "stock-nvme.json"))
+    assert same.returncode == 0 and "was measured for another run" not in same.stderr, same.stderr
+    other = estimate("--seq", "64", model="gpt2-small", machine=str(path), ds_config=os.path.join(
+        REPO_ROOT, "configs", "stock-nvme.json"))
+    assert other.returncode == 0, other.stderr
+    assert "was measured for another run (model gpt2-tiny.json there, gpt2-small.json here)" in other.stderr
 
 
 def test_a_profile_of_another_model_is_refused_before_this_machine_is_measured(tmp_path):
