@@ -17,7 +17,7 @@ from ..log import logger
 from ..memory.pool import BufferPool
 from ..plan.budget import UNLIMITED, cache_lock_room, lockable_bytes_now
 from ..plan.size_classes import (cache_slot_counts, class_bytes, merge_close_classes, size_histogram,
-                                 streaming_slot_counts)
+                                 snap_to_classes, streaming_slot_counts)
 from .buffer_sources import ArenaSlots
 from .entry_store import EntryStore
 from .entry_store_wrapper import EntryStoreWrapper
@@ -87,7 +87,8 @@ class TensorStore(EntryStoreWrapper):
         from what the host tier's budget has left. No-op when nothing new was registered."""
         if not self._unplanned:
             return
-        histogram = merge_close_classes(size_histogram(list(self._unplanned.values())))
+        histogram = merge_close_classes(snap_to_classes(size_histogram(list(self._unplanned.values())),
+                                                        self.pool.class_sizes()))
         counts = streaming_slot_counts(histogram, self._slots_per_class)
         extra = cache_slot_counts(histogram, counts, self._cache_room(class_bytes(counts)))
         if extra and not self._budget.try_reserve(class_bytes(extra)):

@@ -75,6 +75,11 @@ class BufferPool:
             for base, nbytes in arena.regions():
                 bisect.insort(self._ranges, (base, base + nbytes))
 
+    def class_sizes(self) -> List[int]:
+        """The slot sizes of every class of every arena."""
+        with self._mutex:
+            return sorted({size for arena in self._arenas for size, _count in arena.classes})
+
     def class_bytes(self, nbytes: int) -> Optional[int]:
         """The slot size of the smallest class that fits ``nbytes`` (its own class), None if none fits."""
         with self._mutex:

@@ -24,6 +24,19 @@ def size_histogram(nbytes_list) -> Dict[int, int]:
     return histogram
 
 
+def snap_to_classes(histogram: Dict[int, int], classes, ratio: float = MERGE_RATIO) -> Dict[int, int]:
+    """Each size of ``histogram`` as the smallest of ``classes`` (slot sizes an earlier plan made) that holds it
+    within ``ratio``, else as itself. A later plan's size between one an earlier plan merged away and the class it
+    merged into got a class of its own, which then became the merged-away size's own class too (the smallest that
+    fits): those tensors stopped using the slots planned for them (helper-211). E.g. {4096000: 1} with a class of
+    4505600 -> {4505600: 1}."""
+    snapped: Dict[int, int] = {}
+    for size, count in histogram.items():
+        target = min((kept for kept in classes if size <= kept <= size * ratio), default=size)
+        snapped[target] = snapped.get(target, 0) + count
+    return snapped
+
+
 def merge_close_classes(histogram: Dict[int, int], ratio: float = MERGE_RATIO,
                         max_classes: int = MAX_CLASSES) -> Dict[int, int]:
     """Fold each size into the next larger kept size when that one is within ``ratio`` of it, then, if more than

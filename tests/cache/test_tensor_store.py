@@ -473,6 +473,29 @@ def test_the_cache_bytes_it_could_give_back_leave_out_slots_lent_for_good(tmp_pa
         io.close()
 
 
+def test_a_later_plan_keeps_a_size_merged_into_a_class_in_that_class(tmp_path):
+    """Regression test (helper-211's review): a plan merged 400 KiB partitions into a 440 KiB class; a later plan of
+    new 400 KiB partitions (registered after the first gathers) made a 400 KiB class, which became the earlier
+    ones' own class too (the smallest that fits): they stopped using the slots planned for them. A later size is
+    planned in an earlier class that holds it."""
+    small, large = 102_400, 112_640  # fp32 elements: 400 and 440 KiB
+    io = DirectFileIO(num_threads=2)
+    store = TensorStore(str(tmp_path), torch.float32, aligned, slots_per_class=2, lock="best_effort", io=io,
+                        cache_budget=HostBudget(0))
+    try:
+        for key in range(4):
+            create(store, key, small if key % 2 else large, seed=key)
+        store.plan()
+        [merged] = store.pool.class_sizes()
+        create(store, 10, small, seed=10)
+        store.plan()
+        assert store.pool.class_sizes() == [merged]
+        assert store.pool.class_bytes(small * 4) == merged
+    finally:
+        store.close()
+        io.close()
+
+
 _PLAN_REFUSED_CHILD = """
 import json, resource, sys
 import torch

@@ -39,3 +39,10 @@ def test_merge_within_ratio_only():
 
 def test_streaming_counts_never_exceed_the_model():
     assert streaming_slot_counts({4096: 2, 8192: 40}, 5) == {4096: 2, 8192: 5}
+
+
+def test_a_size_snaps_to_the_smallest_earlier_class_that_holds_it_within_the_ratio():
+    from tencache_ds.plan.size_classes import snap_to_classes
+    assert snap_to_classes({4096000: 2, 8192: 1}, [4505600, 4300800]) == {4300800: 2, 8192: 1}
+    assert snap_to_classes({4096000: 1}, [4096000 * 2]) == {4096000: 1}  # too far: its own class
+    assert snap_to_classes({4096000: 1}, []) == {4096000: 1}
