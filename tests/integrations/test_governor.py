@@ -100,13 +100,14 @@ class OtherRanks:
 def test_a_rank_whose_memory_is_fine_stops_with_a_rank_that_cannot_go_on():
     """Ranks stop together: this rank's memory is fine, another's is exhausted; stopping here too (with the reason)
     beats going on into a collective the other rank never joins (a hang)."""
-    agree = OtherRanks([1 << 62], [-1])  # the other rank: no device-tier proposal, then "I must stop"
+    agree = OtherRanks([0], [1 << 62], [-1])  # the other rank: no device-tier proposal, then "I must stop"
     governor = HostTierGovernor([], None, None, read_memory=lambda: HostMemory(64 * GiB, 48 * GiB), agree=agree)
     governor.meter.close()
     governor.meter = ScriptedMeter([None])
     with pytest.raises(TencacheOutOfMemory, match="another rank"):
         governor.before_forward()
-    assert agree.calls == [[1 << 62], [0]]  # every rank: one device-budget proposal, then one stop vote
+    # every rank: past its update before the reading, one device-budget proposal, then one stop vote
+    assert agree.calls == [[0], [1 << 62], [0]]
 
 
 @pytest.mark.parametrize("done, says", [(0, "between two steps: a checkpoint saved now (engine.save_checkpoint) is "
@@ -119,7 +120,7 @@ def test_a_stop_says_what_a_checkpoint_saved_then_holds(done, says):
     """Regression test: a stop at a forward pass in the middle of a gradient accumulation window said a checkpoint
     saved then was complete, though the window's gradients so far are in no checkpoint (helper-148's review)."""
     governor = HostTierGovernor([], None, None, read_memory=lambda: HostMemory(64 * GiB, 48 * GiB),
-                                agree=OtherRanks([1 << 62], [-1]))
+                                agree=OtherRanks([0], [1 << 62], [-1]))
     governor.meter.close()
     governor.meter = ScriptedMeter([None])
     with pytest.raises(TencacheOutOfMemory) as raised:
@@ -129,12 +130,33 @@ def test_a_stop_says_what_a_checkpoint_saved_then_holds(done, says):
 
 
 def test_ranks_go_on_when_none_must_stop():
-    agree = OtherRanks([1 << 62], [0])
+    agree = OtherRanks([0], [1 << 62], [0])
     governor = HostTierGovernor([], None, None, read_memory=lambda: HostMemory(64 * GiB, 48 * GiB), agree=agree)
     governor.meter.close()
     governor.meter = ScriptedMeter([None])
     governor.before_forward()
-    assert len(agree.calls) == 2
+    assert len(agree.calls) == 3
+
+
+def test_every_rank_is_past_its_update_before_any_reads_the_nodes_memory():
+    """Regression test (helper-208's review): with NCCL the update's last collective only queues work, so a rank
+    read the node's memory while another still held its update's temporaries (a shrink, then a growth back). A
+    collective comes first now, whatever happens on the rank."""
+    events = []
+
+    def reading():
+        events.append("read")
+        return HostMemory(64 * GiB, 48 * GiB)
+
+    def agree(values):
+        events.append("agree")
+        return values
+
+    governor = HostTierGovernor([], None, None, read_memory=reading, agree=agree)
+    governor.meter.close()
+    governor.meter = ScriptedMeter([None])
+    governor.before_forward()
+    assert events[:2] == ["agree", "read"], events
 
 
 def test_a_rank_whose_own_reading_fails_still_joins_both_collectives_then_raises():
@@ -143,13 +165,13 @@ def test_a_rank_whose_own_reading_fails_still_joins_both_collectives_then_raises
     def broken_reading():
         raise OSError("cannot read /proc/meminfo")
 
-    agree = OtherRanks([1 << 62], [0])  # the other rank: fine
+    agree = OtherRanks([0], [1 << 62], [0])  # the other rank: fine
     governor = HostTierGovernor([], None, None, read_memory=broken_reading, agree=agree)
     governor.meter.close()
     governor.meter = ScriptedMeter([None])
     with pytest.raises(OSError, match="meminfo"):
         governor.before_forward()
-    assert agree.calls == [[1 << 62], [-1]]
+    assert agree.calls == [[0], [1 << 62], [-1]]
 
 
 def test_a_rank_whose_start_up_plan_fails_still_joins_both_collectives_then_raises():
@@ -159,14 +181,14 @@ def test_a_rank_whose_start_up_plan_fails_still_joins_both_collectives_then_rais
         def plan(self):
             raise RuntimeError("no slot fits the largest partition")
 
-    agree = OtherRanks([1 << 62], [0])
+    agree = OtherRanks([0], [1 << 62], [0])
     governor = HostTierGovernor([FailingPlan()], None, None, read_memory=lambda: HostMemory(64 * GiB, 48 * GiB),
                                 agree=agree)
     governor.meter.close()
     governor.meter = ScriptedMeter([None])
     with pytest.raises(RuntimeError, match="no slot fits"):
         governor.before_forward()
-    assert agree.calls == [[1 << 62], [-1]]
+    assert agree.calls == [[0], [1 << 62], [-1]]
 
 
 class OptimizerStoreSums:

@@ -173,9 +173,12 @@ class HostTierGovernor:
         """A reading, and what follows from it. Raises TencacheOutOfMemory when the next step cannot fit; its message
         says what a checkpoint saved then holds: the forward pass comes after ``micro_batches_done`` of the
         gradient accumulation window's ``window`` micro-batches (None: not known)."""
-        # Every rank makes the same two collectives below whatever happens on it: a rank whose own work fails (its
+        # Every rank makes the same three collectives below whatever happens on it: a rank whose own work fails (its
         # start-up plan included) votes to stop, and raises its error once every rank knows (instead of leaving them
-        # waiting).
+        # waiting). The first: every rank of the job past its update before any reads the node's memory (with NCCL
+        # the update's last collective only queues work, and a rank read its memory while another on the node still
+        # held its update's temporaries: a shrink, then a growth back: helper-208). One rank: none.
+        self._agree([0])
         failure: Optional[Exception] = None
         memory, decision, targets = None, HOLD, None
         try:
