@@ -40,6 +40,12 @@ def memory_cgroup():
         os.mkdir(path)
         with open(limit_file, "w") as handle:
             handle.write("-1" if version == 1 else "max")
+        # no swap for the run: on a host with swap, what it could swap counts as allocatable (probes/host_memory.py)
+        # and the kernel would swap where these tests expect a stop (v1's memsw limit would follow every limit set:
+        # left, as v1 hosts with swap accounting are rare)
+        if version == 2 and os.path.exists(os.path.join(path, "memory.swap.max")):
+            with open(os.path.join(path, "memory.swap.max"), "w") as handle:
+                handle.write("0")
     except OSError as err:
         pytest.skip(f"cannot make a memory cgroup with a limit under {folder} ({err}): needs root and a writable "
                     f"cgroup file system with the memory controller")
