@@ -185,6 +185,11 @@ def test_a_described_file_shorter_than_its_sub_group_counts_as_missing(tmp_path)
     (tmp_path / "exp_avg_sq-0_9.tensor.swp").write_bytes(b"\0" * 8)
     assert saved_layout.described_files_absent(torch_state, ["30_39"], {"30_39": "0_9"}, str(tmp_path),
                                                {"30_39": 4}) == []
+    # stage 3's empty placeholder is fp32 whatever the file holds: bf16 masters' state, 2 bytes an element
+    stock = {"param_groups": [{"params": [7]}], "state": {7: {"step": 3, "exp_avg": torch.empty(0)}}}
+    (tmp_path / "exp_avg-0_9.tensor.swp").write_bytes(b"\0" * 8)
+    assert saved_layout.described_files_absent(stock, ["30_39"], {"30_39": "0_9"}, str(tmp_path), {"30_39": 4},
+                                               element_bytes=2) == []
 
 
 def test_a_load_of_the_module_only_places_nothing_whatever_the_layout(engine):

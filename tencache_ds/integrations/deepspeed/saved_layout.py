@@ -180,8 +180,8 @@ def _incomplete(engine, tag_folder: str, source: str) -> Optional[Exception]:
     return TencacheError(
         f"load_checkpoint: the checkpoint is incomplete: {len(missing)} optimizer state file(s) that its ZeRO file "
         f"describes are not in {source}, or shorter than their sub-groups ({shown}). Was the save interrupted, or "
-        f"the checkpoint copied without them? Load a complete checkpoint, or load the weights only: load_checkpoint(..., "
-        f"load_optimizer_states=False). {LOAD_REFUSED}")
+        f"the checkpoint copied without them? Load a complete checkpoint, or load the weights only: "
+        f"load_checkpoint(..., load_optimizer_states=False). {LOAD_REFUSED}")
 
 
 def _other_parameter_groups(engine, tag_folder: str) -> Optional[Exception]:
@@ -294,15 +294,18 @@ def missing_state_files(engine, tag_folder: str, source: str) -> List[str]:
     swapper = engine.optimizer.optimizer_swapper
     saved_ids = saved_ids_by_sub_group(swapper, _saved_master_sizes(source))
     numels = {sub_group: info.numel() for sub_group, info in swapper.swap_params_info.items()}
-    return described_files_absent(stage3.get(OPTIMIZER_STATE_DICT) or {}, live_ids, saved_ids, source, numels)
+    return described_files_absent(stage3.get(OPTIMIZER_STATE_DICT) or {}, live_ids, saved_ids, source, numels,
+                                  swapper.swap_element_size)
 
 
 def described_files_absent(torch_state: dict, live_ids: List[Optional[str]], saved_ids: Dict[str, str],
-                           folder: str, numels: Optional[Dict[str, int]] = None) -> List[str]:
+                           folder: str, numels: Optional[Dict[str, int]] = None, element_bytes: int = 1) -> List[str]:
     """The paths under ``folder`` of the swapped state tensors ``torch_state`` (a torch optimizer's state dict, as
     a ZeRO file saves it) describes without bytes and ``folder`` lacks, or holds fewer bytes than the sub-group's
     elements (``numels``, by live id) in the described dtype (a copy cut short: it was placed, and the first step
-    stopped on it part way through the update: helper-210). The torch optimizer numbers the masters in group order,
+    stopped on it part way through the update: helper-210). Described: by tencache's meta tensor; stage 3's empty
+    placeholder is fp32 whatever the file's dtype (bf16 masters' state), so there the smaller of its and this
+    swapper's ``element_bytes``. The torch optimizer numbers the masters in group order,
     the sub-groups' order: its n-th parameter is sub-group ``live_ids[n]``, whose files in ``folder`` are named
     ``saved_ids[live_ids[n]]``. A sub-group not swapped (kept in memory) has its state in the ZeRO file.
     (A state tensor that is truly empty cannot be told from stage 3's empty placeholder: it would be looked for too;
@@ -317,7 +320,9 @@ def described_files_absent(torch_state: dict, live_ids: List[Optional[str]], sav
         least = (numels or {}).get(live_id, 0)
         for key, value in state.get(saved_param, {}).items():
             path = os.path.join(folder, swap_file_name(saved_id, key))
-            if holds_no_bytes(value) and (not os.path.isfile(path) or
-                                          os.path.getsize(path) < least * value.element_size()):
+            if not holds_no_bytes(value):
+                continue
+            size = value.element_size() if value.is_meta else min(value.element_size(), element_bytes)
+            if not os.path.isfile(path) or os.path.getsize(path) < least * size:
                 missing.append(path)
     return missing
