@@ -13,7 +13,7 @@ from typing import Any, List, Optional, Tuple
 from .config import CONFIG_KEY
 from .config_checks import check_swap_folder
 from .errors import TencacheConfigError
-from .plan.workload import check_aio_settings, optimizer_precision
+from .plan.workload import MAX_INTRA_OP_PARALLELISM, check_aio_settings, optimizer_precision
 
 # DeepSpeed's sections that reject unknown keys (pydantic extra="forbid"), or ignore them ("aio"): a "tencache"
 # block there is a misplaced top-level block (deepspeed-integration.md, e).
@@ -42,6 +42,11 @@ def check_zero_sections_but_folders(raw: dict) -> List[Tuple[str, dict]]:
     nvme_sections = _nvme_offload_sections(zero)
     check_aio_settings(raw.get("aio"))
     aio = raw.get("aio") if isinstance(raw.get("aio"), dict) else {}
+    threads = aio.get("intra_op_parallelism", 1)
+    if threads > MAX_INTRA_OP_PARALLELISM:  # tencache's limit, not DeepSpeed's: a refusal of its arm alone
+        raise TencacheConfigError(f"aio.intra_op_parallelism is {threads!r}, more than tencache's "
+                                  f"{MAX_INTRA_OP_PARALLELISM} I/O threads per swapper (its checkpoints' swap files "
+                                  f"are padded for at most that many): set it to {MAX_INTRA_OP_PARALLELISM} or less")
     if aio.get("use_gds"):
         raise TencacheConfigError(f'aio.use_gds: true puts swap buffers in GPU memory, which tencache does not '
                                   f'manage: remove it, {DISABLE_HINT}')

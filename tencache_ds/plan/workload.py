@@ -180,11 +180,6 @@ def check_aio_settings(aio: Any, source: str = "") -> None:
         if not whole:
             raise TencacheConfigError(f"{source}aio.{name} must be a whole number of 1 or more, got {value!r}: "
                                       f"tencache's swappers size their threads and tensor padding from it")
-    threads = aio.get("intra_op_parallelism", 1)
-    if threads > MAX_INTRA_OP_PARALLELISM:
-        raise TencacheConfigError(f"{source}aio.intra_op_parallelism is {threads!r}, more than tencache's "
-                                  f"{MAX_INTRA_OP_PARALLELISM} I/O threads per swapper (its checkpoints' swap files "
-                                  f"are padded for at most that many): set it to {MAX_INTRA_OP_PARALLELISM} or less")
 
 
 @dataclasses.dataclass(frozen=True)

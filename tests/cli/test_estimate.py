@@ -274,6 +274,7 @@ def test_a_profile_of_another_model_is_refused_before_this_machine_is_measured(t
 
 @pytest.mark.parametrize("change, stock_fits, reason", [
     ({"aio": {"use_gds": True}}, True, "aio.use_gds"),
+    ({"aio": {"intra_op_parallelism": 128}}, True, "aio.intra_op_parallelism"),  # tencache's limit, not stock's
     ({"zero_optimization": {"zero_hpz_partition_size": 2}}, False, "zero_optimization.zero_hpz_partition_size"),
     # an enabled block with nothing on NVMe (helper-206: "fits: yes", "the run is stock DeepSpeed's")
     ({"zero_optimization": {"offload_param": {"device": "cpu"}, "offload_optimizer": {"device": "cpu"}},
