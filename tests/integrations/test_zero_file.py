@@ -53,31 +53,3 @@ def test_a_checkpoint_of_the_optimizer_on_nvme_without_its_swap_files_is_refused
 
 def test_a_checkpoint_of_the_optimizer_on_cpu_has_every_byte():
     _check_bytes("zero.pt", "nowhere", [torch.zeros(8)], [{"step": 2, "exp_avg": torch.zeros(8)}])
-
-
-def test_a_zero_file_that_cannot_be_mapped_is_read_once_per_load(tmp_path):
-    """Regression test (helper-210): with "checkpoint_serialization": false the ZeRO file is no zip file, cannot be
-    memory-mapped, and is read whole: the load's four readers (layout checks, scalars, masters kept in memory) read
-    a model's fp32 masters four times. Once per load now; a later load reads it again."""
-    import os
-    import types
-    from tencache_ds.integrations.deepspeed.zero_file import load_zero_state, read_once_per_load
-    tag = tmp_path / "tag"
-    tag.mkdir()
-    path = tag / "zero_pp_rank_0_mp_rank_00_optim_states.pt"
-    torch.save({"optimizer_state_dict": {"step": 3}}, path, _use_new_zipfile_serialization=False)
-    reads = []
-
-    def load(file, map_location=None):
-        reads.append(file)
-        return torch.load(file, map_location=map_location, weights_only=False)
-
-    engine = types.SimpleNamespace(checkpoint_engine=types.SimpleNamespace(load=load),
-                                   _get_zero_ckpt_name=lambda folder, tag_name: os.path.join(folder, tag_name,
-                                                                                             path.name))
-    with read_once_per_load():
-        for _ in range(4):
-            assert load_zero_state(engine, str(tag)) == (str(path), {"step": 3})
-    assert len(reads) == 1
-    load_zero_state(engine, str(tag))
-    assert len(reads) == 2

@@ -50,7 +50,6 @@ from .refusal import (config_arguments_of, installed_as, installed_call, refuse_
                       refuse_until_installed, unrefused)
 from .stage3_gradients import handing_gradients_uncast, noting_gradient_scales
 from .stats import METRICS_METER_ATTRIBUTE
-from .zero_file import read_once_per_load
 
 
 def _validating(initialize):
@@ -321,10 +320,6 @@ def _restoring_optimizer_scalars(load_checkpoint):
 
     @functools.wraps(load_checkpoint)
     def load_checkpoint_exactly(self, *args, **kwargs):
-        with read_once_per_load():  # (each ZeRO file read once by the checks and restores below: zero_file.py)
-            return _load_checkpoint_exactly(self, *args, **kwargs)
-
-    def _load_checkpoint_exactly(self, *args, **kwargs):
         bound = signature.bind(self, *args, **kwargs)
         bound.apply_defaults()
         arguments = bound.arguments

@@ -12,11 +12,10 @@ partitions set from them). Here the same values reach the swap files, one sub-gr
 swapped in, set, swapped out. The file is mapped, so the state of a model whose state does not fit in memory is never
 all in memory at once.
 """
-import contextlib
 import copy
 import itertools
 import os
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, List, Optional, Tuple
 
 import torch
 from deepspeed.checkpoint.constants import FP32_FLAT_GROUPS, LOSS_SCALER, OPTIMIZER_STATE_DICT
@@ -26,37 +25,12 @@ from ...log import logger
 from .swap_files import LOAD_REFUSED
 
 
-_read_in_this_load: Optional[Dict[str, dict]] = None  # path -> saved state, while ``read_once_per_load`` is open
-
-
-@contextlib.contextmanager
-def read_once_per_load():
-    """While a load runs (install.py): each ZeRO file is read once, however many of its parts ask for it. A file
-    that cannot be memory-mapped (``"checkpoint": {"checkpoint_serialization": false}``) was read whole by each of
-    four (the layout checks, the scalars, the masters kept in memory): a 7B model's fp32 masters four times
-    (helper-210). What was read goes with the load."""
-    global _read_in_this_load
-    outermost = _read_in_this_load is None
-    if outermost:
-        _read_in_this_load = {}
-    try:
-        yield
-    finally:
-        if outermost:
-            _read_in_this_load = None
-
-
 def load_zero_state(engine, tag_folder: str):
     """(path, stage 3's state dict) of this rank's ZeRO file in the checkpoint's folder ``tag_folder``
     (``<load_dir>/<tag>``). Memory-mapped: its tensors (the fp32 masters checkpoint_save.py puts there, a cpu-offload
     run's moments) are read only where used."""
     zero_file = _zero_file_name(engine, tag_folder)
-    memo = _read_in_this_load
-    saved = memo.get(zero_file) if memo is not None else None
-    if saved is None:
-        saved = load_mapped(zero_file, lambda path: engine.checkpoint_engine.load(path, map_location="cpu"))
-        if memo is not None:
-            memo[zero_file] = saved
+    saved = load_mapped(zero_file, lambda path: engine.checkpoint_engine.load(path, map_location="cpu"))
     return zero_file, saved.get(OPTIMIZER_STATE_DICT) or {}
 
 
