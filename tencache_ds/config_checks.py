@@ -11,6 +11,8 @@ swappers create and probe it (config_bridge.prepare_swap_folder).
 Leaf module: imports neither torch nor deepspeed, so `tencache-ds doctor` can use it too.
 """
 import os
+import socket
+import uuid
 from typing import Optional
 
 from .config import AUTO, CONFIG_KEY, TencacheConfig
@@ -102,7 +104,8 @@ def _probe_file(folder: str, name: str) -> None:
     ancestor = folder
     while not os.path.exists(ancestor):
         ancestor = os.path.dirname(ancestor)
-    own = f".{name}.tencache-probe-{os.getpid()}"
+    # (the pid alone repeats across nodes' containers, whose ranks may check one shared folder: helper-213)
+    own = f".{name}.tencache-probe-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     if ancestor == folder:
         probe = os.path.join(folder, own)
         os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
