@@ -1,7 +1,8 @@
 """DeepSpeed's own sections as tencache needs them: ZeRO stage 3, something offloaded to NVMe (with a usable
 nvme_path), no GPUDirect Storage, no hpZ copies on NVMe, no SuperOffload of an optimizer on NVMe, optimizer state in
-the masters' dtype, the "aio" numbers the swappers read, and no "tencache" block misplaced inside a section. Owns: these checks of a raw DeepSpeed config
-dict, each naming its key and the remedy before anything is written. Does not own: the block's own keys
+the masters' dtype, the "aio" numbers the swappers read (at most 64 I/O threads), and no "tencache" block misplaced
+inside a section. Owns: these checks of a raw DeepSpeed config dict, each naming its key and the remedy before
+anything is written. Does not own: the block's own keys
 (config.py), the checks against the machine (config_checks.py), DeepSpeed's version and the call that runs them
 all at initialize (integrations/deepspeed/config_bridge.validate_ds_config).
 
