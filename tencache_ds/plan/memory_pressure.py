@@ -247,10 +247,11 @@ class MemoryPressurePolicy:
             return None
         per_rank = "" if self.ranks == 1 else f" x {self.ranks} ranks on this node"
         return (f"host memory: {fmt_bytes(allocatable_bytes)} of {fmt_bytes(total_bytes)} can be allocated (page "
-                f"cache and free swap included), but a training step needs {fmt_bytes(self.step_rise_bytes)}"
-                f"{per_rank} above its level between steps (measured); tencache's host tier has nothing more to give back (its budget: "
+                f"cache included), but a training step needs {fmt_bytes(self.step_rise_bytes)}{per_rank} above its "
+                f"level between steps (measured); tencache's host tier has nothing more to give back (its budget: "
                 f"{fmt_bytes(start_budget_bytes)} at start-up; what is left streams one step), so the next step "
-                f"would end with the OOM killer")
+                f"would end with the OOM killer (or, where the kernel may swap this memory, in swapping: swap is not "
+                f"counted)")
 
     @property
     def _on_prior(self) -> bool:

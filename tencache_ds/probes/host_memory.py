@@ -15,12 +15,7 @@ host tier gives memory back here. *Allocatable*: what can be allocated before th
 less its usage without any page cache, since without swap only page cache can be reclaimed; the node's, as
 available). Every cgroup level up to the root of the mounted hierarchy bounds both; a container's limit is
 often set on a parent. memory.high (v2) counts as a limit: above it the kernel throttles the whole cgroup into
-reclaim, which stalls training as surely as a kill ends it. Swap adds to *allocatable*: what the kernel can swap out
-before it kills, the least of the node's free swap, every enclosing cgroup's swap room (v2 memory.swap.max less
-memory.swap.current; v1 the memory+swap limit's room beyond the memory limit's), at every level, a memory limit or
-not, and the anonymous memory that can go to swap at all (the node's AnonPages less Mlocked; a cgroup's anon less
-unevictable): until 2026-12-07 swap was left out, and the host tier stopped a run, saying the OOM killer would end
-it, where stock DeepSpeed went on swapping (helper-208).
+reclaim, which stalls training as surely as a kill ends it.
 
 Reads small files only (microseconds; /proc/zoneinfo about 150 µs on this 2-CPU VM, more with more CPUs: read once
 per forward pass); imports neither torch nor deepspeed. Inside a container whose /proc/meminfo is virtualised (LXCFS)
@@ -72,7 +67,7 @@ class CgroupLevel:
 
 def read_host_memory(proc: str = "/proc") -> HostMemory:
     """The node's memory, bounded by the cgroups this process runs in. ``proc``: for tests of other layouts."""
-    total, available, swap = _node_memory(proc)
+    total, available = _node_memory(proc)
     memory = HostMemory(total, available, available, "node")
     for level in cgroup_levels(proc):
         memory = HostMemory(total_bytes=min(memory.total_bytes, level.limit_bytes),
@@ -80,24 +75,7 @@ def read_host_memory(proc: str = "/proc") -> HostMemory:
                             allocatable_bytes=min(memory.allocatable_bytes, level.hard_headroom_bytes),
                             bound_by=level.folder if level.headroom_bytes < memory.available_bytes
                             else memory.bound_by)
-    if swap > 0:
-        swap = min([swap] + cgroup_swap_rooms(proc))
-    return dataclasses.replace(memory, allocatable_bytes=memory.allocatable_bytes + swap)
-
-
-def cgroup_swap_rooms(proc: str = "/proc") -> List[int]:
-    """What each enclosing cgroup (a memory limit or not) lets this process swap out more: its swap limit's room,
-    and its anonymous memory that is not unevictable (mlocked: tencache's locked slots, pinned buffers); none where a
-    level says neither."""
-    folder, root, version = memory_cgroup_folder(proc)
-    rooms: List[int] = []
-    while folder is not None:
-        rooms += _swap_rooms(folder, version)
-        parent = os.path.dirname(folder)
-        if os.path.normpath(folder) == os.path.normpath(root) or parent == folder:
-            break
-        folder = parent
-    return rooms
+    return memory
 
 
 def cgroup_levels(proc: str = "/proc") -> List[CgroupLevel]:
@@ -195,9 +173,7 @@ os.register_at_fork(after_in_child=_forget_status_fds_in_child)
 
 
 # ------------------------------------------------------------------------------------------------------- private
-def _node_memory(proc: str) -> Tuple[int, int, int]:
-    """(MemTotal, available with the per-CPU lists' free pages, swappable) of the node, in bytes: swappable is free
-    swap, at most the anonymous memory that could go there (AnonPages less Mlocked)."""
+def _node_memory(proc: str) -> Tuple[int, int]:
     fields = {}
     with open(os.path.join(proc, "meminfo")) as handle:
         for line in handle:
@@ -207,8 +183,7 @@ def _node_memory(proc: str) -> Tuple[int, int, int]:
                 fields[key] = int(parts[0]) * 1024  # kB
     total = fields["MemTotal"]
     available = fields.get("MemAvailable", fields.get("MemFree", total))
-    swappable = min(fields.get("SwapFree", 0), max(0, fields.get("AnonPages", 0) - fields.get("Mlocked", 0)))
-    return total, min(total, available + per_cpu_free_bytes(proc)), swappable
+    return total, min(total, available + per_cpu_free_bytes(proc))
 
 
 def per_cpu_free_bytes(proc: str = "/proc", cpus: Optional[Iterable[int]] = None) -> int:
@@ -272,29 +247,6 @@ def _read_level(folder: str, version: int) -> Optional[CgroupLevel]:
     if limit is None or limit >= _UNLIMITED_THRESHOLD or usage is None:
         return None
     return CgroupLevel(folder, limit, *usage)
-
-
-def _swap_rooms(folder: str, version: int) -> List[int]:
-    """The bounds the cgroup at ``folder`` puts on more swapping: its swap limit's room (v2 memory.swap.max less
-    memory.swap.current; v1 memory+swap limited together: the memsw limit's room beyond the memory limit's, that is
-    (memsw limit - memory limit) - (memsw usage - memory usage)), and its anonymous memory that is not unevictable
-    (memory.stat); none for what it does not say."""
-    rooms = []
-    if version == 1:
-        memsw = [_read_int(folder, f"memory.memsw.{name}") for name in ("limit_in_bytes", "usage_in_bytes")]
-        memory = [_read_int(folder, f"memory.{name}") for name in ("limit_in_bytes", "usage_in_bytes")]
-        if None not in memsw + memory and memsw[0] < _UNLIMITED_THRESHOLD:
-            rooms.append(max(0, (memsw[0] - min(memory[0], memsw[0])) - max(0, memsw[1] - memory[1])))
-        anon, unevictable = "total_rss", "total_unevictable"
-    else:
-        limit, usage = (_read_int(folder, f"memory.swap.{name}") for name in ("max", "current"))
-        if limit is not None:
-            rooms.append(max(0, limit - (usage or 0)))
-        anon, unevictable = "anon", "unevictable"
-    stat = _stat_values(folder, (anon, unevictable))
-    if anon in stat:
-        rooms.append(max(0, stat[anon] - stat.get(unevictable, 0)))
-    return rooms
 
 
 def _read_int(folder: str, name: str) -> Optional[int]:

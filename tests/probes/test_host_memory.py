@@ -215,39 +215,3 @@ def test_this_machine():
 def test_v2_membership_without_a_mount_is_ignored(tmp_path, line):
     proc = fake_proc(tmp_path, [line], [])
     assert memory_cgroup_folder(proc) == (None, None, 0)
-
-
-def test_free_swap_counts_as_allocatable_within_each_cgroups_swap_limit(tmp_path):
-    """Regression test (helper-208): allocatable (before the OOM killer acts) left swap out, so with swap the host
-    tier stopped a run, saying the OOM killer would end it, where the kernel swaps and stock DeepSpeed goes on. What
-    can still go to swap counts: the node's free swap, at most its anonymous memory not mlocked, bounded at every
-    cgroup level (a memory limit or not) by its swap limit's room and its own anonymous memory not unevictable."""
-    mount = tmp_path / "unified"
-    v2_group(str(mount / "job"), 8 * GiB, 6 * GiB)
-    write(str(mount / "job" / "memory.stat"), f"anon {5 * GiB}\nunevictable {GiB}\n")  # 4 GiB could be swapped
-    proc = fake_proc(tmp_path, ["0::/job/task"], [("/", str(mount), "cgroup2", "rw")])
-    write(str(mount / "job" / "task" / "memory.max"), "max\n")  # the process's own level: no memory limit
-    with open(os.path.join(proc, "meminfo"), "a") as handle:
-        handle.write(f"SwapTotal: {16 * GiB // 1024} kB\nSwapFree: {10 * GiB // 1024} kB\n"
-                     f"AnonPages: {12 * GiB // 1024} kB\nMlocked: {GiB // 1024} kB\n")
-    memory = read_host_memory(proc)
-    assert memory.allocatable_bytes == 2 * GiB + 4 * GiB and memory.available_bytes == 2 * GiB
-    write(str(mount / "job" / "memory.swap.max"), f"{4 * GiB}\n")
-    write(str(mount / "job" / "memory.swap.current"), f"{3 * GiB}\n")
-    assert read_host_memory(proc).allocatable_bytes == 2 * GiB + 1 * GiB  # the swap limit's room
-    # a level without a memory limit of its own still bounds swap (Kubernetes NodeSwap's NoSwap containers)
-    write(str(mount / "job" / "task" / "memory.swap.max"), "0\n")
-    assert read_host_memory(proc).allocatable_bytes == 2 * GiB
-    # v1: memory and swap limited together; the room is the memsw limit's beyond the memory limit's
-    v1 = tmp_path / "v1" / "memory"
-    v1_group(str(v1 / "job"), 8 * GiB, 6 * GiB)
-    write(str(v1 / "job" / "memory.memsw.limit_in_bytes"), f"{10 * GiB}\n")
-    write(str(v1 / "job" / "memory.memsw.usage_in_bytes"), f"{7 * GiB}\n")  # 1 GiB in swap, 1 GiB of room
-    proc = fake_proc(tmp_path / "other", ["4:memory:/job"], [("/", str(v1), "cgroup", "rw,memory")])
-    with open(os.path.join(proc, "meminfo"), "a") as handle:
-        handle.write(f"SwapFree: {10 * GiB // 1024} kB\nAnonPages: {12 * GiB // 1024} kB\n")
-    assert read_host_memory(proc).allocatable_bytes == 2 * GiB + 1 * GiB
-    # no free swap: as before
-    with open(os.path.join(proc, "meminfo"), "w") as handle:
-        handle.write(f"MemTotal: {64 * GiB // 1024} kB\nMemAvailable: {48 * GiB // 1024} kB\nSwapFree: 0 kB\n")
-    assert read_host_memory(proc).allocatable_bytes == 2 * GiB
