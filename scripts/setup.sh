@@ -40,6 +40,20 @@ if [ ! -e /usr/include/libaio.h ]; then
   $SUDO apt-get update -qq && $SUDO apt-get install -y -qq libaio-dev
 fi
 
+# 1a. a C/C++ compiler and this Python's headers: pip builds the native arena (csrc/, #include <Python.h>) and
+#     DeepSpeed builds its ops with them; a fresh cloud or container image has neither (helper-215).
+PY_INCLUDE="$($PY -c 'import sysconfig; print(sysconfig.get_paths()["include"])')"
+if ! command -v cc >/dev/null 2>&1 || ! command -v g++ >/dev/null 2>&1 || [ ! -e "$PY_INCLUDE/Python.h" ]; then
+  say "installing a C/C++ compiler and the Python headers (build-essential, python3-dev)"
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq && $SUDO apt-get install -y -qq build-essential python3-dev
+  if [ ! -e "$PY_INCLUDE/Python.h" ]; then
+    echo "setup.sh: $PY_INCLUDE/Python.h is still missing: install the headers of this Python (it is not the" >&2
+    echo "  system's python3, whose python3-dev was installed) and run this again" >&2
+    exit 2
+  fi
+fi
+
 # 1b. mkfs.xfs, for the tests of checkpoints whose ZeRO file shares the swap files' blocks (reflinks): they mount
 #     a small XFS image on a loop device (as root), and are skipped where that cannot be done. Optional.
 if ! command -v mkfs.xfs >/dev/null 2>&1; then
@@ -71,9 +85,11 @@ fi
 
 # 3. The package with its native arena and the bench/test extras. torch is already satisfied, so nothing
 #    here can pull another torch build.
-if ! $PY -c "import tencache_ds.memory as m, transformers, matplotlib, pytest, xdist
-import tencache_ds.cli.main
-assert m.native_available()" 2>/dev/null; then
+#    Checked from / (from the checkout, Python imports the checkout's tencache_ds, installed or not: helper-215).
+if ! (cd / && $PY -c "import tencache_ds.memory as m, transformers, matplotlib, pytest, xdist, deepspeed, accelerate
+import importlib.metadata, tencache_ds.cli.main
+importlib.metadata.version('tencache-ds')
+assert m.native_available()") 2>/dev/null; then
   say "installing tencache-ds (editable, with its native arena)"
   $PY -m pip install -q -e ".[bench,test]"
 fi

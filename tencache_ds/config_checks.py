@@ -11,7 +11,6 @@ swappers create and probe it (config_bridge.prepare_swap_folder).
 Leaf module: imports neither torch nor deepspeed, so `tencache-ds doctor` can use it too.
 """
 import os
-import socket
 import uuid
 from typing import Optional
 
@@ -104,8 +103,11 @@ def _probe_file(folder: str, name: str) -> None:
     ancestor = folder
     while not os.path.exists(ancestor):
         ancestor = os.path.dirname(ancestor)
-    # (the pid alone repeats across nodes' containers, whose ranks may check one shared folder: helper-213)
-    own = f".{name}.tencache-probe-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    # a random name: the pid alone repeats across nodes' containers whose ranks check one shared folder (helper-213);
+    # within a file name's 255 bytes, where a long one leaves no room for the file's own (helper-214)
+    own = f".{name}.tcp-{uuid.uuid4().hex[:16]}"
+    if len(own.encode()) > 255:
+        own = f".tencache-probe-{uuid.uuid4().hex[:16]}"
     if ancestor == folder:
         probe = os.path.join(folder, own)
         os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))

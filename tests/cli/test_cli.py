@@ -629,6 +629,17 @@ def test_bench_refuses_a_config_the_tencache_run_would_refuse_before_anything_ru
     assert not nvme.exists()
 
 
+def test_bench_refuses_a_path_starting_with_a_tilde_before_anything(tmp_path):
+    """Regression test (helper-215): `--nvme-path=~/x` (no shell expands "~" after "=") was made absolute under the
+    working folder before the run's own "~" check saw it: the drive probe and every swap file went to ./~/x."""
+    out = tmp_path / "out"
+    result = run_cli("bench", "--offload", "cpu", "--steps", "3", "--warmup", "1", "--out", str(out),
+                     "--nvme-path=~/tencache-test-nvme")
+    assert result.returncode == 1 and "--nvme-path ~/tencache-test-nvme starts with '~'" in result.stderr, \
+        result.stderr
+    assert not out.exists() and not os.path.exists(os.path.join(REPO_ROOT, "~"))
+
+
 def test_bench_says_what_its_dtype_and_micro_batch_replace_in_the_config():
     """Scenario: a config that trains fp32 at micro-batch 1, benchmarked without --dtype or --micro-batch. The
     bench's defaults (bf16, 2) replace both in every arm; before, nothing said so."""
@@ -708,3 +719,15 @@ def test_train_py_names_the_flag_of_a_bad_value():
         result = subprocess.run([sys.executable, os.path.join(REPO_ROOT, "scripts", "train.py"), *args],
                                 capture_output=True, text=True, timeout=120)
         assert result.returncode == 2 and message in result.stderr, (args, result.stderr[-2000:])
+
+
+def test_a_teardown_abort_counts_as_finished_for_stocks_runs_only(tmp_path):
+    """Regression test (helper-215): stock DeepSpeed's aio handles can abort the interpreter's teardown after a
+    finished run, which then counts; a tencache run (which makes no such handle) that aborted was counted too."""
+    from tencache_ds.cli import bench
+    log, result = tmp_path / "run.log", tmp_path / "run.json"
+    log.write_text("step 3 loss 1.0\nterminate called without an active exception\n")
+    result.write_text("{}")
+    for arm, counts in (("stock", True), ("stock-cpu", True), ("tencache", False)):
+        spec = bench.RunSpec(arm, 1, [], {}, str(log), str(result), None, str(tmp_path / "nvme"))
+        assert bench._finished_but_teardown_aborted(spec) is counts, arm
