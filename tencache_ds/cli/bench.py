@@ -600,17 +600,24 @@ def _run_holding_the_nvme_path(args, specs: List[RunSpec], config_path: str, ds_
         with contextlib.suppress(FileNotFoundError):
             os.remove(path)
     given_bandwidth = getattr(args, "nvme_bandwidth", None)
-    probe, why_not_measured = start_probe(args.nvme_path, measure_bandwidth=given_bandwidth is None,
-                                          ds_config=ds_config)
-    machine = describe_machine(args.nvme_path, probe)
-    machine["launcher"] = launcher if getattr(args, "ranks", 1) == 1 else f"{launcher}, {args.ranks} ranks"
-    bandwidth, bandwidth_record = nvme_bandwidth(args.nvme_path, probe, given_bandwidth, why_not_measured)
-    machine["NVMe bandwidth"] = bandwidth.describe() if bandwidth else f"not measured ({bandwidth_record['error']})"
-
-    started = time.perf_counter()
-    # SIGTERM (a CI timeout, `kill`) takes the same path as Ctrl-C, so the running child is stopped, not orphaned.
-    previous_handler = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    # SIGTERM (a CI timeout, `kill`) and SIGHUP (the terminal or ssh session closed) take the same path as Ctrl-C,
+    # from the drive's probe on, so the probe and the running child are stopped, not orphaned (before, SIGHUP
+    # killed the bench alone, and a probe was never stopped: helper-215).
+    previous_handlers = {number: signal.signal(number, _raise_keyboard_interrupt)
+                         for number in (signal.SIGTERM, signal.SIGHUP)}
     try:
+        probe, why_not_measured = start_probe(args.nvme_path, measure_bandwidth=given_bandwidth is None,
+                                              ds_config=ds_config)
+        try:
+            machine = describe_machine(args.nvme_path, probe)
+            machine["launcher"] = launcher if getattr(args, "ranks", 1) == 1 else f"{launcher}, {args.ranks} ranks"
+            bandwidth, bandwidth_record = nvme_bandwidth(args.nvme_path, probe, given_bandwidth, why_not_measured)
+        except BaseException:
+            probe.stop()
+            raise
+        machine["NVMe bandwidth"] = (bandwidth.describe() if bandwidth else
+                                     f"not measured ({bandwidth_record['error']})")
+        started = time.perf_counter()
         stock_crashed = None
         with tqdm(total=len(specs) * args.steps, unit="step", dynamic_ncols=True, file=sys.stderr) as progress:
             for spec in specs:
@@ -626,7 +633,8 @@ def _run_holding_the_nvme_path(args, specs: List[RunSpec], config_path: str, ds_
                     stock_crashed = f"{spec.label} exited {spec.returncode}: {_crash_reason(spec.log_path)}"
                     print(f"bench: {stock_crashed}; its log: {spec.log_path}", file=sys.stderr)
     finally:
-        signal.signal(signal.SIGTERM, previous_handler)
+        for number, handler in previous_handlers.items():
+            signal.signal(number, handler)
     total_s = time.perf_counter() - started
 
     finished = [spec for spec in specs if spec.returncode is not None and os.path.exists(spec.result_path)]

@@ -222,6 +222,23 @@ class Probe:
         self._facts = facts
         return facts
 
+    def stop(self) -> None:
+        """Kill the probe if it still runs (its process group and session, the build locks it left removed, as
+        after a timeout): whoever started it was interrupted, and a probe left running measured the drive beside the
+        next bench's (helper-215)."""
+        if self._process.poll() is not None:
+            return
+        new_locks = set(ext_lock.find_locks(self.extensions_root)) - self._locks_before
+        ours = ext_lock.locks_used_by_session(self._process.pid, sorted(new_locks))
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self._process.pid, 9)
+        ext_lock.kill_session(self._process.pid)
+        self._process.wait()
+        ext_lock.remove_abandoned_locks(ours)
+        if self._drive_dir:
+            with contextlib.suppress(OSError):
+                remove_stale_trial_files(self._drive_dir)
+
     def crash_text(self) -> str:
         facts = self.facts()
         if facts["timed_out"]:

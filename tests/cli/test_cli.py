@@ -731,3 +731,14 @@ def test_a_teardown_abort_counts_as_finished_for_stocks_runs_only(tmp_path):
     for arm, counts in (("stock", True), ("stock-cpu", True), ("tencache", False)):
         spec = bench.RunSpec(arm, 1, [], {}, str(log), str(result), None, str(tmp_path / "nvme"))
         assert bench._finished_but_teardown_aborted(spec) is counts, arm
+
+
+def test_a_probe_stopped_while_it_runs_ends_with_its_session(tmp_path):
+    """Regression test (helper-215): a bench interrupted (Ctrl-C, SIGTERM, SIGHUP) while the drive's probe ran left
+    the probe, in a session of its own, measuring the drive beside the next bench. ``stop`` ends it and its files."""
+    from tencache_ds.cli.doctor_probe import Probe
+    probe = Probe(want_aio=False, bandwidth_dir=None, bandwidth_bytes=0, drive_dir=str(tmp_path))
+    probe.stop()
+    assert probe._process.poll() is not None
+    assert not [name for name in os.listdir(tmp_path) if "tencache" in name]
+    probe.stop()  # (ended: nothing to do)
