@@ -8,6 +8,8 @@ class StoreCounters:
     """COUNT since start, protected by the store's lock."""
 
     hits: int = 0            # a lend served from a held buffer: no I/O, no copy
+    stored_in_held: int = 0  # parts stored into a held buffer (write_parts: gradient fragments), not a lend: apart
+    #                          from hits, which the host hit rate divides (they read high with reduce buckets)
     misses: int = 0          # a lend that read the file
     copied: int = 0          # a lend of an entry on file served by copying another copy of its bytes (no read)
     copied_bytes: int = 0    # ... and the bytes those copies took instead of a read

@@ -98,7 +98,7 @@ class WriteBack:
                     if entry.state == S.ON_FILE:
                         self._write_parts_to_file(entry, parts)
                         return
-                    transfers.counters.hits += 1
+                    transfers.counters.stored_in_held += 1
                     transfers.fence(entry.buffer)
                     self._fill(entry, lambda view: self._place(view, parts))
                     self._table.set(entry, S.LENT_DIRTY)

@@ -502,7 +502,10 @@ def test_writing_parts_is_one_recorded_use_whether_the_entry_is_held_or_on_file(
     expected[:length], expected[-length:], expected[5:5 + length] = first, last, middle
     assert torch.equal(store.lend("g"), expected)
     store.release("g")
-    assert (store.counters.hits >= 2) == held and (io.counters().write_requests > 0) != held
+    assert (io.counters().write_requests > 0) != held
+    # the stores into the held buffer are no lends: the host hit rate counts the one lend (helper-217: each store
+    # counted as a hit, and the rate read high with reduce buckets)
+    assert (store.counters.stored_in_held >= 1) == held and store.counters.hits == int(held)
     assert store.stats()["staging_bytes"] == (3 * length * 4 if staged else 0)
     store.close()
 
