@@ -32,6 +32,17 @@ def test_an_unwritable_output_path_stops_the_run_before_any_swap_file(train, tmp
     assert swap_files == []
 
 
+def test_a_metrics_file_that_fails_to_be_written_mid_run_is_said_and_training_goes_on(train, tmp_path):
+    """Regression test (helper-218): a write of the metrics file failing mid-run (a full disk: /dev/full takes the
+    open, every write fails) raised from stage 3's _post_step on rank 0 alone, after the update, before the engine
+    counted the step: the run stopped there (at 2 ranks the others waited in their next collective). It is said
+    once, and training goes on."""
+    run = train(block={"metrics_path": "/dev/full"}, nvme_path=str(tmp_path / "nvme"), steps=2,
+                weights_gather="none")
+    assert "tencache.metrics_path /dev/full cannot be written" in run.output, run.output[-3000:]
+    assert len(run.result["steps"]) == 2
+
+
 def _killed_with_this_process():
     """A child's pre-exec hook: the kernel kills it when the test's process dies (a stopped child would otherwise
     stay stopped for ever if the test worker were killed between its SIGSTOP and SIGCONT)."""

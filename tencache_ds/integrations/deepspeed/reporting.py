@@ -17,6 +17,7 @@ from .param_swapper import TencacheParamSwapper
 from .stats import METRICS_METER_ATTRIBUTE, combined_stats, gauges, running_totals
 
 _writers = {}  # metrics path -> MetricsWriter (one file per path for the whole process)
+_failed_writes = set()  # metrics paths whose file could not be written: training goes on without them
 SWAPPERS_RELEASED = "_tencache_swappers_released"  # set on a ZeRO-3 optimizer by its destroy (install.py)
 _STATS_LOGGED = "_tencache_startup_stats_logged"  # on a ZeRO-3 optimizer: log_startup_stats ran
 # the ZeRO-3 optimizers metering steps, per metrics path; one destroyed frees its file
@@ -121,12 +122,19 @@ def on_optimizer_step_end(optimizer) -> None:
                              device_tier_applies=coordinator is None or not coordinator.gathers_alias_partitions)
     if coordinator is not None:
         coordinator.restart_device_peak()  # the next step's peak
-    if meter.path is None or dist.get_rank() != 0:
+    if meter.path is None or dist.get_rank() != 0 or meter.path in _failed_writes:
         return
-    writer = _writers.get(meter.path)
-    if writer is None:
-        writer = _writers[meter.path] = MetricsWriter(meter.path)
-    writer.write(metrics)
+    try:
+        writer = _writers.get(meter.path)
+        if writer is None:
+            writer = _writers[meter.path] = MetricsWriter(meter.path)
+        writer.write(metrics)
+    except OSError as err:
+        # rank 0 alone writes: raised here (after the update, before the engine counts the step) it stopped that
+        # rank only, and the others waited in their next collective (helper-218). Said once; training goes on.
+        _failed_writes.add(meter.path)
+        logger.error("tencache: tencache.metrics_path %s cannot be written (%s): no more metrics records go "
+                     "there in this process; training goes on", meter.path, err)
 
 
 def engine_metrics_file(metrics_path: str, optimizer) -> str:
