@@ -66,7 +66,7 @@ class TencacheConfig(BaseModel):
     (DeepSpeed's own release rules)."""
 
     metrics_path: Optional[str] = None
-    """Where per-step metrics are appended as JSON lines, one object per optimizer step (schema "tencache.metrics/8":
+    """Where per-step metrics are appended as JSON lines, one object per optimizer step (schema "tencache.metrics/9":
     step time, fetch wait, device and host hit rates, NVMe bytes, prefetches, memory, the host cache budget and the
     host memory reading it follows); tencache_ds.stats(engine) returns the latest. Engines trained at once in one
     process write one file each: a second one alive beside the first to `<root>.engine2<ext>`, and so on. None: no

@@ -3,7 +3,7 @@ into per-step numbers, and the JSON-lines file. Pure: the numbers come from inte
 
 One line per optimizer step at the config's ``metrics_path``, and the latest one in ``tencache_ds.stats(engine)``:
 
-    {"schema": "tencache.metrics/8", "step": 12, "step_time_s": 1.93, "fetch_wait_s": 0.004,
+    {"schema": "tencache.metrics/9", "step": 12, "step_time_s": 1.93, "fetch_wait_s": 0.004,
      "param_nvme_wait_s": 0.003, "optimizer_nvme_wait_s": 0.001, "device_fetch_s": 0.41,
      "device_fetch_bytes": 248512512, "device_gathers": 3, "device_hit_rate": 0.87, "host_hit_rate": 1.0,
      "nvme_read_bytes": 0, "nvme_write_bytes": 0, "nvme_write_bytes_per_day": 0.0, "prefetch_issued": 0,
@@ -22,9 +22,12 @@ flushed) counts towards the next record; a checkpoint load does not (the meter s
 - ``param_nvme_wait_s`` / ``optimizer_nvme_wait_s``: time the training thread was blocked on NVMe for parameter
   partitions / optimizer state; ``fetch_wait_s`` is their sum.
 - ``device_fetch_s``: time the training thread spent gathering parameters for modules (DeepSpeed's
-  fetch_sub_module: all-gathers, host-to-device copies, and the parameter NVMe waits inside them).
+  fetch_sub_module: all-gathers, host-to-device copies, and the parameter NVMe waits inside them); None where no
+  use was counted (the first step, before the device tier knows the step's trace, and a run whose trace never
+  completes: nothing was timed then, and 0.0 claimed the gathers took no time).
 - ``device_fetch_bytes``: bytes of gathered parameters the step's gathers produced, DeepSpeed's prefetches
-  included (all-gather output on CPU ranks, host-to-device copies on a GPU); ``device_gathers``: how many
+  included (the all-gathers' output: at one GPU rank the host-to-device copies, at N ranks N times what each
+  copies to its device); ``device_gathers``: how many
   gathers produced them (DeepSpeed gathers a bucket of parameters at a time; each gather has a fixed host cost, so
   many small ones make a slow forward pass; one gather may run several collectives, e.g. quantized and plain
   weights apart, and at one rank on a GPU it is a copy per parameter); ``device_hit_rate``: uses of a parameter
@@ -52,7 +55,8 @@ Schema history: 2 added ``host_cache_budget_bytes``, ``host_memory_available_byt
 3 added ``param_nvme_wait_s``, ``optimizer_nvme_wait_s``, ``device_fetch_s``, ``device_fetch_bytes``, and made
 ``device_hit_rate`` None where the device tier cannot apply; 4 added ``nvme_busy_fraction`` and
 ``nvme_queue_depth``; 5 added ``device_cache_peak_bytes``; 6 added ``device_gathers``; 7 added
-``nvme_write_bytes_per_day``; 8 counts ``nvme_*_bytes`` when requests are issued, not when done.
+``nvme_write_bytes_per_day``; 8 counts ``nvme_*_bytes`` when requests are issued, not when done; 9 makes
+``device_fetch_s`` None where no use was counted (helper-218).
 """
 import dataclasses
 import json
@@ -62,7 +66,7 @@ from typing import Callable, Dict, Optional
 
 from .drive_wear import bytes_written_per_day
 
-SCHEMA = "tencache.metrics/8"
+SCHEMA = "tencache.metrics/9"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,7 +117,7 @@ class StepMetrics:
     fetch_wait_s: float
     param_nvme_wait_s: float
     optimizer_nvme_wait_s: float
-    device_fetch_s: float
+    device_fetch_s: Optional[float]
     device_fetch_bytes: Optional[int]
     device_gathers: Optional[int]
     device_hit_rate: Optional[float]
@@ -180,7 +184,7 @@ class StepMeter:
             step=self._steps, step_time_s=now - self._last_time,
             fetch_wait_s=delta.param_nvme_wait_s + delta.optimizer_nvme_wait_s,
             param_nvme_wait_s=delta.param_nvme_wait_s, optimizer_nvme_wait_s=delta.optimizer_nvme_wait_s,
-            device_fetch_s=delta.device_fetch_s,
+            device_fetch_s=delta.device_fetch_s if delta.device_fetches > 0 else None,
             device_fetch_bytes=delta.device_fetch_bytes if device_used else None,
             device_gathers=delta.device_gathers if device_used else None,
             device_hit_rate=_rate(delta.device_hits, delta.device_fetches) if device_tier_applies else None,

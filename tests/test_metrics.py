@@ -25,7 +25,7 @@ class Clock:
 def test_key_set_is_the_schema():
     meter = StepMeter(clock=Clock())
     assert set(meter.step_end(RunningTotals(), Gauges()).flat()) == SCHEMA_KEYS
-    assert SCHEMA == "tencache.metrics/8"
+    assert SCHEMA == "tencache.metrics/9"
 
 
 def test_steps_report_increases_since_the_previous_step():
@@ -56,6 +56,7 @@ def test_steps_report_increases_since_the_previous_step():
     assert second.nvme_write_bytes_per_day == 0
     assert second.host_hit_rate is None and second.device_hit_rate is None  # no accesses: no rate, not 0
     assert second.device_fetch_bytes is None and second.device_gathers is None  # no use: nothing to say
+    assert second.device_fetch_s is None  # nothing timed (helper-218: 0.0 claimed the gathers took no time)
     assert meter.latest is second
 
 

@@ -39,7 +39,7 @@ def test_device_tier_keeps_everything_gives_stocks_bits_and_reports_each_step(tr
     with open(block["metrics_path"]) as handle:
         lines = [json.loads(line) for line in handle]
     assert [line["step"] for line in lines] == [0, 1, 2, 3]
-    assert {line["schema"] for line in lines} == {"tencache.metrics/8"}
+    assert {line["schema"] for line in lines} == {"tencache.metrics/9"}
     assert stats["device_fetch_s"] == lines[-1]["device_fetch_s"]
     assert stats["step_nvme_read_bytes"] == lines[-1]["nvme_read_bytes"] == 0
     assert lines[-1]["device_cache_peak_bytes"] >= lines[-1]["device_cache_bytes_in_use"] > 0
