@@ -747,3 +747,17 @@ def test_taking_memory_back_never_lowers_the_optimizers_budget_after_its_slots_g
     optimizer.slots = 2 * GiB  # a slow drive: one more slot came back
     governor._take(GiB // 2)
     assert optimizer.budget.total_bytes >= GiB
+
+
+def test_the_step_rise_expected_is_left_for_a_device_tier_made_between_readings():
+    """Regression test (helper-218's review): the device tier is made when the coordinator's trace completes,
+    between the governor's refits, and was sized with no room for the step's rise (the CPU accelerator at 2 ranks:
+    the gathered parameters are host memory). The governor leaves the rise it expects on the coordinator."""
+    import types
+    coordinator = types.SimpleNamespace(tier=None)
+    governor = HostTierGovernor([], None, coordinator, read_memory=lambda: HostMemory(64 * GiB, 48 * GiB),
+                                agree=lambda values: values)
+    governor.meter.close()
+    governor.meter = ScriptedMeter([None])
+    governor.before_forward()
+    assert coordinator.step_rise_hint_bytes == governor.policy.next_step_bytes

@@ -263,7 +263,10 @@ class TencacheCoordinator(PartitionedParameterCoordinator):
         with self._tier_lock:
             if self.tier is None:
                 self.swapper = swapper
-                self.tier = DeviceTier(agree_min([self.propose_device_budget()])[0])
+                # (the step's rise as the governor last expected it: made here, between its refits, a tier sized
+                # without it took the room the step needs: helper-218)
+                self.tier = DeviceTier(agree_min([self.propose_device_budget(
+                    step_rise_bytes=getattr(self, "step_rise_hint_bytes", 0))])[0])
             positions: Dict[int, list] = {}
             for entry in order:
                 positions.setdefault(entry.param.ds_id, []).append(entry.step_id_last_used_at)

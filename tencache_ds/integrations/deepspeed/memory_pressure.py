@@ -356,6 +356,8 @@ class HostTierGovernor:
         coordinator = self._coordinator
         proposal = -1  # no tier here, or no reading (the minimum over ranks ignores it unless no rank has one)
         failure = None
+        if coordinator is not None:  # the rise a tier made at the trace's completion keeps room for (helper-218)
+            coordinator.step_rise_hint_bytes = self.policy.next_step_bytes
         try:
             if coordinator is not None and coordinator.tier is not None and not failed:
                 swapper = coordinator.swapper
