@@ -5,8 +5,10 @@
 #   bash scripts/setup.sh --no-bench --test-ops  # and the ops only the tests use (scripts/test.sh)
 # Idempotent: each step checks first and is skipped when already done.
 set -euo pipefail
-cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+# a path given (PYTHON=.venv/bin/python) is the caller's, absolute from here on: step 3 runs it from / (helper-219)
+case "$PY" in */*) PY="$(cd "$(dirname "$PY")" && pwd)/$(basename "$PY")" ;; esac
+cd "$(dirname "$0")/.."
 RUN_BENCH=1
 TEST_OPS=0
 for arg in "$@"; do

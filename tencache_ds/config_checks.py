@@ -91,8 +91,23 @@ def check_output_file(key: str, path: str) -> None:
         return
     folder = os.path.dirname(absolute)
     _check_creatable(key, path, folder)
+    _check_name_length(key, path, folder, os.path.basename(absolute))
     _try_writing(key, path, f"cannot create a file in {folder}",
                  lambda: _probe_file(folder, os.path.basename(absolute)))
+
+
+def _check_name_length(key: str, path: str, folder: str, name: str) -> None:
+    """The file's own name fits the file system's limit (the probe's name may be shorter: helper-219)."""
+    ancestor = folder
+    while not os.path.exists(ancestor):
+        ancestor = os.path.dirname(ancestor)
+    try:
+        limit = os.pathconf(ancestor, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        limit = 255
+    if len(os.fsencode(name)) > limit:
+        raise TencacheResourceError(f"{key} = {path!r} is not usable: its file name is {len(os.fsencode(name))} "
+                                    f"bytes, more than the {limit} a name may have there; choose a shorter name")
 
 
 def _probe_file(folder: str, name: str) -> None:

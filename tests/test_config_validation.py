@@ -427,3 +427,13 @@ def test_ranks_checking_one_output_path_at_once_all_pass(tmp_path):
         rank.join(timeout=60)
     assert failed == [], failed[:3]
     assert files_under(str(tmp_path)) == []  # nothing left: no folder, no probe
+
+
+def test_an_output_file_name_longer_than_the_file_system_takes_is_refused(tmp_path):
+    """Regression test (helper-219): the probe's name fell back to a short one where the file's own name was too
+    long, so the check passed and the writer's open failed later ("File name too long")."""
+    from tencache_ds.config_checks import check_output_file
+    with pytest.raises(TencacheResourceError, match="its file name is 272 bytes"):
+        check_output_file("tencache.metrics_path", str(tmp_path / "runs" / ("x" * 266 + ".jsonl")))
+    check_output_file("tencache.metrics_path", str(tmp_path / "runs" / ("x" * 200 + ".jsonl")))
+    assert files_under(str(tmp_path)) == []

@@ -567,6 +567,14 @@ def _run(args) -> int:
         folder_lock.let_go(nvme_lock)
 
 
+def interrupting_signals() -> Dict[int, Any]:
+    """SIGTERM and SIGHUP raise KeyboardInterrupt from now on (Ctrl-C's path: the probe and the running child are
+    stopped); returns the handlers they replaced. Not a signal ignored: under nohup a closed terminal must not stop
+    the bench (helper-219)."""
+    return {number: signal.signal(number, _raise_keyboard_interrupt)
+            for number in (signal.SIGTERM, signal.SIGHUP) if signal.getsignal(number) != signal.SIG_IGN}
+
+
 def bench_lock_folder(nvme_path: str) -> str:
     """What a bench holds (io/folder_lock.py) for its whole run: a name inside ``--nvme-path`` (its lock file goes
     beside it, so inside ``--nvme-path`` too: a mount point's parent may take no new file), which no run empties."""
@@ -603,8 +611,7 @@ def _run_holding_the_nvme_path(args, specs: List[RunSpec], config_path: str, ds_
     # SIGTERM (a CI timeout, `kill`) and SIGHUP (the terminal or ssh session closed) take the same path as Ctrl-C,
     # from the drive's probe on, so the probe and the running child are stopped, not orphaned (before, SIGHUP
     # killed the bench alone, and a probe was never stopped: helper-215).
-    previous_handlers = {number: signal.signal(number, _raise_keyboard_interrupt)
-                         for number in (signal.SIGTERM, signal.SIGHUP)}
+    previous_handlers = interrupting_signals()
     try:
         probe, why_not_measured = start_probe(args.nvme_path, measure_bandwidth=given_bandwidth is None,
                                               ds_config=ds_config)

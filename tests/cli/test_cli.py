@@ -742,3 +742,19 @@ def test_a_probe_stopped_while_it_runs_ends_with_its_session(tmp_path):
     assert probe._process.poll() is not None
     assert not [name for name in os.listdir(tmp_path) if "tencache" in name]
     probe.stop()  # (ended: nothing to do)
+
+
+def test_the_bench_leaves_a_signal_nohup_ignores_ignored():
+    """Regression test (helper-219): SIGHUP raised KeyboardInterrupt whatever its handler was: under nohup the
+    closed terminal stopped the bench it was meant to keep running. SIGTERM is Ctrl-C's path all the same."""
+    import signal
+    from tencache_ds.cli import bench
+    before = {number: signal.signal(number, handler) for number, handler in
+              ((signal.SIGHUP, signal.SIG_IGN), (signal.SIGTERM, signal.SIG_DFL))}
+    try:
+        replaced = bench.interrupting_signals()
+        assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN and signal.SIGHUP not in replaced
+        assert signal.getsignal(signal.SIGTERM) == bench._raise_keyboard_interrupt
+    finally:
+        for number, handler in before.items():
+            signal.signal(number, handler)

@@ -1,6 +1,7 @@
 """Start-up log line, step boundaries and the per-step metrics file. Owns: what happens at the end of every
 optimizer step (the parameter swappers' step boundary, one metrics record) and where stats are emitted. The numbers
 themselves come from stats.py."""
+import contextlib
 import os
 
 from deepspeed import comm as dist
@@ -17,7 +18,6 @@ from .param_swapper import TencacheParamSwapper
 from .stats import METRICS_METER_ATTRIBUTE, combined_stats, gauges, running_totals
 
 _writers = {}  # metrics path -> MetricsWriter (one file per path for the whole process)
-_failed_writes = set()  # metrics paths whose file could not be written: training goes on without them
 SWAPPERS_RELEASED = "_tencache_swappers_released"  # set on a ZeRO-3 optimizer by its destroy (install.py)
 _STATS_LOGGED = "_tencache_startup_stats_logged"  # on a ZeRO-3 optimizer: log_startup_stats ran
 # the ZeRO-3 optimizers metering steps, per metrics path; one destroyed frees its file
@@ -122,7 +122,7 @@ def on_optimizer_step_end(optimizer) -> None:
                              device_tier_applies=coordinator is None or not coordinator.gathers_alias_partitions)
     if coordinator is not None:
         coordinator.restart_device_peak()  # the next step's peak
-    if meter.path is None or dist.get_rank() != 0 or meter.path in _failed_writes:
+    if meter.path is None or dist.get_rank() != 0:
         return
     try:
         writer = _writers.get(meter.path)
@@ -131,10 +131,15 @@ def on_optimizer_step_end(optimizer) -> None:
         writer.write(metrics)
     except OSError as err:
         # rank 0 alone writes: raised here (after the update, before the engine counts the step) it stopped that
-        # rank only, and the others waited in their next collective (helper-218). Said once; training goes on.
-        _failed_writes.add(meter.path)
-        logger.error("tencache: tencache.metrics_path %s cannot be written (%s): no more metrics records go "
-                     "there in this process; training goes on", meter.path, err)
+        # rank only, and the others waited in their next collective (helper-218). Said once for this engine, whose
+        # records stop; training goes on (a later engine given the path tries again: helper-219).
+        failed = _writers.pop(meter.path, None)
+        if failed is not None:
+            with contextlib.suppress(OSError):
+                failed.close()
+        logger.error("tencache: tencache.metrics_path %s cannot be written (%s): this engine writes no more "
+                     "metrics records; training goes on", meter.path, err)
+        meter.path = None
 
 
 def engine_metrics_file(metrics_path: str, optimizer) -> str:
