@@ -33,8 +33,8 @@ def narrow_stock_layout(path: str, numel: int, dtype: torch.dtype, store_dtype: 
     if own_bytes >= stock_bytes or not os.path.exists(path) or os.path.getsize(path) < stock_bytes:
         return False  # this store's layout, or a file the read will report
     wide = torch.from_file(path, shared=False, size=numel, dtype=store_dtype)
-    narrow = wide.to(dtype)
-    if not torch.equal(narrow.to(store_dtype), wide):
+    narrow = _narrowed_exactly(wide, dtype)
+    if narrow is None:
         raise TencacheError(
             f"swap file {path} holds its state in {store_dtype}, as stock DeepSpeed's NVMe offload writes it (a "
             f"checkpoint it saved), with values that {dtype}, the optimizer's own dtype for it and the one tencache "
@@ -52,3 +52,21 @@ def narrow_stock_layout(path: str, numel: int, dtype: torch.dtype, store_dtype: 
             os.remove(staged)
         raise
     return True
+
+
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _narrowed_exactly(wide: torch.Tensor, dtype: torch.dtype):
+    """``wide``'s values as ``dtype``, bit for bit what widening them gave, or None where some value is no widened
+    ``dtype`` value. bf16 from fp32: the high half of each word, where every low half is zero (a cast turned a NaN
+    into another NaN's bits, and a NaN was refused as a value bf16 "does not hold": helper-217). Otherwise a cast,
+    its widening compared bit for bit with ``wide``."""
+    if dtype == torch.bfloat16 and wide.dtype == torch.float32:
+        bits = wide.view(torch.int32)
+        if bool((bits & 0xFFFF).any()):
+            return None
+        return (bits >> 16).to(torch.int16).view(torch.bfloat16)
+    narrow = wide.to(dtype)
+    same = torch.equal(narrow.to(wide.dtype).view(_BITS[wide.element_size()]), wide.view(_BITS[wide.element_size()]))
+    return narrow if same else None

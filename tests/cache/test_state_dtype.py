@@ -47,6 +47,22 @@ def test_stocks_widened_file_is_narrowed_when_every_value_fits(tmp_path):
     assert not narrow_stock_layout(path, 1000, torch.bfloat16, torch.float32, own_bytes=4096, stock_bytes=16384)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_widened_nan_is_narrowed_to_its_own_bits(tmp_path, dtype):
+    """Regression test (helper-217): a NaN in stock's widened file was refused as a value the narrow dtype "does not
+    hold" (NaN equals nothing), and a cast back would have given another NaN's bits (bf16 0x7FC1 -> 0xFFFF). The
+    bits stock widened are the bits kept (fp16's widening on the CPU already made every NaN 0x7FFFFFFF: its narrowing
+    is that NaN's, as stock's own load would cast it)."""
+    bits = torch.tensor([0x7FC1, 0x3F80, -0x4080, 0x7E01] if dtype == torch.bfloat16 else [0x7E01, 0x3C00, -0x4400,
+                                                                                           0x7C01], dtype=torch.int16)
+    values = bits.view(dtype)
+    path = stock_file(tmp_path, values)
+    assert narrow_stock_layout(path, 4, dtype, torch.float32, own_bytes=4096, stock_bytes=16384)
+    narrowed = torch.from_file(path, size=4, dtype=dtype)
+    expected = bits if dtype == torch.bfloat16 else values.to(torch.float32).to(dtype).view(torch.int16)
+    assert torch.equal(narrowed.view(torch.int16), expected)
+
+
 def test_stocks_file_with_values_the_narrow_dtype_cannot_hold_is_refused(tmp_path):
     values = torch.randn(1000)  # fp32 values: stock kept the state wider than the optimizer made it
     path = stock_file(tmp_path, values)
