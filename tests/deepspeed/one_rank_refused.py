@@ -6,7 +6,10 @@ parameter swapper (``params``) or optimizer swapper (``optimizer``) is refused b
 rank 1 cannot remove its swap files of an earlier save into the same tag (root-squashed NFS, say: helper-202), at
 the second of two saves into one tag.
 
-    deepspeed --num_gpus 2 one_rank_refused.py params|optimizer|save NVME_DIR
+    deepspeed --num_gpus 2 one_rank_refused.py params|optimizer|save|initialize NVME_DIR
+
+``initialize``: rank 1 alone refuses the configuration at deepspeed.initialize (a path its node cannot write, a
+stale build lock there: helper-213).
 
 Rank 0 prints one RESULT line: {"error": rank 0's error, or null}.
 """
@@ -34,6 +37,9 @@ if int(os.environ["RANK"]) == 1:
         param_swapper.resolve_budgets = refused
     elif which == "optimizer":
         optimizer_swapper.raise_if_stale_locks = refused
+    elif which == "initialize":
+        from tencache_ds.integrations.deepspeed import install
+        install.validate_ds_config = refused
 deepspeed.init_distributed()
 offload = {"device": "nvme", "nvme_path": nvme, "pin_memory": False}
 config = {"train_micro_batch_size_per_gpu": 2, "steps_per_print": 10**6,

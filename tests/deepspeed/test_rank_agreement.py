@@ -111,6 +111,18 @@ def test_a_swapper_one_rank_cannot_build_stops_every_rank(tmp_path, swapper):
                               f"stopped on every rank rather than leave this one waiting for it", result
 
 
+def test_a_configuration_one_rank_refuses_at_initialize_stops_every_rank(tmp_path):
+    """Regression test (helper-213): deepspeed.initialize's check of the configuration refused on one rank alone (a
+    path its node cannot write, a stale build lock there); that rank stopped and the others went on into the
+    engine's collectives (NCCL: until its timeout; gloo: "Connection reset by peer"). Every rank stops now."""
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "one_rank_refused.py")
+    result = launch_ranks(script, ["initialize", tmp_path / "nvme"], 2, cleanup=[tmp_path / "nvme"], timeout=240,
+                          forked=True)
+    assert result["error"] == "TencacheError: deepspeed.initialize: another rank refused this configuration (its " \
+                              "error says why); stopped on every rank rather than leave this one waiting for it", \
+        result
+
+
 def test_a_save_one_rank_cannot_clear_its_earlier_files_for_stops_every_rank(tmp_path):
     """Regression test (helper-202): a save into a tag saved before removes each rank's swap files of that save
     first; where that failed on one rank (files of another uid on root-squashed NFS), that rank raised before

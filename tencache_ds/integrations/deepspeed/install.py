@@ -27,9 +27,11 @@ import deepspeed.runtime.zero.partition_parameters as _partition_parameters
 import deepspeed.runtime.zero.stage3 as _stage3
 from deepspeed.runtime.swap_tensor.partitioned_param_swapper import PartitionedParamStatus
 
-from ...config import NO_AUTO_INSTALL_ENV
+from ...config import CONFIG_KEY, NO_AUTO_INSTALL_ENV
+from ...errors import TencacheError
 from ...ext_lock import raise_if_stale_locks
 from . import contract, reporting
+from .agreement import raised_on_every_rank
 from .checkpoint import (adopt_loaded_files, loading_checkpoint, masters_from_loaded_weights,
                          refresh_masters_swapping_in, regather_persistent_parameters, replay_adam_step_products,
                          restore_optimizer_scalars, restore_unswapped_masters, restoring_masters_from_files,
@@ -61,9 +63,25 @@ def _validating(initialize):
             bound = signature.bind_partial(*args, **kwargs).arguments
         except TypeError:  # DeepSpeed reports a bad call itself
             bound = {}
-        config = validate_ds_config(ds_config_of_initialize_call(bound))
-        if config.enabled:
-            raise_if_stale_locks(ops=DEEPSPEED_OPS)  # cpu_adam loads below, before any swapper exists
+        raw = ds_config_of_initialize_call(bound)
+        checked = []
+
+        def check():
+            config = validate_ds_config(raw)
+            if config.enabled:
+                raise_if_stale_locks(ops=DEEPSPEED_OPS)  # cpu_adam loads below, before any swapper exists
+            checked.append(config)
+
+        if isinstance(raw, dict) and CONFIG_KEY in raw:
+            # what one rank alone refuses (a path its node cannot write, a stale build lock there) stops every rank:
+            # the others went on into the engine's collectives and waited for it (helper-213). Every rank passes
+            # here with the same config, so the same "tencache" key decides alike.
+            raised_on_every_rank(check, lambda: TencacheError(
+                "deepspeed.initialize: another rank refused this configuration (its error says why); stopped on "
+                "every rank rather than leave this one waiting for it"))
+        else:
+            check()
+        config = checked[0]
         # (what the optimizer swapper checks when it cannot find its own config; what a refusal inside passes on)
         with initializing(config), installed_call(config_arguments_of(bound)):
             return initialize(*args, **kwargs)
