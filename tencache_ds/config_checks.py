@@ -75,7 +75,7 @@ def check_output_file(key: str, path: str) -> None:
     """``path`` is a file we may create or append to (its missing folders are created by the writer): tried by
     creating its missing folders and a probe file beside it, all removed again."""
     _refuse_nul(key, path)
-    _refuse_tilde(key, path, "tencache would write into")
+    refuse_tilde(key, path, "tencache would write into")
     absolute = os.path.abspath(path)
     # a trailing separator names a folder even where none exists yet (abspath drops it, and the check would then
     # probe the parent while the writer's open fails after the first step)
@@ -98,9 +98,7 @@ def check_output_file(key: str, path: str) -> None:
 
 def _check_name_length(key: str, path: str, folder: str, name: str) -> None:
     """The file's own name fits the file system's limit (the probe's name may be shorter: helper-219)."""
-    ancestor = folder
-    while not os.path.exists(ancestor):
-        ancestor = os.path.dirname(ancestor)
+    ancestor = _nearest_existing(folder)
     try:
         limit = os.pathconf(ancestor, "PC_NAME_MAX")
     except (OSError, ValueError):
@@ -115,9 +113,7 @@ def _probe_file(folder: str, name: str) -> None:
     its nearest existing ancestor; remove them. Every name is this process's own: ranks check one path at once
     (before 2026-12-07 each made and removed the missing folders themselves, and a rank met another's mkdir or rmdir:
     "File exists", "No such file or directory", a start-up refused at random: helper-206)."""
-    ancestor = folder
-    while not os.path.exists(ancestor):
-        ancestor = os.path.dirname(ancestor)
+    ancestor = _nearest_existing(folder)
     # a random name: the pid alone repeats across nodes' containers whose ranks check one shared folder (helper-213);
     # within a file name's 255 bytes, where a long one leaves no room for the file's own (helper-214)
     own = f".{name}.tcp-{uuid.uuid4().hex[:16]}"
@@ -138,13 +134,20 @@ def _probe_file(folder: str, name: str) -> None:
         os.rmdir(made)
 
 
+def _nearest_existing(path: str) -> str:
+    """``path``, or its nearest ancestor that exists (``/`` at worst)."""
+    while not os.path.exists(path):
+        path = os.path.dirname(path)
+    return path
+
+
 def _refuse_nul(key: str, path: str) -> None:
     """No path holds a NUL byte (the OS's calls raise a bare ValueError on one: helper-161's review)."""
     if "\0" in path:
         raise TencacheConfigError(f"{key} = {path!r} holds a NUL byte (\\u0000), which no file name can: remove it")
 
 
-def _refuse_tilde(key: str, path: str, what: str) -> None:
+def refuse_tilde(key: str, path: str, what: str) -> None:
     """No path starts with "~": nothing expands it (DeepSpeed joins nvme_path as given), so ``what`` would go to a
     folder named "~" under the working folder, perhaps not on the drive meant (doctor FAILs it too: helper-206)."""
     if path.startswith("~"):
@@ -167,7 +170,7 @@ def check_swap_folder(key: str, path: Optional[str]) -> None:
                                   f"the swap files, e.g. \"nvme_path\": \"/local_nvme\"")
     path = str(path)
     _refuse_nul(key, path)
-    _refuse_tilde(key, path, "DeepSpeed would swap into")
+    refuse_tilde(key, path, "DeepSpeed would swap into")
     absolute = os.path.abspath(path)
     if os.path.exists(absolute) and not os.path.isdir(absolute):
         raise TencacheResourceError(f"{key} = {path!r} is a file, not a folder: point it at a folder on the NVMe "
@@ -180,9 +183,7 @@ def check_swap_folder(key: str, path: Optional[str]) -> None:
 
 def _check_creatable(key: str, path: str, folder: str) -> None:
     """``folder`` exists and is writable, or can be created: its nearest existing ancestor is a writable folder."""
-    ancestor = folder
-    while not os.path.exists(ancestor):
-        ancestor = os.path.dirname(ancestor)
+    ancestor = _nearest_existing(folder)
     if not os.path.isdir(ancestor):
         raise TencacheResourceError(f"{key} = {path!r} cannot be created: {ancestor} is a file, not a "
                                     f"folder; choose a path inside a folder")
@@ -196,4 +197,4 @@ def _check_writable_folder(key: str, path: str, folder: str) -> None:
                                     f"(permissions or a read-only file system); choose a writable location")
 
 
-__all__ = ["check_host_budget", "check_output_paths", "check_output_file", "check_swap_folder"]
+__all__ = ["check_host_budget", "check_output_paths", "check_output_file", "check_swap_folder", "refuse_tilde"]

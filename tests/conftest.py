@@ -1,4 +1,5 @@
 """Fixtures shared across test folders, and the suite's one thread of compute per process."""
+import glob
 import os
 import shutil
 import subprocess
@@ -26,6 +27,28 @@ def io():
     engine.close()
 
 
+def _sweep_reflink_images_of_dead_processes():
+    """A session killed (a CI timeout, SIGKILL) skips the fixture's teardown: its XFS image stayed mounted under
+    /tmp, 3 GiB of sparse file a later run could run short of disk over. Those of processes gone are unmounted and
+    removed (the folder's name carries its creator's pid)."""
+    for work in glob.glob(os.path.join(tempfile.gettempdir(), "tencache-reflink-*")):
+        parts = os.path.basename(work).split("-")
+        if len(parts) < 4 or not parts[2].isdigit():
+            continue
+        try:
+            os.kill(int(parts[2]), 0)
+            continue  # alive: another session's
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue
+        mount_point = os.path.join(work, "mnt")
+        if os.path.ismount(mount_point):
+            subprocess.run(["umount", "-l", mount_point], capture_output=True)
+        if not os.path.ismount(mount_point):
+            shutil.rmtree(work, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def reflink_folder():
     """A folder on a file system that clones ranges (io/reflink.py): $TENCACHE_TEST_REFLINK_DIR where set, else a
@@ -41,7 +64,8 @@ def reflink_folder():
         return
     if os.geteuid() != 0 or shutil.which("mkfs.xfs") is None:
         pytest.skip("no file system that clones ranges: set TENCACHE_TEST_REFLINK_DIR, or run as root with mkfs.xfs")
-    work = tempfile.mkdtemp(prefix="tencache-reflink-")
+    _sweep_reflink_images_of_dead_processes()
+    work = tempfile.mkdtemp(prefix=f"tencache-reflink-{os.getpid()}-")
     image, mount_point = os.path.join(work, "xfs.img"), os.path.join(work, "mnt")
     os.makedirs(mount_point)
     with open(image, "wb") as handle:

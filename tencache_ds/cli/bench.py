@@ -38,7 +38,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from ..bench import dashboard, report
 from ..bench.records import both_forms
 from ..config import AUTO, CONFIG_KEY, parse_config
-from ..config_checks import check_host_budget
+from ..config_checks import check_host_budget, refuse_tilde
 from ..errors import TencacheConfigError, TencacheResourceError
 from ..io import folder_lock
 from ..io.durable import replace_durably
@@ -529,9 +529,8 @@ def _run(args) -> int:
     if args.warmup >= args.steps:
         raise BenchError(f"--warmup {args.warmup} leaves no measured step of --steps {args.steps}")
     for option, path in (("--nvme-path", args.nvme_path), ("--out", args.out)):
-        if str(path).startswith("~"):  # (`--nvme-path=~/x`: the shell expands no "~" after "=", nothing else does)
-            raise BenchError(f"{option} {path} starts with '~', which is not expanded (the bench would write into "
-                             f"a folder named '~' under the working folder): give it as an absolute path")
+        # (`--nvme-path=~/x`: the shell expands no "~" after "=", nothing else does)
+        refuse_tilde(option, str(path), "the bench would write into")
     check_dependencies()
     repo_root, train_script = locate_train_script()
     check_model(repo_root, args.model, args.seq_len)

@@ -635,7 +635,7 @@ def test_bench_refuses_a_path_starting_with_a_tilde_before_anything(tmp_path):
     out = tmp_path / "out"
     result = run_cli("bench", "--offload", "cpu", "--steps", "3", "--warmup", "1", "--out", str(out),
                      "--nvme-path=~/tencache-test-nvme")
-    assert result.returncode == 1 and "--nvme-path ~/tencache-test-nvme starts with '~'" in result.stderr, \
+    assert result.returncode == 1 and "--nvme-path = '~/tencache-test-nvme' starts with '~'" in result.stderr, \
         result.stderr
     assert not out.exists() and not os.path.exists(os.path.join(REPO_ROOT, "~"))
 

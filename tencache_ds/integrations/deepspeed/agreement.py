@@ -9,6 +9,7 @@ match expected size") where NCCL would hang or mix up data. Likewise a rank that
 go on leaves them waiting in their next collective. So budgets are agreed (the smallest wins: it fits every rank)
 and a stop anywhere is a stop everywhere, each at a point every rank passes in the same order.
 """
+import os
 from typing import Callable, List, Sequence, TypeVar
 
 from deepspeed import comm as dist
@@ -32,9 +33,22 @@ def agree_min(values: Sequence[int]) -> List[int]:
         return values
     import torch  # a collective needs a tensor on the communication device (CPU for gloo, the GPU for NCCL)
 
-    tensor = torch.tensor(values, dtype=torch.int64, device=get_accelerator().current_device_name())
+    tensor = torch.tensor(values, dtype=torch.int64, device=_collective_device())
     dist.all_reduce(tensor, op=dist.ReduceOp.MIN)
     return [int(value) for value in tensor.tolist()]
+
+
+def _collective_device() -> str:
+    """This rank's device for a collective: the one of its LOCAL_RANK, as the engine sets it (engine.py
+    ``_set_distributed_vars``). deepspeed.initialize's check agrees before the engine has set it, when every rank's
+    current device is still the first: an NCCL all-reduce there would put two ranks on one GPU. The CPU
+    accelerator's is "cpu" whatever the rank."""
+    accelerator = get_accelerator()
+    local = os.environ.get("LOCAL_RANK")
+    if local is not None and local.isdigit() and accelerator.device_name() != "cpu" and \
+            int(local) < accelerator.device_count():
+        return accelerator.device_name(int(local))
+    return accelerator.current_device_name()
 
 
 def raised_on_every_rank(attempt: Callable[[], None], elsewhere: Callable[[], Exception]) -> None:
