@@ -9,7 +9,8 @@ the second of two saves into one tag.
     deepspeed --num_gpus 2 one_rank_refused.py params|optimizer|save|initialize NVME_DIR
 
 ``initialize``: rank 1 alone refuses the configuration at deepspeed.initialize (a path its node cannot write, a
-stale build lock there: helper-213).
+stale build lock there: helper-213). ``initialize-first``: the same, in a script whose first distributed call is
+deepspeed.initialize (no init_distributed, no zero.Init: the README's own pattern; helper-225).
 
 Rank 0 prints one RESULT line: {"error": rank 0's error, or null}.
 """
@@ -37,10 +38,11 @@ if int(os.environ["RANK"]) == 1:
         param_swapper.resolve_budgets = refused
     elif which == "optimizer":
         optimizer_swapper.raise_if_stale_locks = refused
-    elif which == "initialize":
+    elif which in ("initialize", "initialize-first"):
         from tencache_ds.integrations.deepspeed import install
         install.validate_ds_config = refused
-deepspeed.init_distributed()
+if which != "initialize-first":
+    deepspeed.init_distributed()
 offload = {"device": "nvme", "nvme_path": nvme, "pin_memory": False}
 config = {"train_micro_batch_size_per_gpu": 2, "steps_per_print": 10**6,
           "optimizer": {"type": "Adam", "params": {"lr": 1e-3}},
@@ -48,8 +50,11 @@ config = {"train_micro_batch_size_per_gpu": 2, "steps_per_print": 10**6,
                                 "offload_optimizer": dict(offload)},
           "tencache": {"host_cache_bytes": 0}}
 try:
-    with deepspeed.zero.Init(config_dict_or_path=config):
+    if which == "initialize-first":  # (zero.Init sets deepspeed.comm up, even a disabled one)
         model = torch.nn.Sequential(*[torch.nn.Linear(512, 512) for _ in range(2)])
+    else:
+        with deepspeed.zero.Init(config_dict_or_path=config):
+            model = torch.nn.Sequential(*[torch.nn.Linear(512, 512) for _ in range(2)])
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
     if which == "save":
         checkpoints = os.path.join(nvme, "checkpoints")

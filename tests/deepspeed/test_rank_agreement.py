@@ -50,6 +50,12 @@ def test_ranks_with_different_host_tiers_and_no_device_tier_gather_alike(train):
     unequal = train(block={"device_cache_bytes": 0}, script=RANK_BUDGETS,
                     env={"TENCACHE_TEST_RANK1_BLOCK": json.dumps({"host_cache_bytes": 0})}, timeout=600, **options)
     assert_same_bits(reference, unequal)
+    # the ranks did differ (helper-227): rank 1 read its partitions from file, rank 0 held every one
+    with open(unequal.result_path + ".rank1") as handle:
+        rank1 = json.load(handle)
+    rank0 = unequal.last_stats
+    assert rank1["host_cache_budget_bytes"] == 0 < rank0["host_cache_budget_bytes"], (rank1, rank0)
+    assert rank1["param_nvme_read_bytes"] > rank0["param_nvme_read_bytes"], (rank1, rank0)
 
 
 def test_two_ranks_gather_each_parameter_once_per_optimizer_step(train, tmp_path):
@@ -111,12 +117,15 @@ def test_a_swapper_one_rank_cannot_build_stops_every_rank(tmp_path, swapper):
                               f"stopped on every rank rather than leave this one waiting for it", result
 
 
-def test_a_configuration_one_rank_refuses_at_initialize_stops_every_rank(tmp_path):
+@pytest.mark.parametrize("which", ["initialize", "initialize-first"])
+def test_a_configuration_one_rank_refuses_at_initialize_stops_every_rank(tmp_path, which):
     """Regression test (helper-213): deepspeed.initialize's check of the configuration refused on one rank alone (a
     path its node cannot write, a stale build lock there); that rank stopped and the others went on into the
-    engine's collectives (NCCL: until its timeout; gloo: "Connection reset by peer"). Every rank stops now."""
+    engine's collectives (NCCL: until its timeout; gloo: "Connection reset by peer"). Every rank stops now; also in
+    a script whose first distributed call is initialize itself (helper-225: the ranks agreed through a
+    deepspeed.comm not yet set up, that is not at all)."""
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "one_rank_refused.py")
-    result = launch_ranks(script, ["initialize", tmp_path / "nvme"], 2, cleanup=[tmp_path / "nvme"], timeout=240,
+    result = launch_ranks(script, [which, tmp_path / "nvme"], 2, cleanup=[tmp_path / "nvme"], timeout=240,
                           forked=True)
     assert result["error"] == "TencacheError: deepspeed.initialize: another rank refused this configuration (its " \
                               "error says why); stopped on every rank rather than leave this one waiting for it", \

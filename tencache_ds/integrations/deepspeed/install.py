@@ -75,7 +75,11 @@ def _validating(initialize):
         if isinstance(raw, dict) and CONFIG_KEY in raw:
             # what one rank alone refuses (a path its node cannot write, a stale build lock there) stops every rank:
             # the others went on into the engine's collectives and waited for it (helper-213). Every rank passes
-            # here with the same config, so the same "tencache" key decides alike.
+            # here with the same config, so the same "tencache" key decides alike. The ranks agree through
+            # deepspeed.comm, which initialize's first step sets up: taken here first, as initialize takes it (a
+            # script calling initialize without init_distributed, or after torch's init_process_group, agreed on
+            # nothing: one rank stopped, the others waited in the rendezvous; helper-225)
+            _init_distributed_as_initialize_does(signature, bound)
             raised_on_every_rank(check, lambda: TencacheError(
                 "deepspeed.initialize: another rank refused this configuration (its error says why); stopped on "
                 "every rank rather than leave this one waiting for it"))
@@ -87,6 +91,19 @@ def _validating(initialize):
             return initialize(*args, **kwargs)
 
     return validating_initialize
+
+
+def _init_distributed_as_initialize_does(signature, bound) -> None:
+    """deepspeed.initialize's own first call, with the call's arguments (it finds the backend up when it makes it)."""
+    from deepspeed import comm as dist
+    from deepspeed.accelerator import get_accelerator
+
+    def argument(name):
+        return bound.get(name, signature.parameters[name].default)
+
+    dist.init_distributed(dist_backend=get_accelerator().communication_backend_name(),
+                          distributed_port=argument("distributed_port"),
+                          dist_init_required=argument("dist_init_required"))
 
 
 def _release_device_tier(coordinator, module) -> None:
