@@ -6,6 +6,7 @@ the GPU (docs/gpu_check.md): at one rank, with every partition held, DeepSpeed g
 with the losses and fp32 weights of stock CPU offload run in a process that never imported tencache_ds."""
 import json
 import os
+import socket
 import subprocess
 import sys
 
@@ -23,7 +24,16 @@ TRAIN = ["scripts/train.py", "--deepspeed_config", "configs/stock-nvme-defaults.
 LAUNCHER = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "1"]
 
 
+def free_port():
+    """A port nothing listens on now: the launcher's default, 29500, is another suite's too (helper-227)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 def launch(args, env=None, launcher=LAUNCHER):
+    if launcher is LAUNCHER:
+        launcher = LAUNCHER + ["--master_port", str(free_port())]
     run = subprocess.run(launcher + args, cwd=REPO, env=dict(os.environ, PYTHONPATH=REPO, **(env or {})),
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]

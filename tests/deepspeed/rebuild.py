@@ -59,7 +59,9 @@ def main(mode, nvme, checkpoint, param_device, optimizer_device):
     stream = batches(0)
     losses = [train.train_step(engine, stream, 1).item() for _ in range(2)]
     engine.save_checkpoint(checkpoint, tag="t")
-    before = train.train_step(engine, stream, 1).item()
+    # two steps: the second's loss is the first update's after the load, so the optimizer's state must have come
+    # back too, not only the weights (helper-227: one step checked the weights alone)
+    before = [train.train_step(engine, stream, 1).item() for _ in range(2)]
     engine.destroy()
     closed = None
     if mode != "stock":
@@ -70,7 +72,8 @@ def main(mode, nvme, checkpoint, param_device, optimizer_device):
     gc.collect()
     engine = build()
     engine.load_checkpoint(checkpoint, tag="t")
-    after = train.train_step(engine, batches(2), 1).item()
+    resumed = batches(2)
+    after = [train.train_step(engine, resumed, 1).item() for _ in range(2)]
     print("RESULT " + json.dumps({"losses": losses, "before": before, "after": after, "closed": closed}), flush=True)
 
 

@@ -17,7 +17,8 @@ pytest.importorskip("transformers")  # the bench extra, which scripts/setup.sh i
 
 
 def test_the_trainer_and_its_resume_give_stock_cpu_offloads_bits(tmp_path):
-    reference = launch_ranks(SCRIPT, ["stock", "cpu", tmp_path / "stock"], 2, cleanup=[tmp_path / "stock"], forked=True)
+    reference = launch_ranks(SCRIPT, ["stock", "cpu", tmp_path / "stock"], 2, cleanup=[tmp_path / "stock"], forked=True,
+                             stock=True)
     assert not reference["tencache"] and len(reference["history"]) == 9  # 6 losses, 3 evaluations
     ours = tmp_path / "tencache"
     uninterrupted = launch_ranks(SCRIPT, ["tencache", "nvme", ours], 2, forked=True)

@@ -40,7 +40,7 @@ def test_rebuilt_engine_trains_with_stocks_losses_resumes_exactly_and_closes_its
     """The rebuilt model's sub-groups get new ids, so the loaded swap files have other names than its own: stock
     never reads them and trains on from its fresh initialisation (its first loss after the load differs from the
     same step's before the rebuild); tencache adopts them (integrations/deepspeed/checkpoint.py) and gives the
-    step's loss exactly."""
+    next two steps' losses exactly (the second's is the first update's: the moments came back too)."""
     stock = stock_reference
     ours = rebuild(tmp_path, "tencache", param_device, optimizer_device)
     assert (ours["losses"], ours["before"]) == (stock["losses"], stock["before"])

@@ -86,7 +86,8 @@ def scenarios(tmp_path, mode, device, names, ranks=2):
     """Every scenario in one launch (each with its own engines and folders): the launch's start-up, not the
     scenarios, was most of the time when each had its own."""
     nvme, ckpt = tmp_path / f"nvme-{mode}-{device}-{ranks}", tmp_path / f"ckpt-{mode}-{device}"
-    results = launch_ranks(SCRIPT, [",".join(names), mode, device, nvme, ckpt], ranks, cleanup=[nvme], forked=True)
+    results = launch_ranks(SCRIPT, [",".join(names), mode, device, nvme, ckpt], ranks, cleanup=[nvme], forked=True,
+                           stock=mode == "stock")
     # every scenario returns its findings, errors included, as a result: one that raised stopped the launch there
     # (scenarios.run_scenarios), and a test reading a later one's folder failed on a missing file, the error unsaid
     failed = {name: results.get(name, "not run: a scenario before it raised") for name in names

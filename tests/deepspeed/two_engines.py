@@ -21,10 +21,12 @@ for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MA
     os.environ.setdefault(key, value)
 
 import torch  # noqa: E402
-import tencache_ds  # noqa: E402,F401
-import deepspeed  # noqa: E402
 
 nvme_path, mode, which = sys.argv[1:4]
+if mode.startswith("tencache"):  # stock's runs, the references, in a process that never imported tencache_ds
+    import tencache_ds  # noqa: E402,F401
+import deepspeed  # noqa: E402
+
 HIDDEN = 768  # 768 x 768 fp32 = 2.25 MiB: above DeepSpeed's 1 MiB swap threshold
 config = {"train_micro_batch_size_per_gpu": 2, "steps_per_print": 10**6, "gradient_clipping": 1.0,
           "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
@@ -67,6 +69,8 @@ engines = built_in_one_init() if which == "one-init" else {"first": build(1)}
 if which == "both":
     engines["second"] = build(2)
 losses = {name: [] for name in engines}
+if mode.startswith("tencache"):  # the run says it ran tencache's swappers (its losses are stock's bits)
+    ran = {name: tencache_ds.stats(engine)["tencache_enabled"] for name, engine in engines.items()}
 data = torch.Generator().manual_seed(3)
 for step in range(3):
     batch = torch.randn(2, HIDDEN, generator=data)
@@ -91,6 +95,8 @@ if mode == "tencache-budget":
     losses["budgets"] = {name: [engine.optimizer.optimizer_swapper.budget.total_bytes,
                                 engine.optimizer.optimizer_swapper.state_bytes()] for name, engine in engines.items()}
     losses["param_cache"] = param_swapper_of(engines["first"]).store.cache_bytes_reserved
+if mode.startswith("tencache"):
+    losses["tencache_ran"] = ran
 print("RESULT " + json.dumps(losses), flush=True)
 # Stock DeepSpeed's aio handles sometimes abort the interpreter's teardown ("terminate called without an active
 # exception"); the run is over, so leave without it.
