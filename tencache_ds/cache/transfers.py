@@ -261,7 +261,8 @@ class Transfers:
         try:
             entry.io = self.io.write(view.narrow(0, skip, view.numel() - skip), entry.path,
                                      file_offset=skip * self.element_size)
-        except Exception:  # refused before it started (a shared file copied first on a full disk): as a failed write
+        except BaseException:  # refused before it started (a shared file copied first on a full disk), or its
+            # submission interrupted (the engine raises with none of its bytes moving): as a failed write
             self._write_failed(entry)
             raise
         entry.evicting = evicting

@@ -124,14 +124,19 @@ class WriteBack:
         """``write_parts`` on an entry on file: each part written at its offset, nothing read back. Every write is
         waited for, an interruption raised once all have ended: a retry must not race writes of the same offsets
         still landing, and no write's error may go unseen (helper-171)."""
-        transfers, writes = self._transfers, []
-        for offset, flat in self._on_host(parts):
-            if entry.prefix is not None:  # the elements in the prefix go there
-                offset, flat = transfers.store_prefix_part(entry, offset, flat)
-            if flat.numel():
-                writes.append(transfers.io.write(flat, entry.path, file_offset=offset * transfers.element_size))
+        transfers, writes, stopped = self._transfers, [], None
+        try:
+            for offset, flat in self._on_host(parts):
+                if entry.prefix is not None:  # the elements in the prefix go there
+                    offset, flat = transfers.store_prefix_part(entry, offset, flat)
+                if flat.numel():
+                    writes.append(transfers.io.write(flat, entry.path, file_offset=offset * transfers.element_size))
+        except BaseException as err:  # the writes started end first, whatever stopped the others (helper-224)
+            stopped = err
         postponed = PostponedInterrupt(transfers)
         errors = [postponed.wait(write) for write in writes]
+        if stopped is not None:
+            raise stopped
         _raise_first(errors)  # the bytes are owed to the file: never dropped quietly
         postponed.raise_if_any()
 

@@ -36,7 +36,7 @@ import errno
 import os
 import shutil
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Deque, Dict, Optional, Tuple
 
 from ..errors import StaleFileError, TencacheResourceError
@@ -252,30 +252,40 @@ class DirectFileIO:
 
     def _queue(self, request, pieces) -> None:
         """Under the lock, the pieces and their tasks together: close() cannot shut the pool down between the two
-        (a piece queued without its task strands another request's piece, which that task may take instead)."""
-        is_write, nbytes, tasks = request.is_write, request.nbytes, 0
+        (a piece queued without its task strands another request's piece, which that task may take instead).
+        Raises with none of the request's bytes still moving: a caller given an error reuses its buffer (an
+        interruption or a refused thread part way through had the tasks already given run on, the error kept in a
+        future nobody held, or only logged for a write: helper-224)."""
+        is_write, nbytes, queued, tasks = request.is_write, request.nbytes, 0, 0
         with self._lock:
             if self._closed:
                 raise RuntimeError(f"the I/O engine is closed: cannot {'write' if is_write else 'read'} "
                                    f"{request.path}")
             request.pieces_left = len(pieces)
-            for start, end in pieces:
-                self._waiting.put(is_write, (request, start, end))
             self._count(is_write, nbytes, 1)
             self._submitting = True
             try:
+                for start, end in pieces:
+                    self._waiting.put(is_write, (request, start, end))
+                    queued += 1
                 for _ in pieces:  # one task per piece; a task takes whichever piece _WaitingRequests picks
                     self._pool.submit(self._run_next)
                     tasks += 1
-            except BaseException as err:  # no thread could be started: the pieces without a task are taken back
-                removed = self._waiting.remove(is_write, request, len(pieces) - tasks)
-                request.pieces_left -= removed
+                return
+            except BaseException as err:  # the pieces without a task are taken back (a task takes any piece)
+                removed = self._waiting.remove(is_write, request, queued - tasks)
+                request.pieces_left -= removed + len(pieces) - queued
                 request.failure = err
                 if tasks == 0:
                     self._count(is_write, -nbytes, -1)
                     raise
+                error, finished = err, request.pieces_left == 0
             finally:
                 self._submitting = False
+        if finished:  # (its pieces given a task were all done before the others were taken back)
+            self._finish(request)
+        wait([request.future])  # the pieces given a task end first (failed: they move nothing more)
+        raise error
 
     def _run_next(self) -> None:
         """One task per piece submitted: moves the piece ``_WaitingRequests`` picks, which need not be the one

@@ -118,7 +118,10 @@ class PinnedArena:
         specs = (_native.TcClassSpec * len(class_counts))(
             *[_native.TcClassSpec(slot_bytes, count) for slot_bytes, count in class_counts.items()])
         handle = ctypes.c_void_p()
-        code = self._lib.tc_arena_create(specs, len(class_counts), _native.LOCK_MODES[lock], ctypes.byref(handle))
+        try:
+            code = self._lib.tc_arena_create(specs, len(class_counts), _native.LOCK_MODES[lock], ctypes.byref(handle))
+        finally:  # made (set only on success): close() unmaps it, whatever comes next (a Ctrl-C raised as the call
+            self._handle = handle.value  # returned left the regions mapped and locked, unreachable: helper-224)
         if code == _native.TC_ELOCK:
             raise TencacheResourceError(_memlock_message(name, reserved, "could not page-lock (mlock)", MEMLOCK_FIX))
         if code == _native.TC_ENOMEM:
@@ -127,7 +130,6 @@ class PinnedArena:
                 "lower \"tencache\": {\"host_cache_bytes\": ...} or free host memory")
         if code != _native.TC_OK:
             raise TencacheConfigError(f"{name}: tc_arena_create({class_counts}) failed: {_native.strerror(code)}")
-        self._handle = handle.value
 
         self._classes: List[Tuple[int, int]] = []
         self._class_locked: List[bool] = []
@@ -142,7 +144,7 @@ class PinnedArena:
                 name, unlocked, f"{stats.lock_fallbacks} of {stats.n_regions} regions stay pageable (slower, "
                 "swappable): could not page-lock (mlock)", MEMLOCK_RAISE), RuntimeWarning, stacklevel=2)
         if register_with_cuda and pinning.cuda_available():
-            self._registered = pinning.register_regions(self.regions(), name)
+            pinning.register_regions(self.regions(), name, into=self._registered)  # each as it is: close() undoes
 
     # -- slots ------------------------------------------------------------------------------------------
 

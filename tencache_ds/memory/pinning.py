@@ -9,7 +9,7 @@ page and can take hundreds of milliseconds per GiB (see Note [Pinned arena desig
 """
 import logging
 import warnings
-from typing import List, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 from ..units import fmt_bytes
 
@@ -55,13 +55,16 @@ def host_unregister(base: int) -> bool:
     return code == 0
 
 
-def register_regions(regions: Sequence[Tuple[int, int]], name: str) -> List[Tuple[int, int]]:
-    """Register each (base, nbytes) region with CUDA; returns those that succeeded.
+def register_regions(regions: Sequence[Tuple[int, int]], name: str,
+                     into: Optional[List[Tuple[int, int]]] = None) -> List[Tuple[int, int]]:
+    """Register each (base, nbytes) region with CUDA; returns those that succeeded, appended to ``into`` (when
+    given) as each is: an interruption part way leaves the caller knowing what to unregister.
 
     Warns once (for all the regions that failed): the arena still works, but copies from the failed
     regions are synchronous and slower.
     """
-    registered, failures = [], []
+    registered = [] if into is None else into
+    failures = []
     for base, nbytes in regions:
         ok, error = host_register(base, nbytes)
         if ok:

@@ -426,3 +426,54 @@ def test_every_failed_transfer_names_its_file_and_the_key(tmp_path, monkeypatch,
     io.close()
     assert path in str(err.value) and "offload_optimizer.nvme_path" in str(err.value), err.value
     assert raised is not OSError or err.value.errno == code
+
+
+@pytest.mark.parametrize("where", ["queueing", "starting a thread"])
+def test_an_interrupted_submission_raises_with_none_of_its_bytes_moving_and_strands_nothing(tmp_path, monkeypatch,
+                                                                                              where):
+    """Regression test (helper-224's review): a request of several pieces interrupted as its pieces were queued left
+    pieces without a task (the next request's task took one, and that request never ended: a hang); interrupted
+    as its threads were started, the tasks already given ran on while the caller had no future (a read's buffer
+    reused under it) or got one failing with the KeyboardInterrupt (a write's only logged). Now the submission
+    raises once the pieces already given have ended, and the engine serves the next request."""
+    io = DirectFileIO(num_threads=1, piece_bytes=4096)
+    path = str(tmp_path / "file")
+    ended = []
+    pwritev = os.pwritev
+
+    def slow_pwritev(fd, buffers, offset):
+        time.sleep(0.2)
+        written = pwritev(fd, buffers, offset)
+        ended.append(offset)
+        return written
+
+    monkeypatch.setattr(os, "pwritev", slow_pwritev)
+    calls = []
+    if where == "queueing":
+        put = io._waiting.put
+
+        def interrupted_put(*args):
+            calls.append(True)
+            if len(calls) == 3:
+                raise KeyboardInterrupt
+            return put(*args)
+
+        monkeypatch.setattr(io._waiting, "put", interrupted_put)
+    else:
+        submit = io._pool.submit
+
+        def interrupted_submit(*args):
+            calls.append(True)
+            if len(calls) == 3:
+                raise KeyboardInterrupt
+            return submit(*args)
+
+        monkeypatch.setattr(io._pool, "submit", interrupted_submit)
+    with pytest.raises(KeyboardInterrupt):
+        io.write(torch.ones(4 * 1024), path)  # four pieces of 4 KiB
+    assert ended == []  # a piece given a thread finds its request failed (the lock held while they are given)
+    assert not any(io._waiting._queues.values())  # no piece left without its task
+    monkeypatch.undo()
+    assert io.write(torch.full((1024,), 2.0), path).result(timeout=30) == 4096  # the next request is served
+    assert io.counters().write_requests == 1
+    io.close()

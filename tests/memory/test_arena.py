@@ -562,3 +562,27 @@ def test_a_pageable_buffer_is_not_shared_with_a_forked_child_so_giving_it_back_f
     pool.release(buffer)
     pool.close()
     assert answer == b"0", "a fork()ed child shares the pool's pageable buffer"
+
+
+def test_an_interruption_as_the_arena_is_made_leaves_nothing_mapped_or_locked(make_arena, monkeypatch):
+    """Regression test (helper-224's review): a Ctrl-C raised as ``tc_arena_create`` returned (it maps and locks
+    every region: a second for 2 GiB) left the arena unreachable, its regions mapped and locked until the process
+    ended (a notebook's next start-up met the memlock limit). The interrupted constructor's arena is unmapped."""
+    from tencache_ds.memory import _native
+    make_arena({4 * KiB: 1})  # the library loaded (or the test skipped/failed as the others do)
+    real = _native.lib()
+
+    class InterruptedAsCreateReturns:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def tc_arena_create(self, *args):
+            real.tc_arena_create(*args)
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(_native, "lib", lambda: InterruptedAsCreateReturns())
+    locked = _status_bytes("VmLck")
+    with pytest.raises(KeyboardInterrupt):
+        PinnedArena({8 * MiB: 2}, lock="best_effort")
+    gc.collect()
+    assert _status_bytes("VmLck") == locked  # (16 MiB more without: locked where this test runs, as root)
