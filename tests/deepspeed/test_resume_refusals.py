@@ -46,6 +46,20 @@ def test_a_save_after_a_step_that_stopped_part_way_is_refused_before_anything_is
     assert result["written"] == [], result
 
 
+def test_a_save_after_a_step_that_stopped_between_two_sub_groups_is_refused_until_a_step_ends(tmp_path):
+    """Regression test (helper-220's review): the update stopped after the first sub-group's give-back, before the
+    second's swap-in (Ctrl-C in its fill from the partitions, say: none swapped in). The save went on: a checkpoint
+    of the first sub-group at the next step and the second at the last. It is refused now, and allowed again once
+    a step ends."""
+    proc = run_helper(os.path.join(os.path.dirname(__file__), "stopped_step_save.py"),
+                      [tmp_path / "nvme", tmp_path / "checkpoint", "between"])
+    result = result_of(proc.stdout)
+    assert result is not None, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert result["error"] is not None and result["error"].startswith("TencacheError"), result
+    assert "stopped part way" in result["error"] and "after updating 1 of 3" in result["error"], result
+    assert result["written"] == [] and result["then_saved"] is None, result
+
+
 def test_a_save_into_a_tag_saved_before_stopped_part_way_is_refused_at_its_load(tmp_path):
     """Regression (helper-182's review): a second save into a tag replaced its swap files one by one after the new
     model and ZeRO files; stopped between (Ctrl-C, a full disk), the tag mixed new step counts with the earlier
@@ -83,3 +97,19 @@ def test_a_save_dir_deepspeed_refuses_removes_nothing(tmp_path):
     assert result["kept"], result
     assert all(error is not None and error.startswith("ValueError: save_dir must be a non-empty string")
                for error in result["errors"]), result
+
+
+def test_a_new_state_whose_first_store_failed_is_never_read_from_a_file_it_did_not_write(tmp_path):
+    """Regression test (helper-220's review): the first step's store of Adam's first moment failed; the second
+    moment was not stored (its file never written either) and both stayed registered. The next swap-in read their
+    files: missing, or, in a reused folder, an earlier run's, without a word. Now the other is stored, and the lost
+    one stops the next step and the save with an error naming it."""
+    proc = run_helper(os.path.join(os.path.dirname(__file__), "lost_new_state.py"),
+                      [tmp_path / "nvme", tmp_path / "checkpoint"])
+    result = result_of(proc.stdout)
+    assert result is not None, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert "No space left on device (the test's refusal)" in result["first"], result
+    assert [name.split("-")[0] for name in result["stored"] if "-" in name] == ["exp_avg_sq"], result
+    for key in ("next", "save"):
+        assert result[key] is not None and result[key].startswith("TencacheError") and "was lost" in result[key], \
+            result

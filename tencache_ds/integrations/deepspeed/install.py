@@ -231,14 +231,24 @@ def _marking_step(step):
         if governor is not None:  # the rise meter: the backward's peak is measured apart from the update's
             governor.before_update()
         release_norm_scratch(self)  # the backward's norms are done: the update gets that memory
+        swapper = getattr(self, "optimizer_swapper", None)
+        ours = isinstance(swapper, TencacheOptimizerSwapper)
+        if ours:
+            swapper.step_started()
         setattr(self, IN_STEP_ATTRIBUTE, True)
+        raised = True
         try:
             meter = getattr(self, METRICS_METER_ATTRIBUTE, None)
             if meter is None:
-                return step(self, *args, **kwargs)
-            return meter.optimizer_step(lambda: step(self, *args, **kwargs))
+                result = step(self, *args, **kwargs)
+            else:
+                result = meter.optimizer_step(lambda: step(self, *args, **kwargs))
+            raised = False
+            return result
         finally:
             setattr(self, IN_STEP_ATTRIBUTE, False)
+            if ours:
+                swapper.step_ended(raised)
 
     return step_marked
 

@@ -238,6 +238,11 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             self.reads_ahead, self.writes_behind = optimizer_pipelining(
                 {key: getattr(swap_config, key) for key in ("pipeline_read", "pipeline_write") if key in explicit})
             self._lent = {}        # sub-group id -> keys of the entries lent as its tensors (and gradient)
+            # sub-groups the step running now has updated, and how many the last step had when it stopped part way
+            # (0: it ended; else a save is of no whole step: ``check_none_lent``)
+            self._updated_in_step = 0
+            self.update_stopped_part_way = 0
+            self._lost_states = {}  # path -> the error of a new state's first store (``_store_new_state``)
             self._state_dtypes = {}  # path -> dtype of a state tensor not in the masters' (_update_param_state_info)
             # the reads started before the update asks: in backward, and the next sub-group's during each update
             self.ahead = ReadsAhead(self.store, self._paths_to_read, gradient_path)
@@ -322,6 +327,9 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             self._before_load_copy = before_copy
             self.last_load_places = self.last_load_source = None
             yield
+            if self.last_load_places in (LoadPlaces.ALL, LoadPlaces.STATE_WRITTEN):  # the optimizer's state loaded
+                self._lost_states = {}  # replaces what was lost, and a half-updated one
+                self.update_stopped_part_way = 0
         finally:
             self._checkpoint_load_pending = False
             self._load_places = LoadPlaces.ALL
@@ -511,6 +519,8 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
                 "a parameter of the sub-group safe_update_full_grad_vectorized is updating, made from inside its "
                 "update function, is not supported: read what it needs before or after the update. (After an "
                 "optimizer step that stopped part way, its sub-group stays swapped in until engine.destroy().)")
+        for context in swap_info.tensors:  # before anything is lent
+            self._refuse_lost_state(context.swap_path)
         read_ahead = self.ahead.take(group)
         try:  # (the reads taken are no longer ReadsAhead's: whatever stops here gives them back)
             master_path = swap_info.tensors[0].swap_path
@@ -609,6 +619,8 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         swap_info = self.swap_params_info.get(OptimizerSwapper.parameter_id(parameter))
         gradient_held = swap_info is not None and swap_info.has_gradients() and \
             self.store.kept(gradient_path(swap_info))
+        if self._in_stage3_step():  # (updated before this, whatever its give-back does)
+            self._updated_in_step += 1
         self._give_back(parameter, states_changed=True, gradient_changed=gradient_held)
         if not self.writes_behind and swap_info is not None:
             for context in swap_info.tensors:  # pipeline_write false: the update's writes end with it
@@ -1075,23 +1087,36 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
 
     def _store_new_state(self, swap_info, lent: set, raising: bool) -> None:
         """Store the state tensors the optimizer created in this step (its first for the sub-group: not ``lent``),
-        then empty the sub-group's tensors. ``raising`` False (a give-back raised already): a failure is logged."""
-        if raising:
-            for context in swap_info.tensors:
-                if context.swap_path not in lent and context.compute_tensor.numel() > 0:  # the optimizer's: new
-                    self._store_new(context.swap_path, context.compute_tensor)
-            swap_info.release_memory()
-            return
+        then empty the sub-group's tensors. Each is tried whatever another's store raised; one that could not be
+        stored is lost (``_lost_states``: its file was never written). ``raising`` False (a give-back raised
+        already): a failure is logged, else the first is raised."""
+        error = None
         try:
             for context in swap_info.tensors:
-                if context.swap_path not in lent and context.compute_tensor.numel() > 0:
+                if context.swap_path not in lent and context.compute_tensor.numel() > 0:  # the optimizer's: new
                     try:
                         self._store_new(context.swap_path, context.compute_tensor)
-                    except Exception as err:  # noqa: BLE001  (the give-back's error is the one raised)
-                        logger.warning("tencache: sub-group %s's new state %s could not be stored either: %s",
-                                       swap_info.param_id, os.path.basename(context.swap_path), err)
+                    except BaseException as err:  # noqa: BLE001  (raised below, or the give-back's is)
+                        self._lost_states[context.swap_path] = err
+                        error = error or err
+                        if not raising:
+                            logger.warning("tencache: sub-group %s's new state %s could not be stored either: %s",
+                                           swap_info.param_id, os.path.basename(context.swap_path), err)
         finally:
             swap_info.release_memory()
+        if raising and error is not None:
+            raise error
+
+    def _refuse_lost_state(self, path: str) -> None:
+        """A state whose first store failed is registered with no file (or an earlier run's, in a reused folder):
+        its swap-in stops rather than read either (helper-220: the store's first failure left the others unstored
+        too, and the next swap-in read a missing file or, silently, a stale one)."""
+        lost = self._lost_states.get(path)
+        if lost is not None:
+            raise TencacheError(
+                f"optimizer state {os.path.basename(path)} was lost: its first store failed "
+                f"({type(lost).__name__}: {lost}), and its file was never written. The optimizer's state is "
+                "incomplete: load the last checkpoint (or destroy the engine and start again)")
 
     def _return_lent(self, swap_info, lent: set, states_changed: bool, gradient_changed: bool,
                      master_elsewhere: bool) -> None:
@@ -1134,11 +1159,26 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         """Raised at a save's start while a master is lent with its file's debt (masters_in_partitions.py)."""
         self.masters.check_none_lent_behind(self._lent)
 
+    def step_started(self) -> None:
+        """Stage 3's step() begins (install.py)."""
+        self._updated_in_step = 0
+
+    def step_ended(self, raised: bool) -> None:
+        """Stage 3's step() ended; ``raised``: with an error or an interrupt. One that raised after updating some
+        sub-groups left the others at the step before: no save of a whole step can be made until a step ends or a
+        load replaces the state."""
+        if not raised:
+            self.update_stopped_part_way = 0
+        elif self._updated_in_step:
+            self.update_stopped_part_way = self._updated_in_step
+
     def check_none_lent(self) -> None:
         """Raised at a save's start while a sub-group is swapped in: an optimizer step (or a fragment call) stopped
         between its swap-in and its swap-out, leaving that sub-group's update half done. The save went on, wrote the
         model's files, and stopped at the flush of the lent gradient ("cannot flush while tensors ... are lent"), a
-        part-written checkpoint, that rank alone (helper-177)."""
+        part-written checkpoint, that rank alone (helper-177). Also after a step that stopped between two
+        sub-groups, none lent: the ones before were updated, the others not (helper-220: the save went on, a
+        checkpoint of two steps at once)."""
         if self._lent:
             groups = sorted(str(group) for group in self._lent)
             raise TencacheError(
@@ -1146,6 +1186,14 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
                 f"fragment call stopped part way (an exception, Ctrl-C), and their update is half done, so no "
                 f"checkpoint of a whole step can be taken now. Save from the last step that ended, or destroy the "
                 f"engine and load the last checkpoint. Nothing was written")
+        for path in self._lost_states:
+            self._refuse_lost_state(path)  # (its message: a save of that state would link a file never written)
+        if self.update_stopped_part_way:
+            raise TencacheError(
+                "save_checkpoint: the last optimizer step stopped part way (an exception, Ctrl-C) after updating "
+                f"{self.update_stopped_part_way} of {len(self.swap_params_info)} optimizer sub-groups, so no checkpoint of "
+                "a whole step can be taken now. Save from the last step that ended, or load the last checkpoint (or "
+                "train a step on: its save is allowed again). Nothing was written")
 
     def settle_master_writes(self, groups=None, but=()) -> None:
         """Write the masters ``groups`` (None: all) but those in ``but`` owe their files from the partitions, and

@@ -1,0 +1,52 @@
+"""The first step's new optimizer state (Adam's moments) whose store fails (a victim's write refused, a mapping
+refused, Ctrl-C in the copy): each of the others is still stored, and the lost one is never read from a file it
+never wrote, here an earlier run's left in a reused folder (helper-220: the next swap-in read it without a word).
+
+    python lost_new_state.py NVME_DIR CHECKPOINT_DIR
+
+Prints one JSON line: {"first": the failed step's error, "stored": the sub-group's state files on disk after it,
+"next": the next step's error, "save": the save's error}.
+"""
+import json
+import os
+import shutil
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from tiny_nvme_engine import tiny_nvme_engine, train_step  # noqa: E402  (sets the one-rank environment first)
+from tencache_ds.integrations.deepspeed.optimizer_swapper import TencacheOptimizerSwapper  # noqa: E402
+
+nvme, checkpoint = sys.argv[1], sys.argv[2]
+engine = tiny_nvme_engine(nvme)
+swapper = engine.optimizer.optimizer_swapper
+store_new = TencacheOptimizerSwapper._store_new
+failed = []
+
+
+def first_moment_refused(self, path, source, widen=False):
+    if os.path.basename(path).startswith("exp_avg-") and not failed:
+        failed.append(path)
+        raise OSError(28, "No space left on device (the test's refusal)")
+    return store_new(self, path, source, widen)
+
+
+def error_of(call):
+    try:
+        call()
+        return None
+    except Exception as err:  # noqa: BLE001  (reported)
+        return f"{type(err).__name__}: {err}"
+
+
+TencacheOptimizerSwapper._store_new = first_moment_refused
+result = {"first": error_of(lambda: train_step(engine))}
+TencacheOptimizerSwapper._store_new = store_new
+lost = failed[0]
+group = os.path.basename(lost)[len("exp_avg-"):]
+result["stored"] = sorted(name for name in os.listdir(os.path.dirname(lost)) if name.endswith(group) and
+                          not name.startswith("."))
+shutil.copyfile(os.path.join(os.path.dirname(lost), group), lost)  # an earlier run's file of that name
+result["next"] = error_of(lambda: train_step(engine))
+result["save"] = error_of(lambda: engine.save_checkpoint(checkpoint, tag="t"))
+print("RESULT " + json.dumps(result), flush=True)
+os._exit(0)
