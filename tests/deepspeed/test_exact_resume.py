@@ -98,6 +98,27 @@ def test_a_resume_from_a_checkpoint_that_lost_moment_files_stops_on_every_rank_n
     assert "another rank refused the checkpoint's optimizer swap files" in stopped.output
 
 
+def test_resume_with_a_scheduler_that_cycles_the_betas_gives_the_uninterrupted_runs_bits(train, tmp_path):
+    """Regression test (helper-222's review): DeepSpeed's OneCycle scheduler cycles beta1 every step (its default
+    cycle_momentum), so the C++ optimizer recomputes its beta products with ``pow`` at each update. The resume
+    replayed the saved step counts with the saved betas (the next step's, the scheduler having stepped): other
+    products, other losses from the second resumed step on, where stock CPU offload's resume gave the right ones.
+    The products' state is saved in the ZeRO file and replayed (adam_beta_products.py)."""
+    with open(os.path.join(os.path.dirname(__file__), "..", "..", "configs", "stock-nvme.json")) as handle:
+        config = json.load(handle)
+    config["scheduler"] = {"type": "OneCycle", "params": {
+        "cycle_min_lr": 1e-4, "cycle_max_lr": 1e-3, "cycle_first_step_size": 2, "cycle_momentum": True,
+        "cycle_min_mom": 0.85, "cycle_max_mom": 0.95}}
+    path = tmp_path / "one-cycle.json"
+    path.write_text(json.dumps(config))
+    options = dict(FAST, sub_group_size=2e6)
+    folder = str(tmp_path / "ckpt")
+    uninterrupted = train(config=str(path), block=AUTO, steps=5, save_after=2, checkpoint_dir=folder, **options)
+    resumed = train(config=str(path), block=AUTO, steps=3, resume=True, checkpoint_dir=folder, **options)
+    assert resumed.loss_bits == uninterrupted.loss_bits[2:]
+    assert resumed.result["weights_sha256"] == uninterrupted.result["weights_sha256"]
+
+
 def test_resume_with_the_trainers_two_parameter_groups_gives_the_uninterrupted_runs_bits(train, tmp_path):
     """Hugging Face's Trainer hands DeepSpeed two parameter groups (weight decay for weights, none for biases and
     layer norms): stage 3 makes sub-groups per group, each stepped with its group's settings."""

@@ -36,8 +36,8 @@ More things a resume loses or stops at, in stock DeepSpeed too (a resume then di
 - DeepSpeedCPUAdam's C++ optimizer keeps beta1^t and beta2^t as running products, one multiplication per step. A
   fresh process (or an engine at another step) recomputes them with ``pow`` at its first update, which differs in
   the last bits: every loss from the second resumed step on differs. tencache replays the products
-  (``replay_adam_step_products``), with the optimizer on NVMe or on cpu; not after a universal load, which resumes
-  as stock CPU offload's does (install.py ``load_checkpoint_exactly`` says why).
+  (``replay_adam_step_products``, adam_beta_products.py), with the optimizer on NVMe or on cpu; not after a
+  universal load, which resumes as stock CPU offload's does (install.py ``load_checkpoint_exactly`` says why).
 - With parameters on NVMe and the optimizer on cpu, stage 3's ``_rigid_load_state_dict`` stops with
   ``'NoneType' object has no attribute 'data'`` (it copies the masters into flat 16-bit partitions that do not exist
   when parameters are on file). tencache rebuilds the parameters from the loaded masters as a step does
@@ -66,6 +66,7 @@ from deepspeed.runtime.swap_tensor.optimizer_utils import OptimizerSwapper
 
 from ...io.stale_files import hidden_name
 from ...log import logger
+from .adam_beta_products import replay_beta_products
 from .optimizer_swapper import TencacheOptimizerSwapper
 from .swap_files import ADOPTING_KIND, SWAP_FILE_NAME, LoadPlaces, sub_group_order, swap_file_name
 from .reporting import param_swappers_of_optimizer
@@ -276,51 +277,23 @@ def regather_persistent_parameters(optimizer) -> None:
     optimizer.checkpoint_event_epilogue()
 
 
-_DUMMY_NUMEL = 64  # what the C++ step is given while its beta products are replayed (any size would do)
-
-
-def replay_adam_step_products(optimizer) -> int:
-    """Give DeepSpeedCPUAdam's C++ optimizer the beta1^t, beta2^t an uninterrupted run has after the loaded steps.
-
-    The C++ side (csrc/includes/cpu_adam.h ``IncrementStep``) multiplies its products by beta once per step when
-    steps come one after another, and recomputes them with ``pow`` when a step number jumps, which is what the first
-    update after a load sees; ``pow`` and the running product differ in the last bits. This resets it (a step 0 with
-    other betas: ``pow(x, 0)`` is exactly 1) and replays the step numbers each sub-group was updated with, in
-    sub-group order, on a scratch tensor (``step_product_calls``). Returns the number of calls made."""
+def replay_adam_step_products(engine, load_path) -> int:
+    """After a load of the optimizer's state: DeepSpeedCPUAdam's C++ optimizer is given the beta products the
+    uninterrupted run has (adam_beta_products.py: a fresh process recomputes them with ``pow``, which differs in
+    the last bits). Returns the number of C++ calls made."""
     from deepspeed.ops.adam import DeepSpeedCPUAdam  # here: importing deepspeed.ops runs tencache's install hook
 
+    optimizer = engine.optimizer
     base = getattr(optimizer, "optimizer", None)
     if not isinstance(base, DeepSpeedCPUAdam) or not tencache_runs(optimizer):
         return 0
-    sub_groups = []  # (its step count, its param group), in the order stage 3 steps them
+    sub_groups = []  # (its step count, its betas, its eps), in the order stage 3 steps them
     for sub_group_id, master in enumerate(optimizer.fp32_partitioned_groups_flat):
         group = base.param_groups[optimizer.sub_group_to_group_id[sub_group_id]]
-        sub_groups.append((int(base.state[master].get("step", 0)) if master in base.state else 0, group))
-    calls = step_product_calls([(step, tuple(group["betas"]), group["eps"]) for step, group in sub_groups])
-    scratch = [torch.zeros(_DUMMY_NUMEL) for _ in range(4)]  # params, grads, exp_avg, exp_avg_sq
-    reset_betas = (float("nan"), float("nan"))  # differs from any beta: the branch that sets the step as given
-    base.ds_opt_adam.adam_update(base.opt_id, 0, 0.0, *reset_betas, 1e-8, 0.0, False, *scratch)
-    for step, (beta1, beta2), eps in calls:
-        base.ds_opt_adam.adam_update(base.opt_id, step, 0.0, beta1, beta2, eps, 0.0, False, *scratch)
-    return len(calls)
-
-
-def step_product_calls(sub_groups) -> list:
-    """The C++ optimizer's calls (step, betas, eps) that leave its beta products as an uninterrupted run's, after a
-    reset, for sub-groups given as (step count, betas, eps) in the order stage 3 steps them: each step number from 1
-    to the largest, for every sub-group updated that many times or more, in order; less the calls the C++ side
-    returns from unchanged (``IncrementStep``: the step it is at, with the betas it has), which are all but the
-    first of each step where the sub-groups share their betas. A resume after 100 000 steps of 70 sub-groups made
-    7 million calls, about 10 s of a silent stall on this VM (1.4 us a call, measured; helper-172 guessed minutes);
-    it makes 100 000."""
-    last = max((step for step, _betas, _eps in sub_groups), default=0)
-    calls, at_step, at_betas = [], 0, None  # where the C++ side is (after the reset: other betas than any)
-    for step in range(1, last + 1):
-        for saved_step, betas, eps in sub_groups:
-            if saved_step >= step and (step, betas) != (at_step, at_betas):
-                calls.append((step, betas, eps))
-                at_step, at_betas = step, betas
-    return calls
+        step = int(base.state[master].get("step", 0)) if master in base.state else 0
+        sub_groups.append((step, tuple(group["betas"]), group["eps"]))
+    _zero_file, zero_state = load_zero_state(engine, os.path.dirname(load_path))
+    return replay_beta_products(base, zero_state, sub_groups)
 
 
 def rigid_load_with_params_on_file(rigid_load_state_dict):

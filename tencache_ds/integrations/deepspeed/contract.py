@@ -194,6 +194,11 @@ REBINDINGS = (
     Rebinding(STAGE3, "get_hp_param_device", "reading_full_state_before_release", wraps=True,
               why="offload_states asks where a state lives: stage 3 swaps the sub-group in for it, so a state key the "
                   "optimizer lacks raises before the release, as in the getters; lent without its gradient"),
+    Rebinding(STAGE3, "state_dict", "saving_beta_products", wraps=True,
+              why="DeepSpeedCPUAdam's C++ beta products follow from the step they were last recomputed at (a "
+                  "scheduler cycling the betas recomputes them every step), which no optimizer state records: the "
+                  "ZeRO file keeps it beside stage 3's own keys, which stock's load reads by name "
+                  "(adam_beta_products.py)"),
     Rebinding(STAGE3, "_rigid_load_state_dict", "rigid_load_with_params_on_file", wraps=True,
               why="stock's ZeRO-file load with parameters on file and the optimizer on cpu stops ('NoneType' object "
                   "has no attribute 'data'): the parameters are rebuilt from the loaded masters as a step does "

@@ -32,10 +32,11 @@ from ...errors import TencacheError
 from ...ext_lock import raise_if_stale_locks
 from . import contract, reporting
 from .agreement import raised_on_every_rank
+from .adam_beta_products import record_beta_products, with_products_saved
 from .checkpoint import (adopt_loaded_files, loading_checkpoint, masters_from_loaded_weights,
                          refresh_masters_swapping_in, regather_persistent_parameters, replay_adam_step_products,
                          restore_optimizer_scalars, restore_unswapped_masters, restoring_masters_from_files,
-                         rigid_load_with_params_on_file)
+                         rigid_load_with_params_on_file, tencache_runs)
 from .checkpoint_save import saving_masters, swap_files_linked
 from .config_bridge import DEEPSPEED_OPS, building_stage3, find_stage3_optimizer, initializing, validate_ds_config
 from .config_source import ds_config_of_initialize_call
@@ -220,8 +221,19 @@ def _building_with_config(init):
             swapper.add_user()
         reporting.attach_step_meter(self)
         attach_norm_scratch(self)  # after the governor: it marks an optimizer tencache swaps for
+        if tencache_runs(self):  # its C++ beta products, for a resume to give them back (adam_beta_products.py)
+            record_beta_products(getattr(self, "optimizer", None))
 
     return init_with_config_and_meter
+
+
+def _saving_beta_products(state_dict):
+    """stage 3's state dict (the ZeRO file's) with the C++ beta products' state beside it (adam_beta_products.py)."""
+    @functools.wraps(state_dict)
+    def state_dict_with_beta_products(self, *args, **kwargs):
+        return with_products_saved(state_dict(self, *args, **kwargs), getattr(self, "optimizer", None))
+
+    return state_dict_with_beta_products
 
 
 def _marking_step(step):
@@ -381,7 +393,7 @@ def _restoring_optimizer_scalars(load_checkpoint):
             # not after a universal load (DeepSpeed's way to another world size, whose gradient reduction gives other
             # bits than the run that saved in any case): it resumes as stock CPU offload's universal load does
             if not self.load_universal_checkpoint():
-                replay_adam_step_products(self.optimizer)
+                replay_adam_step_products(self, result[0])
         elif result[0] is not None:
             masters_from_loaded_weights(self.optimizer)
         if result[0] is not None:  # (a load that found no checkpoint changed nothing)
@@ -462,6 +474,7 @@ REPLACEMENTS = {
     "building_with_config": _building_with_config,
     "ending_steps": _ending_steps,
     "marking_step": _marking_step,
+    "saving_beta_products": _saving_beta_products,
     "governing_host_memory": _governing_host_memory,
     "writing_owed_masters_first": _writing_owed_masters_first,
     "gathering_after_owed_masters": _gathering_after_owed_masters,
