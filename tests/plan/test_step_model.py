@@ -1936,3 +1936,34 @@ def test_max_in_cpu_keeps_whole_sub_groups_in_order_and_none_after_the_first_tha
     assert not any(kept) and work.params_in_host_memory_elements == sizes[0] - 1
     kept, work = off_nvme(sizes[0] + sizes[1] - 1)  # the first fits, the second not: only the first
     assert kept[0] and not any(kept[1:])
+
+
+@pytest.mark.parametrize("param_device", ["cpu", "none"])
+def test_no_device_tier_is_predicted_where_the_parameters_are_not_on_nvme(param_device):
+    """Regression test (helper-223): the run builds its device tier over tencache's parameter swapper only
+    (coordinator.py), which exists where the parameters are on NVMe; with offload_param "cpu" the estimate gave
+    llama-7b a 35.6 GiB tier, 95.7% device hits and 0.10x stock's step."""
+    config = ds_config(device_cache_bytes="auto")
+    config["zero_optimization"]["offload_param"]["device"] = param_device
+    gpu = this_vm(accelerator_is_host=False, accelerator_memory_bytes=80 * GIB)
+    prediction = predict(workload(config=config), gpu)[TENCACHE]
+    assert prediction.budgets["device_cache_bytes"] == 0
+    assert not prediction.device_hit_rate
+
+
+def test_the_optimizer_on_cpu_keeps_a_gradient_buffer_in_the_masters_dtype_for_each_sub_group():
+    """Regression test (helper-223): with offload_optimizer "cpu" stage 3 gives every sub-group a gradient buffer of
+    its own in the masters' dtype, pinned with the optimizer's pin_memory, kept for the run
+    (initialize_optimizer_states); neither model counted it (llama-7b on a 4090's host: 25 GiB, "fits: yes")."""
+    config = ds_config("stock-cpu.json")
+    config["zero_optimization"]["offload_param"] = {"device": "nvme", "nvme_path": "/tmp/x", "pin_memory": True}
+    gpu = this_vm(accelerator_is_host=False, accelerator_memory_bytes=80 * GIB)
+    for pin in (True, False):
+        config["zero_optimization"]["offload_optimizer"]["pin_memory"] = pin
+        work = workload(config=config)
+        buffers = work.rank_elements * work.zero.precision.master_bytes
+        gradients = work.rank_elements * work.zero.grad_accum_bytes  # stage 3's gradient partitions, as pinned
+        for policy, prediction in predict(work, gpu).items():
+            assert prediction.memory["pinned"] >= (buffers + gradients if pin else 0), (policy, pin)
+            states = work.rank_elements * 12
+            assert prediction.memory["pageable"] >= states + (0 if pin else buffers + gradients), (policy, pin)

@@ -207,6 +207,12 @@ def _stock_memory(workload: Workload, machine: Machine) -> Dict[str, int]:
     elif zero.offload_optimizer == "cpu":
         states = workload.rank_elements * optimizer_state_bytes_per_element(zero)
         pageable += states  # never pinned: stage 3 copies the masters (``.to().clone()``), Adam's state is its own
+        # and each sub-group's gradient in the masters' dtype, a buffer of its own kept for the run, pinned with the
+        # optimizer's pin_memory (stage3.py initialize_optimizer_states; helper-223: 25 GiB of llama-7b uncounted)
+        if zero.optimizer_pin_memory:
+            through_accelerator += workload.rank_elements * zero.precision.master_bytes
+        else:
+            pageable += workload.rank_elements * zero.precision.master_bytes
         # the same initialisation, in memory
         pageable += init_outside_pool_bytes(workload, machine, reduce_views=False)
     if zero.offload_optimizer != "none" and zero.optimizer_pin_memory:

@@ -133,9 +133,11 @@ def tencache_plan(workload: Workload, machine: Machine) -> TencachePlan:
     if machine.accelerator_is_host and not aliasing:
         device_free = governed.available_bytes // max(1, machine.ranks_per_node)
         device_rise = rise
+    # the tier keeps what tencache's parameter swapper gathers: none where the parameters are not on NVMe (the run
+    # builds no tier then: coordinator.py; a tier of 35 GiB was predicted, and its hits, with offload_param "cpu")
     device = device_tier_budget(config.device_cache_bytes, aliasing, param_capacity, device_free,
                                 AUTO_DEVICE_CACHE_FRACTION, step_peak_rise_bytes=device_rise) \
-        if config.device_cache_bytes != 0 else 0
+        if config.device_cache_bytes != 0 and zero.offload_param == "nvme" else 0
     # integrations/deepspeed/master_write_behind.py: with the update's writes behind it, a master its partitions
     # hold (in host memory or on their own files) is owed to its file from the update that changed both, never
     # written in a step; the next update fills it from the partitions: copied where they are in host memory, else
@@ -718,6 +720,12 @@ def _memory_with(workload: Workload, machine: Machine, plan: TencachePlan, param
     elif zero.offload_optimizer == "cpu":
         states = workload.rank_elements * optimizer_state_bytes_per_element(zero)
         pageable += states  # never pinned: stage 3 copies the masters (``.to().clone()``), Adam's state is its own
+        # and each sub-group's gradient in the masters' dtype, a buffer of its own kept for the run, pinned with the
+        # optimizer's pin_memory (stage3.py initialize_optimizer_states; helper-223: 25 GiB of llama-7b uncounted)
+        if zero.optimizer_pin_memory:
+            through_accelerator += workload.rank_elements * zero.precision.master_bytes
+        else:
+            pageable += workload.rank_elements * zero.precision.master_bytes
     if deepspeed_pins(machine):
         pinned += through_accelerator
     else:  # the same bytes, none of them page-locked (costs.deepspeed_pins)
