@@ -254,6 +254,14 @@ class ZeroSettings:
                 raise TencacheConfigError(f"{source}: {path}.{key} must be a finite non-negative number, got {value!r}")
             return int(value)
 
+        ratio = offload_optimizer.get("ratio", 1.0)
+        if device(offload_optimizer, "offload_optimizer") == "cpu" and not (
+                isinstance(ratio, (int, float)) and not isinstance(ratio, bool) and ratio >= 1):
+            # ZeRO-Offload++: the first sub-groups' masters, state and gradients on the device (stage3.py), 16 B an
+            # element neither model places there (helper-223: "fits" on a card it would not fit)
+            raise TencacheConfigError(f"{source}: zero_optimization.offload_optimizer.ratio {ratio!r} (a part of the "
+                                      "optimizer on the device, ZeRO-Offload++) is not modelled: estimate with ratio "
+                                      "1, all of it on cpu")
         z, p, o = "zero_optimization", "zero_optimization.offload_param", "zero_optimization.offload_optimizer"
         return cls(
             offload_param=device(offload_param, "offload_param"),

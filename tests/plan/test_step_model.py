@@ -1461,6 +1461,14 @@ def test_a_ds_config_the_model_cannot_describe_names_the_key():
     config["zero_optimization"]["offload_param"]["device"] = "disk"
     with pytest.raises(TencacheConfigError, match="offload_param.device must be nvme, cpu or none"):
         ZeroSettings.from_ds_config(config, source="ds.json")
+    # ZeRO-Offload++ puts part of the optimizer on the device, which neither model places (helper-223)
+    config = ds_config("stock-cpu.json")
+    config["zero_optimization"]["offload_optimizer"]["ratio"] = 0.3
+    with pytest.raises(TencacheConfigError, match=r"ds.json: zero_optimization.offload_optimizer.ratio 0.3 .* is not "
+                                                  r"modelled"):
+        ZeroSettings.from_ds_config(config, source="ds.json")
+    config["zero_optimization"]["offload_optimizer"]["ratio"] = 1.0
+    ZeroSettings.from_ds_config(config, source="ds.json")
 
 
 # ------------------------------------------------------------------------------------------- a saved profile
