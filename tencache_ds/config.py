@@ -63,7 +63,8 @@ class TencacheConfig(BaseModel):
     partition, so the tier is carved out of the parameters' share of host_cache_bytes (counted once; a size given
     here is capped by that share); at several ranks it is this rank's share of the available host memory. Ranks use
     the smallest budget any of them has (which parameters are kept decides which all-gathers run). 0 = off
-    (DeepSpeed's own release rules)."""
+    (DeepSpeed's own release rules). The tier keeps what tencache reads from NVMe: with offload_param.device other
+    than "nvme" there is none, and a size given here is refused."""
 
     metrics_path: Optional[str] = None
     """Where per-step metrics are appended as JSON lines, one object per optimizer step (schema "tencache.metrics/9":

@@ -11,10 +11,10 @@ arm trains for nothing.
 """
 from typing import Any, List, Optional, Tuple
 
-from .config import CONFIG_KEY
+from .config import AUTO, CONFIG_KEY, config_of_ds_dict
 from .config_checks import check_swap_folder
 from .errors import TencacheConfigError
-from .plan.workload import MAX_INTRA_OP_PARALLELISM, check_aio_settings, optimizer_precision
+from .plan.workload import MAX_INTRA_OP_PARALLELISM, check_aio_settings, lax_bool, optimizer_precision
 
 # DeepSpeed's sections that reject unknown keys (pydantic extra="forbid"), or ignore them ("aio"): a "tencache"
 # block there is a misplaced top-level block (deepspeed-integration.md, e).
@@ -52,9 +52,31 @@ def check_zero_sections_but_folders(raw: dict) -> List[Tuple[str, dict]]:
         raise TencacheConfigError(f'aio.use_gds: true puts swap buffers in GPU memory, which tencache does not '
                                   f'manage: remove it, {DISABLE_HINT}')
     _check_secondary_partitions(zero, nvme_sections)
+    _check_device_tier(raw, nvme_sections)
     _check_super_offload(nvme_sections)
     _check_optimizer_state_dtype(raw, nvme_sections)
     return nvme_sections
+
+
+def _nearly_the_block(letters: str) -> bool:
+    """``letters`` (a key's, lower case) spell the block's name, with "ds" after it, or within two letters typed
+    wrong, left out, added or swapped ("tencahce", "tencach": helper-225). No DeepSpeed key comes that near."""
+    if letters in (CONFIG_KEY, CONFIG_KEY + "ds"):
+        return True
+    return abs(len(letters) - len(CONFIG_KEY)) <= 2 and _edits(letters, CONFIG_KEY) <= 2
+
+
+def _edits(a: str, b: str) -> int:
+    """Letters changed, left out, added, or two side by side swapped, to turn ``a`` into ``b``."""
+    rows = [list(range(len(b) + 1))]
+    for i in range(1, len(a) + 1):
+        row = [i] + [0] * len(b)
+        for j in range(1, len(b) + 1):
+            row[j] = min(rows[i - 1][j] + 1, row[j - 1] + 1, rows[i - 1][j - 1] + (a[i - 1] != b[j - 1]))
+            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
+                row[j] = min(row[j], rows[i - 2][j - 2] + 1)
+        rows.append(row)
+    return rows[-1][-1]
 
 
 def reject_nested_blocks(raw: dict) -> None:
@@ -64,7 +86,7 @@ def reject_nested_blocks(raw: dict) -> None:
     stock: helper-161's review)."""
     for key in raw:  # (not "_tencache", "//tencache", "tencache_", "tencache2": ways of switching the block off)
         if isinstance(key, str) and key != CONFIG_KEY and key[:1].isalpha() and key[-1:].isalpha() and \
-                "".join(filter(str.isalpha, key.lower())) in (CONFIG_KEY, CONFIG_KEY + "ds"):
+                _nearly_the_block("".join(filter(str.isalpha, key.lower()))):
             raise TencacheConfigError(
                 f'{key}: the block is spelled "{CONFIG_KEY}" (DeepSpeed ignores "{key}", and the run would be stock '
                 f'DeepSpeed): rename it')
@@ -146,13 +168,26 @@ def secondary_partitions_on_nvme(zero: dict) -> Optional[str]:
             f'parameters to "cpu" (the optimizer state can stay on NVMe)')
 
 
+def _check_device_tier(raw: dict, nvme_sections: List[Tuple[str, dict]]) -> None:
+    """A device tier asked for in bytes needs the parameters on NVMe: it keeps what tencache's parameter swapper
+    gathers, and there is none otherwise (coordinator.py). It was ignored without a word (helper-225)."""
+    asked = (raw.get(CONFIG_KEY) or {}).get("device_cache_bytes") if isinstance(raw.get(CONFIG_KEY), dict) else None
+    if asked is None or config_of_ds_dict(raw).device_cache_bytes in (AUTO, 0):
+        return
+    if not any(key == "zero_optimization.offload_param" for key, _section in nvme_sections):
+        raise TencacheConfigError(
+            f"{CONFIG_KEY}.device_cache_bytes {asked!r}: the device tier keeps the parameters tencache reads from "
+            'NVMe, and zero_optimization.offload_param.device is not "nvme" here: there is no tier to size. Remove '
+            'the key (or set it to 0), or put the parameters on NVMe')
+
+
 def _check_super_offload(nvme_sections: List[Tuple[str, dict]]) -> None:
     """SuperOffload (``offload_optimizer.super_offload``) builds DeepSpeed's SuperOffloadOptimizer_Stage3, whose
     ``partition_grads`` copies each gradient into its sub-group's fp32 ``.grad`` without swapping it in: with the
     optimizer on NVMe that gradient is None once the sub-group was swapped out, and the first accumulation boundary
     stops with AttributeError mid-backward, stock's swapper and tencache's alike (helper-206)."""
     for key, section in nvme_sections:
-        if key == "zero_optimization.offload_optimizer" and section.get("super_offload"):
+        if key == "zero_optimization.offload_optimizer" and lax_bool(section.get("super_offload", False)):
             raise TencacheConfigError(
                 f"{key}.super_offload: SuperOffload steps the optimizer from fp32 gradients it never swaps in, so "
                 f'it cannot keep the optimizer state on NVMe ({key}.device "nvme"): set super_offload to false, or '

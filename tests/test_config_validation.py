@@ -194,6 +194,10 @@ CASES = [
     Case("aio-not-object", '"aio" is not an object', _set("aio", True), "aio"),
     Case("hpz-params-on-nvme", "ZeRO++ hpZ (`zero_hpz_partition_size` > 1) with the parameters on NVMe",
          _set("zero_optimization", "zero_hpz_partition_size", 2), "zero_optimization.zero_hpz_partition_size"),
+    Case("device-tier-params-not-on-nvme", "`device_cache_bytes` in bytes with the parameters not on NVMe (no tier "
+         "to size)", lambda config, tmp: (config["tencache"].update(device_cache_bytes="1GiB"),
+                                           config["zero_optimization"]["offload_param"].update(device="cpu")),
+         "tencache.device_cache_bytes"),
     Case("super-offload-nvme", "SuperOffload (`offload_optimizer.super_offload`) with the optimizer on NVMe",
          offload("offload_optimizer", super_offload=True), "zero_optimization.offload_optimizer.super_offload"),
     Case("bf16-masters-fp32-state", "bf16 masters (`bf16_master_weights_and_grads`) with the optimizer on NVMe "
@@ -331,6 +335,10 @@ def test_reliability_doc_is_current(tmp_path):
     {"bf16": dict(BF16_MASTERS, bf16_optimizer_states=True)},  # the state in bf16, as the masters
     {"optimizer": {"type": "AdamW", "params": {"fp32_optimizer_states": False}}},  # the same, asked of the optimizer
     {"zero_optimization.offload_optimizer": {"device": "cpu"}},  # the optimizer state not on NVMe
+    # flags given as strings, as DeepSpeed's pydantic reads them (helper-225: "true" was false, "false" true)
+    {"bf16": dict(BF16_MASTERS, bf16_optimizer_states="true")},
+    {"bf16": dict(BF16_MASTERS, bf16_master_weights_and_grads="false")},
+    {"optimizer": {"type": "AdamW", "params": {"fp32_optimizer_states": "false"}}},
 ])
 def test_bf16_masters_pass_where_the_state_is_bf16_or_not_on_nvme(edit, tmp_path):
     config = valid_config(str(tmp_path))
@@ -342,6 +350,14 @@ def test_bf16_masters_pass_where_the_state_is_bf16_or_not_on_nvme(edit, tmp_path
             config["optimizer"]["params"].update(value["params"])
         else:
             config[key] = value
+    validate_ds_config(config, MACHINE)
+
+
+def test_super_offload_given_as_the_string_false_is_off(tmp_path):
+    """Regression test (helper-225): "false" is False to DeepSpeed's pydantic; read as truthy, SuperOffload was
+    refused on NVMe where the config turned it off."""
+    config = valid_config(str(tmp_path))
+    config["zero_optimization"]["offload_optimizer"]["super_offload"] = "false"
     validate_ds_config(config, MACHINE)
 
 
@@ -381,7 +397,8 @@ def test_a_device_budget_above_the_devices_memory_is_refused_on_a_gpu(monkeypatc
     validate_ds_config(config, machine=MACHINE)
 
 
-@pytest.mark.parametrize("key", ["TenCache", "ten cache", "Ten.Cache", "tencache_ds"])
+@pytest.mark.parametrize("key", ["TenCache", "ten cache", "Ten.Cache", "tencache_ds",
+                                 "tencahce", "tencach", "tenache", "tencashe"])  # (typed wrong: helper-225)
 def test_a_misspelled_block_is_refused(key, tmp_path):
     config = valid_config(str(tmp_path))
     config[key] = config.pop("tencache")
@@ -396,6 +413,17 @@ def test_a_block_switched_off_by_renaming_it_is_no_misspelling(key, tmp_path):
     config = valid_config(str(tmp_path))
     config[key] = config.pop("tencache")
     assert not validate_ds_config(config, machine=MACHINE).enabled
+
+
+def test_no_deepspeed_key_counts_as_a_misspelled_block():
+    """Every top-level key DeepSpeed's config names (runtime/constants.py, and sections it reads by their own
+    modules) is none of the block's misspellings: a config with it is not refused for it."""
+    import deepspeed.runtime.constants as constants
+    from tencache_ds.zero_sections import _nearly_the_block
+    keys = {value for name, value in vars(constants).items() if name.isupper() and isinstance(value, str)}
+    keys |= {"tensorboard", "tensor_parallel", "csv_monitor", "wandb", "comet", "compile", "aio", "elasticity",
+             "autotuning", "flops_profiler", "compression_training", "data_efficiency", "hybrid_engine", "nebula"}
+    assert [key for key in keys if _nearly_the_block("".join(filter(str.isalpha, key.lower())))] == []
 
 
 def _check_output_file_repeatedly(barrier, path: str, rounds: int, errors) -> None:

@@ -133,12 +133,12 @@ def optimizer_precision(ds_config: Mapping[str, Any]) -> OptimizerPrecision:
     section = next((key for key in ("bf16", "bfloat16") if isinstance(ds_config.get(key), Mapping)), "bf16")
     bf16 = ds_config.get(section) if isinstance(ds_config.get(section), Mapping) else {}
     fp16 = ds_config.get("fp16") if isinstance(ds_config.get("fp16"), Mapping) else {}
-    if bf16.get("bf16_master_weights_and_grads"):
+    if lax_bool(bf16.get("bf16_master_weights_and_grads", False)):  # ("false" is False, as DeepSpeed reads it)
         master_key = f"{section}.bf16_master_weights_and_grads"
         remedy = (f'set "bf16_optimizer_states": true in "{section}" (the state in bf16, as stock CPU offload runs '
                   f'it) or "fp32_optimizer_states": false in optimizer.params')
-        fp32_states_default = not bf16.get("bf16_optimizer_states")
-    elif fp16.get("fp16_master_weights_and_grads"):
+        fp32_states_default = not lax_bool(bf16.get("bf16_optimizer_states", False))
+    elif lax_bool(fp16.get("fp16_master_weights_and_grads", False)):
         master_key = "fp16.fp16_master_weights_and_grads"
         remedy = 'set "fp32_optimizer_states": false in optimizer.params (the state in fp16)'
         fp32_states_default = True
@@ -149,7 +149,7 @@ def optimizer_precision(ds_config: Mapping[str, Any]) -> OptimizerPrecision:
     params = optimizer.get("params") if isinstance(optimizer.get("params"), Mapping) else {}
     cpu_adam = optimizer_type in DEEPSPEED_CPU_ADAM_TYPES and not params.get("torch_adam")
     asked = params.get("fp32_optimizer_states")
-    fp32_states = cpu_adam and fp32_states_default and (asked is None or bool(asked))
+    fp32_states = cpu_adam and fp32_states_default and (asked is None or lax_bool(asked))
     return OptimizerPrecision(2, 4 if fp32_states else 2, master_key, remedy, **state)
 
 
