@@ -62,8 +62,8 @@ def check_output_paths(config: TencacheConfig) -> None:
     """metrics_path and profile_path: files tencache creates (with their folders) during the run."""
     for key in ("metrics_path", "profile_path"):
         path = getattr(config, key)
-        if path:
-            check_output_file(f"{CONFIG_KEY}.{key}", path)
+        if path:  # the profile is replaced whole (a file written beside it, renamed over it: profile/store.py)
+            check_output_file(f"{CONFIG_KEY}.{key}", path, replaced=key == "profile_path")
     if config.metrics_path and config.profile_path and \
             os.path.abspath(config.metrics_path) == os.path.abspath(config.profile_path):
         raise TencacheConfigError(
@@ -71,9 +71,11 @@ def check_output_paths(config: TencacheConfig) -> None:
             f"the metrics lines would corrupt the profile; give them different names")
 
 
-def check_output_file(key: str, path: str) -> None:
+def check_output_file(key: str, path: str, replaced: bool = False) -> None:
     """``path`` is a file we may create or append to (its missing folders are created by the writer): tried by
-    creating its missing folders and a probe file beside it, all removed again."""
+    creating its missing folders and a probe file beside it, all removed again. ``replaced``: a file written beside
+    it and renamed over it, so its folder must take a new file even where it exists (helper-225: an existing
+    profile, writable, in a folder that was not passed, and every save of it failed with a warning)."""
     _refuse_nul(key, path)
     refuse_tilde(key, path, "tencache would write into")
     absolute = os.path.abspath(path)
@@ -88,7 +90,8 @@ def check_output_file(key: str, path: str) -> None:
                                         f"fix its permissions or choose another path")
         _try_writing(key, path, "cannot open it for appending",
                      lambda: open(absolute, "ab").close())  # appends nothing: the file is unchanged
-        return
+        if not replaced:
+            return
     folder = os.path.dirname(absolute)
     _check_creatable(key, path, folder)
     _check_name_length(key, path, folder, os.path.basename(absolute))

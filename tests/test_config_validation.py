@@ -465,3 +465,27 @@ def test_an_output_file_name_longer_than_the_file_system_takes_is_refused(tmp_pa
         check_output_file("tencache.metrics_path", str(tmp_path / "runs" / ("x" * 266 + ".jsonl")))
     check_output_file("tencache.metrics_path", str(tmp_path / "runs" / ("x" * 200 + ".jsonl")))
     assert files_under(str(tmp_path)) == []
+
+
+def test_an_existing_profile_in_a_folder_that_takes_no_new_file_is_refused(tmp_path):
+    """Regression test (helper-225): the profile is replaced whole (written beside, renamed over); an existing profile
+    file, writable, in a folder that takes no new file passed the check, and every save of it failed with a warning.
+    An existing metrics file, appended to, needs no more than itself."""
+    import subprocess
+    from tencache_ds.config import config_of_ds_dict
+    from tencache_ds.config_checks import check_output_paths
+    from tencache_ds.errors import TencacheResourceError
+    folder = tmp_path / "kept"
+    folder.mkdir()
+    for name in ("profile.json", "metrics.jsonl"):
+        (folder / name).write_text("{}\n")
+    if subprocess.run(["chattr", "+i", str(folder)], capture_output=True).returncode != 0:
+        pytest.skip("chattr +i is refused here (it is where the suite runs as root on ext4/XFS)")
+    try:
+        metrics = config_of_ds_dict({"tencache": {"metrics_path": str(folder / "metrics.jsonl")}})
+        check_output_paths(metrics)
+        profile = config_of_ds_dict({"tencache": {"profile_path": str(folder / "profile.json")}})
+        with pytest.raises(TencacheResourceError, match=r"tencache.profile_path = .* cannot create files in"):
+            check_output_paths(profile)
+    finally:
+        subprocess.run(["chattr", "-i", str(folder)], capture_output=True)
