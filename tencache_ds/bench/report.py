@@ -168,6 +168,30 @@ def least_bytes_ratio(moved: Value, least: Optional[LeastBytes], source: str) ->
                                  f"{fmt_bytes(least.write_bytes)} written) for {source}")
 
 
+def _moved_over_own_least(runs: Sequence[BenchRun], own: Dict[str, Dict[str, list]], warmup_steps: int,
+                          no_least: str) -> Tuple[Optional[float], str]:
+    """tencache's bytes moved per step over the least, each run's median over its own least (the least follows the
+    budgets a run chose: repeats whose "auto" budgets differed were set one run's bytes over another's least,
+    helper-226), then the median over the runs; none where any run has no ratio (its note is said)."""
+    if not runs:
+        return least_bytes_ratio(None, None, no_least)
+    found = []
+    for run in runs:
+        stores, source = run_least_bytes(run, warmup_steps)
+        read, write = (_median(_measured(own[direction][run.label], warmup_steps)) for direction in ("read", "write"))
+        moved = read + write if is_number(read) and is_number(write) else None
+        found.append(least_bytes_ratio(moved, sum(stores.values(), LeastBytes(0, 0, 0, 0, 0, 0)) if stores else None,
+                                       source))
+    missing = [note for ratio, note in found if ratio is None]
+    if missing:
+        return None, missing[0]
+    if len(found) == 1:
+        return found[0]
+    each = ", ".join(f"{ratio:.2f}" for ratio, _note in found)
+    return _median([ratio for ratio, _note in found]), \
+        f"the median of {len(found)} runs' own ratios ({each}); the first: {found[0][1]}"
+
+
 def compare(runs: Sequence[BenchRun], warmup_steps: int, nvme_bandwidth: Optional[NvmeBandwidth] = None,
             stock_crashed: Optional[str] = None, drive_tbw_bytes: Optional[float] = None,
             ranks_per_drive: int = 1) -> Comparison:
@@ -234,9 +258,7 @@ def compare(runs: Sequence[BenchRun], warmup_steps: int, nvme_bandwidth: Optiona
     own_moved = {direction: per_arm(lambda rs, d=direction: _median([value for run in rs for value in
                                                                     _measured(own[d][run.label], warmup_steps)]))
                  for direction in ("read", "write")}
-    moved = (own_moved["read"][TENCACHE] + own_moved["write"][TENCACHE]
-             if is_number(own_moved["read"][TENCACHE]) and is_number(own_moved["write"][TENCACHE]) else None)
-    vs_least, vs_least_note = least_bytes_ratio(moved, least, least_source)
+    vs_least, vs_least_note = _moved_over_own_least(by_arm[TENCACHE], own, warmup_steps, least_source)
     vs_bound = (step_time[TENCACHE] / bound.seconds if bound.seconds and is_number(step_time[TENCACHE]) else None)
     vs_bound_note = ""
     fastest = min(measured_steps[TENCACHE], default=None)

@@ -34,8 +34,9 @@ from .records import read_json_record
 STOCK = "stock"
 TENCACHE = "tencache"
 ARMS = (STOCK, TENCACHE)
-# Optional third arm (`bench --compare cpu`): stock DeepSpeed with offload device "cpu", same config otherwise --
-# what a user whose host memory holds the model would pick. Its bits must equal stock NVMe's.
+# Optional third arm (`bench --compare cpu`): stock DeepSpeed with offload device "cpu" and DeepSpeed's default
+# stage-3 fetch knobs (train.py --stage3-defaults), the rest of the config as given -- what a user whose host memory
+# holds the model would pick. Its bits must equal stock NVMe's.
 STOCK_CPU = "stock-cpu"
 MISSING = "–"  # the cell of a value an arm does not have
 

@@ -169,7 +169,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "at each arm's measured write rate it lasts (the bytes written per day are reported anyway)")
     bench.add_argument("--no-plots", action="store_true", help="do not draw the figure (dashboard.png)")
     bench.add_argument("--compare", choices=["cpu"], default=None,
-                       help="cpu: add a third arm, stock DeepSpeed with offload device cpu (same config otherwise): "
+                       help="cpu: add a third arm, stock DeepSpeed with offload device cpu and DeepSpeed's default "
+                            "stage-3 fetch knobs (stage3_max_live_parameters, _max_reuse_distance, "
+                            "_prefetch_bucket_size, _param_persistence_threshold; the rest of the config as given): "
                             "the reference for a machine whose host memory holds the model")
 
     profile = subcommands.add_parser(

@@ -611,3 +611,20 @@ def test_the_smallest_least_of_the_repeats_is_chosen_by_the_figure_the_ratio_div
     runs = [types.SimpleNamespace(label="a"), types.SimpleNamespace(label="b")]
     total, stores, source = report.least_bytes_of(runs)
     assert source == "run b" and report.least_total(total) == 11
+
+
+def test_each_repeat_is_set_over_its_own_least_bytes(monkeypatch):
+    """Regression test (helper-226's review): repeats whose "auto" budgets came out differently have other least
+    bytes; the median moved over all repeats was set over the smallest least (the largest budget's), so two runs
+    that each moved exactly their own least showed more than 1.00x. Each run's bytes go over its own least now."""
+    from tencache_ds.plan.least_bytes import LeastBytes
+    first = three_arms()  # 1 GB read + 0.5 GB written a step
+    second = BenchRun("tencache", 2, make_result([2.0] * 4, stats=[{}] * 4, io_read=[GB // 2] * 4, io_write=[0] * 4),
+                      schema_rows(4, read=(GB // 2,), write=(0,), fetch_wait=(0.5,)))  # 0.5 GB read a step
+    leasts = {first[1].label: LeastBytes(GB, GB // 2, 3 * GB // 2, 0, 0, 0),  # each moved its own least
+              second.label: LeastBytes(GB // 2, 0, GB // 2, 0, 0, 0)}
+    monkeypatch.setattr(report, "run_least_bytes",
+                        lambda run, warmup_steps: ({"params": leasts[run.label]}, f"run {run.label}"))
+    row = compare([first[0], first[1], second, first[2]], warmup_steps=1).row(report.ROW_VS_LEAST)
+    assert row.tencache == pytest.approx(1.0), row.note  # 2.0x before: the median 1 GB over the smaller least
+    assert "the median of 2 runs' own ratios (1.00, 1.00)" in row.note
