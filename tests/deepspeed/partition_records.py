@@ -140,6 +140,21 @@ swapper.swap_in([b], async_op=False)
 assert torch.equal(b.ds_tensor, bytes_of(b)) and read(2) is Read.NONE
 swapper.remove_partition_and_release_buffers([b])
 
+# 8d. b is read ahead and its read fails, and nobody asks; the update writes a (another sub-group's partition):
+#     its bytes are written and the step goes on, b's dead read said in the log (helper-221: raised, it stopped the
+#     update before a was written, its master stepped and its partition not)
+path = swapper.get_path(b)
+shutil.move(path, path + ".away")
+read_ahead(b)
+assert read(2) is Read.AHEAD
+swapper.swap_out_partitioned_params([a], [bytes_of(a) + 8])
+swapper.store.wait_writes()
+shutil.move(path + ".away", path)
+swapper.end_optimizer_step()
+swapper.swap_in([a, b], async_op=False)
+assert torch.equal(a.ds_tensor, bytes_of(a) + 8) and read(2) is Read.NONE
+swapper.remove_partition_and_release_buffers([a, b])
+
 # 9. a max_in_cpu swap-in of a partition read ahead: the read is given back, the caller gets its own copy
 read_ahead(c)
 own = torch.empty(NUMEL)
