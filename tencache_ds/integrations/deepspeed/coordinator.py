@@ -149,9 +149,12 @@ class TencacheCoordinator(PartitionedParameterCoordinator):
                 self._release(self._params_by_id[key])
             if not keep:
                 self._release(param, free_data)
-            elif not self.gathers_alias_partitions and self.is_complete_trace():
+            elif not self.gathers_alias_partitions and self.is_complete_trace() and not _gathered_is_partition(param):
                 # within a traced step only: outside one (after an eval pass) a resident may meet a partitioning
-                # that writes into its partition (GatheredParameters with a modifier rank), so it keeps it
+                # that writes into its partition (GatheredParameters with a modifier rank), so it keeps it. Never
+                # where the gathered tensor is the partition's memory (a ZeRO group of one rank inside a larger
+                # world on a host accelerator: the world size said otherwise; helper-221), which a give-back would
+                # hand another partition's read while the tier serves it
                 _give_back_partition(param, getattr(self, _MANGLED + "allgather_stream"))
 
     # ------------------------------------------------------------------------------- our hooks
