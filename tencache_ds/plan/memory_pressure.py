@@ -153,6 +153,9 @@ class MemoryPressurePolicy:
         self._rises: Deque[int] = collections.deque(maxlen=STEP_RISE_WINDOW)
         self._measured_steps = 0
         self._first_reading_done = False
+        # the largest step rise any rank expects (the governor agrees it at each reading): the node's ranks each
+        # keep room for it, so no rank grows into what another's larger rise needs
+        self.agreed_rise_bytes = 0
 
     def observe_step_rise(self, rise_bytes: Optional[int]) -> None:
         """How far anonymous memory rose during the step that just ended (None: not measured). The first measured
@@ -194,7 +197,8 @@ class MemoryPressurePolicy:
     def reserve_bytes(self, total_bytes: int) -> int:
         floor = max(RESERVE_FLOOR_MIN_BYTES, int(total_bytes * RESERVE_FLOOR_FRACTION))
         # memory allocated but untouched is taken by the first step whole: no margin on it
-        return floor + int(self.ranks * (STEP_RISE_MARGIN * self.expected_rise_bytes + self.untouched_bytes))
+        rise = max(self.expected_rise_bytes, self.agreed_rise_bytes)
+        return floor + int(self.ranks * (STEP_RISE_MARGIN * rise + self.untouched_bytes))
 
     def decide(self, total_bytes: int, available_bytes: int, reducible_bytes: int,
                given_back_bytes: int, growable_bytes: int = 0,

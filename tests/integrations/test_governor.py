@@ -761,3 +761,22 @@ def test_the_step_rise_expected_is_left_for_a_device_tier_made_between_readings(
     governor.meter = ScriptedMeter([None])
     governor.before_forward()
     assert coordinator.step_rise_hint_bytes == governor.policy.next_step_bytes
+
+
+def test_every_rank_keeps_room_for_the_largest_step_rise_any_rank_expects():
+    """Regression test (helper-229's review): each rank's reserve counted its own step rise only; a rank whose rise
+    was small (1 GiB) grew into the room another rank's larger rise (3 GiB: rank 0's 16-bit save) needed, and that
+    rank gave its tier back reading after reading until it stopped the job. The first collective of each reading
+    carries the largest rise any rank expects, and every rank's reserve counts it."""
+    agree = OtherRanks(*[[-3 * GiB], [1 << 62], [0]] * 4)
+    governor = HostTierGovernor([], None, None, read_memory=lambda: HostMemory(64 * GiB, 48 * GiB), agree=agree)
+    governor.meter.close()
+    governor.meter = ScriptedMeter([None, 5 * GiB, GiB, GiB])
+    for _ in range(4):
+        governor.before_forward()
+        governor.end_optimizer_step()
+    assert governor.policy.step_rise_bytes == GiB  # its own
+    assert agree.calls[-3] == [-GiB]  # what it says it expects, to the others
+    from tencache_ds.plan.memory_pressure import RESERVE_FLOOR_FRACTION, RESERVE_FLOOR_MIN_BYTES, STEP_RISE_MARGIN
+    floor = max(RESERVE_FLOOR_MIN_BYTES, int(64 * GiB * RESERVE_FLOOR_FRACTION))
+    assert governor.policy.reserve_bytes(64 * GiB) == floor + int(STEP_RISE_MARGIN * 3 * GiB)  # the other's
