@@ -7,7 +7,7 @@
 set -euo pipefail
 PY=${PYTHON:-python3}
 # a path given (PYTHON=.venv/bin/python) is the caller's, absolute from here on: step 3 runs it from / (helper-219)
-case "$PY" in */*) PY="$(cd "$(dirname "$PY")" && pwd)/$(basename "$PY")" ;; esac
+case "$PY" in */*) PY="$(cd "$(dirname "$PY")" 2>/dev/null && pwd || echo "$(dirname "$PY")")/$(basename "$PY")" ;; esac
 cd "$(dirname "$0")/.."
 RUN_BENCH=1
 TEST_OPS=0
@@ -20,7 +20,19 @@ for arg in "$@"; do
 done
 say() { printf '\n== %s\n' "$*"; }
 
-# 0. A system Python that refuses pip installs (PEP 668: Debian 12, Ubuntu 24.04) stops here, before anything is
+# 0. A Python that is not there, or older than the package takes, stops here with what to install (a missing one
+#    was called "the system's Python" below, with an empty name: helper-231).
+if ! command -v "$PY" >/dev/null 2>&1; then
+  echo "setup.sh: no Python at '$PY': install python3 (3.10 or newer), or name one with PYTHON=..." >&2
+  exit 2
+fi
+if ! $PY -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else 1)'; then
+  echo "setup.sh: $PY is Python $($PY -c 'import platform; print(platform.python_version())'); tencache_ds needs" \
+       "3.10 or newer: install one, or name it with PYTHON=..." >&2
+  exit 2
+fi
+
+#    A system Python that refuses pip installs (PEP 668: Debian 12, Ubuntu 24.04) stops here, before anything is
 #    installed, with what to do, instead of at pip's first install with "externally-managed-environment".
 if ! $PY - <<'PYEOF'
 import os, sys, sysconfig
@@ -85,15 +97,19 @@ if ! $PY -c "import torch" 2>/dev/null; then
   fi
 fi
 
-# 3. The package with its native arena and the bench/test extras. torch is already satisfied, so nothing
-#    here can pull another torch build.
+# 3. The package with its native arena and the bench/test extras, the installed torch held as it is: a
+#    dependency that wants a newer one (accelerate's latest over a torch older than 2.6) made pip replace it with
+#    PyPI's CUDA build (helper-231); held, pip picks versions that take this torch, or says which cannot.
 #    Checked from / (from the checkout, Python imports the checkout's tencache_ds, installed or not: helper-215).
 if ! (cd / && $PY -c "import tencache_ds.memory as m, transformers, matplotlib, pytest, xdist, deepspeed, accelerate
 import importlib.metadata, tencache_ds.cli.main
 importlib.metadata.version('tencache-ds')
 assert m.native_available()") 2>/dev/null; then
   say "installing tencache-ds (editable, with its native arena)"
-  $PY -m pip install -q -e ".[bench,test]"
+  HOLD_TORCH="$(mktemp)"
+  $PY -c "import torch; print('torch==' + torch.__version__)" > "$HOLD_TORCH"
+  $PY -m pip install -q -e ".[bench,test]" -c "$HOLD_TORCH"
+  rm -f "$HOLD_TORCH"
 fi
 
 # 4. DeepSpeed JIT-builds its ops on first use (minutes on 2 cores): build them now, once (cached under

@@ -59,11 +59,12 @@ def check_zero_sections_but_folders(raw: dict) -> List[Tuple[str, dict]]:
 
 
 def _nearly_the_block(letters: str) -> bool:
-    """``letters`` (a key's, lower case) spell the block's name, with "ds" after it, or within two letters typed
-    wrong, left out, added or swapped ("tencahce", "tencach": helper-225). No DeepSpeed key comes that near."""
+    """``letters`` (a key's, lower case) spell the block's name, with "ds" after it, or with one letter typed
+    wrong, left out, added, or two swapped ("tencahce", "tencach": helper-225). No DeepSpeed key comes that near;
+    two edits took in "memcache", "tcache" and "no_tencache" (helper-228)."""
     if letters in (CONFIG_KEY, CONFIG_KEY + "ds"):
         return True
-    return abs(len(letters) - len(CONFIG_KEY)) <= 2 and _edits(letters, CONFIG_KEY) <= 2
+    return abs(len(letters) - len(CONFIG_KEY)) <= 1 and _edits(letters, CONFIG_KEY) <= 1
 
 
 def _edits(a: str, b: str) -> int:

@@ -338,7 +338,6 @@ def test_reliability_doc_is_current(tmp_path):
     # flags given as strings, as DeepSpeed's pydantic reads them (helper-225: "true" was false, "false" true)
     {"bf16": dict(BF16_MASTERS, bf16_optimizer_states="true")},
     {"bf16": dict(BF16_MASTERS, bf16_master_weights_and_grads="false")},
-    {"optimizer": {"type": "AdamW", "params": {"fp32_optimizer_states": "false"}}},
 ])
 def test_bf16_masters_pass_where_the_state_is_bf16_or_not_on_nvme(edit, tmp_path):
     config = valid_config(str(tmp_path))
@@ -413,6 +412,15 @@ def test_a_block_switched_off_by_renaming_it_is_no_misspelling(key, tmp_path):
     config = valid_config(str(tmp_path))
     config[key] = config.pop("tencache")
     assert not validate_ds_config(config, machine=MACHINE).enabled
+
+
+@pytest.mark.parametrize("key", ["memcache", "tcache", "no_tencache", "tencache_old"])
+def test_a_key_two_letters_from_the_block_is_no_misspelling(key, tmp_path):
+    """A user's own top-level key is not refused for being near the block's name (helper-228: two edits took in
+    "memcache" and the renames "no_tencache", "tencache_no")."""
+    config = valid_config(str(tmp_path))
+    config[key] = {}
+    validate_ds_config(config, machine=MACHINE)
 
 
 def test_no_deepspeed_key_counts_as_a_misspelled_block():

@@ -28,7 +28,6 @@ import platform
 import re
 import shlex
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -47,6 +46,7 @@ from ..plan.budget import MachineResources
 from ..preflight import checked_block
 from ..units import fmt_bytes, parse_bytes
 from .ds_config_file import read_ds_config
+from .interrupts import interrupting_signals, restore_signals
 
 TRAIN_SCRIPT_ENV = "TENCACHE_BENCH_TRAIN_SCRIPT"
 # What scripts/train.py prints after every optimizer step: "step 3 loss 497.5228 time 0.37s".
@@ -479,10 +479,6 @@ def describe_machine(nvme_path: str, probe) -> Dict[str, str]:
     return machine
 
 
-def _raise_keyboard_interrupt(signum, frame):
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 def write_figure(args, runs: List[report.BenchRun], out_dir: str, title: str
                  ) -> Tuple[Optional[str], str, Tuple[str, ...]]:
     """The dashboard, unless --no-plots or matplotlib is missing. Returns (its path or None, what to say about it,
@@ -566,14 +562,6 @@ def _run(args) -> int:
         folder_lock.let_go(nvme_lock)
 
 
-def interrupting_signals() -> Dict[int, Any]:
-    """SIGTERM and SIGHUP raise KeyboardInterrupt from now on (Ctrl-C's path: the probe and the running child are
-    stopped); returns the handlers they replaced. Not a signal ignored: under nohup a closed terminal must not stop
-    the bench (helper-219)."""
-    return {number: signal.signal(number, _raise_keyboard_interrupt)
-            for number in (signal.SIGTERM, signal.SIGHUP) if signal.getsignal(number) != signal.SIG_IGN}
-
-
 def bench_lock_folder(nvme_path: str) -> str:
     """What a bench holds (io/folder_lock.py) for its whole run: a name inside ``--nvme-path`` (its lock file goes
     beside it, so inside ``--nvme-path`` too: a mount point's parent may take no new file), which no run empties."""
@@ -639,8 +627,7 @@ def _run_holding_the_nvme_path(args, specs: List[RunSpec], config_path: str, ds_
                     stock_crashed = f"{spec.label} exited {spec.returncode}: {_crash_reason(spec.log_path)}"
                     print(f"bench: {stock_crashed}; its log: {spec.log_path}", file=sys.stderr)
     finally:
-        for number, handler in previous_handlers.items():
-            signal.signal(number, handler)
+        restore_signals(previous_handlers)
     total_s = time.perf_counter() - started
 
     finished = [spec for spec in specs if spec.returncode is not None and os.path.exists(spec.result_path)]

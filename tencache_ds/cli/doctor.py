@@ -26,6 +26,7 @@ from .doctor_nvme import (BANDWIDTH_FILE_BYTES, MIN_NVME_FREE_BYTES, NvmePathSta
                           bytes_per_s, check_nvme_path, drive_check, mount_of, nvme_bandwidth, plain_io_bandwidth)
 from .doctor_probe import (AIO_OP, FORCE_NO_AIO_ENV, PROBE_TIMEOUT_S, Probe, _probe_main,  # noqa: F401
                            aio_skip_reason)
+from .interrupts import interrupting_signals, restore_signals
 
 DEFAULT_NVME_PATH = "/tmp/tencache-bench-nvme"  # also the default of `tencache-ds bench --nvme-path`
 
@@ -44,6 +45,7 @@ def run_checks(nvme_path: Optional[str] = None, config_path: Optional[str] = Non
     else:
         path, source = DEFAULT_NVME_PATH, "default"
     state = check_nvme_path(path, source)
+    probe = None
     try:
         measure_here = state.usable and state.enough_space_for_bandwidth
         probe = Probe(want_aio=True, bandwidth_dir=state.path if measure_here else None,
@@ -82,9 +84,13 @@ def run_checks(nvme_path: Optional[str] = None, config_path: Optional[str] = Non
                     bandwidth.message += f" [aio measurement failed: {aio_error[:200]}]"
             except OSError as err:
                 bandwidth = CheckResult("nvme bandwidth", FAIL, f"sequential I/O in {state.path} failed: {err}")
+    except BaseException:  # (Ctrl-C, SIGTERM, a check that raised) the probe runs in a session of its own: stopped,
+        if probe is not None:  # not left measuring the drive beside the next run (helper-231; the bench's rule)
+            probe.stop()
+        raise
     finally:
         state.cleanup()
-    checks = [check_versions(probe), check_accelerator(probe), libaio, check_async_io(probe),
+    checks = [check_versions(probe), check_accelerator(probe, gpus), libaio, check_async_io(probe),
               check_build_locks(probe), native, memlock, host, gpu_check]
     if config_check is not None:
         checks.append(config_check)
@@ -117,9 +123,13 @@ def render(checks: Sequence[CheckResult], elapsed_s: float) -> str:
 def run(args) -> int:
     """`tencache-ds doctor`. Exit code 1 when any check FAILs, else 0."""
     started = time.perf_counter()
-    # Keep stdout for the report alone (a library may print while we check).
-    with contextlib.redirect_stdout(sys.stderr):
-        checks = run_checks(nvme_path=args.nvme_path, config_path=args.config)
+    # Keep stdout for the report alone (a library may print while we check). SIGTERM and SIGHUP take Ctrl-C's path.
+    previous_handlers = interrupting_signals()
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            checks = run_checks(nvme_path=args.nvme_path, config_path=args.config)
+    finally:
+        restore_signals(previous_handlers)
     elapsed_s = time.perf_counter() - started
     if args.json:
         print(json.dumps([check.to_dict() for check in checks], indent=1, default=str))

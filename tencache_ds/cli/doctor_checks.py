@@ -7,7 +7,7 @@ import contextlib
 import dataclasses
 import os
 import platform
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 from .. import ext_lock
 from ..errors import TencacheConfigError, TencacheResourceError
@@ -61,7 +61,10 @@ def check_versions(probe: "Probe") -> CheckResult:
     return CheckResult("versions", OK, text, versions)
 
 
-def check_accelerator(probe: "Probe") -> CheckResult:
+def check_accelerator(probe: "Probe", gpus: Sequence[dict] = ()) -> CheckResult:
+    """DeepSpeed's accelerator; ``gpus``: what NVML sees. GPUs there and DeepSpeed on its CPU accelerator is a torch
+    that cannot use them (a CPU build, or a CUDA build newer than the driver): the run trains on the CPU, DeepSpeed
+    saying so in a log line only (helper-231: doctor said OK)."""
     facts = probe.facts()
     if "accelerator" not in facts:
         reason = facts.get("accelerator_error") or facts.get("import_error") or probe.crash_text()
@@ -69,6 +72,11 @@ def check_accelerator(probe: "Probe") -> CheckResult:
     accel = facts["accelerator"]
     text = (f"{accel['device_name']} (DeepSpeed accelerator '{accel['name']}', {accel['device_count']} device(s), "
             f"comm backend {accel['communication_backend']})")
+    if accel["device_name"] == "cpu" and gpus:
+        return CheckResult("accelerator", WARN, text + f", though NVML sees {len(gpus)} GPU(s): this torch cannot use "
+                           "them (torch.cuda.is_available() is False: a CPU build, or a CUDA build newer than the "
+                           "driver). Training would run on the CPU: install the torch build for this driver's CUDA "
+                           "(pytorch.org lists an index per CUDA version)", accel)
     return CheckResult("accelerator", OK, text, accel)
 
 

@@ -149,7 +149,8 @@ def optimizer_precision(ds_config: Mapping[str, Any]) -> OptimizerPrecision:
     params = optimizer.get("params") if isinstance(optimizer.get("params"), Mapping) else {}
     cpu_adam = optimizer_type in DEEPSPEED_CPU_ADAM_TYPES and not params.get("torch_adam")
     asked = params.get("fp32_optimizer_states")
-    fp32_states = cpu_adam and fp32_states_default and (asked is None or lax_bool(asked))
+    # (plain truthiness: DeepSpeed hands the value to DeepSpeedCPUAdam as given, a string "false" is true there)
+    fp32_states = cpu_adam and fp32_states_default and (asked is None or bool(asked))
     return OptimizerPrecision(2, 4 if fp32_states else 2, master_key, remedy, **state)
 
 
@@ -255,8 +256,11 @@ class ZeroSettings:
             return int(value)
 
         ratio = offload_optimizer.get("ratio", 1.0)
-        if device(offload_optimizer, "offload_optimizer") == "cpu" and not (
-                isinstance(ratio, (int, float)) and not isinstance(ratio, bool) and ratio >= 1):
+        try:
+            whole = float(ratio) >= 1 and not isinstance(ratio, bool)  # (pydantic's float: "1.0" too)
+        except (TypeError, ValueError):
+            whole = False
+        if device(offload_optimizer, "offload_optimizer") != "none" and not whole:
             # ZeRO-Offload++: the first sub-groups' masters, state and gradients on the device (stage3.py), 16 B an
             # element neither model places there (helper-223: "fits" on a card it would not fit)
             raise TencacheConfigError(f"{source}: zero_optimization.offload_optimizer.ratio {ratio!r} (a part of the "

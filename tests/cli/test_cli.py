@@ -748,13 +748,45 @@ def test_the_bench_leaves_a_signal_nohup_ignores_ignored():
     """Regression test (helper-219): SIGHUP raised KeyboardInterrupt whatever its handler was: under nohup the
     closed terminal stopped the bench it was meant to keep running. SIGTERM is Ctrl-C's path all the same."""
     import signal
-    from tencache_ds.cli import bench
+    from tencache_ds.cli import interrupts
     before = {number: signal.signal(number, handler) for number, handler in
               ((signal.SIGHUP, signal.SIG_IGN), (signal.SIGTERM, signal.SIG_DFL))}
     try:
-        replaced = bench.interrupting_signals()
+        replaced = interrupts.interrupting_signals()
         assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN and signal.SIGHUP not in replaced
-        assert signal.getsignal(signal.SIGTERM) == bench._raise_keyboard_interrupt
+        assert signal.getsignal(signal.SIGTERM) == interrupts._raise_keyboard_interrupt
     finally:
         for number, handler in before.items():
             signal.signal(number, handler)
+
+
+def test_an_interrupted_doctor_stops_its_probe(tmp_path, monkeypatch):
+    """Regression test (helper-231): doctor stopped on Ctrl-C (or SIGTERM, or a check that raised) left its probe
+    running in its session of its own, measuring the drive beside the next run; the bench stops its probe so."""
+    started = []
+
+    class RecordedProbe(doctor.Probe):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            started.append(self)
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(doctor, "Probe", RecordedProbe)
+    monkeypatch.setattr(doctor, "check_libaio", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        doctor.run_checks(nvme_path=str(tmp_path / "nvme"))
+    assert len(started) == 1 and started[0]._process.poll() is not None
+
+
+def test_gpus_that_deepspeeds_accelerator_cannot_use_are_a_warning():
+    """Regression test (helper-231): NVML saw an H100, DeepSpeed chose its CPU accelerator (a CPU torch, or a CUDA
+    build newer than the driver), and doctor said OK on both lines: the run would train on the CPU."""
+    import types
+    from tencache_ds.cli.doctor_checks import WARN, OK, check_accelerator
+    accel = {"device_name": "cpu", "name": "cpu", "device_count": 1, "communication_backend": "gloo"}
+    probe = types.SimpleNamespace(facts=lambda: {"accelerator": accel})
+    assert check_accelerator(probe).status == OK  # no GPU: the CPU accelerator is this machine's
+    warned = check_accelerator(probe, [{"name": "NVIDIA H100 80GB HBM3", "free_bytes": 80 << 30}])
+    assert warned.status == WARN and "this torch cannot use them" in warned.message

@@ -2,10 +2,12 @@
 refused, Ctrl-C in the copy): each of the others is still stored, and the lost one is never read from a file it
 never wrote, here an earlier run's left in a reused folder (helper-220: the next swap-in read it without a word).
 
-    python lost_new_state.py NVME_DIR CHECKPOINT_DIR
+    python lost_new_state.py NVME_DIR CHECKPOINT_DIR [save-good|load-good]
 
-Prints one JSON line: {"first": the failed step's error, "stored": the sub-group's state files on disk after it,
-"next": the next step's error, "save": the save's error}.
+Prints one JSON line: {"first": the failed step's error, "stored": the sub-group's states the store has after it,
+"next": the next step's error, "save": the save's error}. ``save-good``: a step trained without a failure, saved
+as tag "good" (nothing else); ``load-good``: after the failure, that checkpoint is loaded as the error says to, and
+a step trained ("load", "after_load": their errors; helper-228: the load's own rebuild met the refusal).
 """
 import json
 import os
@@ -17,7 +19,13 @@ from tiny_nvme_engine import tiny_nvme_engine, train_step  # noqa: E402  (sets t
 from tencache_ds.integrations.deepspeed.optimizer_swapper import TencacheOptimizerSwapper  # noqa: E402
 
 nvme, checkpoint = sys.argv[1], sys.argv[2]
+mode = sys.argv[3] if len(sys.argv) > 3 else ""
 engine = tiny_nvme_engine(nvme)
+if mode == "save-good":
+    train_step(engine)
+    engine.save_checkpoint(checkpoint, tag="good")
+    print("RESULT " + json.dumps({"saved": True}), flush=True)
+    os._exit(0)
 swapper = engine.optimizer.optimizer_swapper
 store_new = TencacheOptimizerSwapper._store_new
 failed = []
@@ -43,10 +51,14 @@ result = {"first": error_of(lambda: train_step(engine))}
 TencacheOptimizerSwapper._store_new = store_new
 lost = failed[0]
 group = os.path.basename(lost)[len("exp_avg-"):]
-result["stored"] = sorted(name for name in os.listdir(os.path.dirname(lost)) if name.endswith(group) and
-                          not name.startswith("."))
+# the states the store holds an entry of (on file, or held and written behind: the file may come later)
+result["stored"] = sorted(name for name in ("exp_avg-" + group, "exp_avg_sq-" + group)
+                          if swapper.store.knows(os.path.join(os.path.dirname(lost), name)))
 shutil.copyfile(os.path.join(os.path.dirname(lost), group), lost)  # an earlier run's file of that name
 result["next"] = error_of(lambda: train_step(engine))
 result["save"] = error_of(lambda: engine.save_checkpoint(checkpoint, tag="t"))
+if mode == "load-good":
+    result["load"] = error_of(lambda: engine.load_checkpoint(checkpoint, tag="good"))
+    result["after_load"] = error_of(lambda: train_step(engine))
 print("RESULT " + json.dumps(result), flush=True)
 os._exit(0)

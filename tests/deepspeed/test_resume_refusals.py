@@ -109,7 +109,20 @@ def test_a_new_state_whose_first_store_failed_is_never_read_from_a_file_it_did_n
     result = result_of(proc.stdout)
     assert result is not None, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert "No space left on device (the test's refusal)" in result["first"], result
-    assert [name.split("-")[0] for name in result["stored"] if "-" in name] == ["exp_avg_sq"], result
+    assert [name.split("-")[0] for name in result["stored"]] == ["exp_avg_sq"], result
     for key in ("next", "save"):
         assert result[key] is not None and result[key].startswith("TencacheError") and "was lost" in result[key], \
             result
+
+
+def test_the_checkpoint_a_lost_state_asks_for_loads_and_trains(tmp_path):
+    """Regression test (helper-228's review): after a new state's first store failed, the load its error asks for
+    stopped in its own rebuild of the parameters (a swap-in, refused for the lost state the load was replacing)."""
+    script = os.path.join(os.path.dirname(__file__), "lost_new_state.py")
+    saved = result_of(run_helper(script, [tmp_path / "nvme-good", tmp_path / "checkpoint", "save-good"]).stdout)
+    assert saved == {"saved": True}, saved
+    proc = run_helper(script, [tmp_path / "nvme", tmp_path / "checkpoint", "load-good"])
+    result = result_of(proc.stdout)
+    assert result is not None, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert "was lost" in result["next"], result
+    assert result["load"] is None and result["after_load"] is None, result

@@ -245,6 +245,7 @@ def _marking_step(step):
         release_norm_scratch(self)  # the backward's norms are done: the update gets that memory
         swapper = getattr(self, "optimizer_swapper", None)
         ours = isinstance(swapper, TencacheOptimizerSwapper)
+        steps_before = _sub_group_steps(self) if ours else None
         if ours:
             swapper.step_started()
         setattr(self, IN_STEP_ATTRIBUTE, True)
@@ -260,9 +261,24 @@ def _marking_step(step):
         finally:
             setattr(self, IN_STEP_ATTRIBUTE, False)
             if ours:
-                swapper.step_ended(raised)
+                swapper.step_ended(raised, _sub_groups_stepped(steps_before, _sub_group_steps(self)) if raised else 0)
 
     return step_marked
+
+
+def _sub_group_steps(stage3) -> list:
+    """Each sub-group's optimizer step count (None where its optimizer keeps none)."""
+    state = getattr(getattr(stage3, "optimizer", None), "state", {})
+    steps = []
+    for master in getattr(stage3, "fp32_partitioned_groups_flat", ()):
+        step = state.get(master, {}).get("step") if master in state else None
+        steps.append(None if step is None else float(step))
+    return steps
+
+
+def _sub_groups_stepped(before, after) -> int:
+    """Sub-groups whose step count moved: those kept in memory too, which no swap-out counts (helper-228)."""
+    return sum(1 for old, new in zip(before, after) if old != new)
 
 
 def _reading_ahead_between_gradients(reduce_ready):
@@ -321,6 +337,13 @@ def _sized_by_the_partition(setter):
     @functools.wraps(setter)
     def set_sized_by_the_partition(self, value, param, *args, **kwargs):
         partition = getattr(param, "ds_tensor", None)
+        swapper = getattr(param, "nvme_swapper", None)
+        if partition is not None and partition.status == PartitionedParamStatus.INFLIGHT and \
+                isinstance(swapper, TencacheParamSwapper):
+            # a read a prefetch asked for and nothing waited for (an evaluation's last forward): its data is the
+            # placeholder until it lands (helper-230: a value of the partition's size refused, one element
+            # broadcast over it; frozen_fragments.py lands it so too)
+            swapper.synchronize_reads()
         if partition is None or not param.requires_grad or \
                 partition.status != PartitionedParamStatus.NOT_AVAILABLE or \
                 not isinstance(getattr(param, "nvme_swapper", None), TencacheParamSwapper):

@@ -1112,6 +1112,8 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         its swap-in stops rather than read either (helper-220: the store's first failure left the others unstored
         too, and the next swap-in read a missing file or, silently, a stale one)."""
         lost = self._lost_states.get(path)
+        if self._checkpoint_load_pending and self._load_places in (LoadPlaces.ALL, LoadPlaces.STATE_WRITTEN):
+            lost = None  # a load that places the optimizer's state: its rebuild reads the checkpoint's (helper-228)
         if lost is not None:
             raise TencacheError(
                 f"optimizer state {os.path.basename(path)} was lost: its first store failed "
@@ -1163,14 +1165,16 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         """Stage 3's step() begins (install.py)."""
         self._updated_in_step = 0
 
-    def step_ended(self, raised: bool) -> None:
-        """Stage 3's step() ended; ``raised``: with an error or an interrupt. One that raised after updating some
-        sub-groups left the others at the step before: no save of a whole step can be made until a step ends or a
-        load replaces the state."""
+    def step_ended(self, raised: bool, updated: int = 0) -> None:
+        """Stage 3's step() ended; ``raised``: with an error or an interrupt, after ``updated`` sub-groups' updates
+        by their step counts (the swap-outs count those swapped). One that raised after updating some sub-groups
+        left the others at the step before: no save of a whole step can be made until a step ends or a load
+        replaces the state."""
+        updated = max(updated, self._updated_in_step)
         if not raised:
             self.update_stopped_part_way = 0
-        elif self._updated_in_step:
-            self.update_stopped_part_way = self._updated_in_step
+        elif updated:
+            self.update_stopped_part_way = updated
 
     def check_none_lent(self) -> None:
         """Raised at a save's start while a sub-group is swapped in: an optimizer step (or a fragment call) stopped
