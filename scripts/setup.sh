@@ -101,10 +101,15 @@ fi
 #    dependency that wants a newer one (accelerate's latest over a torch older than 2.6) made pip replace it with
 #    PyPI's CUDA build (helper-231); held, pip picks versions that take this torch, or says which cannot.
 #    Checked from / (from the checkout, Python imports the checkout's tencache_ds, installed or not: helper-215).
+#    The native arena is rebuilt where a source under csrc/ is newer than it (a pulled change that kept the ABI
+#    version: the old build loaded without a word; helper-231).
+CSRC="$(pwd)/csrc"
 if ! (cd / && $PY -c "import tencache_ds.memory as m, transformers, matplotlib, pytest, xdist, deepspeed, accelerate
-import importlib.metadata, tencache_ds.cli.main
+import glob, importlib.metadata, importlib.util, os, tencache_ds.cli.main
 importlib.metadata.version('tencache-ds')
-assert m.native_available()") 2>/dev/null; then
+assert m.native_available()
+built = os.path.getmtime(importlib.util.find_spec('tencache_ds._tencache_arena').origin)
+assert all(os.path.getmtime(source) <= built for source in glob.glob(os.path.join('$CSRC', '*')))") 2>/dev/null; then
   say "installing tencache-ds (editable, with its native arena)"
   HOLD_TORCH="$(mktemp)"
   $PY -c "import torch; print('torch==' + torch.__version__)" > "$HOLD_TORCH"
