@@ -95,9 +95,19 @@ def _validating(initialize):
 
 
 def _init_distributed_as_initialize_does(signature, bound) -> None:
-    """deepspeed.initialize's own first call, with the call's arguments (it finds the backend up when it makes it)."""
+    """deepspeed.initialize's own first call, with the call's arguments (it finds the backend up when it makes it),
+    where the job has several ranks: torch.distributed is up, or a launcher said so (WORLD_SIZE). One process
+    alone agrees with nobody, and its refusal comes before the call's discovery of a launcher (MPI's, say)."""
+    import torch.distributed
+
     from deepspeed import comm as dist
     from deepspeed.accelerator import get_accelerator
+
+    launched = os.environ.get("WORLD_SIZE", "")
+    several = torch.distributed.is_available() and torch.distributed.is_initialized() or \
+        launched.isdigit() and int(launched) > 1
+    if dist.is_initialized() or not several:
+        return
 
     def argument(name):
         return bound.get(name, signature.parameters[name].default)
