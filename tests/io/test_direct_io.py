@@ -448,27 +448,16 @@ def test_an_interrupted_submission_raises_with_none_of_its_bytes_moving_and_stra
         return written
 
     monkeypatch.setattr(os, "pwritev", slow_pwritev)
-    calls = []
-    if where == "queueing":
-        put = io._waiting.put
+    owner, name = (io._waiting, "put") if where == "queueing" else (io._pool, "submit")
+    real, calls = getattr(owner, name), []
 
-        def interrupted_put(*args):
-            calls.append(True)
-            if len(calls) == 3:
-                raise KeyboardInterrupt
-            return put(*args)
+    def interrupted_at_the_third(*args):
+        calls.append(True)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(*args)
 
-        monkeypatch.setattr(io._waiting, "put", interrupted_put)
-    else:
-        submit = io._pool.submit
-
-        def interrupted_submit(*args):
-            calls.append(True)
-            if len(calls) == 3:
-                raise KeyboardInterrupt
-            return submit(*args)
-
-        monkeypatch.setattr(io._pool, "submit", interrupted_submit)
+    monkeypatch.setattr(owner, name, interrupted_at_the_third)
     with pytest.raises(KeyboardInterrupt):
         io.write(torch.ones(4 * 1024), path)  # four pieces of 4 KiB
     assert ended == []  # a piece given a thread finds its request failed (the lock held while they are given)
