@@ -1195,9 +1195,9 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         if self.update_stopped_part_way:
             raise TencacheError(
                 "save_checkpoint: the last optimizer step stopped part way (an exception, Ctrl-C) after updating "
-                f"{self.update_stopped_part_way} of {len(self.swap_params_info)} optimizer sub-groups, so no checkpoint of "
-                "a whole step can be taken now. Save from the last step that ended, or load the last checkpoint (or "
-                "train a step on: its save is allowed again). Nothing was written")
+                f"{self.update_stopped_part_way} of {len(self.swap_params_info)} optimizer sub-groups, so no "
+                "checkpoint of a whole step can be taken now. Save from the last step that ended, or load the last "
+                "checkpoint (or train a step on: its save is allowed again). Nothing was written")
 
     def settle_master_writes(self, groups=None, but=()) -> None:
         """Write the masters ``groups`` (None: all) but those in ``but`` owe their files from the partitions, and
