@@ -109,7 +109,8 @@ import glob, importlib.metadata, importlib.util, os, tencache_ds.cli.main
 importlib.metadata.version('tencache-ds')
 assert m.native_available()
 built = os.path.getmtime(importlib.util.find_spec('tencache_ds._tencache_arena').origin)
-assert all(os.path.getmtime(source) <= built for source in glob.glob(os.path.join('$CSRC', '*')))") 2>/dev/null; then
+assert all(os.path.getmtime(source) <= built for source in glob.glob(os.path.join('$CSRC', '**'), recursive=True)
+           if os.path.isfile(source))") 2>/dev/null; then
   say "installing tencache-ds (editable, with its native arena)"
   HOLD_TORCH="$(mktemp)"
   $PY -c "import torch; print('torch==' + torch.__version__)" > "$HOLD_TORCH"

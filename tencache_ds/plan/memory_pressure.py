@@ -197,8 +197,18 @@ class MemoryPressurePolicy:
     def reserve_bytes(self, total_bytes: int) -> int:
         floor = max(RESERVE_FLOOR_MIN_BYTES, int(total_bytes * RESERVE_FLOOR_FRACTION))
         # memory allocated but untouched is taken by the first step whole: no margin on it
-        rise = max(self.expected_rise_bytes, self.agreed_rise_bytes)
-        return floor + int(self.ranks * (STEP_RISE_MARGIN * rise + self.untouched_bytes))
+        return floor + int(STEP_RISE_MARGIN * self._node_rise_bytes + self.ranks * self.untouched_bytes)
+
+    @property
+    def _node_rise_bytes(self) -> int:
+        """What a step of every rank on the node rises, as this rank can tell: its own rise for each rank, but one of
+        them at the largest any rank expects (agreed: rank 0's 16-bit save, say). Alone on its node, its own: a
+        larger rise elsewhere is another node's (helper-232: the largest for every rank of every node over-reserved
+        a whole node's tier)."""
+        own = self.expected_rise_bytes
+        if self.ranks == 1:
+            return own
+        return max(own, self.agreed_rise_bytes) + (self.ranks - 1) * own
 
     def decide(self, total_bytes: int, available_bytes: int, reducible_bytes: int,
                given_back_bytes: int, growable_bytes: int = 0,

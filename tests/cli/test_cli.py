@@ -780,7 +780,7 @@ def test_an_interrupted_doctor_stops_its_probe(tmp_path, monkeypatch):
     assert len(started) == 1 and started[0]._process.poll() is not None
 
 
-def test_gpus_that_deepspeeds_accelerator_cannot_use_are_a_warning():
+def test_gpus_that_deepspeeds_accelerator_cannot_use_are_a_warning(monkeypatch):
     """Regression test (helper-231): NVML saw an H100, DeepSpeed chose its CPU accelerator (a CPU torch, or a CUDA
     build newer than the driver), and doctor said OK on both lines: the run would train on the CPU."""
     import types
@@ -788,5 +788,10 @@ def test_gpus_that_deepspeeds_accelerator_cannot_use_are_a_warning():
     accel = {"device_name": "cpu", "name": "cpu", "device_count": 1, "communication_backend": "gloo"}
     probe = types.SimpleNamespace(facts=lambda: {"accelerator": accel})
     assert check_accelerator(probe).status == OK  # no GPU: the CPU accelerator is this machine's
-    warned = check_accelerator(probe, [{"name": "NVIDIA H100 80GB HBM3", "free_bytes": 80 << 30}])
+    monkeypatch.delenv("DS_ACCELERATOR", raising=False)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    gpus = [{"name": "NVIDIA H100 80GB HBM3", "free_bytes": 80 << 30}]
+    warned = check_accelerator(probe, gpus)
     assert warned.status == WARN and "this torch cannot use them" in warned.message
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # hidden on purpose (helper-232): no advice to reinstall torch
+    assert check_accelerator(probe, gpus).status == OK

@@ -2,12 +2,14 @@
 refused, Ctrl-C in the copy): each of the others is still stored, and the lost one is never read from a file it
 never wrote, here an earlier run's left in a reused folder (helper-220: the next swap-in read it without a word).
 
-    python lost_new_state.py NVME_DIR CHECKPOINT_DIR [save-good|load-good]
+    python lost_new_state.py NVME_DIR CHECKPOINT_DIR [save-good|load-good|load-empty]
 
 Prints one JSON line: {"first": the failed step's error, "stored": the sub-group's states the store has after it,
 "next": the next step's error, "save": the save's error}. ``save-good``: a step trained without a failure, saved
 as tag "good" (nothing else); ``load-good``: after the failure, that checkpoint is loaded as the error says to, and
-a step trained ("load", "after_load": their errors; helper-228: the load's own rebuild met the refusal).
+a step trained ("load", "after_load": their errors; helper-228: the load's own rebuild met the refusal);
+``load-empty``: the same with a checkpoint saved before any step, in this process (no state: Adam starts over
+there; helper-232: the rebuild read the file never written).
 """
 import json
 import os
@@ -46,6 +48,8 @@ def error_of(call):
         return f"{type(err).__name__}: {err}"
 
 
+if mode == "load-empty":
+    engine.save_checkpoint(checkpoint, tag="empty")
 TencacheOptimizerSwapper._store_new = first_moment_refused
 result = {"first": error_of(lambda: train_step(engine))}
 TencacheOptimizerSwapper._store_new = store_new
@@ -57,8 +61,8 @@ result["stored"] = sorted(name for name in ("exp_avg-" + group, "exp_avg_sq-" + 
 shutil.copyfile(os.path.join(os.path.dirname(lost), group), lost)  # an earlier run's file of that name
 result["next"] = error_of(lambda: train_step(engine))
 result["save"] = error_of(lambda: engine.save_checkpoint(checkpoint, tag="t"))
-if mode == "load-good":
-    result["load"] = error_of(lambda: engine.load_checkpoint(checkpoint, tag="good"))
+if mode in ("load-good", "load-empty"):
+    result["load"] = error_of(lambda: engine.load_checkpoint(checkpoint, tag=mode[len("load-"):]))
     result["after_load"] = error_of(lambda: train_step(engine))
 print("RESULT " + json.dumps(result), flush=True)
 os._exit(0)

@@ -115,13 +115,17 @@ def test_a_new_state_whose_first_store_failed_is_never_read_from_a_file_it_did_n
             result
 
 
-def test_the_checkpoint_a_lost_state_asks_for_loads_and_trains(tmp_path):
-    """Regression test (helper-228's review): after a new state's first store failed, the load its error asks for
-    stopped in its own rebuild of the parameters (a swap-in, refused for the lost state the load was replacing)."""
+@pytest.mark.parametrize("checkpoint", ["good", "empty"])
+def test_the_checkpoint_a_lost_state_asks_for_loads_and_trains(tmp_path, checkpoint):
+    """Regression test (helper-228's, helper-232's reviews): after a new state's first store failed, the load its
+    error asks for stopped in its own rebuild of the parameters (a swap-in, refused for the lost state the load was
+    replacing), and where the checkpoint holds no state (saved before any step) read the file never written. The
+    sub-group starts over as a fresh engine's: the checkpoint's state, or none (Adam starts over, as stock's)."""
     script = os.path.join(os.path.dirname(__file__), "lost_new_state.py")
-    saved = result_of(run_helper(script, [tmp_path / "nvme-good", tmp_path / "checkpoint", "save-good"]).stdout)
-    assert saved == {"saved": True}, saved
-    proc = run_helper(script, [tmp_path / "nvme", tmp_path / "checkpoint", "load-good"])
+    if checkpoint == "good":
+        saved = result_of(run_helper(script, [tmp_path / "nvme-good", tmp_path / "checkpoint", "save-good"]).stdout)
+        assert saved == {"saved": True}, saved
+    proc = run_helper(script, [tmp_path / "nvme", tmp_path / "checkpoint", f"load-{checkpoint}"])
     result = result_of(proc.stdout)
     assert result is not None, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert "was lost" in result["next"], result

@@ -764,12 +764,14 @@ def test_the_step_rise_expected_is_left_for_a_device_tier_made_between_readings(
 
 
 def test_every_rank_keeps_room_for_the_largest_step_rise_any_rank_expects():
-    """Regression test (helper-229's review): each rank's reserve counted its own step rise only; a rank whose rise
-    was small (1 GiB) grew into the room another rank's larger rise (3 GiB: rank 0's 16-bit save) needed, and that
-    rank gave its tier back reading after reading until it stopped the job. The first collective of each reading
-    carries the largest rise any rank expects, and every rank's reserve counts it."""
+    """Regression test (helper-229's review): each rank's reserve counted its own step rise for every rank of its
+    node; a rank whose rise was small (1 GiB) grew into the room another rank's larger rise (3 GiB: rank 0's 16-bit
+    save) needed, and that rank gave its tier back reading after reading until it stopped the job. The first
+    collective of each reading carries the largest rise any rank expects, and the reserve of a rank that shares its
+    node counts it once (helper-232: counted for every rank, it over-reserved every node)."""
     agree = OtherRanks(*[[-3 * GiB], [1 << 62], [0]] * 4)
     governor = HostTierGovernor([], None, None, read_memory=lambda: HostMemory(64 * GiB, 48 * GiB), agree=agree)
+    governor.policy.ranks = 2  # two ranks on this node
     governor.meter.close()
     governor.meter = ScriptedMeter([None, 5 * GiB, GiB, GiB])
     for _ in range(4):
@@ -779,4 +781,8 @@ def test_every_rank_keeps_room_for_the_largest_step_rise_any_rank_expects():
     assert agree.calls[-3] == [-GiB]  # what it says it expects, to the others
     from tencache_ds.plan.memory_pressure import RESERVE_FLOOR_FRACTION, RESERVE_FLOOR_MIN_BYTES, STEP_RISE_MARGIN
     floor = max(RESERVE_FLOOR_MIN_BYTES, int(64 * GiB * RESERVE_FLOOR_FRACTION))
-    assert governor.policy.reserve_bytes(64 * GiB) == floor + int(STEP_RISE_MARGIN * 3 * GiB)  # the other's
+    # the node's: the other rank's 3 GiB and this one's 1 GiB (counted as this one's twice, 2 GiB, it grew into
+    # 1 GiB the other needed)
+    assert governor.policy.reserve_bytes(64 * GiB) == floor + int(STEP_RISE_MARGIN * 4 * GiB)
+    governor.policy.ranks = 1  # alone on its node: a larger rise is another node's
+    assert governor.policy.reserve_bytes(64 * GiB) == floor + int(STEP_RISE_MARGIN * GiB)

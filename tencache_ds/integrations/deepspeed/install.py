@@ -94,18 +94,23 @@ def _validating(initialize):
     return validating_initialize
 
 
+# The job's size as launchers say it: torchrun and DeepSpeed's own, then those DeepSpeed finds by MPI discovery
+# (OpenMPI, MPICH/Intel MPI's PMI, PMIx, MVAPICH, Slurm's srun: its openmpi/slurm/mvapich launchers set no
+# WORLD_SIZE; helper-232)
+JOB_SIZE_ENVS = ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "MV2_COMM_WORLD_SIZE", "SLURM_NTASKS")
+
+
 def _init_distributed_as_initialize_does(signature, bound) -> None:
     """deepspeed.initialize's own first call, with the call's arguments (it finds the backend up when it makes it),
-    where the job has several ranks: torch.distributed is up, or a launcher said so (WORLD_SIZE). One process
+    where the job has several ranks: torch.distributed is up, or a launcher said so (JOB_SIZE_ENVS). One process
     alone agrees with nobody, and its refusal comes before the call's discovery of a launcher (MPI's, say)."""
     import torch.distributed
 
     from deepspeed import comm as dist
     from deepspeed.accelerator import get_accelerator
 
-    launched = os.environ.get("WORLD_SIZE", "")
-    several = torch.distributed.is_available() and torch.distributed.is_initialized() or \
-        launched.isdigit() and int(launched) > 1
+    several = torch.distributed.is_available() and torch.distributed.is_initialized() or any(
+        os.environ.get(name, "").isdigit() and int(os.environ[name]) > 1 for name in JOB_SIZE_ENVS)
     if dist.is_initialized() or not several:
         return
 

@@ -178,9 +178,9 @@ class HostTierGovernor:
         # waiting). The first: every rank of the job past its update before any reads the node's memory (with NCCL
         # the update's last collective only queues work, and a rank read its memory while another on the node still
         # held its update's temporaries: a shrink, then a growth back: helper-208). One rank: none. It carries the
-        # largest step rise any rank expects, which every rank's reserve counts (helper-229: a rank whose own rise was
-        # small, rank 0's 3 GiB of a 16-bit save beside its 1 GiB, grew into the room rank 0 kept, and rank 0 gave
-        # its tier back reading after reading until it stopped the job with enough memory for both)
+        # largest step rise any rank expects, which the reserve of every rank sharing a node counts (helper-229: a
+        # rank whose own rise was small, beside rank 0's 3 GiB of a 16-bit save, grew into the room rank 0 kept,
+        # and rank 0 gave its tier back reading after reading until it stopped the job with memory for both)
         largest_rise, = self._agree([-self.policy.expected_rise_bytes])
         self.policy.agreed_rise_bytes = -largest_rise
         failure: Optional[Exception] = None

@@ -242,7 +242,8 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             # (0: it ended; else a save is of no whole step: ``check_none_lent``)
             self._updated_in_step = 0
             self.update_stopped_part_way = 0
-            self._lost_states = {}  # path -> the error of a new state's first store (``_store_new_state``)
+            # path -> the error of a new state's first store (``_store_new_state``), and sub-group -> such a path
+            self._lost_states, self._lost_groups = {}, {}
             self._state_dtypes = {}  # path -> dtype of a state tensor not in the masters' (_update_param_state_info)
             # the reads started before the update asks: in backward, and the next sub-group's during each update
             self.ahead = ReadsAhead(self.store, self._paths_to_read, gradient_path)
@@ -326,9 +327,11 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             self._load_places = places or LoadPlaces.ALL
             self._before_load_copy = before_copy
             self.last_load_places = self.last_load_source = None
+            if self._load_places is LoadPlaces.ALL:  # the optimizer's state is loaded: a sub-group whose state was
+                self._start_lost_sub_groups_over()  # lost starts as a fresh engine's, given the checkpoint's (helper-232)
             yield
             if self.last_load_places in (LoadPlaces.ALL, LoadPlaces.STATE_WRITTEN):  # the optimizer's state loaded
-                self._lost_states = {}  # replaces what was lost, and a half-updated one
+                self._lost_states, self._lost_groups = {}, {}  # replaces what was lost, and a half-updated one
                 self.update_stopped_part_way = 0
         finally:
             self._checkpoint_load_pending = False
@@ -519,8 +522,8 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
                 "a parameter of the sub-group safe_update_full_grad_vectorized is updating, made from inside its "
                 "update function, is not supported: read what it needs before or after the update. (After an "
                 "optimizer step that stopped part way, its sub-group stays swapped in until engine.destroy().)")
-        for context in swap_info.tensors:  # before anything is lent
-            self._refuse_lost_state(context.swap_path)
+        if group in self._lost_groups:  # before anything is lent
+            self._refuse_lost_state(self._lost_groups[group])
         read_ahead = self.ahead.take(group)
         try:  # (the reads taken are no longer ReadsAhead's: whatever stops here gives them back)
             master_path = swap_info.tensors[0].swap_path
@@ -1098,6 +1101,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
                         self._store_new(context.swap_path, context.compute_tensor)
                     except BaseException as err:  # noqa: BLE001  (raised below, or the give-back's is)
                         self._lost_states[context.swap_path] = err
+                        self._lost_groups.setdefault(swap_info.param_id, context.swap_path)
                         error = error or err
                         if not raising:
                             logger.warning("tencache: sub-group %s's new state %s could not be stored either: %s",
@@ -1110,15 +1114,27 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
     def _refuse_lost_state(self, path: str) -> None:
         """A state whose first store failed is registered with no file (or an earlier run's, in a reused folder):
         its swap-in stops rather than read either (helper-220: the store's first failure left the others unstored
-        too, and the next swap-in read a missing file or, silently, a stale one)."""
+        too, and the next swap-in read a missing file or, silently, a stale one). Not in a load that takes the
+        optimizer's state: its sub-group was started over for it (``_start_lost_sub_groups_over``)."""
         lost = self._lost_states.get(path)
-        if self._checkpoint_load_pending and self._load_places in (LoadPlaces.ALL, LoadPlaces.STATE_WRITTEN):
-            lost = None  # a load that places the optimizer's state: its rebuild reads the checkpoint's (helper-228)
-        if lost is not None:
+        if lost is not None and not (self._checkpoint_load_pending and
+                                     self._load_places in (LoadPlaces.ALL, LoadPlaces.STATE_WRITTEN)):
             raise TencacheError(
                 f"optimizer state {os.path.basename(path)} was lost: its first store failed "
                 f"({type(lost).__name__}: {lost}), and its file was never written. The optimizer's state is "
                 "incomplete: load the last checkpoint (or destroy the engine and start again)")
+
+    def _start_lost_sub_groups_over(self) -> None:
+        """The sub-groups whose state was lost, as a fresh engine's: no state registered or held, the optimizer's
+        emptied, so that the load registers the checkpoint's (its rebuild read the files never written, or an
+        earlier run's: helper-232). Still refused until the load has placed the optimizer's state."""
+        stage3 = self._stage3() if self._stage3 is not None else None
+        base = getattr(stage3, "optimizer", None)
+        for group in self._lost_groups:
+            master = self.swap_params_info[group].tensors[0].compute_tensor
+            if base is not None and master in base.state:
+                base.state[master] = {}
+            self.forget_state_tensors(master)
 
     def _return_lent(self, swap_info, lent: set, states_changed: bool, gradient_changed: bool,
                      master_elsewhere: bool) -> None:
