@@ -201,14 +201,13 @@ class MemoryPressurePolicy:
 
     @property
     def _node_rise_bytes(self) -> int:
-        """What a step of every rank on the node rises, as this rank can tell: its own rise for each rank, but one of
-        them at the largest any rank expects (agreed: rank 0's 16-bit save, say). Alone on its node, its own: a
-        larger rise elsewhere is another node's (helper-232: the largest for every rank of every node over-reserved
-        a whole node's tier)."""
+        """What a step of every rank on the node may rise: the largest rise any rank expects (agreed: rank 0's 16-bit
+        save, say) for each of them, the same reserve on every rank of the node (helper-233: the largest once beside
+        this rank's own for the others gave the rank with the largest rise the largest reserve, and the others took
+        what it gave back, reading after reading). Alone on its node, its own: a larger rise is another node's
+        (helper-232). Where one rank's rise is the largest, the others' share of the node is kept for it too."""
         own = self.expected_rise_bytes
-        if self.ranks == 1:
-            return own
-        return max(own, self.agreed_rise_bytes) + (self.ranks - 1) * own
+        return own if self.ranks == 1 else self.ranks * max(own, self.agreed_rise_bytes)
 
     def decide(self, total_bytes: int, available_bytes: int, reducible_bytes: int,
                given_back_bytes: int, growable_bytes: int = 0,

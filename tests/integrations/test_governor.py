@@ -767,8 +767,8 @@ def test_every_rank_keeps_room_for_the_largest_step_rise_any_rank_expects():
     """Regression test (helper-229's review): each rank's reserve counted its own step rise for every rank of its
     node; a rank whose rise was small (1 GiB) grew into the room another rank's larger rise (3 GiB: rank 0's 16-bit
     save) needed, and that rank gave its tier back reading after reading until it stopped the job. The first
-    collective of each reading carries the largest rise any rank expects, and the reserve of a rank that shares its
-    node counts it once (helper-232: counted for every rank, it over-reserved every node)."""
+    collective of each reading carries the largest rise any rank expects, and every rank sharing a node reserves it
+    for each rank there, the same reserve on all of them; a rank alone on its node, its own (helper-232)."""
     agree = OtherRanks(*[[-3 * GiB], [1 << 62], [0]] * 4)
     governor = HostTierGovernor([], None, None, read_memory=lambda: HostMemory(64 * GiB, 48 * GiB), agree=agree)
     governor.policy.ranks = 2  # two ranks on this node
@@ -779,10 +779,17 @@ def test_every_rank_keeps_room_for_the_largest_step_rise_any_rank_expects():
         governor.end_optimizer_step()
     assert governor.policy.step_rise_bytes == GiB  # its own
     assert agree.calls[-3] == [-GiB]  # what it says it expects, to the others
-    from tencache_ds.plan.memory_pressure import RESERVE_FLOOR_FRACTION, RESERVE_FLOOR_MIN_BYTES, STEP_RISE_MARGIN
+    from tencache_ds.plan.memory_pressure import (RESERVE_FLOOR_FRACTION, RESERVE_FLOOR_MIN_BYTES, STEP_RISE_MARGIN,
+                                                  MemoryPressurePolicy)
     floor = max(RESERVE_FLOOR_MIN_BYTES, int(64 * GiB * RESERVE_FLOOR_FRACTION))
-    # the node's: the other rank's 3 GiB and this one's 1 GiB (counted as this one's twice, 2 GiB, it grew into
-    # 1 GiB the other needed)
-    assert governor.policy.reserve_bytes(64 * GiB) == floor + int(STEP_RISE_MARGIN * 4 * GiB)
+    # the node's: the largest, the other rank's 3 GiB, for both, as the other rank reserves it (helper-233: the
+    # other's once beside this one's own, 4 GiB, left the rank with the largest rise reserving more than the others,
+    # which took what it gave back)
+    assert governor.policy.reserve_bytes(64 * GiB) == floor + int(STEP_RISE_MARGIN * 6 * GiB)
+    other = MemoryPressurePolicy(2)
+    for rise in (5 * GiB, 3 * GiB):
+        other.observe_step_rise(rise)
+    other.agreed_rise_bytes = 3 * GiB
+    assert other.reserve_bytes(64 * GiB) == governor.policy.reserve_bytes(64 * GiB)
     governor.policy.ranks = 1  # alone on its node: a larger rise is another node's
     assert governor.policy.reserve_bytes(64 * GiB) == floor + int(STEP_RISE_MARGIN * GiB)
