@@ -17,6 +17,7 @@ from typing import Optional
 from .config import AUTO, CONFIG_KEY, TencacheConfig
 from .errors import TencacheConfigError, TencacheResourceError
 from .plan.budget import UNLIMITED, MachineResources
+from .profile.store import foreign_file_reason, rank_files
 from .units import fmt_bytes
 
 
@@ -64,11 +65,25 @@ def check_output_paths(config: TencacheConfig) -> None:
         path = getattr(config, key)
         if path:  # the profile is replaced whole (a file written beside it, renamed over it: profile/store.py)
             check_output_file(f"{CONFIG_KEY}.{key}", path, replaced=key == "profile_path")
+    if config.profile_path:
+        _refuse_foreign_profile_files(config.profile_path)
     if config.metrics_path and config.profile_path and \
             os.path.abspath(config.metrics_path) == os.path.abspath(config.profile_path):
         raise TencacheConfigError(
             f"{CONFIG_KEY}.metrics_path and {CONFIG_KEY}.profile_path are the same file ({config.metrics_path!r}): "
             f"the metrics lines would corrupt the profile; give them different names")
+
+
+def _refuse_foreign_profile_files(path: str) -> None:
+    """The file a run would replace with its profile is none of the user's other files: ``path``, and at several
+    ranks each rank's ``<root>.rank<r><ext>`` (integrations/deepspeed/profiling.py), where they exist."""
+    for name in [path] + rank_files(path):
+        reason = foreign_file_reason(name)
+        if reason is not None:
+            named = "" if name == path else f" (the file a rank of a multi-rank job writes for it: {name!r})"
+            raise TencacheResourceError(
+                f"{CONFIG_KEY}.profile_path = {path!r}{named}: the file exists and {reason}; a run replaces that "
+                f"file with its profile. Name a new file for the profile, or delete this one if it is yours to lose")
 
 
 def check_output_file(key: str, path: str, replaced: bool = False) -> None:

@@ -6,6 +6,7 @@ test_reliability_doc_is_current keeps it current). Each case edits a valid ZeRO-
 """
 import copy
 import dataclasses
+import json
 import os
 import re
 import sys
@@ -78,6 +79,13 @@ def a_file(tmp: str) -> str:
     return path
 
 
+def a_json_file(tmp: str, content, name: str = "results.json") -> str:
+    path = os.path.join(tmp, name)
+    with open(path, "w") as handle:
+        json.dump(content, handle)
+    return path
+
+
 def _set(*path_and_value):
     *path, key, value = path_and_value
 
@@ -136,6 +144,13 @@ CASES = [
     Case("profile-is-folder", "profile_path is a folder",
          lambda config, tmp: config["tencache"].update(profile_path=tmp), "tencache.profile_path",
          TencacheResourceError),
+    Case("profile-is-foreign", "profile_path names an existing file that is not a profile (the DeepSpeed config)",
+         lambda config, tmp: config["tencache"].update(profile_path=a_json_file(tmp, {"train_batch_size": 8})),
+         "tencache.profile_path", TencacheResourceError),
+    Case("profile-rank-file-foreign", "a rank's profile file (<root>.rank<r><ext>) exists and is not a profile",
+         lambda config, tmp: config["tencache"].update(
+             profile_path=a_json_file(tmp, [1, 2], name="p.rank1.json").replace(".rank1", "")),
+         "tencache.profile_path", TencacheResourceError),
     Case("metrics-folder-to-be", "metrics_path ends with a separator (a folder not made yet)",
          lambda config, tmp: config["tencache"].update(metrics_path=os.path.join(tmp, "runs", "metrics") + os.sep),
          "tencache.metrics_path", TencacheResourceError),
@@ -497,3 +512,23 @@ def test_an_existing_profile_in_a_folder_that_takes_no_new_file_is_refused(tmp_p
             check_output_paths(profile)
     finally:
         subprocess.run(["chattr", "-i", str(folder)], capture_output=True)
+
+
+@pytest.mark.parametrize("content", ["", '{"version": 1, "sections": {}}', '{"version": 2, "sections": []}'])
+def test_a_profile_file_of_any_version_or_damaged_or_empty_is_no_foreign_file(content, tmp_path):
+    """Profiles the run re-records with a warning (profile/store.load_section) pass the check that refuses a
+    foreign file at profile_path (helper-234), as do each rank's own profile files."""
+    from tencache_ds.config import config_of_ds_dict
+    from tencache_ds.config_checks import check_output_paths
+    for name in ("p.json", "p.rank0.json", "p.rank12.json"):
+        (tmp_path / name).write_text(content)
+    (tmp_path / "p.ranking.json").write_text("not the profile of any rank")
+    check_output_paths(config_of_ds_dict({"tencache": {"profile_path": str(tmp_path / "p.json")}}))
+
+
+def test_a_file_larger_than_any_profile_is_refused_unread(tmp_path):
+    from tencache_ds.profile import store
+    path = tmp_path / "checkpoint.pt"
+    with open(path, "wb") as handle:
+        handle.truncate(store._LARGEST_PROFILE_BYTES + 1)  # (sparse: no bytes written)
+    assert "more than a profile ever does" in store.foreign_file_reason(str(path))

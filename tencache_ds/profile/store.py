@@ -20,14 +20,16 @@ Version 1 files (order only, no timings) are reported and re-recorded, never rea
 import contextlib
 import dataclasses
 import datetime
+import glob
 import hashlib
 import json
 import os
+import re
 import stat
 import tempfile
 import threading
 import time
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
 from ..log import logger
 from ..units import finite
@@ -64,7 +66,15 @@ def read_sections(path: str, skip_damaged: bool = False) -> Dict[str, SavedSecti
     or a section is malformed (the message names the section and says why). ``skip_damaged``: a malformed section
     is left out instead, with a warning, and the others are returned (a training run re-profiles only what it
     cannot use: ``load_section``)."""
-    with open(path) as handle:
+    try:
+        handle = open(path)
+    except FileNotFoundError as err:
+        ranks = rank_files(path)
+        if ranks:  # (a multi-rank run's: the name itself is never written)
+            raise FileNotFoundError(err.errno, f"{err.strerror}; a multi-rank run writes one file per rank, "
+                                    f"and these exist: {', '.join(ranks)}", path) from None
+        raise
+    with handle:
         data = json.load(handle)
     if not isinstance(data, dict):
         raise ValueError("not a profile (the top level is not an object)")
@@ -112,6 +122,44 @@ def _steady(path: str, section: str, data) -> Optional[SteadyTimings]:
     except (ValueError, TypeError, OverflowError) as err:
         logger.warning("profile %s [%s]: its steady timings are unusable (%s) and are ignored", path, section, err)
         return None
+
+
+def rank_files(path: str) -> List[str]:
+    """The files of ``path``'s name that the ranks of a multi-rank run wrote, ``<root>.rank<r><ext>``
+    (integrations/deepspeed/profiling.rank_profile_path names them), that exist, by rank."""
+    root, ext = os.path.splitext(path)
+    pattern = re.compile(rf"{re.escape(root)}\.rank(\d+){re.escape(ext)}")
+    matches = (pattern.fullmatch(name) for name in glob.glob(f"{glob.escape(root)}.rank*{glob.escape(ext)}"))
+    return [match.group(0) for match in sorted(filter(None, matches), key=lambda match: int(match.group(1)))]
+
+
+# A profile holds a few numbers per access of a step: megabytes for the largest models. A file much larger than that
+# at profile_path is someone's data (a checkpoint, a dataset), and is not read whole to find out.
+_LARGEST_PROFILE_BYTES = 256 << 20
+
+
+def foreign_file_reason(path: str) -> Optional[str]:
+    """Why the existing file at ``path`` is not a profile, where it is not one: a run would replace it with its own
+    profile, and the user's file would be lost (helper-234: profile_path mistyped as the DeepSpeed config). None for
+    a missing or empty file, and for one that is a profile, of any version or damaged in its sections (those are
+    re-profiled and replaced, with a warning: ``load_section``)."""
+    try:
+        size = os.path.getsize(path)
+        if size == 0:
+            return None
+        if size > _LARGEST_PROFILE_BYTES:
+            return f"it holds {size} bytes, more than a profile ever does"
+        with open(path, "rb") as handle:
+            data = json.loads(handle.read())
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        return f"it cannot be read to tell ({err})"
+    except ValueError as err:  # (UnicodeDecodeError is a ValueError)
+        return f"it is not JSON ({type(err).__name__}: {err})"
+    if not isinstance(data, dict) or "version" not in data:
+        return "it is not a profile (no top-level \"version\")"
+    return None
 
 
 def load_section(path: Optional[str], section: str, expected_fingerprint: str) -> Optional[StepProfile]:

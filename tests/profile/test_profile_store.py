@@ -183,3 +183,16 @@ def test_a_profile_whose_reads_moved_no_byte_has_no_bandwidth():
     from tencache_ds.profile.step_profile import StepProfile
     step = StepProfile(("a", "b"), (0, 0), (0.0, 0.1), (0.01, 0.02), (0.0, 0.0, 0.0), 0.2)
     assert step.measured_read_bytes_per_s is None
+
+
+def test_a_missing_profile_whose_ranks_wrote_theirs_names_their_files(tmp_path):
+    """helper-234: at several ranks each rank writes <root>.rank<r><ext> and the configured name never exists; the
+    CLIs given that name said only "No such file"."""
+    for rank in (10, 0, 1):
+        save_section(str(tmp_path / f"p.rank{rank}.json"), "params", "f", TIMED)
+    with pytest.raises(FileNotFoundError) as raised:
+        read_sections(str(tmp_path / "p.json"))
+    assert f"these exist: {tmp_path}/p.rank0.json, {tmp_path}/p.rank1.json, {tmp_path}/p.rank10.json" \
+        in str(raised.value)
+    with pytest.raises(FileNotFoundError, match=r"No such file or directory: '[^;]*'$"):
+        read_sections(str(tmp_path / "q.json"))
