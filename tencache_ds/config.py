@@ -75,8 +75,12 @@ class TencacheConfig(BaseModel):
 
     profile_path: Optional[str] = None
     """Where the execution profile (the steady training step's access order, tensor sizes, compute time between
-    accesses and NVMe read times) is saved and reused on the next run; a profile of another model or config is
-    reported as stale and replaced. `tencache-ds profile show` / `tencache-ds plan` read it. None: memory only."""
+    accesses and NVMe read times) is saved and reused on the next run; a profile of another model, dtype, world
+    size, sub_group_size, gradient accumulation, micro-batch size or activation checkpointing block is reported as
+    stale and replaced (one timed at another sequence length, which the config does not say, serves until the order
+    changes: delete it to re-time). At several ranks each rank writes its own file, `<root>.rank<r><ext>`. An
+    existing file there that is not a profile is refused, not replaced. `tencache-ds profile show` / `tencache-ds
+    plan` read it. None: memory only."""
 
     pin_memory: Literal["best_effort", "required"] = "best_effort"
     """What to do when pages cannot be locked (memlock limit too low): "best_effort" warns once and uses unlocked

@@ -247,6 +247,12 @@ def test_profile_is_recorded_then_reused_and_stays_bit_identical(train, tmp_path
     # the same profile for another model is stale: reported, replaced, never used
     other = train(block=block, model="opt-tiny", steps=2, dtype="fp32", seq_len=16)
     assert "is stale" in other.output and other.last_stats["param_profile"] == "recorded"
+    # and for the same model at another micro-batch, whose compute between accesses the reads ahead are planned
+    # from (helper-234: its timings were reused for good, the order being the same)
+    second_batch = train(block=block, **dict(BASE, steps=2, micro_batch=4))
+    again = train(block=block, **dict(BASE, steps=2, micro_batch=2))
+    assert "[params] is stale" in again.output and again.last_stats["param_profile"] == "recorded"
+    assert second_batch.last_stats["param_profile"] == "recorded"
 
 
 def test_unknown_key_stops_with_an_error_naming_it(train):

@@ -38,8 +38,15 @@ def param_sequence_facts(ds_config) -> dict:
     profile's fingerprint: gradient accumulation (forward and backward repeat per micro step) and DeepSpeed's
     activation checkpointing block (recomputed forwards fetch again). Activation checkpointing switched on in the
     model itself (e.g. Hugging Face ``gradient_checkpointing_enable()``) is not visible to the swapper: a change
-    there shows up as a divergence at run time (profile/lifecycle.py), and the profile is then re-recorded."""
+    there shows up as a divergence at run time (profile/lifecycle.py), and the profile is then re-recorded.
+
+    And the micro-batch size, which keeps the order but not the compute between accesses that the reads ahead are
+    planned from: a profile timed at another micro-batch was reused for good (helper-234; a loaded profile is never
+    re-timed while its order repeats). The sequence length is not in the config: a profile timed at another one
+    serves until re-recorded (docs/configuration.md, profile_path)."""
     raw = ds_config_dict(ds_config) or {}
     return {"gradient_accumulation_steps": getattr(ds_config, "gradient_accumulation_steps",
                                                    raw.get("gradient_accumulation_steps")),
+            "train_micro_batch_size_per_gpu": getattr(ds_config, "train_micro_batch_size_per_gpu",
+                                                      raw.get("train_micro_batch_size_per_gpu")),
             "activation_checkpointing": raw.get("activation_checkpointing")}
