@@ -131,7 +131,7 @@ def plan(args) -> int:
             bandwidth, source = (None, "measured") if measured or pooled is None else (pooled, "other sections")
         try:
             section = plan_section(step, shares[name], bandwidth, args.in_flight_bytes, args.first,
-                                   prefixes=section_kind(name) == "optimizer")
+                                   optimizer=section_kind(name) == "optimizer")
         except ValueError as err:  # no bandwidth to plan with
             section = {"error": f"{err}: pass --read-bandwidth"}
             failed = True
@@ -158,24 +158,31 @@ def _pooled_read_bytes_per_s(steps) -> Optional[float]:
 
 
 def plan_section(step: StepProfile, host_bytes: int, read_bytes_per_s: Optional[float],
-                 in_flight_bytes: Optional[int], first: int, prefixes: bool = False) -> dict:
-    """The host tier's steady state and the prefetch schedule for one section, JSON-able. ``prefixes``: the
-    section's store holds prefixes in the room whole tensors leave (the optimizer's)."""
+                 in_flight_bytes: Optional[int], first: int, optimizer: bool = False) -> dict:
+    """The host tier's steady state and the prefetch schedule for one section, JSON-able. ``optimizer``: the
+    section's store holds prefixes in the room whole tensors leave, and its reads ahead are not scheduled from the
+    profile (the run reads the next sub-groups' state while the update runs: cache/optimizer_reads_ahead.py), so no
+    leads are reported for it; a parameter section's are planned as the run plans them, each read within the step
+    that uses it (param_swapper: ``within_step``; helper-234: the leads printed reached into the previous step)."""
     sizes = step.tensor_nbytes()
-    residency = steady_state(step.keys, sizes, host_bytes, prefixes=prefixes)
-    schedule = PrefetchSchedule.from_profile(step, read_bytes_per_s, in_flight_bytes, reads_at=residency.misses)
+    residency = steady_state(step.keys, sizes, host_bytes, prefixes=optimizer)
+    schedule = PrefetchSchedule.from_profile(step, read_bytes_per_s, in_flight_bytes, reads_at=residency.misses,
+                                             within_step=not optimizer)
     held = [key for key in dict.fromkeys(step.keys) if key in residency.held]  # in first-use order
     prefetched = [position for position in sorted(residency.misses) if schedule.leads[position]]
     leads = [schedule.leads[position] for position in prefetched]
+    scheduled = {
+        "prefetched_reads": len(prefetched), "demand_reads": len(residency.misses) - len(prefetched),
+        "lead_min": min(leads, default=0), "lead_median": statistics.median(leads) if leads else 0,
+        "lead_max": max(leads, default=0),
+        "first_leads": [[position, schedule.leads[position]] for position in sorted(residency.misses)][:first],
+        "tail_reads": list(schedule.tail_reads)}
     return {
         "accesses": len(step), "tensors": len(sizes), "tensor_bytes": sum(sizes.values()),
         "host_bytes": host_bytes, "held_tensors": len(held), "held_bytes": sum(sizes[key] for key in held),
         "first_held_keys": held[:first], "prefix_bytes": sum(residency.prefixes.values()),
         "reads": len(residency.misses), "read_bytes": residency.read_bytes(step.nbytes, step.keys),
-        "prefetched_reads": len(prefetched), "demand_reads": len(residency.misses) - len(prefetched),
-        "lead_min": min(leads, default=0), "lead_median": statistics.median(leads) if leads else 0,
-        "lead_max": max(leads, default=0),
-        "first_leads": [[position, schedule.leads[position]] for position in sorted(residency.misses)][:first],
+        **{key: None if optimizer else value for key, value in scheduled.items()},
         "compute_s": schedule.compute_s, "read_s": schedule.read_s,
         "io_bound_s": schedule.io_bound_s,
         "predicted_step_s": schedule.predicted_step_s,
@@ -185,7 +192,7 @@ def plan_section(step: StepProfile, host_bytes: int, read_bytes_per_s: Optional[
 def _plan_lines(name: str, section: dict) -> List[str]:
     if "error" in section:
         return [f"[{name}] cannot plan: {section['error']}"]
-    leads = ", ".join(f"{position}:{lead}" for position, lead in section["first_leads"])
+    leads = ", ".join(f"{position}:{lead}" for position, lead in section["first_leads"] or ())
     return [
         f"[{name}] {section['accesses']} accesses of {section['tensors']} tensors "
         f"({fmt_bytes(section['tensor_bytes'])}); host tier share {fmt_bytes(section['host_bytes'])}",
@@ -193,10 +200,15 @@ def _plan_lines(name: str, section: dict) -> List[str]:
         f" stay in host memory: {_keys(section['first_held_keys'])}"
         + (f"; {fmt_bytes(section['prefix_bytes'])} of prefixes" if section["prefix_bytes"] else ""),
         f"  reads      {section['reads']} of {section['accesses']} accesses read NVMe, "
-        f"{fmt_bytes(section['read_bytes'])} per step; {section['prefetched_reads']} prefetched, "
-        f"{section['demand_reads']} on demand",
+        f"{fmt_bytes(section['read_bytes'])} per step" + (
+            "" if section["prefetched_reads"] is None else
+            f"; {section['prefetched_reads']} prefetched, {section['demand_reads']} on demand"),
+        "  leads      none planned: the run reads the next sub-groups' state ahead while the update runs"
+        if section["prefetched_reads"] is None else
         f"  leads      accesses ahead: min {section['lead_min']}, median {section['lead_median']}, max "
-        f"{section['lead_max']}; position:lead {leads or '-'}",
+        f"{section['lead_max']}; position:lead {leads or '-'}" + (
+            f"; started in the previous step's update: positions {_keys(section['tail_reads'])}"
+            if section["tail_reads"] else ""),
         f"  step       predicted {section['predicted_step_s']:.4f} s; " + (
             f"I/O bound {section['io_bound_s']:.4f} s (its reads at the given rate; its compute, "
             f"{section['compute_s']:.4f} s, holds the other sections' waits: no part of a bound)"

@@ -100,7 +100,12 @@ def test_plan_reports_residency_leads_and_step_time(profile_file):
     assert "read times at the other sections' measured bandwidth" in streaming.stdout
     assert "6 of 6 accesses read NVMe" in streaming.stdout
     assert "0 of 3 tensors (0 B) stay in host memory" in streaming.stdout
-    assert "position:lead 0:0, 1:1, 2:1, 3:0, 4:1, 5:1" in streaming.stdout  # 3 and 0 follow their own use
+    # 3 and 0 follow their own use; every read is started within the step that uses it, as the run plans them
+    # (helper-234: 1:1 was printed, a read at the previous step's last access), the first two in the update before
+    assert "position:lead 0:0, 1:0, 2:1, 3:0, 4:1, 5:1; started in the previous step's update: positions 0 1" \
+        in streaming.stdout
+    # the optimizer's reads ahead are not planned from the profile: no leads for it (they were printed)
+    assert "leads      none planned: the run reads the next sub-groups' state ahead" in streaming.stdout
     assert "predicted" in streaming.stdout and "reads one after another" in streaming.stdout
     # measured read times overlap (reads in flight together): their sum is no bound, and is not called one; a drive's
     # rate gives one (helper-186's review: the "I/O bound" exceeded the step it was recorded in)
