@@ -125,7 +125,12 @@ static int class_init(tc_class_t* c, const tc_class_spec_t* spec) {
     c->slot_bytes = spec->slot_bytes;
     c->slot_count = spec->slot_count;
     c->region_bytes = spec->slot_bytes * spec->slot_count;
-    void* p = mmap(NULL, (size_t)c->region_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    /* MAP_NORESERVE: a region is committed page by page as slots come into use (a retired slot holds no memory),
+     * so the whole reservation need not pass the kernel's overcommit heuristic up front: the optimizer's streaming
+     * slots of a 1e9-element sub-group (DeepSpeed's default) are 32 GB of addresses that a machine with less
+     * RAM refused at start-up, most of them never touched. Strict overcommit (mode 2) ignores the flag. */
+    void* p = mmap(NULL, (size_t)c->region_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                   -1, 0);
     if (p == MAP_FAILED) return TC_ENOMEM;
     c->base = p;
 #ifdef MADV_HUGEPAGE

@@ -1,6 +1,7 @@
 """Byte sizes as users write them ("4GiB", 1e9, "auto") and as we print them. Leaf module: no torch."""
 import math
 import mmap
+import os
 import re
 from fractions import Fraction
 
@@ -15,9 +16,30 @@ PAGE_BYTES = 4096  # O_DIRECT-safe alignment for addresses, sizes and file offse
 # The kernel's page: what mmap hands out and mlock, munlock, madvise and the page cache act on whole (4 KiB on x86,
 # often 64 KiB on arm64), never below PAGE_BYTES
 HOST_PAGE_BYTES = max(PAGE_BYTES, mmap.PAGESIZE)
+# Sets the arena's page (arena_page_bytes) in tests: 64 KiB pages' arithmetic on a 4 KiB machine
+ARENA_PAGE_ENV = "TENCACHE_ARENA_PAGE_BYTES"
 # the largest byte size read: what a signed 64-bit count holds (torch's sizes, the kernel's offsets); "1e400" is a typo
 MAX_BYTES = (1 << 63) - 1
 _MAX_EXPONENT = 30  # of a size's decimal exponent: past MAX_BYTES whatever the digits before it (or below a byte)
+
+
+def arena_page_bytes() -> int:
+    """The unit the kernel locks, unlocks and gives back (mlock, munlock, madvise act on whole pages): 4 KiB on
+    x86, often 64 KiB on arm64 (Grace). The arena's slots are whole pages of it (memory/arena.py), so the stores
+    plan their size classes in it too: a class planned in 4 KiB units was not the arena's, and every lookup of its
+    slots by that size failed (helper-235: KeyError at the first forward where the pages are 64 KiB)."""
+    forced = os.environ.get(ARENA_PAGE_ENV)
+    if forced:
+        from .errors import TencacheConfigError  # (a leaf too; imported where it is raised)
+        try:
+            page = int(forced)
+        except ValueError:
+            raise TencacheConfigError(f"{ARENA_PAGE_ENV}={forced!r}: a power of two of at least 4096, in bytes") \
+                from None
+        if page < 4096 or page & (page - 1):
+            raise TencacheConfigError(f"{ARENA_PAGE_ENV}={forced}: a power of two of at least 4096")
+        return page
+    return HOST_PAGE_BYTES
 
 
 def parse_bytes(value) -> int:

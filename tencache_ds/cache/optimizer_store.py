@@ -16,7 +16,7 @@ from ..memory.pool import BufferPool
 from ..plan.host_tier import (OPTIMIZER_BYTES_PER_ELEMENT, OPTIMIZER_IO_BYTES_PER_HELD_BYTE,
                               OPTIMIZER_STREAMING_SLOTS, PARAM_IO_BYTES_PER_HELD_BYTE, TierDemand, split_host_budget,
                               streaming_tensors_at_once)
-from ..units import PAGE_BYTES, round_up
+from ..units import PAGE_BYTES, arena_page_bytes, round_up
 from .buffer_sources import BudgetedPageable
 from .entry_store import EntryStore
 from .entry_store_wrapper import EntryStoreWrapper
@@ -66,9 +66,12 @@ class OptimizerStore(EntryStoreWrapper):
         # start retired (no memory) and come back one by one as a tensor first has to stream
         # (BudgetedPageable.fallback): a tier that holds everything never commits them, and one that holds
         # everything again gives them back (resize_host_footprint).
-        self.streaming_slot_bytes = round_up(largest_numel * self.element_size, PAGE_BYTES)  # its size class
+        # its size class, in the arena's pages (units.arena_page_bytes)
+        self.streaming_slot_bytes = round_up(largest_numel * self.element_size, arena_page_bytes())
         streaming_slots = max(OPTIMIZER_STREAMING_SLOTS, int(streaming_slots))
-        self.pool.add_classes({self.streaming_slot_bytes: streaming_slots})
+        self.pool.add_classes({self.streaming_slot_bytes: streaming_slots}, too_large_remedy=(
+            f"each of the {streaming_slots} slots holds one tensor of the largest optimizer sub-group "
+            f"({largest_numel} elements): lower zero_optimization.sub_group_size, or free host memory"))
         self.pool.retire_free(self.streaming_slot_bytes, streaming_slots)
         self.budget = HostBudget(host_tier_share())
         super().__init__(EntryStore("optimizer", dtype, aligned_numel, io, BudgetedPageable(self.pool, self.budget)))

@@ -7,14 +7,13 @@ what to do when no slot fits (the caller: wait, evict or fall back).
 """
 import ctypes
 import logging
-import os
 import resource
 import warnings
 from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 from ..errors import TencacheConfigError, TencacheOutOfMemory, TencacheResourceError
 from ..probes.limits import locked_bytes_now
-from ..units import HOST_PAGE_BYTES, fmt_bytes, round_up
+from ..units import ARENA_PAGE_ENV, arena_page_bytes, fmt_bytes, round_up
 from . import _native, pinning
 
 if TYPE_CHECKING:  # torch is imported only when a tensor view is asked for
@@ -22,7 +21,7 @@ if TYPE_CHECKING:  # torch is imported only when a tensor view is asked for
 
 logger = logging.getLogger(__name__)
 # Forces the page size slots are aligned to (a power of two of at least 4096): a 64 KiB-page kernel in tests.
-PAGE_ENV = "TENCACHE_ARENA_PAGE_BYTES"
+PAGE_ENV = ARENA_PAGE_ENV  # (its home: units.py, where the stores read the page size too)
 MEMLOCK_RAISE = "raise it with `ulimit -l unlimited`, or --ulimit memlock=-1 in docker"
 MEMLOCK_FIX = MEMLOCK_RAISE + ", or set \"tencache\": {\"pin_memory\": \"best_effort\"}"
 
@@ -81,7 +80,7 @@ class PinnedArena:
     """Fixed size classes of page-locked, page-aligned host slots, with O(1) alloc/free (native code).
 
     Invariants (checked by ``validate()``): every slot address and ``slot_bytes`` is a multiple of the page
-    (``page_bytes``, at least 4096); a
+    (``units.arena_page_bytes``, at least 4096); a
     slot is handed out at most once until freed; ``in_use_bytes`` is the sum of ``slot_bytes`` of the live
     slots and ``requested_in_use_bytes`` the sum of their ``nbytes`` (the difference is size-class waste);
     ``locked_bytes <= reserved_bytes``. alloc/free/stats are thread-safe; close() must not race with them.
@@ -94,6 +93,8 @@ class PinnedArena:
         register_with_cuda: register every region with cudaHostRegister when CUDA is available, so slot
             tensors are pinned (``is_pinned()``) and H2D/D2H copies are asynchronous.
         name: used in messages and warnings.
+        too_large_remedy: what the message of a region that cannot be mapped advises (default: a smaller
+            host_cache_bytes, which sizes the cache's regions).
 
     Raises:
         TencacheConfigError: bad ``class_counts`` or ``lock``.
@@ -102,7 +103,7 @@ class PinnedArena:
     """
 
     def __init__(self, class_counts: Dict[int, int], lock: str = "best_effort", register_with_cuda: bool = True,
-                 name: str = "arena"):
+                 name: str = "arena", too_large_remedy: Optional[str] = None):
         self._handle: Optional[int] = None  # first, so close() and __del__ work whatever fails below
         self._registered: List[Tuple[int, int]] = []
         self.name = name
@@ -126,8 +127,9 @@ class PinnedArena:
             raise TencacheResourceError(_memlock_message(name, reserved, "could not page-lock (mlock)", MEMLOCK_FIX))
         if code == _native.TC_ENOMEM:
             raise TencacheOutOfMemory(
-                f"{name}: could not map {fmt_bytes(reserved)} ({reserved} bytes) of host memory (mmap failed); "
-                "lower \"tencache\": {\"host_cache_bytes\": ...} or free host memory")
+                f"{name}: could not map {fmt_bytes(reserved)} ({reserved} bytes) of host memory (mmap failed) in "
+                f"slots of {', '.join(fmt_bytes(size) for size in sorted(class_counts, reverse=True))}; " +
+                (too_large_remedy or "lower \"tencache\": {\"host_cache_bytes\": ...} or free host memory"))
         if code != _native.TC_OK:
             raise TencacheConfigError(f"{name}: tc_arena_create({class_counts}) failed: {_native.strerror(code)}")
 
@@ -324,27 +326,12 @@ class PinnedArena:
         return out
 
 
-def page_bytes() -> int:
-    """The unit the kernel locks, unlocks and gives back (mlock, munlock, madvise act on whole pages): 4 KiB on
-    x86, often 64 KiB on arm64 (Grace)."""
-    forced = os.environ.get(PAGE_ENV)
-    if forced:
-        try:
-            page = int(forced)
-        except ValueError:
-            raise TencacheConfigError(f"{PAGE_ENV}={forced!r}: a power of two of at least 4096, in bytes") from None
-        if page < 4096 or page & (page - 1):
-            raise TencacheConfigError(f"{PAGE_ENV}={forced}: a power of two of at least 4096")
-        return page
-    return HOST_PAGE_BYTES
-
-
 def _whole_pages(class_counts: Dict[int, int]) -> Dict[int, int]:
     """``class_counts`` with every slot size a whole number of pages (sizes equal after rounding merged). The
     native arena aligns slots to 4 KiB; where pages are larger, a slot would share a page with its neighbour, and
     retiring it (munlock and madvise round out to whole pages) would give back, and so zero, the neighbour's
     first bytes."""
-    page = page_bytes()
+    page = arena_page_bytes()
     if page <= 4096:
         return class_counts
     merged: Dict[int, int] = {}

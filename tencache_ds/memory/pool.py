@@ -62,14 +62,15 @@ class BufferPool:
         self._fallback_peak = 0         # bytes, PEAK
         self._pageable_in_use = 0       # bytes, current: pageable by design (acquire_pageable)
 
-    def add_classes(self, class_counts: Dict[int, int]) -> None:
-        """Reserve a new arena with ``class_counts`` (slot bytes -> count); earlier arenas stay."""
+    def add_classes(self, class_counts: Dict[int, int], too_large_remedy: Optional[str] = None) -> None:
+        """Reserve a new arena with ``class_counts`` (slot bytes -> count); earlier arenas stay.
+        ``too_large_remedy``: what a region that cannot be mapped advises (PinnedArena)."""
         counts = {size: count for size, count in class_counts.items() if count > 0}
         if not counts:
             return
         # A pool that is not locked is not pinned either: registering it with CUDA would page-lock it anyway.
         arena = PinnedArena(counts, lock=self._lock_mode, register_with_cuda=self._lock_mode != "off",
-                            name=self.name)
+                            name=self.name, too_large_remedy=too_large_remedy)
         with self._mutex:
             self._arenas.append(arena)
             for base, nbytes in arena.regions():

@@ -7,7 +7,7 @@ as many slots as the same number of partitions of *that* size need.
 """
 from typing import Dict
 
-from ..units import PAGE_BYTES, round_up
+from ..units import arena_page_bytes, round_up
 
 # Classes whose sizes differ by less than this factor are merged into the larger one: a model with many nearly
 # equal sizes (ragged vocabularies, odd head counts) then gets a handful of classes, each slot wasting < 12.5%.
@@ -16,10 +16,12 @@ MAX_CLASSES = 32
 
 
 def size_histogram(nbytes_list) -> Dict[int, int]:
-    """Page-rounded byte size -> number of tensors of that size, e.g. [5000, 8000, 100] -> {8192: 2, 4096: 1}."""
+    """Page-rounded byte size -> number of tensors of that size, e.g. [5000, 8000, 100] -> {8192: 2, 4096: 1}
+    (in the arena's pages: units.arena_page_bytes)."""
     histogram: Dict[int, int] = {}
+    page = arena_page_bytes()
     for nbytes in nbytes_list:
-        size = round_up(max(int(nbytes), 1), PAGE_BYTES)
+        size = round_up(max(int(nbytes), 1), page)
         histogram[size] = histogram.get(size, 0) + 1
     return histogram
 

@@ -147,3 +147,17 @@ def test_a_tensor_that_no_eviction_makes_room_for_leaves_the_held_ones_held(io, 
     store.flush()
     assert store.state("large") == EntryState.ON_FILE
     store.close()
+
+
+def test_on_a_kernel_with_64_kib_pages_the_streaming_slots_are_the_arenas(io, monkeypatch):
+    """helper-235: the streaming slots' class was planned in 4 KiB units and the arena's in 64 KiB: the store
+    found no slots of its size, so none counted as retired at the start, and the least footprint read 0."""
+    from tencache_ds.units import ARENA_PAGE_ENV
+    monkeypatch.setenv(ARENA_PAGE_ENV, str(64 * 1024))
+    store = make(io)
+    try:
+        assert store.streaming_slot_bytes % (64 * 1024) == 0
+        assert store.pool.stats()["retired_bytes"] == 8 * store.streaming_slot_bytes
+        assert store.least_host_footprint_bytes(reads_ahead=True) > 0
+    finally:
+        store.close()

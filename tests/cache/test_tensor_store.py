@@ -580,3 +580,25 @@ def test_the_updates_writes_keep_the_partitions_needed_sooner(caching_store):
     store.flush()
     assert [store.state(key) for key in (0, 1)] == [EntryState.CLEAN] * 2  # still held: the next forward hits
     assert all(torch.equal(read(store, key), new[key]) for key in (2, 3))
+
+
+def test_on_a_kernel_with_64_kib_pages_the_cache_plans_the_arenas_slot_sizes(tmp_path, monkeypatch):
+    """helper-235: the arena makes every slot whole 64 KiB pages where the kernel's are (memory/arena.py), while the
+    store planned its classes in 4 KiB units and looked its slots up by them: KeyError at the governor's first
+    reading (reducible_cache_bytes) and at resize_cache. Forced through the page-size test hook."""
+    from tencache_ds.units import ARENA_PAGE_ENV
+    monkeypatch.setenv(ARENA_PAGE_ENV, str(64 * 1024))
+    store = make_store(tmp_path, slots_per_class=1, cache_bytes=64 << 20)
+    try:
+        expected = {key: create(store, key, 300_000, seed=key) for key in range(4)}
+        store.plan()
+        assert all(size % (64 * 1024) == 0 for size in store.pool.class_slots())
+        for key in range(4):
+            assert torch.equal(read(store, key), expected[key])
+        assert store.reducible_cache_bytes > 0
+        assert store.resize_cache(0) == 0
+        for key in range(4):
+            assert torch.equal(read(store, key), expected[key])
+    finally:
+        store.close()
+        store.test_io.close()

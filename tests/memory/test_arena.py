@@ -4,6 +4,7 @@ No mocks. The arena tests fail (they do not skip) when the library is not built,
 turned off on purpose with TENCACHE_BUILD_NATIVE=0. Build it with `python setup.py build_ext --inplace`.
 """
 import concurrent.futures
+import ctypes
 import gc
 import json
 import os
@@ -586,3 +587,28 @@ def test_an_interruption_as_the_arena_is_made_leaves_nothing_mapped_or_locked(ma
         PinnedArena({8 * MiB: 2}, lock="best_effort")
     gc.collect()
     assert _status_bytes("VmLck") == locked  # (16 MiB more without: locked where this test runs, as root)
+
+
+def test_a_reservation_larger_than_memory_maps_and_commits_nothing(make_arena):
+    """helper-235: the optimizer's eight streaming slots of DeepSpeed's default 1e9-element sub-group are 32 GB of
+    addresses, most never touched; the kernel's overcommit heuristic refused the region on a machine with less
+    RAM and swap, and the run stopped at start-up. Mapped MAP_NORESERVE, it is committed slot by slot."""
+    with open("/proc/sys/vm/overcommit_memory") as handle:
+        if handle.read().strip() != "0":
+            pytest.skip("the heuristic overcommit mode (0) is where the flag matters; 2 ignores it, 1 needs none")
+    with open("/proc/meminfo") as handle:
+        meminfo = {line.split(":")[0]: int(line.split()[1]) * KiB for line in handle}
+    slot = 1 << 30
+    count = 2 * (meminfo["MemTotal"] + meminfo["SwapTotal"]) // slot + 1
+    before = _committed_bytes()
+    arena = make_arena({slot: count})
+    assert arena.stats()["reserved_bytes"] == slot * count
+    assert _committed_bytes() - before < 64 * MiB  # (the other processes' too: a margin, not the region)
+    taken = arena.alloc(slot)
+    ctypes.memset(taken.ptr, 1, PAGE)  # a slot in use is memory like any other
+    arena.free(taken)
+
+
+def _committed_bytes() -> int:
+    with open("/proc/meminfo") as handle:
+        return next(int(line.split()[1]) * KiB for line in handle if line.startswith("Committed_AS:"))
