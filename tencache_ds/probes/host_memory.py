@@ -119,9 +119,15 @@ def memory_cgroup_folder(proc: str = "/proc") -> Tuple[Optional[str], Optional[s
             if relative.startswith(".."):
                 continue  # this mount shows another part of the hierarchy
             folder = os.path.normpath(os.path.join(mount_point, relative))
-            limit_file = "memory.limit_in_bytes" if version == 1 else "memory.max"
-            if os.path.exists(os.path.join(folder, limit_file)) or os.path.exists(os.path.join(mount_point,
-                                                                                              limit_file)):
+            if version == 2:
+                # a v2 folder has memory files only where its parent enables the controller for its children; an
+                # ancestor's limit binds it all the same (a systemd slice with MemoryMax above a job without
+                # accounting: helper-235), and cgroup_levels walks up to it past the levels without files
+                if os.path.isdir(folder):
+                    return folder, mount_point, version
+                continue
+            if os.path.exists(os.path.join(folder, "memory.limit_in_bytes")) or \
+                    os.path.exists(os.path.join(mount_point, "memory.limit_in_bytes")):
                 return folder, mount_point, version
     return None, None, 0
 

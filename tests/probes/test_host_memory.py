@@ -215,3 +215,19 @@ def test_this_machine():
 def test_v2_membership_without_a_mount_is_ignored(tmp_path, line):
     proc = fake_proc(tmp_path, [line], [])
     assert memory_cgroup_folder(proc) == (None, None, 0)
+
+
+def test_a_v2_limit_above_a_cgroup_without_memory_files_still_bounds_it(tmp_path):
+    """helper-235: a v2 cgroup has memory files only where its parent enables the controller for its children (a
+    systemd slice with MemoryMax above a job with accounting off); the kernel charges the slice all the same. The
+    folder was refused for its missing memory.max, and the run sized itself from the node."""
+    mount = tmp_path / "unified"
+    write(str(mount / "cgroup.controllers"), "cpu memory\n")
+    v2_group(str(mount / "slice"), 8 * GiB, 5 * GiB)
+    write(str(mount / "slice" / "job" / "cgroup.procs"), "1\n")  # no memory files here
+    proc = fake_proc(tmp_path, ["0::/slice/job"], [("/", str(mount), "cgroup2", "rw")])
+    assert memory_cgroup_folder(proc) == (str(mount / "slice" / "job"), str(mount), 2)
+    memory = read_host_memory(proc)
+    assert (memory.total_bytes, memory.available_bytes, memory.bound_by) == (8 * GiB, 3 * GiB, str(mount / "slice"))
+    write(os.path.join(proc, "self", "cgroup"), "0::/other\n")  # a membership whose folder the mount does not show
+    assert memory_cgroup_folder(proc) == (None, None, 0)
