@@ -58,6 +58,7 @@ class TensorStore(EntryStoreWrapper):
         self._lock_mode = lock
         self._lockable_bytes = lockable_bytes
         self._budget = cache_budget if cache_budget is not None else HostBudget(0)
+        self._made_with_cache_bytes = self._budget.total_bytes  # (resize_cache lowers the budget: restore_budget)
         self.pool = BufferPool("params", lock=lock)
         # Set once: a store made without a host cache streams for good (its slots keep no copy between uses, but for
         # bytes a failed write still owes), while one made with a cache may keep a copy in any slot, streaming slots
@@ -89,7 +90,14 @@ class TensorStore(EntryStoreWrapper):
             return
         histogram = merge_close_classes(snap_to_classes(size_histogram(list(self._unplanned.values())),
                                                         self.pool.class_sizes()))
+        # a class an earlier plan made keeps its streaming slots: only those it lacks are added (each later plan
+        # added a whole set, so a model that gathers a layer at a time under zero.Init got buffer_count slots per
+        # class per layer, beyond the budget: helper-235)
         counts = streaming_slot_counts(histogram, self._slots_per_class)
+        planned_before = self.pool.class_slots()
+        for size in list(counts):
+            streaming_before = planned_before.get(size, {}).get("slots", 0) - self._cache_slots.get(size, 0)
+            counts[size] = max(0, min(counts[size], self._slots_per_class - streaming_before))
         extra = cache_slot_counts(histogram, counts, self._cache_room(class_bytes(counts)))
         if extra and not self._budget.try_reserve(class_bytes(extra)):
             extra = {}
@@ -129,6 +137,12 @@ class TensorStore(EntryStoreWrapper):
             self._close_pool()
             self._unplanned = store.swap_nbytes_by_key()
             return True
+
+    def restore_budget(self) -> None:
+        """The host tier's budget back to what the store was made with, at least: memory pressure lowers it
+        (``resize_cache``), and a new engine over a store its last engine put to rest starts a governor of its own,
+        which never raises what the old one lowered (helper-235: a rebuilt engine streamed for good)."""
+        self._budget.resize(max(self._budget.total_bytes, self._made_with_cache_bytes))
 
     @property
     def streaming_bytes_reserved(self) -> int:

@@ -602,3 +602,48 @@ def test_on_a_kernel_with_64_kib_pages_the_cache_plans_the_arenas_slot_sizes(tmp
     finally:
         store.close()
         store.test_io.close()
+
+
+def test_later_plans_add_no_streaming_slots_a_class_already_has(tmp_path):
+    """helper-235: every plan added a whole set of streaming slots for its sizes, whatever earlier plans had made
+    for the same class: a model gathered a layer at a time under zero.Init (each gather plans the sizes registered
+    so far) had buffer_count slots per class per layer, the whole model in slots beyond any budget."""
+    io = DirectFileIO(num_threads=2)
+    store = TensorStore(str(tmp_path), torch.float32, aligned, slots_per_class=4, lock="best_effort", io=io,
+                        cache_budget=HostBudget(0))
+    try:
+        expected = {}
+        for layer in range(6):
+            for key in range(4 * layer, 4 * layer + 4):
+                expected[key] = create(store, key, 262_144, seed=key)
+            store.plan()
+        assert {size: slots["slots"] for size, slots in store.pool.class_slots().items()} == {1 << 20: 4}
+        for key, value in expected.items():
+            assert torch.equal(read(store, key), value)
+        create(store, 100, 262_144 * 2, seed=100)  # a new size: its own streaming slot
+        store.plan()
+        assert {size: slots["slots"] for size, slots in store.pool.class_slots().items()} == {1 << 20: 4, 2 << 20: 1}
+    finally:
+        store.close()
+        io.close()
+
+
+def test_a_store_put_to_rest_after_memory_pressure_plans_its_cache_from_the_whole_budget_again(tmp_path):
+    """helper-235: memory pressure lowers the cache's budget (resize_cache); the engine's destroy puts the store to
+    rest (give_back_slots) and a new engine over the same model plans it anew, but from the lowered budget, with a
+    governor of its own that never raises it: the rebuilt engine streamed for good. Its wake restores the budget."""
+    store = make_store(tmp_path, slots_per_class=1, cache_bytes=64 << 20)
+    try:
+        for key in range(4):
+            create(store, key, 300_000, seed=key)
+        store.plan()
+        planned = store.planned_cache_bytes
+        assert planned > 0
+        assert store.resize_cache(0) == 0
+        assert store.give_back_slots()
+        store.restore_budget()
+        store.plan()
+        assert store.planned_cache_bytes == planned
+    finally:
+        store.close()
+        store.test_io.close()

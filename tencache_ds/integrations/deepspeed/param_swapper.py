@@ -512,6 +512,8 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
                     f"took the folder (offload_param.nvme_path) after its engine was destroyed, as stock DeepSpeed "
                     f"removes them; build this model's engine before the new model, or give that one its own "
                     f"nvme_path")
+            if self.resting:  # its cache planned anew, from the whole budget (the last governor's cuts went with it)
+                self.store.restore_budget()
             self.resting = False
 
     def release_user(self):
