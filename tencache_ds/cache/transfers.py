@@ -276,11 +276,19 @@ class Transfers:
         kept there for the caller to raise once its books are done."""
         if entry.state != S.WRITING:
             return
+        write = entry.io
         if postponed is None:
-            self.wait_unlocked(entry.io)
+            self.wait_unlocked(write)
+        else:
+            postponed.wait(write)
+        # With the lock released, another thread may have reaped this write and started a read of the entry (its
+        # borrower): that read's outcome is its own to apply (helper-238: the waiter raised the read's error and
+        # left the entry ON_FILE under the reader, or lent it with a read ahead's mark still set)
+        if entry.state != S.WRITING or entry.io is not write:
+            return
+        if postponed is None:
             self.finish_io(entry)
         else:
-            postponed.wait(entry.io)
             postponed.finish_io(entry)
 
     def reap_writes(self) -> None:

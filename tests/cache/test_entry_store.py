@@ -3,6 +3,7 @@ lending, write-back, Belady admission with bypass, forgetting on checkpoint load
 store's invariants are checked after every call."""
 import concurrent.futures
 import os
+import threading
 import time
 
 import numpy as np
@@ -1640,3 +1641,60 @@ def test_a_new_tensor_whose_buffer_cannot_be_had_is_not_left_known_on_file(tmp_p
         failing.fail = False
         store.close()
         failing.close()
+
+
+class HeldWritesFailingReads(DirectFileIO):
+    """Real I/O whose writes wait for ``gate`` and whose reads fail."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.gate = threading.Event()
+
+    def _transfer(self, is_write, *args):
+        if not is_write:
+            raise OSError(5, "Input/output error")
+        self.gate.wait()
+        return super()._transfer(is_write, *args)
+
+
+def test_a_wait_for_a_victims_write_leaves_a_read_another_thread_started_of_it_to_that_thread(tmp_path):
+    """helper-238: a lend evicting dirty v waits for v's write with the store's lock released; meanwhile v's own
+    borrower reaped the write and started a read of v, which failed. The waiter, its lock back, applied that read's
+    outcome as its write's: it raised the read's error from its unrelated lend and put v back on file, and the
+    borrower's wait_read found no read in flight."""
+    io = HeldWritesFailingReads(num_threads=2)
+    store = make(tmp_path, io, budget_bytes=store_nbytes())  # room for one tensor: x's buffer evicts v
+    outcome = {}
+    try:
+        put(store, tmp_path, "v", 1.0)
+        lender = threading.Thread(target=lambda: outcome.update(
+            x=_outcome(lambda: store.lend_new("x", NUMEL, str(tmp_path / "x.swp")))))
+        lender.start()
+        v = store._table["v"]
+        while v.state != EntryState.WRITING:
+            time.sleep(0.001)
+        with store._transfers.lock:  # the borrower, before the lender has its lock back
+            io.gate.set()
+            while not v.io.done():
+                time.sleep(0.001)
+            store.reap_writes()
+            store.start_read("v")
+            while not v.io.done():
+                time.sleep(0.001)
+        lender.join(timeout=60)
+        assert isinstance(outcome["x"], torch.Tensor), outcome["x"]  # the lender's own call went through
+        with pytest.raises(OSError, match="Input/output error"):  # the borrower gets its read's error
+            store.wait_read("v")
+        assert store.state("v") == EntryState.ON_FILE
+        store.release("x", changed=True)
+    finally:
+        io.gate.set()
+        store.close()
+        io.close()
+
+
+def _outcome(call):
+    try:
+        return call()
+    except BaseException as err:  # noqa: BLE001  (the test looks at it)
+        return err
