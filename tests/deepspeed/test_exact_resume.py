@@ -9,6 +9,7 @@ running products beta^t, which a fresh process recomputes with pow() at its firs
 and with them every loss from the second resumed step on)."""
 import json
 import os
+import re
 
 import pytest
 
@@ -75,6 +76,23 @@ def lost_moment_files(swap_folder, count):
     for path in lost:
         os.unlink(path)
     return lost
+
+
+def test_a_resume_from_a_save_cut_short_among_its_master_files_says_the_checkpoint_is_incomplete(train, tmp_path):
+    """helper-237: a save stopped while it placed the master files (they come first: a kill, a full disk), or a
+    copy that lost some, was refused as a change of layout ("other sub-groups": did sub_group_size change?) though
+    the ZeRO file describes this engine's sub-groups. It says the checkpoint is incomplete now."""
+    options = dict(FAST, optimizer_offload_device="nvme", seq_len=32, micro_batch=1, timeout=300, **SUB_GROUPS["many"])
+    folder = str(tmp_path / "ckpt")
+    train(block=AUTO, steps=3, save_after=2, checkpoint_dir=folder, **options)
+    rank_folder = os.path.join(folder, "ckpt", "offloaded_tensors", "rank00")
+    masters = sorted(name for name in os.listdir(rank_folder) if re.fullmatch(r"\d+_\d+\.tensor\.swp", name))
+    assert len(masters) > 2, os.listdir(rank_folder)
+    for name in masters[2:]:
+        os.unlink(os.path.join(rank_folder, name))
+    stopped = train(block=AUTO, steps=1, resume=True, checkpoint_dir=folder, expect_failure=True, **options)
+    assert "the checkpoint is incomplete: its ZeRO file describes this engine's" in stopped.output, stopped.output
+    assert f"{rank_folder} holds the master files of 2 of the {len(masters)} this engine swaps" in stopped.output
 
 
 def test_a_resume_from_a_checkpoint_that_lost_moment_files_stops_on_every_rank_naming_them(train, tmp_path):

@@ -28,6 +28,7 @@ def engine(monkeypatch):
         monkeypatch.setattr(saved_layout, "sub_group_layout_mismatch", lambda swapper, folder: mismatch)
         monkeypatch.setattr(saved_layout, "missing_state_files", lambda engine, tag, folder: list(missing))
         monkeypatch.setattr(saved_layout, "_other_parameter_groups", lambda engine, tag: None)
+        monkeypatch.setattr(saved_layout, "_masters_missing", lambda engine, tag, folder: None)
         refreshed = []
         optimizer = types.SimpleNamespace(fp16_partitioned_groups_flat=list(flat_partitions), optimizer_swapper=None,
                                           refresh_fp32_params=lambda: refreshed.append(True))

@@ -144,7 +144,8 @@ def _misfit_agreed(engine, tag_folder: str, source: str) -> Optional[Tuple[str, 
         elif misfit[0] == NO_SWAP_FILES:
             refusal = None  # saved with the optimizer on cpu: loaded from the ZeRO file (if no rank has a folder)
         else:
-            refusal = _refusal(engine, *misfit)
+            refusal = _masters_missing(engine, tag_folder, source) if misfit[0] == OTHER_SUB_GROUPS else None
+            refusal = refusal or _refusal(engine, *misfit)
     except Exception as err:  # noqa: BLE001  (refused on every rank, not raised on this one alone)
         misfit, refusal = None, err
         if not isinstance(err, TencacheError):
@@ -182,6 +183,25 @@ def _incomplete(engine, tag_folder: str, source: str) -> Optional[Exception]:
         f"describes are not in {source}, or shorter than their sub-groups ({shown}). Was the save interrupted, or "
         f"the checkpoint copied without them? Load a complete checkpoint, or load the weights only: "
         f"load_checkpoint(..., load_optimizer_states=False). {LOAD_REFUSED}")
+
+
+def _masters_missing(engine, tag_folder: str, source: str) -> Optional[Exception]:
+    """Why a checkpoint with fewer master files than this engine swaps cannot be loaded where its ZeRO file
+    describes as many sub-groups as this engine has: a save stopped while it placed them (they come first) or a copy
+    lost some, not a change of layout, which the refusal said (helper-237). None otherwise."""
+    swapped, saved = len(engine.optimizer.optimizer_swapper.swap_params_info), len(_saved_master_sizes(source))
+    if saved >= swapped:
+        return None
+    _zero_file, stage3 = load_zero_state(engine, tag_folder)
+    torch_state = stage3.get(OPTIMIZER_STATE_DICT) or {}
+    described = sum(len(group.get("params", ())) for group in torch_state.get("param_groups", []))
+    if described != len(engine.optimizer.fp32_partitioned_groups_flat):
+        return None
+    return TencacheError(
+        f"load_checkpoint: the checkpoint is incomplete: its ZeRO file describes this engine's {described} optimizer "
+        f"sub-groups, and {source} holds the master files of {saved} of the {swapped} this engine swaps. Was the "
+        f"save interrupted, or the checkpoint copied without them? Load a complete checkpoint, or load the weights "
+        f"only: load_checkpoint(..., load_optimizer_states=False). {LOAD_REFUSED}")
 
 
 def _other_parameter_groups(engine, tag_folder: str) -> Optional[Exception]:
