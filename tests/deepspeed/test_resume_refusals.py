@@ -29,6 +29,14 @@ def test_a_sub_group_swapped_at_the_save_and_kept_in_memory_at_the_load_is_refus
     assert "keeps in memory" in error, error
 
 
+def test_a_sub_group_kept_in_memory_at_the_save_and_swapped_at_the_load_is_refused_as_a_change_of_layout(tmp_path):
+    """The reverse: saved with 4 MiB (the 2 MiB sub-group kept in memory, no master file), loaded with 1 MiB (both
+    swapped): a change of layout, named so; not an incomplete checkpoint (helper-239: the check for a save cut
+    short among its master files took it for one, and a good checkpoint might have been thrown away)."""
+    error = resume(tmp_path, 4 * MIB, MIB)["error"]
+    assert error is not None and "aio.block_size" in error and "incomplete" not in error, error
+
+
 def test_the_same_block_size_resumes(tmp_path):
     assert resume(tmp_path, MIB, MIB)["error"] is None
 

@@ -187,21 +187,24 @@ def _incomplete(engine, tag_folder: str, source: str) -> Optional[Exception]:
 
 def _masters_missing(engine, tag_folder: str, source: str) -> Optional[Exception]:
     """Why a checkpoint with fewer master files than this engine swaps cannot be loaded where its ZeRO file
-    describes as many sub-groups as this engine has: a save stopped while it placed them (they come first) or a copy
-    lost some, not a change of layout, which the refusal said (helper-237). None otherwise."""
-    swapped, saved = len(engine.optimizer.optimizer_swapper.swap_params_info), len(_saved_master_sizes(source))
-    if saved >= swapped:
+    describes more sub-groups swapped at the save (their state without bytes) than there are master files: a save
+    stopped while it placed them (they come first) or a copy lost some, not a change of layout, which the refusal
+    said (helper-237). None otherwise: a save that swapped fewer sub-groups (a larger aio.block_size then) is the
+    layout refusal's (helper-239)."""
+    saved = len(_saved_master_sizes(source))
+    if saved >= len(engine.optimizer.optimizer_swapper.swap_params_info):
         return None
     _zero_file, stage3 = load_zero_state(engine, tag_folder)
     torch_state = stage3.get(OPTIMIZER_STATE_DICT) or {}
-    described = sum(len(group.get("params", ())) for group in torch_state.get("param_groups", []))
-    if described != len(engine.optimizer.fp32_partitioned_groups_flat):
+    swapped_at_save = sum(1 for state in (torch_state.get("state") or {}).values()
+                          if any(holds_no_bytes(value) for value in state.values()))
+    if saved >= swapped_at_save:
         return None
     return TencacheError(
-        f"load_checkpoint: the checkpoint is incomplete: its ZeRO file describes this engine's {described} optimizer "
-        f"sub-groups, and {source} holds the master files of {saved} of the {swapped} this engine swaps. Was the "
-        f"save interrupted, or the checkpoint copied without them? Load a complete checkpoint, or load the weights "
-        f"only: load_checkpoint(..., load_optimizer_states=False). {LOAD_REFUSED}")
+        f"load_checkpoint: the checkpoint is incomplete: its ZeRO file describes {swapped_at_save} optimizer "
+        f"sub-groups swapped at the save, and {source} holds the master files of {saved}. Was the save interrupted, "
+        f"or the checkpoint copied without them? Load a complete checkpoint, or load the weights only: "
+        f"load_checkpoint(..., load_optimizer_states=False). {LOAD_REFUSED}")
 
 
 def _other_parameter_groups(engine, tag_folder: str) -> Optional[Exception]:
