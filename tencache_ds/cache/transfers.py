@@ -274,22 +274,22 @@ class Transfers:
         error with the entry DIRTY again (its bytes are kept, still owed to the file). Before using an entry: its
         write in flight, if any, is all a read of it waits for. With ``postponed``, an interruption of the wait is
         kept there for the caller to raise once its books are done."""
-        if entry.state != S.WRITING:
-            return
-        write = entry.io
-        if postponed is None:
-            self.wait_unlocked(write)
-        else:
-            postponed.wait(write)
-        # With the lock released, another thread may have reaped this write and started a read of the entry (its
-        # borrower): that read's outcome is its own to apply (helper-238: the waiter raised the read's error and
-        # left the entry ON_FILE under the reader, or lent it with a read ahead's mark still set)
-        if entry.state != S.WRITING or entry.io is not write:
-            return
-        if postponed is None:
-            self.finish_io(entry)
-        else:
-            postponed.finish_io(entry)
+        while entry.state == S.WRITING:
+            write = entry.io
+            error = self.wait_unlocked(write) if postponed is None else postponed.wait(write)
+            # With the lock released, another thread may have applied this write (reap_writes) and started other
+            # I/O of the entry: a read's outcome is its reader's to apply (helper-238: the waiter raised the read's
+            # error and left the entry ON_FILE under its reader), and a later write is waited for in turn
+            # (helper-239: a read then started on it); this write's failure is raised all the same
+            if entry.state == S.WRITING and entry.io is write:
+                if postponed is None:
+                    self.finish_io(entry)
+                else:
+                    postponed.finish_io(entry)
+            elif error is not None:
+                if postponed is not None:
+                    postponed.raise_if_any()  # (the user's Ctrl-C first, as PostponedInterrupt.finish_io)
+                raise error
 
     def reap_writes(self) -> None:
         """Apply the outcome of writes that finished on their own (frees their buffers); never waits."""

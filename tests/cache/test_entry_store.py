@@ -1698,3 +1698,45 @@ def _outcome(call):
         return call()
     except BaseException as err:  # noqa: BLE001  (the test looks at it)
         return err
+
+
+def test_a_failed_write_that_another_thread_applied_is_raised_to_the_flush_that_waited_for_it(tmp_path):
+    """helper-239: a flush waited for v's write (the lock released); the write failed, and another thread's reap
+    applied the failure (a reap only logs it, v dirty again): the flush returned as if v were written."""
+    io = HeldWrites(num_threads=2, fail=True)
+    store = make(tmp_path, io, budget_bytes=4 * store_nbytes())
+    outcome = {}
+    try:
+        put(store, tmp_path, "v", 1.0)
+        flusher = threading.Thread(target=lambda: outcome.update(flushed=_outcome(store.flush)))
+        flusher.start()
+        v = store._table["v"]
+        while v.state != EntryState.WRITING:
+            time.sleep(0.001)
+        with store._transfers.lock:  # another thread, before the flush has its lock back
+            io.gate.set()
+            while not v.io.done():
+                time.sleep(0.001)
+            store.reap_writes()
+        flusher.join(timeout=60)
+        assert isinstance(outcome["flushed"], OSError), outcome["flushed"]
+        assert store.state("v") == EntryState.DIRTY  # its bytes still owed to the file
+    finally:
+        io.gate.set()
+        store.close()
+        io.close()
+
+
+class HeldWrites(DirectFileIO):
+    """Real I/O whose writes wait for ``gate`` (and fail, with ``fail``)."""
+
+    def __init__(self, *args, fail=False, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.gate, self.fail = threading.Event(), fail
+
+    def _transfer(self, is_write, *args):
+        if is_write:
+            self.gate.wait()
+            if self.fail:
+                raise OSError(28, "No space left on device")
+        return super()._transfer(is_write, *args)
