@@ -16,7 +16,7 @@ from ..memory.pool import BufferPool
 from ..plan.host_tier import (OPTIMIZER_BYTES_PER_ELEMENT, OPTIMIZER_IO_BYTES_PER_HELD_BYTE,
                               OPTIMIZER_STREAMING_SLOTS, PARAM_IO_BYTES_PER_HELD_BYTE, TierDemand, split_host_budget,
                               streaming_tensors_at_once)
-from ..units import PAGE_BYTES, arena_page_bytes, round_up
+from ..units import HOST_PAGE_BYTES, arena_page_bytes, round_up
 from .buffer_sources import BudgetedPageable
 from .entry_store import EntryStore
 from .entry_store_wrapper import EntryStoreWrapper
@@ -136,7 +136,8 @@ class OptimizerStore(EntryStoreWrapper):
         return sum(self._kept_bytes(numel) for numel in tensor_numels)
 
     def _kept_bytes(self, numel: int) -> int:
-        return round_up(self.entries.swap_nbytes(numel), PAGE_BYTES)
+        # (whole host pages, as BudgetedPageable reserves a kept buffer: helper-239, 64 KiB pages)
+        return round_up(self.entries.swap_nbytes(numel), HOST_PAGE_BYTES)
 
     def close(self) -> None:
         """Give every buffer back (dirty bytes are not written: flush first), then the streaming slots' arena."""

@@ -123,7 +123,8 @@ def memory_cgroup_folder(proc: str = "/proc") -> Tuple[Optional[str], Optional[s
                 # a v2 folder has memory files only where its parent enables the controller for its children; an
                 # ancestor's limit binds it all the same (a systemd slice with MemoryMax above a job without
                 # accounting: helper-235), and cgroup_levels walks up to it past the levels without files
-                if os.path.isdir(folder):
+                # (a membership the mount does not show, the mount point itself limited: its limit, read there)
+                if os.path.isdir(folder) or os.path.exists(os.path.join(mount_point, "memory.max")):
                     return folder, mount_point, version
                 continue
             if os.path.exists(os.path.join(folder, "memory.limit_in_bytes")) or \

@@ -231,3 +231,5 @@ def test_a_v2_limit_above_a_cgroup_without_memory_files_still_bounds_it(tmp_path
     assert (memory.total_bytes, memory.available_bytes, memory.bound_by) == (8 * GiB, 3 * GiB, str(mount / "slice"))
     write(os.path.join(proc, "self", "cgroup"), "0::/other\n")  # a membership whose folder the mount does not show
     assert memory_cgroup_folder(proc) == (None, None, 0)
+    v2_group(str(mount), 4 * GiB, 1 * GiB)  # ... but whose mount point is limited: that limit (helper-239)
+    assert read_host_memory(proc).total_bytes == 4 * GiB
