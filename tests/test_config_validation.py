@@ -524,11 +524,3 @@ def test_a_profile_file_of_any_version_or_damaged_or_empty_is_no_foreign_file(co
         (tmp_path / name).write_text(content)
     (tmp_path / "p.ranking.json").write_text("not the profile of any rank")
     check_output_paths(config_of_ds_dict({"tencache": {"profile_path": str(tmp_path / "p.json")}}))
-
-
-def test_a_file_larger_than_any_profile_is_refused_unread(tmp_path):
-    from tencache_ds.profile import store
-    path = tmp_path / "checkpoint.pt"
-    with open(path, "wb") as handle:
-        handle.truncate(store._LARGEST_PROFILE_BYTES + 1)  # (sparse: no bytes written)
-    assert "more than a profile ever does" in store.foreign_file_reason(str(path))

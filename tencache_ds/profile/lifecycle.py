@@ -124,7 +124,7 @@ class ProfileLifecycle:
         tensors = [list(pair) for pair in tensors]
         self._fingerprint = profile_store.fingerprint(tensors, facts)
         self._facts = dict(facts, tensors=len(tensors), elements=sum(numel for _key, numel in tensors))
-        saved = profile_store.load_section(self._path, self._section, self._fingerprint)
+        saved = profile_store.load_section(self._path, self._section, self._fingerprint, self._facts)
         if saved is not None:
             self._adopt(saved.with_keys(self._from_file), source="loaded", save=False)
             if self._phase is Phase.RECORDING:  # found after initialisation: it predicts from here on

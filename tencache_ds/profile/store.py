@@ -133,38 +133,34 @@ def rank_files(path: str) -> List[str]:
     return [match.group(0) for match in sorted(filter(None, matches), key=lambda match: int(match.group(1)))]
 
 
-# A profile holds a few numbers per access of a step: megabytes for the largest models. A file much larger than that
-# at profile_path is someone's data (a checkpoint, a dataset), and is not read whole to find out.
-_LARGEST_PROFILE_BYTES = 256 << 20
+# How every profile file begins: its writer (_replace_file) puts the format version first. Only this much of a file
+# is read to tell (each rank checks every rank's file at start-up: helper-239).
+_PROFILE_START = re.compile(rb'\s*\{\s*"version"\s*:')
+_START_BYTES = 4096
 
 
 def foreign_file_reason(path: str) -> Optional[str]:
     """Why the existing file at ``path`` is not a profile, where it is not one: a run would replace it with its own
     profile, and the user's file would be lost (helper-234: profile_path mistyped as the DeepSpeed config). None for
-    a missing or empty file, and for one that is a profile, of any version or damaged in its sections (those are
-    re-profiled and replaced, with a warning: ``load_section``)."""
+    a missing or empty file, and for one that begins as every profile does, of any version or damaged in its
+    sections (those are re-profiled and replaced, with a warning: ``load_section``)."""
     try:
-        size = os.path.getsize(path)
-        if size == 0:
-            return None
-        if size > _LARGEST_PROFILE_BYTES:
-            return f"it holds {size} bytes, more than a profile ever does"
         with open(path, "rb") as handle:
-            data = json.loads(handle.read())
+            start = handle.read(_START_BYTES)
     except FileNotFoundError:
         return None
     except OSError as err:
         return f"it cannot be read to tell ({err})"
-    except ValueError as err:  # (UnicodeDecodeError is a ValueError)
-        return f"it is not JSON ({type(err).__name__}: {err})"
-    if not isinstance(data, dict) or "version" not in data:
-        return "it is not a profile (no top-level \"version\")"
-    return None
+    if not start or _PROFILE_START.match(start):
+        return None
+    return "it does not begin as a profile does ({\"version\": ...)"
 
 
-def load_section(path: Optional[str], section: str, expected_fingerprint: str) -> Optional[StepProfile]:
+def load_section(path: Optional[str], section: str, expected_fingerprint: str,
+                 facts: Optional[dict] = None) -> Optional[StepProfile]:
     """The step saved in ``section`` if the file has one recorded for ``expected_fingerprint``; else None, with a
-    warning that says why (missing file or section: silent). Never raises for a bad file."""
+    warning that says why (missing file or section: silent; a stale one names the ``facts`` that differ from the
+    saved ones). Never raises for a bad file."""
     if not path or not os.path.exists(path):
         return None
     try:
@@ -178,10 +174,20 @@ def load_section(path: Optional[str], section: str, expected_fingerprint: str) -
         return None
     if entry.fingerprint != expected_fingerprint:
         logger.warning("profile %s [%s] is stale: it was recorded for another model or config (fingerprint %s, this "
-                       "run %s); re-profiling, it will be replaced once a training step is recorded", path, section,
-                       entry.fingerprint, expected_fingerprint)
+                       "run %s%s); re-profiling, it will be replaced once a training step is recorded", path, section,
+                       entry.fingerprint, expected_fingerprint, _facts_that_differ(entry.facts, facts or {}))
         return None
     return entry.step
+
+
+def _facts_that_differ(saved: dict, facts: dict) -> str:
+    """"; <fact> <saved> -> <this run's>, ..." for the facts a stale section was recorded with that differ from this
+    run's; a fact it did not note was not fingerprinted by the tencache that recorded it (helper-239: an upgrade that
+    fingerprints a new fact makes every profile stale once, and "another model or config" alone misled)."""
+    facts = json.loads(json.dumps(facts, default=str))  # (as the file holds them: tuples as lists, dtypes as text)
+    differ = [f"{key} {saved[key]!r} -> {value!r}" if key in saved else f"{key} not noted (an older tencache's profile)"
+              for key, value in sorted(facts.items()) if saved.get(key, object()) != value]
+    return "; " + ", ".join(differ) if differ else ""
 
 
 def save_section(path: Optional[str], section: str, section_fingerprint: str, step: StepProfile,

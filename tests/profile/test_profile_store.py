@@ -196,3 +196,15 @@ def test_a_missing_profile_whose_ranks_wrote_theirs_names_their_files(tmp_path):
         in str(raised.value)
     with pytest.raises(FileNotFoundError, match=r"No such file or directory: '[^;]*'$"):
         read_sections(str(tmp_path / "q.json"))
+
+
+def test_a_stale_section_names_the_facts_that_differ(tmp_path, messages):
+    """helper-239: "recorded for another model or config" alone, also where an upgrade fingerprints a fact the
+    profile's tencache did not note (every profile stale once)."""
+    path = str(tmp_path / "p.json")
+    save_section(path, "params", "old", TIMED, {"dtype": "torch.float32", "world_size": 1})
+    assert load_section(path, "params", "new", {"dtype": "torch.float32", "world_size": 2,
+                                                "train_micro_batch_size_per_gpu": 4}) is None
+    [stale] = [message for message in messages if "is stale" in message]
+    assert "; train_micro_batch_size_per_gpu not noted (an older tencache's profile), world_size 1 -> 2)" in stale
+    assert "dtype" not in stale
