@@ -192,6 +192,21 @@ def _moved_over_own_least(runs: Sequence[BenchRun], own: Dict[str, Dict[str, lis
         f"the median of {len(found)} runs' own ratios ({each}); the first: {found[0][1]}"
 
 
+def _refuse_unless_tencache_ran(run: BenchRun) -> None:
+    """A tencache run whose steps say tencache was not enabled ran stock (a training script that never imported
+    tencache_ds, or dropped the block: TENCACHE_BENCH_TRAIN_SCRIPT), or could not say (tencache_ds.stats failed):
+    compared as tencache, it gave stock's numbers a tencache column and ratios (helper-241). A script that reports
+    no stats at all cannot say, and is taken at its word."""
+    for index, step in enumerate(run.steps):
+        stats = step.get("stats") or {}
+        if "stats_error" in stats:
+            raise ValueError(f"{run.label}: tencache_ds.stats failed at step {index}: {stats['stats_error']}")
+        if stats.get("tencache_enabled", 1) != 1:
+            raise ValueError(f"{run.label} did not run tencache (step {index}: tencache_enabled "
+                             f"{stats.get('tencache_enabled')!r}): its training script must import tencache_ds and "
+                             f"pass the config's \"tencache\" block on to deepspeed.initialize")
+
+
 def compare(runs: Sequence[BenchRun], warmup_steps: int, nvme_bandwidth: Optional[NvmeBandwidth] = None,
             stock_crashed: Optional[str] = None, drive_tbw_bytes: Optional[float] = None,
             ranks_per_drive: int = 1) -> Comparison:
@@ -221,6 +236,8 @@ def compare(runs: Sequence[BenchRun], warmup_steps: int, nvme_bandwidth: Optiona
             if len(run.steps) <= warmup_steps:
                 raise ValueError(f"{run.label} has {len(run.steps)} steps, all within the {warmup_steps} warm-up "
                                  "steps; run more steps or lower --warmup")
+    for run in by_arm[TENCACHE]:
+        _refuse_unless_tencache_ran(run)
     series = {run.label: dict(step_series(run), **run_series(run)) for run in runs}
 
     def median_of(name: str) -> Callable[[Sequence[BenchRun]], Optional[float]]:

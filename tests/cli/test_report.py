@@ -5,6 +5,7 @@ import dataclasses
 import importlib.util
 import json
 import os
+import re
 import types
 
 import pytest
@@ -628,3 +629,16 @@ def test_each_repeat_is_set_over_its_own_least_bytes(monkeypatch):
     row = compare([first[0], first[1], second, first[2]], warmup_steps=1).row(report.ROW_VS_LEAST)
     assert row.tencache == pytest.approx(1.0), row.note  # 2.0x before: the median 1 GB over the smaller least
     assert "the median of 2 runs' own ratios (1.00, 1.00)" in row.note
+
+
+@pytest.mark.parametrize("stats, says", [({"tencache_enabled": 0}, "tencache-1 did not run tencache (step 0"),
+                                         ({"stats_error": "RuntimeError: no"}, "tencache_ds.stats failed at step 0")])
+def test_a_tencache_run_that_ran_stock_is_refused_not_compared(stats, says):
+    """helper-241: a training script (TENCACHE_BENCH_TRAIN_SCRIPT) that never imported tencache_ds or dropped the
+    block ran stock in the tencache arm, and the bench printed its numbers as tencache's, with ratios."""
+    runs = [BenchRun("stock", 1, make_result([1.0, 1.0, 1.0])),
+            BenchRun("tencache", 1, make_result([1.0, 1.0, 1.0], stats=[dict(stats)] * 3))]
+    with pytest.raises(ValueError, match=re.escape(says)):
+        report.compare(runs, warmup_steps=1)
+    runs[1].result["steps"] = make_result([1.0, 1.0, 1.0], stats=[{"tencache_enabled": 1}] * 3)["steps"]
+    assert report.compare(runs, warmup_steps=1)
