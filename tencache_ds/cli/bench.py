@@ -398,6 +398,31 @@ def execute(spec: RunSpec, progress) -> None:
         raise BenchError(f"{spec.label} exited 0 but wrote no {spec.result_path}; see {spec.log_path}")
 
 
+def run_all(specs: Sequence[RunSpec], execute_one: Callable[[RunSpec, Any], None], progress) -> Dict[str, str]:
+    """Run ``specs`` in order with ``execute_one``; {arm: what its first crash was} for the arms whose crash is a
+    result, whose other repeats are then skipped (each crashes again): stock NVMe's where a stock CPU offload arm
+    runs beside it (stock NVMe crashes on configs tencache trains: small buffer_count, DeepSpeed's default reuse
+    distance, 2 ranks...), and stock CPU offload's (on a model beyond the host's memory it is OOM-killed in
+    initialize: stock NVMe and tencache are still compared; before, the whole bench was lost: helper-241). Any other
+    run's failure raises, as does the crash of both stock arms (nothing left to compare tencache with)."""
+    crashed: Dict[str, str] = {}
+    arms = {spec.arm for spec in specs}
+    for spec in specs:
+        if spec.arm in crashed:
+            continue
+        try:
+            execute_one(spec, progress)
+        except BenchError as err:
+            if not (spec.arm == report.STOCK_CPU or (spec.arm == report.STOCK and report.STOCK_CPU in arms)):
+                raise
+            crashed[spec.arm] = f"{spec.label} exited {spec.returncode}: {_crash_reason(spec.log_path)}"
+            print(f"bench: {crashed[spec.arm]}; its log: {spec.log_path}", file=sys.stderr)
+            if report.STOCK in crashed and report.STOCK_CPU in crashed:
+                raise BenchError(f"both stock arms crashed ({crashed[report.STOCK]}; {crashed[report.STOCK_CPU]}): "
+                                 f"nothing to compare tencache with") from err
+    return crashed
+
+
 def _crash_reason(log_path: str) -> str:
     """The last line of a failed run's log that names an error (else its last line)."""
     lines = [line.strip() for line in _log_tail(log_path, 200).splitlines() if line.strip()]
@@ -612,20 +637,9 @@ def _run_holding_the_nvme_path(args, specs: List[RunSpec], config_path: str, ds_
         machine["NVMe bandwidth"] = (bandwidth.describe() if bandwidth else
                                      f"not measured ({bandwidth_record['error']})")
         started = time.perf_counter()
-        stock_crashed = None
         with tqdm(total=len(specs) * args.steps, unit="step", dynamic_ncols=True, file=sys.stderr) as progress:
-            for spec in specs:
-                if spec.arm == report.STOCK and stock_crashed:
-                    continue  # stock is deterministic: it crashes again, and its other repeats are skipped
-                try:
-                    execute(spec, progress)
-                except BenchError:
-                    # stock NVMe crashes on configs tencache trains (small buffer_count, DeepSpeed's default reuse
-                    # distance, 2 ranks...): with a stock CPU offload arm to compare with, that is a result
-                    if spec.arm != report.STOCK or report.STOCK_CPU not in {other.arm for other in specs}:
-                        raise
-                    stock_crashed = f"{spec.label} exited {spec.returncode}: {_crash_reason(spec.log_path)}"
-                    print(f"bench: {stock_crashed}; its log: {spec.log_path}", file=sys.stderr)
+            crashed = run_all(specs, execute, progress)
+        stock_crashed = crashed.get(report.STOCK)
     finally:
         restore_signals(previous_handlers)
     total_s = time.perf_counter() - started
@@ -637,6 +651,10 @@ def _run_holding_the_nvme_path(args, specs: List[RunSpec], config_path: str, ds_
                                 drive_tbw_bytes=getattr(args, "drive_tbw", None),
                                 ranks_per_drive=getattr(args, "ranks", 1))  # every rank writes under --nvme-path
     comparison.notes.extend(f"{sentence}, in every arm" for sentence in getattr(args, "replaced_config_values", ()))
+    if report.STOCK_CPU in crashed:
+        comparison.notes.append(f"stock CPU offload did not finish ({crashed[report.STOCK_CPU]}): compared without "
+                                f"it" + ("" if any(run.arm == report.STOCK_CPU for run in runs) else
+                                         ", no repeat of it having finished"))
     figure_path, figure_note, constants = write_figure(args, runs, out_dir, f"{args.model}: tencache vs stock")
     child_commands = [shlex.join(spec.command) for spec in specs if spec.returncode is not None]
 

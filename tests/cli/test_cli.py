@@ -795,3 +795,37 @@ def test_gpus_that_deepspeeds_accelerator_cannot_use_are_a_warning(monkeypatch):
     assert warned.status == WARN and "this torch cannot use them" in warned.message
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # hidden on purpose (helper-232): no advice to reinstall torch
     assert check_accelerator(probe, gpus).status == OK
+
+
+def test_a_crash_of_the_stock_cpu_arm_is_a_result_not_the_end_of_the_bench(tmp_path):
+    """helper-241: stock CPU offload is OOM-killed in initialize on a model beyond the host's memory, and any arm but
+    stock NVMe raised: the finished stock and tencache runs (minutes each) got no comparison. Its crash is recorded
+    and its other repeats skipped, as stock NVMe's beside it; both crashing, or any tencache failure, still raises."""
+    from tencache_ds.cli.bench import BenchError, RunSpec, run_all
+    log = tmp_path / "log"
+    log.write_text("RuntimeError: DataLoader worker (pid 7) is killed by signal: Killed\n")
+
+    def specs():
+        return [RunSpec(arm, repeat, [], {}, str(log), str(tmp_path / f"{arm}{repeat}"), None, str(tmp_path))
+                for repeat in (1, 2) for arm in ("stock", "tencache", "stock-cpu")]
+
+    def crashing(*arms):
+        ran = []
+
+        def execute(spec, _progress):
+            ran.append(spec.label)
+            if spec.arm in arms:
+                spec.returncode = 137
+                raise BenchError(f"{spec.label} failed")
+        return execute, ran
+
+    execute, ran = crashing("stock-cpu")
+    crashed = run_all(specs(), execute, None)
+    assert list(crashed) == ["stock-cpu"] and "stock-cpu-1 exited 137: RuntimeError: DataLoader" in crashed["stock-cpu"]
+    assert ran == ["stock-1", "tencache-1", "stock-cpu-1", "stock-2", "tencache-2"]
+    execute, _ran = crashing("stock", "stock-cpu")
+    with pytest.raises(BenchError, match="both stock arms crashed"):
+        run_all(specs(), execute, None)
+    execute, _ran = crashing("tencache")
+    with pytest.raises(BenchError, match="tencache-1 failed"):
+        run_all(specs(), execute, None)
