@@ -2,6 +2,7 @@
 lending, write-back, Belady admission with bypass, forgetting on checkpoint load. Real files, real I/O; the
 store's invariants are checked after every call."""
 import concurrent.futures
+import contextlib
 import os
 import threading
 import time
@@ -1643,26 +1644,12 @@ def test_a_new_tensor_whose_buffer_cannot_be_had_is_not_left_known_on_file(tmp_p
         failing.close()
 
 
-class HeldWritesFailingReads(DirectFileIO):
-    """Real I/O whose writes wait for ``gate`` and whose reads fail."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.gate = threading.Event()
-
-    def _transfer(self, is_write, *args):
-        if not is_write:
-            raise OSError(5, "Input/output error")
-        self.gate.wait()
-        return super()._transfer(is_write, *args)
-
-
 def test_a_wait_for_a_victims_write_leaves_a_read_another_thread_started_of_it_to_that_thread(tmp_path):
     """helper-238: a lend evicting dirty v waits for v's write with the store's lock released; meanwhile v's own
     borrower reaped the write and started a read of v, which failed. The waiter, its lock back, applied that read's
     outcome as its write's: it raised the read's error from its unrelated lend and put v back on file, and the
     borrower's wait_read found no read in flight."""
-    io = HeldWritesFailingReads(num_threads=2)
+    io = HeldWrites(num_threads=2, fail_reads=True)
     store = make(tmp_path, io, budget_bytes=store_nbytes())  # room for one tensor: x's buffer evicts v
     outcome = {}
     try:
@@ -1670,14 +1657,7 @@ def test_a_wait_for_a_victims_write_leaves_a_read_another_thread_started_of_it_t
         lender = threading.Thread(target=lambda: outcome.update(
             x=_outcome(lambda: store.lend_new("x", NUMEL, str(tmp_path / "x.swp")))))
         lender.start()
-        v = store._table["v"]
-        while v.state != EntryState.WRITING:
-            time.sleep(0.001)
-        with store._transfers.lock:  # the borrower, before the lender has its lock back
-            io.gate.set()
-            while not v.io.done():
-                time.sleep(0.001)
-            store.reap_writes()
+        with write_of_v_reaped_by_another_thread(store, io) as v:  # the borrower, before the lender's lock is back
             store.start_read("v")
             while not v.io.done():
                 time.sleep(0.001)
@@ -1703,21 +1683,15 @@ def _outcome(call):
 def test_a_failed_write_that_another_thread_applied_is_raised_to_the_flush_that_waited_for_it(tmp_path):
     """helper-239: a flush waited for v's write (the lock released); the write failed, and another thread's reap
     applied the failure (a reap only logs it, v dirty again): the flush returned as if v were written."""
-    io = HeldWrites(num_threads=2, fail=True)
+    io = HeldWrites(num_threads=2, fail_writes=True)
     store = make(tmp_path, io, budget_bytes=4 * store_nbytes())
     outcome = {}
     try:
         put(store, tmp_path, "v", 1.0)
         flusher = threading.Thread(target=lambda: outcome.update(flushed=_outcome(store.flush)))
         flusher.start()
-        v = store._table["v"]
-        while v.state != EntryState.WRITING:
-            time.sleep(0.001)
-        with store._transfers.lock:  # another thread, before the flush has its lock back
-            io.gate.set()
-            while not v.io.done():
-                time.sleep(0.001)
-            store.reap_writes()
+        with write_of_v_reaped_by_another_thread(store, io):
+            pass
         flusher.join(timeout=60)
         assert isinstance(outcome["flushed"], OSError), outcome["flushed"]
         assert store.state("v") == EntryState.DIRTY  # its bytes still owed to the file
@@ -1728,15 +1702,30 @@ def test_a_failed_write_that_another_thread_applied_is_raised_to_the_flush_that_
 
 
 class HeldWrites(DirectFileIO):
-    """Real I/O whose writes wait for ``gate`` (and fail, with ``fail``)."""
+    """Real I/O whose writes wait for ``gate``; ``fail_writes``, ``fail_reads``: those fail (a drive error)."""
 
-    def __init__(self, *args, fail=False, **kwargs):
+    def __init__(self, *args, fail_writes=False, fail_reads=False, **kwargs):
         super().__init__(*args, **kwargs)
-        self.gate, self.fail = threading.Event(), fail
+        self.gate, self.fail_writes, self.fail_reads = threading.Event(), fail_writes, fail_reads
 
     def _transfer(self, is_write, *args):
         if is_write:
             self.gate.wait()
-            if self.fail:
-                raise OSError(28, "No space left on device")
+        if self.fail_writes if is_write else self.fail_reads:
+            raise OSError(5, "Input/output error")
         return super()._transfer(is_write, *args)
+
+
+@contextlib.contextmanager
+def write_of_v_reaped_by_another_thread(store, io):
+    """Once v's write (held at ``io``'s gate) is in flight: this thread takes the store's lock before the thread
+    waiting for that write has it back, lets the write end, reaps it, and runs the block, the lock still held."""
+    v = store._table["v"]
+    while v.state != EntryState.WRITING:
+        time.sleep(0.001)
+    with store._transfers.lock:
+        io.gate.set()
+        while not v.io.done():
+            time.sleep(0.001)
+        store.reap_writes()
+        yield v

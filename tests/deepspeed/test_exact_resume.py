@@ -91,8 +91,8 @@ def test_a_resume_from_a_save_cut_short_among_its_master_files_says_the_checkpoi
     for name in masters[2:]:
         os.unlink(os.path.join(rank_folder, name))
     stopped = train(block=AUTO, steps=1, resume=True, checkpoint_dir=folder, expect_failure=True, **options)
-    assert f"the checkpoint is incomplete: its ZeRO file describes {len(masters)} optimizer sub-groups swapped at the " \
-        f"save, and {rank_folder} holds the master files of 2." in stopped.output, stopped.output[-3000:]
+    assert (f"the checkpoint is incomplete: its ZeRO file describes {len(masters)} optimizer sub-groups swapped at "
+            f"the save, and {rank_folder} holds the master files of 2.") in stopped.output, stopped.output[-3000:]
 
 
 def test_a_resume_from_a_checkpoint_that_lost_moment_files_stops_on_every_rank_naming_them(train, tmp_path):
