@@ -8,10 +8,10 @@ Rank 0 prints one RESULT line.
 
     deepspeed --num_gpus 2 tests/deepspeed/tensor_fragments.py SCENARIOS stock|tencache[=BUDGETS] nvme|cpu NVME_DIR
 
-SCENARIOS: comma-separated, of get_, set_, update_, clip_, save16_, missing_, set_params_, clip_params_ + fp32 or
-bf16 (test_zero_grad_clip.py's custom clipping for clip; the 16-bit model file saved with the parameters offloaded
-too for save16, and set and clip so in set_params and clip_params; a state key the optimizer lacks asked for first,
-for missing); they run one after
+SCENARIOS: comma-separated, of get_, set_, update_, clip_, save16_, missing_, fresh_, set_params_, clip_params_ +
+fp32 or bf16 (test_zero_grad_clip.py's custom clipping for clip; the 16-bit model file saved with the parameters
+offloaded too for save16, and set and clip so in set_params and clip_params; a state key the optimizer lacks asked
+for first, for missing; gradients read and set before the first backward, for fresh); they run one after
 the other in the same processes, each with its own engine and folder under NVME_DIR. ``tencache=BUDGETS``:
 comma-separated values of the block's ``host_cache_bytes`` ("auto" without any), each running every scenario (its
 results under "SCENARIO@BUDGET"). A scenario's result holds
@@ -153,8 +153,7 @@ def missing(budget, device, nvme, dtype):
     Adam's "exp_avg"), whole and this rank's part, after every step, read and then set, and where it lives
     (get_hp_param_device, offload_states' question): stage 3's getter and setter raise KeyError after their swap-in,
     before their release or swap-out. After every backward, a vectorised gradient update whose function raises at
-    the third trained parameter, once the first two of the sub-group have their new gradients; and one before the first
-backward, where stage 3 raises for want of a gradient (with the optimizer on NVMe). Training goes on, the
+    the third trained parameter, once the first two of the sub-group have their new gradients. Training goes on, the
     key it has reads and sets as always, and the gradients written before the raise are the step's (until
     2026-12-03 tencache left the sub-group lent and the next swap-in or flush stopped on it; stock NVMe stops on an
     empty buffer list)."""
@@ -207,14 +206,36 @@ backward, where stage 3 raises for want of a gradient (with the optimizer on NVM
         return {**_by_getter(engine, values), "missed": missed, "devices": sorted(devices)}
 
     with engine_for(budget, device, nvme, dtype) as engine:
-        # Before any backward, a vectorised update: stock CPU offload runs the function on the zeros it allocated
-        # at init; with the optimizer on NVMe the sub-group has no gradient yet, and stage 3 raises AttributeError
-        # after its swap-in (stock NVMe too). Not compared; what is: that the training after it is stock CPU
-        # offload's (the sub-group left lent stopped the first step's swap-in).
-        with contextlib.suppress(AttributeError):
-            safe_update_full_grad_vectorized([lp for lp in engine.module.parameters() if lp.requires_grad],
-                                             lambda gradient, _lp: gradient)
         return trained(engine, dtype, after_backward, after_step)
+
+
+def fresh(budget, device, nvme, dtype):
+    """Before the first backward, as a user's start-up code or a callback that runs first calls them: the gradient
+    getters, whole and this rank's part, read stock CPU offload's zeros (the buffer it allocates at init); a
+    vectorised update runs its function on them; a gradient set, whole and local, reads back as set. Then training,
+    whose first backward overwrites what was set (stock's copy at the first micro-batch). With the optimizer on NVMe
+    a sub-group has no gradient until then, and each of these calls stopped on None (AttributeError in stage 3,
+    stock NVMe too; tencache until 2026-12-07: helper-240's review)."""
+    with engine_for(budget, device, nvme, dtype) as engine:
+        params = [(name, lp) for name, lp in engine.module.named_parameters() if lp.requires_grad]
+        seen = {"read": _by_getter(engine, {key: value for name, lp in engine.module.named_parameters()
+                                            for key, value in ((f"{name}.full_grad", safe_get_full_grad(lp)),
+                                                               (f"{name}.local_grad", safe_get_local_grad(lp)))})}
+        offsets = {id(lp): index + 1.0 for index, (_, lp) in enumerate(params)}
+        safe_update_full_grad_vectorized([lp for _, lp in params], lambda gradient, lp: gradient + offsets[id(lp)])
+        seen["updated"] = digest({name: safe_get_full_grad(lp) for name, lp in params})
+        matches = True
+        for index, (name, lp) in enumerate(params):
+            if index % 2 == 0:
+                value = random_like(lp.ds_shape, index, dtype)
+                safe_set_full_grad(lp, value)
+                matches &= bool(torch.equal(safe_get_full_grad(lp).to(dtype), value))
+            else:
+                value = random_like((lp.ds_tensor.ds_numel,), index + 100 * (torch.distributed.get_rank() + 1), dtype)
+                safe_set_local_grad(lp, value)
+                matches &= bool(torch.equal(safe_get_local_grad(lp).to(dtype), value))
+        seen["set_read_back"] = matches
+        return {**seen, **trained(engine, dtype, lambda _engine, _step: None, lambda _engine, _step: None)}
 
 
 def _by_getter(engine, values):
@@ -317,7 +338,7 @@ def save16(budget, device, nvme, dtype):
 
 SCENARIOS = {f"{name}_{label}": (function, dtype)
              for name, function in (("get", get), ("set", set_), ("update", update), ("clip", clip),
-                                    ("save16", save16), ("missing", missing),
+                                    ("save16", save16), ("missing", missing), ("fresh", fresh),
                                     ("set_params", functools.partial(set_, params_too=ON_FILE)),
                                     ("clip_params", functools.partial(clip, params_too=ON_FILE)))
              for label, dtype in DTYPES.items()}

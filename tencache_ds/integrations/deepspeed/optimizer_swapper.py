@@ -577,12 +577,16 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
                 parameter.grad = self.gradients.lend(group, path, swap_info.numel(),
                                                      functools.partial(self._lend, path, swap_info.numel(), read_ahead))
                 keys.append(path)
-            elif self._in_stage3_step() and self._getter_swap_ins is None:
-                # no micro-batch has reduced into this sub-group yet (a head, a branch or an expert unused so far):
-                # stock CPU offload steps it with its gradient buffer's zeros; with none, stage 3's unscale stopped
-                # the first step (AttributeError on the gradient's mul_; stock NVMe too: helper-190's review). Its
-                # memory goes with the step (stage 3 drops the gradient at the sub-group's swap-out). Only in a step:
-                # the swap-ins of start-up and of a load's rebuild take no gradient (helper-191).
+            elif (self._in_stage3_step() and self._getter_swap_ins is None) or \
+                    (self._getter_swap_ins is not None and self._fragment_reads_gradient):
+                # no micro-batch has reduced into this sub-group yet (a head, a branch or an expert unused so far;
+                # any sub-group before the first backward): stock CPU offload steps it, and its fragment calls read
+                # and write it, in its gradient buffer's zeros; with none, stage 3's unscale stopped the first step
+                # and its gradient getters and setters stopped at once (AttributeError on None; stock NVMe too:
+                # helper-190's and helper-240's reviews). Its memory goes with the step or the call (stage 3 drops
+                # the gradient at the sub-group's swap-out or release; a setter's values are stored at its
+                # write-back). Not in the swap-ins of start-up and of a load's rebuild: they take no gradient
+                # (helper-191).
                 parameter.grad = torch.zeros(swap_info.numel(), dtype=parameter.dtype, device=parameter.device)
         except BaseException:
             self._give_back_unlent(read_ahead, keys)
@@ -705,8 +709,9 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             group = OptimizerSwapper.parameter_id(parameter)
             swap_info = self.swap_params_info.get(group)
             if swap_info is not None and not swap_info.has_gradients() and parameter.grad is not None:
-                # the zeros a step lent a sub-group with no gradient yet, written (Muon's pass): its first gradient,
-                # stored as a new one (given back with the states, the written values were dropped: helper-191)
+                # the zeros a step or a setter lent a sub-group with no gradient yet, written (Muon's pass, a
+                # gradient set before the first backward): its first gradient, stored as a new one (given back with
+                # the states, the written values were dropped: helper-191)
                 swap_info.get_or_create_gradient_paths([0], [swap_info.numel()])
                 self._store_new(gradient_path(swap_info), parameter.grad)
             self.gradients.written_back(group)
