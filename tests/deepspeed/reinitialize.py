@@ -3,7 +3,8 @@ the engine before the same model is prepared again (a second ``trainer.train()``
 that swap optimizers). Train two steps, destroy (twice: stock tolerates it), ``deepspeed.initialize`` the same
 zero.Init model, train two more. Prints one RESULT line: the losses, and tencache's swapper states.
 
-    python tests/deepspeed/reinitialize.py stock|tencache NVME_DIR [refused-model-between|stock-model-alongside]
+    python tests/deepspeed/reinitialize.py stock|tencache NVME_DIR [refused-model-between|stock-model-alongside|
+                                                                    failed-initialize-first]
 
 ``refused-model-between`` (tencache): after the first destroy, a second zero.Init model in the same folder is
 refused before it empties the folder (a stale build lock of DeepSpeed's async_io op, left by a killed build, in a
@@ -12,7 +13,11 @@ gets its new engine and trains on with its own files. The error is in the RESULT
 ``stock-model-alongside`` (tencache): before the first engine, while the first model's swapper is live, a second
 zero.Init model in the same folder under a config without the "tencache" block is refused (DeepSpeed's own swapper
 would delete the folder's files: helper-207); the first model trains on with its own files.
+``failed-initialize-first``: before the model, another zero.Init model whose ``deepspeed.initialize`` raises once its
+ZeRO-3 optimizer is built (a client scheduler that raises), as a sweep meets one; the RESULT line holds the threads
+that call left alive.
 """
+import threading
 import contextlib
 import json
 import os
@@ -66,6 +71,29 @@ def stock_model(cfg, model_cfg):
     return None
 
 
+class SchedulerFailed(Exception):
+    pass
+
+
+def failing_scheduler(_optimizer):
+    """A client scheduler that raises: DeepSpeed calls it once the optimizer is built."""
+    raise SchedulerFailed("the scheduler's own error")
+
+
+def failed_initialize(cfg, model_cfg):
+    """A zero.Init model whose ``deepspeed.initialize`` raises once its ZeRO-3 optimizer is built (stock leaves the
+    engine's hooks on that model: it trains no more, and the run goes on with a new one). The threads the failed call
+    left alive."""
+    model, _ = train.build_model("zero", model_cfg, json.loads(json.dumps(cfg)))
+    before = {thread.ident for thread in threading.enumerate()}
+    try:
+        deepspeed.initialize(model=model, model_parameters=model.parameters(), config=json.loads(json.dumps(cfg)),
+                             lr_scheduler=failing_scheduler)
+    except SchedulerFailed:
+        return sorted(thread.name for thread in threading.enumerate() if thread.ident not in before)
+    raise AssertionError("the scheduler did not raise")
+
+
 def main(mode, nvme, between=None):
     train.ensure_dist_env()
     deepspeed.init_distributed()
@@ -73,6 +101,9 @@ def main(mode, nvme, between=None):
         import tencache_ds
     cfg = config(mode, nvme, "nvme", "nvme")
     _, model_cfg = train.load_model_config("gpt2-tiny")
+    left_alive = None
+    if between == "failed-initialize-first":
+        left_alive = failed_initialize(cfg, model_cfg)
     train.seed_everything(1234)
     model, _ = train.build_model("zero", model_cfg, json.loads(json.dumps(cfg)))
     stream = train.synthetic_batches(model_cfg.vocab_size, 2, 64, 1)
@@ -94,7 +125,8 @@ def main(mode, nvme, between=None):
             states.append([stats.get("param_swapper_resting"), stats.get("param_swapper_closed"),
                            stats.get("optimizer_swapper_closed"),
                            stats.get("param_reserved_bytes") == 0])  # its slots given back
-    print("RESULT " + json.dumps({"losses": losses, "states": states, "refused": refused}), flush=True)
+    print("RESULT " + json.dumps({"losses": losses, "states": states, "refused": refused, "left_alive": left_alive}),
+          flush=True)
 
 
 if __name__ == "__main__":

@@ -55,9 +55,14 @@ def test_the_same_model_under_a_new_engine_after_destroy_trains_on_with_stocks_l
     parameter swapper, dropping the partitions' newest weights (held changed, written back only on eviction): the
     new engine's first swap-in stopped on a KeyError, where stock trains on. A second destroy of one engine also
     took a second user from the swapper. Parity with a process that never imported tencache_ds; also where a second
-    zero.Init model in the folder is refused between the rounds, before it emptied the folder."""
+    zero.Init model in the folder is refused between the rounds, before it emptied the folder. Both runs begin with
+    another zero.Init model in the folder whose deepspeed.initialize raises once its optimizer is built (a client
+    scheduler that raises): until 2026-12-07 nothing closed that optimizer's swappers (helper-240's review), its
+    sampling thread stayed alive and its user of the folder's parameter swapper, which the model trained next shares,
+    kept that swapper from resting at every destroy after."""
     results = {}
-    runs = {"stock": ["stock"], "tencache": ["tencache"], "refused": ["tencache", "refused-model-between"],
+    runs = {"stock": ["stock", "failed-initialize-first"], "tencache": ["tencache", "failed-initialize-first"],
+            "refused": ["tencache", "refused-model-between"],
             "alongside": ["tencache", "stock-model-alongside"]}
     for name, args in runs.items():
         proc = run_helper(os.path.join(os.path.dirname(__file__), "reinitialize.py"),
@@ -68,6 +73,7 @@ def test_the_same_model_under_a_new_engine_after_destroy_trains_on_with_stocks_l
     assert results["tencache"]["losses"] == results["stock"]["losses"]
     # after each destroy: the parameter swapper resting, not closed, its slots given back; the optimizer's closed
     assert results["tencache"]["states"] == [[1, 0, 1, True], [1, 0, 1, True]]
+    assert results["tencache"]["left_alive"] == [] == results["stock"]["left_alive"]
     # A new zero.Init model in the resting swapper's folder refused before it emptied the folder (a stale build
     # lock): the first model's files are still there, and its new engine trains on with stock's losses. Until
     # 2026-12-03 the resting swapper was marked replaced as the new one was created, before its constructor ran:

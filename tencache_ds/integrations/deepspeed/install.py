@@ -14,6 +14,7 @@ never take effect (ZeRO stage 1/2, or nothing offloaded to NVMe) means no swappe
 check the run would silently be stock DeepSpeed; and our message for a block misplaced inside
 "zero_optimization" comes before DeepSpeed's pydantic one.
 """
+import contextlib
 import functools
 import os
 import inspect
@@ -30,6 +31,7 @@ from deepspeed.runtime.swap_tensor.partitioned_param_swapper import PartitionedP
 from ...config import CONFIG_KEY, NO_AUTO_INSTALL_ENV
 from ...errors import TencacheError
 from ...ext_lock import raise_if_stale_locks
+from ...log import logger
 from . import contract, reporting
 from .agreement import raised_on_every_rank
 from .adam_beta_products import record_beta_products, with_products_saved
@@ -88,10 +90,60 @@ def _validating(initialize):
             check()
         config = checked[0]
         # (what the optimizer swapper checks when it cannot find its own config; what a refusal inside passes on)
-        with initializing(config), installed_call(config_arguments_of(bound)):
-            return initialize(*args, **kwargs)
+        with initializing(config), installed_call(config_arguments_of(bound)), _recording_builds() as built:
+            try:
+                return initialize(*args, **kwargs)
+            except BaseException:
+                _close_after_failed_initialize(built)
+                raise
 
     return validating_initialize
+
+
+_builds = threading.local()  # the ZeRO-3 optimizers and optimizer-less engines a deepspeed.initialize call built
+
+
+@contextlib.contextmanager
+def _recording_builds():
+    """Within one ``deepspeed.initialize`` call: the list of what it built that holds tencache's swappers (a ZeRO-3
+    optimizer once built, an optimizer-less engine's offload; ``_building_with_config``, ``_counting_offload_users``).
+    Nested calls record their own."""
+    outer, _builds.current = getattr(_builds, "current", None), []
+    try:
+        yield _builds.current
+    finally:
+        _builds.current = outer
+
+
+def _record_build(built) -> None:
+    current = getattr(_builds, "current", None)
+    if current is not None:
+        current.append(built)
+
+
+def _close_after_failed_initialize(built) -> None:
+    """``deepspeed.initialize`` raised after it built a ZeRO-3 optimizer (a client scheduler that raises, a check of
+    the engine's after the optimizer's): no engine is returned, so no destroy will close what that optimizer holds.
+    Its optimizer swapper's I/O threads and pinned slots, the governor's sampling thread and the parameter swappers'
+    users it took are given back here, as the destroy would (helper-240's review: a sweep or a retry that went on in
+    the same process found that swapper's share of the host tier taken, its threads alive, and the folder's
+    parameter swapper, which the next zero.Init model there shares, never at rest after its engines' destroys). The
+    call's own error is the one raised; one from a close is logged."""
+    for thing in built:
+        if isinstance(thing, _parameter_offload.DeepSpeedZeRoOffload):
+            for swapper in thing.__dict__.pop(_OFFLOAD_USERS, ()):
+                _close_logging_errors(swapper.release_user)
+        else:
+            _close_logging_errors(functools.partial(close_swappers_of, thing))
+
+
+def _close_logging_errors(close) -> None:
+    """A close after a failed build: the build's error is the one its caller catches, so one from the close is
+    logged, not raised."""
+    try:
+        close()
+    except Exception:  # noqa: BLE001
+        logger.error("tencache: closing the swappers of a ZeRO-3 build that failed failed too", exc_info=True)
 
 
 # The job's size as launchers say it: torchrun and DeepSpeed's own, then those DeepSpeed finds by MPI discovery
@@ -145,9 +197,10 @@ def _closing_swappers(destroy):
 _SWAPPERS_RELEASED = reporting.SWAPPERS_RELEASED
 
 
-def close_swappers_of(optimizer) -> None:
+def close_swappers_of(optimizer, param_users: bool = True) -> None:
     """Close the tencache swappers a ZeRO-3 optimizer used: its optimizer swapper; its parameters' swappers rest
-    once no other engine uses them (param_swapper.release_user). Stock DeepSpeed leaves its swappers to the garbage
+    once no other engine uses them (param_swapper.release_user; not where ``param_users`` is False: an optimizer
+    whose build failed took none of them). Stock DeepSpeed leaves its swappers to the garbage
     collector; ours hold I/O threads, pinned memory and host-tier bytes, which a rebuilt engine in the same process
     needs. Once per optimizer: a second destroy of one engine must not take a user from a swapper another engine
     still trains with (stock tolerates a second destroy). Each part runs though one before it raised (that error is
@@ -165,7 +218,7 @@ def close_swappers_of(optimizer) -> None:
             if isinstance(swapper, TencacheOptimizerSwapper):
                 swapper.close()
         finally:
-            for candidate in reporting.param_swappers_of_optimizer(optimizer):
+            for candidate in reporting.param_swappers_of_optimizer(optimizer) if param_users else ():
                 candidate.release_user()
 
 
@@ -192,6 +245,7 @@ def _counting_offload_users(init):
         for swapper in swappers:
             swapper.add_user()
         setattr(self, _OFFLOAD_USERS, swappers)
+        _record_build(self)
 
     return init_counting_users
 
@@ -231,9 +285,16 @@ def _building_with_config(init):
         for swapper in reporting.param_swappers_of_module(arguments.get("module")):
             swapper.wake()
         with building_stage3(ds_config, optimizer=self):
-            init(self, *args, **kwargs)
+            try:
+                init(self, *args, **kwargs)
+            except BaseException:
+                # its optimizer swapper, where built (an arena or a file that failed in the states' first swap-in):
+                # nothing else will close it. Its parameter swappers took no user from it yet.
+                _close_logging_errors(functools.partial(close_swappers_of, self, param_users=False))
+                raise
         for swapper in reporting.param_swappers_of_optimizer(self):  # released by its destroy (close_swappers_of)
             swapper.add_user()
+        _record_build(self)
         reporting.attach_step_meter(self)
         attach_norm_scratch(self)  # after the governor: it marks an optimizer tencache swaps for
         if tencache_runs(self):  # its C++ beta products, for a resume to give them back (adam_beta_products.py)
