@@ -139,3 +139,31 @@ def test_a_refusal_bound_before_install_hands_its_calls_to_tencaches_initialize_
             refusal(model=torch.nn.Linear(2, 2), config=asks_for_tencache)
         with pytest.raises(AssertionError, match="requires a model"):  # the same call: DeepSpeed's own, no loop
             refusal(model=None, config=outer)
+
+
+@pytest.mark.deepspeed
+def test_a_client_torch_adagrad_with_the_optimizer_on_nvme_is_refused_before_its_folder_is_made(tmp_path):
+    """A client torch.optim.Adagrad (deepspeed.initialize(optimizer=...)) with offload_optimizer on NVMe: stage 3
+    rebuilds it over masters already swapped out, torch's Adagrad makes its state at construction, empty, and the
+    first step stopped on "The size of tensor a (0) must match ..." (stock NVMe too; helper-240's review). Refused
+    at the optimizer swapper's construction, before its folder is made, naming the config's "Adagrad", which works
+    (DeepSpeedCPUAdagrad: tests/deepspeed/test_zero_scenarios.py)."""
+    import subprocess
+    import sys
+    code = ("import os, torch, tencache_ds, deepspeed\n"
+            "os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT=str(__import__('conftest').free_port()),\n"
+            "                  RANK='0', WORLD_SIZE='1', LOCAL_RANK='0')\n"
+            "model = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.Linear(512, 512))\n"
+            "config = {'train_micro_batch_size_per_gpu': 2, 'zero_allow_untested_optimizer': True,\n"
+            "          'zero_force_ds_cpu_optimizer': False, 'tencache': {},\n"
+            "          'zero_optimization': {'stage': 3, 'offload_optimizer': {'device': 'nvme', 'nvme_path': 'nvme'}}}\n"
+            "try:\n"
+            "    deepspeed.initialize(model=model, optimizer=torch.optim.Adagrad(model.parameters()), config=config)\n"
+            "except tencache_ds.TencacheConfigError as err:\n"
+            "    print('REFUSED', err)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=str(tmp_path),
+                          env=dict(os.environ, PYTHONPATH=os.path.dirname(__file__)), timeout=300)
+    assert 'REFUSED offload_optimizer.device "nvme" with a client torch.optim.adagrad.Adagrad' in proc.stdout, \
+        proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert '"optimizer": {"type": "Adagrad"' in proc.stdout
+    assert not any("optimizer" in dirs for _, dirs, _ in os.walk(tmp_path / "nvme"))

@@ -139,6 +139,22 @@ def _refuse_states_of_another_dtype(optimizer, dtype: torch.dtype) -> None:
             master_key, name, f"construct {name} with fp32_optimizer_states=False (the state in the masters' dtype)"))
 
 
+def _refuse_state_made_at_construction(optimizer) -> None:
+    """A client ``torch.optim.Adagrad`` (``deepspeed.initialize(optimizer=...)``): stage 3 builds a new one over the
+    sub-groups' masters once its start-up has swapped them out (initialize_optimizer_states), and torch's Adagrad
+    makes its state at construction, so its "sum" is empty and the first step stops on a size mismatch ("The size of
+    tensor a (0) must match ...": stock DeepSpeed's NVMe offload too; helper-240's review). Refused before any folder
+    is made, naming what runs: the optimizer named in the config, which DeepSpeed builds as DeepSpeedCPUAdagrad
+    (its state made at its first step), or the optimizer on the CPU."""
+    if isinstance(optimizer, torch.optim.Adagrad):
+        raise TencacheConfigError(
+            f'offload_optimizer.device "nvme" with a client {type(optimizer).__module__}.{type(optimizer).__name__} '
+            f'(deepspeed.initialize(optimizer=...)): stage 3 rebuilds it over the sub-groups after swapping them '
+            f'out, it makes its state then, empty, and the first step stops on a size mismatch (stock DeepSpeed '
+            f'too). Name it in the config instead, "optimizer": {{"type": "Adagrad", "params": {{...}}}} (DeepSpeed '
+            f'builds DeepSpeedCPUAdagrad, whose state tencache swaps), or set offload_optimizer.device to "cpu"')
+
+
 def _unshare_when_the_process_ends(swapper_ref, owner_pid: int) -> None:
     """At exit (weakref.finalize), for a swapper never closed: its names still shared with a checkpoint leave the
     folder (what close() does; nothing else of it runs then: the tier's state dies with the process). A swapper
@@ -188,6 +204,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             return stock(swap_config=swap_config, aio_config=aio_config, base_folder=base_folder,
                          optimizer=optimizer, largest_numel=largest_numel, device=device, dtype=dtype, timers=timers)
         _refuse_states_of_another_dtype(optimizer, dtype)
+        _refuse_state_made_at_construction(optimizer)
         swapper = super().__new__(cls)
         swapper.config = config
         return swapper
