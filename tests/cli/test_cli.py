@@ -574,6 +574,37 @@ def test_bench_run_plan_interleaves_repeats_and_differs_only_in_the_tencache_blo
     assert {spec.command[spec.command.index("--master_port") + 1] for spec in specs} == {bench.PORT_AT_START}
 
 
+def test_bench_compare_cpu_runs_stock_cpu_offload_with_deepspeeds_fetch_defaults(tmp_path):
+    """Scenario: `bench --compare cpu` with a config tuned to keep stock NVMe alive (reuse distance 0, persistence
+    threshold 0). Its third arm is stock DeepSpeed with both offloads on the CPU and DeepSpeed's default stage-3 fetch
+    knobs, what a user whose memory holds the model runs (helper-241's review: no test read that command): the plan
+    and the config scripts/train.py builds from that command line."""
+    from tencache_ds.cli import bench
+    args = build_parser().parse_args(["bench", "--repeats", "2", "--compare", "cpu", "--nvme-path",
+                                      str(tmp_path / "nvme"), "--out", str(tmp_path / "out")])
+    config_path = os.path.join(REPO_ROOT, "configs", "stock-nvme.json")
+    with open(config_path) as handle:
+        ds_config = json.load(handle)
+    specs = bench.build_runs(args, REPO_ROOT, os.path.join(REPO_ROOT, "scripts", "train.py"), config_path,
+                             ds_config, str(tmp_path / "out"), "deepspeed")
+    assert [spec.label for spec in specs] == ["stock-1", "tencache-1", "stock-cpu-1", "stock-2", "tencache-2",
+                                              "stock-cpu-2"]
+    cpu = specs[2]
+    assert cpu.metrics_path is None and cpu.command[cpu.command.index("--tencache-block") + 1] == "none"
+    # the config train.py builds from the arm's own arguments (those after the script's path)
+    sys.path.insert(0, os.path.join(REPO_ROOT, "scripts"))
+    try:
+        import train
+    finally:
+        sys.path.pop(0)
+    train_args = train.parse_args(cpu.command[cpu.command.index(os.path.join(REPO_ROOT, "scripts", "train.py")) + 1:])
+    zero = train.load_ds_config(train_args.ds_config_path, train_args)["zero_optimization"]
+    assert (zero["offload_param"]["device"], zero["offload_optimizer"]["device"]) == ("cpu", "cpu")
+    assert not set(train.STAGE3_FETCH_KNOBS) & set(zero), zero
+    stock_zero = ds_config["zero_optimization"]  # the stock NVMe arm keeps the config's knobs
+    assert {"stage3_max_reuse_distance", "stage3_param_persistence_threshold"} <= set(stock_zero)
+
+
 def test_bench_measures_the_drive_with_the_configs_requests_in_flight(tmp_path, monkeypatch):
     """Scenario: the bench's probe measures the drive under --nvme-path through tencache's engine, with as many
     requests in flight as the config's swappers issue (aio.intra_op_parallelism 3: 3 per store, 6 for both)."""
