@@ -212,15 +212,27 @@ def missing(budget, device, nvme, dtype):
 def fresh(budget, device, nvme, dtype):
     """Before the first backward, as a user's start-up code or a callback that runs first calls them: the gradient
     getters, whole and this rank's part, read stock CPU offload's zeros (the buffer it allocates at init); a
-    vectorised update runs its function on them; a gradient set, whole and local, reads back as set. Then training,
+    vectorised update whose function raises at the third trained parameter keeps what it wrote before (stock writes
+    in place), then one that runs through; a gradient set, whole and local, reads back as set. Then training,
     whose first backward overwrites what was set (stock's copy at the first micro-batch). With the optimizer on NVMe
     a sub-group has no gradient until then, and each of these calls stopped on None (AttributeError in stage 3,
-    stock NVMe too; tencache until 2026-12-07: helper-240's review)."""
+    stock NVMe too; tencache until 2026-12-07: helper-240's review), and then the raising update's fragments were
+    dropped (helper-242's)."""
     with engine_for(budget, device, nvme, dtype) as engine:
         params = [(name, lp) for name, lp in engine.module.named_parameters() if lp.requires_grad]
         seen = {"read": _by_getter(engine, {key: value for name, lp in engine.module.named_parameters()
                                             for key, value in ((f"{name}.full_grad", safe_get_full_grad(lp)),
                                                                (f"{name}.local_grad", safe_get_local_grad(lp)))})}
+
+        def ones_until_the_third(gradient, lp):
+            if lp is params[2][1]:
+                raise ValueError("the user's update function fails here")
+            return gradient + 1.0
+
+        try:
+            safe_update_full_grad_vectorized([lp for _, lp in params], ones_until_the_third)
+        except ValueError:
+            seen["raised_update"] = digest({name: safe_get_full_grad(lp) for name, lp in params})
         offsets = {id(lp): index + 1.0 for index, (_, lp) in enumerate(params)}
         safe_update_full_grad_vectorized([lp for _, lp in params], lambda gradient, lp: gradient + offsets[id(lp)])
         seen["updated"] = digest({name: safe_get_full_grad(lp) for name, lp in params})

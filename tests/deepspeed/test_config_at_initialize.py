@@ -142,29 +142,60 @@ def test_a_refusal_bound_before_install_hands_its_calls_to_tencaches_initialize_
 
 
 @pytest.mark.deepspeed
-def test_a_client_torch_adagrad_with_the_optimizer_on_nvme_is_refused_before_its_folder_is_made(tmp_path):
+def test_a_client_torch_adagrad_with_the_optimizer_on_nvme_is_refused_where_a_sub_group_is_swapped(tmp_path):
     """A client torch.optim.Adagrad (deepspeed.initialize(optimizer=...)) with offload_optimizer on NVMe: stage 3
     rebuilds it over masters already swapped out, torch's Adagrad makes its state at construction, empty, and the
     first step stopped on "The size of tensor a (0) must match ..." (stock NVMe too; helper-240's review). Refused
     at the optimizer swapper's construction, before its folder is made, naming the config's "Adagrad", which works
-    (DeepSpeedCPUAdagrad: tests/deepspeed/test_zero_scenarios.py)."""
+    (DeepSpeedCPUAdagrad: tests/deepspeed/test_zero_scenarios.py). Not where no sub-group reaches the swap threshold
+    (a small trial model): nothing is swapped, and it trains with the losses of stock NVMe, run in a process that
+    never imported tencache_ds (helper-242's review: refused there too until 2026-12-07)."""
     import subprocess
     import sys
-    code = ("import os, torch, tencache_ds, deepspeed\n"
+    code = ("import os, sys, torch\n"
+            "if sys.argv[1] == 'tencache':\n"
+            "    import tencache_ds\n"
+            "import deepspeed\n"
             "os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT=str(__import__('conftest').free_port()),\n"
             "                  RANK='0', WORLD_SIZE='1', LOCAL_RANK='0')\n"
-            "model = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.Linear(512, 512))\n"
+            "torch.manual_seed(0)\n"
+            "hidden = int(sys.argv[2])\n"
+            "model = torch.nn.Sequential(torch.nn.Linear(hidden, hidden), torch.nn.Linear(hidden, hidden))\n"
             "config = {'train_micro_batch_size_per_gpu': 2, 'zero_allow_untested_optimizer': True,\n"
-            "          'zero_force_ds_cpu_optimizer': False, 'tencache': {},\n"
+            "          'zero_force_ds_cpu_optimizer': False,\n"
             "          'zero_optimization': {'stage': 3,\n"
-            "                                'offload_optimizer': {'device': 'nvme', 'nvme_path': 'nvme'}}}\n"
+            "                                'offload_optimizer': {'device': 'nvme', 'nvme_path': sys.argv[3]}}}\n"
+            "if sys.argv[1] == 'tencache':\n"
+            "    config['tencache'] = {}\n"
             "try:\n"
-            "    deepspeed.initialize(model=model, optimizer=torch.optim.Adagrad(model.parameters()), config=config)\n"
-            "except tencache_ds.TencacheConfigError as err:\n"
-            "    print('REFUSED', err)\n")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=str(tmp_path),
-                          env=dict(os.environ, PYTHONPATH=os.path.dirname(__file__)), timeout=300)
-    assert 'REFUSED offload_optimizer.device "nvme" with a client torch.optim.adagrad.Adagrad' in proc.stdout, \
-        proc.stdout[-2000:] + proc.stderr[-3000:]
-    assert '"optimizer": {"type": "Adagrad"' in proc.stdout
-    assert not any("optimizer" in dirs for _, dirs, _ in os.walk(tmp_path / "nvme"))
+            "    engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.Adagrad(model.parameters()),\n"
+            "                                      config=config)\n"
+            "except Exception as err:\n"
+            "    print('REFUSED', type(err).__name__, err)\n"
+            "    raise SystemExit(0)\n"
+            "generator = torch.Generator().manual_seed(1)\n"
+            "losses = []\n"
+            "for _ in range(3):\n"
+            "    loss = engine(torch.randn(2, hidden, generator=generator)).pow(2).mean()\n"
+            "    engine.backward(loss)\n"
+            "    engine.step()\n"
+            "    losses.append(loss.item())\n"
+            "print('LOSSES', losses)\n")
+
+    def run(mode, hidden):
+        nvme = tmp_path / f"{mode}-{hidden}"
+        proc = subprocess.run([sys.executable, "-c", code, mode, str(hidden), str(nvme)], capture_output=True,
+                              text=True, cwd=str(tmp_path), env=dict(os.environ, PYTHONPATH=os.path.dirname(__file__)),
+                              timeout=300)
+        return proc.stdout, proc.stdout[-2000:] + proc.stderr[-3000:], nvme
+
+    refused, output, nvme = run("tencache", 512)  # 1 MiB sub-groups a rank: swapped
+    assert 'REFUSED TencacheConfigError offload_optimizer.device "nvme" with a client torch.optim.adagrad.Adagrad' \
+        in refused, output
+    assert '"optimizer": {"type": "Adagrad"' in refused
+    assert not any("optimizer" in dirs for _, dirs, _ in os.walk(nvme))
+    small = {mode: run(mode, 64) for mode in ("stock", "tencache")}  # 16 KiB: below the threshold, in memory
+    losses = {mode: [line for line in stdout.splitlines() if line.startswith("LOSSES")]
+              for mode, (stdout, _, _) in small.items()}
+    assert len(losses["stock"]) == 1, small["stock"][1]
+    assert losses["tencache"] == losses["stock"], small["tencache"][1]

@@ -62,7 +62,7 @@ def test_the_same_model_under_a_new_engine_after_destroy_trains_on_with_stocks_l
     kept that swapper from resting at every destroy after."""
     results = {}
     runs = {"stock": ["stock", "failed-initialize-first"], "tencache": ["tencache", "failed-initialize-first"],
-            "refused": ["tencache", "refused-model-between"],
+            "refused": ["tencache", "refused-model-between,failed-build-after"],
             "alongside": ["tencache", "stock-model-alongside"]}
     for name, args in runs.items():
         proc = run_helper(os.path.join(os.path.dirname(__file__), "reinitialize.py"),
@@ -78,6 +78,10 @@ def test_the_same_model_under_a_new_engine_after_destroy_trains_on_with_stocks_l
     # lock): the first model's files are still there, and its new engine trains on with stock's losses. Until
     # 2026-12-03 the resting swapper was marked replaced as the new one was created, before its constructor ran:
     # the new engine stopped on "swap files were removed".
+    # After the last destroy, a new engine of the model whose optimizer fails to build (its swap files cannot be
+    # written): the parameter swapper it woke rests again (helper-242's review: left awake with no user, it held its
+    # slots and counted as live, and a new zero.Init model in the folder with another block was refused).
+    assert results["refused"]["after_failed_build"] == [[True, 0]], results["refused"]
     assert results["refused"].get("refused") is not None, results["refused"]
     assert "stale torch extension build lock" in results["refused"]["refused"], results["refused"]
     assert results["refused"]["losses"] == results["stock"]["losses"]

@@ -132,18 +132,33 @@ def _close_after_failed_initialize(built) -> None:
     for thing in built:
         if isinstance(thing, _parameter_offload.DeepSpeedZeRoOffload):
             for swapper in thing.__dict__.pop(_OFFLOAD_USERS, ()):
-                _close_logging_errors(swapper.release_user)
+                _close_logging_errors(swapper.release_user, "a deepspeed.initialize that failed")
         else:
-            _close_logging_errors(functools.partial(close_swappers_of, thing))
+            _close_logging_errors(functools.partial(close_swappers_of, thing), "a deepspeed.initialize that failed")
 
 
-def _close_logging_errors(close) -> None:
-    """A close after a failed build: the build's error is the one its caller catches, so one from the close is
-    logged, not raised."""
+def _close_logging_errors(close, what: str) -> None:
+    """A close after a failed build or call (``what``): its error is the one its caller catches, so one from the
+    close is logged, not raised."""
     try:
         close()
     except Exception:  # noqa: BLE001
-        logger.error("tencache: closing the swappers of a ZeRO-3 build that failed failed too", exc_info=True)
+        logger.error("tencache: giving back the swappers of %s failed too", what, exc_info=True)
+
+
+@contextlib.contextmanager
+def _waking(swappers):
+    """Wake the parameter swappers of an engine being built (``TencacheParamSwapper.wake``); where the build raises,
+    those that were resting rest again unless a user took them (helper-242's review)."""
+    resting = [swapper for swapper in swappers if getattr(swapper, "resting", False)]
+    for swapper in swappers:
+        swapper.wake()
+    try:
+        yield
+    except BaseException:
+        for swapper in resting:
+            _close_logging_errors(swapper.rest_unless_used, "an engine whose build failed")
+        raise
 
 
 # The job's size as launchers say it: torchrun and DeepSpeed's own, then those DeepSpeed finds by MPI discovery
@@ -237,9 +252,8 @@ def _counting_offload_users(init):
         if find_stage3_optimizer() is not None:
             return init(self, *args, **kwargs)
         module = signature.bind_partial(self, *args, **kwargs).arguments.get("module")
-        for swapper in reporting.param_swappers_of_module(module):
-            swapper.wake()
-        init(self, *args, **kwargs)
+        with _waking(reporting.param_swappers_of_module(module)):
+            init(self, *args, **kwargs)
         # after: a model built outside zero.Init gets its swapper here (_convert_to_zero_parameters: helper-158)
         swappers = reporting.param_swappers_of_module(self.module)
         for swapper in swappers:
@@ -282,15 +296,15 @@ def _building_with_config(init):
         ds_config = arguments.get("ds_config")
         # a model given a new engine after its last one was destroyed: its resting parameter swapper counts as live
         # again before this optimizer's swapper takes its share of the host tier (host_tier_share.py)
-        for swapper in reporting.param_swappers_of_module(arguments.get("module")):
-            swapper.wake()
-        with building_stage3(ds_config, optimizer=self):
+        with _waking(reporting.param_swappers_of_module(arguments.get("module"))), \
+                building_stage3(ds_config, optimizer=self):
             try:
                 init(self, *args, **kwargs)
             except BaseException:
                 # its optimizer swapper, where built (an arena or a file that failed in the states' first swap-in):
                 # nothing else will close it. Its parameter swappers took no user from it yet.
-                _close_logging_errors(functools.partial(close_swappers_of, self, param_users=False))
+                _close_logging_errors(functools.partial(close_swappers_of, self, param_users=False),
+                                      "a ZeRO-3 optimizer whose build failed")
                 raise
         for swapper in reporting.param_swappers_of_optimizer(self):  # released by its destroy (close_swappers_of)
             swapper.add_user()

@@ -139,20 +139,28 @@ def _refuse_states_of_another_dtype(optimizer, dtype: torch.dtype) -> None:
             master_key, name, f"construct {name} with fp32_optimizer_states=False (the state in the masters' dtype)"))
 
 
-def _refuse_state_made_at_construction(optimizer) -> None:
+def _refuse_state_made_at_construction(optimizer, largest_numel: int, dtype: torch.dtype, aio_config) -> None:
     """A client ``torch.optim.Adagrad`` (``deepspeed.initialize(optimizer=...)``): stage 3 builds a new one over the
     sub-groups' masters once its start-up has swapped them out (initialize_optimizer_states), and torch's Adagrad
     makes its state at construction, so its "sum" is empty and the first step stops on a size mismatch ("The size of
     tensor a (0) must match ...": stock DeepSpeed's NVMe offload too; helper-240's review). Refused before any folder
     is made, naming what runs: the optimizer named in the config, which DeepSpeed builds as DeepSpeedCPUAdagrad
-    (its state made at its first step), or the optimizer on the CPU."""
-    if isinstance(optimizer, torch.optim.Adagrad):
+    (its state made at its first step), or the optimizer on the CPU. Only where a sub-group is swapped at all (the
+    largest reaches the swap threshold, ``min_aio_bytes``): below it every master stays in memory and the rebuilt
+    Adagrad trains, stock NVMe's as well (helper-242's review)."""
+    swapped_bytes = largest_numel * torch.empty((), dtype=dtype).element_size()
+    if isinstance(optimizer, torch.optim.Adagrad) and swapped_bytes >= _min_aio_bytes(aio_config):
         raise TencacheConfigError(
             f'offload_optimizer.device "nvme" with a client {type(optimizer).__module__}.{type(optimizer).__name__} '
             f'(deepspeed.initialize(optimizer=...)): stage 3 rebuilds it over the sub-groups after swapping them '
             f'out, it makes its state then, empty, and the first step stops on a size mismatch (stock DeepSpeed '
             f'too). Name it in the config instead, "optimizer": {{"type": "Adagrad", "params": {{...}}}} (DeepSpeed '
             f'builds DeepSpeedCPUAdagrad, whose state tencache swaps), or set offload_optimizer.device to "cpu"')
+
+
+def _min_aio_bytes(aio_config) -> int:
+    """The least bytes of a swapped tensor (stock's ``min_aio_bytes``): a smaller sub-group stays in memory."""
+    return max(MIN_SWAPPABLE_BYTES, int(aio_config.get("block_size", 0)))
 
 
 def _unshare_when_the_process_ends(swapper_ref, owner_pid: int) -> None:
@@ -204,7 +212,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             return stock(swap_config=swap_config, aio_config=aio_config, base_folder=base_folder,
                          optimizer=optimizer, largest_numel=largest_numel, device=device, dtype=dtype, timers=timers)
         _refuse_states_of_another_dtype(optimizer, dtype)
-        _refuse_state_made_at_construction(optimizer)
+        _refuse_state_made_at_construction(optimizer, largest_numel, dtype, aio_config)
         swapper = super().__new__(cls)
         swapper.config = config
         return swapper
@@ -223,7 +231,7 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
             prepare_swap_folder(self._folder, swap_config.nvme_path, NVME_PATH_KEY)
             _remove_what_killed_runs_left(self._folder, folder_lock.locked(self._folder_key))
             self.optimizer = optimizer
-            self.min_aio_bytes = max(MIN_SWAPPABLE_BYTES, int(aio_config.get("block_size", 0)))
+            self.min_aio_bytes = _min_aio_bytes(aio_config)
             self.aligned_bytes = 1024 * intra_op
             self.numel_alignment = self.aligned_bytes // self.swap_element_size
             self.largest_numel = io_aligned_numel(largest_numel, dtype, intra_op)
@@ -713,11 +721,16 @@ class TencacheOptimizerSwapper(PartitionedOptimizerSwapper):
         return stage3 is not None and getattr(stage3, IN_STEP_ATTRIBUTE, False)
 
     def _gradient_lent(self, parameter) -> bool:
-        """Whether ``parameter``'s sub-group has its gradient lent now (a getter lends it with the states)."""
+        """Whether ``parameter``'s sub-group has its gradient lent now (a getter lends it with the states), or the
+        zeros of one with no gradient yet (``swap_in_optimizer_state``: a vectorised update before the first backward
+        that raised part way wrote some of them; helper-242's review)."""
         group = OptimizerSwapper.parameter_id(parameter)
         swap_info = self.swap_params_info.get(group)
-        return swap_info is not None and swap_info.has_gradients() and \
-            gradient_path(swap_info) in self._lent.get(group, ())
+        if swap_info is None or group not in self._lent:
+            return False
+        if not swap_info.has_gradients():
+            return parameter.grad is not None
+        return gradient_path(swap_info) in self._lent[group]
 
     def writeback_optimizer_state_and_gradients(self, parameter, write_opt_state, write_gradients):
         # A gradient set through DeepSpeed's API (set_full_fp32_grad): its newest bytes are the lent buffer's,

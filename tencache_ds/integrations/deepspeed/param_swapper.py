@@ -534,6 +534,15 @@ class TencacheParamSwapper(AsyncPartitionedParameterSwapper):
         if settle_error is not None:
             raise settle_error
 
+    def rest_unless_used(self):
+        """An engine's build woke this resting swapper (``wake``) and failed before it took a user: back to rest
+        where no engine uses it, as its last destroy left it (install.py; helper-242's review: left awake with no
+        user, it held its slots and counted as live, and a new zero.Init model in its folder with another block was
+        refused for an engine that no longer existed)."""
+        with self._lock:
+            if self._users <= 0 and not self.closed and not self.resting:
+                self._rest()
+
     def _rest(self):
         self.resting = True
         # reads ahead for a step that no engine will run (those of the last optimizer step for the next) go back
