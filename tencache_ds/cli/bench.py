@@ -137,7 +137,8 @@ def load_ds_config(path: str) -> Dict[str, Any]:
     """The DeepSpeed config file both arms run with (JSON or HJSON), read as DeepSpeed reads it
     (cli/ds_config_file.py). A file: each run reads it again."""
     if not os.path.isfile(path):
-        raise BenchError(f"the DeepSpeed config {path} does not exist (bench --config takes a JSON or HJSON file)")
+        what = "is not a file" if os.path.exists(path) else "does not exist"
+        raise BenchError(f"the DeepSpeed config {path} {what} (bench --config takes a JSON or HJSON file)")
     try:
         return read_ds_config(path)
     except TencacheConfigError as err:

@@ -17,6 +17,7 @@ import socket
 import sys
 from typing import Any, Dict, List, Optional, Tuple
 
+from ..config import CONFIG_KEY, config_of_ds_dict
 from ..drive_wear import fmt_decimal_tb
 from ..errors import TencacheConfigError, TencacheResourceError
 from ..units import fmt_bytes
@@ -343,6 +344,8 @@ def estimate(args) -> Dict[str, Any]:
     report["drive_days_to_tbw"] = {name: drive_days_to_tbw(p, machine, tbw) for name, p in predictions.items()}
     report["machine_figures"] = machine.to_json()
     report["profile"] = {"path": getattr(args, "profile", None), "used": inputs["profile_notes"]}
+    block = inputs["ds_config"].get(CONFIG_KEY)
+    report["tencache_block_disabled"] = isinstance(block, dict) and not config_of_ds_dict(inputs["ds_config"]).enabled
     return report
 
 
@@ -381,7 +384,10 @@ def render(report: Dict[str, Any]) -> List[str]:
              f"{report['seq']} tokens, GAS {report['gas']}, {report['dtype']}"
              + (", activation checkpointing" if report["activation_checkpointing"] else "")
              + _narrow_optimizer(report)
-             + (f"; from profile {profile['path']}: " + "; ".join(profile["used"]) if profile.get("path") else "")]
+             + (f"; from profile {profile['path']}: " + "; ".join(profile["used"]) if profile.get("path") else "")
+             # (doctor says so too: a disabled block was priced as tencache without a word; helper-244)
+             + ("; the config's \"tencache\" block has enabled false, so the run would be stock DeepSpeed's: the "
+                "tencache figures are what enabling it would give" if report.get("tencache_block_disabled") else "")]
     for name, label in (("tencache", "tencache"), ("stock", "stock")):
         ok = report["fits"] if name == "tencache" else report["fits_stock"]
         why = "; ".join(report["why_not"][name])

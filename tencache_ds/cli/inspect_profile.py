@@ -31,10 +31,15 @@ IO_BYTES_PER_HELD_BYTE = {"params": PARAM_IO_BYTES_PER_HELD_BYTE, "optimizer": O
 
 def _read(path: str) -> Optional[Dict[str, SavedSection]]:
     try:
-        return read_sections(path)
+        sections = read_sections(path)
     except (OSError, ValueError) as err:
         print(f"tencache-ds: cannot read profile {path}: {err}", file=sys.stderr)
         return None
+    if not sections:  # (an empty report and exit 0 said nothing of why: helper-244)
+        print(f"tencache-ds: profile {path} holds no section: no run has saved its profile into it yet",
+              file=sys.stderr)
+        return None
+    return sections
 
 
 def _emit(args, report: dict, lines: List[str]) -> None:

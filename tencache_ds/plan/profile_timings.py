@@ -50,7 +50,8 @@ FIT_MAX_REPLAYS = 60         # per phase: one where the thread's time is linear 
 
 def check_profile_fits(workload: Workload, sections: Dict[str, SavedSection], source: str) -> None:
     """Raises TencacheConfigError naming ``source`` when the profile has no "params" section or was recorded for
-    another model or config (its partitions' bytes, its gradient accumulation or world size). Needs no machine:
+    another model or config (its partitions' bytes, its gradient accumulation, micro-batch or world size). Needs no
+    machine:
     `tencache-ds estimate --machine this` asks before its calibration, which a profile refused after it wasted."""
     params = sections.get("params")
     if params is None:
@@ -63,9 +64,12 @@ def check_profile_fits(workload: Workload, sections: Dict[str, SavedSection], so
         raise TencacheConfigError(f"{source} [params] holds {fmt_bytes(recorded)} of parameter partitions, this "
                                   f"model and config {fmt_bytes(expected)}: it was recorded for another model or "
                                   f"config")
-    # Gradient accumulation repeats the forward and backward without changing a partition's size: a profile of
-    # another GAS would fit this step's compute to another number of micro steps (the rate off by their ratio).
-    for fact, this_run in (("gradient_accumulation_steps", workload.gas), ("world_size", workload.world_size)):
+    # Gradient accumulation repeats the forward and backward, and the micro-batch sizes them, without changing a
+    # partition's size: a profile of another GAS or micro-batch would fit this step's compute to another number of
+    # micro steps or tokens (the rate off by their ratio; helper-244: micro-batch 2's profile priced micro-batch 8
+    # at 761 GFLOP/s on two cores). Profiles before 2026-12-06 did not record the micro-batch.
+    for fact, this_run in (("gradient_accumulation_steps", workload.gas), ("world_size", workload.world_size),
+                           ("train_micro_batch_size_per_gpu", workload.micro_batch)):
         recorded_with = params.facts.get(fact)
         if recorded_with is not None and recorded_with != this_run:
             raise TencacheConfigError(f"{source} [params] was recorded with {fact} {recorded_with}, this estimate "

@@ -353,8 +353,10 @@ def test_bench_rejects_bad_arguments_before_running(tmp_path):
     bad_budget = run_cli("bench", "--host-cache-bytes", "lots")
     assert bad_budget.returncode == 2 and "lots" in bad_budget.stderr
     missing_config = run_cli("bench", "--config", str(tmp_path / "nope.json"), "--out", str(tmp_path / "out"))
-    assert missing_config.returncode == 1 and "nope.json" in missing_config.stderr
-    assert "Traceback" not in no_measured.stderr + bad_budget.stderr + missing_config.stderr
+    assert missing_config.returncode == 1 and "nope.json does not exist" in missing_config.stderr
+    folder_config = run_cli("bench", "--config", str(tmp_path), "--out", str(tmp_path / "out"))
+    assert folder_config.returncode == 1 and f"{tmp_path} is not a file" in folder_config.stderr  # (helper-244)
+    assert "Traceback" not in no_measured.stderr + bad_budget.stderr + missing_config.stderr + folder_config.stderr
     # a budget the tencache run would refuse at initialize: refused before stock's run, and before --out is made
     # (until 2026-12-02 the out folder was made first, and stock trained before the tencache run stopped)
     too_large = run_cli("bench", "--host-cache-bytes", "10000TB", "--out", str(tmp_path / "never"))

@@ -83,6 +83,20 @@ def test_a_policy_that_does_not_fit_is_priced_but_marked_and_a_config_without_nv
     assert "(1.00x); bottleneck" in result.stdout  # both fit: the ratio is given
 
 
+def test_a_disabled_block_is_priced_with_a_word_that_the_run_would_be_stock(tmp_path):
+    """"tencache": {"enabled": false}: the run is stock DeepSpeed's. The estimate still prices tencache (what
+    enabling it would give), and says so, as doctor does (helper-244's review: it said nothing)."""
+    with open(DS_CONFIG) as handle:
+        config = json.load(handle)
+    config["tencache"] = {"enabled": False}
+    path = tmp_path / "disabled.json"
+    path.write_text(json.dumps(config))
+    result = estimate(ds_config=str(path))
+    assert result.returncode == 0, result.stderr
+    assert "block has enabled false, so the run would be stock DeepSpeed's" in result.stdout.splitlines()[0]
+    assert "enabled false" not in estimate().stdout
+
+
 def test_drive_tbw_overrides_the_machine_file():
     days = json.loads(estimate("--json", "--drive-tbw", "1PB").stdout)["drive_days_to_tbw"]["stock"]
     default = json.loads(estimate("--json").stdout)["drive_days_to_tbw"]["stock"]

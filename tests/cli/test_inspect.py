@@ -144,6 +144,17 @@ def test_bad_files_and_arguments_are_reported_not_crashed(tmp_path):
     assert missing.returncode == 1 and "cannot read profile" in missing.stderr
     typo = run_cli("plan", str(old), "--read-bandwidth", "fast")
     assert typo.returncode == 2 and "--read-bandwidth" in typo.stderr
+    # another JSON file (a run's result), and a profile no run has saved a section into (helper-244's review: "format
+    # version None", and an empty report with exit 0)
+    foreign = tmp_path / "result.json"
+    foreign.write_text(json.dumps({"losses": [1.0]}))
+    result = run_cli("profile", "show", str(foreign))
+    assert result.returncode == 1 and "not a tencache profile (no \"version\" key)" in result.stderr
+    empty = tmp_path / "empty.json"
+    empty.write_text(json.dumps({"version": 2, "sections": {}}))
+    for command in (("profile", "show"), ("plan",)):
+        result = run_cli(*command, str(empty))
+        assert result.returncode == 1 and "holds no section" in result.stderr, (command, result.stderr)
 
 
 @pytest.mark.parametrize("command", sorted(FROZEN_OPTIONS))

@@ -142,8 +142,11 @@ def test_stock_nvme_checkpoints_and_folders_without_zero_files_are_refused(tmp_p
     with pytest.raises(TencacheError, match="saved by DeepSpeed's own NVMe offload"):
         fill_zero_files(str(tmp_path))
     (tmp_path / "empty").mkdir()
-    for not_a_tag in (tmp_path / "empty", tmp_path / "missing"):
-        with pytest.raises(TencacheError, match="holds no ZeRO-3 optimizer file"):
+    (tmp_path / "a_file").write_text("")
+    # what is wrong, said as it is (helper-244's review: a missing folder "held no ZeRO-3 optimizer file")
+    for not_a_tag, why in ((tmp_path / "empty", "holds no ZeRO-3 optimizer file"), (tmp_path / "missing",
+                           "does not exist"), (tmp_path / "a_file", "is not a folder")):
+        with pytest.raises(TencacheError, match=why):
             fill_zero_files(str(not_a_tag))
 
 

@@ -273,6 +273,9 @@ def test_stock_buffer_size_below_the_largest_partition_does_not_fit():
     assert any("buffer_size 40000000" in reason for reason in prediction.failures)
     ok, reasons = fits(prediction, workload("llama-7b", micro_batch=1, seq=128), this_vm())
     assert not ok and reasons
+    # the node's memory in the report's units (helper-244's review: raw bytes beside lines in GiB)
+    host = [reason for reason in reasons if reason.startswith("host memory")]
+    assert host and "GiB" in host[0] and " B," not in host[0], reasons
 
 
 def test_stock_retention_beyond_buffer_count_does_not_fit():
@@ -1622,7 +1625,7 @@ def test_a_profile_of_another_model_is_refused(tmp_path):
         machine_from_profile(this_vm(), work, sections, source="profile p.json")
 
 
-def test_a_profile_of_another_gradient_accumulation_is_refused(tmp_path):
+def test_a_profile_of_another_gradient_accumulation_or_micro_batch_is_refused(tmp_path):
     """GAS repeats the forward and backward without changing a partition's size, so the size check passed: a
     profile recorded at GAS 1 fitted a GAS-4 step's compute to one micro step's time, a FLOP rate 4x too high."""
     work = workload(config=ds_config(host_cache_bytes=0), gas=4)
@@ -1633,6 +1636,15 @@ def test_a_profile_of_another_gradient_accumulation_is_refused(tmp_path):
         machine_from_profile(this_vm(), work, read_sections(path), source="profile p.json")
     save_section(path, "params", "f" * 16, recorded, facts={"gradient_accumulation_steps": 4, "world_size": 1})
     machine_from_profile(this_vm(), work, read_sections(path), source="profile p.json")  # the same GAS: taken
+    # another micro-batch likewise (helper-244's review: micro-batch 2's profile priced micro-batch 8's compute)
+    save_section(path, "params", "f" * 16, recorded, facts={"gradient_accumulation_steps": 4, "world_size": 1,
+                                                          "train_micro_batch_size_per_gpu": work.micro_batch + 1})
+    refused = f"recorded with train_micro_batch_size_per_gpu {work.micro_batch + 1}"
+    with pytest.raises(TencacheConfigError, match=refused):
+        machine_from_profile(this_vm(), work, read_sections(path), source="profile p.json")
+    save_section(path, "params", "f" * 16, recorded, facts={"gradient_accumulation_steps": 4, "world_size": 1,
+                                                          "train_micro_batch_size_per_gpu": work.micro_batch})
+    machine_from_profile(this_vm(), work, read_sections(path), source="profile p.json")
 
 
 # ------------------------------------------------------------------------- gradients read from stage 3's buffer

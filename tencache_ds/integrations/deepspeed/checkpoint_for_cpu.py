@@ -88,8 +88,10 @@ def fill_zero_files(tag_folder: str) -> Converted:
     cpu, or filled already) is left as it is. Raises, before any file of the checkpoint is changed, where the swap
     files cannot be paired with what the ZeRO files describe. Then ZeRO files an earlier run left half-written under
     their temporary names, which no loader reads, are removed, before the first ZeRO file is written."""
-    names = sorted(name for name in os.listdir(tag_folder) if ZERO_FILE_NAME.match(name)) \
-        if os.path.isdir(tag_folder) else []
+    if not os.path.isdir(tag_folder):  # (not "holds no ZeRO-3 optimizer file": helper-244)
+        raise TencacheError(f"checkpoint-for-cpu: {tag_folder} " + (
+            "is not a folder" if os.path.exists(tag_folder) else "does not exist") + "; give a checkpoint's tag folder")
+    names = sorted(name for name in os.listdir(tag_folder) if ZERO_FILE_NAME.match(name))
     if not names:
         raise TencacheError(f"checkpoint-for-cpu: {tag_folder} holds no ZeRO-3 optimizer file "
                             f"(zero_pp_rank_*_mp_rank_*_optim_states.pt); give a checkpoint's tag folder")

@@ -4,6 +4,7 @@ import dataclasses
 from typing import Dict, List, Optional, Tuple
 
 from ...drive_wear import days_to_rated_tbw
+from ...units import fmt_bytes
 from ..machine import Machine
 from ..workload import Workload
 
@@ -55,16 +56,17 @@ def fits(prediction: Prediction, workload: Workload, machine: Machine) -> Tuple[
     """Whether one rank's (and a node's) memory holds what the prediction needs, with the reasons when not."""
     reasons = list(prediction.failures)
     if not machine.accelerator_is_host and prediction.memory["device"] > machine.accelerator_memory_bytes:
-        reasons.append(f"accelerator memory: needs {prediction.memory['device']} B per rank, has "
-                       f"{machine.accelerator_memory_bytes} B")
+        # (in the binary units of the report's memory lines beside it; --json keeps the bytes: helper-244)
+        reasons.append(f"accelerator memory: needs {fmt_bytes(prediction.memory['device'])} per rank, has "
+                       f"{fmt_bytes(machine.accelerator_memory_bytes)}")
     node_host = prediction.host_bytes * machine.ranks_per_node
     if node_host > machine.available_host_bytes:
-        reasons.append(f"host memory: the node's {machine.ranks_per_node} rank(s) need {node_host} B, "
-                       f"{machine.available_host_bytes} B available")
+        reasons.append(f"host memory: the node's {machine.ranks_per_node} rank(s) need {fmt_bytes(node_host)}, "
+                       f"{fmt_bytes(machine.available_host_bytes)} available")
     node_files = prediction.memory.get("nvme", 0) * machine.ranks_per_node
     if machine.nvme_free_bytes is not None and node_files > machine.nvme_free_bytes:  # (helper-176: not checked)
-        reasons.append(f"NVMe space: the node's {machine.ranks_per_node} rank(s) write {node_files} B of swap files, "
-                       f"{machine.nvme_free_bytes} B free where they go")
+        reasons.append(f"NVMe space: the node's {machine.ranks_per_node} rank(s) write {fmt_bytes(node_files)} of "
+                       f"swap files, {fmt_bytes(machine.nvme_free_bytes)} free where they go")
     return not reasons, reasons
 
 
