@@ -9,6 +9,7 @@ all at initialize (integrations/deepspeed/config_bridge.validate_ds_config).
 Plain module: imports neither torch nor DeepSpeed, so `tencache-ds bench` refuses a config here before its stock
 arm trains for nothing.
 """
+import difflib
 from typing import Any, List, Optional, Tuple
 
 from .config import AUTO, CONFIG_KEY, config_of_ds_dict
@@ -22,6 +23,59 @@ NESTED_BLOCK_SECTIONS = ("zero_optimization", "zero_optimization.offload_param",
                          "zero_optimization.offload_optimizer", "aio")
 OFFLOAD_SECTIONS = ("offload_param", "offload_optimizer")
 DISABLE_HINT = 'or set "tencache": {"enabled": false} to run stock DeepSpeed'
+
+
+# DeepSpeed 0.19.8's keys of its ZeRO sections, fields and their aliases (DeepSpeedZeroConfig,
+# DeepSpeedZeroOffloadParamConfig, DeepSpeedZeroOffloadOptimizerConfig; pydantic extra="forbid": any other key stops
+# deepspeed.initialize), and the offload devices it takes, as written (an enum: "NVMe" is refused). Pinned here so
+# that `tencache-ds estimate` and `doctor` say what DeepSpeed will refuse without importing it (helper-244's review:
+# "fits: yes" and "OK config" for a misspelt sub_group_size, priced with DeepSpeed's default);
+# tests/test_zero_keys.py checks them against the installed DeepSpeed's models.
+ZERO_KEYS = frozenset({
+    "allgather_bucket_size", "allgather_partitions", "allgather_sequential", "compute_grad_norm",
+    "contiguous_gradients", "cpu_offload", "cpu_offload_param", "cpu_offload_use_pin_memory", "elastic_checkpoint",
+    "enable_sanity_checks", "gather_16bit_weights_on_model_save", "ignore_unused_parameters", "leaf_module",
+    "legacy_stage1", "load_from_fp32_weights", "log_trace_cache_warnings", "max_live_parameters",
+    "max_reuse_distance", "memory_efficient_linear", "model_persistence_threshold", "module_granularity_threshold",
+    "offload_optimizer", "offload_param", "overlap_comm", "override_module_apply", "param_persistence_threshold",
+    "parameter_alignment", "pipeline_loading_checkpoint", "prefetch_bucket_size", "reduce_bucket_size",
+    "reduce_scatter", "round_robin_gradients", "save_muon_momentum_buffer_in_memory", "stage",
+    "stage3_allgather_sequential", "stage3_gather_16bit_weights_on_model_save",
+    "stage3_gather_fp16_weights_on_model_save", "stage3_max_live_parameters", "stage3_max_reuse_distance",
+    "stage3_model_persistence_threshold", "stage3_module_granularity_threshold", "stage3_param_persistence_threshold",
+    "stage3_prefetch_bucket_size", "stage3_use_all_reduce_for_fetch_params", "sub_group_size",
+    "use_all_reduce_for_fetch_params", "use_multi_rank_bucket_allreduce", "zenflow", "zero_hpz_partition_size",
+    "zero_quantized_gradients", "zero_quantized_nontrainable_weights", "zero_quantized_weights"})
+OFFLOAD_KEYS = {
+    "offload_param": frozenset({"buffer_count", "buffer_size", "device", "max_in_cpu", "nvme_path", "pin_memory"}),
+    "offload_optimizer": frozenset({"buffer_count", "cpuadam_cores_perc", "device", "fast_init", "nvme_path",
+                                    "pin_memory", "pipeline_read", "pipeline_write", "ratio", "super_offload"})}
+OFFLOAD_DEVICES = ("none", "cpu", "nvme")
+
+
+def deepspeed_refusal(raw: dict) -> Optional[str]:
+    """What ``deepspeed.initialize`` stops on in the ZeRO sections of ``raw`` whatever the machine, said as one line
+    naming the key; None where they pass. A key DeepSpeed does not know (with the nearest it does), an offload device
+    it does not take, and an NVMe offload without nvme_path (stock's swapper stops on joining None; tencache refuses
+    it). A "tencache" block inside a section is ``reject_nested_blocks``'."""
+    zero = raw.get("zero_optimization")
+    if not isinstance(zero, dict):
+        return None
+    sections = [("zero_optimization", zero, ZERO_KEYS)] + [
+        (f"zero_optimization.{name}", zero[name], OFFLOAD_KEYS[name]) for name in OFFLOAD_SECTIONS
+        if isinstance(zero.get(name), dict)]
+    for where, section, known in sections:
+        for key in section:
+            if key not in known and key != CONFIG_KEY:
+                nearest = difflib.get_close_matches(key, sorted(known), n=1)
+                return (f"{where}.{key} is not a key of DeepSpeed's" + (f" (did you mean {nearest[0]}?)" if nearest
+                                                                         else "") + ": DeepSpeed refuses the config")
+        device = section.get("device", "none") if where != "zero_optimization" else "none"
+        if device is not None and device not in OFFLOAD_DEVICES:
+            return f"{where}.device is {device!r}: DeepSpeed takes one of {', '.join(map(repr, OFFLOAD_DEVICES))}"
+        if device == "nvme" and not section.get("nvme_path"):
+            return f"{where}.nvme_path is missing: an offload to NVMe needs the folder its swap files go in"
+    return None
 
 
 def check_zero_sections(raw: dict) -> List[Tuple[str, dict]]:

@@ -251,6 +251,7 @@ def load_ds_config(path: Optional[str]) -> Tuple[Optional[Dict[str, Any]], Optio
     if path is None:
         return None, None
     from ..preflight import checked_block
+    from ..zero_sections import deepspeed_refusal
     try:
         config = read_ds_config(path)
     except TencacheConfigError as err:
@@ -259,6 +260,9 @@ def load_ds_config(path: Optional[str]) -> Tuple[Optional[Dict[str, Any]], Optio
         checked_block(config)
     except (TencacheConfigError, TencacheResourceError) as err:
         return config, CheckResult("config", FAIL, f"{path}: " + str(err).replace("\n", " "))
+    refused = deepspeed_refusal(config)  # DeepSpeed's own models' (a misspelt key passed as OK: helper-244)
+    if refused is not None:
+        return config, CheckResult("config", FAIL, f"{path}: {refused}")
     return config, CheckResult("config", OK, f"{path}: {'has a' if 'tencache' in config else 'no'} \"tencache\" block")
 
 

@@ -356,7 +356,7 @@ def refusals_at_initialize(ds_config: Dict[str, Any], zero) -> Dict[str, str]:
     A config that offloads nothing to NVMe is priced as stock for both (``zero``: its ZeroSettings), but where its
     "tencache" block is enabled: the run refuses that (it would silently be stock: helper-206)."""
     from ..plan.step_model import STOCK, TENCACHE
-    from ..zero_sections import check_zero_sections_but_folders, secondary_partitions_on_nvme
+    from ..zero_sections import check_zero_sections_but_folders, deepspeed_refusal, secondary_partitions_on_nvme
 
     refusals = {}
     section = ds_config.get("zero_optimization")
@@ -368,6 +368,11 @@ def refusals_at_initialize(ds_config: Dict[str, Any], zero) -> Dict[str, str]:
             check_zero_sections_but_folders(ds_config)
     except TencacheConfigError as err:
         refusals[TENCACHE] = f"tencache refuses it at deepspeed.initialize: {err}"
+    # what DeepSpeed's own config models refuse (a misspelt key was priced at DeepSpeed's default: helper-244)
+    refused = deepspeed_refusal(ds_config)
+    if refused is not None:
+        for arm in (STOCK, TENCACHE):
+            refusals.setdefault(arm, f"deepspeed.initialize stops: {refused}")
     return refusals
 
 

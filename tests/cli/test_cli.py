@@ -200,7 +200,9 @@ def test_doctor_reads_a_config_as_the_run_checks_it(tmp_path):
     edits = {"zero_optimization.stage": lambda config: config["zero_optimization"].update(stage=2),
              "aio.tencache": lambda config: config["aio"].update(tencache=config.pop("tencache")),
              "aio.intra_op_parallelism": lambda config: config["aio"].update(intra_op_parallelism=0),
-             "tencache.metrics_path": lambda config: config["tencache"].update(metrics_path="/proc/x/m.jsonl")}
+             "tencache.metrics_path": lambda config: config["tencache"].update(metrics_path="/proc/x/m.jsonl"),
+             # what DeepSpeed's own models refuse (helper-244's review: "OK config" for a misspelt key)
+             "zero_optimization.sub_group_sise": lambda config: config["zero_optimization"].update(sub_group_sise=1)}
     path = tmp_path / "ds.json"
     path.write_text(json.dumps(base))
     assert load_ds_config(str(path))[1].status == doctor.OK

@@ -97,7 +97,22 @@ def test_a_disabled_block_is_priced_with_a_word_that_the_run_would_be_stock(tmp_
     assert "enabled false" not in estimate().stdout
 
 
-def test_drive_tbw_overrides_the_machine_file():
+def test_a_config_deepspeed_refuses_does_not_fit_either_arm(tmp_path):
+    """A misspelt key (DeepSpeed's models forbid unknown keys): deepspeed.initialize stops for stock and tencache
+    alike (helper-244's review: "fits: yes" for both, priced at DeepSpeed's default sub_group_size)."""
+    with open(DS_CONFIG) as handle:
+        config = json.load(handle)
+    config["zero_optimization"]["sub_group_sise"] = 2000000
+    path = tmp_path / "typo.json"
+    path.write_text(json.dumps(config))
+    report = json.loads(estimate("--json", ds_config=str(path)).stdout)
+    assert report["fits"] is False and report["fits_stock"] is False
+    for arm in ("stock", "tencache"):
+        assert any("sub_group_sise is not a key of DeepSpeed's (did you mean sub_group_size?)" in reason
+                   for reason in report["why_not"][arm]), report["why_not"]
+
+
+
     days = json.loads(estimate("--json", "--drive-tbw", "1PB").stdout)["drive_days_to_tbw"]["stock"]
     default = json.loads(estimate("--json").stdout)["drive_days_to_tbw"]["stock"]
     assert days == pytest.approx(default * 1e15 / (3.84e12 * 1.3 * 365 * 5), rel=1e-3)
