@@ -229,7 +229,17 @@ def check_tencache_arm(ds_config: Dict[str, Any], block: Dict[str, Any], dtype: 
             else ():
         if isinstance(section, dict) and (section.get("device") == "nvme" or "nvme_path" in section):
             section["nvme_path"] = nvme_dir
-    checked_block(arm)
+    try:
+        checked_block(arm)
+    except (TencacheConfigError, TencacheResourceError) as err:
+        # a path the bench made from an option of its own: the option named first (helper-244's review: the error
+        # named zero_optimization.offload_param.nvme_path or tencache.metrics_path, keys the user never wrote)
+        for path, option in ((nvme_dir, "--nvme-path"), (block.get("metrics_path"), "--out"),
+                             (block.get("profile_path"), "--out")):
+            if path and path in str(err):
+                raise type(err)(f"{option} {os.path.dirname(path)} (where the bench puts its run's "
+                                f"{os.path.basename(path)}): {err}") from None
+        raise
 
 
 def missing_modules(names: Sequence[str]) -> List[str]:

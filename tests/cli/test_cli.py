@@ -359,6 +359,14 @@ def test_bench_rejects_bad_arguments_before_running(tmp_path):
     folder_config = run_cli("bench", "--config", str(tmp_path), "--out", str(tmp_path / "out"))
     assert folder_config.returncode == 1 and f"{tmp_path} is not a file" in folder_config.stderr  # (helper-244)
     assert "Traceback" not in no_measured.stderr + bad_budget.stderr + missing_config.stderr + folder_config.stderr
+    # a path the bench makes from its own option is refused naming that option first (helper-244's review: only the
+    # config keys the bench wrote, which the user never did)
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    nvme_in_a_file = run_cli("bench", "--nvme-path", str(a_file), "--out", str(tmp_path / "out"))
+    assert nvme_in_a_file.returncode == 1 and f"--nvme-path {a_file} (where the bench puts its run's tencache-1)" \
+        in nvme_in_a_file.stderr, nvme_in_a_file.stderr
+    assert not (tmp_path / "out").exists()
     # a budget the tencache run would refuse at initialize: refused before stock's run, and before --out is made
     # (until 2026-12-02 the out folder was made first, and stock trained before the tencache run stopped)
     too_large = run_cli("bench", "--host-cache-bytes", "10000TB", "--out", str(tmp_path / "never"))
