@@ -20,7 +20,7 @@ from ..units import fmt_bytes
 from .doctor_checks import (FAIL, MIN_MEMLOCK_BYTES, OK, STATUS_ORDER,  # noqa: F401
                             WARN, CheckResult, check_accelerator, check_async_io, check_budgets, check_build_locks,
                             check_gpus, check_host, check_libaio, check_memlock, check_native_arena, check_versions,
-                            describe_host, load_ds_config, nvme_path_from_config, nvme_paths_from_config,
+                            describe_host, load_ds_config, local_ranks, nvme_path_from_config, nvme_paths_from_config,
                             probe_gpus)
 from .doctor_nvme import (BANDWIDTH_FILE_BYTES, MIN_NVME_FREE_BYTES, NvmePathState, bandwidth_check,  # noqa: F401
                           bytes_per_s, check_nvme_path, drive_check, mount_of, nvme_bandwidth, plain_io_bandwidth)
@@ -35,8 +35,10 @@ DEFAULT_NVME_PATH = "/tmp/tencache-bench-nvme"  # also the default of `tencache-
 # The command
 # ----------------------------------------------------------------------------------------------------------------
 def run_checks(nvme_path: Optional[str] = None, config_path: Optional[str] = None,
-               probe_timeout_s: float = PROBE_TIMEOUT_S) -> List[CheckResult]:
-    """All checks, in report order. Never raises for a machine problem; each becomes a FAIL or WARN line."""
+               probe_timeout_s: float = PROBE_TIMEOUT_S, ranks: Optional[int] = None) -> List[CheckResult]:
+    """All checks, in report order. Never raises for a machine problem; each becomes a FAIL or WARN line.
+    ``ranks``: the ranks the run starts on this node, whose budgets are checked per rank (None: LOCAL_WORLD_SIZE,
+    else one per GPU, else 1)."""
     config, config_check = load_ds_config(config_path)
     if nvme_path is not None:
         path, source = nvme_path, "--nvme-path"
@@ -64,7 +66,8 @@ def run_checks(nvme_path: Optional[str] = None, config_path: Optional[str] = Non
         device_name = (facts.get("accelerator") or {}).get("device_name")
         accelerator_is_host = device_name == "cpu" if device_name else not gpus
         memlock = check_memlock(accelerator_is_host)
-        budgets = check_budgets(config, gpus[0]["free_bytes"] if gpus else 0, accelerator_is_host) \
+        budgets = check_budgets(config, gpus[0]["free_bytes"] if gpus else 0, accelerator_is_host,
+                                ranks or local_ranks(len(gpus))) \
             if config_path is None or config is not None else \
             CheckResult("budgets", FAIL, "not resolved: the config cannot be read")
         why_not = None
@@ -127,7 +130,7 @@ def run(args) -> int:
     previous_handlers = interrupting_signals()
     try:
         with contextlib.redirect_stdout(sys.stderr):
-            checks = run_checks(nvme_path=args.nvme_path, config_path=args.config)
+            checks = run_checks(nvme_path=args.nvme_path, config_path=args.config, ranks=getattr(args, "ranks", None))
     finally:
         restore_signals(previous_handlers)
     elapsed_s = time.perf_counter() - started

@@ -284,9 +284,18 @@ def nvme_path_from_config(config: Optional[Dict[str, Any]]) -> Optional[str]:
     return next(iter(nvme_paths_from_config(config).values()), None)
 
 
-def check_budgets(config: Optional[Dict[str, Any]], device_free_bytes: int, accelerator_is_host: bool) -> CheckResult:
-    """The budgets the config's block resolves to here (``accelerator_is_host``: DeepSpeed runs on its CPU
-    accelerator, where "best_effort" locks no parameter slot and the memlock limit bounds nothing)."""
+def local_ranks(gpu_count: int) -> int:
+    """The ranks a run starts on this node when doctor is not told (``--ranks``): LOCAL_WORLD_SIZE where a launcher
+    set it, else one per GPU, else 1."""
+    told = os.environ.get("LOCAL_WORLD_SIZE", "")
+    return int(told) if told.isdigit() and int(told) > 0 else max(1, gpu_count)
+
+
+def check_budgets(config: Optional[Dict[str, Any]], device_free_bytes: int, accelerator_is_host: bool,
+                  ranks: int = 1) -> CheckResult:
+    """The budgets the config's block resolves to here, per rank of ``ranks`` on this node (``accelerator_is_host``:
+    DeepSpeed runs on its CPU accelerator, where "best_effort" locks no parameter slot and the memlock limit bounds
+    nothing). Checked for one rank, a budget two ranks cannot hold passed (helper-244's review)."""
     from ..config import CONFIG_KEY, config_of_ds_dict, parse_config
     from ..config_checks import check_host_budget
     from ..plan.budget import UNLIMITED, MachineResources, parameter_lock_mode, resolve_budgets
@@ -295,7 +304,8 @@ def check_budgets(config: Optional[Dict[str, Any]], device_free_bytes: int, acce
         parsed = config_of_ds_dict(config) if (config or {}).get(CONFIG_KEY) is not None else parse_config({})
     except TencacheConfigError as err:
         return CheckResult("budgets", FAIL, str(err).replace("\n", " "))
-    machine = MachineResources.probe(device_free_bytes=device_free_bytes)
+    machine = dataclasses.replace(MachineResources.probe(device_free_bytes=device_free_bytes),
+                                  local_world_size=max(1, ranks))
     try:  # what the run refuses at initialize (a budget above the node's memory, say): a failure here too
         if parsed.enabled:  # (a disabled block is stock DeepSpeed's run, which checks nothing of it)
             check_host_budget(parsed, machine)
@@ -305,14 +315,15 @@ def check_budgets(config: Optional[Dict[str, Any]], device_free_bytes: int, acce
     # no model here: no streaming slots yet
     budgets = resolve_budgets(parsed, machine, stream_min_bytes=0, locks_memory=locks_memory)
     details = dataclasses.asdict(budgets)
-    details.update(machine=dataclasses.asdict(machine), origin=origin, enabled=parsed.enabled,
+    details.update(machine=dataclasses.asdict(machine), origin=origin, enabled=parsed.enabled, ranks=ranks,
                    parameter_slots_locked=locks_memory)
     memlock = ("not used (CPU accelerator: no slot is locked)" if not locks_memory
                else "unlimited for this process" if machine.memlock_limit_bytes == UNLIMITED
                else fmt_bytes(machine.memlock_limit_bytes))
     text = (f"host_cache_bytes={budgets.host_cache_bytes} ({fmt_bytes(budgets.host_cache_bytes)}, "
             f"{budgets.host_source}), device_cache_bytes={budgets.device_cache_bytes} "
-            f"({fmt_bytes(budgets.device_cache_bytes)}, {budgets.device_source}) from {origin}; host available "
+            f"({fmt_bytes(budgets.device_cache_bytes)}, {budgets.device_source}) from {origin}, per rank of "
+            f"{machine.local_world_size} on this node; host available "
             f"{fmt_bytes(machine.host_available_bytes)}{_cgroup_note(machine)}, memlock {memlock}, device free "
             f"{fmt_bytes(machine.device_free_bytes)}")
     if not parsed.enabled:

@@ -3,7 +3,7 @@ tests/cli/test_cli.py, tests/cli/test_inspect.py). Does not own: what the subcom
 inspect_profile.py, estimate.py, checkpoint_for_cpu.py, imported only when run, so `--help` stays fast and imports
 neither torch nor deepspeed).
 
-    tencache-ds doctor [--nvme-path PATH] [--config ds_config.json] [--json]
+    tencache-ds doctor [--nvme-path PATH] [--config ds_config.json] [--ranks N] [--json]
     tencache-ds bench  [--model gpt2-tiny] [--steps 6] [--warmup 2] [--repeats 1] ... [--out bench-out]
     tencache-ds profile show PATH [--first 10] [--json]
     tencache-ds plan PATH [--host-cache-bytes 0] [--read-bandwidth BYTES/S] [--in-flight-bytes N] [--first 10]
@@ -123,6 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="DeepSpeed config whose \"tencache\" block (and nvme_path) to check, and whose "
                         "aio.intra_op_parallelism sets the requests in flight of the \"nvme drive\" measurement; "
                         "default: the block's defaults")
+    doctor.add_argument("--ranks", type=_positive_int, default=None,
+                        help="ranks the run starts on this node, whose budgets are checked per rank (default: "
+                        "LOCAL_WORLD_SIZE, else one per GPU, else 1; `deepspeed --num_gpus 2` runs 2)")
     doctor.add_argument("--json", action="store_true", help="print the checks as a JSON list instead of lines")
 
     bench = subcommands.add_parser(

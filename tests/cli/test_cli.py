@@ -21,7 +21,7 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__fi
 
 # The CLI surface. Changing it is a user-visible change: update this list, the README and the changelog together.
 FROZEN_OPTIONS = {
-    "doctor": ["--config", "--help", "--json", "--nvme-path", "-h"],
+    "doctor": ["--config", "--help", "--json", "--nvme-path", "--ranks", "-h"],
     "bench": ["--compare", "--config", "--device-cache-bytes", "--drive-tbw", "--dtype", "--grad-accum", "--help",
               "--host-cache-bytes", "--launcher", "--micro-batch", "--model", "--no-plots", "--nvme-bandwidth",
               "--nvme-path", "--offload", "--out", "--ranks", "--repeats", "--seq-len", "--steps", "--warmup", "-h"],

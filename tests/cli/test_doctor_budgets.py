@@ -16,6 +16,22 @@ def test_a_host_budget_above_the_nodes_memory_fails_as_the_run_refuses_it():
     assert disabled.status == OK and "stock DeepSpeed" in disabled.message, disabled  # the run checks nothing of it
 
 
+def test_budgets_are_judged_per_rank_of_the_ranks_the_run_starts_on_this_node(monkeypatch):
+    """A host budget one rank holds and two do not (helper-244's review: doctor said OK for one rank where `deepspeed
+    --num_gpus 2` refuses it); the line says for how many ranks (``--ranks``, else LOCAL_WORLD_SIZE)."""
+    from tencache_ds.cli.doctor_checks import local_ranks
+    from tencache_ds.plan.budget import MachineResources
+    budget = {"tencache": {"host_cache_bytes": int(MachineResources.probe().host_total_bytes * 0.6)}}
+    one = check_budgets(budget, device_free_bytes=0, accelerator_is_host=True, ranks=1)
+    assert one.status == OK and "per rank of 1 on this node" in one.message, one
+    two = check_budgets(budget, device_free_bytes=0, accelerator_is_host=True, ranks=2)
+    assert two.status == FAIL and "x 2 ranks on this node" in two.message, two
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert (local_ranks(0), local_ranks(4)) == (1, 4)  # one per GPU, else one
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert local_ranks(4) == 2  # what the launcher said
+
+
 def test_an_older_zero_optimization_true_has_no_nvme_path():
     assert nvme_path_from_config({"zero_optimization": True}) is None
     on_nvme = {"zero_optimization": {"offload_param": {"device": "nvme", "nvme_path": "/x"}}}
