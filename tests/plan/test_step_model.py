@@ -1460,6 +1460,18 @@ def test_a_ds_config_the_model_cannot_describe_names_the_key():
     config["zero_optimization"]["stage"] = 2
     with pytest.raises(TencacheConfigError, match="ds.json: zero_optimization.stage must be 3"):
         ZeroSettings.from_ds_config(config, source="ds.json")
+    del config["zero_optimization"]["stage"]  # DeepSpeed's default, 0 (helper-244's review: "got None")
+    with pytest.raises(TencacheConfigError, match="zero_optimization.stage must be 3 .*, got 0"):
+        ZeroSettings.from_ds_config(config, source="ds.json")
+    # whole numbers written as strings, as pydantic reads them and the run trains (refused until 2026-12-08); a
+    # float's string stays refused, as DeepSpeed refuses it
+    config = ds_config()
+    config["zero_optimization"]["stage"] = "3"
+    config["zero_optimization"]["offload_param"]["buffer_size"] = " 40000000 "
+    assert ZeroSettings.from_ds_config(config, source="ds.json").param_buffer_size == 40_000_000
+    config["zero_optimization"]["offload_param"]["buffer_size"] = "4e7"
+    with pytest.raises(TencacheConfigError, match="buffer_size must be a finite non-negative number, got '4e7'"):
+        ZeroSettings.from_ds_config(config, source="ds.json")
     config = ds_config()
     config["zero_optimization"]["offload_param"]["device"] = "disk"
     with pytest.raises(TencacheConfigError, match="offload_param.device must be nvme, cpu or none"):
