@@ -33,8 +33,11 @@ NVMe under tencache: each passes with the results of stock CPU offload, bit for 
   neither, with a sub-group per parameter: train, save, train on; a fresh engine loads and trains the same steps;
   the last loss of both is the same;
 - tag_validation (TestCheckpointValidationTag): each rank saves under a tag of its own; ``"FAIL"`` stops the save
-  on every rank before any file is written, ``"WARN"`` saves each rank's files into its own tag, and training goes
-  on after both; an unknown mode stops ``deepspeed.initialize``;
+  on every rank before any file is written (into tags every rank saved whole before, which then load: until
+  2026-12-08 the refused save had removed each rank's swap files of its tag first), ``"WARN"`` saves each rank's
+  files into its own tag, and training goes on after both; an unknown mode stops ``deepspeed.initialize``;
+- integer_tag (not upstream): a save and a load by an integer tag (the load stopped part way on a TypeError with
+  the optimizer on NVMe, stock NVMe's too);
 - load_at_other_world_size (DeepSpeed's stage 3 has no elastic checkpoint; in bf16, so that a load that set the fp32
   masters from the bf16 weights shows): a checkpoint saved by 2 ranks (save_for_other_world_size) loaded by 1, with the
   optimizer's state (stock CPU offload's error) and without it (the weights repartitioned, training on); and its
@@ -70,7 +73,8 @@ SCENARIOS = ("zero_to_fp32", "zero_to_fp32_frozen", "zero_to_fp32_frozen_params_
              "load_immediate_save",
              "load_into_new_engine", "loss_scale_restored", "load_saved_before_any_step", "load_into_trained_engine",
              "load_after_a_backward_without_its_step",
-             "save_before_accumulation_is_done", "latest_checkpoint", "tag_validation", "nvme_checkpointing",
+             "save_before_accumulation_is_done", "latest_checkpoint", "tag_validation", "integer_tag",
+             "nvme_checkpointing",
              "save_for_other_world_size", "load_saved_on_cpu", "load_into_reordered_model")
 
 

@@ -450,6 +450,11 @@ def swap_files_linked(method, direction: str):
         if direction == "save":  # before the engine writes any file of the checkpoint
             _refuse_save_on_any_rank(self, swapper)
             arguments = signature.bind(self, *args, **kwargs).arguments
+            if self.checkpoint_tag_validation_fail():
+                # the engine's own refusal of ranks that disagree on the tag (an AssertionError on every rank), asked
+                # before this rank's swap files of an earlier save into its tag go: asked after, by the engine's save,
+                # a refused save had destroyed the earlier checkpoints of both tags (helper-243's review)
+                self._checkpoint_tag_validation(_tag_named(self, arguments.get("tag")))
             # in a round of its own, after the refusal's: a rank that removed its files while another refused
             # would leave the tag without them, where a refusal writes nothing
             raised_on_every_rank(
@@ -474,10 +479,14 @@ def _forget_earlier_swap_files(engine, save_dir, tag) -> None:
     if not save_dir or not isinstance(save_dir, (str, os.PathLike)):  # DeepSpeed's save refuses it, with its error
         return
     rank = engine.local_rank if engine.use_node_local_storage() else engine.global_rank
-    tag = f"global_step{engine.global_steps}" if tag is None else str(tag)
-    folder = os.path.join(save_dir, tag, "offloaded_tensors", "rank" + dp_index_to_str(rank))
+    folder = os.path.join(save_dir, _tag_named(engine, tag), "offloaded_tensors", "rank" + dp_index_to_str(rank))
     if os.path.isdir(folder):
         shutil.rmtree(folder)
+
+
+def _tag_named(engine, tag) -> str:
+    """The tag ``engine.save_checkpoint`` names its folder by."""
+    return f"global_step{engine.global_steps}" if tag is None else str(tag)
 
 
 @contextlib.contextmanager

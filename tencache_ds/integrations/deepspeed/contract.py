@@ -376,6 +376,11 @@ PRIVATE_MEMBERS = (
                   "... and the user set no boundary by hand (set_gradient_accumulation_boundary)"),
     PrivateMember(ENGINE, "zero_load_from_fp32_weights", "method", "universal.py",
                   "whether a load without the optimizer's state sets the masters from the checkpoint's fp32 weights"),
+    PrivateMember(ENGINE, "_checkpoint_tag_validation", "method", "checkpoint_save.py",
+                  "the ranks' agreement on a save's tag (tag_validation FAIL), asked before a save removes this "
+                  "rank's swap files of an earlier save into the tag: refused after, it had destroyed that checkpoint"),
+    PrivateMember(ENGINE, "checkpoint_tag_validation_fail", "method", "checkpoint_save.py",
+                  "whether a disagreement on the tag stops the save (then asked first)"),
     PrivateMember(ENGINE, "_get_zero_ckpt_name", "method", "checkpoint.py, checkpoint_save.py",
                   "the ZeRO checkpoint file of this rank, whose optimizer state stock's NVMe load skips, and whose "
                   "folder decides whether the masters can share the swap files' blocks"),

@@ -495,9 +495,15 @@ def _restoring_optimizer_scalars(load_checkpoint):
         arguments = bound.arguments
         load_dir, module_only = arguments["load_dir"], arguments["load_module_only"]
         optimizer_state = arguments["load_optimizer_states"] and not module_only
+        if arguments.get("tag") is not None and tencache_runs(self.optimizer):
+            # the tag as the engine's save names its folder (str(tag)): stage 3's copy of an NVMe swap folder joins
+            # the tag itself, and an integer one (save_checkpoint(dir, tag=step)) stopped the load part way with a
+            # TypeError, the weights loaded and the optimizer not (stock NVMe too; stock CPU offload loads it:
+            # helper-243's review)
+            arguments["tag"] = str(arguments["tag"])
         # the copies the optimizer store holds are dropped after the copy; the live state stays without a load of it
         with loading_checkpoint(self, optimizer_state, module_only):
-            result = load_checkpoint(self, *args, **kwargs)
+            result = load_checkpoint(*bound.args, **bound.kwargs)
         renamed = 0 if module_only else adopt_loaded_files(self, load_dir, result[0])
         restore_optimizer_scalars(self, load_dir, result[0], arguments["load_optimizer_states"], module_only)
         if renamed + restore_unswapped_masters(self, load_dir, result[0], module_only):
