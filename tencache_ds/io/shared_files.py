@@ -165,11 +165,21 @@ def _temporary_name(target: str) -> str:
 
 
 def _copy(source: str, target: str, fill) -> int:
-    if fill is None:
-        shutil.copyfile(source, target)
-        return os.path.getsize(target)
     size = os.path.getsize(source)
-    with open(target, "wb") as handle:
-        fill(handle)
-        handle.truncate(size)  # the aligned tail the file has (zeros past the tensor)
-    return size
+    try:
+        if fill is None:
+            shutil.copyfile(source, target)
+            return os.path.getsize(target)
+        with open(target, "wb") as handle:
+            fill(handle)
+            handle.truncate(size)  # the aligned tail the file has (zeros past the tensor)
+        return size
+    except OSError as err:
+        if err.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        # (a bare "No space left on device" named neither folder nor file: helper-243's review)
+        folder = os.path.dirname(target) or "."
+        free = shutil.disk_usage(folder).free if os.path.isdir(folder) else 0
+        raise OSError(err.errno, f"{os.strerror(err.errno)}: {folder} while copying {os.path.basename(source)} "
+                                 f"({fmt_bytes(size)}) there from {os.path.dirname(source)}, {fmt_bytes(free)} free; "
+                                 f"free space there or save elsewhere") from err
