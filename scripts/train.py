@@ -283,12 +283,15 @@ def load_ds_config(path, args):
             _set_offload_device(zero[section], device)
     if args.max_in_cpu is not None and isinstance(zero.get("offload_param"), dict):
         zero["offload_param"]["max_in_cpu"] = int(args.max_in_cpu)
-    if args.stage3_defaults:
+    if args.stage3_defaults:  # each knob under its stage3_ alias or its field's name, which DeepSpeed takes too
         for key in STAGE3_FETCH_KNOBS:
             zero.pop(key, None)
+            zero.pop(key[len("stage3_"):], None)
     if args.reuse_distance is not None:
+        zero.pop("max_reuse_distance", None)
         zero["stage3_max_reuse_distance"] = args.reuse_distance
     if args.persistence_threshold is not None:
+        zero.pop("param_persistence_threshold", None)
         zero["stage3_param_persistence_threshold"] = args.persistence_threshold
     if args.sub_group_size is not None:
         zero["sub_group_size"] = int(args.sub_group_size)

@@ -15,7 +15,7 @@ from typing import Any, List, Optional, Tuple
 from .config import AUTO, CONFIG_KEY, config_of_ds_dict
 from .config_checks import check_swap_folder
 from .errors import TencacheConfigError
-from .plan.workload import MAX_INTRA_OP_PARALLELISM, check_aio_settings, lax_bool, optimizer_precision
+from .plan.workload import MAX_INTRA_OP_PARALLELISM, check_aio_settings, lax_bool, lax_int, optimizer_precision
 
 # DeepSpeed's sections that reject unknown keys (pydantic extra="forbid"), or ignore them ("aio"): a "tencache"
 # block there is a misplaced top-level block (deepspeed-integration.md, e).
@@ -54,10 +54,12 @@ OFFLOAD_DEVICES = ("none", "cpu", "nvme")
 
 
 def deepspeed_refusal(raw: dict) -> Optional[str]:
-    """What ``deepspeed.initialize`` stops on in the ZeRO sections of ``raw`` whatever the machine, said as one line
-    naming the key; None where they pass. A key DeepSpeed does not know (with the nearest it does), an offload device
-    it does not take, and an NVMe offload without nvme_path (stock's swapper stops on joining None; tencache refuses
-    it). A "tencache" block inside a section is ``reject_nested_blocks``'."""
+    """What ``deepspeed.initialize`` stops on in the ZeRO sections of ``raw``, on any machine, said as one line
+    naming the key; None where they pass (or where this does not know: a section's nested models, leaf_module and
+    zenflow, are DeepSpeed's to judge). A key DeepSpeed does not know (with the nearest it does), an offload device
+    it does not take, and at stage 3 an NVMe offload without nvme_path (stock's swapper stops on joining None;
+    tencache refuses it; stages 1 and 2 never read it). A key valued "auto" is dropped by DeepSpeed's models, as
+    here; a "tencache" block inside a section is ``reject_nested_blocks``'."""
     zero = raw.get("zero_optimization")
     if not isinstance(zero, dict):
         return None
@@ -65,15 +67,18 @@ def deepspeed_refusal(raw: dict) -> Optional[str]:
         (f"zero_optimization.{name}", zero[name], OFFLOAD_KEYS[name]) for name in OFFLOAD_SECTIONS
         if isinstance(zero.get(name), dict)]
     for where, section, known in sections:
-        for key in section:
+        given = {key: value for key, value in section.items() if value != AUTO}  # (DeepSpeedConfigModel's own drop)
+        for key in given:
             if key not in known and key != CONFIG_KEY:
                 nearest = difflib.get_close_matches(key, sorted(known), n=1)
                 return (f"{where}.{key} is not a key of DeepSpeed's" + (f" (did you mean {nearest[0]}?)" if nearest
                                                                          else "") + ": DeepSpeed refuses the config")
-        device = section.get("device", "none") if where != "zero_optimization" else "none"
-        if device is not None and device not in OFFLOAD_DEVICES:
+        if where == "zero_optimization":
+            continue
+        device = given.get("device", "none")
+        if device not in OFFLOAD_DEVICES:
             return f"{where}.device is {device!r}: DeepSpeed takes one of {', '.join(map(repr, OFFLOAD_DEVICES))}"
-        if device == "nvme" and not section.get("nvme_path"):
+        if device == "nvme" and given.get("nvme_path") is None and lax_int(zero.get("stage", 0)) == 3:
             return f"{where}.nvme_path is missing: an offload to NVMe needs the folder its swap files go in"
     return None
 

@@ -27,6 +27,27 @@ def io():
     engine.close()
 
 
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    """``small_tmpfs(size)``: a folder under tmp_path with a tmpfs of ``size`` ("1m") mounted on it, unmounted after
+    the test (a full disk, real); the test is skipped where none can be mounted (needs root)."""
+    mounted = []
+
+    def mount(size: str):
+        folder = tmp_path / f"small-disk-{len(mounted)}"
+        folder.mkdir()
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a small tmpfs here ({done.stderr.strip()}): needs root")
+        mounted.append(folder)
+        return folder
+
+    yield mount
+    for folder in mounted:
+        subprocess.run(["umount", "-l", str(folder)], capture_output=True)
+
+
 def _sweep_reflink_images_of_dead_processes():
     """A session killed (a CI timeout, SIGKILL) skips the fixture's teardown: its XFS image stayed mounted under
     /tmp, 3 GiB of sparse file a later run could run short of disk over. Those of processes gone are unmounted and

@@ -58,6 +58,16 @@ def test_what_deepspeed_stops_on_is_named():
     assert deepspeed_refusal(cased).startswith("zero_optimization.offload_optimizer.device is 'NVMe'")
     no_folder = _config(**{"zero_optimization.offload_param.nvme_path": None})
     assert deepspeed_refusal(no_folder).startswith("zero_optimization.offload_param.nvme_path is missing")
+    null_device = _config(**{"zero_optimization.offload_param.device": "x"})
+    null_device["zero_optimization"]["offload_param"]["device"] = None  # (pydantic refuses null for the enum)
+    assert deepspeed_refusal(null_device).startswith("zero_optimization.offload_param.device is None")
     # aliases pass (DeepSpeed's models take both names), and a "tencache" block inside is reject_nested_blocks'
     aliased = _config(**{"zero_optimization.stage3_prefetch_bucket_size": 1e6, "zero_optimization.tencache": {}})
     assert deepspeed_refusal(aliased) is None
+    # what DeepSpeed takes (helper-245's review): a key valued "auto" (its models drop it, so a device "auto" is
+    # none), an empty nvme_path (the working directory), and an NVMe offload without a folder below stage 3 (stages
+    # 1 and 2 offload to cpu whatever the device)
+    auto = _config(**{"zero_optimization.anything": "auto", "zero_optimization.offload_param.device": "auto"})
+    empty = _config(**{"zero_optimization.offload_param.nvme_path": ""})
+    stage_2 = _config(**{"zero_optimization.stage": 2, "zero_optimization.offload_param.nvme_path": None})
+    assert [deepspeed_refusal(config) for config in (auto, empty, stage_2)] == [None] * 3

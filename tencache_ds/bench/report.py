@@ -17,6 +17,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..drive_wear import bytes_written_per_day, days_to_rated_tbw, fmt_days, fmt_decimal_tb
 from ..plan.least_bytes import LeastBytes
+from ..plan.workload import stage3_key
 from ..units import fmt_bytes
 from .report_bound import (Bound, NvmeBandwidth, compute_bound, least_compute,  # noqa: F401 (re-exported)
                            run_least_bytes)
@@ -113,8 +114,10 @@ def _stage3_knobs(run: BenchRun) -> str:
     """The stage-3 knobs that decide when parameters are fetched and released, as the run's config set them (a
     comparison is only fair when the reader sees them: stock NVMe needs some set to run at all)."""
     zero = (run.result.get("ds_config") or {}).get("zero_optimization") or {}
-    chosen = [f"{key[len('stage3_'):]}={zero[key]:g}" if is_number(zero[key]) else f"{key}={zero[key]}"
-              for key in STAGE3_FETCH_KNOBS if key in zero]
+    # (each knob under its stage3_ alias or its field's name, which DeepSpeed takes too)
+    keys = [stage3_key(zero, alias[len("stage3_"):]) for alias in STAGE3_FETCH_KNOBS]
+    chosen = [f"{key.removeprefix('stage3_')}={zero[key]:g}" if is_number(zero[key]) else f"{key}={zero[key]}"
+              for key in keys if key in zero]
     return ", ".join(chosen) + " (the rest DeepSpeed's defaults)" if chosen else "DeepSpeed's defaults"
 
 

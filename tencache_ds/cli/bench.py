@@ -172,7 +172,8 @@ def tencache_block(ds_config: Dict[str, Any], host_cache_bytes: Optional[str], d
     # what the tencache run would refuse at initialize (a budget above the node's memory), refused before stock's
     # run has trained for nothing
     machine = MachineResources.probe()  # (this process's own ranks on the node: the bench's runs have ``ranks``)
-    check_host_budget(parse_config(block), dataclasses.replace(machine, local_world_size=max(1, ranks)))
+    check_host_budget(parse_config(block), dataclasses.replace(machine, local_world_size=max(1, ranks),
+                                                               local_world_size_guessed=False))
     return block
 
 
@@ -234,8 +235,9 @@ def check_tencache_arm(ds_config: Dict[str, Any], block: Dict[str, Any], dtype: 
     except (TencacheConfigError, TencacheResourceError) as err:
         # a path the bench made from an option of its own: the option named first (helper-244's review: the error
         # named zero_optimization.offload_param.nvme_path or tencache.metrics_path, keys the user never wrote)
-        for path, option in ((nvme_dir, "--nvme-path"), (block.get("metrics_path"), "--out"),
-                             (block.get("profile_path"), "--out")):
+        # (the files first: the swap folder's name is a prefix of theirs where --out and --nvme-path are one folder)
+        for path, option in ((block.get("metrics_path"), "--out"), (block.get("profile_path"), "--out"),
+                             (nvme_dir, "--nvme-path")):
             if path and path in str(err):
                 raise type(err)(f"{option} {os.path.dirname(path)} (where the bench puts its run's "
                                 f"{os.path.basename(path)}): {err}") from None

@@ -285,10 +285,18 @@ def nvme_path_from_config(config: Optional[Dict[str, Any]]) -> Optional[str]:
 
 
 def local_ranks(gpu_count: int) -> int:
-    """The ranks a run starts on this node when doctor is not told (``--ranks``): LOCAL_WORLD_SIZE where a launcher
-    set it, else one per GPU, else 1."""
-    told = os.environ.get("LOCAL_WORLD_SIZE", "")
-    return int(told) if told.isdigit() and int(told) > 0 else max(1, gpu_count)
+    """The ranks a run starts on this node when doctor is not told (``--ranks``): what a launcher said, as the run
+    reads it (LOCAL_WORLD_SIZE, MPI's and Slurm's variables: probes/limits.py), else one per GPU the launcher would
+    start on (those CUDA_VISIBLE_DEVICES leaves, where set: DeepSpeed's launcher honours it; NVML's count ignores
+    it), else 1 (helper-245's review)."""
+    from ..probes.limits import told_ranks_on_node
+    told = told_ranks_on_node()
+    if told is not None:
+        return told
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        gpu_count = min(gpu_count, len([device for device in visible.split(",") if device.strip()]))
+    return max(1, gpu_count)
 
 
 def check_budgets(config: Optional[Dict[str, Any]], device_free_bytes: int, accelerator_is_host: bool,
@@ -304,8 +312,9 @@ def check_budgets(config: Optional[Dict[str, Any]], device_free_bytes: int, acce
         parsed = config_of_ds_dict(config) if (config or {}).get(CONFIG_KEY) is not None else parse_config({})
     except TencacheConfigError as err:
         return CheckResult("budgets", FAIL, str(err).replace("\n", " "))
+    # (said, not guessed: a guess from WORLD_SIZE is judged as one rank, config_checks.check_host_budget)
     machine = dataclasses.replace(MachineResources.probe(device_free_bytes=device_free_bytes),
-                                  local_world_size=max(1, ranks))
+                                  local_world_size=max(1, ranks), local_world_size_guessed=False)
     try:  # what the run refuses at initialize (a budget above the node's memory, say): a failure here too
         if parsed.enabled:  # (a disabled block is stock DeepSpeed's run, which checks nothing of it)
             check_host_budget(parsed, machine)

@@ -37,11 +37,20 @@ def lax_bool(value: Any) -> bool:
 
 
 def lax_int(value: Any) -> Any:
-    """A DeepSpeed config integer as pydantic reads it: the string of a whole number too ("3", " 40000000 "; not
-    "4e7", which DeepSpeed refuses); anything else as given, for the caller to judge."""
-    if isinstance(value, str) and re.fullmatch(r"\s*\+?\d+\s*", value):
-        return int(value)
+    """A DeepSpeed config integer as pydantic reads it: the string of a whole number too ("3", " 40000000 ",
+    "1_000", "3.0"; not "4e7" or another script's digits, which DeepSpeed refuses); anything else as given, for the
+    caller to judge."""
+    if isinstance(value, str) and re.fullmatch(r"\s*\+?[0-9][0-9_]*(\.0*)?\s*", value, re.ASCII):
+        return int(value.strip().lstrip("+").split(".")[0].replace("_", ""))
     return value
+
+
+def stage3_key(zero: Mapping[str, Any], field: str) -> str:
+    """The key ``zero_optimization`` gives a stage-3 knob under: DeepSpeed's models take the field's name
+    (``max_reuse_distance``) as well as its ``stage3_`` alias, the alias first (helper-245's review: the field's name
+    was priced at DeepSpeed's default)."""
+    alias = f"stage3_{field}"
+    return alias if alias in zero or field not in zero else field
 
 
 def optimizer_pipelining(given: Mapping[str, Any]) -> Tuple[bool, bool]:
@@ -292,9 +301,10 @@ class ZeroSettings:
             tencache_reads_ahead=optimizer_pipelining(offload_optimizer)[0],
             tencache_writes_behind=optimizer_pipelining(offload_optimizer)[1],
             sub_group_size=number(zero, "sub_group_size", z, cls.sub_group_size),
-            max_reuse_distance=number(zero, "stage3_max_reuse_distance", z, cls.max_reuse_distance),
-            persistence_threshold=number(zero, "stage3_param_persistence_threshold", z, cls.persistence_threshold),
-            prefetch_bucket_size=number(zero, "stage3_prefetch_bucket_size", z, cls.prefetch_bucket_size),
+            max_reuse_distance=number(zero, stage3_key(zero, "max_reuse_distance"), z, cls.max_reuse_distance),
+            persistence_threshold=number(zero, stage3_key(zero, "param_persistence_threshold"), z,
+                                         cls.persistence_threshold),
+            prefetch_bucket_size=number(zero, stage3_key(zero, "prefetch_bucket_size"), z, cls.prefetch_bucket_size),
             reduce_bucket_size=number(zero, "reduce_bucket_size", z, cls.reduce_bucket_size),
             aio_block_size=number(aio, "block_size", "aio", cls.aio_block_size),
             aio_intra_op=number(aio, "intra_op_parallelism", "aio", cls.aio_intra_op),

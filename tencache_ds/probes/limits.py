@@ -31,7 +31,7 @@ def local_world_size() -> int:
     are counted, where each rank counting itself alone took the whole node's share per rank (eight ranks, twice the
     node's memory: helper-178); on several nodes that guess leaves each rank less than its share, and is used for
     nothing else (``ranks_on_node_known``). Else 1."""
-    told = _told_ranks_on_node()
+    told = told_ranks_on_node()
     if told is not None:
         return told
     try:
@@ -44,12 +44,12 @@ def ranks_on_node_known() -> bool:
     """Whether ``local_world_size`` is what a launcher said or what was counted, not the guess from WORLD_SIZE (which
     on several nodes is every node's ranks: a reserve or a refusal multiplied by it stopped runs that fit, where a
     share divided by it only leaves less: helper-184). True without WORLD_SIZE (one process)."""
-    return _told_ranks_on_node() is not None or "WORLD_SIZE" not in os.environ
+    return told_ranks_on_node() is not None or "WORLD_SIZE" not in os.environ
 
 
 def ranks_on_node_told() -> bool:
     """Whether a launcher variable said, or the ranks were counted (``note_ranks_on_node``)."""
-    return _told_ranks_on_node() is not None
+    return told_ranks_on_node() is not None
 
 
 def note_ranks_on_node(count: int) -> None:
@@ -59,7 +59,8 @@ def note_ranks_on_node(count: int) -> None:
     _counted_ranks_on_node = max(1, int(count))
 
 
-def _told_ranks_on_node() -> Optional[int]:
+def told_ranks_on_node() -> Optional[int]:
+    """The ranks on this node as a launcher said (``LOCAL_WORLD_SIZE_ENVS``, srun's step) or as counted; None."""
     for name in LOCAL_WORLD_SIZE_ENVS:
         try:
             return max(1, int(os.environ[name]))

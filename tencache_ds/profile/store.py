@@ -79,7 +79,7 @@ def read_sections(path: str, skip_damaged: bool = False) -> Dict[str, SavedSecti
     if not isinstance(data, dict):
         raise ValueError("not a profile (the top level is not an object)")
     if "version" not in data:  # (another JSON file: a run's result, a DeepSpeed config; helper-244)
-        raise ValueError("not a tencache profile (no \"version\" key): give the file a run's profile_path wrote")
+        raise ValueError("not a tencache profile (no \"version\" key)")
     if data.get("version") != PROFILE_VERSION:
         raise ValueError(f"profile format version {data.get('version')} (this tencache reads {PROFILE_VERSION})")
     sections = data.get("sections")

@@ -21,15 +21,22 @@ def test_budgets_are_judged_per_rank_of_the_ranks_the_run_starts_on_this_node(mo
     --num_gpus 2` refuses it); the line says for how many ranks (``--ranks``, else LOCAL_WORLD_SIZE)."""
     from tencache_ds.cli.doctor_checks import local_ranks
     from tencache_ds.plan.budget import MachineResources
+    from tencache_ds.probes.limits import LOCAL_WORLD_SIZE_ENVS
+    for name in LOCAL_WORLD_SIZE_ENVS + ("SLURM_STEP_TASKS_PER_NODE", "CUDA_VISIBLE_DEVICES"):
+        monkeypatch.delenv(name, raising=False)
     budget = {"tencache": {"host_cache_bytes": int(MachineResources.probe().host_total_bytes * 0.6)}}
-    one = check_budgets(budget, device_free_bytes=0, accelerator_is_host=True, ranks=1)
-    assert one.status == OK and "per rank of 1 on this node" in one.message, one
-    two = check_budgets(budget, device_free_bytes=0, accelerator_is_host=True, ranks=2)
-    assert two.status == FAIL and "x 2 ranks on this node" in two.message, two
-    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    for world_size in (None, "2"):  # also where WORLD_SIZE is set (a job's shell), which makes the probe guess
+        if world_size:
+            monkeypatch.setenv("WORLD_SIZE", world_size)
+        one = check_budgets(budget, device_free_bytes=0, accelerator_is_host=True, ranks=1)
+        assert one.status == OK and "per rank of 1 on this node" in one.message, one
+        two = check_budgets(budget, device_free_bytes=0, accelerator_is_host=True, ranks=2)
+        assert two.status == FAIL and "x 2 ranks on this node" in two.message, two
     assert (local_ranks(0), local_ranks(4)) == (1, 4)  # one per GPU, else one
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
-    assert local_ranks(4) == 2  # what the launcher said
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    assert local_ranks(8) == 2  # the GPUs the launcher starts ranks on (helper-245's review: NVML's 8)
+    monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "3")
+    assert local_ranks(8) == 3  # what the launcher said, as the run reads it
 
 
 def test_an_older_zero_optimization_true_has_no_nvme_path():

@@ -112,7 +112,7 @@ def test_a_config_deepspeed_refuses_does_not_fit_either_arm(tmp_path):
                    for reason in report["why_not"][arm]), report["why_not"]
 
 
-
+def test_drive_tbw_overrides_the_machine_file():
     days = json.loads(estimate("--json", "--drive-tbw", "1PB").stdout)["drive_days_to_tbw"]["stock"]
     default = json.loads(estimate("--json").stdout)["drive_days_to_tbw"]["stock"]
     assert days == pytest.approx(default * 1e15 / (3.84e12 * 1.3 * 365 * 5), rel=1e-3)

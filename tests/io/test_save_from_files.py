@@ -412,30 +412,21 @@ def test_host_memory_that_does_not_hold_a_storages_size_is_refused_before_anythi
     assert sorted(name for name in os.listdir(tmp_path) if not name.endswith(".swp")) == ["zero.pt"]
 
 
-def test_a_full_disk_during_the_write_names_the_checkpoint_folder_and_leaves_nothing(tmp_path):
+def test_a_full_disk_during_the_write_names_the_checkpoint_folder_and_leaves_nothing(tmp_path, small_tmpfs):
     """The checkpoint's folder on a 2 MiB tmpfs, a 4 MB master given from memory: the O_DIRECT writes stop with an
     error that names the folder and the checkpoint's save_dir (not the swap folder's nvme_path, the advice the
     engine gives for swap files), and no temporary file is left to fill the disk further."""
-    import subprocess
     from tencache_ds.errors import TencacheResourceError
-    small = tmp_path / "small-disk"
-    small.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(small)], capture_output=True,
-                             text=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here ({mounted.stderr.strip()}): needs root")
-    try:
-        state, masters, sources = zero_state(str(tmp_path))
-        first = state["optimizer_state_dict"]["fp32_flat_groups"][0]
-        sources[first.untyped_storage().data_ptr()] = [masters[0]]
-        with pytest.raises(TencacheResourceError) as raised:
-            save_from_files(state, str(small / "zero.pt"), sources)
-        message = str(raised.value)
-        assert f"no space left on {small}" in message and "the checkpoint's save_dir" in message, message
-        assert "nvme_path" not in message, message
-        assert os.listdir(small) == []
-    finally:
-        subprocess.run(["umount", "-l", str(small)], capture_output=True)
+    small = small_tmpfs("2m")
+    state, masters, sources = zero_state(str(tmp_path))
+    first = state["optimizer_state_dict"]["fp32_flat_groups"][0]
+    sources[first.untyped_storage().data_ptr()] = [masters[0]]
+    with pytest.raises(TencacheResourceError) as raised:
+        save_from_files(state, str(small / "zero.pt"), sources)
+    message = str(raised.value)
+    assert f"no space left on {small}" in message and "the checkpoint's save_dir" in message, message
+    assert "nvme_path" not in message, message
+    assert os.listdir(small) == []
 
 
 def test_a_source_filled_when_written_is_made_at_its_turn_in_its_context_and_its_file_never_read(tmp_path):

@@ -147,27 +147,18 @@ def test_files_shared_beyond_the_room_left_are_named_with_the_folder_and_what_tr
     assert "no space left" in warning and "another file system" in warning
 
 
-def test_a_copy_onto_a_full_file_system_names_the_folder_the_file_and_the_room(tmp_path):
+def test_a_copy_onto_a_full_file_system_names_the_folder_the_file_and_the_room(tmp_path, small_tmpfs):
     """A checkpoint on another file system that fills up (a 1 MiB tmpfs; the host tier's copy written, 2 MiB): the
     error names the checkpoint's folder, the file and the room, and no temporary file is left (helper-243's review:
     a bare "No space left on device")."""
     import errno
-    import subprocess
-    small = tmp_path / "small-disk"
-    small.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(small)], capture_output=True,
-                             text=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here ({mounted.stderr.strip()}): needs root")
-    try:
-        swap = tmp_path / "0_3.tensor.swp"
-        write(swap, b"\x01" * (2 << 20))
-        for fill in (None, lambda handle: handle.write(b"\x02" * (2 << 20))):
-            with pytest.raises(OSError) as raised:
-                place(str(swap), str(small / "0_3.tensor.swp"), fill=fill)
-            message = str(raised.value)
-            assert raised.value.errno == errno.ENOSPC and f"{small} while copying 0_3.tensor.swp (2.00 MiB)" \
-                in message and "free" in message, message
-            assert os.listdir(small) == []
-    finally:
-        subprocess.run(["umount", "-l", str(small)], capture_output=True)
+    small = small_tmpfs("1m")
+    swap = tmp_path / "0_3.tensor.swp"
+    write(swap, b"\x01" * (2 << 20))
+    for fill in (None, lambda handle: handle.write(b"\x02" * (2 << 20))):
+        with pytest.raises(OSError) as raised:
+            place(str(swap), str(small / "0_3.tensor.swp"), fill=fill)
+        message = str(raised.value)
+        assert raised.value.errno == errno.ENOSPC and f"{small} while copying 0_3.tensor.swp (2.00 MiB)" \
+            in message and "free" in message, message
+        assert os.listdir(small) == []

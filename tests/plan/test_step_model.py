@@ -1469,9 +1469,24 @@ def test_a_ds_config_the_model_cannot_describe_names_the_key():
     config["zero_optimization"]["stage"] = "3"
     config["zero_optimization"]["offload_param"]["buffer_size"] = " 40000000 "
     assert ZeroSettings.from_ds_config(config, source="ds.json").param_buffer_size == 40_000_000
+    for written, read in (("1_000", 1000), ("3.0", 3), ("+12", 12)):  # (helper-245's review)
+        config["zero_optimization"]["offload_param"]["buffer_size"] = written
+        assert ZeroSettings.from_ds_config(config, source="ds.json").param_buffer_size == read
+    config["zero_optimization"]["offload_param"]["buffer_size"] = "\uff13"  # a digit of another script: refused
+    with pytest.raises(TencacheConfigError, match="buffer_size must be a finite non-negative number"):
+        ZeroSettings.from_ds_config(config, source="ds.json")
     config["zero_optimization"]["offload_param"]["buffer_size"] = "4e7"
     with pytest.raises(TencacheConfigError, match="buffer_size must be a finite non-negative number, got '4e7'"):
         ZeroSettings.from_ds_config(config, source="ds.json")
+    # the stage-3 knobs under their fields' names, which DeepSpeed takes as it takes the stage3_ aliases
+    # (helper-245's review: priced at DeepSpeed's defaults)
+    config = ds_config()
+    zero = config["zero_optimization"]
+    for field in ("max_reuse_distance", "param_persistence_threshold", "prefetch_bucket_size"):
+        zero.pop(f"stage3_{field}", None)
+        zero[field] = 7
+    settings = ZeroSettings.from_ds_config(config, source="ds.json")
+    assert (settings.max_reuse_distance, settings.persistence_threshold, settings.prefetch_bucket_size) == (7, 7, 7)
     config = ds_config()
     config["zero_optimization"]["offload_param"]["device"] = "disk"
     with pytest.raises(TencacheConfigError, match="offload_param.device must be nvme, cpu or none"):

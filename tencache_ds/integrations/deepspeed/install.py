@@ -151,9 +151,9 @@ def _waking(swappers):
     """Wake the parameter swappers of an engine being built (``TencacheParamSwapper.wake``); where the build raises,
     those that were resting rest again unless a user took them (helper-242's review)."""
     resting = [swapper for swapper in swappers if getattr(swapper, "resting", False)]
-    for swapper in swappers:
-        swapper.wake()
     try:
+        for swapper in swappers:  # (one that raises, its files gone: those woken before it rest again too)
+            swapper.wake()
         yield
     except BaseException:
         for swapper in resting:
