@@ -64,6 +64,7 @@ def build_inputs(args) -> Dict[str, Any]:
     args.seq = sequence_length(model_config, args.seq, model_path)
     ds_config = read_ds_config(args.ds_config)
     reject_nested_blocks(ds_config)  # (a misplaced or misspelled block: the run stops on it, stock's or tencache's)
+    ds_config, filled = filled_as_the_trainer_fills(ds_config, shape.hidden, args.ds_config)
     zero = ZeroSettings.from_ds_config(ds_config, source=f"DeepSpeed config {args.ds_config}")
     if args.machine != THIS:  # (read first: the batch shape follows from the ranks, as DeepSpeed derives it)
         machine = load_machine(args.machine)
@@ -132,7 +133,35 @@ def build_inputs(args) -> Dict[str, Any]:
         check_host_budget(zero.tencache, described_resources(workload, machine))
     return {"model_path": model_path, "shape": shape, "zero": zero, "machine": machine, "workload": workload,
             "micro_batch": micro_batch, "gas": gas, "dtype": dtype, "profile_notes": profile_notes,
-            "ds_config": ds_config}
+            "ds_config": ds_config, "filled": filled}
+
+
+# The stage-3 sizes Hugging Face's Trainer fills where its DeepSpeed config says "auto", from the model's hidden size
+# (transformers' integrations/deepspeed.py, trainer_config_finalize), as a function of it.
+TRAINER_FILLS = {"reduce_bucket_size": lambda hidden: hidden * hidden,
+                 "stage3_prefetch_bucket_size": lambda hidden: int(0.9 * hidden * hidden),
+                 "stage3_param_persistence_threshold": lambda hidden: 10 * hidden}
+
+
+def filled_as_the_trainer_fills(ds_config: Dict[str, Any], hidden: int, path: str) -> Tuple[Dict[str, Any], List[str]]:
+    """A Hugging Face Trainer's DeepSpeed config (its documented ZeRO-3 one has "auto" values, which the Trainer
+    fills in at launch): the stage-3 sizes filled as the Trainer fills them from the model (``TRAINER_FILLS``), each
+    said; the batch sizes are the estimate's own (``batch_shape``). A precision left to the Trainer's arguments is
+    refused naming its key: the estimate cannot know it. (Until 2026-12-08 the documented config was refused on its
+    first "auto", a size; and "auto" read as enabled would have priced bf16.)"""
+    for key in ("fp16", "bf16", "bfloat16"):
+        if isinstance(ds_config.get(key), dict) and ds_config[key].get("enabled") == "auto":
+            raise TencacheConfigError(
+                f'DeepSpeed config {path}: {key}.enabled is "auto", which Hugging Face\'s Trainer fills from its '
+                f'--{key} argument: set it to true or false for the estimate')
+    zero = ds_config.get("zero_optimization")
+    auto = [key for key in TRAINER_FILLS if isinstance(zero, dict) and zero.get(key) == "auto"]
+    if not auto:
+        return ds_config, []
+    filled = {key: TRAINER_FILLS[key](hidden) for key in auto}
+    return {**ds_config, "zero_optimization": {**zero, **filled}}, [
+        "\"auto\" filled as Hugging Face's Trainer fills it from the model's hidden size " + str(hidden) + ": "
+        + ", ".join(f"{key} {value}" for key, value in filled.items())]
 
 
 def _profile_sections(args):
@@ -344,6 +373,7 @@ def estimate(args) -> Dict[str, Any]:
     report["drive_days_to_tbw"] = {name: drive_days_to_tbw(p, machine, tbw) for name, p in predictions.items()}
     report["machine_figures"] = machine.to_json()
     report["profile"] = {"path": getattr(args, "profile", None), "used": inputs["profile_notes"]}
+    report["filled"] = inputs["filled"]
     block = inputs["ds_config"].get(CONFIG_KEY)
     report["tencache_block_disabled"] = isinstance(block, dict) and not config_of_ds_dict(inputs["ds_config"]).enabled
     return report
@@ -390,6 +420,7 @@ def render(report: Dict[str, Any]) -> List[str]:
              + (", activation checkpointing" if report["activation_checkpointing"] else "")
              + _narrow_optimizer(report)
              + (f"; from profile {profile['path']}: " + "; ".join(profile["used"]) if profile.get("path") else "")
+             + "".join(f"; {note}" for note in report.get("filled") or ())
              # (doctor says so too: a disabled block was priced as tencache without a word; helper-244)
              + ("; the config's \"tencache\" block has enabled false, so the run would be stock DeepSpeed's: the "
                 "tencache figures are what enabling it would give" if report.get("tencache_block_disabled") else "")]

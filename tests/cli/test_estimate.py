@@ -112,6 +112,36 @@ def test_a_config_deepspeed_refuses_does_not_fit_either_arm(tmp_path):
                    for reason in report["why_not"][arm]), report["why_not"]
 
 
+def test_a_hugging_face_trainer_config_has_its_auto_sizes_filled_as_the_trainer_fills_them(tmp_path):
+    """The Trainer's documented ZeRO-3 config leaves the bucket sizes and the persistence threshold "auto" (filled
+    at launch from the model's hidden size: transformers' trainer_config_finalize) and the batch sizes too: the
+    estimate fills them as the Trainer does, says so, and prices them (until 2026-12-08: refused on the first
+    "auto"); a precision left "auto" (the Trainer's --bf16) is refused naming its key."""
+    with open(DS_CONFIG) as handle:
+        config = json.load(handle)
+    zero = config["zero_optimization"]
+    for key in ("reduce_bucket_size", "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold"):
+        zero[key] = "auto"
+    config.update(train_micro_batch_size_per_gpu="auto", gradient_accumulation_steps="auto", train_batch_size="auto")
+    path = tmp_path / "hf.json"
+    path.write_text(json.dumps(config))
+    result = estimate("--json", ds_config=str(path), model="gpt2-small")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["filled"] == [
+        "\"auto\" filled as Hugging Face's Trainer fills it from the model's hidden size 768: reduce_bucket_size "
+        "589824, stage3_prefetch_bucket_size 530841, stage3_param_persistence_threshold 7680"]
+    zero.update(reduce_bucket_size=589824, stage3_prefetch_bucket_size=530841, stage3_param_persistence_threshold=7680)
+    written = tmp_path / "written.json"
+    written.write_text(json.dumps(config))
+    filled = json.loads(result.stdout)
+    assert filled["step_time_s"] == json.loads(estimate("--json", ds_config=str(written), model="gpt2-small")
+                                               .stdout)["step_time_s"]  # priced as the config the Trainer hands on
+    config["bf16"] = {"enabled": "auto"}
+    path.write_text(json.dumps(config))
+    refused = estimate(ds_config=str(path), model="gpt2-small")
+    assert refused.returncode != 0 and 'bf16.enabled is "auto"' in refused.stderr, refused.stderr
+
+
 def test_drive_tbw_overrides_the_machine_file():
     days = json.loads(estimate("--json", "--drive-tbw", "1PB").stdout)["drive_days_to_tbw"]["stock"]
     default = json.loads(estimate("--json").stdout)["drive_days_to_tbw"]["stock"]
