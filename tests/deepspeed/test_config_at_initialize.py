@@ -148,8 +148,8 @@ def test_a_client_torch_adagrad_with_the_optimizer_on_nvme_is_refused_where_a_su
     first step stopped on "The size of tensor a (0) must match ..." (stock NVMe too; helper-240's review). Refused
     at the optimizer swapper's construction, before its folder is made, naming the config's "Adagrad", which works
     (DeepSpeedCPUAdagrad: tests/deepspeed/test_zero_scenarios.py). Not where no sub-group reaches the swap threshold
-    (a small trial model): nothing is swapped, and it trains with the losses of stock NVMe, run in a process that
-    never imported tencache_ds (helper-242's review: refused there too until 2026-12-07)."""
+    (a small trial model): nothing is swapped, and it trains with the losses and fp32 weights of stock NVMe, run in a
+    process that never imported tencache_ds (helper-242's review: refused there too until 2026-12-07)."""
     import subprocess
     import sys
     code = ("import os, sys, torch\n"
@@ -180,7 +180,10 @@ def test_a_client_torch_adagrad_with_the_optimizer_on_nvme_is_refused_where_a_su
             "    engine.backward(loss)\n"
             "    engine.step()\n"
             "    losses.append(loss.item())\n"
-            "print('LOSSES', losses)\n")
+            "with deepspeed.zero.GatheredParameters(list(model.parameters())):\n"
+            "    weights = [p.detach().float().clone() for p in model.parameters()]\n"
+            "print('LOSSES', losses, 'WEIGHTS', __import__('hashlib').sha256(b''.join(\n"
+            "    w.numpy().tobytes() for w in weights)).hexdigest())\n")
 
     def run(mode, hidden):
         nvme = tmp_path / f"{mode}-{hidden}"
@@ -197,5 +200,5 @@ def test_a_client_torch_adagrad_with_the_optimizer_on_nvme_is_refused_where_a_su
     small = {mode: run(mode, 64) for mode in ("stock", "tencache")}  # 16 KiB: below the threshold, in memory
     losses = {mode: [line for line in stdout.splitlines() if line.startswith("LOSSES")]
               for mode, (stdout, _, _) in small.items()}
-    assert len(losses["stock"]) == 1, small["stock"][1]
+    assert len(losses["stock"]) == 1 and " WEIGHTS " in losses["stock"][0], small["stock"][1]
     assert losses["tencache"] == losses["stock"], small["tencache"][1]

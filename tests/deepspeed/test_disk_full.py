@@ -2,10 +2,6 @@
 at a checkpoint; when the disk cannot hold them, the checkpoint fails with an error naming the folder, the bytes
 and the remedy, before DeepSpeed records it as the latest; nothing hangs. Real engine, a real tmpfs too small for
 what write-back owes (it holds the files zero.Init writes, not the optimizer state kept in memory)."""
-import os
-import subprocess
-import uuid
-
 import pytest
 
 from test_residency import FAST  # tests/deepspeed is on sys.path (pytest rootdir-relative imports)
@@ -16,16 +12,9 @@ MiB = 1 << 20
 
 
 @pytest.fixture
-def small_disk(tmp_path):
+def small_disk(small_tmpfs):
     """A 96 MiB tmpfs: gpt2-tiny's fp32 partitions (58 MiB) fit, its optimizer state (230 MiB) does not."""
-    folder = tmp_path / f"small-disk-{uuid.uuid4().hex[:6]}"
-    folder.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=96m", "tmpfs", str(folder)], capture_output=True,
-                             text=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here ({mounted.stderr.strip()}): needs root")
-    yield str(folder)
-    subprocess.run(["umount", "-l", str(folder)], capture_output=True)
+    return str(small_tmpfs("96m"))
 
 
 def test_a_checkpoint_on_a_full_disk_fails_with_the_folder_and_is_not_recorded_as_the_latest(train, small_disk,
